@@ -1,0 +1,225 @@
+"""The ``fedsim`` command line: ``fedsim run | validate``.
+
+Exit codes: 0 success; 1 a run that failed (e.g. diverged); 2 invalid
+scenario or bad arguments, with a one-paragraph message on stderr and no
+traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedsim import __version__
+from fedsim.scenario import ScenarioError, dump_scenario, load_scenario
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="fedsim: simulate federated learning on heterogeneous device fleets.",
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+out = Console()
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+class Recorder:
+    """Collects rows and writes the Parquet files atomically as the run goes."""
+
+    def __init__(self, run_dir: Path, flush_every_s: float = 5.0) -> None:
+        self.run_dir = run_dir
+        self.rows: list[dict[str, Any]] = []
+        self.clients: list[dict[str, Any]] = []
+        self.flush_every_s = flush_every_s
+        self._last = time.monotonic()
+
+    def add(self, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        self.rows.append(row)
+        self.clients.extend(clients)
+        if time.monotonic() - self._last > self.flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        from fedsim.results import CLIENT_SCHEMA, ROUND_SCHEMA, write_table
+
+        write_table(self.run_dir / "rounds.parquet", self.rows, ROUND_SCHEMA)
+        write_table(self.run_dir / "clients.parquet", self.clients, CLIENT_SCHEMA)
+        self._last = time.monotonic()
+
+
+def _fmt(x: Any, spec: str = ".4f") -> str:
+    try:
+        return "-" if x is None or x != x else format(x, spec)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out", help="Run directory (default results/<name>-<time>/)."),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers", min=0, help="Ray worker actors (0: no Ray, in-process)."
+        ),
+    ] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0)] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a field: path.to.key=value (repeatable)."),
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Run a scenario and write its results."""
+    overrides = list(set_ or [])
+    if seed is not None:
+        overrides.append(f"seed={seed}")
+    try:
+        sc = load_scenario(scenario, overrides)
+    except ScenarioError as exc:
+        _fail(str(exc))
+
+    from fedsim.results import (
+        default_run_dir,
+        prepare_run_dir,
+        summarize,
+        write_summary,
+    )
+
+    run_dir = out_dir if out_dir is not None else default_run_dir(sc.name)
+    try:
+        prepare_run_dir(run_dir)
+    except OSError as exc:
+        _fail(str(exc))
+
+    import torch
+
+    from fedsim.results import atomic_write_bytes
+    from fedsim.server import DivergenceError, Simulation, resolve_workers
+
+    torch.set_num_threads(max(1, int(sc.resources.cpus_per_worker)))
+    atomic_write_bytes(run_dir / "scenario.yaml", dump_scenario(sc).encode())
+    wall0 = time.perf_counter()
+    n_workers = workers if workers is not None else sc.resources.workers
+    if n_workers != 0:
+        from fedsim.ray_session import init_ray
+
+        init_ray(address)
+        n_workers = resolve_workers(sc, workers)
+
+    recorder = Recorder(run_dir)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("round {task.completed:>4.0f}/{task.total:.0f}"),
+        TextColumn("sim {task.fields[sim]}"),
+        TextColumn("acc {task.fields[acc]}"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=quiet,
+        transient=False,
+    )
+    with progress:
+        bar = progress.add_task(sc.name, total=sc.rounds, sim="0s", acc="-")
+
+        def on_round(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+            recorder.add(row, clients)
+            acc = row["test_accuracy"]
+            shown = _fmt(acc, ".3f") if acc == acc else progress.tasks[0].fields["acc"]
+            progress.update(
+                bar, advance=1, sim=f"{row['sim_time']:.0f}s", acc=shown
+            )
+
+        sim = Simulation(sc, workers=n_workers, on_round=on_round)
+        code = 0
+        try:
+            sim.run()
+        except DivergenceError as exc:
+            code = 1
+            err.print(f"[bold red]run diverged:[/] {exc}. Rows so far are kept.")
+        except KeyboardInterrupt:
+            code = 130
+            err.print("[yellow]interrupted; rows so far are kept[/]")
+        finally:
+            recorder.flush()
+
+    summary = summarize(
+        recorder.rows,
+        recorder.clients,
+        scenario_name=sc.name,
+        wall_time_s=time.perf_counter() - wall0,
+        workers=n_workers,
+        version=__version__,
+    )
+    write_summary(run_dir / "summary.json", summary)
+    if not quiet:
+        table = Table(title=f"{sc.name}: summary", show_header=False)
+        for key in (
+            "rounds",
+            "final_test_accuracy",
+            "best_test_accuracy",
+            "final_test_loss",
+            "sim_time_s",
+            "wall_time_s",
+            "updates_completed",
+            "updates_dropped",
+            "workers",
+        ):
+            table.add_row(key, _fmt(summary[key], ".4g"))
+        out.print(table)
+    out.print(f"results: {run_dir}")
+    if code:
+        raise typer.Exit(code)
+
+
+@app.command()
+def validate(
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override: path.to.key=value.")
+    ] = None,
+) -> None:
+    """Check a scenario file and print what it resolves to."""
+    try:
+        sc = load_scenario(scenario, list(set_ or []))
+    except ScenarioError as exc:
+        _fail(str(exc))
+    out.print(dump_scenario(sc), highlight=False, markup=False, end="")
+    err.print(
+        f"ok: {scenario} ({sc.fleet.size} devices, {sc.rounds} rounds, "
+        f"{sc.algorithm.name})"
+    )
+
+
+def main() -> None:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    try:
+        app(standalone_mode=True)
+    except SystemExit:
+        raise
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Small pure functions on flat parameter vectors.
+
+Every model's parameters travel as one flat float32 vector. Algorithms call
+these helpers instead of re-deriving the arithmetic, and sums over clients run
+in float64 in a fixed (client id) order so results do not depend on which
+worker trained which client.
+
+Example:
+    >>> import torch
+    >>> from fedsim import params
+    >>> params.weighted_sum([torch.ones(2), 3 * torch.ones(2)], [0.25, 0.75])
+    tensor([2.5000, 2.5000])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+__all__ = [
+    "flatten",
+    "bind_flat",
+    "num_params",
+    "weighted_sum",
+    "l2_norm",
+    "chi2",
+]
+
+
+def num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def flatten(model: nn.Module) -> torch.Tensor:
+    """A copy of the model's parameters as one vector (in the model's dtype)."""
+    return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+
+
+def bind_flat(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Make ``model``'s parameters and gradients views into two flat buffers.
+
+    Returns ``(theta, grad)``: writing into ``theta`` changes the model, and
+    ``loss.backward()`` accumulates into ``grad``. Local solvers then update one
+    vector per step instead of looping over parameter tensors. Zero ``grad``
+    with ``grad.zero_()`` (``model.zero_grad()`` would detach the views).
+    """
+    theta = flatten(model)
+    grad = torch.zeros_like(theta)
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        p.data = theta[offset : offset + n].view_as(p)
+        p.grad = grad[offset : offset + n].view_as(p)
+        offset += n
+    return theta, grad
+
+
+def weighted_sum(
+    vectors: Sequence[torch.Tensor], weights: Sequence[float]
+) -> torch.Tensor:
+    """sum_i w_i v_i accumulated in float64, in the given order.
+
+    The result has the dtype of the first vector.
+    """
+    if len(vectors) != len(weights):
+        raise ValueError(f"{len(vectors)} vectors but {len(weights)} weights")
+    if not vectors:
+        raise ValueError("weighted_sum of no vectors")
+    acc = torch.zeros(vectors[0].shape, dtype=torch.float64)
+    for v, w in zip(vectors, weights, strict=True):
+        acc.add_(v.to(torch.float64), alpha=float(w))
+    return acc.to(vectors[0].dtype)
+
+
+def l2_norm(v: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(v.to(torch.float64)))
+
+
+def chi2(p: Sequence[float], w: Sequence[float]) -> float:
+    """chi^2(p || w) = sum_i (p_i - w_i)^2 / w_i  (FedNova, Theorems 1-2).
+
+    ``p`` and ``w`` are both normalised to sum to 1 first. A client with
+    w_i = 0 and p_i > 0 makes the divergence infinite.
+
+    >>> round(chi2([0.5, 0.5], [0.25, 0.75]), 12)
+    0.333333333333
+    """
+    sp, sw = float(sum(p)), float(sum(w))
+    if sp <= 0 or sw <= 0:
+        return float("nan")
+    total = 0.0
+    for pi, wi in zip(p, w, strict=True):
+        pi, wi = pi / sp, wi / sw
+        if wi == 0:
+            if pi > 0:
+                return float("inf")
+            continue
+        total += (pi - wi) ** 2 / wi
+    return total

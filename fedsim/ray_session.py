@@ -1,0 +1,51 @@
+"""Starting or joining Ray.
+
+``fedsim run`` joins an existing cluster when given ``--address`` or when
+``RAY_ADDRESS`` is set (``ray job submit`` sets it); otherwise it starts an
+embedded local Ray that listens on 127.0.0.1 only, so a laptop run opens no
+port on other interfaces.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["init_ray", "shutdown_ray"]
+
+_LOOPBACK = "127.0.0.1"
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+    """Connect to Ray; return True if this call started an embedded local Ray."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if not address:
+        # Ray binds the machine's interface address unless this is 0 (it is
+        # read when ray is imported, and inherited by the processes it starts).
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray
+    from ray._private import ray_constants
+
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+        return False
+    # If ray was imported before the variable was set, its constant is stale.
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        _node_ip_address=_LOOPBACK,
+        logging_level="WARNING",
+        log_to_driver=True,
+    )
+    return True
+
+
+def shutdown_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

@@ -1,0 +1,168 @@
+"""Run directories: resolved scenario, Parquet tables and a JSON summary.
+
+Every file is written atomically (to a temporary file in the same directory,
+fsync'd, then renamed over the target), so a crash never leaves a
+half-written file; a reader sees the old version or the new one.
+
+Layout of a run directory::
+
+    scenario.yaml     the fully resolved scenario (every default filled in)
+    rounds.parquet    one row per round
+    clients.parquet   one row per selected client per round
+    summary.json      final and best accuracy, simulated and wall time, version
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "ROUND_SCHEMA",
+    "CLIENT_SCHEMA",
+    "atomic_write_bytes",
+    "write_table",
+    "default_run_dir",
+    "prepare_run_dir",
+    "summarize",
+]
+
+ROUND_SCHEMA = pa.schema(
+    [
+        ("round", pa.int64()),
+        ("sim_time", pa.float64()),
+        ("wall_time", pa.float64()),
+        ("test_loss", pa.float64()),
+        ("test_accuracy", pa.float64()),
+        ("train_loss", pa.float64()),
+        ("n_selected", pa.int64()),
+        ("n_completed", pa.int64()),
+        ("n_dropped", pa.int64()),
+        ("tau_mean", pa.float64()),
+        ("tau_min", pa.float64()),
+        ("tau_max", pa.float64()),
+        ("tau_eff", pa.float64()),
+        ("chi2_pw", pa.float64()),
+    ]
+)
+
+CLIENT_SCHEMA = pa.schema(
+    [
+        ("round", pa.int64()),
+        ("client_id", pa.int64()),
+        ("device_group", pa.string()),
+        ("tau", pa.int64()),
+        ("t_start", pa.float64()),
+        ("t_arrive", pa.float64()),
+        ("dropped", pa.bool_()),
+        ("drop_reason", pa.string()),
+        ("slowdown", pa.float64()),
+        ("weight", pa.float64()),
+        ("update_norm", pa.float64()),
+        ("train_loss", pa.float64()),
+        ("bytes_down", pa.int64()),
+        ("bytes_up", pa.int64()),
+    ]
+)
+
+# Columns that depend on the host machine, not on (scenario, seed).
+WALL_CLOCK_COLUMNS = ("wall_time",)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_table(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
+    """Write rows as a Parquet file with a fixed schema, atomically."""
+    table = pa.Table.from_pylist(rows, schema=schema)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    atomic_write_bytes(Path(path), sink.getvalue().to_pybytes())
+
+
+def default_run_dir(name: str, root: Path = Path("results")) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = root / f"{name}-{stamp}"
+    i = 1
+    while path.exists():
+        i += 1
+        path = root / f"{name}-{stamp}-{i}"
+    return path
+
+
+def prepare_run_dir(path: Path) -> Path:
+    """Create the run directory and check it is writable, before training."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-probe"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise OSError(
+            f"cannot write results to {path}: {exc.strerror or exc}"
+        ) from None
+    return path
+
+
+def _finite(x: float) -> float | None:
+    return x if isinstance(x, float | int) and math.isfinite(x) else None
+
+
+def summarize(
+    rows: list[dict[str, Any]],
+    client_rows: list[dict[str, Any]],
+    *,
+    scenario_name: str,
+    wall_time_s: float,
+    workers: int,
+    version: str,
+) -> dict[str, Any]:
+    """summary.json's content."""
+    accs = [(r["test_accuracy"], r["round"]) for r in rows if _finite(r["test_accuracy"])]
+    losses = [r["test_loss"] for r in rows if _finite(r["test_loss"])]
+    best = max(accs) if accs else (None, None)
+    return {
+        "scenario": scenario_name,
+        "rounds": len(rows),
+        "final_test_accuracy": accs[-1][0] if accs else None,
+        "best_test_accuracy": best[0],
+        "best_round": best[1],
+        "final_test_loss": losses[-1] if losses else None,
+        "best_test_loss": min(losses) if losses else None,
+        "sim_time_s": rows[-1]["sim_time"] if rows else 0.0,
+        "wall_time_s": wall_time_s,
+        "updates_completed": int(sum(r["n_completed"] for r in rows)),
+        "updates_dropped": int(sum(r["n_dropped"] for r in rows)),
+        "bytes_down": int(sum(c["bytes_down"] for c in client_rows)),
+        "bytes_up": int(sum(c["bytes_up"] for c in client_rows)),
+        "workers": workers,
+        "fedsim_version": version,
+    }
+
+
+def write_summary(path: Path, summary: dict[str, Any]) -> None:
+    atomic_write_bytes(Path(path), (json.dumps(summary, indent=2) + "\n").encode())

@@ -1,0 +1,136 @@
+"""Local solvers: how a client turns gradients into local steps.
+
+Each solver updates a flat parameter vector in place, one step at a time (the
+clock decides how many steps), and keeps the scalar recursion of the official
+FedNova code (ALGORITHMS.md 5.3) so that it can report ||a_i||_1, the L1 norm
+of its accumulation vector: Delta_i = -lr * G_i a_i. FedNova divides each
+update by this number; FedAvg's implicit weights are proportional to it.
+
+Closed forms (ALGORITHMS.md 5.2), for tau steps:
+
+=================  ======================================
+solver             ||a||_1
+=================  ======================================
+sgd                tau
+momentum (rho)     [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho)
+prox (alpha=lr mu)  (1 - (1 - alpha)^tau) / alpha
+=================  ======================================
+
+Example:
+    >>> import torch
+    >>> from fedsim.solvers import Momentum
+    >>> s = Momentum(lr=0.1, rho=0.9)
+    >>> x, x0 = torch.zeros(1), torch.zeros(1)
+    >>> st = s.begin(x0)
+    >>> for _ in range(2):
+    ...     s.step(x, torch.ones(1), st)
+    >>> round(st.norm_a, 6), round(s.norm_a(2), 6)
+    (2.9, 2.9)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fedsim.scenario import ClientSpec
+
+__all__ = ["SGD", "Momentum", "Prox", "SolverState", "make_solver"]
+
+
+@dataclass
+class SolverState:
+    """Per-client, per-round solver state (reset every round)."""
+
+    x0: torch.Tensor  # the round's starting (global) parameters
+    steps: int = 0
+    norm_a: float = 0.0  # s in the FedNova recursion
+    counter: float = 0.0  # c in the FedNova recursion (momentum only)
+    buf: torch.Tensor | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class SGD:
+    """Vanilla SGD with optional coupled weight decay: x <- x - lr (g + wd x)."""
+
+    lr: float
+    weight_decay: float = 0.0
+
+    def begin(self, x0: torch.Tensor) -> SolverState:
+        return SolverState(x0=x0)
+
+    def _direction(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        if self.weight_decay:
+            return g.add(x, alpha=self.weight_decay)
+        return g
+
+    def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
+        x.add_(self._direction(x, g), alpha=-self.lr)
+        st.norm_a += 1.0
+        st.steps += 1
+
+    def norm_a(self, tau: int) -> float:
+        return float(tau)
+
+
+@dataclass(frozen=True)
+class Momentum(SGD):
+    """Heavy-ball momentum, buffer reset each round: u <- rho u + g; x <- x - lr u."""
+
+    rho: float = 0.9
+
+    def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
+        d = self._direction(x, g)
+        if st.buf is None:
+            st.buf = d.clone()
+        else:
+            st.buf.mul_(self.rho).add_(d)
+        x.add_(st.buf, alpha=-self.lr)
+        st.counter = self.rho * st.counter + 1.0
+        st.norm_a += st.counter
+        st.steps += 1
+
+    def norm_a(self, tau: int) -> float:
+        r = self.rho
+        return (tau - r * (1.0 - r**tau) / (1.0 - r)) / (1.0 - r)
+
+
+@dataclass(frozen=True)
+class Prox(SGD):
+    """Proximal SGD (FedProx): x <- x - lr (g + mu (x - x0))."""
+
+    mu: float = 0.0
+
+    def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
+        d = self._direction(x, g)
+        if self.mu:
+            d = d + self.mu * (x - st.x0)
+        x.add_(d, alpha=-self.lr)
+        st.norm_a = (1.0 - self.lr * self.mu) * st.norm_a + 1.0
+        st.steps += 1
+
+    def norm_a(self, tau: int) -> float:
+        a = self.lr * self.mu
+        if a == 0:
+            return float(tau)
+        return (1.0 - (1.0 - a) ** tau) / a
+
+
+Solver = SGD  # every solver derives from SGD
+
+
+def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
+    """The solver a client spec asks for; ``mu`` (from FedProx) forces ``prox``."""
+    if mu is not None and mu > 0:
+        if spec.solver == "momentum":
+            raise ValueError(
+                "FedProx's proximal term with momentum has no derived ||a||_1 "
+                "(ALGORITHMS.md 5.3); use client.solver: sgd"
+            )
+        return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)
+    if spec.solver == "sgd":
+        return SGD(lr=spec.lr, weight_decay=spec.weight_decay)
+    if spec.solver == "momentum":
+        return Momentum(lr=spec.lr, weight_decay=spec.weight_decay, rho=spec.momentum)
+    return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=spec.mu)

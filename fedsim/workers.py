@@ -1,0 +1,213 @@
+"""Workers: a fixed pool that trains many virtual clients one after another.
+
+A :class:`Worker` holds one model instance and the whole federated dataset
+(received once), and runs exactly ``tau_i(t)`` local steps for each task it is
+given. The clock, not the worker, decides tau. A worker keeps nothing a
+restart would lose: per-client state travels with the task.
+
+Two pools share one interface, so the same code path runs in unit tests
+without Ray and on a cluster:
+
+- :class:`LocalPool`: one worker in the calling process.
+- :class:`RayPool`: ``n`` long-lived Ray actors; tasks are spread longest-tau
+  first; the global parameters travel as one object-store reference.
+
+Example (in-process):
+    >>> from fedsim.scenario import load_scenario
+    >>> from fedsim.data import build_data
+    >>> from fedsim.models import make_model
+    >>> from fedsim.params import flatten
+    >>> sc = load_scenario("scenarios/quickstart.yaml")
+    >>> data = build_data(sc.data, sc.num_clients, sc.seed)
+    >>> pool = LocalPool(sc, data)
+    >>> x = flatten(make_model(sc, data))
+    >>> [u.tau for u in pool.train(x, [Task(client=3, round=0, tau=5)])]
+    [5]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedsim.algorithms import ClientUpdate, make_algorithm
+from fedsim.data import FederatedData
+from fedsim.data.base import as_tensor as _tensor
+from fedsim.models import batch_loss, make_model
+from fedsim.params import bind_flat, l2_norm
+from fedsim.scenario import Scenario
+
+__all__ = ["Task", "Worker", "LocalPool", "RayPool", "client_seed", "assign_lpt"]
+
+_CLIENT_TAG = 0xC11E
+
+
+@dataclass(frozen=True)
+class Task:
+    """Train ``client`` for ``tau`` local steps in ``round``."""
+
+    client: int
+    round: int
+    tau: int
+
+
+def client_seed(seed: int, round_: int, client: int) -> int:
+    """The seed of one client's randomness in one round: (seed, round, client)."""
+    ss = np.random.SeedSequence([seed, _CLIENT_TAG, round_, client])
+    return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def assign_lpt(tasks: Sequence[Task], n: int) -> list[list[Task]]:
+    """Longest-processing-time-first assignment of tasks to ``n`` workers.
+
+    >>> [[t.tau for t in c] for c in assign_lpt([Task(i, 0, s) for i, s in
+    ...     enumerate([1, 9, 4, 4, 2])], 2)]
+    [[9], [4, 4, 2, 1]]
+    """
+    chunks: list[list[Task]] = [[] for _ in range(n)]
+    load = [0] * n
+    for t in sorted(tasks, key=lambda t: (-t.tau, t.client)):
+        j = min(range(n), key=lambda j: (load[j], j))
+        chunks[j].append(t)
+        load[j] += max(t.tau, 1)
+    return chunks
+
+
+def _batches(n: int, batch: int, gen: torch.Generator) -> Iterator[torch.Tensor | None]:
+    """Endless minibatch row indices: epochs of a fresh permutation, full
+    batches only. ``None`` means "all rows" (a client with n <= batch)."""
+    if n <= batch:
+        while True:
+            yield None
+    while True:
+        perm = torch.randperm(n, generator=gen)
+        for start in range(0, n - batch + 1, batch):
+            yield perm[start : start + batch]
+
+
+class Worker:
+    """Holds a model and the data; trains virtual clients one after another."""
+
+    def __init__(
+        self, scenario: Scenario, data: FederatedData, threads: int | None = None
+    ) -> None:
+        if threads is not None:
+            torch.set_num_threads(max(1, threads))
+        self.scenario = scenario
+        self.algorithm = make_algorithm(scenario.algorithm)
+        self.solver = self.algorithm.solver(scenario.client)
+        self.model = make_model(scenario, data)
+        self.theta, self.grad = bind_flat(self.model)
+        dtype = self.theta.dtype
+        self.x = _tensor(data.x).to(dtype)
+        y = _tensor(data.y)
+        self.y = y if data.num_classes else y.to(dtype)
+        self.offsets = [int(o) for o in data.offsets]
+        self.weights = data.weights
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def train(self, x_global: torch.Tensor, tasks: Sequence[Task]) -> list[ClientUpdate]:
+        """Run each task's local steps from ``x_global``; one update per task."""
+        return [self._train_one(x_global, t) for t in tasks]
+
+    def _train_one(self, x_global: torch.Tensor, task: Task) -> ClientUpdate:
+        i = task.client
+        lo, hi = self.offsets[i], self.offsets[i + 1]
+        xs, ys = self.x[lo:hi], self.y[lo:hi]
+        gen = torch.Generator().manual_seed(client_seed(self.scenario.seed, task.round, i))
+        batches = _batches(hi - lo, self.scenario.client.batch_size, gen)
+        theta, grad = self.theta, self.grad
+        theta.copy_(x_global)
+        state = self.solver.begin(x_global)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for _ in range(task.tau):
+            idx = next(batches)
+            xb, yb = (xs, ys) if idx is None else (xs[idx], ys[idx])
+            grad.zero_()
+            loss = batch_loss(self.model, xb, yb)
+            loss.backward()
+            self.solver.step(theta, grad, state)
+            loss_sum += loss.detach()
+        delta = theta - x_global
+        return ClientUpdate(
+            client=i,
+            delta=delta,
+            weight=float(self.weights[i]),
+            tau=task.tau,
+            norm_a=state.norm_a,
+            train_loss=float(loss_sum) / max(task.tau, 1),
+            extras={},
+        )
+
+
+class LocalPool:
+    """One in-process worker; the reference path for tests and ``workers: 0``."""
+
+    size = 1
+
+    def __init__(self, scenario: Scenario, data: FederatedData) -> None:
+        threads = max(1, int(scenario.resources.cpus_per_worker))
+        self.worker = Worker(scenario, data, threads=threads)
+
+    def train(self, x_global: torch.Tensor, tasks: Sequence[Task]) -> list[ClientUpdate]:
+        updates = self.worker.train(x_global, tasks)
+        return sorted(updates, key=lambda u: u.client)
+
+    def shutdown(self) -> None:
+        pass
+
+
+class RayPool:
+    """``n`` long-lived Ray worker actors sharing one copy of the data.
+
+    ``train`` returns object references (one list of updates per actor), so
+    that the updates can go straight to the server actor without passing
+    through the driver.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        data_ref: Any,
+        n: int,
+        cpus: float = 1.0,
+        gpus: float = 0.0,
+    ) -> None:
+        import ray
+
+        remote = ray.remote(Worker).options(
+            num_cpus=cpus,
+            num_gpus=gpus,
+            max_restarts=-1,
+            max_task_retries=3,
+            scheduling_strategy="SPREAD",
+        )
+        threads = max(1, int(cpus))
+        self.actors = [remote.remote(scenario, data_ref, threads) for _ in range(n)]
+        self.size = n
+
+    def train(self, x_ref: Any, tasks: Sequence[Task]) -> list[Any]:
+        chunks = assign_lpt(tasks, self.size)
+        return [
+            actor.train.remote(x_ref, chunk)
+            for actor, chunk in zip(self.actors, chunks, strict=True)
+            if chunk
+        ]
+
+    def shutdown(self) -> None:
+        import ray
+
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []
+
+
+def update_norm(u: ClientUpdate) -> float:
+    return l2_norm(u.delta)

@@ -1,0 +1,26 @@
+"""Shared fixtures. Ray-starting tests share one local Ray session (ray.init
+takes seconds) and are marked ``ray``; ``make test-quick`` skips them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "scenarios"
+SHARED = ROOT.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One embedded local Ray for every test that needs it."""
+    from fedsim.ray_session import init_ray, shutdown_ray
+
+    init_ray(num_cpus=2)
+    yield
+    shutdown_ray()
