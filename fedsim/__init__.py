@@ -1,3 +1,4 @@
-"""fedsim: an asynchronous, actor-based simulator of federated learning on heterogeneous device fleets."""
+"""fedsim: an asynchronous, actor-based simulator of federated learning on
+heterogeneous device fleets."""
 
 __version__ = "0.1.0"

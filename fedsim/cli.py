@@ -147,9 +147,7 @@ def run(
             recorder.add(row, clients)
             acc = row["test_accuracy"]
             shown = _fmt(acc, ".3f") if acc == acc else progress.tasks[0].fields["acc"]
-            progress.update(
-                bar, advance=1, sim=f"{row['sim_time']:.0f}s", acc=shown
-            )
+            progress.update(bar, advance=1, sim=f"{row['sim_time']:.0f}s", acc=shown)
 
         sim = Simulation(sc, workers=n_workers, on_round=on_round)
         code = 0

@@ -13,7 +13,7 @@ server is a process that waits for every device or for the deadline.
 Example:
     >>> import numpy as np
     >>> from fedsim.fleet import Fleet
-    >>> from fedsim.scenario import FleetSpec, RoundSpec
+    >>> from fedsim.fleet import FleetSpec
     >>> fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": [
     ...     {"name": "phones", "count": 2,
     ...      "speed": {"dist": "fixed", "steps_per_s": 4.0},
@@ -31,18 +31,50 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import simpy
+from pydantic import Field, model_validator
 
 from fedsim.fleet import Fleet
-from fedsim.scenario import RoundSpec
+from fedsim.spec import PosFloat
+from fedsim.spec import Spec as _Spec
 
 __all__ = ["Plan", "RoundPlan", "plan_round"]
 
 # Slack for floor(): compute_time * speed is 4.0 - 1e-15 more often than one
 # would like (2.0 / 0.5 in floats), and a step must not be lost to rounding.
 _EPS = 1e-9
+
+
+class RoundSpec(_Spec):
+    """How tau_i(t) arises (see docs/architecture.md, "Round policies").
+
+    ``fixed_window``: the round lasts ``window_s``; a device computes in the
+    time left after download and upload, tau = floor(time * speed) clipped to
+    [0, max_steps]. ``fixed_epochs``: tau = floor(E_i * n_i / B) with E_i =
+    ``epochs`` or drawn uniformly from ``[epochs_low, epochs_high]`` each
+    round; the round ends when the slowest device arrives or at
+    ``deadline_s`` (later arrivals are dropped).
+    """
+
+    policy: Literal["fixed_window", "fixed_epochs"] = "fixed_window"
+    window_s: PosFloat = 10.0
+    max_steps: Annotated[int, Field(ge=1, le=10_000_000)] = 100
+    epochs: Annotated[int, Field(ge=1, le=100_000)] | None = 1
+    epochs_low: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    epochs_high: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    deadline_s: PosFloat | None = None
+
+    @model_validator(mode="after")
+    def _epochs(self) -> RoundSpec:
+        lo, hi = self.epochs_low, self.epochs_high
+        if (lo is None) != (hi is None):
+            raise ValueError("give both epochs_low and epochs_high, or neither")
+        if lo is not None and hi is not None and hi < lo:
+            raise ValueError(f"epochs_high ({hi}) must be >= epochs_low ({lo})")
+        return self
 
 
 @dataclass(frozen=True)
@@ -233,19 +265,23 @@ class _Round:
         self, j: int, down: float, tau: int, rate: float, up: float, offline_at: float
     ) -> None:
         env = self.env
-        device = env.process(self._device(j, down, tau, rate, up))
+        # A Pareto slowdown can overflow to inf, leaving a rate of 0.
+        compute_s = tau / rate if rate > 0 else math.inf
+        device = env.process(self._device(j, down, compute_s, tau, rate, up))
         self.devices.append(device)
         # The same additions SimPy makes, so "before arrival" is exact.
-        arrival = env.now + down + tau / rate + up
+        arrival = env.now + down + compute_s + up
         if offline_at < min(arrival, self.deadline):
             env.process(self._go_offline(device, offline_at))
 
-    def _device(self, j: int, down: float, tau: int, rate: float, up: float):
+    def _device(
+        self, j: int, down: float, compute_s: float, tau: int, rate: float, up: float
+    ):
         env = self.env
         start = env.now
         try:
             yield env.timeout(down)
-            yield env.timeout(tau / rate)
+            yield env.timeout(compute_s)
             yield env.timeout(up)
         except simpy.Interrupt:
             # Steps finished before going offline: lost work, kept for metrics.

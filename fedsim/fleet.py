@@ -14,12 +14,116 @@ and the answer never depends on which times were asked before.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
-from fedsim.scenario import AvailabilitySpec, FleetSpec, SlowdownSpec
+from fedsim.spec import NonNegFloat, PosFloat, Prob
+from fedsim.spec import Spec as _Spec
 
 __all__ = ["Fleet"]
+
+
+# ------------------------------------------------------------------ the specs
+class SpeedSpec(_Spec):
+    """Compute speed in local steps per simulated second.
+
+    ``fixed`` uses ``steps_per_s`` for every device; ``lognormal`` draws each
+    device's speed once as median * exp(sigma * N(0, 1)).
+    """
+
+    dist: Literal["fixed", "lognormal"] = "fixed"
+    steps_per_s: PosFloat | None = None
+    median_steps_per_s: PosFloat | None = None
+    sigma: NonNegFloat = 0.0
+
+    @model_validator(mode="after")
+    def _one_speed(self) -> SpeedSpec:
+        if self.dist == "fixed" and self.steps_per_s is None:
+            raise ValueError("dist 'fixed' needs steps_per_s")
+        if self.dist == "lognormal" and self.median_steps_per_s is None:
+            raise ValueError("dist 'lognormal' needs median_steps_per_s")
+        if self.sigma > 5:
+            raise ValueError("sigma above 5 gives speeds spanning 10^4x; check units")
+        return self
+
+    @property
+    def median(self) -> float:
+        assert self.steps_per_s is not None or self.median_steps_per_s is not None
+        return float(self.steps_per_s or self.median_steps_per_s)  # type: ignore[arg-type]
+
+
+class NetworkSpec(_Spec):
+    """Link of a device: time to send B bytes = 8 B / (mbps * 1e6) + latency_s."""
+
+    down_mbps: PosFloat = 100.0
+    up_mbps: PosFloat = 100.0
+    latency_s: NonNegFloat = 0.0
+
+
+class SlowdownSpec(_Spec):
+    """Distribution of a straggler's slowdown factor (>= 1; speed is divided by it).
+
+    ``fixed``: ``factor``; ``uniform``: U(low, high); ``pareto``: 1 + Pareto(shape),
+    i.e. heavy-tailed with minimum 1.
+    """
+
+    dist: Literal["fixed", "uniform", "pareto"] = "fixed"
+    factor: Annotated[float, Field(ge=1)] = 4.0
+    low: Annotated[float, Field(ge=1)] = 2.0
+    high: Annotated[float, Field(ge=1)] = 10.0
+    shape: PosFloat = 2.0
+
+    @model_validator(mode="after")
+    def _range(self) -> SlowdownSpec:
+        if self.dist == "uniform" and self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+
+class StragglerSpec(_Spec):
+    """Each round, each selected device is slowed with probability ``p``."""
+
+    p: Prob = 0.0
+    slowdown: SlowdownSpec = SlowdownSpec()
+
+
+class AvailabilitySpec(_Spec):
+    """When a device is online: ``always``, or an alternating on/off process with
+    exponentially distributed durations of means ``mean_on_s`` and ``mean_off_s``.
+    A device that goes offline mid-round drops out of the round."""
+
+    kind: Literal["always", "on_off"] = "always"
+    mean_on_s: PosFloat = 3600.0
+    mean_off_s: PosFloat = 1800.0
+
+
+class DeviceGroup(_Spec):
+    name: str = Field(min_length=1, max_length=200)
+    count: Annotated[int, Field(ge=1, le=10_000_000)]
+    speed: SpeedSpec
+    network: NetworkSpec = NetworkSpec()
+    stragglers: StragglerSpec = StragglerSpec()
+    availability: AvailabilitySpec = AvailabilitySpec()
+
+
+class FleetSpec(_Spec):
+    groups: list[DeviceGroup] = Field(min_length=1, max_length=10_000)
+
+    @property
+    def size(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> FleetSpec:
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"group names must be unique, got {names}")
+        if self.size > 10_000_000:
+            raise ValueError(f"fleet has {self.size} devices; the limit is 10,000,000")
+        return self
+
 
 # Tags that separate the random streams derived from one scenario seed.
 _TAG_SPEED = 0xF1EE7
@@ -175,7 +279,7 @@ class Fleet:
         seed: the seed availability is derived from.
 
     Example:
-        >>> from fedsim.scenario import FleetSpec
+        >>> from fedsim.fleet import FleetSpec
         >>> spec = FleetSpec.model_validate({"groups": [
         ...     {"name": "phones", "count": 3,
         ...      "speed": {"dist": "fixed", "steps_per_s": 4.0},
@@ -350,7 +454,8 @@ class Fleet:
                 factor[mask] = spec.factor
             elif spec.dist == "uniform":
                 factor[mask] = spec.low + (spec.high - spec.low) * v
-            else:
-                factor[mask] = (1.0 - v) ** (-1.0 / spec.shape)
+            else:  # may overflow to inf for tiny shapes: an endless straggler
+                with np.errstate(over="ignore"):
+                    factor[mask] = (1.0 - v) ** (-1.0 / spec.shape)
         slowed = u[:, 0] < self.straggler_p[idx]
         return np.where(slowed, factor, 1.0)

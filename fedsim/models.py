@@ -4,7 +4,11 @@ Models are plain ``torch.nn.Module``s; the runtime sees their parameters as
 one flat vector (see :mod:`fedsim.params`).
 
 Example:
-    >>> from fedsim.scenario import ModelSpec
+    >>> from typing import Annotated, Literal
+
+from pydantic import Field
+
+from fedsim.spec import Spec
 
 _MODEL_INIT_TAG = 0x1A17
     >>> m = build_model(ModelSpec(name="logreg"), input_dim=60, num_classes=10, seed=0)
@@ -14,16 +18,35 @@ _MODEL_INIT_TAG = 0x1A17
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
-from fedsim.scenario import ModelSpec
+from fedsim.spec import Spec
 
 _MODEL_INIT_TAG = 0x1A17
 
-__all__ = ["build_model", "make_model", "QuadraticModel", "batch_loss", "evaluate"]
+__all__ = [
+    "ModelSpec",
+    "build_model",
+    "make_model",
+    "QuadraticModel",
+    "batch_loss",
+    "evaluate",
+]
+
+
+class ModelSpec(Spec):
+    """Which network to train. ``hidden`` is used by ``mlp`` only; ``dtype``
+    float64 is for exact checks on small problems."""
+
+    name: Literal["logreg", "mlp", "quadratic"] = "logreg"
+    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = [200, 200]
+    dtype: Literal["float32", "float64"] = "float32"
 
 
 class QuadraticModel(nn.Module):

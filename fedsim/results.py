@@ -142,7 +142,9 @@ def summarize(
     version: str,
 ) -> dict[str, Any]:
     """summary.json's content."""
-    accs = [(r["test_accuracy"], r["round"]) for r in rows if _finite(r["test_accuracy"])]
+    accs = [
+        (r["test_accuracy"], r["round"]) for r in rows if _finite(r["test_accuracy"])
+    ]
     losses = [r["test_loss"] for r in rows if _finite(r["test_loss"])]
     best = max(accs) if accs else (None, None)
     return {

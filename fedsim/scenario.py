@@ -19,19 +19,38 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from fedsim.algorithms import REGISTRY as ALGORITHMS
+from fedsim.clock import RoundSpec
+from fedsim.data import REGISTRY as DATASETS
+from fedsim.fleet import (
+    AvailabilitySpec,
+    DeviceGroup,
+    FleetSpec,
+    NetworkSpec,
+    SlowdownSpec,
+    SpeedSpec,
+    StragglerSpec,
 )
+from fedsim.models import ModelSpec
+from fedsim.selectors import REGISTRY as SELECTORS
+from fedsim.selectors.uniform import Uniform
+from fedsim.spec import NonNegFloat, PosFloat
+from fedsim.spec import Spec as _Spec
 
 __all__ = [
+    "AvailabilitySpec",
+    "DeviceGroup",
+    "FleetSpec",
+    "NetworkSpec",
+    "RoundSpec",
+    "SlowdownSpec",
+    "SpeedSpec",
+    "StragglerSpec",
     "Scenario",
     "ScenarioError",
     "load_scenario",
@@ -48,87 +67,13 @@ class ScenarioError(ValueError):
     """An invalid scenario: the message is meant for the user, as is."""
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-PosFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
-Prob = Annotated[float, Field(ge=0, le=1)]
-
-
-# --------------------------------------------------------------------------- model
-class ModelSpec(_Spec):
-    """Which network to train. ``hidden`` is used by ``mlp`` only."""
-
-    name: Literal["logreg", "mlp", "quadratic"] = "logreg"
-    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = [200, 200]
-    dtype: Literal["float32", "float64"] = "float32"
-
-
 # ---------------------------------------------------------------------------- data
-class SyntheticData(_Spec):
-    """Synthetic(alpha, beta) of the FedProx/LEAF generator (ALGORITHMS.md 2.1).
-
-    ``alpha`` and ``beta`` are standard deviations, as in NumPy's ``scale``.
-    ``clients`` defaults to the number of devices in the fleet.
-    """
-
-    dataset: Literal["synthetic"]
-    alpha: NonNegFloat = 1.0
-    beta: NonNegFloat = 1.0
-    iid: bool = False
-    clients: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
-    features: Annotated[int, Field(ge=1, le=100_000)] = 60
-    classes: Annotated[int, Field(ge=2, le=10_000)] = 10
-    test_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
-    size_mean: float = Field(4.0, ge=-10, le=10)
-    size_sigma: float = Field(2.0, ge=0, le=5)
-    min_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 50
-    max_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
-
-
-class QuadraticData(_Spec):
-    """The FedNova paper's quadratic objectives (ALGORITHMS.md section 6).
-
-    Client i minimises F_i(x) = h_i/2 ||x - e_i||^2 with deterministic
-    gradients. ``centers`` are the e_i (scalars, or vectors of length
-    ``dim``), ``weights`` the p_i (normalised; equal when omitted) and
-    ``curvatures`` the h_i (1 when omitted).
-    """
-
-    dataset: Literal["quadratic"]
-    centers: list[float | list[float]] = Field(min_length=1)
-    weights: list[PosFloat] | None = None
-    curvatures: list[PosFloat] | None = None
-    x0: float = 0.0
-
-    @model_validator(mode="after")
-    def _lengths(self) -> QuadraticData:
-        m = len(self.centers)
-        for name in ("weights", "curvatures"):
-            value = getattr(self, name)
-            if value is not None and len(value) != m:
-                raise ValueError(
-                    f"{name} has {len(value)} entries but centers has {m}; "
-                    "give one per client"
-                )
-        dims = {1 if isinstance(c, float | int) else len(c) for c in self.centers}
-        if len(dims) != 1 or 0 in dims:
-            raise ValueError("centers must all have the same (non-zero) length")
-        return self
-
-    @property
-    def clients(self) -> int:
-        return len(self.centers)
-
-    @property
-    def dim(self) -> int:
-        c = self.centers[0]
-        return 1 if isinstance(c, float | int) else len(c)
-
-
-DataSpec = Annotated[SyntheticData | QuadraticData, Field(discriminator="dataset")]
+# Each dataset's spec lives in its module (fedsim/data/<name>.py); the union of
+# the registered ones is the scenario's ``data`` section.
+DataSpec = Annotated[
+    Union[tuple(DATASETS.values())],  # noqa: UP007 - built from the registry
+    Field(discriminator="dataset"),
+]
 
 
 # -------------------------------------------------------------------------- client
@@ -154,186 +99,19 @@ class ClientSpec(_Spec):
         return self
 
 
-# --------------------------------------------------------------------------- fleet
-class SpeedSpec(_Spec):
-    """Compute speed in local steps per simulated second.
-
-    ``fixed`` uses ``steps_per_s`` for every device; ``lognormal`` draws each
-    device's speed once as median * exp(sigma * N(0, 1)).
-    """
-
-    dist: Literal["fixed", "lognormal"] = "fixed"
-    steps_per_s: PosFloat | None = None
-    median_steps_per_s: PosFloat | None = None
-    sigma: NonNegFloat = 0.0
-
-    @model_validator(mode="after")
-    def _one_speed(self) -> SpeedSpec:
-        if self.dist == "fixed" and self.steps_per_s is None:
-            raise ValueError("dist 'fixed' needs steps_per_s")
-        if self.dist == "lognormal" and self.median_steps_per_s is None:
-            raise ValueError("dist 'lognormal' needs median_steps_per_s")
-        if self.sigma > 5:
-            raise ValueError("sigma above 5 gives speeds spanning 10^4x; check units")
-        return self
-
-    @property
-    def median(self) -> float:
-        assert self.steps_per_s is not None or self.median_steps_per_s is not None
-        return float(self.steps_per_s or self.median_steps_per_s)  # type: ignore[arg-type]
-
-
-class NetworkSpec(_Spec):
-    """Link of a device: time to send B bytes = 8 B / (mbps * 1e6) + latency_s."""
-
-    down_mbps: PosFloat = 100.0
-    up_mbps: PosFloat = 100.0
-    latency_s: NonNegFloat = 0.0
-
-
-class SlowdownSpec(_Spec):
-    """Distribution of a straggler's slowdown factor (>= 1; speed is divided by it).
-
-    ``fixed``: ``factor``; ``uniform``: U(low, high); ``pareto``: 1 + Pareto(shape),
-    i.e. heavy-tailed with minimum 1.
-    """
-
-    dist: Literal["fixed", "uniform", "pareto"] = "fixed"
-    factor: Annotated[float, Field(ge=1)] = 4.0
-    low: Annotated[float, Field(ge=1)] = 2.0
-    high: Annotated[float, Field(ge=1)] = 10.0
-    shape: PosFloat = 2.0
-
-    @model_validator(mode="after")
-    def _range(self) -> SlowdownSpec:
-        if self.dist == "uniform" and self.high < self.low:
-            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
-        return self
-
-
-class StragglerSpec(_Spec):
-    """Each round, each selected device is slowed with probability ``p``."""
-
-    p: Prob = 0.0
-    slowdown: SlowdownSpec = SlowdownSpec()
-
-
-class AvailabilitySpec(_Spec):
-    """When a device is online: ``always``, or an alternating on/off process with
-    exponentially distributed durations of means ``mean_on_s`` and ``mean_off_s``.
-    A device that goes offline mid-round drops out of the round."""
-
-    kind: Literal["always", "on_off"] = "always"
-    mean_on_s: PosFloat = 3600.0
-    mean_off_s: PosFloat = 1800.0
-
-
-class DeviceGroup(_Spec):
-    name: str = Field(min_length=1, max_length=200)
-    count: Annotated[int, Field(ge=1, le=10_000_000)]
-    speed: SpeedSpec
-    network: NetworkSpec = NetworkSpec()
-    stragglers: StragglerSpec = StragglerSpec()
-    availability: AvailabilitySpec = AvailabilitySpec()
-
-
-class FleetSpec(_Spec):
-    groups: list[DeviceGroup] = Field(min_length=1, max_length=10_000)
-
-    @property
-    def size(self) -> int:
-        return sum(g.count for g in self.groups)
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> FleetSpec:
-        names = [g.name for g in self.groups]
-        if len(set(names)) != len(names):
-            raise ValueError(f"group names must be unique, got {names}")
-        if self.size > 10_000_000:
-            raise ValueError(f"fleet has {self.size} devices; the limit is 10,000,000")
-        return self
-
-
-# --------------------------------------------------------------------------- round
-class RoundSpec(_Spec):
-    """How tau_i(t) arises (see docs/architecture.md, "Round policies").
-
-    ``fixed_window``: the round lasts ``window_s``; a device computes in the
-    time left after download and upload, tau = floor(time * speed) clipped to
-    [0, max_steps]. ``fixed_epochs``: tau = floor(E_i * n_i / B) with E_i =
-    ``epochs`` or drawn uniformly from ``[epochs_low, epochs_high]`` each
-    round; the round ends when the slowest device arrives or at
-    ``deadline_s`` (later arrivals are dropped).
-    """
-
-    policy: Literal["fixed_window", "fixed_epochs"] = "fixed_window"
-    window_s: PosFloat = 10.0
-    max_steps: Annotated[int, Field(ge=1, le=10_000_000)] = 100
-    epochs: Annotated[int, Field(ge=1, le=100_000)] | None = 1
-    epochs_low: Annotated[int, Field(ge=1, le=100_000)] | None = None
-    epochs_high: Annotated[int, Field(ge=1, le=100_000)] | None = None
-    deadline_s: PosFloat | None = None
-
-    @model_validator(mode="after")
-    def _epochs(self) -> RoundSpec:
-        lo, hi = self.epochs_low, self.epochs_high
-        if (lo is None) != (hi is None):
-            raise ValueError("give both epochs_low and epochs_high, or neither")
-        if lo is not None and hi is not None and hi < lo:
-            raise ValueError(f"epochs_high ({hi}) must be >= epochs_low ({lo})")
-        return self
-
-
 # ----------------------------------------------------------------------- algorithm
-class FedAvgSpec(_Spec):
-    """FedAvg: x <- x + server_lr * sum_i p_i Delta_i over the round's updates."""
-
-    name: Literal["fedavg"]
-    server_lr: PosFloat = 1.0
-
-
-class FedProxSpec(_Spec):
-    """FedProx: FedAvg with the proximal local solver (penalty mu/2 ||x - x_t||^2)."""
-
-    name: Literal["fedprox"]
-    mu: PosFloat = 0.01
-    server_lr: PosFloat = 1.0
-
-
-class FedNovaSpec(_Spec):
-    """FedNova: x <- x + server_lr * tau_eff * sum_i p_i Delta_i / ||a_i||_1.
-
-    ``tau_eff``: ``fedavg`` (sum p_i ||a_i||_1, the default), ``steps``
-    (sum p_i tau_i, recommended with a proximal solver), or ``fixed``
-    (``tau_eff_value``).
-    """
-
-    name: Literal["fednova"]
-    tau_eff: Literal["fedavg", "steps", "fixed"] = "fedavg"
-    tau_eff_value: PosFloat | None = None
-    server_lr: PosFloat = 1.0
-
-    @model_validator(mode="after")
-    def _fixed_value(self) -> FedNovaSpec:
-        if self.tau_eff == "fixed" and self.tau_eff_value is None:
-            raise ValueError("tau_eff 'fixed' needs tau_eff_value")
-        return self
-
-
+# An algorithm's dataclass is its own spec (fedsim/algorithms/<name>.py).
 AlgorithmSpec = Annotated[
-    FedAvgSpec | FedProxSpec | FedNovaSpec, Field(discriminator="name")
+    Union[tuple(ALGORITHMS.values())],  # noqa: UP007
+    Field(discriminator="name"),
+]
+SelectorSpec = Annotated[
+    Union[tuple(SELECTORS.values())],  # noqa: UP007
+    Field(discriminator="name"),
 ]
 
 
 # ------------------------------------------------------------------------ selector
-class SelectorSpec(_Spec):
-    """Who trains each round. ``uniform``: uniformly without replacement among
-    the devices online at the round's start."""
-
-    name: Literal["uniform"] = "uniform"
-    clients_per_round: Annotated[int, Field(ge=1, le=10_000_000)] = 10
-
-
 class EvalSpec(_Spec):
     every_rounds: Annotated[int, Field(ge=1)] = 1
     batch_size: Annotated[int, Field(ge=1)] = 4096
@@ -361,7 +139,7 @@ class Scenario(_Spec):
     fleet: FleetSpec
     round: RoundSpec = RoundSpec()
     algorithm: AlgorithmSpec
-    selector: SelectorSpec = SelectorSpec()
+    selector: SelectorSpec = Uniform()
     eval: EvalSpec = EvalSpec()
     resources: ResourceSpec = ResourceSpec()
 
@@ -415,7 +193,7 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-_TAGS = {"synthetic", "quadratic", "fedavg", "fedprox", "fednova"}
+_TAGS = set(DATASETS) | set(ALGORITHMS) | set(SELECTORS)
 
 
 def _format_validation(err: ValidationError, source: str) -> str:
@@ -423,7 +201,7 @@ def _format_validation(err: ValidationError, source: str) -> str:
     for e in err.errors(include_url=False):
         loc = _format_loc(tuple(e["loc"]))
         msg = e["msg"]
-        if e["type"] == "extra_forbidden":
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             msg = "unknown key (check the spelling; see docs/scenarios.md)"
         elif e["type"] == "missing":
             msg = "required field is missing"
@@ -431,9 +209,8 @@ def _format_validation(err: ValidationError, source: str) -> str:
             msg = f"unknown choice: {msg}"
         got = e.get("input")
         shown = ""
-        if e["type"] not in ("missing", "extra_forbidden") and not isinstance(
-            got, dict | list
-        ):
+        quiet = ("missing", "extra_forbidden", "unexpected_keyword_argument")
+        if e["type"] not in quiet and not isinstance(got, dict | list):
             text = repr(got)
             shown = f" (got {text[:60]}{'...' if len(text) > 60 else ''})"
         lines.append(f"  {loc}: {msg}{shown}")
@@ -463,7 +240,8 @@ def _check_plain(obj: Any, source: str, path: str = "") -> None:
         for k, v in obj.items():
             if not isinstance(k, str):
                 raise ScenarioError(
-                    f"{source}: {path or '(top level)'}: keys must be strings, got {k!r}"
+                    f"{source}: {path or '(top level)'}: keys must be strings, "
+                    f"got {k!r}"
                 )
             _check_plain(v, source, f"{path}.{k}" if path else k)
     elif isinstance(obj, list):

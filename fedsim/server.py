@@ -30,9 +30,9 @@ import torch
 from fedsim import clock
 from fedsim.algorithms import AggregateInfo, ClientUpdate, make_algorithm
 from fedsim.data import FederatedData, build_data
+from fedsim.data.base import as_tensor as _tensor
 from fedsim.fleet import Fleet
 from fedsim.models import evaluate, make_model
-from fedsim.data.base import as_tensor as _tensor
 from fedsim.params import flatten, l2_norm
 from fedsim.scenario import Scenario
 from fedsim.selectors import make_selector
@@ -291,7 +291,9 @@ class Simulation:
             do_eval = (t + 1) % sc.eval.every_rounds == 0 or t == sc.rounds - 1
             res = backend.run_round(tasks, do_eval)
             if not math.isfinite(res.train_loss) and tasks:
-                raise DivergenceError(f"round {t}: the training loss is {res.train_loss}")
+                raise DivergenceError(
+                    f"round {t}: the training loss is {res.train_loss}"
+                )
             sel_state = self.selector.observe(sel_state, t, res)
             done = [p for p in plan.plans if not p.dropped]
             taus = np.array([p.tau for p in done], dtype=np.float64)
@@ -315,11 +317,12 @@ class Simulation:
             these = []
             for p in plan.plans:
                 st = res.clients.get(p.client)
+                group = str(self.group_names[self.fleet.group[p.client]])
                 these.append(
                     {
                         "round": t,
                         "client_id": p.client,
-                        "device_group": str(self.group_names[self.fleet.group[p.client]]),
+                        "device_group": group,
                         "tau": p.tau,
                         "t_start": p.t_start,
                         "t_arrive": p.t_arrive,

@@ -31,10 +31,12 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from fedsim.scenario import ClientSpec
+if TYPE_CHECKING:
+    from fedsim.scenario import ClientSpec
 
 __all__ = ["SGD", "Momentum", "Prox", "SolverState", "make_solver"]
 

@@ -113,7 +113,9 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
-    def train(self, x_global: torch.Tensor, tasks: Sequence[Task]) -> list[ClientUpdate]:
+    def train(
+        self, x_global: torch.Tensor, tasks: Sequence[Task]
+    ) -> list[ClientUpdate]:
         """Run each task's local steps from ``x_global``; one update per task."""
         return [self._train_one(x_global, t) for t in tasks]
 
@@ -121,7 +123,9 @@ class Worker:
         i = task.client
         lo, hi = self.offsets[i], self.offsets[i + 1]
         xs, ys = self.x[lo:hi], self.y[lo:hi]
-        gen = torch.Generator().manual_seed(client_seed(self.scenario.seed, task.round, i))
+        gen = torch.Generator().manual_seed(
+            client_seed(self.scenario.seed, task.round, i)
+        )
         batches = _batches(hi - lo, self.scenario.client.batch_size, gen)
         theta, grad = self.theta, self.grad
         theta.copy_(x_global)
@@ -156,7 +160,9 @@ class LocalPool:
         threads = max(1, int(scenario.resources.cpus_per_worker))
         self.worker = Worker(scenario, data, threads=threads)
 
-    def train(self, x_global: torch.Tensor, tasks: Sequence[Task]) -> list[ClientUpdate]:
+    def train(
+        self, x_global: torch.Tensor, tasks: Sequence[Task]
+    ) -> list[ClientUpdate]:
         updates = self.worker.train(x_global, tasks)
         return sorted(updates, key=lambda u: u.client)
 

@@ -112,8 +112,15 @@ def test_window_floor_is_not_lost_to_rounding():
 
     # Execute
     rp = plan_round(
-        fleet, np.array([0]), 0.0, RoundSpec(window_s=0.3), np.random.default_rng(0),
-        0, 0, np.array([10]), 10,
+        fleet,
+        np.array([0]),
+        0.0,
+        RoundSpec(window_s=0.3),
+        np.random.default_rng(0),
+        0,
+        0,
+        np.array([10]),
+        10,
     )
 
     # Assert
@@ -252,18 +259,24 @@ def test_offline_matches_fleet_for_every_device():
 
 
 def test_server_waits_for_a_device_that_drops_late_in_the_round():
-    # Prepare: under fixed_epochs the server cannot know a device will drop,
-    # so the round lasts until the last device has arrived or dropped
-    fleet = flaky_fleet()
-    policy = RoundSpec(policy="fixed_epochs", epochs=20)  # 100 steps, +27 s
+    # Prepare: under fixed_epochs the server cannot know that a device will
+    # drop, so the round lasts until the last device has arrived or dropped.
+    # Device 0 arrives at +4.5 s; a slow flaky device would arrive at +102 s.
+    on_off = {"kind": "on_off", "mean_on_s": 30.0, "mean_off_s": 6.0}
+    fleet = fleet_of({}, {"count": 50, "speed": 0.1, "availability": on_off})
+    flaky = np.arange(1, 51)
+    t_off = fleet.offline_time(flaky, NOW)
+    d = flaky[(t_off > NOW + 4.5) & (t_off < NOW + 102)][0]
+    off = fleet.offline_time(np.array([d]), NOW)[0]
 
     # Execute
-    rp = plan(fleet, policy)
+    rp = plan(fleet, RoundSpec(policy="fixed_epochs", epochs=2), chosen=[0, d])
 
     # Assert
-    last_event = max(p.t_arrive for p in rp.plans)
-    assert rp.t_end == last_event
-    assert any(p.reason == "offline" and p.t_arrive == rp.t_end for p in rp.plans)
+    fast, dropped = rp.plans
+    assert fast.t_arrive == pytest.approx(NOW + 4.5)
+    assert (dropped.reason, dropped.t_arrive) == ("offline", off)
+    assert rp.t_end == off
 
 
 # ------------------------------------------------------------ general
@@ -273,7 +286,9 @@ def test_same_seed_same_plan():
         {"count": 30, "p": 0.5, "slowdown": {"dist": "pareto", "shape": 1.5}},
         {"count": 30, "availability": {"kind": "on_off", "mean_on_s": 30}},
     )
-    policy = RoundSpec(policy="fixed_epochs", epochs_low=1, epochs_high=4, deadline_s=30)
+    policy = RoundSpec(
+        policy="fixed_epochs", epochs_low=1, epochs_high=4, deadline_s=30
+    )
 
     # Execute
     a, b = (plan(fleet, policy, chosen=list(range(0, 60, 3)), seed=9) for _ in "ab")
@@ -295,3 +310,11 @@ def test_clock_imports_no_torch_and_no_ray():
         "assert not {'torch', 'ray'} & set(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_docstring_example_runs():
+    import doctest
+
+    import fedsim.clock
+
+    assert doctest.testmod(fedsim.clock).failed == 0

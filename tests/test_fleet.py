@@ -182,7 +182,9 @@ def test_online_is_a_pure_function_of_time():
     # Prepare: three fleets from the same spec and seed
     s = spec(
         group("a", 300, availability=ON_OFF),
-        group("b", 200, availability={"kind": "on_off", "mean_on_s": 5, "mean_off_s": 7}),
+        group(
+            "b", 200, availability={"kind": "on_off", "mean_on_s": 5, "mean_off_s": 7}
+        ),
         group("c", 50),
     )
     stepped, direct, rewound = (Fleet.from_spec(s, seed=11) for _ in range(3))
@@ -293,7 +295,10 @@ def test_slowdowns_fixed_and_none():
 
 @pytest.mark.parametrize(
     "slowdown",
-    [SlowdownSpec(dist="uniform", low=2.0, high=3.0), SlowdownSpec(dist="pareto", shape=2.0)],
+    [
+        SlowdownSpec(dist="uniform", low=2.0, high=3.0),
+        SlowdownSpec(dist="pareto", shape=2.0),
+    ],
 )
 def test_slowdown_distributions(slowdown: SlowdownSpec):
     # Prepare
@@ -326,3 +331,11 @@ def test_one_device_outcome_does_not_shift_the_others():
     assert fa[0] > 1.0 and fb[0] == 1.0
     assert fa[1:].tolist() == fb[1:].tolist()
     assert rng_a.random() == rng_b.random()  # same number of draws consumed
+
+
+def test_docstring_example_runs():
+    import doctest
+
+    import fedsim.fleet
+
+    assert doctest.testmod(fedsim.fleet).failed == 0

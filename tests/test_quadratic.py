@@ -73,7 +73,7 @@ def test_long_runs_reach_the_fixed_points():
 def test_fixed_point_table(lr, mu, fedavg, fednova):
     lr_set = f"client.lr={lr}"
     if mu:
-        avg = ["algorithm={name: fedprox, mu: %r}" % mu, lr_set]
+        avg = [f"algorithm={{name: fedprox, mu: {mu}}}", lr_set]
         nova = ["client.solver=prox", f"client.mu={mu}", lr_set]
     else:
         avg, nova = [FEDAVG, lr_set], [lr_set]

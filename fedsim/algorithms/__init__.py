@@ -2,8 +2,9 @@
 from a scenario's ``algorithm`` section.
 
 Adding an algorithm: write ``fedsim/algorithms/<name>.py`` with a frozen
-dataclass deriving from :class:`~fedsim.algorithms.base.Algorithm`, add its
-spec to ``fedsim/scenario.py`` and a line to ``REGISTRY`` below.
+dataclass deriving from :class:`~fedsim.algorithms.base.Algorithm` (its fields
+are its hyperparameters, validated when a scenario is loaded), and add a line
+to ``REGISTRY`` below. Nothing else changes.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ REGISTRY: dict[str, type[Algorithm]] = {
 }
 
 
-def make_algorithm(spec) -> Algorithm:  # noqa: ANN001 - any AlgorithmSpec
-    """Build the algorithm a scenario's ``algorithm`` section describes."""
-    fields = spec.model_dump()
-    cls = REGISTRY[fields.pop("name")]
-    return cls(**fields)
+def make_algorithm(spec: Algorithm) -> Algorithm:
+    """The scenario's ``algorithm`` section is already the algorithm object."""
+    return spec

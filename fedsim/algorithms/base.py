@@ -2,7 +2,10 @@
 
 An algorithm is a frozen dataclass of hyperparameters. Its state (server
 state and per-client state) goes in and comes out, so the object pickles for
-Ray and cannot drift (see docs/architecture.md, "Core interfaces").
+Ray and cannot drift (see docs/architecture.md, "Core interfaces"). The
+dataclass *is* the scenario's ``algorithm`` section: pydantic validates its
+fields (with their ``Annotated`` constraints) and runs ``__post_init__`` when a
+scenario is loaded, so each hyperparameter is declared exactly once.
 
 The client half and the server half of an algorithm live in the same module:
 
@@ -16,12 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from fedsim.params import chi2
-from fedsim.scenario import ClientSpec
 from fedsim.solvers import SGD, make_solver
+from fedsim.spec import PLUGIN_CONFIG, PosFloat
+
+if TYPE_CHECKING:
+    from fedsim.scenario import ClientSpec
 
 __all__ = ["ClientUpdate", "AggregateInfo", "Algorithm", "ServerState"]
 
@@ -52,12 +59,14 @@ class AggregateInfo:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """Base class. Subclasses add hyperparameters as fields and override
-    ``aggregate`` (and ``solver`` when their clients solve differently)."""
+    """Base class. Subclasses declare ``name: Literal["<name>"]`` and their
+    hyperparameters as fields, and override ``aggregate`` (and ``solver`` when
+    their clients solve differently)."""
 
-    server_lr: float = 1.0
+    __pydantic_config__: ClassVar = PLUGIN_CONFIG
 
-    name = "base"
+    name: str = "base"
+    server_lr: PosFloat = 1.0
 
     def init(self, x0: torch.Tensor) -> ServerState:
         return {"x": x0.clone()}
@@ -78,7 +87,10 @@ def data_weights(updates: Sequence[ClientUpdate]) -> list[float]:
 
 
 def meter(
-    updates: Sequence[ClientUpdate], p: Sequence[float], w: Sequence[float], tau_eff: float
+    updates: Sequence[ClientUpdate],
+    p: Sequence[float],
+    w: Sequence[float],
+    tau_eff: float,
 ) -> AggregateInfo:
     """Package effective weights ``w`` (normalised here) with chi^2(p || w)."""
     sw = float(sum(w))

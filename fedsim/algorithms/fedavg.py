@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -44,7 +45,7 @@ class FedAvg(Algorithm):
         (tensor([2.5000]), 5.0)
     """
 
-    name = "fedavg"
+    name: Literal["fedavg"] = "fedavg"
 
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]

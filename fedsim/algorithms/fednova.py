@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -33,6 +34,7 @@ from fedsim.algorithms.base import (
     meter,
 )
 from fedsim.params import weighted_sum
+from fedsim.spec import PosFloat
 
 __all__ = ["FedNova"]
 
@@ -51,10 +53,13 @@ class FedNova(Algorithm):
         (tensor([4.]), 4.0, 0.0)
     """
 
-    tau_eff: str = "fedavg"
-    tau_eff_value: float | None = None
+    name: Literal["fednova"] = "fednova"
+    tau_eff: Literal["fedavg", "steps", "fixed"] = "fedavg"
+    tau_eff_value: PosFloat | None = None
 
-    name = "fednova"
+    def __post_init__(self) -> None:
+        if self.tau_eff == "fixed" and self.tau_eff_value is None:
+            raise ValueError("tau_eff 'fixed' needs tau_eff_value")
 
     def effective_steps(
         self, p: Sequence[float], updates: Sequence[ClientUpdate]

@@ -11,10 +11,14 @@ Clients minimise h_i(x) = F_i(x) + mu/2 ||x - x^t||^2 with proximal SGD
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from fedsim.algorithms.fedavg import FedAvg
-from fedsim.scenario import ClientSpec
 from fedsim.solvers import SGD, make_solver
+from fedsim.spec import PosFloat
+
+if TYPE_CHECKING:
+    from fedsim.scenario import ClientSpec
 
 __all__ = ["FedProx"]
 
@@ -23,9 +27,8 @@ __all__ = ["FedProx"]
 class FedProx(FedAvg):
     """FedAvg whose clients use the proximal solver with coefficient ``mu``."""
 
-    mu: float = 0.01
-
-    name = "fedprox"
+    name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]
+    mu: PosFloat = 0.01
 
     def solver(self, client: ClientSpec) -> SGD:
         return make_solver(client, mu=self.mu)

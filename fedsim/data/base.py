@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -65,12 +64,4 @@ class FederatedData:
 
 def build_data(spec, num_clients: int, seed: int) -> FederatedData:  # noqa: ANN001
     """Build the dataset a scenario's ``data`` section describes."""
-    if spec.dataset == "synthetic":
-        from fedsim.data.synthetic import synthetic
-
-        return synthetic(spec, num_clients, seed)
-    if spec.dataset == "quadratic":
-        from fedsim.data.quadratic import quadratic
-
-        return quadratic(spec)
-    raise ValueError(f"unknown dataset {spec.dataset!r}")
+    return spec.build(num_clients, seed)

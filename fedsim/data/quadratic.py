@@ -9,14 +9,61 @@ centre weighted by p_i, so the reported test loss is F(x).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
+from pydantic import Field, model_validator
 
 from fedsim.data.base import FederatedData
+from fedsim.spec import PosFloat, Spec
 
-__all__ = ["quadratic"]
+__all__ = ["QuadraticData", "quadratic"]
 
 
-def quadratic(spec) -> FederatedData:  # noqa: ANN001
+class QuadraticData(Spec):
+    """The FedNova paper's quadratic objectives (ALGORITHMS.md section 6).
+
+    Client i minimises F_i(x) = h_i/2 ||x - e_i||^2 with deterministic
+    gradients. ``centers`` are the e_i (scalars, or vectors of length
+    ``dim``), ``weights`` the p_i (normalised; equal when omitted) and
+    ``curvatures`` the h_i (1 when omitted).
+    """
+
+    dataset: Literal["quadratic"]
+    centers: list[float | list[float]] = Field(min_length=1)
+    weights: list[PosFloat] | None = None
+    curvatures: list[PosFloat] | None = None
+    x0: float = 0.0
+
+    @model_validator(mode="after")
+    def _lengths(self) -> QuadraticData:
+        m = len(self.centers)
+        for name in ("weights", "curvatures"):
+            value = getattr(self, name)
+            if value is not None and len(value) != m:
+                raise ValueError(
+                    f"{name} has {len(value)} entries but centers has {m}; "
+                    "give one per client"
+                )
+        dims = {1 if isinstance(c, float | int) else len(c) for c in self.centers}
+        if len(dims) != 1 or 0 in dims:
+            raise ValueError("centers must all have the same (non-zero) length")
+        return self
+
+    @property
+    def clients(self) -> int:
+        return len(self.centers)
+
+    @property
+    def dim(self) -> int:
+        c = self.centers[0]
+        return 1 if isinstance(c, float | int) else len(c)
+
+    def build(self, num_clients: int, seed: int) -> FederatedData:
+        return quadratic(self)
+
+
+def quadratic(spec: QuadraticData) -> FederatedData:
     m, dim = spec.clients, spec.dim
     e = np.array(
         [[c] * dim if isinstance(c, float | int) else c for c in spec.centers],

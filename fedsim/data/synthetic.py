@@ -12,16 +12,45 @@ is the union of the users' test parts.
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import numpy as np
+from pydantic import Field
 
 from fedsim.data.base import FederatedData
+from fedsim.spec import NonNegFloat, Spec
 
-__all__ = ["synthetic"]
+__all__ = ["SyntheticData", "synthetic"]
+
+
+class SyntheticData(Spec):
+    """Synthetic(alpha, beta) of the FedProx/LEAF generator (ALGORITHMS.md 2.1).
+
+    ``alpha`` and ``beta`` are standard deviations, as in NumPy's ``scale``.
+    ``clients`` defaults to the number of devices in the fleet.
+    """
+
+    dataset: Literal["synthetic"]
+    alpha: NonNegFloat = 1.0
+    beta: NonNegFloat = 1.0
+    iid: bool = False
+    clients: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    features: Annotated[int, Field(ge=1, le=100_000)] = 60
+    classes: Annotated[int, Field(ge=2, le=10_000)] = 10
+    test_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    size_mean: float = Field(4.0, ge=-10, le=10)
+    size_sigma: float = Field(2.0, ge=0, le=5)
+    min_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 50
+    max_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+
+    def build(self, num_clients: int, seed: int) -> FederatedData:
+        return synthetic(self, num_clients, seed)
+
 
 _TAG = 0x5E7D  # separates this generator's stream from every other use of the seed
 
 
-def synthetic(spec, num_clients: int, seed: int) -> FederatedData:  # noqa: ANN001
+def synthetic(spec: SyntheticData, num_clients: int, seed: int) -> FederatedData:
     m = spec.clients or num_clients
     d, c = spec.features, spec.classes
     rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG]))

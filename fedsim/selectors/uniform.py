@@ -8,9 +8,11 @@ clients sampled, which is the usual trade-off.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import numpy as np
+
+from fedsim.spec import PLUGIN_CONFIG, PosInt
 
 __all__ = ["Uniform"]
 
@@ -28,7 +30,10 @@ class Uniform:
         (2, True)
     """
 
-    clients_per_round: int = 10
+    __pydantic_config__: ClassVar = PLUGIN_CONFIG
+
+    name: Literal["uniform"] = "uniform"
+    clients_per_round: PosInt = 10
 
     def init(self, num_clients: int) -> dict[str, Any]:
         return {}
