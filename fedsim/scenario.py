@@ -83,13 +83,15 @@ class ClientSpec(_Spec):
     - ``sgd``: x <- x - lr * g
     - ``momentum``: u <- momentum * u + g; x <- x - lr * u (buffer reset each round)
     - ``prox``: x <- x - lr * (g + mu * (x - x_global))
+    - ``decay``: SGD whose lr decays by ``step_decay`` each local step
     """
 
-    solver: Literal["sgd", "momentum", "prox"] = "sgd"
+    solver: Literal["sgd", "momentum", "prox", "decay"] = "sgd"
     lr: PosFloat = 0.01
     batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 20
     momentum: float = Field(0.9, ge=0, lt=1)
     mu: NonNegFloat = 0.0
+    step_decay: float = Field(1.0, gt=0, le=1)
     weight_decay: NonNegFloat = 0.0
 
     @model_validator(mode="after")

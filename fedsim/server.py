@@ -36,6 +36,7 @@ from fedsim.models import evaluate, make_model
 from fedsim.params import flatten, l2_norm
 from fedsim.scenario import Scenario
 from fedsim.selectors import make_selector
+from fedsim.store import ClientStore
 from fedsim.workers import LocalPool, RayPool, Task
 
 __all__ = ["ServerCore", "Simulation", "DivergenceError", "RoundResult"]
@@ -75,8 +76,10 @@ class ServerCore:
         self.scenario = scenario
         self.algorithm = make_algorithm(scenario.algorithm)
         self.model = make_model(scenario, data)
-        self.state = self.algorithm.init(flatten(self.model))
-        dtype = self.state["x"].dtype
+        x0 = flatten(self.model)
+        self.state = self.algorithm.init(x0, data.num_clients)
+        self.store = ClientStore(data.num_clients, x0.numel(), x0.dtype)
+        dtype = x0.dtype
         self.test_x = _tensor(data.test_x).to(dtype)
         ty = _tensor(data.test_y)
         self.test_y = ty if data.num_classes else ty.to(dtype)
@@ -89,11 +92,23 @@ class ServerCore:
     def params(self) -> torch.Tensor:
         return self.state["x"]
 
+    def payload(self) -> dict[str, torch.Tensor]:
+        """What every selected client downloads this round."""
+        return self.algorithm.payload(self.state)
+
+    def client_states(self, clients: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """The persistent states of these clients ({} for stateless algorithms)."""
+        if not self.algorithm.stateful:
+            return {}
+        return self.store.get(clients)
+
     def aggregate(self, *batches: Sequence[ClientUpdate]) -> RoundResult:
-        """Aggregate the round's updates (any number of lists, in any order)
-        and evaluate if ``evaluate`` is set afterwards by the caller."""
+        """Aggregate the round's updates (any number of lists, in any order)."""
         updates = sorted((u for b in batches for u in b), key=lambda u: u.client)
         self.state, info = self.algorithm.aggregate(self.state, updates)
+        for u in updates:
+            if u.new_state is not None:
+                self.store.put(u.client, u.new_state)
         if not bool(torch.isfinite(self.state["x"]).all()):
             raise DivergenceError("the global model has NaN or infinite parameters")
         stats = {
@@ -140,7 +155,8 @@ class _LocalBackend:
         self.workers = 0
 
     def run_round(self, tasks: list[Task], do_eval: bool) -> RoundResult:
-        updates = self.pool.train(self.server.params(), tasks)
+        states = self.server.client_states([t.client for t in tasks])
+        updates = self.pool.train(self.server.payload(), tasks, states)
         return self.server.round(updates, do_eval=do_eval)
 
     def num_params(self) -> int:
@@ -167,12 +183,16 @@ class _RayBackend:
             scenario, data_ref, workers, res.cpus_per_worker, res.gpus_per_worker
         )
         self.workers = workers
+        self.stateful = scenario.algorithm.stateful
 
     def run_round(self, tasks: list[Task], do_eval: bool) -> RoundResult:
         import ray
 
-        x_ref = self.server.params.remote()
-        refs = self.pool.train(x_ref, tasks)
+        payload_ref = self.server.payload.remote()
+        states_ref = None
+        if self.stateful:
+            states_ref = self.server.client_states.remote([t.client for t in tasks])
+        refs = self.pool.train(payload_ref, tasks, states_ref)
         return ray.get(self.server.round.remote(*refs, do_eval=do_eval))
 
     def num_params(self) -> int:
@@ -263,7 +283,8 @@ class Simulation:
         sc = self.scenario
         d = backend.num_params()
         elem = 8 if sc.model.dtype == "float64" else 4
-        bytes_down = bytes_up = d * elem
+        bytes_down = sc.algorithm.down_factor * d * elem
+        bytes_up = sc.algorithm.up_factor * d * elem
         n_samples = self.data.n_samples
         sel_state = self.selector.init(self.fleet.size)
         rows: list[dict[str, Any]] = []

@@ -28,7 +28,7 @@ Example (in-process):
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from fedsim.algorithms import ClientUpdate, make_algorithm
+from fedsim.algorithms.base import ClientInfo, ClientState
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.models import batch_loss, make_model
@@ -45,6 +46,8 @@ from fedsim.scenario import Scenario
 __all__ = ["Task", "Worker", "LocalPool", "RayPool", "client_seed", "assign_lpt"]
 
 _CLIENT_TAG = 0xC11E
+
+Payload = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -109,24 +112,43 @@ class Worker:
         self.y = y if data.num_classes else y.to(dtype)
         self.offsets = [int(o) for o in data.offsets]
         self.weights = data.weights
+        self.num_clients = data.num_clients
+        self.total_weight = float(np.sum(data.weights))
 
     def pid(self) -> int:
         return os.getpid()
 
     def train(
-        self, x_global: torch.Tensor, tasks: Sequence[Task]
+        self,
+        payload: Payload,
+        tasks: Sequence[Task],
+        states: Mapping[int, ClientState] | None = None,
     ) -> list[ClientUpdate]:
-        """Run each task's local steps from ``x_global``; one update per task."""
-        return [self._train_one(x_global, t) for t in tasks]
+        """Run each task's local steps from the payload's ``x``; one update per
+        task. ``states`` holds the persistent state of stateful algorithms."""
+        if isinstance(payload, torch.Tensor):
+            payload = {"x": payload}
+        states = states or {}
+        return [self._train_one(payload, t, states.get(t.client, {})) for t in tasks]
 
-    def _train_one(self, x_global: torch.Tensor, task: Task) -> ClientUpdate:
+    def _train_one(
+        self, payload: Payload, task: Task, client_state: ClientState
+    ) -> ClientUpdate:
         i = task.client
         lo, hi = self.offsets[i], self.offsets[i + 1]
         xs, ys = self.x[lo:hi], self.y[lo:hi]
-        gen = torch.Generator().manual_seed(
-            client_seed(self.scenario.seed, task.round, i)
-        )
+        seed = client_seed(self.scenario.seed, task.round, i)
+        gen = torch.Generator().manual_seed(seed)
         batches = _batches(hi - lo, self.scenario.client.batch_size, gen)
+        algo = self.algorithm
+        info = ClientInfo(
+            client=i,
+            n_samples=hi - lo,
+            num_clients=self.num_clients,
+            relative_weight=float(self.weights[i]) * self.num_clients / self.total_weight,
+        )
+        x_global = payload["x"]
+        ctx = algo.local_setup(payload, client_state, info)
         theta, grad = self.theta, self.grad
         theta.copy_(x_global)
         state = self.solver.begin(x_global)
@@ -137,9 +159,13 @@ class Worker:
             grad.zero_()
             loss = batch_loss(self.model, xb, yb)
             loss.backward()
+            algo.grad_hook(theta, grad, ctx)
             self.solver.step(theta, grad, state)
             loss_sum += loss.detach()
         delta = theta - x_global
+        extras, new_state = algo.client_finish(
+            delta, state, payload, client_state, ctx, info
+        )
         return ClientUpdate(
             client=i,
             delta=delta,
@@ -147,7 +173,8 @@ class Worker:
             tau=task.tau,
             norm_a=state.norm_a,
             train_loss=float(loss_sum) / max(task.tau, 1),
-            extras={},
+            extras=extras,
+            new_state=new_state,
         )
 
 
@@ -161,9 +188,12 @@ class LocalPool:
         self.worker = Worker(scenario, data, threads=threads)
 
     def train(
-        self, x_global: torch.Tensor, tasks: Sequence[Task]
+        self,
+        payload: Payload,
+        tasks: Sequence[Task],
+        states: Mapping[int, ClientState] | None = None,
     ) -> list[ClientUpdate]:
-        updates = self.worker.train(x_global, tasks)
+        updates = self.worker.train(payload, tasks, states)
         return sorted(updates, key=lambda u: u.client)
 
     def shutdown(self) -> None:
@@ -199,10 +229,12 @@ class RayPool:
         self.actors = [remote.remote(scenario, data_ref, threads) for _ in range(n)]
         self.size = n
 
-    def train(self, x_ref: Any, tasks: Sequence[Task]) -> list[Any]:
+    def train(
+        self, payload_ref: Any, tasks: Sequence[Task], states_ref: Any = None
+    ) -> list[Any]:
         chunks = assign_lpt(tasks, self.size)
         return [
-            actor.train.remote(x_ref, chunk)
+            actor.train.remote(payload_ref, chunk, states_ref)
             for actor, chunk in zip(self.actors, chunks, strict=True)
             if chunk
         ]

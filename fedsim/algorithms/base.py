@@ -9,30 +9,65 @@ scenario is loaded, so each hyperparameter is declared exactly once.
 
 The client half and the server half of an algorithm live in the same module:
 
-- ``init(x0)``: the server state (a dict of tensors) for initial parameters.
-- ``solver(client)``: the local solver the clients use.
+Server half:
+
+- ``init(x0, num_clients)``: the server state (a dict of tensors).
+- ``payload(state)``: what a client downloads (default: ``{"x": x}``).
 - ``aggregate(state, updates)``: the new server state and what the round's
   aggregation did (effective weights, tau_eff, chi^2(p||w)).
+
+Client half (run on a worker, per client, per round):
+
+- ``solver(client_spec)``: the local solver.
+- ``local_setup(payload, client_state, info)``: anything constant during the
+  round (e.g. SCAFFOLD's correction c - c_i); returned as ``ctx``.
+- ``grad_hook(theta, grad, ctx)``: adjust the minibatch gradient in place
+  before each solver step (e.g. add the correction, or a penalty's gradient).
+- ``client_finish(delta, solver_state, payload, client_state, ctx, info)``:
+  the extras to upload and the client's new persistent state.
+
+Persistent client state (``stateful = True``) is a dict of flat tensors kept
+by the server's :class:`~fedsim.store.ClientStore`, keyed by client id; it
+travels with the task, so a worker that dies loses nothing. A client that has
+never trained has state ``{}``: read missing keys as zeros.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from fedsim.params import chi2
-from fedsim.solvers import SGD, make_solver
+from fedsim.solvers import SGD, SolverState, make_solver
 from fedsim.spec import PLUGIN_CONFIG, PosFloat
 
 if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
 
-__all__ = ["ClientUpdate", "AggregateInfo", "Algorithm", "ServerState"]
+__all__ = [
+    "AggregateInfo",
+    "Algorithm",
+    "ClientInfo",
+    "ClientState",
+    "ClientUpdate",
+    "ServerState",
+]
 
 ServerState = dict[str, torch.Tensor]
+ClientState = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """Facts about a client that its local procedure may need."""
+
+    client: int
+    n_samples: int
+    num_clients: int  # m
+    relative_weight: float  # n_i m / n (1 for balanced data), as FedDyn/FedDC use
 
 
 @dataclass(frozen=True)
@@ -46,6 +81,7 @@ class ClientUpdate:
     norm_a: float  # ||a_i||_1 of the local solver
     train_loss: float  # mean minibatch loss during local training
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    new_state: ClientState | None = None  # stored by the server, never aggregated
 
 
 @dataclass(frozen=True)
@@ -68,16 +104,50 @@ class Algorithm:
     name: str = "base"
     server_lr: PosFloat = 1.0
 
-    def init(self, x0: torch.Tensor) -> ServerState:
+    # True when clients keep persistent state between rounds.
+    stateful: ClassVar[bool] = False
+    # Floats each client downloads and uploads, in units of d (model size).
+    down_factor: ClassVar[int] = 1
+    up_factor: ClassVar[int] = 1
+
+    # ---------------------------------------------------------------- server
+    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         return {"x": x0.clone()}
 
-    def solver(self, client: ClientSpec) -> SGD:
-        return make_solver(client)
+    def payload(self, state: ServerState) -> dict[str, torch.Tensor]:
+        return {"x": state["x"]}
 
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
         raise NotImplementedError
+
+    # ---------------------------------------------------------------- client
+    def solver(self, client: ClientSpec) -> SGD:
+        return make_solver(client)
+
+    def local_setup(
+        self,
+        payload: dict[str, torch.Tensor],
+        client_state: ClientState,
+        info: ClientInfo,
+    ) -> Any:
+        return None
+
+    def grad_hook(self, theta: torch.Tensor, grad: torch.Tensor, ctx: Any) -> None:
+        return None
+
+    def client_finish(
+        self,
+        delta: torch.Tensor,
+        solver_state: SolverState,
+        payload: dict[str, torch.Tensor],
+        client_state: ClientState,
+        ctx: Any,
+        info: ClientInfo,
+    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
+        return {}, None
+
 
 
 def data_weights(updates: Sequence[ClientUpdate]) -> list[float]:

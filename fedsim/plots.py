@@ -1,0 +1,437 @@
+"""Figures of one run, drawn from its Parquet tables.
+
+Each function takes the run's tables (``rounds.parquet`` and
+``clients.parquet`` read with :func:`pyarrow.parquet.read_table`) and a
+path, writes one PNG there atomically and returns the path. They use
+matplotlib's object API with the Agg canvas, so they need no display and
+leave pyplot's global state alone. Missing columns, NaN values and empty
+tables give a figure that says so instead of an error: a report of an
+interrupted run is still a report.
+
+Example:
+    >>> import pyarrow.parquet as pq
+    >>> rounds = pq.read_table("results/quickstart-20250101-120000/rounds.parquet")
+    >>> plot_metrics(rounds, Path("metrics.png"))  # doctest: +SKIP
+    PosixPath('metrics.png')
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from fedsim.results import atomic_write_bytes
+
+__all__ = [
+    "DPI",
+    "is_async",
+    "has_chi2",
+    "group_order",
+    "plot_metrics",
+    "plot_tau_by_group",
+    "plot_timeline",
+    "plot_staleness",
+    "plot_chi2",
+]
+
+DPI = 110
+
+# Marker per drop reason (fedsim.clock.Plan.reason); anything else gets "x".
+_DROP_MARKERS = {"late": "x", "offline": "v", "no_time": "s", "no_data": "o"}
+_DROP_COLOR = "#d62728"
+
+
+def _column(table: pa.Table | None, name: str) -> list[Any]:
+    if table is None or name not in table.column_names:
+        return []
+    return table.column(name).to_pylist()
+
+
+def _floats(table: pa.Table | None, name: str) -> np.ndarray:
+    """A float column, with nulls as NaN (empty when the column is missing)."""
+    return np.array(
+        [np.nan if v is None else float(v) for v in _column(table, name)],
+        dtype=np.float64,
+    )
+
+
+def _n_rows(table: pa.Table | None) -> int:
+    return 0 if table is None else table.num_rows
+
+
+def is_async(clients: pa.Table | None) -> bool:
+    """Whether the run is asynchronous: its clients table has ``staleness``."""
+    return clients is not None and "staleness" in clients.column_names
+
+
+def has_chi2(rounds: pa.Table | None) -> bool:
+    """Whether ``rounds`` has a ``chi2_pw`` column with a finite value."""
+    return bool(np.isfinite(_floats(rounds, "chi2_pw")).any())
+
+
+def group_order(clients: pa.Table | None, groups: Sequence[str] = ()) -> list[str]:
+    """Device groups in a stable order: ``groups`` first (the scenario's
+    order), then any other group seen in ``clients``, sorted."""
+    seen = {str(g) for g in _column(clients, "device_group") if g is not None}
+    order = [g for g in groups if g in seen or not seen]
+    return order + sorted(seen - set(order))
+
+
+def _colors(groups: Sequence[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    # Red is kept for dropped updates.
+    palette = [cmap(i) for i in range(10) if i != 3]
+    return {g: palette[i % len(palette)] for i, g in enumerate(groups)}
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    path = Path(path)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def _no_data(ax: Axes, message: str) -> None:
+    ax.text(
+        0.5,
+        0.5,
+        message,
+        ha="center",
+        va="center",
+        transform=ax.transAxes,
+        fontsize=11,
+        color="0.4",
+        wrap=True,
+    )
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _line(ax: Axes, x: np.ndarray, y: np.ndarray, **kw: Any) -> bool:
+    """Plot the finite points of y against x; False when there are none."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    if not ok.any():
+        return False
+    marker = "o" if ok.sum() <= 30 else None
+    ax.plot(x[ok], y[ok], marker=marker, markersize=3.5, linewidth=1.6, **kw)
+    return True
+
+
+def _log_if_wide(ax: Axes, *series: np.ndarray) -> None:
+    vals = np.concatenate([s[np.isfinite(s)] for s in series] or [np.array([])])
+    if len(vals) and vals.min() > 0 and vals.max() / vals.min() > 100:
+        ax.set_yscale("log")
+
+
+def plot_metrics(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
+    """Test accuracy and loss against simulated time and against rounds.
+
+    A 2x2 grid (accuracy on top, loss below; simulated time left, round
+    right). Runs without an accuracy (e.g. the quadratic objective) get a
+    1x2 grid of the loss only. The training loss (the clients' weighted mean
+    over their local steps) is drawn dashed next to the test loss.
+    """
+    sim_time = _floats(rounds, "sim_time")
+    round_ = _floats(rounds, "round")
+    acc = _floats(rounds, "test_accuracy")
+    test_loss = _floats(rounds, "test_loss")
+    train_loss = _floats(rounds, "train_loss")
+    with_acc = bool(np.isfinite(acc).any())
+    nrows = 2 if with_acc else 1
+    fig = _new_figure(11, 4.2 * nrows)
+    axes = np.atleast_2d(fig.subplots(nrows, 2, squeeze=False))
+    xs = [(sim_time, "simulated time (s)"), (round_, "round")]
+    for col, (x, xlabel) in enumerate(xs):
+        if with_acc:
+            ax = axes[0, col]
+            _line(ax, x, acc, color="C0", label="test accuracy")
+            ax.set_ylabel("test accuracy")
+            ax.set_xlabel(xlabel)
+            ax.set_title(f"test accuracy vs {xlabel.split(' (')[0]}")
+            ax.grid(alpha=0.3)
+        ax = axes[nrows - 1, col]
+        drew = _line(ax, x, test_loss, color="C1", label="test loss")
+        drew |= _line(ax, x, train_loss, color="C2", linestyle="--", label="train loss")
+        if not drew:
+            _no_data(ax, "no loss recorded")
+            continue
+        _log_if_wide(ax, test_loss, train_loss)
+        ax.set_ylabel("loss")
+        ax.set_xlabel(xlabel)
+        ax.set_title(f"loss vs {xlabel.split(' (')[0]}")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=9)
+    if not with_acc and _n_rows(rounds):
+        fig.text(0.01, 0.005, "no test accuracy in this run", fontsize=8, color="0.4")
+    fig.suptitle(title or "test metrics", fontsize=13)
+    return _save(fig, path)
+
+
+def plot_tau_by_group(
+    clients: pa.Table | None,
+    path: Path,
+    groups: Sequence[str] = (),
+    title: str = "",
+) -> Path:
+    """Distribution of local steps tau_i(t) per device group (box plot with
+    the individual updates jittered on top). Dropped updates are left out:
+    they contribute no steps."""
+    fig = _new_figure(max(6.0, 1.6 + 1.5 * max(1, len(groups))), 4.6)
+    ax = fig.subplots()
+    order = group_order(clients, groups)
+    tau = _floats(clients, "tau")
+    dev = np.array([str(g) for g in _column(clients, "device_group")], dtype=object)
+    dropped = np.array(
+        [bool(d) for d in _column(clients, "dropped")] or [False] * len(tau),
+        dtype=bool,
+    )
+    keep = np.isfinite(tau) & ~dropped if len(tau) else np.zeros(0, dtype=bool)
+    data = [tau[keep & (dev == g)] for g in order]
+    present = [(g, d) for g, d in zip(order, data, strict=True) if len(d)]
+    if not present:
+        _no_data(ax, "no completed updates")
+    else:
+        colors = _colors(order)
+        labels = [f"{g}\n(n={len(d)})" for g, d in present]
+        box = ax.boxplot(
+            [d for _, d in present],
+            tick_labels=labels,
+            patch_artist=True,
+            widths=0.55,
+            showfliers=False,
+            medianprops={"color": "black", "linewidth": 1.5},
+        )
+        rng = np.random.default_rng(0)  # jitter only; fixed so plots are stable
+        for i, ((g, d), patch) in enumerate(zip(present, box["boxes"], strict=True)):
+            patch.set_facecolor(colors[g])
+            patch.set_alpha(0.45)
+            jitter = rng.uniform(-0.18, 0.18, size=len(d))
+            ax.scatter(i + 1 + jitter, d, s=9, color=colors[g], alpha=0.7, zorder=3)
+        ax.set_ylabel("local steps tau_i(t)")
+        ax.set_xlabel("device group")
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
+    ax.set_title(title or "local steps per update, by device group")
+    return _save(fig, path)
+
+
+def _round_blocks(rounds_present: list[int], max_rounds: int) -> list[list[int]]:
+    """The rounds to draw: all of them, or the first and last ``max_rounds/2``."""
+    if len(rounds_present) <= max_rounds:
+        return [rounds_present]
+    head = max(1, max_rounds // 2)
+    tail = max(1, max_rounds - head)
+    return [rounds_present[:head], rounds_present[-tail:]]
+
+
+def plot_timeline(
+    clients: pa.Table | None,
+    path: Path,
+    rounds: pa.Table | None = None,
+    groups: Sequence[str] = (),
+    max_rounds: int = 20,
+    title: str = "",
+) -> Path:
+    """Client timeline: one bar per selected client per round, from
+    ``t_start`` to ``t_arrive``, coloured by device group.
+
+    The y axis lists the client ids that appear; faint vertical lines mark
+    round ends (``sim_time`` of ``rounds``). Dropped updates are hatched and
+    end in a red marker whose shape gives the drop reason. For async runs
+    the arrival is a dot coloured by staleness. With more than
+    ``max_rounds`` rounds, only the first and the last ``max_rounds / 2``
+    are drawn, in two panels, so bars stay readable.
+    """
+    if max_rounds < 1:
+        raise ValueError(f"max_rounds must be at least 1, got {max_rounds}")
+    rnd = np.array(_column(clients, "round"), dtype=np.int64)
+    cid = np.array(_column(clients, "client_id"), dtype=np.int64)
+    t0 = _floats(clients, "t_start")
+    t1 = _floats(clients, "t_arrive")
+    dev = np.array([str(g) for g in _column(clients, "device_group")], dtype=object)
+    n = len(rnd)
+    dropped = np.array(_column(clients, "dropped") or [False] * n, dtype=bool)
+    reason = [str(r or "") for r in _column(clients, "drop_reason")] or [""] * n
+    stale = _floats(clients, "staleness") if is_async(clients) else None
+    if n == 0 or not (len(cid) == len(t0) == len(t1) == n):
+        fig = _new_figure(8, 3.5)
+        _no_data(fig.subplots(), "no client updates recorded")
+        fig.suptitle(title or "client timeline")
+        return _save(fig, path)
+
+    blocks = _round_blocks(sorted(set(rnd.tolist())), max_rounds)
+    shown = np.isin(rnd, np.concatenate([np.array(b) for b in blocks]))
+    ids = sorted(set(cid[shown].tolist()))
+    row_of = {c: i for i, c in enumerate(ids)}
+    height = float(np.clip(1.5 + 0.22 * len(ids), 3.5, 14.0))
+    width = 12.0 if len(blocks) > 1 else 10.0
+    fig = _new_figure(width, height)
+    axes = np.atleast_1d(
+        fig.subplots(1, len(blocks), sharey=True, squeeze=False)[0]
+    ).tolist()
+    order = group_order(clients, groups)
+    colors = _colors(order)
+    end_times = _floats(rounds, "sim_time")
+    end_rounds = _column(rounds, "round")
+    stale_max = float(np.nanmax(stale)) if stale is not None and n else 0.0
+    bar_h = 0.7
+    used_reasons: set[str] = set()
+    scatter = None
+    for ax, block in zip(axes, blocks, strict=True):
+        sel = np.flatnonzero(np.isin(rnd, block))
+        for j in sel:
+            y = row_of[int(cid[j])]
+            start, end = t0[j], t1[j]
+            if not (math.isfinite(start) and math.isfinite(end)):
+                continue
+            ax.barh(
+                y,
+                max(end - start, 0.0),
+                left=start,
+                height=bar_h,
+                color=colors.get(str(dev[j]), "0.5"),
+                alpha=0.35 if dropped[j] else 0.85,
+                hatch="////" if dropped[j] else None,
+                edgecolor=_DROP_COLOR if dropped[j] else "none",
+                linewidth=0.6,
+            )
+            if dropped[j]:
+                used_reasons.add(reason[j])
+                ax.scatter(
+                    end,
+                    y,
+                    marker=_DROP_MARKERS.get(reason[j], "x"),
+                    s=38,
+                    color=_DROP_COLOR,
+                    zorder=4,
+                )
+        if stale is not None:
+            ok = sel[~dropped[sel] & np.isfinite(stale[sel])]
+            if len(ok):
+                scatter = ax.scatter(
+                    t1[ok],
+                    [row_of[int(c)] for c in cid[ok]],
+                    c=stale[ok],
+                    cmap="viridis",
+                    vmin=0,
+                    vmax=max(stale_max, 1.0),
+                    s=22,
+                    edgecolors="black",
+                    linewidths=0.4,
+                    zorder=5,
+                )
+        # Round boundaries: the end of every shown round (and its start).
+        lo, hi = np.nanmin(t0[sel]), np.nanmax(t1[sel])
+        for r, t in zip(end_rounds, end_times, strict=False):
+            if math.isfinite(t) and (r in block or r + 1 in block) and t >= lo:
+                ax.axvline(t, color="0.55", linewidth=0.8, alpha=0.5, zorder=0)
+        ax.set_xlim(lo - 0.01 * (hi - lo + 1e-9), hi + 0.02 * (hi - lo + 1e-9))
+        first, last = block[0], block[-1]
+        label = f"round {first}" if first == last else f"rounds {first}-{last}"
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("simulated time (s)")
+        ax.grid(axis="x", alpha=0.2)
+    axes[0].set_ylabel("client id")
+    step = max(1, math.ceil(len(ids) / 40))
+    axes[0].set_yticks(range(0, len(ids), step))
+    axes[0].set_yticklabels([str(ids[i]) for i in range(0, len(ids), step)])
+    axes[0].set_ylim(len(ids) - 0.5, -0.5)
+    handles: list[Any] = [
+        Patch(facecolor=colors[g], alpha=0.85, label=g) for g in order if g in colors
+    ]
+    for r in sorted(used_reasons):
+        handles.append(
+            axes[0].scatter(
+                [],
+                [],
+                marker=_DROP_MARKERS.get(r, "x"),
+                color=_DROP_COLOR,
+                label=f"dropped: {r or 'unknown'}",
+            )
+        )
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=min(len(handles), 5) or 1,
+        fontsize=9,
+        frameon=False,
+    )
+    if scatter is not None:
+        fig.colorbar(scatter, ax=axes, label="staleness at arrival", shrink=0.8)
+    total = len(set(rnd.tolist()))
+    suffix = "" if len(blocks) == 1 else f" (first and last of {total} rounds)"
+    fig.suptitle((title or "client timeline") + suffix, fontsize=12)
+    return _save(fig, path)
+
+
+def plot_staleness(
+    clients: pa.Table | None,
+    path: Path,
+    groups: Sequence[str] = (),
+    title: str = "",
+) -> Path:
+    """Async runs: staleness of each update against its simulated arrival
+    time, coloured by device group; dropped updates as red crosses."""
+    fig = _new_figure(10, 4.6)
+    ax = fig.subplots()
+    stale = _floats(clients, "staleness")
+    t1 = _floats(clients, "t_arrive")
+    dev = np.array([str(g) for g in _column(clients, "device_group")], dtype=object)
+    n = len(stale)
+    dropped = np.array(_column(clients, "dropped") or [False] * n, dtype=bool)
+    ok = np.isfinite(stale) & np.isfinite(t1) if n and len(t1) == n else None
+    if ok is None or not ok.any():
+        _no_data(ax, "no staleness recorded")
+    else:
+        order = group_order(clients, groups)
+        colors = _colors(order)
+        for g in order:
+            m = ok & ~dropped & (dev == g)
+            if m.any():
+                ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=colors[g], label=g)
+        m = ok & dropped
+        if m.any():
+            ax.scatter(
+                t1[m], stale[m], s=30, marker="x", color=_DROP_COLOR, label="dropped"
+            )
+        ax.set_xlabel("simulated arrival time (s)")
+        ax.set_ylabel("staleness (server versions)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=9, markerscale=1.5)
+    ax.set_title(title or "staleness of updates over simulated time")
+    return _save(fig, path)
+
+
+def plot_chi2(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
+    """Objective inconsistency chi^2(p||w) of the aggregation weights per round
+    (0: the server optimises the true objective)."""
+    fig = _new_figure(9, 4.0)
+    ax = fig.subplots()
+    if not _line(
+        ax, _floats(rounds, "round"), _floats(rounds, "chi2_pw"), color="C4"
+    ):
+        _no_data(ax, "no objective-inconsistency values recorded")
+    else:
+        ax.set_xlabel("round")
+        ax.set_ylabel("chi^2(p || w)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    ax.set_title(title or "objective inconsistency per round")
+    return _save(fig, path)

@@ -1,0 +1,271 @@
+"""``fedsim report RUN_DIR``: plots and a short report.md for any run.
+
+:func:`write_report` reads a run directory (see :mod:`fedsim.results`),
+writes its figures as PNG next to the Parquet files and a ``report.md``
+that shows them, each with a sentence on what to look for. Only
+``rounds.parquet`` is required; a run interrupted before its summary or
+without client rows still gets a report.
+
+Example:
+    >>> from fedsim.report import write_report
+    >>> write_report(Path("results/quickstart-20250101-120000"))  # doctest: +SKIP
+    PosixPath('results/quickstart-20250101-120000/report.md')
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from fedsim import plots
+from fedsim.results import atomic_write_bytes
+
+__all__ = ["ReportError", "Plot", "write_report", "REPORT_NAME"]
+
+REPORT_NAME = "report.md"
+
+
+class ReportError(ValueError):
+    """The directory is not a readable run directory."""
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One figure of the report: its file name, heading and what to look for."""
+
+    file: str
+    heading: str
+    hint: str
+
+
+METRICS = Plot(
+    "metrics.png",
+    "Test accuracy and loss",
+    "Compare the left panels across runs: simulated time, not rounds, is what a "
+    "deployment pays for; a test loss that rises while the training loss falls "
+    "means client drift.",
+)
+TAU = Plot(
+    "tau_by_group.png",
+    "Local steps tau_i(t) per device group",
+    "Wide boxes or groups far apart mean heterogeneous local progress: this is "
+    "where FedAvg's objective inconsistency comes from.",
+)
+TIMELINE = Plot(
+    "timeline.png",
+    "Client timeline",
+    "Each bar is one selected client in one round; long bars at the right edge "
+    "of a round are stragglers, and hatched bars ending in a red marker are "
+    "dropped updates (the marker's shape gives the reason).",
+)
+STALENESS = Plot(
+    "staleness.png",
+    "Staleness over simulated time",
+    "Staleness that grows over time, or one device group far above the others, "
+    "means slow devices keep contributing updates computed on old models.",
+)
+CHI2 = Plot(
+    "chi2.png",
+    "Objective inconsistency",
+    "chi^2(p||w) measures how far the effective aggregation weights w are from "
+    "the data weights p; 0 means the server optimises the true objective.",
+)
+
+
+def _read_table(path: Path, required: bool) -> pa.Table | None:
+    if not path.is_file():
+        if required:
+            raise ReportError(
+                f"{path.parent} is not a run directory: {path.name} is missing "
+                "(expected the output directory of `fedsim run`)"
+            )
+        return None
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ReportError(f"cannot read {path}: {exc}") from None
+
+
+def _read_summary(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"cannot read {path}: {exc}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _read_scenario(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "scenario.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ReportError(f"cannot read {path}: {exc}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _get(d: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _fmt(x: Any, spec: str = ".4g") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        return "-" if not math.isfinite(x) else format(x, spec)
+    return str(x)
+
+
+def _bytes(n: Any) -> str:
+    if not isinstance(n, int | float) or not math.isfinite(n):
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return "-"
+
+
+def _summary_rows(
+    summary: dict[str, Any], scenario: dict[str, Any], rounds: pa.Table
+) -> list[tuple[str, str]]:
+    done, drop = summary.get("updates_completed"), summary.get("updates_dropped")
+    if done is None and "n_completed" in rounds.column_names:
+        done = sum(v or 0 for v in rounds.column("n_completed").to_pylist())
+    if drop is None and "n_dropped" in rounds.column_names:
+        drop = sum(v or 0 for v in rounds.column("n_dropped").to_pylist())
+    dropped = _fmt(drop)
+    if isinstance(done, int) and isinstance(drop, int) and done + drop:
+        dropped += f" ({100 * drop / (done + drop):.1f}%)"
+    sim_time = summary.get("sim_time_s")
+    if sim_time is None and rounds.num_rows and "sim_time" in rounds.column_names:
+        sim_time = rounds.column("sim_time")[-1].as_py()
+    algo = _get(scenario, "algorithm", "name")
+    tau_eff = _get(scenario, "algorithm", "tau_eff")
+    groups = _get(scenario, "fleet", "groups") or []
+    devices = sum(g.get("count", 0) for g in groups if isinstance(g, dict))
+    policy = _get(scenario, "round", "policy")
+    window = _get(scenario, "round", "window_s")
+    rows = [
+        ("algorithm", f"{algo} (tau_eff: {tau_eff})" if tau_eff else _fmt(algo)),
+        ("selector", _fmt(_get(scenario, "selector", "name"))),
+        (
+            "round policy",
+            f"{policy}, {window} s window"
+            if policy == "fixed_window" and window
+            else _fmt(policy),
+        ),
+        ("devices", f"{devices} in {len(groups)} groups" if groups else "-"),
+        ("seed", _fmt(scenario.get("seed"))),
+        ("rounds", _fmt(summary.get("rounds", rounds.num_rows))),
+        ("final test accuracy", _fmt(summary.get("final_test_accuracy"))),
+        (
+            "best test accuracy (round)",
+            f"{_fmt(summary.get('best_test_accuracy'))} "
+            f"({_fmt(summary.get('best_round'))})",
+        ),
+        ("final test loss", _fmt(summary.get("final_test_loss"))),
+        ("best test loss", _fmt(summary.get("best_test_loss"))),
+        ("simulated time", f"{_fmt(sim_time, '.1f')} s"),
+        ("wall time", f"{_fmt(summary.get('wall_time_s'), '.1f')} s"),
+        ("updates completed", _fmt(done)),
+        ("updates dropped", dropped),
+        (
+            "traffic down / up",
+            f"{_bytes(summary.get('bytes_down'))} / {_bytes(summary.get('bytes_up'))}",
+        ),
+        ("workers", _fmt(summary.get("workers"))),
+        ("fedsim version", _fmt(summary.get("fedsim_version"))),
+    ]
+    return [(k, v) for k, v in rows if v not in ("-", "- (-)", "- s")]
+
+
+def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
+    """Write the figures and ``report.md`` of a run directory.
+
+    Args:
+        run_dir: a directory written by ``fedsim run`` (``rounds.parquet``
+            required; ``clients.parquet``, ``summary.json`` and
+            ``scenario.yaml`` used when present).
+        max_timeline_rounds: the client timeline shows at most this many
+            rounds (the first and last halves).
+
+    Returns:
+        The path of ``report.md``.
+
+    Raises:
+        ReportError: ``run_dir`` is not a run directory or a file in it
+            cannot be read.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir} is not a run directory: no such directory")
+    rounds = _read_table(run_dir / "rounds.parquet", required=True)
+    assert rounds is not None
+    clients = _read_table(run_dir / "clients.parquet", required=False)
+    summary = _read_summary(run_dir)
+    scenario = _read_scenario(run_dir)
+    name = str(scenario.get("name") or summary.get("scenario") or run_dir.name)
+    groups = [
+        str(g["name"])
+        for g in _get(scenario, "fleet", "groups") or []
+        if isinstance(g, dict) and "name" in g
+    ]
+
+    figures = [METRICS, TAU, TIMELINE]
+    plots.plot_metrics(rounds, run_dir / METRICS.file, title=f"{name}: test metrics")
+    plots.plot_tau_by_group(
+        clients,
+        run_dir / TAU.file,
+        groups=groups,
+        title=f"{name}: local steps per update, by device group",
+    )
+    plots.plot_timeline(
+        clients,
+        run_dir / TIMELINE.file,
+        rounds=rounds,
+        groups=groups,
+        max_rounds=max_timeline_rounds,
+        title=f"{name}: client timeline",
+    )
+    if plots.is_async(clients):
+        figures.append(STALENESS)
+        plots.plot_staleness(
+            clients, run_dir / STALENESS.file, groups=groups, title=f"{name}: staleness"
+        )
+    if plots.has_chi2(rounds):
+        figures.append(CHI2)
+        plots.plot_chi2(
+            rounds, run_dir / CHI2.file, title=f"{name}: objective inconsistency"
+        )
+
+    lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir}`", ""]
+    lines += ["| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in _summary_rows(summary, scenario, rounds)]
+    if clients is None:
+        lines += ["", "clients.parquet is missing: the client figures are empty."]
+    for fig in figures:
+        lines += ["", f"## {fig.heading}", "", f"![{fig.heading}]({fig.file})", ""]
+        lines.append(fig.hint)
+    path = run_dir / REPORT_NAME
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
+    return path

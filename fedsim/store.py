@@ -1,0 +1,119 @@
+"""Per-client persistent state, kept on the server side and keyed by client id.
+
+SCAFFOLD's c_i, FedDyn's and FedDC's h_i (and FedDC's c_i) must survive
+however long a client sits out, and outlive any worker actor. The store keeps
+one ``[num_clients, d]`` array per state key. Arrays are created lazily with
+zeros that the operating system does not commit until a row is written, so
+only clients that have trained cost memory. Above ``budget_bytes`` in total,
+the arrays are memory-mapped files in a temporary directory instead (spilled
+to disk, full float32 precision; the page cache keeps hot rows in memory).
+
+Example:
+    >>> import torch
+    >>> st = ClientStore(num_clients=3, dim=2)
+    >>> st.put(1, {"c": torch.tensor([1.0, 2.0])})
+    >>> st.get([0, 1])
+    {0: {}, 1: {'c': tensor([1., 2.])}}
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["ClientStore"]
+
+DEFAULT_BUDGET = 4 * 1024**3
+
+
+class ClientStore:
+    """Dense per-key arrays of client state, in RAM or spilled to disk."""
+
+    def __init__(
+        self,
+        num_clients: int,
+        dim: int,
+        dtype: torch.dtype = torch.float32,
+        budget_bytes: int = DEFAULT_BUDGET,
+        spill_dir: str | Path | None = None,
+    ) -> None:
+        self.num_clients = num_clients
+        self.dim = dim
+        self.dtype = dtype
+        self.np_dtype = torch.empty((), dtype=dtype).numpy().dtype
+        self.budget_bytes = budget_bytes
+        self._spill_root = spill_dir
+        self._tmp: str | None = None
+        self.arrays: dict[str, np.ndarray] = {}
+        self.seen = np.zeros(num_clients, dtype=bool)
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dim * self.np_dtype.itemsize
+
+    @property
+    def spilled(self) -> bool:
+        return self._tmp is not None
+
+    def _array(self, key: str) -> np.ndarray:
+        arr = self.arrays.get(key)
+        if arr is not None:
+            return arr
+        size = self.num_clients * self.row_bytes
+        total = size * (len(self.arrays) + 1)
+        if total > self.budget_bytes:
+            if self._tmp is None:
+                self._tmp = tempfile.mkdtemp(prefix="fedsim-store-", dir=self._spill_root)
+            arr = np.lib.format.open_memmap(
+                Path(self._tmp) / f"{key}.npy",
+                mode="w+",
+                dtype=self.np_dtype,
+                shape=(self.num_clients, self.dim),
+            )
+        else:
+            arr = np.zeros((self.num_clients, self.dim), dtype=self.np_dtype)
+        self.arrays[key] = arr
+        return arr
+
+    def get(self, clients: Iterable[int]) -> dict[int, dict[str, torch.Tensor]]:
+        """Copies of the clients' states ({} for a client that never trained)."""
+        out: dict[int, dict[str, torch.Tensor]] = {}
+        for c in clients:
+            c = int(c)
+            if not self.seen[c]:
+                out[c] = {}
+                continue
+            out[c] = {k: torch.from_numpy(np.array(a[c])) for k, a in self.arrays.items()}
+        return out
+
+    def put(self, client: int, state: dict[str, torch.Tensor]) -> None:
+        for key, value in state.items():
+            self._array(key)[client] = value.detach().cpu().numpy()
+        self.seen[client] = True
+
+    def mean(self, key: str) -> torch.Tensor:
+        """(1/m) sum over all clients of one key (never-trained clients count as 0)."""
+        arr = self.arrays.get(key)
+        if arr is None:
+            return torch.zeros(self.dim, dtype=self.dtype)
+        acc = np.zeros(self.dim, dtype=np.float64)
+        for start in range(0, self.num_clients, 1024):
+            acc += arr[start : start + 1024].sum(axis=0, dtype=np.float64)
+        return torch.from_numpy(acc / self.num_clients).to(self.dtype)
+
+    def close(self) -> None:
+        self.arrays.clear()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __del__(self) -> None:  # best effort: never leave spill files behind
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
