@@ -28,6 +28,7 @@ import pyarrow as pa
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from fedsim.results import atomic_write_bytes
 
@@ -50,6 +51,10 @@ _DROP_MARKERS = {"late": "x", "offline": "v", "no_time": "s", "no_data": "o"}
 _DROP_COLOR = "#d62728"
 
 
+def _round_ticks() -> MaxNLocator:
+    return MaxNLocator(nbins="auto", integer=True, steps=[1, 2, 2.5, 5, 10])
+
+
 def _column(table: pa.Table | None, name: str) -> list[Any]:
     if table is None or name not in table.column_names:
         return []
@@ -62,6 +67,23 @@ def _floats(table: pa.Table | None, name: str) -> np.ndarray:
         [np.nan if v is None else float(v) for v in _column(table, name)],
         dtype=np.float64,
     )
+
+
+def _groups(
+    clients: pa.Table | None, n: int, groups: Sequence[str]
+) -> tuple[np.ndarray, list[str]]:
+    """Each row's device group (``"unknown"`` when not recorded) and the
+    groups in legend order."""
+    col = _column(clients, "device_group")
+    dev = np.array(
+        [str(g) if g is not None else "unknown" for g in col]
+        if len(col) == n
+        else ["unknown"] * n,
+        dtype=object,
+    )
+    order = group_order(clients, groups)
+    order += sorted(set(dev.tolist()) - set(order))
+    return dev, order
 
 
 def _n_rows(table: pa.Table | None) -> int:
@@ -164,6 +186,8 @@ def plot_metrics(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
             _line(ax, x, acc, color="C0", label="test accuracy")
             ax.set_ylabel("test accuracy")
             ax.set_xlabel(xlabel)
+            if col == 1:
+                ax.xaxis.set_major_locator(_round_ticks())
             ax.set_title(f"test accuracy vs {xlabel.split(' (')[0]}")
             ax.grid(alpha=0.3)
         ax = axes[nrows - 1, col]
@@ -175,6 +199,8 @@ def plot_metrics(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
         _log_if_wide(ax, test_loss, train_loss)
         ax.set_ylabel("loss")
         ax.set_xlabel(xlabel)
+        if col == 1:
+            ax.xaxis.set_major_locator(_round_ticks())
         ax.set_title(f"loss vs {xlabel.split(' (')[0]}")
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=9)
@@ -195,9 +221,8 @@ def plot_tau_by_group(
     they contribute no steps."""
     fig = _new_figure(max(6.0, 1.6 + 1.5 * max(1, len(groups))), 4.6)
     ax = fig.subplots()
-    order = group_order(clients, groups)
     tau = _floats(clients, "tau")
-    dev = np.array([str(g) for g in _column(clients, "device_group")], dtype=object)
+    dev, order = _groups(clients, len(tau), groups)
     dropped = np.array(
         [bool(d) for d in _column(clients, "dropped")] or [False] * len(tau),
         dtype=bool,
@@ -265,8 +290,8 @@ def plot_timeline(
     cid = np.array(_column(clients, "client_id"), dtype=np.int64)
     t0 = _floats(clients, "t_start")
     t1 = _floats(clients, "t_arrive")
-    dev = np.array([str(g) for g in _column(clients, "device_group")], dtype=object)
     n = len(rnd)
+    dev, order = _groups(clients, n, groups)
     dropped = np.array(_column(clients, "dropped") or [False] * n, dtype=bool)
     reason = [str(r or "") for r in _column(clients, "drop_reason")] or [""] * n
     stale = _floats(clients, "staleness") if is_async(clients) else None
@@ -286,63 +311,79 @@ def plot_timeline(
     axes = np.atleast_1d(
         fig.subplots(1, len(blocks), sharey=True, squeeze=False)[0]
     ).tolist()
-    order = group_order(clients, groups)
     colors = _colors(order)
     end_times = _floats(rounds, "sim_time")
     end_rounds = _column(rounds, "round")
-    stale_max = float(np.nanmax(stale)) if stale is not None and n else 0.0
+    finite_stale = stale[np.isfinite(stale)] if stale is not None else np.zeros(0)
+    stale_max = float(finite_stale.max()) if len(finite_stale) else 0.0
     bar_h = 0.7
+    # Points of figure height per client row: with many rows, white edges
+    # would hide the bars and markers would cover each other.
+    row_pt = 72.0 * (height - 1.5) / max(1, len(ids))
+    edge_w = 0.8 if row_pt >= 6 else 0.0
+    mark = float(np.clip(row_pt**2, 4.0, 38.0))
     used_reasons: set[str] = set()
     scatter = None
+    y_all = np.array([row_of.get(int(c), -1) for c in cid], dtype=np.float64)
+    finite = np.isfinite(t0) & np.isfinite(t1)
+    reasons = np.array(reason, dtype=object)
     for ax, block in zip(axes, blocks, strict=True):
-        sel = np.flatnonzero(np.isin(rnd, block))
-        for j in sel:
-            y = row_of[int(cid[j])]
-            start, end = t0[j], t1[j]
-            if not (math.isfinite(start) and math.isfinite(end)):
-                continue
-            ax.barh(
-                y,
-                max(end - start, 0.0),
-                left=start,
-                height=bar_h,
-                color=colors.get(str(dev[j]), "0.5"),
-                alpha=0.35 if dropped[j] else 0.85,
-                hatch="////" if dropped[j] else None,
-                edgecolor=_DROP_COLOR if dropped[j] else "none",
-                linewidth=0.6,
-            )
-            if dropped[j]:
-                used_reasons.add(reason[j])
-                ax.scatter(
-                    end,
-                    y,
-                    marker=_DROP_MARKERS.get(reason[j], "x"),
-                    s=38,
-                    color=_DROP_COLOR,
-                    zorder=4,
+        in_block = np.isin(rnd, block) & finite
+        # One barh call per (group, dropped) keeps large fleets fast.
+        for g in order:
+            for is_drop in (False, True):
+                m = in_block & (dev == g) & (dropped == is_drop)
+                if not m.any():
+                    continue
+                ax.barh(
+                    y_all[m],
+                    np.maximum(t1[m] - t0[m], 0.0),
+                    left=t0[m],
+                    height=bar_h,
+                    color=colors[g],
+                    alpha=0.35 if is_drop else 0.85,
+                    hatch="////" if is_drop else None,
+                    # White edges keep one client's consecutive rounds apart.
+                    edgecolor=_DROP_COLOR if is_drop else "white",
+                    linewidth=0.6 * (edge_w > 0) if is_drop else edge_w,
                 )
+        for r in sorted(set(reasons[in_block & dropped].tolist())):
+            m = in_block & dropped & (reasons == r)
+            used_reasons.add(r)
+            ax.scatter(
+                t1[m],
+                y_all[m],
+                marker=_DROP_MARKERS.get(r, "x"),
+                s=mark,
+                color=_DROP_COLOR,
+                zorder=4,
+            )
         if stale is not None:
-            ok = sel[~dropped[sel] & np.isfinite(stale[sel])]
-            if len(ok):
+            m = in_block & ~dropped & np.isfinite(stale)
+            if m.any():
                 scatter = ax.scatter(
-                    t1[ok],
-                    [row_of[int(c)] for c in cid[ok]],
-                    c=stale[ok],
+                    t1[m],
+                    y_all[m],
+                    c=stale[m],
                     cmap="viridis",
                     vmin=0,
                     vmax=max(stale_max, 1.0),
-                    s=22,
-                    edgecolors="black",
+                    s=0.6 * mark,
+                    edgecolors="black" if edge_w else "none",
                     linewidths=0.4,
                     zorder=5,
                 )
-        # Round boundaries: the end of every shown round (and its start).
-        lo, hi = np.nanmin(t0[sel]), np.nanmax(t1[sel])
+        if not in_block.any():
+            continue
+        lo, hi = float(t0[in_block].min()), float(t1[in_block].max())
+        # Round boundaries: the end of every shown round and of the one before.
+        shown_rounds = set(block)
         for r, t in zip(end_rounds, end_times, strict=False):
-            if math.isfinite(t) and (r in block or r + 1 in block) and t >= lo:
+            near = r in shown_rounds or r + 1 in shown_rounds
+            if near and math.isfinite(t) and lo <= t:
                 ax.axvline(t, color="0.55", linewidth=0.8, alpha=0.5, zorder=0)
-        ax.set_xlim(lo - 0.01 * (hi - lo + 1e-9), hi + 0.02 * (hi - lo + 1e-9))
+        pad = max(hi - lo, 1e-9)
+        ax.set_xlim(lo - 0.01 * pad, hi + 0.02 * pad)
         first, last = block[0], block[-1]
         label = f"round {first}" if first == last else f"rounds {first}-{last}"
         ax.set_title(label, fontsize=10)
@@ -374,7 +415,9 @@ def plot_timeline(
         frameon=False,
     )
     if scatter is not None:
-        fig.colorbar(scatter, ax=axes, label="staleness at arrival", shrink=0.8)
+        bar = fig.colorbar(scatter, ax=axes, label="staleness at arrival", shrink=0.8)
+        bar.locator = _round_ticks()
+        bar.update_ticks()
     total = len(set(rnd.tolist()))
     suffix = "" if len(blocks) == 1 else f" (first and last of {total} rounds)"
     fig.suptitle((title or "client timeline") + suffix, fontsize=12)
@@ -393,14 +436,13 @@ def plot_staleness(
     ax = fig.subplots()
     stale = _floats(clients, "staleness")
     t1 = _floats(clients, "t_arrive")
-    dev = np.array([str(g) for g in _column(clients, "device_group")], dtype=object)
     n = len(stale)
+    dev, order = _groups(clients, n, groups)
     dropped = np.array(_column(clients, "dropped") or [False] * n, dtype=bool)
     ok = np.isfinite(stale) & np.isfinite(t1) if n and len(t1) == n else None
     if ok is None or not ok.any():
         _no_data(ax, "no staleness recorded")
     else:
-        order = group_order(clients, groups)
         colors = _colors(order)
         for g in order:
             m = ok & ~dropped & (dev == g)
@@ -413,6 +455,7 @@ def plot_staleness(
             )
         ax.set_xlabel("simulated arrival time (s)")
         ax.set_ylabel("staleness (server versions)")
+        ax.yaxis.set_major_locator(_round_ticks())
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", fontsize=9, markerscale=1.5)
     ax.set_title(title or "staleness of updates over simulated time")
@@ -424,12 +467,11 @@ def plot_chi2(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
     (0: the server optimises the true objective)."""
     fig = _new_figure(9, 4.0)
     ax = fig.subplots()
-    if not _line(
-        ax, _floats(rounds, "round"), _floats(rounds, "chi2_pw"), color="C4"
-    ):
+    if not _line(ax, _floats(rounds, "round"), _floats(rounds, "chi2_pw"), color="C4"):
         _no_data(ax, "no objective-inconsistency values recorded")
     else:
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(_round_ticks())
         ax.set_ylabel("chi^2(p || w)")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)

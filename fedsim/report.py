@@ -61,9 +61,10 @@ TAU = Plot(
 TIMELINE = Plot(
     "timeline.png",
     "Client timeline",
-    "Each bar is one selected client in one round; long bars at the right edge "
-    "of a round are stragglers, and hatched bars ending in a red marker are "
-    "dropped updates (the marker's shape gives the reason).",
+    "Each bar is one selected client in one round, from download to arrival; "
+    "long bars at the right edge of a round are stragglers (under a fixed "
+    "window they finish fewer steps instead), and hatched bars ending in a red "
+    "marker are dropped updates (the marker's shape gives the reason).",
 )
 STALENESS = Plot(
     "staleness.png",
@@ -258,8 +259,8 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
             rounds, run_dir / CHI2.file, title=f"{name}: objective inconsistency"
         )
 
-    lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir}`", ""]
-    lines += ["| | |", "|---|---|"]
+    lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir.name}`", ""]
+    lines += ["| key figure | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in _summary_rows(summary, scenario, rounds)]
     if clients is None:
         lines += ["", "clients.parquet is missing: the client figures are empty."]

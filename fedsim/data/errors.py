@@ -1,0 +1,78 @@
+"""Locating dataset files on disk, and the error raised when they are missing.
+
+fedsim never downloads anything at run time. A dataset is read from a local
+*data root*: the spec's ``root`` field when given, else the environment
+variable ``FEDSIM_DATA_ROOT``, else ``~/.cache/fedsim/data``. When the files
+are not there, :class:`DataMissingError` says where fedsim looked and how to
+obtain them; the CLI turns it into exit code 2.
+
+Example:
+    >>> from pathlib import Path
+    >>> try:
+    ...     find_dir("Example", [Path("/nonexistent")], ["a.bin"], "put a.bin there")
+    ... except DataMissingError as e:
+    ...     print(str(e).splitlines()[0])
+    Example: data not found.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["DataMissingError", "ENV_ROOT", "DEFAULT_ROOT", "data_root", "find_dir"]
+
+ENV_ROOT = "FEDSIM_DATA_ROOT"
+DEFAULT_ROOT = Path("~/.cache/fedsim/data")
+
+
+class DataMissingError(FileNotFoundError):
+    """A dataset's files are not on disk. The message names every path looked
+    at and how to obtain the data; it is meant for the user, as is."""
+
+
+def data_root(root: str | None) -> tuple[Path, bool]:
+    """The data root to read from, and whether the user named it explicitly
+    (``root`` given, or ``FEDSIM_DATA_ROOT`` set)."""
+    if root:
+        return Path(root).expanduser(), True
+    env = os.environ.get(ENV_ROOT)
+    if env:
+        return Path(env).expanduser(), True
+    return DEFAULT_ROOT.expanduser(), False
+
+
+def _exists(folder: Path, name: str) -> bool:
+    return (folder / name).is_file() or (folder / f"{name}.gz").is_file()
+
+
+def find_dir(
+    what: str,
+    candidates: Sequence[Path],
+    names: Sequence[str],
+    how_to_get: str,
+) -> Path:
+    """The first folder in ``candidates`` that holds every file in ``names``
+    (each either as is or gzip-compressed, ``name.gz``).
+
+    Raises:
+        DataMissingError: naming ``what``, every folder looked at, the files
+            expected and ``how_to_get``.
+    """
+    seen: list[Path] = []
+    for folder in candidates:
+        if folder in seen:
+            continue
+        seen.append(folder)
+        if all(_exists(folder, n) for n in names):
+            return folder
+    looked = "\n".join(f"  {p}" for p in seen)
+    files = ", ".join(f"{n}[.gz]" for n in names)
+    raise DataMissingError(
+        f"{what}: data not found.\n"
+        f"Looked for {files} in:\n{looked}\n"
+        f"How to get it: {how_to_get}\n"
+        f"(fedsim never downloads data; set data.root in the scenario or the "
+        f"{ENV_ROOT} environment variable to the folder that holds it.)"
+    )

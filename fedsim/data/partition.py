@@ -1,0 +1,514 @@
+"""Federated partitions: which client holds which training samples.
+
+Each partition is a pure function of ``(labels, parameters, seed)`` that
+returns one array of sample indices per client. Every index appears at most
+once; all partitions but ``pns_mix`` (which gives each client a fixed number
+of samples) assign every sample to exactly one client. Every client gets at
+least one sample, since a client without data cannot take a step.
+
+Kinds (the ``partition`` section of an image or tabular dataset):
+
+- ``iid``: a uniform random split; ``size_sigma > 0`` draws lognormal client
+  sizes as in the FedDyn/FedDC code (ALGORITHMS.md 2.4 step 2).
+- ``dirichlet``: label skew, Dir(``alpha``). ``variant: feddc`` is
+  ALGORITHMS.md 2.4 (a class prior per client, then sample-by-sample
+  filling of fixed client sizes; ``size_sigma`` makes sizes lognormal);
+  ``variant: fednova`` is ALGORITHMS.md 2.3 (per class, Dirichlet
+  proportions over the clients, with the "balance" step, repeated until
+  every client holds ``min_samples``). Smaller alpha = fewer classes per
+  client.
+- ``shards``: the FedAvg paper's pathological split: sort by label, cut into
+  ``clients * labels_per_client`` equal shards, give each client
+  ``labels_per_client`` random shards (so about that many labels).
+- ``pns_mix``: ALGORITHMS.md 2.5 (FedPNS): a fraction ``iid_fraction`` of
+  the clients get ``samples_per_client`` uniform samples, the others
+  ``labels_per_client`` shards of consecutive label-sorted samples.
+- ``natural``: the dataset's own clients (Shakespeare roles, a tabular
+  file's client column).
+
+Reporting: :func:`partition_table` (per-client sample and label counts, the
+run directory's ``partition.parquet``) and :func:`plot_partition`.
+
+Example:
+    >>> import numpy as np
+    >>> labels = np.repeat(np.arange(10), 100)
+    >>> parts = dirichlet_feddc(labels, num_clients=20, alpha=0.3, seed=0)
+    >>> sorted(np.concatenate(parts).tolist()) == list(range(1000))
+    True
+    >>> [len(p) for p in parts][:3]
+    [50, 50, 50]
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field, model_validator
+
+from fedsim.data.base import FederatedData
+from fedsim.spec import NonNegFloat, PosFloat, PosInt, Prob, Spec
+
+__all__ = [
+    "IidPartition",
+    "DirichletPartition",
+    "ShardsPartition",
+    "PnsMixPartition",
+    "NaturalPartition",
+    "PartitionSpec",
+    "PARTITION_KINDS",
+    "split",
+    "iid",
+    "dirichlet_feddc",
+    "dirichlet_fednova",
+    "shards",
+    "pns_mix",
+    "natural",
+    "client_sizes",
+    "layout",
+    "label_histogram",
+    "partition_table",
+    "plot_partition",
+]
+
+_TAG = 0x9A27  # separates the partition's random stream from other uses of the seed
+
+
+# ------------------------------------------------------------------------ specs
+class IidPartition(Spec):
+    """Uniform random split; ``size_sigma`` > 0 gives lognormal client sizes."""
+
+    kind: Literal["iid"]
+    size_sigma: Annotated[float, Field(ge=0, le=5)] = 0.0
+
+
+class DirichletPartition(Spec):
+    """Dirichlet label skew (ALGORITHMS.md 2.3 ``fednova``, 2.4 ``feddc``).
+
+    ``size_sigma`` (feddc only): lognormal sigma of client sizes, 0 = equal
+    sizes (FedDC's "unbalanced" setting uses 0.3). ``min_samples`` (fednova
+    only): the pass is repeated until every client holds at least this many.
+    """
+
+    kind: Literal["dirichlet"]
+    alpha: PosFloat
+    variant: Literal["feddc", "fednova"] = "feddc"
+    size_sigma: Annotated[float, Field(ge=0, le=5)] = 0.0
+    min_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 10
+
+    @model_validator(mode="after")
+    def _variant_fields(self) -> DirichletPartition:
+        if self.variant == "fednova" and self.size_sigma > 0:
+            raise ValueError(
+                "size_sigma applies to variant 'feddc' only; the fednova variant "
+                "draws client sizes from the Dirichlet proportions"
+            )
+        return self
+
+
+class ShardsPartition(Spec):
+    """FedAvg's shards: each client gets ``labels_per_client`` label-sorted shards."""
+
+    kind: Literal["shards"]
+    labels_per_client: PosInt = 2
+
+
+class PnsMixPartition(Spec):
+    """FedPNS (ALGORITHMS.md 2.5): ``iid_fraction`` of the clients i.i.d., the
+    rest ``labels_per_client`` label shards; ``samples_per_client`` each
+    (default: training set size // clients)."""
+
+    kind: Literal["pns_mix"]
+    iid_fraction: Prob
+    labels_per_client: PosInt = 1
+    samples_per_client: PosInt | None = None
+
+
+class NaturalPartition(Spec):
+    """The dataset's own clients (Shakespeare roles, a tabular client column)."""
+
+    kind: Literal["natural"]
+
+
+PartitionSpec = Annotated[
+    Union[  # noqa: UP007
+        IidPartition,
+        DirichletPartition,
+        ShardsPartition,
+        PnsMixPartition,
+        NaturalPartition,
+    ],
+    Field(discriminator="kind"),
+]
+PARTITION_KINDS = ("iid", "dirichlet", "shards", "pns_mix", "natural")
+
+
+# -------------------------------------------------------------------- functions
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([int(seed), _TAG]))
+
+
+def _check(n: int, num_clients: int) -> None:
+    if num_clients < 1:
+        raise ValueError(f"need at least one client, got {num_clients}")
+    if n < num_clients:
+        raise ValueError(
+            f"{n} training samples cannot give each of {num_clients} clients "
+            "at least one sample"
+        )
+
+
+def _num_classes(labels: np.ndarray) -> int:
+    if labels.size and labels.min() < 0:
+        raise ValueError("labels must be non-negative class ids")
+    return int(labels.max()) + 1 if labels.size else 0
+
+
+def client_sizes(
+    n: int, num_clients: int, sigma: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Client sizes summing to ``n`` (ALGORITHMS.md 2.4 step 2).
+
+    s_i ~ LogNormal(log(n/m), sigma), rescaled to sum to n and truncated; the
+    truncation excess goes to client 0. Unlike the FedDC code, a client left
+    with no sample gets one, taken from the largest client.
+    """
+    _check(n, num_clients)
+    s = rng.lognormal(np.log(n / num_clients), sigma, num_clients)
+    sizes = (s / s.sum() * n).astype(np.int64)
+    sizes[0] += n - sizes.sum()
+    for j in np.flatnonzero(sizes < 1):
+        sizes[np.argmax(sizes)] -= 1 - sizes[j]
+        sizes[j] = 1
+    return sizes
+
+
+def iid(n: int, num_clients: int, seed: int, size_sigma: float = 0.0) -> list[np.ndarray]:
+    """A uniform random split of ``range(n)``; lognormal sizes if ``size_sigma``."""
+    rng = _rng(seed)
+    sizes = client_sizes(n, num_clients, size_sigma, rng)
+    order = rng.permutation(n)
+    return np.split(order, np.cumsum(sizes)[:-1])
+
+
+def dirichlet_feddc(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    seed: int,
+    size_sigma: float = 0.0,
+) -> list[np.ndarray]:
+    """Dirichlet label skew, FedDyn/FedDC variant (ALGORITHMS.md 2.4).
+
+    Shuffle; draw client sizes (:func:`client_sizes`) and a class prior
+    pi_i ~ Dir(alpha) per client; then, while any client has room, pick a
+    client with room uniformly, draw a class from its prior restricted to the
+    classes not yet exhausted, and give it that class's next sample.
+
+    Drawing among non-full clients and non-exhausted classes directly is the
+    same distribution as the reference code's redraw loops, without their
+    spinning (which never ends when a client's prior is exactly 0 on every
+    class left; here such a client draws uniformly among those classes).
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    n = labels.size
+    rng = _rng(seed)
+    num_classes = _num_classes(labels)
+    order = rng.permutation(n)
+    sizes = client_sizes(n, num_clients, size_sigma, rng)
+    priors = rng.dirichlet(np.full(num_classes, float(alpha)), size=num_clients)
+
+    shuffled = labels[order]
+    pools = [order[shuffled == c] for c in range(num_classes)]
+    left = np.array([len(p) for p in pools], dtype=np.int64)
+
+    def cdfs() -> list[list[float]]:
+        avail = (left > 0).astype(np.float64)
+        p = priors * avail
+        empty = p.sum(axis=1) <= 0
+        p[empty] = avail
+        return np.cumsum(p, axis=1).tolist()
+
+    cdf = cdfs()
+    parts = [np.empty(s, dtype=np.int64) for s in sizes]
+    fill = np.zeros(num_clients, dtype=np.int64)
+    open_ = list(range(num_clients))
+    u = rng.random((n, 2))
+    for t in range(n):
+        k = int(u[t, 0] * len(open_))
+        j = open_[k]
+        row = cdf[j]
+        c = min(bisect.bisect_right(row, u[t, 1] * row[-1]), num_classes - 1)
+        while left[c] == 0:  # rounding at the very top of the CDF
+            c -= 1
+        left[c] -= 1
+        parts[j][fill[j]] = pools[c][left[c]]
+        fill[j] += 1
+        if fill[j] == sizes[j]:
+            open_[k] = open_[-1]
+            open_.pop()
+        if left[c] == 0:
+            cdf = cdfs()
+    return parts
+
+
+def dirichlet_fednova(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    seed: int,
+    min_samples: int = 10,
+    max_passes: int = 1000,
+) -> list[np.ndarray]:
+    """Dirichlet label skew, FedNova variant (ALGORITHMS.md 2.3).
+
+    Per class: shuffle its samples, draw proportions p ~ Dir(alpha) over the
+    clients, zero those of clients already holding n/m samples ("balance"),
+    renormalise and cut. Repeat the whole pass until every client holds at
+    least ``min_samples``; finally shuffle each client's indices.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    n, m = labels.size, num_clients
+    _check(n, m)
+    if min_samples * m > n:
+        raise ValueError(
+            f"min_samples={min_samples} for {m} clients needs {min_samples * m} "
+            f"samples, the training set has {n}"
+        )
+    rng = _rng(seed)
+    by_class = [np.flatnonzero(labels == c) for c in range(_num_classes(labels))]
+    for _ in range(max_passes):
+        pieces: list[list[np.ndarray]] = [[] for _ in range(m)]
+        held = np.zeros(m, dtype=np.int64)
+        for idx in by_class:
+            idx = rng.permutation(idx)
+            p = rng.dirichlet(np.full(m, float(alpha)))
+            room = held < n / m
+            p = p * room
+            if p.sum() <= 0:  # every open client drew exactly 0: share evenly
+                p = room.astype(np.float64)
+            cuts = (np.cumsum(p / p.sum()) * len(idx)).astype(np.int64)[:-1]
+            for j, piece in enumerate(np.split(idx, cuts)):
+                pieces[j].append(piece)
+                held[j] += len(piece)
+        if held.min() >= min_samples:
+            return [rng.permutation(np.concatenate(ps)) for ps in pieces]
+    raise ValueError(
+        f"dirichlet (fednova): after {max_passes} passes some client still holds "
+        f"fewer than {min_samples} samples; raise alpha or lower min_samples"
+    )
+
+
+def shards(
+    labels: np.ndarray, num_clients: int, labels_per_client: int, seed: int
+) -> list[np.ndarray]:
+    """FedAvg's pathological non-IID split (McMahan et al. 2017, section 3).
+
+    Sort by label (random order within a label), cut into ``m * k`` shards of
+    equal size (+-1), give each client ``k`` shards at random. A client holds
+    at most ``k`` labels when every class size is a multiple of the shard
+    size, and at most ``2k`` otherwise (a shard can straddle two labels).
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    n, k = labels.size, labels_per_client
+    n_shards = num_clients * k
+    _check(n, n_shards)
+    rng = _rng(seed)
+    order = rng.permutation(n)
+    order = order[np.argsort(labels[order], kind="stable")]
+    bounds = np.arange(n_shards + 1) * n // n_shards
+    pick = rng.permutation(n_shards).reshape(num_clients, k)
+    return [
+        np.concatenate([order[bounds[s] : bounds[s + 1]] for s in sorted(row)])
+        for row in pick
+    ]
+
+
+def pns_mix(
+    labels: np.ndarray,
+    num_clients: int,
+    iid_fraction: float,
+    seed: int,
+    labels_per_client: int = 1,
+    samples_per_client: int | None = None,
+) -> list[np.ndarray]:
+    """FedPNS's mix of i.i.d. and label-skewed clients (ALGORITHMS.md 2.5).
+
+    ``round(iid_fraction * m)`` clients, chosen at random, get
+    ``n_c = samples_per_client`` samples drawn uniformly without replacement;
+    the others get ``labels_per_client`` shards of ``n_c // labels_per_client``
+    consecutive samples of the label-sorted remainder (so about one label per
+    shard), shards chosen at random. Samples are disjoint; those not drawn
+    are unused.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    n, m, k = labels.size, num_clients, labels_per_client
+    nc = samples_per_client or n // max(m, 1)
+    _check(n, m)
+    if nc * m > n:
+        raise ValueError(
+            f"samples_per_client={nc} for {m} clients needs {nc * m} samples, "
+            f"the training set has {n}"
+        )
+    shard = nc // k
+    if shard < 1:
+        raise ValueError(
+            f"samples_per_client={nc} cannot be cut into {k} shards per client"
+        )
+    rng = _rng(seed)
+    m_iid = int(round(iid_fraction * m))
+    is_iid = rng.permutation(m) < m_iid
+    order = rng.permutation(n)
+    iid_pool, rest = order[: m_iid * nc], order[m_iid * nc :]
+    rest = rest[np.argsort(labels[rest], kind="stable")]
+    need = (m - m_iid) * k
+    avail = len(rest) // shard
+    if need > avail:
+        raise ValueError(f"pns_mix needs {need} label shards, the data has {avail}")
+    picks = rng.choice(avail, size=need, replace=False).reshape(m - m_iid, k)
+    parts, a, b = [], 0, 0
+    for j in range(m):
+        if is_iid[j]:
+            parts.append(iid_pool[a * nc : (a + 1) * nc])
+            a += 1
+        else:
+            parts.append(
+                np.concatenate([rest[s * shard : (s + 1) * shard] for s in picks[b]])
+            )
+            b += 1
+    return parts
+
+
+def natural(groups: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    """The dataset's own clients: ``groups[s]`` is sample s's client id."""
+    groups = np.asarray(groups, dtype=np.int64)
+    parts = [np.flatnonzero(groups == j) for j in range(num_clients)]
+    empty = [j for j, p in enumerate(parts) if len(p) == 0]
+    if empty:
+        raise ValueError(f"natural partition: clients {empty[:5]} have no samples")
+    return parts
+
+
+def split(
+    spec: PartitionSpec,
+    labels: np.ndarray,
+    num_clients: int,
+    seed: int,
+    groups: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """Apply a partition spec to a training set's labels; one index array per
+    client. ``groups`` (natural partitions) gives each sample's client id."""
+    if spec.kind == "iid":
+        return iid(len(labels), num_clients, seed, spec.size_sigma)
+    if spec.kind == "dirichlet":
+        if spec.variant == "feddc":
+            return dirichlet_feddc(labels, num_clients, spec.alpha, seed, spec.size_sigma)
+        return dirichlet_fednova(
+            labels, num_clients, spec.alpha, seed, spec.min_samples
+        )
+    if spec.kind == "shards":
+        return shards(labels, num_clients, spec.labels_per_client, seed)
+    if spec.kind == "pns_mix":
+        return pns_mix(
+            labels,
+            num_clients,
+            spec.iid_fraction,
+            seed,
+            spec.labels_per_client,
+            spec.samples_per_client,
+        )
+    if spec.kind == "natural":
+        if groups is None:
+            raise ValueError(
+                "partition 'natural' needs a dataset with its own clients "
+                "(shakespeare, or tabular with client_column)"
+            )
+        return natural(groups, num_clients)
+    raise ValueError(f"unknown partition kind {spec.kind!r}")
+
+
+def layout(parts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(row order, offsets) that store the clients' samples one after another,
+    as :class:`~fedsim.data.base.FederatedData` does."""
+    counts = np.array([len(p) for p in parts], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    order = (
+        np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+        if parts
+        else np.zeros(0, np.int64)
+    )
+    return order, offsets
+
+
+# -------------------------------------------------------------------- reporting
+def label_histogram(data: FederatedData) -> np.ndarray:
+    """int64 [clients, classes]: how many samples of each class each client holds."""
+    m, c = data.num_clients, data.num_classes
+    if c <= 0:
+        return np.zeros((m, 0), dtype=np.int64)
+    client = np.repeat(np.arange(m, dtype=np.int64), data.n_samples)
+    y = np.asarray(data.y, dtype=np.int64)
+    return np.bincount(client * c + y, minlength=m * c).reshape(m, c)
+
+
+def partition_table(data: FederatedData) -> pa.Table:
+    """One row per client: ``client_id``, ``n_samples``, ``weight``,
+    ``n_classes`` (labels held) and ``class_<c>`` (samples of class c).
+
+    >>> from fedsim.data.synthetic import SyntheticData
+    >>> t = partition_table(SyntheticData(dataset="synthetic").build(5, 0))
+    >>> t.column_names[:5], t.num_rows
+    (['client_id', 'n_samples', 'weight', 'n_classes', 'class_0'], 5)
+    """
+    hist = label_histogram(data)
+    cols: dict[str, pa.Array] = {
+        "client_id": pa.array(np.arange(data.num_clients, dtype=np.int64)),
+        "n_samples": pa.array(data.n_samples.astype(np.int64)),
+        "weight": pa.array(np.asarray(data.weights, dtype=np.float64)),
+        "n_classes": pa.array((hist > 0).sum(axis=1).astype(np.int64)),
+    }
+    for c in range(hist.shape[1]):
+        cols[f"class_{c}"] = pa.array(hist[:, c])
+    return pa.table(cols)
+
+
+def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) -> None:
+    """Per-client label histograms as stacked bars (one colour per class),
+    for the first ``max_clients`` clients; written with the Agg backend."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    m = min(table.num_rows, max_clients)
+    ids = np.asarray(table.column("client_id"))[:m]
+    classes = [c for c in table.column_names if c.startswith("class_")]
+    fig = Figure(figsize=(min(24.0, max(6.0, 0.12 * m + 2.0)), 4.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    x = np.arange(m)
+    if not classes:
+        ax.bar(x, np.asarray(table.column("n_samples"))[:m], width=0.9)
+    else:
+        from matplotlib import colormaps
+
+        cmap = colormaps["tab10" if len(classes) <= 10 else "tab20"]
+        if len(classes) > 20:
+            cmap = colormaps["viridis"].resampled(len(classes))
+        bottom = np.zeros(m)
+        for i, name in enumerate(classes):
+            h = np.asarray(table.column(name))[:m].astype(np.float64)
+            ax.bar(x, h, bottom=bottom, width=0.9, color=cmap(i), label=name[6:])
+            bottom += h
+        if len(classes) <= 20:
+            ax.legend(title="class", fontsize=7, ncol=2, loc="upper right")
+    shown = f" (first {m} of {table.num_rows})" if m < table.num_rows else ""
+    ax.set_title(f"Samples per client by class{shown}")
+    ax.set_xlabel("client")
+    ax.set_ylabel("samples")
+    if m <= 40:
+        ax.set_xticks(x, [str(i) for i in ids])
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=110)

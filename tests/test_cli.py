@@ -1,0 +1,161 @@
+"""The `fedsim` command: exit codes, messages, run directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from fedsim.results import CLIENT_SCHEMA, ROUND_SCHEMA
+
+from .conftest import ROOT, SCENARIOS
+
+FEDSIM = [sys.executable, "-m", "fedsim.cli"]
+
+
+def fedsim(*args: str, cwd: Path = ROOT, timeout: float = 300):
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "120"}
+    return subprocess.run(
+        [*FEDSIM, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return p
+
+
+QUICK = (SCENARIOS / "quickstart.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (QUICK.replace("rounds: 40", "rounds: 40\nbogus: 1"), "bogus: unknown key"),
+        (QUICK.replace("rounds: 40", "rounds: forty"), "rounds"),
+        (QUICK.replace("count: 12", "count: -12"), "fleet.groups[0].count"),
+        (QUICK.replace("rounds: 40", ""), "rounds: required field is missing"),
+        ("name: [unclosed\n", "malformed YAML"),
+        ("!!python/object/apply:os.system ['true']\n", "malformed YAML"),
+    ],
+)
+def test_invalid_scenarios_exit_2_without_traceback(tmp_path, text, needle):
+    path = write(tmp_path, text)
+    for cmd in (["validate", str(path)], ["run", str(path), "--workers", "0"]):
+        r = fedsim(*cmd)
+        assert r.returncode == 2, r.stderr
+        assert "Traceback" not in r.stderr
+        assert str(path) in r.stderr
+        assert (
+            needle in r.stderr.replace("\n", " ").replace("  ", " ")
+            or needle in r.stderr
+        )
+
+
+def test_bad_arguments_exit_2(tmp_path):
+    r = fedsim("run", str(SCENARIOS / "quickstart.yaml"), "--workers", "-1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    r = fedsim("run", str(SCENARIOS / "quickstart.yaml"), "--set", "rounds")
+    assert r.returncode == 2 and "path.to.key=value" in r.stderr
+    r = fedsim("run", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 2 and "no such scenario file" in r.stderr
+
+
+def test_validate_prints_the_resolved_scenario():
+    r = fedsim("validate", str(SCENARIOS / "quickstart.yaml"), "--set", "rounds=7")
+    assert r.returncode == 0, r.stderr
+    assert "rounds: 7" in r.stdout
+    assert "window_s: 10" in r.stdout  # defaults are filled in
+
+
+def test_run_in_process_writes_a_complete_run_dir(tmp_path):
+    out = tmp_path / "run"
+    r = fedsim(
+        "run",
+        str(SCENARIOS / "quickstart.yaml"),
+        "--workers",
+        "0",
+        "--out",
+        str(out),
+        "--set",
+        "rounds=4",
+        "--seed",
+        "3",
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"results: {out}" in r.stdout
+    rounds = pq.read_table(out / "rounds.parquet")
+    clients = pq.read_table(out / "clients.parquet")
+    assert rounds.schema.equals(ROUND_SCHEMA)
+    assert clients.schema.equals(CLIENT_SCHEMA)
+    assert rounds.num_rows == 4
+    assert clients.num_rows == 4 * 10
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 4 and summary["fedsim_version"]
+    assert 0.0 <= summary["final_test_accuracy"] <= 1.0
+    resolved = (out / "scenario.yaml").read_text()
+    assert "seed: 3" in resolved and "rounds: 4" in resolved
+    # atomic writes leave no temporary files behind
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_default_run_dir_is_named_after_the_scenario(tmp_path):
+    r = fedsim(
+        "run",
+        str(SCENARIOS / "quickstart.yaml"),
+        "--workers",
+        "0",
+        "-q",
+        "--set",
+        "rounds=1",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    (run_dir,) = (tmp_path / "results").iterdir()
+    assert run_dir.name.startswith("quickstart-")
+    assert (run_dir / "rounds.parquet").exists()
+
+
+def test_unwritable_results_dir_fails_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a dir")
+    r = fedsim(
+        "run",
+        str(SCENARIOS / "quickstart.yaml"),
+        "--workers",
+        "0",
+        "--out",
+        str(blocker / "run"),
+    )
+    assert r.returncode == 2
+    assert "cannot write results" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_run_with_embedded_ray_workers(tmp_path):
+    out = tmp_path / "run"
+    r = fedsim(
+        "run",
+        str(SCENARIOS / "quickstart.yaml"),
+        "--workers",
+        "2",
+        "--out",
+        str(out),
+        "--set",
+        "rounds=3",
+    )
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["rounds"] == 3

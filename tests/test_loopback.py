@@ -1,0 +1,83 @@
+"""The embedded local Ray that `fedsim run` starts listens on loopback only."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from .conftest import ROOT, SCENARIOS
+
+
+def is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped or addr).is_loopback
+
+
+def listening(pid: int) -> set[tuple[str, int, str]]:
+    found = set()
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return found
+    for p in procs:
+        try:
+            for c in p.net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN:
+                    found.add((c.laddr.ip, c.laddr.port, p.name()))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_embedded_ray_binds_loopback_only(tmp_path):
+    # The user's environment does not ask for loopback: fedsim must do it.
+    env = {
+        k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    }
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedsim.cli",
+            "run",
+            str(SCENARIOS / "quickstart.yaml"),
+            "--workers",
+            "2",
+            "-q",
+            "--out",
+            str(tmp_path / "run"),
+            "--set",
+            "rounds=40",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: set[tuple[str, int, str]] = set()
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen |= listening(proc.pid)
+            time.sleep(0.3)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    names = {name for _, _, name in seen}
+    assert seen, "no listening sockets observed: the check saw nothing"
+    assert any("gcs" in n or "raylet" in n for n in names), names
+    exposed = sorted(s for s in seen if not is_loopback(s[0]))
+    assert not exposed, f"listening on non-loopback addresses: {exposed}"

@@ -1,0 +1,159 @@
+"""Scenario loading: typed, frozen, unknown keys rejected, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from fedsim.scenario import (
+    Scenario,
+    ScenarioError,
+    apply_overrides,
+    dump_scenario,
+    load_scenario,
+    parse_scenario,
+)
+
+from .conftest import SCENARIOS
+
+QUICK_TEXT = (SCENARIOS / "quickstart.yaml").read_text()
+
+
+def mutate(fn) -> str:
+    raw = yaml.safe_load(QUICK_TEXT)
+    fn(raw)
+    return yaml.safe_dump(raw)
+
+
+def error_of(text: str) -> str:
+    with pytest.raises(ScenarioError) as exc:
+        parse_scenario(text, "bad.yaml")
+    return str(exc.value)
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.rglob("*.yaml")), ids=str)
+def test_every_shipped_scenario_is_valid(path):
+    sc = load_scenario(path)
+    assert isinstance(sc, Scenario)
+    # the resolved form loads back to the same scenario
+    assert parse_scenario(dump_scenario(sc), "resolved") == sc
+
+
+def test_shipped_scenarios_never_depend_on_shared_data():
+    for path in SCENARIOS.rglob("*.yaml"):
+        assert "shared/" not in path.read_text(), path
+
+
+def test_scenario_is_frozen():
+    sc = parse_scenario(QUICK_TEXT)
+    with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen error
+        sc.rounds = 3
+
+
+def test_unknown_key_names_the_path():
+    msg = error_of(mutate(lambda r: r["fleet"]["groups"][1]["speed"].update(sigmaa=1)))
+    assert msg.startswith("bad.yaml")
+    assert "fleet.groups[1].speed.sigmaa" in msg
+    assert "unknown key" in msg
+
+
+def test_wrong_type_names_path_and_expectation():
+    msg = error_of(mutate(lambda r: r["fleet"]["groups"][1]["speed"].update(sigma="x")))
+    assert "fleet.groups[1].speed.sigma" in msg
+    assert "number" in msg and "'x'" in msg
+
+
+def test_negative_count():
+    msg = error_of(mutate(lambda r: r["fleet"]["groups"][0].update(count=-3)))
+    assert "fleet.groups[0].count" in msg and "greater than or equal to 1" in msg
+
+
+def test_missing_field():
+    msg = error_of(mutate(lambda r: r.pop("rounds")))
+    assert "rounds: required field is missing" in msg
+
+
+def test_malformed_yaml_reports_line():
+    msg = error_of("name: x\nrounds: [1, 2\nseed: 0\n")
+    assert msg.startswith("bad.yaml: malformed YAML at line")
+
+
+def test_python_tags_are_refused():
+    msg = error_of("name: !!python/object/apply:os.system ['echo hi']\nrounds: 1\n")
+    assert "malformed YAML" in msg
+
+
+def test_non_mapping_top_level():
+    assert "expected a YAML mapping" in error_of("- 1\n- 2\n")
+
+
+def test_nan_is_rejected_with_path():
+    msg = error_of(mutate(lambda r: r["client"].update(lr=float("nan"))))
+    assert "client.lr" in msg and "finite" in msg
+
+
+def test_unknown_algorithm_lists_choices():
+    msg = error_of(mutate(lambda r: r.update(algorithm={"name": "fedsgd"})))
+    assert "algorithm" in msg and "fednova" in msg
+
+
+def test_algorithm_hyperparameter_checks_run_on_load():
+    msg = error_of(
+        mutate(lambda r: r.update(algorithm={"name": "fednova", "tau_eff": "fixed"}))
+    )
+    assert "algorithm" in msg and "tau_eff_value" in msg
+
+
+def test_more_clients_per_round_than_devices():
+    msg = error_of(mutate(lambda r: r["selector"].update(clients_per_round=31)))
+    assert "clients_per_round" in msg and "30 devices" in msg
+
+
+def test_data_clients_must_match_fleet():
+    msg = error_of(mutate(lambda r: r["data"].update(clients=20)))
+    assert "20 clients" in msg and "30 devices" in msg
+
+
+def test_overrides_set_nested_and_indexed_fields():
+    sc = parse_scenario(
+        QUICK_TEXT,
+        overrides=[
+            "rounds=3",
+            "fleet.groups[1].speed.sigma=0.9",
+            "fleet.groups.0.count=2",
+            "algorithm={name: fedavg}",
+        ],
+    )
+    assert sc.rounds == 3
+    assert sc.fleet.groups[1].speed.sigma == 0.9
+    assert sc.fleet.groups[0].count == 2
+    assert sc.algorithm.name == "fedavg"
+
+
+def test_overrides_are_validated_like_the_file():
+    with pytest.raises(ScenarioError, match="rounds"):
+        parse_scenario(QUICK_TEXT, "q.yaml", overrides=["rounds=-1"])
+    with pytest.raises(ScenarioError, match="does not exist"):
+        parse_scenario(QUICK_TEXT, "q.yaml", overrides=["fleet.groups[9].count=1"])
+    with pytest.raises(ScenarioError, match="path.to.key=value"):
+        apply_overrides({}, ["rounds"])
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(ScenarioError, match="no such scenario file"):
+        load_scenario(tmp_path / "nope.yaml")
+    with pytest.raises(ScenarioError, match="is a directory"):
+        load_scenario(tmp_path)
+
+
+def test_huge_file_is_refused(tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("a: " + "x" * (5 * 1024 * 1024))
+    with pytest.raises(ScenarioError, match="larger|bytes"):
+        load_scenario(big)
+
+
+def test_deep_nesting_is_refused():
+    text = "a: " + "[" * 200 + "]" * 200
+    msg = error_of(text)
+    assert "nested" in msg or "deep" in msg
