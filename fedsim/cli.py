@@ -90,6 +90,9 @@ def run(
         typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    report: Annotated[
+        bool, typer.Option("--report/--no-report", help="Write plots and report.md.")
+    ] = True,
 ) -> None:
     """Run a scenario and write its results."""
     overrides = list(set_ or [])
@@ -171,6 +174,10 @@ def run(
         version=__version__,
     )
     write_summary(run_dir / "summary.json", summary)
+    if report and recorder.rows:
+        from fedsim.report import write_report
+
+        write_report(run_dir)
     if not quiet:
         table = Table(title=f"{sc.name}: summary", show_header=False)
         for key in (
@@ -208,6 +215,30 @@ def validate(
         f"ok: {scenario} ({sc.fleet.size} devices, {sc.rounds} rounds, "
         f"{sc.algorithm.name})"
     )
+
+
+@app.command()
+def report(
+    run_dir: Annotated[
+        Path, typer.Argument(help="Run directory written by `fedsim run`.")
+    ],
+    timeline_rounds: Annotated[
+        int,
+        typer.Option(
+            "--timeline-rounds",
+            min=1,
+            help="Rounds shown in the client timeline (the first and last halves).",
+        ),
+    ] = 20,
+) -> None:
+    """Write plots (PNG) and report.md for a run directory."""
+    from fedsim.report import ReportError, write_report
+
+    try:
+        path = write_report(run_dir, max_timeline_rounds=timeline_rounds)
+    except ReportError as exc:
+        _fail(str(exc))
+    out.print(f"report: {path}", highlight=False)
 
 
 def main() -> None:

@@ -73,6 +73,9 @@ CLIENT_SCHEMA = pa.schema(
     ]
 )
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 # Columns that depend on the host machine, not on (scenario, seed).
 WALL_CLOCK_COLUMNS = ("wall_time",)
 
@@ -86,6 +89,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; use the usual mode
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,10 +70,19 @@ class ServerCore:
     """Server state, per-client state, aggregation and evaluation."""
 
     def __init__(
-        self, scenario: Scenario, data: FederatedData, threads: int | None = 1
+        self,
+        scenario: Scenario,
+        data: FederatedData | list[Any],
+        threads: int | None = 1,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(max(1, threads))
+        self._data_ref = None
+        if isinstance(data, list):  # [ObjectRef]: keep the reference for workers
+            import ray
+
+            self._data_ref = data
+            data = ray.get(data[0])
         self.scenario = scenario
         self.algorithm = make_algorithm(scenario.algorithm)
         self.model = make_model(scenario, data)
@@ -91,6 +101,10 @@ class ServerCore:
 
     def params(self) -> torch.Tensor:
         return self.state["x"]
+
+    def data_ref(self) -> list[Any]:
+        """[ObjectRef] of the shared dataset (for worker actors to fetch)."""
+        return self._data_ref or []
 
     def payload(self) -> dict[str, torch.Tensor]:
         """What every selected client downloads this round."""
@@ -176,11 +190,12 @@ class _RayBackend:
         import ray
 
         res = scenario.resources
-        data_ref = ray.put(data)
-        server_cls = ray.remote(ServerCore).options(num_cpus=0)
-        self.server = server_cls.remote(scenario, data_ref, 1)
+        self.data_ref = ray.put(data)
+        name = f"fedsim-server-{uuid.uuid4().hex[:12]}"
+        server_cls = ray.remote(ServerCore).options(num_cpus=0, name=name)
+        self.server = server_cls.remote(scenario, [self.data_ref], 1)
         self.pool = RayPool(
-            scenario, data_ref, workers, res.cpus_per_worker, res.gpus_per_worker
+            scenario, name, workers, res.cpus_per_worker, res.gpus_per_worker
         )
         self.workers = workers
         self.stateful = scenario.algorithm.stateful

@@ -97,10 +97,19 @@ class Worker:
     """Holds a model and the data; trains virtual clients one after another."""
 
     def __init__(
-        self, scenario: Scenario, data: FederatedData, threads: int | None = None
+        self,
+        scenario: Scenario,
+        data: FederatedData | str,
+        threads: int | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(max(1, threads))
+        if isinstance(data, str):  # the server actor's name
+            import ray
+
+            server = ray.get_actor(data)
+            (ref,) = ray.get(server.data_ref.remote())
+            data = ray.get(ref)
         self.scenario = scenario
         self.algorithm = make_algorithm(scenario.algorithm)
         self.solver = self.algorithm.solver(scenario.client)
@@ -145,7 +154,9 @@ class Worker:
             client=i,
             n_samples=hi - lo,
             num_clients=self.num_clients,
-            relative_weight=float(self.weights[i]) * self.num_clients / self.total_weight,
+            relative_weight=float(self.weights[i])
+            * self.num_clients
+            / self.total_weight,
         )
         x_global = payload["x"]
         ctx = algo.local_setup(payload, client_state, info)
@@ -211,7 +222,7 @@ class RayPool:
     def __init__(
         self,
         scenario: Scenario,
-        data_ref: Any,
+        data_source: str,
         n: int,
         cpus: float = 1.0,
         gpus: float = 0.0,
@@ -226,7 +237,10 @@ class RayPool:
             scheduling_strategy="SPREAD",
         )
         threads = max(1, int(cpus))
-        self.actors = [remote.remote(scenario, data_ref, threads) for _ in range(n)]
+        # Actors get the server actor's name, not the data (nor a handle, which
+        # Ray would treat as an object-store argument): a (re)started actor
+        # fetches the shared object-store copy of the data from the server.
+        self.actors = [remote.remote(scenario, data_source, threads) for _ in range(n)]
         self.size = n
 
     def train(
