@@ -68,7 +68,9 @@ class ClientStore:
         total = size * (len(self.arrays) + 1)
         if total > self.budget_bytes:
             if self._tmp is None:
-                self._tmp = tempfile.mkdtemp(prefix="fedsim-store-", dir=self._spill_root)
+                self._tmp = tempfile.mkdtemp(
+                    prefix="fedsim-store-", dir=self._spill_root
+                )
             arr = np.lib.format.open_memmap(
                 Path(self._tmp) / f"{key}.npy",
                 mode="w+",
@@ -88,7 +90,9 @@ class ClientStore:
             if not self.seen[c]:
                 out[c] = {}
                 continue
-            out[c] = {k: torch.from_numpy(np.array(a[c])) for k, a in self.arrays.items()}
+            out[c] = {
+                k: torch.from_numpy(np.array(a[c])) for k, a in self.arrays.items()
+            }
         return out
 
     def put(self, client: int, state: dict[str, torch.Tensor]) -> None:

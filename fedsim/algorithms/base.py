@@ -149,7 +149,6 @@ class Algorithm:
         return {}, None
 
 
-
 def data_weights(updates: Sequence[ClientUpdate]) -> list[float]:
     """p_i of the round's updates, normalised to sum to 1 (in update order)."""
     total = float(sum(u.weight for u in updates))
