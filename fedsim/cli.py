@@ -36,30 +36,6 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-class Recorder:
-    """Collects rows and writes the Parquet files atomically as the run goes."""
-
-    def __init__(self, run_dir: Path, flush_every_s: float = 5.0) -> None:
-        self.run_dir = run_dir
-        self.rows: list[dict[str, Any]] = []
-        self.clients: list[dict[str, Any]] = []
-        self.flush_every_s = flush_every_s
-        self._last = time.monotonic()
-
-    def add(self, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
-        self.rows.append(row)
-        self.clients.extend(clients)
-        if time.monotonic() - self._last > self.flush_every_s:
-            self.flush()
-
-    def flush(self) -> None:
-        from fedsim.results import CLIENT_SCHEMA, ROUND_SCHEMA, write_table
-
-        write_table(self.run_dir / "rounds.parquet", self.rows, ROUND_SCHEMA)
-        write_table(self.run_dir / "clients.parquet", self.clients, CLIENT_SCHEMA)
-        self._last = time.monotonic()
-
-
 def _fmt(x: Any, spec: str = ".4f") -> str:
     try:
         return "-" if x is None or x != x else format(x, spec)
@@ -69,7 +45,9 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
 
 @app.command()
 def run(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    scenario: Annotated[
+        Path | None, typer.Argument(help="Scenario YAML file.", show_default=False)
+    ] = None,
     out_dir: Annotated[
         Path | None,
         typer.Option("--out", help="Run directory (default results/<name>-<time>/)."),
@@ -85,6 +63,12 @@ def run(
         list[str] | None,
         typer.Option("--set", help="Override a field: path.to.key=value (repeatable)."),
     ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            "--resume", help="Continue an interrupted run from its last checkpoint."
+        ),
+    ] = None,
     address: Annotated[
         str | None,
         typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
@@ -94,16 +78,25 @@ def run(
         bool, typer.Option("--report/--no-report", help="Write plots and report.md.")
     ] = True,
 ) -> None:
-    """Run a scenario and write its results."""
+    """Run a scenario (or resume a run) and write its results."""
     overrides = list(set_ or [])
     if seed is not None:
         overrides.append(f"seed={seed}")
+    if resume is not None:
+        if scenario is not None or overrides or out_dir is not None:
+            _fail("--resume RUN_DIR takes no scenario, --out, --seed or --set")
+        scenario, out_dir = resume / "scenario.yaml", resume
+        if not scenario.exists():
+            _fail(f"{resume}: not a run directory (no scenario.yaml)")
+    if scenario is None:
+        _fail("missing SCENARIO (a YAML file), or --resume RUN_DIR")
     try:
         sc = load_scenario(scenario, overrides)
     except ScenarioError as exc:
         _fail(str(exc))
 
     from fedsim.results import (
+        atomic_write_bytes,
         default_run_dir,
         prepare_run_dir,
         summarize,
@@ -113,16 +106,17 @@ def run(
     run_dir = out_dir if out_dir is not None else default_run_dir(sc.name)
     try:
         prepare_run_dir(run_dir)
+        if resume is None:
+            atomic_write_bytes(run_dir / "scenario.yaml", dump_scenario(sc).encode())
     except OSError as exc:
         _fail(str(exc))
 
     import torch
 
-    from fedsim.results import atomic_write_bytes
+    from fedsim.checkpoint import CheckpointError
     from fedsim.server import DivergenceError, Simulation, resolve_workers
 
     torch.set_num_threads(max(1, int(sc.resources.cpus_per_worker)))
-    atomic_write_bytes(run_dir / "scenario.yaml", dump_scenario(sc).encode())
     wall0 = time.perf_counter()
     n_workers = workers if workers is not None else sc.resources.workers
     if n_workers != 0:
@@ -131,7 +125,6 @@ def run(
         init_ray(address)
         n_workers = resolve_workers(sc, workers)
 
-    recorder = Recorder(run_dir)
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -143,38 +136,55 @@ def run(
         disable=quiet,
         transient=False,
     )
+    code = 0
     with progress:
         bar = progress.add_task(sc.name, total=sc.rounds, sim="0s", acc="-")
 
         def on_round(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
-            recorder.add(row, clients)
             acc = row["test_accuracy"]
             shown = _fmt(acc, ".3f") if acc == acc else progress.tasks[0].fields["acc"]
-            progress.update(bar, advance=1, sim=f"{row['sim_time']:.0f}s", acc=shown)
+            progress.update(
+                bar,
+                completed=row["round"] + 1,
+                sim=f"{row['sim_time']:.0f}s",
+                acc=shown,
+            )
 
-        sim = Simulation(sc, workers=n_workers, on_round=on_round)
-        code = 0
+        sim = Simulation(
+            sc,
+            workers=n_workers,
+            on_round=on_round,
+            run_dir=run_dir,
+            resume=resume is not None,
+        )
         try:
             sim.run()
+        except CheckpointError as exc:
+            _fail(str(exc))
         except DivergenceError as exc:
             code = 1
-            err.print(f"[bold red]run diverged:[/] {exc}. Rows so far are kept.")
+            err.print(
+                f"[bold red]run diverged:[/] {exc}. Rows so far and the last good "
+                f"checkpoint are kept in {run_dir}."
+            )
+        except OSError as exc:
+            code = 1
+            err.print(f"[bold red]cannot write results:[/] {exc}")
         except KeyboardInterrupt:
             code = 130
             err.print("[yellow]interrupted; rows so far are kept[/]")
-        finally:
-            recorder.flush()
 
+    rows, clients = sim.recorder.rows, sim.recorder.clients
     summary = summarize(
-        recorder.rows,
-        recorder.clients,
+        rows,
+        clients,
         scenario_name=sc.name,
         wall_time_s=time.perf_counter() - wall0,
         workers=n_workers,
         version=__version__,
     )
     write_summary(run_dir / "summary.json", summary)
-    if report and recorder.rows:
+    if report and rows:
         from fedsim.report import write_report
 
         write_report(run_dir)

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,44 @@ def summarize(
         "workers": workers,
         "fedsim_version": version,
     }
+
+
+class Recorder:
+    """Collects result rows and, given a run directory, writes them as Parquet
+    atomically as the run goes (at most every ``flush_every_s`` seconds, and on
+    :meth:`flush`)."""
+
+    def __init__(self, run_dir: Path | None, flush_every_s: float = 5.0) -> None:
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.rows: list[dict[str, Any]] = []
+        self.clients: list[dict[str, Any]] = []
+        self.flush_every_s = flush_every_s
+        self._last = time.monotonic()
+
+    def add(self, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        self.rows.append(row)
+        self.clients.extend(clients)
+        if time.monotonic() - self._last > self.flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.run_dir is None:
+            return
+        write_table(self.run_dir / "rounds.parquet", self.rows, ROUND_SCHEMA)
+        write_table(self.run_dir / "clients.parquet", self.clients, CLIENT_SCHEMA)
+        self._last = time.monotonic()
+
+    def load(self, n_rows: int, n_client_rows: int) -> None:
+        """Read back the first rows of an interrupted run (for --resume)."""
+        assert self.run_dir is not None
+        rounds = pq.read_table(self.run_dir / "rounds.parquet").to_pylist()
+        clients = pq.read_table(self.run_dir / "clients.parquet").to_pylist()
+        if len(rounds) < n_rows or len(clients) < n_client_rows:
+            raise OSError(
+                f"{self.run_dir}: the result files hold fewer rows than the "
+                "checkpoint expects; cannot resume"
+            )
+        self.rows, self.clients = rounds[:n_rows], clients[:n_client_rows]
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:

@@ -119,6 +119,13 @@ class EvalSpec(_Spec):
     batch_size: Annotated[int, Field(ge=1)] = 4096
 
 
+class CheckpointSpec(_Spec):
+    """Write a checkpoint every ``every_rounds`` rounds (0: never) and at the
+    end, so ``fedsim run --resume RUN_DIR`` can continue an interrupted run."""
+
+    every_rounds: Annotated[int, Field(ge=0)] = 10
+
+
 class ResourceSpec(_Spec):
     """Ray resources. ``workers``: a count, or ``auto`` (one per available CPU,
     divided by ``cpus_per_worker``). ``workers: 0`` trains in the driver
@@ -143,6 +150,7 @@ class Scenario(_Spec):
     algorithm: AlgorithmSpec
     selector: SelectorSpec = Uniform()
     eval: EvalSpec = EvalSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
     resources: ResourceSpec = ResourceSpec()
 
     @field_validator("name")

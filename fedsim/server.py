@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,11 +31,23 @@ import torch
 
 from fedsim import clock
 from fedsim.algorithms import AggregateInfo, ClientUpdate, make_algorithm
+from fedsim.checkpoint import (
+    CheckpointError,
+    checkpoint_dir,
+    commit_checkpoint,
+    latest_checkpoint,
+    load_arrays,
+    load_tensors,
+    save_arrays,
+    save_tensors,
+    write_meta,
+)
 from fedsim.data import FederatedData, build_data
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.fleet import Fleet
 from fedsim.models import evaluate, make_model
 from fedsim.params import flatten, l2_norm
+from fedsim.results import Recorder
 from fedsim.scenario import Scenario
 from fedsim.selectors import make_selector
 from fedsim.store import ClientStore
@@ -151,6 +164,23 @@ class ServerCore:
             weights=self.test_weights,
         )
 
+    def save(self, ckpt_dir: str) -> None:
+        """Write the server state and per-client state into ``ckpt_dir``."""
+        path = Path(ckpt_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        save_tensors(path / "server.pt", self.state)
+        save_arrays(path, self.store.export())
+
+    def load(self, ckpt_dir: str) -> None:
+        path = Path(ckpt_dir)
+        state = load_tensors(path / "server.pt")
+        if set(state) != set(self.state) or state["x"].shape != self.state["x"].shape:
+            raise CheckpointError(
+                f"{path}: server state does not match this scenario's model"
+            )
+        self.state = state
+        self.store.restore(load_arrays(path))
+
     def round(self, *batches: Sequence[ClientUpdate], do_eval: bool) -> RoundResult:
         res = self.aggregate(*batches)
         if do_eval:
@@ -179,6 +209,12 @@ class _LocalBackend:
     def params(self) -> torch.Tensor:
         return self.server.params().clone()
 
+    def save(self, ckpt_dir: Path) -> None:
+        self.server.save(str(ckpt_dir))
+
+    def load(self, ckpt_dir: Path) -> None:
+        self.server.load(str(ckpt_dir))
+
     def shutdown(self) -> None:
         pass
 
@@ -188,11 +224,19 @@ class _RayBackend:
 
     def __init__(self, scenario: Scenario, data: FederatedData, workers: int) -> None:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         res = scenario.resources
         self.data_ref = ray.put(data)
         name = f"fedsim-server-{uuid.uuid4().hex[:12]}"
-        server_cls = ray.remote(ServerCore).options(num_cpus=0, name=name)
+        # The server runs on the driver's node, so that it reads and writes
+        # checkpoints in the run directory the driver sees.
+        here = NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=False
+        )
+        server_cls = ray.remote(ServerCore).options(
+            num_cpus=0, name=name, scheduling_strategy=here
+        )
         self.server = server_cls.remote(scenario, [self.data_ref], 1)
         self.pool = RayPool(
             scenario, name, workers, res.cpus_per_worker, res.gpus_per_worker
@@ -217,6 +261,16 @@ class _RayBackend:
         import ray
 
         return ray.get(self.server.params.remote())
+
+    def save(self, ckpt_dir: Path) -> None:
+        import ray
+
+        ray.get(self.server.save.remote(str(ckpt_dir)))
+
+    def load(self, ckpt_dir: Path) -> None:
+        import ray
+
+        ray.get(self.server.load.remote(str(ckpt_dir)))
 
     def shutdown(self) -> None:
         import ray
@@ -249,7 +303,10 @@ class Simulation:
         workers: 0 trains in this process without Ray; ``n >= 1`` uses ``n``
             Ray worker actors (Ray must be initialised).
         on_round: called with each round's row and client rows as soon as
-            they are known (the CLI writes and shows progress from it).
+            they are known (the CLI shows progress from it).
+        run_dir: if given, rows are written there as Parquet (atomically, as
+            the run goes) and checkpoints every ``checkpoint.every_rounds``.
+        resume: continue from ``run_dir``'s latest checkpoint.
 
     Example:
         >>> from fedsim.scenario import load_scenario
@@ -264,15 +321,21 @@ class Simulation:
         scenario: Scenario,
         workers: int = 0,
         on_round: RoundCallback | None = None,
+        run_dir: Path | None = None,
+        resume: bool = False,
     ) -> None:
         self.scenario = scenario
         self.workers = workers
         self.on_round = on_round
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.resume = resume
+        self.recorder = Recorder(self.run_dir)
         self.fleet = Fleet.from_spec(scenario.fleet, scenario.seed)
         self.data = build_data(scenario.data, scenario.num_clients, scenario.seed)
         self.selector = make_selector(scenario.selector)
         self.group_names = np.array(self.fleet.group_names, dtype=object)
         self.final_params: torch.Tensor | None = None
+        self.backend: _LocalBackend | _RayBackend | None = None
 
     def _rng(self, tag: int, round_: int) -> np.random.Generator:
         return np.random.default_rng(
@@ -280,21 +343,45 @@ class Simulation:
         )
 
     def run(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Run every round; return (round rows, client rows)."""
+        """Run every (remaining) round; return (round rows, client rows)."""
         sc = self.scenario
-        backend: _LocalBackend | _RayBackend
         if self.workers == 0:
-            backend = _LocalBackend(sc, self.data)
+            self.backend = _LocalBackend(sc, self.data)
         else:
-            backend = _RayBackend(sc, self.data, self.workers)
+            self.backend = _RayBackend(sc, self.data, self.workers)
         try:
-            result = self._loop(backend)
-            self.final_params = backend.params()
-            return result
+            self._loop(self.backend)
+            self.final_params = self.backend.params()
+            return self.recorder.rows, self.recorder.clients
         finally:
-            backend.shutdown()
+            self.recorder.flush()
+            self.backend.shutdown()
 
-    def _loop(self, backend: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def _checkpoint(self, backend: Any, next_round: int, now: float, sel: Any) -> None:
+        assert self.run_dir is not None
+        self.recorder.flush()
+        ckpt = checkpoint_dir(self.run_dir, next_round)
+        backend.save(ckpt)
+        write_meta(
+            ckpt,
+            {
+                "next_round": next_round,
+                "sim_time": now,
+                "selector_state": sel,
+                "n_rows": len(self.recorder.rows),
+                "n_client_rows": len(self.recorder.clients),
+            },
+        )
+        commit_checkpoint(self.run_dir, ckpt)
+
+    def _restore(self, backend: Any) -> tuple[int, float, Any]:
+        assert self.run_dir is not None
+        ck = latest_checkpoint(self.run_dir)
+        backend.load(ck.path)
+        self.recorder.load(ck.n_rows, ck.n_client_rows)
+        return ck.next_round, ck.sim_time, ck.selector_state
+
+    def _loop(self, backend: Any) -> None:
         sc = self.scenario
         d = backend.num_params()
         elem = 8 if sc.model.dtype == "float64" else 4
@@ -302,11 +389,12 @@ class Simulation:
         bytes_up = sc.algorithm.up_factor * d * elem
         n_samples = self.data.n_samples
         sel_state = self.selector.init(self.fleet.size)
-        rows: list[dict[str, Any]] = []
-        client_rows: list[dict[str, Any]] = []
-        now = 0.0
+        start, now = 0, 0.0
+        if self.resume:
+            start, now, sel_state = self._restore(backend)
+        every = sc.checkpoint.every_rounds if self.run_dir is not None else 0
         wall0 = time.perf_counter()
-        for t in range(sc.rounds):
+        for t in range(start, sc.rounds):
             now = self.fleet.next_online_time(now)
             online = np.flatnonzero(self.fleet.online(now))
             chosen, sel_state = self.selector.select(
@@ -349,7 +437,6 @@ class Simulation:
                 "tau_eff": res.info.tau_eff,
                 "chi2_pw": res.info.chi2_pw,
             }
-            rows.append(row)
             these = []
             for p in plan.plans:
                 st = res.clients.get(p.client)
@@ -372,8 +459,9 @@ class Simulation:
                         "bytes_up": bytes_up if not p.dropped else 0,
                     }
                 )
-            client_rows.extend(these)
+            self.recorder.add(row, these)
             if self.on_round is not None:
                 self.on_round(row, these)
             now = plan.t_end
-        return rows, client_rows
+            if every and ((t + 1) % every == 0 or t + 1 == sc.rounds):
+                self._checkpoint(backend, t + 1, now, sel_state)

@@ -110,6 +110,18 @@ class ClientStore:
             acc += arr[start : start + 1024].sum(axis=0, dtype=np.float64)
         return torch.from_numpy(acc / self.num_clients).to(self.dtype)
 
+    def export(self) -> dict[str, np.ndarray]:
+        """Every array (and ``seen``), for a checkpoint."""
+        return {"seen": self.seen, **self.arrays}
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """Inverse of :meth:`export`."""
+        self.arrays.clear()
+        self.seen = np.array(arrays.get("seen", np.zeros(self.num_clients, bool)))
+        for key, arr in arrays.items():
+            if key != "seen":
+                self._array(key)[:] = arr
+
     def close(self) -> None:
         self.arrays.clear()
         if self._tmp is not None:

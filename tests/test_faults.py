@@ -1,0 +1,193 @@
+"""Never lose work: resume after a real kill, worker faults, divergence."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from fedsim.results import WALL_CLOCK_COLUMNS
+from fedsim.scenario import load_scenario
+from fedsim.server import Simulation
+
+from .conftest import ROOT, SCENARIOS
+
+QUICK = SCENARIOS / "quickstart.yaml"
+ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def fedsim(*args: str, **kw):
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedsim.cli", *args],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    """Rows without wall-clock columns, NaN made comparable."""
+    return [
+        {
+            k: ("nan" if isinstance(v, float) and math.isnan(v) else v)
+            for k, v in r.items()
+            if k not in WALL_CLOCK_COLUMNS
+        }
+        for r in rows
+    ]
+
+
+def table(run_dir: Path, name: str) -> list[dict]:
+    return comparable(pq.read_table(run_dir / name).to_pylist())
+
+
+def checkpoint_round(run_dir: Path) -> int:
+    try:
+        name = (run_dir / "LATEST").read_text().strip()
+        return json.loads((run_dir / name / "meta.json").read_text())["next_round"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.mark.slow
+def test_resume_after_killing_the_driver_gives_identical_results(tmp_path):
+    args = [
+        "run",
+        str(QUICK),
+        "--workers",
+        "0",
+        "-q",
+        "--no-report",
+        "--set",
+        "rounds=200",
+        "--set",
+        "checkpoint.every_rounds=10",
+    ]
+    # Prepare: an uninterrupted reference run
+    ref = fedsim(*args, "--out", str(tmp_path / "ref"))
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+
+    # Execute: start the same run, kill -9 the driver once a checkpoint exists
+    run_dir = tmp_path / "killed"
+    proc = fedsim(*args, "--out", str(run_dir))
+    deadline = time.monotonic() + 300
+    while checkpoint_round(run_dir) < 30 and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before the kill"
+    killed_at = checkpoint_round(run_dir)
+    assert 30 <= killed_at < 200
+    resumed = fedsim("run", "--resume", str(run_dir), "-q", "--no-report")
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
+
+    # Assert: the resumed run's results equal the uninterrupted run's
+    assert table(run_dir, "rounds.parquet") == table(tmp_path / "ref", "rounds.parquet")
+    assert table(run_dir, "clients.parquet") == table(
+        tmp_path / "ref", "clients.parquet"
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rounds"] == 200
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
+    run_dir = tmp_path / "run"
+    p = fedsim(
+        "run",
+        str(QUICK),
+        "--workers",
+        "0",
+        "-q",
+        "--no-report",
+        "--out",
+        str(run_dir),
+        "--set",
+        "rounds=2",
+        "--set",
+        "checkpoint.every_rounds=0",
+    )
+    assert p.wait(timeout=300) == 0
+    p = fedsim("run", "--resume", str(run_dir))
+    assert p.wait(timeout=300) == 2
+    err = p.stderr.read()
+    assert "no checkpoint to resume from" in err and "Traceback" not in err
+
+
+def test_divergence_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    p = fedsim(
+        "run",
+        str(QUICK),
+        "--workers",
+        "0",
+        "-q",
+        "--out",
+        str(run_dir),
+        "--set",
+        "rounds=30",
+        "--set",
+        "checkpoint.every_rounds=1",
+        "--set",
+        "client.lr=1e35",
+    )
+    assert p.wait(timeout=300) == 1
+    err = p.stderr.read()
+    assert "run diverged" in err and "Traceback" not in err
+    # the last checkpoint is a good one: its parameters are finite
+    import torch
+
+    name = (run_dir / "LATEST").read_text().strip()
+    state = torch.load(run_dir / name / "server.pt", weights_only=True)
+    assert bool(torch.isfinite(state["x"]).all())
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_killed_worker_is_replaced_and_results_are_identical(ray_session):
+    import ray
+
+    sc = load_scenario(QUICK, ["rounds=12", "client.batch_size=5"])
+    clean = Simulation(sc, workers=2)
+    clean_rows, clean_clients = clean.run()
+
+    killed: list[tuple[int, int]] = []
+    later_pids: list[int] = []
+
+    def kill_a_worker(row, _clients):
+        if row["round"] == 10:
+            later_pids.extend(
+                ray.get([a.pid.remote() for a in sim.backend.pool.actors])
+            )
+        if row["round"] in (3, 7):
+            actor = sim.backend.pool.actors[row["round"] % 2]
+            pid = ray.get(actor.pid.remote())
+
+            def later():
+                time.sleep(0.005)  # lands while the next round trains
+                os.kill(pid, signal.SIGKILL)
+
+            threading.Thread(target=later).start()
+            killed.append((row["round"], pid))
+
+    sim = Simulation(sc, workers=2, on_round=kill_a_worker)
+    rows, clients = sim.run()
+    assert len(killed) == 2
+    # both killed processes were replaced by new ones (Ray restarted the actors)
+    assert not {pid for _, pid in killed} & set(later_pids)
+
+    assert comparable(rows) == comparable(clean_rows)
+    assert comparable(clients) == comparable(clean_clients)
+    assert bool((sim.final_params == clean.final_params).all())
