@@ -100,9 +100,24 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def with_extra_columns(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Schema:
+    """``schema`` plus any columns the rows carry beyond it (types inferred),
+    e.g. an algorithm's per-client flags or async columns."""
+    extra: dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            if k not in extra and schema.get_field_index(k) < 0:
+                extra[k] = None
+    for k in extra:
+        values = [r.get(k) for r in rows]
+        schema = schema.append(pa.field(k, pa.array(values).type))
+    return schema
+
+
 def write_table(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
-    """Write rows as a Parquet file with a fixed schema, atomically."""
-    table = pa.Table.from_pylist(rows, schema=schema)
+    """Write rows as a Parquet file atomically: ``schema``'s columns first, in
+    its order and types, then any extra columns the rows carry."""
+    table = pa.Table.from_pylist(rows, schema=with_extra_columns(rows, schema))
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     atomic_write_bytes(Path(path), sink.getvalue().to_pybytes())

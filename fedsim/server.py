@@ -22,7 +22,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ import torch
 
 from fedsim import clock
 from fedsim.algorithms import AggregateInfo, ClientUpdate, make_algorithm
+from fedsim.algorithms.base import ServerContext
 from fedsim.checkpoint import (
     CheckpointError,
     checkpoint_dir,
@@ -68,6 +69,8 @@ class ClientStats:
     update_norm: float
     train_loss: float
     weight: float  # effective aggregation weight w_i
+    bytes_up: int | None = None  # real upload size, when the algorithm says
+    flags: dict[str, Any] = field(default_factory=dict)  # extra client columns
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,20 @@ class ServerCore:
         ty = _tensor(data.test_y)
         self.test_y = ty if data.num_classes else ty.to(dtype)
         self.test_weights = data.test_weights
+        # The validation set (FedPNS's CHECK LOSS): the dataset's own, or the
+        # test set when the dataset has none.
+        val = getattr(data, "val_x", None)
+        if val is not None:
+            self.val_x = _tensor(val).to(dtype)
+            vy = _tensor(data.val_y)
+            self.val_y = vy if data.num_classes else vy.to(dtype)
+            self.val_weights = None
+        else:
+            self.val_x, self.val_y = self.test_x, self.test_y
+            self.val_weights = self.test_weights
+        self.num_classes = data.num_classes
+        self._data = data
+        self._context: ServerContext | None = None
 
     @property
     def num_params(self) -> int:
@@ -132,7 +149,12 @@ class ServerCore:
     def aggregate(self, *batches: Sequence[ClientUpdate]) -> RoundResult:
         """Aggregate the round's updates (any number of lists, in any order)."""
         updates = sorted((u for b in batches for u in b), key=lambda u: u.client)
-        self.state, info = self.algorithm.aggregate(self.state, updates)
+        if self.algorithm.needs_server:
+            self.state, info = self.algorithm.aggregate(
+                self.state, updates, server=self.context()
+            )
+        else:
+            self.state, info = self.algorithm.aggregate(self.state, updates)
         for u in updates:
             if u.new_state is not None:
                 self.store.put(u.client, u.new_state)
@@ -143,6 +165,8 @@ class ServerCore:
                 update_norm=l2_norm(u.delta),
                 train_loss=u.train_loss,
                 weight=info.weights.get(u.client, 0.0),
+                bytes_up=u.bytes_up,
+                flags=info.flags.get(u.client, {}),
             )
             for u in updates
         }
@@ -153,6 +177,22 @@ class ServerCore:
             else float("nan")
         )
         return RoundResult(info, stats, train_loss, float("nan"), float("nan"))
+
+    def context(self) -> ServerContext:
+        """The server's model and validation loss, for algorithms that need them."""
+        if self._context is None:
+            val_x, val_y, val_w = self.val_x, self.val_y, self.val_weights
+            eval_model = make_model(self.scenario, self._data)
+
+            def loss(x: torch.Tensor) -> float:
+                torch.nn.utils.vector_to_parameters(x, eval_model.parameters())
+                return evaluate(
+                    eval_model, val_x, val_y, self.scenario.eval.batch_size, val_w
+                )[0]
+
+            train_model = make_model(self.scenario, self._data)
+            self._context = ServerContext(train_model, loss, self.num_classes)
+        return self._context
 
     def evaluate(self) -> tuple[float, float]:
         torch.nn.utils.vector_to_parameters(self.state["x"], self.model.parameters())
@@ -456,7 +496,10 @@ class Simulation:
                         "update_norm": st.update_norm if st else float("nan"),
                         "train_loss": st.train_loss if st else float("nan"),
                         "bytes_down": bytes_down,
-                        "bytes_up": bytes_up if not p.dropped else 0,
+                        "bytes_up": 0
+                        if p.dropped
+                        else (st.bytes_up if st and st.bytes_up else bytes_up),
+                        **(st.flags if st else {}),
                     }
                 )
             self.recorder.add(row, these)

@@ -158,6 +158,10 @@ class Worker:
             * self.num_clients
             / self.total_weight,
         )
+        if algo.client_train is not None:
+            return algo.client_train(
+                self, payload, task, client_state, info, xs, ys, gen
+            )
         x_global = payload["x"]
         ctx = algo.local_setup(payload, client_state, info)
         theta, grad = self.theta, self.grad

@@ -26,6 +26,12 @@ Client half (run on a worker, per client, per round):
 - ``client_finish(delta, solver_state, payload, client_state, ctx, info)``:
   the extras to upload and the client's new persistent state.
 
+Algorithms whose client work is not "tau steps of a solver" (FedDM learns a
+synthetic set) override ``client_train``; algorithms whose server needs the
+model or a validation loss (FedPNS's CHECK LOSS, FedDM's server training) set
+``needs_server = True`` and receive a :class:`ServerContext` as
+``aggregate(state, updates, server=ctx)``.
+
 Persistent client state (``stateful = True``) is a dict of flat tensors kept
 by the server's :class:`~fedsim.store.ClientStore`, keyed by client id; it
 travels with the task, so a worker that dies loses nothing. A client that has
@@ -53,6 +59,7 @@ __all__ = [
     "ClientInfo",
     "ClientState",
     "ClientUpdate",
+    "ServerContext",
     "ServerState",
 ]
 
@@ -82,6 +89,7 @@ class ClientUpdate:
     train_loss: float  # mean minibatch loss during local training
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     new_state: ClientState | None = None  # stored by the server, never aggregated
+    bytes_up: int | None = None  # real upload size when it is not up_factor * d
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,31 @@ class AggregateInfo:
     weights: dict[int, float]  # effective weight w_i each update received
     tau_eff: float
     chi2_pw: float  # chi^2(p || w), with p the data weights of the round's updates
+    # Extra per-client columns for clients.parquet (e.g. FedPNS's labeled and
+    # removed flags): {client: {column: bool | int | float | str}}.
+    flags: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+class ServerContext:
+    """What the server offers algorithms with ``needs_server = True``.
+
+    Attributes:
+        model: the server's model instance (load parameters with
+            :meth:`load`); the algorithm may train it (FedDM).
+        num_classes: classes of the task (0 for objectives).
+    """
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Any, num_classes: int) -> None:
+        self.model = model
+        self._loss_fn = loss_fn
+        self.num_classes = num_classes
+
+    def load(self, x: torch.Tensor) -> None:
+        torch.nn.utils.vector_to_parameters(x, self.model.parameters())
+
+    def validation_loss(self, x: torch.Tensor) -> float:
+        """Mean loss of parameters ``x`` on the server's validation data."""
+        return float(self._loss_fn(x))
 
 
 @dataclass(frozen=True)
@@ -106,6 +139,10 @@ class Algorithm:
 
     # True when clients keep persistent state between rounds.
     stateful: ClassVar[bool] = False
+    # True when aggregate() takes a ``server=ServerContext`` keyword.
+    needs_server: ClassVar[bool] = False
+    # True when the server needs every individual update (not only their sum).
+    needs_individual_updates: ClassVar[bool] = True
     # Floats each client downloads and uploads, in units of d (model size).
     down_factor: ClassVar[int] = 1
     up_factor: ClassVar[int] = 1
@@ -136,6 +173,10 @@ class Algorithm:
 
     def grad_hook(self, theta: torch.Tensor, grad: torch.Tensor, ctx: Any) -> None:
         return None
+
+    # Set to a method ``client_train(worker, payload, task, client_state, info,
+    # xs, ys, gen) -> ClientUpdate`` to replace the solver loop entirely.
+    client_train: ClassVar[Any] = None
 
     def client_finish(
         self,
