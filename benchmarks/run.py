@@ -1,0 +1,207 @@
+"""fedsim against a bare PyTorch loop doing the same local training.
+
+    .venv/bin/python benchmarks/run.py                  # every workload
+    .venv/bin/python benchmarks/run.py lr --rounds 20   # one workload, shorter
+
+For each workload this runs, back to back in one process: fedsim with 1 and 2
+Ray workers, fedsim in-process (no Ray), and the baseline, a plain
+single-threaded PyTorch loop over the same clients, the same minibatches and
+the same number of steps (no framework). It prints wall time, setup time,
+steady seconds per round (median after warm-up), local steps per second, peak
+memory and the ratios to the baseline, checks that fedsim and the baseline
+end with the same model, and appends the table to benchmarks/results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from fedsim.data import build_data  # noqa: E402
+from fedsim.models import make_model  # noqa: E402
+from fedsim.params import flatten  # noqa: E402
+from fedsim.scenario import load_scenario  # noqa: E402
+from fedsim.server import Simulation  # noqa: E402
+from fedsim.workers import client_seed  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+WORKLOADS = {"lr": HERE / "lr.yaml", "cnn": HERE / "cnn.yaml"}
+WARMUP = 3
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def steady(round_times: list[float]) -> float:
+    body = round_times[WARMUP:] or round_times
+    return statistics.median(body)
+
+
+def run_fedsim(path: Path, workers: int, overrides: list[str]) -> dict:
+    t0 = time.perf_counter()
+    ray_s = 0.0
+    if workers:
+        from fedsim.ray_session import init_ray
+
+        init_ray(num_cpus=max(2, workers))
+        ray_s = time.perf_counter() - t0
+    sc = load_scenario(path, [*overrides, f"resources.workers={workers}"])
+    torch.set_num_threads(1)
+    t1 = time.perf_counter()
+    sim = Simulation(sc, workers=workers)
+    data_s = time.perf_counter() - t1
+    rows, clients = sim.run()
+    wall = time.perf_counter() - t0
+    ends = [r["wall_time"] for r in rows]
+    per_round = [b - a for a, b in zip([0.0, *ends[:-1]], ends, strict=True)]
+    steps = sum(c["tau"] for c in clients if not c["dropped"])
+    worker_rss = 0.0
+    return {
+        "name": f"fedsim {workers} worker{'s' if workers != 1 else ''}"
+        if workers
+        else "fedsim in-process",
+        "wall_s": wall,
+        "setup_s": wall - sum(per_round),
+        "ray_init_s": ray_s,
+        "data_s": data_s,
+        "steady_s": steady(per_round),
+        "steps_per_s": steps / sum(per_round),
+        "peak_mb": peak_rss_mb() + worker_rss,
+        "final": sim.final_params,
+        "schedule": schedule_of(clients),
+        "scenario": sc,
+    }
+
+
+def schedule_of(clients: list[dict]) -> list[list[tuple[int, int]]]:
+    """Per round, the (client, tau) pairs that trained."""
+    rounds: dict[int, list[tuple[int, int]]] = {}
+    for c in clients:
+        if not c["dropped"]:
+            rounds.setdefault(c["round"], []).append((c["client_id"], c["tau"]))
+    return [sorted(rounds.get(t, [])) for t in range(max(rounds) + 1)]
+
+
+def run_baseline(sc, schedule: list[list[tuple[int, int]]]) -> dict:
+    """The limit: plain PyTorch, one thread, the same clients, batches, steps."""
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    data = build_data(sc.data, sc.num_clients, sc.seed)
+    model = make_model(sc, data)
+    x_all = torch.from_numpy(data.x)
+    y_all = torch.from_numpy(data.y)
+    setup = time.perf_counter() - t0
+    global_params = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=sc.client.lr)
+    batch = sc.client.batch_size
+    per_round, steps = [], 0
+    for t, chosen in enumerate(schedule):
+        r0 = time.perf_counter()
+        total_n = sum(float(data.weights[c]) for c, _ in chosen)
+        new = [torch.zeros_like(g, dtype=torch.float64) for g in global_params]
+        for c, tau in chosen:
+            with torch.no_grad():
+                for p, g in zip(model.parameters(), global_params, strict=True):
+                    p.copy_(g)
+            lo, hi = int(data.offsets[c]), int(data.offsets[c + 1])
+            xs, ys, n = x_all[lo:hi], y_all[lo:hi], hi - lo
+            gen = torch.Generator().manual_seed(client_seed(sc.seed, t, c))
+            perm, pos = None, n
+            for _ in range(tau):
+                if n <= batch:
+                    xb, yb = xs, ys
+                else:
+                    if pos + batch > n:
+                        perm, pos = torch.randperm(n, generator=gen), 0
+                    idx = perm[pos : pos + batch]
+                    pos += batch
+                    xb, yb = xs[idx], ys[idx]
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+            steps += tau
+            w = float(data.weights[c]) / total_n
+            for acc, p in zip(new, model.parameters(), strict=True):
+                acc.add_(p.detach().double(), alpha=w)
+        global_params = [a.float() for a in new]
+        per_round.append(time.perf_counter() - r0)
+    wall = time.perf_counter() - t0
+    final = torch.cat([g.reshape(-1) for g in global_params])
+    return {
+        "name": "baseline (bare PyTorch)",
+        "wall_s": wall,
+        "setup_s": setup,
+        "steady_s": steady(per_round),
+        "steps_per_s": steps / sum(per_round),
+        "peak_mb": peak_rss_mb(),
+        "final": final,
+    }
+
+
+def table(workload: str, results: list[dict], base: dict) -> str:
+    head = (
+        f"| {workload} | wall s | setup s | steady s/round | steps/s | peak MB "
+        "| wall / base | steady / base |\n|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for r in [*results, base]:
+        lines.append(
+            f"| {r['name']} | {r['wall_s']:.2f} | {r['setup_s']:.2f} | "
+            f"{r['steady_s'] * 1000:.2f} ms | {r['steps_per_s']:.0f} | "
+            f"{r['peak_mb']:.0f} | {r['wall_s'] / base['wall_s']:.2f}x | "
+            f"{r['steady_s'] / base['steady_s']:.2f}x |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("workloads", nargs="*", default=["lr", "cnn"])
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--no-append", action="store_true")
+    args = ap.parse_args()
+    overrides = [f"rounds={args.rounds}"] if args.rounds else []
+    out = []
+    for name in args.workloads:
+        path = WORKLOADS[name]
+        if not path.exists():
+            print(f"skipping {name}: {path} is missing")
+            continue
+        local = run_fedsim(path, 0, overrides)
+        one = run_fedsim(path, 1, overrides)
+        two = run_fedsim(path, 2, overrides)
+        base = run_baseline(local["scenario"], local["schedule"])
+        for r in (local, one, two):
+            assert r["schedule"] == local["schedule"]
+            if not torch.allclose(r["final"], base["final"], rtol=1e-4, atol=1e-5):
+                print(f"WARNING: {r['name']} and the baseline ended differently")
+        text = table(name, [one, two, local], base)
+        print(text)
+        out.append(text)
+    if out and not args.no_append:
+        stamp = datetime.now().strftime("%Y-%m-%d %H:%M")
+        machine = (
+            f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
+            f"{platform.python_version()}, torch {torch.__version__}"
+        )
+        with open(HERE / "results.md", "a") as f:
+            f.write(f"\n## {stamp} ({machine})\n\n" + "\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
