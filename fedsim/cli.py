@@ -94,12 +94,15 @@ def run(
         sc = load_scenario(scenario, overrides)
     except ScenarioError as exc:
         _fail(str(exc))
+    if resume is not None and sc.round.policy == "async":
+        _fail("--resume does not support round.policy 'async' yet (no checkpoints)")
 
     from fedsim.results import (
         atomic_write_bytes,
         default_run_dir,
         prepare_run_dir,
         summarize,
+        write_partition,
         write_summary,
     )
 
@@ -150,13 +153,27 @@ def run(
                 acc=shown,
             )
 
-        sim = Simulation(
-            sc,
-            workers=n_workers,
-            on_round=on_round,
-            run_dir=run_dir,
-            resume=resume is not None,
-        )
+        from fedsim.data import DataError, DataMissingError
+
+        try:
+            if sc.round.policy == "async":
+                from fedsim.asynchronous import AsyncSimulation
+
+                sim: Simulation | AsyncSimulation = AsyncSimulation(
+                    sc, workers=n_workers, on_round=on_round, run_dir=run_dir
+                )
+            else:
+                sim = Simulation(
+                    sc,
+                    workers=n_workers,
+                    on_round=on_round,
+                    run_dir=run_dir,
+                    resume=resume is not None,
+                )
+        except (DataMissingError, DataError) as exc:
+            _fail(str(exc))
+        if resume is None and sc.data.dataset != "quadratic":
+            write_partition(run_dir, sim.data)
         try:
             sim.run()
         except CheckpointError as exc:

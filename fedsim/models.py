@@ -1,23 +1,43 @@
 """Model registry: build a network by name, compute its loss, evaluate it.
 
 Models are plain ``torch.nn.Module``s; the runtime sees their parameters as
-one flat vector (see :mod:`fedsim.params`).
+one flat vector (see :mod:`fedsim.params`). None uses dropout or batch
+statistics, so a client's training depends only on its data and its own
+generator (normalisation layers are GroupNorm, as FL practice requires:
+batch norm statistics would mix clients and differ between train and eval).
+
+=========== ============================================================= =========
+name        network                                                       inputs
+=========== ============================================================= =========
+logreg      linear layer (multinomial logistic regression)                any
+mlp         ReLU MLP, widths ``hidden`` (FedDC's MNIST MLP: 200, 200)     any
+quadratic   the FedNova quadratic objective (``data: quadratic`` only)    vectors
+cnn         FedAvg paper CNN: conv5x5(32)-pool-conv5x5(64)-pool-fc512     images
+cifar_cnn   FedDC code CNN: conv5x5(64)-pool-conv5x5(64)-pool-384-192     images
+vgg11       VGG-11 (torchvision layers), GroupNorm, 512-512 classifier    >= 32x32
+resnet18    ResNet-18 (torchvision), GroupNorm; 3x3 stem for <= 32 px     images
+convnet     FedDM/DC ConvNet: ``depth`` x [conv3x3(width), GN, ReLU,      images
+            avgpool2], linear
+lstm        LEAF character LSTM: embedding 8, 2 x LSTM 256, linear        char ids
+=========== ============================================================= =========
+
+Image models take inputs of shape [B, C, H, W] (flat rows of C*H*W values
+are reshaped); ``make_model`` passes the dataset's sample shape.
 
 Example:
-    >>> from typing import Annotated, Literal
-
-from pydantic import Field
-
-from fedsim.spec import Spec
-
-_MODEL_INIT_TAG = 0x1A17
     >>> m = build_model(ModelSpec(name="logreg"), input_dim=60, num_classes=10, seed=0)
     >>> sum(p.numel() for p in m.parameters())
     610
+    >>> m = build_model(ModelSpec(name="cnn"), 784, 10, 0, input_shape=(1, 28, 28))
+    >>> sum(p.numel() for p in m.parameters())   # as in the FedAvg paper
+    1663370
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Annotated, Literal
 
 import numpy as np
@@ -32,20 +52,49 @@ _MODEL_INIT_TAG = 0x1A17
 
 __all__ = [
     "ModelSpec",
+    "MODELS",
     "build_model",
     "make_model",
     "QuadraticModel",
+    "CharLSTM",
     "batch_loss",
     "evaluate",
 ]
 
+Width = Annotated[int, Field(ge=1, le=65536)]
+
 
 class ModelSpec(Spec):
-    """Which network to train. ``hidden`` is used by ``mlp`` only; ``dtype``
-    float64 is for exact checks on small problems."""
+    """Which network to train (see the table in :mod:`fedsim.models`).
 
-    name: Literal["logreg", "mlp", "quadratic"] = "logreg"
-    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = [200, 200]
+    Attributes:
+        name: the network.
+        hidden: ``mlp`` hidden widths.
+        norm_groups: GroupNorm groups per layer of ``vgg11`` and ``resnet18``
+            (2, as in Hsieh et al. 2020 and the FedDC code's ResNet).
+        width, depth: ``convnet`` channels and blocks (FedDM: 128, 3).
+        embed_dim, lstm_hidden, lstm_layers: ``lstm`` sizes (LEAF: 8, 256, 2).
+        dtype: float64 is for exact checks on small problems.
+    """
+
+    name: Literal[
+        "logreg",
+        "mlp",
+        "quadratic",
+        "cnn",
+        "cifar_cnn",
+        "vgg11",
+        "resnet18",
+        "convnet",
+        "lstm",
+    ] = "logreg"
+    hidden: list[Width] = [200, 200]
+    norm_groups: Width = 2
+    width: Width = 128
+    depth: Annotated[int, Field(ge=1, le=16)] = 3
+    embed_dim: Width = 8
+    lstm_hidden: Width = 256
+    lstm_layers: Annotated[int, Field(ge=1, le=16)] = 2
     dtype: Literal["float32", "float64"] = "float32"
 
 
@@ -63,14 +112,228 @@ class QuadraticModel(nn.Module):
         return 0.5 * h * ((self.x - e) ** 2).sum(dim=1)
 
 
-def _mlp(input_dim: int, hidden: list[int], num_classes: int) -> nn.Module:
+# ------------------------------------------------------------------- building blocks
+class _AsImage(nn.Module):
+    """Reshape flat rows to [B, C, H, W] (a no-op for image batches)."""
+
+    def __init__(self, shape: tuple[int, int, int]) -> None:
+        super().__init__()
+        self.shape = tuple(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], *self.shape)
+
+
+class _ImageNet(nn.Module):
+    """``features`` then ``classifier``; ``embed`` is the flattened features
+    (FedDM's distribution matching needs it)."""
+
+    def __init__(
+        self,
+        shape: tuple[int, int, int],
+        features: nn.Module,
+        head: Callable[[int], nn.Module],
+    ) -> None:
+        super().__init__()
+        self.reshape = _AsImage(shape)
+        self.features = features
+        with torch.no_grad():
+            flat = features(torch.zeros(1, *shape)).flatten(1).shape[1]
+        self.classifier = head(flat)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(self.reshape(x)).flatten(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.embed(x))
+
+
+class CharLSTM(nn.Module):
+    """LEAF's Shakespeare model: embed each character id, run a stacked LSTM
+    over the sequence, predict the next character from the last output."""
+
+    def __init__(self, vocab: int, embed: int = 8, hidden: int = 256, layers: int = 2):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, embed)
+        self.lstm = nn.LSTM(embed, hidden, num_layers=layers, batch_first=True)
+        self.out = nn.Linear(hidden, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.lstm(self.embedding(x.long()))
+        return self.out(h[:, -1])
+
+
+def _image_shape(input_shape: Sequence[int], name: str) -> tuple[int, int, int]:
+    shape = tuple(int(s) for s in input_shape)
+    if len(shape) == 3:
+        return shape  # type: ignore[return-value]
+    if len(shape) == 1:  # flat grey images, e.g. 784 = 1 x 28 x 28
+        side = math.isqrt(shape[0])
+        if side * side == shape[0]:
+            return (1, side, side)
+    raise ValueError(
+        f"model {name!r} needs images [C, H, W]; the data's samples have shape {shape}"
+    )
+
+
+def _gn(groups: int, channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(math.gcd(groups, channels), channels)
+
+
+def _swap_norms(module: nn.Module, groups: int) -> nn.Module:
+    """Replace every BatchNorm2d by a GroupNorm over the same channels."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d):
+            setattr(module, name, _gn(groups, child.num_features))
+        else:
+            _swap_norms(child, groups)
+    return module
+
+
+# ------------------------------------------------------------------------- models
+def _logreg(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(shape)), classes))
+
+
+def _mlp(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
     layers: list[nn.Module] = [nn.Flatten()]
-    width = input_dim
-    for h in hidden:
+    width = int(np.prod(shape))
+    for h in spec.hidden:
         layers += [nn.Linear(width, h), nn.ReLU()]
         width = h
-    layers.append(nn.Linear(width, num_classes))
+    layers.append(nn.Linear(width, classes))
     return nn.Sequential(*layers)
+
+
+def _cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
+    """McMahan et al. 2017, section 3: 1,663,370 parameters on 28x28x1."""
+    s = _image_shape(shape, "cnn")
+    features = nn.Sequential(
+        nn.Conv2d(s[0], 32, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+    )
+    return _ImageNet(
+        s,
+        features,
+        lambda n: nn.Sequential(nn.Linear(n, 512), nn.ReLU(), nn.Linear(512, classes)),
+    )
+
+
+def _cifar_cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
+    """The FedDC/FedDyn code's CIFAR CNN (ALGORITHMS.md 9.3)."""
+    s = _image_shape(shape, "cifar_cnn")
+    features = nn.Sequential(
+        nn.Conv2d(s[0], 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+    )
+    return _ImageNet(
+        s,
+        features,
+        lambda n: nn.Sequential(
+            nn.Linear(n, 384),
+            nn.ReLU(),
+            nn.Linear(384, 192),
+            nn.ReLU(),
+            nn.Linear(192, classes),
+        ),
+    )
+
+
+def _vgg11(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
+    """torchvision's VGG-11 layers (configuration A) with GroupNorm after each
+    convolution, and the CIFAR-style classifier of the FedNova code without
+    dropout: 512 -> 512 -> 512 -> classes."""
+    from torchvision.models.vgg import cfgs, make_layers
+
+    s = _image_shape(shape, "vgg11")
+    if min(s[1:]) < 32:
+        raise ValueError(f"vgg11 halves the image 5 times; it needs >= 32x32, got {s}")
+    cfg = list(cfgs["A"])
+    features = make_layers(cfg, batch_norm=True)
+    if s[0] != 3:
+        features[0] = nn.Conv2d(s[0], cfg[0], 3, padding=1)
+    _swap_norms(features, spec.norm_groups)
+    return _ImageNet(
+        s,
+        features,
+        lambda n: nn.Sequential(
+            nn.Linear(n, 512),
+            nn.ReLU(),
+            nn.Linear(512, 512),
+            nn.ReLU(),
+            nn.Linear(512, classes),
+        ),
+    )
+
+
+def _resnet18(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
+    """torchvision's ResNet-18 with GroupNorm. For images of at most 32x32
+    the stem is a 3x3 stride-1 convolution without max-pooling (the usual
+    CIFAR ResNet-18, 11,173,962 parameters for 10 classes)."""
+    from torchvision.models import resnet18
+
+    s = _image_shape(shape, "resnet18")
+    net = resnet18(
+        weights=None, num_classes=classes, norm_layer=partial(_gn, spec.norm_groups)
+    )
+    small = max(s[1:]) <= 32
+    if small or s[0] != 3:
+        k, stride, pad = (3, 1, 1) if small else (7, 2, 3)
+        net.conv1 = nn.Conv2d(s[0], 64, k, stride, pad, bias=False)
+        nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
+    if small:
+        net.maxpool = nn.Identity()
+    return nn.Sequential(_AsImage(s), net)
+
+
+def _convnet(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
+    """The ConvNet of FedDM / dataset condensation (ALGORITHMS.md 10.2):
+    ``depth`` blocks of conv3x3(``width``), GroupNorm(width, width) (instance
+    norm with affine parameters), ReLU, 2x2 average pooling; then a linear
+    classifier. As in that code, 1-channel 28x28 images get padding 3 in the
+    first convolution (28 -> 32). CIFAR-10: 320,010 parameters."""
+    s = _image_shape(shape, "convnet")
+    layers: list[nn.Module] = []
+    c = s[0]
+    for d in range(spec.depth):
+        pad = 3 if s[0] == 1 and d == 0 else 1
+        layers += [
+            nn.Conv2d(c, spec.width, 3, padding=pad),
+            nn.GroupNorm(spec.width, spec.width, affine=True),
+            nn.ReLU(),
+            nn.AvgPool2d(2, 2),
+        ]
+        c = spec.width
+    return _ImageNet(s, nn.Sequential(*layers), lambda n: nn.Linear(n, classes))
+
+
+def _lstm(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
+    if len(shape) != 1:
+        raise ValueError(f"lstm reads sequences of character ids, got shape {shape}")
+    return CharLSTM(classes, spec.embed_dim, spec.lstm_hidden, spec.lstm_layers)
+
+
+ModelFactory = Callable[[ModelSpec, tuple[int, ...], int], nn.Module]
+
+MODELS: dict[str, ModelFactory] = {
+    "logreg": _logreg,
+    "mlp": _mlp,
+    "cnn": _cnn,
+    "cifar_cnn": _cifar_cnn,
+    "vgg11": _vgg11,
+    "resnet18": _resnet18,
+    "convnet": _convnet,
+    "lstm": _lstm,
+}
+"""Every network but ``quadratic``: ``factory(spec, sample_shape, num_classes)``."""
 
 
 def build_model(
@@ -79,18 +342,27 @@ def build_model(
     num_classes: int,
     seed: int,
     x0: float = 0.0,
+    input_shape: Sequence[int] | None = None,
 ) -> nn.Module:
-    """Build a model with initial weights drawn from ``seed`` (not the global RNG)."""
+    """Build a model with initial weights drawn from ``seed`` (not the global RNG).
+
+    Args:
+        spec: which network.
+        input_dim: values per sample (used when ``input_shape`` is None).
+        num_classes: outputs (the vocabulary size for ``lstm``).
+        seed: seed of the initial weights.
+        x0: initial value of the ``quadratic`` model's parameters.
+        input_shape: one sample's shape, e.g. (1, 28, 28) for image models.
+    """
+    shape = tuple(input_shape) if input_shape is not None else (int(input_dim),)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if spec.name == "logreg":
-            model: nn.Module = nn.Sequential(
-                nn.Flatten(), nn.Linear(input_dim, num_classes)
-            )
-        elif spec.name == "mlp":
-            model = _mlp(input_dim, list(spec.hidden), num_classes)
-        elif spec.name == "quadratic":
-            model = QuadraticModel(input_dim, x0)
+        if spec.name == "quadratic":
+            model: nn.Module = QuadraticModel(int(np.prod(shape)), x0)
+        elif spec.name in MODELS:
+            if num_classes < 1:
+                raise ValueError(f"model {spec.name!r} needs a dataset with classes")
+            model = MODELS[spec.name](spec, shape, num_classes)
         else:
             raise ValueError(f"unknown model {spec.name!r}")
     return model.to(getattr(torch, spec.dtype))
@@ -106,6 +378,7 @@ def make_model(scenario, data) -> nn.Module:  # noqa: ANN001
         num_classes=data.num_classes,
         seed=seed,
         x0=getattr(scenario.data, "x0", 0.0),
+        input_shape=tuple(data.x.shape[1:]),
     )
 
 

@@ -224,5 +224,18 @@ class Recorder:
         self.rows, self.clients = rounds[:n_rows], clients[:n_client_rows]
 
 
+def write_partition(run_dir: Path, data: Any) -> None:
+    """partition.parquet (per-client label histograms) and partition.png."""
+    from fedsim.data.partition import partition_table, plot_partition
+
+    table = partition_table(data)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    atomic_write_bytes(
+        Path(run_dir) / "partition.parquet", sink.getvalue().to_pybytes()
+    )
+    plot_partition(table, Path(run_dir) / "partition.png")
+
+
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
     atomic_write_bytes(Path(path), (json.dumps(summary, indent=2) + "\n").encode())

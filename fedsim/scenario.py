@@ -177,6 +177,13 @@ class Scenario(_Spec):
                 f"selector.clients_per_round is {self.selector.clients_per_round} "
                 f"but the fleet has only {n_dev} devices"
             )
+        if self.round.policy == "async" and not hasattr(
+            self.algorithm, "aggregate_async"
+        ):
+            raise ValueError(
+                "round.policy 'async' needs an asynchronous server rule "
+                f"(algorithm fedasync or fedbuff), not {self.algorithm.name!r}"
+            )
         if (self.data.dataset == "quadratic") != (self.model.name == "quadratic"):
             raise ValueError(
                 "model.name 'quadratic' goes with data.dataset 'quadratic' "
@@ -203,7 +210,12 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-_TAGS = set(DATASETS) | set(ALGORITHMS) | set(SELECTORS)
+_TAGS = (
+    set(DATASETS)
+    | set(ALGORITHMS)
+    | set(SELECTORS)
+    | {"dirichlet", "shards", "pns_mix"}
+)
 
 
 def _format_validation(err: ValidationError, source: str) -> str:

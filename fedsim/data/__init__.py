@@ -8,17 +8,38 @@ and draw minibatches by index; nothing is pickled per task.
 Adding a dataset: a module here with a :class:`~fedsim.spec.Spec` subclass
 whose ``dataset`` field is a ``Literal`` tag and whose ``build(num_clients,
 seed)`` returns a :class:`FederatedData`, plus a line in ``REGISTRY``.
+Datasets read from disk raise :class:`DataMissingError` when their files are
+absent (see docs/datasets.md).
 """
 
 from __future__ import annotations
 
 from fedsim.data.base import FederatedData, build_data
+from fedsim.data.errors import DataError, DataMissingError
+from fedsim.data.feddyn_synthetic import FedDynSyntheticData
+from fedsim.data.images import (
+    Cifar10Data,
+    Cifar100Data,
+    EmnistData,
+    FashionMnistData,
+    MnistData,
+)
 from fedsim.data.quadratic import QuadraticData
+from fedsim.data.shakespeare import ShakespeareData
 from fedsim.data.synthetic import SyntheticData
+from fedsim.data.tabular import TabularData
 
-__all__ = ["FederatedData", "build_data", "REGISTRY"]
+__all__ = ["FederatedData", "DataError", "DataMissingError", "build_data", "REGISTRY"]
 
 REGISTRY = {
     "synthetic": SyntheticData,
     "quadratic": QuadraticData,
+    "mnist": MnistData,
+    "fashion_mnist": FashionMnistData,
+    "emnist": EmnistData,
+    "cifar10": Cifar10Data,
+    "cifar100": Cifar100Data,
+    "shakespeare": ShakespeareData,
+    "tabular": TabularData,
+    "feddyn_synthetic": FedDynSyntheticData,
 }

@@ -45,6 +45,10 @@ class FederatedData:
     test_y: np.ndarray
     num_classes: int
     test_weights: np.ndarray | None = None
+    # Optional server-side validation set (FedPNS's CHECK LOSS); the test set
+    # stands in when absent.
+    val_x: np.ndarray | None = None
+    val_y: np.ndarray | None = None
 
     @property
     def num_clients(self) -> int:

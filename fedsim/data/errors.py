@@ -4,7 +4,8 @@ fedsim never downloads anything at run time. A dataset is read from a local
 *data root*: the spec's ``root`` field when given, else the environment
 variable ``FEDSIM_DATA_ROOT``, else ``~/.cache/fedsim/data``. When the files
 are not there, :class:`DataMissingError` says where fedsim looked and how to
-obtain them; the CLI turns it into exit code 2.
+obtain them. Data that exists but does not fit the scenario raises
+:class:`DataError`. The CLI turns both into exit code 2.
 
 Example:
     >>> from pathlib import Path
@@ -21,7 +22,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["DataMissingError", "ENV_ROOT", "DEFAULT_ROOT", "data_root", "find_dir"]
+__all__ = [
+    "DataMissingError",
+    "DataError",
+    "ENV_ROOT",
+    "DEFAULT_ROOT",
+    "data_root",
+    "find_dir",
+]
 
 ENV_ROOT = "FEDSIM_DATA_ROOT"
 DEFAULT_ROOT = Path("~/.cache/fedsim/data")
@@ -32,14 +40,21 @@ class DataMissingError(FileNotFoundError):
     at and how to obtain the data; it is meant for the user, as is."""
 
 
+class DataError(ValueError):
+    """The data cannot be built as the scenario asks (a partition that does
+    not fit the data, a role or client count that does not match the fleet,
+    a non-numeric feature column); the message is meant for the user."""
+
+
 def data_root(root: str | None) -> tuple[Path, bool]:
-    """The data root to read from, and whether the user named it explicitly
-    (``root`` given, or ``FEDSIM_DATA_ROOT`` set)."""
+    """The data root to read from, and whether it is the scenario's own
+    ``root`` (which may also name the dataset's folder itself; the
+    environment variable and the default hold one subfolder per dataset)."""
     if root:
         return Path(root).expanduser(), True
     env = os.environ.get(ENV_ROOT)
     if env:
-        return Path(env).expanduser(), True
+        return Path(env).expanduser(), False
     return DEFAULT_ROOT.expanduser(), False
 
 

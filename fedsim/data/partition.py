@@ -42,6 +42,8 @@ Example:
 from __future__ import annotations
 
 import bisect
+import io
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Literal, Union
@@ -51,7 +53,8 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from fedsim.data.base import FederatedData
-from fedsim.spec import NonNegFloat, PosFloat, PosInt, Prob, Spec
+from fedsim.data.errors import DataError
+from fedsim.spec import PosFloat, PosInt, Prob, Spec
 
 __all__ = [
     "IidPartition",
@@ -154,9 +157,9 @@ def _rng(seed: int) -> np.random.Generator:
 
 def _check(n: int, num_clients: int) -> None:
     if num_clients < 1:
-        raise ValueError(f"need at least one client, got {num_clients}")
+        raise DataError(f"need at least one client, got {num_clients}")
     if n < num_clients:
-        raise ValueError(
+        raise DataError(
             f"{n} training samples cannot give each of {num_clients} clients "
             "at least one sample"
         )
@@ -164,7 +167,7 @@ def _check(n: int, num_clients: int) -> None:
 
 def _num_classes(labels: np.ndarray) -> int:
     if labels.size and labels.min() < 0:
-        raise ValueError("labels must be non-negative class ids")
+        raise DataError("labels must be non-negative class ids")
     return int(labels.max()) + 1 if labels.size else 0
 
 
@@ -173,21 +176,27 @@ def client_sizes(
 ) -> np.ndarray:
     """Client sizes summing to ``n`` (ALGORITHMS.md 2.4 step 2).
 
-    s_i ~ LogNormal(log(n/m), sigma), rescaled to sum to n and truncated; the
-    truncation excess goes to client 0. Unlike the FedDC code, a client left
-    with no sample gets one, taken from the largest client.
+    s_i ~ LogNormal(log(n/m), sigma), rescaled to sum to n and rounded by
+    largest remainders (the FedDC code truncates and gives the excess to
+    client 0, which is off by up to m for sigma = 0 through float rounding).
+    Unlike that code, a client left with no sample gets one, taken from the
+    largest client.
     """
     _check(n, num_clients)
     s = rng.lognormal(np.log(n / num_clients), sigma, num_clients)
-    sizes = (s / s.sum() * n).astype(np.int64)
-    sizes[0] += n - sizes.sum()
+    q = s / s.sum() * n
+    sizes = np.floor(q).astype(np.int64)
+    extra = n - int(sizes.sum())
+    sizes[np.argsort(-(q - sizes), kind="stable")[:extra]] += 1
     for j in np.flatnonzero(sizes < 1):
         sizes[np.argmax(sizes)] -= 1 - sizes[j]
         sizes[j] = 1
     return sizes
 
 
-def iid(n: int, num_clients: int, seed: int, size_sigma: float = 0.0) -> list[np.ndarray]:
+def iid(
+    n: int, num_clients: int, seed: int, size_sigma: float = 0.0
+) -> list[np.ndarray]:
     """A uniform random split of ``range(n)``; lognormal sizes if ``size_sigma``."""
     rng = _rng(seed)
     sizes = client_sizes(n, num_clients, size_sigma, rng)
@@ -275,7 +284,7 @@ def dirichlet_fednova(
     n, m = labels.size, num_clients
     _check(n, m)
     if min_samples * m > n:
-        raise ValueError(
+        raise DataError(
             f"min_samples={min_samples} for {m} clients needs {min_samples * m} "
             f"samples, the training set has {n}"
         )
@@ -297,7 +306,7 @@ def dirichlet_fednova(
                 held[j] += len(piece)
         if held.min() >= min_samples:
             return [rng.permutation(np.concatenate(ps)) for ps in pieces]
-    raise ValueError(
+    raise DataError(
         f"dirichlet (fednova): after {max_passes} passes some client still holds "
         f"fewer than {min_samples} samples; raise alpha or lower min_samples"
     )
@@ -350,13 +359,13 @@ def pns_mix(
     nc = samples_per_client or n // max(m, 1)
     _check(n, m)
     if nc * m > n:
-        raise ValueError(
+        raise DataError(
             f"samples_per_client={nc} for {m} clients needs {nc * m} samples, "
             f"the training set has {n}"
         )
     shard = nc // k
     if shard < 1:
-        raise ValueError(
+        raise DataError(
             f"samples_per_client={nc} cannot be cut into {k} shards per client"
         )
     rng = _rng(seed)
@@ -368,7 +377,7 @@ def pns_mix(
     need = (m - m_iid) * k
     avail = len(rest) // shard
     if need > avail:
-        raise ValueError(f"pns_mix needs {need} label shards, the data has {avail}")
+        raise DataError(f"pns_mix needs {need} label shards, the data has {avail}")
     picks = rng.choice(avail, size=need, replace=False).reshape(m - m_iid, k)
     parts, a, b = [], 0, 0
     for j in range(m):
@@ -389,7 +398,7 @@ def natural(groups: np.ndarray, num_clients: int) -> list[np.ndarray]:
     parts = [np.flatnonzero(groups == j) for j in range(num_clients)]
     empty = [j for j, p in enumerate(parts) if len(p) == 0]
     if empty:
-        raise ValueError(f"natural partition: clients {empty[:5]} have no samples")
+        raise DataError(f"natural partition: clients {empty[:5]} have no samples")
     return parts
 
 
@@ -406,7 +415,9 @@ def split(
         return iid(len(labels), num_clients, seed, spec.size_sigma)
     if spec.kind == "dirichlet":
         if spec.variant == "feddc":
-            return dirichlet_feddc(labels, num_clients, spec.alpha, seed, spec.size_sigma)
+            return dirichlet_feddc(
+                labels, num_clients, spec.alpha, seed, spec.size_sigma
+            )
         return dirichlet_fednova(
             labels, num_clients, spec.alpha, seed, spec.min_samples
         )
@@ -423,12 +434,12 @@ def split(
         )
     if spec.kind == "natural":
         if groups is None:
-            raise ValueError(
+            raise DataError(
                 "partition 'natural' needs a dataset with its own clients "
                 "(shakespeare, or tabular with client_column)"
             )
         return natural(groups, num_clients)
-    raise ValueError(f"unknown partition kind {spec.kind!r}")
+    raise DataError(f"unknown partition kind {spec.kind!r}")
 
 
 def layout(parts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -478,7 +489,8 @@ def partition_table(data: FederatedData) -> pa.Table:
 
 def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) -> None:
     """Per-client label histograms as stacked bars (one colour per class),
-    for the first ``max_clients`` clients; written with the Agg backend."""
+    for the first ``max_clients`` clients; a PNG written atomically with the
+    Agg backend (pyplot's global state is not touched)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -503,7 +515,9 @@ def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) ->
             ax.bar(x, h, bottom=bottom, width=0.9, color=cmap(i), label=name[6:])
             bottom += h
         if len(classes) <= 20:
-            ax.legend(title="class", fontsize=7, ncol=2, loc="upper right")
+            ax.legend(
+                title="class", fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0)
+            )
     shown = f" (first {m} of {table.num_rows})" if m < table.num_rows else ""
     ax.set_title(f"Samples per client by class{shown}")
     ax.set_xlabel("client")
@@ -511,4 +525,9 @@ def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) ->
     if m <= 40:
         ax.set_xticks(x, [str(i) for i in ids])
     fig.tight_layout()
-    fig.savefig(str(path), dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")  # a crash leaves no half-written png
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, path)

@@ -1,0 +1,520 @@
+"""Image datasets read from a local root: MNIST, Fashion-MNIST, EMNIST,
+CIFAR-10 and CIFAR-100, partitioned over the clients.
+
+Nothing is downloaded. Files are read in their standard distribution
+formats with NumPy:
+
+- MNIST family: the IDX files (``train-images-idx3-ubyte`` ... , gzipped or
+  not), as distributed and as torchvision keeps them in ``<root>/MNIST/raw``.
+  Fashion-MNIST is also found where Debian's ``dataset-fashion-mnist``
+  package installs it (``/usr/share/datasets/fashion-mnist``).
+- CIFAR: preferably the *binary version* (``cifar-10-batches-bin``,
+  ``cifar-100-binary``), read with NumPy. The *python version*
+  (``cifar-10-batches-py``, ``cifar-100-python``, what torchvision
+  downloads) is pickled; it is read with an unpickler that accepts only
+  plain containers and NumPy arrays, so a tampered file cannot run code.
+
+Where fedsim looks: ``data.root`` if given (its dataset subfolders, then the
+folder itself), else ``$FEDSIM_DATA_ROOT``, else ``~/.cache/fedsim/data``
+(their dataset subfolders: ``mnist``, ``MNIST/raw``, ``fashion-mnist``,
+``FashionMNIST/raw``, ``emnist``, ``EMNIST/raw``, ``cifar-10-batches-bin``, ...).
+Missing files raise :class:`~fedsim.data.errors.DataMissingError`.
+
+Images are stored once as float32 [N, C, H, W], normalised per channel with
+the dataset's usual mean and standard deviation, rows sorted by client
+(:mod:`fedsim.data.partition`). ``files: test`` uses only the official test
+set (e.g. the 10,000 MNIST test images), split into train and test by
+``test_fraction``.
+
+Example:
+    >>> spec = FashionMnistData(dataset="fashion_mnist",
+    ...     partition={"kind": "dirichlet", "alpha": 0.3})   # doctest: +SKIP
+    >>> data = spec.build(num_clients=100, seed=0)           # doctest: +SKIP
+    >>> data.x.shape, data.num_classes                       # doctest: +SKIP
+    ((60000, 1, 28, 28), 10)
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import pickle
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from fedsim.data.base import FederatedData
+from fedsim.data.errors import DataError, DataMissingError, data_root, find_dir
+from fedsim.data.partition import IidPartition, PartitionSpec, layout, split
+from fedsim.spec import Spec
+
+__all__ = [
+    "ImageData",
+    "MnistData",
+    "FashionMnistData",
+    "EmnistData",
+    "Cifar10Data",
+    "Cifar100Data",
+    "read_idx",
+    "images_to_float",
+]
+
+_TAG_SUBSET = 0x1AA6E
+_DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+# ------------------------------------------------------------------- file readers
+def _read_bytes(path: Path) -> bytes:
+    """The bytes of ``path`` (or of ``path.gz``), gunzipped when compressed."""
+    if not path.is_file() and Path(f"{path}.gz").is_file():
+        path = Path(f"{path}.gz")
+    raw = path.read_bytes()
+    return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """Read an IDX file of unsigned bytes (MNIST format), gzipped or not.
+
+    ``path`` may name the file with or without its ``.gz`` suffix.
+    """
+    b = _read_bytes(Path(path))
+    if len(b) < 4 or b[0] != 0 or b[1] != 0 or b[2] != 0x08:
+        raise DataError(f"{path}: not an IDX file of unsigned bytes")
+    nd = b[3]
+    dims = [int.from_bytes(b[4 + 4 * i : 8 + 4 * i], "big") for i in range(nd)]
+    count = int(np.prod(dims)) if dims else 0
+    start = 4 + 4 * nd
+    if len(b) - start != count:
+        raise DataError(
+            f"{path}: header says {dims} ({count} bytes) but {len(b) - start} "
+            "bytes follow; the file is truncated or corrupt"
+        )
+    return np.frombuffer(b, np.uint8, offset=start).reshape(dims)
+
+
+class _ArraysOnly(pickle.Unpickler):
+    """Unpickles plain containers and NumPy arrays, nothing else."""
+
+    _ALLOWED: ClassVar[set[tuple[str, str]]] = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),  # bytes in protocol-2 pickles written by Python 3
+    }
+
+    def find_class(self, module: str, name: str):  # noqa: ANN201
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"refusing to unpickle {module}.{name}: a CIFAR batch holds only "
+            "arrays and lists"
+        )
+
+
+def _load_pickle(path: Path) -> dict:
+    try:
+        obj = _ArraysOnly(io.BytesIO(path.read_bytes()), encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError) as exc:
+        raise DataError(f"{path}: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: not a CIFAR batch (expected a dict)")
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in obj.items()}
+
+
+def _cifar_records(path: Path, label_bytes: int, label_index: int):
+    raw = np.fromfile(path, dtype=np.uint8)
+    rec = label_bytes + 3072
+    if raw.size % rec:
+        raise DataError(f"{path}: size {raw.size} is not a multiple of {rec} bytes")
+    raw = raw.reshape(-1, rec)
+    return raw[:, label_bytes:].reshape(-1, 3, 32, 32), raw[:, label_index].astype(
+        np.int64
+    )
+
+
+def images_to_float(
+    images: np.ndarray, order: np.ndarray, mean: tuple, std: tuple
+) -> np.ndarray:
+    """float32 [len(order), C, H, W] = (images[order] / 255 - mean) / std, per
+    channel, converted in chunks so only one float copy is ever held."""
+    n = len(order)
+    out = np.empty((n, *images.shape[1:]), dtype=np.float32)
+    c = images.shape[1]
+    std_ = np.asarray(std, np.float32).reshape(1, c, 1, 1)
+    scale = np.float32(1.0 / 255.0) / std_
+    shift = np.asarray(mean, np.float32).reshape(1, c, 1, 1) / std_
+    for s in range(0, n, 8192):
+        chunk = images[order[s : s + 8192]].astype(np.float32)
+        out[s : s + 8192] = chunk * scale - shift
+    return out
+
+
+# ------------------------------------------------------------------------- specs
+class ImageData(Spec):
+    """Fields shared by the image datasets.
+
+    Attributes:
+        root: data root (see the module docstring); default
+            ``$FEDSIM_DATA_ROOT``, then ``~/.cache/fedsim/data``.
+        files: ``train+test``: the official training set is partitioned over
+            the clients and the official test set is the server's; ``test``:
+            only the official test set is needed, split into a training part
+            (partitioned) and a test part of ``test_fraction``.
+        test_fraction: used with ``files: test`` only.
+        partition: how the training samples are spread over the clients.
+        classes: keep only these labels (renumbered 0..k-1 in this order),
+            e.g. the first 10 EMNIST letters of the FedDC paper.
+        train_samples, test_samples: use a random subset of this size
+            (seeded) of the training / test set; smaller, faster runs.
+        normalize: standardise each channel with the dataset's usual
+            mean and std (else only scale to [0, 1]).
+    """
+
+    root: str | None = None
+    files: Literal["train+test", "test"] = "train+test"
+    test_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    partition: PartitionSpec = IidPartition(kind="iid")
+    classes: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=2)
+    train_samples: Annotated[int, Field(ge=1)] | None = None
+    test_samples: Annotated[int, Field(ge=1)] | None = None
+    normalize: bool = True
+
+    title: ClassVar[str] = "images"
+    num_classes: ClassVar[int] = 10
+    mean: ClassVar[tuple[float, ...]] = (0.5,)
+    std: ClassVar[tuple[float, ...]] = (0.5,)
+
+    @model_validator(mode="after")
+    def _check_fields(self) -> ImageData:
+        if self.partition.kind == "natural":
+            raise ValueError(
+                f"{self.title} has no natural clients; use iid, dirichlet, shards "
+                "or pns_mix"
+            )
+        if self.classes is not None:
+            if len(set(self.classes)) != len(self.classes):
+                raise ValueError("classes must be distinct")
+            n = self._classes_total()
+            if max(self.classes) >= n:
+                raise ValueError(f"{self.title} has classes 0..{n - 1}")
+        return self
+
+    def _classes_total(self) -> int:
+        return self.num_classes
+
+    @property
+    def clients(self) -> int | None:
+        """None: one client per fleet device."""
+        return None
+
+    def build(self, num_clients: int, seed: int) -> FederatedData:
+        return build_images(self, num_clients, seed)
+
+    # --- overridden per dataset
+    def load(self) -> tuple[np.ndarray | None, ...]:
+        """(train images, train labels, test images, test labels) as uint8
+        [N, C, H, W] and int64; the train pair is None with ``files: test``."""
+        raise NotImplementedError
+
+    def _candidates(self, subdirs: list[str], extra: list[Path] = ()) -> list[Path]:
+        root, explicit = data_root(self.root)
+        out = [root / s for s in subdirs]
+        if explicit:
+            out.append(root)
+        return out + list(extra)
+
+
+class _IdxData(ImageData):
+    subdirs: ClassVar[list[str]] = []
+    extra_dirs: ClassVar[list[Path]] = []
+    how_to_get: ClassVar[str] = ""
+    transpose: ClassVar[bool] = False
+
+    def _prefix(self) -> str:
+        return ""
+
+    def _label_offset(self) -> int:
+        return 0
+
+    def _names(self, part: str) -> tuple[str, str]:
+        return (
+            f"{self._prefix()}{part}-images-idx3-ubyte",
+            f"{self._prefix()}{part}-labels-idx1-ubyte",
+        )
+
+    def load(self) -> tuple[np.ndarray | None, ...]:
+        parts = ["t10k"] if self.files == "test" else ["train", "t10k"]
+        if self._prefix():  # EMNIST names its test files "test"
+            parts = ["test"] if self.files == "test" else ["train", "test"]
+        names = [n for p in parts for n in self._names(p)]
+        root, _ = data_root(self.root)
+        folder = find_dir(
+            self.title,
+            self._candidates(self.subdirs, self.extra_dirs),
+            names,
+            self.how_to_get.format(root=root),
+        )
+        arrays = []
+        for p in parts:
+            img_name, lab_name = self._names(p)
+            x = read_idx(folder / img_name)
+            y = read_idx(folder / lab_name).astype(np.int64) - self._label_offset()
+            if x.ndim != 3 or len(x) != len(y):
+                raise DataError(f"{folder / img_name}: expected N x H x W images")
+            if self.transpose:
+                x = x.transpose(0, 2, 1)
+            arrays += [x[:, None], y]
+        if self.files == "test":
+            return (None, None, *arrays)
+        return tuple(arrays)
+
+
+_MNIST_FILES = (
+    "the four MNIST files train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+    "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz"
+)
+
+
+class MnistData(_IdxData):
+    """MNIST (LeCun et al.): 60,000 + 10,000 28x28 grey digits, 10 classes."""
+
+    dataset: Literal["mnist"]
+    title: ClassVar[str] = "MNIST"
+    mean: ClassVar[tuple[float, ...]] = (0.1307,)
+    std: ClassVar[tuple[float, ...]] = (0.3081,)
+    subdirs: ClassVar[list[str]] = ["mnist", "MNIST/raw", "MNIST", "mnist-test"]
+    how_to_get: ClassVar[str] = (
+        f"place {_MNIST_FILES} (or copy a torchvision MNIST/raw folder) in "
+        "{root}/mnist/; with only the two t10k files, set data.files: test"
+    )
+
+
+class FashionMnistData(_IdxData):
+    """Fashion-MNIST (Xiao et al. 2017): 60,000 + 10,000 28x28 grey clothing
+    images, 10 classes; also read from Debian's ``dataset-fashion-mnist``."""
+
+    dataset: Literal["fashion_mnist"]
+    title: ClassVar[str] = "Fashion-MNIST"
+    mean: ClassVar[tuple[float, ...]] = (0.2860,)
+    std: ClassVar[tuple[float, ...]] = (0.3530,)
+    subdirs: ClassVar[list[str]] = [
+        "fashion-mnist",
+        "fashion_mnist",
+        "FashionMNIST/raw",
+        "FashionMNIST",
+    ]
+    extra_dirs: ClassVar[list[Path]] = [_DEBIAN_FASHION]
+    how_to_get: ClassVar[str] = (
+        "`apt-get install dataset-fashion-mnist` (Debian/Ubuntu; installs "
+        f"{_DEBIAN_FASHION}), or place the four Fashion-MNIST .gz files "
+        "(train-images-idx3-ubyte.gz, ...) in {root}/fashion-mnist/"
+    )
+
+
+_EMNIST_CLASSES = {
+    "byclass": 62,
+    "bymerge": 47,
+    "balanced": 47,
+    "letters": 26,
+    "digits": 10,
+    "mnist": 10,
+}
+
+
+class EmnistData(_IdxData):
+    """EMNIST (Cohen et al. 2017), one of its splits (``subset``); ``letters``
+    labels 1..26 become 0..25. Images are transposed to upright, as
+    torchvision does."""
+
+    dataset: Literal["emnist"]
+    subset: Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"] = (
+        "letters"
+    )
+    title: ClassVar[str] = "EMNIST"
+    mean: ClassVar[tuple[float, ...]] = (0.1736,)
+    std: ClassVar[tuple[float, ...]] = (0.3317,)
+    subdirs: ClassVar[list[str]] = ["emnist", "emnist/gzip", "EMNIST/raw", "EMNIST"]
+    how_to_get: ClassVar[str] = (
+        "unzip the EMNIST release 'gzip.zip' (NIST) and put its gzip/ folder's "
+        "emnist-<subset>-*.gz files in {root}/emnist/ (or copy a torchvision "
+        "EMNIST/raw folder)"
+    )
+    transpose: ClassVar[bool] = True
+
+    def _classes_total(self) -> int:
+        return _EMNIST_CLASSES[self.subset]
+
+    def _prefix(self) -> str:
+        return f"emnist-{self.subset}-"
+
+    def _label_offset(self) -> int:
+        return 1 if self.subset == "letters" else 0
+
+
+class _CifarData(ImageData):
+    bin_dir: ClassVar[str] = ""
+    py_dir: ClassVar[str] = ""
+    bin_files: ClassVar[tuple[list[str], list[str]]] = ([], [])
+    py_files: ClassVar[tuple[list[str], list[str]]] = ([], [])
+    how_to_get: ClassVar[str] = ""
+
+    def _read(self, fmt: str, folder: Path, names: list[str]):
+        raise NotImplementedError
+
+    def load(self) -> tuple[np.ndarray | None, ...]:
+        root, _ = data_root(self.root)
+        want = 1 if self.files == "test" else 0
+        sets = {
+            "bin": self.bin_files[want:] if want else self.bin_files,
+            "py": self.py_files[want:] if want else self.py_files,
+        }
+        found = None
+        tried: list[Path] = []
+        for fmt, sub in (("bin", self.bin_dir), ("py", self.py_dir)):
+            names = [n for group in sets[fmt] for n in group]
+            try:
+                folder = find_dir(self.title, self._candidates([sub]), names, "")
+            except DataMissingError:
+                tried += self._candidates([sub])
+                continue
+            found = (fmt, folder)
+            break
+        if found is None:
+            expect = (
+                f"{self.bin_dir}/ ({', '.join(self.bin_files[0] + self.bin_files[1])})"
+                f" or {self.py_dir}/"
+            )
+            looked = "\n".join(f"  {p}" for p in dict.fromkeys(tried))
+            raise DataMissingError(
+                f"{self.title}: data not found.\nLooked for {expect} in:\n{looked}\n"
+                f"How to get it: {self.how_to_get.format(root=root)}\n"
+                "(fedsim never downloads data; set data.root in the scenario or "
+                "the FEDSIM_DATA_ROOT environment variable to the folder that "
+                "holds it.)"
+            )
+        fmt, folder = found
+        out: list[np.ndarray | None] = [None, None] if want else []
+        for group in sets[fmt]:
+            xs, ys = zip(*(self._read(fmt, folder, n) for n in group), strict=True)
+            out += [np.concatenate(xs), np.concatenate(ys)]
+        return tuple(out)
+
+
+class Cifar10Data(_CifarData):
+    """CIFAR-10 (Krizhevsky 2009): 50,000 + 10,000 32x32 colour images, 10 classes."""
+
+    dataset: Literal["cifar10"]
+    title: ClassVar[str] = "CIFAR-10"
+    mean: ClassVar[tuple[float, ...]] = (0.4914, 0.4822, 0.4465)
+    std: ClassVar[tuple[float, ...]] = (0.2470, 0.2435, 0.2616)
+    bin_dir: ClassVar[str] = "cifar-10-batches-bin"
+    py_dir: ClassVar[str] = "cifar-10-batches-py"
+    bin_files: ClassVar[tuple[list[str], list[str]]] = (
+        [f"data_batch_{i}.bin" for i in range(1, 6)],
+        ["test_batch.bin"],
+    )
+    py_files: ClassVar[tuple[list[str], list[str]]] = (
+        [f"data_batch_{i}" for i in range(1, 6)],
+        ["test_batch"],
+    )
+    how_to_get: ClassVar[str] = (
+        "extract the CIFAR-10 binary version (cifar-10-binary.tar.gz, preferred) "
+        "or python version (cifar-10-python.tar.gz) from the CIFAR page of the "
+        "University of Toronto into {root}/"
+    )
+
+    def _read(self, fmt: str, folder: Path, name: str):
+        if fmt == "bin":
+            return _cifar_records(folder / name, 1, 0)
+        d = _load_pickle(folder / name)
+        return (
+            np.asarray(d["data"], np.uint8).reshape(-1, 3, 32, 32),
+            np.asarray(d["labels"], np.int64),
+        )
+
+
+class Cifar100Data(_CifarData):
+    """CIFAR-100: 50,000 + 10,000 32x32 colour images, 100 fine classes (or
+    the 20 coarse superclasses with ``labels: coarse``)."""
+
+    dataset: Literal["cifar100"]
+    labels: Literal["fine", "coarse"] = "fine"
+    title: ClassVar[str] = "CIFAR-100"
+    num_classes: ClassVar[int] = 100
+    mean: ClassVar[tuple[float, ...]] = (0.5071, 0.4865, 0.4409)
+    std: ClassVar[tuple[float, ...]] = (0.2673, 0.2564, 0.2762)
+    bin_dir: ClassVar[str] = "cifar-100-binary"
+    py_dir: ClassVar[str] = "cifar-100-python"
+    bin_files: ClassVar[tuple[list[str], list[str]]] = (["train.bin"], ["test.bin"])
+    py_files: ClassVar[tuple[list[str], list[str]]] = (["train"], ["test"])
+    how_to_get: ClassVar[str] = (
+        "extract the CIFAR-100 binary version (cifar-100-binary.tar.gz, "
+        "preferred) or python version (cifar-100-python.tar.gz) from the CIFAR "
+        "page of the University of Toronto into {root}/"
+    )
+
+    def _classes_total(self) -> int:
+        return 100 if self.labels == "fine" else 20
+
+    def _read(self, fmt: str, folder: Path, name: str):
+        fine = self.labels == "fine"
+        if fmt == "bin":
+            return _cifar_records(folder / name, 2, 1 if fine else 0)
+        d = _load_pickle(folder / name)
+        key = "fine_labels" if fine else "coarse_labels"
+        return (
+            np.asarray(d["data"], np.uint8).reshape(-1, 3, 32, 32),
+            np.asarray(d[key], np.int64),
+        )
+
+
+# ------------------------------------------------------------------------- build
+def _subset_rng(seed: int, what: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_SUBSET, what]))
+
+
+def build_images(spec: ImageData, num_clients: int, seed: int) -> FederatedData:
+    """Load, filter, subset, partition and normalise an image dataset."""
+    train_x, train_y, test_x, test_y = spec.load()
+    num_classes = spec._classes_total()
+    if spec.files == "test":
+        perm = _subset_rng(seed, 0).permutation(len(test_y))
+        n_test = max(1, int(round(spec.test_fraction * len(perm))))
+        tr, te = perm[n_test:], perm[:n_test]
+        train_x, train_y = test_x[tr], test_y[tr]
+        test_x, test_y = test_x[te], test_y[te]
+    if spec.classes is not None:
+        lut = np.full(num_classes, -1, dtype=np.int64)
+        lut[np.asarray(spec.classes)] = np.arange(len(spec.classes))
+        keep, keep_t = lut[train_y] >= 0, lut[test_y] >= 0
+        train_x, train_y = train_x[keep], lut[train_y[keep]]
+        test_x, test_y = test_x[keep_t], lut[test_y[keep_t]]
+        num_classes = len(spec.classes)
+    train_idx = np.arange(len(train_y))
+    test_idx = np.arange(len(test_y))
+    if spec.train_samples is not None and spec.train_samples < len(train_idx):
+        rng = _subset_rng(seed, 1)
+        train_idx = np.sort(rng.choice(len(train_idx), spec.train_samples, False))
+    if spec.test_samples is not None and spec.test_samples < len(test_idx):
+        rng = _subset_rng(seed, 2)
+        test_idx = np.sort(rng.choice(len(test_idx), spec.test_samples, False))
+    labels = train_y[train_idx]
+    parts = split(spec.partition, labels, num_clients, seed)
+    order, offsets = layout(parts)
+    mean, std = (spec.mean, spec.std) if spec.normalize else ((0.0,), (1.0,))
+    c = train_x.shape[1]
+    mean, std = tuple(mean) * (c // len(mean)), tuple(std) * (c // len(std))
+    return FederatedData(
+        x=images_to_float(train_x, train_idx[order], mean, std),
+        y=np.ascontiguousarray(labels[order]),
+        offsets=offsets,
+        weights=np.diff(offsets).astype(np.float64),
+        test_x=images_to_float(test_x, test_idx, mean, std),
+        test_y=np.ascontiguousarray(test_y[test_idx]),
+        num_classes=num_classes,
+    )

@@ -1,0 +1,220 @@
+"""Shakespeare next-character prediction, one client per speaking role (LEAF).
+
+LEAF: A Benchmark for Federated Settings (Caldas et al., 2018,
+arXiv:1812.01097); the FedAvg paper's Shakespeare task (McMahan et al.,
+AISTATS 2017, arXiv:1602.05629).
+
+The source is a plain-text play file in which each speech is a block
+separated by blank lines, opened by a line ``ROLE NAME:`` (the layout of
+Tiny Shakespeare, ``input.txt`` of char-rnn). Each role's speeches are
+concatenated; as in LEAF's preprocessing, newlines become spaces and runs of
+spaces collapse to one. Every window of ``seq_len`` characters (one per
+``stride`` positions) is a sample whose target is the next character.
+
+Per role, the first ``1 - test_fraction`` of the text gives training
+windows and the rest test windows; the ``seq_len`` windows that would
+straddle the cut are dropped, so no test character is ever a training
+input. The server's test set is the union of the roles' test windows
+(optionally a random subset of ``test_samples``).
+
+Clients: the roles with at least ``min_samples`` training windows; of those,
+the ``max_clients`` with the most text (ties by name), stored in name order.
+Smaller roles are dropped, not merged. The file has no play boundaries, so a
+name that speaks in several plays (e.g. GLOUCESTER) is one role. A scenario
+needs exactly one client per device: when the kept roles are not as many as
+the fleet's devices, :meth:`ShakespeareData.build` raises ``ValueError``
+saying so.
+
+Vocabulary: ``leaf`` (default) is LEAF's 80 characters, with any other
+character read as a space; ``file`` is the characters that occur in the file.
+Inputs are stored as float32 character ids (the model embeds them), targets
+as int64 class ids.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from pydantic import Field, model_validator
+
+from fedsim.data.base import FederatedData
+from fedsim.data.errors import DataError, data_root, find_dir
+from fedsim.data.partition import NaturalPartition, PartitionSpec, layout, split
+from fedsim.spec import Spec
+
+__all__ = ["ShakespeareData", "LEAF_VOCAB", "parse_roles", "encode"]
+
+LEAF_VOCAB = (
+    "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
+)
+_TAG_TEST = 0x5EA4E
+_ROLE = re.compile(r"^[A-Za-z][A-Za-z0-9 ,.'&-]*:$")
+
+
+class ShakespeareData(Spec):
+    """LEAF-style Shakespeare: next character after ``seq_len`` characters.
+
+    Attributes:
+        path: the play text; default ``<root>/shakespeare/input.txt`` or
+            ``<root>/tinyshakespeare/input.txt``.
+        root: data root, as for the image datasets.
+        seq_len: characters of context (LEAF: 80).
+        stride: distance between consecutive windows (LEAF: 1); a larger
+            stride makes a smaller dataset (memory: 4 * seq_len bytes a window).
+        max_clients: keep only the roles with the most text.
+        min_samples: drop roles with fewer training windows.
+        test_fraction: the end of each role's text held out for the test set.
+        test_samples: evaluate on a random subset of this many test windows.
+        vocab: ``leaf`` (80 characters) or ``file`` (those in the file).
+        partition: ``natural`` (one client per role) or ``iid`` (the
+            windows of the kept roles shuffled over the clients).
+    """
+
+    dataset: Literal["shakespeare"]
+    path: str | None = None
+    root: str | None = None
+    seq_len: Annotated[int, Field(ge=1, le=10_000)] = 80
+    stride: Annotated[int, Field(ge=1, le=10_000)] = 1
+    max_clients: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    min_samples: Annotated[int, Field(ge=1)] = 64
+    test_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    test_samples: Annotated[int, Field(ge=1)] | None = None
+    vocab: Literal["leaf", "file"] = "leaf"
+    partition: PartitionSpec = NaturalPartition(kind="natural")
+
+    @model_validator(mode="after")
+    def _partition_kind(self) -> ShakespeareData:
+        if self.partition.kind not in ("natural", "iid"):
+            raise ValueError("shakespeare supports partition kinds natural and iid")
+        return self
+
+    @property
+    def clients(self) -> int | None:
+        """``max_clients`` when given (it must then equal the fleet size)."""
+        return self.max_clients
+
+    def locate(self) -> Path:
+        if self.path is not None:
+            p = Path(self.path).expanduser()
+            return (
+                find_dir(
+                    "Shakespeare",
+                    [p.parent],
+                    [p.name],
+                    "give data.path the plain-text play file (e.g. Tiny Shakespeare's "
+                    "input.txt from karpathy/char-rnn, data/tinyshakespeare)",
+                )
+                / p.name
+            )
+        root, explicit = data_root(self.root)
+        subs = [root / "shakespeare", root / "tinyshakespeare"]
+        folder = find_dir(
+            "Shakespeare",
+            subs + ([root] if explicit else []),
+            ["input.txt"],
+            f"place the play text (Tiny Shakespeare's input.txt from "
+            f"karpathy/char-rnn, data/tinyshakespeare) at {root}/shakespeare/"
+            "input.txt, or set data.path",
+        )
+        return folder / "input.txt"
+
+    def build(self, num_clients: int, seed: int) -> FederatedData:
+        return build_shakespeare(self, num_clients, seed)
+
+
+def parse_roles(text: str) -> dict[str, str]:
+    """Each role's speeches, concatenated, newlines turned into spaces and
+    runs of spaces collapsed (LEAF's preprocessing). Blocks whose first line
+    is not ``NAME:`` are skipped."""
+    speeches: dict[str, list[str]] = {}
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        head, _, body = block.strip("\n").partition("\n")
+        head = head.strip()
+        if not body.strip() or not _ROLE.match(head):
+            continue
+        speeches.setdefault(head[:-1].strip(), []).append(body)
+    return {
+        role: re.sub(r" {2,}", " ", " ".join(parts).replace("\n", " ")).strip()
+        for role, parts in speeches.items()
+    }
+
+
+def encode(text: str, vocab: str) -> np.ndarray:
+    """Character ids in ``vocab``; characters outside it read as a space."""
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    index = {c: i for i, c in enumerate(vocab)}
+    table = np.array([index.get(chr(u), index[" "]) for u in uniq], np.int64)
+    return table[inverse.reshape(-1)]
+
+
+def _windows(ids: np.ndarray, seq_len: int, stride: int) -> tuple[np.ndarray, ...]:
+    if ids.size <= seq_len:
+        return np.zeros((0, seq_len), np.float32), np.zeros(0, np.int64)
+    w = sliding_window_view(ids, seq_len + 1)[::stride]
+    return w[:, :-1].astype(np.float32), np.ascontiguousarray(w[:, -1])
+
+
+def build_shakespeare(
+    spec: ShakespeareData, num_clients: int, seed: int
+) -> FederatedData:
+    path = spec.locate()
+    roles = parse_roles(path.read_text(encoding="utf-8", errors="replace"))
+    if spec.vocab == "leaf":
+        vocab = LEAF_VOCAB
+    else:
+        vocab = "".join(sorted(set("".join(roles.values())) | {" "}))
+    L = spec.seq_len
+    split_at = {
+        r: int(round(len(t) * (1.0 - spec.test_fraction))) for r, t in roles.items()
+    }
+    n_train = {
+        r: max(0, (split_at[r] - L + spec.stride - 1) // spec.stride) for r in roles
+    }
+    eligible = [r for r in roles if n_train[r] >= spec.min_samples]
+    eligible.sort(key=lambda r: (-len(roles[r]), r))
+    kept = sorted(eligible[: spec.max_clients] if spec.max_clients else eligible)
+    if len(kept) != num_clients:
+        cap = f", capped by max_clients={spec.max_clients}" if spec.max_clients else ""
+        raise DataError(
+            f"shakespeare: {len(kept)} roles are kept ({len(eligible)} of "
+            f"{len(roles)} have at least {spec.min_samples} training sequences"
+            f"{cap}) but the fleet has {num_clients} devices; each device is one "
+            f"role, so set data.max_clients: {num_clients} (the roles with the "
+            "most text are kept) or change the fleet size"
+        )
+    xs, ys, tx, ty, groups = [], [], [], [], []
+    for j, role in enumerate(kept):
+        ids = encode(roles[role], vocab)
+        cut = split_at[role]
+        x, y = _windows(ids[:cut], L, spec.stride)
+        xs.append(x)
+        ys.append(y)
+        groups.append(np.full(len(y), j, np.int64))
+        if spec.test_fraction > 0:
+            # test windows start at the cut: no test target is a training input
+            x, y = _windows(ids[max(0, cut - L) :], L, spec.stride)
+            tx.append(x)
+            ty.append(y)
+    x, y, g = np.concatenate(xs), np.concatenate(ys), np.concatenate(groups)
+    parts = split(spec.partition, y, num_clients, seed, groups=g)
+    order, offsets = layout(parts)
+    test_x = np.concatenate(tx) if tx else np.zeros((0, L), np.float32)
+    test_y = np.concatenate(ty) if ty else np.zeros(0, np.int64)
+    if spec.test_samples is not None and spec.test_samples < len(test_y):
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_TEST]))
+        keep = np.sort(rng.choice(len(test_y), spec.test_samples, replace=False))
+        test_x, test_y = test_x[keep], test_y[keep]
+    return FederatedData(
+        x=x[order],
+        y=y[order],
+        offsets=offsets,
+        weights=np.diff(offsets).astype(np.float64),
+        test_x=test_x,
+        test_y=test_y,
+        num_classes=len(vocab),
+    )
