@@ -1,4 +1,5 @@
-"""Simulated time: plan a synchronous round as SimPy processes.
+"""Simulated time: plan a synchronous round, or run the asynchronous timeline,
+as SimPy processes.
 
 This is the only module that knows about SimPy (and it imports no torch and no
 Ray). A round is planned before any real training happens: for each chosen
@@ -9,6 +10,9 @@ exactly those steps, so the outcome never depends on how fast the host is.
 Each device is a SimPy process (download, compute, upload), in the spirit of
 SimPy's machine-shop example: going offline mid-round is an interrupt, and the
 server is a process that waits for every device or for the deadline.
+
+Asynchronous mode has no rounds: :class:`AsyncTimeline` runs one continuous
+timeline of device loops and yields one :class:`Version` per server update.
 
 Example:
     >>> import numpy as np
@@ -30,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -41,7 +46,16 @@ from fedsim.fleet import Fleet
 from fedsim.spec import PosFloat
 from fedsim.spec import Spec as _Spec
 
-__all__ = ["Plan", "RoundPlan", "plan_round"]
+__all__ = [
+    "Arrival",
+    "AsyncTimeline",
+    "Job",
+    "Plan",
+    "RoundPlan",
+    "RoundSpec",
+    "Version",
+    "plan_round",
+]
 
 # Slack for floor(): compute_time * speed is 4.0 - 1e-15 more often than one
 # would like (2.0 / 0.5 in floats), and a step must not be lost to rounding.
@@ -57,15 +71,26 @@ class RoundSpec(_Spec):
     ``epochs`` or drawn uniformly from ``[epochs_low, epochs_high]`` each
     round; the round ends when the slowest device arrives or at
     ``deadline_s`` (later arrivals are dropped).
+
+    ``async``: no rounds; one continuous timeline (:class:`AsyncTimeline`).
+    At most ``concurrency`` devices train at once (default: the selector's
+    ``clients_per_round``). Each job computes ``max_steps`` local steps
+    (``job_steps: max_steps``) or floor(E n_i / B) with E = ``epochs`` or
+    drawn per job from ``[epochs_low, epochs_high]`` (``job_steps: epochs``).
+    An update whose staleness exceeds ``max_staleness`` is dropped.
+    ``window_s`` is not used.
     """
 
-    policy: Literal["fixed_window", "fixed_epochs"] = "fixed_window"
+    policy: Literal["fixed_window", "fixed_epochs", "async"] = "fixed_window"
     window_s: PosFloat = 10.0
     max_steps: Annotated[int, Field(ge=1, le=10_000_000)] = 100
     epochs: Annotated[int, Field(ge=1, le=100_000)] | None = 1
     epochs_low: Annotated[int, Field(ge=1, le=100_000)] | None = None
     epochs_high: Annotated[int, Field(ge=1, le=100_000)] | None = None
     deadline_s: PosFloat | None = None
+    concurrency: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    max_staleness: Annotated[int, Field(ge=0)] | None = None
+    job_steps: Literal["max_steps", "epochs"] = "max_steps"
 
     @model_validator(mode="after")
     def _epochs(self) -> RoundSpec:
@@ -74,6 +99,19 @@ class RoundSpec(_Spec):
             raise ValueError("give both epochs_low and epochs_high, or neither")
         if lo is not None and hi is not None and hi < lo:
             raise ValueError(f"epochs_high ({hi}) must be >= epochs_low ({lo})")
+        return self
+
+    @model_validator(mode="after")
+    def _async_fields(self) -> RoundSpec:
+        if self.policy != "async":
+            for name in ("concurrency", "max_staleness"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} is only used with policy 'async'")
+        elif self.deadline_s is not None:
+            raise ValueError(
+                "policy 'async' has no rounds, hence no deadline_s "
+                "(max_staleness drops updates that come back too late)"
+            )
         return self
 
 
@@ -175,6 +213,8 @@ def plan_round(
     Returns:
         A :class:`RoundPlan` with one plan per chosen device.
     """
+    if policy.policy == "async":
+        raise ValueError("policy 'async' has no rounds: use AsyncTimeline")
     ids = np.sort(np.asarray(chosen, dtype=np.int64).reshape(-1))
     if np.any(ids[1:] == ids[:-1]):
         raise ValueError("chosen devices must be distinct")
@@ -312,3 +352,349 @@ class _Round:
         self.env.process(self._server())
         self.env.run()
         return self.t_end
+
+
+# ==================================================================== async
+# Tags separating the async timeline's random streams from the seed's others.
+_TAG_JOB = 0xA5C10B  # a job's straggler factor and epochs: (seed, tag, device, job)
+_TAG_DISPATCH = 0xD15C  # which idle devices take free slots: (seed, tag, n)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One pass of a device's loop: download a version, compute, upload.
+
+    It holds only what is known when the job starts; when (and whether) it
+    ends is not part of it.
+
+    Attributes:
+        device: the device (client) id.
+        index: how many jobs the device started before this one (0, 1, ...);
+            with the device id it seeds the job's straggler factor, its
+            epochs and its minibatches.
+        version: the server version the device downloaded.
+        tau: local steps the job computes.
+        t_start: when the download began.
+        slowdown: the job's straggler factor (1.0 if not slowed).
+        epochs: E of the job under ``job_steps: epochs``; None otherwise.
+    """
+
+    device: int
+    index: int
+    version: int
+    tau: int
+    t_start: float
+    slowdown: float
+    epochs: int | None
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """How a job ended, as the server saw it at simulated time ``t``.
+
+    Attributes:
+        job: the job.
+        t: when the upload reached the server, or when the device went offline.
+        version: the server version at ``t``; for an applied update, the
+            version it was applied to.
+        staleness: ``version - job.version``; None when the device went
+            offline (nothing arrived).
+        status: ``"applied"``, ``"stale"`` (staleness above ``max_staleness``:
+            dropped) or ``"offline"`` (the device went offline before its
+            upload completed: dropped).
+        tau: local steps completed (fewer than ``job.tau`` when offline).
+    """
+
+    job: Job
+    t: float
+    version: int
+    staleness: int | None
+    status: Literal["applied", "stale", "offline"]
+    tau: int
+
+    @property
+    def dropped(self) -> bool:
+        return self.status != "applied"
+
+
+@dataclass(frozen=True)
+class Version:
+    """One server update: the buffered arrivals applied to ``version``.
+
+    Attributes:
+        version: w; the applied updates turn version w into w + 1.
+        t: when version w + 1 was made (the time of the last applied arrival).
+        applied: the ``buffer_size`` accepted arrivals, in order of arrival.
+        ended: every job the server saw end since version w was made
+            (the applied ones and the drops), in the order it saw them.
+        started: the jobs started since version w was made (all from w).
+        in_flight: jobs started whose end the server had not seen yet, right
+            after the update.
+    """
+
+    version: int
+    t: float
+    applied: tuple[Arrival, ...]
+    ended: tuple[Arrival, ...]
+    started: tuple[Job, ...]
+    in_flight: int
+
+
+def _online_time(fleet: Fleet, devices: np.ndarray, t: float) -> np.ndarray:
+    """For each device, the first time >= t at which it is online."""
+    online_time = getattr(fleet, "online_time", None)
+    if online_time is not None:
+        return np.asarray(online_time(devices, t), dtype=np.float64)
+    # Until Fleet answers this itself: an off device's interval ends when it
+    # comes back on.
+    on, end = fleet._onoff.state_at(devices, float(t))
+    return np.where(on, float(t), end)
+
+
+class AsyncTimeline:
+    """The asynchronous mode's one continuous SimPy timeline.
+
+    Every device loops: wait until it is online and one of ``concurrency``
+    training slots is free, download the current version, compute ``tau``
+    local steps, upload, arrive. The server sees each arrival at its simulated
+    time, and every ``buffer_size`` accepted arrivals make a new version
+    (``buffer_size = 1`` is FedAsync, K is FedBuff). Iterating yields one
+    :class:`Version` per server update, advancing SimPy only as far as that
+    update, until ``versions`` updates exist. Iterate once.
+
+    The rules, in simulated time:
+
+    - **Slots.** When slots are free, idle online devices take them, chosen
+      uniformly at random (one generator per choice, seeded by the scenario
+      seed and a counter) and started in increasing id. With none online, the
+      server waits for the first idle device to come online. A device with no
+      training samples never trains.
+    - **A job.** tau is ``max_steps``, or floor(E n_i / B) under ``job_steps:
+      epochs`` (one step per epoch when 0 < n_i < B). Compute runs at speed /
+      slowdown, the straggler factor drawn for this job from a generator
+      seeded by (seed, device, job index), so a job's fate does not depend on
+      what other devices did. Download and upload times come from the link.
+    - **Offline.** A device that goes offline before its upload completes is
+      interrupted (SimPy's machine-shop idiom): its job is dropped
+      (``offline``); it takes a slot again once online.
+    - **The server.** Jobs that end at the same instant are handled in
+      increasing device id, all before any job starts at that instant (so
+      devices arriving together restart from the version they made). An
+      arrival's staleness is the current version minus the version it
+      started from; above ``max_staleness`` it is dropped (``stale``), else
+      buffered.
+
+    No clairvoyance: the server handles an arrival only when SimPy reaches
+    its time, so the decision to apply an update at time t uses only events
+    at times <= t; a job's end is an event, not a field of :class:`Job`.
+    The timeline never depends on training results, which is what lets
+    :mod:`fedsim.asynchronous` train jobs in batches ahead of their turn.
+
+    Example (two identical devices, K = 2: versions like synchronous rounds,
+    each 1 s download + 8 steps at 4 steps/s + 1 s upload = 4 s):
+        >>> from fedsim.fleet import Fleet, FleetSpec
+        >>> fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": [
+        ...     {"name": "phones", "count": 2,
+        ...      "speed": {"dist": "fixed", "steps_per_s": 4.0},
+        ...      "network": {"down_mbps": 8, "up_mbps": 8}}]}), seed=0)
+        >>> tl = AsyncTimeline(fleet, RoundSpec(policy="async", max_steps=8),
+        ...     versions=2, buffer_size=2, concurrency=2, seed=0,
+        ...     bytes_down=1_000_000, bytes_up=1_000_000,
+        ...     n_samples=np.array([50, 50]), batch_size=10)
+        >>> [(v.version, v.t, [(a.job.device, a.staleness) for a in v.applied])
+        ...  for v in tl]
+        [(0, 4.0, [(0, 0), (1, 0)]), (1, 8.0, [(0, 0), (1, 0)])]
+    """
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        policy: RoundSpec,
+        *,
+        versions: int,
+        buffer_size: int,
+        concurrency: int,
+        seed: int,
+        bytes_down: int,
+        bytes_up: int,
+        n_samples: np.ndarray,
+        batch_size: int,
+    ) -> None:
+        if policy.policy != "async":
+            raise ValueError(
+                f"AsyncTimeline needs policy 'async', not {policy.policy!r}"
+            )
+        if versions < 1 or buffer_size < 1 or concurrency < 1:
+            raise ValueError("versions, buffer_size and concurrency must be >= 1")
+        m = fleet.size
+        self.n_samples = np.asarray(n_samples, dtype=np.int64).reshape(-1)
+        if self.n_samples.size != m:
+            raise ValueError(f"n_samples has {self.n_samples.size} entries, fleet {m}")
+        self.fleet = fleet
+        self.policy = policy
+        self.versions = versions
+        self.buffer_size = buffer_size
+        self.concurrency = concurrency
+        self.seed = seed
+        self.batch_size = batch_size
+        self.down, self.up = fleet.comm_time(np.arange(m), bytes_down, bytes_up)
+        self.env = simpy.Environment()
+        self.version = 0
+        self.idle = self.n_samples > 0  # free to take a slot (never, without data)
+        self.jobs_started = np.zeros(m, dtype=np.int64)
+        self.in_flight: dict[int, Job] = {}
+        self._buffer: list[Arrival] = []
+        self._ended: list[Arrival] = []
+        self._started: list[Job] = []
+        self._inbox: list[tuple[Job, str, int]] = []
+        self._settling = False
+        self._wake_at = math.inf
+        self._choices = 0
+        self._made: list[Version] = []
+        self._request_settle()  # the first slots are handed out at t = 0
+
+    def __iter__(self) -> Iterator[Version]:
+        made = 0
+        while made < self.versions:
+            while not self._made:
+                try:
+                    self.env.step()
+                except simpy.core.EmptySchedule:
+                    raise RuntimeError(
+                        f"the async timeline stalled at t = {self.env.now:g} s "
+                        f"after {self.version} versions: no device can start or "
+                        "finish a job (never online again, no data, or endless "
+                        "stragglers holding every slot)"
+                    ) from None
+            yield self._made.pop(0)
+            made += 1
+
+    # ----------------------------------------------------------- the server
+    def _request_settle(self) -> None:
+        """Handle this instant's ends, then hand out slots, after every other
+        event already due now (a zero delay queues behind them)."""
+        if not self._settling:
+            self._settling = True
+            self.env.timeout(0).callbacks.append(self._settle)
+
+    def _settle(self, _event: simpy.Event) -> None:
+        self._settling = False
+        if self.version >= self.versions:
+            return
+        now = self.env.now
+        inbox, self._inbox = sorted(self._inbox, key=lambda e: e[0].device), []
+        max_s = self.policy.max_staleness
+        for job, reason, done in inbox:
+            del self.in_flight[job.device]
+            self.idle[job.device] = True
+            if reason == "offline":
+                arrival = Arrival(job, now, self.version, None, "offline", done)
+            else:
+                s = self.version - job.version
+                status = "stale" if max_s is not None and s > max_s else "applied"
+                arrival = Arrival(job, now, self.version, s, status, job.tau)
+                if status == "applied":
+                    self._buffer.append(arrival)
+            self._ended.append(arrival)
+            if len(self._buffer) == self.buffer_size:
+                self._made.append(
+                    Version(
+                        version=self.version,
+                        t=now,
+                        applied=tuple(self._buffer),
+                        ended=tuple(self._ended),
+                        started=tuple(self._started),
+                        in_flight=len(self.in_flight),
+                    )
+                )
+                self.version += 1
+                self._buffer, self._ended, self._started = [], [], []
+                if self.version >= self.versions:
+                    return
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        free = self.concurrency - len(self.in_flight)
+        if free <= 0:
+            return
+        now = self.env.now
+        online = self.fleet.online(now)
+        chosen = np.flatnonzero(self.idle & online)
+        if chosen.size > free:
+            rng = np.random.default_rng(
+                np.random.SeedSequence([self.seed, _TAG_DISPATCH, self._choices])
+            )
+            self._choices += 1
+            chosen = np.sort(rng.choice(chosen, size=free, replace=False))
+        for d in chosen.tolist():
+            self._start(d)
+        if chosen.size < free:
+            waiting = np.flatnonzero(self.idle & ~online)
+            if waiting.size:
+                wake = float(np.min(_online_time(self.fleet, waiting, now)))
+                if math.isfinite(wake) and wake < self._wake_at:
+                    self._wake_at = wake
+                    self.env.timeout(wake - now).callbacks.append(self._wake)
+
+    def _wake(self, _event: simpy.Event) -> None:
+        if self.env.now >= self._wake_at:
+            self._wake_at = math.inf
+        self._request_settle()
+
+    # ------------------------------------------------------------ a device
+    def _start(self, d: int) -> None:
+        env, now = self.env, self.env.now
+        k = int(self.jobs_started[d])
+        self.jobs_started[d] += 1
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, _TAG_JOB, d, k]))
+        slowdown = float(self.fleet.draw_slowdowns(np.array([d]), rng)[0])
+        if self.policy.job_steps == "max_steps":
+            tau, epochs = self.policy.max_steps, None
+        else:
+            epochs = int(_draw_epochs(self.policy, 1, rng)[0])
+            n = int(self.n_samples[d])
+            tau = epochs if n < self.batch_size else epochs * n // self.batch_size
+        rate = float(self.fleet.speed[d]) / slowdown
+        # A Pareto slowdown can overflow to inf, leaving a rate of 0.
+        compute_s = tau / rate if rate > 0 else math.inf
+        down, up = float(self.down[d]), float(self.up[d])
+        job = Job(d, k, self.version, int(tau), now, slowdown, epochs)
+        self.idle[d] = False
+        self.in_flight[d] = job
+        self._started.append(job)
+        device = env.process(self._job(job, down, compute_s, up, rate))
+        # When SimPy reaches the arrival (the same additions as its timeouts)
+        # and when a timeout of (offline - now) fires: on a tie the interrupt
+        # comes first (it is queued earlier, then as an urgent event).
+        arrival = now + down + compute_s + up
+        offline = float(self.fleet.offline_time(np.array([d]), now)[0])
+        if math.isfinite(offline) and now + (offline - now) <= arrival:
+            env.process(self._go_offline(device, offline - now))
+
+    def _job(self, job: Job, down: float, compute_s: float, up: float, rate: float):
+        env = self.env
+        try:
+            if down > 0:
+                yield env.timeout(down)
+            if not math.isfinite(compute_s):
+                yield env.event()  # an endless straggler: only going offline ends it
+            elif compute_s > 0:
+                yield env.timeout(compute_s)
+            if up > 0:
+                yield env.timeout(up)
+        except simpy.Interrupt:
+            # Steps finished before going offline: lost work, kept for metrics.
+            computed_s = env.now - (job.t_start + down)
+            done = min(job.tau, max(0, math.floor(computed_s * rate + _EPS)))
+            self._end(job, "offline", done)
+            return
+        self._end(job, "", job.tau)
+
+    def _go_offline(self, device: simpy.Process, delay: float):
+        yield self.env.timeout(delay)
+        if device.is_alive:
+            device.interrupt("offline")
+
+    def _end(self, job: Job, reason: str, done: int) -> None:
+        self._inbox.append((job, reason, done))
+        self._request_settle()

@@ -1,0 +1,236 @@
+"""FedAsync, and the staleness functions and interface shared by async servers.
+
+Asynchronous Federated Optimization. Cong Xie, Sanmi Koyejo, Indranil Gupta.
+arXiv:1903.03934, 2019 (OPT workshop, NeurIPS 2020).
+
+Server (the paper's Algorithm 1): an update from a client that downloaded
+version tau arrives while the server is at version t; with staleness
+s = t - tau,
+
+    alpha_t = alpha * S(s)
+    x_{t+1} = (1 - alpha_t) x_t + alpha_t x_new,      x_new = x_tau + Delta
+
+x_new is the client's model: it starts from the version it *downloaded*, not
+from the current one. One update makes one version (``buffer_size = 1``). The
+staleness functions of the paper's section 5.2 (each S(0) = 1):
+
+==============  ==============================================
+``constant``    S(s) = 1
+``polynomial``  S(s) = (1 + s)^(-a)                 (a = ``staleness_a``)
+``hinge``       S(s) = 1 if s <= b, else 1 / (a (s - b) + 1)   (b = ``staleness_b``)
+==============  ==============================================
+
+The paper's experiments use alpha in {0.6, 0.9}, polynomial a = 0.5 and hinge
+a = 10, b = 4.
+
+FedNova normalisation composes (``normalize``; Wang et al., NeurIPS 2020,
+arXiv:2007.07481): Delta is replaced by tau_eff Delta / ||a||_1, so a device
+that took many local steps does not pull the model further than one that took
+few. One update at a time has no round to average over, so tau_eff is the
+running mean of ||a||_1 over every update received so far, including this one
+(``fedavg``), of the local steps (``steps``), or ``tau_eff_value`` (``fixed``).
+
+In a synchronous round (any policy other than ``async``) every update has
+staleness 0 and starts from the current model; the server then mixes with the
+data-weighted mean of the round's client models, x <- (1 - alpha) x + alpha
+sum_i p_i x_i, which is the rule above when a round holds one update.
+
+Interface of an asynchronous server rule (also :class:`~fedsim.algorithms.
+fedbuff.FedBuff`): ``buffer_size`` accepted arrivals make one version, and
+
+    aggregate_async(state, updates, staleness, starts) -> (state, AsyncInfo)
+
+takes the updates in order of arrival, their staleness and the parameters of
+the version each one started from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, ClassVar, Literal
+
+import torch
+from pydantic import Field
+
+from fedsim.algorithms.base import (
+    AggregateInfo,
+    Algorithm,
+    ClientUpdate,
+    ServerState,
+    data_weights,
+    empty_info,
+)
+from fedsim.params import chi2
+from fedsim.spec import NonNegFloat, PosFloat
+
+__all__ = ["AsyncInfo", "FedAsync", "Staleness", "staleness_weight"]
+
+Staleness = Literal["constant", "polynomial", "hinge"]
+TauEff = Literal["fedavg", "steps", "fixed"]
+
+
+def staleness_weight(kind: Staleness, s: int, a: float = 0.5, b: float = 4) -> float:
+    """S(s), the weight of an update of staleness ``s`` (FedAsync, section 5.2).
+
+    >>> staleness_weight("polynomial", 3, a=0.5)
+    0.5
+    >>> staleness_weight("hinge", 4, a=10, b=4), staleness_weight("hinge", 6, a=10, b=4)
+    (1.0, 0.047619047619047616)
+    """
+    if s < 0:
+        raise ValueError(f"staleness must be >= 0, got {s}")
+    if kind == "constant":
+        return 1.0
+    if kind == "polynomial":
+        return float((1.0 + s) ** (-a))
+    if kind == "hinge":
+        return 1.0 if s <= b else 1.0 / (a * (s - b) + 1.0)
+    raise ValueError(f"unknown staleness function {kind!r}")
+
+
+@dataclass(frozen=True)
+class AsyncInfo(AggregateInfo):
+    """:class:`AggregateInfo` plus the weight of each update, by position.
+
+    ``weights`` is keyed by client id, and one device can land twice in a
+    FedBuff buffer; ``per_update`` keeps them apart (same order as the
+    updates, normalised to sum to 1).
+    """
+
+    per_update: tuple[float, ...] = ()
+
+
+def async_meter(
+    updates: Sequence[ClientUpdate], w: Sequence[float], tau_eff: float
+) -> AsyncInfo:
+    """Effective weights ``w`` (normalised here) against the data weights."""
+    sw = float(sum(w))
+    per = tuple(float(wi) / sw for wi in w) if sw > 0 else tuple(0.0 for _ in w)
+    weights: dict[int, float] = {}
+    for u, wi in zip(updates, per, strict=True):
+        weights[u.client] = weights.get(u.client, 0.0) + wi
+    return AsyncInfo(
+        weights=weights,
+        tau_eff=float(tau_eff),
+        chi2_pw=chi2(data_weights(updates), w) if sw > 0 else float("nan"),
+        per_update=per,
+    )
+
+
+@dataclass(frozen=True)
+class _Normalized(Algorithm):
+    """Hyperparameters both async rules share: S(s) and FedNova normalisation."""
+
+    staleness: Staleness = "polynomial"
+    staleness_a: NonNegFloat = 0.5
+    staleness_b: NonNegFloat = 4.0
+    normalize: bool = False
+    tau_eff: TauEff = "fedavg"
+    tau_eff_value: PosFloat | None = None
+
+    def __post_init__(self) -> None:
+        if self.tau_eff == "fixed" and self.tau_eff_value is None:
+            raise ValueError("tau_eff 'fixed' needs tau_eff_value")
+
+    def weight(self, s: int) -> float:
+        """S(s) with this rule's staleness function."""
+        return staleness_weight(self.staleness, s, self.staleness_a, self.staleness_b)
+
+    def scales(
+        self, updates: Sequence[ClientUpdate], tau_eff: float
+    ) -> tuple[list[float], float]:
+        """Factor on each Delta (tau_eff / ||a_i||_1 when normalising, else 1),
+        and the tau_eff to report (sum_i p_i ||a_i||_1 when not normalising)."""
+        if not self.normalize:
+            p = data_weights(updates)
+            return [1.0] * len(updates), sum(
+                pi * u.norm_a for pi, u in zip(p, updates, strict=True)
+            )
+        if any(u.norm_a <= 0 for u in updates):
+            raise ValueError("normalize needs ||a_i||_1 > 0 (at least one step)")
+        return [tau_eff / u.norm_a for u in updates], tau_eff
+
+
+@dataclass(frozen=True)
+class FedAsync(_Normalized):
+    """Mix each arriving client model into the global one, x <- (1 - a) x + a x_i.
+
+    Example (hinge staleness; staleness 6 > b = 4 gives S = 1/21):
+        >>> import torch
+        >>> from fedsim.algorithms.base import ClientUpdate
+        >>> alg = FedAsync(alpha=0.5, staleness="hinge", staleness_a=10)
+        >>> state = alg.init(torch.zeros(1), 2)
+        >>> u = ClientUpdate(0, torch.tensor([2.1]), 1, 3, 3.0, 0.0)
+        >>> state, info = alg.aggregate_async(state, [u], [6], [torch.ones(1)])
+        >>> round(float(state["x"]), 6)     # 0.5/21 * (1 + 2.1 - 0)
+        0.07381
+    """
+
+    name: Literal["fedasync"] = "fedasync"
+    alpha: Annotated[float, Field(gt=0, le=1)] = 0.6
+
+    buffer_size: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.server_lr != 1.0:
+            raise ValueError("FedAsync's step size is alpha; leave server_lr at 1")
+
+    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
+        zero = torch.zeros((), dtype=torch.float64)
+        # Running sums for tau_eff under ``normalize``: sum ||a||_1, sum tau, count.
+        return {"x": x0.clone(), "norm_a_sum": zero, "steps_sum": zero, "count": zero}
+
+    def aggregate(
+        self, state: ServerState, updates: Sequence[ClientUpdate]
+    ) -> tuple[ServerState, AggregateInfo]:
+        """A synchronous round: every update is fresh and starts from x."""
+        return self.aggregate_async(
+            state, updates, [0] * len(updates), [state["x"]] * len(updates)
+        )
+
+    def aggregate_async(
+        self,
+        state: ServerState,
+        updates: Sequence[ClientUpdate],
+        staleness: Sequence[int],
+        starts: Sequence[torch.Tensor],
+    ) -> tuple[ServerState, AsyncInfo]:
+        """x <- x + sum_i p_i alpha S(s_i) (x_start_i + c_i Delta_i - x).
+
+        With one update this is the paper's (1 - alpha_t) x + alpha_t x_new;
+        c_i = tau_eff / ||a_i||_1 under ``normalize``, else 1.
+        """
+        if not updates:
+            return state, AsyncInfo(**vars(empty_info()))
+        count = state["count"] + len(updates)
+        norm_a_sum = state["norm_a_sum"] + sum(u.norm_a for u in updates)
+        steps_sum = state["steps_sum"] + sum(u.tau for u in updates)
+        if self.tau_eff == "fixed" and self.tau_eff_value is not None:
+            running = float(self.tau_eff_value)
+        else:
+            total = norm_a_sum if self.tau_eff == "fedavg" else steps_sum
+            running = float(total / count)
+        scale, tau_eff = self.scales(updates, running)
+        p = data_weights(updates)
+        mix = [
+            pi * self.alpha * self.weight(s) for pi, s in zip(p, staleness, strict=True)
+        ]
+        x = state["x"]
+        x64 = x.to(torch.float64)
+        step = torch.zeros_like(x64)
+        for u, start, c, m in zip(updates, starts, scale, mix, strict=True):
+            client_model = start.to(torch.float64) + c * u.delta.to(torch.float64)
+            step.add_(client_model - x64, alpha=m)
+        new = {
+            "x": (x64 + step).to(x.dtype),
+            "norm_a_sum": norm_a_sum,
+            "steps_sum": steps_sum,
+            "count": count,
+        }
+        w = [
+            m * (1.0 if self.normalize else u.norm_a)
+            for m, u in zip(mix, updates, strict=True)
+        ]
+        return new, async_meter(updates, w, tau_eff)

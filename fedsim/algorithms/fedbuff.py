@@ -1,0 +1,101 @@
+"""FedBuff.
+
+Federated Learning with Buffered Asynchronous Aggregation. John Nguyen,
+Kshitiz Malik, Hongyuan Zhan, Ashkan Yousefpour, Michael Rabbat, Mani Malek,
+Dzmitry Huba. AISTATS 2022. arXiv:2106.06639.
+
+Server (the paper's Algorithm 1): clients train from whatever version is
+current when they start and upload Delta_k; the server weights each arrival by
+its staleness, S(s_k) Delta_k, into a buffer, and once it holds K =
+``buffer_size`` updates takes one step and clears it:
+
+    x <- x + server_lr * (1/K) sum_k S(s_k) Delta_k
+
+S is one of FedAsync's staleness functions (:func:`~fedsim.algorithms.
+fedasync.staleness_weight`); the paper uses S(s) = (1 + s)^(-1/2), i.e.
+``polynomial`` with a = 0.5, the default. The buffer itself is the clock's:
+every K accepted arrivals make one version (:class:`fedsim.clock.AsyncTimeline`),
+so :meth:`FedBuff.aggregate_async` receives exactly one full buffer.
+
+FedNova normalisation composes (``normalize``; Wang et al., NeurIPS 2020,
+arXiv:2007.07481): Delta_k is replaced by tau_eff Delta_k / ||a_k||_1, with
+tau_eff = (1/K) sum_k ||a_k||_1 over the buffer (``fedavg``), the mean local
+steps (``steps``) or ``tau_eff_value`` (``fixed``).
+
+In a synchronous round (staleness 0) FedBuff is FedAvg with equal weights
+1/|S|; on equal-sized clients it is exactly FedAvg.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from fedsim.algorithms.base import AggregateInfo, ClientUpdate, ServerState, empty_info
+from fedsim.algorithms.fedasync import AsyncInfo, _Normalized, async_meter
+from fedsim.params import weighted_sum
+from fedsim.spec import PosInt
+
+__all__ = ["FedBuff"]
+
+
+@dataclass(frozen=True)
+class FedBuff(_Normalized):
+    """Average a buffer of K staleness-weighted deltas, then take a server step.
+
+    Example (K = 2, staleness 0 and 3, S = (1 + s)^-1/2):
+        >>> import torch
+        >>> from fedsim.algorithms.base import ClientUpdate
+        >>> alg = FedBuff(buffer_size=2)
+        >>> ups = [ClientUpdate(0, torch.tensor([1.0]), 1, 2, 2.0, 0.0),
+        ...        ClientUpdate(1, torch.tensor([4.0]), 1, 2, 2.0, 0.0)]
+        >>> state, info = alg.aggregate_async({"x": torch.zeros(1)}, ups, [0, 3],
+        ...                                   [torch.zeros(1)] * 2)
+        >>> state["x"], info.per_update      # (1 * 1 + 0.5 * 4) / 2
+        (tensor([1.5000]), (0.6666666666666666, 0.3333333333333333))
+    """
+
+    name: Literal["fedbuff"] = "fedbuff"
+    buffer_size: PosInt = 10
+
+    def aggregate(
+        self, state: ServerState, updates: Sequence[ClientUpdate]
+    ) -> tuple[ServerState, AggregateInfo]:
+        """A synchronous round: the round's updates are one fresh buffer."""
+        return self.aggregate_async(
+            state, updates, [0] * len(updates), [state["x"]] * len(updates)
+        )
+
+    def aggregate_async(
+        self,
+        state: ServerState,
+        updates: Sequence[ClientUpdate],
+        staleness: Sequence[int],
+        starts: Sequence[torch.Tensor],
+    ) -> tuple[ServerState, AsyncInfo]:
+        """x <- x + server_lr (1/K) sum_k S(s_k) c_k Delta_k, K = len(updates).
+
+        ``starts`` is not needed: a delta is applied to the current model.
+        """
+        if not updates:
+            return state, AsyncInfo(**vars(empty_info()))
+        k = len(updates)
+        if self.tau_eff == "fixed" and self.tau_eff_value is not None:
+            mean_steps = float(self.tau_eff_value)
+        elif self.tau_eff == "steps":
+            mean_steps = sum(u.tau for u in updates) / k
+        else:
+            mean_steps = sum(u.norm_a for u in updates) / k
+        scale, tau_eff = self.scales(updates, mean_steps)
+        s = [self.weight(si) for si in staleness]
+        coef = [si * c / k for si, c in zip(s, scale, strict=True)]
+        step = weighted_sum([u.delta for u in updates], coef)
+        new = {**state, "x": state["x"] + self.server_lr * step}
+        w = [
+            si / k * (1.0 if self.normalize else u.norm_a)
+            for si, u in zip(s, updates, strict=True)
+        ]
+        return new, async_meter(updates, w, tau_eff)

@@ -1,0 +1,263 @@
+"""AsyncSimulation end to end: real training on the async timeline.
+
+- FedBuff with K = every device, identical devices and no stragglers is
+  synchronous FedAvg (equal-sized clients, so the weights match too);
+- each update is trained from the parameters of the version its device
+  downloaded: the final model equals a closed-form replay of the timeline
+  on the quadratic objectives;
+- the result does not depend on how jobs are batched, nor on the number of
+  Ray workers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from fedsim.algorithms.fedasync import staleness_weight
+from fedsim.asynchronous import (
+    ASYNC_CLIENT_SCHEMA,
+    ASYNC_ROUND_SCHEMA,
+    AsyncSimulation,
+)
+from fedsim.results import WALL_CLOCK_COLUMNS
+from fedsim.scenario import load_scenario, parse_scenario
+from fedsim.server import Simulation
+
+from .conftest import SCENARIOS
+
+FEDBUFF = SCENARIOS / "async-fedbuff.yaml"
+FEDASYNC = SCENARIOS / "async-fedasync.yaml"
+
+# Five identical, always-on devices; equal-sized clients (size_sigma = 0).
+IDENTICAL = """
+name: identical
+seed: 3
+rounds: 4
+model: {name: logreg}
+data: {dataset: synthetic, alpha: 1.0, beta: 1.0, features: 10, classes: 3,
+       size_mean: 0.0, size_sigma: 0.0, min_samples: 60}
+client: {solver: sgd, lr: 0.05, batch_size: 10}
+fleet:
+  groups:
+    - {name: same, count: 5, speed: {dist: fixed, steps_per_s: 4.0},
+       network: {down_mbps: 8, up_mbps: 8}}
+round: {policy: fixed_window, window_s: 100, max_steps: 7}
+algorithm: {name: fedavg}
+selector: {name: uniform, clients_per_round: 5}
+resources: {workers: 0}
+"""
+
+# Four devices of different speeds (and stragglers) on FedNova's quadratics.
+QUADRATIC = """
+name: quadratic-async
+seed: 0
+rounds: 14
+model: {name: quadratic, dtype: float64}
+data: {dataset: quadratic, centers: [0.0, 1.0, 4.0, -2.0],
+       weights: [0.1, 0.2, 0.3, 0.4], x0: 0.5}
+client: {solver: sgd, lr: 0.1, batch_size: 1}
+fleet:
+  groups:
+    - {name: a, count: 1, speed: {dist: fixed, steps_per_s: 0.7},
+       stragglers: {p: 0.3, slowdown: {dist: uniform, low: 1, high: 3}}}
+    - {name: b, count: 1, speed: {dist: fixed, steps_per_s: 1.3}}
+    - {name: c, count: 1, speed: {dist: fixed, steps_per_s: 2.9},
+       stragglers: {p: 0.3, slowdown: {dist: uniform, low: 1, high: 3}}}
+    - {name: d, count: 1, speed: {dist: fixed, steps_per_s: 0.45}}
+round: {policy: async, max_steps: 5, concurrency: 3, max_staleness: 4}
+algorithm: {name: fedasync, alpha: 0.7, staleness: hinge, staleness_a: 2,
+            staleness_b: 1}
+selector: {name: uniform, clients_per_round: 3}
+resources: {workers: 0}
+"""
+
+
+def metrics(rows):
+    return [{k: v for k, v in r.items() if k not in WALL_CLOCK_COLUMNS} for r in rows]
+
+
+def same_rows(a, b):
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b, strict=True):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            va, vb = ra[k], rb[k]
+            if isinstance(va, float) and math.isnan(va):
+                assert isinstance(vb, float) and math.isnan(vb), k
+            else:
+                assert va == vb, (k, va, vb)
+
+
+def run_async(sc, workers=0, **kw):
+    sim = AsyncSimulation(sc, workers=workers, **kw)
+    rows, clients = sim.run()
+    assert sim.final_params is not None
+    return metrics(rows), clients, sim.final_params
+
+
+# ------------------------------------------------------- FedBuff == FedAvg
+def test_fedbuff_with_k_equal_to_the_fleet_is_synchronous_fedavg():
+    # Prepare: the same scenario, synchronous FedAvg and async FedBuff(K = 5)
+    sync = parse_scenario(IDENTICAL)
+    asyn = parse_scenario(
+        IDENTICAL,
+        overrides=[
+            "round={policy: async, max_steps: 7, concurrency: 5}",
+            "algorithm={name: fedbuff, buffer_size: 5}",
+        ],
+    )
+
+    # Execute
+    sim = Simulation(sync, workers=0)
+    rows_s, clients_s = sim.run()
+    rows_a, clients_a, x_a = run_async(asyn)
+
+    # Assert: the same model after every version, bit for bit
+    assert sim.final_params is not None
+    torch.testing.assert_close(x_a, sim.final_params, rtol=0, atol=0)
+    for rs, ra in zip(rows_s, rows_a, strict=True):
+        for key in ("round", "test_loss", "test_accuracy", "train_loss", "tau_mean"):
+            assert rs[key] == ra[key], key
+        assert ra["staleness_max"] == 0 and ra["n_completed"] == 5
+    assert [c["tau"] for c in clients_s] == [c["tau"] for c in clients_a]
+    assert {c["staleness"] for c in clients_a} == {0}
+
+
+def test_fedasync_without_concurrency_is_fedbuff_with_one_update_per_version():
+    # One device at a time: every update is fresh (x_start = x), so mixing in
+    # the client model with weight alpha is adding alpha * Delta.
+    one = ["round.concurrency=1", "rounds=6"]
+    fa = load_scenario(FEDASYNC, [*one, "algorithm={name: fedasync, alpha: 0.6}"])
+    fb = load_scenario(
+        FEDASYNC, [*one, "algorithm={name: fedbuff, buffer_size: 1, server_lr: 0.6}"]
+    )
+    ra, _, xa = run_async(fa)
+    rb, _, xb = run_async(fb)
+    torch.testing.assert_close(xa, xb, rtol=1e-6, atol=1e-7)
+    assert [r["staleness_max"] for r in ra] == [0] * 6
+    assert [r["sim_time"] for r in ra] == [r["sim_time"] for r in rb]
+
+
+# ------------------------------------ training starts from the start version
+def replay(sim: AsyncSimulation) -> list[float]:
+    """Closed-form replay of the timeline: a client of F_i = 1/2 (x - e_i)^2
+    doing tau gradient steps of size lr from x_start moves by
+    Delta = (e_i - x_start) (1 - (1 - lr)^tau)."""
+    sc, alg = sim.scenario, sim.scenario.algorithm
+    e, lr = sc.data.centers, sc.client.lr
+    xs = [sc.data.x0]
+    for rec in sim.timeline():
+        x = xs[rec.version]
+        total = 0.0
+        for a in rec.applied:
+            start = xs[a.job.version]
+            delta = (e[a.job.device] - start) * (1 - (1 - lr) ** a.tau)
+            s = staleness_weight(
+                alg.staleness, a.staleness, alg.staleness_a, alg.staleness_b
+            )
+            if alg.name == "fedasync":
+                total += alg.alpha * s * (start + delta - x)
+            else:  # fedbuff, normalised: tau_eff = mean tau (SGD: ||a|| = tau)
+                tau_eff = sum(b.tau for b in rec.applied) / len(rec.applied)
+                total += alg.server_lr * s * delta * tau_eff / a.tau / len(rec.applied)
+        xs.append(x + total)
+    return xs
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["algorithm={name: fedbuff, buffer_size: 2, normalize: true, server_lr: 0.8}"],
+    ],
+    ids=["fedasync-hinge", "fedbuff-normalized"],
+)
+def test_each_update_trains_from_the_version_its_device_downloaded(overrides):
+    # Prepare
+    sc = parse_scenario(QUADRATIC, overrides=overrides)
+    sim = AsyncSimulation(sc, workers=0)
+
+    # Execute
+    rows, clients = sim.run()
+    expected = replay(sim)
+
+    # Assert: the run had stale updates, and every version matches the replay
+    assert any(c["staleness"] for c in clients if not c["dropped"])
+    assert sim.final_params is not None
+    assert float(sim.final_params[0]) == pytest.approx(expected[-1], rel=1e-12)
+    assert len(rows) == sc.rounds
+
+
+# ----------------------------------------------- batching and determinism
+def test_results_do_not_depend_on_batching_and_repeat_bit_for_bit():
+    sc = load_scenario(FEDBUFF, ["rounds=12"])
+    a, ca, xa = run_async(sc)
+    b, cb, xb = run_async(sc, max_lookahead=1)  # one version's jobs per call
+    same_rows(a, b)
+    same_rows(ca, cb)
+    assert torch.equal(xa, xb)
+    c, _, _ = run_async(load_scenario(FEDBUFF, ["rounds=12", "seed=1"]))
+    assert [r["train_loss"] for r in a] != [r["train_loss"] for r in c]
+
+
+# ----------------------------------------------------------- the records
+def test_rows_and_client_rows_of_an_async_run(tmp_path):
+    # Prepare: FedAsync with stragglers, availability and max_staleness
+    sc = load_scenario(FEDASYNC, ["rounds=40", "round.max_staleness=3"])
+    seen = []
+
+    # Execute
+    sim = AsyncSimulation(
+        sc, workers=0, run_dir=tmp_path, on_round=lambda r, c: seen.append(r)
+    )
+    rows, clients = sim.run()
+
+    # Assert: one row per version, written with the async schemas
+    assert [r["round"] for r in rows] == list(range(40)) == [r["round"] for r in seen]
+    assert pq.read_schema(tmp_path / "rounds.parquet").equals(ASYNC_ROUND_SCHEMA)
+    assert pq.read_schema(tmp_path / "clients.parquet").equals(ASYNC_CLIENT_SCHEMA)
+    assert pq.read_table(tmp_path / "clients.parquet").num_rows == len(clients)
+    times = [r["sim_time"] for r in rows]
+    assert times == sorted(times)
+    applied = [c for c in clients if not c["dropped"]]
+    stale = [c for c in clients if c["drop_reason"] == "stale"]
+    assert len(applied) == 40 and stale
+    for c in applied:
+        assert c["staleness"] == c["version_applied"] - c["version_started"] <= 3
+        assert c["t_start"] <= c["t_arrive"] <= rows[c["round"]]["sim_time"]
+        assert c["weight"] == 1.0 and np.isfinite(c["update_norm"])
+    for c in stale:
+        assert c["staleness"] > 3 and c["version_applied"] is None
+        assert c["bytes_up"] == sim.bytes_up > 0  # uploaded, then dropped
+    for r in rows:
+        mine = [c for c in clients if c["round"] == r["round"]]
+        assert len(mine) == r["n_selected"] == r["n_completed"] + r["n_dropped"]
+
+
+def test_policy_and_algorithm_must_both_be_async():
+    # (a ScenarioError, itself a ValueError, once the scenario checks it too)
+    with pytest.raises(ValueError, match="asynchronous server rule"):
+        AsyncSimulation(load_scenario(FEDBUFF, ["algorithm={name: fedavg}"]))
+    with pytest.raises(ValueError, match="AsyncTimeline"):
+        Simulation(load_scenario(FEDBUFF, ["rounds=1"])).run()
+    with pytest.raises(ValueError, match="policy 'async'"):
+        AsyncSimulation(load_scenario(SCENARIOS / "quickstart.yaml"))
+
+
+@pytest.mark.ray
+def test_one_and_two_ray_workers_match_the_in_process_run(ray_session):
+    sc = load_scenario(FEDBUFF, ["rounds=8"])
+    one, c1, x1 = run_async(sc, workers=1)
+    two, c2, x2 = run_async(sc, workers=2)
+    local, c0, x0 = run_async(sc, workers=0)
+    same_rows(one, two)
+    same_rows(c1, c2)
+    same_rows(one, local)
+    same_rows(c1, c0)
+    assert torch.equal(x1, x2) and torch.equal(x0, x1)
+    assert any(r["staleness_max"] > 0 for r in one)
