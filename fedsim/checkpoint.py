@@ -57,6 +57,7 @@ class Checkpoint:
     selector_state: dict[str, Any]
     n_rows: int
     n_client_rows: int
+    n_selector_rows: int = 0
 
 
 def checkpoint_dir(run_dir: Path, next_round: int) -> Path:
@@ -111,6 +112,7 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
             selector_state=dict(meta.get("selector_state", {})),
             n_rows=int(meta["n_rows"]),
             n_client_rows=int(meta["n_client_rows"]),
+            n_selector_rows=int(meta.get("n_selector_rows", 0)),
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from None

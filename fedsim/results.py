@@ -19,6 +19,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import pyarrow.parquet as pq
 __all__ = [
     "ROUND_SCHEMA",
     "CLIENT_SCHEMA",
+    "SELECTOR_SCHEMA",
     "atomic_write_bytes",
     "write_table",
     "default_run_dir",
@@ -73,6 +75,11 @@ CLIENT_SCHEMA = pa.schema(
         ("bytes_up", pa.int64()),
     ]
 )
+
+# selector.parquet: one row per client (or per whatever the selector reports)
+# per round; the selector's artifact() adds its own columns (FedPNS:
+# probability, selected, labeled, removed).
+SELECTOR_SCHEMA = pa.schema([("round", pa.int64()), ("client_id", pa.int64())])
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -195,12 +202,19 @@ class Recorder:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.rows: list[dict[str, Any]] = []
         self.clients: list[dict[str, Any]] = []
+        self.selector_rows: list[dict[str, Any]] = []
         self.flush_every_s = flush_every_s
         self._last = time.monotonic()
 
-    def add(self, row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+    def add(
+        self,
+        row: dict[str, Any],
+        clients: list[dict[str, Any]],
+        selector_rows: Sequence[dict[str, Any]] = (),
+    ) -> None:
         self.rows.append(row)
         self.clients.extend(clients)
+        self.selector_rows.extend(selector_rows)
         if time.monotonic() - self._last > self.flush_every_s:
             self.flush()
 
@@ -209,19 +223,31 @@ class Recorder:
             return
         write_table(self.run_dir / "rounds.parquet", self.rows, ROUND_SCHEMA)
         write_table(self.run_dir / "clients.parquet", self.clients, CLIENT_SCHEMA)
+        if self.selector_rows:
+            write_table(
+                self.run_dir / "selector.parquet", self.selector_rows, SELECTOR_SCHEMA
+            )
         self._last = time.monotonic()
 
-    def load(self, n_rows: int, n_client_rows: int) -> None:
+    def load(self, n_rows: int, n_client_rows: int, n_selector_rows: int = 0) -> None:
         """Read back the first rows of an interrupted run (for --resume)."""
         assert self.run_dir is not None
         rounds = pq.read_table(self.run_dir / "rounds.parquet").to_pylist()
         clients = pq.read_table(self.run_dir / "clients.parquet").to_pylist()
-        if len(rounds) < n_rows or len(clients) < n_client_rows:
+        selector: list[dict[str, Any]] = []
+        if n_selector_rows:
+            selector = pq.read_table(self.run_dir / "selector.parquet").to_pylist()
+        if (
+            len(rounds) < n_rows
+            or len(clients) < n_client_rows
+            or len(selector) < n_selector_rows
+        ):
             raise OSError(
                 f"{self.run_dir}: the result files hold fewer rows than the "
                 "checkpoint expects; cannot resume"
             )
         self.rows, self.clients = rounds[:n_rows], clients[:n_client_rows]
+        self.selector_rows = selector[:n_selector_rows]
 
 
 def write_partition(run_dir: Path, data: Any) -> None:

@@ -177,6 +177,18 @@ class Scenario(_Spec):
                 f"selector.clients_per_round is {self.selector.clients_per_round} "
                 f"but the fleet has only {n_dev} devices"
             )
+        scheme = getattr(self.algorithm, "sampling", "renormalized")
+        if scheme != "renormalized" and scheme != getattr(
+            self.selector, "sampling_scheme", None
+        ):
+            want = {"uniform": "uniform", "proportional": "weighted"}.get(
+                scheme, scheme
+            )
+            raise ValueError(
+                f"algorithm.sampling '{scheme}' weights updates for the "
+                f"'{want}' selector (ALGORITHMS.md section 3), not for "
+                f"'{self.selector.name}'"
+            )
         if self.round.policy == "async" and not hasattr(
             self.algorithm, "aggregate_async"
         ):

@@ -22,7 +22,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from fedsim.models import evaluate, make_model
 from fedsim.params import flatten, l2_norm
 from fedsim.results import Recorder
 from fedsim.scenario import Scenario
-from fedsim.selectors import make_selector
+from fedsim.selectors import SelectorContext, make_selector
 from fedsim.store import ClientStore
 from fedsim.workers import LocalPool, RayPool, Task
 
@@ -146,9 +146,31 @@ class ServerCore:
             return {}
         return self.store.get(clients)
 
-    def aggregate(self, *batches: Sequence[ClientUpdate]) -> RoundResult:
-        """Aggregate the round's updates (any number of lists, in any order)."""
+    def aggregate(
+        self,
+        *batches: Sequence[ClientUpdate],
+        multiplicity: dict[int, int] | None = None,
+    ) -> RoundResult:
+        """Aggregate the round's updates (any number of lists, in any order).
+
+        ``multiplicity``: how many times the selector drew each client (a
+        selector sampling with replacement); it reaches the algorithm as each
+        update's ``multiplicity`` extra (FedAvg's ``sampling: proportional``).
+        """
         updates = sorted((u for b in batches for u in b), key=lambda u: u.client)
+        if multiplicity:
+            updates = [
+                replace(
+                    u,
+                    extras={
+                        **u.extras,
+                        "multiplicity": torch.tensor(
+                            float(multiplicity.get(u.client, 1)), dtype=torch.float64
+                        ),
+                    },
+                )
+                for u in updates
+            ]
         if self.algorithm.needs_server:
             self.state, info = self.algorithm.aggregate(
                 self.state, updates, server=self.context()
@@ -221,8 +243,13 @@ class ServerCore:
         self.state = state
         self.store.restore(load_arrays(path))
 
-    def round(self, *batches: Sequence[ClientUpdate], do_eval: bool) -> RoundResult:
-        res = self.aggregate(*batches)
+    def round(
+        self,
+        *batches: Sequence[ClientUpdate],
+        do_eval: bool,
+        multiplicity: dict[int, int] | None = None,
+    ) -> RoundResult:
+        res = self.aggregate(*batches, multiplicity=multiplicity)
         if do_eval:
             loss, acc = self.evaluate()
             res = RoundResult(res.info, res.clients, res.train_loss, loss, acc)
@@ -238,10 +265,15 @@ class _LocalBackend:
         self.pool = LocalPool(scenario, data)
         self.workers = 0
 
-    def run_round(self, tasks: list[Task], do_eval: bool) -> RoundResult:
+    def run_round(
+        self,
+        tasks: list[Task],
+        do_eval: bool,
+        multiplicity: dict[int, int] | None = None,
+    ) -> RoundResult:
         states = self.server.client_states([t.client for t in tasks])
         updates = self.pool.train(self.server.payload(), tasks, states)
-        return self.server.round(updates, do_eval=do_eval)
+        return self.server.round(updates, do_eval=do_eval, multiplicity=multiplicity)
 
     def num_params(self) -> int:
         return self.server.num_params
@@ -284,7 +316,12 @@ class _RayBackend:
         self.workers = workers
         self.stateful = scenario.algorithm.stateful
 
-    def run_round(self, tasks: list[Task], do_eval: bool) -> RoundResult:
+    def run_round(
+        self,
+        tasks: list[Task],
+        do_eval: bool,
+        multiplicity: dict[int, int] | None = None,
+    ) -> RoundResult:
         import ray
 
         payload_ref = self.server.payload.remote()
@@ -292,7 +329,9 @@ class _RayBackend:
         if self.stateful:
             states_ref = self.server.client_states.remote([t.client for t in tasks])
         refs = self.pool.train(payload_ref, tasks, states_ref)
-        return ray.get(self.server.round.remote(*refs, do_eval=do_eval))
+        return ray.get(
+            self.server.round.remote(*refs, do_eval=do_eval, multiplicity=multiplicity)
+        )
 
     def num_params(self) -> int:
         return int(self.params().numel())
@@ -410,6 +449,7 @@ class Simulation:
                 "selector_state": sel,
                 "n_rows": len(self.recorder.rows),
                 "n_client_rows": len(self.recorder.clients),
+                "n_selector_rows": len(self.recorder.selector_rows),
             },
         )
         commit_checkpoint(self.run_dir, ckpt)
@@ -418,7 +458,7 @@ class Simulation:
         assert self.run_dir is not None
         ck = latest_checkpoint(self.run_dir)
         backend.load(ck.path)
-        self.recorder.load(ck.n_rows, ck.n_client_rows)
+        self.recorder.load(ck.n_rows, ck.n_client_rows, ck.n_selector_rows)
         return ck.next_round, ck.sim_time, ck.selector_state
 
     def _loop(self, backend: Any) -> None:
@@ -428,7 +468,10 @@ class Simulation:
         bytes_down = sc.algorithm.down_factor * d * elem
         bytes_up = sc.algorithm.up_factor * d * elem
         n_samples = self.data.n_samples
-        sel_state = self.selector.init(self.fleet.size)
+        sel_ctx = SelectorContext.from_run(
+            self.fleet, n_samples, sc.round, sc.client.batch_size, bytes_down, bytes_up
+        )
+        sel_state = self.selector.init(sel_ctx)
         start, now = 0, 0.0
         if self.resume:
             start, now, sel_state = self._restore(backend)
@@ -438,8 +481,9 @@ class Simulation:
             now = self.fleet.next_online_time(now)
             online = np.flatnonzero(self.fleet.online(now))
             chosen, sel_state = self.selector.select(
-                sel_state, t, online, self._rng(_SELECT_TAG, t)
+                sel_state, t, online, self._rng(_SELECT_TAG, t), sel_ctx
             )
+            multiplicity = self.selector.multiplicity(sel_state, chosen)
             plan = clock.plan_round(
                 self.fleet,
                 chosen,
@@ -453,12 +497,12 @@ class Simulation:
             )
             tasks = [Task(p.client, t, p.tau) for p in plan.plans if not p.dropped]
             do_eval = (t + 1) % sc.eval.every_rounds == 0 or t == sc.rounds - 1
-            res = backend.run_round(tasks, do_eval)
+            res = backend.run_round(tasks, do_eval, multiplicity)
             if not math.isfinite(res.train_loss) and tasks:
                 raise DivergenceError(
                     f"round {t}: the training loss is {res.train_loss}"
                 )
-            sel_state = self.selector.observe(sel_state, t, res)
+            sel_state = self.selector.observe(sel_state, t, res, sel_ctx)
             done = [p for p in plan.plans if not p.dropped]
             taus = np.array([p.tau for p in done], dtype=np.float64)
             row = {
@@ -502,7 +546,8 @@ class Simulation:
                         **(st.flags if st else {}),
                     }
                 )
-            self.recorder.add(row, these)
+            artifact = [{"round": t, **r} for r in self.selector.artifact(sel_state, t)]
+            self.recorder.add(row, these, artifact)
             if self.on_round is not None:
                 self.on_round(row, these)
             now = plan.t_end

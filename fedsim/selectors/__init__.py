@@ -1,20 +1,61 @@
 """Client selectors, one module each, and their registry.
 
 A selector is a frozen dataclass (its fields are validated when a scenario is
-loaded) with ``init(num_clients) -> state``, ``select(state, round,
-candidates, rng) -> (ids, state)`` and ``observe(state, round, result) ->
-state``. Adding one: a module here and a line in ``REGISTRY``.
+loaded) deriving from :class:`~fedsim.selectors.base.Selector`:
+``init(ctx) -> state``, ``select(state, round, candidates, rng, ctx) ->
+(ids, state)``, ``observe(state, round, result, ctx) -> state``, plus
+``multiplicity(state, ids)`` (selectors drawing with replacement) and
+``artifact(state, round)`` (rows for ``selector.parquet``). ``ctx`` is the
+run's :class:`~fedsim.selectors.base.SelectorContext` (data weights, device
+speeds, expected round times). Adding one: a module here and a line in
+``REGISTRY``; ``tests/test_selectors.py`` runs every registered selector
+through the shared contract.
+
+=================== ===========================================================
+name                how it picks ``clients_per_round`` online devices
+=================== ===========================================================
+uniform             uniformly, without replacement (scheme (ii) with
+                    ``fedavg sampling: uniform``)
+weighted            i.i.d. draws proportional to p_i, with replacement; distinct
+                    ids plus multiplicities (scheme (i) with ``sampling:
+                    proportional``)
+fedpns              FedPNS probabilities, lowered for nodes the ``fedpns``
+                    algorithm labels
+power_of_choice     the highest last-seen losses of d candidates drawn by p_i
+oort                Oort: loss utility x speed penalty, epsilon exploration
+=================== ===========================================================
 """
 
 from __future__ import annotations
 
+from fedsim.selectors.base import Selector, SelectorContext
+from fedsim.selectors.fedpns import FedPNS
+from fedsim.selectors.oort import Oort
+from fedsim.selectors.power_of_choice import PowerOfChoice
 from fedsim.selectors.uniform import Uniform
+from fedsim.selectors.weighted import Weighted
 
-__all__ = ["Uniform", "REGISTRY", "make_selector"]
+__all__ = [
+    "FedPNS",
+    "Oort",
+    "PowerOfChoice",
+    "REGISTRY",
+    "Selector",
+    "SelectorContext",
+    "Uniform",
+    "Weighted",
+    "make_selector",
+]
 
-REGISTRY = {"uniform": Uniform}
+REGISTRY: dict[str, type[Selector]] = {
+    "uniform": Uniform,
+    "weighted": Weighted,
+    "fedpns": FedPNS,
+    "power_of_choice": PowerOfChoice,
+    "oort": Oort,
+}
 
 
-def make_selector(spec):  # noqa: ANN001, ANN201
+def make_selector(spec: Selector) -> Selector:
     """The scenario's ``selector`` section is already the selector object."""
     return spec

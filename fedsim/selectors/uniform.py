@@ -2,23 +2,27 @@
 
 This is what the FedProx reference code does (ALGORITHMS.md section 3, common
 practice); with the data-weighted FedAvg server it is biased toward the
-clients sampled, which is the usual trade-off.
+clients sampled, which is the usual trade-off. For the unbiased scheme (ii)
+of section 3, pair it with ``algorithm: {name: fedavg, sampling: uniform}``:
+the server then weights update i by p_i m / q. That is exact when every
+device is online and q = ``clients_per_round`` updates arrive; with
+availability or drops it is conditional on who was online and arrived.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
-from fedsim.spec import PLUGIN_CONFIG, PosInt
+from fedsim.selectors.base import Selector, SelectorContext, SelectorState
 
 __all__ = ["Uniform"]
 
 
 @dataclass(frozen=True)
-class Uniform:
+class Uniform(Selector):
     """Pick ``min(k, #online)`` distinct online devices uniformly at random.
 
     Example:
@@ -26,28 +30,21 @@ class Uniform:
         >>> sel = Uniform(clients_per_round=2)
         >>> ids, _ = sel.select(sel.init(5), 0, np.array([0, 2, 4]),
         ...                     np.random.default_rng(0))
-        >>> len(ids), set(ids) <= {0, 2, 4}
+        >>> len(ids), set(ids.tolist()) <= {0, 2, 4}
         (2, True)
     """
 
-    __pydantic_config__: ClassVar = PLUGIN_CONFIG
-
     name: Literal["uniform"] = "uniform"
-    clients_per_round: PosInt = 10
 
-    def init(self, num_clients: int) -> dict[str, Any]:
-        return {}
+    sampling_scheme: ClassVar[str | None] = "uniform"
 
     def select(
         self,
-        state: dict[str, Any],
+        state: SelectorState,
         round_: int,
         candidates: np.ndarray,
         rng: np.random.Generator,
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        k = min(self.clients_per_round, len(candidates))
-        chosen = rng.choice(candidates, size=k, replace=False)
+        ctx: SelectorContext | int | None = None,
+    ) -> tuple[np.ndarray, SelectorState]:
+        chosen = rng.choice(candidates, size=self._k(candidates), replace=False)
         return np.sort(chosen).astype(np.int64), state
-
-    def observe(self, state: dict[str, Any], round_: int, info: Any) -> dict[str, Any]:
-        return state

@@ -1,0 +1,285 @@
+"""What every client selector shares: the context it reads and the interface.
+
+A selector is a frozen dataclass of hyperparameters (its fields are the
+scenario's ``selector`` section, validated by pydantic when the scenario is
+loaded). Its *state* is a plain JSON value (a dict of numbers, strings and
+lists), because the server writes it into every checkpoint's ``meta.json``;
+state goes in and comes out, the object never changes.
+
+The round loop calls, with ``ctx`` the run's :class:`SelectorContext`::
+
+    state = selector.init(ctx)
+    for t in rounds:
+        ids, state = selector.select(state, t, online_ids, rng_t, ctx)
+        k = selector.multiplicity(state, ids)        # None, or {id: times drawn}
+        result = train_and_aggregate(ids)            # a server.RoundResult
+        state = selector.observe(state, t, result, ctx)
+        rows = selector.artifact(state, t)           # -> selector.parquet
+
+Contract (``tests/test_selectors.py`` checks it for every registered selector):
+``select`` returns distinct, sorted ``int64`` ids, at most
+``clients_per_round`` of them, all among ``candidates`` (the devices online
+now); every random choice comes from the ``rng`` passed in, so the ids are a
+pure function of (state, round, candidates, rng state, ctx); the state
+survives ``pickle`` and a JSON round trip.
+
+``observe`` reads a round's outcome duck-typed: ``result.clients`` maps each
+aggregated client id to its stats (``train_loss``, ``weight``, ``flags``) and
+``result.info.flags`` holds the algorithm's per-client flags (FedPNS's
+``labeled``/``removed``).
+
+Example:
+    >>> import numpy as np
+    >>> ctx = SelectorContext.uniform(4)
+    >>> ctx.num_clients, ctx.data_weights.tolist()
+    (4, [0.25, 0.25, 0.25, 0.25])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from fedsim.spec import PLUGIN_CONFIG, PosInt
+
+if TYPE_CHECKING:
+    from fedsim.fleet import Fleet
+
+__all__ = [
+    "Selector",
+    "SelectorContext",
+    "SelectorState",
+    "as_context",
+    "num_clients",
+    "sorted_ids",
+]
+
+SelectorState = dict[str, Any]
+
+
+@dataclass(frozen=True, eq=False)
+class SelectorContext:
+    """Facts about the run that never change, for selectors to read.
+
+    Built once per run by the server (:meth:`from_run`); arrays are indexed by
+    client id and read-only.
+
+    Attributes:
+        num_clients: m.
+        data_weights: float64 [m], p_i = n_i / n (sums to 1).
+        n_samples: int64 [m], n_i.
+        speed: float64 [m], the device's local steps per simulated second
+            (before straggler slowdowns).
+        round_time_s: float64 [m], expected simulated seconds of one round of
+            the device: download + ``expected_steps / speed`` + upload, with
+            ``expected_steps`` the round policy's work (E n_i / B under
+            ``fixed_epochs``, ``max_steps`` otherwise). Oort's system utility.
+        informed: False for :meth:`uniform` contexts (equal weights and
+            speeds, made up when the server gives only ``m``); selectors that
+            need real weights or speeds refuse them.
+    """
+
+    num_clients: int
+    data_weights: np.ndarray
+    n_samples: np.ndarray
+    speed: np.ndarray
+    round_time_s: np.ndarray
+    informed: bool = True
+
+    def __post_init__(self) -> None:
+        m = int(self.num_clients)
+        for name, dtype in (
+            ("data_weights", np.float64),
+            ("n_samples", np.int64),
+            ("speed", np.float64),
+            ("round_time_s", np.float64),
+        ):
+            a = np.asarray(getattr(self, name), dtype=dtype)
+            if a.flags.writeable:  # a read-only array (the fleet's) is shared
+                a = a.copy()
+                a.setflags(write=False)
+            if a.shape != (m,):
+                raise ValueError(f"{name} has shape {a.shape}, expected ({m},)")
+            object.__setattr__(self, name, a)
+        total = float(self.data_weights.sum())
+        if m and (total <= 0 or np.any(self.data_weights < 0)):
+            raise ValueError("data_weights must be non-negative with a positive sum")
+
+    @classmethod
+    def uniform(cls, num_clients: int) -> SelectorContext:
+        """Equal data weights and unit speeds (``informed=False``)."""
+        m = int(num_clients)
+        return cls(
+            num_clients=m,
+            data_weights=np.full(m, 1.0 / m) if m else np.zeros(0),
+            n_samples=np.ones(m, dtype=np.int64),
+            speed=np.ones(m),
+            round_time_s=np.ones(m),
+            informed=False,
+        )
+
+    @classmethod
+    def from_arrays(
+        cls,
+        n_samples: Any,
+        speed: Any = None,
+        round_time_s: Any = None,
+    ) -> SelectorContext:
+        """A context from per-client sample counts (and optionally speeds and
+        round times, default 1), for tests and notebooks.
+
+        >>> SelectorContext.from_arrays([1, 3]).data_weights.tolist()
+        [0.25, 0.75]
+        """
+        n = np.asarray(n_samples, dtype=np.int64)
+        m = n.size
+        return cls(
+            num_clients=m,
+            data_weights=n / n.sum(),
+            n_samples=n,
+            speed=np.ones(m) if speed is None else speed,
+            round_time_s=np.ones(m) if round_time_s is None else round_time_s,
+        )
+
+    @classmethod
+    def from_run(
+        cls,
+        fleet: Fleet,
+        n_samples: np.ndarray,
+        round_spec: Any,
+        batch_size: int,
+        bytes_down: int,
+        bytes_up: int,
+    ) -> SelectorContext:
+        """The context of a run: data sizes, device speeds and round times.
+
+        Args:
+            fleet: the run's devices.
+            n_samples: n_i per client.
+            round_spec: the scenario's ``round`` section (a ``RoundSpec``).
+            batch_size: B of local steps.
+            bytes_down, bytes_up: what one device downloads and uploads per
+                round (the clock's sizes).
+        """
+        n = np.asarray(n_samples, dtype=np.int64)
+        m = fleet.size
+        if n.shape != (m,):
+            raise ValueError(f"n_samples has shape {n.shape}, expected ({m},)")
+        if round_spec.policy == "fixed_epochs":
+            lo, hi = round_spec.epochs_low, round_spec.epochs_high
+            epochs = (lo + hi) / 2.0 if lo is not None else float(round_spec.epochs)
+            steps = np.where(n < batch_size, epochs, epochs * n / batch_size)
+        else:
+            steps = np.full(m, float(round_spec.max_steps))
+        down, up = fleet.comm_time(np.arange(m), bytes_down, bytes_up)
+        total = float(n.sum())
+        return cls(
+            num_clients=m,
+            data_weights=n / total if total > 0 else np.full(m, 1.0 / max(m, 1)),
+            n_samples=n,
+            speed=fleet.speed,
+            round_time_s=down + steps / fleet.speed + up,
+        )
+
+
+def as_context(ctx: SelectorContext | int) -> SelectorContext:
+    """Accept a bare client count (older servers) as an uninformed context."""
+    if isinstance(ctx, SelectorContext):
+        return ctx
+    return SelectorContext.uniform(int(ctx))
+
+
+def num_clients(ctx: SelectorContext | int) -> int:
+    """m, from a context or a bare client count."""
+    return ctx.num_clients if isinstance(ctx, SelectorContext) else int(ctx)
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Base class. Subclasses declare ``name: Literal["<name>"]`` and their
+    hyperparameters as fields, and override :meth:`select` (and
+    :meth:`init` / :meth:`observe` when they keep state).
+
+    ``sampling_scheme`` names the unbiased aggregation scheme of ALGORITHMS.md
+    section 3 that matches how the selector samples (``uniform``: scheme (ii),
+    ``proportional``: scheme (i)); None when none does. A scenario whose
+    algorithm declares ``sampling: uniform`` or ``proportional`` needs a
+    selector with that scheme.
+    """
+
+    __pydantic_config__: ClassVar = PLUGIN_CONFIG
+
+    name: str = "base"
+    clients_per_round: PosInt = 10
+
+    sampling_scheme: ClassVar[str | None] = None
+    # True when the selector needs real data weights or speeds (it refuses
+    # an uninformed context).
+    needs_context: ClassVar[bool] = False
+
+    def init(self, ctx: SelectorContext | int) -> SelectorState:
+        """The initial state (a plain JSON value)."""
+        if self.needs_context:
+            self._context(ctx)
+        return {}
+
+    def select(
+        self,
+        state: SelectorState,
+        round_: int,
+        candidates: np.ndarray,
+        rng: np.random.Generator,
+        ctx: SelectorContext | int | None = None,
+    ) -> tuple[np.ndarray, SelectorState]:
+        raise NotImplementedError
+
+    def observe(
+        self,
+        state: SelectorState,
+        round_: int,
+        result: Any,
+        ctx: SelectorContext | int | None = None,
+    ) -> SelectorState:
+        """Update the state from a round's outcome (default: nothing to learn)."""
+        return state
+
+    def multiplicity(
+        self, state: SelectorState, ids: np.ndarray
+    ) -> dict[int, int] | None:
+        """How many times each of the last selected ``ids`` was drawn (selectors
+        sampling with replacement); None: once each."""
+        return None
+
+    def artifact(self, state: SelectorState, round_: int) -> list[dict[str, Any]]:
+        """Rows for ``selector.parquet`` after round ``round_`` (the server adds
+        the ``round`` column); [] when the selector has nothing to plot."""
+        return []
+
+    # ------------------------------------------------------------- helpers
+    def _context(self, ctx: SelectorContext | int | None) -> SelectorContext | None:
+        if ctx is None:
+            if self.needs_context:
+                raise TypeError(
+                    f"selector {self.name!r} needs the run's SelectorContext "
+                    "(data weights, device speeds): pass ctx"
+                )
+            return None
+        if not self.needs_context and not isinstance(ctx, SelectorContext):
+            return None  # a bare count: do not build m-sized arrays for nothing
+        c = as_context(ctx)
+        if self.needs_context and not c.informed:
+            raise TypeError(
+                f"selector {self.name!r} needs the run's real data weights and "
+                "device speeds (SelectorContext.from_run), not a bare client count"
+            )
+        return c
+
+    def _k(self, candidates: np.ndarray) -> int:
+        return min(self.clients_per_round, len(candidates))
+
+
+def sorted_ids(ids: np.ndarray | list[int]) -> np.ndarray:
+    """Distinct ids, sorted, as int64."""
+    return np.unique(np.asarray(ids, dtype=np.int64))

@@ -1,0 +1,116 @@
+"""Power-of-choice: the highest-loss clients of a random candidate set.
+
+Client Selection in Federated Learning: Convergence Analysis and
+Power-of-Choice Selection Strategies. Yae Jee Cho, Jianyu Wang, Gauri Joshi.
+AISTATS 2022. arXiv:2010.01243.
+
+Each round: draw a candidate set A of ``candidates`` (d) distinct online
+clients without replacement with probabilities p_i (the data weights), then
+select the ``clients_per_round`` (m) clients of A with the highest local
+loss. Biasing toward high-loss clients speeds up convergence; d = m is
+random selection, larger d is more greedy.
+
+The paper asks every candidate to evaluate its loss at the current global
+model (an extra round trip). Here the loss of a client is the *last observed*
+mean training loss of that client (``result.clients[i].train_loss`` of the
+last round it trained in): what the server knows without extra messages,
+as the paper's communication-efficient variant ``cpow-d`` approximates. A
+client never observed has loss +inf, so every client is tried once before
+the greedy choice kicks in; ties are broken at random.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from fedsim.selectors.base import Selector, SelectorContext, SelectorState
+from fedsim.spec import PosInt
+
+__all__ = ["PowerOfChoice"]
+
+
+@dataclass(frozen=True)
+class PowerOfChoice(Selector):
+    """pow-d with the last observed training losses.
+
+    Attributes:
+        candidates: d, the size of the random candidate set (None: twice
+            ``clients_per_round``); at least ``clients_per_round``.
+
+    Example:
+        >>> import numpy as np
+        >>> from fedsim.selectors.base import SelectorContext
+        >>> sel = PowerOfChoice(clients_per_round=1, candidates=3)
+        >>> ctx = SelectorContext.from_arrays([1, 1, 1])
+        >>> st = {"ids": [0, 1, 2], "loss": [0.1, 0.9, 0.5]}
+        >>> sel.select(st, 1, np.arange(3), np.random.default_rng(0), ctx)[0]
+        array([1])
+    """
+
+    name: Literal["power_of_choice"] = "power_of_choice"
+    candidates: PosInt | None = None
+
+    needs_context: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.candidates is not None and self.candidates < self.clients_per_round:
+            raise ValueError(
+                f"candidates (d = {self.candidates}) must be at least "
+                f"clients_per_round ({self.clients_per_round})"
+            )
+
+    @property
+    def d(self) -> int:
+        return self.candidates or 2 * self.clients_per_round
+
+    def init(self, ctx: SelectorContext | int) -> SelectorState:
+        self._context(ctx)
+        return {"ids": [], "loss": []}
+
+    def select(
+        self,
+        state: SelectorState,
+        round_: int,
+        candidates: np.ndarray,
+        rng: np.random.Generator,
+        ctx: SelectorContext | int | None = None,
+    ) -> tuple[np.ndarray, SelectorState]:
+        c = self._context(ctx)
+        assert c is not None
+        cand = np.asarray(candidates, dtype=np.int64)
+        k = self._k(cand)
+        if k == 0:
+            return np.zeros(0, dtype=np.int64), state
+        p = c.data_weights[cand]
+        pos = cand[p > 0]
+        d = min(self.d, len(pos))
+        if d < k:  # too few clients with data weight: take them all, fill
+            rest = rng.choice(cand[p <= 0], size=k - d, replace=False)
+            pool = np.concatenate([pos, rest])
+        else:
+            w = p[p > 0]
+            pool = rng.choice(pos, size=d, replace=False, p=w / w.sum())
+        known = dict(zip(state["ids"], state["loss"], strict=True))
+        loss = np.array([known.get(int(i), math.inf) for i in pool])
+        # highest loss first; a random key breaks ties (unseen clients)
+        order = np.lexsort((rng.random(len(pool)), -loss))
+        return np.sort(pool[order[:k]]).astype(np.int64), state
+
+    def observe(
+        self,
+        state: SelectorState,
+        round_: int,
+        result: Any,
+        ctx: SelectorContext | int | None = None,
+    ) -> SelectorState:
+        known = dict(zip(state["ids"], state["loss"], strict=True))
+        for cid, st in sorted(getattr(result, "clients", {}).items()):
+            loss = float(st.train_loss)
+            if math.isfinite(loss):
+                known[int(cid)] = loss
+        ids = sorted(known)
+        return {"ids": ids, "loss": [known[i] for i in ids]}

@@ -1,0 +1,79 @@
+"""Sampling with replacement, proportional to the data weights p_i.
+
+Scheme (i) of ALGORITHMS.md section 3 (Li et al., "On the Convergence of
+FedAvg on Non-IID Data", ICLR 2020, arXiv:1907.02189, scheme I): draw q =
+``clients_per_round`` indices i.i.d. with P(l = i) = p_i and step by
+(1/q) sum_j Delta_{l_j}, an unbiased estimate of sum_i p_i Delta_i.
+
+A client drawn k_i times trains once (the [R] of section 3) and its delta
+counts k_i times: :meth:`select` returns the *distinct* ids and
+:meth:`multiplicity` the k_i, which the server attaches to each update as the
+``multiplicity`` extra; pair this selector with
+``algorithm: {name: fedavg, sampling: proportional}``, whose weights are
+k_i / q. Only online devices are drawn (p renormalised over them), so with
+availability the estimate is conditional on who was online.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import numpy as np
+
+from fedsim.selectors.base import Selector, SelectorContext, SelectorState
+
+__all__ = ["Weighted"]
+
+
+@dataclass(frozen=True)
+class Weighted(Selector):
+    """q i.i.d. draws proportional to p_i among the online devices.
+
+    State: the last round's distinct ids and how often each was drawn.
+
+    Example:
+        >>> import numpy as np
+        >>> from fedsim.selectors.base import SelectorContext
+        >>> ctx = SelectorContext(3, [0.2, 0.3, 0.5], [2, 3, 5], [1, 1, 1], [1, 1, 1])
+        >>> sel = Weighted(clients_per_round=4)
+        >>> ids, st = sel.select(sel.init(ctx), 0, np.arange(3),
+        ...                      np.random.default_rng(0), ctx)
+        >>> sum(sel.multiplicity(st, ids).values())
+        4
+    """
+
+    name: Literal["weighted"] = "weighted"
+
+    sampling_scheme: ClassVar[str | None] = "proportional"
+    needs_context: ClassVar[bool] = True
+
+    def init(self, ctx: SelectorContext | int) -> SelectorState:
+        self._context(ctx)
+        return {"ids": [], "counts": []}
+
+    def select(
+        self,
+        state: SelectorState,
+        round_: int,
+        candidates: np.ndarray,
+        rng: np.random.Generator,
+        ctx: SelectorContext | int | None = None,
+    ) -> tuple[np.ndarray, SelectorState]:
+        c = self._context(ctx)
+        assert c is not None
+        cand = np.asarray(candidates, dtype=np.int64)
+        p = c.data_weights[cand]
+        if len(cand) == 0 or p.sum() <= 0:
+            return np.zeros(0, dtype=np.int64), {"ids": [], "counts": []}
+        draws = rng.choice(
+            cand, size=self.clients_per_round, replace=True, p=p / p.sum()
+        )
+        ids, counts = np.unique(draws, return_counts=True)
+        return ids.astype(np.int64), {"ids": ids.tolist(), "counts": counts.tolist()}
+
+    def multiplicity(
+        self, state: SelectorState, ids: np.ndarray
+    ) -> dict[int, int] | None:
+        k = dict(zip(state["ids"], state["counts"], strict=True))
+        return {int(i): int(k.get(int(i), 1)) for i in np.asarray(ids).tolist()}
