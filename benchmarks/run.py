@@ -26,13 +26,11 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from fedsim.data import build_data  # noqa: E402
 from fedsim.models import make_model  # noqa: E402
-from fedsim.params import flatten  # noqa: E402
 from fedsim.scenario import load_scenario  # noqa: E402
 from fedsim.server import Simulation  # noqa: E402
 from fedsim.workers import client_seed  # noqa: E402
@@ -51,7 +49,9 @@ def steady(round_times: list[float]) -> float:
     return statistics.median(body)
 
 
-def run_fedsim(path: Path, workers: int, overrides: list[str]) -> dict:
+def run_fedsim(
+    path: Path, workers: int, overrides: list[str], vectorize: bool = False
+) -> dict:
     t0 = time.perf_counter()
     ray_s = 0.0
     if workers:
@@ -59,7 +59,14 @@ def run_fedsim(path: Path, workers: int, overrides: list[str]) -> dict:
 
         init_ray(num_cpus=max(2, workers))
         ray_s = time.perf_counter() - t0
-    sc = load_scenario(path, [*overrides, f"resources.workers={workers}"])
+    sc = load_scenario(
+        path,
+        [
+            *overrides,
+            f"resources.workers={workers}",
+            f"resources.vectorize={str(vectorize).lower()}",
+        ],
+    )
     torch.set_num_threads(1)
     t1 = time.perf_counter()
     sim = Simulation(sc, workers=workers)
@@ -70,10 +77,13 @@ def run_fedsim(path: Path, workers: int, overrides: list[str]) -> dict:
     per_round = [b - a for a, b in zip([0.0, *ends[:-1]], ends, strict=True)]
     steps = sum(c["tau"] for c in clients if not c["dropped"])
     worker_rss = 0.0
-    return {
-        "name": f"fedsim {workers} worker{'s' if workers != 1 else ''}"
+    name = (
+        f"fedsim {workers} worker{'s' if workers != 1 else ''}"
         if workers
-        else "fedsim in-process",
+        else "fedsim in-process"
+    )
+    return {
+        "name": name + (", vectorized" if vectorize else ""),
         "wall_s": wall,
         "setup_s": wall - sum(per_round),
         "ray_init_s": ray_s,
@@ -187,12 +197,18 @@ def main() -> int:
         local = run_fedsim(path, 0, overrides)
         one = run_fedsim(path, 1, overrides)
         two = run_fedsim(path, 2, overrides)
+        vec = []
+        if name == "lr":  # small model: the vectorized executor applies
+            vec = [
+                run_fedsim(path, 1, overrides, vectorize=True),
+                run_fedsim(path, 0, overrides, vectorize=True),
+            ]
         base = run_baseline(local["scenario"], local["schedule"])
-        for r in (local, one, two):
+        for r in (local, one, two, *vec):
             assert r["schedule"] == local["schedule"]
             diff = float((r["final"] - base["final"]).abs().max())
             print(f"{r['name']}: max |x - x_baseline| = {diff:.3g}")
-        text = table(name, [one, two, local], base)
+        text = table(name, [one, two, local, *vec], base)
         print(text)
         out.append(text)
     if out and not args.no_append:

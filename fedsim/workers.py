@@ -123,9 +123,24 @@ class Worker:
         self.weights = data.weights
         self.num_clients = data.num_clients
         self.total_weight = float(np.sum(data.weights))
+        self.vectorize = False
+        if scenario.resources.vectorize:
+            from fedsim.vectorized import supports
+
+            self.vectorize = supports(self)
 
     def pid(self) -> int:
         return os.getpid()
+
+    def client_info(self, i: int) -> ClientInfo:
+        return ClientInfo(
+            client=i,
+            n_samples=self.offsets[i + 1] - self.offsets[i],
+            num_clients=self.num_clients,
+            relative_weight=float(self.weights[i])
+            * self.num_clients
+            / self.total_weight,
+        )
 
     def train(
         self,
@@ -137,6 +152,10 @@ class Worker:
         task. ``states`` holds the persistent state of stateful algorithms."""
         if isinstance(payload, torch.Tensor):
             payload = {"x": payload}
+        if self.vectorize and len(tasks) > 1:
+            from fedsim.vectorized import train_vectorized
+
+            return train_vectorized(self, payload["x"], tasks)
         states = states or {}
         return [self._train_one(payload, t, states.get(t.client, {})) for t in tasks]
 
@@ -150,14 +169,7 @@ class Worker:
         gen = torch.Generator().manual_seed(seed)
         batches = _batches(hi - lo, self.scenario.client.batch_size, gen)
         algo = self.algorithm
-        info = ClientInfo(
-            client=i,
-            n_samples=hi - lo,
-            num_clients=self.num_clients,
-            relative_weight=float(self.weights[i])
-            * self.num_clients
-            / self.total_weight,
-        )
+        info = self.client_info(i)
         if algo.client_train is not None:
             return algo.client_train(
                 self, payload, task, client_state, info, xs, ys, gen
