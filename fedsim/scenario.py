@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -59,8 +60,13 @@ __all__ = [
     "dump_scenario",
 ]
 
-MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 64
+# YAML aliases let a 300-byte file expand to billions of values ("billion laughs").
+MAX_VALUES = 1_000_000
+# No setting needs more than 64 bits; bigger integers cannot even be printed
+# (Python refuses int -> str beyond 4300 digits).
+MAX_INT_BITS = 64
 
 
 class ScenarioError(ValueError):
@@ -258,10 +264,19 @@ def _format_validation(err: ValidationError, source: str) -> str:
 
 
 def _depth(obj: Any, limit: int = MAX_NESTING) -> int:
+    """Nesting depth of ``obj`` (stops early past ``limit``).
+
+    Raises:
+        OverflowError: ``obj`` holds more than ``MAX_VALUES`` values.
+    """
     stack = [(obj, 1)]
     deepest = 0
+    seen = 0
     while stack:
         node, d = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise OverflowError(seen)
         deepest = max(deepest, d)
         if d > limit:
             return d
@@ -270,6 +285,19 @@ def _depth(obj: Any, limit: int = MAX_NESTING) -> int:
         elif isinstance(node, list):
             stack.extend((v, d + 1) for v in node)
     return deepest
+
+
+def _check_shape(raw: Any, source: str) -> None:
+    """Reject structures too deep or too large to walk or validate."""
+    try:
+        too_deep = _depth(raw) > MAX_NESTING
+    except OverflowError:
+        raise ScenarioError(
+            f"{source}: expands to more than {MAX_VALUES:,} values "
+            "(YAML anchors and aliases?); a scenario is a short file"
+        ) from None
+    if too_deep:
+        raise ScenarioError(f"{source}: nested more than {MAX_NESTING} levels deep")
 
 
 def _check_plain(obj: Any, source: str, path: str = "") -> None:
@@ -287,10 +315,18 @@ def _check_plain(obj: Any, source: str, path: str = "") -> None:
             _check_plain(v, source, f"{path}[{i}]")
     elif isinstance(obj, float) and not math.isfinite(obj):
         raise ScenarioError(f"{source}: {path}: expected a finite number, got {obj}")
+    elif isinstance(obj, int) and obj.bit_length() > MAX_INT_BITS:
+        raise ScenarioError(
+            f"{source}: {path}: number too large ({obj.bit_length()} bits)"
+        )
     elif obj is not None and not isinstance(obj, str | int | float | bool):
         raise ScenarioError(
             f"{source}: {path}: expected a plain value, got {type(obj).__name__}"
         )
+
+
+# libyaml's safe loader when PyYAML has it: the pure-Python one takes ~20 s/MiB.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _read_yaml(text: str, source: str) -> Any:
@@ -300,7 +336,7 @@ def _read_yaml(text: str, source: str) -> Any:
             "a scenario is a short YAML file"
         )
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -311,6 +347,15 @@ def _read_yaml(text: str, source: str) -> Any:
         ) from None
     except RecursionError:
         raise ScenarioError(f"{source}: YAML nested too deeply") from None
+    except (ValueError, OverflowError, LookupError, AttributeError, TypeError) as exc:
+        # PyYAML's safe constructors raise these on some scalars: `!!int abc`
+        # (ValueError), `!!bool maybe` (KeyError), `!!int ''` (IndexError),
+        # `!!timestamp x` (AttributeError), an int of more than 4300 digits
+        # (ValueError), 1:2:...:59.5 (OverflowError).
+        raise ScenarioError(
+            f"{source}: malformed YAML: cannot read a value "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
     return data
 
 
@@ -396,10 +441,10 @@ def parse_scenario(
             f"{source}: expected a YAML mapping at the top level "
             f"(name:, rounds:, ...), got {type(raw).__name__}"
         )
-    if _depth(raw) > MAX_NESTING:
-        raise ScenarioError(f"{source}: nested more than {MAX_NESTING} levels deep")
+    _check_shape(raw, source)
     if overrides:
         raw = apply_overrides(raw, overrides)
+        _check_shape(raw, source)
     _check_plain(raw, source)
     try:
         return Scenario.model_validate(raw)
@@ -413,13 +458,19 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     """Read, parse and validate a scenario file."""
     p = Path(path)
     try:
-        size = p.stat().st_size
-        if size > MAX_FILE_BYTES:
+        if p.is_dir():
+            raise IsADirectoryError
+        if not stat.S_ISREG(p.stat().st_mode):
+            # /dev/zero never ends; a FIFO blocks until someone writes to it
+            raise ScenarioError(f"{p}: not a regular file")
+        with p.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
             raise ScenarioError(
-                f"{p}: file is {size} bytes; a scenario is a short YAML file "
-                f"(limit {MAX_FILE_BYTES} bytes)"
+                f"{p}: file is larger than {MAX_FILE_BYTES} bytes; "
+                "a scenario is a short YAML file"
             )
-        text = p.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except ScenarioError:
         raise
     except FileNotFoundError:
@@ -430,6 +481,8 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         raise ScenarioError(f"{p}: not UTF-8 text") from None
     except OSError as exc:
         raise ScenarioError(f"{p}: cannot read ({exc.strerror})") from None
+    except ValueError:  # e.g. a NUL byte in the path
+        raise ScenarioError(f"{p}: not a valid file name") from None
     return parse_scenario(text, str(p), overrides)
 
 

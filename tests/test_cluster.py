@@ -1,0 +1,494 @@
+"""cluster/: the configs hold together, and `ray job submit` works for real.
+
+The fast tests check the files in cluster/ (the cluster launcher config passes
+Ray's own validation, every Ray container has token authentication on, the
+runtime environment leaves results/ and .venv behind, submit.sh builds the
+documented command). The slow one starts a real Ray head on 127.0.0.1 with
+token authentication, submits the quickstart through cluster/submit.sh, checks
+the run directory, checks that requests without the right token are refused,
+and stops the head.
+
+The head is this test's own: a fresh token in a temporary file (never
+~/.ray/auth_token), free ports, its own --temp-dir, and `ray start --block` in
+a new session. It is stopped with SIGTERM to that process (Ray then stops what
+it started), and whatever of its session is left is killed by pid. Never
+`ray stop`: it stops every Ray on the machine, other people's included.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import ROOT
+
+CLUSTER = ROOT / "cluster"
+BIN = Path(sys.executable).parent  # the venv's bin: ray, fedsim, python
+RAY = BIN / "ray"
+SUBMIT = CLUSTER / "submit.sh"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This process's environment without any Ray address or token, plus
+    ``extra``; the venv's bin comes first on PATH."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RAY_AUTH", "RAY_ADDRESS", "RAY_API_SERVER"))
+    }
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        COLUMNS="120",
+    )
+    env.update(extra)
+    return env
+
+
+def _auth_env(env: dict[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in env.items() if k.startswith("RAY_AUTH")]
+
+
+# --------------------------------------------------------------- the files
+
+
+def test_runtime_env_excludes_results_and_venv():
+    # What Ray matches `excludes` with (a copy of pathspec it ships).
+    from ray._private.thirdparty.pathspec import PathSpec
+
+    spec = yaml.safe_load((CLUSTER / "runtime_env.yaml").read_text())
+    assert "working_dir" not in spec, "the working dir comes from --working-dir"
+    excluded = PathSpec.from_lines("gitwildmatch", spec["excludes"]).match_file
+    for path in ("results/quickstart-1/rounds.parquet", ".venv/bin/python"):
+        assert excluded(path), path
+    for path in (
+        "fedsim/results.py",
+        "fedsim/scenario.py",
+        "scenarios/quickstart.yaml",
+        "cluster/runtime_env.yaml",
+        "tests/test_cluster.py",
+    ):
+        assert not excluded(path), path
+    assert all(isinstance(v, str) for v in spec.get("env_vars", {}).values())
+
+
+def test_aws_config_passes_ray_validation_with_token_auth():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    raw = yaml.safe_load((CLUSTER / "aws.yaml").read_text())
+    config = prepare_config(copy.deepcopy(raw))
+    validate_config(config)  # Ray's JSON schema and consistency checks
+
+    types = config["available_node_types"]
+    assert config["head_node_type"] in types
+    gpu = [t for t in types.values() if t["node_config"]["InstanceType"][0] in "gp"]
+    cpu = [t for t in types.values() if t["node_config"]["InstanceType"][0] in "cm"]
+    assert gpu and len(cpu) >= 2, "head plus CPU and GPU worker types"
+
+    assert "--env RAY_AUTH_MODE=token" in config["docker"]["run_options"]
+    for cmds in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = [c for c in config[cmds] if "ray start" in c]
+        assert start and all("RAY_AUTH_MODE=token" in c for c in start), cmds
+    head_start = " ".join(config["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head_start
+    assert raw["file_mounts"]["/home/ray/.ray/auth_token"] == "~/.ray/auth_token"
+
+
+def _containers(pod_template: dict) -> list[dict]:
+    return pod_template["spec"]["containers"]
+
+
+def _has_token_auth(env: list[dict]) -> bool:
+    by_name = {e["name"]: e for e in env}
+    mode = by_name.get("RAY_AUTH_MODE", {}).get("value")
+    secret = by_name.get("RAY_AUTH_TOKEN", {}).get("valueFrom", {}).get("secretKeyRef")
+    return mode == "token" and bool(secret and secret["name"] and secret["key"])
+
+
+def test_kuberay_manifests_enable_token_auth_everywhere():
+    docs = [d for d in yaml.safe_load_all((CLUSTER / "kuberay.yaml").read_text()) if d]
+    by_kind = {d["kind"]: d for d in docs}
+    assert {"RayCluster", "RayJob"} <= set(by_kind)
+    cluster, job = by_kind["RayCluster"]["spec"], by_kind["RayJob"]["spec"]
+
+    templates = [cluster["headGroupSpec"]["template"]]
+    templates += [g["template"] for g in cluster["workerGroupSpecs"]]
+    for template in templates:
+        for container in _containers(template):
+            assert _has_token_auth(container.get("env", [])), container["name"]
+    assert _has_token_auth(cluster["autoscalerOptions"]["env"])
+    for container in _containers(job["submitterPodTemplate"]):
+        assert _has_token_auth(container["env"])
+
+    groups = {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
+    gpu_limits = [
+        c["resources"]["limits"].get("nvidia.com/gpu")
+        for g in groups.values()
+        for c in _containers(g["template"])
+    ]
+    assert any(gpu_limits) and not all(gpu_limits), "CPU and GPU worker groups"
+    assert (
+        job["clusterSelector"]["ray.io/cluster"]
+        == by_kind["RayCluster"]["metadata"]["name"]
+    )
+    assert job["entrypoint"].startswith("fedsim run ")
+
+
+def test_cluster_files_agree_on_the_ray_version():
+    aws = yaml.safe_load((CLUSTER / "aws.yaml").read_text())
+    kuberay = [d for d in yaml.safe_load_all((CLUSTER / "kuberay.yaml").read_text())]
+    dockerfile = (CLUSTER / "Dockerfile").read_text()
+    version = next(d for d in kuberay if d["kind"] == "RayCluster")["spec"][
+        "rayVersion"
+    ]
+    assert aws["docker"]["image"].startswith(f"rayproject/ray:{version}-")
+    assert f"FROM rayproject/ray:{version}-" in dockerfile
+
+
+def _submit(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SUBMIT), *args],
+        cwd=ROOT,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_submit_sh_builds_the_documented_command():
+    # `echo` stands in for the ray CLI: the command line is the output.
+    r = _submit(
+        "scenarios/quickstart.yaml",
+        "--set",
+        "algorithm={name: fedavg}",
+        RAY="echo",
+        RAY_ADDRESS="http://127.0.0.1:1",
+        FEDSIM_VALIDATE="0",
+        FEDSIM_RESULTS="/shared/runs",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(
+        "job submit --address http://127.0.0.1:1 --working-dir . "
+        "--runtime-env cluster/runtime_env.yaml -- fedsim run "
+        "scenarios/quickstart.yaml --set algorithm={name: fedavg} "
+        "--out /shared/runs/quickstart-"
+    ), r.stdout
+    assert "results: /shared/runs/quickstart-" in r.stderr
+    assert "ray rsync-down" in r.stderr and "kubectl cp" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["scenarios/quickstart.yaml"], {}, "RAY_ADDRESS"),
+        (["scenarios/nope.yaml"], {"RAY_ADDRESS": "x"}, "no such scenario"),
+        (["/etc/hostname"], {"RAY_ADDRESS": "x"}, "outside the repository"),
+        (
+            ["scenarios/quickstart.yaml", "--out", "runs/a"],
+            {"RAY_ADDRESS": "x"},
+            "absolute path",
+        ),
+    ],
+)
+def test_submit_sh_refuses_what_cannot_work(args, env, needle):
+    r = _submit(*args, RAY="echo", FEDSIM_VALIDATE="0", **env)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+    assert "job submit" not in r.stdout
+
+
+def test_submit_sh_validates_the_scenario_before_submitting():
+    r = _submit(
+        "scenarios/quickstart.yaml",
+        "--set",
+        "rounds=-1",
+        RAY="echo",
+        RAY_ADDRESS="http://127.0.0.1:1",
+    )
+    assert r.returncode == 2, r.stderr
+    assert "rounds" in r.stderr and "Traceback" not in r.stderr
+    assert "job submit" not in r.stdout
+
+
+# ------------------------------------------------- a real head, a real job
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass
+class Head:
+    proc: subprocess.Popen
+    dir: Path
+    env: dict[str, str]  # the right token, RAY_AUTH_MODE=token
+    token: str
+    gcs: str
+    dashboard: str
+    log: Path
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no head log)"
+
+
+def _session_pids(sid: int, marker: str) -> list[int]:
+    """Processes of session ``sid`` or whose command line names ``marker``
+    (the head's temp dir): all of them started by this test's head."""
+    import psutil
+
+    pids = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.pid == os.getpid():
+                continue
+            if os.getsid(p.pid) == sid or marker in " ".join(p.info["cmdline"] or []):
+                pids.append(p.pid)
+        except (OSError, psutil.Error):
+            continue
+    return pids
+
+
+def _stop_head(head: Head) -> None:
+    """SIGTERM to `ray start --block` makes it stop the processes it started;
+    then SIGKILL, by pid, whatever of this head is left."""
+    sid, marker = head.proc.pid, str(head.dir)
+    if head.proc.poll() is None:
+        head.proc.send_signal(signal.SIGTERM)
+        try:
+            head.proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            head.proc.kill()
+            head.proc.wait(timeout=10)
+    deadline = time.monotonic() + 15
+    while (left := _session_pids(sid, marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _http(head: Head, method: str, path: str, token: str | None, body=None):
+    """(status, text) of a request to the head's dashboard."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(head.dashboard + path, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def ray_head() -> Iterator[Head]:
+    # A short path: Ray puts unix sockets under it (108-byte limit).
+    work = Path(tempfile.mkdtemp(prefix="fsray-", dir="/tmp"))
+    token = secrets.token_hex(32)
+    token_file = work / "auth_token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    env = _env(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token_file),
+        # SIGTERM stops the head at once instead of draining for 30 s.
+        RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
+    )
+    gcs, dash, client, nm, om, agent, agent_grpc, metrics, rt_env = _free_ports(9)
+    log = work / "head.log"
+    cmd = [
+        str(RAY),
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--port={gcs}",
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dash}",
+        f"--ray-client-server-port={client}",
+        f"--node-manager-port={nm}",
+        f"--object-manager-port={om}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--metrics-export-port={metrics}",
+        f"--runtime-env-agent-port={rt_env}",
+        "--num-cpus=2",
+        "--num-gpus=0",
+        f"--object-store-memory={300 * 1024 * 1024}",
+        f"--temp-dir={work / 'ray'}",
+        "--disable-usage-stats",
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=work,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own session: found and stopped by sid
+        )
+    head = Head(
+        proc, work, env, token, f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", log
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"ray start exited ({proc.returncode}):\n{head.log_tail()}")
+            try:
+                if _http(head, "GET", "/api/jobs/", token)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the head's job API never came up:\n{head.log_tail()}")
+            time.sleep(1)
+        yield head
+    finally:
+        _stop_head(head)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _ray(head: Head, *args: str, env: dict[str, str] | None = None, timeout=120):
+    return subprocess.run(
+        [str(RAY), *args],
+        cwd=ROOT,
+        env=head.env if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    return (getattr(addr, "ipv4_mapped", None) or addr).is_loopback
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_ray_job_submit_with_token_auth(ray_head: Head, tmp_path: Path):
+    import psutil
+    import pyarrow.parquet as pq
+
+    head = ray_head
+    # Every port this head opened is on loopback.
+    listening = []
+    for pid in _session_pids(head.proc.pid, str(head.dir)):
+        try:
+            conns = psutil.Process(pid).net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        listening += [c.laddr for c in conns if c.status == psutil.CONN_LISTEN]
+    assert listening, "found none of the head's listening sockets"
+    assert all(_is_loopback(a.ip) for a in listening), listening
+
+    # Submit the quickstart the documented way: cluster/submit.sh, which runs
+    # the venv's `ray job submit --working-dir . --runtime-env ...` and waits.
+    out = tmp_path / "run"
+    job_id = f"fedsim-test-{secrets.token_hex(4)}"
+    r = subprocess.run(
+        [str(SUBMIT), "scenarios/quickstart.yaml", "--set", "rounds=3"]
+        + ["--out", str(out), "--quiet"],
+        cwd=ROOT,
+        env={
+            **head.env,
+            "RAY": str(RAY),
+            "RAY_ADDRESS": head.dashboard,
+            "RAY_JOB_OPTS": f"--submission-id {job_id}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    code, text = _http(head, "GET", f"/api/jobs/{job_id}", head.token)
+    status = json.loads(text).get("status") if code == 200 else f"HTTP {code}"
+    if r.returncode != 0 or status != "SUCCEEDED":
+        logs = _ray(head, "job", "logs", "--address", head.dashboard, job_id)
+        pytest.fail(
+            f"job {job_id}: {status} (submit.sh exit {r.returncode})\n"
+            f"--- submit.sh stdout\n{r.stdout[-4000:]}\n"
+            f"--- submit.sh stderr\n{r.stderr[-4000:]}\n"
+            f"--- ray job logs\n{logs.stdout[-6000:]}{logs.stderr[-2000:]}\n"
+            f"--- head log\n{head.log_tail()}"
+        )
+    assert f"results: {out}" in r.stderr
+    assert pq.read_table(out / "rounds.parquet").num_rows == 3
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 3
+
+    # Refused: a submission with a wrong token (403) ...
+    wrong = {**head.env, "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    r = _ray(
+        head,
+        *("job", "submit", "--address", head.dashboard, "--no-wait"),
+        *("--", "echo", "intruder"),
+        env=wrong,
+    )
+    assert r.returncode != 0
+    assert "Invalid authentication token" in r.stderr, r.stderr[-2000:]
+    # ... and one with no token at all (401), from a client that knows nothing
+    # of token auth (no RAY_AUTH_* at all, an empty HOME: no ~/.ray/auth_token).
+    home = tmp_path / "home"
+    home.mkdir()
+    bare = {k: v for k, v in head.env.items() if not k.startswith("RAY_AUTH")}
+    bare.update(HOME=str(home), RAY_AUTH_MODE="disabled")
+    r = _ray(
+        head,
+        *("job", "submit", "--address", head.dashboard, "--no-wait"),
+        *("--", "echo", "intruder"),
+        env=bare,
+    )
+    assert r.returncode != 0
+    assert "Missing authentication token" in r.stderr, r.stderr[-2000:]
+    # The job API itself, whatever the client: 401 without, 403 with a wrong
+    # token; the GCS refuses a wrong token too.
+    body = {"entrypoint": "echo intruder"}
+    assert _http(head, "POST", "/api/jobs/", None, body)[0] == 401
+    assert _http(head, "POST", "/api/jobs/", "not-the-token", body)[0] == 403
+    r = _ray(head, "status", "--address", head.gcs, env=wrong, timeout=60)
+    assert r.returncode != 0 and "auth" in r.stderr.lower(), r.stderr[-2000:]
+    r = _ray(head, "status", "--address", head.gcs, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+    # No rejected request left a job behind.
+    code, text = _http(head, "GET", "/api/jobs/", head.token)
+    assert code == 200
+    jobs = json.loads(text)
+    assert [j["submission_id"] for j in jobs if j.get("submission_id")] == [job_id]
+    assert not any("intruder" in j["entrypoint"] for j in jobs)
