@@ -1,0 +1,88 @@
+"""Scale figures for issue 8: a 1,000,000-device fleet, 1,000 selected per round.
+
+    .venv/bin/python benchmarks/scale.py [--devices N] [--end-to-end]
+
+Prints the time to build the fleet, its memory, the time the selector and the
+SimPy clock take for one round (the simulation's own cost, without training),
+and, with --end-to-end, the wall time of `scenarios/stress/million-devices.yaml`
+run in-process with the vectorized executor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fedsim import clock
+from fedsim.fleet import Fleet
+from fedsim.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = ROOT / "scenarios" / "stress" / "million-devices.yaml"
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--devices", type=int, default=1_000_000)
+    ap.add_argument("--end-to-end", action="store_true")
+    args = ap.parse_args()
+    share = args.devices * 6 // 10
+    sc = load_scenario(
+        SCENARIO,
+        [
+            f"fleet.groups[0].count={share}",
+            f"fleet.groups[1].count={args.devices - share}",
+        ],
+    )
+    base = rss_mb()
+    t0 = time.perf_counter()
+    fleet = Fleet.from_spec(sc.fleet, sc.seed)
+    build = time.perf_counter() - t0
+    n_samples = np.full(fleet.size, 8)
+    selector = sc.selector
+    now, times = 0.0, []
+    for t in range(5):
+        t1 = time.perf_counter()
+        now = fleet.next_online_time(now)
+        online = np.flatnonzero(fleet.online(now))
+        rng = np.random.default_rng([sc.seed, t])
+        chosen = np.sort(
+            rng.choice(online, size=selector.clients_per_round, replace=False)
+        )
+        plan = clock.plan_round(
+            fleet, chosen, now, sc.round, rng, 2440, 2440, n_samples, 8
+        )
+        times.append(time.perf_counter() - t1)
+        now = plan.t_end
+    print(f"devices                     {fleet.size:,}")
+    print(f"fleet build                 {build:.2f} s")
+    print(f"fleet memory (peak RSS up)  {rss_mb() - base:.0f} MB")
+    print(f"online at the last round    {len(online):,}")
+    print(
+        "selection + clock per round "
+        + " ".join(f"{x * 1000:.0f}" for x in times)
+        + f" ms (max {max(times):.3f} s)"
+    )
+    if args.end_to_end:
+        from fedsim.server import Simulation
+
+        t2 = time.perf_counter()
+        sim = Simulation(sc, workers=0)
+        setup = time.perf_counter() - t2
+        rows, _ = sim.run()
+        total = time.perf_counter() - t2
+        print(f"end to end, 5 rounds        {total:.1f} s (data + fleet {setup:.1f} s)")
+        print(f"final test accuracy         {rows[-1]['test_accuracy']:.3f}")
+        print(f"peak RSS                    {rss_mb():.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
