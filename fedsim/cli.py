@@ -1,4 +1,4 @@
-"""The ``fedsim`` command line: ``fedsim run | validate``.
+"""The ``fedsim`` command line: ``fedsim run | validate | report | stress``.
 
 Exit codes: 0 success; 1 a run that failed (e.g. diverged); 2 invalid
 scenario or bad arguments, with a one-paragraph message on stderr and no
@@ -266,6 +266,111 @@ def report(
     except ReportError as exc:
         _fail(str(exc))
     out.print(f"report: {path}", highlight=False)
+
+
+@app.command()
+def stress(
+    scenario: Annotated[
+        Path, typer.Argument(help="Scenario YAML file (a synchronous one).")
+    ],
+    sweep: Annotated[
+        list[str],
+        typer.Option(
+            "--sweep",
+            help="PATH=v1,v2,... mildest first, e.g. fleet.stragglers.p=0,0.1,0.3,0.5 "
+            "(repeat for a grid).",
+        ),
+    ],
+    algorithms: Annotated[
+        str,
+        typer.Option(
+            "--algorithms", help="Comma-separated: name or name:key=value,..."
+        ),
+    ],
+    seeds: Annotated[int, typer.Option("--seeds", min=1)] = 3,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Report directory (default results/stress-<name>-<time>/)."
+        ),
+    ] = None,
+    target_accuracy: Annotated[
+        float | None,
+        typer.Option(
+            "--target-accuracy",
+            min=0.0,
+            max=1.0,
+            help="For the simulated time to reach it (default: 90% of the best "
+            "mean accuracy in the mildest setting).",
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a field for every run: path=value."),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=0,
+            help="0: one run after another in this process; n: at most n Ray "
+            "tasks at once (default: one per CPU).",
+        ),
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Sweep a fleet setting, run each algorithm at each value, and report
+    which aggregator degrades least (stress.md, stress.parquet, plots)."""
+    from fedsim.compare import split_algorithms
+    from fedsim.stress import parse_sweep, run_stress
+
+    grid: dict[str, list[Any]] = {}
+    try:
+        for item in sweep:
+            path, values = parse_sweep(item)
+            if path in grid:
+                _fail(f"--sweep {path}: given twice")
+            grid[path] = values
+    except ScenarioError as exc:
+        _fail(str(exc))
+    labels = split_algorithms(algorithms)
+    if not labels:
+        _fail("--algorithms: give at least one algorithm")
+    if workers != 0:
+        from fedsim.ray_session import init_ray
+
+        init_ray(address)
+
+    def progress(rec: dict[str, Any]) -> None:
+        if not quiet:
+            err.print(
+                f"cell {rec['cell']} {rec['algorithm']} seed {rec['seed']}: "
+                f"final acc {_fmt(rec['final_accuracy'], '.3f')}, "
+                f"sim {rec['sim_time_s']:.0f}s",
+                highlight=False,
+            )
+
+    try:
+        path = run_stress(
+            scenario,
+            grid,
+            labels,
+            seeds=seeds,
+            out_dir=out_dir,
+            workers=workers,
+            target_accuracy=target_accuracy,
+            overrides=list(set_ or []),
+            progress=progress,
+        )
+    except ScenarioError as exc:
+        _fail(str(exc))
+    except (OSError, RuntimeError) as exc:
+        _fail(str(exc), code=1)
+    out.print(f"report: {path / 'stress.md'}", highlight=False)
 
 
 def main() -> None:

@@ -70,7 +70,10 @@ class RoundSpec(_Spec):
     [0, max_steps]. ``fixed_epochs``: tau = floor(E_i * n_i / B) with E_i =
     ``epochs`` or drawn uniformly from ``[epochs_low, epochs_high]`` each
     round; the round ends when the slowest device arrives or at
-    ``deadline_s`` (later arrivals are dropped).
+    ``deadline_s`` (later arrivals are dropped). With ``over_select`` > 1
+    the server selects ``ceil(over_select * k)`` devices and keeps the first
+    k arrivals; the round ends at the k-th, later ones are dropped as
+    ``surplus``.
 
     ``async``: no rounds; one continuous timeline (:class:`AsyncTimeline`).
     At most ``concurrency`` devices train at once (default: the selector's
@@ -91,6 +94,7 @@ class RoundSpec(_Spec):
     concurrency: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     max_staleness: Annotated[int, Field(ge=0)] | None = None
     job_steps: Literal["max_steps", "epochs"] = "max_steps"
+    over_select: Annotated[float, Field(ge=1, le=10)] = 1.0
 
     @model_validator(mode="after")
     def _epochs(self) -> RoundSpec:
@@ -99,6 +103,16 @@ class RoundSpec(_Spec):
             raise ValueError("give both epochs_low and epochs_high, or neither")
         if lo is not None and hi is not None and hi < lo:
             raise ValueError(f"epochs_high ({hi}) must be >= epochs_low ({lo})")
+        return self
+
+    @model_validator(mode="after")
+    def _over_select(self) -> RoundSpec:
+        if self.over_select > 1 and self.policy != "fixed_epochs":
+            raise ValueError(
+                "over_select keeps the first k arrivals, so it needs policy "
+                "'fixed_epochs' (under 'fixed_window' every update arrives at the "
+                "end of the window; 'async' has concurrency instead)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -131,8 +145,10 @@ class Plan:
         dropped: True when the update does not count.
         reason: ``""``, ``"no_time"`` (no step fits in the window after
             communication), ``"no_data"`` (the device holds no samples),
-            ``"offline"`` (went offline mid-round) or ``"late"`` (would arrive
-            after the deadline).
+            ``"offline"`` (went offline mid-round), ``"dropout"`` (dropped
+            out mid-round, ``stragglers.dropout_p``), ``"late"`` (would arrive
+            after the deadline) or ``"surplus"`` (arrived after the first
+            ``keep``, under over-selection).
         slowdown: this round's straggler factor (1.0 if not slowed).
         epochs: E_i under ``fixed_epochs``; None under ``fixed_window``.
     """
@@ -176,13 +192,15 @@ def plan_round(
     bytes_up: int,
     n_samples: np.ndarray,
     batch_size: int,
+    keep: int | None = None,
 ) -> RoundPlan:
     """Plan one synchronous round starting at simulated time ``now``.
 
     Randomness is drawn in a fixed order, so the plan is a pure function of
     the arguments and the state of ``rng``: first the straggler slowdowns of
     all chosen devices in increasing id, then (``fixed_epochs`` with
-    ``epochs_low``/``epochs_high``) one E_i per device in increasing id.
+    ``epochs_low``/``epochs_high``) one E_i per device in increasing id,
+    then the dropouts (two uniforms per device, :meth:`Fleet.draw_dropouts`).
 
     ``fixed_window`` (W = ``window_s``): a device computes for
     ``W - download - upload`` seconds at ``speed / slowdown`` steps per
@@ -197,7 +215,13 @@ def plan_round(
     device has arrived or dropped, but not past the deadline.
 
     Under both policies, a device that goes offline before it arrives (and
-    before the deadline) is interrupted and dropped as ``offline``.
+    before the deadline) is interrupted and dropped as ``offline``; one that
+    drops out (with probability ``dropout_p``, at a time uniform within its
+    download, compute and upload) is dropped as ``dropout``.
+
+    With ``keep`` (over-selection, ``fixed_epochs``), the server stops
+    waiting at the ``keep``-th arrival; arrivals after it (ties broken by
+    client id) are dropped as ``surplus``.
 
     Args:
         fleet: the devices.
@@ -209,6 +233,7 @@ def plan_round(
         bytes_up: size of what each device uploads.
         n_samples: training samples per device, indexed by client id.
         batch_size: B, samples per local step.
+        keep: keep only the first ``keep`` arrivals (None: all).
 
     Returns:
         A :class:`RoundPlan` with one plan per chosen device.
@@ -240,7 +265,10 @@ def plan_round(
         deadline = now + policy.deadline_s if policy.deadline_s else math.inf
 
     offline_at = fleet.offline_time(ids, now)
-    sim = _Round(now, deadline, wait_for_all=policy.policy == "fixed_epochs")
+    with np.errstate(divide="ignore"):  # a rate of 0: an endless straggler
+        work_s = down + np.where(rate > 0, tau / rate, np.inf) + up
+    dropout_at = now + fleet.draw_dropouts(ids, rng, work_s)
+    sim = _Round(now, deadline, wait_for_all=policy.policy == "fixed_epochs", keep=keep)
     for j in range(ids.size):
         if not skip[j]:
             sim.add_device(
@@ -250,8 +278,14 @@ def plan_round(
                 float(rate[j]),
                 float(up[j]),
                 float(offline_at[j]),
+                float(dropout_at[j]),
             )
     t_end = sim.run()
+    if keep is not None:  # arrivals after the keep-th are surplus
+        arrived = sorted((t, j) for j, (_, t, why) in sim.outcome.items() if not why)
+        for _, j in arrived[keep:]:
+            done, t_arrive, _ = sim.outcome[j]
+            sim.outcome[j] = (done, t_arrive, "surplus")
 
     plans = []
     for j, client in enumerate(ids.tolist()):
@@ -293,16 +327,28 @@ class _Round:
     would-be arrival, so a late device's plan records when that would be.
     """
 
-    def __init__(self, now: float, deadline: float, wait_for_all: bool):
+    def __init__(
+        self, now: float, deadline: float, wait_for_all: bool, keep: int | None = None
+    ):
         self.env = simpy.Environment(initial_time=now)
         self.deadline = deadline
         self.wait_for_all = wait_for_all
+        self.keep = keep
+        self.arrived = 0
+        self.enough = self.env.event()  # the keep-th arrival
         self.devices: list[simpy.Process] = []
         self.outcome: dict[int, tuple[int, float, str]] = {}
         self.t_end = now
 
     def add_device(
-        self, j: int, down: float, tau: int, rate: float, up: float, offline_at: float
+        self,
+        j: int,
+        down: float,
+        tau: int,
+        rate: float,
+        up: float,
+        offline_at: float,
+        dropout_at: float = math.inf,
     ) -> None:
         env = self.env
         # A Pareto slowdown can overflow to inf, leaving a rate of 0.
@@ -311,8 +357,13 @@ class _Round:
         self.devices.append(device)
         # The same additions SimPy makes, so "before arrival" is exact.
         arrival = env.now + down + compute_s + up
-        if offline_at < min(arrival, self.deadline):
-            env.process(self._go_offline(device, offline_at))
+        leave_at, why = (
+            (offline_at, "offline")
+            if offline_at <= dropout_at
+            else (dropout_at, "dropout")
+        )
+        if leave_at < min(arrival, self.deadline):
+            env.process(self._go_offline(device, leave_at, why))
 
     def _device(
         self, j: int, down: float, compute_s: float, tau: int, rate: float, up: float
@@ -323,28 +374,35 @@ class _Round:
             yield env.timeout(down)
             yield env.timeout(compute_s)
             yield env.timeout(up)
-        except simpy.Interrupt:
-            # Steps finished before going offline: lost work, kept for metrics.
+        except simpy.Interrupt as stop:
+            # Steps finished before leaving: lost work, kept for metrics.
             computed_s = env.now - (start + down)
             done = min(tau, max(0, math.floor(computed_s * rate + _EPS)))
-            self.outcome[j] = (done, env.now, "offline")
+            self.outcome[j] = (done, env.now, str(stop.cause))
             return
         late = self.wait_for_all and env.now > self.deadline
         self.outcome[j] = (tau, env.now, "late" if late else "")
+        if not late and self.keep is not None:
+            self.arrived += 1
+            if self.arrived == self.keep:
+                self.enough.succeed()
 
-    def _go_offline(self, device: simpy.Process, at: float):
+    def _go_offline(self, device: simpy.Process, at: float, why: str = "offline"):
         yield self.env.timeout(at - self.env.now)
         if device.is_alive:
-            device.interrupt("offline")
+            device.interrupt(why)
 
     def _server(self):
         env = self.env
         if not self.wait_for_all:
             yield env.timeout(self.deadline - env.now)
-        elif self.deadline < math.inf:
-            yield env.all_of(self.devices) | env.timeout(self.deadline - env.now)
         else:
-            yield env.all_of(self.devices)
+            wait = env.all_of(self.devices)
+            if self.keep is not None:
+                wait = wait | self.enough
+            if self.deadline < math.inf:
+                wait = wait | env.timeout(self.deadline - env.now)
+            yield wait
         self.t_end = env.now
 
     def run(self) -> float:
@@ -400,8 +458,9 @@ class Arrival:
         staleness: ``version - job.version``; None when the device went
             offline (nothing arrived).
         status: ``"applied"``, ``"stale"`` (staleness above ``max_staleness``:
-            dropped) or ``"offline"`` (the device went offline before its
-            upload completed: dropped).
+            dropped), ``"offline"`` (the device went offline before its
+            upload completed: dropped) or ``"dropout"`` (it dropped out,
+            ``stragglers.dropout_p``: dropped).
         tau: local steps completed (fewer than ``job.tau`` when offline).
     """
 
@@ -409,7 +468,7 @@ class Arrival:
     t: float
     version: int
     staleness: int | None
-    status: Literal["applied", "stale", "offline"]
+    status: Literal["applied", "stale", "offline", "dropout"]
     tau: int
 
     @property
@@ -587,8 +646,8 @@ class AsyncTimeline:
         for job, reason, done in inbox:
             del self.in_flight[job.device]
             self.idle[job.device] = True
-            if reason == "offline":
-                arrival = Arrival(job, now, self.version, None, "offline", done)
+            if reason in ("offline", "dropout"):
+                arrival = Arrival(job, now, self.version, None, reason, done)
             else:
                 s = self.version - job.version
                 status = "stale" if max_s is not None and s > max_s else "applied"
@@ -668,8 +727,14 @@ class AsyncTimeline:
         # comes first (it is queued earlier, then as an urgent event).
         arrival = now + down + compute_s + up
         offline = float(self.fleet.offline_time(np.array([d]), now)[0])
+        why = "offline"
+        drop = float(
+            self.fleet.draw_dropouts(np.array([d]), rng, down + compute_s + up)[0]
+        )
+        if now + drop < offline:
+            offline, why = now + drop, "dropout"
         if math.isfinite(offline) and now + (offline - now) <= arrival:
-            env.process(self._go_offline(device, offline - now))
+            env.process(self._go_offline(device, offline - now, why))
 
     def _job(self, job: Job, down: float, compute_s: float, up: float, rate: float):
         env = self.env
@@ -682,18 +747,18 @@ class AsyncTimeline:
                 yield env.timeout(compute_s)
             if up > 0:
                 yield env.timeout(up)
-        except simpy.Interrupt:
-            # Steps finished before going offline: lost work, kept for metrics.
+        except simpy.Interrupt as stop:
+            # Steps finished before leaving: lost work, kept for metrics.
             computed_s = env.now - (job.t_start + down)
             done = min(job.tau, max(0, math.floor(computed_s * rate + _EPS)))
-            self._end(job, "offline", done)
+            self._end(job, str(stop.cause), done)
             return
         self._end(job, "", job.tau)
 
-    def _go_offline(self, device: simpy.Process, delay: float):
+    def _go_offline(self, device: simpy.Process, delay: float, why: str = "offline"):
         yield self.env.timeout(delay)
         if device.is_alive:
-            device.interrupt("offline")
+            device.interrupt(why)
 
     def _end(self, job: Job, reason: str, done: int) -> None:
         self._inbox.append((job, reason, done))

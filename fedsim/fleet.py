@@ -1,42 +1,148 @@
 """Devices of a simulated fleet: speed, network, availability and stragglers.
 
 Every attribute is drawn once from the scenario seed, so a fleet is a pure
-function of ``(FleetSpec, seed)``. Devices are numbered ``0..m-1`` in group
-order (group 0's devices first). Imports numpy only: no torch, no Ray.
+function of ``(FleetSpec, seed)`` (and of the trace files it names). Devices
+are numbered ``0..m-1`` in group order (group 0's devices first). Imports
+numpy only: no torch, no Ray.
 
-Availability of ``on_off`` devices is an alternating renewal process whose
-interval ``k`` of device ``d`` has a length drawn by hashing
+A group's devices come from distributions (``speed``, ``network``; presets
+fitted to measurements are in :mod:`fedsim.presets`) or from a trace file of
+measured devices (``trace``; see :mod:`fedsim.traces`).
+
+Availability is an alternating on/off process per device whose interval
+``k`` of device ``d`` ends at a time computed from the hash of
 ``(seed, d, k)`` (counter-based randomness). Nothing is stored per interval,
 so a fleet of millions of devices answers ``online(t)`` from a few arrays,
-and the answer never depends on which times were asked before.
+and the answer never depends on which times were asked before. Three kinds
+share this machinery:
+
+- ``on_off``: exponential on and off periods (a homogeneous Markov chain);
+- ``daily``: the same chain with rates that follow a 24 h profile, so the
+  online fraction rises and falls once a day (e.g. 6-12%, peaking at night);
+- a trace's intervals: deterministic on/off flips read from the trace.
+
+Stragglers are drawn per round (or per async job) by the clock through
+:meth:`Fleet.draw_slowdowns` (transient slowdowns) and
+:meth:`Fleet.draw_dropouts` (leaving mid-round).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
+from fedsim.presets import NETWORK_PRESETS, SPEED_PRESETS, WORKLOADS, speed_preset
 from fedsim.spec import NonNegFloat, PosFloat, Prob
 from fedsim.spec import Spec as _Spec
+from fedsim.traces import (
+    DeviceTrace,
+    Intervals,
+    TraceError,
+    load_trace,
+    resolve_trace_path,
+)
 
-__all__ = ["Fleet"]
+__all__ = [
+    "AvailabilitySpec",
+    "DeviceGroup",
+    "Fleet",
+    "FleetSpec",
+    "NetworkSpec",
+    "SlowdownSpec",
+    "SpeedSpec",
+    "SpeedTierSpec",
+    "StragglerSpec",
+    "TraceSpec",
+]
+
+SpeedPresetName = Literal[SPEED_PRESETS]  # type: ignore[valid-type]
+WorkloadName = Literal[WORKLOADS]  # type: ignore[valid-type]
+NetworkPresetName = Literal[tuple(NETWORK_PRESETS)]  # type: ignore[valid-type]
 
 
 # ------------------------------------------------------------------ the specs
-class SpeedSpec(_Spec):
-    """Compute speed in local steps per simulated second.
+class SpeedTierSpec(_Spec):
+    """One lognormal component of a ``mixture`` speed distribution."""
 
-    ``fixed`` uses ``steps_per_s`` for every device; ``lognormal`` draws each
-    device's speed once as median * exp(sigma * N(0, 1)).
+    name: str = Field("", max_length=200)
+    share: PosFloat
+    median_steps_per_s: PosFloat
+    sigma: NonNegFloat = 0.0
+
+
+class SpeedSpec(_Spec):
+    """Compute speed in local steps per simulated second, drawn once per device.
+
+    - ``fixed``: ``steps_per_s`` for every device;
+    - ``lognormal``: ``median_steps_per_s * exp(sigma * z)``, z ~ N(0, 1);
+    - ``mixture``: each device falls in one of ``tiers`` with probability
+      proportional to its ``share``, then is lognormal with that tier's
+      median and sigma.
+
+    ``preset`` fills in the fields you leave out from a distribution fitted
+    to measurements (:mod:`fedsim.presets`): ``flash-phones`` (FLASH's tier
+    mix, a ``mixture``) or ``flash-phones-low|mid|high`` (one tier, a
+    ``lognormal``), for the on-device training time of ``workload``
+    (default ``femnist-cnn``), medians times ``scale``. The resolved scenario
+    shows the numbers used.
+
+    Example:
+        >>> SpeedSpec(preset="flash-phones-mid").median_steps_per_s
+        1.7006802721088434
     """
 
-    dist: Literal["fixed", "lognormal"] = "fixed"
+    dist: Literal["fixed", "lognormal", "mixture"] = "fixed"
     steps_per_s: PosFloat | None = None
     median_steps_per_s: PosFloat | None = None
     sigma: NonNegFloat = 0.0
+    tiers: list[SpeedTierSpec] | None = Field(None, min_length=1, max_length=100)
+    preset: SpeedPresetName | None = None
+    workload: WorkloadName | None = None
+    scale: PosFloat = 1.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("preset") is None:
+            return data
+        name, workload = data["preset"], data.get("workload") or "femnist-cnn"
+        scale = data.get("scale", 1.0)
+        if not (
+            isinstance(name, str)
+            and isinstance(workload, str)
+            and isinstance(scale, int | float)
+            and not isinstance(scale, bool)
+            and math.isfinite(scale)
+            and scale > 0
+        ):
+            return data  # the field validators say what is wrong
+        tiers = speed_preset(name, workload, scale)
+        out = dict(data)
+        if len(tiers) == 1:
+            out.setdefault("dist", "lognormal")
+            out.setdefault("median_steps_per_s", tiers[0].median_steps_per_s)
+            out.setdefault("sigma", tiers[0].sigma)
+        else:
+            out.setdefault("dist", "mixture")
+            out.setdefault(
+                "tiers",
+                [
+                    {
+                        "name": t.name,
+                        "share": t.share,
+                        "median_steps_per_s": t.median_steps_per_s,
+                        "sigma": t.sigma,
+                    }
+                    for t in tiers
+                ],
+            )
+        return out
 
     @model_validator(mode="after")
     def _one_speed(self) -> SpeedSpec:
@@ -44,29 +150,94 @@ class SpeedSpec(_Spec):
             raise ValueError("dist 'fixed' needs steps_per_s")
         if self.dist == "lognormal" and self.median_steps_per_s is None:
             raise ValueError("dist 'lognormal' needs median_steps_per_s")
-        if self.sigma > 5:
+        if self.dist == "mixture" and not self.tiers:
+            raise ValueError("dist 'mixture' needs tiers (or a preset)")
+        if self.dist != "mixture" and self.tiers is not None:
+            raise ValueError("tiers go with dist 'mixture'")
+        if self.preset is None and (self.workload is not None or self.scale != 1.0):
+            raise ValueError("workload and scale go with a preset")
+        sigmas = [self.sigma] + [t.sigma for t in self.tiers or []]
+        if max(sigmas) > 5:
             raise ValueError("sigma above 5 gives speeds spanning 10^4x; check units")
         return self
 
     @property
     def median(self) -> float:
-        assert self.steps_per_s is not None or self.median_steps_per_s is not None
-        return float(self.steps_per_s or self.median_steps_per_s)  # type: ignore[arg-type]
+        """The median speed (of the mixture, for ``mixture``)."""
+        if self.dist == "fixed":
+            return float(self.steps_per_s)  # type: ignore[arg-type]
+        if self.dist == "lognormal":
+            return float(self.median_steps_per_s)  # type: ignore[arg-type]
+        return _mixture_median(self.tiers or [])
+
+
+def _mixture_median(tiers: list[SpeedTierSpec]) -> float:
+    total = sum(t.share for t in tiers)
+
+    def cdf(x: float) -> float:
+        out = 0.0
+        for t in tiers:
+            if t.sigma == 0:
+                out += t.share * (x >= t.median_steps_per_s)
+            else:
+                z = math.log(x / t.median_steps_per_s) / t.sigma
+                out += t.share * 0.5 * (1 + math.erf(z / math.sqrt(2)))
+        return out / total
+
+    lo = min(t.median_steps_per_s * math.exp(-6 * t.sigma) for t in tiers)
+    hi = max(t.median_steps_per_s * math.exp(6 * t.sigma) for t in tiers)
+    for _ in range(100):  # bisection in log space
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if cdf(mid) < 0.5 else (lo, mid)
+    return math.sqrt(lo * hi)
 
 
 class NetworkSpec(_Spec):
-    """Link of a device: time to send B bytes = 8 B / (mbps * 1e6) + latency_s."""
+    """Link of a device: time to send B bytes = 8 B / (mbps * 1e6) + latency_s.
+
+    With ``down_sigma`` or ``up_sigma`` > 0, each device's bandwidths are
+    drawn once, lognormal around the medians ``down_mbps`` and ``up_mbps``,
+    with log-correlation ``rho`` between down and up. ``preset`` fills in the
+    fields you leave out: ``flash-wifi`` is the WiFi of FLASH's users
+    (:mod:`fedsim.presets`; latency is not part of it).
+    """
 
     down_mbps: PosFloat = 100.0
     up_mbps: PosFloat = 100.0
     latency_s: NonNegFloat = 0.0
+    down_sigma: Annotated[float, Field(ge=0, le=5)] = 0.0
+    up_sigma: Annotated[float, Field(ge=0, le=5)] = 0.0
+    rho: Annotated[float, Field(ge=-1, le=1)] = 0.0
+    preset: NetworkPresetName | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("preset") is None:
+            return data
+        name = data["preset"]
+        if not isinstance(name, str):
+            return data  # the field validator says what is wrong
+        if name not in NETWORK_PRESETS:
+            raise ValueError(
+                f"unknown network preset {name!r}; one of {sorted(NETWORK_PRESETS)}"
+            )
+        p = NETWORK_PRESETS[name]
+        out = dict(data)
+        out.setdefault("down_mbps", p.down_median_mbps)
+        out.setdefault("up_mbps", p.up_median_mbps)
+        out.setdefault("down_sigma", p.down_sigma)
+        out.setdefault("up_sigma", p.up_sigma)
+        out.setdefault("rho", p.rho)
+        return out
 
 
 class SlowdownSpec(_Spec):
     """Distribution of a straggler's slowdown factor (>= 1; speed is divided by it).
 
     ``fixed``: ``factor``; ``uniform``: U(low, high); ``pareto``: 1 + Pareto(shape),
-    i.e. heavy-tailed with minimum 1.
+    i.e. heavy-tailed with minimum 1. ``max_factor`` caps the factor (a
+    Pareto with a small shape otherwise makes some rounds practically endless).
     """
 
     dist: Literal["fixed", "uniform", "pareto"] = "fixed"
@@ -74,6 +245,7 @@ class SlowdownSpec(_Spec):
     low: Annotated[float, Field(ge=1)] = 2.0
     high: Annotated[float, Field(ge=1)] = 10.0
     shape: PosFloat = 2.0
+    max_factor: Annotated[float, Field(ge=1)] | None = None
 
     @model_validator(mode="after")
     def _range(self) -> SlowdownSpec:
@@ -83,37 +255,155 @@ class SlowdownSpec(_Spec):
 
 
 class StragglerSpec(_Spec):
-    """Each round, each selected device is slowed with probability ``p``."""
+    """Per round (or async job), each selected device independently:
+
+    - is slowed with probability ``p`` by a factor from ``slowdown``;
+    - drops out with probability ``dropout_p``, at a time uniform within its
+      work (download, compute, upload); its update is lost
+      (``drop_reason: dropout``).
+    """
 
     p: Prob = 0.0
     slowdown: SlowdownSpec = SlowdownSpec()
+    dropout_p: Prob = 0.0
 
 
 class AvailabilitySpec(_Spec):
-    """When a device is online: ``always``, or an alternating on/off process with
-    exponentially distributed durations of means ``mean_on_s`` and ``mean_off_s``.
-    A device that goes offline mid-round drops out of the round."""
+    """When a device is online. A device that goes offline mid-round drops out.
 
-    kind: Literal["always", "on_off"] = "always"
+    - ``always``;
+    - ``on_off``: alternating on/off periods, exponential with means
+      ``mean_on_s`` and ``mean_off_s``;
+    - ``daily``: on/off periods whose rates follow a daily cycle, so that the
+      fraction of the fleet online is about ``min_online + (max_online -
+      min_online) * (1 + cos(2 pi (t - peak) / period_s)) / 2``, highest at
+      ``peak_hour`` (t = 0 is midnight). An online session lasts about
+      ``mean_on_s`` (at the day's mean online fraction); the fraction follows
+      the profile with a lag of about that long. ``mean_off_s`` is not used.
+    """
+
+    kind: Literal["always", "on_off", "daily"] = "always"
     mean_on_s: PosFloat = 3600.0
     mean_off_s: PosFloat = 1800.0
+    min_online: Prob = 0.06
+    max_online: Prob = 0.12
+    peak_hour: Annotated[float, Field(ge=0, lt=24)] = 2.0
+    period_s: PosFloat = 86400.0
+
+    @model_validator(mode="after")
+    def _profile(self) -> AvailabilitySpec:
+        if self.kind == "daily":
+            if self.max_online < self.min_online:
+                raise ValueError(
+                    f"max_online ({self.max_online}) must be >= min_online "
+                    f"({self.min_online})"
+                )
+            if self.max_online == 0 or self.min_online == 1:
+                raise ValueError(
+                    "a daily cycle needs max_online > 0 and min_online < 1 "
+                    "(use kind 'always' for a fleet that is always online)"
+                )
+            f_bar, amp_in, _, _ = _daily_input(self)
+            if f_bar - amp_in / 2 < -1e-12 or f_bar + amp_in / 2 > 1 + 1e-12:
+                raise ValueError(
+                    f"sessions of mean_on_s={self.mean_on_s:g} s are too long to "
+                    f"follow a daily swing from {self.min_online:g} to "
+                    f"{self.max_online:g} online (the fleet cannot empty or fill "
+                    "that fast); shorten mean_on_s or narrow the swing"
+                )
+        return self
+
+
+class TraceSpec(_Spec):
+    """A trace file of measured devices (:mod:`fedsim.traces`). ``file`` is
+    looked up next to the scenario file, then in the current directory, and
+    stored resolved; ``period_s`` repeats its availability intervals."""
+
+    file: str = Field(min_length=1, max_length=4096)
+    period_s: PosFloat | None = None
 
 
 class DeviceGroup(_Spec):
+    """A group of devices: drawn from ``speed`` and ``network``, or read from
+    a ``trace`` (then ``count`` is its number of rows, and ``speed`` and
+    ``network`` come from it, as does ``availability`` when it has that
+    column). ``stragglers`` left out: the fleet's ``stragglers``."""
+
     name: str = Field(min_length=1, max_length=200)
     count: Annotated[int, Field(ge=1, le=10_000_000)]
-    speed: SpeedSpec
+    speed: SpeedSpec | None = None
     network: NetworkSpec = NetworkSpec()
-    stragglers: StragglerSpec = StragglerSpec()
+    stragglers: StragglerSpec | None = None
     availability: AvailabilitySpec = AvailabilitySpec()
+    trace: TraceSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_trace(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, dict) or data.get("trace") is None:
+            return data
+        trace = data["trace"]
+        if isinstance(trace, str):
+            trace = {"file": trace}
+        elif isinstance(trace, TraceSpec):
+            trace = trace.model_dump()
+        if not isinstance(trace, dict) or not isinstance(trace.get("file"), str):
+            return data  # let field validation report the shape
+        context = info.context if isinstance(info.context, dict) else {}
+        try:
+            path = resolve_trace_path(trace["file"], context.get("base_dir"))
+            rows = load_trace(path, trace.get("period_s")).size
+        except TraceError as exc:
+            raise ValueError(str(exc)) from None
+        count = data.get("count")
+        if count is not None and count != rows:
+            raise ValueError(
+                f"count is {count} but the trace {path} has {rows} rows "
+                "(leave count out: a trace group has one device per row)"
+            )
+        return {**data, "trace": {**trace, "file": str(path)}, "count": rows}
+
+    @model_validator(mode="after")
+    def _speed_or_trace(self) -> DeviceGroup:
+        if self.trace is None:
+            if self.speed is None:
+                raise ValueError("speed is required (or read the group from a trace)")
+            return self
+        if self.speed is not None or self.network != NetworkSpec():
+            raise ValueError("a trace group takes speed and network from its trace")
+        if (
+            self.load_trace().availability is not None
+            and self.availability != AvailabilitySpec()
+        ):
+            raise ValueError(
+                "the trace has an availability column; drop the group's availability"
+            )
+        return self
+
+    def load_trace(self) -> DeviceTrace:
+        """The group's :class:`~fedsim.traces.DeviceTrace` (cached)."""
+        assert self.trace is not None
+        return load_trace(Path(self.trace.file), self.trace.period_s)
 
 
 class FleetSpec(_Spec):
+    """The devices. ``stragglers`` is the default of every group that does
+    not set its own (so ``--set fleet.stragglers.p=0.3`` affects the whole
+    fleet)."""
+
     groups: list[DeviceGroup] = Field(min_length=1, max_length=10_000)
+    stragglers: StragglerSpec | None = None
 
     @property
     def size(self) -> int:
         return sum(g.count for g in self.groups)
+
+    def stragglers_of(self, group: int) -> StragglerSpec:
+        """Group ``group``'s straggler model: its own, else the fleet's."""
+        own = self.groups[group].stragglers
+        if own is not None:
+            return own
+        return self.stragglers if self.stragglers is not None else StragglerSpec()
 
     @model_validator(mode="after")
     def _unique_names(self) -> FleetSpec:
@@ -127,9 +417,12 @@ class FleetSpec(_Spec):
 
 # Tags that separate the random streams derived from one scenario seed.
 _TAG_SPEED = 0xF1EE7
+_TAG_TIER = 0x71E5
+_TAG_NETWORK = 0x9E7
 _TAG_AVAILABILITY = 0xA7A11AB1E
 _INITIAL_STATE = np.uint64(1 << 63)  # counter of the "on at t=0?" draw
 _MASK64 = (1 << 64) - 1
+_EXP, _DAILY, _TRACE = 0, 1, 2  # kinds of availability process
 
 
 def _splitmix64_int(x: int) -> int:
@@ -153,24 +446,72 @@ def _unit(bits: np.ndarray) -> np.ndarray:
     return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
 
+def _daily_profile(a: AvailabilitySpec, t: float) -> float:
+    """The target online fraction of a ``daily`` availability at time ``t``."""
+    amp = a.max_online - a.min_online
+    peak = a.peak_hour / 24.0 * a.period_s
+    return a.min_online + amp / 2 * (
+        1 + math.cos(2 * math.pi * (t - peak) / a.period_s)
+    )
+
+
+def _daily_input(a: AvailabilitySpec) -> tuple[float, float, float, float]:
+    """(f_bar, input amplitude, input peak time, time scale c) of the chain
+    whose online probability follows ``a``'s profile (see ``_OnOff``)."""
+    f_bar = (a.min_online + a.max_online) / 2
+    c = a.mean_on_s * (1 - f_bar)
+    wc = 2 * math.pi / a.period_s * c
+    amp_in = (a.max_online - a.min_online) * math.sqrt(1 + wc * wc)
+    t_peak_in = a.peak_hour / 24.0 * a.period_s - math.atan(wc) / wc * c
+    return f_bar, amp_in, t_peak_in, c
+
+
 class _OnOff:
     """Memo of each device's current on/off interval, advanced lazily.
 
     Interval ``k`` of device ``d`` covers ``[start, end)``; it is "on" when
     ``k`` is even and the device started on (or ``k`` is odd and it started
-    off). Its length is exponential with the mean of its state, from the hash
-    of ``(device key, k)``; since exponentials are memoryless, starting
-    interval 0 at t=0 with a fresh exponential length is exact for a process
-    that has been running forever. The cache only saves work: advancing
-    always repeats the same additions from interval 0, so results are the
-    same bit for bit whatever the order of queries.
+    off). How an interval's end follows from its start depends on the kind:
+
+    - exponential (``always``, ``on_off``): the end is ``start + mean * E``
+      with ``E = -log u`` and ``u`` the hash of ``(device key, k)``. Since
+      exponentials are memoryless, starting interval 0 at t=0 in the
+      stationary state is exact for a process running forever.
+    - ``daily``: a two-state chain with time-varying rates, off->on
+      ``f_in(t)/c`` and on->off ``(1 - f_in(t))/c``; its online probability
+      p obeys ``p' = (f_in - p)/c``, so with ``f_in`` the target profile
+      advanced and amplified to undo that filter (``_daily_input``), p(t) is
+      the target profile, and starting at t=0 with p = profile(0) is exact.
+      An interval ends where the integrated rate since its start reaches
+      ``E`` (a time change of a unit exponential), solved by safeguarded
+      Newton per element.
+    - trace: the k-th flip time of the device's trace (repeated each period).
+
+    The cache only saves work: advancing always repeats the same operations
+    from interval 0, element by element, so results are the same bit for bit
+    whatever the order of queries.
     """
 
     def __init__(
-        self, seed: int, group: np.ndarray, specs: tuple[AvailabilitySpec, ...]
+        self,
+        seed: int,
+        group: np.ndarray,
+        specs: tuple[AvailabilitySpec, ...],
+        intervals: Mapping[int, Intervals] | None = None,
     ):
         self.group = group
-        on_off = [a.kind == "on_off" for a in specs]
+        intervals = dict(intervals or {})
+        n_groups = len(specs)
+        self.kind = np.array(
+            [
+                _TRACE if gi in intervals else _DAILY if a.kind == "daily" else _EXP
+                for gi, a in enumerate(specs)
+            ],
+            dtype=np.int8,
+        )
+        on_off = [
+            a.kind == "on_off" and gi not in intervals for gi, a in enumerate(specs)
+        ]
         # Always-on devices: an "on" interval that never ends.
         self.mean_on = np.array(
             [a.mean_on_s if f else np.inf for a, f in zip(specs, on_off, strict=True)]
@@ -182,8 +523,60 @@ class _OnOff:
                 for a, f in zip(specs, on_off, strict=True)
             ]
         )
+        self.mixed = bool((self.kind != _EXP).any())
+        self._init_daily(specs)
+        self._init_traces(group, intervals, n_groups)
         self.seed_key = _splitmix64_int(_splitmix64_int(seed) ^ _TAG_AVAILABILITY)
         self._cache: tuple[np.ndarray, ...] | None = None
+
+    def _init_daily(self, specs: tuple[AvailabilitySpec, ...]) -> None:
+        # Rates off->on f_in(t)/c and on->off (1 - f_in(t))/c make the online
+        # probability p obey p' = (f_in - p)/c exactly: a linear filter. For a
+        # cosine f_in its periodic response is a cosine damped by
+        # 1/sqrt(1 + (omega c)^2) and delayed by atan(omega c)/omega, so f_in
+        # is the target profile amplified and advanced by as much; then p(t)
+        # is the target, and starting at t=0 with p(0) is the steady state.
+        # F_in(t) = int f_in = f_bar t + beta sin(omega (t - t_peak_in)).
+        n = len(specs)
+        self.f_bar, self.beta = np.zeros(n), np.zeros(n)
+        self.omega, self.t_peak, self.c = np.ones(n), np.zeros(n), np.ones(n)
+        for gi, a in enumerate(specs):
+            if self.kind[gi] != _DAILY:
+                continue
+            f_bar, amp_in, t_peak_in, c = _daily_input(a)
+            omega = 2 * math.pi / a.period_s
+            self.f_bar[gi], self.omega[gi], self.c[gi] = f_bar, omega, c
+            self.t_peak[gi] = t_peak_in
+            self.beta[gi] = amp_in / (2 * omega)
+            self.p_on[gi] = _daily_profile(a, 0.0)
+
+    def _init_traces(
+        self, group: np.ndarray, intervals: dict[int, Intervals], n_groups: int
+    ) -> None:
+        self.tr_period = np.full(n_groups, np.inf)
+        if not intervals:
+            self.tr_first_on = self.tr_offsets = self.tr_times = None
+            return
+        m = group.size
+        starts = np.searchsorted(
+            group, np.arange(n_groups)
+        )  # devices are in group order
+        first_on = np.zeros(m, dtype=bool)
+        counts = np.zeros(m, dtype=np.int64)
+        times = []
+        for gi in sorted(intervals):
+            iv = intervals[gi]
+            fo, off, t = iv.flips()
+            a = int(starts[gi])
+            first_on[a : a + iv.size] = fo
+            counts[a : a + iv.size] = np.diff(off)
+            times.append(t)
+            if iv.period_s is not None:
+                self.tr_period[gi] = iv.period_s
+        offsets = np.zeros(m + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        self.tr_first_on, self.tr_offsets = first_on, offsets
+        self.tr_times = np.concatenate(times) if times else np.zeros(0)
 
     def __getstate__(self) -> dict:
         # The memo can be tens of MB and is cheap to rebuild: do not ship it.
@@ -192,21 +585,99 @@ class _OnOff:
     def _keys(self, idx: np.ndarray) -> np.ndarray:
         return _splitmix64(np.uint64(self.seed_key) ^ idx.astype(np.uint64))
 
-    def _duration(
-        self, idx: np.ndarray, k: np.ndarray, first_on: np.ndarray
+    # ------------------------------------------------------ interval ends
+    def _ends(
+        self,
+        dev: np.ndarray,
+        g: np.ndarray,
+        k: np.ndarray,
+        start: np.ndarray,
+        on: np.ndarray,
+        key: np.ndarray,
     ) -> np.ndarray:
-        on = first_on ^ (k & 1).astype(bool)
-        g = self.group[idx]
-        mean = np.where(on, self.mean_on[g], self.mean_off[g])
-        u = _unit(_splitmix64(self._keys(idx) ^ k.astype(np.uint64)))
-        return -mean * np.log(u)
+        """End of interval ``k`` (state ``on``, from ``start``) of each device."""
+        u = _unit(_splitmix64(key ^ k.astype(np.uint64)))
+        end = start + -np.where(on, self.mean_on[g], self.mean_off[g]) * np.log(u)
+        if not self.mixed:
+            return end
+        kind = self.kind[g]
+        daily = np.flatnonzero(kind == _DAILY)
+        if daily.size:
+            end[daily] = self._daily_end(
+                g[daily], start[daily], on[daily], -np.log(u[daily])
+            )
+        trace = np.flatnonzero(kind == _TRACE)
+        if trace.size:
+            end[trace] = self._trace_end(dev[trace], g[trace], k[trace])
+        return end
 
+    def _daily_end(
+        self, g: np.ndarray, s: np.ndarray, on: np.ndarray, e: np.ndarray
+    ) -> np.ndarray:
+        """Solve H(t) = H(s) + c e with H the integrated rate, per element.
+
+        Off intervals integrate f, on intervals 1 - f; both are
+        ``alpha t + beta sin(omega (t - t_peak))`` with slope in
+        ``[alpha - |beta| omega, alpha + |beta| omega]``, so the root lies
+        within ``|beta| / alpha`` of ``y / alpha``. Newton steps that leave
+        the bracket are replaced by bisection; each element stops on its own
+        once converged, so its result does not depend on its neighbours.
+        """
+        f_bar, omega, t_peak = self.f_bar[g], self.omega[g], self.t_peak[g]
+        alpha = np.where(on, 1.0 - f_bar, f_bar)
+        beta = np.where(on, -self.beta[g], self.beta[g])
+
+        def h(t: np.ndarray) -> np.ndarray:
+            return alpha * t + beta * np.sin(omega * (t - t_peak))
+
+        y = h(s) + self.c[g] * e
+        lo = np.maximum(s, (y - np.abs(beta)) / alpha)
+        hi = np.maximum(lo, (y + np.abs(beta)) / alpha)
+        t = 0.5 * (lo + hi)
+        active = np.ones(t.size, dtype=bool)
+        for _ in range(200):
+            r = h(t) - y
+            lo = np.where(active & (r <= 0), t, lo)
+            hi = np.where(active & (r >= 0), t, hi)
+            slope = alpha + beta * omega * np.cos(omega * (t - t_peak))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                nxt = t - r / slope
+            nxt = np.where((nxt > lo) & (nxt < hi), nxt, 0.5 * (lo + hi))
+            done = np.abs(nxt - t) <= 1e-12 * np.maximum(1.0, np.abs(t))
+            t = np.where(active, nxt, t)
+            active &= ~done
+            if not active.any():
+                break
+        return t
+
+    def _trace_end(self, dev: np.ndarray, g: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """The k-th flip of each device's trace; ``inf`` after the last flip
+        of a trace without a period (or for a device that never flips)."""
+        assert self.tr_offsets is not None and self.tr_times is not None
+        first = self.tr_offsets[dev]
+        n = self.tr_offsets[dev + 1] - first
+        period = self.tr_period[g]
+        periodic = np.isfinite(period)
+        n1 = np.maximum(n, 1)
+        j = np.where(periodic, k % n1, np.minimum(k, n1 - 1))
+        has = n > 0
+        t = np.full(k.size, np.inf)
+        t[has] = self.tr_times[(first + j)[has]]
+        wraps = (k // n1) * np.where(periodic, period, 0.0)
+        t = np.where(periodic & has, t + wraps, t)
+        return np.where(~periodic & (k >= n), np.inf, t)
+
+    # ------------------------------------------------------------ the memo
     def _first_interval(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
-        u = _unit(_splitmix64(self._keys(idx) ^ _INITIAL_STATE))
-        first_on = u < self.p_on[self.group[idx]]
+        g = self.group[idx]
+        key = self._keys(idx)
+        u = _unit(_splitmix64(key ^ _INITIAL_STATE))
+        first_on = u < self.p_on[g]
+        if self.tr_first_on is not None:
+            first_on = np.where(self.kind[g] == _TRACE, self.tr_first_on[idx], first_on)
         k = np.zeros(idx.size, dtype=np.int64)
         start = np.zeros(idx.size)
-        return first_on, k, start, self._duration(idx, k, first_on)
+        return first_on, k, start, self._ends(idx, g, k, start, first_on, key)
 
     def _advance(self, idx: np.ndarray, t: float) -> tuple[np.ndarray, ...]:
         """The intervals of devices ``idx`` (all behind ``t``) that contain t.
@@ -217,10 +688,24 @@ class _OnOff:
         """
         first_on, k, start, end = (a[idx] for a in self._cache)
         g = self.group[idx]
-        key, mean_on, mean_off = self._keys(idx), self.mean_on[g], self.mean_off[g]
+        if self.mixed:  # only the devices behind: a daily end costs a solve
+            extra: tuple[np.ndarray, ...] = (g, idx)
+
+            def step(kk, s, on, key, behind, e, g_, dev):  # noqa: ANN001, ANN202
+                b = np.flatnonzero(behind)
+                e = e.copy()
+                e[b] = self._ends(dev[b], g_[b], kk[b], s[b], on[b], key[b])
+                return e
+        else:  # exponential only: the means travel along, no gathers per step
+            extra = (self.mean_on[g], self.mean_off[g])
+
+            def step(kk, s, on, key, behind, e, m_on, m_off):  # noqa: ANN001, ANN202
+                u = _unit(_splitmix64(key ^ kk.astype(np.uint64)))
+                return np.where(behind, s + -np.where(on, m_on, m_off) * np.log(u), e)
+
         pos = np.arange(idx.size)
         behind = np.ones(idx.size, dtype=bool)
-        work = (pos, first_on, k, start, end, key, mean_on, mean_off)
+        work = (pos, first_on, k, start, end, self._keys(idx), *extra)
         while True:
             n_behind = np.count_nonzero(behind)
             if n_behind * 4 < behind.size:  # flush caught-up devices, compact
@@ -231,14 +716,13 @@ class _OnOff:
                 behind = np.ones(n_behind, dtype=bool)
             if n_behind == 0:
                 return k, start, end
-            p, fo, kk, s, e, key_, m_on, m_off = work
+            p, fo, kk, s, e, key = work[:6]
             kk = kk + behind  # only the devices behind move to their next interval
             on = fo ^ (kk & 1).astype(bool)
-            u = _unit(_splitmix64(key_ ^ kk.astype(np.uint64)))
             s = np.where(behind, e, s)
-            e = np.where(behind, s + -np.where(on, m_on, m_off) * np.log(u), e)
+            e = step(kk, s, on, key, behind, e, *work[6:])
             behind = e <= t
-            work = (p, fo, kk, s, e, key_, m_on, m_off)
+            work = (p, fo, kk, s, e, key, *work[6:])
 
     def state_at(self, idx: np.ndarray, t: float) -> tuple[np.ndarray, np.ndarray]:
         """Whether each device in ``idx`` is on at ``t``, and when that ends."""
@@ -247,7 +731,7 @@ class _OnOff:
         if self._cache is None:
             self._cache = self._first_interval(np.arange(self.group.size))
         first_on, k, start, end = self._cache
-        back = idx[start[idx] > t]  # asked about the past: replay from t=0
+        back = idx[start[idx] > t]  # asked about the past: replay from the start
         if back.size:
             _, k[back], start[back], end[back] = self._first_interval(back)
         todo = idx[end[idx] <= t]
@@ -277,6 +761,10 @@ class Fleet:
         slowdowns: each group's slowdown distribution.
         availability: each group's availability model.
         seed: the seed availability is derived from.
+        dropout_p: float64 ``[m]``, chance per round of dropping out
+            mid-round (default: 0 for every device).
+        intervals: per group index, the online intervals of its devices
+            (from a trace); they replace that group's ``availability``.
 
     Example:
         >>> from fedsim.fleet import FleetSpec
@@ -294,6 +782,17 @@ class Fleet:
         ([1.5], [0.5])
         >>> fleet.online(100.0).shape
         (3,)
+
+        A night-peaking phone fleet from the FLASH preset:
+
+        >>> night = Fleet.from_spec(FleetSpec.model_validate({"groups": [
+        ...     {"name": "phones", "count": 20_000,
+        ...      "speed": {"preset": "flash-phones"},
+        ...      "availability": {"kind": "daily", "min_online": 0.06,
+        ...                       "max_online": 0.12, "peak_hour": 2}}]}), seed=0)
+        >>> f = [night.online(h * 3600.0).mean() for h in (3, 15)]
+        >>> bool(0.10 < f[0] < 0.13 and 0.05 < f[1] < 0.08)
+        True
     """
 
     group: np.ndarray
@@ -306,6 +805,8 @@ class Fleet:
     slowdowns: tuple[SlowdownSpec, ...]
     availability: tuple[AvailabilitySpec, ...]
     seed: int
+    dropout_p: np.ndarray | None = None
+    intervals: Mapping[int, Intervals] | None = None
     _onoff: _OnOff = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -321,69 +822,111 @@ class Fleet:
         ):
             raise ValueError(f"group must be a 1-d array of indices in [0, {n_groups})")
         set_(self, "group", group)
-        for name in ("speed", "down_bps", "up_bps", "latency_s", "straggler_p"):
+        if self.dropout_p is None:
+            set_(self, "dropout_p", np.zeros(group.size))
+        names = ("speed", "down_bps", "up_bps", "latency_s", "straggler_p", "dropout_p")
+        for name in names:
             value = np.array(getattr(self, name), dtype=np.float64)
             if value.shape != group.shape:
                 raise ValueError(
                     f"{name} has shape {value.shape}, expected {group.shape}"
                 )
+            value.setflags(write=False)
             set_(self, name, value)
-        for name in (
-            "group",
-            "speed",
-            "down_bps",
-            "up_bps",
-            "latency_s",
-            "straggler_p",
-        ):
-            getattr(self, name).setflags(write=False)
+        self.group.setflags(write=False)
+        counts = np.bincount(group, minlength=n_groups)
+        intervals = dict(self.intervals or {})
+        if intervals and np.any(group[1:] < group[:-1]):
+            raise ValueError("with intervals, devices must be numbered in group order")
+        for gi, iv in intervals.items():
+            if not 0 <= gi < n_groups:
+                raise ValueError(f"intervals[{gi}]: there is no group {gi}")
+            if iv.size != counts[gi]:
+                raise ValueError(
+                    f"intervals[{gi}] has {iv.size} devices; group {gi} has "
+                    f"{counts[gi]}"
+                )
+        set_(self, "intervals", intervals)
         set_(self, "group_names", tuple(self.group_names))
         set_(self, "slowdowns", tuple(self.slowdowns))
         set_(self, "availability", tuple(self.availability))
-        set_(self, "_onoff", _OnOff(self.seed, group, self.availability))
+        set_(self, "_onoff", _OnOff(self.seed, group, self.availability, intervals))
 
     @classmethod
     def from_spec(cls, spec: FleetSpec, seed: int) -> Fleet:
         """Draw every device of ``spec`` from ``seed``.
 
         Lognormal speeds are ``median * exp(sigma * z)`` with ``z`` the
-        device's own standard normal: one draw per device (fixed-speed ones
-        too), so editing one group does not reshuffle the others' speeds.
+        device's own standard normal: one draw per device (fixed-speed and
+        trace devices too), so editing one group does not reshuffle the
+        others' speeds. A ``mixture`` device's tier comes from its own
+        uniform (a separate stream), lognormal bandwidths from a pair of
+        normals per device (another stream).
         """
         groups = spec.groups
-        group = np.repeat(
-            np.arange(len(groups), dtype=np.int32), [g.count for g in groups]
-        )
+        counts = [g.count for g in groups]
+        group = np.repeat(np.arange(len(groups), dtype=np.int32), counts)
+        m = group.size
+        bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        z = np.random.default_rng(
+            np.random.SeedSequence([seed, _TAG_SPEED])
+        ).standard_normal(m)
+        tier_u = net_z = None
+        if any(g.speed is not None and g.speed.dist == "mixture" for g in groups):
+            tier_u = np.random.default_rng(
+                np.random.SeedSequence([seed, _TAG_TIER])
+            ).random(m)
+        if any(g.network.down_sigma or g.network.up_sigma for g in groups):
+            net_z = np.random.default_rng(
+                np.random.SeedSequence([seed, _TAG_NETWORK])
+            ).standard_normal((m, 2))
+        speed, down, up, latency = (np.empty(m) for _ in range(4))
+        intervals: dict[int, Intervals] = {}
+        for gi, g in enumerate(groups):
+            sl = slice(int(bounds[gi]), int(bounds[gi + 1]))
+            if g.trace is not None:
+                tr = g.load_trace()
+                if tr.size != g.count:
+                    raise ValueError(
+                        f"{tr.path} has {tr.size} rows, the scenario says "
+                        f"{g.count}: the file changed after the scenario was read"
+                    )
+                speed[sl], latency[sl] = tr.speed, tr.latency_s
+                down[sl], up[sl] = tr.down_mbps * 1e6, tr.up_mbps * 1e6
+                if tr.availability is not None:
+                    intervals[gi] = tr.availability
+                continue
+            speed[sl] = _draw_speed(
+                g.speed, z[sl], None if tier_u is None else tier_u[sl]
+            )
+            net = g.network
+            if net.down_sigma or net.up_sigma:
+                assert net_z is not None
+                z1, z2 = net_z[sl, 0], net_z[sl, 1]
+                z_up = net.rho * z1 + math.sqrt(1 - net.rho**2) * z2
+                down[sl] = net.down_mbps * 1e6 * np.exp(net.down_sigma * z1)
+                up[sl] = net.up_mbps * 1e6 * np.exp(net.up_sigma * z_up)
+            else:
+                down[sl], up[sl] = net.down_mbps * 1e6, net.up_mbps * 1e6
+            latency[sl] = net.latency_s
+        stragglers = [spec.stragglers_of(gi) for gi in range(len(groups))]
 
         def per_device(values: list[float]) -> np.ndarray:
             return np.asarray(values, dtype=np.float64)[group]
 
-        rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG_SPEED]))
-        z = rng.standard_normal(group.size)
-        lognormal = [g.speed.dist == "lognormal" for g in groups]
-        median = per_device(
-            [
-                g.speed.median_steps_per_s if ln else g.speed.steps_per_s
-                for g, ln in zip(groups, lognormal, strict=True)
-            ]
-        )
-        sigma = per_device(
-            [
-                g.speed.sigma if ln else 0.0
-                for g, ln in zip(groups, lognormal, strict=True)
-            ]
-        )
         return cls(
             group=group,
             group_names=tuple(g.name for g in groups),
-            speed=median * np.exp(sigma * z),
-            down_bps=per_device([g.network.down_mbps * 1e6 for g in groups]),
-            up_bps=per_device([g.network.up_mbps * 1e6 for g in groups]),
-            latency_s=per_device([g.network.latency_s for g in groups]),
-            straggler_p=per_device([g.stragglers.p for g in groups]),
-            slowdowns=tuple(g.stragglers.slowdown for g in groups),
+            speed=speed,
+            down_bps=down,
+            up_bps=up,
+            latency_s=latency,
+            straggler_p=per_device([s.p for s in stragglers]),
+            slowdowns=tuple(s.slowdown for s in stragglers),
             availability=tuple(g.availability for g in groups),
             seed=seed,
+            dropout_p=per_device([s.dropout_p for s in stragglers]),
+            intervals=intervals,
         )
 
     @property
@@ -396,7 +939,7 @@ class Fleet:
 
         Cost is proportional to the devices whose on/off interval ended since
         the last query, so a simulation moving forward pays little per query;
-        a query about an earlier time replays those devices from t=0.
+        a query about an earlier time replays those devices from the start.
         """
         on, _ = self._onoff.state_at(np.arange(self.size), float(t))
         return on
@@ -411,8 +954,19 @@ class Fleet:
         on, end = self._onoff.state_at(idx, float(t))
         return np.where(on, end, float(t))
 
+    def online_time(self, devices: np.ndarray, t: float) -> np.ndarray:
+        """For each device, the first time ``>= t`` at which it is online.
+
+        ``t`` itself for a device online at ``t``; ``inf`` for a device that
+        never comes back (a trace that ends offline, without a period).
+        """
+        idx = np.asarray(devices, dtype=np.int64).reshape(-1)
+        on, end = self._onoff.state_at(idx, float(t))
+        return np.where(on, float(t), end)
+
     def next_online_time(self, t: float) -> float:
-        """The earliest time ``>= t`` at which some device is online."""
+        """The earliest time ``>= t`` at which some device is online
+        (``inf`` if none ever is again)."""
         on, end = self._onoff.state_at(np.arange(self.size), float(t))
         return float(t) if on.any() else float(end.min())
 
@@ -435,11 +989,12 @@ class Fleet:
         """This round's straggler factor (>= 1) for each device, in the given order.
 
         Device ``i`` is slowed with probability ``straggler_p[i]`` by a factor
-        from its group's :class:`SlowdownSpec`, else the factor is 1. Exactly
-        two uniforms are drawn per device (one for "is it slowed", one turned
-        into the factor by the inverse CDF), so one device's outcome never
-        shifts another's draws. Pareto uses the inverse CDF
-        ``(1 - u) ** (-1 / shape)``, the same law as ``1 + rng.pareto(shape)``.
+        from its group's :class:`SlowdownSpec` (capped at its ``max_factor``),
+        else the factor is 1. Exactly two uniforms are drawn per device (one
+        for "is it slowed", one turned into the factor by the inverse CDF), so
+        one device's outcome never shifts another's draws. Pareto uses the
+        inverse CDF ``(1 - u) ** (-1 / shape)``, the same law as
+        ``1 + rng.pareto(shape)``.
         """
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         u = rng.random((idx.size, 2))
@@ -457,5 +1012,51 @@ class Fleet:
             else:  # may overflow to inf for tiny shapes: an endless straggler
                 with np.errstate(over="ignore"):
                     factor[mask] = (1.0 - v) ** (-1.0 / spec.shape)
+            if spec.max_factor is not None:
+                factor[mask] = np.minimum(factor[mask], spec.max_factor)
         slowed = u[:, 0] < self.straggler_p[idx]
         return np.where(slowed, factor, 1.0)
+
+    def draw_dropouts(
+        self, devices: np.ndarray, rng: np.random.Generator, work_s: Any
+    ) -> np.ndarray:
+        """When each device drops out of this round: seconds after it starts,
+        or ``inf`` if it does not.
+
+        Device ``i`` drops out with probability ``dropout_p[i]``, at a time
+        uniform in ``[0, work_s[i])`` (its download, compute and upload; an
+        endless work never drops). Exactly two uniforms are drawn per device,
+        as in :meth:`draw_slowdowns`.
+
+        Example:
+            >>> import numpy as np
+            >>> fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": [
+            ...     {"name": "g", "count": 2, "speed": {"steps_per_s": 1.0},
+            ...      "stragglers": {"dropout_p": 1.0}}]}), seed=0)
+            >>> t = fleet.draw_dropouts([0, 1], np.random.default_rng(0), [10.0, 20.0])
+            >>> bool((t >= 0).all() and (t < [10.0, 20.0]).all())
+            True
+        """
+        idx = np.asarray(devices, dtype=np.int64).reshape(-1)
+        u = rng.random((idx.size, 2))
+        work = np.broadcast_to(np.asarray(work_s, dtype=np.float64), idx.shape)
+        drop = (u[:, 0] < self.dropout_p[idx]) & np.isfinite(work)
+        return np.where(drop, u[:, 1] * np.where(drop, work, 0.0), np.inf)
+
+
+def _draw_speed(
+    spec: SpeedSpec | None, z: np.ndarray, tier_u: np.ndarray | None
+) -> np.ndarray:
+    """Speeds of one group's devices from their normals (and tier uniforms)."""
+    assert spec is not None
+    if spec.dist == "fixed":
+        return spec.steps_per_s * np.exp(0.0 * z)
+    if spec.dist == "lognormal":
+        return spec.median_steps_per_s * np.exp(spec.sigma * z)
+    assert spec.tiers is not None and tier_u is not None
+    share = np.array([t.share for t in spec.tiers])
+    cum = np.cumsum(share / share.sum())
+    tier = np.minimum(np.searchsorted(cum, tier_u, side="right"), len(share) - 1)
+    median = np.array([t.median_steps_per_s for t in spec.tiers])[tier]
+    sigma = np.array([t.sigma for t in spec.tiers])[tier]
+    return median * np.exp(sigma * z)

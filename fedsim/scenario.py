@@ -432,9 +432,13 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def parse_scenario(
-    text: str, source: str = "<scenario>", overrides: list[str] | None = None
+    text: str,
+    source: str = "<scenario>",
+    overrides: list[str] | None = None,
+    base_dir: str | Path | None = None,
 ) -> Scenario:
-    """Parse and validate scenario YAML text."""
+    """Parse and validate scenario YAML text. Relative file paths in it (a
+    fleet group's ``trace``) are looked up in ``base_dir`` first."""
     raw = _read_yaml(text, source)
     if not isinstance(raw, dict):
         raise ScenarioError(
@@ -447,7 +451,7 @@ def parse_scenario(
         _check_shape(raw, source)
     _check_plain(raw, source)
     try:
-        return Scenario.model_validate(raw)
+        return Scenario.model_validate(raw, context={"base_dir": base_dir})
     except ValidationError as exc:
         raise ScenarioError(_format_validation(exc, source)) from None
     except RecursionError:
@@ -483,7 +487,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         raise ScenarioError(f"{p}: cannot read ({exc.strerror})") from None
     except ValueError:  # e.g. a NUL byte in the path
         raise ScenarioError(f"{p}: not a valid file name") from None
-    return parse_scenario(text, str(p), overrides)
+    return parse_scenario(text, str(p), overrides, base_dir=p.parent)
 
 
 def dump_scenario(sc: Scenario) -> str:

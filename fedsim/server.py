@@ -412,6 +412,15 @@ class Simulation:
         self.fleet = Fleet.from_spec(scenario.fleet, scenario.seed)
         self.data = build_data(scenario.data, scenario.num_clients, scenario.seed)
         self.selector = make_selector(scenario.selector)
+        # Over-selection: ask for ceil(over_select * k), keep the first k arrivals.
+        self.keep: int | None = None
+        if scenario.round.over_select > 1:
+            k = scenario.selector.clients_per_round
+            asked = math.ceil(round(scenario.round.over_select * k, 9))
+            self.keep = k
+            self.selector = replace(
+                self.selector, clients_per_round=min(asked, self.fleet.size)
+            )
         self.group_names = np.array(self.fleet.group_names, dtype=object)
         self.final_params: torch.Tensor | None = None
         self.backend: _LocalBackend | _RayBackend | None = None
@@ -494,6 +503,7 @@ class Simulation:
                 bytes_up,
                 n_samples,
                 sc.client.batch_size,
+                keep=self.keep,
             )
             tasks = [Task(p.client, t, p.tau) for p in plan.plans if not p.dropped]
             do_eval = (t + 1) % sc.eval.every_rounds == 0 or t == sc.rounds - 1

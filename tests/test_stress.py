@@ -1,0 +1,171 @@
+"""fedsim stress: a sweep over a fleet setting, several aggregators, a report."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from fedsim.scenario import ScenarioError
+from fedsim.stress import degradation, parse_sweep, run_stress
+
+from .conftest import SCENARIOS
+
+PHONES = SCENARIOS / "stress" / "phones-stragglers.yaml"
+CI = ["rounds=4", "eval.every_rounds=2"]
+
+
+def run_ci_grid(out: Path, workers: int | None = 0) -> Path:
+    return run_stress(
+        PHONES,
+        {"fleet.stragglers.p": [0.0, 0.5]},
+        ["fedavg", "fednova", "fedbuff"],
+        seeds=2,
+        out_dir=out,
+        workers=workers,
+        overrides=CI,
+    )
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_ci_grid(tmp_path_factory.mktemp("stress") / "report")
+
+
+def test_stress_report_on_a_ci_sized_grid(report: Path):
+    # Assert: one row per cell, algorithm and seed, in grid order
+    table = pq.read_table(report / "stress.parquet").to_pylist()
+    assert len(table) == 2 * 3 * 2
+    assert [
+        (r["fleet.stragglers.p"], r["algorithm"], r["seed"]) for r in table[:3]
+    ] == [(0.0, "fedavg", 0), (0.0, "fedavg", 1), (0.0, "fednova", 0)]
+    for r in table:
+        assert (
+            0 <= r["final_accuracy"] <= 1 and r["best_accuracy"] >= r["final_accuracy"]
+        )
+        assert 0 <= r["dropped_fraction"] <= 1
+        assert r["tau_mean"] > 0 and r["tau_std"] >= 0
+        assert math.isfinite(r["target_accuracy"])
+    fedbuff = [r for r in table if r["algorithm"] == "fedbuff"]
+    assert {r["mode"] for r in fedbuff} == {"async"}
+    assert {r["rounds"] for r in fedbuff} == {4 * 10 // 10}  # versions, K = 10
+    # stragglers shorten the synchronous runs' local work
+    sync = [r for r in table if r["mode"] == "sync"]
+    mild = [r["tau_mean"] for r in sync if r["fleet.stragglers.p"] == 0.0]
+    harsh = [r["tau_mean"] for r in sync if r["fleet.stragglers.p"] == 0.5]
+    assert sum(harsh) < sum(mild)
+
+    text = (report / "stress.md").read_text()
+    assert "degrades least" in text
+    assert "| fleet.stragglers.p | algorithm | final acc % |" in text
+    assert "fedbuff (async)" in text
+    for name in (
+        "accuracy_vs_time.png",
+        "degradation.png",
+        "tau_by_group.png",
+        "taus.parquet",
+    ):
+        assert (report / name).stat().st_size > 1000, name
+    assert len(list((report / "runs").glob("*.parquet"))) == 12
+
+
+def test_stress_is_deterministic(report: Path, tmp_path: Path):
+    # Execute: the same grid again
+    again = run_ci_grid(tmp_path / "again")
+
+    # Assert: identical, except how long the host took
+    a = pq.read_table(report / "stress.parquet").drop(["wall_time_s"])
+    b = pq.read_table(again / "stress.parquet").drop(["wall_time_s"])
+    assert a.equals(b)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_tasks_give_the_same_table(report: Path, tmp_path: Path, ray_session):
+    # Execute: each run a Ray task (num_cpus=1)
+    out = run_ci_grid(tmp_path / "ray", workers=None)
+
+    # Assert
+    a = pq.read_table(report / "stress.parquet").drop(["wall_time_s"])
+    b = pq.read_table(out / "stress.parquet").drop(["wall_time_s"])
+    assert a.equals(b)
+
+
+def test_every_combination_is_validated_before_anything_runs(tmp_path: Path):
+    with pytest.raises(ScenarioError, match="fleet.stragglers.p"):
+        run_stress(
+            PHONES,
+            {"fleet.stragglers.p": [0.1, 1.5]},
+            ["fedavg"],
+            seeds=1,
+            out_dir=tmp_path / "x",
+            workers=0,
+            overrides=CI,
+        )
+    with pytest.raises(ScenarioError, match="algorithm"):
+        run_stress(
+            PHONES,
+            {"fleet.stragglers.p": [0.1]},
+            ["fedavg"],
+            seeds=1,
+            out_dir=tmp_path / "x",
+            workers=0,
+            overrides=["algorithm={name: x}"],
+        )
+    assert not (tmp_path / "x").exists()
+
+
+def test_parse_sweep():
+    assert parse_sweep("fleet.stragglers.p=0,0.1,0.3,0.5") == (
+        "fleet.stragglers.p",
+        [0, 0.1, 0.3, 0.5],
+    )
+    assert parse_sweep("round.policy=fixed_window, fixed_epochs") == (
+        "round.policy",
+        ["fixed_window", "fixed_epochs"],
+    )
+    path, values = parse_sweep(
+        "fleet.stragglers.slowdown={dist: fixed, factor: 2},{dist: pareto, shape: 1.5}"
+    )
+    assert values == [{"dist": "fixed", "factor": 2}, {"dist": "pareto", "shape": 1.5}]
+    with pytest.raises(ScenarioError, match="PATH=v1"):
+        parse_sweep("fleet.stragglers.p")
+
+
+def test_degradation_hand_computed():
+    # Prepare: two algorithms, two values, two seeds
+    cells = [{"p": 0.0}, {"p": 0.5}]
+    acc = {
+        ("a", 0, 0): 0.8,
+        ("a", 0, 1): 0.7,
+        ("a", 1, 0): 0.6,
+        ("a", 1, 1): 0.6,
+        ("b", 0, 0): 0.5,
+        ("b", 0, 1): 0.5,
+        ("b", 1, 0): 0.45,
+        ("b", 1, 1): 0.5,
+    }
+    records = [
+        {"algorithm": a, "cell": c, "seed": s, "final_accuracy": v}
+        for (a, c, s), v in acc.items()
+    ]
+
+    # Execute
+    deg = degradation(records, cells, "p")
+
+    # Assert: b drops (0.05 + 0.0) / 2, a (0.2 + 0.1) / 2; b first
+    assert [d["algorithm"] for d in deg] == ["b", "a"]
+    assert deg[0]["drop"] == pytest.approx(0.025)
+    assert deg[1]["drop"] == pytest.approx(0.15)
+    assert deg[1]["accuracy"] == pytest.approx([0.75, 0.6])
+    assert deg[1]["drop_sd"] == pytest.approx(math.sqrt(0.005))
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import fedsim.stress
+
+    assert doctest.testmod(fedsim.stress).failed == 0
