@@ -373,6 +373,91 @@ def stress(
     out.print(f"report: {path / 'stress.md'}", highlight=False)
 
 
+@app.command()
+def compare(
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    algorithms: Annotated[
+        str,
+        typer.Option(
+            "--algorithms",
+            "-a",
+            help="Comma-separated algorithms, each NAME or NAME:key=value,... "
+            "(e.g. fedavg,fedprox:mu=0.001,fednova).",
+        ),
+    ],
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Seeds 0..N-1.")] = 3,
+    target: Annotated[
+        float | None,
+        typer.Option(
+            "--target",
+            min=0.0,
+            max=1.0,
+            help="Target test accuracy (a fraction) for rounds and simulated "
+            "time to reach it.",
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Output folder (default results/compare-<name>-<time>/)."
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override a field in every run: path.to.key=value "
+            "(not algorithm or seed; repeatable).",
+        ),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Run several algorithms on identical fleets and data, over seeds 0..N-1,
+    and write compare.parquet and compare.md."""
+    from fedsim.compare import compare as run_compare
+    from fedsim.compare import split_algorithms
+    from fedsim.results import default_run_dir, prepare_run_dir
+
+    overrides = list(set_ or [])
+    try:
+        sc = load_scenario(scenario, overrides)
+    except ScenarioError as exc:
+        _fail(str(exc))
+    names = split_algorithms(algorithms)
+    if not names:
+        _fail("--algorithms: give at least one algorithm")
+    run_dir = out_dir if out_dir is not None else default_run_dir(f"compare-{sc.name}")
+    try:
+        prepare_run_dir(run_dir)
+    except OSError as exc:
+        _fail(str(exc))
+
+    def show(row: dict[str, Any]) -> None:
+        if not quiet:
+            flag = "  [red]diverged[/]" if row["diverged"] else ""
+            err.print(
+                f"{row['algorithm']} seed {row['seed']}: final accuracy "
+                f"{_fmt(row['final_accuracy'], '.4f')}, "
+                f"{row['wall_time_s']:.0f}s{flag}"
+            )
+
+    try:
+        run_compare(
+            scenario,
+            names,
+            seeds=seeds,
+            overrides=overrides,
+            out_dir=run_dir,
+            target_accuracy=target,
+            progress=show,
+        )
+    except (ScenarioError, ValueError) as exc:
+        _fail(str(exc))
+    text = (run_dir / "compare.md").read_text()
+    out.print(text, markup=False, highlight=False, soft_wrap=True)
+    out.print(f"results: {run_dir}")
+
+
 def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:

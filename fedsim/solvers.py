@@ -14,7 +14,12 @@ solver             ||a||_1
 sgd                tau
 momentum (rho)     [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho)
 prox (alpha=lr mu)  (1 - (1 - alpha)^tau) / alpha
+decay (gamma)      (1 - gamma^tau) / (1 - gamma)   (lr_k = lr gamma^k)
 =================  ======================================
+
+``SolverState.lr`` records the base lr, so that an algorithm can turn a delta
+into a normalised gradient: d_i = -Delta_i / (lr ||a_i||_1) (SCAFFOLD option II,
+FedNova-VR, FedDC).
 
 Example:
     >>> import torch
@@ -38,7 +43,15 @@ import torch
 if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
 
-__all__ = ["SGD", "Momentum", "Prox", "SolverState", "make_solver"]
+__all__ = [
+    "SGD",
+    "Decay",
+    "Momentum",
+    "Prox",
+    "SolverState",
+    "make_solver",
+    "normalized_gradient",
+]
 
 
 @dataclass
@@ -46,6 +59,7 @@ class SolverState:
     """Per-client, per-round solver state (reset every round)."""
 
     x0: torch.Tensor  # the round's starting (global) parameters
+    lr: float = 0.0  # the solver's base learning rate
     steps: int = 0
     norm_a: float = 0.0  # s in the FedNova recursion
     counter: float = 0.0  # c in the FedNova recursion (momentum only)
@@ -60,7 +74,7 @@ class SGD:
     weight_decay: float = 0.0
 
     def begin(self, x0: torch.Tensor) -> SolverState:
-        return SolverState(x0=x0)
+        return SolverState(x0=x0, lr=self.lr)
 
     def _direction(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         if self.weight_decay:
@@ -119,20 +133,64 @@ class Prox(SGD):
         return (1.0 - (1.0 - a) ** tau) / a
 
 
+@dataclass(frozen=True)
+class Decay(SGD):
+    """SGD whose lr decays geometrically inside the round: lr_k = lr gamma^k.
+
+    a = [1, gamma, ..., gamma^(tau-1)] (ALGORITHMS.md 5.2); the recursion adds
+    the current factor gamma^k to ||a||_1 after each step.
+    """
+
+    gamma: float = 1.0
+
+    def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
+        factor = self.gamma**st.steps
+        x.add_(self._direction(x, g), alpha=-self.lr * factor)
+        st.norm_a += factor
+        st.steps += 1
+
+    def norm_a(self, tau: int) -> float:
+        if self.gamma == 1.0:
+            return float(tau)
+        return (1.0 - self.gamma**tau) / (1.0 - self.gamma)
+
+
 Solver = SGD  # every solver derives from SGD
 
 
+def normalized_gradient(delta: torch.Tensor, st: SolverState) -> torch.Tensor:
+    """d = -Delta / (lr ||a||_1): the round's a-weighted average gradient.
+
+    >>> st = SolverState(x0=torch.zeros(1), lr=0.5, steps=2, norm_a=2.0)
+    >>> normalized_gradient(torch.tensor([-3.0]), st)
+    tensor([3.])
+    """
+    return delta / (-st.lr * st.norm_a)
+
+
 def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
-    """The solver a client spec asks for; ``mu`` (from FedProx) forces ``prox``."""
+    """The solver a client spec asks for; ``mu`` (from FedProx) forces ``prox``.
+
+    Proximal SGD combined with momentum or a decayed lr has no derived
+    ||a||_1 (ALGORITHMS.md 5.3), so that combination is refused.
+
+    >>> from fedsim.scenario import ClientSpec
+    >>> make_solver(ClientSpec(solver="decay", lr=0.1, step_decay=0.5)).norm_a(3)
+    1.75
+    """
     if mu is not None and mu > 0:
-        if spec.solver == "momentum":
+        if spec.solver in ("momentum", "decay"):
             raise ValueError(
-                "FedProx's proximal term with momentum has no derived ||a||_1 "
-                "(ALGORITHMS.md 5.3); use client.solver: sgd"
+                f"FedProx's proximal term with the {spec.solver!r} solver has no "
+                "derived ||a||_1 (ALGORITHMS.md 5.3); use client.solver: sgd"
             )
         return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)
     if spec.solver == "sgd":
         return SGD(lr=spec.lr, weight_decay=spec.weight_decay)
     if spec.solver == "momentum":
         return Momentum(lr=spec.lr, weight_decay=spec.weight_decay, rho=spec.momentum)
-    return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=spec.mu)
+    if spec.solver == "decay":
+        return Decay(lr=spec.lr, weight_decay=spec.weight_decay, gamma=spec.step_decay)
+    if spec.solver == "prox":
+        return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=spec.mu)
+    raise ValueError(f"unknown solver {spec.solver!r}")

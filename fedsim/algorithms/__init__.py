@@ -4,24 +4,41 @@ from a scenario's ``algorithm`` section.
 Adding an algorithm: write ``fedsim/algorithms/<name>.py`` with a frozen
 dataclass deriving from :class:`~fedsim.algorithms.base.Algorithm` (its fields
 are its hyperparameters, validated when a scenario is loaded), and add a line
-to ``REGISTRY`` below. Nothing else changes.
+to ``REGISTRY`` below. Nothing else changes: ``tests/test_contract.py`` runs
+every registered algorithm through the shared contract.
 """
 
 from __future__ import annotations
 
 from fedsim.algorithms.base import AggregateInfo, Algorithm, ClientUpdate
+from fedsim.algorithms.fedadam import FedAdam
+from fedsim.algorithms.fedasync import FedAsync
 from fedsim.algorithms.fedavg import FedAvg
+from fedsim.algorithms.fedavgm import FedAvgM
+from fedsim.algorithms.fedbuff import FedBuff
+from fedsim.algorithms.feddc import FedDC
+from fedsim.algorithms.feddm import FedDM
+from fedsim.algorithms.feddyn import FedDyn
 from fedsim.algorithms.fednova import FedNova
+from fedsim.algorithms.fednova_vr import FedNovaVR
+from fedsim.algorithms.fedpns import FedPNS
 from fedsim.algorithms.fedprox import FedProx
+from fedsim.algorithms.scaffold import Scaffold
 
 __all__ = [
     "AggregateInfo",
     "Algorithm",
     "ClientUpdate",
+    "FedAdam",
     "FedAvg",
+    "FedAvgM",
+    "FedDC",
+    "FedDyn",
     "FedNova",
+    "FedNovaVR",
     "FedProx",
     "REGISTRY",
+    "Scaffold",
     "make_algorithm",
 ]
 
@@ -29,6 +46,16 @@ REGISTRY: dict[str, type[Algorithm]] = {
     "fedavg": FedAvg,
     "fedprox": FedProx,
     "fednova": FedNova,
+    "fednova_vr": FedNovaVR,
+    "scaffold": Scaffold,
+    "feddyn": FedDyn,
+    "feddc": FedDC,
+    "fedavgm": FedAvgM,
+    "fedadam": FedAdam,
+    "fedasync": FedAsync,
+    "fedbuff": FedBuff,
+    "feddm": FedDM,
+    "fedpns": FedPNS,
 }
 
 

@@ -4,29 +4,45 @@ Communication-Efficient Learning of Deep Networks from Decentralized Data.
 H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y
 Arcas. AISTATS 2017. arXiv:1602.05629.
 
-Server: x^{t+1} = x^t + server_lr * sum_i p_i Delta_i, with p_i = n_i / sum_S n_j
-over the round's completed updates (the reference codes' practice,
-ALGORITHMS.md section 3). Seen through FedNova's lens (ALGORITHMS.md 5.1), the
-update i effectively gets weight w_i proportional to p_i ||a_i||_1, so clients
-that took more local steps pull the model toward their own objective.
+Server: x^{t+1} = x^t + server_lr * sum_{i in S} w_i Delta_i. The weights w_i
+depend on how the selector sampled S (``sampling``, see
+:mod:`fedsim.algorithms.sampling` and ALGORITHMS.md section 3):
+``renormalized`` p_i = n_i / sum_S n_j (the reference codes' practice, the
+default), ``uniform`` p_i m / q (unbiased scheme (ii)) or ``proportional``
+k_i / q (unbiased scheme (i); needs a selector with replacement).
+
+Seen through FedNova's lens (ALGORITHMS.md 5.1), update i effectively gets
+weight proportional to p_i ||a_i||_1, so clients that took more local steps
+pull the model toward their own objective; the meter reports that weight and
+chi^2(p || w).
+
+Server optimizers (FedAvgM, FedAdam) derive from this class and override
+only :meth:`FedAvg.apply_step`, which turns the averaged delta into the new
+server state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
+    ClientInfo,
+    ClientState,
     ClientUpdate,
     ServerState,
     data_weights,
     empty_info,
     meter,
 )
+from fedsim.algorithms.sampling import Scheme, sampling_extras, sampling_weights
 from fedsim.params import weighted_sum
+from fedsim.solvers import SolverState
 
 __all__ = ["FedAvg"]
 
@@ -46,6 +62,22 @@ class FedAvg(Algorithm):
     """
 
     name: Literal["fedavg"] = "fedavg"
+    sampling: Scheme = "renormalized"
+
+    def client_finish(
+        self,
+        delta: torch.Tensor,
+        solver_state: SolverState,
+        payload: dict[str, torch.Tensor],
+        client_state: ClientState,
+        ctx: Any,
+        info: ClientInfo,
+    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
+        return sampling_extras(self.sampling, info), None
+
+    def apply_step(self, state: ServerState, step: torch.Tensor) -> ServerState:
+        """The new server state from the weighted average delta ``step``."""
+        return {**state, "x": state["x"] + self.server_lr * step}
 
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
@@ -53,7 +85,7 @@ class FedAvg(Algorithm):
         if not updates:
             return state, empty_info()
         p = data_weights(updates)
-        step = weighted_sum([u.delta for u in updates], p)
-        x = state["x"] + self.server_lr * step
-        w = [pi * u.norm_a for pi, u in zip(p, updates, strict=True)]
-        return {**state, "x": x}, meter(updates, p, w, tau_eff=sum(w))
+        wh = sampling_weights(updates, self.sampling)
+        step = weighted_sum([u.delta for u in updates], wh)
+        w = [wi * u.norm_a for wi, u in zip(wh, updates, strict=True)]
+        return self.apply_step(state, step), meter(updates, p, w, tau_eff=sum(w))

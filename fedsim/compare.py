@@ -1,0 +1,385 @@
+"""Compare algorithms on identical fleets and data, over several seeds.
+
+For each algorithm and each seed s = 0..N-1, the scenario is loaded with its
+``algorithm`` section replaced and ``seed: s``, and run in-process. Fleet,
+data, selection and the clock depend only on the seed, so every algorithm
+sees the same devices, the same data and (while round durations agree) the
+same clients each round.
+
+An algorithm is named as in the registry, optionally with hyperparameters:
+``fedprox:mu=0.0001`` or ``feddc:alpha=0.005,correction=false``. Its section
+starts from the scenario's own ``algorithm`` section when that names the same
+algorithm (so a scenario file can carry the paper's hyperparameters for its
+main method), else from ``{name: ...}`` with the algorithm's defaults; the
+``key=value`` pairs (YAML scalars) go on top.
+
+Outputs in ``out_dir``:
+
+- ``compare.parquet``: one row per (algorithm, seed): final and best test
+  accuracy, final losses, rounds and simulated time to the target accuracy,
+  bytes sent down and up, whether the run diverged;
+- ``compare.md``: per algorithm, mean +- sample std over seeds;
+- ``runs/<algorithm>-seed<s>.parquet``: each run's rounds table.
+
+Example:
+    >>> rows = compare("scenarios/ci/tiny-synthetic.yaml", ["fedavg", "fednova"],
+    ...                seeds=1, overrides=["rounds=2"], out_dir=None)
+    >>> [r["algorithm"] for r in rows]
+    ['fedavg', 'fednova']
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import yaml
+
+from fedsim import __version__
+from fedsim.scenario import Scenario, ScenarioError, load_scenario
+
+__all__ = [
+    "COMPARE_SCHEMA",
+    "algorithm_section",
+    "compare",
+    "format_markdown",
+    "load_variant",
+    "run_one",
+    "split_algorithms",
+    "summarize_runs",
+]
+
+COMPARE_SCHEMA = pa.schema(
+    [
+        ("algorithm", pa.string()),
+        ("name", pa.string()),
+        ("seed", pa.int64()),
+        ("rounds", pa.int64()),
+        ("diverged", pa.bool_()),
+        ("final_accuracy", pa.float64()),
+        ("best_accuracy", pa.float64()),
+        ("final_test_loss", pa.float64()),
+        ("final_train_loss", pa.float64()),
+        ("rounds_to_target", pa.int64()),
+        ("time_to_target_s", pa.float64()),
+        ("sim_time_s", pa.float64()),
+        ("bytes_down", pa.int64()),
+        ("bytes_up", pa.int64()),
+        ("mean_chi2_pw", pa.float64()),
+        ("wall_time_s", pa.float64()),
+    ]
+)
+
+
+def split_algorithms(text: str) -> list[str]:
+    """Split a comma-separated list; ``key=value`` pieces join the one before.
+
+    >>> split_algorithms("fedavg,feddc:alpha=0.005,correction=false,scaffold")
+    ['fedavg', 'feddc:alpha=0.005,correction=false', 'scaffold']
+    """
+    out: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if "=" in piece and ":" not in piece.split("=", 1)[0] and out:
+            out[-1] += "," + piece
+        else:
+            out.append(piece)
+    return out
+
+
+def algorithm_section(spec: str, scenario_section: dict[str, Any]) -> dict[str, Any]:
+    """The ``algorithm`` section for ``name[:key=value,...]``.
+
+    >>> algorithm_section("fedprox:mu=0.001", {"name": "fednova"})
+    {'name': 'fedprox', 'mu': 0.001}
+    >>> algorithm_section("feddc", {"name": "feddc", "alpha": 0.005})
+    {'name': 'feddc', 'alpha': 0.005}
+    """
+    name, _, rest = spec.partition(":")
+    name = name.strip()
+    section: dict[str, Any] = {"name": name}
+    if scenario_section.get("name") == name:
+        section = dict(scenario_section)
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ScenarioError(f"algorithm {spec!r}: expected key=value, got {item!r}")
+        section[key.strip()] = yaml.safe_load(value)
+    return section
+
+
+def _flow(section: dict[str, Any]) -> str:
+    return yaml.safe_dump(section, default_flow_style=True, width=10_000).strip()
+
+
+def _safe(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
+
+
+def load_variant(
+    scenario_path: str | Path, label: str, seed: int, overrides: Sequence[str] = ()
+) -> Scenario:
+    """The scenario with ``label``'s algorithm section and ``seed``."""
+    try:
+        raw = yaml.safe_load(Path(scenario_path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        raw = None  # load_scenario reports the problem properly
+    base = raw.get("algorithm") if isinstance(raw, dict) else None
+    section = algorithm_section(label, base if isinstance(base, dict) else {})
+    return load_scenario(
+        scenario_path, [*overrides, f"algorithm={_flow(section)}", f"seed={seed}"]
+    )
+
+
+def run_one(
+    scenario_path: str | Path,
+    label: str,
+    seed: int,
+    overrides: Sequence[str] = (),
+    target_accuracy: float | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run one (algorithm, seed); return its compare row and its round rows."""
+    from fedsim.results import summarize
+    from fedsim.server import DivergenceError, Simulation
+
+    sc = load_variant(scenario_path, label, seed, overrides)
+    rows: list[dict[str, Any]] = []
+    clients: list[dict[str, Any]] = []
+
+    def collect(row: dict[str, Any], these: list[dict[str, Any]]) -> None:
+        rows.append(row)
+        clients.extend(these)
+
+    wall0 = time.perf_counter()
+    diverged = False
+    try:
+        Simulation(sc, workers=0, on_round=collect).run()
+    except DivergenceError:
+        diverged = True
+    wall = time.perf_counter() - wall0
+    summary = summarize(
+        rows,
+        clients,
+        scenario_name=sc.name,
+        wall_time_s=wall,
+        workers=0,
+        version=__version__,
+    )
+    hit = None
+    if target_accuracy is not None:
+        hit = next((r for r in rows if _ge(r["test_accuracy"], target_accuracy)), None)
+    chi2 = [r["chi2_pw"] for r in rows if math.isfinite(r["chi2_pw"])]
+    losses = [r["train_loss"] for r in rows if math.isfinite(r["train_loss"])]
+    final_acc = summary["final_test_accuracy"]
+    if rows and not math.isfinite(rows[-1]["test_loss"]):
+        diverged = True
+    out = {
+        "algorithm": label,
+        "name": sc.algorithm.name,
+        "seed": seed,
+        "rounds": len(rows),
+        "diverged": diverged,
+        "final_accuracy": _num(final_acc),
+        "best_accuracy": _num(summary["best_test_accuracy"]),
+        "final_test_loss": _num(summary["final_test_loss"]),
+        "final_train_loss": losses[-1] if losses else math.nan,
+        "rounds_to_target": None if hit is None else int(hit["round"]) + 1,
+        "time_to_target_s": None if hit is None else float(hit["sim_time"]),
+        "sim_time_s": float(summary["sim_time_s"]),
+        "bytes_down": int(summary["bytes_down"]),
+        "bytes_up": int(summary["bytes_up"]),
+        "mean_chi2_pw": float(np.mean(chi2)) if chi2 else math.nan,
+        "wall_time_s": wall,
+    }
+    return out, rows
+
+
+def _ge(x: Any, target: float) -> bool:
+    return isinstance(x, float | int) and math.isfinite(x) and x >= target
+
+
+def _num(x: Any) -> float:
+    return math.nan if x is None else float(x)
+
+
+def _stats(values: Sequence[float]) -> tuple[float, float]:
+    v = np.array([x for x in values if x is not None and math.isfinite(x)])
+    if v.size == 0:
+        return math.nan, math.nan
+    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+
+def summarize_runs(
+    runs: Sequence[dict[str, Any]], target_accuracy: float | None = None
+) -> list[dict[str, Any]]:
+    """Per algorithm (in first-seen order): mean and sample std over seeds."""
+    labels = list(dict.fromkeys(r["algorithm"] for r in runs))
+    table = []
+    for label in labels:
+        rs = [r for r in runs if r["algorithm"] == label]
+        row: dict[str, Any] = {"algorithm": label, "seeds": len(rs)}
+        for key in (
+            "final_accuracy",
+            "best_accuracy",
+            "final_test_loss",
+            "final_train_loss",
+            "sim_time_s",
+            "mean_chi2_pw",
+        ):
+            row[key], row[key + "_std"] = _stats([r[key] for r in rs])
+        reached = [r for r in rs if r["rounds_to_target"] is not None]
+        row["reached_target"] = len(reached)
+        for key in ("rounds_to_target", "time_to_target_s"):
+            row[key], row[key + "_std"] = _stats([float(r[key]) for r in reached])
+        row["bytes_per_run"] = float(
+            np.mean([r["bytes_down"] + r["bytes_up"] for r in rs])
+        )
+        row["diverged"] = sum(bool(r["diverged"]) for r in rs)
+        row["target_accuracy"] = target_accuracy
+        table.append(row)
+    return table
+
+
+def _pm(mean: float, std: float, scale: float = 1.0, digits: int = 2) -> str:
+    if not math.isfinite(mean):
+        return "-"
+    return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_markdown(
+    table: Sequence[dict[str, Any]],
+    title: str,
+    notes: Sequence[str] = (),
+) -> str:
+    """The comparison as a Markdown table (accuracies in %)."""
+    target = next((r["target_accuracy"] for r in table), None)
+    lines = [f"# {title}", ""]
+    lines += [f"- {n}" for n in notes]
+    if notes:
+        lines.append("")
+    t_head = f"to {target * 100:g}%" if target is not None else "to target"
+    lines.append(
+        "| algorithm | seeds | final acc % | best acc % | final test loss "
+        f"| rounds {t_head} | sim time {t_head} (s) | bytes / run | diverged |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for r in table:
+        n = r["seeds"]
+        if target is None:
+            rounds = time_s = "-"
+        else:
+            k = r["reached_target"]
+            reach = "" if k == n else f" ({k}/{n} reached)"
+            rounds = (
+                _pm(r["rounds_to_target"], r["rounds_to_target_std"], digits=1)
+                if k
+                else "not reached"
+            ) + (reach if k else "")
+            time_s = _pm(r["time_to_target_s"], r["time_to_target_s_std"], digits=1)
+        lines.append(
+            f"| {r['algorithm']} | {n} "
+            f"| {_pm(r['final_accuracy'], r['final_accuracy_std'], 100)} "
+            f"| {_pm(r['best_accuracy'], r['best_accuracy_std'], 100)} "
+            f"| {_pm(r['final_test_loss'], r['final_test_loss_std'], digits=4)} "
+            f"| {rounds} | {time_s} | {_bytes(r['bytes_per_run'])} "
+            f"| {r['diverged']}/{n} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def compare(
+    scenario_path: str | Path,
+    algorithms: Sequence[str],
+    seeds: int = 3,
+    overrides: Sequence[str] | None = None,
+    out_dir: str | Path | None = None,
+    target_accuracy: float | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every algorithm for seeds 0..seeds-1; return the summary table rows.
+
+    Args:
+        scenario_path: the scenario file.
+        algorithms: ``name`` or ``name:key=value,...`` per algorithm.
+        seeds: number of seeds (0..seeds-1).
+        overrides: ``path=value`` overrides for every run (not ``algorithm``
+            or ``seed``, which this function sets).
+        out_dir: where compare.parquet, compare.md and runs/ go (None: nowhere).
+        target_accuracy: for rounds and simulated time to reach it (a fraction).
+        progress: called with each run's row as it finishes.
+    """
+    overrides = list(overrides or [])
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key.split(".")[0].split("[")[0] in ("algorithm", "seed"):
+            raise ScenarioError(
+                f"--set {item!r}: compare sets the algorithm and the seed itself; "
+                "give hyperparameters as name:key=value"
+            )
+    if seeds < 1:
+        raise ValueError("seeds must be >= 1")
+    if not algorithms:
+        raise ValueError("no algorithms to compare")
+    for label in algorithms:  # every variant must validate before any runs
+        load_variant(scenario_path, label, 0, overrides)
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        (out / "runs").mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = []
+    for label in algorithms:
+        for seed in range(seeds):
+            row, rounds = run_one(
+                scenario_path, label, seed, overrides, target_accuracy
+            )
+            runs.append(row)
+            if out is not None:
+                _write_rounds(
+                    out / "runs" / f"{_safe(label)}-seed{seed}.parquet", rounds
+                )
+                _write_outputs(out, runs, scenario_path, overrides, target_accuracy)
+            if progress is not None:
+                progress(row)
+    return summarize_runs(runs, target_accuracy)
+
+
+def _write_rounds(path: Path, rounds: list[dict[str, Any]]) -> None:
+    from fedsim.results import ROUND_SCHEMA, write_table
+
+    write_table(path, rounds, ROUND_SCHEMA)
+
+
+def _write_outputs(
+    out: Path,
+    runs: list[dict[str, Any]],
+    scenario_path: str | Path,
+    overrides: Sequence[str],
+    target_accuracy: float | None,
+) -> None:
+    """compare.parquet and compare.md, rewritten (atomically) after each run."""
+    from fedsim.results import atomic_write_bytes, write_table
+
+    write_table(out / "compare.parquet", runs, COMPARE_SCHEMA)
+    seeds = sorted({r["seed"] for r in runs})
+    notes = [
+        f"scenario: `{scenario_path}`",
+        f"seeds: {', '.join(map(str, seeds))}",
+        f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
+        "accuracy and loss: the scenario's test set, mean ± sample std over seeds",
+    ]
+    table = summarize_runs(runs, target_accuracy)
+    text = format_markdown(table, f"compare: {Path(scenario_path).stem}", notes)
+    atomic_write_bytes(out / "compare.md", text.encode())
