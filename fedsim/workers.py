@@ -114,10 +114,20 @@ class Worker:
         self.algorithm = make_algorithm(scenario.algorithm)
         self.solver = self.algorithm.solver(scenario.client)
         self.model = make_model(scenario, data)
+        # A worker given a (fractional) GPU trains on it; FedDM's own local
+        # procedure stays on the CPU. Updates always travel back on the CPU.
+        use_gpu = (
+            scenario.resources.gpus_per_worker > 0
+            and self.algorithm.client_train is None
+            and torch.cuda.is_available()
+        )
+        self.device = torch.device("cuda" if use_gpu else "cpu")
+        self.model.to(self.device)
         self.theta, self.grad = bind_flat(self.model)
         dtype = self.theta.dtype
-        self.x = _tensor(data.x).to(dtype)
+        self.x = _tensor(data.x).to(self.device, dtype)
         y = _tensor(data.y)
+        y = y.to(self.device)
         self.y = y if data.num_classes else y.to(dtype)
         self.offsets = [int(o) for o in data.offsets]
         self.weights = data.weights
@@ -174,12 +184,16 @@ class Worker:
             return algo.client_train(
                 self, payload, task, client_state, info, xs, ys, gen
             )
+        payload, client_state = (
+            _to(payload, self.device),
+            _to(client_state, self.device),
+        )
         x_global = payload["x"]
         ctx = algo.local_setup(payload, client_state, info)
         theta, grad = self.theta, self.grad
         theta.copy_(x_global)
         state = self.solver.begin(x_global)
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for _ in range(task.tau):
             idx = next(batches)
             xb, yb = (xs, ys) if idx is None else (xs[idx], ys[idx])
@@ -193,16 +207,22 @@ class Worker:
         extras, new_state = algo.client_finish(
             delta, state, payload, client_state, ctx, info
         )
+        cpu = torch.device("cpu")
         return ClientUpdate(
             client=i,
-            delta=delta,
+            delta=delta.to(cpu),
             weight=float(self.weights[i]),
             tau=task.tau,
             norm_a=state.norm_a,
             train_loss=float(loss_sum) / max(task.tau, 1),
-            extras=extras,
-            new_state=new_state,
+            extras=_to(extras, cpu),
+            new_state=None if new_state is None else _to(new_state, cpu),
         )
+
+
+def _to(tensors: Mapping[str, torch.Tensor], device: torch.device) -> dict:
+    """A copy of a dict of tensors on ``device`` (no copy when already there)."""
+    return {k: v.to(device) for k, v in tensors.items()}
 
 
 class LocalPool:

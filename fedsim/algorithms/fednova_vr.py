@@ -39,6 +39,7 @@ from fedsim.algorithms.base import (
     ServerState,
     empty_info,
 )
+from fedsim.algorithms.control import ControlVariates
 from fedsim.algorithms.fednova import FedNova
 from fedsim.algorithms.sampling import sampling_extras
 from fedsim.params import weighted_sum
@@ -48,7 +49,7 @@ __all__ = ["FedNovaVR"]
 
 
 @dataclass(frozen=True)
-class FedNovaVR(FedNova):
+class FedNovaVR(ControlVariates, FedNova):
     """FedNova whose local gradients carry SCAFFOLD-style corrections c - c_i.
 
     Example:
@@ -66,22 +67,6 @@ class FedNovaVR(FedNova):
 
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         return {**super().init(x0, num_clients), "c": torch.zeros_like(x0)}
-
-    def payload(self, state: ServerState) -> dict[str, torch.Tensor]:
-        return {"x": state["x"], "c": state["c"]}
-
-    def local_setup(
-        self,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        info: ClientInfo,
-    ) -> torch.Tensor:
-        c = payload["c"]
-        c_i = client_state.get("c")
-        return c.clone() if c_i is None else c - c_i
-
-    def grad_hook(self, theta: torch.Tensor, grad: torch.Tensor, ctx: Any) -> None:
-        grad.add_(ctx)
 
     def client_finish(
         self,

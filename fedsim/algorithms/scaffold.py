@@ -47,6 +47,7 @@ from fedsim.algorithms.base import (
     ServerState,
     empty_info,
 )
+from fedsim.algorithms.control import ControlVariates
 from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState, normalized_gradient
@@ -55,7 +56,7 @@ __all__ = ["Scaffold"]
 
 
 @dataclass(frozen=True)
-class Scaffold(Algorithm):
+class Scaffold(ControlVariates, Algorithm):
     """Stochastic controlled averaging (option II).
 
     Example:
@@ -78,22 +79,6 @@ class Scaffold(Algorithm):
             "c": torch.zeros_like(x0),
             "m": torch.tensor(float(num_clients), dtype=torch.float64),
         }
-
-    def payload(self, state: ServerState) -> dict[str, torch.Tensor]:
-        return {"x": state["x"], "c": state["c"]}
-
-    def local_setup(
-        self,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        info: ClientInfo,
-    ) -> torch.Tensor:
-        c = payload["c"]
-        c_i = client_state.get("c")
-        return c.clone() if c_i is None else c - c_i
-
-    def grad_hook(self, theta: torch.Tensor, grad: torch.Tensor, ctx: Any) -> None:
-        grad.add_(ctx)
 
     def client_finish(
         self,
