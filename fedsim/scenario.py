@@ -144,6 +144,11 @@ class ResourceSpec(_Spec):
     # vmapped computation (fedsim/vectorized.py): several times faster, equal
     # to sequential training within float tolerance (not bit for bit).
     vectorize: bool = False
+    # Where the server (aggregation, evaluation, checkpoints) runs: on the
+    # driver's node, or wherever Ray places it (the run directory must then be
+    # on storage shared by the nodes); and the CPUs reserved for it.
+    server_node: Literal["driver", "any"] = "driver"
+    server_cpus: Annotated[float, Field(ge=0, le=1024)] = 0.0
 
 
 class Scenario(_Spec):

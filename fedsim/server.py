@@ -301,13 +301,17 @@ class _RayBackend:
         res = scenario.resources
         self.data_ref = ray.put(data)
         name = f"fedsim-server-{uuid.uuid4().hex[:12]}"
-        # The server runs on the driver's node, so that it reads and writes
-        # checkpoints in the run directory the driver sees.
-        here = NodeAffinitySchedulingStrategy(
-            ray.get_runtime_context().get_node_id(), soft=False
-        )
+        # By default the server (aggregation and evaluation) runs on the
+        # driver's node, so that it reads and writes checkpoints in the run
+        # directory the driver sees; `resources.server_cpus` reserves CPUs for
+        # it, and `server_node: any` lets Ray place it (shared storage needed).
+        where: Any = "DEFAULT"
+        if res.server_node == "driver":
+            where = NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=False
+            )
         server_cls = ray.remote(ServerCore).options(
-            num_cpus=0, name=name, scheduling_strategy=here
+            num_cpus=res.server_cpus, name=name, scheduling_strategy=where
         )
         self.server = server_cls.remote(scenario, [self.data_ref], 1)
         self.pool = RayPool(
