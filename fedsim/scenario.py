@@ -341,7 +341,8 @@ def _read_yaml(text: str, source: str) -> Any:
             "a scenario is a short YAML file"
         )
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader
+        # CSafeLoader is the libyaml form of yaml.safe_load: no tags, no objects
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
