@@ -474,6 +474,65 @@ class Simulation:
         self.recorder.load(ck.n_rows, ck.n_client_rows, ck.n_selector_rows)
         return ck.next_round, ck.sim_time, ck.selector_state
 
+    def _round_row(
+        self, t: int, plan: clock.RoundPlan, res: RoundResult, wall_s: float
+    ) -> dict[str, Any]:
+        """rounds.parquet's row; tau statistics over the updates that arrived."""
+        done = [p for p in plan.plans if not p.dropped]
+        taus = np.array([p.tau for p in done], dtype=np.float64)
+        nan = float("nan")
+        return {
+            "round": t,
+            "sim_time": plan.t_end,
+            "wall_time": wall_s,
+            "test_loss": res.test_loss,
+            "test_accuracy": res.test_accuracy,
+            "train_loss": res.train_loss,
+            "n_selected": len(plan.plans),
+            "n_completed": len(done),
+            "n_dropped": len(plan.plans) - len(done),
+            "tau_mean": float(taus.mean()) if len(taus) else nan,
+            "tau_min": float(taus.min()) if len(taus) else nan,
+            "tau_max": float(taus.max()) if len(taus) else nan,
+            "tau_eff": res.info.tau_eff,
+            "chi2_pw": res.info.chi2_pw,
+        }
+
+    def _client_rows(
+        self,
+        t: int,
+        plan: clock.RoundPlan,
+        res: RoundResult,
+        bytes_down: int,
+        bytes_up: int,
+    ) -> list[dict[str, Any]]:
+        """clients.parquet's rows: one per selected client, plus the
+        algorithm's per-client flag columns."""
+        rows = []
+        for p in plan.plans:
+            st = res.clients.get(p.client)
+            up = 0 if p.dropped else (st.bytes_up if st and st.bytes_up else bytes_up)
+            rows.append(
+                {
+                    "round": t,
+                    "client_id": p.client,
+                    "device_group": str(self.group_names[self.fleet.group[p.client]]),
+                    "tau": p.tau,
+                    "t_start": p.t_start,
+                    "t_arrive": p.t_arrive,
+                    "dropped": p.dropped,
+                    "drop_reason": p.reason,
+                    "slowdown": p.slowdown,
+                    "weight": st.weight if st else 0.0,
+                    "update_norm": st.update_norm if st else float("nan"),
+                    "train_loss": st.train_loss if st else float("nan"),
+                    "bytes_down": bytes_down,
+                    "bytes_up": up,
+                    **(st.flags if st else {}),
+                }
+            )
+        return rows
+
     def _loop(self, backend: Any) -> None:
         sc = self.scenario
         d = backend.num_params()
@@ -517,49 +576,8 @@ class Simulation:
                     f"round {t}: the training loss is {res.train_loss}"
                 )
             sel_state = self.selector.observe(sel_state, t, res, sel_ctx)
-            done = [p for p in plan.plans if not p.dropped]
-            taus = np.array([p.tau for p in done], dtype=np.float64)
-            row = {
-                "round": t,
-                "sim_time": plan.t_end,
-                "wall_time": time.perf_counter() - wall0,
-                "test_loss": res.test_loss,
-                "test_accuracy": res.test_accuracy,
-                "train_loss": res.train_loss,
-                "n_selected": len(plan.plans),
-                "n_completed": len(done),
-                "n_dropped": len(plan.plans) - len(done),
-                "tau_mean": float(taus.mean()) if len(taus) else float("nan"),
-                "tau_min": float(taus.min()) if len(taus) else float("nan"),
-                "tau_max": float(taus.max()) if len(taus) else float("nan"),
-                "tau_eff": res.info.tau_eff,
-                "chi2_pw": res.info.chi2_pw,
-            }
-            these = []
-            for p in plan.plans:
-                st = res.clients.get(p.client)
-                group = str(self.group_names[self.fleet.group[p.client]])
-                these.append(
-                    {
-                        "round": t,
-                        "client_id": p.client,
-                        "device_group": group,
-                        "tau": p.tau,
-                        "t_start": p.t_start,
-                        "t_arrive": p.t_arrive,
-                        "dropped": p.dropped,
-                        "drop_reason": p.reason,
-                        "slowdown": p.slowdown,
-                        "weight": st.weight if st else 0.0,
-                        "update_norm": st.update_norm if st else float("nan"),
-                        "train_loss": st.train_loss if st else float("nan"),
-                        "bytes_down": bytes_down,
-                        "bytes_up": 0
-                        if p.dropped
-                        else (st.bytes_up if st and st.bytes_up else bytes_up),
-                        **(st.flags if st else {}),
-                    }
-                )
+            row = self._round_row(t, plan, res, time.perf_counter() - wall0)
+            these = self._client_rows(t, plan, res, bytes_down, bytes_up)
             artifact = [{"round": t, **r} for r in self.selector.artifact(sel_state, t)]
             self.recorder.add(row, these, artifact)
             if self.on_round is not None:
