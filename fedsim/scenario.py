@@ -98,6 +98,11 @@ class ClientSpec(_Spec):
     momentum: float = Field(0.9, ge=0, lt=1)
     mu: NonNegFloat = 0.0
     step_decay: float = Field(1.0, gt=0, le=1)
+    # Across rounds: lr_t = max(lr * lr_decay^t, lr_min), t the round (in
+    # async mode, the device's job index) (FedPNS: 0.995 and
+    # 0.01 lr; FedDC: 0.998).
+    lr_decay: float = Field(1.0, gt=0, le=1)
+    lr_min: NonNegFloat = 0.0
     weight_decay: NonNegFloat = 0.0
 
     @model_validator(mode="after")

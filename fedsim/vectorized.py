@@ -167,7 +167,7 @@ def train_vectorized(
     """Train every task's client from ``x_global`` at once; one update each."""
     if not tasks:
         return []
-    model, solver = worker.model, worker.solver
+    model, solver = worker.model, worker.solver_for(tasks[0].round)
     k = len(tasks)
     taus = torch.tensor([t.tau for t in tasks])
     steps = int(taus.max())

@@ -27,6 +27,7 @@ Example (in-process):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from fedsim.data.base import as_tensor as _tensor
 from fedsim.models import batch_loss, make_model
 from fedsim.params import bind_flat, l2_norm
 from fedsim.scenario import Scenario
+from fedsim.solvers import SGD
 
 __all__ = ["Task", "Worker", "LocalPool", "RayPool", "client_seed", "assign_lpt"]
 
@@ -142,6 +144,14 @@ class Worker:
     def pid(self) -> int:
         return os.getpid()
 
+    def solver_for(self, round_: int) -> SGD:
+        """The local solver with round ``round_``'s learning rate."""
+        spec = self.scenario.client
+        if spec.lr_decay == 1.0:
+            return self.solver
+        lr = max(spec.lr * spec.lr_decay**round_, spec.lr_min)
+        return dataclasses.replace(self.solver, lr=lr)
+
     def client_info(self, i: int) -> ClientInfo:
         return ClientInfo(
             client=i,
@@ -162,7 +172,7 @@ class Worker:
         task. ``states`` holds the persistent state of stateful algorithms."""
         if isinstance(payload, torch.Tensor):
             payload = {"x": payload}
-        if self.vectorize and len(tasks) > 1:
+        if self.vectorize and len(tasks) > 1 and len({t.round for t in tasks}) == 1:
             from fedsim.vectorized import train_vectorized
 
             return train_vectorized(self, payload["x"], tasks)
@@ -192,7 +202,8 @@ class Worker:
         ctx = algo.local_setup(payload, client_state, info)
         theta, grad = self.theta, self.grad
         theta.copy_(x_global)
-        state = self.solver.begin(x_global)
+        solver = self.solver_for(task.round)
+        state = solver.begin(x_global)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for _ in range(task.tau):
             idx = next(batches)
@@ -201,7 +212,7 @@ class Worker:
             loss = batch_loss(self.model, xb, yb)
             loss.backward()
             algo.grad_hook(theta, grad, ctx)
-            self.solver.step(theta, grad, state)
+            solver.step(theta, grad, state)
             loss_sum += loss.detach()
         delta = theta - x_global
         extras, new_state = algo.client_finish(
