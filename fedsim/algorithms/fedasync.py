@@ -151,6 +151,16 @@ class _Normalized(Algorithm):
             raise ValueError("normalize needs ||a_i||_1 > 0 (at least one step)")
         return [tau_eff / u.norm_a for u in updates], tau_eff
 
+    def aggregate(
+        self, state: ServerState, updates: Sequence[ClientUpdate]
+    ) -> tuple[ServerState, AggregateInfo]:
+        """A synchronous round: every update is fresh (staleness 0) and starts
+        from x, so FedAsync mixes the round's models and FedBuff treats the
+        round's updates as one buffer."""
+        return self.aggregate_async(
+            state, updates, [0] * len(updates), [state["x"]] * len(updates)
+        )
+
 
 @dataclass(frozen=True)
 class FedAsync(_Normalized):
@@ -181,14 +191,6 @@ class FedAsync(_Normalized):
         zero = torch.zeros((), dtype=torch.float64)
         # Running sums for tau_eff under ``normalize``: sum ||a||_1, sum tau, count.
         return {"x": x0.clone(), "norm_a_sum": zero, "steps_sum": zero, "count": zero}
-
-    def aggregate(
-        self, state: ServerState, updates: Sequence[ClientUpdate]
-    ) -> tuple[ServerState, AggregateInfo]:
-        """A synchronous round: every update is fresh and starts from x."""
-        return self.aggregate_async(
-            state, updates, [0] * len(updates), [state["x"]] * len(updates)
-        )
 
     def aggregate_async(
         self,

@@ -34,7 +34,7 @@ from typing import Literal
 
 import torch
 
-from fedsim.algorithms.base import AggregateInfo, ClientUpdate, ServerState, empty_info
+from fedsim.algorithms.base import ClientUpdate, ServerState, empty_info
 from fedsim.algorithms.fedasync import AsyncInfo, _Normalized, async_meter
 from fedsim.params import weighted_sum
 from fedsim.spec import PosInt
@@ -60,14 +60,6 @@ class FedBuff(_Normalized):
 
     name: Literal["fedbuff"] = "fedbuff"
     buffer_size: PosInt = 10
-
-    def aggregate(
-        self, state: ServerState, updates: Sequence[ClientUpdate]
-    ) -> tuple[ServerState, AggregateInfo]:
-        """A synchronous round: the round's updates are one fresh buffer."""
-        return self.aggregate_async(
-            state, updates, [0] * len(updates), [state["x"]] * len(updates)
-        )
 
     def aggregate_async(
         self,
