@@ -31,6 +31,21 @@ err = Console(stderr=True)
 out = Console()
 
 
+# Options several commands share.
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        help="Override a scenario field (in every run): path.to.key=value; repeatable.",
+    ),
+]
+AddressOption = Annotated[
+    str | None,
+    typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
+]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q")]
+
+
 def _fail(message: str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -59,21 +74,15 @@ def run(
         ),
     ] = None,
     seed: Annotated[int | None, typer.Option("--seed", min=0)] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Override a field: path.to.key=value (repeatable)."),
-    ] = None,
+    set_: SetOption = None,
     resume: Annotated[
         Path | None,
         typer.Option(
             "--resume", help="Continue an interrupted run from its last checkpoint."
         ),
     ] = None,
-    address: Annotated[
-        str | None,
-        typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    address: AddressOption = None,
+    quiet: QuietOption = False,
     report: Annotated[
         bool, typer.Option("--report/--no-report", help="Write plots and report.md.")
     ] = True,
@@ -228,9 +237,7 @@ def run(
 @app.command()
 def validate(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override: path.to.key=value.")
-    ] = None,
+    set_: SetOption = None,
 ) -> None:
     """Check a scenario file and print what it resolves to."""
     try:
@@ -304,10 +311,7 @@ def stress(
             "mean accuracy in the mildest setting).",
         ),
     ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Override a field for every run: path=value."),
-    ] = None,
+    set_: SetOption = None,
     workers: Annotated[
         int | None,
         typer.Option(
@@ -317,11 +321,8 @@ def stress(
             "tasks at once (default: one per CPU).",
         ),
     ] = None,
-    address: Annotated[
-        str | None,
-        typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    address: AddressOption = None,
+    quiet: QuietOption = False,
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots)."""
@@ -402,15 +403,8 @@ def compare(
             "--out", help="Output folder (default results/compare-<name>-<time>/)."
         ),
     ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            help="Override a field in every run: path.to.key=value "
-            "(not algorithm or seed; repeatable).",
-        ),
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    set_: SetOption = None,
+    quiet: QuietOption = False,
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
     and write compare.parquet and compare.md."""

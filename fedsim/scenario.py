@@ -336,7 +336,10 @@ def _check_plain(obj: Any, source: str, path: str = "") -> None:
 
 
 # libyaml's safe loader when PyYAML has it: the pure-Python one takes ~20 s/MiB.
+# Both construct only plain YAML types (SafeConstructor): no tags, no objects.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+if not issubclass(_Loader, yaml.constructor.SafeConstructor):  # pragma: no cover
+    raise ImportError("fedsim needs PyYAML's safe loader")
 
 
 def _read_yaml(text: str, source: str) -> Any:

@@ -83,6 +83,14 @@ def test_python_tags_are_refused():
     assert "malformed YAML" in msg
 
 
+def test_the_yaml_loader_is_a_safe_one():
+    from yaml.constructor import SafeConstructor
+
+    from fedsim import scenario
+
+    assert issubclass(scenario._Loader, SafeConstructor)
+
+
 def test_non_mapping_top_level():
     assert "expected a YAML mapping" in error_of("- 1\n- 2\n")
 
