@@ -40,6 +40,14 @@ one version's jobs at a time and gives identical results (tests check it).
 The parameters of a version are kept while any job that started from it has
 not been applied or dropped (FedAsync mixes in x_start + Delta).
 
+Checkpoints and resume. Every ``checkpoint.every_rounds`` versions the server
+state and the parameters of every version still in use are saved (see
+:mod:`fedsim.checkpoint`). Nothing else needs saving: the timeline is a pure
+function of the scenario, so a resumed run replays its first w records
+(simulated time only, no training) to rebuild which jobs are in flight, and
+jobs trained ahead of the checkpoint are simply trained again, to the same
+bits.
+
 Example:
     >>> from fedsim.scenario import load_scenario
     >>> sc = load_scenario("scenarios/async-fedbuff.yaml", ["rounds=2"])
@@ -64,6 +72,15 @@ import torch
 
 from fedsim.algorithms.base import ClientUpdate, ServerState
 from fedsim.algorithms.fedasync import AsyncInfo
+from fedsim.checkpoint import (
+    CheckpointError,
+    checkpoint_dir,
+    commit_checkpoint,
+    latest_checkpoint,
+    load_tensors,
+    save_tensors,
+    write_meta,
+)
 from fedsim.clock import Arrival, AsyncTimeline, Job, Version
 from fedsim.data import FederatedData, build_data
 from fedsim.fleet import Fleet
@@ -115,12 +132,9 @@ RoundCallback = Callable[[dict[str, Any], list[dict[str, Any]]], None]
 class AsyncRecorder(Recorder):
     """The run's rows, written with the async schemas (as the run goes)."""
 
-    def flush(self) -> None:
-        if self.run_dir is None:
-            return
-        write_table(self.run_dir / "rounds.parquet", self.rows, ASYNC_ROUND_SCHEMA)
-        write_table(self.run_dir / "clients.parquet", self.clients, ASYNC_CLIENT_SCHEMA)
-        self._last = time.monotonic()
+    def write(self, run_dir: Path) -> None:
+        write_table(run_dir / "rounds.parquet", self.rows, ASYNC_ROUND_SCHEMA)
+        write_table(run_dir / "clients.parquet", self.clients, ASYNC_CLIENT_SCHEMA)
 
 
 class AsyncRule(Protocol):
@@ -248,6 +262,8 @@ class AsyncSimulation:
             the model (default: 4 ceil(concurrency / buffer_size) + 4, about
             four times the versions a job lives through). 1 trains one
             version's jobs at a time; the results are the same.
+        resume: continue from ``run_dir``'s latest checkpoint (written every
+            ``checkpoint.every_rounds`` versions).
 
     ``rounds`` of the scenario is the number of server versions; row
     ``round`` w reports the update that made version w + 1.
@@ -263,6 +279,7 @@ class AsyncSimulation:
         on_round: RoundCallback | None = None,
         run_dir: Path | None = None,
         max_lookahead: int | None = None,
+        resume: bool = False,
     ) -> None:
         alg = scenario.algorithm
         if scenario.round.policy != "async":
@@ -281,6 +298,9 @@ class AsyncSimulation:
         self.workers = workers
         self.on_round = on_round
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        if resume and self.run_dir is None:
+            raise ValueError("resume needs the run directory")
+        self.resume = resume
         self.fleet = Fleet.from_spec(scenario.fleet, scenario.seed)
         self.data = build_data(scenario.data, scenario.num_clients, scenario.seed)
         self.concurrency = scenario.round.concurrency or (
@@ -335,13 +355,17 @@ class AsyncSimulation:
 
     # ------------------------------------------------------------ the loop
     def _loop(self, server: ServerCore, runner: _LocalRunner | _RayRunner) -> None:
-        rounds = self.scenario.rounds
+        sc = self.scenario
+        rounds = sc.rounds
+        every = sc.checkpoint.every_rounds if self.run_dir is not None else 0
         timeline = iter(self.timeline())
         payloads: dict[int, Payload] = {0: dict(server.payload())}
         users: Counter[int] = Counter()  # version -> its jobs not yet applied/dropped
         pending: deque[Version] = deque()
         trained: dict[JobKey, ClientUpdate] = {}
         w = 0  # the newest computed version
+        if self.resume:
+            w, payloads = self._restore(server, timeline, users)
         wall0 = time.perf_counter()
         while w < rounds:
             # 1. look ahead: while the newest record needs only computed
@@ -376,6 +400,63 @@ class AsyncSimulation:
                     del payloads[v]
                     users.pop(v, None)
                     runner.forget(v)
+                if every and (w % every == 0 or w == rounds):
+                    self._checkpoint(server, w, rec.t, payloads)
+
+    # ----------------------------------------------------- checkpoints
+    def _checkpoint(
+        self, server: ServerCore, w: int, sim_time: float, payloads: dict[int, Payload]
+    ) -> None:
+        """Save version w: the server state and every version still in use."""
+        assert self.run_dir is not None
+        self.recorder.flush()
+        ckpt = checkpoint_dir(self.run_dir, w)
+        server.save(str(ckpt))
+        for v, payload in payloads.items():
+            save_tensors(ckpt / f"payload-{v:08d}.pt", payload)
+        write_meta(
+            ckpt,
+            {
+                "next_round": w,
+                "sim_time": sim_time,
+                "payload_versions": sorted(payloads),
+                "n_rows": len(self.recorder.rows),
+                "n_client_rows": len(self.recorder.clients),
+            },
+        )
+        commit_checkpoint(self.run_dir, ckpt)
+
+    def _restore(
+        self, server: ServerCore, timeline: Any, users: Counter[int]
+    ) -> tuple[int, dict[int, Payload]]:
+        """Load the latest checkpoint and replay the timeline up to it.
+
+        Returns the checkpoint's version w and the parameters of the versions
+        in use; ``users`` is filled as the uninterrupted run had it, and
+        ``timeline`` is left at record w.
+        """
+        assert self.run_dir is not None
+        ck = latest_checkpoint(self.run_dir)
+        w = ck.next_round
+        if not 0 < w <= self.scenario.rounds:
+            raise CheckpointError(f"{ck.path}: version {w} is not in this run")
+        server.load(str(ck.path))
+        for _ in range(w):
+            rec = next(timeline)
+            users.update(j.version for j in rec.started)
+            for a in rec.ended:
+                users[a.job.version] -= 1
+        in_use = {v for v in range(w) if users[v] > 0} | {w}
+        try:
+            payloads = {
+                v: load_tensors(ck.path / f"payload-{v:08d}.pt") for v in sorted(in_use)
+            }
+        except OSError as exc:
+            raise CheckpointError(f"{ck.path}: missing version parameters ({exc})") from None
+        for v in [v for v in users if users[v] <= 0 and v < w]:
+            users.pop(v)
+        self.recorder.load(ck.n_rows, ck.n_client_rows)
+        return w, payloads
 
     def _apply(
         self,

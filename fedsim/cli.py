@@ -103,8 +103,6 @@ def run(
         sc = load_scenario(scenario, overrides)
     except ScenarioError as exc:
         _fail(str(exc))
-    if resume is not None and sc.round.policy == "async":
-        _fail("--resume does not support round.policy 'async' yet (no checkpoints)")
 
     from fedsim.results import (
         atomic_write_bytes,
@@ -169,7 +167,11 @@ def run(
                 from fedsim.asynchronous import AsyncSimulation
 
                 sim: Simulation | AsyncSimulation = AsyncSimulation(
-                    sc, workers=n_workers, on_round=on_round, run_dir=run_dir
+                    sc,
+                    workers=n_workers,
+                    on_round=on_round,
+                    run_dir=run_dir,
+                    resume=resume is not None,
                 )
             else:
                 sim = Simulation(

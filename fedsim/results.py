@@ -196,7 +196,11 @@ def summarize(
 class Recorder:
     """Collects result rows and, given a run directory, writes them as Parquet
     atomically as the run goes (at most every ``flush_every_s`` seconds, and on
-    :meth:`flush`)."""
+    :meth:`flush`).
+
+    Only rows added since the last write are a reason to write: a resume that
+    fails before its first round never overwrites the results on disk.
+    """
 
     def __init__(self, run_dir: Path | None, flush_every_s: float = 5.0) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -205,6 +209,7 @@ class Recorder:
         self.selector_rows: list[dict[str, Any]] = []
         self.flush_every_s = flush_every_s
         self._last = time.monotonic()
+        self._dirty = False
 
     def add(
         self,
@@ -215,19 +220,23 @@ class Recorder:
         self.rows.append(row)
         self.clients.extend(clients)
         self.selector_rows.extend(selector_rows)
+        self._dirty = True
         if time.monotonic() - self._last > self.flush_every_s:
             self.flush()
 
     def flush(self) -> None:
-        if self.run_dir is None:
+        """Write the tables now, if any row was added since the last write."""
+        if self.run_dir is None or not self._dirty:
             return
-        write_table(self.run_dir / "rounds.parquet", self.rows, ROUND_SCHEMA)
-        write_table(self.run_dir / "clients.parquet", self.clients, CLIENT_SCHEMA)
-        if self.selector_rows:
-            write_table(
-                self.run_dir / "selector.parquet", self.selector_rows, SELECTOR_SCHEMA
-            )
+        self.write(self.run_dir)
+        self._dirty = False
         self._last = time.monotonic()
+
+    def write(self, run_dir: Path) -> None:
+        write_table(run_dir / "rounds.parquet", self.rows, ROUND_SCHEMA)
+        write_table(run_dir / "clients.parquet", self.clients, CLIENT_SCHEMA)
+        if self.selector_rows:
+            write_table(run_dir / "selector.parquet", self.selector_rows, SELECTOR_SCHEMA)
 
     def load(self, n_rows: int, n_client_rows: int, n_selector_rows: int = 0) -> None:
         """Read back the first rows of an interrupted run (for --resume)."""

@@ -24,6 +24,7 @@ from fedsim.asynchronous import (
     ASYNC_ROUND_SCHEMA,
     AsyncSimulation,
 )
+from fedsim.checkpoint import CheckpointError
 from fedsim.results import WALL_CLOCK_COLUMNS
 from fedsim.scenario import load_scenario, parse_scenario
 from fedsim.server import Simulation
@@ -239,6 +240,58 @@ def test_rows_and_client_rows_of_an_async_run(tmp_path):
         assert len(mine) == r["n_selected"] == r["n_completed"] + r["n_dropped"]
 
 
+# ------------------------------------------------------------- resume
+class _Stop(Exception):
+    pass
+
+
+def _stop_after(version):
+    def on_round(row, clients):
+        if row["round"] == version:
+            raise _Stop
+
+    return on_round
+
+
+@pytest.mark.parametrize(
+    ("scenario", "stop_at"), [(FEDBUFF, 39), (FEDASYNC, 39), (FEDASYNC, 20)]
+)
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, scenario, stop_at):
+    # Prepare: the uninterrupted reference, and a run stopped after version
+    # stop_at with checkpoints every 7 versions (so jobs trained ahead of the
+    # checkpoint are lost and must be trained again)
+    sc = load_scenario(scenario, ["rounds=60", "checkpoint.every_rounds=7"])
+    ref_rows, ref_clients, ref_x = run_async(sc)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with pytest.raises(_Stop):
+        AsyncSimulation(sc, run_dir=run_dir, on_round=_stop_after(stop_at)).run()
+    latest = (run_dir / "LATEST").read_text().strip()
+    assert latest == f"ckpt-{stop_at - stop_at % 7:08d}"  # row stop_at raised
+    # jobs in flight started from several older versions: all were saved
+    assert len(list((run_dir / latest).glob("payload-*.pt"))) > 2
+
+    # Execute
+    rows, clients, x = run_async(sc, run_dir=run_dir, resume=True)
+
+    # Assert: identical rows (read back from disk, too) and model
+    same_rows(rows, ref_rows)
+    same_rows(clients, ref_clients)
+    assert torch.equal(x, ref_x)
+    same_rows(metrics(pq.read_table(run_dir / "rounds.parquet").to_pylist()), ref_rows)
+    assert pq.read_table(run_dir / "clients.parquet").num_rows == len(ref_clients)
+
+
+def test_resume_rejects_a_checkpoint_of_another_run(tmp_path):
+    sc = load_scenario(FEDBUFF, ["rounds=14", "checkpoint.every_rounds=7"])
+    run_async(sc, run_dir=tmp_path)
+    shorter = load_scenario(FEDBUFF, ["rounds=10"])
+    with pytest.raises(CheckpointError, match="not in this run"):
+        AsyncSimulation(shorter, run_dir=tmp_path, resume=True).run()
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        AsyncSimulation(sc, run_dir=tmp_path / "empty", resume=True).run()
+
+
 def test_policy_and_algorithm_must_both_be_async():
     # (a ScenarioError, itself a ValueError, once the scenario checks it too)
     with pytest.raises(ValueError, match="asynchronous server rule"):
@@ -261,3 +314,16 @@ def test_one_and_two_ray_workers_match_the_in_process_run(ray_session):
     same_rows(c1, c0)
     assert torch.equal(x1, x2) and torch.equal(x0, x1)
     assert any(r["staleness_max"] > 0 for r in one)
+
+
+@pytest.mark.ray
+def test_a_run_resumed_on_ray_workers_equals_the_in_process_run(ray_session, tmp_path):
+    sc = load_scenario(FEDBUFF, ["rounds=30", "checkpoint.every_rounds=10"])
+    ref, ref_clients, ref_x = run_async(sc)
+    tmp_path.mkdir(exist_ok=True)
+    with pytest.raises(_Stop):
+        AsyncSimulation(sc, workers=2, run_dir=tmp_path, on_round=_stop_after(14)).run()
+    rows, clients, x = run_async(sc, workers=2, run_dir=tmp_path, resume=True)
+    same_rows(rows, ref)
+    same_rows(clients, ref_clients)
+    assert torch.equal(x, ref_x)

@@ -62,16 +62,23 @@ def checkpoint_round(run_dir: Path) -> int:
 
 
 @pytest.mark.slow
-def test_resume_after_killing_the_driver_gives_identical_results(tmp_path):
+@pytest.mark.parametrize(
+    ("scenario", "rounds"),
+    [(QUICK, 200), (SCENARIOS / "async-fedbuff.yaml", 600)],
+    ids=["sync", "async"],
+)
+def test_resume_after_killing_the_driver_gives_identical_results(
+    tmp_path, scenario, rounds
+):
     args = [
         "run",
-        str(QUICK),
+        str(scenario),
         "--workers",
         "0",
         "-q",
         "--no-report",
         "--set",
-        "rounds=200",
+        f"rounds={rounds}",
         "--set",
         "checkpoint.every_rounds=10",
     ]
@@ -90,7 +97,7 @@ def test_resume_after_killing_the_driver_gives_identical_results(tmp_path):
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before the kill"
     killed_at = checkpoint_round(run_dir)
-    assert 30 <= killed_at < 200
+    assert 30 <= killed_at < rounds
     resumed = fedsim("run", "--resume", str(run_dir), "-q", "--no-report")
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
 
@@ -100,7 +107,7 @@ def test_resume_after_killing_the_driver_gives_identical_results(tmp_path):
         tmp_path / "ref", "clients.parquet"
     )
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["rounds"] == 200
+    assert summary["rounds"] == rounds
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
@@ -120,10 +127,13 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
         "checkpoint.every_rounds=0",
     )
     assert p.wait(timeout=300) == 0
+    before = table(run_dir, "rounds.parquet")
     p = fedsim("run", "--resume", str(run_dir))
     assert p.wait(timeout=300) == 2
     err = p.stderr.read()
     assert "no checkpoint to resume from" in err and "Traceback" not in err
+    # the failed resume left the results it found as they were
+    assert table(run_dir, "rounds.parquet") == before and len(before) == 2
 
 
 def test_divergence_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path):
