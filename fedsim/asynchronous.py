@@ -452,7 +452,9 @@ class AsyncSimulation:
                 v: load_tensors(ck.path / f"payload-{v:08d}.pt") for v in sorted(in_use)
             }
         except OSError as exc:
-            raise CheckpointError(f"{ck.path}: missing version parameters ({exc})") from None
+            raise CheckpointError(
+                f"{ck.path}: missing version parameters ({exc})"
+            ) from None
         for v in [v for v in users if users[v] <= 0 and v < w]:
             users.pop(v)
         self.recorder.load(ck.n_rows, ck.n_client_rows)

@@ -236,7 +236,9 @@ class Recorder:
         write_table(run_dir / "rounds.parquet", self.rows, ROUND_SCHEMA)
         write_table(run_dir / "clients.parquet", self.clients, CLIENT_SCHEMA)
         if self.selector_rows:
-            write_table(run_dir / "selector.parquet", self.selector_rows, SELECTOR_SCHEMA)
+            write_table(
+                run_dir / "selector.parquet", self.selector_rows, SELECTOR_SCHEMA
+            )
 
     def load(self, n_rows: int, n_client_rows: int, n_selector_rows: int = 0) -> None:
         """Read back the first rows of an interrupted run (for --resume)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -465,11 +466,46 @@ def parse_scenario(
         _check_shape(raw, source)
     _check_plain(raw, source)
     try:
-        return Scenario.model_validate(raw, context={"base_dir": base_dir})
+        sc = Scenario.model_validate(raw, context={"base_dir": base_dir})
     except ValidationError as exc:
         raise ScenarioError(_format_validation(exc, source)) from None
     except RecursionError:
         raise ScenarioError(f"{source}: nested too deeply") from None
+    problems = list(_bool_number_mixups(raw, sc, ()))
+    if problems:
+        n = len(problems)
+        head = f"{source}: invalid scenario ({n} problem{'s' if n > 1 else ''}):"
+        raise ScenarioError("\n".join([head, *problems[:20]]))
+    return sc
+
+
+def _bool_number_mixups(raw: Any, value: Any, loc: tuple[Any, ...]) -> Iterator[str]:
+    """Where the file gave true/false for a number, or a number for a switch.
+
+    pydantic's lax mode turns ``count: true`` into 1 and ``normalize: 1`` into
+    True; both are almost surely mistakes, so the validated scenario is walked
+    alongside the raw YAML and each such value is reported.
+    """
+    if isinstance(raw, bool):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            yield f"  {_format_loc(loc)}: expected a number, not {str(raw).lower()}"
+    elif isinstance(value, bool):
+        yield f"  {_format_loc(loc)}: expected true or false (got {raw!r})"
+    elif isinstance(raw, dict):
+        for key, sub in raw.items():
+            if isinstance(value, dict):
+                target = value.get(key, _ABSENT)
+            else:
+                target = getattr(value, str(key), _ABSENT)
+            if target is not _ABSENT:
+                yield from _bool_number_mixups(sub, target, (*loc, key))
+    elif isinstance(raw, list) and isinstance(value, list | tuple):
+        if len(raw) == len(value):
+            for i, (sub, target) in enumerate(zip(raw, value, strict=True)):
+                yield from _bool_number_mixups(sub, target, (*loc, i))
+
+
+_ABSENT = object()
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:

@@ -63,6 +63,28 @@ def test_wrong_type_names_path_and_expectation():
     assert "number" in msg and "'x'" in msg
 
 
+def test_true_for_a_number_and_a_number_for_a_switch_are_refused():
+    # pydantic's lax mode alone would read these as 1, 1.0 and True
+    msg = error_of(
+        mutate(
+            lambda r: (
+                r["fleet"]["groups"][0].update(count=True),
+                r["client"].update(lr=True),
+                r["round"].update(over_select=True),
+            )
+        )
+    )
+    assert "invalid scenario (3 problems)" in msg
+    assert "fleet.groups[0].count: expected a number, not true" in msg
+    assert "client.lr: expected a number, not true" in msg
+    assert "round.over_select: expected a number, not true" in msg
+    msg = error_of(mutate(lambda r: r["resources"].update(vectorize=1)))
+    assert "resources.vectorize: expected true or false (got 1)" in msg
+    # numbers that are numbers still pass
+    sc = parse_scenario(mutate(lambda r: r["client"].update(lr=1)))
+    assert sc.client.lr == 1.0
+
+
 def test_negative_count():
     msg = error_of(mutate(lambda r: r["fleet"]["groups"][0].update(count=-3)))
     assert "fleet.groups[0].count" in msg and "greater than or equal to 1" in msg
