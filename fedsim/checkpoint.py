@@ -32,6 +32,7 @@ from fedsim.results import atomic_write_bytes
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "checkpoint_bytes",
     "latest_checkpoint",
     "save_tensors",
     "load_tensors",
@@ -58,6 +59,25 @@ class Checkpoint:
     n_rows: int
     n_client_rows: int
     n_selector_rows: int = 0
+
+
+def checkpoint_bytes(
+    num_params: int, elem_bytes: int, num_clients: int, stateful: bool
+) -> int:
+    """A lower bound on the disk a checkpoint takes, and while the next one is
+    written (before the older is deleted) twice that.
+
+    The server state holds at least the model; a stateful algorithm keeps at
+    least one model-sized vector per client (SCAFFOLD's c_i, FedDyn's
+    gradient). Asynchronous runs also save the versions in flight, which
+    this bound leaves out.
+
+    Example:
+        >>> round(checkpoint_bytes(101_770, 4, 10_000, stateful=True) / 2**30, 3)
+        7.583
+    """
+    vectors = 1 + (num_clients if stateful else 0)
+    return 2 * vectors * num_params * elem_bytes
 
 
 def checkpoint_dir(run_dir: Path, next_round: int) -> Path:

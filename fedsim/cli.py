@@ -15,11 +15,12 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedsim import __version__
-from fedsim.scenario import ScenarioError, dump_scenario, load_scenario
+from fedsim.scenario import Scenario, ScenarioError, dump_scenario, load_scenario
 
 app = typer.Typer(
     add_completion=False,
@@ -46,8 +47,15 @@ AddressOption = Annotated[
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q")]
 
 
+def _say(label: str, message: str) -> None:
+    """An error line on stderr: never wrapped or cut (paths stay whole), and
+    the message is shown as it is, not read as markup."""
+    text = f"{label} {escape(message)}" if label else escape(message)
+    err.print(text, highlight=False, soft_wrap=True)
+
+
 def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    _say("[bold red]error:[/]", message)
     raise typer.Exit(code)
 
 
@@ -183,6 +191,8 @@ def run(
                 )
         except (DataMissingError, DataError) as exc:
             _fail(str(exc))
+        if sc.checkpoint.every_rounds:
+            _check_checkpoint_space(sc, sim.data, run_dir)
         if resume is None and sc.data.dataset != "quadratic":
             write_partition(run_dir, sim.data)
         try:
@@ -191,16 +201,23 @@ def run(
             _fail(str(exc))
         except DivergenceError as exc:
             code = 1
-            err.print(
-                f"[bold red]run diverged:[/] {exc}. Rows so far and the last good "
-                f"checkpoint are kept in {run_dir}."
+            _say(
+                "[bold red]run diverged:[/]",
+                f"{exc}. Rows so far and the last good checkpoint are kept in "
+                f"{run_dir}.",
             )
         except OSError as exc:
             code = 1
-            err.print(f"[bold red]cannot write results:[/] {exc}")
+            _say("[bold red]cannot write results:[/]", str(exc))
+            if (run_dir / "LATEST").exists():
+                _say(
+                    "",
+                    "The files on disk are whole, up to the last checkpoint; once "
+                    f"the cause is fixed, continue with: fedsim run --resume {run_dir}",
+                )
         except KeyboardInterrupt:
             code = 130
-            err.print("[yellow]interrupted; rows so far are kept[/]")
+            _say("[yellow]interrupted;[/]", f"rows so far are kept in {run_dir}")
 
     rows, clients = sim.recorder.rows, sim.recorder.clients
     summary = summarize(
@@ -234,6 +251,23 @@ def run(
     out.print(f"results: {run_dir}")
     if code:
         raise typer.Exit(code)
+
+
+def _check_checkpoint_space(sc: Scenario, data: Any, run_dir: Path) -> None:
+    """Exit 2 before training if the run directory's disk cannot hold two
+    checkpoints (the next one is written before the older is deleted)."""
+    from fedsim.checkpoint import checkpoint_bytes
+    from fedsim.models import make_model
+    from fedsim.params import num_params
+    from fedsim.results import check_free_space
+
+    elem = 8 if sc.model.dtype == "float64" else 4
+    d = num_params(make_model(sc, data))
+    need = checkpoint_bytes(d, elem, sc.num_clients, sc.algorithm.stateful)
+    try:
+        check_free_space(run_dir, need + 2**20, "checkpoints")
+    except OSError as exc:
+        _fail(str(exc))
 
 
 @app.command()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -99,11 +100,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; use the usual mode
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.errno is not None:
+            # name the file the caller meant, not the temporary one
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
 
 
@@ -153,6 +157,18 @@ def prepare_run_dir(path: Path) -> Path:
             f"cannot write results to {path}: {exc.strerror or exc}"
         ) from None
     return path
+
+
+def check_free_space(path: Path, need_bytes: int, what: str) -> None:
+    """Raise OSError, before any training, if ``path``'s file system has less
+    than ``need_bytes`` free."""
+    free = shutil.disk_usage(path).free
+    if free < need_bytes:
+        raise OSError(
+            f"{path}: {what} need about {need_bytes / 2**20:,.1f} MiB of disk, "
+            f"but only {free / 2**20:,.1f} MiB are free there; free some space, "
+            "choose another --out, or set checkpoint.every_rounds: 0"
+        )
 
 
 def _finite(x: float) -> float | None:

@@ -142,6 +142,37 @@ def test_unwritable_results_dir_fails_before_training(tmp_path):
     assert "cannot write results" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_too_little_disk_for_checkpoints_fails_before_training(tmp_path, monkeypatch):
+    # Prepare: a file system that reports 100 kB free; SCAFFOLD's checkpoints
+    # hold a control variate per client (31 model-sized vectors, twice)
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from fedsim.cli import app
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: real(path)._replace(free=100_000)
+    )
+    args = ["run", str(SCENARIOS / "quickstart.yaml"), "--workers", "0", "-q"]
+    args += ["--no-report", "--set", "algorithm={name: scaffold}"]
+
+    # Execute
+    r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "run")])
+    off = CliRunner().invoke(
+        app,
+        [*args, "--out", str(tmp_path / "off"), "--set", "checkpoint.every_rounds=0"],
+    )
+
+    # Assert: exit 2 before training, naming the sizes and the way out
+    assert r.exit_code == 2, r.output
+    assert "checkpoints need about 1.1 MiB of disk" in r.stderr
+    assert "only 0.1 MiB are free" in r.stderr and "every_rounds: 0" in r.stderr
+    assert not (tmp_path / "run" / "rounds.parquet").exists()
+    assert off.exit_code == 0 and (tmp_path / "off" / "rounds.parquet").exists()
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_run_with_embedded_ray_workers(tmp_path):

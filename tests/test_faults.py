@@ -110,6 +110,49 @@ def test_resume_after_killing_the_driver_gives_identical_results(
     assert summary["rounds"] == rounds
 
 
+def _limit_file_size(limit: int):
+    def preexec():
+        import resource
+
+        # Python ignores SIGXFSZ, so an oversize write fails with EFBIG, as a
+        # write to a full disk fails with ENOSPC
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return preexec
+
+
+@pytest.mark.slow
+def test_a_failing_write_loses_nothing_and_the_run_resumes(tmp_path):
+    # Prepare: the reference run, and the same run in a process that cannot
+    # write a file past 32 kB (clients.parquet outgrows that near round 70)
+    args = ["run", str(QUICK), "--workers", "0", "-q", "--no-report"]
+    args += ["--set", "rounds=150", "--set", "checkpoint.every_rounds=5"]
+    ref = fedsim(*args, "--out", str(tmp_path / "ref"))
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+    run_dir = tmp_path / "run"
+
+    # Execute
+    p = fedsim(*args, "--out", str(run_dir), preexec_fn=_limit_file_size(32_000))
+    assert p.wait(timeout=600) == 1
+    err = " ".join(p.stderr.read().split())  # as one line, whatever the width
+
+    # Assert: a clear message; every file on disk whole; then resume
+    assert "cannot write results" in err and "Traceback" not in err, err
+    assert "File too large" in err and "clients.parquet'" in err
+    assert f"fedsim run --resume {run_dir}" in err
+    assert not list(run_dir.rglob("*.tmp"))
+    written = table(run_dir, "clients.parquet")
+    reference = table(tmp_path / "ref", "clients.parquet")
+    assert 0 < len(written) < len(reference)
+    assert written == reference[: len(written)]
+    stopped_at = checkpoint_round(run_dir)
+    assert 0 < stopped_at < 150
+    resumed = fedsim("run", "--resume", str(run_dir), "-q", "--no-report")
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
+    assert table(run_dir, "rounds.parquet") == table(tmp_path / "ref", "rounds.parquet")
+    assert table(run_dir, "clients.parquet") == reference
+
+
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     run_dir = tmp_path / "run"
     p = fedsim(
