@@ -345,6 +345,7 @@ class AsyncSimulation:
             runner = _LocalRunner(sc, self.data)
         else:
             runner = _RayRunner(sc, self.data, self.workers)
+        self.runner = runner
         try:
             self._loop(server, runner)
             self.final_params = server.params().clone()

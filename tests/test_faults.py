@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from fedsim.results import WALL_CLOCK_COLUMNS
 from fedsim.scenario import load_scenario
@@ -244,3 +245,38 @@ def test_killed_worker_is_replaced_and_results_are_identical(ray_session):
     assert comparable(rows) == comparable(clean_rows)
     assert comparable(clients) == comparable(clean_clients)
     assert bool((sim.final_params == clean.final_params).all())
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_worker_killed_in_an_async_run_is_replaced_with_identical_results(
+    ray_session,
+):
+    import ray
+
+    from fedsim.asynchronous import AsyncSimulation
+
+    sc = load_scenario(SCENARIOS / "async-fedbuff.yaml", ["rounds=40"])
+    clean = AsyncSimulation(sc, workers=2)
+    clean_rows, clean_clients = clean.run()
+    killed: list[int] = []
+    later_pids: list[int] = []
+
+    def kill_a_worker(row, _clients):
+        if row["round"] == 35:
+            later_pids.extend(ray.get([a.pid.remote() for a in sim.runner.pool.actors]))
+        if row["round"] in (5, 20):
+            actor = sim.runner.pool.actors[len(killed) % 2]
+            pid = ray.get(actor.pid.remote())
+            threading.Thread(
+                target=lambda: (time.sleep(0.005), os.kill(pid, signal.SIGKILL))
+            ).start()
+            killed.append(pid)
+
+    sim = AsyncSimulation(sc, workers=2, on_round=kill_a_worker)
+    rows, clients = sim.run()
+    assert len(killed) == 2 and len(later_pids) == 2
+    assert not set(killed) & set(later_pids)  # Ray restarted both actors
+    assert comparable(rows) == comparable(clean_rows)
+    assert comparable(clients) == comparable(clean_clients)
+    assert torch.equal(sim.final_params, clean.final_params)
