@@ -194,7 +194,10 @@ def run(
         if sc.checkpoint.every_rounds:
             _check_checkpoint_space(sc, sim.data, run_dir)
         if resume is None and sc.data.dataset != "quadratic":
-            write_partition(run_dir, sim.data)
+            try:
+                write_partition(run_dir, sim.data)
+            except OSError as exc:
+                _fail(f"cannot write results: {exc}")
         try:
             sim.run()
         except CheckpointError as exc:
@@ -228,11 +231,15 @@ def run(
         workers=n_workers,
         version=__version__,
     )
-    write_summary(run_dir / "summary.json", summary)
-    if report and rows:
-        from fedsim.report import write_report
+    try:
+        write_summary(run_dir / "summary.json", summary)
+        if report and rows:
+            from fedsim.report import write_report
 
-        write_report(run_dir)
+            write_report(run_dir)
+    except OSError as exc:  # e.g. the disk that failed the run is still full
+        code = code or 1
+        _say("[bold red]cannot write the summary or report:[/]", str(exc))
     if not quiet:
         table = Table(title=f"{sc.name}: summary", show_header=False)
         for key in (

@@ -154,6 +154,25 @@ def test_a_failing_write_loses_nothing_and_the_run_resumes(tmp_path):
     assert table(run_dir, "clients.parquet") == reference
 
 
+def test_a_write_failing_before_training_exits_2_without_traceback(tmp_path):
+    # 4 kB: scenario.yaml fits, partition.parquet does not
+    p = fedsim(
+        "run",
+        str(QUICK),
+        "--workers",
+        "0",
+        "-q",
+        "--out",
+        str(tmp_path / "run"),
+        preexec_fn=_limit_file_size(4_000),
+    )
+    assert p.wait(timeout=300) == 2
+    err = " ".join(p.stderr.read().split())
+    assert "cannot write results" in err and "partition.parquet'" in err
+    assert "Traceback" not in err
+    assert not list((tmp_path / "run").glob("*.tmp"))
+
+
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     run_dir = tmp_path / "run"
     p = fedsim(
