@@ -4,11 +4,18 @@
 #
 #   bash benchmarks/gpu_check.sh            # from the repository root
 #
-# It uses the python3 on PATH (or $PYTHON). fedsim's pure-Python
-# dependencies that are missing there can be put as wheels in .whl/
-# (simpy, pydantic, pydantic-core, annotated-types, typing-inspection; ray
-# for the Ray test, which is skipped without it); they are installed into a
-# private directory, never into the system.
+# It uses the python3 on PATH (or $PYTHON). fedsim's dependencies that are
+# missing there can be put as wheels in .whl/ (.gitignore lists it); they
+# are installed into a private directory, never into the system. For a
+# machine with CPython 3.12 and PyTorch but no simpy or pydantic:
+#
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --implementation cp --platform manylinux_2_17_x86_64 -d .whl \
+#     simpy==4.1.2 pydantic==2.14.4 pydantic-core==2.50.5 \
+#     annotated-types==0.8.0 typing-inspection==0.4.5
+#
+# Without ray, the Ray test (fractional GPUs per worker actor) is skipped;
+# the in-process tests still run every algorithm's CUDA path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
