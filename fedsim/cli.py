@@ -128,10 +128,18 @@ def run(
             atomic_write_bytes(run_dir / "scenario.yaml", dump_scenario(sc).encode())
     except OSError as exc:
         _fail(str(exc))
+    from fedsim.checkpoint import CheckpointError, latest_checkpoint
+
+    start, sim0 = 0, 0.0  # where the progress bar starts
+    if resume is not None:
+        try:  # before Ray starts: a run directory without a checkpoint is an error
+            ck = latest_checkpoint(run_dir)
+        except CheckpointError as exc:
+            _fail(str(exc))
+        start, sim0 = ck.next_round, ck.sim_time
 
     import torch
 
-    from fedsim.checkpoint import CheckpointError
     from fedsim.server import DivergenceError, Simulation, resolve_workers
 
     torch.set_num_threads(max(1, int(sc.resources.cpus_per_worker)))
@@ -156,7 +164,9 @@ def run(
     )
     code = 0
     with progress:
-        bar = progress.add_task(sc.name, total=sc.rounds, sim="0s", acc="-")
+        bar = progress.add_task(
+            sc.name, total=sc.rounds, completed=start, sim=f"{sim0:.0f}s", acc="-"
+        )
 
         def on_round(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
             acc = row["test_accuracy"]
