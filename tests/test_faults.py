@@ -38,6 +38,11 @@ def fedsim(*args: str, **kw):
     )
 
 
+def in_process(scenario: Path, *args: str, **kw):
+    """`fedsim run SCENARIO --workers 0 -q ARGS...`, started, not waited for."""
+    return fedsim("run", str(scenario), "--workers", "0", "-q", *args, **kw)
+
+
 def comparable(rows: list[dict]) -> list[dict]:
     """Rows without wall-clock columns, NaN made comparable."""
     return [
@@ -71,25 +76,15 @@ def checkpoint_round(run_dir: Path) -> int:
 def test_resume_after_killing_the_driver_gives_identical_results(
     tmp_path, scenario, rounds
 ):
-    args = [
-        "run",
-        str(scenario),
-        "--workers",
-        "0",
-        "-q",
-        "--no-report",
-        "--set",
-        f"rounds={rounds}",
-        "--set",
-        "checkpoint.every_rounds=10",
-    ]
+    args = ["--no-report", "--set", f"rounds={rounds}"]
+    args += ["--set", "checkpoint.every_rounds=10"]
     # Prepare: an uninterrupted reference run
-    ref = fedsim(*args, "--out", str(tmp_path / "ref"))
+    ref = in_process(scenario, *args, "--out", str(tmp_path / "ref"))
     assert ref.wait(timeout=600) == 0, ref.stderr.read()
 
     # Execute: start the same run, kill -9 the driver once a checkpoint exists
     run_dir = tmp_path / "killed"
-    proc = fedsim(*args, "--out", str(run_dir))
+    proc = in_process(scenario, *args, "--out", str(run_dir))
     deadline = time.monotonic() + 300
     while checkpoint_round(run_dir) < 30 and proc.poll() is None:
         assert time.monotonic() < deadline
@@ -126,14 +121,15 @@ def _limit_file_size(limit: int):
 def test_a_failing_write_loses_nothing_and_the_run_resumes(tmp_path):
     # Prepare: the reference run, and the same run in a process that cannot
     # write a file past 32 kB (clients.parquet outgrows that near round 70)
-    args = ["run", str(QUICK), "--workers", "0", "-q", "--no-report"]
-    args += ["--set", "rounds=150", "--set", "checkpoint.every_rounds=5"]
-    ref = fedsim(*args, "--out", str(tmp_path / "ref"))
+    args = ["--no-report", "--set", "rounds=150", "--set", "checkpoint.every_rounds=5"]
+    ref = in_process(QUICK, *args, "--out", str(tmp_path / "ref"))
     assert ref.wait(timeout=600) == 0, ref.stderr.read()
     run_dir = tmp_path / "run"
 
     # Execute
-    p = fedsim(*args, "--out", str(run_dir), preexec_fn=_limit_file_size(32_000))
+    p = in_process(
+        QUICK, *args, "--out", str(run_dir), preexec_fn=_limit_file_size(32_000)
+    )
     assert p.wait(timeout=600) == 1
     err = " ".join(p.stderr.read().split())  # as one line, whatever the width
 
@@ -156,15 +152,8 @@ def test_a_failing_write_loses_nothing_and_the_run_resumes(tmp_path):
 
 def test_a_write_failing_before_training_exits_2_without_traceback(tmp_path):
     # 4 kB: scenario.yaml fits, partition.parquet does not
-    p = fedsim(
-        "run",
-        str(QUICK),
-        "--workers",
-        "0",
-        "-q",
-        "--out",
-        str(tmp_path / "run"),
-        preexec_fn=_limit_file_size(4_000),
+    p = in_process(
+        QUICK, "--out", str(tmp_path / "run"), preexec_fn=_limit_file_size(4_000)
     )
     assert p.wait(timeout=300) == 2
     err = " ".join(p.stderr.read().split())
@@ -175,19 +164,10 @@ def test_a_write_failing_before_training_exits_2_without_traceback(tmp_path):
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     run_dir = tmp_path / "run"
-    p = fedsim(
-        "run",
-        str(QUICK),
-        "--workers",
-        "0",
-        "-q",
-        "--no-report",
-        "--out",
-        str(run_dir),
-        "--set",
-        "rounds=2",
-        "--set",
-        "checkpoint.every_rounds=0",
+    p = in_process(
+        QUICK,
+        *["--no-report", "--out", str(run_dir), "--set", "rounds=2"],
+        *["--set", "checkpoint.every_rounds=0"],
     )
     assert p.wait(timeout=300) == 0
     before = table(run_dir, "rounds.parquet")
@@ -201,20 +181,10 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
 
 def test_divergence_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    p = fedsim(
-        "run",
-        str(QUICK),
-        "--workers",
-        "0",
-        "-q",
-        "--out",
-        str(run_dir),
-        "--set",
-        "rounds=30",
-        "--set",
-        "checkpoint.every_rounds=1",
-        "--set",
-        "client.lr=1e35",
+    p = in_process(
+        QUICK,
+        *["--out", str(run_dir), "--set", "rounds=30"],
+        *["--set", "checkpoint.every_rounds=1", "--set", "client.lr=1e35"],
     )
     assert p.wait(timeout=300) == 1
     err = p.stderr.read()
@@ -225,6 +195,16 @@ def test_divergence_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path
     name = (run_dir / "LATEST").read_text().strip()
     state = torch.load(run_dir / name / "server.pt", weights_only=True)
     assert bool(torch.isfinite(state["x"]).all())
+
+
+def kill_soon(pid: int) -> None:
+    """SIGKILL ``pid`` in 5 ms: it lands while the next round (or batch) trains."""
+
+    def later():
+        time.sleep(0.005)
+        os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=later).start()
 
 
 @pytest.mark.ray
@@ -247,12 +227,7 @@ def test_killed_worker_is_replaced_and_results_are_identical(ray_session):
         if row["round"] in (3, 7):
             actor = sim.backend.pool.actors[row["round"] % 2]
             pid = ray.get(actor.pid.remote())
-
-            def later():
-                time.sleep(0.005)  # lands while the next round trains
-                os.kill(pid, signal.SIGKILL)
-
-            threading.Thread(target=later).start()
+            kill_soon(pid)
             killed.append((row["round"], pid))
 
     sim = Simulation(sc, workers=2, on_round=kill_a_worker)
@@ -287,9 +262,7 @@ def test_a_worker_killed_in_an_async_run_is_replaced_with_identical_results(
         if row["round"] in (5, 20):
             actor = sim.runner.pool.actors[len(killed) % 2]
             pid = ray.get(actor.pid.remote())
-            threading.Thread(
-                target=lambda: (time.sleep(0.005), os.kill(pid, signal.SIGKILL))
-            ).start()
+            kill_soon(pid)
             killed.append(pid)
 
     sim = AsyncSimulation(sc, workers=2, on_round=kill_a_worker)
