@@ -147,6 +147,15 @@ def test_missing_play_file(tmp_path):
         ShakespeareData(dataset="shakespeare", root=str(tmp_path)).build(3, 0)
 
 
+def test_a_gzipped_play_file_is_not_taken_for_the_plain_one(tmp_path):
+    # only the IDX reader reads name.gz; the play is read as plain text
+    (tmp_path / "shakespeare").mkdir()
+    (tmp_path / "shakespeare" / "input.txt.gz").write_bytes(b"")
+    with pytest.raises(DataMissingError) as e:
+        ShakespeareData(dataset="shakespeare", root=str(tmp_path)).build(3, 0)
+    assert "Looked for input.txt in" in str(e.value)
+
+
 # -------------------------------------------------------------------- tabular
 @needs_letters
 def test_uci_letters():

@@ -58,8 +58,8 @@ def data_root(root: str | None) -> tuple[Path, bool]:
     return DEFAULT_ROOT.expanduser(), False
 
 
-def _exists(folder: Path, name: str) -> bool:
-    return (folder / name).is_file() or (folder / f"{name}.gz").is_file()
+def _exists(folder: Path, name: str, gz: bool) -> bool:
+    return (folder / name).is_file() or (gz and (folder / f"{name}.gz").is_file())
 
 
 def find_dir(
@@ -67,9 +67,11 @@ def find_dir(
     candidates: Sequence[Path],
     names: Sequence[str],
     how_to_get: str,
+    gz: bool = True,
 ) -> Path:
     """The first folder in ``candidates`` that holds every file in ``names``
-    (each either as is or gzip-compressed, ``name.gz``).
+    (each as is or, if the reader takes it and ``gz``, gzip-compressed as
+    ``name.gz``).
 
     Raises:
         DataMissingError: naming ``what``, every folder looked at, the files
@@ -80,10 +82,10 @@ def find_dir(
         if folder in seen:
             continue
         seen.append(folder)
-        if all(_exists(folder, n) for n in names):
+        if all(_exists(folder, n, gz) for n in names):
             return folder
     looked = "\n".join(f"  {p}" for p in seen)
-    files = ", ".join(f"{n}[.gz]" for n in names)
+    files = ", ".join(f"{n}[.gz]" if gz else n for n in names)
     raise DataMissingError(
         f"{what}: data not found.\n"
         f"Looked for {files} in:\n{looked}\n"

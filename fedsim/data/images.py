@@ -46,7 +46,13 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from fedsim.data.base import FederatedData
-from fedsim.data.errors import DataError, DataMissingError, data_root, find_dir
+from fedsim.data.errors import (
+    ENV_ROOT,
+    DataError,
+    DataMissingError,
+    data_root,
+    find_dir,
+)
 from fedsim.data.partition import IidPartition, PartitionSpec, layout, split
 from fedsim.spec import Spec
 
@@ -378,7 +384,9 @@ class _CifarData(ImageData):
         for fmt, sub in (("bin", self.bin_dir), ("py", self.py_dir)):
             names = [n for group in sets[fmt] for n in group]
             try:
-                folder = find_dir(self.title, self._candidates([sub]), names, "")
+                folder = find_dir(
+                    self.title, self._candidates([sub]), names, "", gz=False
+                )
             except DataMissingError:
                 tried += self._candidates([sub])
                 continue
@@ -394,7 +402,7 @@ class _CifarData(ImageData):
                 f"{self.title}: data not found.\nLooked for {expect} in:\n{looked}\n"
                 f"How to get it: {self.how_to_get.format(root=root)}\n"
                 "(fedsim never downloads data; set data.root in the scenario or "
-                "the FEDSIM_DATA_ROOT environment variable to the folder that "
+                f"the {ENV_ROOT} environment variable to the folder that "
                 "holds it.)"
             )
         fmt, folder = found

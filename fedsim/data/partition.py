@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import bisect
 import io
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Literal, Union
@@ -527,7 +526,6 @@ def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) ->
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")  # a crash leaves no half-written png
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, path)
+    from fedsim.results import atomic_write_bytes
+
+    atomic_write_bytes(Path(path), buf.getvalue())

@@ -107,6 +107,7 @@ class ShakespeareData(Spec):
                     [p.name],
                     "give data.path the plain-text play file (e.g. Tiny Shakespeare's "
                     "input.txt from karpathy/char-rnn, data/tinyshakespeare)",
+                    gz=False,
                 )
                 / p.name
             )
@@ -119,6 +120,7 @@ class ShakespeareData(Spec):
             f"place the play text (Tiny Shakespeare's input.txt from "
             f"karpathy/char-rnn, data/tinyshakespeare) at {root}/shakespeare/"
             "input.txt, or set data.path",
+            gz=False,
         )
         return folder / "input.txt"
 

@@ -86,7 +86,8 @@ class TabularData(Spec):
             f"put the file at {p if p.is_absolute() else root / p}, or give "
             "data.path as an absolute path"
         )
-        return find_dir(f"Tabular data {self.path}", folders, [p.name], how) / p.name
+        folder = find_dir(f"Tabular data {self.path}", folders, [p.name], how, gz=False)
+        return folder / p.name
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
         return build_tabular(self, num_clients, seed)
