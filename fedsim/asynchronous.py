@@ -408,19 +408,21 @@ class AsyncSimulation:
     def _checkpoint(
         self, server: ServerCore, w: int, sim_time: float, payloads: dict[int, Payload]
     ) -> None:
-        """Save version w: the server state and every version still in use."""
+        """Save version w: the server state (whose payload is version w's)
+        and every older version still in use."""
         assert self.run_dir is not None
         self.recorder.flush()
         ckpt = checkpoint_dir(self.run_dir, w)
         server.save(str(ckpt))
         for v, payload in payloads.items():
-            save_tensors(ckpt / f"payload-{v:08d}.pt", payload)
+            if v < w:
+                save_tensors(ckpt / f"payload-{v:08d}.pt", payload)
         write_meta(
             ckpt,
             {
                 "next_round": w,
                 "sim_time": sim_time,
-                "payload_versions": sorted(payloads),
+                "payload_versions": sorted(v for v in payloads if v < w),
                 "n_rows": len(self.recorder.rows),
                 "n_client_rows": len(self.recorder.clients),
             },
@@ -447,15 +449,16 @@ class AsyncSimulation:
             users.update(j.version for j in rec.started)
             for a in rec.ended:
                 users[a.job.version] -= 1
-        in_use = {v for v in range(w) if users[v] > 0} | {w}
+        in_use = [v for v in range(w) if users[v] > 0]
         try:
             payloads = {
-                v: load_tensors(ck.path / f"payload-{v:08d}.pt") for v in sorted(in_use)
+                v: load_tensors(ck.path / f"payload-{v:08d}.pt") for v in in_use
             }
         except OSError as exc:
             raise CheckpointError(
                 f"{ck.path}: missing version parameters ({exc})"
             ) from None
+        payloads[w] = dict(server.payload())
         for v in [v for v in users if users[v] <= 0 and v < w]:
             users.pop(v)
         self.recorder.load(ck.n_rows, ck.n_client_rows)

@@ -329,10 +329,10 @@ class _RayBackend:
         import ray
 
         payload_ref = self.server.payload.remote()
-        states_ref = None
-        if self.stateful:
-            states_ref = self.server.client_states.remote([t.client for t in tasks])
-        refs = self.pool.train(payload_ref, tasks, states_ref)
+        # Each actor's share of the client states: read before round.remote
+        # (calls from one caller to an actor run in order).
+        states_for = self.server.client_states.remote if self.stateful else None
+        refs = self.pool.train(payload_ref, tasks, states_for)
         return ray.get(
             self.server.round.remote(*refs, do_eval=do_eval, multiplicity=multiplicity)
         )
@@ -446,8 +446,10 @@ class Simulation:
             self.final_params = self.backend.params()
             return self.recorder.rows, self.recorder.clients
         finally:
-            self.recorder.flush()
-            self.backend.shutdown()
+            try:
+                self.recorder.flush()
+            finally:  # the actors go even when the disk is full
+                self.backend.shutdown()
 
     def _checkpoint(self, backend: Any, next_round: int, now: float, sel: Any) -> None:
         assert self.run_dir is not None
@@ -511,7 +513,9 @@ class Simulation:
         rows = []
         for p in plan.plans:
             st = res.clients.get(p.client)
-            up = 0 if p.dropped else (st.bytes_up if st and st.bytes_up else bytes_up)
+            up = bytes_up if st is None or st.bytes_up is None else st.bytes_up
+            if p.dropped:
+                up = 0
             rows.append(
                 {
                     "round": t,

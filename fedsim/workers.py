@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ from fedsim.algorithms.base import ClientInfo, ClientState
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.models import batch_loss, make_model
-from fedsim.params import bind_flat, l2_norm
+from fedsim.params import bind_flat
 from fedsim.scenario import Scenario
 from fedsim.solvers import SGD
 
@@ -177,6 +177,7 @@ class Worker:
 
             return train_vectorized(self, payload["x"], tasks)
         states = states or {}
+        payload = _to(payload, self.device)  # once for every task of the call
         return [self._train_one(payload, t, states.get(t.client, {})) for t in tasks]
 
     def _train_one(
@@ -194,10 +195,7 @@ class Worker:
             return algo.client_train(
                 self, payload, task, client_state, info, xs, ys, gen
             )
-        payload, client_state = (
-            _to(payload, self.device),
-            _to(client_state, self.device),
-        )
+        client_state = _to(client_state, self.device)
         x_global = payload["x"]
         ctx = algo.local_setup(payload, client_state, info)
         theta, grad = self.theta, self.grad
@@ -291,14 +289,20 @@ class RayPool:
         self.size = n
 
     def train(
-        self, payload_ref: Any, tasks: Sequence[Task], states_ref: Any = None
+        self,
+        payload_ref: Any,
+        tasks: Sequence[Task],
+        states_for: Callable[[list[int]], Any] | None = None,
     ) -> list[Any]:
-        chunks = assign_lpt(tasks, self.size)
-        return [
-            actor.train.remote(payload_ref, chunk, states_ref)
-            for actor, chunk in zip(self.actors, chunks, strict=True)
-            if chunk
-        ]
+        """One call per actor with a share of ``tasks``. ``states_for(clients)``
+        gives the reference to those clients' states (stateful algorithms), so
+        each actor fetches only its own share's."""
+        refs = []
+        for actor, chunk in zip(self.actors, assign_lpt(tasks, self.size), strict=True):
+            if chunk:
+                states = states_for([t.client for t in chunk]) if states_for else None
+                refs.append(actor.train.remote(payload_ref, chunk, states))
+        return refs
 
     def shutdown(self) -> None:
         import ray
@@ -306,7 +310,3 @@ class RayPool:
         for a in self.actors:
             ray.kill(a)
         self.actors = []
-
-
-def update_norm(u: ClientUpdate) -> float:
-    return l2_norm(u.delta)

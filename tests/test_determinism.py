@@ -66,3 +66,16 @@ def test_one_and_two_ray_workers_give_identical_metrics(ray_session):
     # the run did real work: stragglers, heterogeneous tau, learning
     assert any(r["tau_min"] != r["tau_max"] for r in one)
     assert one[-1]["test_accuracy"] > one[0]["test_accuracy"]
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("name", ["scaffold", "feddyn", "fednova_vr"])
+def test_stateful_algorithms_on_two_ray_workers_match_the_in_process_run(
+    ray_session, name
+):
+    # per-client state travels server -> worker share -> server every round
+    two, c2, x2 = run(2, f"algorithm={{name: {name}}}")
+    local, c0, x0 = run(0, f"algorithm={{name: {name}}}")
+    _same(two, local)
+    _same(c2, c0)
+    assert bool((x2 == x0).all())
