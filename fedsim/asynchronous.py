@@ -310,7 +310,7 @@ class AsyncSimulation:
         self.max_lookahead = (
             max_lookahead or 4 * math.ceil(self.concurrency / per_version) + 4
         )
-        elem = 8 if scenario.model.dtype == "float64" else 4
+        elem = scenario.model.elem_bytes
         d = num_params(make_model(scenario, self.data))
         self.bytes_down = alg.down_factor * d * elem
         self.bytes_up = alg.up_factor * d * elem

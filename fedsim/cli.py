@@ -278,9 +278,10 @@ def _check_checkpoint_space(sc: Scenario, data: Any, run_dir: Path) -> None:
     from fedsim.params import num_params
     from fedsim.results import check_free_space
 
-    elem = 8 if sc.model.dtype == "float64" else 4
     d = num_params(make_model(sc, data))
-    need = checkpoint_bytes(d, elem, sc.num_clients, sc.algorithm.stateful)
+    need = checkpoint_bytes(
+        d, sc.model.elem_bytes, sc.num_clients, sc.algorithm.stateful
+    )
     try:
         check_free_space(run_dir, need + 2**20, "checkpoints")
     except OSError as exc:

@@ -97,6 +97,11 @@ class ModelSpec(Spec):
     lstm_layers: Annotated[int, Field(ge=1, le=16)] = 2
     dtype: Literal["float32", "float64"] = "float32"
 
+    @property
+    def elem_bytes(self) -> int:
+        """Bytes per parameter (what a model vector costs to send or store)."""
+        return 8 if self.dtype == "float64" else 4
+
 
 class QuadraticModel(nn.Module):
     """A parameter vector x; the "batch" holds centres e and curvatures h.

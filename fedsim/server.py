@@ -540,7 +540,7 @@ class Simulation:
     def _loop(self, backend: Any) -> None:
         sc = self.scenario
         d = backend.num_params()
-        elem = 8 if sc.model.dtype == "float64" else 4
+        elem = sc.model.elem_bytes
         bytes_down = sc.algorithm.down_factor * d * elem
         bytes_up = sc.algorithm.up_factor * d * elem
         n_samples = self.data.n_samples
