@@ -499,17 +499,6 @@ class Version:
     in_flight: int
 
 
-def _online_time(fleet: Fleet, devices: np.ndarray, t: float) -> np.ndarray:
-    """For each device, the first time >= t at which it is online."""
-    online_time = getattr(fleet, "online_time", None)
-    if online_time is not None:
-        return np.asarray(online_time(devices, t), dtype=np.float64)
-    # Until Fleet answers this itself: an off device's interval ends when it
-    # comes back on.
-    on, end = fleet._onoff.state_at(devices, float(t))
-    return np.where(on, float(t), end)
-
-
 class AsyncTimeline:
     """The asynchronous mode's one continuous SimPy timeline.
 
@@ -690,7 +679,7 @@ class AsyncTimeline:
         if chosen.size < free:
             waiting = np.flatnonzero(self.idle & ~online)
             if waiting.size:
-                wake = float(np.min(_online_time(self.fleet, waiting, now)))
+                wake = float(np.min(self.fleet.online_time(waiting, now)))
                 if math.isfinite(wake) and wake < self._wake_at:
                     self._wake_at = wake
                     self.env.timeout(wake - now).callbacks.append(self._wake)

@@ -1000,10 +1000,9 @@ class Fleet:
         u = rng.random((idx.size, 2))
         factor = np.ones(idx.size)
         g = self.group[idx]
-        for gi, spec in enumerate(self.slowdowns):
+        for gi in np.unique(g).tolist():  # only the groups drawn from
+            spec = self.slowdowns[gi]
             mask = g == gi
-            if not mask.any():
-                continue
             v = u[mask, 1]
             if spec.dist == "fixed":
                 factor[mask] = spec.factor
