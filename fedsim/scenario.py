@@ -230,31 +230,38 @@ class Scenario(_Spec):
 
 
 # ------------------------------------------------------------------------- loading
-def _format_loc(loc: tuple[Any, ...]) -> str:
+def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
+    """``fleet.groups[1].speed.sigma`` for pydantic's error location ``loc``
+    in the raw YAML ``raw``.
+
+    pydantic puts the chosen member of a tagged union into the path (the
+    ``fedprox`` in ``algorithm.fedprox.mu``); such a part is dropped where the
+    raw mapping at that point has no key of that name and names it as its
+    ``name``, ``dataset`` or ``kind``.
+    """
     out = ""
+    node = raw
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        else:
-            # pydantic puts the chosen union member's tag in the path; drop it
-            if part in _TAGS:
-                continue
-            out += ("." if out else "") + str(part)
+            ok = isinstance(node, list) and 0 <= part < len(node)
+            node = node[part] if ok else None
+            continue
+        if (
+            isinstance(node, dict)
+            and part not in node
+            and part in (node.get("name"), node.get("dataset"), node.get("kind"))
+        ):
+            continue
+        out += ("." if out else "") + str(part)
+        node = node.get(part) if isinstance(node, dict) else None
     return out or "(top level)"
 
 
-_TAGS = (
-    set(DATASETS)
-    | set(ALGORITHMS)
-    | set(SELECTORS)
-    | {"dirichlet", "shards", "pns_mix"}
-)
-
-
-def _format_validation(err: ValidationError, source: str) -> str:
+def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
     lines = []
     for e in err.errors(include_url=False):
-        loc = _format_loc(tuple(e["loc"]))
+        loc = _format_loc(tuple(e["loc"]), raw)
         msg = e["msg"]
         if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             msg = "unknown key (check the spelling; see docs/scenarios.md)"
@@ -269,6 +276,11 @@ def _format_validation(err: ValidationError, source: str) -> str:
             text = repr(got)
             shown = f" (got {text[:60]}{'...' if len(text) > 60 else ''})"
         lines.append(f"  {loc}: {msg}{shown}")
+    return _problems(source, lines)
+
+
+def _problems(source: str, lines: list[str]) -> str:
+    """The error message for a scenario with these problems (one line each)."""
     n = len(lines)
     head = f"{source}: invalid scenario ({n} problem{'s' if n > 1 else ''}):"
     return "\n".join([head, *lines[:20]] + (["  ..."] if n > 20 else []))
@@ -432,7 +444,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 node = node[key]
             else:
                 if not isinstance(node, dict):
-                    raise ScenarioError(f"--set {path}: {key!r} is not a mapping")
+                    raise ScenarioError(
+                        f"--set {path}: cannot set {key!r}: its parent is not a mapping"
+                    )
                 if key not in node or node[key] is None:
                     node[key] = [] if isinstance(nxt, int) else {}
                 node = node[key]
@@ -472,14 +486,12 @@ def parse_scenario(
     try:
         sc = Scenario.model_validate(raw, context={"base_dir": base_dir})
     except ValidationError as exc:
-        raise ScenarioError(_format_validation(exc, source)) from None
+        raise ScenarioError(_format_validation(exc, source, raw)) from None
     except RecursionError:
         raise ScenarioError(f"{source}: nested too deeply") from None
     problems = list(_bool_number_mixups(raw, sc, ()))
     if problems:
-        n = len(problems)
-        head = f"{source}: invalid scenario ({n} problem{'s' if n > 1 else ''}):"
-        raise ScenarioError("\n".join([head, *problems[:20]]))
+        raise ScenarioError(_problems(source, problems))
     return sc
 
 
