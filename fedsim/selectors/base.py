@@ -54,6 +54,7 @@ __all__ = [
     "as_context",
     "num_clients",
     "sorted_ids",
+    "weighted_pick",
 ]
 
 SelectorState = dict[str, Any]
@@ -283,3 +284,24 @@ class Selector:
 def sorted_ids(ids: np.ndarray | list[int]) -> np.ndarray:
     """Distinct ids, sorted, as int64."""
     return np.unique(np.asarray(ids, dtype=np.int64))
+
+
+def weighted_pick(
+    ids: np.ndarray, weights: np.ndarray, n: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``n`` distinct ids drawn without replacement with probabilities
+    proportional to ``weights`` (>= 0); ids of weight 0 only fill the places
+    the positive ones cannot.
+
+    >>> weighted_pick(np.array([4, 5, 6]), np.array([0.0, 1.0, 0.0]), 1,
+    ...               np.random.default_rng(0)).tolist()
+    [5]
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    w = np.asarray(weights, dtype=np.float64)
+    n = min(int(n), ids.size)
+    pos = w > 0
+    if np.count_nonzero(pos) <= n:
+        fill = rng.choice(ids[~pos], size=n - np.count_nonzero(pos), replace=False)
+        return np.concatenate([ids[pos], fill]).astype(np.int64)
+    return rng.choice(ids[pos], size=n, replace=False, p=w[pos] / w[pos].sum())

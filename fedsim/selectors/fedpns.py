@@ -40,7 +40,13 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from fedsim.selectors.base import Selector, SelectorContext, SelectorState, num_clients
+from fedsim.selectors.base import (
+    Selector,
+    SelectorContext,
+    SelectorState,
+    num_clients,
+    weighted_pick,
+)
 
 __all__ = ["FedPNS", "update_probabilities"]
 
@@ -125,15 +131,7 @@ class FedPNS(Selector):
         cand = np.asarray(candidates, dtype=np.int64)
         k = self._k(cand)
         p = np.asarray(state["p"], dtype=np.float64)[cand]
-        pos = cand[p > 0]
-        if len(pos) <= k:
-            rest = cand[p <= 0]
-            fill = rng.choice(rest, size=k - len(pos), replace=False)
-            chosen = np.concatenate([pos, fill])
-        else:
-            w = p[p > 0]
-            chosen = rng.choice(pos, size=k, replace=False, p=w / w.sum())
-        ids = np.sort(chosen).astype(np.int64)
+        ids = np.sort(weighted_pick(cand, p, k, rng)).astype(np.int64)
         selected = list(state["selected"])
         for i in ids.tolist():
             selected[i] += 1
