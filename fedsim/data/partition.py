@@ -393,8 +393,12 @@ def pns_mix(
 
 def natural(groups: np.ndarray, num_clients: int) -> list[np.ndarray]:
     """The dataset's own clients: ``groups[s]`` is sample s's client id."""
-    groups = np.asarray(groups, dtype=np.int64)
-    parts = [np.flatnonzero(groups == j) for j in range(num_clients)]
+    groups = np.asarray(groups, dtype=np.int64).ravel()
+    order = np.argsort(groups, kind="stable")  # ascending sample ids per client
+    # where each client's run starts in ``groups[order]`` (ids outside
+    # 0..num_clients-1 fall before the first run or after the last)
+    bounds = np.searchsorted(groups[order], np.arange(num_clients + 1))
+    parts = [order[bounds[j] : bounds[j + 1]] for j in range(num_clients)]
     empty = [j for j, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise DataError(f"natural partition: clients {empty[:5]} have no samples")

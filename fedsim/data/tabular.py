@@ -184,8 +184,9 @@ def build_tabular(spec: TabularData, num_clients: int, seed: int) -> FederatedDa
     order, offsets = layout(parts)
     rows = train[order]
     if spec.standardize:
-        mean = x[train].mean(axis=0)
-        std = x[train].std(axis=0)
+        x_train = x[train]
+        mean = x_train.mean(axis=0)
+        std = x_train.std(axis=0)
         std[std == 0] = 1.0
         x = (x - mean) / std
     return FederatedData(
