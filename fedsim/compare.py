@@ -123,15 +123,30 @@ def _safe(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
 
 
-def load_variant(
-    scenario_path: str | Path, label: str, seed: int, overrides: Sequence[str] = ()
-) -> Scenario:
-    """The scenario with ``label``'s algorithm section and ``seed``."""
+def _raw_scenario(scenario_path: str | Path) -> dict[str, Any]:
+    """The scenario file's YAML mapping, or {} if it cannot be read as one."""
     try:
         raw = yaml.safe_load(Path(scenario_path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         raw = None  # load_scenario reports the problem properly
-    base = raw.get("algorithm") if isinstance(raw, dict) else None
+    return raw if isinstance(raw, dict) else {}
+
+
+def _reject_run_overrides(overrides: Sequence[str], tool: str, hint: str = "") -> None:
+    """Refuse ``--set`` items for ``algorithm`` or ``seed``, which ``tool`` sets."""
+    for item in overrides:
+        key = item.split("=", 1)[0].strip().split(".")[0].split("[")[0]
+        if key in ("algorithm", "seed"):
+            raise ScenarioError(
+                f"--set {item!r}: {tool} sets the algorithm and the seed itself{hint}"
+            )
+
+
+def load_variant(
+    scenario_path: str | Path, label: str, seed: int, overrides: Sequence[str] = ()
+) -> Scenario:
+    """The scenario with ``label``'s algorithm section and ``seed``."""
+    base = _raw_scenario(scenario_path).get("algorithm")
     section = algorithm_section(label, base if isinstance(base, dict) else {})
     return load_scenario(
         scenario_path, [*overrides, f"algorithm={_flow(section)}", f"seed={seed}"]
@@ -323,13 +338,9 @@ def compare(
         progress: called with each run's row as it finishes.
     """
     overrides = list(overrides or [])
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if key.split(".")[0].split("[")[0] in ("algorithm", "seed"):
-            raise ScenarioError(
-                f"--set {item!r}: compare sets the algorithm and the seed itself; "
-                "give hyperparameters as name:key=value"
-            )
+    _reject_run_overrides(
+        overrides, "compare", "; give hyperparameters as name:key=value"
+    )
     if seeds < 1:
         raise ValueError("seeds must be >= 1")
     if not algorithms:

@@ -48,11 +48,9 @@ Example:
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import math
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -62,6 +60,14 @@ import numpy as np
 import pyarrow as pa
 import yaml
 
+from fedsim.compare import (
+    _raw_scenario,
+    _reject_run_overrides,
+    _safe,
+    _stats,
+    algorithm_section,
+    split_algorithms,
+)
 from fedsim.scenario import Scenario, ScenarioError, load_scenario
 
 __all__ = [
@@ -161,19 +167,7 @@ def _label(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _safe(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
-
-
 # ------------------------------------------------------------------ one run
-def _raw(scenario_path: str | Path) -> dict[str, Any]:
-    try:
-        raw = yaml.safe_load(Path(scenario_path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        raw = None  # load_scenario reports the problem properly
-    return raw if isinstance(raw, dict) else {}
-
-
 def _is_async_rule(name: str) -> bool:
     from fedsim.algorithms import REGISTRY
 
@@ -206,9 +200,7 @@ def _variant(
     seed: int,
 ) -> tuple[Scenario, str]:
     """The scenario of one run, and its mode (``sync`` or ``async``)."""
-    from fedsim.compare import algorithm_section
-
-    base = _raw(scenario_path).get("algorithm")
+    base = _raw_scenario(scenario_path).get("algorithm")
     section = algorithm_section(label, base if isinstance(base, dict) else {})
     items = [
         *overrides,
@@ -306,13 +298,6 @@ def _run_one(
 
 
 # -------------------------------------------------------------- the analysis
-def _stats(values: Sequence[float]) -> tuple[float, float]:
-    v = np.array([x for x in values if x is not None and math.isfinite(x)])
-    if v.size == 0:
-        return math.nan, math.nan
-    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
-
-
 def _time_to(curve: Mapping[str, Sequence[float]], target: float) -> float | None:
     for t, a in zip(curve["sim_time"], curve["test_accuracy"], strict=True):
         if math.isfinite(a) and a >= target:
@@ -538,21 +523,6 @@ def format_markdown(
 
 
 # ------------------------------------------------------------------- plots
-def _figure(width: float, height: float) -> Any:
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), dpi=110, layout="constrained")
-
-
-def _save(fig: Any, path: Path) -> Path:
-    from fedsim.results import atomic_write_bytes
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
-
-
 def _colors(n: int) -> list[Any]:
     from matplotlib import colormaps
 
@@ -567,12 +537,14 @@ def plot_accuracy(
 ) -> Path:
     """Test accuracy against simulated time: a panel per cell, a colour per
     algorithm, a line per seed."""
+    from fedsim.plots import _new_figure, _save
+
     labels = list(dict.fromkeys(r["record"]["algorithm"] for r in results))
     colors = dict(zip(labels, _colors(len(labels)), strict=True))
     n = len(cells)
     ncols = min(n, 4)
     nrows = math.ceil(n / ncols)
-    fig = _figure(3.6 * ncols + 1, 3.0 * nrows + 0.6)
+    fig = _new_figure(3.6 * ncols + 1, 3.0 * nrows + 0.6)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).reshape(-1)
     for ci, cell in enumerate(cells):
         ax = axes[ci]
@@ -615,7 +587,9 @@ def plot_degradation(
     path: Path,
 ) -> Path:
     """Final accuracy (mean and seed spread) against the first swept field."""
-    fig = _figure(6.5, 4.2)
+    from fedsim.plots import _new_figure, _save
+
+    fig = _new_figure(6.5, 4.2)
     ax = fig.subplots()
     labels = list(dict.fromkeys(r["algorithm"] for r in records))
     colors = dict(zip(labels, _colors(len(labels)), strict=True))
@@ -657,12 +631,14 @@ def plot_taus(
     of the first swept field (pooled over algorithms and seeds; asynchronous
     runs, whose jobs all do the same steps, are left out when there are
     synchronous ones)."""
+    from fedsim.plots import _new_figure, _save
+
     sync = [t for t in taus if t.get("mode", "sync") == "sync"]
     taus = sync or list(taus)
     groups = list(dict.fromkeys(t["device_group"] for t in taus))
     values = list(dict.fromkeys(_label(c[path_name]) for c in cells))
     colors = _colors(len(values))
-    fig = _figure(max(6.0, 1.5 + 0.55 * len(groups) * len(values)), 4.4)
+    fig = _new_figure(max(6.0, 1.5 + 0.55 * len(groups) * len(values)), 4.4)
     ax = fig.subplots()
     width = 0.8 / max(1, len(values))
     for vi, v in enumerate(values):
@@ -777,7 +753,6 @@ def run_stress(
         ScenarioError: if the scenario, a swept value or an algorithm is
             invalid (every combination is validated before anything runs).
     """
-    from fedsim.compare import split_algorithms
     from fedsim.results import atomic_write_bytes, default_run_dir, write_table
 
     if seeds < 1:
@@ -789,12 +764,7 @@ def run_stress(
     algorithms = list(
         dict.fromkeys(a for label in algorithms for a in split_algorithms(label))
     )
-    for item in overrides:
-        key = item.split("=", 1)[0].strip().split(".")[0].split("[")[0]
-        if key in ("algorithm", "seed"):
-            raise ScenarioError(
-                f"--set {item!r}: stress sets the algorithm and the seed itself"
-            )
+    _reject_run_overrides(overrides, "stress")
     paths = list(sweep)
     cells = [
         dict(zip(paths, combo, strict=True))
