@@ -132,33 +132,26 @@ class Intervals:
         period differs from the state at 0.
         """
         n = self.size
-        first_on = np.zeros(n, dtype=bool)
-        parts: list[np.ndarray] = []
-        counts = np.zeros(n, dtype=np.int64)
+        cnt = np.diff(self.offsets)
+        owner = np.repeat(np.arange(n), cnt)  # the device of each interval
+        first_on = self.always.copy()
+        has = (cnt > 0) & ~self.always
+        first_on[has] = self.start[self.offsets[:-1][has]] <= 0.0
+        # every boundary is a flip, except a start at 0 (the initial state)
+        # and, with a period, an end at the period (the wrap, added below)
+        times = np.column_stack([self.start, self.end]).reshape(-1)
+        keep = np.repeat(~self.always[owner], 2) & (times > 0.0)
         period = self.period_s
-        for i in range(n):
-            if self.always[i]:
-                first_on[i] = True
-                parts.append(np.zeros(0))
-                continue
-            a, b = int(self.offsets[i]), int(self.offsets[i + 1])
-            s, e = self.start[a:b], self.end[a:b]
-            on0 = bool(s.size) and s[0] <= 0.0
-            first_on[i] = on0
-            # every boundary is a flip, except a start at 0 (the initial state)
-            # and, with a period, an end at the period (the wrap, checked below)
-            t = np.column_stack([s, e]).reshape(-1) if s.size else np.zeros(0)
-            keep = t > 0.0
-            if period is not None:
-                keep &= t < period
-            t = t[keep]
-            if period is not None and (on0 ^ bool(t.size % 2)) != on0:
-                t = np.append(t, period)
-            parts.append(t)
-            counts[i] = t.size
+        if period is not None:
+            keep &= times < period
+        times, dev = times[keep], np.repeat(owner, 2)[keep]
+        counts = np.bincount(dev, minlength=n).astype(np.int64)
+        if period is not None:  # an odd count: the state at the end differs
+            odd = np.flatnonzero(counts % 2)
+            times = np.insert(times, np.cumsum(counts)[odd], period)
+            counts[odd] += 1
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
-        times = np.concatenate(parts) if parts else np.zeros(0)
         return first_on, offsets, times.astype(np.float64)
 
 
