@@ -86,7 +86,7 @@ from fedsim.data import FederatedData, build_data
 from fedsim.fleet import Fleet
 from fedsim.models import make_model
 from fedsim.params import l2_norm, num_params
-from fedsim.results import CLIENT_SCHEMA, ROUND_SCHEMA, Recorder, write_table
+from fedsim.results import CLIENT_SCHEMA, ROUND_SCHEMA, Recorder
 from fedsim.scenario import Scenario
 from fedsim.server import DivergenceError, ServerCore
 from fedsim.workers import LocalPool, RayPool, Task, assign_lpt
@@ -133,8 +133,8 @@ class AsyncRecorder(Recorder):
     """The run's rows, written with the async schemas (as the run goes)."""
 
     def write(self, run_dir: Path) -> None:
-        write_table(run_dir / "rounds.parquet", self.rows, ASYNC_ROUND_SCHEMA)
-        write_table(run_dir / "clients.parquet", self.clients, ASYNC_CLIENT_SCHEMA)
+        self._write(run_dir / "rounds.parquet", self.rows, ASYNC_ROUND_SCHEMA)
+        self._write(run_dir / "clients.parquet", self.clients, ASYNC_CLIENT_SCHEMA)
 
 
 class AsyncRule(Protocol):

@@ -125,13 +125,44 @@ def with_extra_columns(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Sche
     return schema
 
 
-def write_table(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
-    """Write rows as a Parquet file atomically: ``schema``'s columns first, in
-    its order and types, then any extra columns the rows carry."""
-    table = pa.Table.from_pylist(rows, schema=with_extra_columns(rows, schema))
+def rows_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Rows as an Arrow table: ``schema``'s columns first, in its order and
+    types, then any extra columns the rows carry."""
+    return pa.Table.from_pylist(rows, schema=with_extra_columns(rows, schema))
+
+
+def write_arrow(path: Path, table: pa.Table) -> None:
+    """Write an Arrow table as a Parquet file, atomically."""
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     atomic_write_bytes(Path(path), sink.getvalue().to_pybytes())
+
+
+def write_table(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
+    """Write rows (see :func:`rows_table`) as a Parquet file, atomically."""
+    write_arrow(path, rows_table(rows, schema))
+
+
+class _Converted:
+    """One table's rows already converted to Arrow, so that a flush converts
+    only the rows added since (rather than every row of a long run, each
+    time). Rebuilt whole when new rows change the columns or their types."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.table: pa.Table | None = None
+
+    def of(self, rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+        if self.table is not None and self.n <= len(rows):
+            if self.n == len(rows):
+                return self.table
+            part = rows_table(rows[self.n :], schema)
+            if part.schema.equals(self.table.schema):
+                self.table = pa.concat_tables([self.table, part])
+                self.n = len(rows)
+                return self.table
+        self.table, self.n = rows_table(rows, schema), len(rows)
+        return self.table
 
 
 def default_run_dir(name: str, root: Path = Path("results")) -> Path:
@@ -226,6 +257,7 @@ class Recorder:
         self.flush_every_s = flush_every_s
         self._last = time.monotonic()
         self._dirty = False
+        self._converted: dict[str, _Converted] = {}
 
     def add(
         self,
@@ -249,12 +281,16 @@ class Recorder:
         self._last = time.monotonic()
 
     def write(self, run_dir: Path) -> None:
-        write_table(run_dir / "rounds.parquet", self.rows, ROUND_SCHEMA)
-        write_table(run_dir / "clients.parquet", self.clients, CLIENT_SCHEMA)
+        self._write(run_dir / "rounds.parquet", self.rows, ROUND_SCHEMA)
+        self._write(run_dir / "clients.parquet", self.clients, CLIENT_SCHEMA)
         if self.selector_rows:
-            write_table(
+            self._write(
                 run_dir / "selector.parquet", self.selector_rows, SELECTOR_SCHEMA
             )
+
+    def _write(self, path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
+        table = self._converted.setdefault(path.name, _Converted()).of(rows, schema)
+        write_arrow(path, table)
 
     def load(self, n_rows: int, n_client_rows: int, n_selector_rows: int = 0) -> None:
         """Read back the first rows of an interrupted run (for --resume)."""
@@ -275,6 +311,7 @@ class Recorder:
             )
         self.rows, self.clients = rounds[:n_rows], clients[:n_client_rows]
         self.selector_rows = selector[:n_selector_rows]
+        self._converted.clear()
 
 
 def write_partition(run_dir: Path, data: Any) -> None:
@@ -282,11 +319,7 @@ def write_partition(run_dir: Path, data: Any) -> None:
     from fedsim.data.partition import partition_table, plot_partition
 
     table = partition_table(data)
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
-    atomic_write_bytes(
-        Path(run_dir) / "partition.parquet", sink.getvalue().to_pybytes()
-    )
+    write_arrow(Path(run_dir) / "partition.parquet", table)
     plot_partition(table, Path(run_dir) / "partition.png")
 
 
