@@ -88,7 +88,7 @@ from fedsim.models import make_model
 from fedsim.params import l2_norm, num_params
 from fedsim.results import CLIENT_SCHEMA, ROUND_SCHEMA, Recorder
 from fedsim.scenario import Scenario
-from fedsim.server import DivergenceError, ServerCore
+from fedsim.server import DivergenceError, ServerCore, evaluates, weighted_train_loss
 from fedsim.workers import LocalPool, RayPool, Task, assign_lpt
 
 __all__ = [
@@ -481,11 +481,10 @@ class AsyncSimulation:
             raise DivergenceError(
                 f"version {w}: the global model has NaN or infinite parameters"
             )
-        total = sum(u.weight for u in ups)
-        train_loss = sum(u.weight * u.train_loss for u in ups) / total
+        train_loss = weighted_train_loss(ups)
         if not math.isfinite(train_loss):
             raise DivergenceError(f"version {w}: the training loss is {train_loss}")
-        do_eval = (w + 1) % sc.eval.every_rounds == 0 or w == sc.rounds - 1
+        do_eval = evaluates(sc, w)
         test_loss, test_acc = server.evaluate() if do_eval else (math.nan, math.nan)
         taus = np.array([a.tau for a in rec.applied], dtype=np.float64)
         status = Counter(a.status for a in rec.ended)

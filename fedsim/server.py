@@ -64,6 +64,20 @@ class DivergenceError(RuntimeError):
     """The global model or the training loss became NaN or infinite."""
 
 
+def weighted_train_loss(updates: Sequence[ClientUpdate]) -> float:
+    """The round's training loss: the updates' losses weighted as their data
+    (NaN when no update arrived)."""
+    if not updates:
+        return float("nan")
+    total = sum(u.weight for u in updates)
+    return sum(u.weight * u.train_loss for u in updates) / total
+
+
+def evaluates(scenario: Scenario, t: int) -> bool:
+    """Whether round (or version) ``t`` ends with an evaluation."""
+    return (t + 1) % scenario.eval.every_rounds == 0 or t == scenario.rounds - 1
+
+
 @dataclass(frozen=True)
 class ClientStats:
     update_norm: float
@@ -192,12 +206,7 @@ class ServerCore:
             )
             for u in updates
         }
-        total = sum(u.weight for u in updates)
-        train_loss = (
-            sum(u.weight * u.train_loss for u in updates) / total
-            if updates
-            else float("nan")
-        )
+        train_loss = weighted_train_loss(updates)
         return RoundResult(info, stats, train_loss, float("nan"), float("nan"))
 
     def context(self) -> ServerContext:
@@ -573,7 +582,7 @@ class Simulation:
                 keep=self.keep,
             )
             tasks = [Task(p.client, t, p.tau) for p in plan.plans if not p.dropped]
-            do_eval = (t + 1) % sc.eval.every_rounds == 0 or t == sc.rounds - 1
+            do_eval = evaluates(sc, t)
             res = backend.run_round(tasks, do_eval, multiplicity)
             if not math.isfinite(res.train_loss) and tasks:
                 raise DivergenceError(
