@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from fedsim.clock import Arrival, AsyncTimeline, Version
@@ -484,4 +484,6 @@ def test_the_future_does_not_change_the_past(script, future, t_cut, k, seed):
     horizon = min(end_a, end_b, t_cut)
     assert [x for x in ma if x[1] < horizon] == [x for x in mb if x[1] < horizon]
     assert [x for x in sa if x[4] < horizon] == [x for x in sb if x[4] < horizon]
-    assert ma or mb or sa or sb or horizon < 10  # the test exercises something
+    # an example where nothing ends before the cut (slow, straggling devices
+    # and an early cut) shows nothing: hypothesis looks for others instead
+    assume(ma or mb or sa or sb or horizon < 10)
