@@ -202,7 +202,9 @@ def train_vectorized(
     payload = {"x": x_global}
     for j, t in enumerate(tasks):
         delta = theta[j] - x_global
-        done = SolverState(x0=x_global, steps=t.tau, norm_a=solver.norm_a(t.tau))
+        done = SolverState(
+            x0=x_global, lr=solver.lr, steps=t.tau, norm_a=solver.norm_a(t.tau)
+        )
         info = worker.client_info(t.client)
         extras, _ = worker.algorithm.client_finish(delta, done, payload, {}, None, info)
         updates.append(

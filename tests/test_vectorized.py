@@ -66,3 +66,34 @@ def test_whole_run_matches_within_tolerance():
 def test_stateful_algorithms_are_not_vectorised():
     w, _ = worker("algorithm={name: scaffold}", "resources.vectorize=true")
     assert not supports(w) and not w.vectorize
+
+
+def test_fedpns_uploads_the_rounds_lr():
+    # the vectorised path once handed client_finish lr=0, so FedPNS's
+    # gradient estimates -delta / (lr ||a||_1) became inf
+    w, x = worker(
+        "algorithm={name: fedpns}", "client.lr_decay=0.9", "resources.vectorize=true"
+    )
+    assert supports(w) and w.vectorize
+    tasks = [Task(c, 3, tau) for c, tau in [(0, 7), (4, 1), (9, 30), (17, 12)]]
+    vec = w.train({"x": x}, tasks)  # vectorised: one round, several tasks
+    seq = [w._train_one({"x": x}, t, {}) for t in tasks]
+    for a, b in zip(seq, vec, strict=True):
+        assert float(a.extras["lr"]) == pytest.approx(0.05 * 0.9**3, rel=1e-12)
+        assert torch.equal(b.extras["lr"], a.extras["lr"])
+        assert a.norm_a == pytest.approx(b.norm_a, rel=1e-12)
+        torch.testing.assert_close(b.delta, a.delta, rtol=1e-4, atol=1e-6)
+
+
+def test_whole_fedpns_run_matches_within_tolerance():
+    over = ["rounds=4", "algorithm={name: fedpns}"]
+    plain = Simulation(load_scenario(QUICK, over), workers=0)
+    plain.run()
+    fast = Simulation(
+        load_scenario(QUICK, [*over, "resources.vectorize=true"]), workers=0
+    )
+    fast.run()
+    assert torch.isfinite(fast.final_params).all()
+    torch.testing.assert_close(
+        fast.final_params, plain.final_params, rtol=1e-3, atol=1e-4
+    )
