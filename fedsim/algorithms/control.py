@@ -14,8 +14,31 @@ from typing import Any
 import torch
 
 from fedsim.algorithms.base import ClientInfo, ClientState, ServerState
+from fedsim.solvers import SolverState, normalized_gradient
 
-__all__ = ["ControlVariates"]
+__all__ = ["ControlVariates", "control_update"]
+
+
+def control_update(
+    delta: torch.Tensor,
+    solver_state: SolverState,
+    correction: torch.Tensor,
+    c_i: torch.Tensor,
+) -> torch.Tensor:
+    """The new control variate c_i^+ = -Delta_i / (lr ||a_i||_1) - correction.
+
+    ``correction`` is the round's gradient correction (SCAFFOLD and
+    FedNova-VR: c - c_i; FedDC: c / w_i - c_i). A client that took no step
+    (||a_i||_1 = 0) has no gradient estimate and keeps c_i (a copy).
+
+    >>> st = SolverState(x0=torch.zeros(1), lr=0.5, steps=2, norm_a=2.0)
+    >>> control_update(torch.tensor([-3.0]), st, torch.tensor([1.0]),
+    ...                torch.tensor([4.0]))
+    tensor([2.])
+    """
+    if solver_state.norm_a > 0:
+        return normalized_gradient(delta, solver_state) - correction
+    return c_i.clone()
 
 
 class ControlVariates:
@@ -32,7 +55,7 @@ class ControlVariates:
     ) -> torch.Tensor:
         c = payload["c"]
         c_i = client_state.get("c")
-        return c.clone() if c_i is None else c - c_i
+        return c if c_i is None else c - c_i  # never mutated: no copy
 
     def grad_hook(self, theta: torch.Tensor, grad: torch.Tensor, ctx: Any) -> None:
         grad.add_(ctx)

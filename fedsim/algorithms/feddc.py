@@ -16,8 +16,8 @@ r_i = c / w_i - c_i, runs its local solver on
 and then, with delta_i = theta_i^+ - w:
 
 - h_i <- h_i + delta_i;
-- c_i^+ = c_i - c / w_i - delta_i / (lr ||a_i||_1); uploads
-  Delta c_i = w_i (c_i^+ - c_i).
+- c_i^+ = c_i - c / w_i - delta_i / (lr ||a_i||_1) (c_i^+ = c_i if the
+  client took no step, as in SCAFFOLD); uploads Delta c_i = w_i (c_i^+ - c_i).
 
 Server: c <- c + (1/m) sum_S Delta c_i (so c = (1/m) sum_i w_i c_i), and
 
@@ -60,9 +60,10 @@ from fedsim.algorithms.base import (
     empty_info,
     meter,
 )
+from fedsim.algorithms.control import control_update
 from fedsim.algorithms.feddyn import DynContext, FedDyn
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState, normalized_gradient
+from fedsim.solvers import SolverState
 
 __all__ = ["FedDC"]
 
@@ -145,12 +146,10 @@ class FedDC(FedDyn):
         if self.aggregation == "paper":
             extras["drift"] = new_state["hist"]
         if self.correction:
-            c = payload["c"]
             c_i = client_state.get("c", torch.zeros_like(delta))
             w_i = info.relative_weight
-            c_new = c_i - c / w_i
-            if solver_state.norm_a > 0:
-                c_new = c_new + normalized_gradient(delta, solver_state)
+            # c_i^+ = (c_i - c / w_i) + d_i, with ctx.correction = c / w_i - c_i
+            c_new = control_update(delta, solver_state, ctx.correction, c_i)
             extras["dc"] = w_i * (c_new - c_i)
             new_state["c"] = c_new
         return extras, new_state

@@ -39,11 +39,11 @@ from fedsim.algorithms.base import (
     ServerState,
     empty_info,
 )
-from fedsim.algorithms.control import ControlVariates
+from fedsim.algorithms.control import ControlVariates, control_update
 from fedsim.algorithms.fednova import FedNova
 from fedsim.algorithms.sampling import sampling_extras
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState, normalized_gradient
+from fedsim.solvers import SolverState
 
 __all__ = ["FedNovaVR"]
 
@@ -79,11 +79,8 @@ class FedNovaVR(ControlVariates, FedNova):
     ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
         extras = sampling_extras(self.sampling, info)
         c_i = client_state.get("c", torch.zeros_like(delta))
-        if solver_state.norm_a > 0:
-            # c_i^+ = d_i^corr - (c - c_i), with ctx = c - c_i
-            c_new = normalized_gradient(delta, solver_state) - ctx
-        else:
-            c_new = c_i.clone()
+        # c_i^+ = d_i^corr - (c - c_i), with ctx = c - c_i
+        c_new = control_update(delta, solver_state, ctx, c_i)
         extras["dc"] = c_new - c_i
         extras["p"] = torch.tensor(
             info.relative_weight / info.num_clients, dtype=torch.float64

@@ -47,10 +47,10 @@ from fedsim.algorithms.base import (
     ServerState,
     empty_info,
 )
-from fedsim.algorithms.control import ControlVariates
+from fedsim.algorithms.control import ControlVariates, control_update
 from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState, normalized_gradient
+from fedsim.solvers import SolverState
 
 __all__ = ["Scaffold"]
 
@@ -90,11 +90,8 @@ class Scaffold(ControlVariates, Algorithm):
         info: ClientInfo,
     ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
         c_i = client_state.get("c", torch.zeros_like(delta))
-        if solver_state.norm_a > 0:
-            # c_i - c + (x - y)/(K lr), with ctx = c - c_i
-            c_new = normalized_gradient(delta, solver_state) - ctx
-        else:
-            c_new = c_i.clone()
+        # c_i - c + (x - y)/(K lr), with ctx = c - c_i
+        c_new = control_update(delta, solver_state, ctx, c_i)
         return {"dc": c_new - c_i}, {"c": c_new}
 
     def aggregate(
