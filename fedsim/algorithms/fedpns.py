@@ -183,18 +183,31 @@ class FedPNS(Algorithm):
         x = state["x"]
         grads = [u.delta / (-_lr(u) * u.norm_a) for u in live]
 
+        # a set's mean model and validation loss, computed once per aggregate:
+        # after a removal the next CHECK LOSS starts from the set just scored
+        models: dict[tuple[int, ...], torch.Tensor] = {}
+        losses: dict[tuple[int, ...], float] = {}
+
         def mean_model(members: Sequence[int]) -> torch.Tensor:
-            n = len(members)
-            step = weighted_sum([live[j].delta for j in members], [1.0 / n] * n)
-            return x + self.server_lr * step
+            key = tuple(members)
+            if key not in models:
+                n = len(members)
+                step = weighted_sum([live[j].delta for j in members], [1.0 / n] * n)
+                models[key] = x + self.server_lr * step
+            return models[key]
 
         check = None
         if server is not None:
 
+            def loss(members: Sequence[int]) -> float:
+                key = tuple(members)
+                if key not in losses:
+                    losses[key] = server.validation_loss(mean_model(members))
+                return losses[key]
+
             def check(members: list[int], i: int) -> bool:
-                loss_all = server.validation_loss(mean_model(members))
                 rest = [j for j in members if j != i]
-                return not loss_all < server.validation_loss(mean_model(rest))
+                return not loss(members) < loss(rest)
 
         kept, labeled, removed = optimal_aggregation(
             grads, self.threshold(len(live)), check
