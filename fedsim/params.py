@@ -58,11 +58,13 @@ def bind_flat(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def weighted_sum(
-    vectors: Sequence[torch.Tensor], weights: Sequence[float]
+    vectors: Sequence[torch.Tensor],
+    weights: Sequence[float],
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """sum_i w_i v_i accumulated in float64, in the given order.
 
-    The result has the dtype of the first vector.
+    The result has ``dtype``, by default the dtype of the first vector.
     """
     if len(vectors) != len(weights):
         raise ValueError(f"{len(vectors)} vectors but {len(weights)} weights")
@@ -71,7 +73,7 @@ def weighted_sum(
     acc = torch.zeros(vectors[0].shape, dtype=torch.float64)
     for v, w in zip(vectors, weights, strict=True):
         acc.add_(v.to(torch.float64), alpha=float(w))
-    return acc.to(vectors[0].dtype)
+    return acc.to(vectors[0].dtype if dtype is None else dtype)
 
 
 def l2_norm(v: torch.Tensor) -> float:

@@ -113,7 +113,7 @@ class FedDyn(Algorithm):
             return state, empty_info()
         n = len(updates)
         hist_sum = state["hist_sum"] + weighted_sum(
-            [u.delta.to(torch.float64) for u in updates], [1.0] * n
+            [u.delta for u in updates], [1.0] * n, dtype=torch.float64
         )
         mean_delta = weighted_sum([u.delta for u in updates], [1.0 / n] * n)
         x = state["x"]
