@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -45,6 +46,24 @@ AddressOption = Annotated[
     typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"fedsim {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """fedsim: simulate federated learning on heterogeneous device fleets."""
 
 
 def _say(label: str, message: str) -> None:
@@ -116,8 +135,6 @@ def run(
         atomic_write_bytes,
         default_run_dir,
         prepare_run_dir,
-        summarize,
-        write_partition,
         write_summary,
     )
 
@@ -138,19 +155,74 @@ def run(
             _fail(str(exc))
         start, sim0 = ck.next_round, ck.sim_time
 
-    import torch
+    n_workers = _start_workers(sc, workers, address)
+    with _progress(sc, quiet, start, sim0) as on_round:
+        result = _run(sc, n_workers, run_dir, resume is not None, on_round)
+    code = {"completed": 0, "diverged": 1, "interrupted": 130}[result.status]
+    if result.status == "diverged":
+        _say(
+            "[bold red]run diverged:[/]",
+            f"{result.message}. Rows so far and the last good checkpoint are "
+            f"kept in {run_dir}.",
+        )
+    elif result.status == "interrupted":
+        _say("[yellow]interrupted;[/]", f"rows so far are kept in {run_dir}")
+    summary = result.summary()
+    try:
+        write_summary(run_dir / "summary.json", summary)
+        if report and result.rows:
+            from fedsim.report import write_report
 
-    from fedsim.server import DivergenceError, Simulation, resolve_workers
+            write_report(run_dir)
+    except OSError as exc:  # e.g. the disk that failed the run is still full
+        code = code or 1
+        _say("[bold red]cannot write the summary or report:[/]", str(exc))
+    if not quiet:
+        _print_summary(sc.name, summary)
+    out.print(f"results: {run_dir}")
+    if code:
+        raise typer.Exit(code)
 
-    torch.set_num_threads(max(1, int(sc.resources.cpus_per_worker)))
-    wall0 = time.perf_counter()
+
+def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> int:
+    """Ray worker actors for the run (0: in-process); starts or joins Ray."""
     n_workers = workers if workers is not None else sc.resources.workers
-    if n_workers != 0:
-        from fedsim.ray_session import init_ray
+    if n_workers == 0:
+        return 0
+    from fedsim.executors import resolve_workers
+    from fedsim.ray_session import init_ray
 
-        init_ray(address)
-        n_workers = resolve_workers(sc, workers)
+    init_ray(address)
+    return resolve_workers(sc, workers)
 
+
+def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any) -> Any:
+    """run_scenario, with its errors as the command line reports them."""
+    from fedsim.checkpoint import CheckpointError
+    from fedsim.data import DataError, DataMissingError
+    from fedsim.runtime import SetupError, run_scenario
+
+    try:
+        return run_scenario(
+            sc, workers=workers, run_dir=run_dir, resume=resume, on_round=on_round
+        )
+    except (DataMissingError, DataError, SetupError, CheckpointError) as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _say("[bold red]cannot write results:[/]", str(exc))
+        if (run_dir / "LATEST").exists():
+            _say(
+                "",
+                "The files on disk are whole, up to the last checkpoint; once "
+                f"the cause is fixed, continue with: fedsim run --resume {run_dir}",
+            )
+        raise typer.Exit(1) from None
+
+
+@contextmanager
+def _progress(sc: Scenario, quiet: bool, start: int, sim0: float) -> Iterator[Any]:
+    """A progress bar (round, simulated time, accuracy); yields the
+    per-round callback that advances it."""
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -162,7 +234,6 @@ def run(
         disable=quiet,
         transient=False,
     )
-    code = 0
     with progress:
         bar = progress.add_task(
             sc.name, total=sc.rounds, completed=start, sim=f"{sim0:.0f}s", acc="-"
@@ -178,114 +249,24 @@ def run(
                 acc=shown,
             )
 
-        from fedsim.data import DataError, DataMissingError
-
-        try:
-            if sc.round.policy == "async":
-                from fedsim.asynchronous import AsyncSimulation
-
-                sim: Simulation | AsyncSimulation = AsyncSimulation(
-                    sc,
-                    workers=n_workers,
-                    on_round=on_round,
-                    run_dir=run_dir,
-                    resume=resume is not None,
-                )
-            else:
-                sim = Simulation(
-                    sc,
-                    workers=n_workers,
-                    on_round=on_round,
-                    run_dir=run_dir,
-                    resume=resume is not None,
-                )
-        except (DataMissingError, DataError) as exc:
-            _fail(str(exc))
-        if sc.checkpoint.every_rounds:
-            _check_checkpoint_space(sc, sim.data, run_dir)
-        if resume is None and sc.data.dataset != "quadratic":
-            try:
-                write_partition(run_dir, sim.data)
-            except OSError as exc:
-                _fail(f"cannot write results: {exc}")
-        try:
-            sim.run()
-        except CheckpointError as exc:
-            _fail(str(exc))
-        except DivergenceError as exc:
-            code = 1
-            _say(
-                "[bold red]run diverged:[/]",
-                f"{exc}. Rows so far and the last good checkpoint are kept in "
-                f"{run_dir}.",
-            )
-        except OSError as exc:
-            code = 1
-            _say("[bold red]cannot write results:[/]", str(exc))
-            if (run_dir / "LATEST").exists():
-                _say(
-                    "",
-                    "The files on disk are whole, up to the last checkpoint; once "
-                    f"the cause is fixed, continue with: fedsim run --resume {run_dir}",
-                )
-        except KeyboardInterrupt:
-            code = 130
-            _say("[yellow]interrupted;[/]", f"rows so far are kept in {run_dir}")
-
-    rows, clients = sim.recorder.rows, sim.recorder.clients
-    summary = summarize(
-        rows,
-        clients,
-        scenario_name=sc.name,
-        wall_time_s=time.perf_counter() - wall0,
-        workers=n_workers,
-        version=__version__,
-    )
-    try:
-        write_summary(run_dir / "summary.json", summary)
-        if report and rows:
-            from fedsim.report import write_report
-
-            write_report(run_dir)
-    except OSError as exc:  # e.g. the disk that failed the run is still full
-        code = code or 1
-        _say("[bold red]cannot write the summary or report:[/]", str(exc))
-    if not quiet:
-        table = Table(title=f"{sc.name}: summary", show_header=False)
-        for key in (
-            "rounds",
-            "final_test_accuracy",
-            "best_test_accuracy",
-            "final_test_loss",
-            "sim_time_s",
-            "wall_time_s",
-            "updates_completed",
-            "updates_dropped",
-            "workers",
-        ):
-            table.add_row(key, _fmt(summary[key], ".4g"))
-        out.print(table)
-    out.print(f"results: {run_dir}")
-    if code:
-        raise typer.Exit(code)
+        yield on_round
 
 
-def _check_checkpoint_space(sc: Scenario, data: Any, run_dir: Path) -> None:
-    """Exit 2 before training if the run directory's disk cannot hold two
-    checkpoints (the next one is written before the older is deleted)."""
-    from fedsim.checkpoint import checkpoint_bytes
-    from fedsim.models import make_model
-    from fedsim.params import num_params
-    from fedsim.results import check_free_space
-
-    d = num_params(make_model(sc, data))
-    need = checkpoint_bytes(
-        d, sc.model.elem_bytes, sc.num_clients, sc.algorithm.stateful
-    )
-    try:
-        check_free_space(run_dir, need + 2**20, "checkpoints")
-    except OSError as exc:
-        _fail(str(exc))
+def _print_summary(name: str, summary: dict[str, Any]) -> None:
+    table = Table(title=f"{name}: summary", show_header=False)
+    for key in (
+        "rounds",
+        "final_test_accuracy",
+        "best_test_accuracy",
+        "final_test_loss",
+        "sim_time_s",
+        "wall_time_s",
+        "updates_completed",
+        "updates_dropped",
+        "workers",
+    ):
+        table.add_row(key, _fmt(summary[key], ".4g"))
+    out.print(table)
 
 
 @app.command()

@@ -30,10 +30,10 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 import re
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,6 @@ import numpy as np
 import pyarrow as pa
 import yaml
 
-from fedsim import __version__
 from fedsim.scenario import Scenario, ScenarioError, load_scenario
 
 __all__ = [
@@ -59,6 +58,7 @@ COMPARE_SCHEMA = pa.schema(
     [
         ("algorithm", pa.string()),
         ("name", pa.string()),
+        ("mode", pa.string()),  # "sync" or "async"
         ("seed", pa.int64()),
         ("rounds", pa.int64()),
         ("diverged", pa.bool_()),
@@ -142,15 +142,71 @@ def _reject_run_overrides(overrides: Sequence[str], tool: str, hint: str = "") -
             )
 
 
+def _value_text(value: Any) -> str:
+    """A value as override text (JSON is YAML, and keeps strings quoted)."""
+    return json.dumps(value)
+
+
+def is_async_rule(name: str) -> bool:
+    """Whether algorithm ``name`` is an asynchronous server rule."""
+    from fedsim.algorithms import REGISTRY
+
+    return hasattr(REGISTRY.get(name), "aggregate_async")
+
+
+def _async_overrides(sc: Scenario) -> list[str]:
+    """Overrides that run ``sc``'s synchronous setting on the async timeline:
+    the same work per job, ``clients_per_round`` jobs at once, and as many
+    server versions as make the same number of updates."""
+    r = sc.round
+    k = sc.selector.clients_per_round
+    section: dict[str, Any] = {
+        "policy": "async",
+        "max_steps": r.max_steps,
+        "job_steps": "epochs" if r.policy == "fixed_epochs" else "max_steps",
+        "epochs": r.epochs,
+        "epochs_low": r.epochs_low,
+        "epochs_high": r.epochs_high,
+        "concurrency": k,
+    }
+    buffer = int(getattr(sc.algorithm, "buffer_size", 1))
+    versions = max(1, math.ceil(sc.rounds * k / buffer))
+    return [f"round={_value_text(section)}", f"rounds={versions}"]
+
+
 def load_variant(
-    scenario_path: str | Path, label: str, seed: int, overrides: Sequence[str] = ()
-) -> Scenario:
-    """The scenario with ``label``'s algorithm section and ``seed``."""
+    scenario_path: str | Path,
+    label: str,
+    seed: int,
+    overrides: Sequence[str] = (),
+    cell: Mapping[str, Any] | None = None,
+) -> tuple[Scenario, str]:
+    """The scenario with ``label``'s algorithm section, ``seed`` and the
+    ``cell``'s settings, and its mode (``sync`` or ``async``).
+
+    An asynchronous rule (FedAsync, FedBuff) on a synchronous scenario runs
+    on the asynchronous timeline with the same work per job (mode
+    ``async``); a synchronous algorithm on an asynchronous scenario is
+    refused.
+    """
     base = _raw_scenario(scenario_path).get("algorithm")
     section = algorithm_section(label, base if isinstance(base, dict) else {})
-    return load_scenario(
-        scenario_path, [*overrides, f"algorithm={_flow(section)}", f"seed={seed}"]
-    )
+    items = [
+        *overrides,
+        *(f"{p}={_value_text(v)}" for p, v in (cell or {}).items()),
+        f"algorithm={_value_text(section)}",
+        f"seed={seed}",
+    ]
+    sc = load_scenario(scenario_path, items)
+    if is_async_rule(sc.algorithm.name) and sc.round.policy != "async":
+        return load_scenario(scenario_path, items + _async_overrides(sc)), "async"
+    if sc.round.policy == "async" and not is_async_rule(sc.algorithm.name):
+        raise ScenarioError(
+            f"{scenario_path}: {label!r} is a synchronous algorithm but the "
+            "scenario's round policy is 'async'; use a synchronous scenario "
+            "(asynchronous rules are moved to the async timeline automatically)"
+        )
+    return sc, "async" if sc.round.policy == "async" else "sync"
 
 
 def run_one(
@@ -161,32 +217,14 @@ def run_one(
     target_accuracy: float | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one (algorithm, seed); return its compare row and its round rows."""
-    from fedsim.results import summarize
-    from fedsim.server import DivergenceError, Simulation
+    from fedsim.runtime import run_scenario
 
-    sc = load_variant(scenario_path, label, seed, overrides)
-    rows: list[dict[str, Any]] = []
-    clients: list[dict[str, Any]] = []
-
-    def collect(row: dict[str, Any], these: list[dict[str, Any]]) -> None:
-        rows.append(row)
-        clients.extend(these)
-
-    wall0 = time.perf_counter()
-    diverged = False
-    try:
-        Simulation(sc, workers=0, on_round=collect).run()
-    except DivergenceError:
-        diverged = True
-    wall = time.perf_counter() - wall0
-    summary = summarize(
-        rows,
-        clients,
-        scenario_name=sc.name,
-        wall_time_s=wall,
-        workers=0,
-        version=__version__,
-    )
+    sc, mode = load_variant(scenario_path, label, seed, overrides)
+    result = run_scenario(sc, workers=0)
+    rows = result.rows
+    diverged = result.status == "diverged"
+    wall = result.wall_time_s
+    summary = result.summary()
     hit = None
     if target_accuracy is not None:
         hit = next((r for r in rows if _ge(r["test_accuracy"], target_accuracy)), None)
@@ -198,6 +236,7 @@ def run_one(
     out = {
         "algorithm": label,
         "name": sc.algorithm.name,
+        "mode": mode,
         "seed": seed,
         "rounds": len(rows),
         "diverged": diverged,
@@ -239,7 +278,11 @@ def summarize_runs(
     table = []
     for label in labels:
         rs = [r for r in runs if r["algorithm"] == label]
-        row: dict[str, Any] = {"algorithm": label, "seeds": len(rs)}
+        row: dict[str, Any] = {
+            "algorithm": label,
+            "mode": rs[0].get("mode", "sync"),
+            "seeds": len(rs),
+        }
         for key in (
             "final_accuracy",
             "best_accuracy",
@@ -306,7 +349,7 @@ def format_markdown(
             ) + (reach if k else "")
             time_s = _pm(r["time_to_target_s"], r["time_to_target_s_std"], digits=1)
         lines.append(
-            f"| {r['algorithm']} | {n} "
+            f"| {r['algorithm']}{' (async)' if r['mode'] == 'async' else ''} | {n} "
             f"| {_pm(r['final_accuracy'], r['final_accuracy_std'], 100)} "
             f"| {_pm(r['best_accuracy'], r['best_accuracy_std'], 100)} "
             f"| {_pm(r['final_test_loss'], r['final_test_loss_std'], digits=4)} "
@@ -345,6 +388,9 @@ def compare(
         raise ValueError("seeds must be >= 1")
     if not algorithms:
         raise ValueError("no algorithms to compare")
+    twice = sorted({a for a in algorithms if list(algorithms).count(a) > 1})
+    if twice:
+        raise ValueError(f"--algorithms: {', '.join(twice)} given twice")
     for label in algorithms:  # every variant must validate before any runs
         load_variant(scenario_path, label, 0, overrides)
     out = Path(out_dir) if out_dir is not None else None

@@ -29,6 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 __all__ = [
+    "ASYNC_CLIENT_SCHEMA",
+    "ASYNC_ROUND_SCHEMA",
     "ROUND_SCHEMA",
     "CLIENT_SCHEMA",
     "SELECTOR_SCHEMA",
@@ -74,6 +76,30 @@ CLIENT_SCHEMA = pa.schema(
         ("train_loss", pa.float64()),
         ("bytes_down", pa.int64()),
         ("bytes_up", pa.int64()),
+    ]
+)
+
+# Asynchronous runs: clients.parquet has one row per job the server saw end
+# (arrived or dropped); rounds.parquet one row per server version (``round``
+# = the version w the updates were applied to; the metrics are those of w + 1).
+ASYNC_CLIENT_SCHEMA = pa.schema(
+    [
+        *CLIENT_SCHEMA,
+        ("version_started", pa.int64()),  # the version the device downloaded
+        ("version_applied", pa.int64()),  # null unless applied
+        ("staleness", pa.int64()),  # version at arrival - version_started; null offline
+        ("job", pa.int64()),  # the device's job index (0, 1, ...)
+    ]
+)
+ASYNC_ROUND_SCHEMA = pa.schema(
+    [
+        *ROUND_SCHEMA,
+        ("staleness_mean", pa.float64()),
+        ("staleness_max", pa.int64()),
+        ("n_stale", pa.int64()),
+        ("n_offline", pa.int64()),
+        ("n_started", pa.int64()),
+        ("in_flight", pa.int64()),
     ]
 )
 
@@ -247,10 +273,21 @@ class Recorder:
 
     Only rows added since the last write are a reason to write: a resume that
     fails before its first round never overwrites the results on disk.
+    Asynchronous runs (``asynchronous=True``) use the async schemas.
     """
 
-    def __init__(self, run_dir: Path | None, flush_every_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        run_dir: Path | None,
+        flush_every_s: float = 5.0,
+        asynchronous: bool = False,
+    ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.schemas = (
+            (ASYNC_ROUND_SCHEMA, ASYNC_CLIENT_SCHEMA)
+            if asynchronous
+            else (ROUND_SCHEMA, CLIENT_SCHEMA)
+        )
         self.rows: list[dict[str, Any]] = []
         self.clients: list[dict[str, Any]] = []
         self.selector_rows: list[dict[str, Any]] = []
@@ -281,8 +318,9 @@ class Recorder:
         self._last = time.monotonic()
 
     def write(self, run_dir: Path) -> None:
-        self._write(run_dir / "rounds.parquet", self.rows, ROUND_SCHEMA)
-        self._write(run_dir / "clients.parquet", self.clients, CLIENT_SCHEMA)
+        rounds, clients = self.schemas
+        self._write(run_dir / "rounds.parquet", self.rows, rounds)
+        self._write(run_dir / "clients.parquet", self.clients, clients)
         if self.selector_rows:
             self._write(
                 run_dir / "selector.parquet", self.selector_rows, SELECTOR_SCHEMA

@@ -217,6 +217,13 @@ class Scenario(_Spec):
                 "round.policy 'async' needs an asynchronous server rule "
                 f"(algorithm fedasync or fedbuff), not {self.algorithm.name!r}"
             )
+        if self.round.policy == "async" and not self.selector.asynchronous:
+            raise ValueError(
+                f"selector.name {self.selector.name!r} chooses clients from "
+                "training results, which round.policy 'async' does not have when "
+                "it starts a job (jobs are trained ahead of the timeline); use "
+                "selector uniform or weighted with round.policy 'async'"
+            )
         if (self.data.dataset == "quadratic") != (self.model.name == "quadratic"):
             raise ValueError(
                 "model.name 'quadratic' goes with data.dataset 'quadratic' "

@@ -51,7 +51,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,14 +60,13 @@ import pyarrow as pa
 import yaml
 
 from fedsim.compare import (
-    _raw_scenario,
     _reject_run_overrides,
     _safe,
     _stats,
-    algorithm_section,
+    load_variant,
     split_algorithms,
 )
-from fedsim.scenario import Scenario, ScenarioError, load_scenario
+from fedsim.scenario import ScenarioError, load_scenario
 
 __all__ = [
     "STRESS_SCHEMA",
@@ -168,59 +166,6 @@ def _label(value: Any) -> str:
 
 
 # ------------------------------------------------------------------ one run
-def _is_async_rule(name: str) -> bool:
-    from fedsim.algorithms import REGISTRY
-
-    return hasattr(REGISTRY.get(name), "aggregate_async")
-
-
-def _async_overrides(sc: Scenario) -> list[str]:
-    """Overrides that run ``sc``'s synchronous setting on the async timeline."""
-    r = sc.round
-    k = sc.selector.clients_per_round
-    section: dict[str, Any] = {
-        "policy": "async",
-        "max_steps": r.max_steps,
-        "job_steps": "epochs" if r.policy == "fixed_epochs" else "max_steps",
-        "epochs": r.epochs,
-        "epochs_low": r.epochs_low,
-        "epochs_high": r.epochs_high,
-        "concurrency": k,
-    }
-    buffer = int(getattr(sc.algorithm, "buffer_size", 1))
-    versions = max(1, math.ceil(sc.rounds * k / buffer))
-    return [f"round={_value_text(section)}", f"rounds={versions}"]
-
-
-def _variant(
-    scenario_path: str | Path,
-    overrides: Sequence[str],
-    cell: Mapping[str, Any],
-    label: str,
-    seed: int,
-) -> tuple[Scenario, str]:
-    """The scenario of one run, and its mode (``sync`` or ``async``)."""
-    base = _raw_scenario(scenario_path).get("algorithm")
-    section = algorithm_section(label, base if isinstance(base, dict) else {})
-    items = [
-        *overrides,
-        *(f"{p}={_value_text(v)}" for p, v in cell.items()),
-        f"algorithm={_value_text(section)}",
-        f"seed={seed}",
-    ]
-    sc = load_scenario(scenario_path, items)
-    if _is_async_rule(sc.algorithm.name) and sc.round.policy != "async":
-        return load_scenario(scenario_path, items + _async_overrides(sc)), "async"
-    if sc.round.policy == "async" and not _is_async_rule(sc.algorithm.name):
-        raise ScenarioError(
-            f"{scenario_path}: {label!r} is a synchronous algorithm but the "
-            "scenario's round policy is 'async'; stress a synchronous scenario "
-            "(asynchronous rules are converted to it automatically)"
-        )
-    mode = "async" if sc.round.policy == "async" else "sync"
-    return sc, mode
-
-
 def _run_one(
     scenario_path: str,
     overrides: list[str],
@@ -230,28 +175,13 @@ def _run_one(
     seed: int,
 ) -> dict[str, Any]:
     """Run one (cell, algorithm, seed) in this process; return its record."""
-    from fedsim.server import DivergenceError
+    from fedsim.runtime import run_scenario
 
-    sc, mode = _variant(scenario_path, overrides, cell, label, seed)
-    if mode == "async":
-        from fedsim.asynchronous import AsyncSimulation
-
-        sim: Any = AsyncSimulation(sc, workers=0)
-    else:
-        from fedsim.server import Simulation
-
-        sim = Simulation(sc, workers=0)
-    wall0 = time.perf_counter()
-    diverged = False
-    try:
-        rows, clients = sim.run()
-    except DivergenceError:  # keep the rows up to the divergence
-        diverged = True
-        if mode == "async":
-            rows, clients = sim.rows, sim.client_rows
-        else:
-            rows, clients = sim.recorder.rows, sim.recorder.clients
-    wall = time.perf_counter() - wall0
+    sc, mode = load_variant(scenario_path, label, seed, overrides, cell)
+    result = run_scenario(sc, workers=0)  # keeps the rows up to a divergence
+    rows, clients = result.rows, result.clients
+    diverged = result.status == "diverged"
+    wall = result.wall_time_s
     acc = [float(r["test_accuracy"]) for r in rows]
     finite = [a for a in acc if math.isfinite(a)]
     done = [c for c in clients if not c["dropped"]]
@@ -773,7 +703,7 @@ def run_stress(
     base = load_scenario(scenario_path, list(overrides))
     for cell in cells:  # every run must validate before any runs
         for label in algorithms:
-            _variant(scenario_path, list(overrides), cell, label, 0)
+            load_variant(scenario_path, label, 0, list(overrides), cell)
     out = (
         Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{base.name}")
     )

@@ -22,14 +22,14 @@ with ``resources.vectorize: true``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedsim.algorithms.base import Algorithm, ClientUpdate
+from fedsim.algorithms.base import Algorithm, ClientState, ClientUpdate
 from fedsim.solvers import Momentum, Prox, SolverState
 
 if TYPE_CHECKING:
@@ -162,11 +162,29 @@ def _autograd_grad(
 
 
 def train_vectorized(
+    worker: Worker,
+    payload: dict[str, torch.Tensor],
+    tasks: Sequence[Task],
+    states: Mapping[int, ClientState],
+) -> list[ClientUpdate]:
+    """A worker's group of tasks, in task order: the tasks of each round
+    (one learning rate) together, a task alone through the sequential loop."""
+    out: dict[int, ClientUpdate] = {}
+    for r in sorted({t.round for t in tasks}):
+        idx = [j for j, t in enumerate(tasks) if t.round == r]
+        group = [tasks[j] for j in idx]
+        if len(group) == 1:
+            ups = worker._sequential(payload, group, states)
+        else:
+            ups = _train_together(worker, payload["x"], group)
+        out.update(zip(idx, ups, strict=True))
+    return [out[j] for j in range(len(tasks))]
+
+
+def _train_together(
     worker: Worker, x_global: torch.Tensor, tasks: Sequence[Task]
 ) -> list[ClientUpdate]:
-    """Train every task's client from ``x_global`` at once; one update each."""
-    if not tasks:
-        return []
+    """Train every task's client (one round) from ``x_global`` at once."""
     model, solver = worker.model, worker.solver_for(tasks[0].round)
     k = len(tasks)
     taus = torch.tensor([t.tau for t in tasks])

@@ -1,16 +1,14 @@
-"""Workers: a fixed pool that trains many virtual clients one after another.
+"""Workers: a model instance and the data, training many virtual clients.
 
 A :class:`Worker` holds one model instance and the whole federated dataset
 (received once), and runs exactly ``tau_i(t)`` local steps for each task it is
 given. The clock, not the worker, decides tau. A worker keeps nothing a
 restart would lose: per-client state travels with the task.
 
-Two pools share one interface, so the same code path runs in unit tests
-without Ray and on a cluster:
-
-- :class:`LocalPool`: one worker in the calling process.
-- :class:`RayPool`: ``n`` long-lived Ray actors; tasks are spread longest-tau
-  first; the global parameters travel as one object-store reference.
+Executors (:mod:`fedsim.executors`) own the workers: one in this process, or
+one per Ray actor. How a worker trains a group of tasks (one client after
+another, or many at once, :mod:`fedsim.vectorized`) is chosen once, when it
+is built.
 
 Example (in-process):
     >>> from fedsim.scenario import load_scenario
@@ -19,9 +17,9 @@ Example (in-process):
     >>> from fedsim.params import flatten
     >>> sc = load_scenario("scenarios/quickstart.yaml")
     >>> data = build_data(sc.data, sc.num_clients, sc.seed)
-    >>> pool = LocalPool(sc, data)
+    >>> worker = Worker(sc, data)
     >>> x = flatten(make_model(sc, data))
-    >>> [u.tau for u in pool.train(x, [Task(client=3, round=0, tau=5)])]
+    >>> [u.tau for u in worker.train({"x": x}, [Task(client=3, round=0, tau=5)])]
     [5]
 """
 
@@ -29,8 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,7 +44,7 @@ from fedsim.params import bind_flat
 from fedsim.scenario import Scenario
 from fedsim.solvers import SGD
 
-__all__ = ["Task", "Worker", "LocalPool", "RayPool", "client_seed", "assign_lpt"]
+__all__ = ["Task", "Worker", "client_seed", "assign_lpt"]
 
 _CLIENT_TAG = 0xC11E
 
@@ -54,11 +53,22 @@ Payload = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class Task:
-    """Train ``client`` for ``tau`` local steps in ``round``."""
+    """Train ``client`` for ``tau`` local steps.
+
+    Attributes:
+        client: the client (device) id.
+        round: seeds the client's randomness with the scenario seed: the
+            synchronous round, or in asynchronous mode the device's job index
+            (so its j-th job sees the minibatches of a synchronous round j).
+        tau: local steps.
+        version: the server version whose payload the client starts from
+            (the key into the executor's ``payloads``).
+    """
 
     client: int
     round: int
     tau: int
+    version: int = 0
 
 
 def client_seed(seed: int, round_: int, client: int) -> int:
@@ -101,17 +111,15 @@ class Worker:
     def __init__(
         self,
         scenario: Scenario,
-        data: FederatedData | str,
+        data: FederatedData | list[Any],
         threads: int | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(max(1, threads))
-        if isinstance(data, str):  # the server actor's name
+        if isinstance(data, list):  # [ObjectRef]: a Ray actor, (re)started
             import ray
 
-            server = ray.get_actor(data)
-            (ref,) = ray.get(server.data_ref.remote())
-            data = ray.get(ref)
+            data = ray.get(data[0])
         self.scenario = scenario
         self.algorithm = make_algorithm(scenario.algorithm)
         self.solver = self.algorithm.solver(scenario.client)
@@ -135,11 +143,14 @@ class Worker:
         self.weights = data.weights
         self.num_clients = data.num_clients
         self.total_weight = float(np.sum(data.weights))
-        self.vectorize = False
+        # Many clients at once (fedsim.vectorized) where the model, solver
+        # and algorithm allow it; decided here, once.
+        self._train_group = self._sequential
         if scenario.resources.vectorize:
-            from fedsim.vectorized import supports
+            from fedsim.vectorized import supports, train_vectorized
 
-            self.vectorize = supports(self)
+            if supports(self):
+                self._train_group = partial(train_vectorized, self)
 
     def pid(self) -> int:
         return os.getpid()
@@ -169,14 +180,18 @@ class Worker:
         states: Mapping[int, ClientState] | None = None,
     ) -> list[ClientUpdate]:
         """Run each task's local steps from the payload's ``x``; one update per
-        task. ``states`` holds the persistent state of stateful algorithms."""
-        if isinstance(payload, torch.Tensor):
-            payload = {"x": payload}
-        if self.vectorize and len(tasks) > 1 and len({t.round for t in tasks}) == 1:
-            from fedsim.vectorized import train_vectorized
+        task, in task order. ``states`` holds the persistent state of stateful
+        algorithms (absent clients start from ``{}``)."""
+        if not tasks:
+            return []
+        return self._train_group(payload, tasks, states or {})
 
-            return train_vectorized(self, payload["x"], tasks)
-        states = states or {}
+    def _sequential(
+        self,
+        payload: Payload,
+        tasks: Sequence[Task],
+        states: Mapping[int, ClientState],
+    ) -> list[ClientUpdate]:
         payload = _to(payload, self.device)  # once for every task of the call
         return [self._train_one(payload, t, states.get(t.client, {})) for t in tasks]
 
@@ -232,81 +247,3 @@ class Worker:
 def _to(tensors: Mapping[str, torch.Tensor], device: torch.device) -> dict:
     """A copy of a dict of tensors on ``device`` (no copy when already there)."""
     return {k: v.to(device) for k, v in tensors.items()}
-
-
-class LocalPool:
-    """One in-process worker; the reference path for tests and ``workers: 0``."""
-
-    size = 1
-
-    def __init__(self, scenario: Scenario, data: FederatedData) -> None:
-        threads = max(1, int(scenario.resources.cpus_per_worker))
-        self.worker = Worker(scenario, data, threads=threads)
-
-    def train(
-        self,
-        payload: Payload,
-        tasks: Sequence[Task],
-        states: Mapping[int, ClientState] | None = None,
-    ) -> list[ClientUpdate]:
-        updates = self.worker.train(payload, tasks, states)
-        return sorted(updates, key=lambda u: u.client)
-
-    def shutdown(self) -> None:
-        pass
-
-
-class RayPool:
-    """``n`` long-lived Ray worker actors sharing one copy of the data.
-
-    ``train`` returns object references (one list of updates per actor), so
-    that the updates can go straight to the server actor without passing
-    through the driver.
-    """
-
-    def __init__(
-        self,
-        scenario: Scenario,
-        data_source: str,
-        n: int,
-        cpus: float = 1.0,
-        gpus: float = 0.0,
-    ) -> None:
-        import ray
-
-        remote = ray.remote(Worker).options(
-            num_cpus=cpus,
-            num_gpus=gpus,
-            max_restarts=-1,
-            max_task_retries=3,
-            scheduling_strategy="SPREAD",
-        )
-        threads = max(1, int(cpus))
-        # Actors get the server actor's name, not the data (nor a handle, which
-        # Ray would treat as an object-store argument): a (re)started actor
-        # fetches the shared object-store copy of the data from the server.
-        self.actors = [remote.remote(scenario, data_source, threads) for _ in range(n)]
-        self.size = n
-
-    def train(
-        self,
-        payload_ref: Any,
-        tasks: Sequence[Task],
-        states_for: Callable[[list[int]], Any] | None = None,
-    ) -> list[Any]:
-        """One call per actor with a share of ``tasks``. ``states_for(clients)``
-        gives the reference to those clients' states (stateful algorithms), so
-        each actor fetches only its own share's."""
-        refs = []
-        for actor, chunk in zip(self.actors, assign_lpt(tasks, self.size), strict=True):
-            if chunk:
-                states = states_for([t.client for t in chunk]) if states_for else None
-                refs.append(actor.train.remote(payload_ref, chunk, states))
-        return refs
-
-    def shutdown(self) -> None:
-        import ray
-
-        for a in self.actors:
-            ray.kill(a)
-        self.actors = []

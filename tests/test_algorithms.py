@@ -20,9 +20,11 @@ from fedsim.algorithms.base import ClientInfo, ClientUpdate
 from fedsim.algorithms.sampling import proportional_weights, uniform_weights
 from fedsim.data import build_data
 from fedsim.scenario import load_scenario
-from fedsim.server import ServerCore, Simulation
+from fedsim.executors import InProcessExecutor
+from fedsim.runtime import run_scenario
+from fedsim.server import Server
 from fedsim.solvers import SGD
-from fedsim.workers import LocalPool, Task
+from fedsim.workers import Task
 
 from .conftest import SCENARIOS
 
@@ -33,13 +35,13 @@ TINY = SCENARIOS / "ci" / "tiny-synthetic.yaml"
 # ------------------------------------------------------------------ helpers
 class Driver:
     """The server and an in-process worker, with rounds whose clients and
-    local steps the test chooses (what Simulation does, minus the clock)."""
+    local steps the test chooses (the runtime's round step, minus the clock)."""
 
     def __init__(self, *overrides: str, scenario=QUAD) -> None:
         self.sc = load_scenario(scenario, list(overrides))
         data = build_data(self.sc.data, self.sc.num_clients, self.sc.seed)
-        self.server = ServerCore(self.sc, data, threads=None)
-        self.pool = LocalPool(self.sc, data)
+        self.server = Server(self.sc, data)
+        self.executor = InProcessExecutor(self.sc, data)
         self.t = 0
 
     @property
@@ -54,20 +56,19 @@ class Driver:
         """Local training only (nothing aggregated)."""
         tasks = [Task(c, self.t, tau) for c, tau in sorted(taus.items())]
         states = self.server.client_states(sorted(taus))
-        return self.pool.train(self.server.payload(), tasks, states)
+        return self.executor.train(tasks, {0: self.server.payload()}, states)
 
     def round(self, taus: dict[int, int]) -> list[ClientUpdate]:
         updates = self.train(taus)
-        self.result = self.server.round(updates, do_eval=False)
+        self.result = self.server.apply(updates)
         self.t += 1
         return updates
 
 
 def run(path, *overrides: str) -> tuple[list[dict], torch.Tensor]:
-    sim = Simulation(load_scenario(path, list(overrides)), workers=0)
-    rows, _ = sim.run()
-    assert sim.final_params is not None
-    return rows, sim.final_params
+    res = run_scenario(load_scenario(path, list(overrides)), workers=0)
+    assert res.final_params is not None
+    return res.rows, res.final_params
 
 
 def final_x(*overrides: str) -> float:

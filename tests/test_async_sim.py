@@ -1,4 +1,4 @@
-"""AsyncSimulation end to end: real training on the async timeline.
+"""Asynchronous runs end to end: real training on the async timeline.
 
 - FedBuff with K = every device, identical devices and no stragglers is
   synchronous FedAvg (equal-sized clients, so the weights match too);
@@ -19,15 +19,10 @@ import pytest
 import torch
 
 from fedsim.algorithms.fedasync import staleness_weight
-from fedsim.asynchronous import (
-    ASYNC_CLIENT_SCHEMA,
-    ASYNC_ROUND_SCHEMA,
-    AsyncSimulation,
-)
 from fedsim.checkpoint import CheckpointError
-from fedsim.results import WALL_CLOCK_COLUMNS
-from fedsim.scenario import load_scenario, parse_scenario
-from fedsim.server import Simulation
+from fedsim.results import ASYNC_CLIENT_SCHEMA, ASYNC_ROUND_SCHEMA, WALL_CLOCK_COLUMNS
+from fedsim.runtime import async_timeline, run_scenario
+from fedsim.scenario import ScenarioError, load_scenario, parse_scenario
 
 from .conftest import SCENARIOS
 
@@ -95,10 +90,9 @@ def same_rows(a, b):
 
 
 def run_async(sc, workers=0, **kw):
-    sim = AsyncSimulation(sc, workers=workers, **kw)
-    rows, clients = sim.run()
-    assert sim.final_params is not None
-    return metrics(rows), clients, sim.final_params
+    res = run_scenario(sc, workers=workers, **kw)
+    assert res.status == "completed" and res.final_params is not None
+    return metrics(res.rows), res.clients, res.final_params
 
 
 # ------------------------------------------------------- FedBuff == FedAvg
@@ -114,8 +108,8 @@ def test_fedbuff_with_k_equal_to_the_fleet_is_synchronous_fedavg():
     )
 
     # Execute
-    sim = Simulation(sync, workers=0)
-    rows_s, clients_s = sim.run()
+    sim = run_scenario(sync, workers=0)
+    rows_s, clients_s = sim.rows, sim.clients
     rows_a, clients_a, x_a = run_async(asyn)
 
     # Assert: the same model after every version, bit for bit
@@ -145,14 +139,14 @@ def test_fedasync_without_concurrency_is_fedbuff_with_one_update_per_version():
 
 
 # ------------------------------------ training starts from the start version
-def replay(sim: AsyncSimulation) -> list[float]:
+def replay(sc) -> list[float]:
     """Closed-form replay of the timeline: a client of F_i = 1/2 (x - e_i)^2
     doing tau gradient steps of size lr from x_start moves by
     Delta = (e_i - x_start) (1 - (1 - lr)^tau)."""
-    sc, alg = sim.scenario, sim.scenario.algorithm
+    alg = sc.algorithm
     e, lr = sc.data.centers, sc.client.lr
     xs = [sc.data.x0]
-    for rec in sim.timeline():
+    for rec in async_timeline(sc):
         x = xs[rec.version]
         total = 0.0
         for a in rec.applied:
@@ -181,11 +175,11 @@ def replay(sim: AsyncSimulation) -> list[float]:
 def test_each_update_trains_from_the_version_its_device_downloaded(overrides):
     # Prepare
     sc = parse_scenario(QUADRATIC, overrides=overrides)
-    sim = AsyncSimulation(sc, workers=0)
 
     # Execute
-    rows, clients = sim.run()
-    expected = replay(sim)
+    sim = run_scenario(sc, workers=0)
+    rows, clients = sim.rows, sim.clients
+    expected = replay(sc)
 
     # Assert: the run had stale updates, and every version matches the replay
     assert any(c["staleness"] for c in clients if not c["dropped"])
@@ -213,10 +207,10 @@ def test_rows_and_client_rows_of_an_async_run(tmp_path):
     seen = []
 
     # Execute
-    sim = AsyncSimulation(
+    res = run_scenario(
         sc, workers=0, run_dir=tmp_path, on_round=lambda r, c: seen.append(r)
     )
-    rows, clients = sim.run()
+    rows, clients = res.rows, res.clients
 
     # Assert: one row per version, written with the async schemas
     assert [r["round"] for r in rows] == list(range(40)) == [r["round"] for r in seen]
@@ -234,7 +228,7 @@ def test_rows_and_client_rows_of_an_async_run(tmp_path):
         assert c["weight"] == 1.0 and np.isfinite(c["update_norm"])
     for c in stale:
         assert c["staleness"] > 3 and c["version_applied"] is None
-        assert c["bytes_up"] == sim.bytes_up > 0  # uploaded, then dropped
+        assert c["bytes_up"] == applied[0]["bytes_up"] > 0  # uploaded, then dropped
     for r in rows:
         mine = [c for c in clients if c["round"] == r["round"]]
         assert len(mine) == r["n_selected"] == r["n_completed"] + r["n_dropped"]
@@ -265,7 +259,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, scenario, stop_at):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     with pytest.raises(_Stop):
-        AsyncSimulation(sc, run_dir=run_dir, on_round=_stop_after(stop_at)).run()
+        run_scenario(sc, run_dir=run_dir, on_round=_stop_after(stop_at))
     latest = (run_dir / "LATEST").read_text().strip()
     assert latest == f"ckpt-{stop_at - stop_at % 7:08d}"  # row stop_at raised
     # jobs in flight started from several older versions: all were saved
@@ -287,19 +281,19 @@ def test_resume_rejects_a_checkpoint_of_another_run(tmp_path):
     run_async(sc, run_dir=tmp_path)
     shorter = load_scenario(FEDBUFF, ["rounds=10"])
     with pytest.raises(CheckpointError, match="not in this run"):
-        AsyncSimulation(shorter, run_dir=tmp_path, resume=True).run()
+        run_scenario(shorter, run_dir=tmp_path, resume=True)
     with pytest.raises(CheckpointError, match="no checkpoint"):
-        AsyncSimulation(sc, run_dir=tmp_path / "empty", resume=True).run()
+        run_scenario(sc, run_dir=tmp_path / "empty", resume=True)
 
 
-def test_policy_and_algorithm_must_both_be_async():
-    # (a ScenarioError, itself a ValueError, once the scenario checks it too)
-    with pytest.raises(ValueError, match="asynchronous server rule"):
-        AsyncSimulation(load_scenario(FEDBUFF, ["algorithm={name: fedavg}"]))
-    with pytest.raises(ValueError, match="AsyncTimeline"):
-        Simulation(load_scenario(FEDBUFF, ["rounds=1"])).run()
-    with pytest.raises(ValueError, match="policy 'async'"):
-        AsyncSimulation(load_scenario(SCENARIOS / "quickstart.yaml"))
+def test_async_policy_needs_an_async_rule_and_a_result_free_selector():
+    # Per-client state (SCAFFOLD) is refused the same way: no async rule has it.
+    for alg in ("fedavg", "scaffold"):
+        with pytest.raises(ScenarioError, match="asynchronous server rule"):
+            load_scenario(FEDBUFF, [f"algorithm={{name: {alg}}}"])
+    for sel in ("oort", "power_of_choice", "fedpns"):
+        with pytest.raises(ScenarioError, match=f"selector.name '{sel}'.*async"):
+            load_scenario(FEDBUFF, [f"selector={{name: {sel}, clients_per_round: 4}}"])
 
 
 @pytest.mark.ray
@@ -322,7 +316,7 @@ def test_a_run_resumed_on_ray_workers_equals_the_in_process_run(ray_session, tmp
     ref, ref_clients, ref_x = run_async(sc)
     tmp_path.mkdir(exist_ok=True)
     with pytest.raises(_Stop):
-        AsyncSimulation(sc, workers=2, run_dir=tmp_path, on_round=_stop_after(14)).run()
+        run_scenario(sc, workers=2, run_dir=tmp_path, on_round=_stop_after(14))
     rows, clients, x = run_async(sc, workers=2, run_dir=tmp_path, resume=True)
     same_rows(rows, ref)
     same_rows(clients, ref_clients)

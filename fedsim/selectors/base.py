@@ -219,6 +219,10 @@ class Selector:
     # True when the selector needs real data weights or speeds (it refuses
     # an uninformed context).
     needs_context: ClassVar[bool] = False
+    # True when the choice depends only on the context, the candidates and
+    # the generator, never on training results: such a selector can pick
+    # which idle device starts the next job in asynchronous mode.
+    asynchronous: ClassVar[bool] = False
 
     def init(self, ctx: SelectorContext | int) -> SelectorState:
         """The initial state (a plain JSON value)."""

@@ -36,6 +36,7 @@ class Uniform(Selector):
 
     name: Literal["uniform"] = "uniform"
 
+    asynchronous: ClassVar[bool] = True
     sampling_scheme: ClassVar[str | None] = "uniform"
 
     def select(

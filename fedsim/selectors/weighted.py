@@ -45,6 +45,7 @@ class Weighted(Selector):
 
     name: Literal["weighted"] = "weighted"
 
+    asynchronous: ClassVar[bool] = True
     sampling_scheme: ClassVar[str | None] = "proportional"
     needs_context: ClassVar[bool] = True
 

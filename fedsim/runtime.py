@@ -1,0 +1,744 @@
+"""Run one scenario: the one recipe behind ``fedsim run``, compare, stress,
+the benchmarks and the tests.
+
+:func:`run_scenario` builds the run's parts once (fleet, data, server,
+executor, selector, recorder) and drives them with simulated time from
+:mod:`fedsim.clock`. Both modes share everything but the loop; each reads
+like the papers' pseudo-code.
+
+Synchronous rounds (``fixed_window``, ``fixed_epochs``)::
+
+    for t in rounds:
+        S_t     = selector.select(online(T), k, rng_t)
+        plan    = clock.plan_round(S_t, T, policy)        # tau_i, arrivals, drops
+        updates = executor.train(tasks(plan), x_t)         # real SGD
+        x_{t+1} = server.apply(updates)                    # a barrier
+        record(round t); T = plan.t_end
+
+Asynchronous mode (``async``)::
+
+    for each server version w, in order (a record of the clock's timeline):
+        updates = executor.train(jobs applied at w, each from its start x_v)
+        x_{w+1} = server.apply(updates, staleness, starts)
+        record(version w)
+
+Dispatch in asynchronous mode, and why causality holds exactly: a job's
+update depends only on the parameters of the version it started from (and its
+own seed), and the timeline never depends on training results. So a job can
+be trained as soon as its start version is computed, whatever its arrival
+time. The loop pulls version records from the timeline while the newest
+needs only computed versions (and past it while fewer than ``concurrency``
+jobs are ready, up to ``max_lookahead`` records), trains every known job in
+one executor call, then applies records in order while their jobs are
+trained. Dropped jobs are never trained. The result does not depend on the
+batching (``max_lookahead=1`` gives identical results; tests check it). The
+selector decides which idle online device takes a free slot (through the
+timeline's chooser), so it must not depend on training results.
+
+Bytes are billed for what crossed the network: every selected device
+downloads the payload; an upload counts when it reached the server (applied,
+late, surplus or stale updates), not when the device left or dropped out
+before it finished (docs/architecture.md, "Bytes").
+
+Checkpoints (every ``checkpoint.every_rounds`` rounds or versions) have one
+format: the server state and client store, the parameters of every version a
+job in flight started from (asynchronous mode), and meta.json. Resuming an
+asynchronous run replays the timeline (a pure function of the scenario) up to
+the checkpoint without training.
+
+Example:
+    >>> from fedsim.scenario import load_scenario
+    >>> res = run_scenario(load_scenario("scenarios/quickstart.yaml", ["rounds=2"]))
+    >>> [r["round"] for r in res.rows], res.status
+    ([0, 1], 'completed')
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from fedsim import __version__, clock
+from fedsim.algorithms.base import ClientUpdate
+from fedsim.checkpoint import (
+    CheckpointError,
+    checkpoint_bytes,
+    checkpoint_dir,
+    commit_checkpoint,
+    latest_checkpoint,
+    load_tensors,
+    save_tensors,
+    write_meta,
+)
+from fedsim.data import FederatedData, build_data
+from fedsim.executors import Executor, make_executor
+from fedsim.fleet import Fleet
+from fedsim.params import l2_norm
+from fedsim.results import Recorder, check_free_space, summarize, write_partition
+from fedsim.scenario import Scenario
+from fedsim.selectors import SelectorContext, make_selector
+from fedsim.server import (
+    Applied,
+    ClientResult,
+    DivergenceError,
+    RoundResult,
+    Server,
+    evaluates,
+)
+from fedsim.workers import Task
+
+__all__ = ["ClientRecord", "RunResult", "SetupError", "async_timeline", "run_scenario"]
+
+_SELECT_TAG = 0x5E1
+_CLOCK_TAG = 0xC10C
+_ASYNC_SELECT_TAG = 0xD15C  # the timeline's dispatch stream: (seed, tag, n)
+
+Row = dict[str, Any]
+RoundCallback = Callable[[Row, list[Row]], None]
+Payload = dict[str, torch.Tensor]
+
+
+class SetupError(OSError):
+    """The run directory cannot take the run (no space for checkpoints, or
+    the partition files could not be written); nothing was trained."""
+
+
+@dataclass
+class RunResult:
+    """What a run produced.
+
+    Attributes:
+        scenario: the scenario that ran.
+        rows: rounds.parquet's rows (one per round, or per server version).
+        clients: clients.parquet's rows.
+        final_params: the model after the last completed round (None when
+            the run diverged or was interrupted before finishing).
+        status: ``completed``, ``diverged`` (the model or loss became NaN or
+            infinite: ``message`` says where) or ``interrupted`` (Ctrl-C).
+        message: why the run stopped early ("" when completed).
+        workers: Ray worker actors used (0: in-process).
+        wall_time_s: real seconds the run took.
+    """
+
+    scenario: Scenario
+    rows: list[Row]
+    clients: list[Row]
+    final_params: torch.Tensor | None
+    status: Literal["completed", "diverged", "interrupted"]
+    message: str
+    workers: int
+    wall_time_s: float
+    data: FederatedData | None = field(default=None, repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        """summary.json's content."""
+        return summarize(
+            self.rows,
+            self.clients,
+            scenario_name=self.scenario.name,
+            wall_time_s=self.wall_time_s,
+            workers=self.workers,
+            version=__version__,
+        )
+
+
+@dataclass(frozen=True)
+class ClientRecord:
+    """One client's part in a round or server version, as the clock decided
+    it; one client row is built from it (plus its update, if trained).
+
+    Attributes:
+        round: the row's round (asynchronous: the version at arrival).
+        client: the device id.
+        tau: local steps done (for a dropped device, the work lost).
+        t_start, t_arrive: when the download began, and when the update
+            arrived (or the device dropped; see ``clock.Plan``).
+        dropped: the update does not count; ``reason`` says why.
+        slowdown: the straggler factor.
+        uploaded: the upload reached the server (what bytes_up bills).
+        job: asynchronous mode: (version started, version applied or None,
+            staleness or None, job index); None in synchronous rounds.
+    """
+
+    round: int
+    client: int
+    tau: int
+    t_start: float
+    t_arrive: float
+    dropped: bool
+    reason: str
+    slowdown: float
+    uploaded: bool
+    job: tuple[int, int | None, int | None, int] | None = None
+
+    @classmethod
+    def from_plan(cls, t: int, p: clock.Plan) -> ClientRecord:
+        # Late and surplus updates were uploaded; the server did not use them.
+        uploaded = not p.dropped or p.reason in ("late", "surplus")
+        return cls(
+            round=t,
+            client=p.client,
+            tau=p.tau,
+            t_start=p.t_start,
+            t_arrive=p.t_arrive,
+            dropped=p.dropped,
+            reason=p.reason,
+            slowdown=p.slowdown,
+            uploaded=uploaded,
+        )
+
+    @classmethod
+    def from_arrival(cls, a: clock.Arrival) -> ClientRecord:
+        j = a.job
+        applied = a.version if not a.dropped else None
+        return cls(
+            round=a.version,
+            client=j.device,
+            tau=a.tau,
+            t_start=j.t_start,
+            t_arrive=a.t,
+            dropped=a.dropped,
+            reason="" if not a.dropped else a.status,
+            slowdown=j.slowdown,
+            uploaded=a.status in ("applied", "stale"),  # stale: sent, then refused
+            job=(j.version, applied, a.staleness, j.index),
+        )
+
+
+class _Run:
+    """One run's parts, built once, and what both loops share: rows,
+    checkpoints, evaluation."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        workers: int,
+        run_dir: Path | None,
+        on_round: RoundCallback | None,
+        resume: bool = False,
+    ) -> None:
+        self._build(scenario, run_dir, on_round)
+        if run_dir is not None:
+            self._prepare(run_dir, resume)
+        self.wall0 = time.perf_counter()
+        self.executor: Executor = make_executor(scenario, self.data, workers)
+
+    def _build(
+        self, sc: Scenario, run_dir: Path | None, on_round: RoundCallback | None
+    ) -> None:
+        self.sc = sc
+        self.run_dir = run_dir
+        self.on_round = on_round
+        self.asynchronous = sc.round.policy == "async"
+        self.fleet = Fleet.from_spec(sc.fleet, sc.seed)
+        self.data = build_data(sc.data, sc.num_clients, sc.seed)
+        threads = max(1, int(sc.resources.cpus_per_worker))
+        torch.set_num_threads(threads)
+        self.server = Server(sc, self.data)
+        self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)
+        d = self.server.num_params
+        elem = sc.model.elem_bytes
+        self.bytes_down = sc.algorithm.down_factor * d * elem
+        self.bytes_up = sc.algorithm.up_factor * d * elem
+        self.groups = [str(g) for g in self.fleet.group_names]
+        self.selector = make_selector(sc.selector)
+        self.sel_ctx = SelectorContext.from_run(
+            self.fleet,
+            self.data.n_samples,
+            sc.round,
+            sc.client.batch_size,
+            self.bytes_down,
+            self.bytes_up,
+        )
+        self.every = sc.checkpoint.every_rounds if run_dir is not None else 0
+
+    @classmethod
+    def plan_only(cls, scenario: Scenario) -> _Run:
+        """The run's parts without executor or results (to inspect the
+        clock's decisions without training)."""
+        run = cls.__new__(cls)
+        run._build(scenario, None, None)
+        return run
+
+    def _prepare(self, run_dir: Path, resume: bool) -> None:
+        """Before training: room for two checkpoints (the next is written
+        before the older is deleted), and the partition's table and figure."""
+        sc = self.sc
+        try:
+            if self.every:
+                need = checkpoint_bytes(
+                    self.server.num_params,
+                    sc.model.elem_bytes,
+                    sc.num_clients,
+                    sc.algorithm.stateful,
+                )
+                check_free_space(run_dir, need + 2**20, "checkpoints")
+        except OSError as exc:
+            raise SetupError(str(exc)) from None
+        if not resume and sc.data.dataset != "quadratic":
+            try:
+                write_partition(run_dir, self.data)
+            except OSError as exc:
+                raise SetupError(f"cannot write results: {exc}") from None
+
+    def rng(self, tag: int, n: int) -> np.random.Generator:
+        return np.random.default_rng(np.random.SeedSequence([self.sc.seed, tag, n]))
+
+    # ------------------------------------------------------------ rows
+    def evaluate(self, t: int) -> tuple[float, float]:
+        return self.server.evaluate() if evaluates(self.sc, t) else (math.nan, math.nan)
+
+    def record(
+        self,
+        t: int,
+        sim_time: float,
+        records: Sequence[ClientRecord],
+        trained: Sequence[tuple[ClientUpdate, float]],
+        applied: Applied,
+        extra: Row,
+        selector_rows: Sequence[Row] = (),
+    ) -> None:
+        """Add round (or version) ``t``'s row and client rows.
+
+        ``trained`` pairs, in record order, each non-dropped record's update
+        with its effective weight.
+        """
+        test_loss, test_acc = self.evaluate(t)
+        done = [r for r in records if not r.dropped]
+        taus = np.array([r.tau for r in done], dtype=np.float64)
+        nan = math.nan
+        row = {
+            "round": t,
+            "sim_time": sim_time,
+            "wall_time": time.perf_counter() - self.wall0,
+            "test_loss": test_loss,
+            "test_accuracy": test_acc,
+            "train_loss": applied.train_loss,
+            "n_selected": len(records),
+            "n_completed": len(done),
+            "n_dropped": len(records) - len(done),
+            "tau_mean": float(taus.mean()) if len(taus) else nan,
+            "tau_min": float(taus.min()) if len(taus) else nan,
+            "tau_max": float(taus.max()) if len(taus) else nan,
+            "tau_eff": applied.info.tau_eff,
+            "chi2_pw": applied.info.chi2_pw,
+            **extra,
+        }
+        it = iter(trained)
+        these = [
+            self.client_row(r, None if r.dropped else next(it), applied)
+            for r in records
+        ]
+        self.recorder.add(row, these, selector_rows)
+        if self.on_round is not None:
+            self.on_round(row, these)
+
+    def client_row(
+        self,
+        r: ClientRecord,
+        trained: tuple[ClientUpdate, float] | None,
+        applied: Applied,
+    ) -> Row:
+        u, weight = trained if trained is not None else (None, 0.0)
+        up = self.bytes_up if u is None or u.bytes_up is None else u.bytes_up
+        row: Row = {
+            "round": r.round,
+            "client_id": r.client,
+            "device_group": self.groups[int(self.fleet.group[r.client])],
+            "tau": r.tau,
+            "t_start": r.t_start,
+            "t_arrive": r.t_arrive,
+            "dropped": r.dropped,
+            "drop_reason": r.reason,
+            "slowdown": r.slowdown,
+            "weight": weight,
+            "update_norm": l2_norm(u.delta) if u is not None else math.nan,
+            "train_loss": u.train_loss if u is not None else math.nan,
+            "bytes_down": self.bytes_down,
+            "bytes_up": up if r.uploaded else 0,
+            **(applied.info.flags.get(r.client, {}) if u is not None else {}),
+        }
+        if r.job is not None:
+            started, version_applied, staleness, index = r.job
+            row |= {
+                "version_started": started,
+                "version_applied": version_applied,
+                "staleness": staleness,
+                "job": index,
+            }
+        return row
+
+    # ------------------------------------------------------ checkpoints
+    def checkpoint(
+        self,
+        next_round: int,
+        sim_time: float,
+        selector_state: Any,
+        payloads: dict[int, Payload],
+    ) -> None:
+        """Save the state after ``next_round`` rounds (or versions): the
+        server, the client store, and older versions still in use."""
+        assert self.run_dir is not None
+        self.recorder.flush()
+        ckpt = checkpoint_dir(self.run_dir, next_round)
+        self.server.save(ckpt)
+        old = sorted(v for v in payloads if v < next_round)
+        for v in old:
+            save_tensors(ckpt / f"payload-{v:08d}.pt", payloads[v])
+        write_meta(
+            ckpt,
+            {
+                "next_round": next_round,
+                "sim_time": sim_time,
+                "selector_state": selector_state,
+                "payload_versions": old,
+                "n_rows": len(self.recorder.rows),
+                "n_client_rows": len(self.recorder.clients),
+                "n_selector_rows": len(self.recorder.selector_rows),
+            },
+        )
+        commit_checkpoint(self.run_dir, ckpt)
+
+    def restore(self) -> tuple[int, float, Any]:
+        """Load the latest checkpoint: (next round, simulated time, selector
+        state); the recorder holds the rows up to it."""
+        assert self.run_dir is not None
+        ck = latest_checkpoint(self.run_dir)
+        if not 0 < ck.next_round <= self.sc.rounds:
+            raise CheckpointError(
+                f"{ck.path}: round {ck.next_round} is not in this run "
+                f"(rounds: {self.sc.rounds})"
+            )
+        self.server.load(ck.path)
+        self.recorder.load(ck.n_rows, ck.n_client_rows, ck.n_selector_rows)
+        return ck.next_round, ck.sim_time, ck.selector_state
+
+    def due(self, done: int) -> bool:
+        """Whether a checkpoint is due after ``done`` rounds or versions."""
+        return bool(self.every) and (done % self.every == 0 or done == self.sc.rounds)
+
+
+# ======================================================= synchronous rounds
+def _run_rounds(run: _Run, resume: bool) -> None:
+    sc, server, sel = run.sc, run.server, run.selector
+    keep: int | None = None
+    if sc.round.over_select > 1:  # ask for ceil(over_select k), keep k arrivals
+        k = sc.selector.clients_per_round
+        asked = math.ceil(round(sc.round.over_select * k, 9))
+        keep, sel = k, replace(sel, clients_per_round=min(asked, run.fleet.size))
+    state = sel.init(run.sel_ctx)
+    start, now = 0, 0.0
+    if resume:
+        start, now, state = run.restore()
+    for t in range(start, sc.rounds):
+        now = run.fleet.next_online_time(now)
+        online = np.flatnonzero(run.fleet.online(now))
+        chosen, state = sel.select(
+            state, t, online, run.rng(_SELECT_TAG, t), run.sel_ctx
+        )
+        multiplicity = sel.multiplicity(state, chosen)
+        plan = clock.plan_round(
+            run.fleet,
+            chosen,
+            now,
+            sc.round,
+            run.rng(_CLOCK_TAG, t),
+            run.bytes_down,
+            run.bytes_up,
+            run.data.n_samples,
+            sc.client.batch_size,
+            keep=keep,
+        )
+        records = [ClientRecord.from_plan(t, p) for p in plan.plans]
+        tasks = [Task(r.client, t, r.tau, t) for r in records if not r.dropped]
+        clients = [task.client for task in tasks]
+        ups = run.executor.train(
+            tasks, {t: server.payload()}, server.client_states(clients)
+        )
+        run.executor.forget(t)
+        applied = server.apply(ups, multiplicity=multiplicity, where=f"round {t}")
+        w = dict(zip(sorted(clients), applied.weights, strict=True))
+        trained = [(u, w[u.client]) for u in ups]
+        result = _round_result(applied, trained)
+        state = sel.observe(state, t, result, run.sel_ctx)
+        artifact = [{"round": t, **r} for r in sel.artifact(state, t)]
+        run.record(t, plan.t_end, records, trained, applied, {}, artifact)
+        now = plan.t_end
+        if run.due(t + 1):
+            run.checkpoint(t + 1, now, state, {})
+
+
+def _round_result(
+    applied: Applied, trained: Sequence[tuple[ClientUpdate, float]]
+) -> RoundResult:
+    """What the selector observes of a synchronous round."""
+    flags = applied.info.flags
+    clients = {
+        u.client: ClientResult(
+            l2_norm(u.delta), u.train_loss, w, flags.get(u.client, {})
+        )
+        for u, w in trained
+    }
+    return RoundResult(applied.info, clients, applied.train_loss, math.nan, math.nan)
+
+
+# ===================================================== asynchronous mode
+JobKey = tuple[int, int]  # (device, job index)
+
+
+def _key(job: clock.Job) -> JobKey:
+    return (job.device, job.index)
+
+
+def _task(job: clock.Job) -> Task:
+    # The job index plays the round's part in the client's seed.
+    return Task(client=job.device, round=job.index, tau=job.tau, version=job.version)
+
+
+class _Async:
+    """The asynchronous loop's state: versions in use, records pulled ahead,
+    updates trained ahead."""
+
+    def __init__(self, run: _Run, max_lookahead: int | None) -> None:
+        sc = run.sc
+        self.run = run
+        self.rule: Any = sc.algorithm  # an AsyncRule: buffer_size, aggregate_async
+        self.concurrency = sc.round.concurrency or sc.selector.clients_per_round
+        per_version = self.rule.buffer_size
+        self.max_lookahead = (
+            max_lookahead or 4 * math.ceil(self.concurrency / per_version) + 4
+        )
+        self.sel_state = run.selector.init(run.sel_ctx)
+        self.timeline: Iterator[clock.Version] = iter(self._timeline())
+        self.payloads: dict[int, Payload] = {}
+        self.users: Counter[int] = Counter()  # version -> its jobs still open
+        self.pending: deque[clock.Version] = deque()
+        self.trained: dict[JobKey, ClientUpdate] = {}
+        self.w = 0  # the newest computed version
+
+    def _timeline(self) -> clock.AsyncTimeline:
+        run, sc = self.run, self.run.sc
+        return clock.AsyncTimeline(
+            run.fleet,
+            sc.round,
+            versions=sc.rounds,
+            buffer_size=self.rule.buffer_size,
+            concurrency=self.concurrency,
+            seed=sc.seed,
+            bytes_down=run.bytes_down,
+            bytes_up=run.bytes_up,
+            n_samples=run.data.n_samples,
+            batch_size=sc.client.batch_size,
+            choose=self._choose,
+        )
+
+    def _choose(self, candidates: np.ndarray, free: int, n: int) -> np.ndarray:
+        """The selector picks which idle online devices take the free slots
+        (its n-th choice; the uniform selector reproduces the timeline's
+        own uniform choice)."""
+        run = self.run
+        sel = replace(run.selector, clients_per_round=free)
+        rng = np.random.default_rng(
+            np.random.SeedSequence([run.sc.seed, _ASYNC_SELECT_TAG, n])
+        )
+        ids, self.sel_state = sel.select(
+            self.sel_state, n, candidates, rng, run.sel_ctx
+        )
+        return ids
+
+    def start(self, resume: bool) -> None:
+        if resume:
+            self._restore()
+        else:
+            self.payloads[0] = self.run.server.payload()
+
+    def _restore(self) -> None:
+        """Load the latest checkpoint and replay the timeline up to it."""
+        run = self.run
+        w, _, _ = run.restore()
+        for _ in range(w):
+            rec = next(self.timeline)
+            self.users.update(j.version for j in rec.started)
+            for a in rec.ended:
+                self.users[a.job.version] -= 1
+        ck = latest_checkpoint(run.run_dir)  # type: ignore[arg-type]
+        in_use = [v for v in range(w) if self.users[v] > 0]
+        try:
+            for v in in_use:
+                self.payloads[v] = load_tensors(ck.path / f"payload-{v:08d}.pt")
+        except OSError as exc:
+            raise CheckpointError(
+                f"{ck.path}: missing version parameters ({exc})"
+            ) from None
+        self.payloads[w] = run.server.payload()
+        for v in [v for v in self.users if self.users[v] <= 0 and v < w]:
+            self.users.pop(v)
+        self.w = w
+
+    def loop(self) -> None:
+        while self.w < self.run.sc.rounds:
+            batch = self._look_ahead()
+            if batch:
+                self._train(batch)
+            while self.pending and all(
+                _key(a.job) in self.trained for a in self.pending[0].applied
+            ):
+                self._apply(self.pending.popleft())
+
+    def _look_ahead(self) -> list[clock.Job]:
+        """Pull records while the newest needs only computed versions, then
+        while fewer than ``concurrency`` jobs are ready; return the jobs that
+        can be trained now."""
+        w, pending = self.w, self.pending
+        ready = [a.job for r in pending for a in r.applied if a.job.version <= w]
+        batch = [j for j in ready if _key(j) not in self.trained]
+        while len(pending) < self.max_lookahead and (
+            not pending
+            or all(a.job.version <= w for a in pending[-1].applied)
+            or len(batch) < self.concurrency
+        ):
+            rec = next(self.timeline, None)
+            if rec is None:
+                break
+            pending.append(rec)
+            self.users.update(j.version for j in rec.started)
+            batch += [a.job for a in rec.applied if a.job.version <= w]
+        return batch
+
+    def _train(self, batch: list[clock.Job]) -> None:
+        server = self.run.server
+        tasks = [_task(j) for j in batch]
+        states = server.client_states([t.client for t in tasks])
+        ups = self.run.executor.train(tasks, self.payloads, states)
+        self.trained.update(zip(map(_key, batch), ups, strict=True))
+
+    def _apply(self, rec: clock.Version) -> None:
+        run = self.run
+        ups = [self.trained.pop(_key(a.job)) for a in rec.applied]
+        starts = [self.payloads[a.job.version]["x"] for a in rec.applied]
+        staleness = [int(a.staleness or 0) for a in rec.applied]
+        applied = run.server.apply(
+            ups, staleness=staleness, starts=starts, where=f"version {rec.version}"
+        )
+        status = Counter(a.status for a in rec.ended)
+        extra = {
+            "staleness_mean": float(np.mean(staleness)),
+            "staleness_max": int(max(staleness)),
+            "n_stale": status["stale"],
+            "n_offline": status["offline"],
+            "n_started": len(rec.started),
+            "in_flight": rec.in_flight,
+        }
+        weight = dict(
+            zip(map(_key, (a.job for a in rec.applied)), applied.weights, strict=True)
+        )
+        update = dict(zip(map(_key, (a.job for a in rec.applied)), ups, strict=True))
+        trained = [
+            (update[_key(a.job)], weight[_key(a.job)])
+            for a in rec.ended
+            if not a.dropped
+        ]
+        records = [ClientRecord.from_arrival(a) for a in rec.ended]
+        run.record(rec.version, rec.t, records, trained, applied, extra)
+        self.w += 1
+        self._forget(rec)
+        if run.due(self.w):
+            run.checkpoint(self.w, rec.t, self.sel_state, self.payloads)
+
+    def _forget(self, rec: clock.Version) -> None:
+        """Keep the new version; drop versions no open job started from."""
+        w = self.w
+        self.payloads[w] = self.run.server.payload()
+        for a in rec.ended:
+            self.users[a.job.version] -= 1
+        for v in [v for v in self.payloads if v < w and self.users[v] <= 0]:
+            del self.payloads[v]
+            self.users.pop(v, None)
+            self.run.executor.forget(v)
+
+
+def async_timeline(scenario: Scenario) -> clock.AsyncTimeline:
+    """A fresh asynchronous timeline of ``scenario``, exactly as a run sees
+    it (selector included), without training: a pure function of the
+    scenario, for replaying or inspecting what happens when."""
+    return _Async(_Run.plan_only(scenario), None)._timeline()
+
+
+# ============================================================ the recipe
+def run_scenario(
+    scenario: Scenario,
+    *,
+    workers: int = 0,
+    run_dir: Path | str | None = None,
+    resume: bool = False,
+    on_round: RoundCallback | None = None,
+    max_lookahead: int | None = None,
+) -> RunResult:
+    """Run every (remaining) round or server version of ``scenario``.
+
+    Args:
+        scenario: a validated scenario (:func:`fedsim.scenario.load_scenario`).
+        workers: 0 trains in this process; ``n >= 1`` uses ``n`` Ray worker
+            actors (Ray must be initialised: :func:`fedsim.ray_session.init_ray`).
+        run_dir: if given, rows are written there as Parquet as the run goes
+            (atomically) and checkpoints every ``checkpoint.every_rounds``.
+        resume: continue from ``run_dir``'s latest checkpoint.
+        on_round: called with each round's row and client rows as soon as
+            they are known (progress bars).
+        max_lookahead: asynchronous mode: at most this many version records
+            held ahead of the model (default about four job lifetimes); the
+            results do not depend on it.
+
+    Returns:
+        A :class:`RunResult`. A run that diverges or is interrupted (Ctrl-C)
+        returns too, with ``status`` saying so; the rows up to that point are
+        kept (and written, with a run directory).
+
+    Raises:
+        SetupError: before training, the run directory cannot take the run.
+        CheckpointError: ``resume`` without a usable checkpoint.
+        OSError: results could not be written.
+        fedsim.data.DataError: the dataset could not be read.
+    """
+    run_dir = Path(run_dir) if run_dir is not None else None
+    if resume and run_dir is None:
+        raise ValueError("resume needs the run directory")
+    run = _Run(scenario, workers, run_dir, on_round, resume)
+    status: Literal["completed", "diverged", "interrupted"] = "completed"
+    message = ""
+    try:
+        if run.asynchronous:
+            loop = _Async(run, max_lookahead)
+            loop.start(resume)
+            loop.loop()
+        else:
+            _run_rounds(run, resume)
+    except DivergenceError as exc:
+        status, message = "diverged", str(exc)
+    except KeyboardInterrupt:
+        status, message = "interrupted", "interrupted"
+    finally:
+        try:
+            run.recorder.flush()
+        finally:  # the actors go even when the disk is full
+            run.executor.shutdown()
+    final = run.server.params().clone() if status == "completed" else None
+    return RunResult(
+        scenario=scenario,
+        rows=run.recorder.rows,
+        clients=run.recorder.clients,
+        final_params=final,
+        status=status,
+        message=message,
+        workers=workers,
+        wall_time_s=time.perf_counter() - run.wall0,
+        data=run.data,
+    )
