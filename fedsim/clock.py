@@ -34,9 +34,9 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import simpy
@@ -49,12 +49,16 @@ from fedsim.spec import Spec as _Spec
 __all__ = [
     "Arrival",
     "AsyncTimeline",
+    "Chooser",
     "Job",
     "Plan",
     "RoundPlan",
     "RoundSpec",
     "Version",
+    "expected_steps",
     "plan_round",
+    "steps_for",
+    "uniform_choice",
 ]
 
 # Slack for floor(): compute_time * speed is 4.0 - 1e-15 more often than one
@@ -182,6 +186,179 @@ class RoundPlan:
         return tuple(p for p in self.plans if p.contributes)
 
 
+# ==================================================================== steps
+def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
+    """Local steps of E epochs over n_i samples in batches of B.
+
+    tau = floor(E n_i / B); a device with fewer samples than a batch
+    (0 < n_i < B) does one step per epoch, since one batch holds all its
+    data; a device with no samples does none. With float ``epochs`` (an
+    expected E) the result is E n_i / B in float, without the floor.
+
+    Args:
+        epochs: E, per device or one for all (int, or float for an expectation).
+        n_samples: n_i per device.
+        batch_size: B.
+
+    Returns:
+        tau per device: int64 for int ``epochs``, float64 for float ones.
+
+    Example:
+        >>> steps_for(2, np.array([0, 5, 20, 50]), 20).tolist()
+        [0, 2, 2, 5]
+        >>> steps_for(1.5, np.array([5, 50]), 20).tolist()
+        [1.5, 3.75]
+    """
+    e = np.asarray(epochs)
+    n = np.asarray(n_samples, dtype=np.int64)
+    full = e * n / batch_size if e.dtype.kind == "f" else e * n // batch_size
+    return np.where(n < batch_size, np.where(n > 0, e, 0), full)
+
+
+def expected_steps(policy: RoundSpec, n_samples: Any, batch_size: int) -> np.ndarray:
+    """The local steps a device is expected to do per round (float64, [m]).
+
+    ``fixed_epochs``: :func:`steps_for` with the mean epochs, in float (the
+    midpoint of ``[epochs_low, epochs_high]``, else ``epochs``);
+    ``max_steps`` under every other policy. A device without samples counts
+    one batch per epoch, as if it held one sample: it never trains, and
+    selectors rank it as before.
+
+    Example:
+        >>> expected_steps(RoundSpec(policy="fixed_epochs", epochs_low=1,
+        ...                          epochs_high=2), np.array([0, 50]), 20).tolist()
+        [1.5, 3.75]
+    """
+    n = np.asarray(n_samples, dtype=np.int64)
+    if policy.policy != "fixed_epochs":
+        return np.full(n.shape, float(policy.max_steps))
+    lo, hi = policy.epochs_low, policy.epochs_high
+    epochs = (lo + hi) / 2.0 if lo is not None and hi is not None else policy.epochs
+    return steps_for(float(epochs), np.maximum(n, 1), batch_size)
+
+
+def _draw_epochs(policy: RoundSpec, n: int, rng: np.random.Generator) -> np.ndarray:
+    if policy.epochs_low is not None and policy.epochs_high is not None:
+        return rng.integers(policy.epochs_low, policy.epochs_high + 1, size=n)
+    if policy.epochs is None:
+        raise ValueError("fixed_epochs needs epochs, or epochs_low and epochs_high")
+    return np.full(n, policy.epochs, dtype=np.int64)
+
+
+# =================================================================== device
+@dataclass(frozen=True)
+class _Work:
+    """One device's job: download, ``tau`` steps at ``rate`` steps/s, upload."""
+
+    t_start: float
+    down: float
+    tau: int
+    rate: float
+    up: float
+
+    @property
+    def compute_s(self) -> float:
+        # A Pareto slowdown can overflow to inf, leaving a rate of 0.
+        return self.tau / self.rate if self.rate > 0 else math.inf
+
+    @property
+    def busy_s(self) -> float:
+        return self.down + self.compute_s + self.up
+
+    @property
+    def arrival(self) -> float:
+        # The same additions SimPy makes, so "before arrival" is exact.
+        return self.t_start + self.down + self.compute_s + self.up
+
+    def steps_done(self, t: float) -> int:
+        """Whole steps finished by time ``t`` (the work lost on leaving)."""
+        computed_s = t - (self.t_start + self.down)
+        return min(self.tau, max(0, math.floor(computed_s * self.rate + _EPS)))
+
+
+def _leaving(
+    work: _Work,
+    offline_at: float,
+    dropout_at: float,
+    tie: Literal["arrives", "leaves"],
+    deadline: float = math.inf,
+) -> tuple[float, str] | None:
+    """When and why a device leaves its job before arriving, or None.
+
+    Going offline races dropping out: the earlier wins, and going offline
+    wins a tie. The device leaves if that time comes before its arrival (and
+    before ``deadline``). On a tie with the arrival the modes differ:
+    synchronous rounds (``tie="arrives"``) compare the leave time itself and
+    let an arrival at the same instant count; the asynchronous timeline
+    (``tie="leaves"``) compares when the leave timeout fires, and its
+    interrupt, queued first, comes before the arrival.
+    """
+    if offline_at <= dropout_at:
+        at, why = offline_at, "offline"
+    else:
+        at, why = dropout_at, "dropout"
+    if not math.isfinite(at):
+        return None
+    if tie == "arrives":
+        leaves = at < min(work.arrival, deadline)
+    else:
+        leaves = work.t_start + (at - work.t_start) <= work.arrival
+    return (at, why) if leaves else None
+
+
+def _device(
+    env: simpy.Environment,
+    work: _Work,
+    finish: Callable[[int, str], None],
+    every_phase: bool,
+) -> Iterator[simpy.Event]:
+    """A device's process: download, compute, upload, then ``finish(tau, "")``;
+    interrupted (it left), ``finish(steps done, why)`` with the work lost.
+
+    ``every_phase`` (synchronous rounds) yields each phase, even an empty
+    one, so an endless straggler "arrives" at t = inf, after any deadline;
+    otherwise (the asynchronous loop) empty phases are skipped and an
+    endless one waits until the device leaves.
+    """
+    try:
+        for phase_s in (work.down, work.compute_s, work.up):
+            if every_phase:
+                yield env.timeout(phase_s)
+            elif not math.isfinite(phase_s):
+                yield env.event()  # only leaving ends an endless straggler
+            elif phase_s > 0:
+                yield env.timeout(phase_s)
+    except simpy.Interrupt as stop:
+        finish(work.steps_done(env.now), str(stop.cause))
+        return
+    finish(work.tau, "")
+
+
+def _leave(
+    env: simpy.Environment, device: simpy.Process, delay: float, why: str
+) -> Iterator[simpy.Event]:
+    """The "leave" process: after ``delay``, interrupt the device's job."""
+    yield env.timeout(delay)
+    if device.is_alive:
+        device.interrupt(why)
+
+
+def _run_device(
+    env: simpy.Environment,
+    work: _Work,
+    finish: Callable[[int, str], None],
+    leave: tuple[float, str] | None,
+    every_phase: bool,
+) -> simpy.Process:
+    """Start a device's process, and its leave process when it leaves."""
+    device = env.process(_device(env, work, finish, every_phase))
+    if leave is not None:
+        at, why = leave
+        env.process(_leave(env, device, at - work.t_start, why))
+    return device
+
+
+# ===================================================================== sync
 def plan_round(
     fleet: Fleet,
     chosen: np.ndarray,
@@ -208,9 +385,9 @@ def plan_round(
     round ends at ``now + W``. A device with no whole step to do is dropped as
     ``no_time``.
 
-    ``fixed_epochs``: tau = floor(E_i * n_i / B), except that a device with
-    fewer samples than a batch (0 < n_i < B) does one step per epoch, since
-    one batch holds all its data. With ``deadline_s``, a device arriving after
+    ``fixed_epochs``: tau = :func:`steps_for` (floor(E_i * n_i / B), one
+    step per epoch when 0 < n_i < B). A device without samples is dropped as
+    ``no_data``. With ``deadline_s``, a device arriving after
     ``now + deadline_s`` is dropped as ``late``. The server waits until every
     device has arrived or dropped, but not past the deadline.
 
@@ -240,97 +417,73 @@ def plan_round(
     """
     if policy.policy == "async":
         raise ValueError("policy 'async' has no rounds: use AsyncTimeline")
-    ids = np.sort(np.asarray(chosen, dtype=np.int64).reshape(-1))
-    if np.any(ids[1:] == ids[:-1]):
-        raise ValueError("chosen devices must be distinct")
-    now = float(now)
+    ids, now = _distinct(chosen), float(now)
     slowdown = fleet.draw_slowdowns(ids, rng)
     rate = fleet.speed[ids] / slowdown  # steps per simulated second this round
     down, up = fleet.comm_time(ids, bytes_down, bytes_up)
-
-    if policy.policy == "fixed_window":
-        epochs = None
-        compute_s = policy.window_s - (down + up)
-        tau = np.floor(compute_s * rate + _EPS * np.maximum(1.0, compute_s * rate))
-        tau = np.clip(tau, 0, policy.max_steps).astype(np.int64)
-        skip = np.where(tau == 0, "no_time", "")
-        deadline = now + policy.window_s
-    else:
-        epochs = _draw_epochs(policy, ids.size, rng)
-        n = np.asarray(n_samples, dtype=np.int64)[ids]
-        tau = np.where(
-            n < batch_size, np.where(n > 0, epochs, 0), epochs * n // batch_size
-        )
-        skip = np.where(tau == 0, "no_data", "")
-        deadline = now + policy.deadline_s if policy.deadline_s else math.inf
-
+    tau, skip, epochs, deadline = _round_steps(
+        policy, now, rate, down, up, rng, n_samples, ids, batch_size
+    )
     offline_at = fleet.offline_time(ids, now)
     with np.errstate(divide="ignore"):  # a rate of 0: an endless straggler
         work_s = down + np.where(rate > 0, tau / rate, np.inf) + up
     dropout_at = now + fleet.draw_dropouts(ids, rng, work_s)
     sim = _Round(now, deadline, wait_for_all=policy.policy == "fixed_epochs", keep=keep)
-    for j in range(ids.size):
-        if not skip[j]:
-            sim.add_device(
-                j,
-                float(down[j]),
-                int(tau[j]),
-                float(rate[j]),
-                float(up[j]),
-                float(offline_at[j]),
-                float(dropout_at[j]),
-            )
+    for j in np.flatnonzero(skip == "").tolist():
+        work = _Work(now, float(down[j]), int(tau[j]), float(rate[j]), float(up[j]))
+        off, drop = float(offline_at[j]), float(dropout_at[j])
+        sim.add_device(j, work, _leaving(work, off, drop, "arrives", deadline))
     t_end = sim.run()
-    if keep is not None:  # arrivals after the keep-th are surplus
-        arrived = sorted((t, j) for j, (_, t, why) in sim.outcome.items() if not why)
-        for _, j in arrived[keep:]:
-            done, t_arrive, _ = sim.outcome[j]
-            sim.outcome[j] = (done, t_arrive, "surplus")
-
-    plans = []
-    for j, client in enumerate(ids.tolist()):
-        if skip[j]:
-            t_drop = deadline if skip[j] == "no_time" else now
-            done, t_arrive, reason = 0, t_drop, str(skip[j])
-        else:
-            done, t_arrive, reason = sim.outcome[j]
-            if policy.policy == "fixed_window":
-                t_arrive = min(t_arrive, float(deadline))  # undo the floor's slack
-        plans.append(
-            Plan(
-                client=client,
-                tau=done,
-                t_start=now,
-                t_arrive=t_arrive,
-                dropped=reason != "",
-                reason=reason,
-                slowdown=float(slowdown[j]),
-                epochs=None if epochs is None else int(epochs[j]),
-            )
-        )
-    return RoundPlan(plans=tuple(plans), t_start=now, t_end=t_end)
+    clip = policy.policy == "fixed_window"  # arrivals past W: the floor's slack
+    plans = sim.plans(ids, skip, slowdown, epochs, clip_to_deadline=clip)
+    return RoundPlan(plans=plans, t_start=now, t_end=t_end)
 
 
-def _draw_epochs(policy: RoundSpec, n: int, rng: np.random.Generator) -> np.ndarray:
-    if policy.epochs_low is not None and policy.epochs_high is not None:
-        return rng.integers(policy.epochs_low, policy.epochs_high + 1, size=n)
-    if policy.epochs is None:
-        raise ValueError("fixed_epochs needs epochs, or epochs_low and epochs_high")
-    return np.full(n, policy.epochs, dtype=np.int64)
+def _distinct(chosen: np.ndarray) -> np.ndarray:
+    ids = np.sort(np.asarray(chosen, dtype=np.int64).reshape(-1))
+    if np.any(ids[1:] == ids[:-1]):
+        raise ValueError("chosen devices must be distinct")
+    return ids
+
+
+def _round_steps(
+    policy: RoundSpec,
+    now: float,
+    rate: np.ndarray,
+    down: np.ndarray,
+    up: np.ndarray,
+    rng: np.random.Generator,
+    n_samples: np.ndarray,
+    ids: np.ndarray,
+    batch_size: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
+    """A round's tau per device, why a device skips it ("" if it does not),
+    the epochs drawn (None under ``fixed_window``) and the deadline."""
+    if policy.policy == "fixed_window":
+        compute_s = policy.window_s - (down + up)
+        tau = np.floor(compute_s * rate + _EPS * np.maximum(1.0, compute_s * rate))
+        tau = np.clip(tau, 0, policy.max_steps).astype(np.int64)
+        return tau, np.where(tau == 0, "no_time", ""), None, now + policy.window_s
+    epochs = _draw_epochs(policy, rate.size, rng)
+    tau = steps_for(epochs, np.asarray(n_samples, dtype=np.int64)[ids], batch_size)
+    deadline = now + policy.deadline_s if policy.deadline_s else math.inf
+    return tau, np.where(tau == 0, "no_data", ""), epochs, deadline
 
 
 class _Round:
     """One round on a SimPy timeline: device processes and a waiting server.
 
     The server stops waiting at ``deadline``, or (``wait_for_all``) as soon
-    as every device has arrived or dropped. Devices still run to their
-    would-be arrival, so a late device's plan records when that would be.
+    as every device has arrived or dropped, or (``keep``) at the keep-th
+    arrival. Devices still run to their would-be arrival, so a late device's
+    plan records when that would be.
     """
 
     def __init__(
         self, now: float, deadline: float, wait_for_all: bool, keep: int | None = None
     ):
         self.env = simpy.Environment(initial_time=now)
+        self.t_start = now
         self.deadline = deadline
         self.wait_for_all = wait_for_all
         self.keep = keep
@@ -340,59 +493,55 @@ class _Round:
         self.outcome: dict[int, tuple[int, float, str]] = {}
         self.t_end = now
 
-    def add_device(
-        self,
-        j: int,
-        down: float,
-        tau: int,
-        rate: float,
-        up: float,
-        offline_at: float,
-        dropout_at: float = math.inf,
-    ) -> None:
-        env = self.env
-        # A Pareto slowdown can overflow to inf, leaving a rate of 0.
-        compute_s = tau / rate if rate > 0 else math.inf
-        device = env.process(self._device(j, down, compute_s, tau, rate, up))
-        self.devices.append(device)
-        # The same additions SimPy makes, so "before arrival" is exact.
-        arrival = env.now + down + compute_s + up
-        leave_at, why = (
-            (offline_at, "offline")
-            if offline_at <= dropout_at
-            else (dropout_at, "dropout")
-        )
-        if leave_at < min(arrival, self.deadline):
-            env.process(self._go_offline(device, leave_at, why))
+    def add_device(self, j: int, work: _Work, leave: tuple[float, str] | None) -> None:
+        """Run device ``j``'s work; it leaves at ``leave`` (time, why) if given."""
 
-    def _device(
-        self, j: int, down: float, compute_s: float, tau: int, rate: float, up: float
-    ):
-        env = self.env
-        start = env.now
-        try:
-            yield env.timeout(down)
-            yield env.timeout(compute_s)
-            yield env.timeout(up)
-        except simpy.Interrupt as stop:
-            # Steps finished before leaving: lost work, kept for metrics.
-            computed_s = env.now - (start + down)
-            done = min(tau, max(0, math.floor(computed_s * rate + _EPS)))
-            self.outcome[j] = (done, env.now, str(stop.cause))
-            return
-        late = self.wait_for_all and env.now > self.deadline
-        self.outcome[j] = (tau, env.now, "late" if late else "")
-        if not late and self.keep is not None:
+        def finish(done: int, reason: str) -> None:
+            self._finish(j, done, reason)
+
+        self.devices.append(
+            _run_device(self.env, work, finish, leave, every_phase=True)
+        )
+
+    def _finish(self, j: int, done: int, reason: str) -> None:
+        now = self.env.now
+        if not reason and self.wait_for_all and now > self.deadline:
+            reason = "late"
+        self.outcome[j] = (done, now, reason)
+        if not reason and self.keep is not None:
             self.arrived += 1
             if self.arrived == self.keep:
                 self.enough.succeed()
 
-    def _go_offline(self, device: simpy.Process, at: float, why: str = "offline"):
-        yield self.env.timeout(at - self.env.now)
-        if device.is_alive:
-            device.interrupt(why)
+    def plans(
+        self,
+        ids: np.ndarray,
+        skip: np.ndarray,
+        slowdown: np.ndarray,
+        epochs: np.ndarray | None,
+        clip_to_deadline: bool,
+    ) -> tuple[Plan, ...]:
+        """After :meth:`run`, the plan of each device ``ids[j]``; ``skip[j]``
+        says why it never ran (``no_time``, ``no_data``), "" if it ran."""
+        now, plans = self.t_start, []
+        for j, client in enumerate(ids.tolist()):
+            if skip[j]:
+                t_drop = self.deadline if skip[j] == "no_time" else now
+                done, t_arrive, reason = 0, t_drop, str(skip[j])
+            else:
+                done, t_arrive, reason = self.outcome[j]
+                if clip_to_deadline:
+                    t_arrive = min(t_arrive, float(self.deadline))
+            e = None if epochs is None else int(epochs[j])
+            dropped = reason != ""
+            plans.append(
+                Plan(
+                    client, done, now, t_arrive, dropped, reason, float(slowdown[j]), e
+                )
+            )
+        return tuple(plans)
 
-    def _server(self):
+    def _server(self) -> Iterator[simpy.Event]:
         env = self.env
         if not self.wait_for_all:
             yield env.timeout(self.deadline - env.now)
@@ -406,9 +555,17 @@ class _Round:
         self.t_end = env.now
 
     def run(self) -> float:
-        """Run every process to its end; return when the server stopped waiting."""
+        """Run every process to its end; mark the arrivals after the keep-th
+        as ``surplus``; return when the server stopped waiting."""
         self.env.process(self._server())
         self.env.run()
+        if self.keep is not None:  # ties broken by device
+            arrived = sorted(
+                (t, j) for j, (_, t, why) in self.outcome.items() if not why
+            )
+            for _, j in arrived[self.keep :]:
+                done, t_arrive, _ = self.outcome[j]
+                self.outcome[j] = (done, t_arrive, "surplus")
         return self.t_end
 
 
@@ -499,6 +656,57 @@ class Version:
     in_flight: int
 
 
+Chooser = Callable[[np.ndarray, int, int], np.ndarray]
+"""Which idle online devices take the free slots of the asynchronous timeline.
+
+Called as ``choose(candidates, free, n)`` with the candidates (int64 ids,
+sorted, more than ``free`` of them) and ``n``, how many choices were made
+before this one; returns at most ``free`` distinct candidates.
+"""
+
+
+def uniform_choice(seed: int) -> Chooser:
+    """The default chooser: ``free`` candidates uniformly at random, from a
+    generator seeded by (``seed``, choice counter ``n``), sorted.
+
+    Example:
+        >>> choose = uniform_choice(0)
+        >>> picked = choose(np.arange(10), 3, 0)
+        >>> again = choose(np.arange(10), 3, 0)
+        >>> len(set(picked.tolist())), bool((picked == again).all())
+        (3, True)
+    """
+
+    def choose(candidates: np.ndarray, free: int, n: int) -> np.ndarray:
+        rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG_DISPATCH, n]))
+        return np.sort(rng.choice(candidates, size=free, replace=False))
+
+    return choose
+
+
+def _checked_choice(
+    choose: Chooser, candidates: np.ndarray, free: int, n: int
+) -> np.ndarray:
+    """``choose``'s pick, sorted, after checking it is a valid one."""
+    picked = np.asarray(choose(candidates.copy(), free, n))
+    ids = np.sort(picked.reshape(-1)).astype(np.int64)
+    valid = (
+        picked.ndim == 1
+        and (picked.size == 0 or np.issubdtype(picked.dtype, np.integer))
+        and ids.size <= free
+        and not np.any(ids[1:] == ids[:-1])
+        and bool(np.isin(ids, candidates).all())
+    )
+    if not valid:
+        name = getattr(choose, "__qualname__", None) or repr(choose)
+        raise ValueError(
+            f"the async chooser {name} picked {picked.tolist()!r}: it must "
+            f"return at most {free} distinct ids among the candidates "
+            f"{candidates.tolist()!r}"
+        )
+    return ids
+
+
 class AsyncTimeline:
     """The asynchronous mode's one continuous SimPy timeline.
 
@@ -512,19 +720,22 @@ class AsyncTimeline:
 
     The rules, in simulated time:
 
-    - **Slots.** When slots are free, idle online devices take them, chosen
-      uniformly at random (one generator per choice, seeded by the scenario
-      seed and a counter) and started in increasing id. With none online, the
-      server waits for the first idle device to come online. A device with no
-      training samples never trains.
-    - **A job.** tau is ``max_steps``, or floor(E n_i / B) under ``job_steps:
-      epochs`` (one step per epoch when 0 < n_i < B). Compute runs at speed /
-      slowdown, the straggler factor drawn for this job from a generator
-      seeded by (seed, device, job index), so a job's fate does not depend on
-      what other devices did. Download and upload times come from the link.
-    - **Offline.** A device that goes offline before its upload completes is
-      interrupted (SimPy's machine-shop idiom): its job is dropped
-      (``offline``); it takes a slot again once online.
+    - **Slots.** When slots are free, idle online devices take them, all of
+      them if they fit, else those ``choose`` picks (default
+      :func:`uniform_choice`: uniformly at random, one generator per choice,
+      seeded by the scenario seed and a counter), started in increasing id.
+      With none online, the server waits for the first idle device to come
+      online. A device with no training samples never trains.
+    - **A job.** tau is ``max_steps``, or :func:`steps_for` (floor(E n_i /
+      B), one step per epoch when 0 < n_i < B) under ``job_steps: epochs``.
+      Compute runs at speed / slowdown, the straggler factor drawn for this
+      job from a generator seeded by (seed, device, job index), so a job's
+      fate does not depend on what other devices did. Download and upload
+      times come from the link.
+    - **Offline.** A device that goes offline (or drops out) before its upload
+      completes is interrupted (SimPy's machine-shop idiom; the same device
+      process as synchronous rounds): its job is dropped (``offline``,
+      ``dropout``); it takes a slot again once online.
     - **The server.** Jobs that end at the same instant are handled in
       increasing device id, all before any job starts at that instant (so
       devices arriving together restart from the version they made). An
@@ -567,6 +778,7 @@ class AsyncTimeline:
         bytes_up: int,
         n_samples: np.ndarray,
         batch_size: int,
+        choose: Chooser | None = None,
     ) -> None:
         if policy.policy != "async":
             raise ValueError(
@@ -585,6 +797,7 @@ class AsyncTimeline:
         self.concurrency = concurrency
         self.seed = seed
         self.batch_size = batch_size
+        self.choose = uniform_choice(seed) if choose is None else choose
         self.down, self.up = fleet.comm_time(np.arange(m), bytes_down, bytes_up)
         self.env = simpy.Environment()
         self.version = 0
@@ -669,11 +882,8 @@ class AsyncTimeline:
         online = self.fleet.online(now)
         chosen = np.flatnonzero(self.idle & online)
         if chosen.size > free:
-            rng = np.random.default_rng(
-                np.random.SeedSequence([self.seed, _TAG_DISPATCH, self._choices])
-            )
+            chosen = _checked_choice(self.choose, chosen, free, self._choices)
             self._choices += 1
-            chosen = np.sort(rng.choice(chosen, size=free, replace=False))
         for d in chosen.tolist():
             self._start(d)
         if chosen.size < free:
@@ -691,7 +901,7 @@ class AsyncTimeline:
 
     # ------------------------------------------------------------ a device
     def _start(self, d: int) -> None:
-        env, now = self.env, self.env.now
+        now = self.env.now
         k = int(self.jobs_started[d])
         self.jobs_started[d] += 1
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, _TAG_JOB, d, k]))
@@ -700,55 +910,19 @@ class AsyncTimeline:
             tau, epochs = self.policy.max_steps, None
         else:
             epochs = int(_draw_epochs(self.policy, 1, rng)[0])
-            n = int(self.n_samples[d])
-            tau = epochs if n < self.batch_size else epochs * n // self.batch_size
+            tau = int(steps_for(epochs, self.n_samples[d], self.batch_size))
         rate = float(self.fleet.speed[d]) / slowdown
-        # A Pareto slowdown can overflow to inf, leaving a rate of 0.
-        compute_s = tau / rate if rate > 0 else math.inf
-        down, up = float(self.down[d]), float(self.up[d])
-        job = Job(d, k, self.version, int(tau), now, slowdown, epochs)
+        work = _Work(now, float(self.down[d]), tau, rate, float(self.up[d]))
+        job = Job(d, k, self.version, tau, now, slowdown, epochs)
         self.idle[d] = False
         self.in_flight[d] = job
         self._started.append(job)
-        device = env.process(self._job(job, down, compute_s, up, rate))
-        # When SimPy reaches the arrival (the same additions as its timeouts)
-        # and when a timeout of (offline - now) fires: on a tie the interrupt
-        # comes first (it is queued earlier, then as an urgent event).
-        arrival = now + down + compute_s + up
         offline = float(self.fleet.offline_time(np.array([d]), now)[0])
-        why = "offline"
-        drop = float(
-            self.fleet.draw_dropouts(np.array([d]), rng, down + compute_s + up)[0]
-        )
-        if now + drop < offline:
-            offline, why = now + drop, "dropout"
-        if math.isfinite(offline) and now + (offline - now) <= arrival:
-            env.process(self._go_offline(device, offline - now, why))
+        drop = float(self.fleet.draw_dropouts(np.array([d]), rng, work.busy_s)[0])
+        leave = _leaving(work, offline, now + drop, "leaves")
 
-    def _job(self, job: Job, down: float, compute_s: float, up: float, rate: float):
-        env = self.env
-        try:
-            if down > 0:
-                yield env.timeout(down)
-            if not math.isfinite(compute_s):
-                yield env.event()  # an endless straggler: only going offline ends it
-            elif compute_s > 0:
-                yield env.timeout(compute_s)
-            if up > 0:
-                yield env.timeout(up)
-        except simpy.Interrupt as stop:
-            # Steps finished before leaving: lost work, kept for metrics.
-            computed_s = env.now - (job.t_start + down)
-            done = min(job.tau, max(0, math.floor(computed_s * rate + _EPS)))
-            self._end(job, str(stop.cause), done)
-            return
-        self._end(job, "", job.tau)
+        def finish(done: int, reason: str) -> None:
+            self._inbox.append((job, reason, done))
+            self._request_settle()
 
-    def _go_offline(self, device: simpy.Process, delay: float, why: str = "offline"):
-        yield self.env.timeout(delay)
-        if device.is_alive:
-            device.interrupt(why)
-
-    def _end(self, job: Job, reason: str, done: int) -> None:
-        self._inbox.append((job, reason, done))
-        self._request_settle()
+        _run_device(self.env, work, finish, leave, every_phase=False)

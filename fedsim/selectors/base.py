@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from fedsim.clock import expected_steps
 from fedsim.spec import PLUGIN_CONFIG, PosInt
 
 if TYPE_CHECKING:
@@ -168,12 +169,7 @@ class SelectorContext:
         m = fleet.size
         if n.shape != (m,):
             raise ValueError(f"n_samples has shape {n.shape}, expected ({m},)")
-        if round_spec.policy == "fixed_epochs":
-            lo, hi = round_spec.epochs_low, round_spec.epochs_high
-            epochs = (lo + hi) / 2.0 if lo is not None else float(round_spec.epochs)
-            steps = np.where(n < batch_size, epochs, epochs * n / batch_size)
-        else:
-            steps = np.full(m, float(round_spec.max_steps))
+        steps = expected_steps(round_spec, n, batch_size)
         down, up = fleet.comm_time(np.arange(m), bytes_down, bytes_up)
         total = float(n.sum())
         return cls(
