@@ -54,9 +54,19 @@ def record(tree: Path, rounds: int, only: list[str]) -> dict[str, dict]:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "run"
             cmd = [
-                sys.executable, "-m", "fedsim.cli", "run", str(path),
-                "--workers", "0", "--set", f"rounds={rounds}",
-                "--out", str(out), "--no-report", "--quiet",
+                sys.executable,
+                "-m",
+                "fedsim.cli",
+                "run",
+                str(path),
+                "--workers",
+                "0",
+                "--set",
+                f"rounds={rounds}",
+                "--out",
+                str(out),
+                "--no-report",
+                "--quiet",
             ]
             proc = subprocess.run(
                 cmd, env=env, cwd=tree, capture_output=True, text=True
@@ -112,8 +122,11 @@ def main() -> None:
         res = record(args.tree.resolve(), args.rounds, args.only)
         args.out.write_text(json.dumps(res, indent=1, sort_keys=True))
     else:
-        sys.exit(compare(json.loads(args.before.read_text()),
-                         json.loads(args.after.read_text())))
+        sys.exit(
+            compare(
+                json.loads(args.before.read_text()), json.loads(args.after.read_text())
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from fedsim.data import build_data  # noqa: E402
 from fedsim.models import make_model  # noqa: E402
+from fedsim.runtime import run_scenario  # noqa: E402
 from fedsim.scenario import load_scenario  # noqa: E402
-from fedsim.server import Simulation  # noqa: E402
 from fedsim.workers import client_seed  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -69,10 +69,10 @@ def run_fedsim(
     )
     torch.set_num_threads(1)
     t1 = time.perf_counter()
-    sim = Simulation(sc, workers=workers)
-    data_s = time.perf_counter() - t1
-    rows, clients = sim.run()
+    sim = run_scenario(sc, workers=workers)
+    rows, clients = sim.rows, sim.clients
     wall = time.perf_counter() - t0
+    data_s = (time.perf_counter() - t1) - rows[-1]["wall_time"]  # data, actors
     ends = [r["wall_time"] for r in rows]
     per_round = [b - a for a, b in zip([0.0, *ends[:-1]], ends, strict=True)]
     steps = sum(c["tau"] for c in clients if not c["dropped"])

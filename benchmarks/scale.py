@@ -72,13 +72,12 @@ def main() -> None:
         + f" ms (max {max(times):.3f} s)"
     )
     if args.end_to_end:
-        from fedsim.server import Simulation
+        from fedsim.runtime import run_scenario
 
         t2 = time.perf_counter()
-        sim = Simulation(sc, workers=0)
-        setup = time.perf_counter() - t2
-        rows, _ = sim.run()
+        rows = run_scenario(sc, workers=0).rows
         total = time.perf_counter() - t2
+        setup = total - rows[-1]["wall_time"]
         print(f"end to end, 5 rounds        {total:.1f} s (data + fleet {setup:.1f} s)")
         print(f"final test accuracy         {rows[-1]['test_accuracy']:.3f}")
         print(f"peak RSS                    {rss_mb():.0f} MB")

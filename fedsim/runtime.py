@@ -228,8 +228,8 @@ class _Run:
         self._build(scenario, run_dir, on_round)
         if run_dir is not None:
             self._prepare(run_dir, resume)
-        self.wall0 = time.perf_counter()
         self.executor: Executor = make_executor(scenario, self.data, workers)
+        self.wall0 = time.perf_counter()  # rows' wall_time: training only
 
     def _build(
         self, sc: Scenario, run_dir: Path | None, on_round: RoundCallback | None
@@ -709,8 +709,10 @@ def run_scenario(
         fedsim.data.DataError: the dataset could not be read.
     """
     run_dir = Path(run_dir) if run_dir is not None else None
-    if resume and run_dir is None:
-        raise ValueError("resume needs the run directory")
+    if resume:
+        if run_dir is None:
+            raise ValueError("resume needs the run directory")
+        latest_checkpoint(run_dir)  # no usable checkpoint: fail before building
     run = _Run(scenario, workers, run_dir, on_round, resume)
     status: Literal["completed", "diverged", "interrupted"] = "completed"
     message = ""

@@ -146,11 +146,13 @@ class Worker:
         # Many clients at once (fedsim.vectorized) where the model, solver
         # and algorithm allow it; decided here, once.
         self._train_group = self._sequential
+        self.batched = False
         if scenario.resources.vectorize:
             from fedsim.vectorized import supports, train_vectorized
 
             if supports(self):
                 self._train_group = partial(train_vectorized, self)
+                self.batched = True
 
     def pid(self) -> int:
         return os.getpid()

@@ -19,9 +19,9 @@ from fedsim.algorithms import FedAdam, FedAvg, FedAvgM, FedNova
 from fedsim.algorithms.base import ClientInfo, ClientUpdate
 from fedsim.algorithms.sampling import proportional_weights, uniform_weights
 from fedsim.data import build_data
-from fedsim.scenario import load_scenario
 from fedsim.executors import InProcessExecutor
 from fedsim.runtime import run_scenario
+from fedsim.scenario import load_scenario
 from fedsim.server import Server
 from fedsim.solvers import SGD
 from fedsim.workers import Task

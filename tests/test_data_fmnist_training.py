@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fedsim.data.partition import partition_table
+from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.server import Simulation
 
 from .conftest import SCENARIOS
 
@@ -31,8 +31,8 @@ def test_small_fmnist_scenario_learns(monkeypatch, tmp_path):
     monkeypatch.delenv("FEDSIM_DATA_ROOT", raising=False)
     sc = load_scenario(SMALL)
 
-    sim = Simulation(sc, workers=0)
-    rows, client_rows = sim.run()
+    sim = run_scenario(sc, workers=0)
+    rows, client_rows = sim.rows, sim.clients
 
     assert len(rows) == sc.rounds
     assert rows[-1]["test_accuracy"] >= MIN_ACCURACY, [r["test_accuracy"] for r in rows]

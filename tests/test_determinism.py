@@ -8,8 +8,8 @@ import math
 import pytest
 
 from fedsim.results import WALL_CLOCK_COLUMNS
+from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.server import Simulation
 
 from .conftest import SCENARIOS
 
@@ -33,8 +33,8 @@ def _same(a, b):
 
 def run(workers: int, *overrides: str):
     sc = load_scenario(QUICK, ["rounds=8", *overrides])
-    sim = Simulation(sc, workers=workers)
-    rows, clients = sim.run()
+    sim = run_scenario(sc, workers=workers)
+    rows, clients = sim.rows, sim.clients
     return _metrics(rows), clients, sim.final_params
 
 

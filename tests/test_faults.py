@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from fedsim.results import WALL_CLOCK_COLUMNS
+from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.server import Simulation
 
 from .conftest import ROOT, SCENARIOS
 
@@ -207,31 +207,40 @@ def kill_soon(pid: int) -> None:
     threading.Thread(target=later).start()
 
 
+def worker_pids() -> list[int]:
+    """Process ids of the live Ray worker actors (process title ray::Worker)."""
+    import psutil
+
+    pids = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd and cmd[0].startswith("ray::Worker"):
+            pids.append(proc.pid)
+    return sorted(pids)
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_killed_worker_is_replaced_and_results_are_identical(ray_session):
-    import ray
-
     sc = load_scenario(QUICK, ["rounds=12", "client.batch_size=5"])
-    clean = Simulation(sc, workers=2)
-    clean_rows, clean_clients = clean.run()
+    clean = run_scenario(sc, workers=2)
+    clean_rows, clean_clients = clean.rows, clean.clients
 
     killed: list[tuple[int, int]] = []
     later_pids: list[int] = []
 
     def kill_a_worker(row, _clients):
         if row["round"] == 10:
-            later_pids.extend(
-                ray.get([a.pid.remote() for a in sim.backend.pool.actors])
-            )
+            later_pids.extend(worker_pids())
         if row["round"] in (3, 7):
-            actor = sim.backend.pool.actors[row["round"] % 2]
-            pid = ray.get(actor.pid.remote())
+            pids = worker_pids()
+            assert len(pids) == 2
+            pid = pids[row["round"] % 2]
             kill_soon(pid)
             killed.append((row["round"], pid))
 
-    sim = Simulation(sc, workers=2, on_round=kill_a_worker)
-    rows, clients = sim.run()
+    sim = run_scenario(sc, workers=2, on_round=kill_a_worker)
+    rows, clients = sim.rows, sim.clients
     assert len(killed) == 2
     # both killed processes were replaced by new ones (Ray restarted the actors)
     assert not {pid for _, pid in killed} & set(later_pids)
@@ -246,27 +255,24 @@ def test_killed_worker_is_replaced_and_results_are_identical(ray_session):
 def test_a_worker_killed_in_an_async_run_is_replaced_with_identical_results(
     ray_session,
 ):
-    import ray
-
-    from fedsim.asynchronous import AsyncSimulation
-
     sc = load_scenario(SCENARIOS / "async-fedbuff.yaml", ["rounds=40"])
-    clean = AsyncSimulation(sc, workers=2)
-    clean_rows, clean_clients = clean.run()
+    clean = run_scenario(sc, workers=2)
+    clean_rows, clean_clients = clean.rows, clean.clients
     killed: list[int] = []
     later_pids: list[int] = []
 
     def kill_a_worker(row, _clients):
         if row["round"] == 35:
-            later_pids.extend(ray.get([a.pid.remote() for a in sim.runner.pool.actors]))
+            later_pids.extend(worker_pids())
         if row["round"] in (5, 20):
-            actor = sim.runner.pool.actors[len(killed) % 2]
-            pid = ray.get(actor.pid.remote())
+            pids = worker_pids()
+            assert len(pids) == 2
+            pid = pids[len(killed) % 2]
             kill_soon(pid)
             killed.append(pid)
 
-    sim = AsyncSimulation(sc, workers=2, on_round=kill_a_worker)
-    rows, clients = sim.run()
+    sim = run_scenario(sc, workers=2, on_round=kill_a_worker)
+    rows, clients = sim.rows, sim.clients
     assert len(killed) == 2 and len(later_pids) == 2
     assert not set(killed) & set(later_pids)  # Ray restarted both actors
     assert comparable(rows) == comparable(clean_rows)

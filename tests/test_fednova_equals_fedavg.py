@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.server import Simulation
 
 from .conftest import SCENARIOS
 
@@ -23,8 +23,8 @@ def final(algorithm: str, *extra: str) -> tuple[torch.Tensor, list[dict]]:
     sc = load_scenario(
         SCENARIOS / "quickstart.yaml", [*EQUAL_TAU, f"algorithm={algorithm}", *extra]
     )
-    sim = Simulation(sc, workers=0)
-    rows, clients = sim.run()
+    sim = run_scenario(sc, workers=0)
+    rows, clients = sim.rows, sim.clients
     assert {c["tau"] for c in clients} == {20}
     return sim.final_params, rows
 
@@ -50,6 +50,7 @@ def test_they_differ_when_steps_differ():
         SCENARIOS / "quickstart.yaml",
         [*sc_args, *hetero, "algorithm={name: fedavg}"],
     )
-    rows, clients = Simulation(sc, workers=0).run()
+    res = run_scenario(sc, workers=0)
+    rows, clients = res.rows, res.clients
     assert len({c["tau"] for c in clients}) > 1
     assert any(r["chi2_pw"] > 0 for r in rows)

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from fedsim.algorithms import REGISTRY
+from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.server import ServerCore, Simulation
+from fedsim.server import Server
 from fedsim.workers import Task, Worker
 
 from .conftest import SCENARIOS
@@ -29,8 +30,8 @@ SYNC = sorted(set(REGISTRY) - ASYNC_ONLY)
 
 
 def final_params(overrides: list[str], workers: int = 0) -> tuple[torch.Tensor, list]:
-    sim = Simulation(load_scenario(QUICK, overrides), workers=workers)
-    rows, _ = sim.run()
+    sim = run_scenario(load_scenario(QUICK, overrides), workers=workers)
+    rows, _ = sim.rows, sim.clients
     assert sim.final_params is not None
     return sim.final_params, rows
 
@@ -61,7 +62,7 @@ def test_a_worker_trains_on_cuda_and_returns_its_update_on_the_cpu():
     data = build_data(sc.data, sc.num_clients, sc.seed)
     worker = Worker(sc, data)
     assert worker.device.type == "cuda" and worker.x.is_cuda and worker.theta.is_cuda
-    payload = ServerCore(sc, data).payload()  # on the CPU, as the server sends it
+    payload = Server(sc, data).payload()  # on the CPU, as the server sends it
     (u,) = worker.train(payload, [Task(client=0, round=0, tau=3)])
     assert u.delta.device.type == "cpu" and torch.isfinite(u.delta).all()
     assert all(t.device.type == "cpu" for t in u.extras.values())

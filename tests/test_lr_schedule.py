@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fedsim.data import build_data
+from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.server import Simulation
 from fedsim.workers import Worker
 
 from .conftest import SCENARIOS
@@ -26,8 +26,7 @@ def test_decayed_rounds_match_the_closed_form():
     sc = load_scenario(
         QUAD, ["algorithm={name: fedavg}", "rounds=2", "client.lr_decay=0.5"]
     )
-    sim = Simulation(sc, workers=0)
-    sim.run()
+    sim = run_scenario(sc, workers=0)
     p, e, tau = (0.5, 0.3, 0.2), (0.0, 1.0, 4.0), (1, 5, 10)
     x = 0.0
     for lr in (0.1, 0.05):

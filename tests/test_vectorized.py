@@ -8,8 +8,8 @@ import torch
 from fedsim.data import build_data
 from fedsim.models import make_model
 from fedsim.params import flatten
+from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.server import Simulation
 from fedsim.vectorized import supports, train_vectorized
 from fedsim.workers import Task, Worker
 
@@ -41,7 +41,7 @@ def test_equals_sequential_training(overrides):
     # heterogeneous steps, and clients smaller than a batch (client 0 has 54 rows)
     tasks = [Task(c, 3, tau) for c, tau in [(0, 7), (4, 1), (9, 30), (17, 12)]]
     seq = w.train({"x": x}, tasks)
-    vec = train_vectorized(w, x, tasks)
+    vec = train_vectorized(w, {"x": x}, tasks, {})
     for a, b in zip(seq, vec, strict=True):
         assert (a.client, a.tau) == (b.client, b.tau)
         assert a.norm_a == pytest.approx(b.norm_a, rel=1e-12)
@@ -51,11 +51,11 @@ def test_equals_sequential_training(overrides):
 
 def test_whole_run_matches_within_tolerance():
     sc = load_scenario(QUICK, ["rounds=6"])
-    plain = Simulation(sc, workers=0)
-    rows, _ = plain.run()
+    plain = run_scenario(sc, workers=0)
+    rows, _ = plain.rows, plain.clients
     vec_sc = load_scenario(QUICK, ["rounds=6", "resources.vectorize=true"])
-    fast = Simulation(vec_sc, workers=0)
-    vrows, _ = fast.run()
+    fast = run_scenario(vec_sc, workers=0)
+    vrows, _ = fast.rows, fast.clients
     torch.testing.assert_close(
         fast.final_params, plain.final_params, rtol=1e-3, atol=1e-4
     )
@@ -65,7 +65,7 @@ def test_whole_run_matches_within_tolerance():
 
 def test_stateful_algorithms_are_not_vectorised():
     w, _ = worker("algorithm={name: scaffold}", "resources.vectorize=true")
-    assert not supports(w) and not w.vectorize
+    assert not supports(w) and not w.batched
 
 
 def test_fedpns_uploads_the_rounds_lr():
@@ -74,7 +74,7 @@ def test_fedpns_uploads_the_rounds_lr():
     w, x = worker(
         "algorithm={name: fedpns}", "client.lr_decay=0.9", "resources.vectorize=true"
     )
-    assert supports(w) and w.vectorize
+    assert supports(w) and w.batched
     tasks = [Task(c, 3, tau) for c, tau in [(0, 7), (4, 1), (9, 30), (17, 12)]]
     vec = w.train({"x": x}, tasks)  # vectorised: one round, several tasks
     seq = [w._train_one({"x": x}, t, {}) for t in tasks]
@@ -87,12 +87,10 @@ def test_fedpns_uploads_the_rounds_lr():
 
 def test_whole_fedpns_run_matches_within_tolerance():
     over = ["rounds=4", "algorithm={name: fedpns}"]
-    plain = Simulation(load_scenario(QUICK, over), workers=0)
-    plain.run()
-    fast = Simulation(
+    plain = run_scenario(load_scenario(QUICK, over), workers=0)
+    fast = run_scenario(
         load_scenario(QUICK, [*over, "resources.vectorize=true"]), workers=0
     )
-    fast.run()
     assert torch.isfinite(fast.final_params).all()
     torch.testing.assert_close(
         fast.final_params, plain.final_params, rtol=1e-3, atol=1e-4
