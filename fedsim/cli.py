@@ -8,6 +8,7 @@ traceback.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -156,6 +157,9 @@ def run(
         start, sim0 = ck.next_round, ck.sim_time
 
     n_workers = _start_workers(sc, workers, address)
+    # A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C:
+    # rows flushed, summary written, the resume command printed.
+    signal.signal(signal.SIGTERM, _interrupt)
     with _progress(sc, quiet, start, sim0) as on_round:
         result = _run(sc, n_workers, run_dir, resume is not None, on_round)
     code = {"completed": 0, "diverged": 1, "interrupted": 130}[result.status]
@@ -166,7 +170,15 @@ def run(
             f"kept in {run_dir}.",
         )
     elif result.status == "interrupted":
-        _say("[yellow]interrupted;[/]", f"rows so far are kept in {run_dir}")
+        again = (
+            f"fedsim run --resume {run_dir}"
+            if (run_dir / "LATEST").exists()
+            else "(no checkpoint yet: run it again)"
+        )
+        _say(
+            "[yellow]interrupted;[/]",
+            f"rows so far are kept in {run_dir}; continue with: {again}",
+        )
     summary = result.summary()
     try:
         write_summary(run_dir / "summary.json", summary)
@@ -182,6 +194,10 @@ def run(
     out.print(f"results: {run_dir}")
     if code:
         raise typer.Exit(code)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> int:

@@ -139,8 +139,8 @@ class RunResult:
     data: FederatedData | None = field(default=None, repr=False)
 
     def summary(self) -> dict[str, Any]:
-        """summary.json's content."""
-        return summarize(
+        """summary.json's content, with how the run ended (``status``)."""
+        summary = summarize(
             self.rows,
             self.clients,
             scenario_name=self.scenario.name,
@@ -148,6 +148,7 @@ class RunResult:
             workers=self.workers,
             version=__version__,
         )
+        return {**summary, "status": self.status}
 
 
 @dataclass(frozen=True)
