@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -74,7 +74,7 @@ def _say(label: str, message: str) -> None:
     err.print(text, highlight=False, soft_wrap=True)
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     _say("[bold red]error:[/]", message)
     raise typer.Exit(code)
 
@@ -383,10 +383,10 @@ def stress(
     grid: dict[str, list[Any]] = {}
     try:
         for item in sweep:
-            path, values = parse_sweep(item)
-            if path in grid:
-                _fail(f"--sweep {path}: given twice")
-            grid[path] = values
+            key, values = parse_sweep(item)
+            if key in grid:
+                _fail(f"--sweep {key}: given twice")
+            grid[key] = values
     except ScenarioError as exc:
         _fail(str(exc))
     labels = split_algorithms(algorithms)

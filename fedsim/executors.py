@@ -139,7 +139,7 @@ class RayExecutor:
         import ray
 
         res = scenario.resources
-        remote = ray.remote(Worker).options(
+        remote: Any = ray.remote(Worker).options(
             num_cpus=res.cpus_per_worker,
             num_gpus=res.gpus_per_worker,
             max_restarts=-1,
@@ -148,7 +148,9 @@ class RayExecutor:
         )
         self._data = [ray.put(data)]
         threads = max(1, int(res.cpus_per_worker))
-        self.actors = [remote.remote(scenario, self._data, threads) for _ in range(n)]
+        self.actors: list[Any] = [
+            remote.remote(scenario, self._data, threads) for _ in range(n)
+        ]
         self.size = n
         self._refs: dict[int, Any] = {}
 

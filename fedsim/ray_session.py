@@ -8,6 +8,7 @@ port on other interfaces.
 
 from __future__ import annotations
 
+import logging
 import os
 
 __all__ = ["init_ray", "shutdown_ray"]
@@ -29,7 +30,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     if address:
-        ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
         return False
     # If ray was imported before the variable was set, its constant is stale.
     ray_constants.ENABLE_RAY_CLUSTER = False
@@ -38,7 +39,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         num_cpus=num_cpus,
         include_dashboard=False,
         _node_ip_address=_LOOPBACK,
-        logging_level="WARNING",
+        logging_level=logging.WARNING,
         log_to_driver=True,
     )
     return True

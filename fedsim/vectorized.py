@@ -76,7 +76,8 @@ def _batch_indices(worker: Worker, tasks: Sequence[Task], steps: int) -> tuple:
             idx[j, : t.tau, :n] = torch.arange(lo, hi)
             wts[j, : t.tau, :n] = 1.0
         else:
-            idx[j, : t.tau] = torch.stack([next(it) for _ in range(t.tau)]) + lo
+            rows = [next(it) for _ in range(t.tau)]  # never None: n > batch
+            idx[j, : t.tau] = torch.stack(rows) + lo  # type: ignore[arg-type]
             wts[j, : t.tau] = 1.0
     return idx, wts
 
@@ -92,7 +93,7 @@ def _batched_forward(
     k = theta.shape[0]
     h = x.reshape(k, x.shape[1], -1)
     offset = 0
-    for layer in model:
+    for layer in model.children():
         if isinstance(layer, nn.Flatten):
             continue
         if isinstance(layer, nn.ReLU):
@@ -124,7 +125,7 @@ def _linear_grad(
     (softmax(z) - onehot(y)) * w / count, so grad W = (dL/dz)^T x and
     grad b = sum over rows of dL/dz.
     """
-    (layer,) = [m for m in model if isinstance(m, nn.Linear)]
+    (layer,) = [m for m in model.children() if isinstance(m, nn.Linear)]
     k, out_f, in_f = theta.shape[0], layer.out_features, layer.in_features
     h = x.reshape(k, x.shape[1], -1)
     weight = theta[:, : out_f * in_f].view(k, out_f, in_f)
@@ -197,7 +198,7 @@ def _train_together(
     loss_sum = torch.zeros(k, dtype=torch.float64)
     lr, wd = solver.lr, solver.weight_decay
     gamma = getattr(solver, "gamma", 1.0)
-    linear = sum(isinstance(m, nn.Linear) for m in model) == 1
+    linear = sum(isinstance(m, nn.Linear) for m in model.children()) == 1
     grad_fn = _linear_grad if linear else _autograd_grad
     for s in range(steps):
         active = (taus > s).to(theta.dtype).unsqueeze(1)

@@ -120,6 +120,7 @@ class Worker:
             import ray
 
             data = ray.get(data[0])
+        assert isinstance(data, FederatedData)
         self.scenario = scenario
         self.algorithm = make_algorithm(scenario.algorithm)
         self.solver = self.algorithm.solver(scenario.client)
