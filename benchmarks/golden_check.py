@@ -45,6 +45,9 @@ def _digest(table_path: Path) -> dict[str, str]:
 
 def record(tree: Path, rounds: int, only: list[str]) -> dict[str, dict]:
     env = {**os.environ, "PYTHONPATH": str(tree), "RAY_USAGE_STATS_ENABLED": "0"}
+    shared = ROOT.parent / "shared" / "data"
+    if "FEDSIM_DATA_ROOT" not in env and shared.is_dir():
+        env["FEDSIM_DATA_ROOT"] = str(shared)  # the MNIST test set, offline
     results: dict[str, dict] = {}
     scenarios = sorted((tree / "scenarios").rglob("*.yaml"))
     for path in scenarios:
