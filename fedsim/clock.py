@@ -8,8 +8,11 @@ update reaches the server, and whether it is dropped. Real compute then runs
 exactly those steps, so the outcome never depends on how fast the host is.
 
 Each device is a SimPy process (download, compute, upload), in the spirit of
-SimPy's machine-shop example: going offline mid-round is an interrupt, and the
-server is a process that waits for every device or for the deadline.
+SimPy's machine-shop example, the same one in both modes: a "leave" process
+interrupts it when the device goes offline or drops out (whichever comes
+first), and it records the steps done. In a synchronous round the server is a
+process that waits for every device or for the deadline. How many steps a
+device does is one rule, :func:`steps_for`.
 
 Asynchronous mode has no rounds: :class:`AsyncTimeline` runs one continuous
 timeline of device loops and yields one :class:`Version` per server update.
