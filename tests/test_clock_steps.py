@@ -128,3 +128,24 @@ def test_plan_round_and_timeline_take_tau_from_steps_for():
     assert [p.tau for p in rp.plans] == want
     assert [p.reason for p in rp.plans] == ["", "", "", "no_data"]
     assert [(j.device, j.tau) for j in version.started] == [(0, 2), (1, 2), (2, 5)]
+
+
+@pytest.mark.parametrize(
+    ("epochs", "low", "high", "batch_size"),
+    [(1, None, None, 20), (3, None, None, 7), (None, 1, 4, 32), (None, 2, 3, 1)],
+)
+def test_expected_steps_keep_the_numbers_from_run_had(epochs, low, high, batch_size):
+    # Prepare: the rule SelectorContext.from_run had before it used the clock's
+    policy = RoundSpec(
+        policy="fixed_epochs", epochs=epochs, epochs_low=low, epochs_high=high
+    )
+    n = np.random.default_rng(0).integers(0, 200, size=500)
+    n[:20] = 0
+    mean = (low + high) / 2.0 if low is not None else float(epochs)
+    before = np.where(n < batch_size, mean, mean * n / batch_size)
+
+    # Execute
+    steps = expected_steps(policy, n, batch_size)
+
+    # Assert: bit for bit
+    assert steps.tolist() == before.tolist()
