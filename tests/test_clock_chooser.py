@@ -130,3 +130,17 @@ def floats(candidates, free, n):
 def test_a_bad_chooser_raises_naming_it(bad):
     with pytest.raises(ValueError, match=bad.__name__):
         run(bad)
+
+
+def nothing(candidates, free, n):
+    return None
+
+
+def nested(candidates, free, n):
+    return candidates[:free].reshape(1, -1)
+
+
+@pytest.mark.parametrize("bad", [nothing, nested])
+def test_a_chooser_returning_no_id_array_raises_naming_it(bad):
+    with pytest.raises(ValueError, match=bad.__name__):
+        run(bad)
