@@ -8,8 +8,11 @@ update reaches the server, and whether it is dropped. Real compute then runs
 exactly those steps, so the outcome never depends on how fast the host is.
 
 Each device is a SimPy process (download, compute, upload), in the spirit of
-SimPy's machine-shop example: going offline mid-round is an interrupt, and the
-server is a process that waits for every device or for the deadline.
+SimPy's machine-shop example, the same one in both modes: a "leave" process
+interrupts it when the device goes offline or drops out (whichever comes
+first), and it records the steps done. In a synchronous round the server is a
+process that waits for every device or for the deadline. How many steps a
+device does is one rule, :func:`steps_for`.
 
 Asynchronous mode has no rounds: :class:`AsyncTimeline` runs one continuous
 timeline of device loops and yields one :class:`Version` per server update.
@@ -661,7 +664,9 @@ Chooser = Callable[[np.ndarray, int, int], np.ndarray]
 
 Called as ``choose(candidates, free, n)`` with the candidates (int64 ids,
 sorted, more than ``free`` of them) and ``n``, how many choices were made
-before this one; returns at most ``free`` distinct candidates.
+before this one; returns at most ``free`` distinct candidates. It must
+not depend on training results (they may not exist yet: the runtime trains
+jobs ahead of their turn), only on what the timeline knows.
 """
 
 
@@ -689,10 +694,11 @@ def _checked_choice(
 ) -> np.ndarray:
     """``choose``'s pick, sorted, after checking it is a valid one."""
     picked = np.asarray(choose(candidates.copy(), free, n))
-    ids = np.sort(picked.reshape(-1)).astype(np.int64)
+    ids = np.zeros(0, dtype=np.int64)
+    if picked.ndim == 1 and (picked.size == 0 or picked.dtype.kind in "iu"):
+        ids = np.sort(picked).astype(np.int64)
     valid = (
-        picked.ndim == 1
-        and (picked.size == 0 or np.issubdtype(picked.dtype, np.integer))
+        ids.size == picked.size
         and ids.size <= free
         and not np.any(ids[1:] == ids[:-1])
         and bool(np.isin(ids, candidates).all())
@@ -701,8 +707,8 @@ def _checked_choice(
         name = getattr(choose, "__qualname__", None) or repr(choose)
         raise ValueError(
             f"the async chooser {name} picked {picked.tolist()!r}: it must "
-            f"return at most {free} distinct ids among the candidates "
-            f"{candidates.tolist()!r}"
+            f"return at most {free} distinct ids (int) among the "
+            f"{candidates.size} candidates it was given"
         )
     return ids
 
