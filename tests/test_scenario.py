@@ -273,3 +273,43 @@ def test_numbers_read_as_yaml_1_2():
         "g": True,
     }
     assert type(got["a"]) is float and type(got["c"]) is int
+
+
+# ------------------------------------------------------------ through the CLI
+def test_phones_trace_trains_the_fleet_not_one_phone(tmp_path):
+    # Prepare: the shipped scenario, 8 of its 30 rounds, in-process
+    import collections
+
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from fedsim.cli import app
+
+    out = tmp_path / "run"
+    args = ["run", str(SCENARIOS / "fleets" / "phones-trace.yaml"), "--workers", "0"]
+    args += ["-q", "--no-report", "--set", "rounds=8", "--out", str(out)]
+    # Execute
+    r = CliRunner().invoke(app, args)
+    # Assert: many distinct phones trained (before the fix: phone 8 alone)
+    assert r.exit_code == 0, r.output
+    rows = pq.read_table(out / "clients.parquet").to_pydict()
+    trained = collections.Counter(
+        c
+        for c, dropped, tau in zip(
+            rows["client_id"], rows["dropped"], rows["tau"], strict=True
+        )
+        if not dropped and tau > 0
+    )
+    assert len(trained) >= 12, trained
+    assert max(trained.values()) <= 5  # no phone trains in most rounds
+
+
+def test_python_dash_m_fedsim_runs_the_cli():
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "fedsim", "--help"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Usage:" in r.stdout and "run" in r.stdout
