@@ -685,8 +685,25 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     return parse_scenario(text, str(p), overrides, base_dir=p.parent)
 
 
+class _Dumper(yaml.SafeDumper):
+    """Quotes every string that YAML 1.1 or this module's loader would read
+    as something else (``'yes'``, ``'1e-3'``, ``'0755'``), so a resolved
+    scenario reads back the same here and in other YAML tools."""
+
+
+_Dumper.yaml_implicit_resolvers = {
+    first: list(_Loader.yaml_implicit_resolvers.get(first, []))
+    + list(yaml.resolver.Resolver.yaml_implicit_resolvers.get(first, []))
+    for first in set(_Loader.yaml_implicit_resolvers)
+    | set(yaml.resolver.Resolver.yaml_implicit_resolvers)
+}
+
+
 def dump_scenario(sc: Scenario) -> str:
     """The fully resolved scenario (every default filled in) as YAML."""
-    return yaml.safe_dump(
-        sc.model_dump(mode="json"), sort_keys=False, default_flow_style=None
+    return yaml.dump(
+        sc.model_dump(mode="json"),
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=None,
     )

@@ -313,3 +313,12 @@ def test_python_dash_m_fedsim_runs_the_cli():
     )
     assert r.returncode == 0, r.stderr
     assert "Usage:" in r.stdout and "run" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["1e5", "0755", "yes", "1.5"])
+def test_resolved_scenario_quotes_text_that_reads_as_numbers(name):
+    # a run's scenario.yaml must load back to the same scenario on --resume
+    sc = parse_scenario(QUICK_TEXT.replace("name: quickstart", f"name: '{name}'"))
+    text = dump_scenario(sc)
+    assert f"name: '{name}'" in text
+    assert parse_scenario(text) == sc
