@@ -59,6 +59,7 @@ __all__ = [
     "parse_scenario",
     "apply_overrides",
     "dump_scenario",
+    "read_yaml",
 ]
 
 MAX_FILE_BYTES = 1024 * 1024
@@ -515,6 +516,18 @@ def _read_yaml(text: str, source: str) -> Any:
             f"({type(exc).__name__}: {exc})"
         ) from None
     return data
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """Parse YAML text as scenario files are parsed (safe loader, YAML 1.2
+    scalars, duplicate keys and ambiguous numbers refused), for other tools
+    that read scenario values (``fedsim compare``'s algorithm options,
+    ``fedsim stress --sweep`` values).
+
+    Raises:
+        ScenarioError: naming ``source`` (and the line, where YAML tells).
+    """
+    return _read_yaml(text, source)
 
 
 _SEGMENT = re.compile(r"([^.\[\]]+)|\[(\d+)\]")

@@ -322,3 +322,11 @@ def test_resolved_scenario_quotes_text_that_reads_as_numbers(name):
     text = dump_scenario(sc)
     assert f"name: '{name}'" in text
     assert parse_scenario(text) == sc
+
+
+def test_read_yaml_for_other_tools():
+    from fedsim.scenario import read_yaml
+
+    assert read_yaml("{lr: 1e-3, name: no}", "--sweep x") == {"lr": 0.001, "name": "no"}
+    with pytest.raises(ScenarioError, match="--sweep x: line 1: duplicate key a"):
+        read_yaml("{a: 1, a: 2}", "--sweep x")
