@@ -11,23 +11,36 @@ A checkpoint is a directory ``ckpt-<round>/`` inside the run directory:
   how many result rows belong to the checkpoint.
 
 ``LATEST`` (written atomically, after the directory is complete) names the
-newest checkpoint; older ones are then deleted. Randomness needs no saving:
+newest checkpoint; older ones are then deleted. ``LATEST`` must name a
+``ckpt-*`` folder directly inside the run directory: anything else (a path
+elsewhere, a symlink leading out, binary garbage) is refused.
+
+``fingerprint.json`` holds the experiment's fingerprint (:func:`fingerprint`):
+the resolved scenario without the fields that cannot change results.
+:func:`check_fingerprint` refuses to resume a checkpoint with a scenario
+whose fingerprint differs, listing the fields. Randomness needs no saving:
 every random stream is derived from (seed, round, ...) and fleet availability
 is a pure function of simulated time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from fedsim.results import atomic_write_bytes
+
+if TYPE_CHECKING:  # torch is imported where tensors are saved or loaded
+    import torch
+
+    from fedsim.scenario import Scenario
 
 __all__ = [
     "Checkpoint",
@@ -41,9 +54,17 @@ __all__ = [
     "checkpoint_dir",
     "save_arrays",
     "load_arrays",
+    "fingerprint",
+    "write_fingerprint",
+    "check_fingerprint",
+    "FINGERPRINT",
+    "FINGERPRINT_EXCLUDES",
 ]
 
 LATEST = "LATEST"
+FINGERPRINT = "fingerprint.json"
+_CKPT_NAME = re.compile(r"ckpt-[0-9]{1,20}")
+_MAX_POINTER_BYTES = 256
 
 
 class CheckpointError(RuntimeError):
@@ -87,12 +108,16 @@ def checkpoint_dir(run_dir: Path, next_round: int) -> Path:
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     import io
 
+    import torch
+
     buf = io.BytesIO()
     torch.save({k: v.detach().cpu().clone() for k, v in tensors.items()}, buf)
     atomic_write_bytes(path, buf.getvalue())
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    import torch
+
     out = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(out, dict) or not all(
         isinstance(v, torch.Tensor) for v in out.values()
@@ -108,21 +133,66 @@ def write_meta(ckpt: Path, meta: dict[str, Any]) -> None:
 def commit_checkpoint(run_dir: Path, ckpt: Path) -> None:
     """Point LATEST at ``ckpt`` (atomically) and delete older checkpoints."""
     run_dir = Path(run_dir)
+    if not _CKPT_NAME.fullmatch(ckpt.name):
+        raise CheckpointError(f"{ckpt}: not a ckpt-<round> folder name")
     atomic_write_bytes(run_dir / LATEST, (ckpt.name + "\n").encode())
     for old in run_dir.glob("ckpt-*"):
         if old.name != ckpt.name and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
 
 
-def latest_checkpoint(run_dir: Path) -> Checkpoint:
-    run_dir = Path(run_dir)
+def _read_pointer(run_dir: Path) -> Path:
+    """The checkpoint folder LATEST names, refused unless it is a ``ckpt-*``
+    folder directly inside ``run_dir`` (a LATEST edited or damaged to point
+    elsewhere must not make a resume read, or later delete, other files)."""
     pointer = run_dir / LATEST
-    if not pointer.exists():
+    try:
+        with pointer.open("rb") as f:
+            raw = f.read(_MAX_POINTER_BYTES + 1)
+    except FileNotFoundError:
         raise CheckpointError(
             f"{run_dir}: no checkpoint to resume from ({pointer} is missing; "
             "checkpoints are written every checkpoint.every_rounds rounds)"
+        ) from None
+    except OSError as exc:
+        raise CheckpointError(f"{pointer}: cannot read ({exc.strerror})") from None
+    try:
+        name = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        name = None
+    if not name or len(raw) > _MAX_POINTER_BYTES or not name.isprintable():
+        shown = "it is empty" if not raw.strip() else "not a checkpoint name"
+        raise CheckpointError(
+            f"{pointer}: damaged ({shown}); it should hold one line such as "
+            "ckpt-00000010 naming a folder in the run directory"
         )
-    path = run_dir / pointer.read_text().strip()
+    if not _CKPT_NAME.fullmatch(name):
+        raise CheckpointError(
+            f"{pointer}: names {name[:80]!r}, not a ckpt-<round> folder directly "
+            "inside the run directory; refusing to follow it"
+        )
+    path = run_dir / name
+    try:
+        inside = path.resolve().parent == run_dir.resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        inside = False
+    if not inside:
+        raise CheckpointError(
+            f"{pointer}: {name} leads outside the run directory {run_dir} "
+            "(a symlink?); refusing to follow it"
+        )
+    return path
+
+
+def latest_checkpoint(run_dir: Path) -> Checkpoint:
+    """The checkpoint LATEST names.
+
+    Raises:
+        CheckpointError: no LATEST, a damaged one, one pointing outside
+            ``run_dir``, or an unreadable ``meta.json``.
+    """
+    run_dir = Path(run_dir)
+    path = _read_pointer(run_dir)
     try:
         meta = json.loads((path / "meta.json").read_text())
         return Checkpoint(
@@ -134,8 +204,146 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
             n_client_rows=int(meta["n_client_rows"]),
             n_selector_rows=int(meta.get("n_selector_rows", 0)),
         )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from None
+
+
+# ------------------------------------------------------------------ fingerprint
+# Fields that cannot change a run's results, left out of its fingerprint:
+# ``rounds`` (a resumed run may be extended), ``name`` (only the folder's
+# name), how often checkpoints are written, and where and how widely the
+# work runs (results are bit-identical with 1 or N workers, DESIGN.md).
+# ``resources.gpus_per_worker`` and ``resources.vectorize`` stay in: a GPU or
+# vectorized training changes the floating-point results.
+FINGERPRINT_EXCLUDES: tuple[str, ...] = (
+    "name",
+    "rounds",
+    "checkpoint.every_rounds",
+    "resources.workers",
+    "resources.cpus_per_worker",
+    "resources.server_node",
+    "resources.server_cpus",
+)
+
+
+def _file_digest(path: str) -> str:
+    """sha256 of a file's bytes ("missing" when it cannot be read)."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return "missing"
+    return h.hexdigest()
+
+
+def fingerprint(scenario: Scenario) -> dict[str, Any]:
+    """The resolved scenario (every default filled in, as JSON values) minus
+    :data:`FINGERPRINT_EXCLUDES`. A fleet group's trace file is recorded by
+    its name and the sha256 of its content, so moving the repository keeps
+    the fingerprint and editing the trace changes it.
+
+    Example:
+        >>> from fedsim.scenario import load_scenario
+        >>> fp = fingerprint(load_scenario("scenarios/quickstart.yaml"))
+        >>> "rounds" in fp, fp["client"]["lr"]
+        (False, 0.05)
+    """
+    out = scenario.model_dump(mode="json")
+    for dotted in FINGERPRINT_EXCLUDES:
+        *parents, last = dotted.split(".")
+        node = out
+        for key in parents:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(last, None)
+    for group in out.get("fleet", {}).get("groups", []):
+        trace = group.get("trace") if isinstance(group, dict) else None
+        if isinstance(trace, dict) and isinstance(trace.get("file"), str):
+            file = trace["file"]
+            trace["file"] = Path(file).name
+            trace["sha256"] = _file_digest(file)
+    return out
+
+
+def write_fingerprint(ckpt: Path, scenario: Scenario) -> None:
+    """Store the scenario's fingerprint in the checkpoint folder ``ckpt``
+    (call before :func:`commit_checkpoint`, like :func:`write_meta`)."""
+    text = json.dumps(fingerprint(scenario), indent=2, sort_keys=True) + "\n"
+    atomic_write_bytes(Path(ckpt) / FINGERPRINT, text.encode())
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out or {prefix: {}}
+    if isinstance(obj, list):
+        out = {}
+        for i, v in enumerate(obj):
+            out.update(_flatten(v, f"{prefix}[{i}]"))
+        return out or {prefix: []}
+    return {prefix: obj}
+
+
+def check_fingerprint(
+    ckpt_path: Path, scenario: Scenario, missing_ok: bool = False
+) -> None:
+    """Refuse to resume ``ckpt_path`` (a checkpoint folder, or a run folder,
+    whose LATEST is then followed) with a scenario of another experiment.
+
+    Args:
+        ckpt_path: the checkpoint (or run) directory.
+        scenario: the scenario the resumed run would use.
+        missing_ok: accept a checkpoint without ``fingerprint.json`` (written
+            before fingerprints existed).
+
+    Raises:
+        CheckpointError: listing every field that differs, with the
+            checkpoint's value and the scenario's.
+    """
+    ckpt = Path(ckpt_path)
+    if (ckpt / LATEST).exists():
+        ckpt = _read_pointer(ckpt)
+    path = ckpt / FINGERPRINT
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if missing_ok:
+            return
+        raise CheckpointError(
+            f"{path}: missing; cannot tell whether the checkpoint belongs to "
+            "this scenario"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(stored, dict):
+        raise CheckpointError(f"{path}: unreadable (not a JSON object)")
+    old, new = _flatten(stored), _flatten(fingerprint(scenario))
+    diffs = [
+        f"{k}: {_show(old.get(k, _NONE))} (checkpoint) vs "
+        f"{_show(new.get(k, _NONE))} (scenario)"
+        for k in sorted(set(old) | set(new))
+        if old.get(k, _NONE) != new.get(k, _NONE)
+    ]
+    if diffs:
+        more = f"; and {len(diffs) - 10} more" if len(diffs) > 10 else ""
+        raise CheckpointError(
+            f"{ckpt}: the checkpoint is of another experiment; differing "
+            f"fields: {'; '.join(diffs[:10])}{more}"
+        )
+
+
+_NONE = object()
+
+
+def _show(v: Any) -> str:
+    if v is _NONE:
+        return "(absent)"
+    text = json.dumps(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def save_arrays(ckpt: Path, arrays: dict[str, np.ndarray]) -> None:

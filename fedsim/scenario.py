@@ -59,6 +59,7 @@ __all__ = [
     "parse_scenario",
     "apply_overrides",
     "dump_scenario",
+    "read_yaml",
 ]
 
 MAX_FILE_BYTES = 1024 * 1024
@@ -357,14 +358,139 @@ def _check_plain(obj: Any, source: str, path: str = "") -> None:
 
 # libyaml's safe loader when PyYAML has it: the pure-Python one takes ~20 s/MiB.
 # Both construct only plain YAML types (SafeConstructor): no tags, no objects.
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+_BOOL = "tag:yaml.org,2002:bool"
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+_STR = "tag:yaml.org,2002:str"
+_MERGE = "tag:yaml.org,2002:merge"
 
 
-def _safe_load(text: str) -> Any:
-    """``yaml.safe_load``, through libyaml when PyYAML was built with it."""
-    if _Loader is yaml.SafeLoader:
-        return yaml.safe_load(text)
-    return yaml.load(text, Loader=yaml.CSafeLoader)
+class _Loader(_BaseLoader):  # type: ignore[misc,valid-type]
+    """The safe loader with YAML 1.2's reading of plain scalars.
+
+    PyYAML implements YAML 1.1, whose implicit types surprise: ``no`` and
+    ``on`` are booleans, ``1:30`` is the base-60 number 90 and ``0755`` the
+    octal 493, while ``1e-3`` is a string. Here only ``true``/``false`` are
+    booleans (``yes``, ``no``, ``on``, ``off`` stay text), integers are
+    decimal, ``0x`` hex or ``0b`` binary, floats may use an exponent without
+    a dot, and base-60 or leading-zero numbers are text that
+    :func:`_check_nodes` refuses (see docs/scenarios.md, "YAML").
+    """
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in entries if tag not in (_BOOL, _INT, _FLOAT)]
+    for first, entries in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_Loader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(
+        r"""^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+)
+        |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+_Loader.add_implicit_resolver(
+    _INT,
+    re.compile(
+        r"""^(?:[-+]?0b[01_]+
+        |[-+]?0x[0-9a-fA-F_]+
+        |[-+]?(?:0|[1-9][0-9_]*))$""",
+        re.X,
+    ),
+    list("-+0123456789"),
+)
+
+# Plain scalars that YAML 1.1 reads as numbers and YAML 1.2 as text: refused,
+# since the writer meant one or the other and fedsim cannot tell which.
+_SEXAGESIMAL = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
+_LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
+
+
+def _key_text(node: yaml.Node) -> str:
+    if isinstance(node, yaml.ScalarNode):
+        return str(node.value)
+    return f"<{node.id}>"
+
+
+def _check_nodes(root: yaml.Node | None, source: str) -> None:
+    """Refuse duplicate keys and ambiguous plain scalars in a composed document.
+
+    Walks the node graph once (an aliased node is visited once, so an alias
+    bomb costs no more than its text); the error names the key's path and
+    the line in ``source``.
+    """
+    if root is None:
+        return
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for key, value in node.value:
+                if key.tag == _MERGE:  # `<<: *base` may override keys, by design
+                    stack.append((value, path))
+                    continue
+                name = _key_text(key)
+                sub = f"{path}.{name}" if path else name
+                line = key.start_mark.line + 1
+                if name in first:
+                    raise ScenarioError(
+                        f"{source}: line {line}: duplicate key {sub} (first given "
+                        f"at line {first[name]}); YAML would silently keep only "
+                        "the last one"
+                    )
+                first[name] = line
+                stack.append((key, sub))
+                stack.append((value, sub))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node.value))
+        elif node.tag == _STR and not node.style:  # plain: None, or '' (libyaml)
+            _check_scalar(node, path, source)
+
+
+def _check_scalar(node: yaml.ScalarNode, path: str, source: str) -> None:
+    text = str(node.value)
+    where = f"{source}: line {node.start_mark.line + 1}: {path or '(top level)'}"
+    if _SEXAGESIMAL.match(text):
+        raise ScenarioError(
+            f"{where}: {text} is ambiguous (YAML 1.1 reads a base-60 number, "
+            "YAML 1.2 text); write the number in seconds or plain decimal, or "
+            f"quote '{text}' if it is text"
+        )
+    if _LEADING_ZERO.match(text):
+        raise ScenarioError(
+            f"{where}: {text} is ambiguous (YAML 1.1 reads an octal number); "
+            f"write it without the leading zero, or quote '{text}' if it is text"
+        )
+
+
+def _safe_load(text: str, source: str = "<yaml>") -> Any:
+    """Parse ``text`` with the safe loader (libyaml's when PyYAML has it).
+
+    Raises:
+        ScenarioError: a duplicate key or an ambiguous scalar.
+        yaml.YAMLError: malformed YAML.
+    """
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        _check_nodes(node, source)
+        return None if node is None else loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _read_yaml(text: str, source: str) -> Any:
@@ -374,7 +500,7 @@ def _read_yaml(text: str, source: str) -> Any:
             "a scenario is a short YAML file"
         )
     try:
-        data = _safe_load(text)
+        data = _safe_load(text, source)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -383,6 +509,8 @@ def _read_yaml(text: str, source: str) -> Any:
             f"{source}: malformed YAML{where}: {problem}. "
             "Scenario files are plain YAML mappings (no tags such as !!python/...)."
         ) from None
+    except ScenarioError:
+        raise
     except RecursionError:
         raise ScenarioError(f"{source}: YAML nested too deeply") from None
     except (ValueError, OverflowError, LookupError, AttributeError, TypeError) as exc:
@@ -395,6 +523,18 @@ def _read_yaml(text: str, source: str) -> Any:
             f"({type(exc).__name__}: {exc})"
         ) from None
     return data
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """Parse YAML text as scenario files are parsed (safe loader, YAML 1.2
+    scalars, duplicate keys and ambiguous numbers refused), for other tools
+    that read scenario values (``fedsim compare``'s algorithm options,
+    ``fedsim stress --sweep`` values).
+
+    Raises:
+        ScenarioError: naming ``source`` (and the line, where YAML tells).
+    """
+    return _read_yaml(text, source)
 
 
 _SEGMENT = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
@@ -513,7 +653,9 @@ def _bool_number_mixups(raw: Any, value: Any, loc: tuple[Any, ...]) -> Iterator[
         if isinstance(value, int | float) and not isinstance(value, bool):
             yield f"  {_format_loc(loc)}: expected a number, not {str(raw).lower()}"
     elif isinstance(value, bool):
-        yield f"  {_format_loc(loc)}: expected true or false (got {raw!r})"
+        # `yes`, `no`, `on`, `off` are text here (YAML 1.2), not switches
+        hint = "; write true or false" if isinstance(raw, str) else ""
+        yield f"  {_format_loc(loc)}: expected true or false (got {raw!r}){hint}"
     elif isinstance(raw, dict):
         for key, sub in raw.items():
             if isinstance(value, dict):
@@ -563,8 +705,25 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     return parse_scenario(text, str(p), overrides, base_dir=p.parent)
 
 
+class _Dumper(yaml.SafeDumper):
+    """Quotes every string that YAML 1.1 or this module's loader would read
+    as something else (``'yes'``, ``'1e-3'``, ``'0755'``), so a resolved
+    scenario reads back the same here and in other YAML tools."""
+
+
+_Dumper.yaml_implicit_resolvers = {
+    first: list(_Loader.yaml_implicit_resolvers.get(first, []))
+    + list(yaml.resolver.Resolver.yaml_implicit_resolvers.get(first, []))
+    for first in set(_Loader.yaml_implicit_resolvers)
+    | set(yaml.resolver.Resolver.yaml_implicit_resolvers)
+}
+
+
 def dump_scenario(sc: Scenario) -> str:
     """The fully resolved scenario (every default filled in) as YAML."""
-    return yaml.safe_dump(
-        sc.model_dump(mode="json"), sort_keys=False, default_flow_style=None
+    return yaml.dump(
+        sc.model_dump(mode="json"),
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=None,
     )

@@ -187,3 +187,146 @@ def test_deep_nesting_is_refused():
     text = "a: " + "[" * 200 + "]" * 200
     msg = error_of(text)
     assert "nested" in msg or "deep" in msg
+
+
+# ------------------------------------------------------------ YAML 1.1 surprises
+def test_duplicate_key_is_refused_with_path_and_lines(tmp_path):
+    # Prepare: quickstart with a second `lr` under `client` two lines later
+    text = "client:\n  lr: 0.1\n  batch_size: 5\n  lr: 0.2\n" + QUICK_TEXT.replace(
+        "client:", "unused_client:", 1
+    )
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    # Execute
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(path)
+    # Assert: file, key path, the duplicate's line and the first one's
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}: line 4: duplicate key client.lr")
+    assert "first given at line 2" in msg
+
+
+def test_duplicate_key_inside_a_list_is_refused():
+    msg = error_of(
+        "fleet:\n  groups:\n    - {name: a, count: 1}\n    - name: b\n"
+        "      count: 2\n      count: 3\n"
+    )
+    assert "line 6: duplicate key fleet.groups[1].count" in msg
+
+
+def test_merge_keys_may_override_without_a_duplicate_error():
+    raw = yaml.safe_dump(yaml.safe_load(QUICK_TEXT))
+    text = raw.replace("client:", "base: &b {lr: 0.5}\nclient:", 1)
+    text = text.replace("client:\n", "client:\n  <<: *b\n", 1)
+    # `base` is an unknown key, so validation fails, but not for a duplicate
+    assert "duplicate" not in error_of(text)
+
+
+def test_duplicate_key_in_a_set_value_is_refused():
+    with pytest.raises(ScenarioError, match="duplicate key a"):
+        apply_overrides({}, ["x={a: 1, a: 2}"])
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [("1:30", "base-60"), ("-1:30:00", "base-60"), ("0755", "octal"), ("010", "octal")],
+)
+def test_ambiguous_numbers_are_refused_with_line(value, kind):
+    text = QUICK_TEXT.replace("rounds:", f"rounds: {value}\nx_rounds:", 1)
+    line = text[: text.index(f"rounds: {value}")].count("\n") + 1
+    msg = error_of(text)
+    assert msg.startswith(f"bad.yaml: line {line}: rounds: {value} is ambiguous")
+    assert kind.split("-")[0] in msg
+
+
+def test_quoted_ambiguous_text_is_text():
+    sc = parse_scenario(QUICK_TEXT.replace("name: quickstart", "name: '0755'"))
+    assert sc.name == "0755"
+
+
+@pytest.mark.parametrize("word", ["yes", "no", "on", "off", "Yes", "OFF"])
+def test_yes_no_on_off_are_text_not_switches(word):
+    # a string field keeps the word as typed (YAML 1.1 would give a bool)
+    sc = parse_scenario(QUICK_TEXT.replace("name: quickstart", f"name: {word}"))
+    assert sc.name == word
+    # a switch refuses it and says what to write
+    text = mutate(lambda r: r.setdefault("resources", {}).update(vectorize=0))
+    text = text.replace("vectorize: 0", f"vectorize: {word}")
+    msg = error_of(text)
+    assert f"resources.vectorize: expected true or false (got '{word}')" in msg
+    assert "write true or false" in msg
+
+
+def test_numbers_read_as_yaml_1_2():
+    from fedsim.scenario import _read_yaml
+
+    got = _read_yaml(
+        "a: 1e-3\nb: 2E5\nc: 1_000\nd: 0x1F\ne: 0b101\nf: .5\ng: True\n", "f"
+    )
+    assert got == {
+        "a": 0.001,
+        "b": 200000.0,
+        "c": 1000,
+        "d": 31,
+        "e": 5,
+        "f": 0.5,
+        "g": True,
+    }
+    assert type(got["a"]) is float and type(got["c"]) is int
+
+
+# ------------------------------------------------------------ through the CLI
+def test_phones_trace_trains_the_fleet_not_one_phone(tmp_path):
+    # Prepare: the shipped scenario, 8 of its 30 rounds, in-process
+    import collections
+
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from fedsim.cli import app
+
+    out = tmp_path / "run"
+    args = ["run", str(SCENARIOS / "fleets" / "phones-trace.yaml"), "--workers", "0"]
+    args += ["-q", "--no-report", "--set", "rounds=8", "--out", str(out)]
+    # Execute
+    r = CliRunner().invoke(app, args)
+    # Assert: many distinct phones trained (before the fix: phone 8 alone)
+    assert r.exit_code == 0, r.output
+    rows = pq.read_table(out / "clients.parquet").to_pydict()
+    trained = collections.Counter(
+        c
+        for c, dropped, tau in zip(
+            rows["client_id"], rows["dropped"], rows["tau"], strict=True
+        )
+        if not dropped and tau > 0
+    )
+    assert len(trained) >= 12, trained
+    assert max(trained.values()) <= 5  # no phone trains in most rounds
+
+
+def test_python_dash_m_fedsim_runs_the_cli():
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "fedsim", "--help"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Usage:" in r.stdout and "run" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["1e5", "0755", "yes", "1.5"])
+def test_resolved_scenario_quotes_text_that_reads_as_numbers(name):
+    # a run's scenario.yaml must load back to the same scenario on --resume
+    sc = parse_scenario(QUICK_TEXT.replace("name: quickstart", f"name: '{name}'"))
+    text = dump_scenario(sc)
+    assert f"name: '{name}'" in text
+    assert parse_scenario(text) == sc
+
+
+def test_read_yaml_for_other_tools():
+    from fedsim.scenario import read_yaml
+
+    assert read_yaml("{lr: 1e-3, name: no}", "--sweep x") == {"lr": 0.001, "name": "no"}
+    with pytest.raises(ScenarioError, match="--sweep x: line 1: duplicate key a"):
+        read_yaml("{a: 1, a: 2}", "--sweep x")

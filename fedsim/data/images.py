@@ -39,6 +39,7 @@ from __future__ import annotations
 import gzip
 import io
 import pickle
+import zlib
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
@@ -77,7 +78,17 @@ def _read_bytes(path: Path) -> bytes:
     if not path.is_file() and Path(f"{path}.gz").is_file():
         path = Path(f"{path}.gz")
     raw = path.read_bytes()
-    return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (EOFError, OSError, zlib.error) as exc:
+        # EOFError would reach the CLI as a bare "Aborted." (click reads it as
+        # end of input), so it is reported here with the file's name
+        raise DataError(
+            f"{path}: damaged gzip file ({exc}); it is truncated or corrupt, "
+            "obtain it again"
+        ) from None
 
 
 def read_idx(path: str | Path) -> np.ndarray:

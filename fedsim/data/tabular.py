@@ -95,26 +95,72 @@ class TabularData(Spec):
 
 def read_table(spec: TabularData) -> pa.Table:
     """The file as an Arrow table (columns named ``f0, f1, ...`` when a CSV
-    has no header)."""
+    has no header).
+
+    Raises:
+        DataError: the file cannot be parsed; for a CSV whose rows have
+            different numbers of fields, naming the first such line.
+    """
     path = spec.locate()
     fmt = spec.format
     if fmt == "auto":
         fmt = "parquet" if path.suffix.lower() in (".parquet", ".pq") else "csv"
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
 
-        return pq.read_table(path)
-    from pyarrow import csv
+            return pq.read_table(path)
+        from pyarrow import csv
 
-    opts = csv.ReadOptions(autogenerate_column_names=not spec.header)
-    table = csv.read_csv(
-        path,
-        read_options=opts,
-        parse_options=csv.ParseOptions(delimiter=spec.delimiter),
-    )
+        opts = csv.ReadOptions(autogenerate_column_names=not spec.header)
+        table = csv.read_csv(
+            path,
+            read_options=opts,
+            parse_options=csv.ParseOptions(delimiter=spec.delimiter),
+        )
+    except (pa.ArrowException, OSError, EOFError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if fmt == "csv":
+            ragged = _ragged_line(path, spec.delimiter)
+            if ragged is not None:
+                line, want, got = ragged
+                raise DataError(
+                    f"{path}: line {line} has {got} fields but the first row has "
+                    f"{want}; every row needs the same columns (is "
+                    f"data.delimiter {spec.delimiter!r} right?)"
+                ) from None
+        raise DataError(
+            f"{path}: cannot read as {fmt} ({type(exc).__name__}: {first[:200]})"
+        ) from None
     if not spec.header:
         table = table.rename_columns([f"f{i}" for i in range(table.num_columns)])
     return table
+
+
+def _ragged_line(path: Path, delimiter: str) -> tuple[int, int, int] | None:
+    """(line, fields of the first row, fields there) of the first CSV row
+    whose field count differs from the first row's; None if all agree or the
+    file cannot be scanned. Only called once pyarrow has failed."""
+    import csv as pycsv
+    import gzip
+    import io
+
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
+    try:
+        with opener(path, "rb") as raw:
+            text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
+            reader = pycsv.reader(text, delimiter=delimiter)
+            want = None
+            for row in reader:
+                if not row:  # pyarrow skips empty lines too
+                    continue
+                if want is None:
+                    want = len(row)
+                elif len(row) != want:
+                    return reader.line_num, want, len(row)
+    except (OSError, EOFError, pycsv.Error, UnicodeError):
+        return None
+    return None
 
 
 def _column(table: pa.Table, col: str | int, what: str) -> str:

@@ -1,0 +1,605 @@
+"""Checks that run before any training or Ray start.
+
+A scenario can be valid field by field and still be unable to run: a
+convolutional network on vector data, a client store larger than the
+machine, a learning rate float32 cannot hold, more workers than CPUs. Each
+check here raises :class:`fedsim.scenario.ScenarioError` with one line naming
+the file (or command-line option) and the field, before minutes are spent
+building data or starting Ray.
+
+This module imports neither torch nor Ray when it is imported (the CLI's
+``validate`` must stay fast); only the parameter count of a convolutional
+network builds it, on PyTorch's ``meta`` device (shapes without memory).
+
+Example:
+    >>> from fedsim.scenario import load_scenario
+    >>> sc = load_scenario("scenarios/quickstart.yaml")
+    >>> preflight(sc, "scenarios/quickstart.yaml", available_bytes=2**33)
+    >>> check_ray_resources(sc, workers=2, cluster={"CPU": 2.0})
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedsim.scenario import Scenario, ScenarioError
+
+__all__ = [
+    "DataInfo",
+    "MemoryEstimate",
+    "preflight",
+    "data_info",
+    "check_model_data",
+    "count_params",
+    "estimate_memory",
+    "check_memory",
+    "check_numeric_ranges",
+    "check_ray_resources",
+    "check_address",
+    "mem_available",
+    "FLOAT32_MAX",
+    "FLOAT32_TINY",
+]
+
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
+
+IMAGE_MODELS = ("cnn", "cifar_cnn", "vgg11", "resnet18", "convnet")
+
+# (train, test) sample counts of the image datasets' official files.
+_IMAGE_COUNTS = {
+    "mnist": (60_000, 10_000),
+    "fashion_mnist": (60_000, 10_000),
+    "cifar10": (50_000, 10_000),
+    "cifar100": (50_000, 10_000),
+}
+_EMNIST_COUNTS = {
+    "byclass": (697_932, 116_323),
+    "bymerge": (697_932, 116_323),
+    "balanced": (112_800, 18_800),
+    "letters": (124_800, 20_800),
+    "digits": (240_000, 40_000),
+    "mnist": (60_000, 10_000),
+}
+
+
+def _error(message: str) -> ScenarioError:
+    # imported here: fedsim.scenario pulls in every plug-in (and torch)
+    from fedsim.scenario import ScenarioError
+
+    return ScenarioError(message)
+
+
+# ------------------------------------------------------------------- data shapes
+@dataclass(frozen=True)
+class DataInfo:
+    """What a dataset's spec says about its samples, without building it.
+
+    Attributes:
+        kind: ``vector`` (feature rows), ``image`` ([C, H, W]) or
+            ``sequence`` (character ids).
+        shape: one sample's shape, or None where only the data tells
+            (a tabular file that cannot be read cheaply).
+        classes: number of classes (0: an objective without classes),
+            or None where only the data tells.
+        samples: train + test samples, estimated; None where unknown.
+    """
+
+    kind: str
+    shape: tuple[int, ...] | None
+    classes: int | None
+    samples: int | None
+
+    @property
+    def sample_bytes(self) -> int | None:
+        """float32 bytes of one sample's inputs (all datasets store float32)."""
+        return None if self.shape is None else 4 * math.prod(self.shape)
+
+
+def _tabular_features(spec: Any) -> int | None:
+    """Feature columns of a tabular file, from its header or schema only."""
+    if spec.features is not None:
+        return len(spec.features)
+    try:
+        path = spec.locate()
+        fmt = spec.format
+        if fmt == "auto":
+            fmt = "parquet" if path.suffix.lower() in (".parquet", ".pq") else "csv"
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            n = len(pq.read_schema(path).names)
+        else:
+            with path.open("rb") as f:
+                first = f.readline(1 << 20)
+            n = first.count(spec.delimiter.encode()) + 1
+    except Exception:  # noqa: BLE001 - building the data reports it properly
+        return None
+    return max(0, n - 1 - (spec.client_column is not None))
+
+
+def _file_size(spec: Any) -> int | None:
+    try:
+        return spec.locate().stat().st_size
+    except Exception:  # noqa: BLE001 - missing data is reported when it is built
+        return None
+
+
+def data_info(scenario: Scenario) -> DataInfo:
+    """The sample kind, shape, classes and size of the scenario's dataset,
+    from its spec alone (a tabular file's header at most)."""
+    d = scenario.data
+    m = scenario.num_clients
+    name = d.dataset
+    if name == "synthetic":
+        clients = d.clients or m
+        # E[lognormal] + min_samples, capped as the generator caps each client
+        mean = math.exp(d.size_mean + d.size_sigma**2 / 2) + d.min_samples
+        return DataInfo(
+            "vector", (d.features,), d.classes, int(clients * min(mean, d.max_samples))
+        )
+    if name == "feddyn_synthetic":
+        return DataInfo("vector", (d.dim,), d.classes, 2 * d.clients * d.samples)
+    if name == "quadratic":
+        first = d.centers[0]
+        dim = len(first) if isinstance(first, list) else 1
+        return DataInfo("vector", (dim,), 0, len(d.centers))
+    if name in _IMAGE_COUNTS or name == "emnist":
+        train, test = (
+            _EMNIST_COUNTS[d.subset] if name == "emnist" else _IMAGE_COUNTS[name]
+        )
+        if d.files == "test":
+            train = 0
+        if d.train_samples is not None:
+            train = min(train, d.train_samples)
+        if d.test_samples is not None:
+            test = min(test, d.test_samples)
+        shape = (3, 32, 32) if name.startswith("cifar") else (1, 28, 28)
+        classes = len(d.classes) if d.classes is not None else d._classes_total()
+        return DataInfo("image", shape, classes, train + test)
+    if name == "shakespeare":
+        size = _file_size(d)
+        samples = None if size is None else size // d.stride
+        return DataInfo(
+            "sequence", (d.seq_len,), 80 if d.vocab == "leaf" else None, samples
+        )
+    if name == "tabular":
+        n = _tabular_features(d)
+        size = _file_size(d)
+        # a CSV value takes a few text bytes and 4 to 8 bytes once parsed
+        samples = None
+        if size is not None and n:
+            samples = max(1, size // max(1, 2 * (n + 1)))
+        return DataInfo("vector", None if n is None else (n,), None, samples)
+    return DataInfo("vector", None, None, None)
+
+
+def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
+    """The [C, H, W] an image model sees: an image, or a square vector
+    (784 values are a 1 x 28 x 28 grey image, as fedsim.models reads them)."""
+    if info.shape is None:
+        return None
+    if info.kind == "image":
+        return info.shape  # type: ignore[return-value]
+    if info.kind == "vector":
+        side = math.isqrt(info.shape[0])
+        if side * side == info.shape[0]:
+            return (1, side, side)
+    return None
+
+
+def check_model_data(scenario: Scenario, source: str = "<scenario>") -> None:
+    """Refuse a model that cannot read the dataset's samples.
+
+    ``logreg`` and ``mlp`` read any sample; image networks need images
+    [C, H, W] (or square vectors, read as grey images) large enough for
+    their pooling; ``lstm`` needs character ids (``shakespeare``).
+    """
+    model = scenario.model.name
+    info = data_info(scenario)
+    where = f"{source}: model.name {model!r} does not fit data.dataset "
+    where += f"{scenario.data.dataset!r}"
+    if model == "lstm" and info.kind != "sequence":
+        raise _error(
+            f"{where}: lstm reads sequences of character ids (data: shakespeare), "
+            f"not {info.kind}s; use logreg or mlp"
+        )
+    if model in IMAGE_MODELS:
+        if info.kind == "sequence":
+            raise _error(f"{where}: {model} needs images, not character sequences")
+        if info.shape is None:
+            return  # a tabular file not at hand: building the data will tell
+        image = _as_image(info)
+        if image is None:
+            raise _error(
+                f"{where}: {model} needs images [C, H, W] or a square number of "
+                f"features, the samples have shape {info.shape}; use logreg or mlp"
+            )
+        need = {
+            "cnn": 4,
+            "cifar_cnn": 16,
+            "vgg11": 32,
+            "convnet": 2**scenario.model.depth,
+        }
+        low = need.get(model, 1)
+        if model == "convnet" and image[0] == 1:
+            low = max(1, low - 4)  # its first convolution pads grey images by 3
+        if min(image[1:]) < low:
+            raise _error(
+                f"{where}: {model} needs images of at least {low}x{low}, the "
+                f"samples are {image[1]}x{image[2]}"
+            )
+
+
+# -------------------------------------------------------------- parameter counts
+def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None:
+    """Trainable parameters of the scenario's model; None where the data's
+    shape or classes are only known once it is built.
+
+    ``logreg``, ``mlp``, ``lstm`` and ``quadratic`` are counted by formula;
+    image networks are built on PyTorch's ``meta`` device (no memory).
+
+    >>> from fedsim.scenario import load_scenario
+    >>> count_params(load_scenario("scenarios/quickstart.yaml"))   # 60 x 10 + 10
+    610
+    """
+    info = info or data_info(scenario)
+    spec = scenario.model
+    if info.shape is None:
+        return None
+    dim = math.prod(info.shape)
+    if spec.name == "quadratic":
+        return dim
+    classes = info.classes
+    if classes is None:
+        return None
+    if spec.name == "logreg":
+        return dim * classes + classes
+    if spec.name == "mlp":
+        total, width = 0, dim
+        for h in spec.hidden:
+            total += width * h + h
+            width = h
+        return total + width * classes + classes
+    if spec.name == "lstm":
+        h, total, width = spec.lstm_hidden, classes * spec.embed_dim, spec.embed_dim
+        for _ in range(spec.lstm_layers):
+            total += 4 * h * (width + h) + 8 * h  # W_ih, W_hh and two biases
+            width = h
+        return total + h * classes + classes
+    image = _as_image(info)
+    if image is None:
+        return None
+    import torch
+
+    from fedsim.models import build_model
+
+    try:
+        with torch.device("meta"):
+            net = build_model(spec, dim, classes, seed=0, input_shape=image)
+    except (ValueError, RuntimeError) as exc:
+        raise _error(f"model.name {spec.name!r}: {exc}") from None
+    return sum(p.numel() for p in net.parameters())
+
+
+# ------------------------------------------------------------------------ memory
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A lower estimate of a run's memory, by part (bytes).
+
+    Attributes:
+        params: the model's parameter count (0 when unknown).
+        parts: ``{field: bytes}``: ``model`` (the server's copies and each
+            worker's training copies), ``algorithm`` (the per-client store of
+            a stateful algorithm, or FedDM's synthetic set) and ``data``.
+    """
+
+    params: int
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+# Model-sized vectors alive at once: the server's global model, its state and
+# the aggregation buffer; per worker the parameters, gradients, optimizer
+# buffer and the update it returns.
+_SERVER_COPIES = 3
+_WORKER_COPIES = 4
+
+
+def estimate_memory(scenario: Scenario, workers: int | None = None) -> MemoryEstimate:
+    """What the run needs at least: model copies, the client store of a
+    stateful algorithm (one model-sized vector per client, the least any of
+    them keeps), FedDM's synthetic set, and the dataset (float32, once).
+    Activations and Ray's own overhead are left out."""
+    info = data_info(scenario)
+    params = count_params(scenario, info) or 0
+    elem = scenario.model.elem_bytes
+    n_workers = max(1, workers or 1)
+    parts = {"model": params * elem * (_SERVER_COPIES + _WORKER_COPIES * n_workers)}
+    alg = scenario.algorithm
+    if getattr(alg, "stateful", False):
+        parts["algorithm"] = scenario.num_clients * params * elem
+    elif alg.name == "feddm" and info.sample_bytes and info.classes:
+        # each client sends ipc images per class it holds: at most all classes
+        per = info.sample_bytes + 8  # the image and its int64 label
+        parts["algorithm"] = scenario.num_clients * info.classes * alg.ipc * per
+    if info.samples is not None and info.sample_bytes is not None:
+        parts["data"] = info.samples * (info.sample_bytes + 8)
+    return MemoryEstimate(params=params, parts=parts)
+
+
+def mem_available(meminfo: str | Path = "/proc/meminfo") -> int | None:
+    """``MemAvailable`` in bytes, or None where the file does not tell."""
+    try:
+        text = Path(meminfo).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            fields = line.split()
+            try:
+                return int(fields[1]) * (1024 if fields[-1].lower() == "kb" else 1)
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
+
+
+_FIELD = {"model": "model.name", "algorithm": "algorithm", "data": "data"}
+
+
+def check_memory(
+    scenario: Scenario,
+    source: str = "<scenario>",
+    workers: int | None = None,
+    available_bytes: int | None = None,
+) -> MemoryEstimate:
+    """Refuse a run whose estimated memory exceeds what is available
+    (``available_bytes``, default /proc/meminfo's MemAvailable; no check
+    where neither is known). Returns the estimate."""
+    est = estimate_memory(scenario, workers)
+    avail = available_bytes if available_bytes is not None else mem_available()
+    if avail is None or est.total <= avail:
+        return est
+    part, size = max(est.parts.items(), key=lambda kv: kv[1])
+    field = _FIELD[part]
+    if part == "algorithm":
+        what = (
+            f"algorithm.name {scenario.algorithm.name!r} keeps "
+            f"{scenario.num_clients} client vectors of {est.params:,} parameters"
+            if getattr(scenario.algorithm, "stateful", False)
+            else f"algorithm.ipc {scenario.algorithm.ipc}: FedDM's synthetic set"
+        )
+    elif part == "model":
+        what = f"{field} {scenario.model.name!r} has {est.params:,} parameters"
+    else:
+        what = f"data.dataset {scenario.data.dataset!r}"
+    raise _error(
+        f"{source}: needs at least {_gib(est.total)} of memory but "
+        f"{_gib(avail)} is available; the largest part: {what} ({_gib(size)})"
+    )
+
+
+# ---------------------------------------------------------------- numeric ranges
+def _floats(obj: Any, path: str) -> list[tuple[str, float]]:
+    """Every float in a dumped spec, with its path."""
+    if isinstance(obj, dict):
+        return [kv for k, v in obj.items() for kv in _floats(v, f"{path}.{k}")]
+    if isinstance(obj, list | tuple):
+        return [kv for i, v in enumerate(obj) for kv in _floats(v, f"{path}[{i}]")]
+    if isinstance(obj, float):
+        return [(path, obj)]
+    return []
+
+
+def check_numeric_ranges(scenario: Scenario, source: str = "<scenario>") -> None:
+    """Refuse a training hyperparameter float32 cannot represent.
+
+    With ``model.dtype: float32`` the client's (``client.*``), the
+    algorithm's (``algorithm.*``) and the quadratic objective's numbers
+    (``data.*``) enter float32 arithmetic: beyond 3.4e38 they are inf, and a
+    nonzero value below 1.2e-38 loses its precision to zero. Simulated-time
+    fields (``fleet``, ``round``) are float64 and not checked.
+    """
+    if scenario.model.dtype != "float32":
+        return
+    sections = ["client", "algorithm"]
+    if scenario.data.dataset == "quadratic":
+        sections.append("data")
+    for section in sections:
+        for path, v in _floats(_dump(getattr(scenario, section)), section):
+            if abs(v) > FLOAT32_MAX:
+                raise _error(
+                    f"{source}: {path}: {v:g} is too large for float32 training "
+                    f"(the largest float32 is {FLOAT32_MAX:.4g})"
+                )
+            if v != 0 and abs(v) < FLOAT32_TINY:
+                raise _error(
+                    f"{source}: {path}: {v:g} is too small for float32 training "
+                    f"(the smallest normal float32 is {FLOAT32_TINY:.4g}); use 0 "
+                    "or a larger value"
+                )
+
+
+def _dump(spec: Any) -> dict[str, Any]:
+    """A spec's fields: a pydantic model's dump, or a (pydantic) dataclass's."""
+    import dataclasses
+
+    if hasattr(spec, "model_dump"):
+        return spec.model_dump(mode="python")
+    if dataclasses.is_dataclass(spec):
+        return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    return {}
+
+
+# ------------------------------------------------------------------------ entry
+def preflight(
+    scenario: Scenario,
+    source: str = "<scenario>",
+    *,
+    workers: int | None = None,
+    available_bytes: int | None = None,
+) -> MemoryEstimate:
+    """Every check that needs no cluster: model/data fit, numeric ranges,
+    memory. Call after loading the scenario and before building data.
+
+    Raises:
+        ScenarioError: one line, naming ``source`` and the field.
+    """
+    check_model_data(scenario, source)
+    check_numeric_ranges(scenario, source)
+    return check_memory(scenario, source, workers, available_bytes)
+
+
+# --------------------------------------------------------------------------- Ray
+def check_ray_resources(
+    scenario: Scenario, workers: int, cluster: dict[str, float]
+) -> None:
+    """Refuse a worker layout the Ray cluster cannot place.
+
+    Args:
+        scenario: the loaded scenario (its ``resources`` section).
+        workers: the worker count the run will start (``--workers`` or
+            ``resources.workers`` resolved); 0 runs without Ray.
+        cluster: the cluster's resources, as ``ray.cluster_resources()``
+            returns them (``{"CPU": 2.0, "GPU": 1.0, ...}``).
+
+    Raises:
+        ScenarioError: naming the option or field and what the cluster has.
+    """
+    if workers <= 0:
+        return
+    res = scenario.resources
+    cpus = float(cluster.get("CPU", 0.0))
+    gpus = float(cluster.get("GPU", 0.0))
+    opt = (
+        f"resources.workers {workers}"
+        if res.workers == workers
+        else f"--workers {workers}"
+    )
+    if res.cpus_per_worker > cpus:
+        raise _error(
+            f"resources.cpus_per_worker {res.cpus_per_worker:g}: the Ray cluster "
+            f"has {cpus:g} CPUs; lower it"
+        )
+    if res.gpus_per_worker > 0 and gpus == 0:
+        raise _error(
+            f"resources.gpus_per_worker {res.gpus_per_worker:g}: the Ray cluster "
+            "has no GPU; set it to 0"
+        )
+    if res.gpus_per_worker > gpus:
+        raise _error(
+            f"resources.gpus_per_worker {res.gpus_per_worker:g}: the Ray cluster "
+            f"has {gpus:g} GPUs"
+        )
+    need_cpu = workers * res.cpus_per_worker + res.server_cpus
+    if need_cpu > cpus + 1e-9:
+        server = (
+            f" + resources.server_cpus {res.server_cpus:g}" if res.server_cpus else ""
+        )
+        raise _error(
+            f"{opt} x resources.cpus_per_worker {res.cpus_per_worker:g}{server} "
+            f"needs {need_cpu:g} CPUs; the Ray cluster has {cpus:g} "
+            f"(at most {int((cpus - res.server_cpus) // res.cpus_per_worker)} "
+            "workers)"
+        )
+    need_gpu = workers * res.gpus_per_worker
+    if need_gpu > gpus + 1e-9:
+        raise _error(
+            f"{opt} x resources.gpus_per_worker {res.gpus_per_worker:g} needs "
+            f"{need_gpu:g} GPUs; the Ray cluster has {gpus:g}"
+        )
+
+
+_RAY_CURRENT = Path("/tmp/ray/ray_current_cluster")
+_CLIENT_PORT = 10001  # Ray Client's default
+_GCS_PORT = 6379
+
+
+def _split_host_port(text: str, default_port: int, what: str) -> tuple[str, int]:
+    text = text.strip().rstrip("/")
+    if text.startswith("["):  # [::1]:6379
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, ""
+    if not host:
+        raise _error(f"{what}: no host in {text!r}")
+    if not port_text:
+        return host, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise _error(f"{what}: bad port {port_text!r} (expected 1..65535)")
+    return host, int(port_text)
+
+
+def resolve_address(address: str, what: str = "--address") -> str:
+    """``auto``: ``$RAY_ADDRESS``, else the address in
+    /tmp/ray/ray_current_cluster (written by ``ray start``)."""
+    if address.strip() != "auto":
+        return address.strip()
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    if env and env != "auto":
+        return env
+    try:
+        found = _RAY_CURRENT.read_text(errors="replace").strip()
+    except OSError:
+        found = ""
+    if not found:
+        raise _error(
+            f"{what} auto: no running Ray cluster found (RAY_ADDRESS is not set "
+            f"and {_RAY_CURRENT} does not exist); start one with `ray start "
+            "--head` or give its address"
+        )
+    return found.splitlines()[0].strip()
+
+
+def check_address(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse a Ray address nothing answers on, by a TCP connect.
+
+    Accepts ``host:port`` (the GCS, port 6379 by default), ``ray://host:port``
+    (Ray Client, port 10001 by default) and ``auto``. ``local`` (or an empty
+    address) starts a new local cluster, so there is nothing to check.
+
+    Raises:
+        ScenarioError: one line naming the address and why it failed.
+    """
+    what = f"--address {address}"
+    if address.strip() in ("", "local"):
+        return
+    resolved = resolve_address(address, what)
+    text, port = resolved, _GCS_PORT
+    if "://" in resolved:
+        scheme, _, text = resolved.partition("://")
+        if scheme != "ray":
+            raise _error(f"{what}: unknown scheme {scheme!r} (expected ray://)")
+        port = _CLIENT_PORT
+    host, port = _split_host_port(text, port, what)
+    via = f" (from {address})" if resolved != address.strip() else ""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except TimeoutError:
+        raise _error(
+            f"{what}: no answer from {host}:{port}{via} within {timeout_s:g} s; "
+            "is the Ray head running and the port open?"
+        ) from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise _error(
+            f"{what}: cannot reach {host}:{port}{via} ({reason}); is the Ray "
+            "head running?"
+        ) from None
