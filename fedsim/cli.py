@@ -114,6 +114,12 @@ def run(
     report: Annotated[
         bool, typer.Option("--report/--no-report", help="Write plots and report.md.")
     ] = True,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Replace the results already in --out (not resume)."
+        ),
+    ] = False,
 ) -> None:
     """Run a scenario (or resume a run) and write its results."""
     overrides = list(set_ or [])
@@ -127,8 +133,11 @@ def run(
             _fail(f"{resume}: not a run directory (no scenario.yaml)")
     if scenario is None:
         _fail("missing SCENARIO (a YAML file), or --resume RUN_DIR")
+    from fedsim.preflight import preflight
+
     try:
         sc = load_scenario(scenario, overrides)
+        preflight(sc, str(scenario), workers=workers)
     except ScenarioError as exc:
         _fail(str(exc))
 
@@ -140,18 +149,21 @@ def run(
     )
 
     run_dir = out_dir if out_dir is not None else default_run_dir(sc.name)
+    if resume is None:
+        _check_out(run_dir, scenario, overwrite)
     try:
         prepare_run_dir(run_dir)
         if resume is None:
             atomic_write_bytes(run_dir / "scenario.yaml", dump_scenario(sc).encode())
     except OSError as exc:
         _fail(str(exc))
-    from fedsim.checkpoint import CheckpointError, latest_checkpoint
+    from fedsim.checkpoint import CheckpointError, check_fingerprint, latest_checkpoint
 
     start, sim0 = 0, 0.0  # where the progress bar starts
     if resume is not None:
         try:  # before Ray starts: a run directory without a checkpoint is an error
             ck = latest_checkpoint(run_dir)
+            check_fingerprint(run_dir, sc, missing_ok=True)
         except CheckpointError as exc:
             _fail(str(exc))
         start, sim0 = ck.next_round, ck.sim_time
@@ -200,16 +212,59 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+# What a run writes into its directory (besides the input it was given).
+_RESULTS = ("rounds.parquet", "clients.parquet", "summary.json", "LATEST")
+_TABLES = (".parquet", ".png")  # tables and figures a run or report writes
+
+
+def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
+    """Refuse to mix a new run into a directory that holds another run's
+    results (unless ``--overwrite``, which clears them first), and never
+    write over the input scenario file."""
+    import shutil
+
+    target = run_dir / "scenario.yaml"
+    if target.exists() and target.resolve() == Path(scenario).resolve():
+        _fail(
+            f"--out {run_dir}: the run would write over its own scenario file "
+            f"{scenario}; choose another --out"
+        )
+    held = [n for n in _RESULTS if (run_dir / n).exists()]
+    if not held:
+        return
+    if not overwrite:
+        _fail(
+            f"--out {run_dir} holds the results of a run ({', '.join(held)}); "
+            f"continue it with: fedsim run --resume {run_dir}, choose another "
+            "--out, or pass --overwrite to replace them"
+        )
+    old = {*_RESULTS, "report.md", "scenario.yaml"}
+    for p in run_dir.iterdir():  # the old run's files, not the user's others
+        if p.name in old or p.name.startswith("ckpt-") or p.suffix in _TABLES:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
 def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> int:
-    """Ray worker actors for the run (0: in-process); starts or joins Ray."""
+    """Ray worker actors for the run (0: in-process); starts or joins Ray and
+    checks, before training, that the cluster can place them."""
     n_workers = workers if workers is not None else sc.resources.workers
     if n_workers == 0:
         return 0
     from fedsim.executors import resolve_workers
+    from fedsim.preflight import check_address, check_ray_resources
     from fedsim.ray_session import init_ray
 
-    init_ray(address)
-    return resolve_workers(sc, workers)
+    try:
+        if address:
+            check_address(address)
+        init_ray(address)
+        import ray
+
+        n = resolve_workers(sc, workers)
+        check_ray_resources(sc, n, ray.cluster_resources())
+    except ScenarioError as exc:
+        _fail(str(exc))
+    return n
 
 
 def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any) -> Any:
@@ -291,8 +346,11 @@ def validate(
     set_: SetOption = None,
 ) -> None:
     """Check a scenario file and print what it resolves to."""
+    from fedsim.preflight import preflight
+
     try:
         sc = load_scenario(scenario, list(set_ or []))
+        preflight(sc, str(scenario))
     except ScenarioError as exc:
         _fail(str(exc))
     out.print(dump_scenario(sc), highlight=False, markup=False, end="")

@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import yaml
 
-from fedsim.scenario import Scenario, ScenarioError, load_scenario
+from fedsim.scenario import Scenario, ScenarioError, load_scenario, read_yaml
 
 __all__ = [
     "COMPARE_SCHEMA",
@@ -111,7 +111,7 @@ def algorithm_section(spec: str, scenario_section: dict[str, Any]) -> dict[str, 
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ScenarioError(f"algorithm {spec!r}: expected key=value, got {item!r}")
-        section[key.strip()] = yaml.safe_load(value)
+        section[key.strip()] = read_yaml(value, f"--algorithms {spec!r}")
     return section
 
 
@@ -126,8 +126,9 @@ def _safe(label: str) -> str:
 def _raw_scenario(scenario_path: str | Path) -> dict[str, Any]:
     """The scenario file's YAML mapping, or {} if it cannot be read as one."""
     try:
-        raw = yaml.safe_load(Path(scenario_path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        text = Path(scenario_path).read_text(encoding="utf-8")
+        raw = read_yaml(text, str(scenario_path))
+    except (OSError, UnicodeDecodeError, ScenarioError):
         raw = None  # load_scenario reports the problem properly
     return raw if isinstance(raw, dict) else {}
 

@@ -76,6 +76,7 @@ from fedsim.checkpoint import (
     latest_checkpoint,
     load_tensors,
     save_tensors,
+    write_fingerprint,
     write_meta,
 )
 from fedsim.data import FederatedData, build_data
@@ -406,6 +407,7 @@ class _Run:
                 "n_selector_rows": len(self.recorder.selector_rows),
             },
         )
+        write_fingerprint(ckpt, self.sc)
         commit_checkpoint(self.run_dir, ckpt)
 
     def restore(self) -> tuple[int, float, Any]:

@@ -57,7 +57,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import yaml
 
 from fedsim.compare import (
     _reject_run_overrides,
@@ -66,7 +65,7 @@ from fedsim.compare import (
     load_variant,
     split_algorithms,
 )
-from fedsim.scenario import ScenarioError, load_scenario
+from fedsim.scenario import ScenarioError, load_scenario, read_yaml
 
 __all__ = [
     "STRESS_SCHEMA",
@@ -145,12 +144,7 @@ def parse_sweep(text: str) -> tuple[str, list[Any]]:
         raise ScenarioError(f"--sweep {text!r}: expected PATH=v1,v2,...")
     out = []
     for piece in _split_top(values):
-        try:
-            out.append(yaml.safe_load(piece))
-        except yaml.YAMLError:
-            raise ScenarioError(
-                f"--sweep {path}: cannot read value {piece!r}"
-            ) from None
+        out.append(read_yaml(piece, f"--sweep {path}"))
     if not out:
         raise ScenarioError(f"--sweep {path}: no values")
     return path.strip(), out
