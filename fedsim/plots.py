@@ -1,8 +1,9 @@
 """Figures of one run, drawn from its Parquet tables.
 
-Each function takes the run's tables (``rounds.parquet`` and
-``clients.parquet`` read with :func:`pyarrow.parquet.read_table`) and a
-path, writes one PNG there atomically and returns the path. They use
+Each ``figure_*`` function takes the run's tables (``rounds.parquet`` and
+``clients.parquet`` read with :func:`pyarrow.parquet.read_table`) and returns
+a matplotlib Figure; the matching ``plot_*`` function takes a path too,
+writes the figure there as a PNG, atomically, and returns the path. They use
 matplotlib's object API with the Agg canvas, so they need no display and
 leave pyplot's global state alone. Missing columns, NaN values and empty
 tables give a figure that says so instead of an error: a report of an
@@ -37,6 +38,11 @@ __all__ = [
     "is_async",
     "has_chi2",
     "group_order",
+    "figure_metrics",
+    "figure_tau_by_group",
+    "figure_timeline",
+    "figure_staleness",
+    "figure_chi2",
     "plot_metrics",
     "plot_tau_by_group",
     "plot_timeline",
@@ -162,7 +168,7 @@ def _log_if_wide(ax: Axes, *series: np.ndarray) -> None:
         ax.set_yscale("log")
 
 
-def plot_metrics(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
+def figure_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
     """Test accuracy and loss against simulated time and against rounds.
 
     A 2x2 grid (accuracy on top, loss below; simulated time left, round
@@ -207,15 +213,14 @@ def plot_metrics(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
     if not with_acc and _n_rows(rounds):
         fig.text(0.01, 0.005, "no test accuracy in this run", fontsize=8, color="0.4")
     fig.suptitle(title or "test metrics", fontsize=13)
-    return _save(fig, path)
+    return fig
 
 
-def plot_tau_by_group(
+def figure_tau_by_group(
     clients: pa.Table | None,
-    path: Path,
     groups: Sequence[str] = (),
     title: str = "",
-) -> Path:
+) -> Figure:
     """Distribution of local steps tau_i(t) per device group (box plot with
     the individual updates jittered on top). Dropped updates are left out:
     they contribute no steps."""
@@ -254,7 +259,7 @@ def plot_tau_by_group(
         ax.grid(axis="y", alpha=0.3)
         ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
     ax.set_title(title or "local steps per update, by device group")
-    return _save(fig, path)
+    return fig
 
 
 def _round_blocks(rounds_present: list[int], max_rounds: int) -> list[list[int]]:
@@ -266,14 +271,13 @@ def _round_blocks(rounds_present: list[int], max_rounds: int) -> list[list[int]]
     return [rounds_present[:head], rounds_present[-tail:]]
 
 
-def plot_timeline(
+def figure_timeline(
     clients: pa.Table | None,
-    path: Path,
     rounds: pa.Table | None = None,
     groups: Sequence[str] = (),
     max_rounds: int = 20,
     title: str = "",
-) -> Path:
+) -> Figure:
     """Client timeline: one bar per selected client per round, from
     ``t_start`` to ``t_arrive``, coloured by device group.
 
@@ -299,7 +303,7 @@ def plot_timeline(
         fig = _new_figure(8, 3.5)
         _no_data(fig.subplots(), "no client updates recorded")
         fig.suptitle(title or "client timeline")
-        return _save(fig, path)
+        return fig
 
     blocks = _round_blocks(sorted(set(rnd.tolist())), max_rounds)
     shown = np.isin(rnd, np.concatenate([np.array(b) for b in blocks]))
@@ -421,15 +425,14 @@ def plot_timeline(
     total = len(set(rnd.tolist()))
     suffix = "" if len(blocks) == 1 else f" (first and last of {total} rounds)"
     fig.suptitle((title or "client timeline") + suffix, fontsize=12)
-    return _save(fig, path)
+    return fig
 
 
-def plot_staleness(
+def figure_staleness(
     clients: pa.Table | None,
-    path: Path,
     groups: Sequence[str] = (),
     title: str = "",
-) -> Path:
+) -> Figure:
     """Async runs: staleness of each update against its simulated arrival
     time, coloured by device group; dropped updates as red crosses."""
     fig = _new_figure(10, 4.6)
@@ -459,10 +462,10 @@ def plot_staleness(
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", fontsize=9, markerscale=1.5)
     ax.set_title(title or "staleness of updates over simulated time")
-    return _save(fig, path)
+    return fig
 
 
-def plot_chi2(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
+def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
     """Objective inconsistency chi^2(p||w) of the aggregation weights per round
     (0: the server optimises the true objective)."""
     fig = _new_figure(9, 4.0)
@@ -476,4 +479,51 @@ def plot_chi2(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     ax.set_title(title or "objective inconsistency per round")
-    return _save(fig, path)
+    return fig
+
+
+# The plot_* functions: each draws its figure_* and writes it as a PNG. The
+# figure_* functions are public so that tests (and notebooks) can check the
+# data behind a figure, not only that a file was written.
+
+
+def plot_metrics(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
+    """Write :func:`figure_metrics` to ``path`` (PNG); returns ``path``."""
+    return _save(figure_metrics(rounds, title), path)
+
+
+def plot_tau_by_group(
+    clients: pa.Table | None,
+    path: Path,
+    groups: Sequence[str] = (),
+    title: str = "",
+) -> Path:
+    """Write :func:`figure_tau_by_group` to ``path`` (PNG); returns ``path``."""
+    return _save(figure_tau_by_group(clients, groups, title), path)
+
+
+def plot_timeline(
+    clients: pa.Table | None,
+    path: Path,
+    rounds: pa.Table | None = None,
+    groups: Sequence[str] = (),
+    max_rounds: int = 20,
+    title: str = "",
+) -> Path:
+    """Write :func:`figure_timeline` to ``path`` (PNG); returns ``path``."""
+    return _save(figure_timeline(clients, rounds, groups, max_rounds, title), path)
+
+
+def plot_staleness(
+    clients: pa.Table | None,
+    path: Path,
+    groups: Sequence[str] = (),
+    title: str = "",
+) -> Path:
+    """Write :func:`figure_staleness` to ``path`` (PNG); returns ``path``."""
+    return _save(figure_staleness(clients, groups, title), path)
+
+
+def plot_chi2(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
+    """Write :func:`figure_chi2` to ``path`` (PNG); returns ``path``."""
+    return _save(figure_chi2(rounds, title), path)

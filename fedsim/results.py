@@ -228,8 +228,10 @@ def check_free_space(path: Path, need_bytes: int, what: str) -> None:
         )
 
 
-def _finite(x: float) -> float | None:
-    return x if isinstance(x, float | int) and math.isfinite(x) else None
+def _is_value(x: Any) -> bool:
+    """Whether ``x`` is a recorded metric: a finite number. None and NaN mean
+    "not evaluated this round"; 0.0 is a value like any other."""
+    return isinstance(x, float | int) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def summarize(
@@ -241,11 +243,26 @@ def summarize(
     workers: int,
     version: str,
 ) -> dict[str, Any]:
-    """summary.json's content."""
+    """summary.json's content.
+
+    The test metrics come from the evaluated rounds only (a round without
+    evaluation, see ``eval.every_rounds``, records NaN): ``final_*`` is the
+    last evaluated value, ``best_test_accuracy`` the highest and
+    ``best_round`` the round it was reached in. On a tie, ``best_round`` is
+    the latest such round: the newest model that is as good as any is the
+    one worth keeping. Metrics of exactly 0.0 count as values. Traffic sums
+    every client row, dropped ones included (a dropped client still
+    downloaded the model). With no evaluated round the metric fields are
+    None.
+    """
     accs = [
-        (r["test_accuracy"], r["round"]) for r in rows if _finite(r["test_accuracy"])
+        (float(r["test_accuracy"]), int(r["round"]))
+        for r in rows
+        if _is_value(r.get("test_accuracy"))
     ]
-    losses = [r["test_loss"] for r in rows if _finite(r["test_loss"])]
+    losses = [float(r["test_loss"]) for r in rows if _is_value(r.get("test_loss"))]
+    # max over (accuracy, round): equal accuracies are ordered by round, so a
+    # tie goes to the latest round.
     best = max(accs) if accs else (None, None)
     return {
         "scenario": scenario_name,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings, target
 from hypothesis import strategies as st
 
 from fedsim.clock import Arrival, AsyncTimeline, Version
@@ -426,7 +426,9 @@ def intervals(script, t_from=0.0):
 @given(
     script=offline_scripts,
     future=st.lists(st.tuples(st.integers(0, 4), st.floats(0.0, 30.0)), min_size=1),
-    t_cut=st.floats(2.0, 30.0),
+    # Late enough that, in most examples, versions are made and jobs end
+    # before the cut (a job here takes 2.7-10 s, longer when slowed down).
+    t_cut=st.floats(12.0, 40.0),
     k=st.integers(1, 3),
     seed=st.integers(0, 1000),
 )
@@ -482,8 +484,15 @@ def test_the_future_does_not_change_the_past(script, future, t_cut, k, seed):
     # a run that made its 15 versions before t_cut stopped there: compare up
     # to the earlier of the two ends
     horizon = min(end_a, end_b, t_cut)
-    assert [x for x in ma if x[1] < horizon] == [x for x in mb if x[1] < horizon]
-    assert [x for x in sa if x[4] < horizon] == [x for x in sb if x[4] < horizon]
-    # an example where nothing ends before the cut (slow, straggling devices
-    # and an early cut) shows nothing: hypothesis looks for others instead
-    assume(ma or mb or sa or sb or horizon < 10)
+    made_a = [x for x in ma if x[1] < horizon]
+    ended_a = [x for x in sa if x[4] < horizon]
+    # An example where nothing happens before the horizon compares two empty
+    # lists and shows nothing. Such examples are counted (see
+    # --hypothesis-show-statistics), rejected, and kept rare by the choice of
+    # t_cut: were they common, Hypothesis' filter_too_much health check
+    # would fail this test. target() steers toward busy examples.
+    event("vacuous" if not (made_a or ended_a) else "events before the cut")
+    target(float(len(ended_a)), label="arrivals before the cut")
+    assume(made_a or ended_a)
+    assert made_a == [x for x in mb if x[1] < horizon]
+    assert ended_a == [x for x in sb if x[4] < horizon]

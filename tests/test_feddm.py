@@ -345,7 +345,9 @@ def test_a_round_on_mnist_with_a_small_convnet():
     sim = Simulation(sc, workers=0)
     rows, clients = sim.run()
     # Assert: real upload sizes of 1x28x28 float images
-    assert math.isfinite(rows[0]["test_loss"]) and rows[0]["test_accuracy"] > 0
+    # One round already learns: measured 0.234 (seeds 1, 2: 0.256, 0.356) on
+    # 10 classes, where chance is 0.10.
+    assert math.isfinite(rows[0]["test_loss"]) and rows[0]["test_accuracy"] > 0.18
     for c in clients:
         k = len(set(sim.data.y[sim.data.client_rows(c["client_id"])].tolist()))
         assert c["bytes_up"] == upload_bytes(k, 2, (1, 28, 28))

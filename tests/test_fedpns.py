@@ -324,5 +324,8 @@ def test_paper_scenario_runs_on_the_mnist_test_set():
     assert data.num_clients == 50 and one_label.sum() == 50 - n_iid
     assert set(data.n_samples.tolist()) == {140}
     rows, clients = Simulation(sc, workers=0).run()
-    assert len(rows) == 2 and rows[-1]["test_accuracy"] > 0.1
+    # Chance on 10 classes is 0.10; measured 0.197 -> 0.274 over the two
+    # rounds (seeds 1, 2: 0.192 -> 0.323, 0.219 -> 0.385).
+    assert len(rows) == 2 and rows[-1]["test_accuracy"] > 0.22
+    assert rows[-1]["test_accuracy"] > rows[0]["test_accuracy"] + 0.03
     assert {c["round"] for c in clients} == {0, 1}

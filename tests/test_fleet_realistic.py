@@ -437,26 +437,13 @@ def test_scenario_errors_name_the_group():
 
 
 # --------------------------------------------------- with the clock's support
-# These run once fedsim.clock draws dropouts and keeps the first k arrivals
-# (the change proposed with this module); until then they are skipped.
-def _clock_supports_realistic_rounds() -> bool:
-    import inspect
-
-    from fedsim import clock
-
-    return "keep" in inspect.signature(clock.plan_round).parameters
-
-
-needs_clock = pytest.mark.skipif(
-    not _clock_supports_realistic_rounds(),
-    reason="fedsim.clock does not draw dropouts / keep the first k arrivals yet",
-)
+# fedsim.clock draws dropouts and keeps the first k arrivals; these tests
+# import it plainly, so a regression fails rather than skips.
 
 
 def plan(fleet: Fleet, policy: dict, keep: int | None = None, seed: int = 0):
     from fedsim.clock import RoundSpec, plan_round
 
-    kw = {"keep": keep} if keep is not None else {}
     return plan_round(
         fleet,
         np.arange(fleet.size),
@@ -467,11 +454,10 @@ def plan(fleet: Fleet, policy: dict, keep: int | None = None, seed: int = 0):
         bytes_up=1_000_000,
         n_samples=np.full(fleet.size, 100),
         batch_size=10,
-        **kw,
+        keep=keep,
     )
 
 
-@needs_clock
 def test_dropouts_end_updates_mid_round():
     # Prepare: 8 Mbit/s links (1 s each way), 4 steps/s, 10 steps: 4.5 s of work
     g = group(
@@ -495,7 +481,6 @@ def test_dropouts_end_updates_mid_round():
     )
 
 
-@needs_clock
 def test_no_dropout_probability_leaves_plans_unchanged():
     fleet = Fleet.from_spec(spec(group(count=20, stragglers={"p": 0.5})), seed=0)
     a = plan(fleet, {"policy": "fixed_epochs", "epochs": 1})
@@ -503,7 +488,6 @@ def test_no_dropout_probability_leaves_plans_unchanged():
     assert a == b and not any(p.dropped for p in a.plans)
 
 
-@needs_clock
 def test_over_selection_keeps_the_first_k_arrivals():
     # Prepare: speeds 1..6 steps/s, 10 steps each; keep the first 4
     g = [
@@ -530,7 +514,6 @@ def test_over_selection_keeps_the_first_k_arrivals():
     assert all(p.t_arrive > rp.t_end for p in rp.plans if p.reason == "surplus")
 
 
-@needs_clock
 def test_over_selection_needs_fixed_epochs():
     from fedsim.clock import RoundSpec
 
@@ -538,7 +521,6 @@ def test_over_selection_needs_fixed_epochs():
         RoundSpec(policy="fixed_window", over_select=1.3)
 
 
-@needs_clock
 def test_over_selection_end_to_end():
     # Prepare: select ceil(1.3 * 4) = 6, keep 4
     sc = load_scenario(
@@ -555,7 +537,6 @@ def test_over_selection_end_to_end():
     assert sum(c["drop_reason"] == "surplus" for c in clients) == 2 * len(rows)
 
 
-@needs_clock
 def test_async_jobs_drop_out_too():
     from fedsim.clock import AsyncTimeline, RoundSpec
 
@@ -608,8 +589,25 @@ def test_async_jobs_drop_out_too():
 def test_odd_preset_values_give_validation_errors_only(speed: dict, net: object):
     from pydantic import ValidationError
 
+    from fedsim.presets import NETWORK_PRESETS, SPEED_PRESETS, WORKLOADS
+
     for model, data in ((SpeedSpec, speed), (NetworkSpec, {"preset": net})):
         try:
-            model.model_validate(data)
+            got = model.model_validate(data)
         except ValidationError:
-            pass
+            continue
+        # Accepted: then every odd value given was a valid one, and it is kept
+        # (a bogus preset silently accepted, or dropped, fails here).
+        if model is NetworkSpec:
+            assert net in NETWORK_PRESETS and got.preset == net
+            continue
+        if speed.get("preset") is not None:
+            assert speed["preset"] in SPEED_PRESETS and got.preset == speed["preset"]
+        else:
+            assert got.preset is None
+        if speed.get("workload") is not None:
+            assert speed["workload"] in WORKLOADS
+        if "scale" in speed:
+            scale = speed["scale"]
+            assert not isinstance(scale, str)
+            assert math.isfinite(scale) and scale > 0

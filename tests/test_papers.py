@@ -220,9 +220,17 @@ def test_compare_writes_a_table_per_algorithm_and_a_row_per_seed(tmp_path):
     ]
     assert all(r["rounds"] == 3 and not r["diverged"] for r in runs)
     by = {(r["algorithm"], r["seed"]): r for r in runs}
-    # identical data and fleets: the same first-round model for FedAvg-like
-    # algorithms with the same seed, and SCAFFOLD's bytes doubled
+    # identical data and fleets: with the same seed, FedAvg and FedProx (the
+    # same messages) take the same simulated time round by round, and
+    # SCAFFOLD's bytes are doubled
     assert by[("scaffold", 0)]["bytes_up"] == 2 * by[("fedavg", 0)]["bytes_up"]
+    for seed in (0, 1):
+        avg, prox = (
+            pq.read_table(next((tmp_path / "runs").glob(f"{a}*-seed{seed}.parquet")))
+            for a in ("fedavg", "fedprox")
+        )
+        assert avg.column("sim_time").to_pylist() == prox.column("sim_time").to_pylist()
+        assert avg.column("sim_time").to_pylist() != [0.0] * 3
     md = (tmp_path / "compare.md").read_text()
     assert "| fedavg | 2 |" in md and "rounds to 40%" in md
     assert len(list((tmp_path / "runs").glob("*.parquet"))) == 6

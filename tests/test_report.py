@@ -1,29 +1,26 @@
-"""``fedsim report``: figures and report.md from real run directories, written
-by a tiny in-process simulation through the same files ``fedsim run`` writes."""
+"""``fedsim report``: report.md and the data behind each figure, on real run
+directories written by ``fedsim run`` (synchronous with dropped stragglers,
+asynchronous FedBuff with stale drops, and the quadratic objective without
+accuracy). The figures are checked through :mod:`fedsim.plots`'
+``figure_*`` functions: the x/y arrays drawn must be the Parquet columns."""
 
 from __future__ import annotations
 
 import re
 import shutil
-import time
 from pathlib import Path
 
-import pyarrow as pa
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from matplotlib.collections import PathCollection
+from matplotlib.patches import Rectangle
+from typer.testing import CliRunner
 
 from fedsim import plots
+from fedsim.cli import app
 from fedsim.report import ReportError, write_report
-from fedsim.results import (
-    CLIENT_SCHEMA,
-    ROUND_SCHEMA,
-    atomic_write_bytes,
-    summarize,
-    write_summary,
-    write_table,
-)
-from fedsim.scenario import dump_scenario, load_scenario
-from fedsim.server import Simulation
+from fedsim.results import ROUND_SCHEMA, write_table
 
 from .conftest import SCENARIOS
 
@@ -31,48 +28,75 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SYNC_FIGURES = ["metrics.png", "tau_by_group.png", "timeline.png"]
 
 
-def make_run_dir(path: Path, scenario: Path, overrides: list[str]) -> Path:
-    sc = load_scenario(scenario, overrides)
-    wall0 = time.perf_counter()
-    rows, clients = Simulation(sc, workers=0).run()
-    path.mkdir(parents=True)
-    write_table(path / "rounds.parquet", rows, ROUND_SCHEMA)
-    write_table(path / "clients.parquet", clients, CLIENT_SCHEMA)
-    summary = summarize(
-        rows,
-        clients,
-        scenario_name=sc.name,
-        wall_time_s=time.perf_counter() - wall0,
-        workers=0,
-        version="test",
-    )
-    write_summary(path / "summary.json", summary)
-    atomic_write_bytes(path / "scenario.yaml", dump_scenario(sc).encode())
-    return path
+def cli_run(out: Path, scenario: str, overrides: list[str]) -> Path:
+    args = ["run", str(SCENARIOS / scenario), "--workers", "0", "--out", str(out)]
+    for o in overrides:
+        args += ["--set", o]
+    result = CliRunner().invoke(app, [*args, "--quiet"])
+    assert result.exit_code == 0, result.output
+    return out
 
 
 @pytest.fixture(scope="module")
-def quickstart_run(tmp_path_factory) -> Path:
+def sync_run(tmp_path_factory) -> Path:
     # One epoch per round with an 8 s deadline: stragglers arrive late and are
-    # dropped, so the timeline draws long bars and dropped updates.
-    return make_run_dir(
+    # dropped; evaluation every 2 rounds leaves NaN rows.
+    return cli_run(
         tmp_path_factory.mktemp("runs") / "quickstart",
-        SCENARIOS / "quickstart.yaml",
+        "quickstart.yaml",
         [
-            "rounds=3",
-            "resources.workers=0",
+            "rounds=4",
             "round={policy: fixed_epochs, epochs: 1, deadline_s: 8}",
+            "eval.every_rounds=2",
         ],
     )
 
 
 @pytest.fixture(scope="module")
+def async_run(tmp_path_factory) -> Path:
+    # FedBuff with max_staleness 2: updates staler than that are dropped.
+    return cli_run(
+        tmp_path_factory.mktemp("runs") / "fedbuff",
+        "async-fedbuff.yaml",
+        ["rounds=8", "round.max_staleness=2", "eval.every_rounds=3"],
+    )
+
+
+@pytest.fixture(scope="module")
 def quadratic_run(tmp_path_factory) -> Path:
-    return make_run_dir(
+    return cli_run(
         tmp_path_factory.mktemp("runs") / "quadratic",
-        SCENARIOS / "quadratic-objective-inconsistency.yaml",
+        "quadratic-objective-inconsistency.yaml",
         ["rounds=5", "algorithm={name: fedavg}"],
     )
+
+
+def tables(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    rounds = pq.read_table(run_dir / "rounds.parquet").to_pylist()
+    clients = pq.read_table(run_dir / "clients.parquet").to_pylist()
+    return rounds, clients
+
+
+def finite(x) -> bool:
+    return x is not None and np.isfinite(x)
+
+
+def linked_images(report: Path) -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text())
+
+
+def line_xy(ax, label: str) -> tuple[list[float], list[float]]:
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label() == label]
+    return list(map(float, line.get_xdata())), list(map(float, line.get_ydata()))
+
+
+def points(ax) -> list[tuple[float, float]]:
+    """Every scattered point of an Axes, sorted."""
+    out: list[tuple[float, float]] = []
+    for c in ax.collections:
+        if isinstance(c, PathCollection):
+            out += [tuple(map(float, p)) for p in c.get_offsets()]
+    return sorted(out)
 
 
 def copy_run(src: Path, dst: Path) -> Path:
@@ -80,71 +104,212 @@ def copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
-def assert_png(path: Path) -> None:
-    assert path.is_file(), f"{path.name} was not written"
-    data = path.read_bytes()
-    assert data[:8] == PNG_MAGIC, f"{path.name} is not a PNG"
-    assert len(data) > 5_000, f"{path.name} is suspiciously small ({len(data)} B)"
+# ---------------------------------------------------------------- report.md
 
 
-def linked_images(report: Path) -> list[str]:
-    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text())
+@pytest.mark.parametrize("which", ["sync", "async", "quadratic"])
+def test_report_links_the_figures_it_wrote(which, sync_run, async_run, quadratic_run):
+    run_dir = {"sync": sync_run, "async": async_run, "quadratic": quadratic_run}[which]
 
+    links = linked_images(run_dir / "report.md")
 
-def test_report_of_a_quickstart_run(quickstart_run, tmp_path):
-    # Prepare
-    run_dir = copy_run(quickstart_run, tmp_path / "run")
-    clients = pq.read_table(run_dir / "clients.parquet")
-    assert any(clients.column("dropped").to_pylist()), "want a dropped update"
-
-    # Execute
-    report = write_report(run_dir)
-
-    # Assert
-    assert report == run_dir / "report.md"
-    text = report.read_text()
-    assert text.startswith("# Run report: quickstart")
-    assert "| final test accuracy |" in text
-    assert "| updates dropped |" in text
-    links = linked_images(report)
-    assert links[:3] == SYNC_FIGURES
-    assert "staleness.png" not in links  # a synchronous run
+    expected = SYNC_FIGURES + (["staleness.png"] if which == "async" else [])
+    # FedAvg/FedBuff/FedNova-with-FedAvg-weights on unequal tau or stale
+    # arrivals: chi^2(p||w) > 0 is recorded, so it is drawn.
+    assert links == [*expected, "chi2.png"]
     for name in links:
-        assert_png(run_dir / name)
+        assert (run_dir / name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_report_text_of_a_sync_run(sync_run):
+    text = (sync_run / "report.md").read_text()
+
+    assert text.startswith("# Run report: quickstart")
+    assert "| updates dropped | 6 (15.0%) |" in text  # 6 of 40 (counted below)
     assert "stragglers" in text
+    _, clients = tables(sync_run)
+    assert sum(c["dropped"] for c in clients) == 6 and len(clients) == 40
 
 
-def test_quadratic_run_without_accuracy_still_reports(quadratic_run, tmp_path):
-    run_dir = copy_run(quadratic_run, tmp_path / "run")
-    rounds = pq.read_table(run_dir / "rounds.parquet")
-    assert all(a != a for a in rounds.column("test_accuracy").to_pylist())
+def test_quadratic_run_without_accuracy_has_no_accuracy_rows(quadratic_run):
+    rounds, _ = tables(quadratic_run)
+    assert not any(finite(r["test_accuracy"]) for r in rounds)
 
-    report = write_report(run_dir)
+    text = (quadratic_run / "report.md").read_text()
 
-    text = report.read_text()
     assert "accuracy" not in text.split("## ")[0]  # no empty accuracy rows
     assert "| final test loss |" in text
-    links = linked_images(report)
-    # FedAvg on unequal tau: chi^2(p||w) > 0 is recorded, and drawn.
-    assert links == [*SYNC_FIGURES, "chi2.png"]
-    for name in links:
-        assert_png(run_dir / name)
 
 
-def test_async_run_gets_a_staleness_figure(quickstart_run, tmp_path):
-    # Prepare: an async run's clients table carries a staleness column.
-    run_dir = copy_run(quickstart_run, tmp_path / "run")
-    clients = pq.read_table(run_dir / "clients.parquet")
-    stale = [float(i % 4) for i in range(clients.num_rows)]
-    clients = clients.append_column("staleness", pa.array(stale, pa.float64()))
-    pq.write_table(clients, run_dir / "clients.parquet")
+def test_report_command_rewrites_the_report(sync_run, tmp_path):
+    run_dir = copy_run(sync_run, tmp_path / "run")
+    (run_dir / "report.md").unlink()
 
-    report = write_report(run_dir)
+    path = write_report(run_dir)
 
-    links = linked_images(report)
-    assert "staleness.png" in links
-    for name in links:
-        assert_png(run_dir / name)
+    assert path == run_dir / "report.md"
+    assert path.read_text() == (sync_run / "report.md").read_text().replace(
+        "`quickstart`", "`run`"
+    )
+
+
+# ---------------------------------------------------------------- figure data
+
+
+@pytest.mark.parametrize("which", ["sync", "async"])
+def test_metrics_figure_plots_the_rounds_columns(which, sync_run, async_run):
+    run_dir = sync_run if which == "sync" else async_run
+    rounds, _ = tables(run_dir)
+    evaluated = [r for r in rounds if finite(r["test_accuracy"])]
+    assert 0 < len(evaluated) < len(rounds)
+
+    fig = plots.figure_metrics(pq.read_table(run_dir / "rounds.parquet"))
+
+    (acc_t, acc_r), (loss_t, loss_r) = fig.axes[0:2], fig.axes[2:4]
+    for ax, x in ((acc_t, "sim_time"), (acc_r, "round")):
+        xs, ys = line_xy(ax, "test accuracy")
+        assert xs == [r[x] for r in evaluated]
+        assert ys == [r["test_accuracy"] for r in evaluated]
+    for ax, x in ((loss_t, "sim_time"), (loss_r, "round")):
+        xs, ys = line_xy(ax, "test loss")
+        assert (xs, ys) == (
+            [r[x] for r in evaluated],
+            [r["test_loss"] for r in evaluated],
+        )
+        xs, ys = line_xy(ax, "train loss")  # every round has a training loss
+        assert (xs, ys) == (
+            [r[x] for r in rounds],
+            [r["train_loss"] for r in rounds],
+        )
+
+
+def test_metrics_figure_of_a_run_without_accuracy(quadratic_run):
+    rounds, _ = tables(quadratic_run)
+
+    fig = plots.figure_metrics(pq.read_table(quadratic_run / "rounds.parquet"))
+
+    assert len(fig.axes) == 2  # loss only
+    xs, ys = line_xy(fig.axes[1], "test loss")
+    assert xs == [r["round"] for r in rounds]
+    assert ys == [r["test_loss"] for r in rounds]
+
+
+@pytest.mark.parametrize("which", ["sync", "async"])
+def test_tau_figure_plots_completed_updates_per_group(which, sync_run, async_run):
+    run_dir = sync_run if which == "sync" else async_run
+    _, clients = tables(run_dir)
+
+    fig = plots.figure_tau_by_group(pq.read_table(run_dir / "clients.parquet"))
+
+    (ax,) = fig.axes
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    for i, coll in enumerate(
+        c for c in ax.collections if isinstance(c, PathCollection)
+    ):
+        group = labels[i].split("\n")[0]
+        want = sorted(
+            c["tau"] for c in clients if c["device_group"] == group and not c["dropped"]
+        )
+        assert sorted(float(y) for _, y in coll.get_offsets()) == want, group
+        assert labels[i].endswith(f"(n={len(want)})")
+        # jitter stays within the group's box
+        assert all(abs(x - (i + 1)) <= 0.18 for x, _ in coll.get_offsets())
+    assert sum(int(lb.split("n=")[1][:-1]) for lb in labels) == sum(
+        not c["dropped"] for c in clients
+    )
+
+
+@pytest.mark.parametrize("which", ["sync", "async"])
+def test_timeline_draws_one_bar_per_client_row(which, sync_run, async_run):
+    run_dir = sync_run if which == "sync" else async_run
+    rounds, clients = tables(run_dir)
+
+    fig = plots.figure_timeline(
+        pq.read_table(run_dir / "clients.parquet"),
+        pq.read_table(run_dir / "rounds.parquet"),
+    )
+
+    ax = fig.axes[0]
+    ids = sorted({c["client_id"] for c in clients})
+    bars = sorted(
+        (
+            p.get_x(),
+            p.get_x() + p.get_width(),
+            ids[round(p.get_y() + 0.35)],
+            bool(p.get_hatch()),
+        )
+        for p in ax.patches
+        if isinstance(p, Rectangle)
+    )
+    want = sorted(
+        (c["t_start"], c["t_arrive"], c["client_id"], c["dropped"]) for c in clients
+    )
+    assert len(bars) == len(want)
+    for got, exp in zip(bars, want, strict=True):
+        assert got[0] == pytest.approx(exp[0], abs=1e-9)
+        assert got[1] == pytest.approx(exp[1], abs=1e-9)
+        assert got[2:] == exp[2:]
+    # a red drop marker at each dropped update's arrival
+    red = [
+        tuple(map(float, p))
+        for c in ax.collections
+        if isinstance(c, PathCollection) and c.get_array() is None
+        for p in c.get_offsets()
+    ]
+    assert sorted(x for x, _ in red) == sorted(
+        c["t_arrive"] for c in clients if c["dropped"]
+    )
+
+
+def test_staleness_figure_plots_every_arrival(async_run):
+    _, clients = tables(async_run)
+    assert any(c["dropped"] for c in clients)
+
+    fig = plots.figure_staleness(pq.read_table(async_run / "clients.parquet"))
+
+    (ax,) = fig.axes
+    assert points(ax) == sorted((c["t_arrive"], float(c["staleness"])) for c in clients)
+    (drop,) = [c for c in ax.collections if c.get_label() == "dropped"]
+    assert sorted(map(tuple, drop.get_offsets().tolist())) == sorted(
+        (c["t_arrive"], float(c["staleness"])) for c in clients if c["dropped"]
+    )
+
+
+@pytest.mark.parametrize("which", ["sync", "async", "quadratic"])
+def test_chi2_figure_plots_the_rounds_column(which, sync_run, async_run, quadratic_run):
+    run_dir = {"sync": sync_run, "async": async_run, "quadratic": quadratic_run}[which]
+    rounds, _ = tables(run_dir)
+    want = [(r["round"], r["chi2_pw"]) for r in rounds if finite(r["chi2_pw"])]
+    assert want
+    # FedNova (quickstart) weighs by data size: chi^2 = 0 exactly; FedAvg on
+    # unequal tau and FedBuff on stale arrivals do not.
+    assert any(v > 0 for _, v in want) == (which != "sync")
+
+    fig = plots.figure_chi2(pq.read_table(run_dir / "rounds.parquet"))
+
+    xs, ys = fig.axes[0].get_lines()[0].get_data()
+    assert list(zip(map(float, xs), map(float, ys), strict=True)) == want
+
+
+def test_timeline_keeps_first_and_last_rounds(async_run):
+    clients = pq.read_table(async_run / "clients.parquet")
+    rounds = pq.read_table(async_run / "rounds.parquet")
+    assert plots._round_blocks([0, 1, 2], max_rounds=2) == [[0], [2]]
+    assert plots._round_blocks([0, 1, 2], max_rounds=20) == [[0, 1, 2]]
+
+    fig = plots.figure_timeline(clients, rounds, max_rounds=2)
+
+    # two panels: round 0 and round 7, with just their client rows
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["round 0", "round 7"]
+    per_round = [
+        sum(r == k for r in clients.column("round").to_pylist()) for k in (0, 7)
+    ]
+    assert [len(ax.patches) for ax in fig.axes[:2]] == per_round
+    with pytest.raises(ValueError, match="max_rounds"):
+        plots.figure_timeline(clients, rounds, max_rounds=0)
+
+
+# ---------------------------------------------------------------- errors
 
 
 def test_missing_rounds_parquet_is_a_clear_error(tmp_path):
@@ -173,16 +338,3 @@ def test_empty_run_with_only_rounds_parquet(tmp_path):
     assert linked_images(report) == SYNC_FIGURES
     for name in SYNC_FIGURES:
         assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
-
-
-def test_timeline_keeps_first_and_last_rounds(quickstart_run, tmp_path):
-    clients = pq.read_table(quickstart_run / "clients.parquet")
-    rounds = pq.read_table(quickstart_run / "rounds.parquet")
-    assert plots._round_blocks([0, 1, 2], max_rounds=2) == [[0], [2]]
-    assert plots._round_blocks([0, 1, 2], max_rounds=20) == [[0, 1, 2]]
-
-    out = plots.plot_timeline(clients, tmp_path / "t.png", rounds, max_rounds=2)
-
-    assert_png(out)
-    with pytest.raises(ValueError, match="max_rounds"):
-        plots.plot_timeline(clients, tmp_path / "u.png", rounds, max_rounds=0)

@@ -189,12 +189,7 @@ def test_a_bare_client_count_works_unless_real_weights_are_needed(sel):
         assert len(ids) == K
 
 
-_SERVER_HAS_CONTEXT = hasattr(fedsim.server, "SelectorContext")
-
-
 def test_a_short_simulation_runs_with_it(sel):
-    if sel.needs_context and not _SERVER_HAS_CONTEXT:
-        pytest.skip("needs the server to pass a SelectorContext (issue 4 server patch)")
     sc = load_scenario(
         TINY, [f"selector={{name: {sel.name}, clients_per_round: 3}}", "rounds=3"]
     )
@@ -312,8 +307,6 @@ def test_selector_interface_takes_the_context_everywhere():
 
 
 def test_weighted_multiplicities_reach_the_proportional_server():
-    if not _SERVER_HAS_CONTEXT:
-        pytest.skip("needs the server to pass multiplicities (issue 4 server patch)")
     sc = load_scenario(
         TINY,
         [
@@ -337,3 +330,85 @@ def test_weighted_multiplicities_reach_the_proportional_server():
         total = sum(k[c["client_id"]] * c["tau"] for c in done)
         for c in done:
             assert c["weight"] == pytest.approx(k[c["client_id"]] * c["tau"] / total)
+
+
+# ------------------------------------------- through `fedsim run` (the server)
+def cli_clients(tmp_path, overrides: list[str]) -> list[dict[str, Any]]:
+    """clients.parquet of a ``fedsim run`` of tiny-synthetic."""
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from fedsim.cli import app
+
+    args = ["run", str(TINY), "--workers", "0", "--out", str(tmp_path), "-q"]
+    args += ["--no-report"]
+    for o in overrides:
+        args += ["--set", o]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return pq.read_table(tmp_path / "clients.parquet").to_pylist()
+
+
+def test_power_of_choice_through_the_server_picks_the_highest_last_losses(tmp_path):
+    # Prepare: d = all 6 clients (none goes offline), so the candidate set is
+    # the whole fleet and the rule is deterministic once every client has a
+    # loss: the 3 highest last-observed training losses.
+    rounds = 7
+    clients = cli_clients(
+        tmp_path,
+        [
+            "selector={name: power_of_choice, clients_per_round: 3, candidates: 6}",
+            f"rounds={rounds}",
+        ],
+    )
+
+    # Execute: replay the rule from clients.parquet alone
+    picked = [
+        {c["client_id"] for c in clients if c["round"] == t} for t in range(rounds)
+    ]
+    last_loss: dict[int, float] = {}
+    for t in range(rounds):
+        if t >= 2:
+            assert len(last_loss) == 6
+            top = sorted(last_loss, key=lambda i: -last_loss[i])[:3]
+            # Assert: exactly the 3 highest losses (uniform: 1 in 20 a round)
+            assert picked[t] == set(top), (t, last_loss)
+        for c in clients:
+            if c["round"] == t and not c["dropped"]:
+                last_loss[c["client_id"]] = c["train_loss"]
+
+    # Assert: unseen clients (loss +inf) go first, so rounds 0 and 1 cover all
+    assert picked[0] | picked[1] == set(range(6))
+
+
+def test_oort_through_the_server_explores_fast_unseen_devices_first(tmp_path):
+    # Prepare: 15 fast devices (100 steps/s) and 15 slow ones (1 step/s);
+    # exploration 1 (kept by decay 1): every slot explores an unseen device
+    # while there are any, drawn with probability proportional to 1/t_i.
+    fleet = (
+        "fleet={groups: ["
+        "{name: fast, count: 15, speed: {dist: lognormal, median_steps_per_s: 100, "
+        "sigma: 0.1}}, "
+        "{name: slow, count: 15, speed: {dist: lognormal, median_steps_per_s: 1, "
+        "sigma: 0.1}}]}"
+    )
+    clients = cli_clients(
+        tmp_path,
+        [
+            fleet,
+            "selector={name: oort, clients_per_round: 5, exploration: 1.0, "
+            "exploration_decay: 1.0}",
+            "rounds=6",
+        ],
+    )
+
+    # Execute
+    picked = [[c for c in clients if c["round"] == t] for t in range(6)]
+    ids = [c["client_id"] for t in range(6) for c in picked[t]]
+    first_15 = [c["device_group"] for t in range(3) for c in picked[t]]
+
+    # Assert: 6 rounds of 5 distinct unseen devices cover the fleet (uniform
+    # selection repeats a device almost surely) ...
+    assert sorted(ids) == list(range(30))
+    # ... fast devices first (measured 15 of 15; uniform: about 7.5)
+    assert first_15.count("fast") >= 13, first_15
