@@ -436,6 +436,7 @@ def stress(
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots)."""
     from fedsim.compare import split_algorithms
+    from fedsim.data import DataError, DataMissingError
     from fedsim.stress import parse_sweep, run_stress
 
     grid: dict[str, list[Any]] = {}
@@ -476,11 +477,15 @@ def stress(
             overrides=list(set_ or []),
             progress=progress,
         )
-    except ScenarioError as exc:
+    except (ScenarioError, DataMissingError, DataError) as exc:
         _fail(str(exc))
     except (OSError, RuntimeError) as exc:
         _fail(str(exc), code=1)
     out.print(f"report: {path / 'stress.md'}", highlight=False)
+    import pyarrow.parquet as pq
+
+    diverged = pq.read_table(path / "stress.parquet", columns=["diverged"])
+    _exit_if_diverged(sum(diverged.column(0).to_pylist()), "stress.parquet")
 
 
 @app.command()
@@ -544,8 +549,10 @@ def compare(
                 f"{row['wall_time_s']:.0f}s{flag}"
             )
 
+    from fedsim.data import DataError, DataMissingError
+
     try:
-        run_compare(
+        table = run_compare(
             scenario,
             names,
             seeds=seeds,
@@ -554,11 +561,21 @@ def compare(
             target_accuracy=target,
             progress=show,
         )
-    except (ScenarioError, ValueError) as exc:
+    except (ScenarioError, ValueError, DataMissingError, DataError) as exc:
         _fail(str(exc))
     text = (run_dir / "compare.md").read_text()
     out.print(text, markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {run_dir}")
+    _exit_if_diverged(sum(int(r["diverged"]) for r in table), "compare.parquet")
+
+
+def _exit_if_diverged(n: int, where: str) -> None:
+    """Exit 1 when runs diverged: the results are written, and say which."""
+    if n:
+        _say(
+            "[bold red]diverged:[/]", f"{n} run(s); see the diverged column of {where}"
+        )
+        raise typer.Exit(1)
 
 
 def main() -> None:

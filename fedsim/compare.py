@@ -222,6 +222,8 @@ def run_one(
 
     sc, mode = load_variant(scenario_path, label, seed, overrides)
     result = run_scenario(sc, workers=0)
+    if result.status == "interrupted":
+        raise KeyboardInterrupt  # stop the comparison, not just this run
     rows = result.rows
     diverged = result.status == "diverged"
     wall = result.wall_time_s

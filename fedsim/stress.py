@@ -173,6 +173,8 @@ def _run_one(
 
     sc, mode = load_variant(scenario_path, label, seed, overrides, cell)
     result = run_scenario(sc, workers=0)  # keeps the rows up to a divergence
+    if result.status == "interrupted":
+        raise KeyboardInterrupt  # stop the sweep, not just this run
     rows, clients = result.rows, result.clients
     diverged = result.status == "diverged"
     wall = result.wall_time_s

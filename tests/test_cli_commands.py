@@ -157,13 +157,11 @@ CASES: dict[str, Case] = {
         + DIVERGE,
         1,
         rows_kept("compare.parquet"),
-        xfail="a diverged run is counted in compare.md, exit 0",
     ),
     "compare-missing-data": Case(
         ["compare", TINY, "-a", "fedavg", "--seeds", "1", "--out", "{tmp}/out"]
         + ["--set", NO_DATA % "{tmp}"],
         2,
-        xfail="DataMissingError escapes as a traceback, exit 1",
     ),
     # --------------------------------------------------------------- stress
     "stress-ok": Case(
@@ -189,13 +187,11 @@ CASES: dict[str, Case] = {
         + ["--workers", "0", "--out", "{tmp}/out", "-q", *DIVERGE],
         1,
         rows_kept("stress.parquet"),
-        xfail="a diverged run is counted in stress.md, exit 0",
     ),
     "stress-missing-data": Case(
         ["stress", TINY, *SWEEP, "--algorithms", "fedavg", "--seeds", "1"]
         + ["--workers", "0", "--out", "{tmp}/out", "-q", "--set", NO_DATA % "{tmp}"],
         2,
-        xfail="DataMissingError is reported as a failed run, exit 1",
     ),
 }
 

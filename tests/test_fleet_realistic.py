@@ -410,10 +410,11 @@ def test_a_daily_fleet_runs_end_to_end():
             "fleet.groups[1].speed={preset: flash-phones-mid, scale: 3}",
         ],
     )
-    from fedsim.server import Simulation
+    from fedsim.runtime import run_scenario
 
     # Execute
-    rows, clients = Simulation(sc, workers=0).run()
+    res = run_scenario(sc, workers=0)
+    rows, clients = res.rows, res.clients
 
     # Assert
     assert [r["round"] for r in rows] == [0, 1, 2]
@@ -527,10 +528,11 @@ def test_over_selection_end_to_end():
         SCENARIOS / "ci" / "tiny-synthetic.yaml",
         ["round.over_select=1.3", "selector.clients_per_round=4"],
     )
-    from fedsim.server import Simulation
+    from fedsim.runtime import run_scenario
 
     # Execute
-    rows, clients = Simulation(sc, workers=0).run()
+    res = run_scenario(sc, workers=0)
+    rows, clients = res.rows, res.clients
 
     # Assert
     assert all(r["n_selected"] == 6 and r["n_completed"] == 4 for r in rows)

@@ -27,15 +27,15 @@ import numpy as np
 import pytest
 import torch
 
-import fedsim.server
+import fedsim.runtime
 from fedsim.algorithms.base import AggregateInfo
+from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
 from fedsim.selectors import REGISTRY, SelectorContext
 from fedsim.selectors.oort import Oort
 from fedsim.selectors.power_of_choice import PowerOfChoice
 from fedsim.selectors.uniform import Uniform
 from fedsim.selectors.weighted import Weighted
-from fedsim.server import Simulation
 
 from .conftest import SCENARIOS
 
@@ -193,7 +193,8 @@ def test_a_short_simulation_runs_with_it(sel):
     sc = load_scenario(
         TINY, [f"selector={{name: {sel.name}, clients_per_round: 3}}", "rounds=3"]
     )
-    rows, clients = Simulation(sc, workers=0).run()
+    res = run_scenario(sc, workers=0)
+    rows = res.rows
     assert len(rows) == 3 and np.isfinite(rows[-1]["test_loss"])
     assert all(1 <= r["n_selected"] <= 3 for r in rows)
 
@@ -315,14 +316,16 @@ def test_weighted_multiplicities_reach_the_proportional_server():
             "rounds=3",
         ],
     )
-    sim = Simulation(sc, workers=0)
-    _, clients = sim.run()  # without multiplicities, sampling: proportional raises
+    sim = run_scenario(sc, workers=0)
+    clients = sim.clients  # without multiplicities, sampling: proportional raises
     # replay the selector: FedAvg's effective weight is k_i tau_i / sum
     sel = sc.selector
     ctx = SelectorContext.from_arrays(sim.data.n_samples)
     state = sel.init(ctx)
     for t in range(3):
-        rng = sim._rng(fedsim.server._SELECT_TAG, t)
+        rng = np.random.default_rng(
+            np.random.SeedSequence([sc.seed, fedsim.runtime._SELECT_TAG, t])
+        )
         ids, state = sel.select(state, t, np.arange(sc.num_clients), rng, ctx)
         k = sel.multiplicity(state, ids)
         done = [c for c in clients if c["round"] == t and not c["dropped"]]

@@ -277,10 +277,11 @@ def test_the_shipped_trace_scenario_runs(tmp_path: Path, monkeypatch):
     # Prepare: shipped scenarios give paths from the repository root
     monkeypatch.chdir(SCENARIOS.parent)
     sc = load_scenario(SCENARIOS / "fleets" / "phones-trace.yaml", ["rounds=2"])
-    from fedsim.server import Simulation
+    from fedsim.runtime import run_scenario
 
     # Execute
-    rows, clients = Simulation(sc, workers=0).run()
+    res = run_scenario(sc, workers=0)
+    rows, clients = res.rows, res.clients
 
     # Assert: at midnight few phones are online, so few are chosen (measured:
     # 1 of the 5 asked for, in both rounds)
