@@ -49,6 +49,7 @@ __all__ = [
     "Momentum",
     "Prox",
     "SolverState",
+    "average_gradient",
     "make_solver",
     "normalized_gradient",
 ]
@@ -165,7 +166,16 @@ def normalized_gradient(delta: torch.Tensor, st: SolverState) -> torch.Tensor:
     >>> normalized_gradient(torch.tensor([-3.0]), st)
     tensor([3.])
     """
-    return delta / (-st.lr * st.norm_a)
+    return average_gradient(delta, st.lr, st.norm_a)
+
+
+def average_gradient(delta: torch.Tensor, lr: float, norm_a: float) -> torch.Tensor:
+    """d = -Delta / (lr ||a||_1) from an uploaded delta, lr and ||a||_1.
+
+    >>> average_gradient(torch.tensor([-3.0]), 0.5, 2.0)
+    tensor([3.])
+    """
+    return delta / (-lr * norm_a)
 
 
 def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:

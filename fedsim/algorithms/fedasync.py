@@ -61,13 +61,18 @@ from fedsim.algorithms.base import (
     data_weights,
     empty_info,
 )
+from fedsim.algorithms.weighting import (
+    TauEff,
+    effective_steps,
+    normalizers,
+    weighted_steps,
+)
 from fedsim.params import chi2
 from fedsim.spec import NonNegFloat, PosFloat
 
 __all__ = ["AsyncInfo", "FedAsync", "Staleness", "staleness_weight"]
 
 Staleness = Literal["constant", "polynomial", "hinge"]
-TauEff = Literal["fedavg", "steps", "fixed"]
 
 
 def staleness_weight(kind: Staleness, s: int, a: float = 0.5, b: float = 4) -> float:
@@ -142,14 +147,10 @@ class _Normalized(Algorithm):
     ) -> tuple[list[float], float]:
         """Factor on each Delta (tau_eff / ||a_i||_1 when normalising, else 1),
         and the tau_eff to report (sum_i p_i ||a_i||_1 when not normalising)."""
+        norm_a = [u.norm_a for u in updates]
         if not self.normalize:
-            p = data_weights(updates)
-            return [1.0] * len(updates), sum(
-                pi * u.norm_a for pi, u in zip(p, updates, strict=True)
-            )
-        if any(u.norm_a <= 0 for u in updates):
-            raise ValueError("normalize needs ||a_i||_1 > 0 (at least one step)")
-        return [tau_eff / u.norm_a for u in updates], tau_eff
+            return [1.0] * len(updates), weighted_steps(data_weights(updates), norm_a)
+        return normalizers([tau_eff] * len(updates), norm_a), tau_eff
 
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
@@ -209,11 +210,14 @@ class FedAsync(_Normalized):
         count = state["count"] + len(updates)
         norm_a_sum = state["norm_a_sum"] + sum(u.norm_a for u in updates)
         steps_sum = state["steps_sum"] + sum(u.tau for u in updates)
-        if self.tau_eff == "fixed" and self.tau_eff_value is not None:
-            running = float(self.tau_eff_value)
-        else:
-            total = norm_a_sum if self.tau_eff == "fedavg" else steps_sum
-            running = float(total / count)
+        # the running mean over every update so far, as one "update"
+        running = effective_steps(
+            self.tau_eff,
+            [1.0],
+            [float(norm_a_sum / count)],
+            [float(steps_sum / count)],
+            self.tau_eff_value,
+        )
         scale, tau_eff = self.scales(updates, running)
         p = data_weights(updates)
         mix = [

@@ -41,6 +41,7 @@ from fedsim.algorithms.base import (
     meter,
 )
 from fedsim.algorithms.sampling import Scheme, sampling_extras, sampling_weights
+from fedsim.algorithms.weighting import weighted_steps
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
 
@@ -88,4 +89,5 @@ class FedAvg(Algorithm):
         wh = sampling_weights(updates, self.sampling)
         step = weighted_sum([u.delta for u in updates], wh)
         w = [wi * u.norm_a for wi, u in zip(wh, updates, strict=True)]
-        return self.apply_step(state, step), meter(updates, p, w, tau_eff=sum(w))
+        tau_eff = weighted_steps(wh, [u.norm_a for u in updates])
+        return self.apply_step(state, step), meter(updates, p, w, tau_eff)

@@ -23,6 +23,7 @@ from pydantic import Field
 
 from fedsim.algorithms.base import ServerState
 from fedsim.algorithms.fedavg import FedAvg
+from fedsim.algorithms.weighting import momentum_buffer
 
 __all__ = ["FedAvgM"]
 
@@ -47,5 +48,5 @@ class FedAvgM(FedAvg):
         return {"x": x0.clone(), "mom": torch.zeros_like(x0)}
 
     def apply_step(self, state: ServerState, step: torch.Tensor) -> ServerState:
-        mom = self.server_momentum * state["mom"] + step
+        mom = momentum_buffer(state["mom"], step, self.server_momentum)
         return {**state, "x": state["x"] + self.server_lr * mom, "mom": mom}

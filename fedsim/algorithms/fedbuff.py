@@ -36,6 +36,7 @@ import torch
 
 from fedsim.algorithms.base import ClientUpdate, ServerState, empty_info
 from fedsim.algorithms.fedasync import AsyncInfo, _Normalized, async_meter
+from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.params import weighted_sum
 from fedsim.spec import PosInt
 
@@ -75,12 +76,9 @@ class FedBuff(_Normalized):
         if not updates:
             return state, AsyncInfo(**vars(empty_info()))
         k = len(updates)
-        if self.tau_eff == "fixed" and self.tau_eff_value is not None:
-            mean_steps = float(self.tau_eff_value)
-        elif self.tau_eff == "steps":
-            mean_steps = sum(u.tau for u in updates) / k
-        else:
-            mean_steps = sum(u.norm_a for u in updates) / k
+        mean_steps = updates_tau_eff(
+            self.tau_eff, [1.0] * k, updates, self.tau_eff_value
+        )
         scale, tau_eff = self.scales(updates, mean_steps)
         s = [self.weight(si) for si in staleness]
         coef = [si * c / k for si, c in zip(s, scale, strict=True)]

@@ -83,6 +83,7 @@ from fedsim.algorithms.base import (
     empty_info,
     meter,
 )
+from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.spec import NonNegFloat, PosFloat, PosInt
 
 __all__ = [
@@ -347,7 +348,7 @@ class FedDM(Algorithm):
         with torch.no_grad():
             x_new = torch.nn.utils.parameters_to_vector(params).detach().clone()
         w = [float(len(u.extras["labels"])) for u in ups]
-        tau_eff = sum(u.tau for u in ups) / len(ups)
+        tau_eff = updates_tau_eff("steps", [1.0] * len(ups), ups)
         info = meter(ups, data_weights(ups), w, tau_eff)
         new = {**state, "x": x_new.to(x_r.dtype), "round": state["round"] + 1}
         return new, AggregateInfo(

@@ -52,6 +52,12 @@ from fedsim.algorithms.base import (
     meter,
 )
 from fedsim.algorithms.sampling import Scheme, sampling_extras, sampling_weights
+from fedsim.algorithms.weighting import (
+    TauEff,
+    momentum_buffer,
+    normalizers,
+    updates_tau_eff,
+)
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
 from fedsim.spec import PosFloat
@@ -75,7 +81,7 @@ class FedNova(Algorithm):
     """
 
     name: Literal["fednova"] = "fednova"
-    tau_eff: Literal["fedavg", "steps", "fixed"] = "fedavg"
+    tau_eff: TauEff = "fedavg"
     tau_eff_value: PosFloat | None = None
     sampling: Scheme = "renormalized"
     gmf: Annotated[float, Field(ge=0, lt=1)] = 0.0
@@ -91,14 +97,7 @@ class FedNova(Algorithm):
         self, w: Sequence[float], updates: Sequence[ClientUpdate]
     ) -> float:
         """tau_eff for sampling weights ``w`` (normalised here)."""
-        sw = float(sum(w))
-        if self.tau_eff == "fedavg":
-            return sum(wi * u.norm_a for wi, u in zip(w, updates, strict=True)) / sw
-        if self.tau_eff == "steps":
-            return sum(wi * u.tau for wi, u in zip(w, updates, strict=True)) / sw
-        if self.tau_eff == "fixed" and self.tau_eff_value is not None:
-            return float(self.tau_eff_value)
-        raise ValueError(f"unknown tau_eff {self.tau_eff!r}")
+        return updates_tau_eff(self.tau_eff, w, updates, self.tau_eff_value)
 
     def client_finish(
         self,
@@ -118,7 +117,7 @@ class FedNova(Algorithm):
         p = data_weights(updates)
         wh = sampling_weights(updates, self.sampling)
         tau_eff = self.effective_steps(wh, updates)
-        coef = [wi / u.norm_a for wi, u in zip(wh, updates, strict=True)]
+        coef = normalizers(wh, [u.norm_a for u in updates])
         step = weighted_sum([u.delta for u in updates], coef)
         return (self.server_lr * tau_eff) * step, meter(updates, p, wh, tau_eff)
 
@@ -128,5 +127,5 @@ class FedNova(Algorithm):
         if not updates:
             return state, empty_info()
         step, info = self.normalized_step(updates)
-        mom = self.gmf * state["mom"] + step
+        mom = momentum_buffer(state["mom"], step, self.gmf)
         return {**state, "x": state["x"] + mom, "mom": mom}, info

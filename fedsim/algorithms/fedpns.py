@@ -58,8 +58,9 @@ from fedsim.algorithms.base import (
     empty_info,
     meter,
 )
+from fedsim.algorithms.weighting import updates_tau_eff, uploaded_lr
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState
+from fedsim.solvers import SolverState, average_gradient
 from fedsim.spec import PosInt, Prob
 
 __all__ = ["FedPNS", "expectation", "optimal_aggregation"]
@@ -181,7 +182,7 @@ class FedPNS(Algorithm):
         if not live:
             return state, empty_info()
         x = state["x"]
-        grads = [u.delta / (-_lr(u) * u.norm_a) for u in live]
+        grads = [average_gradient(u.delta, _lr(u), u.norm_a) for u in live]
 
         # a set's mean model and validation loss, computed once per aggregate:
         # after a removal the next CHECK LOSS starts from the set just scored
@@ -215,7 +216,8 @@ class FedPNS(Algorithm):
         new_x = mean_model(kept)
         ups = [live[j] for j in kept]
         n = len(ups)
-        info = meter(ups, data_weights(ups), [1.0] * n, sum(u.norm_a for u in ups) / n)
+        tau_eff = updates_tau_eff("fedavg", [1.0] * n, ups)
+        info = meter(ups, data_weights(ups), [1.0] * n, tau_eff)
         lab = {live[j].client for j in labeled}
         rem = {live[j].client for j in removed}
         weights = {u.client: info.weights.get(u.client, 0.0) for u in updates}
@@ -229,5 +231,5 @@ class FedPNS(Algorithm):
 
 
 def _lr(u: ClientUpdate) -> float:
-    lr = u.extras.get("lr")
-    return 1.0 if lr is None else float(lr)
+    lr = uploaded_lr(u)
+    return 1.0 if lr is None else lr

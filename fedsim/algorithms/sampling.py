@@ -41,6 +41,7 @@ from fedsim.algorithms.base import (
     data_weights,
     meter,
 )
+from fedsim.algorithms.weighting import updates_tau_eff
 
 __all__ = [
     "Scheme",
@@ -108,5 +109,5 @@ def unweighted_meter(updates: Sequence[ClientUpdate]) -> AggregateInfo:
     """The meter of a server that averages unweighted (SCAFFOLD, FedDyn, FedDC
     code form): w_i = 1/|S|, tau_eff the mean ||a_i||_1."""
     n = len(updates)
-    tau_eff = sum(u.norm_a for u in updates) / n
+    tau_eff = updates_tau_eff("fedavg", [1.0] * n, updates)
     return meter(updates, data_weights(updates), [1.0 / n] * n, tau_eff)
