@@ -9,14 +9,12 @@ update) and ``aggregate``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from fedsim.algorithms.base import ClientInfo, ClientState, ServerState
+from fedsim.algorithms.base import ClientContext, ClientState, ServerState
 from fedsim.solvers import SolverState, normalized_gradient
 
-__all__ = ["ControlVariates", "control_update"]
+__all__ = ["ControlVariates", "control_step", "control_update"]
 
 
 def control_update(
@@ -41,21 +39,30 @@ def control_update(
     return c_i.clone()
 
 
+def control_step(
+    delta: torch.Tensor,
+    solver_state: SolverState,
+    correction: torch.Tensor,
+    state: ClientState,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(c_i, c_i^+): the client's control variate before the round (from its
+    persistent ``state``, zeros if it has none) and after it."""
+    c_i = state.get("c", torch.zeros_like(delta))
+    return c_i, control_update(delta, solver_state, correction, c_i)
+
+
 class ControlVariates:
     """payload (x, c), correction c - c_i, and the gradient hook adding it."""
 
     def payload(self, state: ServerState) -> dict[str, torch.Tensor]:
         return {"x": state["x"], "c": state["c"]}
 
-    def local_setup(
-        self,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        info: ClientInfo,
-    ) -> torch.Tensor:
-        c = payload["c"]
-        c_i = client_state.get("c")
+    def local_setup(self, client: ClientContext) -> torch.Tensor:
+        c = client.payload["c"]
+        c_i = client.state.get("c")
         return c if c_i is None else c - c_i  # never mutated: no copy
 
-    def grad_hook(self, theta: torch.Tensor, grad: torch.Tensor, ctx: Any) -> None:
-        grad.add_(ctx)
+    def grad_hook(
+        self, theta: torch.Tensor, grad: torch.Tensor, client: ClientContext
+    ) -> None:
+        grad.add_(client.local)

@@ -25,31 +25,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
-    Algorithm,
-    ClientInfo,
-    ClientState,
     ClientUpdate,
     ServerState,
     data_weights,
     empty_info,
     meter,
 )
-from fedsim.algorithms.sampling import Scheme, sampling_extras, sampling_weights
+from fedsim.algorithms.sampling import Sampled, sampling_weights
 from fedsim.algorithms.weighting import weighted_steps
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState
 
 __all__ = ["FedAvg"]
 
 
 @dataclass(frozen=True)
-class FedAvg(Algorithm):
+class FedAvg(Sampled):
     """Weighted average of client deltas.
 
     Example:
@@ -63,18 +59,6 @@ class FedAvg(Algorithm):
     """
 
     name: Literal["fedavg"] = "fedavg"
-    sampling: Scheme = "renormalized"
-
-    def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        return sampling_extras(self.sampling, info), None
 
     def apply_step(self, state: ServerState, step: torch.Tensor) -> ServerState:
         """The new server state from the weighted average delta ``step``."""

@@ -46,13 +46,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
-    ClientInfo,
+    ClientContext,
     ClientState,
     ClientUpdate,
     ServerState,
@@ -60,7 +60,7 @@ from fedsim.algorithms.base import (
     empty_info,
     meter,
 )
-from fedsim.algorithms.control import control_update
+from fedsim.algorithms.control import control_step
 from fedsim.algorithms.feddyn import DynContext, FedDyn
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
@@ -117,39 +117,25 @@ class FedDC(FedDyn):
         return new, info
 
     # ---------------------------------------------------------------- client
-    def local_setup(
-        self,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        info: ClientInfo,
-    ) -> DynContext:
-        ctx = super().local_setup(payload, client_state, info)
+    def local_setup(self, client: ClientContext) -> DynContext:
+        ctx = super().local_setup(client)
         if not self.correction:
             return ctx
-        c = payload["c"]
-        c_i = client_state.get("c", torch.zeros_like(c))
-        return ctx._replace(correction=c / info.relative_weight - c_i)
+        c = client.payload["c"]
+        c_i = client.state.get("c", torch.zeros_like(c))
+        return ctx._replace(correction=c / client.info.relative_weight - c_i)
 
     def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
     ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        extras, new_state = super().client_finish(
-            delta, solver_state, payload, client_state, ctx, info
-        )
+        extras, new_state = super().client_finish(delta, solver_state, client)
         assert new_state is not None
         if self.aggregation == "paper":
             extras["drift"] = new_state["hist"]
         if self.correction:
-            c_i = client_state.get("c", torch.zeros_like(delta))
-            w_i = info.relative_weight
-            # c_i^+ = (c_i - c / w_i) + d_i, with ctx.correction = c / w_i - c_i
-            c_new = control_update(delta, solver_state, ctx.correction, c_i)
-            extras["dc"] = w_i * (c_new - c_i)
+            # c_i^+ = (c_i - c / w_i) + d_i, with correction = c / w_i - c_i
+            correction = client.local.correction
+            c_i, c_new = control_step(delta, solver_state, correction, client.state)
+            extras["dc"] = client.info.relative_weight * (c_new - c_i)
             new_state["c"] = c_new
         return extras, new_state

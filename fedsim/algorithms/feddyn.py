@@ -44,14 +44,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
-    ClientInfo,
+    ClientContext,
     ClientState,
     ClientUpdate,
     ServerState,
@@ -122,28 +122,21 @@ class FedDyn(Algorithm):
         return new, unweighted_meter(updates)
 
     # ---------------------------------------------------------------- client
-    def local_setup(
-        self,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        info: ClientInfo,
-    ) -> DynContext:
-        w = payload["x"]
-        hist = client_state.get("hist", torch.zeros_like(w))
-        return DynContext(self.alpha / info.relative_weight, w - hist, hist, None)
+    def local_setup(self, client: ClientContext) -> DynContext:
+        w = client.payload["x"]
+        hist = client.state.get("hist", torch.zeros_like(w))
+        alpha_i = self.alpha / client.info.relative_weight
+        return DynContext(alpha_i, w - hist, hist, None)
 
-    def grad_hook(self, theta: torch.Tensor, grad: torch.Tensor, ctx: Any) -> None:
+    def grad_hook(
+        self, theta: torch.Tensor, grad: torch.Tensor, client: ClientContext
+    ) -> None:
+        ctx: DynContext = client.local
         grad.add_(theta - ctx.anchor, alpha=ctx.alpha_i)
         if ctx.correction is not None:
             grad.add_(ctx.correction)
 
     def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
     ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        return {}, {"hist": ctx.hist + delta}
+        return {}, {"hist": client.local.hist + delta}

@@ -35,23 +35,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import Field
 
 from fedsim.algorithms.base import (
     AggregateInfo,
-    Algorithm,
-    ClientInfo,
-    ClientState,
     ClientUpdate,
     ServerState,
     data_weights,
     empty_info,
     meter,
 )
-from fedsim.algorithms.sampling import Scheme, sampling_extras, sampling_weights
+from fedsim.algorithms.sampling import Sampled, sampling_weights
 from fedsim.algorithms.weighting import (
     TauEff,
     momentum_buffer,
@@ -59,14 +56,13 @@ from fedsim.algorithms.weighting import (
     updates_tau_eff,
 )
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState
 from fedsim.spec import PosFloat
 
 __all__ = ["FedNova"]
 
 
 @dataclass(frozen=True)
-class FedNova(Algorithm):
+class FedNova(Sampled):
     """Normalised averaging.
 
     Example:
@@ -83,7 +79,6 @@ class FedNova(Algorithm):
     name: Literal["fednova"] = "fednova"
     tau_eff: TauEff = "fedavg"
     tau_eff_value: PosFloat | None = None
-    sampling: Scheme = "renormalized"
     gmf: Annotated[float, Field(ge=0, lt=1)] = 0.0
 
     def __post_init__(self) -> None:
@@ -98,17 +93,6 @@ class FedNova(Algorithm):
     ) -> float:
         """tau_eff for sampling weights ``w`` (normalised here)."""
         return updates_tau_eff(self.tau_eff, w, updates, self.tau_eff_value)
-
-    def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        return sampling_extras(self.sampling, info), None
 
     def normalized_step(
         self, updates: Sequence[ClientUpdate]

@@ -27,21 +27,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
-    ClientInfo,
+    ClientContext,
     ClientState,
     ClientUpdate,
     ServerState,
     empty_info,
 )
-from fedsim.algorithms.control import ControlVariates, control_update
+from fedsim.algorithms.control import ControlVariates, control_step
 from fedsim.algorithms.fednova import FedNova
-from fedsim.algorithms.sampling import sampling_extras
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
 
@@ -69,19 +68,13 @@ class FedNovaVR(ControlVariates, FedNova):
         return {**super().init(x0, num_clients), "c": torch.zeros_like(x0)}
 
     def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
     ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        extras = sampling_extras(self.sampling, info)
-        c_i = client_state.get("c", torch.zeros_like(delta))
-        # c_i^+ = d_i^corr - (c - c_i), with ctx = c - c_i
-        c_new = control_update(delta, solver_state, ctx, c_i)
+        extras, _ = super().client_finish(delta, solver_state, client)
+        # c_i^+ = d_i^corr - (c - c_i), with client.local = c - c_i
+        c_i, c_new = control_step(delta, solver_state, client.local, client.state)
         extras["dc"] = c_new - c_i
+        info = client.info
         extras["p"] = torch.tensor(
             info.relative_weight / info.num_clients, dtype=torch.float64
         )

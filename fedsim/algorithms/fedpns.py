@@ -49,7 +49,7 @@ import torch
 from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
-    ClientInfo,
+    ClientContext,
     ClientState,
     ClientUpdate,
     ServerContext,
@@ -58,7 +58,7 @@ from fedsim.algorithms.base import (
     empty_info,
     meter,
 )
-from fedsim.algorithms.weighting import updates_tau_eff, uploaded_lr
+from fedsim.algorithms.weighting import lr_upload, updates_tau_eff, uploaded_lr
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState, average_gradient
 from fedsim.spec import PosInt, Prob
@@ -162,15 +162,9 @@ class FedPNS(Algorithm):
         return max(1, math.floor(self.v_fraction * n))
 
     def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
     ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        return {"lr": torch.tensor(solver_state.lr, dtype=torch.float64)}, None
+        return lr_upload(solver_state), None
 
     def aggregate(
         self,

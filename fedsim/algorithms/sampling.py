@@ -30,20 +30,26 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
+    Algorithm,
+    ClientContext,
     ClientInfo,
+    ClientState,
     ClientUpdate,
     data_weights,
     meter,
 )
 from fedsim.algorithms.weighting import updates_tau_eff
+from fedsim.solvers import SolverState
 
 __all__ = [
+    "Sampled",
     "Scheme",
     "proportional_weights",
     "sampling_extras",
@@ -103,6 +109,19 @@ def sampling_extras(scheme: Scheme, info: ClientInfo) -> dict[str, torch.Tensor]
     if scheme == "uniform":
         return {"p_m": torch.tensor(info.relative_weight, dtype=torch.float64)}
     return {}
+
+
+@dataclass(frozen=True)
+class Sampled(Algorithm):
+    """Base of servers that weight updates by a sampling ``scheme`` (FedAvg,
+    FedNova and their descendants): the field and the client's upload."""
+
+    sampling: Scheme = "renormalized"
+
+    def client_finish(
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
+    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
+        return sampling_extras(self.sampling, client.info), None
 
 
 def unweighted_meter(updates: Sequence[ClientUpdate]) -> AggregateInfo:

@@ -34,20 +34,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
-    ClientInfo,
+    ClientContext,
     ClientState,
     ClientUpdate,
     ServerState,
     empty_info,
 )
-from fedsim.algorithms.control import ControlVariates, control_update
+from fedsim.algorithms.control import ControlVariates, control_step
 from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
@@ -81,17 +81,10 @@ class Scaffold(ControlVariates, Algorithm):
         }
 
     def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
     ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        c_i = client_state.get("c", torch.zeros_like(delta))
-        # c_i - c + (x - y)/(K lr), with ctx = c - c_i
-        c_new = control_update(delta, solver_state, ctx, c_i)
+        # c_i - c + (x - y)/(K lr), with client.local = c - c_i
+        c_i, c_new = control_step(delta, solver_state, client.local, client.state)
         return {"dc": c_new - c_i}, {"c": c_new}
 
     def aggregate(

@@ -21,10 +21,12 @@ from typing import Literal
 import torch
 
 from fedsim.algorithms.base import ClientUpdate
+from fedsim.solvers import SolverState
 
 __all__ = [
     "TauEff",
     "effective_steps",
+    "lr_upload",
     "momentum_buffer",
     "normalizers",
     "updates_tau_eff",
@@ -122,6 +124,13 @@ def updates_tau_eff(
     return effective_steps(
         kind, w, [u.norm_a for u in updates], [u.tau for u in updates], fixed
     )
+
+
+def lr_upload(solver_state: SolverState) -> dict[str, torch.Tensor]:
+    """The extra ``lr``: the client's learning rate this round, for a server
+    that turns deltas into gradients (FedPNS) or follows the lr (FedNova's
+    server momentum)."""
+    return {"lr": torch.tensor(solver_state.lr, dtype=torch.float64)}
 
 
 def uploaded_lr(update: ClientUpdate) -> float | None:
