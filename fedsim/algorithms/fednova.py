@@ -23,12 +23,19 @@ Under sampling this is the recommendation [R] of ALGORITHMS.md 5.4: one
 unbiased weight vector for both the sum and tau_eff, so FedNova equals FedAvg
 under the same sampling whenever all ||a_i||_1 are equal.
 
-Server momentum (``gmf``, the "slow momentum" of the official code, 5.3): the
-buffer keeps the server step in parameter units, m <- gmf m + s, x <- x + m,
-where s is the step above. The code keeps v = -m / lr with the current client
-lr; with a constant lr (fedsim's) the two are identical, and m = s in the
-first round. gmf = 0 gives x + s exactly. Local momentum buffers are reset
-every round by the solver (``begin``).
+Server momentum (``gmf``, the "slow momentum" of the official code, 5.3).
+The code keeps its buffer in gradient units with the current round's client
+lr_t: v <- gmf v + D / lr_t, x <- x - lr_t v, with D = -s the step above
+(v = D / lr_t in the first round). Here the buffer is m = -lr_t v, in
+parameter units, which is the same rule:
+
+    m <- gmf (lr_t / lr_{t-1}) m + s,      x <- x + m
+
+so under ``client.lr_decay`` the old momentum shrinks with the lr, as in the
+code. With gmf > 0 clients upload their lr (the extra ``lr``) and the state
+keeps the lr of the last round (``mom_lr``). At a constant lr the ratio is
+exactly 1 and m <- gmf m + s bit for bit; gmf = 0 gives x + s exactly. Local
+momentum buffers are reset every round by the solver (``begin``).
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ from pydantic import Field
 
 from fedsim.algorithms.base import (
     AggregateInfo,
+    ClientContext,
+    ClientState,
     ClientUpdate,
     ServerState,
     data_weights,
@@ -51,11 +60,14 @@ from fedsim.algorithms.base import (
 from fedsim.algorithms.sampling import Sampled, sampling_weights
 from fedsim.algorithms.weighting import (
     TauEff,
+    lr_upload,
     momentum_buffer,
     normalizers,
     updates_tau_eff,
+    uploaded_lr,
 )
 from fedsim.params import weighted_sum
+from fedsim.solvers import SolverState
 from fedsim.spec import PosFloat
 
 __all__ = ["FedNova"]
@@ -86,7 +98,19 @@ class FedNova(Sampled):
             raise ValueError("tau_eff 'fixed' needs tau_eff_value")
 
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
-        return {"x": x0.clone(), "mom": torch.zeros_like(x0)}
+        return {
+            "x": x0.clone(),
+            "mom": torch.zeros_like(x0),
+            "mom_lr": torch.zeros((), dtype=torch.float64),  # 0: no round yet
+        }
+
+    def client_finish(
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
+    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
+        extras, _ = super().client_finish(delta, solver_state, client)
+        if self.gmf:  # the server momentum follows the client lr
+            extras.update(lr_upload(solver_state))
+        return extras, None
 
     def effective_steps(
         self, w: Sequence[float], updates: Sequence[ClientUpdate]
@@ -111,5 +135,12 @@ class FedNova(Sampled):
         if not updates:
             return state, empty_info()
         step, info = self.normalized_step(updates)
-        mom = momentum_buffer(state["mom"], step, self.gmf)
-        return {**state, "x": state["x"] + mom, "mom": mom}, info
+        # every client of a round trains with that round's lr
+        lrs = [lr for lr in map(uploaded_lr, updates) if lr is not None]
+        last = float(state.get("mom_lr", 0.0))
+        rescale = lrs[0] / last if lrs and last > 0 else 1.0
+        mom = momentum_buffer(state["mom"], step, self.gmf, rescale)
+        new = {**state, "x": state["x"] + mom, "mom": mom}
+        if lrs:
+            new["mom_lr"] = torch.tensor(lrs[0], dtype=torch.float64)
+        return new, info

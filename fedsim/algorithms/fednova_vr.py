@@ -55,7 +55,7 @@ class FedNovaVR(ControlVariates, FedNova):
         >>> import torch
         >>> alg = FedNovaVR()
         >>> sorted(alg.init(torch.zeros(3), num_clients=4))
-        ['c', 'mom', 'x']
+        ['c', 'mom', 'mom_lr', 'x']
     """
 
     name: Literal["fednova_vr"] = "fednova_vr"  # type: ignore[assignment]
