@@ -29,8 +29,10 @@ probability of nodes that are often labeled.
 Differences from the reference code: inner products are exact (the code
 rounds each to 2 decimals and E to 3, which makes tiny improvements count as
 none); the two CHECK LOSS models are computed from pristine deltas (the
-code's averaging helper mutates the first client's weights); the learning
-rate does not decay across rounds (the code uses max(0.995^t, 0.01) lr).
+code's averaging helper mutates the first client's weights). The code's lr
+decay across rounds, max(0.995^t, 0.01) lr, is the scenario's
+``client.lr_decay`` / ``lr_min`` (set in the paper scenario); each client
+uploads its round's lr, so g_i uses the lr it actually trained with.
 Updates of clients that took no step carry no gradient: they are kept out of
 the checks and the average (weight 0), and flagged neither labeled nor
 removed. Called without a server (``server=None``), CHECK LOSS cannot run:
