@@ -71,9 +71,10 @@ never trained has state ``{}``: read missing keys as zeros.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 
@@ -89,15 +90,20 @@ __all__ = [
     "Algorithm",
     "ClientContext",
     "ClientInfo",
+    "ClientResult",
     "ClientState",
     "ClientUpdate",
     "LocalTraining",
     "ServerContext",
     "ServerState",
+    "skip_empty_rounds",
 ]
 
 ServerState = dict[str, torch.Tensor]
 ClientState = dict[str, torch.Tensor]
+# What client_finish returns: the extras to upload and the client's new
+# persistent state (None: unchanged).
+ClientResult = tuple[dict[str, torch.Tensor], ClientState | None]
 
 
 @dataclass(frozen=True)
@@ -261,7 +267,7 @@ class Algorithm:
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
+    ) -> ClientResult:
         return {}, None
 
 
@@ -285,3 +291,21 @@ def meter(
 
 def empty_info() -> AggregateInfo:
     return AggregateInfo(weights={}, tau_eff=float("nan"), chi2_pw=float("nan"))
+
+
+_Aggregate = TypeVar("_Aggregate", bound=Callable[..., Any])
+
+
+def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
+    """Decorate an ``aggregate`` method: a round without updates leaves the
+    server state as it is and reports an empty meter (:func:`empty_info`)."""
+
+    @functools.wraps(aggregate)
+    def wrapper(
+        self: Any, state: ServerState, updates: Sequence[ClientUpdate], *args: Any
+    ) -> Any:
+        if not updates:
+            return state, empty_info()
+        return aggregate(self, state, updates, *args)
+
+    return wrapper  # type: ignore[return-value]

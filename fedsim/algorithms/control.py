@@ -2,19 +2,32 @@
 
 Clients download the server's control variate c with the model, and every
 local gradient is corrected by c - c_i, a constant within the round
-(SCAFFOLD, ALGORITHMS.md 7; FedNova-VR, 5.5). Used as a mixin next to the
-algorithm's own base class; the subclass writes ``client_finish`` (its c_i
-update) and ``aggregate``.
+(SCAFFOLD, ALGORITHMS.md 7; FedNova-VR, 5.5). :class:`ControlVariates` is
+the base class (first in the bases, before the algorithm's own server class):
+it adds c to the server state and the payload, the correction and its
+gradient hook; the subclass writes ``client_finish`` (its c_i update, with
+:func:`control_step`) and ``aggregate`` (with :func:`control_aggregate`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-from fedsim.algorithms.base import ClientContext, ClientState, ServerState
+from fedsim.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientState,
+    ClientUpdate,
+    ServerState,
+)
+from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState, normalized_gradient
 
-__all__ = ["ControlVariates", "control_step", "control_update"]
+__all__ = ["ControlVariates", "control_aggregate", "control_step", "control_update"]
 
 
 def control_update(
@@ -51,8 +64,24 @@ def control_step(
     return c_i, control_update(delta, solver_state, correction, c_i)
 
 
-class ControlVariates:
-    """payload (x, c), correction c - c_i, and the gradient hook adding it."""
+def control_aggregate(
+    state: ServerState, updates: Sequence[ClientUpdate], weights: Sequence[float]
+) -> torch.Tensor:
+    """The server's new c = c + sum_i weights_i dc_i over the round's uploads."""
+    return state["c"] + weighted_sum([u.extras["dc"] for u in updates], weights)
+
+
+@dataclass(frozen=True)
+class ControlVariates(Algorithm):
+    """State c (2d down, 2d up), payload (x, c), correction c - c_i, and the
+    gradient hook adding it."""
+
+    stateful: ClassVar[bool] = True
+    down_factor: ClassVar[int] = 2
+    up_factor: ClassVar[int] = 2
+
+    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
+        return {**super().init(x0, num_clients), "c": torch.zeros_like(x0)}
 
     def payload(self, state: ServerState) -> dict[str, torch.Tensor]:
         return {"x": state["x"], "c": state["c"]}

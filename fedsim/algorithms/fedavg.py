@@ -34,8 +34,8 @@ from fedsim.algorithms.base import (
     ClientUpdate,
     ServerState,
     data_weights,
-    empty_info,
     meter,
+    skip_empty_rounds,
 )
 from fedsim.algorithms.sampling import Sampled, sampling_weights
 from fedsim.algorithms.weighting import weighted_steps
@@ -64,11 +64,10 @@ class FedAvg(Sampled):
         """The new server state from the weighted average delta ``step``."""
         return {**state, "x": state["x"] + self.server_lr * step}
 
+    @skip_empty_rounds
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
-        if not updates:
-            return state, empty_info()
         p = data_weights(updates)
         wh = sampling_weights(updates, self.sampling)
         step = weighted_sum([u.delta for u in updates], wh)

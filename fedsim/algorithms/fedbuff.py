@@ -67,7 +67,7 @@ class FedBuff(_Normalized):
         state: ServerState,
         updates: Sequence[ClientUpdate],
         staleness: Sequence[int],
-        starts: Sequence[torch.Tensor],
+        starts: Sequence[torch.Tensor] = (),
     ) -> tuple[ServerState, AsyncInfo]:
         """x <- x + server_lr (1/K) sum_k S(s_k) c_k Delta_k, K = len(updates).
 

@@ -53,14 +53,13 @@ import torch
 from fedsim.algorithms.base import (
     AggregateInfo,
     ClientContext,
-    ClientState,
+    ClientResult,
     ClientUpdate,
     ServerState,
     data_weights,
-    empty_info,
     meter,
 )
-from fedsim.algorithms.control import control_step
+from fedsim.algorithms.control import control_aggregate, control_step
 from fedsim.algorithms.feddyn import DynContext, FedDyn
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
@@ -101,9 +100,9 @@ class FedDC(FedDyn):
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
-        if not updates:
-            return state, empty_info()
         new, info = super().aggregate(state, updates)
+        if not updates:
+            return new, info
         if self.aggregation == "paper":
             p = data_weights(updates)
             x = state["x"]
@@ -112,8 +111,7 @@ class FedDC(FedDyn):
             info = meter(updates, p, p, info.tau_eff)
         if self.correction:
             n, m = len(updates), float(state["m"])
-            dc = weighted_sum([u.extras["dc"] for u in updates], [1.0 / m] * n)
-            new["c"] = state["c"] + dc
+            new["c"] = control_aggregate(state, updates, [1.0 / m] * n)
         return new, info
 
     # ---------------------------------------------------------------- client
@@ -127,7 +125,7 @@ class FedDC(FedDyn):
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
+    ) -> ClientResult:
         extras, new_state = super().client_finish(delta, solver_state, client)
         assert new_state is not None
         if self.aggregation == "paper":

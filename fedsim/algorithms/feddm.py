@@ -311,6 +311,7 @@ class FedDM(Algorithm):
         self,
         state: ServerState,
         updates: Sequence[ClientUpdate],
+        *,
         server: ServerContext | None = None,
     ) -> tuple[ServerState, AggregateInfo]:
         ups = [u for u in updates if "labels" in u.extras and len(u.extras["labels"])]

@@ -52,10 +52,10 @@ from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
     ClientContext,
-    ClientState,
+    ClientResult,
     ClientUpdate,
     ServerState,
-    empty_info,
+    skip_empty_rounds,
 )
 from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.params import weighted_sum
@@ -106,11 +106,10 @@ class FedDyn(Algorithm):
             "m": torch.tensor(float(num_clients), dtype=torch.float64),
         }
 
+    @skip_empty_rounds
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
-        if not updates:
-            return state, empty_info()
         n = len(updates)
         hist_sum = state["hist_sum"] + weighted_sum(
             [u.delta for u in updates], [1.0] * n, dtype=torch.float64
@@ -138,5 +137,5 @@ class FedDyn(Algorithm):
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
+    ) -> ClientResult:
         return {}, {"hist": client.local.hist + delta}

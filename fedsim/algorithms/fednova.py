@@ -50,12 +50,12 @@ from pydantic import Field
 from fedsim.algorithms.base import (
     AggregateInfo,
     ClientContext,
-    ClientState,
+    ClientResult,
     ClientUpdate,
     ServerState,
     data_weights,
-    empty_info,
     meter,
+    skip_empty_rounds,
 )
 from fedsim.algorithms.sampling import Sampled, sampling_weights
 from fedsim.algorithms.weighting import (
@@ -106,7 +106,7 @@ class FedNova(Sampled):
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
+    ) -> ClientResult:
         extras, _ = super().client_finish(delta, solver_state, client)
         if self.gmf:  # the server momentum follows the client lr
             extras.update(lr_upload(solver_state))
@@ -129,11 +129,10 @@ class FedNova(Sampled):
         step = weighted_sum([u.delta for u in updates], coef)
         return (self.server_lr * tau_eff) * step, meter(updates, p, wh, tau_eff)
 
+    @skip_empty_rounds
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
-        if not updates:
-            return state, empty_info()
         step, info = self.normalized_step(updates)
         # every client of a round trains with that round's lr
         lrs = [lr for lr in map(uploaded_lr, updates) if lr is not None]

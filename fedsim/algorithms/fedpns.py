@@ -52,7 +52,7 @@ from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
     ClientContext,
-    ClientState,
+    ClientResult,
     ClientUpdate,
     ServerContext,
     ServerState,
@@ -165,7 +165,7 @@ class FedPNS(Algorithm):
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
+    ) -> ClientResult:
         return lr_upload(solver_state), None
 
     def aggregate(

@@ -40,7 +40,7 @@ from fedsim.algorithms.base import (
     Algorithm,
     ClientContext,
     ClientInfo,
-    ClientState,
+    ClientResult,
     ClientUpdate,
     data_weights,
     meter,
@@ -120,7 +120,7 @@ class Sampled(Algorithm):
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
+    ) -> ClientResult:
         return sampling_extras(self.sampling, client.info), None
 
 

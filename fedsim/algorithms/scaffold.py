@@ -34,20 +34,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
-    Algorithm,
     ClientContext,
-    ClientState,
+    ClientResult,
     ClientUpdate,
     ServerState,
-    empty_info,
+    skip_empty_rounds,
 )
-from fedsim.algorithms.control import ControlVariates, control_step
+from fedsim.algorithms.control import (
+    ControlVariates,
+    control_aggregate,
+    control_step,
+)
 from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
@@ -56,7 +59,7 @@ __all__ = ["Scaffold"]
 
 
 @dataclass(frozen=True)
-class Scaffold(ControlVariates, Algorithm):
+class Scaffold(ControlVariates):
     """Stochastic controlled averaging (option II).
 
     Example:
@@ -69,36 +72,27 @@ class Scaffold(ControlVariates, Algorithm):
 
     name: Literal["scaffold"] = "scaffold"
 
-    stateful: ClassVar[bool] = True
-    down_factor: ClassVar[int] = 2
-    up_factor: ClassVar[int] = 2
-
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
-        return {
-            "x": x0.clone(),
-            "c": torch.zeros_like(x0),
-            "m": torch.tensor(float(num_clients), dtype=torch.float64),
-        }
+        m = torch.tensor(float(num_clients), dtype=torch.float64)
+        return {**super().init(x0, num_clients), "m": m}
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
+    ) -> ClientResult:
         # c_i - c + (x - y)/(K lr), with client.local = c - c_i
         c_i, c_new = control_step(delta, solver_state, client.local, client.state)
         return {"dc": c_new - c_i}, {"c": c_new}
 
+    @skip_empty_rounds
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
-        if not updates:
-            return state, empty_info()
         n = len(updates)
         step = weighted_sum([u.delta for u in updates], [1.0 / n] * n)
         m = float(state["m"])
-        dc = weighted_sum([u.extras["dc"] for u in updates], [1.0 / m] * n)
         new = {
             **state,
             "x": state["x"] + self.server_lr * step,
-            "c": state["c"] + dc,
+            "c": control_aggregate(state, updates, [1.0 / m] * n),
         }
         return new, unweighted_meter(updates)
