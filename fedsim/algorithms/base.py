@@ -96,6 +96,8 @@ __all__ = [
     "LocalTraining",
     "ServerContext",
     "ServerState",
+    "Updates",
+    "meter_subset",
     "skip_empty_rounds",
 ]
 
@@ -173,6 +175,10 @@ class ClientUpdate:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     new_state: ClientState | None = None  # stored by the server, never aggregated
     bytes_up: int | None = None  # real upload size when it is not up_factor * d
+
+
+# A round's (or an async buffer's) updates, in order.
+Updates = Sequence[ClientUpdate]
 
 
 @dataclass(frozen=True)
@@ -287,6 +293,25 @@ def meter(
     sw = float(sum(w))
     weights = {u.client: wi / sw for u, wi in zip(updates, w, strict=True)}
     return AggregateInfo(weights=weights, tau_eff=float(tau_eff), chi2_pw=chi2(p, w))
+
+
+def meter_subset(
+    updates: Updates,
+    used: Updates,
+    w: Sequence[float],
+    tau_eff: float,
+    flags: dict[int, dict[str, Any]] | None = None,
+) -> AggregateInfo:
+    """:func:`meter` over the updates the server ``used`` (effective weights
+    ``w``), reporting weight 0 for every other update of the round (FedPNS's
+    removed updates, FedDM's empty uploads)."""
+    info = meter(used, data_weights(used), w, tau_eff)
+    return AggregateInfo(
+        weights={u.client: info.weights.get(u.client, 0.0) for u in updates},
+        tau_eff=info.tau_eff,
+        chi2_pw=info.chi2_pw,
+        flags=flags or {},
+    )
 
 
 def empty_info() -> AggregateInfo:

@@ -78,9 +78,9 @@ from fedsim.algorithms.base import (
     LocalTraining,
     ServerContext,
     ServerState,
-    data_weights,
+    Updates,
     empty_info,
-    meter,
+    meter_subset,
 )
 from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.spec import NonNegFloat, PosFloat, PosInt
@@ -310,7 +310,7 @@ class FedDM(Algorithm):
     def aggregate(
         self,
         state: ServerState,
-        updates: Sequence[ClientUpdate],
+        updates: Updates,
         *,
         server: ServerContext | None = None,
     ) -> tuple[ServerState, AggregateInfo]:
@@ -349,13 +349,8 @@ class FedDM(Algorithm):
             x_new = torch.nn.utils.parameters_to_vector(params).detach().clone()
         w = [float(len(u.extras["labels"])) for u in ups]
         tau_eff = updates_tau_eff("steps", [1.0] * len(ups), ups)
-        info = meter(ups, data_weights(ups), w, tau_eff)
         new = {**state, "x": x_new.to(x_r.dtype), "round": state["round"] + 1}
-        return new, AggregateInfo(
-            weights={u.client: info.weights.get(u.client, 0.0) for u in updates},
-            tau_eff=info.tau_eff,
-            chi2_pw=info.chi2_pw,
-        )
+        return new, meter_subset(updates, ups, w, tau_eff)
 
     # ------------------------------------------------------------ client
     def client_train(self, job: LocalTraining) -> ClientUpdate:  # type: ignore[override]

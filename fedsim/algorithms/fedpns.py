@@ -56,9 +56,9 @@ from fedsim.algorithms.base import (
     ClientUpdate,
     ServerContext,
     ServerState,
-    data_weights,
+    Updates,
     empty_info,
-    meter,
+    meter_subset,
 )
 from fedsim.algorithms.weighting import lr_upload, updates_tau_eff, uploaded_lr
 from fedsim.params import weighted_sum
@@ -169,10 +169,7 @@ class FedPNS(Algorithm):
         return lr_upload(solver_state), None
 
     def aggregate(
-        self,
-        state: ServerState,
-        updates: Sequence[ClientUpdate],
-        server: ServerContext | None = None,
+        self, state: ServerState, updates: Updates, server: ServerContext | None = None
     ) -> tuple[ServerState, AggregateInfo]:
         live = [u for u in updates if u.norm_a > 0]
         if not live:
@@ -213,17 +210,14 @@ class FedPNS(Algorithm):
         ups = [live[j] for j in kept]
         n = len(ups)
         tau_eff = updates_tau_eff("fedavg", [1.0] * n, ups)
-        info = meter(ups, data_weights(ups), [1.0] * n, tau_eff)
         lab = {live[j].client for j in labeled}
         rem = {live[j].client for j in removed}
-        weights = {u.client: info.weights.get(u.client, 0.0) for u in updates}
         flags = {
             u.client: {"labeled": u.client in lab, "removed": u.client in rem}
             for u in live
         }
-        return {**state, "x": new_x}, AggregateInfo(
-            weights=weights, tau_eff=info.tau_eff, chi2_pw=info.chi2_pw, flags=flags
-        )
+        info = meter_subset(updates, ups, [1.0] * n, tau_eff, flags)
+        return {**state, "x": new_x}, info
 
 
 def _lr(u: ClientUpdate) -> float:
