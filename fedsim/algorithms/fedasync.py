@@ -184,8 +184,6 @@ class FedAsync(_Normalized):
     """Mix each arriving client model into the global one, x <- (1 - a) x + a x_i.
 
     Example (hinge staleness; staleness 6 > b = 4 gives S = 1/21):
-        >>> import torch
-        >>> from fedsim.algorithms.base import ClientUpdate
         >>> alg = FedAsync(alpha=0.5, staleness="hinge", staleness_a=10)
         >>> state = alg.init(torch.zeros(1), 2)
         >>> u = ClientUpdate(0, torch.tensor([2.1]), 1, 3, 3.0, 0.0)

@@ -48,9 +48,11 @@ __all__ = ["FedAvg"]
 class FedAvg(Sampled):
     """Weighted average of client deltas.
 
+    Attributes:
+        sampling: how the round's updates are weighted given how the selector
+            sampled them (``renormalized``, ``uniform``, ``proportional``).
+
     Example:
-        >>> import torch
-        >>> from fedsim.algorithms.base import ClientUpdate
         >>> ups = [ClientUpdate(0, torch.tensor([1.0]), 1, 2, 2.0, 0.0),
         ...        ClientUpdate(1, torch.tensor([3.0]), 3, 6, 6.0, 0.0)]
         >>> state, info = FedAvg().aggregate({"x": torch.zeros(1)}, ups)

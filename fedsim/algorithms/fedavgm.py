@@ -32,8 +32,10 @@ __all__ = ["FedAvgM"]
 class FedAvgM(FedAvg):
     """Server momentum on the averaged delta.
 
+    Attributes:
+        server_momentum: beta of the heavy-ball buffer.
+
     Example:
-        >>> import torch
         >>> alg = FedAvgM(server_momentum=0.5)
         >>> s = alg.init(torch.zeros(1), num_clients=2)
         >>> s = alg.apply_step(s, torch.ones(1)); s = alg.apply_step(s, torch.ones(1))

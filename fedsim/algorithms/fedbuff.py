@@ -48,8 +48,6 @@ class FedBuff(_Normalized):
     """Average a buffer of K staleness-weighted deltas, then take a server step.
 
     Example (K = 2, staleness 0 and 3, S = (1 + s)^-1/2):
-        >>> import torch
-        >>> from fedsim.algorithms.base import ClientUpdate
         >>> alg = FedBuff(buffer_size=2)
         >>> ups = [ClientUpdate(0, torch.tensor([1.0]), 1, 2, 2.0, 0.0),
         ...        ClientUpdate(1, torch.tensor([4.0]), 1, 2, 2.0, 0.0)]

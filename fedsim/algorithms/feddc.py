@@ -71,8 +71,12 @@ __all__ = ["FedDC"]
 class FedDC(FedDyn):
     """Local drift decoupling (FedDyn's h) plus gradient correction (c, c_i).
 
+    Attributes:
+        alpha: the penalty coefficient (alpha_i = alpha / w_i per client).
+        correction: use the control variates (False: exactly FedDyn).
+        aggregation: the server rule, ``code`` or ``paper`` (Eq. 7).
+
     Example:
-        >>> import torch
         >>> alg = FedDC(alpha=0.01)
         >>> sorted(alg.init(torch.zeros(2), num_clients=4))
         ['c', 'hist_sum', 'm', 'x']

@@ -78,8 +78,10 @@ class DynContext(NamedTuple):
 class FedDyn(Algorithm):
     """Dynamic regularisation (code form).
 
+    Attributes:
+        alpha: the penalty coefficient (alpha_i = alpha / w_i per client).
+
     Example:
-        >>> import torch
         >>> alg = FedDyn(alpha=0.1)
         >>> state = alg.init(torch.zeros(2), num_clients=4)
         >>> sorted(state), state["hist_sum"].dtype

@@ -77,9 +77,13 @@ __all__ = ["FedNova"]
 class FedNova(Sampled):
     """Normalised averaging.
 
+    Attributes:
+        tau_eff: how tau_eff is taken (``fedavg``, ``steps``, ``fixed``).
+        tau_eff_value: the constant tau_eff of ``fixed``.
+        sampling: weights of the round's updates, as for FedAvg.
+        gmf: server ("slow") momentum, 0 for none.
+
     Example:
-        >>> import torch
-        >>> from fedsim.algorithms.base import ClientUpdate
         >>> ups = [ClientUpdate(0, torch.tensor([2.0]), 1, 2, 2.0, 0.0),
         ...        ClientUpdate(1, torch.tensor([6.0]), 1, 6, 6.0, 0.0)]
         >>> alg = FedNova()

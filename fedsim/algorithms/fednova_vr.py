@@ -54,7 +54,6 @@ class FedNovaVR(ControlVariates, FedNova):
     """FedNova whose local gradients carry SCAFFOLD-style corrections c - c_i.
 
     Example:
-        >>> import torch
         >>> alg = FedNovaVR()
         >>> sorted(alg.init(torch.zeros(3), num_clients=4))
         ['c', 'mom', 'mom_lr', 'x']

@@ -142,8 +142,6 @@ class FedPNS(Algorithm):
         v_fraction: v as a fraction of the round's updates (the code's 8 of 10).
 
     Example:
-        >>> import torch
-        >>> from fedsim.algorithms.base import ClientUpdate
         >>> ups = [ClientUpdate(i, torch.tensor([-0.1]), 1.0, 1, 1.0, 0.0,
         ...        {"lr": torch.tensor(0.1)}) for i in range(3)]
         >>> state, info = FedPNS().aggregate({"x": torch.zeros(1)}, ups)

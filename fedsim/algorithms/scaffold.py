@@ -62,8 +62,10 @@ __all__ = ["Scaffold"]
 class Scaffold(ControlVariates):
     """Stochastic controlled averaging (option II).
 
+    Attributes:
+        server_lr: the server's step on the unweighted mean delta.
+
     Example:
-        >>> import torch
         >>> alg = Scaffold()
         >>> state = alg.init(torch.zeros(2), num_clients=10)
         >>> sorted(state), alg.stateful, alg.up_factor
