@@ -49,6 +49,7 @@ __all__ = [
     "Momentum",
     "Prox",
     "SolverState",
+    "average_gradient",
     "make_solver",
     "normalized_gradient",
 ]
@@ -165,11 +166,21 @@ def normalized_gradient(delta: torch.Tensor, st: SolverState) -> torch.Tensor:
     >>> normalized_gradient(torch.tensor([-3.0]), st)
     tensor([3.])
     """
-    return delta / (-st.lr * st.norm_a)
+    return average_gradient(delta, st.lr, st.norm_a)
+
+
+def average_gradient(delta: torch.Tensor, lr: float, norm_a: float) -> torch.Tensor:
+    """d = -Delta / (lr ||a||_1) from an uploaded delta, lr and ||a||_1.
+
+    >>> average_gradient(torch.tensor([-3.0]), 0.5, 2.0)
+    tensor([3.])
+    """
+    return delta / (-lr * norm_a)
 
 
 def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
-    """The solver a client spec asks for; ``mu`` (from FedProx) forces ``prox``.
+    """The solver a client spec asks for; ``mu`` forces ``prox`` (the proximal
+    coefficient of FedProx, or FedAsync's rho).
 
     Proximal SGD combined with momentum or a decayed lr has no derived
     ||a||_1 (ALGORITHMS.md 5.3), so that combination is refused.
@@ -181,8 +192,9 @@ def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
     if mu is not None and mu > 0:
         if spec.solver in ("momentum", "decay"):
             raise ValueError(
-                f"FedProx's proximal term with the {spec.solver!r} solver has no "
-                "derived ||a||_1 (ALGORITHMS.md 5.3); use client.solver: sgd"
+                f"a proximal term (mu = {mu}) with the {spec.solver!r} solver has "
+                "no derived ||a||_1 (ALGORITHMS.md 5.3); use client.solver: sgd, "
+                "or set the algorithm's proximal coefficient (mu, rho) to 0"
             )
         return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)
     if spec.solver == "sgd":

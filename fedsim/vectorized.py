@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedsim.algorithms.base import Algorithm, ClientState, ClientUpdate
+from fedsim.algorithms.base import Algorithm, ClientContext, ClientState, ClientUpdate
 from fedsim.solvers import Momentum, Prox, SolverState
 
 if TYPE_CHECKING:
@@ -225,7 +225,8 @@ def _train_together(
             x0=x_global, lr=solver.lr, steps=t.tau, norm_a=solver.norm_a(t.tau)
         )
         info = worker.client_info(t.client)
-        extras, _ = worker.algorithm.client_finish(delta, done, payload, {}, None, info)
+        client = ClientContext(info, payload)
+        extras, _ = worker.algorithm.client_finish(delta, done, client)
         updates.append(
             ClientUpdate(
                 client=t.client,

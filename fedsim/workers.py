@@ -36,7 +36,12 @@ import numpy as np
 import torch
 
 from fedsim.algorithms import ClientUpdate, make_algorithm
-from fedsim.algorithms.base import ClientInfo, ClientState
+from fedsim.algorithms.base import (
+    ClientContext,
+    ClientInfo,
+    ClientState,
+    LocalTraining,
+)
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.models import batch_loss, make_model
@@ -210,12 +215,22 @@ class Worker:
         algo = self.algorithm
         info = self.client_info(i)
         if algo.client_train is not None:
+            fixed = self.scenario.round.policy == "fixed_window"
             return algo.client_train(
-                self, payload, task, client_state, info, xs, ys, gen
+                LocalTraining(
+                    client=ClientContext(info, payload, client_state),
+                    model=self.model,
+                    theta=self.theta,
+                    xs=xs,
+                    ys=ys,
+                    gen=gen,
+                    weight=float(self.weights[i]),
+                    step_budget=int(task.tau) if fixed else None,
+                )
             )
         client_state = _to(client_state, self.device)
         x_global = payload["x"]
-        ctx = algo.local_setup(payload, client_state, info)
+        client = algo.start_client(info, payload, client_state)
         theta, grad = self.theta, self.grad
         theta.copy_(x_global)
         solver = self.solver_for(task.round)
@@ -227,13 +242,11 @@ class Worker:
             grad.zero_()
             loss = batch_loss(self.model, xb, yb)
             loss.backward()
-            algo.grad_hook(theta, grad, ctx)
+            algo.grad_hook(theta, grad, client)
             solver.step(theta, grad, state)
             loss_sum += loss.detach()
         delta = theta - x_global
-        extras, new_state = algo.client_finish(
-            delta, state, payload, client_state, ctx, info
-        )
+        extras, new_state = algo.client_finish(delta, state, client)
         cpu = torch.device("cpu")
         return ClientUpdate(
             client=i,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fedsim.algorithms import FedAdam, FedAvg, FedAvgM, FedNova
-from fedsim.algorithms.base import ClientInfo, ClientUpdate
+from fedsim.algorithms.base import ClientContext, ClientInfo, ClientUpdate
 from fedsim.algorithms.sampling import proportional_weights, uniform_weights
 from fedsim.data import build_data
 from fedsim.executors import InProcessExecutor
@@ -120,7 +120,7 @@ def test_scheme_ii_uniform_without_replacement_is_unbiased():
         ups = []
         for i in subset:
             info = ClientInfo(i, 10, m, relative_weight=P4[i] * m)
-            extras, _ = alg.client_finish(deltas[i], None, {}, {}, None, info)
+            extras, _ = alg.client_finish(deltas[i], None, ClientContext(info, {}))
             ups.append(ClientUpdate(i, deltas[i], P4[i], 1, 1.0, 0.0, extras))
         x0 = torch.zeros(3, dtype=torch.float64)
         steps.append(alg.aggregate({"x": x0}, ups)[0]["x"])

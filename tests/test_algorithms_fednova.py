@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from fedsim.algorithms import FedAvg, FedNova, FedNovaVR
-from fedsim.algorithms.base import ClientUpdate
+from fedsim.algorithms.base import ClientInfo, ClientUpdate
+from fedsim.solvers import SolverState
 
 from .test_algorithms import QUAD, Driver, final_x, fixed_point, make_update, run
 
@@ -114,6 +115,32 @@ def test_server_momentum_matches_the_official_code_rule():
         v = big_d / lr if r == 0 else gmf * v + big_d / lr
         x = x - lr * v
         assert float(state["x"]) == pytest.approx(x, abs=1e-15)
+
+
+def test_server_momentum_follows_the_decayed_lr_as_the_official_code():
+    # Prepare: gmf = 0.5; one client, ||a|| = 2, x0 = 1; round 1 at lr 0.1
+    # moves by Delta = -0.2, round 2 at lr 0.05 by Delta = -0.1
+    alg = FedNova(gmf=0.5)
+    state = alg.init(torch.tensor([1.0], dtype=torch.float64), 1)
+    info = ClientInfo(client=0, n_samples=1, num_clients=1, relative_weight=1.0)
+    xs = []
+    for lr, d in ((0.1, -0.2), (0.05, -0.1)):
+        delta = torch.tensor([d], dtype=torch.float64)
+        st = SolverState(x0=state["x"], lr=lr, steps=2, norm_a=2.0)
+        client = alg.start_client(info, alg.payload(state), {})
+        extras, _ = alg.client_finish(delta, st, client)
+        up = ClientUpdate(0, delta, 1.0, 2, 2.0, 0.0, extras)
+
+        # Execute
+        state, _ = alg.aggregate(state, [up])
+        xs.append(float(state["x"]))
+
+    # Assert, in the code's gradient units (D = tau_eff Delta / ||a|| negated):
+    # round 1: D = 0.2, v = D / 0.1 = 2,            x = 1 - 0.1 * 2 = 0.8
+    # round 2: D = 0.1, v = 0.5 * 2 + 0.1 / 0.05 = 3, x = 0.8 - 0.05 * 3 = 0.65
+    # (a buffer that ignored the lr change would give 0.8 - 0.2 = 0.6)
+    assert xs == [pytest.approx(0.8, abs=1e-15), pytest.approx(0.65, abs=1e-15)]
+    assert float(state["mom_lr"]) == 0.05
 
 
 def test_server_momentum_converges_to_the_same_fixed_point():

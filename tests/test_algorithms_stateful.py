@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from fedsim.algorithms import FedDC
+from fedsim.algorithms.base import ClientInfo, ClientUpdate
+from fedsim.solvers import SGD
 
 from .test_algorithms import QUAD, TINY, Driver, final_x, run
 
@@ -238,3 +240,43 @@ def test_feddc_quadratic_fixed_point(weights, target):
     # the unweighted mean for balanced data; the data-weighted optimum otherwise
     x = final_x("algorithm={name: feddc, alpha: 0.1}", weights, "rounds=300")
     assert x == pytest.approx(target, abs=1e-9)
+
+
+# ------------------------------------------- FedDC's correction, one round by hand
+def test_feddc_one_round_with_a_correction_by_hand():
+    # Prepare: m = 2 clients, client 0 in S with w_0 = n_0 m / n = 2 and
+    # F_0(theta) = (theta - 3)^2 / 2; server x = 1, c = 0.2, sum of h = 0.5;
+    # client state h_0 = 0.5, c_0 = 0.3; alpha = 0.1; one SGD step, lr 0.5.
+    f64 = torch.float64
+    alg = FedDC(alpha=0.1)
+    state = alg.init(torch.tensor([1.0], dtype=f64), num_clients=2)
+    state["c"] = torch.tensor([0.2], dtype=f64)
+    state["hist_sum"] = torch.tensor([0.5], dtype=f64)
+    info = ClientInfo(client=0, n_samples=10, num_clients=2, relative_weight=2.0)
+    own = {"hist": torch.tensor([0.5], dtype=f64), "c": torch.tensor([0.3], dtype=f64)}
+    solver = SGD(lr=0.5)
+
+    # Execute: the client half, then the server
+    client = alg.start_client(info, alg.payload(state), own)
+    theta = state["x"].clone()
+    st = solver.begin(state["x"])
+    grad = theta - 3.0
+    alg.grad_hook(theta, grad, client)
+    solver.step(theta, grad, st)
+    delta = theta - state["x"]
+    extras, new_state = alg.client_finish(delta, st, client)
+    up = ClientUpdate(0, delta, 10.0, 1, st.norm_a, 0.0, extras, new_state)
+    new, _ = alg.aggregate(state, [up])
+
+    # Assert. alpha_0 = 0.1 / 2 = 0.05, anchor w - h = 0.5, r = c / w_0 - c_0
+    # = 0.1 - 0.3 = -0.2; gradient -2 + 0.05 (1 - 0.5) - 0.2 = -2.175, so
+    # theta = 1 + 0.5 * 2.175 = 2.0875 and delta = 1.0875
+    assert float(delta) == pytest.approx(1.0875, abs=1e-12)
+    # h_0 = 0.5 + 1.0875; c_0+ = c_0 - c / w_0 - delta / lr = 0.3 - 0.1 - 2.175
+    assert float(new_state["hist"]) == pytest.approx(1.5875, abs=1e-12)
+    assert float(new_state["c"]) == pytest.approx(-1.975, abs=1e-12)
+    # uploaded w_0 (c_0+ - c_0) = 2 (-1.975 - 0.3) = -4.55
+    assert float(extras["dc"]) == pytest.approx(-4.55, abs=1e-12)
+    # server: x = theta + (0.5 + 1.0875) / 2 = 2.88125; c = 0.2 - 4.55 / 2
+    assert float(new["x"]) == pytest.approx(2.88125, abs=1e-12)
+    assert float(new["c"]) == pytest.approx(-2.075, abs=1e-12)

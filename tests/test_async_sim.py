@@ -127,7 +127,9 @@ def test_fedasync_without_concurrency_is_fedbuff_with_one_update_per_version():
     # One device at a time: every update is fresh (x_start = x), so mixing in
     # the client model with weight alpha is adding alpha * Delta.
     one = ["round.concurrency=1", "rounds=6"]
-    fa = load_scenario(FEDASYNC, [*one, "algorithm={name: fedasync, alpha: 0.6}"])
+    fa = load_scenario(
+        FEDASYNC, [*one, "algorithm={name: fedasync, alpha: 0.6, rho: 0}"]
+    )
     fb = load_scenario(
         FEDASYNC, [*one, "algorithm={name: fedbuff, buffer_size: 1, server_lr: 0.6}"]
     )
@@ -151,7 +153,9 @@ def replay(sc) -> list[float]:
         total = 0.0
         for a in rec.applied:
             start = xs[a.job.version]
-            delta = (e[a.job.device] - start) * (1 - (1 - lr) ** a.tau)
+            rho = getattr(alg, "rho", 0.0)  # FedAsync's proximal term
+            contraction = 1 - (1 - lr * (1 + rho)) ** a.tau
+            delta = (e[a.job.device] - start) / (1 + rho) * contraction
             s = staleness_weight(
                 alg.staleness, a.staleness, alg.staleness_a, alg.staleness_b
             )

@@ -13,7 +13,7 @@ as soon as it is registered:
   simulation runs its client hooks end-to-end.
 
 Client updates are made by the algorithm's own client hooks
-(``local_setup`` / ``client_finish``), so the extras and new client state are
+(``start_client`` / ``client_finish``), so the extras and new client state are
 the real ones. A new algorithm needs an ``IDENTICAL`` entry (or a
 ``NOT_DELTA`` reason when its clients upload something else than a delta).
 """
@@ -56,10 +56,9 @@ def make_update(
     info = ClientInfo(
         client, n_samples=10, num_clients=M, relative_weight=relative_weight
     )
-    cs = client_state or {}
-    ctx = alg.local_setup(payload, cs, info)
+    ctx = alg.start_client(info, payload, client_state or {})
     st = SolverState(x0=payload["x"], lr=LR, steps=tau, norm_a=float(tau))
-    extras, new_state = alg.client_finish(delta, st, payload, cs, ctx, info)
+    extras, new_state = alg.client_finish(delta, st, ctx)
     return ClientUpdate(client, delta, weight, tau, float(tau), 0.5, extras, new_state)
 
 

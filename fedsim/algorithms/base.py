@@ -16,21 +16,52 @@ Server half:
 - ``aggregate(state, updates)``: the new server state and what the round's
   aggregation did (effective weights, tau_eff, chi^2(p||w)).
 
-Client half (run on a worker, per client, per round):
+Client half (run on a worker, per client, per round). Every hook receives
+one :class:`ClientContext`: the client's :class:`ClientInfo`, the payload it
+downloaded, its persistent state and what ``local_setup`` returned:
 
 - ``solver(client_spec)``: the local solver.
-- ``local_setup(payload, client_state, info)``: anything constant during the
-  round (e.g. SCAFFOLD's correction c - c_i); returned as ``ctx``.
-- ``grad_hook(theta, grad, ctx)``: adjust the minibatch gradient in place
+- ``local_setup(client) -> local``: anything constant during the round
+  (e.g. SCAFFOLD's correction c - c_i); it becomes ``client.local``.
+- ``grad_hook(theta, grad, client)``: adjust the minibatch gradient in place
   before each solver step (e.g. add the correction, or a penalty's gradient).
-- ``client_finish(delta, solver_state, payload, client_state, ctx, info)``:
-  the extras to upload and the client's new persistent state.
+- ``client_finish(delta, solver_state, client) -> (extras, new_state)``: the
+  extras to upload and the client's new persistent state (None: unchanged).
+
+A worker runs them as :meth:`Algorithm.start_client`, then per step the
+gradient, ``grad_hook`` and the solver step, then ``client_finish``. A toy
+algorithm whose clients are pulled back toward the downloaded model and
+upload how far they moved:
+
+>>> from dataclasses import dataclass
+>>> from fedsim.solvers import SGD
+>>> @dataclass(frozen=True)
+... class Toy(Algorithm):
+...     def local_setup(self, client):
+...         return client.payload["x"]          # the anchor, constant in the round
+...     def grad_hook(self, theta, grad, client):
+...         grad.add_(theta - client.local)     # + gradient of ||theta - x||^2 / 2
+...     def client_finish(self, delta, solver_state, client):
+...         return {"moved": delta.abs().sum()}, None
+>>> alg, solver = Toy(), SGD(lr=0.5)
+>>> info = ClientInfo(client=0, n_samples=4, num_clients=1, relative_weight=1.0)
+>>> client = alg.start_client(info, {"x": torch.zeros(1)}, {})
+>>> theta, st = torch.zeros(1), solver.begin(torch.zeros(1))
+>>> for _ in range(2):                          # local loss (theta - 1)^2 / 2
+...     grad = theta - 1.0
+...     alg.grad_hook(theta, grad, client)
+...     solver.step(theta, grad, st)
+>>> # theta: 0 -> 0.5 (gradient -1), then stays (gradient -0.5 + 0.5 = 0)
+>>> alg.client_finish(theta - client.payload["x"], st, client)[0]["moved"]
+tensor(0.5000)
 
 Algorithms whose client work is not "tau steps of a solver" (FedDM learns a
-synthetic set) override ``client_train``; algorithms whose server needs the
-model or a validation loss (FedPNS's CHECK LOSS, FedDM's server training) set
-``needs_server = True`` and receive a :class:`ServerContext` as
-``aggregate(state, updates, server=ctx)``.
+synthetic set) override ``client_train(job)``, which receives a
+:class:`LocalTraining` (the client's context, model, data rows, generator and
+step budget) and returns the :class:`ClientUpdate`; algorithms whose server
+needs the model or a validation loss (FedPNS's CHECK LOSS, FedDM's server
+training) set ``needs_server = True`` and receive a :class:`ServerContext`
+as ``aggregate(state, updates, server=ctx)``.
 
 Persistent client state (``stateful = True``) is a dict of flat tensors kept
 by the server's :class:`~fedsim.store.ClientStore`, keyed by client id; it
@@ -40,9 +71,10 @@ never trained has state ``{}``: read missing keys as zeros.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 
@@ -56,15 +88,24 @@ if TYPE_CHECKING:
 __all__ = [
     "AggregateInfo",
     "Algorithm",
+    "ClientContext",
     "ClientInfo",
+    "ClientResult",
     "ClientState",
     "ClientUpdate",
+    "LocalTraining",
     "ServerContext",
     "ServerState",
+    "Updates",
+    "meter_subset",
+    "skip_empty_rounds",
 ]
 
 ServerState = dict[str, torch.Tensor]
 ClientState = dict[str, torch.Tensor]
+# What client_finish returns: the extras to upload and the client's new
+# persistent state (None: unchanged).
+ClientResult = tuple[dict[str, torch.Tensor], ClientState | None]
 
 
 @dataclass(frozen=True)
@@ -75,6 +116,50 @@ class ClientInfo:
     n_samples: int
     num_clients: int  # m
     relative_weight: float  # n_i m / n (1 for balanced data), as FedDyn/FedDC use
+
+
+@dataclass(frozen=True)
+class ClientContext:
+    """What a client's local procedure knows during one round.
+
+    Attributes:
+        info: facts about the client.
+        payload: what it downloaded (``x`` and, e.g., SCAFFOLD's ``c``).
+        state: its persistent state before the round (``{}`` if it never
+            trained or the algorithm keeps none; read missing keys as zeros).
+        local: what the algorithm's ``local_setup`` returned (None before).
+    """
+
+    info: ClientInfo
+    payload: dict[str, torch.Tensor]
+    state: ClientState = field(default_factory=dict)
+    local: Any = None
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """What an algorithm that replaces the solver loop (``client_train``) gets.
+
+    Attributes:
+        client: the client's context (``local`` is None: no ``local_setup``).
+        model: the worker's model; its parameters are views of ``theta``.
+        theta: the model's parameters as one flat vector (restore it to
+            ``client.payload["x"]`` before returning).
+        xs, ys: the client's samples and labels.
+        gen: the client's generator for this round (all its randomness).
+        weight: the client's data weight n_i (``ClientUpdate.weight``).
+        step_budget: local steps the clock granted when it bounds the work
+            (``round: fixed_window``), else None.
+    """
+
+    client: ClientContext
+    model: torch.nn.Module
+    theta: torch.Tensor
+    xs: torch.Tensor
+    ys: torch.Tensor
+    gen: torch.Generator
+    weight: float
+    step_budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +175,10 @@ class ClientUpdate:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     new_state: ClientState | None = None  # stored by the server, never aggregated
     bytes_up: int | None = None  # real upload size when it is not up_factor * d
+
+
+# A round's (or an async buffer's) updates, in order.
+Updates = Sequence[ClientUpdate]
 
 
 @dataclass(frozen=True)
@@ -163,30 +252,28 @@ class Algorithm:
     def solver(self, client: ClientSpec) -> SGD:
         return make_solver(client)
 
-    def local_setup(
-        self,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        info: ClientInfo,
-    ) -> Any:
+    def start_client(
+        self, info: ClientInfo, payload: dict[str, torch.Tensor], state: ClientState
+    ) -> ClientContext:
+        """The client's context for the round, with ``local_setup``'s result."""
+        client = ClientContext(info, payload, state)
+        return replace(client, local=self.local_setup(client))
+
+    def local_setup(self, client: ClientContext) -> Any:
         return None
 
-    def grad_hook(self, theta: torch.Tensor, grad: torch.Tensor, ctx: Any) -> None:
+    def grad_hook(
+        self, theta: torch.Tensor, grad: torch.Tensor, client: ClientContext
+    ) -> None:
         return None
 
-    # Set to a method ``client_train(worker, payload, task, client_state, info,
-    # xs, ys, gen) -> ClientUpdate`` to replace the solver loop entirely.
+    # Set to a method ``client_train(job: LocalTraining) -> ClientUpdate`` to
+    # replace the solver loop entirely.
     client_train: ClassVar[Any] = None
 
     def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
+    ) -> ClientResult:
         return {}, None
 
 
@@ -208,5 +295,42 @@ def meter(
     return AggregateInfo(weights=weights, tau_eff=float(tau_eff), chi2_pw=chi2(p, w))
 
 
+def meter_subset(
+    updates: Updates,
+    used: Updates,
+    w: Sequence[float],
+    tau_eff: float,
+    flags: dict[int, dict[str, Any]] | None = None,
+) -> AggregateInfo:
+    """:func:`meter` over the updates the server ``used`` (effective weights
+    ``w``), reporting weight 0 for every other update of the round (FedPNS's
+    removed updates, FedDM's empty uploads)."""
+    info = meter(used, data_weights(used), w, tau_eff)
+    return AggregateInfo(
+        weights={u.client: info.weights.get(u.client, 0.0) for u in updates},
+        tau_eff=info.tau_eff,
+        chi2_pw=info.chi2_pw,
+        flags=flags or {},
+    )
+
+
 def empty_info() -> AggregateInfo:
     return AggregateInfo(weights={}, tau_eff=float("nan"), chi2_pw=float("nan"))
+
+
+_Aggregate = TypeVar("_Aggregate", bound=Callable[..., Any])
+
+
+def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
+    """Decorate an ``aggregate`` method: a round without updates leaves the
+    server state as it is and reports an empty meter (:func:`empty_info`)."""
+
+    @functools.wraps(aggregate)
+    def wrapper(
+        self: Any, state: ServerState, updates: Sequence[ClientUpdate], *args: Any
+    ) -> Any:
+        if not updates:
+            return state, empty_info()
+        return aggregate(self, state, updates, *args)
+
+    return wrapper  # type: ignore[return-value]

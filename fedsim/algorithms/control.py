@@ -2,21 +2,32 @@
 
 Clients download the server's control variate c with the model, and every
 local gradient is corrected by c - c_i, a constant within the round
-(SCAFFOLD, ALGORITHMS.md 7; FedNova-VR, 5.5). Used as a mixin next to the
-algorithm's own base class; the subclass writes ``client_finish`` (its c_i
-update) and ``aggregate``.
+(SCAFFOLD, ALGORITHMS.md 7; FedNova-VR, 5.5). :class:`ControlVariates` is
+the base class (first in the bases, before the algorithm's own server class):
+it adds c to the server state and the payload, the correction and its
+gradient hook; the subclass writes ``client_finish`` (its c_i update, with
+:func:`control_step`) and ``aggregate`` (with :func:`control_aggregate`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from fedsim.algorithms.base import ClientInfo, ClientState, ServerState
+from fedsim.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientState,
+    ClientUpdate,
+    ServerState,
+)
+from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState, normalized_gradient
 
-__all__ = ["ControlVariates", "control_update"]
+__all__ = ["ControlVariates", "control_aggregate", "control_step", "control_update"]
 
 
 def control_update(
@@ -41,21 +52,46 @@ def control_update(
     return c_i.clone()
 
 
-class ControlVariates:
-    """payload (x, c), correction c - c_i, and the gradient hook adding it."""
+def control_step(
+    delta: torch.Tensor,
+    solver_state: SolverState,
+    correction: torch.Tensor,
+    state: ClientState,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(c_i, c_i^+): the client's control variate before the round (from its
+    persistent ``state``, zeros if it has none) and after it."""
+    c_i = state.get("c", torch.zeros_like(delta))
+    return c_i, control_update(delta, solver_state, correction, c_i)
+
+
+def control_aggregate(
+    state: ServerState, updates: Sequence[ClientUpdate], weights: Sequence[float]
+) -> torch.Tensor:
+    """The server's new c = c + sum_i weights_i dc_i over the round's uploads."""
+    return state["c"] + weighted_sum([u.extras["dc"] for u in updates], weights)
+
+
+@dataclass(frozen=True)
+class ControlVariates(Algorithm):
+    """State c (2d down, 2d up), payload (x, c), correction c - c_i, and the
+    gradient hook adding it."""
+
+    stateful: ClassVar[bool] = True
+    down_factor: ClassVar[int] = 2
+    up_factor: ClassVar[int] = 2
+
+    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
+        return {**super().init(x0, num_clients), "c": torch.zeros_like(x0)}
 
     def payload(self, state: ServerState) -> dict[str, torch.Tensor]:
         return {"x": state["x"], "c": state["c"]}
 
-    def local_setup(
-        self,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        info: ClientInfo,
-    ) -> torch.Tensor:
-        c = payload["c"]
-        c_i = client_state.get("c")
+    def local_setup(self, client: ClientContext) -> torch.Tensor:
+        c = client.payload["c"]
+        c_i = client.state.get("c")
         return c if c_i is None else c - c_i  # never mutated: no copy
 
-    def grad_hook(self, theta: torch.Tensor, grad: torch.Tensor, ctx: Any) -> None:
-        grad.add_(ctx)
+    def grad_hook(
+        self, theta: torch.Tensor, grad: torch.Tensor, client: ClientContext
+    ) -> None:
+        grad.add_(client.local)

@@ -38,7 +38,6 @@ class FedAdam(FedAvg):
     """Adam on the server, clients as in FedAvg.
 
     Example:
-        >>> import torch
         >>> alg = FedAdam(server_lr=0.1, adaptivity=1e-3)
         >>> s = alg.init(torch.zeros(1), num_clients=2)
         >>> # first step: lr (1 - beta1) / (sqrt(1 - beta2) + tau) per coordinate

@@ -11,8 +11,20 @@ s = t - tau,
     x_{t+1} = (1 - alpha_t) x_t + alpha_t x_new,      x_new = x_tau + Delta
 
 x_new is the client's model: it starts from the version it *downloaded*, not
-from the current one. One update makes one version (``buffer_size = 1``). The
-staleness functions of the paper's section 5.2 (each S(0) = 1):
+from the current one. The worker (the paper's Algorithm 1) runs SGD on the
+regularised objective
+
+    g_{x_tau}(x) = f(x) + (rho / 2) ||x - x_tau||^2,
+
+i.e. x <- x - lr (grad f(x) + rho (x - x_tau)), proximal SGD anchored at the
+downloaded model (FedProx's solver with mu = rho, so ||a||_1 is the proximal
+one). ``rho`` defaults to 0.005, the value of the paper's CIFAR-10
+experiments (ALGORITHMS.md gives none); rho = 0 is plain local SGD.
+Proximal steps combined with the ``momentum`` or ``decay`` solvers have no
+derived ||a||_1 and are refused: use ``client.solver: sgd`` or rho = 0.
+
+One update makes one version (``buffer_size = 1``). The staleness functions
+of the paper's section 5.2 (each S(0) = 1):
 
 ==============  ==============================================
 ``constant``    S(s) = 1
@@ -48,7 +60,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -61,13 +73,22 @@ from fedsim.algorithms.base import (
     data_weights,
     empty_info,
 )
+from fedsim.algorithms.weighting import (
+    TauEff,
+    effective_steps,
+    normalizers,
+    weighted_steps,
+)
 from fedsim.params import chi2
+from fedsim.solvers import SGD, make_solver
 from fedsim.spec import NonNegFloat, PosFloat
+
+if TYPE_CHECKING:
+    from fedsim.scenario import ClientSpec
 
 __all__ = ["AsyncInfo", "FedAsync", "Staleness", "staleness_weight"]
 
 Staleness = Literal["constant", "polynomial", "hinge"]
-TauEff = Literal["fedavg", "steps", "fixed"]
 
 
 def staleness_weight(kind: Staleness, s: int, a: float = 0.5, b: float = 4) -> float:
@@ -142,14 +163,10 @@ class _Normalized(Algorithm):
     ) -> tuple[list[float], float]:
         """Factor on each Delta (tau_eff / ||a_i||_1 when normalising, else 1),
         and the tau_eff to report (sum_i p_i ||a_i||_1 when not normalising)."""
+        norm_a = [u.norm_a for u in updates]
         if not self.normalize:
-            p = data_weights(updates)
-            return [1.0] * len(updates), sum(
-                pi * u.norm_a for pi, u in zip(p, updates, strict=True)
-            )
-        if any(u.norm_a <= 0 for u in updates):
-            raise ValueError("normalize needs ||a_i||_1 > 0 (at least one step)")
-        return [tau_eff / u.norm_a for u in updates], tau_eff
+            return [1.0] * len(updates), weighted_steps(data_weights(updates), norm_a)
+        return normalizers([tau_eff] * len(updates), norm_a), tau_eff
 
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
@@ -167,8 +184,6 @@ class FedAsync(_Normalized):
     """Mix each arriving client model into the global one, x <- (1 - a) x + a x_i.
 
     Example (hinge staleness; staleness 6 > b = 4 gives S = 1/21):
-        >>> import torch
-        >>> from fedsim.algorithms.base import ClientUpdate
         >>> alg = FedAsync(alpha=0.5, staleness="hinge", staleness_a=10)
         >>> state = alg.init(torch.zeros(1), 2)
         >>> u = ClientUpdate(0, torch.tensor([2.1]), 1, 3, 3.0, 0.0)
@@ -179,6 +194,7 @@ class FedAsync(_Normalized):
 
     name: Literal["fedasync"] = "fedasync"
     alpha: Annotated[float, Field(gt=0, le=1)] = 0.6
+    rho: NonNegFloat = 0.005
 
     buffer_size: ClassVar[int] = 1
 
@@ -186,6 +202,10 @@ class FedAsync(_Normalized):
         super().__post_init__()
         if self.server_lr != 1.0:
             raise ValueError("FedAsync's step size is alpha; leave server_lr at 1")
+
+    def solver(self, client: ClientSpec) -> SGD:
+        """Proximal SGD on f(x) + (rho / 2) ||x - x_tau||^2 (the paper's worker)."""
+        return make_solver(client, mu=self.rho)
 
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         zero = torch.zeros((), dtype=torch.float64)
@@ -209,11 +229,14 @@ class FedAsync(_Normalized):
         count = state["count"] + len(updates)
         norm_a_sum = state["norm_a_sum"] + sum(u.norm_a for u in updates)
         steps_sum = state["steps_sum"] + sum(u.tau for u in updates)
-        if self.tau_eff == "fixed" and self.tau_eff_value is not None:
-            running = float(self.tau_eff_value)
-        else:
-            total = norm_a_sum if self.tau_eff == "fedavg" else steps_sum
-            running = float(total / count)
+        # the running mean over every update so far, as one "update"
+        running = effective_steps(
+            self.tau_eff,
+            [1.0],
+            [float(norm_a_sum / count)],
+            [float(steps_sum / count)],
+            self.tau_eff_value,
+        )
         scale, tau_eff = self.scales(updates, running)
         p = data_weights(updates)
         mix = [

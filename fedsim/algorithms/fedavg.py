@@ -25,35 +25,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
-    Algorithm,
-    ClientInfo,
-    ClientState,
     ClientUpdate,
     ServerState,
     data_weights,
-    empty_info,
     meter,
+    skip_empty_rounds,
 )
-from fedsim.algorithms.sampling import Scheme, sampling_extras, sampling_weights
+from fedsim.algorithms.sampling import Sampled, sampling_weights
+from fedsim.algorithms.weighting import weighted_steps
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState
 
 __all__ = ["FedAvg"]
 
 
 @dataclass(frozen=True)
-class FedAvg(Algorithm):
+class FedAvg(Sampled):
     """Weighted average of client deltas.
 
+    Attributes:
+        sampling: how the round's updates are weighted given how the selector
+            sampled them (``renormalized``, ``uniform``, ``proportional``).
+
     Example:
-        >>> import torch
-        >>> from fedsim.algorithms.base import ClientUpdate
         >>> ups = [ClientUpdate(0, torch.tensor([1.0]), 1, 2, 2.0, 0.0),
         ...        ClientUpdate(1, torch.tensor([3.0]), 3, 6, 6.0, 0.0)]
         >>> state, info = FedAvg().aggregate({"x": torch.zeros(1)}, ups)
@@ -62,30 +61,18 @@ class FedAvg(Algorithm):
     """
 
     name: Literal["fedavg"] = "fedavg"
-    sampling: Scheme = "renormalized"
-
-    def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        return sampling_extras(self.sampling, info), None
 
     def apply_step(self, state: ServerState, step: torch.Tensor) -> ServerState:
         """The new server state from the weighted average delta ``step``."""
         return {**state, "x": state["x"] + self.server_lr * step}
 
+    @skip_empty_rounds
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
-        if not updates:
-            return state, empty_info()
         p = data_weights(updates)
         wh = sampling_weights(updates, self.sampling)
         step = weighted_sum([u.delta for u in updates], wh)
         w = [wi * u.norm_a for wi, u in zip(wh, updates, strict=True)]
-        return self.apply_step(state, step), meter(updates, p, w, tau_eff=sum(w))
+        tau_eff = weighted_steps(wh, [u.norm_a for u in updates])
+        return self.apply_step(state, step), meter(updates, p, w, tau_eff)

@@ -23,6 +23,7 @@ from pydantic import Field
 
 from fedsim.algorithms.base import ServerState
 from fedsim.algorithms.fedavg import FedAvg
+from fedsim.algorithms.weighting import momentum_buffer
 
 __all__ = ["FedAvgM"]
 
@@ -31,8 +32,10 @@ __all__ = ["FedAvgM"]
 class FedAvgM(FedAvg):
     """Server momentum on the averaged delta.
 
+    Attributes:
+        server_momentum: beta of the heavy-ball buffer.
+
     Example:
-        >>> import torch
         >>> alg = FedAvgM(server_momentum=0.5)
         >>> s = alg.init(torch.zeros(1), num_clients=2)
         >>> s = alg.apply_step(s, torch.ones(1)); s = alg.apply_step(s, torch.ones(1))
@@ -47,5 +50,5 @@ class FedAvgM(FedAvg):
         return {"x": x0.clone(), "mom": torch.zeros_like(x0)}
 
     def apply_step(self, state: ServerState, step: torch.Tensor) -> ServerState:
-        mom = self.server_momentum * state["mom"] + step
+        mom = momentum_buffer(state["mom"], step, self.server_momentum)
         return {**state, "x": state["x"] + self.server_lr * mom, "mom": mom}

@@ -36,6 +36,7 @@ import torch
 
 from fedsim.algorithms.base import ClientUpdate, ServerState, empty_info
 from fedsim.algorithms.fedasync import AsyncInfo, _Normalized, async_meter
+from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.params import weighted_sum
 from fedsim.spec import PosInt
 
@@ -47,8 +48,6 @@ class FedBuff(_Normalized):
     """Average a buffer of K staleness-weighted deltas, then take a server step.
 
     Example (K = 2, staleness 0 and 3, S = (1 + s)^-1/2):
-        >>> import torch
-        >>> from fedsim.algorithms.base import ClientUpdate
         >>> alg = FedBuff(buffer_size=2)
         >>> ups = [ClientUpdate(0, torch.tensor([1.0]), 1, 2, 2.0, 0.0),
         ...        ClientUpdate(1, torch.tensor([4.0]), 1, 2, 2.0, 0.0)]
@@ -66,7 +65,7 @@ class FedBuff(_Normalized):
         state: ServerState,
         updates: Sequence[ClientUpdate],
         staleness: Sequence[int],
-        starts: Sequence[torch.Tensor],
+        starts: Sequence[torch.Tensor] = (),
     ) -> tuple[ServerState, AsyncInfo]:
         """x <- x + server_lr (1/K) sum_k S(s_k) c_k Delta_k, K = len(updates).
 
@@ -75,12 +74,9 @@ class FedBuff(_Normalized):
         if not updates:
             return state, AsyncInfo(**vars(empty_info()))
         k = len(updates)
-        if self.tau_eff == "fixed" and self.tau_eff_value is not None:
-            mean_steps = float(self.tau_eff_value)
-        elif self.tau_eff == "steps":
-            mean_steps = sum(u.tau for u in updates) / k
-        else:
-            mean_steps = sum(u.norm_a for u in updates) / k
+        mean_steps = updates_tau_eff(
+            self.tau_eff, [1.0] * k, updates, self.tau_eff_value
+        )
         scale, tau_eff = self.scales(updates, mean_steps)
         s = [self.weight(si) for si in staleness]
         coef = [si * c / k for si, c in zip(s, scale, strict=True)]

@@ -46,21 +46,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
-    ClientInfo,
-    ClientState,
+    ClientContext,
+    ClientResult,
     ClientUpdate,
     ServerState,
     data_weights,
-    empty_info,
     meter,
 )
-from fedsim.algorithms.control import control_update
+from fedsim.algorithms.control import control_aggregate, control_step
 from fedsim.algorithms.feddyn import DynContext, FedDyn
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
@@ -72,8 +71,12 @@ __all__ = ["FedDC"]
 class FedDC(FedDyn):
     """Local drift decoupling (FedDyn's h) plus gradient correction (c, c_i).
 
+    Attributes:
+        alpha: the penalty coefficient (alpha_i = alpha / w_i per client).
+        correction: use the control variates (False: exactly FedDyn).
+        aggregation: the server rule, ``code`` or ``paper`` (Eq. 7).
+
     Example:
-        >>> import torch
         >>> alg = FedDC(alpha=0.01)
         >>> sorted(alg.init(torch.zeros(2), num_clients=4))
         ['c', 'hist_sum', 'm', 'x']
@@ -101,9 +104,9 @@ class FedDC(FedDyn):
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
-        if not updates:
-            return state, empty_info()
         new, info = super().aggregate(state, updates)
+        if not updates:
+            return new, info
         if self.aggregation == "paper":
             p = data_weights(updates)
             x = state["x"]
@@ -112,44 +115,29 @@ class FedDC(FedDyn):
             info = meter(updates, p, p, info.tau_eff)
         if self.correction:
             n, m = len(updates), float(state["m"])
-            dc = weighted_sum([u.extras["dc"] for u in updates], [1.0 / m] * n)
-            new["c"] = state["c"] + dc
+            new["c"] = control_aggregate(state, updates, [1.0 / m] * n)
         return new, info
 
     # ---------------------------------------------------------------- client
-    def local_setup(
-        self,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        info: ClientInfo,
-    ) -> DynContext:
-        ctx = super().local_setup(payload, client_state, info)
+    def local_setup(self, client: ClientContext) -> DynContext:
+        ctx = super().local_setup(client)
         if not self.correction:
             return ctx
-        c = payload["c"]
-        c_i = client_state.get("c", torch.zeros_like(c))
-        return ctx._replace(correction=c / info.relative_weight - c_i)
+        c = client.payload["c"]
+        c_i = client.state.get("c", torch.zeros_like(c))
+        return ctx._replace(correction=c / client.info.relative_weight - c_i)
 
     def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        extras, new_state = super().client_finish(
-            delta, solver_state, payload, client_state, ctx, info
-        )
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
+    ) -> ClientResult:
+        extras, new_state = super().client_finish(delta, solver_state, client)
         assert new_state is not None
         if self.aggregation == "paper":
             extras["drift"] = new_state["hist"]
         if self.correction:
-            c_i = client_state.get("c", torch.zeros_like(delta))
-            w_i = info.relative_weight
-            # c_i^+ = (c_i - c / w_i) + d_i, with ctx.correction = c / w_i - c_i
-            c_new = control_update(delta, solver_state, ctx.correction, c_i)
-            extras["dc"] = w_i * (c_new - c_i)
+            # c_i^+ = (c_i - c / w_i) + d_i, with correction = c / w_i - c_i
+            correction = client.local.correction
+            c_i, c_new = control_step(delta, solver_state, correction, client.state)
+            extras["dc"] = client.info.relative_weight * (c_new - c_i)
             new_state["c"] = c_new
         return extras, new_state

@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -74,15 +74,15 @@ from torch import nn
 from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
-    ClientInfo,
-    ClientState,
     ClientUpdate,
+    LocalTraining,
     ServerContext,
     ServerState,
-    data_weights,
+    Updates,
     empty_info,
-    meter,
+    meter_subset,
 )
+from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.spec import NonNegFloat, PosFloat, PosInt
 
 __all__ = [
@@ -310,7 +310,8 @@ class FedDM(Algorithm):
     def aggregate(
         self,
         state: ServerState,
-        updates: Sequence[ClientUpdate],
+        updates: Updates,
+        *,
         server: ServerContext | None = None,
     ) -> tuple[ServerState, AggregateInfo]:
         ups = [u for u in updates if "labels" in u.extras and len(u.extras["labels"])]
@@ -347,33 +348,18 @@ class FedDM(Algorithm):
         with torch.no_grad():
             x_new = torch.nn.utils.parameters_to_vector(params).detach().clone()
         w = [float(len(u.extras["labels"])) for u in ups]
-        tau_eff = sum(u.tau for u in ups) / len(ups)
-        info = meter(ups, data_weights(ups), w, tau_eff)
+        tau_eff = updates_tau_eff("steps", [1.0] * len(ups), ups)
         new = {**state, "x": x_new.to(x_r.dtype), "round": state["round"] + 1}
-        return new, AggregateInfo(
-            weights={u.client: info.weights.get(u.client, 0.0) for u in updates},
-            tau_eff=info.tau_eff,
-            chi2_pw=info.chi2_pw,
-        )
+        return new, meter_subset(updates, ups, w, tau_eff)
 
     # ------------------------------------------------------------ client
-    def client_train(  # type: ignore[override]
-        self,
-        worker: Any,
-        payload: dict[str, torch.Tensor],
-        task: Any,
-        client_state: ClientState,
-        info: ClientInfo,
-        xs: torch.Tensor,
-        ys: torch.Tensor,
-        gen: torch.Generator,
-    ) -> ClientUpdate:
+    def client_train(self, job: LocalTraining) -> ClientUpdate:  # type: ignore[override]
         """Learn S_k at models around w_r (steps 1-3 of the module docstring)."""
-        model, theta = worker.model, worker.theta
-        x_global = payload["x"]
+        model, theta, xs, ys, gen = job.model, job.theta, job.xs, job.ys, job.gen
+        x_global = job.client.payload["x"]
         n_iter = self.iterations
-        if worker.scenario.round.policy == "fixed_window":
-            n_iter = min(n_iter, int(task.tau))
+        if job.step_budget is not None:
+            n_iter = min(n_iter, int(job.step_budget))
         classes = torch.unique(ys)
         by_class = [torch.nonzero(ys == c).flatten() for c in classes.tolist()]
         syn = self._init_synthetic(xs, by_class, gen)
@@ -414,9 +400,9 @@ class FedDM(Algorithm):
             theta.copy_(x_global)
         images = syn.detach().clone()
         return ClientUpdate(
-            client=info.client,
+            client=job.client.info.client,
             delta=x_global.new_zeros(0),
-            weight=float(worker.weights[info.client]),
+            weight=job.weight,
             tau=n_iter,
             norm_a=float(n_iter),
             train_loss=loss_sum / max(n_iter, 1),

@@ -44,18 +44,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
-    ClientInfo,
-    ClientState,
+    ClientContext,
+    ClientResult,
     ClientUpdate,
     ServerState,
-    empty_info,
+    skip_empty_rounds,
 )
 from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.params import weighted_sum
@@ -78,8 +78,10 @@ class DynContext(NamedTuple):
 class FedDyn(Algorithm):
     """Dynamic regularisation (code form).
 
+    Attributes:
+        alpha: the penalty coefficient (alpha_i = alpha / w_i per client).
+
     Example:
-        >>> import torch
         >>> alg = FedDyn(alpha=0.1)
         >>> state = alg.init(torch.zeros(2), num_clients=4)
         >>> sorted(state), state["hist_sum"].dtype
@@ -106,11 +108,10 @@ class FedDyn(Algorithm):
             "m": torch.tensor(float(num_clients), dtype=torch.float64),
         }
 
+    @skip_empty_rounds
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
-        if not updates:
-            return state, empty_info()
         n = len(updates)
         hist_sum = state["hist_sum"] + weighted_sum(
             [u.delta for u in updates], [1.0] * n, dtype=torch.float64
@@ -122,28 +123,21 @@ class FedDyn(Algorithm):
         return new, unweighted_meter(updates)
 
     # ---------------------------------------------------------------- client
-    def local_setup(
-        self,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        info: ClientInfo,
-    ) -> DynContext:
-        w = payload["x"]
-        hist = client_state.get("hist", torch.zeros_like(w))
-        return DynContext(self.alpha / info.relative_weight, w - hist, hist, None)
+    def local_setup(self, client: ClientContext) -> DynContext:
+        w = client.payload["x"]
+        hist = client.state.get("hist", torch.zeros_like(w))
+        alpha_i = self.alpha / client.info.relative_weight
+        return DynContext(alpha_i, w - hist, hist, None)
 
-    def grad_hook(self, theta: torch.Tensor, grad: torch.Tensor, ctx: Any) -> None:
+    def grad_hook(
+        self, theta: torch.Tensor, grad: torch.Tensor, client: ClientContext
+    ) -> None:
+        ctx: DynContext = client.local
         grad.add_(theta - ctx.anchor, alpha=ctx.alpha_i)
         if ctx.correction is not None:
             grad.add_(ctx.correction)
 
     def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        return {}, {"hist": ctx.hist + delta}
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
+    ) -> ClientResult:
+        return {}, {"hist": client.local.hist + delta}

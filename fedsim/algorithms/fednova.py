@@ -23,35 +23,49 @@ Under sampling this is the recommendation [R] of ALGORITHMS.md 5.4: one
 unbiased weight vector for both the sum and tau_eff, so FedNova equals FedAvg
 under the same sampling whenever all ||a_i||_1 are equal.
 
-Server momentum (``gmf``, the "slow momentum" of the official code, 5.3): the
-buffer keeps the server step in parameter units, m <- gmf m + s, x <- x + m,
-where s is the step above. The code keeps v = -m / lr with the current client
-lr; with a constant lr (fedsim's) the two are identical, and m = s in the
-first round. gmf = 0 gives x + s exactly. Local momentum buffers are reset
-every round by the solver (``begin``).
+Server momentum (``gmf``, the "slow momentum" of the official code, 5.3).
+The code keeps its buffer in gradient units with the current round's client
+lr_t: v <- gmf v + D / lr_t, x <- x - lr_t v, with D = -s the step above
+(v = D / lr_t in the first round). Here the buffer is m = -lr_t v, in
+parameter units, which is the same rule:
+
+    m <- gmf (lr_t / lr_{t-1}) m + s,      x <- x + m
+
+so under ``client.lr_decay`` the old momentum shrinks with the lr, as in the
+code. With gmf > 0 clients upload their lr (the extra ``lr``) and the state
+keeps the lr of the last round (``mom_lr``). At a constant lr the ratio is
+exactly 1 and m <- gmf m + s bit for bit; gmf = 0 gives x + s exactly. Local
+momentum buffers are reset every round by the solver (``begin``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import Field
 
 from fedsim.algorithms.base import (
     AggregateInfo,
-    Algorithm,
-    ClientInfo,
-    ClientState,
+    ClientContext,
+    ClientResult,
     ClientUpdate,
     ServerState,
     data_weights,
-    empty_info,
     meter,
+    skip_empty_rounds,
 )
-from fedsim.algorithms.sampling import Scheme, sampling_extras, sampling_weights
+from fedsim.algorithms.sampling import Sampled, sampling_weights
+from fedsim.algorithms.weighting import (
+    TauEff,
+    lr_upload,
+    momentum_buffer,
+    normalizers,
+    updates_tau_eff,
+    uploaded_lr,
+)
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
 from fedsim.spec import PosFloat
@@ -60,12 +74,16 @@ __all__ = ["FedNova"]
 
 
 @dataclass(frozen=True)
-class FedNova(Algorithm):
+class FedNova(Sampled):
     """Normalised averaging.
 
+    Attributes:
+        tau_eff: how tau_eff is taken (``fedavg``, ``steps``, ``fixed``).
+        tau_eff_value: the constant tau_eff of ``fixed``.
+        sampling: weights of the round's updates, as for FedAvg.
+        gmf: server ("slow") momentum, 0 for none.
+
     Example:
-        >>> import torch
-        >>> from fedsim.algorithms.base import ClientUpdate
         >>> ups = [ClientUpdate(0, torch.tensor([2.0]), 1, 2, 2.0, 0.0),
         ...        ClientUpdate(1, torch.tensor([6.0]), 1, 6, 6.0, 0.0)]
         >>> alg = FedNova()
@@ -75,9 +93,8 @@ class FedNova(Algorithm):
     """
 
     name: Literal["fednova"] = "fednova"
-    tau_eff: Literal["fedavg", "steps", "fixed"] = "fedavg"
+    tau_eff: TauEff = "fedavg"
     tau_eff_value: PosFloat | None = None
-    sampling: Scheme = "renormalized"
     gmf: Annotated[float, Field(ge=0, lt=1)] = 0.0
 
     def __post_init__(self) -> None:
@@ -85,31 +102,25 @@ class FedNova(Algorithm):
             raise ValueError("tau_eff 'fixed' needs tau_eff_value")
 
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
-        return {"x": x0.clone(), "mom": torch.zeros_like(x0)}
+        return {
+            "x": x0.clone(),
+            "mom": torch.zeros_like(x0),
+            "mom_lr": torch.zeros((), dtype=torch.float64),  # 0: no round yet
+        }
+
+    def client_finish(
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
+    ) -> ClientResult:
+        extras, _ = super().client_finish(delta, solver_state, client)
+        if self.gmf:  # the server momentum follows the client lr
+            extras.update(lr_upload(solver_state))
+        return extras, None
 
     def effective_steps(
         self, w: Sequence[float], updates: Sequence[ClientUpdate]
     ) -> float:
         """tau_eff for sampling weights ``w`` (normalised here)."""
-        sw = float(sum(w))
-        if self.tau_eff == "fedavg":
-            return sum(wi * u.norm_a for wi, u in zip(w, updates, strict=True)) / sw
-        if self.tau_eff == "steps":
-            return sum(wi * u.tau for wi, u in zip(w, updates, strict=True)) / sw
-        if self.tau_eff == "fixed" and self.tau_eff_value is not None:
-            return float(self.tau_eff_value)
-        raise ValueError(f"unknown tau_eff {self.tau_eff!r}")
-
-    def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        return sampling_extras(self.sampling, info), None
+        return updates_tau_eff(self.tau_eff, w, updates, self.tau_eff_value)
 
     def normalized_step(
         self, updates: Sequence[ClientUpdate]
@@ -118,15 +129,21 @@ class FedNova(Algorithm):
         p = data_weights(updates)
         wh = sampling_weights(updates, self.sampling)
         tau_eff = self.effective_steps(wh, updates)
-        coef = [wi / u.norm_a for wi, u in zip(wh, updates, strict=True)]
+        coef = normalizers(wh, [u.norm_a for u in updates])
         step = weighted_sum([u.delta for u in updates], coef)
         return (self.server_lr * tau_eff) * step, meter(updates, p, wh, tau_eff)
 
+    @skip_empty_rounds
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
-        if not updates:
-            return state, empty_info()
         step, info = self.normalized_step(updates)
-        mom = self.gmf * state["mom"] + step
-        return {**state, "x": state["x"] + mom, "mom": mom}, info
+        # every client of a round trains with that round's lr
+        lrs = [lr for lr in map(uploaded_lr, updates) if lr is not None]
+        last = float(state.get("mom_lr", 0.0))
+        rescale = lrs[0] / last if lrs and last > 0 else 1.0
+        mom = momentum_buffer(state["mom"], step, self.gmf, rescale)
+        new = {**state, "x": state["x"] + mom, "mom": mom}
+        if lrs:
+            new["mom_lr"] = torch.tensor(lrs[0], dtype=torch.float64)
+        return new, info

@@ -27,22 +27,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Literal
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
-    ClientInfo,
-    ClientState,
+    ClientContext,
+    ClientResult,
     ClientUpdate,
     ServerState,
-    empty_info,
 )
-from fedsim.algorithms.control import ControlVariates, control_update
+from fedsim.algorithms.control import (
+    ControlVariates,
+    control_aggregate,
+    control_step,
+)
 from fedsim.algorithms.fednova import FedNova
-from fedsim.algorithms.sampling import sampling_extras
-from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
 
 __all__ = ["FedNovaVR"]
@@ -53,35 +54,21 @@ class FedNovaVR(ControlVariates, FedNova):
     """FedNova whose local gradients carry SCAFFOLD-style corrections c - c_i.
 
     Example:
-        >>> import torch
         >>> alg = FedNovaVR()
         >>> sorted(alg.init(torch.zeros(3), num_clients=4))
-        ['c', 'mom', 'x']
+        ['c', 'mom', 'mom_lr', 'x']
     """
 
     name: Literal["fednova_vr"] = "fednova_vr"  # type: ignore[assignment]
 
-    stateful: ClassVar[bool] = True
-    down_factor: ClassVar[int] = 2
-    up_factor: ClassVar[int] = 2
-
-    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
-        return {**super().init(x0, num_clients), "c": torch.zeros_like(x0)}
-
     def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        extras = sampling_extras(self.sampling, info)
-        c_i = client_state.get("c", torch.zeros_like(delta))
-        # c_i^+ = d_i^corr - (c - c_i), with ctx = c - c_i
-        c_new = control_update(delta, solver_state, ctx, c_i)
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
+    ) -> ClientResult:
+        extras, _ = super().client_finish(delta, solver_state, client)
+        # c_i^+ = d_i^corr - (c - c_i), with client.local = c - c_i
+        c_i, c_new = control_step(delta, solver_state, client.local, client.state)
         extras["dc"] = c_new - c_i
+        info = client.info
         extras["p"] = torch.tensor(
             info.relative_weight / info.num_clients, dtype=torch.float64
         )
@@ -90,9 +77,8 @@ class FedNovaVR(ControlVariates, FedNova):
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
-        if not updates:
-            return state, empty_info()
         new, info = super().aggregate(state, updates)
-        p = [float(u.extras["p"]) for u in updates]
-        dc = weighted_sum([u.extras["dc"] for u in updates], p)
-        return {**new, "c": state["c"] + dc}, info
+        if updates:  # c += sum_S p_i (c_i^+ - c_i), p_i = n_i / n
+            p = [float(u.extras["p"]) for u in updates]
+            new["c"] = control_aggregate(state, updates, p)
+        return new, info

@@ -29,8 +29,10 @@ probability of nodes that are often labeled.
 Differences from the reference code: inner products are exact (the code
 rounds each to 2 decimals and E to 3, which makes tiny improvements count as
 none); the two CHECK LOSS models are computed from pristine deltas (the
-code's averaging helper mutates the first client's weights); the learning
-rate does not decay across rounds (the code uses max(0.995^t, 0.01) lr).
+code's averaging helper mutates the first client's weights). The code's lr
+decay across rounds, max(0.995^t, 0.01) lr, is the scenario's
+``client.lr_decay`` / ``lr_min`` (set in the paper scenario); each client
+uploads its round's lr, so g_i uses the lr it actually trained with.
 Updates of clients that took no step carry no gradient: they are kept out of
 the checks and the average (weight 0), and flagged neither labeled nor
 removed. Called without a server (``server=None``), CHECK LOSS cannot run:
@@ -49,17 +51,18 @@ import torch
 from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
-    ClientInfo,
-    ClientState,
+    ClientContext,
+    ClientResult,
     ClientUpdate,
     ServerContext,
     ServerState,
-    data_weights,
+    Updates,
     empty_info,
-    meter,
+    meter_subset,
 )
+from fedsim.algorithms.weighting import lr_upload, updates_tau_eff, uploaded_lr
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState
+from fedsim.solvers import SolverState, average_gradient
 from fedsim.spec import PosInt, Prob
 
 __all__ = ["FedPNS", "expectation", "optimal_aggregation"]
@@ -139,8 +142,6 @@ class FedPNS(Algorithm):
         v_fraction: v as a fraction of the round's updates (the code's 8 of 10).
 
     Example:
-        >>> import torch
-        >>> from fedsim.algorithms.base import ClientUpdate
         >>> ups = [ClientUpdate(i, torch.tensor([-0.1]), 1.0, 1, 1.0, 0.0,
         ...        {"lr": torch.tensor(0.1)}) for i in range(3)]
         >>> state, info = FedPNS().aggregate({"x": torch.zeros(1)}, ups)
@@ -161,27 +162,18 @@ class FedPNS(Algorithm):
         return max(1, math.floor(self.v_fraction * n))
 
     def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        return {"lr": torch.tensor(solver_state.lr, dtype=torch.float64)}, None
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
+    ) -> ClientResult:
+        return lr_upload(solver_state), None
 
     def aggregate(
-        self,
-        state: ServerState,
-        updates: Sequence[ClientUpdate],
-        server: ServerContext | None = None,
+        self, state: ServerState, updates: Updates, server: ServerContext | None = None
     ) -> tuple[ServerState, AggregateInfo]:
         live = [u for u in updates if u.norm_a > 0]
         if not live:
             return state, empty_info()
         x = state["x"]
-        grads = [u.delta / (-_lr(u) * u.norm_a) for u in live]
+        grads = [average_gradient(u.delta, _lr(u), u.norm_a) for u in live]
 
         # a set's mean model and validation loss, computed once per aggregate:
         # after a removal the next CHECK LOSS starts from the set just scored
@@ -215,19 +207,17 @@ class FedPNS(Algorithm):
         new_x = mean_model(kept)
         ups = [live[j] for j in kept]
         n = len(ups)
-        info = meter(ups, data_weights(ups), [1.0] * n, sum(u.norm_a for u in ups) / n)
+        tau_eff = updates_tau_eff("fedavg", [1.0] * n, ups)
         lab = {live[j].client for j in labeled}
         rem = {live[j].client for j in removed}
-        weights = {u.client: info.weights.get(u.client, 0.0) for u in updates}
         flags = {
             u.client: {"labeled": u.client in lab, "removed": u.client in rem}
             for u in live
         }
-        return {**state, "x": new_x}, AggregateInfo(
-            weights=weights, tau_eff=info.tau_eff, chi2_pw=info.chi2_pw, flags=flags
-        )
+        info = meter_subset(updates, ups, [1.0] * n, tau_eff, flags)
+        return {**state, "x": new_x}, info
 
 
 def _lr(u: ClientUpdate) -> float:
-    lr = u.extras.get("lr")
-    return 1.0 if lr is None else float(lr)
+    lr = uploaded_lr(u)
+    return 1.0 if lr is None else lr

@@ -30,19 +30,26 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
+    Algorithm,
+    ClientContext,
     ClientInfo,
+    ClientResult,
     ClientUpdate,
     data_weights,
     meter,
 )
+from fedsim.algorithms.weighting import updates_tau_eff
+from fedsim.solvers import SolverState
 
 __all__ = [
+    "Sampled",
     "Scheme",
     "proportional_weights",
     "sampling_extras",
@@ -104,9 +111,22 @@ def sampling_extras(scheme: Scheme, info: ClientInfo) -> dict[str, torch.Tensor]
     return {}
 
 
+@dataclass(frozen=True)
+class Sampled(Algorithm):
+    """Base of servers that weight updates by a sampling ``scheme`` (FedAvg,
+    FedNova and their descendants): the field and the client's upload."""
+
+    sampling: Scheme = "renormalized"
+
+    def client_finish(
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
+    ) -> ClientResult:
+        return sampling_extras(self.sampling, client.info), None
+
+
 def unweighted_meter(updates: Sequence[ClientUpdate]) -> AggregateInfo:
     """The meter of a server that averages unweighted (SCAFFOLD, FedDyn, FedDC
     code form): w_i = 1/|S|, tau_eff the mean ||a_i||_1."""
     n = len(updates)
-    tau_eff = sum(u.norm_a for u in updates) / n
+    tau_eff = updates_tau_eff("fedavg", [1.0] * n, updates)
     return meter(updates, data_weights(updates), [1.0 / n] * n, tau_eff)

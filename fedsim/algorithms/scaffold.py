@@ -34,20 +34,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Literal
 
 import torch
 
 from fedsim.algorithms.base import (
     AggregateInfo,
-    Algorithm,
-    ClientInfo,
-    ClientState,
+    ClientContext,
+    ClientResult,
     ClientUpdate,
     ServerState,
-    empty_info,
+    skip_empty_rounds,
 )
-from fedsim.algorithms.control import ControlVariates, control_update
+from fedsim.algorithms.control import (
+    ControlVariates,
+    control_aggregate,
+    control_step,
+)
 from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
@@ -56,11 +59,13 @@ __all__ = ["Scaffold"]
 
 
 @dataclass(frozen=True)
-class Scaffold(ControlVariates, Algorithm):
+class Scaffold(ControlVariates):
     """Stochastic controlled averaging (option II).
 
+    Attributes:
+        server_lr: the server's step on the unweighted mean delta.
+
     Example:
-        >>> import torch
         >>> alg = Scaffold()
         >>> state = alg.init(torch.zeros(2), num_clients=10)
         >>> sorted(state), alg.stateful, alg.up_factor
@@ -69,43 +74,27 @@ class Scaffold(ControlVariates, Algorithm):
 
     name: Literal["scaffold"] = "scaffold"
 
-    stateful: ClassVar[bool] = True
-    down_factor: ClassVar[int] = 2
-    up_factor: ClassVar[int] = 2
-
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
-        return {
-            "x": x0.clone(),
-            "c": torch.zeros_like(x0),
-            "m": torch.tensor(float(num_clients), dtype=torch.float64),
-        }
+        m = torch.tensor(float(num_clients), dtype=torch.float64)
+        return {**super().init(x0, num_clients), "m": m}
 
     def client_finish(
-        self,
-        delta: torch.Tensor,
-        solver_state: SolverState,
-        payload: dict[str, torch.Tensor],
-        client_state: ClientState,
-        ctx: Any,
-        info: ClientInfo,
-    ) -> tuple[dict[str, torch.Tensor], ClientState | None]:
-        c_i = client_state.get("c", torch.zeros_like(delta))
-        # c_i - c + (x - y)/(K lr), with ctx = c - c_i
-        c_new = control_update(delta, solver_state, ctx, c_i)
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
+    ) -> ClientResult:
+        # c_i - c + (x - y)/(K lr), with client.local = c - c_i
+        c_i, c_new = control_step(delta, solver_state, client.local, client.state)
         return {"dc": c_new - c_i}, {"c": c_new}
 
+    @skip_empty_rounds
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
-        if not updates:
-            return state, empty_info()
         n = len(updates)
         step = weighted_sum([u.delta for u in updates], [1.0 / n] * n)
         m = float(state["m"])
-        dc = weighted_sum([u.extras["dc"] for u in updates], [1.0 / m] * n)
         new = {
             **state,
             "x": state["x"] + self.server_lr * step,
-            "c": state["c"] + dc,
+            "c": control_aggregate(state, updates, [1.0 / m] * n),
         }
         return new, unweighted_meter(updates)

@@ -10,13 +10,13 @@ select the ``clients_per_round`` (m) clients of A with the highest local
 loss. Biasing toward high-loss clients speeds up convergence; d = m is
 random selection, larger d is more greedy.
 
-The paper asks every candidate to evaluate its loss at the current global
-model (an extra round trip). Here the loss of a client is the *last observed*
-mean training loss of that client (``result.clients[i].train_loss`` of the
-last round it trained in): what the server knows without extra messages,
-as the paper's communication-efficient variant ``cpow-d`` approximates. A
-client never observed has loss +inf, so every client is tried once before
-the greedy choice kicks in; ties are broken at random.
+The paper's ``pow-d`` asks every candidate to evaluate its loss at the
+current global model (an extra round trip), and ``cpow-d`` to estimate it on
+a minibatch (still a round trip). This is the paper's ``rpow-d``, which needs
+no extra messages: the loss of a client is its *last observed* mean
+training loss (``result.clients[i].train_loss`` of the last round it
+trained in). A client never observed has loss +inf, so every client is
+tried once before the greedy choice kicks in; ties are broken at random.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ __all__ = ["PowerOfChoice"]
 
 @dataclass(frozen=True)
 class PowerOfChoice(Selector):
-    """pow-d with the last observed training losses.
+    """rpow-d: power-of-choice with the last observed training losses.
 
     Attributes:
         candidates: d, the size of the random candidate set (None: twice
