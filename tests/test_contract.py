@@ -29,8 +29,8 @@ import torch
 
 from fedsim.algorithms import REGISTRY, Algorithm
 from fedsim.algorithms.base import ClientInfo, ClientUpdate, ServerState
+from fedsim.runtime import RunResult, run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.server import Simulation
 from fedsim.solvers import SolverState
 
 from .conftest import SCENARIOS
@@ -238,8 +238,8 @@ def test_scenario_section_builds_it_and_a_short_run_works(name):
     sc = load_scenario(TINY, [f"algorithm={{name: {name}{args}}}", "rounds=3"])
     assert type(sc.algorithm) is REGISTRY[name]
     assert pickle.loads(pickle.dumps(sc.algorithm)) == sc.algorithm
-    sim = Simulation(sc, workers=0)
-    rows, clients = sim.run()
+    sim = run_scenario(sc, workers=0)
+    rows, clients = sim.rows, sim.clients
     assert len(rows) == 3
     assert all(math.isfinite(r["train_loss"]) for r in rows)
     assert math.isfinite(rows[-1]["test_loss"])
@@ -253,6 +253,6 @@ def test_scenario_section_builds_it_and_a_short_run_works(name):
     assert {c["bytes_down"] for c in clients} == {per_client * 4 * sim_num_params(sim)}
 
 
-def sim_num_params(sim: Simulation) -> int:
+def sim_num_params(sim: RunResult) -> int:
     assert sim.final_params is not None
     return int(sim.final_params.numel())

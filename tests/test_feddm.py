@@ -29,8 +29,8 @@ from fedsim.algorithms.feddm import (
 from fedsim.data import build_data
 from fedsim.models import ModelSpec, build_model
 from fedsim.params import flatten
+from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.server import Simulation
 from fedsim.workers import Task, Worker
 
 from .conftest import SCENARIOS, SHARED
@@ -310,8 +310,8 @@ def test_registered_and_picklable():
 
 def test_short_run_records_real_upload_sizes():
     sc = load_scenario(TINY, [f"algorithm={SMALL}", "rounds=2"])
-    sim = Simulation(sc, workers=0)
-    rows, clients = sim.run()
+    sim = run_scenario(sc, workers=0)
+    rows, clients = sim.rows, sim.clients
     assert all(math.isfinite(r["test_loss"]) for r in rows)
     data = sim.data
     for c in clients:
@@ -342,8 +342,8 @@ def test_a_round_on_mnist_with_a_small_convnet():
     ]
     sc = load_scenario(TINY, over)
     # Execute
-    sim = Simulation(sc, workers=0)
-    rows, clients = sim.run()
+    sim = run_scenario(sc, workers=0)
+    rows, clients = sim.rows, sim.clients
     # Assert: real upload sizes of 1x28x28 float images
     # One round already learns: measured 0.234 (seeds 1, 2: 0.256, 0.356) on
     # 10 classes, where chance is 0.10.

@@ -22,11 +22,11 @@ from fedsim.algorithms.base import AggregateInfo, ClientUpdate
 from fedsim.algorithms.fedpns import FedPNS, expectation, optimal_aggregation
 from fedsim.data import build_data
 from fedsim.data.partition import label_histogram
+from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
 from fedsim.selectors import REGISTRY as SELECTORS
 from fedsim.selectors.fedpns import FedPNS as FedPNSSelector
 from fedsim.selectors.fedpns import update_probabilities
-from fedsim.server import Simulation
 
 from .conftest import SCENARIOS, SHARED
 
@@ -271,7 +271,8 @@ def test_paper_scenario_runs_on_synthetic():
         SCENARIO,
         ["data={dataset: synthetic, alpha: 1.0, beta: 1.0}", "rounds=3"],
     )
-    rows, clients = Simulation(sc, workers=0).run()
+    res = run_scenario(sc, workers=0)
+    rows, clients = res.rows, res.clients
     assert len(rows) == 3 and np.isfinite(rows[-1]["test_loss"])
     done = [c for c in clients if not c["dropped"]]
     assert all("labeled" in c and "removed" in c for c in done)
@@ -280,17 +281,13 @@ def test_paper_scenario_runs_on_synthetic():
 
 
 def test_probabilities_are_written_to_selector_parquet_and_resume(tmp_path):
-    import fedsim.server
-
-    if not hasattr(fedsim.server, "SelectorContext"):
-        pytest.skip("needs the server to write selector artifacts (issue 4 patch)")
     import pyarrow.parquet as pq
 
     over = ["data={dataset: synthetic, alpha: 1.0, beta: 1.0}", "rounds=4"]
     sc = load_scenario(SCENARIO, [*over, "checkpoint.every_rounds=2"])
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    Simulation(sc, workers=0, run_dir=tmp_path / "a").run()
+    run_scenario(sc, workers=0, run_dir=tmp_path / "a")
     table = pq.read_table(tmp_path / "a" / "selector.parquet").to_pylist()
     assert len(table) == 4 * 50
     for t in range(4):
@@ -305,8 +302,8 @@ def test_probabilities_are_written_to_selector_parquet_and_resume(tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        Simulation(sc, workers=0, run_dir=tmp_path / "b", on_round=stop_after_two).run()
-    Simulation(sc, workers=0, run_dir=tmp_path / "b", resume=True).run()
+        run_scenario(sc, workers=0, run_dir=tmp_path / "b", on_round=stop_after_two)
+    run_scenario(sc, workers=0, run_dir=tmp_path / "b", resume=True)
     again = pq.read_table(tmp_path / "b" / "selector.parquet").to_pylist()
     assert again == table
     a = pq.read_table(tmp_path / "a" / "rounds.parquet").column("test_loss")
@@ -323,7 +320,8 @@ def test_paper_scenario_runs_on_the_mnist_test_set():
     one_label = (hist > 0).sum(axis=1) <= 2  # a shard may straddle two labels
     assert data.num_clients == 50 and one_label.sum() == 50 - n_iid
     assert set(data.n_samples.tolist()) == {140}
-    rows, clients = Simulation(sc, workers=0).run()
+    res = run_scenario(sc, workers=0)
+    rows, clients = res.rows, res.clients
     # Chance on 10 classes is 0.10; measured 0.197 -> 0.274 over the two
     # rounds (seeds 1, 2: 0.192 -> 0.323, 0.219 -> 0.385).
     assert len(rows) == 2 and rows[-1]["test_accuracy"] > 0.22

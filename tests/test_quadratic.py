@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.server import Simulation
 
 from .conftest import SCENARIOS
 
@@ -17,8 +17,8 @@ FEDAVG = "algorithm={name: fedavg}"
 
 def final_x(*overrides: str) -> float:
     sc = load_scenario(QUAD, list(overrides))
-    sim = Simulation(sc, workers=0)
-    rows, _ = sim.run()
+    sim = run_scenario(sc, workers=0)
+    rows, _ = sim.rows, sim.clients
     assert [r["tau_min"] for r in rows][:1] == [1.0]
     assert sim.final_params is not None
     return float(sim.final_params[0])
@@ -35,7 +35,8 @@ def fixed_point(*overrides: str) -> float:
 
 def test_scenario_gives_heterogeneous_steps():
     sc = load_scenario(QUAD, ["rounds=1"])
-    _, clients = Simulation(sc, workers=0).run()
+    res = run_scenario(sc, workers=0)
+    _, clients = res.rows, res.clients
     assert [c["tau"] for c in clients] == [1, 5, 10]
 
 
