@@ -21,7 +21,7 @@ import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -43,6 +43,10 @@ from fedsim.selectors import REGISTRY as SELECTORS
 from fedsim.selectors.uniform import Uniform
 from fedsim.spec import NonNegFloat, PosFloat
 from fedsim.spec import Spec as _Spec
+
+if TYPE_CHECKING:
+    from fedsim.algorithms.base import Algorithm
+    from fedsim.selectors.base import Selector
 
 __all__ = [
     "AvailabilitySpec",
@@ -78,10 +82,13 @@ class ScenarioError(ValueError):
 # ---------------------------------------------------------------------------- data
 # Each dataset's spec lives in its module (fedsim/data/<name>.py); the union of
 # the registered ones is the scenario's ``data`` section.
-DataSpec = Annotated[
-    Union[tuple(DATASETS.values())],  # noqa: UP007 - built from the registry
-    Field(discriminator="dataset"),
-]
+if TYPE_CHECKING:  # each dataset's fields differ: read them as the spec says
+    DataSpec = Any
+else:
+    DataSpec = Annotated[
+        Union[tuple(DATASETS.values())],  # noqa: UP007 - built from the registry
+        Field(discriminator="dataset"),
+    ]
 
 
 # -------------------------------------------------------------------------- client
@@ -116,14 +123,19 @@ class ClientSpec(_Spec):
 
 # ----------------------------------------------------------------------- algorithm
 # An algorithm's dataclass is its own spec (fedsim/algorithms/<name>.py).
-AlgorithmSpec = Annotated[
-    Union[tuple(ALGORITHMS.values())],  # noqa: UP007
-    Field(discriminator="name"),
-]
-SelectorSpec = Annotated[
-    Union[tuple(SELECTORS.values())],  # noqa: UP007
-    Field(discriminator="name"),
-]
+# To the type checker the section is the plug-in base class it derives from.
+if TYPE_CHECKING:
+    AlgorithmSpec = Algorithm
+    SelectorSpec = Selector
+else:
+    AlgorithmSpec = Annotated[
+        Union[tuple(ALGORITHMS.values())],  # noqa: UP007
+        Field(discriminator="name"),
+    ]
+    SelectorSpec = Annotated[
+        Union[tuple(SELECTORS.values())],  # noqa: UP007
+        Field(discriminator="name"),
+    ]
 
 
 # ------------------------------------------------------------------------ selector
