@@ -135,7 +135,7 @@ check_head() {
         esac
         if ((SECONDS - start >= wait_s)); then
             printf '%s\n' "$out" | tail -n 5 >&2
-            echo "submit.sh: the job server at $RAY_ADDRESS took no job within ${wait_s}s (FEDSIM_AGENT_WAIT_S); is the head up? (on it: ray status; its dashboard_agent.log)" >&2
+            echo "submit.sh: the job server at $RAY_ADDRESS took no job within ${wait_s}s (FEDSIM_AGENT_WAIT_S); is the head up? On the head: ray status, and its dashboard_agent.log (e.g. the agent's port, --dashboard-agent-listen-port, 52365 by default, taken by another Ray on that machine)" >&2
             exit 3
         fi
         if ((said == 0)); then
