@@ -33,7 +33,8 @@
 #                     "--submission-id fedsim-run1".
 #   FEDSIM_VALIDATE   set to 0 to skip checking the scenario locally first.
 #   FEDSIM_CHECK_HEAD set to 0 to skip the check job (below).
-#   FEDSIM_AGENT_WAIT_S  how long to wait for the head's job agent (default 120).
+#   FEDSIM_AGENT_WAIT_S  how long to wait for the head's job agent (default 120);
+#   FEDSIM_AGENT_POLL_S  how often to ask meanwhile (default every 2 s).
 #
 # Before submitting, a tiny check job (no upload, a second or two) runs
 # `command -v fedsim` on the head node and is then deleted. It waits, up to
@@ -142,7 +143,7 @@ check_head() {
             echo "submit.sh: waiting up to ${wait_s}s for the head's job agent (it starts a few seconds after \`ray start --head\`) ..." >&2
             said=1
         fi
-        sleep 2
+        sleep "${FEDSIM_AGENT_POLL_S:-2}"
     done
     # A finished check job is just clutter in `ray job list`.
     "$RAY" job delete --address "$RAY_ADDRESS" "$id" >/dev/null 2>&1 || true

@@ -314,7 +314,8 @@ def multinode_cluster(
         cluster.nodes.append(
             _start("h", head_args, {**env, **(head_env or {})}, work, work)
         )
-        _wait(cluster, timeout_s, lambda: cluster.http("GET", "/api/jobs/")[0] == 200)
+        # Worker nodes need only the GCS; the dashboard comes up meanwhile.
+        _wait(cluster, timeout_s, lambda: _accepts(gcs))
         for spec in workers:
             args = [
                 f"--address={cluster.gcs}",
@@ -328,11 +329,18 @@ def multinode_cluster(
                 _start(spec.name, args, node_env, work, work, join=True)
             )
         n_nodes = len(workers) + 1
+        _wait(cluster, timeout_s, lambda: cluster.http("GET", "/api/jobs/")[0] == 200)
         _wait(cluster, timeout_s, lambda: len(cluster.alive_nodes()) == n_nodes)
         yield cluster
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _wait(cluster: Cluster, timeout_s: float, ready) -> None:

@@ -87,7 +87,11 @@ def _submit_fake(tmp_path: Path, busy: int, fedsim: str, **env: str):
         [str(SUBMIT), "scenarios/quickstart.yaml", "--out", "/r/q"],
         cwd=ROOT,
         env=base_env(
-            RAY=str(ray), RAY_ADDRESS="http://127.0.0.1:1", FEDSIM_VALIDATE="0", **env
+            RAY=str(ray),
+            RAY_ADDRESS="http://127.0.0.1:1",
+            FEDSIM_VALIDATE="0",
+            FEDSIM_AGENT_POLL_S="0.1",
+            **env,
         ),
         capture_output=True,
         text=True,
@@ -112,10 +116,10 @@ def test_submit_sh_waits_for_the_job_agent(tmp_path: Path):
 
 def test_submit_sh_gives_up_waiting_for_the_agent(tmp_path: Path):
     start = time.monotonic()
-    r = _submit_fake(tmp_path, busy=1000, fedsim="/x", FEDSIM_AGENT_WAIT_S="3")
+    r = _submit_fake(tmp_path, busy=1000, fedsim="/x", FEDSIM_AGENT_WAIT_S="2")
 
     assert r.returncode == 3, r.stderr
-    assert "took no job within 3s" in r.stderr
+    assert "took no job within 2s" in r.stderr
     assert "THE JOB RAN" not in r.stdout
     assert time.monotonic() - start < 30
 
