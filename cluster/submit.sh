@@ -32,9 +32,20 @@
 #   RAY_JOB_OPTS      extra `ray job submit` options, e.g. "--no-wait" or
 #                     "--submission-id fedsim-run1".
 #   FEDSIM_VALIDATE   set to 0 to skip checking the scenario locally first.
+#   FEDSIM_CHECK_HEAD set to 0 to skip the check job (below).
+#   FEDSIM_AGENT_WAIT_S  how long to wait for the head's job agent (default 120);
+#   FEDSIM_AGENT_POLL_S  how often to ask meanwhile (default every 2 s).
 #
-# Exit status: that of `ray job submit` (0 when the job SUCCEEDED), or 2 for a
-# usage error or an invalid scenario.
+# Before submitting, a tiny check job (no upload, a second or two) runs
+# `command -v fedsim` on the head node and is then deleted. It waits, up to
+# FEDSIM_AGENT_WAIT_S, while the job server answers "No available agent to
+# submit job" (the first seconds after `ray start --head`) or cannot be
+# reached, and stops with a clear message if the head has no `fedsim` command
+# on its PATH (the job itself would die with "fedsim: not found", exit 127).
+#
+# Exit status: that of `ray job submit` (0 when the job SUCCEEDED), 2 for a
+# usage error, an invalid scenario or a head without fedsim, 3 when the job
+# server did not take a job within FEDSIM_AGENT_WAIT_S.
 set -euo pipefail
 
 usage() {
@@ -104,6 +115,57 @@ if [[ ${FEDSIM_VALIDATE:-1} != 0 ]] && command -v fedsim >/dev/null; then
         esac
     done
     fedsim validate "$rel" ${check[@]+"${check[@]}"} >/dev/null || exit 2
+fi
+
+# The check job: is the job agent up, and does the head have `fedsim`?
+check_head() {
+    local wait_s=${FEDSIM_AGENT_WAIT_S:-120} start=$SECONDS attempt=0 said=0
+    local id out status
+    # Single quotes: the head's shell expands this, not ours.
+    # shellcheck disable=SC2016
+    local probe='echo "fedsim-check: $(command -v fedsim || echo MISSING) PATH=$PATH"'
+    while true; do
+        attempt=$((attempt + 1))
+        id="fedsim-check-$(date -u +%Y%m%d-%H%M%S)-$$-$attempt"
+        status=0
+        out=$("$RAY" job submit --address "$RAY_ADDRESS" --submission-id "$id" \
+            -- sh -c "$probe" 2>&1) || status=$?
+        case $out in
+            *"No available agent"* | *"onnection refused"* | *"Failed to connect"* | *"Cannot connect"*) ;;
+            *) break ;;
+        esac
+        if ((SECONDS - start >= wait_s)); then
+            printf '%s\n' "$out" | tail -n 5 >&2
+            echo "submit.sh: the job server at $RAY_ADDRESS took no job within ${wait_s}s (FEDSIM_AGENT_WAIT_S); is the head up? On the head: ray status, and its dashboard_agent.log (e.g. the agent's port, --dashboard-agent-listen-port, 52365 by default, taken by another Ray on that machine)" >&2
+            exit 3
+        fi
+        if ((said == 0)); then
+            echo "submit.sh: waiting up to ${wait_s}s for the head's job agent (it starts a few seconds after \`ray start --head\`) ..." >&2
+            said=1
+        fi
+        sleep "${FEDSIM_AGENT_POLL_S:-2}"
+    done
+    # A finished check job is just clutter in `ray job list`.
+    "$RAY" job delete --address "$RAY_ADDRESS" "$id" >/dev/null 2>&1 || true
+    case $out in
+        *"fedsim-check: /"*)
+            return 0
+            ;;
+        *"fedsim-check: MISSING"*)
+            printf '%s\n' "$out" | grep -m1 'fedsim-check:' >&2 || true
+            die "the head node has no \`fedsim\` command on its PATH, so the job would die with 'fedsim: not found' (exit 127). Install fedsim where the head's \`ray start\` runs (pip install -e . in the environment whose ray started the head; cluster/README.md, 'What the nodes need') and restart Ray there."
+            ;;
+    esac
+    if ((status != 0)); then
+        printf '%s\n' "$out" | tail -n 20 >&2
+        echo "submit.sh: the check job was refused or failed (status $status); see above" >&2
+        exit "$status"
+    fi
+    # Some other ray CLI (e.g. RAY=echo in tests): nothing to conclude.
+    echo "submit.sh: could not check the head node for fedsim; submitting anyway" >&2
+}
+if [[ ${FEDSIM_CHECK_HEAD:-1} != 0 ]]; then
+    check_head
 fi
 
 job_opts=()

@@ -1,0 +1,366 @@
+"""A multi-node Ray cluster on this one machine, for tests.
+
+:func:`multinode_cluster` starts a head and worker nodes with ``ray start
+--block``, each in its own session and its own ``--temp-dir``, all on
+127.0.0.1 with free ports and Ray token authentication on (a fresh token in a
+temporary file; ``~/.ray/auth_token`` is never read or written). When the
+``with`` block ends, even on an exception, every process the cluster started
+is stopped: SIGTERM to each ``ray start --block`` (Ray then stops what it
+started), then SIGKILL, by pid, to whatever of its sessions or its temporary
+directory is left. It never runs ``ray stop``, which stops every Ray on the
+machine, other people's included.
+
+Why not ``ray.cluster_utils.Cluster``: it starts the nodes inside the test
+process, so a node cannot have an environment of its own (this module gives
+the worker nodes no data root, to show that data reaches them through the
+object store) and its processes are not separable from the test's own.
+Worker nodes join through :func:`_join_on_loopback` (see there): plain
+``ray start --address`` on Linux either refuses to join or leaves loopback.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BIN = Path(sys.executable).parent  # the venv's bin: ray, fedsim, python
+RAY = BIN / "ray"
+
+__all__ = [
+    "BIN",
+    "RAY",
+    "Cluster",
+    "NodeSpec",
+    "base_env",
+    "free_ports",
+    "is_loopback",
+    "multinode_cluster",
+]
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any Ray address or token, plus
+    ``extra``; the venv's bin comes first on PATH."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RAY_AUTH", "RAY_ADDRESS", "RAY_API_SERVER", "FEDSIM_"))
+    }
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        COLUMNS="120",
+    )
+    env.update(extra)
+    return env
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on 127.0.0.1 right now."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    return (getattr(addr, "ipv4_mapped", None) or addr).is_loopback
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One worker node: its CPUs, (fake) GPUs, custom resources and the
+    environment variables it adds to the cluster's."""
+
+    name: str
+    num_cpus: int = 1
+    num_gpus: int = 0
+    resources: Mapping[str, float] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Node:
+    name: str
+    proc: subprocess.Popen
+    dir: Path
+    log: Path
+
+
+@dataclass
+class Cluster:
+    """A running cluster: where it is, how to reach it, what it started."""
+
+    work: Path
+    token: str
+    env: dict[str, str]  # for clients: the token file, RAY_AUTH_MODE=token
+    gcs: str
+    dashboard: str
+    nodes: list[Node]  # the head first
+
+    def http(self, method: str, path: str, token: str | None = "", body=None):
+        """(status, text) of a request to the dashboard; ``token=""`` sends
+        the cluster's token, ``None`` none."""
+        token = self.token if token == "" else token
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.dashboard + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        if token is not None:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+    def state(self, what: str, **filters: str) -> list[dict]:
+        """Rows of Ray's state API (``/api/v0/nodes``, ``.../actors``)."""
+        query = "&".join(
+            f"filter_keys={k}&filter_predicates=%3D&filter_values={v}"
+            for k, v in filters.items()
+        )
+        code, text = self.http("GET", f"/api/v0/{what}?detail=1&limit=1000&{query}")
+        if code != 200:
+            raise RuntimeError(f"/api/v0/{what}: HTTP {code}: {text[:500]}")
+        return json.loads(text)["data"]["result"]["result"]
+
+    def alive_nodes(self) -> list[dict]:
+        try:
+            return [n for n in self.state("nodes") if n["state"] == "ALIVE"]
+        except (OSError, RuntimeError, KeyError, ValueError):
+            return []
+
+    def pids(self) -> list[int]:
+        """Every process this cluster started: those of its nodes' sessions
+        or whose command line names its temporary directory."""
+        import psutil
+
+        sids = {n.proc.pid for n in self.nodes}
+        marker = str(self.work)
+        out = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if p.pid == os.getpid():
+                    continue
+                cmd = " ".join(p.info["cmdline"] or [])
+                if os.getsid(p.pid) in sids or marker in cmd:
+                    out.append(p.pid)
+            except (OSError, psutil.Error):
+                continue
+        return out
+
+    def listening(self) -> list:
+        """The addresses its processes listen on."""
+        import psutil
+
+        out = []
+        for pid in self.pids():
+            try:
+                conns = psutil.Process(pid).net_connections(kind="inet")
+            except psutil.Error:
+                continue
+            out += [c.laddr for c in conns if c.status == psutil.CONN_LISTEN]
+        return out
+
+    def log_tail(self, n: int = 40) -> str:
+        parts = []
+        for node in self.nodes:
+            try:
+                lines = node.log.read_text(errors="replace").splitlines()[-n:]
+            except OSError:
+                lines = ["(no log)"]
+            parts.append(f"--- node {node.name}\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        """Worker nodes first, then the head: SIGTERM to each ``ray start
+        --block``; then SIGKILL, by pid, whatever of the cluster is left."""
+        for node in reversed(self.nodes):
+            if node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGTERM)
+        for node in reversed(self.nodes):
+            try:
+                node.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                node.proc.kill()
+                node.proc.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while (left := self.pids()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _join_on_loopback(argv: list[str]) -> None:
+    """``ray start ARGV`` for a node that joins a cluster on 127.0.0.1.
+
+    Ray binds its servers to loopback only when the node's IP is 127.0.0.1,
+    and keeps that IP only with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (otherwise
+    ``ray start`` swaps it for the machine's address); but with that variable
+    at 0, ``ray start --address`` refuses to join ("Multi-node Ray clusters
+    are not supported on Windows and OSX"). So this process keeps the
+    variable at 0 for everything it starts and lifts only the join check, in
+    itself. Test-only, tied to Ray 2.60's ``ray start``.
+    """
+    from ray._private import ray_constants, services
+    from ray.scripts.scripts import main
+
+    ray_constants.ENABLE_RAY_CLUSTER = True  # the join check
+    services.resolve_ip_for_localhost = lambda host: host  # keep 127.0.0.1
+    sys.argv = ["ray", "start", *argv]
+    main()
+
+
+def _start(name, args, env, work, cwd, join: bool = False) -> Node:
+    node_dir = work / name
+    node_dir.mkdir()
+    log = work / f"{name}.log"
+    nm, om, agent, agent_grpc, metrics, rt_env = free_ports(6)
+    ray_start = [str(RAY), "start"]
+    if join:
+        ray_start = [sys.executable, str(Path(__file__).resolve()), "join"]
+    cmd = [
+        *ray_start,
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--node-manager-port={nm}",
+        f"--object-manager-port={om}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--metrics-export-port={metrics}",
+        f"--runtime-env-agent-port={rt_env}",
+        f"--object-store-memory={200 * 1024 * 1024}",
+        f"--temp-dir={node_dir}",
+        "--disable-usage-stats",
+        *args,
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own session: found and stopped by sid
+        )
+    return Node(name, proc, node_dir, log)
+
+
+@contextmanager
+def multinode_cluster(
+    workers: Sequence[NodeSpec],
+    head_env: Mapping[str, str] | None = None,
+    timeout_s: float = 150,
+) -> Iterator[Cluster]:
+    """A head offering no CPUs (it runs the job drivers) and ``workers``,
+    all on 127.0.0.1 with token authentication; stopped when the block ends.
+
+    Yields once the head's job API answers and every worker node is alive.
+    Node names must be short: Ray puts unix sockets under each node's
+    temporary directory (a 108-byte limit).
+    """
+    work = Path(tempfile.mkdtemp(prefix="fsmn-", dir="/tmp"))
+    token = secrets.token_hex(32)
+    token_file = work / "auth_token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    env = base_env(
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(token_file),
+        # SIGTERM stops a node at once instead of draining for 30 s.
+        RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
+    )
+    gcs, dash, client = free_ports(3)
+    cluster = Cluster(
+        work, token, env, f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", []
+    )
+    try:
+        head_args = [
+            "--head",
+            f"--port={gcs}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash}",
+            f"--ray-client-server-port={client}",
+            "--num-cpus=0",  # no training on the head
+            "--num-gpus=0",
+        ]
+        cluster.nodes.append(
+            _start("h", head_args, {**env, **(head_env or {})}, work, work)
+        )
+        # Worker nodes need only the GCS; the dashboard comes up meanwhile.
+        _wait(cluster, timeout_s, lambda: _accepts(gcs))
+        for spec in workers:
+            args = [
+                f"--address={cluster.gcs}",
+                f"--num-cpus={spec.num_cpus}",
+                f"--num-gpus={spec.num_gpus}",
+            ]
+            if spec.resources:
+                args.append(f"--resources={json.dumps(dict(spec.resources))}")
+            node_env = {**env, **spec.env}
+            cluster.nodes.append(
+                _start(spec.name, args, node_env, work, work, join=True)
+            )
+        n_nodes = len(workers) + 1
+        _wait(cluster, timeout_s, lambda: cluster.http("GET", "/api/jobs/")[0] == 200)
+        _wait(cluster, timeout_s, lambda: len(cluster.alive_nodes()) == n_nodes)
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _wait(cluster: Cluster, timeout_s: float, ready) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for node in cluster.nodes:
+            if node.proc.poll() is not None:
+                raise RuntimeError(
+                    f"ray start of node {node.name} exited "
+                    f"({node.proc.returncode}):\n{cluster.log_tail()}"
+                )
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the cluster did not come up:\n{cluster.log_tail()}")
+        time.sleep(1)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["join"]:
+    _join_on_loopback(sys.argv[2:])

@@ -1,0 +1,317 @@
+"""fedsim on a multi-node Ray cluster, through `ray job submit` only.
+
+The slow tests start one cluster on this machine (tests/cluster_utils.py):
+a head that offers no CPUs (it runs the job drivers) and two worker nodes of
+one CPU each, node ``a`` with 2 fake GPUs; each names itself with a custom
+resource (``node_a``, ``node_b``). Everything listens on 127.0.0.1 and needs
+the cluster's token. Jobs go in through cluster/submit.sh, as a user's would,
+and the tests look only at what Ray's job and state APIs say and at the files
+a run writes.
+
+Data lives on the driver's node only: the head has FEDSIM_DATA_ROOT (the
+shared MNIST test set); the worker nodes have an empty data root and an empty
+HOME, so their worker actors can train only on the copy the driver puts in
+the object store.
+
+The fast tests drive submit.sh with a fake ray CLI: it waits for the job
+agent, and stops when the head has no fedsim.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .cluster_utils import (
+    RAY,
+    Cluster,
+    NodeSpec,
+    base_env,
+    is_loopback,
+    multinode_cluster,
+)
+from .conftest import ROOT, SHARED
+
+SUBMIT = ROOT / "cluster" / "submit.sh"
+MNIST = SHARED / "data"  # holds mnist-test/ (the t10k files)
+
+# scenarios/papers/fedpns-mnist-like.yaml on the MNIST test set only (the
+# scenario's own comment), FedAvg, 3 rounds.
+MNIST_ARGS = [
+    "scenarios/papers/fedpns-mnist-like.yaml",
+    *("--set", "data.files=test", "--set", "data.test_fraction=0.3"),
+    *("--set", "data.partition.samples_per_client=140", "--set", "rounds=3"),
+    *("--set", "algorithm={name: fedavg}"),
+    *("--set", "selector={name: uniform, clients_per_round: 10}"),
+    *("--workers", "2", "--no-report"),  # no plots: seconds on busy cores
+]
+
+
+# ------------------------------------------------ submit.sh, with a fake ray
+
+
+def _fake_ray(tmp_path: Path, busy: int, fedsim: str) -> Path:
+    """A ray CLI whose job server says "No available agent" ``busy`` times,
+    then runs the check job on a head whose ``command -v fedsim`` is
+    ``fedsim``; it logs every call to calls.log."""
+    script = tmp_path / "ray"
+    script.write_text(
+        f"""#!/usr/bin/env bash
+echo "$*" >> {tmp_path}/calls.log
+n=$(grep -c 'job submit' {tmp_path}/calls.log)
+case "$*" in
+  *"job submit"*"fedsim-check"*)
+    if [ "$n" -le {busy} ]; then
+      echo "RuntimeError: Request failed with status code 500: No available"\\
+" agent to submit job, please try again later." >&2
+      exit 1
+    fi
+    echo "fedsim-check: {fedsim} PATH=/x"; echo "Job succeeded" ;;
+  *"job submit"*) echo "THE JOB RAN" ;;
+esac
+"""
+    )
+    script.chmod(0o755)
+    return script
+
+
+def _submit_fake(tmp_path: Path, busy: int, fedsim: str, **env: str):
+    ray = _fake_ray(tmp_path, busy, fedsim)
+    return subprocess.run(
+        [str(SUBMIT), "scenarios/quickstart.yaml", "--out", "/r/q"],
+        cwd=ROOT,
+        env=base_env(
+            RAY=str(ray),
+            RAY_ADDRESS="http://127.0.0.1:1",
+            FEDSIM_VALIDATE="0",
+            FEDSIM_AGENT_POLL_S="0.1",
+            **env,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_submit_sh_waits_for_the_job_agent(tmp_path: Path):
+    r = _submit_fake(tmp_path, busy=2, fedsim="/venv/bin/fedsim")
+
+    assert r.returncode == 0, r.stderr
+    assert "waiting up to 120s for the head's job agent" in r.stderr
+    assert r.stdout.strip() == "THE JOB RAN"
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    # three check jobs (two refused), the check job deleted, then the job
+    assert [c.split()[:2] for c in calls] == [["job", "submit"]] * 3 + [
+        ["job", "delete"],
+        ["job", "submit"],
+    ]
+    assert "fedsim run scenarios/quickstart.yaml --out /r/q" in calls[-1]
+
+
+def test_submit_sh_gives_up_waiting_for_the_agent(tmp_path: Path):
+    start = time.monotonic()
+    r = _submit_fake(tmp_path, busy=1000, fedsim="/x", FEDSIM_AGENT_WAIT_S="2")
+
+    assert r.returncode == 3, r.stderr
+    assert "took no job within 2s" in r.stderr
+    assert "THE JOB RAN" not in r.stdout
+    assert time.monotonic() - start < 30
+
+
+def test_submit_sh_stops_when_the_head_has_no_fedsim(tmp_path: Path):
+    r = _submit_fake(tmp_path, busy=0, fedsim="MISSING")
+
+    assert r.returncode == 2, r.stderr
+    assert "no `fedsim` command on its PATH" in r.stderr
+    assert "fedsim: not found" in r.stderr and "What the nodes need" in r.stderr
+    assert "THE JOB RAN" not in r.stdout
+
+
+# --------------------------------------------------- a real multi-node cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    empty = tmp_path_factory.mktemp("nodata")
+    no_data = {"FEDSIM_DATA_ROOT": str(empty), "HOME": str(empty)}
+    workers = [
+        NodeSpec("a", num_cpus=1, num_gpus=2, resources={"node_a": 1}, env=no_data),
+        NodeSpec("b", num_cpus=1, resources={"node_b": 1}, env=no_data),
+    ]
+    start = time.monotonic()
+    with multinode_cluster(workers, head_env={"FEDSIM_DATA_ROOT": str(MNIST)}) as c:
+        print(f"cluster up in {time.monotonic() - start:.1f}s")
+        yield c
+        work = c.work
+    print(f"cluster up and down in {time.monotonic() - start:.1f}s")
+    assert not c.pids(), f"processes of {work} left"
+
+
+def _submit(
+    cluster: Cluster, *args: str, job_opts: str = "", check: bool = False, timeout=300
+):
+    """cluster/submit.sh ARGS with the cluster's token; (job id, result).
+    ``check``: let submit.sh run its check job first (the first submission
+    does; it costs a few seconds a job on busy cores)."""
+    job_id = f"fedsim-test-{secrets.token_hex(4)}"
+    start = time.monotonic()
+    r = subprocess.run(
+        [str(SUBMIT), *args, "--quiet"],
+        cwd=ROOT,
+        env={
+            **cluster.env,
+            "RAY": str(RAY),
+            "RAY_ADDRESS": cluster.dashboard,
+            "RAY_JOB_OPTS": f"--submission-id {job_id} {job_opts}".strip(),
+            "FEDSIM_CHECK_HEAD": "1" if check else "0",
+        },
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    print(f"{args[0]}: {time.monotonic() - start:.1f}s (check job: {check})")
+    return job_id, r
+
+
+def _job(cluster: Cluster, job_id: str) -> dict:
+    code, text = cluster.http("GET", f"/api/jobs/{job_id}")
+    return json.loads(text) if code == 200 else {"status": f"HTTP {code}"}
+
+
+def _logs(cluster: Cluster, job_id: str) -> str:
+    code, text = cluster.http("GET", f"/api/jobs/{job_id}/logs")
+    return json.loads(text).get("logs", "") if code == 200 else f"HTTP {code}"
+
+
+def _expect_success(cluster: Cluster, job_id: str, r) -> dict:
+    job = _job(cluster, job_id)
+    if r.returncode != 0 or job.get("status") != "SUCCEEDED":
+        pytest.fail(
+            f"job {job_id}: {job.get('status')} (submit.sh exit {r.returncode})\n"
+            f"--- submit.sh stderr\n{r.stderr[-3000:]}\n"
+            f"--- job logs\n{_logs(cluster, job_id)[-6000:]}\n"
+            f"--- nodes\n{cluster.log_tail(20)}"
+        )
+    return job
+
+
+def _rows(run: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(run / "rounds.parquet").num_rows
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_jobs_run_on_the_multinode_cluster(cluster: Cluster, tmp_path: Path):
+    # The cluster's shape, and every port it opened is on loopback.
+    nodes = cluster.alive_nodes()
+    head = [n for n in nodes if n["is_head_node"]]
+    assert len(nodes) == 3 and len(head) == 1
+    assert head[0]["resources_total"].get("CPU", 0) == 0
+    totals = [n["resources_total"] for n in nodes if not n["is_head_node"]]
+    assert sorted(t["CPU"] for t in totals) == [1, 1]
+    assert sorted(t.get("GPU", 0) for t in totals) == [0, 2]
+    assert {k for t in totals for k in t if k.startswith("node_")} == {
+        "node_a",
+        "node_b",
+    }
+    listening = cluster.listening()
+    assert len(listening) > 10, listening
+    assert all(is_loopback(a.ip) for a in listening), listening
+
+    # The quickstart, shortened, through submit.sh (just after the cluster
+    # came up: submit.sh waits for the job agent if need be).
+    out = tmp_path / "quickstart"
+    job_id, r = _submit(
+        cluster,
+        *("scenarios/quickstart.yaml", "--set", "rounds=5", "--out", str(out)),
+        check=True,
+    )
+    _expect_success(cluster, job_id, r)
+    assert f"results: {out}" in r.stderr
+    assert _rows(out) == 5
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 5
+
+    # An asynchronous scenario (FedBuff), shortened.
+    out = tmp_path / "fedbuff"
+    job_id, r = _submit(
+        cluster,
+        "scenarios/async-fedbuff.yaml",
+        *("--set", "rounds=4", "--workers", "2", "--no-report", "--out", str(out)),
+    )
+    _expect_success(cluster, job_id, r)
+    assert _rows(out) == 4
+
+    # Without the token: refused, and no job left behind.
+    home = tmp_path / "home"
+    home.mkdir()
+    bare = {k: v for k, v in cluster.env.items() if not k.startswith("RAY_AUTH")}
+    bare.update(HOME=str(home), RAY_AUTH_MODE="disabled")
+    r = subprocess.run(
+        [str(RAY), "job", "submit", "--address", cluster.dashboard, "--no-wait"]
+        + ["--", "echo", "intruder"],
+        cwd=ROOT,
+        env=bare,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode != 0
+    assert "Missing authentication token" in r.stderr, r.stderr[-2000:]
+    code, text = cluster.http("GET", "/api/jobs/")
+    assert code == 200
+    jobs = json.loads(text)
+    assert not any("intruder" in j["entrypoint"] for j in jobs)
+    # submit.sh deleted its check job: only the two runs are listed.
+    assert len(jobs) == 2, [j["submission_id"] for j in jobs]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_real_data_reaches_worker_nodes_through_the_object_store(
+    cluster: Cluster, tmp_path: Path
+):
+    # Prepare: the data exists on the head only.
+    assert (MNIST / "mnist-test" / "t10k-images-idx3-ubyte.gz").is_file()
+
+    # Execute: MNIST on 2 worker actors; the driver (on the head) reads it.
+    out = tmp_path / "mnist"
+    job_id, r = _submit(cluster, *MNIST_ARGS, "--out", str(out))
+
+    # Assert: it ran, and its worker actors ran on the worker nodes.
+    job = _expect_success(cluster, job_id, r)
+    assert _rows(out) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 3
+    nodes = cluster.alive_nodes()
+    workers = {n["node_id"] for n in nodes if not n["is_head_node"]}
+    (head_id,) = {n["node_id"] for n in nodes if n["is_head_node"]}
+    assert job["driver_node_id"] == head_id
+    actors = cluster.state("actors", job_id=job["job_id"])
+    trainers = [a for a in actors if a.get("required_resources", {}).get("CPU")]
+    assert len(trainers) >= 2, actors
+    assert {a["node_id"] for a in trainers} == workers, trainers
+
+    # The control: the same run with its driver pinned to worker node a
+    # (`--entrypoint-resources`) finds no data there, and says so.
+    out = tmp_path / "mnist-on-a"
+    job_id, r = _submit(
+        cluster,
+        *MNIST_ARGS,
+        *("--out", str(out)),
+        job_opts='--entrypoint-resources {"node_a":1}',
+    )
+    assert r.returncode != 0
+    job = _job(cluster, job_id)
+    assert job["status"] == "FAILED"
+    assert job["driver_node_id"] not in {None, head_id}
+    # The message ends with the driver's last lines of output.
+    assert "MNIST: data not found" in job["message"], job["message"][-3000:]
+    assert not (out / "rounds.parquet").exists()
