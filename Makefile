@@ -30,7 +30,9 @@ test-quick: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not ray and not cluster"
 
 lint: $(STAMP)
-	$(BIN)/ruff check fedsim tests && $(BIN)/ruff format --check fedsim tests
+	$(BIN)/ruff check fedsim tests benchmarks
+	$(BIN)/ruff format --check fedsim tests benchmarks
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -37,7 +37,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -237,6 +237,7 @@ def expected_steps(policy: RoundSpec, n_samples: Any, batch_size: int) -> np.nda
         return np.full(n.shape, float(policy.max_steps))
     lo, hi = policy.epochs_low, policy.epochs_high
     epochs = (lo + hi) / 2.0 if lo is not None and hi is not None else policy.epochs
+    assert epochs is not None  # RoundSpec: fixed_epochs has epochs or a range
     return steps_for(float(epochs), np.maximum(n, 1), batch_size)
 
 
@@ -314,7 +315,7 @@ def _device(
     work: _Work,
     finish: Callable[[int, str], None],
     every_phase: bool,
-) -> Iterator[simpy.Event]:
+) -> Generator[simpy.Event, Any, None]:
     """A device's process: download, compute, upload, then ``finish(tau, "")``;
     interrupted (it left), ``finish(steps done, why)`` with the work lost.
 
@@ -339,7 +340,7 @@ def _device(
 
 def _leave(
     env: simpy.Environment, device: simpy.Process, delay: float, why: str
-) -> Iterator[simpy.Event]:
+) -> Generator[simpy.Event, Any, None]:
     """The "leave" process: after ``delay``, interrupt the device's job."""
     yield env.timeout(delay)
     if device.is_alive:
@@ -544,12 +545,12 @@ class _Round:
             )
         return tuple(plans)
 
-    def _server(self) -> Iterator[simpy.Event]:
+    def _server(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
         if not self.wait_for_all:
             yield env.timeout(self.deadline - env.now)
         else:
-            wait = env.all_of(self.devices)
+            wait: simpy.Event = env.all_of(self.devices)
             if self.keep is not None:
                 wait = wait | self.enough
             if self.deadline < math.inf:
@@ -854,11 +855,15 @@ class AsyncTimeline:
         for job, reason, done in inbox:
             del self.in_flight[job.device]
             self.idle[job.device] = True
-            if reason in ("offline", "dropout"):
-                arrival = Arrival(job, now, self.version, None, reason, done)
+            if reason == "offline":
+                arrival = Arrival(job, now, self.version, None, "offline", done)
+            elif reason == "dropout":
+                arrival = Arrival(job, now, self.version, None, "dropout", done)
             else:
                 s = self.version - job.version
-                status = "stale" if max_s is not None and s > max_s else "applied"
+                status: Literal["applied", "stale"] = (
+                    "stale" if max_s is not None and s > max_s else "applied"
+                )
                 arrival = Arrival(job, now, self.version, s, status, job.tau)
                 if status == "applied":
                     self._buffer.append(arrival)

@@ -32,7 +32,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field, ValidationInfo, model_validator
@@ -63,7 +63,10 @@ __all__ = [
 
 SpeedPresetName = Literal[SPEED_PRESETS]  # type: ignore[valid-type]
 WorkloadName = Literal[WORKLOADS]  # type: ignore[valid-type]
-NetworkPresetName = Literal[tuple(NETWORK_PRESETS)]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # built from the preset table at import
+    NetworkPresetName = str
+else:
+    NetworkPresetName = Literal[tuple(NETWORK_PRESETS)]
 
 
 # ------------------------------------------------------------------ the specs
@@ -686,6 +689,7 @@ class _OnOff:
         this steps whole arrays with masks and compacts them only once most
         devices have caught up (numpy fancy indexing is the costly part).
         """
+        assert self._cache is not None  # state_at filled it
         first_on, k, start, end = (a[idx] for a in self._cache)
         g = self.group[idx]
         if self.mixed:  # only the devices behind: a daily end costs a solve
@@ -1039,6 +1043,7 @@ class Fleet:
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         u = rng.random((idx.size, 2))
         work = np.broadcast_to(np.asarray(work_s, dtype=np.float64), idx.shape)
+        assert self.dropout_p is not None  # __post_init__ fills it
         drop = (u[:, 0] < self.dropout_p[idx]) & np.isfinite(work)
         return np.where(drop, u[:, 1] * np.where(drop, work, 0.0), np.inf)
 

@@ -331,7 +331,9 @@ def estimate_memory(scenario: Scenario, workers: int | None = None) -> MemoryEst
     elif alg.name == "feddm" and info.sample_bytes and info.classes:
         # each client sends ipc images per class it holds: at most all classes
         per = info.sample_bytes + 8  # the image and its int64 label
-        parts["algorithm"] = scenario.num_clients * info.classes * alg.ipc * per
+        parts["algorithm"] = (
+            scenario.num_clients * info.classes * getattr(alg, "ipc", 0) * per
+        )
     if info.samples is not None and info.sample_bytes is not None:
         parts["data"] = info.samples * (info.sample_bytes + 8)
     return MemoryEstimate(params=params, parts=parts)
@@ -380,7 +382,8 @@ def check_memory(
             f"algorithm.name {scenario.algorithm.name!r} keeps "
             f"{scenario.num_clients} client vectors of {est.params:,} parameters"
             if getattr(scenario.algorithm, "stateful", False)
-            else f"algorithm.ipc {scenario.algorithm.ipc}: FedDM's synthetic set"
+            else f"algorithm.ipc {getattr(scenario.algorithm, 'ipc', 0)}: FedDM's "
+            "synthetic set"
         )
     elif part == "model":
         what = f"{field} {scenario.model.name!r} has {est.params:,} parameters"

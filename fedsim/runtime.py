@@ -61,13 +61,13 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
 
 from fedsim import __version__, clock
-from fedsim.algorithms.base import ClientUpdate
+from fedsim.algorithms.base import AsyncRule, ClientUpdate
 from fedsim.checkpoint import (
     CheckpointError,
     checkpoint_bytes,
@@ -88,7 +88,7 @@ from fedsim.scenario import Scenario
 from fedsim.selectors import SelectorContext, make_selector
 from fedsim.server import (
     Applied,
-    ClientResult,
+    ClientStats,
     DivergenceError,
     RoundResult,
     Server,
@@ -485,7 +485,7 @@ def _round_result(
     """What the selector observes of a synchronous round."""
     flags = applied.info.flags
     clients = {
-        u.client: ClientResult(
+        u.client: ClientStats(
             l2_norm(u.delta), u.train_loss, w, flags.get(u.client, {})
         )
         for u, w in trained
@@ -513,7 +513,7 @@ class _Async:
     def __init__(self, run: _Run, max_lookahead: int | None) -> None:
         sc = run.sc
         self.run = run
-        self.rule: Any = sc.algorithm  # an AsyncRule: buffer_size, aggregate_async
+        self.rule = cast(AsyncRule, sc.algorithm)  # the scenario checked it
         self.concurrency = sc.round.concurrency or sc.selector.clients_per_round
         per_version = self.rule.buffer_size
         self.max_lookahead = (

@@ -34,11 +34,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from fedsim.algorithms.base import AggregateInfo, ClientUpdate, ServerContext
+from fedsim.algorithms.base import (
+    AggregateInfo,
+    AsyncRule,
+    ClientUpdate,
+    ServerContext,
+)
 from fedsim.checkpoint import (
     CheckpointError,
     load_arrays,
@@ -55,7 +60,7 @@ from fedsim.store import ClientStore
 
 __all__ = [
     "Applied",
-    "ClientResult",
+    "ClientStats",
     "DivergenceError",
     "RoundResult",
     "Server",
@@ -100,7 +105,7 @@ class Applied:
 
 
 @dataclass(frozen=True)
-class ClientResult:
+class ClientStats:
     """One aggregated client's outcome, as selectors observe it."""
 
     update_norm: float
@@ -114,7 +119,7 @@ class RoundResult:
     """A synchronous round's outcome: what ``Selector.observe`` reads."""
 
     info: AggregateInfo
-    clients: dict[int, ClientResult]
+    clients: dict[int, ClientStats]
     train_loss: float
     test_loss: float
     test_accuracy: float
@@ -219,10 +224,12 @@ class Server:
             self.state, info = alg.aggregate(self.state, updates, **extra)
             weights = tuple(info.weights.get(u.client, 0.0) for u in updates)
         else:
-            self.state, info = alg.aggregate_async(  # type: ignore[attr-defined]
+            assert starts is not None, "asynchronous updates need their starts"
+            rule = cast(AsyncRule, alg)  # the scenario checked it
+            self.state, info = rule.aggregate_async(
                 self.state, updates, staleness, starts
             )
-            weights = tuple(info.per_update)
+            weights = tuple(getattr(info, "per_update", ()))
         for u in updates:
             if u.new_state is not None:
                 self.store.put(u.client, u.new_state)

@@ -74,7 +74,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import torch
 
@@ -88,6 +88,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AggregateInfo",
     "Algorithm",
+    "AsyncRule",
     "ClientContext",
     "ClientInfo",
     "ClientResult",
@@ -334,3 +335,20 @@ def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
         return aggregate(self, state, updates, *args)
 
     return wrapper  # type: ignore[return-value]
+
+
+class AsyncRule(Protocol):
+    """What an asynchronous server rule adds (FedAsync, FedBuff): every
+    ``buffer_size`` accepted arrivals make one server version, applied by
+    ``aggregate_async`` with the updates in order of arrival, their staleness
+    and the parameters of the version each one started from."""
+
+    buffer_size: int
+
+    def aggregate_async(
+        self,
+        state: ServerState,
+        updates: Sequence[ClientUpdate],
+        staleness: Sequence[int],
+        starts: Sequence[torch.Tensor],
+    ) -> tuple[ServerState, AggregateInfo]: ...

@@ -168,6 +168,17 @@ class _Normalized(Algorithm):
             return [1.0] * len(updates), weighted_steps(data_weights(updates), norm_a)
         return normalizers([tau_eff] * len(updates), norm_a), tau_eff
 
+    def aggregate_async(
+        self,
+        state: ServerState,
+        updates: Sequence[ClientUpdate],
+        staleness: Sequence[int],
+        starts: Sequence[torch.Tensor],
+    ) -> tuple[ServerState, AsyncInfo]:
+        """Apply one version's buffered updates, in order of arrival, given
+        their staleness and the parameters each one started from."""
+        raise NotImplementedError
+
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:

@@ -453,7 +453,7 @@ class FedDM(Algorithm):
                 h, z = embed_and_logits(model, s_c)
                 return torch.cat([h.mean(0), z.mean(0)])
 
-            f, pullback = vjp(means, s)
+            f, pullback = vjp(means, s)  # type: ignore[misc]  # no aux: 2 values
             diff = feats.mean(0) - f
             total = total + (diff * diff).sum()
             per = vmap(pullback)(2.0 * (f.detach() - feats))[0]  # [B, ipc, ...]
@@ -467,7 +467,7 @@ class FedDM(Algorithm):
         return total.detach()
 
 
-def _project(params: list[torch.Tensor], center: torch.Tensor, rho: float) -> None:
+def _project(params: Sequence[torch.Tensor], center: torch.Tensor, rho: float) -> None:
     """Move ``params`` back onto the ball of radius ``rho`` around ``center``."""
     with torch.no_grad():
         x = torch.nn.utils.parameters_to_vector(params)

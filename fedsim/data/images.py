@@ -40,6 +40,7 @@ import gzip
 import io
 import pickle
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
@@ -238,7 +239,7 @@ class ImageData(Spec):
         [N, C, H, W] and int64; the train pair is None with ``files: test``."""
         raise NotImplementedError
 
-    def _candidates(self, subdirs: list[str], extra: list[Path] = ()) -> list[Path]:
+    def _candidates(self, subdirs: list[str], extra: Sequence[Path] = ()) -> list[Path]:
         root, explicit = data_root(self.root)
         out = [root / s for s in subdirs]
         if explicit:
@@ -380,7 +381,8 @@ class _CifarData(ImageData):
     py_files: ClassVar[tuple[list[str], list[str]]] = ([], [])
     how_to_get: ClassVar[str] = ""
 
-    def _read(self, fmt: str, folder: Path, names: list[str]):
+    def _read(self, fmt: str, folder: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """One file's (images, labels)."""
         raise NotImplementedError
 
     def load(self) -> tuple[np.ndarray | None, ...]:
@@ -447,7 +449,7 @@ class Cifar10Data(_CifarData):
         "University of Toronto into {root}/"
     )
 
-    def _read(self, fmt: str, folder: Path, name: str):
+    def _read(self, fmt: str, folder: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
         if fmt == "bin":
             return _cifar_records(folder / name, 1, 0)
         d = _load_pickle(folder / name)
@@ -480,7 +482,7 @@ class Cifar100Data(_CifarData):
     def _classes_total(self) -> int:
         return 100 if self.labels == "fine" else 20
 
-    def _read(self, fmt: str, folder: Path, name: str):
+    def _read(self, fmt: str, folder: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
         fine = self.labels == "fine"
         if fmt == "bin":
             return _cifar_records(folder / name, 2, 1 if fine else 0)
@@ -499,7 +501,8 @@ def _subset_rng(seed: int, what: int) -> np.random.Generator:
 
 def build_images(spec: ImageData, num_clients: int, seed: int) -> FederatedData:
     """Load, filter, subset, partition and normalise an image dataset."""
-    train_x, train_y, test_x, test_y = spec.load()
+    loaded_x, loaded_y, test_x, test_y = spec.load()
+    assert test_x is not None and test_y is not None  # every format has a test set
     num_classes = spec._classes_total()
     if spec.files == "test":
         perm = _subset_rng(seed, 0).permutation(len(test_y))
@@ -507,6 +510,9 @@ def build_images(spec: ImageData, num_clients: int, seed: int) -> FederatedData:
         tr, te = perm[n_test:], perm[:n_test]
         train_x, train_y = test_x[tr], test_y[tr]
         test_x, test_y = test_x[te], test_y[te]
+    else:
+        assert loaded_x is not None and loaded_y is not None
+        train_x, train_y = loaded_x, loaded_y
     if spec.classes is not None:
         lut = np.full(num_classes, -1, dtype=np.int64)
         lut[np.asarray(spec.classes)] = np.arange(len(spec.classes))
