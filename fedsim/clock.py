@@ -636,6 +636,22 @@ class Arrival:
     def dropped(self) -> bool:
         return self.status != "applied"
 
+    @property
+    def plan(self) -> Plan:
+        """The job's end as a :class:`Plan`, the per-client record both
+        modes share (``reason`` is the status of a dropped job)."""
+        j = self.job
+        return Plan(
+            client=j.device,
+            tau=self.tau,
+            t_start=j.t_start,
+            t_arrive=self.t,
+            dropped=self.dropped,
+            reason=self.status if self.dropped else "",
+            slowdown=j.slowdown,
+            epochs=j.epochs,
+        )
+
 
 @dataclass(frozen=True)
 class Version:

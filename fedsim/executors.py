@@ -19,13 +19,15 @@ is built; the executor does not know. Results do not depend on the executor
 (nor on the number of actors): a client's update is a pure function of its
 payload, task and state (``tests/test_executors.py``).
 
-Adding an executor means implementing :class:`Executor`'s three methods.
+Adding an executor means subclassing :class:`Executor` with a ``_calls``
+method (and ``forget``/``shutdown`` where it holds resources).
 
 Example:
     >>> from fedsim.scenario import load_scenario
     >>> from fedsim.data import build_data
     >>> from fedsim.models import make_model
-    >>>     >>> from fedsim.workers import Task
+    >>> from fedsim.params import flatten
+    >>> from fedsim.workers import Task
     >>> sc = load_scenario("scenarios/quickstart.yaml")
     >>> data = build_data(sc.data, sc.num_clients, sc.seed)
     >>> ex = make_executor(sc, data, workers=0)
@@ -38,8 +40,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -57,19 +60,23 @@ __all__ = [
 ]
 
 Payload = dict[str, torch.Tensor]
+Tasks = Sequence[Task]
+Payloads = Mapping[int, Payload]  # by server version
+States = Mapping[int, ClientState]  # by client id
+Updates = list[ClientUpdate]
+Calls = Iterator[tuple[list[int], Updates]]  # task positions, their updates
 
 
-class Executor(Protocol):
-    """Trains tasks; chosen once per run by :func:`make_executor`."""
+class Executor(ABC):
+    """Trains tasks; chosen once per run by :func:`make_executor`.
+
+    An implementation says how its calls run (:meth:`_calls`); the base
+    puts their updates back in task order.
+    """
 
     size: int  # workers (1 in-process)
 
-    def train(
-        self,
-        tasks: Sequence[Task],
-        payloads: Mapping[int, Payload],
-        states: Mapping[int, ClientState],
-    ) -> list[ClientUpdate]:
+    def train(self, tasks: Tasks, payloads: Payloads, states: States) -> Updates:
         """One update per task, in task order.
 
         Args:
@@ -78,16 +85,25 @@ class Executor(Protocol):
             states: persistent client state by client id (stateful
                 algorithms; a missing client starts from ``{}``).
         """
-        ...
+        out: list[ClientUpdate | None] = [None] * len(tasks)
+        for idx, ups in self._calls(tasks, payloads, states):
+            for j, u in zip(idx, ups, strict=True):
+                out[j] = u
+        assert all(u is not None for u in out)
+        return cast(Updates, out)
 
-    def forget(self, version: int) -> None:
+    @abstractmethod
+    def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
+        """Train ``tasks``; yield (positions in ``tasks``, their updates)."""
+
+    def forget(self, version: int) -> None:  # noqa: B027 - most hold nothing
         """No task will start from ``version`` again (free its payload)."""
-        ...
 
-    def shutdown(self) -> None: ...
+    def shutdown(self) -> None:  # noqa: B027
+        """Release the workers."""
 
 
-def _versions(tasks: Sequence[Task]) -> dict[int, list[int]]:
+def _versions(tasks: Tasks) -> dict[int, list[int]]:
     """Task positions grouped by start version, versions in increasing order."""
     groups: dict[int, list[int]] = {}
     for j, t in sorted(enumerate(tasks), key=lambda jt: jt[1].version):
@@ -95,7 +111,7 @@ def _versions(tasks: Sequence[Task]) -> dict[int, list[int]]:
     return groups
 
 
-class InProcessExecutor:
+class InProcessExecutor(Executor):
     """One worker in this process."""
 
     size = 1
@@ -104,27 +120,12 @@ class InProcessExecutor:
         threads = max(1, int(scenario.resources.cpus_per_worker))
         self.worker = Worker(scenario, data, threads=threads)
 
-    def train(
-        self,
-        tasks: Sequence[Task],
-        payloads: Mapping[int, Payload],
-        states: Mapping[int, ClientState],
-    ) -> list[ClientUpdate]:
-        out: list[ClientUpdate | None] = [None] * len(tasks)
+    def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
         for v, idx in _versions(tasks).items():
-            ups = self.worker.train(payloads[v], [tasks[j] for j in idx], states)
-            for j, u in zip(idx, ups, strict=True):
-                out[j] = u
-        return out  # type: ignore[return-value]
-
-    def forget(self, version: int) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
+            yield idx, self.worker.train(payloads[v], [tasks[j] for j in idx], states)
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     """``n`` long-lived Ray worker actors sharing one copy of the data.
 
     The data goes into the object store once; each actor receives its
@@ -154,12 +155,7 @@ class RayExecutor:
         self.size = n
         self._refs: dict[int, Any] = {}
 
-    def train(
-        self,
-        tasks: Sequence[Task],
-        payloads: Mapping[int, Payload],
-        states: Mapping[int, ClientState],
-    ) -> list[ClientUpdate]:
+    def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
         import ray
 
         where = {id(t): j for j, t in enumerate(tasks)}
@@ -174,17 +170,14 @@ class RayExecutor:
                 mine = {t.client: states[t.client] for t in group if t.client in states}
                 ref = actor.train.remote(self._refs[v], group, mine)
                 calls.append(([where[id(t)] for t in group], ref))
-        out: list[ClientUpdate | None] = [None] * len(tasks)
-        for (idx, _), ups in zip(calls, ray.get([c for _, c in calls]), strict=True):
-            for j, u in zip(idx, ups, strict=True):
-                out[j] = u
-        return out  # type: ignore[return-value]
+        results = ray.get([ref for _, ref in calls])
+        yield from zip((idx for idx, _ in calls), results, strict=True)
 
     def forget(self, version: int) -> None:
         self._refs.pop(version, None)
 
     def pids(self) -> list[int]:
-        """The actors' process ids (fault tests kill them)."""
+        """The actors' process ids."""
         import ray
 
         return ray.get([a.pid.remote() for a in self.actors])

@@ -12,6 +12,7 @@ interrupted run is still a report.
 Example:
     >>> import pyarrow.parquet as pq
     >>> rounds = pq.read_table("results/quickstart-20250101-120000/rounds.parquet")
+    ... # doctest: +SKIP
     >>> plot_metrics(rounds, Path("metrics.png"))  # doctest: +SKIP
     PosixPath('metrics.png')
 """

@@ -14,7 +14,8 @@ network builds it, on PyTorch's ``meta`` device (shapes without memory).
 Example:
     >>> from fedsim.scenario import load_scenario
     >>> sc = load_scenario("scenarios/quickstart.yaml")
-    >>> preflight(sc, "scenarios/quickstart.yaml", available_bytes=2**33)
+    >>> preflight(sc, "scenarios/quickstart.yaml", available_bytes=2**33).params
+    610
     >>> check_ray_resources(sc, workers=2, cluster={"CPU": 2.0})
 """
 

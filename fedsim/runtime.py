@@ -154,65 +154,34 @@ class RunResult:
 
 @dataclass(frozen=True)
 class ClientRecord:
-    """One client's part in a round or server version, as the clock decided
-    it; one client row is built from it (plus its update, if trained).
+    """One client's part in a round or server version: what the clock
+    decided (a :class:`fedsim.clock.Plan`, in both modes), and what the
+    runtime adds; one client row is built from it (plus its update).
 
     Attributes:
         round: the row's round (asynchronous: the version at arrival).
-        client: the device id.
-        tau: local steps done (for a dropped device, the work lost).
-        t_start, t_arrive: when the download began, and when the update
-            arrived (or the device dropped; see ``clock.Plan``).
-        dropped: the update does not count; ``reason`` says why.
-        slowdown: the straggler factor.
+        plan: the clock's record (tau, times, dropped and why, slowdown).
         uploaded: the upload reached the server (what bytes_up bills).
         job: asynchronous mode: (version started, version applied or None,
             staleness or None, job index); None in synchronous rounds.
     """
 
     round: int
-    client: int
-    tau: int
-    t_start: float
-    t_arrive: float
-    dropped: bool
-    reason: str
-    slowdown: float
+    plan: clock.Plan
     uploaded: bool
     job: tuple[int, int | None, int | None, int] | None = None
 
     @classmethod
     def from_plan(cls, t: int, p: clock.Plan) -> ClientRecord:
         # Late and surplus updates were uploaded; the server did not use them.
-        uploaded = not p.dropped or p.reason in ("late", "surplus")
-        return cls(
-            round=t,
-            client=p.client,
-            tau=p.tau,
-            t_start=p.t_start,
-            t_arrive=p.t_arrive,
-            dropped=p.dropped,
-            reason=p.reason,
-            slowdown=p.slowdown,
-            uploaded=uploaded,
-        )
+        return cls(t, p, uploaded=not p.dropped or p.reason in ("late", "surplus"))
 
     @classmethod
     def from_arrival(cls, a: clock.Arrival) -> ClientRecord:
-        j = a.job
         applied = a.version if not a.dropped else None
-        return cls(
-            round=a.version,
-            client=j.device,
-            tau=a.tau,
-            t_start=j.t_start,
-            t_arrive=a.t,
-            dropped=a.dropped,
-            reason="" if not a.dropped else a.status,
-            slowdown=j.slowdown,
-            uploaded=a.status in ("applied", "stale"),  # stale: sent, then refused
-            job=(j.version, applied, a.staleness, j.index),
-        )
+        job = (a.job.version, applied, a.staleness, a.job.index)
+        # a stale update was sent, then refused
+        return cls(a.version, a.plan, a.status in ("applied", "stale"), job)
 
 
 class _Run:
@@ -314,8 +283,8 @@ class _Run:
         with its effective weight.
         """
         test_loss, test_acc = self.evaluate(t)
-        done = [r for r in records if not r.dropped]
-        taus = np.array([r.tau for r in done], dtype=np.float64)
+        done = [r.plan for r in records if not r.plan.dropped]
+        taus = np.array([p.tau for p in done], dtype=np.float64)
         nan = math.nan
         row = {
             "round": t,
@@ -336,7 +305,7 @@ class _Run:
         }
         it = iter(trained)
         these = [
-            self.client_row(r, None if r.dropped else next(it), applied)
+            self.client_row(r, None if r.plan.dropped else next(it), applied)
             for r in records
         ]
         self.recorder.add(row, these, selector_rows)
@@ -351,22 +320,23 @@ class _Run:
     ) -> Row:
         u, weight = trained if trained is not None else (None, 0.0)
         up = self.bytes_up if u is None or u.bytes_up is None else u.bytes_up
+        p = r.plan
         row: Row = {
             "round": r.round,
-            "client_id": r.client,
-            "device_group": self.groups[int(self.fleet.group[r.client])],
-            "tau": r.tau,
-            "t_start": r.t_start,
-            "t_arrive": r.t_arrive,
-            "dropped": r.dropped,
-            "drop_reason": r.reason,
-            "slowdown": r.slowdown,
+            "client_id": p.client,
+            "device_group": self.groups[int(self.fleet.group[p.client])],
+            "tau": p.tau,
+            "t_start": p.t_start,
+            "t_arrive": p.t_arrive,
+            "dropped": p.dropped,
+            "drop_reason": p.reason,
+            "slowdown": p.slowdown,
             "weight": weight,
             "update_norm": l2_norm(u.delta) if u is not None else math.nan,
             "train_loss": u.train_loss if u is not None else math.nan,
             "bytes_down": self.bytes_down,
             "bytes_up": up if r.uploaded else 0,
-            **(applied.info.flags.get(r.client, {}) if u is not None else {}),
+            **(applied.info.flags.get(p.client, {}) if u is not None else {}),
         }
         if r.job is not None:
             started, version_applied, staleness, index = r.job
@@ -461,7 +431,7 @@ def _run_rounds(run: _Run, resume: bool) -> None:
             keep=keep,
         )
         records = [ClientRecord.from_plan(t, p) for p in plan.plans]
-        tasks = [Task(r.client, t, r.tau, t) for r in records if not r.dropped]
+        tasks = [Task(p.client, t, p.tau, t) for p in plan.plans if not p.dropped]
         clients = [task.client for task in tasks]
         ups = run.executor.train(
             tasks, {t: server.payload()}, server.client_states(clients)

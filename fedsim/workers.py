@@ -87,7 +87,7 @@ def assign_lpt(tasks: Sequence[Task], n: int) -> list[list[Task]]:
 
     >>> [[t.tau for t in c] for c in assign_lpt([Task(i, 0, s) for i, s in
     ...     enumerate([1, 9, 4, 4, 2])], 2)]
-    [[9], [4, 4, 2, 1]]
+    [[9, 1], [4, 4, 2]]
     """
     chunks: list[list[Task]] = [[] for _ in range(n)]
     load = [0] * n

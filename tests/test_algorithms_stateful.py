@@ -176,7 +176,7 @@ def test_feddc_with_zero_drift_and_no_correction_is_fedavg_or_fedprox(alpha, ref
     for taus in (ALL, ALL, ALL):
         # Execute
         tasks_x = dc.x.clone()
-        ups = dc.pool.train(dc.server.payload(), _tasks(dc, taus), {})
+        ups = dc.executor.train(_tasks(dc, taus), {0: dc.server.payload()}, {})
         dc.state["hist_sum"].zero_()
         new, _ = dc.server.algorithm.aggregate(dc.state, ups)
         new["x"] = new["x"] - new["hist_sum"].to(new["x"].dtype) / 3

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, cast
 
 import torch
 from pydantic import Field
@@ -68,6 +68,7 @@ from pydantic import Field
 from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
+    AsyncRule,
     ClientUpdate,
     ServerState,
     data_weights,
@@ -168,26 +169,15 @@ class _Normalized(Algorithm):
             return [1.0] * len(updates), weighted_steps(data_weights(updates), norm_a)
         return normalizers([tau_eff] * len(updates), norm_a), tau_eff
 
-    def aggregate_async(
-        self,
-        state: ServerState,
-        updates: Sequence[ClientUpdate],
-        staleness: Sequence[int],
-        starts: Sequence[torch.Tensor],
-    ) -> tuple[ServerState, AsyncInfo]:
-        """Apply one version's buffered updates, in order of arrival, given
-        their staleness and the parameters each one started from."""
-        raise NotImplementedError
-
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
         """A synchronous round: every update is fresh (staleness 0) and starts
         from x, so FedAsync mixes the round's models and FedBuff treats the
         round's updates as one buffer."""
-        return self.aggregate_async(
-            state, updates, [0] * len(updates), [state["x"]] * len(updates)
-        )
+        rule = cast(AsyncRule, self)  # FedAsync and FedBuff define aggregate_async
+        n = len(updates)
+        return rule.aggregate_async(state, updates, [0] * n, [state["x"]] * n)
 
 
 @dataclass(frozen=True)
