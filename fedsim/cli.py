@@ -134,21 +134,35 @@ def run(
     if scenario is None:
         _fail("missing SCENARIO (a YAML file), or --resume RUN_DIR")
     from fedsim.preflight import preflight
+    from fedsim.results import default_run_dir
 
     try:
         sc = load_scenario(scenario, overrides)
         preflight(sc, str(scenario), workers=workers)
     except ScenarioError as exc:
         _fail(str(exc))
-
-    from fedsim.results import (
-        atomic_write_bytes,
-        default_run_dir,
-        prepare_run_dir,
-        write_summary,
-    )
-
     run_dir = out_dir if out_dir is not None else default_run_dir(sc.name)
+    start, sim0 = _prepare_run_dir(sc, run_dir, scenario, resume, overwrite)
+    n_workers = _start_workers(sc, workers, address)
+    # A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C:
+    # rows flushed, summary written, the resume command printed.
+    signal.signal(signal.SIGTERM, _interrupt)
+    with _progress(sc, quiet, start, sim0) as on_round:
+        result = _run(sc, n_workers, run_dir, resume is not None, on_round)
+    code = _finish(result, run_dir, report, quiet)
+    if code:
+        raise typer.Exit(code)
+
+
+def _prepare_run_dir(
+    sc: Scenario, run_dir: Path, scenario: Path, resume: Path | None, overwrite: bool
+) -> tuple[int, float]:
+    """Before Ray starts: a new run's directory holds its resolved scenario;
+    a resumed one has a checkpoint of the same experiment. Returns where the
+    progress bar starts (round, simulated time)."""
+    from fedsim.checkpoint import CheckpointError, check_fingerprint, latest_checkpoint
+    from fedsim.results import atomic_write_bytes, prepare_run_dir
+
     if resume is None:
         _check_out(run_dir, scenario, overwrite)
     try:
@@ -157,23 +171,21 @@ def run(
             atomic_write_bytes(run_dir / "scenario.yaml", dump_scenario(sc).encode())
     except OSError as exc:
         _fail(str(exc))
-    from fedsim.checkpoint import CheckpointError, check_fingerprint, latest_checkpoint
+    if resume is None:
+        return 0, 0.0
+    try:
+        ck = latest_checkpoint(run_dir)
+        check_fingerprint(run_dir, sc, missing_ok=True)
+    except CheckpointError as exc:
+        _fail(str(exc))
+    return ck.next_round, ck.sim_time
 
-    start, sim0 = 0, 0.0  # where the progress bar starts
-    if resume is not None:
-        try:  # before Ray starts: a run directory without a checkpoint is an error
-            ck = latest_checkpoint(run_dir)
-            check_fingerprint(run_dir, sc, missing_ok=True)
-        except CheckpointError as exc:
-            _fail(str(exc))
-        start, sim0 = ck.next_round, ck.sim_time
 
-    n_workers = _start_workers(sc, workers, address)
-    # A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C:
-    # rows flushed, summary written, the resume command printed.
-    signal.signal(signal.SIGTERM, _interrupt)
-    with _progress(sc, quiet, start, sim0) as on_round:
-        result = _run(sc, n_workers, run_dir, resume is not None, on_round)
+def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
+    """Say how the run ended, write summary.json (and the report); return
+    the exit code."""
+    from fedsim.results import write_summary
+
     code = {"completed": 0, "diverged": 1, "interrupted": 130}[result.status]
     if result.status == "diverged":
         _say(
@@ -202,10 +214,9 @@ def run(
         code = code or 1
         _say("[bold red]cannot write the summary or report:[/]", str(exc))
     if not quiet:
-        _print_summary(sc.name, summary)
+        _print_summary(result.scenario.name, summary)
     out.print(f"results: {run_dir}")
-    if code:
-        raise typer.Exit(code)
+    return code
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -436,18 +447,9 @@ def stress(
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots)."""
     from fedsim.compare import split_algorithms
-    from fedsim.data import DataError, DataMissingError
-    from fedsim.stress import parse_sweep, run_stress
+    from fedsim.stress import run_stress
 
-    grid: dict[str, list[Any]] = {}
-    try:
-        for item in sweep:
-            key, values = parse_sweep(item)
-            if key in grid:
-                _fail(f"--sweep {key}: given twice")
-            grid[key] = values
-    except ScenarioError as exc:
-        _fail(str(exc))
+    grid = _sweep_grid(sweep)
     labels = split_algorithms(algorithms)
     if not labels:
         _fail("--algorithms: give at least one algorithm")
@@ -464,6 +466,8 @@ def stress(
                 f"sim {rec['sim_time_s']:.0f}s",
                 highlight=False,
             )
+
+    from fedsim.data import DataError, DataMissingError
 
     try:
         path = run_stress(
@@ -567,6 +571,22 @@ def compare(
     out.print(text, markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {run_dir}")
     _exit_if_diverged(sum(int(r["diverged"]) for r in table), "compare.parquet")
+
+
+def _sweep_grid(sweep: list[str]) -> dict[str, list[Any]]:
+    """``--sweep PATH=v1,v2`` options as {path: values}."""
+    from fedsim.stress import parse_sweep
+
+    grid: dict[str, list[Any]] = {}
+    try:
+        for item in sweep:
+            key, values = parse_sweep(item)
+            if key in grid:
+                _fail(f"--sweep {key}: given twice")
+            grid[key] = values
+    except ScenarioError as exc:
+        _fail(str(exc))
+    return grid
 
 
 def _exit_if_diverged(n: int, where: str) -> None:

@@ -679,7 +679,7 @@ def run_stress(
         ScenarioError: if the scenario, a swept value or an algorithm is
             invalid (every combination is validated before anything runs).
     """
-    from fedsim.results import atomic_write_bytes, default_run_dir, write_table
+    from fedsim.results import default_run_dir
 
     if seeds < 1:
         raise ValueError("seeds must be >= 1")
@@ -704,21 +704,47 @@ def run_stress(
         Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{base.name}")
     )
     (out / "runs").mkdir(parents=True, exist_ok=True)
-
     jobs = [
         (str(scenario_path), list(overrides), ci, cell, label, seed)
         for ci, cell in enumerate(cells)
         for label in algorithms
         for seed in range(seeds)
     ]
+    results = _run_jobs(jobs, workers, out, cells, paths, target_accuracy, progress)
+    records, target = _write_tables(out, results, cells, paths, target_accuracy)
+    notes = _notes(
+        scenario_path,
+        sweep,
+        algorithms,
+        seeds,
+        overrides,
+        target,
+        target_accuracy is None,
+        results,
+    )
+    _write_report(out, results, records, cells, paths, scenario_path, notes, target)
+    return out
+
+
+def _run_jobs(
+    jobs: list[tuple[Any, ...]],
+    workers: int | None,
+    out: Path,
+    cells: list[dict[str, Any]],
+    paths: list[str],
+    target_accuracy: float | None,
+    progress: Callable[[dict[str, Any]], None] | None,
+) -> list[dict[str, Any]]:
+    """Run every (cell, algorithm, seed); write each run's rounds and the
+    tables so far as runs finish; return the results in job order."""
+    from fedsim.results import ROUND_SCHEMA, write_table
+
     order = {(j[2], j[4], j[5]): i for i, j in enumerate(jobs)}
     results: list[dict[str, Any]] = []
 
     def finish(res: dict[str, Any]) -> None:
         rec = res["record"]
         name = f"{rec['cell']:02d}-{_safe(rec['algorithm'])}-seed{rec['seed']}.parquet"
-        from fedsim.results import ROUND_SCHEMA
-
         write_table(out / "runs" / name, res["rounds"], ROUND_SCHEMA)
         results.append(res)
         results.sort(
@@ -731,18 +757,23 @@ def run_stress(
             progress(rec)
 
     _run_grid(jobs, workers, finish)
-    records, target = _write_tables(out, results, cells, paths, target_accuracy)
+    return results
+
+
+def _write_report(
+    out: Path,
+    results: list[dict[str, Any]],
+    records: list[dict[str, Any]],
+    cells: list[dict[str, Any]],
+    paths: list[str],
+    scenario_path: str | Path,
+    notes: list[str],
+    target: float | None,
+) -> None:
+    """stress.md, taus.parquet and the three figures."""
+    from fedsim.results import atomic_write_bytes, write_table
+
     deg = degradation(records, cells, paths[0])
-    notes = _notes(
-        scenario_path,
-        sweep,
-        algorithms,
-        seeds,
-        overrides,
-        target,
-        target_accuracy is None,
-        results,
-    )
     text = format_markdown(
         aggregate(records, cells),
         deg,
@@ -752,18 +783,11 @@ def run_stress(
         target,
     )
     atomic_write_bytes(out / "stress.md", text.encode())
-    write_table(
-        out / "taus.parquet", [t for r in results for t in r["taus"]], TAU_SCHEMA
-    )
+    taus = [t for r in results for t in r["taus"]]
+    write_table(out / "taus.parquet", taus, TAU_SCHEMA)
     plot_accuracy(results, cells, out / "accuracy_vs_time.png")
     plot_degradation(deg, records, cells, paths[0], out / "degradation.png")
-    plot_taus(
-        [t for r in results for t in r["taus"]],
-        cells,
-        paths[0],
-        out / "tau_by_group.png",
-    )
-    return out
+    plot_taus(taus, cells, paths[0], out / "tau_by_group.png")
 
 
 def _write_tables(
