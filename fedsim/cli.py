@@ -47,6 +47,34 @@ AddressOption = Annotated[
     typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q")]
+# compare and stress: the same names for the same things
+AlgorithmsOption = Annotated[
+    str,
+    typer.Option(
+        "--algorithms",
+        "-a",
+        help="Comma-separated algorithms, each NAME or NAME:key=value,... "
+        "(e.g. fedavg,fedprox:mu=0.001,fednova).",
+    ),
+]
+SeedsOption = Annotated[int, typer.Option("--seeds", min=1, help="Seeds 0..N-1.")]
+TargetOption = Annotated[
+    float | None,
+    typer.Option(
+        "--target-accuracy",
+        "--target",
+        min=0.0,
+        max=1.0,
+        help="Target test accuracy (a fraction) for the rounds and simulated "
+        "time to reach it.",
+    ),
+]
+OutDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--out", help="Output folder (default results/<command>-<name>-<time>/)."
+    ),
+]
 
 
 def _version(value: bool) -> None:
@@ -408,29 +436,10 @@ def stress(
             "(repeat for a grid).",
         ),
     ],
-    algorithms: Annotated[
-        str,
-        typer.Option(
-            "--algorithms", help="Comma-separated: name or name:key=value,..."
-        ),
-    ],
-    seeds: Annotated[int, typer.Option("--seeds", min=1)] = 3,
-    out_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--out", help="Report directory (default results/stress-<name>-<time>/)."
-        ),
-    ] = None,
-    target_accuracy: Annotated[
-        float | None,
-        typer.Option(
-            "--target-accuracy",
-            min=0.0,
-            max=1.0,
-            help="For the simulated time to reach it (default: 90% of the best "
-            "mean accuracy in the mildest setting).",
-        ),
-    ] = None,
+    algorithms: AlgorithmsOption,
+    seeds: SeedsOption = 3,
+    out_dir: OutDirOption = None,
+    target_accuracy: TargetOption = None,
     set_: SetOption = None,
     workers: Annotated[
         int | None,
@@ -495,32 +504,10 @@ def stress(
 @app.command()
 def compare(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
-    algorithms: Annotated[
-        str,
-        typer.Option(
-            "--algorithms",
-            "-a",
-            help="Comma-separated algorithms, each NAME or NAME:key=value,... "
-            "(e.g. fedavg,fedprox:mu=0.001,fednova).",
-        ),
-    ],
-    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Seeds 0..N-1.")] = 3,
-    target: Annotated[
-        float | None,
-        typer.Option(
-            "--target",
-            min=0.0,
-            max=1.0,
-            help="Target test accuracy (a fraction) for rounds and simulated "
-            "time to reach it.",
-        ),
-    ] = None,
-    out_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--out", help="Output folder (default results/compare-<name>-<time>/)."
-        ),
-    ] = None,
+    algorithms: AlgorithmsOption,
+    seeds: SeedsOption = 3,
+    target: TargetOption = None,
+    out_dir: OutDirOption = None,
     set_: SetOption = None,
     quiet: QuietOption = False,
 ) -> None:
