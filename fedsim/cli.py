@@ -148,6 +148,16 @@ def run(
             "--overwrite", help="Replace the results already in --out (not resume)."
         ),
     ] = False,
+    log_every: Annotated[
+        float,
+        typer.Option(
+            "--log-every",
+            min=0,
+            help="Without a terminal (batch jobs, ray job submit): a plain "
+            "progress line at least every this many seconds, and every 10% of "
+            "the rounds.",
+        ),
+    ] = 30.0,
 ) -> None:
     """Run a scenario (or resume a run) and write its results."""
     overrides = list(set_ or [])
@@ -175,7 +185,7 @@ def run(
     # A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C:
     # rows flushed, summary written, the resume command printed.
     signal.signal(signal.SIGTERM, _interrupt)
-    with _progress(sc, quiet, start, sim0) as on_round:
+    with _progress(sc, quiet, start, sim0, log_every) as on_round:
         result = _run(sc, n_workers, run_dir, resume is not None, on_round)
     code = _finish(result, run_dir, report, quiet)
     if code:
@@ -214,7 +224,11 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
     the exit code."""
     from fedsim.results import write_summary
 
-    code = {"completed": 0, "diverged": 1, "interrupted": 130}[result.status]
+    code = {"completed": 0, "diverged": 1, "stalled": 1, "interrupted": 130}[
+        result.status
+    ]
+    if result.status == "stalled":
+        _say("[bold red]run stalled:[/]", f"{result.message}. Rows so far are kept.")
     if result.status == "diverged":
         _say(
             "[bold red]run diverged:[/]",
@@ -232,6 +246,8 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
             f"rows so far are kept in {run_dir}; continue with: {again}",
         )
     summary = result.summary()
+    if summary["degenerate"]:
+        _say("[yellow]warning:[/]", f"degenerate run: {summary['degenerate']}")
     try:
         write_summary(run_dir / "summary.json", summary)
         if report and result.rows:
@@ -330,9 +346,14 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
 
 
 @contextmanager
-def _progress(sc: Scenario, quiet: bool, start: int, sim0: float) -> Iterator[Any]:
-    """A progress bar (round, simulated time, accuracy); yields the
-    per-round callback that advances it."""
+def _progress(
+    sc: Scenario, quiet: bool, start: int, sim0: float, log_every: float = 30.0
+) -> Iterator[Any]:
+    """A progress bar (round, simulated time, accuracy), or without a
+    terminal a plain line now and then; yields the per-round callback."""
+    if not quiet and not err.is_terminal:
+        yield _log_lines(sc, log_every)
+        return
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -346,7 +367,7 @@ def _progress(sc: Scenario, quiet: bool, start: int, sim0: float) -> Iterator[An
     )
     with progress:
         bar = progress.add_task(
-            sc.name, total=sc.rounds, completed=start, sim=f"{sim0:.0f}s", acc="-"
+            sc.name, total=sc.rounds, completed=start, sim=_duration(sim0), acc="-"
         )
 
         def on_round(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
@@ -355,11 +376,50 @@ def _progress(sc: Scenario, quiet: bool, start: int, sim0: float) -> Iterator[An
             progress.update(
                 bar,
                 completed=row["round"] + 1,
-                sim=f"{row['sim_time']:.0f}s",
+                sim=_duration(row["sim_time"]),
                 acc=shown,
             )
 
         yield on_round
+
+
+def _log_lines(sc: Scenario, every_s: float) -> Any:
+    """A per-round callback printing a plain progress line every ``every_s``
+    seconds and every 10% of the rounds (a log read later, e.g. by ray job
+    logs, shows the run moving)."""
+    import time
+
+    step = max(1, sc.rounds // 10)
+    last = [time.monotonic()]
+    acc = ["-"]
+
+    def on_round(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+        if row["test_accuracy"] == row["test_accuracy"]:
+            acc[0] = _fmt(row["test_accuracy"], ".3f")
+        done = row["round"] + 1
+        now = time.monotonic()
+        if done % step and done != sc.rounds and now - last[0] < every_s:
+            return
+        last[0] = now
+        err.print(
+            f"{sc.name}: round {done}/{sc.rounds}, sim {_duration(row['sim_time'])}, "
+            f"acc {acc[0]}",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    return on_round
+
+
+def _duration(seconds: float) -> str:
+    """Simulated time as people read it: 42s, 17.5min, 3.2h, 2.1d."""
+    if seconds < 600:
+        return f"{seconds:.0f}s"
+    if seconds < 3 * 3600:
+        return f"{seconds / 60:.1f}min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
 
 
 def _print_summary(name: str, summary: dict[str, Any]) -> None:

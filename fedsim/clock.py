@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -57,6 +58,7 @@ __all__ = [
     "Plan",
     "RoundPlan",
     "RoundSpec",
+    "Stalled",
     "Version",
     "expected_steps",
     "plan_round",
@@ -579,6 +581,10 @@ _TAG_JOB = 0xA5C10B  # a job's straggler factor and epochs: (seed, tag, device, 
 _TAG_DISPATCH = 0xD15C  # which idle devices take free slots: (seed, tag, n)
 
 
+class Stalled(RuntimeError):
+    """An asynchronous timeline that can make no further server version."""
+
+
 @dataclass(frozen=True)
 class Job:
     """One pass of a device's loop: download a version, compute, upload.
@@ -802,6 +808,8 @@ class AsyncTimeline:
         n_samples: np.ndarray,
         batch_size: int,
         choose: Chooser | None = None,
+        stall_jobs: int | None = None,
+        stall_s: float = 365 * 86400.0,
     ) -> None:
         if policy.policy != "async":
             raise ValueError(
@@ -824,6 +832,11 @@ class AsyncTimeline:
         self.down, self.up = fleet.comm_time(np.arange(m), bytes_down, bytes_up)
         self.env = simpy.Environment()
         self.version = 0
+        # No version after this many job ends (default: 1000, or 20 rounds of
+        # the whole concurrency) or simulated seconds (a year): stalled.
+        self.stall_jobs = stall_jobs or max(1000, 20 * concurrency * buffer_size)
+        self.stall_s = stall_s
+        self._last_version_t = 0.0
         self.idle = self.n_samples > 0  # free to take a slot (never, without data)
         self.jobs_started = np.zeros(m, dtype=np.int64)
         self.in_flight: dict[int, Job] = {}
@@ -844,14 +857,31 @@ class AsyncTimeline:
                 try:
                     self.env.step()
                 except simpy.core.EmptySchedule:
-                    raise RuntimeError(
+                    raise Stalled(
                         f"the async timeline stalled at t = {self.env.now:g} s "
                         f"after {self.version} versions: no device can start or "
                         "finish a job (never online again, no data, or endless "
                         "stragglers holding every slot)"
                     ) from None
+                self._check_progress()
             yield self._made.pop(0)
             made += 1
+
+    def _check_progress(self) -> None:
+        """Stop a timeline that keeps running without making a version:
+        after ``stall_jobs`` job ends (every one dropped: offline, dropped
+        out or stale) or ``stall_s`` simulated seconds since the last one."""
+        ended = len(self._ended) + len(self._inbox)
+        idle_s = self.env.now - self._last_version_t
+        if ended > self.stall_jobs or idle_s > self.stall_s:
+            reasons = Counter(a.status for a in self._ended)
+            seen = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
+            raise Stalled(
+                f"no server version for {idle_s:,.0f} simulated s and {ended} "
+                f"job ends ({seen or 'none'}) after version {self.version}: "
+                "the fleet never completes enough accepted updates (devices "
+                "leave or drop out before uploading, or every update is stale)"
+            )
 
     # ----------------------------------------------------------- the server
     def _request_settle(self) -> None:
@@ -896,6 +926,7 @@ class AsyncTimeline:
                     )
                 )
                 self.version += 1
+                self._last_version_t = now
                 self._buffer, self._ended, self._started = [], [], []
                 if self.version >= self.versions:
                     return

@@ -123,7 +123,9 @@ class RunResult:
         final_params: the model after the last completed round (None when
             the run diverged or was interrupted before finishing).
         status: ``completed``, ``diverged`` (the model or loss became NaN or
-            infinite: ``message`` says where) or ``interrupted`` (Ctrl-C).
+            infinite: ``message`` says where), ``stalled`` (an asynchronous
+            run that can make no further server version: ``message`` says
+            why) or ``interrupted`` (Ctrl-C or SIGTERM).
         message: why the run stopped early ("" when completed).
         workers: Ray worker actors used (0: in-process).
         wall_time_s: real seconds the run took.
@@ -133,14 +135,15 @@ class RunResult:
     rows: list[Row]
     clients: list[Row]
     final_params: torch.Tensor | None
-    status: Literal["completed", "diverged", "interrupted"]
+    status: Literal["completed", "diverged", "stalled", "interrupted"]
     message: str
     workers: int
     wall_time_s: float
     data: FederatedData | None = field(default=None, repr=False)
 
     def summary(self) -> dict[str, Any]:
-        """summary.json's content, with how the run ended (``status``)."""
+        """summary.json's content, with how the run ended (``status``) and
+        whether it was degenerate (``degenerate``: why, or None)."""
         summary = summarize(
             self.rows,
             self.clients,
@@ -149,7 +152,26 @@ class RunResult:
             workers=self.workers,
             version=__version__,
         )
-        return {**summary, "status": self.status}
+        return {**summary, "status": self.status, "degenerate": self.degenerate()}
+
+    def degenerate(self) -> str | None:
+        """Why the run's numbers mean little, or None: no update ever
+        arrived, or (synchronous rounds) fewer devices than requested were
+        online in most rounds."""
+        if not self.rows:
+            return None
+        if sum(int(r["n_completed"]) for r in self.rows) == 0:
+            return "no update ever reached the server"
+        if self.scenario.round.policy == "async":
+            return None
+        k = self.scenario.selector.clients_per_round
+        short = sum(int(r["n_selected"]) < k for r in self.rows)
+        if short > len(self.rows) / 2:
+            return (
+                f"fewer than clients_per_round = {k} devices were online in "
+                f"{short} of {len(self.rows)} rounds"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -392,6 +414,8 @@ class _Run:
             )
         self.server.load(ck.path)
         self.recorder.load(ck.n_rows, ck.n_client_rows, ck.n_selector_rows)
+        if self.recorder.rows:  # wall time counts the whole run, resumes included
+            self.wall0 -= float(self.recorder.rows[-1]["wall_time"])
         return ck.next_round, ck.sim_time, ck.selector_state
 
     def due(self, done: int) -> bool:
@@ -687,7 +711,7 @@ def run_scenario(
             raise ValueError("resume needs the run directory")
         latest_checkpoint(run_dir)  # no usable checkpoint: fail before building
     run = _Run(scenario, workers, run_dir, on_round, resume)
-    status: Literal["completed", "diverged", "interrupted"] = "completed"
+    status: Literal["completed", "diverged", "stalled", "interrupted"] = "completed"
     message = ""
     try:
         if run.asynchronous:
@@ -698,6 +722,8 @@ def run_scenario(
             _run_rounds(run, resume)
     except DivergenceError as exc:
         status, message = "diverged", str(exc)
+    except clock.Stalled as exc:
+        status, message = "stalled", str(exc)
     except KeyboardInterrupt:
         status, message = "interrupted", "interrupted"
     finally:

@@ -4,6 +4,7 @@ synchronous and the asynchronous copies of the loop before they were one)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -164,3 +165,81 @@ def test_compare_moves_an_async_rule_to_the_async_timeline_and_refuses_twins():
     assert [r["mode"] for r in rows] == ["sync", "async"]
     with pytest.raises(ValueError, match="fedavg given twice"):
         compare(QUICK, ["fedavg", "fedavg"], seeds=1, overrides=["rounds=2"])
+
+
+# ------------------------------------------------------ no run can hang
+def test_an_async_run_where_no_job_can_finish_stops_with_a_message(tmp_path):
+    # Prepare: every device drops out of every job (the run used to loop
+    # forever with no output while memory grew)
+    import subprocess
+    import sys
+
+    over = [f"fleet.groups[{g}].stragglers.dropout_p=1.0" for g in range(3)]
+    args = [a for o in over for a in ("--set", o)]
+    cmd = [sys.executable, "-m", "fedsim.cli", "run", str(FEDBUFF), "--workers", "0"]
+    cmd += [*args, "--out", str(tmp_path / "run"), "--no-report", "--quiet"]
+
+    # Execute, with a time bound
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+    # Assert
+    assert p.returncode == 1, p.stderr
+    assert "run stalled" in p.stderr and "dropout" in p.stderr
+    assert "Traceback" not in p.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "stalled" and summary["rounds"] == 0
+
+
+def test_a_run_where_no_update_arrives_is_flagged_degenerate():
+    drop = [f"fleet.groups[{g}].stragglers.dropout_p=1.0" for g in range(3)]
+    res = run_scenario(load_scenario(QUICK, ["rounds=3", *drop]))
+    assert res.status == "completed"
+    assert res.summary()["degenerate"] == "no update ever reached the server"
+    assert run_scenario(load_scenario(QUICK, ["rounds=2"])).degenerate() is None
+
+
+# ------------------------------------------------------------ batch use
+def _cli(*args: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "fedsim.cli", "run", *args]
+
+
+def test_without_a_terminal_progress_is_plain_lines(tmp_path):
+    import subprocess
+
+    out = tmp_path / "run"
+    p = subprocess.run(
+        _cli(str(QUICK), "--workers", "0", "--set", "rounds=20", "--out", str(out)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("quickstart: round")]
+    # every 10% of the rounds (and the last), however fast the run
+    assert [ln.split()[2] for ln in lines] == [f"{k}/20," for k in range(2, 21, 2)]
+
+
+def test_sigterm_stops_a_run_like_ctrl_c(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "run"
+    args = ["--workers", "0", "--set", "rounds=3000", "--out", str(out)]
+    p = subprocess.Popen(
+        _cli(str(QUICK), *args, "--set", "checkpoint.every_rounds=5"),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while not (out / "LATEST").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    code = p.wait(timeout=240)
+    err = p.stderr.read() if p.stderr else ""
+    assert code == 130, err
+    assert f"fedsim run --resume {out}" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and 5 <= summary["rounds"] < 3000
