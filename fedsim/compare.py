@@ -270,7 +270,7 @@ def _stats(values: Sequence[float]) -> tuple[float, float]:
     v = np.array([x for x in values if x is not None and math.isfinite(x)])
     if v.size == 0:
         return math.nan, math.nan
-    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+    return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan
 
 
 def summarize_runs(
@@ -309,9 +309,11 @@ def summarize_runs(
 
 
 def _pm(mean: float, std: float, scale: float = 1.0, digits: int = 2) -> str:
+    """mean ± std; one seed has no spread ("± n/a")."""
     if not math.isfinite(mean):
         return "-"
-    return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
+    spread = f"{std * scale:.{digits}f}" if math.isfinite(std) else "n/a"
+    return f"{mean * scale:.{digits}f} ± {spread}"
 
 
 def _bytes(n: float) -> str:

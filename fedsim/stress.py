@@ -59,6 +59,7 @@ import numpy as np
 import pyarrow as pa
 
 from fedsim.compare import (
+    _pm,
     _reject_run_overrides,
     _safe,
     _stats,
@@ -220,7 +221,15 @@ def _run_one(
         }
         for c in clients
     ]
-    return {"record": record, "curve": curve, "rounds": rows, "taus": tau_rows}
+    classes = result.data.num_classes if result.data is not None else 0
+    chance = 1.0 / classes if classes else 0.0
+    return {
+        "record": record,
+        "curve": curve,
+        "rounds": rows,
+        "taus": tau_rows,
+        "chance": chance,
+    }
 
 
 # -------------------------------------------------------------- the analysis
@@ -315,21 +324,25 @@ def degradation(
     return sorted(out, key=lambda d: (not math.isfinite(d["drop"]), d["drop"]))
 
 
-def _pm(mean: float, sd: float, scale: float = 1.0, digits: int = 1) -> str:
-    if not math.isfinite(mean):
-        return "-"
-    return f"{mean * scale:.{digits}f} ± {sd * scale:.{digits}f}"
-
-
 def _points(drop: float) -> float:
     """An accuracy drop as a change in points, without a "-0.0"."""
     return round(-drop * 100, 1) + 0.0
 
 
-def _verdict(deg: Sequence[dict[str, Any]], path: str) -> str:
-    ok = [d for d in deg if math.isfinite(d["drop"])]
-    if not ok:
+def _verdict(deg: Sequence[dict[str, Any]], path: str, chance: float = 0.0) -> str:
+    finite = [d for d in deg if math.isfinite(d["drop"])]
+    if not finite:
         return "No algorithm has a finite accuracy at both ends of the sweep."
+    # An algorithm that never learns "degrades least" trivially: only those
+    # clearly above chance in the mildest setting can lead.
+    floor = chance + max(0.05, 0.1 * (1 - chance)) if chance > 0 else -math.inf
+    ok = [d for d in finite if d["accuracy"][0] >= floor]
+    if not ok:
+        return (
+            f"No algorithm learned clearly beyond chance ({chance * 100:.0f}%) in "
+            "the mildest setting, so none is named: check the scenario (rounds, "
+            "learning rate) before reading the sweep."
+        )
     first, last = ok[0]["values"][0], ok[0]["values"][-1]
     if len(ok[0]["values"]) < 2:
         return f"Only one value of `{path}` was run: nothing to compare."
@@ -377,13 +390,16 @@ def format_markdown(
     title: str,
     notes: Sequence[str] = (),
     target: float | None = None,
+    chance: float = 0.0,
 ) -> str:
-    """stress.md: the aggregated table, the degradation table and the verdict."""
+    """stress.md: the aggregated table, the degradation table and the verdict
+    (``chance``: the accuracy of guessing, 1 / classes; 0 when not a
+    classification task)."""
     lines = [f"# {title}", ""]
     lines += [f"- {n}" for n in notes]
     lines += ["", "## Which aggregator degrades least?", ""]
     if deg:
-        lines.append(_verdict(deg, paths[0]))
+        lines.append(_verdict(deg, paths[0], chance))
         lines.append("")
         values = deg[0]["values"]
         head = " | ".join(f"{paths[0]} = {v}" for v in values)
@@ -393,9 +409,8 @@ def format_markdown(
             accs = " | ".join(
                 "-" if not math.isfinite(a) else f"{a * 100:.1f}" for a in d["accuracy"]
             )
-            lines.append(
-                f"| {d['algorithm']} | {accs} | {_pm(d['drop'], d['drop_sd'], 100)} |"
-            )
+            drop = _pm(d["drop"], d["drop_sd"], 100, 1)
+            lines.append(f"| {d['algorithm']} | {accs} | {drop} |")
         lines.append("")
         lines.append(
             "Final test accuracy (%), mean over seeds; the drop is paired by seed "
@@ -426,11 +441,11 @@ def format_markdown(
             alg += f" [diverged {r['diverged']}/{n}]"
         lines.append(
             f"| {vals} | {alg} "
-            f"| {_pm(r['final_accuracy'], r['final_accuracy_sd'], 100)} "
-            f"| {_pm(r['best_accuracy'], r['best_accuracy_sd'], 100)} | {t} "
-            f"| {_pm(r['dropped_fraction'], r['dropped_fraction_sd'], 100)} "
-            f"| {_pm(r['tau_mean'], r['tau_mean_sd'])} "
-            f"| {_pm(r['tau_std'], r['tau_std_sd'])} |"
+            f"| {_pm(r['final_accuracy'], r['final_accuracy_sd'], 100, 1)} "
+            f"| {_pm(r['best_accuracy'], r['best_accuracy_sd'], 100, 1)} | {t} "
+            f"| {_pm(r['dropped_fraction'], r['dropped_fraction_sd'], 100, 1)} "
+            f"| {_pm(r['tau_mean'], r['tau_mean_sd'], digits=1)} "
+            f"| {_pm(r['tau_std'], r['tau_std_sd'], digits=1)} |"
         )
     lines += [
         "",
@@ -781,6 +796,7 @@ def _write_report(
         f"stress: {Path(scenario_path).stem}",
         notes,
         target,
+        chance=max((r.get("chance", 0.0) for r in results), default=0.0),
     )
     atomic_write_bytes(out / "stress.md", text.encode())
     taus = [t for r in results for t in r["taus"]]

@@ -169,3 +169,27 @@ def test_docstring_examples_run():
     import fedsim.stress
 
     assert doctest.testmod(fedsim.stress).failed == 0
+
+
+def test_the_headline_never_crowns_an_algorithm_at_chance():
+    from fedsim.stress import _verdict
+
+    def deg(name, acc):
+        return {
+            "algorithm": name,
+            "values": [0, 0.5],
+            "accuracy": acc,
+            "drop": acc[0] - acc[-1],
+            "drop_sd": 0.0,
+            "seeds": 3,
+        }
+
+    # Prepare: "stuck" never learns (10 classes: chance 10%) and so drops least
+    stuck, learns = deg("stuck", [0.11, 0.11]), deg("learns", [0.8, 0.6])
+
+    # Execute / Assert: the one that learns leads, whatever the order
+    assert "**learns degrades least**" in _verdict([stuck, learns], "p", chance=0.1)
+    nobody = _verdict([stuck], "p", chance=0.1)
+    assert "No algorithm learned clearly beyond chance (10%)" in nobody
+    # without a chance level (a regression task) the order decides, as before
+    assert "**stuck degrades least**" in _verdict([stuck, learns], "p")
