@@ -69,6 +69,15 @@ TargetOption = Annotated[
         "time to reach it.",
     ),
 ]
+RunsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        min=0,
+        help="0: one run after another in this process; n: at most n runs at "
+        "once as Ray tasks (stress default: one per CPU; compare default: 0).",
+    ),
+]
 OutDirOption = Annotated[
     Path | None,
     typer.Option(
@@ -501,15 +510,7 @@ def stress(
     out_dir: OutDirOption = None,
     target_accuracy: TargetOption = None,
     set_: SetOption = None,
-    workers: Annotated[
-        int | None,
-        typer.Option(
-            "--workers",
-            min=0,
-            help="0: one run after another in this process; n: at most n Ray "
-            "tasks at once (default: one per CPU).",
-        ),
-    ] = None,
+    workers: RunsOption = None,
     address: AddressOption = None,
     quiet: QuietOption = False,
 ) -> None:
@@ -569,10 +570,13 @@ def compare(
     target: TargetOption = None,
     out_dir: OutDirOption = None,
     set_: SetOption = None,
+    workers: RunsOption = 0,
+    address: AddressOption = None,
     quiet: QuietOption = False,
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
-    and write compare.parquet and compare.md."""
+    and write compare.parquet, compare.md and compare.png (accuracy against
+    simulated time and rounds, with seed bands)."""
     from fedsim.compare import compare as run_compare
     from fedsim.compare import split_algorithms
     from fedsim.results import default_run_dir, prepare_run_dir
@@ -602,6 +606,10 @@ def compare(
 
     from fedsim.data import DataError, DataMissingError
 
+    if workers != 0:
+        from fedsim.ray_session import init_ray
+
+        init_ray(address)
     try:
         table = run_compare(
             scenario,
@@ -611,6 +619,7 @@ def compare(
             out_dir=run_dir,
             target_accuracy=target,
             progress=show,
+            workers=workers,
         )
     except (ScenarioError, ValueError, DataMissingError, DataError) as exc:
         _fail(str(exc))

@@ -258,6 +258,47 @@ def run_one(
     return out, rows
 
 
+def _ray_ready(workers: int | None) -> bool:
+    """Whether runs go to Ray tasks: ``workers`` 0 never, n >= 1 always (Ray
+    must be up), None when Ray is initialised."""
+    if workers == 0:
+        return False
+    import ray
+
+    if ray.is_initialized():
+        return True
+    if workers is not None:
+        raise RuntimeError("workers >= 1 needs Ray initialised (fedsim.ray_session)")
+    return False
+
+
+def run_jobs(
+    fn: Callable[..., Any],
+    jobs: Sequence[tuple[Any, ...]],
+    workers: int | None,
+    done: Callable[[Any], None],
+) -> None:
+    """``fn(*job)`` for every job, in this process one after another, or as
+    Ray tasks of one CPU each, at most ``workers`` (default: one per CPU) at
+    once; ``done`` gets each result as it finishes (in any order with Ray).
+    Each run is in-process inside its task, so results do not depend on it."""
+    if not _ray_ready(workers):
+        for job in jobs:
+            done(fn(*job))
+        return
+    import ray
+
+    task = ray.remote(num_cpus=1)(fn)
+    limit = workers or int(max(1, ray.cluster_resources().get("CPU", 1)))
+    todo = list(jobs)
+    pending: list[Any] = []
+    while todo or pending:
+        while todo and len(pending) < limit:
+            pending.append(task.remote(*todo.pop(0)))
+        ready, pending = ray.wait(pending, num_returns=1)
+        done(ray.get(ready[0]))
+
+
 def _ge(x: Any, target: float) -> bool:
     return isinstance(x, float | int) and math.isfinite(x) and x >= target
 
@@ -372,6 +413,7 @@ def compare(
     out_dir: str | Path | None = None,
     target_accuracy: float | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
+    workers: int | None = 0,
 ) -> list[dict[str, Any]]:
     """Run every algorithm for seeds 0..seeds-1; return the summary table rows.
 
@@ -384,6 +426,9 @@ def compare(
         out_dir: where compare.parquet, compare.md and runs/ go (None: nowhere).
         target_accuracy: for rounds and simulated time to reach it (a fraction).
         progress: called with each run's row as it finishes.
+        workers: 0 runs one after another in this process; n >= 1 keeps at
+            most n Ray tasks in flight (Ray must be up); None uses Ray tasks
+            when Ray is initialised.
     """
     overrides = list(overrides or [])
     _reject_run_overrides(
@@ -401,20 +446,30 @@ def compare(
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         (out / "runs").mkdir(parents=True, exist_ok=True)
+    jobs = [
+        (scenario_path, label, seed, overrides, target_accuracy)
+        for label in algorithms
+        for seed in range(seeds)
+    ]
+    order = {(j[1], j[2]): i for i, j in enumerate(jobs)}
     runs: list[dict[str, Any]] = []
-    for label in algorithms:
-        for seed in range(seeds):
-            row, rounds = run_one(
-                scenario_path, label, seed, overrides, target_accuracy
-            )
-            runs.append(row)
-            if out is not None:
-                _write_rounds(
-                    out / "runs" / f"{_safe(label)}-seed{seed}.parquet", rounds
-                )
-                _write_outputs(out, runs, scenario_path, overrides, target_accuracy)
-            if progress is not None:
-                progress(row)
+    curves: dict[tuple[str, int], list[dict[str, Any]]] = {}
+
+    def finish(res: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+        row, rounds = res
+        runs.append(row)
+        runs.sort(key=lambda r: order[(r["algorithm"], r["seed"])])
+        curves[(row["algorithm"], row["seed"])] = rounds
+        if out is not None:
+            name = f"{_safe(row['algorithm'])}-seed{row['seed']}.parquet"
+            _write_rounds(out / "runs" / name, rounds)
+            _write_outputs(out, runs, scenario_path, overrides, target_accuracy)
+        if progress is not None:
+            progress(row)
+
+    run_jobs(run_one, jobs, workers, finish)
+    if out is not None:
+        plot_compare(runs, curves, target_accuracy, out / "compare.png")
     return summarize_runs(runs, target_accuracy)
 
 
@@ -445,3 +500,77 @@ def _write_outputs(
     table = summarize_runs(runs, target_accuracy)
     text = format_markdown(table, f"compare: {Path(scenario_path).stem}", notes)
     atomic_write_bytes(out / "compare.md", text.encode())
+
+
+def _band(
+    curves: Sequence[list[dict[str, Any]]], x_key: str, grid: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, min and max over seeds of test accuracy against ``x_key``
+    (rounds counted from 1), each seed's evaluated points interpolated onto
+    ``grid``; NaN where a seed does not reach (so a band never mixes a
+    different set of seeds along the axis)."""
+    shift = 1.0 if x_key == "round" else 0.0
+    ys = []
+    for rounds in curves:
+        pts = [
+            (float(r[x_key]) + shift, float(r["test_accuracy"]))
+            for r in rounds
+            if _ge(r["test_accuracy"], 0.0)
+        ]
+        if pts:
+            x, y = np.array(pts).T
+            inside = (grid >= x[0]) & (grid <= x[-1])
+            ys.append(np.where(inside, np.interp(grid, x, y), np.nan))
+    if not ys:
+        nan = np.full(grid.shape, np.nan)
+        return nan, nan, nan
+    stack = np.vstack(ys)
+    return stack.mean(0), stack.min(0), stack.max(0)
+
+
+def plot_compare(
+    runs: Sequence[dict[str, Any]],
+    curves: Mapping[tuple[str, int], list[dict[str, Any]]],
+    target: float | None,
+    path: Path,
+) -> Path:
+    """compare.png: test accuracy against simulated time and against rounds
+    (rounds completed), per algorithm: the mean over seeds, and a band from
+    the lowest to the highest seed; the target accuracy as a dashed line."""
+    from matplotlib import colormaps
+
+    from fedsim.plots import _new_figure, _save
+
+    labels = list(dict.fromkeys(r["algorithm"] for r in runs))
+    cmap = colormaps["tab10"]
+    fig = _new_figure(11, 4.2)
+    axes = fig.subplots(1, 2)
+    for x_key, ax, xlabel in (
+        ("sim_time", axes[0], "simulated time (s)"),
+        ("round", axes[1], "rounds completed"),
+    ):
+        for i, label in enumerate(labels):
+            mine = [c for (lab, _), c in sorted(curves.items()) if lab == label]
+            xs = [float(r[x_key]) for c in mine for r in c]
+            if not xs:
+                continue
+            lo = 1.0 if x_key == "round" else 0.0
+            grid = np.linspace(lo, max(xs) + (1 if x_key == "round" else 0), 200)
+            mean, low, high = _band(mine, x_key, grid)
+            color = cmap(i % 10)
+            ax.plot(grid, mean, color=color, linewidth=1.8, label=label)
+            ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
+            for c in mine:  # each seed, thin: seeds end at different times
+                pts = [(float(r[x_key]) + lo, r["test_accuracy"]) for r in c]
+                pts = [p for p in pts if _ge(p[1], 0.0)]
+                if pts:
+                    ax.plot(*np.array(pts).T, color=color, linewidth=0.6, alpha=0.4)
+        if target is not None:
+            ax.axhline(target, color="0.3", linestyle="--", linewidth=1)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, loc="lower right")
+    seeds = len({r["seed"] for r in runs})
+    fig.suptitle(f"test accuracy: mean over {seeds} seed(s), band from min to max")
+    return _save(fig, path)

@@ -64,6 +64,7 @@ from fedsim.compare import (
     _safe,
     _stats,
     load_variant,
+    run_jobs,
     split_algorithms,
 )
 from fedsim.scenario import ScenarioError, load_scenario, read_yaml
@@ -624,42 +625,6 @@ def plot_taus(
 
 
 # --------------------------------------------------------------- the driver
-def _ray_ready(workers: int | None) -> bool:
-    if workers == 0:
-        return False
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is a dependency
-        return False
-    if ray.is_initialized():
-        return True
-    if workers is not None:
-        raise RuntimeError("workers >= 1 needs Ray initialised (fedsim.ray_session)")
-    return False
-
-
-def _run_grid(
-    jobs: list[tuple[Any, ...]],
-    workers: int | None,
-    done: Callable[[dict[str, Any]], None],
-) -> None:
-    if not _ray_ready(workers):
-        for job in jobs:
-            done(_run_one(*job))
-        return
-    import ray
-
-    task = ray.remote(num_cpus=1)(_run_one)
-    limit = workers or int(max(1, ray.cluster_resources().get("CPU", 1)))
-    todo = list(jobs)
-    pending: list[Any] = []
-    while todo or pending:
-        while todo and len(pending) < limit:
-            pending.append(task.remote(*todo.pop(0)))
-        ready, pending = ray.wait(pending, num_returns=1)
-        done(ray.get(ready[0]))
-
-
 def run_stress(
     scenario_path: str | Path,
     sweep: Mapping[str, Sequence[Any]],
@@ -771,7 +736,7 @@ def _run_jobs(
         if progress is not None:
             progress(rec)
 
-    _run_grid(jobs, workers, finish)
+    run_jobs(_run_one, jobs, workers, finish)
     return results
 
 

@@ -158,6 +158,7 @@ def test_compare_runs_an_async_scenario(tmp_path):
     runs = pq.read_table(tmp_path / "compare.parquet").to_pylist()
     assert all(math.isfinite(r["final_accuracy"]) for r in runs)
     assert "(async)" in (tmp_path / "compare.md").read_text()
+    assert (tmp_path / "compare.png").stat().st_size > 0
 
 
 def test_compare_moves_an_async_rule_to_the_async_timeline_and_refuses_twins():
@@ -243,3 +244,28 @@ def test_sigterm_stops_a_run_like_ctrl_c(tmp_path):
     assert f"fedsim run --resume {out}" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted" and 5 <= summary["rounds"] < 3000
+
+
+def test_compare_bands_are_mean_min_max_over_the_seeds_that_reach():
+    import numpy as np
+
+    from fedsim.compare import _band
+
+    # two seeds, evaluated at rounds 0..2 and 0..1 (rounds count from 1)
+    a = [{"round": r, "test_accuracy": acc} for r, acc in enumerate([0.2, 0.4, 0.6])]
+    b = [{"round": r, "test_accuracy": acc} for r, acc in enumerate([0.4, 0.8])]
+    grid = np.array([1.0, 1.5, 2.0, 3.0])
+    mean, low, high = _band([a, b], "round", grid)
+    np.testing.assert_allclose(mean[:3], [0.3, 0.45, 0.6])
+    np.testing.assert_allclose(low[:3], [0.2, 0.3, 0.4])
+    np.testing.assert_allclose(high[:3], [0.4, 0.6, 0.8])
+    assert np.isnan(mean[3])  # only one seed reaches round 3: no band there
+
+
+@pytest.mark.ray
+def test_compare_on_ray_tasks_equals_in_process(ray_session):
+    over = ["rounds=3"]
+    local = compare(QUICK, ["fedavg"], seeds=2, overrides=over)
+    remote = compare(QUICK, ["fedavg"], seeds=2, overrides=over, workers=2)
+    for key in ("final_accuracy", "best_accuracy", "sim_time_s"):
+        assert local[0][key] == remote[0][key]
