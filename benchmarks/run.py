@@ -30,10 +30,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from fedsim.data import build_data  # noqa: E402
+from fedsim.minibatches import client_seed  # noqa: E402
 from fedsim.models import make_model  # noqa: E402
 from fedsim.runtime import run_scenario  # noqa: E402
 from fedsim.scenario import load_scenario  # noqa: E402
-from fedsim.workers import client_seed  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS = {"lr": HERE / "lr.yaml", "cnn": HERE / "cnn.yaml"}

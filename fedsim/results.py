@@ -369,14 +369,5 @@ class Recorder:
         self._converted.clear()
 
 
-def write_partition(run_dir: Path, data: Any) -> None:
-    """partition.parquet (per-client label histograms) and partition.png."""
-    from fedsim.data.partition import partition_table, plot_partition
-
-    table = partition_table(data)
-    write_arrow(Path(run_dir) / "partition.parquet", table)
-    plot_partition(table, Path(run_dir) / "partition.png")
-
-
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
     atomic_write_bytes(Path(path), (json.dumps(summary, indent=2) + "\n").encode())

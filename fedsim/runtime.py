@@ -80,10 +80,11 @@ from fedsim.checkpoint import (
     write_meta,
 )
 from fedsim.data import FederatedData, build_data
+from fedsim.data.partition import partition_table, plot_partition
 from fedsim.executors import Executor, make_executor
 from fedsim.fleet import Fleet
 from fedsim.params import l2_norm
-from fedsim.results import Recorder, check_free_space, summarize, write_partition
+from fedsim.results import Recorder, check_free_space, summarize, write_arrow
 from fedsim.scenario import Scenario
 from fedsim.selectors import SelectorContext, make_selector
 from fedsim.server import (
@@ -278,7 +279,9 @@ class _Run:
             raise SetupError(str(exc)) from None
         if not resume and sc.data.dataset != "quadratic":
             try:
-                write_partition(run_dir, self.data)
+                table = partition_table(self.data)  # label histograms
+                write_arrow(run_dir / "partition.parquet", table)
+                plot_partition(table, run_dir / "partition.png")
             except OSError as exc:
                 raise SetupError(f"cannot write results: {exc}") from None
 

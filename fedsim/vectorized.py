@@ -59,7 +59,8 @@ def supports(worker: Worker) -> bool:
 
 def _batch_indices(worker: Worker, tasks: Sequence[Task], steps: int) -> tuple:
     """[K, steps, B] row indices (absolute) and [K, steps, B] row weights."""
-    from fedsim.workers import _batches, client_seed
+    from fedsim.minibatches import batches as _batches
+    from fedsim.minibatches import client_seed
 
     batch = worker.scenario.client.batch_size
     k = len(tasks)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -44,14 +44,13 @@ from fedsim.algorithms.base import (
 )
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
+from fedsim.minibatches import batches, client_seed
 from fedsim.models import batch_loss, make_model
 from fedsim.params import bind_flat
 from fedsim.scenario import Scenario
 from fedsim.solvers import SGD
 
-__all__ = ["Task", "Worker", "client_seed", "assign_lpt"]
-
-_CLIENT_TAG = 0xC11E
+__all__ = ["Task", "Worker", "assign_lpt"]
 
 Payload = dict[str, torch.Tensor]
 
@@ -76,12 +75,6 @@ class Task:
     version: int = 0
 
 
-def client_seed(seed: int, round_: int, client: int) -> int:
-    """The seed of one client's randomness in one round: (seed, round, client)."""
-    ss = np.random.SeedSequence([seed, _CLIENT_TAG, round_, client])
-    return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
 def assign_lpt(tasks: Sequence[Task], n: int) -> list[list[Task]]:
     """Longest-processing-time-first assignment of tasks to ``n`` workers.
 
@@ -96,18 +89,6 @@ def assign_lpt(tasks: Sequence[Task], n: int) -> list[list[Task]]:
         chunks[j].append(t)
         load[j] += max(t.tau, 1)
     return chunks
-
-
-def _batches(n: int, batch: int, gen: torch.Generator) -> Iterator[torch.Tensor | None]:
-    """Endless minibatch row indices: epochs of a fresh permutation, full
-    batches only. ``None`` means "all rows" (a client with n <= batch)."""
-    if n <= batch:
-        while True:
-            yield None
-    while True:
-        perm = torch.randperm(n, generator=gen)
-        for start in range(0, n - batch + 1, batch):
-            yield perm[start : start + batch]
 
 
 class Worker:
@@ -211,7 +192,7 @@ class Worker:
         xs, ys = self.x[lo:hi], self.y[lo:hi]
         seed = client_seed(self.scenario.seed, task.round, i)
         gen = torch.Generator().manual_seed(seed)
-        batches = _batches(hi - lo, self.scenario.client.batch_size, gen)
+        minibatches = batches(hi - lo, self.scenario.client.batch_size, gen)
         algo = self.algorithm
         info = self.client_info(i)
         if algo.client_train is not None:
@@ -237,7 +218,7 @@ class Worker:
         state = solver.begin(x_global)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for _ in range(task.tau):
-            idx = next(batches)
+            idx = next(minibatches)
             xb, yb = (xs, ys) if idx is None else (xs[idx], ys[idx])
             grad.zero_()
             loss = batch_loss(self.model, xb, yb)

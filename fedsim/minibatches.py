@@ -1,0 +1,41 @@
+"""A client's randomness and minibatches: the one definition every way of
+training uses (one client after another in :mod:`fedsim.workers`, many at
+once in :mod:`fedsim.vectorized`), so both see the same batches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+__all__ = ["batches", "client_seed"]
+
+_CLIENT_TAG = 0xC11E
+
+
+def client_seed(seed: int, round_: int, client: int) -> int:
+    """The seed of one client's randomness in one round: (seed, round, client).
+
+    >>> client_seed(0, 3, 7) == client_seed(0, 3, 7) != client_seed(0, 4, 7)
+    True
+    """
+    ss = np.random.SeedSequence([seed, _CLIENT_TAG, round_, client])
+    return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def batches(n: int, batch: int, gen: torch.Generator) -> Iterator[torch.Tensor | None]:
+    """Endless minibatch row indices: epochs of a fresh permutation, full
+    batches only. ``None`` means "all rows" (a client with n <= batch).
+
+    >>> it = batches(5, 2, torch.Generator().manual_seed(0))
+    >>> [len(next(it)) for _ in range(3)]
+    [2, 2, 2]
+    """
+    if n <= batch:
+        while True:
+            yield None
+    while True:
+        perm = torch.randperm(n, generator=gen)
+        for start in range(0, n - batch + 1, batch):
+            yield perm[start : start + batch]
