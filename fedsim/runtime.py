@@ -80,6 +80,7 @@ from fedsim.checkpoint import (
     write_meta,
 )
 from fedsim.data import FederatedData, build_data
+from fedsim.data.validation import describe_validation
 from fedsim.executors import Executor, make_executor
 from fedsim.fleet import Fleet
 from fedsim.params import l2_norm
@@ -148,6 +149,7 @@ class RunResult:
             wall_time_s=self.wall_time_s,
             workers=self.workers,
             version=__version__,
+            server_validation=describe_validation(self.scenario, self.data),
         )
         return {**summary, "status": self.status}
 
