@@ -80,7 +80,8 @@ def split_validation(data: FederatedData, fraction: float, seed: int) -> Federat
     keep: list[np.ndarray] = []
     val: list[np.ndarray] = []
     for i, n in enumerate(counts.tolist()):
-        k = min(int(np.floor(fraction * n)), n - 1)
+        # floor(f n), nudged so that e.g. 0.29 * 100 = 28.999... counts 29
+        k = min(int(np.floor(fraction * n + 1e-9)), n - 1)
         # a permutation per client, drawn in client order: reproducible
         chosen = np.zeros(n, dtype=bool)
         chosen[rng.permutation(n)[:k]] = True
