@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedsim.algorithms.fedpns import FedPNS
 from fedsim.data import build_data
 from fedsim.data.base import FederatedData
 from fedsim.data.errors import DataError
@@ -184,7 +185,10 @@ def test_fedpns_validation_loss_is_the_loss_on_the_split():
 
 
 def test_fedpns_without_a_split_or_opt_in_is_refused():
-    sc = quick(FEDPNS)
+    # Prepare: past the load-time check (model_copy does not validate), as a
+    # scenario built in code could be
+    sc = quick("algorithm={name: fedpns, check_loss_data: test}")
+    sc = sc.model_copy(update={"algorithm": FedPNS()})
     data = build_data(sc.data, sc.num_clients, sc.seed)
 
     problem = validation_problem(sc)
