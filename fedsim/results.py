@@ -242,6 +242,7 @@ def summarize(
     wall_time_s: float,
     workers: int,
     version: str,
+    server_validation: str | None = None,
 ) -> dict[str, Any]:
     """summary.json's content.
 
@@ -253,7 +254,11 @@ def summarize(
     one worth keeping. Metrics of exactly 0.0 count as values. Traffic sums
     every client row, dropped ones included (a dropped client still
     downloaded the model). With no evaluated round the metric fields are
-    None.
+    None. ``server_validation`` says which data the server's model choices
+    (FedPNS's CHECK LOSS) scored on: ``"validation split (n rows)"``,
+    ``"test set (opt-in)"`` (the test metrics are then optimistic), or None
+    when no server-side choice looked at data
+    (:func:`fedsim.data.validation.describe_validation`).
     """
     accs = [
         (float(r["test_accuracy"]), int(r["round"]))
@@ -280,6 +285,7 @@ def summarize(
         "bytes_up": int(sum(c["bytes_up"] for c in client_rows)),
         "workers": workers,
         "fedsim_version": version,
+        "server_validation": server_validation,
     }
 
 

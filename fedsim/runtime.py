@@ -81,6 +81,7 @@ from fedsim.checkpoint import (
 )
 from fedsim.data import FederatedData, build_data
 from fedsim.data.partition import partition_table, plot_partition
+from fedsim.data.validation import describe_validation
 from fedsim.executors import Executor, make_executor
 from fedsim.fleet import Fleet
 from fedsim.params import l2_norm
@@ -152,6 +153,7 @@ class RunResult:
             wall_time_s=self.wall_time_s,
             workers=self.workers,
             version=__version__,
+            server_validation=describe_validation(self.scenario, self.data),
         )
         return {**summary, "status": self.status, "degenerate": self.degenerate()}
 

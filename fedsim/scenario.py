@@ -29,6 +29,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from fedsim.algorithms import REGISTRY as ALGORITHMS
 from fedsim.clock import RoundSpec
 from fedsim.data import REGISTRY as DATASETS
+from fedsim.data.validation import validation_problem
 from fedsim.fleet import (
     AvailabilitySpec,
     DeviceGroup,
@@ -237,6 +238,9 @@ class Scenario(_Spec):
                 "it starts a job (jobs are trained ahead of the timeline); use "
                 "selector uniform or weighted with round.policy 'async'"
             )
+        problem = validation_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
         if (self.data.dataset == "quadratic") != (self.model.name == "quadratic"):
             raise ValueError(
                 "model.name 'quadratic' goes with data.dataset 'quadratic' "

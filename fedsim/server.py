@@ -53,9 +53,10 @@ from fedsim.checkpoint import (
 )
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
+from fedsim.data.validation import validation_problem, validation_use
 from fedsim.models import evaluate, make_model
 from fedsim.params import flatten
-from fedsim.scenario import Scenario
+from fedsim.scenario import Scenario, ScenarioError
 from fedsim.store import ClientStore
 
 __all__ = [
@@ -162,14 +163,23 @@ class Server:
         self.store = ClientStore(data.num_clients, x0.numel(), x0.dtype)
         self.test = _split(data.test_x, data.test_y, x0.dtype, data.num_classes)
         self.test_weights = data.test_weights
-        # The validation set (FedPNS's CHECK LOSS): the dataset's own, or the
-        # test set when the dataset has none.
-        val_x = getattr(data, "val_x", None)
-        if val_x is not None:
-            self.val = _split(val_x, data.val_y, x0.dtype, data.num_classes)
-            self.val_weights = None
-        else:
+        # The data server-side model choices score on (FedPNS's CHECK LOSS):
+        # the validation split taken from the clients' training rows, or the
+        # test set only where the scenario opts in (optimistic); None when
+        # the algorithm never scores models on data.
+        use = validation_use(scenario)
+        self.val: tuple | None = None
+        self.val_weights = None
+        if use == "test":
             self.val, self.val_weights = self.test, self.test_weights
+        elif use == "validation":
+            problem = validation_problem(scenario)
+            if problem is None and data.val_x is None:
+                problem = "the dataset was built without its validation split"
+            if problem is not None:
+                raise ScenarioError(problem)
+            assert data.val_x is not None and data.val_y is not None
+            self.val = _split(data.val_x, data.val_y, x0.dtype, data.num_classes)
         self._data = data
         self._context: ServerContext | None = None
 
@@ -245,13 +255,19 @@ class Server:
     def context(self) -> ServerContext:
         """The server's model and validation loss, for algorithms that need them."""
         if self._context is None:
-            (val_x, val_y), val_w = self.val, self.val_weights
+            val, val_w = self.val, self.val_weights
             eval_model = make_model(self.scenario, self._data)
 
             def loss(x: torch.Tensor) -> float:
+                if val is None:
+                    # the scenario check (validation_use) says this never runs
+                    raise RuntimeError(
+                        f"{self.algorithm.name} asked for a validation loss, but "
+                        "it declared no use of server-side data"
+                    )
                 torch.nn.utils.vector_to_parameters(x, eval_model.parameters())
                 return evaluate(
-                    eval_model, val_x, val_y, self.scenario.eval.batch_size, val_w
+                    eval_model, val[0], val[1], self.scenario.eval.batch_size, val_w
                 )[0]
 
             train_model = make_model(self.scenario, self._data)

@@ -110,6 +110,7 @@ NOT_DELTA = {"feddm": "uploads a synthetic dataset, not a model delta"}
 # 6-client logistic regression on unnormalised features: FedDM's image_lr = 1
 # (its CIFAR default) makes the synthetic set blow up to NaN here.
 TINY_ARGS = {
+    "fedpns": "check_loss_data: test",
     "feddm": "iterations: 5, server_epochs: 2, ipc: 2, dc_batch_size: 16, "
     "image_lr: 0.01",
 }

@@ -21,10 +21,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from fedsim.cli import app
 from fedsim.results import summarize
+from fedsim.scenario import load_scenario
 
 from .conftest import SCENARIOS
 
@@ -150,6 +152,21 @@ def test_traffic_counts_every_client_row_including_dropped_ones():
     assert s["wall_time_s"] == 1.5
     assert s["workers"] == 0
     assert s["fedsim_version"] == "test"
+    assert s["server_validation"] is None  # not given: no server-side choice
+
+
+def test_server_validation_is_passed_through():
+    s = summarize(
+        [],
+        [],
+        scenario_name="hand",
+        wall_time_s=0.0,
+        workers=0,
+        version="test",
+        server_validation="validation split (12 rows)",
+    )
+
+    assert s["server_validation"] == "validation split (12 rows)"
 
 
 # ---------------------------------------------------------------- real runs
@@ -164,6 +181,17 @@ RUNS = {
             "rounds=4",
             "round={policy: fixed_epochs, epochs: 1, deadline_s: 8}",
             "eval.every_rounds=2",
+        ],
+    ),
+    # FedPNS with a validation split: CHECK LOSS scores on it
+    "fedpns": (
+        "quickstart.yaml",
+        [
+            "rounds=4",
+            "round={policy: fixed_epochs, epochs: 1, deadline_s: 8}",
+            "eval.every_rounds=2",
+            "algorithm={name: fedpns}",
+            "data.validation_fraction=0.1",
         ],
     ),
     # FedBuff with max_staleness 2: stale arrivals are dropped
@@ -193,6 +221,22 @@ def finite(x: Any) -> bool:
     return x is not None and not isinstance(x, bool) and math.isfinite(x)
 
 
+def server_validation(run_dir: Path) -> str | None:
+    """What FedPNS's CHECK LOSS scored on: the rows each client gave up,
+    floor(f n_i) but never its last one, counted on the data as the
+    dataset builds it (before the split)."""
+    sc = yaml.safe_load((run_dir / "scenario.yaml").read_text())
+    if sc["algorithm"]["name"] != "fedpns":
+        return None
+    if sc["algorithm"].get("check_loss_data") == "test":
+        return "test set (opt-in)"
+    scenario = load_scenario(run_dir / "scenario.yaml")
+    f = sc["data"]["validation_fraction"]
+    counts = scenario.data.build(scenario.num_clients, scenario.seed).n_samples
+    rows = sum(min(math.floor(f * int(n)), int(n) - 1) for n in counts)
+    return f"validation split ({rows} rows)"
+
+
 def oracle(run_dir: Path) -> dict[str, Any]:
     """Every summary.json field but wall_time_s, from the Parquet files alone."""
     rounds = sorted(
@@ -218,6 +262,7 @@ def oracle(run_dir: Path) -> dict[str, Any]:
         "bytes_up": sum(c["bytes_up"] for c in clients),
         "workers": 0,
         "degenerate": None,  # updates arrived; every round had k devices online
+        "server_validation": server_validation(run_dir),
         # a run that made every round it was asked for completed
         "status": "completed"
         if len(rounds) == int(re.search(r"^rounds: (\d+)$", scenario, re.M).group(1))

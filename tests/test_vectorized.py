@@ -86,7 +86,7 @@ def test_fedpns_uploads_the_rounds_lr():
 
 
 def test_whole_fedpns_run_matches_within_tolerance():
-    over = ["rounds=4", "algorithm={name: fedpns}"]
+    over = ["rounds=4", "algorithm={name: fedpns}", "data.validation_fraction=0.1"]
     plain = run_scenario(load_scenario(QUICK, over), workers=0)
     fast = run_scenario(
         load_scenario(QUICK, [*over, "resources.vectorize=true"]), workers=0

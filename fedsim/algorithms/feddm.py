@@ -29,6 +29,8 @@ Server (:meth:`FedDM.aggregate`): continue training from w_r on the union
 S = U_k S_k (size sum_k |C_k| ipc) for ``server_epochs`` epochs of minibatch
 SGD (batch ``server_batch_size``, lr ``server_lr``, momentum
 ``server_momentum``, weight decay ``server_weight_decay``), cross-entropy.
+S is the only data the server reads (no held-out or test rows), so FedDM
+needs no validation split.
 With ``ball: true`` every step is projected back onto the ball B_rho(w_r),
 the paper's constraint (the reimplementations do not enforce it).
 

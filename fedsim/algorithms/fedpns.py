@@ -37,6 +37,14 @@ Updates of clients that took no step carry no gradient: they are kept out of
 the checks and the average (weight 0), and flagged neither labeled nor
 removed. Called without a server (``server=None``), CHECK LOSS cannot run:
 updates are labeled but never removed.
+
+CHECK LOSS data: the server's validation split, rows taken from the
+clients' training data (``data.validation_fraction``, see
+:mod:`fedsim.data.validation`); a scenario whose CHECK LOSS can run without
+one is refused. ``check_loss_data: test`` scores on the test set instead,
+as the paper's code does (its first 2000 test images): the reported test
+metrics are then optimistic, since the test set took part in choosing the
+model, and summary.json's ``server_validation`` says so.
 """
 
 from __future__ import annotations
@@ -140,6 +148,9 @@ class FedPNS(Algorithm):
         v: keep at least this many updates (None: floor(v_fraction |S_t|),
             at least 1).
         v_fraction: v as a fraction of the round's updates (the code's 8 of 10).
+        check_loss_data: the data CHECK LOSS scores on: ``validation`` (the
+            server's validation split) or ``test`` (the test set: an opt-in,
+            optimistic).
 
     Example:
         >>> ups = [ClientUpdate(i, torch.tensor([-0.1]), 1.0, 1, 1.0, 0.0,
@@ -152,6 +163,7 @@ class FedPNS(Algorithm):
     name: Literal["fedpns"] = "fedpns"
     v: PosInt | None = None
     v_fraction: Prob = 0.8
+    check_loss_data: Literal["validation", "test"] = "validation"
 
     needs_server: ClassVar[bool] = True
 
@@ -160,6 +172,18 @@ class FedPNS(Algorithm):
         if self.v is not None:
             return int(self.v)
         return max(1, math.floor(self.v_fraction * n))
+
+    def validation_use(self, clients_per_round: int) -> str | None:
+        """The data CHECK LOSS scores on in rounds of at most
+        ``clients_per_round`` updates; None when it never runs (the
+        threshold keeps every update of every such round).
+
+        >>> FedPNS(v=8).validation_use(10), FedPNS(v=10).validation_use(10)
+        ('validation', None)
+        """
+        if all(self.threshold(n) >= n for n in range(1, clients_per_round + 1)):
+            return None
+        return self.check_loss_data
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext

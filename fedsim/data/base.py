@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
+from pydantic import Field, model_validator
 
-__all__ = ["FederatedData", "build_data", "as_tensor"]
+from fedsim.spec import Spec
+
+__all__ = ["DatasetSpec", "FederatedData", "build_data", "as_tensor"]
 
 
 def as_tensor(a: np.ndarray) -> torch.Tensor:
@@ -35,6 +39,8 @@ class FederatedData:
         test_x, test_y: the test set the server evaluates on.
         test_weights: optional per-sample weights of the test loss.
         num_classes: number of classes (0 for objectives without classes).
+        val_x, val_y: the server's validation set (None: the dataset has
+            none); disjoint from the test set and from every client's rows.
     """
 
     x: np.ndarray
@@ -45,8 +51,8 @@ class FederatedData:
     test_y: np.ndarray
     num_classes: int
     test_weights: np.ndarray | None = None
-    # Optional server-side validation set (FedPNS's CHECK LOSS); the test set
-    # stands in when absent.
+    # Optional server-side validation set (FedPNS's CHECK LOSS), taken from
+    # the clients' training rows (``data.validation_fraction``); None: none.
     val_x: np.ndarray | None = None
     val_y: np.ndarray | None = None
 
@@ -66,6 +72,39 @@ class FederatedData:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
 
 
+class DatasetSpec(Spec):
+    """Fields every dataset's spec shares (the ``data`` section).
+
+    Attributes:
+        validation_fraction: the fraction of each client's training rows the
+            server keeps as its validation set (FedPNS's CHECK LOSS); 0, the
+            default, keeps every row with its client and the data exactly as
+            the dataset builds it.
+    """
+
+    validation_fraction: Annotated[float, Field(ge=0, le=0.5)] = 0.0
+
+    # Why a dataset cannot give up validation rows (None: it can).
+    no_validation: ClassVar[str | None] = None
+
+    @model_validator(mode="after")
+    def _validation_possible(self) -> Any:
+        if self.validation_fraction > 0 and self.no_validation is not None:
+            raise ValueError(
+                f"validation_fraction must be 0 here: {self.no_validation}"
+            )
+        return self
+
+
 def build_data(spec, num_clients: int, seed: int) -> FederatedData:  # noqa: ANN001
-    """Build the dataset a scenario's ``data`` section describes."""
-    return spec.build(num_clients, seed)
+    """Build the dataset a scenario's ``data`` section describes, then take
+    the server's validation rows out of the clients' ones
+    (:func:`fedsim.data.validation.split_validation`) when the section asks
+    for them."""
+    from fedsim.data.validation import split_validation
+
+    data = spec.build(num_clients, seed)
+    fraction = float(getattr(spec, "validation_fraction", 0.0))
+    if fraction > 0:
+        data = split_validation(data, fraction, seed)
+    return data

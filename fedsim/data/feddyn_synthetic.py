@@ -28,20 +28,20 @@ Synthetic(1,0) = (iid_sol, iid_data) with alpha = 1 and Synthetic(0,1) =
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
-from fedsim.data.base import FederatedData
-from fedsim.spec import NonNegFloat, Spec
+from fedsim.data.base import DatasetSpec, FederatedData
+from fedsim.spec import NonNegFloat
 
 __all__ = ["FedDynSyntheticData", "feddyn_synthetic"]
 
 _TAG = 0xFDD5  # this generator's stream of the scenario seed
 
 
-class FedDynSyntheticData(Spec):
+class FedDynSyntheticData(DatasetSpec):
     """The FedDyn/FedDC synthetic generator (ALGORITHMS.md 2.2).
 
     Example:
@@ -60,6 +60,11 @@ class FedDynSyntheticData(Spec):
     size_sigma: float = Field(0.0, ge=0, le=5)
     dim: Annotated[int, Field(ge=1, le=100_000)] = 30
     classes: Annotated[int, Field(ge=2, le=10_000)] = 5
+
+    no_validation: ClassVar[str | None] = (
+        "feddyn_synthetic's test set is its training data (as in the papers), "
+        "so no training row can be held out from it"
+    )
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
         return feddyn_synthetic(self, seed)

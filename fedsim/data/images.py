@@ -47,7 +47,7 @@ from typing import Annotated, ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from fedsim.data.base import FederatedData
+from fedsim.data.base import DatasetSpec, FederatedData
 from fedsim.data.errors import (
     ENV_ROOT,
     DataError,
@@ -56,7 +56,6 @@ from fedsim.data.errors import (
     find_dir,
 )
 from fedsim.data.partition import IidPartition, PartitionSpec, layout, split
-from fedsim.spec import Spec
 
 __all__ = [
     "ImageData",
@@ -173,7 +172,7 @@ def images_to_float(
 
 
 # ------------------------------------------------------------------------- specs
-class ImageData(Spec):
+class ImageData(DatasetSpec):
     """Fields shared by the image datasets.
 
     Attributes:

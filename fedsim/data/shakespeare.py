@@ -41,10 +41,9 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from pydantic import Field, model_validator
 
-from fedsim.data.base import FederatedData
+from fedsim.data.base import DatasetSpec, FederatedData
 from fedsim.data.errors import DataError, data_root, find_dir
 from fedsim.data.partition import NaturalPartition, PartitionSpec, layout, split
-from fedsim.spec import Spec
 
 __all__ = ["ShakespeareData", "LEAF_VOCAB", "parse_roles", "encode"]
 
@@ -55,7 +54,7 @@ _TAG_TEST = 0x5EA4E
 _ROLE = re.compile(r"^[A-Za-z][A-Za-z0-9 ,.'&-]*:$")
 
 
-class ShakespeareData(Spec):
+class ShakespeareData(DatasetSpec):
     """LEAF-style Shakespeare: next character after ``seq_len`` characters.
 
     Attributes:

@@ -17,13 +17,13 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
-from fedsim.data.base import FederatedData
-from fedsim.spec import NonNegFloat, Spec
+from fedsim.data.base import DatasetSpec, FederatedData
+from fedsim.spec import NonNegFloat
 
 __all__ = ["SyntheticData", "synthetic"]
 
 
-class SyntheticData(Spec):
+class SyntheticData(DatasetSpec):
     """Synthetic(alpha, beta) of the FedProx/LEAF generator (ALGORITHMS.md 2.1).
 
     ``alpha`` and ``beta`` are standard deviations, as in NumPy's ``scale``.

@@ -26,10 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, model_validator
 
-from fedsim.data.base import FederatedData
+from fedsim.data.base import DatasetSpec, FederatedData
 from fedsim.data.errors import DataError, data_root, find_dir
 from fedsim.data.partition import IidPartition, PartitionSpec, layout, split
-from fedsim.spec import Spec
 
 __all__ = ["TabularData", "read_table"]
 
@@ -37,7 +36,7 @@ _TAG_SPLIT = 0x7AB1E
 Column = str | Annotated[int, Field(ge=-100_000, le=100_000)]
 
 
-class TabularData(Spec):
+class TabularData(DatasetSpec):
     """A CSV or Parquet file with a label column.
 
     Attributes:

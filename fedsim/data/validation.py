@@ -1,0 +1,149 @@
+"""The server's validation split, and which data server-side choices use.
+
+FedPNS's CHECK LOSS picks between two candidate models by their loss on
+server-side data. Scoring them on the test set that fedsim then reports
+makes the reported accuracy optimistic, so the data comes from the
+*training* rows instead: with ``data.validation_fraction: f`` each client
+gives up ``floor(f n_i)`` of its rows (chosen at random from the scenario
+seed, and at least one row always stays with the client), and the server
+keeps their union as its validation set. Taking the rows from the clients
+after the dataset is built works the same way for every dataset kind
+(image partitions, natural clients, per-client generators), and it keeps
+the validation rows disjoint from the test set and from every client's
+remaining rows by construction.
+
+The split changes the clients' data, so it is off by default
+(``validation_fraction: 0``): a scenario that does not ask for it builds
+exactly the data it always did.
+
+An algorithm that scores models on server-side data says so with a
+``validation_use(clients_per_round)`` method returning ``"validation"``,
+``"test"`` (an explicit, optimistic opt-in) or None (it never looks).
+:func:`validation_problem` refuses a scenario that needs the validation
+split and has none.
+
+Example:
+    >>> import numpy as np
+    >>> from fedsim.data.base import FederatedData
+    >>> d = FederatedData(
+    ...     x=np.arange(10.0).reshape(10, 1), y=np.zeros(10, np.int64),
+    ...     offsets=np.array([0, 4, 10]), weights=np.array([4.0, 6.0]),
+    ...     test_x=np.zeros((2, 1)), test_y=np.zeros(2, np.int64), num_classes=2)
+    >>> v = split_validation(d, 0.25, seed=0)   # floor(1) + floor(1.5) rows
+    >>> v.n_samples.tolist(), v.weights.tolist(), len(v.val_y)
+    ([3, 5], [3.0, 5.0], 2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fedsim.data.base import FederatedData
+from fedsim.data.errors import DataError
+
+if TYPE_CHECKING:
+    from fedsim.scenario import Scenario
+
+__all__ = [
+    "describe_validation",
+    "split_validation",
+    "validation_problem",
+    "validation_use",
+]
+
+# separates the split's random stream from every other use of the seed
+_TAG = 0x7A11D
+
+
+def split_validation(data: FederatedData, fraction: float, seed: int) -> FederatedData:
+    """Move ``floor(fraction n_i)`` random rows of each client i (at most
+    n_i - 1) into the server's validation set.
+
+    The clients keep their other rows in their original order; the
+    validation rows are ordered by client, then by row. Data weights that
+    were the clients' sample counts become the new counts; weights a
+    scenario gave explicitly (p_i) are kept.
+
+    Args:
+        data: the dataset as built, without a validation set.
+        fraction: in (0, 1).
+        seed: the scenario seed (the choice of rows depends on it only).
+
+    Raises:
+        DataError: no client has enough rows to give one up at this fraction.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG]))
+    counts = data.n_samples
+    keep: list[np.ndarray] = []
+    val: list[np.ndarray] = []
+    for i, n in enumerate(counts.tolist()):
+        # floor(f n), nudged so that e.g. 0.29 * 100 = 28.999... counts 29
+        k = min(int(np.floor(fraction * n + 1e-9)), n - 1)
+        # a permutation per client, drawn in client order: reproducible
+        chosen = np.zeros(n, dtype=bool)
+        chosen[rng.permutation(n)[:k]] = True
+        rows = np.arange(int(data.offsets[i]), int(data.offsets[i]) + n)
+        keep.append(rows[~chosen])
+        val.append(rows[chosen])
+    val_rows = np.concatenate(val) if val else np.zeros(0, np.int64)
+    if len(val_rows) == 0:
+        raise DataError(
+            f"data.validation_fraction {fraction} takes no row from any client "
+            f"(the largest holds {int(counts.max(initial=0))}); raise it"
+        )
+    keep_rows = np.concatenate(keep)
+    new_counts = np.array([len(k) for k in keep], dtype=np.int64)
+    weights = data.weights
+    if np.array_equal(weights, counts.astype(weights.dtype)):
+        weights = new_counts.astype(np.float64)
+    return replace(
+        data,
+        x=np.ascontiguousarray(data.x[keep_rows]),
+        y=np.ascontiguousarray(data.y[keep_rows]),
+        offsets=np.concatenate([[0], np.cumsum(new_counts)]).astype(np.int64),
+        weights=weights,
+        val_x=np.ascontiguousarray(data.x[val_rows]),
+        val_y=np.ascontiguousarray(data.y[val_rows]),
+    )
+
+
+def validation_use(scenario: Scenario) -> str | None:
+    """Which data the scenario's algorithm scores models on at the server:
+    ``"validation"``, ``"test"`` (opt-in) or None (none)."""
+    use = getattr(scenario.algorithm, "validation_use", None)
+    if use is None:
+        return None
+    return use(scenario.selector.clients_per_round)
+
+
+def validation_problem(scenario: Scenario) -> str | None:
+    """Why the scenario cannot run as written (None: it can): its algorithm
+    scores models on a validation split that its data does not reserve."""
+    if validation_use(scenario) != "validation":
+        return None
+    if float(getattr(scenario.data, "validation_fraction", 0.0)) > 0:
+        return None
+    return (
+        f"algorithm {scenario.algorithm.name!r} scores models on the server's "
+        "validation data (CHECK LOSS), but data.validation_fraction is 0: set "
+        "data.validation_fraction (e.g. 0.05: rows taken from the clients' "
+        "training data), or set algorithm.check_loss_data: test to score on "
+        "the test set (optimistic: the reported test metrics then saw the "
+        "choice)"
+    )
+
+
+def describe_validation(scenario: Scenario, data: Any) -> str | None:
+    """summary.json's ``server_validation``: the data the server's model
+    choices used, or None when no server-side choice looks at data."""
+    use = validation_use(scenario)
+    if use == "test":
+        return "test set (opt-in)"
+    if use == "validation":
+        val_y = getattr(data, "val_y", None)
+        rows = "?" if val_y is None else str(len(val_y))
+        return f"validation split ({rows} rows)"
+    return None
