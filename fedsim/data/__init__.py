@@ -14,7 +14,7 @@ absent (see docs/datasets.md).
 
 from __future__ import annotations
 
-from fedsim.data.base import FederatedData, build_data
+from fedsim.data.base import FederatedData
 from fedsim.data.errors import DataError, DataMissingError
 from fedsim.data.feddyn_synthetic import FedDynSyntheticData
 from fedsim.data.images import (
@@ -28,6 +28,7 @@ from fedsim.data.quadratic import QuadraticData
 from fedsim.data.shakespeare import ShakespeareData
 from fedsim.data.synthetic import SyntheticData
 from fedsim.data.tabular import TabularData
+from fedsim.data.validation import build_data
 
 __all__ = ["FederatedData", "DataError", "DataMissingError", "build_data", "REGISTRY"]
 

@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from fedsim.spec import Spec
 
-__all__ = ["DatasetSpec", "FederatedData", "build_data", "as_tensor"]
+__all__ = ["DatasetSpec", "FederatedData", "as_tensor"]
 
 
 def as_tensor(a: np.ndarray) -> torch.Tensor:
@@ -94,17 +94,3 @@ class DatasetSpec(Spec):
                 f"validation_fraction must be 0 here: {self.no_validation}"
             )
         return self
-
-
-def build_data(spec, num_clients: int, seed: int) -> FederatedData:  # noqa: ANN001
-    """Build the dataset a scenario's ``data`` section describes, then take
-    the server's validation rows out of the clients' ones
-    (:func:`fedsim.data.validation.split_validation`) when the section asks
-    for them."""
-    from fedsim.data.validation import split_validation
-
-    data = spec.build(num_clients, seed)
-    fraction = float(getattr(spec, "validation_fraction", 0.0))
-    if fraction > 0:
-        data = split_validation(data, fraction, seed)
-    return data

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from fedsim.scenario import Scenario
 
 __all__ = [
+    "build_data",
     "describe_validation",
     "split_validation",
     "validation_problem",
@@ -147,3 +148,14 @@ def describe_validation(scenario: Scenario, data: Any) -> str | None:
         rows = "?" if val_y is None else str(len(val_y))
         return f"validation split ({rows} rows)"
     return None
+
+
+def build_data(spec, num_clients: int, seed: int) -> FederatedData:  # noqa: ANN001
+    """Build the dataset a scenario's ``data`` section describes, then take
+    the server's validation rows out of the clients' ones
+    (:func:`split_validation`) when the section asks for them."""
+    data = spec.build(num_clients, seed)
+    fraction = float(getattr(spec, "validation_fraction", 0.0))
+    if fraction > 0:
+        data = split_validation(data, fraction, seed)
+    return data
