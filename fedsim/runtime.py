@@ -85,7 +85,7 @@ from fedsim.fleet import Fleet
 from fedsim.params import l2_norm
 from fedsim.results import Recorder, check_free_space, summarize, write_partition
 from fedsim.scenario import Scenario
-from fedsim.selectors import SelectorContext, make_selector
+from fedsim.selectors import Draw, SelectorContext, make_selector
 from fedsim.server import (
     Applied,
     ClientStats,
@@ -444,9 +444,8 @@ def _run_rounds(run: _Run, resume: bool) -> None:
     for t in range(start, sc.rounds):
         now = run.fleet.next_online_time(now)
         online = np.flatnonzero(run.fleet.online(now))
-        chosen, state = sel.select(
-            state, t, online, run.rng(_SELECT_TAG, t), run.sel_ctx
-        )
+        draw = Draw(t, online, run.rng(_SELECT_TAG, t), run.sel_ctx)
+        chosen, state = sel.select(state, draw)
         multiplicity = sel.multiplicity(state, chosen)
         plan = clock.plan_round(
             run.fleet,
@@ -552,9 +551,8 @@ class _Async:
         rng = np.random.default_rng(
             np.random.SeedSequence([run.sc.seed, _ASYNC_SELECT_TAG, n])
         )
-        ids, self.sel_state = sel.select(
-            self.sel_state, n, candidates, rng, run.sel_ctx
-        )
+        draw = Draw(n, candidates, rng, run.sel_ctx)
+        ids, self.sel_state = sel.select(self.sel_state, draw)
         return ids
 
     def start(self, resume: bool) -> None:
