@@ -327,7 +327,7 @@ def test_selector_interface_is_the_same_for_every_selector():
             "draw",
         ]
         params = list(inspect.signature(cls.observe).parameters)
-        assert params == ["self", "state", "round_", "result", "ctx"]
+        assert params == ["self", "state", "t", "result", "ctx"]
 
 
 def test_draw_holds_int64_candidates():

@@ -9,7 +9,7 @@ loaded) deriving from :class:`~fedsim.selectors.base.Selector`:
 run's :class:`~fedsim.selectors.base.SelectorContext` (data weights, device
 speeds, expected round times); a :class:`~fedsim.selectors.base.Draw` holds
 one choice's round, candidates, generator and that context. Adding one: a
-module here and a line in ``REGISTRY``; ``tests/test_selectors.py`` runs
+module here and its class in ``REGISTRY``; ``tests/test_selectors.py`` runs
 every registered selector through the shared contract.
 
 =================== ===========================================================
@@ -49,12 +49,9 @@ __all__ = [
     "make_selector",
 ]
 
+# keyed by each class's ``name`` default, so a name is written once
 REGISTRY: dict[str, type[Selector]] = {
-    "uniform": Uniform,
-    "weighted": Weighted,
-    "fedpns": FedPNS,
-    "power_of_choice": PowerOfChoice,
-    "oort": Oort,
+    str(cls.name): cls for cls in (Uniform, Weighted, FedPNS, PowerOfChoice, Oort)
 }
 
 

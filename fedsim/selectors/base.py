@@ -51,6 +51,7 @@ how many rounds it has chosen):
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -245,11 +246,13 @@ class Selector:
     # the generator, never on training results: such a selector can pick
     # which idle device starts the next job in asynchronous mode.
     asynchronous: ClassVar[bool] = False
+    # What init returns (a copy), when it depends on nothing else.
+    initial_state: ClassVar[SelectorState] = {}
 
     def init(self, ctx: SelectorContext) -> SelectorState:
-        """The initial state (a plain JSON value)."""
+        """The initial state (a plain JSON value): ``initial_state``."""
         self.check_context(ctx)
-        return {}
+        return copy.deepcopy(self.initial_state)
 
     def select(
         self, state: SelectorState, draw: Draw
@@ -258,13 +261,10 @@ class Selector:
         raise NotImplementedError
 
     def observe(
-        self,
-        state: SelectorState,
-        round_: int,
-        result: RoundResult,
-        ctx: SelectorContext,
+        self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
-        """Update the state from a round's outcome (default: nothing to learn)."""
+        """Update the state from round ``t``'s outcome (default: nothing to
+        learn)."""
         return state
 
     def multiplicity(

@@ -138,11 +138,7 @@ class FedPNS(Selector):
         return ids, {**state, "selected": selected}
 
     def observe(
-        self,
-        state: SelectorState,
-        round_: int,
-        result: RoundResult,
-        ctx: SelectorContext,
+        self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
         flags = result.info.flags or {}
         labeled_now = sorted(int(c) for c, f in flags.items() if f.get("labeled"))

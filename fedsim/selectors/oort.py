@@ -82,10 +82,10 @@ class Oort(Selector):
     uncertainty: Annotated[float, Field(ge=0)] = 0.1
 
     needs_context: ClassVar[bool] = True
+    initial_state: ClassVar[SelectorState] = {"ids": [], "util": [], "last": []}
 
     def init(self, ctx: SelectorContext) -> SelectorState:
-        self.check_context(ctx)
-        return {"ids": [], "util": [], "last": [], "epsilon": float(self.exploration)}
+        return {**super().init(ctx), "epsilon": float(self.exploration)}
 
     def preferred(self, ctx: SelectorContext) -> float:
         """T, the preferred round duration in simulated seconds."""
@@ -140,11 +140,7 @@ class Oort(Selector):
         return np.sort(ids).astype(np.int64), state
 
     def observe(
-        self,
-        state: SelectorState,
-        round_: int,
-        result: RoundResult,
-        ctx: SelectorContext,
+        self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
         known = {
             i: (u, last)
@@ -153,7 +149,7 @@ class Oort(Selector):
             )
         }
         for cid, loss in last_losses(result):
-            known[cid] = (float(ctx.n_samples[cid]) * loss, int(round_))
+            known[cid] = (float(ctx.n_samples[cid]) * loss, int(t))
         ids = sorted(known)
         eps = max(self.exploration_min, state["epsilon"] * self.exploration_decay)
         return {

@@ -27,17 +27,11 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 
-from fedsim.selectors.base import (
-    Draw,
-    Selector,
-    SelectorContext,
-    SelectorState,
-    last_losses,
-    weighted_pick,
-)
+from fedsim.selectors.base import Selector, SelectorState, last_losses, weighted_pick
 from fedsim.spec import PosInt
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only
+    from fedsim.selectors.base import Draw, SelectorContext
     from fedsim.server import RoundResult
 
 __all__ = ["PowerOfChoice"]
@@ -65,6 +59,7 @@ class PowerOfChoice(Selector):
     candidates: PosInt | None = None
 
     needs_context: ClassVar[bool] = True
+    initial_state: ClassVar[SelectorState] = {"ids": [], "loss": []}
 
     def __post_init__(self) -> None:
         if self.candidates is not None and self.candidates < self.clients_per_round:
@@ -76,10 +71,6 @@ class PowerOfChoice(Selector):
     @property
     def d(self) -> int:
         return self.candidates or 2 * self.clients_per_round
-
-    def init(self, ctx: SelectorContext) -> SelectorState:
-        self.check_context(ctx)
-        return {"ids": [], "loss": []}
 
     def select(
         self, state: SelectorState, draw: Draw
@@ -102,11 +93,7 @@ class PowerOfChoice(Selector):
         return np.sort(pool[order[:k]]).astype(np.int64), state
 
     def observe(
-        self,
-        state: SelectorState,
-        round_: int,
-        result: RoundResult,
-        ctx: SelectorContext,
+        self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
         known = dict(zip(state["ids"], state["loss"], strict=True))
         known.update(last_losses(result))

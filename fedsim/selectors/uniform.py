@@ -27,11 +27,10 @@ class Uniform(Selector):
 
     Example:
         >>> import numpy as np
-        >>> from fedsim.selectors.base import Draw, SelectorContext
-        >>> ctx = SelectorContext.uniform(5)
-        >>> sel = Uniform(clients_per_round=2)
-        >>> draw = Draw(0, np.array([0, 2, 4]), np.random.default_rng(0), ctx)
-        >>> ids, _ = sel.select(sel.init(ctx), draw)
+        >>> from fedsim.selectors import Draw, SelectorContext
+        >>> draw = Draw(0, np.array([0, 2, 4]), np.random.default_rng(0),
+        ...             SelectorContext.uniform(5))
+        >>> ids, _ = Uniform(clients_per_round=2).select({}, draw)
         >>> len(ids), set(ids.tolist()) <= {0, 2, 4}
         (2, True)
     """

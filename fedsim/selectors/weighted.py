@@ -21,7 +21,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
+from fedsim.selectors.base import Draw, Selector, SelectorState
 
 __all__ = ["Weighted"]
 
@@ -48,10 +48,7 @@ class Weighted(Selector):
     asynchronous: ClassVar[bool] = True
     sampling_scheme: ClassVar[str | None] = "proportional"
     needs_context: ClassVar[bool] = True
-
-    def init(self, ctx: SelectorContext) -> SelectorState:
-        self.check_context(ctx)
-        return {"ids": [], "counts": []}
+    initial_state: ClassVar[SelectorState] = {"ids": [], "counts": []}
 
     def select(
         self, state: SelectorState, draw: Draw
