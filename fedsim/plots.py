@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +57,9 @@ DPI = 110
 _DROP_MARKERS = {"late": "x", "offline": "v", "no_time": "s", "no_data": "o"}
 _DROP_COLOR = "#d62728"
 
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
 
 def _round_ticks() -> MaxNLocator:
     return MaxNLocator(nbins="auto", integer=True, steps=[1, 2, 2.5, 5, 10])
@@ -76,11 +79,12 @@ def _floats(table: pa.Table | None, name: str) -> np.ndarray:
     )
 
 
-def _groups(
+def _by_group(
     clients: pa.Table | None, n: int, groups: Sequence[str]
-) -> tuple[np.ndarray, list[str]]:
-    """Each row's device group (``"unknown"`` when not recorded) and the
-    groups in legend order."""
+) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Each of the ``n`` updates' device group (``"unknown"`` when not
+    recorded), the groups in legend order, and whether each update was
+    dropped (bool)."""
     col = _column(clients, "device_group")
     dev = np.array(
         [str(g) if g is not None else "unknown" for g in col]
@@ -90,7 +94,8 @@ def _groups(
     )
     order = group_order(clients, groups)
     order += sorted(set(dev.tolist()) - set(order))
-    return dev, order
+    flags = [bool(d) for d in _column(clients, "dropped")] or [False] * n
+    return dev, order, np.array(flags, dtype=bool)
 
 
 def _n_rows(table: pa.Table | None) -> int:
@@ -169,6 +174,17 @@ def _log_if_wide(ax: Axes, *series: np.ndarray) -> None:
         ax.set_yscale("log")
 
 
+def _frame_metric(ax: Axes, ylabel: str, xlabel: str, by_round: bool) -> None:
+    """Labels, title ("<ylabel> vs <x>") and grid of a metrics panel;
+    integer ticks when the x axis is the round."""
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel)
+    if by_round:
+        ax.xaxis.set_major_locator(_round_ticks())
+    ax.set_title(f"{ylabel} vs {xlabel.split(' (')[0]}")
+    ax.grid(alpha=0.3)
+
+
 def figure_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
     """Test accuracy and loss against simulated time and against rounds.
 
@@ -191,12 +207,7 @@ def figure_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
         if with_acc:
             ax = axes[0, col]
             _line(ax, x, acc, color="C0", label="test accuracy")
-            ax.set_ylabel("test accuracy")
-            ax.set_xlabel(xlabel)
-            if col == 1:
-                ax.xaxis.set_major_locator(_round_ticks())
-            ax.set_title(f"test accuracy vs {xlabel.split(' (')[0]}")
-            ax.grid(alpha=0.3)
+            _frame_metric(ax, "test accuracy", xlabel, by_round=col == 1)
         ax = axes[nrows - 1, col]
         drew = _line(ax, x, test_loss, color="C1", label="test loss")
         drew |= _line(ax, x, train_loss, color="C2", linestyle="--", label="train loss")
@@ -204,12 +215,7 @@ def figure_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
             _no_data(ax, "no loss recorded")
             continue
         _log_if_wide(ax, test_loss, train_loss)
-        ax.set_ylabel("loss")
-        ax.set_xlabel(xlabel)
-        if col == 1:
-            ax.xaxis.set_major_locator(_round_ticks())
-        ax.set_title(f"loss vs {xlabel.split(' (')[0]}")
-        ax.grid(alpha=0.3)
+        _frame_metric(ax, "loss", xlabel, by_round=col == 1)
         ax.legend(loc="best", fontsize=9)
     if not with_acc and _n_rows(rounds):
         fig.text(0.01, 0.005, "no test accuracy in this run", fontsize=8, color="0.4")
@@ -218,9 +224,7 @@ def figure_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
 
 
 def figure_tau_by_group(
-    clients: pa.Table | None,
-    groups: Sequence[str] = (),
-    title: str = "",
+    clients: pa.Table | None, groups: Sequence[str] = (), title: str = ""
 ) -> Figure:
     """Distribution of local steps tau_i(t) per device group (box plot with
     the individual updates jittered on top). Dropped updates are left out:
@@ -228,11 +232,7 @@ def figure_tau_by_group(
     fig = _new_figure(max(6.0, 1.6 + 1.5 * max(1, len(groups))), 4.6)
     ax = fig.subplots()
     tau = _floats(clients, "tau")
-    dev, order = _groups(clients, len(tau), groups)
-    dropped = np.array(
-        [bool(d) for d in _column(clients, "dropped")] or [False] * len(tau),
-        dtype=bool,
-    )
+    dev, order, dropped = _by_group(clients, len(tau), groups)
     keep = np.isfinite(tau) & ~dropped if len(tau) else np.zeros(0, dtype=bool)
     data = [tau[keep & (dev == g)] for g in order]
     present = [(g, d) for g, d in zip(order, data, strict=True) if len(d)]
@@ -260,6 +260,40 @@ def figure_tau_by_group(
         ax.grid(axis="y", alpha=0.3)
         ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
     ax.set_title(title or "local steps per update, by device group")
+    return fig
+
+
+def figure_staleness(
+    clients: pa.Table | None, groups: Sequence[str] = (), title: str = ""
+) -> Figure:
+    """Async runs: staleness of each update against its simulated arrival
+    time, coloured by device group; dropped updates as red crosses."""
+    fig = _new_figure(10, 4.6)
+    ax = fig.subplots()
+    stale = _floats(clients, "staleness")
+    t1 = _floats(clients, "t_arrive")
+    n = len(stale)
+    dev, order, dropped = _by_group(clients, n, groups)
+    ok = np.isfinite(stale) & np.isfinite(t1) if n and len(t1) == n else None
+    if ok is None or not ok.any():
+        _no_data(ax, "no staleness recorded")
+    else:
+        colors = _colors(order)
+        for g in order:
+            m = ok & ~dropped & (dev == g)
+            if m.any():
+                ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=colors[g], label=g)
+        m = ok & dropped
+        if m.any():
+            ax.scatter(
+                t1[m], stale[m], s=30, marker="x", color=_DROP_COLOR, label="dropped"
+            )
+        ax.set_xlabel("simulated arrival time (s)")
+        ax.set_ylabel("staleness (server versions)")
+        ax.yaxis.set_major_locator(_round_ticks())
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=9, markerscale=1.5)
+    ax.set_title(title or "staleness of updates over simulated time")
     return fig
 
 
@@ -304,8 +338,7 @@ def _timeline_updates(
     t0 = _floats(clients, "t_start")
     t1 = _floats(clients, "t_arrive")
     n = len(rnd)
-    dev, order = _groups(clients, n, groups)
-    dropped = np.array(_column(clients, "dropped") or [False] * n, dtype=bool)
+    dev, order, dropped = _by_group(clients, n, groups)
     reason = [str(r or "") for r in _column(clients, "drop_reason")] or [""] * n
     stale = _floats(clients, "staleness") if is_async(clients) else None
     if n == 0 or not (len(cid) == len(t0) == len(t1) == n):
@@ -526,43 +559,6 @@ def figure_timeline(
     return fig
 
 
-def figure_staleness(
-    clients: pa.Table | None,
-    groups: Sequence[str] = (),
-    title: str = "",
-) -> Figure:
-    """Async runs: staleness of each update against its simulated arrival
-    time, coloured by device group; dropped updates as red crosses."""
-    fig = _new_figure(10, 4.6)
-    ax = fig.subplots()
-    stale = _floats(clients, "staleness")
-    t1 = _floats(clients, "t_arrive")
-    n = len(stale)
-    dev, order = _groups(clients, n, groups)
-    dropped = np.array(_column(clients, "dropped") or [False] * n, dtype=bool)
-    ok = np.isfinite(stale) & np.isfinite(t1) if n and len(t1) == n else None
-    if ok is None or not ok.any():
-        _no_data(ax, "no staleness recorded")
-    else:
-        colors = _colors(order)
-        for g in order:
-            m = ok & ~dropped & (dev == g)
-            if m.any():
-                ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=colors[g], label=g)
-        m = ok & dropped
-        if m.any():
-            ax.scatter(
-                t1[m], stale[m], s=30, marker="x", color=_DROP_COLOR, label="dropped"
-            )
-        ax.set_xlabel("simulated arrival time (s)")
-        ax.set_ylabel("staleness (server versions)")
-        ax.yaxis.set_major_locator(_round_ticks())
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", fontsize=9, markerscale=1.5)
-    ax.set_title(title or "staleness of updates over simulated time")
-    return fig
-
-
 def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
     """Objective inconsistency chi^2(p||w) of the aggregation weights per round
     (0: the server optimises the true objective)."""
@@ -585,43 +581,25 @@ def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
 # data behind a figure, not only that a file was written.
 
 
-def plot_metrics(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
-    """Write :func:`figure_metrics` to ``path`` (PNG); returns ``path``."""
-    return _save(figure_metrics(rounds, title), path)
+def _writes_png(
+    figure: Callable[Concatenate[_T, _P], Figure],
+) -> Callable[Concatenate[_T, Path, _P], Path]:
+    """``plot(data, path, ...)``: draw ``figure(data, ...)`` and write it to
+    ``path`` as a PNG; returns ``path``."""
+
+    def plot(data: _T, path: Path, /, *args: _P.args, **kwargs: _P.kwargs) -> Path:
+        return _save(figure(data, *args, **kwargs), path)
+
+    name = figure.__name__.replace("figure_", "plot_", 1)
+    plot.__name__ = plot.__qualname__ = name
+    plot.__doc__ = (
+        f"Write :func:`{figure.__name__}` to ``path`` (PNG); returns ``path``."
+    )
+    return plot
 
 
-def plot_tau_by_group(
-    clients: pa.Table | None,
-    path: Path,
-    groups: Sequence[str] = (),
-    title: str = "",
-) -> Path:
-    """Write :func:`figure_tau_by_group` to ``path`` (PNG); returns ``path``."""
-    return _save(figure_tau_by_group(clients, groups, title), path)
-
-
-def plot_timeline(
-    clients: pa.Table | None,
-    path: Path,
-    rounds: pa.Table | None = None,
-    groups: Sequence[str] = (),
-    max_rounds: int = 20,
-    title: str = "",
-) -> Path:
-    """Write :func:`figure_timeline` to ``path`` (PNG); returns ``path``."""
-    return _save(figure_timeline(clients, rounds, groups, max_rounds, title), path)
-
-
-def plot_staleness(
-    clients: pa.Table | None,
-    path: Path,
-    groups: Sequence[str] = (),
-    title: str = "",
-) -> Path:
-    """Write :func:`figure_staleness` to ``path`` (PNG); returns ``path``."""
-    return _save(figure_staleness(clients, groups, title), path)
-
-
-def plot_chi2(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
-    """Write :func:`figure_chi2` to ``path`` (PNG); returns ``path``."""
-    return _save(figure_chi2(rounds, title), path)
+plot_metrics = _writes_png(figure_metrics)
+plot_tau_by_group = _writes_png(figure_tau_by_group)
+plot_timeline = _writes_png(figure_timeline)
+plot_staleness = _writes_png(figure_staleness)
+plot_chi2 = _writes_png(figure_chi2)
