@@ -10,8 +10,11 @@ tables give a figure that says so instead of an error: a report of an
 interrupted run is still a report.
 
 Example:
-    >>> import pyarrow.parquet as pq
-    >>> rounds = pq.read_table("results/quickstart-20250101-120000/rounds.parquet")
+    >>> import pyarrow as pa
+    >>> rounds = pa.table({"round": [0, 1], "sim_time": [9.5, 20.0],
+    ...                    "test_loss": [2.3, 1.9]})  # or pq.read_table(...)
+    >>> [ax.get_title() for ax in figure_metrics(rounds).axes]
+    ['loss vs simulated time', 'loss vs round']
     >>> plot_metrics(rounds, Path("metrics.png"))  # doctest: +SKIP
     PosixPath('metrics.png')
 """
@@ -159,7 +162,10 @@ def _no_data(ax: Axes, message: str) -> None:
 
 
 def _line(ax: Axes, x: np.ndarray, y: np.ndarray, **kw: Any) -> bool:
-    """Plot the finite points of y against x; False when there are none."""
+    """Plot the finite points of y against x; False when there are none (or
+    one of the columns is missing: empty)."""
+    if len(x) != len(y):
+        return False
     ok = np.isfinite(x) & np.isfinite(y)
     if not ok.any():
         return False
