@@ -200,14 +200,27 @@ def _logreg(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(shape)), classes))
 
 
-def _mlp(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    layers: list[nn.Module] = [nn.Flatten()]
-    width = int(np.prod(shape))
-    for h in spec.hidden:
+def _dense(width: int, hidden: Sequence[int], classes: int) -> list[nn.Module]:
+    """Linear layers ``width -> hidden... -> classes`` with a ReLU between
+    each two (created in order, so the seed gives the same weights)."""
+    layers: list[nn.Module] = []
+    for h in hidden:
         layers += [nn.Linear(width, h), nn.ReLU()]
         width = h
     layers.append(nn.Linear(width, classes))
-    return nn.Sequential(*layers)
+    return layers
+
+
+def _head(hidden: Sequence[int], classes: int) -> Callable[[int], nn.Module]:
+    """An image network's classifier: flattened features ``n`` -> ``hidden``
+    -> ``classes``."""
+    return lambda n: nn.Sequential(*_dense(n, hidden, classes))
+
+
+def _mlp(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Flatten(), *_dense(int(np.prod(shape)), spec.hidden, classes)
+    )
 
 
 def _cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -221,11 +234,7 @@ def _cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
         nn.ReLU(),
         nn.MaxPool2d(2),
     )
-    return _ImageNet(
-        s,
-        features,
-        lambda n: nn.Sequential(nn.Linear(n, 512), nn.ReLU(), nn.Linear(512, classes)),
-    )
+    return _ImageNet(s, features, _head([512], classes))
 
 
 def _cifar_cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -239,17 +248,7 @@ def _cifar_cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Modu
         nn.ReLU(),
         nn.MaxPool2d(2),
     )
-    return _ImageNet(
-        s,
-        features,
-        lambda n: nn.Sequential(
-            nn.Linear(n, 384),
-            nn.ReLU(),
-            nn.Linear(384, 192),
-            nn.ReLU(),
-            nn.Linear(192, classes),
-        ),
-    )
+    return _ImageNet(s, features, _head([384, 192], classes))
 
 
 def _vgg11(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -266,17 +265,7 @@ def _vgg11(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
     if s[0] != 3:
         features[0] = nn.Conv2d(s[0], cfg[0], 3, padding=1)
     _swap_norms(features, spec.norm_groups)
-    return _ImageNet(
-        s,
-        features,
-        lambda n: nn.Sequential(
-            nn.Linear(n, 512),
-            nn.ReLU(),
-            nn.Linear(512, 512),
-            nn.ReLU(),
-            nn.Linear(512, classes),
-        ),
-    )
+    return _ImageNet(s, features, _head([512, 512], classes))
 
 
 def _resnet18(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:

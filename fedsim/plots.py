@@ -10,9 +10,11 @@ tables give a figure that says so instead of an error: a report of an
 interrupted run is still a report.
 
 Example:
-    >>> import pyarrow.parquet as pq
-    >>> rounds = pq.read_table("results/quickstart-20250101-120000/rounds.parquet")
-    ... # doctest: +SKIP
+    >>> import pyarrow as pa
+    >>> rounds = pa.table({"round": [0, 1], "sim_time": [9.5, 20.0],
+    ...                    "test_loss": [2.3, 1.9]})  # or pq.read_table(...)
+    >>> [ax.get_title() for ax in figure_metrics(rounds).axes]
+    ['loss vs simulated time', 'loss vs round']
     >>> plot_metrics(rounds, Path("metrics.png"))  # doctest: +SKIP
     PosixPath('metrics.png')
 """
@@ -21,9 +23,10 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +60,9 @@ DPI = 110
 _DROP_MARKERS = {"late": "x", "offline": "v", "no_time": "s", "no_data": "o"}
 _DROP_COLOR = "#d62728"
 
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
 
 def _round_ticks() -> MaxNLocator:
     return MaxNLocator(nbins="auto", integer=True, steps=[1, 2, 2.5, 5, 10])
@@ -76,11 +82,12 @@ def _floats(table: pa.Table | None, name: str) -> np.ndarray:
     )
 
 
-def _groups(
+def _by_group(
     clients: pa.Table | None, n: int, groups: Sequence[str]
-) -> tuple[np.ndarray, list[str]]:
-    """Each row's device group (``"unknown"`` when not recorded) and the
-    groups in legend order."""
+) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Each of the ``n`` updates' device group (``"unknown"`` when not
+    recorded), the groups in legend order, and whether each update was
+    dropped (bool)."""
     col = _column(clients, "device_group")
     dev = np.array(
         [str(g) if g is not None else "unknown" for g in col]
@@ -90,7 +97,8 @@ def _groups(
     )
     order = group_order(clients, groups)
     order += sorted(set(dev.tolist()) - set(order))
-    return dev, order
+    flags = [bool(d) for d in _column(clients, "dropped")] or [False] * n
+    return dev, order, np.array(flags, dtype=bool)
 
 
 def _n_rows(table: pa.Table | None) -> int:
@@ -154,7 +162,10 @@ def _no_data(ax: Axes, message: str) -> None:
 
 
 def _line(ax: Axes, x: np.ndarray, y: np.ndarray, **kw: Any) -> bool:
-    """Plot the finite points of y against x; False when there are none."""
+    """Plot the finite points of y against x; False when there are none (or
+    one of the columns is missing: empty)."""
+    if len(x) != len(y):
+        return False
     ok = np.isfinite(x) & np.isfinite(y)
     if not ok.any():
         return False
@@ -167,6 +178,17 @@ def _log_if_wide(ax: Axes, *series: np.ndarray) -> None:
     vals = np.concatenate([s[np.isfinite(s)] for s in series] or [np.array([])])
     if len(vals) and vals.min() > 0 and vals.max() / vals.min() > 100:
         ax.set_yscale("log")
+
+
+def _frame_metric(ax: Axes, ylabel: str, xlabel: str, by_round: bool) -> None:
+    """Labels, title ("<ylabel> vs <x>") and grid of a metrics panel;
+    integer ticks when the x axis is the round."""
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel)
+    if by_round:
+        ax.xaxis.set_major_locator(_round_ticks())
+    ax.set_title(f"{ylabel} vs {xlabel.split(' (')[0]}")
+    ax.grid(alpha=0.3)
 
 
 def figure_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
@@ -191,12 +213,7 @@ def figure_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
         if with_acc:
             ax = axes[0, col]
             _line(ax, x, acc, color="C0", label="test accuracy")
-            ax.set_ylabel("test accuracy")
-            ax.set_xlabel(xlabel)
-            if col == 1:
-                ax.xaxis.set_major_locator(_round_ticks())
-            ax.set_title(f"test accuracy vs {xlabel.split(' (')[0]}")
-            ax.grid(alpha=0.3)
+            _frame_metric(ax, "test accuracy", xlabel, by_round=col == 1)
         ax = axes[nrows - 1, col]
         drew = _line(ax, x, test_loss, color="C1", label="test loss")
         drew |= _line(ax, x, train_loss, color="C2", linestyle="--", label="train loss")
@@ -204,12 +221,7 @@ def figure_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
             _no_data(ax, "no loss recorded")
             continue
         _log_if_wide(ax, test_loss, train_loss)
-        ax.set_ylabel("loss")
-        ax.set_xlabel(xlabel)
-        if col == 1:
-            ax.xaxis.set_major_locator(_round_ticks())
-        ax.set_title(f"loss vs {xlabel.split(' (')[0]}")
-        ax.grid(alpha=0.3)
+        _frame_metric(ax, "loss", xlabel, by_round=col == 1)
         ax.legend(loc="best", fontsize=9)
     if not with_acc and _n_rows(rounds):
         fig.text(0.01, 0.005, "no test accuracy in this run", fontsize=8, color="0.4")
@@ -218,9 +230,7 @@ def figure_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
 
 
 def figure_tau_by_group(
-    clients: pa.Table | None,
-    groups: Sequence[str] = (),
-    title: str = "",
+    clients: pa.Table | None, groups: Sequence[str] = (), title: str = ""
 ) -> Figure:
     """Distribution of local steps tau_i(t) per device group (box plot with
     the individual updates jittered on top). Dropped updates are left out:
@@ -228,11 +238,7 @@ def figure_tau_by_group(
     fig = _new_figure(max(6.0, 1.6 + 1.5 * max(1, len(groups))), 4.6)
     ax = fig.subplots()
     tau = _floats(clients, "tau")
-    dev, order = _groups(clients, len(tau), groups)
-    dropped = np.array(
-        [bool(d) for d in _column(clients, "dropped")] or [False] * len(tau),
-        dtype=bool,
-    )
+    dev, order, dropped = _by_group(clients, len(tau), groups)
     keep = np.isfinite(tau) & ~dropped if len(tau) else np.zeros(0, dtype=bool)
     data = [tau[keep & (dev == g)] for g in order]
     present = [(g, d) for g, d in zip(order, data, strict=True) if len(d)]
@@ -263,6 +269,40 @@ def figure_tau_by_group(
     return fig
 
 
+def figure_staleness(
+    clients: pa.Table | None, groups: Sequence[str] = (), title: str = ""
+) -> Figure:
+    """Async runs: staleness of each update against its simulated arrival
+    time, coloured by device group; dropped updates as red crosses."""
+    fig = _new_figure(10, 4.6)
+    ax = fig.subplots()
+    stale = _floats(clients, "staleness")
+    t1 = _floats(clients, "t_arrive")
+    n = len(stale)
+    dev, order, dropped = _by_group(clients, n, groups)
+    ok = np.isfinite(stale) & np.isfinite(t1) if n and len(t1) == n else None
+    if ok is None or not ok.any():
+        _no_data(ax, "no staleness recorded")
+    else:
+        colors = _colors(order)
+        for g in order:
+            m = ok & ~dropped & (dev == g)
+            if m.any():
+                ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=colors[g], label=g)
+        m = ok & dropped
+        if m.any():
+            ax.scatter(
+                t1[m], stale[m], s=30, marker="x", color=_DROP_COLOR, label="dropped"
+            )
+        ax.set_xlabel("simulated arrival time (s)")
+        ax.set_ylabel("staleness (server versions)")
+        ax.yaxis.set_major_locator(_round_ticks())
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=9, markerscale=1.5)
+    ax.set_title(title or "staleness of updates over simulated time")
+    return fig
+
+
 def _round_blocks(rounds_present: list[int], max_rounds: int) -> list[list[int]]:
     """The rounds to draw: all of them, or the first and last ``max_rounds/2``."""
     if len(rounds_present) <= max_rounds:
@@ -270,6 +310,199 @@ def _round_blocks(rounds_present: list[int], max_rounds: int) -> list[list[int]]
     head = max(1, max_rounds // 2)
     tail = max(1, max_rounds - head)
     return [rounds_present[:head], rounds_present[-tail:]]
+
+
+@dataclass(frozen=True)
+class _Updates:
+    """The columns of clients.parquet the timeline draws, one entry per update.
+
+    Attributes:
+        rnd, cid: int64 round and client id.
+        t0, t1: float ``t_start`` and ``t_arrive`` (simulated seconds).
+        dev: device group of each update; ``order`` the groups to draw.
+        dropped: bool; ``reasons`` (object) the drop reason, "" when none.
+        stale: float staleness at arrival (async runs), else None.
+    """
+
+    rnd: np.ndarray
+    cid: np.ndarray
+    t0: np.ndarray
+    t1: np.ndarray
+    dev: np.ndarray
+    order: list[str]
+    dropped: np.ndarray
+    reasons: np.ndarray
+    stale: np.ndarray | None
+
+
+def _timeline_updates(
+    clients: pa.Table | None, groups: Sequence[str]
+) -> _Updates | None:
+    """The updates to draw; None when there are none (or columns are missing)."""
+    rnd = np.array(_column(clients, "round"), dtype=np.int64)
+    cid = np.array(_column(clients, "client_id"), dtype=np.int64)
+    t0 = _floats(clients, "t_start")
+    t1 = _floats(clients, "t_arrive")
+    n = len(rnd)
+    dev, order, dropped = _by_group(clients, n, groups)
+    reason = [str(r or "") for r in _column(clients, "drop_reason")] or [""] * n
+    stale = _floats(clients, "staleness") if is_async(clients) else None
+    if n == 0 or not (len(cid) == len(t0) == len(t1) == n):
+        return None
+    reasons = np.array(reason, dtype=object)
+    return _Updates(rnd, cid, t0, t1, dev, order, dropped, reasons, stale)
+
+
+@dataclass(frozen=True)
+class _BarStyle:
+    """How big bars, edges and markers are for this many client rows.
+
+    Attributes:
+        colors: device group -> colour.
+        edge_w: white bar edge width (0 with many rows: edges would hide bars).
+        mark: marker area (points^2) of drop markers.
+        stale_max: top of the staleness colour scale.
+        bar_h: bar height in client rows.
+    """
+
+    colors: dict[str, Any]
+    edge_w: float
+    mark: float
+    stale_max: float
+    bar_h: float = 0.7
+
+    @classmethod
+    def of(cls, u: _Updates, height: float, n_rows: int) -> _BarStyle:
+        stale = u.stale[np.isfinite(u.stale)] if u.stale is not None else np.zeros(0)
+        # Points of figure height per client row: with many rows, white edges
+        # would hide the bars and markers would cover each other.
+        row_pt = 72.0 * (height - 1.5) / max(1, n_rows)
+        return cls(
+            colors=_colors(u.order),
+            edge_w=0.8 if row_pt >= 6 else 0.0,
+            mark=float(np.clip(row_pt**2, 4.0, 38.0)),
+            stale_max=float(stale.max()) if len(stale) else 0.0,
+        )
+
+
+def _draw_bars(
+    ax: Axes, u: _Updates, y: np.ndarray, m_block: np.ndarray, st: _BarStyle
+) -> None:
+    """One bar per update of ``m_block``: start to arrival, dropped hatched."""
+    # One barh call per (group, dropped) keeps large fleets fast.
+    for g in u.order:
+        for is_drop in (False, True):
+            m = m_block & (u.dev == g) & (u.dropped == is_drop)
+            if not m.any():
+                continue
+            ax.barh(
+                y[m],
+                np.maximum(u.t1[m] - u.t0[m], 0.0),
+                left=u.t0[m],
+                height=st.bar_h,
+                color=st.colors[g],
+                alpha=0.35 if is_drop else 0.85,
+                hatch="////" if is_drop else None,
+                # White edges keep one client's consecutive rounds apart.
+                edgecolor=_DROP_COLOR if is_drop else "white",
+                linewidth=0.6 * (st.edge_w > 0) if is_drop else st.edge_w,
+            )
+
+
+def _draw_arrivals(
+    ax: Axes, u: _Updates, y: np.ndarray, m_block: np.ndarray, st: _BarStyle
+) -> tuple[set[str], Any]:
+    """Drop markers (shape: reason) and, async, arrival dots coloured by
+    staleness. Returns the drop reasons drawn and the staleness scatter (or
+    None)."""
+    used: set[str] = set()
+    for r in sorted(set(u.reasons[m_block & u.dropped].tolist())):
+        m = m_block & u.dropped & (u.reasons == r)
+        used.add(r)
+        ax.scatter(
+            u.t1[m],
+            y[m],
+            marker=_DROP_MARKERS.get(r, "x"),
+            s=st.mark,
+            color=_DROP_COLOR,
+            zorder=4,
+        )
+    if u.stale is None:
+        return used, None
+    m = m_block & ~u.dropped & np.isfinite(u.stale)
+    if not m.any():
+        return used, None
+    scatter = ax.scatter(
+        u.t1[m],
+        y[m],
+        c=u.stale[m],
+        cmap="viridis",
+        vmin=0,
+        vmax=max(st.stale_max, 1.0),
+        s=0.6 * st.mark,
+        edgecolors="black" if st.edge_w else "none",
+        linewidths=0.4,
+        zorder=5,
+    )
+    return used, scatter
+
+
+def _frame_block(
+    ax: Axes, u: _Updates, m_block: np.ndarray, block: list[int], rounds: Any
+) -> None:
+    """Round boundaries, x range and title of one panel of rounds ``block``."""
+    lo, hi = float(u.t0[m_block].min()), float(u.t1[m_block].max())
+    # Round boundaries: the end of every shown round and of the one before.
+    shown_rounds = set(block)
+    end_times = _floats(rounds, "sim_time")
+    for r, t in zip(_column(rounds, "round"), end_times, strict=False):
+        near = r in shown_rounds or r + 1 in shown_rounds
+        if near and math.isfinite(t) and lo <= t:
+            ax.axvline(t, color="0.55", linewidth=0.8, alpha=0.5, zorder=0)
+    pad = max(hi - lo, 1e-9)
+    ax.set_xlim(lo - 0.01 * pad, hi + 0.02 * pad)
+    first, last = block[0], block[-1]
+    label = f"round {first}" if first == last else f"rounds {first}-{last}"
+    ax.set_title(label, fontsize=10)
+    ax.set_xlabel("simulated time (s)")
+    ax.grid(axis="x", alpha=0.2)
+
+
+def _client_axis(ax: Axes, ids: list[int]) -> None:
+    """The y axis: one row per client id (at most about 40 labelled)."""
+    ax.set_ylabel("client id")
+    step = max(1, math.ceil(len(ids) / 40))
+    ax.set_yticks(range(0, len(ids), step))
+    ax.set_yticklabels([str(ids[i]) for i in range(0, len(ids), step)])
+    ax.set_ylim(len(ids) - 0.5, -0.5)
+
+
+def _timeline_legend(
+    fig: Figure, axes: list[Axes], u: _Updates, st: _BarStyle, used: set[str]
+) -> None:
+    """Device groups and the drop reasons drawn, below the panels."""
+    handles: list[Any] = [
+        Patch(facecolor=st.colors[g], alpha=0.85, label=g)
+        for g in u.order
+        if g in st.colors
+    ]
+    for r in sorted(used):
+        handles.append(
+            axes[0].scatter(
+                [],
+                [],
+                marker=_DROP_MARKERS.get(r, "x"),
+                color=_DROP_COLOR,
+                label=f"dropped: {r or 'unknown'}",
+            )
+        )
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=min(len(handles), 5) or 1,
+        fontsize=9,
+        frameon=False,
+    )
 
 
 def figure_timeline(
@@ -291,178 +524,44 @@ def figure_timeline(
     """
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be at least 1, got {max_rounds}")
-    rnd = np.array(_column(clients, "round"), dtype=np.int64)
-    cid = np.array(_column(clients, "client_id"), dtype=np.int64)
-    t0 = _floats(clients, "t_start")
-    t1 = _floats(clients, "t_arrive")
-    n = len(rnd)
-    dev, order = _groups(clients, n, groups)
-    dropped = np.array(_column(clients, "dropped") or [False] * n, dtype=bool)
-    reason = [str(r or "") for r in _column(clients, "drop_reason")] or [""] * n
-    stale = _floats(clients, "staleness") if is_async(clients) else None
-    if n == 0 or not (len(cid) == len(t0) == len(t1) == n):
+    u = _timeline_updates(clients, groups)
+    if u is None:
         fig = _new_figure(8, 3.5)
         _no_data(fig.subplots(), "no client updates recorded")
         fig.suptitle(title or "client timeline")
         return fig
 
-    blocks = _round_blocks(sorted(set(rnd.tolist())), max_rounds)
-    shown = np.isin(rnd, np.concatenate([np.array(b) for b in blocks]))
-    ids = sorted(set(cid[shown].tolist()))
+    blocks = _round_blocks(sorted(set(u.rnd.tolist())), max_rounds)
+    shown = np.isin(u.rnd, np.concatenate([np.array(b) for b in blocks]))
+    ids = sorted(set(u.cid[shown].tolist()))
     row_of = {c: i for i, c in enumerate(ids)}
     height = float(np.clip(1.5 + 0.22 * len(ids), 3.5, 14.0))
-    width = 12.0 if len(blocks) > 1 else 10.0
-    fig = _new_figure(width, height)
+    fig = _new_figure(12.0 if len(blocks) > 1 else 10.0, height)
     axes = np.atleast_1d(
         fig.subplots(1, len(blocks), sharey=True, squeeze=False)[0]
     ).tolist()
-    colors = _colors(order)
-    end_times = _floats(rounds, "sim_time")
-    end_rounds = _column(rounds, "round")
-    finite_stale = stale[np.isfinite(stale)] if stale is not None else np.zeros(0)
-    stale_max = float(finite_stale.max()) if len(finite_stale) else 0.0
-    bar_h = 0.7
-    # Points of figure height per client row: with many rows, white edges
-    # would hide the bars and markers would cover each other.
-    row_pt = 72.0 * (height - 1.5) / max(1, len(ids))
-    edge_w = 0.8 if row_pt >= 6 else 0.0
-    mark = float(np.clip(row_pt**2, 4.0, 38.0))
-    used_reasons: set[str] = set()
+    st = _BarStyle.of(u, height, len(ids))
+    y = np.array([row_of.get(int(c), -1) for c in u.cid], dtype=np.float64)
+    finite = np.isfinite(u.t0) & np.isfinite(u.t1)
+    used: set[str] = set()
     scatter = None
-    y_all = np.array([row_of.get(int(c), -1) for c in cid], dtype=np.float64)
-    finite = np.isfinite(t0) & np.isfinite(t1)
-    reasons = np.array(reason, dtype=object)
     for ax, block in zip(axes, blocks, strict=True):
-        in_block = np.isin(rnd, block) & finite
-        # One barh call per (group, dropped) keeps large fleets fast.
-        for g in order:
-            for is_drop in (False, True):
-                m = in_block & (dev == g) & (dropped == is_drop)
-                if not m.any():
-                    continue
-                ax.barh(
-                    y_all[m],
-                    np.maximum(t1[m] - t0[m], 0.0),
-                    left=t0[m],
-                    height=bar_h,
-                    color=colors[g],
-                    alpha=0.35 if is_drop else 0.85,
-                    hatch="////" if is_drop else None,
-                    # White edges keep one client's consecutive rounds apart.
-                    edgecolor=_DROP_COLOR if is_drop else "white",
-                    linewidth=0.6 * (edge_w > 0) if is_drop else edge_w,
-                )
-        for r in sorted(set(reasons[in_block & dropped].tolist())):
-            m = in_block & dropped & (reasons == r)
-            used_reasons.add(r)
-            ax.scatter(
-                t1[m],
-                y_all[m],
-                marker=_DROP_MARKERS.get(r, "x"),
-                s=mark,
-                color=_DROP_COLOR,
-                zorder=4,
-            )
-        if stale is not None:
-            m = in_block & ~dropped & np.isfinite(stale)
-            if m.any():
-                scatter = ax.scatter(
-                    t1[m],
-                    y_all[m],
-                    c=stale[m],
-                    cmap="viridis",
-                    vmin=0,
-                    vmax=max(stale_max, 1.0),
-                    s=0.6 * mark,
-                    edgecolors="black" if edge_w else "none",
-                    linewidths=0.4,
-                    zorder=5,
-                )
-        if not in_block.any():
-            continue
-        lo, hi = float(t0[in_block].min()), float(t1[in_block].max())
-        # Round boundaries: the end of every shown round and of the one before.
-        shown_rounds = set(block)
-        for r, t in zip(end_rounds, end_times, strict=False):
-            near = r in shown_rounds or r + 1 in shown_rounds
-            if near and math.isfinite(t) and lo <= t:
-                ax.axvline(t, color="0.55", linewidth=0.8, alpha=0.5, zorder=0)
-        pad = max(hi - lo, 1e-9)
-        ax.set_xlim(lo - 0.01 * pad, hi + 0.02 * pad)
-        first, last = block[0], block[-1]
-        label = f"round {first}" if first == last else f"rounds {first}-{last}"
-        ax.set_title(label, fontsize=10)
-        ax.set_xlabel("simulated time (s)")
-        ax.grid(axis="x", alpha=0.2)
-    axes[0].set_ylabel("client id")
-    step = max(1, math.ceil(len(ids) / 40))
-    axes[0].set_yticks(range(0, len(ids), step))
-    axes[0].set_yticklabels([str(ids[i]) for i in range(0, len(ids), step)])
-    axes[0].set_ylim(len(ids) - 0.5, -0.5)
-    handles: list[Any] = [
-        Patch(facecolor=colors[g], alpha=0.85, label=g) for g in order if g in colors
-    ]
-    for r in sorted(used_reasons):
-        handles.append(
-            axes[0].scatter(
-                [],
-                [],
-                marker=_DROP_MARKERS.get(r, "x"),
-                color=_DROP_COLOR,
-                label=f"dropped: {r or 'unknown'}",
-            )
-        )
-    fig.legend(
-        handles=handles,
-        loc="outside lower center",
-        ncol=min(len(handles), 5) or 1,
-        fontsize=9,
-        frameon=False,
-    )
+        m_block = np.isin(u.rnd, block) & finite
+        _draw_bars(ax, u, y, m_block, st)
+        reasons, drawn = _draw_arrivals(ax, u, y, m_block, st)
+        used |= reasons
+        scatter = drawn if drawn is not None else scatter
+        if m_block.any():
+            _frame_block(ax, u, m_block, block, rounds)
+    _client_axis(axes[0], ids)
+    _timeline_legend(fig, axes, u, st, used)
     if scatter is not None:
         bar = fig.colorbar(scatter, ax=axes, label="staleness at arrival", shrink=0.8)
         bar.locator = _round_ticks()
         bar.update_ticks()
-    total = len(set(rnd.tolist()))
+    total = len(set(u.rnd.tolist()))
     suffix = "" if len(blocks) == 1 else f" (first and last of {total} rounds)"
     fig.suptitle((title or "client timeline") + suffix, fontsize=12)
-    return fig
-
-
-def figure_staleness(
-    clients: pa.Table | None,
-    groups: Sequence[str] = (),
-    title: str = "",
-) -> Figure:
-    """Async runs: staleness of each update against its simulated arrival
-    time, coloured by device group; dropped updates as red crosses."""
-    fig = _new_figure(10, 4.6)
-    ax = fig.subplots()
-    stale = _floats(clients, "staleness")
-    t1 = _floats(clients, "t_arrive")
-    n = len(stale)
-    dev, order = _groups(clients, n, groups)
-    dropped = np.array(_column(clients, "dropped") or [False] * n, dtype=bool)
-    ok = np.isfinite(stale) & np.isfinite(t1) if n and len(t1) == n else None
-    if ok is None or not ok.any():
-        _no_data(ax, "no staleness recorded")
-    else:
-        colors = _colors(order)
-        for g in order:
-            m = ok & ~dropped & (dev == g)
-            if m.any():
-                ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=colors[g], label=g)
-        m = ok & dropped
-        if m.any():
-            ax.scatter(
-                t1[m], stale[m], s=30, marker="x", color=_DROP_COLOR, label="dropped"
-            )
-        ax.set_xlabel("simulated arrival time (s)")
-        ax.set_ylabel("staleness (server versions)")
-        ax.yaxis.set_major_locator(_round_ticks())
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", fontsize=9, markerscale=1.5)
-    ax.set_title(title or "staleness of updates over simulated time")
     return fig
 
 
@@ -488,43 +587,25 @@ def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
 # data behind a figure, not only that a file was written.
 
 
-def plot_metrics(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
-    """Write :func:`figure_metrics` to ``path`` (PNG); returns ``path``."""
-    return _save(figure_metrics(rounds, title), path)
+def _writes_png(
+    figure: Callable[Concatenate[_T, _P], Figure],
+) -> Callable[Concatenate[_T, Path, _P], Path]:
+    """``plot(data, path, ...)``: draw ``figure(data, ...)`` and write it to
+    ``path`` as a PNG; returns ``path``."""
+
+    def plot(data: _T, path: Path, /, *args: _P.args, **kwargs: _P.kwargs) -> Path:
+        return _save(figure(data, *args, **kwargs), path)
+
+    name = figure.__name__.replace("figure_", "plot_", 1)
+    plot.__name__ = plot.__qualname__ = name
+    plot.__doc__ = (
+        f"Write :func:`{figure.__name__}` to ``path`` (PNG); returns ``path``."
+    )
+    return plot
 
 
-def plot_tau_by_group(
-    clients: pa.Table | None,
-    path: Path,
-    groups: Sequence[str] = (),
-    title: str = "",
-) -> Path:
-    """Write :func:`figure_tau_by_group` to ``path`` (PNG); returns ``path``."""
-    return _save(figure_tau_by_group(clients, groups, title), path)
-
-
-def plot_timeline(
-    clients: pa.Table | None,
-    path: Path,
-    rounds: pa.Table | None = None,
-    groups: Sequence[str] = (),
-    max_rounds: int = 20,
-    title: str = "",
-) -> Path:
-    """Write :func:`figure_timeline` to ``path`` (PNG); returns ``path``."""
-    return _save(figure_timeline(clients, rounds, groups, max_rounds, title), path)
-
-
-def plot_staleness(
-    clients: pa.Table | None,
-    path: Path,
-    groups: Sequence[str] = (),
-    title: str = "",
-) -> Path:
-    """Write :func:`figure_staleness` to ``path`` (PNG); returns ``path``."""
-    return _save(figure_staleness(clients, groups, title), path)
-
-
-def plot_chi2(rounds: pa.Table | None, path: Path, title: str = "") -> Path:
-    """Write :func:`figure_chi2` to ``path`` (PNG); returns ``path``."""
-    return _save(figure_chi2(rounds, title), path)
+plot_metrics = _writes_png(figure_metrics)
+plot_tau_by_group = _writes_png(figure_tau_by_group)
+plot_timeline = _writes_png(figure_timeline)
+plot_staleness = _writes_png(figure_staleness)
+plot_chi2 = _writes_png(figure_chi2)

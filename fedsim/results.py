@@ -41,66 +41,53 @@ __all__ = [
     "summarize",
 ]
 
-ROUND_SCHEMA = pa.schema(
-    [
-        ("round", pa.int64()),
-        ("sim_time", pa.float64()),
-        ("wall_time", pa.float64()),
-        ("test_loss", pa.float64()),
-        ("test_accuracy", pa.float64()),
-        ("train_loss", pa.float64()),
-        ("n_selected", pa.int64()),
-        ("n_completed", pa.int64()),
-        ("n_dropped", pa.int64()),
-        ("tau_mean", pa.float64()),
-        ("tau_min", pa.float64()),
-        ("tau_max", pa.float64()),
-        ("tau_eff", pa.float64()),
-        ("chi2_pw", pa.float64()),
-    ]
+_I64, _F64, _STR, _BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
+
+
+def _schema(*runs: tuple[pa.DataType, str], base: pa.Schema | None = None) -> pa.Schema:
+    """The columns of ``base`` (if any), then each run's space-separated
+    names with that run's type, in order."""
+    fields = list(base) if base is not None else []
+    for dtype, names in runs:
+        fields += [pa.field(name, dtype) for name in names.split()]
+    return pa.schema(fields)
+
+
+# rounds.parquet: one row per round. tau_mean/min/max: local steps of the
+# completed updates; tau_eff, chi2_pw: the algorithm's effective steps and its
+# weights' objective inconsistency.
+ROUND_SCHEMA = _schema(
+    (_I64, "round"),
+    (_F64, "sim_time wall_time test_loss test_accuracy train_loss"),
+    (_I64, "n_selected n_completed n_dropped"),
+    (_F64, "tau_mean tau_min tau_max tau_eff chi2_pw"),
 )
 
-CLIENT_SCHEMA = pa.schema(
-    [
-        ("round", pa.int64()),
-        ("client_id", pa.int64()),
-        ("device_group", pa.string()),
-        ("tau", pa.int64()),
-        ("t_start", pa.float64()),
-        ("t_arrive", pa.float64()),
-        ("dropped", pa.bool_()),
-        ("drop_reason", pa.string()),
-        ("slowdown", pa.float64()),
-        ("weight", pa.float64()),
-        ("update_norm", pa.float64()),
-        ("train_loss", pa.float64()),
-        ("bytes_down", pa.int64()),
-        ("bytes_up", pa.int64()),
-    ]
+# clients.parquet: one row per selected client per round.
+CLIENT_SCHEMA = _schema(
+    (_I64, "round client_id"),
+    (_STR, "device_group"),
+    (_I64, "tau"),
+    (_F64, "t_start t_arrive"),
+    (_BOOL, "dropped"),
+    (_STR, "drop_reason"),
+    (_F64, "slowdown weight update_norm train_loss"),
+    (_I64, "bytes_down bytes_up"),
 )
 
 # Asynchronous runs: clients.parquet has one row per job the server saw end
 # (arrived or dropped); rounds.parquet one row per server version (``round``
 # = the version w the updates were applied to; the metrics are those of w + 1).
-ASYNC_CLIENT_SCHEMA = pa.schema(
-    [
-        *CLIENT_SCHEMA,
-        ("version_started", pa.int64()),  # the version the device downloaded
-        ("version_applied", pa.int64()),  # null unless applied
-        ("staleness", pa.int64()),  # version at arrival - version_started; null offline
-        ("job", pa.int64()),  # the device's job index (0, 1, ...)
-    ]
+# version_started: the version the device downloaded; version_applied: null
+# unless applied; staleness: version at arrival - version_started, null when
+# the device went offline; job: the device's job index (0, 1, ...).
+ASYNC_CLIENT_SCHEMA = _schema(
+    (_I64, "version_started version_applied staleness job"), base=CLIENT_SCHEMA
 )
-ASYNC_ROUND_SCHEMA = pa.schema(
-    [
-        *ROUND_SCHEMA,
-        ("staleness_mean", pa.float64()),
-        ("staleness_max", pa.int64()),
-        ("n_stale", pa.int64()),
-        ("n_offline", pa.int64()),
-        ("n_started", pa.int64()),
-        ("in_flight", pa.int64()),
-    ]
+ASYNC_ROUND_SCHEMA = _schema(
+    (_F64, "staleness_mean"),
+    (_I64, "staleness_max n_stale n_offline n_started in_flight"),
+    base=ROUND_SCHEMA,
 )
 
 # selector.parquet: one row per client (or per whatever the selector reports)

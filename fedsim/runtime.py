@@ -9,7 +9,7 @@ like the papers' pseudo-code.
 Synchronous rounds (``fixed_window``, ``fixed_epochs``)::
 
     for t in rounds:
-        S_t     = selector.select(online(T), k, rng_t)
+        S_t, s  = selector.select(s, Draw(t, online(T), rng_t, ctx))
         plan    = clock.plan_round(S_t, T, policy)        # tau_i, arrivals, drops
         updates = executor.train(tasks(plan), x_t)         # real SGD
         x_{t+1} = server.apply(updates)                    # a barrier
@@ -87,7 +87,7 @@ from fedsim.fleet import Fleet
 from fedsim.params import l2_norm
 from fedsim.results import Recorder, check_free_space, summarize, write_arrow
 from fedsim.scenario import Scenario
-from fedsim.selectors import SelectorContext, make_selector
+from fedsim.selectors import Draw, SelectorContext, make_selector
 from fedsim.server import (
     Applied,
     ClientStats,
@@ -443,9 +443,8 @@ def _run_rounds(run: _Run, resume: bool) -> None:
     for t in range(start, sc.rounds):
         now = run.fleet.next_online_time(now)
         online = np.flatnonzero(run.fleet.online(now))
-        chosen, state = sel.select(
-            state, t, online, run.rng(_SELECT_TAG, t), run.sel_ctx
-        )
+        draw = Draw(t, online, run.rng(_SELECT_TAG, t), run.sel_ctx)
+        chosen, state = sel.select(state, draw)
         multiplicity = sel.multiplicity(state, chosen)
         plan = clock.plan_round(
             run.fleet,
@@ -551,9 +550,8 @@ class _Async:
         rng = np.random.default_rng(
             np.random.SeedSequence([run.sc.seed, _ASYNC_SELECT_TAG, n])
         )
-        ids, self.sel_state = sel.select(
-            self.sel_state, n, candidates, rng, run.sel_ctx
-        )
+        draw = Draw(n, candidates, rng, run.sel_ctx)
+        ids, self.sel_state = sel.select(self.sel_state, draw)
         return ids
 
     def start(self, resume: bool) -> None:

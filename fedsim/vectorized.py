@@ -23,6 +23,7 @@ with ``resources.vectorize: true``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -112,13 +113,25 @@ def _batched_forward(
     return h
 
 
+@dataclass(frozen=True)
+class _Minibatch:
+    """One local step's minibatches of K clients.
+
+    Attributes:
+        x: [K, B, ...] samples.
+        y: [K, B] labels.
+        w: [K, B] row weights (0: padding).
+        count: [K] real rows per client (at least 1).
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    w: torch.Tensor
+    count: torch.Tensor
+
+
 def _linear_grad(
-    model: nn.Module,
-    theta: torch.Tensor,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    w: torch.Tensor,
-    count: torch.Tensor,
+    model: nn.Module, theta: torch.Tensor, batch: _Minibatch
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Closed-form gradient and loss of K logistic regressions (no autograd).
 
@@ -127,6 +140,7 @@ def _linear_grad(
     grad b = sum over rows of dL/dz.
     """
     (layer,) = [m for m in model.children() if isinstance(m, nn.Linear)]
+    x, y, w, count = batch.x, batch.y, batch.w, batch.count
     k, out_f, in_f = theta.shape[0], layer.out_features, layer.in_features
     h = x.reshape(k, x.shape[1], -1)
     weight = theta[:, : out_f * in_f].view(k, out_f, in_f)
@@ -144,21 +158,16 @@ def _linear_grad(
 
 
 def _autograd_grad(
-    model: nn.Module,
-    theta: torch.Tensor,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    w: torch.Tensor,
-    count: torch.Tensor,
+    model: nn.Module, theta: torch.Tensor, batch: _Minibatch
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradient and loss of K models through one batched autograd pass."""
     leaf = theta.detach().requires_grad_(True)
-    logits = _batched_forward(model, leaf, x)
+    logits = _batched_forward(model, leaf, batch.x)
     per = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none"
+        logits.reshape(-1, logits.shape[-1]), batch.y.reshape(-1), reduction="none"
     ).view(theta.shape[0], -1)
     # each client's masked mean loss; summing them keeps gradients separate
-    loss = (per * w).sum(dim=1) / count
+    loss = (per * batch.w).sum(dim=1) / batch.count
     (g,) = torch.autograd.grad(loss.sum(), leaf)
     return g, loss.detach()
 
@@ -204,9 +213,8 @@ def _train_together(
     for s in range(steps):
         active = (taus > s).to(theta.dtype).unsqueeze(1)
         rows = idx[:, s]
-        g, loss = grad_fn(
-            model, theta, worker.x[rows], worker.y[rows], wts[:, s], counts[:, s]
-        )
+        batch = _Minibatch(worker.x[rows], worker.y[rows], wts[:, s], counts[:, s])
+        g, loss = grad_fn(model, theta, batch)
         loss_sum += loss.double() * active.squeeze(1).double()
         if wd:
             g = g + wd * theta

@@ -25,6 +25,7 @@ from fedsim.data.partition import label_histogram
 from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
 from fedsim.selectors import REGISTRY as SELECTORS
+from fedsim.selectors import Draw, SelectorContext
 from fedsim.selectors.fedpns import FedPNS as FedPNSSelector
 from fedsim.selectors.fedpns import update_probabilities
 
@@ -195,13 +196,16 @@ def test_alpha_and_beta_shape_the_decrement():
 def test_probabilities_sum_to_one_and_stay_non_negative():
     # Prepare: a selector driven by random labels for many rounds
     sel = FedPNSSelector(clients_per_round=10)
-    state = sel.init(50)
+    ctx = SelectorContext.uniform(50)
+    state = sel.init(ctx)
     rng = np.random.default_rng(0)
     for t in range(60):
         # Execute
-        ids, state = sel.select(state, t, np.arange(50), np.random.default_rng(t))
+        ids, state = sel.select(
+            state, Draw(t, np.arange(50), np.random.default_rng(t), ctx)
+        )
         lab = [int(i) for i in ids if rng.random() < 0.3]
-        state = sel.observe(state, t, flags_result(lab, lab[:1]))
+        state = sel.observe(state, t, flags_result(lab, lab[:1]), ctx)
         # Assert
         p = np.asarray(state["p"])
         assert p.sum() == pytest.approx(1.0, abs=1e-12)
@@ -210,9 +214,10 @@ def test_probabilities_sum_to_one_and_stay_non_negative():
 
 def test_selector_counts_and_updates_only_labeled_nodes():
     sel = FedPNSSelector(clients_per_round=2)
-    state = sel.init(5)
-    ids, state = sel.select(state, 0, np.arange(5), np.random.default_rng(0))
-    state = sel.observe(state, 0, flags_result([int(ids[0])], [int(ids[0])]))
+    ctx = SelectorContext.uniform(5)
+    state = sel.init(ctx)
+    ids, state = sel.select(state, Draw(0, np.arange(5), np.random.default_rng(0), ctx))
+    state = sel.observe(state, 0, flags_result([int(ids[0])], [int(ids[0])]), ctx)
     i, j = int(ids[0]), int(ids[1])
     assert state["selected"][i] == state["selected"][j] == 1
     assert state["labeled"][i] == 1 and state["removed"][i] == 1
@@ -227,27 +232,36 @@ def test_selector_counts_and_updates_only_labeled_nodes():
 
 def test_banned_nodes_are_not_drawn_while_enough_others_remain():
     sel = FedPNSSelector(clients_per_round=3)
-    state = {**sel.init(6), "p": [0.0, 0.0, 0.25, 0.25, 0.25, 0.25]}
+    ctx = SelectorContext.uniform(6)
+    state = {**sel.init(ctx), "p": [0.0, 0.0, 0.25, 0.25, 0.25, 0.25]}
     for t in range(20):
-        ids, state = sel.select(state, t, np.arange(6), np.random.default_rng(t))
+        ids, state = sel.select(
+            state, Draw(t, np.arange(6), np.random.default_rng(t), ctx)
+        )
         assert set(ids.tolist()) <= {2, 3, 4, 5}
     # only two online nodes with P > 0: both, plus one banned node
-    ids, _ = sel.select(state, 0, np.array([0, 1, 2, 3]), np.random.default_rng(1))
+    ids, _ = sel.select(
+        state, Draw(0, np.array([0, 1, 2, 3]), np.random.default_rng(1), ctx)
+    )
     assert len(ids) == 3 and {2, 3} <= set(ids.tolist())
 
 
 def test_selector_without_labels_stays_uniform():
     sel = FedPNSSelector(clients_per_round=3)
-    state = sel.init(4)
-    state = sel.observe(state, 0, FakeResult(AggregateInfo({}, 1.0, 0.0)))
+    ctx = SelectorContext.uniform(4)
+    state = sel.init(ctx)
+    state = sel.observe(state, 0, FakeResult(AggregateInfo({}, 1.0, 0.0)), ctx)
     assert state["p"] == [0.25] * 4
 
 
 def test_selector_state_pickles_and_survives_json():
     sel = FedPNSSelector()
-    state = sel.init(12)
-    ids, state = sel.select(state, 0, np.arange(12), np.random.default_rng(0))
-    state = sel.observe(state, 0, flags_result([int(ids[0])]))
+    ctx = SelectorContext.uniform(12)
+    state = sel.init(ctx)
+    ids, state = sel.select(
+        state, Draw(0, np.arange(12), np.random.default_rng(0), ctx)
+    )
+    state = sel.observe(state, 0, flags_result([int(ids[0])]), ctx)
     assert json.loads(json.dumps(state)) == state
     assert pickle.loads(pickle.dumps(state)) == state
 

@@ -31,7 +31,7 @@ import fedsim.runtime
 from fedsim.algorithms.base import AggregateInfo
 from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.selectors import REGISTRY, SelectorContext
+from fedsim.selectors import REGISTRY, Draw, SelectorContext
 from fedsim.selectors.oort import Oort
 from fedsim.selectors.power_of_choice import PowerOfChoice
 from fedsim.selectors.uniform import Uniform
@@ -76,6 +76,11 @@ def fake_result(ids: np.ndarray, rng: np.random.Generator) -> Result:
     )
 
 
+def draw(t: int, cand: np.ndarray, seed: int) -> Draw:
+    """Round ``t``'s choice among ``cand``, from ``default_rng(seed)``, with CTX."""
+    return Draw(t, cand, np.random.default_rng(seed), CTX)
+
+
 def candidates(t: int) -> np.ndarray:
     """Online devices in round t: varied subsets, sometimes fewer than K, once none."""
     if t == 5:
@@ -90,9 +95,8 @@ def drive(sel, rounds: int = 12, seed: int = 0, state=None, start: int = 0):
     state = sel.init(CTX) if state is None else state
     history = []
     for t in range(start, start + rounds):
-        ids, state = sel.select(
-            state, t, candidates(t), np.random.default_rng([seed, t]), CTX
-        )
+        d = Draw(t, candidates(t), np.random.default_rng([seed, t]), CTX)
+        ids, state = sel.select(state, d)
         history.append(ids)
         state = sel.observe(
             state, t, fake_result(ids, np.random.default_rng([7, t])), CTX
@@ -168,7 +172,7 @@ def test_state_pickles_survives_json_and_resumes_identically(sel):
 
 def test_multiplicity_and_artifact_are_well_formed(sel):
     state = sel.init(CTX)
-    ids, state = sel.select(state, 0, np.arange(M), np.random.default_rng(0), CTX)
+    ids, state = sel.select(state, draw(0, np.arange(M), 0))
     k = sel.multiplicity(state, ids)
     if k is not None:
         assert sorted(k) == ids.tolist() and all(v >= 1 for v in k.values())
@@ -179,13 +183,14 @@ def test_multiplicity_and_artifact_are_well_formed(sel):
     json.dumps(rows)
 
 
-def test_a_bare_client_count_works_unless_real_weights_are_needed(sel):
+def test_an_uninformed_context_works_unless_real_weights_are_needed(sel):
+    ctx = SelectorContext.uniform(M)
     if sel.needs_context:
         with pytest.raises(TypeError, match="SelectorContext"):
-            sel.init(M)
-    else:  # older servers call init(m) and select without ctx
-        state = sel.init(M)
-        ids, _ = sel.select(state, 0, np.arange(M), np.random.default_rng(0))
+            sel.init(ctx)
+    else:
+        state = sel.init(ctx)
+        ids, _ = sel.select(state, Draw(0, np.arange(M), np.random.default_rng(0), ctx))
         assert len(ids) == K
 
 
@@ -204,7 +209,7 @@ def test_uniform_is_uniform():
     sel = Uniform(clients_per_round=2)
     counts = np.zeros(M)
     for t in range(4000):
-        ids, _ = sel.select({}, t, np.arange(M), np.random.default_rng(t))
+        ids, _ = sel.select({}, draw(t, np.arange(M), t))
         counts[ids] += 1
     np.testing.assert_allclose(counts / counts.sum(), 1 / M, atol=0.01)
 
@@ -214,7 +219,7 @@ def test_weighted_draws_proportionally_to_data_weights():
     state = sel.init(CTX)
     draws = np.zeros(M)
     for t in range(4000):
-        ids, state = sel.select(state, t, np.arange(M), np.random.default_rng(t), CTX)
+        ids, state = sel.select(state, draw(t, np.arange(M), t))
         for i, k in sel.multiplicity(state, ids).items():
             draws[i] += k
     np.testing.assert_allclose(draws / draws.sum(), CTX.data_weights, atol=0.01)
@@ -222,9 +227,7 @@ def test_weighted_draws_proportionally_to_data_weights():
 
 def test_weighted_renormalises_over_online_devices():
     sel = Weighted(clients_per_round=20)
-    ids, state = sel.select(
-        sel.init(CTX), 0, np.array([1, 4]), np.random.default_rng(0), CTX
-    )
+    ids, state = sel.select(sel.init(CTX), draw(0, np.array([1, 4]), 0))
     k = sel.multiplicity(state, ids)
     assert set(k) <= {1, 4} and sum(k.values()) == 20
     assert k.get(4, 0) > k.get(1, 0)  # p_4 = 9 p_1
@@ -233,17 +236,32 @@ def test_weighted_renormalises_over_online_devices():
 def test_power_of_choice_takes_the_highest_losses():
     sel = PowerOfChoice(clients_per_round=2, candidates=M)
     state = {"ids": list(range(M)), "loss": [0.5, 0.1, 3.0, 0.2, 2.0, 0.3, 0.4, 0.6]}
-    ids, _ = sel.select(state, 0, np.arange(M), np.random.default_rng(0), CTX)
+    ids, _ = sel.select(state, draw(0, np.arange(M), 0))
     assert ids.tolist() == [2, 4]
-    ids, _ = sel.select(state, 0, np.array([0, 1, 3]), np.random.default_rng(0), CTX)
+    ids, _ = sel.select(state, draw(0, np.array([0, 1, 3]), 0))
     assert ids.tolist() == [0, 3]
 
 
 def test_power_of_choice_tries_unseen_clients_first():
     sel = PowerOfChoice(clients_per_round=2, candidates=M)
     state = {"ids": [0, 1], "loss": [9.0, 9.0]}
-    ids, _ = sel.select(state, 0, np.array([0, 1, 5]), np.random.default_rng(0), CTX)
+    ids, _ = sel.select(state, draw(0, np.array([0, 1, 5]), 0))
     assert 5 in ids.tolist()
+
+
+def test_power_of_choice_fills_with_zero_weight_clients_when_too_few_have_data():
+    # Prepare: only clients 1 and 3 have data; 3 slots, d = 6
+    ctx = SelectorContext.from_arrays([0, 2, 0, 5, 0, 0])
+    sel = PowerOfChoice(clients_per_round=3, candidates=6)
+    state = {"ids": [0, 1, 2, 3, 4, 5], "loss": [1.0] * 6}
+    # Execute
+    picks = [
+        sel.select(state, Draw(t, np.arange(6), np.random.default_rng(t), ctx))[0]
+        for t in range(50)
+    ]
+    # Assert: both clients with data every time, plus one zero-weight client
+    assert all(len(ids) == 3 and {1, 3} <= set(ids.tolist()) for ids in picks)
+    assert {int(i) for ids in picks for i in ids} - {1, 3} == {0, 2, 4, 5}
 
 
 def test_power_of_choice_needs_d_at_least_k():
@@ -270,7 +288,7 @@ def test_oort_penalises_slow_devices():
     counts = np.zeros(M)
     # Execute
     for t in range(3000):
-        ids, _ = sel.select(state, 5, np.arange(M), np.random.default_rng(t), CTX)
+        ids, _ = sel.select(state, draw(5, np.arange(M), t))
         counts[ids] += 1
     # Assert: the slowest device (t = 40 s) far less often than the fastest
     assert counts[3] > 10 * counts[6]
@@ -285,7 +303,7 @@ def test_oort_penalises_slow_devices():
 def test_oort_explores_unseen_devices_and_decays_exploration():
     sel = Oort(clients_per_round=2, exploration=1.0, exploration_decay=0.5)
     state = {"ids": [0, 1], "util": [5.0, 5.0], "last": [0, 0], "epsilon": 1.0}
-    ids, _ = sel.select(state, 1, np.arange(M), np.random.default_rng(0), CTX)
+    ids, _ = sel.select(state, draw(1, np.arange(M), 0))
     assert not set(ids.tolist()) & {0, 1}
     state = sel.observe(state, 1, Result(AggregateInfo({}, 1, 0), {}), CTX)
     assert state["epsilon"] == 0.5
@@ -301,10 +319,21 @@ def test_oort_statistical_utility_is_samples_times_loss():
     assert state["ids"] == [2] and state["util"] == [8 * 0.5] and state["last"] == [4]
 
 
-def test_selector_interface_takes_the_context_everywhere():
+def test_selector_interface_is_the_same_for_every_selector():
     for cls in REGISTRY.values():
-        for meth in ("select", "observe"):
-            assert "ctx" in inspect.signature(getattr(cls, meth)).parameters
+        assert list(inspect.signature(cls.select).parameters) == [
+            "self",
+            "state",
+            "draw",
+        ]
+        params = list(inspect.signature(cls.observe).parameters)
+        assert params == ["self", "state", "t", "result", "ctx"]
+
+
+def test_draw_holds_int64_candidates():
+    d = Draw(3, [4, 1], np.random.default_rng(0), CTX)
+    assert d.candidates.dtype == np.int64 and d.candidates.tolist() == [4, 1]
+    assert d.round == 3 and d.ctx is CTX
 
 
 def test_weighted_multiplicities_reach_the_proportional_server():
@@ -326,7 +355,7 @@ def test_weighted_multiplicities_reach_the_proportional_server():
         rng = np.random.default_rng(
             np.random.SeedSequence([sc.seed, fedsim.runtime._SELECT_TAG, t])
         )
-        ids, state = sel.select(state, t, np.arange(sc.num_clients), rng, ctx)
+        ids, state = sel.select(state, Draw(t, np.arange(sc.num_clients), rng, ctx))
         k = sel.multiplicity(state, ids)
         done = [c for c in clients if c["round"] == t and not c["dropped"]]
         assert sorted(c["client_id"] for c in done) == ids.tolist()

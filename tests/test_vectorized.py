@@ -72,7 +72,9 @@ def test_fedpns_uploads_the_rounds_lr():
     # the vectorised path once handed client_finish lr=0, so FedPNS's
     # gradient estimates -delta / (lr ||a||_1) became inf
     w, x = worker(
-        "algorithm={name: fedpns, check_loss_data: test}", "client.lr_decay=0.9", "resources.vectorize=true"
+        "algorithm={name: fedpns, check_loss_data: test}",
+        "client.lr_decay=0.9",
+        "resources.vectorize=true",
     )
     assert supports(w) and w.batched
     tasks = [Task(c, 3, tau) for c, tau in [(0, 7), (4, 1), (9, 30), (17, 12)]]

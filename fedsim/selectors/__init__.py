@@ -2,14 +2,15 @@
 
 A selector is a frozen dataclass (its fields are validated when a scenario is
 loaded) deriving from :class:`~fedsim.selectors.base.Selector`:
-``init(ctx) -> state``, ``select(state, round, candidates, rng, ctx) ->
-(ids, state)``, ``observe(state, round, result, ctx) -> state``, plus
+``init(ctx) -> state``, ``select(state, draw) -> (ids, state)``,
+``observe(state, round, result, ctx) -> state``, plus
 ``multiplicity(state, ids)`` (selectors drawing with replacement) and
 ``artifact(state, round)`` (rows for ``selector.parquet``). ``ctx`` is the
 run's :class:`~fedsim.selectors.base.SelectorContext` (data weights, device
-speeds, expected round times). Adding one: a module here and a line in
-``REGISTRY``; ``tests/test_selectors.py`` runs every registered selector
-through the shared contract.
+speeds, expected round times); a :class:`~fedsim.selectors.base.Draw` holds
+one choice's round, candidates, generator and that context. Adding one: a
+module here and its class in ``REGISTRY``; ``tests/test_selectors.py`` runs
+every registered selector through the shared contract.
 
 =================== ===========================================================
 name                how it picks ``clients_per_round`` online devices
@@ -28,7 +29,7 @@ oort                Oort: loss utility x speed penalty, epsilon exploration
 
 from __future__ import annotations
 
-from fedsim.selectors.base import Selector, SelectorContext
+from fedsim.selectors.base import Draw, Selector, SelectorContext
 from fedsim.selectors.fedpns import FedPNS
 from fedsim.selectors.oort import Oort
 from fedsim.selectors.power_of_choice import PowerOfChoice
@@ -36,6 +37,7 @@ from fedsim.selectors.uniform import Uniform
 from fedsim.selectors.weighted import Weighted
 
 __all__ = [
+    "Draw",
     "FedPNS",
     "Oort",
     "PowerOfChoice",
@@ -47,12 +49,9 @@ __all__ = [
     "make_selector",
 ]
 
+# keyed by each class's ``name`` default, so a name is written once
 REGISTRY: dict[str, type[Selector]] = {
-    "uniform": Uniform,
-    "weighted": Weighted,
-    "fedpns": FedPNS,
-    "power_of_choice": PowerOfChoice,
-    "oort": Oort,
+    str(cls.name): cls for cls in (Uniform, Weighted, FedPNS, PowerOfChoice, Oort)
 }
 
 

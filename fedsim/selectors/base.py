@@ -10,7 +10,7 @@ The round loop calls, with ``ctx`` the run's :class:`SelectorContext`::
 
     state = selector.init(ctx)
     for t in rounds:
-        ids, state = selector.select(state, t, online_ids, rng_t, ctx)
+        ids, state = selector.select(state, Draw(t, online_ids, rng_t, ctx))
         k = selector.multiplicity(state, ids)        # None, or {id: times drawn}
         result = train_and_aggregate(ids)            # a server.RoundResult
         state = selector.observe(state, t, result, ctx)
@@ -18,25 +18,41 @@ The round loop calls, with ``ctx`` the run's :class:`SelectorContext`::
 
 Contract (``tests/test_selectors.py`` checks it for every registered selector):
 ``select`` returns distinct, sorted ``int64`` ids, at most
-``clients_per_round`` of them, all among ``candidates`` (the devices online
-now); every random choice comes from the ``rng`` passed in, so the ids are a
-pure function of (state, round, candidates, rng state, ctx); the state
-survives ``pickle`` and a JSON round trip.
+``clients_per_round`` of them, all among ``draw.candidates`` (the devices
+online now); every random choice comes from ``draw.rng``, so the ids are a
+pure function of (state, draw); the state survives ``pickle`` and a JSON
+round trip.
 
-``observe`` reads a round's outcome duck-typed: ``result.clients`` maps each
-aggregated client id to its stats (``train_loss``, ``weight``, ``flags``) and
-``result.info.flags`` holds the algorithm's per-client flags (FedPNS's
-``labeled``/``removed``).
+``observe`` reads a round's :class:`fedsim.server.RoundResult`:
+``result.clients`` maps each aggregated client id to its stats
+(``train_loss``, ``weight``, ``flags``) and ``result.info.flags`` holds the
+algorithm's per-client flags (FedPNS's ``labeled``/``removed``).
 
-Example:
-    >>> import numpy as np
+Example (a toy selector: the ``clients_per_round`` lowest online ids, and
+how many rounds it has chosen):
+    >>> from typing import Literal
+    >>> @dataclass(frozen=True)
+    ... class Lowest(Selector):
+    ...     name: Literal["lowest"] = "lowest"
+    ...     def init(self, ctx):
+    ...         return {"rounds": 0}
+    ...     def select(self, state, draw):
+    ...         ids = sorted_ids(draw.candidates[: self.k(draw)])
+    ...         return ids, {"rounds": state["rounds"] + 1}
     >>> ctx = SelectorContext.uniform(4)
+    >>> sel = Lowest(clients_per_round=2)
+    >>> ids, state = sel.select(sel.init(ctx),
+    ...                         Draw(0, [1, 2, 3], np.random.default_rng(0), ctx))
+    >>> ids.tolist(), state
+    ([1, 2], {'rounds': 1})
     >>> ctx.num_clients, ctx.data_weights.tolist()
     (4, [0.25, 0.25, 0.25, 0.25])
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -47,13 +63,14 @@ from fedsim.spec import PLUGIN_CONFIG, PosInt
 
 if TYPE_CHECKING:
     from fedsim.fleet import Fleet
+    from fedsim.server import RoundResult
 
 __all__ = [
+    "Draw",
     "Selector",
     "SelectorContext",
     "SelectorState",
-    "as_context",
-    "num_clients",
+    "last_losses",
     "sorted_ids",
     "weighted_pick",
 ]
@@ -181,16 +198,26 @@ class SelectorContext:
         )
 
 
-def as_context(ctx: SelectorContext | int) -> SelectorContext:
-    """Accept a bare client count (older servers) as an uninformed context."""
-    if isinstance(ctx, SelectorContext):
-        return ctx
-    return SelectorContext.uniform(int(ctx))
+@dataclass(frozen=True, eq=False)
+class Draw:
+    """What one call of :meth:`Selector.select` chooses from.
 
+    Attributes:
+        round: the round (synchronous) or the choice's index (asynchronous).
+        candidates: int64, the ids of the devices that may be chosen (online
+            and, asynchronously, idle).
+        rng: the generator every random choice comes from.
+        ctx: the run's :class:`SelectorContext`.
+    """
 
-def num_clients(ctx: SelectorContext | int) -> int:
-    """m, from a context or a bare client count."""
-    return ctx.num_clients if isinstance(ctx, SelectorContext) else int(ctx)
+    round: int
+    candidates: np.ndarray
+    rng: np.random.Generator
+    ctx: SelectorContext
+
+    def __post_init__(self) -> None:
+        cand = np.asarray(self.candidates, dtype=np.int64)
+        object.__setattr__(self, "candidates", cand)
 
 
 @dataclass(frozen=True)
@@ -219,31 +246,25 @@ class Selector:
     # the generator, never on training results: such a selector can pick
     # which idle device starts the next job in asynchronous mode.
     asynchronous: ClassVar[bool] = False
+    # What init returns (a copy), when it depends on nothing else.
+    initial_state: ClassVar[SelectorState] = {}
 
-    def init(self, ctx: SelectorContext | int) -> SelectorState:
-        """The initial state (a plain JSON value)."""
-        if self.needs_context:
-            self._context(ctx)
-        return {}
+    def init(self, ctx: SelectorContext) -> SelectorState:
+        """The initial state (a plain JSON value): ``initial_state``."""
+        self.check_context(ctx)
+        return copy.deepcopy(self.initial_state)
 
     def select(
-        self,
-        state: SelectorState,
-        round_: int,
-        candidates: np.ndarray,
-        rng: np.random.Generator,
-        ctx: SelectorContext | int | None = None,
+        self, state: SelectorState, draw: Draw
     ) -> tuple[np.ndarray, SelectorState]:
+        """Choose among ``draw.candidates``: (sorted distinct ids, new state)."""
         raise NotImplementedError
 
     def observe(
-        self,
-        state: SelectorState,
-        round_: int,
-        result: Any,
-        ctx: SelectorContext | int | None = None,
+        self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
-        """Update the state from a round's outcome (default: nothing to learn)."""
+        """Update the state from round ``t``'s outcome (default: nothing to
+        learn)."""
         return state
 
     def multiplicity(
@@ -259,26 +280,20 @@ class Selector:
         return []
 
     # ------------------------------------------------------------- helpers
-    def _context(self, ctx: SelectorContext | int | None) -> SelectorContext | None:
-        if ctx is None:
-            if self.needs_context:
-                raise TypeError(
-                    f"selector {self.name!r} needs the run's SelectorContext "
-                    "(data weights, device speeds): pass ctx"
-                )
-            return None
-        if not self.needs_context and not isinstance(ctx, SelectorContext):
-            return None  # a bare count: do not build m-sized arrays for nothing
-        c = as_context(ctx)
-        if self.needs_context and not c.informed:
+    def check_context(self, ctx: SelectorContext) -> None:
+        """Refuse an uninformed context when the selector needs real data
+        weights or device speeds (``needs_context``)."""
+        if self.needs_context and not ctx.informed:
             raise TypeError(
                 f"selector {self.name!r} needs the run's real data weights and "
-                "device speeds (SelectorContext.from_run), not a bare client count"
+                "device speeds (SelectorContext.from_run), not "
+                "SelectorContext.uniform"
             )
-        return c
 
-    def _k(self, candidates: np.ndarray) -> int:
-        return min(self.clients_per_round, len(candidates))
+    def k(self, draw: Draw) -> int:
+        """How many ids this draw can give: ``clients_per_round``, or fewer
+        when fewer devices are candidates."""
+        return min(self.clients_per_round, len(draw.candidates))
 
 
 def sorted_ids(ids: np.ndarray | list[int]) -> np.ndarray:
@@ -305,3 +320,10 @@ def weighted_pick(
         fill = rng.choice(ids[~pos], size=n - np.count_nonzero(pos), replace=False)
         return np.concatenate([ids[pos], fill]).astype(np.int64)
     return rng.choice(ids[pos], size=n, replace=False, p=w[pos] / w[pos].sum())
+
+
+def last_losses(result: RoundResult) -> list[tuple[int, float]]:
+    """(client id, mean training loss) of the round's aggregated clients, by
+    id, leaving out non-finite losses (a diverged client teaches nothing)."""
+    pairs = ((int(c), float(st.train_loss)) for c, st in result.clients.items())
+    return sorted((c, loss) for c, loss in pairs if math.isfinite(loss))

@@ -35,18 +35,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field
 
 from fedsim.selectors.base import (
+    Draw,
     Selector,
     SelectorContext,
     SelectorState,
-    num_clients,
     weighted_pick,
 )
+
+if TYPE_CHECKING:
+    from fedsim.server import RoundResult
 
 __all__ = ["FedPNS", "update_probabilities"]
 
@@ -100,9 +103,12 @@ class FedPNS(Selector):
 
     Example:
         >>> import numpy as np
+        >>> from fedsim.selectors.base import Draw, SelectorContext
+        >>> ctx = SelectorContext.uniform(4)
         >>> sel = FedPNS(clients_per_round=2)
-        >>> st = sel.init(4)
-        >>> ids, st = sel.select(st, 0, np.arange(4), np.random.default_rng(0))
+        >>> st = sel.init(ctx)
+        >>> draw = Draw(0, np.arange(4), np.random.default_rng(0), ctx)
+        >>> ids, st = sel.select(st, draw)
         >>> st["selected"] == [1 if i in ids else 0 for i in range(4)]
         True
     """
@@ -111,8 +117,8 @@ class FedPNS(Selector):
     alpha: Annotated[float, Field(gt=0, le=100)] = 2.0
     beta: Annotated[float, Field(ge=0, le=1)] = 0.7
 
-    def init(self, ctx: SelectorContext | int) -> SelectorState:
-        m = num_clients(ctx)
+    def init(self, ctx: SelectorContext) -> SelectorState:
+        m = ctx.num_clients
         return {
             "p": [1.0 / m] * m,
             "selected": [0] * m,
@@ -121,30 +127,20 @@ class FedPNS(Selector):
         }
 
     def select(
-        self,
-        state: SelectorState,
-        round_: int,
-        candidates: np.ndarray,
-        rng: np.random.Generator,
-        ctx: SelectorContext | int | None = None,
+        self, state: SelectorState, draw: Draw
     ) -> tuple[np.ndarray, SelectorState]:
-        cand = np.asarray(candidates, dtype=np.int64)
-        k = self._k(cand)
+        cand = draw.candidates
         p = np.asarray(state["p"], dtype=np.float64)[cand]
-        ids = np.sort(weighted_pick(cand, p, k, rng)).astype(np.int64)
+        ids = np.sort(weighted_pick(cand, p, self.k(draw), draw.rng)).astype(np.int64)
         selected = list(state["selected"])
         for i in ids.tolist():
             selected[i] += 1
         return ids, {**state, "selected": selected}
 
     def observe(
-        self,
-        state: SelectorState,
-        round_: int,
-        result: Any,
-        ctx: SelectorContext | int | None = None,
+        self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
-        flags = getattr(getattr(result, "info", None), "flags", None) or {}
+        flags = result.info.flags or {}
         labeled_now = sorted(int(c) for c, f in flags.items() if f.get("labeled"))
         removed_now = sorted(int(c) for c, f in flags.items() if f.get("removed"))
         labeled = list(state["labeled"])

@@ -35,18 +35,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
 from fedsim.selectors.base import (
+    Draw,
     Selector,
     SelectorContext,
     SelectorState,
+    last_losses,
     weighted_pick,
 )
 from fedsim.spec import NonNegFloat, PosFloat, Prob
+
+if TYPE_CHECKING:
+    from fedsim.server import RoundResult
 
 __all__ = ["Oort", "weighted_pick"]
 
@@ -57,11 +62,11 @@ class Oort(Selector):
 
     Example:
         >>> import numpy as np
-        >>> from fedsim.selectors.base import SelectorContext
+        >>> from fedsim.selectors.base import Draw, SelectorContext
         >>> ctx = SelectorContext.from_arrays([10] * 4, round_time_s=[1, 1, 1, 9])
         >>> sel = Oort(clients_per_round=2)
-        >>> ids, st = sel.select(sel.init(ctx), 0, np.arange(4),
-        ...                      np.random.default_rng(0), ctx)
+        >>> draw = Draw(0, np.arange(4), np.random.default_rng(0), ctx)
+        >>> ids, st = sel.select(sel.init(ctx), draw)
         >>> len(ids)
         2
     """
@@ -77,10 +82,10 @@ class Oort(Selector):
     uncertainty: Annotated[float, Field(ge=0)] = 0.1
 
     needs_context: ClassVar[bool] = True
+    initial_state: ClassVar[SelectorState] = {"ids": [], "util": [], "last": []}
 
-    def init(self, ctx: SelectorContext | int) -> SelectorState:
-        self._context(ctx)
-        return {"ids": [], "util": [], "last": [], "epsilon": float(self.exploration)}
+    def init(self, ctx: SelectorContext) -> SelectorState:
+        return {**super().init(ctx), "epsilon": float(self.exploration)}
 
     def preferred(self, ctx: SelectorContext) -> float:
         """T, the preferred round duration in simulated seconds."""
@@ -113,17 +118,9 @@ class Oort(Selector):
         return u
 
     def select(
-        self,
-        state: SelectorState,
-        round_: int,
-        candidates: np.ndarray,
-        rng: np.random.Generator,
-        ctx: SelectorContext | int | None = None,
+        self, state: SelectorState, draw: Draw
     ) -> tuple[np.ndarray, SelectorState]:
-        c = self._context(ctx)
-        assert c is not None
-        cand = np.asarray(candidates, dtype=np.int64)
-        k = self._k(cand)
+        c, cand, rng, k = draw.ctx, draw.candidates, draw.rng, self.k(draw)
         seen = np.isin(cand, np.asarray(state["ids"], dtype=np.int64))
         explored, fresh = cand[seen], cand[~seen]
         n_explore = min(len(fresh), int(round(state["epsilon"] * k)))
@@ -131,7 +128,7 @@ class Oort(Selector):
         n_explore = min(len(fresh), k - n_exploit)
         picked = []
         if n_exploit:
-            s = self.scores(state, round_, explored, c)
+            s = self.scores(state, draw.round, explored, c)
             order = np.argsort(-s, kind="stable")
             bar = self.cutoff * s[order[n_exploit - 1]]
             pool = order[s[order] >= bar] if bar > 0 else order
@@ -143,24 +140,16 @@ class Oort(Selector):
         return np.sort(ids).astype(np.int64), state
 
     def observe(
-        self,
-        state: SelectorState,
-        round_: int,
-        result: Any,
-        ctx: SelectorContext | int | None = None,
+        self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
-        c = self._context(ctx)
-        assert c is not None
         known = {
             i: (u, last)
             for i, u, last in zip(
                 state["ids"], state["util"], state["last"], strict=True
             )
         }
-        for cid, st in sorted(getattr(result, "clients", {}).items()):
-            loss = float(st.train_loss)
-            if math.isfinite(loss):
-                known[int(cid)] = (float(c.n_samples[int(cid)]) * loss, int(round_))
+        for cid, loss in last_losses(result):
+            known[cid] = (float(ctx.n_samples[cid]) * loss, int(t))
         ids = sorted(known)
         eps = max(self.exploration_min, state["epsilon"] * self.exploration_decay)
         return {

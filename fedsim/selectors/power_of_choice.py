@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 
-from fedsim.selectors.base import Selector, SelectorContext, SelectorState
+from fedsim.selectors.base import Selector, SelectorState, last_losses, weighted_pick
 from fedsim.spec import PosInt
+
+if TYPE_CHECKING:  # annotations only
+    from fedsim.selectors.base import Draw, SelectorContext
+    from fedsim.server import RoundResult
 
 __all__ = ["PowerOfChoice"]
 
@@ -43,11 +47,11 @@ class PowerOfChoice(Selector):
 
     Example:
         >>> import numpy as np
-        >>> from fedsim.selectors.base import SelectorContext
+        >>> from fedsim.selectors.base import Draw, SelectorContext
         >>> sel = PowerOfChoice(clients_per_round=1, candidates=3)
         >>> ctx = SelectorContext.from_arrays([1, 1, 1])
         >>> st = {"ids": [0, 1, 2], "loss": [0.1, 0.9, 0.5]}
-        >>> sel.select(st, 1, np.arange(3), np.random.default_rng(0), ctx)[0]
+        >>> sel.select(st, Draw(1, np.arange(3), np.random.default_rng(0), ctx))[0]
         array([1])
     """
 
@@ -55,6 +59,7 @@ class PowerOfChoice(Selector):
     candidates: PosInt | None = None
 
     needs_context: ClassVar[bool] = True
+    initial_state: ClassVar[SelectorState] = {"ids": [], "loss": []}
 
     def __post_init__(self) -> None:
         if self.candidates is not None and self.candidates < self.clients_per_round:
@@ -67,32 +72,19 @@ class PowerOfChoice(Selector):
     def d(self) -> int:
         return self.candidates or 2 * self.clients_per_round
 
-    def init(self, ctx: SelectorContext | int) -> SelectorState:
-        self._context(ctx)
-        return {"ids": [], "loss": []}
-
     def select(
-        self,
-        state: SelectorState,
-        round_: int,
-        candidates: np.ndarray,
-        rng: np.random.Generator,
-        ctx: SelectorContext | int | None = None,
+        self, state: SelectorState, draw: Draw
     ) -> tuple[np.ndarray, SelectorState]:
-        c = self._context(ctx)
-        assert c is not None
-        cand = np.asarray(candidates, dtype=np.int64)
-        k = self._k(cand)
+        cand, rng, k = draw.candidates, draw.rng, self.k(draw)
         if k == 0:
             return np.zeros(0, dtype=np.int64), state
-        p = c.data_weights[cand]
+        p = draw.ctx.data_weights[cand]
         pos = cand[p > 0]
-        d = min(self.d, len(pos))
-        if d < k:  # too few clients with data weight: take them all, fill
-            rest = rng.choice(cand[p <= 0], size=k - d, replace=False)
-            pool = np.concatenate([pos, rest])
+        if len(pos) < k:  # too few clients with data weight: all, filled at random
+            pool = weighted_pick(cand, p, k, rng)
         else:
             w = p[p > 0]
+            d = min(self.d, len(pos))
             pool = rng.choice(pos, size=d, replace=False, p=w / w.sum())
         known = dict(zip(state["ids"], state["loss"], strict=True))
         loss = np.array([known.get(int(i), math.inf) for i in pool])
@@ -101,16 +93,9 @@ class PowerOfChoice(Selector):
         return np.sort(pool[order[:k]]).astype(np.int64), state
 
     def observe(
-        self,
-        state: SelectorState,
-        round_: int,
-        result: Any,
-        ctx: SelectorContext | int | None = None,
+        self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
         known = dict(zip(state["ids"], state["loss"], strict=True))
-        for cid, st in sorted(getattr(result, "clients", {}).items()):
-            loss = float(st.train_loss)
-            if math.isfinite(loss):
-                known[int(cid)] = loss
+        known.update(last_losses(result))
         ids = sorted(known)
         return {"ids": ids, "loss": [known[i] for i in ids]}

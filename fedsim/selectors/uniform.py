@@ -16,7 +16,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from fedsim.selectors.base import Selector, SelectorContext, SelectorState
+from fedsim.selectors.base import Draw, Selector, SelectorState
 
 __all__ = ["Uniform"]
 
@@ -27,9 +27,10 @@ class Uniform(Selector):
 
     Example:
         >>> import numpy as np
-        >>> sel = Uniform(clients_per_round=2)
-        >>> ids, _ = sel.select(sel.init(5), 0, np.array([0, 2, 4]),
-        ...                     np.random.default_rng(0))
+        >>> from fedsim.selectors import Draw, SelectorContext
+        >>> draw = Draw(0, np.array([0, 2, 4]), np.random.default_rng(0),
+        ...             SelectorContext.uniform(5))
+        >>> ids, _ = Uniform(clients_per_round=2).select({}, draw)
         >>> len(ids), set(ids.tolist()) <= {0, 2, 4}
         (2, True)
     """
@@ -40,12 +41,7 @@ class Uniform(Selector):
     sampling_scheme: ClassVar[str | None] = "uniform"
 
     def select(
-        self,
-        state: SelectorState,
-        round_: int,
-        candidates: np.ndarray,
-        rng: np.random.Generator,
-        ctx: SelectorContext | int | None = None,
+        self, state: SelectorState, draw: Draw
     ) -> tuple[np.ndarray, SelectorState]:
-        chosen = rng.choice(candidates, size=self._k(candidates), replace=False)
+        chosen = draw.rng.choice(draw.candidates, size=self.k(draw), replace=False)
         return np.sort(chosen).astype(np.int64), state

@@ -21,7 +21,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from fedsim.selectors.base import Selector, SelectorContext, SelectorState
+from fedsim.selectors.base import Draw, Selector, SelectorState
 
 __all__ = ["Weighted"]
 
@@ -34,11 +34,11 @@ class Weighted(Selector):
 
     Example:
         >>> import numpy as np
-        >>> from fedsim.selectors.base import SelectorContext
+        >>> from fedsim.selectors.base import Draw, SelectorContext
         >>> ctx = SelectorContext(3, [0.2, 0.3, 0.5], [2, 3, 5], [1, 1, 1], [1, 1, 1])
         >>> sel = Weighted(clients_per_round=4)
-        >>> ids, st = sel.select(sel.init(ctx), 0, np.arange(3),
-        ...                      np.random.default_rng(0), ctx)
+        >>> draw = Draw(0, np.arange(3), np.random.default_rng(0), ctx)
+        >>> ids, st = sel.select(sel.init(ctx), draw)
         >>> sum(sel.multiplicity(st, ids).values())
         4
     """
@@ -48,26 +48,16 @@ class Weighted(Selector):
     asynchronous: ClassVar[bool] = True
     sampling_scheme: ClassVar[str | None] = "proportional"
     needs_context: ClassVar[bool] = True
-
-    def init(self, ctx: SelectorContext | int) -> SelectorState:
-        self._context(ctx)
-        return {"ids": [], "counts": []}
+    initial_state: ClassVar[SelectorState] = {"ids": [], "counts": []}
 
     def select(
-        self,
-        state: SelectorState,
-        round_: int,
-        candidates: np.ndarray,
-        rng: np.random.Generator,
-        ctx: SelectorContext | int | None = None,
+        self, state: SelectorState, draw: Draw
     ) -> tuple[np.ndarray, SelectorState]:
-        c = self._context(ctx)
-        assert c is not None
-        cand = np.asarray(candidates, dtype=np.int64)
-        p = c.data_weights[cand]
+        cand = draw.candidates
+        p = draw.ctx.data_weights[cand]
         if len(cand) == 0 or p.sum() <= 0:
             return np.zeros(0, dtype=np.int64), {"ids": [], "counts": []}
-        draws = rng.choice(
+        draws = draw.rng.choice(
             cand, size=self.clients_per_round, replace=True, p=p / p.sum()
         )
         ids, counts = np.unique(draws, return_counts=True)
