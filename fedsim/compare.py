@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import yaml
 
+from fedsim.results import BOOL, F64, I64, STR, schema
 from fedsim.scenario import Scenario, ScenarioError, load_scenario, read_yaml
 
 __all__ = [
@@ -54,26 +54,20 @@ __all__ = [
     "summarize_runs",
 ]
 
-COMPARE_SCHEMA = pa.schema(
-    [
-        ("algorithm", pa.string()),
-        ("name", pa.string()),
-        ("mode", pa.string()),  # "sync" or "async"
-        ("seed", pa.int64()),
-        ("rounds", pa.int64()),
-        ("diverged", pa.bool_()),
-        ("final_accuracy", pa.float64()),
-        ("best_accuracy", pa.float64()),
-        ("final_test_loss", pa.float64()),
-        ("final_train_loss", pa.float64()),
-        ("rounds_to_target", pa.int64()),
-        ("time_to_target_s", pa.float64()),
-        ("sim_time_s", pa.float64()),
-        ("bytes_down", pa.int64()),
-        ("bytes_up", pa.int64()),
-        ("mean_chi2_pw", pa.float64()),
-        ("wall_time_s", pa.float64()),
-    ]
+# One row per run; stress.parquet shares these first columns.
+RUN_COLUMNS = schema(
+    (STR, "algorithm name mode"),  # mode: "sync" or "async"
+    (I64, "seed rounds"),
+    (BOOL, "diverged"),
+    (F64, "final_accuracy best_accuracy"),
+)
+COMPARE_SCHEMA = schema(
+    (F64, "final_test_loss final_train_loss"),
+    (I64, "rounds_to_target"),
+    (F64, "time_to_target_s sim_time_s"),
+    (I64, "bytes_down bytes_up"),
+    (F64, "mean_chi2_pw wall_time_s"),
+    base=RUN_COLUMNS,
 )
 
 
@@ -237,12 +231,7 @@ def run_one(
     if rows and not math.isfinite(rows[-1]["test_loss"]):
         diverged = True
     out = {
-        "algorithm": label,
-        "name": sc.algorithm.name,
-        "mode": mode,
-        "seed": seed,
-        "rounds": len(rows),
-        "diverged": diverged,
+        **run_fields(label, sc, mode, seed, len(rows), diverged),
         "final_accuracy": _num(final_acc),
         "best_accuracy": _num(summary["best_test_accuracy"]),
         "final_test_loss": _num(summary["final_test_loss"]),
@@ -256,6 +245,21 @@ def run_one(
         "wall_time_s": wall,
     }
     return out, rows
+
+
+def run_fields(
+    label: str, sc: Scenario, mode: str, seed: int, rounds: int, diverged: bool
+) -> dict[str, Any]:
+    """The columns every run's row starts with (:data:`RUN_COLUMNS`, before
+    the accuracies)."""
+    return {
+        "algorithm": label,
+        "name": sc.algorithm.name,
+        "mode": mode,
+        "seed": seed,
+        "rounds": rounds,
+        "diverged": diverged,
+    }
 
 
 def _ray_ready(workers: int | None) -> bool:

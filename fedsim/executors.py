@@ -23,16 +23,12 @@ Adding an executor means subclassing :class:`Executor` with a ``_calls``
 method (and ``forget``/``shutdown`` where it holds resources).
 
 Example:
-    >>> from fedsim.scenario import load_scenario
-    >>> from fedsim.data import build_data
-    >>> from fedsim.models import make_model
-    >>> from fedsim.params import flatten
-    >>> from fedsim.workers import Task
-    >>> sc = load_scenario("scenarios/quickstart.yaml")
-    >>> data = build_data(sc.data, sc.num_clients, sc.seed)
-    >>> ex = make_executor(sc, data, workers=0)
-    >>> x = flatten(make_model(sc, data))
-    >>> ups = ex.train([Task(3, 0, 5), Task(1, 0, 2)], {0: {"x": x}}, {})
+    >>> from fedsim import data, scenario, server, workers
+    >>> sc = scenario.load_scenario("scenarios/quickstart.yaml")
+    >>> fed = data.build_data(sc.data, sc.num_clients, sc.seed)
+    >>> ex = make_executor(sc, fed, workers=0)
+    >>> tasks = [workers.Task(3, 0, 5), workers.Task(1, 0, 2)]
+    >>> ups = ex.train(tasks, {0: server.Server(sc, fed).payload()}, {})
     >>> [(u.client, u.tau) for u in ups]
     [(3, 5), (1, 2)]
     >>> ex.shutdown()

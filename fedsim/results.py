@@ -41,10 +41,10 @@ __all__ = [
     "summarize",
 ]
 
-_I64, _F64, _STR, _BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
+I64, F64, STR, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
 
-def _schema(*runs: tuple[pa.DataType, str], base: pa.Schema | None = None) -> pa.Schema:
+def schema(*runs: tuple[pa.DataType, str], base: pa.Schema | None = None) -> pa.Schema:
     """The columns of ``base`` (if any), then each run's space-separated
     names with that run's type, in order."""
     fields = list(base) if base is not None else []
@@ -56,23 +56,23 @@ def _schema(*runs: tuple[pa.DataType, str], base: pa.Schema | None = None) -> pa
 # rounds.parquet: one row per round. tau_mean/min/max: local steps of the
 # completed updates; tau_eff, chi2_pw: the algorithm's effective steps and its
 # weights' objective inconsistency.
-ROUND_SCHEMA = _schema(
-    (_I64, "round"),
-    (_F64, "sim_time wall_time test_loss test_accuracy train_loss"),
-    (_I64, "n_selected n_completed n_dropped"),
-    (_F64, "tau_mean tau_min tau_max tau_eff chi2_pw"),
+ROUND_SCHEMA = schema(
+    (I64, "round"),
+    (F64, "sim_time wall_time test_loss test_accuracy train_loss"),
+    (I64, "n_selected n_completed n_dropped"),
+    (F64, "tau_mean tau_min tau_max tau_eff chi2_pw"),
 )
 
 # clients.parquet: one row per selected client per round.
-CLIENT_SCHEMA = _schema(
-    (_I64, "round client_id"),
-    (_STR, "device_group"),
-    (_I64, "tau"),
-    (_F64, "t_start t_arrive"),
-    (_BOOL, "dropped"),
-    (_STR, "drop_reason"),
-    (_F64, "slowdown weight update_norm train_loss"),
-    (_I64, "bytes_down bytes_up"),
+CLIENT_SCHEMA = schema(
+    (I64, "round client_id"),
+    (STR, "device_group"),
+    (I64, "tau"),
+    (F64, "t_start t_arrive"),
+    (BOOL, "dropped"),
+    (STR, "drop_reason"),
+    (F64, "slowdown weight update_norm train_loss"),
+    (I64, "bytes_down bytes_up"),
 )
 
 # Asynchronous runs: clients.parquet has one row per job the server saw end
@@ -81,12 +81,12 @@ CLIENT_SCHEMA = _schema(
 # version_started: the version the device downloaded; version_applied: null
 # unless applied; staleness: version at arrival - version_started, null when
 # the device went offline; job: the device's job index (0, 1, ...).
-ASYNC_CLIENT_SCHEMA = _schema(
-    (_I64, "version_started version_applied staleness job"), base=CLIENT_SCHEMA
+ASYNC_CLIENT_SCHEMA = schema(
+    (I64, "version_started version_applied staleness job"), base=CLIENT_SCHEMA
 )
-ASYNC_ROUND_SCHEMA = _schema(
-    (_F64, "staleness_mean"),
-    (_I64, "staleness_max n_stale n_offline n_started in_flight"),
+ASYNC_ROUND_SCHEMA = schema(
+    (F64, "staleness_mean"),
+    (I64, "staleness_max n_stale n_offline n_started in_flight"),
     base=ROUND_SCHEMA,
 )
 

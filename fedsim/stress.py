@@ -59,14 +59,17 @@ import numpy as np
 import pyarrow as pa
 
 from fedsim.compare import (
+    RUN_COLUMNS,
     _pm,
     _reject_run_overrides,
     _safe,
     _stats,
     load_variant,
+    run_fields,
     run_jobs,
     split_algorithms,
 )
+from fedsim.results import F64, I64, schema
 from fedsim.scenario import ScenarioError, load_scenario, read_yaml
 
 __all__ = [
@@ -78,26 +81,11 @@ __all__ = [
     "run_stress",
 ]
 
-STRESS_SCHEMA = pa.schema(
-    [
-        ("cell", pa.int64()),
-        ("algorithm", pa.string()),
-        ("name", pa.string()),
-        ("mode", pa.string()),  # "sync" or "async"
-        ("seed", pa.int64()),
-        ("rounds", pa.int64()),
-        ("diverged", pa.bool_()),
-        ("final_accuracy", pa.float64()),
-        ("best_accuracy", pa.float64()),
-        ("target_accuracy", pa.float64()),
-        ("time_to_target_s", pa.float64()),
-        ("sim_time_s", pa.float64()),
-        ("updates", pa.int64()),
-        ("dropped_fraction", pa.float64()),
-        ("tau_mean", pa.float64()),
-        ("tau_std", pa.float64()),
-        ("wall_time_s", pa.float64()),
-    ]
+STRESS_SCHEMA = schema(
+    (F64, "target_accuracy time_to_target_s sim_time_s"),
+    (I64, "updates"),
+    (F64, "dropped_fraction tau_mean tau_std wall_time_s"),
+    base=pa.schema([pa.field("cell", I64), *RUN_COLUMNS]),
 )
 TAU_SCHEMA = pa.schema(
     [
@@ -188,12 +176,7 @@ def _run_one(
     dropped = sum(int(r["n_dropped"]) for r in rows)
     record = {
         "cell": cell_index,
-        "algorithm": label,
-        "name": sc.algorithm.name,
-        "mode": mode,
-        "seed": seed,
-        "rounds": len(rows),
-        "diverged": diverged,
+        **run_fields(label, sc, mode, seed, len(rows), diverged),
         "final_accuracy": finite[-1] if finite else math.nan,
         "best_accuracy": max(finite) if finite else math.nan,
         "target_accuracy": math.nan,
@@ -790,13 +773,13 @@ def _write_tables(
         rec["time_to_target_s"] = (
             None if target is None else _time_to(res["curve"], target)
         )
-    schema = _schema(cells, paths)
+    table_schema = _schema(cells, paths)
 
     def value(p: str, v: Any) -> Any:
-        return v if schema.field(p).type == pa.float64() else _label(v)
+        return v if table_schema.field(p).type == pa.float64() else _label(v)
 
     rows = [{**{p: value(p, cells[r["cell"]][p]) for p in paths}, **r} for r in records]
-    write_table(out / "stress.parquet", rows, schema)
+    write_table(out / "stress.parquet", rows, table_schema)
     return records, target
 
 

@@ -340,15 +340,12 @@ def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
 class AsyncRule(Protocol):
     """What an asynchronous server rule adds (FedAsync, FedBuff): every
     ``buffer_size`` accepted arrivals make one server version, applied by
-    ``aggregate_async`` with the updates in order of arrival, their staleness
-    and the parameters of the version each one started from."""
+    ``aggregate_async(state, updates, staleness, starts)`` with the updates in
+    order of arrival, their staleness and the parameters of the version each
+    one started from."""
 
     buffer_size: int
-
-    def aggregate_async(
-        self,
-        state: ServerState,
-        updates: Sequence[ClientUpdate],
-        staleness: Sequence[int],
-        starts: Sequence[torch.Tensor],
-    ) -> tuple[ServerState, AggregateInfo]: ...
+    aggregate_async: Callable[
+        [ServerState, Updates, Sequence[int], Sequence[torch.Tensor]],
+        tuple[ServerState, AggregateInfo],
+    ]
