@@ -282,6 +282,10 @@ def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
     return out or "(top level)"
 
 
+# "selector.name 'oort' ...", "algorithm.sampling 'x' ...": a field path first
+_CROSS_FIELD = re.compile(r"([a-z_]+(?:\.[a-z_]+|\[\d+\])+)\b")
+
+
 def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
     lines = []
     for e in err.errors(include_url=False):
@@ -293,6 +297,12 @@ def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
             msg = "required field is missing"
         elif e["type"] == "union_tag_invalid":
             msg = f"unknown choice: {msg}"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            # a check across sections names its fields itself: lead with them
+            first = _CROSS_FIELD.match(msg)
+            if not e["loc"] and first:
+                loc = first.group(1)
         got = e.get("input")
         shown = ""
         quiet = ("missing", "extra_forbidden", "unexpected_keyword_argument")
@@ -569,7 +579,7 @@ def _split_path(path: str) -> list[str | int]:
         pos = m.end()
         if m.group(2) is not None:
             parts.append(int(m.group(2)))
-        elif m.group(1).isdigit():
+        elif m.group(1).isascii() and m.group(1).isdigit():
             parts.append(int(m.group(1)))
         else:
             parts.append(m.group(1))

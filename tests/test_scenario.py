@@ -330,3 +330,11 @@ def test_read_yaml_for_other_tools():
     assert read_yaml("{lr: 1e-3, name: no}", "--sweep x") == {"lr": 0.001, "name": "no"}
     with pytest.raises(ScenarioError, match="--sweep x: line 1: duplicate key a"):
         read_yaml("{a: 1, a: 2}", "--sweep x")
+
+
+def test_a_set_path_with_a_unicode_digit_is_a_key_not_an_index():
+    # '¹'.isdigit() is True but int('¹') fails: found by the fuzz suite
+    from fedsim.scenario import ScenarioError, load_scenario
+
+    with pytest.raises(ScenarioError, match="¹"):
+        load_scenario(SCENARIOS / "quickstart.yaml", ["¹=null"])
