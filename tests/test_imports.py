@@ -86,3 +86,14 @@ def test_no_import_cycles():
 
 def test_the_checker_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def test_no_function_is_over_80_lines():
+    long = []
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > 80:
+                    long.append(f"{module}.{node.name}: {n} lines")
+    assert long == []
