@@ -190,3 +190,35 @@ def test_run_with_embedded_ray_workers(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["rounds"] == 3
+
+
+def test_out_holding_a_run_is_refused_and_overwrite_replaces_it(tmp_path):
+    # Prepare: a finished run, and a file of the user's in the same folder
+    out = tmp_path / "run"
+    args = ["run", str(SCENARIOS / "quickstart.yaml"), "--workers", "0", "-q"]
+    first = fedsim(*args, "--set", "rounds=3", "--out", str(out), "--no-report")
+    assert first.returncode == 0, first.stderr
+    (out / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    # Execute: the same --out again, without and with --overwrite
+    again = fedsim(*args, "--set", "rounds=2", "--out", str(out), "--no-report")
+    kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    over = fedsim(*args, "--set", "rounds=2", "--out", str(out), "--overwrite")
+
+    # Assert: refused with exit 2 and nothing touched; then replaced whole
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    assert kept == before
+    assert over.returncode == 0, over.stderr
+    assert pq.read_table(out / "rounds.parquet").num_rows == 2
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 2
+    assert (out / "notes.txt").read_text() == "mine"  # not a result file
+    assert (out / "report.md").exists()
+
+
+def test_a_run_never_writes_over_its_own_scenario_file(tmp_path):
+    src = tmp_path / "scenario.yaml"
+    src.write_text((SCENARIOS / "ci" / "tiny-synthetic.yaml").read_text() + "# mine\n")
+    p = fedsim("run", str(src), "--workers", "0", "--out", str(tmp_path), "-q")
+    assert p.returncode == 2 and "its own scenario file" in p.stderr
+    assert src.read_text().endswith("# mine\n")
