@@ -18,13 +18,11 @@ it started), and whatever of its session is left is killed by pid. Never
 from __future__ import annotations
 
 import copy
-import ipaddress
 import json
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,30 +36,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from .cluster_utils import base_env, free_ports, is_loopback
 from .conftest import ROOT
 
 CLUSTER = ROOT / "cluster"
 BIN = Path(sys.executable).parent  # the venv's bin: ray, fedsim, python
 RAY = BIN / "ray"
 SUBMIT = CLUSTER / "submit.sh"
-
-
-def _env(**extra: str) -> dict[str, str]:
-    """This process's environment without any Ray address or token, plus
-    ``extra``; the venv's bin comes first on PATH."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("RAY_AUTH", "RAY_ADDRESS", "RAY_API_SERVER"))
-    }
-    env.update(
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        RAY_USAGE_STATS_ENABLED="0",
-        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-        COLUMNS="120",
-    )
-    env.update(extra)
-    return env
 
 
 def _auth_env(env: dict[str, str]) -> list[str]:
@@ -168,7 +149,7 @@ def _submit(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(SUBMIT), *args],
         cwd=ROOT,
-        env=_env(**env),
+        env=base_env(**env),
         capture_output=True,
         text=True,
         timeout=120,
@@ -230,19 +211,6 @@ def test_submit_sh_validates_the_scenario_before_submitting():
 
 
 # ------------------------------------------------- a real head, a real job
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass
@@ -322,13 +290,13 @@ def ray_head() -> Iterator[Head]:
     token_file = work / "auth_token"
     token_file.write_text(token)
     token_file.chmod(0o600)
-    env = _env(
+    env = base_env(
         RAY_AUTH_MODE="token",
         RAY_AUTH_TOKEN_PATH=str(token_file),
         # SIGTERM stops the head at once instead of draining for 30 s.
         RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
     )
-    gcs, dash, client, nm, om, agent, agent_grpc, metrics, rt_env = _free_ports(9)
+    gcs, dash, client, nm, om, agent, agent_grpc, metrics, rt_env = free_ports(9)
     log = work / "head.log"
     cmd = [
         str(RAY),
@@ -395,11 +363,6 @@ def _ray(head: Head, *args: str, env: dict[str, str] | None = None, timeout=120)
     )
 
 
-def _is_loopback(ip: str) -> bool:
-    addr = ipaddress.ip_address(ip.split("%")[0])
-    return (getattr(addr, "ipv4_mapped", None) or addr).is_loopback
-
-
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_ray_job_submit_with_token_auth(ray_head: Head, tmp_path: Path):
@@ -416,7 +379,7 @@ def test_ray_job_submit_with_token_auth(ray_head: Head, tmp_path: Path):
             continue
         listening += [c.laddr for c in conns if c.status == psutil.CONN_LISTEN]
     assert listening, "found none of the head's listening sockets"
-    assert all(_is_loopback(a.ip) for a in listening), listening
+    assert all(is_loopback(a.ip) for a in listening), listening
 
     # Submit the quickstart the documented way: cluster/submit.sh, which runs
     # the venv's `ray job submit --working-dir . --runtime-env ...` and waits.
