@@ -200,6 +200,21 @@ def _summary_rows(
     return [(k, v) for k, v in rows if v not in ("-", "- (-)", "- s")]
 
 
+def _status_lines(summary: dict[str, Any]) -> list[str]:
+    """A warning above the figures when the run did not complete, or its
+    numbers mean little (summary.json's ``status`` and ``degenerate``)."""
+    out = []
+    status = summary.get("status")
+    if status and status != "completed":
+        out.append(
+            f"> **This run is {status}**: the figures show the rounds it "
+            "made before it stopped."
+        )
+    if summary.get("degenerate"):
+        out.append(f"> **Degenerate run**: {summary['degenerate']}.")
+    return [*out, ""] if out else []
+
+
 def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     """Write the figures and ``report.md`` of a run directory.
 
@@ -260,6 +275,7 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
         )
 
     lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir.name}`", ""]
+    lines += _status_lines(summary)
     lines += ["| key figure | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in _summary_rows(summary, scenario, rounds)]
     if clients is None:
@@ -267,6 +283,9 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     for fig in figures:
         lines += ["", f"## {fig.heading}", "", f"![{fig.heading}]({fig.file})", ""]
         lines.append(fig.hint)
+    if (run_dir / "partition.png").exists():
+        lines += ["", "## Data partition", "", "![Data partition](partition.png)", ""]
+        lines.append("Samples per client by class (partition.parquet holds them all).")
     path = run_dir / REPORT_NAME
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
     return path

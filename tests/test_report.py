@@ -6,6 +6,7 @@ accuracy). The figures are checked through :mod:`fedsim.plots`'
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -115,8 +116,10 @@ def test_report_links_the_figures_it_wrote(which, sync_run, async_run, quadratic
 
     expected = SYNC_FIGURES + (["staleness.png"] if which == "async" else [])
     # FedAvg/FedBuff/FedNova-with-FedAvg-weights on unequal tau or stale
-    # arrivals: chi^2(p||w) > 0 is recorded, so it is drawn.
-    assert links == [*expected, "chi2.png"]
+    # arrivals: chi^2(p||w) > 0 is recorded, so it is drawn; the partition's
+    # figure closes the report (the quadratic objectives have no partition).
+    partition = [] if which == "quadratic" else ["partition.png"]
+    assert links == [*expected, "chi2.png", *partition]
     for name in links:
         assert (run_dir / name).read_bytes()[:8] == PNG_MAGIC
 
@@ -129,6 +132,21 @@ def test_report_text_of_a_sync_run(sync_run):
     assert "stragglers" in text
     _, clients = tables(sync_run)
     assert sum(c["dropped"] for c in clients) == 6 and len(clients) == 40
+
+
+def test_report_says_a_run_did_not_complete_or_was_degenerate(sync_run, tmp_path):
+    from fedsim.report import write_report
+
+    run_dir = copy_run(sync_run, tmp_path / "run")
+    assert "This run is" not in (run_dir / "report.md").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary |= {"status": "interrupted", "degenerate": "no update ever arrived"}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+    text = write_report(run_dir).read_text()
+
+    assert "> **This run is interrupted**" in text
+    assert "> **Degenerate run**: no update ever arrived." in text
 
 
 def test_quadratic_run_without_accuracy_has_no_accuracy_rows(quadratic_run):
