@@ -24,3 +24,18 @@ def ray_session():
     init_ray(num_cpus=2)
     yield
     shutdown_ray()
+
+
+def cli_run(out: Path, scenario: str, overrides: list[str]) -> Path:
+    """``fedsim run SCENARIO --workers 0 --out OUT --set ...`` in this process
+    (typer's CliRunner); it must succeed. Returns ``out``."""
+    from typer.testing import CliRunner
+
+    from fedsim.cli import app
+
+    args = ["run", str(SCENARIOS / scenario), "--workers", "0", "--out", str(out)]
+    for o in overrides:
+        args += ["--set", o]
+    result = CliRunner().invoke(app, [*args, "--quiet"])
+    assert result.exit_code == 0, result.output
+    return out

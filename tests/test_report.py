@@ -16,26 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 from matplotlib.collections import PathCollection
 from matplotlib.patches import Rectangle
-from typer.testing import CliRunner
 
 from fedsim import plots
-from fedsim.cli import app
 from fedsim.report import ReportError, write_report
 from fedsim.results import ROUND_SCHEMA, write_table
 
-from .conftest import SCENARIOS
+from .conftest import cli_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SYNC_FIGURES = ["metrics.png", "tau_by_group.png", "timeline.png"]
-
-
-def cli_run(out: Path, scenario: str, overrides: list[str]) -> Path:
-    args = ["run", str(SCENARIOS / scenario), "--workers", "0", "--out", str(out)]
-    for o in overrides:
-        args += ["--set", o]
-    result = CliRunner().invoke(app, [*args, "--quiet"])
-    assert result.exit_code == 0, result.output
-    return out
 
 
 @pytest.fixture(scope="module")

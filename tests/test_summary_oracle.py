@@ -22,13 +22,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from fedsim.cli import app
 from fedsim.results import summarize
 from fedsim.scenario import load_scenario
 
-from .conftest import SCENARIOS
+from .conftest import cli_run
 
 NAN = float("nan")
 
@@ -200,15 +198,6 @@ RUNS = {
         ["rounds=8", "round.max_staleness=2", "eval.every_rounds=3"],
     ),
 }
-
-
-def cli_run(out: Path, scenario: str, overrides: list[str]) -> Path:
-    args = ["run", str(SCENARIOS / scenario), "--workers", "0", "--out", str(out)]
-    for o in overrides:
-        args += ["--set", o]
-    result = CliRunner().invoke(app, [*args, "--quiet"])
-    assert result.exit_code == 0, result.output
-    return out
 
 
 @pytest.fixture(scope="module", params=sorted(RUNS))
