@@ -69,6 +69,7 @@ import torch
 from fedsim import __version__, clock
 from fedsim.algorithms.base import AsyncRule, ClientUpdate
 from fedsim.checkpoint import (
+    Checkpoint,
     CheckpointError,
     checkpoint_bytes,
     checkpoint_dir,
@@ -407,9 +408,9 @@ class _Run:
         write_fingerprint(ckpt, self.sc)
         commit_checkpoint(self.run_dir, ckpt)
 
-    def restore(self) -> tuple[int, float, Any]:
-        """Load the latest checkpoint: (next round, simulated time, selector
-        state); the recorder holds the rows up to it."""
+    def restore(self) -> Checkpoint:
+        """Load the latest checkpoint (server state, client store, and the
+        rows up to it into the recorder) and return it."""
         assert self.run_dir is not None
         ck = latest_checkpoint(self.run_dir)
         if not 0 < ck.next_round <= self.sc.rounds:
@@ -421,7 +422,7 @@ class _Run:
         self.recorder.load(ck.n_rows, ck.n_client_rows, ck.n_selector_rows)
         if self.recorder.rows:  # wall time counts the whole run, resumes included
             self.wall0 -= float(self.recorder.rows[-1]["wall_time"])
-        return ck.next_round, ck.sim_time, ck.selector_state
+        return ck
 
     def due(self, done: int) -> bool:
         """Whether a checkpoint is due after ``done`` rounds or versions."""
@@ -439,7 +440,8 @@ def _run_rounds(run: _Run, resume: bool) -> None:
     state = sel.init(run.sel_ctx)
     start, now = 0, 0.0
     if resume:
-        start, now, state = run.restore()
+        ck = run.restore()
+        start, now, state = ck.next_round, ck.sim_time, ck.selector_state
     for t in range(start, sc.rounds):
         now = run.fleet.next_online_time(now)
         online = np.flatnonzero(run.fleet.online(now))
@@ -563,13 +565,13 @@ class _Async:
     def _restore(self) -> None:
         """Load the latest checkpoint and replay the timeline up to it."""
         run = self.run
-        w, _, _ = run.restore()
+        ck = run.restore()
+        w = ck.next_round
         for _ in range(w):
             rec = next(self.timeline)
             self.users.update(j.version for j in rec.started)
             for a in rec.ended:
                 self.users[a.job.version] -= 1
-        ck = latest_checkpoint(run.run_dir)  # type: ignore[arg-type]
         in_use = [v for v in range(w) if self.users[v] > 0]
         try:
             for v in in_use:
