@@ -55,6 +55,7 @@ __all__ = [
     "AsyncTimeline",
     "Chooser",
     "Job",
+    "JobWork",
     "Plan",
     "RoundPlan",
     "RoundSpec",
@@ -136,6 +137,32 @@ class RoundSpec(_Spec):
                 "(max_staleness drops updates that come back too late)"
             )
         return self
+
+
+@dataclass(frozen=True)
+class JobWork:
+    """A job whose work is not "local SGD steps" (FedDM's matching).
+
+    The clock then counts ``tau`` in the algorithm's own units (FedDM: one
+    matching iteration), each costing ``unit_cost`` local steps of compute,
+    and times the upload as ``bytes_up`` instead of the model size.
+
+    Attributes:
+        steps: units a job is meant to do (FedDM's ``iterations``). Under
+            ``fixed_epochs`` every device with data does exactly this many
+            (``epochs`` do not apply); under ``fixed_window`` it replaces
+            ``max_steps`` (a bound on local SGD steps) as the cap, and the
+            window bounds the rest (the scenario warns when the window
+            cuts the typical device short).
+        unit_cost: float64 ``[m]`` by client id: local-step equivalents of
+            one unit, so a device runs ``speed / (slowdown * unit_cost)``
+            units per second.
+        bytes_up: int64 ``[m]`` by client id: what each device uploads.
+    """
+
+    steps: int
+    unit_cost: np.ndarray
+    bytes_up: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -376,6 +403,7 @@ def plan_round(
     n_samples: np.ndarray,
     batch_size: int,
     keep: int | None = None,
+    work: JobWork | None = None,
 ) -> RoundPlan:
     """Plan one synchronous round starting at simulated time ``now``.
 
@@ -417,6 +445,7 @@ def plan_round(
         n_samples: training samples per device, indexed by client id.
         batch_size: B, samples per local step.
         keep: keep only the first ``keep`` arrivals (None: all).
+        work: FedDM's units, cost and upload (:class:`JobWork`; None: steps).
 
     Returns:
         A :class:`RoundPlan` with one plan per chosen device.
@@ -425,10 +454,9 @@ def plan_round(
         raise ValueError("policy 'async' has no rounds: use AsyncTimeline")
     ids, now = _distinct(chosen), float(now)
     slowdown = fleet.draw_slowdowns(ids, rng)
-    rate = fleet.speed[ids] / slowdown  # steps per simulated second this round
-    down, up = fleet.comm_time(ids, bytes_down, bytes_up)
+    rate, down, up = _rate_and_comm(fleet, ids, slowdown, bytes_down, bytes_up, work)
     tau, skip, epochs, deadline = _round_steps(
-        policy, now, rate, down, up, rng, n_samples, ids, batch_size
+        policy, now, rate, down, up, rng, n_samples, ids, batch_size, work
     )
     offline_at = fleet.offline_time(ids, now)
     with np.errstate(divide="ignore"):  # a rate of 0: an endless straggler
@@ -436,13 +464,42 @@ def plan_round(
     dropout_at = now + fleet.draw_dropouts(ids, rng, work_s)
     sim = _Round(now, deadline, wait_for_all=policy.policy == "fixed_epochs", keep=keep)
     for j in np.flatnonzero(skip == "").tolist():
-        work = _Work(now, float(down[j]), int(tau[j]), float(rate[j]), float(up[j]))
+        job = _Work(now, float(down[j]), int(tau[j]), float(rate[j]), float(up[j]))
         off, drop = float(offline_at[j]), float(dropout_at[j])
-        sim.add_device(j, work, _leaving(work, off, drop, "arrives", deadline))
+        sim.add_device(j, job, _leaving(job, off, drop, "arrives", deadline))
     t_end = sim.run()
     clip = policy.policy == "fixed_window"  # arrivals past W: the floor's slack
     plans = sim.plans(ids, skip, slowdown, epochs, clip_to_deadline=clip)
     return RoundPlan(plans=plans, t_start=now, t_end=t_end)
+
+
+def _rate_and_comm(
+    fleet: Fleet,
+    ids: np.ndarray,
+    slowdown: np.ndarray,
+    bytes_down: int,
+    bytes_up: int,
+    work: JobWork | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Work per simulated second this round (local steps, or ``work``'s
+    units at ``unit_cost`` steps each), download and upload seconds."""
+    rate = fleet.speed[ids] / slowdown
+    if work is None:
+        return rate, *fleet.comm_time(ids, bytes_down, bytes_up)
+    down, up = _comm_time(fleet, ids, bytes_down, work.bytes_up[ids])
+    return rate / work.unit_cost[ids], down, up
+
+
+def _comm_time(
+    fleet: Fleet, ids: np.ndarray, bytes_down: int, bytes_up: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`Fleet.comm_time` with one upload size per device: one call per
+    distinct size, so each time is the very number a scalar size gives."""
+    down, up = fleet.comm_time(ids, bytes_down, 0)
+    for b in np.unique(bytes_up).tolist():
+        mask = bytes_up == b
+        up[mask] = fleet.comm_time(ids[mask], bytes_down, int(b))[1]
+    return down, up
 
 
 def _distinct(chosen: np.ndarray) -> np.ndarray:
@@ -462,16 +519,24 @@ def _round_steps(
     n_samples: np.ndarray,
     ids: np.ndarray,
     batch_size: int,
+    work: JobWork | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
     """A round's tau per device, why a device skips it ("" if it does not),
-    the epochs drawn (None under ``fixed_window``) and the deadline."""
+    the epochs drawn (None under ``fixed_window``, and with ``work``) and
+    the deadline. With ``work``, ``rate`` is in its units per second."""
     if policy.policy == "fixed_window":
+        cap = policy.max_steps if work is None else work.steps
         compute_s = policy.window_s - (down + up)
         tau = np.floor(compute_s * rate + _EPS * np.maximum(1.0, compute_s * rate))
-        tau = np.clip(tau, 0, policy.max_steps).astype(np.int64)
+        tau = np.clip(tau, 0, cap).astype(np.int64)
         return tau, np.where(tau == 0, "no_time", ""), None, now + policy.window_s
-    epochs = _draw_epochs(policy, rate.size, rng)
-    tau = steps_for(epochs, np.asarray(n_samples, dtype=np.int64)[ids], batch_size)
+    n = np.asarray(n_samples, dtype=np.int64)[ids]
+    epochs: np.ndarray | None
+    if work is None:
+        epochs = _draw_epochs(policy, rate.size, rng)
+        tau = steps_for(epochs, n, batch_size)
+    else:  # the algorithm's own job size: epochs do not apply
+        epochs, tau = None, np.where(n > 0, work.steps, 0).astype(np.int64)
     deadline = now + policy.deadline_s if policy.deadline_s else math.inf
     return tau, np.where(tau == 0, "no_data", ""), epochs, deadline
 

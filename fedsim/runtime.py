@@ -68,6 +68,7 @@ import torch
 
 from fedsim import __version__, clock
 from fedsim.algorithms.base import AsyncRule, ClientUpdate
+from fedsim.algorithms.feddm import FedDM
 from fedsim.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -245,6 +246,7 @@ class _Run:
         elem = sc.model.elem_bytes
         self.bytes_down = sc.algorithm.down_factor * d * elem
         self.bytes_up = sc.algorithm.up_factor * d * elem
+        self.work = job_work(sc, self.data)  # FedDM: its iterations and upload
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
         self.sel_ctx = SelectorContext.from_run(
@@ -348,6 +350,8 @@ class _Run:
     ) -> Row:
         u, weight = trained if trained is not None else (None, 0.0)
         up = self.bytes_up if u is None or u.bytes_up is None else u.bytes_up
+        if u is None and self.work is not None:  # uploaded, then not used
+            up = int(self.work.bytes_up[r.plan.client])
         p = r.plan
         row: Row = {
             "round": r.round,
@@ -429,6 +433,33 @@ class _Run:
         return bool(self.every) and (done % self.every == 0 or done == self.sc.rounds)
 
 
+def job_work(sc: Scenario, data: FederatedData) -> clock.JobWork | None:
+    """What the clock charges an algorithm whose client work is not local
+    SGD steps (FedDM: ``iterations`` matching iterations at its
+    ``cost_per_iteration``, uploading its synthetic set); None for the rest.
+
+    The upload is the images in the model's dtype (the worker casts the
+    data to it) and the labels in the data's integer dtype, as sent.
+    """
+    alg = sc.algorithm
+    if not isinstance(alg, FedDM) or not data.num_classes:
+        return None
+    y, off = np.asarray(data.y), np.asarray(data.offsets)
+    counts = np.stack(
+        [
+            np.bincount(y[off[k] : off[k + 1]], minlength=data.num_classes)
+            for k in range(len(off) - 1)
+        ]
+    )
+    return clock.JobWork(
+        steps=int(alg.iterations),
+        unit_cost=alg.cost_per_iteration(counts, sc.client.batch_size),
+        bytes_up=alg.upload_sizes(
+            counts, np.asarray(data.x).shape[1:], sc.model.elem_bytes, y.itemsize
+        ),
+    )
+
+
 # ======================================================= synchronous rounds
 def _run_rounds(run: _Run, resume: bool) -> None:
     sc, server, sel = run.sc, run.server, run.selector
@@ -459,6 +490,7 @@ def _run_rounds(run: _Run, resume: bool) -> None:
             run.data.n_samples,
             sc.client.batch_size,
             keep=keep,
+            work=run.work,
         )
         records = [ClientRecord.from_plan(t, p) for p in plan.plans]
         tasks = [Task(p.client, t, p.tau, t) for p in plan.plans if not p.dropped]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 import stat
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AvailabilitySpec",
     "DeviceGroup",
+    "FedDMClockWarning",
     "FleetSpec",
     "NetworkSpec",
     "RoundSpec",
@@ -248,9 +250,72 @@ class Scenario(_Spec):
             )
         return self
 
+    @model_validator(mode="after")
+    def _feddm_on_the_clock(self) -> Scenario:
+        problem, warning = feddm_clock_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
+        if warning is not None:
+            warnings.warn(warning, FedDMClockWarning, stacklevel=2)
+        return self
+
     @property
     def num_clients(self) -> int:
         return self.fleet.size
+
+
+class FedDMClockWarning(UserWarning):
+    """The round policy will cut FedDM's matching iterations short."""
+
+
+def feddm_clock_problem(sc: Scenario) -> tuple[str | None, str | None]:
+    """(error, warning) about FedDM's work on the clock (docs/algorithms.md,
+    "FedDM's cost"); (None, None) for other algorithms.
+
+    Error: ``fixed_epochs`` with a range of epochs (FedDM runs
+    ``iterations``, never epochs). Warning (``fixed_window``): the median
+    device of a group cannot run ``iterations`` in the window, even at the
+    cost of the cheapest client (one class, a full real batch; with a
+    numeric ``iteration_cost``, that cost) and before communication; its
+    matching would be cut short. That is what a fixed window means (FedDM
+    under a deadline is a fair experiment), so it is said, not refused;
+    each client row's tau shows the iterations run. ``max_steps`` bounds
+    local SGD steps and does not apply to FedDM (its cap is ``iterations``).
+    ``async`` is refused for FedDM, as for every algorithm without an
+    asynchronous rule.
+    """
+    from fedsim.algorithms.feddm import FedDM, iteration_flops_ratio
+
+    alg, rs = sc.algorithm, sc.round
+    if not isinstance(alg, FedDM):
+        return None, None
+    n_iter = alg.iterations
+    if rs.policy == "fixed_epochs" and rs.epochs_low is not None:
+        return (
+            "round.epochs_low/epochs_high: FedDM runs algorithm.iterations "
+            f"({n_iter}) matching iterations per round, not epochs; leave them out"
+        ), None
+    if rs.policy != "fixed_window":
+        return None, None
+    cost = alg.iteration_cost
+    if cost == "auto":
+        cost = iteration_flops_ratio([alg.dc_batch_size], alg.ipc, sc.client.batch_size)
+    for g in sc.fleet.groups:
+        if g.speed is None:  # a trace group: its speeds are per device
+            continue
+        fits = rs.window_s * g.speed.median / float(cost)
+        if fits < n_iter:
+            need = n_iter * float(cost) / g.speed.median
+            return None, (
+                f"round.window_s ({rs.window_s:g} s) cuts FedDM's matching short: "
+                f"at algorithm.iteration_cost >= {float(cost):.3g} local steps "
+                f"per iteration, the median device of fleet group {g.name!r} "
+                f"({g.speed.median:g} steps/s) runs at most {math.floor(fits)} "
+                f"of algorithm.iterations ({n_iter}); for all of them give "
+                f"round.window_s >= {need:.4g}, fewer iterations, or "
+                "round.policy fixed_epochs"
+            )
+    return None, None
 
 
 # ------------------------------------------------------------------------- loading

@@ -34,11 +34,20 @@ needs no validation split.
 With ``ball: true`` every step is projected back onto the ball B_rho(w_r),
 the paper's constraint (the reimplementations do not enforce it).
 
-Time: one matching iteration is one local "step" of the clock. Under
-``round: fixed_window`` the step budget tau_i the clock grants bounds the
-iterations (min(iterations, tau_i)); under other policies the client runs
-``iterations``. The clock times uploads as d floats (the model size), not
-the synthetic set's size.
+Time and bytes on the clock (docs/algorithms.md, "FedDM's cost"): a
+client's job is ``iterations`` matching iterations, not local SGD steps; the
+clock (:class:`fedsim.clock.JobWork`) counts tau in iterations and charges
+each ``iteration_cost`` local steps of compute
+(:meth:`FedDM.cost_per_iteration`; by default its forward-pass count
+relative to one minibatch step). Under ``round: fixed_epochs`` every client
+runs all ``iterations`` (``epochs`` do not apply); under ``fixed_window`` it
+runs as many as fit in the window, at most ``iterations`` (``max_steps``
+bounds SGD steps, not these). Loading the scenario warns
+(``FedDMClockWarning``) when the median device of a group cannot fit them
+in the window; each client row's tau shows the iterations run. The upload
+is timed and billed as the synthetic set it sends
+(:meth:`FedDM.upload_sizes`), not d model floats. FedDM has no asynchronous
+rule: ``round: async`` is refused.
 
 Differential privacy (``dp_noise`` = sigma, ``dp_clip`` = C): the gradient
 of L_c with respect to S_c is an average over the real batch of per-example
@@ -95,6 +104,7 @@ __all__ = [
     "perturb",
     "synthetic_size",
     "upload_bytes",
+    "iteration_flops_ratio",
 ]
 
 _SERVER_TAG = 0xFEDD
@@ -234,6 +244,27 @@ def upload_bytes(
     return n * int(np.prod(sample_shape)) * float_bytes + n * label_bytes
 
 
+def iteration_flops_ratio(
+    real_per_class: Sequence[int], ipc: int, batch_size: int
+) -> float:
+    """One matching iteration's compute in local SGD steps of ``batch_size``.
+
+    Counted in per-sample forward passes, with a backward pass costing two
+    forwards when it also computes weight gradients and one when it does not
+    (the usual 1 : 2 forward : backward rule): an SGD step is 3 B; an
+    iteration is a gradient-free forward of the real batches (sum_c
+    min(dc_batch_size, n_c) samples) plus a forward and an input-only
+    backward of the |C| ipc synthetic images (2 |C| ipc). The perturbation
+    (d Gaussian draws) is ignored: it is small next to a network's forward
+    passes over hundreds of images.
+
+    >>> iteration_flops_ratio([256] * 10, ipc=10, batch_size=64)  # (2560 + 200) / 192
+    14.375
+    """
+    real = sum(int(r) for r in real_per_class)
+    return (real + 2 * len(real_per_class) * int(ipc)) / (3 * int(batch_size))
+
+
 def _stable_seed(x: torch.Tensor) -> int:
     """A seed from the initial parameters (themselves drawn from the scenario
     seed), so the server's shuffling is a pure function of the scenario."""
@@ -262,6 +293,13 @@ class FedDM(Algorithm):
         ball: project every server step onto B_rho(w_r).
         dp_noise: DP-SGD noise multiplier sigma (None: no DP).
         dp_clip: DP-SGD per-example clipping bound C (5).
+        iteration_cost: local SGD steps' worth of compute one matching
+            iteration takes on the clock; ``auto`` (default) counts it per
+            client from its data with :func:`iteration_flops_ratio` (about
+            14 steps of batch 64 for a client holding 10 classes at the
+            defaults: an iteration pushes ~2,700 images through the network
+            where a step pushes 64 through it and back). A number sets it
+            for every client (1.0: an iteration costs one step).
 
     Example:
         >>> alg = FedDM(ipc=2, iterations=3)
@@ -285,6 +323,7 @@ class FedDM(Algorithm):
     ball: bool = False
     dp_noise: NonNegFloat | None = None
     dp_clip: PosFloat = 5.0
+    iteration_cost: PosFloat | Literal["auto"] = "auto"
 
     needs_server: ClassVar[bool] = True
 
@@ -300,6 +339,52 @@ class FedDM(Algorithm):
         if self.image_init != "auto":
             return self.image_init
         return "noise" if self.dp_noise is not None else "real"
+
+    # ------------------------------------------------------------ clock
+    def cost_per_iteration(
+        self, class_counts: np.ndarray, batch_size: int
+    ) -> np.ndarray:
+        """Local-step equivalents of one matching iteration, per client.
+
+        Args:
+            class_counts: int ``[m, C]``, client k's samples of class c.
+            batch_size: B of a local SGD step (``client.batch_size``).
+
+        Returns:
+            float64 ``[m]``: ``iteration_cost``, or with ``auto``
+            :func:`iteration_flops_ratio` of the client's real batches
+            (min(dc_batch_size, n_kc) per class held); a client without data
+            gets 1.0 (it never trains).
+        """
+        counts = np.asarray(class_counts, dtype=np.int64)
+        if self.iteration_cost != "auto":
+            return np.full(counts.shape[0], float(self.iteration_cost))
+        out = np.ones(counts.shape[0])
+        for k, row in enumerate(counts):
+            real = np.minimum(row[row > 0], self.dc_batch_size).tolist()
+            if real:
+                out[k] = iteration_flops_ratio(real, self.ipc, batch_size)
+        return out
+
+    def upload_sizes(
+        self,
+        class_counts: np.ndarray,
+        sample_shape: Sequence[int],
+        float_bytes: int,
+        label_bytes: int = 8,
+    ) -> np.ndarray:
+        """Bytes each client uploads (:func:`upload_bytes` of the classes it
+        holds), int64 ``[m]``: ``float_bytes`` is the element size of the
+        images as sent (the model's dtype, which the worker casts data to)
+        and ``label_bytes`` that of the labels (int64)."""
+        held = (np.asarray(class_counts) > 0).sum(axis=1)
+        return np.array(
+            [
+                upload_bytes(c, self.ipc, sample_shape, float_bytes, label_bytes)
+                for c in held.tolist()
+            ],
+            dtype=np.int64,
+        )
 
     # ------------------------------------------------------------ server
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
