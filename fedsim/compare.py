@@ -16,10 +16,17 @@ main method), else from ``{name: ...}`` with the algorithm's defaults; the
 Outputs in ``out_dir``:
 
 - ``compare.parquet``: one row per (algorithm, seed): final and best test
-  accuracy, final losses, rounds and simulated time to the target accuracy,
-  bytes sent down and up, whether the run diverged;
+  accuracy, final losses, rounds, simulated time and bytes uploaded to the
+  target accuracy, bytes sent down and up, whether the run diverged;
 - ``compare.md``: per algorithm, mean +- sample std over seeds;
-- ``runs/<algorithm>-seed<s>.parquet``: each run's rounds table.
+- ``runs/<algorithm>-seed<s>.parquet``: each run's rounds table, plus
+  ``bytes_up_cum`` (bytes uploaded up to and including that round);
+- ``compare.png``: test accuracy against simulated time, rounds and bytes
+  uploaded.
+
+Uploads are what the clients sent (the clock's billing: FedDM's synthetic
+sets, SCAFFOLD's two vectors), so "fewer rounds and fewer uploaded floats to
+a given accuracy" can be read off the table and the third panel.
 
 Example:
     >>> rows = compare("scenarios/ci/tiny-synthetic.yaml", ["fedavg", "fednova"],
@@ -65,7 +72,7 @@ COMPARE_SCHEMA = schema(
     (F64, "final_test_loss final_train_loss"),
     (I64, "rounds_to_target"),
     (F64, "time_to_target_s sim_time_s"),
-    (I64, "bytes_down bytes_up"),
+    (I64, "bytes_down bytes_up bytes_up_to_target"),
     (F64, "mean_chi2_pw wall_time_s"),
     base=RUN_COLUMNS,
 )
@@ -218,7 +225,7 @@ def run_one(
     result = run_scenario(sc, workers=0)
     if result.status == "interrupted":
         raise KeyboardInterrupt  # stop the comparison, not just this run
-    rows = result.rows
+    rows = with_uploads(result.rows, result.clients)
     diverged = result.status == "diverged"
     wall = result.wall_time_s
     summary = result.summary()
@@ -241,10 +248,33 @@ def run_one(
         "sim_time_s": float(summary["sim_time_s"]),
         "bytes_down": int(summary["bytes_down"]),
         "bytes_up": int(summary["bytes_up"]),
+        "bytes_up_to_target": None if hit is None else int(hit["bytes_up_cum"]),
         "mean_chi2_pw": float(np.mean(chi2)) if chi2 else math.nan,
         "wall_time_s": wall,
     }
     return out, rows
+
+
+def with_uploads(
+    rows: Sequence[dict[str, Any]], clients: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Copies of the round rows with ``bytes_up_cum``: the bytes clients
+    uploaded in that round (or server version) and every one before it.
+
+    >>> with_uploads([{"round": 0}, {"round": 1}],
+    ...              [{"round": 0, "bytes_up": 5}, {"round": 1, "bytes_up": 7},
+    ...               {"round": 1, "bytes_up": 0}])
+    [{'round': 0, 'bytes_up_cum': 5}, {'round': 1, 'bytes_up_cum': 12}]
+    """
+    per_round: dict[int, int] = {}
+    for c in clients:
+        t = int(c["round"])
+        per_round[t] = per_round.get(t, 0) + int(c["bytes_up"])
+    total, out = 0, []
+    for r in rows:
+        total += per_round.get(int(r["round"]), 0)
+        out.append({**r, "bytes_up_cum": total})
+    return out
 
 
 def run_fields(
@@ -342,11 +372,12 @@ def summarize_runs(
             row[key], row[key + "_std"] = _stats([r[key] for r in rs])
         reached = [r for r in rs if r["rounds_to_target"] is not None]
         row["reached_target"] = len(reached)
-        for key in ("rounds_to_target", "time_to_target_s"):
+        for key in ("rounds_to_target", "time_to_target_s", "bytes_up_to_target"):
             row[key], row[key + "_std"] = _stats([float(r[key]) for r in reached])
         row["bytes_per_run"] = float(
             np.mean([r["bytes_down"] + r["bytes_up"] for r in rs])
         )
+        row["bytes_up_per_run"] = float(np.mean([r["bytes_up"] for r in rs]))
         row["diverged"] = sum(bool(r["diverged"]) for r in rs)
         row["target_accuracy"] = target_accuracy
         table.append(row)
@@ -382,13 +413,14 @@ def format_markdown(
     t_head = f"to {target * 100:g}%" if target is not None else "to target"
     lines.append(
         "| algorithm | seeds | final acc % | best acc % | final test loss "
-        f"| rounds {t_head} | sim time {t_head} (s) | bytes / run | diverged |"
+        f"| rounds {t_head} | sim time {t_head} (s) | uploaded {t_head} "
+        "| bytes / run | uploaded / run | diverged |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
         n = r["seeds"]
         if target is None:
-            rounds = time_s = "-"
+            rounds = time_s = up_t = "-"
         else:
             k = r["reached_target"]
             reach = "" if k == n else f" ({k}/{n} reached)"
@@ -398,13 +430,14 @@ def format_markdown(
                 else "not reached"
             ) + (reach if k else "")
             time_s = _pm(r["time_to_target_s"], r["time_to_target_s_std"], digits=1)
+            up_t = _bytes(r["bytes_up_to_target"]) if k else "-"
         lines.append(
             f"| {r['algorithm']}{' (async)' if r['mode'] == 'async' else ''} | {n} "
             f"| {_pm(r['final_accuracy'], r['final_accuracy_std'], 100)} "
             f"| {_pm(r['best_accuracy'], r['best_accuracy_std'], 100)} "
             f"| {_pm(r['final_test_loss'], r['final_test_loss_std'], digits=4)} "
-            f"| {rounds} | {time_s} | {_bytes(r['bytes_per_run'])} "
-            f"| {r['diverged']}/{n} |"
+            f"| {rounds} | {time_s} | {up_t} | {_bytes(r['bytes_per_run'])} "
+            f"| {_bytes(r['bytes_up_per_run'])} | {r['diverged']}/{n} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -538,20 +571,26 @@ def plot_compare(
     target: float | None,
     path: Path,
 ) -> Path:
-    """compare.png: test accuracy against simulated time and against rounds
-    (rounds completed), per algorithm: the mean over seeds, and a band from
-    the lowest to the highest seed; the target accuracy as a dashed line."""
+    """compare.png: test accuracy against simulated time, rounds (rounds
+    completed) and bytes uploaded (MB, all clients so far), per algorithm:
+    the mean over seeds, and a band from the lowest to the highest seed; the
+    target accuracy as a dashed line."""
     from matplotlib import colormaps
 
     from fedsim.plots import _new_figure, _save
 
     labels = list(dict.fromkeys(r["algorithm"] for r in runs))
     cmap = colormaps["tab10"]
-    fig = _new_figure(11, 4.2)
-    axes = fig.subplots(1, 2)
+    curves = {
+        key: [{**r, "upload_mb": r.get("bytes_up_cum", math.nan) / 1e6} for r in c]
+        for key, c in curves.items()
+    }
+    fig = _new_figure(16, 4.2)
+    axes = fig.subplots(1, 3)
     for x_key, ax, xlabel in (
         ("sim_time", axes[0], "simulated time (s)"),
         ("round", axes[1], "rounds completed"),
+        ("upload_mb", axes[2], "uploaded (MB, all clients)"),
     ):
         for i, label in enumerate(labels):
             mine = [c for (lab, _), c in sorted(curves.items()) if lab == label]
