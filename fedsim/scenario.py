@@ -269,7 +269,7 @@ class FedDMClockWarning(UserWarning):
 
 
 def feddm_clock_problem(sc: Scenario) -> tuple[str | None, str | None]:
-    """(error, warning) about FedDM's work on the clock (docs/algorithms.md,
+    """(error, warning) about FedDM's work on the clock (docs/fedpns-feddm.md,
     "FedDM's cost"); (None, None) for other algorithms.
 
     Error: ``fixed_epochs`` with a range of epochs (FedDM runs

@@ -34,7 +34,7 @@ needs no validation split.
 With ``ball: true`` every step is projected back onto the ball B_rho(w_r),
 the paper's constraint (the reimplementations do not enforce it).
 
-Time and bytes on the clock (docs/algorithms.md, "FedDM's cost"): a
+Time and bytes on the clock (docs/fedpns-feddm.md, "FedDM's cost"): a
 client's job is ``iterations`` matching iterations, not local SGD steps; the
 clock (:class:`fedsim.clock.JobWork`) counts tau in iterations and charges
 each ``iteration_cost`` local steps of compute
