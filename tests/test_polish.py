@@ -1,0 +1,110 @@
+"""Issue 16, polish: the initial evaluation, one round-numbering convention,
+figures that say what they show, validate's applicable fields, and errors
+attributed to the option or path that caused them."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from fedsim import plots
+
+
+# ------------------------------------------------------------ figures
+def _clients(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows)
+
+
+def test_tau_plot_marks_the_max_steps_cap():
+    # Prepare: two groups, one of them on the cap (7 steps)
+    row = {"round": 0, "dropped": False}
+    clients = _clients(
+        [
+            {**row, "client_id": 0, "device_group": "a", "tau": 7},
+            {**row, "client_id": 1, "device_group": "b", "tau": 3},
+        ]
+    )
+
+    # Execute
+    fig = plots.figure_tau_by_group(clients, ["a", "b"], max_steps=7)
+    without = plots.figure_tau_by_group(clients, ["a", "b"])
+
+    # Assert: one dashed horizontal line at 7, labelled, and in the legend
+    ax = fig.axes[0]
+    cap = [ln for ln in ax.get_lines() if ln.get_label() == "max_steps cap"]
+    assert len(cap) == 1
+    assert cap[0].get_linestyle() == "--"
+    assert list(cap[0].get_ydata()) == [7, 7]
+    assert "max_steps cap" in [t.get_text() for t in ax.get_legend().get_texts()]
+    labels = [ln.get_label() for ln in without.axes[0].get_lines()]
+    assert "max_steps cap" not in labels
+
+
+def test_chi2_plot_says_zero_in_every_round():
+    # Prepare: FedNova-like weights: chi^2 exactly 0 in all three rounds
+    zero = pa.table({"round": [0, 1, 2], "chi2_pw": [0.0, 0.0, 0.0]})
+    some = pa.table({"round": [0, 1, 2], "chi2_pw": [0.0, 0.2, 0.1]})
+
+    # Execute
+    texts = [t.get_text() for t in plots.figure_chi2(zero).axes[0].texts]
+    other = [t.get_text() for t in plots.figure_chi2(some).axes[0].texts]
+
+    # Assert
+    assert any("0 in every round" in t for t in texts)
+    assert not any("0 in every round" in t for t in other)
+
+
+def test_timeline_bars_of_consecutive_rounds_do_not_merge():
+    # Prepare: client 5 is busy to the end of round 0 (t = 10) and starts
+    # round 1 at once: its two bars touch.
+    row = {"client_id": 5, "device_group": "a", "dropped": False, "drop_reason": ""}
+    clients = _clients(
+        [
+            {**row, "round": 0, "t_start": 0.0, "t_arrive": 10.0},
+            {**row, "round": 1, "t_start": 10.0, "t_arrive": 20.0},
+        ]
+    )
+    rounds = pa.table({"round": [0, 1], "sim_time": [10.0, 20.0]})
+
+    # Execute
+    fig = plots.figure_timeline(clients, rounds, ["a"])
+
+    # Assert: the two bars touch, so their fill must differ
+    bars = sorted(
+        (p for p in fig.axes[0].patches if p.get_width() > 0), key=lambda p: p.get_x()
+    )
+    assert len(bars) == 2
+    first, second = bars
+    assert first.get_x() + first.get_width() == pytest.approx(second.get_x())
+    assert first.get_facecolor() != second.get_facecolor()
+
+
+def test_metrics_curves_start_at_the_initial_model():
+    # Prepare: two evaluated rounds (0-based) and the initial model
+    rounds = pa.table(
+        {
+            "round": [0, 1],
+            "sim_time": [9.5, 20.0],
+            "test_accuracy": [0.5, 0.7],
+            "test_loss": [1.5, 1.0],
+            "train_loss": [1.6, 1.1],
+        }
+    )
+    initial = {"accuracy": 0.1, "loss": 2.3, "t": 0.0}
+
+    # Execute
+    fig = plots.figure_metrics(rounds, initial=initial)
+
+    # Assert: by time, (0, 0.1) then the rows; by rounds completed, 0, 1, 2
+    by_time, by_round = fig.axes[0], fig.axes[1]
+    acc = [ln for ln in by_time.get_lines() if ln.get_label() == "test accuracy"][0]
+    assert list(acc.get_xdata()) == [0.0, 9.5, 20.0]
+    assert list(acc.get_ydata()) == [0.1, 0.5, 0.7]
+    acc = [ln for ln in by_round.get_lines() if ln.get_label() == "test accuracy"][0]
+    assert list(acc.get_xdata()) == [0.0, 1.0, 2.0]
+    assert by_round.get_xlabel() == "rounds completed"
+    loss = [ln for ln in fig.axes[3].get_lines() if ln.get_label() == "test loss"][0]
+    assert list(loss.get_ydata()) == [2.3, 1.5, 1.0]
+    # the training loss has no initial value: it starts at the first round
+    train = [ln for ln in fig.axes[3].get_lines() if ln.get_label() == "train loss"]
+    assert list(train[0].get_xdata()) == [1.0, 2.0]
