@@ -366,7 +366,8 @@ def _progress(
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
-        TextColumn("round {task.completed:>4.0f}/{task.total:.0f}"),
+        # Progress counts rounds (versions) done; files number them from 0.
+        TextColumn("{task.completed:>4.0f}/{task.total:.0f} " + _unit(sc)),
         TextColumn("sim {task.fields[sim]}"),
         TextColumn("acc {task.fields[acc]}"),
         TimeElapsedColumn(),
@@ -410,14 +411,21 @@ def _log_lines(sc: Scenario, every_s: float) -> Any:
         if done % step and done != sc.rounds and now - last[0] < every_s:
             return
         last[0] = now
+        # "k/N done" counts; "last: round t" is the 0-based index of the files.
         err.print(
-            f"{sc.name}: round {done}/{sc.rounds}, sim {_duration(row['sim_time'])}, "
+            f"{sc.name}: {done}/{sc.rounds} {_unit(sc)} done "
+            f"(last: round {row['round']}), sim {_duration(row['sim_time'])}, "
             f"acc {acc[0]}",
             highlight=False,
             soft_wrap=True,
         )
 
     return on_round
+
+
+def _unit(sc: Scenario) -> str:
+    """What one row of rounds.parquet is: a round, or a server version."""
+    return "versions" if sc.round.policy == "async" else "rounds"
 
 
 def _duration(seconds: float) -> str:

@@ -4,10 +4,15 @@ attributed to the option or path that caused them."""
 
 from __future__ import annotations
 
+import json
+import math
+
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from fedsim import plots
+from tests.conftest import SCENARIOS
 
 
 # ------------------------------------------------------------ figures
@@ -108,3 +113,52 @@ def test_metrics_curves_start_at_the_initial_model():
     # the training loss has no initial value: it starts at the first round
     train = [ln for ln in fig.axes[3].get_lines() if ln.get_label() == "train loss"]
     assert list(train[0].get_xdata()) == [1.0, 2.0]
+
+
+# ---------------------------------------- initial evaluation, round numbers
+def test_initial_evaluation_in_summary_and_the_same_on_resume(tmp_path):
+    # Prepare: a 1-round run with a checkpoint, then the same run resumed to 2
+    from fedsim.data import build_data
+    from fedsim.runtime import run_scenario
+    from fedsim.scenario import load_scenario
+    from fedsim.server import Server
+
+    path = SCENARIOS / "ci" / "tiny-synthetic.yaml"
+    sc1 = load_scenario(path, ["rounds=1", "checkpoint.every_rounds=1"])
+    sc2 = load_scenario(path, ["rounds=2", "checkpoint.every_rounds=1"])
+    fresh = Server(sc1, build_data(sc1.data, sc1.num_clients, sc1.seed))
+    loss0, acc0 = fresh.evaluate()  # x_0, evaluated by hand
+
+    # Execute
+    first = run_scenario(sc1, run_dir=tmp_path)
+    resumed = run_scenario(sc2, run_dir=tmp_path, resume=True)
+
+    # Assert: x_0's metrics, at t = 0, and the same after a resume
+    assert first.summary()["initial"] == {"accuracy": acc0, "loss": loss0, "t": 0.0}
+    assert resumed.summary()["initial"] == first.summary()["initial"]
+    assert [r["round"] for r in resumed.rows] == [0, 1]  # rows unchanged
+    assert 0.0 <= acc0 <= 1.0 and math.isfinite(loss0)
+
+
+def test_progress_lines_count_what_the_files_number(tmp_path):
+    # Prepare: a 3-round run, a progress line every round (no terminal)
+    from typer.testing import CliRunner
+
+    from fedsim.cli import app
+
+    args = ["run", str(SCENARIOS / "ci" / "tiny-synthetic.yaml"), "--workers", "0"]
+    args += ["--out", str(tmp_path / "run"), "--set", "rounds=3", "--no-report"]
+
+    # Execute
+    result = CliRunner().invoke(app, [*args, "--log-every", "0"])
+
+    # Assert: "k/3 rounds done (last: round k-1)": rounds.parquet numbers from 0
+    assert result.exit_code == 0, result.output
+    rounds = pq.read_table(tmp_path / "run" / "rounds.parquet").column("round")
+    assert rounds.to_pylist() == [0, 1, 2]
+    lines = [ln for ln in result.output.splitlines() if "rounds done" in ln]
+    assert len(lines) == 3
+    for k, line in enumerate(lines, start=1):
+        assert f": {k}/3 rounds done (last: round {k - 1})," in line
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["rounds"] == 3 and summary["initial"]["t"] == 0.0
