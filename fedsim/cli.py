@@ -469,11 +469,111 @@ def validate(
         preflight(sc, str(scenario))
     except ScenarioError as exc:
         _fail(str(exc))
-    out.print(dump_scenario(sc), highlight=False, markup=False, end="")
+    import yaml
+
+    from fedsim.scenario import _Dumper
+
+    # Only what applies to this scenario (the rest would be defaults that do
+    # nothing here); soft_wrap keeps rich from breaking long YAML lines.
+    text = yaml.dump(
+        _applicable(sc), Dumper=_Dumper, sort_keys=False, default_flow_style=None
+    )
+    out.print(text, highlight=False, markup=False, end="", soft_wrap=True)
     err.print(
         f"ok: {scenario} ({sc.fleet.size} devices, {sc.rounds} rounds, "
         f"{sc.algorithm.name})"
     )
+
+
+# Fields each choice uses; the others of that section are left out of
+# `fedsim validate`'s output.
+_MODEL_FIELDS = {
+    "mlp": ("hidden",),
+    "vgg11": ("norm_groups",),
+    "resnet18": ("norm_groups",),
+    "convnet": ("width", "depth"),
+    "lstm": ("embed_dim", "lstm_hidden", "lstm_layers"),
+}
+_ROUND_FIELDS = {
+    "fixed_window": ("window_s", "max_steps"),
+    "fixed_epochs": ("epochs", "deadline_s", "over_select"),
+    "async": ("concurrency", "max_staleness", "job_steps", "max_steps", "epochs"),
+}
+_SPEED_FIELDS = {
+    "fixed": ("steps_per_s",),
+    "lognormal": ("median_steps_per_s", "sigma"),
+    "mixture": ("tiers",),
+}
+_SLOWDOWN_FIELDS = {
+    "fixed": ("factor",),
+    "uniform": ("low", "high"),
+    "pareto": ("shape", "max_factor"),
+}
+_AVAILABILITY_FIELDS = {
+    "always": (),
+    "on_off": ("mean_on_s", "mean_off_s"),
+    "daily": ("mean_on_s", "min_online", "max_online", "peak_hour", "period_s"),
+}
+
+
+def _keep(
+    section: dict[str, Any], always: tuple[str, ...], used: tuple[str, ...]
+) -> dict[str, Any]:
+    """``section`` with only the keys in ``always`` or ``used``, in order."""
+    return {k: v for k, v in section.items() if k in always or k in used}
+
+
+def _applicable(sc: Scenario) -> dict[str, Any]:
+    """The resolved scenario without the fields that do nothing in it: other
+    models' sizes, other round policies' fields (no window under
+    ``fixed_epochs``, no async fields in synchronous rounds), other speed
+    and availability models' parameters, unset presets, and ``dropout_p``
+    when no device can drop out."""
+    d = sc.model_dump(mode="json")
+    d["model"] = _keep(
+        d["model"], ("name", "dtype"), _MODEL_FIELDS.get(sc.model.name, ())
+    )
+    r = sc.round
+    used = list(_ROUND_FIELDS[r.policy])
+    if r.policy == "async" and r.job_steps == "epochs":
+        used.remove("max_steps")
+    elif r.policy == "async":
+        used.remove("epochs")
+    if "epochs" in used and r.epochs_low is not None:  # a range replaces epochs
+        used[used.index("epochs")] = "epochs_low"
+        used.append("epochs_high")
+    d["round"] = _keep(d["round"], ("policy",), tuple(used))
+    dropouts = any(
+        s is not None and s.dropout_p > 0
+        for s in [sc.fleet.stragglers, *(g.stragglers for g in sc.fleet.groups)]
+    )
+    for g in [d["fleet"], *d["fleet"]["groups"]]:
+        st = g.get("stragglers")
+        if isinstance(st, dict):
+            if not dropouts:
+                st.pop("dropout_p", None)
+            dist = st["slowdown"]["dist"]
+            st["slowdown"] = _keep(st["slowdown"], ("dist",), _SLOWDOWN_FIELDS[dist])
+    for g in d["fleet"]["groups"]:
+        _prune_group(g)
+    return d
+
+
+def _prune_group(g: dict[str, Any]) -> None:
+    """A fleet group's speed, network and availability fields that apply."""
+    speed = g.get("speed")
+    if isinstance(speed, dict):
+        extra = ("preset", "workload", "scale") if speed.get("preset") else ()
+        g["speed"] = _keep(
+            speed, ("dist", *extra), _SPEED_FIELDS.get(speed["dist"], ())
+        )
+    net = g.get("network")
+    if isinstance(net, dict) and net.get("preset") is None:
+        net.pop("preset", None)
+    avail = g.get("availability")
+    if isinstance(avail, dict):
+        used = _AVAILABILITY_FIELDS.get(avail["kind"], tuple(avail))
+        g["availability"] = _keep(avail, ("kind",), used)
 
 
 @app.command()
