@@ -138,7 +138,12 @@ def run(
             "--workers", min=0, help="Ray worker actors (0: no Ray, in-process)."
         ),
     ] = None,
-    seed: Annotated[int | None, typer.Option("--seed", min=0)] = None,
+    seed: Annotated[
+        str | None,
+        typer.Option(
+            "--seed", metavar="INT", help="Override the scenario's seed (>= 0)."
+        ),
+    ] = None,
     set_: SetOption = None,
     resume: Annotated[
         Path | None,
@@ -171,11 +176,12 @@ def run(
     """Run a scenario (or resume a run) and write its results."""
     overrides = list(set_ or [])
     if seed is not None:
-        overrides.append(f"seed={seed}")
+        overrides.append(f"seed={_seed(seed)}")
     if resume is not None:
         if scenario is not None or overrides or out_dir is not None:
             _fail("--resume RUN_DIR takes no scenario, --out, --seed or --set")
         scenario, out_dir = resume / "scenario.yaml", resume
+        _expect_dir(resume, "--resume", "a run directory")
         if not scenario.exists():
             _fail(f"{resume}: not a run directory (no scenario.yaml)")
     if scenario is None:
@@ -183,8 +189,11 @@ def run(
     from fedsim.preflight import preflight
     from fedsim.results import default_run_dir
 
+    if out_dir is not None:
+        _expect_dir(out_dir, "--out", "a run directory")
+    sc = _load(scenario, overrides, seed)
     try:
-        sc = load_scenario(scenario, overrides)
+        _check_data_root(sc)
         preflight(sc, str(scenario), workers=workers)
     except ScenarioError as exc:
         _fail(str(exc))
@@ -199,6 +208,80 @@ def run(
     code = _finish(result, run_dir, report, quiet)
     if code:
         raise typer.Exit(code)
+
+
+def _seed(text: str) -> int:
+    """``--seed``'s value, or a one-line error naming the option."""
+    try:
+        value = int(text.strip(), 10)
+    except ValueError:
+        _fail(f"--seed {text}: expected a whole number >= 0")
+    if value < 0:
+        _fail(f"--seed {text}: expected a whole number >= 0")
+    return value
+
+
+def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scenario:
+    """load_scenario, with a problem that comes from a ``--set`` (or
+    ``--seed``) value reported at that option rather than at the file."""
+    try:
+        return load_scenario(scenario, overrides)
+    except ScenarioError as exc:
+        if not overrides:
+            _fail(str(exc))
+        error = exc
+    try:  # is the file alone valid? Then an override is to blame.
+        load_scenario(scenario, [])
+    except ScenarioError:
+        _fail(str(error))
+    blamed = []
+    for o in overrides:
+        try:
+            load_scenario(scenario, [o])
+        except ScenarioError as exc:
+            key = o.split("=", 1)[0].strip()
+            # run's --seed N arrives as the last override, seed=N
+            by_seed = seed is not None and o is overrides[-1] and key == "seed"
+            option = f"--seed {seed}" if by_seed else f"--set {o}"
+            blamed.append(f"{option}: {_problem(str(exc), scenario, key)}")
+    if not blamed:  # only the combination fails (a cross-field check)
+        options = " ".join(f"--set {o}" for o in overrides)
+        blamed.append(f"{options}: {_problem(str(error), scenario, '')}")
+    _fail("; ".join(blamed))
+
+
+def _problem(message: str, scenario: Path, key: str) -> str:
+    """A ScenarioError's problem(s) on one line, without the file's name
+    (and without the field's path when the option names it already)."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    if len(lines) > 1 and "invalid scenario" in lines[0]:
+        lines = lines[1:]
+    for prefix in (f"{scenario}: ", f"{key}: " if key else None):
+        if prefix:
+            lines = [ln.removeprefix(prefix) for ln in lines]
+    return "; ".join(lines)
+
+
+def _expect_dir(path: Path, option: str, what: str) -> None:
+    """A path that exists but is not a folder: say so, naming the option."""
+    if path.exists() and not path.is_dir():
+        _fail(f"{option} {path}: is a file, expected {what}")
+
+
+def _check_data_root(sc: Scenario) -> None:
+    """The data root (data.root, else the environment variable) must be a
+    folder when it exists: a file there is said as such, not as missing
+    data."""
+    from fedsim.data.errors import ENV_ROOT
+
+    if "root" not in type(sc.data).model_fields:  # e.g. synthetic data
+        return
+    root = sc.data.root
+    where = "data.root" if root else ENV_ROOT
+    root = root or os.environ.get(ENV_ROOT)
+    if root and Path(root).expanduser().exists():
+        if not Path(root).expanduser().is_dir():
+            _fail(f"{where} {root}: is a file, expected a data folder")
 
 
 def _prepare_run_dir(
@@ -464,8 +547,9 @@ def validate(
     """Check a scenario file and print what it resolves to."""
     from fedsim.preflight import preflight
 
+    sc = _load(scenario, list(set_ or []))
     try:
-        sc = load_scenario(scenario, list(set_ or []))
+        _check_data_root(sc)
         preflight(sc, str(scenario))
     except ScenarioError as exc:
         _fail(str(exc))
@@ -627,6 +711,8 @@ def stress(
     from fedsim.compare import split_algorithms
     from fedsim.stress import run_stress
 
+    if out_dir is not None:
+        _expect_dir(out_dir, "--out", "an output folder")
     grid = _sweep_grid(sweep)
     labels = split_algorithms(algorithms)
     if not labels:
@@ -690,10 +776,9 @@ def compare(
     from fedsim.results import default_run_dir, prepare_run_dir
 
     overrides = list(set_ or [])
-    try:
-        sc = load_scenario(scenario, overrides)
-    except ScenarioError as exc:
-        _fail(str(exc))
+    if out_dir is not None:
+        _expect_dir(out_dir, "--out", "an output folder")
+    sc = _load(scenario, overrides)
     names = split_algorithms(algorithms)
     if not names:
         _fail("--algorithms: give at least one algorithm")

@@ -238,3 +238,90 @@ def test_validate_prints_only_the_fields_that_apply_window_and_async(tmp_path):
     path.write_text(yaml.safe_dump(window))
     again = load_scenario(path)
     assert dump_scenario(again) == dump_scenario(load_scenario(quick, [drop]))
+
+
+# ------------------------------------------- errors at the option or path
+def _cli(*args: str) -> tuple[int, str]:
+    """Exit code and output (stdout and stderr) of ``fedsim ARGS``."""
+    from typer.testing import CliRunner
+
+    from fedsim.cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (
+            ["validate", "Q", "--set", "selector.clients_per_round=abc"],
+            "error: --set selector.clients_per_round=abc: Input should be a valid "
+            "integer",
+        ),
+        (
+            ["run", "Q", "--set", "rounds=0", "--out", "OUT"],
+            "error: --set rounds=0: Input should be greater than or equal to 1",
+        ),
+        (["run", "Q", "--seed", "abc", "--out", "OUT"], "error: --seed abc: expected"),
+        (["run", "Q", "--seed", "-3", "--out", "OUT"], "error: --seed -3: expected"),
+        (
+            ["run", "Q", "--seed", "9" * 30, "--out", "OUT"],
+            f"error: --seed {'9' * 30}: number too large",
+        ),
+    ],
+)
+def test_a_bad_option_value_is_one_line_naming_the_option(args, want, tmp_path):
+    # Prepare
+    args = [
+        str(SCENARIOS / "quickstart.yaml")
+        if a == "Q"
+        else str(tmp_path / "out")
+        if a == "OUT"
+        else a
+        for a in args
+    ]
+
+    # Execute
+    code, output = _cli(*args)
+
+    # Assert: exit 2, one line, at the option (not the YAML file); no run dir
+    assert code == 2
+    assert output.strip().startswith(want), output
+    assert len(output.strip().splitlines()) == 1, output
+    assert "quickstart.yaml" not in output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_path_of_the_wrong_kind_is_said_as_such(tmp_path, monkeypatch):
+    # Prepare: a file where folders are expected, a folder where a file is
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("my notes\n")
+    tiny = str(SCENARIOS / "ci" / "tiny-synthetic.yaml")
+    fmnist = str(SCENARIOS / "fmnist-dirichlet.yaml")
+    monkeypatch.delenv("FEDSIM_DATA_ROOT", raising=False)
+
+    # Execute
+    cases = {
+        "scenario dir": _cli("run", str(tmp_path), "--out", str(tmp_path / "o")),
+        "out file": _cli("run", tiny, "--out", str(a_file)),
+        "resume file": _cli("run", "--resume", str(a_file)),
+        "compare out": _cli("compare", tiny, "-a", "fedavg", "--out", str(a_file)),
+        "data root": _cli("validate", fmnist, "--set", f"data.root={a_file}"),
+    }
+
+    # Assert: exit 2, one line that names the path and its kind
+    want = {
+        "scenario dir": f"{tmp_path}: is a directory, expected a",
+        "out file": f"--out {a_file}: is a file, expected a run directory",
+        "resume file": f"--resume {a_file}: is a file, expected a run directory",
+        "compare out": f"--out {a_file}: is a file, expected an output folder",
+        "data root": f"data.root {a_file}: is a file, expected a data folder",
+    }
+    for name, (code, output) in cases.items():
+        assert code == 2, (name, output)
+        assert output.strip() == f"error: {want[name]}" or output.strip().startswith(
+            f"error: {want[name]}"
+        ), (name, output)
+        assert len(output.strip().splitlines()) == 1, (name, output)
+    assert a_file.read_text() == "my notes\n"  # untouched
