@@ -182,6 +182,7 @@ def _summary_rows(
         ("devices", f"{devices} in {len(groups)} groups" if groups else "-"),
         ("seed", _fmt(scenario.get("seed"))),
         ("rounds", _fmt(summary.get("rounds", rounds.num_rows))),
+        ("initial test accuracy / loss", _initial(summary.get("initial"))),
         ("final test accuracy", _fmt(summary.get("final_test_accuracy"))),
         (
             "best test accuracy (round)",
@@ -202,6 +203,16 @@ def _summary_rows(
         ("fedsim version", _fmt(summary.get("fedsim_version"))),
     ]
     return [(k, v) for k, v in rows if v not in ("-", "- (-)", "- s")]
+
+
+def _initial(initial: Any) -> str:
+    """summary.json's ``initial`` (the model before round 0) as a cell."""
+    if not isinstance(initial, dict):
+        return "-"
+    acc, loss = initial.get("accuracy"), initial.get("loss")
+    if acc is None and loss is None:
+        return "-"
+    return f"{_fmt(acc)} / {_fmt(loss)}"
 
 
 def _step_cap(scenario: dict[str, Any]) -> int | None:

@@ -325,3 +325,28 @@ def test_a_path_of_the_wrong_kind_is_said_as_such(tmp_path, monkeypatch):
         ), (name, output)
         assert len(output.strip().splitlines()) == 1, (name, output)
     assert a_file.read_text() == "my notes\n"  # untouched
+
+
+def test_report_shows_the_initial_model(tmp_path):
+    # Prepare: a run directory with two rounds and the initial evaluation
+    from fedsim.report import write_report
+    from fedsim.results import ROUND_SCHEMA, write_summary, write_table
+
+    nan = math.nan
+    row = dict.fromkeys(ROUND_SCHEMA.names, nan)
+    rows = [
+        {**row, "round": 0, "sim_time": 10.0, "test_accuracy": 0.5, "test_loss": 1.2},
+        {**row, "round": 1, "sim_time": 20.0, "test_accuracy": 0.6, "test_loss": 1.0},
+    ]
+    for r in rows:
+        r.update(n_selected=2, n_completed=2, n_dropped=0)
+    write_table(tmp_path / "rounds.parquet", rows, ROUND_SCHEMA)
+    initial = {"accuracy": 0.125, "loss": 2.25, "t": 0.0}
+    write_summary(tmp_path / "summary.json", {"rounds": 2, "initial": initial})
+
+    # Execute
+    text = write_report(tmp_path).read_text()
+
+    # Assert: the key figure, and the metrics figure written
+    assert "| initial test accuracy / loss | 0.125 / 2.25 |" in text
+    assert (tmp_path / "metrics.png").stat().st_size > 0
