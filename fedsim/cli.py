@@ -42,6 +42,11 @@ SetOption = Annotated[
         help="Override a scenario field (in every run): path.to.key=value; repeatable.",
     ),
 ]
+# Parsed by run itself, so that a bad value is one line naming the option.
+SeedOption = Annotated[
+    str | None,
+    typer.Option("--seed", metavar="INT", help="Override the scenario's seed (>= 0)."),
+]
 AddressOption = Annotated[
     str | None,
     typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
@@ -138,12 +143,7 @@ def run(
             "--workers", min=0, help="Ray worker actors (0: no Ray, in-process)."
         ),
     ] = None,
-    seed: Annotated[
-        str | None,
-        typer.Option(
-            "--seed", metavar="INT", help="Override the scenario's seed (>= 0)."
-        ),
-    ] = None,
+    seed: SeedOption = None,
     set_: SetOption = None,
     resume: Annotated[
         Path | None,
@@ -189,8 +189,7 @@ def run(
     from fedsim.preflight import preflight
     from fedsim.results import default_run_dir
 
-    if out_dir is not None:
-        _expect_dir(out_dir, "--out", "a run directory")
+    _expect_dir(out_dir, "--out", "a run directory")
     sc = _load(scenario, overrides, seed)
     try:
         _check_data_root(sc)
@@ -262,9 +261,9 @@ def _problem(message: str, scenario: Path, key: str) -> str:
     return "; ".join(lines)
 
 
-def _expect_dir(path: Path, option: str, what: str) -> None:
+def _expect_dir(path: Path | None, option: str, what: str) -> None:
     """A path that exists but is not a folder: say so, naming the option."""
-    if path.exists() and not path.is_dir():
+    if path is not None and path.exists() and not path.is_dir():
         _fail(f"{option} {path}: is a file, expected {what}")
 
 
@@ -711,8 +710,7 @@ def stress(
     from fedsim.compare import split_algorithms
     from fedsim.stress import run_stress
 
-    if out_dir is not None:
-        _expect_dir(out_dir, "--out", "an output folder")
+    _expect_dir(out_dir, "--out", "an output folder")
     grid = _sweep_grid(sweep)
     labels = split_algorithms(algorithms)
     if not labels:
@@ -776,8 +774,7 @@ def compare(
     from fedsim.results import default_run_dir, prepare_run_dir
 
     overrides = list(set_ or [])
-    if out_dir is not None:
-        _expect_dir(out_dir, "--out", "an output folder")
+    _expect_dir(out_dir, "--out", "an output folder")
     sc = _load(scenario, overrides)
     names = split_algorithms(algorithms)
     if not names:

@@ -218,7 +218,8 @@ def figure_metrics(
     the loss only. The training loss (the clients' weighted mean over their
     local steps) is drawn dashed next to the test loss.
     """
-    initial = initial or {}
+    # summary.json's value: anything but a mapping (an old run: null) is none
+    initial = initial if isinstance(initial, Mapping) else {}
     t0 = float(initial.get("t") or 0.0)
     sim_time = _floats(rounds, "sim_time")
     done = _floats(rounds, "round") + 1.0

@@ -277,12 +277,11 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     ]
 
     figures = [METRICS, TAU, TIMELINE]
-    initial = summary.get("initial")
     plots.plot_metrics(
         rounds,
         run_dir / METRICS.file,
         title=f"{name}: test metrics",
-        initial=initial if isinstance(initial, dict) else None,
+        initial=summary.get("initial"),  # the figure checks what it is
     )
     plots.plot_tau_by_group(
         clients,
