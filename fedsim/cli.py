@@ -42,6 +42,11 @@ SetOption = Annotated[
         help="Override a scenario field (in every run): path.to.key=value; repeatable.",
     ),
 ]
+# Parsed by run itself, so that a bad value is one line naming the option.
+SeedOption = Annotated[
+    str | None,
+    typer.Option("--seed", metavar="INT", help="Override the scenario's seed (>= 0)."),
+]
 AddressOption = Annotated[
     str | None,
     typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
@@ -138,7 +143,7 @@ def run(
             "--workers", min=0, help="Ray worker actors (0: no Ray, in-process)."
         ),
     ] = None,
-    seed: Annotated[int | None, typer.Option("--seed", min=0)] = None,
+    seed: SeedOption = None,
     set_: SetOption = None,
     resume: Annotated[
         Path | None,
@@ -171,11 +176,12 @@ def run(
     """Run a scenario (or resume a run) and write its results."""
     overrides = list(set_ or [])
     if seed is not None:
-        overrides.append(f"seed={seed}")
+        overrides.append(f"seed={_seed(seed)}")
     if resume is not None:
         if scenario is not None or overrides or out_dir is not None:
             _fail("--resume RUN_DIR takes no scenario, --out, --seed or --set")
         scenario, out_dir = resume / "scenario.yaml", resume
+        _expect_dir(resume, "--resume", "a run directory")
         if not scenario.exists():
             _fail(f"{resume}: not a run directory (no scenario.yaml)")
     if scenario is None:
@@ -183,8 +189,10 @@ def run(
     from fedsim.preflight import preflight
     from fedsim.results import default_run_dir
 
+    _expect_dir(out_dir, "--out", "a run directory")
+    sc = _load(scenario, overrides, seed)
     try:
-        sc = load_scenario(scenario, overrides)
+        _check_data_root(sc)
         preflight(sc, str(scenario), workers=workers)
     except ScenarioError as exc:
         _fail(str(exc))
@@ -199,6 +207,80 @@ def run(
     code = _finish(result, run_dir, report, quiet)
     if code:
         raise typer.Exit(code)
+
+
+def _seed(text: str) -> int:
+    """``--seed``'s value, or a one-line error naming the option."""
+    try:
+        value = int(text.strip(), 10)
+    except ValueError:
+        _fail(f"--seed {text}: expected a whole number >= 0")
+    if value < 0:
+        _fail(f"--seed {text}: expected a whole number >= 0")
+    return value
+
+
+def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scenario:
+    """load_scenario, with a problem that comes from a ``--set`` (or
+    ``--seed``) value reported at that option rather than at the file."""
+    try:
+        return load_scenario(scenario, overrides)
+    except ScenarioError as exc:
+        if not overrides:
+            _fail(str(exc))
+        error = exc
+    try:  # is the file alone valid? Then an override is to blame.
+        load_scenario(scenario, [])
+    except ScenarioError:
+        _fail(str(error))
+    blamed = []
+    for o in overrides:
+        try:
+            load_scenario(scenario, [o])
+        except ScenarioError as exc:
+            key = o.split("=", 1)[0].strip()
+            # run's --seed N arrives as the last override, seed=N
+            by_seed = seed is not None and o is overrides[-1] and key == "seed"
+            option = f"--seed {seed}" if by_seed else f"--set {o}"
+            blamed.append(f"{option}: {_problem(str(exc), scenario, key)}")
+    if not blamed:  # only the combination fails (a cross-field check)
+        options = " ".join(f"--set {o}" for o in overrides)
+        blamed.append(f"{options}: {_problem(str(error), scenario, '')}")
+    _fail("; ".join(blamed))
+
+
+def _problem(message: str, scenario: Path, key: str) -> str:
+    """A ScenarioError's problem(s) on one line, without the file's name
+    (and without the field's path when the option names it already)."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    if len(lines) > 1 and "invalid scenario" in lines[0]:
+        lines = lines[1:]
+    for prefix in (f"{scenario}: ", f"{key}: " if key else None):
+        if prefix:
+            lines = [ln.removeprefix(prefix) for ln in lines]
+    return "; ".join(lines)
+
+
+def _expect_dir(path: Path | None, option: str, what: str) -> None:
+    """A path that exists but is not a folder: say so, naming the option."""
+    if path is not None and path.exists() and not path.is_dir():
+        _fail(f"{option} {path}: is a file, expected {what}")
+
+
+def _check_data_root(sc: Scenario) -> None:
+    """The data root (data.root, else the environment variable) must be a
+    folder when it exists: a file there is said as such, not as missing
+    data."""
+    from fedsim.data.errors import ENV_ROOT
+
+    if "root" not in type(sc.data).model_fields:  # e.g. synthetic data
+        return
+    root = sc.data.root
+    where = "data.root" if root else ENV_ROOT
+    root = root or os.environ.get(ENV_ROOT)
+    if root and Path(root).expanduser().exists():
+        if not Path(root).expanduser().is_dir():
+            _fail(f"{where} {root}: is a file, expected a data folder")
 
 
 def _prepare_run_dir(
@@ -366,7 +448,8 @@ def _progress(
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
-        TextColumn("round {task.completed:>4.0f}/{task.total:.0f}"),
+        # Progress counts rounds (versions) done; files number them from 0.
+        TextColumn("{task.completed:>4.0f}/{task.total:.0f} " + _unit(sc)),
         TextColumn("sim {task.fields[sim]}"),
         TextColumn("acc {task.fields[acc]}"),
         TimeElapsedColumn(),
@@ -410,14 +493,21 @@ def _log_lines(sc: Scenario, every_s: float) -> Any:
         if done % step and done != sc.rounds and now - last[0] < every_s:
             return
         last[0] = now
+        # "k/N done" counts; "last: round t" is the 0-based index of the files.
         err.print(
-            f"{sc.name}: round {done}/{sc.rounds}, sim {_duration(row['sim_time'])}, "
+            f"{sc.name}: {done}/{sc.rounds} {_unit(sc)} done "
+            f"(last: round {row['round']}), sim {_duration(row['sim_time'])}, "
             f"acc {acc[0]}",
             highlight=False,
             soft_wrap=True,
         )
 
     return on_round
+
+
+def _unit(sc: Scenario) -> str:
+    """What one row of rounds.parquet is: a round, or a server version."""
+    return "versions" if sc.round.policy == "async" else "rounds"
 
 
 def _duration(seconds: float) -> str:
@@ -456,16 +546,117 @@ def validate(
     """Check a scenario file and print what it resolves to."""
     from fedsim.preflight import preflight
 
+    sc = _load(scenario, list(set_ or []))
     try:
-        sc = load_scenario(scenario, list(set_ or []))
+        _check_data_root(sc)
         preflight(sc, str(scenario))
     except ScenarioError as exc:
         _fail(str(exc))
-    out.print(dump_scenario(sc), highlight=False, markup=False, end="")
+    import yaml
+
+    from fedsim.scenario import _Dumper
+
+    # Only what applies to this scenario (the rest would be defaults that do
+    # nothing here); soft_wrap keeps rich from breaking long YAML lines.
+    text = yaml.dump(
+        _applicable(sc), Dumper=_Dumper, sort_keys=False, default_flow_style=None
+    )
+    out.print(text, highlight=False, markup=False, end="", soft_wrap=True)
     err.print(
         f"ok: {scenario} ({sc.fleet.size} devices, {sc.rounds} rounds, "
         f"{sc.algorithm.name})"
     )
+
+
+# Fields each choice uses; the others of that section are left out of
+# `fedsim validate`'s output.
+_MODEL_FIELDS = {
+    "mlp": ("hidden",),
+    "vgg11": ("norm_groups",),
+    "resnet18": ("norm_groups",),
+    "convnet": ("width", "depth"),
+    "lstm": ("embed_dim", "lstm_hidden", "lstm_layers"),
+}
+_ROUND_FIELDS = {
+    "fixed_window": ("window_s", "max_steps"),
+    "fixed_epochs": ("epochs", "deadline_s", "over_select"),
+    "async": ("concurrency", "max_staleness", "job_steps", "max_steps", "epochs"),
+}
+_SPEED_FIELDS = {
+    "fixed": ("steps_per_s",),
+    "lognormal": ("median_steps_per_s", "sigma"),
+    "mixture": ("tiers",),
+}
+_SLOWDOWN_FIELDS = {
+    "fixed": ("factor",),
+    "uniform": ("low", "high"),
+    "pareto": ("shape", "max_factor"),
+}
+_AVAILABILITY_FIELDS = {
+    "always": (),
+    "on_off": ("mean_on_s", "mean_off_s"),
+    "daily": ("mean_on_s", "min_online", "max_online", "peak_hour", "period_s"),
+}
+
+
+def _keep(
+    section: dict[str, Any], always: tuple[str, ...], used: tuple[str, ...]
+) -> dict[str, Any]:
+    """``section`` with only the keys in ``always`` or ``used``, in order."""
+    return {k: v for k, v in section.items() if k in always or k in used}
+
+
+def _applicable(sc: Scenario) -> dict[str, Any]:
+    """The resolved scenario without the fields that do nothing in it: other
+    models' sizes, other round policies' fields (no window under
+    ``fixed_epochs``, no async fields in synchronous rounds), other speed
+    and availability models' parameters, unset presets, and ``dropout_p``
+    when no device can drop out."""
+    d = sc.model_dump(mode="json")
+    d["model"] = _keep(
+        d["model"], ("name", "dtype"), _MODEL_FIELDS.get(sc.model.name, ())
+    )
+    r = sc.round
+    used = list(_ROUND_FIELDS[r.policy])
+    if r.policy == "async" and r.job_steps == "epochs":
+        used.remove("max_steps")
+    elif r.policy == "async":
+        used.remove("epochs")
+    if "epochs" in used and r.epochs_low is not None:  # a range replaces epochs
+        used[used.index("epochs")] = "epochs_low"
+        used.append("epochs_high")
+    d["round"] = _keep(d["round"], ("policy",), tuple(used))
+    dropouts = any(
+        s is not None and s.dropout_p > 0
+        for s in [sc.fleet.stragglers, *(g.stragglers for g in sc.fleet.groups)]
+    )
+    for g in [d["fleet"], *d["fleet"]["groups"]]:
+        st = g.get("stragglers")
+        if isinstance(st, dict):
+            if not dropouts:
+                st.pop("dropout_p", None)
+            dist = st["slowdown"]["dist"]
+            st["slowdown"] = _keep(st["slowdown"], ("dist",), _SLOWDOWN_FIELDS[dist])
+    for g in d["fleet"]["groups"]:
+        _prune_group(g)
+    return d
+
+
+def _prune_group(g: dict[str, Any]) -> None:
+    """A fleet group's speed, network and availability fields that apply."""
+    speed = g.get("speed")
+    if isinstance(speed, dict):
+        extra = ("preset", "workload", "scale") if speed.get("preset") else ()
+        g["speed"] = _keep(
+            speed, ("dist", *extra), _SPEED_FIELDS.get(speed["dist"], ())
+        )
+    net = g.get("network")
+    if isinstance(net, dict) and net.get("preset") is None:
+        net.pop("preset", None)
+    avail = g.get("availability")
+    if isinstance(avail, dict):
+        used = _AVAILABILITY_FIELDS.get(avail["kind"], tuple(avail))
+        g["availability"] = _keep(avail, ("kind",), used)
 
 
 @app.command()
@@ -519,6 +710,7 @@ def stress(
     from fedsim.compare import split_algorithms
     from fedsim.stress import run_stress
 
+    _expect_dir(out_dir, "--out", "an output folder")
     grid = _sweep_grid(sweep)
     labels = split_algorithms(algorithms)
     if not labels:
@@ -582,10 +774,8 @@ def compare(
     from fedsim.results import default_run_dir, prepare_run_dir
 
     overrides = list(set_ or [])
-    try:
-        sc = load_scenario(scenario, overrides)
-    except ScenarioError as exc:
-        _fail(str(exc))
+    _expect_dir(out_dir, "--out", "an output folder")
+    sc = _load(scenario, overrides)
     names = split_algorithms(algorithms)
     if not names:
         _fail("--algorithms: give at least one algorithm")

@@ -14,7 +14,7 @@ Example:
     >>> rounds = pa.table({"round": [0, 1], "sim_time": [9.5, 20.0],
     ...                    "test_loss": [2.3, 1.9]})  # or pq.read_table(...)
     >>> [ax.get_title() for ax in figure_metrics(rounds).axes]
-    ['loss vs simulated time', 'loss vs round']
+    ['loss vs simulated time', 'loss vs rounds completed']
     >>> plot_metrics(rounds, Path("metrics.png"))  # doctest: +SKIP
     PosixPath('metrics.png')
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -191,16 +191,38 @@ def _frame_metric(ax: Axes, ylabel: str, xlabel: str, by_round: bool) -> None:
     ax.grid(alpha=0.3)
 
 
-def figure_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
+def _with_initial(
+    x: np.ndarray, y: np.ndarray, x0: float, y0: float | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` with the initial model's point ``(x0, y0)`` in front (when
+    it has a finite value)."""
+    if y0 is None or not math.isfinite(float(y0)) or len(x) != len(y):
+        return x, y
+    return np.concatenate([[x0], x]), np.concatenate([[float(y0)], y])
+
+
+def figure_metrics(
+    rounds: pa.Table | None,
+    title: str = "",
+    initial: Mapping[str, Any] | None = None,
+) -> Figure:
     """Test accuracy and loss against simulated time and against rounds.
 
-    A 2x2 grid (accuracy on top, loss below; simulated time left, round
-    right). Runs without an accuracy (e.g. the quadratic objective) get a
-    1x2 grid of the loss only. The training loss (the clients' weighted mean
-    over their local steps) is drawn dashed next to the test loss.
+    A 2x2 grid (accuracy on top, loss below; simulated time left, rounds
+    completed right). The row of round ``t`` (0-based, as in
+    rounds.parquet) is the model after ``t + 1`` rounds, so it is drawn at
+    ``t + 1`` rounds completed; ``initial`` (summary.json's ``initial``:
+    ``accuracy``, ``loss``, ``t``), when given, starts each test curve at
+    the initial model (0 rounds completed, simulated time ``t``). Runs
+    without an accuracy (e.g. the quadratic objective) get a 1x2 grid of
+    the loss only. The training loss (the clients' weighted mean over their
+    local steps) is drawn dashed next to the test loss.
     """
+    # summary.json's value: anything but a mapping (an old run: null) is none
+    initial = initial if isinstance(initial, Mapping) else {}
+    t0 = float(initial.get("t") or 0.0)
     sim_time = _floats(rounds, "sim_time")
-    round_ = _floats(rounds, "round")
+    done = _floats(rounds, "round") + 1.0
     acc = _floats(rounds, "test_accuracy")
     test_loss = _floats(rounds, "test_loss")
     train_loss = _floats(rounds, "train_loss")
@@ -208,14 +230,20 @@ def figure_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
     nrows = 2 if with_acc else 1
     fig = _new_figure(11, 4.2 * nrows)
     axes = np.atleast_2d(fig.subplots(nrows, 2, squeeze=False))
-    xs = [(sim_time, "simulated time (s)"), (round_, "round")]
-    for col, (x, xlabel) in enumerate(xs):
+    xs = [(sim_time, t0, "simulated time (s)"), (done, 0.0, "rounds completed")]
+    for col, (x, x0, xlabel) in enumerate(xs):
         if with_acc:
             ax = axes[0, col]
-            _line(ax, x, acc, color="C0", label="test accuracy")
+            _line(
+                ax,
+                *_with_initial(x, acc, x0, initial.get("accuracy")),
+                color="C0",
+                label="test accuracy",
+            )
             _frame_metric(ax, "test accuracy", xlabel, by_round=col == 1)
         ax = axes[nrows - 1, col]
-        drew = _line(ax, x, test_loss, color="C1", label="test loss")
+        xy = _with_initial(x, test_loss, x0, initial.get("loss"))
+        drew = _line(ax, *xy, color="C1", label="test loss")
         drew |= _line(ax, x, train_loss, color="C2", linestyle="--", label="train loss")
         if not drew:
             _no_data(ax, "no loss recorded")
@@ -230,11 +258,16 @@ def figure_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
 
 
 def figure_tau_by_group(
-    clients: pa.Table | None, groups: Sequence[str] = (), title: str = ""
+    clients: pa.Table | None,
+    groups: Sequence[str] = (),
+    title: str = "",
+    max_steps: int | None = None,
 ) -> Figure:
     """Distribution of local steps tau_i(t) per device group (box plot with
     the individual updates jittered on top). Dropped updates are left out:
-    they contribute no steps."""
+    they contribute no steps. ``max_steps`` (the scenario's
+    ``round.max_steps``), when given, is drawn as a dashed line labelled
+    "max_steps cap": updates on it were capped, not slow."""
     fig = _new_figure(max(6.0, 1.6 + 1.5 * max(1, len(groups))), 4.6)
     ax = fig.subplots()
     tau = _floats(clients, "tau")
@@ -264,6 +297,15 @@ def figure_tau_by_group(
         ax.set_ylabel("local steps tau_i(t)")
         ax.set_xlabel("device group")
         ax.grid(axis="y", alpha=0.3)
+        if max_steps is not None:
+            ax.axhline(
+                max_steps,
+                color="0.3",
+                linestyle="--",
+                linewidth=1.0,
+                label="max_steps cap",
+            )
+            ax.legend(loc="best", fontsize=9)
         ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
     ax.set_title(title or "local steps per update, by device group")
     return fig
@@ -388,25 +430,32 @@ class _BarStyle:
 def _draw_bars(
     ax: Axes, u: _Updates, y: np.ndarray, m_block: np.ndarray, st: _BarStyle
 ) -> None:
-    """One bar per update of ``m_block``: start to arrival, dropped hatched."""
-    # One barh call per (group, dropped) keeps large fleets fast.
+    """One bar per update of ``m_block``: start to arrival, dropped hatched.
+
+    Odd rounds are drawn in a lighter shade than even ones: a client that
+    is busy until the end of a round and starts again at once has two bars
+    that touch, and white edges vanish when rows are thin."""
+    # One barh call per (group, dropped, round parity) keeps large fleets fast.
+    odd = (u.rnd % 2).astype(bool)
     for g in u.order:
         for is_drop in (False, True):
-            m = m_block & (u.dev == g) & (u.dropped == is_drop)
-            if not m.any():
-                continue
-            ax.barh(
-                y[m],
-                np.maximum(u.t1[m] - u.t0[m], 0.0),
-                left=u.t0[m],
-                height=st.bar_h,
-                color=st.colors[g],
-                alpha=0.35 if is_drop else 0.85,
-                hatch="////" if is_drop else None,
-                # White edges keep one client's consecutive rounds apart.
-                edgecolor=_DROP_COLOR if is_drop else "white",
-                linewidth=0.6 * (st.edge_w > 0) if is_drop else st.edge_w,
-            )
+            for is_odd in (False, True):
+                m = m_block & (u.dev == g) & (u.dropped == is_drop) & (odd == is_odd)
+                if not m.any():
+                    continue
+                alpha = (0.35 if is_drop else 0.85) * (0.6 if is_odd else 1.0)
+                ax.barh(
+                    y[m],
+                    np.maximum(u.t1[m] - u.t0[m], 0.0),
+                    left=u.t0[m],
+                    height=st.bar_h,
+                    color=st.colors[g],
+                    alpha=alpha,
+                    hatch="////" if is_drop else None,
+                    # White edges keep one client's consecutive rounds apart.
+                    edgecolor=_DROP_COLOR if is_drop else "white",
+                    linewidth=0.6 * (st.edge_w > 0) if is_drop else st.edge_w,
+                )
 
 
 def _draw_arrivals(
@@ -570,13 +619,28 @@ def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
     (0: the server optimises the true objective)."""
     fig = _new_figure(9, 4.0)
     ax = fig.subplots()
-    if not _line(ax, _floats(rounds, "round"), _floats(rounds, "chi2_pw"), color="C4"):
+    chi2 = _floats(rounds, "chi2_pw")
+    if not _line(ax, _floats(rounds, "round"), chi2, color="C4"):
         _no_data(ax, "no objective-inconsistency values recorded")
     else:
-        ax.set_xlabel("round")
+        finite = chi2[np.isfinite(chi2)]
+        if not finite.any():  # a flat line on the axis looks like no data
+            ax.text(
+                0.5,
+                0.6,
+                "chi^2(p || w) = 0 in every round",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=11,
+                color="0.3",
+            )
+            ax.set_ylim(-0.05, 1.0)
+        ax.set_xlabel("round (0-based, as in rounds.parquet)")
         ax.xaxis.set_major_locator(_round_ticks())
         ax.set_ylabel("chi^2(p || w)")
-        ax.set_ylim(bottom=0)
+        if finite.any():
+            ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     ax.set_title(title or "objective inconsistency per round")
     return fig

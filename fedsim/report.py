@@ -50,13 +50,15 @@ METRICS = Plot(
     "Test accuracy and loss",
     "Compare the left panels across runs: simulated time, not rounds, is what a "
     "deployment pays for; a test loss that rises while the training loss falls "
-    "means client drift.",
+    "means client drift. The curves start at the initial model (0 rounds "
+    "completed); round t of rounds.parquet is drawn at t + 1 rounds completed.",
 )
 TAU = Plot(
     "tau_by_group.png",
     "Local steps tau_i(t) per device group",
     "Wide boxes or groups far apart mean heterogeneous local progress: this is "
-    "where FedAvg's objective inconsistency comes from.",
+    "where FedAvg's objective inconsistency comes from. The dashed line is "
+    "round.max_steps: updates on it were capped, not slow.",
 )
 TIMELINE = Plot(
     "timeline.png",
@@ -64,7 +66,9 @@ TIMELINE = Plot(
     "Each bar is one selected client in one round, from download to arrival; "
     "long bars at the right edge of a round are stragglers (under a fixed "
     "window they finish fewer steps instead), and hatched bars ending in a red "
-    "marker are dropped updates (the marker's shape gives the reason).",
+    "marker are dropped updates (the marker's shape gives the reason). Odd "
+    "rounds are drawn lighter, so a client's consecutive rounds stay apart; "
+    "rounds are numbered from 0, as in the Parquet files.",
 )
 STALENESS = Plot(
     "staleness.png",
@@ -178,6 +182,7 @@ def _summary_rows(
         ("devices", f"{devices} in {len(groups)} groups" if groups else "-"),
         ("seed", _fmt(scenario.get("seed"))),
         ("rounds", _fmt(summary.get("rounds", rounds.num_rows))),
+        ("initial test accuracy / loss", _initial(summary.get("initial"))),
         ("final test accuracy", _fmt(summary.get("final_test_accuracy"))),
         (
             "best test accuracy (round)",
@@ -198,6 +203,30 @@ def _summary_rows(
         ("fedsim version", _fmt(summary.get("fedsim_version"))),
     ]
     return [(k, v) for k, v in rows if v not in ("-", "- (-)", "- s")]
+
+
+def _initial(initial: Any) -> str:
+    """summary.json's ``initial`` (the model before round 0) as a cell."""
+    if not isinstance(initial, dict):
+        return "-"
+    acc, loss = initial.get("accuracy"), initial.get("loss")
+    if acc is None and loss is None:
+        return "-"
+    return f"{_fmt(acc)} / {_fmt(loss)}"
+
+
+def _step_cap(scenario: dict[str, Any]) -> int | None:
+    """round.max_steps when it caps tau: under ``fixed_window`` (the default
+    policy) and ``async`` jobs of ``job_steps: max_steps``; None under
+    ``fixed_epochs`` (tau comes from the epochs) or when not recorded."""
+    cap = _get(scenario, "round", "max_steps")
+    policy = _get(scenario, "round", "policy") or "fixed_window"
+    job_steps = _get(scenario, "round", "job_steps") or "max_steps"
+    if not isinstance(cap, int) or isinstance(cap, bool):
+        return None
+    if policy == "fixed_window" or (policy == "async" and job_steps == "max_steps"):
+        return cap
+    return None
 
 
 def _status_lines(summary: dict[str, Any]) -> list[str]:
@@ -248,12 +277,18 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     ]
 
     figures = [METRICS, TAU, TIMELINE]
-    plots.plot_metrics(rounds, run_dir / METRICS.file, title=f"{name}: test metrics")
+    plots.plot_metrics(
+        rounds,
+        run_dir / METRICS.file,
+        title=f"{name}: test metrics",
+        initial=summary.get("initial"),  # the figure checks what it is
+    )
     plots.plot_tau_by_group(
         clients,
         run_dir / TAU.file,
         groups=groups,
         title=f"{name}: local steps per update, by device group",
+        max_steps=_step_cap(scenario),
     )
     plots.plot_timeline(
         clients,

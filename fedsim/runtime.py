@@ -133,6 +133,9 @@ class RunResult:
         message: why the run stopped early ("" when completed).
         workers: Ray worker actors used (0: in-process).
         wall_time_s: real seconds the run took.
+        initial: the initial model's test metrics, before round 0 (version
+            0): ``{"accuracy", "loss", "t": 0.0}`` (accuracy NaN for
+            objectives without classes); None when not evaluated.
     """
 
     scenario: Scenario
@@ -144,6 +147,7 @@ class RunResult:
     workers: int
     wall_time_s: float
     data: FederatedData | None = field(default=None, repr=False)
+    initial: dict[str, float] | None = None
 
     def summary(self) -> dict[str, Any]:
         """summary.json's content, with how the run ended (``status``) and
@@ -157,7 +161,17 @@ class RunResult:
             version=__version__,
             server_validation=describe_validation(self.scenario, self.data),
         )
-        return {**summary, "status": self.status, "degenerate": self.degenerate()}
+        initial = None
+        if self.initial is not None:  # JSON has no NaN: a missing value is null
+            initial = {
+                k: (v if math.isfinite(v) else None) for k, v in self.initial.items()
+            }
+        return {
+            **summary,
+            "initial": initial,
+            "status": self.status,
+            "degenerate": self.degenerate(),
+        }
 
     def degenerate(self) -> str | None:
         """Why the run's numbers mean little, or None: no update ever
@@ -224,6 +238,11 @@ class _Run:
         resume: bool = False,
     ) -> None:
         self._build(scenario, run_dir, on_round)
+        # The initial model x_0 is a pure function of (scenario, seed), so a
+        # resume evaluates it again (before loading the checkpoint) and gets
+        # the same numbers; the checkpoint format is unchanged.
+        loss, acc = self.server.evaluate()
+        self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
         if run_dir is not None:
             self._prepare(run_dir, resume)
         self.executor: Executor = make_executor(scenario, self.data, workers)
@@ -779,4 +798,5 @@ def run_scenario(
         workers=workers,
         wall_time_s=time.perf_counter() - run.wall0,
         data=run.data,
+        initial=run.initial,
     )
