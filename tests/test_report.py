@@ -175,17 +175,17 @@ def test_metrics_figure_plots_the_rounds_columns(which, sync_run, async_run):
     (acc_t, acc_r), (loss_t, loss_r) = fig.axes[0:2], fig.axes[2:4]
     for ax, x in ((acc_t, "sim_time"), (acc_r, "round")):
         xs, ys = line_xy(ax, "test accuracy")
-        assert xs == [r[x] for r in evaluated]
+        assert xs == [r[x] + (x == "round") for r in evaluated]
         assert ys == [r["test_accuracy"] for r in evaluated]
     for ax, x in ((loss_t, "sim_time"), (loss_r, "round")):
         xs, ys = line_xy(ax, "test loss")
         assert (xs, ys) == (
-            [r[x] for r in evaluated],
+            [r[x] + (x == "round") for r in evaluated],
             [r["test_loss"] for r in evaluated],
         )
         xs, ys = line_xy(ax, "train loss")  # every round has a training loss
         assert (xs, ys) == (
-            [r[x] for r in rounds],
+            [r[x] + (x == "round") for r in rounds],
             [r["train_loss"] for r in rounds],
         )
 
@@ -197,7 +197,7 @@ def test_metrics_figure_of_a_run_without_accuracy(quadratic_run):
 
     assert len(fig.axes) == 2  # loss only
     xs, ys = line_xy(fig.axes[1], "test loss")
-    assert xs == [r["round"] for r in rounds]
+    assert xs == [r["round"] + 1 for r in rounds]  # rounds completed
     assert ys == [r["test_loss"] for r in rounds]
 
 

@@ -272,7 +272,7 @@ def test_summary_equals_the_oracle(run_dir):
     assert any(c["dropped"] for c in clients), "want dropped updates"
     assert any(not finite(r["test_accuracy"]) for r in rounds), "want unevaluated"
     # every field, exactly (the same floats, read back from the same run)
-    assert set(summary) == set(expected) | {"wall_time_s", "fedsim_version"}
+    assert set(summary) == set(expected) | {"wall_time_s", "fedsim_version", "initial"}
     for key, value in expected.items():
         assert summary[key] == value, key
     assert summary["wall_time_s"] > 0
