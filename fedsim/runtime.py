@@ -68,6 +68,7 @@ import torch
 
 from fedsim import __version__, clock
 from fedsim.algorithms.base import AsyncRule, ClientUpdate
+from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -156,7 +157,29 @@ class RunResult:
             version=__version__,
             server_validation=describe_validation(self.scenario, self.data),
         )
-        return {**summary, "status": self.status, "degenerate": self.degenerate()}
+        return {
+            **summary,
+            "status": self.status,
+            "degenerate": self.degenerate(),
+            "participation_bias": self.participation_bias(),
+        }
+
+    def participation_bias(self) -> dict[str, Any] | None:
+        """Each client's share of the aggregation weight over the run against
+        its data share p_i (over all clients): the L1 distance and the top 5
+        over-weighted clients; None without the run's data. A client's share
+        is the sum of its normalised weights (the ``weight`` column of
+        clients.parquet) over the rounds or versions that applied updates,
+        divided by their number (``sampling.weight_shares``)."""
+        if self.data is None:
+            return None
+        n = np.asarray(self.data.weights, dtype=np.float64)
+        used = sum(int(r["n_completed"]) > 0 for r in self.rows)
+        done = [c for c in self.clients if not c["dropped"]]
+        shares = weight_shares(
+            n.size, [c["client_id"] for c in done], [c["weight"] for c in done], used
+        )
+        return participation_bias(shares, n / n.sum())
 
     def degenerate(self) -> str | None:
         """Why the run's numbers mean little, or None: no update ever
