@@ -210,8 +210,12 @@ class Scenario(_Spec):
         alg, sel = data.get("algorithm"), data.get("selector")
         if not (isinstance(alg, dict) and isinstance(sel, dict)):
             return data
-        alg_cls = ALGORITHMS.get(alg.get("name"))  # type: ignore[arg-type]
-        sel_cls = SELECTORS.get(sel.get("name"))  # type: ignore[arg-type]
+        # names are looked up only when they are strings: anything else is
+        # left for the field validation to report
+        a_name, s_name = alg.get("name"), sel.get("name")
+        if not (isinstance(a_name, str) and isinstance(s_name, str)):
+            return data
+        alg_cls, sel_cls = ALGORITHMS.get(a_name), SELECTORS.get(s_name)
         default = getattr(sel_cls, "default_weighting", None)
         has_field = alg_cls is not None and "sampling" in getattr(
             alg_cls, "__dataclass_fields__", {}

@@ -244,3 +244,13 @@ def test_monte_carlo_uniform_scheme_ii_is_unbiased_and_the_default_is_not():
     assert np.abs(scheme_ii - p).sum() < 0.05
     assert default[0] == pytest.approx(0.127, abs=0.01)
     assert np.abs(default - p).sum() > 0.08
+
+
+def test_a_name_that_is_not_a_string_is_a_scenario_error_not_a_crash():
+    # the default-weighting step runs before validation, on the raw YAML
+    for override in (
+        "selector={name: [1], clients_per_round: 3}",
+        "algorithm={name: {a: 1}}",
+    ):
+        with pytest.raises(ScenarioError, match="unknown choice"):
+            load_scenario(TINY, [override])
