@@ -35,6 +35,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from fedsim.algorithms.sampling import weight_shares
 from fedsim.results import atomic_write_bytes
 
 __all__ = [
@@ -47,11 +48,13 @@ __all__ = [
     "figure_timeline",
     "figure_staleness",
     "figure_chi2",
+    "figure_weight_share",
     "plot_metrics",
     "plot_tau_by_group",
     "plot_timeline",
     "plot_staleness",
     "plot_chi2",
+    "plot_weight_share",
 ]
 
 DPI = 110
@@ -646,6 +649,64 @@ def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
     return fig
 
 
+def _shares(
+    clients: pa.Table | None, rounds: pa.Table | None, partition: pa.Table | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(weight share, data share) per client, or None when a table lacks
+    what they need."""
+    ids = _floats(partition, "client_id")
+    p = _floats(partition, "weight")
+    if len(p) == 0 or len(ids) != len(p) or not np.isfinite(p).all() or p.sum() <= 0:
+        return None
+    cid, w = _floats(clients, "client_id"), _floats(clients, "weight")
+    if len(cid) == 0 or len(cid) != len(w):
+        return None
+    m = int(ids.max()) + 1
+    data = np.zeros(m)
+    data[ids.astype(np.int64)] = p / p.sum()
+    used = int((_floats(rounds, "n_completed") > 0).sum())
+    return weight_shares(m, cid.astype(np.int64), w, used), data
+
+
+def figure_weight_share(
+    clients: pa.Table | None,
+    rounds: pa.Table | None = None,
+    partition: pa.Table | None = None,
+    title: str = "",
+) -> Figure:
+    """Each client's share of the aggregation weight over the run against
+    its data share p_i (``partition.parquet``'s ``weight``), with the line
+    y = x where an unbiased pairing of selector and weighting puts them;
+    log axes when data shares span more than 100x (clients never
+    aggregated are drawn at the bottom edge)."""
+    fig = _new_figure(6.0, 5.5)
+    ax = fig.subplots()
+    got = _shares(clients, rounds, partition)
+    if got is None:
+        _no_data(ax, "no weight or data shares recorded")
+        ax.set_title(title or "weight share vs data share")
+        return fig
+    share, data = got
+    l1 = float(np.abs(share - data).sum())
+    pos = data[data > 0]
+    log = len(pos) > 1 and pos.max() / pos.min() > 100
+    lo = min(pos.min(), share[share > 0].min() if (share > 0).any() else 1.0)
+    y = np.where(share > 0, share, lo / 2) if log else share
+    ax.scatter(data, y, s=14, alpha=0.7, color="C0", label="client")
+    top = max(float(data.max()), float(share.max()))
+    line = np.array([lo / 2 if log else 0.0, top * 1.05])
+    ax.plot(line, line, color="0.3", linewidth=1, linestyle="--", label="y = x")
+    if log:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlabel("data share p_i")
+    ax.set_ylabel("aggregation weight share")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=9)
+    ax.set_title(f"{title or 'weight share vs data share'} (L1 = {l1:.3g})")
+    return fig
+
+
 # The plot_* functions: each draws its figure_* and writes it as a PNG. The
 # figure_* functions are public so that tests (and notebooks) can check the
 # data behind a figure, not only that a file was written.
@@ -673,3 +734,4 @@ plot_tau_by_group = _writes_png(figure_tau_by_group)
 plot_timeline = _writes_png(figure_timeline)
 plot_staleness = _writes_png(figure_staleness)
 plot_chi2 = _writes_png(figure_chi2)
+plot_weight_share = _writes_png(figure_weight_share)

@@ -83,6 +83,17 @@ CHI2 = Plot(
     "the data weights p; 0 means the server optimises the true objective.",
 )
 
+WEIGHT_SHARE = Plot(
+    "weight_share.png",
+    "Participation bias: weight share vs data share",
+    "Each point is a client: its share of the aggregation weight over the run "
+    "against its data share p_i. Points on the dashed line y = x mean the "
+    "selector and the weighting are paired without bias; large clients far "
+    "above it mean the data share was counted twice (summary.json's "
+    "participation_bias gives the L1 distance and the top over-weighted "
+    "clients).",
+)
+
 
 def _read_table(path: Path, required: bool) -> pa.Table | None:
     if not path.is_file():
@@ -307,6 +318,12 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
         figures.append(CHI2)
         plots.plot_chi2(
             rounds, run_dir / CHI2.file, title=f"{name}: objective inconsistency"
+        )
+    partition = _read_table(run_dir / "partition.parquet", required=False)
+    if clients is not None and partition is not None:
+        figures.append(WEIGHT_SHARE)
+        plots.plot_weight_share(
+            clients, run_dir / WEIGHT_SHARE.file, rounds, partition, title=name
         )
 
     lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir.name}`", ""]

@@ -69,6 +69,7 @@ import torch
 from fedsim import __version__, clock
 from fedsim.algorithms.base import AsyncRule, ClientUpdate
 from fedsim.algorithms.feddm import FedDM
+from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -171,7 +172,25 @@ class RunResult:
             "initial": initial,
             "status": self.status,
             "degenerate": self.degenerate(),
+            "participation_bias": self.participation_bias(),
         }
+
+    def participation_bias(self) -> dict[str, Any] | None:
+        """Each client's share of the aggregation weight over the run against
+        its data share p_i (over all clients): the L1 distance and the top 5
+        over-weighted clients; None without the run's data. A client's share
+        is the sum of its normalised weights (the ``weight`` column of
+        clients.parquet) over the rounds or versions that applied updates,
+        divided by their number (``sampling.weight_shares``)."""
+        if self.data is None:
+            return None
+        n = np.asarray(self.data.weights, dtype=np.float64)
+        used = sum(int(r["n_completed"]) > 0 for r in self.rows)
+        done = [c for c in self.clients if not c["dropped"]]
+        shares = weight_shares(
+            n.size, [c["client_id"] for c in done], [c["weight"] for c in done], used
+        )
+        return participation_bias(shares, n / n.sum())
 
     def degenerate(self) -> str | None:
         """Why the run's numbers mean little, or None: no update ever
@@ -181,9 +200,12 @@ class RunResult:
             return None
         if sum(int(r["n_completed"]) for r in self.rows) == 0:
             return "no update ever reached the server"
-        if self.scenario.round.policy == "async":
+        # async has no rounds; a selector drawing with replacement returns
+        # fewer distinct ids than clients_per_round when it draws one twice
+        sel = self.scenario.selector
+        if self.scenario.round.policy == "async" or type(sel).with_replacement:
             return None
-        k = self.scenario.selector.clients_per_round
+        k = sel.clients_per_round
         short = sum(int(r["n_selected"]) < k for r in self.rows)
         if short > len(self.rows) / 2:
             return (

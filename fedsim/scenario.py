@@ -28,6 +28,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from fedsim.algorithms import REGISTRY as ALGORITHMS
+from fedsim.algorithms.sampling import pairing_problem
 from fedsim.clock import RoundSpec
 from fedsim.data import REGISTRY as DATASETS
 from fedsim.data.validation import validation_problem
@@ -199,6 +200,32 @@ class Scenario(_Spec):
             )
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_weighting(cls, data: Any) -> Any:
+        """An algorithm with a ``sampling`` field that names none gets the
+        selector's unbiased weighting (``proportional`` for ``weighted``,
+        ``equal`` for ``power_of_choice``); with the uniform selector it
+        stays ``renormalized``."""
+        if not isinstance(data, dict):
+            return data
+        alg, sel = data.get("algorithm"), data.get("selector")
+        if not (isinstance(alg, dict) and isinstance(sel, dict)):
+            return data
+        # names are looked up only when they are strings: anything else is
+        # left for the field validation to report
+        a_name, s_name = alg.get("name"), sel.get("name")
+        if not (isinstance(a_name, str) and isinstance(s_name, str)):
+            return data
+        alg_cls, sel_cls = ALGORITHMS.get(a_name), SELECTORS.get(s_name)
+        default = getattr(sel_cls, "default_weighting", None)
+        has_field = alg_cls is not None and "sampling" in getattr(
+            alg_cls, "__dataclass_fields__", {}
+        )
+        if default is None or not has_field or "sampling" in alg:
+            return data
+        return {**data, "algorithm": {**alg, "sampling": default}}
+
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
         n_dev = self.fleet.size
@@ -214,18 +241,10 @@ class Scenario(_Spec):
                 f"selector.clients_per_round is {self.selector.clients_per_round} "
                 f"but the fleet has only {n_dev} devices"
             )
-        scheme = getattr(self.algorithm, "sampling", "renormalized")
-        if scheme != "renormalized" and scheme != getattr(
-            self.selector, "sampling_scheme", None
-        ):
-            want = {"uniform": "uniform", "proportional": "weighted"}.get(
-                scheme, scheme
-            )
-            raise ValueError(
-                f"algorithm.sampling '{scheme}' weights updates for the "
-                f"'{want}' selector (ALGORITHMS.md section 3), not for "
-                f"'{self.selector.name}'"
-            )
+        # sampling and weighting are one decision (docs/scenarios.md)
+        pairing = pairing_problem(self.selector, self.algorithm)
+        if pairing is not None:
+            raise ValueError(pairing)
         if self.round.policy == "async" and not hasattr(
             self.algorithm, "aggregate_async"
         ):

@@ -108,7 +108,8 @@ def test_report_links_the_figures_it_wrote(which, sync_run, async_run, quadratic
     # arrivals: chi^2(p||w) > 0 is recorded, so it is drawn; the partition's
     # figure closes the report (the quadratic objectives have no partition).
     partition = [] if which == "quadratic" else ["partition.png"]
-    assert links == [*expected, "chi2.png", *partition]
+    share = [] if which == "quadratic" else ["weight_share.png"]
+    assert links == [*expected, "chi2.png", *share, *partition]
     for name in links:
         assert (run_dir / name).read_bytes()[:8] == PNG_MAGIC
 

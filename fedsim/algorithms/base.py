@@ -277,6 +277,19 @@ class Algorithm:
     ) -> ClientResult:
         return {}, None
 
+    # ------------------------------------------------------------ pairing
+    def weighting(self) -> str | None:
+        """The aggregation weighting this algorithm applies to a round's
+        updates: a key of :data:`fedsim.algorithms.sampling.WEIGHTINGS`,
+        whose entry says what client sampling it assumes, so that the
+        scenario check can refuse a selector it does not fit (FedAvg,
+        FedNova and their descendants: their ``sampling`` field). None: the
+        algorithm's weights are fixed by its paper (SCAFFOLD, FedDyn and
+        FedDC average the updates; FedPNS averages those it keeps; the
+        asynchronous rules weight by staleness) and are not checked; the
+        participation-bias meter still shows what they do."""
+        return None
+
 
 def data_weights(updates: Sequence[ClientUpdate]) -> list[float]:
     """p_i of the round's updates, normalised to sum to 1 (in update order)."""

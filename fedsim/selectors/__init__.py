@@ -19,12 +19,20 @@ uniform             uniformly, without replacement (scheme (ii) with
                     ``fedavg sampling: uniform``)
 weighted            i.i.d. draws proportional to p_i, with replacement; distinct
                     ids plus multiplicities (scheme (i) with ``sampling:
-                    proportional``)
+                    proportional``, the default with this selector)
 fedpns              FedPNS probabilities, lowered for nodes the ``fedpns``
                     algorithm labels
 power_of_choice     the highest last-seen losses of d candidates drawn by p_i
+                    (equal weights, ``sampling: equal``, as its paper)
 oort                Oort: loss utility x speed penalty, epsilon exploration
 =================== ===========================================================
+
+Each selector declares how it samples (``inclusion``, ``with_replacement``,
+``data_share_in_sample``, ``expected_draws``) and the weighting a scenario
+gets when it names none (``default_weighting``);
+:func:`fedsim.algorithms.sampling.pairing` checks a selector against an
+algorithm's weighting, and the scenario refuses the pairs that count the
+data share twice (the table is in docs/scenarios.md).
 """
 
 from __future__ import annotations

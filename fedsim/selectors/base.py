@@ -248,6 +248,19 @@ class Selector:
     asynchronous: ClassVar[bool] = False
     # What init returns (a copy), when it depends on nothing else.
     initial_state: ClassVar[SelectorState] = {}
+    # How the selector samples, for the sampling/weighting pairing check
+    # (fedsim.algorithms.sampling.pairing): ``uniform`` (each of m clients
+    # with probability q/m), ``proportional`` (in proportion to p_i) or
+    # ``adaptive`` (probabilities that follow training: no closed form).
+    inclusion: ClassVar[str] = "adaptive"
+    # True when the selector draws with replacement and reports multiplicities.
+    with_replacement: ClassVar[bool] = False
+    # True when its draws already favour clients in proportion to p_i, so
+    # that n_i weights on top would count the data share twice.
+    data_share_in_sample: ClassVar[bool] = False
+    # The ``algorithm.sampling`` a scenario gets when it names none (FedAvg,
+    # FedNova and their descendants); None: the algorithm's own default.
+    default_weighting: ClassVar[str | None] = None
 
     def init(self, ctx: SelectorContext) -> SelectorState:
         """The initial state (a plain JSON value): ``initial_state``."""
@@ -272,6 +285,12 @@ class Selector:
     ) -> dict[int, int] | None:
         """How many times each of the last selected ``ids`` was drawn (selectors
         sampling with replacement); None: once each."""
+        return None
+
+    def expected_draws(self, ctx: SelectorContext) -> np.ndarray | None:
+        """E[k_i], how many times each client is drawn in a round when every
+        device is a candidate (the inclusion probability for selectors
+        drawing without replacement); None for ``adaptive`` selectors."""
         return None
 
     def artifact(self, state: SelectorState, round_: int) -> list[dict[str, Any]]:

@@ -17,6 +17,13 @@ no extra messages: the loss of a client is its *last observed* mean
 training loss (``result.clients[i].train_loss`` of the last round it
 trained in). A client never observed has loss +inf, so every client is
 tried once before the greedy choice kicks in; ties are broken at random.
+
+Aggregation: the paper averages the selected clients' updates with equal
+weights (its eq. 3), since the candidate draw already favours clients in
+proportion to p_i; n_i weights on top would count the data share twice.
+A scenario that names no ``algorithm.sampling`` gets ``equal`` with this
+selector, and ``renormalized`` is refused. The inclusion probabilities
+depend on the losses (``inclusion = "adaptive"``): no closed form.
 """
 
 from __future__ import annotations
@@ -60,6 +67,11 @@ class PowerOfChoice(Selector):
 
     needs_context: ClassVar[bool] = True
     initial_state: ClassVar[SelectorState] = {"ids": [], "loss": []}
+    # candidates drawn in proportion to p_i, then the highest losses: no
+    # closed form, and the data share is already in the sample
+    inclusion: ClassVar[str] = "adaptive"
+    data_share_in_sample: ClassVar[bool] = True
+    default_weighting: ClassVar[str | None] = "equal"
 
     def __post_init__(self) -> None:
         if self.candidates is not None and self.candidates < self.clients_per_round:

@@ -7,6 +7,11 @@ of section 3, pair it with ``algorithm: {name: fedavg, sampling: uniform}``:
 the server then weights update i by p_i m / q. That is exact when every
 device is online and q = ``clients_per_round`` updates arrive; with
 availability or drops it is conditional on who was online and arrived.
+
+Inclusion probabilities: q/m for every client (``inclusion = "uniform"``).
+The default ``sampling: renormalized`` stays the default with this
+selector (biased under partial participation, but what the reference codes
+do); ``sampling: equal`` targets the unweighted mean (1/m) sum_i f_i.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from fedsim.selectors.base import Draw, Selector, SelectorState
+from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
 
 __all__ = ["Uniform"]
 
@@ -39,6 +44,17 @@ class Uniform(Selector):
 
     asynchronous: ClassVar[bool] = True
     sampling_scheme: ClassVar[str | None] = "uniform"
+    inclusion: ClassVar[str] = "uniform"
+
+    def expected_draws(self, ctx: SelectorContext) -> np.ndarray:
+        """q/m for each of the m clients (q = ``clients_per_round``).
+
+        >>> Uniform(clients_per_round=2).expected_draws(
+        ...     SelectorContext.uniform(4)).tolist()
+        [0.5, 0.5, 0.5, 0.5]
+        """
+        m = ctx.num_clients
+        return np.full(m, min(self.clients_per_round, m) / m)
 
     def select(
         self, state: SelectorState, draw: Draw

@@ -12,6 +12,12 @@ counts k_i times: :meth:`select` returns the *distinct* ids and
 ``algorithm: {name: fedavg, sampling: proportional}``, whose weights are
 k_i / q. Only online devices are drawn (p renormalised over them), so with
 availability the estimate is conditional on who was online.
+
+Inclusion: in proportion to p_i, *with* replacement (E[k_i] = q p_i). The
+data share is already in the sample, so a scenario that names no
+``algorithm.sampling`` gets ``proportional`` with this selector, and
+``renormalized`` (n_i weights again), ``uniform`` and ``equal`` (which
+counts a client drawn twice once) are refused.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from fedsim.selectors.base import Draw, Selector, SelectorState
+from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
 
 __all__ = ["Weighted"]
 
@@ -47,6 +53,10 @@ class Weighted(Selector):
 
     asynchronous: ClassVar[bool] = True
     sampling_scheme: ClassVar[str | None] = "proportional"
+    inclusion: ClassVar[str] = "proportional"
+    with_replacement: ClassVar[bool] = True
+    data_share_in_sample: ClassVar[bool] = True
+    default_weighting: ClassVar[str | None] = "proportional"
     needs_context: ClassVar[bool] = True
     initial_state: ClassVar[SelectorState] = {"ids": [], "counts": []}
 
@@ -62,6 +72,17 @@ class Weighted(Selector):
         )
         ids, counts = np.unique(draws, return_counts=True)
         return ids.astype(np.int64), {"ids": ids.tolist(), "counts": counts.tolist()}
+
+    def expected_draws(self, ctx: SelectorContext) -> np.ndarray:
+        """q p_i: each of the q draws picks client i with probability p_i
+        (its inclusion probability is 1 - (1 - p_i)^q).
+
+        >>> ctx = SelectorContext(2, [0.25, 0.75], [1, 3], [1, 1], [1, 1])
+        >>> Weighted(clients_per_round=4).expected_draws(ctx).tolist()
+        [1.0, 3.0]
+        """
+        p = np.asarray(ctx.data_weights, dtype=np.float64)
+        return self.clients_per_round * p / p.sum()
 
     def multiplicity(
         self, state: SelectorState, ids: np.ndarray
