@@ -658,7 +658,12 @@ def _shares(
     p = _floats(partition, "weight")
     if len(p) == 0 or len(ids) != len(p) or not np.isfinite(p).all() or p.sum() <= 0:
         return None
-    cid, w = _floats(clients, "client_id"), _floats(clients, "weight")
+    # agg_weight: the weight as applied (runs before it had only "weight")
+    has = clients is not None and "agg_weight" in clients.column_names
+    cid, w = (
+        _floats(clients, "client_id"),
+        _floats(clients, "agg_weight" if has else "weight"),
+    )
     if len(cid) == 0 or len(cid) != len(w):
         return None
     m = int(ids.max()) + 1

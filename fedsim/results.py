@@ -63,7 +63,10 @@ ROUND_SCHEMA = schema(
     (F64, "tau_mean tau_min tau_max tau_eff chi2_pw"),
 )
 
-# clients.parquet: one row per selected client per round.
+# clients.parquet: one row per selected client per round. weight: the
+# effective weight w_i (normalised, the chi^2 meter's); agg_weight: the weight
+# the client's delta got in the server step as applied (sampling weight, not
+# normalised; the participation-bias meter's).
 CLIENT_SCHEMA = schema(
     (I64, "round client_id"),
     (STR, "device_group"),
@@ -73,6 +76,7 @@ CLIENT_SCHEMA = schema(
     (STR, "drop_reason"),
     (F64, "slowdown weight update_norm train_loss"),
     (I64, "bytes_down bytes_up"),
+    (F64, "agg_weight"),
 )
 
 # Asynchronous runs: clients.parquet has one row per job the server saw end

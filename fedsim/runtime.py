@@ -179,17 +179,17 @@ class RunResult:
         """Each client's share of the aggregation weight over the run against
         its data share p_i (over all clients): the L1 distance and the top 5
         over-weighted clients; None without the run's data. A client's share
-        is the sum of its normalised weights (the ``weight`` column of
-        clients.parquet) over the rounds or versions that applied updates,
-        divided by their number (``sampling.weight_shares``)."""
+        is the sum of the weights its deltas got in the server step (the
+        ``agg_weight`` column of clients.parquet) over the rounds or versions
+        that applied updates, divided by their number
+        (``sampling.weight_shares``)."""
         if self.data is None:
             return None
         n = np.asarray(self.data.weights, dtype=np.float64)
         used = sum(int(r["n_completed"]) > 0 for r in self.rows)
         done = [c for c in self.clients if not c["dropped"]]
-        shares = weight_shares(
-            n.size, [c["client_id"] for c in done], [c["weight"] for c in done], used
-        )
+        w = [c["agg_weight"] for c in done]
+        shares = weight_shares(n.size, [c["client_id"] for c in done], w, used)
         return participation_bias(shares, n / n.sum())
 
     def degenerate(self) -> str | None:
@@ -405,6 +405,7 @@ class _Run:
             "drop_reason": p.reason,
             "slowdown": p.slowdown,
             "weight": weight,
+            "agg_weight": applied.shares.get(p.client, weight) if u else 0.0,
             "update_norm": l2_norm(u.delta) if u is not None else math.nan,
             "train_loss": u.train_loss if u is not None else math.nan,
             "bytes_down": self.bytes_down,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -98,11 +98,15 @@ class Applied:
         weights: the effective aggregation weight of each update, in the
             order the updates were given.
         train_loss: the updates' data-weighted mean training loss.
+        shares: synchronous rounds: the weight each client's delta got in
+            the step, not normalised (``AggregateInfo.shares``; the
+            normalised weight where the algorithm reports none).
     """
 
     info: AggregateInfo
     weights: tuple[float, ...]
     train_loss: float
+    shares: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,8 @@ class Server:
             extra = {"server": self.context()} if alg.needs_server else {}
             self.state, info = alg.aggregate(self.state, updates, **extra)
             weights = tuple(info.weights.get(u.client, 0.0) for u in updates)
+            shares = dict(zip((u.client for u in updates), weights, strict=True))
+            shares.update(info.shares or {})
         else:
             assert starts is not None, "asynchronous updates need their starts"
             rule = cast(AsyncRule, alg)  # the scenario checked it
@@ -240,6 +246,7 @@ class Server:
                 self.state, updates, staleness, starts
             )
             weights = tuple(getattr(info, "per_update", ()))
+            shares = {}  # async: the normalised weights, per job (rows)
         for u in updates:
             if u.new_state is not None:
                 self.store.put(u.client, u.new_state)
@@ -250,7 +257,7 @@ class Server:
         train_loss = weighted_train_loss(updates)
         if updates and not math.isfinite(train_loss):
             raise DivergenceError(f"{where}: the training loss is {train_loss}")
-        return Applied(info, weights, train_loss)
+        return Applied(info, weights, train_loss, shares)
 
     def context(self) -> ServerContext:
         """The server's model and validation loss, for algorithms that need them."""

@@ -226,6 +226,21 @@ def server_validation(run_dir: Path) -> str | None:
     return f"validation split ({rows} rows)"
 
 
+def participation_l1(run_dir: Path, rounds: list, clients: list) -> float | None:
+    """The L1 distance between each client's summed applied weight per
+    round that applied updates and its data share, from the Parquet files."""
+    part = pq.read_table(run_dir / "partition.parquet").to_pylist()
+    if not part:
+        return None
+    total = sum(r["weight"] for r in part)
+    used = sum(r["n_completed"] > 0 for r in rounds)
+    share = {r["client_id"]: 0.0 for r in part}
+    for c in clients:
+        if not c["dropped"]:
+            share[c["client_id"]] += c["agg_weight"] / used
+    return sum(abs(share[r["client_id"]] - r["weight"] / total) for r in part)
+
+
 def oracle(run_dir: Path) -> dict[str, Any]:
     """Every summary.json field but wall_time_s, from the Parquet files alone."""
     rounds = sorted(
@@ -272,7 +287,10 @@ def test_summary_equals_the_oracle(run_dir):
     assert any(c["dropped"] for c in clients), "want dropped updates"
     assert any(not finite(r["test_accuracy"]) for r in rounds), "want unevaluated"
     # every field, exactly (the same floats, read back from the same run)
-    assert set(summary) == set(expected) | {"wall_time_s", "fedsim_version", "initial"}
+    extra = {"wall_time_s", "fedsim_version", "initial", "participation_bias"}
+    assert set(summary) == set(expected) | extra
+    l1 = participation_l1(run_dir, rounds, clients)
+    assert summary["participation_bias"]["l1"] == pytest.approx(l1, abs=1e-12)
     for key, value in expected.items():
         assert summary[key] == value, key
     assert summary["wall_time_s"] > 0

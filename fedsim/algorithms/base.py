@@ -192,6 +192,11 @@ class AggregateInfo:
     # Extra per-client columns for clients.parquet (e.g. FedPNS's labeled and
     # removed flags): {client: {column: bool | int | float | str}}.
     flags: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # The weight each update's delta got in the server step, as applied and
+    # not normalised (n_i / sum_S n_j, p_i m / q, k_i / q or 1 / |S|): what
+    # the participation-bias meter sums. None: the algorithm has no sampling
+    # weighting, and the meter uses ``weights``.
+    shares: dict[int, float] | None = None
 
 
 class ServerContext:
@@ -302,11 +307,18 @@ def meter(
     p: Sequence[float],
     w: Sequence[float],
     tau_eff: float,
+    shares: Sequence[float] | None = None,
 ) -> AggregateInfo:
-    """Package effective weights ``w`` (normalised here) with chi^2(p || w)."""
+    """Package effective weights ``w`` (normalised here) with chi^2(p || w),
+    and the sampling weights ``shares`` the step applied (as they are)."""
     sw = float(sum(w))
     weights = {u.client: wi / sw for u, wi in zip(updates, w, strict=True)}
-    return AggregateInfo(weights=weights, tau_eff=float(tau_eff), chi2_pw=chi2(p, w))
+    share = None
+    if shares is not None:
+        share = {u.client: float(s) for u, s in zip(updates, shares, strict=True)}
+    return AggregateInfo(
+        weights=weights, tau_eff=float(tau_eff), chi2_pw=chi2(p, w), shares=share
+    )
 
 
 def meter_subset(

@@ -75,4 +75,4 @@ class FedAvg(Sampled):
         step = weighted_sum([u.delta for u in updates], wh)
         w = [wi * u.norm_a for wi, u in zip(wh, updates, strict=True)]
         tau_eff = weighted_steps(wh, [u.norm_a for u in updates])
-        return self.apply_step(state, step), meter(updates, p, w, tau_eff)
+        return self.apply_step(state, step), meter(updates, p, w, tau_eff, wh)

@@ -131,7 +131,7 @@ class FedNova(Sampled):
         tau_eff = self.effective_steps(wh, updates)
         coef = normalizers(wh, [u.norm_a for u in updates])
         step = weighted_sum([u.delta for u in updates], coef)
-        return (self.server_lr * tau_eff) * step, meter(updates, p, wh, tau_eff)
+        return (self.server_lr * tau_eff) * step, meter(updates, p, wh, tau_eff, wh)
 
     @skip_empty_rounds
     def aggregate(

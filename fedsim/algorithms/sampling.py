@@ -324,14 +324,17 @@ def weight_shares(
         num_clients: m.
         client_ids, weights: one entry per client row of the run (a client of
             a round, or an update of an asynchronous version): the client and
-            the normalised weight its update got in the aggregate (0 for a
-            dropped or removed update).
+            the weight its delta got in the server step as applied (0 for a
+            dropped or removed update): normalised for renormalized and
+            equal weights, p_i m / q or k_i / q for the unbiased schemes,
+            whose weights sum to 1 only in expectation.
         rounds: the rounds (or server versions) that applied at least one
-            update; each one's weights sum to 1.
+            update.
 
     Returns:
         float64 [m]: sum over rounds of the client's weight, divided by
-        ``rounds`` (sums to 1; all zeros when no round applied anything).
+        ``rounds`` (sums to 1, exactly or in expectation; all zeros when no
+        round applied anything).
 
     >>> weight_shares(3, [0, 1, 0, 2], [0.5, 0.5, 1.0, 0.0], rounds=2).tolist()
     [0.75, 0.25, 0.0]
