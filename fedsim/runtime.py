@@ -297,6 +297,7 @@ class _Run:
             sc.client.batch_size,
             self.bytes_down,
             self.bytes_up,
+            self.work,
         )
         self.every = sc.checkpoint.every_rounds if run_dir is not None else 0
 

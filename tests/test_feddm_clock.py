@@ -146,6 +146,20 @@ def test_a_fixed_epochs_run_bills_and_times_the_synthetic_set():
     ]
 
 
+def test_time_aware_selectors_see_feddm_s_round_time():
+    # Prepare: as above; the selectors' context estimates a round's time
+    # from the same work the clock charges (Oort and FedPNS read it)
+    from fedsim.runtime import _Run
+
+    sc = load_scenario(TINY, [ALG % (4, "2.0"), *SLOW_LINK])
+    # Execute
+    run = _Run.plan_only(sc)
+    # Assert: 0.132 s down + 4 iterations x 2 steps / 4 steps/s + upload
+    up = job_work(sc, run.data).bytes_up
+    expected = 0.132 + 2.0 + up / 1000
+    assert run.sel_ctx.round_time_s == pytest.approx(expected)
+
+
 def test_a_fixed_window_run_runs_the_iterations_that_fit():
     # Prepare: a 3 s window, 8 it/s (cost 0.5); 20 iterations, max_steps 5
     over = [

@@ -62,6 +62,7 @@ from fedsim.clock import expected_steps
 from fedsim.spec import PLUGIN_CONFIG, PosInt
 
 if TYPE_CHECKING:
+    from fedsim.clock import JobWork
     from fedsim.fleet import Fleet
     from fedsim.server import RoundResult
 
@@ -171,6 +172,7 @@ class SelectorContext:
         batch_size: int,
         bytes_down: int,
         bytes_up: int,
+        work: JobWork | None = None,
     ) -> SelectorContext:
         """The context of a run: data sizes, device speeds and round times.
 
@@ -181,6 +183,9 @@ class SelectorContext:
             batch_size: B of local steps.
             bytes_down, bytes_up: what one device downloads and uploads per
                 round (the clock's sizes).
+            work: a job that is not local SGD steps (FedDM): its units, their
+                cost in local steps and each device's upload replace the
+                steps and ``bytes_up`` above.
         """
         n = np.asarray(n_samples, dtype=np.int64)
         m = fleet.size
@@ -188,6 +193,9 @@ class SelectorContext:
             raise ValueError(f"n_samples has shape {n.shape}, expected ({m},)")
         steps = expected_steps(round_spec, n, batch_size)
         down, up = fleet.comm_time(np.arange(m), bytes_down, bytes_up)
+        if work is not None:  # FedDM: its iterations, its synthetic set
+            steps = work.steps * work.unit_cost
+            up = 8.0 * work.bytes_up / fleet.up_bps + fleet.latency_s
         total = float(n.sum())
         return cls(
             num_clients=m,
