@@ -17,12 +17,15 @@ no extra messages: the loss of a client is its *last observed* mean
 training loss (``result.clients[i].train_loss`` of the last round it
 trained in). A client never observed has loss +inf, so every client is
 tried once before the greedy choice kicks in; ties are broken at random.
+
+Asynchronously (``round.policy: async``) each choice fills free training
+slots, with the losses of the updates applied to the server so far.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
@@ -59,6 +62,7 @@ class PowerOfChoice(Selector):
     candidates: PosInt | None = None
 
     needs_context: ClassVar[bool] = True
+    asynchronous: ClassVar[bool] = True  # adaptive: it observes applied updates
     initial_state: ClassVar[SelectorState] = {"ids": [], "loss": []}
 
     def __post_init__(self) -> None:
@@ -71,6 +75,13 @@ class PowerOfChoice(Selector):
     @property
     def d(self) -> int:
         return self.candidates or 2 * self.clients_per_round
+
+    def with_slots(self, k: int) -> PowerOfChoice:
+        """``k`` picks from d scaled as d / clients_per_round (at least k)."""
+        d = None
+        if self.candidates is not None:
+            d = max(k, math.ceil(k * self.candidates / self.clients_per_round))
+        return replace(self, clients_per_round=k, candidates=d)
 
     def select(
         self, state: SelectorState, draw: Draw
