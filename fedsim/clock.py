@@ -752,9 +752,14 @@ Chooser = Callable[[np.ndarray, int, int], np.ndarray]
 
 Called as ``choose(candidates, free, n)`` with the candidates (int64 ids,
 sorted, more than ``free`` of them) and ``n``, how many choices were made
-before this one; returns at most ``free`` distinct candidates. It must
-not depend on training results (they may not exist yet: the runtime trains
-jobs ahead of their turn), only on what the timeline knows.
+before this one; returns at most ``free`` distinct candidates. It is called
+only while the timeline is being iterated, and never before every version
+record made so far has been yielded (the slots freed at the instant a version
+is made are handed out when the iterator is resumed, at that same instant and
+in the same order). So a consumer that uses each record before asking for the
+next may let the chooser read what it learned from them (an adaptive selector
+observing applied updates); otherwise it must depend only on what the
+timeline knows.
 """
 
 
@@ -912,6 +917,7 @@ class AsyncTimeline:
         self._settling = False
         self._wake_at = math.inf
         self._choices = 0
+        self._dispatch_due = False
         self._made: list[Version] = []
         self._request_settle()  # the first slots are handed out at t = 0
 
@@ -919,6 +925,9 @@ class AsyncTimeline:
         made = 0
         while made < self.versions:
             while not self._made:
+                if self._dispatch_due:  # slots freed when the last version was made
+                    self._dispatch_due = False
+                    self._dispatch()
                 try:
                     self.env.step()
                 except simpy.core.EmptySchedule:
@@ -995,7 +1004,13 @@ class AsyncTimeline:
                 self._buffer, self._ended, self._started = [], [], []
                 if self.version >= self.versions:
                     return
-        self._dispatch()
+        if self._made:
+            # Hand out the slots only once the new version is yielded, so the
+            # chooser can see it applied: nothing else is scheduled in between,
+            # so the events (and the timeline) are the same as dispatching now.
+            self._dispatch_due = True
+        else:
+            self._dispatch()
 
     def _dispatch(self) -> None:
         free = self.concurrency - len(self.in_flight)

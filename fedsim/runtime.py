@@ -33,7 +33,10 @@ one executor call, then applies records in order while their jobs are
 trained. Dropped jobs are never trained. The result does not depend on the
 batching (``max_lookahead=1`` gives identical results; tests check it). The
 selector decides which idle online device takes a free slot (through the
-timeline's chooser), so it must not depend on training results.
+timeline's chooser). An adaptive selector (power-of-choice, Oort) observes
+each version's applied updates when the server applies them, and its choices
+must see exactly the versions applied before them: the loop then pulls one
+record at a time (lookahead 1), applying it before the timeline goes on.
 
 Bytes are billed for what crossed the network: every selected device
 downloads the payload; an upload counts when it reached the server (applied,
@@ -43,8 +46,9 @@ before it finished (docs/architecture.md, "Bytes").
 Checkpoints (every ``checkpoint.every_rounds`` rounds or versions) have one
 format: the server state and client store, the parameters of every version a
 job in flight started from (asynchronous mode), and meta.json. Resuming an
-asynchronous run replays the timeline (a pure function of the scenario) up to
-the checkpoint without training.
+asynchronous run replays the timeline (a pure function of the scenario and,
+for an adaptive selector, of the picks logged in the checkpoint) up to the
+checkpoint without training.
 
 Example:
     >>> from fedsim.scenario import load_scenario
@@ -59,7 +63,7 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -510,7 +514,8 @@ def _run_rounds(run: _Run, resume: bool) -> None:
     if sc.round.over_select > 1:  # ask for ceil(over_select k), keep k arrivals
         k = sc.selector.clients_per_round
         asked = math.ceil(round(sc.round.over_select * k, 9))
-        keep, sel = k, replace(sel, clients_per_round=min(asked, run.fleet.size))
+        # power-of-choice keeps its d / k ratio (as for free async slots)
+        keep, sel = k, sel.with_slots(min(asked, run.fleet.size))
     state = sel.init(run.sel_ctx)
     start, now = 0, 0.0
     if resume:
@@ -594,8 +599,16 @@ class _Async:
         self.max_lookahead = (
             max_lookahead or 4 * math.ceil(self.concurrency / per_version) + 4
         )
+        self.adaptive = run.selector.adaptive
+        if self.adaptive:  # every choice waits for the versions before it
+            self.max_lookahead = 1
         self.sel_state = run.selector.init(run.sel_ctx)
-        self.timeline: Iterator[clock.Version] = iter(self._timeline())
+        # adaptive selectors: every pick so far (choice n -> ids), which the
+        # checkpoint keeps so that a resumed replay makes the same picks
+        self.picks: list[list[int]] = []
+        self.replay: list[list[int]] = []
+        self.tl = self._timeline()
+        self.timeline: Iterator[clock.Version] = iter(self.tl)
         self.payloads: dict[int, Payload] = {}
         self.users: Counter[int] = Counter()  # version -> its jobs still open
         self.pending: deque[clock.Version] = deque()
@@ -621,14 +634,18 @@ class _Async:
     def _choose(self, candidates: np.ndarray, free: int, n: int) -> np.ndarray:
         """The selector picks which idle online devices take the free slots
         (its n-th choice; the uniform selector reproduces the timeline's
-        own uniform choice)."""
+        own uniform choice). A resumed run replays the logged picks."""
+        if n < len(self.replay):
+            return np.asarray(self.replay[n], dtype=np.int64)
         run = self.run
-        sel = replace(run.selector, clients_per_round=free)
+        sel = run.selector.with_slots(free)
         rng = np.random.default_rng(
             np.random.SeedSequence([run.sc.seed, _ASYNC_SELECT_TAG, n])
         )
-        draw = Draw(n, candidates, rng, run.sel_ctx)
+        draw = Draw(self.tl.version, candidates, rng, run.sel_ctx)
         ids, self.sel_state = sel.select(self.sel_state, draw)
+        if self.adaptive:
+            self.picks.append(ids.tolist())
         return ids
 
     def start(self, resume: bool) -> None:
@@ -642,6 +659,8 @@ class _Async:
         run = self.run
         ck = run.restore()
         w = ck.next_round
+        if self.adaptive:  # the picks up to the checkpoint, then its state
+            self.replay = [list(ids) for ids in ck.selector_state["picks"]]
         for _ in range(w):
             rec = next(self.timeline)
             self.users.update(j.version for j in rec.started)
@@ -659,6 +678,9 @@ class _Async:
         for v in [v for v in self.users if self.users[v] <= 0 and v < w]:
             self.users.pop(v)
         self.w = w
+        if self.adaptive:
+            self.sel_state = ck.selector_state["state"]
+            self.picks, self.replay = self.replay, []
 
     def loop(self) -> None:
         while self.w < self.run.sc.rounds:
@@ -724,11 +746,27 @@ class _Async:
             if not a.dropped
         ]
         records = [ClientRecord.from_arrival(a) for a in rec.ended]
-        run.record(rec.version, rec.t, records, trained, applied, extra)
+        artifact = self._observe(rec.version, applied, trained)
+        run.record(rec.version, rec.t, records, trained, applied, extra, artifact)
         self.w += 1
         self._forget(rec)
         if run.due(self.w):
-            run.checkpoint(self.w, rec.t, self.sel_state, self.payloads)
+            state: Any = self.sel_state
+            if self.adaptive:
+                state = {"state": state, "picks": self.picks}
+            run.checkpoint(self.w, rec.t, state, self.payloads)
+
+    def _observe(
+        self, w: int, applied: Applied, trained: list[tuple[ClientUpdate, float]]
+    ) -> list[Row]:
+        """An adaptive selector learns version ``w``'s applied updates (in
+        arrival order, so a device's later update wins); its artifact rows."""
+        if not self.adaptive:
+            return []
+        sel = self.run.selector
+        result = _round_result(applied, trained)
+        self.sel_state = sel.observe(self.sel_state, w, result, self.run.sel_ctx)
+        return [{"round": w, **r} for r in sel.artifact(self.sel_state, w)]
 
     def _forget(self, rec: clock.Version) -> None:
         """Keep the new version; drop versions no open job started from."""
@@ -745,8 +783,10 @@ class _Async:
 def async_timeline(scenario: Scenario) -> clock.AsyncTimeline:
     """A fresh asynchronous timeline of ``scenario``, exactly as a run sees
     it (selector included), without training: a pure function of the
-    scenario, for replaying or inspecting what happens when."""
-    return _Async(_Run.plan_only(scenario), None)._timeline()
+    scenario, for replaying or inspecting what happens when. An adaptive
+    selector (power_of_choice, oort) observes nothing here, so its picks
+    are those it makes before any training result."""
+    return _Async(_Run.plan_only(scenario), None).tl
 
 
 # ============================================================ the recipe
@@ -771,8 +811,8 @@ def run_scenario(
         on_round: called with each round's row and client rows as soon as
             they are known (progress bars).
         max_lookahead: asynchronous mode: at most this many version records
-            held ahead of the model (default about four job lifetimes); the
-            results do not depend on it.
+            held ahead of the model (default about four job lifetimes; 1
+            with an adaptive selector); the results do not depend on it.
 
     Returns:
         A :class:`RunResult`. A run that diverges or is interrupted (Ctrl-C)

@@ -253,11 +253,12 @@ class Scenario(_Spec):
                 f"(algorithm fedasync or fedbuff), not {self.algorithm.name!r}"
             )
         if self.round.policy == "async" and not self.selector.asynchronous:
+            usable = ", ".join(n for n, c in SELECTORS.items() if c.asynchronous)
             raise ValueError(
-                f"selector.name {self.selector.name!r} chooses clients from "
-                "training results, which round.policy 'async' does not have when "
-                "it starts a job (jobs are trained ahead of the timeline); use "
-                "selector uniform or weighted with round.policy 'async'"
+                f"selector.name {self.selector.name!r} chooses clients from a "
+                "synchronous round's full result, which round.policy 'async' "
+                "does not have (updates arrive one by one); with round.policy "
+                f"'async' use selector.name {usable}"
             )
         problem = validation_problem(self)
         if problem is not None:

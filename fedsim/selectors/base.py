@@ -28,6 +28,17 @@ round trip.
 (``train_loss``, ``weight``, ``flags``) and ``result.info.flags`` holds the
 algorithm's per-client flags (FedPNS's ``labeled``/``removed``).
 
+Asynchronous mode (``round.policy: async``, selectors with
+``asynchronous = True``): each ``select`` picks which idle online devices
+take free training slots (``draw.round`` is the server version the jobs
+will download, ``draw.rng`` is seeded by the choice's index), and
+``observe(state, w, result, ctx)`` runs when server version ``w`` is
+applied, with ``result.clients`` the applied arrivals (a device that arrived
+twice: its later update). A selector is :attr:`Selector.adaptive` when it
+overrides ``observe``; the runtime then makes every choice after version
+``w`` was applied see exactly the observations of versions ``<= w``, however
+jobs are batched or resumed (the timeline is not run ahead of the server).
+
 Example (a toy selector: the ``clients_per_round`` lowest online ids, and
 how many rounds it has chosen):
     >>> from typing import Literal
@@ -53,7 +64,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -211,7 +222,8 @@ class Draw:
     """What one call of :meth:`Selector.select` chooses from.
 
     Attributes:
-        round: the round (synchronous) or the choice's index (asynchronous).
+        round: the round (synchronous) or the server version the chosen
+            jobs will download (asynchronous: several choices may share it).
         candidates: int64, the ids of the devices that may be chosen (online
             and, asynchronously, idle).
         rng: the generator every random choice comes from.
@@ -250,9 +262,10 @@ class Selector:
     # True when the selector needs real data weights or speeds (it refuses
     # an uninformed context).
     needs_context: ClassVar[bool] = False
-    # True when the choice depends only on the context, the candidates and
-    # the generator, never on training results: such a selector can pick
-    # which idle device starts the next job in asynchronous mode.
+    # True when the selector can pick which idle device starts the next job
+    # in asynchronous mode: it chooses from the context, the candidates, the
+    # generator and what ``observe`` learned from applied updates, never from
+    # a synchronous round's full result (FedPNS's algorithm flags).
     asynchronous: ClassVar[bool] = False
     # What init returns (a copy), when it depends on nothing else.
     initial_state: ClassVar[SelectorState] = {}
@@ -269,6 +282,22 @@ class Selector:
     # The ``algorithm.sampling`` a scenario gets when it names none (FedAvg,
     # FedNova and their descendants); None: the algorithm's own default.
     default_weighting: ClassVar[str | None] = None
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the choice may depend on training results: the class
+        overrides :meth:`observe`. In asynchronous mode the runtime then
+        holds the timeline back so that no choice runs ahead of the server.
+
+        >>> Selector().adaptive
+        False
+        """
+        return type(self).observe is not Selector.observe
+
+    def with_slots(self, k: int) -> Selector:
+        """This selector choosing ``k`` ids per call (asynchronous mode: the
+        free training slots of one choice)."""
+        return replace(self, clients_per_round=k)
 
     def init(self, ctx: SelectorContext) -> SelectorState:
         """The initial state (a plain JSON value): ``initial_state``."""

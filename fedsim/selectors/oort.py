@@ -27,6 +27,10 @@ proportional to 1/t_i); the rest exploits: among the explored online clients,
 those whose utility is at least ``cutoff`` times the k-th best are sampled
 with probability proportional to utility.
 
+Asynchronously (``round.policy: async``) t and L_i count server versions:
+each choice fills free training slots at version t, L_i is the version an
+update of client i was last applied to, and epsilon decays per version.
+
 Not modelled: Oort's pacer (which moves T when the accuracy stalls), its
 blacklist of over-selected clients and its robustness to outlier losses.
 """
@@ -82,6 +86,7 @@ class Oort(Selector):
     uncertainty: Annotated[float, Field(ge=0)] = 0.1
 
     needs_context: ClassVar[bool] = True
+    asynchronous: ClassVar[bool] = True  # adaptive: it observes applied updates
     initial_state: ClassVar[SelectorState] = {"ids": [], "util": [], "last": []}
 
     def init(self, ctx: SelectorContext) -> SelectorState:

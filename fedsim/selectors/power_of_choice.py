@@ -24,12 +24,15 @@ proportion to p_i; n_i weights on top would count the data share twice.
 A scenario that names no ``algorithm.sampling`` gets ``equal`` with this
 selector, and ``renormalized`` is refused. The inclusion probabilities
 depend on the losses (``inclusion = "adaptive"``): no closed form.
+
+Asynchronously (``round.policy: async``) each choice fills free training
+slots, with the losses of the updates applied to the server so far.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
@@ -66,6 +69,7 @@ class PowerOfChoice(Selector):
     candidates: PosInt | None = None
 
     needs_context: ClassVar[bool] = True
+    asynchronous: ClassVar[bool] = True  # adaptive: it observes applied updates
     initial_state: ClassVar[SelectorState] = {"ids": [], "loss": []}
     # candidates drawn in proportion to p_i, then the highest losses: no
     # closed form, and the data share is already in the sample
@@ -83,6 +87,13 @@ class PowerOfChoice(Selector):
     @property
     def d(self) -> int:
         return self.candidates or 2 * self.clients_per_round
+
+    def with_slots(self, k: int) -> PowerOfChoice:
+        """``k`` picks from d scaled as d / clients_per_round (at least k)."""
+        d = None
+        if self.candidates is not None:
+            d = max(k, math.ceil(k * self.candidates / self.clients_per_round))
+        return replace(self, clients_per_round=k, candidates=d)
 
     def select(
         self, state: SelectorState, draw: Draw
