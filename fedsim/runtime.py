@@ -143,6 +143,8 @@ class RunResult:
     workers: int
     wall_time_s: float
     data: FederatedData | None = field(default=None, repr=False)
+    # Ray runs: where the workers ran, nodes lost, tasks retried (summary.json)
+    placement: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """summary.json's content, with how the run ended (``status``) and
@@ -156,7 +158,12 @@ class RunResult:
             version=__version__,
             server_validation=describe_validation(self.scenario, self.data),
         )
-        return {**summary, "status": self.status, "degenerate": self.degenerate()}
+        return {
+            **summary,
+            **self.placement,
+            "status": self.status,
+            "degenerate": self.degenerate(),
+        }
 
     def degenerate(self) -> str | None:
         """Why the run's numbers mean little, or None: no update ever
@@ -735,7 +742,10 @@ def run_scenario(
         try:
             run.recorder.flush()
         finally:  # the actors go even when the disk is full
-            run.executor.shutdown()
+            try:
+                placement = run.executor.report()
+            finally:
+                run.executor.shutdown()
     final = run.server.params().clone() if status == "completed" else None
     return RunResult(
         scenario=scenario,
@@ -747,4 +757,5 @@ def run_scenario(
         workers=workers,
         wall_time_s=time.perf_counter() - run.wall0,
         data=run.data,
+        placement=placement,
     )

@@ -169,6 +169,13 @@ class ResourceSpec(_Spec):
     # on storage shared by the nodes); and the CPUs reserved for it.
     server_node: Literal["driver", "any"] = "driver"
     server_cpus: Annotated[float, Field(ge=0, le=1024)] = 0.0
+    # How Ray places the worker actors across nodes: ``spread`` (best effort
+    # over as many nodes as possible), or a placement group of one bundle per
+    # worker: ``pack`` (as few nodes as possible), ``strict_pack`` (all on
+    # one node), ``strict_spread`` (each on its own node). A group that
+    # cannot be placed within ``placement_timeout_s`` stops the run.
+    placement: Literal["spread", "pack", "strict_spread", "strict_pack"] = "spread"
+    placement_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
 
 
 class Scenario(_Spec):
