@@ -221,6 +221,7 @@ class RayExecutor(Executor):
         self._lost: dict[str, str] = {}  # node id -> its address
         self._known: dict[str, dict[str, Any]] = {}
         self._locate()
+        self._check_nodes()  # the nodes' resources, while they are alive
 
     def _strategy(self, i: int) -> Any:
         if self._pg is None:
@@ -291,11 +292,14 @@ class RayExecutor(Executor):
 
         for node in ray.nodes():
             nid = node["NodeID"]
-            self._known[nid] = {
-                "node_id": nid,
-                "address": node["NodeManagerAddress"],
-                "resources": _custom(node.get("Resources", {})),
-            }
+            if not node["Alive"] and nid in self._known:
+                pass  # a dead node lists no resources: keep what it had
+            else:
+                self._known[nid] = {
+                    "node_id": nid,
+                    "address": node["NodeManagerAddress"],
+                    "resources": _custom(node.get("Resources", {})),
+                }
             ran_here = any(nid in hist for hist in self._nodes)
             if ran_here and not node["Alive"] and nid not in self._lost:
                 self._lost[nid] = node["NodeManagerAddress"]

@@ -4,9 +4,9 @@ The slow tests start one cluster on this machine (tests/cluster_utils.py):
 a head that offers no CPUs (it runs the job drivers) and two worker nodes,
 node ``a`` with 2 CPUs and 2 fake GPUs, node ``b`` with 1 CPU; each names
 itself with a custom resource (``node_a``, ``node_b``). Everything listens
-on 127.0.0.1 and needs the cluster's token. Jobs go in through cluster/submit.sh, as a user's would,
-and the tests look only at what Ray's job and state APIs say and at the files
-a run writes.
+on 127.0.0.1 and needs the cluster's token. Jobs go in through
+cluster/submit.sh, as a user's would, and the tests look only at what Ray's
+job and state APIs say and at the files a run writes.
 
 Data lives on the driver's node only: the head has FEDSIM_DATA_ROOT (the
 shared MNIST test set); the worker nodes have an empty data root and an empty
@@ -455,9 +455,11 @@ def _lose_a_node(cluster: Cluster, tmp_path: Path, scenario: str, sets, victim: 
     assert "was lost" in logs, logs[-3000:]
     moved = [h for h in summary["workers_nodes"] if len(h) == 2]
     assert len(moved) == 1, summary["workers_nodes"]  # the victim's worker
+    assert f"node_{victim}" in moved[0][0]["resources"], moved
     print("tasks retried:", summary["tasks_retried"], "moved:", moved)
 
     ref = tmp_path / "ref"
+    ref.mkdir()
     run_scenario(load_scenario(ROOT / scenario, list(sets)), workers=0, run_dir=ref)
     for name in ("rounds.parquet", "clients.parquet"):
         assert _table(out / name).equals(_table(ref / name)), name
