@@ -212,7 +212,8 @@ class Cluster:
             join=True,
         )
         self.nodes.append(node)
-        _wait(self, timeout_s, lambda: len(self.alive_nodes()) == n_alive)
+        alive = lambda: len(self.alive_nodes()) == n_alive  # noqa: E731
+        _wait(self, timeout_s, alive, watch=[node])
         return node
 
     def stop(self) -> None:
@@ -429,10 +430,11 @@ def _accepts(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _wait(cluster: Cluster, timeout_s: float, ready) -> None:
+def _wait(cluster: Cluster, timeout_s: float, ready, watch=None) -> None:
+    """Until ``ready()``; fail if a node of ``watch`` (default: all) exits."""
     deadline = time.monotonic() + timeout_s
     while True:
-        for node in cluster.nodes:
+        for node in cluster.nodes if watch is None else watch:
             if node.proc.poll() is not None:
                 raise RuntimeError(
                     f"ray start of node {node.name} exited "

@@ -483,3 +483,38 @@ def test_a_node_lost_in_an_async_run_changes_nothing(cluster: Cluster, tmp_path:
     _lose_a_node(
         cluster, tmp_path, "scenarios/async-fedbuff.yaml", ["rounds=8"], victim="c"
     )
+
+
+# ------------------------------------------------ the scenario's fields
+
+
+@pytest.mark.parametrize(
+    "override, refused",
+    [
+        ("resources.server_node=any", "server_node 'any'"),
+        ("resources.server_cpus=2", "server_cpus 2"),
+    ],
+)
+def test_server_placement_fields_are_refused_with_the_way_to_place_the_driver(
+    override: str, refused: str
+):
+    from fedsim.scenario import ScenarioError, load_scenario
+
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(ROOT / "scenarios/quickstart.yaml", [override])
+
+    assert refused in str(err.value)
+    assert "the server runs in the driver process" in str(err.value)
+    assert "--entrypoint-resources" in str(err.value)
+
+
+def test_placement_defaults_to_spread_and_takes_rays_strategies():
+    from fedsim.scenario import ScenarioError, load_scenario
+
+    quick = ROOT / "scenarios/quickstart.yaml"
+    assert load_scenario(quick).resources.placement == "spread"
+    for p in ("pack", "strict_pack", "strict_spread"):
+        sc = load_scenario(quick, [f"resources.placement={p}"])
+        assert sc.resources.placement == p
+    with pytest.raises(ScenarioError, match="placement"):
+        load_scenario(quick, ["resources.placement=PACK_TIGHT"])
