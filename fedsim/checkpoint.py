@@ -225,6 +225,7 @@ FINGERPRINT_EXCLUDES: tuple[str, ...] = (
     "resources.server_cpus",
     "resources.placement",
     "resources.placement_timeout_s",
+    "resources.data",
 )
 
 

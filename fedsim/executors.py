@@ -54,6 +54,7 @@ __all__ = [
     "InProcessExecutor",
     "PlacementError",
     "RayExecutor",
+    "check_data_on_nodes",
     "make_executor",
     "resolve_workers",
 ]
@@ -178,6 +179,64 @@ def _placement_group(res: Any, n: int) -> Any:
     return pg
 
 
+class _NodeLocalData:
+    """The dataset as a recipe: unpickled in a worker actor, it is built from
+    that node's own data root (``resources.data: per_node``)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.args = (scenario.data, scenario.num_clients, scenario.seed)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from fedsim.data import build_data
+
+        return build_data, self.args
+
+
+def _build_here(args: tuple[Any, ...]) -> str | None:
+    """Build the dataset on this node: None, or why it cannot."""
+    from fedsim.data import DataError, DataMissingError, build_data
+
+    try:
+        build_data(*args)
+    except (DataMissingError, DataError, OSError) as exc:
+        return str(exc)
+    return None
+
+
+def check_data_on_nodes(scenario: Scenario) -> None:
+    """With ``resources.data: per_node``, that every live node able to host a
+    worker (CPUs) can build the dataset from its own disk;
+    :class:`~fedsim.data.DataMissingError` naming the nodes that cannot."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from fedsim.data import DataMissingError
+
+    nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
+    args = _NodeLocalData(scenario).args
+    check = ray.remote(_build_here)
+    refs = [
+        check.options(
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], False),
+        ).remote(args)
+        for n in nodes
+    ]
+    bad = [
+        f"node {n['NodeID'][:12]} ({n['NodeManagerAddress']}, resources "
+        f"{_custom(n['Resources'])}): {why}"
+        for n, why in zip(nodes, ray.get(refs), strict=True)
+        if why is not None
+    ]
+    if bad:
+        raise DataMissingError(
+            "resources.data per_node: every node that can host a worker must "
+            "have the data files; "
+            + f"{len(bad)} of {len(nodes)} cannot build the dataset:\n"
+            + "\n".join(bad)
+        )
+
+
 class RayExecutor(Executor):
     """``n`` long-lived Ray worker actors sharing one copy of the data.
 
@@ -206,7 +265,11 @@ class RayExecutor(Executor):
             max_restarts=-1,
             max_task_retries=0,  # retried here, and counted
         )
-        self._data = [ray.put(data)]
+        if res.data == "per_node":
+            check_data_on_nodes(scenario)
+            self._data: list[Any] = [ray.put(_NodeLocalData(scenario))]
+        else:
+            self._data = [ray.put(data)]
         threads = max(1, int(res.cpus_per_worker))
         self.actors: list[Any] = [
             ray.remote(Worker)

@@ -176,6 +176,11 @@ class ResourceSpec(_Spec):
     # cannot be placed within ``placement_timeout_s`` stops the run.
     placement: Literal["spread", "pack", "strict_spread", "strict_pack"] = "spread"
     placement_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    # How worker actors get the dataset: from the driver through Ray's object
+    # store, or (``per_node``) each reads the files from its own node's data
+    # root (data.root, else $FEDSIM_DATA_ROOT there), checked on every node
+    # that can host a worker before the run starts.
+    data: Literal["object_store", "per_node"] = "object_store"
 
     @model_validator(mode="after")
     def _server_in_driver(self) -> ResourceSpec:

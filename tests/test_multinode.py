@@ -400,6 +400,40 @@ def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Pat
     assert not (out / "rounds.parquet").exists()
 
 
+# ------------------------------------------------------- per-node data root
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_per_node_data_is_checked_on_every_node(cluster: Cluster, tmp_path: Path):
+    per_node = ("--set", "resources.data=per_node")
+
+    # The worker nodes' data root is empty: refused, naming them.
+    out = tmp_path / "per-node-missing"
+    job_id, r = _submit(cluster, *MNIST_ARGS, *per_node, "--out", str(out))
+    assert r.returncode != 0
+    assert _job(cluster, job_id)["status"] == "FAILED"
+    logs = _logs(cluster, job_id)
+    assert "resources.data per_node: every node that can host a worker" in logs, logs[
+        -3000:
+    ]
+    assert "2 of 2 cannot build the dataset" in logs, logs[-3000:]
+    assert "'node_a': 1.0" in logs and "'node_b': 1.0" in logs, logs[-3000:]
+    assert not (out / "rounds.parquet").exists()
+
+    # With data.root naming files every node has (one machine): it runs, each
+    # worker reading its own copy.
+    out = tmp_path / "per-node"
+    job_id, r = _submit(
+        cluster,
+        *MNIST_ARGS,
+        *per_node,
+        *("--set", f"data.root={MNIST}", "--out", str(out)),
+    )
+    _expect_success(cluster, job_id, r)
+    assert _rows(out) == 3
+
+
 # ------------------------------------------------------------ node loss
 
 
