@@ -556,3 +556,34 @@ def test_placement_defaults_to_spread_and_takes_rays_strategies():
         assert sc.resources.placement == p
     with pytest.raises(ScenarioError, match="placement"):
         load_scenario(quick, ["resources.placement=PACK_TIGHT"])
+
+
+# ------------------------------------------ placement on one local Ray node
+
+
+@pytest.mark.ray
+def test_summary_says_where_workers_ran_and_an_impossible_group_is_refused(
+    ray_session,
+):
+    from fedsim.executors import PlacementError
+    from fedsim.runtime import run_scenario
+    from fedsim.scenario import load_scenario
+
+    quick = ROOT / "scenarios/quickstart.yaml"
+
+    # pack: both workers on the one local node, nothing lost or retried.
+    sc = load_scenario(quick, ["rounds=2", "resources.placement=pack"])
+    summary = run_scenario(sc, workers=2).summary()
+    assert summary["placement"] == "pack"
+    assert summary["nodes_lost"] == 0 and summary["tasks_retried"] == 0
+    (node,) = {h[0]["node_id"] for h in summary["workers_nodes"]}
+    assert [len(h) for h in summary["workers_nodes"]] == [1, 1]
+    assert len(node) == 56  # a Ray node id, in hex
+
+    # strict_spread: 2 workers need 2 nodes; refused after the timeout.
+    sc = load_scenario(
+        quick,
+        ["resources.placement=strict_spread", "resources.placement_timeout_s=2"],
+    )
+    with pytest.raises(PlacementError, match="resources.placement strict_spread"):
+        run_scenario(sc, workers=2)
