@@ -223,6 +223,9 @@ FINGERPRINT_EXCLUDES: tuple[str, ...] = (
     "resources.cpus_per_worker",
     "resources.server_node",
     "resources.server_cpus",
+    "resources.placement",
+    "resources.placement_timeout_s",
+    "resources.data",
 )
 
 

@@ -36,6 +36,8 @@ Example:
 
 from __future__ import annotations
 
+import sys
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -50,7 +52,9 @@ from fedsim.workers import Task, Worker, assign_lpt
 __all__ = [
     "Executor",
     "InProcessExecutor",
+    "PlacementError",
     "RayExecutor",
+    "check_data_on_nodes",
     "make_executor",
     "resolve_workers",
 ]
@@ -98,6 +102,10 @@ class Executor(ABC):
     def shutdown(self) -> None:  # noqa: B027
         """Release the workers."""
 
+    def report(self) -> dict[str, Any]:
+        """Fields for summary.json about where the work ran ({} in-process)."""
+        return {}
+
 
 def _versions(tasks: Tasks) -> dict[int, list[int]]:
     """Task positions grouped by start version, versions in increasing order."""
@@ -121,53 +129,271 @@ class InProcessExecutor(Executor):
             yield idx, self.worker.train(payloads[v], [tasks[j] for j in idx], states)
 
 
+class PlacementError(RuntimeError):
+    """The worker actors cannot be placed as ``resources.placement`` asks."""
+
+
+def _node_id(_worker: Worker) -> str:
+    """The Ray node this actor runs on (through ``__ray_call__``, so the
+    actor's class, and its process title ``ray::Worker``, stay as they are)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+# Ray's own resource names; the others a node declares are its custom ones.
+_BUILTIN = ("CPU", "GPU", "memory", "object_store_memory")
+_MAX_ATTEMPTS = 8  # per call: a node's loss can fail a call more than once
+
+
+def _custom(resources: Mapping[str, float]) -> dict[str, float]:
+    return {
+        k: v
+        for k, v in resources.items()
+        if k not in _BUILTIN and not k.startswith(("node:", "accelerator_type:"))
+    }
+
+
+def _placement_group(res: Any, n: int) -> Any:
+    """A placement group of ``n`` bundles for ``res.placement`` (anything but
+    ``spread``), once Ray has placed it; :class:`PlacementError` otherwise."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundle = {"CPU": res.cpus_per_worker}
+    if res.gpus_per_worker:
+        bundle["GPU"] = res.gpus_per_worker
+    pg = placement_group([dict(bundle) for _ in range(n)], res.placement.upper())
+    try:
+        ray.get(pg.ready(), timeout=res.placement_timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(pg)
+        raise PlacementError(
+            f"resources.placement {res.placement}: Ray could not place {n} "
+            f"workers of {bundle} within resources.placement_timeout_s = "
+            f"{res.placement_timeout_s:g}s; the cluster has "
+            f"{len([x for x in ray.nodes() if x['Alive']])} live nodes and "
+            f"{ray.cluster_resources()} in all (strict_spread needs a node per "
+            "worker, strict_pack one node with room for all)"
+        ) from None
+    return pg
+
+
+class _NodeLocalData:
+    """The dataset as a recipe: unpickled in a worker actor, it is built from
+    that node's own data root (``resources.data: per_node``)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.args = (scenario.data, scenario.num_clients, scenario.seed)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from fedsim.data import build_data
+
+        return build_data, self.args
+
+
+def _build_here(args: tuple[Any, ...]) -> str | None:
+    """Build the dataset on this node: None, or why it cannot."""
+    from fedsim.data import DataError, DataMissingError, build_data
+
+    try:
+        build_data(*args)
+    except (DataMissingError, DataError, OSError) as exc:
+        return str(exc)
+    return None
+
+
+def check_data_on_nodes(scenario: Scenario) -> None:
+    """With ``resources.data: per_node``, that every live node able to host a
+    worker (CPUs) can build the dataset from its own disk;
+    :class:`~fedsim.data.DataMissingError` naming the nodes that cannot."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from fedsim.data import DataMissingError
+
+    nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
+    args = _NodeLocalData(scenario).args
+    check = ray.remote(_build_here)
+    refs = [
+        check.options(
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], False),
+        ).remote(args)
+        for n in nodes
+    ]
+    bad = [
+        f"node {n['NodeID'][:12]} ({n['NodeManagerAddress']}, resources "
+        f"{_custom(n['Resources'])}): {why}"
+        for n, why in zip(nodes, ray.get(refs), strict=True)
+        if why is not None
+    ]
+    if bad:
+        raise DataMissingError(
+            "resources.data per_node: every node that can host a worker must "
+            "have the data files; "
+            + f"{len(bad)} of {len(nodes)} cannot build the dataset:\n"
+            + "\n".join(bad)
+        )
+
+
 class RayExecutor(Executor):
     """``n`` long-lived Ray worker actors sharing one copy of the data.
 
     The data goes into the object store once; each actor receives its
     reference inside a list (so Ray hands the reference itself to the
     constructor, and an actor that Ray restarts after a crash fetches the
-    same copy again). Actors restart without limit and retry their tasks:
-    an update is a pure function of payload, task and state, so a retried
-    task gives the same bits.
+    same copy again). Actors restart without limit, on another node when
+    theirs is lost; a call whose actor died is sent again by this executor
+    (which counts it: ``tasks_retried``). An update is a pure function of
+    payload, task and state, so a retried task gives the same bits.
+
+    Where the actors go is ``resources.placement``: Ray's SPREAD strategy,
+    or a placement group (one bundle per worker) for the other values,
+    removed at shutdown. :meth:`report` says which node each worker ran on.
     """
 
     def __init__(self, scenario: Scenario, data: FederatedData, n: int) -> None:
         import ray
 
         res = scenario.resources
-        remote: Any = ray.remote(Worker).options(
+        self.placement = res.placement
+        self._pg = None if res.placement == "spread" else _placement_group(res, n)
+        opts: dict[str, Any] = dict(
             num_cpus=res.cpus_per_worker,
             num_gpus=res.gpus_per_worker,
             max_restarts=-1,
-            max_task_retries=3,
-            scheduling_strategy="SPREAD",
+            max_task_retries=0,  # retried here, and counted
         )
-        self._data = [ray.put(data)]
+        if res.data == "per_node":
+            check_data_on_nodes(scenario)
+            self._data: list[Any] = [ray.put(_NodeLocalData(scenario))]
+        else:
+            self._data = [ray.put(data)]
         threads = max(1, int(res.cpus_per_worker))
         self.actors: list[Any] = [
-            remote.remote(scenario, self._data, threads) for _ in range(n)
+            ray.remote(Worker)
+            .options(**opts, scheduling_strategy=self._strategy(i))
+            .remote(scenario, self._data, threads)
+            for i in range(n)
         ]
         self.size = n
         self._refs: dict[int, Any] = {}
+        self.tasks_retried = 0
+        self._nodes: list[list[str]] = [[] for _ in range(n)]  # node ids, in order
+        self._lost: dict[str, str] = {}  # node id -> its address
+        self._known: dict[str, dict[str, Any]] = {}
+        self._locate()
+        self._check_nodes()  # the nodes' resources, while they are alive
+
+    def _strategy(self, i: int) -> Any:
+        if self._pg is None:
+            return "SPREAD"
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(
+            self._pg, placement_group_bundle_index=i
+        )
 
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
-        import ray
-
         where = {id(t): j for j, t in enumerate(tasks)}
-        calls: list[tuple[list[int], Any]] = []
+        calls: list[tuple[list[int], Any, tuple[Any, ...]]] = []
         # Longest first across the whole batch; each actor then gets one call
         # per start version in its share (calls on one actor run in order).
         for actor, chunk in zip(self.actors, assign_lpt(tasks, self.size), strict=True):
             for v, idx in _versions(chunk).items():
                 if v not in self._refs:
+                    import ray
+
                     self._refs[v] = ray.put(payloads[v])
                 group = [chunk[j] for j in idx]
                 mine = {t.client: states[t.client] for t in group if t.client in states}
-                ref = actor.train.remote(self._refs[v], group, mine)
-                calls.append(([where[id(t)] for t in group], ref))
-        results = ray.get([ref for _, ref in calls])
-        yield from zip((idx for idx, _ in calls), results, strict=True)
+                args = (self._refs[v], group, mine)
+                calls.append(([where[id(t)] for t in group], actor, args))
+        yield from zip((c[0] for c in calls), self._gather(calls), strict=True)
+
+    def _gather(self, calls: list[tuple[list[int], Any, tuple[Any, ...]]]) -> list:
+        """Every call's result, in call order; a call whose actor died (its
+        process or its node) is sent again once Ray has restarted it."""
+        import ray
+
+        results: list[Any] = [None] * len(calls)
+        pending = {c[1].train.remote(*c[2]): (k, 1) for k, c in enumerate(calls)}
+        retried: set[int] = set()
+        while pending:
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            k, attempt = pending.pop(ref)
+            try:
+                results[k] = ray.get(ref)
+                continue
+            except ray.exceptions.RayActorError:
+                if attempt >= _MAX_ATTEMPTS:
+                    raise
+            if k not in retried:
+                retried.add(k)
+                self.tasks_retried += len(calls[k][0])
+            self._check_nodes()
+            time.sleep(min(0.5 * 2**attempt, 10.0))  # while Ray restarts it
+            _, actor, args = calls[k]
+            pending[actor.train.remote(*args)] = (k, attempt + 1)
+        return results
+
+    def _locate(self, timeout: float | None = None) -> None:
+        """Add each actor's current node to its history (waits for actors
+        being started or restarted)."""
+        import ray
+
+        refs = [a.__ray_call__.remote(_node_id) for a in self.actors]
+        now = ray.get(refs, timeout=timeout)
+        for hist, node in zip(self._nodes, now, strict=True):
+            if not hist or hist[-1] != node:
+                hist.append(node)
+
+    def _check_nodes(self) -> None:
+        """Note, and say, which nodes that ran a worker are gone."""
+        import ray
+
+        for node in ray.nodes():
+            nid = node["NodeID"]
+            if not node["Alive"] and nid in self._known:
+                pass  # a dead node lists no resources: keep what it had
+            else:
+                self._known[nid] = {
+                    "node_id": nid,
+                    "address": node["NodeManagerAddress"],
+                    "resources": _custom(node.get("Resources", {})),
+                }
+            ran_here = any(nid in hist for hist in self._nodes)
+            if ran_here and not node["Alive"] and nid not in self._lost:
+                self._lost[nid] = node["NodeManagerAddress"]
+                print(
+                    f"warning: Ray node {nid[:12]} ({self._lost[nid]}) was lost; "
+                    f"its workers restart on the remaining nodes "
+                    f"({self.tasks_retried} tasks retried so far)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def report(self) -> dict[str, Any]:
+        """summary.json's placement fields: ``placement``, ``workers_nodes``
+        (per worker, the nodes it ran on, in order: id, address and the
+        node's custom resources), ``nodes_lost`` and ``tasks_retried``."""
+        self._check_nodes()
+        try:
+            self._locate(timeout=30)
+        except Exception:  # noqa: BLE001 - a report must not fail the run
+            pass
+        self._check_nodes()
+        unknown: dict[str, Any] = {"address": None, "resources": {}}
+        return {
+            "placement": self.placement,
+            "workers_nodes": [
+                [self._known.get(n, {"node_id": n, **unknown}) for n in hist]
+                for hist in self._nodes
+            ],
+            "nodes_lost": len(self._lost),
+            "tasks_retried": self.tasks_retried,
+        }
 
     def forget(self, version: int) -> None:
         self._refs.pop(version, None)
@@ -185,6 +411,11 @@ class RayExecutor(Executor):
             ray.kill(a)
         self.actors = []
         self._refs.clear()
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)
+            self._pg = None
 
 
 def resolve_workers(scenario: Scenario, override: int | None) -> int:

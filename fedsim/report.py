@@ -181,6 +181,8 @@ def _summary_rows(
     devices = sum(g.get("count", 0) for g in groups if isinstance(g, dict))
     policy = _get(scenario, "round", "policy")
     window = _get(scenario, "round", "window_s")
+    # the model before round 0 (summary.json's "initial"; null values: "-")
+    initial = summary.get("initial") or {}
     rows = [
         ("algorithm", f"{algo} (tau_eff: {tau_eff})" if tau_eff else _fmt(algo)),
         ("selector", _fmt(_get(scenario, "selector", "name"))),
@@ -193,7 +195,8 @@ def _summary_rows(
         ("devices", f"{devices} in {len(groups)} groups" if groups else "-"),
         ("seed", _fmt(scenario.get("seed"))),
         ("rounds", _fmt(summary.get("rounds", rounds.num_rows))),
-        ("initial test accuracy / loss", _initial(summary.get("initial"))),
+        ("initial test accuracy", _fmt(initial.get("accuracy"))),
+        ("initial test loss", _fmt(initial.get("loss"))),
         ("final test accuracy", _fmt(summary.get("final_test_accuracy"))),
         (
             "best test accuracy (round)",
@@ -214,16 +217,6 @@ def _summary_rows(
         ("fedsim version", _fmt(summary.get("fedsim_version"))),
     ]
     return [(k, v) for k, v in rows if v not in ("-", "- (-)", "- s")]
-
-
-def _initial(initial: Any) -> str:
-    """summary.json's ``initial`` (the model before round 0) as a cell."""
-    if not isinstance(initial, dict):
-        return "-"
-    acc, loss = initial.get("accuracy"), initial.get("loss")
-    if acc is None and loss is None:
-        return "-"
-    return f"{_fmt(acc)} / {_fmt(loss)}"
 
 
 def _step_cap(scenario: dict[str, Any]) -> int | None:
@@ -255,38 +248,17 @@ def _status_lines(summary: dict[str, Any]) -> list[str]:
     return [*out, ""] if out else []
 
 
-def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
-    """Write the figures and ``report.md`` of a run directory.
-
-    Args:
-        run_dir: a directory written by ``fedsim run`` (``rounds.parquet``
-            required; ``clients.parquet``, ``summary.json`` and
-            ``scenario.yaml`` used when present).
-        max_timeline_rounds: the client timeline shows at most this many
-            rounds (the first and last halves).
-
-    Returns:
-        The path of ``report.md``.
-
-    Raises:
-        ReportError: ``run_dir`` is not a run directory or a file in it
-            cannot be read.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ReportError(f"{run_dir} is not a run directory: no such directory")
-    rounds = _read_table(run_dir / "rounds.parquet", required=True)
-    assert rounds is not None
-    clients = _read_table(run_dir / "clients.parquet", required=False)
-    summary = _read_summary(run_dir)
-    scenario = _read_scenario(run_dir)
-    name = str(scenario.get("name") or summary.get("scenario") or run_dir.name)
-    groups = [
-        str(g["name"])
-        for g in _get(scenario, "fleet", "groups") or []
-        if isinstance(g, dict) and "name" in g
-    ]
-
+def _draw_figures(
+    run_dir: Path,
+    name: str,
+    groups: list[str],
+    rounds: pa.Table,
+    clients: pa.Table | None,
+    scenario: dict[str, Any],
+    summary: dict[str, Any],
+    max_timeline_rounds: int,
+) -> list[Plot]:
+    """Draw the run's figures into ``run_dir``; the ones report.md shows."""
     figures = [METRICS, TAU, TIMELINE]
     plots.plot_metrics(
         rounds,
@@ -325,6 +297,44 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
         plots.plot_weight_share(
             clients, run_dir / WEIGHT_SHARE.file, rounds, partition, title=name
         )
+    return figures
+
+
+def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
+    """Write the figures and ``report.md`` of a run directory.
+
+    Args:
+        run_dir: a directory written by ``fedsim run`` (``rounds.parquet``
+            required; ``clients.parquet``, ``summary.json`` and
+            ``scenario.yaml`` used when present).
+        max_timeline_rounds: the client timeline shows at most this many
+            rounds (the first and last halves).
+
+    Returns:
+        The path of ``report.md``.
+
+    Raises:
+        ReportError: ``run_dir`` is not a run directory or a file in it
+            cannot be read.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir} is not a run directory: no such directory")
+    rounds = _read_table(run_dir / "rounds.parquet", required=True)
+    assert rounds is not None
+    clients = _read_table(run_dir / "clients.parquet", required=False)
+    summary = _read_summary(run_dir)
+    scenario = _read_scenario(run_dir)
+    name = str(scenario.get("name") or summary.get("scenario") or run_dir.name)
+    groups = [
+        str(g["name"])
+        for g in _get(scenario, "fleet", "groups") or []
+        if isinstance(g, dict) and "name" in g
+    ]
+
+    figures = _draw_figures(
+        run_dir, name, groups, rounds, clients, scenario, summary, max_timeline_rounds
+    )
 
     lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir.name}`", ""]
     lines += _status_lines(summary)

@@ -153,6 +153,8 @@ class RunResult:
     wall_time_s: float
     data: FederatedData | None = field(default=None, repr=False)
     initial: dict[str, float] | None = None
+    # Ray runs: where the workers ran, nodes lost, tasks retried (summary.json)
+    placement: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """summary.json's content, with how the run ended (``status``) and
@@ -173,6 +175,7 @@ class RunResult:
             }
         return {
             **summary,
+            **self.placement,
             "initial": initial,
             "status": self.status,
             "degenerate": self.degenerate(),
@@ -850,7 +853,10 @@ def run_scenario(
         try:
             run.recorder.flush()
         finally:  # the actors go even when the disk is full
-            run.executor.shutdown()
+            try:
+                placement = run.executor.report()
+            finally:
+                run.executor.shutdown()
     final = run.server.params().clone() if status == "completed" else None
     return RunResult(
         scenario=scenario,
@@ -863,4 +869,5 @@ def run_scenario(
         wall_time_s=time.perf_counter() - run.wall0,
         data=run.data,
         initial=run.initial,
+        placement=placement,
     )

@@ -167,11 +167,37 @@ class ResourceSpec(_Spec):
     # vmapped computation (fedsim/vectorized.py): several times faster, equal
     # to sequential training within float tolerance (not bit for bit).
     vectorize: bool = False
-    # Where the server (aggregation, evaluation, checkpoints) runs: on the
-    # driver's node, or wherever Ray places it (the run directory must then be
-    # on storage shared by the nodes); and the CPUs reserved for it.
+    # The server (aggregation, evaluation, checkpoints) runs in the driver
+    # process: ``driver`` is the only place; the driver itself is placed by
+    # ``ray job submit`` (see _server_in_driver).
     server_node: Literal["driver", "any"] = "driver"
     server_cpus: Annotated[float, Field(ge=0, le=1024)] = 0.0
+    # How Ray places the worker actors across nodes: ``spread`` (best effort
+    # over as many nodes as possible), or a placement group of one bundle per
+    # worker: ``pack`` (as few nodes as possible), ``strict_pack`` (all on
+    # one node), ``strict_spread`` (each on its own node). A group that
+    # cannot be placed within ``placement_timeout_s`` stops the run.
+    placement: Literal["spread", "pack", "strict_spread", "strict_pack"] = "spread"
+    placement_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    # How worker actors get the dataset: from the driver through Ray's object
+    # store, or (``per_node``) each reads the files from its own node's data
+    # root (data.root, else $FEDSIM_DATA_ROOT there), checked on every node
+    # that can host a worker before the run starts.
+    data: Literal["object_store", "per_node"] = "object_store"
+
+    @model_validator(mode="after")
+    def _server_in_driver(self) -> ResourceSpec:
+        # Refused rather than ignored: they used to place a server actor.
+        how = (
+            "the server runs in the driver process; place the driver instead: "
+            "ray job submit --entrypoint-resources '{\"node_a\": 1}' (a node's "
+            "custom resource) or --entrypoint-num-cpus N (cluster/README.md)"
+        )
+        if self.server_node != "driver":
+            raise ValueError(f"server_node {self.server_node!r}: {how}")
+        if self.server_cpus:
+            raise ValueError(f"server_cpus {self.server_cpus:g}: {how}")
+        return self
 
 
 class Scenario(_Spec):

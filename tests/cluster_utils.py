@@ -49,7 +49,9 @@ __all__ = [
     "base_env",
     "free_ports",
     "is_loopback",
+    "kill_node",
     "multinode_cluster",
+    "node_pids",
 ]
 
 
@@ -195,6 +197,25 @@ class Cluster:
             parts.append(f"--- node {node.name}\n" + "\n".join(lines))
         return "\n".join(parts)
 
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def add_node(self, spec: NodeSpec, timeout_s: float = 150) -> Node:
+        """Start one more worker node; return once it is alive."""
+        n_alive = len(self.alive_nodes()) + 1
+        node = _start(
+            spec.name,
+            _worker_args(self, spec),
+            {**self.env, **spec.env},
+            self.work,
+            self.work,
+            join=True,
+        )
+        self.nodes.append(node)
+        alive = lambda: len(self.alive_nodes()) == n_alive  # noqa: E731
+        _wait(self, timeout_s, alive, watch=[node])
+        return node
+
     def stop(self) -> None:
         """Worker nodes first, then the head: SIGTERM to each ``ray start
         --block``; then SIGKILL, by pid, whatever of the cluster is left."""
@@ -215,6 +236,37 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def node_pids(node_dir: Path | str, sid: int) -> list[int]:
+    """Every process of one node: its ``ray start`` session ``sid``, or a
+    command line that names its temporary directory ``node_dir``."""
+    import psutil
+
+    marker = f"{node_dir}/"
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.pid == os.getpid():
+                continue
+            cmd = " ".join(p.info["cmdline"] or []) + " "
+            if os.getsid(p.pid) == sid or marker in cmd or f"{node_dir} " in cmd:
+                out.append(p.pid)
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+def kill_node(node_dir: Path | str, sid: int) -> list[int]:
+    """SIGKILL every process of one node (see :func:`node_pids`), as a
+    machine that loses power would; the pids killed."""
+    pids = node_pids(node_dir, sid)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return pids
 
 
 def _join_on_loopback(argv: list[str]) -> None:
@@ -317,14 +369,8 @@ def multinode_cluster(
         # Worker nodes need only the GCS; the dashboard comes up meanwhile.
         _wait(cluster, timeout_s, lambda: _accepts(gcs))
         for spec in workers:
-            args = [
-                f"--address={cluster.gcs}",
-                f"--num-cpus={spec.num_cpus}",
-                f"--num-gpus={spec.num_gpus}",
-            ]
-            if spec.resources:
-                args.append(f"--resources={json.dumps(dict(spec.resources))}")
             node_env = {**env, **spec.env}
+            args = _worker_args(cluster, spec)
             cluster.nodes.append(
                 _start(spec.name, args, node_env, work, work, join=True)
             )
@@ -337,16 +383,58 @@ def multinode_cluster(
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _worker_args(cluster: Cluster, spec: NodeSpec) -> list[str]:
+    args = [
+        f"--address={cluster.gcs}",
+        f"--num-cpus={spec.num_cpus}",
+        f"--num-gpus={spec.num_gpus}",
+    ]
+    if spec.resources:
+        args.append(f"--resources={json.dumps(dict(spec.resources))}")
+    return args
+
+
+def _drive(cfg: dict) -> None:
+    """A job's driver: ``run_scenario`` on the cluster, killing one worker
+    node (:func:`kill_node`) just after round (or version) ``kill_at``, while
+    the next one trains; then summary.json, as ``fedsim run`` writes it."""
+    import threading
+
+    from fedsim.ray_session import init_ray
+    from fedsim.results import write_summary
+    from fedsim.runtime import run_scenario
+    from fedsim.scenario import load_scenario
+
+    init_ray()
+    sc = load_scenario(cfg["scenario"], cfg["sets"])
+    out = Path(cfg["out"])
+    out.mkdir(parents=True, exist_ok=True)
+
+    def kill() -> None:
+        pids = kill_node(cfg["node_dir"], cfg["node_sid"])
+        print(f"killed node {cfg['node_dir']}: {len(pids)} processes", flush=True)
+
+    def on_round(row, _clients) -> None:
+        print(f"round {row['round']}", flush=True)
+        if row["round"] == cfg["kill_at"]:
+            threading.Timer(0.02, kill).start()
+
+    res = run_scenario(sc, workers=cfg["workers"], run_dir=out, on_round=on_round)
+    write_summary(out / "summary.json", res.summary())
+    print(f"status {res.status}", flush=True)
+
+
 def _accepts(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _wait(cluster: Cluster, timeout_s: float, ready) -> None:
+def _wait(cluster: Cluster, timeout_s: float, ready, watch=None) -> None:
+    """Until ``ready()``; fail if a node of ``watch`` (default: all) exits."""
     deadline = time.monotonic() + timeout_s
     while True:
-        for node in cluster.nodes:
+        for node in cluster.nodes if watch is None else watch:
             if node.proc.poll() is not None:
                 raise RuntimeError(
                     f"ray start of node {node.name} exited "
@@ -364,3 +452,5 @@ def _wait(cluster: Cluster, timeout_s: float, ready) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["join"]:
     _join_on_loopback(sys.argv[2:])
+if __name__ == "__main__" and sys.argv[1:2] == ["drive"]:
+    _drive(json.loads(bytes.fromhex(sys.argv[2])))

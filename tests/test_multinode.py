@@ -1,12 +1,12 @@
 """fedsim on a multi-node Ray cluster, through `ray job submit` only.
 
 The slow tests start one cluster on this machine (tests/cluster_utils.py):
-a head that offers no CPUs (it runs the job drivers) and two worker nodes of
-one CPU each, node ``a`` with 2 fake GPUs; each names itself with a custom
-resource (``node_a``, ``node_b``). Everything listens on 127.0.0.1 and needs
-the cluster's token. Jobs go in through cluster/submit.sh, as a user's would,
-and the tests look only at what Ray's job and state APIs say and at the files
-a run writes.
+a head that offers no CPUs (it runs the job drivers) and two worker nodes,
+node ``a`` with 2 CPUs and 2 fake GPUs, node ``b`` with 1 CPU; each names
+itself with a custom resource (``node_a``, ``node_b``). Everything listens
+on 127.0.0.1 and needs the cluster's token. Jobs go in through
+cluster/submit.sh, as a user's would, and the tests look only at what Ray's
+job and state APIs say and at the files a run writes.
 
 Data lives on the driver's node only: the head has FEDSIM_DATA_ROOT (the
 shared MNIST test set); the worker nodes have an empty data root and an empty
@@ -141,11 +141,19 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     empty = tmp_path_factory.mktemp("nodata")
     no_data = {"FEDSIM_DATA_ROOT": str(empty), "HOME": str(empty)}
     workers = [
-        NodeSpec("a", num_cpus=1, num_gpus=2, resources={"node_a": 1}, env=no_data),
+        NodeSpec("a", num_cpus=2, num_gpus=2, resources={"node_a": 1}, env=no_data),
         NodeSpec("b", num_cpus=1, resources={"node_b": 1}, env=no_data),
     ]
+    head_env = {
+        "FEDSIM_DATA_ROOT": str(MNIST),
+        # A lost node is declared dead within about 10 s (Ray's default: 30 s
+        # or more), so the node-loss tests stay short.
+        "RAY_health_check_period_ms": "1000",
+        "RAY_health_check_timeout_ms": "2000",
+        "RAY_health_check_failure_threshold": "5",
+    }
     start = time.monotonic()
-    with multinode_cluster(workers, head_env={"FEDSIM_DATA_ROOT": str(MNIST)}) as c:
+    with multinode_cluster(workers, head_env=head_env) as c:
         print(f"cluster up in {time.monotonic() - start:.1f}s")
         yield c
         work = c.work
@@ -216,7 +224,7 @@ def test_jobs_run_on_the_multinode_cluster(cluster: Cluster, tmp_path: Path):
     assert len(nodes) == 3 and len(head) == 1
     assert head[0]["resources_total"].get("CPU", 0) == 0
     totals = [n["resources_total"] for n in nodes if not n["is_head_node"]]
-    assert sorted(t["CPU"] for t in totals) == [1, 1]
+    assert sorted(t["CPU"] for t in totals) == [1, 2]
     assert sorted(t.get("GPU", 0) for t in totals) == [0, 2]
     assert {k for t in totals for k in t if k.startswith("node_")} == {
         "node_a",
@@ -311,7 +319,271 @@ def test_real_data_reaches_worker_nodes_through_the_object_store(
     assert r.returncode != 0
     job = _job(cluster, job_id)
     assert job["status"] == "FAILED"
-    assert job["driver_node_id"] not in {None, head_id}
+    (node_a,) = {n["node_id"] for n in nodes if "node_a" in n["resources_total"]}
+    assert job["driver_node_id"] == node_a  # hence the server too
     # The message ends with the driver's last lines of output.
     assert "MNIST: data not found" in job["message"], job["message"][-3000:]
     assert not (out / "rounds.parquet").exists()
+
+
+# ------------------------------------------------- placement across nodes
+
+QUICK = ["scenarios/quickstart.yaml", "--set", "rounds=2", "--no-report"]
+
+
+def _placed(cluster: Cluster, tmp_path: Path, name: str, *sets: str) -> dict:
+    """summary.json of a 2-round quickstart on 2 workers placed as ``sets``
+    say (``--set`` pairs flattened)."""
+    out = tmp_path / name
+    job_id, r = _submit(cluster, *QUICK, "--workers", "2", *sets, "--out", str(out))
+    _expect_success(cluster, job_id, r)
+    return json.loads((out / "summary.json").read_text())
+
+
+def _nodes_of(summary: dict) -> list[dict]:
+    """The node each worker ran on (none moved: one node each)."""
+    assert all(len(h) == 1 for h in summary["workers_nodes"]), summary
+    return [h[0] for h in summary["workers_nodes"]]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Path):
+    ids = {
+        n["node_id"]: name
+        for n in cluster.alive_nodes()
+        for name in ("node_a", "node_b")
+        if name in n["resources_total"]
+    }
+
+    # spread (the default): one worker on each worker node.
+    s = _placed(cluster, tmp_path, "spread")
+    nodes = _nodes_of(s)
+    assert s["placement"] == "spread"
+    assert sorted(ids[n["node_id"]] for n in nodes) == ["node_a", "node_b"]
+    assert sorted(tuple(n["resources"]) for n in nodes) == [("node_a",), ("node_b",)]
+    assert all(is_loopback(n["address"]) for n in nodes)
+    assert s["nodes_lost"] == 0 and s["tasks_retried"] == 0
+
+    # pack, with half a (fake) GPU each: both on node a, the one with GPUs.
+    s = _placed(
+        cluster,
+        tmp_path,
+        "pack",
+        *("--set", "resources.placement=pack"),
+        *("--set", "resources.gpus_per_worker=0.5"),
+    )
+    assert [ids[n["node_id"]] for n in _nodes_of(s)] == ["node_a", "node_a"]
+
+    # strict_pack: one node, the only one with 2 CPUs.
+    s = _placed(
+        cluster, tmp_path, "strict_pack", "--set", "resources.placement=strict_pack"
+    )
+    assert [ids[n["node_id"]] for n in _nodes_of(s)] == ["node_a", "node_a"]
+
+    # strict_spread with 3 workers on 2 worker nodes (the head has no CPU):
+    # refused, naming the field.
+    out = tmp_path / "strict_spread"
+    job_id, r = _submit(
+        cluster,
+        *QUICK,
+        *("--workers", "3", "--set", "resources.placement=strict_spread"),
+        *("--set", "resources.placement_timeout_s=5", "--out", str(out)),
+    )
+    assert r.returncode != 0
+    job = _job(cluster, job_id)
+    assert job["status"] == "FAILED"
+    logs = _logs(cluster, job_id)
+    assert "resources.placement strict_spread: Ray could not place 3" in logs, logs[
+        -3000:
+    ]
+    assert not (out / "rounds.parquet").exists()
+
+
+# ------------------------------------------------------- per-node data root
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_per_node_data_is_checked_on_every_node(cluster: Cluster, tmp_path: Path):
+    per_node = ("--set", "resources.data=per_node")
+
+    # The worker nodes' data root is empty: refused, naming them.
+    out = tmp_path / "per-node-missing"
+    job_id, r = _submit(cluster, *MNIST_ARGS, *per_node, "--out", str(out))
+    assert r.returncode != 0
+    assert _job(cluster, job_id)["status"] == "FAILED"
+    logs = _logs(cluster, job_id)
+    assert "resources.data per_node: every node that can host a worker" in logs, logs[
+        -3000:
+    ]
+    assert "2 of 2 cannot build the dataset" in logs, logs[-3000:]
+    assert "'node_a': 1.0" in logs and "'node_b': 1.0" in logs, logs[-3000:]
+    assert not (out / "rounds.parquet").exists()
+
+    # With data.root naming files every node has (one machine): it runs, each
+    # worker reading its own copy.
+    out = tmp_path / "per-node"
+    job_id, r = _submit(
+        cluster,
+        *MNIST_ARGS,
+        *per_node,
+        *("--set", f"data.root={MNIST}", "--out", str(out)),
+    )
+    _expect_success(cluster, job_id, r)
+    assert _rows(out) == 3
+
+
+# ------------------------------------------------------------ node loss
+
+
+def _drive(cluster: Cluster, cfg: dict, timeout: float = 400) -> tuple[str, str]:
+    """tests/cluster_utils.py's driver as a job on the head: (status, logs)."""
+    job_id = f"fedsim-drive-{secrets.token_hex(4)}"
+    cmd = [
+        str(RAY),
+        *("job", "submit", "--address", cluster.dashboard, "--submission-id", job_id),
+        *("--working-dir", ".", "--runtime-env", "cluster/runtime_env.yaml"),
+        "--",
+        *("python", "tests/cluster_utils.py", "drive", json.dumps(cfg).encode().hex()),
+    ]
+    subprocess.run(
+        cmd, cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=timeout
+    )
+    return _job(cluster, job_id).get("status", "?"), _logs(cluster, job_id)
+
+
+def _table(path: Path) -> str:
+    """A Parquet file's rows but the wall-clock columns, exactly (repr
+    round-trips floats, and shows NaN, which ``Table.equals`` finds unequal
+    to itself)."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path)
+    return repr(t.drop([c for c in t.column_names if "wall" in c]).to_pylist())
+
+
+def _lose_a_node(cluster: Cluster, tmp_path: Path, scenario: str, sets, victim: str):
+    """Run ``scenario`` on 2 workers, killing node ``victim`` after round 2;
+    assert it finished with the results of an undisturbed in-process run."""
+    from fedsim.runtime import run_scenario
+    from fedsim.scenario import load_scenario
+
+    node = cluster.node(victim)
+    out = tmp_path / "lost"
+    cfg = dict(
+        scenario=scenario,
+        sets=list(sets),
+        out=str(out),
+        workers=2,
+        kill_at=2,
+        node_dir=str(node.dir),
+        node_sid=node.proc.pid,
+    )
+    start = time.monotonic()
+    status, logs = _drive(cluster, cfg)
+    print(f"{scenario} losing node {victim}: {time.monotonic() - start:.1f}s")
+    assert status == "SUCCEEDED", logs[-6000:]
+    assert "killed node" in logs and "status completed" in logs, logs[-3000:]
+    assert node.proc.poll() is not None  # its `ray start` went with it
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["nodes_lost"] == 1, summary
+    assert summary["tasks_retried"] >= 0
+    assert "was lost" in logs, logs[-3000:]
+    moved = [h for h in summary["workers_nodes"] if len(h) == 2]
+    assert len(moved) == 1, summary["workers_nodes"]  # the victim's worker
+    assert f"node_{victim}" in moved[0][0]["resources"], moved
+    print("tasks retried:", summary["tasks_retried"], "moved:", moved)
+
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    run_scenario(load_scenario(ROOT / scenario, list(sets)), workers=0, run_dir=ref)
+    for name in ("rounds.parquet", "clients.parquet"):
+        assert _table(out / name) == _table(ref / name), name
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_node_lost_in_a_sync_run_changes_nothing(cluster: Cluster, tmp_path: Path):
+    _lose_a_node(
+        cluster, tmp_path, "scenarios/quickstart.yaml", ["rounds=8"], victim="b"
+    )
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_node_lost_in_an_async_run_changes_nothing(cluster: Cluster, tmp_path: Path):
+    # Node b is gone (the test before); a fresh node c takes its place.
+    if cluster.node("b").proc.poll() is None:
+        pytest.skip("needs the sync node-loss test first")
+    cluster.add_node(NodeSpec("c", num_cpus=1, resources={"node_c": 1}))
+    _lose_a_node(
+        cluster, tmp_path, "scenarios/async-fedbuff.yaml", ["rounds=8"], victim="c"
+    )
+
+
+# ------------------------------------------------ the scenario's fields
+
+
+@pytest.mark.parametrize(
+    "override, refused",
+    [
+        ("resources.server_node=any", "server_node 'any'"),
+        ("resources.server_cpus=2", "server_cpus 2"),
+    ],
+)
+def test_server_placement_fields_are_refused_with_the_way_to_place_the_driver(
+    override: str, refused: str
+):
+    from fedsim.scenario import ScenarioError, load_scenario
+
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(ROOT / "scenarios/quickstart.yaml", [override])
+
+    assert refused in str(err.value)
+    assert "the server runs in the driver process" in str(err.value)
+    assert "--entrypoint-resources" in str(err.value)
+
+
+def test_placement_defaults_to_spread_and_takes_rays_strategies():
+    from fedsim.scenario import ScenarioError, load_scenario
+
+    quick = ROOT / "scenarios/quickstart.yaml"
+    assert load_scenario(quick).resources.placement == "spread"
+    for p in ("pack", "strict_pack", "strict_spread"):
+        sc = load_scenario(quick, [f"resources.placement={p}"])
+        assert sc.resources.placement == p
+    with pytest.raises(ScenarioError, match="placement"):
+        load_scenario(quick, ["resources.placement=PACK_TIGHT"])
+
+
+# ------------------------------------------ placement on one local Ray node
+
+
+@pytest.mark.ray
+def test_summary_says_where_workers_ran_and_an_impossible_group_is_refused(
+    ray_session,
+):
+    from fedsim.executors import PlacementError
+    from fedsim.runtime import run_scenario
+    from fedsim.scenario import load_scenario
+
+    quick = ROOT / "scenarios/quickstart.yaml"
+
+    # pack: both workers on the one local node, nothing lost or retried.
+    sc = load_scenario(quick, ["rounds=2", "resources.placement=pack"])
+    summary = run_scenario(sc, workers=2).summary()
+    assert summary["placement"] == "pack"
+    assert summary["nodes_lost"] == 0 and summary["tasks_retried"] == 0
+    (node,) = {h[0]["node_id"] for h in summary["workers_nodes"]}
+    assert [len(h) for h in summary["workers_nodes"]] == [1, 1]
+    assert len(node) == 56  # a Ray node id, in hex
+
+    # strict_spread: 2 workers need 2 nodes; refused after the timeout.
+    sc = load_scenario(
+        quick,
+        ["resources.placement=strict_spread", "resources.placement_timeout_s=2"],
+    )
+    with pytest.raises(PlacementError, match="resources.placement strict_spread"):
+        run_scenario(sc, workers=2)
