@@ -1,7 +1,7 @@
 """The executor contract: the same tasks give the same updates whichever
 executor trains them (in-process, Ray with one or two actors), in task
 order, with tasks from several versions in one call and per-client state
-travelling with the task; the batched (vectorised) worker agrees within
+travelling with the task; the batched worker (fedsim.batched) agrees within
 float tolerance."""
 
 from __future__ import annotations
