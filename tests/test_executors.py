@@ -51,6 +51,10 @@ def check_same(a, b, exact=True):
                 assert torch.equal(ua.extras[k], ub.extras[k])
         else:
             torch.testing.assert_close(ub.delta, ua.delta, rtol=1e-4, atol=1e-6)
+            for k in ua.extras:  # e.g. SCAFFOLD's dc = delta / (lr K) terms
+                torch.testing.assert_close(
+                    ub.extras[k], ua.extras[k], rtol=1e-4, atol=1e-5
+                )
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
@@ -67,10 +71,13 @@ def test_in_process_results_are_per_task_and_repeat(algorithm):
         [Task(7, 2, 9, version=0)], payloads, states)[0].delta)  # fmt: skip
 
 
-def test_the_batched_worker_matches_within_float_tolerance():
-    sc, data, payloads, states = setup()
+@pytest.mark.parametrize("algorithm", ["fednova", "scaffold"])
+def test_the_batched_worker_matches_within_float_tolerance(algorithm):
+    sc, data, payloads, states = setup(f"algorithm={{name: {algorithm}}}")
     plain = make_executor(sc, data, workers=0).train(TASKS, payloads, states)
-    scb, datab, _, _ = setup("resources.vectorize=true")
+    scb, datab, _, _ = setup(
+        f"algorithm={{name: {algorithm}}}", "resources.vectorize=true"
+    )
     batched = make_executor(scb, datab, workers=0)
     assert batched.worker.batched
     check_same(plain, batched.train(TASKS, payloads, states), exact=False)
