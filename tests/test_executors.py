@@ -35,8 +35,9 @@ def setup(*overrides: str):
     x0 = server.payload()
     x1 = {k: v + 0.01 for k, v in x0.items()}
     states = server.client_states([t.client for t in TASKS])
-    if sc.algorithm.stateful:  # a client that has trained before: nonzero state
+    if sc.algorithm.stateful:  # clients that have trained before: nonzero state
         states[7] = {"c": torch.full_like(x0["x"], 0.003)}
+        states[3] = {"c": torch.full_like(x0["x"], -0.002)}
     return sc, data, {0: x0, 1: x1}, states
 
 
