@@ -30,10 +30,10 @@ not bit-identical across worker counts (it is within float tolerance).
 
 Not batched (the worker says why once, at build, and trains sequentially):
 algorithms with their own local procedure (``client_train``: FedDM),
-models with BatchNorm (running statistics), recurrent models (``lstm``:
-``vmap`` has no batching rule for the fused RNN kernels), and solvers other
-than sgd, momentum, prox and decay. The scenario opts in with
-``resources.vectorize: true``.
+models with BatchNorm (running statistics), recurrent models (``lstm``) on a
+GPU (the cuDNN RNN kernels have no ``vmap`` rule; on the CPU ``lstm`` is
+batched), and solvers other than sgd, momentum, prox and decay. The scenario
+opts in with ``resources.vectorize: true``.
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def why_not_batched(worker: Worker) -> str | None:
         return f"algorithm {algo.name!r} trains its clients with its own procedure"
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         return "the model has BatchNorm layers (running statistics)"
-    if any(isinstance(m, nn.RNNBase) for m in model.modules()):
-        return f"model {worker.scenario.model.name!r} is recurrent (no vmap rule)"
+    recurrent = any(isinstance(m, nn.RNNBase) for m in model.modules())
+    if recurrent and worker.device.type != "cpu":  # cuDNN RNNs: no vmap rule
+        return f"model {worker.scenario.model.name!r} is recurrent, on a GPU"
     if type(worker.solver) not in _SOLVERS:
         return f"solver {type(worker.solver).__name__} has no batched step"
     return None

@@ -23,10 +23,11 @@ from fedsim.server import Server
 from fedsim.solvers import SGD
 from fedsim.workers import Task, Worker
 
-from .conftest import SCENARIOS
+from .conftest import SCENARIOS, SHARED
 
 QUICK = SCENARIOS / "quickstart.yaml"
 
+PLAY = SHARED / "data" / "tinyshakespeare" / "input.txt"
 # Image models read the 64 features of this Synthetic(1,1) as 8x8 images.
 IMAGES = "data={dataset: synthetic, alpha: 1.0, beta: 1.0, features: 64}"
 MODELS = {
@@ -35,6 +36,11 @@ MODELS = {
     "cnn": [IMAGES, "model={name: cnn, dtype: float64}"],
     # GroupNorm (the FedDM/DC ConvNet): normalisation without batch statistics
     "convnet": [IMAGES, "model={name: convnet, width: 4, depth: 1, dtype: float64}"],
+    "lstm": [
+        f"data={{dataset: shakespeare, path: {PLAY}, seq_len: 6, stride: 200, "
+        "min_samples: 4, max_clients: 30}",
+        "model={name: lstm, embed_dim: 4, lstm_hidden: 8, dtype: float64}",
+    ],
 }
 SOLVERS = {
     "sgd": ["client.solver=sgd", "client.weight_decay=0.01"],
@@ -87,6 +93,8 @@ def assert_equal_updates(seq, bat, rtol: float, atol: float) -> None:
 @pytest.mark.parametrize("solver", list(SOLVERS))
 @pytest.mark.parametrize("model", list(MODELS))
 def test_float64_equals_sequential_training(model, solver, algorithm):
+    if model == "lstm" and not PLAY.is_file():
+        pytest.skip(f"Tiny Shakespeare not found at {PLAY}")
     # Prepare: 3 clients with different tau, nonzero starting state
     w, server = worker(
         *MODELS[model], *SOLVERS[solver], f"algorithm={{name: {algorithm}}}"
@@ -222,14 +230,18 @@ def fake_worker(model: torch.nn.Module, solver: SGD | None = None) -> SimpleName
         model=model,
         solver=solver or SGD(lr=0.1),
         scenario=SimpleNamespace(model=SimpleNamespace(name="lstm")),
+        device=torch.device("cpu"),
     )
 
 
-def test_recurrent_and_batchnorm_models_are_not_batched():
+def test_batchnorm_models_and_recurrent_ones_on_a_gpu_are_not_batched():
     lstm = build_model(
         ModelSpec(name="lstm", lstm_hidden=8, lstm_layers=1), 1, 5, 0, input_shape=(4,)
     )
-    assert "recurrent" in why_not_batched(fake_worker(lstm))  # type: ignore[arg-type]
+    fake = fake_worker(lstm)
+    assert why_not_batched(fake) is None  # type: ignore[arg-type]
+    fake.device = torch.device("cuda")  # no vmap rule for cuDNN's RNN kernels
+    assert "recurrent, on a GPU" in why_not_batched(fake)  # type: ignore[arg-type]
     bn = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
     assert "BatchNorm" in why_not_batched(fake_worker(bn))  # type: ignore[arg-type]
 
