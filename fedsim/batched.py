@@ -163,51 +163,46 @@ def _dense_layers(model: nn.Module) -> list[nn.Linear] | None:
 def _dense_grad_fn(
     layers: list[nn.Linear],
 ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`_grad_fn` for a dense stack without ``torch.func``.
+    """:func:`_grad_fn` for a dense stack, without ``torch.func`` or autograd.
 
-    For small dense models the per-call cost of ``vmap`` exceeds the
-    arithmetic, so their forward pass is written with batched matrix
-    products (``baddbmm``, each client its own slice of theta) and one
-    autograd pass; the clients' losses are summed, so each row of the
-    gradient is that client's own gradient. One layer (logreg) has a closed
-    form: dL/dz = (softmax(z) - onehot(y)) w / count, grad W = dz^T x,
-    grad b = sum_rows dz.
+    For small dense models the per-call cost of ``vmap`` and autograd
+    exceeds the arithmetic, so the forward pass is written with batched
+    matrix products (``baddbmm``, each client its own slice of theta) and
+    the backward pass by hand: with z_l = h_{l-1} W_l^T + b_l and
+    h_l = relu(z_l), the weighted mean cross-entropy gives
+    dz_L = (softmax(z_L) - onehot(y)) w / count, and for each layer
+    grad W_l = dz_l^T h_{l-1}, grad b_l = sum_rows dz_l,
+    dz_{l-1} = (dz_l W_l) * [z_{l-1} > 0].
     """
 
-    def forward(theta: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, list]:
+    def grad_fn(theta, x, y, w, count):  # type: ignore[no-untyped-def]
         k = theta.shape[0]
         h = x.reshape(k, x.shape[1], -1)
-        offset, inputs = 0, []
+        offset, weights, inputs = 0, [], []
         for i, layer in enumerate(layers):
             if i:
                 h = torch.relu(h)
-            inputs.append(h)
             n_w = layer.out_features * layer.in_features
-            w = theta[:, offset : offset + n_w].view(k, layer.out_features, -1)
+            wl = theta[:, offset : offset + n_w].view(k, layer.out_features, -1)
             b = theta[:, offset + n_w : offset + n_w + layer.out_features]
             offset += n_w + layer.out_features
-            h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
-        return h, inputs
-
-    def closed(theta, x, y, w, count):  # type: ignore[no-untyped-def]
-        z, (h,) = forward(theta, x)
-        logp = torch.log_softmax(z, dim=2)
+            weights.append(wl)
+            inputs.append(h)
+            h = torch.baddbmm(b.unsqueeze(1), h, wl.transpose(1, 2))
+        logp = torch.log_softmax(h, dim=2)
         nll = -logp.gather(2, y.unsqueeze(2)).squeeze(2)
         dz = logp.exp()
         dz.scatter_add_(2, y.unsqueeze(2), -torch.ones_like(dz[..., :1]))
         dz.mul_((w / count.unsqueeze(1)).unsqueeze(2))
-        g = torch.cat([torch.bmm(dz.transpose(1, 2), h).flatten(1), dz.sum(1)], 1)
-        return g, (nll * w).sum(dim=1) / count
+        grads: list[torch.Tensor] = []
+        for i in range(len(layers) - 1, -1, -1):
+            a = inputs[i]
+            grads[:0] = [torch.bmm(dz.transpose(1, 2), a).flatten(1), dz.sum(1)]
+            if i:  # a = relu(z_{i-1}): its gradient passes where a > 0
+                dz = torch.bmm(dz, weights[i]).mul_(a > 0)
+        return torch.cat(grads, dim=1), (nll * w).sum(dim=1) / count
 
-    def autograd(theta, x, y, w, count):  # type: ignore[no-untyped-def]
-        leaf = theta.detach().requires_grad_(True)
-        z, _ = forward(leaf, x)
-        per = F.cross_entropy(z.flatten(0, 1), y.flatten(), reduction="none")
-        loss = (per.view(w.shape) * w).sum(dim=1) / count
-        (g,) = torch.autograd.grad(loss.sum(), leaf)
-        return g, loss.detach()
-
-    return closed if len(layers) == 1 else autograd
+    return grad_fn
 
 
 def _stacked_hook(algo: Algorithm, clients: Sequence[ClientContext]) -> Hook | None:
