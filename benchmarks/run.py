@@ -4,7 +4,9 @@
     .venv/bin/python benchmarks/run.py lr --rounds 20   # one workload, shorter
 
 For each workload this runs, back to back in one process: fedsim with 1 and 2
-Ray workers, fedsim in-process (no Ray), and the baseline, a plain
+Ray workers, fedsim in-process (no Ray), the batched executor
+(``resources.vectorize``, :mod:`fedsim.batched`) with 1 Ray worker and
+in-process, and the baseline, a plain
 single-threaded PyTorch loop over the same clients, the same minibatches and
 the same number of steps (no framework). It prints wall time, setup time,
 steady seconds per round (median after warm-up), local steps per second, peak
@@ -36,7 +38,11 @@ from fedsim.runtime import run_scenario  # noqa: E402
 from fedsim.scenario import load_scenario  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-WORKLOADS = {"lr": HERE / "lr.yaml", "cnn": HERE / "cnn.yaml"}
+WORKLOADS = {
+    "lr": HERE / "lr.yaml",
+    "mlp": HERE / "mlp.yaml",
+    "cnn": HERE / "cnn.yaml",
+}
 WARMUP = 3
 
 
@@ -50,7 +56,7 @@ def steady(round_times: list[float]) -> float:
 
 
 def run_fedsim(
-    path: Path, workers: int, overrides: list[str], vectorize: bool = False
+    path: Path, workers: int, overrides: list[str], batched: bool = False
 ) -> dict:
     t0 = time.perf_counter()
     ray_s = 0.0
@@ -64,7 +70,7 @@ def run_fedsim(
         [
             *overrides,
             f"resources.workers={workers}",
-            f"resources.vectorize={str(vectorize).lower()}",
+            f"resources.vectorize={str(batched).lower()}",
         ],
     )
     torch.set_num_threads(1)
@@ -83,7 +89,7 @@ def run_fedsim(
         else "fedsim in-process"
     )
     return {
-        "name": name + (", vectorized" if vectorize else ""),
+        "name": name + (", batched" if batched else ""),
         "wall_s": wall,
         "setup_s": wall - sum(per_round),
         "ray_init_s": ray_s,
@@ -183,7 +189,7 @@ def table(workload: str, results: list[dict], base: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("workloads", nargs="*", default=["lr", "cnn"])
+    ap.add_argument("workloads", nargs="*", default=list(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--no-append", action="store_true")
     args = ap.parse_args()
@@ -197,12 +203,11 @@ def main() -> int:
         local = run_fedsim(path, 0, overrides)
         one = run_fedsim(path, 1, overrides)
         two = run_fedsim(path, 2, overrides)
-        vec = []
-        if name == "lr":  # small model: the vectorized executor applies
-            vec = [
-                run_fedsim(path, 1, overrides, vectorize=True),
-                run_fedsim(path, 0, overrides, vectorize=True),
-            ]
+        # the batched executor (fedsim.batched): the round's clients at once
+        vec = [
+            run_fedsim(path, 1, overrides, batched=True),
+            run_fedsim(path, 0, overrides, batched=True),
+        ]
         base = run_baseline(local["scenario"], local["schedule"])
         for r in (local, one, two, *vec):
             assert r["schedule"] == local["schedule"]

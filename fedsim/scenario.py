@@ -163,9 +163,11 @@ class ResourceSpec(_Spec):
     workers: Literal["auto"] | Annotated[int, Field(ge=0, le=4096)] = "auto"
     cpus_per_worker: Annotated[float, Field(gt=0, le=1024)] = 1.0
     gpus_per_worker: Annotated[float, Field(ge=0, le=64)] = 0.0
-    # Train a worker's clients of a small model (logreg, mlp) together in one
-    # vmapped computation (fedsim/vectorized.py): several times faster, equal
-    # to sequential training within float tolerance (not bit for bit).
+    # Train a worker's clients of a round together (fedsim/batched.py:
+    # torch.func over stacked parameters; every model without BatchNorm or
+    # recurrence, every solver, the control-variate algorithms; otherwise the
+    # worker says why and trains one client at a time): equal to sequential
+    # training within float tolerance (not bit for bit).
     vectorize: bool = False
     # The server (aggregation, evaluation, checkpoints) runs in the driver
     # process: ``driver`` is the only place; the driver itself is placed by

@@ -7,7 +7,7 @@ restart would lose: per-client state travels with the task.
 
 Executors (:mod:`fedsim.executors`) own the workers: one in this process, or
 one per Ray actor. How a worker trains a group of tasks (one client after
-another, or many at once, :mod:`fedsim.vectorized`) is chosen once, when it
+another, or many at once, :mod:`fedsim.batched`) is chosen once, when it
 is built.
 
 Example (in-process):
@@ -26,6 +26,7 @@ Example (in-process):
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ from fedsim.scenario import Scenario
 from fedsim.solvers import SGD
 
 __all__ = ["Task", "Worker", "assign_lpt"]
+
+_log = logging.getLogger(__name__)
 
 Payload = dict[str, torch.Tensor]
 
@@ -130,16 +133,22 @@ class Worker:
         self.weights = data.weights
         self.num_clients = data.num_clients
         self.total_weight = float(np.sum(data.weights))
-        # Many clients at once (fedsim.vectorized) where the model, solver
-        # and algorithm allow it; decided here, once.
+        # Many clients at once (fedsim.batched) where the model, solver
+        # and algorithm allow it; decided here, once, and said once if not.
         self._train_group = self._sequential
         self.batched = False
         if scenario.resources.vectorize:
-            from fedsim.vectorized import supports, train_vectorized
+            from fedsim.batched import train_batched, why_not_batched
 
-            if supports(self):
-                self._train_group = partial(train_vectorized, self)
+            reason = why_not_batched(self)
+            if reason is None:
+                self._train_group = partial(train_batched, self)
                 self.batched = True
+            else:
+                _log.warning(
+                    "resources.vectorize: %s; training clients one at a time",
+                    reason,
+                )
 
     def pid(self) -> int:
         return os.getpid()

@@ -1,7 +1,7 @@
 """The executor contract: the same tasks give the same updates whichever
 executor trains them (in-process, Ray with one or two actors), in task
 order, with tasks from several versions in one call and per-client state
-travelling with the task; the batched (vectorised) worker agrees within
+travelling with the task; the batched worker (fedsim.batched) agrees within
 float tolerance."""
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ def setup(*overrides: str):
     x0 = server.payload()
     x1 = {k: v + 0.01 for k, v in x0.items()}
     states = server.client_states([t.client for t in TASKS])
-    if sc.algorithm.stateful:  # a client that has trained before: nonzero state
+    if sc.algorithm.stateful:  # clients that have trained before: nonzero state
         states[7] = {"c": torch.full_like(x0["x"], 0.003)}
+        states[3] = {"c": torch.full_like(x0["x"], -0.002)}
     return sc, data, {0: x0, 1: x1}, states
 
 
@@ -51,6 +52,10 @@ def check_same(a, b, exact=True):
                 assert torch.equal(ua.extras[k], ub.extras[k])
         else:
             torch.testing.assert_close(ub.delta, ua.delta, rtol=1e-4, atol=1e-6)
+            for k in ua.extras:  # e.g. SCAFFOLD's dc = delta / (lr K) terms
+                torch.testing.assert_close(
+                    ub.extras[k], ua.extras[k], rtol=1e-4, atol=1e-5
+                )
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
@@ -67,10 +72,13 @@ def test_in_process_results_are_per_task_and_repeat(algorithm):
         [Task(7, 2, 9, version=0)], payloads, states)[0].delta)  # fmt: skip
 
 
-def test_the_batched_worker_matches_within_float_tolerance():
-    sc, data, payloads, states = setup()
+@pytest.mark.parametrize("algorithm", ["fednova", "scaffold"])
+def test_the_batched_worker_matches_within_float_tolerance(algorithm):
+    sc, data, payloads, states = setup(f"algorithm={{name: {algorithm}}}")
     plain = make_executor(sc, data, workers=0).train(TASKS, payloads, states)
-    scb, datab, _, _ = setup("resources.vectorize=true")
+    scb, datab, _, _ = setup(
+        f"algorithm={{name: {algorithm}}}", "resources.vectorize=true"
+    )
     batched = make_executor(scb, datab, workers=0)
     assert batched.worker.batched
     check_same(plain, batched.train(TASKS, payloads, states), exact=False)

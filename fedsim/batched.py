@@ -1,0 +1,347 @@
+"""Batched local training: the K clients of a round trained together.
+
+A local step of a small model costs less than the Python and dispatch
+overhead around it, so training clients one after another leaves the
+machine idle (a GPU most of all). Here the clients a worker was given for one
+round train *together*: their parameters are stacked into one ``[K, d]``
+tensor, and each local step is one call of ``torch.func.vmap`` over
+``torch.func.grad`` of a per-client loss (``functional_call`` of the worker's
+own model on the client's slice of the stack), followed by the solver step
+on the whole stack.
+
+What stays exactly as in the sequential loop (:mod:`fedsim.workers`):
+
+- each client's minibatches come from its own generator
+  (:mod:`fedsim.minibatches`), so it sees the same rows in the same order;
+- a client stops after its own tau_i steps: step s trains only the clients
+  with tau_i > s (the others are left out of that step, not masked to 0);
+- clients with fewer rows than a batch use all their rows every step; the
+  padding rows of the stack carry weight 0 in the mean loss;
+- the algorithm's hooks: ``start_client`` and ``client_finish`` run per
+  client; ``grad_hook`` runs on the stack for the control-variate family
+  (SCAFFOLD, FedNova-VR: + (c - c_i); FedDyn, FedDC: + alpha_i (theta -
+  anchor_i) (+ r_i)), and per client (on row views) for any other hook.
+
+Results equal sequential training within float tolerance (reductions are
+batched differently; in float64 to about 1e-12), which
+``tests/test_batched.py`` checks for every model, solver and algorithm it
+supports. The grouping of clients changes the last bits, so a batched run is
+not bit-identical across worker counts (it is within float tolerance).
+
+Not batched (the worker says why once, at build, and trains sequentially):
+algorithms with their own local procedure (``client_train``: FedDM),
+models with BatchNorm (running statistics), recurrent models (``lstm``) on a
+GPU (the cuDNN RNN kernels have no ``vmap`` rule; on the CPU ``lstm`` is
+batched), and solvers other than sgd, momentum, prox and decay. The scenario
+opts in with ``resources.vectorize: true``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from fedsim.algorithms.base import Algorithm, ClientContext, ClientState, ClientUpdate
+from fedsim.algorithms.control import ControlVariates
+from fedsim.algorithms.feddyn import FedDyn
+from fedsim.minibatches import batches, client_seed
+from fedsim.models import QuadraticModel
+from fedsim.solvers import SGD, Decay, Momentum, Prox, SolverState
+
+if TYPE_CHECKING:
+    from fedsim.workers import Task, Worker
+
+__all__ = ["train_batched", "why_not_batched"]
+
+_SOLVERS = (SGD, Momentum, Prox, Decay)
+# A stacked gradient hook: (n, the first n rows' parameters, their gradients).
+Hook = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
+def why_not_batched(worker: Worker) -> str | None:
+    """Why this worker cannot train its clients together (None: it can)."""
+    algo, model = worker.algorithm, worker.model
+    if algo.client_train is not None:
+        return f"algorithm {algo.name!r} trains its clients with its own procedure"
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return "the model has BatchNorm layers (running statistics)"
+    recurrent = any(isinstance(m, nn.RNNBase) for m in model.modules())
+    if recurrent and worker.device.type != "cpu":  # cuDNN RNNs: no vmap rule
+        return f"model {worker.scenario.model.name!r} is recurrent, on a GPU"
+    if type(worker.solver) not in _SOLVERS:
+        return f"solver {type(worker.solver).__name__} has no batched step"
+    return None
+
+
+def train_batched(
+    worker: Worker,
+    payload: dict[str, torch.Tensor],
+    tasks: Sequence[Task],
+    states: Mapping[int, ClientState],
+) -> list[ClientUpdate]:
+    """A worker's tasks (one payload), in task order: the tasks of each round
+    (one learning rate) together, a task alone through the sequential loop."""
+    out: dict[int, ClientUpdate] = {}
+    for r in sorted({t.round for t in tasks}):
+        idx = [j for j, t in enumerate(tasks) if t.round == r]
+        group = [tasks[j] for j in idx]
+        if len(group) == 1:
+            ups = worker._sequential(payload, group, states)
+        else:
+            ups = _train_together(worker, payload, group, states)
+        out.update(zip(idx, ups, strict=True))
+    return [out[j] for j in range(len(tasks))]
+
+
+def _batch_indices(
+    worker: Worker, tasks: Sequence[Task], steps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[K, steps, B] absolute row indices and [K, steps, B] row weights (0:
+    padding), from each client's own generator, as the sequential loop."""
+    batch = worker.scenario.client.batch_size
+    idx = torch.zeros((len(tasks), steps, batch), dtype=torch.long)
+    wts = torch.zeros((len(tasks), steps, batch), dtype=worker.theta.dtype)
+    for j, t in enumerate(tasks):
+        if t.tau == 0:
+            continue
+        lo, hi = worker.offsets[t.client], worker.offsets[t.client + 1]
+        n = hi - lo
+        if n <= batch:  # every step uses every row, padded with weight 0
+            idx[j, : t.tau, :n] = torch.arange(lo, hi)
+            wts[j, : t.tau, :n] = 1.0
+            continue
+        seed = client_seed(worker.scenario.seed, t.round, t.client)
+        it = batches(n, batch, torch.Generator().manual_seed(seed))
+        rows = [next(it) for _ in range(t.tau)]  # never None: n > batch
+        idx[j, : t.tau] = torch.stack(rows) + lo  # type: ignore[arg-type]
+        wts[j, : t.tau] = 1.0
+    dev = worker.device
+    return idx.to(dev), wts.to(dev)
+
+
+def _grad_fn(model: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """``f(theta [K, d], x [K, B, ...], y [K, B], w [K, B], count [K])`` ->
+    (gradients [K, d], losses [K]) of each client's weighted mean loss."""
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [p.shape for _, p in model.named_parameters()]
+    sizes = [p.numel() for _, p in model.named_parameters()]
+    quadratic = isinstance(model, QuadraticModel)
+
+    def loss(
+        theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, n: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = theta.split(sizes)
+        params = {k: v.view(s) for k, v, s in zip(names, parts, shapes, strict=True)}
+        if quadratic:  # the batch holds centres and curvatures
+            per = functional_call(model, params, (x, y))
+        else:
+            logits = functional_call(model, params, (x,))
+            per = F.cross_entropy(logits, y, reduction="none")
+        value = (per * w).sum() / n
+        return value, value.detach()
+
+    return vmap(grad(loss, has_aux=True))  # type: ignore[no-any-return]
+
+
+def _dense_layers(model: nn.Module) -> list[nn.Linear] | None:
+    """The Linear layers of a ``Flatten / Linear / ReLU`` stack (logreg, mlp),
+    ReLU between each two; None for any other model."""
+    if not isinstance(model, nn.Sequential):
+        return None
+    kinds = [type(m) for m in model]
+    linears = [m for m in model if isinstance(m, nn.Linear)]
+    body = [k for k in kinds if k is not nn.Flatten]
+    expected = [nn.Linear, nn.ReLU] * (len(linears) - 1) + [nn.Linear]
+    return linears if linears and body == expected else None
+
+
+def _dense_grad_fn(
+    layers: list[nn.Linear],
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`_grad_fn` for a dense stack, without ``torch.func`` or autograd.
+
+    For small dense models the per-call cost of ``vmap`` and autograd
+    exceeds the arithmetic, so the forward pass is written with batched
+    matrix products (``baddbmm``, each client its own slice of theta) and
+    the backward pass by hand: with z_l = h_{l-1} W_l^T + b_l and
+    h_l = relu(z_l), the weighted mean cross-entropy gives
+    dz_L = (softmax(z_L) - onehot(y)) w / count, and for each layer
+    grad W_l = dz_l^T h_{l-1}, grad b_l = sum_rows dz_l,
+    dz_{l-1} = (dz_l W_l) * [z_{l-1} > 0].
+    """
+
+    def grad_fn(theta, x, y, w, count):  # type: ignore[no-untyped-def]
+        k = theta.shape[0]
+        h = x.reshape(k, x.shape[1], -1)
+        offset, weights, inputs = 0, [], []
+        for i, layer in enumerate(layers):
+            if i:
+                h = torch.relu(h)
+            n_w = layer.out_features * layer.in_features
+            wl = theta[:, offset : offset + n_w].view(k, layer.out_features, -1)
+            b = theta[:, offset + n_w : offset + n_w + layer.out_features]
+            offset += n_w + layer.out_features
+            weights.append(wl)
+            inputs.append(h)
+            h = torch.baddbmm(b.unsqueeze(1), h, wl.transpose(1, 2))
+        logp = torch.log_softmax(h, dim=2)
+        nll = -logp.gather(2, y.unsqueeze(2)).squeeze(2)
+        dz = logp.exp()
+        dz.scatter_add_(2, y.unsqueeze(2), -torch.ones_like(dz[..., :1]))
+        dz.mul_((w / count.unsqueeze(1)).unsqueeze(2))
+        grads: list[torch.Tensor] = []
+        for i in range(len(layers) - 1, -1, -1):
+            a = inputs[i]
+            grads[:0] = [torch.bmm(dz.transpose(1, 2), a).flatten(1), dz.sum(1)]
+            if i:  # a = relu(z_{i-1}): its gradient passes where a > 0
+                dz = torch.bmm(dz, weights[i]).mul_(a > 0)
+        return torch.cat(grads, dim=1), (nll * w).sum(dim=1) / count
+
+    return grad_fn
+
+
+def _stacked_hook(algo: Algorithm, clients: Sequence[ClientContext]) -> Hook | None:
+    """The algorithm's ``grad_hook`` for rows of the stack (None: no hook)."""
+    kind = type(algo).grad_hook
+    if kind is Algorithm.grad_hook:
+        return None
+    if kind is ControlVariates.grad_hook:  # + (c - c_i)
+        corr = torch.stack([c.local for c in clients])
+
+        def control(n: int, theta: torch.Tensor, g: torch.Tensor) -> None:
+            g.add_(corr[:n])
+
+        return control
+    if kind is FedDyn.grad_hook:  # + alpha_i (theta - anchor_i) (+ r_i)
+        ctx = [c.local for c in clients]
+        anchor = torch.stack([c.anchor for c in ctx])
+        alpha = torch.tensor([c.alpha_i for c in ctx], dtype=anchor.dtype)
+        alpha = alpha.to(anchor.device).unsqueeze(1)
+        has_r = ctx[0].correction is not None
+        r = torch.stack([c.correction for c in ctx]) if has_r else None
+
+        def dyn(n: int, theta: torch.Tensor, g: torch.Tensor) -> None:
+            g.add_(alpha[:n] * (theta - anchor[:n]))
+            if r is not None:
+                g.add_(r[:n])
+
+        return dyn
+
+    def each(n: int, theta: torch.Tensor, g: torch.Tensor) -> None:
+        for j in range(n):  # row views: in-place hooks work
+            algo.grad_hook(theta[j], g[j], clients[j])
+
+    return each
+
+
+def _solver_step(
+    solver: SGD,
+    s: int,
+    theta: torch.Tensor,
+    g: torch.Tensor,
+    x0: torch.Tensor,
+    buf: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Step ``s`` of the solver on rows of the stack (the solvers' rules in
+    :mod:`fedsim.solvers`); returns the new rows and momentum buffer rows."""
+    d = g.add(theta, alpha=solver.weight_decay) if solver.weight_decay else g
+    lr = solver.lr
+    if isinstance(solver, Momentum):
+        assert buf is not None
+        d = buf.mul(solver.rho).add_(d)  # buf is 0 before the first step
+        buf = d
+    elif isinstance(solver, Prox) and solver.mu:
+        d = d + solver.mu * (theta - x0)
+    elif isinstance(solver, Decay):
+        lr = lr * solver.gamma**s
+    return theta.add(d, alpha=-lr), buf
+
+
+def _train_together(
+    worker: Worker,
+    payload: dict[str, torch.Tensor],
+    tasks: Sequence[Task],
+    states: Mapping[int, ClientState],
+) -> list[ClientUpdate]:
+    """Train every task's client (one round, one payload) at once.
+
+    The clients are stacked longest tau first, so the clients still training
+    at step s are the first n_s rows: a slice (a view), no index tensors and
+    no host synchronisation inside the loop.
+    """
+    order = sorted(range(len(tasks)), key=lambda j: -tasks[j].tau)  # stable
+    tasks = [tasks[j] for j in order]
+    dev = worker.device
+    payload = {k: v.to(dev) for k, v in payload.items()}
+    x_global = payload["x"]
+    algo, solver = worker.algorithm, worker.solver_for(tasks[0].round)
+    clients = [
+        algo.start_client(
+            worker.client_info(t.client),
+            payload,
+            {k: v.to(dev) for k, v in states.get(t.client, {}).items()},
+        )
+        for t in tasks
+    ]
+    hook = _stacked_hook(algo, clients)
+    idx, wts = _batch_indices(worker, tasks, tasks[0].tau)
+    counts = wts.sum(dim=2).clamp(min=1.0)  # [K, steps] real rows per batch
+    theta = x_global.unsqueeze(0).repeat(len(tasks), 1)
+    buf = torch.zeros_like(theta) if isinstance(solver, Momentum) else None
+    loss_sum = torch.zeros(len(tasks), dtype=torch.float64, device=dev)
+    layers = _dense_layers(worker.model)
+    grad_fn = _grad_fn(worker.model) if layers is None else _dense_grad_fn(layers)
+    for s in range(tasks[0].tau):
+        n = sum(t.tau > s for t in tasks)  # clients still training
+        rows, th = idx[:n, s], theta[:n]
+        g, loss = grad_fn(th, worker.x[rows], worker.y[rows], wts[:n, s], counts[:n, s])
+        if hook is not None:
+            hook(n, th, g)
+        new, b = _solver_step(
+            solver, s, th, g, x_global, None if buf is None else buf[:n]
+        )
+        th.copy_(new)
+        if buf is not None and b is not None:
+            buf[:n] = b
+        loss_sum[:n] += loss.double()
+    ups = [
+        _finish(worker, solver, clients[j], t, theta[j] - x_global, float(loss_sum[j]))
+        for j, t in enumerate(tasks)
+    ]
+    back = {j: u for j, u in zip(order, ups, strict=True)}  # task order again
+    return [back[j] for j in range(len(order))]
+
+
+def _finish(
+    worker: Worker,
+    solver: SGD,
+    client: ClientContext,
+    task: Task,
+    delta: torch.Tensor,
+    loss_sum: float,
+) -> ClientUpdate:
+    """One client's update after its steps: ``client_finish`` as in the
+    sequential loop (||a_i||_1 from the solver's closed form)."""
+    x0 = client.payload["x"]
+    done = SolverState(
+        x0=x0, lr=solver.lr, steps=task.tau, norm_a=solver.norm_a(task.tau)
+    )
+    extras, new_state = worker.algorithm.client_finish(delta, done, client)
+    cpu = torch.device("cpu")
+    return ClientUpdate(
+        client=task.client,
+        delta=delta.to(cpu),
+        weight=float(worker.weights[task.client]),
+        tau=task.tau,
+        norm_a=done.norm_a,
+        train_loss=loss_sum / max(task.tau, 1),
+        extras={k: v.to(cpu) for k, v in extras.items()},
+        new_state=None
+        if new_state is None
+        else {k: v.to(cpu) for k, v in new_state.items()},
+    )
