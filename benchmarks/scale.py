@@ -5,7 +5,7 @@
 Prints the time to build the fleet, its memory, the time the selector and the
 SimPy clock take for one round (the simulation's own cost, without training),
 and, with --end-to-end, the wall time of `scenarios/stress/million-devices.yaml`
-run in-process with the vectorized executor.
+run in-process with the batched executor (fedsim/batched.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ asynchronous batch several. Both modes, and every test, go through the same
   and each actor receives only its own share of the client states.
 
 Whether a worker trains its clients one after another or many at once
-(``resources.vectorize``, :mod:`fedsim.vectorized`) is decided when the worker
+(``resources.vectorize``, :mod:`fedsim.batched`) is decided when the worker
 is built; the executor does not know. Results do not depend on the executor
 (nor on the number of actors): a client's update is a pure function of its
 payload, task and state (``tests/test_executors.py``).

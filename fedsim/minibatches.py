@@ -1,6 +1,6 @@
 """A client's randomness and minibatches: the one definition every way of
 training uses (one client after another in :mod:`fedsim.workers`, many at
-once in :mod:`fedsim.vectorized`), so both see the same batches."""
+once in :mod:`fedsim.batched`), so both see the same batches."""
 
 from __future__ import annotations
 
