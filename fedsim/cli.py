@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -22,7 +22,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedsim import __version__
-from fedsim.scenario import Scenario, ScenarioError, dump_scenario, load_scenario
+
+# fedsim.scenario (every plug-in, numpy, pydantic schemas) is imported by the
+# commands that read a scenario, so that `fedsim --help` starts at once.
+if TYPE_CHECKING:
+    from fedsim.scenario import Scenario
 
 app = typer.Typer(
     add_completion=False,
@@ -182,6 +186,7 @@ def run(
         _fail("missing SCENARIO (a YAML file), or --resume RUN_DIR")
     from fedsim.preflight import preflight
     from fedsim.results import default_run_dir
+    from fedsim.scenario import ScenarioError, load_scenario
 
     try:
         sc = load_scenario(scenario, overrides)
@@ -209,6 +214,7 @@ def _prepare_run_dir(
     progress bar starts (round, simulated time)."""
     from fedsim.checkpoint import CheckpointError, check_fingerprint, latest_checkpoint
     from fedsim.results import atomic_write_bytes, prepare_run_dir
+    from fedsim.scenario import dump_scenario
 
     if resume is None:
         _check_out(run_dir, scenario, overwrite)
@@ -317,6 +323,7 @@ def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> in
     from fedsim.executors import resolve_workers
     from fedsim.preflight import check_address, check_ray_resources
     from fedsim.ray_session import init_ray
+    from fedsim.scenario import ScenarioError
 
     try:
         if address:
@@ -455,6 +462,7 @@ def validate(
 ) -> None:
     """Check a scenario file and print what it resolves to."""
     from fedsim.preflight import preflight
+    from fedsim.scenario import ScenarioError, dump_scenario, load_scenario
 
     try:
         sc = load_scenario(scenario, list(set_ or []))
@@ -517,6 +525,7 @@ def stress(
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots)."""
     from fedsim.compare import split_algorithms
+    from fedsim.scenario import ScenarioError
     from fedsim.stress import run_stress
 
     grid = _sweep_grid(sweep)
@@ -580,6 +589,7 @@ def compare(
     from fedsim.compare import compare as run_compare
     from fedsim.compare import split_algorithms
     from fedsim.results import default_run_dir, prepare_run_dir
+    from fedsim.scenario import ScenarioError, load_scenario
 
     overrides = list(set_ or [])
     try:
@@ -631,6 +641,7 @@ def compare(
 
 def _sweep_grid(sweep: list[str]) -> dict[str, list[Any]]:
     """``--sweep PATH=v1,v2`` options as {path: values}."""
+    from fedsim.scenario import ScenarioError
     from fedsim.stress import parse_sweep
 
     grid: dict[str, list[Any]] = {}
