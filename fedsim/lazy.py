@@ -36,14 +36,17 @@ __all__ = ["LazyModule", "lazy_import", "lazy_function"]
 class LazyModule(types.ModuleType):
     """A stand-in for the module ``name``: reading an attribute imports it.
 
-    Every read goes to the real module (nothing is copied), so a test that
-    patches the real module sees its patch here too; after the first read an
-    attribute costs one dictionary look-up more than a plain import.
+    Each attribute read is kept here, so from the second read on it costs a
+    plain module look-up (training loops read ``torch.*`` often). The flip
+    side: rebinding an attribute of the real module (``torch.foo = ...``)
+    after the stand-in has read it is not seen here.
     """
 
     def __getattr__(self, attr: str) -> Any:
-        # only called for names this stand-in lacks, i.e. all but ModuleType's own
-        return getattr(importlib.import_module(self.__name__), attr)
+        # only called for names not yet kept here (and not ModuleType's own)
+        value = getattr(importlib.import_module(self.__name__), attr)
+        self.__dict__[attr] = value
+        return value
 
     def __repr__(self) -> str:
         return f"<lazy module {self.__name__!r}>"
