@@ -194,3 +194,27 @@ def test_an_image_too_small_for_the_network_is_one_line():
     msg = str(exc.value)
     assert "\n" not in msg
     assert msg.startswith("model.name 'cifar_cnn': 1x8x8 images are too small")
+
+
+# ------------------------------------------------------------------ fedsim.lazy
+def test_lazy_import_imports_on_the_first_attribute_read():
+    from fedsim.lazy import lazy_import
+
+    # Prepare: a stand-in for a module that does not exist costs nothing...
+    missing = lazy_import("fedsim_no_such_module")
+    # Execute / Assert: ...until an attribute is read
+    with pytest.raises(ModuleNotFoundError):
+        missing.anything  # noqa: B018 - the read is the test
+    real = lazy_import("json")
+    assert real.dumps([1]) == "[1]"
+    assert real.dumps is json.dumps  # the real function, kept after one read
+
+
+def test_lazy_function_calls_the_real_function():
+    from fedsim.lazy import lazy_function
+
+    dumps = lazy_function("json", "dumps")
+    assert dumps({"a": 1}, sort_keys=True) == json.dumps({"a": 1})
+    broken = lazy_function("fedsim_no_such_module", "f")  # nothing imported yet
+    with pytest.raises(ModuleNotFoundError):
+        broken()
