@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -22,7 +23,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedsim import __version__
-from fedsim.scenario import Scenario, ScenarioError, dump_scenario, load_scenario
+
+# fedsim.scenario (every plug-in, numpy, pydantic schemas) is imported by the
+# commands that read a scenario, so that `fedsim --help` starts at once.
+if TYPE_CHECKING:
+    from fedsim.scenario import Scenario
 
 app = typer.Typer(
     add_completion=False,
@@ -188,6 +193,7 @@ def run(
         _fail("missing SCENARIO (a YAML file), or --resume RUN_DIR")
     from fedsim.preflight import preflight
     from fedsim.results import default_run_dir
+    from fedsim.scenario import ScenarioError
 
     _expect_dir(out_dir, "--out", "a run directory")
     sc = _load(scenario, overrides, seed)
@@ -222,7 +228,26 @@ def _seed(text: str) -> int:
 
 def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scenario:
     """load_scenario, with a problem that comes from a ``--set`` (or
-    ``--seed``) value reported at that option rather than at the file."""
+    ``--seed``) value reported at that option rather than at the file, and
+    the scenario's own warnings (FedDM's iterations cut short by the
+    window) printed as one ``warning:`` line each."""
+    from fedsim.scenario import FedDMClockWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FedDMClockWarning)
+        sc = _load_blamed(scenario, overrides, seed)
+    for w in caught:
+        if issubclass(w.category, FedDMClockWarning):
+            _say("[yellow]warning:[/]", str(w.message))
+        else:  # not ours: as Python would have shown it
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return sc
+
+
+def _load_blamed(scenario: Path, overrides: list[str], seed: str | None) -> Scenario:
+    """:func:`_load` without the warnings."""
+    from fedsim.scenario import ScenarioError, load_scenario
+
     try:
         return load_scenario(scenario, overrides)
     except ScenarioError as exc:
@@ -291,6 +316,7 @@ def _prepare_run_dir(
     progress bar starts (round, simulated time)."""
     from fedsim.checkpoint import CheckpointError, check_fingerprint, latest_checkpoint
     from fedsim.results import atomic_write_bytes, prepare_run_dir
+    from fedsim.scenario import dump_scenario
 
     if resume is None:
         _check_out(run_dir, scenario, overwrite)
@@ -399,6 +425,7 @@ def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> in
     from fedsim.executors import resolve_workers
     from fedsim.preflight import check_address, check_ray_resources
     from fedsim.ray_session import init_ray
+    from fedsim.scenario import ScenarioError
 
     try:
         if address:
@@ -545,6 +572,7 @@ def validate(
 ) -> None:
     """Check a scenario file and print what it resolves to."""
     from fedsim.preflight import preflight
+    from fedsim.scenario import ScenarioError
 
     sc = _load(scenario, list(set_ or []))
     try:
@@ -708,6 +736,7 @@ def stress(
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots)."""
     from fedsim.compare import split_algorithms
+    from fedsim.scenario import ScenarioError
     from fedsim.stress import run_stress
 
     _expect_dir(out_dir, "--out", "an output folder")
@@ -772,6 +801,7 @@ def compare(
     from fedsim.compare import compare as run_compare
     from fedsim.compare import split_algorithms
     from fedsim.results import default_run_dir, prepare_run_dir
+    from fedsim.scenario import ScenarioError
 
     overrides = list(set_ or [])
     _expect_dir(out_dir, "--out", "an output folder")
@@ -821,6 +851,7 @@ def compare(
 
 def _sweep_grid(sweep: list[str]) -> dict[str, list[Any]]:
     """``--sweep PATH=v1,v2`` options as {path: values}."""
+    from fedsim.scenario import ScenarioError
     from fedsim.stress import parse_sweep
 
     grid: dict[str, list[Any]] = {}

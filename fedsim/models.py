@@ -38,15 +38,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
-from fedsim.spec import Spec
+# ModelSpec lives with the other specs, so that validating a scenario does not
+# import torch; it is re-exported here, next to the networks it names.
+from fedsim.spec import ModelSpec
 
 _MODEL_INIT_TAG = 0x1A17
 
@@ -60,47 +60,6 @@ __all__ = [
     "batch_loss",
     "evaluate",
 ]
-
-Width = Annotated[int, Field(ge=1, le=65536)]
-
-
-class ModelSpec(Spec):
-    """Which network to train (see the table in :mod:`fedsim.models`).
-
-    Attributes:
-        name: the network.
-        hidden: ``mlp`` hidden widths.
-        norm_groups: GroupNorm groups per layer of ``vgg11`` and ``resnet18``
-            (2, as in Hsieh et al. 2020 and the FedDC code's ResNet).
-        width, depth: ``convnet`` channels and blocks (FedDM: 128, 3).
-        embed_dim, lstm_hidden, lstm_layers: ``lstm`` sizes (LEAF: 8, 256, 2).
-        dtype: float64 is for exact checks on small problems.
-    """
-
-    name: Literal[
-        "logreg",
-        "mlp",
-        "quadratic",
-        "cnn",
-        "cifar_cnn",
-        "vgg11",
-        "resnet18",
-        "convnet",
-        "lstm",
-    ] = "logreg"
-    hidden: list[Width] = [200, 200]
-    norm_groups: Width = 2
-    width: Width = 128
-    depth: Annotated[int, Field(ge=1, le=16)] = 3
-    embed_dim: Width = 8
-    lstm_hidden: Width = 256
-    lstm_layers: Annotated[int, Field(ge=1, le=16)] = 2
-    dtype: Literal["float32", "float64"] = "float32"
-
-    @property
-    def elem_bytes(self) -> int:
-        """Bytes per parameter (what a model vector costs to send or store)."""
-        return 8 if self.dtype == "float64" else 4
 
 
 class QuadraticModel(nn.Module):

@@ -15,9 +15,15 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+from fedsim.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:  # imported on first use: validating a scenario needs no torch
+    torch = lazy_import("torch")
 
 __all__ = [
     "flatten",

@@ -7,9 +7,9 @@ check here raises :class:`fedsim.scenario.ScenarioError` with one line naming
 the file (or command-line option) and the field, before minutes are spent
 building data or starting Ray.
 
-This module imports neither torch nor Ray when it is imported (the CLI's
-``validate`` must stay fast); only the parameter count of a convolutional
-network builds it, on PyTorch's ``meta`` device (shapes without memory).
+This module imports neither torch nor Ray (the CLI's ``validate`` must stay
+fast): parameter counts are closed formulas per network, checked against the
+real networks by tests/test_cli_startup.py.
 
 Example:
     >>> from fedsim.scenario import load_scenario
@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ __all__ = [
     "data_info",
     "check_model_data",
     "count_params",
+    "image_params",
     "estimate_memory",
     "check_memory",
     "check_numeric_ranges",
@@ -239,12 +241,101 @@ def check_model_data(scenario: Scenario, source: str = "<scenario>") -> None:
 
 
 # -------------------------------------------------------------- parameter counts
+def _conv(c_in: int, c_out: int, k: int, bias: bool = True) -> int:
+    """Parameters of a k x k convolution."""
+    return c_out * c_in * k * k + (c_out if bias else 0)
+
+
+def _dense_params(width: int, hidden: Sequence[int], classes: int) -> int:
+    """Linear layers ``width -> hidden... -> classes`` (fedsim.models._dense)."""
+    total = 0
+    for h in [*hidden, classes]:
+        total += width * h + h
+        width = h
+    return total
+
+
+def _resnet18_params(c: int, small: bool, classes: int) -> int:
+    """torchvision's ResNet-18 with GroupNorm (2 parameters per channel,
+    whatever its group count) and fedsim's stem: 3x3 for images of at most
+    32 px, else 7x7."""
+    total = _conv(c, 64, 3 if small else 7, bias=False) + 2 * 64
+    width = 64
+    for planes in (64, 128, 256, 512):
+        for block in range(2):
+            total += _conv(width, planes, 3, False) + _conv(planes, planes, 3, False)
+            total += 4 * planes  # two GroupNorms
+            if block == 0 and width != planes:  # stride-2 1x1 shortcut
+                total += _conv(width, planes, 1, False) + 2 * planes
+            width = planes
+    return total + 512 * classes + classes
+
+
+# A layer of an image network: a convolution (out channels, kernel, padding,
+# followed by a GroupNorm?) or a 2x2 pooling that halves the image.
+_Layer = tuple[int, int, int, bool] | str
+_POOL = "pool"
+_VGG11 = (64, _POOL, 128, _POOL, 256, 256, _POOL, 512, 512, _POOL, 512, 512, _POOL)
+
+
+def _image_layers(spec: Any, channels: int) -> tuple[list[_Layer], list[int]]:
+    """The convolutions and poolings of an image network of
+    :mod:`fedsim.models`, and its classifier's hidden widths."""
+    if spec.name == "cnn":
+        return [(32, 5, 2, False), _POOL, (64, 5, 2, False), _POOL], [512]
+    if spec.name == "cifar_cnn":
+        return [(64, 5, 0, False), _POOL, (64, 5, 0, False), _POOL], [384, 192]
+    if spec.name == "vgg11":
+        return [v if v == _POOL else (int(v), 3, 1, True) for v in _VGG11], [512, 512]
+    if spec.name == "convnet":
+        layers: list[_Layer] = []
+        for d in range(spec.depth):
+            pad = 3 if channels == 1 and d == 0 else 1  # grey 28x28 -> 32x32
+            layers += [(spec.width, 3, pad, True), _POOL]
+        return layers, []
+    raise ValueError(f"not an image network: {spec.name!r}")
+
+
+def image_params(spec: Any, image: tuple[int, int, int], classes: int) -> int:
+    """Parameters of an image network of :mod:`fedsim.models` on [C, H, W]
+    images, by formula: each convolution (weights and bias), each GroupNorm
+    (2 per channel), and the classifier on the flattened features, whose
+    size follows the image through the layers (a k x k convolution with
+    padding p adds 2p + 1 - k pixels, a pooling halves, rounding down).
+
+    Raises:
+        ScenarioError: the image shrinks to nothing inside the network.
+
+    >>> from fedsim.spec import ModelSpec
+    >>> image_params(ModelSpec(name="cnn"), (1, 28, 28), 10)   # FedAvg paper
+    1663370
+    """
+    c, h, w = image
+    if spec.name == "resnet18":
+        return _resnet18_params(c, max(h, w) <= 32, classes)
+    layers, hidden = _image_layers(spec, c)
+    total = 0
+    for layer in layers:
+        if isinstance(layer, str):
+            h, w = h // 2, w // 2
+        else:
+            out, k, pad, norm = layer
+            total += _conv(c, out, k) + (2 * out if norm else 0)
+            h, w, c = h + 2 * pad + 1 - k, w + 2 * pad + 1 - k, out
+        if min(h, w) < 1:
+            raise _error(
+                f"model.name {spec.name!r}: {image[0]}x{image[1]}x{image[2]} "
+                "images are too small for it (a layer's output would be empty)"
+            )
+    return total + _dense_params(c * h * w, hidden, classes)
+
+
 def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None:
     """Trainable parameters of the scenario's model; None where the data's
     shape or classes are only known once it is built.
 
-    ``logreg``, ``mlp``, ``lstm`` and ``quadratic`` are counted by formula;
-    image networks are built on PyTorch's ``meta`` device (no memory).
+    Every network is counted by formula (no torch); tests/test_cli_startup.py
+    checks each formula against the network :mod:`fedsim.models` builds.
 
     >>> from fedsim.scenario import load_scenario
     >>> count_params(load_scenario("scenarios/quickstart.yaml"))   # 60 x 10 + 10
@@ -263,11 +354,7 @@ def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None
     if spec.name == "logreg":
         return dim * classes + classes
     if spec.name == "mlp":
-        total, width = 0, dim
-        for h in spec.hidden:
-            total += width * h + h
-            width = h
-        return total + width * classes + classes
+        return _dense_params(dim, spec.hidden, classes)
     if spec.name == "lstm":
         h, total, width = spec.lstm_hidden, classes * spec.embed_dim, spec.embed_dim
         for _ in range(spec.lstm_layers):
@@ -277,16 +364,7 @@ def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None
     image = _as_image(info)
     if image is None:
         return None
-    import torch
-
-    from fedsim.models import build_model
-
-    try:
-        with torch.device("meta"):
-            net = build_model(spec, dim, classes, seed=0, input_shape=image)
-    except (ValueError, RuntimeError) as exc:
-        raise _error(f"model.name {spec.name!r}: {exc}") from None
-    return sum(p.numel() for p in net.parameters())
+    return image_params(spec, image, classes)
 
 
 # ------------------------------------------------------------------------ memory

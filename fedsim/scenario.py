@@ -41,10 +41,9 @@ from fedsim.fleet import (
     SpeedSpec,
     StragglerSpec,
 )
-from fedsim.models import ModelSpec
 from fedsim.selectors import REGISTRY as SELECTORS
 from fedsim.selectors.uniform import Uniform
-from fedsim.spec import NonNegFloat, PosFloat
+from fedsim.spec import ModelSpec, NonNegFloat, PosFloat
 from fedsim.spec import Spec as _Spec
 
 if TYPE_CHECKING:

@@ -217,3 +217,27 @@ def test_epoch_ranges_and_async_are_refused_for_feddm():
     over = ["algorithm={name: feddm}", "round={policy: async}"]
     with pytest.raises(ScenarioError, match="asynchronous server rule"):
         load_scenario(TINY, over)
+
+
+def test_validate_prints_the_window_warning_as_one_line():
+    # The warning reaches the user as fedsim's own one-line "warning:", not
+    # as Python's "file.py:NNN: FedDMClockWarning" with a source line
+    import subprocess
+    import sys
+
+    over = [
+        "--set",
+        "algorithm={name: feddm, iteration_cost: 1.0}",
+        "--set",
+        "round={policy: fixed_window, window_s: 10, max_steps: 100}",
+    ]
+    p = subprocess.run(
+        [sys.executable, "-m", "fedsim", "validate", str(TINY), *over],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "algorithm.iterations" in ln]
+    assert len(lines) == 1 and lines[0].startswith("warning: ")
+    assert "FedDMClockWarning" not in p.stderr

@@ -76,14 +76,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
-import torch
-
+from fedsim.lazy import lazy_function, lazy_import
 from fedsim.params import chi2
-from fedsim.solvers import SGD, SolverState, make_solver
 from fedsim.spec import PLUGIN_CONFIG, PosFloat
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported when an algorithm first runs
+    import torch
+
     from fedsim.scenario import ClientSpec
+    from fedsim.solvers import SGD, SolverState, make_solver
+else:
+    torch = lazy_import("torch")
+    make_solver = lazy_function("fedsim.solvers", "make_solver")
 
 __all__ = [
     "AggregateInfo",
@@ -102,11 +106,12 @@ __all__ = [
     "skip_empty_rounds",
 ]
 
-ServerState = dict[str, torch.Tensor]
-ClientState = dict[str, torch.Tensor]
+# (strings: torch.Tensor would import torch when this module is imported)
+ServerState = dict[str, "torch.Tensor"]
+ClientState = dict[str, "torch.Tensor"]
 # What client_finish returns: the extras to upload and the client's new
 # persistent state (None: unchanged).
-ClientResult = tuple[dict[str, torch.Tensor], ClientState | None]
+ClientResult = tuple[dict[str, "torch.Tensor"], ClientState | None]
 
 
 @dataclass(frozen=True)

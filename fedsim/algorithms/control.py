@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from fedsim.algorithms.base import (
     Algorithm,
@@ -24,8 +22,16 @@ from fedsim.algorithms.base import (
     ClientUpdate,
     ServerState,
 )
+from fedsim.lazy import lazy_function, lazy_import
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState, normalized_gradient
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.solvers import SolverState, normalized_gradient
+else:  # imported on first use: validating a scenario needs no torch
+    torch = lazy_import("torch")
+    normalized_gradient = lazy_function("fedsim.solvers", "normalized_gradient")
 
 __all__ = ["ControlVariates", "control_aggregate", "control_step", "control_update"]
 

@@ -46,9 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
-
-import torch
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -61,8 +59,15 @@ from fedsim.algorithms.base import (
 )
 from fedsim.algorithms.control import control_aggregate, control_step
 from fedsim.algorithms.feddyn import DynContext, FedDyn
+from fedsim.lazy import lazy_import
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.solvers import SolverState
+else:  # imported on first use: validating a scenario needs no torch
+    torch = lazy_import("torch")
 
 __all__ = ["FedDC"]
 

@@ -74,13 +74,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from pydantic import Field
-from torch import nn
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -94,7 +91,17 @@ from fedsim.algorithms.base import (
     meter_subset,
 )
 from fedsim.algorithms.weighting import updates_tau_eff
+from fedsim.lazy import lazy_import
 from fedsim.spec import NonNegFloat, PosFloat, PosInt
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+else:  # imported on first use: validating a scenario needs no torch
+    torch = lazy_import("torch")
+    F = lazy_import("torch.nn.functional")
+    nn = lazy_import("torch.nn")
 
 __all__ = [
     "FedDM",

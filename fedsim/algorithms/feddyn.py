@@ -44,9 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, NamedTuple
-
-import torch
+from typing import TYPE_CHECKING, ClassVar, Literal, NamedTuple
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -58,9 +56,16 @@ from fedsim.algorithms.base import (
     skip_empty_rounds,
 )
 from fedsim.algorithms.sampling import unweighted_meter
+from fedsim.lazy import lazy_import
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState
 from fedsim.spec import NonNegFloat
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.solvers import SolverState
+else:  # imported on first use: validating a scenario needs no torch
+    torch = lazy_import("torch")
 
 __all__ = ["FedDyn", "DynContext"]
 

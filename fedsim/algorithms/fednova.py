@@ -42,9 +42,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import torch
 from pydantic import Field
 
 from fedsim.algorithms.base import (
@@ -66,9 +65,16 @@ from fedsim.algorithms.weighting import (
     updates_tau_eff,
     uploaded_lr,
 )
+from fedsim.lazy import lazy_import
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState
 from fedsim.spec import PosFloat
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.solvers import SolverState
+else:  # imported on first use: validating a scenario needs no torch
+    torch = lazy_import("torch")
 
 __all__ = ["FedNova"]
 

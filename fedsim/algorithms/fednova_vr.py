@@ -27,9 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -44,7 +42,14 @@ from fedsim.algorithms.control import (
     control_step,
 )
 from fedsim.algorithms.fednova import FedNova
-from fedsim.solvers import SolverState
+from fedsim.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.solvers import SolverState
+else:  # imported on first use: validating a scenario needs no torch
+    torch = lazy_import("torch")
 
 __all__ = ["FedNovaVR"]
 

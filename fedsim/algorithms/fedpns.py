@@ -52,9 +52,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -69,9 +67,17 @@ from fedsim.algorithms.base import (
     meter_subset,
 )
 from fedsim.algorithms.weighting import lr_upload, updates_tau_eff, uploaded_lr
+from fedsim.lazy import lazy_function, lazy_import
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState, average_gradient
 from fedsim.spec import PosInt, Prob
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.solvers import SolverState, average_gradient
+else:  # imported on first use: validating a scenario needs no torch
+    torch = lazy_import("torch")
+    average_gradient = lazy_function("fedsim.solvers", "average_gradient")
 
 __all__ = ["FedPNS", "expectation", "optimal_aggregation"]
 

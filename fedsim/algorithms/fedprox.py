@@ -17,11 +17,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from fedsim.algorithms.fedavg import FedAvg
-from fedsim.solvers import SGD, make_solver
+from fedsim.lazy import lazy_function
 from fedsim.spec import NonNegFloat
 
 if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
+    from fedsim.solvers import SGD, make_solver
+else:  # imported on first use: validating a scenario needs no torch
+    make_solver = lazy_function("fedsim.solvers", "make_solver")
 
 __all__ = ["FedProx"]
 

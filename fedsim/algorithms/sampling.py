@@ -47,10 +47,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
-import torch
 from numpy.typing import ArrayLike
 
 from fedsim.algorithms.base import (
@@ -64,7 +63,14 @@ from fedsim.algorithms.base import (
     meter,
 )
 from fedsim.algorithms.weighting import updates_tau_eff
-from fedsim.solvers import SolverState
+from fedsim.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.solvers import SolverState
+else:  # imported on first use: validating a scenario needs no torch
+    torch = lazy_import("torch")
 
 __all__ = [
     "WEIGHTINGS",

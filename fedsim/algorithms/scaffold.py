@@ -34,9 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -52,8 +50,15 @@ from fedsim.algorithms.control import (
     control_step,
 )
 from fedsim.algorithms.sampling import unweighted_meter
+from fedsim.lazy import lazy_import
 from fedsim.params import weighted_sum
-from fedsim.solvers import SolverState
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.solvers import SolverState
+else:  # imported on first use: validating a scenario needs no torch
+    torch = lazy_import("torch")
 
 __all__ = ["Scaffold"]
 

@@ -16,12 +16,17 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from fedsim.algorithms.base import ClientUpdate
-from fedsim.solvers import SolverState
+from fedsim.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedsim.solvers import SolverState
+else:  # imported on first use: validating a scenario needs no torch
+    torch = lazy_import("torch")
 
 __all__ = [
     "TauEff",

@@ -1,0 +1,220 @@
+"""``fedsim --help`` and ``fedsim validate`` start without torch, Ray or
+torchvision (issue 16, item 1), and the parameter-count formulas preflight
+uses instead of building the network agree with the networks themselves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from fedsim import preflight as pf
+from fedsim.scenario import ScenarioError, load_scenario
+from fedsim.spec import ModelSpec
+
+from .conftest import ROOT, SCENARIOS
+
+HEAVY = ("torch", "ray", "torchvision")
+ALL_SCENARIOS = sorted(SCENARIOS.rglob("*.yaml"))
+
+# Runs the CLI once per argument list in one fresh interpreter, then reports
+# each exit code and which heavy packages ended up in sys.modules.
+_PROBE = """
+import json, sys
+from fedsim.cli import main
+argvs, names = json.loads(sys.argv[1]), set(json.loads(sys.argv[2]))
+codes = []
+for argv in argvs:
+    sys.argv = ["fedsim", *argv]
+    try:
+        main()
+    except SystemExit as exc:
+        codes.append(exc.code)
+heavy = sorted({m.split(".")[0] for m in sys.modules} & names)
+print(json.dumps({"codes": codes, "heavy": heavy}))
+"""
+
+
+def probe(*argvs: list[str]) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(argvs), json.dumps(HEAVY)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------- imports at start
+def test_help_imports_neither_torch_nor_ray():
+    # Prepare / Execute
+    got = probe(["--help"])
+    # Assert
+    assert got == {"codes": [0], "heavy": []}
+
+
+def test_validate_quickstart_imports_neither_torch_nor_ray():
+    got = probe(["validate", "scenarios/quickstart.yaml"])
+    assert got == {"codes": [0], "heavy": []}
+
+
+def test_validating_every_shipped_scenario_imports_neither_torch_nor_ray():
+    # Prepare: every scenario, image networks included (preflight counts
+    # their parameters by formula, not by building them)
+    argvs = [["validate", str(p.relative_to(ROOT))] for p in ALL_SCENARIOS]
+    # Execute
+    got = probe(*argvs)
+    # Assert
+    assert got["codes"] == [0] * len(argvs)
+    assert got["heavy"] == []
+
+
+def test_a_refused_scenario_imports_neither_torch_nor_ray():
+    # preflight's refusal (a CNN on 60 non-image features) runs without torch
+    got = probe(["validate", "scenarios/quickstart.yaml", "--set", "model.name=cnn"])
+    assert got == {"codes": [2], "heavy": []}
+
+
+# ------------------------------------------------------- parameter-count formulas
+def _shapes() -> set[tuple[str, tuple[int, ...], int]]:
+    """(kind, sample shape, classes) of every shipped scenario's dataset where
+    the spec tells, plus the shapes of the datasets no scenario ships with."""
+    found = {
+        (info.kind, info.shape, info.classes)
+        for info in (pf.data_info(load_scenario(p)) for p in ALL_SCENARIOS)
+        if info.shape is not None and info.classes
+    }
+    found |= {
+        ("image", (3, 32, 32), 10),  # cifar10
+        ("image", (3, 32, 32), 100),  # cifar100
+        ("image", (1, 28, 28), 62),  # emnist byclass
+        ("image", (3, 64, 64), 7),  # larger than 32 px: resnet18's 7x7 stem
+        ("image", (1, 32, 32), 10),  # grey 32x32: vgg11 with a 1-channel input
+        ("vector", (784,), 10),  # flat 28x28: read as a grey image
+        ("sequence", (80,), 80),  # shakespeare
+    }
+    return found
+
+
+_SPECS = [
+    ModelSpec(name="logreg"),
+    ModelSpec(name="mlp"),
+    ModelSpec(name="mlp", hidden=[7, 5, 3]),
+    ModelSpec(name="cnn"),
+    ModelSpec(name="cifar_cnn"),
+    ModelSpec(name="vgg11"),
+    ModelSpec(name="vgg11", norm_groups=32),
+    ModelSpec(name="resnet18"),
+    ModelSpec(name="convnet"),
+    ModelSpec(name="convnet", depth=2, width=16),
+    ModelSpec(name="lstm"),
+    ModelSpec(name="lstm", embed_dim=4, lstm_hidden=32, lstm_layers=3),
+]
+
+
+def _reads(spec: ModelSpec, kind: str, shape: tuple[int, ...]) -> bool:
+    """Whether the model reads such samples at all (else preflight's
+    check_model_data refuses it and the count is None)."""
+    if (spec.name == "lstm") != (kind == "sequence"):
+        return False
+    info = pf.DataInfo(kind, shape, None, None)
+    return spec.name not in pf.IMAGE_MODELS or pf._as_image(info) is not None
+
+
+_CASES = [
+    (spec, kind, shape, classes)
+    for spec in _SPECS
+    for kind, shape, classes in sorted(_shapes())
+    if _reads(spec, kind, shape)
+]
+
+
+def _torch_count(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> int:
+    torch = pytest.importorskip("torch")
+    from fedsim.models import build_model
+
+    with torch.device("meta"):  # shapes only: vgg11 and resnet18 cost no memory
+        net = build_model(spec, 0, classes, seed=0, input_shape=shape)
+    return sum(p.numel() for p in net.parameters())
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind", "shape", "classes"),
+    _CASES,
+    ids=[f"{s.name}-{k}-{'x'.join(map(str, sh))}-{c}" for s, k, sh, c in _CASES],
+)
+def test_param_count_formula_equals_the_torch_network(spec, kind, shape, classes):
+    # Prepare: samples the model reads (a square vector is a grey image)
+    info = pf.DataInfo(kind, shape, classes, None)
+    scenario = SimpleNamespace(model=spec)
+    model_shape = pf._as_image(info) if spec.name in pf.IMAGE_MODELS else shape
+    try:
+        want = _torch_count(spec, model_shape, classes)
+    except (ValueError, RuntimeError):  # e.g. vgg11 on 28x28: too small for it
+        # Execute / Assert: the formula refuses it too, in one line
+        with pytest.raises(ScenarioError, match="too small"):
+            pf.count_params(scenario, info)
+        return
+    # Execute
+    formula = pf.count_params(scenario, info)
+    # Assert
+    assert formula == want
+
+
+def test_quadratic_param_count_is_its_dimension():
+    info = pf.DataInfo("vector", (5,), 0, None)
+    spec = ModelSpec(name="quadratic")
+    assert pf.count_params(SimpleNamespace(model=spec), info) == 5
+    assert _torch_count(spec, (5,), 0) == 5
+
+
+def test_hand_counted_image_networks():
+    # cnn on 28x28x1 (the FedAvg paper): conv 1*32*25+32 = 832, conv
+    # 32*64*25+64 = 51264, fc 7*7*64*512+512 = 1606144, out 512*10+10 = 5130
+    assert pf.image_params(ModelSpec(name="cnn"), (1, 28, 28), 10) == 1_663_370
+    # cifar_cnn on 32x32x3: conv 3*64*25+64 = 4864 (32 -> 28 -> 14), conv
+    # 64*64*25+64 = 102464 (14 -> 10 -> 5), fc 5*5*64*384+384 = 614784,
+    # 384*192+192 = 73920, out 192*10+10 = 1930
+    assert pf.image_params(ModelSpec(name="cifar_cnn"), (3, 32, 32), 10) == 797_962
+    # convnet depth 1 width 2 on 4x4x1: conv 1*2*9+2 = 20 with padding 3
+    # (4 -> 8), GroupNorm 4, pool 8 -> 4, linear 2*4*4*3+3 = 99
+    spec = ModelSpec(name="convnet", depth=1, width=2)
+    assert pf.image_params(spec, (1, 4, 4), 3) == 123
+
+
+def test_an_image_too_small_for_the_network_is_one_line():
+    # cifar_cnn on 8x8: 8 -> 4 -> 2, and the second 5x5 convolution has no room
+    with pytest.raises(ScenarioError) as exc:
+        pf.image_params(ModelSpec(name="cifar_cnn"), (1, 8, 8), 10)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg.startswith("model.name 'cifar_cnn': 1x8x8 images are too small")
+
+
+# ------------------------------------------------------------------ fedsim.lazy
+def test_lazy_import_imports_on_the_first_attribute_read():
+    from fedsim.lazy import lazy_import
+
+    # Prepare: a stand-in for a module that does not exist costs nothing...
+    missing = lazy_import("fedsim_no_such_module")
+    # Execute / Assert: ...until an attribute is read
+    with pytest.raises(ModuleNotFoundError):
+        missing.anything  # noqa: B018 - the read is the test
+    real = lazy_import("json")
+    assert real.dumps([1]) == "[1]"
+    assert real.dumps is json.dumps  # the real function, kept after one read
+
+
+def test_lazy_function_calls_the_real_function():
+    from fedsim.lazy import lazy_function
+
+    dumps = lazy_function("json", "dumps")
+    assert dumps({"a": 1}, sort_keys=True) == json.dumps({"a": 1})
+    broken = lazy_function("fedsim_no_such_module", "f")  # nothing imported yet
+    with pytest.raises(ModuleNotFoundError):
+        broken()
