@@ -38,10 +38,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
+from fedsim.lazy import lazy_import
 
 if TYPE_CHECKING:
+    import torch
+
     from fedsim.scenario import ClientSpec
+else:  # imported on first use: validating a scenario needs no torch
+    torch = lazy_import("torch")
 
 __all__ = [
     "SGD",

@@ -17,7 +17,7 @@ from fedsim.spec import ModelSpec
 
 from .conftest import ROOT, SCENARIOS
 
-HEAVY = ("torch", "ray", "torchvision")
+HEAVY = ("torch", "ray", "torchvision", "pyarrow", "simpy", "matplotlib")
 ALL_SCENARIOS = sorted(SCENARIOS.rglob("*.yaml"))
 
 # Runs the CLI once per argument list in one fresh interpreter, then reports

@@ -19,16 +19,22 @@ Example (UCI Letter Recognition: no header, the letter in column 0):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import Field, model_validator
 
 from fedsim.data.base import DatasetSpec, FederatedData
 from fedsim.data.errors import DataError, data_root, find_dir
 from fedsim.data.partition import IidPartition, PartitionSpec, layout, split
+from fedsim.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+else:  # imported on first use: validating a scenario needs none of it
+    pa = lazy_import("pyarrow")
+    pc = lazy_import("pyarrow.compute")
 
 __all__ = ["TabularData", "read_table"]
 
