@@ -55,7 +55,8 @@ from hypothesis import strategies as st
 pytestmark = pytest.mark.slow
 
 RUN_S = 60  # one run taking this long is a hang
-EXAMPLES = int(os.environ.get("FEDSIM_FUZZ_EXAMPLES", "40"))
+# 30 examples take about a minute on an idle 2-core machine, three on a busy one
+EXAMPLES = int(os.environ.get("FEDSIM_FUZZ_EXAMPLES", "30"))
 
 SPEEDS = [1e-3, 0.05, 1.0, 5.0, 1e6]
 BANDWIDTHS = [1e-3, 0.05, 1.0, 100.0, 1e6]  # Mbit/s
@@ -519,7 +520,10 @@ def test_a_solver_the_algorithm_refuses_is_an_invalid_scenario(name):
 
 
 @FUZZ
-@given(doc=scenarios("devices.csv", TRACE_ROWS), report=st.booleans())
+@given(
+    doc=scenarios("devices.csv", TRACE_ROWS),
+    report=st.sampled_from([False, False, False, True]),  # figures cost seconds
+)
 @example(doc=FOUND["fedasync-momentum"], report=False)
 @example(doc=FOUND["fedprox-decay"], report=False)
 @example(doc=FOUND["stalled-before-first-version"], report=True)
