@@ -357,6 +357,8 @@ def check_outcome(r: dict[str, Any], rounds: int) -> str:
     summary_path = out / "summary.json"
     if code == 2:
         assert lines and lines[0].startswith("error: "), where
+        # one message: a scenario's list of problems is indented under it
+        assert all(x[0].isspace() for x in lines[1:]), where
         assert not summary_path.exists(), f"exit 2 but a summary.json: {where}"
         return "exit 2: " + _reason(stderr)
     assert summary_path.exists(), f"no summary.json: {where}"
@@ -489,6 +491,34 @@ FOUND = {
 }
 
 
+ABSENT = {"kind": "on_off", "mean_on_s": 1e-3, "mean_off_s": 1e9}
+ABSENT_FLEET = {
+    "groups": [
+        {"name": "g0", "count": 3, "speed": {"steps_per_s": 5}, "availability": ABSENT}
+    ]
+}
+# Corners the generator reaches only now and then, run on every CI run.
+CORNERS = {
+    "nobody-online-sync": found(fleet=ABSENT_FLEET),
+    "nobody-online-async": found(
+        fleet=ABSENT_FLEET,
+        round={"policy": "async", "max_steps": 3, "max_staleness": 0},
+        algorithm={"name": "fedbuff", "buffer_size": 5},
+    ),
+    "window-shorter-than-one-step": found(
+        fleet={"groups": [{"name": "g0", "count": 2, "speed": {"steps_per_s": 1e-3}}]},
+        round={"policy": "fixed_window", "window_s": 1e-6},
+    ),
+    "one-device-one-sample": found(
+        data={**BASE["data"], "min_samples": 1, "max_samples": 1},
+        client={"solver": "sgd", "lr": 0.05, "batch_size": 10_000},
+        fleet={"groups": [{"name": "g0", "count": 1, "speed": {"steps_per_s": 1e6}}]},
+        round={"policy": "fixed_epochs", "epochs": 2},
+        selector={"name": "uniform", "clients_per_round": 1},
+    ),
+}
+
+
 def test_a_run_stalled_before_its_first_version_leaves_empty_tables(tmp_path):
     # Prepare
     from typer.testing import CliRunner
@@ -505,6 +535,22 @@ def test_a_run_stalled_before_its_first_version_leaves_empty_tables(tmp_path):
     assert pq.read_table(r["out"] / "clients.parquet").num_rows == 0
     assert report.exit_code == 0, report.output
     assert (r["out"] / "report.md").exists()
+
+
+def test_a_run_with_an_empty_test_set_is_flagged_degenerate(tmp_path):
+    # Prepare: one sample per client, and training keeps it (test_fraction
+    # 0.1 of 1 rounds to 0): the run used to end with exit 0, accuracy null
+    # and no word about why
+    doc = CORNERS["one-device-one-sample"]
+
+    # Execute
+    r = run_cli(doc, tmp_path, report=False)
+
+    # Assert
+    summary = json.loads((r["out"] / "summary.json").read_text())
+    assert r["code"] == 0 and summary["final_test_accuracy"] is None
+    assert "test set is empty" in (summary["degenerate"] or ""), summary
+    assert "warning: degenerate run: the test set is empty" in r["stderr"]
 
 
 @pytest.mark.parametrize("name", ["fedasync-momentum", "fedprox-decay"])
@@ -527,5 +573,9 @@ def test_a_solver_the_algorithm_refuses_is_an_invalid_scenario(name):
 @example(doc=FOUND["fedasync-momentum"], report=False)
 @example(doc=FOUND["fedprox-decay"], report=False)
 @example(doc=FOUND["stalled-before-first-version"], report=True)
+@example(doc=CORNERS["nobody-online-sync"], report=True)
+@example(doc=CORNERS["nobody-online-async"], report=False)
+@example(doc=CORNERS["window-shorter-than-one-step"], report=False)
+@example(doc=CORNERS["one-device-one-sample"], report=True)
 def test_odd_scenarios_end_well_and_in_time(doc, report):
     fuzz_once(doc, report)
