@@ -257,7 +257,7 @@ class Scenario(_Spec):
             self.algorithm.solver(self.client)
         except ValueError as exc:
             raise ValueError(
-                f"client.solver {self.client.solver!r} does not go with algorithm "
+                f"client.solver {self.client.solver!r} with algorithm "
                 f"{self.algorithm.name!r}: {exc}"
             ) from None
         return self

@@ -470,6 +470,14 @@ FOUND = {
         client={"solver": "decay", "lr": 0.05, "step_decay": 0.5},
         algorithm={"name": "fedprox", "mu": 0.1},
     ),
+    # Proximal SGD with lr * mu >= 2 has ||a||_1 <= 0 after an even number of
+    # steps; FedBuff's normalisation then raised a ValueError traceback
+    # mid-run (found with lr 1e20, mu 0.1; here lr * mu = 2, tau = 2).
+    "prox-overshoot-normalized": found(
+        client={"solver": "prox", "lr": 20.0, "mu": 0.1},
+        round={"policy": "async", "max_steps": 2},
+        algorithm={"name": "fedbuff", "buffer_size": 1, "normalize": True},
+    ),
     # An asynchronous run that stalls before its first server version wrote
     # summary.json but no tables: `fedsim report` called the folder "not a run
     # directory", and `fedsim run --out` there said to --resume it (which
@@ -553,7 +561,9 @@ def test_a_run_with_an_empty_test_set_is_flagged_degenerate(tmp_path):
     assert "warning: degenerate run: the test set is empty" in r["stderr"]
 
 
-@pytest.mark.parametrize("name", ["fedasync-momentum", "fedprox-decay"])
+@pytest.mark.parametrize(
+    "name", ["fedasync-momentum", "fedprox-decay", "prox-overshoot-normalized"]
+)
 def test_a_solver_the_algorithm_refuses_is_an_invalid_scenario(name):
     from fedsim.scenario import ScenarioError, parse_scenario
 
@@ -573,6 +583,7 @@ def test_a_solver_the_algorithm_refuses_is_an_invalid_scenario(name):
 @example(doc=FOUND["fedasync-momentum"], report=False)
 @example(doc=FOUND["fedprox-decay"], report=False)
 @example(doc=FOUND["stalled-before-first-version"], report=True)
+@example(doc=FOUND["prox-overshoot-normalized"], report=False)
 @example(doc=CORNERS["nobody-online-sync"], report=True)
 @example(doc=CORNERS["nobody-online-async"], report=False)
 @example(doc=CORNERS["window-shorter-than-one-step"], report=False)
