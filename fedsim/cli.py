@@ -205,14 +205,23 @@ def run(
     run_dir = out_dir if out_dir is not None else default_run_dir(sc.name)
     start, sim0 = _prepare_run_dir(sc, run_dir, scenario, resume, overwrite)
     n_workers = _start_workers(sc, workers, address)
-    # A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C:
-    # rows flushed, summary written, the resume command printed.
-    signal.signal(signal.SIGTERM, _interrupt)
-    with _progress(sc, quiet, start, sim0, log_every) as on_round:
+    with _sigterm_stops(), _progress(sc, quiet, start, sim0, log_every) as on_round:
         result = _run(sc, n_workers, run_dir, resume is not None, on_round)
     code = _finish(result, run_dir, report, quiet)
     if code:
         raise typer.Exit(code)
+
+
+@contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C:
+    rows flushed, summary written, the resume command printed. The previous
+    handler comes back afterwards (in-process callers: tests, notebooks)."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _seed(text: str) -> int:

@@ -324,8 +324,12 @@ class Recorder:
             self.flush()
 
     def flush(self) -> None:
-        """Write the tables now, if any row was added since the last write."""
-        if self.run_dir is None or not self._dirty:
+        """Write the tables now, if any row was added since the last write
+        (or none are on disk yet: a run that stopped before its first row,
+        e.g. a stalled one, still leaves empty tables for ``fedsim report``)."""
+        if self.run_dir is None:
+            return
+        if not self._dirty and (self.run_dir / "rounds.parquet").exists():
             return
         self.write(self.run_dir)
         self._dirty = False

@@ -207,6 +207,10 @@ class RunResult:
             return None
         if sum(int(r["n_completed"]) for r in self.rows) == 0:
             return "no update ever reached the server"
+        # The last round is always evaluated: NaN everywhere means an empty
+        # test set (e.g. one sample per client, all of it kept for training).
+        if all(math.isnan(float(r.get("test_loss", 0.0))) for r in self.rows):
+            return "the test set is empty, so no round has a test loss or accuracy"
         # async has no rounds; a selector drawing with replacement returns
         # fewer distinct ids than clients_per_round when it draws one twice
         sel = self.scenario.selector

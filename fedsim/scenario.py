@@ -306,6 +306,20 @@ class Scenario(_Spec):
             warnings.warn(warning, FedDMClockWarning, stacklevel=2)
         return self
 
+    @model_validator(mode="after")
+    def _solver_fits_algorithm(self) -> Scenario:
+        # The algorithm builds the client's solver (FedProx's mu, FedAsync's
+        # rho add a proximal term); a combination it refuses would otherwise
+        # pass `fedsim validate` and fail only once training starts.
+        try:
+            self.algorithm.solver(self.client)
+        except ValueError as exc:
+            raise ValueError(
+                f"client.solver {self.client.solver!r} with algorithm "
+                f"{self.algorithm.name!r}: {exc}"
+            ) from None
+        return self
+
     @property
     def num_clients(self) -> int:
         return self.fleet.size

@@ -200,7 +200,7 @@ def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
                 "no derived ||a||_1 (ALGORITHMS.md 5.3); use client.solver: sgd, "
                 "or set the algorithm's proximal coefficient (mu, rho) to 0"
             )
-        return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)
+        return _prox(spec, mu)
     if spec.solver == "sgd":
         return SGD(lr=spec.lr, weight_decay=spec.weight_decay)
     if spec.solver == "momentum":
@@ -208,5 +208,18 @@ def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
     if spec.solver == "decay":
         return Decay(lr=spec.lr, weight_decay=spec.weight_decay, gamma=spec.step_decay)
     if spec.solver == "prox":
-        return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=spec.mu)
+        return _prox(spec, spec.mu)
     raise ValueError(f"unknown solver {spec.solver!r}")
+
+
+def _prox(spec: ClientSpec, mu: float) -> Prox:
+    # x - x0 is multiplied by (1 - lr mu) each step: from lr mu = 2 on it
+    # grows every step and ||a||_1 = (1 - (1 - lr mu)^tau) / (lr mu) can be
+    # 0 or negative, which FedNova-style normalisation cannot divide by.
+    if spec.lr * mu >= 2:
+        raise ValueError(
+            f"client.lr * mu = {spec.lr * mu:g} is 2 or more: each proximal step "
+            "overshoots the global model and the gap grows (||a||_1 <= 0, "
+            "ALGORITHMS.md 5.3); lower client.lr or the proximal coefficient"
+        )
+    return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)
