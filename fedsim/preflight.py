@@ -515,6 +515,46 @@ def check_numeric_ranges(scenario: Scenario, source: str = "<scenario>") -> None
                 )
 
 
+# At most this many on/off flips per device over a run: availability is
+# advanced flip by flip from t = 0 (fleet._OnOff, bit-identical whatever the
+# order of queries), about 10-20 us per flip, so 1e6 is tens of seconds.
+MAX_FLIPS = 1e6
+
+
+def check_availability(scenario: Scenario, source: str = "<scenario>") -> None:
+    """Refuse availability sessions so short, against the run's simulated
+    time, that stepping through every online/offline flip would take hours:
+    a synchronous run lasts about ``rounds`` x ``round.window_s`` (or
+    ``round.deadline_s``); asynchronous runs and rounds without a deadline
+    have no horizon known in advance and are not checked."""
+    rnd = scenario.round
+    if rnd.policy == "fixed_window":
+        per_round, what = rnd.window_s, "round.window_s"
+    elif rnd.policy == "fixed_epochs" and rnd.deadline_s is not None:
+        per_round, what = rnd.deadline_s, "round.deadline_s"
+    else:
+        return
+    horizon = scenario.rounds * per_round
+    for i, g in enumerate(scenario.fleet.groups):
+        a = g.availability
+        if a.kind == "on_off":
+            cycle, fields = a.mean_on_s + a.mean_off_s, "mean_on_s + mean_off_s"
+        elif a.kind == "daily":
+            cycle, fields = a.mean_on_s, "mean_on_s"
+        else:
+            continue
+        flips = 2 * horizon / cycle
+        if flips > MAX_FLIPS:
+            raise _error(
+                f"{source}: fleet.groups[{i}].availability: sessions of "
+                f"{fields} = {cycle:g} s flip each device about {flips:.2g} "
+                f"times in {scenario.rounds} rounds x {what} = {per_round:g} s; "
+                f"fedsim steps through every flip (at most {MAX_FLIPS:.0e}): "
+                f"use sessions of at least {2 * horizon / MAX_FLIPS:.3g} s or "
+                "a shorter run"
+            )
+
+
 def _dump(spec: Any) -> dict[str, Any]:
     """A spec's fields: a pydantic model's dump, or a (pydantic) dataclass's."""
     import dataclasses
@@ -542,6 +582,7 @@ def preflight(
     """
     check_model_data(scenario, source)
     check_numeric_ranges(scenario, source)
+    check_availability(scenario, source)
     return check_memory(scenario, source, workers, available_bytes)
 
 
