@@ -96,7 +96,7 @@ def test_lstm_param_count_matches_torch():
     del torch
 
 
-def test_cnn_param_count_on_the_meta_device():
+def test_cnn_param_count_by_formula():
     # the FedAvg paper's CNN on 28x28x1: 1,663,370 parameters
     assert pf.count_params(load_scenario(FMNIST)) == 1_663_370
 
