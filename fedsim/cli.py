@@ -23,6 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedsim import __version__
+from fedsim.units import duration
 
 # fedsim.scenario (every plug-in, numpy, pydantic schemas) is imported by the
 # commands that read a scenario, so that `fedsim --help` starts at once.
@@ -495,7 +496,7 @@ def _progress(
     )
     with progress:
         bar = progress.add_task(
-            sc.name, total=sc.rounds, completed=start, sim=_duration(sim0), acc="-"
+            sc.name, total=sc.rounds, completed=start, sim=duration(sim0), acc="-"
         )
 
         def on_round(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
@@ -504,7 +505,7 @@ def _progress(
             progress.update(
                 bar,
                 completed=row["round"] + 1,
-                sim=_duration(row["sim_time"]),
+                sim=duration(row["sim_time"]),
                 acc=shown,
             )
 
@@ -532,7 +533,7 @@ def _log_lines(sc: Scenario, every_s: float) -> Any:
         # "k/N done" counts; "last: round t" is the 0-based index of the files.
         err.print(
             f"{sc.name}: {done}/{sc.rounds} {_unit(sc)} done "
-            f"(last: round {row['round']}), sim {_duration(row['sim_time'])}, "
+            f"(last: round {row['round']}), sim {duration(row['sim_time'])}, "
             f"acc {acc[0]}",
             highlight=False,
             soft_wrap=True,
@@ -544,17 +545,6 @@ def _log_lines(sc: Scenario, every_s: float) -> Any:
 def _unit(sc: Scenario) -> str:
     """What one row of rounds.parquet is: a round, or a server version."""
     return "versions" if sc.round.policy == "async" else "rounds"
-
-
-def _duration(seconds: float) -> str:
-    """Simulated time as people read it: 42s, 17.5min, 3.2h, 2.1d."""
-    if seconds < 600:
-        return f"{seconds:.0f}s"
-    if seconds < 3 * 3600:
-        return f"{seconds / 60:.1f}min"
-    if seconds < 3 * 86400:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
 
 
 def _print_summary(name: str, summary: dict[str, Any]) -> None:

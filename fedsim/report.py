@@ -26,6 +26,7 @@ import yaml
 
 from fedsim import plots
 from fedsim.results import atomic_write_bytes
+from fedsim.units import duration
 
 __all__ = ["ReportError", "Plot", "write_report", "REPORT_NAME"]
 
@@ -205,7 +206,7 @@ def _summary_rows(
         ),
         ("final test loss", _fmt(summary.get("final_test_loss"))),
         ("best test loss", _fmt(summary.get("best_test_loss"))),
-        ("simulated time", f"{_fmt(sim_time, '.1f')} s"),
+        ("simulated time", _sim_time(sim_time)),
         ("wall time", f"{_fmt(summary.get('wall_time_s'), '.1f')} s"),
         ("updates completed", _fmt(done)),
         ("updates dropped", dropped),
@@ -217,6 +218,14 @@ def _summary_rows(
         ("fedsim version", _fmt(summary.get("fedsim_version"))),
     ]
     return [(k, v) for k, v in rows if v not in ("-", "- (-)", "- s")]
+
+
+def _sim_time(seconds: Any) -> str:
+    """Seconds, and the same in min/h/d when that reads better."""
+    text = f"{_fmt(seconds, '.1f')} s"
+    if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 600:
+        text += f" ({duration(seconds)})"
+    return text
 
 
 def _step_cap(scenario: dict[str, Any]) -> int | None:

@@ -351,3 +351,12 @@ def test_report_shows_the_initial_model(tmp_path):
     assert "| initial test accuracy | 0.125 |" in text
     assert "| initial test loss | 2.25 |" in text
     assert (tmp_path / "metrics.png").stat().st_size > 0
+
+
+def test_report_shows_long_simulated_times_in_hours_or_days():
+    from fedsim.report import _sim_time
+
+    assert _sim_time(50.0) == "50.0 s"
+    assert _sim_time(11520.0) == "11520.0 s (3.2h)"
+    assert _sim_time(302400.0) == "302400.0 s (3.5d)"
+    assert _sim_time(None) == "- s"  # the row is then left out

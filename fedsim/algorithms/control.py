@@ -48,6 +48,7 @@ def control_update(
     FedNova-VR: c - c_i; FedDC: c / w_i - c_i). A client that took no step
     (||a_i||_1 = 0) has no gradient estimate and keeps c_i (a copy).
 
+    >>> from fedsim.solvers import SolverState
     >>> st = SolverState(x0=torch.zeros(1), lr=0.5, steps=2, norm_a=2.0)
     >>> control_update(torch.tensor([-3.0]), st, torch.tensor([1.0]),
     ...                torch.tensor([4.0]))
