@@ -40,20 +40,15 @@ import math
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from fedsim.fleet import Fleet
-from fedsim.lazy import lazy_import
+from fedsim.lazy import simpy
 from fedsim.spec import PosFloat
 from fedsim.spec import Spec as _Spec
-
-if TYPE_CHECKING:
-    import simpy
-else:  # imported on first use: validating a scenario needs none of it
-    simpy = lazy_import("simpy")
 
 __all__ = [
     "Arrival",

@@ -1,36 +1,39 @@
-"""Import a module, or a function of one, the first time it is used.
+"""The heavy modules, imported the first time they are used.
 
 ``fedsim validate`` and ``fedsim --help`` load every algorithm, selector and
 dataset class (they are the scenario's registry) but run none of their code,
-and importing torch costs seconds. A module that needs torch only inside its
-functions imports it so::
+and importing torch costs seconds (pyarrow and simpy a tenth each). A module
+that needs one of them only inside its functions imports it from here::
 
-    if TYPE_CHECKING:
-        import torch
-    else:
-        torch = lazy_import("torch")
+    from fedsim.lazy import torch
 
 mypy reads the real module; at run time ``torch`` is a stand-in that imports
 torch when one of its attributes is first read. The stand-in is not put in
 ``sys.modules``, so ``"torch" in sys.modules`` stays false until torch is
-really imported.
+really imported. ``lazy_import`` makes a stand-in for any other module.
 
 Example:
     >>> json_mod = lazy_import("json")
     >>> json_mod.dumps([1])
     '[1]'
-    >>> lazy_function("json", "dumps")([2])
-    '[2]'
 """
 
 from __future__ import annotations
 
 import importlib
 import types
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["LazyModule", "lazy_import", "lazy_function"]
+__all__ = [
+    "F",
+    "LazyModule",
+    "lazy_import",
+    "nn",
+    "pa",
+    "pc",
+    "simpy",
+    "torch",
+]
 
 
 class LazyModule(types.ModuleType):
@@ -61,18 +64,17 @@ def lazy_import(name: str) -> types.ModuleType:
     return LazyModule(name)
 
 
-def lazy_function(module: str, name: str) -> Callable[..., Any]:
-    """A stand-in for ``from module import name`` (a function) that imports
-    ``module`` when the function is first called.
-
-    Args:
-        module: the module's full name.
-        name: the function's name in it.
-    """
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
-
-    call.__name__ = call.__qualname__ = name
-    call.__doc__ = f"Calls {module}.{name} (imported on the first call)."
-    return call
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import simpy as simpy
+    import torch as torch
+    import torch.nn.functional as F
+    from torch import nn as nn
+else:
+    torch = lazy_import("torch")
+    nn = lazy_import("torch.nn")
+    F = lazy_import("torch.nn.functional")
+    pa = lazy_import("pyarrow")
+    pc = lazy_import("pyarrow.compute")
+    simpy = lazy_import("simpy")

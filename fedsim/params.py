@@ -17,13 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from fedsim.lazy import lazy_import
+from fedsim.lazy import torch
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
 
 __all__ = [
     "flatten",

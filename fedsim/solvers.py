@@ -38,14 +38,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fedsim.lazy import lazy_import
+from fedsim.lazy import torch
 
 if TYPE_CHECKING:
-    import torch
-
     from fedsim.scenario import ClientSpec
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
 
 __all__ = [
     "SGD",

@@ -208,13 +208,3 @@ def test_lazy_import_imports_on_the_first_attribute_read():
     real = lazy_import("json")
     assert real.dumps([1]) == "[1]"
     assert real.dumps is json.dumps  # the real function, kept after one read
-
-
-def test_lazy_function_calls_the_real_function():
-    from fedsim.lazy import lazy_function
-
-    dumps = lazy_function("json", "dumps")
-    assert dumps({"a": 1}, sort_keys=True) == json.dumps({"a": 1})
-    broken = lazy_function("fedsim_no_such_module", "f")  # nothing imported yet
-    with pytest.raises(ModuleNotFoundError):
-        broken()

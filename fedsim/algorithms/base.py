@@ -76,18 +76,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
-from fedsim.lazy import lazy_function, lazy_import
+from fedsim.lazy import torch
 from fedsim.params import chi2
+from fedsim.solvers import make_solver
 from fedsim.spec import PLUGIN_CONFIG, PosFloat
 
 if TYPE_CHECKING:  # torch is imported when an algorithm first runs
-    import torch
-
     from fedsim.scenario import ClientSpec
-    from fedsim.solvers import SGD, SolverState, make_solver
-else:
-    torch = lazy_import("torch")
-    make_solver = lazy_function("fedsim.solvers", "make_solver")
+    from fedsim.solvers import SGD, SolverState
 
 __all__ = [
     "AggregateInfo",

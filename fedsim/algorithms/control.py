@@ -22,16 +22,12 @@ from fedsim.algorithms.base import (
     ClientUpdate,
     ServerState,
 )
-from fedsim.lazy import lazy_function, lazy_import
+from fedsim.lazy import torch
 from fedsim.params import weighted_sum
+from fedsim.solvers import normalized_gradient
 
 if TYPE_CHECKING:
-    import torch
-
-    from fedsim.solvers import SolverState, normalized_gradient
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
-    normalized_gradient = lazy_function("fedsim.solvers", "normalized_gradient")
+    from fedsim.solvers import SolverState
 
 __all__ = ["ControlVariates", "control_aggregate", "control_step", "control_update"]
 

@@ -19,19 +19,14 @@ per-coordinate step by about server_lr / tau.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from fedsim.algorithms.base import ServerState
 from fedsim.algorithms.fedavg import FedAvg
-from fedsim.lazy import lazy_import
+from fedsim.lazy import torch
 from fedsim.spec import PosFloat
-
-if TYPE_CHECKING:
-    import torch
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
 
 __all__ = ["FedAdam"]
 

@@ -79,18 +79,14 @@ from fedsim.algorithms.weighting import (
     normalizers,
     weighted_steps,
 )
-from fedsim.lazy import lazy_function, lazy_import
+from fedsim.lazy import torch
 from fedsim.params import chi2
+from fedsim.solvers import make_solver
 from fedsim.spec import NonNegFloat, PosFloat
 
 if TYPE_CHECKING:
-    import torch
-
     from fedsim.scenario import ClientSpec
-    from fedsim.solvers import SGD, make_solver
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
-    make_solver = lazy_function("fedsim.solvers", "make_solver")
+    from fedsim.solvers import SGD
 
 __all__ = ["AsyncInfo", "FedAsync", "Staleness", "staleness_weight"]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -37,13 +37,8 @@ from fedsim.algorithms.base import (
 )
 from fedsim.algorithms.sampling import Sampled, sampling_weights
 from fedsim.algorithms.weighting import weighted_steps
-from fedsim.lazy import lazy_import
+from fedsim.lazy import torch
 from fedsim.params import weighted_sum
-
-if TYPE_CHECKING:
-    import torch
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
 
 __all__ = ["FedAvg"]
 

@@ -16,19 +16,14 @@ and applies heavy-ball momentum to it:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from fedsim.algorithms.base import ServerState
 from fedsim.algorithms.fedavg import FedAvg
 from fedsim.algorithms.weighting import momentum_buffer
-from fedsim.lazy import lazy_import
-
-if TYPE_CHECKING:
-    import torch
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
+from fedsim.lazy import torch
 
 __all__ = ["FedAvgM"]
 

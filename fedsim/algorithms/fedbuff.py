@@ -30,19 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from fedsim.algorithms.base import ClientUpdate, ServerState, empty_info
 from fedsim.algorithms.fedasync import AsyncInfo, _Normalized, async_meter
 from fedsim.algorithms.weighting import updates_tau_eff
-from fedsim.lazy import lazy_import
+from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 from fedsim.spec import PosInt
-
-if TYPE_CHECKING:
-    import torch
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
 
 __all__ = ["FedBuff"]
 

@@ -59,15 +59,11 @@ from fedsim.algorithms.base import (
 )
 from fedsim.algorithms.control import control_aggregate, control_step
 from fedsim.algorithms.feddyn import DynContext, FedDyn
-from fedsim.lazy import lazy_import
+from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 
 if TYPE_CHECKING:
-    import torch
-
     from fedsim.solvers import SolverState
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
 
 __all__ = ["FedDC"]
 

@@ -74,7 +74,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -91,17 +91,8 @@ from fedsim.algorithms.base import (
     meter_subset,
 )
 from fedsim.algorithms.weighting import updates_tau_eff
-from fedsim.lazy import lazy_import
+from fedsim.lazy import F, nn, torch
 from fedsim.spec import NonNegFloat, PosFloat, PosInt
-
-if TYPE_CHECKING:
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
-    F = lazy_import("torch.nn.functional")
-    nn = lazy_import("torch.nn")
 
 __all__ = [
     "FedDM",

@@ -56,16 +56,12 @@ from fedsim.algorithms.base import (
     skip_empty_rounds,
 )
 from fedsim.algorithms.sampling import unweighted_meter
-from fedsim.lazy import lazy_import
+from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 from fedsim.spec import NonNegFloat
 
 if TYPE_CHECKING:
-    import torch
-
     from fedsim.solvers import SolverState
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
 
 __all__ = ["FedDyn", "DynContext"]
 

@@ -65,16 +65,12 @@ from fedsim.algorithms.weighting import (
     updates_tau_eff,
     uploaded_lr,
 )
-from fedsim.lazy import lazy_import
+from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 from fedsim.spec import PosFloat
 
 if TYPE_CHECKING:
-    import torch
-
     from fedsim.solvers import SolverState
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
 
 __all__ = ["FedNova"]
 

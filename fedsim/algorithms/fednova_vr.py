@@ -42,14 +42,10 @@ from fedsim.algorithms.control import (
     control_step,
 )
 from fedsim.algorithms.fednova import FedNova
-from fedsim.lazy import lazy_import
+from fedsim.lazy import torch
 
 if TYPE_CHECKING:
-    import torch
-
     from fedsim.solvers import SolverState
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
 
 __all__ = ["FedNovaVR"]
 

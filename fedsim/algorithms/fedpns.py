@@ -67,17 +67,13 @@ from fedsim.algorithms.base import (
     meter_subset,
 )
 from fedsim.algorithms.weighting import lr_upload, updates_tau_eff, uploaded_lr
-from fedsim.lazy import lazy_function, lazy_import
+from fedsim.lazy import torch
 from fedsim.params import weighted_sum
+from fedsim.solvers import average_gradient
 from fedsim.spec import PosInt, Prob
 
 if TYPE_CHECKING:
-    import torch
-
-    from fedsim.solvers import SolverState, average_gradient
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
-    average_gradient = lazy_function("fedsim.solvers", "average_gradient")
+    from fedsim.solvers import SolverState
 
 __all__ = ["FedPNS", "expectation", "optimal_aggregation"]
 

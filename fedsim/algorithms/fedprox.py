@@ -17,14 +17,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from fedsim.algorithms.fedavg import FedAvg
-from fedsim.lazy import lazy_function
+from fedsim.solvers import make_solver
 from fedsim.spec import NonNegFloat
 
 if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
-    from fedsim.solvers import SGD, make_solver
-else:  # imported on first use: validating a scenario needs no torch
-    make_solver = lazy_function("fedsim.solvers", "make_solver")
+    from fedsim.solvers import SGD
 
 __all__ = ["FedProx"]
 

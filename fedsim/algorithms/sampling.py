@@ -63,14 +63,10 @@ from fedsim.algorithms.base import (
     meter,
 )
 from fedsim.algorithms.weighting import updates_tau_eff
-from fedsim.lazy import lazy_import
+from fedsim.lazy import torch
 
 if TYPE_CHECKING:
-    import torch
-
     from fedsim.solvers import SolverState
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
 
 __all__ = [
     "WEIGHTINGS",

@@ -19,14 +19,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from fedsim.algorithms.base import ClientUpdate
-from fedsim.lazy import lazy_import
+from fedsim.lazy import torch
 
 if TYPE_CHECKING:
-    import torch
-
     from fedsim.solvers import SolverState
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
 
 __all__ = [
     "TauEff",

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from fedsim.lazy import lazy_import
+from fedsim.lazy import torch
 from fedsim.spec import Spec
-
-if TYPE_CHECKING:
-    import torch
-else:  # imported on first use: validating a scenario needs no torch
-    torch = lazy_import("torch")
 
 __all__ = ["DatasetSpec", "FederatedData", "as_tensor"]
 

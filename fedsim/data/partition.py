@@ -45,20 +45,15 @@ import bisect
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal, Union
+from typing import Annotated, Literal, Union
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from fedsim.data.base import FederatedData
 from fedsim.data.errors import DataError
-from fedsim.lazy import lazy_import
+from fedsim.lazy import pa
 from fedsim.spec import PosFloat, PosInt, Prob, Spec
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-else:  # imported on first use: validating a scenario needs none of it
-    pa = lazy_import("pyarrow")
 
 __all__ = [
     "IidPartition",

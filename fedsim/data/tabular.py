@@ -19,7 +19,7 @@ Example (UCI Letter Recognition: no header, the letter in column 0):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -27,14 +27,7 @@ from pydantic import Field, model_validator
 from fedsim.data.base import DatasetSpec, FederatedData
 from fedsim.data.errors import DataError, data_root, find_dir
 from fedsim.data.partition import IidPartition, PartitionSpec, layout, split
-from fedsim.lazy import lazy_import
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-else:  # imported on first use: validating a scenario needs none of it
-    pa = lazy_import("pyarrow")
-    pc = lazy_import("pyarrow.compute")
+from fedsim.lazy import pa, pc
 
 __all__ = ["TabularData", "read_table"]
 
