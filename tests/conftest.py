@@ -4,7 +4,11 @@ takes seconds) and are marked ``ray``; ``make test-quick`` skips them."""
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,3 +43,28 @@ def cli_run(out: Path, scenario: str, overrides: list[str]) -> Path:
     result = CliRunner().invoke(app, [*args, "--quiet"])
     assert result.exit_code == 0, result.output
     return out
+
+
+class Hang(BaseException):
+    """Raised when a bounded call runs past its time (BaseException: no
+    ``except Exception`` in the code under test can swallow it)."""
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`Hang` in this thread after ``seconds`` (SIGALRM; no
+    bound where the platform has no interval timer)."""
+    if not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise Hang(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -44,7 +44,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -63,7 +62,7 @@ from fedsim.scenario import (
     parse_scenario,
 )
 
-from .conftest import ROOT, SCENARIOS
+from .conftest import ROOT, SCENARIOS, time_limit
 
 SOURCE = "fuzz.yaml"
 QUICK_TEXT = (SCENARIOS / "quickstart.yaml").read_text()
@@ -90,29 +89,6 @@ FAST = settings(
 
 
 # ------------------------------------------------------------ the property
-
-
-class Hang(BaseException):
-    """Raised in the test when a parse runs past HANG_S (BaseException: no
-    ``except Exception`` in the code under test can swallow it)."""
-
-
-@contextmanager
-def time_limit(seconds: float):
-    if not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def on_alarm(signum, frame):
-        raise Hang(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def kind_of(message: str) -> str:

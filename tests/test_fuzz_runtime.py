@@ -42,7 +42,6 @@ import signal
 import tempfile
 import time
 import traceback
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,8 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, Phase, event, example, given, note, settings
 from hypothesis import strategies as st
+
+from .conftest import time_limit
 
 pytestmark = pytest.mark.slow
 
@@ -63,24 +64,6 @@ BANDWIDTHS = [1e-3, 0.05, 1.0, 100.0, 1e6]  # Mbit/s
 LATENCIES = [0.0, 0.05, 2.0, 1e4]
 WINDOWS = [1e-6, 1e-3, 0.1, 2.0, 30.0, 1e5]
 DROPOUTS = [0.0, 0.0, 0.3, 0.99, 0.999, 1.0]
-
-
-class Hang(BaseException):
-    """A run past RUN_S (BaseException: fedsim's handlers cannot catch it)."""
-
-
-@contextmanager
-def time_limit(seconds: float):
-    def on_alarm(signum: int, frame: Any) -> None:
-        raise Hang(f"fedsim run still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 # ------------------------------------------------------------ the scenarios
