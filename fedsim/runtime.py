@@ -417,7 +417,7 @@ class _Run:
             "drop_reason": p.reason,
             "slowdown": p.slowdown,
             "weight": weight,
-            "agg_weight": applied.shares.get(p.client, weight) if u else 0.0,
+            "agg_weight": 0.0 if u is None else applied.shares.get(p.client, weight),
             "update_norm": l2_norm(u.delta) if u is not None else math.nan,
             "train_loss": u.train_loss if u is not None else math.nan,
             "bytes_down": self.bytes_down,

@@ -73,16 +73,22 @@ def test_top_overweighted_keeps_five_in_order():
 
 
 # ------------------------------------------------------------ sync runs
+def long_run(selector: str) -> list[str]:
+    """Overrides: 1000 one-step rounds of ``selector`` drawing 3 of the 6
+    clients, evaluated never (the meter needs only the weights)."""
+    return [
+        "rounds=1000",
+        ONE_STEP,
+        "eval.every_rounds=100000",
+        f"selector={{name: {selector}, clients_per_round: 3}}",
+    ]
+
+
 def test_the_meter_is_near_zero_for_the_unbiased_pairing_and_large_for_the_refused():
     # Prepare: 6 clients with n = (72, 37, 36, 72, 25, 24), the weighted
     # selector drawing 3 a round, 1000 rounds; the default (unbiased) pairing
     # and the refused one (built past the scenario check)
-    base = [
-        "rounds=1000",
-        ONE_STEP,
-        "eval.every_rounds=100000",
-        "selector={name: weighted, clients_per_round: 3}",
-    ]
+    base = long_run("weighted")
     unbiased = load_scenario(TINY, base)
     assert unbiased.algorithm.sampling == "proportional"
     refused = unbiased.model_copy(update={"algorithm": FedAvg(sampling="renormalized")})
@@ -198,12 +204,7 @@ def test_the_meter_sums_the_weights_as_applied_not_normalised():
     # 1 in a round; n_i weights renormalised over the draw always do, and so
     # over-weight the small clients drawn with big ones absent (and the
     # reverse): their expected weight is not p_i.
-    base = [
-        "rounds=1000",
-        ONE_STEP,
-        "eval.every_rounds=100000",
-        "selector={name: uniform, clients_per_round: 3}",
-    ]
+    base = long_run("uniform")
     renormalized = load_scenario(TINY, base)
     assert renormalized.algorithm.sampling == "renormalized"
     unbiased = load_scenario(TINY, [*base, "algorithm.sampling=uniform"])
