@@ -160,9 +160,12 @@ def _dense_layers(model: nn.Module) -> list[nn.Linear] | None:
     return linears if linears and body == expected else None
 
 
-def _dense_grad_fn(
-    layers: list[nn.Linear],
-) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+def _relu_back(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``grad * (out > 0)`` in one pass (the kernel autograd uses for relu)."""
+    return torch.ops.aten.threshold_backward(grad, out, 0)  # type: ignore[no-any-return]
+
+
+def _dense_fn(layers: list[nn.Linear]) -> Callable[..., Any]:
     """:func:`_grad_fn` for a dense stack, without ``torch.func`` or autograd.
 
     For small dense models the per-call cost of ``vmap`` and autograd
@@ -173,22 +176,28 @@ def _dense_grad_fn(
     dz_L = (softmax(z_L) - onehot(y)) w / count, and for each layer
     grad W_l = dz_l^T h_{l-1}, grad b_l = sum_rows dz_l,
     dz_{l-1} = (dz_l W_l) * [z_{l-1} > 0].
+
+    Given ``lr``, the function takes the plain SGD step itself, layer by
+    layer in place (W_l += -lr grad W_l as one ``baddbmm_``, after W_l has
+    served dz_{l-1}), and returns no gradients: the ``[K, d]`` gradient
+    stack and the copies around it are most of a step's memory traffic.
     """
 
-    def grad_fn(theta, x, y, w, count):  # type: ignore[no-untyped-def]
+    def fn(theta, x, y, w, count, lr=None):  # type: ignore[no-untyped-def]
         k = theta.shape[0]
         h = x.reshape(k, x.shape[1], -1)
-        offset, weights, inputs = 0, [], []
+        offset, weights, biases, inputs = 0, [], [], []
         for i, layer in enumerate(layers):
             if i:
-                h = torch.relu(h)
+                h = h.relu_()  # h is this step's own tensor
             n_w = layer.out_features * layer.in_features
-            wl = theta[:, offset : offset + n_w].view(k, layer.out_features, -1)
-            b = theta[:, offset + n_w : offset + n_w + layer.out_features]
+            weights.append(
+                theta[:, offset : offset + n_w].view(k, layer.out_features, -1)
+            )
+            biases.append(theta[:, offset + n_w : offset + n_w + layer.out_features])
             offset += n_w + layer.out_features
-            weights.append(wl)
             inputs.append(h)
-            h = torch.baddbmm(b.unsqueeze(1), h, wl.transpose(1, 2))
+            h = torch.baddbmm(biases[-1].unsqueeze(1), h, weights[-1].transpose(1, 2))
         logp = torch.log_softmax(h, dim=2)
         nll = -logp.gather(2, y.unsqueeze(2)).squeeze(2)
         dz = logp.exp()
@@ -197,12 +206,18 @@ def _dense_grad_fn(
         grads: list[torch.Tensor] = []
         for i in range(len(layers) - 1, -1, -1):
             a = inputs[i]
-            grads[:0] = [torch.bmm(dz.transpose(1, 2), a).flatten(1), dz.sum(1)]
-            if i:  # a = relu(z_{i-1}): its gradient passes where a > 0
-                dz = torch.bmm(dz, weights[i]).mul_(a > 0)
-        return torch.cat(grads, dim=1), (nll * w).sum(dim=1) / count
+            # a = relu(z_{i-1}): the gradient passes where a > 0
+            below = _relu_back(torch.bmm(dz, weights[i]), a) if i else None
+            if lr is None:
+                grads[:0] = [torch.bmm(dz.transpose(1, 2), a).flatten(1), dz.sum(1)]
+            else:
+                weights[i].baddbmm_(dz.transpose(1, 2), a, alpha=-lr)
+                biases[i].add_(dz.sum(1), alpha=-lr)
+            dz = below
+        loss = (nll * w).sum(dim=1) / count
+        return (torch.cat(grads, dim=1) if lr is None else None), loss
 
-    return grad_fn
+    return fn
 
 
 def _stacked_hook(algo: Algorithm, clients: Sequence[ClientContext]) -> Hook | None:
@@ -295,11 +310,24 @@ def _train_together(
     buf = torch.zeros_like(theta) if isinstance(solver, Momentum) else None
     loss_sum = torch.zeros(len(tasks), dtype=torch.float64, device=dev)
     layers = _dense_layers(worker.model)
-    grad_fn = _grad_fn(worker.model) if layers is None else _dense_grad_fn(layers)
+    grad_fn = _grad_fn(worker.model) if layers is None else _dense_fn(layers)
+    # plain SGD on a dense stack: the step is taken inside the backward pass
+    fused = (
+        layers is not None
+        and hook is None
+        and type(solver) in (SGD, Decay)
+        and not solver.weight_decay
+    )
     for s in range(tasks[0].tau):
         n = sum(t.tau > s for t in tasks)  # clients still training
         rows, th = idx[:n, s], theta[:n]
-        g, loss = grad_fn(th, worker.x[rows], worker.y[rows], wts[:n, s], counts[:n, s])
+        batch = (worker.x[rows], worker.y[rows], wts[:n, s], counts[:n, s])
+        if fused:
+            lr = solver.lr * solver.gamma**s if isinstance(solver, Decay) else solver.lr
+            _, loss = grad_fn(th, *batch, lr=lr)
+            loss_sum[:n] += loss.double()
+            continue
+        g, loss = grad_fn(th, *batch)
         if hook is not None:
             hook(n, th, g)
         new, b = _solver_step(
