@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/run.py                  # every workload
     .venv/bin/python benchmarks/run.py lr --rounds 20   # one workload, shorter
+    python benchmarks/run.py cnn --device cuda          # on a GPU (gpu_check.sh)
 
 For each workload this runs, back to back in one process: fedsim with 1 and 2
 Ray workers, fedsim in-process (no Ray), the batched executor
@@ -12,6 +13,11 @@ the same number of steps (no framework). It prints wall time, setup time,
 steady seconds per round (median after warm-up), local steps per second, peak
 memory and the ratios to the baseline, checks that fedsim and the baseline
 end with the same model, and appends the table to benchmarks/results.md.
+
+With ``--device cuda`` every fedsim variant gets ``resources.gpus_per_worker``
+(1 in-process and for one worker, 0.5 each for two) and the baseline trains
+on the GPU too; ``--only`` picks variants, ``--set`` adds scenario overrides
+(``--set selector.clients_per_round=100``).
 """
 
 from __future__ import annotations
@@ -42,8 +48,17 @@ WORKLOADS = {
     "lr": HERE / "lr.yaml",
     "mlp": HERE / "mlp.yaml",
     "cnn": HERE / "cnn.yaml",
+    "cnn-mnist": HERE / "cnn-mnist.yaml",
 }
 WARMUP = 3
+# variant -> (workers, batched); workers 0 is in-process (no Ray)
+VARIANTS = {
+    "1": (1, False),
+    "2": (2, False),
+    "local": (0, False),
+    "batched1": (1, True),
+    "batched": (0, True),
+}
 
 
 def peak_rss_mb() -> float:
@@ -56,7 +71,11 @@ def steady(round_times: list[float]) -> float:
 
 
 def run_fedsim(
-    path: Path, workers: int, overrides: list[str], batched: bool = False
+    path: Path,
+    workers: int,
+    overrides: list[str],
+    batched: bool = False,
+    device: str = "cpu",
 ) -> dict:
     t0 = time.perf_counter()
     ray_s = 0.0
@@ -71,6 +90,7 @@ def run_fedsim(
             *overrides,
             f"resources.workers={workers}",
             f"resources.vectorize={str(batched).lower()}",
+            *gpu_overrides(device, workers),
         ],
     )
     torch.set_num_threads(1)
@@ -103,6 +123,13 @@ def run_fedsim(
     }
 
 
+def gpu_overrides(device: str, workers: int) -> list[str]:
+    """A whole GPU for the in-process run and for one worker, half each for two."""
+    if device == "cpu":
+        return []
+    return [f"resources.gpus_per_worker={1.0 if workers < 2 else 1.0 / workers}"]
+
+
 def schedule_of(clients: list[dict]) -> list[list[tuple[int, int]]]:
     """Per round, the (client, tau) pairs that trained."""
     rounds: dict[int, list[tuple[int, int]]] = {}
@@ -112,14 +139,22 @@ def schedule_of(clients: list[dict]) -> list[list[tuple[int, int]]]:
     return [sorted(rounds.get(t, [])) for t in range(max(rounds) + 1)]
 
 
-def run_baseline(sc, schedule: list[list[tuple[int, int]]]) -> dict:
-    """The limit: plain PyTorch, one thread, the same clients, batches, steps."""
+def run_baseline(
+    sc, schedule: list[list[tuple[int, int]]], device: str = "cpu"
+) -> dict:
+    """The limit: plain PyTorch, one thread, the same clients, batches, steps.
+
+    On a GPU the data and model live on the device; each epoch's permutation
+    is drawn by the client's CPU generator (as fedsim's, so the batches are
+    the same) and crosses to the device once.
+    """
     torch.set_num_threads(1)
+    dev = torch.device(device)
     t0 = time.perf_counter()
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    model = make_model(sc, data)
-    x_all = torch.from_numpy(data.x)
-    y_all = torch.from_numpy(data.y)
+    model = make_model(sc, data).to(dev)
+    x_all = torch.from_numpy(data.x).to(dev)
+    y_all = torch.from_numpy(data.y).to(dev)
     setup = time.perf_counter() - t0
     global_params = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=sc.client.lr)
@@ -142,7 +177,7 @@ def run_baseline(sc, schedule: list[list[tuple[int, int]]]) -> dict:
                     xb, yb = xs, ys
                 else:
                     if pos + batch > n:
-                        perm, pos = torch.randperm(n, generator=gen), 0
+                        perm, pos = torch.randperm(n, generator=gen).to(dev), 0
                     idx = perm[pos : pos + batch]
                     pos += batch
                     xb, yb = xs[idx], ys[idx]
@@ -157,9 +192,11 @@ def run_baseline(sc, schedule: list[list[tuple[int, int]]]) -> dict:
         global_params = [
             g + a.float() for g, a in zip(global_params, step, strict=True)
         ]
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         per_round.append(time.perf_counter() - r0)
     wall = time.perf_counter() - t0
-    final = torch.cat([g.reshape(-1) for g in global_params])
+    final = torch.cat([g.reshape(-1) for g in global_params]).cpu()
     return {
         "name": "baseline (bare PyTorch)",
         "wall_s": wall,
@@ -192,28 +229,41 @@ def main() -> int:
     ap.add_argument("workloads", nargs="*", default=list(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--no-append", action="store_true")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument(
+        "--only",
+        nargs="*",
+        choices=list(VARIANTS),
+        default=list(VARIANTS),
+        help="fedsim variants to run (default: all)",
+    )
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--out", type=Path, default=HERE / "results.md")
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: torch sees no CUDA device", file=sys.stderr)
+        return 2
     overrides = [f"rounds={args.rounds}"] if args.rounds else []
+    overrides += args.overrides
     out = []
     for name in args.workloads:
         path = WORKLOADS[name]
         if not path.exists():
             print(f"skipping {name}: {path} is missing")
             continue
-        local = run_fedsim(path, 0, overrides)
-        one = run_fedsim(path, 1, overrides)
-        two = run_fedsim(path, 2, overrides)
-        # the batched executor (fedsim.batched): the round's clients at once
-        vec = [
-            run_fedsim(path, 1, overrides, batched=True),
-            run_fedsim(path, 0, overrides, batched=True),
+        results = [
+            run_fedsim(path, w, overrides, batched=b, device=args.device)
+            for v, (w, b) in VARIANTS.items()
+            if v in args.only
         ]
-        base = run_baseline(local["scenario"], local["schedule"])
-        for r in (local, one, two, *vec):
-            assert r["schedule"] == local["schedule"]
+        first = results[0]
+        base = run_baseline(first["scenario"], first["schedule"], args.device)
+        for r in results:
+            assert r["schedule"] == first["schedule"]
             diff = float((r["final"] - base["final"]).abs().max())
             print(f"{r['name']}: max |x - x_baseline| = {diff:.3g}")
-        text = table(name, [one, two, local, *vec], base)
+        label = name if args.device == "cpu" else f"{name} ({args.device})"
+        text = table(label, results, base)
         print(text)
         out.append(text)
     if out and not args.no_append:
@@ -222,7 +272,11 @@ def main() -> int:
             f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
             f"{platform.python_version()}, torch {torch.__version__}"
         )
-        with open(HERE / "results.md", "a") as f:
+        if args.device == "cuda":
+            machine += f", {torch.cuda.get_device_name(0)}"
+        if args.overrides:
+            machine += ", " + " ".join(args.overrides)
+        with open(args.out, "a") as f:
             f.write(f"\n## {stamp} ({machine})\n\n" + "\n".join(out))
     return 0
 

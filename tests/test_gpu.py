@@ -1,5 +1,18 @@
 """The CUDA path: a worker given a (fractional) GPU trains on it and gets
-CPU's results within floating-point tolerance.
+the CPU's results.
+
+In float64 the GPU must equal the CPU to 1e-9 for every algorithm and model
+(sequential and batched workers): any larger gap is a real difference in the
+CUDA path, not rounding. In float32 the comparison follows from an argument
+instead: the models differ only in summation order (about 1e-7 relative per
+reduction); logistic regression is smooth, so that stays near 1e-6 after a
+few rounds, but an MLP's ReLUs are kinks: a unit whose pre-activation sits
+within rounding of 0 switches on one device and not the other, and its
+weights then take different steps. On the CPU alone, the sequential and the
+batched worker (the same float32 arithmetic in another order) differ by
+1.9e-3 on 606 of 54,410 mlp parameters after 4 FedProx rounds, and by
+5.6e-17 in float64: the same 0.00186 the first GPU run reported. So float32
+mlp runs are compared on their metrics, not their parameters.
 
 Every test here is skipped where torch sees no CUDA device (CI has none). On
 a GPU machine, run ``bash benchmarks/gpu_check.sh`` (this file, then the
@@ -7,6 +20,9 @@ timing comparison) or ``pytest -m gpu``.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,20 +41,65 @@ pytestmark = [
 ]
 
 QUICK = SCENARIOS / "quickstart.yaml"
+CNN = Path(__file__).resolve().parents[1] / "benchmarks" / "cnn-mnist.yaml"
+MNIST = (
+    Path(os.environ.get("FEDSIM_DATA_ROOT", "/nonexistent"))
+    / "mnist-test"
+    / "t10k-images-idx3-ubyte.gz"
+)
 ASYNC_ONLY = {"fedasync", "fedbuff"}
 SYNC = sorted(set(REGISTRY) - ASYNC_ONLY)
 
 
-def final_params(overrides: list[str], workers: int = 0) -> tuple[torch.Tensor, list]:
-    sim = run_scenario(load_scenario(QUICK, overrides), workers=workers)
+def final_params(
+    overrides: list[str], workers: int = 0, scenario: Path = QUICK
+) -> tuple[torch.Tensor, list]:
+    sim = run_scenario(load_scenario(scenario, overrides), workers=workers)
     rows, _ = sim.rows, sim.clients
     assert sim.final_params is not None
     return sim.final_params, rows
 
 
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
 @pytest.mark.parametrize("model", ["logreg", "mlp"])
 @pytest.mark.parametrize("name", SYNC)
-def test_a_gpu_worker_matches_the_cpu_worker(name, model):
+def test_in_float64_a_gpu_worker_equals_the_cpu_worker(name, model, executor):
+    # Prepare: 3 rounds of the quickstart in float64, this algorithm and model
+    over = [
+        "rounds=3",
+        f"algorithm={{name: {name}}}",
+        f"model={{name: {model}, dtype: float64}}",
+        f"resources.vectorize={str(executor == 'batched').lower()}",
+    ]
+
+    # Execute: once on the CPU, once with a quarter of a GPU per worker
+    x_cpu, rows_cpu = final_params(over)
+    x_gpu, rows_gpu = final_params([*over, "resources.gpus_per_worker=0.25"])
+
+    # Assert: equal up to float64 rounding
+    torch.testing.assert_close(x_gpu, x_cpu, rtol=1e-9, atol=1e-9)
+    for a, b in zip(rows_cpu, rows_gpu, strict=True):
+        assert a["n_completed"] == b["n_completed"]
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-9)
+
+
+@pytest.mark.skipif(not MNIST.exists(), reason="the MNIST test set is not here")
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "feddyn", "fednova"])
+def test_in_float64_a_gpu_cnn_equals_the_cpu_cnn(name):
+    over = [
+        "rounds=2",
+        "selector.clients_per_round=4",
+        f"algorithm={{name: {name}}}",
+        "model={name: cnn, dtype: float64}",
+    ]
+    x_cpu, _ = final_params(over, scenario=CNN)
+    x_gpu, _ = final_params([*over, "resources.gpus_per_worker=1"], scenario=CNN)
+    torch.testing.assert_close(x_gpu, x_cpu, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("model", ["logreg", "mlp"])
+@pytest.mark.parametrize("name", SYNC)
+def test_in_float32_a_gpu_worker_matches_the_cpu_worker(name, model):
     # Prepare: 4 rounds of the quickstart with this algorithm and model
     over = ["rounds=4", f"algorithm={{name: {name}}}", f"model={{name: {model}}}"]
 
@@ -46,11 +107,15 @@ def test_a_gpu_worker_matches_the_cpu_worker(name, model):
     x_cpu, rows_cpu = final_params(over)
     x_gpu, rows_gpu = final_params([*over, "resources.gpus_per_worker=0.25"])
 
-    # Assert: the same model and metrics, up to float32 summation order
-    torch.testing.assert_close(x_gpu, x_cpu, rtol=1e-3, atol=1e-4)
+    # Assert: logreg's parameters up to summation order; every model's
+    # metrics (a few switched ReLU units move the loss by far less than 1%)
+    if model == "logreg":
+        torch.testing.assert_close(x_gpu, x_cpu, rtol=1e-3, atol=1e-4)
     for a, b in zip(rows_cpu, rows_gpu, strict=True):
         assert a["n_completed"] == b["n_completed"]
-        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3, abs=1e-5)
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-2, abs=1e-5)
+    acc_cpu, acc_gpu = rows_cpu[-1]["test_accuracy"], rows_gpu[-1]["test_accuracy"]
+    assert abs(acc_gpu - acc_cpu) <= 0.01
 
 
 def test_a_worker_trains_on_cuda_and_returns_its_update_on_the_cpu():
