@@ -3,52 +3,10 @@ the benchmarks and the tests.
 
 :func:`run_scenario` builds the run's parts once (fleet, data, server,
 executor, selector, recorder) and drives them with simulated time from
-:mod:`fedsim.clock`. Both modes share everything but the loop; each reads
-like the papers' pseudo-code.
-
-Synchronous rounds (``fixed_window``, ``fixed_epochs``)::
-
-    for t in rounds:
-        S_t, s  = selector.select(s, Draw(t, online(T), rng_t, ctx))
-        plan    = clock.plan_round(S_t, T, policy)        # tau_i, arrivals, drops
-        updates = executor.train(tasks(plan), x_t)         # real SGD
-        x_{t+1} = server.apply(updates)                    # a barrier
-        record(round t); T = plan.t_end
-
-Asynchronous mode (``async``)::
-
-    for each server version w, in order (a record of the clock's timeline):
-        updates = executor.train(jobs applied at w, each from its start x_v)
-        x_{w+1} = server.apply(updates, staleness, starts)
-        record(version w)
-
-Dispatch in asynchronous mode, and why causality holds exactly: a job's
-update depends only on the parameters of the version it started from (and its
-own seed), and the timeline never depends on training results. So a job can
-be trained as soon as its start version is computed, whatever its arrival
-time. The loop pulls version records from the timeline while the newest
-needs only computed versions (and past it while fewer than ``concurrency``
-jobs are ready, up to ``max_lookahead`` records), trains every known job in
-one executor call, then applies records in order while their jobs are
-trained. Dropped jobs are never trained. The result does not depend on the
-batching (``max_lookahead=1`` gives identical results; tests check it). The
-selector decides which idle online device takes a free slot (through the
-timeline's chooser). An adaptive selector (power-of-choice, Oort) observes
-each version's applied updates when the server applies them, and its choices
-must see exactly the versions applied before them: the loop then pulls one
-record at a time (lookahead 1), applying it before the timeline goes on.
-
-Bytes are billed for what crossed the network: every selected device
-downloads the payload; an upload counts when it reached the server (applied,
-late, surplus or stale updates), not when the device left or dropped out
-before it finished (docs/architecture.md, "Bytes").
-
-Checkpoints (every ``checkpoint.every_rounds`` rounds or versions) have one
-format: the server state and client store, the parameters of every version a
-job in flight started from (asynchronous mode), and meta.json. Resuming an
-asynchronous run replays the timeline (a pure function of the scenario and,
-for an adaptive selector, of the picks logged in the checkpoint) up to the
-checkpoint without training.
+:mod:`fedsim.clock`: synchronous rounds (select, plan, train, apply, record)
+or asynchronous versions (train each job from its start version ahead of the
+timeline, apply in arrival order). docs/architecture.md describes both loops,
+the bytes rule and the checkpoint format.
 
 Example:
     >>> from fedsim.scenario import load_scenario
@@ -64,6 +22,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -117,8 +76,7 @@ Payload = dict[str, torch.Tensor]
 
 
 class SetupError(OSError):
-    """The run directory cannot take the run (no space for checkpoints, or
-    the partition files could not be written); nothing was trained."""
+    """The run directory cannot take the run; nothing was trained."""
 
 
 @dataclass
@@ -126,21 +84,14 @@ class RunResult:
     """What a run produced.
 
     Attributes:
-        scenario: the scenario that ran.
         rows: rounds.parquet's rows (one per round, or per server version).
         clients: clients.parquet's rows.
-        final_params: the model after the last completed round (None when
-            the run diverged or was interrupted before finishing).
-        status: ``completed``, ``diverged`` (the model or loss became NaN or
-            infinite: ``message`` says where), ``stalled`` (an asynchronous
-            run that can make no further server version: ``message`` says
-            why) or ``interrupted`` (Ctrl-C or SIGTERM).
-        message: why the run stopped early ("" when completed).
+        final_params: the final model (None unless ``completed``).
+        status: ``completed``, ``diverged`` (NaN or infinite model or loss),
+            ``stalled`` (an asynchronous run can make no further version) or
+            ``interrupted`` (Ctrl-C or SIGTERM); ``message`` says why.
         workers: Ray worker actors used (0: in-process).
-        wall_time_s: real seconds the run took.
-        initial: the initial model's test metrics, before round 0 (version
-            0): ``{"accuracy", "loss", "t": 0.0}`` (accuracy NaN for
-            objectives without classes); None when not evaluated.
+        initial: the initial model's ``{"accuracy", "loss", "t": 0.0}``.
     """
 
     scenario: Scenario
@@ -157,8 +108,7 @@ class RunResult:
     placement: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        """summary.json's content, with how the run ended (``status``) and
-        whether it was degenerate (``degenerate``: why, or None)."""
+        """summary.json's content, with ``status`` and ``degenerate``."""
         summary = summarize(
             self.rows,
             self.clients,
@@ -183,13 +133,9 @@ class RunResult:
         }
 
     def participation_bias(self) -> dict[str, Any] | None:
-        """Each client's share of the aggregation weight over the run against
-        its data share p_i (over all clients): the L1 distance and the top 5
-        over-weighted clients; None without the run's data. A client's share
-        is the sum of the weights its deltas got in the server step (the
-        ``agg_weight`` column of clients.parquet) over the rounds or versions
-        that applied updates, divided by their number
-        (``sampling.weight_shares``)."""
+        """Each client's mean ``agg_weight`` over the rounds that applied
+        updates against its data share p_i: the L1 distance and the top 5
+        over-weighted clients (``sampling.weight_shares``); None without data."""
         if self.data is None:
             return None
         n = np.asarray(self.data.weights, dtype=np.float64)
@@ -200,9 +146,8 @@ class RunResult:
         return participation_bias(shares, n / n.sum())
 
     def degenerate(self) -> str | None:
-        """Why the run's numbers mean little, or None: no update ever
-        arrived, or (synchronous rounds) fewer devices than requested were
-        online in most rounds."""
+        """Why the run's numbers mean little (no update, no test set, too few
+        devices online in most synchronous rounds), or None."""
         if not self.rows:
             return None
         if sum(int(r["n_completed"]) for r in self.rows) == 0:
@@ -228,9 +173,7 @@ class RunResult:
 
 @dataclass(frozen=True)
 class ClientRecord:
-    """One client's part in a round or server version: what the clock
-    decided (a :class:`fedsim.clock.Plan`, in both modes), and what the
-    runtime adds; one client row is built from it (plus its update).
+    """One client's part in a round or version: one client row.
 
     Attributes:
         round: the row's round (asynchronous: the version at arrival).
@@ -259,8 +202,7 @@ class ClientRecord:
 
 
 class _Run:
-    """One run's parts, built once, and what both loops share: rows,
-    checkpoints, evaluation."""
+    """One run's parts, built once, and what both loops share."""
 
     def __init__(
         self,
@@ -271,9 +213,7 @@ class _Run:
         resume: bool = False,
     ) -> None:
         self._build(scenario, run_dir, on_round)
-        # The initial model x_0 is a pure function of (scenario, seed), so a
-        # resume evaluates it again (before loading the checkpoint) and gets
-        # the same numbers; the checkpoint format is unchanged.
+        # x_0 is a pure function of (scenario, seed): a resume evaluates it again
         loss, acc = self.server.evaluate()
         self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
         if run_dir is not None:
@@ -290,14 +230,12 @@ class _Run:
         self.asynchronous = sc.round.policy == "async"
         self.fleet = Fleet.from_spec(sc.fleet, sc.seed)
         self.data = build_data(sc.data, sc.num_clients, sc.seed)
-        threads = max(1, int(sc.resources.cpus_per_worker))
-        torch.set_num_threads(threads)
+        torch.set_num_threads(max(1, int(sc.resources.cpus_per_worker)))
         self.server = Server(sc, self.data)
         self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)
-        d = self.server.num_params
-        elem = sc.model.elem_bytes
-        self.bytes_down = sc.algorithm.down_factor * d * elem
-        self.bytes_up = sc.algorithm.up_factor * d * elem
+        model_bytes = self.server.num_params * sc.model.elem_bytes
+        self.bytes_down = sc.algorithm.down_factor * model_bytes
+        self.bytes_up = sc.algorithm.up_factor * model_bytes
         self.work = job_work(sc, self.data)  # FedDM: its iterations and upload
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
@@ -314,15 +252,13 @@ class _Run:
 
     @classmethod
     def plan_only(cls, scenario: Scenario) -> _Run:
-        """The run's parts without executor or results (to inspect the
-        clock's decisions without training)."""
+        """The run's parts without executor or results (no training)."""
         run = cls.__new__(cls)
         run._build(scenario, None, None)
         return run
 
     def _prepare(self, run_dir: Path, resume: bool) -> None:
-        """Before training: room for two checkpoints (the next is written
-        before the older is deleted), and the partition's table and figure."""
+        """Room for two checkpoints; the partition's table and figure."""
         sc = self.sc
         try:
             if self.every:
@@ -346,10 +282,6 @@ class _Run:
     def rng(self, tag: int, n: int) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence([self.sc.seed, tag, n]))
 
-    # ------------------------------------------------------------ rows
-    def evaluate(self, t: int) -> tuple[float, float]:
-        return self.server.evaluate() if evaluates(self.sc, t) else (math.nan, math.nan)
-
     def record(
         self,
         t: int,
@@ -360,15 +292,14 @@ class _Run:
         extra: Row,
         selector_rows: Sequence[Row] = (),
     ) -> None:
-        """Add round (or version) ``t``'s row and client rows.
-
-        ``trained`` pairs, in record order, each non-dropped record's update
-        with its effective weight.
-        """
-        test_loss, test_acc = self.evaluate(t)
+        """Add round (or version) ``t``'s rows; ``trained`` pairs each
+        non-dropped record's update (in order) with its effective weight."""
+        nan = math.nan
+        test_loss, test_acc = (
+            self.server.evaluate() if evaluates(self.sc, t) else (nan, nan)
+        )
         done = [r.plan for r in records if not r.plan.dropped]
         taus = np.array([p.tau for p in done], dtype=np.float64)
-        nan = math.nan
         row = {
             "round": t,
             "sim_time": sim_time,
@@ -425,13 +356,8 @@ class _Run:
             **(applied.info.flags.get(p.client, {}) if u is not None else {}),
         }
         if r.job is not None:
-            started, version_applied, staleness, index = r.job
-            row |= {
-                "version_started": started,
-                "version_applied": version_applied,
-                "staleness": staleness,
-                "job": index,
-            }
+            keys = ("version_started", "version_applied", "staleness", "job")
+            row |= dict(zip(keys, r.job, strict=True))
         return row
 
     # ------------------------------------------------------ checkpoints
@@ -442,8 +368,7 @@ class _Run:
         selector_state: Any,
         payloads: dict[int, Payload],
     ) -> None:
-        """Save the state after ``next_round`` rounds (or versions): the
-        server, the client store, and older versions still in use."""
+        """Save the state after ``next_round`` rounds (or versions)."""
         assert self.run_dir is not None
         self.recorder.flush()
         ckpt = checkpoint_dir(self.run_dir, next_round)
@@ -467,8 +392,7 @@ class _Run:
         commit_checkpoint(self.run_dir, ckpt)
 
     def restore(self) -> Checkpoint:
-        """Load the latest checkpoint (server state, client store, and the
-        rows up to it into the recorder) and return it."""
+        """Load the latest checkpoint (server, client store, rows); return it."""
         assert self.run_dir is not None
         ck = latest_checkpoint(self.run_dir)
         if not 0 < ck.next_round <= self.sc.rounds:
@@ -489,21 +413,14 @@ class _Run:
 
 def job_work(sc: Scenario, data: FederatedData) -> clock.JobWork | None:
     """What the clock charges an algorithm whose client work is not local
-    SGD steps (FedDM: ``iterations`` matching iterations at its
-    ``cost_per_iteration``, uploading its synthetic set); None for the rest.
-
-    The upload is the images in the model's dtype (the worker casts the
-    data to it) and the labels in the data's integer dtype, as sent.
-    """
+    SGD steps (FedDM: its iterations and synthetic-set upload, images in the
+    model's dtype and labels in the data's); None for the rest."""
     alg = sc.algorithm
     if not isinstance(alg, FedDM) or not data.num_classes:
         return None
     y, off = np.asarray(data.y), np.asarray(data.offsets)
     counts = np.stack(
-        [
-            np.bincount(y[off[k] : off[k + 1]], minlength=data.num_classes)
-            for k in range(len(off) - 1)
-        ]
+        [np.bincount(y[a:b], minlength=data.num_classes) for a, b in pairwise(off)]
     )
     return clock.JobWork(
         steps=int(alg.iterations),
@@ -595,20 +512,17 @@ def _task(job: clock.Job) -> Task:
 
 class _Async:
     """The asynchronous loop's state: versions in use, records pulled ahead,
-    updates trained ahead."""
+    updates trained ahead (docs/architecture.md, "Asynchronous mode")."""
 
     def __init__(self, run: _Run, max_lookahead: int | None) -> None:
         sc = run.sc
         self.run = run
         self.rule = cast(AsyncRule, sc.algorithm)  # the scenario checked it
         self.concurrency = sc.round.concurrency or sc.selector.clients_per_round
-        per_version = self.rule.buffer_size
-        self.max_lookahead = (
-            max_lookahead or 4 * math.ceil(self.concurrency / per_version) + 4
-        )
+        default = 4 * math.ceil(self.concurrency / self.rule.buffer_size) + 4
         self.adaptive = run.selector.adaptive
-        if self.adaptive:  # every choice waits for the versions before it
-            self.max_lookahead = 1
+        # adaptive: every choice waits for the versions before it
+        self.max_lookahead = 1 if self.adaptive else max_lookahead or default
         self.sel_state = run.selector.init(run.sel_ctx)
         # adaptive selectors: every pick so far (choice n -> ids), which the
         # checkpoint keeps so that a resumed replay makes the same picks
@@ -639,27 +553,19 @@ class _Async:
         )
 
     def _choose(self, candidates: np.ndarray, free: int, n: int) -> np.ndarray:
-        """The selector picks which idle online devices take the free slots
-        (its n-th choice; the uniform selector reproduces the timeline's
-        own uniform choice). A resumed run replays the logged picks."""
+        """The selector's n-th pick of idle online devices for the free slots
+        (a resumed run replays the logged picks)."""
         if n < len(self.replay):
             return np.asarray(self.replay[n], dtype=np.int64)
         run = self.run
-        sel = run.selector.with_slots(free)
-        rng = np.random.default_rng(
-            np.random.SeedSequence([run.sc.seed, _ASYNC_SELECT_TAG, n])
-        )
+        rng = run.rng(_ASYNC_SELECT_TAG, n)
         draw = Draw(self.tl.version, candidates, rng, run.sel_ctx)
+        sel = run.selector.with_slots(free)
         ids, self.sel_state = sel.select(self.sel_state, draw)
+
         if self.adaptive:
             self.picks.append(ids.tolist())
         return ids
-
-    def start(self, resume: bool) -> None:
-        if resume:
-            self._restore()
-        else:
-            self.payloads[0] = self.run.server.payload()
 
     def _restore(self) -> None:
         """Load the latest checkpoint and replay the timeline up to it."""
@@ -689,7 +595,11 @@ class _Async:
             self.sel_state = ck.selector_state["state"]
             self.picks, self.replay = self.replay, []
 
-    def loop(self) -> None:
+    def loop(self, resume: bool) -> None:
+        if resume:
+            self._restore()
+        else:
+            self.payloads[0] = self.run.server.payload()
         while self.w < self.run.sc.rounds:
             batch = self._look_ahead()
             if batch:
@@ -720,15 +630,15 @@ class _Async:
         return batch
 
     def _train(self, batch: list[clock.Job]) -> None:
-        server = self.run.server
         tasks = [_task(j) for j in batch]
-        states = server.client_states([t.client for t in tasks])
+        states = self.run.server.client_states([t.client for t in tasks])
         ups = self.run.executor.train(tasks, self.payloads, states)
         self.trained.update(zip(map(_key, batch), ups, strict=True))
 
     def _apply(self, rec: clock.Version) -> None:
         run = self.run
-        ups = [self.trained.pop(_key(a.job)) for a in rec.applied]
+        keys = [_key(a.job) for a in rec.applied]
+        ups = [self.trained.pop(k) for k in keys]
         starts = [self.payloads[a.job.version]["x"] for a in rec.applied]
         staleness = [int(a.staleness or 0) for a in rec.applied]
         applied = run.server.apply(
@@ -743,15 +653,8 @@ class _Async:
             "n_started": len(rec.started),
             "in_flight": rec.in_flight,
         }
-        weight = dict(
-            zip(map(_key, (a.job for a in rec.applied)), applied.weights, strict=True)
-        )
-        update = dict(zip(map(_key, (a.job for a in rec.applied)), ups, strict=True))
-        trained = [
-            (update[_key(a.job)], weight[_key(a.job)])
-            for a in rec.ended
-            if not a.dropped
-        ]
+        by_key = dict(zip(keys, zip(ups, applied.weights, strict=True), strict=True))
+        trained = [by_key[_key(a.job)] for a in rec.ended if not a.dropped]
         records = [ClientRecord.from_arrival(a) for a in rec.ended]
         artifact = self._observe(rec.version, applied, trained)
         run.record(rec.version, rec.t, records, trained, applied, extra, artifact)
@@ -789,10 +692,7 @@ class _Async:
 
 def async_timeline(scenario: Scenario) -> clock.AsyncTimeline:
     """A fresh asynchronous timeline of ``scenario``, exactly as a run sees
-    it (selector included), without training: a pure function of the
-    scenario, for replaying or inspecting what happens when. An adaptive
-    selector (power_of_choice, oort) observes nothing here, so its picks
-    are those it makes before any training result."""
+    it, without training (an adaptive selector observes nothing here)."""
     return _Async(_Run.plan_only(scenario), None).tl
 
 
@@ -812,19 +712,17 @@ def run_scenario(
         scenario: a validated scenario (:func:`fedsim.scenario.load_scenario`).
         workers: 0 trains in this process; ``n >= 1`` uses ``n`` Ray worker
             actors (Ray must be initialised: :func:`fedsim.ray_session.init_ray`).
-        run_dir: if given, rows are written there as Parquet as the run goes
-            (atomically) and checkpoints every ``checkpoint.every_rounds``.
+        run_dir: where rows (Parquet, written as the run goes) and
+            checkpoints (every ``checkpoint.every_rounds``) go.
         resume: continue from ``run_dir``'s latest checkpoint.
-        on_round: called with each round's row and client rows as soon as
-            they are known (progress bars).
+        on_round: called with each round's row and client rows (progress).
         max_lookahead: asynchronous mode: at most this many version records
             held ahead of the model (default about four job lifetimes; 1
             with an adaptive selector); the results do not depend on it.
 
     Returns:
-        A :class:`RunResult`. A run that diverges or is interrupted (Ctrl-C)
-        returns too, with ``status`` saying so; the rows up to that point are
-        kept (and written, with a run directory).
+        A :class:`RunResult`, also when the run diverges or is interrupted
+        (``status`` says so; the rows so far are kept and written).
 
     Raises:
         SetupError: before training, the run directory cannot take the run.
@@ -842,9 +740,7 @@ def run_scenario(
     message = ""
     try:
         if run.asynchronous:
-            loop = _Async(run, max_lookahead)
-            loop.start(resume)
-            loop.loop()
+            _Async(run, max_lookahead).loop(resume)
         else:
             _run_rounds(run, resume)
     except DivergenceError as exc:
