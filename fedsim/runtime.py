@@ -29,22 +29,10 @@ from typing import Any, Literal, cast
 import numpy as np
 import torch
 
-from fedsim import __version__, clock
+from fedsim import __version__, checkpoint, clock
 from fedsim.algorithms.base import AsyncRule, ClientUpdate
 from fedsim.algorithms.feddm import FedDM
 from fedsim.algorithms.sampling import participation_bias, weight_shares
-from fedsim.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    checkpoint_bytes,
-    checkpoint_dir,
-    commit_checkpoint,
-    latest_checkpoint,
-    load_tensors,
-    save_tensors,
-    write_fingerprint,
-    write_meta,
-)
 from fedsim.data import FederatedData, build_data
 from fedsim.data.partition import partition_table, plot_partition
 from fedsim.data.validation import describe_validation
@@ -53,16 +41,9 @@ from fedsim.fleet import Fleet
 from fedsim.params import l2_norm
 from fedsim.results import Recorder, check_free_space, summarize, write_arrow
 from fedsim.scenario import Scenario
-from fedsim.selectors import Draw, SelectorContext, make_selector
-from fedsim.server import (
-    Applied,
-    ClientStats,
-    DivergenceError,
-    RoundResult,
-    Server,
-    evaluates,
-)
-from fedsim.workers import Task
+from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
+from fedsim.server import Applied, DivergenceError, Server, evaluates
+from fedsim.workers import Payload, Task
 
 __all__ = ["ClientRecord", "RunResult", "SetupError", "async_timeline", "run_scenario"]
 
@@ -72,7 +53,7 @@ _ASYNC_SELECT_TAG = 0xD15C  # the timeline's dispatch stream: (seed, tag, n)
 
 Row = dict[str, Any]
 RoundCallback = Callable[[Row, list[Row]], None]
-Payload = dict[str, torch.Tensor]
+Trained = Sequence[tuple[ClientUpdate, float]]  # (update, effective weight)
 
 
 class SetupError(OSError):
@@ -262,7 +243,7 @@ class _Run:
         sc = self.sc
         try:
             if self.every:
-                need = checkpoint_bytes(
+                need = checkpoint.checkpoint_bytes(
                     self.server.num_params,
                     sc.model.elem_bytes,
                     sc.num_clients,
@@ -287,7 +268,7 @@ class _Run:
         t: int,
         sim_time: float,
         records: Sequence[ClientRecord],
-        trained: Sequence[tuple[ClientUpdate, float]],
+        trained: Trained,
         applied: Applied,
         extra: Row,
         selector_rows: Sequence[Row] = (),
@@ -361,7 +342,7 @@ class _Run:
         return row
 
     # ------------------------------------------------------ checkpoints
-    def checkpoint(
+    def save_checkpoint(
         self,
         next_round: int,
         sim_time: float,
@@ -371,12 +352,12 @@ class _Run:
         """Save the state after ``next_round`` rounds (or versions)."""
         assert self.run_dir is not None
         self.recorder.flush()
-        ckpt = checkpoint_dir(self.run_dir, next_round)
+        ckpt = checkpoint.checkpoint_dir(self.run_dir, next_round)
         self.server.save(ckpt)
         old = sorted(v for v in payloads if v < next_round)
         for v in old:
-            save_tensors(ckpt / f"payload-{v:08d}.pt", payloads[v])
-        write_meta(
+            checkpoint.save_tensors(ckpt / f"payload-{v:08d}.pt", payloads[v])
+        checkpoint.write_meta(
             ckpt,
             {
                 "next_round": next_round,
@@ -388,15 +369,15 @@ class _Run:
                 "n_selector_rows": len(self.recorder.selector_rows),
             },
         )
-        write_fingerprint(ckpt, self.sc)
-        commit_checkpoint(self.run_dir, ckpt)
+        checkpoint.write_fingerprint(ckpt, self.sc)
+        checkpoint.commit_checkpoint(self.run_dir, ckpt)
 
-    def restore(self) -> Checkpoint:
+    def restore(self) -> checkpoint.Checkpoint:
         """Load the latest checkpoint (server, client store, rows); return it."""
         assert self.run_dir is not None
-        ck = latest_checkpoint(self.run_dir)
+        ck = checkpoint.latest_checkpoint(self.run_dir)
         if not 0 < ck.next_round <= self.sc.rounds:
-            raise CheckpointError(
+            raise checkpoint.CheckpointError(
                 f"{ck.path}: round {ck.next_round} is not in this run "
                 f"(rounds: {self.sc.rounds})"
             )
@@ -409,6 +390,13 @@ class _Run:
     def due(self, done: int) -> bool:
         """Whether a checkpoint is due after ``done`` rounds or versions."""
         return bool(self.every) and (done % self.every == 0 or done == self.sc.rounds)
+
+    def observe(
+        self, sel: Selector, state: Any, t: int, applied: Applied, trained: Trained
+    ) -> tuple[Any, list[Row]]:
+        """The selector learns round (or version) ``t``: its state and rows."""
+        state = sel.observe(state, t, applied.result(trained), self.sel_ctx)
+        return state, [{"round": t, **r} for r in sel.artifact(state, t)]
 
 
 def job_work(sc: Scenario, data: FederatedData) -> clock.JobWork | None:
@@ -474,27 +462,11 @@ def _run_rounds(run: _Run, resume: bool) -> None:
         applied = server.apply(ups, multiplicity=multiplicity, where=f"round {t}")
         w = dict(zip(sorted(clients), applied.weights, strict=True))
         trained = [(u, w[u.client]) for u in ups]
-        result = _round_result(applied, trained)
-        state = sel.observe(state, t, result, run.sel_ctx)
-        artifact = [{"round": t, **r} for r in sel.artifact(state, t)]
+        state, artifact = run.observe(sel, state, t, applied, trained)
         run.record(t, plan.t_end, records, trained, applied, {}, artifact)
         now = plan.t_end
         if run.due(t + 1):
-            run.checkpoint(t + 1, now, state, {})
-
-
-def _round_result(
-    applied: Applied, trained: Sequence[tuple[ClientUpdate, float]]
-) -> RoundResult:
-    """What the selector observes of a synchronous round."""
-    flags = applied.info.flags
-    clients = {
-        u.client: ClientStats(
-            l2_norm(u.delta), u.train_loss, w, flags.get(u.client, {})
-        )
-        for u, w in trained
-    }
-    return RoundResult(applied.info, clients, applied.train_loss, math.nan, math.nan)
+            run.save_checkpoint(t + 1, now, state, {})
 
 
 # ===================================================== asynchronous mode
@@ -528,17 +500,7 @@ class _Async:
         # checkpoint keeps so that a resumed replay makes the same picks
         self.picks: list[list[int]] = []
         self.replay: list[list[int]] = []
-        self.tl = self._timeline()
-        self.timeline: Iterator[clock.Version] = iter(self.tl)
-        self.payloads: dict[int, Payload] = {}
-        self.users: Counter[int] = Counter()  # version -> its jobs still open
-        self.pending: deque[clock.Version] = deque()
-        self.trained: dict[JobKey, ClientUpdate] = {}
-        self.w = 0  # the newest computed version
-
-    def _timeline(self) -> clock.AsyncTimeline:
-        run, sc = self.run, self.run.sc
-        return clock.AsyncTimeline(
+        self.tl = clock.AsyncTimeline(
             run.fleet,
             sc.round,
             versions=sc.rounds,
@@ -551,6 +513,12 @@ class _Async:
             batch_size=sc.client.batch_size,
             choose=self._choose,
         )
+        self.timeline: Iterator[clock.Version] = iter(self.tl)
+        self.payloads: dict[int, Payload] = {}
+        self.users: Counter[int] = Counter()  # version -> its jobs still open
+        self.pending: deque[clock.Version] = deque()
+        self.trained: dict[JobKey, ClientUpdate] = {}
+        self.w = 0  # the newest computed version
 
     def _choose(self, candidates: np.ndarray, free: int, n: int) -> np.ndarray:
         """The selector's n-th pick of idle online devices for the free slots
@@ -577,14 +545,14 @@ class _Async:
         for _ in range(w):
             rec = next(self.timeline)
             self.users.update(j.version for j in rec.started)
-            for a in rec.ended:
-                self.users[a.job.version] -= 1
+            self.users.subtract(a.job.version for a in rec.ended)
         in_use = [v for v in range(w) if self.users[v] > 0]
         try:
             for v in in_use:
-                self.payloads[v] = load_tensors(ck.path / f"payload-{v:08d}.pt")
+                path = ck.path / f"payload-{v:08d}.pt"
+                self.payloads[v] = checkpoint.load_tensors(path)
         except OSError as exc:
-            raise CheckpointError(
+            raise checkpoint.CheckpointError(
                 f"{ck.path}: missing version parameters ({exc})"
             ) from None
         self.payloads[w] = run.server.payload()
@@ -656,7 +624,11 @@ class _Async:
         by_key = dict(zip(keys, zip(ups, applied.weights, strict=True), strict=True))
         trained = [by_key[_key(a.job)] for a in rec.ended if not a.dropped]
         records = [ClientRecord.from_arrival(a) for a in rec.ended]
-        artifact = self._observe(rec.version, applied, trained)
+        artifact: list[Row] = []
+        if self.adaptive:  # in arrival order: a device's later update wins
+            self.sel_state, artifact = run.observe(
+                run.selector, self.sel_state, rec.version, applied, trained
+            )
         run.record(rec.version, rec.t, records, trained, applied, extra, artifact)
         self.w += 1
         self._forget(rec)
@@ -664,26 +636,13 @@ class _Async:
             state: Any = self.sel_state
             if self.adaptive:
                 state = {"state": state, "picks": self.picks}
-            run.checkpoint(self.w, rec.t, state, self.payloads)
-
-    def _observe(
-        self, w: int, applied: Applied, trained: list[tuple[ClientUpdate, float]]
-    ) -> list[Row]:
-        """An adaptive selector learns version ``w``'s applied updates (in
-        arrival order, so a device's later update wins); its artifact rows."""
-        if not self.adaptive:
-            return []
-        sel = self.run.selector
-        result = _round_result(applied, trained)
-        self.sel_state = sel.observe(self.sel_state, w, result, self.run.sel_ctx)
-        return [{"round": w, **r} for r in sel.artifact(self.sel_state, w)]
+            run.save_checkpoint(self.w, rec.t, state, self.payloads)
 
     def _forget(self, rec: clock.Version) -> None:
         """Keep the new version; drop versions no open job started from."""
         w = self.w
         self.payloads[w] = self.run.server.payload()
-        for a in rec.ended:
-            self.users[a.job.version] -= 1
+        self.users.subtract(a.job.version for a in rec.ended)
         for v in [v for v in self.payloads if v < w and self.users[v] <= 0]:
             del self.payloads[v]
             self.users.pop(v, None)
@@ -734,7 +693,7 @@ def run_scenario(
     if resume:
         if run_dir is None:
             raise ValueError("resume needs the run directory")
-        latest_checkpoint(run_dir)  # no usable checkpoint: fail before building
+        checkpoint.latest_checkpoint(run_dir)  # none usable: fail before building
     run = _Run(scenario, workers, run_dir, on_round, resume)
     status: Literal["completed", "diverged", "stalled", "interrupted"] = "completed"
     message = ""

@@ -39,7 +39,7 @@ from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.data.validation import validation_problem, validation_use
 from fedsim.models import evaluate, make_model
-from fedsim.params import flatten
+from fedsim.params import flatten, l2_norm
 from fedsim.scenario import Scenario, ScenarioError
 from fedsim.store import ClientStore
 
@@ -54,6 +54,7 @@ __all__ = [
 ]
 
 Payload = dict[str, torch.Tensor]
+Split = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
 
 
 class DivergenceError(RuntimeError):
@@ -89,6 +90,17 @@ class Applied:
     weights: tuple[float, ...]
     train_loss: float
     shares: dict[int, float] = field(default_factory=dict)
+
+    def result(self, trained: Sequence[tuple[ClientUpdate, float]]) -> RoundResult:
+        """What a selector observes, given each (update, effective weight)."""
+        clients = {
+            u.client: ClientStats(
+                l2_norm(u.delta), u.train_loss, w, self.info.flags.get(u.client, {})
+            )
+            for u, w in trained
+        }
+        nan = math.nan
+        return RoundResult(self.info, clients, self.train_loss, nan, nan)
 
 
 @dataclass(frozen=True)
@@ -138,7 +150,7 @@ class Server:
         # What server-side model choices score on (FedPNS's CHECK LOSS): the
         # validation split, the test set where the scenario opts in, or None.
         use = validation_use(scenario)
-        self.val: tuple | None = None
+        self.val: Split | None = None
         self.val_weights = None
         if use == "test":
             self.val, self.val_weights = self.test, self.test_weights
@@ -267,7 +279,7 @@ class Server:
         self.store.restore(load_arrays(path))
 
 
-def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> tuple:
+def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> Split:
     """(inputs, targets) as tensors; regression targets take the model's dtype."""
     ty = _tensor(y)
     return _tensor(x).to(dtype), ty if num_classes else ty.to(dtype)

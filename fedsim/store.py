@@ -60,15 +60,15 @@ class ClientStore:
             return self.arrays[key]
         total = self.num_clients * self.row_bytes * (len(self.arrays) + 1)
         shape = (self.num_clients, self.dim)
-        if total > self.budget_bytes:
+        if total <= self.budget_bytes:
+            arr = np.zeros(shape, dtype=self.np_dtype)
+        else:  # spilled to disk
             if self._tmp is None:
                 self._tmp = tempfile.mkdtemp(
                     prefix="fedsim-store-", dir=self._spill_root
                 )
             path = Path(self._tmp) / f"{key}.npy"
             arr = np.lib.format.open_memmap(path, "w+", self.np_dtype, shape)
-        else:
-            arr = np.zeros(shape, dtype=self.np_dtype)
         self.arrays[key] = arr
         return arr
 
