@@ -1,12 +1,6 @@
-"""Run one scenario: the one recipe behind ``fedsim run``, compare, stress,
-the benchmarks and the tests.
-
-:func:`run_scenario` builds the run's parts once (fleet, data, server,
-executor, selector, recorder) and drives them with simulated time from
-:mod:`fedsim.clock`: synchronous rounds (select, plan, train, apply, record)
-or asynchronous versions (train each job from its start version ahead of the
-timeline, apply in arrival order). docs/architecture.md describes both loops,
-the bytes rule and the checkpoint format.
+"""Run one scenario: the recipe behind ``fedsim run``, compare, stress, the
+benchmarks and the tests. docs/architecture.md describes both loops
+(synchronous rounds, asynchronous versions), the bytes rule and checkpoints.
 
 Example:
     >>> from fedsim.scenario import load_scenario
@@ -53,7 +47,8 @@ _ASYNC_SELECT_TAG = 0xD15C  # the timeline's dispatch stream: (seed, tag, n)
 
 Row = dict[str, Any]
 RoundCallback = Callable[[Row, list[Row]], None]
-Trained = Sequence[tuple[ClientUpdate, float]]  # (update, effective weight)
+Pair = tuple[ClientUpdate, float]  # an update and its effective weight
+Trained = Sequence[Pair]
 
 
 class SetupError(OSError):
@@ -62,18 +57,10 @@ class SetupError(OSError):
 
 @dataclass
 class RunResult:
-    """What a run produced.
-
-    Attributes:
-        rows: rounds.parquet's rows (one per round, or per server version).
-        clients: clients.parquet's rows.
-        final_params: the final model (None unless ``completed``).
-        status: ``completed``, ``diverged`` (NaN or infinite model or loss),
-            ``stalled`` (an asynchronous run can make no further version) or
-            ``interrupted`` (Ctrl-C or SIGTERM); ``message`` says why.
-        workers: Ray worker actors used (0: in-process).
-        initial: the initial model's ``{"accuracy", "loss", "t": 0.0}``.
-    """
+    """What a run produced: rounds.parquet's ``rows``, clients.parquet's
+    ``clients``, the final model (None unless ``completed``) and ``status``:
+    ``completed``, ``diverged`` (NaN or infinite model or loss), ``stalled``
+    (no further asynchronous version possible) or ``interrupted``."""
 
     scenario: Scenario
     rows: list[Row]
@@ -81,10 +68,10 @@ class RunResult:
     final_params: torch.Tensor | None
     status: Literal["completed", "diverged", "stalled", "interrupted"]
     message: str
-    workers: int
+    workers: int  # Ray worker actors (0: in-process)
     wall_time_s: float
     data: FederatedData | None = field(default=None, repr=False)
-    initial: dict[str, float] | None = None
+    initial: dict[str, float] | None = None  # x_0's accuracy, loss and t = 0.0
     # Ray runs: where the workers ran, nodes lost, tasks retried (summary.json)
     placement: dict[str, Any] = field(default_factory=dict)
 
@@ -154,15 +141,9 @@ class RunResult:
 
 @dataclass(frozen=True)
 class ClientRecord:
-    """One client's part in a round or version: one client row.
-
-    Attributes:
-        round: the row's round (asynchronous: the version at arrival).
-        plan: the clock's record (tau, times, dropped and why, slowdown).
-        uploaded: the upload reached the server (what bytes_up bills).
-        job: asynchronous mode: (version started, version applied or None,
-            staleness or None, job index); None in synchronous rounds.
-    """
+    """One client row: the clock's plan, whether the upload reached the server
+    (billed), and in asynchronous mode (``round``: the version at arrival) the
+    job (version started, version applied or None, staleness or None, index)."""
 
     round: int
     plan: clock.Plan
@@ -186,23 +167,6 @@ class _Run:
     """One run's parts, built once, and what both loops share."""
 
     def __init__(
-        self,
-        scenario: Scenario,
-        workers: int,
-        run_dir: Path | None,
-        on_round: RoundCallback | None,
-        resume: bool = False,
-    ) -> None:
-        self._build(scenario, run_dir, on_round)
-        # x_0 is a pure function of (scenario, seed): a resume evaluates it again
-        loss, acc = self.server.evaluate()
-        self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
-        if run_dir is not None:
-            self._prepare(run_dir, resume)
-        self.executor: Executor = make_executor(scenario, self.data, workers)
-        self.wall0 = time.perf_counter()  # rows' wall_time: training only
-
-    def _build(
         self, sc: Scenario, run_dir: Path | None, on_round: RoundCallback | None
     ) -> None:
         self.sc = sc
@@ -214,9 +178,9 @@ class _Run:
         torch.set_num_threads(max(1, int(sc.resources.cpus_per_worker)))
         self.server = Server(sc, self.data)
         self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)
-        model_bytes = self.server.num_params * sc.model.elem_bytes
-        self.bytes_down = sc.algorithm.down_factor * model_bytes
-        self.bytes_up = sc.algorithm.up_factor * model_bytes
+        d, elem = self.server.num_params, sc.model.elem_bytes
+        self.bytes_down = sc.algorithm.down_factor * d * elem
+        self.bytes_up = sc.algorithm.up_factor * d * elem
         self.work = job_work(sc, self.data)  # FedDM: its iterations and upload
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
@@ -234,9 +198,16 @@ class _Run:
     @classmethod
     def plan_only(cls, scenario: Scenario) -> _Run:
         """The run's parts without executor or results (no training)."""
-        run = cls.__new__(cls)
-        run._build(scenario, None, None)
-        return run
+        return cls(scenario, None, None)
+
+    def start(self, workers: int, resume: bool) -> None:
+        # x_0 is a pure function of (scenario, seed): a resume evaluates it again
+        loss, acc = self.server.evaluate()
+        self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
+        if self.run_dir is not None:
+            self._prepare(self.run_dir, resume)
+        self.executor: Executor = make_executor(self.sc, self.data, workers)
+        self.wall0 = time.perf_counter()  # rows' wall_time: training only
 
     def _prepare(self, run_dir: Path, resume: bool) -> None:
         """Room for two checkpoints; the partition's table and figure."""
@@ -308,10 +279,7 @@ class _Run:
             self.on_round(row, these)
 
     def client_row(
-        self,
-        r: ClientRecord,
-        trained: tuple[ClientUpdate, float] | None,
-        applied: Applied,
+        self, r: ClientRecord, trained: Pair | None, applied: Applied
     ) -> Row:
         u, weight = trained if trained is not None else (None, 0.0)
         up = self.bytes_up if u is None or u.bytes_up is None else u.bytes_up
@@ -343,13 +311,10 @@ class _Run:
 
     # ------------------------------------------------------ checkpoints
     def save_checkpoint(
-        self,
-        next_round: int,
-        sim_time: float,
-        selector_state: Any,
-        payloads: dict[int, Payload],
+        self, next_round: int, sim_time: float, state: Any, payloads: dict[int, Payload]
     ) -> None:
-        """Save the state after ``next_round`` rounds (or versions)."""
+        """Save the state after ``next_round`` rounds (or versions); ``state``:
+        the selector's; ``payloads``: the versions jobs in flight started from."""
         assert self.run_dir is not None
         self.recorder.flush()
         ckpt = checkpoint.checkpoint_dir(self.run_dir, next_round)
@@ -362,7 +327,7 @@ class _Run:
             {
                 "next_round": next_round,
                 "sim_time": sim_time,
-                "selector_state": selector_state,
+                "selector_state": state,
                 "payload_versions": old,
                 "n_rows": len(self.recorder.rows),
                 "n_client_rows": len(self.recorder.clients),
@@ -668,33 +633,29 @@ def run_scenario(
     """Run every (remaining) round or server version of ``scenario``.
 
     Args:
-        scenario: a validated scenario (:func:`fedsim.scenario.load_scenario`).
         workers: 0 trains in this process; ``n >= 1`` uses ``n`` Ray worker
             actors (Ray must be initialised: :func:`fedsim.ray_session.init_ray`).
         run_dir: where rows (Parquet, written as the run goes) and
             checkpoints (every ``checkpoint.every_rounds``) go.
-        resume: continue from ``run_dir``'s latest checkpoint.
         on_round: called with each round's row and client rows (progress).
         max_lookahead: asynchronous mode: at most this many version records
             held ahead of the model (default about four job lifetimes; 1
             with an adaptive selector); the results do not depend on it.
 
     Returns:
-        A :class:`RunResult`, also when the run diverges or is interrupted
-        (``status`` says so; the rows so far are kept and written).
+        A :class:`RunResult`, also when the run diverges or is interrupted.
 
     Raises:
-        SetupError: before training, the run directory cannot take the run.
-        CheckpointError: ``resume`` without a usable checkpoint.
-        OSError: results could not be written.
-        fedsim.data.DataError: the dataset could not be read.
+        SetupError, CheckpointError (``resume`` without a usable checkpoint),
+        OSError (results not written), fedsim.data.DataError.
     """
     run_dir = Path(run_dir) if run_dir is not None else None
     if resume:
         if run_dir is None:
             raise ValueError("resume needs the run directory")
         checkpoint.latest_checkpoint(run_dir)  # none usable: fail before building
-    run = _Run(scenario, workers, run_dir, on_round, resume)
+    run = _Run(scenario, run_dir, on_round)
+    run.start(workers, resume)
     status: Literal["completed", "diverged", "stalled", "interrupted"] = "completed"
     message = ""
     try:
