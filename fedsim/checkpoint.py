@@ -132,10 +132,7 @@ def _read_pointer(run_dir: Path) -> Path:
         ) from None
     except OSError as exc:
         raise CheckpointError(f"{pointer}: cannot read ({exc.strerror})") from None
-    try:
-        name = raw.decode("ascii").strip()
-    except UnicodeDecodeError:
-        name = None
+    name = raw.decode("ascii").strip() if raw.isascii() else ""
     if not name or len(raw) > _MAX_POINTER_BYTES or not name.isprintable():
         shown = "it is empty" if not raw.strip() else "not a checkpoint name"
         raise CheckpointError(
@@ -161,12 +158,8 @@ def _read_pointer(run_dir: Path) -> Path:
 
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint:
-    """The checkpoint LATEST names.
-
-    Raises:
-        CheckpointError: no LATEST, a damaged one, one pointing outside
-            ``run_dir``, or an unreadable ``meta.json``.
-    """
+    """The checkpoint LATEST names; CheckpointError when LATEST is missing,
+    damaged or points outside ``run_dir``, or ``meta.json`` is unreadable."""
     path = _read_pointer(Path(run_dir))
     try:
         meta = json.loads((path / "meta.json").read_text())
@@ -257,16 +250,9 @@ def check_fingerprint(
     ckpt_path: Path, scenario: Scenario, missing_ok: bool = False
 ) -> None:
     """Refuse to resume ``ckpt_path`` (a checkpoint folder, or a run folder
-    whose LATEST is followed) with a scenario of another experiment.
-
-    Args:
-        missing_ok: accept a checkpoint without ``fingerprint.json`` (written
-            before fingerprints existed).
-
-    Raises:
-        CheckpointError: listing every field that differs, with the
-            checkpoint's value and the scenario's.
-    """
+    whose LATEST is followed) with a scenario of another experiment: a
+    CheckpointError lists every differing field, with both values.
+    ``missing_ok`` accepts a checkpoint without ``fingerprint.json``."""
     ckpt = Path(ckpt_path)
     if (ckpt / LATEST).exists():
         ckpt = _read_pointer(ckpt)

@@ -76,15 +76,11 @@ def evaluates(scenario: Scenario, t: int) -> bool:
 
 @dataclass(frozen=True)
 class Applied:
-    """What one :meth:`Server.apply` did.
-
-    Attributes:
-        info: the algorithm's account (tau_eff, chi^2(p||w), per-client flags).
-        weights: each update's effective aggregation weight, in given order.
-        train_loss: the updates' data-weighted mean training loss.
-        shares: synchronous rounds: each client delta's unnormalised weight
-            in the step (``AggregateInfo.shares``, else ``weights``).
-    """
+    """What one :meth:`Server.apply` did: the algorithm's ``info``, each
+    update's effective ``weights`` (in given order), the data-weighted mean
+    ``train_loss`` and, in synchronous rounds, each client delta's
+    unnormalised weight in the step (``shares``: ``AggregateInfo.shares``,
+    else ``weights``)."""
 
     info: AggregateInfo
     weights: tuple[float, ...]
@@ -192,11 +188,10 @@ class Server:
         """Aggregate ``updates`` into the server state.
 
         Args:
-            updates: a synchronous round's updates (aggregated in client-id
-                order), or an asynchronous version's in order of arrival.
-            staleness: asynchronous mode: each update's staleness (None: a
-                synchronous round, with the algorithm's ``aggregate``).
-            starts: asynchronous mode: the parameters each update started from.
+            updates: a synchronous round's (aggregated in client-id order),
+                or an asynchronous version's, in order of arrival.
+            staleness, starts: asynchronous mode (``aggregate_async``): each
+                update's staleness and the parameters it started from.
             multiplicity: how many times the selector drew each client.
             where: "round 3" or "version 3", for error messages.
 

@@ -2,19 +2,8 @@
 
 A :class:`Worker` runs exactly ``tau_i(t)`` local steps (decided by the clock)
 for each task; per-client state travels with the task, so a restart loses
-nothing. Executors (:mod:`fedsim.executors`) own the workers.
-
-Example (in-process):
-    >>> from fedsim.scenario import load_scenario
-    >>> from fedsim.data import build_data
-    >>> from fedsim.models import make_model
-    >>> from fedsim.params import flatten
-    >>> sc = load_scenario("scenarios/quickstart.yaml")
-    >>> data = build_data(sc.data, sc.num_clients, sc.seed)
-    >>> worker = Worker(sc, data)
-    >>> x = flatten(make_model(sc, data))
-    >>> [u.tau for u in worker.train({"x": x}, [Task(client=3, round=0, tau=5)])]
-    [5]
+nothing. Executors (:mod:`fedsim.executors`) own the workers; the example in
+:mod:`fedsim.server` trains with one.
 """
 
 from __future__ import annotations
@@ -54,13 +43,9 @@ Payload = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class Task:
-    """Train ``client`` for ``tau`` local steps.
-
-    Attributes:
-        round: seeds the client's randomness: the synchronous round, or in
-            asynchronous mode the device's job index.
-        version: the server version (payload) the client starts from.
-    """
+    """Train ``client`` for ``tau`` local steps from server version
+    ``version``; ``round`` seeds the client's randomness (asynchronous mode:
+    the device's job index)."""
 
     client: int
     round: int
