@@ -39,7 +39,6 @@ class ClientStore:
     ) -> None:
         self.num_clients = num_clients
         self.dim = dim
-        self.dtype = dtype
         self.np_dtype = torch.empty((), dtype=dtype).numpy().dtype
         self.budget_bytes = budget_bytes
         self._spill_root = spill_dir
@@ -47,18 +46,11 @@ class ClientStore:
         self.arrays: dict[str, np.ndarray] = {}
         self.seen = np.zeros(num_clients, dtype=bool)
 
-    @property
-    def row_bytes(self) -> int:
-        return self.dim * self.np_dtype.itemsize
-
-    @property
-    def spilled(self) -> bool:
-        return self._tmp is not None
-
     def _array(self, key: str) -> np.ndarray:
         if key in self.arrays:
             return self.arrays[key]
-        total = self.num_clients * self.row_bytes * (len(self.arrays) + 1)
+        row_bytes = self.dim * self.np_dtype.itemsize
+        total = self.num_clients * row_bytes * (len(self.arrays) + 1)
         shape = (self.num_clients, self.dim)
         if total <= self.budget_bytes:
             arr = np.zeros(shape, dtype=self.np_dtype)
@@ -84,16 +76,6 @@ class ClientStore:
         for key, value in state.items():
             self._array(key)[client] = value.detach().cpu().numpy()
         self.seen[client] = True
-
-    def mean(self, key: str) -> torch.Tensor:
-        """(1/m) sum over all clients of one key (never-trained clients count as 0)."""
-        if key not in self.arrays:
-            return torch.zeros(self.dim, dtype=self.dtype)
-        arr = self.arrays[key]
-        acc = np.zeros(self.dim, dtype=np.float64)
-        for start in range(0, self.num_clients, 1024):
-            acc += arr[start : start + 1024].sum(axis=0, dtype=np.float64)
-        return torch.from_numpy(acc / self.num_clients).to(self.dtype)
 
     def export(self) -> dict[str, np.ndarray]:
         """Every array (and ``seen``), for a checkpoint."""
