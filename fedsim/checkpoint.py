@@ -217,9 +217,8 @@ def fingerprint(scenario: Scenario) -> dict[str, Any]:
         *parents, last = dotted.split(".")
         node = out
         for key in parents:
-            node = node.get(key, {}) if isinstance(node, dict) else {}
-        if isinstance(node, dict):
-            node.pop(last, None)
+            node = node.get(key, {})
+        node.pop(last, None)
     for group in out.get("fleet", {}).get("groups", []):
         trace = group.get("trace") if isinstance(group, dict) else None
         if isinstance(trace, dict) and isinstance(trace.get("file"), str):

@@ -28,12 +28,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import torch
-
 from fedsim.algorithms.base import ClientState, ClientUpdate
 from fedsim.data import DataError, DataMissingError, FederatedData, build_data
 from fedsim.scenario import Scenario
-from fedsim.workers import Task, Worker, assign_lpt
+from fedsim.workers import Payload, Task, Worker, assign_lpt
 
 __all__ = [
     "Executor",
@@ -45,7 +43,6 @@ __all__ = [
     "resolve_workers",
 ]
 
-Payload = dict[str, torch.Tensor]
 Tasks = Sequence[Task]
 Payloads = Mapping[int, Payload]  # by server version
 States = Mapping[int, ClientState]  # by client id
@@ -217,12 +214,6 @@ class RayExecutor(Executor):
         res = scenario.resources
         self.placement = res.placement
         self._pg = None if res.placement == "spread" else _placement_group(res, n)
-        opts: dict[str, Any] = dict(
-            num_cpus=res.cpus_per_worker,
-            num_gpus=res.gpus_per_worker,
-            max_restarts=-1,
-            max_task_retries=0,  # retried here, and counted
-        )
         if res.data == "per_node":
             check_data_on_nodes(scenario)
         # a list: Ray hands the reference itself to a (re)started actor
@@ -231,7 +222,13 @@ class RayExecutor(Executor):
         threads = max(1, int(res.cpus_per_worker))
         self.actors: list[Any] = [
             ray.remote(Worker)
-            .options(**opts, scheduling_strategy=self._strategy(i))
+            .options(
+                num_cpus=res.cpus_per_worker,
+                num_gpus=res.gpus_per_worker,
+                max_restarts=-1,
+                max_task_retries=0,  # retried here, and counted
+                scheduling_strategy=self._strategy(i),
+            )
             .remote(scenario, self._data, threads)
             for i in range(n)
         ]
@@ -249,9 +246,7 @@ class RayExecutor(Executor):
             return "SPREAD"
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return PlacementGroupSchedulingStrategy(
-            self._pg, placement_group_bundle_index=i
-        )
+        return PlacementGroupSchedulingStrategy(self._pg, i)  # bundle i
 
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
         where = {id(t): j for j, t in enumerate(tasks)}
