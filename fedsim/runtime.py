@@ -495,7 +495,6 @@ class _Async:
         draw = Draw(self.tl.version, candidates, rng, run.sel_ctx)
         sel = run.selector.with_slots(free)
         ids, self.sel_state = sel.select(self.sel_state, draw)
-
         if self.adaptive:
             self.picks.append(ids.tolist())
         return ids
@@ -511,9 +510,8 @@ class _Async:
             rec = next(self.timeline)
             self.users.update(j.version for j in rec.started)
             self.users.subtract(a.job.version for a in rec.ended)
-        in_use = [v for v in range(w) if self.users[v] > 0]
         try:
-            for v in in_use:
+            for v in [v for v in range(w) if self.users[v] > 0]:
                 path = ck.path / f"payload-{v:08d}.pt"
                 self.payloads[v] = checkpoint.load_tensors(path)
         except OSError as exc:
@@ -543,9 +541,7 @@ class _Async:
                 self._apply(self.pending.popleft())
 
     def _look_ahead(self) -> list[clock.Job]:
-        """Pull records while the newest needs only computed versions, then
-        while fewer than ``concurrency`` jobs are ready; return the jobs that
-        can be trained now."""
+        """Pull records (docs/architecture.md); the jobs trainable now."""
         w, pending = self.w, self.pending
         ready = [a.job for r in pending for a in r.applied if a.job.version <= w]
         batch = [j for j in ready if _key(j) not in self.trained]
