@@ -1,31 +1,14 @@
 """Checkpoints: everything needed to continue a run exactly where it stopped.
 
-A checkpoint is a directory ``ckpt-<round>/`` inside the run directory:
-
-- ``server.pt``: the server state (a dict of tensors), saved with
-  ``torch.save`` and read back with ``torch.load(weights_only=True)``, so
-  loading never unpickles arbitrary objects;
-- ``store-<key>.npy`` and ``store-seen.npy``: the per-client state, read with
-  ``np.load(allow_pickle=False)``;
-- ``meta.json``: the next round, the simulated time, the selector state and
-  how many result rows belong to the checkpoint.
-
-``LATEST`` (written atomically, after the directory is complete) names the
-newest checkpoint; older ones are then deleted. ``LATEST`` must name a
-``ckpt-*`` folder directly inside the run directory: anything else (a path
-elsewhere, a symlink leading out, binary garbage) is refused.
-
-``fingerprint.json`` holds the experiment's fingerprint (:func:`fingerprint`):
-the resolved scenario without the fields that cannot change results.
-:func:`check_fingerprint` refuses to resume a checkpoint with a scenario
-whose fingerprint differs, listing the fields. Randomness needs no saving:
-every random stream is derived from (seed, round, ...) and fleet availability
-is a pure function of simulated time.
+A checkpoint is a folder ``ckpt-<round>/`` (``server.pt``, ``store-*.npy``,
+``meta.json``, ``fingerprint.json``) named by ``LATEST``; nothing is loaded
+by unpickling. docs/architecture.md ("Checkpoints") describes the format.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 import shutil
@@ -85,13 +68,9 @@ class Checkpoint:
 def checkpoint_bytes(
     num_params: int, elem_bytes: int, num_clients: int, stateful: bool
 ) -> int:
-    """A lower bound on the disk a checkpoint takes, and while the next one is
-    written (before the older is deleted) twice that.
-
-    The server state holds at least the model; a stateful algorithm keeps at
-    least one model-sized vector per client (SCAFFOLD's c_i, FedDyn's
-    gradient). Asynchronous runs also save the versions in flight, which
-    this bound leaves out.
+    """A lower bound on the disk two checkpoints take (the next is written
+    before the older is deleted): the model, plus one model-sized vector per
+    client for a stateful algorithm (versions in flight are left out).
 
     Example:
         >>> round(checkpoint_bytes(101_770, 4, 10_000, stateful=True) / 2**30, 3)
@@ -106,8 +85,6 @@ def checkpoint_dir(run_dir: Path, next_round: int) -> Path:
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    import io
-
     import torch
 
     buf = io.BytesIO()
@@ -143,8 +120,7 @@ def commit_checkpoint(run_dir: Path, ckpt: Path) -> None:
 
 def _read_pointer(run_dir: Path) -> Path:
     """The checkpoint folder LATEST names, refused unless it is a ``ckpt-*``
-    folder directly inside ``run_dir`` (a LATEST edited or damaged to point
-    elsewhere must not make a resume read, or later delete, other files)."""
+    folder directly inside ``run_dir`` (never read or delete other files)."""
     pointer = run_dir / LATEST
     try:
         with pointer.open("rb") as f:
@@ -156,10 +132,7 @@ def _read_pointer(run_dir: Path) -> Path:
         ) from None
     except OSError as exc:
         raise CheckpointError(f"{pointer}: cannot read ({exc.strerror})") from None
-    try:
-        name = raw.decode("ascii").strip()
-    except UnicodeDecodeError:
-        name = None
+    name = raw.decode("ascii").strip() if raw.isascii() else ""
     if not name or len(raw) > _MAX_POINTER_BYTES or not name.isprintable():
         shown = "it is empty" if not raw.strip() else "not a checkpoint name"
         raise CheckpointError(
@@ -185,14 +158,9 @@ def _read_pointer(run_dir: Path) -> Path:
 
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint:
-    """The checkpoint LATEST names.
-
-    Raises:
-        CheckpointError: no LATEST, a damaged one, one pointing outside
-            ``run_dir``, or an unreadable ``meta.json``.
-    """
-    run_dir = Path(run_dir)
-    path = _read_pointer(run_dir)
+    """The checkpoint LATEST names; CheckpointError when LATEST is missing,
+    damaged or points outside ``run_dir``, or ``meta.json`` is unreadable."""
+    path = _read_pointer(Path(run_dir))
     try:
         meta = json.loads((path / "meta.json").read_text())
         return Checkpoint(
@@ -209,12 +177,8 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
 
 
 # ------------------------------------------------------------------ fingerprint
-# Fields that cannot change a run's results, left out of its fingerprint:
-# ``rounds`` (a resumed run may be extended), ``name`` (only the folder's
-# name), how often checkpoints are written, and where and how widely the
-# work runs (results are bit-identical with 1 or N workers, DESIGN.md).
-# ``resources.gpus_per_worker`` and ``resources.vectorize`` stay in: a GPU or
-# vectorized training changes the floating-point results.
+# Fields that cannot change results (``rounds``: a resume may extend the run);
+# gpus_per_worker and vectorize stay: they change floating-point results.
 FINGERPRINT_EXCLUDES: tuple[str, ...] = (
     "name",
     "rounds",
@@ -231,21 +195,16 @@ FINGERPRINT_EXCLUDES: tuple[str, ...] = (
 
 def _file_digest(path: str) -> str:
     """sha256 of a file's bytes ("missing" when it cannot be read)."""
-    h = hashlib.sha256()
     try:
         with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+            return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return "missing"
-    return h.hexdigest()
 
 
 def fingerprint(scenario: Scenario) -> dict[str, Any]:
-    """The resolved scenario (every default filled in, as JSON values) minus
-    :data:`FINGERPRINT_EXCLUDES`. A fleet group's trace file is recorded by
-    its name and the sha256 of its content, so moving the repository keeps
-    the fingerprint and editing the trace changes it.
+    """The resolved scenario as JSON minus :data:`FINGERPRINT_EXCLUDES`; a
+    trace file is recorded by its name and the sha256 of its content.
 
     Example:
         >>> from fedsim.scenario import load_scenario
@@ -258,9 +217,8 @@ def fingerprint(scenario: Scenario) -> dict[str, Any]:
         *parents, last = dotted.split(".")
         node = out
         for key in parents:
-            node = node.get(key, {}) if isinstance(node, dict) else {}
-        if isinstance(node, dict):
-            node.pop(last, None)
+            node = node.get(key, {})
+        node.pop(last, None)
     for group in out.get("fleet", {}).get("groups", []):
         trace = group.get("trace") if isinstance(group, dict) else None
         if isinstance(trace, dict) and isinstance(trace.get("file"), str):
@@ -271,42 +229,29 @@ def fingerprint(scenario: Scenario) -> dict[str, Any]:
 
 
 def write_fingerprint(ckpt: Path, scenario: Scenario) -> None:
-    """Store the scenario's fingerprint in the checkpoint folder ``ckpt``
-    (call before :func:`commit_checkpoint`, like :func:`write_meta`)."""
+    """Store the scenario's fingerprint in ``ckpt`` (before committing it)."""
     text = json.dumps(fingerprint(scenario), indent=2, sort_keys=True) + "\n"
     atomic_write_bytes(Path(ckpt) / FINGERPRINT, text.encode())
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(obj, dict):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out or {prefix: {}}
-    if isinstance(obj, list):
-        out = {}
-        for i, v in enumerate(obj):
-            out.update(_flatten(v, f"{prefix}[{i}]"))
-        return out or {prefix: []}
-    return {prefix: obj}
+        items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in obj.items()]
+    elif isinstance(obj, list):
+        items = [(f"{prefix}[{i}]", v) for i, v in enumerate(obj)]
+    else:
+        return {prefix: obj}
+    out = {p: leaf for key, v in items for p, leaf in _flatten(v, key).items()}
+    return out or {prefix: type(obj)()}
 
 
 def check_fingerprint(
     ckpt_path: Path, scenario: Scenario, missing_ok: bool = False
 ) -> None:
-    """Refuse to resume ``ckpt_path`` (a checkpoint folder, or a run folder,
-    whose LATEST is then followed) with a scenario of another experiment.
-
-    Args:
-        ckpt_path: the checkpoint (or run) directory.
-        scenario: the scenario the resumed run would use.
-        missing_ok: accept a checkpoint without ``fingerprint.json`` (written
-            before fingerprints existed).
-
-    Raises:
-        CheckpointError: listing every field that differs, with the
-            checkpoint's value and the scenario's.
-    """
+    """Refuse to resume ``ckpt_path`` (a checkpoint folder, or a run folder
+    whose LATEST is followed) with a scenario of another experiment: a
+    CheckpointError lists every differing field, with both values.
+    ``missing_ok`` accepts a checkpoint without ``fingerprint.json``."""
     ckpt = Path(ckpt_path)
     if (ckpt / LATEST).exists():
         ckpt = _read_pointer(ckpt)
@@ -350,8 +295,6 @@ def _show(v: Any) -> str:
 
 
 def save_arrays(ckpt: Path, arrays: dict[str, np.ndarray]) -> None:
-    import io
-
     for key, arr in arrays.items():
         buf = io.BytesIO()
         np.save(buf, np.asarray(arr), allow_pickle=False)

@@ -1,24 +1,9 @@
 """Executors: where local training runs, chosen once per run.
 
-An executor trains a batch of tasks and returns one
-:class:`~fedsim.algorithms.base.ClientUpdate` per task, in task order. Each
-task names the server version it starts from (``Task.version``), the key of
-its payload in ``payloads``; a synchronous round has one version, an
-asynchronous batch several. Both modes, and every test, go through the same
-:meth:`Executor.train`:
-
-- :class:`InProcessExecutor`: one :class:`~fedsim.workers.Worker` in this
-  process (``workers: 0``; the path unit tests take).
-- :class:`RayExecutor`: ``n`` long-lived Ray worker actors; tasks are spread
-  longest-tau first, each version's payload goes into the object store once,
-  and each actor receives only its own share of the client states.
-
-Whether a worker trains its clients one after another or many at once
-(``resources.vectorize``, :mod:`fedsim.batched`) is decided when the worker
-is built; the executor does not know. Results do not depend on the executor
-(nor on the number of actors): a client's update is a pure function of its
-payload, task and state (``tests/test_executors.py``).
-
+Both modes and every test go through one :meth:`Executor.train`: in this
+process (:class:`InProcessExecutor`, ``workers: 0``) or on ``n`` long-lived
+Ray worker actors (:class:`RayExecutor`, docs/architecture.md, "Runtime on
+Ray"). Results do not depend on the executor nor on the number of actors.
 Adding an executor means subclassing :class:`Executor` with a ``_calls``
 method (and ``forget``/``shutdown`` where it holds resources).
 
@@ -36,18 +21,17 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, cast
-
-import torch
+from typing import Any
 
 from fedsim.algorithms.base import ClientState, ClientUpdate
-from fedsim.data import FederatedData
+from fedsim.data import DataError, DataMissingError, FederatedData, build_data
 from fedsim.scenario import Scenario
-from fedsim.workers import Task, Worker, assign_lpt
+from fedsim.workers import Payload, Task, Worker, assign_lpt
 
 __all__ = [
     "Executor",
@@ -59,7 +43,6 @@ __all__ = [
     "resolve_workers",
 ]
 
-Payload = dict[str, torch.Tensor]
 Tasks = Sequence[Task]
 Payloads = Mapping[int, Payload]  # by server version
 States = Mapping[int, ClientState]  # by client id
@@ -68,11 +51,7 @@ Calls = Iterator[tuple[list[int], Updates]]  # task positions, their updates
 
 
 class Executor(ABC):
-    """Trains tasks; chosen once per run by :func:`make_executor`.
-
-    An implementation says how its calls run (:meth:`_calls`); the base
-    puts their updates back in task order.
-    """
+    """Trains tasks; chosen once per run by :func:`make_executor`."""
 
     size: int  # workers (1 in-process)
 
@@ -82,15 +61,12 @@ class Executor(ABC):
         Args:
             tasks: what to train; ``task.version`` keys ``payloads``.
             payloads: what clients download, per server version.
-            states: persistent client state by client id (stateful
-                algorithms; a missing client starts from ``{}``).
+            states: persistent client state by client id (missing: ``{}``).
         """
-        out: list[ClientUpdate | None] = [None] * len(tasks)
+        out: dict[int, ClientUpdate] = {}
         for idx, ups in self._calls(tasks, payloads, states):
-            for j, u in zip(idx, ups, strict=True):
-                out[j] = u
-        assert all(u is not None for u in out)
-        return cast(Updates, out)
+            out.update(zip(idx, ups, strict=True))
+        return [out[j] for j in range(len(tasks))]
 
     @abstractmethod
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
@@ -134,8 +110,7 @@ class PlacementError(RuntimeError):
 
 
 def _node_id(_worker: Worker) -> str:
-    """The Ray node this actor runs on (through ``__ray_call__``, so the
-    actor's class, and its process title ``ray::Worker``, stay as they are)."""
+    """The Ray node this actor runs on (called through ``__ray_call__``)."""
     import ray
 
     return ray.get_runtime_context().get_node_id()
@@ -155,8 +130,7 @@ def _custom(resources: Mapping[str, float]) -> dict[str, float]:
 
 
 def _placement_group(res: Any, n: int) -> Any:
-    """A placement group of ``n`` bundles for ``res.placement`` (anything but
-    ``spread``), once Ray has placed it; :class:`PlacementError` otherwise."""
+    """A placement group of ``n`` bundles for ``res.placement``, once placed."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
@@ -180,22 +154,17 @@ def _placement_group(res: Any, n: int) -> Any:
 
 
 class _NodeLocalData:
-    """The dataset as a recipe: unpickled in a worker actor, it is built from
-    that node's own data root (``resources.data: per_node``)."""
+    """The dataset as a recipe, built from each node's own data root."""
 
     def __init__(self, scenario: Scenario) -> None:
         self.args = (scenario.data, scenario.num_clients, scenario.seed)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        from fedsim.data import build_data
-
         return build_data, self.args
 
 
 def _build_here(args: tuple[Any, ...]) -> str | None:
     """Build the dataset on this node: None, or why it cannot."""
-    from fedsim.data import DataError, DataMissingError, build_data
-
     try:
         build_data(*args)
     except (DataMissingError, DataError, OSError) as exc:
@@ -204,13 +173,11 @@ def _build_here(args: tuple[Any, ...]) -> str | None:
 
 
 def check_data_on_nodes(scenario: Scenario) -> None:
-    """With ``resources.data: per_node``, that every live node able to host a
-    worker (CPUs) can build the dataset from its own disk;
-    :class:`~fedsim.data.DataMissingError` naming the nodes that cannot."""
+    """Check that every live node with CPUs can build the dataset from its
+    own disk (``resources.data: per_node``); DataMissingError names those
+    that cannot."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from fedsim.data import DataMissingError
 
     nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
     args = _NodeLocalData(scenario).args
@@ -238,20 +205,8 @@ def check_data_on_nodes(scenario: Scenario) -> None:
 
 
 class RayExecutor(Executor):
-    """``n`` long-lived Ray worker actors sharing one copy of the data.
-
-    The data goes into the object store once; each actor receives its
-    reference inside a list (so Ray hands the reference itself to the
-    constructor, and an actor that Ray restarts after a crash fetches the
-    same copy again). Actors restart without limit, on another node when
-    theirs is lost; a call whose actor died is sent again by this executor
-    (which counts it: ``tasks_retried``). An update is a pure function of
-    payload, task and state, so a retried task gives the same bits.
-
-    Where the actors go is ``resources.placement``: Ray's SPREAD strategy,
-    or a placement group (one bundle per worker) for the other values,
-    removed at shutdown. :meth:`report` says which node each worker ran on.
-    """
+    """``n`` long-lived Ray worker actors sharing one copy of the data, placed
+    as ``resources.placement`` says; a call whose actor died is sent again."""
 
     def __init__(self, scenario: Scenario, data: FederatedData, n: int) -> None:
         import ray
@@ -259,21 +214,21 @@ class RayExecutor(Executor):
         res = scenario.resources
         self.placement = res.placement
         self._pg = None if res.placement == "spread" else _placement_group(res, n)
-        opts: dict[str, Any] = dict(
-            num_cpus=res.cpus_per_worker,
-            num_gpus=res.gpus_per_worker,
-            max_restarts=-1,
-            max_task_retries=0,  # retried here, and counted
-        )
         if res.data == "per_node":
             check_data_on_nodes(scenario)
-            self._data: list[Any] = [ray.put(_NodeLocalData(scenario))]
-        else:
-            self._data = [ray.put(data)]
+        # a list: Ray hands the reference itself to a (re)started actor
+        shared = _NodeLocalData(scenario) if res.data == "per_node" else data
+        self._data: list[Any] = [ray.put(shared)]
         threads = max(1, int(res.cpus_per_worker))
         self.actors: list[Any] = [
             ray.remote(Worker)
-            .options(**opts, scheduling_strategy=self._strategy(i))
+            .options(
+                num_cpus=res.cpus_per_worker,
+                num_gpus=res.gpus_per_worker,
+                max_restarts=-1,
+                max_task_retries=0,  # retried here, and counted
+                scheduling_strategy=self._strategy(i),
+            )
             .remote(scenario, self._data, threads)
             for i in range(n)
         ]
@@ -291,9 +246,7 @@ class RayExecutor(Executor):
             return "SPREAD"
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return PlacementGroupSchedulingStrategy(
-            self._pg, placement_group_bundle_index=i
-        )
+        return PlacementGroupSchedulingStrategy(self._pg, i)  # bundle i
 
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
         where = {id(t): j for j, t in enumerate(tasks)}
@@ -313,8 +266,7 @@ class RayExecutor(Executor):
         yield from zip((c[0] for c in calls), self._gather(calls), strict=True)
 
     def _gather(self, calls: list[tuple[list[int], Any, tuple[Any, ...]]]) -> list:
-        """Every call's result, in call order; a call whose actor died (its
-        process or its node) is sent again once Ray has restarted it."""
+        """Every call's result, in call order, retrying dead actors' calls."""
         import ray
 
         results: list[Any] = [None] * len(calls)
@@ -339,8 +291,7 @@ class RayExecutor(Executor):
         return results
 
     def _locate(self, timeout: float | None = None) -> None:
-        """Add each actor's current node to its history (waits for actors
-        being started or restarted)."""
+        """Add each actor's current node to its history."""
         import ray
 
         refs = [a.__ray_call__.remote(_node_id) for a in self.actors]
@@ -355,9 +306,7 @@ class RayExecutor(Executor):
 
         for node in ray.nodes():
             nid = node["NodeID"]
-            if not node["Alive"] and nid in self._known:
-                pass  # a dead node lists no resources: keep what it had
-            else:
+            if node["Alive"] or nid not in self._known:  # dead: lists no resources
                 self._known[nid] = {
                     "node_id": nid,
                     "address": node["NodeManagerAddress"],
@@ -375,14 +324,11 @@ class RayExecutor(Executor):
                 )
 
     def report(self) -> dict[str, Any]:
-        """summary.json's placement fields: ``placement``, ``workers_nodes``
-        (per worker, the nodes it ran on, in order: id, address and the
-        node's custom resources), ``nodes_lost`` and ``tasks_retried``."""
+        """summary.json's ``placement``, ``workers_nodes`` (per worker, the
+        nodes it ran on), ``nodes_lost`` and ``tasks_retried``."""
         self._check_nodes()
-        try:
+        with contextlib.suppress(Exception):  # a report must not fail the run
             self._locate(timeout=30)
-        except Exception:  # noqa: BLE001 - a report must not fail the run
-            pass
         self._check_nodes()
         unknown: dict[str, Any] = {"address": None, "resources": {}}
         return {
@@ -419,8 +365,7 @@ class RayExecutor(Executor):
 
 
 def resolve_workers(scenario: Scenario, override: int | None) -> int:
-    """Number of worker actors: the override, the scenario, or one per CPU of
-    the Ray cluster (0 means in-process)."""
+    """Worker actors: the override, the scenario, or the cluster's CPUs."""
     if override is not None:
         return override
     w = scenario.resources.workers
@@ -433,8 +378,7 @@ def resolve_workers(scenario: Scenario, override: int | None) -> int:
 
 
 def make_executor(scenario: Scenario, data: FederatedData, workers: int) -> Executor:
-    """The run's executor: in-process for ``workers == 0``, else ``workers``
-    Ray actors (Ray must be initialised)."""
+    """In-process for ``workers == 0``, else ``workers`` Ray actors."""
     if workers == 0:
         return InProcessExecutor(scenario, data)
     return RayExecutor(scenario, data, workers)

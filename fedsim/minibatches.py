@@ -1,6 +1,5 @@
-"""A client's randomness and minibatches: the one definition every way of
-training uses (one client after another in :mod:`fedsim.workers`, many at
-once in :mod:`fedsim.batched`), so both see the same batches."""
+"""A client's randomness and minibatches, the same for :mod:`fedsim.workers`
+and :mod:`fedsim.batched`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Starting or joining Ray.
-
-``fedsim run`` joins an existing cluster when given ``--address`` or when
-``RAY_ADDRESS`` is set (``ray job submit`` sets it); otherwise it starts an
-embedded local Ray that listens on 127.0.0.1 only, so a laptop run opens no
-port on other interfaces.
-"""
+"""Starting or joining Ray: join the cluster of ``--address`` or
+``RAY_ADDRESS`` (set by ``ray job submit``), else start an embedded local Ray
+listening on 127.0.0.1 only."""
 
 from __future__ import annotations
 
@@ -21,8 +17,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = address or os.environ.get("RAY_ADDRESS") or None
     if not address:
-        # Ray binds the machine's interface address unless this is 0 (it is
-        # read when ray is imported, and inherited by the processes it starts).
+        # else Ray binds the interface address (read when ray is imported)
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
     from ray._private import ray_constants

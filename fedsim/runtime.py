@@ -1,54 +1,6 @@
-"""Run one scenario: the one recipe behind ``fedsim run``, compare, stress,
-the benchmarks and the tests.
-
-:func:`run_scenario` builds the run's parts once (fleet, data, server,
-executor, selector, recorder) and drives them with simulated time from
-:mod:`fedsim.clock`. Both modes share everything but the loop; each reads
-like the papers' pseudo-code.
-
-Synchronous rounds (``fixed_window``, ``fixed_epochs``)::
-
-    for t in rounds:
-        S_t, s  = selector.select(s, Draw(t, online(T), rng_t, ctx))
-        plan    = clock.plan_round(S_t, T, policy)        # tau_i, arrivals, drops
-        updates = executor.train(tasks(plan), x_t)         # real SGD
-        x_{t+1} = server.apply(updates)                    # a barrier
-        record(round t); T = plan.t_end
-
-Asynchronous mode (``async``)::
-
-    for each server version w, in order (a record of the clock's timeline):
-        updates = executor.train(jobs applied at w, each from its start x_v)
-        x_{w+1} = server.apply(updates, staleness, starts)
-        record(version w)
-
-Dispatch in asynchronous mode, and why causality holds exactly: a job's
-update depends only on the parameters of the version it started from (and its
-own seed), and the timeline never depends on training results. So a job can
-be trained as soon as its start version is computed, whatever its arrival
-time. The loop pulls version records from the timeline while the newest
-needs only computed versions (and past it while fewer than ``concurrency``
-jobs are ready, up to ``max_lookahead`` records), trains every known job in
-one executor call, then applies records in order while their jobs are
-trained. Dropped jobs are never trained. The result does not depend on the
-batching (``max_lookahead=1`` gives identical results; tests check it). The
-selector decides which idle online device takes a free slot (through the
-timeline's chooser). An adaptive selector (power-of-choice, Oort) observes
-each version's applied updates when the server applies them, and its choices
-must see exactly the versions applied before them: the loop then pulls one
-record at a time (lookahead 1), applying it before the timeline goes on.
-
-Bytes are billed for what crossed the network: every selected device
-downloads the payload; an upload counts when it reached the server (applied,
-late, surplus or stale updates), not when the device left or dropped out
-before it finished (docs/architecture.md, "Bytes").
-
-Checkpoints (every ``checkpoint.every_rounds`` rounds or versions) have one
-format: the server state and client store, the parameters of every version a
-job in flight started from (asynchronous mode), and meta.json. Resuming an
-asynchronous run replays the timeline (a pure function of the scenario and,
-for an adaptive selector, of the picks logged in the checkpoint) up to the
-checkpoint without training.
+"""Run one scenario: the recipe behind ``fedsim run``, compare, stress, the
+benchmarks and the tests. docs/architecture.md describes both loops
+(synchronous rounds, asynchronous versions), the bytes rule and checkpoints.
 
 Example:
     >>> from fedsim.scenario import load_scenario
@@ -64,28 +16,17 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import numpy as np
 import torch
 
-from fedsim import __version__, clock
+from fedsim import __version__, checkpoint, clock
 from fedsim.algorithms.base import AsyncRule, ClientUpdate
 from fedsim.algorithms.feddm import FedDM
 from fedsim.algorithms.sampling import participation_bias, weight_shares
-from fedsim.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    checkpoint_bytes,
-    checkpoint_dir,
-    commit_checkpoint,
-    latest_checkpoint,
-    load_tensors,
-    save_tensors,
-    write_fingerprint,
-    write_meta,
-)
 from fedsim.data import FederatedData, build_data
 from fedsim.data.partition import partition_table, plot_partition
 from fedsim.data.validation import describe_validation
@@ -94,16 +35,9 @@ from fedsim.fleet import Fleet
 from fedsim.params import l2_norm
 from fedsim.results import Recorder, check_free_space, summarize, write_arrow
 from fedsim.scenario import Scenario
-from fedsim.selectors import Draw, SelectorContext, make_selector
-from fedsim.server import (
-    Applied,
-    ClientStats,
-    DivergenceError,
-    RoundResult,
-    Server,
-    evaluates,
-)
-from fedsim.workers import Task
+from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
+from fedsim.server import Applied, DivergenceError, Server, evaluates
+from fedsim.workers import Payload, Task
 
 __all__ = ["ClientRecord", "RunResult", "SetupError", "async_timeline", "run_scenario"]
 
@@ -113,35 +47,20 @@ _ASYNC_SELECT_TAG = 0xD15C  # the timeline's dispatch stream: (seed, tag, n)
 
 Row = dict[str, Any]
 RoundCallback = Callable[[Row, list[Row]], None]
-Payload = dict[str, torch.Tensor]
+Pair = tuple[ClientUpdate, float]  # an update and its effective weight
+Trained = Sequence[Pair]
 
 
 class SetupError(OSError):
-    """The run directory cannot take the run (no space for checkpoints, or
-    the partition files could not be written); nothing was trained."""
+    """The run directory cannot take the run; nothing was trained."""
 
 
 @dataclass
 class RunResult:
-    """What a run produced.
-
-    Attributes:
-        scenario: the scenario that ran.
-        rows: rounds.parquet's rows (one per round, or per server version).
-        clients: clients.parquet's rows.
-        final_params: the model after the last completed round (None when
-            the run diverged or was interrupted before finishing).
-        status: ``completed``, ``diverged`` (the model or loss became NaN or
-            infinite: ``message`` says where), ``stalled`` (an asynchronous
-            run that can make no further server version: ``message`` says
-            why) or ``interrupted`` (Ctrl-C or SIGTERM).
-        message: why the run stopped early ("" when completed).
-        workers: Ray worker actors used (0: in-process).
-        wall_time_s: real seconds the run took.
-        initial: the initial model's test metrics, before round 0 (version
-            0): ``{"accuracy", "loss", "t": 0.0}`` (accuracy NaN for
-            objectives without classes); None when not evaluated.
-    """
+    """What a run produced: rounds.parquet's ``rows``, clients.parquet's
+    ``clients``, the final model (None unless ``completed``) and ``status``:
+    ``completed``, ``diverged`` (NaN or infinite model or loss), ``stalled``
+    (no further asynchronous version possible) or ``interrupted``."""
 
     scenario: Scenario
     rows: list[Row]
@@ -149,16 +68,15 @@ class RunResult:
     final_params: torch.Tensor | None
     status: Literal["completed", "diverged", "stalled", "interrupted"]
     message: str
-    workers: int
+    workers: int  # Ray worker actors (0: in-process)
     wall_time_s: float
     data: FederatedData | None = field(default=None, repr=False)
-    initial: dict[str, float] | None = None
+    initial: dict[str, float] | None = None  # x_0's accuracy, loss and t = 0.0
     # Ray runs: where the workers ran, nodes lost, tasks retried (summary.json)
     placement: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        """summary.json's content, with how the run ended (``status``) and
-        whether it was degenerate (``degenerate``: why, or None)."""
+        """summary.json's content, with ``status`` and ``degenerate``."""
         summary = summarize(
             self.rows,
             self.clients,
@@ -183,13 +101,9 @@ class RunResult:
         }
 
     def participation_bias(self) -> dict[str, Any] | None:
-        """Each client's share of the aggregation weight over the run against
-        its data share p_i (over all clients): the L1 distance and the top 5
-        over-weighted clients; None without the run's data. A client's share
-        is the sum of the weights its deltas got in the server step (the
-        ``agg_weight`` column of clients.parquet) over the rounds or versions
-        that applied updates, divided by their number
-        (``sampling.weight_shares``)."""
+        """Each client's mean ``agg_weight`` over the rounds that applied
+        updates against its data share p_i: the L1 distance and the top 5
+        over-weighted clients (``sampling.weight_shares``); None without data."""
         if self.data is None:
             return None
         n = np.asarray(self.data.weights, dtype=np.float64)
@@ -200,9 +114,8 @@ class RunResult:
         return participation_bias(shares, n / n.sum())
 
     def degenerate(self) -> str | None:
-        """Why the run's numbers mean little, or None: no update ever
-        arrived, or (synchronous rounds) fewer devices than requested were
-        online in most rounds."""
+        """Why the run's numbers mean little (no update, no test set, too few
+        devices online in most synchronous rounds), or None."""
         if not self.rows:
             return None
         if sum(int(r["n_completed"]) for r in self.rows) == 0:
@@ -228,17 +141,9 @@ class RunResult:
 
 @dataclass(frozen=True)
 class ClientRecord:
-    """One client's part in a round or server version: what the clock
-    decided (a :class:`fedsim.clock.Plan`, in both modes), and what the
-    runtime adds; one client row is built from it (plus its update).
-
-    Attributes:
-        round: the row's round (asynchronous: the version at arrival).
-        plan: the clock's record (tau, times, dropped and why, slowdown).
-        uploaded: the upload reached the server (what bytes_up bills).
-        job: asynchronous mode: (version started, version applied or None,
-            staleness or None, job index); None in synchronous rounds.
-    """
+    """One client row: the clock's plan, whether the upload reached the server
+    (billed), and in asynchronous mode (``round``: the version at arrival) the
+    job (version started, version applied or None, staleness or None, index)."""
 
     round: int
     plan: clock.Plan
@@ -259,29 +164,9 @@ class ClientRecord:
 
 
 class _Run:
-    """One run's parts, built once, and what both loops share: rows,
-    checkpoints, evaluation."""
+    """One run's parts, built once, and what both loops share."""
 
     def __init__(
-        self,
-        scenario: Scenario,
-        workers: int,
-        run_dir: Path | None,
-        on_round: RoundCallback | None,
-        resume: bool = False,
-    ) -> None:
-        self._build(scenario, run_dir, on_round)
-        # The initial model x_0 is a pure function of (scenario, seed), so a
-        # resume evaluates it again (before loading the checkpoint) and gets
-        # the same numbers; the checkpoint format is unchanged.
-        loss, acc = self.server.evaluate()
-        self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
-        if run_dir is not None:
-            self._prepare(run_dir, resume)
-        self.executor: Executor = make_executor(scenario, self.data, workers)
-        self.wall0 = time.perf_counter()  # rows' wall_time: training only
-
-    def _build(
         self, sc: Scenario, run_dir: Path | None, on_round: RoundCallback | None
     ) -> None:
         self.sc = sc
@@ -290,12 +175,10 @@ class _Run:
         self.asynchronous = sc.round.policy == "async"
         self.fleet = Fleet.from_spec(sc.fleet, sc.seed)
         self.data = build_data(sc.data, sc.num_clients, sc.seed)
-        threads = max(1, int(sc.resources.cpus_per_worker))
-        torch.set_num_threads(threads)
+        torch.set_num_threads(max(1, int(sc.resources.cpus_per_worker)))
         self.server = Server(sc, self.data)
         self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)
-        d = self.server.num_params
-        elem = sc.model.elem_bytes
+        d, elem = self.server.num_params, sc.model.elem_bytes
         self.bytes_down = sc.algorithm.down_factor * d * elem
         self.bytes_up = sc.algorithm.up_factor * d * elem
         self.work = job_work(sc, self.data)  # FedDM: its iterations and upload
@@ -314,19 +197,24 @@ class _Run:
 
     @classmethod
     def plan_only(cls, scenario: Scenario) -> _Run:
-        """The run's parts without executor or results (to inspect the
-        clock's decisions without training)."""
-        run = cls.__new__(cls)
-        run._build(scenario, None, None)
-        return run
+        """The run's parts without executor or results (no training)."""
+        return cls(scenario, None, None)
+
+    def start(self, workers: int, resume: bool) -> None:
+        # x_0 is a pure function of (scenario, seed): a resume evaluates it again
+        loss, acc = self.server.evaluate()
+        self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
+        if self.run_dir is not None:
+            self._prepare(self.run_dir, resume)
+        self.executor: Executor = make_executor(self.sc, self.data, workers)
+        self.wall0 = time.perf_counter()  # rows' wall_time: training only
 
     def _prepare(self, run_dir: Path, resume: bool) -> None:
-        """Before training: room for two checkpoints (the next is written
-        before the older is deleted), and the partition's table and figure."""
+        """Room for two checkpoints; the partition's table and figure."""
         sc = self.sc
         try:
             if self.every:
-                need = checkpoint_bytes(
+                need = checkpoint.checkpoint_bytes(
                     self.server.num_params,
                     sc.model.elem_bytes,
                     sc.num_clients,
@@ -346,29 +234,24 @@ class _Run:
     def rng(self, tag: int, n: int) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence([self.sc.seed, tag, n]))
 
-    # ------------------------------------------------------------ rows
-    def evaluate(self, t: int) -> tuple[float, float]:
-        return self.server.evaluate() if evaluates(self.sc, t) else (math.nan, math.nan)
-
     def record(
         self,
         t: int,
         sim_time: float,
         records: Sequence[ClientRecord],
-        trained: Sequence[tuple[ClientUpdate, float]],
+        trained: Trained,
         applied: Applied,
         extra: Row,
         selector_rows: Sequence[Row] = (),
     ) -> None:
-        """Add round (or version) ``t``'s row and client rows.
-
-        ``trained`` pairs, in record order, each non-dropped record's update
-        with its effective weight.
-        """
-        test_loss, test_acc = self.evaluate(t)
+        """Add round (or version) ``t``'s rows; ``trained`` pairs each
+        non-dropped record's update (in order) with its effective weight."""
+        nan = math.nan
+        test_loss, test_acc = (
+            self.server.evaluate() if evaluates(self.sc, t) else (nan, nan)
+        )
         done = [r.plan for r in records if not r.plan.dropped]
         taus = np.array([p.tau for p in done], dtype=np.float64)
-        nan = math.nan
         row = {
             "round": t,
             "sim_time": sim_time,
@@ -396,10 +279,7 @@ class _Run:
             self.on_round(row, these)
 
     def client_row(
-        self,
-        r: ClientRecord,
-        trained: tuple[ClientUpdate, float] | None,
-        applied: Applied,
+        self, r: ClientRecord, trained: Pair | None, applied: Applied
     ) -> Row:
         u, weight = trained if trained is not None else (None, 0.0)
         up = self.bytes_up if u is None or u.bytes_up is None else u.bytes_up
@@ -425,54 +305,44 @@ class _Run:
             **(applied.info.flags.get(p.client, {}) if u is not None else {}),
         }
         if r.job is not None:
-            started, version_applied, staleness, index = r.job
-            row |= {
-                "version_started": started,
-                "version_applied": version_applied,
-                "staleness": staleness,
-                "job": index,
-            }
+            keys = ("version_started", "version_applied", "staleness", "job")
+            row |= dict(zip(keys, r.job, strict=True))
         return row
 
     # ------------------------------------------------------ checkpoints
-    def checkpoint(
-        self,
-        next_round: int,
-        sim_time: float,
-        selector_state: Any,
-        payloads: dict[int, Payload],
+    def save_checkpoint(
+        self, next_round: int, sim_time: float, state: Any, payloads: dict[int, Payload]
     ) -> None:
-        """Save the state after ``next_round`` rounds (or versions): the
-        server, the client store, and older versions still in use."""
+        """Save the state after ``next_round`` rounds (or versions); ``state``:
+        the selector's; ``payloads``: the versions jobs in flight started from."""
         assert self.run_dir is not None
         self.recorder.flush()
-        ckpt = checkpoint_dir(self.run_dir, next_round)
+        ckpt = checkpoint.checkpoint_dir(self.run_dir, next_round)
         self.server.save(ckpt)
         old = sorted(v for v in payloads if v < next_round)
         for v in old:
-            save_tensors(ckpt / f"payload-{v:08d}.pt", payloads[v])
-        write_meta(
+            checkpoint.save_tensors(ckpt / f"payload-{v:08d}.pt", payloads[v])
+        checkpoint.write_meta(
             ckpt,
             {
                 "next_round": next_round,
                 "sim_time": sim_time,
-                "selector_state": selector_state,
+                "selector_state": state,
                 "payload_versions": old,
                 "n_rows": len(self.recorder.rows),
                 "n_client_rows": len(self.recorder.clients),
                 "n_selector_rows": len(self.recorder.selector_rows),
             },
         )
-        write_fingerprint(ckpt, self.sc)
-        commit_checkpoint(self.run_dir, ckpt)
+        checkpoint.write_fingerprint(ckpt, self.sc)
+        checkpoint.commit_checkpoint(self.run_dir, ckpt)
 
-    def restore(self) -> Checkpoint:
-        """Load the latest checkpoint (server state, client store, and the
-        rows up to it into the recorder) and return it."""
+    def restore(self) -> checkpoint.Checkpoint:
+        """Load the latest checkpoint (server, client store, rows); return it."""
         assert self.run_dir is not None
-        ck = latest_checkpoint(self.run_dir)
+        ck = checkpoint.latest_checkpoint(self.run_dir)
         if not 0 < ck.next_round <= self.sc.rounds:
-            raise CheckpointError(
+            raise checkpoint.CheckpointError(
                 f"{ck.path}: round {ck.next_round} is not in this run "
                 f"(rounds: {self.sc.rounds})"
             )
@@ -486,24 +356,24 @@ class _Run:
         """Whether a checkpoint is due after ``done`` rounds or versions."""
         return bool(self.every) and (done % self.every == 0 or done == self.sc.rounds)
 
+    def observe(
+        self, sel: Selector, state: Any, t: int, applied: Applied, trained: Trained
+    ) -> tuple[Any, list[Row]]:
+        """The selector learns round (or version) ``t``: its state and rows."""
+        state = sel.observe(state, t, applied.result(trained), self.sel_ctx)
+        return state, [{"round": t, **r} for r in sel.artifact(state, t)]
+
 
 def job_work(sc: Scenario, data: FederatedData) -> clock.JobWork | None:
     """What the clock charges an algorithm whose client work is not local
-    SGD steps (FedDM: ``iterations`` matching iterations at its
-    ``cost_per_iteration``, uploading its synthetic set); None for the rest.
-
-    The upload is the images in the model's dtype (the worker casts the
-    data to it) and the labels in the data's integer dtype, as sent.
-    """
+    SGD steps (FedDM: its iterations and synthetic-set upload, images in the
+    model's dtype and labels in the data's); None for the rest."""
     alg = sc.algorithm
     if not isinstance(alg, FedDM) or not data.num_classes:
         return None
     y, off = np.asarray(data.y), np.asarray(data.offsets)
     counts = np.stack(
-        [
-            np.bincount(y[off[k] : off[k + 1]], minlength=data.num_classes)
-            for k in range(len(off) - 1)
-        ]
+        [np.bincount(y[a:b], minlength=data.num_classes) for a, b in pairwise(off)]
     )
     return clock.JobWork(
         steps=int(alg.iterations),
@@ -557,27 +427,11 @@ def _run_rounds(run: _Run, resume: bool) -> None:
         applied = server.apply(ups, multiplicity=multiplicity, where=f"round {t}")
         w = dict(zip(sorted(clients), applied.weights, strict=True))
         trained = [(u, w[u.client]) for u in ups]
-        result = _round_result(applied, trained)
-        state = sel.observe(state, t, result, run.sel_ctx)
-        artifact = [{"round": t, **r} for r in sel.artifact(state, t)]
+        state, artifact = run.observe(sel, state, t, applied, trained)
         run.record(t, plan.t_end, records, trained, applied, {}, artifact)
         now = plan.t_end
         if run.due(t + 1):
-            run.checkpoint(t + 1, now, state, {})
-
-
-def _round_result(
-    applied: Applied, trained: Sequence[tuple[ClientUpdate, float]]
-) -> RoundResult:
-    """What the selector observes of a synchronous round."""
-    flags = applied.info.flags
-    clients = {
-        u.client: ClientStats(
-            l2_norm(u.delta), u.train_loss, w, flags.get(u.client, {})
-        )
-        for u, w in trained
-    }
-    return RoundResult(applied.info, clients, applied.train_loss, math.nan, math.nan)
+            run.save_checkpoint(t + 1, now, state, {})
 
 
 # ===================================================== asynchronous mode
@@ -595,36 +449,23 @@ def _task(job: clock.Job) -> Task:
 
 class _Async:
     """The asynchronous loop's state: versions in use, records pulled ahead,
-    updates trained ahead."""
+    updates trained ahead (docs/architecture.md, "Asynchronous mode")."""
 
     def __init__(self, run: _Run, max_lookahead: int | None) -> None:
         sc = run.sc
         self.run = run
         self.rule = cast(AsyncRule, sc.algorithm)  # the scenario checked it
         self.concurrency = sc.round.concurrency or sc.selector.clients_per_round
-        per_version = self.rule.buffer_size
-        self.max_lookahead = (
-            max_lookahead or 4 * math.ceil(self.concurrency / per_version) + 4
-        )
+        default = 4 * math.ceil(self.concurrency / self.rule.buffer_size) + 4
         self.adaptive = run.selector.adaptive
-        if self.adaptive:  # every choice waits for the versions before it
-            self.max_lookahead = 1
+        # adaptive: every choice waits for the versions before it
+        self.max_lookahead = 1 if self.adaptive else max_lookahead or default
         self.sel_state = run.selector.init(run.sel_ctx)
         # adaptive selectors: every pick so far (choice n -> ids), which the
         # checkpoint keeps so that a resumed replay makes the same picks
         self.picks: list[list[int]] = []
         self.replay: list[list[int]] = []
-        self.tl = self._timeline()
-        self.timeline: Iterator[clock.Version] = iter(self.tl)
-        self.payloads: dict[int, Payload] = {}
-        self.users: Counter[int] = Counter()  # version -> its jobs still open
-        self.pending: deque[clock.Version] = deque()
-        self.trained: dict[JobKey, ClientUpdate] = {}
-        self.w = 0  # the newest computed version
-
-    def _timeline(self) -> clock.AsyncTimeline:
-        run, sc = self.run, self.run.sc
-        return clock.AsyncTimeline(
+        self.tl = clock.AsyncTimeline(
             run.fleet,
             sc.round,
             versions=sc.rounds,
@@ -637,29 +478,26 @@ class _Async:
             batch_size=sc.client.batch_size,
             choose=self._choose,
         )
+        self.timeline: Iterator[clock.Version] = iter(self.tl)
+        self.payloads: dict[int, Payload] = {}
+        self.users: Counter[int] = Counter()  # version -> its jobs still open
+        self.pending: deque[clock.Version] = deque()
+        self.trained: dict[JobKey, ClientUpdate] = {}
+        self.w = 0  # the newest computed version
 
     def _choose(self, candidates: np.ndarray, free: int, n: int) -> np.ndarray:
-        """The selector picks which idle online devices take the free slots
-        (its n-th choice; the uniform selector reproduces the timeline's
-        own uniform choice). A resumed run replays the logged picks."""
+        """The selector's n-th pick of idle online devices for the free slots
+        (a resumed run replays the logged picks)."""
         if n < len(self.replay):
             return np.asarray(self.replay[n], dtype=np.int64)
         run = self.run
-        sel = run.selector.with_slots(free)
-        rng = np.random.default_rng(
-            np.random.SeedSequence([run.sc.seed, _ASYNC_SELECT_TAG, n])
-        )
+        rng = run.rng(_ASYNC_SELECT_TAG, n)
         draw = Draw(self.tl.version, candidates, rng, run.sel_ctx)
+        sel = run.selector.with_slots(free)
         ids, self.sel_state = sel.select(self.sel_state, draw)
         if self.adaptive:
             self.picks.append(ids.tolist())
         return ids
-
-    def start(self, resume: bool) -> None:
-        if resume:
-            self._restore()
-        else:
-            self.payloads[0] = self.run.server.payload()
 
     def _restore(self) -> None:
         """Load the latest checkpoint and replay the timeline up to it."""
@@ -671,14 +509,13 @@ class _Async:
         for _ in range(w):
             rec = next(self.timeline)
             self.users.update(j.version for j in rec.started)
-            for a in rec.ended:
-                self.users[a.job.version] -= 1
-        in_use = [v for v in range(w) if self.users[v] > 0]
+            self.users.subtract(a.job.version for a in rec.ended)
         try:
-            for v in in_use:
-                self.payloads[v] = load_tensors(ck.path / f"payload-{v:08d}.pt")
+            for v in [v for v in range(w) if self.users[v] > 0]:
+                path = ck.path / f"payload-{v:08d}.pt"
+                self.payloads[v] = checkpoint.load_tensors(path)
         except OSError as exc:
-            raise CheckpointError(
+            raise checkpoint.CheckpointError(
                 f"{ck.path}: missing version parameters ({exc})"
             ) from None
         self.payloads[w] = run.server.payload()
@@ -689,7 +526,11 @@ class _Async:
             self.sel_state = ck.selector_state["state"]
             self.picks, self.replay = self.replay, []
 
-    def loop(self) -> None:
+    def loop(self, resume: bool) -> None:
+        if resume:
+            self._restore()
+        else:
+            self.payloads[0] = self.run.server.payload()
         while self.w < self.run.sc.rounds:
             batch = self._look_ahead()
             if batch:
@@ -700,9 +541,7 @@ class _Async:
                 self._apply(self.pending.popleft())
 
     def _look_ahead(self) -> list[clock.Job]:
-        """Pull records while the newest needs only computed versions, then
-        while fewer than ``concurrency`` jobs are ready; return the jobs that
-        can be trained now."""
+        """Pull records (docs/architecture.md); the jobs trainable now."""
         w, pending = self.w, self.pending
         ready = [a.job for r in pending for a in r.applied if a.job.version <= w]
         batch = [j for j in ready if _key(j) not in self.trained]
@@ -720,15 +559,15 @@ class _Async:
         return batch
 
     def _train(self, batch: list[clock.Job]) -> None:
-        server = self.run.server
         tasks = [_task(j) for j in batch]
-        states = server.client_states([t.client for t in tasks])
+        states = self.run.server.client_states([t.client for t in tasks])
         ups = self.run.executor.train(tasks, self.payloads, states)
         self.trained.update(zip(map(_key, batch), ups, strict=True))
 
     def _apply(self, rec: clock.Version) -> None:
         run = self.run
-        ups = [self.trained.pop(_key(a.job)) for a in rec.applied]
+        keys = [_key(a.job) for a in rec.applied]
+        ups = [self.trained.pop(k) for k in keys]
         starts = [self.payloads[a.job.version]["x"] for a in rec.applied]
         staleness = [int(a.staleness or 0) for a in rec.applied]
         applied = run.server.apply(
@@ -743,17 +582,14 @@ class _Async:
             "n_started": len(rec.started),
             "in_flight": rec.in_flight,
         }
-        weight = dict(
-            zip(map(_key, (a.job for a in rec.applied)), applied.weights, strict=True)
-        )
-        update = dict(zip(map(_key, (a.job for a in rec.applied)), ups, strict=True))
-        trained = [
-            (update[_key(a.job)], weight[_key(a.job)])
-            for a in rec.ended
-            if not a.dropped
-        ]
+        by_key = dict(zip(keys, zip(ups, applied.weights, strict=True), strict=True))
+        trained = [by_key[_key(a.job)] for a in rec.ended if not a.dropped]
         records = [ClientRecord.from_arrival(a) for a in rec.ended]
-        artifact = self._observe(rec.version, applied, trained)
+        artifact: list[Row] = []
+        if self.adaptive:  # in arrival order: a device's later update wins
+            self.sel_state, artifact = run.observe(
+                run.selector, self.sel_state, rec.version, applied, trained
+            )
         run.record(rec.version, rec.t, records, trained, applied, extra, artifact)
         self.w += 1
         self._forget(rec)
@@ -761,26 +597,13 @@ class _Async:
             state: Any = self.sel_state
             if self.adaptive:
                 state = {"state": state, "picks": self.picks}
-            run.checkpoint(self.w, rec.t, state, self.payloads)
-
-    def _observe(
-        self, w: int, applied: Applied, trained: list[tuple[ClientUpdate, float]]
-    ) -> list[Row]:
-        """An adaptive selector learns version ``w``'s applied updates (in
-        arrival order, so a device's later update wins); its artifact rows."""
-        if not self.adaptive:
-            return []
-        sel = self.run.selector
-        result = _round_result(applied, trained)
-        self.sel_state = sel.observe(self.sel_state, w, result, self.run.sel_ctx)
-        return [{"round": w, **r} for r in sel.artifact(self.sel_state, w)]
+            run.save_checkpoint(self.w, rec.t, state, self.payloads)
 
     def _forget(self, rec: clock.Version) -> None:
         """Keep the new version; drop versions no open job started from."""
         w = self.w
         self.payloads[w] = self.run.server.payload()
-        for a in rec.ended:
-            self.users[a.job.version] -= 1
+        self.users.subtract(a.job.version for a in rec.ended)
         for v in [v for v in self.payloads if v < w and self.users[v] <= 0]:
             del self.payloads[v]
             self.users.pop(v, None)
@@ -789,10 +612,7 @@ class _Async:
 
 def async_timeline(scenario: Scenario) -> clock.AsyncTimeline:
     """A fresh asynchronous timeline of ``scenario``, exactly as a run sees
-    it (selector included), without training: a pure function of the
-    scenario, for replaying or inspecting what happens when. An adaptive
-    selector (power_of_choice, oort) observes nothing here, so its picks
-    are those it makes before any training result."""
+    it, without training (an adaptive selector observes nothing here)."""
     return _Async(_Run.plan_only(scenario), None).tl
 
 
@@ -809,42 +629,34 @@ def run_scenario(
     """Run every (remaining) round or server version of ``scenario``.
 
     Args:
-        scenario: a validated scenario (:func:`fedsim.scenario.load_scenario`).
         workers: 0 trains in this process; ``n >= 1`` uses ``n`` Ray worker
             actors (Ray must be initialised: :func:`fedsim.ray_session.init_ray`).
-        run_dir: if given, rows are written there as Parquet as the run goes
-            (atomically) and checkpoints every ``checkpoint.every_rounds``.
-        resume: continue from ``run_dir``'s latest checkpoint.
-        on_round: called with each round's row and client rows as soon as
-            they are known (progress bars).
+        run_dir: where rows (Parquet, written as the run goes) and
+            checkpoints (every ``checkpoint.every_rounds``) go.
+        on_round: called with each round's row and client rows (progress).
         max_lookahead: asynchronous mode: at most this many version records
             held ahead of the model (default about four job lifetimes; 1
             with an adaptive selector); the results do not depend on it.
 
     Returns:
-        A :class:`RunResult`. A run that diverges or is interrupted (Ctrl-C)
-        returns too, with ``status`` saying so; the rows up to that point are
-        kept (and written, with a run directory).
+        A :class:`RunResult`, also when the run diverges or is interrupted.
 
     Raises:
-        SetupError: before training, the run directory cannot take the run.
-        CheckpointError: ``resume`` without a usable checkpoint.
-        OSError: results could not be written.
-        fedsim.data.DataError: the dataset could not be read.
+        SetupError, CheckpointError (``resume`` without a usable checkpoint),
+        OSError (results not written), fedsim.data.DataError.
     """
     run_dir = Path(run_dir) if run_dir is not None else None
     if resume:
         if run_dir is None:
             raise ValueError("resume needs the run directory")
-        latest_checkpoint(run_dir)  # no usable checkpoint: fail before building
-    run = _Run(scenario, workers, run_dir, on_round, resume)
+        checkpoint.latest_checkpoint(run_dir)  # none usable: fail before building
+    run = _Run(scenario, run_dir, on_round)
+    run.start(workers, resume)
     status: Literal["completed", "diverged", "stalled", "interrupted"] = "completed"
     message = ""
     try:
         if run.asynchronous:
-            loop = _Async(run, max_lookahead)
-            loop.start(resume)
-            loop.loop()
+            _Async(run, max_lookahead).loop(resume)
         else:
             _run_rounds(run, resume)
     except DivergenceError as exc:

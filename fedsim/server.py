@@ -1,19 +1,8 @@
 """The server: the algorithm's state, per-client state, aggregation, evaluation.
 
-One :class:`Server` serves both modes, in the driver process (no actor: the
-updates come back to the driver anyway, and a second process would hold
-another copy of torch and the model). :meth:`Server.apply` is the one
-aggregation step:
-
-- a synchronous round is a barrier: every update of the round, applied at
-  once with the algorithm's ``aggregate`` (``staleness=None``);
-- in asynchronous mode each server version applies the buffered updates,
-  in order of arrival, with the rule's ``aggregate_async`` (their staleness
-  and the parameters each one started from).
-
-Either way the same divergence check follows (a non-finite model or training
-loss raises :class:`DivergenceError`), and the new per-client states go to
-the :class:`~fedsim.store.ClientStore`.
+One :class:`Server` serves both modes, in the driver process
+(docs/architecture.md, "Runtime on Ray"); :meth:`Server.apply` is the one
+aggregation step.
 
 Example:
     >>> from fedsim.scenario import load_scenario
@@ -38,12 +27,7 @@ from typing import Any, cast
 
 import torch
 
-from fedsim.algorithms.base import (
-    AggregateInfo,
-    AsyncRule,
-    ClientUpdate,
-    ServerContext,
-)
+from fedsim.algorithms.base import AggregateInfo, AsyncRule, ClientUpdate, ServerContext
 from fedsim.checkpoint import (
     CheckpointError,
     load_arrays,
@@ -55,7 +39,7 @@ from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.data.validation import validation_problem, validation_use
 from fedsim.models import evaluate, make_model
-from fedsim.params import flatten
+from fedsim.params import flatten, l2_norm
 from fedsim.scenario import Scenario, ScenarioError
 from fedsim.store import ClientStore
 
@@ -70,6 +54,7 @@ __all__ = [
 ]
 
 Payload = dict[str, torch.Tensor]
+Split = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
 
 
 class DivergenceError(RuntimeError):
@@ -91,22 +76,27 @@ def evaluates(scenario: Scenario, t: int) -> bool:
 
 @dataclass(frozen=True)
 class Applied:
-    """What one :meth:`Server.apply` did.
-
-    Attributes:
-        info: the algorithm's account (tau_eff, chi^2(p||w), per-client flags).
-        weights: the effective aggregation weight of each update, in the
-            order the updates were given.
-        train_loss: the updates' data-weighted mean training loss.
-        shares: synchronous rounds: the weight each client's delta got in
-            the step, not normalised (``AggregateInfo.shares``; the
-            normalised weight where the algorithm reports none).
-    """
+    """What one :meth:`Server.apply` did: the algorithm's ``info``, each
+    update's effective ``weights`` (in given order), the data-weighted mean
+    ``train_loss`` and, in synchronous rounds, each client delta's
+    unnormalised weight in the step (``shares``: ``AggregateInfo.shares``,
+    else ``weights``)."""
 
     info: AggregateInfo
     weights: tuple[float, ...]
     train_loss: float
     shares: dict[int, float] = field(default_factory=dict)
+
+    def result(self, trained: Sequence[tuple[ClientUpdate, float]]) -> RoundResult:
+        """What a selector observes, given each (update, effective weight)."""
+        clients = {
+            u.client: ClientStats(
+                l2_norm(u.delta), u.train_loss, w, self.info.flags.get(u.client, {})
+            )
+            for u, w in trained
+        }
+        nan = math.nan
+        return RoundResult(self.info, clients, self.train_loss, nan, nan)
 
 
 @dataclass(frozen=True)
@@ -133,30 +123,16 @@ class RoundResult:
 def _with_multiplicity(
     updates: Sequence[ClientUpdate], multiplicity: Mapping[int, int]
 ) -> list[ClientUpdate]:
-    """Each update's ``multiplicity`` extra: how many times the selector drew
-    its client (a selector sampling with replacement)."""
-    return [
-        replace(
-            u,
-            extras={
-                **u.extras,
-                "multiplicity": torch.tensor(
-                    float(multiplicity.get(u.client, 1)), dtype=torch.float64
-                ),
-            },
-        )
-        for u in updates
-    ]
+    """Each update's ``multiplicity`` extra: how often its client was drawn."""
+    out = []
+    for u in updates:
+        k = torch.tensor(float(multiplicity.get(u.client, 1)), dtype=torch.float64)
+        out.append(replace(u, extras={**u.extras, "multiplicity": k}))
+    return out
 
 
 class Server:
-    """Server state, per-client state, aggregation and evaluation.
-
-    Args:
-        scenario: the validated scenario.
-        data: the federated dataset (the server reads its test and
-            validation sets).
-    """
+    """Server state, per-client state, aggregation and evaluation."""
 
     def __init__(self, scenario: Scenario, data: FederatedData) -> None:
         self.scenario = scenario
@@ -167,12 +143,10 @@ class Server:
         self.store = ClientStore(data.num_clients, x0.numel(), x0.dtype)
         self.test = _split(data.test_x, data.test_y, x0.dtype, data.num_classes)
         self.test_weights = data.test_weights
-        # The data server-side model choices score on (FedPNS's CHECK LOSS):
-        # the validation split taken from the clients' training rows, or the
-        # test set only where the scenario opts in (optimistic); None when
-        # the algorithm never scores models on data.
+        # What server-side model choices score on (FedPNS's CHECK LOSS): the
+        # validation split, the test set where the scenario opts in, or None.
         use = validation_use(scenario)
-        self.val: tuple | None = None
+        self.val: Split | None = None
         self.val_weights = None
         if use == "test":
             self.val, self.val_weights = self.test, self.test_weights
@@ -195,15 +169,12 @@ class Server:
         return self.state["x"]
 
     def payload(self) -> Payload:
-        """What a client downloads from the current version (a copy of the
-        dict, so later server updates never change a payload in use)."""
+        """What a client downloads (a copy: later updates never change it)."""
         return dict(self.algorithm.payload(self.state))
 
     def client_states(self, clients: Sequence[int]) -> dict[int, dict[str, Any]]:
         """The persistent states of these clients ({} for stateless algorithms)."""
-        if not self.algorithm.stateful:
-            return {}
-        return self.store.get(clients)
+        return self.store.get(clients) if self.algorithm.stateful else {}
 
     def apply(
         self,
@@ -217,12 +188,10 @@ class Server:
         """Aggregate ``updates`` into the server state.
 
         Args:
-            updates: a synchronous round's updates (any order: they are
-                aggregated in client-id order), or an asynchronous version's
-                buffered updates in order of arrival.
-            staleness: asynchronous mode: each update's staleness (None: a
-                synchronous round, with the algorithm's ``aggregate``).
-            starts: asynchronous mode: the parameters each update started from.
+            updates: a synchronous round's (aggregated in client-id order),
+                or an asynchronous version's, in order of arrival.
+            staleness, starts: asynchronous mode (``aggregate_async``): each
+                update's staleness and the parameters it started from.
             multiplicity: how many times the selector drew each client.
             where: "round 3" or "version 3", for error messages.
 
@@ -263,6 +232,7 @@ class Server:
         """The server's model and validation loss, for algorithms that need them."""
         if self._context is None:
             val, val_w = self.val, self.val_weights
+            batch = self.scenario.eval.batch_size
             eval_model = make_model(self.scenario, self._data)
 
             def loss(x: torch.Tensor) -> float:
@@ -273,9 +243,7 @@ class Server:
                         "it declared no use of server-side data"
                     )
                 torch.nn.utils.vector_to_parameters(x, eval_model.parameters())
-                return evaluate(
-                    eval_model, val[0], val[1], self.scenario.eval.batch_size, val_w
-                )[0]
+                return evaluate(eval_model, *val, batch, val_w)[0]
 
             train_model = make_model(self.scenario, self._data)
             self._context = ServerContext(train_model, loss, self._data.num_classes)
@@ -284,14 +252,8 @@ class Server:
     def evaluate(self) -> tuple[float, float]:
         """Test loss and accuracy of the current model."""
         torch.nn.utils.vector_to_parameters(self.state["x"], self.model.parameters())
-        test_x, test_y = self.test
-        return evaluate(
-            self.model,
-            test_x,
-            test_y,
-            batch_size=self.scenario.eval.batch_size,
-            weights=self.test_weights,
-        )
+        batch = self.scenario.eval.batch_size
+        return evaluate(self.model, *self.test, batch, self.test_weights)
 
     def save(self, ckpt_dir: Path) -> None:
         """Write the server state and per-client state into ``ckpt_dir``."""
@@ -301,6 +263,7 @@ class Server:
         save_arrays(path, self.store.export())
 
     def load(self, ckpt_dir: Path) -> None:
+        """Inverse of :meth:`save` (refusing another model's state)."""
         path = Path(ckpt_dir)
         state = load_tensors(path / "server.pt")
         if set(state) != set(self.state) or state["x"].shape != self.state["x"].shape:
@@ -311,8 +274,7 @@ class Server:
         self.store.restore(load_arrays(path))
 
 
-def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> tuple:
-    """(inputs, targets) as tensors: class labels stay integers, regression
-    targets take the model's dtype."""
+def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> Split:
+    """(inputs, targets) as tensors; regression targets take the model's dtype."""
     ty = _tensor(y)
     return _tensor(x).to(dtype), ty if num_classes else ty.to(dtype)

@@ -1,12 +1,6 @@
-"""Per-client persistent state, kept on the server side and keyed by client id.
-
-SCAFFOLD's c_i, FedDyn's and FedDC's h_i (and FedDC's c_i) must survive
-however long a client sits out, and outlive any worker actor. The store keeps
-one ``[num_clients, d]`` array per state key. Arrays are created lazily with
-zeros that the operating system does not commit until a row is written, so
-only clients that have trained cost memory. Above ``budget_bytes`` in total,
-the arrays are memory-mapped files in a temporary directory instead (spilled
-to disk, full float32 precision; the page cache keeps hot rows in memory).
+"""Per-client persistent state (SCAFFOLD's c_i, FedDyn's h_i, ...), kept on
+the server side: one lazily zeroed ``[num_clients, d]`` array per state key,
+memory-mapped files above ``budget_bytes`` (docs/architecture.md).
 
 Example:
     >>> import torch
@@ -18,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -44,7 +39,6 @@ class ClientStore:
     ) -> None:
         self.num_clients = num_clients
         self.dim = dim
-        self.dtype = dtype
         self.np_dtype = torch.empty((), dtype=dtype).numpy().dtype
         self.budget_bytes = budget_bytes
         self._spill_root = spill_dir
@@ -52,63 +46,36 @@ class ClientStore:
         self.arrays: dict[str, np.ndarray] = {}
         self.seen = np.zeros(num_clients, dtype=bool)
 
-    @property
-    def row_bytes(self) -> int:
-        return self.dim * self.np_dtype.itemsize
-
-    @property
-    def spilled(self) -> bool:
-        return self._tmp is not None
-
     def _array(self, key: str) -> np.ndarray:
-        arr = self.arrays.get(key)
-        if arr is not None:
-            return arr
-        size = self.num_clients * self.row_bytes
-        total = size * (len(self.arrays) + 1)
-        if total > self.budget_bytes:
+        if key in self.arrays:
+            return self.arrays[key]
+        row_bytes = self.dim * self.np_dtype.itemsize
+        total = self.num_clients * row_bytes * (len(self.arrays) + 1)
+        shape = (self.num_clients, self.dim)
+        if total <= self.budget_bytes:
+            arr = np.zeros(shape, dtype=self.np_dtype)
+        else:  # spilled to disk
             if self._tmp is None:
                 self._tmp = tempfile.mkdtemp(
                     prefix="fedsim-store-", dir=self._spill_root
                 )
-            arr = np.lib.format.open_memmap(
-                Path(self._tmp) / f"{key}.npy",
-                mode="w+",
-                dtype=self.np_dtype,
-                shape=(self.num_clients, self.dim),
-            )
-        else:
-            arr = np.zeros((self.num_clients, self.dim), dtype=self.np_dtype)
+            path = Path(self._tmp) / f"{key}.npy"
+            arr = np.lib.format.open_memmap(path, "w+", self.np_dtype, shape)
         self.arrays[key] = arr
         return arr
 
     def get(self, clients: Iterable[int]) -> dict[int, dict[str, torch.Tensor]]:
         """Copies of the clients' states ({} for a client that never trained)."""
         out: dict[int, dict[str, torch.Tensor]] = {}
-        for c in clients:
-            c = int(c)
-            if not self.seen[c]:
-                out[c] = {}
-                continue
-            out[c] = {
-                k: torch.from_numpy(np.array(a[c])) for k, a in self.arrays.items()
-            }
+        for c in map(int, clients):
+            arrays = self.arrays.items() if self.seen[c] else ()
+            out[c] = {k: torch.from_numpy(np.array(a[c])) for k, a in arrays}
         return out
 
     def put(self, client: int, state: dict[str, torch.Tensor]) -> None:
         for key, value in state.items():
             self._array(key)[client] = value.detach().cpu().numpy()
         self.seen[client] = True
-
-    def mean(self, key: str) -> torch.Tensor:
-        """(1/m) sum over all clients of one key (never-trained clients count as 0)."""
-        arr = self.arrays.get(key)
-        if arr is None:
-            return torch.zeros(self.dim, dtype=self.dtype)
-        acc = np.zeros(self.dim, dtype=np.float64)
-        for start in range(0, self.num_clients, 1024):
-            acc += arr[start : start + 1024].sum(axis=0, dtype=np.float64)
-        return torch.from_numpy(acc / self.num_clients).to(self.dtype)
 
     def export(self) -> dict[str, np.ndarray]:
         """Every array (and ``seen``), for a checkpoint."""
@@ -129,7 +96,5 @@ class ClientStore:
             self._tmp = None
 
     def __del__(self) -> None:  # best effort: never leave spill files behind
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:  # noqa: BLE001
-            pass

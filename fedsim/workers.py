@@ -1,26 +1,9 @@
 """Workers: a model instance and the data, training many virtual clients.
 
-A :class:`Worker` holds one model instance and the whole federated dataset
-(received once), and runs exactly ``tau_i(t)`` local steps for each task it is
-given. The clock, not the worker, decides tau. A worker keeps nothing a
-restart would lose: per-client state travels with the task.
-
-Executors (:mod:`fedsim.executors`) own the workers: one in this process, or
-one per Ray actor. How a worker trains a group of tasks (one client after
-another, or many at once, :mod:`fedsim.batched`) is chosen once, when it
-is built.
-
-Example (in-process):
-    >>> from fedsim.scenario import load_scenario
-    >>> from fedsim.data import build_data
-    >>> from fedsim.models import make_model
-    >>> from fedsim.params import flatten
-    >>> sc = load_scenario("scenarios/quickstart.yaml")
-    >>> data = build_data(sc.data, sc.num_clients, sc.seed)
-    >>> worker = Worker(sc, data)
-    >>> x = flatten(make_model(sc, data))
-    >>> [u.tau for u in worker.train({"x": x}, [Task(client=3, round=0, tau=5)])]
-    [5]
+A :class:`Worker` runs exactly ``tau_i(t)`` local steps (decided by the clock)
+for each task; per-client state travels with the task, so a restart loses
+nothing. Executors (:mod:`fedsim.executors`) own the workers; the example in
+:mod:`fedsim.server` trains with one.
 """
 
 from __future__ import annotations
@@ -60,17 +43,9 @@ Payload = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class Task:
-    """Train ``client`` for ``tau`` local steps.
-
-    Attributes:
-        client: the client (device) id.
-        round: seeds the client's randomness with the scenario seed: the
-            synchronous round, or in asynchronous mode the device's job index
-            (so its j-th job sees the minibatches of a synchronous round j).
-        tau: local steps.
-        version: the server version whose payload the client starts from
-            (the key into the executor's ``payloads``).
-    """
+    """Train ``client`` for ``tau`` local steps from server version
+    ``version``; ``round`` seeds the client's randomness (asynchronous mode:
+    the device's job index)."""
 
     client: int
     round: int
@@ -114,8 +89,7 @@ class Worker:
         self.algorithm = make_algorithm(scenario.algorithm)
         self.solver = self.algorithm.solver(scenario.client)
         self.model = make_model(scenario, data)
-        # A worker given a (fractional) GPU trains on it; FedDM's own local
-        # procedure stays on the CPU. Updates always travel back on the CPU.
+        # FedDM's own procedure stays on the CPU; updates travel back on it.
         use_gpu = (
             scenario.resources.gpus_per_worker > 0
             and self.algorithm.client_train is None
@@ -126,15 +100,13 @@ class Worker:
         self.theta, self.grad = bind_flat(self.model)
         dtype = self.theta.dtype
         self.x = _tensor(data.x).to(self.device, dtype)
-        y = _tensor(data.y)
-        y = y.to(self.device)
+        y = _tensor(data.y).to(self.device)
         self.y = y if data.num_classes else y.to(dtype)
         self.offsets = [int(o) for o in data.offsets]
         self.weights = data.weights
         self.num_clients = data.num_clients
         self.total_weight = float(np.sum(data.weights))
-        # Many clients at once (fedsim.batched) where the model, solver
-        # and algorithm allow it; decided here, once, and said once if not.
+        # Many clients at once (fedsim.batched) where allowed; said once if not.
         self._train_group = self._sequential
         self.batched = False
         if scenario.resources.vectorize:
@@ -177,12 +149,9 @@ class Worker:
         tasks: Sequence[Task],
         states: Mapping[int, ClientState] | None = None,
     ) -> list[ClientUpdate]:
-        """Run each task's local steps from the payload's ``x``; one update per
-        task, in task order. ``states`` holds the persistent state of stateful
-        algorithms (absent clients start from ``{}``)."""
-        if not tasks:
-            return []
-        return self._train_group(payload, tasks, states or {})
+        """One update per task, in task order, each trained from the payload's
+        ``x`` (``states``: persistent client states; absent ones start at {})."""
+        return self._train_group(payload, tasks, states or {}) if tasks else []
 
     def _sequential(
         self,
@@ -251,5 +220,4 @@ class Worker:
 
 
 def _to(tensors: Mapping[str, torch.Tensor], device: torch.device) -> dict:
-    """A copy of a dict of tensors on ``device`` (no copy when already there)."""
     return {k: v.to(device) for k, v in tensors.items()}
