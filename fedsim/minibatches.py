@@ -23,9 +23,15 @@ def client_seed(seed: int, round_: int, client: int) -> int:
     return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
-def batches(n: int, batch: int, gen: torch.Generator) -> Iterator[torch.Tensor | None]:
+def batches(
+    n: int, batch: int, gen: torch.Generator, device: torch.device | None = None
+) -> Iterator[torch.Tensor | None]:
     """Endless minibatch row indices: epochs of a fresh permutation, full
     batches only. ``None`` means "all rows" (a client with n <= batch).
+
+    The permutation is drawn by ``gen`` on the CPU, so every device sees the
+    same batches, and crosses to ``device`` once per epoch: indexing a GPU
+    tensor with CPU indices would copy (and synchronise) at every step.
 
     >>> it = batches(5, 2, torch.Generator().manual_seed(0))
     >>> [len(next(it)) for _ in range(3)]
@@ -35,6 +41,6 @@ def batches(n: int, batch: int, gen: torch.Generator) -> Iterator[torch.Tensor |
         while True:
             yield None
     while True:
-        perm = torch.randperm(n, generator=gen)
+        perm = torch.randperm(n, generator=gen).to(device)
         for start in range(0, n - batch + 1, batch):
             yield perm[start : start + batch]

@@ -170,7 +170,9 @@ class Worker:
         xs, ys = self.x[lo:hi], self.y[lo:hi]
         seed = client_seed(self.scenario.seed, task.round, i)
         gen = torch.Generator().manual_seed(seed)
-        minibatches = batches(hi - lo, self.scenario.client.batch_size, gen)
+        minibatches = batches(
+            hi - lo, self.scenario.client.batch_size, gen, self.device
+        )
         algo = self.algorithm
         info = self.client_info(i)
         if algo.client_train is not None:
