@@ -1,39 +1,23 @@
 """Batched local training: the K clients of a round trained together.
 
-A local step of a small model costs less than the Python and dispatch
-overhead around it, so training clients one after another leaves the
-machine idle (a GPU most of all). Here the clients a worker was given for one
-round train *together*: their parameters are stacked into one ``[K, d]``
-tensor, and each local step is one call of ``torch.func.vmap`` over
-``torch.func.grad`` of a per-client loss (``functional_call`` of the worker's
-own model on the client's slice of the stack), followed by the solver step
-on the whole stack.
+A small model's local step costs less than the dispatch around it, so the
+clients a worker gets for one round are stacked into one ``[K, d]`` tensor
+and each local step is one ``vmap`` of ``grad`` over the stack (or, for dense
+stacks, hand-written batched matrix products), then the solver step.
 
-What stays exactly as in the sequential loop (:mod:`fedsim.workers`):
+As in the sequential loop (:mod:`fedsim.workers`): each client draws its own
+minibatches (:mod:`fedsim.minibatches`); client i stops after its tau_i steps
+(step s trains only the clients with tau_i > s); a client smaller than a
+batch uses all its rows (padding rows weigh 0); ``start_client`` and
+``client_finish`` run per client, ``grad_hook`` on the stack for SCAFFOLD,
+FedNova-VR, FedDyn and FedDC, per row otherwise. Results equal sequential
+training within float tolerance (float64: about 1e-12; tests/test_batched.py),
+not bit for bit, and the grouping of clients changes the last bits.
 
-- each client's minibatches come from its own generator
-  (:mod:`fedsim.minibatches`), so it sees the same rows in the same order;
-- a client stops after its own tau_i steps: step s trains only the clients
-  with tau_i > s (the others are left out of that step, not masked to 0);
-- clients with fewer rows than a batch use all their rows every step; the
-  padding rows of the stack carry weight 0 in the mean loss;
-- the algorithm's hooks: ``start_client`` and ``client_finish`` run per
-  client; ``grad_hook`` runs on the stack for the control-variate family
-  (SCAFFOLD, FedNova-VR: + (c - c_i); FedDyn, FedDC: + alpha_i (theta -
-  anchor_i) (+ r_i)), and per client (on row views) for any other hook.
-
-Results equal sequential training within float tolerance (reductions are
-batched differently; in float64 to about 1e-12), which
-``tests/test_batched.py`` checks for every model, solver and algorithm it
-supports. The grouping of clients changes the last bits, so a batched run is
-not bit-identical across worker counts (it is within float tolerance).
-
-Not batched (the worker says why once, at build, and trains sequentially):
-algorithms with their own local procedure (``client_train``: FedDM),
-models with BatchNorm (running statistics), recurrent models (``lstm``) on a
-GPU (the cuDNN RNN kernels have no ``vmap`` rule; on the CPU ``lstm`` is
-batched), and solvers other than sgd, momentum, prox and decay. The scenario
-opts in with ``resources.vectorize: true``.
+Not batched (the worker says why once and trains sequentially): algorithms
+with their own procedure (FedDM), BatchNorm, recurrent models on a GPU (no
+``vmap`` rule for cuDNN RNNs), solvers other than sgd, momentum, prox and
+decay. Scenarios opt in with ``resources.vectorize: true``.
 """
 
 from __future__ import annotations
