@@ -116,6 +116,16 @@ def _node_id(_worker: Worker) -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+def _gpu_share(worker: Worker) -> dict[str, Any]:
+    """The GPU share Ray gave this actor, the GPU ids it sees and where it
+    trains (``cpu`` where the GPUs are only declared, as in tests)."""
+    import ray
+
+    gpus = ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0)
+    ids = [str(i) for i in ray.get_gpu_ids()]
+    return {"gpus": gpus, "gpu_ids": ids, "device": worker.device.type}
+
+
 # Ray's own resource names; the others a node declares are its custom ones.
 _BUILTIN = ("CPU", "GPU", "memory", "object_store_memory")
 _MAX_ATTEMPTS = 8  # per call: a node's loss can fail a call more than once
@@ -325,13 +335,21 @@ class RayExecutor(Executor):
 
     def report(self) -> dict[str, Any]:
         """summary.json's ``placement``, ``workers_nodes`` (per worker, the
-        nodes it ran on), ``nodes_lost`` and ``tasks_retried``."""
+        nodes it ran on), ``workers_gpus`` (per worker, :func:`_gpu_share`),
+        ``nodes_lost`` and ``tasks_retried``."""
+        import ray
+
         self._check_nodes()
         with contextlib.suppress(Exception):  # a report must not fail the run
             self._locate(timeout=30)
         self._check_nodes()
+        gpus: list[Any] = []
+        with contextlib.suppress(Exception):
+            refs = [a.__ray_call__.remote(_gpu_share) for a in self.actors]
+            gpus = ray.get(refs, timeout=30)
         unknown: dict[str, Any] = {"address": None, "resources": {}}
         return {
+            "workers_gpus": gpus,
             "placement": self.placement,
             "workers_nodes": [
                 [self._known.get(n, {"node_id": n, **unknown}) for n in hist]

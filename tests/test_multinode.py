@@ -364,6 +364,7 @@ def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Pat
     assert sorted(tuple(n["resources"]) for n in nodes) == [("node_a",), ("node_b",)]
     assert all(is_loopback(n["address"]) for n in nodes)
     assert s["nodes_lost"] == 0 and s["tasks_retried"] == 0
+    assert [g["gpus"] for g in s["workers_gpus"]] == [0, 0]
 
     # pack, with half a (fake) GPU each: both on node a, the one with GPUs.
     s = _placed(
@@ -374,6 +375,12 @@ def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Pat
         *("--set", "resources.gpus_per_worker=0.5"),
     )
     assert [ids[n["node_id"]] for n in _nodes_of(s)] == ["node_a", "node_a"]
+    # counted as asked: half a GPU each, of node a's two (declared, so the
+    # workers train on the CPU)
+    shares = s["workers_gpus"]
+    assert [g["gpus"] for g in shares] == [0.5, 0.5], shares
+    assert all(len(g["gpu_ids"]) == 1 and g["gpu_ids"][0] in "01" for g in shares)
+    assert all(g["device"] == "cpu" for g in shares)
 
     # strict_pack: one node, the only one with 2 CPUs.
     s = _placed(
