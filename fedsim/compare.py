@@ -1,21 +1,13 @@
 """Compare algorithms on identical fleets and data, over seeds 0..N-1.
 
-Each (algorithm, seed) loads the scenario with its ``algorithm`` section
-replaced and ``seed: s``, and runs in-process. Fleet, data, selection and the
-clock depend only on the seed, so every algorithm sees the same devices, data
-and (while round durations agree) clients. An algorithm is ``name`` or
-``name:key=value,...`` (YAML scalars, e.g. ``feddc:alpha=0.005,correction=false``)
-on top of the scenario's own ``algorithm`` section when that names the same
-algorithm (a scenario can carry its paper's hyperparameters), else of the
-algorithm's defaults.
-
-Outputs in ``out_dir``: ``compare.parquet`` (one row per (algorithm, seed):
-accuracies, losses, rounds, simulated time and bytes uploaded to the target,
-bytes down and up, divergence), ``compare.md`` (mean ± sample std over seeds),
-``runs/<algorithm>-seed<s>.parquet`` (each run's rounds plus ``bytes_up_cum``)
-and ``compare.png`` (test accuracy against simulated time, rounds and bytes
-uploaded). Uploads are the clock's billing (FedDM's synthetic sets, SCAFFOLD's
-two vectors); see docs/fedpns-feddm.md.
+Fleet, data, selection and clock depend only on the seed, so every algorithm
+sees the same devices and data. An algorithm is ``name`` or
+``name:key=value,...`` (YAML scalars) on top of the scenario's own
+``algorithm`` section when that names it, else of its defaults. Outputs:
+compare.parquet (one row per run), compare.md (mean ± sample std over seeds),
+runs/ (each run's rounds plus ``bytes_up_cum``) and compare.png (accuracy
+against simulated time, rounds and bytes uploaded as the clock bills them);
+see docs/fedpns-feddm.md.
 
 Example:
     >>> rows = compare("scenarios/ci/tiny-synthetic.yaml", ["fedavg", "fednova"],
@@ -257,8 +249,6 @@ def run_fields(
 
 
 def _ray_ready(workers: int | None) -> bool:
-    """Whether runs go to Ray tasks: ``workers`` 0 never, n >= 1 always (Ray
-    must be up), None when Ray is initialised."""
     if workers == 0:
         return False
     import ray
@@ -272,25 +262,35 @@ def run_jobs(
     fn: Callable[..., Any],
     jobs: Sequence[tuple[Any, ...]],
     workers: int | None,
-    done: Callable[[Any], None],
-) -> None:
-    """``fn(*job)`` for every job, in this process one after another, or as
-    Ray tasks of one CPU each, at most ``workers`` (default: one per CPU) at
-    once; ``done`` gets each result as it finishes (in any order with Ray)."""
-    if not _ray_ready(workers):
-        for job in jobs:
-            done(fn(*job))
-        return
-    import ray
+    done: Callable[[Any, list[Any]], None],
+) -> list[Any]:
+    """``fn(*job)`` for every job: ``workers`` 0 in this process one after
+    another; n >= 1 as Ray tasks of one CPU, at most n at once (Ray must be
+    up); None as Ray tasks, one per CPU, when Ray is initialised. As each run
+    ends (in any order with Ray), ``done`` gets its result and the results so
+    far in job order; returns them all in job order."""
+    finished: dict[int, Any] = {}
 
-    task = ray.remote(num_cpus=1)(fn)
-    limit = workers or int(max(1, ray.cluster_resources().get("CPU", 1)))
-    todo, pending = list(jobs), []
-    while todo or pending:
-        while todo and len(pending) < limit:
-            pending.append(task.remote(*todo.pop(0)))
-        ready, pending = ray.wait(pending, num_returns=1)
-        done(ray.get(ready[0]))
+    def record(i: int, result: Any) -> None:
+        finished[i] = result
+        done(result, [finished[k] for k in sorted(finished)])
+
+    if not _ray_ready(workers):
+        for i, job in enumerate(jobs):
+            record(i, fn(*job))
+    else:
+        import ray
+
+        task = ray.remote(num_cpus=1)(fn)
+        limit = workers or int(max(1, ray.cluster_resources().get("CPU", 1)))
+        todo, pending = list(enumerate(jobs)), {}
+        while todo or pending:
+            while todo and len(pending) < limit:
+                i, job = todo.pop(0)
+                pending[task.remote(*job)] = i
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            record(pending.pop(ready[0]), ray.get(ready[0]))
+    return [finished[k] for k in sorted(finished)]
 
 
 def _ge(x: Any, target: float) -> bool:
@@ -409,17 +409,12 @@ def compare(
     """Run every algorithm for seeds 0..seeds-1; return the summary table rows.
 
     Args:
-        scenario_path: the scenario file.
         algorithms: ``name`` or ``name:key=value,...`` per algorithm.
-        seeds: number of seeds (0..seeds-1).
-        overrides: ``path=value`` overrides for every run (not ``algorithm``
-            or ``seed``, which this function sets).
+        overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
         out_dir: where compare.parquet, compare.md and runs/ go (None: nowhere).
         target_accuracy: for rounds and simulated time to reach it (a fraction).
         progress: called with each run's row as it finishes.
-        workers: 0 runs one after another in this process; n >= 1 keeps at
-            most n Ray tasks in flight (Ray must be up); None uses Ray tasks
-            when Ray is initialised.
+        workers: as for :func:`run_jobs`.
     """
     from fedsim.results import ROUND_SCHEMA, atomic_write_bytes, write_table
 
@@ -444,15 +439,10 @@ def compare(
         for label in algorithms
         for seed in range(seeds)
     ]
-    order = {(j[1], j[2]): i for i, j in enumerate(jobs)}
-    runs: list[dict[str, Any]] = []
-    curves: dict[tuple[str, int], list[dict[str, Any]]] = {}
 
-    def finish(res: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+    def finish(res: tuple[dict[str, Any], Any], so_far: list[Any]) -> None:
         row, rounds = res
-        runs.append(row)
-        runs.sort(key=lambda r: order[(r["algorithm"], r["seed"])])
-        curves[(row["algorithm"], row["seed"])] = rounds
+        runs = [r for r, _ in so_far]
         if out is not None:  # each run's rounds, then the tables so far
             name = f"{_safe(row['algorithm'])}-seed{row['seed']}.parquet"
             write_table(out / "runs" / name, rounds, ROUND_SCHEMA)
@@ -470,10 +460,10 @@ def compare(
         if progress is not None:
             progress(row)
 
-    run_jobs(run_one, jobs, workers, finish)
+    results = run_jobs(run_one, jobs, workers, finish)
     if out is not None:
-        plot_compare(runs, curves, target_accuracy, out / "compare.png")
-    return summarize_runs(runs, target_accuracy)
+        plot_compare(results, target_accuracy, out / "compare.png")
+    return summarize_runs([row for row, _ in results], target_accuracy)
 
 
 def _points(rounds: list[dict[str, Any]], x_key: str) -> list[tuple[float, float]]:
@@ -505,8 +495,7 @@ def _band(
 
 
 def plot_compare(
-    runs: Sequence[dict[str, Any]],
-    curves: Mapping[tuple[str, int], list[dict[str, Any]]],
+    results: Sequence[tuple[dict[str, Any], list[dict[str, Any]]]],
     target: float | None,
     path: Path,
 ) -> Path:
@@ -517,11 +506,11 @@ def plot_compare(
 
     from fedsim.plots import _new_figure, _save
 
-    labels = list(dict.fromkeys(r["algorithm"] for r in runs))
-    curves = {
-        key: [{**r, "upload_mb": r.get("bytes_up_cum", math.nan) / 1e6} for r in c]
-        for key, c in curves.items()
-    }
+    labels = list(dict.fromkeys(row["algorithm"] for row, _ in results))
+    curves = [
+        (row["algorithm"], [{**r, "upload_mb": r["bytes_up_cum"] / 1e6} for r in c])
+        for row, c in results
+    ]
     fig = _new_figure(16, 4.2)
     axes = fig.subplots(1, 3)
     for x_key, ax, xlabel in (
@@ -530,7 +519,7 @@ def plot_compare(
         ("upload_mb", axes[2], "uploaded (MB, all clients)"),
     ):
         for i, label in enumerate(labels):
-            mine = [c for (lab, _), c in sorted(curves.items()) if lab == label]
+            mine = [c for lab, c in curves if lab == label]  # by seed
             xs = [float(r[x_key]) for c in mine for r in c]
             if not xs:
                 continue
@@ -548,6 +537,6 @@ def plot_compare(
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="lower right")
-    seeds = len({r["seed"] for r in runs})
+    seeds = len({row["seed"] for row, _ in results})
     fig.suptitle(f"test accuracy: mean over {seeds} seed(s), band from min to max")
     return _save(fig, path)

@@ -26,7 +26,6 @@ import itertools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +72,6 @@ TAU_SCHEMA = schema(
     (STR, "drop_reason mode"),
 )
 _TARGET_FRACTION = 0.9  # default target: 90% of the best mean accuracy, mildest cell
-_RUN_KEY = itemgetter("cell", "algorithm", "seed")
 
 
 def _split_top(text: str) -> list[str]:
@@ -569,20 +567,16 @@ def run_stress(
         for label in algorithms
         for seed in range(seeds)
     ]
-    order = {(j[2], j[4], j[5]): i for i, j in enumerate(jobs)}
-    results: list[dict[str, Any]] = []
 
-    def finish(res: dict[str, Any]) -> None:
+    def finish(res: dict[str, Any], so_far: list[dict[str, Any]]) -> None:
         rec = res["record"]
         name = f"{rec['cell']:02d}-{_safe(rec['algorithm'])}-seed{rec['seed']}.parquet"
         write_table(out / "runs" / name, res["rounds"], ROUND_SCHEMA)
-        results.append(res)
-        results.sort(key=lambda r: order[_RUN_KEY(r["record"])])
-        _write_tables(out, results, cells, target_accuracy)  # the tables so far
+        _write_tables(out, so_far, cells, target_accuracy)  # the tables so far
         if progress is not None:
             progress(rec)
 
-    run_jobs(_run_one, jobs, workers, finish)
+    results = run_jobs(_run_one, jobs, workers, finish)
     notes = [
         f"scenario: `{scenario_path}`",
         "sweep (mildest first): "
