@@ -349,20 +349,19 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
     from fedsim.results import write_summary
 
     code = _EXIT_CODES[result.status]
-    if result.status == "stalled":
-        _say("[bold red]run stalled:[/]", f"{result.message}. Rows so far are kept.")
-    if result.status == "diverged":
+    kept = {
+        "stalled": "Rows so far are kept.",
+        "diverged": f"Rows so far and the last good checkpoint are kept in {run_dir}.",
+    }
+    if result.status in kept:
         _say(
-            "[bold red]run diverged:[/]",
-            f"{result.message}. Rows so far and the last good checkpoint are "
-            f"kept in {run_dir}.",
+            f"[bold red]run {result.status}:[/]",
+            f"{result.message}. {kept[result.status]}",
         )
     elif result.status == "interrupted":
-        again = (
-            f"fedsim run --resume {run_dir}"
-            if (run_dir / "LATEST").exists()
-            else "(no checkpoint yet: run it again)"
-        )
+        again = f"fedsim run --resume {run_dir}"
+        if not (run_dir / "LATEST").exists():
+            again = "(no checkpoint yet: run it again)"
         _say(
             "[yellow]interrupted;[/]",
             f"rows so far are kept in {run_dir}; continue with: {again}",
@@ -398,9 +397,8 @@ _TABLES = (".parquet", ".png")  # tables and figures a run or report writes
 
 
 def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
-    """Refuse to mix a new run into a directory that holds another run's
-    results (unless ``--overwrite``, which clears them first), and never
-    write over the input scenario file."""
+    """Never write over the input scenario, nor mix a new run into another's
+    results (``--overwrite`` clears them first)."""
     import shutil
 
     target = run_dir / "scenario.yaml"
@@ -509,8 +507,7 @@ def _progress(
 
 def _log_lines(sc: Scenario, every_s: float) -> Any:
     """A per-round callback printing a plain progress line every ``every_s``
-    seconds and every 10% of the rounds (a log read later, e.g. by ray job
-    logs, shows the run moving)."""
+    seconds and every 10% of the rounds (for logs read later)."""
     import time
 
     step = max(1, sc.rounds // 10)
@@ -613,10 +610,8 @@ def _keep(section: dict[str, Any], fields: str) -> dict[str, Any]:
 
 
 def _applicable(sc: Scenario) -> dict[str, Any]:
-    """The resolved scenario without the fields that do nothing in it: other
-    models' sizes, other round policies', other speed, slowdown and
-    availability models' parameters, unset presets, and ``dropout_p`` when no
-    device can drop out."""
+    """The resolved scenario without the fields that do nothing in it (other
+    choices' parameters, unset presets, ``dropout_p`` when nothing drops)."""
     d = sc.model_dump(mode="json")
     d["model"] = _keep(d["model"], "name dtype " + _MODEL_FIELDS.get(sc.model.name, ""))
     r = sc.round

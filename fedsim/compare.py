@@ -201,9 +201,8 @@ def run_one(
     hit = next((r for r in rows if _ge(r["test_accuracy"], target)), None)
     chi2 = [r["chi2_pw"] for r in rows if math.isfinite(r["chi2_pw"])]
     losses = [r["train_loss"] for r in rows if math.isfinite(r["train_loss"])]
-    diverged = result.status == "diverged"
-    if rows and not math.isfinite(rows[-1]["test_loss"]):
-        diverged = True
+    last_loss = rows[-1]["test_loss"] if rows else 0.0
+    diverged = result.status == "diverged" or not math.isfinite(last_loss)
     out = {
         **run_fields(label, sc, mode, seed, len(rows), diverged),
         "final_accuracy": _num(summary["final_test_accuracy"]),

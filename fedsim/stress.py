@@ -149,11 +149,10 @@ def _run_one(
         "wall_time_s": result.wall_time_s,
     }
     curve = {"sim_time": [float(r["sim_time"]) for r in rows], "test_accuracy": acc}
+    run = {"cell": cell_index, "algorithm": label, "seed": seed}
     tau_rows = [
         {
-            "cell": cell_index,
-            "algorithm": label,
-            "seed": seed,
+            **run,
             "device_group": str(c["device_group"]),
             "tau": int(c["tau"]),
             "dropped": bool(c["dropped"]),
@@ -167,7 +166,11 @@ def _run_one(
     return dict(record=record, curve=curve, rounds=rows, taus=tau_rows, chance=chance)
 
 
-def _time_to(curve: Mapping[str, Sequence[float]], target: float) -> float | None:
+def _time_to(
+    curve: Mapping[str, Sequence[float]], target: float | None
+) -> float | None:
+    if target is None:
+        return None
     pairs = zip(curve["sim_time"], curve["test_accuracy"], strict=True)
     return next((float(t) for t, a in pairs if math.isfinite(a) and a >= target), None)
 
@@ -461,10 +464,9 @@ def plot_taus(
     path_name: str,
     path: Path,
 ) -> Path:
-    """Local steps of completed updates per device group, one box per value
-    of the first swept field (pooled over algorithms and seeds; asynchronous
-    runs, whose jobs all do the same steps, are left out when there are
-    synchronous ones)."""
+    """Local steps of completed updates per device group, a box per value of
+    the first swept field; asynchronous runs (all jobs the same steps) only
+    when there are no synchronous ones."""
     from fedsim.plots import _new_figure, _save
 
     taus = [t for t in taus if t.get("mode", "sync") == "sync"] or list(taus)
@@ -525,18 +527,11 @@ def run_stress(
         scenario_path: a synchronous scenario file.
         sweep: field path -> values, mildest first (``{"fleet.stragglers.p":
             [0, 0.1, 0.3, 0.5]}``); several paths make a grid.
-        algorithms: ``name`` or ``name:key=value,...`` per algorithm.
-        seeds: seeds 0..seeds-1 per (cell, algorithm).
         out_dir: the report directory (default ``results/stress-<name>-<time>``).
-        workers: 0 runs everything in this process, one run after another;
-            None uses Ray tasks when Ray is initialised (else this process);
-            n >= 1 keeps at most n Ray tasks in flight (Ray must be up).
-        target_accuracy: for the simulated time to reach it (a fraction);
-            default: 90% of the best algorithm's mean best accuracy in the
-            mildest cell, rounded down to half a point.
-        overrides: ``path=value`` for every run (not ``algorithm`` or
-            ``seed``, which this sets).
-        progress: called with each run's record as it finishes.
+        workers: as for :func:`fedsim.compare.run_jobs`.
+        target_accuracy: default: 90% of the best algorithm's mean best
+            accuracy in the mildest cell, rounded down to half a point.
+        overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
 
     Raises:
         ScenarioError: if the scenario, a swept value or an algorithm is
@@ -640,14 +635,10 @@ def _write_tables(
     from fedsim.results import write_table
 
     records = [dict(r["record"]) for r in results]
-    target = (
-        target_accuracy if target_accuracy is not None else _default_target(records)
-    )
+    target = _default_target(records) if target_accuracy is None else target_accuracy
     for rec, res in zip(records, results, strict=True):
         rec["target_accuracy"] = math.nan if target is None else target
-        rec["time_to_target_s"] = (
-            None if target is None else _time_to(res["curve"], target)
-        )
+        rec["time_to_target_s"] = _time_to(res["curve"], target)
     numeric = {  # a swept field is a float column when every value is a number
         p: all(
             isinstance(c[p], int | float) and not isinstance(c[p], bool) for c in cells
