@@ -282,7 +282,8 @@ def run_jobs(
 
         task = ray.remote(num_cpus=1)(fn)
         limit = workers or int(max(1, ray.cluster_resources().get("CPU", 1)))
-        todo, pending = list(enumerate(jobs)), {}
+        todo = list(enumerate(jobs))
+        pending: dict[Any, int] = {}  # object ref -> job index
         while todo or pending:
             while todo and len(pending) < limit:
                 i, job = todo.pop(0)

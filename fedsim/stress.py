@@ -1,23 +1,14 @@
 """``fedsim stress``: sweep a fleet setting, compare aggregators, see who degrades.
 
 Every cell of the sweep grid (the cartesian product of each swept field's
-values), algorithm (``name`` or ``name:key=value,...`` as in
-:mod:`fedsim.compare`) and seed 0..N-1 is one run, in this process or as a
-Ray task; results do not depend on which, and rows are put back in grid order.
-Values go mildest first: the degradation table compares the first value of the
-first swept field with its last. ``fleet.stragglers.*`` is the fleet's default
-(:class:`fedsim.fleet.FleetSpec`), so it changes every group that does not set
-its own. Asynchronous rules on a synchronous scenario run on the asynchronous
-timeline (:func:`fedsim.compare.load_variant`; stress.md says so). Outputs and
-usage: docs/fleets.md.
-
-Example:
-    >>> out = run_stress("scenarios/ci/tiny-synthetic.yaml",
-    ...                  {"fleet.stragglers.p": [0.0, 0.5]}, ["fedavg", "fednova"],
-    ...                  seeds=1, out_dir="/tmp/stress-doc", workers=0,
-    ...                  overrides=["rounds=2"])  # doctest: +SKIP
-    >>> sorted(p.name for p in out.iterdir())  # doctest: +SKIP
-    ['accuracy_vs_time.png', 'degradation.png', 'runs', 'stress.md', ...]
+values), algorithm (as in :mod:`fedsim.compare`) and seed 0..N-1 is one run, in
+this process or as a Ray task, with the same results either way. Values go
+mildest first: the degradation table compares the first value of the first
+swept field with its last. ``fleet.stragglers.*`` is the fleet's default
+(:class:`fedsim.fleet.FleetSpec`): it changes every group that does not set its
+own. Asynchronous rules on a synchronous scenario run on the asynchronous
+timeline (:func:`fedsim.compare.load_variant`). Outputs and an example:
+docs/fleets.md.
 """
 
 from __future__ import annotations
@@ -34,6 +25,7 @@ import pyarrow as pa
 
 from fedsim.compare import (
     RUN_COLUMNS,
+    _ge,
     _pm,
     _reject_run_overrides,
     _safe,
@@ -113,6 +105,11 @@ def _values(cells: Sequence[Mapping[str, Any]], path: str) -> list[str]:
     return list(dict.fromkeys(_label(c[path]) for c in cells))
 
 
+def _at(rows: Sequence[dict[str, Any]], cells: Any, path: str, value: str) -> list[Any]:
+    """The ``rows`` (each naming its ``cell``) where ``path``'s label is ``value``."""
+    return [r for r in rows if _label(cells[r["cell"]][path]) == value]
+
+
 def _run_one(
     scenario_path: str,
     overrides: list[str],
@@ -148,7 +145,6 @@ def _run_one(
         "tau_std": float(taus.std()) if taus.size else math.nan,
         "wall_time_s": result.wall_time_s,
     }
-    curve = {"sim_time": [float(r["sim_time"]) for r in rows], "test_accuracy": acc}
     run = {"cell": cell_index, "algorithm": label, "seed": seed}
     tau_rows = [
         {
@@ -163,16 +159,14 @@ def _run_one(
     ]
     classes = result.data.num_classes if result.data is not None else 0
     chance = 1.0 / classes if classes else 0.0
-    return dict(record=record, curve=curve, rounds=rows, taus=tau_rows, chance=chance)
+    return dict(record=record, rounds=rows, taus=tau_rows, chance=chance)
 
 
-def _time_to(
-    curve: Mapping[str, Sequence[float]], target: float | None
-) -> float | None:
+def _time_to(rows: Sequence[dict[str, Any]], target: float | None) -> float | None:
     if target is None:
         return None
-    pairs = zip(curve["sim_time"], curve["test_accuracy"], strict=True)
-    return next((float(t) for t, a in pairs if math.isfinite(a) and a >= target), None)
+    hits = (r for r in rows if _ge(float(r["test_accuracy"]), target))
+    return next((float(r["sim_time"]) for r in hits), None)
 
 
 def _default_target(records: Sequence[dict[str, Any]]) -> float | None:
@@ -395,11 +389,11 @@ def plot_accuracy(
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).reshape(-1)
     for ci, cell in enumerate(cells):
         ax, shown = axes[ci], set()
-        for rec, curve in ((r["record"], r["curve"]) for r in results):
+        for rec, rows in ((r["record"], r["rounds"]) for r in results):
             if rec["cell"] != ci:
                 continue
-            x = np.array(curve["sim_time"], dtype=float)
-            y = np.array(curve["test_accuracy"], dtype=float)
+            x = np.array([r["sim_time"] for r in rows], dtype=float)
+            y = np.array([r["test_accuracy"] for r in rows], dtype=float)
             ok = np.isfinite(x) & np.isfinite(y)
             label = rec["algorithm"] if rec["algorithm"] not in shown else None
             shown.add(rec["algorithm"])
@@ -433,18 +427,14 @@ def plot_degradation(
     values = deg[0]["values"] if deg else []
     xs = np.arange(len(values))
     for d in deg:
+        mine = [r for r in records if r["algorithm"] == d["algorithm"]]
         accs = [
-            [
-                r["final_accuracy"]
-                for r in records
-                if r["algorithm"] == d["algorithm"]
-                and _label(cells[r["cell"]][path_name]) == v
-                and math.isfinite(r["final_accuracy"])
-            ]
+            [r["final_accuracy"] for r in _at(mine, cells, path_name, v)]
             for v in values
         ]
-        lows = [min(acc) if acc else math.nan for acc in accs]
-        highs = [max(acc) if acc else math.nan for acc in accs]
+        accs = [[a for a in acc if math.isfinite(a)] for acc in accs]
+        lows = [min(acc, default=math.nan) for acc in accs]
+        highs = [max(acc, default=math.nan) for acc in accs]
         c = colors[d["algorithm"]]
         ax.plot(xs, d["accuracy"], marker="o", color=c, label=d["algorithm"])
         ax.fill_between(xs, lows, highs, color=c, alpha=0.15)
@@ -477,11 +467,7 @@ def plot_taus(
     ax = fig.subplots()
     width = 0.8 / max(1, len(values))
     for vi, v in enumerate(values):
-        done = [
-            t
-            for t in taus
-            if not t["dropped"] and _label(cells[t["cell"]][path_name]) == v
-        ]
+        done = [t for t in _at(taus, cells, path_name, v) if not t["dropped"]]
         data = [[t["tau"] for t in done if t["device_group"] == g] for g in groups]
         pos = np.arange(len(groups)) + (vi - (len(values) - 1) / 2) * width
         keep = [i for i, d in enumerate(data) if d]
@@ -638,7 +624,7 @@ def _write_tables(
     target = _default_target(records) if target_accuracy is None else target_accuracy
     for rec, res in zip(records, results, strict=True):
         rec["target_accuracy"] = math.nan if target is None else target
-        rec["time_to_target_s"] = _time_to(res["curve"], target)
+        rec["time_to_target_s"] = _time_to(res["rounds"], target)
     numeric = {  # a swept field is a float column when every value is a number
         p: all(
             isinstance(c[p], int | float) and not isinstance(c[p], bool) for c in cells
