@@ -133,17 +133,13 @@ def _async_overrides(sc: Scenario) -> list[str]:
     server versions as make the same number of updates."""
     r, k = sc.round, sc.selector.clients_per_round
     section = {
+        **r.model_dump(include={"max_steps", "epochs", "epochs_low", "epochs_high"}),
         "policy": "async",
-        "max_steps": r.max_steps,
         "job_steps": "epochs" if r.policy == "fixed_epochs" else "max_steps",
-        "epochs": r.epochs,
-        "epochs_low": r.epochs_low,
-        "epochs_high": r.epochs_high,
         "concurrency": k,
     }
-    versions = max(
-        1, math.ceil(sc.rounds * k / int(getattr(sc.algorithm, "buffer_size", 1)))
-    )
+    buffer = int(getattr(sc.algorithm, "buffer_size", 1))
+    versions = max(1, math.ceil(sc.rounds * k / buffer))
     return [f"round={json.dumps(section)}", f"rounds={versions}"]
 
 
