@@ -12,7 +12,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -127,6 +127,17 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+@contextmanager
+def _errors(*kinds: type[Exception], code: int = 2) -> Iterator[None]:
+    """Report these exceptions as one error line and exit with ``code``."""
+    try:
+        yield
+    except typer.Exit:  # a RuntimeError: already said
+        raise
+    except kinds as exc:
+        _fail(str(exc), code)
+
+
 def _fmt(x: Any, spec: str = ".4f") -> str:
     try:
         return "-" if x is None or x != x else format(x, spec)
@@ -192,17 +203,11 @@ def run(
             _fail(f"{resume}: not a run directory (no scenario.yaml)")
     if scenario is None:
         _fail("missing SCENARIO (a YAML file), or --resume RUN_DIR")
-    from fedsim.preflight import preflight
     from fedsim.results import default_run_dir
-    from fedsim.scenario import ScenarioError
 
     _expect_dir(out_dir, "--out", "a run directory")
     sc = _load(scenario, overrides, seed)
-    try:
-        _check_data_root(sc)
-        preflight(sc, str(scenario), workers=workers)
-    except ScenarioError as exc:
-        _fail(str(exc))
+    _preflight(sc, scenario, workers)
     run_dir = out_dir if out_dir is not None else default_run_dir(sc.name)
     start, sim0 = _prepare_run_dir(sc, run_dir, scenario, resume, overwrite)
     n_workers = _start_workers(sc, workers, address)
@@ -215,9 +220,8 @@ def run(
 
 @contextmanager
 def _sigterm_stops() -> Iterator[None]:
-    """A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C:
-    rows flushed, summary written, the resume command printed. The previous
-    handler comes back afterwards (in-process callers: tests, notebooks)."""
+    """A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C;
+    the previous handler comes back afterwards (tests, notebooks)."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         yield
@@ -227,20 +231,17 @@ def _sigterm_stops() -> Iterator[None]:
 
 def _seed(text: str) -> int:
     """``--seed``'s value, or a one-line error naming the option."""
-    try:
+    value = -1
+    with suppress(ValueError):
         value = int(text.strip(), 10)
-    except ValueError:
-        _fail(f"--seed {text}: expected a whole number >= 0")
     if value < 0:
         _fail(f"--seed {text}: expected a whole number >= 0")
     return value
 
 
 def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scenario:
-    """load_scenario, with a problem that comes from a ``--set`` (or
-    ``--seed``) value reported at that option rather than at the file, and
-    the scenario's own warnings (FedDM's iterations cut short by the
-    window) printed as one ``warning:`` line each."""
+    """load_scenario, blaming a bad ``--set`` (or ``--seed``) value on that
+    option, and printing FedDMClockWarnings as one ``warning:`` line each."""
     from fedsim.scenario import FedDMClockWarning
 
     with warnings.catch_warnings(record=True) as caught:
@@ -290,9 +291,8 @@ def _problem(message: str, scenario: Path, key: str) -> str:
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     if len(lines) > 1 and "invalid scenario" in lines[0]:
         lines = lines[1:]
-    for prefix in (f"{scenario}: ", f"{key}: " if key else None):
-        if prefix:
-            lines = [ln.removeprefix(prefix) for ln in lines]
+    for prefix in filter(None, (f"{scenario}: ", key and f"{key}: ")):
+        lines = [ln.removeprefix(prefix) for ln in lines]
     return "; ".join(lines)
 
 
@@ -302,27 +302,28 @@ def _expect_dir(path: Path | None, option: str, what: str) -> None:
         _fail(f"{option} {path}: is a file, expected {what}")
 
 
-def _check_data_root(sc: Scenario) -> None:
-    """The data root (data.root, else the environment variable) must be a
-    folder when it exists: a file there is said as such, not as missing
-    data."""
+def _preflight(sc: Scenario, scenario: Path, workers: int | None = None) -> None:
+    """preflight's checks, after the data root's: when it exists (data.root,
+    else the environment variable) it must be a folder, not said missing."""
     from fedsim.data.errors import ENV_ROOT
+    from fedsim.preflight import preflight
+    from fedsim.scenario import ScenarioError
 
-    if "root" not in type(sc.data).model_fields:  # e.g. synthetic data
-        return
-    root = sc.data.root
-    where = "data.root" if root else ENV_ROOT
-    root = root or os.environ.get(ENV_ROOT)
-    if root and Path(root).expanduser().exists():
-        if not Path(root).expanduser().is_dir():
+    if "root" in type(sc.data).model_fields:  # not e.g. synthetic data
+        where = "data.root" if sc.data.root else ENV_ROOT
+        root = sc.data.root or os.environ.get(ENV_ROOT)
+        path = Path(root or ".").expanduser()
+        if root and path.exists() and not path.is_dir():
             _fail(f"{where} {root}: is a file, expected a data folder")
+    with _errors(ScenarioError):
+        preflight(sc, str(scenario), workers=workers)
 
 
 def _prepare_run_dir(
     sc: Scenario, run_dir: Path, scenario: Path, resume: Path | None, overwrite: bool
 ) -> tuple[int, float]:
-    """Before Ray starts: a new run's directory holds its resolved scenario;
-    a resumed one has a checkpoint of the same experiment. Returns where the
+    """Before Ray starts: a new run's directory holds its resolved scenario; a
+    resumed one has a checkpoint of the same experiment. Returns where the
     progress bar starts (round, simulated time)."""
     from fedsim.checkpoint import CheckpointError, check_fingerprint, latest_checkpoint
     from fedsim.results import atomic_write_bytes, prepare_run_dir
@@ -330,19 +331,15 @@ def _prepare_run_dir(
 
     if resume is None:
         _check_out(run_dir, scenario, overwrite)
-    try:
+    with _errors(OSError):
         prepare_run_dir(run_dir)
         if resume is None:
             atomic_write_bytes(run_dir / "scenario.yaml", dump_scenario(sc).encode())
-    except OSError as exc:
-        _fail(str(exc))
     if resume is None:
         return 0, 0.0
-    try:
+    with _errors(CheckpointError):
         ck = latest_checkpoint(run_dir)
         check_fingerprint(run_dir, sc, missing_ok=True)
-    except CheckpointError as exc:
-        _fail(str(exc))
     return ck.next_round, ck.sim_time
 
 
@@ -351,23 +348,20 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
     the exit code."""
     from fedsim.results import write_summary
 
-    code = {"completed": 0, "diverged": 1, "stalled": 1, "interrupted": 130}[
-        result.status
-    ]
-    if result.status == "stalled":
-        _say("[bold red]run stalled:[/]", f"{result.message}. Rows so far are kept.")
-    if result.status == "diverged":
+    code = _EXIT_CODES[result.status]
+    kept = {
+        "stalled": "Rows so far are kept.",
+        "diverged": f"Rows so far and the last good checkpoint are kept in {run_dir}.",
+    }
+    if result.status in kept:
         _say(
-            "[bold red]run diverged:[/]",
-            f"{result.message}. Rows so far and the last good checkpoint are "
-            f"kept in {run_dir}.",
+            f"[bold red]run {result.status}:[/]",
+            f"{result.message}. {kept[result.status]}",
         )
     elif result.status == "interrupted":
-        again = (
-            f"fedsim run --resume {run_dir}"
-            if (run_dir / "LATEST").exists()
-            else "(no checkpoint yet: run it again)"
-        )
+        again = f"fedsim run --resume {run_dir}"
+        if not (run_dir / "LATEST").exists():
+            again = "(no checkpoint yet: run it again)"
         _say(
             "[yellow]interrupted;[/]",
             f"rows so far are kept in {run_dir}; continue with: {again}",
@@ -390,6 +384,9 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
     return code
 
 
+_EXIT_CODES = {"completed": 0, "diverged": 1, "stalled": 1, "interrupted": 130}
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -400,9 +397,8 @@ _TABLES = (".parquet", ".png")  # tables and figures a run or report writes
 
 
 def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
-    """Refuse to mix a new run into a directory that holds another run's
-    results (unless ``--overwrite``, which clears them first), and never
-    write over the input scenario file."""
+    """Never write over the input scenario, nor mix a new run into another's
+    results (``--overwrite`` clears them first)."""
     import shutil
 
     target = run_dir / "scenario.yaml"
@@ -437,7 +433,7 @@ def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> in
     from fedsim.ray_session import init_ray
     from fedsim.scenario import ScenarioError
 
-    try:
+    with _errors(ScenarioError):
         if address:
             check_address(address)
         init_ray(address)
@@ -445,8 +441,6 @@ def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> in
 
         n = resolve_workers(sc, workers)
         check_ray_resources(sc, n, ray.cluster_resources())
-    except ScenarioError as exc:
-        _fail(str(exc))
     return n
 
 
@@ -457,11 +451,10 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
     from fedsim.runtime import SetupError, run_scenario
 
     try:
-        return run_scenario(
-            sc, workers=workers, run_dir=run_dir, resume=resume, on_round=on_round
-        )
-    except (DataMissingError, DataError, SetupError, CheckpointError) as exc:
-        _fail(str(exc))
+        with _errors(DataMissingError, DataError, SetupError, CheckpointError):
+            return run_scenario(
+                sc, workers=workers, run_dir=run_dir, resume=resume, on_round=on_round
+            )
     except OSError as exc:
         _say("[bold red]cannot write results:[/]", str(exc))
         if (run_dir / "LATEST").exists():
@@ -514,8 +507,7 @@ def _progress(
 
 def _log_lines(sc: Scenario, every_s: float) -> Any:
     """A per-round callback printing a plain progress line every ``every_s``
-    seconds and every 10% of the rounds (a log read later, e.g. by ray job
-    logs, shows the run moving)."""
+    seconds and every 10% of the rounds (for logs read later)."""
     import time
 
     step = max(1, sc.rounds // 10)
@@ -547,19 +539,13 @@ def _unit(sc: Scenario) -> str:
     return "versions" if sc.round.policy == "async" else "rounds"
 
 
+_SUMMARY_KEYS = """rounds final_test_accuracy best_test_accuracy final_test_loss
+sim_time_s wall_time_s updates_completed updates_dropped workers"""
+
+
 def _print_summary(name: str, summary: dict[str, Any]) -> None:
     table = Table(title=f"{name}: summary", show_header=False)
-    for key in (
-        "rounds",
-        "final_test_accuracy",
-        "best_test_accuracy",
-        "final_test_loss",
-        "sim_time_s",
-        "wall_time_s",
-        "updates_completed",
-        "updates_dropped",
-        "workers",
-    ):
+    for key in _SUMMARY_KEYS.split():
         table.add_row(key, _fmt(summary[key], ".4g"))
     out.print(table)
 
@@ -570,19 +556,12 @@ def validate(
     set_: SetOption = None,
 ) -> None:
     """Check a scenario file and print what it resolves to."""
-    from fedsim.preflight import preflight
-    from fedsim.scenario import ScenarioError
-
-    sc = _load(scenario, list(set_ or []))
-    try:
-        _check_data_root(sc)
-        preflight(sc, str(scenario))
-    except ScenarioError as exc:
-        _fail(str(exc))
     import yaml
 
     from fedsim.scenario import _Dumper
 
+    sc = _load(scenario, list(set_ or []))
+    _preflight(sc, scenario)
     # Only what applies to this scenario (the rest would be defaults that do
     # nothing here); soft_wrap keeps rich from breaking long YAML lines.
     text = yaml.dump(
@@ -595,64 +574,53 @@ def validate(
     )
 
 
-# Fields each choice uses; the others of that section are left out of
-# `fedsim validate`'s output.
+# Fields each choice uses; `fedsim validate` leaves the section's others out.
 _MODEL_FIELDS = {
-    "mlp": ("hidden",),
-    "vgg11": ("norm_groups",),
-    "resnet18": ("norm_groups",),
-    "convnet": ("width", "depth"),
-    "lstm": ("embed_dim", "lstm_hidden", "lstm_layers"),
+    "mlp": "hidden",
+    "vgg11": "norm_groups",
+    "resnet18": "norm_groups",
+    "convnet": "width depth",
+    "lstm": "embed_dim lstm_hidden lstm_layers",
 }
 _ROUND_FIELDS = {
-    "fixed_window": ("window_s", "max_steps"),
-    "fixed_epochs": ("epochs", "deadline_s", "over_select"),
-    "async": ("concurrency", "max_staleness", "job_steps", "max_steps", "epochs"),
+    "fixed_window": "window_s max_steps",
+    "fixed_epochs": "epochs deadline_s over_select",
+    "async": "concurrency max_staleness job_steps max_steps epochs",
 }
 _SPEED_FIELDS = {
-    "fixed": ("steps_per_s",),
-    "lognormal": ("median_steps_per_s", "sigma"),
-    "mixture": ("tiers",),
+    "fixed": "steps_per_s",
+    "lognormal": "median_steps_per_s sigma",
+    "mixture": "tiers",
 }
 _SLOWDOWN_FIELDS = {
-    "fixed": ("factor",),
-    "uniform": ("low", "high"),
-    "pareto": ("shape", "max_factor"),
+    "fixed": "factor",
+    "uniform": "low high",
+    "pareto": "shape max_factor",
 }
 _AVAILABILITY_FIELDS = {
-    "always": (),
-    "on_off": ("mean_on_s", "mean_off_s"),
-    "daily": ("mean_on_s", "min_online", "max_online", "peak_hour", "period_s"),
+    "always": "",
+    "on_off": "mean_on_s mean_off_s",
+    "daily": "mean_on_s min_online max_online peak_hour period_s",
 }
 
 
-def _keep(
-    section: dict[str, Any], always: tuple[str, ...], used: tuple[str, ...]
-) -> dict[str, Any]:
-    """``section`` with only the keys in ``always`` or ``used``, in order."""
-    return {k: v for k, v in section.items() if k in always or k in used}
+def _keep(section: dict[str, Any], fields: str) -> dict[str, Any]:
+    """``section`` with only the (space-separated) ``fields``, in its order."""
+    return {k: v for k, v in section.items() if k in fields.split()}
 
 
 def _applicable(sc: Scenario) -> dict[str, Any]:
-    """The resolved scenario without the fields that do nothing in it: other
-    models' sizes, other round policies' fields (no window under
-    ``fixed_epochs``, no async fields in synchronous rounds), other speed
-    and availability models' parameters, unset presets, and ``dropout_p``
-    when no device can drop out."""
+    """The resolved scenario without the fields that do nothing in it (other
+    choices' parameters, unset presets, ``dropout_p`` when nothing drops)."""
     d = sc.model_dump(mode="json")
-    d["model"] = _keep(
-        d["model"], ("name", "dtype"), _MODEL_FIELDS.get(sc.model.name, ())
-    )
+    d["model"] = _keep(d["model"], "name dtype " + _MODEL_FIELDS.get(sc.model.name, ""))
     r = sc.round
-    used = list(_ROUND_FIELDS[r.policy])
-    if r.policy == "async" and r.job_steps == "epochs":
-        used.remove("max_steps")
-    elif r.policy == "async":
-        used.remove("epochs")
+    used = ["policy", *_ROUND_FIELDS[r.policy].split()]
+    if r.policy == "async":  # a job does max_steps or epochs
+        used.remove("max_steps" if r.job_steps == "epochs" else "epochs")
     if "epochs" in used and r.epochs_low is not None:  # a range replaces epochs
-        used[used.index("epochs")] = "epochs_low"
-        used.append("epochs_high")
-    d["round"] = _keep(d["round"], ("policy",), tuple(used))
+        used[used.index("epochs")] = "epochs_low epochs_high"
+    d["round"] = _keep(d["round"], " ".join(used))
     dropouts = any(
         s is not None and s.dropout_p > 0
         for s in [sc.fleet.stragglers, *(g.stragglers for g in sc.fleet.groups)]
@@ -663,7 +631,7 @@ def _applicable(sc: Scenario) -> dict[str, Any]:
             if not dropouts:
                 st.pop("dropout_p", None)
             dist = st["slowdown"]["dist"]
-            st["slowdown"] = _keep(st["slowdown"], ("dist",), _SLOWDOWN_FIELDS[dist])
+            st["slowdown"] = _keep(st["slowdown"], f"dist {_SLOWDOWN_FIELDS[dist]}")
     for g in d["fleet"]["groups"]:
         _prune_group(g)
     return d
@@ -673,17 +641,16 @@ def _prune_group(g: dict[str, Any]) -> None:
     """A fleet group's speed, network and availability fields that apply."""
     speed = g.get("speed")
     if isinstance(speed, dict):
-        extra = ("preset", "workload", "scale") if speed.get("preset") else ()
-        g["speed"] = _keep(
-            speed, ("dist", *extra), _SPEED_FIELDS.get(speed["dist"], ())
-        )
+        preset = "preset workload scale " if speed.get("preset") else ""
+        used = _SPEED_FIELDS.get(speed["dist"], "")
+        g["speed"] = _keep(speed, f"dist {preset}{used}")
     net = g.get("network")
     if isinstance(net, dict) and net.get("preset") is None:
         net.pop("preset", None)
     avail = g.get("availability")
     if isinstance(avail, dict):
-        used = _AVAILABILITY_FIELDS.get(avail["kind"], tuple(avail))
-        g["availability"] = _keep(avail, ("kind",), used)
+        used = _AVAILABILITY_FIELDS.get(avail["kind"], " ".join(avail))
+        g["availability"] = _keep(avail, f"kind {used}")
 
 
 @app.command()
@@ -703,10 +670,8 @@ def report(
     """Write plots (PNG) and report.md for a run directory."""
     from fedsim.report import ReportError, write_report
 
-    try:
+    with _errors(ReportError):
         path = write_report(run_dir, max_timeline_rounds=timeline_rounds)
-    except ReportError as exc:
-        _fail(str(exc))
     out.print(f"report: {path}", highlight=False)
 
 
@@ -734,32 +699,32 @@ def stress(
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots)."""
-    from fedsim.compare import split_algorithms
+    from fedsim.data import DataError, DataMissingError
     from fedsim.scenario import ScenarioError
-    from fedsim.stress import run_stress
+    from fedsim.stress import parse_sweep, run_stress
 
     _expect_dir(out_dir, "--out", "an output folder")
-    grid = _sweep_grid(sweep)
-    labels = split_algorithms(algorithms)
-    if not labels:
-        _fail("--algorithms: give at least one algorithm")
-    if workers != 0:
-        from fedsim.ray_session import init_ray
-
-        init_ray(address)
+    grid: dict[str, list[Any]] = {}
+    with _errors(ScenarioError):
+        for key, values in map(parse_sweep, sweep):
+            if key in grid:
+                _fail(f"--sweep {key}: given twice")
+            grid[key] = values
+    labels = _algorithms(algorithms)
+    _maybe_ray(workers, address)
 
     def progress(rec: dict[str, Any]) -> None:
-        if not quiet:
-            err.print(
-                f"cell {rec['cell']} {rec['algorithm']} seed {rec['seed']}: "
-                f"final acc {_fmt(rec['final_accuracy'], '.3f')}, "
-                f"sim {rec['sim_time_s']:.0f}s",
-                highlight=False,
-            )
+        err.print(
+            f"cell {rec['cell']} {rec['algorithm']} seed {rec['seed']}: "
+            f"final acc {_fmt(rec['final_accuracy'], '.3f')}, "
+            f"sim {rec['sim_time_s']:.0f}s",
+            highlight=False,
+        )
 
-    from fedsim.data import DataError, DataMissingError
-
-    try:
+    with (
+        _errors(OSError, RuntimeError, code=1),
+        _errors(ScenarioError, DataMissingError, DataError),
+    ):
         path = run_stress(
             scenario,
             grid,
@@ -769,12 +734,8 @@ def stress(
             workers=workers,
             target_accuracy=target_accuracy,
             overrides=list(set_ or []),
-            progress=progress,
+            progress=None if quiet else progress,
         )
-    except (ScenarioError, DataMissingError, DataError) as exc:
-        _fail(str(exc))
-    except (OSError, RuntimeError) as exc:
-        _fail(str(exc), code=1)
     out.print(f"report: {path / 'stress.md'}", highlight=False)
     import pyarrow.parquet as pq
 
@@ -798,38 +759,27 @@ def compare(
     and write compare.parquet, compare.md and compare.png (accuracy against
     simulated time and rounds, with seed bands)."""
     from fedsim.compare import compare as run_compare
-    from fedsim.compare import split_algorithms
+    from fedsim.data import DataError, DataMissingError
     from fedsim.results import default_run_dir, prepare_run_dir
     from fedsim.scenario import ScenarioError
 
     overrides = list(set_ or [])
     _expect_dir(out_dir, "--out", "an output folder")
     sc = _load(scenario, overrides)
-    names = split_algorithms(algorithms)
-    if not names:
-        _fail("--algorithms: give at least one algorithm")
+    names = _algorithms(algorithms)
     run_dir = out_dir if out_dir is not None else default_run_dir(f"compare-{sc.name}")
-    try:
+    with _errors(OSError):
         prepare_run_dir(run_dir)
-    except OSError as exc:
-        _fail(str(exc))
 
     def show(row: dict[str, Any]) -> None:
-        if not quiet:
-            flag = "  [red]diverged[/]" if row["diverged"] else ""
-            err.print(
-                f"{row['algorithm']} seed {row['seed']}: final accuracy "
-                f"{_fmt(row['final_accuracy'], '.4f')}, "
-                f"{row['wall_time_s']:.0f}s{flag}"
-            )
+        flag = "  [red]diverged[/]" if row["diverged"] else ""
+        err.print(
+            f"{row['algorithm']} seed {row['seed']}: final accuracy "
+            f"{_fmt(row['final_accuracy'], '.4f')}, {row['wall_time_s']:.0f}s{flag}"
+        )
 
-    from fedsim.data import DataError, DataMissingError
-
-    if workers != 0:
-        from fedsim.ray_session import init_ray
-
-        init_ray(address)
-    try:
+    _maybe_ray(workers, address)
+    with _errors(ScenarioError, ValueError, DataMissingError, DataError):
         table = run_compare(
             scenario,
             names,
@@ -837,32 +787,31 @@ def compare(
             overrides=overrides,
             out_dir=run_dir,
             target_accuracy=target,
-            progress=show,
+            progress=None if quiet else show,
             workers=workers,
         )
-    except (ScenarioError, ValueError, DataMissingError, DataError) as exc:
-        _fail(str(exc))
     text = (run_dir / "compare.md").read_text()
     out.print(text, markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {run_dir}")
     _exit_if_diverged(sum(int(r["diverged"]) for r in table), "compare.parquet")
 
 
-def _sweep_grid(sweep: list[str]) -> dict[str, list[Any]]:
-    """``--sweep PATH=v1,v2`` options as {path: values}."""
-    from fedsim.scenario import ScenarioError
-    from fedsim.stress import parse_sweep
+def _algorithms(algorithms: str) -> list[str]:
+    """``--algorithms`` split, and not empty."""
+    from fedsim.compare import split_algorithms
 
-    grid: dict[str, list[Any]] = {}
-    try:
-        for item in sweep:
-            key, values = parse_sweep(item)
-            if key in grid:
-                _fail(f"--sweep {key}: given twice")
-            grid[key] = values
-    except ScenarioError as exc:
-        _fail(str(exc))
-    return grid
+    labels = split_algorithms(algorithms)
+    if not labels:
+        _fail("--algorithms: give at least one algorithm")
+    return labels
+
+
+def _maybe_ray(workers: int | None, address: str | None) -> None:
+    """Start or join Ray unless --workers 0 runs everything in this process."""
+    if workers != 0:
+        from fedsim.ray_session import init_ray
+
+        init_ray(address)
 
 
 def _exit_if_diverged(n: int, where: str) -> None:
@@ -876,10 +825,7 @@ def _exit_if_diverged(n: int, where: str) -> None:
 
 def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    try:
-        app(standalone_mode=True)
-    except SystemExit:
-        raise
+    app(standalone_mode=True)
     sys.exit(0)
 
 

@@ -1,32 +1,13 @@
-"""Compare algorithms on identical fleets and data, over several seeds.
+"""Compare algorithms on identical fleets and data, over seeds 0..N-1.
 
-For each algorithm and each seed s = 0..N-1, the scenario is loaded with its
-``algorithm`` section replaced and ``seed: s``, and run in-process. Fleet,
-data, selection and the clock depend only on the seed, so every algorithm
-sees the same devices, the same data and (while round durations agree) the
-same clients each round.
-
-An algorithm is named as in the registry, optionally with hyperparameters:
-``fedprox:mu=0.0001`` or ``feddc:alpha=0.005,correction=false``. Its section
-starts from the scenario's own ``algorithm`` section when that names the same
-algorithm (so a scenario file can carry the paper's hyperparameters for its
-main method), else from ``{name: ...}`` with the algorithm's defaults; the
-``key=value`` pairs (YAML scalars) go on top.
-
-Outputs in ``out_dir``:
-
-- ``compare.parquet``: one row per (algorithm, seed): final and best test
-  accuracy, final losses, rounds, simulated time and bytes uploaded to the
-  target accuracy, bytes sent down and up, whether the run diverged;
-- ``compare.md``: per algorithm, mean +- sample std over seeds;
-- ``runs/<algorithm>-seed<s>.parquet``: each run's rounds table, plus
-  ``bytes_up_cum`` (bytes uploaded up to and including that round);
-- ``compare.png``: test accuracy against simulated time, rounds and bytes
-  uploaded.
-
-Uploads are what the clients sent (the clock's billing: FedDM's synthetic
-sets, SCAFFOLD's two vectors), so "fewer rounds and fewer uploaded floats to
-a given accuracy" can be read off the table and the third panel.
+Fleet, data, selection and clock depend only on the seed, so every algorithm
+sees the same devices and data. An algorithm is ``name`` or
+``name:key=value,...`` (YAML scalars) on top of the scenario's own
+``algorithm`` section when that names it, else of its defaults. Outputs:
+compare.parquet (one row per run), compare.md (mean ± sample std over seeds),
+runs/ (each run's rounds plus ``bytes_up_cum``) and compare.png (accuracy
+against simulated time, rounds and bytes uploaded as the clock bills them);
+see docs/fedpns-feddm.md.
 
 Example:
     >>> rows = compare("scenarios/ci/tiny-synthetic.yaml", ["fedavg", "fednova"],
@@ -37,15 +18,16 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from fedsim.results import BOOL, F64, I64, STR, schema
 from fedsim.scenario import Scenario, ScenarioError, load_scenario, read_yaml
@@ -85,9 +67,7 @@ def split_algorithms(text: str) -> list[str]:
     ['fedavg', 'feddc:alpha=0.005,correction=false', 'scaffold']
     """
     out: list[str] = []
-    for piece in (p.strip() for p in text.split(",")):
-        if not piece:
-            continue
+    for piece in filter(None, (p.strip() for p in text.split(","))):
         if "=" in piece and ":" not in piece.split("=", 1)[0] and out:
             out[-1] += "," + piece
         else:
@@ -105,9 +85,8 @@ def algorithm_section(spec: str, scenario_section: dict[str, Any]) -> dict[str, 
     """
     name, _, rest = spec.partition(":")
     name = name.strip()
-    section: dict[str, Any] = {"name": name}
-    if scenario_section.get("name") == name:
-        section = dict(scenario_section)
+    own = scenario_section.get("name") == name
+    section: dict[str, Any] = dict(scenario_section) if own else {"name": name}
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
@@ -116,21 +95,18 @@ def algorithm_section(spec: str, scenario_section: dict[str, Any]) -> dict[str, 
     return section
 
 
-def _flow(section: dict[str, Any]) -> str:
-    return yaml.safe_dump(section, default_flow_style=True, width=10_000).strip()
-
-
 def _safe(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
 
 
 def _raw_scenario(scenario_path: str | Path) -> dict[str, Any]:
-    """The scenario file's YAML mapping, or {} if it cannot be read as one."""
+    """The scenario file's YAML mapping, or {} (load_scenario reports why)."""
     try:
-        text = Path(scenario_path).read_text(encoding="utf-8")
-        raw = read_yaml(text, str(scenario_path))
+        raw = read_yaml(
+            Path(scenario_path).read_text(encoding="utf-8"), str(scenario_path)
+        )
     except (OSError, UnicodeDecodeError, ScenarioError):
-        raw = None  # load_scenario reports the problem properly
+        return {}
     return raw if isinstance(raw, dict) else {}
 
 
@@ -144,11 +120,6 @@ def _reject_run_overrides(overrides: Sequence[str], tool: str, hint: str = "") -
             )
 
 
-def _value_text(value: Any) -> str:
-    """A value as override text (JSON is YAML, and keeps strings quoted)."""
-    return json.dumps(value)
-
-
 def is_async_rule(name: str) -> bool:
     """Whether algorithm ``name`` is an asynchronous server rule."""
     from fedsim.algorithms import REGISTRY
@@ -160,20 +131,16 @@ def _async_overrides(sc: Scenario) -> list[str]:
     """Overrides that run ``sc``'s synchronous setting on the async timeline:
     the same work per job, ``clients_per_round`` jobs at once, and as many
     server versions as make the same number of updates."""
-    r = sc.round
-    k = sc.selector.clients_per_round
-    section: dict[str, Any] = {
+    r, k = sc.round, sc.selector.clients_per_round
+    section = {
+        **r.model_dump(include={"max_steps", "epochs", "epochs_low", "epochs_high"}),
         "policy": "async",
-        "max_steps": r.max_steps,
         "job_steps": "epochs" if r.policy == "fixed_epochs" else "max_steps",
-        "epochs": r.epochs,
-        "epochs_low": r.epochs_low,
-        "epochs_high": r.epochs_high,
         "concurrency": k,
     }
     buffer = int(getattr(sc.algorithm, "buffer_size", 1))
     versions = max(1, math.ceil(sc.rounds * k / buffer))
-    return [f"round={_value_text(section)}", f"rounds={versions}"]
+    return [f"round={json.dumps(section)}", f"rounds={versions}"]
 
 
 def load_variant(
@@ -186,17 +153,16 @@ def load_variant(
     """The scenario with ``label``'s algorithm section, ``seed`` and the
     ``cell``'s settings, and its mode (``sync`` or ``async``).
 
-    An asynchronous rule (FedAsync, FedBuff) on a synchronous scenario runs
-    on the asynchronous timeline with the same work per job (mode
-    ``async``); a synchronous algorithm on an asynchronous scenario is
-    refused.
+    An asynchronous rule (FedAsync, FedBuff) on a synchronous scenario runs on
+    the asynchronous timeline with the same work per job (mode ``async``); a
+    synchronous algorithm on an asynchronous scenario is refused.
     """
     base = _raw_scenario(scenario_path).get("algorithm")
     section = algorithm_section(label, base if isinstance(base, dict) else {})
     items = [
         *overrides,
-        *(f"{p}={_value_text(v)}" for p, v in (cell or {}).items()),
-        f"algorithm={_value_text(section)}",
+        *(f"{p}={json.dumps(v)}" for p, v in (cell or {}).items()),
+        f"algorithm={json.dumps(section)}",
         f"seed={seed}",
     ]
     sc = load_scenario(scenario_path, items)
@@ -226,20 +192,16 @@ def run_one(
     if result.status == "interrupted":
         raise KeyboardInterrupt  # stop the comparison, not just this run
     rows = with_uploads(result.rows, result.clients)
-    diverged = result.status == "diverged"
-    wall = result.wall_time_s
     summary = result.summary()
-    hit = None
-    if target_accuracy is not None:
-        hit = next((r for r in rows if _ge(r["test_accuracy"], target_accuracy)), None)
+    target = math.inf if target_accuracy is None else target_accuracy
+    hit = next((r for r in rows if _ge(r["test_accuracy"], target)), None)
     chi2 = [r["chi2_pw"] for r in rows if math.isfinite(r["chi2_pw"])]
     losses = [r["train_loss"] for r in rows if math.isfinite(r["train_loss"])]
-    final_acc = summary["final_test_accuracy"]
-    if rows and not math.isfinite(rows[-1]["test_loss"]):
-        diverged = True
+    last_loss = rows[-1]["test_loss"] if rows else 0.0
+    diverged = result.status == "diverged" or not math.isfinite(last_loss)
     out = {
         **run_fields(label, sc, mode, seed, len(rows), diverged),
-        "final_accuracy": _num(final_acc),
+        "final_accuracy": _num(summary["final_test_accuracy"]),
         "best_accuracy": _num(summary["best_test_accuracy"]),
         "final_test_loss": _num(summary["final_test_loss"]),
         "final_train_loss": losses[-1] if losses else math.nan,
@@ -250,7 +212,7 @@ def run_one(
         "bytes_up": int(summary["bytes_up"]),
         "bytes_up_to_target": None if hit is None else int(hit["bytes_up_cum"]),
         "mean_chi2_pw": float(np.mean(chi2)) if chi2 else math.nan,
-        "wall_time_s": wall,
+        "wall_time_s": result.wall_time_s,
     }
     return out, rows
 
@@ -266,71 +228,65 @@ def with_uploads(
     ...               {"round": 1, "bytes_up": 0}])
     [{'round': 0, 'bytes_up_cum': 5}, {'round': 1, 'bytes_up_cum': 12}]
     """
-    per_round: dict[int, int] = {}
+    per_round: Counter[int] = Counter()
     for c in clients:
-        t = int(c["round"])
-        per_round[t] = per_round.get(t, 0) + int(c["bytes_up"])
-    total, out = 0, []
-    for r in rows:
-        total += per_round.get(int(r["round"]), 0)
-        out.append({**r, "bytes_up_cum": total})
-    return out
+        per_round[int(c["round"])] += int(c["bytes_up"])
+    totals = itertools.accumulate(per_round[int(r["round"])] for r in rows)
+    return [{**r, "bytes_up_cum": total} for r, total in zip(rows, totals, strict=True)]
 
 
 def run_fields(
     label: str, sc: Scenario, mode: str, seed: int, rounds: int, diverged: bool
 ) -> dict[str, Any]:
-    """The columns every run's row starts with (:data:`RUN_COLUMNS`, before
-    the accuracies)."""
-    return {
-        "algorithm": label,
-        "name": sc.algorithm.name,
-        "mode": mode,
-        "seed": seed,
-        "rounds": rounds,
-        "diverged": diverged,
-    }
+    """The first columns of every run's row (:data:`RUN_COLUMNS`)."""
+    values = (label, sc.algorithm.name, mode, seed, rounds, diverged)
+    return dict(zip(RUN_COLUMNS.names, values, strict=False))
 
 
 def _ray_ready(workers: int | None) -> bool:
-    """Whether runs go to Ray tasks: ``workers`` 0 never, n >= 1 always (Ray
-    must be up), None when Ray is initialised."""
     if workers == 0:
         return False
     import ray
 
-    if ray.is_initialized():
-        return True
-    if workers is not None:
+    if workers is not None and not ray.is_initialized():
         raise RuntimeError("workers >= 1 needs Ray initialised (fedsim.ray_session)")
-    return False
+    return ray.is_initialized()
 
 
 def run_jobs(
     fn: Callable[..., Any],
     jobs: Sequence[tuple[Any, ...]],
     workers: int | None,
-    done: Callable[[Any], None],
-) -> None:
-    """``fn(*job)`` for every job, in this process one after another, or as
-    Ray tasks of one CPU each, at most ``workers`` (default: one per CPU) at
-    once; ``done`` gets each result as it finishes (in any order with Ray).
-    Each run is in-process inside its task, so results do not depend on it."""
-    if not _ray_ready(workers):
-        for job in jobs:
-            done(fn(*job))
-        return
-    import ray
+    done: Callable[[Any, list[Any]], None],
+) -> list[Any]:
+    """``fn(*job)`` for every job: ``workers`` 0 in this process one after
+    another; n >= 1 as Ray tasks of one CPU, at most n at once (Ray must be
+    up); None as Ray tasks, one per CPU, when Ray is initialised. As each run
+    ends (in any order with Ray), ``done`` gets its result and the results so
+    far in job order; returns them all in job order."""
+    finished: dict[int, Any] = {}
 
-    task = ray.remote(num_cpus=1)(fn)
-    limit = workers or int(max(1, ray.cluster_resources().get("CPU", 1)))
-    todo = list(jobs)
-    pending: list[Any] = []
-    while todo or pending:
-        while todo and len(pending) < limit:
-            pending.append(task.remote(*todo.pop(0)))
-        ready, pending = ray.wait(pending, num_returns=1)
-        done(ray.get(ready[0]))
+    def record(i: int, result: Any) -> None:
+        finished[i] = result
+        done(result, [finished[k] for k in sorted(finished)])
+
+    if not _ray_ready(workers):
+        for i, job in enumerate(jobs):
+            record(i, fn(*job))
+    else:
+        import ray
+
+        task = ray.remote(num_cpus=1)(fn)
+        limit = workers or int(max(1, ray.cluster_resources().get("CPU", 1)))
+        todo = list(enumerate(jobs))
+        pending: dict[Any, int] = {}  # object ref -> job index
+        while todo or pending:
+            while todo and len(pending) < limit:
+                i, job = todo.pop(0)
+                pending[task.remote(*job)] = i
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            record(pending.pop(ready[0]), ray.get(ready[0]))
+    return [finished[k] for k in sorted(finished)]
 
 
 def _ge(x: Any, target: float) -> bool:
@@ -342,45 +298,46 @@ def _num(x: Any) -> float:
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample std of the finite values (None and NaN left out)."""
     v = np.array([x for x in values if x is not None and math.isfinite(x)])
     if v.size == 0:
         return math.nan, math.nan
     return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan
 
 
+def _spread(rs: Sequence[dict[str, Any]], keys: str, suffix: str) -> dict[str, float]:
+    """``_stats`` of each space-separated key over ``rs``, as key, key+suffix."""
+    out: dict[str, float] = {}
+    for key in keys.split():
+        out[key], out[key + suffix] = _stats([r[key] for r in rs])
+    return out
+
+
 def summarize_runs(
     runs: Sequence[dict[str, Any]], target_accuracy: float | None = None
 ) -> list[dict[str, Any]]:
     """Per algorithm (in first-seen order): mean and sample std over seeds."""
-    labels = list(dict.fromkeys(r["algorithm"] for r in runs))
     table = []
-    for label in labels:
+    for label in dict.fromkeys(r["algorithm"] for r in runs):
         rs = [r for r in runs if r["algorithm"] == label]
-        row: dict[str, Any] = {
-            "algorithm": label,
-            "mode": rs[0].get("mode", "sync"),
-            "seeds": len(rs),
-        }
-        for key in (
-            "final_accuracy",
-            "best_accuracy",
-            "final_test_loss",
-            "final_train_loss",
-            "sim_time_s",
-            "mean_chi2_pw",
-        ):
-            row[key], row[key + "_std"] = _stats([r[key] for r in rs])
-        reached = [r for r in rs if r["rounds_to_target"] is not None]
-        row["reached_target"] = len(reached)
-        for key in ("rounds_to_target", "time_to_target_s", "bytes_up_to_target"):
-            row[key], row[key + "_std"] = _stats([float(r[key]) for r in reached])
-        row["bytes_per_run"] = float(
-            np.mean([r["bytes_down"] + r["bytes_up"] for r in rs])
+        per_seed = "final_accuracy best_accuracy final_test_loss final_train_loss"
+        to_target = "rounds_to_target time_to_target_s bytes_up_to_target"
+        table.append(
+            {
+                "algorithm": label,
+                "mode": rs[0].get("mode", "sync"),
+                "seeds": len(rs),
+                **_spread(rs, f"{per_seed} sim_time_s mean_chi2_pw", "_std"),
+                "reached_target": sum(r["rounds_to_target"] is not None for r in rs),
+                **_spread(rs, to_target, "_std"),  # None: not reached
+                "bytes_per_run": float(
+                    np.mean([r["bytes_down"] + r["bytes_up"] for r in rs])
+                ),
+                "bytes_up_per_run": float(np.mean([r["bytes_up"] for r in rs])),
+                "diverged": sum(bool(r["diverged"]) for r in rs),
+                "target_accuracy": target_accuracy,
+            }
         )
-        row["bytes_up_per_run"] = float(np.mean([r["bytes_up"] for r in rs]))
-        row["diverged"] = sum(bool(r["diverged"]) for r in rs)
-        row["target_accuracy"] = target_accuracy
-        table.append(row)
     return table
 
 
@@ -406,31 +363,24 @@ def format_markdown(
 ) -> str:
     """The comparison as a Markdown table (accuracies in %)."""
     target = next((r["target_accuracy"] for r in table), None)
-    lines = [f"# {title}", ""]
-    lines += [f"- {n}" for n in notes]
-    if notes:
-        lines.append("")
+    lines = [f"# {title}", "", *(f"- {n}" for n in notes), *([""] if notes else [])]
     t_head = f"to {target * 100:g}%" if target is not None else "to target"
     lines.append(
         "| algorithm | seeds | final acc % | best acc % | final test loss "
         f"| rounds {t_head} | sim time {t_head} (s) | uploaded {t_head} "
         "| bytes / run | uploaded / run | diverged |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---" * 11 + "|")
     for r in table:
-        n = r["seeds"]
-        if target is None:
-            rounds = time_s = up_t = "-"
-        else:
-            k = r["reached_target"]
-            reach = "" if k == n else f" ({k}/{n} reached)"
-            rounds = (
-                _pm(r["rounds_to_target"], r["rounds_to_target_std"], digits=1)
-                if k
-                else "not reached"
-            ) + (reach if k else "")
+        n, k = r["seeds"], r["reached_target"]
+        rounds = time_s = up_t = "-"
+        if target is not None:
+            rounds = "not reached"
+            if k:
+                rounds = _pm(r["rounds_to_target"], r["rounds_to_target_std"], digits=1)
+                rounds += "" if k == n else f" ({k}/{n} reached)"
+                up_t = _bytes(r["bytes_up_to_target"])
             time_s = _pm(r["time_to_target_s"], r["time_to_target_s_std"], digits=1)
-            up_t = _bytes(r["bytes_up_to_target"]) if k else "-"
         lines.append(
             f"| {r['algorithm']}{' (async)' if r['mode'] == 'async' else ''} | {n} "
             f"| {_pm(r['final_accuracy'], r['final_accuracy_std'], 100)} "
@@ -455,18 +405,15 @@ def compare(
     """Run every algorithm for seeds 0..seeds-1; return the summary table rows.
 
     Args:
-        scenario_path: the scenario file.
         algorithms: ``name`` or ``name:key=value,...`` per algorithm.
-        seeds: number of seeds (0..seeds-1).
-        overrides: ``path=value`` overrides for every run (not ``algorithm``
-            or ``seed``, which this function sets).
+        overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
         out_dir: where compare.parquet, compare.md and runs/ go (None: nowhere).
         target_accuracy: for rounds and simulated time to reach it (a fraction).
         progress: called with each run's row as it finishes.
-        workers: 0 runs one after another in this process; n >= 1 keeps at
-            most n Ray tasks in flight (Ray must be up); None uses Ray tasks
-            when Ray is initialised.
+        workers: as for :func:`run_jobs`.
     """
+    from fedsim.results import ROUND_SCHEMA, atomic_write_bytes, write_table
+
     overrides = list(overrides or [])
     _reject_run_overrides(
         overrides, "compare", "; give hyperparameters as name:key=value"
@@ -488,76 +435,54 @@ def compare(
         for label in algorithms
         for seed in range(seeds)
     ]
-    order = {(j[1], j[2]): i for i, j in enumerate(jobs)}
-    runs: list[dict[str, Any]] = []
-    curves: dict[tuple[str, int], list[dict[str, Any]]] = {}
 
-    def finish(res: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+    def finish(res: tuple[dict[str, Any], Any], so_far: list[Any]) -> None:
         row, rounds = res
-        runs.append(row)
-        runs.sort(key=lambda r: order[(r["algorithm"], r["seed"])])
-        curves[(row["algorithm"], row["seed"])] = rounds
-        if out is not None:
+        runs = [r for r, _ in so_far]
+        if out is not None:  # each run's rounds, then the tables so far
             name = f"{_safe(row['algorithm'])}-seed{row['seed']}.parquet"
-            _write_rounds(out / "runs" / name, rounds)
-            _write_outputs(out, runs, scenario_path, overrides, target_accuracy)
+            write_table(out / "runs" / name, rounds, ROUND_SCHEMA)
+            write_table(out / "compare.parquet", runs, COMPARE_SCHEMA)
+            notes = [
+                f"scenario: `{scenario_path}`",
+                f"seeds: {', '.join(map(str, sorted({r['seed'] for r in runs})))}",
+                f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
+                "accuracy and loss: the scenario's test set, mean ± sample std "
+                "over seeds",
+            ]
+            table = summarize_runs(runs, target_accuracy)
+            text = format_markdown(table, f"compare: {Path(scenario_path).stem}", notes)
+            atomic_write_bytes(out / "compare.md", text.encode())
         if progress is not None:
             progress(row)
 
-    run_jobs(run_one, jobs, workers, finish)
+    results = run_jobs(run_one, jobs, workers, finish)
     if out is not None:
-        plot_compare(runs, curves, target_accuracy, out / "compare.png")
-    return summarize_runs(runs, target_accuracy)
+        plot_compare(results, target_accuracy, out / "compare.png")
+    return summarize_runs([row for row, _ in results], target_accuracy)
 
 
-def _write_rounds(path: Path, rounds: list[dict[str, Any]]) -> None:
-    from fedsim.results import ROUND_SCHEMA, write_table
-
-    write_table(path, rounds, ROUND_SCHEMA)
-
-
-def _write_outputs(
-    out: Path,
-    runs: list[dict[str, Any]],
-    scenario_path: str | Path,
-    overrides: Sequence[str],
-    target_accuracy: float | None,
-) -> None:
-    """compare.parquet and compare.md, rewritten (atomically) after each run."""
-    from fedsim.results import atomic_write_bytes, write_table
-
-    write_table(out / "compare.parquet", runs, COMPARE_SCHEMA)
-    seeds = sorted({r["seed"] for r in runs})
-    notes = [
-        f"scenario: `{scenario_path}`",
-        f"seeds: {', '.join(map(str, seeds))}",
-        f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
-        "accuracy and loss: the scenario's test set, mean ± sample std over seeds",
+def _points(rounds: list[dict[str, Any]], x_key: str) -> list[tuple[float, float]]:
+    """(x, accuracy) of a run's evaluated rounds; rounds counted from 1."""
+    shift = 1.0 if x_key == "round" else 0.0
+    return [
+        (float(r[x_key]) + shift, float(r["test_accuracy"]))
+        for r in rounds
+        if _ge(r["test_accuracy"], 0.0)
     ]
-    table = summarize_runs(runs, target_accuracy)
-    text = format_markdown(table, f"compare: {Path(scenario_path).stem}", notes)
-    atomic_write_bytes(out / "compare.md", text.encode())
 
 
 def _band(
     curves: Sequence[list[dict[str, Any]]], x_key: str, grid: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, min and max over seeds of test accuracy against ``x_key``
-    (rounds counted from 1), each seed's evaluated points interpolated onto
-    ``grid``; NaN where a seed does not reach (so a band never mixes a
-    different set of seeds along the axis)."""
-    shift = 1.0 if x_key == "round" else 0.0
+    """Mean, min and max over seeds of test accuracy against ``x_key``, each
+    seed interpolated onto ``grid``; NaN where a seed does not reach (so a band
+    never mixes a different set of seeds along the axis)."""
     ys = []
-    for rounds in curves:
-        pts = [
-            (float(r[x_key]) + shift, float(r["test_accuracy"]))
-            for r in rounds
-            if _ge(r["test_accuracy"], 0.0)
-        ]
-        if pts:
-            x, y = np.array(pts).T
-            inside = (grid >= x[0]) & (grid <= x[-1])
-            ys.append(np.where(inside, np.interp(grid, x, y), np.nan))
+    for pts in filter(None, (_points(rounds, x_key) for rounds in curves)):
+        x, y = np.array(pts).T
+        inside = (grid >= x[0]) & (grid <= x[-1])
+        ys.append(np.where(inside, np.interp(grid, x, y), np.nan))
     if not ys:
         nan = np.full(grid.shape, np.nan)
         return nan, nan, nan
@@ -566,25 +491,22 @@ def _band(
 
 
 def plot_compare(
-    runs: Sequence[dict[str, Any]],
-    curves: Mapping[tuple[str, int], list[dict[str, Any]]],
+    results: Sequence[tuple[dict[str, Any], list[dict[str, Any]]]],
     target: float | None,
     path: Path,
 ) -> Path:
-    """compare.png: test accuracy against simulated time, rounds (rounds
-    completed) and bytes uploaded (MB, all clients so far), per algorithm:
-    the mean over seeds, and a band from the lowest to the highest seed; the
-    target accuracy as a dashed line."""
+    """compare.png: test accuracy against simulated time, rounds completed and
+    MB uploaded (all clients so far), per algorithm: the mean over seeds, a
+    min-max band, each seed thin; the target accuracy dashed."""
     from matplotlib import colormaps
 
     from fedsim.plots import _new_figure, _save
 
-    labels = list(dict.fromkeys(r["algorithm"] for r in runs))
-    cmap = colormaps["tab10"]
-    curves = {
-        key: [{**r, "upload_mb": r.get("bytes_up_cum", math.nan) / 1e6} for r in c]
-        for key, c in curves.items()
-    }
+    labels = list(dict.fromkeys(row["algorithm"] for row, _ in results))
+    curves = [
+        (row["algorithm"], [{**r, "upload_mb": r["bytes_up_cum"] / 1e6} for r in c])
+        for row, c in results
+    ]
     fig = _new_figure(16, 4.2)
     axes = fig.subplots(1, 3)
     for x_key, ax, xlabel in (
@@ -593,27 +515,24 @@ def plot_compare(
         ("upload_mb", axes[2], "uploaded (MB, all clients)"),
     ):
         for i, label in enumerate(labels):
-            mine = [c for (lab, _), c in sorted(curves.items()) if lab == label]
+            mine = [c for lab, c in curves if lab == label]  # by seed
             xs = [float(r[x_key]) for c in mine for r in c]
             if not xs:
                 continue
             lo = 1.0 if x_key == "round" else 0.0
-            grid = np.linspace(lo, max(xs) + (1 if x_key == "round" else 0), 200)
+            grid = np.linspace(lo, max(xs) + lo, 200)
             mean, low, high = _band(mine, x_key, grid)
-            color = cmap(i % 10)
+            color = colormaps["tab10"](i % 10)
             ax.plot(grid, mean, color=color, linewidth=1.8, label=label)
             ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
-            for c in mine:  # each seed, thin: seeds end at different times
-                pts = [(float(r[x_key]) + lo, r["test_accuracy"]) for r in c]
-                pts = [p for p in pts if _ge(p[1], 0.0)]
-                if pts:
-                    ax.plot(*np.array(pts).T, color=color, linewidth=0.6, alpha=0.4)
+            for pts in filter(None, (_points(c, x_key) for c in mine)):
+                ax.plot(*np.array(pts).T, color=color, linewidth=0.6, alpha=0.4)
         if target is not None:
             ax.axhline(target, color="0.3", linestyle="--", linewidth=1)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("test accuracy")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="lower right")
-    seeds = len({r["seed"] for r in runs})
+    seeds = len({row["seed"] for row, _ in results})
     fig.suptitle(f"test accuracy: mean over {seeds} seed(s), band from min to max")
     return _save(fig, path)

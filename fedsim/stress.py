@@ -1,49 +1,14 @@
 """``fedsim stress``: sweep a fleet setting, compare aggregators, see who degrades.
 
-For every cell of the sweep grid (the cartesian product of the values of each
-swept field), every algorithm and every seed s = 0..N-1, the scenario is
-loaded with the cell's values, the algorithm's section (as in
-:mod:`fedsim.compare`: ``name`` or ``name:key=value,...``) and ``seed: s``,
-and run. Runs are independent: in this process one after another, or in
-parallel as Ray tasks (one CPU each, each an in-process ``Simulation``) when
-Ray is initialised. Results do not depend on which: every run is a pure
-function of its scenario, and rows are put back in grid order.
-
-Sweep values are taken in the order given, mildest first: the report's
-degradation table compares the first value of the first swept field with its
-last one. A fleet-wide straggler setting is the fleet's ``stragglers``
-default (see :class:`fedsim.fleet.FleetSpec`): ``fleet.stragglers.p=0,0.1,0.3,0.5``
-changes every group that does not set its own.
-
-Asynchronous server rules (``fedbuff``, ``fedasync``) on a synchronous
-scenario run on the asynchronous timeline instead: ``round`` becomes
-``{policy: async, max_steps, job_steps, epochs...}`` from the scenario's
-round (``job_steps: epochs`` for ``fixed_epochs``, else ``max_steps``), with
-``concurrency`` = ``clients_per_round``, and ``rounds`` becomes the number of
-server versions that apply as many client updates as the synchronous runs
-select (``ceil(rounds * clients_per_round / buffer_size)``). stress.md says so.
-
-Outputs in ``out_dir``:
-
-- ``stress.parquet``: one row per (cell, algorithm, seed): the swept values,
-  final and best test accuracy, simulated time to the target accuracy,
-  fraction of dropped updates, mean tau and its standard deviation, ...;
-- ``stress.md``: the table aggregated over seeds (mean +- sample std), and
-  each algorithm's accuracy drop from the mildest to the harshest value,
-  with a sentence naming the one that degrades least;
-- ``accuracy_vs_time.png`` (one panel per cell, a line per algorithm and
-  seed), ``degradation.png`` (final accuracy against the swept value) and
-  ``tau_by_group.png`` (local steps per device group, a box per swept value);
-- ``runs/<cell>-<algorithm>-seed<s>.parquet`` (each run's rounds) and
-  ``taus.parquet`` (every update's tau, device group and drop reason).
-
-Example:
-    >>> out = run_stress("scenarios/ci/tiny-synthetic.yaml",
-    ...                  {"fleet.stragglers.p": [0.0, 0.5]}, ["fedavg", "fednova"],
-    ...                  seeds=1, out_dir="/tmp/stress-doc", workers=0,
-    ...                  overrides=["rounds=2"])  # doctest: +SKIP
-    >>> sorted(p.name for p in out.iterdir())  # doctest: +SKIP
-    ['accuracy_vs_time.png', 'degradation.png', 'runs', 'stress.md', ...]
+Every cell of the sweep grid (the cartesian product of each swept field's
+values), algorithm (as in :mod:`fedsim.compare`) and seed 0..N-1 is one run, in
+this process or as a Ray task, with the same results either way. Values go
+mildest first: the degradation table compares the first value of the first
+swept field with its last. ``fleet.stragglers.*`` is the fleet's default
+(:class:`fedsim.fleet.FleetSpec`): it changes every group that does not set its
+own. Asynchronous rules on a synchronous scenario run on the asynchronous
+timeline (:func:`fedsim.compare.load_variant`). Outputs and an example:
+docs/fleets.md.
 """
 
 from __future__ import annotations
@@ -60,16 +25,18 @@ import pyarrow as pa
 
 from fedsim.compare import (
     RUN_COLUMNS,
+    _ge,
     _pm,
     _reject_run_overrides,
     _safe,
+    _spread,
     _stats,
     load_variant,
     run_fields,
     run_jobs,
     split_algorithms,
 )
-from fedsim.results import F64, I64, schema
+from fedsim.results import BOOL, F64, I64, STR, schema
 from fedsim.scenario import ScenarioError, load_scenario, read_yaml
 
 __all__ = [
@@ -87,37 +54,28 @@ STRESS_SCHEMA = schema(
     (F64, "dropped_fraction tau_mean tau_std wall_time_s"),
     base=pa.schema([pa.field("cell", I64), *RUN_COLUMNS]),
 )
-TAU_SCHEMA = pa.schema(
-    [
-        ("cell", pa.int64()),
-        ("algorithm", pa.string()),
-        ("seed", pa.int64()),
-        ("device_group", pa.string()),
-        ("tau", pa.int64()),
-        ("dropped", pa.bool_()),
-        ("drop_reason", pa.string()),
-        ("mode", pa.string()),
-    ]
+TAU_SCHEMA = schema(
+    (I64, "cell"),
+    (STR, "algorithm"),
+    (I64, "seed"),
+    (STR, "device_group"),
+    (I64, "tau"),
+    (BOOL, "dropped"),
+    (STR, "drop_reason mode"),
 )
 _TARGET_FRACTION = 0.9  # default target: 90% of the best mean accuracy, mildest cell
 
 
-# -------------------------------------------------------------------- parsing
 def _split_top(text: str) -> list[str]:
     """Split on commas outside brackets and braces."""
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "[{":
-            depth += 1
-        elif ch in "]}":
-            depth -= 1
+    pieces, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "[{") - (ch in "]}")
         if ch == "," and depth == 0:
-            out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    out.append(cur)
-    return [p.strip() for p in out if p.strip()]
+            pieces.append(text[start:i])
+            start = i + 1
+    pieces.append(text[start:])
+    return [p.strip() for p in pieces if p.strip()]
 
 
 def parse_sweep(text: str) -> tuple[str, list[Any]]:
@@ -132,24 +90,26 @@ def parse_sweep(text: str) -> tuple[str, list[Any]]:
     path, eq, values = text.partition("=")
     if not eq or not path.strip():
         raise ScenarioError(f"--sweep {text!r}: expected PATH=v1,v2,...")
-    out = []
-    for piece in _split_top(values):
-        out.append(read_yaml(piece, f"--sweep {path}"))
+    out = [read_yaml(piece, f"--sweep {path}") for piece in _split_top(values)]
     if not out:
         raise ScenarioError(f"--sweep {path}: no values")
     return path.strip(), out
-
-
-def _value_text(value: Any) -> str:
-    """A value as override text (JSON is YAML, and keeps strings quoted)."""
-    return json.dumps(value)
 
 
 def _label(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-# ------------------------------------------------------------------ one run
+def _values(cells: Sequence[Mapping[str, Any]], path: str) -> list[str]:
+    """The labels of ``path``'s values over the grid, in sweep order."""
+    return list(dict.fromkeys(_label(c[path]) for c in cells))
+
+
+def _at(rows: Sequence[dict[str, Any]], cells: Any, path: str, value: str) -> list[Any]:
+    """The ``rows`` (each naming its ``cell``) where ``path``'s label is ``value``."""
+    return [r for r in rows if _label(cells[r["cell"]][path]) == value]
+
+
 def _run_one(
     scenario_path: str,
     overrides: list[str],
@@ -166,37 +126,29 @@ def _run_one(
     if result.status == "interrupted":
         raise KeyboardInterrupt  # stop the sweep, not just this run
     rows, clients = result.rows, result.clients
-    diverged = result.status == "diverged"
-    wall = result.wall_time_s
     acc = [float(r["test_accuracy"]) for r in rows]
     finite = [a for a in acc if math.isfinite(a)]
-    done = [c for c in clients if not c["dropped"]]
-    taus = np.array([c["tau"] for c in done], dtype=np.float64)
+    taus = np.array([c["tau"] for c in clients if not c["dropped"]], dtype=np.float64)
     selected = sum(int(r["n_selected"]) for r in rows)
     dropped = sum(int(r["n_dropped"]) for r in rows)
     record = {
         "cell": cell_index,
-        **run_fields(label, sc, mode, seed, len(rows), diverged),
+        **run_fields(label, sc, mode, seed, len(rows), result.status == "diverged"),
         "final_accuracy": finite[-1] if finite else math.nan,
         "best_accuracy": max(finite) if finite else math.nan,
         "target_accuracy": math.nan,
         "time_to_target_s": None,
         "sim_time_s": float(rows[-1]["sim_time"]) if rows else 0.0,
-        "updates": len(done),
+        "updates": taus.size,
         "dropped_fraction": dropped / selected if selected else math.nan,
         "tau_mean": float(taus.mean()) if taus.size else math.nan,
         "tau_std": float(taus.std()) if taus.size else math.nan,
-        "wall_time_s": wall,
+        "wall_time_s": result.wall_time_s,
     }
-    curve = {
-        "sim_time": [float(r["sim_time"]) for r in rows],
-        "test_accuracy": acc,
-    }
+    run = {"cell": cell_index, "algorithm": label, "seed": seed}
     tau_rows = [
         {
-            "cell": cell_index,
-            "algorithm": label,
-            "seed": seed,
+            **run,
             "device_group": str(c["device_group"]),
             "tau": int(c["tau"]),
             "dropped": bool(c["dropped"]),
@@ -207,34 +159,25 @@ def _run_one(
     ]
     classes = result.data.num_classes if result.data is not None else 0
     chance = 1.0 / classes if classes else 0.0
-    return {
-        "record": record,
-        "curve": curve,
-        "rounds": rows,
-        "taus": tau_rows,
-        "chance": chance,
-    }
+    return dict(record=record, rounds=rows, taus=tau_rows, chance=chance)
 
 
-# -------------------------------------------------------------- the analysis
-def _time_to(curve: Mapping[str, Sequence[float]], target: float) -> float | None:
-    for t, a in zip(curve["sim_time"], curve["test_accuracy"], strict=True):
-        if math.isfinite(a) and a >= target:
-            return float(t)
-    return None
+def _time_to(rows: Sequence[dict[str, Any]], target: float | None) -> float | None:
+    if target is None:
+        return None
+    hits = (r for r in rows if _ge(float(r["test_accuracy"]), target))
+    return next((float(r["sim_time"]) for r in hits), None)
 
 
 def _default_target(records: Sequence[dict[str, Any]]) -> float | None:
     """90% of the best per-algorithm mean best accuracy in the mildest cell."""
     mild = [r for r in records if r["cell"] == 0]
-    means = []
-    for label in dict.fromkeys(r["algorithm"] for r in mild):
-        m, _ = _stats([r["best_accuracy"] for r in mild if r["algorithm"] == label])
-        if math.isfinite(m):
-            means.append(m)
-    if not means:
-        return None
-    return math.floor(_TARGET_FRACTION * max(means) * 200) / 200  # to 0.5 points
+    means = [
+        _stats([r["best_accuracy"] for r in mild if r["algorithm"] == label])[0]
+        for label in dict.fromkeys(r["algorithm"] for r in mild)
+    ]
+    best = max((m for m in means if math.isfinite(m)), default=None)
+    return None if best is None else math.floor(_TARGET_FRACTION * best * 200) / 200
 
 
 def aggregate(
@@ -243,30 +186,23 @@ def aggregate(
     """One row per (cell, algorithm), in grid order: mean and std over seeds."""
     table = []
     labels = list(dict.fromkeys(r["algorithm"] for r in records))
-    for ci, cell in enumerate(cells):
-        for label in labels:
-            rs = [r for r in records if r["cell"] == ci and r["algorithm"] == label]
-            if not rs:
-                continue
-            row: dict[str, Any] = {"cell": ci, **cell, "algorithm": label}
-            row["seeds"] = len(rs)
-            row["mode"] = rs[0]["mode"]
-            for key in (
-                "final_accuracy",
-                "best_accuracy",
-                "dropped_fraction",
-                "tau_mean",
-                "tau_std",
-                "sim_time_s",
-            ):
-                row[key], row[key + "_sd"] = _stats([r[key] for r in rs])
-            hit = [
-                r["time_to_target_s"] for r in rs if r["time_to_target_s"] is not None
-            ]
-            row["reached"] = len(hit)
-            row["time_to_target_s"], row["time_to_target_s_sd"] = _stats(hit)
-            row["diverged"] = sum(bool(r["diverged"]) for r in rs)
-            table.append(row)
+    for (ci, cell), label in itertools.product(enumerate(cells), labels):
+        rs = [r for r in records if r["cell"] == ci and r["algorithm"] == label]
+        if rs:
+            keys = "final_accuracy best_accuracy dropped_fraction tau_mean tau_std"
+            table.append(
+                {
+                    "cell": ci,
+                    **cell,
+                    "algorithm": label,
+                    "seeds": len(rs),
+                    "mode": rs[0]["mode"],
+                    **_spread(rs, f"{keys} sim_time_s", "_sd"),
+                    "reached": sum(r["time_to_target_s"] is not None for r in rs),
+                    **_spread(rs, "time_to_target_s", "_sd"),
+                    "diverged": sum(bool(r["diverged"]) for r in rs),
+                }
+            )
     return table
 
 
@@ -278,14 +214,15 @@ def degradation(
     """Per algorithm: mean final accuracy at each value of ``path`` (averaged
     over the other swept fields) and the drop from the first value to the
     last, paired by seed (mean and sample std over seeds), sorted by drop."""
-    values = list(dict.fromkeys(_label(c[path]) for c in cells))
+    values = _values(cells, path)
     out = []
     for label in dict.fromkeys(r["algorithm"] for r in records):
-        rs = [r for r in records if r["algorithm"] == label]
         by_value: dict[str, dict[int, list[float]]] = {v: {} for v in values}
-        for r in rs:
-            v = _label(cells[r["cell"]][path])
-            by_value[v].setdefault(r["seed"], []).append(r["final_accuracy"])
+        for r in records:
+            if r["algorithm"] == label:
+                by_value[_label(cells[r["cell"]][path])].setdefault(
+                    r["seed"], []
+                ).append(r["final_accuracy"])
         acc = [
             _stats([x for xs in by_value[v].values() for x in xs])[0] for v in values
         ]
@@ -294,17 +231,9 @@ def degradation(
             float(np.mean(first[s])) - float(np.mean(last[s]))
             for s in sorted(set(first) & set(last))
         ]
-        drop, drop_sd = _stats(paired)
-        out.append(
-            {
-                "algorithm": label,
-                "values": values,
-                "accuracy": acc,
-                "drop": drop,
-                "drop_sd": drop_sd,
-                "seeds": len(paired),
-            }
-        )
+        row = dict(algorithm=label, values=values, accuracy=acc, seeds=len(paired))
+        row["drop"], row["drop_sd"] = _stats(paired)
+        out.append(row)
     return sorted(out, key=lambda d: (not math.isfinite(d["drop"]), d["drop"]))
 
 
@@ -327,10 +256,10 @@ def _verdict(deg: Sequence[dict[str, Any]], path: str, chance: float = 0.0) -> s
             "the mildest setting, so none is named: check the scenario (rounds, "
             "learning rate) before reading the sweep."
         )
-    first, last = ok[0]["values"][0], ok[0]["values"][-1]
-    if len(ok[0]["values"]) < 2:
-        return f"Only one value of `{path}` was run: nothing to compare."
     best = ok[0]
+    first, last = best["values"][0], best["values"][-1]
+    if len(best["values"]) < 2:
+        return f"Only one value of `{path}` was run: nothing to compare."
     others = ", ".join(
         f"{_points(d['drop']):+.1f} for {d['algorithm']}" for d in ok[1:]
     )
@@ -348,11 +277,8 @@ def _verdict(deg: Sequence[dict[str, Any]], path: str, chance: float = 0.0) -> s
             f" At {last}, the most accurate is {top['algorithm']} "
             f"({top['accuracy'][-1] * 100:.1f}%)"
         )
-        text += (
-            "."
-            if top is best
-            else ("; a small drop from a low start is no win, so read both columns.")
-        )
+        low_start = "; a small drop from a low start is no win, so read both columns."
+        text += "." if top is best else low_start
     if len(ok) > 1:
         gap = ok[1]["drop"] - best["drop"]
         noise = max(best["drop_sd"], ok[1]["drop_sd"])
@@ -379,12 +305,10 @@ def format_markdown(
     """stress.md: the aggregated table, the degradation table and the verdict
     (``chance``: the accuracy of guessing, 1 / classes; 0 when not a
     classification task)."""
-    lines = [f"# {title}", ""]
-    lines += [f"- {n}" for n in notes]
+    lines = [f"# {title}", "", *(f"- {n}" for n in notes)]
     lines += ["", "## Which aggregator degrades least?", ""]
     if deg:
-        lines.append(_verdict(deg, paths[0], chance))
-        lines.append("")
+        lines += [_verdict(deg, paths[0], chance), ""]
         values = deg[0]["values"]
         head = " | ".join(f"{paths[0]} = {v}" for v in values)
         lines.append(f"| algorithm | {head} | drop (points, first -> last) |")
@@ -395,11 +319,11 @@ def format_markdown(
             )
             drop = _pm(d["drop"], d["drop_sd"], 100, 1)
             lines.append(f"| {d['algorithm']} | {accs} | {drop} |")
-        lines.append("")
-        lines.append(
+        lines += [
+            "",
             "Final test accuracy (%), mean over seeds; the drop is paired by seed "
-            "(same fleet and data), mean ± sample std."
-        )
+            "(same fleet and data), mean ± sample std.",
+        ]
     t_head = (
         f"time to {target * 100:g}% (s)" if target is not None else "time to target"
     )
@@ -413,13 +337,10 @@ def format_markdown(
     for r in table:
         vals = " | ".join(_label(r[p]) for p in paths)
         n = r["seeds"]
-        if target is None:
-            t = "-"
-        elif r["reached"]:
+        t = "-" if target is None else "not reached"
+        if target is not None and r["reached"]:
             t = _pm(r["time_to_target_s"], r["time_to_target_s_sd"], digits=0)
             t += "" if r["reached"] == n else f" ({r['reached']}/{n})"
-        else:
-            t = "not reached"
         alg = r["algorithm"] + (" (async)" if r["mode"] == "async" else "")
         if r["diverged"]:
             alg += f" [diverged {r['diverged']}/{n}]"
@@ -447,18 +368,14 @@ def format_markdown(
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------- plots
 def _colors(n: int) -> list[Any]:
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10"]
-    return [cmap(i % 10) for i in range(n)]
+    return [colormaps["tab10"](i % 10) for i in range(n)]
 
 
 def plot_accuracy(
-    results: Sequence[dict[str, Any]],
-    cells: Sequence[Mapping[str, Any]],
-    path: Path,
+    results: Sequence[dict[str, Any]], cells: Sequence[Mapping[str, Any]], path: Path
 ) -> Path:
     """Test accuracy against simulated time: a panel per cell, a colour per
     algorithm, a line per seed."""
@@ -466,38 +383,27 @@ def plot_accuracy(
 
     labels = list(dict.fromkeys(r["record"]["algorithm"] for r in results))
     colors = dict(zip(labels, _colors(len(labels)), strict=True))
-    n = len(cells)
-    ncols = min(n, 4)
-    nrows = math.ceil(n / ncols)
+    ncols = min(len(cells), 4)
+    nrows = math.ceil(len(cells) / ncols)
     fig = _new_figure(3.6 * ncols + 1, 3.0 * nrows + 0.6)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).reshape(-1)
     for ci, cell in enumerate(cells):
-        ax = axes[ci]
-        shown = set()
-        for res in results:
-            rec = res["record"]
+        ax, shown = axes[ci], set()
+        for rec, rows in ((r["record"], r["rounds"]) for r in results):
             if rec["cell"] != ci:
                 continue
-            x = np.array(res["curve"]["sim_time"], dtype=float)
-            y = np.array(res["curve"]["test_accuracy"], dtype=float)
+            x = np.array([r["sim_time"] for r in rows], dtype=float)
+            y = np.array([r["test_accuracy"] for r in rows], dtype=float)
             ok = np.isfinite(x) & np.isfinite(y)
             label = rec["algorithm"] if rec["algorithm"] not in shown else None
             shown.add(rec["algorithm"])
-            ax.plot(
-                x[ok],
-                y[ok],
-                color=colors[rec["algorithm"]],
-                linewidth=1.2,
-                alpha=0.85,
-                label=label,
-            )
-        ax.set_title(
-            ", ".join(f"{p} = {_label(v)}" for p, v in cell.items()), fontsize=9
-        )
-        ax.set_xlabel("simulated time (s)")
-        ax.set_ylabel("test accuracy")
+            color = colors[rec["algorithm"]]
+            ax.plot(x[ok], y[ok], color=color, linewidth=1.2, alpha=0.85, label=label)
+        title = ", ".join(f"{p} = {_label(v)}" for p, v in cell.items())
+        ax.set_title(title, fontsize=9)
+        ax.set(xlabel="simulated time (s)", ylabel="test accuracy")
         ax.grid(alpha=0.3)
-    for ax in axes[n:]:
+    for ax in axes[len(cells) :]:
         ax.set_visible(False)
     axes[0].legend(fontsize=8, loc="lower right")
     fig.suptitle("test accuracy against simulated time (one line per seed)")
@@ -521,23 +427,19 @@ def plot_degradation(
     values = deg[0]["values"] if deg else []
     xs = np.arange(len(values))
     for d in deg:
-        lows, highs = [], []
-        for v in values:
-            acc = [
-                r["final_accuracy"]
-                for r in records
-                if r["algorithm"] == d["algorithm"]
-                and _label(cells[r["cell"]][path_name]) == v
-                and math.isfinite(r["final_accuracy"])
-            ]
-            lows.append(min(acc) if acc else math.nan)
-            highs.append(max(acc) if acc else math.nan)
+        mine = [r for r in records if r["algorithm"] == d["algorithm"]]
+        accs = [
+            [r["final_accuracy"] for r in _at(mine, cells, path_name, v)]
+            for v in values
+        ]
+        accs = [[a for a in acc if math.isfinite(a)] for acc in accs]
+        lows = [min(acc, default=math.nan) for acc in accs]
+        highs = [max(acc, default=math.nan) for acc in accs]
         c = colors[d["algorithm"]]
         ax.plot(xs, d["accuracy"], marker="o", color=c, label=d["algorithm"])
         ax.fill_between(xs, lows, highs, color=c, alpha=0.15)
     ax.set_xticks(xs, values)
-    ax.set_xlabel(path_name)
-    ax.set_ylabel("final test accuracy")
+    ax.set(xlabel=path_name, ylabel="final test accuracy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(
@@ -552,32 +454,21 @@ def plot_taus(
     path_name: str,
     path: Path,
 ) -> Path:
-    """Local steps of completed updates per device group, one box per value
-    of the first swept field (pooled over algorithms and seeds; asynchronous
-    runs, whose jobs all do the same steps, are left out when there are
-    synchronous ones)."""
+    """Local steps of completed updates per device group, a box per value of
+    the first swept field; asynchronous runs (all jobs the same steps) only
+    when there are no synchronous ones."""
     from fedsim.plots import _new_figure, _save
 
-    sync = [t for t in taus if t.get("mode", "sync") == "sync"]
-    taus = sync or list(taus)
+    taus = [t for t in taus if t.get("mode", "sync") == "sync"] or list(taus)
     groups = list(dict.fromkeys(t["device_group"] for t in taus))
-    values = list(dict.fromkeys(_label(c[path_name]) for c in cells))
+    values = _values(cells, path_name)
     colors = _colors(len(values))
     fig = _new_figure(max(6.0, 1.5 + 0.55 * len(groups) * len(values)), 4.4)
     ax = fig.subplots()
     width = 0.8 / max(1, len(values))
     for vi, v in enumerate(values):
-        data = []
-        for g in groups:
-            data.append(
-                [
-                    t["tau"]
-                    for t in taus
-                    if t["device_group"] == g
-                    and not t["dropped"]
-                    and _label(cells[t["cell"]][path_name]) == v
-                ]
-            )
+        done = [t for t in _at(taus, cells, path_name, v) if not t["dropped"]]
+        data = [[t["tau"] for t in done if t["device_group"] == g] for g in groups]
         pos = np.arange(len(groups)) + (vi - (len(values) - 1) / 2) * width
         keep = [i for i, d in enumerate(data) if d]
         if not keep:
@@ -593,12 +484,10 @@ def plot_taus(
         for patch in box["boxes"]:
             patch.set_facecolor(colors[vi])
             patch.set_alpha(0.6)
-        ax.plot(
-            [], [], color=colors[vi], linewidth=6, alpha=0.6, label=f"{path_name} = {v}"
-        )
+        label = f"{path_name} = {v}"
+        ax.plot([], [], color=colors[vi], linewidth=6, alpha=0.6, label=label)
     ax.set_xticks(np.arange(len(groups)), groups)
-    ax.set_xlabel("device group")
-    ax.set_ylabel("local steps tau of completed updates")
+    ax.set(xlabel="device group", ylabel="local steps tau of completed updates")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(
@@ -607,7 +496,6 @@ def plot_taus(
     return _save(fig, path)
 
 
-# --------------------------------------------------------------- the driver
 def run_stress(
     scenario_path: str | Path,
     sweep: Mapping[str, Sequence[Any]],
@@ -625,24 +513,17 @@ def run_stress(
         scenario_path: a synchronous scenario file.
         sweep: field path -> values, mildest first (``{"fleet.stragglers.p":
             [0, 0.1, 0.3, 0.5]}``); several paths make a grid.
-        algorithms: ``name`` or ``name:key=value,...`` per algorithm.
-        seeds: seeds 0..seeds-1 per (cell, algorithm).
         out_dir: the report directory (default ``results/stress-<name>-<time>``).
-        workers: 0 runs everything in this process, one run after another;
-            None uses Ray tasks when Ray is initialised (else this process);
-            n >= 1 keeps at most n Ray tasks in flight (Ray must be up).
-        target_accuracy: for the simulated time to reach it (a fraction);
-            default: 90% of the best algorithm's mean best accuracy in the
-            mildest cell, rounded down to half a point.
-        overrides: ``path=value`` for every run (not ``algorithm`` or
-            ``seed``, which this sets).
-        progress: called with each run's record as it finishes.
+        workers: as for :func:`fedsim.compare.run_jobs`.
+        target_accuracy: default: 90% of the best algorithm's mean best
+            accuracy in the mildest cell, rounded down to half a point.
+        overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
 
     Raises:
         ScenarioError: if the scenario, a swept value or an algorithm is
             invalid (every combination is validated before anything runs).
     """
-    from fedsim.results import default_run_dir
+    from fedsim.results import ROUND_SCHEMA, default_run_dir, write_table
 
     if seeds < 1:
         raise ValueError("seeds must be >= 1")
@@ -650,19 +531,13 @@ def run_stress(
         raise ValueError("no algorithms given")
     if not sweep or any(len(v) == 0 for v in sweep.values()):
         raise ValueError("the sweep needs at least one field with at least one value")
-    algorithms = list(
-        dict.fromkeys(a for label in algorithms for a in split_algorithms(label))
-    )
+    algorithms = list(dict.fromkeys(a for s in algorithms for a in split_algorithms(s)))
     _reject_run_overrides(overrides, "stress")
-    paths = list(sweep)
-    cells = [
-        dict(zip(paths, combo, strict=True))
-        for combo in itertools.product(*(list(sweep[p]) for p in paths))
-    ]
+    products = itertools.product(*(list(v) for v in sweep.values()))
+    cells = [dict(zip(sweep, combo, strict=True)) for combo in products]
     base = load_scenario(scenario_path, list(overrides))
-    for cell in cells:  # every run must validate before any runs
-        for label in algorithms:
-            load_variant(scenario_path, label, 0, list(overrides), cell)
+    for cell, label in itertools.product(cells, algorithms):
+        load_variant(scenario_path, label, 0, list(overrides), cell)  # before any run
     out = (
         Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{base.name}")
     )
@@ -673,78 +548,52 @@ def run_stress(
         for label in algorithms
         for seed in range(seeds)
     ]
-    results = _run_jobs(jobs, workers, out, cells, paths, target_accuracy, progress)
-    records, target = _write_tables(out, results, cells, paths, target_accuracy)
-    notes = _notes(
-        scenario_path,
-        sweep,
-        algorithms,
-        seeds,
-        overrides,
-        target,
-        target_accuracy is None,
-        results,
-    )
-    _write_report(out, results, records, cells, paths, scenario_path, notes, target)
-    return out
 
-
-def _run_jobs(
-    jobs: list[tuple[Any, ...]],
-    workers: int | None,
-    out: Path,
-    cells: list[dict[str, Any]],
-    paths: list[str],
-    target_accuracy: float | None,
-    progress: Callable[[dict[str, Any]], None] | None,
-) -> list[dict[str, Any]]:
-    """Run every (cell, algorithm, seed); write each run's rounds and the
-    tables so far as runs finish; return the results in job order."""
-    from fedsim.results import ROUND_SCHEMA, write_table
-
-    order = {(j[2], j[4], j[5]): i for i, j in enumerate(jobs)}
-    results: list[dict[str, Any]] = []
-
-    def finish(res: dict[str, Any]) -> None:
+    def finish(res: dict[str, Any], so_far: list[dict[str, Any]]) -> None:
         rec = res["record"]
         name = f"{rec['cell']:02d}-{_safe(rec['algorithm'])}-seed{rec['seed']}.parquet"
         write_table(out / "runs" / name, res["rounds"], ROUND_SCHEMA)
-        results.append(res)
-        results.sort(
-            key=lambda r: order[
-                (r["record"]["cell"], r["record"]["algorithm"], r["record"]["seed"])
-            ]
-        )
-        _write_tables(out, results, cells, paths, target_accuracy)
+        _write_tables(out, so_far, cells, target_accuracy)  # the tables so far
         if progress is not None:
             progress(rec)
 
-    run_jobs(_run_one, jobs, workers, finish)
-    return results
+    results = run_jobs(_run_one, jobs, workers, finish)
+    notes = [
+        f"scenario: `{scenario_path}`",
+        "sweep (mildest first): "
+        + "; ".join(f"`{p}` = {', '.join(map(_label, vs))}" for p, vs in sweep.items()),
+        f"algorithms: {', '.join(algorithms)}; seeds: 0..{seeds - 1}",
+        f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
+    ]
+    _write_report(out, results, cells, scenario_path, notes, target_accuracy)
+    return out
 
 
 def _write_report(
     out: Path,
     results: list[dict[str, Any]],
-    records: list[dict[str, Any]],
     cells: list[dict[str, Any]],
-    paths: list[str],
     scenario_path: str | Path,
     notes: list[str],
-    target: float | None,
+    target_accuracy: float | None,
 ) -> None:
-    """stress.md, taus.parquet and the three figures."""
+    """stress.parquet, stress.md, taus.parquet and the three figures."""
     from fedsim.results import atomic_write_bytes, write_table
 
+    records, target = _write_tables(out, results, cells, target_accuracy)
+    if target is not None:
+        how = "given" if target_accuracy is not None else _DEFAULT_TARGET
+        notes.append(f"target accuracy: {target * 100:g}% ({how})")
+    if any(r["record"]["mode"] == "async" for r in results):
+        notes.append(_ASYNC_NOTE)
+    wall = sum(r["record"]["wall_time_s"] for r in results)
+    notes.append(f"{len(results)} runs, {wall:.0f} s of compute in total")
+    paths = list(cells[0])
     deg = degradation(records, cells, paths[0])
+    chance = max((r.get("chance", 0.0) for r in results), default=0.0)
+    title = f"stress: {Path(scenario_path).stem}"
     text = format_markdown(
-        aggregate(records, cells),
-        deg,
-        paths,
-        f"stress: {Path(scenario_path).stem}",
-        notes,
-        target,
-        chance=max((r.get("chance", 0.0) for r in results), default=0.0),
+        aggregate(records, cells), deg, paths, title, notes, target, chance=chance
     )
     atomic_write_bytes(out / "stress.md", text.encode())
     taus = [t for r in results for t in r["taus"]]
@@ -754,78 +603,41 @@ def _write_report(
     plot_taus(taus, cells, paths[0], out / "tau_by_group.png")
 
 
+_DEFAULT_TARGET = "90% of the best algorithm's mean best accuracy in the mildest cell"
+_ASYNC_NOTE = (
+    "asynchronous rules ran on the asynchronous timeline (concurrency = clients "
+    "per round; as many applied updates as the synchronous runs select; each job "
+    "does the round's max_steps, or its epochs)"
+)
+
+
 def _write_tables(
     out: Path,
     results: list[dict[str, Any]],
     cells: Sequence[Mapping[str, Any]],
-    paths: Sequence[str],
     target_accuracy: float | None,
 ) -> tuple[list[dict[str, Any]], float | None]:
     """stress.parquet with times to target filled in (rewritten as runs end)."""
     from fedsim.results import write_table
 
     records = [dict(r["record"]) for r in results]
-    target = (
-        target_accuracy if target_accuracy is not None else _default_target(records)
-    )
+    target = _default_target(records) if target_accuracy is None else target_accuracy
     for rec, res in zip(records, results, strict=True):
         rec["target_accuracy"] = math.nan if target is None else target
-        rec["time_to_target_s"] = (
-            None if target is None else _time_to(res["curve"], target)
+        rec["time_to_target_s"] = _time_to(res["rounds"], target)
+    numeric = {  # a swept field is a float column when every value is a number
+        p: all(
+            isinstance(c[p], int | float) and not isinstance(c[p], bool) for c in cells
         )
-    table_schema = _schema(cells, paths)
-
-    def value(p: str, v: Any) -> Any:
-        return v if table_schema.field(p).type == pa.float64() else _label(v)
-
-    rows = [{**{p: value(p, cells[r["cell"]][p]) for p in paths}, **r} for r in records]
-    write_table(out / "stress.parquet", rows, table_schema)
-    return records, target
-
-
-def _schema(cells: Sequence[Mapping[str, Any]], paths: Sequence[str]) -> pa.Schema:
-    fields = []
-    for p in paths:
-        vals = [c[p] for c in cells]
-        numeric = all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in vals
-        )
-        fields.append((p, pa.float64() if numeric else pa.string()))
-    return pa.schema([*fields, *STRESS_SCHEMA])
-
-
-def _notes(
-    scenario_path: str | Path,
-    sweep: Mapping[str, Sequence[Any]],
-    algorithms: Sequence[str],
-    seeds: int,
-    overrides: Sequence[str],
-    target: float | None,
-    target_is_default: bool,
-    results: Sequence[dict[str, Any]],
-) -> list[str]:
-    notes = [
-        f"scenario: `{scenario_path}`",
-        "sweep (mildest first): "
-        + "; ".join(
-            f"`{p}` = {', '.join(_label(v) for v in vs)}" for p, vs in sweep.items()
-        ),
-        f"algorithms: {', '.join(algorithms)}; seeds: 0..{seeds - 1}",
-        f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
+        for p in cells[0]
+    }
+    fields = [(p, pa.float64() if num else pa.string()) for p, num in numeric.items()]
+    rows = [
+        {
+            **{p: v if numeric[p] else _label(v) for p, v in cells[r["cell"]].items()},
+            **r,
+        }
+        for r in records
     ]
-    if target is not None:
-        how = (
-            "90% of the best algorithm's mean best accuracy in the mildest cell"
-            if target_is_default
-            else "given"
-        )
-        notes.append(f"target accuracy: {target * 100:g}% ({how})")
-    if any(r["record"]["mode"] == "async" for r in results):
-        notes.append(
-            "asynchronous rules ran on the asynchronous timeline (concurrency = "
-            "clients per round; as many applied updates as the synchronous runs "
-            "select; each job does the round's max_steps, or its epochs)"
-        )
-    wall = sum(r["record"]["wall_time_s"] for r in results)
-    notes.append(f"{len(results)} runs, {wall:.0f} s of compute in total")
-    return notes
+    write_table(out / "stress.parquet", rows, pa.schema([*fields, *STRESS_SCHEMA]))
+    return records, target
