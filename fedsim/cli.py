@@ -1,4 +1,4 @@
-"""The ``fedsim`` command line: ``fedsim run | validate | report | stress``.
+"""The ``fedsim`` command line: ``fedsim run | validate | report | compare | stress``.
 
 Exit codes: 0 success; 1 a run that failed (e.g. diverged); 2 invalid
 scenario or bad arguments, with a one-paragraph message on stderr and no
