@@ -4,35 +4,22 @@ Oort: Efficient Federated Learning via Guided Participant Selection. Fan Lai,
 Xiangfeng Zhu, Harsha V. Madhyastha, Mosharaf Chowdhury. OSDI 2021.
 arXiv:2010.06081.
 
-A client's utility is its *statistical utility* (how much its data would
-teach the model now) times a *system penalty* for being slow:
+Statistical utility times a penalty for slow devices:
 
     U_i = (u_i + sqrt(c log(t + 1) / (L_i + 1))) * (T / t_i)^(alpha * 1[t_i > T])
 
-- u_i: the statistical utility |B_i| sqrt(mean loss^2), approximated here by
-  n_i times the client's last observed mean training loss (the server sees
-  one mean loss per client and round), min-max normalised over the explored
-  online clients, as Oort's code does;
-- the square root: Oort's bonus for clients not seen for a while (t is the
-  round, L_i the last round the client trained in, c = ``uncertainty``);
-- t_i: the client's expected round duration from the fleet's simulated
-  speed and bandwidth (:attr:`SelectorContext.round_time_s`); T the
-  preferred duration (``preferred_duration_s``, or the ``duration_quantile``
-  of t_i over the fleet); alpha = ``penalty``.
-
-Each round, a fraction epsilon (``exploration``, decayed by
-``exploration_decay`` per round down to ``exploration_min``) of the slots
-explores clients never seen, faster ones more likely (probability
-proportional to 1/t_i); the rest exploits: among the explored online clients,
-those whose utility is at least ``cutoff`` times the k-th best are sampled
-with probability proportional to utility.
-
-Asynchronously (``round.policy: async``) t and L_i count server versions:
-each choice fills free training slots at version t, L_i is the version an
-update of client i was last applied to, and epsilon decays per version.
-
-Not modelled: Oort's pacer (which moves T when the accuracy stalls), its
-blacklist of over-selected clients and its robustness to outlier losses.
+u_i is n_i times the client's last observed mean training loss (Oort's
+|B_i| sqrt(mean loss^2); the server sees one mean loss per client), min-max
+normalised over the explored candidates; L_i the last round it trained in,
+c = ``uncertainty``; t_i its expected round time
+(:attr:`SelectorContext.round_time_s`), T ``preferred_duration_s`` or the
+``duration_quantile`` of t_i; alpha = ``penalty``. A fraction epsilon
+(``exploration``, times ``exploration_decay`` per round, at least
+``exploration_min``) of the slots goes to unseen clients, in proportion to
+1/t_i; the rest is drawn in proportion to utility among explored clients at
+least ``cutoff`` times the k-th best. Asynchronously t and L_i count server
+versions. Not modelled: Oort's pacer, its blacklist and its outlier
+robustness.
 """
 
 from __future__ import annotations
@@ -58,6 +45,12 @@ if TYPE_CHECKING:
     from fedsim.server import RoundResult
 
 __all__ = ["Oort", "weighted_pick"]
+
+
+def _known(state: SelectorState) -> dict[int, tuple[float, int]]:
+    """Explored client id -> (utility, last round it trained in)."""
+    rows = zip(state["ids"], state["util"], state["last"], strict=True)
+    return {i: (u, last) for i, u, last in rows}
 
 
 @dataclass(frozen=True)
@@ -104,12 +97,7 @@ class Oort(Selector):
         self, state: SelectorState, round_: int, ids: np.ndarray, ctx: SelectorContext
     ) -> np.ndarray:
         """Oort's utility of explored clients ``ids`` (in that order)."""
-        known = {
-            i: (u, last)
-            for i, u, last in zip(
-                state["ids"], state["util"], state["last"], strict=True
-            )
-        }
+        known = _known(state)
         u = np.array([known[int(i)][0] for i in ids], dtype=np.float64)
         last = np.array([known[int(i)][1] for i in ids], dtype=np.float64)
         if u.size:
@@ -147,12 +135,7 @@ class Oort(Selector):
     def observe(
         self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
-        known = {
-            i: (u, last)
-            for i, u, last in zip(
-                state["ids"], state["util"], state["last"], strict=True
-            )
-        }
+        known = _known(state)
         for cid, loss in last_losses(result):
             known[cid] = (float(ctx.n_samples[cid]) * loss, int(t))
         ids = sorted(known)

@@ -1,17 +1,10 @@
 """Uniform selection without replacement among the devices online now.
 
-This is what the FedProx reference code does (ALGORITHMS.md section 3, common
-practice); with the data-weighted FedAvg server it is biased toward the
-clients sampled, which is the usual trade-off. For the unbiased scheme (ii)
-of section 3, pair it with ``algorithm: {name: fedavg, sampling: uniform}``:
-the server then weights update i by p_i m / q. That is exact when every
-device is online and q = ``clients_per_round`` updates arrive; with
-availability or drops it is conditional on who was online and arrived.
-
-Inclusion probabilities: q/m for every client (``inclusion = "uniform"``).
-The default ``sampling: renormalized`` stays the default with this
-selector (biased under partial participation, but what the reference codes
-do); ``sampling: equal`` targets the unweighted mean (1/m) sum_i f_i.
+What the FedProx reference code does (ALGORITHMS.md section 3). Inclusion:
+q/m for every client. With ``algorithm: {name: fedavg, sampling: uniform}``
+(weights p_i m / q) it is the unbiased scheme (ii), exact when every device
+is online and all q updates arrive; the default ``renormalized`` stays (see
+docs/scenarios.md, "Sampling and weighting").
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """Sampling with replacement, proportional to the data weights p_i.
 
 Scheme (i) of ALGORITHMS.md section 3 (Li et al., "On the Convergence of
-FedAvg on Non-IID Data", ICLR 2020, arXiv:1907.02189, scheme I): draw q =
+FedAvg on Non-IID Data", ICLR 2020, arXiv:1907.02189): draw q =
 ``clients_per_round`` indices i.i.d. with P(l = i) = p_i and step by
 (1/q) sum_j Delta_{l_j}, an unbiased estimate of sum_i p_i Delta_i.
 
-A client drawn k_i times trains once (the [R] of section 3) and its delta
-counts k_i times: :meth:`select` returns the *distinct* ids and
-:meth:`multiplicity` the k_i, which the server attaches to each update as the
-``multiplicity`` extra; pair this selector with
-``algorithm: {name: fedavg, sampling: proportional}``, whose weights are
-k_i / q. Only online devices are drawn (p renormalised over them), so with
-availability the estimate is conditional on who was online.
-
-Inclusion: in proportion to p_i, *with* replacement (E[k_i] = q p_i). The
-data share is already in the sample, so a scenario that names no
-``algorithm.sampling`` gets ``proportional`` with this selector, and
-``renormalized`` (n_i weights again), ``uniform`` and ``equal`` (which
-counts a client drawn twice once) are refused.
+A client drawn k_i times trains once: :meth:`select` returns the distinct
+ids and :meth:`multiplicity` the k_i, which the server attaches to each
+update; ``algorithm.sampling: proportional`` (the default with this
+selector) weights them k_i / q. Only online devices are drawn (p
+renormalised over them). Pairings refused: docs/scenarios.md.
 """
 
 from __future__ import annotations
