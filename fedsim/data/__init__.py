@@ -1,15 +1,10 @@
 """Federated datasets: who holds which samples.
 
-A :class:`FederatedData` keeps every client's training samples in one array,
-sorted by client, so client i owns rows ``offsets[i]:offsets[i+1]``. Workers
-receive it once (through the Ray object store, zero-copy for NumPy arrays)
-and draw minibatches by index; nothing is pickled per task.
-
-Adding a dataset: a module here with a :class:`~fedsim.spec.Spec` subclass
-whose ``dataset`` field is a ``Literal`` tag and whose ``build(num_clients,
-seed)`` returns a :class:`FederatedData`, plus a line in ``REGISTRY``.
-Datasets read from disk raise :class:`DataMissingError` when their files are
-absent (see docs/datasets.md).
+Every client's training samples live in one array sorted by client
+(:class:`FederatedData`), sent to workers once. Adding a dataset: a module
+here with a :class:`~fedsim.spec.Spec` subclass tagged by a ``Literal``
+``dataset`` field whose ``build(num_clients, seed)`` returns a
+:class:`FederatedData`, plus a line in ``REGISTRY``. See docs/datasets.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The federated dataset container and the factory that builds one from a scenario."""
+"""The federated dataset container and the fields every dataset spec shares."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ __all__ = ["DatasetSpec", "FederatedData", "as_tensor"]
 def as_tensor(a: np.ndarray) -> torch.Tensor:
     """A tensor view of a (possibly read-only, object-store) array, no copy.
 
-    Arrays from the Ray object store are read-only; fedsim never writes to
-    training data, so torch's warning about that is silenced here.
+    fedsim never writes to training data, so torch's warning about read-only
+    arrays is silenced.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -31,16 +31,15 @@ class FederatedData:
     """Training data of every client plus a shared test set.
 
     Attributes:
-        x: training inputs of all clients, client 0's rows first.
-        y: training targets (int64 class labels, or float targets).
+        x, y: training inputs and targets (int64 classes or float targets) of
+            all clients, client 0's rows first.
         offsets: int64 [m + 1]; client i owns rows ``offsets[i]:offsets[i+1]``.
-        weights: float64 [m]; the data weight of each client (n_i, or the p_i
-            a scenario gives). Aggregators normalise it over a round's updates.
-        test_x, test_y: the test set the server evaluates on.
-        test_weights: optional per-sample weights of the test loss.
-        num_classes: number of classes (0 for objectives without classes).
-        val_x, val_y: the server's validation set (None: the dataset has
-            none); disjoint from the test set and from every client's rows.
+        weights: float64 [m], each client's data weight (n_i, or a given p_i).
+        test_x, test_y, test_weights: the server's test set (optional
+            per-sample loss weights).
+        num_classes: 0 for objectives without classes.
+        val_x, val_y: the server's validation set taken from the clients' rows
+            (``data.validation_fraction``; FedPNS's CHECK LOSS), or None.
     """
 
     x: np.ndarray
@@ -51,8 +50,6 @@ class FederatedData:
     test_y: np.ndarray
     num_classes: int
     test_weights: np.ndarray | None = None
-    # Optional server-side validation set (FedPNS's CHECK LOSS), taken from
-    # the clients' training rows (``data.validation_fraction``); None: none.
     val_x: np.ndarray | None = None
     val_y: np.ndarray | None = None
 
@@ -73,18 +70,16 @@ class FederatedData:
 
 
 class DatasetSpec(Spec):
-    """Fields every dataset's spec shares (the ``data`` section).
+    """Fields every dataset's spec (the ``data`` section) shares.
 
-    Attributes:
-        validation_fraction: the fraction of each client's training rows the
-            server keeps as its validation set (FedPNS's CHECK LOSS); 0, the
-            default, keeps every row with its client and the data exactly as
-            the dataset builds it.
+    ``validation_fraction``: the fraction of each client's rows the server
+    keeps as its validation set (:mod:`fedsim.data.validation`); 0 keeps the
+    data exactly as the dataset builds it.
     """
 
     validation_fraction: Annotated[float, Field(ge=0, le=0.5)] = 0.0
 
-    # Why a dataset cannot give up validation rows (None: it can).
+    # why a dataset cannot give up validation rows (None: it can)
     no_validation: ClassVar[str | None] = None
 
     @model_validator(mode="after")
