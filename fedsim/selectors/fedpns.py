@@ -81,7 +81,7 @@ def update_probabilities(
     return np.maximum(q, 0.0)
 
 
-def _bump(counts: list[int], ids: Sequence[int]) -> list[int]:
+def _bump(counts: list[int], ids: Sequence[int] | np.ndarray) -> list[int]:
     """``counts`` with one added at each of the distinct ``ids``."""
     out = np.array(counts, dtype=np.int64)
     out[np.asarray(ids, dtype=np.int64)] += 1
