@@ -1,19 +1,10 @@
 """A generic tabular dataset: a CSV or Parquet file with a label column.
 
-Every other column (or those listed in ``features``) must be numeric; with
-``standardize`` each feature is centred and scaled by the training rows'
-mean and standard deviation (constant columns are only centred). Labels may
-be any values: the distinct values, sorted, become the classes 0..C-1. A
-seeded random ``test_fraction`` of the rows is the server's test set; the
-rest is partitioned over the clients, by any partition kind, or ``natural``
-by the values of ``client_column`` (sorted; one client per value).
-
-Example (UCI Letter Recognition: no header, the letter in column 0):
-    >>> spec = TabularData(dataset="tabular", path="letter-recognition.data",
-    ...     header=False, label=0,
-    ...     partition={"kind": "dirichlet", "alpha": 0.5})   # doctest: +SKIP
-    >>> spec.build(num_clients=20, seed=0).num_classes     # doctest: +SKIP
-    26
+Features must be numeric (standardised over the training rows); the sorted
+distinct labels become classes 0..C-1; a seeded random ``test_fraction`` of
+the rows is the server's test set, the rest is partitioned over the clients
+(``natural``: one client per value of ``client_column``). Fields and an
+example: docs/datasets.md ("Tabular").
 """
 
 from __future__ import annotations
@@ -36,21 +27,11 @@ Column = str | Annotated[int, Field(ge=-100_000, le=100_000)]
 
 
 class TabularData(DatasetSpec):
-    """A CSV or Parquet file with a label column.
+    """A CSV or Parquet file with a label column (fields: docs/datasets.md).
 
-    Attributes:
-        path: the file; a relative path is looked up in the working
-            directory, then in the data root (as for the image datasets).
-        format: ``auto`` (``.parquet``/``.pq`` is Parquet, anything else CSV).
-        header: whether the CSV's first row names the columns; without one
-            the columns are named ``f0, f1, ...``.
-        delimiter: the CSV's field separator.
-        label: the label column, by name or index (negative from the end).
-        features: the feature columns (default: all but label and client).
-        client_column: the column naming each row's client (``natural``).
-        standardize: scale features to zero mean and unit variance.
-        test_fraction: rows held out (at random) as the server's test set.
-        partition: how the training rows are spread over the clients.
+    ``path``: a relative path is looked up in the working directory, then in
+    the data root; ``label``, ``features`` and ``client_column`` name columns
+    or index them (negative from the end).
     """
 
     dataset: Literal["tabular"]
@@ -92,12 +73,10 @@ class TabularData(DatasetSpec):
 
 
 def read_table(spec: TabularData) -> pa.Table:
-    """The file as an Arrow table (columns named ``f0, f1, ...`` when a CSV
-    has no header).
+    """The file as an Arrow table (a CSV without header: ``f0, f1, ...``).
 
     Raises:
-        DataError: the file cannot be parsed; for a CSV whose rows have
-            different numbers of fields, naming the first such line.
+        DataError: it cannot be parsed (a ragged CSV: naming the first bad line).
     """
     path = spec.locate()
     fmt = spec.format
@@ -111,11 +90,8 @@ def read_table(spec: TabularData) -> pa.Table:
         from pyarrow import csv
 
         opts = csv.ReadOptions(autogenerate_column_names=not spec.header)
-        table = csv.read_csv(
-            path,
-            read_options=opts,
-            parse_options=csv.ParseOptions(delimiter=spec.delimiter),
-        )
+        parse = csv.ParseOptions(delimiter=spec.delimiter)
+        table = csv.read_csv(path, read_options=opts, parse_options=parse)
     except (pa.ArrowException, OSError, EOFError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         if fmt == "csv":
@@ -137,8 +113,7 @@ def read_table(spec: TabularData) -> pa.Table:
 
 def _ragged_line(path: Path, delimiter: str) -> tuple[int, int, int] | None:
     """(line, fields of the first row, fields there) of the first CSV row
-    whose field count differs from the first row's; None if all agree or the
-    file cannot be scanned. Only called once pyarrow has failed."""
+    whose field count differs, or None; only called once pyarrow has failed."""
     import csv as pycsv
     import gzip
     import io
@@ -227,12 +202,9 @@ def build_tabular(spec: TabularData, num_clients: int, seed: int) -> FederatedDa
     parts = split(spec.partition, y[train], num_clients, seed, groups=groups)
     order, offsets = layout(parts)
     rows = train[order]
-    if spec.standardize:
-        x_train = x[train]
-        mean = x_train.mean(axis=0)
-        std = x_train.std(axis=0)
-        std[std == 0] = 1.0
-        x = (x - mean) / std
+    if spec.standardize:  # constant columns are only centred
+        mean, std = x[train].mean(axis=0), x[train].std(axis=0)
+        x = (x - mean) / np.where(std == 0, 1.0, std)
     return FederatedData(
         x=x[rows].astype(np.float32),
         y=y[rows],
