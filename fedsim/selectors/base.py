@@ -1,23 +1,14 @@
 """What every client selector shares: the context it reads and the interface.
 
 A selector is a frozen dataclass of hyperparameters (the scenario's
-``selector`` section, validated by pydantic). Its *state* is a plain JSON
-value, since every checkpoint's ``meta.json`` holds it; state goes in and
-comes out, the object never changes (the round loop that calls it:
-docs/architecture.md).
-
-Contract (``tests/test_selectors.py``): ``select`` returns distinct, sorted
-``int64`` ids, at most ``clients_per_round``, all among ``draw.candidates``;
-every random choice comes from ``draw.rng``; the state survives ``pickle``
-and a JSON round trip. ``observe`` reads ``result.clients`` (per aggregated
-client: ``train_loss``, ``weight``, ``flags``) and ``result.info.flags``
-(the algorithm's per-client flags, e.g. FedPNS's ``labeled``/``removed``).
-
-Asynchronously (``round.policy: async``, ``asynchronous = True``) each
-``select`` fills free training slots (``draw.round`` is the server version
-the jobs will download) and ``observe(state, w, result, ctx)`` runs when
-version ``w`` is applied; an :attr:`Selector.adaptive` selector's choices
-after version ``w`` see exactly the observations of versions ``<= w``.
+``selector`` section); its *state* is a plain JSON value (checkpoints hold
+it) that goes in and comes out. The round loop that calls it, and async
+mode: docs/architecture.md. Contract (``tests/test_selectors.py``):
+``select`` returns distinct, sorted ``int64`` ids, at most
+``clients_per_round``, all among ``draw.candidates``, drawn only from
+``draw.rng``; the state survives ``pickle`` and a JSON round trip.
+``observe`` reads ``result.clients`` (per client: ``train_loss``,
+``weight``, ``flags``) and ``result.info.flags`` (the algorithm's flags).
 
 Example (a toy selector: the ``clients_per_round`` lowest online ids, and
 how many rounds it has chosen):
@@ -74,17 +65,10 @@ SelectorState = dict[str, Any]
 class SelectorContext:
     """Facts about the run that never change, built once (:meth:`from_run`).
 
-    Arrays are indexed by client id and read-only.
-
-    Attributes:
-        num_clients: m.
-        data_weights: float64 [m], p_i = n_i / n (sums to 1).
-        n_samples: int64 [m], n_i.
-        speed: float64 [m], local steps per simulated second (no stragglers).
-        round_time_s: float64 [m], expected simulated seconds of one round:
-            download + ``expected_steps / speed`` + upload (Oort's t_i).
-        informed: False for :meth:`uniform` contexts (made-up equal weights
-            and speeds); selectors that need real ones refuse them.
+    Read-only arrays by client id: ``data_weights`` p_i (sum 1), ``n_samples``
+    n_i, ``speed`` (local steps per simulated second) and ``round_time_s``
+    (expected seconds of one round: download + steps / speed + upload).
+    ``informed`` is False for made-up :meth:`uniform` contexts.
     """
 
     num_clients: int
@@ -156,15 +140,8 @@ class SelectorContext:
         bytes_up: int,
         work: JobWork | None = None,
     ) -> SelectorContext:
-        """The context of a run: data sizes, device speeds and round times.
-
-        Args:
-            round_spec: the scenario's ``round`` section (a ``RoundSpec``).
-            bytes_down, bytes_up: one device's download and upload per round.
-            work: a job that is not local SGD steps (FedDM): its units, their
-                cost in steps and each device's upload replace the steps and
-                ``bytes_up``.
-        """
+        """The context of a run; ``work`` (FedDM: a job that is not local SGD
+        steps) replaces the steps and ``bytes_up`` with its own."""
         n = np.asarray(n_samples, dtype=np.int64)
         m = fleet.size
         if n.shape != (m,):
@@ -186,16 +163,10 @@ class SelectorContext:
 
 @dataclass(frozen=True, eq=False)
 class Draw:
-    """What one call of :meth:`Selector.select` chooses from.
-
-    Attributes:
-        round: the round, or (asynchronously) the server version the chosen
-            jobs will download.
-        candidates: int64 ids of the devices that may be chosen (online and,
-            asynchronously, idle).
-        rng: the generator every random choice comes from.
-        ctx: the run's :class:`SelectorContext`.
-    """
+    """What one call of :meth:`Selector.select` chooses from: the round (async:
+    the server version the jobs will download), the int64 ids of the online
+    (async: and idle) devices, the generator of every random choice, and the
+    run's :class:`SelectorContext`."""
 
     round: int
     candidates: np.ndarray
@@ -211,12 +182,8 @@ class Draw:
 class Selector:
     """Base class: subclasses declare ``name: Literal["<name>"]`` and their
     hyperparameters as fields, and override :meth:`select` (and :meth:`init`
-    / :meth:`observe` when they keep state).
-
-    The class variables declare how it samples, for the scenario's
-    sampling/weighting pairing check (:func:`fedsim.algorithms.sampling.pairing`;
-    the table is in docs/scenarios.md).
-    """
+    / :meth:`observe` when they keep state). The class variables say how it
+    samples, for :func:`fedsim.algorithms.sampling.pairing`."""
 
     __pydantic_config__: ClassVar = PLUGIN_CONFIG
 

@@ -90,19 +90,7 @@ def _bump(counts: list[int], ids: Sequence[int] | np.ndarray) -> list[int]:
 
 @dataclass(frozen=True)
 class FedPNS(Selector):
-    """Probabilistic node selection driven by Optimal Aggregation's labels.
-
-    Example:
-        >>> import numpy as np
-        >>> from fedsim.selectors.base import Draw, SelectorContext
-        >>> ctx = SelectorContext.uniform(4)
-        >>> sel = FedPNS(clients_per_round=2)
-        >>> st = sel.init(ctx)
-        >>> draw = Draw(0, np.arange(4), np.random.default_rng(0), ctx)
-        >>> ids, st = sel.select(st, draw)
-        >>> st["selected"] == [1 if i in ids else 0 for i in range(4)]
-        True
-    """
+    """Probabilistic node selection driven by Optimal Aggregation's labels."""
 
     name: Literal["fedpns"] = "fedpns"
     alpha: Annotated[float, Field(gt=0, le=100)] = 2.0

@@ -55,18 +55,7 @@ def _known(state: SelectorState) -> dict[int, tuple[float, int]]:
 
 @dataclass(frozen=True)
 class Oort(Selector):
-    """Statistical utility times a system-speed penalty, with exploration.
-
-    Example:
-        >>> import numpy as np
-        >>> from fedsim.selectors.base import Draw, SelectorContext
-        >>> ctx = SelectorContext.from_arrays([10] * 4, round_time_s=[1, 1, 1, 9])
-        >>> sel = Oort(clients_per_round=2)
-        >>> draw = Draw(0, np.arange(4), np.random.default_rng(0), ctx)
-        >>> ids, st = sel.select(sel.init(ctx), draw)
-        >>> len(ids)
-        2
-    """
+    """Statistical utility times a system-speed penalty, with exploration."""
 
     name: Literal["oort"] = "oort"
     exploration: Prob = 0.9

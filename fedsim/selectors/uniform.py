@@ -21,17 +21,7 @@ __all__ = ["Uniform"]
 
 @dataclass(frozen=True)
 class Uniform(Selector):
-    """Pick ``min(k, #online)`` distinct online devices uniformly at random.
-
-    Example:
-        >>> import numpy as np
-        >>> from fedsim.selectors import Draw, SelectorContext
-        >>> draw = Draw(0, np.array([0, 2, 4]), np.random.default_rng(0),
-        ...             SelectorContext.uniform(5))
-        >>> ids, _ = Uniform(clients_per_round=2).select({}, draw)
-        >>> len(ids), set(ids.tolist()) <= {0, 2, 4}
-        (2, True)
-    """
+    """Pick ``min(k, #online)`` distinct online devices uniformly at random."""
 
     name: Literal["uniform"] = "uniform"
 

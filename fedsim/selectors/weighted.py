@@ -26,20 +26,7 @@ __all__ = ["Weighted"]
 
 @dataclass(frozen=True)
 class Weighted(Selector):
-    """q i.i.d. draws proportional to p_i among the online devices.
-
-    State: the last round's distinct ids and how often each was drawn.
-
-    Example:
-        >>> import numpy as np
-        >>> from fedsim.selectors.base import Draw, SelectorContext
-        >>> ctx = SelectorContext(3, [0.2, 0.3, 0.5], [2, 3, 5], [1, 1, 1], [1, 1, 1])
-        >>> sel = Weighted(clients_per_round=4)
-        >>> draw = Draw(0, np.arange(3), np.random.default_rng(0), ctx)
-        >>> ids, st = sel.select(sel.init(ctx), draw)
-        >>> sum(sel.multiplicity(st, ids).values())
-        4
-    """
+    """q i.i.d. draws proportional to p_i among the online devices."""
 
     name: Literal["weighted"] = "weighted"
 
