@@ -16,11 +16,8 @@ __all__ = ["DatasetSpec", "FederatedData", "as_tensor"]
 
 
 def as_tensor(a: np.ndarray) -> torch.Tensor:
-    """A tensor view of a (possibly read-only, object-store) array, no copy.
-
-    fedsim never writes to training data, so torch's warning about read-only
-    arrays is silenced.
-    """
+    """A tensor view of a (possibly read-only, object-store) array, no copy;
+    fedsim never writes to training data, so torch's warning is silenced."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(np.ascontiguousarray(a))
@@ -30,16 +27,10 @@ def as_tensor(a: np.ndarray) -> torch.Tensor:
 class FederatedData:
     """Training data of every client plus a shared test set.
 
-    Attributes:
-        x, y: training inputs and targets (int64 classes or float targets) of
-            all clients, client 0's rows first.
-        offsets: int64 [m + 1]; client i owns rows ``offsets[i]:offsets[i+1]``.
-        weights: float64 [m], each client's data weight (n_i, or a given p_i).
-        test_x, test_y, test_weights: the server's test set (optional
-            per-sample loss weights).
-        num_classes: 0 for objectives without classes.
-        val_x, val_y: the server's validation set taken from the clients' rows
-            (``data.validation_fraction``; FedPNS's CHECK LOSS), or None.
+    Client i owns rows ``offsets[i]:offsets[i+1]`` of ``x``, ``y``;
+    ``weights`` are the data weights (n_i, or a given p_i); ``num_classes`` is
+    0 for objectives without classes; ``val_x``, ``val_y`` the server's
+    validation rows (``data.validation_fraction``), or None.
     """
 
     x: np.ndarray
@@ -70,12 +61,8 @@ class FederatedData:
 
 
 class DatasetSpec(Spec):
-    """Fields every dataset's spec (the ``data`` section) shares.
-
-    ``validation_fraction``: the fraction of each client's rows the server
-    keeps as its validation set (:mod:`fedsim.data.validation`); 0 keeps the
-    data exactly as the dataset builds it.
-    """
+    """Fields every dataset's spec (the ``data`` section) shares:
+    ``validation_fraction`` (:mod:`fedsim.data.validation`)."""
 
     validation_fraction: Annotated[float, Field(ge=0, le=0.5)] = 0.0
 

@@ -411,15 +411,15 @@ def partition_table(data: FederatedData) -> pa.Table:
         "n_samples": pa.array(data.n_samples.astype(np.int64)),
         "weight": pa.array(np.asarray(data.weights, dtype=np.float64)),
         "n_classes": pa.array((hist > 0).sum(axis=1).astype(np.int64)),
+        **{f"class_{c}": pa.array(hist[:, c]) for c in range(hist.shape[1])},
     }
-    for c in range(hist.shape[1]):
-        cols[f"class_{c}"] = pa.array(hist[:, c])
     return pa.table(cols)
 
 
 def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) -> None:
     """Stacked per-client label histograms of the first ``max_clients``
     clients, a PNG written atomically (Agg backend, no pyplot state)."""
+    from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -433,8 +433,6 @@ def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) ->
     if not classes:
         ax.bar(x, np.asarray(table.column("n_samples"))[:m], width=0.9)
     else:
-        from matplotlib import colormaps
-
         cmap = colormaps["tab10" if len(classes) <= 10 else "tab20"]
         if len(classes) > 20:
             cmap = colormaps["viridis"].resampled(len(classes))
@@ -448,9 +446,9 @@ def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) ->
                 title="class", fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0)
             )
     shown = f" (first {m} of {table.num_rows})" if m < table.num_rows else ""
-    ax.set_title(f"Samples per client by class{shown}")
-    ax.set_xlabel("client")
-    ax.set_ylabel("samples")
+    ax.set(
+        title=f"Samples per client by class{shown}", xlabel="client", ylabel="samples"
+    )
     if m <= 40:
         ax.set_xticks(x, [str(i) for i in ids])
     fig.tight_layout()

@@ -190,8 +190,7 @@ class Selector:
     name: str = "base"
     clients_per_round: PosInt = 10
 
-    # the unbiased scheme of ALGORITHMS.md section 3 it matches (``uniform``:
-    # scheme (ii), ``proportional``: scheme (i)); None: none
+    # the unbiased scheme of ALGORITHMS.md section 3 it matches, or None
     sampling_scheme: ClassVar[str | None] = None
     # refuses an uninformed context (needs real data weights or speeds)
     needs_context: ClassVar[bool] = False
@@ -212,11 +211,7 @@ class Selector:
     @property
     def adaptive(self) -> bool:
         """Whether the choice may depend on training results (the class
-        overrides :meth:`observe`); async mode then holds the timeline back.
-
-        >>> Selector().adaptive
-        False
-        """
+        overrides :meth:`observe`); async mode then holds the timeline back."""
         return type(self).observe is not Selector.observe
 
     def with_slots(self, k: int) -> Selector:

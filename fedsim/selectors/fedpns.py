@@ -4,21 +4,11 @@ Node Selection Toward Faster Convergence for Federated Learning on Non-IID
 Data. Hongda Wu, Ping Wang. IEEE Transactions on Network Science and
 Engineering, 2022. arXiv:2105.07066.
 
-ALGORITHMS.md section 11.3; the update is the reference code's
-(``models/func.py``, ``probabilistic_selection``). The server half (Optimal
-Aggregation, which labels adverse updates) is :mod:`fedsim.algorithms.fedpns`,
-whose ``labeled``/``removed`` flags this selector reads. After each round,
-every node i labeled this round loses
-
-    delta_i = P_i min((x_i + beta)^alpha, 1),  x_i = labeled_i / selected_i
-
-and the total is shared equally by the K - #labeled other nodes (so sum P = 1
-and P >= 0). Selection draws ``clients_per_round`` distinct online nodes by P
-(renormalised over them); "selected" counts every selection, as the
-reference code does. When fewer online nodes have P > 0 (the reference code
-fails), all of them are taken and the rest filled uniformly. The artifact is
-one row per node: ``client_id``, ``probability``, ``selected``, ``labeled``,
-``removed`` (docs/fedpns-feddm.md).
+ALGORITHMS.md 11.3 (the reference code's ``probabilistic_selection``): each
+node i that the ``fedpns`` algorithm labels this round loses
+delta_i = P_i min((x_i + beta)^alpha, 1), x_i = labeled_i / selected_i, and
+the other nodes share the total equally; ``clients_per_round`` distinct
+online nodes are drawn by P (details: docs/fedpns-feddm.md).
 """
 
 from __future__ import annotations

@@ -4,22 +4,14 @@ Oort: Efficient Federated Learning via Guided Participant Selection. Fan Lai,
 Xiangfeng Zhu, Harsha V. Madhyastha, Mosharaf Chowdhury. OSDI 2021.
 arXiv:2010.06081.
 
-Statistical utility times a penalty for slow devices:
-
     U_i = (u_i + sqrt(c log(t + 1) / (L_i + 1))) * (T / t_i)^(alpha * 1[t_i > T])
 
-u_i is n_i times the client's last observed mean training loss (Oort's
-|B_i| sqrt(mean loss^2); the server sees one mean loss per client), min-max
-normalised over the explored candidates; L_i the last round it trained in,
-c = ``uncertainty``; t_i its expected round time
-(:attr:`SelectorContext.round_time_s`), T ``preferred_duration_s`` or the
-``duration_quantile`` of t_i; alpha = ``penalty``. A fraction epsilon
-(``exploration``, times ``exploration_decay`` per round, at least
-``exploration_min``) of the slots goes to unseen clients, in proportion to
-1/t_i; the rest is drawn in proportion to utility among explored clients at
-least ``cutoff`` times the k-th best. Asynchronously t and L_i count server
-versions. Not modelled: Oort's pacer, its blacklist and its outlier
-robustness.
+u_i: n_i times the last observed mean training loss, min-max normalised;
+L_i: the last round (async: version) client i trained in; t_i its
+:attr:`SelectorContext.round_time_s`, T the preferred duration. A decaying
+fraction epsilon of the slots explores unseen clients (faster ones more
+likely); the rest is drawn by U among the explored clients within ``cutoff``
+of the k-th best. Not modelled: Oort's pacer, blacklist and outlier handling.
 """
 
 from __future__ import annotations

@@ -33,11 +33,8 @@ __all__ = ["PowerOfChoice"]
 
 @dataclass(frozen=True)
 class PowerOfChoice(Selector):
-    """rpow-d: power-of-choice with the last observed training losses.
-
-    Attributes:
-        candidates: d, the size of the random candidate set (None: twice
-            ``clients_per_round``); at least ``clients_per_round``.
+    """rpow-d: power-of-choice with the last observed training losses;
+    ``candidates`` is d (None: 2 ``clients_per_round``; at least that many).
 
     Example:
         >>> import numpy as np

@@ -1,15 +1,11 @@
 """Sampling with replacement, proportional to the data weights p_i.
 
 Scheme (i) of ALGORITHMS.md section 3 (Li et al., "On the Convergence of
-FedAvg on Non-IID Data", ICLR 2020, arXiv:1907.02189): draw q =
-``clients_per_round`` indices i.i.d. with P(l = i) = p_i and step by
-(1/q) sum_j Delta_{l_j}, an unbiased estimate of sum_i p_i Delta_i.
-
-A client drawn k_i times trains once: :meth:`select` returns the distinct
-ids and :meth:`multiplicity` the k_i, which the server attaches to each
-update; ``algorithm.sampling: proportional`` (the default with this
-selector) weights them k_i / q. Only online devices are drawn (p
-renormalised over them). Pairings refused: docs/scenarios.md.
+FedAvg on Non-IID Data", ICLR 2020, arXiv:1907.02189): q =
+``clients_per_round`` i.i.d. draws with P(l = i) = p_i among the online
+devices; :meth:`select` returns the distinct ids and :meth:`multiplicity`
+the k_i, which ``algorithm.sampling: proportional`` (the default here) turns
+into weights k_i / q, an unbiased estimate of sum_i p_i Delta_i.
 """
 
 from __future__ import annotations
