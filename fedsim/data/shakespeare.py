@@ -122,10 +122,8 @@ def build_shakespeare(
 ) -> FederatedData:
     path = spec.locate()
     roles = parse_roles(path.read_text(encoding="utf-8", errors="replace"))
-    if spec.vocab == "leaf":
-        vocab = LEAF_VOCAB
-    else:
-        vocab = "".join(sorted(set("".join(roles.values())) | {" "}))
+    chars = set("".join(roles.values())) | {" "}
+    vocab = LEAF_VOCAB if spec.vocab == "leaf" else "".join(sorted(chars))
     L = spec.seq_len
     split_at = {
         r: int(round(len(t) * (1.0 - spec.test_fraction))) for r, t in roles.items()
@@ -145,24 +143,20 @@ def build_shakespeare(
             f"role, so set data.max_clients: {num_clients} (the roles with the "
             "most text are kept) or change the fleet size"
         )
-    xs, ys, tx, ty, groups = [], [], [], [], []
-    for j, role in enumerate(kept):
-        ids = encode(roles[role], vocab)
-        cut = split_at[role]
-        x, y = _windows(ids[:cut], L, spec.stride)
-        xs.append(x)
-        ys.append(y)
-        groups.append(np.full(len(y), j, np.int64))
+    train: list[tuple[np.ndarray, ...]] = []
+    empty = (np.zeros((0, L), np.float32), np.zeros(0, np.int64))
+    test: list[tuple[np.ndarray, ...]] = [empty]
+    for role in kept:
+        ids, cut = encode(roles[role], vocab), split_at[role]
+        train.append(_windows(ids[:cut], L, spec.stride))
         if spec.test_fraction > 0:
             # test windows start at the cut: no test target is a training input
-            x, y = _windows(ids[max(0, cut - L) :], L, spec.stride)
-            tx.append(x)
-            ty.append(y)
-    x, y, g = np.concatenate(xs), np.concatenate(ys), np.concatenate(groups)
+            test.append(_windows(ids[max(0, cut - L) :], L, spec.stride))
+    x, y = (np.concatenate(a) for a in zip(*train, strict=True))
+    g = np.repeat(np.arange(len(kept), dtype=np.int64), [len(t[1]) for t in train])
     parts = split(spec.partition, y, num_clients, seed, groups=g)
     order, offsets = layout(parts)
-    test_x = np.concatenate(tx) if tx else np.zeros((0, L), np.float32)
-    test_y = np.concatenate(ty) if ty else np.zeros(0, np.int64)
+    test_x, test_y = (np.concatenate(a) for a in zip(*test, strict=True))
     if spec.test_samples is not None and spec.test_samples < len(test_y):
         rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_TEST]))
         keep = np.sort(rng.choice(len(test_y), spec.test_samples, replace=False))

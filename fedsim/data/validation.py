@@ -1,11 +1,9 @@
 """The server's validation split, and which data server-side choices use.
 
-With ``data.validation_fraction: f`` each client gives up ``floor(f n_i)``
-random rows (at least one stays) to the server's validation set, which FedPNS's
-CHECK LOSS scores candidate models on instead of the reported test set
-(docs/datasets.md). An algorithm that scores models at the server says so with
-``validation_use(clients_per_round)``: ``"validation"``, ``"test"`` (an
-explicit, optimistic opt-in) or None.
+Why and how (docs/datasets.md): FedPNS's CHECK LOSS scores candidate models
+on rows taken from the clients, not on the reported test set. An algorithm
+that scores models at the server says so with ``validation_use(q)``:
+``"validation"``, ``"test"`` (an optimistic opt-in) or None.
 
 Example:
     >>> import numpy as np
@@ -92,17 +90,14 @@ def validation_use(scenario: Scenario) -> str | None:
     """Which data the scenario's algorithm scores models on at the server:
     ``"validation"``, ``"test"`` (opt-in) or None (none)."""
     use = getattr(scenario.algorithm, "validation_use", None)
-    if use is None:
-        return None
-    return use(scenario.selector.clients_per_round)
+    return None if use is None else use(scenario.selector.clients_per_round)
 
 
 def validation_problem(scenario: Scenario) -> str | None:
     """Why the scenario cannot run as written (None: it can): its algorithm
     scores models on a validation split that its data does not reserve."""
-    if validation_use(scenario) != "validation":
-        return None
-    if float(getattr(scenario.data, "validation_fraction", 0.0)) > 0:
+    fraction = float(getattr(scenario.data, "validation_fraction", 0.0))
+    if validation_use(scenario) != "validation" or fraction > 0:
         return None
     return (
         f"algorithm {scenario.algorithm.name!r} scores models on the server's "
@@ -132,6 +127,4 @@ def build_data(spec, num_clients: int, seed: int) -> FederatedData:  # noqa: ANN
     (:func:`split_validation`) when it asks for one."""
     data = spec.build(num_clients, seed)
     fraction = float(getattr(spec, "validation_fraction", 0.0))
-    if fraction > 0:
-        data = split_validation(data, fraction, seed)
-    return data
+    return split_validation(data, fraction, seed) if fraction > 0 else data
