@@ -41,7 +41,6 @@ _TAG_SUBSET = 0x1AA6E
 _DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 
-# ------------------------------------------------------------------- file readers
 def _read_bytes(path: Path) -> bytes:
     """The bytes of ``path`` (or of ``path.gz``), gunzipped when compressed."""
     if not path.is_file() and Path(f"{path}.gz").is_file():
@@ -138,15 +137,8 @@ def images_to_float(
     return out
 
 
-# ------------------------------------------------------------------------- specs
 class ImageData(DatasetSpec):
-    """Fields shared by the image datasets (their table: docs/datasets.md).
-
-    ``files: test`` uses only the official test set, split into a training
-    part (partitioned) and a test part of ``test_fraction``; ``classes``
-    keeps only these labels, renumbered 0..k-1 in this order;
-    ``train_samples``/``test_samples`` take a seeded random subset.
-    """
+    """Fields shared by the image datasets (docs/datasets.md, "Image datasets")."""
 
     root: str | None = None
     files: Literal["train+test", "test"] = "train+test"
@@ -182,7 +174,6 @@ class ImageData(DatasetSpec):
 
     @property
     def clients(self) -> int | None:
-        """None: one client per fleet device."""
         return None
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
@@ -195,10 +186,7 @@ class ImageData(DatasetSpec):
 
     def _candidates(self, subdirs: list[str], extra: Sequence[Path] = ()) -> list[Path]:
         root, explicit = data_root(self.root)
-        out = [root / s for s in subdirs]
-        if explicit:
-            out.append(root)
-        return out + list(extra)
+        return [root / s for s in subdirs] + ([root] if explicit else []) + [*extra]
 
 
 class _IdxData(ImageData):
@@ -208,6 +196,7 @@ class _IdxData(ImageData):
     transpose: ClassVar[bool] = False
 
     def _prefix(self) -> str:
+        """EMNIST's file name prefix (it also names its test files "test")."""
         return ""
 
     def _label_offset(self) -> int:
@@ -220,7 +209,7 @@ class _IdxData(ImageData):
         )
 
     def load(self) -> tuple[np.ndarray | None, ...]:
-        test = "test" if self._prefix() else "t10k"  # EMNIST's name for it
+        test = "test" if self._prefix() else "t10k"
         parts = [test] if self.files == "test" else ["train", test]
         names = [n for p in parts for n in self._names(p)]
         root, _ = data_root(self.root)
@@ -243,12 +232,6 @@ class _IdxData(ImageData):
         return tuple(arrays)
 
 
-_MNIST_FILES = (
-    "the four MNIST files train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
-    "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz"
-)
-
-
 class MnistData(_IdxData):
     """MNIST (LeCun et al.): 60,000 + 10,000 28x28 grey digits, 10 classes."""
 
@@ -258,7 +241,9 @@ class MnistData(_IdxData):
     std: ClassVar[tuple[float, ...]] = (0.3081,)
     subdirs: ClassVar[list[str]] = ["mnist", "MNIST/raw", "MNIST", "mnist-test"]
     how_to_get: ClassVar[str] = (
-        f"place {_MNIST_FILES} (or copy a torchvision MNIST/raw folder) in "
+        "place the four MNIST files train-images-idx3-ubyte.gz, "
+        "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
+        "t10k-labels-idx1-ubyte.gz (or copy a torchvision MNIST/raw folder) in "
         "{root}/mnist/; with only the two t10k files, set data.files: test"
     )
 
@@ -423,7 +408,6 @@ class Cifar100Data(_CifarData):
         return 2, int(self.labels == "fine"), f"{self.labels}_labels"
 
 
-# ------------------------------------------------------------------------- build
 def _subset_rng(seed: int, what: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_SUBSET, what]))
 

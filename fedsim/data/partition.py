@@ -1,11 +1,8 @@
 """Federated partitions: which client holds which training samples.
 
 Each partition is a pure function of ``(labels, parameters, seed)`` returning
-one array of sample indices per client; every client gets at least one
-sample, and every sample goes to at most one client (exactly one, except
-``pns_mix``). The kinds, their fields and their deviations from the
-reference codes: docs/datasets.md ("Partitions"). :func:`partition_table`
-and :func:`plot_partition` report a run's partition.
+one array of sample indices per client; the kinds, their guarantees and
+their deviations from the reference codes: docs/datasets.md ("Partitions").
 
 Example:
     >>> import numpy as np
@@ -174,14 +171,9 @@ def dirichlet_feddc(
     seed: int,
     size_sigma: float = 0.0,
 ) -> list[np.ndarray]:
-    """Dirichlet label skew, FedDyn/FedDC variant (ALGORITHMS.md 2.4).
-
-    Client sizes (:func:`client_sizes`) and a class prior Dir(alpha) per
-    client; then, while any client has room, a uniformly chosen client with
-    room draws a class from its prior over the classes left and gets that
-    class's next sample (the reference code's redraw loops, without their
-    spinning; a prior that is 0 on every class left draws uniformly).
-    """
+    """Dirichlet label skew, FedDyn/FedDC variant (ALGORITHMS.md 2.4): a random
+    client with room draws a class from its Dir(alpha) prior over the classes
+    left and gets that class's next sample, until every client is full."""
     labels = np.asarray(labels, dtype=np.int64)
     n = labels.size
     rng = _rng(seed)

@@ -30,11 +30,7 @@ _ROLE = re.compile(r"^[A-Za-z][A-Za-z0-9 ,.'&-]*:$")
 
 
 class ShakespeareData(DatasetSpec):
-    """LEAF-style Shakespeare: next character after ``seq_len`` characters.
-
-    ``path`` defaults to ``<root>/shakespeare/input.txt`` or
-    ``<root>/tinyshakespeare/input.txt``; the other fields: docs/datasets.md.
-    """
+    """LEAF-style Shakespeare: next character after ``seq_len`` characters."""
 
     dataset: Literal["shakespeare"]
     path: str | None = None

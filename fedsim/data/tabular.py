@@ -27,12 +27,7 @@ Column = str | Annotated[int, Field(ge=-100_000, le=100_000)]
 
 
 class TabularData(DatasetSpec):
-    """A CSV or Parquet file with a label column (fields: docs/datasets.md).
-
-    ``path``: a relative path is looked up in the working directory, then in
-    the data root; ``label``, ``features`` and ``client_column`` name columns
-    or index them (negative from the end).
-    """
+    """A CSV or Parquet file with a label column (fields: docs/datasets.md)."""
 
     dataset: Literal["tabular"]
     path: str = Field(min_length=1)
@@ -73,11 +68,8 @@ class TabularData(DatasetSpec):
 
 
 def read_table(spec: TabularData) -> pa.Table:
-    """The file as an Arrow table (a CSV without header: ``f0, f1, ...``).
-
-    Raises:
-        DataError: it cannot be parsed (a ragged CSV: naming the first bad line).
-    """
+    """The file as an Arrow table (a CSV without header: ``f0, f1, ...``);
+    :class:`DataError` if it cannot be parsed (naming a ragged CSV's bad line)."""
     path = spec.locate()
     fmt = spec.format
     if fmt == "auto":
@@ -123,17 +115,12 @@ def _ragged_line(path: Path, delimiter: str) -> tuple[int, int, int] | None:
         with opener(path, "rb") as raw:
             text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
             reader = pycsv.reader(text, delimiter=delimiter)
-            want = None
-            for row in reader:
-                if not row:  # pyarrow skips empty lines too
-                    continue
-                if want is None:
-                    want = len(row)
-                elif len(row) != want:
-                    return reader.line_num, want, len(row)
+            # (line, fields) of the non-empty rows: pyarrow skips empty lines too
+            rows = ((reader.line_num, len(row)) for row in reader if row)
+            _, want = next(rows, (0, 0))
+            return next(((i, want, n) for i, n in rows if n != want), None)
     except (OSError, EOFError, pycsv.Error, UnicodeError):
         return None
-    return None
 
 
 def _column(table: pa.Table, col: str | int, what: str) -> str:
@@ -147,12 +134,12 @@ def _column(table: pa.Table, col: str | int, what: str) -> str:
     return col
 
 
-def _codes(values: pa.ChunkedArray, what: str) -> tuple[np.ndarray, np.ndarray]:
+def _codes(values: pa.ChunkedArray, what: str) -> np.ndarray:
+    """Each value's index among the sorted distinct values."""
     if values.null_count:
         raise DataError(f"{what} has {values.null_count} missing values")
     arr = values.to_numpy(zero_copy_only=False)
-    uniq, codes = np.unique(arr, return_inverse=True)
-    return uniq, codes.reshape(-1).astype(np.int64)
+    return np.unique(arr, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def build_tabular(spec: TabularData, num_clients: int, seed: int) -> FederatedData:
@@ -181,7 +168,7 @@ def build_tabular(spec: TabularData, num_clients: int, seed: int) -> FederatedDa
             raise DataError(f"tabular: feature column {f!r} has missing values")
         cols.append(pc.cast(col, pa.float64()).to_numpy())
     x = np.stack(cols, axis=1)
-    _, y = _codes(table.column(label), f"label column {label!r}")
+    y = _codes(table.column(label), f"label column {label!r}")
     num_classes = int(y.max()) + 1
 
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_SPLIT]))
@@ -191,7 +178,7 @@ def build_tabular(spec: TabularData, num_clients: int, seed: int) -> FederatedDa
 
     groups = None
     if spec.partition.kind == "natural":
-        _, groups = _codes(table.column(client).take(pa.array(train)), "client_column")
+        groups = _codes(table.column(client).take(pa.array(train)), "client_column")
         found = int(groups.max()) + 1
         if found != num_clients:
             raise DataError(
