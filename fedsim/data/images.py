@@ -313,7 +313,7 @@ class EmnistData(_IdxData):
 class _CifarData(ImageData):
     bin_dir: ClassVar[str] = ""
     py_dir: ClassVar[str] = ""
-    bin_files: ClassVar[tuple[list[str], list[str]]] = ([], [])
+    # (train, test) files of the python version; the binary one's end in .bin
     py_files: ClassVar[tuple[list[str], list[str]]] = ([], [])
     how_to_get: ClassVar[str] = ""
 
@@ -333,7 +333,8 @@ class _CifarData(ImageData):
     def load(self) -> tuple[np.ndarray | None, ...]:
         root, _ = data_root(self.root)
         want = 1 if self.files == "test" else 0
-        sets = {"bin": self.bin_files[want:], "py": self.py_files[want:]}
+        bin_files = tuple([f"{n}.bin" for n in group] for group in self.py_files)
+        sets = {"bin": bin_files[want:], "py": self.py_files[want:]}
         tried: list[Path] = []
         for fmt, sub in (("bin", self.bin_dir), ("py", self.py_dir)):
             names = [n for group in sets[fmt] for n in group]
@@ -350,7 +351,7 @@ class _CifarData(ImageData):
                 out += [np.concatenate(xs), np.concatenate(ys)]
             return tuple(out)
         expect = (
-            f"{self.bin_dir}/ ({', '.join(self.bin_files[0] + self.bin_files[1])})"
+            f"{self.bin_dir}/ ({', '.join(bin_files[0] + bin_files[1])})"
             f" or {self.py_dir}/"
         )
         how = self.how_to_get.format(root=root)
@@ -366,10 +367,6 @@ class Cifar10Data(_CifarData):
     std: ClassVar[tuple[float, ...]] = (0.2470, 0.2435, 0.2616)
     bin_dir: ClassVar[str] = "cifar-10-batches-bin"
     py_dir: ClassVar[str] = "cifar-10-batches-py"
-    bin_files: ClassVar[tuple[list[str], list[str]]] = (
-        [f"data_batch_{i}.bin" for i in range(1, 6)],
-        ["test_batch.bin"],
-    )
     py_files: ClassVar[tuple[list[str], list[str]]] = (
         [f"data_batch_{i}" for i in range(1, 6)],
         ["test_batch"],
@@ -393,7 +390,6 @@ class Cifar100Data(_CifarData):
     std: ClassVar[tuple[float, ...]] = (0.2673, 0.2564, 0.2762)
     bin_dir: ClassVar[str] = "cifar-100-binary"
     py_dir: ClassVar[str] = "cifar-100-python"
-    bin_files: ClassVar[tuple[list[str], list[str]]] = (["train.bin"], ["test.bin"])
     py_files: ClassVar[tuple[list[str], list[str]]] = (["train"], ["test"])
     how_to_get: ClassVar[str] = (
         "extract the CIFAR-100 binary version (cifar-100-binary.tar.gz, "
