@@ -315,7 +315,6 @@ class _CifarData(ImageData):
     py_dir: ClassVar[str] = ""
     # (train, test) files of the python version; the binary one's end in .bin
     py_files: ClassVar[tuple[list[str], list[str]]] = ([], [])
-    how_to_get: ClassVar[str] = ""
 
     def _label_format(self) -> tuple[int, int, str]:
         """(label bytes of a binary record, the label's index, pickle key)."""
@@ -354,7 +353,12 @@ class _CifarData(ImageData):
             f"{self.bin_dir}/ ({', '.join(bin_files[0] + bin_files[1])})"
             f" or {self.py_dir}/"
         )
-        how = self.how_to_get.format(root=root)
+        t = self.title.lower()
+        how = (
+            f"extract the {self.title} binary version ({t}-binary.tar.gz, "
+            f"preferred) or python version ({t}-python.tar.gz) from the CIFAR page "
+            f"of the University of Toronto into {root}/"
+        )
         raise missing(self.title, expect, list(dict.fromkeys(tried)), how)
 
 
@@ -371,11 +375,6 @@ class Cifar10Data(_CifarData):
         [f"data_batch_{i}" for i in range(1, 6)],
         ["test_batch"],
     )
-    how_to_get: ClassVar[str] = (
-        "extract the CIFAR-10 binary version (cifar-10-binary.tar.gz, preferred) "
-        "or python version (cifar-10-python.tar.gz) from the CIFAR page of the "
-        "University of Toronto into {root}/"
-    )
 
 
 class Cifar100Data(_CifarData):
@@ -391,11 +390,6 @@ class Cifar100Data(_CifarData):
     bin_dir: ClassVar[str] = "cifar-100-binary"
     py_dir: ClassVar[str] = "cifar-100-python"
     py_files: ClassVar[tuple[list[str], list[str]]] = (["train"], ["test"])
-    how_to_get: ClassVar[str] = (
-        "extract the CIFAR-100 binary version (cifar-100-binary.tar.gz, "
-        "preferred) or python version (cifar-100-python.tar.gz) from the CIFAR "
-        "page of the University of Toronto into {root}/"
-    )
 
     def _classes_total(self) -> int:
         return 100 if self.labels == "fine" else 20
