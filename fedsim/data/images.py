@@ -108,18 +108,6 @@ def _load_pickle(path: Path) -> dict:
     return {(k.decode() if isinstance(k, bytes) else k): v for k, v in obj.items()}
 
 
-def _cifar_records(
-    path: Path, label_bytes: int, label_index: int
-) -> tuple[np.ndarray, np.ndarray]:
-    raw = np.fromfile(path, dtype=np.uint8)
-    rec = label_bytes + 3072
-    if raw.size % rec:
-        raise DataError(f"{path}: size {raw.size} is not a multiple of {rec} bytes")
-    raw = raw.reshape(-1, rec)
-    labels = raw[:, label_index].astype(np.int64)
-    return raw[:, label_bytes:].reshape(-1, 3, 32, 32), labels
-
-
 def images_to_float(
     images: np.ndarray, order: np.ndarray, mean: tuple, std: tuple
 ) -> np.ndarray:
@@ -323,11 +311,20 @@ class _CifarData(ImageData):
     def _read(self, fmt: str, folder: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
         """One file's (images, labels)."""
         nbytes, index, key = self._label_format()
+        path = folder / name
         if fmt == "bin":
-            return _cifar_records(folder / name, nbytes, index)
-        d = _load_pickle(folder / name)
-        images = np.asarray(d["data"], np.uint8).reshape(-1, 3, 32, 32)
-        return images, np.asarray(d[key], np.int64)
+            raw = np.fromfile(path, dtype=np.uint8)
+            rec = nbytes + 3072
+            if raw.size % rec:
+                raise DataError(
+                    f"{path}: size {raw.size} is not a multiple of {rec} bytes"
+                )
+            raw = raw.reshape(-1, rec)
+            images, labels = raw[:, nbytes:], raw[:, index]
+        else:
+            d = _load_pickle(path)
+            images, labels = np.asarray(d["data"], np.uint8), d[key]
+        return images.reshape(-1, 3, 32, 32), np.asarray(labels, np.int64)
 
     def load(self) -> tuple[np.ndarray | None, ...]:
         root, _ = data_root(self.root)
