@@ -258,6 +258,7 @@ class FashionMnistData(_IdxData):
     )
 
 
+_EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
 _EMNIST_CLASSES = {
     "byclass": 62,
     "bymerge": 47,
@@ -274,9 +275,7 @@ class EmnistData(_IdxData):
     torchvision does."""
 
     dataset: Literal["emnist"]
-    subset: Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"] = (
-        "letters"
-    )
+    subset: _EmnistSplit = "letters"
     title: ClassVar[str] = "EMNIST"
     mean: ClassVar[tuple[float, ...]] = (0.1736,)
     std: ClassVar[tuple[float, ...]] = (0.3317,)
