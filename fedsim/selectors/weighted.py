@@ -22,7 +22,8 @@ __all__ = ["Weighted"]
 
 @dataclass(frozen=True)
 class Weighted(Selector):
-    """q i.i.d. draws proportional to p_i among the online devices."""
+    """q i.i.d. draws proportional to p_i among the online devices; the state
+    holds the last draw's distinct ids and how often each was drawn."""
 
     name: Literal["weighted"] = "weighted"
 
