@@ -1,10 +1,8 @@
-"""Federated datasets: who holds which samples.
+"""Federated datasets: who holds which samples (docs/datasets.md).
 
-Every client's training samples live in one array sorted by client
-(:class:`FederatedData`), sent to workers once. Adding a dataset: a module
-here with a :class:`~fedsim.spec.Spec` subclass tagged by a ``Literal``
-``dataset`` field whose ``build(num_clients, seed)`` returns a
-:class:`FederatedData`, plus a line in ``REGISTRY``. See docs/datasets.md.
+Adding a dataset: a module here with a :class:`~fedsim.spec.Spec` subclass
+tagged by a ``Literal`` ``dataset`` field whose ``build(num_clients, seed)``
+returns a :class:`FederatedData`, plus a line in ``REGISTRY``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Image datasets read from a local root: MNIST, Fashion-MNIST, EMNIST,
-CIFAR-10 and CIFAR-100, partitioned over the clients.
+CIFAR-10 and CIFAR-100, partitioned over the clients (docs/datasets.md).
 
-Nothing is downloaded. MNIST-family IDX files are read with NumPy (gzipped or
-not); CIFAR preferably from its binary version, else from the pickled python
-version through an unpickler that accepts only plain containers and NumPy
-arrays, so a tampered file cannot run code. Where fedsim looks, the fields
-and the stored layout (float32 [N, C, H, W], normalised per channel, rows
-sorted by client): docs/datasets.md.
+Nothing is downloaded. CIFAR's pickled python version is read by an
+unpickler that accepts only plain containers and NumPy arrays, so a
+tampered file cannot run code.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A generic tabular dataset: a CSV or Parquet file with a label column.
 
-Features must be numeric (standardised over the training rows); the sorted
-distinct labels become classes 0..C-1; a seeded random ``test_fraction`` of
-the rows is the server's test set, the rest is partitioned over the clients
-(``natural``: one client per value of ``client_column``). Fields and an
-example: docs/datasets.md ("Tabular").
+Numeric features, the sorted distinct labels as classes 0..C-1, a seeded
+random test split, the rest partitioned over the clients (fields and an
+example: docs/datasets.md, "Tabular").
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Client selectors, one module each, and their registry.
 
-A selector is a frozen dataclass deriving from
-:class:`~fedsim.selectors.base.Selector` (the interface, its contract and an
-example are there). Adding one: a module here and its class in ``REGISTRY``;
-``tests/test_selectors.py`` runs every registered selector through the shared
-contract. What each selector does and which ``algorithm.sampling`` it pairs
-with: docs/scenarios.md ("Sampling and weighting").
+Adding one: a module here deriving from :class:`~fedsim.selectors.base.Selector`
+(the interface, its contract and an example) and its class in ``REGISTRY``;
+``tests/test_selectors.py`` runs every registered selector through the
+contract. What each does: docs/scenarios.md ("Sampling and weighting").
 """
 
 from __future__ import annotations

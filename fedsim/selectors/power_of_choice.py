@@ -4,13 +4,10 @@ Client Selection in Federated Learning: Convergence Analysis and
 Power-of-Choice Selection Strategies. Yae Jee Cho, Jianyu Wang, Gauri Joshi.
 AISTATS 2022. arXiv:2010.01243.
 
-Each round: draw d = ``candidates`` distinct online clients without
-replacement by p_i, then select the ``clients_per_round`` of them with the
-highest loss. This is the paper's ``rpow-d`` (no extra round trip): a
-client's loss is its last observed mean training loss, +inf if never
-observed (so every client is tried once), ties broken at random. As in the
-paper (eq. 3) the selected updates get equal weights: the candidate draw
-already favours p_i (``data_share_in_sample``; docs/scenarios.md).
+The paper's ``rpow-d``: draw d = ``candidates`` online clients by p_i, keep
+the ``clients_per_round`` with the highest last observed training loss
+(+inf if never observed; ties at random). The updates get equal weights
+(its eq. 3): the draw already favours p_i.
 """
 
 from __future__ import annotations

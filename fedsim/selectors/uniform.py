@@ -1,10 +1,8 @@
 """Uniform selection without replacement among the devices online now.
 
-What the FedProx reference code does (ALGORITHMS.md section 3). Inclusion:
-q/m for every client. With ``algorithm: {name: fedavg, sampling: uniform}``
-(weights p_i m / q) it is the unbiased scheme (ii), exact when every device
-is online and all q updates arrive; the default ``renormalized`` stays (see
-docs/scenarios.md, "Sampling and weighting").
+What the FedProx reference code does (ALGORITHMS.md section 3): inclusion
+q/m each; with ``algorithm.sampling: uniform`` (weights p_i m / q) it is the
+unbiased scheme (ii) when every device is online and all q updates arrive.
 """
 
 from __future__ import annotations
