@@ -8,7 +8,8 @@ ALGORITHMS.md 11.3 (the reference code's ``probabilistic_selection``): each
 node i that the ``fedpns`` algorithm labels this round loses
 delta_i = P_i min((x_i + beta)^alpha, 1), x_i = labeled_i / selected_i, and
 the other nodes share the total equally; ``clients_per_round`` distinct
-online nodes are drawn by P (details: docs/fedpns-feddm.md).
+online nodes are drawn by P (details: docs/fedpns-feddm.md). As in the
+reference code, "selected" counts every selection, a dropped update's too.
 """
 
 from __future__ import annotations
