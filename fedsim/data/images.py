@@ -197,13 +197,9 @@ class _IdxData(ImageData):
         test = "test" if self._prefix() else "t10k"
         parts = [test] if self.files == "test" else ["train", test]
         names = [n for p in parts for n in self._names(p)]
-        root, _ = data_root(self.root)
-        folder = find_dir(
-            self.title,
-            self._candidates(self.subdirs, self.extra_dirs),
-            names,
-            self.how_to_get.format(root=root),
-        )
+        how = self.how_to_get.format(root=data_root(self.root)[0])
+        where = self._candidates(self.subdirs, self.extra_dirs)
+        folder = find_dir(self.title, where, names, how)
         arrays: list[np.ndarray | None] = [None, None] if self.files == "test" else []
         for p in parts:
             img_name, lab_name = self._names(p)

@@ -160,8 +160,7 @@ def iid(
     """A uniform random split of ``range(n)``; lognormal sizes if ``size_sigma``."""
     rng = _rng(seed)
     sizes = client_sizes(n, num_clients, size_sigma, rng)
-    order = rng.permutation(n)
-    return np.split(order, np.cumsum(sizes)[:-1])
+    return np.split(rng.permutation(n), np.cumsum(sizes)[:-1])
 
 
 def dirichlet_feddc(
