@@ -45,14 +45,8 @@ _TAG = 0x7A11D
 
 def split_validation(data: FederatedData, fraction: float, seed: int) -> FederatedData:
     """Move ``floor(fraction n_i)`` random rows of each client i (at most
-    n_i - 1) into the server's validation set, ordered by client then row.
-
-    Clients keep their other rows in order; weights that were the sample
-    counts become the new counts, explicit ones (p_i) are kept.
-
-    Raises:
-        DataError: no client has enough rows to give one up at this fraction.
-    """
+    n_i - 1), in order, to the server's validation set; weights that were the
+    sample counts follow the new counts. :class:`DataError` if no row moves."""
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG]))
     counts = data.n_samples
     keep: list[np.ndarray] = []
