@@ -143,11 +143,9 @@ def _codes(values: pa.ChunkedArray, what: str) -> np.ndarray:
 def build_tabular(spec: TabularData, num_clients: int, seed: int) -> FederatedData:
     table = read_table(spec)
     label = _column(table, spec.label, "label")
-    client = (
-        _column(table, spec.client_column, "client_column")
-        if spec.client_column is not None
-        else None
-    )
+    client = None
+    if spec.client_column is not None:
+        client = _column(table, spec.client_column, "client_column")
     if spec.features is not None:
         feats = [_column(table, f, "features") for f in spec.features]
     else:

@@ -100,7 +100,7 @@ class Oort(Selector):
         n_explore = min(len(fresh), int(round(state["epsilon"] * k)))
         n_exploit = min(len(explored), k - n_explore)
         n_explore = min(len(fresh), k - n_exploit)
-        picked = []
+        picked = [np.zeros(0, dtype=np.int64)]
         if n_exploit:
             s = self.scores(state, draw.round, explored, c)
             order = np.argsort(-s, kind="stable")
@@ -110,8 +110,7 @@ class Oort(Selector):
         if n_explore:
             speed = 1.0 / np.maximum(c.round_time_s[fresh], 1e-12)
             picked.append(weighted_pick(fresh, speed, n_explore, rng))
-        ids = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
-        return np.sort(ids).astype(np.int64), state
+        return np.sort(np.concatenate(picked)).astype(np.int64), state
 
     def observe(
         self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
