@@ -1,15 +1,8 @@
-"""Federated datasets: who holds which samples.
-
-A :class:`FederatedData` keeps every client's training samples in one array,
-sorted by client, so client i owns rows ``offsets[i]:offsets[i+1]``. Workers
-receive it once (through the Ray object store, zero-copy for NumPy arrays)
-and draw minibatches by index; nothing is pickled per task.
+"""Federated datasets: who holds which samples (docs/datasets.md).
 
 Adding a dataset: a module here with a :class:`~fedsim.spec.Spec` subclass
-whose ``dataset`` field is a ``Literal`` tag and whose ``build(num_clients,
-seed)`` returns a :class:`FederatedData`, plus a line in ``REGISTRY``.
-Datasets read from disk raise :class:`DataMissingError` when their files are
-absent (see docs/datasets.md).
+tagged by a ``Literal`` ``dataset`` field whose ``build(num_clients, seed)``
+returns a :class:`FederatedData`, plus a line in ``REGISTRY``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The federated dataset container and the factory that builds one from a scenario."""
+"""The federated dataset container and the fields every dataset spec shares."""
 
 from __future__ import annotations
 
@@ -16,11 +16,8 @@ __all__ = ["DatasetSpec", "FederatedData", "as_tensor"]
 
 
 def as_tensor(a: np.ndarray) -> torch.Tensor:
-    """A tensor view of a (possibly read-only, object-store) array, no copy.
-
-    Arrays from the Ray object store are read-only; fedsim never writes to
-    training data, so torch's warning about that is silenced here.
-    """
+    """A tensor view of a (possibly read-only, object-store) array, no copy;
+    fedsim never writes to training data, so torch's warning is silenced."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(np.ascontiguousarray(a))
@@ -30,17 +27,10 @@ def as_tensor(a: np.ndarray) -> torch.Tensor:
 class FederatedData:
     """Training data of every client plus a shared test set.
 
-    Attributes:
-        x: training inputs of all clients, client 0's rows first.
-        y: training targets (int64 class labels, or float targets).
-        offsets: int64 [m + 1]; client i owns rows ``offsets[i]:offsets[i+1]``.
-        weights: float64 [m]; the data weight of each client (n_i, or the p_i
-            a scenario gives). Aggregators normalise it over a round's updates.
-        test_x, test_y: the test set the server evaluates on.
-        test_weights: optional per-sample weights of the test loss.
-        num_classes: number of classes (0 for objectives without classes).
-        val_x, val_y: the server's validation set (None: the dataset has
-            none); disjoint from the test set and from every client's rows.
+    Client i owns rows ``offsets[i]:offsets[i+1]`` of ``x``, ``y``;
+    ``weights`` are the data weights (n_i, or a given p_i); ``num_classes`` is
+    0 for objectives without classes; ``val_x``, ``val_y`` the server's
+    validation rows (``data.validation_fraction``), or None.
     """
 
     x: np.ndarray
@@ -51,8 +41,6 @@ class FederatedData:
     test_y: np.ndarray
     num_classes: int
     test_weights: np.ndarray | None = None
-    # Optional server-side validation set (FedPNS's CHECK LOSS), taken from
-    # the clients' training rows (``data.validation_fraction``); None: none.
     val_x: np.ndarray | None = None
     val_y: np.ndarray | None = None
 
@@ -73,18 +61,12 @@ class FederatedData:
 
 
 class DatasetSpec(Spec):
-    """Fields every dataset's spec shares (the ``data`` section).
-
-    Attributes:
-        validation_fraction: the fraction of each client's training rows the
-            server keeps as its validation set (FedPNS's CHECK LOSS); 0, the
-            default, keeps every row with its client and the data exactly as
-            the dataset builds it.
-    """
+    """Fields every dataset's spec (the ``data`` section) shares:
+    ``validation_fraction`` (:mod:`fedsim.data.validation`)."""
 
     validation_fraction: Annotated[float, Field(ge=0, le=0.5)] = 0.0
 
-    # Why a dataset cannot give up validation rows (None: it can).
+    # why a dataset cannot give up validation rows (None: it can)
     no_validation: ClassVar[str | None] = None
 
     @model_validator(mode="after")

@@ -1,11 +1,8 @@
-"""Locating dataset files on disk, and the error raised when they are missing.
+"""Locating dataset files on disk, and the errors raised when they do not fit.
 
-fedsim never downloads anything at run time. A dataset is read from a local
-*data root*: the spec's ``root`` field when given, else the environment
-variable ``FEDSIM_DATA_ROOT``, else ``~/.cache/fedsim/data``. When the files
-are not there, :class:`DataMissingError` says where fedsim looked and how to
-obtain them. Data that exists but does not fit the scenario raises
-:class:`DataError`. The CLI turns both into exit code 2.
+fedsim never downloads anything: a dataset is read from the spec's ``root``,
+else ``$FEDSIM_DATA_ROOT``, else ``~/.cache/fedsim/data`` (docs/datasets.md).
+The CLI turns both errors into exit code 2.
 
 Example:
     >>> from pathlib import Path
@@ -29,6 +26,7 @@ __all__ = [
     "DEFAULT_ROOT",
     "data_root",
     "find_dir",
+    "missing",
 ]
 
 ENV_ROOT = "FEDSIM_DATA_ROOT"
@@ -36,20 +34,20 @@ DEFAULT_ROOT = Path("~/.cache/fedsim/data")
 
 
 class DataMissingError(FileNotFoundError):
-    """A dataset's files are not on disk. The message names every path looked
-    at and how to obtain the data; it is meant for the user, as is."""
+    """A dataset's files are not on disk; the message (for the user, as is)
+    names every path looked at and how to obtain the data."""
 
 
 class DataError(ValueError):
     """The data cannot be built as the scenario asks (a partition that does
-    not fit the data, a role or client count that does not match the fleet,
-    a non-numeric feature column); the message is meant for the user."""
+    not fit, a client count that does not match the fleet, a non-numeric
+    feature column); the message is meant for the user."""
 
 
 def data_root(root: str | None) -> tuple[Path, bool]:
-    """The data root to read from, and whether it is the scenario's own
-    ``root`` (which may also name the dataset's folder itself; the
-    environment variable and the default hold one subfolder per dataset)."""
+    """The data root, and whether it is the scenario's own ``root`` (which
+    may also be the dataset's folder itself; the others hold one subfolder
+    per dataset)."""
     if root:
         return Path(root).expanduser(), True
     env = os.environ.get(ENV_ROOT)
@@ -58,8 +56,18 @@ def data_root(root: str | None) -> tuple[Path, bool]:
     return DEFAULT_ROOT.expanduser(), False
 
 
-def _exists(folder: Path, name: str, gz: bool) -> bool:
-    return (folder / name).is_file() or (gz and (folder / f"{name}.gz").is_file())
+def missing(
+    what: str, files: str, looked: Sequence[Path], how: str
+) -> DataMissingError:
+    """The :class:`DataMissingError` for ``what``'s ``files`` not in ``looked``."""
+    folders = "\n".join(f"  {p}" for p in looked)
+    return DataMissingError(
+        f"{what}: data not found.\n"
+        f"Looked for {files} in:\n{folders}\n"
+        f"How to get it: {how}\n"
+        f"(fedsim never downloads data; set data.root in the scenario or the "
+        f"{ENV_ROOT} environment variable to the folder that holds it.)"
+    )
 
 
 def find_dir(
@@ -69,27 +77,14 @@ def find_dir(
     how_to_get: str,
     gz: bool = True,
 ) -> Path:
-    """The first folder in ``candidates`` that holds every file in ``names``
-    (each as is or, if the reader takes it and ``gz``, gzip-compressed as
-    ``name.gz``).
-
-    Raises:
-        DataMissingError: naming ``what``, every folder looked at, the files
-            expected and ``how_to_get``.
-    """
-    seen: list[Path] = []
-    for folder in candidates:
-        if folder in seen:
-            continue
-        seen.append(folder)
-        if all(_exists(folder, n, gz) for n in names):
+    """The first of ``candidates`` holding every file in ``names`` (each as
+    is or, with ``gz``, as ``name.gz``); else :class:`DataMissingError`."""
+    seen = list(dict.fromkeys(candidates))
+    for folder in seen:
+        if all(
+            (folder / n).is_file() or (gz and (folder / f"{n}.gz").is_file())
+            for n in names
+        ):
             return folder
-    looked = "\n".join(f"  {p}" for p in seen)
     files = ", ".join(f"{n}[.gz]" if gz else n for n in names)
-    raise DataMissingError(
-        f"{what}: data not found.\n"
-        f"Looked for {files} in:\n{looked}\n"
-        f"How to get it: {how_to_get}\n"
-        f"(fedsim never downloads data; set data.root in the scenario or the "
-        f"{ENV_ROOT} environment variable to the folder that holds it.)"
-    )
+    raise missing(what, files, seen, how_to_get)

@@ -2,28 +2,11 @@
 
 Federated Learning Based on Dynamic Regularization (Acar et al., ICLR 2021,
 arXiv:2111.04263) and FedDC (Gao et al., CVPR 2022, arXiv:2203.11751): the
-generator behind FedDC's Table 3 ("setting 3", 20 clients).
-
-Client sizes int(LogNormal(log(samples + 0.001), size_sigma)) (exactly
-``samples`` each with the default size_sigma = 0). Per client i:
-mean_W_i ~ N(0, alpha) and B_i ~ N(0, beta) (standard deviations); features
-x ~ N(mu_i, diag(j^-1.2)) with mu_i ~ N(B_i, 1) per coordinate (0 if
-``iid_data``); labels y = argmax(x W_i + b_i) with W_i (dim x classes) and
-b_i entries ~ N(mean_W_i, 1) (one shared W, b ~ N(0, 1) if ``iid_sol``).
-
-Quirk kept on purpose: **the test set is the union of all clients' training
-data**, so reported accuracies are training-set accuracies, as in the
-papers' synthetic tables.
-
-The reference generator draws (and discards) one W, b before its client loop;
-that only matters for bit-exact reproduction of its NumPy stream, which a
-different generator (NumPy's ``default_rng`` seeded from the scenario seed)
-cannot give anyway, so it is not imitated. Note (ALGORITHMS.md 2.2 [D]):
-alpha changes no label (it shifts every class score equally), and per-client
-W (``iid_sol: false``) caps any single linear model near 30% accuracy; the
-paper's settings are Synthetic(0,0) = (iid_sol, iid_data), and most likely
-Synthetic(1,0) = (iid_sol, iid_data) with alpha = 1 and Synthetic(0,1) =
-(iid_sol, not iid_data) with beta = 1.
+generator behind FedDC's Table 3. Per client i: mean_W_i ~ N(0, alpha),
+B_i ~ N(0, beta); x ~ N(mu_i, diag(j^-1.2)) with mu_i ~ N(B_i, 1) (0 if
+``iid_data``); y = argmax(x W_i + b_i), entries ~ N(mean_W_i, 1) (one shared
+W, b ~ N(0, 1) if ``iid_sol``). As in the papers, **the test set is the union
+of the clients' training data**. Deviations and flag settings: docs/datasets.md.
 """
 
 from __future__ import annotations

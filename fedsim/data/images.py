@@ -1,37 +1,9 @@
 """Image datasets read from a local root: MNIST, Fashion-MNIST, EMNIST,
-CIFAR-10 and CIFAR-100, partitioned over the clients.
+CIFAR-10 and CIFAR-100, partitioned over the clients (docs/datasets.md).
 
-Nothing is downloaded. Files are read in their standard distribution
-formats with NumPy:
-
-- MNIST family: the IDX files (``train-images-idx3-ubyte`` ... , gzipped or
-  not), as distributed and as torchvision keeps them in ``<root>/MNIST/raw``.
-  Fashion-MNIST is also found where Debian's ``dataset-fashion-mnist``
-  package installs it (``/usr/share/datasets/fashion-mnist``).
-- CIFAR: preferably the *binary version* (``cifar-10-batches-bin``,
-  ``cifar-100-binary``), read with NumPy. The *python version*
-  (``cifar-10-batches-py``, ``cifar-100-python``, what torchvision
-  downloads) is pickled; it is read with an unpickler that accepts only
-  plain containers and NumPy arrays, so a tampered file cannot run code.
-
-Where fedsim looks: ``data.root`` if given (its dataset subfolders, then the
-folder itself), else ``$FEDSIM_DATA_ROOT``, else ``~/.cache/fedsim/data``
-(their dataset subfolders: ``mnist``, ``MNIST/raw``, ``fashion-mnist``,
-``FashionMNIST/raw``, ``emnist``, ``EMNIST/raw``, ``cifar-10-batches-bin``, ...).
-Missing files raise :class:`~fedsim.data.errors.DataMissingError`.
-
-Images are stored once as float32 [N, C, H, W], normalised per channel with
-the dataset's usual mean and standard deviation, rows sorted by client
-(:mod:`fedsim.data.partition`). ``files: test`` uses only the official test
-set (e.g. the 10,000 MNIST test images), split into train and test by
-``test_fraction``.
-
-Example:
-    >>> spec = FashionMnistData(dataset="fashion_mnist",
-    ...     partition={"kind": "dirichlet", "alpha": 0.3})   # doctest: +SKIP
-    >>> data = spec.build(num_clients=100, seed=0)           # doctest: +SKIP
-    >>> data.x.shape, data.num_classes                       # doctest: +SKIP
-    ((60000, 1, 28, 28), 10)
+Nothing is downloaded. CIFAR's pickled python version is read by an
+unpickler that accepts only plain containers and NumPy arrays, so a
+tampered file cannot run code.
 """
 
 from __future__ import annotations
@@ -48,13 +20,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from fedsim.data.base import DatasetSpec, FederatedData
-from fedsim.data.errors import (
-    ENV_ROOT,
-    DataError,
-    DataMissingError,
-    data_root,
-    find_dir,
-)
+from fedsim.data.errors import DataError, DataMissingError, data_root, find_dir, missing
 from fedsim.data.partition import IidPartition, PartitionSpec, layout, split
 
 __all__ = [
@@ -72,7 +38,6 @@ _TAG_SUBSET = 0x1AA6E
 _DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 
-# ------------------------------------------------------------------- file readers
 def _read_bytes(path: Path) -> bytes:
     """The bytes of ``path`` (or of ``path.gz``), gunzipped when compressed."""
     if not path.is_file() and Path(f"{path}.gz").is_file():
@@ -83,8 +48,7 @@ def _read_bytes(path: Path) -> bytes:
     try:
         return gzip.decompress(raw)
     except (EOFError, OSError, zlib.error) as exc:
-        # EOFError would reach the CLI as a bare "Aborted." (click reads it as
-        # end of input), so it is reported here with the file's name
+        # EOFError would reach the CLI as a bare "Aborted." (click's end of input)
         raise DataError(
             f"{path}: damaged gzip file ({exc}); it is truncated or corrupt, "
             "obtain it again"
@@ -92,10 +56,8 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def read_idx(path: str | Path) -> np.ndarray:
-    """Read an IDX file of unsigned bytes (MNIST format), gzipped or not.
-
-    ``path`` may name the file with or without its ``.gz`` suffix.
-    """
+    """An IDX file of unsigned bytes (MNIST format), ``path`` with or without
+    its ``.gz``."""
     b = _read_bytes(Path(path))
     if len(b) < 4 or b[0] != 0 or b[1] != 0 or b[2] != 0x08:
         raise DataError(f"{path}: not an IDX file of unsigned bytes")
@@ -143,17 +105,6 @@ def _load_pickle(path: Path) -> dict:
     return {(k.decode() if isinstance(k, bytes) else k): v for k, v in obj.items()}
 
 
-def _cifar_records(path: Path, label_bytes: int, label_index: int):
-    raw = np.fromfile(path, dtype=np.uint8)
-    rec = label_bytes + 3072
-    if raw.size % rec:
-        raise DataError(f"{path}: size {raw.size} is not a multiple of {rec} bytes")
-    raw = raw.reshape(-1, rec)
-    return raw[:, label_bytes:].reshape(-1, 3, 32, 32), raw[:, label_index].astype(
-        np.int64
-    )
-
-
 def images_to_float(
     images: np.ndarray, order: np.ndarray, mean: tuple, std: tuple
 ) -> np.ndarray:
@@ -171,26 +122,8 @@ def images_to_float(
     return out
 
 
-# ------------------------------------------------------------------------- specs
 class ImageData(DatasetSpec):
-    """Fields shared by the image datasets.
-
-    Attributes:
-        root: data root (see the module docstring); default
-            ``$FEDSIM_DATA_ROOT``, then ``~/.cache/fedsim/data``.
-        files: ``train+test``: the official training set is partitioned over
-            the clients and the official test set is the server's; ``test``:
-            only the official test set is needed, split into a training part
-            (partitioned) and a test part of ``test_fraction``.
-        test_fraction: used with ``files: test`` only.
-        partition: how the training samples are spread over the clients.
-        classes: keep only these labels (renumbered 0..k-1 in this order),
-            e.g. the first 10 EMNIST letters of the FedDC paper.
-        train_samples, test_samples: use a random subset of this size
-            (seeded) of the training / test set; smaller, faster runs.
-        normalize: standardise each channel with the dataset's usual
-            mean and std (else only scale to [0, 1]).
-    """
+    """Fields shared by the image datasets (docs/datasets.md, "Image datasets")."""
 
     root: str | None = None
     files: Literal["train+test", "test"] = "train+test"
@@ -226,13 +159,11 @@ class ImageData(DatasetSpec):
 
     @property
     def clients(self) -> int | None:
-        """None: one client per fleet device."""
         return None
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
         return build_images(self, num_clients, seed)
 
-    # --- overridden per dataset
     def load(self) -> tuple[np.ndarray | None, ...]:
         """(train images, train labels, test images, test labels) as uint8
         [N, C, H, W] and int64; the train pair is None with ``files: test``."""
@@ -240,10 +171,7 @@ class ImageData(DatasetSpec):
 
     def _candidates(self, subdirs: list[str], extra: Sequence[Path] = ()) -> list[Path]:
         root, explicit = data_root(self.root)
-        out = [root / s for s in subdirs]
-        if explicit:
-            out.append(root)
-        return out + list(extra)
+        return [root / s for s in subdirs] + ([root] if explicit else []) + [*extra]
 
 
 class _IdxData(ImageData):
@@ -253,6 +181,7 @@ class _IdxData(ImageData):
     transpose: ClassVar[bool] = False
 
     def _prefix(self) -> str:
+        """EMNIST's file name prefix (it also names its test files "test")."""
         return ""
 
     def _label_offset(self) -> int:
@@ -265,18 +194,13 @@ class _IdxData(ImageData):
         )
 
     def load(self) -> tuple[np.ndarray | None, ...]:
-        parts = ["t10k"] if self.files == "test" else ["train", "t10k"]
-        if self._prefix():  # EMNIST names its test files "test"
-            parts = ["test"] if self.files == "test" else ["train", "test"]
+        test = "test" if self._prefix() else "t10k"
+        parts = [test] if self.files == "test" else ["train", test]
         names = [n for p in parts for n in self._names(p)]
-        root, _ = data_root(self.root)
-        folder = find_dir(
-            self.title,
-            self._candidates(self.subdirs, self.extra_dirs),
-            names,
-            self.how_to_get.format(root=root),
-        )
-        arrays = []
+        how = self.how_to_get.format(root=data_root(self.root)[0])
+        where = self._candidates(self.subdirs, self.extra_dirs)
+        folder = find_dir(self.title, where, names, how)
+        arrays: list[np.ndarray | None] = [None, None] if self.files == "test" else []
         for p in parts:
             img_name, lab_name = self._names(p)
             x = read_idx(folder / img_name)
@@ -286,8 +210,6 @@ class _IdxData(ImageData):
             if self.transpose:
                 x = x.transpose(0, 2, 1)
             arrays += [x[:, None], y]
-        if self.files == "test":
-            return (None, None, *arrays)
         return tuple(arrays)
 
 
@@ -333,6 +255,7 @@ class FashionMnistData(_IdxData):
     )
 
 
+_EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
 _EMNIST_CLASSES = {
     "byclass": 62,
     "bymerge": 47,
@@ -349,9 +272,7 @@ class EmnistData(_IdxData):
     torchvision does."""
 
     dataset: Literal["emnist"]
-    subset: Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"] = (
-        "letters"
-    )
+    subset: _EmnistSplit = "letters"
     title: ClassVar[str] = "EMNIST"
     mean: ClassVar[tuple[float, ...]] = (0.1736,)
     std: ClassVar[tuple[float, ...]] = (0.3317,)
@@ -376,22 +297,36 @@ class EmnistData(_IdxData):
 class _CifarData(ImageData):
     bin_dir: ClassVar[str] = ""
     py_dir: ClassVar[str] = ""
-    bin_files: ClassVar[tuple[list[str], list[str]]] = ([], [])
+    # (train, test) files of the python version; the binary one's end in .bin
     py_files: ClassVar[tuple[list[str], list[str]]] = ([], [])
-    how_to_get: ClassVar[str] = ""
+
+    def _label_format(self) -> tuple[int, int, str]:
+        """(label bytes of a binary record, the label's index, pickle key)."""
+        return 1, 0, "labels"
 
     def _read(self, fmt: str, folder: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
         """One file's (images, labels)."""
-        raise NotImplementedError
+        nbytes, index, key = self._label_format()
+        path = folder / name
+        if fmt == "bin":
+            raw = np.fromfile(path, dtype=np.uint8)
+            rec = nbytes + 3072
+            if raw.size % rec:
+                raise DataError(
+                    f"{path}: size {raw.size} is not a multiple of {rec} bytes"
+                )
+            raw = raw.reshape(-1, rec)
+            images, labels = raw[:, nbytes:], raw[:, index]
+        else:
+            d = _load_pickle(path)
+            images, labels = np.asarray(d["data"], np.uint8), d[key]
+        return images.reshape(-1, 3, 32, 32), np.asarray(labels, np.int64)
 
     def load(self) -> tuple[np.ndarray | None, ...]:
         root, _ = data_root(self.root)
         want = 1 if self.files == "test" else 0
-        sets = {
-            "bin": self.bin_files[want:] if want else self.bin_files,
-            "py": self.py_files[want:] if want else self.py_files,
-        }
-        found = None
+        bin_files = tuple([f"{n}.bin" for n in group] for group in self.py_files)
+        sets = {"bin": bin_files[want:], "py": self.py_files[want:]}
         tried: list[Path] = []
         for fmt, sub in (("bin", self.bin_dir), ("py", self.py_dir)):
             names = [n for group in sets[fmt] for n in group]
@@ -402,27 +337,22 @@ class _CifarData(ImageData):
             except DataMissingError:
                 tried += self._candidates([sub])
                 continue
-            found = (fmt, folder)
-            break
-        if found is None:
-            expect = (
-                f"{self.bin_dir}/ ({', '.join(self.bin_files[0] + self.bin_files[1])})"
-                f" or {self.py_dir}/"
-            )
-            looked = "\n".join(f"  {p}" for p in dict.fromkeys(tried))
-            raise DataMissingError(
-                f"{self.title}: data not found.\nLooked for {expect} in:\n{looked}\n"
-                f"How to get it: {self.how_to_get.format(root=root)}\n"
-                "(fedsim never downloads data; set data.root in the scenario or "
-                f"the {ENV_ROOT} environment variable to the folder that "
-                "holds it.)"
-            )
-        fmt, folder = found
-        out: list[np.ndarray | None] = [None, None] if want else []
-        for group in sets[fmt]:
-            xs, ys = zip(*(self._read(fmt, folder, n) for n in group), strict=True)
-            out += [np.concatenate(xs), np.concatenate(ys)]
-        return tuple(out)
+            out: list[np.ndarray | None] = [None, None] if want else []
+            for group in sets[fmt]:
+                xs, ys = zip(*(self._read(fmt, folder, n) for n in group), strict=True)
+                out += [np.concatenate(xs), np.concatenate(ys)]
+            return tuple(out)
+        expect = (
+            f"{self.bin_dir}/ ({', '.join(bin_files[0] + bin_files[1])})"
+            f" or {self.py_dir}/"
+        )
+        t = self.title.lower()
+        how = (
+            f"extract the {self.title} binary version ({t}-binary.tar.gz, "
+            f"preferred) or python version ({t}-python.tar.gz) from the CIFAR page "
+            f"of the University of Toronto into {root}/"
+        )
+        raise missing(self.title, expect, list(dict.fromkeys(tried)), how)
 
 
 class Cifar10Data(_CifarData):
@@ -434,28 +364,10 @@ class Cifar10Data(_CifarData):
     std: ClassVar[tuple[float, ...]] = (0.2470, 0.2435, 0.2616)
     bin_dir: ClassVar[str] = "cifar-10-batches-bin"
     py_dir: ClassVar[str] = "cifar-10-batches-py"
-    bin_files: ClassVar[tuple[list[str], list[str]]] = (
-        [f"data_batch_{i}.bin" for i in range(1, 6)],
-        ["test_batch.bin"],
-    )
     py_files: ClassVar[tuple[list[str], list[str]]] = (
         [f"data_batch_{i}" for i in range(1, 6)],
         ["test_batch"],
     )
-    how_to_get: ClassVar[str] = (
-        "extract the CIFAR-10 binary version (cifar-10-binary.tar.gz, preferred) "
-        "or python version (cifar-10-python.tar.gz) from the CIFAR page of the "
-        "University of Toronto into {root}/"
-    )
-
-    def _read(self, fmt: str, folder: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
-        if fmt == "bin":
-            return _cifar_records(folder / name, 1, 0)
-        d = _load_pickle(folder / name)
-        return (
-            np.asarray(d["data"], np.uint8).reshape(-1, 3, 32, 32),
-            np.asarray(d["labels"], np.int64),
-        )
 
 
 class Cifar100Data(_CifarData):
@@ -470,32 +382,24 @@ class Cifar100Data(_CifarData):
     std: ClassVar[tuple[float, ...]] = (0.2673, 0.2564, 0.2762)
     bin_dir: ClassVar[str] = "cifar-100-binary"
     py_dir: ClassVar[str] = "cifar-100-python"
-    bin_files: ClassVar[tuple[list[str], list[str]]] = (["train.bin"], ["test.bin"])
     py_files: ClassVar[tuple[list[str], list[str]]] = (["train"], ["test"])
-    how_to_get: ClassVar[str] = (
-        "extract the CIFAR-100 binary version (cifar-100-binary.tar.gz, "
-        "preferred) or python version (cifar-100-python.tar.gz) from the CIFAR "
-        "page of the University of Toronto into {root}/"
-    )
 
     def _classes_total(self) -> int:
         return 100 if self.labels == "fine" else 20
 
-    def _read(self, fmt: str, folder: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
-        fine = self.labels == "fine"
-        if fmt == "bin":
-            return _cifar_records(folder / name, 2, 1 if fine else 0)
-        d = _load_pickle(folder / name)
-        key = "fine_labels" if fine else "coarse_labels"
-        return (
-            np.asarray(d["data"], np.uint8).reshape(-1, 3, 32, 32),
-            np.asarray(d[key], np.int64),
-        )
+    def _label_format(self) -> tuple[int, int, str]:
+        return 2, int(self.labels == "fine"), f"{self.labels}_labels"
 
 
-# ------------------------------------------------------------------------- build
 def _subset_rng(seed: int, what: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_SUBSET, what]))
+
+
+def _subset(n: int, k: int | None, seed: int, what: int) -> np.ndarray:
+    """Sorted indices of a seeded random ``k`` of ``range(n)`` (all: None)."""
+    if k is None or k >= n:
+        return np.arange(n)
+    return np.sort(_subset_rng(seed, what).choice(n, k, False))
 
 
 def build_images(spec: ImageData, num_clients: int, seed: int) -> FederatedData:
@@ -519,14 +423,8 @@ def build_images(spec: ImageData, num_clients: int, seed: int) -> FederatedData:
         train_x, train_y = train_x[keep], lut[train_y[keep]]
         test_x, test_y = test_x[keep_t], lut[test_y[keep_t]]
         num_classes = len(spec.classes)
-    train_idx = np.arange(len(train_y))
-    test_idx = np.arange(len(test_y))
-    if spec.train_samples is not None and spec.train_samples < len(train_idx):
-        rng = _subset_rng(seed, 1)
-        train_idx = np.sort(rng.choice(len(train_idx), spec.train_samples, False))
-    if spec.test_samples is not None and spec.test_samples < len(test_idx):
-        rng = _subset_rng(seed, 2)
-        test_idx = np.sort(rng.choice(len(test_idx), spec.test_samples, False))
+    train_idx = _subset(len(train_y), spec.train_samples, seed, 1)
+    test_idx = _subset(len(test_y), spec.test_samples, seed, 2)
     labels = train_y[train_idx]
     parts = split(spec.partition, labels, num_clients, seed)
     order, offsets = layout(parts)

@@ -1,33 +1,8 @@
 """Federated partitions: which client holds which training samples.
 
-Each partition is a pure function of ``(labels, parameters, seed)`` that
-returns one array of sample indices per client. Every index appears at most
-once; all partitions but ``pns_mix`` (which gives each client a fixed number
-of samples) assign every sample to exactly one client. Every client gets at
-least one sample, since a client without data cannot take a step.
-
-Kinds (the ``partition`` section of an image or tabular dataset):
-
-- ``iid``: a uniform random split; ``size_sigma > 0`` draws lognormal client
-  sizes as in the FedDyn/FedDC code (ALGORITHMS.md 2.4 step 2).
-- ``dirichlet``: label skew, Dir(``alpha``). ``variant: feddc`` is
-  ALGORITHMS.md 2.4 (a class prior per client, then sample-by-sample
-  filling of fixed client sizes; ``size_sigma`` makes sizes lognormal);
-  ``variant: fednova`` is ALGORITHMS.md 2.3 (per class, Dirichlet
-  proportions over the clients, with the "balance" step, repeated until
-  every client holds ``min_samples``). Smaller alpha = fewer classes per
-  client.
-- ``shards``: the FedAvg paper's pathological split: sort by label, cut into
-  ``clients * labels_per_client`` equal shards, give each client
-  ``labels_per_client`` random shards (so about that many labels).
-- ``pns_mix``: ALGORITHMS.md 2.5 (FedPNS): a fraction ``iid_fraction`` of
-  the clients get ``samples_per_client`` uniform samples, the others
-  ``labels_per_client`` shards of consecutive label-sorted samples.
-- ``natural``: the dataset's own clients (Shakespeare roles, a tabular
-  file's client column).
-
-Reporting: :func:`partition_table` (per-client sample and label counts, the
-run directory's ``partition.parquet``) and :func:`plot_partition`.
+Each partition is a pure function of ``(labels, parameters, seed)`` returning
+one array of sample indices per client; the kinds, their guarantees and
+their deviations from the reference codes: docs/datasets.md ("Partitions").
 
 Example:
     >>> import numpy as np
@@ -62,7 +37,6 @@ __all__ = [
     "PnsMixPartition",
     "NaturalPartition",
     "PartitionSpec",
-    "PARTITION_KINDS",
     "split",
     "iid",
     "dirichlet_feddc",
@@ -80,7 +54,6 @@ __all__ = [
 _TAG = 0x9A27  # separates the partition's random stream from other uses of the seed
 
 
-# ------------------------------------------------------------------------ specs
 class IidPartition(Spec):
     """Uniform random split; ``size_sigma`` > 0 gives lognormal client sizes."""
 
@@ -89,12 +62,8 @@ class IidPartition(Spec):
 
 
 class DirichletPartition(Spec):
-    """Dirichlet label skew (ALGORITHMS.md 2.3 ``fednova``, 2.4 ``feddc``).
-
-    ``size_sigma`` (feddc only): lognormal sigma of client sizes, 0 = equal
-    sizes (FedDC's "unbalanced" setting uses 0.3). ``min_samples`` (fednova
-    only): the pass is repeated until every client holds at least this many.
-    """
+    """Dirichlet label skew (ALGORITHMS.md 2.3 ``fednova``, 2.4 ``feddc``);
+    ``size_sigma`` is feddc's only, ``min_samples`` fednova's."""
 
     kind: Literal["dirichlet"]
     alpha: PosFloat
@@ -121,8 +90,7 @@ class ShardsPartition(Spec):
 
 class PnsMixPartition(Spec):
     """FedPNS (ALGORITHMS.md 2.5): ``iid_fraction`` of the clients i.i.d., the
-    rest ``labels_per_client`` label shards; ``samples_per_client`` each
-    (default: training set size // clients)."""
+    rest label shards; ``samples_per_client`` default: n // clients."""
 
     kind: Literal["pns_mix"]
     iid_fraction: Prob
@@ -146,10 +114,8 @@ PartitionSpec = Annotated[
     ],
     Field(discriminator="kind"),
 ]
-PARTITION_KINDS = ("iid", "dirichlet", "shards", "pns_mix", "natural")
 
 
-# -------------------------------------------------------------------- functions
 def _rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(seed), _TAG]))
 
@@ -173,14 +139,9 @@ def _num_classes(labels: np.ndarray) -> int:
 def client_sizes(
     n: int, num_clients: int, sigma: float, rng: np.random.Generator
 ) -> np.ndarray:
-    """Client sizes summing to ``n`` (ALGORITHMS.md 2.4 step 2).
-
-    s_i ~ LogNormal(log(n/m), sigma), rescaled to sum to n and rounded by
-    largest remainders (the FedDC code truncates and gives the excess to
-    client 0, which is off by up to m for sigma = 0 through float rounding).
-    Unlike that code, a client left with no sample gets one, taken from the
-    largest client.
-    """
+    """Client sizes summing to ``n`` (ALGORITHMS.md 2.4 step 2):
+    LogNormal(log(n/m), sigma), rescaled, rounded by largest remainders; a
+    client left with no sample gets one from the largest."""
     _check(n, num_clients)
     s = rng.lognormal(np.log(n / num_clients), sigma, num_clients)
     q = s / s.sum() * n
@@ -199,8 +160,7 @@ def iid(
     """A uniform random split of ``range(n)``; lognormal sizes if ``size_sigma``."""
     rng = _rng(seed)
     sizes = client_sizes(n, num_clients, size_sigma, rng)
-    order = rng.permutation(n)
-    return np.split(order, np.cumsum(sizes)[:-1])
+    return np.split(rng.permutation(n), np.cumsum(sizes)[:-1])
 
 
 def dirichlet_feddc(
@@ -210,18 +170,9 @@ def dirichlet_feddc(
     seed: int,
     size_sigma: float = 0.0,
 ) -> list[np.ndarray]:
-    """Dirichlet label skew, FedDyn/FedDC variant (ALGORITHMS.md 2.4).
-
-    Shuffle; draw client sizes (:func:`client_sizes`) and a class prior
-    pi_i ~ Dir(alpha) per client; then, while any client has room, pick a
-    client with room uniformly, draw a class from its prior restricted to the
-    classes not yet exhausted, and give it that class's next sample.
-
-    Drawing among non-full clients and non-exhausted classes directly is the
-    same distribution as the reference code's redraw loops, without their
-    spinning (which never ends when a client's prior is exactly 0 on every
-    class left; here such a client draws uniformly among those classes).
-    """
+    """Dirichlet label skew, FedDyn/FedDC variant (ALGORITHMS.md 2.4): a random
+    client with room draws a class from its Dir(alpha) prior over the classes
+    left and gets that class's next sample, until every client is full."""
     labels = np.asarray(labels, dtype=np.int64)
     n = labels.size
     rng = _rng(seed)
@@ -272,13 +223,9 @@ def dirichlet_fednova(
     min_samples: int = 10,
     max_passes: int = 1000,
 ) -> list[np.ndarray]:
-    """Dirichlet label skew, FedNova variant (ALGORITHMS.md 2.3).
-
-    Per class: shuffle its samples, draw proportions p ~ Dir(alpha) over the
-    clients, zero those of clients already holding n/m samples ("balance"),
-    renormalise and cut. Repeat the whole pass until every client holds at
-    least ``min_samples``; finally shuffle each client's indices.
-    """
+    """Dirichlet label skew, FedNova variant (ALGORITHMS.md 2.3): per class,
+    proportions Dir(alpha) over the clients holding under n/m ("balance");
+    the pass repeats until every client holds ``min_samples``."""
     labels = np.asarray(labels, dtype=np.int64)
     n, m = labels.size, num_clients
     _check(n, m)
@@ -314,13 +261,9 @@ def dirichlet_fednova(
 def shards(
     labels: np.ndarray, num_clients: int, labels_per_client: int, seed: int
 ) -> list[np.ndarray]:
-    """FedAvg's pathological non-IID split (McMahan et al. 2017, section 3).
-
-    Sort by label (random order within a label), cut into ``m * k`` shards of
-    equal size (+-1), give each client ``k`` shards at random. A client holds
-    at most ``k`` labels when every class size is a multiple of the shard
-    size, and at most ``2k`` otherwise (a shard can straddle two labels).
-    """
+    """FedAvg's pathological non-IID split (McMahan et al. 2017, section 3):
+    sorted by label, cut into ``m * k`` equal shards (+-1), ``k`` random shards
+    per client (a shard can straddle two labels)."""
     labels = np.asarray(labels, dtype=np.int64)
     n, k = labels.size, labels_per_client
     n_shards = num_clients * k
@@ -344,15 +287,10 @@ def pns_mix(
     labels_per_client: int = 1,
     samples_per_client: int | None = None,
 ) -> list[np.ndarray]:
-    """FedPNS's mix of i.i.d. and label-skewed clients (ALGORITHMS.md 2.5).
-
-    ``round(iid_fraction * m)`` clients, chosen at random, get
-    ``n_c = samples_per_client`` samples drawn uniformly without replacement;
-    the others get ``labels_per_client`` shards of ``n_c // labels_per_client``
-    consecutive samples of the label-sorted remainder (so about one label per
-    shard), shards chosen at random. Samples are disjoint; those not drawn
-    are unused.
-    """
+    """FedPNS's mix of i.i.d. and label-skewed clients (ALGORITHMS.md 2.5):
+    ``round(iid_fraction * m)`` random clients get ``samples_per_client``
+    uniform samples, the others ``labels_per_client`` random shards of the
+    label-sorted rest; samples not drawn are unused."""
     labels = np.asarray(labels, dtype=np.int64)
     n, m, k = labels.size, num_clients, labels_per_client
     nc = samples_per_client or n // max(m, 1)
@@ -378,17 +316,12 @@ def pns_mix(
     if need > avail:
         raise DataError(f"pns_mix needs {need} label shards, the data has {avail}")
     picks = rng.choice(avail, size=need, replace=False).reshape(m - m_iid, k)
-    parts, a, b = [], 0, 0
-    for j in range(m):
-        if is_iid[j]:
-            parts.append(iid_pool[a * nc : (a + 1) * nc])
-            a += 1
-        else:
-            parts.append(
-                np.concatenate([rest[s * shard : (s + 1) * shard] for s in picks[b]])
-            )
-            b += 1
-    return parts
+    iid_parts = iter(iid_pool.reshape(m_iid, nc))
+    shard_parts = (
+        np.concatenate([rest[s * shard : (s + 1) * shard] for s in row])
+        for row in picks
+    )
+    return [next(iid_parts) if flag else next(shard_parts) for flag in is_iid]
 
 
 def natural(groups: np.ndarray, num_clients: int) -> list[np.ndarray]:
@@ -412,37 +345,25 @@ def split(
     seed: int,
     groups: np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """Apply a partition spec to a training set's labels; one index array per
-    client. ``groups`` (natural partitions) gives each sample's client id."""
+    """One index array per client; ``groups``: each sample's own client id."""
+    m = num_clients
     if spec.kind == "iid":
-        return iid(len(labels), num_clients, seed, spec.size_sigma)
+        return iid(len(labels), m, seed, spec.size_sigma)
+    if spec.kind == "dirichlet" and spec.variant == "feddc":
+        return dirichlet_feddc(labels, m, spec.alpha, seed, spec.size_sigma)
     if spec.kind == "dirichlet":
-        if spec.variant == "feddc":
-            return dirichlet_feddc(
-                labels, num_clients, spec.alpha, seed, spec.size_sigma
-            )
-        return dirichlet_fednova(
-            labels, num_clients, spec.alpha, seed, spec.min_samples
-        )
+        return dirichlet_fednova(labels, m, spec.alpha, seed, spec.min_samples)
     if spec.kind == "shards":
-        return shards(labels, num_clients, spec.labels_per_client, seed)
+        return shards(labels, m, spec.labels_per_client, seed)
     if spec.kind == "pns_mix":
-        return pns_mix(
-            labels,
-            num_clients,
-            spec.iid_fraction,
-            seed,
-            spec.labels_per_client,
-            spec.samples_per_client,
+        k, nc = spec.labels_per_client, spec.samples_per_client
+        return pns_mix(labels, m, spec.iid_fraction, seed, k, nc)
+    if groups is None:
+        raise DataError(
+            "partition 'natural' needs a dataset with its own clients "
+            "(shakespeare, or tabular with client_column)"
         )
-    if spec.kind == "natural":
-        if groups is None:
-            raise DataError(
-                "partition 'natural' needs a dataset with its own clients "
-                "(shakespeare, or tabular with client_column)"
-            )
-        return natural(groups, num_clients)
-    raise DataError(f"unknown partition kind {spec.kind!r}")
+    return natural(groups, m)
 
 
 def layout(parts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -450,15 +371,12 @@ def layout(parts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     as :class:`~fedsim.data.base.FederatedData` does."""
     counts = np.array([len(p) for p in parts], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    order = (
-        np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
-        if parts
-        else np.zeros(0, np.int64)
+    order = np.concatenate(
+        [np.zeros(0, np.int64), *(np.asarray(p, np.int64) for p in parts)]
     )
     return order, offsets
 
 
-# -------------------------------------------------------------------- reporting
 def label_histogram(data: FederatedData) -> np.ndarray:
     """int64 [clients, classes]: how many samples of each class each client holds."""
     m, c = data.num_clients, data.num_classes
@@ -484,16 +402,15 @@ def partition_table(data: FederatedData) -> pa.Table:
         "n_samples": pa.array(data.n_samples.astype(np.int64)),
         "weight": pa.array(np.asarray(data.weights, dtype=np.float64)),
         "n_classes": pa.array((hist > 0).sum(axis=1).astype(np.int64)),
+        **{f"class_{c}": pa.array(hist[:, c]) for c in range(hist.shape[1])},
     }
-    for c in range(hist.shape[1]):
-        cols[f"class_{c}"] = pa.array(hist[:, c])
     return pa.table(cols)
 
 
 def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) -> None:
-    """Per-client label histograms as stacked bars (one colour per class),
-    for the first ``max_clients`` clients; a PNG written atomically with the
-    Agg backend (pyplot's global state is not touched)."""
+    """Stacked per-client label histograms of the first ``max_clients``
+    clients, a PNG written atomically (Agg backend, no pyplot state)."""
+    from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -507,8 +424,6 @@ def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) ->
     if not classes:
         ax.bar(x, np.asarray(table.column("n_samples"))[:m], width=0.9)
     else:
-        from matplotlib import colormaps
-
         cmap = colormaps["tab10" if len(classes) <= 10 else "tab20"]
         if len(classes) > 20:
             cmap = colormaps["viridis"].resampled(len(classes))
@@ -522,9 +437,9 @@ def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) ->
                 title="class", fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0)
             )
     shown = f" (first {m} of {table.num_rows})" if m < table.num_rows else ""
-    ax.set_title(f"Samples per client by class{shown}")
-    ax.set_xlabel("client")
-    ax.set_ylabel("samples")
+    ax.set(
+        title=f"Samples per client by class{shown}", xlabel="client", ylabel="samples"
+    )
     if m <= 40:
         ax.set_xticks(x, [str(i) for i in ids])
     fig.tight_layout()

@@ -1,10 +1,8 @@
 """The quadratic objectives of the FedNova paper (ALGORITHMS.md section 6).
 
-Client i: F_i(x) = h_i/2 ||x - e_i||^2, with deterministic gradients (each
-client's single "sample" is its centre e_i; its target is the curvature h_i).
-The global objective is F(x) = sum_i p_i F_i(x), minimised at
-x* = sum_i p_i h_i e_i / sum_i p_i h_i. The test "set" is every client's
-centre weighted by p_i, so the reported test loss is F(x).
+Client i: F_i(x) = h_i/2 ||x - e_i||^2 with deterministic gradients (its one
+"sample" is e_i, its target h_i); the test "set" is every e_i weighted by
+p_i, so the reported test loss is F(x) = sum_i p_i F_i(x).
 """
 
 from __future__ import annotations
@@ -21,13 +19,9 @@ __all__ = ["QuadraticData", "quadratic"]
 
 
 class QuadraticData(DatasetSpec):
-    """The FedNova paper's quadratic objectives (ALGORITHMS.md section 6).
-
-    Client i minimises F_i(x) = h_i/2 ||x - e_i||^2 with deterministic
-    gradients. ``centers`` are the e_i (scalars, or vectors of length
-    ``dim``), ``weights`` the p_i (normalised; equal when omitted) and
-    ``curvatures`` the h_i (1 when omitted).
-    """
+    """The FedNova paper's quadratic objectives: ``centers`` e_i (scalars, or
+    vectors of length ``dim``), ``weights`` p_i (normalised; default equal),
+    ``curvatures`` h_i (default 1)."""
 
     dataset: Literal["quadratic"]
     centers: list[float | list[float]] = Field(min_length=1)

@@ -2,33 +2,8 @@
 
 LEAF: A Benchmark for Federated Settings (Caldas et al., 2018,
 arXiv:1812.01097); the FedAvg paper's Shakespeare task (McMahan et al.,
-AISTATS 2017, arXiv:1602.05629).
-
-The source is a plain-text play file in which each speech is a block
-separated by blank lines, opened by a line ``ROLE NAME:`` (the layout of
-Tiny Shakespeare, ``input.txt`` of char-rnn). Each role's speeches are
-concatenated; as in LEAF's preprocessing, newlines become spaces and runs of
-spaces collapse to one. Every window of ``seq_len`` characters (one per
-``stride`` positions) is a sample whose target is the next character.
-
-Per role, the first ``1 - test_fraction`` of the text gives training
-windows and the rest test windows; the ``seq_len`` windows that would
-straddle the cut are dropped, so no test character is ever a training
-input. The server's test set is the union of the roles' test windows
-(optionally a random subset of ``test_samples``).
-
-Clients: the roles with at least ``min_samples`` training windows; of those,
-the ``max_clients`` with the most text (ties by name), stored in name order.
-Smaller roles are dropped, not merged. The file has no play boundaries, so a
-name that speaks in several plays (e.g. GLOUCESTER) is one role. A scenario
-needs exactly one client per device: when the kept roles are not as many as
-the fleet's devices, :meth:`ShakespeareData.build` raises ``ValueError``
-saying so.
-
-Vocabulary: ``leaf`` (default) is LEAF's 80 characters, with any other
-character read as a space; ``file`` is the characters that occur in the file.
-Inputs are stored as float32 character ids (the model embeds them), targets
-as int64 class ids.
+AISTATS 2017, arXiv:1602.05629). The file layout, the train/test cut, which
+roles become clients and the vocabularies: docs/datasets.md ("Shakespeare").
 """
 
 from __future__ import annotations
@@ -55,23 +30,7 @@ _ROLE = re.compile(r"^[A-Za-z][A-Za-z0-9 ,.'&-]*:$")
 
 
 class ShakespeareData(DatasetSpec):
-    """LEAF-style Shakespeare: next character after ``seq_len`` characters.
-
-    Attributes:
-        path: the play text; default ``<root>/shakespeare/input.txt`` or
-            ``<root>/tinyshakespeare/input.txt``.
-        root: data root, as for the image datasets.
-        seq_len: characters of context (LEAF: 80).
-        stride: distance between consecutive windows (LEAF: 1); a larger
-            stride makes a smaller dataset (memory: 4 * seq_len bytes a window).
-        max_clients: keep only the roles with the most text.
-        min_samples: drop roles with fewer training windows.
-        test_fraction: the end of each role's text held out for the test set.
-        test_samples: evaluate on a random subset of this many test windows.
-        vocab: ``leaf`` (80 characters) or ``file`` (those in the file).
-        partition: ``natural`` (one client per role) or ``iid`` (the
-            windows of the kept roles shuffled over the clients).
-    """
+    """LEAF-style Shakespeare: next character after ``seq_len`` characters."""
 
     dataset: Literal["shakespeare"]
     path: str | None = None
@@ -93,35 +52,28 @@ class ShakespeareData(DatasetSpec):
 
     @property
     def clients(self) -> int | None:
-        """``max_clients`` when given (it must then equal the fleet size)."""
+        """``max_clients`` when given (it must equal the fleet size)."""
         return self.max_clients
 
     def locate(self) -> Path:
         if self.path is not None:
             p = Path(self.path).expanduser()
-            return (
-                find_dir(
-                    "Shakespeare",
-                    [p.parent],
-                    [p.name],
-                    "give data.path the plain-text play file (e.g. Tiny Shakespeare's "
-                    "input.txt from karpathy/char-rnn, data/tinyshakespeare)",
-                    gz=False,
-                )
-                / p.name
+            how = (
+                "give data.path the plain-text play file (e.g. Tiny Shakespeare's "
+                "input.txt from karpathy/char-rnn, data/tinyshakespeare)"
             )
+            return find_dir("Shakespeare", [p.parent], [p.name], how, gz=False) / p.name
         root, explicit = data_root(self.root)
         subs = [root / "shakespeare", root / "tinyshakespeare"]
-        folder = find_dir(
-            "Shakespeare",
-            subs + ([root] if explicit else []),
-            ["input.txt"],
+        how = (
             f"place the play text (Tiny Shakespeare's input.txt from "
             f"karpathy/char-rnn, data/tinyshakespeare) at {root}/shakespeare/"
-            "input.txt, or set data.path",
-            gz=False,
+            "input.txt, or set data.path"
         )
-        return folder / "input.txt"
+        folders = subs + ([root] if explicit else [])
+        return (
+            find_dir("Shakespeare", folders, ["input.txt"], how, gz=False) / "input.txt"
+        )
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
         return build_shakespeare(self, num_clients, seed)
@@ -154,6 +106,7 @@ def encode(text: str, vocab: str) -> np.ndarray:
 
 
 def _windows(ids: np.ndarray, seq_len: int, stride: int) -> tuple[np.ndarray, ...]:
+    """(inputs, next characters) of every ``stride``-th window of ``ids``."""
     if ids.size <= seq_len:
         return np.zeros((0, seq_len), np.float32), np.zeros(0, np.int64)
     w = sliding_window_view(ids, seq_len + 1)[::stride]
@@ -165,10 +118,8 @@ def build_shakespeare(
 ) -> FederatedData:
     path = spec.locate()
     roles = parse_roles(path.read_text(encoding="utf-8", errors="replace"))
-    if spec.vocab == "leaf":
-        vocab = LEAF_VOCAB
-    else:
-        vocab = "".join(sorted(set("".join(roles.values())) | {" "}))
+    chars = set("".join(roles.values())) | {" "}
+    vocab = LEAF_VOCAB if spec.vocab == "leaf" else "".join(sorted(chars))
     L = spec.seq_len
     split_at = {
         r: int(round(len(t) * (1.0 - spec.test_fraction))) for r, t in roles.items()
@@ -188,24 +139,20 @@ def build_shakespeare(
             f"role, so set data.max_clients: {num_clients} (the roles with the "
             "most text are kept) or change the fleet size"
         )
-    xs, ys, tx, ty, groups = [], [], [], [], []
-    for j, role in enumerate(kept):
-        ids = encode(roles[role], vocab)
-        cut = split_at[role]
-        x, y = _windows(ids[:cut], L, spec.stride)
-        xs.append(x)
-        ys.append(y)
-        groups.append(np.full(len(y), j, np.int64))
+    train: list[tuple[np.ndarray, ...]] = []
+    empty = (np.zeros((0, L), np.float32), np.zeros(0, np.int64))
+    test: list[tuple[np.ndarray, ...]] = [empty]
+    for role in kept:
+        ids, cut = encode(roles[role], vocab), split_at[role]
+        train.append(_windows(ids[:cut], L, spec.stride))
         if spec.test_fraction > 0:
             # test windows start at the cut: no test target is a training input
-            x, y = _windows(ids[max(0, cut - L) :], L, spec.stride)
-            tx.append(x)
-            ty.append(y)
-    x, y, g = np.concatenate(xs), np.concatenate(ys), np.concatenate(groups)
+            test.append(_windows(ids[max(0, cut - L) :], L, spec.stride))
+    x, y = (np.concatenate(a) for a in zip(*train, strict=True))
+    g = np.repeat(np.arange(len(kept), dtype=np.int64), [len(t[1]) for t in train])
     parts = split(spec.partition, y, num_clients, seed, groups=g)
     order, offsets = layout(parts)
-    test_x = np.concatenate(tx) if tx else np.zeros((0, L), np.float32)
-    test_y = np.concatenate(ty) if ty else np.zeros(0, np.int64)
+    test_x, test_y = (np.concatenate(a) for a in zip(*test, strict=True))
     if spec.test_samples is not None and spec.test_samples < len(test_y):
         rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_TEST]))
         keep = np.sort(rng.choice(len(test_y), spec.test_samples, replace=False))

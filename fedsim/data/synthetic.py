@@ -1,13 +1,10 @@
 """Synthetic(alpha, beta): the FedProx / LEAF generator (ALGORITHMS.md 2.1).
 
 Federated Optimization in Heterogeneous Networks (Li et al., MLSys 2020,
-arXiv:1812.06127), section 5.1; generator in the authors' FedProx repository.
-
-For user k: u_k ~ N(0, alpha), B_k ~ N(0, beta) (standard deviations);
-v_k ~ N(B_k, 1)^d; W_k, b_k entries ~ N(u_k, 1); x ~ N(v_k, diag(j^-1.2));
-y = argmax(W_k^T x + b_k). Sizes n_k = int(LogNormal(4, 2)) + 50 ("power law").
-Each user's samples are shuffled and split 90% train / 10% test; the test set
-is the union of the users' test parts.
+arXiv:1812.06127), section 5.1. For user k: u_k ~ N(0, alpha),
+B_k ~ N(0, beta); v_k ~ N(B_k, 1)^d; W_k, b_k entries ~ N(u_k, 1);
+x ~ N(v_k, diag(j^-1.2)); y = argmax(W_k^T x + b_k); n_k = int(LogNormal(4, 2))
++ 50. Each user's samples are split 90% train / 10% test.
 """
 
 from __future__ import annotations
@@ -24,11 +21,8 @@ __all__ = ["SyntheticData", "synthetic"]
 
 
 class SyntheticData(DatasetSpec):
-    """Synthetic(alpha, beta) of the FedProx/LEAF generator (ALGORITHMS.md 2.1).
-
-    ``alpha`` and ``beta`` are standard deviations, as in NumPy's ``scale``.
-    ``clients`` defaults to the number of devices in the fleet.
-    """
+    """Synthetic(alpha, beta) (standard deviations, as NumPy's ``scale``);
+    ``clients`` defaults to the fleet size."""
 
     dataset: Literal["synthetic"]
     alpha: NonNegFloat = 1.0

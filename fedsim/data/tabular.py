@@ -1,19 +1,8 @@
 """A generic tabular dataset: a CSV or Parquet file with a label column.
 
-Every other column (or those listed in ``features``) must be numeric; with
-``standardize`` each feature is centred and scaled by the training rows'
-mean and standard deviation (constant columns are only centred). Labels may
-be any values: the distinct values, sorted, become the classes 0..C-1. A
-seeded random ``test_fraction`` of the rows is the server's test set; the
-rest is partitioned over the clients, by any partition kind, or ``natural``
-by the values of ``client_column`` (sorted; one client per value).
-
-Example (UCI Letter Recognition: no header, the letter in column 0):
-    >>> spec = TabularData(dataset="tabular", path="letter-recognition.data",
-    ...     header=False, label=0,
-    ...     partition={"kind": "dirichlet", "alpha": 0.5})   # doctest: +SKIP
-    >>> spec.build(num_clients=20, seed=0).num_classes     # doctest: +SKIP
-    26
+Numeric features, the sorted distinct labels as classes 0..C-1, a seeded
+random test split, the rest partitioned over the clients (fields and an
+example: docs/datasets.md, "Tabular").
 """
 
 from __future__ import annotations
@@ -36,22 +25,7 @@ Column = str | Annotated[int, Field(ge=-100_000, le=100_000)]
 
 
 class TabularData(DatasetSpec):
-    """A CSV or Parquet file with a label column.
-
-    Attributes:
-        path: the file; a relative path is looked up in the working
-            directory, then in the data root (as for the image datasets).
-        format: ``auto`` (``.parquet``/``.pq`` is Parquet, anything else CSV).
-        header: whether the CSV's first row names the columns; without one
-            the columns are named ``f0, f1, ...``.
-        delimiter: the CSV's field separator.
-        label: the label column, by name or index (negative from the end).
-        features: the feature columns (default: all but label and client).
-        client_column: the column naming each row's client (``natural``).
-        standardize: scale features to zero mean and unit variance.
-        test_fraction: rows held out (at random) as the server's test set.
-        partition: how the training rows are spread over the clients.
-    """
+    """A CSV or Parquet file with a label column (fields: docs/datasets.md)."""
 
     dataset: Literal["tabular"]
     path: str = Field(min_length=1)
@@ -92,13 +66,8 @@ class TabularData(DatasetSpec):
 
 
 def read_table(spec: TabularData) -> pa.Table:
-    """The file as an Arrow table (columns named ``f0, f1, ...`` when a CSV
-    has no header).
-
-    Raises:
-        DataError: the file cannot be parsed; for a CSV whose rows have
-            different numbers of fields, naming the first such line.
-    """
+    """The file as an Arrow table (a CSV without header: ``f0, f1, ...``);
+    :class:`DataError` if it cannot be parsed (naming a ragged CSV's bad line)."""
     path = spec.locate()
     fmt = spec.format
     if fmt == "auto":
@@ -111,11 +80,8 @@ def read_table(spec: TabularData) -> pa.Table:
         from pyarrow import csv
 
         opts = csv.ReadOptions(autogenerate_column_names=not spec.header)
-        table = csv.read_csv(
-            path,
-            read_options=opts,
-            parse_options=csv.ParseOptions(delimiter=spec.delimiter),
-        )
+        parse = csv.ParseOptions(delimiter=spec.delimiter)
+        table = csv.read_csv(path, read_options=opts, parse_options=parse)
     except (pa.ArrowException, OSError, EOFError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         if fmt == "csv":
@@ -137,8 +103,7 @@ def read_table(spec: TabularData) -> pa.Table:
 
 def _ragged_line(path: Path, delimiter: str) -> tuple[int, int, int] | None:
     """(line, fields of the first row, fields there) of the first CSV row
-    whose field count differs from the first row's; None if all agree or the
-    file cannot be scanned. Only called once pyarrow has failed."""
+    whose field count differs, or None; only called once pyarrow has failed."""
     import csv as pycsv
     import gzip
     import io
@@ -148,17 +113,12 @@ def _ragged_line(path: Path, delimiter: str) -> tuple[int, int, int] | None:
         with opener(path, "rb") as raw:
             text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="")
             reader = pycsv.reader(text, delimiter=delimiter)
-            want = None
-            for row in reader:
-                if not row:  # pyarrow skips empty lines too
-                    continue
-                if want is None:
-                    want = len(row)
-                elif len(row) != want:
-                    return reader.line_num, want, len(row)
+            # (line, fields) of the non-empty rows: pyarrow skips empty lines too
+            rows = ((reader.line_num, len(row)) for row in reader if row)
+            _, want = next(rows, (0, 0))
+            return next(((i, want, n) for i, n in rows if n != want), None)
     except (OSError, EOFError, pycsv.Error, UnicodeError):
         return None
-    return None
 
 
 def _column(table: pa.Table, col: str | int, what: str) -> str:
@@ -172,22 +132,20 @@ def _column(table: pa.Table, col: str | int, what: str) -> str:
     return col
 
 
-def _codes(values: pa.ChunkedArray, what: str) -> tuple[np.ndarray, np.ndarray]:
+def _codes(values: pa.ChunkedArray, what: str) -> np.ndarray:
+    """Each value's index among the sorted distinct values."""
     if values.null_count:
         raise DataError(f"{what} has {values.null_count} missing values")
     arr = values.to_numpy(zero_copy_only=False)
-    uniq, codes = np.unique(arr, return_inverse=True)
-    return uniq, codes.reshape(-1).astype(np.int64)
+    return np.unique(arr, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def build_tabular(spec: TabularData, num_clients: int, seed: int) -> FederatedData:
     table = read_table(spec)
     label = _column(table, spec.label, "label")
-    client = (
-        _column(table, spec.client_column, "client_column")
-        if spec.client_column is not None
-        else None
-    )
+    client = None
+    if spec.client_column is not None:
+        client = _column(table, spec.client_column, "client_column")
     if spec.features is not None:
         feats = [_column(table, f, "features") for f in spec.features]
     else:
@@ -206,7 +164,7 @@ def build_tabular(spec: TabularData, num_clients: int, seed: int) -> FederatedDa
             raise DataError(f"tabular: feature column {f!r} has missing values")
         cols.append(pc.cast(col, pa.float64()).to_numpy())
     x = np.stack(cols, axis=1)
-    _, y = _codes(table.column(label), f"label column {label!r}")
+    y = _codes(table.column(label), f"label column {label!r}")
     num_classes = int(y.max()) + 1
 
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_SPLIT]))
@@ -216,7 +174,7 @@ def build_tabular(spec: TabularData, num_clients: int, seed: int) -> FederatedDa
 
     groups = None
     if spec.partition.kind == "natural":
-        _, groups = _codes(table.column(client).take(pa.array(train)), "client_column")
+        groups = _codes(table.column(client).take(pa.array(train)), "client_column")
         found = int(groups.max()) + 1
         if found != num_clients:
             raise DataError(
@@ -227,12 +185,9 @@ def build_tabular(spec: TabularData, num_clients: int, seed: int) -> FederatedDa
     parts = split(spec.partition, y[train], num_clients, seed, groups=groups)
     order, offsets = layout(parts)
     rows = train[order]
-    if spec.standardize:
-        x_train = x[train]
-        mean = x_train.mean(axis=0)
-        std = x_train.std(axis=0)
-        std[std == 0] = 1.0
-        x = (x - mean) / std
+    if spec.standardize:  # constant columns are only centred
+        mean, std = x[train].mean(axis=0), x[train].std(axis=0)
+        x = (x - mean) / np.where(std == 0, 1.0, std)
     return FederatedData(
         x=x[rows].astype(np.float32),
         y=y[rows],

@@ -1,26 +1,9 @@
 """The server's validation split, and which data server-side choices use.
 
-FedPNS's CHECK LOSS picks between two candidate models by their loss on
-server-side data. Scoring them on the test set that fedsim then reports
-makes the reported accuracy optimistic, so the data comes from the
-*training* rows instead: with ``data.validation_fraction: f`` each client
-gives up ``floor(f n_i)`` of its rows (chosen at random from the scenario
-seed, and at least one row always stays with the client), and the server
-keeps their union as its validation set. Taking the rows from the clients
-after the dataset is built works the same way for every dataset kind
-(image partitions, natural clients, per-client generators), and it keeps
-the validation rows disjoint from the test set and from every client's
-remaining rows by construction.
-
-The split changes the clients' data, so it is off by default
-(``validation_fraction: 0``): a scenario that does not ask for it builds
-exactly the data it always did.
-
-An algorithm that scores models on server-side data says so with a
-``validation_use(clients_per_round)`` method returning ``"validation"``,
-``"test"`` (an explicit, optimistic opt-in) or None (it never looks).
-:func:`validation_problem` refuses a scenario that needs the validation
-split and has none.
+Why and how (docs/datasets.md): FedPNS's CHECK LOSS scores candidate models
+on rows taken from the clients, not on the reported test set. An algorithm
+that scores models at the server says so with ``validation_use(q)``:
+``"validation"``, ``"test"`` (an optimistic opt-in) or None.
 
 Example:
     >>> import numpy as np
@@ -43,6 +26,7 @@ import numpy as np
 
 from fedsim.data.base import FederatedData
 from fedsim.data.errors import DataError
+from fedsim.data.partition import layout
 
 if TYPE_CHECKING:
     from fedsim.scenario import Scenario
@@ -61,21 +45,8 @@ _TAG = 0x7A11D
 
 def split_validation(data: FederatedData, fraction: float, seed: int) -> FederatedData:
     """Move ``floor(fraction n_i)`` random rows of each client i (at most
-    n_i - 1) into the server's validation set.
-
-    The clients keep their other rows in their original order; the
-    validation rows are ordered by client, then by row. Data weights that
-    were the clients' sample counts become the new counts; weights a
-    scenario gave explicitly (p_i) are kept.
-
-    Args:
-        data: the dataset as built, without a validation set.
-        fraction: in (0, 1).
-        seed: the scenario seed (the choice of rows depends on it only).
-
-    Raises:
-        DataError: no client has enough rows to give one up at this fraction.
-    """
+    n_i - 1), in order, to the server's validation set; weights that were the
+    sample counts follow the new counts. :class:`DataError` if no row moves."""
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG]))
     counts = data.n_samples
     keep: list[np.ndarray] = []
@@ -83,7 +54,6 @@ def split_validation(data: FederatedData, fraction: float, seed: int) -> Federat
     for i, n in enumerate(counts.tolist()):
         # floor(f n), nudged so that e.g. 0.29 * 100 = 28.999... counts 29
         k = min(int(np.floor(fraction * n + 1e-9)), n - 1)
-        # a permutation per client, drawn in client order: reproducible
         chosen = np.zeros(n, dtype=bool)
         chosen[rng.permutation(n)[:k]] = True
         rows = np.arange(int(data.offsets[i]), int(data.offsets[i]) + n)
@@ -95,16 +65,15 @@ def split_validation(data: FederatedData, fraction: float, seed: int) -> Federat
             f"data.validation_fraction {fraction} takes no row from any client "
             f"(the largest holds {int(counts.max(initial=0))}); raise it"
         )
-    keep_rows = np.concatenate(keep)
-    new_counts = np.array([len(k) for k in keep], dtype=np.int64)
+    keep_rows, offsets = layout(keep)
     weights = data.weights
     if np.array_equal(weights, counts.astype(weights.dtype)):
-        weights = new_counts.astype(np.float64)
+        weights = np.diff(offsets).astype(np.float64)
     return replace(
         data,
         x=np.ascontiguousarray(data.x[keep_rows]),
         y=np.ascontiguousarray(data.y[keep_rows]),
-        offsets=np.concatenate([[0], np.cumsum(new_counts)]).astype(np.int64),
+        offsets=offsets,
         weights=weights,
         val_x=np.ascontiguousarray(data.x[val_rows]),
         val_y=np.ascontiguousarray(data.y[val_rows]),
@@ -115,17 +84,14 @@ def validation_use(scenario: Scenario) -> str | None:
     """Which data the scenario's algorithm scores models on at the server:
     ``"validation"``, ``"test"`` (opt-in) or None (none)."""
     use = getattr(scenario.algorithm, "validation_use", None)
-    if use is None:
-        return None
-    return use(scenario.selector.clients_per_round)
+    return None if use is None else use(scenario.selector.clients_per_round)
 
 
 def validation_problem(scenario: Scenario) -> str | None:
     """Why the scenario cannot run as written (None: it can): its algorithm
     scores models on a validation split that its data does not reserve."""
-    if validation_use(scenario) != "validation":
-        return None
-    if float(getattr(scenario.data, "validation_fraction", 0.0)) > 0:
+    fraction = float(getattr(scenario.data, "validation_fraction", 0.0))
+    if validation_use(scenario) != "validation" or fraction > 0:
         return None
     return (
         f"algorithm {scenario.algorithm.name!r} scores models on the server's "
@@ -151,11 +117,8 @@ def describe_validation(scenario: Scenario, data: Any) -> str | None:
 
 
 def build_data(spec, num_clients: int, seed: int) -> FederatedData:  # noqa: ANN001
-    """Build the dataset a scenario's ``data`` section describes, then take
-    the server's validation rows out of the clients' ones
-    (:func:`split_validation`) when the section asks for them."""
+    """The dataset of a scenario's ``data`` section, with its validation split
+    (:func:`split_validation`) when it asks for one."""
     data = spec.build(num_clients, seed)
     fraction = float(getattr(spec, "validation_fraction", 0.0))
-    if fraction > 0:
-        data = split_validation(data, fraction, seed)
-    return data
+    return split_validation(data, fraction, seed) if fraction > 0 else data

@@ -1,43 +1,14 @@
 """What every client selector shares: the context it reads and the interface.
 
-A selector is a frozen dataclass of hyperparameters (its fields are the
-scenario's ``selector`` section, validated by pydantic when the scenario is
-loaded). Its *state* is a plain JSON value (a dict of numbers, strings and
-lists), because the server writes it into every checkpoint's ``meta.json``;
-state goes in and comes out, the object never changes.
-
-The round loop calls, with ``ctx`` the run's :class:`SelectorContext`::
-
-    state = selector.init(ctx)
-    for t in rounds:
-        ids, state = selector.select(state, Draw(t, online_ids, rng_t, ctx))
-        k = selector.multiplicity(state, ids)        # None, or {id: times drawn}
-        result = train_and_aggregate(ids)            # a server.RoundResult
-        state = selector.observe(state, t, result, ctx)
-        rows = selector.artifact(state, t)           # -> selector.parquet
-
-Contract (``tests/test_selectors.py`` checks it for every registered selector):
+A selector is a frozen dataclass of hyperparameters (the scenario's
+``selector`` section); its *state* is a plain JSON value (checkpoints hold
+it) that goes in and comes out. The round loop that calls it, and async
+mode: docs/architecture.md. Contract (``tests/test_selectors.py``):
 ``select`` returns distinct, sorted ``int64`` ids, at most
-``clients_per_round`` of them, all among ``draw.candidates`` (the devices
-online now); every random choice comes from ``draw.rng``, so the ids are a
-pure function of (state, draw); the state survives ``pickle`` and a JSON
-round trip.
-
-``observe`` reads a round's :class:`fedsim.server.RoundResult`:
-``result.clients`` maps each aggregated client id to its stats
-(``train_loss``, ``weight``, ``flags``) and ``result.info.flags`` holds the
-algorithm's per-client flags (FedPNS's ``labeled``/``removed``).
-
-Asynchronous mode (``round.policy: async``, selectors with
-``asynchronous = True``): each ``select`` picks which idle online devices
-take free training slots (``draw.round`` is the server version the jobs
-will download, ``draw.rng`` is seeded by the choice's index), and
-``observe(state, w, result, ctx)`` runs when server version ``w`` is
-applied, with ``result.clients`` the applied arrivals (a device that arrived
-twice: its later update). A selector is :attr:`Selector.adaptive` when it
-overrides ``observe``; the runtime then makes every choice after version
-``w`` was applied see exactly the observations of versions ``<= w``, however
-jobs are batched or resumed (the timeline is not run ahead of the server).
+``clients_per_round``, all among ``draw.candidates``, drawn only from
+``draw.rng``; the state survives ``pickle`` and a JSON round trip.
+``observe`` reads ``result.clients`` (per client: ``train_loss``,
+``weight``, ``flags``) and ``result.info.flags`` (the algorithm's flags).
 
 Example (a toy selector: the ``clients_per_round`` lowest online ids, and
 how many rounds it has chosen):
@@ -92,24 +63,12 @@ SelectorState = dict[str, Any]
 
 @dataclass(frozen=True, eq=False)
 class SelectorContext:
-    """Facts about the run that never change, for selectors to read.
+    """Facts about the run that never change, built once (:meth:`from_run`).
 
-    Built once per run by the server (:meth:`from_run`); arrays are indexed by
-    client id and read-only.
-
-    Attributes:
-        num_clients: m.
-        data_weights: float64 [m], p_i = n_i / n (sums to 1).
-        n_samples: int64 [m], n_i.
-        speed: float64 [m], the device's local steps per simulated second
-            (before straggler slowdowns).
-        round_time_s: float64 [m], expected simulated seconds of one round of
-            the device: download + ``expected_steps / speed`` + upload, with
-            ``expected_steps`` the round policy's work (E n_i / B under
-            ``fixed_epochs``, ``max_steps`` otherwise). Oort's system utility.
-        informed: False for :meth:`uniform` contexts (equal weights and
-            speeds, made up when the server gives only ``m``); selectors that
-            need real weights or speeds refuse them.
+    Read-only arrays by client id: ``data_weights`` p_i (sum 1), ``n_samples``
+    n_i, ``speed`` (local steps per simulated second) and ``round_time_s``
+    (expected seconds of one round: download + steps / speed + upload).
+    ``informed`` is False for made-up :meth:`uniform` contexts.
     """
 
     num_clients: int
@@ -153,13 +112,9 @@ class SelectorContext:
 
     @classmethod
     def from_arrays(
-        cls,
-        n_samples: Any,
-        speed: Any = None,
-        round_time_s: Any = None,
+        cls, n_samples: Any, speed: Any = None, round_time_s: Any = None
     ) -> SelectorContext:
-        """A context from per-client sample counts (and optionally speeds and
-        round times, default 1), for tests and notebooks.
+        """A context from sample counts (speeds and round times default to 1).
 
         >>> SelectorContext.from_arrays([1, 3]).data_weights.tolist()
         [0.25, 0.75]
@@ -185,26 +140,15 @@ class SelectorContext:
         bytes_up: int,
         work: JobWork | None = None,
     ) -> SelectorContext:
-        """The context of a run: data sizes, device speeds and round times.
-
-        Args:
-            fleet: the run's devices.
-            n_samples: n_i per client.
-            round_spec: the scenario's ``round`` section (a ``RoundSpec``).
-            batch_size: B of local steps.
-            bytes_down, bytes_up: what one device downloads and uploads per
-                round (the clock's sizes).
-            work: a job that is not local SGD steps (FedDM): its units, their
-                cost in local steps and each device's upload replace the
-                steps and ``bytes_up`` above.
-        """
+        """The context of a run; ``work`` (FedDM: a job that is not local SGD
+        steps) replaces the steps and ``bytes_up`` with its own."""
         n = np.asarray(n_samples, dtype=np.int64)
         m = fleet.size
         if n.shape != (m,):
             raise ValueError(f"n_samples has shape {n.shape}, expected ({m},)")
         steps = expected_steps(round_spec, n, batch_size)
         down, up = fleet.comm_time(np.arange(m), bytes_down, bytes_up)
-        if work is not None:  # FedDM: its iterations, its synthetic set
+        if work is not None:
             steps = work.steps * work.unit_cost
             up = 8.0 * work.bytes_up / fleet.up_bps + fleet.latency_s
         total = float(n.sum())
@@ -219,16 +163,10 @@ class SelectorContext:
 
 @dataclass(frozen=True, eq=False)
 class Draw:
-    """What one call of :meth:`Selector.select` chooses from.
-
-    Attributes:
-        round: the round (synchronous) or the server version the chosen
-            jobs will download (asynchronous: several choices may share it).
-        candidates: int64, the ids of the devices that may be chosen (online
-            and, asynchronously, idle).
-        rng: the generator every random choice comes from.
-        ctx: the run's :class:`SelectorContext`.
-    """
+    """What one call of :meth:`Selector.select` chooses from: the round (async:
+    the server version the jobs will download), the int64 ids of the online
+    (async: and idle) devices, the generator of every random choice, and the
+    run's :class:`SelectorContext`."""
 
     round: int
     candidates: np.ndarray
@@ -242,61 +180,42 @@ class Draw:
 
 @dataclass(frozen=True)
 class Selector:
-    """Base class. Subclasses declare ``name: Literal["<name>"]`` and their
-    hyperparameters as fields, and override :meth:`select` (and
-    :meth:`init` / :meth:`observe` when they keep state).
-
-    ``sampling_scheme`` names the unbiased aggregation scheme of ALGORITHMS.md
-    section 3 that matches how the selector samples (``uniform``: scheme (ii),
-    ``proportional``: scheme (i)); None when none does. A scenario whose
-    algorithm declares ``sampling: uniform`` or ``proportional`` needs a
-    selector with that scheme.
-    """
+    """Base class: subclasses declare ``name: Literal["<name>"]`` and their
+    hyperparameters as fields, and override :meth:`select` (and :meth:`init`
+    / :meth:`observe` when they keep state). The class variables say how it
+    samples, for :func:`fedsim.algorithms.sampling.pairing`."""
 
     __pydantic_config__: ClassVar = PLUGIN_CONFIG
 
     name: str = "base"
     clients_per_round: PosInt = 10
 
+    # the unbiased scheme of ALGORITHMS.md section 3 it matches, or None
     sampling_scheme: ClassVar[str | None] = None
-    # True when the selector needs real data weights or speeds (it refuses
-    # an uninformed context).
+    # refuses an uninformed context (needs real data weights or speeds)
     needs_context: ClassVar[bool] = False
-    # True when the selector can pick which idle device starts the next job
-    # in asynchronous mode: it chooses from the context, the candidates, the
-    # generator and what ``observe`` learned from applied updates, never from
-    # a synchronous round's full result (FedPNS's algorithm flags).
+    # can choose idle devices in async mode from what ``observe`` learned of
+    # applied updates, never from a synchronous round's full result
     asynchronous: ClassVar[bool] = False
-    # What init returns (a copy), when it depends on nothing else.
+    # what init returns (a copy), when it depends on nothing else
     initial_state: ClassVar[SelectorState] = {}
-    # How the selector samples, for the sampling/weighting pairing check
-    # (fedsim.algorithms.sampling.pairing): ``uniform`` (each of m clients
-    # with probability q/m), ``proportional`` (in proportion to p_i) or
-    # ``adaptive`` (probabilities that follow training: no closed form).
+    # ``uniform`` (q/m each), ``proportional`` (to p_i) or ``adaptive``
     inclusion: ClassVar[str] = "adaptive"
-    # True when the selector draws with replacement and reports multiplicities.
+    # draws with replacement and reports multiplicities
     with_replacement: ClassVar[bool] = False
-    # True when its draws already favour clients in proportion to p_i, so
-    # that n_i weights on top would count the data share twice.
+    # draws already favour p_i, so n_i weights would count the data share twice
     data_share_in_sample: ClassVar[bool] = False
-    # The ``algorithm.sampling`` a scenario gets when it names none (FedAvg,
-    # FedNova and their descendants); None: the algorithm's own default.
+    # ``algorithm.sampling`` when the scenario names none; None: the algorithm's
     default_weighting: ClassVar[str | None] = None
 
     @property
     def adaptive(self) -> bool:
-        """Whether the choice may depend on training results: the class
-        overrides :meth:`observe`. In asynchronous mode the runtime then
-        holds the timeline back so that no choice runs ahead of the server.
-
-        >>> Selector().adaptive
-        False
-        """
+        """Whether the choice may depend on training results (the class
+        overrides :meth:`observe`); async mode then holds the timeline back."""
         return type(self).observe is not Selector.observe
 
     def with_slots(self, k: int) -> Selector:
-        """This selector choosing ``k`` ids per call (asynchronous mode: the
-        free training slots of one choice)."""
+        """This selector choosing ``k`` ids per call (async: free slots)."""
         return replace(self, clients_per_round=k)
 
     def init(self, ctx: SelectorContext) -> SelectorState:
@@ -313,32 +232,26 @@ class Selector:
     def observe(
         self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
-        """Update the state from round ``t``'s outcome (default: nothing to
-        learn)."""
+        """Update the state from round ``t``'s outcome (default: nothing)."""
         return state
 
     def multiplicity(
         self, state: SelectorState, ids: np.ndarray
     ) -> dict[int, int] | None:
-        """How many times each of the last selected ``ids`` was drawn (selectors
-        sampling with replacement); None: once each."""
+        """Times each of the last selected ``ids`` was drawn; None: once each."""
         return None
 
     def expected_draws(self, ctx: SelectorContext) -> np.ndarray | None:
-        """E[k_i], how many times each client is drawn in a round when every
-        device is a candidate (the inclusion probability for selectors
-        drawing without replacement); None for ``adaptive`` selectors."""
+        """E[k_i] per client when every device is a candidate (the inclusion
+        probability without replacement); None for ``adaptive`` selectors."""
         return None
 
     def artifact(self, state: SelectorState, round_: int) -> list[dict[str, Any]]:
-        """Rows for ``selector.parquet`` after round ``round_`` (the server adds
-        the ``round`` column); [] when the selector has nothing to plot."""
+        """Rows for ``selector.parquet`` (the server adds ``round``); [] if none."""
         return []
 
-    # ------------------------------------------------------------- helpers
     def check_context(self, ctx: SelectorContext) -> None:
-        """Refuse an uninformed context when the selector needs real data
-        weights or device speeds (``needs_context``)."""
+        """Refuse an uninformed context when ``needs_context``."""
         if self.needs_context and not ctx.informed:
             raise TypeError(
                 f"selector {self.name!r} needs the run's real data weights and "
@@ -347,8 +260,7 @@ class Selector:
             )
 
     def k(self, draw: Draw) -> int:
-        """How many ids this draw can give: ``clients_per_round``, or fewer
-        when fewer devices are candidates."""
+        """``clients_per_round``, or fewer when fewer devices are candidates."""
         return min(self.clients_per_round, len(draw.candidates))
 
 
@@ -360,9 +272,8 @@ def sorted_ids(ids: np.ndarray | list[int]) -> np.ndarray:
 def weighted_pick(
     ids: np.ndarray, weights: np.ndarray, n: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """``n`` distinct ids drawn without replacement with probabilities
-    proportional to ``weights`` (>= 0); ids of weight 0 only fill the places
-    the positive ones cannot.
+    """``n`` distinct ids drawn without replacement in proportion to
+    ``weights`` (>= 0); ids of weight 0 only fill places the others cannot.
 
     >>> weighted_pick(np.array([4, 5, 6]), np.array([0.0, 1.0, 0.0]), 1,
     ...               np.random.default_rng(0)).tolist()
@@ -380,6 +291,6 @@ def weighted_pick(
 
 def last_losses(result: RoundResult) -> list[tuple[int, float]]:
     """(client id, mean training loss) of the round's aggregated clients, by
-    id, leaving out non-finite losses (a diverged client teaches nothing)."""
+    id, without non-finite losses (a diverged client teaches nothing)."""
     pairs = ((int(c), float(st.train_loss)) for c, st in result.clients.items())
     return sorted((c, loss) for c, loss in pairs if math.isfinite(loss))

@@ -4,31 +4,12 @@ Node Selection Toward Faster Convergence for Federated Learning on Non-IID
 Data. Hongda Wu, Ping Wang. IEEE Transactions on Network Science and
 Engineering, 2022. arXiv:2105.07066.
 
-ALGORITHMS.md section 11.3; the probability update is the reference code's
-(``models/func.py``, ``probabilistic_selection``). The server half (Optimal
-Aggregation, which labels and removes adverse updates) is the ``fedpns``
-algorithm (:mod:`fedsim.algorithms.fedpns`); this selector reads its
-``labeled`` flags from each round's result:
-
-- state: a probability P_i per node (initially 1/K) and, per node, how many
-  times it was selected, labeled and removed (cumulative);
-- after each round, every node i labeled this round loses
-  delta_i = P_i min((x_i + beta)^alpha, 1), x_i = labeled_i / selected_i;
-  the total W = sum delta_i is shared equally by the K - #labeled other
-  nodes, selected or not (so sum P = 1 and P >= 0 always; a node with
-  x_i >= 1 - beta drops to P_i = 0 when labeled);
-- selection: ``clients_per_round`` distinct online nodes, drawn with
-  probabilities P (NumPy ``choice`` without replacement, i.e. draws with
-  renormalisation), renormalised over the online nodes.
-
-"Selected" counts every selection, as the reference code does (a dropped
-update, never examined, still counts). When fewer online nodes than
-``clients_per_round`` have P > 0 (the reference code would fail), all of
-them are taken and the rest is filled uniformly from the online nodes with
-P = 0.
-
-Artifact: after each round, one row per node (``client_id``, ``probability``,
-``selected``, ``labeled``, ``removed``) for ``selector.parquet``.
+ALGORITHMS.md 11.3 (the reference code's ``probabilistic_selection``): each
+node i that the ``fedpns`` algorithm labels this round loses
+delta_i = P_i min((x_i + beta)^alpha, 1), x_i = labeled_i / selected_i, and
+the other nodes share the total equally; ``clients_per_round`` distinct
+online nodes are drawn by P (details: docs/fedpns-feddm.md). As in the
+reference code, "selected" counts every selection, a dropped update's too.
 """
 
 from __future__ import annotations
@@ -53,6 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FedPNS", "update_probabilities"]
 
+_COUNTS = ("selected", "labeled", "removed")
+
 
 def update_probabilities(
     p: Sequence[float],
@@ -62,18 +45,10 @@ def update_probabilities(
     alpha: float = 2.0,
     beta: float = 0.7,
 ) -> np.ndarray:
-    """One FedPNS probability update (ALGORITHMS.md 11.3).
+    """One FedPNS probability update (ALGORITHMS.md 11.3): the new P (sum 1).
 
-    Args:
-        p: current probabilities P_i of all K nodes.
-        selected: cumulative times each node was selected.
-        labeled_total: cumulative times each node was labeled, this round's
-            labels included.
-        labeled_now: ids of the nodes labeled this round.
-        alpha, beta: the decrement's exponent and offset.
-
-    Returns:
-        The new probabilities (float64, sum 1).
+    ``selected`` and ``labeled_total`` are cumulative counts per node (this
+    round's labels included); ``labeled_now`` the ids labeled this round.
 
     Example (the worked example of 11.3):
         >>> update_probabilities([0.2] * 5, [10, 1, 1, 1, 1], [1, 0, 0, 0, 0], [0])
@@ -97,21 +72,16 @@ def update_probabilities(
     return np.maximum(q, 0.0)
 
 
+def _bump(counts: list[int], ids: Sequence[int] | np.ndarray) -> list[int]:
+    """``counts`` with one added at each of the distinct ``ids``."""
+    out = np.array(counts, dtype=np.int64)
+    out[np.asarray(ids, dtype=np.int64)] += 1
+    return out.tolist()
+
+
 @dataclass(frozen=True)
 class FedPNS(Selector):
-    """Probabilistic node selection driven by Optimal Aggregation's labels.
-
-    Example:
-        >>> import numpy as np
-        >>> from fedsim.selectors.base import Draw, SelectorContext
-        >>> ctx = SelectorContext.uniform(4)
-        >>> sel = FedPNS(clients_per_round=2)
-        >>> st = sel.init(ctx)
-        >>> draw = Draw(0, np.arange(4), np.random.default_rng(0), ctx)
-        >>> ids, st = sel.select(st, draw)
-        >>> st["selected"] == [1 if i in ids else 0 for i in range(4)]
-        True
-    """
+    """Probabilistic node selection driven by Optimal Aggregation's labels."""
 
     name: Literal["fedpns"] = "fedpns"
     alpha: Annotated[float, Field(gt=0, le=100)] = 2.0
@@ -119,12 +89,7 @@ class FedPNS(Selector):
 
     def init(self, ctx: SelectorContext) -> SelectorState:
         m = ctx.num_clients
-        return {
-            "p": [1.0 / m] * m,
-            "selected": [0] * m,
-            "labeled": [0] * m,
-            "removed": [0] * m,
-        }
+        return {"p": [1.0 / m] * m, **{k: [0] * m for k in _COUNTS}}
 
     def select(
         self, state: SelectorState, draw: Draw
@@ -132,36 +97,31 @@ class FedPNS(Selector):
         cand = draw.candidates
         p = np.asarray(state["p"], dtype=np.float64)[cand]
         ids = np.sort(weighted_pick(cand, p, self.k(draw), draw.rng)).astype(np.int64)
-        selected = list(state["selected"])
-        for i in ids.tolist():
-            selected[i] += 1
-        return ids, {**state, "selected": selected}
+        return ids, {**state, "selected": _bump(state["selected"], ids)}
 
     def observe(
         self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
         flags = result.info.flags or {}
-        labeled_now = sorted(int(c) for c, f in flags.items() if f.get("labeled"))
-        removed_now = sorted(int(c) for c, f in flags.items() if f.get("removed"))
-        labeled = list(state["labeled"])
-        removed = list(state["removed"])
-        for i in labeled_now:
-            labeled[i] += 1
-        for i in removed_now:
-            removed[i] += 1
+        now = {k: [int(c) for c, f in flags.items() if f.get(k)] for k in _COUNTS[1:]}
+        labeled = _bump(state["labeled"], now["labeled"])
         p = update_probabilities(
-            state["p"], state["selected"], labeled, labeled_now, self.alpha, self.beta
+            state["p"],
+            state["selected"],
+            labeled,
+            now["labeled"],
+            self.alpha,
+            self.beta,
         )
+        removed = _bump(state["removed"], now["removed"])
         return {**state, "p": p.tolist(), "labeled": labeled, "removed": removed}
 
     def artifact(self, state: SelectorState, round_: int) -> list[dict[str, Any]]:
         return [
             {
                 "client_id": i,
-                "probability": float(state["p"][i]),
-                "selected": int(state["selected"][i]),
-                "labeled": int(state["labeled"][i]),
-                "removed": int(state["removed"][i]),
+                "probability": float(p),
+                **{k: int(state[k][i]) for k in _COUNTS},
             }
-            for i in range(len(state["p"]))
+            for i, p in enumerate(state["p"])
         ]

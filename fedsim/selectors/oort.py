@@ -4,35 +4,14 @@ Oort: Efficient Federated Learning via Guided Participant Selection. Fan Lai,
 Xiangfeng Zhu, Harsha V. Madhyastha, Mosharaf Chowdhury. OSDI 2021.
 arXiv:2010.06081.
 
-A client's utility is its *statistical utility* (how much its data would
-teach the model now) times a *system penalty* for being slow:
-
     U_i = (u_i + sqrt(c log(t + 1) / (L_i + 1))) * (T / t_i)^(alpha * 1[t_i > T])
 
-- u_i: the statistical utility |B_i| sqrt(mean loss^2), approximated here by
-  n_i times the client's last observed mean training loss (the server sees
-  one mean loss per client and round), min-max normalised over the explored
-  online clients, as Oort's code does;
-- the square root: Oort's bonus for clients not seen for a while (t is the
-  round, L_i the last round the client trained in, c = ``uncertainty``);
-- t_i: the client's expected round duration from the fleet's simulated
-  speed and bandwidth (:attr:`SelectorContext.round_time_s`); T the
-  preferred duration (``preferred_duration_s``, or the ``duration_quantile``
-  of t_i over the fleet); alpha = ``penalty``.
-
-Each round, a fraction epsilon (``exploration``, decayed by
-``exploration_decay`` per round down to ``exploration_min``) of the slots
-explores clients never seen, faster ones more likely (probability
-proportional to 1/t_i); the rest exploits: among the explored online clients,
-those whose utility is at least ``cutoff`` times the k-th best are sampled
-with probability proportional to utility.
-
-Asynchronously (``round.policy: async``) t and L_i count server versions:
-each choice fills free training slots at version t, L_i is the version an
-update of client i was last applied to, and epsilon decays per version.
-
-Not modelled: Oort's pacer (which moves T when the accuracy stalls), its
-blacklist of over-selected clients and its robustness to outlier losses.
+u_i: n_i times the last observed mean training loss, min-max normalised;
+L_i: the last round (async: version) client i trained in; t_i its
+:attr:`SelectorContext.round_time_s`, T the preferred duration. A decaying
+fraction epsilon of the slots explores unseen clients (faster ones more
+likely); the rest is drawn by U among the explored clients within ``cutoff``
+of the k-th best. Not modelled: Oort's pacer, blacklist and outlier handling.
 """
 
 from __future__ import annotations
@@ -60,20 +39,15 @@ if TYPE_CHECKING:
 __all__ = ["Oort", "weighted_pick"]
 
 
+def _known(state: SelectorState) -> dict[int, tuple[float, int]]:
+    """Explored client id -> (utility, last round it trained in)."""
+    rows = zip(state["ids"], state["util"], state["last"], strict=True)
+    return {i: (u, last) for i, u, last in rows}
+
+
 @dataclass(frozen=True)
 class Oort(Selector):
-    """Statistical utility times a system-speed penalty, with exploration.
-
-    Example:
-        >>> import numpy as np
-        >>> from fedsim.selectors.base import Draw, SelectorContext
-        >>> ctx = SelectorContext.from_arrays([10] * 4, round_time_s=[1, 1, 1, 9])
-        >>> sel = Oort(clients_per_round=2)
-        >>> draw = Draw(0, np.arange(4), np.random.default_rng(0), ctx)
-        >>> ids, st = sel.select(sel.init(ctx), draw)
-        >>> len(ids)
-        2
-    """
+    """Statistical utility times a system-speed penalty, with exploration."""
 
     name: Literal["oort"] = "oort"
     exploration: Prob = 0.9
@@ -104,12 +78,7 @@ class Oort(Selector):
         self, state: SelectorState, round_: int, ids: np.ndarray, ctx: SelectorContext
     ) -> np.ndarray:
         """Oort's utility of explored clients ``ids`` (in that order)."""
-        known = {
-            i: (u, last)
-            for i, u, last in zip(
-                state["ids"], state["util"], state["last"], strict=True
-            )
-        }
+        known = _known(state)
         u = np.array([known[int(i)][0] for i in ids], dtype=np.float64)
         last = np.array([known[int(i)][1] for i in ids], dtype=np.float64)
         if u.size:
@@ -131,7 +100,7 @@ class Oort(Selector):
         n_explore = min(len(fresh), int(round(state["epsilon"] * k)))
         n_exploit = min(len(explored), k - n_explore)
         n_explore = min(len(fresh), k - n_exploit)
-        picked = []
+        picked = [np.zeros(0, dtype=np.int64)]
         if n_exploit:
             s = self.scores(state, draw.round, explored, c)
             order = np.argsort(-s, kind="stable")
@@ -141,18 +110,12 @@ class Oort(Selector):
         if n_explore:
             speed = 1.0 / np.maximum(c.round_time_s[fresh], 1e-12)
             picked.append(weighted_pick(fresh, speed, n_explore, rng))
-        ids = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
-        return np.sort(ids).astype(np.int64), state
+        return np.sort(np.concatenate(picked)).astype(np.int64), state
 
     def observe(
         self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
-        known = {
-            i: (u, last)
-            for i, u, last in zip(
-                state["ids"], state["util"], state["last"], strict=True
-            )
-        }
+        known = _known(state)
         for cid, loss in last_losses(result):
             known[cid] = (float(ctx.n_samples[cid]) * loss, int(t))
         ids = sorted(known)

@@ -4,29 +4,10 @@ Client Selection in Federated Learning: Convergence Analysis and
 Power-of-Choice Selection Strategies. Yae Jee Cho, Jianyu Wang, Gauri Joshi.
 AISTATS 2022. arXiv:2010.01243.
 
-Each round: draw a candidate set A of ``candidates`` (d) distinct online
-clients without replacement with probabilities p_i (the data weights), then
-select the ``clients_per_round`` (m) clients of A with the highest local
-loss. Biasing toward high-loss clients speeds up convergence; d = m is
-random selection, larger d is more greedy.
-
-The paper's ``pow-d`` asks every candidate to evaluate its loss at the
-current global model (an extra round trip), and ``cpow-d`` to estimate it on
-a minibatch (still a round trip). This is the paper's ``rpow-d``, which needs
-no extra messages: the loss of a client is its *last observed* mean
-training loss (``result.clients[i].train_loss`` of the last round it
-trained in). A client never observed has loss +inf, so every client is
-tried once before the greedy choice kicks in; ties are broken at random.
-
-Aggregation: the paper averages the selected clients' updates with equal
-weights (its eq. 3), since the candidate draw already favours clients in
-proportion to p_i; n_i weights on top would count the data share twice.
-A scenario that names no ``algorithm.sampling`` gets ``equal`` with this
-selector, and ``renormalized`` is refused. The inclusion probabilities
-depend on the losses (``inclusion = "adaptive"``): no closed form.
-
-Asynchronously (``round.policy: async``) each choice fills free training
-slots, with the losses of the updates applied to the server so far.
+The paper's ``rpow-d``: draw d = ``candidates`` online clients by p_i, keep
+the ``clients_per_round`` with the highest last observed training loss
+(+inf if never observed; ties at random). The updates get equal weights
+(its eq. 3): the draw already favours p_i.
 """
 
 from __future__ import annotations
@@ -40,7 +21,7 @@ import numpy as np
 from fedsim.selectors.base import Selector, SelectorState, last_losses, weighted_pick
 from fedsim.spec import PosInt
 
-if TYPE_CHECKING:  # annotations only
+if TYPE_CHECKING:
     from fedsim.selectors.base import Draw, SelectorContext
     from fedsim.server import RoundResult
 
@@ -49,11 +30,8 @@ __all__ = ["PowerOfChoice"]
 
 @dataclass(frozen=True)
 class PowerOfChoice(Selector):
-    """rpow-d: power-of-choice with the last observed training losses.
-
-    Attributes:
-        candidates: d, the size of the random candidate set (None: twice
-            ``clients_per_round``); at least ``clients_per_round``.
+    """rpow-d: power-of-choice with the last observed training losses;
+    ``candidates`` is d (None: 2 ``clients_per_round``; at least that many).
 
     Example:
         >>> import numpy as np
@@ -71,8 +49,6 @@ class PowerOfChoice(Selector):
     needs_context: ClassVar[bool] = True
     asynchronous: ClassVar[bool] = True  # adaptive: it observes applied updates
     initial_state: ClassVar[SelectorState] = {"ids": [], "loss": []}
-    # candidates drawn in proportion to p_i, then the highest losses: no
-    # closed form, and the data share is already in the sample
     inclusion: ClassVar[str] = "adaptive"
     data_share_in_sample: ClassVar[bool] = True
     default_weighting: ClassVar[str | None] = "equal"

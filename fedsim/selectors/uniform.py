@@ -1,17 +1,8 @@
 """Uniform selection without replacement among the devices online now.
 
-This is what the FedProx reference code does (ALGORITHMS.md section 3, common
-practice); with the data-weighted FedAvg server it is biased toward the
-clients sampled, which is the usual trade-off. For the unbiased scheme (ii)
-of section 3, pair it with ``algorithm: {name: fedavg, sampling: uniform}``:
-the server then weights update i by p_i m / q. That is exact when every
-device is online and q = ``clients_per_round`` updates arrive; with
-availability or drops it is conditional on who was online and arrived.
-
-Inclusion probabilities: q/m for every client (``inclusion = "uniform"``).
-The default ``sampling: renormalized`` stays the default with this
-selector (biased under partial participation, but what the reference codes
-do); ``sampling: equal`` targets the unweighted mean (1/m) sum_i f_i.
+What the FedProx reference code does (ALGORITHMS.md section 3): inclusion
+q/m each; with ``algorithm.sampling: uniform`` (weights p_i m / q) it is the
+unbiased scheme (ii) when every device is online and all q updates arrive.
 """
 
 from __future__ import annotations
@@ -28,17 +19,7 @@ __all__ = ["Uniform"]
 
 @dataclass(frozen=True)
 class Uniform(Selector):
-    """Pick ``min(k, #online)`` distinct online devices uniformly at random.
-
-    Example:
-        >>> import numpy as np
-        >>> from fedsim.selectors import Draw, SelectorContext
-        >>> draw = Draw(0, np.array([0, 2, 4]), np.random.default_rng(0),
-        ...             SelectorContext.uniform(5))
-        >>> ids, _ = Uniform(clients_per_round=2).select({}, draw)
-        >>> len(ids), set(ids.tolist()) <= {0, 2, 4}
-        (2, True)
-    """
+    """Pick ``min(k, #online)`` distinct online devices uniformly at random."""
 
     name: Literal["uniform"] = "uniform"
 

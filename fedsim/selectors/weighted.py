@@ -1,23 +1,11 @@
 """Sampling with replacement, proportional to the data weights p_i.
 
 Scheme (i) of ALGORITHMS.md section 3 (Li et al., "On the Convergence of
-FedAvg on Non-IID Data", ICLR 2020, arXiv:1907.02189, scheme I): draw q =
-``clients_per_round`` indices i.i.d. with P(l = i) = p_i and step by
-(1/q) sum_j Delta_{l_j}, an unbiased estimate of sum_i p_i Delta_i.
-
-A client drawn k_i times trains once (the [R] of section 3) and its delta
-counts k_i times: :meth:`select` returns the *distinct* ids and
-:meth:`multiplicity` the k_i, which the server attaches to each update as the
-``multiplicity`` extra; pair this selector with
-``algorithm: {name: fedavg, sampling: proportional}``, whose weights are
-k_i / q. Only online devices are drawn (p renormalised over them), so with
-availability the estimate is conditional on who was online.
-
-Inclusion: in proportion to p_i, *with* replacement (E[k_i] = q p_i). The
-data share is already in the sample, so a scenario that names no
-``algorithm.sampling`` gets ``proportional`` with this selector, and
-``renormalized`` (n_i weights again), ``uniform`` and ``equal`` (which
-counts a client drawn twice once) are refused.
+FedAvg on Non-IID Data", ICLR 2020, arXiv:1907.02189): q =
+``clients_per_round`` i.i.d. draws with P(l = i) = p_i among the online
+devices; :meth:`select` returns the distinct ids and :meth:`multiplicity`
+the k_i, which ``algorithm.sampling: proportional`` (the default here) turns
+into weights k_i / q, an unbiased estimate of sum_i p_i Delta_i.
 """
 
 from __future__ import annotations
@@ -34,20 +22,8 @@ __all__ = ["Weighted"]
 
 @dataclass(frozen=True)
 class Weighted(Selector):
-    """q i.i.d. draws proportional to p_i among the online devices.
-
-    State: the last round's distinct ids and how often each was drawn.
-
-    Example:
-        >>> import numpy as np
-        >>> from fedsim.selectors.base import Draw, SelectorContext
-        >>> ctx = SelectorContext(3, [0.2, 0.3, 0.5], [2, 3, 5], [1, 1, 1], [1, 1, 1])
-        >>> sel = Weighted(clients_per_round=4)
-        >>> draw = Draw(0, np.arange(3), np.random.default_rng(0), ctx)
-        >>> ids, st = sel.select(sel.init(ctx), draw)
-        >>> sum(sel.multiplicity(st, ids).values())
-        4
-    """
+    """q i.i.d. draws proportional to p_i among the online devices; the state
+    holds the last draw's distinct ids and how often each was drawn."""
 
     name: Literal["weighted"] = "weighted"
 
