@@ -1,21 +1,11 @@
 """Simulated time: plan a synchronous round, or run the asynchronous timeline,
-as SimPy processes.
+as SimPy processes (no torch, no Ray).
 
-This is the only module that knows about SimPy (and it imports no torch and no
-Ray). A round is planned before any real training happens: for each chosen
-device the clock decides how many local steps ``tau`` it completes, when its
-update reaches the server, and whether it is dropped. Real compute then runs
-exactly those steps, so the outcome never depends on how fast the host is.
-
-Each device is a SimPy process (download, compute, upload), in the spirit of
-SimPy's machine-shop example, the same one in both modes: a "leave" process
-interrupts it when the device goes offline or drops out (whichever comes
-first), and it records the steps done. In a synchronous round the server is a
-process that waits for every device or for the deadline. How many steps a
-device does is one rule, :func:`steps_for`.
-
-Asynchronous mode has no rounds: :class:`AsyncTimeline` runs one continuous
-timeline of device loops and yields one :class:`Version` per server update.
+The clock decides, before any training, how many local steps ``tau`` each
+chosen device completes, when its update arrives and whether it is dropped;
+real compute then runs exactly those steps. Each device is one SimPy process
+(download, compute, upload) that a "leave" process interrupts (SimPy's
+machine-shop idiom), in both modes. See docs/fleets.md, "The clock".
 
 Example:
     >>> import numpy as np
@@ -36,11 +26,12 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -73,25 +64,10 @@ _EPS = 1e-9
 
 
 class RoundSpec(_Spec):
-    """How tau_i(t) arises (see docs/architecture.md, "Round policies").
+    """How tau_i(t) arises: ``fixed_window``, ``fixed_epochs`` or ``async``.
 
-    ``fixed_window``: the round lasts ``window_s``; a device computes in the
-    time left after download and upload, tau = floor(time * speed) clipped to
-    [0, max_steps]. ``fixed_epochs``: tau = floor(E_i * n_i / B) with E_i =
-    ``epochs`` or drawn uniformly from ``[epochs_low, epochs_high]`` each
-    round; the round ends when the slowest device arrives or at
-    ``deadline_s`` (later arrivals are dropped). With ``over_select`` > 1
-    the server selects ``ceil(over_select * k)`` devices and keeps the first
-    k arrivals; the round ends at the k-th, later ones are dropped as
-    ``surplus``.
-
-    ``async``: no rounds; one continuous timeline (:class:`AsyncTimeline`).
-    At most ``concurrency`` devices train at once (default: the selector's
-    ``clients_per_round``). Each job computes ``max_steps`` local steps
-    (``job_steps: max_steps``) or floor(E n_i / B) with E = ``epochs`` or
-    drawn per job from ``[epochs_low, epochs_high]`` (``job_steps: epochs``).
-    An update whose staleness exceeds ``max_staleness`` is dropped.
-    ``window_s`` is not used.
+    See docs/architecture.md, "Round policies", and docs/fleets.md, "The
+    clock", for what each field does under each policy.
     """
 
     policy: Literal["fixed_window", "fixed_epochs", "async"] = "fixed_window"
@@ -143,21 +119,12 @@ class RoundSpec(_Spec):
 class JobWork:
     """A job whose work is not "local SGD steps" (FedDM's matching).
 
-    The clock then counts ``tau`` in the algorithm's own units (FedDM: one
-    matching iteration), each costing ``unit_cost`` local steps of compute,
-    and times the upload as ``bytes_up`` instead of the model size.
-
     Attributes:
-        steps: units a job is meant to do (FedDM's ``iterations``). Under
-            ``fixed_epochs`` every device with data does exactly this many
-            (``epochs`` do not apply); under ``fixed_window`` it replaces
-            ``max_steps`` (a bound on local SGD steps) as the cap, and the
-            window bounds the rest (the scenario warns when the window
-            cuts the typical device short).
-        unit_cost: float64 ``[m]`` by client id: local-step equivalents of
-            one unit, so a device runs ``speed / (slowdown * unit_cost)``
-            units per second.
-        bytes_up: int64 ``[m]`` by client id: what each device uploads.
+        steps: units a job does (FedDM's ``iterations``): exactly this many
+            under ``fixed_epochs``, at most this many (instead of
+            ``max_steps``) under ``fixed_window``.
+        unit_cost: float64 ``[m]``: local-step equivalents of one unit.
+        bytes_up: int64 ``[m]``: what each device uploads.
     """
 
     steps: int
@@ -167,26 +134,19 @@ class JobWork:
 
 @dataclass(frozen=True)
 class Plan:
-    """What one chosen device does in a round.
+    """What one chosen device does in a round (or one async job's end).
 
     Attributes:
         client: the device (client) id.
-        tau: local steps the device completes. For a dropped device this is
-            the work done and lost (0 for ``no_time``); it contributes nothing.
+        tau: local steps completed (for a dropped device, the work lost).
         t_start: when the round started (download begins).
-        t_arrive: when the update reaches the server; for a dropped device,
-            when it dropped (``offline``), gave up (``no_time``: the end of
-            the window; ``no_data``: the round start) or would have arrived
-            (``late``).
+        t_arrive: when the update arrives; for a dropped device, when it
+            dropped (``no_time``: the window's end; ``no_data``: the start).
         dropped: True when the update does not count.
-        reason: ``""``, ``"no_time"`` (no step fits in the window after
-            communication), ``"no_data"`` (the device holds no samples),
-            ``"offline"`` (went offline mid-round), ``"dropout"`` (dropped
-            out mid-round, ``stragglers.dropout_p``), ``"late"`` (would arrive
-            after the deadline) or ``"surplus"`` (arrived after the first
-            ``keep``, under over-selection).
+        reason: ``""``, ``"no_time"``, ``"no_data"``, ``"offline"``,
+            ``"dropout"``, ``"late"`` or ``"surplus"`` (docs/results.md).
         slowdown: this round's straggler factor (1.0 if not slowed).
-        epochs: E_i under ``fixed_epochs``; None under ``fixed_window``.
+        epochs: E_i under ``fixed_epochs``; None otherwise.
     """
 
     client: int
@@ -220,20 +180,10 @@ class RoundPlan:
 
 # ==================================================================== steps
 def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
-    """Local steps of E epochs over n_i samples in batches of B.
+    """Local steps tau = floor(E n_i / B) of E epochs over n_i samples.
 
-    tau = floor(E n_i / B); a device with fewer samples than a batch
-    (0 < n_i < B) does one step per epoch, since one batch holds all its
-    data; a device with no samples does none. With float ``epochs`` (an
-    expected E) the result is E n_i / B in float, without the floor.
-
-    Args:
-        epochs: E, per device or one for all (int, or float for an expectation).
-        n_samples: n_i per device.
-        batch_size: B.
-
-    Returns:
-        tau per device: int64 for int ``epochs``, float64 for float ones.
+    A device with 0 < n_i < B does one step per epoch; one without samples
+    none. Float ``epochs`` (an expected E) give E n_i / B without the floor.
 
     Example:
         >>> steps_for(2, np.array([0, 5, 20, 50]), 20).tolist()
@@ -250,11 +200,8 @@ def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
 def expected_steps(policy: RoundSpec, n_samples: Any, batch_size: int) -> np.ndarray:
     """The local steps a device is expected to do per round (float64, [m]).
 
-    ``fixed_epochs``: :func:`steps_for` with the mean epochs, in float (the
-    midpoint of ``[epochs_low, epochs_high]``, else ``epochs``);
-    ``max_steps`` under every other policy. A device without samples counts
-    one batch per epoch, as if it held one sample: it never trains, and
-    selectors rank it as before.
+    ``fixed_epochs``: :func:`steps_for` with the mean epochs, counting a
+    device without samples as one with one sample; else ``max_steps``.
 
     Example:
         >>> expected_steps(RoundSpec(policy="fixed_epochs", epochs_low=1,
@@ -318,13 +265,9 @@ def _leaving(
 ) -> tuple[float, str] | None:
     """When and why a device leaves its job before arriving, or None.
 
-    Going offline races dropping out: the earlier wins, and going offline
-    wins a tie. The device leaves if that time comes before its arrival (and
-    before ``deadline``). On a tie with the arrival the modes differ:
-    synchronous rounds (``tie="arrives"``) compare the leave time itself and
-    let an arrival at the same instant count; the asynchronous timeline
-    (``tie="leaves"``) compares when the leave timeout fires, and its
-    interrupt, queued first, comes before the arrival.
+    The earlier of going offline and dropping out wins (offline on a tie).
+    On a tie with the arrival, ``"arrives"`` (rounds) lets the arrival
+    count; ``"leaves"`` (the timeline) fires the queued interrupt first.
     """
     if offline_at <= dropout_at:
         at, why = offline_at, "offline"
@@ -345,13 +288,11 @@ def _device(
     finish: Callable[[int, str], None],
     every_phase: bool,
 ) -> Generator[simpy.Event, Any, None]:
-    """A device's process: download, compute, upload, then ``finish(tau, "")``;
-    interrupted (it left), ``finish(steps done, why)`` with the work lost.
+    """Download, compute, upload, then ``finish(tau, "")``; on an interrupt,
+    ``finish(steps done, why)``.
 
-    ``every_phase`` (synchronous rounds) yields each phase, even an empty
-    one, so an endless straggler "arrives" at t = inf, after any deadline;
-    otherwise (the asynchronous loop) empty phases are skipped and an
-    endless one waits until the device leaves.
+    ``every_phase`` (rounds) yields even empty phases, so an endless
+    straggler "arrives" at t = inf; otherwise an endless one waits to leave.
     """
     try:
         for phase_s in (work.down, work.compute_s, work.up):
@@ -370,7 +311,6 @@ def _device(
 def _leave(
     env: simpy.Environment, device: simpy.Process, delay: float, why: str
 ) -> Generator[simpy.Event, Any, None]:
-    """The "leave" process: after ``delay``, interrupt the device's job."""
     yield env.timeout(delay)
     if device.is_alive:
         device.interrupt(why)
@@ -407,44 +347,22 @@ def plan_round(
 ) -> RoundPlan:
     """Plan one synchronous round starting at simulated time ``now``.
 
-    Randomness is drawn in a fixed order, so the plan is a pure function of
-    the arguments and the state of ``rng``: first the straggler slowdowns of
-    all chosen devices in increasing id, then (``fixed_epochs`` with
-    ``epochs_low``/``epochs_high``) one E_i per device in increasing id,
-    then the dropouts (two uniforms per device, :meth:`Fleet.draw_dropouts`).
-
-    ``fixed_window`` (W = ``window_s``): a device computes for
-    ``W - download - upload`` seconds at ``speed / slowdown`` steps per
-    second; tau is the floor of that, clipped to ``[0, max_steps]``, and the
-    round ends at ``now + W``. A device with no whole step to do is dropped as
-    ``no_time``.
-
-    ``fixed_epochs``: tau = :func:`steps_for` (floor(E_i * n_i / B), one
-    step per epoch when 0 < n_i < B). A device without samples is dropped as
-    ``no_data``. With ``deadline_s``, a device arriving after
-    ``now + deadline_s`` is dropped as ``late``. The server waits until every
-    device has arrived or dropped, but not past the deadline.
-
-    Under both policies, a device that goes offline before it arrives (and
-    before the deadline) is interrupted and dropped as ``offline``; one that
-    drops out (with probability ``dropout_p``, at a time uniform within its
-    download, compute and upload) is dropped as ``dropout``.
-
-    With ``keep`` (over-selection, ``fixed_epochs``), the server stops
-    waiting at the ``keep``-th arrival; arrivals after it (ties broken by
-    client id) are dropped as ``surplus``.
+    A pure function of the arguments and the state of ``rng``, drawn in
+    this order: slowdowns, then epochs (with a range), then dropouts, each
+    over the chosen devices in increasing id (docs/fleets.md, "The clock").
 
     Args:
         fleet: the devices.
         chosen: ids of the devices selected this round (distinct).
         now: simulated time at which the round starts.
-        policy: the round policy.
+        policy: the round policy (not ``async``).
         rng: generator for this round's stragglers and epochs.
         bytes_down: size of what each device downloads.
         bytes_up: size of what each device uploads.
         n_samples: training samples per device, indexed by client id.
         batch_size: B, samples per local step.
-        keep: keep only the first ``keep`` arrivals (None: all).
+        keep: keep only the first ``keep`` arrivals (None: all); later
+            ones are dropped as ``surplus``.
         work: FedDM's units, cost and upload (:class:`JobWork`; None: steps).
 
     Returns:
@@ -452,7 +370,10 @@ def plan_round(
     """
     if policy.policy == "async":
         raise ValueError("policy 'async' has no rounds: use AsyncTimeline")
-    ids, now = _distinct(chosen), float(now)
+    ids = np.sort(np.asarray(chosen, dtype=np.int64).reshape(-1))
+    if np.any(ids[1:] == ids[:-1]):
+        raise ValueError("chosen devices must be distinct")
+    now = float(now)
     slowdown = fleet.draw_slowdowns(ids, rng)
     rate, down, up = _rate_and_comm(fleet, ids, slowdown, bytes_down, bytes_up, work)
     tau, skip, epochs, deadline = _round_steps(
@@ -481,32 +402,17 @@ def _rate_and_comm(
     bytes_up: int,
     work: JobWork | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Work per simulated second this round (local steps, or ``work``'s
-    units at ``unit_cost`` steps each), download and upload seconds."""
+    """Steps (or ``work``'s units) per second, download and upload seconds."""
     rate = fleet.speed[ids] / slowdown
     if work is None:
         return rate, *fleet.comm_time(ids, bytes_down, bytes_up)
-    down, up = _comm_time(fleet, ids, bytes_down, work.bytes_up[ids])
-    return rate / work.unit_cost[ids], down, up
-
-
-def _comm_time(
-    fleet: Fleet, ids: np.ndarray, bytes_down: int, bytes_up: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """:meth:`Fleet.comm_time` with one upload size per device: one call per
-    distinct size, so each time is the very number a scalar size gives."""
+    # One comm_time call per distinct upload size: the very number a scalar gives.
     down, up = fleet.comm_time(ids, bytes_down, 0)
-    for b in np.unique(bytes_up).tolist():
-        mask = bytes_up == b
+    sizes = work.bytes_up[ids]
+    for b in np.unique(sizes).tolist():
+        mask = sizes == b
         up[mask] = fleet.comm_time(ids[mask], bytes_down, int(b))[1]
-    return down, up
-
-
-def _distinct(chosen: np.ndarray) -> np.ndarray:
-    ids = np.sort(np.asarray(chosen, dtype=np.int64).reshape(-1))
-    if np.any(ids[1:] == ids[:-1]):
-        raise ValueError("chosen devices must be distinct")
-    return ids
+    return rate / work.unit_cost[ids], down, up
 
 
 def _round_steps(
@@ -521,9 +427,7 @@ def _round_steps(
     batch_size: int,
     work: JobWork | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
-    """A round's tau per device, why a device skips it ("" if it does not),
-    the epochs drawn (None under ``fixed_window``, and with ``work``) and
-    the deadline. With ``work``, ``rate`` is in its units per second."""
+    """tau per device, why it skips the round ("" if not), epochs, deadline."""
     if policy.policy == "fixed_window":
         cap = policy.max_steps if work is None else work.steps
         compute_s = policy.window_s - (down + up)
@@ -544,10 +448,9 @@ def _round_steps(
 class _Round:
     """One round on a SimPy timeline: device processes and a waiting server.
 
-    The server stops waiting at ``deadline``, or (``wait_for_all``) as soon
-    as every device has arrived or dropped, or (``keep``) at the keep-th
-    arrival. Devices still run to their would-be arrival, so a late device's
-    plan records when that would be.
+    The server stops at ``deadline``, or (``wait_for_all``) once every
+    device arrived or dropped, or at the ``keep``-th arrival. Devices still
+    run to their would-be arrival, which a late device's plan records.
     """
 
     def __init__(
@@ -565,14 +468,8 @@ class _Round:
         self.t_end = now
 
     def add_device(self, j: int, work: _Work, leave: tuple[float, str] | None) -> None:
-        """Run device ``j``'s work; it leaves at ``leave`` (time, why) if given."""
-
-        def finish(done: int, reason: str) -> None:
-            self._finish(j, done, reason)
-
-        self.devices.append(
-            _run_device(self.env, work, finish, leave, every_phase=True)
-        )
+        finish = functools.partial(self._finish, j)
+        self.devices.append(_run_device(self.env, work, finish, leave, True))
 
     def _finish(self, j: int, done: int, reason: str) -> None:
         now = self.env.now
@@ -592,8 +489,7 @@ class _Round:
         epochs: np.ndarray | None,
         clip_to_deadline: bool,
     ) -> tuple[Plan, ...]:
-        """After :meth:`run`, the plan of each device ``ids[j]``; ``skip[j]``
-        says why it never ran (``no_time``, ``no_data``), "" if it ran."""
+        """After :meth:`run`, the plan of each device ``ids[j]``."""
         now, plans = self.t_start, []
         for j, client in enumerate(ids.tolist()):
             if skip[j]:
@@ -604,10 +500,16 @@ class _Round:
                 if clip_to_deadline:
                     t_arrive = min(t_arrive, float(self.deadline))
             e = None if epochs is None else int(epochs[j])
-            dropped = reason != ""
             plans.append(
                 Plan(
-                    client, done, now, t_arrive, dropped, reason, float(slowdown[j]), e
+                    client,
+                    done,
+                    now,
+                    t_arrive,
+                    reason != "",
+                    reason,
+                    float(slowdown[j]),
+                    e,
                 )
             )
         return tuple(plans)
@@ -626,8 +528,8 @@ class _Round:
         self.t_end = env.now
 
     def run(self) -> float:
-        """Run every process to its end; mark the arrivals after the keep-th
-        as ``surplus``; return when the server stopped waiting."""
+        """Run every process; mark arrivals after the keep-th ``surplus``;
+        return when the server stopped waiting."""
         self.env.process(self._server())
         self.env.run()
         if self.keep is not None:  # ties broken by device
@@ -635,8 +537,7 @@ class _Round:
                 (t, j) for j, (_, t, why) in self.outcome.items() if not why
             )
             for _, j in arrived[self.keep :]:
-                done, t_arrive, _ = self.outcome[j]
-                self.outcome[j] = (done, t_arrive, "surplus")
+                self.outcome[j] = (*self.outcome[j][:2], "surplus")
         return self.t_end
 
 
@@ -645,6 +546,8 @@ class _Round:
 _TAG_JOB = 0xA5C10B  # a job's straggler factor and epochs: (seed, tag, device, job)
 _TAG_DISPATCH = 0xD15C  # which idle devices take free slots: (seed, tag, n)
 
+_Status = Literal["applied", "stale", "offline", "dropout"]
+
 
 class Stalled(RuntimeError):
     """An asynchronous timeline that can make no further server version."""
@@ -652,16 +555,12 @@ class Stalled(RuntimeError):
 
 @dataclass(frozen=True)
 class Job:
-    """One pass of a device's loop: download a version, compute, upload.
-
-    It holds only what is known when the job starts; when (and whether) it
-    ends is not part of it.
+    """One pass of a device's loop, as known when it starts.
 
     Attributes:
         device: the device (client) id.
-        index: how many jobs the device started before this one (0, 1, ...);
-            with the device id it seeds the job's straggler factor, its
-            epochs and its minibatches.
+        index: jobs the device started before this one; with the device id
+            it seeds the job's straggler factor, epochs and minibatches.
         version: the server version the device downloaded.
         tau: local steps the job computes.
         t_start: when the download began.
@@ -684,23 +583,19 @@ class Arrival:
 
     Attributes:
         job: the job.
-        t: when the upload reached the server, or when the device went offline.
-        version: the server version at ``t``; for an applied update, the
-            version it was applied to.
-        staleness: ``version - job.version``; None when the device went
-            offline (nothing arrived).
-        status: ``"applied"``, ``"stale"`` (staleness above ``max_staleness``:
-            dropped), ``"offline"`` (the device went offline before its
-            upload completed: dropped) or ``"dropout"`` (it dropped out,
-            ``stragglers.dropout_p``: dropped).
-        tau: local steps completed (fewer than ``job.tau`` when offline).
+        t: when the upload arrived, or when the device left.
+        version: the server version at ``t`` (an applied update's target).
+        staleness: ``version - job.version``; None when the device left.
+        status: ``"applied"``, or dropped: ``"stale"`` (above
+            ``max_staleness``), ``"offline"`` or ``"dropout"``.
+        tau: local steps completed (fewer than ``job.tau`` when it left).
     """
 
     job: Job
     t: float
     version: int
     staleness: int | None
-    status: Literal["applied", "stale", "offline", "dropout"]
+    status: _Status
     tau: int
 
     @property
@@ -709,8 +604,7 @@ class Arrival:
 
     @property
     def plan(self) -> Plan:
-        """The job's end as a :class:`Plan`, the per-client record both
-        modes share (``reason`` is the status of a dropped job)."""
+        """The job's end as a :class:`Plan` (``reason``: a drop's status)."""
         j = self.job
         return Plan(
             client=j.device,
@@ -726,17 +620,15 @@ class Arrival:
 
 @dataclass(frozen=True)
 class Version:
-    """One server update: the buffered arrivals applied to ``version``.
+    """One server update: the buffered arrivals turn ``version`` w into w + 1.
 
     Attributes:
-        version: w; the applied updates turn version w into w + 1.
-        t: when version w + 1 was made (the time of the last applied arrival).
-        applied: the ``buffer_size`` accepted arrivals, in order of arrival.
-        ended: every job the server saw end since version w was made
-            (the applied ones and the drops), in the order it saw them.
-        started: the jobs started since version w was made (all from w).
-        in_flight: jobs started whose end the server had not seen yet, right
-            after the update.
+        version: w.
+        t: when w + 1 was made (the last applied arrival's time).
+        applied: the ``buffer_size`` accepted arrivals, in arrival order.
+        ended: every job end seen since w was made (applied and dropped).
+        started: the jobs started since w was made (all from w).
+        in_flight: jobs whose end the server had not seen, after the update.
     """
 
     version: int
@@ -750,16 +642,12 @@ class Version:
 Chooser = Callable[[np.ndarray, int, int], np.ndarray]
 """Which idle online devices take the free slots of the asynchronous timeline.
 
-Called as ``choose(candidates, free, n)`` with the candidates (int64 ids,
-sorted, more than ``free`` of them) and ``n``, how many choices were made
-before this one; returns at most ``free`` distinct candidates. It is called
-only while the timeline is being iterated, and never before every version
-record made so far has been yielded (the slots freed at the instant a version
-is made are handed out when the iterator is resumed, at that same instant and
-in the same order). So a consumer that uses each record before asking for the
-next may let the chooser read what it learned from them (an adaptive selector
-observing applied updates); otherwise it must depend only on what the
-timeline knows.
+Called as ``choose(candidates, free, n)`` with the sorted int64 candidates
+(more than ``free``) and ``n``, the number of earlier choices; returns at
+most ``free`` distinct candidates. It is called only after every version
+made so far has been yielded, so a consumer that uses each version before
+asking for the next may let the chooser read what it learned (an adaptive
+selector); otherwise it must depend only on what the timeline knows.
 """
 
 
@@ -809,44 +697,13 @@ def _checked_choice(
 class AsyncTimeline:
     """The asynchronous mode's one continuous SimPy timeline.
 
-    Every device loops: wait until it is online and one of ``concurrency``
-    training slots is free, download the current version, compute ``tau``
-    local steps, upload, arrive. The server sees each arrival at its simulated
-    time, and every ``buffer_size`` accepted arrivals make a new version
-    (``buffer_size = 1`` is FedAsync, K is FedBuff). Iterating yields one
-    :class:`Version` per server update, advancing SimPy only as far as that
-    update, until ``versions`` updates exist. Iterate once.
-
-    The rules, in simulated time:
-
-    - **Slots.** When slots are free, idle online devices take them, all of
-      them if they fit, else those ``choose`` picks (default
-      :func:`uniform_choice`: uniformly at random, one generator per choice,
-      seeded by the scenario seed and a counter), started in increasing id.
-      With none online, the server waits for the first idle device to come
-      online. A device with no training samples never trains.
-    - **A job.** tau is ``max_steps``, or :func:`steps_for` (floor(E n_i /
-      B), one step per epoch when 0 < n_i < B) under ``job_steps: epochs``.
-      Compute runs at speed / slowdown, the straggler factor drawn for this
-      job from a generator seeded by (seed, device, job index), so a job's
-      fate does not depend on what other devices did. Download and upload
-      times come from the link.
-    - **Offline.** A device that goes offline (or drops out) before its upload
-      completes is interrupted (SimPy's machine-shop idiom; the same device
-      process as synchronous rounds): its job is dropped (``offline``,
-      ``dropout``); it takes a slot again once online.
-    - **The server.** Jobs that end at the same instant are handled in
-      increasing device id, all before any job starts at that instant (so
-      devices arriving together restart from the version they made). An
-      arrival's staleness is the current version minus the version it
-      started from; above ``max_staleness`` it is dropped (``stale``), else
-      buffered.
-
-    No clairvoyance: the server handles an arrival only when SimPy reaches
-    its time, so the decision to apply an update at time t uses only events
-    at times <= t; a job's end is an event, not a field of :class:`Job`.
-    The timeline never depends on training results, which is what lets
-    :mod:`fedsim.asynchronous` train jobs in batches ahead of their turn.
+    Every device loops: wait until online with one of ``concurrency`` slots
+    free (picked by ``choose``, default :func:`uniform_choice`), download the
+    current version, compute ``tau`` steps, upload. Every ``buffer_size``
+    accepted arrivals make a new version. Iterating (once) yields one
+    :class:`Version` per server update, advancing SimPy only that far. The
+    timeline never depends on training results; the rules (ties, staleness,
+    stalls) are in docs/fleets.md, "The clock".
 
     Example (two identical devices, K = 2: versions like synchronous rounds,
     each 1 s download + 8 steps at 4 steps/s + 1 s upload = 4 s):
@@ -878,8 +735,8 @@ class AsyncTimeline:
         n_samples: np.ndarray,
         batch_size: int,
         choose: Chooser | None = None,
-        stall_jobs: int | None = None,
         stall_s: float = 365 * 86400.0,
+        stall_jobs: int | None = None,
     ) -> None:
         if policy.policy != "async":
             raise ValueError(
@@ -942,9 +799,8 @@ class AsyncTimeline:
             made += 1
 
     def _check_progress(self) -> None:
-        """Stop a timeline that keeps running without making a version:
-        after ``stall_jobs`` job ends (every one dropped: offline, dropped
-        out or stale) or ``stall_s`` simulated seconds since the last one."""
+        """Raise :class:`Stalled` after ``stall_jobs`` job ends or ``stall_s``
+        simulated seconds without a version."""
         ended = len(self._ended) + len(self._inbox)
         idle_s = self.env.now - self._last_version_t
         if ended > self.stall_jobs or idle_s > self.stall_s:
@@ -975,29 +831,25 @@ class AsyncTimeline:
         for job, reason, done in inbox:
             del self.in_flight[job.device]
             self.idle[job.device] = True
-            if reason == "offline":
-                arrival = Arrival(job, now, self.version, None, "offline", done)
-            elif reason == "dropout":
-                arrival = Arrival(job, now, self.version, None, "dropout", done)
-            else:
-                s = self.version - job.version
-                status: Literal["applied", "stale"] = (
-                    "stale" if max_s is not None and s > max_s else "applied"
-                )
-                arrival = Arrival(job, now, self.version, s, status, job.tau)
-                if status == "applied":
-                    self._buffer.append(arrival)
+            s = self.version - job.version
+            stale = max_s is not None and s > max_s
+            status = reason or ("stale" if stale else "applied")
+            arrival = Arrival(
+                job,
+                now,
+                self.version,
+                None if reason else s,
+                cast(_Status, status),
+                done,
+            )
+            if status == "applied":
+                self._buffer.append(arrival)
             self._ended.append(arrival)
             if len(self._buffer) == self.buffer_size:
+                applied, ended = tuple(self._buffer), tuple(self._ended)
+                started, busy = tuple(self._started), len(self.in_flight)
                 self._made.append(
-                    Version(
-                        version=self.version,
-                        t=now,
-                        applied=tuple(self._buffer),
-                        ended=tuple(self._ended),
-                        started=tuple(self._started),
-                        in_flight=len(self.in_flight),
-                    )
+                    Version(self.version, now, applied, ended, started, busy)
                 )
                 self.version += 1
                 self._last_version_t = now
