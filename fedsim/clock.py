@@ -352,21 +352,12 @@ def plan_round(
     over the chosen devices in increasing id (docs/fleets.md, "The clock").
 
     Args:
-        fleet: the devices.
         chosen: ids of the devices selected this round (distinct).
-        now: simulated time at which the round starts.
         policy: the round policy (not ``async``).
         rng: generator for this round's stragglers and epochs.
-        bytes_down: size of what each device downloads.
-        bytes_up: size of what each device uploads.
         n_samples: training samples per device, indexed by client id.
-        batch_size: B, samples per local step.
-        keep: keep only the first ``keep`` arrivals (None: all); later
-            ones are dropped as ``surplus``.
-        work: FedDM's units, cost and upload (:class:`JobWork`; None: steps).
-
-    Returns:
-        A :class:`RoundPlan` with one plan per chosen device.
+        keep: keep only the first ``keep`` arrivals (later: ``surplus``).
+        work: FedDM's units, cost and upload (None: local steps).
     """
     if policy.policy == "async":
         raise ValueError("policy 'async' has no rounds: use AsyncTimeline")
@@ -375,9 +366,17 @@ def plan_round(
         raise ValueError("chosen devices must be distinct")
     now = float(now)
     slowdown = fleet.draw_slowdowns(ids, rng)
-    rate, down, up = _rate_and_comm(fleet, ids, slowdown, bytes_down, bytes_up, work)
+    rate = fleet.speed[ids] / slowdown
+    if work is None:
+        down, up = fleet.comm_time(ids, bytes_down, bytes_up)
+    else:  # one comm_time per upload size: the very number a scalar size gives
+        rate = rate / work.unit_cost[ids]
+        down, up = fleet.comm_time(ids, bytes_down, 0)
+        for b in np.unique(work.bytes_up[ids]).tolist():
+            mask = work.bytes_up[ids] == b
+            up[mask] = fleet.comm_time(ids[mask], bytes_down, int(b))[1]
     tau, skip, epochs, deadline = _round_steps(
-        policy, now, rate, down, up, rng, n_samples, ids, batch_size, work
+        policy, now, rate, down + up, rng, n_samples, ids, batch_size, work
     )
     offline_at = fleet.offline_time(ids, now)
     with np.errstate(divide="ignore"):  # a rate of 0: an endless straggler
@@ -394,43 +393,22 @@ def plan_round(
     return RoundPlan(plans=plans, t_start=now, t_end=t_end)
 
 
-def _rate_and_comm(
-    fleet: Fleet,
-    ids: np.ndarray,
-    slowdown: np.ndarray,
-    bytes_down: int,
-    bytes_up: int,
-    work: JobWork | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Steps (or ``work``'s units) per second, download and upload seconds."""
-    rate = fleet.speed[ids] / slowdown
-    if work is None:
-        return rate, *fleet.comm_time(ids, bytes_down, bytes_up)
-    # One comm_time call per distinct upload size: the very number a scalar gives.
-    down, up = fleet.comm_time(ids, bytes_down, 0)
-    sizes = work.bytes_up[ids]
-    for b in np.unique(sizes).tolist():
-        mask = sizes == b
-        up[mask] = fleet.comm_time(ids[mask], bytes_down, int(b))[1]
-    return rate / work.unit_cost[ids], down, up
-
-
 def _round_steps(
     policy: RoundSpec,
     now: float,
     rate: np.ndarray,
-    down: np.ndarray,
-    up: np.ndarray,
+    comm_s: np.ndarray,
     rng: np.random.Generator,
     n_samples: np.ndarray,
     ids: np.ndarray,
     batch_size: int,
     work: JobWork | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
-    """tau per device, why it skips the round ("" if not), epochs, deadline."""
+    """tau per device, why it skips the round ("" if not), epochs, deadline;
+    ``rate`` in steps (or ``work``'s units) per second."""
     if policy.policy == "fixed_window":
         cap = policy.max_steps if work is None else work.steps
-        compute_s = policy.window_s - (down + up)
+        compute_s = policy.window_s - comm_s
         tau = np.floor(compute_s * rate + _EPS * np.maximum(1.0, compute_s * rate))
         tau = np.clip(tau, 0, cap).astype(np.int64)
         return tau, np.where(tau == 0, "no_time", ""), None, now + policy.window_s
