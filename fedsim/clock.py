@@ -6,22 +6,6 @@ chosen device completes, when its update arrives and whether it is dropped;
 real compute then runs exactly those steps. Each device is one SimPy process
 (download, compute, upload) that a "leave" process interrupts (SimPy's
 machine-shop idiom), in both modes. See docs/fleets.md, "The clock".
-
-Example:
-    >>> import numpy as np
-    >>> from fedsim.fleet import Fleet
-    >>> from fedsim.fleet import FleetSpec
-    >>> fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": [
-    ...     {"name": "phones", "count": 2,
-    ...      "speed": {"dist": "fixed", "steps_per_s": 4.0},
-    ...      "network": {"down_mbps": 8, "up_mbps": 8}}]}), seed=0)
-    >>> rp = plan_round(fleet, np.array([0, 1]), now=0.0,
-    ...                 policy=RoundSpec(window_s=10, max_steps=1000),
-    ...                 rng=np.random.default_rng(0), bytes_down=1_000_000,
-    ...                 bytes_up=1_000_000, n_samples=np.array([50, 50]),
-    ...                 batch_size=10)
-    >>> [(p.tau, p.t_arrive) for p in rp.plans], rp.t_end
-    ([(32, 10.0), (32, 10.0)], 10.0)
 """
 
 from __future__ import annotations
@@ -347,17 +331,24 @@ def plan_round(
 ) -> RoundPlan:
     """Plan one synchronous round starting at simulated time ``now``.
 
-    A pure function of the arguments and the state of ``rng``, drawn in
-    this order: slowdowns, then epochs (with a range), then dropouts, each
-    over the chosen devices in increasing id (docs/fleets.md, "The clock").
+    Pure in the arguments and ``rng``'s state, drawn in this order:
+    slowdowns, epochs (with a range), dropouts, each in increasing id.
+    ``chosen`` must be distinct; ``keep`` keeps the first ``keep`` arrivals
+    (later: ``surplus``); ``work`` gives FedDM's units (None: local steps).
 
-    Args:
-        chosen: ids of the devices selected this round (distinct).
-        policy: the round policy (not ``async``).
-        rng: generator for this round's stragglers and epochs.
-        n_samples: training samples per device, indexed by client id.
-        keep: keep only the first ``keep`` arrivals (later: ``surplus``).
-        work: FedDM's units, cost and upload (None: local steps).
+    Example:
+        >>> from fedsim.fleet import Fleet, FleetSpec
+        >>> fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": [
+        ...     {"name": "phones", "count": 2,
+        ...      "speed": {"dist": "fixed", "steps_per_s": 4.0},
+        ...      "network": {"down_mbps": 8, "up_mbps": 8}}]}), seed=0)
+        >>> rp = plan_round(fleet, np.array([0, 1]), now=0.0,
+        ...                 policy=RoundSpec(window_s=10, max_steps=1000),
+        ...                 rng=np.random.default_rng(0), bytes_down=1_000_000,
+        ...                 bytes_up=1_000_000, n_samples=np.array([50, 50]),
+        ...                 batch_size=10)
+        >>> [(p.tau, p.t_arrive) for p in rp.plans], rp.t_end
+        ([(32, 10.0), (32, 10.0)], 10.0)
     """
     if policy.policy == "async":
         raise ValueError("policy 'async' has no rounds: use AsyncTimeline")
@@ -675,16 +666,12 @@ def _checked_choice(
 class AsyncTimeline:
     """The asynchronous mode's one continuous SimPy timeline.
 
-    Every device loops: wait until online with one of ``concurrency`` slots
-    free (picked by ``choose``, default :func:`uniform_choice`), download the
-    current version, compute ``tau`` steps, upload. Every ``buffer_size``
-    accepted arrivals make a new version. Iterating (once) yields one
-    :class:`Version` per server update, advancing SimPy only that far. The
-    timeline never depends on training results; the rules (ties, staleness,
-    stalls) are in docs/fleets.md, "The clock".
+    Devices loop (wait for a free slot of ``concurrency`` while online,
+    download, compute ``tau`` steps, upload); every ``buffer_size`` accepted
+    arrivals make a version. Iterating (once) yields each :class:`Version`,
+    advancing SimPy only that far. Rules: docs/fleets.md, "The clock".
 
-    Example (two identical devices, K = 2: versions like synchronous rounds,
-    each 1 s download + 8 steps at 4 steps/s + 1 s upload = 4 s):
+    Example (two devices, K = 2, each 1 s down + 2 s compute + 1 s up):
         >>> from fedsim.fleet import Fleet, FleetSpec
         >>> fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": [
         ...     {"name": "phones", "count": 2,

@@ -386,15 +386,6 @@ def _unit(bits: np.ndarray) -> np.ndarray:
     return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
 
-def _daily_profile(a: AvailabilitySpec, t: float) -> float:
-    """The target online fraction of a ``daily`` availability at time ``t``."""
-    amp = a.max_online - a.min_online
-    peak = a.peak_hour / 24.0 * a.period_s
-    return a.min_online + amp / 2 * (
-        1 + math.cos(2 * math.pi * (t - peak) / a.period_s)
-    )
-
-
 def _daily_input(a: AvailabilitySpec) -> tuple[float, float, float, float]:
     """(f_bar, input amplitude, input peak time, time scale c) of the chain
     whose online probability follows ``a``'s profile (``_init_daily``)."""
@@ -427,7 +418,7 @@ class _OnOff:
     ):
         self.group = group
         intervals = dict(intervals or {})
-        n_groups = len(specs)
+        n = len(specs)
         self.kind = np.array(
             [
                 _TRACE if gi in intervals else _DAILY if a.kind == "daily" else _EXP
@@ -435,27 +426,6 @@ class _OnOff:
             ],
             dtype=np.int8,
         )
-        on_off = [
-            a.kind == "on_off" and gi not in intervals for gi, a in enumerate(specs)
-        ]
-        # Always-on devices: an "on" interval that never ends.
-        self.mean_on = np.array(
-            [a.mean_on_s if f else np.inf for a, f in zip(specs, on_off, strict=True)]
-        )
-        self.mean_off = np.array([a.mean_off_s for a in specs])
-        self.p_on = np.array(
-            [
-                a.mean_on_s / (a.mean_on_s + a.mean_off_s) if f else 1.0
-                for a, f in zip(specs, on_off, strict=True)
-            ]
-        )
-        self.mixed = bool((self.kind != _EXP).any())
-        self._init_daily(specs)
-        self._init_traces(group, intervals, n_groups)
-        self.seed_key = _splitmix64_int(_splitmix64_int(seed) ^ _TAG_AVAILABILITY)
-        self._cache: tuple[np.ndarray, ...] | None = None
-
-    def _init_daily(self, specs: tuple[AvailabilitySpec, ...]) -> None:
         # Rates off->on f_in(t)/c and on->off (1 - f_in(t))/c make the online
         # probability p obey p' = (f_in - p)/c exactly: a linear filter. For a
         # cosine f_in its periodic response is a cosine damped by
@@ -463,18 +433,28 @@ class _OnOff:
         # is the target profile amplified and advanced by as much; then p(t)
         # is the target, and starting at t=0 with p(0) is the steady state.
         # F_in(t) = int f_in = f_bar t + beta sin(omega (t - t_peak_in)).
-        n = len(specs)
+        self.mean_on, self.p_on = np.full(n, np.inf), np.ones(n)  # always on
+        self.mean_off = np.array([a.mean_off_s for a in specs])
         self.f_bar, self.beta = np.zeros(n), np.zeros(n)
         self.omega, self.t_peak, self.c = np.ones(n), np.zeros(n), np.ones(n)
         for gi, a in enumerate(specs):
-            if self.kind[gi] != _DAILY:
-                continue
-            f_bar, amp_in, t_peak_in, c = _daily_input(a)
-            omega = 2 * math.pi / a.period_s
-            self.f_bar[gi], self.omega[gi], self.c[gi] = f_bar, omega, c
-            self.t_peak[gi] = t_peak_in
-            self.beta[gi] = amp_in / (2 * omega)
-            self.p_on[gi] = _daily_profile(a, 0.0)
+            if self.kind[gi] == _DAILY:
+                f_bar, amp_in, t_peak_in, c = _daily_input(a)
+                omega = 2 * math.pi / a.period_s
+                self.f_bar[gi], self.omega[gi], self.c[gi] = f_bar, omega, c
+                self.t_peak[gi] = t_peak_in
+                self.beta[gi] = amp_in / (2 * omega)
+                peak = a.peak_hour / 24.0 * a.period_s  # the profile at t = 0
+                amp = a.max_online - a.min_online
+                cos0 = math.cos(2 * math.pi * (0.0 - peak) / a.period_s)
+                self.p_on[gi] = a.min_online + amp / 2 * (1 + cos0)
+            elif a.kind == "on_off" and gi not in intervals:
+                self.mean_on[gi] = a.mean_on_s
+                self.p_on[gi] = a.mean_on_s / (a.mean_on_s + a.mean_off_s)
+        self.mixed = bool((self.kind != _EXP).any())
+        self._init_traces(group, intervals, n)
+        self.seed_key = _splitmix64_int(_splitmix64_int(seed) ^ _TAG_AVAILABILITY)
+        self._cache: tuple[np.ndarray, ...] | None = None
 
     def _init_traces(
         self, group: np.ndarray, intervals: dict[int, Intervals], n_groups: int
@@ -484,9 +464,7 @@ class _OnOff:
             self.tr_first_on = self.tr_offsets = self.tr_times = None
             return
         m = group.size
-        starts = np.searchsorted(
-            group, np.arange(n_groups)
-        )  # devices are in group order
+        starts = np.searchsorted(group, np.arange(n_groups))  # in group order
         first_on = np.zeros(m, dtype=bool)
         counts = np.zeros(m, dtype=np.int64)
         times = []
@@ -697,8 +675,6 @@ class Fleet:
         >>> down, up = fleet.comm_time([0], bytes_down=1_000_000, bytes_up=0)
         >>> down.tolist(), up.tolist()
         ([1.5], [0.5])
-        >>> fleet.online(100.0).shape
-        (3,)
 
         A night-peaking phone fleet from the FLASH preset:
 
@@ -764,9 +740,8 @@ class Fleet:
                     f"{counts[gi]}"
                 )
         set_(self, "intervals", intervals)
-        set_(self, "group_names", tuple(self.group_names))
-        set_(self, "slowdowns", tuple(self.slowdowns))
-        set_(self, "availability", tuple(self.availability))
+        for name in ("group_names", "slowdowns", "availability"):
+            set_(self, name, tuple(getattr(self, name)))
         set_(self, "_onoff", _OnOff(self.seed, group, self.availability, intervals))
 
     @classmethod
@@ -782,18 +757,12 @@ class Fleet:
         group = np.repeat(np.arange(len(groups), dtype=np.int32), counts)
         m = group.size
         bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        z = np.random.default_rng(
-            np.random.SeedSequence([seed, _TAG_SPEED])
-        ).standard_normal(m)
+        z = _stream(seed, _TAG_SPEED).standard_normal(m)
         tier_u = net_z = None
         if any(g.speed is not None and g.speed.dist == "mixture" for g in groups):
-            tier_u = np.random.default_rng(
-                np.random.SeedSequence([seed, _TAG_TIER])
-            ).random(m)
+            tier_u = _stream(seed, _TAG_TIER).random(m)
         if any(g.network.down_sigma or g.network.up_sigma for g in groups):
-            net_z = np.random.default_rng(
-                np.random.SeedSequence([seed, _TAG_NETWORK])
-            ).standard_normal((m, 2))
+            net_z = _stream(seed, _TAG_NETWORK).standard_normal((m, 2))
         speed, down, up, latency = (np.empty(m) for _ in range(4))
         intervals: dict[int, Intervals] = {}
         for gi, g in enumerate(groups):
@@ -883,9 +852,8 @@ class Fleet:
         each ``8 * bytes / bits_per_second + latency_s``, per device."""
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         lat = self.latency_s[idx]
-        return 8.0 * bytes_down / self.down_bps[
-            idx
-        ] + lat, 8.0 * bytes_up / self.up_bps[idx] + lat
+        down = 8.0 * bytes_down / self.down_bps[idx] + lat
+        return down, 8.0 * bytes_up / self.up_bps[idx] + lat
 
     def draw_slowdowns(
         self, devices: np.ndarray, rng: np.random.Generator
@@ -936,6 +904,10 @@ class Fleet:
         assert self.dropout_p is not None  # __post_init__ fills it
         drop = (u[:, 0] < self.dropout_p[idx]) & np.isfinite(work)
         return np.where(drop, u[:, 1] * np.where(drop, work, 0.0), np.inf)
+
+
+def _stream(seed: int, tag: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, tag]))
 
 
 def _draw_speed(
