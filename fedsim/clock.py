@@ -101,15 +101,9 @@ class RoundSpec(_Spec):
 
 @dataclass(frozen=True)
 class JobWork:
-    """A job whose work is not "local SGD steps" (FedDM's matching).
-
-    Attributes:
-        steps: units a job does (FedDM's ``iterations``): exactly this many
-            under ``fixed_epochs``, at most this many (instead of
-            ``max_steps``) under ``fixed_window``.
-        unit_cost: float64 ``[m]``: local-step equivalents of one unit.
-        bytes_up: int64 ``[m]``: what each device uploads.
-    """
+    """A job whose work is not local SGD steps (FedDM's matching): ``steps``
+    units (exactly, or at most under ``fixed_window``), each costing
+    ``unit_cost[i]`` local steps; ``bytes_up[i]`` uploaded, by client id."""
 
     steps: int
     unit_cost: np.ndarray
@@ -118,19 +112,11 @@ class JobWork:
 
 @dataclass(frozen=True)
 class Plan:
-    """What one chosen device does in a round (or one async job's end).
+    """What one chosen device does in a round (or how an async job ended).
 
-    Attributes:
-        client: the device (client) id.
-        tau: local steps completed (for a dropped device, the work lost).
-        t_start: when the round started (download begins).
-        t_arrive: when the update arrives; for a dropped device, when it
-            dropped (``no_time``: the window's end; ``no_data``: the start).
-        dropped: True when the update does not count.
-        reason: ``""``, ``"no_time"``, ``"no_data"``, ``"offline"``,
-            ``"dropout"``, ``"late"`` or ``"surplus"`` (docs/results.md).
-        slowdown: this round's straggler factor (1.0 if not slowed).
-        epochs: E_i under ``fixed_epochs``; None otherwise.
+    ``tau`` is the steps done (lost, if ``dropped``); ``t_arrive`` when the
+    update arrives or the device dropped; ``reason`` why it dropped (``""``
+    if not; docs/results.md); ``epochs`` is E_i under ``fixed_epochs``.
     """
 
     client: int
@@ -182,16 +168,9 @@ def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
 
 
 def expected_steps(policy: RoundSpec, n_samples: Any, batch_size: int) -> np.ndarray:
-    """The local steps a device is expected to do per round (float64, [m]).
-
-    ``fixed_epochs``: :func:`steps_for` with the mean epochs, counting a
-    device without samples as one with one sample; else ``max_steps``.
-
-    Example:
-        >>> expected_steps(RoundSpec(policy="fixed_epochs", epochs_low=1,
-        ...                          epochs_high=2), np.array([0, 50]), 20).tolist()
-        [1.5, 3.75]
-    """
+    """The local steps a device is expected to do per round (float64, [m]):
+    ``max_steps``, or under ``fixed_epochs`` :func:`steps_for` in float with
+    the mean epochs, counting a device without samples as one with one."""
     n = np.asarray(n_samples, dtype=np.int64)
     if policy.policy != "fixed_epochs":
         return np.full(n.shape, float(policy.max_steps))
@@ -247,12 +226,8 @@ def _leaving(
     tie: Literal["arrives", "leaves"],
     deadline: float = math.inf,
 ) -> tuple[float, str] | None:
-    """When and why a device leaves its job before arriving, or None.
-
-    The earlier of going offline and dropping out wins (offline on a tie).
-    On a tie with the arrival, ``"arrives"`` (rounds) lets the arrival
-    count; ``"leaves"`` (the timeline) fires the queued interrupt first.
-    """
+    """When and why a device leaves its job before arriving, or None; on a
+    tie with the arrival, ``"arrives"`` (rounds) lets the arrival count."""
     if offline_at <= dropout_at:
         at, why = offline_at, "offline"
     else:
@@ -272,12 +247,9 @@ def _device(
     finish: Callable[[int, str], None],
     every_phase: bool,
 ) -> Generator[simpy.Event, Any, None]:
-    """Download, compute, upload, then ``finish(tau, "")``; on an interrupt,
-    ``finish(steps done, why)``.
-
-    ``every_phase`` (rounds) yields even empty phases, so an endless
-    straggler "arrives" at t = inf; otherwise an endless one waits to leave.
-    """
+    """Download, compute, upload, then ``finish(tau, "")``; interrupted,
+    ``finish(steps done, why)``. ``every_phase`` (rounds) yields even empty
+    phases, so an endless straggler "arrives" at t = inf."""
     try:
         for phase_s in (work.down, work.compute_s, work.up):
             if every_phase:
@@ -395,8 +367,7 @@ def _round_steps(
     batch_size: int,
     work: JobWork | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
-    """tau per device, why it skips the round ("" if not), epochs, deadline;
-    ``rate`` in steps (or ``work``'s units) per second."""
+    """tau per device, why it skips the round ("" if not), epochs, deadline."""
     if policy.policy == "fixed_window":
         cap = policy.max_steps if work is None else work.steps
         compute_s = policy.window_s - comm_s
@@ -415,12 +386,9 @@ def _round_steps(
 
 
 class _Round:
-    """One round on a SimPy timeline: device processes and a waiting server.
-
-    The server stops at ``deadline``, or (``wait_for_all``) once every
-    device arrived or dropped, or at the ``keep``-th arrival. Devices still
-    run to their would-be arrival, which a late device's plan records.
-    """
+    """One round on a SimPy timeline: device processes and a server that
+    waits until ``deadline``, or (``wait_for_all``) every device or the
+    ``keep``-th arrival; late devices still run to their would-be arrival."""
 
     def __init__(
         self, now: float, deadline: float, wait_for_all: bool, keep: int | None = None
@@ -497,7 +465,7 @@ class _Round:
         self.t_end = env.now
 
     def run(self) -> float:
-        """Run every process; mark arrivals after the keep-th ``surplus``;
+        """Run every process, mark arrivals after the keep-th ``surplus``,
         return when the server stopped waiting."""
         self.env.process(self._server())
         self.env.run()
@@ -524,18 +492,10 @@ class Stalled(RuntimeError):
 
 @dataclass(frozen=True)
 class Job:
-    """One pass of a device's loop, as known when it starts.
-
-    Attributes:
-        device: the device (client) id.
-        index: jobs the device started before this one; with the device id
-            it seeds the job's straggler factor, epochs and minibatches.
-        version: the server version the device downloaded.
-        tau: local steps the job computes.
-        t_start: when the download began.
-        slowdown: the job's straggler factor (1.0 if not slowed).
-        epochs: E of the job under ``job_steps: epochs``; None otherwise.
-    """
+    """One pass of a device's loop, as known when it starts: it downloads
+    ``version`` at ``t_start`` and computes ``tau`` steps. ``index`` counts
+    the device's earlier jobs; with the device id it seeds the job's
+    slowdown, ``epochs`` (None unless ``job_steps: epochs``) and batches."""
 
     device: int
     index: int
@@ -548,17 +508,11 @@ class Job:
 
 @dataclass(frozen=True)
 class Arrival:
-    """How a job ended, as the server saw it at simulated time ``t``.
-
-    Attributes:
-        job: the job.
-        t: when the upload arrived, or when the device left.
-        version: the server version at ``t`` (an applied update's target).
-        staleness: ``version - job.version``; None when the device left.
-        status: ``"applied"``, or dropped: ``"stale"`` (above
-            ``max_staleness``), ``"offline"`` or ``"dropout"``.
-        tau: local steps completed (fewer than ``job.tau`` when it left).
-    """
+    """How a job ended, as the server saw it at simulated time ``t`` (the
+    arrival, or when the device left) and server ``version``. ``status``:
+    ``"applied"``, or dropped as ``"stale"`` (staleness above
+    ``max_staleness``), ``"offline"`` or ``"dropout"`` (``staleness`` None;
+    ``tau`` the steps done)."""
 
     job: Job
     t: float
@@ -589,16 +543,10 @@ class Arrival:
 
 @dataclass(frozen=True)
 class Version:
-    """One server update: the buffered arrivals turn ``version`` w into w + 1.
-
-    Attributes:
-        version: w.
-        t: when w + 1 was made (the last applied arrival's time).
-        applied: the ``buffer_size`` accepted arrivals, in arrival order.
-        ended: every job end seen since w was made (applied and dropped).
-        started: the jobs started since w was made (all from w).
-        in_flight: jobs whose end the server had not seen, after the update.
-    """
+    """One server update: the ``applied`` arrivals (in arrival order) turn
+    ``version`` w into w + 1 at time ``t``. ``ended`` and ``started`` are
+    the job ends (applied and dropped) and starts since w was made;
+    ``in_flight`` the jobs still out after the update."""
 
     version: int
     t: float
@@ -621,8 +569,8 @@ selector); otherwise it must depend only on what the timeline knows.
 
 
 def uniform_choice(seed: int) -> Chooser:
-    """The default chooser: ``free`` candidates uniformly at random, from a
-    generator seeded by (``seed``, choice counter ``n``), sorted.
+    """The default chooser: ``free`` candidates uniformly at random, sorted,
+    from a generator seeded by (``seed``, choice counter ``n``).
 
     Example:
         >>> choose = uniform_choice(0)
@@ -764,8 +712,7 @@ class AsyncTimeline:
             made += 1
 
     def _check_progress(self) -> None:
-        """Raise :class:`Stalled` after ``stall_jobs`` job ends or ``stall_s``
-        simulated seconds without a version."""
+        """Raise Stalled after ``stall_jobs`` ends or ``stall_s`` s with no version."""
         ended = len(self._ended) + len(self._inbox)
         idle_s = self.env.now - self._last_version_t
         if ended > self.stall_jobs or idle_s > self.stall_s:
@@ -780,8 +727,7 @@ class AsyncTimeline:
 
     # ----------------------------------------------------------- the server
     def _request_settle(self) -> None:
-        """Handle this instant's ends, then hand out slots, after every other
-        event already due now (a zero delay queues behind them)."""
+        # A zero delay queues behind every other event already due now.
         if not self._settling:
             self._settling = True
             self.env.timeout(0).callbacks.append(self._settle)

@@ -388,7 +388,7 @@ def _unit(bits: np.ndarray) -> np.ndarray:
 
 def _daily_input(a: AvailabilitySpec) -> tuple[float, float, float, float]:
     """(f_bar, input amplitude, input peak time, time scale c) of the chain
-    whose online probability follows ``a``'s profile (``_init_daily``)."""
+    whose online probability follows ``a``'s profile."""
     f_bar = (a.min_online + a.max_online) / 2
     c = a.mean_on_s * (1 - f_bar)
     wc = 2 * math.pi / a.period_s * c
@@ -578,11 +578,8 @@ class _OnOff:
         return first_on, k, start, self._ends(idx, g, k, start, first_on, key)
 
     def _advance(self, idx: np.ndarray, t: float) -> tuple[np.ndarray, ...]:
-        """The intervals of devices ``idx`` (all behind ``t``) that contain t.
-
-        Steps whole arrays with masks, compacting only once most devices
-        have caught up (fancy indexing is the costly part).
-        """
+        """The intervals of devices ``idx`` (all behind ``t``) that contain t;
+        masked steps, compacted once most have caught up (gathers cost)."""
         assert self._cache is not None  # state_at filled it
         first_on, k, start, end = (a[idx] for a in self._cache)
         g = self.group[idx]
@@ -643,23 +640,12 @@ class _OnOff:
 class Fleet:
     """Per-device attributes, drawn once from the scenario seed.
 
-    Arrays are read-only, indexed by device id. Availability is answered
-    lazily, a pure function of ``(seed, device, t)``.
-
-    Attributes:
-        group: int32 ``[m]``, the group index of each device.
-        group_names: the groups' names, by group index.
-        speed: float64 ``[m]``, local steps per second, before stragglers.
-        down_bps, up_bps: float64 ``[m]``, bandwidths in bits per second.
-        latency_s: float64 ``[m]``, added to every download and upload.
-        straggler_p: float64 ``[m]``, chance per round of being slowed down.
-        slowdowns: each group's slowdown distribution.
-        availability: each group's availability model.
-        seed: the seed availability is derived from.
-        dropout_p: float64 ``[m]``, chance per round of dropping out
-            (default: 0).
-        intervals: per group index, its devices' online intervals (from a
-            trace); they replace that group's ``availability``.
+    Arrays are read-only float64 ``[m]`` by device id (``group`` int32):
+    ``speed`` in local steps/s before stragglers, bandwidths in bit/s,
+    ``latency_s`` added to each transfer, per-round ``straggler_p`` and
+    ``dropout_p``. ``slowdowns`` and ``availability`` are per group;
+    ``intervals`` (per group index, from a trace) replace the latter.
+    Availability is a pure function of ``(seed, device, t)``.
 
     Example:
         >>> from fedsim.fleet import FleetSpec
@@ -675,17 +661,6 @@ class Fleet:
         >>> down, up = fleet.comm_time([0], bytes_down=1_000_000, bytes_up=0)
         >>> down.tolist(), up.tolist()
         ([1.5], [0.5])
-
-        A night-peaking phone fleet from the FLASH preset:
-
-        >>> night = Fleet.from_spec(FleetSpec.model_validate({"groups": [
-        ...     {"name": "phones", "count": 20_000,
-        ...      "speed": {"preset": "flash-phones"},
-        ...      "availability": {"kind": "daily", "min_online": 0.06,
-        ...                       "max_online": 0.12, "peak_hour": 2}}]}), seed=0)
-        >>> f = [night.online(h * 3600.0).mean() for h in (3, 15)]
-        >>> bool(0.10 < f[0] < 0.13 and 0.05 < f[1] < 0.08)
-        True
     """
 
     group: np.ndarray
@@ -746,23 +721,15 @@ class Fleet:
 
     @classmethod
     def from_spec(cls, spec: FleetSpec, seed: int) -> Fleet:
-        """Draw every device of ``spec`` from ``seed``.
-
-        Each device has its own normal for speed (trace devices too), tier
-        uniform and bandwidth normals, each a separate stream, so editing one
-        group does not reshuffle the others.
-        """
+        """Draw every device of ``spec`` from ``seed`` (docs/fleets.md, "The clock")."""
         groups = spec.groups
         counts = [g.count for g in groups]
         group = np.repeat(np.arange(len(groups), dtype=np.int32), counts)
         m = group.size
         bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         z = _stream(seed, _TAG_SPEED).standard_normal(m)
-        tier_u = net_z = None
-        if any(g.speed is not None and g.speed.dist == "mixture" for g in groups):
-            tier_u = _stream(seed, _TAG_TIER).random(m)
-        if any(g.network.down_sigma or g.network.up_sigma for g in groups):
-            net_z = _stream(seed, _TAG_NETWORK).standard_normal((m, 2))
+        tier_u = _stream(seed, _TAG_TIER).random(m)
+        net_z = _stream(seed, _TAG_NETWORK).standard_normal((m, 2))
         speed, down, up, latency = (np.empty(m) for _ in range(4))
         intervals: dict[int, Intervals] = {}
         for gi, g in enumerate(groups):
@@ -779,24 +746,14 @@ class Fleet:
                 if tr.availability is not None:
                     intervals[gi] = tr.availability
                 continue
-            speed[sl] = _draw_speed(
-                g.speed, z[sl], None if tier_u is None else tier_u[sl]
-            )
-            net = g.network
-            if net.down_sigma or net.up_sigma:
-                assert net_z is not None
-                z1, z2 = net_z[sl, 0], net_z[sl, 1]
-                z_up = net.rho * z1 + math.sqrt(1 - net.rho**2) * z2
-                down[sl] = net.down_mbps * 1e6 * np.exp(net.down_sigma * z1)
-                up[sl] = net.up_mbps * 1e6 * np.exp(net.up_sigma * z_up)
-            else:
-                down[sl], up[sl] = net.down_mbps * 1e6, net.up_mbps * 1e6
+            speed[sl] = _draw_speed(g.speed, z[sl], tier_u[sl])
+            net = g.network  # sigma 0: exp(0 z) = 1, the median exactly
+            z1, z2 = net_z[sl, 0], net_z[sl, 1]
+            z_up = net.rho * z1 + math.sqrt(1 - net.rho**2) * z2
+            down[sl] = net.down_mbps * 1e6 * np.exp(net.down_sigma * z1)
+            up[sl] = net.up_mbps * 1e6 * np.exp(net.up_sigma * z_up)
             latency[sl] = net.latency_s
         stragglers = [spec.stragglers_of(gi) for gi in range(len(groups))]
-
-        def per_device(values: list[float]) -> np.ndarray:
-            return np.asarray(values, dtype=np.float64)[group]
-
         return cls(
             group=group,
             group_names=tuple(g.name for g in groups),
@@ -804,11 +761,11 @@ class Fleet:
             down_bps=down,
             up_bps=up,
             latency_s=latency,
-            straggler_p=per_device([s.p for s in stragglers]),
+            straggler_p=np.array([s.p for s in stragglers])[group],
             slowdowns=tuple(s.slowdown for s in stragglers),
             availability=tuple(g.availability for g in groups),
             seed=seed,
-            dropout_p=per_device([s.dropout_p for s in stragglers]),
+            dropout_p=np.array([s.dropout_p for s in stragglers])[group],
             intervals=intervals,
         )
 
@@ -818,10 +775,7 @@ class Fleet:
         return int(self.group.size)
 
     def online(self, t: float) -> np.ndarray:
-        """Which devices are online at simulated time ``t`` (bool ``[m]``).
-
-        Cheap when time moves forward; an earlier ``t`` replays from 0.
-        """
+        """Which devices are online at simulated time ``t`` (bool ``[m]``)."""
         on, _ = self._onoff.state_at(np.arange(self.size), float(t))
         return on
 
@@ -858,11 +812,8 @@ class Fleet:
     def draw_slowdowns(
         self, devices: np.ndarray, rng: np.random.Generator
     ) -> np.ndarray:
-        """This round's straggler factor (>= 1) for each device, in the given order.
-
-        Exactly two uniforms per device ("is it slowed", and the factor by
-        the inverse CDF), so one device's outcome never shifts another's.
-        """
+        """This round's straggler factor (>= 1) for each device, in the given
+        order; two uniforms each, so one never shifts another's draws."""
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         u = rng.random((idx.size, 2))
         factor = np.ones(idx.size)
@@ -887,17 +838,7 @@ class Fleet:
         self, devices: np.ndarray, rng: np.random.Generator, work_s: Any
     ) -> np.ndarray:
         """Seconds after its start at which each device drops out of this
-        round (uniform in ``[0, work_s)``), or ``inf``; two uniforms each.
-
-        Example:
-            >>> import numpy as np
-            >>> fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": [
-            ...     {"name": "g", "count": 2, "speed": {"steps_per_s": 1.0},
-            ...      "stragglers": {"dropout_p": 1.0}}]}), seed=0)
-            >>> t = fleet.draw_dropouts([0, 1], np.random.default_rng(0), [10.0, 20.0])
-            >>> bool((t >= 0).all() and (t < [10.0, 20.0]).all())
-            True
-        """
+        round (uniform in ``[0, work_s)``), or ``inf``; two uniforms each."""
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         u = rng.random((idx.size, 2))
         work = np.broadcast_to(np.asarray(work_s, dtype=np.float64), idx.shape)
@@ -911,7 +852,7 @@ def _stream(seed: int, tag: int) -> np.random.Generator:
 
 
 def _draw_speed(
-    spec: SpeedSpec | None, z: np.ndarray, tier_u: np.ndarray | None
+    spec: SpeedSpec | None, z: np.ndarray, tier_u: np.ndarray
 ) -> np.ndarray:
     """Speeds of one group's devices from their normals (and tier uniforms)."""
     assert spec is not None
@@ -919,7 +860,7 @@ def _draw_speed(
         return spec.steps_per_s * np.exp(0.0 * z)
     if spec.dist == "lognormal":
         return spec.median_steps_per_s * np.exp(spec.sigma * z)
-    assert spec.tiers is not None and tier_u is not None
+    assert spec.tiers is not None
     share = np.array([t.share for t in spec.tiers])
     cum = np.cumsum(share / share.sum())
     tier = np.minimum(np.searchsorted(cum, tier_u, side="right"), len(share) - 1)
