@@ -429,26 +429,13 @@ class _Round:
         """After :meth:`run`, the plan of each device ``ids[j]``."""
         now, plans = self.t_start, []
         for j, client in enumerate(ids.tolist()):
-            if skip[j]:
-                t_drop = self.deadline if skip[j] == "no_time" else now
-                done, t_arrive, reason = 0, t_drop, str(skip[j])
-            else:
-                done, t_arrive, reason = self.outcome[j]
-                if clip_to_deadline:
-                    t_arrive = min(t_arrive, float(self.deadline))
+            t_skip = self.deadline if skip[j] == "no_time" else now
+            done, t_arrive, reason = self.outcome.get(j, (0, t_skip, str(skip[j])))
+            if clip_to_deadline:
+                t_arrive = min(t_arrive, float(self.deadline))
             e = None if epochs is None else int(epochs[j])
-            plans.append(
-                Plan(
-                    client,
-                    done,
-                    now,
-                    t_arrive,
-                    reason != "",
-                    reason,
-                    float(slowdown[j]),
-                    e,
-                )
-            )
+            s = float(slowdown[j])
+            plans.append(Plan(client, done, now, t_arrive, reason != "", reason, s, e))
         return tuple(plans)
 
     def _server(self) -> Generator[simpy.Event, Any, None]:
@@ -692,8 +679,7 @@ class AsyncTimeline:
         self._request_settle()  # the first slots are handed out at t = 0
 
     def __iter__(self) -> Iterator[Version]:
-        made = 0
-        while made < self.versions:
+        for _ in range(self.versions):
             while not self._made:
                 if self._dispatch_due:  # slots freed when the last version was made
                     self._dispatch_due = False
@@ -709,7 +695,6 @@ class AsyncTimeline:
                     ) from None
                 self._check_progress()
             yield self._made.pop(0)
-            made += 1
 
     def _check_progress(self) -> None:
         """Raise Stalled after ``stall_jobs`` ends or ``stall_s`` s with no version."""
@@ -742,17 +727,10 @@ class AsyncTimeline:
         for job, reason, done in inbox:
             del self.in_flight[job.device]
             self.idle[job.device] = True
-            s = self.version - job.version
-            stale = max_s is not None and s > max_s
-            status = reason or ("stale" if stale else "applied")
-            arrival = Arrival(
-                job,
-                now,
-                self.version,
-                None if reason else s,
-                cast(_Status, status),
-                done,
-            )
+            s = None if reason else self.version - job.version  # None: it left
+            stale = s is not None and max_s is not None and s > max_s
+            status = cast(_Status, reason or ("stale" if stale else "applied"))
+            arrival = Arrival(job, now, self.version, s, status, done)
             if status == "applied":
                 self._buffer.append(arrival)
             self._ended.append(arrival)

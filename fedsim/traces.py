@@ -249,11 +249,8 @@ def _load_cached(
     path: str, size: int, mtime_ns: int, period_s: float | None
 ) -> DeviceTrace:
     p = Path(path)
-    if p.suffix.lower() in (".parquet", ".pq"):
-        columns, where = _read_parquet(p)
-    else:
-        columns, where = _read_csv(p)
-    return _build(p, columns, where, period_s)
+    read = _read_parquet if p.suffix.lower() in (".parquet", ".pq") else _read_csv
+    return _build(p, *read(p), period_s)
 
 
 def _read_csv(p: Path) -> tuple[dict[str, list[Any]], Any]:
@@ -370,12 +367,10 @@ def _intervals(
     offsets = [0]
     always = np.zeros(len(cells), dtype=bool)
     for i, cell in enumerate(cells):
+        always[i] = cell is None or (isinstance(cell, str) and not cell.strip())
         try:
-            if cell is None or (isinstance(cell, str) and not cell.strip()):
-                always[i] = True
-                pairs = []
-            elif isinstance(cell, str):
-                pairs = parse_intervals(cell)
+            if cell is None or isinstance(cell, str):
+                pairs = parse_intervals(cell or "")  # [] for a blank cell
             else:
                 pairs = [(float(a), float(b)) for a, b in cell]
             pairs = _check_intervals(pairs, period_s)
