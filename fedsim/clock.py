@@ -1,11 +1,9 @@
 """Simulated time: plan a synchronous round, or run the asynchronous timeline,
 as SimPy processes (no torch, no Ray).
 
-The clock decides, before any training, how many local steps ``tau`` each
-chosen device completes, when its update arrives and whether it is dropped;
-real compute then runs exactly those steps. Each device is one SimPy process
-(download, compute, upload) that a "leave" process interrupts (SimPy's
-machine-shop idiom), in both modes. See docs/fleets.md, "The clock".
+Before any training, the clock decides each chosen device's ``tau``, arrival
+and fate; real compute then runs exactly those steps. See docs/fleets.md,
+"The clock".
 """
 
 from __future__ import annotations
@@ -67,26 +65,18 @@ class RoundSpec(_Spec):
     over_select: Annotated[float, Field(ge=1, le=10)] = 1.0
 
     @model_validator(mode="after")
-    def _epochs(self) -> RoundSpec:
+    def _consistent(self) -> RoundSpec:
         lo, hi = self.epochs_low, self.epochs_high
         if (lo is None) != (hi is None):
             raise ValueError("give both epochs_low and epochs_high, or neither")
         if lo is not None and hi is not None and hi < lo:
             raise ValueError(f"epochs_high ({hi}) must be >= epochs_low ({lo})")
-        return self
-
-    @model_validator(mode="after")
-    def _over_select(self) -> RoundSpec:
         if self.over_select > 1 and self.policy != "fixed_epochs":
             raise ValueError(
                 "over_select keeps the first k arrivals, so it needs policy "
                 "'fixed_epochs' (under 'fixed_window' every update arrives at the "
                 "end of the window; 'async' has concurrency instead)"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _async_fields(self) -> RoundSpec:
         if self.policy != "async":
             for name in ("concurrency", "max_staleness"):
                 if getattr(self, name) is not None:
@@ -148,7 +138,6 @@ class RoundPlan:
         return tuple(p for p in self.plans if p.contributes)
 
 
-# ==================================================================== steps
 def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
     """Local steps tau = floor(E n_i / B) of E epochs over n_i samples.
 
@@ -188,7 +177,6 @@ def _draw_epochs(policy: RoundSpec, n: int, rng: np.random.Generator) -> np.ndar
     return np.full(n, policy.epochs, dtype=np.int64)
 
 
-# =================================================================== device
 @dataclass(frozen=True)
 class _Work:
     """One device's job: download, ``tau`` steps at ``rate`` steps/s, upload."""
@@ -228,10 +216,9 @@ def _leaving(
 ) -> tuple[float, str] | None:
     """When and why a device leaves its job before arriving, or None; on a
     tie with the arrival, ``"arrives"`` (rounds) lets the arrival count."""
-    if offline_at <= dropout_at:
-        at, why = offline_at, "offline"
-    else:
-        at, why = dropout_at, "dropout"
+    at, why = (
+        (dropout_at, "dropout") if dropout_at < offline_at else (offline_at, "offline")
+    )
     if not math.isfinite(at):
         return None
     if tie == "arrives":
@@ -287,7 +274,6 @@ def _run_device(
     return device
 
 
-# ===================================================================== sync
 def plan_round(
     fleet: Fleet,
     chosen: np.ndarray,
@@ -465,7 +451,6 @@ class _Round:
         return self.t_end
 
 
-# ==================================================================== async
 # Tags separating the async timeline's random streams from the seed's others.
 _TAG_JOB = 0xA5C10B  # a job's straggler factor and epochs: (seed, tag, device, job)
 _TAG_DISPATCH = 0xD15C  # which idle devices take free slots: (seed, tag, n)
@@ -544,15 +529,10 @@ class Version:
 
 
 Chooser = Callable[[np.ndarray, int, int], np.ndarray]
-"""Which idle online devices take the free slots of the asynchronous timeline.
-
-Called as ``choose(candidates, free, n)`` with the sorted int64 candidates
-(more than ``free``) and ``n``, the number of earlier choices; returns at
-most ``free`` distinct candidates. It is called only after every version
-made so far has been yielded, so a consumer that uses each version before
-asking for the next may let the chooser read what it learned (an adaptive
-selector); otherwise it must depend only on what the timeline knows.
-"""
+"""``choose(candidates, free, n)``: at most ``free`` distinct ids among the
+sorted int64 ``candidates`` (more than ``free``), ``n`` the count of earlier
+choices: which idle online devices take the timeline's free slots. Called
+only once every version made so far is yielded (docs/fleets.md)."""
 
 
 def uniform_choice(seed: int) -> Chooser:
@@ -710,7 +690,6 @@ class AsyncTimeline:
                 "leave or drop out before uploading, or every update is stale)"
             )
 
-    # ----------------------------------------------------------- the server
     def _request_settle(self) -> None:
         # A zero delay queues behind every other event already due now.
         if not self._settling:
@@ -778,7 +757,6 @@ class AsyncTimeline:
             self._wake_at = math.inf
         self._request_settle()
 
-    # ------------------------------------------------------------ a device
     def _start(self, d: int) -> None:
         now = self.env.now
         k = int(self.jobs_started[d])

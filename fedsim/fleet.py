@@ -1,12 +1,9 @@
 """Devices of a simulated fleet: speed, network, availability and stragglers.
 
-Every attribute is drawn once from the scenario seed (and the trace files it
-names), so a fleet is a pure function of ``(FleetSpec, seed)``; devices are
-numbered ``0..m-1`` in group order. Availability (``on_off``, ``daily`` or a
-trace's intervals) is counter-based: interval ``k`` of device ``d`` ends at a
-time computed from the hash of ``(seed, d, k)``, so ``online(t)`` never
-depends on earlier queries. Stragglers are drawn per round (or async job) by
-the clock. See docs/fleets.md. Imports numpy only: no torch, no Ray.
+A fleet is a pure function of ``(FleetSpec, seed)`` (and its trace files);
+devices are numbered ``0..m-1`` in group order. Availability is counter-based:
+interval ``k`` of device ``d`` ends at a time hashed from ``(seed, d, k)``.
+See docs/fleets.md. Imports numpy only: no torch, no Ray.
 """
 
 from __future__ import annotations
@@ -52,7 +49,6 @@ else:
     NetworkPresetName = Literal[tuple(NETWORK_PRESETS)]
 
 
-# ------------------------------------------------------------------ the specs
 class SpeedTierSpec(_Spec):
     """One lognormal component of a ``mixture`` speed distribution."""
 
@@ -369,10 +365,6 @@ _MASK64 = (1 << 64) - 1
 _EXP, _DAILY, _TRACE = 0, 1, 2  # kinds of availability process
 
 
-def _splitmix64_int(x: int) -> int:
-    return int(_splitmix64(np.array([x & _MASK64], dtype=np.uint64))[0])
-
-
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser, vectorised; uint64 arithmetic wraps by design."""
     z = x + np.uint64(0x9E3779B97F4A7C15)
@@ -426,12 +418,9 @@ class _OnOff:
             ],
             dtype=np.int8,
         )
-        # Rates off->on f_in(t)/c and on->off (1 - f_in(t))/c make the online
-        # probability p obey p' = (f_in - p)/c exactly: a linear filter. For a
-        # cosine f_in its periodic response is a cosine damped by
-        # 1/sqrt(1 + (omega c)^2) and delayed by atan(omega c)/omega, so f_in
-        # is the target profile amplified and advanced by as much; then p(t)
-        # is the target, and starting at t=0 with p(0) is the steady state.
+        # daily: p' = (f_in - p)/c damps a cosine f_in by 1/sqrt(1 + (omega c)^2)
+        # and delays it by atan(omega c)/omega, so f_in is the target profile
+        # amplified and advanced by as much (docs/fleets.md, "Availability");
         # F_in(t) = int f_in = f_bar t + beta sin(omega (t - t_peak_in)).
         self.mean_on, self.p_on = np.full(n, np.inf), np.ones(n)  # always on
         self.mean_off = np.array([a.mean_off_s for a in specs])
@@ -453,7 +442,9 @@ class _OnOff:
                 self.p_on[gi] = a.mean_on_s / (a.mean_on_s + a.mean_off_s)
         self.mixed = bool((self.kind != _EXP).any())
         self._init_traces(group, intervals, n)
-        self.seed_key = _splitmix64_int(_splitmix64_int(seed) ^ _TAG_AVAILABILITY)
+        mixed_seed = _splitmix64(np.array([seed & _MASK64], dtype=np.uint64))
+        key = _splitmix64(mixed_seed ^ np.uint64(_TAG_AVAILABILITY))
+        self.seed_key = int(key[0])
         self._cache: tuple[np.ndarray, ...] | None = None
 
     def _init_traces(
@@ -489,7 +480,6 @@ class _OnOff:
     def _keys(self, idx: np.ndarray) -> np.ndarray:
         return _splitmix64(np.uint64(self.seed_key) ^ idx.astype(np.uint64))
 
-    # ------------------------------------------------------ interval ends
     def _ends(
         self,
         dev: np.ndarray,
@@ -565,7 +555,6 @@ class _OnOff:
         t = np.where(periodic & has, t + wraps, t)
         return np.where(~periodic & (k >= n), np.inf, t)
 
-    # ------------------------------------------------------------ the memo
     def _first_interval(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
         g = self.group[idx]
         key = self._keys(idx)

@@ -5,19 +5,6 @@ A CSV (with a header) or Parquet file with the columns ``speed_steps_per_s``,
 (online intervals ``"start-end;start-end"`` in seconds) and ``device``; any
 other column is an error, and every error names the file, the row and the
 column. See docs/fleets.md, "Trace files".
-
-Example:
-    >>> import tempfile, pathlib
-    >>> path = pathlib.Path(tempfile.mkdtemp()) / "devices.csv"
-    >>> _ = path.write_text(
-    ...     "device,speed_steps_per_s,down_mbps,up_mbps,availability\\n"
-    ...     "a,2.5,40,20,0-3600;7200-9000\\n"
-    ...     "b,8.0,80,30,\\n")
-    >>> trace = load_trace(path)
-    >>> trace.size, trace.speed.tolist()
-    (2, [2.5, 8.0])
-    >>> trace.availability.of(0), trace.availability.of(1)
-    ([(0.0, 3600.0), (7200.0, 9000.0)], None)
 """
 
 from __future__ import annotations
@@ -134,7 +121,6 @@ class DeviceTrace:
         return int(self.speed.size)
 
 
-# ------------------------------------------------------------------ intervals
 def parse_intervals(text: str) -> list[tuple[float, float]]:
     """Parse ``"start-end;start-end"`` (seconds) into a list of pairs.
 
@@ -198,7 +184,6 @@ def _check_intervals(
     return merged
 
 
-# -------------------------------------------------------------------- loading
 def resolve_trace_path(file: str | Path, base_dir: str | Path | None = None) -> Path:
     """Absolute path of a trace: next to the scenario (``base_dir``) if it is
     there, else relative to the current directory; TraceError if neither."""
@@ -388,7 +373,6 @@ def _intervals(
     )
 
 
-# -------------------------------------------------------------------- writing
 def write_trace(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
     """Write devices (dicts with the trace columns; ``availability`` a string
     or pairs) as CSV or Parquet.
@@ -422,8 +406,6 @@ def write_trace(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
         pq.write_table(pa.table(data), p)
     else:
         with p.open("w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(names)
-            for row in table:
-                w.writerow(["" if v is None else v for v in row])
+            blank = [["" if v is None else v for v in row] for row in table]
+            csv.writer(f).writerows([names, *blank])
     return p
