@@ -466,12 +466,9 @@ class _OnOff:
             first_on[a : a + iv.size] = fo
             counts[a : a + iv.size] = np.diff(off)
             times.append(t)
-            if iv.period_s is not None:
-                self.tr_period[gi] = iv.period_s
-        offsets = np.zeros(m + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        self.tr_first_on, self.tr_offsets = first_on, offsets
-        self.tr_times = np.concatenate(times) if times else np.zeros(0)
+            self.tr_period[gi] = iv.period_s or np.inf
+        self.tr_first_on, self.tr_times = first_on, np.concatenate(times)
+        self.tr_offsets = np.concatenate([[0], np.cumsum(counts)])
 
     def __getstate__(self) -> dict:
         # The memo can be tens of MB and is cheap to rebuild: do not ship it.
@@ -765,8 +762,7 @@ class Fleet:
 
     def online(self, t: float) -> np.ndarray:
         """Which devices are online at simulated time ``t`` (bool ``[m]``)."""
-        on, _ = self._onoff.state_at(np.arange(self.size), float(t))
-        return on
+        return self._onoff.state_at(np.arange(self.size), float(t))[0]
 
     def offline_time(self, devices: np.ndarray, t: float) -> np.ndarray:
         """For each device, the first time ``>= t`` at which it is offline

@@ -98,8 +98,7 @@ class Intervals:
             odd = np.flatnonzero(counts % 2)
             times = np.insert(times, np.cumsum(counts)[odd], period)
             counts[odd] += 1
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
+        offsets = np.concatenate([[0], np.cumsum(counts)])
         return first_on, offsets, times.astype(np.float64)
 
 
