@@ -1,46 +1,19 @@
 """Simulated time: plan a synchronous round, or run the asynchronous timeline,
-as SimPy processes.
+as SimPy processes (no torch, no Ray).
 
-This is the only module that knows about SimPy (and it imports no torch and no
-Ray). A round is planned before any real training happens: for each chosen
-device the clock decides how many local steps ``tau`` it completes, when its
-update reaches the server, and whether it is dropped. Real compute then runs
-exactly those steps, so the outcome never depends on how fast the host is.
-
-Each device is a SimPy process (download, compute, upload), in the spirit of
-SimPy's machine-shop example, the same one in both modes: a "leave" process
-interrupts it when the device goes offline or drops out (whichever comes
-first), and it records the steps done. In a synchronous round the server is a
-process that waits for every device or for the deadline. How many steps a
-device does is one rule, :func:`steps_for`.
-
-Asynchronous mode has no rounds: :class:`AsyncTimeline` runs one continuous
-timeline of device loops and yields one :class:`Version` per server update.
-
-Example:
-    >>> import numpy as np
-    >>> from fedsim.fleet import Fleet
-    >>> from fedsim.fleet import FleetSpec
-    >>> fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": [
-    ...     {"name": "phones", "count": 2,
-    ...      "speed": {"dist": "fixed", "steps_per_s": 4.0},
-    ...      "network": {"down_mbps": 8, "up_mbps": 8}}]}), seed=0)
-    >>> rp = plan_round(fleet, np.array([0, 1]), now=0.0,
-    ...                 policy=RoundSpec(window_s=10, max_steps=1000),
-    ...                 rng=np.random.default_rng(0), bytes_down=1_000_000,
-    ...                 bytes_up=1_000_000, n_samples=np.array([50, 50]),
-    ...                 batch_size=10)
-    >>> [(p.tau, p.t_arrive) for p in rp.plans], rp.t_end
-    ([(32, 10.0), (32, 10.0)], 10.0)
+Before any training, the clock decides each chosen device's ``tau``, arrival
+and fate; real compute then runs exactly those steps. See docs/fleets.md,
+"The clock".
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -73,25 +46,10 @@ _EPS = 1e-9
 
 
 class RoundSpec(_Spec):
-    """How tau_i(t) arises (see docs/architecture.md, "Round policies").
+    """How tau_i(t) arises: ``fixed_window``, ``fixed_epochs`` or ``async``.
 
-    ``fixed_window``: the round lasts ``window_s``; a device computes in the
-    time left after download and upload, tau = floor(time * speed) clipped to
-    [0, max_steps]. ``fixed_epochs``: tau = floor(E_i * n_i / B) with E_i =
-    ``epochs`` or drawn uniformly from ``[epochs_low, epochs_high]`` each
-    round; the round ends when the slowest device arrives or at
-    ``deadline_s`` (later arrivals are dropped). With ``over_select`` > 1
-    the server selects ``ceil(over_select * k)`` devices and keeps the first
-    k arrivals; the round ends at the k-th, later ones are dropped as
-    ``surplus``.
-
-    ``async``: no rounds; one continuous timeline (:class:`AsyncTimeline`).
-    At most ``concurrency`` devices train at once (default: the selector's
-    ``clients_per_round``). Each job computes ``max_steps`` local steps
-    (``job_steps: max_steps``) or floor(E n_i / B) with E = ``epochs`` or
-    drawn per job from ``[epochs_low, epochs_high]`` (``job_steps: epochs``).
-    An update whose staleness exceeds ``max_staleness`` is dropped.
-    ``window_s`` is not used.
+    See docs/architecture.md, "Round policies", and docs/fleets.md, "The
+    clock", for what each field does under each policy.
     """
 
     policy: Literal["fixed_window", "fixed_epochs", "async"] = "fixed_window"
@@ -107,26 +65,18 @@ class RoundSpec(_Spec):
     over_select: Annotated[float, Field(ge=1, le=10)] = 1.0
 
     @model_validator(mode="after")
-    def _epochs(self) -> RoundSpec:
+    def _consistent(self) -> RoundSpec:
         lo, hi = self.epochs_low, self.epochs_high
         if (lo is None) != (hi is None):
             raise ValueError("give both epochs_low and epochs_high, or neither")
         if lo is not None and hi is not None and hi < lo:
             raise ValueError(f"epochs_high ({hi}) must be >= epochs_low ({lo})")
-        return self
-
-    @model_validator(mode="after")
-    def _over_select(self) -> RoundSpec:
         if self.over_select > 1 and self.policy != "fixed_epochs":
             raise ValueError(
                 "over_select keeps the first k arrivals, so it needs policy "
                 "'fixed_epochs' (under 'fixed_window' every update arrives at the "
                 "end of the window; 'async' has concurrency instead)"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _async_fields(self) -> RoundSpec:
         if self.policy != "async":
             for name in ("concurrency", "max_staleness"):
                 if getattr(self, name) is not None:
@@ -141,24 +91,9 @@ class RoundSpec(_Spec):
 
 @dataclass(frozen=True)
 class JobWork:
-    """A job whose work is not "local SGD steps" (FedDM's matching).
-
-    The clock then counts ``tau`` in the algorithm's own units (FedDM: one
-    matching iteration), each costing ``unit_cost`` local steps of compute,
-    and times the upload as ``bytes_up`` instead of the model size.
-
-    Attributes:
-        steps: units a job is meant to do (FedDM's ``iterations``). Under
-            ``fixed_epochs`` every device with data does exactly this many
-            (``epochs`` do not apply); under ``fixed_window`` it replaces
-            ``max_steps`` (a bound on local SGD steps) as the cap, and the
-            window bounds the rest (the scenario warns when the window
-            cuts the typical device short).
-        unit_cost: float64 ``[m]`` by client id: local-step equivalents of
-            one unit, so a device runs ``speed / (slowdown * unit_cost)``
-            units per second.
-        bytes_up: int64 ``[m]`` by client id: what each device uploads.
-    """
+    """A job whose work is not local SGD steps (FedDM's matching): ``steps``
+    units (exactly, or at most under ``fixed_window``), each costing
+    ``unit_cost[i]`` local steps; ``bytes_up[i]`` uploaded, by client id."""
 
     steps: int
     unit_cost: np.ndarray
@@ -167,26 +102,11 @@ class JobWork:
 
 @dataclass(frozen=True)
 class Plan:
-    """What one chosen device does in a round.
+    """What one chosen device does in a round (or how an async job ended).
 
-    Attributes:
-        client: the device (client) id.
-        tau: local steps the device completes. For a dropped device this is
-            the work done and lost (0 for ``no_time``); it contributes nothing.
-        t_start: when the round started (download begins).
-        t_arrive: when the update reaches the server; for a dropped device,
-            when it dropped (``offline``), gave up (``no_time``: the end of
-            the window; ``no_data``: the round start) or would have arrived
-            (``late``).
-        dropped: True when the update does not count.
-        reason: ``""``, ``"no_time"`` (no step fits in the window after
-            communication), ``"no_data"`` (the device holds no samples),
-            ``"offline"`` (went offline mid-round), ``"dropout"`` (dropped
-            out mid-round, ``stragglers.dropout_p``), ``"late"`` (would arrive
-            after the deadline) or ``"surplus"`` (arrived after the first
-            ``keep``, under over-selection).
-        slowdown: this round's straggler factor (1.0 if not slowed).
-        epochs: E_i under ``fixed_epochs``; None under ``fixed_window``.
+    ``tau`` is the steps done (lost, if ``dropped``); ``t_arrive`` when the
+    update arrives or the device dropped; ``reason`` why it dropped (``""``
+    if not; docs/results.md); ``epochs`` is E_i under ``fixed_epochs``.
     """
 
     client: int
@@ -218,22 +138,11 @@ class RoundPlan:
         return tuple(p for p in self.plans if p.contributes)
 
 
-# ==================================================================== steps
 def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
-    """Local steps of E epochs over n_i samples in batches of B.
+    """Local steps tau = floor(E n_i / B) of E epochs over n_i samples.
 
-    tau = floor(E n_i / B); a device with fewer samples than a batch
-    (0 < n_i < B) does one step per epoch, since one batch holds all its
-    data; a device with no samples does none. With float ``epochs`` (an
-    expected E) the result is E n_i / B in float, without the floor.
-
-    Args:
-        epochs: E, per device or one for all (int, or float for an expectation).
-        n_samples: n_i per device.
-        batch_size: B.
-
-    Returns:
-        tau per device: int64 for int ``epochs``, float64 for float ones.
+    A device with 0 < n_i < B does one step per epoch; one without samples
+    none. Float ``epochs`` (an expected E) give E n_i / B without the floor.
 
     Example:
         >>> steps_for(2, np.array([0, 5, 20, 50]), 20).tolist()
@@ -248,19 +157,9 @@ def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
 
 
 def expected_steps(policy: RoundSpec, n_samples: Any, batch_size: int) -> np.ndarray:
-    """The local steps a device is expected to do per round (float64, [m]).
-
-    ``fixed_epochs``: :func:`steps_for` with the mean epochs, in float (the
-    midpoint of ``[epochs_low, epochs_high]``, else ``epochs``);
-    ``max_steps`` under every other policy. A device without samples counts
-    one batch per epoch, as if it held one sample: it never trains, and
-    selectors rank it as before.
-
-    Example:
-        >>> expected_steps(RoundSpec(policy="fixed_epochs", epochs_low=1,
-        ...                          epochs_high=2), np.array([0, 50]), 20).tolist()
-        [1.5, 3.75]
-    """
+    """The local steps a device is expected to do per round (float64, [m]):
+    ``max_steps``, or under ``fixed_epochs`` :func:`steps_for` in float with
+    the mean epochs, counting a device without samples as one with one."""
     n = np.asarray(n_samples, dtype=np.int64)
     if policy.policy != "fixed_epochs":
         return np.full(n.shape, float(policy.max_steps))
@@ -278,7 +177,6 @@ def _draw_epochs(policy: RoundSpec, n: int, rng: np.random.Generator) -> np.ndar
     return np.full(n, policy.epochs, dtype=np.int64)
 
 
-# =================================================================== device
 @dataclass(frozen=True)
 class _Work:
     """One device's job: download, ``tau`` steps at ``rate`` steps/s, upload."""
@@ -316,20 +214,11 @@ def _leaving(
     tie: Literal["arrives", "leaves"],
     deadline: float = math.inf,
 ) -> tuple[float, str] | None:
-    """When and why a device leaves its job before arriving, or None.
-
-    Going offline races dropping out: the earlier wins, and going offline
-    wins a tie. The device leaves if that time comes before its arrival (and
-    before ``deadline``). On a tie with the arrival the modes differ:
-    synchronous rounds (``tie="arrives"``) compare the leave time itself and
-    let an arrival at the same instant count; the asynchronous timeline
-    (``tie="leaves"``) compares when the leave timeout fires, and its
-    interrupt, queued first, comes before the arrival.
-    """
-    if offline_at <= dropout_at:
-        at, why = offline_at, "offline"
-    else:
-        at, why = dropout_at, "dropout"
+    """When and why a device leaves its job before arriving, or None; on a
+    tie with the arrival, ``"arrives"`` (rounds) lets the arrival count."""
+    at, why = (
+        (dropout_at, "dropout") if dropout_at < offline_at else (offline_at, "offline")
+    )
     if not math.isfinite(at):
         return None
     if tie == "arrives":
@@ -345,14 +234,9 @@ def _device(
     finish: Callable[[int, str], None],
     every_phase: bool,
 ) -> Generator[simpy.Event, Any, None]:
-    """A device's process: download, compute, upload, then ``finish(tau, "")``;
-    interrupted (it left), ``finish(steps done, why)`` with the work lost.
-
-    ``every_phase`` (synchronous rounds) yields each phase, even an empty
-    one, so an endless straggler "arrives" at t = inf, after any deadline;
-    otherwise (the asynchronous loop) empty phases are skipped and an
-    endless one waits until the device leaves.
-    """
+    """Download, compute, upload, then ``finish(tau, "")``; interrupted,
+    ``finish(steps done, why)``. ``every_phase`` (rounds) yields even empty
+    phases, so an endless straggler "arrives" at t = inf."""
     try:
         for phase_s in (work.down, work.compute_s, work.up):
             if every_phase:
@@ -370,7 +254,6 @@ def _device(
 def _leave(
     env: simpy.Environment, device: simpy.Process, delay: float, why: str
 ) -> Generator[simpy.Event, Any, None]:
-    """The "leave" process: after ``delay``, interrupt the device's job."""
     yield env.timeout(delay)
     if device.is_alive:
         device.interrupt(why)
@@ -391,7 +274,6 @@ def _run_device(
     return device
 
 
-# ===================================================================== sync
 def plan_round(
     fleet: Fleet,
     chosen: np.ndarray,
@@ -407,56 +289,43 @@ def plan_round(
 ) -> RoundPlan:
     """Plan one synchronous round starting at simulated time ``now``.
 
-    Randomness is drawn in a fixed order, so the plan is a pure function of
-    the arguments and the state of ``rng``: first the straggler slowdowns of
-    all chosen devices in increasing id, then (``fixed_epochs`` with
-    ``epochs_low``/``epochs_high``) one E_i per device in increasing id,
-    then the dropouts (two uniforms per device, :meth:`Fleet.draw_dropouts`).
+    Pure in the arguments and ``rng``'s state, drawn in this order:
+    slowdowns, epochs (with a range), dropouts, each in increasing id.
+    ``chosen`` must be distinct; ``keep`` keeps the first ``keep`` arrivals
+    (later: ``surplus``); ``work`` gives FedDM's units (None: local steps).
 
-    ``fixed_window`` (W = ``window_s``): a device computes for
-    ``W - download - upload`` seconds at ``speed / slowdown`` steps per
-    second; tau is the floor of that, clipped to ``[0, max_steps]``, and the
-    round ends at ``now + W``. A device with no whole step to do is dropped as
-    ``no_time``.
-
-    ``fixed_epochs``: tau = :func:`steps_for` (floor(E_i * n_i / B), one
-    step per epoch when 0 < n_i < B). A device without samples is dropped as
-    ``no_data``. With ``deadline_s``, a device arriving after
-    ``now + deadline_s`` is dropped as ``late``. The server waits until every
-    device has arrived or dropped, but not past the deadline.
-
-    Under both policies, a device that goes offline before it arrives (and
-    before the deadline) is interrupted and dropped as ``offline``; one that
-    drops out (with probability ``dropout_p``, at a time uniform within its
-    download, compute and upload) is dropped as ``dropout``.
-
-    With ``keep`` (over-selection, ``fixed_epochs``), the server stops
-    waiting at the ``keep``-th arrival; arrivals after it (ties broken by
-    client id) are dropped as ``surplus``.
-
-    Args:
-        fleet: the devices.
-        chosen: ids of the devices selected this round (distinct).
-        now: simulated time at which the round starts.
-        policy: the round policy.
-        rng: generator for this round's stragglers and epochs.
-        bytes_down: size of what each device downloads.
-        bytes_up: size of what each device uploads.
-        n_samples: training samples per device, indexed by client id.
-        batch_size: B, samples per local step.
-        keep: keep only the first ``keep`` arrivals (None: all).
-        work: FedDM's units, cost and upload (:class:`JobWork`; None: steps).
-
-    Returns:
-        A :class:`RoundPlan` with one plan per chosen device.
+    Example:
+        >>> from fedsim.fleet import Fleet, FleetSpec
+        >>> fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": [
+        ...     {"name": "phones", "count": 2,
+        ...      "speed": {"dist": "fixed", "steps_per_s": 4.0},
+        ...      "network": {"down_mbps": 8, "up_mbps": 8}}]}), seed=0)
+        >>> rp = plan_round(fleet, np.array([0, 1]), now=0.0,
+        ...                 policy=RoundSpec(window_s=10, max_steps=1000),
+        ...                 rng=np.random.default_rng(0), bytes_down=1_000_000,
+        ...                 bytes_up=1_000_000, n_samples=np.array([50, 50]),
+        ...                 batch_size=10)
+        >>> [(p.tau, p.t_arrive) for p in rp.plans], rp.t_end
+        ([(32, 10.0), (32, 10.0)], 10.0)
     """
     if policy.policy == "async":
         raise ValueError("policy 'async' has no rounds: use AsyncTimeline")
-    ids, now = _distinct(chosen), float(now)
+    ids = np.sort(np.asarray(chosen, dtype=np.int64).reshape(-1))
+    if np.any(ids[1:] == ids[:-1]):
+        raise ValueError("chosen devices must be distinct")
+    now = float(now)
     slowdown = fleet.draw_slowdowns(ids, rng)
-    rate, down, up = _rate_and_comm(fleet, ids, slowdown, bytes_down, bytes_up, work)
+    rate = fleet.speed[ids] / slowdown
+    if work is None:
+        down, up = fleet.comm_time(ids, bytes_down, bytes_up)
+    else:  # one comm_time per upload size: the very number a scalar size gives
+        rate = rate / work.unit_cost[ids]
+        down, up = fleet.comm_time(ids, bytes_down, 0)
+        for b in np.unique(work.bytes_up[ids]).tolist():
+            mask = work.bytes_up[ids] == b
+            up[mask] = fleet.comm_time(ids[mask], bytes_down, int(b))[1]
     tau, skip, epochs, deadline = _round_steps(
-        policy, now, rate, down, up, rng, n_samples, ids, batch_size, work
+        policy, now, rate, down + up, rng, n_samples, ids, batch_size, work
     )
     offline_at = fleet.offline_time(ids, now)
     with np.errstate(divide="ignore"):  # a rate of 0: an endless straggler
@@ -473,60 +342,21 @@ def plan_round(
     return RoundPlan(plans=plans, t_start=now, t_end=t_end)
 
 
-def _rate_and_comm(
-    fleet: Fleet,
-    ids: np.ndarray,
-    slowdown: np.ndarray,
-    bytes_down: int,
-    bytes_up: int,
-    work: JobWork | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Work per simulated second this round (local steps, or ``work``'s
-    units at ``unit_cost`` steps each), download and upload seconds."""
-    rate = fleet.speed[ids] / slowdown
-    if work is None:
-        return rate, *fleet.comm_time(ids, bytes_down, bytes_up)
-    down, up = _comm_time(fleet, ids, bytes_down, work.bytes_up[ids])
-    return rate / work.unit_cost[ids], down, up
-
-
-def _comm_time(
-    fleet: Fleet, ids: np.ndarray, bytes_down: int, bytes_up: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """:meth:`Fleet.comm_time` with one upload size per device: one call per
-    distinct size, so each time is the very number a scalar size gives."""
-    down, up = fleet.comm_time(ids, bytes_down, 0)
-    for b in np.unique(bytes_up).tolist():
-        mask = bytes_up == b
-        up[mask] = fleet.comm_time(ids[mask], bytes_down, int(b))[1]
-    return down, up
-
-
-def _distinct(chosen: np.ndarray) -> np.ndarray:
-    ids = np.sort(np.asarray(chosen, dtype=np.int64).reshape(-1))
-    if np.any(ids[1:] == ids[:-1]):
-        raise ValueError("chosen devices must be distinct")
-    return ids
-
-
 def _round_steps(
     policy: RoundSpec,
     now: float,
     rate: np.ndarray,
-    down: np.ndarray,
-    up: np.ndarray,
+    comm_s: np.ndarray,
     rng: np.random.Generator,
     n_samples: np.ndarray,
     ids: np.ndarray,
     batch_size: int,
     work: JobWork | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
-    """A round's tau per device, why a device skips it ("" if it does not),
-    the epochs drawn (None under ``fixed_window``, and with ``work``) and
-    the deadline. With ``work``, ``rate`` is in its units per second."""
+    """tau per device, why it skips the round ("" if not), epochs, deadline."""
     if policy.policy == "fixed_window":
         cap = policy.max_steps if work is None else work.steps
-        compute_s = policy.window_s - (down + up)
+        compute_s = policy.window_s - comm_s
         tau = np.floor(compute_s * rate + _EPS * np.maximum(1.0, compute_s * rate))
         tau = np.clip(tau, 0, cap).astype(np.int64)
         return tau, np.where(tau == 0, "no_time", ""), None, now + policy.window_s
@@ -542,13 +372,9 @@ def _round_steps(
 
 
 class _Round:
-    """One round on a SimPy timeline: device processes and a waiting server.
-
-    The server stops waiting at ``deadline``, or (``wait_for_all``) as soon
-    as every device has arrived or dropped, or (``keep``) at the keep-th
-    arrival. Devices still run to their would-be arrival, so a late device's
-    plan records when that would be.
-    """
+    """One round on a SimPy timeline: device processes and a server that
+    waits until ``deadline``, or (``wait_for_all``) every device or the
+    ``keep``-th arrival; late devices still run to their would-be arrival."""
 
     def __init__(
         self, now: float, deadline: float, wait_for_all: bool, keep: int | None = None
@@ -565,14 +391,8 @@ class _Round:
         self.t_end = now
 
     def add_device(self, j: int, work: _Work, leave: tuple[float, str] | None) -> None:
-        """Run device ``j``'s work; it leaves at ``leave`` (time, why) if given."""
-
-        def finish(done: int, reason: str) -> None:
-            self._finish(j, done, reason)
-
-        self.devices.append(
-            _run_device(self.env, work, finish, leave, every_phase=True)
-        )
+        finish = functools.partial(self._finish, j)
+        self.devices.append(_run_device(self.env, work, finish, leave, True))
 
     def _finish(self, j: int, done: int, reason: str) -> None:
         now = self.env.now
@@ -592,24 +412,16 @@ class _Round:
         epochs: np.ndarray | None,
         clip_to_deadline: bool,
     ) -> tuple[Plan, ...]:
-        """After :meth:`run`, the plan of each device ``ids[j]``; ``skip[j]``
-        says why it never ran (``no_time``, ``no_data``), "" if it ran."""
+        """After :meth:`run`, the plan of each device ``ids[j]``."""
         now, plans = self.t_start, []
         for j, client in enumerate(ids.tolist()):
-            if skip[j]:
-                t_drop = self.deadline if skip[j] == "no_time" else now
-                done, t_arrive, reason = 0, t_drop, str(skip[j])
-            else:
-                done, t_arrive, reason = self.outcome[j]
-                if clip_to_deadline:
-                    t_arrive = min(t_arrive, float(self.deadline))
+            t_skip = self.deadline if skip[j] == "no_time" else now
+            done, t_arrive, reason = self.outcome.get(j, (0, t_skip, str(skip[j])))
+            if clip_to_deadline:
+                t_arrive = min(t_arrive, float(self.deadline))
             e = None if epochs is None else int(epochs[j])
-            dropped = reason != ""
-            plans.append(
-                Plan(
-                    client, done, now, t_arrive, dropped, reason, float(slowdown[j]), e
-                )
-            )
+            s = float(slowdown[j])
+            plans.append(Plan(client, done, now, t_arrive, reason != "", reason, s, e))
         return tuple(plans)
 
     def _server(self) -> Generator[simpy.Event, Any, None]:
@@ -626,8 +438,8 @@ class _Round:
         self.t_end = env.now
 
     def run(self) -> float:
-        """Run every process to its end; mark the arrivals after the keep-th
-        as ``surplus``; return when the server stopped waiting."""
+        """Run every process, mark arrivals after the keep-th ``surplus``,
+        return when the server stopped waiting."""
         self.env.process(self._server())
         self.env.run()
         if self.keep is not None:  # ties broken by device
@@ -635,15 +447,15 @@ class _Round:
                 (t, j) for j, (_, t, why) in self.outcome.items() if not why
             )
             for _, j in arrived[self.keep :]:
-                done, t_arrive, _ = self.outcome[j]
-                self.outcome[j] = (done, t_arrive, "surplus")
+                self.outcome[j] = (*self.outcome[j][:2], "surplus")
         return self.t_end
 
 
-# ==================================================================== async
 # Tags separating the async timeline's random streams from the seed's others.
 _TAG_JOB = 0xA5C10B  # a job's straggler factor and epochs: (seed, tag, device, job)
 _TAG_DISPATCH = 0xD15C  # which idle devices take free slots: (seed, tag, n)
+
+_Status = Literal["applied", "stale", "offline", "dropout"]
 
 
 class Stalled(RuntimeError):
@@ -652,22 +464,10 @@ class Stalled(RuntimeError):
 
 @dataclass(frozen=True)
 class Job:
-    """One pass of a device's loop: download a version, compute, upload.
-
-    It holds only what is known when the job starts; when (and whether) it
-    ends is not part of it.
-
-    Attributes:
-        device: the device (client) id.
-        index: how many jobs the device started before this one (0, 1, ...);
-            with the device id it seeds the job's straggler factor, its
-            epochs and its minibatches.
-        version: the server version the device downloaded.
-        tau: local steps the job computes.
-        t_start: when the download began.
-        slowdown: the job's straggler factor (1.0 if not slowed).
-        epochs: E of the job under ``job_steps: epochs``; None otherwise.
-    """
+    """One pass of a device's loop, as known when it starts: it downloads
+    ``version`` at ``t_start`` and computes ``tau`` steps. ``index`` counts
+    the device's earlier jobs; with the device id it seeds the job's
+    slowdown, ``epochs`` (None unless ``job_steps: epochs``) and batches."""
 
     device: int
     index: int
@@ -680,27 +480,17 @@ class Job:
 
 @dataclass(frozen=True)
 class Arrival:
-    """How a job ended, as the server saw it at simulated time ``t``.
-
-    Attributes:
-        job: the job.
-        t: when the upload reached the server, or when the device went offline.
-        version: the server version at ``t``; for an applied update, the
-            version it was applied to.
-        staleness: ``version - job.version``; None when the device went
-            offline (nothing arrived).
-        status: ``"applied"``, ``"stale"`` (staleness above ``max_staleness``:
-            dropped), ``"offline"`` (the device went offline before its
-            upload completed: dropped) or ``"dropout"`` (it dropped out,
-            ``stragglers.dropout_p``: dropped).
-        tau: local steps completed (fewer than ``job.tau`` when offline).
-    """
+    """How a job ended, as the server saw it at simulated time ``t`` (the
+    arrival, or when the device left) and server ``version``. ``status``:
+    ``"applied"``, or dropped as ``"stale"`` (staleness above
+    ``max_staleness``), ``"offline"`` or ``"dropout"`` (``staleness`` None;
+    ``tau`` the steps done)."""
 
     job: Job
     t: float
     version: int
     staleness: int | None
-    status: Literal["applied", "stale", "offline", "dropout"]
+    status: _Status
     tau: int
 
     @property
@@ -709,8 +499,7 @@ class Arrival:
 
     @property
     def plan(self) -> Plan:
-        """The job's end as a :class:`Plan`, the per-client record both
-        modes share (``reason`` is the status of a dropped job)."""
+        """The job's end as a :class:`Plan` (``reason``: a drop's status)."""
         j = self.job
         return Plan(
             client=j.device,
@@ -726,18 +515,10 @@ class Arrival:
 
 @dataclass(frozen=True)
 class Version:
-    """One server update: the buffered arrivals applied to ``version``.
-
-    Attributes:
-        version: w; the applied updates turn version w into w + 1.
-        t: when version w + 1 was made (the time of the last applied arrival).
-        applied: the ``buffer_size`` accepted arrivals, in order of arrival.
-        ended: every job the server saw end since version w was made
-            (the applied ones and the drops), in the order it saw them.
-        started: the jobs started since version w was made (all from w).
-        in_flight: jobs started whose end the server had not seen yet, right
-            after the update.
-    """
+    """One server update: the ``applied`` arrivals (in arrival order) turn
+    ``version`` w into w + 1 at time ``t``. ``ended`` and ``started`` are
+    the job ends (applied and dropped) and starts since w was made;
+    ``in_flight`` the jobs still out after the update."""
 
     version: int
     t: float
@@ -748,24 +529,15 @@ class Version:
 
 
 Chooser = Callable[[np.ndarray, int, int], np.ndarray]
-"""Which idle online devices take the free slots of the asynchronous timeline.
-
-Called as ``choose(candidates, free, n)`` with the candidates (int64 ids,
-sorted, more than ``free`` of them) and ``n``, how many choices were made
-before this one; returns at most ``free`` distinct candidates. It is called
-only while the timeline is being iterated, and never before every version
-record made so far has been yielded (the slots freed at the instant a version
-is made are handed out when the iterator is resumed, at that same instant and
-in the same order). So a consumer that uses each record before asking for the
-next may let the chooser read what it learned from them (an adaptive selector
-observing applied updates); otherwise it must depend only on what the
-timeline knows.
-"""
+"""``choose(candidates, free, n)``: at most ``free`` distinct ids among the
+sorted int64 ``candidates`` (more than ``free``), ``n`` the count of earlier
+choices: which idle online devices take the timeline's free slots. Called
+only once every version made so far is yielded (docs/fleets.md)."""
 
 
 def uniform_choice(seed: int) -> Chooser:
-    """The default chooser: ``free`` candidates uniformly at random, from a
-    generator seeded by (``seed``, choice counter ``n``), sorted.
+    """The default chooser: ``free`` candidates uniformly at random, sorted,
+    from a generator seeded by (``seed``, choice counter ``n``).
 
     Example:
         >>> choose = uniform_choice(0)
@@ -809,47 +581,12 @@ def _checked_choice(
 class AsyncTimeline:
     """The asynchronous mode's one continuous SimPy timeline.
 
-    Every device loops: wait until it is online and one of ``concurrency``
-    training slots is free, download the current version, compute ``tau``
-    local steps, upload, arrive. The server sees each arrival at its simulated
-    time, and every ``buffer_size`` accepted arrivals make a new version
-    (``buffer_size = 1`` is FedAsync, K is FedBuff). Iterating yields one
-    :class:`Version` per server update, advancing SimPy only as far as that
-    update, until ``versions`` updates exist. Iterate once.
+    Devices loop (wait for a free slot of ``concurrency`` while online,
+    download, compute ``tau`` steps, upload); every ``buffer_size`` accepted
+    arrivals make a version. Iterating (once) yields each :class:`Version`,
+    advancing SimPy only that far. Rules: docs/fleets.md, "The clock".
 
-    The rules, in simulated time:
-
-    - **Slots.** When slots are free, idle online devices take them, all of
-      them if they fit, else those ``choose`` picks (default
-      :func:`uniform_choice`: uniformly at random, one generator per choice,
-      seeded by the scenario seed and a counter), started in increasing id.
-      With none online, the server waits for the first idle device to come
-      online. A device with no training samples never trains.
-    - **A job.** tau is ``max_steps``, or :func:`steps_for` (floor(E n_i /
-      B), one step per epoch when 0 < n_i < B) under ``job_steps: epochs``.
-      Compute runs at speed / slowdown, the straggler factor drawn for this
-      job from a generator seeded by (seed, device, job index), so a job's
-      fate does not depend on what other devices did. Download and upload
-      times come from the link.
-    - **Offline.** A device that goes offline (or drops out) before its upload
-      completes is interrupted (SimPy's machine-shop idiom; the same device
-      process as synchronous rounds): its job is dropped (``offline``,
-      ``dropout``); it takes a slot again once online.
-    - **The server.** Jobs that end at the same instant are handled in
-      increasing device id, all before any job starts at that instant (so
-      devices arriving together restart from the version they made). An
-      arrival's staleness is the current version minus the version it
-      started from; above ``max_staleness`` it is dropped (``stale``), else
-      buffered.
-
-    No clairvoyance: the server handles an arrival only when SimPy reaches
-    its time, so the decision to apply an update at time t uses only events
-    at times <= t; a job's end is an event, not a field of :class:`Job`.
-    The timeline never depends on training results, which is what lets
-    :mod:`fedsim.asynchronous` train jobs in batches ahead of their turn.
-
-    Example (two identical devices, K = 2: versions like synchronous rounds,
-    each 1 s download + 8 steps at 4 steps/s + 1 s upload = 4 s):
+    Example (two devices, K = 2, each 1 s down + 2 s compute + 1 s up):
         >>> from fedsim.fleet import Fleet, FleetSpec
         >>> fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": [
         ...     {"name": "phones", "count": 2,
@@ -878,8 +615,8 @@ class AsyncTimeline:
         n_samples: np.ndarray,
         batch_size: int,
         choose: Chooser | None = None,
-        stall_jobs: int | None = None,
         stall_s: float = 365 * 86400.0,
+        stall_jobs: int | None = None,
     ) -> None:
         if policy.policy != "async":
             raise ValueError(
@@ -922,8 +659,7 @@ class AsyncTimeline:
         self._request_settle()  # the first slots are handed out at t = 0
 
     def __iter__(self) -> Iterator[Version]:
-        made = 0
-        while made < self.versions:
+        for _ in range(self.versions):
             while not self._made:
                 if self._dispatch_due:  # slots freed when the last version was made
                     self._dispatch_due = False
@@ -939,12 +675,9 @@ class AsyncTimeline:
                     ) from None
                 self._check_progress()
             yield self._made.pop(0)
-            made += 1
 
     def _check_progress(self) -> None:
-        """Stop a timeline that keeps running without making a version:
-        after ``stall_jobs`` job ends (every one dropped: offline, dropped
-        out or stale) or ``stall_s`` simulated seconds since the last one."""
+        """Raise Stalled after ``stall_jobs`` ends or ``stall_s`` s with no version."""
         ended = len(self._ended) + len(self._inbox)
         idle_s = self.env.now - self._last_version_t
         if ended > self.stall_jobs or idle_s > self.stall_s:
@@ -957,10 +690,8 @@ class AsyncTimeline:
                 "leave or drop out before uploading, or every update is stale)"
             )
 
-    # ----------------------------------------------------------- the server
     def _request_settle(self) -> None:
-        """Handle this instant's ends, then hand out slots, after every other
-        event already due now (a zero delay queues behind them)."""
+        # A zero delay queues behind every other event already due now.
         if not self._settling:
             self._settling = True
             self.env.timeout(0).callbacks.append(self._settle)
@@ -975,29 +706,18 @@ class AsyncTimeline:
         for job, reason, done in inbox:
             del self.in_flight[job.device]
             self.idle[job.device] = True
-            if reason == "offline":
-                arrival = Arrival(job, now, self.version, None, "offline", done)
-            elif reason == "dropout":
-                arrival = Arrival(job, now, self.version, None, "dropout", done)
-            else:
-                s = self.version - job.version
-                status: Literal["applied", "stale"] = (
-                    "stale" if max_s is not None and s > max_s else "applied"
-                )
-                arrival = Arrival(job, now, self.version, s, status, job.tau)
-                if status == "applied":
-                    self._buffer.append(arrival)
+            s = None if reason else self.version - job.version  # None: it left
+            stale = s is not None and max_s is not None and s > max_s
+            status = cast(_Status, reason or ("stale" if stale else "applied"))
+            arrival = Arrival(job, now, self.version, s, status, done)
+            if status == "applied":
+                self._buffer.append(arrival)
             self._ended.append(arrival)
             if len(self._buffer) == self.buffer_size:
+                applied, ended = tuple(self._buffer), tuple(self._ended)
+                started, busy = tuple(self._started), len(self.in_flight)
                 self._made.append(
-                    Version(
-                        version=self.version,
-                        t=now,
-                        applied=tuple(self._buffer),
-                        ended=tuple(self._ended),
-                        started=tuple(self._started),
-                        in_flight=len(self.in_flight),
-                    )
+                    Version(self.version, now, applied, ended, started, busy)
                 )
                 self.version += 1
                 self._last_version_t = now
@@ -1037,7 +757,6 @@ class AsyncTimeline:
             self._wake_at = math.inf
         self._request_settle()
 
-    # ------------------------------------------------------------ a device
     def _start(self, d: int) -> None:
         now = self.env.now
         k = int(self.jobs_started[d])

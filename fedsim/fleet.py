@@ -1,29 +1,9 @@
 """Devices of a simulated fleet: speed, network, availability and stragglers.
 
-Every attribute is drawn once from the scenario seed, so a fleet is a pure
-function of ``(FleetSpec, seed)`` (and of the trace files it names). Devices
-are numbered ``0..m-1`` in group order (group 0's devices first). Imports
-numpy only: no torch, no Ray.
-
-A group's devices come from distributions (``speed``, ``network``; presets
-fitted to measurements are in :mod:`fedsim.presets`) or from a trace file of
-measured devices (``trace``; see :mod:`fedsim.traces`).
-
-Availability is an alternating on/off process per device whose interval
-``k`` of device ``d`` ends at a time computed from the hash of
-``(seed, d, k)`` (counter-based randomness). Nothing is stored per interval,
-so a fleet of millions of devices answers ``online(t)`` from a few arrays,
-and the answer never depends on which times were asked before. Three kinds
-share this machinery:
-
-- ``on_off``: exponential on and off periods (a homogeneous Markov chain);
-- ``daily``: the same chain with rates that follow a 24 h profile, so the
-  online fraction rises and falls once a day (e.g. 6-12%, peaking at night);
-- a trace's intervals: deterministic on/off flips read from the trace.
-
-Stragglers are drawn per round (or per async job) by the clock through
-:meth:`Fleet.draw_slowdowns` (transient slowdowns) and
-:meth:`Fleet.draw_dropouts` (leaving mid-round).
+A fleet is a pure function of ``(FleetSpec, seed)`` (and its trace files);
+devices are numbered ``0..m-1`` in group order. Availability is counter-based:
+interval ``k`` of device ``d`` ends at a time hashed from ``(seed, d, k)``.
+See docs/fleets.md. Imports numpy only: no torch, no Ray.
 """
 
 from __future__ import annotations
@@ -69,7 +49,6 @@ else:
     NetworkPresetName = Literal[tuple(NETWORK_PRESETS)]
 
 
-# ------------------------------------------------------------------ the specs
 class SpeedTierSpec(_Spec):
     """One lognormal component of a ``mixture`` speed distribution."""
 
@@ -82,18 +61,8 @@ class SpeedTierSpec(_Spec):
 class SpeedSpec(_Spec):
     """Compute speed in local steps per simulated second, drawn once per device.
 
-    - ``fixed``: ``steps_per_s`` for every device;
-    - ``lognormal``: ``median_steps_per_s * exp(sigma * z)``, z ~ N(0, 1);
-    - ``mixture``: each device falls in one of ``tiers`` with probability
-      proportional to its ``share``, then is lognormal with that tier's
-      median and sigma.
-
-    ``preset`` fills in the fields you leave out from a distribution fitted
-    to measurements (:mod:`fedsim.presets`): ``flash-phones`` (FLASH's tier
-    mix, a ``mixture``) or ``flash-phones-low|mid|high`` (one tier, a
-    ``lognormal``), for the on-device training time of ``workload``
-    (default ``femnist-cnn``), medians times ``scale``. The resolved scenario
-    shows the numbers used.
+    ``fixed``, ``lognormal`` or ``mixture`` of lognormal ``tiers``;
+    ``preset`` fills in the fields left out (docs/fleets.md, "Speed").
 
     Example:
         >>> SpeedSpec(preset="flash-phones-mid").median_steps_per_s
@@ -133,18 +102,8 @@ class SpeedSpec(_Spec):
             out.setdefault("sigma", tiers[0].sigma)
         else:
             out.setdefault("dist", "mixture")
-            out.setdefault(
-                "tiers",
-                [
-                    {
-                        "name": t.name,
-                        "share": t.share,
-                        "median_steps_per_s": t.median_steps_per_s,
-                        "sigma": t.sigma,
-                    }
-                    for t in tiers
-                ],
-            )
+            fields = SpeedTierSpec.model_fields
+            out.setdefault("tiers", [{f: getattr(t, f) for f in fields} for t in tiers])
         return out
 
     @model_validator(mode="after")
@@ -198,11 +157,8 @@ def _mixture_median(tiers: list[SpeedTierSpec]) -> float:
 class NetworkSpec(_Spec):
     """Link of a device: time to send B bytes = 8 B / (mbps * 1e6) + latency_s.
 
-    With ``down_sigma`` or ``up_sigma`` > 0, each device's bandwidths are
-    drawn once, lognormal around the medians ``down_mbps`` and ``up_mbps``,
-    with log-correlation ``rho`` between down and up. ``preset`` fills in the
-    fields you leave out: ``flash-wifi`` is the WiFi of FLASH's users
-    (:mod:`fedsim.presets`; latency is not part of it).
+    With ``down_sigma`` / ``up_sigma`` > 0, bandwidths are lognormal around
+    the medians, log-correlated by ``rho``; ``preset`` fills in the rest.
     """
 
     down_mbps: PosFloat = 100.0
@@ -226,21 +182,21 @@ class NetworkSpec(_Spec):
                 f"unknown network preset {name!r}; one of {sorted(NETWORK_PRESETS)}"
             )
         p = NETWORK_PRESETS[name]
-        out = dict(data)
-        out.setdefault("down_mbps", p.down_median_mbps)
-        out.setdefault("up_mbps", p.up_median_mbps)
-        out.setdefault("down_sigma", p.down_sigma)
-        out.setdefault("up_sigma", p.up_sigma)
-        out.setdefault("rho", p.rho)
-        return out
+        return {
+            "down_mbps": p.down_median_mbps,
+            "up_mbps": p.up_median_mbps,
+            "down_sigma": p.down_sigma,
+            "up_sigma": p.up_sigma,
+            "rho": p.rho,
+            **data,
+        }
 
 
 class SlowdownSpec(_Spec):
-    """Distribution of a straggler's slowdown factor (>= 1; speed is divided by it).
+    """A straggler's slowdown factor (>= 1; speed is divided by it).
 
-    ``fixed``: ``factor``; ``uniform``: U(low, high); ``pareto``: 1 + Pareto(shape),
-    i.e. heavy-tailed with minimum 1. ``max_factor`` caps the factor (a
-    Pareto with a small shape otherwise makes some rounds practically endless).
+    ``fixed``: ``factor``; ``uniform``: U(low, high); ``pareto``: 1 +
+    Pareto(shape). ``max_factor`` caps it.
     """
 
     dist: Literal["fixed", "uniform", "pareto"] = "fixed"
@@ -258,13 +214,9 @@ class SlowdownSpec(_Spec):
 
 
 class StragglerSpec(_Spec):
-    """Per round (or async job), each selected device independently:
-
-    - is slowed with probability ``p`` by a factor from ``slowdown``;
-    - drops out with probability ``dropout_p``, at a time uniform within its
-      work (download, compute, upload); its update is lost
-      (``drop_reason: dropout``).
-    """
+    """Per round (or async job), each selected device is slowed with
+    probability ``p`` by a factor from ``slowdown``, and drops out with
+    probability ``dropout_p`` at a time uniform within its work."""
 
     p: Prob = 0.0
     slowdown: SlowdownSpec = SlowdownSpec()
@@ -272,18 +224,8 @@ class StragglerSpec(_Spec):
 
 
 class AvailabilitySpec(_Spec):
-    """When a device is online. A device that goes offline mid-round drops out.
-
-    - ``always``;
-    - ``on_off``: alternating on/off periods, exponential with means
-      ``mean_on_s`` and ``mean_off_s``;
-    - ``daily``: on/off periods whose rates follow a daily cycle, so that the
-      fraction of the fleet online is about ``min_online + (max_online -
-      min_online) * (1 + cos(2 pi (t - peak) / period_s)) / 2``, highest at
-      ``peak_hour`` (t = 0 is midnight). An online session lasts about
-      ``mean_on_s`` (at the day's mean online fraction); the fraction follows
-      the profile with a lag of about that long. ``mean_off_s`` is not used.
-    """
+    """When a device is online: ``always``, ``on_off`` (exponential periods)
+    or ``daily`` (docs/fleets.md, "Availability")."""
 
     kind: Literal["always", "on_off", "daily"] = "always"
     mean_on_s: PosFloat = 3600.0
@@ -318,19 +260,16 @@ class AvailabilitySpec(_Spec):
 
 
 class TraceSpec(_Spec):
-    """A trace file of measured devices (:mod:`fedsim.traces`). ``file`` is
-    looked up next to the scenario file, then in the current directory, and
-    stored resolved; ``period_s`` repeats its availability intervals."""
+    """A trace file of measured devices (:mod:`fedsim.traces`); ``period_s``
+    repeats its availability intervals."""
 
     file: str = Field(min_length=1, max_length=4096)
     period_s: PosFloat | None = None
 
 
 class DeviceGroup(_Spec):
-    """A group of devices: drawn from ``speed`` and ``network``, or read from
-    a ``trace`` (then ``count`` is its number of rows, and ``speed`` and
-    ``network`` come from it, as does ``availability`` when it has that
-    column). ``stragglers`` left out: the fleet's ``stragglers``."""
+    """A group of devices, drawn from ``speed`` and ``network`` or read from
+    a ``trace``; without ``stragglers``, the fleet's apply."""
 
     name: str = Field(min_length=1, max_length=200)
     count: Annotated[int, Field(ge=1, le=10_000_000)]
@@ -390,9 +329,7 @@ class DeviceGroup(_Spec):
 
 
 class FleetSpec(_Spec):
-    """The devices. ``stragglers`` is the default of every group that does
-    not set its own (so ``--set fleet.stragglers.p=0.3`` affects the whole
-    fleet)."""
+    """The devices; ``stragglers`` is the default of every group without its own."""
 
     groups: list[DeviceGroup] = Field(min_length=1, max_length=10_000)
     stragglers: StragglerSpec | None = None
@@ -428,14 +365,6 @@ _MASK64 = (1 << 64) - 1
 _EXP, _DAILY, _TRACE = 0, 1, 2  # kinds of availability process
 
 
-def _splitmix64_int(x: int) -> int:
-    """splitmix64 finaliser on a Python int (for deriving the seed key)."""
-    z = (x + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser, vectorised; uint64 arithmetic wraps by design."""
     z = x + np.uint64(0x9E3779B97F4A7C15)
@@ -449,18 +378,9 @@ def _unit(bits: np.ndarray) -> np.ndarray:
     return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
 
-def _daily_profile(a: AvailabilitySpec, t: float) -> float:
-    """The target online fraction of a ``daily`` availability at time ``t``."""
-    amp = a.max_online - a.min_online
-    peak = a.peak_hour / 24.0 * a.period_s
-    return a.min_online + amp / 2 * (
-        1 + math.cos(2 * math.pi * (t - peak) / a.period_s)
-    )
-
-
 def _daily_input(a: AvailabilitySpec) -> tuple[float, float, float, float]:
     """(f_bar, input amplitude, input peak time, time scale c) of the chain
-    whose online probability follows ``a``'s profile (see ``_OnOff``)."""
+    whose online probability follows ``a``'s profile."""
     f_bar = (a.min_online + a.max_online) / 2
     c = a.mean_on_s * (1 - f_bar)
     wc = 2 * math.pi / a.period_s * c
@@ -472,27 +392,13 @@ def _daily_input(a: AvailabilitySpec) -> tuple[float, float, float, float]:
 class _OnOff:
     """Memo of each device's current on/off interval, advanced lazily.
 
-    Interval ``k`` of device ``d`` covers ``[start, end)``; it is "on" when
-    ``k`` is even and the device started on (or ``k`` is odd and it started
-    off). How an interval's end follows from its start depends on the kind:
-
-    - exponential (``always``, ``on_off``): the end is ``start + mean * E``
-      with ``E = -log u`` and ``u`` the hash of ``(device key, k)``. Since
-      exponentials are memoryless, starting interval 0 at t=0 in the
-      stationary state is exact for a process running forever.
-    - ``daily``: a two-state chain with time-varying rates, off->on
-      ``f_in(t)/c`` and on->off ``(1 - f_in(t))/c``; its online probability
-      p obeys ``p' = (f_in - p)/c``, so with ``f_in`` the target profile
-      advanced and amplified to undo that filter (``_daily_input``), p(t) is
-      the target profile, and starting at t=0 with p = profile(0) is exact.
-      An interval ends where the integrated rate since its start reaches
-      ``E`` (a time change of a unit exponential), solved by safeguarded
-      Newton per element.
-    - trace: the k-th flip time of the device's trace (repeated each period).
-
-    The cache only saves work: advancing always repeats the same operations
-    from interval 0, element by element, so results are the same bit for bit
-    whatever the order of queries.
+    Interval ``k`` is "on" when ``k`` is even and the device started on (or
+    odd and it started off). It ends at ``start + mean * E`` (exponential,
+    memoryless: starting stationary at t=0 is exact), where the integrated
+    time-varying rate reaches ``E`` (``daily``), or at the trace's k-th flip.
+    ``E = -log u``, ``u`` the hash of ``(device key, k)``. Advancing always
+    repeats the same operations from interval 0, element by element, so
+    results are bit-identical whatever the order of queries.
     """
 
     def __init__(
@@ -504,7 +410,7 @@ class _OnOff:
     ):
         self.group = group
         intervals = dict(intervals or {})
-        n_groups = len(specs)
+        n = len(specs)
         self.kind = np.array(
             [
                 _TRACE if gi in intervals else _DAILY if a.kind == "daily" else _EXP
@@ -512,46 +418,34 @@ class _OnOff:
             ],
             dtype=np.int8,
         )
-        on_off = [
-            a.kind == "on_off" and gi not in intervals for gi, a in enumerate(specs)
-        ]
-        # Always-on devices: an "on" interval that never ends.
-        self.mean_on = np.array(
-            [a.mean_on_s if f else np.inf for a, f in zip(specs, on_off, strict=True)]
-        )
-        self.mean_off = np.array([a.mean_off_s for a in specs])
-        self.p_on = np.array(
-            [
-                a.mean_on_s / (a.mean_on_s + a.mean_off_s) if f else 1.0
-                for a, f in zip(specs, on_off, strict=True)
-            ]
-        )
-        self.mixed = bool((self.kind != _EXP).any())
-        self._init_daily(specs)
-        self._init_traces(group, intervals, n_groups)
-        self.seed_key = _splitmix64_int(_splitmix64_int(seed) ^ _TAG_AVAILABILITY)
-        self._cache: tuple[np.ndarray, ...] | None = None
-
-    def _init_daily(self, specs: tuple[AvailabilitySpec, ...]) -> None:
-        # Rates off->on f_in(t)/c and on->off (1 - f_in(t))/c make the online
-        # probability p obey p' = (f_in - p)/c exactly: a linear filter. For a
-        # cosine f_in its periodic response is a cosine damped by
-        # 1/sqrt(1 + (omega c)^2) and delayed by atan(omega c)/omega, so f_in
-        # is the target profile amplified and advanced by as much; then p(t)
-        # is the target, and starting at t=0 with p(0) is the steady state.
+        # daily: p' = (f_in - p)/c damps a cosine f_in by 1/sqrt(1 + (omega c)^2)
+        # and delays it by atan(omega c)/omega, so f_in is the target profile
+        # amplified and advanced by as much (docs/fleets.md, "Availability");
         # F_in(t) = int f_in = f_bar t + beta sin(omega (t - t_peak_in)).
-        n = len(specs)
+        self.mean_on, self.p_on = np.full(n, np.inf), np.ones(n)  # always on
+        self.mean_off = np.array([a.mean_off_s for a in specs])
         self.f_bar, self.beta = np.zeros(n), np.zeros(n)
         self.omega, self.t_peak, self.c = np.ones(n), np.zeros(n), np.ones(n)
         for gi, a in enumerate(specs):
-            if self.kind[gi] != _DAILY:
-                continue
-            f_bar, amp_in, t_peak_in, c = _daily_input(a)
-            omega = 2 * math.pi / a.period_s
-            self.f_bar[gi], self.omega[gi], self.c[gi] = f_bar, omega, c
-            self.t_peak[gi] = t_peak_in
-            self.beta[gi] = amp_in / (2 * omega)
-            self.p_on[gi] = _daily_profile(a, 0.0)
+            if self.kind[gi] == _DAILY:
+                f_bar, amp_in, t_peak_in, c = _daily_input(a)
+                omega = 2 * math.pi / a.period_s
+                self.f_bar[gi], self.omega[gi], self.c[gi] = f_bar, omega, c
+                self.t_peak[gi] = t_peak_in
+                self.beta[gi] = amp_in / (2 * omega)
+                peak = a.peak_hour / 24.0 * a.period_s  # the profile at t = 0
+                amp = a.max_online - a.min_online
+                cos0 = math.cos(2 * math.pi * (0.0 - peak) / a.period_s)
+                self.p_on[gi] = a.min_online + amp / 2 * (1 + cos0)
+            elif a.kind == "on_off" and gi not in intervals:
+                self.mean_on[gi] = a.mean_on_s
+                self.p_on[gi] = a.mean_on_s / (a.mean_on_s + a.mean_off_s)
+        self.mixed = bool((self.kind != _EXP).any())
+        self._init_traces(group, intervals, n)
+        mixed_seed = _splitmix64(np.array([seed & _MASK64], dtype=np.uint64))
+        key = _splitmix64(mixed_seed ^ np.uint64(_TAG_AVAILABILITY))
+        self.seed_key = int(key[0])
+        self._cache: tuple[np.ndarray, ...] | None = None
 
     def _init_traces(
         self, group: np.ndarray, intervals: dict[int, Intervals], n_groups: int
@@ -561,9 +455,7 @@ class _OnOff:
             self.tr_first_on = self.tr_offsets = self.tr_times = None
             return
         m = group.size
-        starts = np.searchsorted(
-            group, np.arange(n_groups)
-        )  # devices are in group order
+        starts = np.searchsorted(group, np.arange(n_groups))  # in group order
         first_on = np.zeros(m, dtype=bool)
         counts = np.zeros(m, dtype=np.int64)
         times = []
@@ -574,12 +466,9 @@ class _OnOff:
             first_on[a : a + iv.size] = fo
             counts[a : a + iv.size] = np.diff(off)
             times.append(t)
-            if iv.period_s is not None:
-                self.tr_period[gi] = iv.period_s
-        offsets = np.zeros(m + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        self.tr_first_on, self.tr_offsets = first_on, offsets
-        self.tr_times = np.concatenate(times) if times else np.zeros(0)
+            self.tr_period[gi] = iv.period_s or np.inf
+        self.tr_first_on, self.tr_times = first_on, np.concatenate(times)
+        self.tr_offsets = np.concatenate([[0], np.cumsum(counts)])
 
     def __getstate__(self) -> dict:
         # The memo can be tens of MB and is cheap to rebuild: do not ship it.
@@ -588,7 +477,6 @@ class _OnOff:
     def _keys(self, idx: np.ndarray) -> np.ndarray:
         return _splitmix64(np.uint64(self.seed_key) ^ idx.astype(np.uint64))
 
-    # ------------------------------------------------------ interval ends
     def _ends(
         self,
         dev: np.ndarray,
@@ -617,15 +505,9 @@ class _OnOff:
     def _daily_end(
         self, g: np.ndarray, s: np.ndarray, on: np.ndarray, e: np.ndarray
     ) -> np.ndarray:
-        """Solve H(t) = H(s) + c e with H the integrated rate, per element.
-
-        Off intervals integrate f, on intervals 1 - f; both are
-        ``alpha t + beta sin(omega (t - t_peak))`` with slope in
-        ``[alpha - |beta| omega, alpha + |beta| omega]``, so the root lies
-        within ``|beta| / alpha`` of ``y / alpha``. Newton steps that leave
-        the bracket are replaced by bisection; each element stops on its own
-        once converged, so its result does not depend on its neighbours.
-        """
+        """Solve H(t) = H(s) + c e, H = alpha t + beta sin(omega (t - t_peak))
+        the integrated rate: safeguarded Newton within the bracket
+        ``(y -+ |beta|) / alpha``, each element stopping on its own."""
         f_bar, omega, t_peak = self.f_bar[g], self.omega[g], self.t_peak[g]
         alpha = np.where(on, 1.0 - f_bar, f_bar)
         beta = np.where(on, -self.beta[g], self.beta[g])
@@ -654,8 +536,8 @@ class _OnOff:
         return t
 
     def _trace_end(self, dev: np.ndarray, g: np.ndarray, k: np.ndarray) -> np.ndarray:
-        """The k-th flip of each device's trace; ``inf`` after the last flip
-        of a trace without a period (or for a device that never flips)."""
+        """The k-th flip of each device's trace (``inf`` past the last one,
+        without a period)."""
         assert self.tr_offsets is not None and self.tr_times is not None
         first = self.tr_offsets[dev]
         n = self.tr_offsets[dev + 1] - first
@@ -670,7 +552,6 @@ class _OnOff:
         t = np.where(periodic & has, t + wraps, t)
         return np.where(~periodic & (k >= n), np.inf, t)
 
-    # ------------------------------------------------------------ the memo
     def _first_interval(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
         g = self.group[idx]
         key = self._keys(idx)
@@ -683,12 +564,8 @@ class _OnOff:
         return first_on, k, start, self._ends(idx, g, k, start, first_on, key)
 
     def _advance(self, idx: np.ndarray, t: float) -> tuple[np.ndarray, ...]:
-        """The intervals of devices ``idx`` (all behind ``t``) that contain t.
-
-        A long jump in time can take thousands of steps for some devices, so
-        this steps whole arrays with masks and compacts them only once most
-        devices have caught up (numpy fancy indexing is the costly part).
-        """
+        """The intervals of devices ``idx`` (all behind ``t``) that contain t;
+        masked steps, compacted once most have caught up (gathers cost)."""
         assert self._cache is not None  # state_at filled it
         first_on, k, start, end = (a[idx] for a in self._cache)
         g = self.group[idx]
@@ -749,26 +626,12 @@ class _OnOff:
 class Fleet:
     """Per-device attributes, drawn once from the scenario seed.
 
-    Arrays are indexed by device id (``0..m-1``, in group order) and are
-    read-only. Availability is answered lazily (see :meth:`online`); the
-    answers are a pure function of ``(seed, device, t)``.
-
-    Attributes:
-        group: int32 ``[m]``, the group index of each device.
-        group_names: the groups' names, by group index.
-        speed: float64 ``[m]``, local steps per simulated second, before any
-            straggler slowdown.
-        down_bps: float64 ``[m]``, download bandwidth in bits per second.
-        up_bps: float64 ``[m]``, upload bandwidth in bits per second.
-        latency_s: float64 ``[m]``, added once to every download and upload.
-        straggler_p: float64 ``[m]``, chance per round of being slowed down.
-        slowdowns: each group's slowdown distribution.
-        availability: each group's availability model.
-        seed: the seed availability is derived from.
-        dropout_p: float64 ``[m]``, chance per round of dropping out
-            mid-round (default: 0 for every device).
-        intervals: per group index, the online intervals of its devices
-            (from a trace); they replace that group's ``availability``.
+    Arrays are read-only float64 ``[m]`` by device id (``group`` int32):
+    ``speed`` in local steps/s before stragglers, bandwidths in bit/s,
+    ``latency_s`` added to each transfer, per-round ``straggler_p`` and
+    ``dropout_p``. ``slowdowns`` and ``availability`` are per group;
+    ``intervals`` (per group index, from a trace) replace the latter.
+    Availability is a pure function of ``(seed, device, t)``.
 
     Example:
         >>> from fedsim.fleet import FleetSpec
@@ -784,19 +647,6 @@ class Fleet:
         >>> down, up = fleet.comm_time([0], bytes_down=1_000_000, bytes_up=0)
         >>> down.tolist(), up.tolist()
         ([1.5], [0.5])
-        >>> fleet.online(100.0).shape
-        (3,)
-
-        A night-peaking phone fleet from the FLASH preset:
-
-        >>> night = Fleet.from_spec(FleetSpec.model_validate({"groups": [
-        ...     {"name": "phones", "count": 20_000,
-        ...      "speed": {"preset": "flash-phones"},
-        ...      "availability": {"kind": "daily", "min_online": 0.06,
-        ...                       "max_online": 0.12, "peak_hour": 2}}]}), seed=0)
-        >>> f = [night.online(h * 3600.0).mean() for h in (3, 15)]
-        >>> bool(0.10 < f[0] < 0.13 and 0.05 < f[1] < 0.08)
-        True
     """
 
     group: np.ndarray
@@ -851,39 +701,21 @@ class Fleet:
                     f"{counts[gi]}"
                 )
         set_(self, "intervals", intervals)
-        set_(self, "group_names", tuple(self.group_names))
-        set_(self, "slowdowns", tuple(self.slowdowns))
-        set_(self, "availability", tuple(self.availability))
+        for name in ("group_names", "slowdowns", "availability"):
+            set_(self, name, tuple(getattr(self, name)))
         set_(self, "_onoff", _OnOff(self.seed, group, self.availability, intervals))
 
     @classmethod
     def from_spec(cls, spec: FleetSpec, seed: int) -> Fleet:
-        """Draw every device of ``spec`` from ``seed``.
-
-        Lognormal speeds are ``median * exp(sigma * z)`` with ``z`` the
-        device's own standard normal: one draw per device (fixed-speed and
-        trace devices too), so editing one group does not reshuffle the
-        others' speeds. A ``mixture`` device's tier comes from its own
-        uniform (a separate stream), lognormal bandwidths from a pair of
-        normals per device (another stream).
-        """
+        """Draw every device of ``spec`` from ``seed`` (docs/fleets.md, "The clock")."""
         groups = spec.groups
         counts = [g.count for g in groups]
         group = np.repeat(np.arange(len(groups), dtype=np.int32), counts)
         m = group.size
         bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        z = np.random.default_rng(
-            np.random.SeedSequence([seed, _TAG_SPEED])
-        ).standard_normal(m)
-        tier_u = net_z = None
-        if any(g.speed is not None and g.speed.dist == "mixture" for g in groups):
-            tier_u = np.random.default_rng(
-                np.random.SeedSequence([seed, _TAG_TIER])
-            ).random(m)
-        if any(g.network.down_sigma or g.network.up_sigma for g in groups):
-            net_z = np.random.default_rng(
-                np.random.SeedSequence([seed, _TAG_NETWORK])
-            ).standard_normal((m, 2))
+        z = _stream(seed, _TAG_SPEED).standard_normal(m)
+        tier_u = _stream(seed, _TAG_TIER).random(m)
+        net_z = _stream(seed, _TAG_NETWORK).standard_normal((m, 2))
         speed, down, up, latency = (np.empty(m) for _ in range(4))
         intervals: dict[int, Intervals] = {}
         for gi, g in enumerate(groups):
@@ -900,24 +732,14 @@ class Fleet:
                 if tr.availability is not None:
                     intervals[gi] = tr.availability
                 continue
-            speed[sl] = _draw_speed(
-                g.speed, z[sl], None if tier_u is None else tier_u[sl]
-            )
-            net = g.network
-            if net.down_sigma or net.up_sigma:
-                assert net_z is not None
-                z1, z2 = net_z[sl, 0], net_z[sl, 1]
-                z_up = net.rho * z1 + math.sqrt(1 - net.rho**2) * z2
-                down[sl] = net.down_mbps * 1e6 * np.exp(net.down_sigma * z1)
-                up[sl] = net.up_mbps * 1e6 * np.exp(net.up_sigma * z_up)
-            else:
-                down[sl], up[sl] = net.down_mbps * 1e6, net.up_mbps * 1e6
+            speed[sl] = _draw_speed(g.speed, z[sl], tier_u[sl])
+            net = g.network  # sigma 0: exp(0 z) = 1, the median exactly
+            z1, z2 = net_z[sl, 0], net_z[sl, 1]
+            z_up = net.rho * z1 + math.sqrt(1 - net.rho**2) * z2
+            down[sl] = net.down_mbps * 1e6 * np.exp(net.down_sigma * z1)
+            up[sl] = net.up_mbps * 1e6 * np.exp(net.up_sigma * z_up)
             latency[sl] = net.latency_s
         stragglers = [spec.stragglers_of(gi) for gi in range(len(groups))]
-
-        def per_device(values: list[float]) -> np.ndarray:
-            return np.asarray(values, dtype=np.float64)[group]
-
         return cls(
             group=group,
             group_names=tuple(g.name for g in groups),
@@ -925,11 +747,11 @@ class Fleet:
             down_bps=down,
             up_bps=up,
             latency_s=latency,
-            straggler_p=per_device([s.p for s in stragglers]),
+            straggler_p=np.array([s.p for s in stragglers])[group],
             slowdowns=tuple(s.slowdown for s in stragglers),
             availability=tuple(g.availability for g in groups),
             seed=seed,
-            dropout_p=per_device([s.dropout_p for s in stragglers]),
+            dropout_p=np.array([s.dropout_p for s in stragglers])[group],
             intervals=intervals,
         )
 
@@ -939,31 +761,19 @@ class Fleet:
         return int(self.group.size)
 
     def online(self, t: float) -> np.ndarray:
-        """Which devices are online at simulated time ``t`` (bool ``[m]``).
-
-        Cost is proportional to the devices whose on/off interval ended since
-        the last query, so a simulation moving forward pays little per query;
-        a query about an earlier time replays those devices from the start.
-        """
-        on, _ = self._onoff.state_at(np.arange(self.size), float(t))
-        return on
+        """Which devices are online at simulated time ``t`` (bool ``[m]``)."""
+        return self._onoff.state_at(np.arange(self.size), float(t))[0]
 
     def offline_time(self, devices: np.ndarray, t: float) -> np.ndarray:
-        """For each device, the first time ``>= t`` at which it is offline.
-
-        ``inf`` for a device that never goes offline, and ``t`` itself for a
-        device already offline at ``t``. A device is online on ``[t, result)``.
-        """
+        """For each device, the first time ``>= t`` at which it is offline
+        (``t`` if it is, ``inf`` if it never goes offline)."""
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         on, end = self._onoff.state_at(idx, float(t))
         return np.where(on, end, float(t))
 
     def online_time(self, devices: np.ndarray, t: float) -> np.ndarray:
-        """For each device, the first time ``>= t`` at which it is online.
-
-        ``t`` itself for a device online at ``t``; ``inf`` for a device that
-        never comes back (a trace that ends offline, without a period).
-        """
+        """For each device, the first time ``>= t`` at which it is online
+        (``t`` if it is, ``inf`` if it never comes back)."""
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         on, end = self._onoff.state_at(idx, float(t))
         return np.where(on, float(t), end)
@@ -977,29 +787,18 @@ class Fleet:
     def comm_time(
         self, devices: np.ndarray, bytes_down: int, bytes_up: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Seconds to download ``bytes_down`` and to upload ``bytes_up``.
-
-        Each is ``8 * bytes / bits_per_second + latency_s``, per device.
-        """
+        """Seconds to download ``bytes_down`` and to upload ``bytes_up``,
+        each ``8 * bytes / bits_per_second + latency_s``, per device."""
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         lat = self.latency_s[idx]
-        return 8.0 * bytes_down / self.down_bps[
-            idx
-        ] + lat, 8.0 * bytes_up / self.up_bps[idx] + lat
+        down = 8.0 * bytes_down / self.down_bps[idx] + lat
+        return down, 8.0 * bytes_up / self.up_bps[idx] + lat
 
     def draw_slowdowns(
         self, devices: np.ndarray, rng: np.random.Generator
     ) -> np.ndarray:
-        """This round's straggler factor (>= 1) for each device, in the given order.
-
-        Device ``i`` is slowed with probability ``straggler_p[i]`` by a factor
-        from its group's :class:`SlowdownSpec` (capped at its ``max_factor``),
-        else the factor is 1. Exactly two uniforms are drawn per device (one
-        for "is it slowed", one turned into the factor by the inverse CDF), so
-        one device's outcome never shifts another's draws. Pareto uses the
-        inverse CDF ``(1 - u) ** (-1 / shape)``, the same law as
-        ``1 + rng.pareto(shape)``.
-        """
+        """This round's straggler factor (>= 1) for each device, in the given
+        order; two uniforms each, so one never shifts another's draws."""
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         u = rng.random((idx.size, 2))
         factor = np.ones(idx.size)
@@ -1023,23 +822,8 @@ class Fleet:
     def draw_dropouts(
         self, devices: np.ndarray, rng: np.random.Generator, work_s: Any
     ) -> np.ndarray:
-        """When each device drops out of this round: seconds after it starts,
-        or ``inf`` if it does not.
-
-        Device ``i`` drops out with probability ``dropout_p[i]``, at a time
-        uniform in ``[0, work_s[i])`` (its download, compute and upload; an
-        endless work never drops). Exactly two uniforms are drawn per device,
-        as in :meth:`draw_slowdowns`.
-
-        Example:
-            >>> import numpy as np
-            >>> fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": [
-            ...     {"name": "g", "count": 2, "speed": {"steps_per_s": 1.0},
-            ...      "stragglers": {"dropout_p": 1.0}}]}), seed=0)
-            >>> t = fleet.draw_dropouts([0, 1], np.random.default_rng(0), [10.0, 20.0])
-            >>> bool((t >= 0).all() and (t < [10.0, 20.0]).all())
-            True
-        """
+        """Seconds after its start at which each device drops out of this
+        round (uniform in ``[0, work_s)``), or ``inf``; two uniforms each."""
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         u = rng.random((idx.size, 2))
         work = np.broadcast_to(np.asarray(work_s, dtype=np.float64), idx.shape)
@@ -1048,8 +832,12 @@ class Fleet:
         return np.where(drop, u[:, 1] * np.where(drop, work, 0.0), np.inf)
 
 
+def _stream(seed: int, tag: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, tag]))
+
+
 def _draw_speed(
-    spec: SpeedSpec | None, z: np.ndarray, tier_u: np.ndarray | None
+    spec: SpeedSpec | None, z: np.ndarray, tier_u: np.ndarray
 ) -> np.ndarray:
     """Speeds of one group's devices from their normals (and tier uniforms)."""
     assert spec is not None
@@ -1057,7 +845,7 @@ def _draw_speed(
         return spec.steps_per_s * np.exp(0.0 * z)
     if spec.dist == "lognormal":
         return spec.median_steps_per_s * np.exp(spec.sigma * z)
-    assert spec.tiers is not None and tier_u is not None
+    assert spec.tiers is not None
     share = np.array([t.share for t in spec.tiers])
     cum = np.cumsum(share / share.sum())
     tier = np.minimum(np.searchsorted(cum, tier_u, side="right"), len(share) - 1)

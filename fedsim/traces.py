@@ -1,53 +1,10 @@
-"""Device trace files: measured devices, one row each, next to the parametric models.
+"""Device trace files: measured devices, one row each, as a fleet group.
 
-A fleet group can be read from a trace instead of being drawn from
-distributions::
-
-    fleet:
-      groups:
-        - name: measured-phones
-          trace: traces/phones.csv          # count = number of rows
-        - name: measured-phones-daily
-          trace: {file: traces/phones.parquet, period_s: 86400}
-
-A trace is a CSV file (with a header line) or a Parquet file, one row per
-device, with these columns:
-
-=====================  ========  ==============================================
-column                 required  meaning
-=====================  ========  ==============================================
-``speed_steps_per_s``  yes       local steps per simulated second (> 0)
-``down_mbps``          yes       download bandwidth, Mbit/s (> 0)
-``up_mbps``            yes       upload bandwidth, Mbit/s (> 0)
-``latency_s``          no        added to every transfer, s (>= 0; default 0)
-``availability``       no        online intervals: ``"start-end;start-end"``
-                                 in seconds (``end`` may be ``inf``); an
-                                 empty cell means always online. Without the
-                                 column, every device is always online.
-``device``             no        a name or id, kept for messages only
-=====================  ========  ==============================================
-
-In Parquet, ``availability`` may also be a list of ``[start, end]`` pairs.
-Intervals are half-open ``[start, end)``, must be sorted and must not
-overlap (touching ones are merged). With ``period_s`` the intervals repeat
-every ``period_s`` seconds and must lie within ``[0, period_s]``; without it
-a device stays in its last state after its last interval (offline, usually).
-
-Any other column is an error (a typo such as ``down_mpbs`` would otherwise be
-silently ignored). Every error names the file, the row and the column.
-
-Example:
-    >>> import tempfile, pathlib
-    >>> path = pathlib.Path(tempfile.mkdtemp()) / "devices.csv"
-    >>> _ = path.write_text(
-    ...     "device,speed_steps_per_s,down_mbps,up_mbps,availability\\n"
-    ...     "a,2.5,40,20,0-3600;7200-9000\\n"
-    ...     "b,8.0,80,30,\\n")
-    >>> trace = load_trace(path)
-    >>> trace.size, trace.speed.tolist()
-    (2, [2.5, 8.0])
-    >>> trace.availability.of(0), trace.availability.of(1)
-    ([(0.0, 3600.0), (7200.0, 9000.0)], None)
+A CSV (with a header) or Parquet file with the columns ``speed_steps_per_s``,
+``down_mbps``, ``up_mbps`` (required), ``latency_s``, ``availability``
+(online intervals ``"start-end;start-end"`` in seconds) and ``device``; any
+other column is an error, and every error names the file, the row and the
+column. See docs/fleets.md, "Trace files".
 """
 
 from __future__ import annotations
@@ -93,15 +50,8 @@ class Intervals:
     """Online intervals ``[start, end)`` per device, in CSR layout.
 
     Device ``i``'s intervals are ``start[offsets[i]:offsets[i+1]]`` and the
-    matching ``end``; sorted, disjoint, not touching. ``always[i]`` marks a
-    device with no availability given (online all the time).
-
-    Attributes:
-        offsets: int64 ``[n + 1]``.
-        start: float64 ``[N]``, seconds.
-        end: float64 ``[N]``, seconds (``inf`` allowed without a period).
-        always: bool ``[n]``.
-        period_s: the intervals repeat with this period, or None.
+    matching ``end`` (sorted, disjoint, not touching); ``always[i]``: no
+    intervals given, always online. They repeat every ``period_s`` if set.
     """
 
     offsets: np.ndarray
@@ -125,11 +75,9 @@ class Intervals:
         """The same availability as state flips, for an alternating process.
 
         Returns ``(first_on, offsets, times)``: device ``i`` is online at
-        t = 0 when ``first_on[i]``, and changes state at each of
-        ``times[offsets[i]:offsets[i+1]]`` (increasing). With a period, the
-        flips cover one period ``(0, period_s]`` and repeat; an odd count is
-        made even by a flip at ``period_s`` when the state at the end of the
-        period differs from the state at 0.
+        t = 0 when ``first_on[i]`` and flips at each of
+        ``times[offsets[i]:offsets[i+1]]``; with a period, the flips cover
+        ``(0, period_s]`` (an even count) and repeat.
         """
         n = self.size
         cnt = np.diff(self.offsets)
@@ -150,23 +98,14 @@ class Intervals:
             odd = np.flatnonzero(counts % 2)
             times = np.insert(times, np.cumsum(counts)[odd], period)
             counts[odd] += 1
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
+        offsets = np.concatenate([[0], np.cumsum(counts)])
         return first_on, offsets, times.astype(np.float64)
 
 
 @dataclass(frozen=True, eq=False)
 class DeviceTrace:
-    """The devices of one trace file (arrays are read-only, one entry per row).
-
-    Attributes:
-        path: the file it was read from.
-        speed: local steps per simulated second.
-        down_mbps, up_mbps: bandwidth in Mbit/s.
-        latency_s: seconds added to every transfer.
-        availability: online intervals, or None when the file has none.
-        device: the ``device`` column, if any.
-    """
+    """The devices of one trace file: read-only arrays, one entry per row
+    (``availability`` and ``device`` None without that column)."""
 
     path: Path
     speed: np.ndarray
@@ -181,7 +120,6 @@ class DeviceTrace:
         return int(self.speed.size)
 
 
-# ------------------------------------------------------------------ intervals
 def parse_intervals(text: str) -> list[tuple[float, float]]:
     """Parse ``"start-end;start-end"`` (seconds) into a list of pairs.
 
@@ -189,9 +127,6 @@ def parse_intervals(text: str) -> list[tuple[float, float]]:
     [(0.0, 3600.0), (7200.0, 9000.5)]
     >>> parse_intervals("100-inf")
     [(100.0, inf)]
-
-    Raises:
-        ValueError: with a short reason, for the caller to place.
     """
     out = []
     for piece in text.split(";"):
@@ -248,20 +183,14 @@ def _check_intervals(
     return merged
 
 
-# -------------------------------------------------------------------- loading
 def resolve_trace_path(file: str | Path, base_dir: str | Path | None = None) -> Path:
     """Absolute path of a trace: next to the scenario (``base_dir``) if it is
-    there, else relative to the current directory.
-
-    Raises:
-        TraceError: if the file does not exist.
-    """
+    there, else relative to the current directory; TraceError if neither."""
     p = Path(file)
-    candidates = [p] if p.is_absolute() else []
-    if not p.is_absolute():
-        if base_dir is not None:
-            candidates.append(Path(base_dir) / p)
-        candidates.append(Path.cwd() / p)
+    bases = (base_dir, Path.cwd())
+    candidates = (
+        [p] if p.is_absolute() else [Path(b) / p for b in bases if b is not None]
+    )
     for c in candidates:
         try:
             if c.is_file():
@@ -275,12 +204,8 @@ def resolve_trace_path(file: str | Path, base_dir: str | Path | None = None) -> 
 def load_trace(path: str | Path, period_s: float | None = None) -> DeviceTrace:
     """Read and check a trace file (CSV, or Parquet by its ``.parquet`` suffix).
 
-    Reading is cached on (path, size, modification time, period), so a
-    scenario that is validated and then built reads its trace once.
-
-    Raises:
-        TraceError: naming the file, the row (1-based, and the line for CSV)
-            and the column of the first problem found.
+    Cached on (path, size, modification time, period). Raises TraceError
+    naming the file, the row (and line, for CSV) and the column.
     """
     p = Path(path)
     try:
@@ -308,11 +233,8 @@ def _load_cached(
     path: str, size: int, mtime_ns: int, period_s: float | None
 ) -> DeviceTrace:
     p = Path(path)
-    if p.suffix.lower() in (".parquet", ".pq"):
-        columns, where = _read_parquet(p)
-    else:
-        columns, where = _read_csv(p)
-    return _build(p, columns, where, period_s)
+    read = _read_parquet if p.suffix.lower() in (".parquet", ".pq") else _read_csv
+    return _build(p, *read(p), period_s)
 
 
 def _read_csv(p: Path) -> tuple[dict[str, list[Any]], Any]:
@@ -344,11 +266,7 @@ def _read_csv(p: Path) -> tuple[dict[str, list[Any]], Any]:
         raise TraceError(f"{p}: not UTF-8 text (a CSV trace is expected)") from None
     except csv.Error as exc:
         raise TraceError(f"{p}: malformed CSV: {exc}") from None
-
-    def where(i: int) -> str:
-        return f"row {i + 1} (line {lines[i]})"
-
-    return columns, where
+    return columns, lambda i: f"row {i + 1} (line {lines[i]})"
 
 
 def _read_parquet(p: Path) -> tuple[dict[str, list[Any]], Any]:
@@ -364,11 +282,7 @@ def _read_parquet(p: Path) -> tuple[dict[str, list[Any]], Any]:
     if table.num_rows > MAX_ROWS:
         raise TraceError(f"{p}: more than {MAX_ROWS} rows")
     columns = {n: table.column(n).to_pylist() for n in names}
-
-    def where(i: int) -> str:
-        return f"row {i + 1}"
-
-    return columns, where
+    return columns, lambda i: f"row {i + 1}"
 
 
 def _check_header(p: Path, names: list[str]) -> None:
@@ -403,8 +317,12 @@ def _numbers(
                 f"{p}: {where(i)}, column {name!r}: expected {need}, got {v!r}"
             )
         out[i] = x
-    out.setflags(write=False)
-    return out
+    return _readonly(out)
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
 
 
 def _build(
@@ -413,20 +331,15 @@ def _build(
     n = len(columns[REQUIRED[0]])
     if n == 0:
         raise TraceError(f"{p}: no rows; a trace needs at least one device")
-    speed = _numbers(p, columns, "speed_steps_per_s", where, positive=True)
-    down = _numbers(p, columns, "down_mbps", where, positive=True)
-    up = _numbers(p, columns, "up_mbps", where, positive=True)
+    speed, down, up = (_numbers(p, columns, c, where, True) for c in REQUIRED)
+    latency = _readonly(np.zeros(n))
     if "latency_s" in columns:
         latency = _numbers(p, columns, "latency_s", where, positive=False)
-    else:
-        latency = np.zeros(n)
-        latency.setflags(write=False)
-    availability = None
-    if "availability" in columns:
-        availability = _intervals(p, columns["availability"], where, period_s)
-    device = None
-    if "device" in columns:
-        device = tuple("" if v is None else str(v) for v in columns["device"])
+    cells, names = columns.get("availability"), columns.get("device")
+    availability = None if cells is None else _intervals(p, cells, where, period_s)
+    device = (
+        None if names is None else tuple("" if v is None else str(v) for v in names)
+    )
     return DeviceTrace(p, speed, down, up, latency, availability, device)
 
 
@@ -438,12 +351,10 @@ def _intervals(
     offsets = [0]
     always = np.zeros(len(cells), dtype=bool)
     for i, cell in enumerate(cells):
+        always[i] = cell is None or (isinstance(cell, str) and not cell.strip())
         try:
-            if cell is None or (isinstance(cell, str) and not cell.strip()):
-                always[i] = True
-                pairs = []
-            elif isinstance(cell, str):
-                pairs = parse_intervals(cell)
+            if cell is None or isinstance(cell, str):
+                pairs = parse_intervals(cell or "")  # [] for a blank cell
             else:
                 pairs = [(float(a), float(b)) for a, b in cell]
             pairs = _check_intervals(pairs, period_s)
@@ -452,22 +363,18 @@ def _intervals(
         starts += [a for a, _ in pairs]
         ends += [b for _, b in pairs]
         offsets.append(len(starts))
-    arrays = (
-        np.array(offsets, dtype=np.int64),
-        np.array(starts, dtype=np.float64),
-        np.array(ends, dtype=np.float64),
-        always,
+    return Intervals(
+        _readonly(np.array(offsets, dtype=np.int64)),
+        _readonly(np.array(starts, dtype=np.float64)),
+        _readonly(np.array(ends, dtype=np.float64)),
+        _readonly(always),
+        period_s,
     )
-    for a in arrays:
-        a.setflags(write=False)
-    return Intervals(*arrays, period_s=period_s)
 
 
-# -------------------------------------------------------------------- writing
 def write_trace(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """Write devices (dicts with the trace columns) as CSV or Parquet.
-
-    ``availability`` may be given as a string or as a list of pairs.
+    """Write devices (dicts with the trace columns; ``availability`` a string
+    or pairs) as CSV or Parquet.
 
     >>> import tempfile, pathlib
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "t.csv"
@@ -498,8 +405,6 @@ def write_trace(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
         pq.write_table(pa.table(data), p)
     else:
         with p.open("w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(names)
-            for row in table:
-                w.writerow(["" if v is None else v for v in row])
+            blank = [["" if v is None else v for v in row] for row in table]
+            csv.writer(f).writerows([names, *blank])
     return p
