@@ -68,11 +68,8 @@ __all__ = [
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 64
-# YAML aliases let a 300-byte file expand to billions of values ("billion laughs").
-MAX_VALUES = 1_000_000
-# No setting needs more than 64 bits; bigger integers cannot even be printed
-# (Python refuses int -> str beyond 4300 digits).
-MAX_INT_BITS = 64
+MAX_VALUES = 1_000_000  # YAML aliases can make billions of a short file
+MAX_INT_BITS = 64  # no setting needs more (4300 digits cannot even be printed)
 
 
 class ScenarioError(ValueError):
@@ -218,14 +215,13 @@ class Scenario(_Spec):
         # sampling and weighting are one decision (docs/scenarios.md)
         if (pairing := pairing_problem(self.selector, self.algorithm)) is not None:
             raise ValueError(pairing)
-        if self.round.policy == "async" and not hasattr(
-            self.algorithm, "aggregate_async"
-        ):
+        is_async = self.round.policy == "async"
+        if is_async and not hasattr(self.algorithm, "aggregate_async"):
             raise ValueError(
                 "round.policy 'async' needs an asynchronous server rule "
                 f"(algorithm fedasync or fedbuff), not {self.algorithm.name!r}"
             )
-        if self.round.policy == "async" and not self.selector.asynchronous:
+        if is_async and not self.selector.asynchronous:
             usable = ", ".join(n for n, c in SELECTORS.items() if c.asynchronous)
             raise ValueError(
                 f"selector.name {self.selector.name!r} chooses clients from a "
@@ -240,20 +236,12 @@ class Scenario(_Spec):
                 "model.name 'quadratic' goes with data.dataset 'quadratic' "
                 "(and only with it)"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _feddm_on_the_clock(self) -> Scenario:
         problem, warning = feddm_clock_problem(self)
         if problem is not None:
             raise ValueError(problem)
         if warning is not None:
             warnings.warn(warning, FedDMClockWarning, stacklevel=2)
-        return self
-
-    @model_validator(mode="after")
-    def _solver_fits_algorithm(self) -> Scenario:
-        # else a solver the algorithm refuses would pass `fedsim validate`
+        # the algorithm builds the solver: a pair it refuses fails here, not in training
         try:
             self.algorithm.solver(self.client)
         except ValueError as exc:
@@ -292,18 +280,20 @@ def feddm_clock_problem(sc: Scenario) -> tuple[str | None, str | None]:
         ), None
     if rs.policy != "fixed_window":
         return None, None
-    cost = alg.iteration_cost
-    if cost == "auto":
-        cost = iteration_flops_ratio([alg.dc_batch_size], alg.ipc, sc.client.batch_size)
+    cost = float(
+        iteration_flops_ratio([alg.dc_batch_size], alg.ipc, sc.client.batch_size)
+        if alg.iteration_cost == "auto"
+        else alg.iteration_cost
+    )
     for g in sc.fleet.groups:
         if g.speed is None:  # a trace group: its speeds are per device
             continue
-        fits = rs.window_s * g.speed.median / float(cost)
+        fits = rs.window_s * g.speed.median / cost
         if fits < n_iter:
-            need = n_iter * float(cost) / g.speed.median
+            need = n_iter * cost / g.speed.median
             return None, (
                 f"round.window_s ({rs.window_s:g} s) cuts FedDM's matching short: "
-                f"at algorithm.iteration_cost >= {float(cost):.3g} local steps "
+                f"at algorithm.iteration_cost >= {cost:.3g} local steps "
                 f"per iteration, the median device of fleet group {g.name!r} "
                 f"({g.speed.median:g} steps/s) runs at most {math.floor(fits)} "
                 f"of algorithm.iterations ({n_iter}); for all of them give "
@@ -320,8 +310,7 @@ def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
     dropped where ``raw`` has no such key and names it as ``name``, ``dataset``
     or ``kind``.
     """
-    out = ""
-    node = raw
+    out, node = "", raw
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
@@ -440,30 +429,22 @@ _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in entries if tag not in (_BOOL, _INT, _FLOAT)]
     for first, entries in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
 }
-_Loader.add_implicit_resolver(
-    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-_Loader.add_implicit_resolver(
-    _FLOAT,
-    re.compile(
+_YAML12_SCALARS = {  # tag: (pattern, the characters a match can start with)
+    _BOOL: (r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+    _FLOAT: (
         r"""^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+)
         |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
         |[-+]?\.(?:inf|Inf|INF)
         |\.(?:nan|NaN|NAN))$""",
-        re.X,
+        "-+0123456789.",
     ),
-    list("-+0123456789."),
-)
-_Loader.add_implicit_resolver(
-    _INT,
-    re.compile(
-        r"""^(?:[-+]?0b[01_]+
-        |[-+]?0x[0-9a-fA-F_]+
-        |[-+]?(?:0|[1-9][0-9_]*))$""",
-        re.X,
+    _INT: (
+        r"^(?:[-+]?0b[01_]+|[-+]?0x[0-9a-fA-F_]+|[-+]?(?:0|[1-9][0-9_]*))$",
+        "-+0123456789",
     ),
-    list("-+0123456789"),
-)
+}
+for _tag, (_pattern, _first) in _YAML12_SCALARS.items():
+    _Loader.add_implicit_resolver(_tag, re.compile(_pattern, re.X), list(_first))
 
 # YAML 1.1 reads these as numbers, YAML 1.2 as text: refused, as ambiguous.
 _SEXAGESIMAL = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
