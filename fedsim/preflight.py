@@ -74,14 +74,9 @@ def _error(message: str) -> ScenarioError:
 
 @dataclasses.dataclass(frozen=True)
 class DataInfo:
-    """What a dataset's spec says about its samples, without building it.
-
-    Attributes:
-        kind: ``vector``, ``image`` ([C, H, W]) or ``sequence`` (character ids).
-        shape: one sample's shape; None where only the data tells.
-        classes: number of classes (0: no classes); None where only the data tells.
-        samples: train + test samples, estimated; None where unknown.
-    """
+    """What a dataset's spec says about its samples: ``kind`` ``vector``, ``image``
+    ([C, H, W]) or ``sequence``; ``samples`` (train + test) estimated; ``classes``
+    0 for an objective without classes; None where only the data tells."""
 
     kind: str
     shape: tuple[int, ...] | None
@@ -126,10 +121,9 @@ def _file_size(spec: Any) -> int | None:
 def data_info(scenario: Scenario) -> DataInfo:
     """The dataset's sample kind, shape, classes and size, from its spec alone."""
     d = scenario.data
-    m = scenario.num_clients
     name = d.dataset
     if name == "synthetic":
-        clients = d.clients or m
+        clients = d.clients or scenario.num_clients
         # E[lognormal] + min_samples, capped as the generator caps each client
         mean = math.exp(d.size_mean + d.size_sigma**2 / 2) + d.min_samples
         return DataInfo(
@@ -145,12 +139,8 @@ def data_info(scenario: Scenario) -> DataInfo:
         train, test = (
             _EMNIST_COUNTS[d.subset] if name == "emnist" else _IMAGE_COUNTS[name]
         )
-        if d.files == "test":
-            train = 0
-        if d.train_samples is not None:
-            train = min(train, d.train_samples)
-        if d.test_samples is not None:
-            test = min(test, d.test_samples)
+        train = 0 if d.files == "test" else min(train, d.train_samples or train)
+        test = min(test, d.test_samples or test)
         shape = (3, 32, 32) if name.startswith("cifar") else (1, 28, 28)
         classes = len(d.classes) if d.classes is not None else d._classes_total()
         return DataInfo("image", shape, classes, train + test)
@@ -164,9 +154,7 @@ def data_info(scenario: Scenario) -> DataInfo:
         n = _tabular_features(d)
         size = _file_size(d)
         # a CSV value takes a few text bytes and 4 to 8 bytes once parsed
-        samples = None
-        if size is not None and n:
-            samples = max(1, size // max(1, 2 * (n + 1)))
+        samples = max(1, size // (2 * (n + 1))) if size is not None and n else None
         return DataInfo("vector", None if n is None else (n,), None, samples)
     return DataInfo("vector", None, None, None)
 
@@ -324,20 +312,13 @@ def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None
             width = h
         return total + h * classes + classes
     image = _as_image(info)
-    if image is None:
-        return None
-    return image_params(spec, image, classes)
+    return None if image is None else image_params(spec, image, classes)
 
 
 @dataclasses.dataclass(frozen=True)
 class MemoryEstimate:
-    """A lower estimate of a run's memory, by part (bytes).
-
-    Attributes:
-        params: the model's parameter count (0 when unknown).
-        parts: bytes of ``model`` (copies), ``algorithm`` (a client store or
-            FedDM's synthetic set) and ``data``.
-    """
+    """A lower estimate of a run's memory: bytes by part (``model``, ``algorithm``,
+    ``data``), and the model's parameter count (0 when unknown)."""
 
     params: int
     parts: dict[str, int]
@@ -427,7 +408,6 @@ def check_memory(
 
 
 def _floats(obj: Any, path: str) -> list[tuple[str, float]]:
-    """Every float in a dumped spec, with its path."""
     if isinstance(obj, dict):
         return [kv for k, v in obj.items() for kv in _floats(v, f"{path}.{k}")]
     if isinstance(obj, list | tuple):
@@ -497,7 +477,6 @@ def check_availability(scenario: Scenario, source: str = "<scenario>") -> None:
 
 
 def _dump(spec: Any) -> dict[str, Any]:
-    """A spec's fields: a pydantic model's dump, or a (pydantic) dataclass's."""
     if hasattr(spec, "model_dump"):
         return spec.model_dump(mode="python")
     if dataclasses.is_dataclass(spec):
@@ -528,7 +507,6 @@ def check_ray_resources(
     """Refuse a worker layout the Ray cluster cannot place.
 
     Args:
-        scenario: the loaded scenario (its ``resources`` section).
         workers: the worker count the run will start; 0 runs without Ray.
         cluster: ``ray.cluster_resources()``, e.g. ``{"CPU": 2.0, "GPU": 1.0}``.
 
@@ -545,15 +523,11 @@ def check_ray_resources(
             f"resources.cpus_per_worker {res.cpus_per_worker:g}: the Ray cluster "
             f"has {cpus:g} CPUs; lower it"
         )
-    if res.gpus_per_worker > 0 and gpus == 0:
-        raise _error(
-            f"resources.gpus_per_worker {res.gpus_per_worker:g}: the Ray cluster "
-            "has no GPU; set it to 0"
-        )
     if res.gpus_per_worker > gpus:
+        has = f"{gpus:g} GPUs" if gpus else "no GPU; set it to 0"
         raise _error(
             f"resources.gpus_per_worker {res.gpus_per_worker:g}: the Ray cluster "
-            f"has {gpus:g} GPUs"
+            f"has {has}"
         )
     need_cpu = workers * res.cpus_per_worker + res.server_cpus
     if need_cpu > cpus + 1e-9:

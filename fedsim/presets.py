@@ -104,16 +104,11 @@ def phone_tiers(workload: str = "femnist-cnn") -> tuple[SpeedTier, ...]:
     """FLASH's three phone tiers for ``workload``, with their trace shares."""
     if workload not in FLASH_TRAIN_MS:
         raise ValueError(f"unknown workload {workload!r}; one of {WORKLOADS}")
-    total = sum(FLASH_TIER_WEIGHTS)
-    b = FLASH_ELASTICITY[workload]
+    total, b = sum(FLASH_TIER_WEIGHTS), FLASH_ELASTICITY[workload]
+    columns = (TIERS, FLASH_TIER_WEIGHTS, FLASH_TRAIN_MS[workload], FLASH_LOG_SCORE_SD)
     return tuple(
-        SpeedTier(
-            name=TIERS[i],
-            share=FLASH_TIER_WEIGHTS[i] / total,
-            median_steps_per_s=1000.0 / FLASH_TRAIN_MS[workload][i],
-            sigma=round(b * FLASH_LOG_SCORE_SD[i], 4),
-        )
-        for i in range(3)
+        SpeedTier(name, n / total, 1000.0 / ms, round(b * sd, 4))
+        for name, n, ms, sd in zip(*columns, strict=True)
     )
 
 

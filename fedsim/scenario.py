@@ -261,12 +261,8 @@ class FedDMClockWarning(UserWarning):
 
 
 def feddm_clock_problem(sc: Scenario) -> tuple[str | None, str | None]:
-    """(error, warning) about FedDM's work on the clock; (None, None) for others.
-
-    Error: ``fixed_epochs`` with a range of epochs. Warning: in a fixed window
-    a group's median device cannot run all ``iterations`` even at the cheapest
-    client's cost (docs/fedpns-feddm.md, "FedDM's cost").
-    """
+    """(error, warning) about FedDM's work on the clock (docs/fedpns-feddm.md,
+    "FedDM's cost"): a range of epochs; a window too short for ``iterations``."""
     from fedsim.algorithms.feddm import FedDM, iteration_flops_ratio
 
     alg, rs = sc.algorithm, sc.round
@@ -304,12 +300,8 @@ def feddm_clock_problem(sc: Scenario) -> tuple[str | None, str | None]:
 
 
 def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
-    """``fleet.groups[1].speed.sigma`` for pydantic's ``loc`` in ``raw``.
-
-    A tagged union's member (the ``fedprox`` of ``algorithm.fedprox.mu``) is
-    dropped where ``raw`` has no such key and names it as ``name``, ``dataset``
-    or ``kind``.
-    """
+    """``fleet.groups[1].speed.sigma`` for pydantic's ``loc`` in ``raw``, without
+    the tagged union members pydantic adds (``fedprox`` in algorithm.fedprox.mu)."""
     out, node = "", raw
     for part in loc:
         if isinstance(part, int):
@@ -447,14 +439,17 @@ for _tag, (_pattern, _first) in _YAML12_SCALARS.items():
     _Loader.add_implicit_resolver(_tag, re.compile(_pattern, re.X), list(_first))
 
 # YAML 1.1 reads these as numbers, YAML 1.2 as text: refused, as ambiguous.
-_SEXAGESIMAL = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
-_LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
-
-
-def _key_text(node: yaml.Node) -> str:
-    if isinstance(node, yaml.ScalarNode):
-        return str(node.value)
-    return f"<{node.id}>"
+_AMBIGUOUS = [
+    (
+        re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$"),
+        "YAML 1.1 reads a base-60 number, YAML 1.2 text); write the number in "
+        "seconds or plain decimal",
+    ),
+    (
+        re.compile(r"^[-+]?0[0-9_]+$"),
+        "YAML 1.1 reads an octal number); write it without the leading zero",
+    ),
+]
 
 
 def _check_nodes(root: yaml.Node | None, source: str) -> None:
@@ -473,7 +468,8 @@ def _check_nodes(root: yaml.Node | None, source: str) -> None:
                 if key.tag == _MERGE:  # `<<: *base` may override keys, by design
                     stack.append((value, path))
                     continue
-                name = _key_text(key)
+                scalar = isinstance(key, yaml.ScalarNode)
+                name = str(key.value) if scalar else f"<{key.id}>"
                 sub = f"{path}.{name}" if path else name
                 line = key.start_mark.line + 1
                 if name in first:
@@ -487,23 +483,14 @@ def _check_nodes(root: yaml.Node | None, source: str) -> None:
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node.value))
         elif node.tag == _STR and not node.style:  # plain: None, or '' (libyaml)
-            _check_scalar(node, path, source)
-
-
-def _check_scalar(node: yaml.ScalarNode, path: str, source: str) -> None:
-    text = str(node.value)
-    where = f"{source}: line {node.start_mark.line + 1}: {path or '(top level)'}"
-    if _SEXAGESIMAL.match(text):
-        raise ScenarioError(
-            f"{where}: {text} is ambiguous (YAML 1.1 reads a base-60 number, "
-            "YAML 1.2 text); write the number in seconds or plain decimal, or "
-            f"quote '{text}' if it is text"
-        )
-    if _LEADING_ZERO.match(text):
-        raise ScenarioError(
-            f"{where}: {text} is ambiguous (YAML 1.1 reads an octal number); "
-            f"write it without the leading zero, or quote '{text}' if it is text"
-        )
+            text = str(node.value)
+            for pattern, why in _AMBIGUOUS:
+                if pattern.match(text):
+                    raise ScenarioError(
+                        f"{source}: line {node.start_mark.line + 1}: "
+                        f"{path or '(top level)'}: {text} is ambiguous ({why}, or "
+                        f"quote '{text}' if it is text"
+                    )
 
 
 def read_yaml(text: str, source: str) -> Any:
