@@ -95,10 +95,8 @@ def _tabular_features(spec: Any) -> int | None:
         return len(spec.features)
     try:
         path = spec.locate()
-        fmt = spec.format
-        if fmt == "auto":
-            fmt = "parquet" if path.suffix.lower() in (".parquet", ".pq") else "csv"
-        if fmt == "parquet":
+        parquet_suffix = path.suffix.lower() in (".parquet", ".pq")
+        if spec.format == "parquet" or (spec.format == "auto" and parquet_suffix):
             import pyarrow.parquet as pq
 
             n = len(pq.read_schema(path).names)
@@ -529,16 +527,12 @@ def check_ray_resources(
             f"resources.gpus_per_worker {res.gpus_per_worker:g}: the Ray cluster "
             f"has {has}"
         )
-    need_cpu = workers * res.cpus_per_worker + res.server_cpus
+    need_cpu = workers * res.cpus_per_worker  # the server runs in the driver
     if need_cpu > cpus + 1e-9:
-        server = (
-            f" + resources.server_cpus {res.server_cpus:g}" if res.server_cpus else ""
-        )
         raise _error(
-            f"{opt} x resources.cpus_per_worker {res.cpus_per_worker:g}{server} "
-            f"needs {need_cpu:g} CPUs; the Ray cluster has {cpus:g} "
-            f"(at most {int((cpus - res.server_cpus) // res.cpus_per_worker)} "
-            "workers)"
+            f"{opt} x resources.cpus_per_worker {res.cpus_per_worker:g} needs "
+            f"{need_cpu:g} CPUs; the Ray cluster has {cpus:g} "
+            f"(at most {int(cpus // res.cpus_per_worker)} workers)"
         )
     need_gpu = workers * res.gpus_per_worker
     if need_gpu > gpus + 1e-9:

@@ -68,7 +68,7 @@ __all__ = [
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 64
-MAX_VALUES = 1_000_000  # YAML aliases can make billions of a short file
+MAX_VALUES = 1_000_000  # YAML aliases can expand a short file to billions
 MAX_INT_BITS = 64  # no setting needs more (4300 digits cannot even be printed)
 
 
