@@ -1,4 +1,3 @@
-"""fedsim: an asynchronous, actor-based simulator of federated learning on
-heterogeneous device fleets."""
+"""fedsim: a simulator of federated learning on heterogeneous device fleets."""
 
 __version__ = "0.1.0"

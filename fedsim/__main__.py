@@ -1,5 +1,4 @@
-"""``python -m fedsim``: the ``fedsim`` command, for environments where the
-console script is not on PATH."""
+"""``python -m fedsim``: the ``fedsim`` command without the console script."""
 
 from fedsim.cli import main
 

@@ -1,16 +1,9 @@
-"""The heavy modules, imported the first time they are used.
+"""The heavy modules (torch, pyarrow, simpy), imported when first used.
 
-``fedsim validate`` and ``fedsim --help`` load every algorithm, selector and
-dataset class (they are the scenario's registry) but run none of their code,
-and importing torch costs seconds (pyarrow and simpy a tenth each). A module
-that needs one of them only inside its functions imports it from here::
-
-    from fedsim.lazy import torch
-
-mypy reads the real module; at run time ``torch`` is a stand-in that imports
-torch when one of its attributes is first read. The stand-in is not put in
-``sys.modules``, so ``"torch" in sys.modules`` stays false until torch is
-really imported. ``lazy_import`` makes a stand-in for any other module.
+``fedsim validate`` and ``--help`` load every plug-in class but run none of its
+code, and importing torch takes seconds. ``from fedsim.lazy import torch`` gives
+mypy the real module and, at run time, a stand-in (not in ``sys.modules``) that
+imports torch when one of its attributes is first read.
 
 Example:
     >>> json_mod = lazy_import("json")
@@ -24,25 +17,14 @@ import importlib
 import types
 from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "F",
-    "LazyModule",
-    "lazy_import",
-    "nn",
-    "pa",
-    "pc",
-    "simpy",
-    "torch",
-]
+__all__ = ["F", "LazyModule", "lazy_import", "nn", "pa", "pc", "simpy", "torch"]
 
 
 class LazyModule(types.ModuleType):
     """A stand-in for the module ``name``: reading an attribute imports it.
 
-    Each attribute read is kept here, so from the second read on it costs a
-    plain module look-up (training loops read ``torch.*`` often). The flip
-    side: rebinding an attribute of the real module (``torch.foo = ...``)
-    after the stand-in has read it is not seen here.
+    Attributes read are kept here (training loops read ``torch.*`` often), so
+    rebinding one on the real module afterwards is not seen here.
     """
 
     def __getattr__(self, attr: str) -> Any:
@@ -56,11 +38,7 @@ class LazyModule(types.ModuleType):
 
 
 def lazy_import(name: str) -> types.ModuleType:
-    """A stand-in for ``import name`` that imports the module on first use.
-
-    Args:
-        name: the module's full name, e.g. ``"torch"`` or ``"torch.nn"``.
-    """
+    """A stand-in for ``import name`` (e.g. ``"torch.nn"``), imported on first use."""
     return LazyModule(name)
 
 

@@ -1,9 +1,7 @@
-"""Small pure functions on flat parameter vectors.
+"""Small pure functions on flat parameter vectors (how every model travels).
 
-Every model's parameters travel as one flat float32 vector. Algorithms call
-these helpers instead of re-deriving the arithmetic, and sums over clients run
-in float64 in a fixed (client id) order so results do not depend on which
-worker trained which client.
+Sums over clients run in float64 in the order given (client id), so results do
+not depend on which worker trained which client.
 
 Example:
     >>> import torch
@@ -22,14 +20,7 @@ from fedsim.lazy import torch
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = [
-    "flatten",
-    "bind_flat",
-    "num_params",
-    "weighted_sum",
-    "l2_norm",
-    "chi2",
-]
+__all__ = ["flatten", "bind_flat", "num_params", "weighted_sum", "l2_norm", "chi2"]
 
 
 def num_params(model: nn.Module) -> int:
@@ -44,10 +35,9 @@ def flatten(model: nn.Module) -> torch.Tensor:
 def bind_flat(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """Make ``model``'s parameters and gradients views into two flat buffers.
 
-    Returns ``(theta, grad)``: writing into ``theta`` changes the model, and
-    ``loss.backward()`` accumulates into ``grad``. Local solvers then update one
-    vector per step instead of looping over parameter tensors. Zero ``grad``
-    with ``grad.zero_()`` (``model.zero_grad()`` would detach the views).
+    Returns ``(theta, grad)``: writing ``theta`` changes the model and
+    ``loss.backward()`` accumulates into ``grad``. Zero it with ``grad.zero_()``
+    (``model.zero_grad()`` would detach the views).
     """
     theta = flatten(model)
     grad = torch.zeros_like(theta)
@@ -65,10 +55,8 @@ def weighted_sum(
     weights: Sequence[float],
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """sum_i w_i v_i accumulated in float64, in the given order.
-
-    The result has ``dtype``, by default the dtype of the first vector.
-    """
+    """sum_i w_i v_i accumulated in float64, in the given order; the result has
+    ``dtype``, by default the first vector's."""
     if len(vectors) != len(weights):
         raise ValueError(f"{len(vectors)} vectors but {len(weights)} weights")
     if not vectors:
@@ -84,10 +72,8 @@ def l2_norm(v: torch.Tensor) -> float:
 
 
 def chi2(p: Sequence[float], w: Sequence[float]) -> float:
-    """chi^2(p || w) = sum_i (p_i - w_i)^2 / w_i  (FedNova, Theorems 1-2).
-
-    ``p`` and ``w`` are both normalised to sum to 1 first. A client with
-    w_i = 0 and p_i > 0 makes the divergence infinite.
+    """chi^2(p || w) = sum_i (p_i - w_i)^2 / w_i  (FedNova, Theorems 1-2), after
+    normalising both to sum 1; infinite where some w_i = 0 < p_i.
 
     >>> round(chi2([0.5, 0.5], [0.25, 0.75]), 12)
     0.333333333333

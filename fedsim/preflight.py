@@ -1,15 +1,8 @@
-"""Checks that run before any training or Ray start.
+"""Checks that a valid scenario can run, before any data is built or Ray started.
 
-A scenario can be valid field by field and still be unable to run: a
-convolutional network on vector data, a client store larger than the
-machine, a learning rate float32 cannot hold, more workers than CPUs. Each
-check here raises :class:`fedsim.scenario.ScenarioError` with one line naming
-the file (or command-line option) and the field, before minutes are spent
-building data or starting Ray.
-
-This module imports neither torch nor Ray (the CLI's ``validate`` must stay
-fast): parameter counts are closed formulas per network, checked against the
-real networks by tests/test_cli_startup.py.
+Each raises :class:`fedsim.scenario.ScenarioError` in one line naming the file
+(or option) and the field (docs/scenarios.md, "Checks before a run"). No torch
+or Ray here (``fedsim validate`` stays fast): parameters are counted by formula.
 
 Example:
     >>> from fedsim.scenario import load_scenario
@@ -21,11 +14,11 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,20 +72,11 @@ def _error(message: str) -> ScenarioError:
     return ScenarioError(message)
 
 
-# ------------------------------------------------------------------- data shapes
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class DataInfo:
-    """What a dataset's spec says about its samples, without building it.
-
-    Attributes:
-        kind: ``vector`` (feature rows), ``image`` ([C, H, W]) or
-            ``sequence`` (character ids).
-        shape: one sample's shape, or None where only the data tells
-            (a tabular file that cannot be read cheaply).
-        classes: number of classes (0: an objective without classes),
-            or None where only the data tells.
-        samples: train + test samples, estimated; None where unknown.
-    """
+    """What a dataset's spec says about its samples: ``kind`` ``vector``, ``image``
+    ([C, H, W]) or ``sequence``; ``samples`` (train + test) estimated; ``classes``
+    0 for an objective without classes; None where only the data tells."""
 
     kind: str
     shape: tuple[int, ...] | None
@@ -101,20 +85,18 @@ class DataInfo:
 
     @property
     def sample_bytes(self) -> int | None:
-        """float32 bytes of one sample's inputs (all datasets store float32)."""
+        """float32 bytes of one sample's inputs."""
         return None if self.shape is None else 4 * math.prod(self.shape)
 
 
 def _tabular_features(spec: Any) -> int | None:
-    """Feature columns of a tabular file, from its header or schema only."""
+    """Feature columns of a tabular file, from its header or schema."""
     if spec.features is not None:
         return len(spec.features)
     try:
         path = spec.locate()
-        fmt = spec.format
-        if fmt == "auto":
-            fmt = "parquet" if path.suffix.lower() in (".parquet", ".pq") else "csv"
-        if fmt == "parquet":
+        parquet_suffix = path.suffix.lower() in (".parquet", ".pq")
+        if spec.format == "parquet" or (spec.format == "auto" and parquet_suffix):
             import pyarrow.parquet as pq
 
             n = len(pq.read_schema(path).names)
@@ -135,13 +117,11 @@ def _file_size(spec: Any) -> int | None:
 
 
 def data_info(scenario: Scenario) -> DataInfo:
-    """The sample kind, shape, classes and size of the scenario's dataset,
-    from its spec alone (a tabular file's header at most)."""
+    """The dataset's sample kind, shape, classes and size, from its spec alone."""
     d = scenario.data
-    m = scenario.num_clients
     name = d.dataset
     if name == "synthetic":
-        clients = d.clients or m
+        clients = d.clients or scenario.num_clients
         # E[lognormal] + min_samples, capped as the generator caps each client
         mean = math.exp(d.size_mean + d.size_sigma**2 / 2) + d.min_samples
         return DataInfo(
@@ -157,12 +137,8 @@ def data_info(scenario: Scenario) -> DataInfo:
         train, test = (
             _EMNIST_COUNTS[d.subset] if name == "emnist" else _IMAGE_COUNTS[name]
         )
-        if d.files == "test":
-            train = 0
-        if d.train_samples is not None:
-            train = min(train, d.train_samples)
-        if d.test_samples is not None:
-            test = min(test, d.test_samples)
+        train = 0 if d.files == "test" else min(train, d.train_samples or train)
+        test = min(test, d.test_samples or test)
         shape = (3, 32, 32) if name.startswith("cifar") else (1, 28, 28)
         classes = len(d.classes) if d.classes is not None else d._classes_total()
         return DataInfo("image", shape, classes, train + test)
@@ -176,16 +152,13 @@ def data_info(scenario: Scenario) -> DataInfo:
         n = _tabular_features(d)
         size = _file_size(d)
         # a CSV value takes a few text bytes and 4 to 8 bytes once parsed
-        samples = None
-        if size is not None and n:
-            samples = max(1, size // max(1, 2 * (n + 1)))
+        samples = max(1, size // (2 * (n + 1))) if size is not None and n else None
         return DataInfo("vector", None if n is None else (n,), None, samples)
     return DataInfo("vector", None, None, None)
 
 
 def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
-    """The [C, H, W] an image model sees: an image, or a square vector
-    (784 values are a 1 x 28 x 28 grey image, as fedsim.models reads them)."""
+    """The [C, H, W] an image model sees: an image, or a square vector (grey)."""
     if info.shape is None:
         return None
     if info.kind == "image":
@@ -198,12 +171,7 @@ def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
 
 
 def check_model_data(scenario: Scenario, source: str = "<scenario>") -> None:
-    """Refuse a model that cannot read the dataset's samples.
-
-    ``logreg`` and ``mlp`` read any sample; image networks need images
-    [C, H, W] (or square vectors, read as grey images) large enough for
-    their pooling; ``lstm`` needs character ids (``shakespeare``).
-    """
+    """Refuse a model that cannot read the dataset's samples."""
     model = scenario.model.name
     info = data_info(scenario)
     where = f"{source}: model.name {model!r} does not fit data.dataset "
@@ -224,13 +192,8 @@ def check_model_data(scenario: Scenario, source: str = "<scenario>") -> None:
                 f"{where}: {model} needs images [C, H, W] or a square number of "
                 f"features, the samples have shape {info.shape}; use logreg or mlp"
             )
-        need = {
-            "cnn": 4,
-            "cifar_cnn": 16,
-            "vgg11": 32,
-            "convnet": 2**scenario.model.depth,
-        }
-        low = need.get(model, 1)
+        sizes = {"cnn": 4, "cifar_cnn": 16, "vgg11": 32}
+        low = 2**scenario.model.depth if model == "convnet" else sizes.get(model, 1)
         if model == "convnet" and image[0] == 1:
             low = max(1, low - 4)  # its first convolution pads grey images by 3
         if min(image[1:]) < low:
@@ -240,25 +203,18 @@ def check_model_data(scenario: Scenario, source: str = "<scenario>") -> None:
             )
 
 
-# -------------------------------------------------------------- parameter counts
 def _conv(c_in: int, c_out: int, k: int, bias: bool = True) -> int:
-    """Parameters of a k x k convolution."""
     return c_out * c_in * k * k + (c_out if bias else 0)
 
 
 def _dense_params(width: int, hidden: Sequence[int], classes: int) -> int:
     """Linear layers ``width -> hidden... -> classes`` (fedsim.models._dense)."""
-    total = 0
-    for h in [*hidden, classes]:
-        total += width * h + h
-        width = h
-    return total
+    widths = [width, *hidden, classes]
+    return sum(a * b + b for a, b in zip(widths, widths[1:], strict=False))
 
 
 def _resnet18_params(c: int, small: bool, classes: int) -> int:
-    """torchvision's ResNet-18 with GroupNorm (2 parameters per channel,
-    whatever its group count) and fedsim's stem: 3x3 for images of at most
-    32 px, else 7x7."""
+    """torchvision's ResNet-18 with GroupNorm and a 3x3 stem for small images."""
     total = _conv(c, 64, 3 if small else 7, bias=False) + 2 * 64
     width = 64
     for planes in (64, 128, 256, 512):
@@ -279,8 +235,7 @@ _VGG11 = (64, _POOL, 128, _POOL, 256, 256, _POOL, 512, 512, _POOL, 512, 512, _PO
 
 
 def _image_layers(spec: Any, channels: int) -> tuple[list[_Layer], list[int]]:
-    """The convolutions and poolings of an image network of
-    :mod:`fedsim.models`, and its classifier's hidden widths."""
+    """An image network's convolutions and poolings, and its hidden widths."""
     if spec.name == "cnn":
         return [(32, 5, 2, False), _POOL, (64, 5, 2, False), _POOL], [512]
     if spec.name == "cifar_cnn":
@@ -297,11 +252,7 @@ def _image_layers(spec: Any, channels: int) -> tuple[list[_Layer], list[int]]:
 
 
 def image_params(spec: Any, image: tuple[int, int, int], classes: int) -> int:
-    """Parameters of an image network of :mod:`fedsim.models` on [C, H, W]
-    images, by formula: each convolution (weights and bias), each GroupNorm
-    (2 per channel), and the classifier on the flattened features, whose
-    size follows the image through the layers (a k x k convolution with
-    padding p adds 2p + 1 - k pixels, a pooling halves, rounding down).
+    """Parameters of an image network of :mod:`fedsim.models` on [C, H, W] images.
 
     Raises:
         ScenarioError: the image shrinks to nothing inside the network.
@@ -331,11 +282,8 @@ def image_params(spec: Any, image: tuple[int, int, int], classes: int) -> int:
 
 
 def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None:
-    """Trainable parameters of the scenario's model; None where the data's
-    shape or classes are only known once it is built.
-
-    Every network is counted by formula (no torch); tests/test_cli_startup.py
-    checks each formula against the network :mod:`fedsim.models` builds.
+    """Trainable parameters of the scenario's model, by formula (checked against
+    the real networks by tests/test_cli_startup.py); None where only the data tells.
 
     >>> from fedsim.scenario import load_scenario
     >>> count_params(load_scenario("scenarios/quickstart.yaml"))   # 60 x 10 + 10
@@ -362,22 +310,13 @@ def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None
             width = h
         return total + h * classes + classes
     image = _as_image(info)
-    if image is None:
-        return None
-    return image_params(spec, image, classes)
+    return None if image is None else image_params(spec, image, classes)
 
 
-# ------------------------------------------------------------------------ memory
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class MemoryEstimate:
-    """A lower estimate of a run's memory, by part (bytes).
-
-    Attributes:
-        params: the model's parameter count (0 when unknown).
-        parts: ``{field: bytes}``: ``model`` (the server's copies and each
-            worker's training copies), ``algorithm`` (the per-client store of
-            a stateful algorithm, or FedDM's synthetic set) and ``data``.
-    """
+    """A lower estimate of a run's memory: bytes by part (``model``, ``algorithm``,
+    ``data``), and the model's parameter count (0 when unknown)."""
 
     params: int
     parts: dict[str, int]
@@ -395,10 +334,7 @@ _WORKER_COPIES = 4
 
 
 def estimate_memory(scenario: Scenario, workers: int | None = None) -> MemoryEstimate:
-    """What the run needs at least: model copies, the client store of a
-    stateful algorithm (one model-sized vector per client, the least any of
-    them keeps), FedDM's synthetic set, and the dataset (float32, once).
-    Activations and Ray's own overhead are left out."""
+    """What the run needs at least (activations and Ray left out)."""
     info = data_info(scenario)
     params = count_params(scenario, info) or 0
     elem = scenario.model.elem_bytes
@@ -438,24 +374,19 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
 
 
-_FIELD = {"model": "model.name", "algorithm": "algorithm", "data": "data"}
-
-
 def check_memory(
     scenario: Scenario,
     source: str = "<scenario>",
     workers: int | None = None,
     available_bytes: int | None = None,
 ) -> MemoryEstimate:
-    """Refuse a run whose estimated memory exceeds what is available
-    (``available_bytes``, default /proc/meminfo's MemAvailable; no check
-    where neither is known). Returns the estimate."""
+    """Refuse a run whose estimated memory exceeds ``available_bytes`` (default:
+    MemAvailable; no check where unknown). Returns the estimate."""
     est = estimate_memory(scenario, workers)
     avail = available_bytes if available_bytes is not None else mem_available()
     if avail is None or est.total <= avail:
         return est
     part, size = max(est.parts.items(), key=lambda kv: kv[1])
-    field = _FIELD[part]
     if part == "algorithm":
         what = (
             f"algorithm.name {scenario.algorithm.name!r} keeps "
@@ -465,7 +396,7 @@ def check_memory(
             "synthetic set"
         )
     elif part == "model":
-        what = f"{field} {scenario.model.name!r} has {est.params:,} parameters"
+        what = f"model.name {scenario.model.name!r} has {est.params:,} parameters"
     else:
         what = f"data.dataset {scenario.data.dataset!r}"
     raise _error(
@@ -474,9 +405,7 @@ def check_memory(
     )
 
 
-# ---------------------------------------------------------------- numeric ranges
 def _floats(obj: Any, path: str) -> list[tuple[str, float]]:
-    """Every float in a dumped spec, with its path."""
     if isinstance(obj, dict):
         return [kv for k, v in obj.items() for kv in _floats(v, f"{path}.{k}")]
     if isinstance(obj, list | tuple):
@@ -487,20 +416,12 @@ def _floats(obj: Any, path: str) -> list[tuple[str, float]]:
 
 
 def check_numeric_ranges(scenario: Scenario, source: str = "<scenario>") -> None:
-    """Refuse a training hyperparameter float32 cannot represent.
-
-    With ``model.dtype: float32`` the client's (``client.*``), the
-    algorithm's (``algorithm.*``) and the quadratic objective's numbers
-    (``data.*``) enter float32 arithmetic: beyond 3.4e38 they are inf, and a
-    nonzero value below 1.2e-38 loses its precision to zero. Simulated-time
-    fields (``fleet``, ``round``) are float64 and not checked.
-    """
+    """Refuse a ``client``, ``algorithm`` or quadratic ``data`` float that float32
+    training cannot represent (simulated time is float64, not checked)."""
     if scenario.model.dtype != "float32":
         return
-    sections = ["client", "algorithm"]
-    if scenario.data.dataset == "quadratic":
-        sections.append("data")
-    for section in sections:
+    quadratic = scenario.data.dataset == "quadratic"
+    for section in ["client", "algorithm"] + ["data"] * quadratic:
         for path, v in _floats(_dump(getattr(scenario, section)), section):
             if abs(v) > FLOAT32_MAX:
                 raise _error(
@@ -522,11 +443,9 @@ MAX_FLIPS = 1e6
 
 
 def check_availability(scenario: Scenario, source: str = "<scenario>") -> None:
-    """Refuse availability sessions so short, against the run's simulated
-    time, that stepping through every online/offline flip would take hours:
-    a synchronous run lasts about ``rounds`` x ``round.window_s`` (or
-    ``round.deadline_s``); asynchronous runs and rounds without a deadline
-    have no horizon known in advance and are not checked."""
+    """Refuse availability sessions so short against the run's length (rounds x
+    window or deadline; unknown, so unchecked, otherwise) that stepping through
+    every flip would take hours."""
     rnd = scenario.round
     if rnd.policy == "fixed_window":
         per_round, what = rnd.window_s, "round.window_s"
@@ -556,9 +475,6 @@ def check_availability(scenario: Scenario, source: str = "<scenario>") -> None:
 
 
 def _dump(spec: Any) -> dict[str, Any]:
-    """A spec's fields: a pydantic model's dump, or a (pydantic) dataclass's."""
-    import dataclasses
-
     if hasattr(spec, "model_dump"):
         return spec.model_dump(mode="python")
     if dataclasses.is_dataclass(spec):
@@ -566,16 +482,13 @@ def _dump(spec: Any) -> dict[str, Any]:
     return {}
 
 
-# ------------------------------------------------------------------------ entry
 def preflight(
-    scenario: Scenario,
-    source: str = "<scenario>",
-    *,
-    workers: int | None = None,
-    available_bytes: int | None = None,
+    scenario: Scenario, source: str = "<scenario>", **memory: int | None
 ) -> MemoryEstimate:
-    """Every check that needs no cluster: model/data fit, numeric ranges,
-    memory. Call after loading the scenario and before building data.
+    """Every check that needs no cluster; call after loading, before building data.
+
+    Args:
+        memory: ``workers`` and ``available_bytes``, as :func:`check_memory` takes.
 
     Raises:
         ScenarioError: one line, naming ``source`` and the field.
@@ -583,21 +496,17 @@ def preflight(
     check_model_data(scenario, source)
     check_numeric_ranges(scenario, source)
     check_availability(scenario, source)
-    return check_memory(scenario, source, workers, available_bytes)
+    return check_memory(scenario, source, **memory)
 
 
-# --------------------------------------------------------------------------- Ray
 def check_ray_resources(
     scenario: Scenario, workers: int, cluster: dict[str, float]
 ) -> None:
     """Refuse a worker layout the Ray cluster cannot place.
 
     Args:
-        scenario: the loaded scenario (its ``resources`` section).
-        workers: the worker count the run will start (``--workers`` or
-            ``resources.workers`` resolved); 0 runs without Ray.
-        cluster: the cluster's resources, as ``ray.cluster_resources()``
-            returns them (``{"CPU": 2.0, "GPU": 1.0, ...}``).
+        workers: the worker count the run will start; 0 runs without Ray.
+        cluster: ``ray.cluster_resources()``, e.g. ``{"CPU": 2.0, "GPU": 1.0}``.
 
     Raises:
         ScenarioError: naming the option or field and what the cluster has.
@@ -605,38 +514,25 @@ def check_ray_resources(
     if workers <= 0:
         return
     res = scenario.resources
-    cpus = float(cluster.get("CPU", 0.0))
-    gpus = float(cluster.get("GPU", 0.0))
-    opt = (
-        f"resources.workers {workers}"
-        if res.workers == workers
-        else f"--workers {workers}"
-    )
+    cpus, gpus = float(cluster.get("CPU", 0.0)), float(cluster.get("GPU", 0.0))
+    opt = f"{'resources.workers' if res.workers == workers else '--workers'} {workers}"
     if res.cpus_per_worker > cpus:
         raise _error(
             f"resources.cpus_per_worker {res.cpus_per_worker:g}: the Ray cluster "
             f"has {cpus:g} CPUs; lower it"
         )
-    if res.gpus_per_worker > 0 and gpus == 0:
-        raise _error(
-            f"resources.gpus_per_worker {res.gpus_per_worker:g}: the Ray cluster "
-            "has no GPU; set it to 0"
-        )
     if res.gpus_per_worker > gpus:
+        has = f"{gpus:g} GPUs" if gpus else "no GPU; set it to 0"
         raise _error(
             f"resources.gpus_per_worker {res.gpus_per_worker:g}: the Ray cluster "
-            f"has {gpus:g} GPUs"
+            f"has {has}"
         )
-    need_cpu = workers * res.cpus_per_worker + res.server_cpus
+    need_cpu = workers * res.cpus_per_worker  # the server runs in the driver
     if need_cpu > cpus + 1e-9:
-        server = (
-            f" + resources.server_cpus {res.server_cpus:g}" if res.server_cpus else ""
-        )
         raise _error(
-            f"{opt} x resources.cpus_per_worker {res.cpus_per_worker:g}{server} "
-            f"needs {need_cpu:g} CPUs; the Ray cluster has {cpus:g} "
-            f"(at most {int((cpus - res.server_cpus) // res.cpus_per_worker)} "
-            "workers)"
+            f"{opt} x resources.cpus_per_worker {res.cpus_per_worker:g} needs "
+            f"{need_cpu:g} CPUs; the Ray cluster has {cpus:g} "
+            f"(at most {int(cpus // res.cpus_per_worker)} workers)"
         )
     need_gpu = workers * res.gpus_per_worker
     if need_gpu > gpus + 1e-9:
@@ -670,8 +566,7 @@ def _split_host_port(text: str, default_port: int, what: str) -> tuple[str, int]
 
 
 def resolve_address(address: str, what: str = "--address") -> str:
-    """``auto``: ``$RAY_ADDRESS``, else the address in
-    /tmp/ray/ray_current_cluster (written by ``ray start``)."""
+    """``auto``: ``$RAY_ADDRESS``, else the one ``ray start`` wrote."""
     if address.strip() != "auto":
         return address.strip()
     env = os.environ.get("RAY_ADDRESS", "").strip()
@@ -693,9 +588,8 @@ def resolve_address(address: str, what: str = "--address") -> str:
 def check_address(address: str, timeout_s: float = 5.0) -> None:
     """Refuse a Ray address nothing answers on, by a TCP connect.
 
-    Accepts ``host:port`` (the GCS, port 6379 by default), ``ray://host:port``
-    (Ray Client, port 10001 by default) and ``auto``. ``local`` (or an empty
-    address) starts a new local cluster, so there is nothing to check.
+    ``host[:6379]``, ``ray://host[:10001]`` or ``auto``; ``local`` and ``""``
+    start a new cluster, so are not checked.
 
     Raises:
         ScenarioError: one line naming the address and why it failed.

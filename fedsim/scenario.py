@@ -1,21 +1,18 @@
 """Scenario files: the typed, frozen, validated description of one experiment.
 
-This is the only module that parses files. A scenario is YAML read with the
-safe loader, then validated by pydantic models that reject unknown keys, so a
-typo is an error and not a silently ignored setting.
+YAML read with the safe loader, validated by pydantic models that reject
+unknown keys; a :class:`ScenarioError` names the file, the field path and what
+was expected. Every field: docs/scenarios.md.
 
 Example:
-    >>> from fedsim.scenario import load_scenario
     >>> sc = load_scenario("scenarios/quickstart.yaml", overrides=["rounds=3"])
     >>> sc.rounds
     3
-
-Errors are raised as :class:`ScenarioError`, whose message names the file, the
-field path (``fleet.groups[1].speed.sigma``) and what was expected.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import stat
@@ -71,38 +68,32 @@ __all__ = [
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 64
-# YAML aliases let a 300-byte file expand to billions of values ("billion laughs").
-MAX_VALUES = 1_000_000
-# No setting needs more than 64 bits; bigger integers cannot even be printed
-# (Python refuses int -> str beyond 4300 digits).
-MAX_INT_BITS = 64
+MAX_VALUES = 1_000_000  # YAML aliases can expand a short file to billions
+MAX_INT_BITS = 64  # no setting needs more (4300 digits cannot even be printed)
 
 
 class ScenarioError(ValueError):
     """An invalid scenario: the message is meant for the user, as is."""
 
 
-# ---------------------------------------------------------------------------- data
-# Each dataset's spec lives in its module (fedsim/data/<name>.py); the union of
-# the registered ones is the scenario's ``data`` section.
-if TYPE_CHECKING:  # each dataset's fields differ: read them as the spec says
+def _tagged_union(registry: dict[str, Any], tag: str) -> Any:
+    """A section that is one of a registry's plug-in specs, chosen by ``tag``."""
+    members = tuple(registry.values())
+    return Annotated[Union[members], Field(discriminator=tag)]  # noqa: UP007
+
+
+if TYPE_CHECKING:  # a dataset's fields differ; a plug-in section is its base class
     DataSpec = Any
+    AlgorithmSpec = Algorithm
+    SelectorSpec = Selector
 else:
-    DataSpec = Annotated[
-        Union[tuple(DATASETS.values())],  # noqa: UP007 - built from the registry
-        Field(discriminator="dataset"),
-    ]
+    DataSpec = _tagged_union(DATASETS, "dataset")
+    AlgorithmSpec = _tagged_union(ALGORITHMS, "name")
+    SelectorSpec = _tagged_union(SELECTORS, "name")
 
 
-# -------------------------------------------------------------------------- client
 class ClientSpec(_Spec):
-    """Local training. ``solver`` is the local optimizer (ALGORITHMS.md 5.2).
-
-    - ``sgd``: x <- x - lr * g
-    - ``momentum``: u <- momentum * u + g; x <- x - lr * u (buffer reset each round)
-    - ``prox``: x <- x - lr * (g + mu * (x - x_global))
-    - ``decay``: SGD whose lr decays by ``step_decay`` each local step
-    """
+    """Local training; ``solver`` is the local optimizer (ALGORITHMS.md 5.2)."""
 
     solver: Literal["sgd", "momentum", "prox", "decay"] = "sgd"
     lr: PosFloat = 0.01
@@ -110,9 +101,7 @@ class ClientSpec(_Spec):
     momentum: float = Field(0.9, ge=0, lt=1)
     mu: NonNegFloat = 0.0
     step_decay: float = Field(1.0, gt=0, le=1)
-    # Across rounds: lr_t = max(lr * lr_decay^t, lr_min), t the round (in
-    # async mode, the device's job index) (FedPNS: 0.995 and
-    # 0.01 lr; FedDC: 0.998).
+    # lr_t = max(lr * lr_decay^t, lr_min), t the round (async: the job index)
     lr_decay: float = Field(1.0, gt=0, le=1)
     lr_min: NonNegFloat = 0.0
     weight_decay: NonNegFloat = 0.0
@@ -124,71 +113,33 @@ class ClientSpec(_Spec):
         return self
 
 
-# ----------------------------------------------------------------------- algorithm
-# An algorithm's dataclass is its own spec (fedsim/algorithms/<name>.py).
-# To the type checker the section is the plug-in base class it derives from.
-if TYPE_CHECKING:
-    AlgorithmSpec = Algorithm
-    SelectorSpec = Selector
-else:
-    AlgorithmSpec = Annotated[
-        Union[tuple(ALGORITHMS.values())],  # noqa: UP007
-        Field(discriminator="name"),
-    ]
-    SelectorSpec = Annotated[
-        Union[tuple(SELECTORS.values())],  # noqa: UP007
-        Field(discriminator="name"),
-    ]
-
-
-# ------------------------------------------------------------------------ selector
 class EvalSpec(_Spec):
     every_rounds: Annotated[int, Field(ge=1)] = 1
     batch_size: Annotated[int, Field(ge=1)] = 4096
 
 
 class CheckpointSpec(_Spec):
-    """Write a checkpoint every ``every_rounds`` rounds (0: never) and at the
-    end, so ``fedsim run --resume RUN_DIR`` can continue an interrupted run."""
+    """A checkpoint every ``every_rounds`` rounds (0: never) and at the end."""
 
     every_rounds: Annotated[int, Field(ge=0)] = 10
 
 
 class ResourceSpec(_Spec):
-    """Ray resources. ``workers``: a count, or ``auto`` (one per available CPU,
-    divided by ``cpus_per_worker``). ``workers: 0`` trains in the driver
-    process without Ray (useful for debugging)."""
+    """Ray resources (docs/scenarios.md, "Top level")."""
 
     workers: Literal["auto"] | Annotated[int, Field(ge=0, le=4096)] = "auto"
     cpus_per_worker: Annotated[float, Field(gt=0, le=1024)] = 1.0
     gpus_per_worker: Annotated[float, Field(ge=0, le=64)] = 0.0
-    # Train a worker's clients of a round together (fedsim/batched.py:
-    # torch.func over stacked parameters; every model without BatchNorm or
-    # recurrence, every solver, the control-variate algorithms; otherwise the
-    # worker says why and trains one client at a time): equal to sequential
-    # training within float tolerance (not bit for bit).
-    vectorize: bool = False
-    # The server (aggregation, evaluation, checkpoints) runs in the driver
-    # process: ``driver`` is the only place; the driver itself is placed by
-    # ``ray job submit`` (see _server_in_driver).
+    vectorize: bool = False  # equal to sequential within float tolerance only
     server_node: Literal["driver", "any"] = "driver"
     server_cpus: Annotated[float, Field(ge=0, le=1024)] = 0.0
-    # How Ray places the worker actors across nodes: ``spread`` (best effort
-    # over as many nodes as possible), or a placement group of one bundle per
-    # worker: ``pack`` (as few nodes as possible), ``strict_pack`` (all on
-    # one node), ``strict_spread`` (each on its own node). A group that
-    # cannot be placed within ``placement_timeout_s`` stops the run.
     placement: Literal["spread", "pack", "strict_spread", "strict_pack"] = "spread"
     placement_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
-    # How worker actors get the dataset: from the driver through Ray's object
-    # store, or (``per_node``) each reads the files from its own node's data
-    # root (data.root, else $FEDSIM_DATA_ROOT there), checked on every node
-    # that can host a worker before the run starts.
     data: Literal["object_store", "per_node"] = "object_store"
 
     @model_validator(mode="after")
     def _server_in_driver(self) -> ResourceSpec:
-        # Refused rather than ignored: they used to place a server actor.
+        # refused rather than ignored: they used to place a server actor
         how = (
             "the server runs in the driver process; place the driver instead: "
             "ray job submit --entrypoint-resources '{\"node_a\": 1}' (a node's "
@@ -230,26 +181,19 @@ class Scenario(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _default_weighting(cls, data: Any) -> Any:
-        """An algorithm with a ``sampling`` field that names none gets the
-        selector's unbiased weighting (``proportional`` for ``weighted``,
-        ``equal`` for ``power_of_choice``); with the uniform selector it
-        stays ``renormalized``."""
+        """An unset ``algorithm.sampling`` becomes the selector's default."""
         if not isinstance(data, dict):
             return data
         alg, sel = data.get("algorithm"), data.get("selector")
-        if not (isinstance(alg, dict) and isinstance(sel, dict)):
+        if not (isinstance(alg, dict) and isinstance(sel, dict)) or "sampling" in alg:
             return data
-        # names are looked up only when they are strings: anything else is
-        # left for the field validation to report
+        # names that are not strings are left for the field validation to report
         a_name, s_name = alg.get("name"), sel.get("name")
         if not (isinstance(a_name, str) and isinstance(s_name, str)):
             return data
-        alg_cls, sel_cls = ALGORITHMS.get(a_name), SELECTORS.get(s_name)
-        default = getattr(sel_cls, "default_weighting", None)
-        has_field = alg_cls is not None and "sampling" in getattr(
-            alg_cls, "__dataclass_fields__", {}
-        )
-        if default is None or not has_field or "sampling" in alg:
+        default = getattr(SELECTORS.get(s_name), "default_weighting", None)
+        fields = getattr(ALGORITHMS.get(a_name), "__dataclass_fields__", {})
+        if default is None or "sampling" not in fields:
             return data
         return {**data, "algorithm": {**alg, "sampling": default}}
 
@@ -269,17 +213,15 @@ class Scenario(_Spec):
                 f"but the fleet has only {n_dev} devices"
             )
         # sampling and weighting are one decision (docs/scenarios.md)
-        pairing = pairing_problem(self.selector, self.algorithm)
-        if pairing is not None:
+        if (pairing := pairing_problem(self.selector, self.algorithm)) is not None:
             raise ValueError(pairing)
-        if self.round.policy == "async" and not hasattr(
-            self.algorithm, "aggregate_async"
-        ):
+        is_async = self.round.policy == "async"
+        if is_async and not hasattr(self.algorithm, "aggregate_async"):
             raise ValueError(
                 "round.policy 'async' needs an asynchronous server rule "
                 f"(algorithm fedasync or fedbuff), not {self.algorithm.name!r}"
             )
-        if self.round.policy == "async" and not self.selector.asynchronous:
+        if is_async and not self.selector.asynchronous:
             usable = ", ".join(n for n, c in SELECTORS.items() if c.asynchronous)
             raise ValueError(
                 f"selector.name {self.selector.name!r} chooses clients from a "
@@ -287,30 +229,19 @@ class Scenario(_Spec):
                 "does not have (updates arrive one by one); with round.policy "
                 f"'async' use selector.name {usable}"
             )
-        problem = validation_problem(self)
-        if problem is not None:
+        if (problem := validation_problem(self)) is not None:
             raise ValueError(problem)
         if (self.data.dataset == "quadratic") != (self.model.name == "quadratic"):
             raise ValueError(
                 "model.name 'quadratic' goes with data.dataset 'quadratic' "
                 "(and only with it)"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _feddm_on_the_clock(self) -> Scenario:
         problem, warning = feddm_clock_problem(self)
         if problem is not None:
             raise ValueError(problem)
         if warning is not None:
             warnings.warn(warning, FedDMClockWarning, stacklevel=2)
-        return self
-
-    @model_validator(mode="after")
-    def _solver_fits_algorithm(self) -> Scenario:
-        # The algorithm builds the client's solver (FedProx's mu, FedAsync's
-        # rho add a proximal term); a combination it refuses would otherwise
-        # pass `fedsim validate` and fail only once training starts.
+        # the algorithm builds the solver: a pair it refuses fails here, not in training
         try:
             self.algorithm.solver(self.client)
         except ValueError as exc:
@@ -331,20 +262,7 @@ class FedDMClockWarning(UserWarning):
 
 def feddm_clock_problem(sc: Scenario) -> tuple[str | None, str | None]:
     """(error, warning) about FedDM's work on the clock (docs/fedpns-feddm.md,
-    "FedDM's cost"); (None, None) for other algorithms.
-
-    Error: ``fixed_epochs`` with a range of epochs (FedDM runs
-    ``iterations``, never epochs). Warning (``fixed_window``): the median
-    device of a group cannot run ``iterations`` in the window, even at the
-    cost of the cheapest client (one class, a full real batch; with a
-    numeric ``iteration_cost``, that cost) and before communication; its
-    matching would be cut short. That is what a fixed window means (FedDM
-    under a deadline is a fair experiment), so it is said, not refused;
-    each client row's tau shows the iterations run. ``max_steps`` bounds
-    local SGD steps and does not apply to FedDM (its cap is ``iterations``).
-    ``async`` is refused for FedDM, as for every algorithm without an
-    asynchronous rule.
-    """
+    "FedDM's cost"): a range of epochs; a window too short for ``iterations``."""
     from fedsim.algorithms.feddm import FedDM, iteration_flops_ratio
 
     alg, rs = sc.algorithm, sc.round
@@ -358,18 +276,20 @@ def feddm_clock_problem(sc: Scenario) -> tuple[str | None, str | None]:
         ), None
     if rs.policy != "fixed_window":
         return None, None
-    cost = alg.iteration_cost
-    if cost == "auto":
-        cost = iteration_flops_ratio([alg.dc_batch_size], alg.ipc, sc.client.batch_size)
+    cost = float(
+        iteration_flops_ratio([alg.dc_batch_size], alg.ipc, sc.client.batch_size)
+        if alg.iteration_cost == "auto"
+        else alg.iteration_cost
+    )
     for g in sc.fleet.groups:
         if g.speed is None:  # a trace group: its speeds are per device
             continue
-        fits = rs.window_s * g.speed.median / float(cost)
+        fits = rs.window_s * g.speed.median / cost
         if fits < n_iter:
-            need = n_iter * float(cost) / g.speed.median
+            need = n_iter * cost / g.speed.median
             return None, (
                 f"round.window_s ({rs.window_s:g} s) cuts FedDM's matching short: "
-                f"at algorithm.iteration_cost >= {float(cost):.3g} local steps "
+                f"at algorithm.iteration_cost >= {cost:.3g} local steps "
                 f"per iteration, the median device of fleet group {g.name!r} "
                 f"({g.speed.median:g} steps/s) runs at most {math.floor(fits)} "
                 f"of algorithm.iterations ({n_iter}); for all of them give "
@@ -379,18 +299,10 @@ def feddm_clock_problem(sc: Scenario) -> tuple[str | None, str | None]:
     return None, None
 
 
-# ------------------------------------------------------------------------- loading
 def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
-    """``fleet.groups[1].speed.sigma`` for pydantic's error location ``loc``
-    in the raw YAML ``raw``.
-
-    pydantic puts the chosen member of a tagged union into the path (the
-    ``fedprox`` in ``algorithm.fedprox.mu``); such a part is dropped where the
-    raw mapping at that point has no key of that name and names it as its
-    ``name``, ``dataset`` or ``kind``.
-    """
-    out = ""
-    node = raw
+    """``fleet.groups[1].speed.sigma`` for pydantic's ``loc`` in ``raw``, without
+    the tagged union members pydantic adds (``fedprox`` in algorithm.fedprox.mu)."""
+    out, node = "", raw
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
@@ -410,18 +322,21 @@ def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
 
 # "selector.name 'oort' ...", "algorithm.sampling 'x' ...": a field path first
 _CROSS_FIELD = re.compile(r"([a-z_]+(?:\.[a-z_]+|\[\d+\])+)\b")
+_UNKNOWN_KEY = "unknown key (check the spelling; see docs/scenarios.md)"
+# pydantic error types whose message is replaced, without the input shown
+_PLAIN_MESSAGES = {
+    "extra_forbidden": _UNKNOWN_KEY,
+    "unexpected_keyword_argument": _UNKNOWN_KEY,
+    "missing": "required field is missing",
+}
 
 
 def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
     lines = []
     for e in err.errors(include_url=False):
         loc = _format_loc(tuple(e["loc"]), raw)
-        msg = e["msg"]
-        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            msg = "unknown key (check the spelling; see docs/scenarios.md)"
-        elif e["type"] == "missing":
-            msg = "required field is missing"
-        elif e["type"] == "union_tag_invalid":
+        msg = _PLAIN_MESSAGES.get(e["type"], e["msg"])
+        if e["type"] == "union_tag_invalid":
             msg = f"unknown choice: {msg}"
         elif e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
@@ -429,10 +344,8 @@ def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
             first = _CROSS_FIELD.match(msg)
             if not e["loc"] and first:
                 loc = first.group(1)
-        got = e.get("input")
-        shown = ""
-        quiet = ("missing", "extra_forbidden", "unexpected_keyword_argument")
-        if e["type"] not in quiet and not isinstance(got, dict | list):
+        got, shown = e.get("input"), ""
+        if e["type"] not in _PLAIN_MESSAGES and not isinstance(got, dict | list):
             text = repr(got)
             shown = f" (got {text[:60]}{'...' if len(text) > 60 else ''})"
         lines.append(f"  {loc}: {msg}{shown}")
@@ -440,51 +353,32 @@ def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
 
 
 def _problems(source: str, lines: list[str]) -> str:
-    """The error message for a scenario with these problems (one line each)."""
     n = len(lines)
     head = f"{source}: invalid scenario ({n} problem{'s' if n > 1 else ''}):"
     return "\n".join([head, *lines[:20]] + (["  ..."] if n > 20 else []))
 
 
-def _depth(obj: Any, limit: int = MAX_NESTING) -> int:
-    """Nesting depth of ``obj`` (stops early past ``limit``).
-
-    Raises:
-        OverflowError: ``obj`` holds more than ``MAX_VALUES`` values.
-    """
-    stack = [(obj, 1)]
-    deepest = 0
+def _check_shape(raw: Any, source: str) -> None:
+    """Refuse structures too deep or too large to walk or validate."""
+    stack = [(raw, 1)]
     seen = 0
     while stack:
-        node, d = stack.pop()
+        node, depth = stack.pop()
         seen += 1
         if seen > MAX_VALUES:
-            raise OverflowError(seen)
-        deepest = max(deepest, d)
-        if d > limit:
-            return d
-        if isinstance(node, dict):
-            stack.extend((v, d + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, d + 1) for v in node)
-    return deepest
-
-
-def _check_shape(raw: Any, source: str) -> None:
-    """Reject structures too deep or too large to walk or validate."""
-    try:
-        too_deep = _depth(raw) > MAX_NESTING
-    except OverflowError:
-        raise ScenarioError(
-            f"{source}: expands to more than {MAX_VALUES:,} values "
-            "(YAML anchors and aliases?); a scenario is a short file"
-        ) from None
-    if too_deep:
-        raise ScenarioError(f"{source}: nested more than {MAX_NESTING} levels deep")
+            raise ScenarioError(
+                f"{source}: expands to more than {MAX_VALUES:,} values "
+                "(YAML anchors and aliases?); a scenario is a short file"
+            )
+        if depth > MAX_NESTING:
+            raise ScenarioError(f"{source}: nested more than {MAX_NESTING} levels deep")
+        if isinstance(node, dict | list):
+            values = node.values() if isinstance(node, dict) else node
+            stack.extend((v, depth + 1) for v in values)
 
 
 def _check_plain(obj: Any, source: str, path: str = "") -> None:
-    """Reject NaN/inf and non-plain values early with a clear path."""
+    """Refuse NaN/inf, huge ints and non-plain values, naming the path."""
     if isinstance(obj, dict):
         for k, v in obj.items():
             if not isinstance(k, str):
@@ -520,70 +414,49 @@ _MERGE = "tag:yaml.org,2002:merge"
 
 
 class _Loader(_BaseLoader):  # type: ignore[misc,valid-type]
-    """The safe loader with YAML 1.2's reading of plain scalars.
-
-    PyYAML implements YAML 1.1, whose implicit types surprise: ``no`` and
-    ``on`` are booleans, ``1:30`` is the base-60 number 90 and ``0755`` the
-    octal 493, while ``1e-3`` is a string. Here only ``true``/``false`` are
-    booleans (``yes``, ``no``, ``on``, ``off`` stay text), integers are
-    decimal, ``0x`` hex or ``0b`` binary, floats may use an exponent without
-    a dot, and base-60 or leading-zero numbers are text that
-    :func:`_check_nodes` refuses (see docs/scenarios.md, "YAML").
-    """
+    """The safe loader reading plain scalars as YAML 1.2 (docs/scenarios.md)."""
 
 
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in entries if tag not in (_BOOL, _INT, _FLOAT)]
     for first, entries in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
 }
-_Loader.add_implicit_resolver(
-    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-_Loader.add_implicit_resolver(
-    _FLOAT,
-    re.compile(
+_YAML12_SCALARS = {  # tag: (pattern, the characters a match can start with)
+    _BOOL: (r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+    _FLOAT: (
         r"""^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+)
         |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
         |[-+]?\.(?:inf|Inf|INF)
         |\.(?:nan|NaN|NAN))$""",
-        re.X,
+        "-+0123456789.",
     ),
-    list("-+0123456789."),
-)
-_Loader.add_implicit_resolver(
-    _INT,
-    re.compile(
-        r"""^(?:[-+]?0b[01_]+
-        |[-+]?0x[0-9a-fA-F_]+
-        |[-+]?(?:0|[1-9][0-9_]*))$""",
-        re.X,
+    _INT: (
+        r"^(?:[-+]?0b[01_]+|[-+]?0x[0-9a-fA-F_]+|[-+]?(?:0|[1-9][0-9_]*))$",
+        "-+0123456789",
     ),
-    list("-+0123456789"),
-)
+}
+for _tag, (_pattern, _first) in _YAML12_SCALARS.items():
+    _Loader.add_implicit_resolver(_tag, re.compile(_pattern, re.X), list(_first))
 
-# Plain scalars that YAML 1.1 reads as numbers and YAML 1.2 as text: refused,
-# since the writer meant one or the other and fedsim cannot tell which.
-_SEXAGESIMAL = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
-_LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
-
-
-def _key_text(node: yaml.Node) -> str:
-    if isinstance(node, yaml.ScalarNode):
-        return str(node.value)
-    return f"<{node.id}>"
+# YAML 1.1 reads these as numbers, YAML 1.2 as text: refused, as ambiguous.
+_AMBIGUOUS = [
+    (
+        re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$"),
+        "YAML 1.1 reads a base-60 number, YAML 1.2 text); write the number in "
+        "seconds or plain decimal",
+    ),
+    (
+        re.compile(r"^[-+]?0[0-9_]+$"),
+        "YAML 1.1 reads an octal number); write it without the leading zero",
+    ),
+]
 
 
 def _check_nodes(root: yaml.Node | None, source: str) -> None:
-    """Refuse duplicate keys and ambiguous plain scalars in a composed document.
-
-    Walks the node graph once (an aliased node is visited once, so an alias
-    bomb costs no more than its text); the error names the key's path and
-    the line in ``source``.
-    """
-    if root is None:
-        return
+    """Refuse duplicate keys and ambiguous plain scalars (each node visited
+    once, so an alias bomb costs no more than its text)."""
     seen: set[int] = set()
-    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    stack: list[tuple[yaml.Node, str]] = [] if root is None else [(root, "")]
     while stack:
         node, path = stack.pop()
         if id(node) in seen:
@@ -595,7 +468,8 @@ def _check_nodes(root: yaml.Node | None, source: str) -> None:
                 if key.tag == _MERGE:  # `<<: *base` may override keys, by design
                     stack.append((value, path))
                     continue
-                name = _key_text(key)
+                scalar = isinstance(key, yaml.ScalarNode)
+                name = str(key.value) if scalar else f"<{key.id}>"
                 sub = f"{path}.{name}" if path else name
                 line = key.start_mark.line + 1
                 if name in first:
@@ -605,54 +479,40 @@ def _check_nodes(root: yaml.Node | None, source: str) -> None:
                         "the last one"
                     )
                 first[name] = line
-                stack.append((key, sub))
-                stack.append((value, sub))
+                stack.extend([(key, sub), (value, sub)])
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node.value))
         elif node.tag == _STR and not node.style:  # plain: None, or '' (libyaml)
-            _check_scalar(node, path, source)
+            text = str(node.value)
+            for pattern, why in _AMBIGUOUS:
+                if pattern.match(text):
+                    raise ScenarioError(
+                        f"{source}: line {node.start_mark.line + 1}: "
+                        f"{path or '(top level)'}: {text} is ambiguous ({why}, or "
+                        f"quote '{text}' if it is text"
+                    )
 
 
-def _check_scalar(node: yaml.ScalarNode, path: str, source: str) -> None:
-    text = str(node.value)
-    where = f"{source}: line {node.start_mark.line + 1}: {path or '(top level)'}"
-    if _SEXAGESIMAL.match(text):
-        raise ScenarioError(
-            f"{where}: {text} is ambiguous (YAML 1.1 reads a base-60 number, "
-            "YAML 1.2 text); write the number in seconds or plain decimal, or "
-            f"quote '{text}' if it is text"
-        )
-    if _LEADING_ZERO.match(text):
-        raise ScenarioError(
-            f"{where}: {text} is ambiguous (YAML 1.1 reads an octal number); "
-            f"write it without the leading zero, or quote '{text}' if it is text"
-        )
-
-
-def _safe_load(text: str, source: str = "<yaml>") -> Any:
-    """Parse ``text`` with the safe loader (libyaml's when PyYAML has it).
+def read_yaml(text: str, source: str) -> Any:
+    """Parse YAML text as scenario files are (for ``fedsim compare`` and
+    ``stress --sweep`` values too).
 
     Raises:
-        ScenarioError: a duplicate key or an ambiguous scalar.
-        yaml.YAMLError: malformed YAML.
+        ScenarioError: naming ``source`` (and the line, where YAML tells).
     """
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        _check_nodes(node, source)
-        return None if node is None else loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def _read_yaml(text: str, source: str) -> Any:
     if len(text.encode("utf-8", "replace")) > MAX_FILE_BYTES:
         raise ScenarioError(
             f"{source}: file is larger than {MAX_FILE_BYTES // 1024 // 1024} MiB; "
             "a scenario is a short YAML file"
         )
     try:
-        data = _safe_load(text, source)
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            _check_nodes(node, source)
+            return None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -666,27 +526,12 @@ def _read_yaml(text: str, source: str) -> Any:
     except RecursionError:
         raise ScenarioError(f"{source}: YAML nested too deeply") from None
     except (ValueError, OverflowError, LookupError, AttributeError, TypeError) as exc:
-        # PyYAML's safe constructors raise these on some scalars: `!!int abc`
-        # (ValueError), `!!bool maybe` (KeyError), `!!int ''` (IndexError),
-        # `!!timestamp x` (AttributeError), an int of more than 4300 digits
-        # (ValueError), 1:2:...:59.5 (OverflowError).
+        # PyYAML's constructors raise these on `!!int abc`, `!!bool maybe`,
+        # `!!int ''`, `!!timestamp x`, a 4300-digit int, 1:2:...:59.5
         raise ScenarioError(
             f"{source}: malformed YAML: cannot read a value "
             f"({type(exc).__name__}: {exc})"
         ) from None
-    return data
-
-
-def read_yaml(text: str, source: str) -> Any:
-    """Parse YAML text as scenario files are parsed (safe loader, YAML 1.2
-    scalars, duplicate keys and ambiguous numbers refused), for other tools
-    that read scenario values (``fedsim compare``'s algorithm options,
-    ``fedsim stress --sweep`` values).
-
-    Raises:
-        ScenarioError: naming ``source`` (and the line, where YAML tells).
-    """
-    return _read_yaml(text, source)
 
 
 _SEGMENT = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
@@ -694,72 +539,50 @@ _SEGMENT = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 def _split_path(path: str) -> list[str | int]:
     """``fleet.groups[1].speed.sigma`` or ``fleet.groups.1.speed.sigma``."""
-    if not path or path.startswith(".") or path.endswith("."):
-        raise ScenarioError(f"--set: bad field path {path!r}")
     parts: list[str | int] = []
     pos = 0
     for m in _SEGMENT.finditer(path):
-        gap = path[pos : m.start()]
-        if gap not in ("", "."):
+        if path[pos : m.start()] not in ("", "."):
             raise ScenarioError(f"--set: bad field path {path!r}")
         pos = m.end()
-        if m.group(2) is not None:
-            parts.append(int(m.group(2)))
-        elif m.group(1).isascii() and m.group(1).isdigit():
-            parts.append(int(m.group(1)))
-        else:
-            parts.append(m.group(1))
-    if pos != len(path):
+        text = m.group(1) or m.group(2)
+        numeric = m.group(2) is not None or (text.isascii() and text.isdigit())
+        parts.append(int(text) if numeric else text)
+    if not path or path[0] == "." or path[-1] == "." or pos != len(path):
         raise ScenarioError(f"--set: bad field path {path!r}")
     return parts
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of ``raw`` with ``path=value`` overrides applied.
-
-    Values are parsed as YAML scalars or flow collections, so ``rounds=5``
-    sets an int and ``algorithm={name: fedavg}`` a mapping.
+    """A copy of ``raw`` with ``path=value`` overrides (values read as YAML).
 
     >>> apply_overrides({"a": {"b": 1}}, ["a.b=2", "c=[1, 2]"])
     {'a': {'b': 2}, 'c': [1, 2]}
     """
-    import copy
-
     out = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
             raise ScenarioError(f"--set {item!r}: expected path.to.key=value")
         path, text = item.split("=", 1)
         keys = _split_path(path.strip())
-        value = _read_yaml(text, f"--set {path}")
+        value = read_yaml(text, f"--set {path}")
         node: Any = out
-        for i, key in enumerate(keys[:-1]):
-            nxt = keys[i + 1]
+        for i, key in enumerate(keys):
             if isinstance(key, int):
                 if not isinstance(node, list) or key >= len(node):
                     raise ScenarioError(
                         f"--set {path}: index [{key}] does not exist in the scenario"
                     )
-                node = node[key]
-            else:
-                if not isinstance(node, dict):
-                    raise ScenarioError(
-                        f"--set {path}: cannot set {key!r}: its parent is not a mapping"
-                    )
-                if key not in node or node[key] is None:
-                    node[key] = [] if isinstance(nxt, int) else {}
-                node = node[key]
-        last = keys[-1]
-        if isinstance(last, int):
-            if not isinstance(node, list) or last >= len(node):
+            elif not isinstance(node, dict):
                 raise ScenarioError(
-                    f"--set {path}: index [{last}] does not exist in the scenario"
+                    f"--set {path}: cannot set {key!r}: its parent is not a mapping"
                 )
-            node[last] = value
-        else:
-            if not isinstance(node, dict):
-                raise ScenarioError(f"--set {path}: parent is not a mapping")
-            node[last] = value
+            if i == len(keys) - 1:
+                node[key] = value
+            else:
+                if isinstance(key, str) and node.get(key) is None:
+                    node[key] = [] if isinstance(keys[i + 1], int) else {}
+                node = node[key]
     return out
 
 
@@ -769,9 +592,8 @@ def parse_scenario(
     overrides: list[str] | None = None,
     base_dir: str | Path | None = None,
 ) -> Scenario:
-    """Parse and validate scenario YAML text. Relative file paths in it (a
-    fleet group's ``trace``) are looked up in ``base_dir`` first."""
-    raw = _read_yaml(text, source)
+    """Parse and validate scenario YAML text (relative paths: ``base_dir`` first)."""
+    raw = read_yaml(text, source)
     if not isinstance(raw, dict):
         raise ScenarioError(
             f"{source}: expected a YAML mapping at the top level "
@@ -788,19 +610,14 @@ def parse_scenario(
         raise ScenarioError(_format_validation(exc, source, raw)) from None
     except RecursionError:
         raise ScenarioError(f"{source}: nested too deeply") from None
-    problems = list(_bool_number_mixups(raw, sc, ()))
-    if problems:
+    if problems := list(_bool_number_mixups(raw, sc, ())):
         raise ScenarioError(_problems(source, problems))
     return sc
 
 
 def _bool_number_mixups(raw: Any, value: Any, loc: tuple[Any, ...]) -> Iterator[str]:
-    """Where the file gave true/false for a number, or a number for a switch.
-
-    pydantic's lax mode turns ``count: true`` into 1 and ``normalize: 1`` into
-    True; both are almost surely mistakes, so the validated scenario is walked
-    alongside the raw YAML and each such value is reported.
-    """
+    """Where the file gave true/false for a number, or a number for a switch
+    (which pydantic's lax mode accepts), walking ``raw`` beside ``value``."""
     if isinstance(raw, bool):
         if isinstance(value, int | float) and not isinstance(value, bool):
             yield f"  {_format_loc(loc)}: expected a number, not {str(raw).lower()}"
@@ -858,9 +675,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
 
 
 class _Dumper(yaml.SafeDumper):
-    """Quotes every string that YAML 1.1 or this module's loader would read
-    as something else (``'yes'``, ``'1e-3'``, ``'0755'``), so a resolved
-    scenario reads back the same here and in other YAML tools."""
+    """Quotes strings YAML 1.1 or :class:`_Loader` would read otherwise ('yes')."""
 
 
 _Dumper.yaml_implicit_resolvers = {

@@ -1,10 +1,7 @@
 """Base class and constrained types for the typed, frozen parts of a scenario.
 
-Specs that belong to a plug-in (a dataset, an algorithm, a selector) live in
-that plug-in's module, so a hyperparameter is declared once, where it is used;
-:mod:`fedsim.scenario` assembles them. :class:`ModelSpec` is the exception:
-it lives here and not in :mod:`fedsim.models` (which re-exports it), so that
-validating a scenario does not import torch.
+A plug-in's spec lives in its module; :class:`ModelSpec` lives here, not in
+:mod:`fedsim.models`, so that validating a scenario does not import torch.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-# For plug-ins written as frozen dataclasses (algorithms, selectors): pydantic
-# validates their fields (and runs __post_init__) when a scenario is loaded.
+# For plug-ins written as frozen dataclasses (algorithms, selectors).
 PLUGIN_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 PosFloat = Annotated[float, Field(gt=0)]
@@ -45,14 +41,9 @@ Width = Annotated[int, Field(ge=1, le=65536)]
 class ModelSpec(Spec):
     """Which network to train (see the table in :mod:`fedsim.models`).
 
-    Attributes:
-        name: the network.
-        hidden: ``mlp`` hidden widths.
-        norm_groups: GroupNorm groups per layer of ``vgg11`` and ``resnet18``
-            (2, as in Hsieh et al. 2020 and the FedDC code's ResNet).
-        width, depth: ``convnet`` channels and blocks (FedDM: 128, 3).
-        embed_dim, lstm_hidden, lstm_layers: ``lstm`` sizes (LEAF: 8, 256, 2).
-        dtype: float64 is for exact checks on small problems.
+    ``norm_groups``: GroupNorm groups of ``vgg11``/``resnet18`` (2: Hsieh et
+    al. 2020); ``width``, ``depth``: ``convnet`` (FedDM: 128, 3); ``lstm``
+    sizes as LEAF's (8, 256, 2); float64 is for exact checks on small problems.
     """
 
     name: Literal[

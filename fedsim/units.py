@@ -6,11 +6,10 @@ __all__ = ["duration"]
 
 
 def duration(seconds: float) -> str:
-    """Simulated time as people read it: 42s, 17.5min, 3.2h, 3.5d.
+    """Simulated time as people read it.
 
-    Example:
-        >>> [duration(s) for s in (42, 1050, 11520, 302400)]
-        ['42s', '17.5min', '3.2h', '3.5d']
+    >>> [duration(s) for s in (42, 1050, 11520, 302400)]
+    ['42s', '17.5min', '3.2h', '3.5d']
     """
     if seconds < 600:
         return f"{seconds:.0f}s"

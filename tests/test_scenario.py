@@ -258,7 +258,7 @@ def test_yes_no_on_off_are_text_not_switches(word):
 
 
 def test_numbers_read_as_yaml_1_2():
-    from fedsim.scenario import _read_yaml
+    from fedsim.scenario import read_yaml as _read_yaml
 
     got = _read_yaml(
         "a: 1e-3\nb: 2E5\nc: 1_000\nd: 0x1F\ne: 0b101\nf: .5\ng: True\n", "f"
