@@ -1,72 +1,8 @@
 """What every aggregation algorithm shares: the update record and the interface.
 
-An algorithm is a frozen dataclass of hyperparameters. Its state (server
-state and per-client state) goes in and comes out, so the object pickles for
-Ray and cannot drift (see docs/architecture.md, "Core interfaces"). The
-dataclass *is* the scenario's ``algorithm`` section: pydantic validates its
-fields (with their ``Annotated`` constraints) and runs ``__post_init__`` when a
-scenario is loaded, so each hyperparameter is declared exactly once.
-
-The client half and the server half of an algorithm live in the same module:
-
-Server half:
-
-- ``init(x0, num_clients)``: the server state (a dict of tensors).
-- ``payload(state)``: what a client downloads (default: ``{"x": x}``).
-- ``aggregate(state, updates)``: the new server state and what the round's
-  aggregation did (effective weights, tau_eff, chi^2(p||w)).
-
-Client half (run on a worker, per client, per round). Every hook receives
-one :class:`ClientContext`: the client's :class:`ClientInfo`, the payload it
-downloaded, its persistent state and what ``local_setup`` returned:
-
-- ``solver(client_spec)``: the local solver.
-- ``local_setup(client) -> local``: anything constant during the round
-  (e.g. SCAFFOLD's correction c - c_i); it becomes ``client.local``.
-- ``grad_hook(theta, grad, client)``: adjust the minibatch gradient in place
-  before each solver step (e.g. add the correction, or a penalty's gradient).
-- ``client_finish(delta, solver_state, client) -> (extras, new_state)``: the
-  extras to upload and the client's new persistent state (None: unchanged).
-
-A worker runs them as :meth:`Algorithm.start_client`, then per step the
-gradient, ``grad_hook`` and the solver step, then ``client_finish``. A toy
-algorithm whose clients are pulled back toward the downloaded model and
-upload how far they moved:
-
->>> from dataclasses import dataclass
->>> from fedsim.solvers import SGD
->>> @dataclass(frozen=True)
-... class Toy(Algorithm):
-...     def local_setup(self, client):
-...         return client.payload["x"]          # the anchor, constant in the round
-...     def grad_hook(self, theta, grad, client):
-...         grad.add_(theta - client.local)     # + gradient of ||theta - x||^2 / 2
-...     def client_finish(self, delta, solver_state, client):
-...         return {"moved": delta.abs().sum()}, None
->>> alg, solver = Toy(), SGD(lr=0.5)
->>> info = ClientInfo(client=0, n_samples=4, num_clients=1, relative_weight=1.0)
->>> client = alg.start_client(info, {"x": torch.zeros(1)}, {})
->>> theta, st = torch.zeros(1), solver.begin(torch.zeros(1))
->>> for _ in range(2):                          # local loss (theta - 1)^2 / 2
-...     grad = theta - 1.0
-...     alg.grad_hook(theta, grad, client)
-...     solver.step(theta, grad, st)
->>> # theta: 0 -> 0.5 (gradient -1), then stays (gradient -0.5 + 0.5 = 0)
->>> alg.client_finish(theta - client.payload["x"], st, client)[0]["moved"]
-tensor(0.5000)
-
-Algorithms whose client work is not "tau steps of a solver" (FedDM learns a
-synthetic set) override ``client_train(job)``, which receives a
-:class:`LocalTraining` (the client's context, model, data rows, generator and
-step budget) and returns the :class:`ClientUpdate`; algorithms whose server
-needs the model or a validation loss (FedPNS's CHECK LOSS, FedDM's server
-training) set ``needs_server = True`` and receive a :class:`ServerContext`
-as ``aggregate(state, updates, server=ctx)``.
-
-Persistent client state (``stateful = True``) is a dict of flat tensors kept
-by the server's :class:`~fedsim.store.ClientStore`, keyed by client id; it
-travels with the task, so a worker that dies loses nothing. A client that has
-never trained has state ``{}``: read missing keys as zeros.
+An algorithm is a frozen dataclass of hyperparameters that is also the
+scenario's ``algorithm`` section; its server and client state go in and come
+out. See docs/architecture.md ("Core interfaces") and docs/extending.md.
 """
 
 from __future__ import annotations
@@ -105,8 +41,7 @@ __all__ = [
 # (strings: torch.Tensor would import torch when this module is imported)
 ServerState = dict[str, "torch.Tensor"]
 ClientState = dict[str, "torch.Tensor"]
-# What client_finish returns: the extras to upload and the client's new
-# persistent state (None: unchanged).
+# client_finish's (extras to upload, new persistent state or None: unchanged)
 ClientResult = tuple[dict[str, "torch.Tensor"], ClientState | None]
 
 
@@ -145,13 +80,13 @@ class LocalTraining:
     Attributes:
         client: the client's context (``local`` is None: no ``local_setup``).
         model: the worker's model; its parameters are views of ``theta``.
-        theta: the model's parameters as one flat vector (restore it to
+        theta: the parameters as one flat vector (restore it to
             ``client.payload["x"]`` before returning).
         xs, ys: the client's samples and labels.
         gen: the client's generator for this round (all its randomness).
         weight: the client's data weight n_i (``ClientUpdate.weight``).
-        step_budget: local steps the clock granted when it bounds the work
-            (``round: fixed_window``), else None.
+        step_budget: local steps the clock granted (``round: fixed_window``),
+            else None.
     """
 
     client: ClientContext
@@ -190,13 +125,12 @@ class AggregateInfo:
     weights: dict[int, float]  # effective weight w_i each update received
     tau_eff: float
     chi2_pw: float  # chi^2(p || w), with p the data weights of the round's updates
-    # Extra per-client columns for clients.parquet (e.g. FedPNS's labeled and
-    # removed flags): {client: {column: bool | int | float | str}}.
+    # Extra clients.parquet columns (e.g. FedPNS's labeled/removed flags):
+    # {client: {column: bool | int | float | str}}.
     flags: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # The weight each update's delta got in the server step, as applied and
-    # not normalised (n_i / sum_S n_j, p_i m / q, k_i / q or 1 / |S|): what
-    # the participation-bias meter sums. None: the algorithm has no sampling
-    # weighting, and the meter uses ``weights``.
+    # Each delta's weight in the server step, as applied and not normalised
+    # (n_i / sum_S n_j, p_i m / q, k_i / q or 1 / |S|), for the
+    # participation-bias meter; None: no sampling weighting, it uses ``weights``.
     shares: dict[int, float] | None = None
 
 
@@ -224,9 +158,48 @@ class ServerContext:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """Base class. Subclasses declare ``name: Literal["<name>"]`` and their
-    hyperparameters as fields, and override ``aggregate`` (and ``solver`` when
-    their clients solve differently)."""
+    """Base class: subclasses declare ``name: Literal["<name>"]`` and their
+    hyperparameters as fields (validated, with ``__post_init__``, when a
+    scenario is loaded) and override ``aggregate``.
+
+    Server half: ``init(x0, num_clients)`` (the server state),
+    ``payload(state)`` (what a client downloads) and ``aggregate(state,
+    updates)`` (the new state and an :class:`AggregateInfo`). Client half,
+    run on a worker per client and round as :meth:`start_client`, then per
+    step gradient, ``grad_hook`` and solver step, then ``client_finish``:
+    ``solver``, ``local_setup`` (round constants, e.g. SCAFFOLD's c - c_i;
+    it becomes ``client.local``), ``grad_hook`` (adjust the gradient in
+    place) and ``client_finish`` (extras to upload and the new persistent
+    state). ``client_train(job: LocalTraining) -> ClientUpdate`` replaces the
+    solver loop (FedDM); ``needs_server = True`` passes a
+    :class:`ServerContext` as ``aggregate(..., server=ctx)``. Persistent state
+    (``stateful = True``) is kept by the server's ``ClientStore``; a client
+    that never trained has ``{}``: read missing keys as zeros.
+
+    A toy whose clients are pulled back toward the downloaded model and
+    upload how far they moved:
+
+    >>> from dataclasses import dataclass
+    >>> from fedsim.solvers import SGD
+    >>> @dataclass(frozen=True)
+    ... class Toy(Algorithm):
+    ...     def local_setup(self, client):
+    ...         return client.payload["x"]          # the anchor, constant in the round
+    ...     def grad_hook(self, theta, grad, client):
+    ...         grad.add_(theta - client.local)     # + gradient of ||theta - x||^2 / 2
+    ...     def client_finish(self, delta, solver_state, client):
+    ...         return {"moved": delta.abs().sum()}, None
+    >>> alg, solver = Toy(), SGD(lr=0.5)
+    >>> info = ClientInfo(client=0, n_samples=4, num_clients=1, relative_weight=1.0)
+    >>> client = alg.start_client(info, {"x": torch.zeros(1)}, {})
+    >>> theta, st = torch.zeros(1), solver.begin(torch.zeros(1))
+    >>> for _ in range(2):                          # local loss (theta - 1)^2 / 2
+    ...     grad = theta - 1.0
+    ...     alg.grad_hook(theta, grad, client)
+    ...     solver.step(theta, grad, st)
+    >>> alg.client_finish(theta - client.payload["x"], st, client)[0]["moved"]
+    tensor(0.5000)
+    """
 
     __pydantic_config__: ClassVar = PLUGIN_CONFIG
 
@@ -243,7 +216,6 @@ class Algorithm:
     down_factor: ClassVar[int] = 1
     up_factor: ClassVar[int] = 1
 
-    # ---------------------------------------------------------------- server
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         return {"x": x0.clone()}
 
@@ -255,7 +227,6 @@ class Algorithm:
     ) -> tuple[ServerState, AggregateInfo]:
         raise NotImplementedError
 
-    # ---------------------------------------------------------------- client
     def solver(self, client: ClientSpec) -> SGD:
         return make_solver(client)
 
@@ -274,8 +245,8 @@ class Algorithm:
     ) -> None:
         return None
 
-    # Set to a method ``client_train(job: LocalTraining) -> ClientUpdate`` to
-    # replace the solver loop entirely.
+    # A method ``client_train(job: LocalTraining) -> ClientUpdate`` replaces
+    # the solver loop entirely.
     client_train: ClassVar[Any] = None
 
     def client_finish(
@@ -283,17 +254,11 @@ class Algorithm:
     ) -> ClientResult:
         return {}, None
 
-    # ------------------------------------------------------------ pairing
     def weighting(self) -> str | None:
-        """The aggregation weighting this algorithm applies to a round's
-        updates: a key of :data:`fedsim.algorithms.sampling.WEIGHTINGS`,
-        whose entry says what client sampling it assumes, so that the
-        scenario check can refuse a selector it does not fit (FedAvg,
-        FedNova and their descendants: their ``sampling`` field). None: the
-        algorithm's weights are fixed by its paper (SCAFFOLD, FedDyn and
-        FedDC average the updates; FedPNS averages those it keeps; the
-        asynchronous rules weight by staleness) and are not checked; the
-        participation-bias meter still shows what they do."""
+        """The key of :data:`fedsim.algorithms.sampling.WEIGHTINGS` this
+        algorithm weights updates by, checked against the selector; None:
+        weights fixed by its paper (SCAFFOLD, FedDyn, FedDC, FedPNS, the
+        asynchronous rules), not checked."""
         return None
 
 
@@ -310,8 +275,8 @@ def meter(
     tau_eff: float,
     shares: Sequence[float] | None = None,
 ) -> AggregateInfo:
-    """Package effective weights ``w`` (normalised here) with chi^2(p || w),
-    and the sampling weights ``shares`` the step applied (as they are)."""
+    """Effective weights ``w`` (normalised here) with chi^2(p || w), and the
+    sampling weights ``shares`` the step applied (as they are)."""
     sw = float(sum(w))
     weights = {u.client: wi / sw for u, wi in zip(updates, w, strict=True)}
     share = None
@@ -329,9 +294,8 @@ def meter_subset(
     tau_eff: float,
     flags: dict[int, dict[str, Any]] | None = None,
 ) -> AggregateInfo:
-    """:func:`meter` over the updates the server ``used`` (effective weights
-    ``w``), reporting weight 0 for every other update of the round (FedPNS's
-    removed updates, FedDM's empty uploads)."""
+    """:func:`meter` over the updates the server ``used``, with weight 0 for
+    the round's others (FedPNS's removed updates, FedDM's empty uploads)."""
     info = meter(used, data_weights(used), w, tau_eff)
     return AggregateInfo(
         weights={u.client: info.weights.get(u.client, 0.0) for u in updates},
@@ -349,8 +313,8 @@ _Aggregate = TypeVar("_Aggregate", bound=Callable[..., Any])
 
 
 def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
-    """Decorate an ``aggregate`` method: a round without updates leaves the
-    server state as it is and reports an empty meter (:func:`empty_info`)."""
+    """Decorate ``aggregate``: a round without updates keeps the state and
+    reports :func:`empty_info`."""
 
     @functools.wraps(aggregate)
     def wrapper(
@@ -364,11 +328,10 @@ def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
 
 
 class AsyncRule(Protocol):
-    """What an asynchronous server rule adds (FedAsync, FedBuff): every
-    ``buffer_size`` accepted arrivals make one server version, applied by
-    ``aggregate_async(state, updates, staleness, starts)`` with the updates in
-    order of arrival, their staleness and the parameters of the version each
-    one started from."""
+    """An asynchronous server rule (FedAsync, FedBuff): every ``buffer_size``
+    accepted arrivals make one version, applied by ``aggregate_async(state,
+    updates, staleness, starts)`` (updates in arrival order, their staleness,
+    the parameters each started from)."""
 
     buffer_size: int
     aggregate_async: Callable[

@@ -1,12 +1,9 @@
 """The client half shared by algorithms with SCAFFOLD-style control variates.
 
-Clients download the server's control variate c with the model, and every
-local gradient is corrected by c - c_i, a constant within the round
-(SCAFFOLD, ALGORITHMS.md 7; FedNova-VR, 5.5). :class:`ControlVariates` is
-the base class (first in the bases, before the algorithm's own server class):
-it adds c to the server state and the payload, the correction and its
-gradient hook; the subclass writes ``client_finish`` (its c_i update, with
-:func:`control_step`) and ``aggregate`` (with :func:`control_aggregate`).
+Clients download the server's c with the model and correct every local
+gradient by c - c_i, constant within the round (SCAFFOLD, ALGORITHMS.md 7;
+FedNova-VR, 5.5). :class:`ControlVariates` goes first in the bases; the
+subclass's ``aggregate`` updates c with :func:`control_aggregate`.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 from fedsim.algorithms.base import (
     Algorithm,
     ClientContext,
+    ClientResult,
     ClientState,
     ClientUpdate,
     ServerState,
@@ -42,7 +40,7 @@ def control_update(
 
     ``correction`` is the round's gradient correction (SCAFFOLD and
     FedNova-VR: c - c_i; FedDC: c / w_i - c_i). A client that took no step
-    (||a_i||_1 = 0) has no gradient estimate and keeps c_i (a copy).
+    keeps c_i (a copy).
 
     >>> from fedsim.solvers import SolverState
     >>> st = SolverState(x0=torch.zeros(1), lr=0.5, steps=2, norm_a=2.0)
@@ -61,10 +59,10 @@ def control_step(
     correction: torch.Tensor,
     state: ClientState,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(c_i, c_i^+): the client's control variate before the round (from its
-    persistent ``state``, zeros if it has none) and after it."""
+    """(c_i^+ - c_i, c_i^+), with c_i from the client's ``state`` (else 0)."""
     c_i = state.get("c", torch.zeros_like(delta))
-    return c_i, control_update(delta, solver_state, correction, c_i)
+    c_new = control_update(delta, solver_state, correction, c_i)
+    return c_new - c_i, c_new
 
 
 def control_aggregate(
@@ -76,8 +74,8 @@ def control_aggregate(
 
 @dataclass(frozen=True)
 class ControlVariates(Algorithm):
-    """State c (2d down, 2d up), payload (x, c), correction c - c_i, and the
-    gradient hook adding it."""
+    """State c (2d down, 2d up), payload (x, c), the correction c - c_i added
+    to every gradient, and the upload dc = c_i^+ - c_i."""
 
     stateful: ClassVar[bool] = True
     down_factor: ClassVar[int] = 2
@@ -98,3 +96,10 @@ class ControlVariates(Algorithm):
         self, theta: torch.Tensor, grad: torch.Tensor, client: ClientContext
     ) -> None:
         grad.add_(client.local)
+
+    def client_finish(
+        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
+    ) -> ClientResult:
+        extras, _ = super().client_finish(delta, solver_state, client)
+        dc, c_new = control_step(delta, solver_state, client.local, client.state)
+        return {**extras, "dc": dc}, {"c": c_new}

@@ -4,16 +4,13 @@ Adaptive Federated Optimization. Sashank J. Reddi, Zachary Charles, Manzil
 Zaheer, Zachary Garrett, Keith Rush, Jakub Konečný, Sanjiv Kumar, H. Brendan
 McMahan. ICLR 2021. arXiv:2003.00295.
 
-The averaged client delta Delta (FedAvg's weights, including ``sampling``)
-is the server's pseudo-gradient (Algorithm 2, FedAdam branch):
+FedAvg's averaged delta Delta is the pseudo-gradient (Algorithm 2):
 
-    m <- beta1 m + (1 - beta1) Delta
-    v <- beta2 v + (1 - beta2) Delta^2
+    m <- beta1 m + (1 - beta1) Delta,   v <- beta2 v + (1 - beta2) Delta^2
     x <- x + server_lr * m / (sqrt(v) + tau)
 
-with m = 0 and v = tau^2 initially (the paper asks v_{-1} >= tau^2) and no
-bias correction, as in the paper. ``tau`` (``adaptivity``) bounds the
-per-coordinate step by about server_lr / tau.
+with m = 0, v = tau^2 initially and no bias correction, as in the paper;
+``adaptivity`` (tau) bounds the per-coordinate step by about server_lr / tau.
 """
 
 from __future__ import annotations

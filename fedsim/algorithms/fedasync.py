@@ -3,57 +3,23 @@
 Asynchronous Federated Optimization. Cong Xie, Sanmi Koyejo, Indranil Gupta.
 arXiv:1903.03934, 2019 (OPT workshop, NeurIPS 2020).
 
-Server (the paper's Algorithm 1): an update from a client that downloaded
-version tau arrives while the server is at version t; with staleness
-s = t - tau,
+Server (Algorithm 1): an update that started from version tau arrives at
+version t, staleness s = t - tau:
 
-    alpha_t = alpha * S(s)
-    x_{t+1} = (1 - alpha_t) x_t + alpha_t x_new,      x_new = x_tau + Delta
+    alpha_t = alpha * S(s),   x_{t+1} = (1 - alpha_t) x_t + alpha_t (x_tau + Delta)
 
-x_new is the client's model: it starts from the version it *downloaded*, not
-from the current one. The worker (the paper's Algorithm 1) runs SGD on the
-regularised objective
+The worker runs proximal SGD on f(x) + (rho / 2) ||x - x_tau||^2 (FedProx's
+solver with mu = rho; rho = 0.005 as in the paper's CIFAR-10 runs, 0 is plain
+SGD; refused with the ``momentum`` or ``decay`` solvers). One update makes one
+version. Staleness functions (section 5.2): ``constant`` 1, ``polynomial``
+(1 + s)^(-a), ``hinge`` 1 if s <= b else 1 / (a (s - b) + 1).
 
-    g_{x_tau}(x) = f(x) + (rho / 2) ||x - x_tau||^2,
-
-i.e. x <- x - lr (grad f(x) + rho (x - x_tau)), proximal SGD anchored at the
-downloaded model (FedProx's solver with mu = rho, so ||a||_1 is the proximal
-one). ``rho`` defaults to 0.005, the value of the paper's CIFAR-10
-experiments (ALGORITHMS.md gives none); rho = 0 is plain local SGD.
-Proximal steps combined with the ``momentum`` or ``decay`` solvers have no
-derived ||a||_1 and are refused: use ``client.solver: sgd`` or rho = 0.
-
-One update makes one version (``buffer_size = 1``). The staleness functions
-of the paper's section 5.2 (each S(0) = 1):
-
-==============  ==============================================
-``constant``    S(s) = 1
-``polynomial``  S(s) = (1 + s)^(-a)                 (a = ``staleness_a``)
-``hinge``       S(s) = 1 if s <= b, else 1 / (a (s - b) + 1)   (b = ``staleness_b``)
-==============  ==============================================
-
-The paper's experiments use alpha in {0.6, 0.9}, polynomial a = 0.5 and hinge
-a = 10, b = 4.
-
-FedNova normalisation composes (``normalize``; Wang et al., NeurIPS 2020,
-arXiv:2007.07481): Delta is replaced by tau_eff Delta / ||a||_1, so a device
-that took many local steps does not pull the model further than one that took
-few. One update at a time has no round to average over, so tau_eff is the
-running mean of ||a||_1 over every update received so far, including this one
-(``fedavg``), of the local steps (``steps``), or ``tau_eff_value`` (``fixed``).
-
-In a synchronous round (any policy other than ``async``) every update has
-staleness 0 and starts from the current model; the server then mixes with the
-data-weighted mean of the round's client models, x <- (1 - alpha) x + alpha
-sum_i p_i x_i, which is the rule above when a round holds one update.
-
-Interface of an asynchronous server rule (also :class:`~fedsim.algorithms.
-fedbuff.FedBuff`): ``buffer_size`` accepted arrivals make one version, and
-
-    aggregate_async(state, updates, staleness, starts) -> (state, AsyncInfo)
-
-takes the updates in order of arrival, their staleness and the parameters of
-the version each one started from.
+``normalize`` composes FedNova's normalisation (arXiv:2007.07481): Delta
+becomes tau_eff Delta / ||a||_1, with tau_eff the running mean over every
+update so far of ||a||_1 (``fedavg``), the local steps (``steps``), or
+``tau_eff_value`` (``fixed``). In a synchronous round every update has
+staleness 0 and the server mixes in the data-weighted mean of the round's
+models. The asynchronous interface is :class:`~fedsim.algorithms.base.AsyncRule`.
 """
 
 from __future__ import annotations
@@ -114,12 +80,8 @@ def staleness_weight(kind: Staleness, s: int, a: float = 0.5, b: float = 4) -> f
 
 @dataclass(frozen=True)
 class AsyncInfo(AggregateInfo):
-    """:class:`AggregateInfo` plus the weight of each update, by position.
-
-    ``weights`` is keyed by client id, and one device can land twice in a
-    FedBuff buffer; ``per_update`` keeps them apart (same order as the
-    updates, normalised to sum to 1).
-    """
+    """:class:`AggregateInfo` plus each update's normalised weight, by
+    position (one device can land twice in a FedBuff buffer)."""
 
     per_update: tuple[float, ...] = ()
 
@@ -157,25 +119,33 @@ class _Normalized(Algorithm):
             raise ValueError("tau_eff 'fixed' needs tau_eff_value")
 
     def weight(self, s: int) -> float:
-        """S(s) with this rule's staleness function."""
         return staleness_weight(self.staleness, s, self.staleness_a, self.staleness_b)
 
     def scales(
         self, updates: Sequence[ClientUpdate], tau_eff: float
     ) -> tuple[list[float], float]:
-        """Factor on each Delta (tau_eff / ||a_i||_1 when normalising, else 1),
-        and the tau_eff to report (sum_i p_i ||a_i||_1 when not normalising)."""
+        """Factor on each Delta (tau_eff / ||a_i||_1 under ``normalize``, else
+        1) and the tau_eff to report (sum_i p_i ||a_i||_1 if not normalising)."""
         norm_a = [u.norm_a for u in updates]
         if not self.normalize:
             return [1.0] * len(updates), weighted_steps(data_weights(updates), norm_a)
         return normalizers([tau_eff] * len(updates), norm_a), tau_eff
 
+    def _meter(
+        self, updates: Sequence[ClientUpdate], base: Sequence[float], tau_eff: float
+    ) -> AsyncInfo:
+        """:func:`async_meter` of weights ``base`` (times ||a_i||_1 unless
+        normalising)."""
+        w = [
+            b * (1.0 if self.normalize else u.norm_a)
+            for b, u in zip(base, updates, strict=True)
+        ]
+        return async_meter(updates, w, tau_eff)
+
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]
     ) -> tuple[ServerState, AggregateInfo]:
-        """A synchronous round: every update is fresh (staleness 0) and starts
-        from x, so FedAsync mixes the round's models and FedBuff treats the
-        round's updates as one buffer."""
+        """A synchronous round: staleness 0, every update started from x."""
         rule = cast(AsyncRule, self)  # FedAsync and FedBuff define aggregate_async
         n = len(updates)
         return rule.aggregate_async(state, updates, [0] * n, [state["x"]] * n)
@@ -185,7 +155,7 @@ class _Normalized(Algorithm):
 class FedAsync(_Normalized):
     """Mix each arriving client model into the global one, x <- (1 - a) x + a x_i.
 
-    Example (hinge staleness; staleness 6 > b = 4 gives S = 1/21):
+    Example (hinge staleness 6 > b = 4: S = 1/21):
         >>> alg = FedAsync(alpha=0.5, staleness="hinge", staleness_a=10)
         >>> state = alg.init(torch.zeros(1), 2)
         >>> u = ClientUpdate(0, torch.tensor([2.1]), 1, 3, 3.0, 0.0)
@@ -206,7 +176,6 @@ class FedAsync(_Normalized):
             raise ValueError("FedAsync's step size is alpha; leave server_lr at 1")
 
     def solver(self, client: ClientSpec) -> SGD:
-        """Proximal SGD on f(x) + (rho / 2) ||x - x_tau||^2 (the paper's worker)."""
         return make_solver(client, mu=self.rho)
 
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
@@ -221,17 +190,12 @@ class FedAsync(_Normalized):
         staleness: Sequence[int],
         starts: Sequence[torch.Tensor],
     ) -> tuple[ServerState, AsyncInfo]:
-        """x <- x + sum_i p_i alpha S(s_i) (x_start_i + c_i Delta_i - x).
-
-        With one update this is the paper's (1 - alpha_t) x + alpha_t x_new;
-        c_i = tau_eff / ||a_i||_1 under ``normalize``, else 1.
-        """
+        """x <- x + sum_i p_i alpha S(s_i) (x_start_i + c_i Delta_i - x)."""
         if not updates:
             return state, AsyncInfo(**vars(empty_info()))
         count = state["count"] + len(updates)
         norm_a_sum = state["norm_a_sum"] + sum(u.norm_a for u in updates)
         steps_sum = state["steps_sum"] + sum(u.tau for u in updates)
-        # the running mean over every update so far, as one "update"
         running = effective_steps(
             self.tau_eff,
             [1.0],
@@ -256,8 +220,4 @@ class FedAsync(_Normalized):
             "steps_sum": steps_sum,
             "count": count,
         }
-        w = [
-            m * (1.0 if self.normalize else u.norm_a)
-            for m, u in zip(mix, updates, strict=True)
-        ]
-        return new, async_meter(updates, w, tau_eff)
+        return new, self._meter(updates, mix, tau_eff)

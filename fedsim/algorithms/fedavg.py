@@ -4,21 +4,11 @@ Communication-Efficient Learning of Deep Networks from Decentralized Data.
 H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y
 Arcas. AISTATS 2017. arXiv:1602.05629.
 
-Server: x^{t+1} = x^t + server_lr * sum_{i in S} w_i Delta_i. The weights w_i
-depend on how the selector sampled S (``sampling``, see
-:mod:`fedsim.algorithms.sampling` and ALGORITHMS.md section 3):
-``renormalized`` p_i = n_i / sum_S n_j (the reference codes' practice, the
-default), ``uniform`` p_i m / q (unbiased scheme (ii)) or ``proportional``
-k_i / q (unbiased scheme (i); needs a selector with replacement).
-
-Seen through FedNova's lens (ALGORITHMS.md 5.1), update i effectively gets
-weight proportional to p_i ||a_i||_1, so clients that took more local steps
-pull the model toward their own objective; the meter reports that weight and
-chi^2(p || w).
-
-Server optimizers (FedAvgM, FedAdam) derive from this class and override
-only :meth:`FedAvg.apply_step`, which turns the averaged delta into the new
-server state.
+Server: x^{t+1} = x^t + server_lr * sum_{i in S} w_i Delta_i, with w_i set
+by ``sampling`` (:mod:`fedsim.algorithms.sampling`, ALGORITHMS.md 3). Seen
+through FedNova's lens (5.1) update i gets effective weight p_i ||a_i||_1,
+which the meter reports. Server optimizers (FedAvgM, FedAdam) override only
+:meth:`FedAvg.apply_step`.
 """
 
 from __future__ import annotations
@@ -46,10 +36,6 @@ __all__ = ["FedAvg"]
 @dataclass(frozen=True)
 class FedAvg(Sampled):
     """Weighted average of client deltas.
-
-    Attributes:
-        sampling: how the round's updates are weighted given how the selector
-            sampled them (``renormalized``, ``uniform``, ``proportional``).
 
     Example:
         >>> ups = [ClientUpdate(0, torch.tensor([1.0]), 1, 2, 2.0, 0.0),

@@ -4,13 +4,10 @@ Measuring the Effects of Non-Identical Data Distribution for Federated Visual
 Classification. Tzu-Ming Harry Hsu, Hang Qi, Matthew Brown. 2019.
 arXiv:1909.06335.
 
-The server treats the averaged client delta as a (negative) pseudo-gradient
-and applies heavy-ball momentum to it:
+Heavy-ball momentum on the averaged delta (v = 0 initially, beta =
+``server_momentum``; beta = 0 is FedAvg):
 
     v <- beta v + sum_i w_i Delta_i,      x <- x + server_lr * v
-
-(v = 0 initially; ``beta`` = ``server_momentum``). beta = 0 is FedAvg with
-``server_lr``. Clients and weights are FedAvg's (including ``sampling``).
 """
 
 from __future__ import annotations
@@ -31,9 +28,6 @@ __all__ = ["FedAvgM"]
 @dataclass(frozen=True)
 class FedAvgM(FedAvg):
     """Server momentum on the averaged delta.
-
-    Attributes:
-        server_momentum: beta of the heavy-ball buffer.
 
     Example:
         >>> alg = FedAvgM(server_momentum=0.5)

@@ -4,69 +4,21 @@ FedDM: Iterative Distribution Matching for Communication-Efficient Federated
 Learning. Yuanhao Xiong, Ruochen Wang, Minhao Cheng, Felix Yu, Cho-Jui Hsieh.
 CVPR 2023. arXiv:2207.09653.
 
-ALGORITHMS.md section 10. Instead of a model update, each client k sends a
-small synthetic dataset S_k whose loss landscape around the global model w_r
-matches its real data; the server trains w_r on the union of the S_k.
+ALGORITHMS.md section 10. Each client k sends, instead of a model update, a
+synthetic set S_k of ``ipc`` samples per class it holds, learnt so that at
+models w~ = w_r + eps min(1, rho / ||eps||) around the global model the mean
+penultimate embedding h and mean logits z of S_k match those of real batches:
 
-Client k, round r (:meth:`FedDM.client_train`):
+    L = sum_c ||mean h(real_c) - mean h(S_c)||^2 + ||mean z(real_c) - mean z(S_c)||^2
 
-1. for each class c it holds, S_{k,c} starts as ``ipc`` random real images
-   of class c (``image_init: real``) or standard normal noise (``noise``);
-2. for ``iterations`` steps: draw w~ = w_r + eps min(1, rho / ||eps||),
-   eps ~ N(0, I) over all parameters (so ||w~ - w_r|| = min(rho, ||eps||),
-   i.e. rho for any real network); for each class, a real batch of
-   ``dc_batch_size`` samples; the loss is
-
-       L = sum_c ||mean h(real_c) - mean h(S_c)||^2 + ||mean z(real_c) - mean z(S_c)||^2
-
-   with h the penultimate embedding and z the logits of w~ (see
-   :func:`embed_and_logits`; real features are constants); one SGD step
-   (lr ``image_lr``, momentum ``image_momentum``) on the pixels of S;
-3. upload S_k and its labels: |C_k| ipc samples, which is the update's real
-   size (``ClientUpdate.bytes_up``, see :func:`upload_bytes`).
-
-Server (:meth:`FedDM.aggregate`): continue training from w_r on the union
-S = U_k S_k (size sum_k |C_k| ipc) for ``server_epochs`` epochs of minibatch
-SGD (batch ``server_batch_size``, lr ``server_lr``, momentum
-``server_momentum``, weight decay ``server_weight_decay``), cross-entropy.
-S is the only data the server reads (no held-out or test rows), so FedDM
-needs no validation split.
-With ``ball: true`` every step is projected back onto the ball B_rho(w_r),
-the paper's constraint (the reimplementations do not enforce it).
-
-Time and bytes on the clock (docs/fedpns-feddm.md, "FedDM's cost"): a
-client's job is ``iterations`` matching iterations, not local SGD steps; the
-clock (:class:`fedsim.clock.JobWork`) counts tau in iterations and charges
-each ``iteration_cost`` local steps of compute
-(:meth:`FedDM.cost_per_iteration`; by default its forward-pass count
-relative to one minibatch step). Under ``round: fixed_epochs`` every client
-runs all ``iterations`` (``epochs`` do not apply); under ``fixed_window`` it
-runs as many as fit in the window, at most ``iterations`` (``max_steps``
-bounds SGD steps, not these). Loading the scenario warns
-(``FedDMClockWarning``) when the median device of a group cannot fit them
-in the window; each client row's tau shows the iterations run. The upload
-is timed and billed as the synthetic set it sends
-(:meth:`FedDM.upload_sizes`), not d model floats. FedDM has no asynchronous
-rule: ``round: async`` is refused.
-
-Differential privacy (``dp_noise`` = sigma, ``dp_clip`` = C): the gradient
-of L_c with respect to S_c is an average over the real batch of per-example
-terms J^T 2 (f(S_c) - r_j), with r_j = (h, z)(x_j) and f(S_c) the synthetic
-means. Each term is clipped to norm C, summed, Gaussian noise N(0, sigma^2
-C^2) added, and the sum divided by the batch size (DP-SGD on the synthetic
-set's updates, the paper's sigma in {1, 3, 5}, C = 5). No privacy
-accountant is run. Initialising S from real images would publish them, so
-with DP the default ``image_init: auto`` starts from noise and ``real`` is
-refused.
-
-Weighting: every (client, class) pair contributes ipc images to the server's
-loss, whatever n_k: clients are effectively weighted by the number of
-classes they hold; the meter reports w_k = |C_k| ipc / |S| against
-p_k = n_k / n.
-
-The client keeps no state (S is re-initialised every round). There is no
-model delta: ``ClientUpdate.delta`` is empty (``update_norm`` is 0) and the
-extras ``images`` and ``labels`` carry S_k.
+(``iterations`` SGD steps on the pixels of S; with ``dp_noise`` per-example
+terms are clipped to ``dp_clip`` and noised, DP-SGD). The server continues
+training w_r on the union of the S_k (``server_epochs`` of SGD), optionally
+projected onto B_rho(w_r) (``ball``). ``ClientUpdate.delta`` is empty; the
+extras ``images`` and ``labels`` carry S_k (relearnt every round: clients
+keep no state). Models, DP, weights, and what the
+clock charges (iterations, ``iteration_cost``, upload bytes):
+docs/fedpns-feddm.md.
 """
 
 from __future__ import annotations
@@ -108,20 +60,15 @@ __all__ = [
 _SERVER_TAG = 0xFEDD
 
 
-# ------------------------------------------------------------------ model access
 def output_layer(model: nn.Module) -> nn.Linear:
-    """The model's last ``nn.Linear`` (in registration order): its input is
-    the penultimate embedding h, its output the logits z."""
-    last = None
-    for m in model.modules():
-        if isinstance(m, nn.Linear):
-            last = m
-    if last is None:
+    """The model's last ``nn.Linear`` (in registration order)."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
         raise ValueError(
             f"FedDM needs a classifier ending in an nn.Linear layer; "
             f"{type(model).__name__} has none"
         )
-    return last
+    return linears[-1]
 
 
 def embed_and_logits(
@@ -129,11 +76,8 @@ def embed_and_logits(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(h, z): the penultimate embedding and the logits of ``model`` on ``x``.
 
-    A model may define ``embed_and_logits(x)`` itself. Otherwise h is the
-    input of the model's last ``nn.Linear`` (flattened), which must produce
-    the model's output: true of every classifier in :mod:`fedsim.models`
-    (for ``convnet`` h is ``model.embed(x)``, the flattened features, as in
-    FedDM's code; for ``logreg`` it is the flattened input).
+    A model may define ``embed_and_logits(x)`` itself; otherwise h is the
+    (flattened) input of its last ``nn.Linear``, which must produce the output.
 
     Example:
         >>> m = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
@@ -176,8 +120,8 @@ def matching_loss(
     real: Sequence[torch.Tensor],
     syn: Sequence[torch.Tensor],
 ) -> torch.Tensor:
-    """sum_c L_c over classes: ``real[c]`` and ``syn[c]`` are class c's real
-    batch and synthetic set. Real features are constants (no gradient).
+    """sum_c L_c: ``real[c]`` and ``syn[c]`` are class c's real batch and
+    synthetic set; real features are constants.
 
     Example:
         >>> m = nn.Linear(3, 2)
@@ -203,7 +147,7 @@ def matching_loss(
 
 
 def perturb(x: torch.Tensor, rho: float, gen: torch.Generator) -> torch.Tensor:
-    """w~ = x + eps min(1, rho / ||eps||), eps ~ N(0, I) (ALGORITHMS.md 10.2).
+    """w~ = x + eps min(1, rho / ||eps||), eps ~ N(0, I).
 
     >>> g = torch.Generator().manual_seed(0)
     >>> x = torch.zeros(10_000)
@@ -232,8 +176,7 @@ def upload_bytes(
     float_bytes: int = 4,
     label_bytes: int = 8,
 ) -> int:
-    """Bytes client k uploads: |C_k| ipc samples of ``sample_shape`` floats
-    plus |C_k| ipc (int64) labels.
+    """Bytes client k uploads: |C_k| ipc samples and their labels.
 
     >>> upload_bytes(9, 10, (3, 32, 32)) == 90 * 3072 * 4 + 90 * 8
     True
@@ -245,16 +188,9 @@ def upload_bytes(
 def iteration_flops_ratio(
     real_per_class: Sequence[int], ipc: int, batch_size: int
 ) -> float:
-    """One matching iteration's compute in local SGD steps of ``batch_size``.
-
-    Counted in per-sample forward passes, with a backward pass costing two
-    forwards when it also computes weight gradients and one when it does not
-    (the usual 1 : 2 forward : backward rule): an SGD step is 3 B; an
-    iteration is a gradient-free forward of the real batches (sum_c
-    min(dc_batch_size, n_c) samples) plus a forward and an input-only
-    backward of the |C| ipc synthetic images (2 |C| ipc). The perturbation
-    (d Gaussian draws) is ignored: it is small next to a network's forward
-    passes over hundreds of images.
+    """One matching iteration's compute in local SGD steps of ``batch_size``:
+    (sum_c min(dc_batch_size, n_c) + 2 |C| ipc) / (3 B) in per-sample forward
+    passes (docs/fedpns-feddm.md, "FedDM's cost").
 
     >>> iteration_flops_ratio([256] * 10, ipc=10, batch_size=64)  # (2560 + 200) / 192
     14.375
@@ -264,40 +200,32 @@ def iteration_flops_ratio(
 
 
 def _stable_seed(x: torch.Tensor) -> int:
-    """A seed from the initial parameters (themselves drawn from the scenario
-    seed), so the server's shuffling is a pure function of the scenario."""
+    """A seed from the initial parameters (drawn from the scenario seed)."""
     raw = x.detach().to(torch.float64).reshape(-1)[:64].numpy().tobytes()
     words = np.frombuffer(raw.ljust(8 * ((len(raw) + 7) // 8), b"\0"), np.uint32)
     ss = np.random.SeedSequence([_SERVER_TAG, *words.tolist()])
     return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
-# -------------------------------------------------------------------- algorithm
 @dataclass(frozen=True)
 class FedDM(Algorithm):
     """Clients send per-class synthetic sets; the server trains on their union.
 
-    Attributes (ALGORITHMS.md 10.2 defaults):
-        ipc: synthetic images per class (10).
-        rho: radius of the perturbation around w_r (5).
-        image_lr, image_momentum: SGD on the synthetic pixels (1, 0.5).
-        iterations: matching iterations per round (1000).
-        dc_batch_size: real samples per class and iteration (256).
+    Attributes (ALGORITHMS.md 10.2 defaults; see docs/fedpns-feddm.md):
+        ipc: synthetic images per class.
+        rho: radius of the perturbation around w_r.
+        image_lr, image_momentum: SGD on the synthetic pixels.
+        iterations: matching iterations per round.
+        dc_batch_size: real samples per class and iteration.
         image_init: S starts as ``real`` images, ``noise``, or ``auto``
             (real, noise with DP).
-        server_epochs, server_batch_size: server training (500, 256).
-        server_lr, server_momentum, server_weight_decay: its SGD
-            (0.01, 0.9, 0).
+        server_epochs, server_batch_size, server_lr, server_momentum,
+            server_weight_decay: the server's SGD on the union.
         ball: project every server step onto B_rho(w_r).
-        dp_noise: DP-SGD noise multiplier sigma (None: no DP).
-        dp_clip: DP-SGD per-example clipping bound C (5).
-        iteration_cost: local SGD steps' worth of compute one matching
-            iteration takes on the clock; ``auto`` (default) counts it per
-            client from its data with :func:`iteration_flops_ratio` (about
-            14 steps of batch 64 for a client holding 10 classes at the
-            defaults: an iteration pushes ~2,700 images through the network
-            where a step pushes 64 through it and back). A number sets it
-            for every client (1.0: an iteration costs one step).
+        dp_noise, dp_clip: DP-SGD noise multiplier sigma (None: no DP) and
+            per-example clipping bound C.
+        iteration_cost: local steps' worth of compute of one iteration on the
+            clock; ``auto`` counts it per client (:func:`iteration_flops_ratio`).
 
     Example:
         >>> alg = FedDM(ipc=2, iterations=3)
@@ -338,22 +266,12 @@ class FedDM(Algorithm):
             return self.image_init
         return "noise" if self.dp_noise is not None else "real"
 
-    # ------------------------------------------------------------ clock
     def cost_per_iteration(
         self, class_counts: np.ndarray, batch_size: int
     ) -> np.ndarray:
-        """Local-step equivalents of one matching iteration, per client.
-
-        Args:
-            class_counts: int ``[m, C]``, client k's samples of class c.
-            batch_size: B of a local SGD step (``client.batch_size``).
-
-        Returns:
-            float64 ``[m]``: ``iteration_cost``, or with ``auto``
-            :func:`iteration_flops_ratio` of the client's real batches
-            (min(dc_batch_size, n_kc) per class held); a client without data
-            gets 1.0 (it never trains).
-        """
+        """Local-step equivalents of one matching iteration, float64 ``[m]``,
+        from ``class_counts`` (int ``[m, C]``) and the local ``batch_size``; a
+        client without data gets 1.0."""
         counts = np.asarray(class_counts, dtype=np.int64)
         if self.iteration_cost != "auto":
             return np.full(counts.shape[0], float(self.iteration_cost))
@@ -371,10 +289,8 @@ class FedDM(Algorithm):
         float_bytes: int,
         label_bytes: int = 8,
     ) -> np.ndarray:
-        """Bytes each client uploads (:func:`upload_bytes` of the classes it
-        holds), int64 ``[m]``: ``float_bytes`` is the element size of the
-        images as sent (the model's dtype, which the worker casts data to)
-        and ``label_bytes`` that of the labels (int64)."""
+        """Bytes each client uploads, int64 ``[m]`` (:func:`upload_bytes` of
+        the classes it holds; ``float_bytes``: the model dtype's size)."""
         held = (np.asarray(class_counts) > 0).sum(axis=1)
         return np.array(
             [
@@ -384,7 +300,6 @@ class FedDM(Algorithm):
             dtype=np.int64,
         )
 
-    # ------------------------------------------------------------ server
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         return {
             "x": x0.clone(),
@@ -437,9 +352,8 @@ class FedDM(Algorithm):
         new = {**state, "x": x_new.to(x_r.dtype), "round": state["round"] + 1}
         return new, meter_subset(updates, ups, w, tau_eff)
 
-    # ------------------------------------------------------------ client
     def client_train(self, job: LocalTraining) -> ClientUpdate:  # type: ignore[override]
-        """Learn S_k at models around w_r (steps 1-3 of the module docstring)."""
+        """Learn S_k at models around w_r."""
         model, theta, xs, ys, gen = job.model, job.theta, job.xs, job.ys, job.gen
         x_global = job.client.payload["x"]
         n_iter = self.iterations
@@ -460,16 +374,7 @@ class FedDM(Algorithm):
             for _ in range(n_iter):
                 with torch.no_grad():
                     theta.copy_(perturb(x_global, self.rho, gen))
-                real = [
-                    xs[
-                        idx[
-                            torch.randperm(len(idx), generator=gen)[
-                                : self.dc_batch_size
-                            ]
-                        ]
-                    ]
-                    for idx in by_class
-                ]
+                real = [_draw(xs, idx, self.dc_batch_size, gen) for idx in by_class]
                 opt.zero_grad(set_to_none=False)
                 if self.dp_noise is None:
                     loss = matching_loss(model, real, syn.split(self.ipc))
@@ -499,18 +404,12 @@ class FedDM(Algorithm):
     def _init_synthetic(
         self, xs: torch.Tensor, by_class: list[torch.Tensor], gen: torch.Generator
     ) -> torch.Tensor:
-        parts = []
+        shape, parts = (self.ipc, *xs.shape[1:]), []
         for idx in by_class:
             if self.init_from == "noise":
-                parts.append(
-                    torch.randn(
-                        (self.ipc, *xs.shape[1:]), generator=gen, dtype=xs.dtype
-                    )
-                )
+                parts.append(torch.randn(shape, generator=gen, dtype=xs.dtype))
             elif len(idx) >= self.ipc:
-                parts.append(
-                    xs[idx[torch.randperm(len(idx), generator=gen)[: self.ipc]]]
-                )
+                parts.append(_draw(xs, idx, self.ipc, gen))
             else:  # fewer real images than ipc: repeat some
                 parts.append(
                     xs[idx[torch.randint(len(idx), (self.ipc,), generator=gen)]]
@@ -552,8 +451,15 @@ class FedDM(Algorithm):
         return total.detach()
 
 
+def _draw(
+    xs: torch.Tensor, idx: torch.Tensor, k: int, gen: torch.Generator
+) -> torch.Tensor:
+    """Up to ``k`` distinct rows of ``xs`` among ``idx``, drawn with ``gen``."""
+    return xs[idx[torch.randperm(len(idx), generator=gen)[:k]]]
+
+
 def _project(params: Sequence[torch.Tensor], center: torch.Tensor, rho: float) -> None:
-    """Move ``params`` back onto the ball of radius ``rho`` around ``center``."""
+    """Move ``params`` back onto the ball B_rho(center)."""
     with torch.no_grad():
         x = torch.nn.utils.parameters_to_vector(params)
         d = x - center

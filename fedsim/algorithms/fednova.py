@@ -4,38 +4,20 @@ Tackling the Objective Inconsistency Problem in Heterogeneous Federated
 Optimization. Jianyu Wang, Qinghua Liu, Hao Liang, Gauri Joshi, H. Vincent Poor.
 NeurIPS 2020. arXiv:2007.07481.
 
-Server (ALGORITHMS.md 5.1, 5.4), with w_i the sampling weights of the round
-(``sampling``, as for FedAvg; p_i under full participation):
+Server (ALGORITHMS.md 5.1, 5.4), w_i the round's sampling weights
+(``sampling``, as for FedAvg):
 
     x^{t+1} = x^t + server_lr * tau_eff * sum_i w_i Delta_i / ||a_i||_1
 
-Each update is first normalised by its solver's ||a_i||_1 (sgd, momentum,
-prox or decayed lr: see :mod:`fedsim.solvers`), so every client gets weight
-w_i = p_i whatever its number of local steps: chi^2(p||w) = 0 and the method
-converges to a stationary point of the true objective (up to an O(lr) bias
-for finite lr, ALGORITHMS.md 6.3). tau_eff only scales the step:
+so every client gets weight w_i whatever its local steps (chi^2(p||w) = 0).
+tau_eff only scales the step: ``fedavg`` (sum w_i ||a_i||_1 / sum w_i, the
+default), ``steps`` (sum w_i tau_i / sum w_i, "FedNova-Prox") or ``fixed``
+(``tau_eff_value``).
 
-- ``fedavg``: sum_i w_i ||a_i||_1 / sum_i w_i (FedAvg-equivalent, default),
-- ``steps``: sum_i w_i tau_i / sum_i w_i ("FedNova-Prox", for proximal solvers),
-- ``fixed``: the constant ``tau_eff_value``.
-
-Under sampling this is the recommendation [R] of ALGORITHMS.md 5.4: one
-unbiased weight vector for both the sum and tau_eff, so FedNova equals FedAvg
-under the same sampling whenever all ||a_i||_1 are equal.
-
-Server momentum (``gmf``, the "slow momentum" of the official code, 5.3).
-The code keeps its buffer in gradient units with the current round's client
-lr_t: v <- gmf v + D / lr_t, x <- x - lr_t v, with D = -s the step above
-(v = D / lr_t in the first round). Here the buffer is m = -lr_t v, in
-parameter units, which is the same rule:
-
-    m <- gmf (lr_t / lr_{t-1}) m + s,      x <- x + m
-
-so under ``client.lr_decay`` the old momentum shrinks with the lr, as in the
-code. With gmf > 0 clients upload their lr (the extra ``lr``) and the state
-keeps the lr of the last round (``mom_lr``). At a constant lr the ratio is
-exactly 1 and m <- gmf m + s bit for bit; gmf = 0 gives x + s exactly. Local
-momentum buffers are reset every round by the solver (``begin``).
+Server momentum ``gmf`` (the official code's "slow momentum", 5.3), kept in
+parameter units: m <- gmf (lr_t / lr_{t-1}) m + s, x <- x + m, with s the
+step above; with gmf > 0 clients upload their lr and the state keeps the last
+round's (``mom_lr``). At a constant lr this is m <- gmf m + s bit for bit.
 """
 
 from __future__ import annotations
@@ -82,7 +64,6 @@ class FedNova(Sampled):
     Attributes:
         tau_eff: how tau_eff is taken (``fedavg``, ``steps``, ``fixed``).
         tau_eff_value: the constant tau_eff of ``fixed``.
-        sampling: weights of the round's updates, as for FedAvg.
         gmf: server ("slow") momentum, 0 for none.
 
     Example:
@@ -118,19 +99,13 @@ class FedNova(Sampled):
             extras.update(lr_upload(solver_state))
         return extras, None
 
-    def effective_steps(
-        self, w: Sequence[float], updates: Sequence[ClientUpdate]
-    ) -> float:
-        """tau_eff for sampling weights ``w`` (normalised here)."""
-        return updates_tau_eff(self.tau_eff, w, updates, self.tau_eff_value)
-
     def normalized_step(
         self, updates: Sequence[ClientUpdate]
     ) -> tuple[torch.Tensor, AggregateInfo]:
         """s = server_lr tau_eff sum_i w_i Delta_i / ||a_i||_1, and the meter."""
         p = data_weights(updates)
         wh = sampling_weights(updates, self.sampling)
-        tau_eff = self.effective_steps(wh, updates)
+        tau_eff = updates_tau_eff(self.tau_eff, wh, updates, self.tau_eff_value)
         coef = normalizers(wh, [u.norm_a for u in updates])
         step = weighted_sum([u.delta for u in updates], coef)
         return (self.server_lr * tau_eff) * step, meter(updates, p, wh, tau_eff, wh)

@@ -4,11 +4,9 @@ Federated Optimization in Heterogeneous Networks. Tian Li, Anit Kumar Sahu,
 Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar, Virginia Smith. MLSys 2020.
 arXiv:1812.06127.
 
-Clients minimise h_i(x) = F_i(x) + mu/2 ||x - x^t||^2 with proximal SGD,
-x <- x - lr (g + mu (x - x^t)) (ALGORITHMS.md section 4); its accumulation
-vector has ||a_i||_1 = (1 - (1 - lr mu)^tau) / (lr mu). The server is FedAvg's
-(with the same ``sampling`` choices). mu = 0 is exactly FedAvg: the client
-then runs the plain solver of ``client.solver``.
+Clients run proximal SGD on F_i(x) + mu/2 ||x - x^t||^2 (ALGORITHMS.md 4),
+||a_i||_1 = (1 - (1 - lr mu)^tau) / (lr mu); the server is FedAvg's.
+mu = 0 is exactly FedAvg.
 """
 
 from __future__ import annotations
