@@ -57,46 +57,26 @@ class ClientInfo:
 
 @dataclass(frozen=True)
 class ClientContext:
-    """What a client's local procedure knows during one round.
-
-    Attributes:
-        info: facts about the client.
-        payload: what it downloaded (``x`` and, e.g., SCAFFOLD's ``c``).
-        state: its persistent state before the round (``{}`` if it never
-            trained or the algorithm keeps none; read missing keys as zeros).
-        local: what the algorithm's ``local_setup`` returned (None before).
-    """
+    """What a client's local procedure knows during one round."""
 
     info: ClientInfo
-    payload: dict[str, torch.Tensor]
-    state: ClientState = field(default_factory=dict)
-    local: Any = None
+    payload: dict[str, torch.Tensor]  # what it downloaded (x, SCAFFOLD's c, ...)
+    state: ClientState = field(default_factory=dict)  # before the round; {}: none
+    local: Any = None  # what the algorithm's local_setup returned
 
 
 @dataclass(frozen=True)
 class LocalTraining:
-    """What an algorithm that replaces the solver loop (``client_train``) gets.
+    """What an algorithm that replaces the solver loop (``client_train``) gets."""
 
-    Attributes:
-        client: the client's context (``local`` is None: no ``local_setup``).
-        model: the worker's model; its parameters are views of ``theta``.
-        theta: the parameters as one flat vector (restore it to
-            ``client.payload["x"]`` before returning).
-        xs, ys: the client's samples and labels.
-        gen: the client's generator for this round (all its randomness).
-        weight: the client's data weight n_i (``ClientUpdate.weight``).
-        step_budget: local steps the clock granted (``round: fixed_window``),
-            else None.
-    """
-
-    client: ClientContext
-    model: torch.nn.Module
-    theta: torch.Tensor
+    client: ClientContext  # its ``local`` is None: no local_setup
+    model: torch.nn.Module  # parameters are views of theta
+    theta: torch.Tensor  # flat; restore it to client.payload["x"] before returning
     xs: torch.Tensor
     ys: torch.Tensor
-    gen: torch.Generator
-    weight: float
-    step_budget: int | None = None
+    gen: torch.Generator  # all of the client's randomness this round
+    weight: float  # data weight n_i (ClientUpdate.weight)
+    step_budget: int | None = None  # steps the clock granted (fixed_window)
 
 
 @dataclass(frozen=True)
@@ -125,23 +105,16 @@ class AggregateInfo:
     weights: dict[int, float]  # effective weight w_i each update received
     tau_eff: float
     chi2_pw: float  # chi^2(p || w), with p the data weights of the round's updates
-    # Extra clients.parquet columns (e.g. FedPNS's labeled/removed flags):
-    # {client: {column: bool | int | float | str}}.
+    # extra clients.parquet columns, {client: {column: value}} (FedPNS's flags)
     flags: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # Each delta's weight in the server step, as applied and not normalised
-    # (n_i / sum_S n_j, p_i m / q, k_i / q or 1 / |S|), for the
-    # participation-bias meter; None: no sampling weighting, it uses ``weights``.
+    # each delta's weight in the server step as applied, not normalised, for
+    # the participation-bias meter (None: it uses ``weights``)
     shares: dict[int, float] | None = None
 
 
 class ServerContext:
-    """What the server offers algorithms with ``needs_server = True``.
-
-    Attributes:
-        model: the server's model instance (load parameters with
-            :meth:`load`); the algorithm may train it (FedDM).
-        num_classes: classes of the task (0 for objectives).
-    """
+    """What the server offers algorithms with ``needs_server = True``: its
+    ``model`` (the algorithm may train it), ``num_classes`` (0: objectives)."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Any, num_classes: int) -> None:
         self.model = model
@@ -206,15 +179,11 @@ class Algorithm:
     name: str = "base"
     server_lr: PosFloat = 1.0
 
-    # True when clients keep persistent state between rounds.
-    stateful: ClassVar[bool] = False
-    # True when aggregate() takes a ``server=ServerContext`` keyword.
-    needs_server: ClassVar[bool] = False
-    # True when the server needs every individual update (not only their sum).
-    needs_individual_updates: ClassVar[bool] = True
-    # Floats each client downloads and uploads, in units of d (model size).
-    down_factor: ClassVar[int] = 1
-    up_factor: ClassVar[int] = 1
+    stateful: ClassVar[bool] = False  # clients keep state between rounds
+    needs_server: ClassVar[bool] = False  # aggregate() takes server=ServerContext
+    needs_individual_updates: ClassVar[bool] = True  # not only their sum
+    down_factor: ClassVar[int] = 1  # floats downloaded, in units of d
+    up_factor: ClassVar[int] = 1  # floats uploaded, in units of d
 
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         return {"x": x0.clone()}
@@ -245,9 +214,7 @@ class Algorithm:
     ) -> None:
         return None
 
-    # A method ``client_train(job: LocalTraining) -> ClientUpdate`` replaces
-    # the solver loop entirely.
-    client_train: ClassVar[Any] = None
+    client_train: ClassVar[Any] = None  # (job: LocalTraining) -> ClientUpdate
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext

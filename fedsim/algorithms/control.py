@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from fedsim.algorithms.base import (
     Algorithm,
@@ -22,10 +22,7 @@ from fedsim.algorithms.base import (
 )
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
-from fedsim.solvers import normalized_gradient
-
-if TYPE_CHECKING:
-    from fedsim.solvers import SolverState
+from fedsim.solvers import SolverState, normalized_gradient
 
 __all__ = ["ControlVariates", "control_aggregate", "control_step", "control_update"]
 

@@ -24,16 +24,14 @@ Synthetic(0,1); that is reported, not hidden. 2d down (w, c), 2d up.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import fedsim.algorithms.base as base
 from fedsim.algorithms.control import control_aggregate, control_step
 from fedsim.algorithms.feddyn import DynContext, FedDyn
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
-
-if TYPE_CHECKING:
-    from fedsim.solvers import SolverState
+from fedsim.solvers import SolverState
 
 __all__ = ["FedDC"]
 

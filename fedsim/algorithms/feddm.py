@@ -356,9 +356,8 @@ class FedDM(Algorithm):
         """Learn S_k at models around w_r."""
         model, theta, xs, ys, gen = job.model, job.theta, job.xs, job.ys, job.gen
         x_global = job.client.payload["x"]
-        n_iter = self.iterations
-        if job.step_budget is not None:
-            n_iter = min(n_iter, int(job.step_budget))
+        budget = job.step_budget
+        n_iter = self.iterations if budget is None else min(self.iterations, budget)
         classes = torch.unique(ys)
         by_class = [torch.nonzero(ys == c).flatten() for c in classes.tolist()]
         syn = self._init_synthetic(xs, by_class, gen)
@@ -397,8 +396,7 @@ class FedDM(Algorithm):
             norm_a=float(n_iter),
             train_loss=loss_sum / max(n_iter, 1),
             extras={"images": images, "labels": labels},
-            bytes_up=images.numel() * images.element_size()
-            + labels.numel() * labels.element_size(),
+            bytes_up=sum(t.numel() * t.element_size() for t in (images, labels)),
         )
 
     def _init_synthetic(

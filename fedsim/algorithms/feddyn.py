@@ -24,7 +24,7 @@ tau_eff the mean ||a_i||_1.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal, NamedTuple
+from typing import ClassVar, Literal, NamedTuple
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -38,10 +38,8 @@ from fedsim.algorithms.base import (
 from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
+from fedsim.solvers import SolverState
 from fedsim.spec import NonNegFloat
-
-if TYPE_CHECKING:
-    from fedsim.solvers import SolverState
 
 __all__ = ["FedDyn", "DynContext"]
 

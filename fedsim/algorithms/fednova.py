@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -49,10 +49,8 @@ from fedsim.algorithms.weighting import (
 )
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
+from fedsim.solvers import SolverState
 from fedsim.spec import PosFloat
-
-if TYPE_CHECKING:
-    from fedsim.solvers import SolverState
 
 __all__ = ["FedNova"]
 

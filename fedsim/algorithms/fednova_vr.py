@@ -15,7 +15,7 @@ all clients, which keeps c = sum_i p_i c_i for any participation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -27,9 +27,7 @@ from fedsim.algorithms.base import (
 from fedsim.algorithms.control import ControlVariates, control_aggregate
 from fedsim.algorithms.fednova import FedNova
 from fedsim.lazy import torch
-
-if TYPE_CHECKING:
-    from fedsim.solvers import SolverState
+from fedsim.solvers import SolverState
 
 __all__ = ["FedNovaVR"]
 

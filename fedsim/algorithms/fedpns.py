@@ -27,7 +27,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -44,11 +44,8 @@ from fedsim.algorithms.base import (
 from fedsim.algorithms.weighting import lr_upload, updates_tau_eff, uploaded_lr
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
-from fedsim.solvers import average_gradient
+from fedsim.solvers import SolverState, average_gradient
 from fedsim.spec import PosInt, Prob
-
-if TYPE_CHECKING:
-    from fedsim.solvers import SolverState
 
 __all__ = ["FedPNS", "expectation", "optimal_aggregation"]
 

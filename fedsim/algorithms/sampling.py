@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -44,9 +44,7 @@ from fedsim.algorithms.base import (
 )
 from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.lazy import torch
-
-if TYPE_CHECKING:
-    from fedsim.solvers import SolverState
+from fedsim.solvers import SolverState
 
 __all__ = [
     "WEIGHTINGS",
