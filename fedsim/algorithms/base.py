@@ -132,24 +132,15 @@ class ServerContext:
 @dataclass(frozen=True)
 class Algorithm:
     """Base class: subclasses declare ``name: Literal["<name>"]`` and their
-    hyperparameters as fields (validated, with ``__post_init__``, when a
-    scenario is loaded) and override ``aggregate``.
+    hyperparameters as fields, and override ``aggregate``.
 
-    Server half: ``init(x0, num_clients)`` (the server state),
-    ``payload(state)`` (what a client downloads) and ``aggregate(state,
-    updates)`` (the new state and an :class:`AggregateInfo`). Client half,
-    run on a worker per client and round as :meth:`start_client`, then per
-    step gradient, ``grad_hook`` and solver step, then ``client_finish``:
-    ``solver``, ``local_setup`` (round constants, e.g. SCAFFOLD's c - c_i;
-    it becomes ``client.local``), ``grad_hook`` (adjust the gradient in
-    place) and ``client_finish`` (extras to upload and the new persistent
-    state). ``client_train(job: LocalTraining) -> ClientUpdate`` replaces the
-    solver loop (FedDM); ``needs_server = True`` passes a
-    :class:`ServerContext` as ``aggregate(..., server=ctx)``. Persistent state
-    (``stateful = True``) is kept by the server's ``ClientStore``; a client
-    that never trained has ``{}``: read missing keys as zeros.
-
-    A toy whose clients are pulled back toward the downloaded model and
+    Server half: ``init``, ``payload`` (what a client downloads),
+    ``aggregate``. Client half, per client and round on a worker:
+    :meth:`start_client` (runs ``local_setup``: round constants, which become
+    ``client.local``), per step the gradient, ``grad_hook`` (adjusts it in
+    place) and the ``solver`` step, then ``client_finish`` (extras to upload,
+    new persistent state). docs/extending.md says what else an algorithm may
+    set. A toy whose clients are pulled back toward the downloaded model and
     upload how far they moved:
 
     >>> from dataclasses import dataclass
@@ -264,12 +255,8 @@ def meter_subset(
     """:func:`meter` over the updates the server ``used``, with weight 0 for
     the round's others (FedPNS's removed updates, FedDM's empty uploads)."""
     info = meter(used, data_weights(used), w, tau_eff)
-    return AggregateInfo(
-        weights={u.client: info.weights.get(u.client, 0.0) for u in updates},
-        tau_eff=info.tau_eff,
-        chi2_pw=info.chi2_pw,
-        flags=flags or {},
-    )
+    weights = {u.client: info.weights.get(u.client, 0.0) for u in updates}
+    return replace(info, weights=weights, flags=flags or {})
 
 
 def empty_info() -> AggregateInfo:

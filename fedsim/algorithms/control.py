@@ -24,30 +24,7 @@ from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState, normalized_gradient
 
-__all__ = ["ControlVariates", "control_aggregate", "control_step", "control_update"]
-
-
-def control_update(
-    delta: torch.Tensor,
-    solver_state: SolverState,
-    correction: torch.Tensor,
-    c_i: torch.Tensor,
-) -> torch.Tensor:
-    """The new control variate c_i^+ = -Delta_i / (lr ||a_i||_1) - correction.
-
-    ``correction`` is the round's gradient correction (SCAFFOLD and
-    FedNova-VR: c - c_i; FedDC: c / w_i - c_i). A client that took no step
-    keeps c_i (a copy).
-
-    >>> from fedsim.solvers import SolverState
-    >>> st = SolverState(x0=torch.zeros(1), lr=0.5, steps=2, norm_a=2.0)
-    >>> control_update(torch.tensor([-3.0]), st, torch.tensor([1.0]),
-    ...                torch.tensor([4.0]))
-    tensor([2.])
-    """
-    if solver_state.norm_a > 0:
-        return normalized_gradient(delta, solver_state) - correction
-    return c_i.clone()
+__all__ = ["ControlVariates", "control_aggregate", "control_step"]
 
 
 def control_step(
@@ -56,9 +33,22 @@ def control_step(
     correction: torch.Tensor,
     state: ClientState,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(c_i^+ - c_i, c_i^+), with c_i from the client's ``state`` (else 0)."""
+    """(c_i^+ - c_i, c_i^+) with c_i^+ = -Delta_i / (lr ||a_i||_1) - correction.
+
+    ``correction`` is the round's c - c_i (FedDC: c / w_i - c_i); c_i comes
+    from ``state`` (else 0) and a client that took no step keeps it.
+
+    >>> from fedsim.solvers import SolverState
+    >>> st = SolverState(x0=torch.zeros(1), lr=0.5, steps=2, norm_a=2.0)
+    >>> control_step(torch.tensor([-3.0]), st, torch.tensor([1.0]),
+    ...              {"c": torch.tensor([4.0])})
+    (tensor([-2.]), tensor([2.]))
+    """
     c_i = state.get("c", torch.zeros_like(delta))
-    c_new = control_update(delta, solver_state, correction, c_i)
+    if solver_state.norm_a > 0:
+        c_new = normalized_gradient(delta, solver_state) - correction
+    else:
+        c_new = c_i.clone()
     return c_new - c_i, c_new
 
 

@@ -34,12 +34,11 @@ Beta = Annotated[float, Field(ge=0, lt=1)]
 class FedAdam(FedAvg):
     """Adam on the server, clients as in FedAvg.
 
-    Example:
-        >>> alg = FedAdam(server_lr=0.1, adaptivity=1e-3)
-        >>> s = alg.init(torch.zeros(1), num_clients=2)
-        >>> # first step: lr (1 - beta1) / (sqrt(1 - beta2) + tau) per coordinate
-        >>> round(float(alg.apply_step(s, torch.ones(1))["x"]), 4)
-        0.099
+    >>> alg = FedAdam(server_lr=0.1, adaptivity=1e-3)
+    >>> s = alg.init(torch.zeros(1), num_clients=2)
+    >>> # first step: lr (1 - beta1) / (sqrt(1 - beta2) + tau) per coordinate
+    >>> round(float(alg.apply_step(s, torch.ones(1))["x"]), 4)
+    0.099
     """
 
     name: Literal["fedadam"] = "fedadam"  # type: ignore[assignment]

@@ -4,22 +4,15 @@ Asynchronous Federated Optimization. Cong Xie, Sanmi Koyejo, Indranil Gupta.
 arXiv:1903.03934, 2019 (OPT workshop, NeurIPS 2020).
 
 Server (Algorithm 1): an update that started from version tau arrives at
-version t, staleness s = t - tau:
+version t, staleness s = t - tau; with S a staleness function (section 5.2:
+``constant``, ``polynomial`` (1 + s)^(-a), ``hinge``),
 
     alpha_t = alpha * S(s),   x_{t+1} = (1 - alpha_t) x_t + alpha_t (x_tau + Delta)
 
-The worker runs proximal SGD on f(x) + (rho / 2) ||x - x_tau||^2 (FedProx's
-solver with mu = rho; rho = 0.005 as in the paper's CIFAR-10 runs, 0 is plain
-SGD; refused with the ``momentum`` or ``decay`` solvers). One update makes one
-version. Staleness functions (section 5.2): ``constant`` 1, ``polynomial``
-(1 + s)^(-a), ``hinge`` 1 if s <= b else 1 / (a (s - b) + 1).
-
-``normalize`` composes FedNova's normalisation (arXiv:2007.07481): Delta
-becomes tau_eff Delta / ||a||_1, with tau_eff the running mean over every
-update so far of ||a||_1 (``fedavg``), the local steps (``steps``), or
-``tau_eff_value`` (``fixed``). In a synchronous round every update has
-staleness 0 and the server mixes in the data-weighted mean of the round's
-models. The asynchronous interface is :class:`~fedsim.algorithms.base.AsyncRule`.
+Workers run proximal SGD on f(x) + (rho / 2) ||x - x_tau||^2 (FedProx's
+solver, mu = rho). ``normalize`` replaces Delta by tau_eff Delta / ||a||_1
+(FedNova, arXiv:2007.07481; tau_eff a running mean). In a synchronous round
+the server mixes in the data-weighted mean of the round's models.
 """
 
 from __future__ import annotations

@@ -37,12 +37,11 @@ __all__ = ["FedAvg"]
 class FedAvg(Sampled):
     """Weighted average of client deltas.
 
-    Example:
-        >>> ups = [ClientUpdate(0, torch.tensor([1.0]), 1, 2, 2.0, 0.0),
-        ...        ClientUpdate(1, torch.tensor([3.0]), 3, 6, 6.0, 0.0)]
-        >>> state, info = FedAvg().aggregate({"x": torch.zeros(1)}, ups)
-        >>> state["x"], info.tau_eff
-        (tensor([2.5000]), 5.0)
+    >>> ups = [ClientUpdate(0, torch.tensor([1.0]), 1, 2, 2.0, 0.0),
+    ...        ClientUpdate(1, torch.tensor([3.0]), 3, 6, 6.0, 0.0)]
+    >>> state, info = FedAvg().aggregate({"x": torch.zeros(1)}, ups)
+    >>> state["x"], info.tau_eff
+    (tensor([2.5000]), 5.0)
     """
 
     name: Literal["fedavg"] = "fedavg"

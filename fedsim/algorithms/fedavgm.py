@@ -29,12 +29,11 @@ __all__ = ["FedAvgM"]
 class FedAvgM(FedAvg):
     """Server momentum on the averaged delta.
 
-    Example:
-        >>> alg = FedAvgM(server_momentum=0.5)
-        >>> s = alg.init(torch.zeros(1), num_clients=2)
-        >>> s = alg.apply_step(s, torch.ones(1)); s = alg.apply_step(s, torch.ones(1))
-        >>> s["x"], s["mom"]
-        (tensor([2.5000]), tensor([1.5000]))
+    >>> alg = FedAvgM(server_momentum=0.5)
+    >>> s = alg.init(torch.zeros(1), num_clients=2)
+    >>> s = alg.apply_step(s, torch.ones(1)); s = alg.apply_step(s, torch.ones(1))
+    >>> s["x"], s["mom"]
+    (tensor([2.5000]), tensor([1.5000]))
     """
 
     name: Literal["fedavgm"] = "fedavgm"  # type: ignore[assignment]

@@ -4,16 +4,13 @@ Federated Learning with Buffered Asynchronous Aggregation. John Nguyen,
 Kshitiz Malik, Hongyuan Zhan, Ashkan Yousefpour, Michael Rabbat, Mani Malek,
 Dzmitry Huba. AISTATS 2022. arXiv:2106.06639.
 
-Server (Algorithm 1): each arrival is weighted by its staleness, and every
-K = ``buffer_size`` accepted arrivals (one clock version,
-:class:`fedsim.clock.AsyncTimeline`) make one step:
+Server (Algorithm 1): every K = ``buffer_size`` accepted arrivals (one clock
+version) make one step, each weighted by a FedAsync staleness function S:
 
     x <- x + server_lr * (1/K) sum_k S(s_k) Delta_k
 
-S is a FedAsync staleness function (the paper's (1 + s)^(-1/2): ``polynomial``,
-a = 0.5, the default). ``normalize`` composes FedNova's normalisation, with
-tau_eff taken over the buffer. In a synchronous round FedBuff is FedAvg with
-equal weights 1/|S|.
+``normalize`` composes FedNova's normalisation over the buffer. In a
+synchronous round FedBuff is FedAvg with equal weights 1/|S|.
 """
 
 from __future__ import annotations

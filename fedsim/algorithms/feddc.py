@@ -4,21 +4,16 @@ FedDC: Federated Learning with Non-IID Data via Local Drift Decoupling and
 Correction. Liang Gao, Huazhu Fu, Li Li, Yingwen Chen, Ming Xu, Cheng-Zhong Xu.
 CVPR 2022. arXiv:2203.11751.
 
-As the official code does it (ALGORITHMS.md 9.2): FedDyn's drift h_i
-(``hist``) plus a control variate c_i. With w_i = n_i m / n, alpha_i =
-alpha / w_i and r_i = c / w_i - c_i, client i runs its solver on
+ALGORITHMS.md 9.2, as the official code: FedDyn's drift h_i plus a control
+variate c_i. With w_i = n_i m / n, client i runs its solver on
 
-    F_i(theta) + (alpha_i / 2) ||theta - (w - h_i)||^2 + <theta, r_i>,
+    F_i(theta) + (alpha / 2 w_i) ||theta - (w - h_i)||^2 + <theta, c / w_i - c_i>,
 
-then h_i <- h_i + delta_i, c_i^+ = c_i - c / w_i - delta_i / (lr ||a_i||_1)
-(c_i if no step) and uploads w_i (c_i^+ - c_i). Server: c <- c + (1/m)
-sum_S Delta c_i, and ``aggregation: code`` (default) is FedDyn's rule, while
-``paper`` (Eq. 7) sets w <- sum_S p_i (theta_i^+ + h_i^+) (h_i^+ uploaded as
-``drift``). ``correction: false`` drops c: FedDC is then exactly FedDyn.
-
-Unlike the code, c_i divides by the client's own lr ||a_i||_1 and gradients
-are not clipped. ALGORITHMS.md 15.10: with alpha = 0.005 it may diverge on
-Synthetic(0,1); that is reported, not hidden. 2d down (w, c), 2d up.
+then h_i <- h_i + delta_i, c_i^+ = c_i - c / w_i - delta_i / (lr ||a_i||_1),
+uploading w_i (c_i^+ - c_i); c <- c + (1/m) sum_S Delta c_i. ``aggregation``:
+``code`` is FedDyn's server rule, ``paper`` (Eq. 7) w <- sum_S p_i (theta_i^+
++ h_i^+). ``correction: false`` is exactly FedDyn. ALGORITHMS.md 15.10: with
+alpha = 0.005 it may diverge on Synthetic(0,1); that is reported, not hidden.
 """
 
 from __future__ import annotations
@@ -40,18 +35,13 @@ __all__ = ["FedDC"]
 class FedDC(FedDyn):
     """FedDyn's drift plus gradient correction (c, c_i).
 
-    Attributes:
-        correction: use the control variates (False: exactly FedDyn).
-        aggregation: the server rule, ``code`` or ``paper`` (Eq. 7).
-
-    Example:
-        >>> alg = FedDC(alpha=0.01)
-        >>> sorted(alg.init(torch.zeros(2), num_clients=4))
-        ['c', 'hist_sum', 'm', 'x']
+    >>> alg = FedDC(alpha=0.01)
+    >>> sorted(alg.init(torch.zeros(2), num_clients=4))
+    ['c', 'hist_sum', 'm', 'x']
     """
 
     name: Literal["feddc"] = "feddc"  # type: ignore[assignment]
-    correction: bool = True
+    correction: bool = True  # False: exactly FedDyn
     aggregation: Literal["code", "paper"] = "code"
 
     down_factor: ClassVar[int] = 2

@@ -79,11 +79,10 @@ def embed_and_logits(
     A model may define ``embed_and_logits(x)`` itself; otherwise h is the
     (flattened) input of its last ``nn.Linear``, which must produce the output.
 
-    Example:
-        >>> m = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
-        >>> h, z = embed_and_logits(m, torch.zeros(5, 4))
-        >>> tuple(h.shape), tuple(z.shape)
-        ((5, 3), (5, 2))
+    >>> m = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    >>> h, z = embed_and_logits(m, torch.zeros(5, 4))
+    >>> tuple(h.shape), tuple(z.shape)
+    ((5, 3), (5, 2))
     """
     own = getattr(model, "embed_and_logits", None)
     if callable(own):
@@ -123,12 +122,11 @@ def matching_loss(
     """sum_c L_c: ``real[c]`` and ``syn[c]`` are class c's real batch and
     synthetic set; real features are constants.
 
-    Example:
-        >>> m = nn.Linear(3, 2)
-        >>> s = [torch.randn(4, 3), torch.randn(2, 3)]
-        >>> loss = matching_loss(m, s, [t.flip(0) for t in s])   # same multisets
-        >>> round(float(loss.detach()), 6)
-        0.0
+    >>> m = nn.Linear(3, 2)
+    >>> s = [torch.randn(4, 3), torch.randn(2, 3)]
+    >>> loss = matching_loss(m, s, [t.flip(0) for t in s])   # same multisets
+    >>> round(float(loss.detach()), 6)
+    0.0
     """
     with torch.no_grad():
         h_r, z_r = embed_and_logits(model, torch.cat(list(real)))
@@ -211,44 +209,30 @@ def _stable_seed(x: torch.Tensor) -> int:
 class FedDM(Algorithm):
     """Clients send per-class synthetic sets; the server trains on their union.
 
-    Attributes (ALGORITHMS.md 10.2 defaults; see docs/fedpns-feddm.md):
-        ipc: synthetic images per class.
-        rho: radius of the perturbation around w_r.
-        image_lr, image_momentum: SGD on the synthetic pixels.
-        iterations: matching iterations per round.
-        dc_batch_size: real samples per class and iteration.
-        image_init: S starts as ``real`` images, ``noise``, or ``auto``
-            (real, noise with DP).
-        server_epochs, server_batch_size, server_lr, server_momentum,
-            server_weight_decay: the server's SGD on the union.
-        ball: project every server step onto B_rho(w_r).
-        dp_noise, dp_clip: DP-SGD noise multiplier sigma (None: no DP) and
-            per-example clipping bound C.
-        iteration_cost: local steps' worth of compute of one iteration on the
-            clock; ``auto`` counts it per client (:func:`iteration_flops_ratio`).
+    Fields (ALGORITHMS.md 10.2 defaults) are explained in docs/fedpns-feddm.md.
 
-    Example:
-        >>> alg = FedDM(ipc=2, iterations=3)
-        >>> sorted(alg.init(torch.zeros(4), num_clients=3))
-        ['round', 'seed', 'x']
+    >>> alg = FedDM(ipc=2, iterations=3)
+    >>> sorted(alg.init(torch.zeros(4), num_clients=3))
+    ['round', 'seed', 'x']
     """
 
     name: Literal["feddm"] = "feddm"
-    ipc: PosInt = 10
-    rho: PosFloat = 5.0
-    image_lr: PosFloat = 1.0
+    ipc: PosInt = 10  # synthetic images per class
+    rho: PosFloat = 5.0  # radius of the perturbation around w_r
+    image_lr: PosFloat = 1.0  # SGD on the synthetic pixels
     image_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.5
-    iterations: PosInt = 1000
-    dc_batch_size: PosInt = 256
-    image_init: Literal["auto", "real", "noise"] = "auto"
-    server_epochs: PosInt = 500
+    iterations: PosInt = 1000  # matching iterations per round
+    dc_batch_size: PosInt = 256  # real samples per class and iteration
+    image_init: Literal["auto", "real", "noise"] = "auto"  # auto: noise with DP
+    server_epochs: PosInt = 500  # server SGD on the union of the S_k
     server_batch_size: PosInt = 256
     server_lr: PosFloat = 0.01
     server_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
     server_weight_decay: NonNegFloat = 0.0
-    ball: bool = False
-    dp_noise: NonNegFloat | None = None
-    dp_clip: PosFloat = 5.0
+    ball: bool = False  # project every server step onto B_rho(w_r)
+    dp_noise: NonNegFloat | None = None  # DP-SGD noise multiplier (None: no DP)
+    dp_clip: PosFloat = 5.0  # DP-SGD per-example clipping bound
+    # local steps of compute per iteration on the clock (auto: counted per client)
     iteration_cost: PosFloat | Literal["auto"] = "auto"
 
     needs_server: ClassVar[bool] = True

@@ -5,20 +5,11 @@ Yue Zhao, Ramon Matas Navarro, Matthew Mattina, Paul N. Whatmough, Venkatesh
 Saligrama. ICLR 2021. arXiv:2111.04263.
 
 The code form of ALGORITHMS.md section 8. Client i keeps hist_i (initially 0)
-and, from the global model w, runs its local solver on
-
-    F_i(theta) + (alpha_i / 2) ||theta - (w - hist_i)||^2,
-
-alpha_i = alpha / (n_i m / n) (``relative_weight``), then hist_i <- hist_i +
-(theta_i^+ - w). Server: w <- mean_{i in S} theta_i^+ + (1/m) sum_{all i}
-hist_i, with the running sum of *all* hist_i (``hist_sum``, float64), stale
-ones included, as in the reference code (d down, d up).
-
-Not modelled: the code's gradient clipping (norm 10) and lr decay. alpha = 0
-is for checks only (hist then acts as unstable unit momentum, ALGORITHMS.md
-9.2). At a fixed point sum_i (n_i / n) grad F_i(w) = 0: FedDyn converges to
-the data-weighted optimum. Meter: w_i = 1/|S| (the server mean),
-tau_eff the mean ||a_i||_1.
+and runs its solver on F_i(theta) + (alpha_i / 2) ||theta - (w - hist_i)||^2,
+alpha_i = alpha / (n_i m / n), then hist_i <- hist_i + (theta_i^+ - w).
+Server: w <- mean_{i in S} theta_i^+ + (1/m) sum_{all i} hist_i, with the
+float64 running sum of all hist_i, stale ones included, as the reference code.
+Not modelled: its gradient clipping and lr decay. Meter: w_i = 1/|S|.
 """
 
 from __future__ import annotations
@@ -57,11 +48,10 @@ class DynContext(NamedTuple):
 class FedDyn(Algorithm):
     """Dynamic regularisation (code form); ``alpha`` is the penalty coefficient.
 
-    Example:
-        >>> alg = FedDyn(alpha=0.1)
-        >>> state = alg.init(torch.zeros(2), num_clients=4)
-        >>> sorted(state), state["hist_sum"].dtype
-        (['hist_sum', 'm', 'x'], torch.float64)
+    >>> alg = FedDyn(alpha=0.1)
+    >>> state = alg.init(torch.zeros(2), num_clients=4)
+    >>> sorted(state), state["hist_sum"].dtype
+    (['hist_sum', 'm', 'x'], torch.float64)
     """
 
     name: Literal["feddyn"] = "feddyn"

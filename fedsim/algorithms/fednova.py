@@ -4,20 +4,14 @@ Tackling the Objective Inconsistency Problem in Heterogeneous Federated
 Optimization. Jianyu Wang, Qinghua Liu, Hao Liang, Gauri Joshi, H. Vincent Poor.
 NeurIPS 2020. arXiv:2007.07481.
 
-Server (ALGORITHMS.md 5.1, 5.4), w_i the round's sampling weights
-(``sampling``, as for FedAvg):
+Server (ALGORITHMS.md 5.1, 5.4), w_i the round's sampling weights:
 
     x^{t+1} = x^t + server_lr * tau_eff * sum_i w_i Delta_i / ||a_i||_1
 
-so every client gets weight w_i whatever its local steps (chi^2(p||w) = 0).
-tau_eff only scales the step: ``fedavg`` (sum w_i ||a_i||_1 / sum w_i, the
-default), ``steps`` (sum w_i tau_i / sum w_i, "FedNova-Prox") or ``fixed``
-(``tau_eff_value``).
-
-Server momentum ``gmf`` (the official code's "slow momentum", 5.3), kept in
-parameter units: m <- gmf (lr_t / lr_{t-1}) m + s, x <- x + m, with s the
-step above; with gmf > 0 clients upload their lr and the state keeps the last
-round's (``mom_lr``). At a constant lr this is m <- gmf m + s bit for bit.
+so every client gets weight w_i whatever its local steps (chi^2(p||w) = 0);
+``tau_eff`` (``fedavg``, ``steps`` or ``fixed``) only scales the step. Server
+momentum ``gmf`` (5.3) is kept in parameter units, m <- gmf (lr_t / lr_{t-1})
+m + s, x <- x + m, so it follows a decaying client lr (uploaded as ``lr``).
 """
 
 from __future__ import annotations
@@ -59,24 +53,18 @@ __all__ = ["FedNova"]
 class FedNova(Sampled):
     """Normalised averaging.
 
-    Attributes:
-        tau_eff: how tau_eff is taken (``fedavg``, ``steps``, ``fixed``).
-        tau_eff_value: the constant tau_eff of ``fixed``.
-        gmf: server ("slow") momentum, 0 for none.
-
-    Example:
-        >>> ups = [ClientUpdate(0, torch.tensor([2.0]), 1, 2, 2.0, 0.0),
-        ...        ClientUpdate(1, torch.tensor([6.0]), 1, 6, 6.0, 0.0)]
-        >>> alg = FedNova()
-        >>> state, info = alg.aggregate(alg.init(torch.zeros(1), 2), ups)
-        >>> state["x"], info.tau_eff, info.chi2_pw
-        (tensor([4.]), 4.0, 0.0)
+    >>> ups = [ClientUpdate(0, torch.tensor([2.0]), 1, 2, 2.0, 0.0),
+    ...        ClientUpdate(1, torch.tensor([6.0]), 1, 6, 6.0, 0.0)]
+    >>> alg = FedNova()
+    >>> state, info = alg.aggregate(alg.init(torch.zeros(1), 2), ups)
+    >>> state["x"], info.tau_eff, info.chi2_pw
+    (tensor([4.]), 4.0, 0.0)
     """
 
     name: Literal["fednova"] = "fednova"
     tau_eff: TauEff = "fedavg"
-    tau_eff_value: PosFloat | None = None
-    gmf: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    tau_eff_value: PosFloat | None = None  # tau_eff of ``fixed``
+    gmf: Annotated[float, Field(ge=0, lt=1)] = 0.0  # server momentum, 0: none
 
     def __post_init__(self) -> None:
         if self.tau_eff == "fixed" and self.tau_eff_value is None:

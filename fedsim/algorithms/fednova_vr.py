@@ -4,12 +4,10 @@ Tackling the Objective Inconsistency Problem in Heterogeneous Federated
 Optimization. Jianyu Wang, Qinghua Liu, Hao Liang, Gauri Joshi, H. Vincent Poor.
 NeurIPS 2020. arXiv:2007.07481. Appendix H, Algorithm 2.
 
-**Reconstructed** (ALGORITHMS.md 5.5, [U]): the paper gives no pseudo-code and
-the official repository only a stub. SCAFFOLD option II in FedNova's
-normalised form: local gradients g - c_i + c; c_i^+ = d_i^raw =
--Delta_i / (lr ||a_i||_1) - (c - c_i); x takes FedNova's step on the
-corrected deltas and c <- c + sum_S p_i (c_i^+ - c_i) with p_i = n_i / n over
-all clients, which keeps c = sum_i p_i c_i for any participation.
+**Reconstructed** (ALGORITHMS.md 5.5, [U]; no pseudo-code was published):
+SCAFFOLD option II in FedNova's normalised form. Local gradients g - c_i + c;
+c_i^+ = -Delta_i / (lr ||a_i||_1) - (c - c_i); x takes FedNova's step and
+c <- c + sum_S p_i (c_i^+ - c_i), p_i = n_i / n, so c = sum_i p_i c_i.
 """
 
 from __future__ import annotations
@@ -36,10 +34,9 @@ __all__ = ["FedNovaVR"]
 class FedNovaVR(ControlVariates, FedNova):
     """FedNova whose local gradients carry SCAFFOLD-style corrections c - c_i.
 
-    Example:
-        >>> alg = FedNovaVR()
-        >>> sorted(alg.init(torch.zeros(3), num_clients=4))
-        ['c', 'mom', 'mom_lr', 'x']
+    >>> alg = FedNovaVR()
+    >>> sorted(alg.init(torch.zeros(3), num_clients=4))
+    ['c', 'mom', 'mom_lr', 'x']
     """
 
     name: Literal["fednova_vr"] = "fednova_vr"  # type: ignore[assignment]

@@ -68,22 +68,13 @@ def optimal_aggregation(
     v: int,
     check_loss: Any = None,
 ) -> tuple[list[int], list[int], list[int]]:
-    """Run CHECK EXPECTATION / CHECK LOSS on gradient estimates.
+    """CHECK EXPECTATION / CHECK LOSS on the round's gradient estimates
+    ``grads`` while |S| > ``v``: (kept, labeled, removed) positions, in order.
+    ``check_loss(S, i)`` is True to remove i (None never removes).
 
-    Args:
-        grads: g_i of the round's updates (in update order).
-        v: threshold; removals continue only while |S| > v.
-        check_loss: ``check_loss(S, i)`` -> True to remove i from S (the
-            validation loss of S \\ {i} is at most that of S); None never
-            removes.
-
-    Returns:
-        (kept, labeled, removed): positions into ``grads``, in order.
-
-    Example:
-        >>> g = [torch.tensor([1.0, 0.0])] * 3 + [torch.tensor([-1.0, 0.0])]
-        >>> optimal_aggregation(g, v=2, check_loss=lambda s, i: True)
-        ([0, 1, 2], [3], [3])
+    >>> g = [torch.tensor([1.0, 0.0])] * 3 + [torch.tensor([-1.0, 0.0])]
+    >>> optimal_aggregation(g, v=2, check_loss=lambda s, i: True)
+    ([0, 1, 2], [3], [3])
     """
     n = len(grads)
     if n == 0:
@@ -116,24 +107,17 @@ def optimal_aggregation(
 class FedPNS(Algorithm):
     """Optimal Aggregation: drop updates that pull against the others.
 
-    Attributes:
-        v: keep at least this many updates (None: floor(v_fraction |S_t|),
-            at least 1).
-        v_fraction: v as a fraction of the round's updates.
-        check_loss_data: CHECK LOSS scores on the ``validation`` split or the
-            ``test`` set (opt-in, optimistic).
-
-    Example:
-        >>> ups = [ClientUpdate(i, torch.tensor([-0.1]), 1.0, 1, 1.0, 0.0,
-        ...        {"lr": torch.tensor(0.1)}) for i in range(3)]
-        >>> state, info = FedPNS().aggregate({"x": torch.zeros(1)}, ups)
-        >>> state["x"], info.flags[0]
-        (tensor([-0.1000]), {'labeled': False, 'removed': False})
+    >>> ups = [ClientUpdate(i, torch.tensor([-0.1]), 1.0, 1, 1.0, 0.0,
+    ...        {"lr": torch.tensor(0.1)}) for i in range(3)]
+    >>> state, info = FedPNS().aggregate({"x": torch.zeros(1)}, ups)
+    >>> state["x"], info.flags[0]
+    (tensor([-0.1000]), {'labeled': False, 'removed': False})
     """
 
     name: Literal["fedpns"] = "fedpns"
-    v: PosInt | None = None
+    v: PosInt | None = None  # keep at least v updates (None: v_fraction |S_t|)
     v_fraction: Prob = 0.8
+    # CHECK LOSS on the validation split, or the test set (opt-in, optimistic)
     check_loss_data: Literal["validation", "test"] = "validation"
 
     needs_server: ClassVar[bool] = True

@@ -29,10 +29,9 @@ __all__ = ["FedProx"]
 class FedProx(FedAvg):
     """FedAvg whose clients use the proximal solver with coefficient ``mu``.
 
-    Example:
-        >>> from fedsim.scenario import ClientSpec
-        >>> round(FedProx(mu=0.1).solver(ClientSpec(lr=0.1)).norm_a(2), 12)
-        1.99
+    >>> from fedsim.scenario import ClientSpec
+    >>> round(FedProx(mu=0.1).solver(ClientSpec(lr=0.1)).norm_a(2), 12)
+    1.99
     """
 
     name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]

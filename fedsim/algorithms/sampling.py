@@ -1,26 +1,14 @@
 """Aggregation weights under client sampling (ALGORITHMS.md sections 3 and 5.4).
 
-A ``scheme`` names how the round's updates are weighted:
+A ``scheme`` (``algorithm.sampling``) names how a round's updates are
+weighted given how the selector sampled them: ``renormalized`` n_i / sum_S
+n_j (the default, biased under partial participation), ``uniform`` p_i m / q
+(scheme (ii)), ``proportional`` k_i / q (scheme (i), with replacement) or
+``equal`` 1 / |S|. :func:`pairing` judges a scheme against a selector's draw;
+the table and measured biases are in docs/scenarios.md.
 
-- ``renormalized`` (default): p_i = n_i / sum_{j in S} n_j, as the reference
-  codes do; biased under partial participation.
-- ``uniform``: scheme (ii), for q clients drawn uniformly without
-  replacement: p_i m / q (p_i = n_i / n over all m clients; the client uploads
-  p_i m as the extra ``p_m``).
-- ``proportional``: scheme (i), q i.i.d. draws with P(i) = p_i: k_i / q for a
-  client drawn k_i times (its ``multiplicity``, attribute or extra).
-- ``equal``: 1 / |S|, unbiased when the selector already drew in proportion
-  to p_i (power-of-choice's paper, Cho et al., AISTATS 2022, eq. 3).
-
-:data:`WEIGHTINGS` says what each assumes and :func:`pairing` judges it
-against a selector's draw; the table and the measured biases are in
-docs/scenarios.md ("Sampling and weighting").
-
-Example:
-    >>> uniform_weights([0.4, 1.2], q=2)
-    [0.2, 0.6]
-    >>> proportional_weights([2, 1])
-    [0.6666666666666666, 0.3333333333333333]
+>>> uniform_weights([0.4, 1.2], q=2), proportional_weights([2, 1])
+([0.2, 0.6], [0.6666666666666666, 0.3333333333333333])
 """
 
 from __future__ import annotations
@@ -75,20 +63,12 @@ Verdict = Literal["unbiased", "biased", "adaptive", "refused"]
 
 @dataclass(frozen=True)
 class Weighting:
-    """What an aggregation weighting assumes about how clients were sampled.
-
-    Attributes:
-        scheme: the ``algorithm.sampling`` value.
-        formula: w_i as a formula, for tables and messages.
-        assumes: the selector ``inclusion`` under which the step is unbiased
-            (None: only under full participation).
-        multiplicities: True when it reads how often each client was drawn.
-    """
+    """What an aggregation weighting assumes about how clients were sampled."""
 
     scheme: Scheme
-    formula: str
-    assumes: Inclusion | None
-    multiplicities: bool = False
+    formula: str  # w_i, for tables and messages
+    assumes: Inclusion | None  # the inclusion it is unbiased for (None: none)
+    multiplicities: bool = False  # reads how often each client was drawn
 
 
 WEIGHTINGS: dict[str, Weighting] = {
@@ -159,19 +139,12 @@ def sampling_weights(updates: Sequence[ClientUpdate], scheme: Scheme) -> list[fl
 
 @dataclass(frozen=True)
 class Pairing:
-    """The verdict on one (selector, weighting) pair.
-
-    Attributes:
-        verdict: ``unbiased``, ``biased`` (allowed: common practice, or
-            another objective), ``adaptive`` (no closed-form probabilities;
-            allowed) or ``refused``.
-        reason: one sentence on why.
-        use: the weighting to use instead (refused pairs), else None.
-    """
+    """The verdict on one (selector, weighting) pair; all but ``refused`` are
+    allowed."""
 
     verdict: Verdict
-    reason: str
-    use: Scheme | None = None
+    reason: str  # one sentence on why
+    use: Scheme | None = None  # the weighting to use instead (refused pairs)
 
 
 def _unbiased_for(selector: Any) -> Scheme | None:

@@ -4,15 +4,10 @@ SCAFFOLD: Stochastic Controlled Averaging for Federated Learning. Sai Praneeth
 Karimireddy, Satyen Kale, Mehryar Mohri, Sashank J. Reddi, Sebastian U. Stich,
 Ananda Theertha Suresh. ICML 2020. arXiv:1910.06378.
 
-ALGORITHMS.md section 7. Client i runs tau steps on g_i(y) - c_i + c and sets
-c_i^+ = c_i - c + (x - y) / (lr ||a_i||_1) (option II, with the client's own
-K); it uploads (y - x, c_i^+ - c_i). Server: x <- x + server_lr mean_S Delta y_i,
-c <- c + (1/m) sum_S Delta c_i, so c = (1/m) sum_i c_i for any participation.
-
-Unlike the reference code (FedDyn/FedDC repositories), step 2 uses the
-client's own K and lr, c is not scaled by n_i m / n and gradients are not
-clipped: the same algorithm for balanced data and equal K. Meter: w_i = 1/|S|
-(SCAFFOLD targets the unweighted mean), tau_eff the mean ||a_i||_1.
+ALGORITHMS.md section 7. Client i runs tau steps on g_i(y) - c_i + c, sets
+c_i^+ = c_i - c + (x - y) / (lr ||a_i||_1) and uploads (y - x, c_i^+ - c_i).
+Server: x <- x + server_lr mean_S Delta y_i, c <- c + (1/m) sum_S Delta c_i.
+Meter: w_i = 1/|S| (SCAFFOLD targets the unweighted mean).
 """
 
 from __future__ import annotations
@@ -38,11 +33,10 @@ __all__ = ["Scaffold"]
 class Scaffold(ControlVariates):
     """Stochastic controlled averaging (option II).
 
-    Example:
-        >>> alg = Scaffold()
-        >>> state = alg.init(torch.zeros(2), num_clients=10)
-        >>> sorted(state), alg.stateful, alg.up_factor
-        (['c', 'm', 'x'], True, 2)
+    >>> alg = Scaffold()
+    >>> state = alg.init(torch.zeros(2), num_clients=10)
+    >>> sorted(state), alg.stateful, alg.up_factor
+    (['c', 'm', 'x'], True, 2)
     """
 
     name: Literal["scaffold"] = "scaffold"
