@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from fedsim.lazy import torch
 from fedsim.params import chi2
-from fedsim.solvers import make_solver
+from fedsim.solvers import SGD, SolverState, make_solver
 from fedsim.spec import PLUGIN_CONFIG, PosFloat
 
-if TYPE_CHECKING:  # torch is imported when an algorithm first runs
+if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
-    from fedsim.solvers import SGD, SolverState
 
 __all__ = [
     "AggregateInfo",
@@ -172,7 +171,6 @@ class Algorithm:
 
     stateful: ClassVar[bool] = False  # clients keep state between rounds
     needs_server: ClassVar[bool] = False  # aggregate() takes server=ServerContext
-    needs_individual_updates: ClassVar[bool] = True  # not only their sum
     down_factor: ClassVar[int] = 1  # floats downloaded, in units of d
     up_factor: ClassVar[int] = 1  # floats uploaded, in units of d
 

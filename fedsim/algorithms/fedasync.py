@@ -40,12 +40,11 @@ from fedsim.algorithms.weighting import (
 )
 from fedsim.lazy import torch
 from fedsim.params import chi2
-from fedsim.solvers import make_solver
+from fedsim.solvers import SGD, make_solver
 from fedsim.spec import NonNegFloat, PosFloat
 
 if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
-    from fedsim.solvers import SGD
 
 __all__ = ["AsyncInfo", "FedAsync", "Staleness", "staleness_weight"]
 
@@ -53,13 +52,7 @@ Staleness = Literal["constant", "polynomial", "hinge"]
 
 
 def staleness_weight(kind: Staleness, s: int, a: float = 0.5, b: float = 4) -> float:
-    """S(s), the weight of an update of staleness ``s`` (FedAsync, section 5.2).
-
-    >>> staleness_weight("polynomial", 3, a=0.5)
-    0.5
-    >>> staleness_weight("hinge", 4, a=10, b=4), staleness_weight("hinge", 6, a=10, b=4)
-    (1.0, 0.047619047619047616)
-    """
+    """S(s), the weight of an update of staleness ``s`` (FedAsync, section 5.2)."""
     if s < 0:
         raise ValueError(f"staleness must be >= 0, got {s}")
     if kind == "constant":
@@ -77,23 +70,6 @@ class AsyncInfo(AggregateInfo):
     position (one device can land twice in a FedBuff buffer)."""
 
     per_update: tuple[float, ...] = ()
-
-
-def async_meter(
-    updates: Sequence[ClientUpdate], w: Sequence[float], tau_eff: float
-) -> AsyncInfo:
-    """Effective weights ``w`` (normalised here) against the data weights."""
-    sw = float(sum(w))
-    per = tuple(float(wi) / sw for wi in w) if sw > 0 else tuple(0.0 for _ in w)
-    weights: dict[int, float] = {}
-    for u, wi in zip(updates, per, strict=True):
-        weights[u.client] = weights.get(u.client, 0.0) + wi
-    return AsyncInfo(
-        weights=weights,
-        tau_eff=float(tau_eff),
-        chi2_pw=chi2(data_weights(updates), w) if sw > 0 else float("nan"),
-        per_update=per,
-    )
 
 
 @dataclass(frozen=True)
@@ -127,13 +103,23 @@ class _Normalized(Algorithm):
     def _meter(
         self, updates: Sequence[ClientUpdate], base: Sequence[float], tau_eff: float
     ) -> AsyncInfo:
-        """:func:`async_meter` of weights ``base`` (times ||a_i||_1 unless
-        normalising)."""
+        """Effective weights ``base`` (times ||a_i||_1 unless normalising),
+        normalised, against the data weights."""
         w = [
             b * (1.0 if self.normalize else u.norm_a)
             for b, u in zip(base, updates, strict=True)
         ]
-        return async_meter(updates, w, tau_eff)
+        sw = float(sum(w))
+        per = tuple(float(wi) / sw for wi in w) if sw > 0 else tuple(0.0 for _ in w)
+        weights: dict[int, float] = {}
+        for u, wi in zip(updates, per, strict=True):
+            weights[u.client] = weights.get(u.client, 0.0) + wi
+        return AsyncInfo(
+            weights=weights,
+            tau_eff=float(tau_eff),
+            chi2_pw=chi2(data_weights(updates), w) if sw > 0 else float("nan"),
+            per_update=per,
+        )
 
     def aggregate(
         self, state: ServerState, updates: Sequence[ClientUpdate]

@@ -4,21 +4,15 @@ FedDM: Iterative Distribution Matching for Communication-Efficient Federated
 Learning. Yuanhao Xiong, Ruochen Wang, Minhao Cheng, Felix Yu, Cho-Jui Hsieh.
 CVPR 2023. arXiv:2207.09653.
 
-ALGORITHMS.md section 10. Each client k sends, instead of a model update, a
-synthetic set S_k of ``ipc`` samples per class it holds, learnt so that at
-models w~ = w_r + eps min(1, rho / ||eps||) around the global model the mean
-penultimate embedding h and mean logits z of S_k match those of real batches:
+ALGORITHMS.md section 10. Instead of a model update, client k sends a synthetic
+set S_k (``ipc`` samples per class it holds, relearnt every round) whose mean
+embedding h and logits z match those of its real batches at models
+w~ = w_r + eps min(1, rho / ||eps||) around the global model:
 
     L = sum_c ||mean h(real_c) - mean h(S_c)||^2 + ||mean z(real_c) - mean z(S_c)||^2
 
-(``iterations`` SGD steps on the pixels of S; with ``dp_noise`` per-example
-terms are clipped to ``dp_clip`` and noised, DP-SGD). The server continues
-training w_r on the union of the S_k (``server_epochs`` of SGD), optionally
-projected onto B_rho(w_r) (``ball``). ``ClientUpdate.delta`` is empty; the
-extras ``images`` and ``labels`` carry S_k (relearnt every round: clients
-keep no state). Models, DP, weights, and what the
-clock charges (iterations, ``iteration_cost``, upload bytes):
-docs/fedpns-feddm.md.
+The server trains w_r on the union of the S_k. Models, DP, weights and what
+the clock charges: docs/fedpns-feddm.md.
 """
 
 from __future__ import annotations
@@ -103,10 +97,7 @@ def embed_and_logits(
 
 
 def class_matching_loss(
-    h_real: torch.Tensor,
-    z_real: torch.Tensor,
-    h_syn: torch.Tensor,
-    z_syn: torch.Tensor,
+    h_real: torch.Tensor, z_real: torch.Tensor, h_syn: torch.Tensor, z_syn: torch.Tensor
 ) -> torch.Tensor:
     """L_c = ||mean h_real - mean h_syn||^2 + ||mean z_real - mean z_syn||^2."""
     dh = h_real.mean(0) - h_syn.mean(0)
@@ -115,18 +106,10 @@ def class_matching_loss(
 
 
 def matching_loss(
-    model: nn.Module,
-    real: Sequence[torch.Tensor],
-    syn: Sequence[torch.Tensor],
+    model: nn.Module, real: Sequence[torch.Tensor], syn: Sequence[torch.Tensor]
 ) -> torch.Tensor:
     """sum_c L_c: ``real[c]`` and ``syn[c]`` are class c's real batch and
     synthetic set; real features are constants.
-
-    >>> m = nn.Linear(3, 2)
-    >>> s = [torch.randn(4, 3), torch.randn(2, 3)]
-    >>> loss = matching_loss(m, s, [t.flip(0) for t in s])   # same multisets
-    >>> round(float(loss.detach()), 6)
-    0.0
     """
     with torch.no_grad():
         h_r, z_r = embed_and_logits(model, torch.cat(list(real)))
@@ -134,24 +117,14 @@ def matching_loss(
     total = h_s.new_zeros(())
     a = b = 0
     for r, s in zip(real, syn, strict=True):
-        total = total + class_matching_loss(
-            h_r[a : a + len(r)],
-            z_r[a : a + len(r)],
-            h_s[b : b + len(s)],
-            z_s[b : b + len(s)],
-        )
+        ra, sb = slice(a, a + len(r)), slice(b, b + len(s))
+        total = total + class_matching_loss(h_r[ra], z_r[ra], h_s[sb], z_s[sb])
         a, b = a + len(r), b + len(s)
     return total
 
 
 def perturb(x: torch.Tensor, rho: float, gen: torch.Generator) -> torch.Tensor:
-    """w~ = x + eps min(1, rho / ||eps||), eps ~ N(0, I).
-
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x = torch.zeros(10_000)
-    >>> round(float(torch.linalg.vector_norm(perturb(x, 5.0, g) - x)), 4)
-    5.0
-    """
+    """w~ = x + eps min(1, rho / ||eps||), eps ~ N(0, I)."""
     eps = torch.randn(x.shape, generator=gen, dtype=x.dtype)
     norm = float(torch.linalg.vector_norm(eps.to(torch.float64)))
     scale = min(1.0, rho / norm) if norm > 0 else 0.0
@@ -159,11 +132,7 @@ def perturb(x: torch.Tensor, rho: float, gen: torch.Generator) -> torch.Tensor:
 
 
 def synthetic_size(classes_per_client: Sequence[int], ipc: int) -> int:
-    """The server's synthetic dataset size: sum_k |C_k| ipc.
-
-    >>> synthetic_size([9, 10, 8], ipc=10)
-    270
-    """
+    """The server's synthetic dataset size: sum_k |C_k| ipc."""
     return int(sum(int(c) for c in classes_per_client)) * int(ipc)
 
 
@@ -174,11 +143,7 @@ def upload_bytes(
     float_bytes: int = 4,
     label_bytes: int = 8,
 ) -> int:
-    """Bytes client k uploads: |C_k| ipc samples and their labels.
-
-    >>> upload_bytes(9, 10, (3, 32, 32)) == 90 * 3072 * 4 + 90 * 8
-    True
-    """
+    """Bytes client k uploads: |C_k| ipc samples and their labels."""
     n = int(n_classes) * int(ipc)
     return n * int(np.prod(sample_shape)) * float_bytes + n * label_bytes
 
@@ -189,9 +154,6 @@ def iteration_flops_ratio(
     """One matching iteration's compute in local SGD steps of ``batch_size``:
     (sum_c min(dc_batch_size, n_c) + 2 |C| ipc) / (3 B) in per-sample forward
     passes (docs/fedpns-feddm.md, "FedDM's cost").
-
-    >>> iteration_flops_ratio([256] * 10, ipc=10, batch_size=64)  # (2560 + 200) / 192
-    14.375
     """
     real = sum(int(r) for r in real_per_class)
     return (real + 2 * len(real_per_class) * int(ipc)) / (3 * int(batch_size))

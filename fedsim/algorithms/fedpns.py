@@ -4,21 +4,13 @@ Node Selection Toward Faster Convergence for Federated Learning on Non-IID
 Data. Hongda Wu, Ping Wang. IEEE Transactions on Network Science and
 Engineering, 2022. arXiv:2105.07066.
 
-ALGORITHMS.md section 11.2, as the reference code (``models/Fed.py``,
-``Feddel``) runs it. Clients run local SGD and upload their delta and lr; the
-server estimates g_i = -Delta_i / (lr ||a_i||_1) and, from S = the round's
-updates, repeats while |S| > v:
-
-1. CHECK EXPECTATION: E(S) = sum_{i in S} <g_i, mean_S g>. Let i* maximise
-   E(S \\ {i}); if E(S \\ {i*}) <= E(S), stop, else i* is *labeled*.
-2. CHECK LOSS: if the unweighted average of the models in S has a lower
-   validation loss than that of S \\ {i*}, keep i* and stop; else *remove* it.
-
-x <- x^t + server_lr mean_{i in S} Delta_i. v is ``v`` or floor(``v_fraction``
-|S_t|). The ``labeled``/``removed`` flags go to clients.parquet for the
-``fedpns`` selector. Updates without a step are left out (weight 0); without a
-server nothing is removed. Differences from the code and the CHECK LOSS data
-(``check_loss_data``): docs/fedpns-feddm.md.
+ALGORITHMS.md 11.2, as the reference code (``models/Fed.py``, ``Feddel``). With
+g_i = -Delta_i / (lr ||a_i||_1), E(S) = sum_{i in S} <g_i, mean_S g> and S the
+round's updates, while |S| > v: CHECK EXPECTATION labels the i* maximising
+E(S \\ {i}) if that exceeds E(S) (else stop); CHECK LOSS removes it unless the
+mean model of S has a lower validation loss than that of S \\ {i*} (then stop).
+x <- x^t + server_lr mean_S Delta_i. The ``labeled``/``removed`` flags go to
+clients.parquet for the ``fedpns`` selector; details: docs/fedpns-feddm.md.
 """
 
 from __future__ import annotations
@@ -34,14 +26,13 @@ from fedsim.algorithms.base import (
     Algorithm,
     ClientContext,
     ClientResult,
-    ClientUpdate,
     ServerContext,
     ServerState,
     Updates,
     empty_info,
     meter_subset,
 )
-from fedsim.algorithms.weighting import lr_upload, updates_tau_eff, uploaded_lr
+from fedsim.algorithms.weighting import lr_upload, updates_tau_eff
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState, average_gradient
@@ -51,12 +42,7 @@ __all__ = ["FedPNS", "expectation", "optimal_aggregation"]
 
 
 def expectation(gram: torch.Tensor, members: Sequence[int]) -> float:
-    """E(S) = ||sum_S g||^2 / |S|, from the gradients' Gram matrix (float64).
-
-    >>> g = torch.tensor([[1.0, 0.0], [1.0, 2.0]], dtype=torch.float64)
-    >>> expectation(g @ g.T, [0, 1])   # 2 * ||(1, 1)||^2
-    4.0
-    """
+    """E(S) = ||sum_S g||^2 / |S|, from the gradients' Gram matrix (float64)."""
     if not members:
         return 0.0
     idx = torch.as_tensor(list(members))
@@ -64,17 +50,11 @@ def expectation(gram: torch.Tensor, members: Sequence[int]) -> float:
 
 
 def optimal_aggregation(
-    grads: Sequence[torch.Tensor],
-    v: int,
-    check_loss: Any = None,
+    grads: Sequence[torch.Tensor], v: int, check_loss: Any = None
 ) -> tuple[list[int], list[int], list[int]]:
     """CHECK EXPECTATION / CHECK LOSS on the round's gradient estimates
     ``grads`` while |S| > ``v``: (kept, labeled, removed) positions, in order.
     ``check_loss(S, i)`` is True to remove i (None never removes).
-
-    >>> g = [torch.tensor([1.0, 0.0])] * 3 + [torch.tensor([-1.0, 0.0])]
-    >>> optimal_aggregation(g, v=2, check_loss=lambda s, i: True)
-    ([0, 1, 2], [3], [3])
     """
     n = len(grads)
     if n == 0:
@@ -107,6 +87,7 @@ def optimal_aggregation(
 class FedPNS(Algorithm):
     """Optimal Aggregation: drop updates that pull against the others.
 
+    >>> from fedsim.algorithms.base import ClientUpdate
     >>> ups = [ClientUpdate(i, torch.tensor([-0.1]), 1.0, 1, 1.0, 0.0,
     ...        {"lr": torch.tensor(0.1)}) for i in range(3)]
     >>> state, info = FedPNS().aggregate({"x": torch.zeros(1)}, ups)
@@ -130,9 +111,6 @@ class FedPNS(Algorithm):
     def validation_use(self, clients_per_round: int) -> str | None:
         """The data CHECK LOSS scores on in rounds of at most
         ``clients_per_round`` updates; None when it never runs.
-
-        >>> FedPNS(v=8).validation_use(10), FedPNS(v=10).validation_use(10)
-        ('validation', None)
         """
         if all(self.threshold(n) >= n for n in range(1, clients_per_round + 1)):
             return None
@@ -150,7 +128,10 @@ class FedPNS(Algorithm):
         if not live:
             return state, empty_info()
         x = state["x"]
-        grads = [average_gradient(u.delta, _lr(u), u.norm_a) for u in live]
+        grads = [  # lr: the client's own (1 if it uploaded none)
+            average_gradient(u.delta, float(u.extras.get("lr", 1.0)), u.norm_a)
+            for u in live
+        ]
 
         # cached: after a removal the next CHECK LOSS starts from the set scored
         @functools.cache
@@ -173,20 +154,12 @@ class FedPNS(Algorithm):
         kept, labeled, removed = optimal_aggregation(
             grads, self.threshold(len(live)), check
         )
-        new_x = mean_model(tuple(kept))
         ups = [live[j] for j in kept]
-        n = len(ups)
-        tau_eff = updates_tau_eff("fedavg", [1.0] * n, ups)
-        lab = {live[j].client for j in labeled}
-        rem = {live[j].client for j in removed}
-        flags = {
-            u.client: {"labeled": u.client in lab, "removed": u.client in rem}
-            for u in live
+        ones = [1.0] * len(ups)
+        tau_eff = updates_tau_eff("fedavg", ones, ups)
+        flags = {  # the round's clients are distinct (FedPNS has no async rule)
+            u.client: {"labeled": j in labeled, "removed": j in removed}
+            for j, u in enumerate(live)
         }
-        info = meter_subset(updates, ups, [1.0] * n, tau_eff, flags)
-        return {**state, "x": new_x}, info
-
-
-def _lr(u: ClientUpdate) -> float:
-    lr = uploaded_lr(u)
-    return 1.0 if lr is None else lr
+        info = meter_subset(updates, ups, ones, tau_eff, flags)
+        return {**state, "x": mean_model(tuple(kept))}, info

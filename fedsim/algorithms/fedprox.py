@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from fedsim.algorithms.fedavg import FedAvg
-from fedsim.solvers import make_solver
+from fedsim.solvers import SGD, make_solver
 from fedsim.spec import NonNegFloat
 
 if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
-    from fedsim.solvers import SGD
 
 __all__ = ["FedProx"]
 

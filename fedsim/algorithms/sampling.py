@@ -252,24 +252,11 @@ def unweighted_meter(updates: Sequence[ClientUpdate]) -> AggregateInfo:
 
 
 def weight_shares(
-    num_clients: int,
-    client_ids: ArrayLike,
-    weights: ArrayLike,
-    rounds: int,
+    num_clients: int, client_ids: ArrayLike, weights: ArrayLike, rounds: int
 ) -> np.ndarray:
-    """Each client's share of the aggregation weight over a run: float64 [m],
-    the sum of its weights divided by ``rounds`` (all zeros if 0).
-
-    Args:
-        num_clients: m.
-        client_ids, weights: one entry per client row of the run: the client
-            and its delta's weight in the server step as applied (0 if
-            dropped or removed; p_i m / q or k_i / q sum to 1 only in
-            expectation).
-        rounds: the rounds (or server versions) that applied an update.
-
-    >>> weight_shares(3, [0, 1, 0, 2], [0.5, 0.5, 1.0, 0.0], rounds=2).tolist()
-    [0.75, 0.25, 0.0]
+    """Each client's share of the aggregation weight over a run, float64 [m]:
+    the weights its deltas got in the server step as applied (one entry per
+    client row), summed and divided by the ``rounds`` that applied an update.
     """
     total = np.zeros(int(num_clients), dtype=np.float64)
     ids = np.asarray(client_ids, dtype=np.int64)
@@ -283,10 +270,6 @@ def participation_bias(
 ) -> dict[str, Any]:
     """summary.json's ``participation_bias``: L1 distance between weight
     shares and data shares p_i, and the ``top`` most overweighted clients.
-
-    >>> out = participation_bias(np.array([0.7, 0.3]), np.array([0.5, 0.5]), 1)
-    >>> round(out["l1"], 6), out["top_overweighted"][0]["client"]
-    (0.4, 0)
     """
     s = np.asarray(shares, dtype=np.float64)
     p = np.asarray(data_share, dtype=np.float64)
