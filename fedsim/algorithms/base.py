@@ -211,10 +211,8 @@ class Algorithm:
         return {}, None
 
     def weighting(self) -> str | None:
-        """The key of :data:`fedsim.algorithms.sampling.WEIGHTINGS` this
-        algorithm weights updates by, checked against the selector; None:
-        weights fixed by its paper (SCAFFOLD, FedDyn, FedDC, FedPNS, the
-        asynchronous rules), not checked."""
+        """Its ``sampling.WEIGHTINGS`` key, checked against the selector (None:
+        weights fixed by the paper, unchecked)."""
         return None
 
 
@@ -280,10 +278,8 @@ def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
 
 
 class AsyncRule(Protocol):
-    """An asynchronous server rule (FedAsync, FedBuff): every ``buffer_size``
-    accepted arrivals make one version, applied by ``aggregate_async(state,
-    updates, staleness, starts)`` (updates in arrival order, their staleness,
-    the parameters each started from)."""
+    """An asynchronous server rule: every ``buffer_size`` arrivals make one
+    version (updates in arrival order, their staleness, their start models)."""
 
     buffer_size: int
     aggregate_async: Callable[

@@ -1,9 +1,8 @@
 """The client half shared by algorithms with SCAFFOLD-style control variates.
 
-Clients download the server's c with the model and correct every local
-gradient by c - c_i, constant within the round (SCAFFOLD, ALGORITHMS.md 7;
-FedNova-VR, 5.5). :class:`ControlVariates` goes first in the bases; the
-subclass's ``aggregate`` updates c with :func:`control_aggregate`.
+Clients download c and correct every local gradient by c - c_i (SCAFFOLD,
+ALGORITHMS.md 7; FedNova-VR, 5.5). :class:`ControlVariates` goes first in the
+bases; the subclass's ``aggregate`` updates c with :func:`control_aggregate`.
 """
 
 from __future__ import annotations

@@ -16,18 +16,15 @@ with m = 0, v = tau^2 initially and no bias correction, as in the paper;
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
-
-from pydantic import Field
+from typing import Literal
 
 from fedsim.algorithms.base import ServerState
 from fedsim.algorithms.fedavg import FedAvg
+from fedsim.algorithms.weighting import Beta
 from fedsim.lazy import torch
 from fedsim.spec import PosFloat
 
 __all__ = ["FedAdam"]
-
-Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 @dataclass(frozen=True)

@@ -175,28 +175,18 @@ class FedAsync(_Normalized):
         count = state["count"] + len(updates)
         norm_a_sum = state["norm_a_sum"] + sum(u.norm_a for u in updates)
         steps_sum = state["steps_sum"] + sum(u.tau for u in updates)
-        running = effective_steps(
-            self.tau_eff,
-            [1.0],
-            [float(norm_a_sum / count)],
-            [float(steps_sum / count)],
-            self.tau_eff_value,
-        )
+        means = [float(norm_a_sum / count)], [float(steps_sum / count)]
+        running = effective_steps(self.tau_eff, [1.0], *means, self.tau_eff_value)
         scale, tau_eff = self.scales(updates, running)
         p = data_weights(updates)
         mix = [
             pi * self.alpha * self.weight(s) for pi, s in zip(p, staleness, strict=True)
         ]
-        x = state["x"]
-        x64 = x.to(torch.float64)
+        x64 = state["x"].to(torch.float64)
         step = torch.zeros_like(x64)
         for u, start, c, m in zip(updates, starts, scale, mix, strict=True):
             client_model = start.to(torch.float64) + c * u.delta.to(torch.float64)
             step.add_(client_model - x64, alpha=m)
-        new = {
-            "x": (x64 + step).to(x.dtype),
-            "norm_a_sum": norm_a_sum,
-            "steps_sum": steps_sum,
-            "count": count,
-        }
-        return new, self._meter(updates, mix, tau_eff)
+        x = (x64 + step).to(state["x"].dtype)
+        sums = {"norm_a_sum": norm_a_sum, "steps_sum": steps_sum, "count": count}
+        return {"x": x, **sums}, self._meter(updates, mix, tau_eff)

@@ -4,11 +4,9 @@ Communication-Efficient Learning of Deep Networks from Decentralized Data.
 H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y
 Arcas. AISTATS 2017. arXiv:1602.05629.
 
-Server: x^{t+1} = x^t + server_lr * sum_{i in S} w_i Delta_i, with w_i set
-by ``sampling`` (:mod:`fedsim.algorithms.sampling`, ALGORITHMS.md 3). Seen
-through FedNova's lens (5.1) update i gets effective weight p_i ||a_i||_1,
-which the meter reports. Server optimizers (FedAvgM, FedAdam) override only
-:meth:`FedAvg.apply_step`.
+x^{t+1} = x^t + server_lr * sum_{i in S} w_i Delta_i, w_i by ``sampling``
+(ALGORITHMS.md 3); the meter reports the effective weights p_i ||a_i||_1
+(5.1). Server optimizers (FedAvgM, FedAdam) override :meth:`FedAvg.apply_step`.
 """
 
 from __future__ import annotations

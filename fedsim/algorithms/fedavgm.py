@@ -13,13 +13,11 @@ Heavy-ball momentum on the averaged delta (v = 0 initially, beta =
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
-
-from pydantic import Field
+from typing import Literal
 
 from fedsim.algorithms.base import ServerState
 from fedsim.algorithms.fedavg import FedAvg
-from fedsim.algorithms.weighting import momentum_buffer
+from fedsim.algorithms.weighting import Beta, momentum_buffer
 from fedsim.lazy import torch
 
 __all__ = ["FedAvgM"]
@@ -37,7 +35,7 @@ class FedAvgM(FedAvg):
     """
 
     name: Literal["fedavgm"] = "fedavgm"  # type: ignore[assignment]
-    server_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    server_momentum: Beta = 0.9
 
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         return {"x": x0.clone(), "mom": torch.zeros_like(x0)}

@@ -20,10 +20,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -36,7 +35,7 @@ from fedsim.algorithms.base import (
     empty_info,
     meter_subset,
 )
-from fedsim.algorithms.weighting import updates_tau_eff
+from fedsim.algorithms.weighting import Beta, updates_tau_eff
 from fedsim.lazy import F, nn, torch
 from fedsim.spec import NonNegFloat, PosFloat, PosInt
 
@@ -109,8 +108,7 @@ def matching_loss(
     model: nn.Module, real: Sequence[torch.Tensor], syn: Sequence[torch.Tensor]
 ) -> torch.Tensor:
     """sum_c L_c: ``real[c]`` and ``syn[c]`` are class c's real batch and
-    synthetic set; real features are constants.
-    """
+    synthetic set; real features are constants."""
     with torch.no_grad():
         h_r, z_r = embed_and_logits(model, torch.cat(list(real)))
     h_s, z_s = embed_and_logits(model, torch.cat(list(syn)))
@@ -153,8 +151,7 @@ def iteration_flops_ratio(
 ) -> float:
     """One matching iteration's compute in local SGD steps of ``batch_size``:
     (sum_c min(dc_batch_size, n_c) + 2 |C| ipc) / (3 B) in per-sample forward
-    passes (docs/fedpns-feddm.md, "FedDM's cost").
-    """
+    passes (docs/fedpns-feddm.md, "FedDM's cost")."""
     real = sum(int(r) for r in real_per_class)
     return (real + 2 * len(real_per_class) * int(ipc)) / (3 * int(batch_size))
 
@@ -182,14 +179,14 @@ class FedDM(Algorithm):
     ipc: PosInt = 10  # synthetic images per class
     rho: PosFloat = 5.0  # radius of the perturbation around w_r
     image_lr: PosFloat = 1.0  # SGD on the synthetic pixels
-    image_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.5
+    image_momentum: Beta = 0.5
     iterations: PosInt = 1000  # matching iterations per round
     dc_batch_size: PosInt = 256  # real samples per class and iteration
     image_init: Literal["auto", "real", "noise"] = "auto"  # auto: noise with DP
     server_epochs: PosInt = 500  # server SGD on the union of the S_k
     server_batch_size: PosInt = 256
     server_lr: PosFloat = 0.01
-    server_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    server_momentum: Beta = 0.9
     server_weight_decay: NonNegFloat = 0.0
     ball: bool = False  # project every server step onto B_rho(w_r)
     dp_noise: NonNegFloat | None = None  # DP-SGD noise multiplier (None: no DP)
@@ -237,14 +234,8 @@ class FedDM(Algorithm):
     ) -> np.ndarray:
         """Bytes each client uploads, int64 ``[m]`` (:func:`upload_bytes` of
         the classes it holds; ``float_bytes``: the model dtype's size)."""
-        held = (np.asarray(class_counts) > 0).sum(axis=1)
-        return np.array(
-            [
-                upload_bytes(c, self.ipc, sample_shape, float_bytes, label_bytes)
-                for c in held.tolist()
-            ],
-            dtype=np.int64,
-        )
+        held = (np.asarray(class_counts) > 0).sum(axis=1).astype(np.int64)
+        return held * upload_bytes(1, self.ipc, sample_shape, float_bytes, label_bytes)
 
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         return {

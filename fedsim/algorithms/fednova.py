@@ -18,9 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal
-
-from pydantic import Field
+from typing import Literal
 
 from fedsim.algorithms.base import (
     AggregateInfo,
@@ -34,6 +32,7 @@ from fedsim.algorithms.base import (
 )
 from fedsim.algorithms.sampling import Sampled, sampling_weights
 from fedsim.algorithms.weighting import (
+    Beta,
     TauEff,
     lr_upload,
     momentum_buffer,
@@ -64,7 +63,7 @@ class FedNova(Sampled):
     name: Literal["fednova"] = "fednova"
     tau_eff: TauEff = "fedavg"
     tau_eff_value: PosFloat | None = None  # tau_eff of ``fixed``
-    gmf: Annotated[float, Field(ge=0, lt=1)] = 0.0  # server momentum, 0: none
+    gmf: Beta = 0.0  # server momentum, 0: none
 
     def __post_init__(self) -> None:
         if self.tau_eff == "fixed" and self.tau_eff_value is None:

@@ -54,8 +54,7 @@ def optimal_aggregation(
 ) -> tuple[list[int], list[int], list[int]]:
     """CHECK EXPECTATION / CHECK LOSS on the round's gradient estimates
     ``grads`` while |S| > ``v``: (kept, labeled, removed) positions, in order.
-    ``check_loss(S, i)`` is True to remove i (None never removes).
-    """
+    ``check_loss(S, i)`` is True to remove i (None never removes)."""
     n = len(grads)
     if n == 0:
         return [], [], []
@@ -109,9 +108,7 @@ class FedPNS(Algorithm):
         return max(1, math.floor(self.v_fraction * n))
 
     def validation_use(self, clients_per_round: int) -> str | None:
-        """The data CHECK LOSS scores on in rounds of at most
-        ``clients_per_round`` updates; None when it never runs.
-        """
+        """CHECK LOSS data in rounds of <= ``clients_per_round`` (None: never)."""
         if all(self.threshold(n) >= n for n in range(1, clients_per_round + 1)):
             return None
         return self.check_loss_data

@@ -149,12 +149,9 @@ class Pairing:
 
 def _unbiased_for(selector: Any) -> Scheme | None:
     """The unbiased (or the paper's) weighting for this selector."""
-    default = getattr(selector, "default_weighting", None)
-    if default is not None:
-        return cast(Scheme, default)
     inclusion = getattr(selector, "inclusion", "adaptive")
-    fit = {"uniform": "uniform", "proportional": "proportional"}.get(inclusion)
-    return cast(Scheme | None, fit)
+    fit = inclusion if inclusion in ("uniform", "proportional") else None
+    return cast(Scheme | None, getattr(selector, "default_weighting", None) or fit)
 
 
 def pairing(selector: Any, scheme: str) -> Pairing:
@@ -256,8 +253,7 @@ def weight_shares(
 ) -> np.ndarray:
     """Each client's share of the aggregation weight over a run, float64 [m]:
     the weights its deltas got in the server step as applied (one entry per
-    client row), summed and divided by the ``rounds`` that applied an update.
-    """
+    client row), summed and divided by the ``rounds`` that applied an update."""
     total = np.zeros(int(num_clients), dtype=np.float64)
     ids = np.asarray(client_ids, dtype=np.int64)
     w = np.nan_to_num(np.asarray(weights, dtype=np.float64), nan=0.0)
@@ -269,8 +265,7 @@ def participation_bias(
     shares: np.ndarray, data_share: np.ndarray, top: int = 5
 ) -> dict[str, Any]:
     """summary.json's ``participation_bias``: L1 distance between weight
-    shares and data shares p_i, and the ``top`` most overweighted clients.
-    """
+    shares and data shares p_i, and the ``top`` most overweighted clients."""
     s = np.asarray(shares, dtype=np.float64)
     p = np.asarray(data_share, dtype=np.float64)
     over = s - p

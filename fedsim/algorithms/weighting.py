@@ -6,13 +6,16 @@ does the same float operations in the same order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from fedsim.algorithms.base import ClientUpdate
 from fedsim.lazy import torch
 from fedsim.solvers import SolverState
 
 __all__ = [
+    "Beta",
     "TauEff",
     "effective_steps",
     "lr_upload",
@@ -26,6 +29,7 @@ __all__ = [
 # tau_eff: the weighted mean of ||a_i||_1 (``fedavg``), of the local steps
 # (``steps``, FedNova-Prox), or a constant (``fixed``).
 TauEff = Literal["fedavg", "steps", "fixed"]
+Beta = Annotated[float, Field(ge=0, lt=1)]  # a momentum coefficient, in [0, 1)
 
 
 def weighted_steps(w: Sequence[float], values: Sequence[float]) -> float:
