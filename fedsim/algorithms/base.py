@@ -1,8 +1,7 @@
 """What every aggregation algorithm shares: the update record and the interface.
 
-An algorithm is a frozen dataclass of hyperparameters that is also the
-scenario's ``algorithm`` section; its server and client state go in and come
-out. See docs/architecture.md ("Core interfaces") and docs/extending.md.
+An algorithm is a frozen dataclass of hyperparameters (the scenario's
+``algorithm`` section); state goes in and comes out. See docs/extending.md.
 """
 
 from __future__ import annotations

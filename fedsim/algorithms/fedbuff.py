@@ -57,10 +57,8 @@ class FedBuff(_Normalized):
         if not updates:
             return state, AsyncInfo(**vars(empty_info()))
         k = len(updates)
-        mean_steps = updates_tau_eff(
-            self.tau_eff, [1.0] * k, updates, self.tau_eff_value
-        )
-        scale, tau_eff = self.scales(updates, mean_steps)
+        mean = updates_tau_eff(self.tau_eff, [1.0] * k, updates, self.tau_eff_value)
+        scale, tau_eff = self.scales(updates, mean)
         s = [self.weight(si) for si in staleness]
         coef = [si * c / k for si, c in zip(s, scale, strict=True)]
         step = weighted_sum([u.delta for u in updates], coef)

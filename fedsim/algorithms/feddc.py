@@ -54,9 +54,7 @@ class FedDC(FedDyn):
         return state
 
     def payload(self, state: base.ServerState) -> dict[str, torch.Tensor]:
-        if self.correction:
-            return {"x": state["x"], "c": state["c"]}
-        return {"x": state["x"]}
+        return {k: state[k] for k in (("x", "c") if self.correction else ("x",))}
 
     def aggregate(
         self, state: base.ServerState, updates: base.Updates

@@ -50,8 +50,6 @@ __all__ = [
     "iteration_flops_ratio",
 ]
 
-_SERVER_TAG = 0xFEDD
-
 
 def output_layer(model: nn.Module) -> nn.Linear:
     """The model's last ``nn.Linear`` (in registration order)."""
@@ -160,7 +158,7 @@ def _stable_seed(x: torch.Tensor) -> int:
     """A seed from the initial parameters (drawn from the scenario seed)."""
     raw = x.detach().to(torch.float64).reshape(-1)[:64].numpy().tobytes()
     words = np.frombuffer(raw.ljust(8 * ((len(raw) + 7) // 8), b"\0"), np.uint32)
-    ss = np.random.SeedSequence([_SERVER_TAG, *words.tolist()])
+    ss = np.random.SeedSequence([0xFEDD, *words.tolist()])  # 0xFEDD tags FedDM's server
     return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
@@ -273,17 +271,14 @@ class FedDM(Algorithm):
         gen = torch.Generator().manual_seed(int(ss.generate_state(1)[0]))
         n, bs = len(labels), self.server_batch_size
         for _ in range(self.server_epochs):
-            perm = torch.randperm(n, generator=gen)
-            for start in range(0, n, bs):
-                idx = perm[start : start + bs]
+            for idx in torch.randperm(n, generator=gen).split(bs):
                 loss = F.cross_entropy(model(images[idx]), labels[idx])
                 opt.zero_grad(set_to_none=False)
                 loss.backward()
                 opt.step()
                 if self.ball:
                     _project(params, x_r, self.rho)
-        with torch.no_grad():
-            x_new = torch.nn.utils.parameters_to_vector(params).detach().clone()
+        x_new = torch.nn.utils.parameters_to_vector(params).detach().clone()
         w = [float(len(u.extras["labels"])) for u in ups]
         tau_eff = updates_tau_eff("steps", [1.0] * len(ups), ups)
         new = {**state, "x": x_new.to(x_r.dtype), "round": state["round"] + 1}
@@ -377,9 +372,8 @@ class FedDM(Algorithm):
             total = total + (diff * diff).sum()
             per = vmap(pullback)(2.0 * (f.detach() - feats))[0]  # [B, ipc, ...]
             norms = torch.linalg.vector_norm(per.flatten(1), dim=1)
-            per = per * (c_clip / torch.clamp(norms, min=c_clip)).view(
-                -1, *[1] * (per.dim() - 1)
-            )
+            shape = (-1, *[1] * (per.dim() - 1))
+            per = per * (c_clip / torch.clamp(norms, min=c_clip)).view(shape)
             noise = torch.randn(s.shape, generator=gen, dtype=s.dtype)
             grads.append((per.sum(0) + sigma * c_clip * noise) / len(r))
         syn.grad = torch.cat(grads)

@@ -78,9 +78,8 @@ class FedDyn(Algorithm):
         self, state: ServerState, updates: Updates
     ) -> tuple[ServerState, AggregateInfo]:
         n, deltas = len(updates), [u.delta for u in updates]
-        hist_sum = state["hist_sum"] + weighted_sum(
-            deltas, [1.0] * n, dtype=torch.float64
-        )
+        ones = [1.0] * n
+        hist_sum = state["hist_sum"] + weighted_sum(deltas, ones, dtype=torch.float64)
         mean_delta = weighted_sum(deltas, [1.0 / n] * n)
         x = state["x"]
         x_new = (x + mean_delta).to(torch.float64) + hist_sum / state["m"]

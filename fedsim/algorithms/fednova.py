@@ -16,20 +16,10 @@ m + s, x <- x + m, so it follows a decaying client lr (uploaded as ``lr``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from fedsim.algorithms.base import (
-    AggregateInfo,
-    ClientContext,
-    ClientResult,
-    ClientUpdate,
-    ServerState,
-    data_weights,
-    meter,
-    skip_empty_rounds,
-)
+import fedsim.algorithms.base as base
 from fedsim.algorithms.sampling import Sampled, sampling_weights
 from fedsim.algorithms.weighting import (
     Beta,
@@ -52,10 +42,10 @@ __all__ = ["FedNova"]
 class FedNova(Sampled):
     """Normalised averaging.
 
+    >>> from fedsim.algorithms.base import ClientUpdate
     >>> ups = [ClientUpdate(0, torch.tensor([2.0]), 1, 2, 2.0, 0.0),
     ...        ClientUpdate(1, torch.tensor([6.0]), 1, 6, 6.0, 0.0)]
-    >>> alg = FedNova()
-    >>> state, info = alg.aggregate(alg.init(torch.zeros(1), 2), ups)
+    >>> state, info = FedNova().aggregate(FedNova().init(torch.zeros(1), 2), ups)
     >>> state["x"], info.tau_eff, info.chi2_pw
     (tensor([4.]), 4.0, 0.0)
     """
@@ -69,7 +59,7 @@ class FedNova(Sampled):
         if self.tau_eff == "fixed" and self.tau_eff_value is None:
             raise ValueError("tau_eff 'fixed' needs tau_eff_value")
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
         return {
             "x": x0.clone(),
             "mom": torch.zeros_like(x0),
@@ -77,28 +67,30 @@ class FedNova(Sampled):
         }
 
     def client_finish(
-        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> ClientResult:
+        self, delta: torch.Tensor, solver_state: SolverState, client: base.ClientContext
+    ) -> base.ClientResult:
         extras, _ = super().client_finish(delta, solver_state, client)
         if self.gmf:  # the server momentum follows the client lr
             extras.update(lr_upload(solver_state))
         return extras, None
 
     def normalized_step(
-        self, updates: Sequence[ClientUpdate]
-    ) -> tuple[torch.Tensor, AggregateInfo]:
+        self, updates: base.Updates
+    ) -> tuple[torch.Tensor, base.AggregateInfo]:
         """s = server_lr tau_eff sum_i w_i Delta_i / ||a_i||_1, and the meter."""
-        p = data_weights(updates)
+        p = base.data_weights(updates)
         wh = sampling_weights(updates, self.sampling)
         tau_eff = updates_tau_eff(self.tau_eff, wh, updates, self.tau_eff_value)
         coef = normalizers(wh, [u.norm_a for u in updates])
         step = weighted_sum([u.delta for u in updates], coef)
-        return (self.server_lr * tau_eff) * step, meter(updates, p, wh, tau_eff, wh)
+        return (self.server_lr * tau_eff) * step, base.meter(
+            updates, p, wh, tau_eff, wh
+        )
 
-    @skip_empty_rounds
+    @base.skip_empty_rounds
     def aggregate(
-        self, state: ServerState, updates: Sequence[ClientUpdate]
-    ) -> tuple[ServerState, AggregateInfo]:
+        self, state: base.ServerState, updates: base.Updates
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
         step, info = self.normalized_step(updates)
         # every client of a round trains with that round's lr
         lrs = [lr for lr in map(uploaded_lr, updates) if lr is not None]

@@ -124,7 +124,6 @@ class FedPNS(Algorithm):
         live = [u for u in updates if u.norm_a > 0]
         if not live:
             return state, empty_info()
-        x = state["x"]
         grads = [  # lr: the client's own (1 if it uploaded none)
             average_gradient(u.delta, float(u.extras.get("lr", 1.0)), u.norm_a)
             for u in live
@@ -135,7 +134,7 @@ class FedPNS(Algorithm):
         def mean_model(members: tuple[int, ...]) -> torch.Tensor:
             n = len(members)
             step = weighted_sum([live[j].delta for j in members], [1.0 / n] * n)
-            return x + self.server_lr * step
+            return state["x"] + self.server_lr * step
 
         check = None
         if server is not None:
@@ -148,9 +147,8 @@ class FedPNS(Algorithm):
                 rest = tuple(j for j in members if j != i)
                 return not loss(tuple(members)) < loss(rest)
 
-        kept, labeled, removed = optimal_aggregation(
-            grads, self.threshold(len(live)), check
-        )
+        v = self.threshold(len(live))
+        kept, labeled, removed = optimal_aggregation(grads, v, check)
         ups = [live[j] for j in kept]
         ones = [1.0] * len(ups)
         tau_eff = updates_tau_eff("fedavg", ones, ups)

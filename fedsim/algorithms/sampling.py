@@ -6,9 +6,6 @@ n_j (the default, biased under partial participation), ``uniform`` p_i m / q
 (scheme (ii)), ``proportional`` k_i / q (scheme (i), with replacement) or
 ``equal`` 1 / |S|. :func:`pairing` judges a scheme against a selector's draw;
 the table and measured biases are in docs/scenarios.md.
-
->>> uniform_weights([0.4, 1.2], q=2), proportional_weights([2, 1])
-([0.2, 0.6], [0.6666666666666666, 0.3333333333333333])
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
     ClientContext,
-    ClientInfo,
     ClientResult,
     ClientUpdate,
     data_weights,
@@ -48,7 +44,6 @@ __all__ = [
     "participation_bias",
     "weight_shares",
     "proportional_weights",
-    "sampling_extras",
     "sampling_weights",
     "uniform_weights",
     "unweighted_meter",
@@ -198,10 +193,8 @@ def pairing_problem(selector: Any, algorithm: Any) -> str | None:
     """The scenario error for a refused pairing, naming both fields and the
     unbiased choice; None when allowed or ``algorithm.weighting()`` is None."""
     scheme = algorithm.weighting()
-    if scheme is None:
-        return None
-    verdict = pairing(selector, scheme)
-    if verdict.verdict != "refused":
+    verdict = None if scheme is None else pairing(selector, scheme)
+    if verdict is None or verdict.verdict != "refused":
         return None
     name = selector.name
     fix = (
@@ -218,13 +211,6 @@ def pairing_problem(selector: Any, algorithm: Any) -> str | None:
     )
 
 
-def sampling_extras(scheme: Scheme, info: ClientInfo) -> dict[str, torch.Tensor]:
-    """What a client uploads for the server to weight it under ``scheme``."""
-    if scheme == "uniform":
-        return {"p_m": torch.tensor(info.relative_weight, dtype=torch.float64)}
-    return {}
-
-
 @dataclass(frozen=True)
 class Sampled(Algorithm):
     """Base of servers weighting updates by a ``sampling`` scheme (FedAvg,
@@ -238,7 +224,10 @@ class Sampled(Algorithm):
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
     ) -> ClientResult:
-        return sampling_extras(self.sampling, client.info), None
+        if self.sampling == "uniform":  # the server does not know n: upload p_i m
+            p_m = torch.tensor(client.info.relative_weight, dtype=torch.float64)
+            return {"p_m": p_m}, None
+        return {}, None
 
 
 def unweighted_meter(updates: Sequence[ClientUpdate]) -> AggregateInfo:

@@ -15,12 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from fedsim.algorithms.base import (
-    AggregateInfo,
-    ServerState,
-    Updates,
-    skip_empty_rounds,
-)
+import fedsim.algorithms.base as base
 from fedsim.algorithms.control import ControlVariates, control_aggregate
 from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.lazy import torch
@@ -31,7 +26,8 @@ __all__ = ["Scaffold"]
 
 @dataclass(frozen=True)
 class Scaffold(ControlVariates):
-    """Stochastic controlled averaging (option II).
+    """Stochastic controlled averaging (option II): the server steps on the
+    unweighted mean delta and keeps c = (1/m) sum_i c_i.
 
     >>> alg = Scaffold()
     >>> state = alg.init(torch.zeros(2), num_clients=10)
@@ -41,14 +37,14 @@ class Scaffold(ControlVariates):
 
     name: Literal["scaffold"] = "scaffold"
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
         m = torch.tensor(float(num_clients), dtype=torch.float64)
         return {**super().init(x0, num_clients), "m": m}
 
-    @skip_empty_rounds
+    @base.skip_empty_rounds
     def aggregate(
-        self, state: ServerState, updates: Updates
-    ) -> tuple[ServerState, AggregateInfo]:
+        self, state: base.ServerState, updates: base.Updates
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
         n = len(updates)
         step = weighted_sum([u.delta for u in updates], [1.0 / n] * n)
         new = {
