@@ -11,14 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fedsim.algorithms.base import (
-    Algorithm,
-    ClientContext,
-    ClientResult,
-    ClientState,
-    ClientUpdate,
-    ServerState,
-)
+import fedsim.algorithms.base as base
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState, normalized_gradient
@@ -30,7 +23,7 @@ def control_step(
     delta: torch.Tensor,
     solver_state: SolverState,
     correction: torch.Tensor,
-    state: ClientState,
+    state: base.ClientState,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(c_i^+ - c_i, c_i^+) with c_i^+ = -Delta_i / (lr ||a_i||_1) - correction.
 
@@ -52,14 +45,16 @@ def control_step(
 
 
 def control_aggregate(
-    state: ServerState, updates: Sequence[ClientUpdate], weights: Sequence[float]
+    state: base.ServerState,
+    updates: base.Updates,
+    weights: Sequence[float],
 ) -> torch.Tensor:
     """The server's new c = c + sum_i weights_i dc_i over the round's uploads."""
     return state["c"] + weighted_sum([u.extras["dc"] for u in updates], weights)
 
 
 @dataclass(frozen=True)
-class ControlVariates(Algorithm):
+class ControlVariates(base.Algorithm):
     """State c (2d down, 2d up), payload (x, c), the correction c - c_i added
     to every gradient, and the upload dc = c_i^+ - c_i."""
 
@@ -67,25 +62,25 @@ class ControlVariates(Algorithm):
     down_factor: ClassVar[int] = 2
     up_factor: ClassVar[int] = 2
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
         return {**super().init(x0, num_clients), "c": torch.zeros_like(x0)}
 
-    def payload(self, state: ServerState) -> dict[str, torch.Tensor]:
+    def payload(self, state: base.ServerState) -> dict[str, torch.Tensor]:
         return {"x": state["x"], "c": state["c"]}
 
-    def local_setup(self, client: ClientContext) -> torch.Tensor:
+    def local_setup(self, client: base.ClientContext) -> torch.Tensor:
         c = client.payload["c"]
         c_i = client.state.get("c")
         return c if c_i is None else c - c_i  # never mutated: no copy
 
     def grad_hook(
-        self, theta: torch.Tensor, grad: torch.Tensor, client: ClientContext
+        self, theta: torch.Tensor, grad: torch.Tensor, client: base.ClientContext
     ) -> None:
         grad.add_(client.local)
 
     def client_finish(
-        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> ClientResult:
+        self, delta: torch.Tensor, solver_state: SolverState, client: base.ClientContext
+    ) -> base.ClientResult:
         extras, _ = super().client_finish(delta, solver_state, client)
         dc, c_new = control_step(delta, solver_state, client.local, client.state)
         return {**extras, "dc": dc}, {"c": c_new}

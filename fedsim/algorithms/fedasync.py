@@ -23,15 +23,7 @@ from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, cast
 
 from pydantic import Field
 
-from fedsim.algorithms.base import (
-    AggregateInfo,
-    Algorithm,
-    AsyncRule,
-    ClientUpdate,
-    ServerState,
-    data_weights,
-    empty_info,
-)
+import fedsim.algorithms.base as base
 from fedsim.algorithms.weighting import (
     TauEff,
     effective_steps,
@@ -65,7 +57,7 @@ def staleness_weight(kind: Staleness, s: int, a: float = 0.5, b: float = 4) -> f
 
 
 @dataclass(frozen=True)
-class AsyncInfo(AggregateInfo):
+class AsyncInfo(base.AggregateInfo):
     """:class:`AggregateInfo` plus each update's normalised weight, by
     position (one device can land twice in a FedBuff buffer)."""
 
@@ -73,7 +65,7 @@ class AsyncInfo(AggregateInfo):
 
 
 @dataclass(frozen=True)
-class _Normalized(Algorithm):
+class _Normalized(base.Algorithm):
     """Hyperparameters both async rules share: S(s) and FedNova normalisation."""
 
     staleness: Staleness = "polynomial"
@@ -91,23 +83,25 @@ class _Normalized(Algorithm):
         return staleness_weight(self.staleness, s, self.staleness_a, self.staleness_b)
 
     def scales(
-        self, updates: Sequence[ClientUpdate], tau_eff: float
+        self, updates: base.Updates, tau_eff: float
     ) -> tuple[list[float], float]:
         """Factor on each Delta (tau_eff / ||a_i||_1 under ``normalize``, else
         1) and the tau_eff to report (sum_i p_i ||a_i||_1 if not normalising)."""
         norm_a = [u.norm_a for u in updates]
         if not self.normalize:
-            return [1.0] * len(updates), weighted_steps(data_weights(updates), norm_a)
+            return [1.0] * len(updates), weighted_steps(
+                base.data_weights(updates), norm_a
+            )
         return normalizers([tau_eff] * len(updates), norm_a), tau_eff
 
     def _meter(
-        self, updates: Sequence[ClientUpdate], base: Sequence[float], tau_eff: float
+        self, updates: base.Updates, coef: Sequence[float], tau_eff: float
     ) -> AsyncInfo:
-        """Effective weights ``base`` (times ||a_i||_1 unless normalising),
+        """Effective weights ``coef`` (times ||a_i||_1 unless normalising),
         normalised, against the data weights."""
         w = [
-            b * (1.0 if self.normalize else u.norm_a)
-            for b, u in zip(base, updates, strict=True)
+            c * (1.0 if self.normalize else u.norm_a)
+            for c, u in zip(coef, updates, strict=True)
         ]
         sw = float(sum(w))
         per = tuple(float(wi) / sw for wi in w) if sw > 0 else tuple(0.0 for _ in w)
@@ -117,15 +111,15 @@ class _Normalized(Algorithm):
         return AsyncInfo(
             weights=weights,
             tau_eff=float(tau_eff),
-            chi2_pw=chi2(data_weights(updates), w) if sw > 0 else float("nan"),
+            chi2_pw=chi2(base.data_weights(updates), w) if sw > 0 else float("nan"),
             per_update=per,
         )
 
     def aggregate(
-        self, state: ServerState, updates: Sequence[ClientUpdate]
-    ) -> tuple[ServerState, AggregateInfo]:
+        self, state: base.ServerState, updates: base.Updates
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
         """A synchronous round: staleness 0, every update started from x."""
-        rule = cast(AsyncRule, self)  # FedAsync and FedBuff define aggregate_async
+        rule = cast(base.AsyncRule, self)  # FedAsync and FedBuff define aggregate_async
         n = len(updates)
         return rule.aggregate_async(state, updates, [0] * n, [state["x"]] * n)
 
@@ -137,6 +131,7 @@ class FedAsync(_Normalized):
     Example (hinge staleness 6 > b = 4: S = 1/21):
         >>> alg = FedAsync(alpha=0.5, staleness="hinge", staleness_a=10)
         >>> state = alg.init(torch.zeros(1), 2)
+        >>> from fedsim.algorithms.base import ClientUpdate
         >>> u = ClientUpdate(0, torch.tensor([2.1]), 1, 3, 3.0, 0.0)
         >>> state, info = alg.aggregate_async(state, [u], [6], [torch.ones(1)])
         >>> round(float(state["x"]), 6)     # 0.5/21 * (1 + 2.1 - 0)
@@ -157,28 +152,28 @@ class FedAsync(_Normalized):
     def solver(self, client: ClientSpec) -> SGD:
         return make_solver(client, mu=self.rho)
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
         zero = torch.zeros((), dtype=torch.float64)
         # Running sums for tau_eff under ``normalize``: sum ||a||_1, sum tau, count.
         return {"x": x0.clone(), "norm_a_sum": zero, "steps_sum": zero, "count": zero}
 
     def aggregate_async(
         self,
-        state: ServerState,
-        updates: Sequence[ClientUpdate],
+        state: base.ServerState,
+        updates: base.Updates,
         staleness: Sequence[int],
         starts: Sequence[torch.Tensor],
-    ) -> tuple[ServerState, AsyncInfo]:
+    ) -> tuple[base.ServerState, AsyncInfo]:
         """x <- x + sum_i p_i alpha S(s_i) (x_start_i + c_i Delta_i - x)."""
         if not updates:
-            return state, AsyncInfo(**vars(empty_info()))
+            return state, AsyncInfo(**vars(base.empty_info()))
         count = state["count"] + len(updates)
         norm_a_sum = state["norm_a_sum"] + sum(u.norm_a for u in updates)
         steps_sum = state["steps_sum"] + sum(u.tau for u in updates)
         means = [float(norm_a_sum / count)], [float(steps_sum / count)]
         running = effective_steps(self.tau_eff, [1.0], *means, self.tau_eff_value)
         scale, tau_eff = self.scales(updates, running)
-        p = data_weights(updates)
+        p = base.data_weights(updates)
         mix = [
             pi * self.alpha * self.weight(s) for pi, s in zip(p, staleness, strict=True)
         ]

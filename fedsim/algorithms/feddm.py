@@ -24,17 +24,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from fedsim.algorithms.base import (
-    AggregateInfo,
-    Algorithm,
-    ClientUpdate,
-    LocalTraining,
-    ServerContext,
-    ServerState,
-    Updates,
-    empty_info,
-    meter_subset,
-)
+import fedsim.algorithms.base as base
 from fedsim.algorithms.weighting import Beta, updates_tau_eff
 from fedsim.lazy import F, nn, torch
 from fedsim.spec import NonNegFloat, PosFloat, PosInt
@@ -163,7 +153,7 @@ def _stable_seed(x: torch.Tensor) -> int:
 
 
 @dataclass(frozen=True)
-class FedDM(Algorithm):
+class FedDM(base.Algorithm):
     """Clients send per-class synthetic sets; the server trains on their union.
 
     Fields (ALGORITHMS.md 10.2 defaults) are explained in docs/fedpns-feddm.md.
@@ -235,7 +225,7 @@ class FedDM(Algorithm):
         held = (np.asarray(class_counts) > 0).sum(axis=1).astype(np.int64)
         return held * upload_bytes(1, self.ipc, sample_shape, float_bytes, label_bytes)
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
         return {
             "x": x0.clone(),
             "seed": torch.tensor(_stable_seed(x0), dtype=torch.int64),
@@ -244,14 +234,14 @@ class FedDM(Algorithm):
 
     def aggregate(
         self,
-        state: ServerState,
-        updates: Updates,
+        state: base.ServerState,
+        updates: base.Updates,
         *,
-        server: ServerContext | None = None,
-    ) -> tuple[ServerState, AggregateInfo]:
+        server: base.ServerContext | None = None,
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
         ups = [u for u in updates if "labels" in u.extras and len(u.extras["labels"])]
         if not ups:
-            return state, empty_info()
+            return state, base.empty_info()
         if server is None:
             raise TypeError("FedDM trains on the server: pass server=ServerContext")
         images = torch.cat([u.extras["images"] for u in ups])
@@ -282,9 +272,9 @@ class FedDM(Algorithm):
         w = [float(len(u.extras["labels"])) for u in ups]
         tau_eff = updates_tau_eff("steps", [1.0] * len(ups), ups)
         new = {**state, "x": x_new.to(x_r.dtype), "round": state["round"] + 1}
-        return new, meter_subset(updates, ups, w, tau_eff)
+        return new, base.meter_subset(updates, ups, w, tau_eff)
 
-    def client_train(self, job: LocalTraining) -> ClientUpdate:  # type: ignore[override]
+    def client_train(self, job: base.LocalTraining) -> base.ClientUpdate:  # type: ignore[override]
         """Learn S_k at models around w_r."""
         model, theta, xs, ys, gen = job.model, job.theta, job.xs, job.ys, job.gen
         x_global = job.client.payload["x"]
@@ -320,7 +310,7 @@ class FedDM(Algorithm):
                 p.requires_grad_(r)
             theta.copy_(x_global)
         images = syn.detach().clone()
-        return ClientUpdate(
+        return base.ClientUpdate(
             client=job.client.info.client,
             delta=x_global.new_zeros(0),
             weight=job.weight,

@@ -17,15 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal, NamedTuple
 
-from fedsim.algorithms.base import (
-    AggregateInfo,
-    Algorithm,
-    ClientContext,
-    ClientResult,
-    ServerState,
-    Updates,
-    skip_empty_rounds,
-)
+import fedsim.algorithms.base as base
 from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
@@ -45,7 +37,7 @@ class DynContext(NamedTuple):
 
 
 @dataclass(frozen=True)
-class FedDyn(Algorithm):
+class FedDyn(base.Algorithm):
     """Dynamic regularisation (code form); ``alpha`` is the penalty coefficient.
 
     >>> alg = FedDyn(alpha=0.1)
@@ -66,17 +58,17 @@ class FedDyn(Algorithm):
                 "leave server_lr at 1"
             )
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
         return {
             "x": x0.clone(),
             "hist_sum": torch.zeros(x0.shape, dtype=torch.float64),
             "m": torch.tensor(float(num_clients), dtype=torch.float64),
         }
 
-    @skip_empty_rounds
+    @base.skip_empty_rounds
     def aggregate(
-        self, state: ServerState, updates: Updates
-    ) -> tuple[ServerState, AggregateInfo]:
+        self, state: base.ServerState, updates: base.Updates
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
         n, deltas = len(updates), [u.delta for u in updates]
         ones = [1.0] * n
         hist_sum = state["hist_sum"] + weighted_sum(deltas, ones, dtype=torch.float64)
@@ -86,14 +78,14 @@ class FedDyn(Algorithm):
         new = {**state, "x": x_new.to(x.dtype), "hist_sum": hist_sum}
         return new, unweighted_meter(updates)
 
-    def local_setup(self, client: ClientContext) -> DynContext:
+    def local_setup(self, client: base.ClientContext) -> DynContext:
         w = client.payload["x"]
         hist = client.state.get("hist", torch.zeros_like(w))
         alpha_i = self.alpha / client.info.relative_weight
         return DynContext(alpha_i, w - hist, hist, None)
 
     def grad_hook(
-        self, theta: torch.Tensor, grad: torch.Tensor, client: ClientContext
+        self, theta: torch.Tensor, grad: torch.Tensor, client: base.ClientContext
     ) -> None:
         ctx: DynContext = client.local
         grad.add_(theta - ctx.anchor, alpha=ctx.alpha_i)
@@ -101,6 +93,6 @@ class FedDyn(Algorithm):
             grad.add_(ctx.correction)
 
     def client_finish(
-        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> ClientResult:
+        self, delta: torch.Tensor, solver_state: SolverState, client: base.ClientContext
+    ) -> base.ClientResult:
         return {}, {"hist": client.local.hist + delta}

@@ -15,13 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from fedsim.algorithms.base import (
-    AggregateInfo,
-    ClientContext,
-    ClientResult,
-    ServerState,
-    Updates,
-)
+import fedsim.algorithms.base as base
 from fedsim.algorithms.control import ControlVariates, control_aggregate
 from fedsim.algorithms.fednova import FedNova
 from fedsim.lazy import torch
@@ -42,16 +36,16 @@ class FedNovaVR(ControlVariates, FedNova):
     name: Literal["fednova_vr"] = "fednova_vr"  # type: ignore[assignment]
 
     def client_finish(
-        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> ClientResult:
+        self, delta: torch.Tensor, solver_state: SolverState, client: base.ClientContext
+    ) -> base.ClientResult:
         extras, new_state = super().client_finish(delta, solver_state, client)
         p = client.info.relative_weight / client.info.num_clients
         extras["p"] = torch.tensor(p, dtype=torch.float64)
         return extras, new_state
 
     def aggregate(
-        self, state: ServerState, updates: Updates
-    ) -> tuple[ServerState, AggregateInfo]:
+        self, state: base.ServerState, updates: base.Updates
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
         new, info = super().aggregate(state, updates)
         if updates:  # c += sum_S p_i (c_i^+ - c_i)
             p = [float(u.extras["p"]) for u in updates]

@@ -17,15 +17,7 @@ from typing import Any, Literal, cast
 import numpy as np
 from numpy.typing import ArrayLike
 
-from fedsim.algorithms.base import (
-    AggregateInfo,
-    Algorithm,
-    ClientContext,
-    ClientResult,
-    ClientUpdate,
-    data_weights,
-    meter,
-)
+import fedsim.algorithms.base as base
 from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.lazy import torch
 from fedsim.solvers import SolverState
@@ -99,7 +91,7 @@ def equal_weights(n: int) -> list[float]:
     return [1.0 / n] * n
 
 
-def _scalars(updates: Sequence[ClientUpdate], key: str, error: str) -> list[float]:
+def _scalars(updates: base.Updates, key: str, error: str) -> list[float]:
     """Each update's ``key``: an attribute or a scalar extra (else ``error``)."""
     out = []
     for u in updates:
@@ -112,10 +104,10 @@ def _scalars(updates: Sequence[ClientUpdate], key: str, error: str) -> list[floa
     return out
 
 
-def sampling_weights(updates: Sequence[ClientUpdate], scheme: Scheme) -> list[float]:
+def sampling_weights(updates: base.Updates, scheme: Scheme) -> list[float]:
     """Each update's weight in the server step (in update order)."""
     if scheme == "renormalized":
-        return data_weights(updates)
+        return base.data_weights(updates)
     if scheme == "uniform":
         need = "sampling 'uniform' needs each update's p_m extra"
         return uniform_weights(_scalars(updates, "p_m", need), len(updates))
@@ -212,7 +204,7 @@ def pairing_problem(selector: Any, algorithm: Any) -> str | None:
 
 
 @dataclass(frozen=True)
-class Sampled(Algorithm):
+class Sampled(base.Algorithm):
     """Base of servers weighting updates by a ``sampling`` scheme (FedAvg,
     FedNova and their descendants)."""
 
@@ -222,19 +214,19 @@ class Sampled(Algorithm):
         return self.sampling
 
     def client_finish(
-        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> ClientResult:
+        self, delta: torch.Tensor, solver_state: SolverState, client: base.ClientContext
+    ) -> base.ClientResult:
         if self.sampling == "uniform":  # the server does not know n: upload p_i m
             p_m = torch.tensor(client.info.relative_weight, dtype=torch.float64)
             return {"p_m": p_m}, None
         return {}, None
 
 
-def unweighted_meter(updates: Sequence[ClientUpdate]) -> AggregateInfo:
+def unweighted_meter(updates: base.Updates) -> base.AggregateInfo:
     """Meter of an unweighted server mean: w_i = 1/|S|, tau_eff mean ||a_i||_1."""
     n = len(updates)
     tau_eff = updates_tau_eff("fedavg", [1.0] * n, updates)
-    return meter(updates, data_weights(updates), [1.0 / n] * n, tau_eff)
+    return base.meter(updates, base.data_weights(updates), [1.0 / n] * n, tau_eff)
 
 
 def weight_shares(
