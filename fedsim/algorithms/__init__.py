@@ -1,12 +1,5 @@
-"""Aggregation algorithms, one module each, and the registry that builds them
-from a scenario's ``algorithm`` section.
-
-Adding an algorithm: write ``fedsim/algorithms/<name>.py`` with a frozen
-dataclass deriving from :class:`~fedsim.algorithms.base.Algorithm` (its fields
-are its hyperparameters, validated when a scenario is loaded), and add a line
-to ``REGISTRY`` below. Nothing else changes: ``tests/test_contract.py`` runs
-every registered algorithm through the shared contract.
-"""
+"""Aggregation algorithms, one module each, and their registry (adding one:
+a module and a ``REGISTRY`` line, docs/extending.md)."""
 
 from __future__ import annotations
 

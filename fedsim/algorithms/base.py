@@ -1,72 +1,7 @@
 """What every aggregation algorithm shares: the update record and the interface.
 
-An algorithm is a frozen dataclass of hyperparameters. Its state (server
-state and per-client state) goes in and comes out, so the object pickles for
-Ray and cannot drift (see docs/architecture.md, "Core interfaces"). The
-dataclass *is* the scenario's ``algorithm`` section: pydantic validates its
-fields (with their ``Annotated`` constraints) and runs ``__post_init__`` when a
-scenario is loaded, so each hyperparameter is declared exactly once.
-
-The client half and the server half of an algorithm live in the same module:
-
-Server half:
-
-- ``init(x0, num_clients)``: the server state (a dict of tensors).
-- ``payload(state)``: what a client downloads (default: ``{"x": x}``).
-- ``aggregate(state, updates)``: the new server state and what the round's
-  aggregation did (effective weights, tau_eff, chi^2(p||w)).
-
-Client half (run on a worker, per client, per round). Every hook receives
-one :class:`ClientContext`: the client's :class:`ClientInfo`, the payload it
-downloaded, its persistent state and what ``local_setup`` returned:
-
-- ``solver(client_spec)``: the local solver.
-- ``local_setup(client) -> local``: anything constant during the round
-  (e.g. SCAFFOLD's correction c - c_i); it becomes ``client.local``.
-- ``grad_hook(theta, grad, client)``: adjust the minibatch gradient in place
-  before each solver step (e.g. add the correction, or a penalty's gradient).
-- ``client_finish(delta, solver_state, client) -> (extras, new_state)``: the
-  extras to upload and the client's new persistent state (None: unchanged).
-
-A worker runs them as :meth:`Algorithm.start_client`, then per step the
-gradient, ``grad_hook`` and the solver step, then ``client_finish``. A toy
-algorithm whose clients are pulled back toward the downloaded model and
-upload how far they moved:
-
->>> from dataclasses import dataclass
->>> from fedsim.solvers import SGD
->>> @dataclass(frozen=True)
-... class Toy(Algorithm):
-...     def local_setup(self, client):
-...         return client.payload["x"]          # the anchor, constant in the round
-...     def grad_hook(self, theta, grad, client):
-...         grad.add_(theta - client.local)     # + gradient of ||theta - x||^2 / 2
-...     def client_finish(self, delta, solver_state, client):
-...         return {"moved": delta.abs().sum()}, None
->>> alg, solver = Toy(), SGD(lr=0.5)
->>> info = ClientInfo(client=0, n_samples=4, num_clients=1, relative_weight=1.0)
->>> client = alg.start_client(info, {"x": torch.zeros(1)}, {})
->>> theta, st = torch.zeros(1), solver.begin(torch.zeros(1))
->>> for _ in range(2):                          # local loss (theta - 1)^2 / 2
-...     grad = theta - 1.0
-...     alg.grad_hook(theta, grad, client)
-...     solver.step(theta, grad, st)
->>> # theta: 0 -> 0.5 (gradient -1), then stays (gradient -0.5 + 0.5 = 0)
->>> alg.client_finish(theta - client.payload["x"], st, client)[0]["moved"]
-tensor(0.5000)
-
-Algorithms whose client work is not "tau steps of a solver" (FedDM learns a
-synthetic set) override ``client_train(job)``, which receives a
-:class:`LocalTraining` (the client's context, model, data rows, generator and
-step budget) and returns the :class:`ClientUpdate`; algorithms whose server
-needs the model or a validation loss (FedPNS's CHECK LOSS, FedDM's server
-training) set ``needs_server = True`` and receive a :class:`ServerContext`
-as ``aggregate(state, updates, server=ctx)``.
-
-Persistent client state (``stateful = True``) is a dict of flat tensors kept
-by the server's :class:`~fedsim.store.ClientStore`, keyed by client id; it
-travels with the task, so a worker that dies loses nothing. A client that has
-never trained has state ``{}``: read missing keys as zeros.
+An algorithm is a frozen dataclass of hyperparameters (the scenario's
+``algorithm`` section); state goes in and comes out. See docs/extending.md.
 """
 
 from __future__ import annotations
@@ -78,12 +13,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from fedsim.lazy import torch
 from fedsim.params import chi2
-from fedsim.solvers import make_solver
+from fedsim.solvers import SGD, SolverState, make_solver
 from fedsim.spec import PLUGIN_CONFIG, PosFloat
 
-if TYPE_CHECKING:  # torch is imported when an algorithm first runs
+if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
-    from fedsim.solvers import SGD, SolverState
 
 __all__ = [
     "AggregateInfo",
@@ -105,8 +39,7 @@ __all__ = [
 # (strings: torch.Tensor would import torch when this module is imported)
 ServerState = dict[str, "torch.Tensor"]
 ClientState = dict[str, "torch.Tensor"]
-# What client_finish returns: the extras to upload and the client's new
-# persistent state (None: unchanged).
+# client_finish's (extras to upload, new persistent state or None: unchanged)
 ClientResult = tuple[dict[str, "torch.Tensor"], ClientState | None]
 
 
@@ -122,46 +55,26 @@ class ClientInfo:
 
 @dataclass(frozen=True)
 class ClientContext:
-    """What a client's local procedure knows during one round.
-
-    Attributes:
-        info: facts about the client.
-        payload: what it downloaded (``x`` and, e.g., SCAFFOLD's ``c``).
-        state: its persistent state before the round (``{}`` if it never
-            trained or the algorithm keeps none; read missing keys as zeros).
-        local: what the algorithm's ``local_setup`` returned (None before).
-    """
+    """What a client's local procedure knows during one round."""
 
     info: ClientInfo
-    payload: dict[str, torch.Tensor]
-    state: ClientState = field(default_factory=dict)
-    local: Any = None
+    payload: dict[str, torch.Tensor]  # what it downloaded (x, SCAFFOLD's c, ...)
+    state: ClientState = field(default_factory=dict)  # before the round; {}: none
+    local: Any = None  # what the algorithm's local_setup returned
 
 
 @dataclass(frozen=True)
 class LocalTraining:
-    """What an algorithm that replaces the solver loop (``client_train``) gets.
+    """What an algorithm that replaces the solver loop (``client_train``) gets."""
 
-    Attributes:
-        client: the client's context (``local`` is None: no ``local_setup``).
-        model: the worker's model; its parameters are views of ``theta``.
-        theta: the model's parameters as one flat vector (restore it to
-            ``client.payload["x"]`` before returning).
-        xs, ys: the client's samples and labels.
-        gen: the client's generator for this round (all its randomness).
-        weight: the client's data weight n_i (``ClientUpdate.weight``).
-        step_budget: local steps the clock granted when it bounds the work
-            (``round: fixed_window``), else None.
-    """
-
-    client: ClientContext
-    model: torch.nn.Module
-    theta: torch.Tensor
+    client: ClientContext  # its ``local`` is None: no local_setup
+    model: torch.nn.Module  # parameters are views of theta
+    theta: torch.Tensor  # flat; restore it to client.payload["x"] before returning
     xs: torch.Tensor
     ys: torch.Tensor
-    gen: torch.Generator
-    weight: float
-    step_budget: int | None = None
+    gen: torch.Generator  # all of the client's randomness this round
+    weight: float  # data weight n_i (ClientUpdate.weight)
+    step_budget: int | None = None  # steps the clock granted (fixed_window)
 
 
 @dataclass(frozen=True)
@@ -190,24 +103,16 @@ class AggregateInfo:
     weights: dict[int, float]  # effective weight w_i each update received
     tau_eff: float
     chi2_pw: float  # chi^2(p || w), with p the data weights of the round's updates
-    # Extra per-client columns for clients.parquet (e.g. FedPNS's labeled and
-    # removed flags): {client: {column: bool | int | float | str}}.
+    # extra clients.parquet columns, {client: {column: value}} (FedPNS's flags)
     flags: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # The weight each update's delta got in the server step, as applied and
-    # not normalised (n_i / sum_S n_j, p_i m / q, k_i / q or 1 / |S|): what
-    # the participation-bias meter sums. None: the algorithm has no sampling
-    # weighting, and the meter uses ``weights``.
+    # each delta's weight in the server step as applied, not normalised, for
+    # the participation-bias meter (None: it uses ``weights``)
     shares: dict[int, float] | None = None
 
 
 class ServerContext:
-    """What the server offers algorithms with ``needs_server = True``.
-
-    Attributes:
-        model: the server's model instance (load parameters with
-            :meth:`load`); the algorithm may train it (FedDM).
-        num_classes: classes of the task (0 for objectives).
-    """
+    """What the server offers algorithms with ``needs_server = True``: its
+    ``model`` (the algorithm may train it), ``num_classes`` (0: objectives)."""
 
     def __init__(self, model: torch.nn.Module, loss_fn: Any, num_classes: int) -> None:
         self.model = model
@@ -224,26 +129,50 @@ class ServerContext:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """Base class. Subclasses declare ``name: Literal["<name>"]`` and their
-    hyperparameters as fields, and override ``aggregate`` (and ``solver`` when
-    their clients solve differently)."""
+    """Base class: subclasses declare ``name: Literal["<name>"]`` and their
+    hyperparameters as fields, and override ``aggregate``.
+
+    Server half: ``init``, ``payload`` (what a client downloads),
+    ``aggregate``. Client half, per client and round on a worker:
+    :meth:`start_client` (runs ``local_setup``: round constants, which become
+    ``client.local``), per step the gradient, ``grad_hook`` (adjusts it in
+    place) and the ``solver`` step, then ``client_finish`` (extras to upload,
+    new persistent state). docs/extending.md says what else an algorithm may
+    set. A toy whose clients are pulled back toward the downloaded model and
+    upload how far they moved:
+
+    >>> from dataclasses import dataclass
+    >>> from fedsim.solvers import SGD
+    >>> @dataclass(frozen=True)
+    ... class Toy(Algorithm):
+    ...     def local_setup(self, client):
+    ...         return client.payload["x"]          # the anchor, constant in the round
+    ...     def grad_hook(self, theta, grad, client):
+    ...         grad.add_(theta - client.local)     # + gradient of ||theta - x||^2 / 2
+    ...     def client_finish(self, delta, solver_state, client):
+    ...         return {"moved": delta.abs().sum()}, None
+    >>> alg, solver = Toy(), SGD(lr=0.5)
+    >>> info = ClientInfo(client=0, n_samples=4, num_clients=1, relative_weight=1.0)
+    >>> client = alg.start_client(info, {"x": torch.zeros(1)}, {})
+    >>> theta, st = torch.zeros(1), solver.begin(torch.zeros(1))
+    >>> for _ in range(2):                          # local loss (theta - 1)^2 / 2
+    ...     grad = theta - 1.0
+    ...     alg.grad_hook(theta, grad, client)
+    ...     solver.step(theta, grad, st)
+    >>> alg.client_finish(theta - client.payload["x"], st, client)[0]["moved"]
+    tensor(0.5000)
+    """
 
     __pydantic_config__: ClassVar = PLUGIN_CONFIG
 
     name: str = "base"
     server_lr: PosFloat = 1.0
 
-    # True when clients keep persistent state between rounds.
-    stateful: ClassVar[bool] = False
-    # True when aggregate() takes a ``server=ServerContext`` keyword.
-    needs_server: ClassVar[bool] = False
-    # True when the server needs every individual update (not only their sum).
-    needs_individual_updates: ClassVar[bool] = True
-    # Floats each client downloads and uploads, in units of d (model size).
-    down_factor: ClassVar[int] = 1
-    up_factor: ClassVar[int] = 1
+    stateful: ClassVar[bool] = False  # clients keep state between rounds
+    needs_server: ClassVar[bool] = False  # aggregate() takes server=ServerContext
+    down_factor: ClassVar[int] = 1  # floats downloaded, in units of d
+    up_factor: ClassVar[int] = 1  # floats uploaded, in units of d
 
-    # ---------------------------------------------------------------- server
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         return {"x": x0.clone()}
 
@@ -255,7 +184,6 @@ class Algorithm:
     ) -> tuple[ServerState, AggregateInfo]:
         raise NotImplementedError
 
-    # ---------------------------------------------------------------- client
     def solver(self, client: ClientSpec) -> SGD:
         return make_solver(client)
 
@@ -274,26 +202,16 @@ class Algorithm:
     ) -> None:
         return None
 
-    # Set to a method ``client_train(job: LocalTraining) -> ClientUpdate`` to
-    # replace the solver loop entirely.
-    client_train: ClassVar[Any] = None
+    client_train: ClassVar[Any] = None  # (job: LocalTraining) -> ClientUpdate
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
     ) -> ClientResult:
         return {}, None
 
-    # ------------------------------------------------------------ pairing
     def weighting(self) -> str | None:
-        """The aggregation weighting this algorithm applies to a round's
-        updates: a key of :data:`fedsim.algorithms.sampling.WEIGHTINGS`,
-        whose entry says what client sampling it assumes, so that the
-        scenario check can refuse a selector it does not fit (FedAvg,
-        FedNova and their descendants: their ``sampling`` field). None: the
-        algorithm's weights are fixed by its paper (SCAFFOLD, FedDyn and
-        FedDC average the updates; FedPNS averages those it keeps; the
-        asynchronous rules weight by staleness) and are not checked; the
-        participation-bias meter still shows what they do."""
+        """Its ``sampling.WEIGHTINGS`` key, checked against the selector (None:
+        weights fixed by the paper, unchecked)."""
         return None
 
 
@@ -310,8 +228,8 @@ def meter(
     tau_eff: float,
     shares: Sequence[float] | None = None,
 ) -> AggregateInfo:
-    """Package effective weights ``w`` (normalised here) with chi^2(p || w),
-    and the sampling weights ``shares`` the step applied (as they are)."""
+    """Effective weights ``w`` (normalised here) with chi^2(p || w), and the
+    sampling weights ``shares`` the step applied (as they are)."""
     sw = float(sum(w))
     weights = {u.client: wi / sw for u, wi in zip(updates, w, strict=True)}
     share = None
@@ -329,16 +247,11 @@ def meter_subset(
     tau_eff: float,
     flags: dict[int, dict[str, Any]] | None = None,
 ) -> AggregateInfo:
-    """:func:`meter` over the updates the server ``used`` (effective weights
-    ``w``), reporting weight 0 for every other update of the round (FedPNS's
-    removed updates, FedDM's empty uploads)."""
+    """:func:`meter` over the updates the server ``used``, with weight 0 for
+    the round's others (FedPNS's removed updates, FedDM's empty uploads)."""
     info = meter(used, data_weights(used), w, tau_eff)
-    return AggregateInfo(
-        weights={u.client: info.weights.get(u.client, 0.0) for u in updates},
-        tau_eff=info.tau_eff,
-        chi2_pw=info.chi2_pw,
-        flags=flags or {},
-    )
+    weights = {u.client: info.weights.get(u.client, 0.0) for u in updates}
+    return replace(info, weights=weights, flags=flags or {})
 
 
 def empty_info() -> AggregateInfo:
@@ -349,8 +262,8 @@ _Aggregate = TypeVar("_Aggregate", bound=Callable[..., Any])
 
 
 def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
-    """Decorate an ``aggregate`` method: a round without updates leaves the
-    server state as it is and reports an empty meter (:func:`empty_info`)."""
+    """Decorate ``aggregate``: a round without updates keeps the state and
+    reports :func:`empty_info`."""
 
     @functools.wraps(aggregate)
     def wrapper(
@@ -364,11 +277,8 @@ def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
 
 
 class AsyncRule(Protocol):
-    """What an asynchronous server rule adds (FedAsync, FedBuff): every
-    ``buffer_size`` accepted arrivals make one server version, applied by
-    ``aggregate_async(state, updates, staleness, starts)`` with the updates in
-    order of arrival, their staleness and the parameters of the version each
-    one started from."""
+    """An asynchronous server rule: every ``buffer_size`` arrivals make one
+    version (updates in arrival order, their staleness, their start models)."""
 
     buffer_size: int
     aggregate_async: Callable[

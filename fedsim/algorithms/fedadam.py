@@ -4,45 +4,38 @@ Adaptive Federated Optimization. Sashank J. Reddi, Zachary Charles, Manzil
 Zaheer, Zachary Garrett, Keith Rush, Jakub Konečný, Sanjiv Kumar, H. Brendan
 McMahan. ICLR 2021. arXiv:2003.00295.
 
-The averaged client delta Delta (FedAvg's weights, including ``sampling``)
-is the server's pseudo-gradient (Algorithm 2, FedAdam branch):
+FedAvg's averaged delta Delta is the pseudo-gradient (Algorithm 2):
 
-    m <- beta1 m + (1 - beta1) Delta
-    v <- beta2 v + (1 - beta2) Delta^2
+    m <- beta1 m + (1 - beta1) Delta,   v <- beta2 v + (1 - beta2) Delta^2
     x <- x + server_lr * m / (sqrt(v) + tau)
 
-with m = 0 and v = tau^2 initially (the paper asks v_{-1} >= tau^2) and no
-bias correction, as in the paper. ``tau`` (``adaptivity``) bounds the
-per-coordinate step by about server_lr / tau.
+with m = 0, v = tau^2 initially and no bias correction, as in the paper;
+``adaptivity`` (tau) bounds the per-coordinate step by about server_lr / tau.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
-
-from pydantic import Field
+from typing import Literal
 
 from fedsim.algorithms.base import ServerState
 from fedsim.algorithms.fedavg import FedAvg
+from fedsim.algorithms.weighting import Beta
 from fedsim.lazy import torch
 from fedsim.spec import PosFloat
 
 __all__ = ["FedAdam"]
-
-Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 @dataclass(frozen=True)
 class FedAdam(FedAvg):
     """Adam on the server, clients as in FedAvg.
 
-    Example:
-        >>> alg = FedAdam(server_lr=0.1, adaptivity=1e-3)
-        >>> s = alg.init(torch.zeros(1), num_clients=2)
-        >>> # first step: lr (1 - beta1) / (sqrt(1 - beta2) + tau) per coordinate
-        >>> round(float(alg.apply_step(s, torch.ones(1))["x"]), 4)
-        0.099
+    >>> alg = FedAdam(server_lr=0.1, adaptivity=1e-3)
+    >>> s = alg.init(torch.zeros(1), num_clients=2)
+    >>> # first step: lr (1 - beta1) / (sqrt(1 - beta2) + tau) per coordinate
+    >>> round(float(alg.apply_step(s, torch.ones(1))["x"]), 4)
+    0.099
     """
 
     name: Literal["fedadam"] = "fedadam"  # type: ignore[assignment]

@@ -3,57 +3,16 @@
 Asynchronous Federated Optimization. Cong Xie, Sanmi Koyejo, Indranil Gupta.
 arXiv:1903.03934, 2019 (OPT workshop, NeurIPS 2020).
 
-Server (the paper's Algorithm 1): an update from a client that downloaded
-version tau arrives while the server is at version t; with staleness
-s = t - tau,
+Server (Algorithm 1): an update that started from version tau arrives at
+version t, staleness s = t - tau; with S a staleness function (section 5.2:
+``constant``, ``polynomial`` (1 + s)^(-a), ``hinge``),
 
-    alpha_t = alpha * S(s)
-    x_{t+1} = (1 - alpha_t) x_t + alpha_t x_new,      x_new = x_tau + Delta
+    alpha_t = alpha * S(s),   x_{t+1} = (1 - alpha_t) x_t + alpha_t (x_tau + Delta)
 
-x_new is the client's model: it starts from the version it *downloaded*, not
-from the current one. The worker (the paper's Algorithm 1) runs SGD on the
-regularised objective
-
-    g_{x_tau}(x) = f(x) + (rho / 2) ||x - x_tau||^2,
-
-i.e. x <- x - lr (grad f(x) + rho (x - x_tau)), proximal SGD anchored at the
-downloaded model (FedProx's solver with mu = rho, so ||a||_1 is the proximal
-one). ``rho`` defaults to 0.005, the value of the paper's CIFAR-10
-experiments (ALGORITHMS.md gives none); rho = 0 is plain local SGD.
-Proximal steps combined with the ``momentum`` or ``decay`` solvers have no
-derived ||a||_1 and are refused: use ``client.solver: sgd`` or rho = 0.
-
-One update makes one version (``buffer_size = 1``). The staleness functions
-of the paper's section 5.2 (each S(0) = 1):
-
-==============  ==============================================
-``constant``    S(s) = 1
-``polynomial``  S(s) = (1 + s)^(-a)                 (a = ``staleness_a``)
-``hinge``       S(s) = 1 if s <= b, else 1 / (a (s - b) + 1)   (b = ``staleness_b``)
-==============  ==============================================
-
-The paper's experiments use alpha in {0.6, 0.9}, polynomial a = 0.5 and hinge
-a = 10, b = 4.
-
-FedNova normalisation composes (``normalize``; Wang et al., NeurIPS 2020,
-arXiv:2007.07481): Delta is replaced by tau_eff Delta / ||a||_1, so a device
-that took many local steps does not pull the model further than one that took
-few. One update at a time has no round to average over, so tau_eff is the
-running mean of ||a||_1 over every update received so far, including this one
-(``fedavg``), of the local steps (``steps``), or ``tau_eff_value`` (``fixed``).
-
-In a synchronous round (any policy other than ``async``) every update has
-staleness 0 and starts from the current model; the server then mixes with the
-data-weighted mean of the round's client models, x <- (1 - alpha) x + alpha
-sum_i p_i x_i, which is the rule above when a round holds one update.
-
-Interface of an asynchronous server rule (also :class:`~fedsim.algorithms.
-fedbuff.FedBuff`): ``buffer_size`` accepted arrivals make one version, and
-
-    aggregate_async(state, updates, staleness, starts) -> (state, AsyncInfo)
-
-takes the updates in order of arrival, their staleness and the parameters of
-the version each one started from.
+Workers run proximal SGD on f(x) + (rho / 2) ||x - x_tau||^2 (FedProx's
+solver, mu = rho). ``normalize`` replaces Delta by tau_eff Delta / ||a||_1
+(FedNova, arXiv:2007.07481; tau_eff a running mean). In a synchronous round
+the server mixes in the data-weighted mean of the round's models.
 """
 
 from __future__ import annotations
@@ -64,15 +23,7 @@ from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, cast
 
 from pydantic import Field
 
-from fedsim.algorithms.base import (
-    AggregateInfo,
-    Algorithm,
-    AsyncRule,
-    ClientUpdate,
-    ServerState,
-    data_weights,
-    empty_info,
-)
+import fedsim.algorithms.base as base
 from fedsim.algorithms.weighting import (
     TauEff,
     effective_steps,
@@ -81,12 +32,11 @@ from fedsim.algorithms.weighting import (
 )
 from fedsim.lazy import torch
 from fedsim.params import chi2
-from fedsim.solvers import make_solver
+from fedsim.solvers import SGD, make_solver
 from fedsim.spec import NonNegFloat, PosFloat
 
 if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
-    from fedsim.solvers import SGD
 
 __all__ = ["AsyncInfo", "FedAsync", "Staleness", "staleness_weight"]
 
@@ -94,13 +44,7 @@ Staleness = Literal["constant", "polynomial", "hinge"]
 
 
 def staleness_weight(kind: Staleness, s: int, a: float = 0.5, b: float = 4) -> float:
-    """S(s), the weight of an update of staleness ``s`` (FedAsync, section 5.2).
-
-    >>> staleness_weight("polynomial", 3, a=0.5)
-    0.5
-    >>> staleness_weight("hinge", 4, a=10, b=4), staleness_weight("hinge", 6, a=10, b=4)
-    (1.0, 0.047619047619047616)
-    """
+    """S(s), the weight of an update of staleness ``s`` (FedAsync, section 5.2)."""
     if s < 0:
         raise ValueError(f"staleness must be >= 0, got {s}")
     if kind == "constant":
@@ -113,36 +57,15 @@ def staleness_weight(kind: Staleness, s: int, a: float = 0.5, b: float = 4) -> f
 
 
 @dataclass(frozen=True)
-class AsyncInfo(AggregateInfo):
-    """:class:`AggregateInfo` plus the weight of each update, by position.
-
-    ``weights`` is keyed by client id, and one device can land twice in a
-    FedBuff buffer; ``per_update`` keeps them apart (same order as the
-    updates, normalised to sum to 1).
-    """
+class AsyncInfo(base.AggregateInfo):
+    """:class:`AggregateInfo` plus each update's normalised weight, by
+    position (one device can land twice in a FedBuff buffer)."""
 
     per_update: tuple[float, ...] = ()
 
 
-def async_meter(
-    updates: Sequence[ClientUpdate], w: Sequence[float], tau_eff: float
-) -> AsyncInfo:
-    """Effective weights ``w`` (normalised here) against the data weights."""
-    sw = float(sum(w))
-    per = tuple(float(wi) / sw for wi in w) if sw > 0 else tuple(0.0 for _ in w)
-    weights: dict[int, float] = {}
-    for u, wi in zip(updates, per, strict=True):
-        weights[u.client] = weights.get(u.client, 0.0) + wi
-    return AsyncInfo(
-        weights=weights,
-        tau_eff=float(tau_eff),
-        chi2_pw=chi2(data_weights(updates), w) if sw > 0 else float("nan"),
-        per_update=per,
-    )
-
-
 @dataclass(frozen=True)
-class _Normalized(Algorithm):
+class _Normalized(base.Algorithm):
     """Hyperparameters both async rules share: S(s) and FedNova normalisation."""
 
     staleness: Staleness = "polynomial"
@@ -157,26 +80,46 @@ class _Normalized(Algorithm):
             raise ValueError("tau_eff 'fixed' needs tau_eff_value")
 
     def weight(self, s: int) -> float:
-        """S(s) with this rule's staleness function."""
         return staleness_weight(self.staleness, s, self.staleness_a, self.staleness_b)
 
     def scales(
-        self, updates: Sequence[ClientUpdate], tau_eff: float
+        self, updates: base.Updates, tau_eff: float
     ) -> tuple[list[float], float]:
-        """Factor on each Delta (tau_eff / ||a_i||_1 when normalising, else 1),
-        and the tau_eff to report (sum_i p_i ||a_i||_1 when not normalising)."""
+        """Factor on each Delta (tau_eff / ||a_i||_1 under ``normalize``, else
+        1) and the tau_eff to report (sum_i p_i ||a_i||_1 if not normalising)."""
         norm_a = [u.norm_a for u in updates]
         if not self.normalize:
-            return [1.0] * len(updates), weighted_steps(data_weights(updates), norm_a)
+            return [1.0] * len(updates), weighted_steps(
+                base.data_weights(updates), norm_a
+            )
         return normalizers([tau_eff] * len(updates), norm_a), tau_eff
 
+    def _meter(
+        self, updates: base.Updates, coef: Sequence[float], tau_eff: float
+    ) -> AsyncInfo:
+        """Effective weights ``coef`` (times ||a_i||_1 unless normalising),
+        normalised, against the data weights."""
+        w = [
+            c * (1.0 if self.normalize else u.norm_a)
+            for c, u in zip(coef, updates, strict=True)
+        ]
+        sw = float(sum(w))
+        per = tuple(float(wi) / sw for wi in w) if sw > 0 else tuple(0.0 for _ in w)
+        weights: dict[int, float] = {}
+        for u, wi in zip(updates, per, strict=True):
+            weights[u.client] = weights.get(u.client, 0.0) + wi
+        return AsyncInfo(
+            weights=weights,
+            tau_eff=float(tau_eff),
+            chi2_pw=chi2(base.data_weights(updates), w) if sw > 0 else float("nan"),
+            per_update=per,
+        )
+
     def aggregate(
-        self, state: ServerState, updates: Sequence[ClientUpdate]
-    ) -> tuple[ServerState, AggregateInfo]:
-        """A synchronous round: every update is fresh (staleness 0) and starts
-        from x, so FedAsync mixes the round's models and FedBuff treats the
-        round's updates as one buffer."""
-        rule = cast(AsyncRule, self)  # FedAsync and FedBuff define aggregate_async
+        self, state: base.ServerState, updates: base.Updates
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
+        """A synchronous round: staleness 0, every update started from x."""
+        rule = cast(base.AsyncRule, self)  # FedAsync and FedBuff define aggregate_async
         n = len(updates)
         return rule.aggregate_async(state, updates, [0] * n, [state["x"]] * n)
 
@@ -185,9 +128,10 @@ class _Normalized(Algorithm):
 class FedAsync(_Normalized):
     """Mix each arriving client model into the global one, x <- (1 - a) x + a x_i.
 
-    Example (hinge staleness; staleness 6 > b = 4 gives S = 1/21):
+    Example (hinge staleness 6 > b = 4: S = 1/21):
         >>> alg = FedAsync(alpha=0.5, staleness="hinge", staleness_a=10)
         >>> state = alg.init(torch.zeros(1), 2)
+        >>> from fedsim.algorithms.base import ClientUpdate
         >>> u = ClientUpdate(0, torch.tensor([2.1]), 1, 3, 3.0, 0.0)
         >>> state, info = alg.aggregate_async(state, [u], [6], [torch.ones(1)])
         >>> round(float(state["x"]), 6)     # 0.5/21 * (1 + 2.1 - 0)
@@ -206,58 +150,38 @@ class FedAsync(_Normalized):
             raise ValueError("FedAsync's step size is alpha; leave server_lr at 1")
 
     def solver(self, client: ClientSpec) -> SGD:
-        """Proximal SGD on f(x) + (rho / 2) ||x - x_tau||^2 (the paper's worker)."""
         return make_solver(client, mu=self.rho)
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
         zero = torch.zeros((), dtype=torch.float64)
         # Running sums for tau_eff under ``normalize``: sum ||a||_1, sum tau, count.
         return {"x": x0.clone(), "norm_a_sum": zero, "steps_sum": zero, "count": zero}
 
     def aggregate_async(
         self,
-        state: ServerState,
-        updates: Sequence[ClientUpdate],
+        state: base.ServerState,
+        updates: base.Updates,
         staleness: Sequence[int],
         starts: Sequence[torch.Tensor],
-    ) -> tuple[ServerState, AsyncInfo]:
-        """x <- x + sum_i p_i alpha S(s_i) (x_start_i + c_i Delta_i - x).
-
-        With one update this is the paper's (1 - alpha_t) x + alpha_t x_new;
-        c_i = tau_eff / ||a_i||_1 under ``normalize``, else 1.
-        """
+    ) -> tuple[base.ServerState, AsyncInfo]:
+        """x <- x + sum_i p_i alpha S(s_i) (x_start_i + c_i Delta_i - x)."""
         if not updates:
-            return state, AsyncInfo(**vars(empty_info()))
+            return state, AsyncInfo(**vars(base.empty_info()))
         count = state["count"] + len(updates)
         norm_a_sum = state["norm_a_sum"] + sum(u.norm_a for u in updates)
         steps_sum = state["steps_sum"] + sum(u.tau for u in updates)
-        # the running mean over every update so far, as one "update"
-        running = effective_steps(
-            self.tau_eff,
-            [1.0],
-            [float(norm_a_sum / count)],
-            [float(steps_sum / count)],
-            self.tau_eff_value,
-        )
+        means = [float(norm_a_sum / count)], [float(steps_sum / count)]
+        running = effective_steps(self.tau_eff, [1.0], *means, self.tau_eff_value)
         scale, tau_eff = self.scales(updates, running)
-        p = data_weights(updates)
+        p = base.data_weights(updates)
         mix = [
             pi * self.alpha * self.weight(s) for pi, s in zip(p, staleness, strict=True)
         ]
-        x = state["x"]
-        x64 = x.to(torch.float64)
+        x64 = state["x"].to(torch.float64)
         step = torch.zeros_like(x64)
         for u, start, c, m in zip(updates, starts, scale, mix, strict=True):
             client_model = start.to(torch.float64) + c * u.delta.to(torch.float64)
             step.add_(client_model - x64, alpha=m)
-        new = {
-            "x": (x64 + step).to(x.dtype),
-            "norm_a_sum": norm_a_sum,
-            "steps_sum": steps_sum,
-            "count": count,
-        }
-        w = [
-            m * (1.0 if self.normalize else u.norm_a)
-            for m, u in zip(mix, updates, strict=True)
-        ]
-        return new, async_meter(updates, w, tau_eff)
+        x = (x64 + step).to(state["x"].dtype)
+        sums = {"norm_a_sum": norm_a_sum, "steps_sum": steps_sum, "count": count}
+        return {"x": x, **sums}, self._meter(updates, mix, tau_eff)

@@ -4,26 +4,13 @@ Federated Learning with Buffered Asynchronous Aggregation. John Nguyen,
 Kshitiz Malik, Hongyuan Zhan, Ashkan Yousefpour, Michael Rabbat, Mani Malek,
 Dzmitry Huba. AISTATS 2022. arXiv:2106.06639.
 
-Server (the paper's Algorithm 1): clients train from whatever version is
-current when they start and upload Delta_k; the server weights each arrival by
-its staleness, S(s_k) Delta_k, into a buffer, and once it holds K =
-``buffer_size`` updates takes one step and clears it:
+Server (Algorithm 1): every K = ``buffer_size`` accepted arrivals (one clock
+version) make one step, each weighted by a FedAsync staleness function S:
 
     x <- x + server_lr * (1/K) sum_k S(s_k) Delta_k
 
-S is one of FedAsync's staleness functions (:func:`~fedsim.algorithms.
-fedasync.staleness_weight`); the paper uses S(s) = (1 + s)^(-1/2), i.e.
-``polynomial`` with a = 0.5, the default. The buffer itself is the clock's:
-every K accepted arrivals make one version (:class:`fedsim.clock.AsyncTimeline`),
-so :meth:`FedBuff.aggregate_async` receives exactly one full buffer.
-
-FedNova normalisation composes (``normalize``; Wang et al., NeurIPS 2020,
-arXiv:2007.07481): Delta_k is replaced by tau_eff Delta_k / ||a_k||_1, with
-tau_eff = (1/K) sum_k ||a_k||_1 over the buffer (``fedavg``), the mean local
-steps (``steps``) or ``tau_eff_value`` (``fixed``).
-
-In a synchronous round (staleness 0) FedBuff is FedAvg with equal weights
-1/|S|; on equal-sized clients it is exactly FedAvg.
+``normalize`` composes FedNova's normalisation over the buffer. In a
+synchronous round FedBuff is FedAvg with equal weights 1/|S|.
 """
 
 from __future__ import annotations
@@ -33,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fedsim.algorithms.base import ClientUpdate, ServerState, empty_info
-from fedsim.algorithms.fedasync import AsyncInfo, _Normalized, async_meter
+from fedsim.algorithms.fedasync import AsyncInfo, _Normalized
 from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
@@ -66,23 +53,14 @@ class FedBuff(_Normalized):
         staleness: Sequence[int],
         starts: Sequence[torch.Tensor] = (),
     ) -> tuple[ServerState, AsyncInfo]:
-        """x <- x + server_lr (1/K) sum_k S(s_k) c_k Delta_k, K = len(updates).
-
-        ``starts`` is not needed: a delta is applied to the current model.
-        """
+        """x <- x + server_lr (1/K) sum_k S(s_k) c_k Delta_k (``starts`` unused)."""
         if not updates:
             return state, AsyncInfo(**vars(empty_info()))
         k = len(updates)
-        mean_steps = updates_tau_eff(
-            self.tau_eff, [1.0] * k, updates, self.tau_eff_value
-        )
-        scale, tau_eff = self.scales(updates, mean_steps)
+        mean = updates_tau_eff(self.tau_eff, [1.0] * k, updates, self.tau_eff_value)
+        scale, tau_eff = self.scales(updates, mean)
         s = [self.weight(si) for si in staleness]
         coef = [si * c / k for si, c in zip(s, scale, strict=True)]
         step = weighted_sum([u.delta for u in updates], coef)
         new = {**state, "x": state["x"] + self.server_lr * step}
-        w = [
-            si / k * (1.0 if self.normalize else u.norm_a)
-            for si, u in zip(s, updates, strict=True)
-        ]
-        return new, async_meter(updates, w, tau_eff)
+        return new, self._meter(updates, [si / k for si in s], tau_eff)

@@ -4,60 +4,25 @@ Tackling the Objective Inconsistency Problem in Heterogeneous Federated
 Optimization. Jianyu Wang, Qinghua Liu, Hao Liang, Gauri Joshi, H. Vincent Poor.
 NeurIPS 2020. arXiv:2007.07481.
 
-Server (ALGORITHMS.md 5.1, 5.4), with w_i the sampling weights of the round
-(``sampling``, as for FedAvg; p_i under full participation):
+Server (ALGORITHMS.md 5.1, 5.4), w_i the round's sampling weights:
 
     x^{t+1} = x^t + server_lr * tau_eff * sum_i w_i Delta_i / ||a_i||_1
 
-Each update is first normalised by its solver's ||a_i||_1 (sgd, momentum,
-prox or decayed lr: see :mod:`fedsim.solvers`), so every client gets weight
-w_i = p_i whatever its number of local steps: chi^2(p||w) = 0 and the method
-converges to a stationary point of the true objective (up to an O(lr) bias
-for finite lr, ALGORITHMS.md 6.3). tau_eff only scales the step:
-
-- ``fedavg``: sum_i w_i ||a_i||_1 / sum_i w_i (FedAvg-equivalent, default),
-- ``steps``: sum_i w_i tau_i / sum_i w_i ("FedNova-Prox", for proximal solvers),
-- ``fixed``: the constant ``tau_eff_value``.
-
-Under sampling this is the recommendation [R] of ALGORITHMS.md 5.4: one
-unbiased weight vector for both the sum and tau_eff, so FedNova equals FedAvg
-under the same sampling whenever all ||a_i||_1 are equal.
-
-Server momentum (``gmf``, the "slow momentum" of the official code, 5.3).
-The code keeps its buffer in gradient units with the current round's client
-lr_t: v <- gmf v + D / lr_t, x <- x - lr_t v, with D = -s the step above
-(v = D / lr_t in the first round). Here the buffer is m = -lr_t v, in
-parameter units, which is the same rule:
-
-    m <- gmf (lr_t / lr_{t-1}) m + s,      x <- x + m
-
-so under ``client.lr_decay`` the old momentum shrinks with the lr, as in the
-code. With gmf > 0 clients upload their lr (the extra ``lr``) and the state
-keeps the lr of the last round (``mom_lr``). At a constant lr the ratio is
-exactly 1 and m <- gmf m + s bit for bit; gmf = 0 gives x + s exactly. Local
-momentum buffers are reset every round by the solver (``begin``).
+so every client gets weight w_i whatever its local steps (chi^2(p||w) = 0);
+``tau_eff`` (``fedavg``, ``steps`` or ``fixed``) only scales the step. Server
+momentum ``gmf`` (5.3) is kept in parameter units, m <- gmf (lr_t / lr_{t-1})
+m + s, x <- x + m, so it follows a decaying client lr (uploaded as ``lr``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Literal
 
-from pydantic import Field
-
-from fedsim.algorithms.base import (
-    AggregateInfo,
-    ClientContext,
-    ClientResult,
-    ClientUpdate,
-    ServerState,
-    data_weights,
-    meter,
-    skip_empty_rounds,
-)
+import fedsim.algorithms.base as base
 from fedsim.algorithms.sampling import Sampled, sampling_weights
 from fedsim.algorithms.weighting import (
+    Beta,
     TauEff,
     lr_upload,
     momentum_buffer,
@@ -67,10 +32,8 @@ from fedsim.algorithms.weighting import (
 )
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
+from fedsim.solvers import SolverState
 from fedsim.spec import PosFloat
-
-if TYPE_CHECKING:
-    from fedsim.solvers import SolverState
 
 __all__ = ["FedNova"]
 
@@ -79,31 +42,24 @@ __all__ = ["FedNova"]
 class FedNova(Sampled):
     """Normalised averaging.
 
-    Attributes:
-        tau_eff: how tau_eff is taken (``fedavg``, ``steps``, ``fixed``).
-        tau_eff_value: the constant tau_eff of ``fixed``.
-        sampling: weights of the round's updates, as for FedAvg.
-        gmf: server ("slow") momentum, 0 for none.
-
-    Example:
-        >>> ups = [ClientUpdate(0, torch.tensor([2.0]), 1, 2, 2.0, 0.0),
-        ...        ClientUpdate(1, torch.tensor([6.0]), 1, 6, 6.0, 0.0)]
-        >>> alg = FedNova()
-        >>> state, info = alg.aggregate(alg.init(torch.zeros(1), 2), ups)
-        >>> state["x"], info.tau_eff, info.chi2_pw
-        (tensor([4.]), 4.0, 0.0)
+    >>> from fedsim.algorithms.base import ClientUpdate
+    >>> ups = [ClientUpdate(0, torch.tensor([2.0]), 1, 2, 2.0, 0.0),
+    ...        ClientUpdate(1, torch.tensor([6.0]), 1, 6, 6.0, 0.0)]
+    >>> state, info = FedNova().aggregate(FedNova().init(torch.zeros(1), 2), ups)
+    >>> state["x"], info.tau_eff, info.chi2_pw
+    (tensor([4.]), 4.0, 0.0)
     """
 
     name: Literal["fednova"] = "fednova"
     tau_eff: TauEff = "fedavg"
-    tau_eff_value: PosFloat | None = None
-    gmf: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    tau_eff_value: PosFloat | None = None  # tau_eff of ``fixed``
+    gmf: Beta = 0.0  # server momentum, 0: none
 
     def __post_init__(self) -> None:
         if self.tau_eff == "fixed" and self.tau_eff_value is None:
             raise ValueError("tau_eff 'fixed' needs tau_eff_value")
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
         return {
             "x": x0.clone(),
             "mom": torch.zeros_like(x0),
@@ -111,34 +67,30 @@ class FedNova(Sampled):
         }
 
     def client_finish(
-        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> ClientResult:
+        self, delta: torch.Tensor, solver_state: SolverState, client: base.ClientContext
+    ) -> base.ClientResult:
         extras, _ = super().client_finish(delta, solver_state, client)
         if self.gmf:  # the server momentum follows the client lr
             extras.update(lr_upload(solver_state))
         return extras, None
 
-    def effective_steps(
-        self, w: Sequence[float], updates: Sequence[ClientUpdate]
-    ) -> float:
-        """tau_eff for sampling weights ``w`` (normalised here)."""
-        return updates_tau_eff(self.tau_eff, w, updates, self.tau_eff_value)
-
     def normalized_step(
-        self, updates: Sequence[ClientUpdate]
-    ) -> tuple[torch.Tensor, AggregateInfo]:
+        self, updates: base.Updates
+    ) -> tuple[torch.Tensor, base.AggregateInfo]:
         """s = server_lr tau_eff sum_i w_i Delta_i / ||a_i||_1, and the meter."""
-        p = data_weights(updates)
+        p = base.data_weights(updates)
         wh = sampling_weights(updates, self.sampling)
-        tau_eff = self.effective_steps(wh, updates)
+        tau_eff = updates_tau_eff(self.tau_eff, wh, updates, self.tau_eff_value)
         coef = normalizers(wh, [u.norm_a for u in updates])
         step = weighted_sum([u.delta for u in updates], coef)
-        return (self.server_lr * tau_eff) * step, meter(updates, p, wh, tau_eff, wh)
+        return (self.server_lr * tau_eff) * step, base.meter(
+            updates, p, wh, tau_eff, wh
+        )
 
-    @skip_empty_rounds
+    @base.skip_empty_rounds
     def aggregate(
-        self, state: ServerState, updates: Sequence[ClientUpdate]
-    ) -> tuple[ServerState, AggregateInfo]:
+        self, state: base.ServerState, updates: base.Updates
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
         step, info = self.normalized_step(updates)
         # every client of a round trains with that round's lr
         lrs = [lr for lr in map(uploaded_lr, updates) if lr is not None]

@@ -4,11 +4,9 @@ Federated Optimization in Heterogeneous Networks. Tian Li, Anit Kumar Sahu,
 Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar, Virginia Smith. MLSys 2020.
 arXiv:1812.06127.
 
-Clients minimise h_i(x) = F_i(x) + mu/2 ||x - x^t||^2 with proximal SGD,
-x <- x - lr (g + mu (x - x^t)) (ALGORITHMS.md section 4); its accumulation
-vector has ||a_i||_1 = (1 - (1 - lr mu)^tau) / (lr mu). The server is FedAvg's
-(with the same ``sampling`` choices). mu = 0 is exactly FedAvg: the client
-then runs the plain solver of ``client.solver``.
+Clients run proximal SGD on F_i(x) + mu/2 ||x - x^t||^2 (ALGORITHMS.md 4),
+||a_i||_1 = (1 - (1 - lr mu)^tau) / (lr mu); the server is FedAvg's.
+mu = 0 is exactly FedAvg.
 """
 
 from __future__ import annotations
@@ -17,12 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from fedsim.algorithms.fedavg import FedAvg
-from fedsim.solvers import make_solver
+from fedsim.solvers import SGD, make_solver
 from fedsim.spec import NonNegFloat
 
 if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
-    from fedsim.solvers import SGD
 
 __all__ = ["FedProx"]
 
@@ -31,10 +28,9 @@ __all__ = ["FedProx"]
 class FedProx(FedAvg):
     """FedAvg whose clients use the proximal solver with coefficient ``mu``.
 
-    Example:
-        >>> from fedsim.scenario import ClientSpec
-        >>> round(FedProx(mu=0.1).solver(ClientSpec(lr=0.1)).norm_a(2), 12)
-        1.99
+    >>> from fedsim.scenario import ClientSpec
+    >>> round(FedProx(mu=0.1).solver(ClientSpec(lr=0.1)).norm_a(2), 12)
+    1.99
     """
 
     name: Literal["fedprox"] = "fedprox"  # type: ignore[assignment]

@@ -1,72 +1,26 @@
 """Aggregation weights under client sampling (ALGORITHMS.md sections 3 and 5.4).
 
-Pure helpers shared by FedAvg-style and FedNova-style servers. A ``scheme``
-names how the round's updates are weighted, given how the selector sampled:
-
-- ``renormalized`` (default): p_i = n_i / sum_{j in S} n_j over the round's
-  updates. What the reference codes do; biased under partial participation
-  (it always sums to 1, so the server steps as if S were everyone).
-- ``uniform``: scheme (ii), for a selector drawing q clients uniformly without
-  replacement: weight p_i m / q, with p_i = n_i / n over *all* m clients. The
-  weights do not sum to 1 in a round; E_S[sum_{i in S} w_i Delta_i] =
-  sum_i p_i Delta_i. The client uploads p_i m (its ``relative_weight``) as the
-  scalar extra ``p_m``, since the server does not know n. q is the number of
-  updates received: drops make the estimate conditional on arrival, hence
-  biased, like any drop.
-- ``proportional``: scheme (i), for a selector drawing q indices i.i.d. with
-  P(i) = p_i (with replacement): a client drawn k_i times gets k_i / q,
-  q = sum k_i. The client trains once and its delta is reused k_i times (the
-  [R] of section 3). **Needs the selector to report multiplicities**, which no
-  selector does yet: the multiplicity k_i is read from the update (attribute
-  ``multiplicity`` or the scalar extra ``multiplicity``).
-- ``equal``: w_i = 1 / |S|, the plain mean of the round's updates. Unbiased
-  for sum_i p_i Delta_i only when the selector already drew clients in
-  proportion to p_i (the data share is then in the sample, not in the
-  weights); this is what power-of-choice's paper does (Cho et al., AISTATS
-  2022, eq. 3: the server averages the selected clients' updates).
-
-Sampling and weighting are one decision (:data:`WEIGHTINGS` says what each
-weighting assumes, the selector's ``inclusion`` what it does;
-:func:`pairing` joins them): n_i weights on a sample already drawn in
-proportion to p_i count the data share twice. With 30 clients of Zipf sizes
-(largest p = 0.165) and 9 draws a round, the ``weighted`` selector with
-``renormalized`` weights gives the largest client an expected weight of
-0.33 and an L1 distance of 0.49 between expected weights and p; with
-``proportional`` weights the distance is Monte Carlo noise (0.017 over
-10^4 rounds; tests/test_pairing.py). The scenario check refuses the double
-count; the table with every pair is in docs/scenarios.md.
-
-Example:
-    >>> uniform_weights([0.4, 1.2], q=2)
-    [0.2, 0.6]
-    >>> proportional_weights([2, 1])
-    [0.6666666666666666, 0.3333333333333333]
+A ``scheme`` (``algorithm.sampling``) names how a round's updates are
+weighted given how the selector sampled them: ``renormalized`` n_i / sum_S
+n_j (the default, biased under partial participation), ``uniform`` p_i m / q
+(scheme (ii)), ``proportional`` k_i / q (scheme (i), with replacement) or
+``equal`` 1 / |S|. :func:`pairing` judges a scheme against a selector's draw;
+the table and measured biases are in docs/scenarios.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from fedsim.algorithms.base import (
-    AggregateInfo,
-    Algorithm,
-    ClientContext,
-    ClientInfo,
-    ClientResult,
-    ClientUpdate,
-    data_weights,
-    meter,
-)
+import fedsim.algorithms.base as base
 from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.lazy import torch
-
-if TYPE_CHECKING:
-    from fedsim.solvers import SolverState
+from fedsim.solvers import SolverState
 
 __all__ = [
     "WEIGHTINGS",
@@ -82,7 +36,6 @@ __all__ = [
     "participation_bias",
     "weight_shares",
     "proportional_weights",
-    "sampling_extras",
     "sampling_weights",
     "uniform_weights",
     "unweighted_meter",
@@ -97,22 +50,12 @@ Verdict = Literal["unbiased", "biased", "adaptive", "refused"]
 
 @dataclass(frozen=True)
 class Weighting:
-    """What an aggregation weighting assumes about how clients were sampled.
-
-    Attributes:
-        scheme: the ``algorithm.sampling`` value.
-        formula: w_i as a formula, for tables and messages.
-        assumes: the selector ``inclusion`` under which E_S[sum_{i in S} w_i
-            Delta_i] = sum_i p_i Delta_i (None: none: it is unbiased only
-            under full participation).
-        multiplicities: True when it reads how often each client was drawn
-            (a selector drawing with replacement).
-    """
+    """What an aggregation weighting assumes about how clients were sampled."""
 
     scheme: Scheme
-    formula: str
-    assumes: Inclusion | None
-    multiplicities: bool = False
+    formula: str  # w_i, for tables and messages
+    assumes: Inclusion | None  # the inclusion it is unbiased for (None: none)
+    multiplicities: bool = False  # reads how often each client was drawn
 
 
 WEIGHTINGS: dict[str, Weighting] = {
@@ -127,14 +70,14 @@ WEIGHTINGS: dict[str, Weighting] = {
 
 
 def uniform_weights(p_m: Sequence[float], q: int) -> list[float]:
-    """Scheme (ii): w_i = p_i m / q for the q sampled clients (``p_m`` = p_i m)."""
+    """Scheme (ii): w_i = p_i m / q (``p_m`` = p_i m)."""
     if q <= 0:
         raise ValueError("q must be positive")
     return [float(v) / q for v in p_m]
 
 
 def proportional_weights(multiplicity: Sequence[int]) -> list[float]:
-    """Scheme (i): a client drawn k_i times of q = sum k draws gets k_i / q."""
+    """Scheme (i): a client drawn k_i times of q = sum k gets k_i / q."""
     q = int(sum(int(k) for k in multiplicity))
     if q <= 0 or any(int(k) < 1 for k in multiplicity):
         raise ValueError("every sampled client needs a multiplicity >= 1")
@@ -142,37 +85,40 @@ def proportional_weights(multiplicity: Sequence[int]) -> list[float]:
 
 
 def equal_weights(n: int) -> list[float]:
-    """``equal``: w_i = 1 / n for each of the round's n updates."""
+    """``equal``: w_i = 1 / n."""
     if n <= 0:
         raise ValueError("n must be positive")
     return [1.0 / n] * n
 
 
-def _scalar(u: ClientUpdate, key: str) -> float | None:
-    value = getattr(u, key, None)
-    if value is None:
-        value = u.extras.get(key)
-    return None if value is None else float(value)
+def _scalars(updates: base.Updates, key: str, error: str) -> list[float]:
+    """Each update's ``key``: an attribute or a scalar extra (else ``error``)."""
+    out = []
+    for u in updates:
+        value = getattr(u, key, None)
+        if value is None:
+            value = u.extras.get(key)
+        if value is None:
+            raise ValueError(error)
+        out.append(float(value))
+    return out
 
 
-def sampling_weights(updates: Sequence[ClientUpdate], scheme: Scheme) -> list[float]:
-    """The weight each update gets in the server step (in update order)."""
+def sampling_weights(updates: base.Updates, scheme: Scheme) -> list[float]:
+    """Each update's weight in the server step (in update order)."""
     if scheme == "renormalized":
-        return data_weights(updates)
+        return base.data_weights(updates)
     if scheme == "uniform":
-        p_m = [_scalar(u, "p_m") for u in updates]
-        if any(v is None for v in p_m):
-            raise ValueError("sampling 'uniform' needs each update's p_m extra")
-        return uniform_weights([float(v) for v in p_m if v is not None], len(updates))
+        need = "sampling 'uniform' needs each update's p_m extra"
+        return uniform_weights(_scalars(updates, "p_m", need), len(updates))
     if scheme == "proportional":
-        ks = [_scalar(u, "multiplicity") for u in updates]
-        if any(k is None for k in ks):
-            raise ValueError(
-                "sampling 'proportional' (scheme (i), with replacement) needs each "
-                "update's multiplicity, which only a selector drawing with "
-                "replacement can give; no selector does yet"
-            )
-        return proportional_weights([int(k) for k in ks if k is not None])
+        need = (
+            "sampling 'proportional' (scheme (i), with replacement) needs each "
+            "update's multiplicity, which only a selector drawing with "
+            "replacement can give; no selector does yet"
+        )
+        ks = _scalars(updates, "multiplicity", need)
+        return proportional_weights([int(k) for k in ks])
     if scheme == "equal":
         return equal_weights(len(updates))
     raise ValueError(f"unknown sampling scheme {scheme!r}")
@@ -180,40 +126,24 @@ def sampling_weights(updates: Sequence[ClientUpdate], scheme: Scheme) -> list[fl
 
 @dataclass(frozen=True)
 class Pairing:
-    """The verdict on one (selector, weighting) pair.
-
-    Attributes:
-        verdict: ``unbiased`` (E_S of the step is the full-participation
-            step), ``biased`` (allowed: common practice, or another
-            objective), ``adaptive`` (the selector's probabilities have no
-            closed form; allowed where the weighting matches what its paper
-            does) or ``refused``.
-        reason: one sentence on why.
-        use: the weighting to use instead (refused pairs), else None.
-    """
+    """The verdict on one (selector, weighting) pair; all but ``refused`` are
+    allowed."""
 
     verdict: Verdict
-    reason: str
-    use: Scheme | None = None
+    reason: str  # one sentence on why
+    use: Scheme | None = None  # the weighting to use instead (refused pairs)
 
 
 def _unbiased_for(selector: Any) -> Scheme | None:
-    """The weighting that is unbiased (or the paper's) for this selector."""
-    default = getattr(selector, "default_weighting", None)
-    if default is not None:
-        return cast(Scheme, default)
+    """The unbiased (or the paper's) weighting for this selector."""
     inclusion = getattr(selector, "inclusion", "adaptive")
-    fit = {"uniform": "uniform", "proportional": "proportional"}.get(inclusion)
-    return cast(Scheme | None, fit)
+    fit = inclusion if inclusion in ("uniform", "proportional") else None
+    return cast(Scheme | None, getattr(selector, "default_weighting", None) or fit)
 
 
 def pairing(selector: Any, scheme: str) -> Pairing:
-    """Whether weighting ``scheme`` fits how ``selector`` samples.
-
-    The selector declares ``inclusion`` (``uniform``, ``proportional`` or
-    ``adaptive``), ``with_replacement`` and ``data_share_in_sample`` (its
-    draws already favour clients in proportion to p_i); the weighting's
-    :class:`Weighting` declares what it assumes.
+    """Whether weighting ``scheme`` fits how ``selector`` samples (its
+    ``inclusion``, ``with_replacement`` and ``data_share_in_sample``).
 
     >>> from fedsim.selectors import PowerOfChoice, Uniform, Weighted
     >>> pairing(Weighted(), "proportional").verdict
@@ -225,30 +155,25 @@ def pairing(selector: Any, scheme: str) -> Pairing:
     """
     w = WEIGHTINGS[scheme]
     inclusion = getattr(selector, "inclusion", "adaptive")
+    replacement = getattr(selector, "with_replacement", False)
     use = _unbiased_for(selector)
-    if getattr(selector, "data_share_in_sample", False) and scheme in (
-        "renormalized",
-        "uniform",
-    ):
-        return Pairing(
-            "refused", "the data share counts twice: in the draw and in w_i", use
-        )
-    if w.multiplicities and not getattr(selector, "with_replacement", False):
-        return Pairing(
-            "refused", "k_i / q needs a selector drawing with replacement", use
-        )
+
+    def refuse(reason: str) -> Pairing:
+        return Pairing("refused", reason, use)
+
+    twice = scheme in ("renormalized", "uniform")
+    if twice and getattr(selector, "data_share_in_sample", False):
+        return refuse("the data share counts twice: in the draw and in w_i")
+    if w.multiplicities and not replacement:
+        return refuse("k_i / q needs a selector drawing with replacement")
     if w.scheme == "uniform" and inclusion != "uniform":
-        return Pairing("refused", "p_i m / q assumes a uniform draw", use)
+        return refuse("p_i m / q assumes a uniform draw")
     if inclusion == "adaptive":
         return Pairing("adaptive", "selection probabilities have no closed form")
-    if w.assumes == inclusion and (
-        w.multiplicities or not getattr(selector, "with_replacement", False)
-    ):
+    if w.assumes == inclusion and (w.multiplicities or not replacement):
         return Pairing("unbiased", f"w_i = {w.formula} matches the draw")
     if inclusion == "proportional":
-        return Pairing(
-            "refused", "clients drawn twice count once: large clients lose weight", use
-        )
+        return refuse("clients drawn twice count once: large clients lose weight")
     if scheme == "equal":
         return Pairing("biased", "targets the unweighted mean (1/m) sum_i f_i")
     return Pairing(
@@ -257,15 +182,11 @@ def pairing(selector: Any, scheme: str) -> Pairing:
 
 
 def pairing_problem(selector: Any, algorithm: Any) -> str | None:
-    """The scenario error for a refused pairing of ``selector`` and the
-    algorithm's weighting, naming both fields and the unbiased choice; None
-    when the pair is allowed or the algorithm's weights are its own
-    (``Algorithm.weighting()`` is None)."""
+    """The scenario error for a refused pairing, naming both fields and the
+    unbiased choice; None when allowed or ``algorithm.weighting()`` is None."""
     scheme = algorithm.weighting()
-    if scheme is None:
-        return None
-    verdict = pairing(selector, scheme)
-    if verdict.verdict != "refused":
+    verdict = None if scheme is None else pairing(selector, scheme)
+    if verdict is None or verdict.verdict != "refused":
         return None
     name = selector.name
     fix = (
@@ -282,65 +203,38 @@ def pairing_problem(selector: Any, algorithm: Any) -> str | None:
     )
 
 
-def sampling_extras(scheme: Scheme, info: ClientInfo) -> dict[str, torch.Tensor]:
-    """What a client uploads so that the server can weight it under ``scheme``."""
-    if scheme == "uniform":
-        return {"p_m": torch.tensor(info.relative_weight, dtype=torch.float64)}
-    return {}
-
-
 @dataclass(frozen=True)
-class Sampled(Algorithm):
-    """Base of servers that weight updates by a sampling ``scheme`` (FedAvg,
-    FedNova and their descendants): the field and the client's upload."""
+class Sampled(base.Algorithm):
+    """Base of servers weighting updates by a ``sampling`` scheme (FedAvg,
+    FedNova and their descendants)."""
 
     sampling: Scheme = "renormalized"
 
     def weighting(self) -> str | None:
-        """The weighting is ``sampling`` (see :data:`WEIGHTINGS`)."""
         return self.sampling
 
     def client_finish(
-        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> ClientResult:
-        return sampling_extras(self.sampling, client.info), None
+        self, delta: torch.Tensor, solver_state: SolverState, client: base.ClientContext
+    ) -> base.ClientResult:
+        if self.sampling == "uniform":  # the server does not know n: upload p_i m
+            p_m = torch.tensor(client.info.relative_weight, dtype=torch.float64)
+            return {"p_m": p_m}, None
+        return {}, None
 
 
-def unweighted_meter(updates: Sequence[ClientUpdate]) -> AggregateInfo:
-    """The meter of a server that averages unweighted (SCAFFOLD, FedDyn, FedDC
-    code form): w_i = 1/|S|, tau_eff the mean ||a_i||_1."""
+def unweighted_meter(updates: base.Updates) -> base.AggregateInfo:
+    """Meter of an unweighted server mean: w_i = 1/|S|, tau_eff mean ||a_i||_1."""
     n = len(updates)
     tau_eff = updates_tau_eff("fedavg", [1.0] * n, updates)
-    return meter(updates, data_weights(updates), [1.0 / n] * n, tau_eff)
+    return base.meter(updates, base.data_weights(updates), [1.0 / n] * n, tau_eff)
 
 
 def weight_shares(
-    num_clients: int,
-    client_ids: ArrayLike,
-    weights: ArrayLike,
-    rounds: int,
+    num_clients: int, client_ids: ArrayLike, weights: ArrayLike, rounds: int
 ) -> np.ndarray:
-    """Each client's share of the aggregation weight over a run.
-
-    Args:
-        num_clients: m.
-        client_ids, weights: one entry per client row of the run (a client of
-            a round, or an update of an asynchronous version): the client and
-            the weight its delta got in the server step as applied (0 for a
-            dropped or removed update): normalised for renormalized and
-            equal weights, p_i m / q or k_i / q for the unbiased schemes,
-            whose weights sum to 1 only in expectation.
-        rounds: the rounds (or server versions) that applied at least one
-            update.
-
-    Returns:
-        float64 [m]: sum over rounds of the client's weight, divided by
-        ``rounds`` (sums to 1, exactly or in expectation; all zeros when no
-        round applied anything).
-
-    >>> weight_shares(3, [0, 1, 0, 2], [0.5, 0.5, 1.0, 0.0], rounds=2).tolist()
-    [0.75, 0.25, 0.0]
-    """
+    """Each client's share of the aggregation weight over a run, float64 [m]:
+    the weights its deltas got in the server step as applied (one entry per
+    client row), summed and divided by the ``rounds`` that applied an update."""
     total = np.zeros(int(num_clients), dtype=np.float64)
     ids = np.asarray(client_ids, dtype=np.int64)
     w = np.nan_to_num(np.asarray(weights, dtype=np.float64), nan=0.0)
@@ -351,14 +245,8 @@ def weight_shares(
 def participation_bias(
     shares: np.ndarray, data_share: np.ndarray, top: int = 5
 ) -> dict[str, Any]:
-    """summary.json's ``participation_bias``: the L1 distance between the
-    clients' weight shares and their data shares p_i (over all clients), and
-    the ``top`` clients whose weight share exceeds p_i the most.
-
-    >>> out = participation_bias(np.array([0.7, 0.3]), np.array([0.5, 0.5]), 1)
-    >>> round(out["l1"], 6), out["top_overweighted"][0]["client"]
-    (0.4, 0)
-    """
+    """summary.json's ``participation_bias``: L1 distance between weight
+    shares and data shares p_i, and the ``top`` most overweighted clients."""
     s = np.asarray(shares, dtype=np.float64)
     p = np.asarray(data_share, dtype=np.float64)
     over = s - p
@@ -367,11 +255,7 @@ def participation_bias(
     return {
         "l1": float(np.abs(over).sum()),
         "top_overweighted": [
-            {
-                "client": int(i),
-                "weight_share": float(s[i]),
-                "data_share": float(p[i]),
-            }
+            {"client": int(i), "weight_share": float(s[i]), "data_share": float(p[i])}
             for i in order
             if over[i] > 0
         ],

@@ -1,30 +1,21 @@
-"""The arithmetic every server rule shares: tau_eff, FedNova normalisation and
-server momentum (ALGORITHMS.md sections 5.1, 5.3 and 5.4).
-
-Small pure functions on plain floats and tensors, so that FedNova,
-FedNova-VR, FedAvg's meter, FedAsync, FedBuff, FedAvgM and the rest compute
-the same quantity with the same float operations in the same order: a run's
-result does not depend on which algorithm module did the sum.
-
-Example:
-    >>> effective_steps("fedavg", [0.25, 0.75], norm_a=[2.0, 6.0], steps=[2, 6])
-    5.0
-    >>> normalizers([0.5, 0.5], [2.0, 4.0])
-    [0.25, 0.125]
+"""The arithmetic server rules share: tau_eff, FedNova normalisation and server
+momentum (ALGORITHMS.md 5.1, 5.3, 5.4), written once so that every algorithm
+does the same float operations in the same order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from fedsim.algorithms.base import ClientUpdate
 from fedsim.lazy import torch
-
-if TYPE_CHECKING:
-    from fedsim.solvers import SolverState
+from fedsim.solvers import SolverState
 
 __all__ = [
+    "Beta",
     "TauEff",
     "effective_steps",
     "lr_upload",
@@ -35,20 +26,14 @@ __all__ = [
     "weighted_steps",
 ]
 
-# How tau_eff is taken: the weighted mean of ||a_i||_1 (``fedavg``), of the
-# local steps tau_i (``steps``, FedNova-Prox), or a constant (``fixed``).
+# tau_eff: the weighted mean of ||a_i||_1 (``fedavg``), of the local steps
+# (``steps``, FedNova-Prox), or a constant (``fixed``).
 TauEff = Literal["fedavg", "steps", "fixed"]
+Beta = Annotated[float, Field(ge=0, lt=1)]  # a momentum coefficient, in [0, 1)
 
 
 def weighted_steps(w: Sequence[float], values: Sequence[float]) -> float:
-    """sum_i w_i v_i, left to right (no normalisation).
-
-    With ``w`` the round's data weights p_i (summing to 1) and ``values`` the
-    ||a_i||_1, this is the tau_eff FedAvg implicitly uses (ALGORITHMS.md 5.1).
-
-    >>> weighted_steps([0.5, 0.5], [2.0, 4.0])
-    3.0
-    """
+    """sum_i w_i v_i, left to right (FedAvg's implicit tau_eff for p_i, ||a_i||_1)."""
     return sum(wi * v for wi, v in zip(w, values, strict=True))
 
 
@@ -61,36 +46,21 @@ def effective_steps(
 ) -> float:
     """tau_eff = sum_i w_i v_i / sum_i w_i with v = ||a_i||_1 or tau_i, or ``fixed``.
 
-    The weights are normalised here, so unnormalised sampling weights (scheme
-    (ii) of ALGORITHMS.md 3) and equal weights (1 each: a plain mean) work.
-
-    >>> effective_steps("steps", [1.0, 1.0], norm_a=[1.9, 3.5], steps=[2, 4])
-    3.0
-    >>> effective_steps("fixed", [1.0], norm_a=[1.0], steps=[1], fixed=2.5)
-    2.5
+    >>> effective_steps("fedavg", [0.25, 0.75], norm_a=[2.0, 6.0], steps=[2, 6])
+    5.0
     """
     if kind == "fixed":
         if fixed is None:
             raise ValueError("tau_eff 'fixed' needs tau_eff_value")
         return float(fixed)
-    if kind == "fedavg":
-        return weighted_steps(w, norm_a) / float(sum(w))
-    if kind == "steps":
-        return weighted_steps(w, steps) / float(sum(w))
+    if kind in ("fedavg", "steps"):
+        values = norm_a if kind == "fedavg" else steps
+        return weighted_steps(w, values) / float(sum(w))
     raise ValueError(f"unknown tau_eff {kind!r}")
 
 
 def normalizers(scale: Sequence[float], norm_a: Sequence[float]) -> list[float]:
-    """FedNova's per-update factors scale_i / ||a_i||_1.
-
-    ``scale`` is w_i (the sum is then multiplied by tau_eff, as in FedNova)
-    or tau_eff for every update (each Delta_i becomes tau_eff Delta_i /
-    ||a_i||_1, as in the asynchronous rules). An update that took no step has
-    no ||a_i||_1 to divide by.
-
-    >>> normalizers([3.0, 3.0], [1.5, 6.0])
-    [2.0, 0.5]
-    """
+    """FedNova's per-update factors scale_i / ||a_i||_1 (scale: w_i, or tau_eff)."""
     if any(a <= 0 for a in norm_a):
         raise ValueError("FedNova normalisation needs ||a_i||_1 > 0 (a step taken)")
     return [s / a for s, a in zip(scale, norm_a, strict=True)]
@@ -101,14 +71,9 @@ def momentum_buffer(
 ) -> torch.Tensor:
     """Heavy-ball server momentum in parameter units: (beta rescale) buf + step.
 
-    ``rescale`` carries a buffer kept in parameter units across a change of
-    the client learning rate: the official FedNova code keeps v in gradient
-    units (v <- gmf v + D / lr_t, x <- x - lr_t v), which is this buffer,
-    m = -lr_t v, with rescale = lr_t / lr_{t-1}. At a constant lr the
-    rescale is exactly 1 and the result is beta buf + step bit for bit.
+    ``rescale`` = lr_t / lr_{t-1} follows a changing client lr, as FedNova's
+    code does by keeping the buffer in gradient units.
 
-    >>> momentum_buffer(torch.tensor([2.0]), torch.tensor([1.0]), 0.5)
-    tensor([2.])
     >>> momentum_buffer(torch.tensor([2.0]), torch.tensor([1.0]), 0.5, rescale=0.5)
     tensor([1.5000])
     """
@@ -128,9 +93,7 @@ def updates_tau_eff(
 
 
 def lr_upload(solver_state: SolverState) -> dict[str, torch.Tensor]:
-    """The extra ``lr``: the client's learning rate this round, for a server
-    that turns deltas into gradients (FedPNS) or follows the lr (FedNova's
-    server momentum)."""
+    """The extra ``lr``: the client's learning rate this round."""
     return {"lr": torch.tensor(solver_state.lr, dtype=torch.float64)}
 
 
