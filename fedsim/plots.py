@@ -1,13 +1,10 @@
-"""Figures of one run, drawn from its Parquet tables.
+"""Figures of one run, drawn from its Parquet tables (docs/results.md, "Figures").
 
-Each ``figure_*`` function takes the run's tables (``rounds.parquet`` and
-``clients.parquet`` read with :func:`pyarrow.parquet.read_table`) and returns
-a matplotlib Figure; the matching ``plot_*`` function takes a path too,
-writes the figure there as a PNG, atomically, and returns the path. They use
-matplotlib's object API with the Agg canvas, so they need no display and
-leave pyplot's global state alone. Missing columns, NaN values and empty
-tables give a figure that says so instead of an error: a report of an
-interrupted run is still a report.
+Each ``figure_*`` function takes the run's tables (read with
+:func:`pyarrow.parquet.read_table`) and returns a matplotlib Figure (object API,
+Agg canvas: no display, no pyplot state); the matching ``plot_*`` writes it to a
+path as a PNG, atomically. Missing columns, NaN values and empty tables give a
+figure that says so instead of an error: an interrupted run still gets a report.
 
 Example:
     >>> import pyarrow as pa
@@ -62,6 +59,7 @@ DPI = 110
 # Marker per drop reason (fedsim.clock.Plan.reason); anything else gets "x".
 _DROP_MARKERS = {"late": "x", "offline": "v", "no_time": "s", "no_data": "o"}
 _DROP_COLOR = "#d62728"
+_CENTRED: dict[str, Any] = {"ha": "center", "va": "center", "fontsize": 11}
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
@@ -78,34 +76,23 @@ def _column(table: pa.Table | None, name: str) -> list[Any]:
 
 
 def _floats(table: pa.Table | None, name: str) -> np.ndarray:
-    """A float column, with nulls as NaN (empty when the column is missing)."""
-    return np.array(
-        [np.nan if v is None else float(v) for v in _column(table, name)],
-        dtype=np.float64,
-    )
+    """A float column, nulls as NaN (empty when the column is missing)."""
+    values = _column(table, name)
+    return np.array([np.nan if v is None else float(v) for v in values], dtype=float)
 
 
 def _by_group(
     clients: pa.Table | None, n: int, groups: Sequence[str]
 ) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """Each of the ``n`` updates' device group (``"unknown"`` when not
-    recorded), the groups in legend order, and whether each update was
-    dropped (bool)."""
+    """Each of ``n`` updates' device group ("unknown" when not recorded), the
+    groups in legend order, and whether each update was dropped."""
     col = _column(clients, "device_group")
-    dev = np.array(
-        [str(g) if g is not None else "unknown" for g in col]
-        if len(col) == n
-        else ["unknown"] * n,
-        dtype=object,
-    )
+    dev = ["unknown" if g is None else str(g) for g in col]
+    dev_arr = np.array(dev if len(col) == n else ["unknown"] * n, dtype=object)
     order = group_order(clients, groups)
-    order += sorted(set(dev.tolist()) - set(order))
+    order += sorted(set(dev_arr.tolist()) - set(order))
     flags = [bool(d) for d in _column(clients, "dropped")] or [False] * n
-    return dev, order, np.array(flags, dtype=bool)
-
-
-def _n_rows(table: pa.Table | None) -> int:
-    return 0 if table is None else table.num_rows
+    return dev_arr, order, np.array(flags, dtype=bool)
 
 
 def is_async(clients: pa.Table | None) -> bool:
@@ -130,43 +117,32 @@ def _colors(groups: Sequence[str]) -> dict[str, Any]:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10"]
-    # Red is kept for dropped updates.
-    palette = [cmap(i) for i in range(10) if i != 3]
+    palette = [cmap(i) for i in range(10) if i != 3]  # red is for dropped updates
     return {g: palette[i % len(palette)] for i, g in enumerate(groups)}
 
 
 def _new_figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    return fig
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
 def _save(fig: Figure, path: Path) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
-    path = Path(path)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+    atomic_write_bytes(Path(path), buf.getvalue())
+    return Path(path)
+
+
+def _centre_text(ax: Axes, text: str, y: float = 0.5, **kw: Any) -> None:
+    ax.text(0.5, y, text, transform=ax.transAxes, **_CENTRED, **kw)
 
 
 def _no_data(ax: Axes, message: str) -> None:
-    ax.text(
-        0.5,
-        0.5,
-        message,
-        ha="center",
-        va="center",
-        transform=ax.transAxes,
-        fontsize=11,
-        color="0.4",
-        wrap=True,
-    )
-    ax.set_xticks([])
-    ax.set_yticks([])
+    _centre_text(ax, message, color="0.4", wrap=True)
+    ax.set(xticks=[], yticks=[])
 
 
 def _line(ax: Axes, x: np.ndarray, y: np.ndarray, **kw: Any) -> bool:
-    """Plot the finite points of y against x; False when there are none (or
-    one of the columns is missing: empty)."""
+    """Plot the finite points of y against x; False when there are none."""
     if len(x) != len(y):
         return False
     ok = np.isfinite(x) & np.isfinite(y)
@@ -184,10 +160,7 @@ def _log_if_wide(ax: Axes, *series: np.ndarray) -> None:
 
 
 def _frame_metric(ax: Axes, ylabel: str, xlabel: str, by_round: bool) -> None:
-    """Labels, title ("<ylabel> vs <x>") and grid of a metrics panel;
-    integer ticks when the x axis is the round."""
-    ax.set_ylabel(ylabel)
-    ax.set_xlabel(xlabel)
+    ax.set(ylabel=ylabel, xlabel=xlabel)
     if by_round:
         ax.xaxis.set_major_locator(_round_ticks())
     ax.set_title(f"{ylabel} vs {xlabel.split(' (')[0]}")
@@ -197,8 +170,7 @@ def _frame_metric(ax: Axes, ylabel: str, xlabel: str, by_round: bool) -> None:
 def _with_initial(
     x: np.ndarray, y: np.ndarray, x0: float, y0: float | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, y)`` with the initial model's point ``(x0, y0)`` in front (when
-    it has a finite value)."""
+    """``(x, y)`` with the initial model's point in front, when finite."""
     if y0 is None or not math.isfinite(float(y0)) or len(x) != len(y):
         return x, y
     return np.concatenate([[x0], x]), np.concatenate([[float(y0)], y])
@@ -209,41 +181,32 @@ def figure_metrics(
     title: str = "",
     initial: Mapping[str, Any] | None = None,
 ) -> Figure:
-    """Test accuracy and loss against simulated time and against rounds.
+    """Test accuracy (top) and loss (below) against simulated time and rounds.
 
-    A 2x2 grid (accuracy on top, loss below; simulated time left, rounds
-    completed right). The row of round ``t`` (0-based, as in
-    rounds.parquet) is the model after ``t + 1`` rounds, so it is drawn at
-    ``t + 1`` rounds completed; ``initial`` (summary.json's ``initial``:
-    ``accuracy``, ``loss``, ``t``), when given, starts each test curve at
-    the initial model (0 rounds completed, simulated time ``t``). Runs
-    without an accuracy (e.g. the quadratic objective) get a 1x2 grid of
-    the loss only. The training loss (the clients' weighted mean over their
-    local steps) is drawn dashed next to the test loss.
+    Round ``t`` of rounds.parquet is drawn at ``t + 1`` rounds completed;
+    ``initial`` (summary.json's: ``accuracy``, ``loss``, ``t``) starts each test
+    curve at 0 rounds completed. Without accuracy (e.g. the quadratic objective)
+    only the loss row is drawn; the training loss is dashed.
     """
     # summary.json's value: anything but a mapping (an old run: null) is none
     initial = initial if isinstance(initial, Mapping) else {}
     t0 = float(initial.get("t") or 0.0)
-    sim_time = _floats(rounds, "sim_time")
-    done = _floats(rounds, "round") + 1.0
     acc = _floats(rounds, "test_accuracy")
     test_loss = _floats(rounds, "test_loss")
     train_loss = _floats(rounds, "train_loss")
     with_acc = bool(np.isfinite(acc).any())
     nrows = 2 if with_acc else 1
     fig = _new_figure(11, 4.2 * nrows)
-    axes = np.atleast_2d(fig.subplots(nrows, 2, squeeze=False))
-    xs = [(sim_time, t0, "simulated time (s)"), (done, 0.0, "rounds completed")]
+    axes = fig.subplots(nrows, 2, squeeze=False)
+    xs = [
+        (_floats(rounds, "sim_time"), t0, "simulated time (s)"),
+        (_floats(rounds, "round") + 1.0, 0.0, "rounds completed"),
+    ]
     for col, (x, x0, xlabel) in enumerate(xs):
         if with_acc:
-            ax = axes[0, col]
-            _line(
-                ax,
-                *_with_initial(x, acc, x0, initial.get("accuracy")),
-                color="C0",
-                label="test accuracy",
-            )
-            _frame_metric(ax, "test accuracy", xlabel, by_round=col == 1)
+            xy = _with_initial(x, acc, x0, initial.get("accuracy"))
+            _line(axes[0, col], *xy, color="C0", label="test accuracy")
+            _frame_metric(axes[0, col], "test accuracy", xlabel, by_round=col == 1)
         ax = axes[nrows - 1, col]
         xy = _with_initial(x, test_loss, x0, initial.get("loss"))
         drew = _line(ax, *xy, color="C1", label="test loss")
@@ -254,7 +217,7 @@ def figure_metrics(
         _log_if_wide(ax, test_loss, train_loss)
         _frame_metric(ax, "loss", xlabel, by_round=col == 1)
         ax.legend(loc="best", fontsize=9)
-    if not with_acc and _n_rows(rounds):
+    if not with_acc and rounds is not None and rounds.num_rows:
         fig.text(0.01, 0.005, "no test accuracy in this run", fontsize=8, color="0.4")
     fig.suptitle(title or "test metrics", fontsize=13)
     return fig
@@ -266,26 +229,23 @@ def figure_tau_by_group(
     title: str = "",
     max_steps: int | None = None,
 ) -> Figure:
-    """Distribution of local steps tau_i(t) per device group (box plot with
-    the individual updates jittered on top). Dropped updates are left out:
-    they contribute no steps. ``max_steps`` (the scenario's
-    ``round.max_steps``), when given, is drawn as a dashed line labelled
-    "max_steps cap": updates on it were capped, not slow."""
+    """Box plot of local steps tau_i(t) per device group, updates jittered on
+    top; dropped updates are left out. ``max_steps`` (``round.max_steps``) is
+    drawn as a dashed "max_steps cap" line."""
     fig = _new_figure(max(6.0, 1.6 + 1.5 * max(1, len(groups))), 4.6)
     ax = fig.subplots()
     tau = _floats(clients, "tau")
     dev, order, dropped = _by_group(clients, len(tau), groups)
     keep = np.isfinite(tau) & ~dropped if len(tau) else np.zeros(0, dtype=bool)
-    data = [tau[keep & (dev == g)] for g in order]
-    present = [(g, d) for g, d in zip(order, data, strict=True) if len(d)]
+    present = [(g, tau[keep & (dev == g)]) for g in order]
+    present = [(g, d) for g, d in present if len(d)]
     if not present:
         _no_data(ax, "no completed updates")
     else:
         colors = _colors(order)
-        labels = [f"{g}\n(n={len(d)})" for g, d in present]
         box = ax.boxplot(
             [d for _, d in present],
-            tick_labels=labels,
+            tick_labels=[f"{g}\n(n={len(d)})" for g, d in present],
             patch_artist=True,
             widths=0.55,
             showfliers=False,
@@ -297,17 +257,11 @@ def figure_tau_by_group(
             patch.set_alpha(0.45)
             jitter = rng.uniform(-0.18, 0.18, size=len(d))
             ax.scatter(i + 1 + jitter, d, s=9, color=colors[g], alpha=0.7, zorder=3)
-        ax.set_ylabel("local steps tau_i(t)")
-        ax.set_xlabel("device group")
+        ax.set(ylabel="local steps tau_i(t)", xlabel="device group")
         ax.grid(axis="y", alpha=0.3)
         if max_steps is not None:
-            ax.axhline(
-                max_steps,
-                color="0.3",
-                linestyle="--",
-                linewidth=1.0,
-                label="max_steps cap",
-            )
+            cap = {"linestyle": "--", "linewidth": 1.0, "label": "max_steps cap"}
+            ax.axhline(max_steps, color="0.3", **cap)
             ax.legend(loc="best", fontsize=9)
         ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
     ax.set_title(title or "local steps per update, by device group")
@@ -317,8 +271,8 @@ def figure_tau_by_group(
 def figure_staleness(
     clients: pa.Table | None, groups: Sequence[str] = (), title: str = ""
 ) -> Figure:
-    """Async runs: staleness of each update against its simulated arrival
-    time, coloured by device group; dropped updates as red crosses."""
+    """Async runs: each update's staleness against its simulated arrival time,
+    coloured by device group; dropped updates as red crosses."""
     fig = _new_figure(10, 4.6)
     ax = fig.subplots()
     stale = _floats(clients, "staleness")
@@ -339,8 +293,9 @@ def figure_staleness(
             ax.scatter(
                 t1[m], stale[m], s=30, marker="x", color=_DROP_COLOR, label="dropped"
             )
-        ax.set_xlabel("simulated arrival time (s)")
-        ax.set_ylabel("staleness (server versions)")
+        ax.set(
+            xlabel="simulated arrival time (s)", ylabel="staleness (server versions)"
+        )
         ax.yaxis.set_major_locator(_round_ticks())
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", fontsize=9, markerscale=1.5)
@@ -359,15 +314,8 @@ def _round_blocks(rounds_present: list[int], max_rounds: int) -> list[list[int]]
 
 @dataclass(frozen=True)
 class _Updates:
-    """The columns of clients.parquet the timeline draws, one entry per update.
-
-    Attributes:
-        rnd, cid: int64 round and client id.
-        t0, t1: float ``t_start`` and ``t_arrive`` (simulated seconds).
-        dev: device group of each update; ``order`` the groups to draw.
-        dropped: bool; ``reasons`` (object) the drop reason, "" when none.
-        stale: float staleness at arrival (async runs), else None.
-    """
+    """The timeline's columns of clients.parquet, one entry per update;
+    ``reasons`` is "" when not dropped, ``stale`` None unless async."""
 
     rnd: np.ndarray
     cid: np.ndarray
@@ -389,26 +337,19 @@ def _timeline_updates(
     t0 = _floats(clients, "t_start")
     t1 = _floats(clients, "t_arrive")
     n = len(rnd)
+    if n == 0 or not (len(cid) == len(t0) == len(t1) == n):
+        return None
     dev, order, dropped = _by_group(clients, n, groups)
     reason = [str(r or "") for r in _column(clients, "drop_reason")] or [""] * n
     stale = _floats(clients, "staleness") if is_async(clients) else None
-    if n == 0 or not (len(cid) == len(t0) == len(t1) == n):
-        return None
     reasons = np.array(reason, dtype=object)
     return _Updates(rnd, cid, t0, t1, dev, order, dropped, reasons, stale)
 
 
 @dataclass(frozen=True)
 class _BarStyle:
-    """How big bars, edges and markers are for this many client rows.
-
-    Attributes:
-        colors: device group -> colour.
-        edge_w: white bar edge width (0 with many rows: edges would hide bars).
-        mark: marker area (points^2) of drop markers.
-        stale_max: top of the staleness colour scale.
-        bar_h: bar height in client rows.
-    """
+    """Group colours, bar edge width, drop-marker area (points^2), top of the
+    staleness scale and bar height, for this many client rows."""
 
     colors: dict[str, Any]
     edge_w: float
@@ -435,9 +376,8 @@ def _draw_bars(
 ) -> None:
     """One bar per update of ``m_block``: start to arrival, dropped hatched.
 
-    Odd rounds are drawn in a lighter shade than even ones: a client that
-    is busy until the end of a round and starts again at once has two bars
-    that touch, and white edges vanish when rows are thin."""
+    Odd rounds are lighter: a client busy until a round's end that starts
+    again at once has two touching bars, and edges vanish when rows are thin."""
     # One barh call per (group, dropped, round parity) keeps large fleets fast.
     odd = (u.rnd % 2).astype(bool)
     for g in u.order:
@@ -446,14 +386,13 @@ def _draw_bars(
                 m = m_block & (u.dev == g) & (u.dropped == is_drop) & (odd == is_odd)
                 if not m.any():
                     continue
-                alpha = (0.35 if is_drop else 0.85) * (0.6 if is_odd else 1.0)
                 ax.barh(
                     y[m],
                     np.maximum(u.t1[m] - u.t0[m], 0.0),
                     left=u.t0[m],
                     height=st.bar_h,
                     color=st.colors[g],
-                    alpha=alpha,
+                    alpha=(0.35 if is_drop else 0.85) * (0.6 if is_odd else 1.0),
                     hatch="////" if is_drop else None,
                     # White edges keep one client's consecutive rounds apart.
                     edgecolor=_DROP_COLOR if is_drop else "white",
@@ -465,20 +404,12 @@ def _draw_arrivals(
     ax: Axes, u: _Updates, y: np.ndarray, m_block: np.ndarray, st: _BarStyle
 ) -> tuple[set[str], Any]:
     """Drop markers (shape: reason) and, async, arrival dots coloured by
-    staleness. Returns the drop reasons drawn and the staleness scatter (or
-    None)."""
-    used: set[str] = set()
-    for r in sorted(set(u.reasons[m_block & u.dropped].tolist())):
+    staleness; returns the reasons drawn and the staleness scatter (or None)."""
+    used = set(u.reasons[m_block & u.dropped].tolist())
+    for r in sorted(used):
         m = m_block & u.dropped & (u.reasons == r)
-        used.add(r)
-        ax.scatter(
-            u.t1[m],
-            y[m],
-            marker=_DROP_MARKERS.get(r, "x"),
-            s=st.mark,
-            color=_DROP_COLOR,
-            zorder=4,
-        )
+        marker = _DROP_MARKERS.get(r, "x")
+        ax.scatter(u.t1[m], y[m], marker=marker, s=st.mark, color=_DROP_COLOR, zorder=4)
     if u.stale is None:
         return used, None
     m = m_block & ~u.dropped & np.isfinite(u.stale)
@@ -505,27 +436,24 @@ def _frame_block(
     """Round boundaries, x range and title of one panel of rounds ``block``."""
     lo, hi = float(u.t0[m_block].min()), float(u.t1[m_block].max())
     # Round boundaries: the end of every shown round and of the one before.
-    shown_rounds = set(block)
     end_times = _floats(rounds, "sim_time")
     for r, t in zip(_column(rounds, "round"), end_times, strict=False):
-        near = r in shown_rounds or r + 1 in shown_rounds
-        if near and math.isfinite(t) and lo <= t:
+        if (r in block or r + 1 in block) and math.isfinite(t) and lo <= t:
             ax.axvline(t, color="0.55", linewidth=0.8, alpha=0.5, zorder=0)
     pad = max(hi - lo, 1e-9)
     ax.set_xlim(lo - 0.01 * pad, hi + 0.02 * pad)
     first, last = block[0], block[-1]
-    label = f"round {first}" if first == last else f"rounds {first}-{last}"
-    ax.set_title(label, fontsize=10)
+    ax.set_title(
+        f"round {first}" if first == last else f"rounds {first}-{last}", fontsize=10
+    )
     ax.set_xlabel("simulated time (s)")
     ax.grid(axis="x", alpha=0.2)
 
 
 def _client_axis(ax: Axes, ids: list[int]) -> None:
     """The y axis: one row per client id (at most about 40 labelled)."""
-    ax.set_ylabel("client id")
-    step = max(1, math.ceil(len(ids) / 40))
-    ax.set_yticks(range(0, len(ids), step))
-    ax.set_yticklabels([str(ids[i]) for i in range(0, len(ids), step)])
+    rows = range(0, len(ids), max(1, math.ceil(len(ids) / 40)))
+    ax.set(ylabel="client id", yticks=rows, yticklabels=[str(ids[i]) for i in rows])
     ax.set_ylim(len(ids) - 0.5, -0.5)
 
 
@@ -539,22 +467,14 @@ def _timeline_legend(
         if g in st.colors
     ]
     for r in sorted(used):
+        marker = _DROP_MARKERS.get(r, "x")
+        label = f"dropped: {r or 'unknown'}"
         handles.append(
-            axes[0].scatter(
-                [],
-                [],
-                marker=_DROP_MARKERS.get(r, "x"),
-                color=_DROP_COLOR,
-                label=f"dropped: {r or 'unknown'}",
-            )
+            axes[0].scatter([], [], marker=marker, color=_DROP_COLOR, label=label)
         )
-    fig.legend(
-        handles=handles,
-        loc="outside lower center",
-        ncol=min(len(handles), 5) or 1,
-        fontsize=9,
-        frameon=False,
-    )
+    ncol = min(len(handles), 5) or 1
+    kw = {"fontsize": 9, "frameon": False}
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, **kw)
 
 
 def figure_timeline(
@@ -567,12 +487,11 @@ def figure_timeline(
     """Client timeline: one bar per selected client per round, from
     ``t_start`` to ``t_arrive``, coloured by device group.
 
-    The y axis lists the client ids that appear; faint vertical lines mark
-    round ends (``sim_time`` of ``rounds``). Dropped updates are hatched and
-    end in a red marker whose shape gives the drop reason. For async runs
-    the arrival is a dot coloured by staleness. With more than
-    ``max_rounds`` rounds, only the first and the last ``max_rounds / 2``
-    are drawn, in two panels, so bars stay readable.
+    Faint vertical lines mark round ends (``sim_time`` of ``rounds``). Dropped
+    updates are hatched and end in a red marker whose shape gives the reason;
+    async arrivals are dots coloured by staleness. With more than
+    ``max_rounds`` rounds, only the first and last ``max_rounds / 2`` are
+    drawn, in two panels.
     """
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be at least 1, got {max_rounds}")
@@ -582,16 +501,14 @@ def figure_timeline(
         _no_data(fig.subplots(), "no client updates recorded")
         fig.suptitle(title or "client timeline")
         return fig
-
-    blocks = _round_blocks(sorted(set(u.rnd.tolist())), max_rounds)
+    all_rounds = sorted(set(u.rnd.tolist()))
+    blocks = _round_blocks(all_rounds, max_rounds)
     shown = np.isin(u.rnd, np.concatenate([np.array(b) for b in blocks]))
     ids = sorted(set(u.cid[shown].tolist()))
     row_of = {c: i for i, c in enumerate(ids)}
     height = float(np.clip(1.5 + 0.22 * len(ids), 3.5, 14.0))
     fig = _new_figure(12.0 if len(blocks) > 1 else 10.0, height)
-    axes = np.atleast_1d(
-        fig.subplots(1, len(blocks), sharey=True, squeeze=False)[0]
-    ).tolist()
+    axes = fig.subplots(1, len(blocks), sharey=True, squeeze=False)[0].tolist()
     st = _BarStyle.of(u, height, len(ids))
     y = np.array([row_of.get(int(c), -1) for c in u.cid], dtype=np.float64)
     finite = np.isfinite(u.t0) & np.isfinite(u.t1)
@@ -611,8 +528,9 @@ def figure_timeline(
         bar = fig.colorbar(scatter, ax=axes, label="staleness at arrival", shrink=0.8)
         bar.locator = _round_ticks()
         bar.update_ticks()
-    total = len(set(u.rnd.tolist()))
-    suffix = "" if len(blocks) == 1 else f" (first and last of {total} rounds)"
+    suffix = (
+        "" if len(blocks) == 1 else f" (first and last of {len(all_rounds)} rounds)"
+    )
     fig.suptitle((title or "client timeline") + suffix, fontsize=12)
     return fig
 
@@ -626,24 +544,13 @@ def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
     if not _line(ax, _floats(rounds, "round"), chi2, color="C4"):
         _no_data(ax, "no objective-inconsistency values recorded")
     else:
-        finite = chi2[np.isfinite(chi2)]
-        if not finite.any():  # a flat line on the axis looks like no data
-            ax.text(
-                0.5,
-                0.6,
-                "chi^2(p || w) = 0 in every round",
-                ha="center",
-                va="center",
-                transform=ax.transAxes,
-                fontsize=11,
-                color="0.3",
-            )
-            ax.set_ylim(-0.05, 1.0)
-        ax.set_xlabel("round (0-based, as in rounds.parquet)")
-        ax.xaxis.set_major_locator(_round_ticks())
-        ax.set_ylabel("chi^2(p || w)")
-        if finite.any():
+        if chi2[np.isfinite(chi2)].any():
             ax.set_ylim(bottom=0)
+        else:  # a flat line on the axis looks like no data
+            _centre_text(ax, "chi^2(p || w) = 0 in every round", 0.6, color="0.3")
+            ax.set_ylim(-0.05, 1.0)
+        ax.set(xlabel="round (0-based, as in rounds.parquet)", ylabel="chi^2(p || w)")
+        ax.xaxis.set_major_locator(_round_ticks())
         ax.grid(alpha=0.3)
     ax.set_title(title or "objective inconsistency per round")
     return fig
@@ -652,25 +559,21 @@ def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
 def _shares(
     clients: pa.Table | None, rounds: pa.Table | None, partition: pa.Table | None
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """(weight share, data share) per client, or None when a table lacks
-    what they need."""
+    """(weight share, data share) per client; None when a table lacks them."""
     ids = _floats(partition, "client_id")
     p = _floats(partition, "weight")
     if len(p) == 0 or len(ids) != len(p) or not np.isfinite(p).all() or p.sum() <= 0:
         return None
     # agg_weight: the weight as applied (runs before it had only "weight")
     has = clients is not None and "agg_weight" in clients.column_names
-    cid, w = (
-        _floats(clients, "client_id"),
-        _floats(clients, "agg_weight" if has else "weight"),
-    )
+    cid = _floats(clients, "client_id")
+    w = _floats(clients, "agg_weight" if has else "weight")
     if len(cid) == 0 or len(cid) != len(w):
         return None
-    m = int(ids.max()) + 1
-    data = np.zeros(m)
+    data = np.zeros(int(ids.max()) + 1)
     data[ids.astype(np.int64)] = p / p.sum()
     used = int((_floats(rounds, "n_completed") > 0).sum())
-    return weight_shares(m, cid.astype(np.int64), w, used), data
+    return weight_shares(len(data), cid.astype(np.int64), w, used), data
 
 
 def figure_weight_share(
@@ -679,11 +582,9 @@ def figure_weight_share(
     partition: pa.Table | None = None,
     title: str = "",
 ) -> Figure:
-    """Each client's share of the aggregation weight over the run against
-    its data share p_i (``partition.parquet``'s ``weight``), with the line
-    y = x where an unbiased pairing of selector and weighting puts them;
-    log axes when data shares span more than 100x (clients never
-    aggregated are drawn at the bottom edge)."""
+    """Each client's share of the aggregation weight over the run against its
+    data share p_i (``partition.parquet``'s ``weight``), with the line y = x of
+    an unbiased pairing; log axes when data shares span more than 100x."""
     fig = _new_figure(6.0, 5.5)
     ax = fig.subplots()
     got = _shares(clients, rounds, partition)
@@ -696,38 +597,32 @@ def figure_weight_share(
     pos = data[data > 0]
     log = len(pos) > 1 and pos.max() / pos.min() > 100
     lo = min(pos.min(), share[share > 0].min() if (share > 0).any() else 1.0)
+    # clients never aggregated are drawn at the bottom edge of log axes
     y = np.where(share > 0, share, lo / 2) if log else share
     ax.scatter(data, y, s=14, alpha=0.7, color="C0", label="client")
     top = max(float(data.max()), float(share.max()))
     line = np.array([lo / 2 if log else 0.0, top * 1.05])
     ax.plot(line, line, color="0.3", linewidth=1, linestyle="--", label="y = x")
     if log:
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-    ax.set_xlabel("data share p_i")
-    ax.set_ylabel("aggregation weight share")
+        ax.set(xscale="log", yscale="log")
+    ax.set(xlabel="data share p_i", ylabel="aggregation weight share")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)
     ax.set_title(f"{title or 'weight share vs data share'} (L1 = {l1:.3g})")
     return fig
 
 
-# The plot_* functions: each draws its figure_* and writes it as a PNG. The
-# figure_* functions are public so that tests (and notebooks) can check the
-# data behind a figure, not only that a file was written.
-
-
 def _writes_png(
     figure: Callable[Concatenate[_T, _P], Figure],
 ) -> Callable[Concatenate[_T, Path, _P], Path]:
-    """``plot(data, path, ...)``: draw ``figure(data, ...)`` and write it to
-    ``path`` as a PNG; returns ``path``."""
+    """``plot(data, path, ...)``: write ``figure(data, ...)`` to ``path`` as a
+    PNG and return ``path``. (figure_* stay public so tests can check the data
+    behind a figure.)"""
 
     def plot(data: _T, path: Path, /, *args: _P.args, **kwargs: _P.kwargs) -> Path:
         return _save(figure(data, *args, **kwargs), path)
 
-    name = figure.__name__.replace("figure_", "plot_", 1)
-    plot.__name__ = plot.__qualname__ = name
+    plot.__name__ = plot.__qualname__ = figure.__name__.replace("figure_", "plot_", 1)
     plot.__doc__ = (
         f"Write :func:`{figure.__name__}` to ``path`` (PNG); returns ``path``."
     )
