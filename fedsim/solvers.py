@@ -1,24 +1,11 @@
 """Local solvers: how a client turns gradients into local steps.
 
 Each solver updates a flat parameter vector in place, one step at a time (the
-clock decides how many steps), and keeps the scalar recursion of the official
-FedNova code (ALGORITHMS.md 5.3) so that it can report ||a_i||_1, the L1 norm
-of its accumulation vector: Delta_i = -lr * G_i a_i. FedNova divides each
-update by this number; FedAvg's implicit weights are proportional to it.
-
-Closed forms (ALGORITHMS.md 5.2), for tau steps:
-
-=================  ======================================
-solver             ||a||_1
-=================  ======================================
-sgd                tau
-momentum (rho)     [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho)
-prox (alpha=lr mu)  (1 - (1 - alpha)^tau) / alpha
-decay (gamma)      (1 - gamma^tau) / (1 - gamma)   (lr_k = lr gamma^k)
-=================  ======================================
-
-``SolverState.lr`` records the base lr, so that an algorithm can turn a delta
-into a normalised gradient: d_i = -Delta_i / (lr ||a_i||_1) (SCAFFOLD option II,
+clock decides how many), and keeps the official FedNova code's scalar
+recursion (ALGORITHMS.md 5.3) for ||a_i||_1, the L1 norm of its accumulation
+vector: Delta_i = -lr * G_i a_i. ``norm_a(tau)`` gives the closed form
+(ALGORITHMS.md 5.2). ``SolverState.lr`` lets an algorithm turn a delta into the
+normalised gradient d_i = -Delta_i / (lr ||a_i||_1) (SCAFFOLD option II,
 FedNova-VR, FedDC).
 
 Example:
@@ -136,11 +123,8 @@ class Prox(SGD):
 
 @dataclass(frozen=True)
 class Decay(SGD):
-    """SGD whose lr decays geometrically inside the round: lr_k = lr gamma^k.
-
-    a = [1, gamma, ..., gamma^(tau-1)] (ALGORITHMS.md 5.2); the recursion adds
-    the current factor gamma^k to ||a||_1 after each step.
-    """
+    """SGD whose lr decays inside the round: lr_k = lr gamma^k, so
+    a = [1, gamma, ..., gamma^(tau-1)]."""
 
     gamma: float = 1.0
 
@@ -179,11 +163,8 @@ def average_gradient(delta: torch.Tensor, lr: float, norm_a: float) -> torch.Ten
 
 
 def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
-    """The solver a client spec asks for; ``mu`` forces ``prox`` (the proximal
-    coefficient of FedProx, or FedAsync's rho).
-
-    Proximal SGD combined with momentum or a decayed lr has no derived
-    ||a||_1 (ALGORITHMS.md 5.3), so that combination is refused.
+    """The solver a client spec asks for; ``mu`` (FedProx's mu, FedAsync's rho)
+    forces ``prox``, refused with momentum or decay (no derived ||a||_1).
 
     >>> from fedsim.scenario import ClientSpec
     >>> make_solver(ClientSpec(solver="decay", lr=0.1, step_decay=0.5)).norm_a(3)
