@@ -1,10 +1,8 @@
 """Figures of one run, drawn from its Parquet tables (docs/results.md, "Figures").
 
-Each ``figure_*`` function takes the run's tables (read with
-:func:`pyarrow.parquet.read_table`) and returns a matplotlib Figure (object API,
-Agg canvas: no display, no pyplot state); the matching ``plot_*`` writes it to a
-path as a PNG, atomically. Missing columns, NaN values and empty tables give a
-figure that says so instead of an error: an interrupted run still gets a report.
+``figure_*`` returns a matplotlib Figure (Agg canvas, no pyplot state), ``plot_*``
+writes it as a PNG. Missing columns, NaN and empty tables give a figure that
+says so, not an error: an interrupted run still gets a report.
 
 Example:
     >>> import pyarrow as pa
@@ -181,13 +179,9 @@ def figure_metrics(
     title: str = "",
     initial: Mapping[str, Any] | None = None,
 ) -> Figure:
-    """Test accuracy (top) and loss (below) against simulated time and rounds.
-
-    Round ``t`` of rounds.parquet is drawn at ``t + 1`` rounds completed;
-    ``initial`` (summary.json's: ``accuracy``, ``loss``, ``t``) starts each test
-    curve at 0 rounds completed. Without accuracy (e.g. the quadratic objective)
-    only the loss row is drawn; the training loss is dashed.
-    """
+    """Test accuracy and loss (training loss dashed) against simulated time and
+    rounds completed (round ``t`` at ``t + 1``), from summary.json's ``initial``
+    model on; without accuracy (e.g. quadratic) only the loss row."""
     # summary.json's value: anything but a mapping (an old run: null) is none
     initial = initial if isinstance(initial, Mapping) else {}
     t0 = float(initial.get("t") or 0.0)
@@ -229,9 +223,8 @@ def figure_tau_by_group(
     title: str = "",
     max_steps: int | None = None,
 ) -> Figure:
-    """Box plot of local steps tau_i(t) per device group, updates jittered on
-    top; dropped updates are left out. ``max_steps`` (``round.max_steps``) is
-    drawn as a dashed "max_steps cap" line."""
+    """Box plot of completed updates' local steps tau_i(t) per device group,
+    jittered points on top; a dashed "max_steps cap" line at ``max_steps``."""
     fig = _new_figure(max(6.0, 1.6 + 1.5 * max(1, len(groups))), 4.6)
     ax = fig.subplots()
     tau = _floats(clients, "tau")
@@ -271,8 +264,7 @@ def figure_tau_by_group(
 def figure_staleness(
     clients: pa.Table | None, groups: Sequence[str] = (), title: str = ""
 ) -> Figure:
-    """Async runs: each update's staleness against its simulated arrival time,
-    coloured by device group; dropped updates as red crosses."""
+    """Async runs: staleness against arrival time by device group, drops as red x."""
     fig = _new_figure(10, 4.6)
     ax = fig.subplots()
     stale = _floats(clients, "staleness")
@@ -374,10 +366,8 @@ class _BarStyle:
 def _draw_bars(
     ax: Axes, u: _Updates, y: np.ndarray, m_block: np.ndarray, st: _BarStyle
 ) -> None:
-    """One bar per update of ``m_block``: start to arrival, dropped hatched.
-
-    Odd rounds are lighter: a client busy until a round's end that starts
-    again at once has two touching bars, and edges vanish when rows are thin."""
+    """One bar per update of ``m_block``, start to arrival, dropped hatched; odd
+    rounds lighter, so a client's touching bars of two rounds stay apart."""
     # One barh call per (group, dropped, round parity) keeps large fleets fast.
     odd = (u.rnd % 2).astype(bool)
     for g in u.order:
@@ -462,9 +452,7 @@ def _timeline_legend(
 ) -> None:
     """Device groups and the drop reasons drawn, below the panels."""
     handles: list[Any] = [
-        Patch(facecolor=st.colors[g], alpha=0.85, label=g)
-        for g in u.order
-        if g in st.colors
+        Patch(facecolor=st.colors[g], alpha=0.85, label=g) for g in u.order
     ]
     for r in sorted(used):
         marker = _DROP_MARKERS.get(r, "x")
@@ -484,15 +472,10 @@ def figure_timeline(
     max_rounds: int = 20,
     title: str = "",
 ) -> Figure:
-    """Client timeline: one bar per selected client per round, from
-    ``t_start`` to ``t_arrive``, coloured by device group.
-
-    Faint vertical lines mark round ends (``sim_time`` of ``rounds``). Dropped
-    updates are hatched and end in a red marker whose shape gives the reason;
-    async arrivals are dots coloured by staleness. With more than
-    ``max_rounds`` rounds, only the first and last ``max_rounds / 2`` are
-    drawn, in two panels.
-    """
+    """One bar per client row from ``t_start`` to ``t_arrive``, coloured by
+    device group, faint lines at round ends; dropped updates hatched with a red
+    marker shaped by the reason; async arrivals coloured by staleness. Over
+    ``max_rounds`` rounds, the first and last ``max_rounds / 2`` in two panels."""
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be at least 1, got {max_rounds}")
     u = _timeline_updates(clients, groups)
@@ -528,10 +511,10 @@ def figure_timeline(
         bar = fig.colorbar(scatter, ax=axes, label="staleness at arrival", shrink=0.8)
         bar.locator = _round_ticks()
         bar.update_ticks()
-    suffix = (
-        "" if len(blocks) == 1 else f" (first and last of {len(all_rounds)} rounds)"
-    )
-    fig.suptitle((title or "client timeline") + suffix, fontsize=12)
+    title = title or "client timeline"
+    if len(blocks) > 1:
+        title += f" (first and last of {len(all_rounds)} rounds)"
+    fig.suptitle(title, fontsize=12)
     return fig
 
 
@@ -582,9 +565,8 @@ def figure_weight_share(
     partition: pa.Table | None = None,
     title: str = "",
 ) -> Figure:
-    """Each client's share of the aggregation weight over the run against its
-    data share p_i (``partition.parquet``'s ``weight``), with the line y = x of
-    an unbiased pairing; log axes when data shares span more than 100x."""
+    """Each client's aggregation weight share over the run against its data
+    share p_i (``partition``'s ``weight``), with y = x; log axes past 100x."""
     fig = _new_figure(6.0, 5.5)
     ax = fig.subplots()
     got = _shares(clients, rounds, partition)
@@ -615,17 +597,14 @@ def figure_weight_share(
 def _writes_png(
     figure: Callable[Concatenate[_T, _P], Figure],
 ) -> Callable[Concatenate[_T, Path, _P], Path]:
-    """``plot(data, path, ...)``: write ``figure(data, ...)`` to ``path`` as a
-    PNG and return ``path``. (figure_* stay public so tests can check the data
-    behind a figure.)"""
+    """``plot(data, path, ...)``: ``figure(data, ...)`` written to ``path`` as a PNG
+    (figure_* stay public so tests can check the data behind a figure)."""
 
     def plot(data: _T, path: Path, /, *args: _P.args, **kwargs: _P.kwargs) -> Path:
         return _save(figure(data, *args, **kwargs), path)
 
     plot.__name__ = plot.__qualname__ = figure.__name__.replace("figure_", "plot_", 1)
-    plot.__doc__ = (
-        f"Write :func:`{figure.__name__}` to ``path`` (PNG); returns ``path``."
-    )
+    plot.__doc__ = f"Write :func:`{figure.__name__}` to ``path`` as a PNG; return it."
     return plot
 
 
