@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import io
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ DPI = 110
 # Marker per drop reason (fedsim.clock.Plan.reason); anything else gets "x".
 _DROP_MARKERS = {"late": "x", "offline": "v", "no_time": "s", "no_data": "o"}
 _DROP_COLOR = "#d62728"
-_CENTRED: dict[str, Any] = {"ha": "center", "va": "center", "fontsize": 11}
+_TEXT: dict[str, Any] = {"ha": "center", "va": "center", "fontsize": 11}
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
@@ -114,8 +115,7 @@ def group_order(clients: pa.Table | None, groups: Sequence[str] = ()) -> list[st
 def _colors(groups: Sequence[str]) -> dict[str, Any]:
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10"]
-    palette = [cmap(i) for i in range(10) if i != 3]  # red is for dropped updates
+    palette = [colormaps["tab10"](i) for i in range(10) if i != 3]  # red: dropped
     return {g: palette[i % len(palette)] for i, g in enumerate(groups)}
 
 
@@ -130,20 +130,14 @@ def _save(fig: Figure, path: Path) -> Path:
     return Path(path)
 
 
-def _centre_text(ax: Axes, text: str, y: float = 0.5, **kw: Any) -> None:
-    ax.text(0.5, y, text, transform=ax.transAxes, **_CENTRED, **kw)
-
-
 def _no_data(ax: Axes, message: str) -> None:
-    _centre_text(ax, message, color="0.4", wrap=True)
+    ax.text(0.5, 0.5, message, transform=ax.transAxes, color="0.4", wrap=True, **_TEXT)
     ax.set(xticks=[], yticks=[])
 
 
 def _line(ax: Axes, x: np.ndarray, y: np.ndarray, **kw: Any) -> bool:
     """Plot the finite points of y against x; False when there are none."""
-    if len(x) != len(y):
-        return False
-    ok = np.isfinite(x) & np.isfinite(y)
+    ok = np.isfinite(x) & np.isfinite(y) if len(x) == len(y) else np.zeros(0, bool)
     if not ok.any():
         return False
     marker = "o" if ok.sum() <= 30 else None
@@ -246,8 +240,7 @@ def figure_tau_by_group(
         )
         rng = np.random.default_rng(0)  # jitter only; fixed so plots are stable
         for i, ((g, d), patch) in enumerate(zip(present, box["boxes"], strict=True)):
-            patch.set_facecolor(colors[g])
-            patch.set_alpha(0.45)
+            patch.set(facecolor=colors[g], alpha=0.45)
             jitter = rng.uniform(-0.18, 0.18, size=len(d))
             ax.scatter(i + 1 + jitter, d, s=9, color=colors[g], alpha=0.7, zorder=3)
         ax.set(ylabel="local steps tau_i(t)", xlabel="device group")
@@ -363,38 +356,31 @@ class _BarStyle:
         )
 
 
-def _draw_bars(
-    ax: Axes, u: _Updates, y: np.ndarray, m_block: np.ndarray, st: _BarStyle
-) -> None:
-    """One bar per update of ``m_block``, start to arrival, dropped hatched; odd
-    rounds lighter, so a client's touching bars of two rounds stay apart."""
-    # One barh call per (group, dropped, round parity) keeps large fleets fast.
-    odd = (u.rnd % 2).astype(bool)
-    for g in u.order:
-        for is_drop in (False, True):
-            for is_odd in (False, True):
-                m = m_block & (u.dev == g) & (u.dropped == is_drop) & (odd == is_odd)
-                if not m.any():
-                    continue
-                ax.barh(
-                    y[m],
-                    np.maximum(u.t1[m] - u.t0[m], 0.0),
-                    left=u.t0[m],
-                    height=st.bar_h,
-                    color=st.colors[g],
-                    alpha=(0.35 if is_drop else 0.85) * (0.6 if is_odd else 1.0),
-                    hatch="////" if is_drop else None,
-                    # White edges keep one client's consecutive rounds apart.
-                    edgecolor=_DROP_COLOR if is_drop else "white",
-                    linewidth=0.6 * (st.edge_w > 0) if is_drop else st.edge_w,
-                )
-
-
-def _draw_arrivals(
+def _draw_updates(
     ax: Axes, u: _Updates, y: np.ndarray, m_block: np.ndarray, st: _BarStyle
 ) -> tuple[set[str], Any]:
-    """Drop markers (shape: reason) and, async, arrival dots coloured by
-    staleness; returns the reasons drawn and the staleness scatter (or None)."""
+    """One bar per update of ``m_block``, start to arrival: dropped hatched and
+    ending in a marker shaped by the reason, odd rounds lighter (a client's
+    touching bars stay apart), async arrivals dots coloured by staleness.
+    Returns the drop reasons drawn and the staleness scatter (or None)."""
+    # One barh call per (group, dropped, round parity) keeps large fleets fast.
+    odd = (u.rnd % 2).astype(bool)
+    flags = (False, True)
+    for g, is_drop, is_odd in itertools.product(u.order, flags, flags):
+        m = m_block & (u.dev == g) & (u.dropped == is_drop) & (odd == is_odd)
+        if m.any():
+            ax.barh(
+                y[m],
+                np.maximum(u.t1[m] - u.t0[m], 0.0),
+                left=u.t0[m],
+                height=st.bar_h,
+                color=st.colors[g],
+                alpha=(0.35 if is_drop else 0.85) * (0.6 if is_odd else 1.0),
+                hatch="////" if is_drop else None,
+                # White edges keep one client's consecutive rounds apart.
+                edgecolor=_DROP_COLOR if is_drop else "white",
+                linewidth=0.6 * (st.edge_w > 0) if is_drop else st.edge_w,
+            )
     used = set(u.reasons[m_block & u.dropped].tolist())
     for r in sorted(used):
         m = m_block & u.dropped & (u.reasons == r)
@@ -433,18 +419,10 @@ def _frame_block(
     pad = max(hi - lo, 1e-9)
     ax.set_xlim(lo - 0.01 * pad, hi + 0.02 * pad)
     first, last = block[0], block[-1]
-    ax.set_title(
-        f"round {first}" if first == last else f"rounds {first}-{last}", fontsize=10
-    )
+    label = f"round {first}" if first == last else f"rounds {first}-{last}"
+    ax.set_title(label, fontsize=10)
     ax.set_xlabel("simulated time (s)")
     ax.grid(axis="x", alpha=0.2)
-
-
-def _client_axis(ax: Axes, ids: list[int]) -> None:
-    """The y axis: one row per client id (at most about 40 labelled)."""
-    rows = range(0, len(ids), max(1, math.ceil(len(ids) / 40)))
-    ax.set(ylabel="client id", yticks=rows, yticklabels=[str(ids[i]) for i in rows])
-    ax.set_ylim(len(ids) - 0.5, -0.5)
 
 
 def _timeline_legend(
@@ -499,13 +477,15 @@ def figure_timeline(
     scatter = None
     for ax, block in zip(axes, blocks, strict=True):
         m_block = np.isin(u.rnd, block) & finite
-        _draw_bars(ax, u, y, m_block, st)
-        reasons, drawn = _draw_arrivals(ax, u, y, m_block, st)
+        reasons, drawn = _draw_updates(ax, u, y, m_block, st)
         used |= reasons
         scatter = drawn if drawn is not None else scatter
         if m_block.any():
             _frame_block(ax, u, m_block, block, rounds)
-    _client_axis(axes[0], ids)
+    rows = range(0, len(ids), max(1, math.ceil(len(ids) / 40)))  # <= ~40 labels
+    labels = [str(ids[i]) for i in rows]
+    axes[0].set(ylabel="client id", yticks=rows, yticklabels=labels)
+    axes[0].set_ylim(len(ids) - 0.5, -0.5)
     _timeline_legend(fig, axes, u, st, used)
     if scatter is not None:
         bar = fig.colorbar(scatter, ax=axes, label="staleness at arrival", shrink=0.8)
@@ -530,7 +510,8 @@ def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
         if chi2[np.isfinite(chi2)].any():
             ax.set_ylim(bottom=0)
         else:  # a flat line on the axis looks like no data
-            _centre_text(ax, "chi^2(p || w) = 0 in every round", 0.6, color="0.3")
+            note = "chi^2(p || w) = 0 in every round"
+            ax.text(0.5, 0.6, note, transform=ax.transAxes, color="0.3", **_TEXT)
             ax.set_ylim(-0.05, 1.0)
         ax.set(xlabel="round (0-based, as in rounds.parquet)", ylabel="chi^2(p || w)")
         ax.xaxis.set_major_locator(_round_ticks())
