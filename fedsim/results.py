@@ -99,10 +99,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; use the usual mode
         os.replace(tmp, path)
     except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.errno is not None:
             # name the file the caller meant, not the temporary one
             raise OSError(exc.errno, exc.strerror, str(path)) from None
@@ -250,10 +247,9 @@ class Recorder:
         asynchronous: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        sync = (ROUND_SCHEMA, CLIENT_SCHEMA)
         self.schemas = (
-            (ASYNC_ROUND_SCHEMA, ASYNC_CLIENT_SCHEMA)
-            if asynchronous
-            else (ROUND_SCHEMA, CLIENT_SCHEMA)
+            (ASYNC_ROUND_SCHEMA, ASYNC_CLIENT_SCHEMA) if asynchronous else sync
         )
         self.rows: list[_Row] = []
         self.clients: list[_Row] = []
@@ -286,12 +282,11 @@ class Recorder:
 
     def write(self, run_dir: Path) -> None:
         rounds, clients = self.schemas
-        self._write(run_dir / "rounds.parquet", self.rows, rounds)
-        self._write(run_dir / "clients.parquet", self.clients, clients)
+        tables = [("rounds", self.rows, rounds), ("clients", self.clients, clients)]
         if self.selector_rows:
-            self._write(
-                run_dir / "selector.parquet", self.selector_rows, SELECTOR_SCHEMA
-            )
+            tables.append(("selector", self.selector_rows, SELECTOR_SCHEMA))
+        for name, rows, schema in tables:
+            self._write(run_dir / f"{name}.parquet", rows, schema)
 
     def _write(self, path: Path, rows: list[_Row], schema: pa.Schema) -> None:
         table = self._converted.setdefault(path.name, _Converted()).of(rows, schema)
