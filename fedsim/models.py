@@ -135,8 +135,7 @@ def _logreg(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
 
 
 def _dense(width: int, hidden: Sequence[int], classes: int) -> list[nn.Module]:
-    """Linear layers ``width -> hidden... -> classes`` with a ReLU between
-    each two (created in order, so the seed gives the same weights)."""
+    """Linear layers ``width -> hidden... -> classes``, ReLUs between."""
     layers: list[nn.Module] = []
     for h in hidden:
         layers += [nn.Linear(width, h), nn.ReLU()]
@@ -199,9 +198,8 @@ def _resnet18(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Modul
     from torchvision.models import resnet18
 
     s = _image_shape(shape, "resnet18")
-    net = resnet18(
-        weights=None, num_classes=classes, norm_layer=partial(_gn, spec.norm_groups)
-    )
+    norm = partial(_gn, spec.norm_groups)
+    net = resnet18(weights=None, num_classes=classes, norm_layer=norm)
     small = max(s[1:]) <= 32
     if small or s[0] != 3:
         k, stride, pad = (3, 1, 1) if small else (7, 2, 3)
@@ -220,13 +218,9 @@ def _convnet(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module
     layers: list[nn.Module] = []
     c = s[0]
     for d in range(spec.depth):
-        pad = 3 if s[0] == 1 and d == 0 else 1
-        layers += [
-            nn.Conv2d(c, spec.width, 3, padding=pad),
-            nn.GroupNorm(spec.width, spec.width, affine=True),
-            nn.ReLU(),
-            nn.AvgPool2d(2, 2),
-        ]
+        conv = nn.Conv2d(c, spec.width, 3, padding=3 if s[0] == 1 and d == 0 else 1)
+        norm = nn.GroupNorm(spec.width, spec.width, affine=True)
+        layers += [conv, norm, nn.ReLU(), nn.AvgPool2d(2, 2)]
         c = spec.width
     return _ImageNet(s, nn.Sequential(*layers), lambda n: nn.Linear(n, classes))
 
