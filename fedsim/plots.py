@@ -331,38 +331,17 @@ def _timeline_updates(
     return _Updates(rnd, cid, t0, t1, dev, order, dropped, reasons, stale)
 
 
-@dataclass(frozen=True)
-class _BarStyle:
-    """Group colours, bar edge width, drop-marker area (points^2), top of the
-    staleness scale and bar height, for this many client rows."""
-
-    colors: dict[str, Any]
-    edge_w: float
-    mark: float
-    stale_max: float
-    bar_h: float = 0.7
-
-    @classmethod
-    def of(cls, u: _Updates, height: float, n_rows: int) -> _BarStyle:
-        stale = u.stale[np.isfinite(u.stale)] if u.stale is not None else np.zeros(0)
-        # Points of figure height per client row: with many rows, white edges
-        # would hide the bars and markers would cover each other.
-        row_pt = 72.0 * (height - 1.5) / max(1, n_rows)
-        return cls(
-            colors=_colors(u.order),
-            edge_w=0.8 if row_pt >= 6 else 0.0,
-            mark=float(np.clip(row_pt**2, 4.0, 38.0)),
-            stale_max=float(stale.max()) if len(stale) else 0.0,
-        )
-
-
 def _draw_updates(
-    ax: Axes, u: _Updates, y: np.ndarray, m_block: np.ndarray, st: _BarStyle
+    ax: Axes, u: _Updates, y: np.ndarray, m_block: np.ndarray, row_pt: float
 ) -> tuple[set[str], Any]:
     """One bar per update of ``m_block``, start to arrival: dropped hatched and
     ending in a marker shaped by the reason, odd rounds lighter (a client's
     touching bars stay apart), async arrivals dots coloured by staleness.
     Returns the drop reasons drawn and the staleness scatter (or None)."""
+    colors = _colors(u.order)
+    # With many rows (few points each), white edges would hide the bars.
+    edge_w = 0.8 if row_pt >= 6 else 0.0
+    mark = float(np.clip(row_pt**2, 4.0, 38.0))  # drop-marker area
     # One barh call per (group, dropped, round parity) keeps large fleets fast.
     odd = (u.rnd % 2).astype(bool)
     flags = (False, True)
@@ -373,19 +352,19 @@ def _draw_updates(
                 y[m],
                 np.maximum(u.t1[m] - u.t0[m], 0.0),
                 left=u.t0[m],
-                height=st.bar_h,
-                color=st.colors[g],
+                height=0.7,
+                color=colors[g],
                 alpha=(0.35 if is_drop else 0.85) * (0.6 if is_odd else 1.0),
                 hatch="////" if is_drop else None,
                 # White edges keep one client's consecutive rounds apart.
                 edgecolor=_DROP_COLOR if is_drop else "white",
-                linewidth=0.6 * (st.edge_w > 0) if is_drop else st.edge_w,
+                linewidth=0.6 * (edge_w > 0) if is_drop else edge_w,
             )
     used = set(u.reasons[m_block & u.dropped].tolist())
     for r in sorted(used):
         m = m_block & u.dropped & (u.reasons == r)
         marker = _DROP_MARKERS.get(r, "x")
-        ax.scatter(u.t1[m], y[m], marker=marker, s=st.mark, color=_DROP_COLOR, zorder=4)
+        ax.scatter(u.t1[m], y[m], marker=marker, s=mark, color=_DROP_COLOR, zorder=4)
     if u.stale is None:
         return used, None
     m = m_block & ~u.dropped & np.isfinite(u.stale)
@@ -397,9 +376,9 @@ def _draw_updates(
         c=u.stale[m],
         cmap="viridis",
         vmin=0,
-        vmax=max(st.stale_max, 1.0),
-        s=0.6 * st.mark,
-        edgecolors="black" if st.edge_w else "none",
+        vmax=max(float(np.max(u.stale[np.isfinite(u.stale)], initial=0.0)), 1.0),
+        s=0.6 * mark,
+        edgecolors="black" if edge_w else "none",
         linewidths=0.4,
         zorder=5,
     )
@@ -426,11 +405,12 @@ def _frame_block(
 
 
 def _timeline_legend(
-    fig: Figure, axes: list[Axes], u: _Updates, st: _BarStyle, used: set[str]
+    fig: Figure, axes: list[Axes], u: _Updates, used: set[str]
 ) -> None:
     """Device groups and the drop reasons drawn, below the panels."""
     handles: list[Any] = [
-        Patch(facecolor=st.colors[g], alpha=0.85, label=g) for g in u.order
+        Patch(facecolor=color, alpha=0.85, label=g)
+        for g, color in _colors(u.order).items()
     ]
     for r in sorted(used):
         marker = _DROP_MARKERS.get(r, "x")
@@ -470,14 +450,14 @@ def figure_timeline(
     height = float(np.clip(1.5 + 0.22 * len(ids), 3.5, 14.0))
     fig = _new_figure(12.0 if len(blocks) > 1 else 10.0, height)
     axes = fig.subplots(1, len(blocks), sharey=True, squeeze=False)[0].tolist()
-    st = _BarStyle.of(u, height, len(ids))
+    row_pt = 72.0 * (height - 1.5) / max(1, len(ids))  # points of height per row
     y = np.array([row_of.get(int(c), -1) for c in u.cid], dtype=np.float64)
     finite = np.isfinite(u.t0) & np.isfinite(u.t1)
     used: set[str] = set()
     scatter = None
     for ax, block in zip(axes, blocks, strict=True):
         m_block = np.isin(u.rnd, block) & finite
-        reasons, drawn = _draw_updates(ax, u, y, m_block, st)
+        reasons, drawn = _draw_updates(ax, u, y, m_block, row_pt)
         used |= reasons
         scatter = drawn if drawn is not None else scatter
         if m_block.any():
@@ -486,7 +466,7 @@ def figure_timeline(
     labels = [str(ids[i]) for i in rows]
     axes[0].set(ylabel="client id", yticks=rows, yticklabels=labels)
     axes[0].set_ylim(len(ids) - 0.5, -0.5)
-    _timeline_legend(fig, axes, u, st, used)
+    _timeline_legend(fig, axes, u, used)
     if scatter is not None:
         bar = fig.colorbar(scatter, ax=axes, label="staleness at arrival", shrink=0.8)
         bar.locator = _round_ticks()
