@@ -131,15 +131,11 @@ def _get(d: Any, *keys: str) -> Any:
 
 
 def _fmt(x: Any, spec: str = ".4g") -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, bool):
-        return str(x)
-    if isinstance(x, int):
-        return f"{x:,}"
     if isinstance(x, float):
-        return "-" if not math.isfinite(x) else format(x, spec)
-    return str(x)
+        return format(x, spec) if math.isfinite(x) else "-"
+    if isinstance(x, int) and not isinstance(x, bool):
+        return f"{x:,}"
+    return "-" if x is None else str(x)
 
 
 def _bytes(n: Any) -> str:
@@ -269,13 +265,9 @@ def _draw_figures(
 
 
 def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
-    """Write the figures and ``report.md`` of a run directory; returns its path.
-
-    Args:
-        run_dir: written by ``fedsim run`` (``rounds.parquet`` required;
-            ``clients.parquet``, ``summary.json``, ``scenario.yaml`` if present).
-        max_timeline_rounds: the client timeline shows at most this many
-            rounds (the first and last halves).
+    """Write the figures and ``report.md`` of ``run_dir`` (a ``fedsim run``
+    output) and return report.md's path; the client timeline shows at most
+    ``max_timeline_rounds`` rounds (the first and last halves).
 
     Raises:
         ReportError: not a run directory, or a file in it cannot be read.

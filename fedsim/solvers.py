@@ -1,19 +1,14 @@
 """Local solvers: how a client turns gradients into local steps.
 
-Each solver updates a flat parameter vector in place, one step at a time (the
-clock decides how many), and keeps the official FedNova code's scalar
-recursion (ALGORITHMS.md 5.3) for ||a_i||_1, the L1 norm of its accumulation
-vector: Delta_i = -lr * G_i a_i. ``norm_a(tau)`` gives the closed form
-(ALGORITHMS.md 5.2). ``SolverState.lr`` lets an algorithm turn a delta into the
-normalised gradient d_i = -Delta_i / (lr ||a_i||_1) (SCAFFOLD option II,
-FedNova-VR, FedDC).
+Each updates a flat parameter vector in place, one step at a time (the clock
+decides how many), keeping FedNova's recursion (ALGORITHMS.md 5.3) for
+||a_i||_1, the L1 norm of its accumulation vector (Delta_i = -lr G_i a_i);
+``norm_a(tau)`` is the closed form (5.2). With ``SolverState.lr`` an algorithm
+gets d_i = -Delta_i / (lr ||a_i||_1) (SCAFFOLD option II, FedNova-VR, FedDC).
 
 Example:
-    >>> import torch
-    >>> from fedsim.solvers import Momentum
     >>> s = Momentum(lr=0.1, rho=0.9)
-    >>> x, x0 = torch.zeros(1), torch.zeros(1)
-    >>> st = s.begin(x0)
+    >>> x, st = torch.zeros(1), s.begin(torch.zeros(1))
     >>> for _ in range(2):
     ...     s.step(x, torch.ones(1), st)
     >>> round(st.norm_a, 6), round(s.norm_a(2), 6)
