@@ -145,12 +145,6 @@ def _line(ax: Axes, x: np.ndarray, y: np.ndarray, **kw: Any) -> bool:
     return True
 
 
-def _log_if_wide(ax: Axes, *series: np.ndarray) -> None:
-    vals = np.concatenate([s[np.isfinite(s)] for s in series] or [np.array([])])
-    if len(vals) and vals.min() > 0 and vals.max() / vals.min() > 100:
-        ax.set_yscale("log")
-
-
 def _frame_metric(ax: Axes, ylabel: str, xlabel: str, by_round: bool) -> None:
     ax.set(ylabel=ylabel, xlabel=xlabel)
     if by_round:
@@ -169,9 +163,7 @@ def _with_initial(
 
 
 def figure_metrics(
-    rounds: pa.Table | None,
-    title: str = "",
-    initial: Mapping[str, Any] | None = None,
+    rounds: pa.Table | None, title: str = "", initial: Mapping[str, Any] | None = None
 ) -> Figure:
     """Test accuracy and loss (training loss dashed) against simulated time and
     rounds completed (round ``t`` at ``t + 1``), from summary.json's ``initial``
@@ -182,6 +174,8 @@ def figure_metrics(
     acc = _floats(rounds, "test_accuracy")
     test_loss = _floats(rounds, "test_loss")
     train_loss = _floats(rounds, "train_loss")
+    losses = np.concatenate([test_loss, train_loss])
+    losses = losses[np.isfinite(losses)]
     with_acc = bool(np.isfinite(acc).any())
     nrows = 2 if with_acc else 1
     fig = _new_figure(11, 4.2 * nrows)
@@ -202,7 +196,8 @@ def figure_metrics(
         if not drew:
             _no_data(ax, "no loss recorded")
             continue
-        _log_if_wide(ax, test_loss, train_loss)
+        if len(losses) and losses.min() > 0 and losses.max() / losses.min() > 100:
+            ax.set_yscale("log")
         _frame_metric(ax, "loss", xlabel, by_round=col == 1)
         ax.legend(loc="best", fontsize=9)
     if not with_acc and rounds is not None and rounds.num_rows:

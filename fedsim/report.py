@@ -90,11 +90,6 @@ WEIGHT_SHARE = Plot(
     "participation_bias gives the L1 distance and the top over-weighted "
     "clients).",
 )
-PARTITION = Plot(
-    "partition.png",
-    "Data partition",
-    "Samples per client by class (partition.parquet holds them all).",
-)
 
 
 def _read_table(path: Path, required: bool) -> pa.Table | None:
@@ -295,11 +290,12 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     lines += [f"| {k} | {v} |" for k, v in _summary_rows(summary, scenario, rounds)]
     if clients is None:
         lines += ["", "clients.parquet is missing: the client figures are empty."]
-    if (run_dir / "partition.png").exists():
-        figures.append(PARTITION)
     for fig in figures:
         lines += ["", f"## {fig.heading}", "", f"![{fig.heading}]({fig.file})", ""]
         lines.append(fig.hint)
+    if (run_dir / "partition.png").exists():
+        lines += ["", "## Data partition", "", "![Data partition](partition.png)", ""]
+        lines.append("Samples per client by class (partition.parquet holds them all).")
     path = run_dir / REPORT_NAME
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
     return path

@@ -60,9 +60,7 @@ class SGD:
         return SolverState(x0=x0, lr=self.lr)
 
     def _direction(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        if self.weight_decay:
-            return g.add(x, alpha=self.weight_decay)
-        return g
+        return g.add(x, alpha=self.weight_decay) if self.weight_decay else g
 
     def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
         x.add_(self._direction(x, g), alpha=-self.lr)
@@ -111,9 +109,7 @@ class Prox(SGD):
 
     def norm_a(self, tau: int) -> float:
         a = self.lr * self.mu
-        if a == 0:
-            return float(tau)
-        return (1.0 - (1.0 - a) ** tau) / a
+        return (1.0 - (1.0 - a) ** tau) / a if a else float(tau)
 
 
 @dataclass(frozen=True)
@@ -130,9 +126,8 @@ class Decay(SGD):
         st.steps += 1
 
     def norm_a(self, tau: int) -> float:
-        if self.gamma == 1.0:
-            return float(tau)
-        return (1.0 - self.gamma**tau) / (1.0 - self.gamma)
+        gamma = self.gamma
+        return (1.0 - gamma**tau) / (1.0 - gamma) if gamma != 1.0 else float(tau)
 
 
 Solver = SGD  # every solver derives from SGD
