@@ -225,40 +225,6 @@ def _status_lines(summary: dict[str, Any]) -> list[str]:
     return [*out, ""] if out else []
 
 
-def _draw_figures(
-    run_dir: Path,
-    name: str,
-    groups: list[str],
-    rounds: pa.Table,
-    clients: pa.Table | None,
-    scenario: dict[str, Any],
-    summary: dict[str, Any],
-    max_timeline_rounds: int,
-) -> list[Plot]:
-    """Draw the run's figures into ``run_dir``; the ones report.md shows."""
-    figures: list[Plot] = []
-
-    def out(fig: Plot) -> Path:
-        figures.append(fig)
-        return run_dir / fig.file
-
-    initial = summary.get("initial")  # the figure checks what it is
-    plots.plot_metrics(rounds, out(METRICS), f"{name}: test metrics", initial)
-    tau_title = f"{name}: local steps per update, by device group"
-    cap = _step_cap(scenario)
-    plots.plot_tau_by_group(clients, out(TAU), groups, tau_title, max_steps=cap)
-    timeline = (rounds, groups, max_timeline_rounds, f"{name}: client timeline")
-    plots.plot_timeline(clients, out(TIMELINE), *timeline)
-    if plots.is_async(clients):
-        plots.plot_staleness(clients, out(STALENESS), groups, f"{name}: staleness")
-    if plots.has_chi2(rounds):
-        plots.plot_chi2(rounds, out(CHI2), f"{name}: objective inconsistency")
-    partition = _read_table(run_dir / "partition.parquet", required=False)
-    if clients is not None and partition is not None:
-        plots.plot_weight_share(clients, out(WEIGHT_SHARE), rounds, partition, name)
-    return figures
-
-
 def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     """Write the figures and ``report.md`` of ``run_dir`` (a ``fedsim run``
     output) and return report.md's path; the client timeline shows at most
@@ -281,9 +247,26 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
         for g in _get(scenario, "fleet", "groups") or []
         if isinstance(g, dict) and "name" in g
     ]
-    figures = _draw_figures(
-        run_dir, name, groups, rounds, clients, scenario, summary, max_timeline_rounds
-    )
+    figures: list[Plot] = []
+
+    def out(fig: Plot) -> Path:
+        figures.append(fig)
+        return run_dir / fig.file
+
+    initial = summary.get("initial")  # the figure checks what it is
+    plots.plot_metrics(rounds, out(METRICS), f"{name}: test metrics", initial)
+    tau_title = f"{name}: local steps per update, by device group"
+    cap = _step_cap(scenario)
+    plots.plot_tau_by_group(clients, out(TAU), groups, tau_title, max_steps=cap)
+    timeline = (rounds, groups, max_timeline_rounds, f"{name}: client timeline")
+    plots.plot_timeline(clients, out(TIMELINE), *timeline)
+    if plots.is_async(clients):
+        plots.plot_staleness(clients, out(STALENESS), groups, f"{name}: staleness")
+    if plots.has_chi2(rounds):
+        plots.plot_chi2(rounds, out(CHI2), f"{name}: objective inconsistency")
+    partition = _read_table(run_dir / "partition.parquet", required=False)
+    if clients is not None and partition is not None:
+        plots.plot_weight_share(clients, out(WEIGHT_SHARE), rounds, partition, name)
     lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir.name}`", ""]
     lines += _status_lines(summary)
     lines += ["| key figure | value |", "|---|---|"]
