@@ -326,13 +326,15 @@ def _timeline_updates(
     return _Updates(rnd, cid, t0, t1, dev, order, dropped, reasons, stale)
 
 
-def _draw_updates(
-    ax: Axes, u: _Updates, y: np.ndarray, m_block: np.ndarray, row_pt: float
+def _draw_panel(
+    ax: Axes, u: _Updates, y: np.ndarray, block: list[int], rounds: Any, row_pt: float
 ) -> tuple[set[str], Any]:
-    """One bar per update of ``m_block``, start to arrival: dropped hatched and
-    ending in a marker shaped by the reason, odd rounds lighter (a client's
-    touching bars stay apart), async arrivals dots coloured by staleness.
-    Returns the drop reasons drawn and the staleness scatter (or None)."""
+    """One panel, rounds ``block``: a bar per update from start to arrival, dropped
+    hatched and ending in a marker shaped by the reason, odd rounds lighter (a
+    client's touching bars stay apart), async arrivals coloured by staleness;
+    round ends as faint lines. Returns the drop reasons drawn and the staleness
+    scatter (or None)."""
+    m_block = np.isin(u.rnd, block) & np.isfinite(u.t0) & np.isfinite(u.t1)
     colors = _colors(u.order)
     # With many rows (few points each), white edges would hide the bars.
     edge_w = 0.8 if row_pt >= 6 else 0.0
@@ -360,30 +362,23 @@ def _draw_updates(
         m = m_block & u.dropped & (u.reasons == r)
         marker = _DROP_MARKERS.get(r, "x")
         ax.scatter(u.t1[m], y[m], marker=marker, s=mark, color=_DROP_COLOR, zorder=4)
-    if u.stale is None:
-        return used, None
-    m = m_block & ~u.dropped & np.isfinite(u.stale)
-    if not m.any():
-        return used, None
-    scatter = ax.scatter(
-        u.t1[m],
-        y[m],
-        c=u.stale[m],
-        cmap="viridis",
-        vmin=0,
-        vmax=max(float(np.max(u.stale[np.isfinite(u.stale)], initial=0.0)), 1.0),
-        s=0.6 * mark,
-        edgecolors="black" if edge_w else "none",
-        linewidths=0.4,
-        zorder=5,
-    )
-    return used, scatter
-
-
-def _frame_block(
-    ax: Axes, u: _Updates, m_block: np.ndarray, block: list[int], rounds: Any
-) -> None:
-    """Round boundaries, x range and title of one panel of rounds ``block``."""
+    scatter = None
+    m = m_block & ~u.dropped & np.isfinite(u.stale) if u.stale is not None else None
+    if m is not None and m.any():
+        scatter = ax.scatter(
+            u.t1[m],
+            y[m],
+            c=u.stale[m],
+            cmap="viridis",
+            vmin=0,
+            vmax=max(float(np.max(u.stale[np.isfinite(u.stale)], initial=0.0)), 1.0),
+            s=0.6 * mark,
+            edgecolors="black" if edge_w else "none",
+            linewidths=0.4,
+            zorder=5,
+        )
+    if not m_block.any():
+        return used, scatter
     lo, hi = float(u.t0[m_block].min()), float(u.t1[m_block].max())
     # Round boundaries: the end of every shown round and of the one before.
     end_times = _floats(rounds, "sim_time")
@@ -397,6 +392,7 @@ def _frame_block(
     ax.set_title(label, fontsize=10)
     ax.set_xlabel("simulated time (s)")
     ax.grid(axis="x", alpha=0.2)
+    return used, scatter
 
 
 def _timeline_legend(
@@ -447,16 +443,12 @@ def figure_timeline(
     axes = fig.subplots(1, len(blocks), sharey=True, squeeze=False)[0].tolist()
     row_pt = 72.0 * (height - 1.5) / max(1, len(ids))  # points of height per row
     y = np.array([row_of.get(int(c), -1) for c in u.cid], dtype=np.float64)
-    finite = np.isfinite(u.t0) & np.isfinite(u.t1)
     used: set[str] = set()
     scatter = None
     for ax, block in zip(axes, blocks, strict=True):
-        m_block = np.isin(u.rnd, block) & finite
-        reasons, drawn = _draw_updates(ax, u, y, m_block, row_pt)
+        reasons, drawn = _draw_panel(ax, u, y, block, rounds, row_pt)
         used |= reasons
         scatter = drawn if drawn is not None else scatter
-        if m_block.any():
-            _frame_block(ax, u, m_block, block, rounds)
     rows = range(0, len(ids), max(1, math.ceil(len(ids) / 40)))  # <= ~40 labels
     labels = [str(ids[i]) for i in rows]
     axes[0].set(ylabel="client id", yticks=rows, yticklabels=labels)
@@ -495,26 +487,6 @@ def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
     return fig
 
 
-def _shares(
-    clients: pa.Table | None, rounds: pa.Table | None, partition: pa.Table | None
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """(weight share, data share) per client; None when a table lacks them."""
-    ids = _floats(partition, "client_id")
-    p = _floats(partition, "weight")
-    if len(p) == 0 or len(ids) != len(p) or not np.isfinite(p).all() or p.sum() <= 0:
-        return None
-    # agg_weight: the weight as applied (runs before it had only "weight")
-    has = clients is not None and "agg_weight" in clients.column_names
-    cid = _floats(clients, "client_id")
-    w = _floats(clients, "agg_weight" if has else "weight")
-    if len(cid) == 0 or len(cid) != len(w):
-        return None
-    data = np.zeros(int(ids.max()) + 1)
-    data[ids.astype(np.int64)] = p / p.sum()
-    used = int((_floats(rounds, "n_completed") > 0).sum())
-    return weight_shares(len(data), cid.astype(np.int64), w, used), data
-
-
 def figure_weight_share(
     clients: pa.Table | None,
     rounds: pa.Table | None = None,
@@ -525,12 +497,21 @@ def figure_weight_share(
     share p_i (``partition``'s ``weight``), with y = x; log axes past 100x."""
     fig = _new_figure(6.0, 5.5)
     ax = fig.subplots()
-    got = _shares(clients, rounds, partition)
-    if got is None:
+    ids = _floats(partition, "client_id")
+    p = _floats(partition, "weight")
+    # agg_weight: the weight as applied (runs before it had only "weight")
+    has = clients is not None and "agg_weight" in clients.column_names
+    cid = _floats(clients, "client_id")
+    w = _floats(clients, "agg_weight" if has else "weight")
+    bad = len(p) == 0 or len(ids) != len(p) or not np.isfinite(p).all() or p.sum() <= 0
+    if bad or len(cid) == 0 or len(cid) != len(w):
         _no_data(ax, "no weight or data shares recorded")
         ax.set_title(title or "weight share vs data share")
         return fig
-    share, data = got
+    data = np.zeros(int(ids.max()) + 1)
+    data[ids.astype(np.int64)] = p / p.sum()
+    used = int((_floats(rounds, "n_completed") > 0).sum())
+    share = weight_shares(len(data), cid.astype(np.int64), w, used)
     l1 = float(np.abs(share - data).sum())
     pos = data[data > 0]
     log = len(pos) > 1 and pos.max() / pos.min() > 100
