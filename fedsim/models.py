@@ -68,8 +68,7 @@ _Head = Callable[[int], nn.Module]
 
 
 class _ImageNet(nn.Module):
-    """``features`` then ``classifier``; ``embed`` is the flattened features
-    (FedDM's distribution matching needs it)."""
+    """``features`` then ``classifier``; ``embed`` (flat features) serves FedDM."""
 
     def __init__(
         self, shape: tuple[int, int, int], features: nn.Module, head: _Head
@@ -89,8 +88,7 @@ class _ImageNet(nn.Module):
 
 
 class CharLSTM(nn.Module):
-    """LEAF's Shakespeare model: embed each character id, run a stacked LSTM
-    over the sequence, predict the next character from the last output."""
+    """LEAF's Shakespeare model: embedding, stacked LSTM, next character."""
 
     def __init__(self, vocab: int, embed: int = 8, hidden: int = 256, layers: int = 2):
         super().__init__()
@@ -177,8 +175,7 @@ def _cifar_cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Modu
 
 
 def _vgg11(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    """torchvision's VGG-11 (configuration A), GroupNorm after each conv, and
-    the FedNova code's classifier without dropout: 512 -> 512 -> 512 -> classes."""
+    """torchvision's VGG-11 (config A), GroupNorm, FedNova's classifier sans dropout."""
     from torchvision.models.vgg import cfgs, make_layers
 
     s = _image_shape(shape, "vgg11")
@@ -193,8 +190,7 @@ def _vgg11(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
 
 
 def _resnet18(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    """torchvision's ResNet-18 with GroupNorm; images <= 32x32 get the usual
-    CIFAR stem (3x3 stride-1 conv, no max-pool)."""
+    """torchvision's ResNet-18, GroupNorm; the CIFAR stem for images <= 32x32."""
     from torchvision.models import resnet18
 
     s = _image_shape(shape, "resnet18")
@@ -211,9 +207,8 @@ def _resnet18(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Modul
 
 
 def _convnet(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    """FedDM's ConvNet (ALGORITHMS.md 10.2): ``depth`` x [conv3x3(``width``),
-    GroupNorm(width, width) (affine instance norm), ReLU, avgpool2], linear;
-    as in that code, 1-channel images get padding 3 in the first conv."""
+    """FedDM's ConvNet (ALGORITHMS.md 10.2); as there, 1-channel images get
+    padding 3 in the first conv."""
     s = _image_shape(shape, "convnet")
     layers: list[nn.Module] = []
     c = s[0]
@@ -301,8 +296,7 @@ def evaluate(
     batch_size: int = 4096,
     weights: np.ndarray | None = None,
 ) -> tuple[float, float]:
-    """(mean loss, accuracy) over a dataset, in batches; accuracy is NaN for
-    objectives without classes."""
+    """(mean loss, accuracy) in batches; accuracy NaN without classes."""
     model.eval()
     n = len(x)
     if n == 0:

@@ -202,8 +202,7 @@ def _sim_time(seconds: Any) -> str:
 
 
 def _step_cap(scenario: dict[str, Any]) -> int | None:
-    """round.max_steps when it caps tau (``fixed_window``, the default, and
-    ``async`` jobs of ``job_steps: max_steps``), else None."""
+    """round.max_steps where it caps tau (fixed_window, async max_steps jobs)."""
     cap = _get(scenario, "round", "max_steps")
     policy = _get(scenario, "round", "policy") or "fixed_window"
     job_steps = _get(scenario, "round", "job_steps") or "max_steps"
@@ -226,13 +225,9 @@ def _status_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
-    """Write the figures and ``report.md`` of ``run_dir`` (a ``fedsim run``
-    output) and return report.md's path; the client timeline shows at most
-    ``max_timeline_rounds`` rounds (the first and last halves).
-
-    Raises:
-        ReportError: not a run directory, or a file in it cannot be read.
-    """
+    """Write the figures and ``report.md`` of ``run_dir`` (a ``fedsim run`` output),
+    the timeline showing at most ``max_timeline_rounds`` rounds; return its path.
+    Raises ReportError: not a run directory, or a file in it cannot be read."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir} is not a run directory: no such directory")
@@ -242,11 +237,8 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     summary = _read_mapping(run_dir / "summary.json", json.loads)
     scenario = _read_mapping(run_dir / "scenario.yaml", yaml.safe_load)
     name = str(scenario.get("name") or summary.get("scenario") or run_dir.name)
-    groups = [
-        str(g["name"])
-        for g in _get(scenario, "fleet", "groups") or []
-        if isinstance(g, dict) and "name" in g
-    ]
+    fleet = _get(scenario, "fleet", "groups") or []
+    groups = [str(g["name"]) for g in fleet if isinstance(g, dict) and "name" in g]
     figures: list[Plot] = []
 
     def out(fig: Plot) -> Path:

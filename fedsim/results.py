@@ -107,8 +107,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def rows_table(rows: list[_Row], schema: pa.Schema) -> pa.Table:
-    """Rows as an Arrow table: ``schema``'s columns first, in its order and
-    types, then any extra columns the rows carry (types inferred)."""
+    """Rows as a table: ``schema``'s columns, then any extra ones (types inferred)."""
     extra = dict.fromkeys(k for r in rows for k in r if schema.get_field_index(k) < 0)
     for k in extra:
         schema = schema.append(pa.field(k, pa.array([r.get(k) for r in rows]).type))
@@ -128,8 +127,8 @@ def write_table(path: Path, rows: list[_Row], schema: pa.Schema) -> None:
 
 
 class _Converted:
-    """A table's rows already converted, so a flush converts only the new ones;
-    rebuilt whole when new rows change the columns or their types."""
+    """Rows converted so far: a flush converts only new rows (unless they change
+    the columns or their types)."""
 
     def __init__(self) -> None:
         self.n = 0
@@ -199,13 +198,8 @@ def summarize(
     version: str,
     server_validation: str | None = None,
 ) -> dict[str, Any]:
-    """summary.json's content (docs/results.md, "summary.json").
-
-    Test metrics come from the evaluated rounds only (None without any);
-    ``best_round`` is the latest round reaching the best accuracy. Traffic
-    sums every client row, dropped ones included. ``server_validation``:
-    :func:`fedsim.data.validation.describe_validation`.
-    """
+    """summary.json's content: test metrics of the evaluated rounds, the latest
+    best round on a tie, traffic of every client row (docs/results.md)."""
     accs = [
         (float(r["test_accuracy"]), int(r["round"]))
         for r in rows
@@ -247,10 +241,9 @@ class Recorder:
         asynchronous: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        sync = (ROUND_SCHEMA, CLIENT_SCHEMA)
-        self.schemas = (
-            (ASYNC_ROUND_SCHEMA, ASYNC_CLIENT_SCHEMA) if asynchronous else sync
-        )
+        self.schemas = (ROUND_SCHEMA, CLIENT_SCHEMA)
+        if asynchronous:
+            self.schemas = (ASYNC_ROUND_SCHEMA, ASYNC_CLIENT_SCHEMA)
         self.rows: list[_Row] = []
         self.clients: list[_Row] = []
         self.selector_rows: list[_Row] = []
@@ -270,8 +263,7 @@ class Recorder:
             self.flush()
 
     def flush(self) -> None:
-        """Write the tables if a row was added since the last write, or none
-        are on disk yet (a stalled run still leaves tables for ``fedsim report``)."""
+        """Write the tables if rows were added, or none are on disk yet."""
         if self.run_dir is None:
             return
         if not self._dirty and (self.run_dir / "rounds.parquet").exists():
