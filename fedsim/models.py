@@ -249,13 +249,10 @@ def build_model(
     x0: float = 0.0,
     input_shape: Sequence[int] | None = None,
 ) -> nn.Module:
-    """Build a model with initial weights drawn from ``seed`` (not the global RNG).
+    """``spec``'s network, initial weights drawn from ``seed`` (not the global RNG).
 
-    Args:
-        input_dim: values per sample (used when ``input_shape`` is None).
-        num_classes: outputs (the vocabulary size for ``lstm``).
-        x0: initial value of the ``quadratic`` model's parameters.
-        input_shape: one sample's shape, e.g. (1, 28, 28) for image models.
+    One sample's shape is ``input_shape`` (e.g. (1, 28, 28)) or ``(input_dim,)``;
+    ``num_classes`` is lstm's vocabulary; ``x0`` initialises ``quadratic``.
     """
     shape = tuple(input_shape) if input_shape is not None else (int(input_dim),)
     with torch.random.fork_rng(devices=[]):

@@ -307,23 +307,21 @@ class _Updates:
     reasons: np.ndarray
     stale: np.ndarray | None
 
-
-def _timeline_updates(
-    clients: pa.Table | None, groups: Sequence[str]
-) -> _Updates | None:
-    """The updates to draw; None when there are none (or columns are missing)."""
-    rnd = np.array(_column(clients, "round"), dtype=np.int64)
-    cid = np.array(_column(clients, "client_id"), dtype=np.int64)
-    t0 = _floats(clients, "t_start")
-    t1 = _floats(clients, "t_arrive")
-    n = len(rnd)
-    if n == 0 or not (len(cid) == len(t0) == len(t1) == n):
-        return None
-    dev, order, dropped = _by_group(clients, n, groups)
-    reason = [str(r or "") for r in _column(clients, "drop_reason")] or [""] * n
-    stale = _floats(clients, "staleness") if is_async(clients) else None
-    reasons = np.array(reason, dtype=object)
-    return _Updates(rnd, cid, t0, t1, dev, order, dropped, reasons, stale)
+    @classmethod
+    def of(cls, clients: pa.Table | None, groups: Sequence[str]) -> _Updates | None:
+        """None when there are no updates (or columns are missing)."""
+        rnd = np.array(_column(clients, "round"), dtype=np.int64)
+        cid = np.array(_column(clients, "client_id"), dtype=np.int64)
+        t0 = _floats(clients, "t_start")
+        t1 = _floats(clients, "t_arrive")
+        n = len(rnd)
+        if n == 0 or not (len(cid) == len(t0) == len(t1) == n):
+            return None
+        dev, order, dropped = _by_group(clients, n, groups)
+        reason = [str(r or "") for r in _column(clients, "drop_reason")] or [""] * n
+        stale = _floats(clients, "staleness") if is_async(clients) else None
+        reasons = np.array(reason, dtype=object)
+        return cls(rnd, cid, t0, t1, dev, order, dropped, reasons, stale)
 
 
 def _draw_panel(
@@ -395,25 +393,6 @@ def _draw_panel(
     return used, scatter
 
 
-def _timeline_legend(
-    fig: Figure, axes: list[Axes], u: _Updates, used: set[str]
-) -> None:
-    """Device groups and the drop reasons drawn, below the panels."""
-    handles: list[Any] = [
-        Patch(facecolor=color, alpha=0.85, label=g)
-        for g, color in _colors(u.order).items()
-    ]
-    for r in sorted(used):
-        marker = _DROP_MARKERS.get(r, "x")
-        label = f"dropped: {r or 'unknown'}"
-        handles.append(
-            axes[0].scatter([], [], marker=marker, color=_DROP_COLOR, label=label)
-        )
-    ncol = min(len(handles), 5) or 1
-    kw = {"fontsize": 9, "frameon": False}
-    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, **kw)
-
-
 def figure_timeline(
     clients: pa.Table | None,
     rounds: pa.Table | None = None,
@@ -427,7 +406,7 @@ def figure_timeline(
     ``max_rounds`` rounds, the first and last ``max_rounds / 2`` in two panels."""
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be at least 1, got {max_rounds}")
-    u = _timeline_updates(clients, groups)
+    u = _Updates.of(clients, groups)
     if u is None:
         fig = _new_figure(8, 3.5)
         _no_data(fig.subplots(), "no client updates recorded")
@@ -453,7 +432,20 @@ def figure_timeline(
     labels = [str(ids[i]) for i in rows]
     axes[0].set(ylabel="client id", yticks=rows, yticklabels=labels)
     axes[0].set_ylim(len(ids) - 0.5, -0.5)
-    _timeline_legend(fig, axes, u, used)
+    # the legend, below the panels: device groups and the drop reasons drawn
+    handles: list[Any] = [
+        Patch(facecolor=color, alpha=0.85, label=g)
+        for g, color in _colors(u.order).items()
+    ]
+    for r in sorted(used):
+        marker = _DROP_MARKERS.get(r, "x")
+        label = f"dropped: {r or 'unknown'}"
+        handles.append(
+            axes[0].scatter([], [], marker=marker, color=_DROP_COLOR, label=label)
+        )
+    ncol = min(len(handles), 5) or 1
+    kw = {"fontsize": 9, "frameon": False}
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, **kw)
     if scatter is not None:
         bar = fig.colorbar(scatter, ax=axes, label="staleness at arrival", shrink=0.8)
         bar.locator = _round_ticks()

@@ -92,28 +92,19 @@ WEIGHT_SHARE = Plot(
 )
 
 
-def _read_table(path: Path, required: bool) -> pa.Table | None:
+def _read(path: Path, parse: Callable[[Path], Any] = pq.read_table) -> Any:
+    """``parse(path)``; None when the file is missing."""
     if not path.is_file():
-        if required:
-            raise ReportError(
-                f"{path.parent} is not a run directory: {path.name} is missing "
-                "(expected the output directory of `fedsim run`)"
-            )
         return None
     try:
-        return pq.read_table(path)
-    except (OSError, pa.ArrowException) as exc:
+        return parse(path)
+    except (OSError, ValueError, yaml.YAMLError, pa.ArrowException) as exc:
         raise ReportError(f"cannot read {path}: {exc}") from None
 
 
-def _read_mapping(path: Path, parse: Callable[[str], Any]) -> dict[str, Any]:
+def _read_mapping(path: Path, loads: Callable[[str], Any]) -> dict[str, Any]:
     """summary.json or scenario.yaml; {} when missing or not a mapping."""
-    if not path.is_file():
-        return {}
-    try:
-        data = parse(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise ReportError(f"cannot read {path}: {exc}") from None
+    data = _read(path, lambda p: loads(p.read_text(encoding="utf-8")))
     return data if isinstance(data, dict) else {}
 
 
@@ -231,9 +222,13 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir} is not a run directory: no such directory")
-    rounds = _read_table(run_dir / "rounds.parquet", required=True)
-    assert rounds is not None
-    clients = _read_table(run_dir / "clients.parquet", required=False)
+    rounds = _read(run_dir / "rounds.parquet")
+    if rounds is None:
+        raise ReportError(
+            f"{run_dir} is not a run directory: rounds.parquet is missing "
+            "(expected the output directory of `fedsim run`)"
+        )
+    clients = _read(run_dir / "clients.parquet")
     summary = _read_mapping(run_dir / "summary.json", json.loads)
     scenario = _read_mapping(run_dir / "scenario.yaml", yaml.safe_load)
     name = str(scenario.get("name") or summary.get("scenario") or run_dir.name)
@@ -256,7 +251,7 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
         plots.plot_staleness(clients, out(STALENESS), groups, f"{name}: staleness")
     if plots.has_chi2(rounds):
         plots.plot_chi2(rounds, out(CHI2), f"{name}: objective inconsistency")
-    partition = _read_table(run_dir / "partition.parquet", required=False)
+    partition = _read(run_dir / "partition.parquet")
     if clients is not None and partition is not None:
         plots.plot_weight_share(clients, out(WEIGHT_SHARE), rounds, partition, name)
     lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir.name}`", ""]
