@@ -1,10 +1,8 @@
 """Model registry: build a network by name, compute its loss, evaluate it.
 
-Models are plain ``torch.nn.Module``s whose parameters the runtime sees as one
-flat vector (:mod:`fedsim.params`): logreg, mlp, quadratic, cnn, cifar_cnn,
-vgg11, resnet18, convnet, lstm (the table: docs/datasets.md, "Models"). None
-uses dropout or batch statistics (batch norm would mix clients: GroupNorm), so
-a client's training depends only on its data and its own generator.
+Networks (the table: docs/datasets.md, "Models"): logreg, mlp, quadratic, cnn,
+cifar_cnn, vgg11, resnet18, convnet, lstm. None uses dropout or batch norm
+(GroupNorm instead), so training depends only on each client's data and generator.
 
 Example:
     >>> m = build_model(ModelSpec(name="logreg"), input_dim=60, num_classes=10, seed=0)
@@ -118,14 +116,13 @@ def _gn(groups: int, channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(math.gcd(groups, channels), channels)
 
 
-def _swap_norms(module: nn.Module, groups: int) -> nn.Module:
+def _swap_norms(module: nn.Module, groups: int) -> None:
     """Replace every BatchNorm2d by a GroupNorm over the same channels."""
     for name, child in module.named_children():
         if isinstance(child, nn.BatchNorm2d):
             setattr(module, name, _gn(groups, child.num_features))
         else:
             _swap_norms(child, groups)
-    return module
 
 
 def _logreg(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:

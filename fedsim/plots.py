@@ -458,8 +458,7 @@ def figure_timeline(
 
 
 def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
-    """Objective inconsistency chi^2(p||w) of the aggregation weights per round
-    (0: the server optimises the true objective)."""
+    """chi^2(p||w) of the aggregation weights per round (0: the true objective)."""
     fig = _new_figure(9, 4.0)
     ax = fig.subplots()
     chi2 = _floats(rounds, "chi2_pw")

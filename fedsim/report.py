@@ -1,11 +1,6 @@
 """``fedsim report RUN_DIR``: a run's figures as PNG and a report.md showing them.
 
-Only ``rounds.parquet`` is required (docs/results.md).
-
-Example:
-    >>> from fedsim.report import write_report
-    >>> write_report(Path("results/quickstart-20250101-120000"))  # doctest: +SKIP
-    PosixPath('results/quickstart-20250101-120000/report.md')
+Only ``rounds.parquet`` is required (docs/results.md): ``write_report(run_dir)``.
 """
 
 from __future__ import annotations

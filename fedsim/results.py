@@ -200,11 +200,8 @@ def summarize(
 ) -> dict[str, Any]:
     """summary.json's content: test metrics of the evaluated rounds, the latest
     best round on a tie, traffic of every client row (docs/results.md)."""
-    accs = [
-        (float(r["test_accuracy"]), int(r["round"]))
-        for r in rows
-        if _is_value(r.get("test_accuracy"))
-    ]
+    evaluated = [r for r in rows if _is_value(r.get("test_accuracy"))]
+    accs = [(float(r["test_accuracy"]), int(r["round"])) for r in evaluated]
     losses = [float(r["test_loss"]) for r in rows if _is_value(r.get("test_loss"))]
     # max over (accuracy, round): a tie goes to the latest round
     best = max(accs) if accs else (None, None)

@@ -130,9 +130,6 @@ class Decay(SGD):
         return (1.0 - gamma**tau) / (1.0 - gamma) if gamma != 1.0 else float(tau)
 
 
-Solver = SGD  # every solver derives from SGD
-
-
 def normalized_gradient(delta: torch.Tensor, st: SolverState) -> torch.Tensor:
     """d = -Delta / (lr ||a||_1): the round's a-weighted average gradient.
 
