@@ -246,11 +246,9 @@ def build_model(
     x0: float = 0.0,
     input_shape: Sequence[int] | None = None,
 ) -> nn.Module:
-    """``spec``'s network, initial weights drawn from ``seed`` (not the global RNG).
-
-    One sample's shape is ``input_shape`` (e.g. (1, 28, 28)) or ``(input_dim,)``;
-    ``num_classes`` is lstm's vocabulary; ``x0`` initialises ``quadratic``.
-    """
+    """``spec``'s network, initial weights drawn from ``seed`` (not the global RNG);
+    a sample's shape is ``input_shape`` (e.g. (1, 28, 28)) or ``(input_dim,)``,
+    ``num_classes`` lstm's vocabulary, ``x0`` quadratic's initial value."""
     shape = tuple(input_shape) if input_shape is not None else (int(input_dim),)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

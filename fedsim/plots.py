@@ -10,8 +10,6 @@ Example:
     ...                    "test_loss": [2.3, 1.9]})  # or pq.read_table(...)
     >>> [ax.get_title() for ax in figure_metrics(rounds).axes]
     ['loss vs simulated time', 'loss vs rounds completed']
-    >>> plot_metrics(rounds, Path("metrics.png"))  # doctest: +SKIP
-    PosixPath('metrics.png')
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import pyarrow as pa
+from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -83,8 +82,7 @@ def _floats(table: pa.Table | None, name: str) -> np.ndarray:
 def _by_group(
     clients: pa.Table | None, n: int, groups: Sequence[str]
 ) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """Each of ``n`` updates' device group ("unknown" when not recorded), the
-    groups in legend order, and whether each update was dropped."""
+    """``n`` updates' device groups, the groups in legend order, dropped flags."""
     col = _column(clients, "device_group")
     dev = ["unknown" if g is None else str(g) for g in col]
     dev_arr = np.array(dev if len(col) == n else ["unknown"] * n, dtype=object)
@@ -105,16 +103,13 @@ def has_chi2(rounds: pa.Table | None) -> bool:
 
 
 def group_order(clients: pa.Table | None, groups: Sequence[str] = ()) -> list[str]:
-    """Device groups in a stable order: ``groups`` first (the scenario's
-    order), then any other group seen in ``clients``, sorted."""
+    """Device groups: ``groups`` (the scenario's) first, then others seen, sorted."""
     seen = {str(g) for g in _column(clients, "device_group") if g is not None}
     order = [g for g in groups if g in seen or not seen]
     return order + sorted(seen - set(order))
 
 
 def _colors(groups: Sequence[str]) -> dict[str, Any]:
-    from matplotlib import colormaps
-
     palette = [colormaps["tab10"](i) for i in range(10) if i != 3]  # red: dropped
     return {g: palette[i % len(palette)] for i, g in enumerate(groups)}
 
@@ -294,8 +289,7 @@ def _round_blocks(rounds_present: list[int], max_rounds: int) -> list[list[int]]
 
 @dataclass(frozen=True)
 class _Updates:
-    """The timeline's columns of clients.parquet, one entry per update;
-    ``reasons`` is "" when not dropped, ``stale`` None unless async."""
+    """clients.parquet's columns the timeline draws; ``stale`` None unless async."""
 
     rnd: np.ndarray
     cid: np.ndarray
@@ -327,11 +321,9 @@ class _Updates:
 def _draw_panel(
     ax: Axes, u: _Updates, y: np.ndarray, block: list[int], rounds: Any, row_pt: float
 ) -> tuple[set[str], Any]:
-    """One panel, rounds ``block``: a bar per update from start to arrival, dropped
-    hatched and ending in a marker shaped by the reason, odd rounds lighter (a
-    client's touching bars stay apart), async arrivals coloured by staleness;
-    round ends as faint lines. Returns the drop reasons drawn and the staleness
-    scatter (or None)."""
+    """The panel of rounds ``block`` (see figure_timeline; odd rounds lighter, so a
+    client's touching bars stay apart); returns the drop reasons drawn and the
+    staleness scatter (or None)."""
     m_block = np.isin(u.rnd, block) & np.isfinite(u.t0) & np.isfinite(u.t1)
     colors = _colors(u.order)
     # With many rows (few points each), white edges would hide the bars.
@@ -400,10 +392,9 @@ def figure_timeline(
     max_rounds: int = 20,
     title: str = "",
 ) -> Figure:
-    """One bar per client row from ``t_start`` to ``t_arrive``, coloured by
-    device group, faint lines at round ends; dropped updates hatched with a red
-    marker shaped by the reason; async arrivals coloured by staleness. Over
-    ``max_rounds`` rounds, the first and last ``max_rounds / 2`` in two panels."""
+    """A bar per client row, ``t_start`` to ``t_arrive``, by device group; dropped
+    ones hatched, ending in a red marker shaped by the reason; async arrivals
+    coloured by staleness; past ``max_rounds`` rounds, first and last halves."""
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be at least 1, got {max_rounds}")
     u = _Updates.of(clients, groups)
@@ -525,8 +516,7 @@ def figure_weight_share(
 def _writes_png(
     figure: Callable[Concatenate[_T, _P], Figure],
 ) -> Callable[Concatenate[_T, Path, _P], Path]:
-    """``plot(data, path, ...)``: ``figure(data, ...)`` written to ``path`` as a PNG
-    (figure_* stay public so tests can check the data behind a figure)."""
+    """``plot(data, path, ...)`` writes ``figure(data, ...)`` to ``path`` as a PNG."""
 
     def plot(data: _T, path: Path, /, *args: _P.args, **kwargs: _P.kwargs) -> Path:
         return _save(figure(data, *args, **kwargs), path)

@@ -1,7 +1,5 @@
-"""``fedsim report RUN_DIR``: a run's figures as PNG and a report.md showing them.
-
-Only ``rounds.parquet`` is required (docs/results.md): ``write_report(run_dir)``.
-"""
+"""``fedsim report RUN_DIR``: a run's figures as PNG and a report.md showing them
+(:func:`write_report`; only ``rounds.parquet`` is required; docs/results.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Run directories: resolved scenario, Parquet tables and a JSON summary.
-
-Every file is written atomically (temporary file in the same directory, fsync,
-rename), so a reader sees the old version or the new one, never half a file.
-Layout and columns: README.md ("What a run writes") and docs/results.md.
-"""
+"""Run directories: resolved scenario, Parquet tables and a JSON summary, each
+written atomically (temp file, fsync, rename): a reader never sees half a file.
+Layout and columns: README.md ("What a run writes") and docs/results.md."""
 
 from __future__ import annotations
 
@@ -44,16 +41,13 @@ def schema(*runs: tuple[pa.DataType, str], base: pa.Schema | None = None) -> pa.
     return pa.schema(fields + [(n, t) for t, names in runs for n in names.split()])
 
 
-# rounds.parquet; tau_mean/min/max over the completed updates.
+# What the columns mean: README.md ("What a run writes") and docs/results.md.
 ROUND_SCHEMA = schema(
     (I64, "round"),
     (F64, "sim_time wall_time test_loss test_accuracy train_loss"),
     (I64, "n_selected n_completed n_dropped"),
     (F64, "tau_mean tau_min tau_max tau_eff chi2_pw"),
 )
-
-# clients.parquet; weight: the effective w_i (chi^2 meter), agg_weight: as
-# applied in the server step (participation-bias meter).
 CLIENT_SCHEMA = schema(
     (I64, "round client_id"),
     (STR, "device_group"),
@@ -65,9 +59,6 @@ CLIENT_SCHEMA = schema(
     (I64, "bytes_down bytes_up"),
     (F64, "agg_weight"),
 )
-
-# Asynchronous runs: a clients row per job that ended, a rounds row per server
-# version (columns: docs/results.md).
 ASYNC_CLIENT_SCHEMA = schema(
     (I64, "version_started version_applied staleness job"), base=CLIENT_SCHEMA
 )
@@ -127,8 +118,7 @@ def write_table(path: Path, rows: list[_Row], schema: pa.Schema) -> None:
 
 
 class _Converted:
-    """Rows converted so far: a flush converts only new rows (unless they change
-    the columns or their types)."""
+    """Rows converted so far: a flush converts only new rows (or all, on new types)."""
 
     def __init__(self) -> None:
         self.n = 0
@@ -226,10 +216,8 @@ def summarize(
 
 
 class Recorder:
-    """Collects result rows and writes them to ``run_dir`` (if any) as Parquet
-    at most every ``flush_every_s`` seconds and on :meth:`flush`. Only new rows
-    cause a write: a resume that fails before its first round never overwrites
-    the results on disk."""
+    """Collects result rows, written to ``run_dir`` (if any) every ``flush_every_s``
+    seconds at most and on :meth:`flush`; only new rows cause a write."""
 
     def __init__(
         self,

@@ -114,8 +114,7 @@ class Prox(SGD):
 
 @dataclass(frozen=True)
 class Decay(SGD):
-    """SGD whose lr decays inside the round: lr_k = lr gamma^k, so
-    a = [1, gamma, ..., gamma^(tau-1)]."""
+    """lr decaying inside the round: lr_k = lr gamma^k, a = [1, ..., gamma^(tau-1)]."""
 
     gamma: float = 1.0
 
