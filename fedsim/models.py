@@ -144,11 +144,12 @@ def _head(hidden: Sequence[int], classes: int) -> _Head:
     return lambda n: nn.Sequential(*_dense(n, hidden, classes))
 
 
-def _conv_pool(c_in: int, widths: Sequence[int], **conv: int) -> nn.Sequential:
+def _conv_pool(c_in: int, widths: Sequence[int], padding: int = 0) -> nn.Sequential:
     """[conv5x5(width), ReLU, maxpool2] per width: the FedAvg and FedDC CNNs."""
     layers: list[nn.Module] = []
     for c_out in widths:
-        layers += [nn.Conv2d(c_in, c_out, 5, **conv), nn.ReLU(), nn.MaxPool2d(2)]
+        conv = nn.Conv2d(c_in, c_out, 5, padding=padding)
+        layers += [conv, nn.ReLU(), nn.MaxPool2d(2)]
         c_in = c_out
     return nn.Sequential(*layers)
 

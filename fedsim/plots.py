@@ -236,8 +236,7 @@ def figure_tau_by_group(
         ax.set(ylabel="local steps tau_i(t)", xlabel="device group")
         ax.grid(axis="y", alpha=0.3)
         if max_steps is not None:
-            cap = {"linestyle": "--", "linewidth": 1.0, "label": "max_steps cap"}
-            ax.axhline(max_steps, color="0.3", **cap)
+            ax.axhline(max_steps, color="0.3", ls="--", lw=1.0, label="max_steps cap")
             ax.legend(loc="best", fontsize=9)
         ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
     ax.set_title(title or "local steps per update, by device group")
@@ -353,15 +352,16 @@ def _draw_panel(
         marker = _DROP_MARKERS.get(r, "x")
         ax.scatter(u.t1[m], y[m], marker=marker, s=mark, color=_DROP_COLOR, zorder=4)
     scatter = None
-    m = m_block & ~u.dropped & np.isfinite(u.stale) if u.stale is not None else None
-    if m is not None and m.any():
+    stale = np.full(len(u.rnd), np.nan) if u.stale is None else u.stale
+    m = m_block & ~u.dropped & np.isfinite(stale)
+    if m.any():
         scatter = ax.scatter(
             u.t1[m],
             y[m],
-            c=u.stale[m],
+            c=stale[m],
             cmap="viridis",
             vmin=0,
-            vmax=max(float(np.max(u.stale[np.isfinite(u.stale)], initial=0.0)), 1.0),
+            vmax=max(float(np.max(stale[np.isfinite(stale)], initial=0.0)), 1.0),
             s=0.6 * mark,
             edgecolors="black" if edge_w else "none",
             linewidths=0.4,
