@@ -224,9 +224,7 @@ def _lstm(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
     return CharLSTM(classes, spec.embed_dim, spec.lstm_hidden, spec.lstm_layers)
 
 
-ModelFactory = Callable[[ModelSpec, tuple[int, ...], int], nn.Module]
-
-MODELS: dict[str, ModelFactory] = {
+MODELS: dict[str, Callable[[ModelSpec, tuple[int, ...], int], nn.Module]] = {
     "logreg": _logreg,
     "mlp": _mlp,
     "cnn": _cnn,
