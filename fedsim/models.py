@@ -205,8 +205,7 @@ def _resnet18(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Modul
 
 
 def _convnet(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    """FedDM's ConvNet (ALGORITHMS.md 10.2); as there, 1-channel images get
-    padding 3 in the first conv."""
+    """FedDM's ConvNet (ALGORITHMS.md 10.2); 1-channel images: first padding 3."""
     s = _image_shape(shape, "convnet")
     layers: list[nn.Module] = []
     c = s[0]

@@ -207,8 +207,7 @@ def figure_tau_by_group(
     title: str = "",
     max_steps: int | None = None,
 ) -> Figure:
-    """Box plot of completed updates' local steps tau_i(t) per device group,
-    jittered points on top; a dashed "max_steps cap" line at ``max_steps``."""
+    """Completed updates' local steps per device group; "max_steps cap" dashed."""
     fig = _new_figure(max(6.0, 1.6 + 1.5 * max(1, len(groups))), 4.6)
     ax = fig.subplots()
     tau = _floats(clients, "tau")
@@ -475,8 +474,7 @@ def figure_weight_share(
     partition: pa.Table | None = None,
     title: str = "",
 ) -> Figure:
-    """Each client's aggregation weight share over the run against its data
-    share p_i (``partition``'s ``weight``), with y = x; log axes past 100x."""
+    """Each client's aggregation weight share against its data share p_i, y = x."""
     fig = _new_figure(6.0, 5.5)
     ax = fig.subplots()
     ids = _floats(partition, "client_id")

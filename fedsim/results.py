@@ -188,8 +188,7 @@ def summarize(
     version: str,
     server_validation: str | None = None,
 ) -> dict[str, Any]:
-    """summary.json's content: test metrics of the evaluated rounds, the latest
-    best round on a tie, traffic of every client row (docs/results.md)."""
+    """summary.json's content (docs/results.md, "summary.json")."""
     evaluated = [r for r in rows if _is_value(r.get("test_accuracy"))]
     accs = [(float(r["test_accuracy"]), int(r["round"])) for r in evaluated]
     losses = [float(r["test_loss"]) for r in rows if _is_value(r.get("test_loss"))]
