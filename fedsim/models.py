@@ -1,28 +1,8 @@
 """Model registry: build a network by name, compute its loss, evaluate it.
 
-Models are plain ``torch.nn.Module``s; the runtime sees their parameters as
-one flat vector (see :mod:`fedsim.params`). None uses dropout or batch
-statistics, so a client's training depends only on its data and its own
-generator (normalisation layers are GroupNorm, as FL practice requires:
-batch norm statistics would mix clients and differ between train and eval).
-
-=========== ============================================================= =========
-name        network                                                       inputs
-=========== ============================================================= =========
-logreg      linear layer (multinomial logistic regression)                any
-mlp         ReLU MLP, widths ``hidden`` (FedDC's MNIST MLP: 200, 200)     any
-quadratic   the FedNova quadratic objective (``data: quadratic`` only)    vectors
-cnn         FedAvg paper CNN: conv5x5(32)-pool-conv5x5(64)-pool-fc512     images
-cifar_cnn   FedDC code CNN: conv5x5(64)-pool-conv5x5(64)-pool-384-192     images
-vgg11       VGG-11 (torchvision layers), GroupNorm, 512-512 classifier    >= 32x32
-resnet18    ResNet-18 (torchvision), GroupNorm; 3x3 stem for <= 32 px     images
-convnet     FedDM/DC ConvNet: ``depth`` x [conv3x3(width), GN, ReLU,      images
-            avgpool2], linear
-lstm        LEAF character LSTM: embedding 8, 2 x LSTM 256, linear        char ids
-=========== ============================================================= =========
-
-Image models take inputs of shape [B, C, H, W] (flat rows of C*H*W values
-are reshaped); ``make_model`` passes the dataset's sample shape.
+Networks (the table: docs/datasets.md, "Models"): logreg, mlp, quadratic, cnn,
+cifar_cnn, vgg11, resnet18, convnet, lstm. None uses dropout or batch norm
+(GroupNorm instead), so training depends only on each client's data and generator.
 
 Example:
     >>> m = build_model(ModelSpec(name="logreg"), input_dim=60, num_classes=10, seed=0)
@@ -44,9 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# ModelSpec lives with the other specs, so that validating a scenario does not
-# import torch; it is re-exported here, next to the networks it names.
-from fedsim.spec import ModelSpec
+from fedsim.spec import ModelSpec  # there, so validating a scenario needs no torch
 
 _MODEL_INIT_TAG = 0x1A17
 
@@ -63,10 +41,7 @@ __all__ = [
 
 
 class QuadraticModel(nn.Module):
-    """A parameter vector x; the "batch" holds centres e and curvatures h.
-
-    ``forward(e, h)`` returns the per-sample objective h/2 ||x - e||^2.
-    """
+    """Parameters x; ``forward(e, h)``: per-sample h/2 ||x - e||^2 (centres e)."""
 
     def __init__(self, dim: int, x0: float = 0.0) -> None:
         super().__init__()
@@ -76,7 +51,6 @@ class QuadraticModel(nn.Module):
         return 0.5 * h * ((self.x - e) ** 2).sum(dim=1)
 
 
-# ------------------------------------------------------------------- building blocks
 class _AsImage(nn.Module):
     """Reshape flat rows to [B, C, H, W] (a no-op for image batches)."""
 
@@ -88,15 +62,14 @@ class _AsImage(nn.Module):
         return x.reshape(x.shape[0], *self.shape)
 
 
+_Head = Callable[[int], nn.Module]
+
+
 class _ImageNet(nn.Module):
-    """``features`` then ``classifier``; ``embed`` is the flattened features
-    (FedDM's distribution matching needs it)."""
+    """``features`` then ``classifier``; ``embed`` (flat features) serves FedDM."""
 
     def __init__(
-        self,
-        shape: tuple[int, int, int],
-        features: nn.Module,
-        head: Callable[[int], nn.Module],
+        self, shape: tuple[int, int, int], features: nn.Module, head: _Head
     ) -> None:
         super().__init__()
         self.reshape = _AsImage(shape)
@@ -113,8 +86,7 @@ class _ImageNet(nn.Module):
 
 
 class CharLSTM(nn.Module):
-    """LEAF's Shakespeare model: embed each character id, run a stacked LSTM
-    over the sequence, predict the next character from the last output."""
+    """LEAF's Shakespeare model: embedding, stacked LSTM, next character."""
 
     def __init__(self, vocab: int, embed: int = 8, hidden: int = 256, layers: int = 2):
         super().__init__()
@@ -144,24 +116,21 @@ def _gn(groups: int, channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(math.gcd(groups, channels), channels)
 
 
-def _swap_norms(module: nn.Module, groups: int) -> nn.Module:
+def _swap_norms(module: nn.Module, groups: int) -> None:
     """Replace every BatchNorm2d by a GroupNorm over the same channels."""
     for name, child in module.named_children():
         if isinstance(child, nn.BatchNorm2d):
             setattr(module, name, _gn(groups, child.num_features))
         else:
             _swap_norms(child, groups)
-    return module
 
 
-# ------------------------------------------------------------------------- models
 def _logreg(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(shape)), classes))
 
 
 def _dense(width: int, hidden: Sequence[int], classes: int) -> list[nn.Module]:
-    """Linear layers ``width -> hidden... -> classes`` with a ReLU between
-    each two (created in order, so the seed gives the same weights)."""
+    """Linear layers ``width -> hidden... -> classes``, ReLUs between."""
     layers: list[nn.Module] = []
     for h in hidden:
         layers += [nn.Linear(width, h), nn.ReLU()]
@@ -170,10 +139,19 @@ def _dense(width: int, hidden: Sequence[int], classes: int) -> list[nn.Module]:
     return layers
 
 
-def _head(hidden: Sequence[int], classes: int) -> Callable[[int], nn.Module]:
-    """An image network's classifier: flattened features ``n`` -> ``hidden``
-    -> ``classes``."""
+def _head(hidden: Sequence[int], classes: int) -> _Head:
+    """Classifier: flattened features ``n`` -> ``hidden`` -> ``classes``."""
     return lambda n: nn.Sequential(*_dense(n, hidden, classes))
+
+
+def _conv_pool(c_in: int, widths: Sequence[int], padding: int = 0) -> nn.Sequential:
+    """[conv5x5(width), ReLU, maxpool2] per width: the FedAvg and FedDC CNNs."""
+    layers: list[nn.Module] = []
+    for c_out in widths:
+        conv = nn.Conv2d(c_in, c_out, 5, padding=padding)
+        layers += [conv, nn.ReLU(), nn.MaxPool2d(2)]
+        c_in = c_out
+    return nn.Sequential(*layers)
 
 
 def _mlp(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -185,35 +163,17 @@ def _mlp(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
 def _cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
     """McMahan et al. 2017, section 3: 1,663,370 parameters on 28x28x1."""
     s = _image_shape(shape, "cnn")
-    features = nn.Sequential(
-        nn.Conv2d(s[0], 32, 5, padding=2),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-    )
-    return _ImageNet(s, features, _head([512], classes))
+    return _ImageNet(s, _conv_pool(s[0], [32, 64], padding=2), _head([512], classes))
 
 
 def _cifar_cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
     """The FedDC/FedDyn code's CIFAR CNN (ALGORITHMS.md 9.3)."""
     s = _image_shape(shape, "cifar_cnn")
-    features = nn.Sequential(
-        nn.Conv2d(s[0], 64, 5),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(64, 64, 5),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-    )
-    return _ImageNet(s, features, _head([384, 192], classes))
+    return _ImageNet(s, _conv_pool(s[0], [64, 64]), _head([384, 192], classes))
 
 
 def _vgg11(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    """torchvision's VGG-11 layers (configuration A) with GroupNorm after each
-    convolution, and the CIFAR-style classifier of the FedNova code without
-    dropout: 512 -> 512 -> 512 -> classes."""
+    """torchvision's VGG-11 (config A), GroupNorm, FedNova's classifier sans dropout."""
     from torchvision.models.vgg import cfgs, make_layers
 
     s = _image_shape(shape, "vgg11")
@@ -228,15 +188,12 @@ def _vgg11(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
 
 
 def _resnet18(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    """torchvision's ResNet-18 with GroupNorm. For images of at most 32x32
-    the stem is a 3x3 stride-1 convolution without max-pooling (the usual
-    CIFAR ResNet-18, 11,173,962 parameters for 10 classes)."""
+    """torchvision's ResNet-18, GroupNorm; the CIFAR stem for images <= 32x32."""
     from torchvision.models import resnet18
 
     s = _image_shape(shape, "resnet18")
-    net = resnet18(
-        weights=None, num_classes=classes, norm_layer=partial(_gn, spec.norm_groups)
-    )
+    norm = partial(_gn, spec.norm_groups)
+    net = resnet18(weights=None, num_classes=classes, norm_layer=norm)
     small = max(s[1:]) <= 32
     if small or s[0] != 3:
         k, stride, pad = (3, 1, 1) if small else (7, 2, 3)
@@ -248,22 +205,14 @@ def _resnet18(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Modul
 
 
 def _convnet(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    """The ConvNet of FedDM / dataset condensation (ALGORITHMS.md 10.2):
-    ``depth`` blocks of conv3x3(``width``), GroupNorm(width, width) (instance
-    norm with affine parameters), ReLU, 2x2 average pooling; then a linear
-    classifier. As in that code, 1-channel 28x28 images get padding 3 in the
-    first convolution (28 -> 32). CIFAR-10: 320,010 parameters."""
+    """FedDM's ConvNet (ALGORITHMS.md 10.2); 1-channel images: first padding 3."""
     s = _image_shape(shape, "convnet")
     layers: list[nn.Module] = []
     c = s[0]
     for d in range(spec.depth):
-        pad = 3 if s[0] == 1 and d == 0 else 1
-        layers += [
-            nn.Conv2d(c, spec.width, 3, padding=pad),
-            nn.GroupNorm(spec.width, spec.width, affine=True),
-            nn.ReLU(),
-            nn.AvgPool2d(2, 2),
-        ]
+        conv = nn.Conv2d(c, spec.width, 3, padding=3 if s[0] == 1 and d == 0 else 1)
+        norm = nn.GroupNorm(spec.width, spec.width, affine=True)
+        layers += [conv, norm, nn.ReLU(), nn.AvgPool2d(2, 2)]
         c = spec.width
     return _ImageNet(s, nn.Sequential(*layers), lambda n: nn.Linear(n, classes))
 
@@ -274,9 +223,7 @@ def _lstm(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
     return CharLSTM(classes, spec.embed_dim, spec.lstm_hidden, spec.lstm_layers)
 
 
-ModelFactory = Callable[[ModelSpec, tuple[int, ...], int], nn.Module]
-
-MODELS: dict[str, ModelFactory] = {
+MODELS: dict[str, Callable[[ModelSpec, tuple[int, ...], int], nn.Module]] = {
     "logreg": _logreg,
     "mlp": _mlp,
     "cnn": _cnn,
@@ -297,16 +244,9 @@ def build_model(
     x0: float = 0.0,
     input_shape: Sequence[int] | None = None,
 ) -> nn.Module:
-    """Build a model with initial weights drawn from ``seed`` (not the global RNG).
-
-    Args:
-        spec: which network.
-        input_dim: values per sample (used when ``input_shape`` is None).
-        num_classes: outputs (the vocabulary size for ``lstm``).
-        seed: seed of the initial weights.
-        x0: initial value of the ``quadratic`` model's parameters.
-        input_shape: one sample's shape, e.g. (1, 28, 28) for image models.
-    """
+    """``spec``'s network, initial weights drawn from ``seed`` (not the global RNG);
+    a sample's shape is ``input_shape`` (e.g. (1, 28, 28)) or ``(input_dim,)``,
+    ``num_classes`` lstm's vocabulary, ``x0`` quadratic's initial value."""
     shape = tuple(input_shape) if input_shape is not None else (int(input_dim),)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -325,13 +265,9 @@ def make_model(scenario, data) -> nn.Module:  # noqa: ANN001
     """The scenario's model for ``data``, initialised from the scenario seed."""
     ss = np.random.SeedSequence([scenario.seed, _MODEL_INIT_TAG])
     seed = int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
+    x0 = getattr(scenario.data, "x0", 0.0)
     return build_model(
-        scenario.model,
-        input_dim=data.input_dim,
-        num_classes=data.num_classes,
-        seed=seed,
-        x0=getattr(scenario.data, "x0", 0.0),
-        input_shape=tuple(data.x.shape[1:]),
+        scenario.model, data.input_dim, data.num_classes, seed, x0, data.x.shape[1:]
     )
 
 
@@ -350,8 +286,7 @@ def evaluate(
     batch_size: int = 4096,
     weights: np.ndarray | None = None,
 ) -> tuple[float, float]:
-    """(mean loss, accuracy) over a dataset, in batches; accuracy is NaN for
-    objectives without classes."""
+    """(mean loss, accuracy) in batches; accuracy NaN without classes."""
     model.eval()
     n = len(x)
     if n == 0:

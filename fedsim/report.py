@@ -1,21 +1,11 @@
-"""``fedsim report RUN_DIR``: plots and a short report.md for any run.
-
-:func:`write_report` reads a run directory (see :mod:`fedsim.results`),
-writes its figures as PNG next to the Parquet files and a ``report.md``
-that shows them, each with a sentence on what to look for. Only
-``rounds.parquet`` is required; a run interrupted before its summary or
-without client rows still gets a report.
-
-Example:
-    >>> from fedsim.report import write_report
-    >>> write_report(Path("results/quickstart-20250101-120000"))  # doctest: +SKIP
-    PosixPath('results/quickstart-20250101-120000/report.md')
-"""
+"""``fedsim report RUN_DIR``: a run's figures as PNG and a report.md showing them
+(:func:`write_report`; only ``rounds.parquet`` is required; docs/results.md)."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,7 +73,6 @@ CHI2 = Plot(
     "chi^2(p||w) measures how far the effective aggregation weights w are from "
     "the data weights p; 0 means the server optimises the true objective.",
 )
-
 WEIGHT_SHARE = Plot(
     "weight_share.png",
     "Participation bias: weight share vs data share",
@@ -96,39 +85,19 @@ WEIGHT_SHARE = Plot(
 )
 
 
-def _read_table(path: Path, required: bool) -> pa.Table | None:
+def _read(path: Path, parse: Callable[[Path], Any] = pq.read_table) -> Any:
+    """``parse(path)``; None when the file is missing."""
     if not path.is_file():
-        if required:
-            raise ReportError(
-                f"{path.parent} is not a run directory: {path.name} is missing "
-                "(expected the output directory of `fedsim run`)"
-            )
         return None
     try:
-        return pq.read_table(path)
-    except (OSError, pa.ArrowException) as exc:
+        return parse(path)
+    except (OSError, ValueError, yaml.YAMLError, pa.ArrowException) as exc:
         raise ReportError(f"cannot read {path}: {exc}") from None
 
 
-def _read_summary(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ReportError(f"cannot read {path}: {exc}") from None
-    return data if isinstance(data, dict) else {}
-
-
-def _read_scenario(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "scenario.yaml"
-    if not path.is_file():
-        return {}
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ReportError(f"cannot read {path}: {exc}") from None
+def _read_mapping(path: Path, loads: Callable[[str], Any]) -> dict[str, Any]:
+    """summary.json or scenario.yaml; {} when missing or not a mapping."""
+    data = _read(path, lambda p: loads(p.read_text(encoding="utf-8")))
     return data if isinstance(data, dict) else {}
 
 
@@ -141,15 +110,11 @@ def _get(d: Any, *keys: str) -> Any:
 
 
 def _fmt(x: Any, spec: str = ".4g") -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, bool):
-        return str(x)
-    if isinstance(x, int):
-        return f"{x:,}"
     if isinstance(x, float):
-        return "-" if not math.isfinite(x) else format(x, spec)
-    return str(x)
+        return format(x, spec) if math.isfinite(x) else "-"
+    if isinstance(x, int) and not isinstance(x, bool):
+        return f"{x:,}"
+    return "-" if x is None else str(x)
 
 
 def _bytes(n: Any) -> str:
@@ -165,6 +130,7 @@ def _bytes(n: Any) -> str:
 def _summary_rows(
     summary: dict[str, Any], scenario: dict[str, Any], rounds: pa.Table
 ) -> list[tuple[str, str]]:
+    traffic = ("bytes_down", "bytes_up")
     done, drop = summary.get("updates_completed"), summary.get("updates_dropped")
     if done is None and "n_completed" in rounds.column_names:
         done = sum(v or 0 for v in rounds.column("n_completed").to_pylist())
@@ -182,38 +148,29 @@ def _summary_rows(
     devices = sum(g.get("count", 0) for g in groups if isinstance(g, dict))
     policy = _get(scenario, "round", "policy")
     window = _get(scenario, "round", "window_s")
+    if policy == "fixed_window" and window:
+        policy = f"{policy}, {window} s window"
     # the model before round 0 (summary.json's "initial"; null values: "-")
     initial = summary.get("initial") or {}
+    best = [_fmt(summary.get(k)) for k in ("best_test_accuracy", "best_round")]
     rows = [
         ("algorithm", f"{algo} (tau_eff: {tau_eff})" if tau_eff else _fmt(algo)),
         ("selector", _fmt(_get(scenario, "selector", "name"))),
-        (
-            "round policy",
-            f"{policy}, {window} s window"
-            if policy == "fixed_window" and window
-            else _fmt(policy),
-        ),
+        ("round policy", _fmt(policy)),
         ("devices", f"{devices} in {len(groups)} groups" if groups else "-"),
         ("seed", _fmt(scenario.get("seed"))),
         ("rounds", _fmt(summary.get("rounds", rounds.num_rows))),
         ("initial test accuracy", _fmt(initial.get("accuracy"))),
         ("initial test loss", _fmt(initial.get("loss"))),
         ("final test accuracy", _fmt(summary.get("final_test_accuracy"))),
-        (
-            "best test accuracy (round)",
-            f"{_fmt(summary.get('best_test_accuracy'))} "
-            f"({_fmt(summary.get('best_round'))})",
-        ),
+        ("best test accuracy (round)", f"{best[0]} ({best[1]})"),
         ("final test loss", _fmt(summary.get("final_test_loss"))),
         ("best test loss", _fmt(summary.get("best_test_loss"))),
         ("simulated time", _sim_time(sim_time)),
         ("wall time", f"{_fmt(summary.get('wall_time_s'), '.1f')} s"),
         ("updates completed", _fmt(done)),
         ("updates dropped", dropped),
-        (
-            "traffic down / up",
-            f"{_bytes(summary.get('bytes_down'))} / {_bytes(summary.get('bytes_up'))}",
-        ),
+        ("traffic down / up", " / ".join(_bytes(summary.get(k)) for k in traffic)),
         ("workers", _fmt(summary.get("workers"))),
         ("fedsim version", _fmt(summary.get("fedsim_version"))),
     ]
@@ -229,22 +186,16 @@ def _sim_time(seconds: Any) -> str:
 
 
 def _step_cap(scenario: dict[str, Any]) -> int | None:
-    """round.max_steps when it caps tau: under ``fixed_window`` (the default
-    policy) and ``async`` jobs of ``job_steps: max_steps``; None under
-    ``fixed_epochs`` (tau comes from the epochs) or when not recorded."""
+    """round.max_steps where it caps tau (fixed_window, async max_steps jobs)."""
     cap = _get(scenario, "round", "max_steps")
     policy = _get(scenario, "round", "policy") or "fixed_window"
     job_steps = _get(scenario, "round", "job_steps") or "max_steps"
-    if not isinstance(cap, int) or isinstance(cap, bool):
-        return None
-    if policy == "fixed_window" or (policy == "async" and job_steps == "max_steps"):
-        return cap
-    return None
+    caps = policy == "fixed_window" or (policy == "async" and job_steps == "max_steps")
+    return cap if caps and isinstance(cap, int) and not isinstance(cap, bool) else None
 
 
 def _status_lines(summary: dict[str, Any]) -> list[str]:
-    """A warning above the figures when the run did not complete, or its
-    numbers mean little (summary.json's ``status`` and ``degenerate``)."""
+    """Warnings from summary.json's ``status`` and ``degenerate``."""
     out = []
     status = summary.get("status")
     if status and status != "completed":
@@ -257,94 +208,45 @@ def _status_lines(summary: dict[str, Any]) -> list[str]:
     return [*out, ""] if out else []
 
 
-def _draw_figures(
-    run_dir: Path,
-    name: str,
-    groups: list[str],
-    rounds: pa.Table,
-    clients: pa.Table | None,
-    scenario: dict[str, Any],
-    summary: dict[str, Any],
-    max_timeline_rounds: int,
-) -> list[Plot]:
-    """Draw the run's figures into ``run_dir``; the ones report.md shows."""
-    figures = [METRICS, TAU, TIMELINE]
-    plots.plot_metrics(
-        rounds,
-        run_dir / METRICS.file,
-        title=f"{name}: test metrics",
-        initial=summary.get("initial"),  # the figure checks what it is
-    )
-    plots.plot_tau_by_group(
-        clients,
-        run_dir / TAU.file,
-        groups=groups,
-        title=f"{name}: local steps per update, by device group",
-        max_steps=_step_cap(scenario),
-    )
-    plots.plot_timeline(
-        clients,
-        run_dir / TIMELINE.file,
-        rounds=rounds,
-        groups=groups,
-        max_rounds=max_timeline_rounds,
-        title=f"{name}: client timeline",
-    )
-    if plots.is_async(clients):
-        figures.append(STALENESS)
-        plots.plot_staleness(
-            clients, run_dir / STALENESS.file, groups=groups, title=f"{name}: staleness"
-        )
-    if plots.has_chi2(rounds):
-        figures.append(CHI2)
-        plots.plot_chi2(
-            rounds, run_dir / CHI2.file, title=f"{name}: objective inconsistency"
-        )
-    partition = _read_table(run_dir / "partition.parquet", required=False)
-    if clients is not None and partition is not None:
-        figures.append(WEIGHT_SHARE)
-        plots.plot_weight_share(
-            clients, run_dir / WEIGHT_SHARE.file, rounds, partition, title=name
-        )
-    return figures
-
-
 def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
-    """Write the figures and ``report.md`` of a run directory.
-
-    Args:
-        run_dir: a directory written by ``fedsim run`` (``rounds.parquet``
-            required; ``clients.parquet``, ``summary.json`` and
-            ``scenario.yaml`` used when present).
-        max_timeline_rounds: the client timeline shows at most this many
-            rounds (the first and last halves).
-
-    Returns:
-        The path of ``report.md``.
-
-    Raises:
-        ReportError: ``run_dir`` is not a run directory or a file in it
-            cannot be read.
-    """
+    """Write the figures and ``report.md`` of ``run_dir`` (a ``fedsim run`` output),
+    the timeline showing at most ``max_timeline_rounds`` rounds; return its path.
+    Raises ReportError: not a run directory, or a file in it cannot be read."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir} is not a run directory: no such directory")
-    rounds = _read_table(run_dir / "rounds.parquet", required=True)
-    assert rounds is not None
-    clients = _read_table(run_dir / "clients.parquet", required=False)
-    summary = _read_summary(run_dir)
-    scenario = _read_scenario(run_dir)
+    rounds = _read(run_dir / "rounds.parquet")
+    if rounds is None:
+        raise ReportError(
+            f"{run_dir} is not a run directory: rounds.parquet is missing "
+            "(expected the output directory of `fedsim run`)"
+        )
+    clients = _read(run_dir / "clients.parquet")
+    summary = _read_mapping(run_dir / "summary.json", json.loads)
+    scenario = _read_mapping(run_dir / "scenario.yaml", yaml.safe_load)
     name = str(scenario.get("name") or summary.get("scenario") or run_dir.name)
-    groups = [
-        str(g["name"])
-        for g in _get(scenario, "fleet", "groups") or []
-        if isinstance(g, dict) and "name" in g
-    ]
+    fleet = _get(scenario, "fleet", "groups") or []
+    groups = [str(g["name"]) for g in fleet if isinstance(g, dict) and "name" in g]
+    figures: list[Plot] = []
 
-    figures = _draw_figures(
-        run_dir, name, groups, rounds, clients, scenario, summary, max_timeline_rounds
-    )
+    def out(fig: Plot) -> Path:
+        figures.append(fig)
+        return run_dir / fig.file
 
+    initial = summary.get("initial")  # the figure checks what it is
+    plots.plot_metrics(rounds, out(METRICS), f"{name}: test metrics", initial)
+    tau_title = f"{name}: local steps per update, by device group"
+    cap = _step_cap(scenario)
+    plots.plot_tau_by_group(clients, out(TAU), groups, tau_title, max_steps=cap)
+    timeline = (rounds, groups, max_timeline_rounds, f"{name}: client timeline")
+    plots.plot_timeline(clients, out(TIMELINE), *timeline)
+    if plots.is_async(clients):
+        plots.plot_staleness(clients, out(STALENESS), groups, f"{name}: staleness")
+    if plots.has_chi2(rounds):
+        plots.plot_chi2(rounds, out(CHI2), f"{name}: objective inconsistency")
+    partition = _read(run_dir / "partition.parquet")
+    if clients is not None and partition is not None:
+        plots.plot_weight_share(clients, out(WEIGHT_SHARE), rounds, partition, name)
     lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir.name}`", ""]
     lines += _status_lines(summary)
     lines += ["| key figure | value |", "|---|---|"]

@@ -1,16 +1,6 @@
-"""Run directories: resolved scenario, Parquet tables and a JSON summary.
-
-Every file is written atomically (to a temporary file in the same directory,
-fsync'd, then renamed over the target), so a crash never leaves a
-half-written file; a reader sees the old version or the new one.
-
-Layout of a run directory::
-
-    scenario.yaml     the fully resolved scenario (every default filled in)
-    rounds.parquet    one row per round
-    clients.parquet   one row per selected client per round
-    summary.json      final and best accuracy, simulated and wall time, version
-"""
+"""Run directories: resolved scenario, Parquet tables and a JSON summary, each
+written atomically (temp file, fsync, rename): a reader never sees half a file.
+Layout and columns: README.md ("What a run writes") and docs/results.md."""
 
 from __future__ import annotations
 
@@ -42,31 +32,22 @@ __all__ = [
 ]
 
 I64, F64, STR, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
+_Row = dict[str, Any]
 
 
 def schema(*runs: tuple[pa.DataType, str], base: pa.Schema | None = None) -> pa.Schema:
-    """The columns of ``base`` (if any), then each run's space-separated
-    names with that run's type, in order."""
+    """``base``'s columns, then each run's space-separated names with its type."""
     fields = list(base) if base is not None else []
-    for dtype, names in runs:
-        fields += [pa.field(name, dtype) for name in names.split()]
-    return pa.schema(fields)
+    return pa.schema(fields + [(n, t) for t, names in runs for n in names.split()])
 
 
-# rounds.parquet: one row per round. tau_mean/min/max: local steps of the
-# completed updates; tau_eff, chi2_pw: the algorithm's effective steps and its
-# weights' objective inconsistency.
+# What the columns mean: README.md ("What a run writes") and docs/results.md.
 ROUND_SCHEMA = schema(
     (I64, "round"),
     (F64, "sim_time wall_time test_loss test_accuracy train_loss"),
     (I64, "n_selected n_completed n_dropped"),
     (F64, "tau_mean tau_min tau_max tau_eff chi2_pw"),
 )
-
-# clients.parquet: one row per selected client per round. weight: the
-# effective weight w_i (normalised, the chi^2 meter's); agg_weight: the weight
-# the client's delta got in the server step as applied (sampling weight, not
-# normalised; the participation-bias meter's).
 CLIENT_SCHEMA = schema(
     (I64, "round client_id"),
     (STR, "device_group"),
@@ -78,13 +59,6 @@ CLIENT_SCHEMA = schema(
     (I64, "bytes_down bytes_up"),
     (F64, "agg_weight"),
 )
-
-# Asynchronous runs: clients.parquet has one row per job the server saw end
-# (arrived or dropped); rounds.parquet one row per server version (``round``
-# = the version w the updates were applied to; the metrics are those of w + 1).
-# version_started: the version the device downloaded; version_applied: null
-# unless applied; staleness: version at arrival - version_started, null when
-# the device went offline; job: the device's job index (0, 1, ...).
 ASYNC_CLIENT_SCHEMA = schema(
     (I64, "version_started version_applied staleness job"), base=CLIENT_SCHEMA
 )
@@ -94,9 +68,7 @@ ASYNC_ROUND_SCHEMA = schema(
     base=ROUND_SCHEMA,
 )
 
-# selector.parquet: one row per client (or per whatever the selector reports)
-# per round; the selector's artifact() adds its own columns (FedPNS:
-# probability, selected, labeled, removed).
+# selector.parquet: the selector's artifact() rows add their own columns.
 SELECTOR_SCHEMA = pa.schema([("round", pa.int64()), ("client_id", pa.int64())])
 
 _UMASK = os.umask(0)
@@ -118,34 +90,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; use the usual mode
         os.replace(tmp, path)
     except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.errno is not None:
             # name the file the caller meant, not the temporary one
             raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
 
 
-def with_extra_columns(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Schema:
-    """``schema`` plus any columns the rows carry beyond it (types inferred),
-    e.g. an algorithm's per-client flags or async columns."""
-    extra: dict[str, None] = {}
-    for r in rows:
-        for k in r:
-            if k not in extra and schema.get_field_index(k) < 0:
-                extra[k] = None
+def rows_table(rows: list[_Row], schema: pa.Schema) -> pa.Table:
+    """Rows as a table: ``schema``'s columns, then any extra ones (types inferred)."""
+    extra = dict.fromkeys(k for r in rows for k in r if schema.get_field_index(k) < 0)
     for k in extra:
-        values = [r.get(k) for r in rows]
-        schema = schema.append(pa.field(k, pa.array(values).type))
-    return schema
-
-
-def rows_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Rows as an Arrow table: ``schema``'s columns first, in its order and
-    types, then any extra columns the rows carry."""
-    return pa.Table.from_pylist(rows, schema=with_extra_columns(rows, schema))
+        schema = schema.append(pa.field(k, pa.array([r.get(k) for r in rows]).type))
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def write_arrow(path: Path, table: pa.Table) -> None:
@@ -155,21 +112,19 @@ def write_arrow(path: Path, table: pa.Table) -> None:
     atomic_write_bytes(Path(path), sink.getvalue().to_pybytes())
 
 
-def write_table(path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
+def write_table(path: Path, rows: list[_Row], schema: pa.Schema) -> None:
     """Write rows (see :func:`rows_table`) as a Parquet file, atomically."""
     write_arrow(path, rows_table(rows, schema))
 
 
 class _Converted:
-    """One table's rows already converted to Arrow, so that a flush converts
-    only the rows added since (rather than every row of a long run, each
-    time). Rebuilt whole when new rows change the columns or their types."""
+    """Rows converted so far: a flush converts only new rows (or all, on new types)."""
 
     def __init__(self) -> None:
         self.n = 0
         self.table: pa.Table | None = None
 
-    def of(self, rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    def of(self, rows: list[_Row], schema: pa.Schema) -> pa.Table:
         if self.table is not None and self.n <= len(rows):
             if self.n == len(rows):
                 return self.table
@@ -208,8 +163,7 @@ def prepare_run_dir(path: Path) -> Path:
 
 
 def check_free_space(path: Path, need_bytes: int, what: str) -> None:
-    """Raise OSError, before any training, if ``path``'s file system has less
-    than ``need_bytes`` free."""
+    """Raise OSError if ``path``'s file system has less than ``need_bytes`` free."""
     free = shutil.disk_usage(path).free
     if free < need_bytes:
         raise OSError(
@@ -220,14 +174,13 @@ def check_free_space(path: Path, need_bytes: int, what: str) -> None:
 
 
 def _is_value(x: Any) -> bool:
-    """Whether ``x`` is a recorded metric: a finite number. None and NaN mean
-    "not evaluated this round"; 0.0 is a value like any other."""
+    """A finite number; None and NaN mean "not evaluated this round"."""
     return isinstance(x, float | int) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def summarize(
-    rows: list[dict[str, Any]],
-    client_rows: list[dict[str, Any]],
+    rows: list[_Row],
+    client_rows: list[_Row],
     *,
     scenario_name: str,
     wall_time_s: float,
@@ -235,30 +188,11 @@ def summarize(
     version: str,
     server_validation: str | None = None,
 ) -> dict[str, Any]:
-    """summary.json's content.
-
-    The test metrics come from the evaluated rounds only (a round without
-    evaluation, see ``eval.every_rounds``, records NaN): ``final_*`` is the
-    last evaluated value, ``best_test_accuracy`` the highest and
-    ``best_round`` the round it was reached in. On a tie, ``best_round`` is
-    the latest such round: the newest model that is as good as any is the
-    one worth keeping. Metrics of exactly 0.0 count as values. Traffic sums
-    every client row, dropped ones included (a dropped client still
-    downloaded the model). With no evaluated round the metric fields are
-    None. ``server_validation`` says which data the server's model choices
-    (FedPNS's CHECK LOSS) scored on: ``"validation split (n rows)"``,
-    ``"test set (opt-in)"`` (the test metrics are then optimistic), or None
-    when no server-side choice looked at data
-    (:func:`fedsim.data.validation.describe_validation`).
-    """
-    accs = [
-        (float(r["test_accuracy"]), int(r["round"]))
-        for r in rows
-        if _is_value(r.get("test_accuracy"))
-    ]
+    """summary.json's content (docs/results.md, "summary.json")."""
+    evaluated = [r for r in rows if _is_value(r.get("test_accuracy"))]
+    accs = [(float(r["test_accuracy"]), int(r["round"])) for r in evaluated]
     losses = [float(r["test_loss"]) for r in rows if _is_value(r.get("test_loss"))]
-    # max over (accuracy, round): equal accuracies are ordered by round, so a
-    # tie goes to the latest round.
+    # max over (accuracy, round): a tie goes to the latest round
     best = max(accs) if accs else (None, None)
     return {
         "scenario": scenario_name,
@@ -281,14 +215,8 @@ def summarize(
 
 
 class Recorder:
-    """Collects result rows and, given a run directory, writes them as Parquet
-    atomically as the run goes (at most every ``flush_every_s`` seconds, and on
-    :meth:`flush`).
-
-    Only rows added since the last write are a reason to write: a resume that
-    fails before its first round never overwrites the results on disk.
-    Asynchronous runs (``asynchronous=True``) use the async schemas.
-    """
+    """Collects result rows, written to ``run_dir`` (if any) every ``flush_every_s``
+    seconds at most and on :meth:`flush`; only new rows cause a write."""
 
     def __init__(
         self,
@@ -297,24 +225,19 @@ class Recorder:
         asynchronous: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.schemas = (
-            (ASYNC_ROUND_SCHEMA, ASYNC_CLIENT_SCHEMA)
-            if asynchronous
-            else (ROUND_SCHEMA, CLIENT_SCHEMA)
-        )
-        self.rows: list[dict[str, Any]] = []
-        self.clients: list[dict[str, Any]] = []
-        self.selector_rows: list[dict[str, Any]] = []
+        self.schemas = (ROUND_SCHEMA, CLIENT_SCHEMA)
+        if asynchronous:
+            self.schemas = (ASYNC_ROUND_SCHEMA, ASYNC_CLIENT_SCHEMA)
+        self.rows: list[_Row] = []
+        self.clients: list[_Row] = []
+        self.selector_rows: list[_Row] = []
         self.flush_every_s = flush_every_s
         self._last = time.monotonic()
         self._dirty = False
         self._converted: dict[str, _Converted] = {}
 
     def add(
-        self,
-        row: dict[str, Any],
-        clients: list[dict[str, Any]],
-        selector_rows: Sequence[dict[str, Any]] = (),
+        self, row: _Row, clients: list[_Row], selector_rows: Sequence[_Row] = ()
     ) -> None:
         self.rows.append(row)
         self.clients.extend(clients)
@@ -324,9 +247,7 @@ class Recorder:
             self.flush()
 
     def flush(self) -> None:
-        """Write the tables now, if any row was added since the last write
-        (or none are on disk yet: a run that stopped before its first row,
-        e.g. a stalled one, still leaves empty tables for ``fedsim report``)."""
+        """Write the tables if rows were added, or none are on disk yet."""
         if self.run_dir is None:
             return
         if not self._dirty and (self.run_dir / "rounds.parquet").exists():
@@ -337,14 +258,13 @@ class Recorder:
 
     def write(self, run_dir: Path) -> None:
         rounds, clients = self.schemas
-        self._write(run_dir / "rounds.parquet", self.rows, rounds)
-        self._write(run_dir / "clients.parquet", self.clients, clients)
+        tables = [("rounds", self.rows, rounds), ("clients", self.clients, clients)]
         if self.selector_rows:
-            self._write(
-                run_dir / "selector.parquet", self.selector_rows, SELECTOR_SCHEMA
-            )
+            tables.append(("selector", self.selector_rows, SELECTOR_SCHEMA))
+        for name, rows, schema in tables:
+            self._write(run_dir / f"{name}.parquet", rows, schema)
 
-    def _write(self, path: Path, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
+    def _write(self, path: Path, rows: list[_Row], schema: pa.Schema) -> None:
         table = self._converted.setdefault(path.name, _Converted()).of(rows, schema)
         write_arrow(path, table)
 
@@ -353,14 +273,11 @@ class Recorder:
         assert self.run_dir is not None
         rounds = pq.read_table(self.run_dir / "rounds.parquet").to_pylist()
         clients = pq.read_table(self.run_dir / "clients.parquet").to_pylist()
-        selector: list[dict[str, Any]] = []
+        selector: list[_Row] = []
         if n_selector_rows:
             selector = pq.read_table(self.run_dir / "selector.parquet").to_pylist()
-        if (
-            len(rounds) < n_rows
-            or len(clients) < n_client_rows
-            or len(selector) < n_selector_rows
-        ):
+        short = len(rounds) < n_rows or len(clients) < n_client_rows
+        if short or len(selector) < n_selector_rows:
             raise OSError(
                 f"{self.run_dir}: the result files hold fewer rows than the "
                 "checkpoint expects; cannot resume"

@@ -1,32 +1,14 @@
 """Local solvers: how a client turns gradients into local steps.
 
-Each solver updates a flat parameter vector in place, one step at a time (the
-clock decides how many steps), and keeps the scalar recursion of the official
-FedNova code (ALGORITHMS.md 5.3) so that it can report ||a_i||_1, the L1 norm
-of its accumulation vector: Delta_i = -lr * G_i a_i. FedNova divides each
-update by this number; FedAvg's implicit weights are proportional to it.
-
-Closed forms (ALGORITHMS.md 5.2), for tau steps:
-
-=================  ======================================
-solver             ||a||_1
-=================  ======================================
-sgd                tau
-momentum (rho)     [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho)
-prox (alpha=lr mu)  (1 - (1 - alpha)^tau) / alpha
-decay (gamma)      (1 - gamma^tau) / (1 - gamma)   (lr_k = lr gamma^k)
-=================  ======================================
-
-``SolverState.lr`` records the base lr, so that an algorithm can turn a delta
-into a normalised gradient: d_i = -Delta_i / (lr ||a_i||_1) (SCAFFOLD option II,
-FedNova-VR, FedDC).
+Each updates a flat parameter vector in place, one step at a time (the clock
+decides how many), keeping FedNova's recursion (ALGORITHMS.md 5.3) for
+||a_i||_1, the L1 norm of its accumulation vector (Delta_i = -lr G_i a_i);
+``norm_a(tau)`` is the closed form (5.2). With ``SolverState.lr`` an algorithm
+gets d_i = -Delta_i / (lr ||a_i||_1) (SCAFFOLD option II, FedNova-VR, FedDC).
 
 Example:
-    >>> import torch
-    >>> from fedsim.solvers import Momentum
     >>> s = Momentum(lr=0.1, rho=0.9)
-    >>> x, x0 = torch.zeros(1), torch.zeros(1)
-    >>> st = s.begin(x0)
+    >>> x, st = torch.zeros(1), s.begin(torch.zeros(1))
     >>> for _ in range(2):
     ...     s.step(x, torch.ones(1), st)
     >>> round(st.norm_a, 6), round(s.norm_a(2), 6)
@@ -78,9 +60,7 @@ class SGD:
         return SolverState(x0=x0, lr=self.lr)
 
     def _direction(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        if self.weight_decay:
-            return g.add(x, alpha=self.weight_decay)
-        return g
+        return g.add(x, alpha=self.weight_decay) if self.weight_decay else g
 
     def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
         x.add_(self._direction(x, g), alpha=-self.lr)
@@ -129,18 +109,12 @@ class Prox(SGD):
 
     def norm_a(self, tau: int) -> float:
         a = self.lr * self.mu
-        if a == 0:
-            return float(tau)
-        return (1.0 - (1.0 - a) ** tau) / a
+        return (1.0 - (1.0 - a) ** tau) / a if a else float(tau)
 
 
 @dataclass(frozen=True)
 class Decay(SGD):
-    """SGD whose lr decays geometrically inside the round: lr_k = lr gamma^k.
-
-    a = [1, gamma, ..., gamma^(tau-1)] (ALGORITHMS.md 5.2); the recursion adds
-    the current factor gamma^k to ||a||_1 after each step.
-    """
+    """lr decaying inside the round: lr_k = lr gamma^k, a = [1, ..., gamma^(tau-1)]."""
 
     gamma: float = 1.0
 
@@ -151,12 +125,8 @@ class Decay(SGD):
         st.steps += 1
 
     def norm_a(self, tau: int) -> float:
-        if self.gamma == 1.0:
-            return float(tau)
-        return (1.0 - self.gamma**tau) / (1.0 - self.gamma)
-
-
-Solver = SGD  # every solver derives from SGD
+        gamma = self.gamma
+        return (1.0 - gamma**tau) / (1.0 - gamma) if gamma != 1.0 else float(tau)
 
 
 def normalized_gradient(delta: torch.Tensor, st: SolverState) -> torch.Tensor:
@@ -179,11 +149,8 @@ def average_gradient(delta: torch.Tensor, lr: float, norm_a: float) -> torch.Ten
 
 
 def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
-    """The solver a client spec asks for; ``mu`` forces ``prox`` (the proximal
-    coefficient of FedProx, or FedAsync's rho).
-
-    Proximal SGD combined with momentum or a decayed lr has no derived
-    ||a||_1 (ALGORITHMS.md 5.3), so that combination is refused.
+    """The solver a client spec asks for; ``mu`` (FedProx's mu, FedAsync's rho)
+    forces ``prox``, refused with momentum or decay (no derived ||a||_1).
 
     >>> from fedsim.scenario import ClientSpec
     >>> make_solver(ClientSpec(solver="decay", lr=0.1, step_decay=0.5)).norm_a(3)
