@@ -39,7 +39,7 @@ Width = Annotated[int, Field(ge=1, le=65536)]
 
 
 class ModelSpec(Spec):
-    """Which network to train (see the table in :mod:`fedsim.models`).
+    """Which network to train (the table: docs/datasets.md, "Models").
 
     ``norm_groups``: GroupNorm groups of ``vgg11``/``resnet18`` (2: Hsieh et
     al. 2020); ``width``, ``depth``: ``convnet`` (FedDM: 128, 3); ``lstm``
