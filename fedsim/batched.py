@@ -38,13 +38,14 @@ from fedsim.models import QuadraticModel
 from fedsim.solvers import SGD, Decay, Momentum, Prox, SolverState
 
 if TYPE_CHECKING:
-    from fedsim.workers import Task, Worker
+    from fedsim.workers import Payload, Task, Worker
 
 __all__ = ["train_batched", "why_not_batched"]
 
 _SOLVERS = (SGD, Momentum, Prox, Decay)
 # A stacked gradient hook: (n, the first n rows' parameters, their gradients).
 Hook = Callable[[int, torch.Tensor, torch.Tensor], None]
+States = Mapping[int, ClientState]
 
 
 def why_not_batched(worker: Worker) -> str | None:
@@ -63,10 +64,7 @@ def why_not_batched(worker: Worker) -> str | None:
 
 
 def train_batched(
-    worker: Worker,
-    payload: dict[str, torch.Tensor],
-    tasks: Sequence[Task],
-    states: Mapping[int, ClientState],
+    worker: Worker, payload: Payload, tasks: Sequence[Task], states: States
 ) -> list[ClientUpdate]:
     """A worker's tasks (one payload), in task order: the tasks of each round
     (one learning rate) together, a task alone through the sequential loop."""
@@ -262,10 +260,7 @@ def _solver_step(
 
 
 def _train_together(
-    worker: Worker,
-    payload: dict[str, torch.Tensor],
-    tasks: Sequence[Task],
-    states: Mapping[int, ClientState],
+    worker: Worker, payload: Payload, tasks: Sequence[Task], states: States
 ) -> list[ClientUpdate]:
     """Train every task's client (one round, one payload) at once.
 
