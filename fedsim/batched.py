@@ -147,6 +147,19 @@ def _relu_back(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten.threshold_backward(grad, out, 0)  # type: ignore[no-any-return]
 
 
+def _dense_params(
+    layers: list[nn.Linear], theta: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (W [K, out, in], b [K, out]): views of the stack's rows."""
+    out, offset, k = [], 0, theta.shape[0]
+    for layer in layers:
+        n_w = layer.out_features * layer.in_features
+        w = theta[:, offset : offset + n_w].view(k, layer.out_features, -1)
+        offset += n_w + layer.out_features
+        out.append((w, theta[:, offset - layer.out_features : offset]))
+    return out
+
+
 def _dense_fn(layers: list[nn.Linear]) -> Callable[..., Any]:
     """:func:`_grad_fn` for a dense stack, without ``torch.func`` or autograd.
 
@@ -159,34 +172,31 @@ def _dense_fn(layers: list[nn.Linear]) -> Callable[..., Any]:
     grad W_l = dz_l^T h_{l-1}, grad b_l = sum_rows dz_l,
     dz_{l-1} = (dz_l W_l) * [z_{l-1} > 0].
 
-    Given ``lr``, the function takes the plain SGD step itself, layer by
-    layer in place (W_l += -lr grad W_l as one ``baddbmm_``, after W_l has
-    served dz_{l-1}), and returns no gradients: the ``[K, d]`` gradient
-    stack and the copies around it are most of a step's memory traffic.
+    ``fn(params, x, y, w, count)`` takes the layers' (W, b) stacks
+    (:func:`_dense_params`). Given ``lr``, it takes the plain SGD step itself,
+    layer by layer in place (W_l += -lr grad W_l as one ``baddbmm_``, after
+    W_l has served dz_{l-1}), and returns no gradients: the ``[K, d]``
+    gradient stack and the copies around it are most of a step's memory
+    traffic, and contiguous per-layer stacks keep the in-place products
+    batched.
     """
 
-    def fn(theta, x, y, w, count, lr=None):  # type: ignore[no-untyped-def]
-        k = theta.shape[0]
-        h = x.reshape(k, x.shape[1], -1)
-        offset, weights, biases, inputs = 0, [], [], []
-        for i, layer in enumerate(layers):
+    def fn(params, x, y, w, count, lr=None):  # type: ignore[no-untyped-def]
+        weights, biases = [p[0] for p in params], [p[1] for p in params]
+        h = x.reshape(len(x), x.shape[1], -1)
+        inputs = []
+        for i, (wl, b) in enumerate(params):
             if i:
                 h = h.relu_()  # h is this step's own tensor
-            n_w = layer.out_features * layer.in_features
-            weights.append(
-                theta[:, offset : offset + n_w].view(k, layer.out_features, -1)
-            )
-            biases.append(theta[:, offset + n_w : offset + n_w + layer.out_features])
-            offset += n_w + layer.out_features
             inputs.append(h)
-            h = torch.baddbmm(biases[-1].unsqueeze(1), h, weights[-1].transpose(1, 2))
+            h = torch.baddbmm(b.unsqueeze(1), h, wl.transpose(1, 2))
         logp = torch.log_softmax(h, dim=2)
         nll = -logp.gather(2, y.unsqueeze(2)).squeeze(2)
         dz = logp.exp()
         dz.scatter_add_(2, y.unsqueeze(2), -torch.ones_like(dz[..., :1]))
         dz.mul_((w / count.unsqueeze(1)).unsqueeze(2))
         grads: list[torch.Tensor] = []
-        for i in range(len(layers) - 1, -1, -1):
+        for i in range(len(params) - 1, -1, -1):
             a = inputs[i]
             # a = relu(z_{i-1}): the gradient passes where a > 0
             below = _relu_back(torch.bmm(dz, weights[i]), a) if i else None
@@ -288,22 +298,26 @@ def _train_together(
     theta = x_global.unsqueeze(0).repeat(len(tasks), 1)
     buf = torch.zeros_like(theta) if isinstance(solver, Momentum) else None
     loss_sum = torch.zeros(len(tasks), dtype=torch.float64, device=dev)
-    layers = _dense_layers(worker.model)
-    grad_fn = _grad_fn(worker.model) if layers is None else _dense_fn(layers)
-    # plain SGD on a dense stack: the step is taken inside the backward pass
-    fused = (
-        layers is not None
-        and hook is None
-        and type(solver) in (SGD, Decay)
-        and not solver.weight_decay
+    layers = _dense_layers(worker.model) or []
+    dense = _dense_fn(layers)
+    grad_fn = (
+        (lambda th, *batch: dense(_dense_params(layers, th), *batch))
+        if layers
+        else _grad_fn(worker.model)
     )
+    # plain SGD on a dense stack: the step is taken inside the backward pass,
+    # on contiguous copies of the layers (written back after the last step)
+    fused = bool(layers) and hook is None and type(solver) in (SGD, Decay)
+    fused = fused and not solver.weight_decay
+    views = _dense_params(layers, theta) if fused else []
+    own = [(w.clone(), b.clone()) for w, b in views]
     for s in range(tasks[0].tau):
         n = sum(t.tau > s for t in tasks)  # clients still training
         rows, th = idx[:n, s], theta[:n]
         batch = (worker.x[rows], worker.y[rows], wts[:n, s], counts[:n, s])
         if fused:
             lr = solver.lr * solver.gamma**s if isinstance(solver, Decay) else solver.lr
-            _, loss = grad_fn(th, *batch, lr=lr)
+            _, loss = dense([(w[:n], b[:n]) for w, b in own], *batch, lr=lr)
             loss_sum[:n] += loss.double()
             continue
         g, loss = grad_fn(th, *batch)
@@ -316,6 +330,9 @@ def _train_together(
         if buf is not None and b is not None:
             buf[:n] = b
         loss_sum[:n] += loss.double()
+    for (w, b), (w_own, b_own) in zip(views, own, strict=True):
+        w.copy_(w_own)
+        b.copy_(b_own)
     ups = [
         _finish(worker, solver, clients[j], t, theta[j] - x_global, float(loss_sum[j]))
         for j, t in enumerate(tasks)
