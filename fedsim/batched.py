@@ -33,7 +33,7 @@ from torch.func import functional_call, grad, vmap
 from fedsim.algorithms.base import Algorithm, ClientContext, ClientState, ClientUpdate
 from fedsim.algorithms.control import ControlVariates
 from fedsim.algorithms.feddyn import FedDyn
-from fedsim.minibatches import batches, client_seed
+from fedsim.minibatches import client_seed, first_batches
 from fedsim.models import QuadraticModel
 from fedsim.solvers import SGD, Decay, Momentum, Prox, SolverState
 
@@ -98,9 +98,8 @@ def _batch_indices(
             wts[j, : t.tau, :n] = 1.0
             continue
         seed = client_seed(worker.scenario.seed, t.round, t.client)
-        it = batches(n, batch, torch.Generator().manual_seed(seed))
-        rows = [next(it) for _ in range(t.tau)]  # never None: n > batch
-        idx[j, : t.tau] = torch.stack(rows) + lo  # type: ignore[arg-type]
+        gen = torch.Generator().manual_seed(seed)
+        idx[j, : t.tau] = first_batches(n, batch, t.tau, gen) + lo
         wts[j, : t.tau] = 1.0
     dev = worker.device
     return idx.to(dev), wts.to(dev)

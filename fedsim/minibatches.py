@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-__all__ = ["batches", "client_seed"]
+__all__ = ["batches", "client_seed", "first_batches"]
 
 _CLIENT_TAG = 0xC11E
 
@@ -44,3 +44,21 @@ def batches(
         perm = torch.randperm(n, generator=gen).to(device)
         for start in range(0, n - batch + 1, batch):
             yield perm[start : start + batch]
+
+
+def first_batches(n: int, batch: int, steps: int, gen: torch.Generator) -> torch.Tensor:
+    """The first ``steps`` batches of :func:`batches` (n > batch) as one
+    ``[steps, batch]`` tensor, drawn an epoch at a time.
+
+    >>> it = batches(7, 2, torch.Generator().manual_seed(3))
+    >>> one_by_one = torch.stack([next(it) for _ in range(5)])
+    >>> at_once = first_batches(7, 2, 5, torch.Generator().manual_seed(3))
+    >>> torch.equal(at_once, one_by_one)
+    True
+    """
+    per_epoch = n // batch
+    epochs = -(-steps // per_epoch)
+    perms = [
+        torch.randperm(n, generator=gen)[: per_epoch * batch] for _ in range(epochs)
+    ]
+    return torch.cat(perms).view(-1, batch)[:steps]
