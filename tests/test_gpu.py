@@ -51,6 +51,13 @@ ASYNC_ONLY = {"fedasync", "fedbuff"}
 SYNC = sorted(set(REGISTRY) - ASYNC_ONLY)
 
 
+def algorithm(name: str) -> str:
+    """The override that selects an algorithm; FedPNS scores its CHECK LOSS
+    on the test set (the quickstart keeps no validation split)."""
+    extra = ", check_loss_data: test" if name == "fedpns" else ""
+    return f"algorithm={{name: {name}{extra}}}"
+
+
 def final_params(
     overrides: list[str], workers: int = 0, scenario: Path = QUICK
 ) -> tuple[torch.Tensor, list]:
@@ -67,7 +74,7 @@ def test_in_float64_a_gpu_worker_equals_the_cpu_worker(name, model, executor):
     # Prepare: 3 rounds of the quickstart in float64, this algorithm and model
     over = [
         "rounds=3",
-        f"algorithm={{name: {name}}}",
+        algorithm(name),
         f"model={{name: {model}, dtype: float64}}",
         f"resources.vectorize={str(executor == 'batched').lower()}",
     ]
@@ -89,7 +96,7 @@ def test_in_float64_a_gpu_cnn_equals_the_cpu_cnn(name):
     over = [
         "rounds=2",
         "selector.clients_per_round=4",
-        f"algorithm={{name: {name}}}",
+        algorithm(name),
         "model={name: cnn, dtype: float64}",
     ]
     x_cpu, _ = final_params(over, scenario=CNN)
@@ -101,7 +108,7 @@ def test_in_float64_a_gpu_cnn_equals_the_cpu_cnn(name):
 @pytest.mark.parametrize("name", SYNC)
 def test_in_float32_a_gpu_worker_matches_the_cpu_worker(name, model):
     # Prepare: 4 rounds of the quickstart with this algorithm and model
-    over = ["rounds=4", f"algorithm={{name: {name}}}", f"model={{name: {model}}}"]
+    over = ["rounds=4", algorithm(name), f"model={{name: {model}}}"]
 
     # Execute: once on the CPU, once with a quarter of a GPU per worker
     x_cpu, rows_cpu = final_params(over)
