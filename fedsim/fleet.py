@@ -714,8 +714,16 @@ class Fleet:
         m = group.size
         bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         z = _stream(seed, _TAG_SPEED).standard_normal(m)
-        tier_u = _stream(seed, _TAG_TIER).random(m)
-        net_z = _stream(seed, _TAG_NETWORK).standard_normal((m, 2))
+        # the tier and bandwidth streams only where a group uses them (zeros
+        # stand in for the others: a 1e6-device fleet skips 3e6 draws)
+        mixed = any(g.speed is not None and g.speed.dist == "mixture" for g in groups)
+        spread = any(g.network.down_sigma or g.network.up_sigma for g in groups)
+        tier_u = _stream(seed, _TAG_TIER).random(m) if mixed else np.zeros(m)
+        net_z = (
+            _stream(seed, _TAG_NETWORK).standard_normal((m, 2))
+            if spread
+            else np.zeros((m, 2))
+        )
         speed, down, up, latency = (np.empty(m) for _ in range(4))
         intervals: dict[int, Intervals] = {}
         for gi, g in enumerate(groups):
