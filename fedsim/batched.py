@@ -40,8 +40,6 @@ from fedsim.solvers import SGD, Decay, Momentum, Prox, SolverState
 if TYPE_CHECKING:
     from fedsim.workers import Payload, Task, Worker
 
-__all__ = ["train_batched", "why_not_batched"]
-
 _SOLVERS = (SGD, Momentum, Prox, Decay)
 # A stacked gradient hook: (n, the first n rows' parameters, their gradients).
 Hook = Callable[[int, torch.Tensor, torch.Tensor], None]

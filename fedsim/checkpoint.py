@@ -25,25 +25,6 @@ if TYPE_CHECKING:  # torch is imported where tensors are saved or loaded
 
     from fedsim.scenario import Scenario
 
-__all__ = [
-    "Checkpoint",
-    "CheckpointError",
-    "checkpoint_bytes",
-    "latest_checkpoint",
-    "save_tensors",
-    "load_tensors",
-    "write_meta",
-    "commit_checkpoint",
-    "checkpoint_dir",
-    "save_arrays",
-    "load_arrays",
-    "fingerprint",
-    "write_fingerprint",
-    "check_fingerprint",
-    "FINGERPRINT",
-    "FINGERPRINT_EXCLUDES",
-]
-
 LATEST = "LATEST"
 FINGERPRINT = "fingerprint.json"
 _CKPT_NAME = re.compile(r"ckpt-[0-9]{1,20}")

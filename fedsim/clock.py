@@ -23,23 +23,6 @@ from fedsim.lazy import simpy
 from fedsim.spec import PosFloat
 from fedsim.spec import Spec as _Spec
 
-__all__ = [
-    "Arrival",
-    "AsyncTimeline",
-    "Chooser",
-    "Job",
-    "JobWork",
-    "Plan",
-    "RoundPlan",
-    "RoundSpec",
-    "Stalled",
-    "Version",
-    "expected_steps",
-    "plan_round",
-    "steps_for",
-    "uniform_choice",
-]
-
 # Slack for floor(): compute_time * speed is 4.0 - 1e-15 more often than one
 # would like (2.0 / 0.5 in floats), and a step must not be lost to rounding.
 _EPS = 1e-9

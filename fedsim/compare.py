@@ -32,17 +32,6 @@ import numpy as np
 from fedsim.results import BOOL, F64, I64, STR, schema
 from fedsim.scenario import Scenario, ScenarioError, load_scenario, read_yaml
 
-__all__ = [
-    "COMPARE_SCHEMA",
-    "algorithm_section",
-    "compare",
-    "format_markdown",
-    "load_variant",
-    "run_one",
-    "split_algorithms",
-    "summarize_runs",
-]
-
 # One row per run; stress.parquet shares these first columns.
 RUN_COLUMNS = schema(
     (STR, "algorithm name mode"),  # mode: "sync" or "async"

@@ -33,16 +33,6 @@ from fedsim.data import DataError, DataMissingError, FederatedData, build_data
 from fedsim.scenario import Scenario
 from fedsim.workers import Payload, Task, Worker, assign_lpt
 
-__all__ = [
-    "Executor",
-    "InProcessExecutor",
-    "PlacementError",
-    "RayExecutor",
-    "check_data_on_nodes",
-    "make_executor",
-    "resolve_workers",
-]
-
 Tasks = Sequence[Task]
 Payloads = Mapping[int, Payload]  # by server version
 States = Mapping[int, ClientState]  # by client id

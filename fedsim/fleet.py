@@ -28,19 +28,6 @@ from fedsim.traces import (
     resolve_trace_path,
 )
 
-__all__ = [
-    "AvailabilitySpec",
-    "DeviceGroup",
-    "Fleet",
-    "FleetSpec",
-    "NetworkSpec",
-    "SlowdownSpec",
-    "SpeedSpec",
-    "SpeedTierSpec",
-    "StragglerSpec",
-    "TraceSpec",
-]
-
 SpeedPresetName = Literal[SPEED_PRESETS]  # type: ignore[valid-type]
 WorkloadName = Literal[WORKLOADS]  # type: ignore[valid-type]
 if TYPE_CHECKING:  # built from the preset table at import

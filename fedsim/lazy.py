@@ -17,8 +17,6 @@ import importlib
 import types
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["F", "LazyModule", "lazy_import", "nn", "pa", "pc", "simpy", "torch"]
-
 
 class LazyModule(types.ModuleType):
     """A stand-in for the module ``name``: reading an attribute imports it.

@@ -8,8 +8,6 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-__all__ = ["batches", "client_seed", "first_batches"]
-
 _CLIENT_TAG = 0xC11E
 
 

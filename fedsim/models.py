@@ -28,17 +28,6 @@ from fedsim.spec import ModelSpec  # there, so validating a scenario needs no to
 
 _MODEL_INIT_TAG = 0x1A17
 
-__all__ = [
-    "ModelSpec",
-    "MODELS",
-    "build_model",
-    "make_model",
-    "QuadraticModel",
-    "CharLSTM",
-    "batch_loss",
-    "evaluate",
-]
-
 
 class QuadraticModel(nn.Module):
     """Parameters x; ``forward(e, h)``: per-sample h/2 ||x - e||^2 (centres e)."""

@@ -20,8 +20,6 @@ from fedsim.lazy import torch
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["flatten", "bind_flat", "num_params", "weighted_sum", "l2_norm", "chi2"]
-
 
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -33,25 +33,6 @@ from matplotlib.ticker import MaxNLocator
 from fedsim.algorithms.sampling import weight_shares
 from fedsim.results import atomic_write_bytes
 
-__all__ = [
-    "DPI",
-    "is_async",
-    "has_chi2",
-    "group_order",
-    "figure_metrics",
-    "figure_tau_by_group",
-    "figure_timeline",
-    "figure_staleness",
-    "figure_chi2",
-    "figure_weight_share",
-    "plot_metrics",
-    "plot_tau_by_group",
-    "plot_timeline",
-    "plot_staleness",
-    "plot_chi2",
-    "plot_weight_share",
-]
-
 DPI = 110
 
 # Marker per drop reason (fedsim.clock.Plan.reason); anything else gets "x".

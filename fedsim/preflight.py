@@ -25,24 +25,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fedsim.scenario import Scenario, ScenarioError
 
-__all__ = [
-    "DataInfo",
-    "MemoryEstimate",
-    "preflight",
-    "data_info",
-    "check_model_data",
-    "count_params",
-    "image_params",
-    "estimate_memory",
-    "check_memory",
-    "check_numeric_ranges",
-    "check_ray_resources",
-    "check_address",
-    "mem_available",
-    "FLOAT32_MAX",
-    "FLOAT32_TINY",
-]
-
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 

@@ -26,21 +26,6 @@ from typing import Literal, get_args
 
 import numpy as np
 
-__all__ = [
-    "FLASH_REFERENCE_SCORES",
-    "FLASH_TIER_WEIGHTS",
-    "FLASH_TRAIN_MS",
-    "NETWORK_PRESETS",
-    "NetworkPreset",
-    "SPEED_PRESETS",
-    "SpeedTier",
-    "WORKLOADS",
-    "Workload",
-    "fit_flash",
-    "phone_tiers",
-    "speed_preset",
-]
-
 Workload = Literal["femnist-cnn", "celeba-cnn", "reddit-lstm", "shakespeare-lstm"]
 WORKLOADS: tuple[str, ...] = get_args(Workload)
 TIERS = ("low", "mid", "high")

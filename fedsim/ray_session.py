@@ -7,8 +7,6 @@ from __future__ import annotations
 import logging
 import os
 
-__all__ = ["init_ray", "shutdown_ray"]
-
 _LOOPBACK = "127.0.0.1"
 
 

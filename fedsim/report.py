@@ -18,8 +18,6 @@ from fedsim import plots
 from fedsim.results import atomic_write_bytes
 from fedsim.units import duration
 
-__all__ = ["ReportError", "Plot", "write_report", "REPORT_NAME"]
-
 REPORT_NAME = "report.md"
 
 

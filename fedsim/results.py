@@ -18,19 +18,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = [
-    "ASYNC_CLIENT_SCHEMA",
-    "ASYNC_ROUND_SCHEMA",
-    "ROUND_SCHEMA",
-    "CLIENT_SCHEMA",
-    "SELECTOR_SCHEMA",
-    "atomic_write_bytes",
-    "write_table",
-    "default_run_dir",
-    "prepare_run_dir",
-    "summarize",
-]
-
 I64, F64, STR, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 _Row = dict[str, Any]
 

@@ -39,8 +39,6 @@ from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
 from fedsim.server import Applied, DivergenceError, Server, evaluates
 from fedsim.workers import Payload, Task
 
-__all__ = ["ClientRecord", "RunResult", "SetupError", "async_timeline", "run_scenario"]
-
 _SELECT_TAG = 0x5E1
 _CLOCK_TAG = 0xC10C
 _ASYNC_SELECT_TAG = 0xD15C  # the timeline's dispatch stream: (seed, tag, n)

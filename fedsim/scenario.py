@@ -30,13 +30,7 @@ from fedsim.clock import RoundSpec
 from fedsim.data import REGISTRY as DATASETS
 from fedsim.data.validation import validation_problem
 from fedsim.fleet import (
-    AvailabilitySpec,
-    DeviceGroup,
     FleetSpec,
-    NetworkSpec,
-    SlowdownSpec,
-    SpeedSpec,
-    StragglerSpec,
 )
 from fedsim.selectors import REGISTRY as SELECTORS
 from fedsim.selectors.uniform import Uniform
@@ -46,25 +40,6 @@ from fedsim.spec import Spec as _Spec
 if TYPE_CHECKING:
     from fedsim.algorithms.base import Algorithm
     from fedsim.selectors.base import Selector
-
-__all__ = [
-    "AvailabilitySpec",
-    "DeviceGroup",
-    "FedDMClockWarning",
-    "FleetSpec",
-    "NetworkSpec",
-    "RoundSpec",
-    "SlowdownSpec",
-    "SpeedSpec",
-    "StragglerSpec",
-    "Scenario",
-    "ScenarioError",
-    "load_scenario",
-    "parse_scenario",
-    "apply_overrides",
-    "dump_scenario",
-    "read_yaml",
-]
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 64

@@ -43,16 +43,6 @@ from fedsim.params import flatten, l2_norm
 from fedsim.scenario import Scenario, ScenarioError
 from fedsim.store import ClientStore
 
-__all__ = [
-    "Applied",
-    "ClientStats",
-    "DivergenceError",
-    "RoundResult",
-    "Server",
-    "evaluates",
-    "weighted_train_loss",
-]
-
 Payload = dict[str, torch.Tensor]
 Split = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
 

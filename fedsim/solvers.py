@@ -25,17 +25,6 @@ from fedsim.lazy import torch
 if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
 
-__all__ = [
-    "SGD",
-    "Decay",
-    "Momentum",
-    "Prox",
-    "SolverState",
-    "average_gradient",
-    "make_solver",
-    "normalized_gradient",
-]
-
 
 @dataclass
 class SolverState:

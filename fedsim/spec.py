@@ -10,16 +10,6 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = [
-    "Spec",
-    "PLUGIN_CONFIG",
-    "PosFloat",
-    "NonNegFloat",
-    "Prob",
-    "PosInt",
-    "ModelSpec",
-]
-
 
 class Spec(BaseModel):
     """Frozen, rejects unknown keys and non-finite numbers."""

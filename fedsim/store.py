@@ -21,8 +21,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["ClientStore"]
-
 DEFAULT_BUDGET = 4 * 1024**3
 
 

@@ -39,15 +39,6 @@ from fedsim.compare import (
 from fedsim.results import BOOL, F64, I64, STR, schema
 from fedsim.scenario import ScenarioError, load_scenario, read_yaml
 
-__all__ = [
-    "STRESS_SCHEMA",
-    "aggregate",
-    "degradation",
-    "format_markdown",
-    "parse_sweep",
-    "run_stress",
-]
-
 STRESS_SCHEMA = schema(
     (F64, "target_accuracy time_to_target_s sim_time_s"),
     (I64, "updates"),

@@ -20,17 +20,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "DeviceTrace",
-    "Intervals",
-    "TraceError",
-    "format_intervals",
-    "load_trace",
-    "parse_intervals",
-    "resolve_trace_path",
-    "write_trace",
-]
-
 MAX_TRACE_BYTES = 1 << 30
 MAX_ROWS = 10_000_000
 REQUIRED = ("speed_steps_per_s", "down_mbps", "up_mbps")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-__all__ = ["duration"]
-
 
 def duration(seconds: float) -> str:
     """Simulated time as people read it.

@@ -34,8 +34,6 @@ from fedsim.params import bind_flat
 from fedsim.scenario import Scenario
 from fedsim.solvers import SGD
 
-__all__ = ["Task", "Worker", "assign_lpt"]
-
 _log = logging.getLogger(__name__)
 
 Payload = dict[str, torch.Tensor]

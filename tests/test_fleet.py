@@ -9,8 +9,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from fedsim.fleet import Fleet
-from fedsim.scenario import AvailabilitySpec, FleetSpec, SlowdownSpec
+from fedsim.fleet import AvailabilitySpec, Fleet, FleetSpec, SlowdownSpec
 
 
 def group(name: str = "g", count: int = 10, **kw: object) -> dict:

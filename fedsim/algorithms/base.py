@@ -19,23 +19,6 @@ from fedsim.spec import PLUGIN_CONFIG, PosFloat
 if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
 
-__all__ = [
-    "AggregateInfo",
-    "Algorithm",
-    "AsyncRule",
-    "ClientContext",
-    "ClientInfo",
-    "ClientResult",
-    "ClientState",
-    "ClientUpdate",
-    "LocalTraining",
-    "ServerContext",
-    "ServerState",
-    "Updates",
-    "meter_subset",
-    "skip_empty_rounds",
-]
-
 # (strings: torch.Tensor would import torch when this module is imported)
 ServerState = dict[str, "torch.Tensor"]
 ClientState = dict[str, "torch.Tensor"]

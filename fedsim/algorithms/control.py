@@ -16,8 +16,6 @@ from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState, normalized_gradient
 
-__all__ = ["ControlVariates", "control_aggregate", "control_step"]
-
 
 def control_step(
     delta: torch.Tensor,

@@ -24,8 +24,6 @@ from fedsim.algorithms.weighting import Beta
 from fedsim.lazy import torch
 from fedsim.spec import PosFloat
 
-__all__ = ["FedAdam"]
-
 
 @dataclass(frozen=True)
 class FedAdam(FedAvg):

@@ -38,8 +38,6 @@ from fedsim.spec import NonNegFloat, PosFloat
 if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
 
-__all__ = ["AsyncInfo", "FedAsync", "Staleness", "staleness_weight"]
-
 Staleness = Literal["constant", "polynomial", "hinge"]
 
 

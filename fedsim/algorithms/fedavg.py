@@ -20,8 +20,6 @@ from fedsim.algorithms.weighting import weighted_steps
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 
-__all__ = ["FedAvg"]
-
 
 @dataclass(frozen=True)
 class FedAvg(Sampled):

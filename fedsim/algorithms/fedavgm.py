@@ -20,8 +20,6 @@ from fedsim.algorithms.fedavg import FedAvg
 from fedsim.algorithms.weighting import Beta, momentum_buffer
 from fedsim.lazy import torch
 
-__all__ = ["FedAvgM"]
-
 
 @dataclass(frozen=True)
 class FedAvgM(FedAvg):

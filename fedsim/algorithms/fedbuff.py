@@ -26,8 +26,6 @@ from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 from fedsim.spec import PosInt
 
-__all__ = ["FedBuff"]
-
 
 @dataclass(frozen=True)
 class FedBuff(_Normalized):

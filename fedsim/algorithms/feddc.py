@@ -28,8 +28,6 @@ from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
 
-__all__ = ["FedDC"]
-
 
 @dataclass(frozen=True)
 class FedDC(FedDyn):

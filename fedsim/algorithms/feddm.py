@@ -29,17 +29,6 @@ from fedsim.algorithms.weighting import Beta, updates_tau_eff
 from fedsim.lazy import F, nn, torch
 from fedsim.spec import NonNegFloat, PosFloat, PosInt
 
-__all__ = [
-    "FedDM",
-    "embed_and_logits",
-    "class_matching_loss",
-    "matching_loss",
-    "perturb",
-    "synthetic_size",
-    "upload_bytes",
-    "iteration_flops_ratio",
-]
-
 
 def output_layer(model: nn.Module) -> nn.Linear:
     """The model's last ``nn.Linear`` (in registration order)."""

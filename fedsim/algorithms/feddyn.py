@@ -24,8 +24,6 @@ from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
 from fedsim.spec import NonNegFloat
 
-__all__ = ["FedDyn", "DynContext"]
-
 
 class DynContext(NamedTuple):
     """What a FedDyn-family client keeps constant during its round."""

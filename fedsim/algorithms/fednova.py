@@ -35,8 +35,6 @@ from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
 from fedsim.spec import PosFloat
 
-__all__ = ["FedNova"]
-
 
 @dataclass(frozen=True)
 class FedNova(Sampled):

@@ -21,8 +21,6 @@ from fedsim.algorithms.fednova import FedNova
 from fedsim.lazy import torch
 from fedsim.solvers import SolverState
 
-__all__ = ["FedNovaVR"]
-
 
 @dataclass(frozen=True)
 class FedNovaVR(ControlVariates, FedNova):

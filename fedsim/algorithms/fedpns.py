@@ -38,8 +38,6 @@ from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState, average_gradient
 from fedsim.spec import PosInt, Prob
 
-__all__ = ["FedPNS", "expectation", "optimal_aggregation"]
-
 
 def expectation(gram: torch.Tensor, members: Sequence[int]) -> float:
     """E(S) = ||sum_S g||^2 / |S|, from the gradients' Gram matrix (float64)."""

@@ -21,8 +21,6 @@ from fedsim.spec import NonNegFloat
 if TYPE_CHECKING:
     from fedsim.scenario import ClientSpec
 
-__all__ = ["FedProx"]
-
 
 @dataclass(frozen=True)
 class FedProx(FedAvg):

@@ -22,25 +22,6 @@ from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.lazy import torch
 from fedsim.solvers import SolverState
 
-__all__ = [
-    "WEIGHTINGS",
-    "Inclusion",
-    "Pairing",
-    "Sampled",
-    "Scheme",
-    "Verdict",
-    "Weighting",
-    "equal_weights",
-    "pairing",
-    "pairing_problem",
-    "participation_bias",
-    "weight_shares",
-    "proportional_weights",
-    "sampling_weights",
-    "uniform_weights",
-    "unweighted_meter",
-]
-
 Scheme = Literal["renormalized", "uniform", "proportional", "equal"]
 # How a selector draws (``Selector.inclusion``): ``uniform`` (q/m each),
 # ``proportional`` (in proportion to p_i) or ``adaptive`` (no closed form).

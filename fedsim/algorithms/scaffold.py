@@ -21,8 +21,6 @@ from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 
-__all__ = ["Scaffold"]
-
 
 @dataclass(frozen=True)
 class Scaffold(ControlVariates):

@@ -14,18 +14,6 @@ from fedsim.algorithms.base import ClientUpdate
 from fedsim.lazy import torch
 from fedsim.solvers import SolverState
 
-__all__ = [
-    "Beta",
-    "TauEff",
-    "effective_steps",
-    "lr_upload",
-    "momentum_buffer",
-    "normalizers",
-    "updates_tau_eff",
-    "uploaded_lr",
-    "weighted_steps",
-]
-
 # tau_eff: the weighted mean of ||a_i||_1 (``fedavg``), of the local steps
 # (``steps``, FedNova-Prox), or a constant (``fixed``).
 TauEff = Literal["fedavg", "steps", "fixed"]

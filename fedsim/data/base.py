@@ -12,8 +12,6 @@ from pydantic import Field, model_validator
 from fedsim.lazy import torch
 from fedsim.spec import Spec
 
-__all__ = ["DatasetSpec", "FederatedData", "as_tensor"]
-
 
 def as_tensor(a: np.ndarray) -> torch.Tensor:
     """A tensor view of a (possibly read-only, object-store) array, no copy;

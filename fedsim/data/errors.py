@@ -19,16 +19,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = [
-    "DataMissingError",
-    "DataError",
-    "ENV_ROOT",
-    "DEFAULT_ROOT",
-    "data_root",
-    "find_dir",
-    "missing",
-]
-
 ENV_ROOT = "FEDSIM_DATA_ROOT"
 DEFAULT_ROOT = Path("~/.cache/fedsim/data")
 

@@ -19,8 +19,6 @@ from pydantic import Field
 from fedsim.data.base import DatasetSpec, FederatedData
 from fedsim.spec import NonNegFloat
 
-__all__ = ["FedDynSyntheticData", "feddyn_synthetic"]
-
 _TAG = 0xFDD5  # this generator's stream of the scenario seed
 
 

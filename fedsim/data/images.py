@@ -23,17 +23,6 @@ from fedsim.data.base import DatasetSpec, FederatedData
 from fedsim.data.errors import DataError, DataMissingError, data_root, find_dir, missing
 from fedsim.data.partition import IidPartition, PartitionSpec, layout, split
 
-__all__ = [
-    "ImageData",
-    "MnistData",
-    "FashionMnistData",
-    "EmnistData",
-    "Cifar10Data",
-    "Cifar100Data",
-    "read_idx",
-    "images_to_float",
-]
-
 _TAG_SUBSET = 0x1AA6E
 _DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
 

@@ -30,27 +30,6 @@ from fedsim.data.errors import DataError
 from fedsim.lazy import pa
 from fedsim.spec import PosFloat, PosInt, Prob, Spec
 
-__all__ = [
-    "IidPartition",
-    "DirichletPartition",
-    "ShardsPartition",
-    "PnsMixPartition",
-    "NaturalPartition",
-    "PartitionSpec",
-    "split",
-    "iid",
-    "dirichlet_feddc",
-    "dirichlet_fednova",
-    "shards",
-    "pns_mix",
-    "natural",
-    "client_sizes",
-    "layout",
-    "label_histogram",
-    "partition_table",
-    "plot_partition",
-]
-
 _TAG = 0x9A27  # separates the partition's random stream from other uses of the seed
 
 

@@ -15,8 +15,6 @@ from pydantic import Field, model_validator
 from fedsim.data.base import DatasetSpec, FederatedData
 from fedsim.spec import PosFloat
 
-__all__ = ["QuadraticData", "quadratic"]
-
 
 class QuadraticData(DatasetSpec):
     """The FedNova paper's quadratic objectives: ``centers`` e_i (scalars, or

@@ -20,8 +20,6 @@ from fedsim.data.base import DatasetSpec, FederatedData
 from fedsim.data.errors import DataError, data_root, find_dir
 from fedsim.data.partition import NaturalPartition, PartitionSpec, layout, split
 
-__all__ = ["ShakespeareData", "LEAF_VOCAB", "parse_roles", "encode"]
-
 LEAF_VOCAB = (
     "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 )

@@ -17,8 +17,6 @@ from pydantic import Field
 from fedsim.data.base import DatasetSpec, FederatedData
 from fedsim.spec import NonNegFloat
 
-__all__ = ["SyntheticData", "synthetic"]
-
 
 class SyntheticData(DatasetSpec):
     """Synthetic(alpha, beta) (standard deviations, as NumPy's ``scale``);

@@ -18,8 +18,6 @@ from fedsim.data.errors import DataError, data_root, find_dir
 from fedsim.data.partition import IidPartition, PartitionSpec, layout, split
 from fedsim.lazy import pa, pc
 
-__all__ = ["TabularData", "read_table"]
-
 _TAG_SPLIT = 0x7AB1E
 Column = str | Annotated[int, Field(ge=-100_000, le=100_000)]
 

@@ -31,14 +31,6 @@ from fedsim.data.partition import layout
 if TYPE_CHECKING:
     from fedsim.scenario import Scenario
 
-__all__ = [
-    "build_data",
-    "describe_validation",
-    "split_validation",
-    "validation_problem",
-    "validation_use",
-]
-
 # separates the split's random stream from every other use of the seed
 _TAG = 0x7A11D
 

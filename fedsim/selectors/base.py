@@ -48,16 +48,6 @@ if TYPE_CHECKING:
     from fedsim.fleet import Fleet
     from fedsim.server import RoundResult
 
-__all__ = [
-    "Draw",
-    "Selector",
-    "SelectorContext",
-    "SelectorState",
-    "last_losses",
-    "sorted_ids",
-    "weighted_pick",
-]
-
 SelectorState = dict[str, Any]
 
 

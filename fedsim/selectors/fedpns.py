@@ -32,8 +32,6 @@ from fedsim.selectors.base import (
 if TYPE_CHECKING:
     from fedsim.server import RoundResult
 
-__all__ = ["FedPNS", "update_probabilities"]
-
 _COUNTS = ("selected", "labeled", "removed")
 
 

@@ -36,8 +36,6 @@ from fedsim.spec import NonNegFloat, PosFloat, Prob
 if TYPE_CHECKING:
     from fedsim.server import RoundResult
 
-__all__ = ["Oort", "weighted_pick"]
-
 
 def _known(state: SelectorState) -> dict[int, tuple[float, int]]:
     """Explored client id -> (utility, last round it trained in)."""

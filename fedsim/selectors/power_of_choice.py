@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from fedsim.selectors.base import Draw, SelectorContext
     from fedsim.server import RoundResult
 
-__all__ = ["PowerOfChoice"]
-
 
 @dataclass(frozen=True)
 class PowerOfChoice(Selector):

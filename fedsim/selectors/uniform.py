@@ -14,8 +14,6 @@ import numpy as np
 
 from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
 
-__all__ = ["Uniform"]
-
 
 @dataclass(frozen=True)
 class Uniform(Selector):

@@ -17,8 +17,6 @@ import numpy as np
 
 from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
 
-__all__ = ["Weighted"]
-
 
 @dataclass(frozen=True)
 class Weighted(Selector):
