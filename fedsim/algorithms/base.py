@@ -93,21 +93,21 @@ class AggregateInfo:
     shares: dict[int, float] | None = None
 
 
+@dataclass(frozen=True)
 class ServerContext:
     """What the server offers algorithms with ``needs_server = True``: its
     ``model`` (the algorithm may train it), ``num_classes`` (0: objectives)."""
 
-    def __init__(self, model: torch.nn.Module, loss_fn: Any, num_classes: int) -> None:
-        self.model = model
-        self._loss_fn = loss_fn
-        self.num_classes = num_classes
+    model: torch.nn.Module
+    loss_fn: Any  # parameters -> mean validation loss
+    num_classes: int
 
     def load(self, x: torch.Tensor) -> None:
         torch.nn.utils.vector_to_parameters(x, self.model.parameters())
 
     def validation_loss(self, x: torch.Tensor) -> float:
         """Mean loss of parameters ``x`` on the server's validation data."""
-        return float(self._loss_fn(x))
+        return float(self.loss_fn(x))
 
 
 @dataclass(frozen=True)
@@ -218,9 +218,7 @@ def meter(
     share = None
     if shares is not None:
         share = {u.client: float(s) for u, s in zip(updates, shares, strict=True)}
-    return AggregateInfo(
-        weights=weights, tau_eff=float(tau_eff), chi2_pw=chi2(p, w), shares=share
-    )
+    return AggregateInfo(weights, float(tau_eff), chi2(p, w), shares=share)
 
 
 def meter_subset(

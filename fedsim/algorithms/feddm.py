@@ -30,17 +30,6 @@ from fedsim.lazy import F, nn, torch
 from fedsim.spec import NonNegFloat, PosFloat, PosInt
 
 
-def output_layer(model: nn.Module) -> nn.Linear:
-    """The model's last ``nn.Linear`` (in registration order)."""
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if not linears:
-        raise ValueError(
-            f"FedDM needs a classifier ending in an nn.Linear layer; "
-            f"{type(model).__name__} has none"
-        )
-    return linears[-1]
-
-
 def embed_and_logits(
     model: nn.Module, x: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,9 +46,14 @@ def embed_and_logits(
     own = getattr(model, "embed_and_logits", None)
     if callable(own):
         return own(x)
-    head = output_layer(model)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError(
+            f"FedDM needs a classifier ending in an nn.Linear layer; "
+            f"{type(model).__name__} has none"
+        )
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-    handle = head.register_forward_hook(lambda mod, i, o: seen.append((i[0], o)))
+    handle = linears[-1].register_forward_hook(lambda mod, i, o: seen.append((i[0], o)))
     try:
         z = model(x)
     finally:
@@ -72,29 +66,23 @@ def embed_and_logits(
     return seen[-1][0].flatten(1), z
 
 
-def class_matching_loss(
-    h_real: torch.Tensor, z_real: torch.Tensor, h_syn: torch.Tensor, z_syn: torch.Tensor
-) -> torch.Tensor:
-    """L_c = ||mean h_real - mean h_syn||^2 + ||mean z_real - mean z_syn||^2."""
-    dh = h_real.mean(0) - h_syn.mean(0)
-    dz = z_real.mean(0) - z_syn.mean(0)
-    return (dh * dh).sum() + (dz * dz).sum()
-
-
 def matching_loss(
     model: nn.Module, real: Sequence[torch.Tensor], syn: Sequence[torch.Tensor]
 ) -> torch.Tensor:
-    """sum_c L_c: ``real[c]`` and ``syn[c]`` are class c's real batch and
-    synthetic set; real features are constants."""
+    """sum_c ||mean h(real_c) - mean h(S_c)||^2 + ||mean z(real_c) - mean z(S_c)||^2:
+    ``real[c]`` and ``syn[c]`` are class c's real batch and synthetic set; real
+    features are constants."""
     with torch.no_grad():
         h_r, z_r = embed_and_logits(model, torch.cat(list(real)))
     h_s, z_s = embed_and_logits(model, torch.cat(list(syn)))
+    nr, ns = [len(r) for r in real], [len(s) for s in syn]
     total = h_s.new_zeros(())
-    a = b = 0
-    for r, s in zip(real, syn, strict=True):
-        ra, sb = slice(a, a + len(r)), slice(b, b + len(s))
-        total = total + class_matching_loss(h_r[ra], z_r[ra], h_s[sb], z_s[sb])
-        a, b = a + len(r), b + len(s)
+    classes = zip(
+        h_r.split(nr), z_r.split(nr), h_s.split(ns), z_s.split(ns), strict=True
+    )
+    for hr, zr, hs, zs in classes:
+        dh, dz = hr.mean(0) - hs.mean(0), zr.mean(0) - zs.mean(0)
+        total = total + ((dh * dh).sum() + (dz * dz).sum())
     return total
 
 

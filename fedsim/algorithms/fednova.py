@@ -72,24 +72,16 @@ class FedNova(Sampled):
             extras.update(lr_upload(solver_state))
         return extras, None
 
-    def normalized_step(
-        self, updates: base.Updates
-    ) -> tuple[torch.Tensor, base.AggregateInfo]:
-        """s = server_lr tau_eff sum_i w_i Delta_i / ||a_i||_1, and the meter."""
-        p = base.data_weights(updates)
-        wh = sampling_weights(updates, self.sampling)
-        tau_eff = updates_tau_eff(self.tau_eff, wh, updates, self.tau_eff_value)
-        coef = normalizers(wh, [u.norm_a for u in updates])
-        step = weighted_sum([u.delta for u in updates], coef)
-        return (self.server_lr * tau_eff) * step, base.meter(
-            updates, p, wh, tau_eff, wh
-        )
-
     @base.skip_empty_rounds
     def aggregate(
         self, state: base.ServerState, updates: base.Updates
     ) -> tuple[base.ServerState, base.AggregateInfo]:
-        step, info = self.normalized_step(updates)
+        wh = sampling_weights(updates, self.sampling)
+        tau_eff = updates_tau_eff(self.tau_eff, wh, updates, self.tau_eff_value)
+        coef = normalizers(wh, [u.norm_a for u in updates])
+        step = (self.server_lr * tau_eff) * weighted_sum(
+            [u.delta for u in updates], coef
+        )
         # every client of a round trains with that round's lr
         lrs = [lr for lr in map(uploaded_lr, updates) if lr is not None]
         last = float(state.get("mom_lr", 0.0))
@@ -98,4 +90,4 @@ class FedNova(Sampled):
         new = {**state, "x": state["x"] + mom, "mom": mom}
         if lrs:
             new["mom_lr"] = torch.tensor(lrs[0], dtype=torch.float64)
-        return new, info
+        return new, base.meter(updates, base.data_weights(updates), wh, tau_eff, wh)

@@ -21,17 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from fedsim.algorithms.base import (
-    AggregateInfo,
-    Algorithm,
-    ClientContext,
-    ClientResult,
-    ServerContext,
-    ServerState,
-    Updates,
-    empty_info,
-    meter_subset,
-)
+import fedsim.algorithms.base as base
 from fedsim.algorithms.weighting import lr_upload, updates_tau_eff
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
@@ -81,7 +71,7 @@ def optimal_aggregation(
 
 
 @dataclass(frozen=True)
-class FedPNS(Algorithm):
+class FedPNS(base.Algorithm):
     """Optimal Aggregation: drop updates that pull against the others.
 
     >>> from fedsim.algorithms.base import ClientUpdate
@@ -112,16 +102,19 @@ class FedPNS(Algorithm):
         return self.check_loss_data
 
     def client_finish(
-        self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
-    ) -> ClientResult:
+        self, delta: torch.Tensor, solver_state: SolverState, client: base.ClientContext
+    ) -> base.ClientResult:
         return lr_upload(solver_state), None
 
     def aggregate(
-        self, state: ServerState, updates: Updates, server: ServerContext | None = None
-    ) -> tuple[ServerState, AggregateInfo]:
+        self,
+        state: base.ServerState,
+        updates: base.Updates,
+        server: base.ServerContext | None = None,
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
         live = [u for u in updates if u.norm_a > 0]
         if not live:
-            return state, empty_info()
+            return state, base.empty_info()
         grads = [  # lr: the client's own (1 if it uploaded none)
             average_gradient(u.delta, float(u.extras.get("lr", 1.0)), u.norm_a)
             for u in live
@@ -154,5 +147,5 @@ class FedPNS(Algorithm):
             u.client: {"labeled": j in labeled, "removed": j in removed}
             for j, u in enumerate(live)
         }
-        info = meter_subset(updates, ups, ones, tau_eff, flags)
+        info = base.meter_subset(updates, ups, ones, tau_eff, flags)
         return {**state, "x": mean_model(tuple(kept))}, info

@@ -73,16 +73,10 @@ def equal_weights(n: int) -> list[float]:
 
 
 def _scalars(updates: base.Updates, key: str, error: str) -> list[float]:
-    """Each update's ``key``: an attribute or a scalar extra (else ``error``)."""
-    out = []
-    for u in updates:
-        value = getattr(u, key, None)
-        if value is None:
-            value = u.extras.get(key)
-        if value is None:
-            raise ValueError(error)
-        out.append(float(value))
-    return out
+    """Each update's scalar extra ``key`` (else ``error``)."""
+    if any(key not in u.extras for u in updates):
+        raise ValueError(error)
+    return [float(u.extras[key]) for u in updates]
 
 
 def sampling_weights(updates: base.Updates, scheme: Scheme) -> list[float]:
@@ -115,13 +109,6 @@ class Pairing:
     use: Scheme | None = None  # the weighting to use instead (refused pairs)
 
 
-def _unbiased_for(selector: Any) -> Scheme | None:
-    """The unbiased (or the paper's) weighting for this selector."""
-    inclusion = getattr(selector, "inclusion", "adaptive")
-    fit = inclusion if inclusion in ("uniform", "proportional") else None
-    return cast(Scheme | None, getattr(selector, "default_weighting", None) or fit)
-
-
 def pairing(selector: Any, scheme: str) -> Pairing:
     """Whether weighting ``scheme`` fits how ``selector`` samples (its
     ``inclusion``, ``with_replacement`` and ``data_share_in_sample``).
@@ -137,7 +124,9 @@ def pairing(selector: Any, scheme: str) -> Pairing:
     w = WEIGHTINGS[scheme]
     inclusion = getattr(selector, "inclusion", "adaptive")
     replacement = getattr(selector, "with_replacement", False)
-    use = _unbiased_for(selector)
+    # the unbiased (or the paper's) weighting for this selector
+    fit = inclusion if inclusion in ("uniform", "proportional") else None
+    use = cast(Scheme | None, getattr(selector, "default_weighting", None) or fit)
 
     def refuse(reason: str) -> Pairing:
         return Pairing("refused", reason, use)
