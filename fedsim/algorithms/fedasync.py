@@ -86,11 +86,9 @@ class _Normalized(base.Algorithm):
         """Factor on each Delta (tau_eff / ||a_i||_1 under ``normalize``, else
         1) and the tau_eff to report (sum_i p_i ||a_i||_1 if not normalising)."""
         norm_a = [u.norm_a for u in updates]
-        if not self.normalize:
-            return [1.0] * len(updates), weighted_steps(
-                base.data_weights(updates), norm_a
-            )
-        return normalizers([tau_eff] * len(updates), norm_a), tau_eff
+        if self.normalize:
+            return normalizers([tau_eff] * len(updates), norm_a), tau_eff
+        return [1.0] * len(updates), weighted_steps(base.data_weights(updates), norm_a)
 
     def _meter(
         self, updates: base.Updates, coef: Sequence[float], tau_eff: float
@@ -102,16 +100,12 @@ class _Normalized(base.Algorithm):
             for c, u in zip(coef, updates, strict=True)
         ]
         sw = float(sum(w))
-        per = tuple(float(wi) / sw for wi in w) if sw > 0 else tuple(0.0 for _ in w)
+        per = tuple(float(wi) / sw if sw > 0 else 0.0 for wi in w)
         weights: dict[int, float] = {}
         for u, wi in zip(updates, per, strict=True):
             weights[u.client] = weights.get(u.client, 0.0) + wi
-        return AsyncInfo(
-            weights=weights,
-            tau_eff=float(tau_eff),
-            chi2_pw=chi2(base.data_weights(updates), w) if sw > 0 else float("nan"),
-            per_update=per,
-        )
+        chi2_pw = chi2(base.data_weights(updates), w) if sw > 0 else float("nan")
+        return AsyncInfo(weights, float(tau_eff), chi2_pw, per_update=per)
 
     def aggregate(
         self, state: base.ServerState, updates: base.Updates
@@ -155,6 +149,7 @@ class FedAsync(_Normalized):
         # Running sums for tau_eff under ``normalize``: sum ||a||_1, sum tau, count.
         return {"x": x0.clone(), "norm_a_sum": zero, "steps_sum": zero, "count": zero}
 
+    @base.skip_empty_rounds
     def aggregate_async(
         self,
         state: base.ServerState,
@@ -163,8 +158,6 @@ class FedAsync(_Normalized):
         starts: Sequence[torch.Tensor],
     ) -> tuple[base.ServerState, AsyncInfo]:
         """x <- x + sum_i p_i alpha S(s_i) (x_start_i + c_i Delta_i - x)."""
-        if not updates:
-            return state, AsyncInfo(**vars(base.empty_info()))
         count = state["count"] + len(updates)
         norm_a_sum = state["norm_a_sum"] + sum(u.norm_a for u in updates)
         steps_sum = state["steps_sum"] + sum(u.tau for u in updates)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from fedsim.algorithms.base import ClientUpdate, ServerState, empty_info
+from fedsim.algorithms.base import ClientUpdate, ServerState, skip_empty_rounds
 from fedsim.algorithms.fedasync import AsyncInfo, _Normalized
 from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.lazy import torch
@@ -44,6 +44,7 @@ class FedBuff(_Normalized):
     name: Literal["fedbuff"] = "fedbuff"
     buffer_size: PosInt = 10
 
+    @skip_empty_rounds
     def aggregate_async(
         self,
         state: ServerState,
@@ -52,8 +53,6 @@ class FedBuff(_Normalized):
         starts: Sequence[torch.Tensor] = (),
     ) -> tuple[ServerState, AsyncInfo]:
         """x <- x + server_lr (1/K) sum_k S(s_k) c_k Delta_k (``starts`` unused)."""
-        if not updates:
-            return state, AsyncInfo(**vars(empty_info()))
         k = len(updates)
         mean = updates_tau_eff(self.tau_eff, [1.0] * k, updates, self.tau_eff_value)
         scale, tau_eff = self.scales(updates, mean)

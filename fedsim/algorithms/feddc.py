@@ -54,12 +54,11 @@ class FedDC(FedDyn):
     def payload(self, state: base.ServerState) -> dict[str, torch.Tensor]:
         return {k: state[k] for k in (("x", "c") if self.correction else ("x",))}
 
+    @base.skip_empty_rounds
     def aggregate(
         self, state: base.ServerState, updates: base.Updates
     ) -> tuple[base.ServerState, base.AggregateInfo]:
         new, info = super().aggregate(state, updates)
-        if not updates:
-            return new, info
         if self.aggregation == "paper":
             p = base.data_weights(updates)
             models = [state["x"] + u.delta + u.extras["drift"] for u in updates]

@@ -69,9 +69,8 @@ def embed_and_logits(
 def matching_loss(
     model: nn.Module, real: Sequence[torch.Tensor], syn: Sequence[torch.Tensor]
 ) -> torch.Tensor:
-    """sum_c ||mean h(real_c) - mean h(S_c)||^2 + ||mean z(real_c) - mean z(S_c)||^2:
-    ``real[c]`` and ``syn[c]`` are class c's real batch and synthetic set; real
-    features are constants."""
+    """L (the module docstring): ``real[c]`` and ``syn[c]`` are class c's real
+    batch and synthetic set; real features are constants."""
     with torch.no_grad():
         h_r, z_r = embed_and_logits(model, torch.cat(list(real)))
     h_s, z_s = embed_and_logits(model, torch.cat(list(syn)))
@@ -122,10 +121,10 @@ def iteration_flops_ratio(
 
 
 def _stable_seed(x: torch.Tensor) -> int:
-    """A seed from the initial parameters (drawn from the scenario seed)."""
-    raw = x.detach().to(torch.float64).reshape(-1)[:64].numpy().tobytes()
-    words = np.frombuffer(raw.ljust(8 * ((len(raw) + 7) // 8), b"\0"), np.uint32)
-    ss = np.random.SeedSequence([0xFEDD, *words.tolist()])  # 0xFEDD tags FedDM's server
+    """A seed from the initial parameters (drawn from the scenario seed); 0xFEDD
+    tags FedDM's server."""
+    words = x.detach().to(torch.float64).reshape(-1)[:64].numpy().view(np.uint32)
+    ss = np.random.SeedSequence([0xFEDD, *words.tolist()])
     return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
@@ -327,8 +326,7 @@ class FedDM(base.Algorithm):
         c_clip, sigma = self.dp_clip, float(self.dp_noise or 0.0)
         for r, s in zip(real, syn.detach().split(self.ipc), strict=True):
             with torch.no_grad():
-                h_r, z_r = embed_and_logits(model, r)
-                feats = torch.cat([h_r, z_r], dim=1)  # r_j
+                feats = torch.cat(embed_and_logits(model, r), dim=1)  # r_j
 
             def means(s_c: torch.Tensor) -> torch.Tensor:
                 h, z = embed_and_logits(model, s_c)
@@ -339,8 +337,7 @@ class FedDM(base.Algorithm):
             total = total + (diff * diff).sum()
             per = vmap(pullback)(2.0 * (f.detach() - feats))[0]  # [B, ipc, ...]
             norms = torch.linalg.vector_norm(per.flatten(1), dim=1)
-            shape = (-1, *[1] * (per.dim() - 1))
-            per = per * (c_clip / torch.clamp(norms, min=c_clip)).view(shape)
+            per = per * (c_clip / norms.clamp(min=c_clip)).view(-1, *[1] * s.dim())
             noise = torch.randn(s.shape, generator=gen, dtype=s.dtype)
             grads.append((per.sum(0) + sigma * c_clip * noise) / len(r))
         syn.grad = torch.cat(grads)
@@ -357,8 +354,7 @@ def _draw(
 def _project(params: Sequence[torch.Tensor], center: torch.Tensor, rho: float) -> None:
     """Move ``params`` back onto the ball B_rho(center)."""
     with torch.no_grad():
-        x = torch.nn.utils.parameters_to_vector(params)
-        d = x - center
+        d = torch.nn.utils.parameters_to_vector(params) - center
         norm = float(torch.linalg.vector_norm(d.to(torch.float64)))
         if norm > rho and math.isfinite(norm):
             torch.nn.utils.vector_to_parameters(center + d * (rho / norm), params)

@@ -41,11 +41,11 @@ class FedNovaVR(ControlVariates, FedNova):
         extras["p"] = torch.tensor(p, dtype=torch.float64)
         return extras, new_state
 
+    @base.skip_empty_rounds
     def aggregate(
         self, state: base.ServerState, updates: base.Updates
     ) -> tuple[base.ServerState, base.AggregateInfo]:
         new, info = super().aggregate(state, updates)
-        if updates:  # c += sum_S p_i (c_i^+ - c_i)
-            p = [float(u.extras["p"]) for u in updates]
-            new["c"] = control_aggregate(state, updates, p)
+        p = [float(u.extras["p"]) for u in updates]  # c += sum_S p_i (c_i^+ - c_i)
+        new["c"] = control_aggregate(state, updates, p)
         return new, info
