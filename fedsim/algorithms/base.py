@@ -91,6 +91,9 @@ class AggregateInfo:
     # each delta's weight in the server step as applied, not normalised, for
     # the participation-bias meter (None: it uses ``weights``)
     shares: dict[int, float] | None = None
+    # async rules: each update's normalised weight, by position (one device can
+    # land twice in a FedBuff buffer)
+    per_update: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,20 +208,20 @@ def data_weights(updates: Sequence[ClientUpdate]) -> list[float]:
 
 
 def meter(
-    updates: Sequence[ClientUpdate],
-    p: Sequence[float],
+    updates: Updates,
     w: Sequence[float],
     tau_eff: float,
     shares: Sequence[float] | None = None,
 ) -> AggregateInfo:
-    """Effective weights ``w`` (normalised here) with chi^2(p || w), and the
-    sampling weights ``shares`` the step applied (as they are)."""
+    """Effective weights ``w`` (normalised here) with chi^2(p || w), p the data
+    weights, and the sampling weights ``shares`` the step applied (as they are)."""
     sw = float(sum(w))
     weights = {u.client: wi / sw for u, wi in zip(updates, w, strict=True)}
+    chi2_pw = chi2(data_weights(updates), w)
     share = None
     if shares is not None:
         share = {u.client: float(s) for u, s in zip(updates, shares, strict=True)}
-    return AggregateInfo(weights, float(tau_eff), chi2(p, w), shares=share)
+    return AggregateInfo(weights, float(tau_eff), chi2_pw, shares=share)
 
 
 def meter_subset(
@@ -230,7 +233,7 @@ def meter_subset(
 ) -> AggregateInfo:
     """:func:`meter` over the updates the server ``used``, with weight 0 for
     the round's others (FedPNS's removed updates, FedDM's empty uploads)."""
-    info = meter(used, data_weights(used), w, tau_eff)
+    info = meter(used, w, tau_eff)
     weights = {u.client: info.weights.get(u.client, 0.0) for u in updates}
     return replace(info, weights=weights, flags=flags or {})
 

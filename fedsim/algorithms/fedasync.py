@@ -55,14 +55,6 @@ def staleness_weight(kind: Staleness, s: int, a: float = 0.5, b: float = 4) -> f
 
 
 @dataclass(frozen=True)
-class AsyncInfo(base.AggregateInfo):
-    """:class:`AggregateInfo` plus each update's normalised weight, by
-    position (one device can land twice in a FedBuff buffer)."""
-
-    per_update: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True)
 class _Normalized(base.Algorithm):
     """Hyperparameters both async rules share: S(s) and FedNova normalisation."""
 
@@ -92,7 +84,7 @@ class _Normalized(base.Algorithm):
 
     def _meter(
         self, updates: base.Updates, coef: Sequence[float], tau_eff: float
-    ) -> AsyncInfo:
+    ) -> base.AggregateInfo:
         """Effective weights ``coef`` (times ||a_i||_1 unless normalising),
         normalised, against the data weights."""
         w = [
@@ -105,7 +97,7 @@ class _Normalized(base.Algorithm):
         for u, wi in zip(updates, per, strict=True):
             weights[u.client] = weights.get(u.client, 0.0) + wi
         chi2_pw = chi2(base.data_weights(updates), w) if sw > 0 else float("nan")
-        return AsyncInfo(weights, float(tau_eff), chi2_pw, per_update=per)
+        return base.AggregateInfo(weights, float(tau_eff), chi2_pw, per_update=per)
 
     def aggregate(
         self, state: base.ServerState, updates: base.Updates
@@ -156,7 +148,7 @@ class FedAsync(_Normalized):
         updates: base.Updates,
         staleness: Sequence[int],
         starts: Sequence[torch.Tensor],
-    ) -> tuple[base.ServerState, AsyncInfo]:
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
         """x <- x + sum_i p_i alpha S(s_i) (x_start_i + c_i Delta_i - x)."""
         count = state["count"] + len(updates)
         norm_a_sum = state["norm_a_sum"] + sum(u.norm_a for u in updates)

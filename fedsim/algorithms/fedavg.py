@@ -46,9 +46,8 @@ class FedAvg(Sampled):
     def aggregate(
         self, state: base.ServerState, updates: base.Updates
     ) -> tuple[base.ServerState, base.AggregateInfo]:
-        p = base.data_weights(updates)
         wh = sampling_weights(updates, self.sampling)
         step = weighted_sum([u.delta for u in updates], wh)
         w = [wi * u.norm_a for wi, u in zip(wh, updates, strict=True)]
         tau_eff = weighted_steps(wh, [u.norm_a for u in updates])
-        return self.apply_step(state, step), base.meter(updates, p, w, tau_eff, wh)
+        return self.apply_step(state, step), base.meter(updates, w, tau_eff, wh)

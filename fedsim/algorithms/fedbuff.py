@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from fedsim.algorithms.base import ClientUpdate, ServerState, skip_empty_rounds
-from fedsim.algorithms.fedasync import AsyncInfo, _Normalized
+import fedsim.algorithms.base as base
+from fedsim.algorithms.fedasync import _Normalized
 from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
@@ -32,6 +32,7 @@ class FedBuff(_Normalized):
     """Average a buffer of K staleness-weighted deltas, then take a server step.
 
     Example (K = 2, staleness 0 and 3, S = (1 + s)^-1/2):
+        >>> from fedsim.algorithms.base import ClientUpdate
         >>> alg = FedBuff(buffer_size=2)
         >>> ups = [ClientUpdate(0, torch.tensor([1.0]), 1, 2, 2.0, 0.0),
         ...        ClientUpdate(1, torch.tensor([4.0]), 1, 2, 2.0, 0.0)]
@@ -44,14 +45,14 @@ class FedBuff(_Normalized):
     name: Literal["fedbuff"] = "fedbuff"
     buffer_size: PosInt = 10
 
-    @skip_empty_rounds
+    @base.skip_empty_rounds
     def aggregate_async(
         self,
-        state: ServerState,
-        updates: Sequence[ClientUpdate],
+        state: base.ServerState,
+        updates: base.Updates,
         staleness: Sequence[int],
         starts: Sequence[torch.Tensor] = (),
-    ) -> tuple[ServerState, AsyncInfo]:
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
         """x <- x + server_lr (1/K) sum_k S(s_k) c_k Delta_k (``starts`` unused)."""
         k = len(updates)
         mean = updates_tau_eff(self.tau_eff, [1.0] * k, updates, self.tau_eff_value)

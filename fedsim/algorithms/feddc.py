@@ -63,7 +63,7 @@ class FedDC(FedDyn):
             p = base.data_weights(updates)
             models = [state["x"] + u.delta + u.extras["drift"] for u in updates]
             new["x"] = weighted_sum(models, p)
-            info = base.meter(updates, p, p, info.tau_eff)
+            info = base.meter(updates, p, info.tau_eff)
         if self.correction:
             m = float(state["m"])
             new["c"] = control_aggregate(state, updates, [1.0 / m] * len(updates))

@@ -90,4 +90,4 @@ class FedNova(Sampled):
         new = {**state, "x": state["x"] + mom, "mom": mom}
         if lrs:
             new["mom_lr"] = torch.tensor(lrs[0], dtype=torch.float64)
-        return new, base.meter(updates, base.data_weights(updates), wh, tau_eff, wh)
+        return new, base.meter(updates, wh, tau_eff, wh)

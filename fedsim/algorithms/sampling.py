@@ -196,7 +196,7 @@ def unweighted_meter(updates: base.Updates) -> base.AggregateInfo:
     """Meter of an unweighted server mean: w_i = 1/|S|, tau_eff mean ||a_i||_1."""
     n = len(updates)
     tau_eff = updates_tau_eff("fedavg", [1.0] * n, updates)
-    return base.meter(updates, base.data_weights(updates), [1.0 / n] * n, tau_eff)
+    return base.meter(updates, [1.0 / n] * n, tau_eff)
 
 
 def weight_shares(
