@@ -105,9 +105,6 @@ class ServerContext:
     loss_fn: Any  # parameters -> mean validation loss
     num_classes: int
 
-    def load(self, x: torch.Tensor) -> None:
-        torch.nn.utils.vector_to_parameters(x, self.model.parameters())
-
     def validation_loss(self, x: torch.Tensor) -> float:
         """Mean loss of parameters ``x`` on the server's validation data."""
         return float(self.loss_fn(x))
@@ -208,10 +205,7 @@ def data_weights(updates: Sequence[ClientUpdate]) -> list[float]:
 
 
 def meter(
-    updates: Updates,
-    w: Sequence[float],
-    tau_eff: float,
-    shares: Sequence[float] | None = None,
+    updates: Updates, w: list[float], tau_eff: float, shares: list[float] | None = None
 ) -> AggregateInfo:
     """Effective weights ``w`` (normalised here) with chi^2(p || w), p the data
     weights, and the sampling weights ``shares`` the step applied (as they are)."""
@@ -225,17 +219,13 @@ def meter(
 
 
 def meter_subset(
-    updates: Updates,
-    used: Updates,
-    w: Sequence[float],
-    tau_eff: float,
-    flags: dict[int, dict[str, Any]] | None = None,
+    updates: Updates, used: Updates, w: list[float], tau_eff: float
 ) -> AggregateInfo:
     """:func:`meter` over the updates the server ``used``, with weight 0 for
     the round's others (FedPNS's removed updates, FedDM's empty uploads)."""
     info = meter(used, w, tau_eff)
     weights = {u.client: info.weights.get(u.client, 0.0) for u in updates}
-    return replace(info, weights=weights, flags=flags or {})
+    return replace(info, weights=weights)
 
 
 def empty_info() -> AggregateInfo:

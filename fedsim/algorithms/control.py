@@ -43,9 +43,7 @@ def control_step(
 
 
 def control_aggregate(
-    state: base.ServerState,
-    updates: base.Updates,
-    weights: Sequence[float],
+    state: base.ServerState, updates: base.Updates, weights: Sequence[float]
 ) -> torch.Tensor:
     """The server's new c = c + sum_i weights_i dc_i over the round's uploads."""
     return state["c"] + weighted_sum([u.extras["dc"] for u in updates], weights)

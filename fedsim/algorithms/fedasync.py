@@ -87,10 +87,8 @@ class _Normalized(base.Algorithm):
     ) -> base.AggregateInfo:
         """Effective weights ``coef`` (times ||a_i||_1 unless normalising),
         normalised, against the data weights."""
-        w = [
-            c * (1.0 if self.normalize else u.norm_a)
-            for c, u in zip(coef, updates, strict=True)
-        ]
+        steps = [1.0 if self.normalize else u.norm_a for u in updates]
+        w = [c * a for c, a in zip(coef, steps, strict=True)]
         sw = float(sum(w))
         per = tuple(float(wi) / sw if sw > 0 else 0.0 for wi in w)
         weights: dict[int, float] = {}

@@ -222,11 +222,11 @@ class FedDM(base.Algorithm):
             raise TypeError("FedDM trains on the server: pass server=ServerContext")
         images = torch.cat([u.extras["images"] for u in ups])
         labels = torch.cat([u.extras["labels"] for u in ups]).long()
-        x_r = state["x"]
-        model = server.model
-        server.load(x_r.clone())  # the model's parameters become views of the copy
-        model.train()
+        x_r, model = state["x"], server.model
         params = list(model.parameters())
+        # the parameters become views of the copy
+        torch.nn.utils.vector_to_parameters(x_r.clone(), params)
+        model.train()
         opt = torch.optim.SGD(
             params,
             lr=self.server_lr,

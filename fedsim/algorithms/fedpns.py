@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 import fedsim.algorithms.base as base
@@ -147,5 +147,5 @@ class FedPNS(base.Algorithm):
             u.client: {"labeled": j in labeled, "removed": j in removed}
             for j, u in enumerate(live)
         }
-        info = base.meter_subset(updates, ups, ones, tau_eff, flags)
-        return {**state, "x": mean_model(tuple(kept))}, info
+        info = base.meter_subset(updates, ups, ones, tau_eff)
+        return {**state, "x": mean_model(tuple(kept))}, replace(info, flags=flags)

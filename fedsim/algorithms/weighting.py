@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from fedsim.algorithms.base import ClientUpdate
+from fedsim.algorithms.base import ClientUpdate, Updates
 from fedsim.lazy import torch
 from fedsim.solvers import SolverState
 
@@ -69,10 +69,7 @@ def momentum_buffer(
 
 
 def updates_tau_eff(
-    kind: TauEff,
-    w: Sequence[float],
-    updates: Sequence[ClientUpdate],
-    fixed: float | None = None,
+    kind: TauEff, w: Sequence[float], updates: Updates, fixed: float | None = None
 ) -> float:
     """:func:`effective_steps` over the ||a_i||_1 and tau_i of ``updates``."""
     return effective_steps(
