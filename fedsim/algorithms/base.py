@@ -163,7 +163,7 @@ class Algorithm:
         return {"x": state["x"]}
 
     def aggregate(
-        self, state: ServerState, updates: Sequence[ClientUpdate]
+        self, state: ServerState, updates: Updates
     ) -> tuple[ServerState, AggregateInfo]:
         raise NotImplementedError
 
@@ -198,7 +198,7 @@ class Algorithm:
         return None
 
 
-def data_weights(updates: Sequence[ClientUpdate]) -> list[float]:
+def data_weights(updates: Updates) -> list[float]:
     """p_i of the round's updates, normalised to sum to 1 (in update order)."""
     total = float(sum(u.weight for u in updates))
     return [u.weight / total for u in updates]
@@ -240,9 +240,7 @@ def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
     reports :func:`empty_info`."""
 
     @functools.wraps(aggregate)
-    def wrapper(
-        self: Any, state: ServerState, updates: Sequence[ClientUpdate], *args: Any
-    ) -> Any:
+    def wrapper(self: Any, state: ServerState, updates: Updates, *args: Any) -> Any:
         if not updates:
             return state, empty_info()
         return aggregate(self, state, updates, *args)

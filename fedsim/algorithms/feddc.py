@@ -12,8 +12,7 @@ variate c_i. With w_i = n_i m / n, client i runs its solver on
 then h_i <- h_i + delta_i, c_i^+ = c_i - c / w_i - delta_i / (lr ||a_i||_1),
 uploading w_i (c_i^+ - c_i); c <- c + (1/m) sum_S Delta c_i. ``aggregation``:
 ``code`` is FedDyn's server rule, ``paper`` (Eq. 7) w <- sum_S p_i (theta_i^+
-+ h_i^+). ``correction: false`` is exactly FedDyn. ALGORITHMS.md 15.10: with
-alpha = 0.005 it may diverge on Synthetic(0,1); that is reported, not hidden.
++ h_i^+). ``correction: false`` is exactly FedDyn.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ and runs its solver on F_i(theta) + (alpha_i / 2) ||theta - (w - hist_i)||^2,
 alpha_i = alpha / (n_i m / n), then hist_i <- hist_i + (theta_i^+ - w).
 Server: w <- mean_{i in S} theta_i^+ + (1/m) sum_{all i} hist_i, with the
 float64 running sum of all hist_i, stale ones included, as the reference code.
-Not modelled: its gradient clipping and lr decay. Meter: w_i = 1/|S|.
+Meter: w_i = 1/|S|.
 """
 
 from __future__ import annotations

@@ -5,12 +5,11 @@ Data. Hongda Wu, Ping Wang. IEEE Transactions on Network Science and
 Engineering, 2022. arXiv:2105.07066.
 
 ALGORITHMS.md 11.2, as the reference code (``models/Fed.py``, ``Feddel``). With
-g_i = -Delta_i / (lr ||a_i||_1), E(S) = sum_{i in S} <g_i, mean_S g> and S the
-round's updates, while |S| > v: CHECK EXPECTATION labels the i* maximising
-E(S \\ {i}) if that exceeds E(S) (else stop); CHECK LOSS removes it unless the
-mean model of S has a lower validation loss than that of S \\ {i*} (then stop).
-x <- x^t + server_lr mean_S Delta_i. The ``labeled``/``removed`` flags go to
-clients.parquet for the ``fedpns`` selector; details: docs/fedpns-feddm.md.
+g_i = -Delta_i / (lr ||a_i||_1) and E(S) = sum_{i in S} <g_i, mean_S g>, while
+|S| > v: CHECK EXPECTATION labels the i* maximising E(S \\ {i}) if that exceeds
+E(S), CHECK LOSS removes it unless S's mean model has the lower validation loss
+(either failing stops). x <- x^t + server_lr mean_S Delta_i. The ``labeled`` and
+``removed`` flags go to clients.parquet; details: docs/fedpns-feddm.md.
 """
 
 from __future__ import annotations

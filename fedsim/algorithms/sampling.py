@@ -1,11 +1,10 @@
 """Aggregation weights under client sampling (ALGORITHMS.md sections 3 and 5.4).
 
-A ``scheme`` (``algorithm.sampling``) names how a round's updates are
-weighted given how the selector sampled them: ``renormalized`` n_i / sum_S
-n_j (the default, biased under partial participation), ``uniform`` p_i m / q
-(scheme (ii)), ``proportional`` k_i / q (scheme (i), with replacement) or
-``equal`` 1 / |S|. :func:`pairing` judges a scheme against a selector's draw;
-the table and measured biases are in docs/scenarios.md.
+A ``scheme`` (``algorithm.sampling``, :data:`WEIGHTINGS`) names how a round's
+updates are weighted given how the selector sampled them: ``renormalized`` (the
+default, biased under partial participation), ``uniform`` (scheme (ii)),
+``proportional`` (scheme (i)) or ``equal``. :func:`pairing` judges a scheme
+against a selector's draw; the table and measured biases: docs/scenarios.md.
 """
 
 from __future__ import annotations
