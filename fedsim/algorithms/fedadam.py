@@ -43,11 +43,8 @@ class FedAdam(FedAvg):
     adaptivity: PosFloat = 1e-3
 
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
-        return {
-            "x": x0.clone(),
-            "m": torch.zeros_like(x0),
-            "v": torch.full_like(x0, self.adaptivity**2),
-        }
+        v = torch.full_like(x0, self.adaptivity**2)
+        return {"x": x0.clone(), "m": torch.zeros_like(x0), "v": v}
 
     def apply_step(self, state: ServerState, step: torch.Tensor) -> ServerState:
         m = self.beta1 * state["m"] + (1.0 - self.beta1) * step

@@ -24,12 +24,7 @@ from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, cast
 from pydantic import Field
 
 import fedsim.algorithms.base as base
-from fedsim.algorithms.weighting import (
-    TauEff,
-    effective_steps,
-    normalizers,
-    weighted_steps,
-)
+import fedsim.algorithms.weighting as weighting
 from fedsim.lazy import torch
 from fedsim.params import chi2
 from fedsim.solvers import SGD, make_solver
@@ -62,7 +57,7 @@ class _Normalized(base.Algorithm):
     staleness_a: NonNegFloat = 0.5
     staleness_b: NonNegFloat = 4.0
     normalize: bool = False
-    tau_eff: TauEff = "fedavg"
+    tau_eff: weighting.TauEff = "fedavg"
     tau_eff_value: PosFloat | None = None
 
     def __post_init__(self) -> None:
@@ -79,8 +74,9 @@ class _Normalized(base.Algorithm):
         1) and the tau_eff to report (sum_i p_i ||a_i||_1 if not normalising)."""
         norm_a = [u.norm_a for u in updates]
         if self.normalize:
-            return normalizers([tau_eff] * len(updates), norm_a), tau_eff
-        return [1.0] * len(updates), weighted_steps(base.data_weights(updates), norm_a)
+            return weighting.normalizers([tau_eff] * len(updates), norm_a), tau_eff
+        p = base.data_weights(updates)
+        return [1.0] * len(updates), weighting.weighted_steps(p, norm_a)
 
     def _meter(
         self, updates: base.Updates, coef: Sequence[float], tau_eff: float
@@ -152,7 +148,8 @@ class FedAsync(_Normalized):
         norm_a_sum = state["norm_a_sum"] + sum(u.norm_a for u in updates)
         steps_sum = state["steps_sum"] + sum(u.tau for u in updates)
         means = [float(norm_a_sum / count)], [float(steps_sum / count)]
-        running = effective_steps(self.tau_eff, [1.0], *means, self.tau_eff_value)
+        fixed = self.tau_eff_value
+        running = weighting.effective_steps(self.tau_eff, [1.0], *means, fixed)
         scale, tau_eff = self.scales(updates, running)
         p = base.data_weights(updates)
         mix = [

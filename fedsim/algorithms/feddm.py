@@ -224,8 +224,7 @@ class FedDM(base.Algorithm):
         labels = torch.cat([u.extras["labels"] for u in ups]).long()
         x_r, model = state["x"], server.model
         params = list(model.parameters())
-        # the parameters become views of the copy
-        torch.nn.utils.vector_to_parameters(x_r.clone(), params)
+        torch.nn.utils.vector_to_parameters(x_r.clone(), params)  # views of a copy
         model.train()
         opt = torch.optim.SGD(
             params,

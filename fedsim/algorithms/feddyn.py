@@ -57,11 +57,9 @@ class FedDyn(base.Algorithm):
             )
 
     def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
-        return {
-            "x": x0.clone(),
-            "hist_sum": torch.zeros(x0.shape, dtype=torch.float64),
-            "m": torch.tensor(float(num_clients), dtype=torch.float64),
-        }
+        hist_sum = torch.zeros(x0.shape, dtype=torch.float64)
+        m = torch.tensor(float(num_clients), dtype=torch.float64)
+        return {"x": x0.clone(), "hist_sum": hist_sum, "m": m}
 
     @base.skip_empty_rounds
     def aggregate(

@@ -20,16 +20,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import fedsim.algorithms.base as base
+import fedsim.algorithms.weighting as weighting
 from fedsim.algorithms.sampling import Sampled, sampling_weights
-from fedsim.algorithms.weighting import (
-    Beta,
-    TauEff,
-    lr_upload,
-    momentum_buffer,
-    normalizers,
-    updates_tau_eff,
-    uploaded_lr,
-)
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState
@@ -49,27 +41,24 @@ class FedNova(Sampled):
     """
 
     name: Literal["fednova"] = "fednova"
-    tau_eff: TauEff = "fedavg"
+    tau_eff: weighting.TauEff = "fedavg"
     tau_eff_value: PosFloat | None = None  # tau_eff of ``fixed``
-    gmf: Beta = 0.0  # server momentum, 0: none
+    gmf: weighting.Beta = 0.0  # server momentum, 0: none
 
     def __post_init__(self) -> None:
         if self.tau_eff == "fixed" and self.tau_eff_value is None:
             raise ValueError("tau_eff 'fixed' needs tau_eff_value")
 
     def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
-        return {
-            "x": x0.clone(),
-            "mom": torch.zeros_like(x0),
-            "mom_lr": torch.zeros((), dtype=torch.float64),  # 0: no round yet
-        }
+        mom_lr = torch.zeros((), dtype=torch.float64)  # 0: no round yet
+        return {"x": x0.clone(), "mom": torch.zeros_like(x0), "mom_lr": mom_lr}
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: base.ClientContext
     ) -> base.ClientResult:
         extras, _ = super().client_finish(delta, solver_state, client)
         if self.gmf:  # the server momentum follows the client lr
-            extras.update(lr_upload(solver_state))
+            extras.update(weighting.lr_upload(solver_state))
         return extras, None
 
     @base.skip_empty_rounds
@@ -77,16 +66,16 @@ class FedNova(Sampled):
         self, state: base.ServerState, updates: base.Updates
     ) -> tuple[base.ServerState, base.AggregateInfo]:
         wh = sampling_weights(updates, self.sampling)
-        tau_eff = updates_tau_eff(self.tau_eff, wh, updates, self.tau_eff_value)
-        coef = normalizers(wh, [u.norm_a for u in updates])
-        step = (self.server_lr * tau_eff) * weighted_sum(
-            [u.delta for u in updates], coef
-        )
+        fixed = self.tau_eff_value
+        tau_eff = weighting.updates_tau_eff(self.tau_eff, wh, updates, fixed)
+        coef = weighting.normalizers(wh, [u.norm_a for u in updates])
+        deltas = [u.delta for u in updates]
+        step = (self.server_lr * tau_eff) * weighted_sum(deltas, coef)
         # every client of a round trains with that round's lr
-        lrs = [lr for lr in map(uploaded_lr, updates) if lr is not None]
+        lrs = [lr for lr in map(weighting.uploaded_lr, updates) if lr is not None]
         last = float(state.get("mom_lr", 0.0))
         rescale = lrs[0] / last if lrs and last > 0 else 1.0
-        mom = momentum_buffer(state["mom"], step, self.gmf, rescale)
+        mom = weighting.momentum_buffer(state["mom"], step, self.gmf, rescale)
         new = {**state, "x": state["x"] + mom, "mom": mom}
         if lrs:
             new["mom_lr"] = torch.tensor(lrs[0], dtype=torch.float64)
