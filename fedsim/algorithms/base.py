@@ -218,12 +218,9 @@ def meter(
     return AggregateInfo(weights, float(tau_eff), chi2_pw, shares=share)
 
 
-def meter_subset(
-    updates: Updates, used: Updates, w: list[float], tau_eff: float
-) -> AggregateInfo:
-    """:func:`meter` over the updates the server ``used``, with weight 0 for
-    the round's others (FedPNS's removed updates, FedDM's empty uploads)."""
-    info = meter(used, w, tau_eff)
+def meter_subset(updates: Updates, info: AggregateInfo) -> AggregateInfo:
+    """``info``, the :func:`meter` of the updates the server used, with weight 0
+    for the round's others (FedPNS's removed updates, FedDM's empty uploads)."""
     weights = {u.client: info.weights.get(u.client, 0.0) for u in updates}
     return replace(info, weights=weights)
 

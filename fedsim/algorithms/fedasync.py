@@ -81,8 +81,7 @@ class _Normalized(base.Algorithm):
     def _meter(
         self, updates: base.Updates, coef: Sequence[float], tau_eff: float
     ) -> base.AggregateInfo:
-        """Effective weights ``coef`` (times ||a_i||_1 unless normalising),
-        normalised, against the data weights."""
+        """Effective weights ``coef`` (times ||a_i||_1 unless normalising)."""
         steps = [1.0 if self.normalize else u.norm_a for u in updates]
         w = [c * a for c, a in zip(coef, steps, strict=True)]
         sw = float(sum(w))

@@ -121,8 +121,7 @@ def iteration_flops_ratio(
 
 
 def _stable_seed(x: torch.Tensor) -> int:
-    """A seed from the initial parameters (drawn from the scenario seed); 0xFEDD
-    tags FedDM's server."""
+    """A seed for FedDM's server (tag 0xFEDD) from the initial parameters."""
     words = x.detach().to(torch.float64).reshape(-1)[:64].numpy().view(np.uint32)
     ss = np.random.SeedSequence([0xFEDD, *words.tolist()])
     return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
@@ -247,7 +246,7 @@ class FedDM(base.Algorithm):
         w = [float(len(u.extras["labels"])) for u in ups]
         tau_eff = updates_tau_eff("steps", [1.0] * len(ups), ups)
         new = {**state, "x": x_new.to(x_r.dtype), "round": state["round"] + 1}
-        return new, base.meter_subset(updates, ups, w, tau_eff)
+        return new, base.meter_subset(updates, base.meter(ups, w, tau_eff))
 
     def client_train(self, job: base.LocalTraining) -> base.ClientUpdate:  # type: ignore[override]
         """Learn S_k at models around w_r."""
@@ -260,8 +259,7 @@ class FedDM(base.Algorithm):
         syn = self._init_synthetic(xs, by_class, gen)
         labels = classes.repeat_interleave(self.ipc)
         opt = torch.optim.SGD([syn], lr=self.image_lr, momentum=self.image_momentum)
-        params = list(model.parameters())
-        was = [p.requires_grad for p in params]
+        params = [p for p in model.parameters() if p.requires_grad]
         for p in params:
             p.requires_grad_(False)
         model.eval()
@@ -281,8 +279,8 @@ class FedDM(base.Algorithm):
                 loss_sum += float(loss.detach())
         finally:
             model.train()
-            for p, r in zip(params, was, strict=True):
-                p.requires_grad_(r)
+            for p in params:
+                p.requires_grad_(True)
             theta.copy_(x_global)
         images = syn.detach().clone()
         return base.ClientUpdate(
@@ -306,9 +304,8 @@ class FedDM(base.Algorithm):
             elif len(idx) >= self.ipc:
                 parts.append(_draw(xs, idx, self.ipc, gen))
             else:  # fewer real images than ipc: repeat some
-                parts.append(
-                    xs[idx[torch.randint(len(idx), (self.ipc,), generator=gen)]]
-                )
+                pick = torch.randint(len(idx), (self.ipc,), generator=gen)
+                parts.append(xs[idx[pick]])
         return torch.cat(parts).clone().requires_grad_(True)
 
     def _dp_gradient(

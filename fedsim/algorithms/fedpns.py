@@ -42,14 +42,12 @@ def optimal_aggregation(
     """CHECK EXPECTATION / CHECK LOSS on the round's gradient estimates
     ``grads`` while |S| > ``v``: (kept, labeled, removed) positions, in order.
     ``check_loss(S, i)`` is True to remove i (None never removes)."""
-    n = len(grads)
-    if n == 0:
+    if not grads:
         return [], [], []
     g = torch.stack([x.to(torch.float64).reshape(-1) for x in grads])
     gram = g @ g.T
-    members = list(range(n))
-    labeled: list[int] = []
-    removed: list[int] = []
+    members = list(range(len(grads)))
+    labeled, removed = [], []
     e_all = expectation(gram, members)
     while len(members) > v:
         # E(S \ {i}) for every i; the first maximiser in update order wins
@@ -141,10 +139,10 @@ class FedPNS(base.Algorithm):
         kept, labeled, removed = optimal_aggregation(grads, v, check)
         ups = [live[j] for j in kept]
         ones = [1.0] * len(ups)
-        tau_eff = updates_tau_eff("fedavg", ones, ups)
         flags = {  # the round's clients are distinct (FedPNS has no async rule)
             u.client: {"labeled": j in labeled, "removed": j in removed}
             for j, u in enumerate(live)
         }
-        info = base.meter_subset(updates, ups, ones, tau_eff)
+        info = base.meter(ups, ones, updates_tau_eff("fedavg", ones, ups))
+        info = base.meter_subset(updates, info)
         return {**state, "x": mean_model(tuple(kept))}, replace(info, flags=flags)

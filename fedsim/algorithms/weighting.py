@@ -42,8 +42,7 @@ def effective_steps(
             raise ValueError("tau_eff 'fixed' needs tau_eff_value")
         return float(fixed)
     if kind in ("fedavg", "steps"):
-        values = norm_a if kind == "fedavg" else steps
-        return weighted_steps(w, values) / float(sum(w))
+        return weighted_steps(w, norm_a if kind == "fedavg" else steps) / float(sum(w))
     raise ValueError(f"unknown tau_eff {kind!r}")
 
 
