@@ -233,8 +233,7 @@ _Aggregate = TypeVar("_Aggregate", bound=Callable[..., Any])
 
 
 def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
-    """Decorate ``aggregate``: a round without updates keeps the state and
-    reports :func:`empty_info`."""
+    """Decorate ``aggregate``: no updates keep the state, with :func:`empty_info`."""
 
     @functools.wraps(aggregate)
     def wrapper(self: Any, state: ServerState, updates: Updates, *args: Any) -> Any:

@@ -150,10 +150,8 @@ class FedAsync(_Normalized):
         fixed = self.tau_eff_value
         running = weighting.effective_steps(self.tau_eff, [1.0], *means, fixed)
         scale, tau_eff = self.scales(updates, running)
-        p = base.data_weights(updates)
-        mix = [
-            pi * self.alpha * self.weight(s) for pi, s in zip(p, staleness, strict=True)
-        ]
+        weighted = zip(base.data_weights(updates), staleness, strict=True)
+        mix = [pi * self.alpha * self.weight(s) for pi, s in weighted]
         x64 = state["x"].to(torch.float64)
         step = torch.zeros_like(x64)
         for u, start, c, m in zip(updates, starts, scale, mix, strict=True):

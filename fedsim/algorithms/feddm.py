@@ -201,11 +201,8 @@ class FedDM(base.Algorithm):
         return held * upload_bytes(1, self.ipc, sample_shape, float_bytes, label_bytes)
 
     def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
-        return {
-            "x": x0.clone(),
-            "seed": torch.tensor(_stable_seed(x0), dtype=torch.int64),
-            "round": torch.tensor(0, dtype=torch.int64),
-        }
+        seed = torch.tensor(_stable_seed(x0), dtype=torch.int64)
+        return {"x": x0.clone(), "seed": seed, "round": torch.zeros_like(seed)}
 
     def aggregate(
         self,

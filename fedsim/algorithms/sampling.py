@@ -100,8 +100,7 @@ def sampling_weights(updates: base.Updates, scheme: Scheme) -> list[float]:
 
 @dataclass(frozen=True)
 class Pairing:
-    """The verdict on one (selector, weighting) pair; all but ``refused`` are
-    allowed."""
+    """The verdict on a (selector, weighting) pair; all but ``refused`` are allowed."""
 
     verdict: Verdict
     reason: str  # one sentence on why
@@ -174,8 +173,7 @@ def pairing_problem(selector: Any, algorithm: Any) -> str | None:
 
 @dataclass(frozen=True)
 class Sampled(base.Algorithm):
-    """Base of servers weighting updates by a ``sampling`` scheme (FedAvg,
-    FedNova and their descendants)."""
+    """Base of servers weighting updates by a ``sampling`` scheme (FedAvg, FedNova)."""
 
     sampling: Scheme = "renormalized"
 

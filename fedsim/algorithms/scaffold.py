@@ -45,9 +45,6 @@ class Scaffold(ControlVariates):
     ) -> tuple[base.ServerState, base.AggregateInfo]:
         n = len(updates)
         step = weighted_sum([u.delta for u in updates], [1.0 / n] * n)
-        new = {
-            **state,
-            "x": state["x"] + self.server_lr * step,
-            "c": control_aggregate(state, updates, [1.0 / float(state["m"])] * n),
-        }
+        c = control_aggregate(state, updates, [1.0 / float(state["m"])] * n)
+        new = {**state, "x": state["x"] + self.server_lr * step, "c": c}
         return new, unweighted_meter(updates)

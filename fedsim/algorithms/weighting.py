@@ -71,9 +71,8 @@ def updates_tau_eff(
     kind: TauEff, w: Sequence[float], updates: Updates, fixed: float | None = None
 ) -> float:
     """:func:`effective_steps` over the ||a_i||_1 and tau_i of ``updates``."""
-    return effective_steps(
-        kind, w, [u.norm_a for u in updates], [u.tau for u in updates], fixed
-    )
+    norm_a, steps = [u.norm_a for u in updates], [u.tau for u in updates]
+    return effective_steps(kind, w, norm_a, steps, fixed)
 
 
 def lr_upload(solver_state: SolverState) -> dict[str, torch.Tensor]:
