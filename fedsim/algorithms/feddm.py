@@ -89,8 +89,7 @@ def perturb(x: torch.Tensor, rho: float, gen: torch.Generator) -> torch.Tensor:
     """w~ = x + eps min(1, rho / ||eps||), eps ~ N(0, I)."""
     eps = torch.randn(x.shape, generator=gen, dtype=x.dtype)
     norm = float(torch.linalg.vector_norm(eps.to(torch.float64)))
-    scale = min(1.0, rho / norm) if norm > 0 else 0.0
-    return x + scale * eps
+    return x + (min(1.0, rho / norm) if norm > 0 else 0.0) * eps
 
 
 def synthetic_size(classes_per_client: Sequence[int], ipc: int) -> int:
@@ -315,16 +314,15 @@ class FedDM(base.Algorithm):
         """Set ``syn.grad`` to the DP-SGD estimate of dL/dS; return L."""
         from torch.func import vjp, vmap
 
+        def means(s_c: torch.Tensor) -> torch.Tensor:
+            h, z = embed_and_logits(model, s_c)
+            return torch.cat([h.mean(0), z.mean(0)])
+
         grads, total = [], syn.new_zeros(())
         c_clip, sigma = self.dp_clip, float(self.dp_noise or 0.0)
         for r, s in zip(real, syn.detach().split(self.ipc), strict=True):
             with torch.no_grad():
                 feats = torch.cat(embed_and_logits(model, r), dim=1)  # r_j
-
-            def means(s_c: torch.Tensor) -> torch.Tensor:
-                h, z = embed_and_logits(model, s_c)
-                return torch.cat([h.mean(0), z.mean(0)])
-
             f, pullback = vjp(means, s)  # type: ignore[misc]  # no aux: 2 values
             diff = feats.mean(0) - f
             total = total + (diff * diff).sum()
