@@ -233,7 +233,8 @@ _Aggregate = TypeVar("_Aggregate", bound=Callable[..., Any])
 
 
 def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
-    """Decorate ``aggregate``: no updates keep the state, with :func:`empty_info`."""
+    """Decorate ``aggregate(_async)``: an empty round keeps the state, reporting
+    :func:`empty_info`."""
 
     @functools.wraps(aggregate)
     def wrapper(self: Any, state: ServerState, updates: Updates, *args: Any) -> Any:
