@@ -4,6 +4,7 @@ Layout and columns: README.md ("What a run writes") and docs/results.md."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -104,34 +105,10 @@ def write_table(path: Path, rows: list[_Row], schema: pa.Schema) -> None:
     write_arrow(path, rows_table(rows, schema))
 
 
-class _Converted:
-    """Rows converted so far: a flush converts only new rows (or all, on new types)."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.table: pa.Table | None = None
-
-    def of(self, rows: list[_Row], schema: pa.Schema) -> pa.Table:
-        if self.table is not None and self.n <= len(rows):
-            if self.n == len(rows):
-                return self.table
-            part = rows_table(rows[self.n :], schema)
-            if part.schema.equals(self.table.schema):
-                self.table = pa.concat_tables([self.table, part])
-                self.n = len(rows)
-                return self.table
-        self.table, self.n = rows_table(rows, schema), len(rows)
-        return self.table
-
-
 def default_run_dir(name: str, root: Path = Path("results")) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = root / f"{name}-{stamp}"
-    i = 1
-    while path.exists():
-        i += 1
-        path = root / f"{name}-{stamp}-{i}"
-    return path
+    base = root / f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
+    tries = itertools.chain([base], (Path(f"{base}-{i}") for i in itertools.count(2)))
+    return next(path for path in tries if not path.exists())
 
 
 def prepare_run_dir(path: Path) -> Path:
@@ -205,12 +182,9 @@ class Recorder:
     """Collects result rows, written to ``run_dir`` (if any) every ``flush_every_s``
     seconds at most and on :meth:`flush`; only new rows cause a write."""
 
-    def __init__(
-        self,
-        run_dir: Path | None,
-        flush_every_s: float = 5.0,
-        asynchronous: bool = False,
-    ) -> None:
+    flush_every_s = 5.0
+
+    def __init__(self, run_dir: Path | None, asynchronous: bool = False) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.schemas = (ROUND_SCHEMA, CLIENT_SCHEMA)
         if asynchronous:
@@ -218,10 +192,10 @@ class Recorder:
         self.rows: list[_Row] = []
         self.clients: list[_Row] = []
         self.selector_rows: list[_Row] = []
-        self.flush_every_s = flush_every_s
         self._last = time.monotonic()
         self._dirty = False
-        self._converted: dict[str, _Converted] = {}
+        # per file: the rows converted so far and their table
+        self._converted: dict[str, tuple[int, pa.Table]] = {}
 
     def add(
         self, row: _Row, clients: list[_Row], selector_rows: Sequence[_Row] = ()
@@ -252,7 +226,17 @@ class Recorder:
             self._write(run_dir / f"{name}.parquet", rows, schema)
 
     def _write(self, path: Path, rows: list[_Row], schema: pa.Schema) -> None:
-        table = self._converted.setdefault(path.name, _Converted()).of(rows, schema)
+        """Write ``rows``, converting only new ones (all of them, on new types)."""
+        n, table = self._converted.get(path.name, (0, None))
+        if table is None:
+            table = rows_table(rows, schema)
+        elif n < len(rows):
+            part = rows_table(rows[n:], schema)
+            same = part.schema.equals(table.schema)
+            table = (
+                pa.concat_tables([table, part]) if same else rows_table(rows, schema)
+            )
+        self._converted[path.name] = (len(rows), table)
         write_arrow(path, table)
 
     def load(self, n_rows: int, n_client_rows: int, n_selector_rows: int = 0) -> None:
