@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
+from matplotlib.figure import Figure
 
 from fedsim import plots
 from fedsim.results import atomic_write_bytes
@@ -227,24 +228,25 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     groups = [str(g["name"]) for g in fleet if isinstance(g, dict) and "name" in g]
     figures: list[Plot] = []
 
-    def out(fig: Plot) -> Path:
-        figures.append(fig)
-        return run_dir / fig.file
+    def save(plot: Plot, fig: Figure) -> None:
+        figures.append(plot)
+        plots.save_png(fig, run_dir / plot.file)
 
     initial = summary.get("initial")  # the figure checks what it is
-    plots.plot_metrics(rounds, out(METRICS), f"{name}: test metrics", initial)
+    save(METRICS, plots.figure_metrics(rounds, f"{name}: test metrics", initial))
     tau_title = f"{name}: local steps per update, by device group"
     cap = _step_cap(scenario)
-    plots.plot_tau_by_group(clients, out(TAU), groups, tau_title, max_steps=cap)
+    save(TAU, plots.figure_tau_by_group(clients, groups, tau_title, max_steps=cap))
     timeline = (rounds, groups, max_timeline_rounds, f"{name}: client timeline")
-    plots.plot_timeline(clients, out(TIMELINE), *timeline)
+    save(TIMELINE, plots.figure_timeline(clients, *timeline))
     if plots.is_async(clients):
-        plots.plot_staleness(clients, out(STALENESS), groups, f"{name}: staleness")
+        save(STALENESS, plots.figure_staleness(clients, groups, f"{name}: staleness"))
     if plots.has_chi2(rounds):
-        plots.plot_chi2(rounds, out(CHI2), f"{name}: objective inconsistency")
+        save(CHI2, plots.figure_chi2(rounds, f"{name}: objective inconsistency"))
     partition = _read(run_dir / "partition.parquet")
     if clients is not None and partition is not None:
-        plots.plot_weight_share(clients, out(WEIGHT_SHARE), rounds, partition, name)
+        fig = plots.figure_weight_share(clients, rounds, partition, name)
+        save(WEIGHT_SHARE, fig)
     lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir.name}`", ""]
     lines += _status_lines(summary)
     lines += ["| key figure | value |", "|---|---|"]

@@ -29,7 +29,6 @@ def schema(*runs: tuple[pa.DataType, str], base: pa.Schema | None = None) -> pa.
     return pa.schema(fields + [(n, t) for t, names in runs for n in names.split()])
 
 
-# What the columns mean: README.md ("What a run writes") and docs/results.md.
 ROUND_SCHEMA = schema(
     (I64, "round"),
     (F64, "sim_time wall_time test_loss test_accuracy train_loss"),
