@@ -88,7 +88,6 @@ def _colors(groups: Sequence[str]) -> dict[str, Any]:
 
 
 def _subplots(width: float, height: float, *grid: int, **kw: Any) -> tuple[Figure, Any]:
-    """A figure (constrained layout, :data:`DPI`) and its ``subplots(*grid, **kw)``."""
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     return fig, fig.subplots(*grid, **kw)
 
@@ -116,10 +115,9 @@ def _line(ax: Axes, x: np.ndarray, y: np.ndarray, **kw: Any) -> bool:
 
 
 def _frame_metric(ax: Axes, ylabel: str, xlabel: str, by_round: bool) -> None:
-    ax.set(ylabel=ylabel, xlabel=xlabel)
+    ax.set(ylabel=ylabel, xlabel=xlabel, title=f"{ylabel} vs {xlabel.split(' (')[0]}")
     if by_round:
         ax.xaxis.set_major_locator(_round_ticks())
-    ax.set_title(f"{ylabel} vs {xlabel.split(' (')[0]}")
     ax.grid(alpha=0.3)
 
 
@@ -290,9 +288,7 @@ class _Updates:
 def _draw_panel(
     ax: Axes, u: _Updates, y: np.ndarray, block: list[int], rounds: Any, row_pt: float
 ) -> tuple[set[str], Any]:
-    """The panel of rounds ``block`` (see figure_timeline; odd rounds lighter, so a
-    client's touching bars stay apart); returns the drop reasons drawn and the
-    staleness scatter (or None)."""
+    """Draw rounds ``block``; return the drop reasons drawn, the staleness scatter."""
     m_block = np.isin(u.rnd, block) & np.isfinite(u.t0) & np.isfinite(u.t1)
     colors = _colors(u.order)
     # With many rows (few points each), white edges would hide the bars.
@@ -396,17 +392,15 @@ def figure_timeline(
         for g, color in _colors(u.order).items()
     ]
     for r in sorted(used):
-        marker = _DROP_MARKERS.get(r, "x")
-        label = f"dropped: {r or 'unknown'}"
+        marker, label = _DROP_MARKERS.get(r, "x"), f"dropped: {r or 'unknown'}"
         handles.append(
             axes[0].scatter([], [], marker=marker, color=_DROP_COLOR, label=label)
         )
-    kw = {"fontsize": 9, "frameon": False, "ncol": min(len(handles), 5)}
+    kw: dict[str, Any] = {"fontsize": 9, "frameon": False, "ncol": min(len(handles), 5)}
     fig.legend(handles=handles, loc="outside lower center", **kw)
     if scatter is not None:
-        bar = fig.colorbar(scatter, ax=axes, label="staleness at arrival", shrink=0.8)
-        bar.locator = _round_ticks()
-        bar.update_ticks()
+        kw = {"label": "staleness at arrival", "shrink": 0.8, "ticks": _round_ticks()}
+        fig.colorbar(scatter, ax=axes, **kw)
     title = title or "client timeline"
     if len(blocks) > 1:
         title += f" (first and last of {len(all_rounds)} rounds)"

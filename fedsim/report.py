@@ -253,9 +253,9 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     lines += [f"| {k} | {v} |" for k, v in _summary_rows(summary, scenario, rounds)]
     if clients is None:
         lines += ["", "clients.parquet is missing: the client figures are empty."]
-    for fig in figures:
-        lines += ["", f"## {fig.heading}", "", f"![{fig.heading}]({fig.file})", ""]
-        lines.append(fig.hint)
+    for plot in figures:
+        lines += ["", f"## {plot.heading}", "", f"![{plot.heading}]({plot.file})", ""]
+        lines.append(plot.hint)
     if (run_dir / "partition.png").exists():
         lines += ["", "## Data partition", "", "![Data partition](partition.png)", ""]
         lines.append("Samples per client by class (partition.parquet holds them all).")

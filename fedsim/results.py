@@ -208,13 +208,12 @@ class Recorder:
 
     def flush(self) -> None:
         """Write the tables if rows were added, or none are on disk yet."""
-        if self.run_dir is None:
-            return
-        if not self._dirty and (self.run_dir / "rounds.parquet").exists():
-            return
-        self.write(self.run_dir)
-        self._dirty = False
-        self._last = time.monotonic()
+        if self.run_dir is not None and (
+            self._dirty or not (self.run_dir / "rounds.parquet").exists()
+        ):
+            self.write(self.run_dir)
+            self._dirty = False
+            self._last = time.monotonic()
 
     def write(self, run_dir: Path) -> None:
         rounds, clients = self.schemas
