@@ -340,10 +340,9 @@ def _draw_panel(
         if (r in block or r + 1 in block) and math.isfinite(t) and lo <= t:
             ax.axvline(t, color="0.55", linewidth=0.8, alpha=0.5, zorder=0)
     pad = max(hi - lo, 1e-9)
-    ax.set_xlim(lo - 0.01 * pad, hi + 0.02 * pad)
+    ax.set(xlabel="simulated time (s)", xlim=(lo - 0.01 * pad, hi + 0.02 * pad))
     label = f"rounds {block[0]}-{block[-1]}" if len(block) > 1 else f"round {block[0]}"
     ax.set_title(label, fontsize=10)
-    ax.set_xlabel("simulated time (s)")
     ax.grid(axis="x", alpha=0.2)
     return used, scatter
 
@@ -369,13 +368,12 @@ def figure_timeline(
     all_rounds = sorted(set(u.rnd.tolist()))
     blocks = _round_blocks(all_rounds, max_rounds)
     shown = np.isin(u.rnd, np.concatenate([np.array(b) for b in blocks]))
-    ids = sorted(set(u.cid[shown].tolist()))
-    row_of = {c: i for i, c in enumerate(ids)}
+    ids = np.unique(u.cid[shown])
     height = float(np.clip(1.5 + 0.22 * len(ids), 3.5, 14.0))
     width = 12.0 if len(blocks) > 1 else 10.0
     fig, (axes,) = _subplots(width, height, 1, len(blocks), sharey=True, squeeze=False)
     row_pt = 72.0 * (height - 1.5) / max(1, len(ids))  # points of height per row
-    y = np.array([row_of.get(int(c), -1) for c in u.cid], dtype=np.float64)
+    y = np.searchsorted(ids, u.cid).astype(np.float64)  # rows not shown: not drawn
     used: set[str] = set()
     scatter = None
     for ax, block in zip(axes, blocks, strict=True):
@@ -401,10 +399,8 @@ def figure_timeline(
     if scatter is not None:
         kw = {"label": "staleness at arrival", "shrink": 0.8, "ticks": _round_ticks()}
         fig.colorbar(scatter, ax=axes, **kw)
-    title = title or "client timeline"
-    if len(blocks) > 1:
-        title += f" (first and last of {len(all_rounds)} rounds)"
-    fig.suptitle(title, fontsize=12)
+    more = f" (first and last of {len(all_rounds)} rounds)" if len(blocks) > 1 else ""
+    fig.suptitle((title or "client timeline") + more, fontsize=12)
     return fig
 
 
