@@ -1,8 +1,7 @@
 """Model registry: build a network by name, compute its loss, evaluate it.
 
-Networks (the table: docs/datasets.md, "Models"): logreg, mlp, quadratic, cnn,
-cifar_cnn, vgg11, resnet18, convnet, lstm. None uses dropout or batch norm
-(GroupNorm instead), so training depends only on each client's data and generator.
+Networks: :data:`MODELS` and quadratic (docs/datasets.md, "Models"). None uses dropout
+or batch norm (GroupNorm instead): training depends only on client data and generator.
 
 Example:
     >>> m = build_model(ModelSpec(name="logreg"), input_dim=60, num_classes=10, seed=0)

@@ -58,8 +58,8 @@ def _floats(table: pa.Table | None, name: str, n: int = 0) -> np.ndarray:
 
 def _by_group(
     clients: pa.Table | None, n: int, groups: Sequence[str]
-) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """``n`` updates' device groups, the groups in legend order, dropped flags."""
+) -> tuple[np.ndarray, dict[str, Any], np.ndarray]:
+    """``n`` updates' device groups, each group's color in legend order, dropped."""
     col = _column(clients, "device_group")
     dev = ["unknown" if g is None else str(g) for g in col]
     dev_arr = np.array(dev if len(col) == n else ["unknown"] * n, dtype=object)
@@ -68,8 +68,10 @@ def _by_group(
     order = [g for g in groups if g in seen or not seen]
     order += sorted(seen - set(order))
     order += sorted(set(dev_arr.tolist()) - set(order))
+    palette = [colormaps["tab10"](i) for i in range(10) if i != 3]  # red: dropped
+    colors = {g: palette[i % len(palette)] for i, g in enumerate(order)}
     flags = np.array(_column(clients, "dropped") or [False] * n, dtype=bool)
-    return dev_arr, order, flags
+    return dev_arr, colors, flags
 
 
 def is_async(clients: pa.Table | None) -> bool:
@@ -80,11 +82,6 @@ def is_async(clients: pa.Table | None) -> bool:
 def has_chi2(rounds: pa.Table | None) -> bool:
     """Whether ``rounds`` has a ``chi2_pw`` column with a finite value."""
     return bool(np.isfinite(_floats(rounds, "chi2_pw")).any())
-
-
-def _colors(groups: Sequence[str]) -> dict[str, Any]:
-    palette = [colormaps["tab10"](i) for i in range(10) if i != 3]  # red: dropped
-    return {g: palette[i % len(palette)] for i, g in enumerate(groups)}
 
 
 def _subplots(width: float, height: float, *grid: int, **kw: Any) -> tuple[Figure, Any]:
@@ -133,9 +130,8 @@ def _with_initial(
 def figure_metrics(
     rounds: pa.Table | None, title: str = "", initial: Mapping[str, Any] | None = None
 ) -> Figure:
-    """Test accuracy and loss (training loss dashed) against simulated time and
-    rounds completed (round ``t`` at ``t + 1``), from summary.json's ``initial``
-    model on; without accuracy (e.g. quadratic) only the loss row."""
+    """Test accuracy and loss (train loss dashed) against simulated time and rounds
+    completed (round ``t`` at ``t + 1``) from ``initial`` on; no accuracy: loss only."""
     # summary.json's value: anything but a mapping (an old run: null) is none
     initial = initial if isinstance(initial, Mapping) else {}
     t0 = float(initial.get("t") or 0.0)
@@ -182,13 +178,12 @@ def figure_tau_by_group(
     """Completed updates' local steps per device group; "max_steps cap" dashed."""
     fig, ax = _subplots(max(6.0, 1.6 + 1.5 * max(1, len(groups))), 4.6)
     tau = _floats(clients, "tau")
-    dev, order, dropped = _by_group(clients, len(tau), groups)
+    dev, colors, dropped = _by_group(clients, len(tau), groups)
     keep = np.isfinite(tau) & ~dropped if len(tau) else np.zeros(0, dtype=bool)
-    present = [(g, d) for g in order if len(d := tau[keep & (dev == g)])]
+    present = [(g, d) for g in colors if len(d := tau[keep & (dev == g)])]
     if not present:
         _no_data(ax, "no completed updates")
     else:
-        colors = _colors(order)
         box = ax.boxplot(
             [d for _, d in present],
             tick_labels=[f"{g}\n(n={len(d)})" for g, d in present],
@@ -217,19 +212,17 @@ def figure_staleness(
 ) -> Figure:
     """Async runs: staleness against arrival time by device group, drops as red x."""
     fig, ax = _subplots(10, 4.6)
-    stale = _floats(clients, "staleness")
-    t1 = _floats(clients, "t_arrive")
+    stale, t1 = _floats(clients, "staleness"), _floats(clients, "t_arrive")
     n = len(stale)
-    dev, order, dropped = _by_group(clients, n, groups)
+    dev, colors, dropped = _by_group(clients, n, groups)
     ok = np.isfinite(stale) & np.isfinite(t1) if n and len(t1) == n else None
     if ok is None or not ok.any():
         _no_data(ax, "no staleness recorded")
     else:
-        colors = _colors(order)
-        for g in order:
+        for g, color in colors.items():
             m = ok & ~dropped & (dev == g)
             if m.any():
-                ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=colors[g], label=g)
+                ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=color, label=g)
         m = ok & dropped
         if m.any():
             ax.scatter(
@@ -263,7 +256,7 @@ class _Updates:
     t0: np.ndarray
     t1: np.ndarray
     dev: np.ndarray
-    order: list[str]
+    colors: dict[str, Any]  # by device group, in legend order
     dropped: np.ndarray
     reasons: np.ndarray
     stale: np.ndarray
@@ -273,16 +266,14 @@ class _Updates:
         """None when there are no updates (or columns are missing)."""
         rnd = np.array(_column(clients, "round"), dtype=np.int64)
         cid = np.array(_column(clients, "client_id"), dtype=np.int64)
-        t0 = _floats(clients, "t_start")
-        t1 = _floats(clients, "t_arrive")
+        t0, t1 = _floats(clients, "t_start"), _floats(clients, "t_arrive")
         n = len(rnd)
         if n == 0 or not (len(cid) == len(t0) == len(t1) == n):
             return None
-        dev, order, dropped = _by_group(clients, n, groups)
         reason = [str(r or "") for r in _column(clients, "drop_reason")] or [""] * n
         stale = _floats(clients, "staleness", n)  # NaN unless async
         reasons = np.array(reason, dtype=object)
-        return cls(rnd, cid, t0, t1, dev, order, dropped, reasons, stale)
+        return cls(rnd, cid, t0, t1, *_by_group(clients, n, groups), reasons, stale)
 
 
 def _draw_panel(
@@ -290,13 +281,12 @@ def _draw_panel(
 ) -> tuple[set[str], Any]:
     """Draw rounds ``block``; return the drop reasons drawn, the staleness scatter."""
     m_block = np.isin(u.rnd, block) & np.isfinite(u.t0) & np.isfinite(u.t1)
-    colors = _colors(u.order)
     # With many rows (few points each), white edges would hide the bars.
     edge_w = 0.8 if row_pt >= 6 else 0.0
     mark = float(np.clip(row_pt**2, 4.0, 38.0))  # drop-marker area
     # One barh call per (group, dropped, round parity) keeps large fleets fast.
     odd = (u.rnd % 2).astype(bool)
-    for g, is_drop, is_odd in itertools.product(u.order, (False, True), (False, True)):
+    for g, is_drop, is_odd in itertools.product(u.colors, (False, True), (False, True)):
         m = m_block & (u.dev == g) & (u.dropped == is_drop) & (odd == is_odd)
         if m.any():
             ax.barh(
@@ -304,7 +294,7 @@ def _draw_panel(
                 np.maximum(u.t1[m] - u.t0[m], 0.0),
                 left=u.t0[m],
                 height=0.7,
-                color=colors[g],
+                color=u.colors[g],
                 alpha=(0.35 if is_drop else 0.85) * (0.6 if is_odd else 1.0),
                 hatch="////" if is_drop else None,
                 # White edges keep one client's consecutive rounds apart.
@@ -381,13 +371,11 @@ def figure_timeline(
         used |= reasons
         scatter = drawn if drawn is not None else scatter
     rows = range(0, len(ids), max(1, math.ceil(len(ids) / 40)))  # <= ~40 labels
-    labels = [str(ids[i]) for i in rows]
-    axes[0].set(ylabel="client id", yticks=rows, yticklabels=labels)
+    axes[0].set(ylabel="client id", yticks=rows, yticklabels=ids[rows])
     axes[0].set_ylim(len(ids) - 0.5, -0.5)
     # the legend, below the panels: device groups and the drop reasons drawn
     handles: list[Any] = [
-        Patch(facecolor=color, alpha=0.85, label=g)
-        for g, color in _colors(u.order).items()
+        Patch(facecolor=color, alpha=0.85, label=g) for g, color in u.colors.items()
     ]
     for r in sorted(used):
         marker, label = _DROP_MARKERS.get(r, "x"), f"dropped: {r or 'unknown'}"
@@ -432,12 +420,10 @@ def figure_weight_share(
 ) -> Figure:
     """Each client's aggregation weight share against its data share p_i, y = x."""
     fig, ax = _subplots(6.0, 5.5)
-    ids = _floats(partition, "client_id")
-    p = _floats(partition, "weight")
+    ids, p = _floats(partition, "client_id"), _floats(partition, "weight")
     # agg_weight: the weight as applied (runs before it had only "weight")
-    has = clients is not None and "agg_weight" in clients.column_names
+    w = np.array(_column(clients, "agg_weight") or _column(clients, "weight"), float)
     cid = _floats(clients, "client_id")
-    w = _floats(clients, "agg_weight" if has else "weight")
     bad = len(p) == 0 or len(ids) != len(p) or not np.isfinite(p).all() or p.sum() <= 0
     if bad or len(cid) == 0 or len(cid) != len(w):
         _no_data(ax, "no weight or data shares recorded")

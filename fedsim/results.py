@@ -119,9 +119,8 @@ def prepare_run_dir(path: Path) -> Path:
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
-        raise OSError(
-            f"cannot write results to {path}: {exc.strerror or exc}"
-        ) from None
+        why = exc.strerror or exc
+        raise OSError(f"cannot write results to {path}: {why}") from None
     return path
 
 
