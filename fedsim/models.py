@@ -154,13 +154,12 @@ def _vgg11(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
     s = _image_shape(shape, "vgg11")
     if min(s[1:]) < 32:
         raise ValueError(f"vgg11 halves the image 5 times; it needs >= 32x32, got {s}")
-    cfg = list(cfgs["A"])
     layers = [  # make_layers is flat: [conv, BatchNorm2d, ReLU, (maxpool)] per entry
         _gn(spec.norm_groups, m.num_features) if isinstance(m, nn.BatchNorm2d) else m
-        for m in make_layers(cfg, batch_norm=True)
+        for m in make_layers(cfgs["A"], batch_norm=True)
     ]
     if s[0] != 3:
-        layers[0] = nn.Conv2d(s[0], cfg[0], 3, padding=1)
+        layers[0] = nn.Conv2d(s[0], cfgs["A"][0], 3, padding=1)
     return _ImageNet(s, nn.Sequential(*layers), _head([512, 512], classes))
 
 
@@ -269,9 +268,8 @@ def evaluate(
     if n == 0:
         return float("nan"), float("nan")
     if isinstance(model, QuadraticModel):
-        per = model(x, y).double()
         w = torch.as_tensor(weights if weights is not None else np.ones(n)).double()
-        return float((per * w).sum() / w.sum()), float("nan")
+        return float((model(x, y).double() * w).sum() / w.sum()), float("nan")
     total_loss, correct = 0.0, 0
     for start in range(0, n, batch_size):
         xb, yb = x[start : start + batch_size], y[start : start + batch_size]

@@ -1,8 +1,8 @@
 """Figures of one run, drawn from its Parquet tables (docs/results.md, "Figures").
 
-``figure_*`` returns a matplotlib Figure (Agg canvas, no pyplot state),
-:func:`save_png` writes one as a PNG. Missing columns, NaN and empty tables give a
-figure that says so, not an error: an interrupted run still gets a report.
+``figure_*`` returns a matplotlib Figure (Agg canvas, no pyplot state), which
+fedsim.report writes as a PNG. Missing columns, NaN and empty tables give a figure
+that says so, not an error: an interrupted run still gets a report.
 
 Example:
     >>> import pyarrow as pa
@@ -84,16 +84,20 @@ def has_chi2(rounds: pa.Table | None) -> bool:
     return bool(np.isfinite(_floats(rounds, "chi2_pw")).any())
 
 
+def _new_figure(width: float, height: float) -> Figure:
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
 def _subplots(width: float, height: float, *grid: int, **kw: Any) -> tuple[Figure, Any]:
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    fig = _new_figure(width, height)
     return fig, fig.subplots(*grid, **kw)
 
 
-def save_png(fig: Figure, path: Path) -> None:
-    """Write ``fig`` to ``path`` as a PNG, atomically."""
+def _save(fig: Figure, path: Path) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     atomic_write_bytes(Path(path), buf.getvalue())
+    return Path(path)
 
 
 def _no_data(ax: Axes, message: str) -> None:
@@ -285,9 +289,8 @@ def _draw_panel(
     edge_w = 0.8 if row_pt >= 6 else 0.0
     mark = float(np.clip(row_pt**2, 4.0, 38.0))  # drop-marker area
     # One barh call per (group, dropped, round parity) keeps large fleets fast.
-    odd = (u.rnd % 2).astype(bool)
     for g, is_drop, is_odd in itertools.product(u.colors, (False, True), (False, True)):
-        m = m_block & (u.dev == g) & (u.dropped == is_drop) & (odd == is_odd)
+        m = m_block & (u.dev == g) & (u.dropped == is_drop) & (u.rnd % 2 == is_odd)
         if m.any():
             ax.barh(
                 y[m],

@@ -133,8 +133,7 @@ def _summary_rows(
     groups = _get(scenario, "fleet", "groups") or []
     devices = sum(g.get("count", 0) for g in groups if isinstance(g, dict))
     policy = _get(scenario, "round", "policy")
-    window = _get(scenario, "round", "window_s")
-    if policy == "fixed_window" and window:
+    if policy == "fixed_window" and (window := _get(scenario, "round", "window_s")):
         policy = f"{policy}, {window} s window"
     # the model before round 0 (summary.json's "initial"; null values: "-")
     initial = summary.get("initial") or {}
@@ -216,7 +215,7 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
 
     def save(file: str, fig: Figure) -> None:
         figures.append(file)
-        plots.save_png(fig, run_dir / file)
+        plots._save(fig, run_dir / file)
 
     initial = summary.get("initial")  # the figure checks what it is
     save("metrics.png", plots.figure_metrics(rounds, f"{name}: test metrics", initial))
