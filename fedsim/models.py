@@ -1,8 +1,7 @@
 """Model registry: build a network by name, compute its loss, evaluate it.
 
-Networks (the table: docs/datasets.md, "Models"): logreg, mlp, quadratic, cnn,
-cifar_cnn, vgg11, resnet18, convnet, lstm. None uses dropout or batch norm
-(GroupNorm instead), so training depends only on each client's data and generator.
+Networks: :data:`MODELS` and quadratic (docs/datasets.md, "Models"). None uses dropout
+or batch norm (GroupNorm instead): training depends only on client data and generator.
 
 Example:
     >>> m = build_model(ModelSpec(name="logreg"), input_dim=60, num_classes=10, seed=0)
@@ -105,19 +104,6 @@ def _gn(groups: int, channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(math.gcd(groups, channels), channels)
 
 
-def _swap_norms(module: nn.Module, groups: int) -> None:
-    """Replace every BatchNorm2d by a GroupNorm over the same channels."""
-    for name, child in module.named_children():
-        if isinstance(child, nn.BatchNorm2d):
-            setattr(module, name, _gn(groups, child.num_features))
-        else:
-            _swap_norms(child, groups)
-
-
-def _logreg(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(shape)), classes))
-
-
 def _dense(width: int, hidden: Sequence[int], classes: int) -> list[nn.Module]:
     """Linear layers ``width -> hidden... -> classes``, ReLUs between."""
     layers: list[nn.Module] = []
@@ -144,9 +130,9 @@ def _conv_pool(c_in: int, widths: Sequence[int], padding: int = 0) -> nn.Sequent
 
 
 def _mlp(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    return nn.Sequential(
-        nn.Flatten(), *_dense(int(np.prod(shape)), spec.hidden, classes)
-    )
+    """Dense layers on flat samples; logreg: the one without hidden layers."""
+    hidden = spec.hidden if spec.name == "mlp" else []
+    return nn.Sequential(nn.Flatten(), *_dense(int(np.prod(shape)), hidden, classes))
 
 
 def _cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -168,12 +154,13 @@ def _vgg11(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
     s = _image_shape(shape, "vgg11")
     if min(s[1:]) < 32:
         raise ValueError(f"vgg11 halves the image 5 times; it needs >= 32x32, got {s}")
-    cfg = list(cfgs["A"])
-    features = make_layers(cfg, batch_norm=True)
+    layers = [  # make_layers is flat: [conv, BatchNorm2d, ReLU, (maxpool)] per entry
+        _gn(spec.norm_groups, m.num_features) if isinstance(m, nn.BatchNorm2d) else m
+        for m in make_layers(cfgs["A"], batch_norm=True)
+    ]
     if s[0] != 3:
-        features[0] = nn.Conv2d(s[0], cfg[0], 3, padding=1)
-    _swap_norms(features, spec.norm_groups)
-    return _ImageNet(s, features, _head([512, 512], classes))
+        layers[0] = nn.Conv2d(s[0], cfgs["A"][0], 3, padding=1)
+    return _ImageNet(s, nn.Sequential(*layers), _head([512, 512], classes))
 
 
 def _resnet18(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -213,7 +200,7 @@ def _lstm(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
 
 
 MODELS: dict[str, Callable[[ModelSpec, tuple[int, ...], int], nn.Module]] = {
-    "logreg": _logreg,
+    "logreg": _mlp,
     "mlp": _mlp,
     "cnn": _cnn,
     "cifar_cnn": _cifar_cnn,
@@ -281,9 +268,8 @@ def evaluate(
     if n == 0:
         return float("nan"), float("nan")
     if isinstance(model, QuadraticModel):
-        per = model(x, y).double()
         w = torch.as_tensor(weights if weights is not None else np.ones(n)).double()
-        return float((per * w).sum() / w.sum()), float("nan")
+        return float((model(x, y).double() * w).sum() / w.sum()), float("nan")
     total_loss, correct = 0.0, 0
     for start in range(0, n, batch_size):
         xb, yb = x[start : start + batch_size], y[start : start + batch_size]

@@ -1,8 +1,8 @@
 """Figures of one run, drawn from its Parquet tables (docs/results.md, "Figures").
 
-``figure_*`` returns a matplotlib Figure (Agg canvas, no pyplot state), ``plot_*``
-writes it as a PNG. Missing columns, NaN and empty tables give a figure that
-says so, not an error: an interrupted run still gets a report.
+``figure_*`` returns a matplotlib Figure (Agg canvas, no pyplot state), which
+fedsim.report writes as a PNG. Missing columns, NaN and empty tables give a figure
+that says so, not an error: an interrupted run still gets a report.
 
 Example:
     >>> import pyarrow as pa
@@ -17,10 +17,10 @@ from __future__ import annotations
 import io
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,9 +40,6 @@ _DROP_MARKERS = {"late": "x", "offline": "v", "no_time": "s", "no_data": "o"}
 _DROP_COLOR = "#d62728"
 _TEXT: dict[str, Any] = {"ha": "center", "va": "center", "fontsize": 11}
 
-_T = TypeVar("_T")
-_P = ParamSpec("_P")
-
 
 def _round_ticks() -> MaxNLocator:
     return MaxNLocator(nbins="auto", integer=True, steps=[1, 2, 2.5, 5, 10])
@@ -54,23 +51,27 @@ def _column(table: pa.Table | None, name: str) -> list[Any]:
     return table.column(name).to_pylist()
 
 
-def _floats(table: pa.Table | None, name: str) -> np.ndarray:
-    """A float column, nulls as NaN (empty when the column is missing)."""
-    values = _column(table, name)
-    return np.array([np.nan if v is None else float(v) for v in values], dtype=float)
+def _floats(table: pa.Table | None, name: str, n: int = 0) -> np.ndarray:
+    """A float column, nulls as NaN (``n`` NaN when the column is missing)."""
+    return np.array(_column(table, name) or [None] * n, dtype=float)
 
 
 def _by_group(
     clients: pa.Table | None, n: int, groups: Sequence[str]
-) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """``n`` updates' device groups, the groups in legend order, dropped flags."""
+) -> tuple[np.ndarray, dict[str, Any], np.ndarray]:
+    """``n`` updates' device groups, each group's color in legend order, dropped."""
     col = _column(clients, "device_group")
     dev = ["unknown" if g is None else str(g) for g in col]
     dev_arr = np.array(dev if len(col) == n else ["unknown"] * n, dtype=object)
-    order = group_order(clients, groups)
+    # the scenario's groups first, then the others seen, sorted, then "unknown"
+    seen = {str(g) for g in col if g is not None}
+    order = [g for g in groups if g in seen or not seen]
+    order += sorted(seen - set(order))
     order += sorted(set(dev_arr.tolist()) - set(order))
-    flags = [bool(d) for d in _column(clients, "dropped")] or [False] * n
-    return dev_arr, order, np.array(flags, dtype=bool)
+    palette = [colormaps["tab10"](i) for i in range(10) if i != 3]  # red: dropped
+    colors = {g: palette[i % len(palette)] for i, g in enumerate(order)}
+    flags = np.array(_column(clients, "dropped") or [False] * n, dtype=bool)
+    return dev_arr, colors, flags
 
 
 def is_async(clients: pa.Table | None) -> bool:
@@ -83,20 +84,13 @@ def has_chi2(rounds: pa.Table | None) -> bool:
     return bool(np.isfinite(_floats(rounds, "chi2_pw")).any())
 
 
-def group_order(clients: pa.Table | None, groups: Sequence[str] = ()) -> list[str]:
-    """Device groups: ``groups`` (the scenario's) first, then others seen, sorted."""
-    seen = {str(g) for g in _column(clients, "device_group") if g is not None}
-    order = [g for g in groups if g in seen or not seen]
-    return order + sorted(seen - set(order))
-
-
-def _colors(groups: Sequence[str]) -> dict[str, Any]:
-    palette = [colormaps["tab10"](i) for i in range(10) if i != 3]  # red: dropped
-    return {g: palette[i % len(palette)] for i, g in enumerate(groups)}
-
-
 def _new_figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def _subplots(width: float, height: float, *grid: int, **kw: Any) -> tuple[Figure, Any]:
+    fig = _new_figure(width, height)
+    return fig, fig.subplots(*grid, **kw)
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -122,10 +116,9 @@ def _line(ax: Axes, x: np.ndarray, y: np.ndarray, **kw: Any) -> bool:
 
 
 def _frame_metric(ax: Axes, ylabel: str, xlabel: str, by_round: bool) -> None:
-    ax.set(ylabel=ylabel, xlabel=xlabel)
+    ax.set(ylabel=ylabel, xlabel=xlabel, title=f"{ylabel} vs {xlabel.split(' (')[0]}")
     if by_round:
         ax.xaxis.set_major_locator(_round_ticks())
-    ax.set_title(f"{ylabel} vs {xlabel.split(' (')[0]}")
     ax.grid(alpha=0.3)
 
 
@@ -141,9 +134,8 @@ def _with_initial(
 def figure_metrics(
     rounds: pa.Table | None, title: str = "", initial: Mapping[str, Any] | None = None
 ) -> Figure:
-    """Test accuracy and loss (training loss dashed) against simulated time and
-    rounds completed (round ``t`` at ``t + 1``), from summary.json's ``initial``
-    model on; without accuracy (e.g. quadratic) only the loss row."""
+    """Test accuracy and loss (train loss dashed) against simulated time and rounds
+    completed (round ``t`` at ``t + 1``) from ``initial`` on; no accuracy: loss only."""
     # summary.json's value: anything but a mapping (an old run: null) is none
     initial = initial if isinstance(initial, Mapping) else {}
     t0 = float(initial.get("t") or 0.0)
@@ -154,8 +146,7 @@ def figure_metrics(
     losses = losses[np.isfinite(losses)]
     with_acc = bool(np.isfinite(acc).any())
     nrows = 2 if with_acc else 1
-    fig = _new_figure(11, 4.2 * nrows)
-    axes = fig.subplots(nrows, 2, squeeze=False)
+    fig, axes = _subplots(11, 4.2 * nrows, nrows, 2, squeeze=False)
     xs = [
         (_floats(rounds, "sim_time"), t0, "simulated time (s)"),
         (_floats(rounds, "round") + 1.0, 0.0, "rounds completed"),
@@ -189,17 +180,14 @@ def figure_tau_by_group(
     max_steps: int | None = None,
 ) -> Figure:
     """Completed updates' local steps per device group; "max_steps cap" dashed."""
-    fig = _new_figure(max(6.0, 1.6 + 1.5 * max(1, len(groups))), 4.6)
-    ax = fig.subplots()
+    fig, ax = _subplots(max(6.0, 1.6 + 1.5 * max(1, len(groups))), 4.6)
     tau = _floats(clients, "tau")
-    dev, order, dropped = _by_group(clients, len(tau), groups)
+    dev, colors, dropped = _by_group(clients, len(tau), groups)
     keep = np.isfinite(tau) & ~dropped if len(tau) else np.zeros(0, dtype=bool)
-    present = [(g, tau[keep & (dev == g)]) for g in order]
-    present = [(g, d) for g, d in present if len(d)]
+    present = [(g, d) for g in colors if len(d := tau[keep & (dev == g)])]
     if not present:
         _no_data(ax, "no completed updates")
     else:
-        colors = _colors(order)
         box = ax.boxplot(
             [d for _, d in present],
             tick_labels=[f"{g}\n(n={len(d)})" for g, d in present],
@@ -227,21 +215,18 @@ def figure_staleness(
     clients: pa.Table | None, groups: Sequence[str] = (), title: str = ""
 ) -> Figure:
     """Async runs: staleness against arrival time by device group, drops as red x."""
-    fig = _new_figure(10, 4.6)
-    ax = fig.subplots()
-    stale = _floats(clients, "staleness")
-    t1 = _floats(clients, "t_arrive")
+    fig, ax = _subplots(10, 4.6)
+    stale, t1 = _floats(clients, "staleness"), _floats(clients, "t_arrive")
     n = len(stale)
-    dev, order, dropped = _by_group(clients, n, groups)
+    dev, colors, dropped = _by_group(clients, n, groups)
     ok = np.isfinite(stale) & np.isfinite(t1) if n and len(t1) == n else None
     if ok is None or not ok.any():
         _no_data(ax, "no staleness recorded")
     else:
-        colors = _colors(order)
-        for g in order:
+        for g, color in colors.items():
             m = ok & ~dropped & (dev == g)
             if m.any():
-                ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=colors[g], label=g)
+                ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=color, label=g)
         m = ok & dropped
         if m.any():
             ax.scatter(
@@ -268,58 +253,51 @@ def _round_blocks(rounds_present: list[int], max_rounds: int) -> list[list[int]]
 
 @dataclass(frozen=True)
 class _Updates:
-    """clients.parquet's columns the timeline draws; ``stale`` None unless async."""
+    """clients.parquet's columns the timeline draws; ``stale`` NaN unless async."""
 
     rnd: np.ndarray
     cid: np.ndarray
     t0: np.ndarray
     t1: np.ndarray
     dev: np.ndarray
-    order: list[str]
+    colors: dict[str, Any]  # by device group, in legend order
     dropped: np.ndarray
     reasons: np.ndarray
-    stale: np.ndarray | None
+    stale: np.ndarray
 
     @classmethod
     def of(cls, clients: pa.Table | None, groups: Sequence[str]) -> _Updates | None:
         """None when there are no updates (or columns are missing)."""
         rnd = np.array(_column(clients, "round"), dtype=np.int64)
         cid = np.array(_column(clients, "client_id"), dtype=np.int64)
-        t0 = _floats(clients, "t_start")
-        t1 = _floats(clients, "t_arrive")
+        t0, t1 = _floats(clients, "t_start"), _floats(clients, "t_arrive")
         n = len(rnd)
         if n == 0 or not (len(cid) == len(t0) == len(t1) == n):
             return None
-        dev, order, dropped = _by_group(clients, n, groups)
         reason = [str(r or "") for r in _column(clients, "drop_reason")] or [""] * n
-        stale = _floats(clients, "staleness") if is_async(clients) else None
+        stale = _floats(clients, "staleness", n)  # NaN unless async
         reasons = np.array(reason, dtype=object)
-        return cls(rnd, cid, t0, t1, dev, order, dropped, reasons, stale)
+        return cls(rnd, cid, t0, t1, *_by_group(clients, n, groups), reasons, stale)
 
 
 def _draw_panel(
     ax: Axes, u: _Updates, y: np.ndarray, block: list[int], rounds: Any, row_pt: float
 ) -> tuple[set[str], Any]:
-    """The panel of rounds ``block`` (see figure_timeline; odd rounds lighter, so a
-    client's touching bars stay apart); returns the drop reasons drawn and the
-    staleness scatter (or None)."""
+    """Draw rounds ``block``; return the drop reasons drawn, the staleness scatter."""
     m_block = np.isin(u.rnd, block) & np.isfinite(u.t0) & np.isfinite(u.t1)
-    colors = _colors(u.order)
     # With many rows (few points each), white edges would hide the bars.
     edge_w = 0.8 if row_pt >= 6 else 0.0
     mark = float(np.clip(row_pt**2, 4.0, 38.0))  # drop-marker area
     # One barh call per (group, dropped, round parity) keeps large fleets fast.
-    odd = (u.rnd % 2).astype(bool)
-    flags = (False, True)
-    for g, is_drop, is_odd in itertools.product(u.order, flags, flags):
-        m = m_block & (u.dev == g) & (u.dropped == is_drop) & (odd == is_odd)
+    for g, is_drop, is_odd in itertools.product(u.colors, (False, True), (False, True)):
+        m = m_block & (u.dev == g) & (u.dropped == is_drop) & (u.rnd % 2 == is_odd)
         if m.any():
             ax.barh(
                 y[m],
                 np.maximum(u.t1[m] - u.t0[m], 0.0),
                 left=u.t0[m],
                 height=0.7,
-                color=colors[g],
+                color=u.colors[g],
                 alpha=(0.35 if is_drop else 0.85) * (0.6 if is_odd else 1.0),
                 hatch="////" if is_drop else None,
                 # White edges keep one client's consecutive rounds apart.
@@ -332,16 +310,15 @@ def _draw_panel(
         marker = _DROP_MARKERS.get(r, "x")
         ax.scatter(u.t1[m], y[m], marker=marker, s=mark, color=_DROP_COLOR, zorder=4)
     scatter = None
-    stale = np.full(len(u.rnd), np.nan) if u.stale is None else u.stale
-    m = m_block & ~u.dropped & np.isfinite(stale)
+    m = m_block & ~u.dropped & np.isfinite(u.stale)
     if m.any():
         scatter = ax.scatter(
             u.t1[m],
             y[m],
-            c=stale[m],
+            c=u.stale[m],
             cmap="viridis",
             vmin=0,
-            vmax=max(float(np.max(stale[np.isfinite(stale)], initial=0.0)), 1.0),
+            vmax=max(float(np.nanmax(u.stale, initial=0.0)), 1.0),
             s=0.6 * mark,
             edgecolors="black" if edge_w else "none",
             linewidths=0.4,
@@ -356,11 +333,9 @@ def _draw_panel(
         if (r in block or r + 1 in block) and math.isfinite(t) and lo <= t:
             ax.axvline(t, color="0.55", linewidth=0.8, alpha=0.5, zorder=0)
     pad = max(hi - lo, 1e-9)
-    ax.set_xlim(lo - 0.01 * pad, hi + 0.02 * pad)
-    first, last = block[0], block[-1]
-    label = f"round {first}" if first == last else f"rounds {first}-{last}"
+    ax.set(xlabel="simulated time (s)", xlim=(lo - 0.01 * pad, hi + 0.02 * pad))
+    label = f"rounds {block[0]}-{block[-1]}" if len(block) > 1 else f"round {block[0]}"
     ax.set_title(label, fontsize=10)
-    ax.set_xlabel("simulated time (s)")
     ax.grid(axis="x", alpha=0.2)
     return used, scatter
 
@@ -379,20 +354,19 @@ def figure_timeline(
         raise ValueError(f"max_rounds must be at least 1, got {max_rounds}")
     u = _Updates.of(clients, groups)
     if u is None:
-        fig = _new_figure(8, 3.5)
-        _no_data(fig.subplots(), "no client updates recorded")
+        fig, ax = _subplots(8, 3.5)
+        _no_data(ax, "no client updates recorded")
         fig.suptitle(title or "client timeline")
         return fig
     all_rounds = sorted(set(u.rnd.tolist()))
     blocks = _round_blocks(all_rounds, max_rounds)
     shown = np.isin(u.rnd, np.concatenate([np.array(b) for b in blocks]))
-    ids = sorted(set(u.cid[shown].tolist()))
-    row_of = {c: i for i, c in enumerate(ids)}
+    ids = np.unique(u.cid[shown])
     height = float(np.clip(1.5 + 0.22 * len(ids), 3.5, 14.0))
-    fig = _new_figure(12.0 if len(blocks) > 1 else 10.0, height)
-    axes = fig.subplots(1, len(blocks), sharey=True, squeeze=False)[0].tolist()
+    width = 12.0 if len(blocks) > 1 else 10.0
+    fig, (axes,) = _subplots(width, height, 1, len(blocks), sharey=True, squeeze=False)
     row_pt = 72.0 * (height - 1.5) / max(1, len(ids))  # points of height per row
-    y = np.array([row_of.get(int(c), -1) for c in u.cid], dtype=np.float64)
+    y = np.searchsorted(ids, u.cid).astype(np.float64)  # rows not shown: not drawn
     used: set[str] = set()
     scatter = None
     for ax, block in zip(axes, blocks, strict=True):
@@ -400,38 +374,30 @@ def figure_timeline(
         used |= reasons
         scatter = drawn if drawn is not None else scatter
     rows = range(0, len(ids), max(1, math.ceil(len(ids) / 40)))  # <= ~40 labels
-    labels = [str(ids[i]) for i in rows]
-    axes[0].set(ylabel="client id", yticks=rows, yticklabels=labels)
+    axes[0].set(ylabel="client id", yticks=rows, yticklabels=ids[rows])
     axes[0].set_ylim(len(ids) - 0.5, -0.5)
     # the legend, below the panels: device groups and the drop reasons drawn
     handles: list[Any] = [
-        Patch(facecolor=color, alpha=0.85, label=g)
-        for g, color in _colors(u.order).items()
+        Patch(facecolor=color, alpha=0.85, label=g) for g, color in u.colors.items()
     ]
     for r in sorted(used):
-        marker = _DROP_MARKERS.get(r, "x")
-        label = f"dropped: {r or 'unknown'}"
+        marker, label = _DROP_MARKERS.get(r, "x"), f"dropped: {r or 'unknown'}"
         handles.append(
             axes[0].scatter([], [], marker=marker, color=_DROP_COLOR, label=label)
         )
-    ncol = min(len(handles), 5) or 1
-    kw = {"fontsize": 9, "frameon": False}
-    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, **kw)
+    kw: dict[str, Any] = {"fontsize": 9, "frameon": False, "ncol": min(len(handles), 5)}
+    fig.legend(handles=handles, loc="outside lower center", **kw)
     if scatter is not None:
-        bar = fig.colorbar(scatter, ax=axes, label="staleness at arrival", shrink=0.8)
-        bar.locator = _round_ticks()
-        bar.update_ticks()
-    title = title or "client timeline"
-    if len(blocks) > 1:
-        title += f" (first and last of {len(all_rounds)} rounds)"
-    fig.suptitle(title, fontsize=12)
+        kw = {"label": "staleness at arrival", "shrink": 0.8, "ticks": _round_ticks()}
+        fig.colorbar(scatter, ax=axes, **kw)
+    more = f" (first and last of {len(all_rounds)} rounds)" if len(blocks) > 1 else ""
+    fig.suptitle((title or "client timeline") + more, fontsize=12)
     return fig
 
 
 def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
     """chi^2(p||w) of the aggregation weights per round (0: the true objective)."""
-    fig = _new_figure(9, 4.0)
-    ax = fig.subplots()
+    fig, ax = _subplots(9, 4.0)
     chi2 = _floats(rounds, "chi2_pw")
     if not _line(ax, _floats(rounds, "round"), chi2, color="C4"):
         _no_data(ax, "no objective-inconsistency values recorded")
@@ -456,14 +422,11 @@ def figure_weight_share(
     title: str = "",
 ) -> Figure:
     """Each client's aggregation weight share against its data share p_i, y = x."""
-    fig = _new_figure(6.0, 5.5)
-    ax = fig.subplots()
-    ids = _floats(partition, "client_id")
-    p = _floats(partition, "weight")
+    fig, ax = _subplots(6.0, 5.5)
+    ids, p = _floats(partition, "client_id"), _floats(partition, "weight")
     # agg_weight: the weight as applied (runs before it had only "weight")
-    has = clients is not None and "agg_weight" in clients.column_names
+    w = np.array(_column(clients, "agg_weight") or _column(clients, "weight"), float)
     cid = _floats(clients, "client_id")
-    w = _floats(clients, "agg_weight" if has else "weight")
     bad = len(p) == 0 or len(ids) != len(p) or not np.isfinite(p).all() or p.sum() <= 0
     if bad or len(cid) == 0 or len(cid) != len(w):
         _no_data(ax, "no weight or data shares recorded")
@@ -480,8 +443,7 @@ def figure_weight_share(
     # clients never aggregated are drawn at the bottom edge of log axes
     y = np.where(share > 0, share, lo / 2) if log else share
     ax.scatter(data, y, s=14, alpha=0.7, color="C0", label="client")
-    top = max(float(data.max()), float(share.max()))
-    line = np.array([lo / 2 if log else 0.0, top * 1.05])
+    line = np.array([lo / 2 if log else 0.0, max(data.max(), share.max()) * 1.05])
     ax.plot(line, line, color="0.3", linewidth=1, linestyle="--", label="y = x")
     if log:
         ax.set(xscale="log", yscale="log")
@@ -490,24 +452,3 @@ def figure_weight_share(
     ax.legend(loc="upper left", fontsize=9)
     ax.set_title(f"{title or 'weight share vs data share'} (L1 = {l1:.3g})")
     return fig
-
-
-def _writes_png(
-    figure: Callable[Concatenate[_T, _P], Figure],
-) -> Callable[Concatenate[_T, Path, _P], Path]:
-    """``plot(data, path, ...)`` writes ``figure(data, ...)`` to ``path`` as a PNG."""
-
-    def plot(data: _T, path: Path, /, *args: _P.args, **kwargs: _P.kwargs) -> Path:
-        return _save(figure(data, *args, **kwargs), path)
-
-    plot.__name__ = plot.__qualname__ = figure.__name__.replace("figure_", "plot_", 1)
-    plot.__doc__ = f"Write :func:`{figure.__name__}` to ``path`` as a PNG; return it."
-    return plot
-
-
-plot_metrics = _writes_png(figure_metrics)
-plot_tau_by_group = _writes_png(figure_tau_by_group)
-plot_timeline = _writes_png(figure_timeline)
-plot_staleness = _writes_png(figure_staleness)
-plot_chi2 = _writes_png(figure_chi2)
-plot_weight_share = _writes_png(figure_weight_share)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
+from matplotlib.figure import Figure
 
 from fedsim import plots
 from fedsim.results import atomic_write_bytes
@@ -25,62 +25,50 @@ class ReportError(ValueError):
     """The directory is not a readable run directory."""
 
 
-@dataclass(frozen=True)
-class Plot:
-    """One figure of the report: its file name, heading and what to look for."""
-
-    file: str
-    heading: str
-    hint: str
-
-
-METRICS = Plot(
-    "metrics.png",
-    "Test accuracy and loss",
-    "Compare the left panels across runs: simulated time, not rounds, is what a "
-    "deployment pays for; a test loss that rises while the training loss falls "
-    "means client drift. The curves start at the initial model (0 rounds "
-    "completed); round t of rounds.parquet is drawn at t + 1 rounds completed.",
-)
-TAU = Plot(
-    "tau_by_group.png",
-    "Local steps tau_i(t) per device group",
-    "Wide boxes or groups far apart mean heterogeneous local progress: this is "
-    "where FedAvg's objective inconsistency comes from. The dashed line is "
-    "round.max_steps: updates on it were capped, not slow.",
-)
-TIMELINE = Plot(
-    "timeline.png",
-    "Client timeline",
-    "Each bar is one selected client in one round, from download to arrival; "
-    "long bars at the right edge of a round are stragglers (under a fixed "
-    "window they finish fewer steps instead), and hatched bars ending in a red "
-    "marker are dropped updates (the marker's shape gives the reason). Odd "
-    "rounds are drawn lighter, so a client's consecutive rounds stay apart; "
-    "rounds are numbered from 0, as in the Parquet files.",
-)
-STALENESS = Plot(
-    "staleness.png",
-    "Staleness over simulated time",
-    "Staleness that grows over time, or one device group far above the others, "
-    "means slow devices keep contributing updates computed on old models.",
-)
-CHI2 = Plot(
-    "chi2.png",
-    "Objective inconsistency",
-    "chi^2(p||w) measures how far the effective aggregation weights w are from "
-    "the data weights p; 0 means the server optimises the true objective.",
-)
-WEIGHT_SHARE = Plot(
-    "weight_share.png",
-    "Participation bias: weight share vs data share",
-    "Each point is a client: its share of the aggregation weight over the run "
-    "against its data share p_i. Points on the dashed line y = x mean the "
-    "selector and the weighting are paired without bias; large clients far "
-    "above it mean the data share was counted twice (summary.json's "
-    "participation_bias gives the L1 distance and the top over-weighted "
-    "clients).",
-)
+# The report's figures: file -> (heading, what to look for in it).
+FIGURES = {
+    "metrics.png": (
+        "Test accuracy and loss",
+        "Compare the left panels across runs: simulated time, not rounds, is what a "
+        "deployment pays for; a test loss that rises while the training loss falls "
+        "means client drift. The curves start at the initial model (0 rounds "
+        "completed); round t of rounds.parquet is drawn at t + 1 rounds completed.",
+    ),
+    "tau_by_group.png": (
+        "Local steps tau_i(t) per device group",
+        "Wide boxes or groups far apart mean heterogeneous local progress: this is "
+        "where FedAvg's objective inconsistency comes from. The dashed line is "
+        "round.max_steps: updates on it were capped, not slow.",
+    ),
+    "timeline.png": (
+        "Client timeline",
+        "Each bar is one selected client in one round, from download to arrival; "
+        "long bars at the right edge of a round are stragglers (under a fixed "
+        "window they finish fewer steps instead), and hatched bars ending in a red "
+        "marker are dropped updates (the marker's shape gives the reason). Odd "
+        "rounds are drawn lighter, so a client's consecutive rounds stay apart; "
+        "rounds are numbered from 0, as in the Parquet files.",
+    ),
+    "staleness.png": (
+        "Staleness over simulated time",
+        "Staleness that grows over time, or one device group far above the others, "
+        "means slow devices keep contributing updates computed on old models.",
+    ),
+    "chi2.png": (
+        "Objective inconsistency",
+        "chi^2(p||w) measures how far the effective aggregation weights w are from "
+        "the data weights p; 0 means the server optimises the true objective.",
+    ),
+    "weight_share.png": (
+        "Participation bias: weight share vs data share",
+        "Each point is a client: its share of the aggregation weight over the run "
+        "against its data share p_i. Points on the dashed line y = x mean the "
+        "selector and the weighting are paired without bias; large clients far "
+        "above it mean the data share was counted twice (summary.json's "
+        "participation_bias gives the L1 distance and the top over-weighted "
+        "clients).",
+    ),
+}
 
 
 def _read(path: Path, parse: Callable[[Path], Any] = pq.read_table) -> Any:
@@ -145,8 +133,7 @@ def _summary_rows(
     groups = _get(scenario, "fleet", "groups") or []
     devices = sum(g.get("count", 0) for g in groups if isinstance(g, dict))
     policy = _get(scenario, "round", "policy")
-    window = _get(scenario, "round", "window_s")
-    if policy == "fixed_window" and window:
+    if policy == "fixed_window" and (window := _get(scenario, "round", "window_s")):
         policy = f"{policy}, {window} s window"
     # the model before round 0 (summary.json's "initial"; null values: "-")
     initial = summary.get("initial") or {}
@@ -195,8 +182,7 @@ def _step_cap(scenario: dict[str, Any]) -> int | None:
 def _status_lines(summary: dict[str, Any]) -> list[str]:
     """Warnings from summary.json's ``status`` and ``degenerate``."""
     out = []
-    status = summary.get("status")
-    if status and status != "completed":
+    if (status := summary.get("status")) and status != "completed":
         out.append(
             f"> **This run is {status}**: the figures show the rounds it "
             "made before it stopped."
@@ -225,35 +211,37 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     name = str(scenario.get("name") or summary.get("scenario") or run_dir.name)
     fleet = _get(scenario, "fleet", "groups") or []
     groups = [str(g["name"]) for g in fleet if isinstance(g, dict) and "name" in g]
-    figures: list[Plot] = []
+    figures: list[str] = []
 
-    def out(fig: Plot) -> Path:
-        figures.append(fig)
-        return run_dir / fig.file
+    def save(file: str, fig: Figure) -> None:
+        figures.append(file)
+        plots._save(fig, run_dir / file)
 
     initial = summary.get("initial")  # the figure checks what it is
-    plots.plot_metrics(rounds, out(METRICS), f"{name}: test metrics", initial)
+    save("metrics.png", plots.figure_metrics(rounds, f"{name}: test metrics", initial))
     tau_title = f"{name}: local steps per update, by device group"
-    cap = _step_cap(scenario)
-    plots.plot_tau_by_group(clients, out(TAU), groups, tau_title, max_steps=cap)
+    tau = plots.figure_tau_by_group(clients, groups, tau_title, _step_cap(scenario))
+    save("tau_by_group.png", tau)
     timeline = (rounds, groups, max_timeline_rounds, f"{name}: client timeline")
-    plots.plot_timeline(clients, out(TIMELINE), *timeline)
+    save("timeline.png", plots.figure_timeline(clients, *timeline))
     if plots.is_async(clients):
-        plots.plot_staleness(clients, out(STALENESS), groups, f"{name}: staleness")
+        fig = plots.figure_staleness(clients, groups, f"{name}: staleness")
+        save("staleness.png", fig)
     if plots.has_chi2(rounds):
-        plots.plot_chi2(rounds, out(CHI2), f"{name}: objective inconsistency")
+        save("chi2.png", plots.figure_chi2(rounds, f"{name}: objective inconsistency"))
     partition = _read(run_dir / "partition.parquet")
     if clients is not None and partition is not None:
-        plots.plot_weight_share(clients, out(WEIGHT_SHARE), rounds, partition, name)
+        fig = plots.figure_weight_share(clients, rounds, partition, name)
+        save("weight_share.png", fig)
     lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir.name}`", ""]
     lines += _status_lines(summary)
     lines += ["| key figure | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in _summary_rows(summary, scenario, rounds)]
     if clients is None:
         lines += ["", "clients.parquet is missing: the client figures are empty."]
-    for fig in figures:
-        lines += ["", f"## {fig.heading}", "", f"![{fig.heading}]({fig.file})", ""]
-        lines.append(fig.hint)
+    for file in figures:
+        heading, hint = FIGURES[file]
+        lines += ["", f"## {heading}", "", f"![{heading}]({file})", "", hint]
     if (run_dir / "partition.png").exists():
         lines += ["", "## Data partition", "", "![Data partition](partition.png)", ""]
         lines.append("Samples per client by class (partition.parquet holds them all).")

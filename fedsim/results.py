@@ -4,6 +4,7 @@ Layout and columns: README.md ("What a run writes") and docs/results.md."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -28,7 +29,6 @@ def schema(*runs: tuple[pa.DataType, str], base: pa.Schema | None = None) -> pa.
     return pa.schema(fields + [(n, t) for t, names in runs for n in names.split()])
 
 
-# What the columns mean: README.md ("What a run writes") and docs/results.md.
 ROUND_SCHEMA = schema(
     (I64, "round"),
     (F64, "sim_time wall_time test_loss test_accuracy train_loss"),
@@ -104,34 +104,10 @@ def write_table(path: Path, rows: list[_Row], schema: pa.Schema) -> None:
     write_arrow(path, rows_table(rows, schema))
 
 
-class _Converted:
-    """Rows converted so far: a flush converts only new rows (or all, on new types)."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.table: pa.Table | None = None
-
-    def of(self, rows: list[_Row], schema: pa.Schema) -> pa.Table:
-        if self.table is not None and self.n <= len(rows):
-            if self.n == len(rows):
-                return self.table
-            part = rows_table(rows[self.n :], schema)
-            if part.schema.equals(self.table.schema):
-                self.table = pa.concat_tables([self.table, part])
-                self.n = len(rows)
-                return self.table
-        self.table, self.n = rows_table(rows, schema), len(rows)
-        return self.table
-
-
 def default_run_dir(name: str, root: Path = Path("results")) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = root / f"{name}-{stamp}"
-    i = 1
-    while path.exists():
-        i += 1
-        path = root / f"{name}-{stamp}-{i}"
-    return path
+    base = root / f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
+    tries = itertools.chain([base], (Path(f"{base}-{i}") for i in itertools.count(2)))
+    return next(path for path in tries if not path.exists())
 
 
 def prepare_run_dir(path: Path) -> Path:
@@ -143,9 +119,8 @@ def prepare_run_dir(path: Path) -> Path:
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
-        raise OSError(
-            f"cannot write results to {path}: {exc.strerror or exc}"
-        ) from None
+        why = exc.strerror or exc
+        raise OSError(f"cannot write results to {path}: {why}") from None
     return path
 
 
@@ -205,12 +180,9 @@ class Recorder:
     """Collects result rows, written to ``run_dir`` (if any) every ``flush_every_s``
     seconds at most and on :meth:`flush`; only new rows cause a write."""
 
-    def __init__(
-        self,
-        run_dir: Path | None,
-        flush_every_s: float = 5.0,
-        asynchronous: bool = False,
-    ) -> None:
+    flush_every_s = 5.0
+
+    def __init__(self, run_dir: Path | None, asynchronous: bool = False) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.schemas = (ROUND_SCHEMA, CLIENT_SCHEMA)
         if asynchronous:
@@ -218,10 +190,10 @@ class Recorder:
         self.rows: list[_Row] = []
         self.clients: list[_Row] = []
         self.selector_rows: list[_Row] = []
-        self.flush_every_s = flush_every_s
         self._last = time.monotonic()
         self._dirty = False
-        self._converted: dict[str, _Converted] = {}
+        # per file: the rows converted so far and their table
+        self._converted: dict[str, tuple[int, pa.Table]] = {}
 
     def add(
         self, row: _Row, clients: list[_Row], selector_rows: Sequence[_Row] = ()
@@ -235,13 +207,12 @@ class Recorder:
 
     def flush(self) -> None:
         """Write the tables if rows were added, or none are on disk yet."""
-        if self.run_dir is None:
-            return
-        if not self._dirty and (self.run_dir / "rounds.parquet").exists():
-            return
-        self.write(self.run_dir)
-        self._dirty = False
-        self._last = time.monotonic()
+        if self.run_dir is not None and (
+            self._dirty or not (self.run_dir / "rounds.parquet").exists()
+        ):
+            self.write(self.run_dir)
+            self._dirty = False
+            self._last = time.monotonic()
 
     def write(self, run_dir: Path) -> None:
         rounds, clients = self.schemas
@@ -252,7 +223,17 @@ class Recorder:
             self._write(run_dir / f"{name}.parquet", rows, schema)
 
     def _write(self, path: Path, rows: list[_Row], schema: pa.Schema) -> None:
-        table = self._converted.setdefault(path.name, _Converted()).of(rows, schema)
+        """Write ``rows``, converting only new ones (all of them, on new types)."""
+        n, table = self._converted.get(path.name, (0, None))
+        if table is None:
+            table = rows_table(rows, schema)
+        elif n < len(rows):
+            part = rows_table(rows[n:], schema)
+            same = part.schema.equals(table.schema)
+            table = (
+                pa.concat_tables([table, part]) if same else rows_table(rows, schema)
+            )
+        self._converted[path.name] = (len(rows), table)
         write_arrow(path, table)
 
     def load(self, n_rows: int, n_client_rows: int, n_selector_rows: int = 0) -> None:

@@ -145,33 +145,27 @@ def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
     >>> make_solver(ClientSpec(solver="decay", lr=0.1, step_decay=0.5)).norm_a(3)
     1.75
     """
-    if mu is not None and mu > 0:
-        if spec.solver in ("momentum", "decay"):
+    if mu is None or mu <= 0:
+        mu = spec.mu if spec.solver == "prox" else None
+    elif spec.solver in ("momentum", "decay"):
+        raise ValueError(
+            f"a proximal term (mu = {mu}) with the {spec.solver!r} solver has "
+            "no derived ||a||_1 (ALGORITHMS.md 5.3); use client.solver: sgd, "
+            "or set the algorithm's proximal coefficient (mu, rho) to 0"
+        )
+    if mu is not None:
+        # lr mu >= 2: x - x0 grows each step and ||a||_1 <= 0 (FedNova divides by it)
+        if spec.lr * mu >= 2:
             raise ValueError(
-                f"a proximal term (mu = {mu}) with the {spec.solver!r} solver has "
-                "no derived ||a||_1 (ALGORITHMS.md 5.3); use client.solver: sgd, "
-                "or set the algorithm's proximal coefficient (mu, rho) to 0"
+                f"client.lr * mu = {spec.lr * mu:g} is 2 or more: each proximal "
+                "step overshoots the global model and the gap grows (||a||_1 <= 0, "
+                "ALGORITHMS.md 5.3); lower client.lr or the proximal coefficient"
             )
-        return _prox(spec, mu)
+        return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)
     if spec.solver == "sgd":
         return SGD(lr=spec.lr, weight_decay=spec.weight_decay)
     if spec.solver == "momentum":
         return Momentum(lr=spec.lr, weight_decay=spec.weight_decay, rho=spec.momentum)
     if spec.solver == "decay":
         return Decay(lr=spec.lr, weight_decay=spec.weight_decay, gamma=spec.step_decay)
-    if spec.solver == "prox":
-        return _prox(spec, spec.mu)
     raise ValueError(f"unknown solver {spec.solver!r}")
-
-
-def _prox(spec: ClientSpec, mu: float) -> Prox:
-    # x - x0 is multiplied by (1 - lr mu) each step: from lr mu = 2 on it
-    # grows every step and ||a||_1 = (1 - (1 - lr mu)^tau) / (lr mu) can be
-    # 0 or negative, which FedNova-style normalisation cannot divide by.
-    if spec.lr * mu >= 2:
-        raise ValueError(
-            f"client.lr * mu = {spec.lr * mu:g} is 2 or more: each proximal step "
-            "overshoots the global model and the gap grows (||a||_1 <= 0, "
-            "ALGORITHMS.md 5.3); lower client.lr or the proximal coefficient"
-        )
-    return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)
