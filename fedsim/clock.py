@@ -222,11 +222,9 @@ def _device(
     phases, so an endless straggler "arrives" at t = inf."""
     try:
         for phase_s in (work.down, work.compute_s, work.up):
-            if every_phase:
-                yield env.timeout(phase_s)
-            elif not math.isfinite(phase_s):
+            if not every_phase and not math.isfinite(phase_s):
                 yield env.event()  # only leaving ends an endless straggler
-            elif phase_s > 0:
+            elif every_phase or phase_s > 0:
                 yield env.timeout(phase_s)
     except simpy.Interrupt as stop:
         finish(work.steps_done(env.now), str(stop.cause))
@@ -252,8 +250,7 @@ def _run_device(
     """Start a device's process, and its leave process when it leaves."""
     device = env.process(_device(env, work, finish, every_phase))
     if leave is not None:
-        at, why = leave
-        env.process(_leave(env, device, at - work.t_start, why))
+        env.process(_leave(env, device, leave[0] - work.t_start, leave[1]))
     return device
 
 
@@ -299,14 +296,10 @@ def plan_round(
     now = float(now)
     slowdown = fleet.draw_slowdowns(ids, rng)
     rate = fleet.speed[ids] / slowdown
-    if work is None:
-        down, up = fleet.comm_time(ids, bytes_down, bytes_up)
-    else:  # one comm_time per upload size: the very number a scalar size gives
+    if work is not None:  # FedDM: its own unit of work and upload sizes
         rate = rate / work.unit_cost[ids]
-        down, up = fleet.comm_time(ids, bytes_down, 0)
-        for b in np.unique(work.bytes_up[ids]).tolist():
-            mask = work.bytes_up[ids] == b
-            up[mask] = fleet.comm_time(ids[mask], bytes_down, int(b))[1]
+    up_size = bytes_up if work is None else work.bytes_up[ids]
+    down, up = fleet.comm_time(ids, bytes_down, up_size)
     tau, skip, epochs, deadline = _round_steps(
         policy, now, rate, down + up, rng, n_samples, ids, batch_size, work
     )
@@ -483,16 +476,9 @@ class Arrival:
     @property
     def plan(self) -> Plan:
         """The job's end as a :class:`Plan` (``reason``: a drop's status)."""
-        j = self.job
+        j, why = self.job, self.status if self.dropped else ""
         return Plan(
-            client=j.device,
-            tau=self.tau,
-            t_start=j.t_start,
-            t_arrive=self.t,
-            dropped=self.dropped,
-            reason=self.status if self.dropped else "",
-            slowdown=j.slowdown,
-            epochs=j.epochs,
+            j.device, self.tau, j.t_start, self.t, bool(why), why, j.slowdown, j.epochs
         )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -43,6 +43,9 @@ class SpeedTierSpec(_Spec):
     share: PosFloat
     median_steps_per_s: PosFloat
     sigma: NonNegFloat = 0.0
+
+
+_SPEED_FIELD = {"fixed": "steps_per_s", "lognormal": "median_steps_per_s"}
 
 
 class SpeedSpec(_Spec):
@@ -95,10 +98,9 @@ class SpeedSpec(_Spec):
 
     @model_validator(mode="after")
     def _one_speed(self) -> SpeedSpec:
-        if self.dist == "fixed" and self.steps_per_s is None:
-            raise ValueError("dist 'fixed' needs steps_per_s")
-        if self.dist == "lognormal" and self.median_steps_per_s is None:
-            raise ValueError("dist 'lognormal' needs median_steps_per_s")
+        need = _SPEED_FIELD.get(self.dist)
+        if need is not None and getattr(self, need) is None:
+            raise ValueError(f"dist '{self.dist}' needs {need}")
         if self.dist == "mixture" and not self.tiers:
             raise ValueError("dist 'mixture' needs tiers (or a preset)")
         if self.dist != "mixture" and self.tiers is not None:
@@ -113,11 +115,9 @@ class SpeedSpec(_Spec):
     @property
     def median(self) -> float:
         """The median speed (of the mixture, for ``mixture``)."""
-        if self.dist == "fixed":
-            return float(self.steps_per_s)  # type: ignore[arg-type]
-        if self.dist == "lognormal":
-            return float(self.median_steps_per_s)  # type: ignore[arg-type]
-        return _mixture_median(self.tiers or [])
+        if self.dist == "mixture":
+            return _mixture_median(self.tiers or [])
+        return float(getattr(self, _SPEED_FIELD[self.dist]))
 
 
 def _mixture_median(tiers: list[SpeedTierSpec]) -> float:
@@ -168,15 +168,8 @@ class NetworkSpec(_Spec):
             raise ValueError(
                 f"unknown network preset {name!r}; one of {sorted(NETWORK_PRESETS)}"
             )
-        p = NETWORK_PRESETS[name]
-        return {
-            "down_mbps": p.down_median_mbps,
-            "up_mbps": p.up_median_mbps,
-            "down_sigma": p.down_sigma,
-            "up_sigma": p.up_sigma,
-            "rho": p.rho,
-            **data,
-        }
+        preset = asdict(NETWORK_PRESETS[name])  # down_median_mbps, ...
+        return {**{k.replace("_median", ""): v for k, v in preset.items()}, **data}
 
 
 class SlowdownSpec(_Spec):
@@ -327,10 +320,7 @@ class FleetSpec(_Spec):
 
     def stragglers_of(self, group: int) -> StragglerSpec:
         """Group ``group``'s straggler model: its own, else the fleet's."""
-        own = self.groups[group].stragglers
-        if own is not None:
-            return own
-        return self.stragglers if self.stragglers is not None else StragglerSpec()
+        return self.groups[group].stragglers or self.stragglers or StragglerSpec()
 
     @model_validator(mode="after")
     def _unique_names(self) -> FleetSpec:
@@ -398,13 +388,7 @@ class _OnOff:
         self.group = group
         intervals = dict(intervals or {})
         n = len(specs)
-        self.kind = np.array(
-            [
-                _TRACE if gi in intervals else _DAILY if a.kind == "daily" else _EXP
-                for gi, a in enumerate(specs)
-            ],
-            dtype=np.int8,
-        )
+        self.kind = np.full(n, _EXP, dtype=np.int8)
         # daily: p' = (f_in - p)/c damps a cosine f_in by 1/sqrt(1 + (omega c)^2)
         # and delays it by atan(omega c)/omega, so f_in is the target profile
         # amplified and advanced by as much (docs/fleets.md, "Availability");
@@ -414,17 +398,18 @@ class _OnOff:
         self.f_bar, self.beta = np.zeros(n), np.zeros(n)
         self.omega, self.t_peak, self.c = np.ones(n), np.zeros(n), np.ones(n)
         for gi, a in enumerate(specs):
-            if self.kind[gi] == _DAILY:
-                f_bar, amp_in, t_peak_in, c = _daily_input(a)
-                omega = 2 * math.pi / a.period_s
-                self.f_bar[gi], self.omega[gi], self.c[gi] = f_bar, omega, c
-                self.t_peak[gi] = t_peak_in
+            if gi in intervals:
+                self.kind[gi] = _TRACE
+            elif a.kind == "daily":
+                self.kind[gi] = _DAILY
+                self.f_bar[gi], amp_in, self.t_peak[gi], self.c[gi] = _daily_input(a)
+                omega = self.omega[gi] = 2 * math.pi / a.period_s
                 self.beta[gi] = amp_in / (2 * omega)
                 peak = a.peak_hour / 24.0 * a.period_s  # the profile at t = 0
-                amp = a.max_online - a.min_online
                 cos0 = math.cos(2 * math.pi * (0.0 - peak) / a.period_s)
+                amp = a.max_online - a.min_online
                 self.p_on[gi] = a.min_online + amp / 2 * (1 + cos0)
-            elif a.kind == "on_off" and gi not in intervals:
+            elif a.kind == "on_off":
                 self.mean_on[gi] = a.mean_on_s
                 self.p_on[gi] = a.mean_on_s / (a.mean_on_s + a.mean_off_s)
         self.mixed = bool((self.kind != _EXP).any())
@@ -706,11 +691,9 @@ class Fleet:
         mixed = any(g.speed is not None and g.speed.dist == "mixture" for g in groups)
         spread = any(g.network.down_sigma or g.network.up_sigma for g in groups)
         tier_u = _stream(seed, _TAG_TIER).random(m) if mixed else np.zeros(m)
-        net_z = (
-            _stream(seed, _TAG_NETWORK).standard_normal((m, 2))
-            if spread
-            else np.zeros((m, 2))
-        )
+        net_z = np.zeros((m, 2))
+        if spread:
+            net_z = _stream(seed, _TAG_NETWORK).standard_normal((m, 2))
         speed, down, up, latency = (np.empty(m) for _ in range(4))
         intervals: dict[int, Intervals] = {}
         for gi, g in enumerate(groups):
@@ -780,10 +763,10 @@ class Fleet:
         return float(t) if on.any() else float(end.min())
 
     def comm_time(
-        self, devices: np.ndarray, bytes_down: int, bytes_up: int
+        self, devices: np.ndarray, bytes_down: int, bytes_up: int | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Seconds to download ``bytes_down`` and to upload ``bytes_up``,
-        each ``8 * bytes / bits_per_second + latency_s``, per device."""
+        """Seconds to download ``bytes_down`` and to upload ``bytes_up`` (a size,
+        or one per device): ``8 * bytes / bits_per_second + latency_s`` each."""
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         lat = self.latency_s[idx]
         down = 8.0 * bytes_down / self.down_bps[idx] + lat
@@ -836,10 +819,9 @@ def _draw_speed(
 ) -> np.ndarray:
     """Speeds of one group's devices from their normals (and tier uniforms)."""
     assert spec is not None
-    if spec.dist == "fixed":
-        return spec.steps_per_s * np.exp(0.0 * z)
-    if spec.dist == "lognormal":
-        return spec.median_steps_per_s * np.exp(spec.sigma * z)
+    if spec.dist != "mixture":  # a fixed speed is a lognormal with sigma 0
+        sigma = spec.sigma if spec.dist == "lognormal" else 0.0
+        return spec.median * np.exp(sigma * z)
     assert spec.tiers is not None
     share = np.array([t.share for t in spec.tiers])
     cum = np.cumsum(share / share.sum())
