@@ -314,8 +314,7 @@ def plan_round(
         sim.add_device(j, job, _leaving(job, off, drop, "arrives", deadline))
     t_end = sim.run()
     clip = policy.policy == "fixed_window"  # arrivals past W: the floor's slack
-    plans = sim.plans(ids, skip, slowdown, epochs, clip_to_deadline=clip)
-    return RoundPlan(plans=plans, t_start=now, t_end=t_end)
+    return RoundPlan(sim.plans(ids, skip, slowdown, epochs, clip), now, t_end)
 
 
 def _round_steps(

@@ -23,7 +23,6 @@ from fedsim.spec import Spec as _Spec
 from fedsim.traces import (
     DeviceTrace,
     Intervals,
-    TraceError,
     load_trace,
     resolve_trace_path,
 )
@@ -80,8 +79,7 @@ class SpeedSpec(_Spec):
             and isinstance(workload, str)
             and isinstance(scale, int | float)
             and not isinstance(scale, bool)
-            and math.isfinite(scale)
-            and scale > 0
+            and 0 < scale < math.inf
         ):
             return data  # the field validators say what is wrong
         tiers = speed_preset(name, workload, scale)
@@ -272,11 +270,9 @@ class DeviceGroup(_Spec):
         if not isinstance(trace, dict) or not isinstance(trace.get("file"), str):
             return data  # let field validation report the shape
         context = info.context if isinstance(info.context, dict) else {}
-        try:
-            path = resolve_trace_path(trace["file"], context.get("base_dir"))
-            rows = load_trace(path, trace.get("period_s")).size
-        except TraceError as exc:
-            raise ValueError(str(exc)) from None
+        # a TraceError is a ValueError: pydantic reports its message as it is
+        path = resolve_trace_path(trace["file"], context.get("base_dir"))
+        rows = load_trace(path, trace.get("period_s")).size
         count = data.get("count")
         if count is not None and count != rows:
             raise ValueError(

@@ -25,6 +25,7 @@ MAX_ROWS = 10_000_000
 REQUIRED = ("speed_steps_per_s", "down_mbps", "up_mbps")
 OPTIONAL = ("latency_s", "availability", "device")
 COLUMNS = REQUIRED + OPTIONAL
+_PARQUET = (".parquet", ".pq")  # suffixes of Parquet traces; any other is CSV
 
 _NUM = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _INTERVAL = re.compile(rf"^\s*({_NUM})\s*-\s*({_NUM}|inf)\s*$")
@@ -210,8 +211,7 @@ def load_trace(path: str | Path, period_s: float | None = None) -> DeviceTrace:
     if period_s is not None and not (
         isinstance(period_s, int | float)
         and not isinstance(period_s, bool)
-        and math.isfinite(period_s)
-        and period_s > 0
+        and 0 < period_s < math.inf
     ):
         raise TraceError(f"{p}: period_s must be a positive number, got {period_s}")
     return _load_cached(str(p.resolve()), st.st_size, st.st_mtime_ns, period_s)
@@ -222,7 +222,7 @@ def _load_cached(
     path: str, size: int, mtime_ns: int, period_s: float | None
 ) -> DeviceTrace:
     p = Path(path)
-    read = _read_parquet if p.suffix.lower() in (".parquet", ".pq") else _read_csv
+    read = _read_parquet if p.suffix.lower() in _PARQUET else _read_csv
     return _build(p, *read(p), period_s)
 
 
@@ -298,7 +298,7 @@ def _numbers(
     need = "a positive number" if positive else "a number >= 0"
     for i, v in enumerate(columns[name]):
         try:
-            x = float(v) if v is not None and v != "" else math.nan
+            x = float(v)  # None, "" and text that is not a number raise
         except (TypeError, ValueError):
             x = math.nan
         if not math.isfinite(x) or x < 0 or (positive and x == 0):
@@ -385,15 +385,13 @@ def write_trace(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
             return format_intervals(v)
         return v
 
-    table = [[cell(r, c) for c in names] for r in rows]
-    if p.suffix.lower() in (".parquet", ".pq"):
+    if p.suffix.lower() in _PARQUET:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        data = {c: [row[j] for row in table] for j, c in enumerate(names)}
-        pq.write_table(pa.table(data), p)
+        pq.write_table(pa.table({c: [cell(r, c) for r in rows] for c in names}), p)
     else:
         with p.open("w", newline="", encoding="utf-8") as f:
-            blank = [["" if v is None else v for v in row] for row in table]
-            csv.writer(f).writerows([names, *blank])
+            table = [[cell(r, c) for c in names] for r in rows]
+            csv.writer(f).writerows([names, *table])  # None is written as ""
     return p
