@@ -1,9 +1,6 @@
-"""Simulated time: plan a synchronous round, or run the asynchronous timeline,
-as SimPy processes (no torch, no Ray).
-
-Before any training, the clock decides each chosen device's ``tau``, arrival
-and fate; real compute then runs exactly those steps. See docs/fleets.md,
-"The clock".
+"""Simulated time as SimPy processes (no torch, no Ray): before any training,
+a synchronous round's plan or the asynchronous timeline decides each chosen
+device's ``tau``, arrival and fate (docs/fleets.md, "The clock").
 """
 
 from __future__ import annotations
@@ -29,11 +26,8 @@ _EPS = 1e-9
 
 
 class RoundSpec(_Spec):
-    """How tau_i(t) arises: ``fixed_window``, ``fixed_epochs`` or ``async``.
-
-    See docs/architecture.md, "Round policies", and docs/fleets.md, "The
-    clock", for what each field does under each policy.
-    """
+    """How tau_i(t) arises: ``fixed_window``, ``fixed_epochs`` or ``async``
+    (the fields under each: docs/architecture.md, "Round policies")."""
 
     policy: Literal["fixed_window", "fixed_epochs", "async"] = "fixed_window"
     window_s: PosFloat = 10.0
@@ -85,12 +79,10 @@ class JobWork:
 
 @dataclass(frozen=True)
 class Plan:
-    """What one chosen device does in a round (or how an async job ended).
-
-    ``tau`` is the steps done (lost, if ``dropped``); ``t_arrive`` when the
-    update arrives or the device dropped; ``reason`` why it dropped (``""``
-    if not; docs/results.md); ``epochs`` is E_i under ``fixed_epochs``.
-    """
+    """What one chosen device does in a round (or how an async job ended):
+    ``tau`` steps done (lost, if ``dropped``), ``t_arrive`` when the update
+    arrives or the device dropped, ``reason`` why it dropped (``""`` if not;
+    docs/results.md), ``epochs`` E_i under ``fixed_epochs``."""
 
     client: int
     tau: int
@@ -199,9 +191,8 @@ def _leaving(
 ) -> tuple[float, str] | None:
     """When and why a device leaves its job before arriving, or None; on a
     tie with the arrival, ``"arrives"`` (rounds) lets the arrival count."""
-    at, why = (
-        (dropout_at, "dropout") if dropout_at < offline_at else (offline_at, "offline")
-    )
+    offline_first = offline_at <= dropout_at  # going offline wins a tie
+    at, why = (offline_at, "offline") if offline_first else (dropout_at, "dropout")
     if not math.isfinite(at):
         return None
     if tie == "arrives":
@@ -682,11 +673,9 @@ class AsyncTimeline:
                 self._buffer.append(arrival)
             self._ended.append(arrival)
             if len(self._buffer) == self.buffer_size:
-                applied, ended = tuple(self._buffer), tuple(self._ended)
-                started, busy = tuple(self._started), len(self.in_flight)
-                self._made.append(
-                    Version(self.version, now, applied, ended, started, busy)
-                )
+                busy = len(self.in_flight)
+                made = (tuple(self._buffer), tuple(self._ended), tuple(self._started))
+                self._made.append(Version(self.version, now, *made, busy))
                 self.version += 1
                 self._last_version_t = now
                 self._buffer, self._ended, self._started = [], [], []

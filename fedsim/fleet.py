@@ -20,12 +20,7 @@ from pydantic import Field, ValidationInfo, model_validator
 from fedsim.presets import NETWORK_PRESETS, SPEED_PRESETS, WORKLOADS, speed_preset
 from fedsim.spec import NonNegFloat, PosFloat, Prob
 from fedsim.spec import Spec as _Spec
-from fedsim.traces import (
-    DeviceTrace,
-    Intervals,
-    load_trace,
-    resolve_trace_path,
-)
+from fedsim.traces import DeviceTrace, Intervals, load_trace, resolve_trace_path
 
 SpeedPresetName = Literal[SPEED_PRESETS]  # type: ignore[valid-type]
 WorkloadName = Literal[WORKLOADS]  # type: ignore[valid-type]
@@ -90,8 +85,7 @@ class SpeedSpec(_Spec):
             out.setdefault("sigma", tiers[0].sigma)
         else:
             out.setdefault("dist", "mixture")
-            fields = SpeedTierSpec.model_fields
-            out.setdefault("tiers", [{f: getattr(t, f) for f in fields} for t in tiers])
+            out.setdefault("tiers", [asdict(t) for t in tiers])
         return out
 
     @model_validator(mode="after")
@@ -105,8 +99,7 @@ class SpeedSpec(_Spec):
             raise ValueError("tiers go with dist 'mixture'")
         if self.preset is None and (self.workload is not None or self.scale != 1.0):
             raise ValueError("workload and scale go with a preset")
-        sigmas = [self.sigma] + [t.sigma for t in self.tiers or []]
-        if max(sigmas) > 5:
+        if max([self.sigma] + [t.sigma for t in self.tiers or []]) > 5:
             raise ValueError("sigma above 5 gives speeds spanning 10^4x; check units")
         return self
 
@@ -289,10 +282,8 @@ class DeviceGroup(_Spec):
             return self
         if self.speed is not None or self.network != NetworkSpec():
             raise ValueError("a trace group takes speed and network from its trace")
-        if (
-            self.load_trace().availability is not None
-            and self.availability != AvailabilitySpec()
-        ):
+        custom = self.availability != AvailabilitySpec()
+        if custom and self.load_trace().availability is not None:
             raise ValueError(
                 "the trace has an availability column; drop the group's availability"
             )
@@ -363,16 +354,8 @@ def _daily_input(a: AvailabilitySpec) -> tuple[float, float, float, float]:
 
 
 class _OnOff:
-    """Memo of each device's current on/off interval, advanced lazily.
-
-    Interval ``k`` is "on" when ``k`` is even and the device started on (or
-    odd and it started off). It ends at ``start + mean * E`` (exponential,
-    memoryless: starting stationary at t=0 is exact), where the integrated
-    time-varying rate reaches ``E`` (``daily``), or at the trace's k-th flip.
-    ``E = -log u``, ``u`` the hash of ``(device key, k)``. Advancing always
-    repeats the same operations from interval 0, element by element, so
-    results are bit-identical whatever the order of queries.
-    """
+    """Memo of each device's current on/off interval, advanced lazily, always
+    by the same operations from interval 0 (docs/fleets.md, "Fleet draws")."""
 
     def __init__(
         self,
@@ -385,9 +368,7 @@ class _OnOff:
         intervals = dict(intervals or {})
         n = len(specs)
         self.kind = np.full(n, _EXP, dtype=np.int8)
-        # daily: p' = (f_in - p)/c damps a cosine f_in by 1/sqrt(1 + (omega c)^2)
-        # and delays it by atan(omega c)/omega, so f_in is the target profile
-        # amplified and advanced by as much (docs/fleets.md, "Availability");
+        # daily: the chain's input f_in (docs/fleets.md, "Availability") has
         # F_in(t) = int f_in = f_bar t + beta sin(omega (t - t_peak_in)).
         self.mean_on, self.p_on = np.full(n, np.inf), np.ones(n)  # always on
         self.mean_off = np.array([a.mean_off_s for a in specs])
@@ -422,10 +403,9 @@ class _OnOff:
         if not intervals:
             self.tr_first_on = self.tr_offsets = self.tr_times = None
             return
-        m = group.size
         starts = np.searchsorted(group, np.arange(n_groups))  # in group order
-        first_on = np.zeros(m, dtype=bool)
-        counts = np.zeros(m, dtype=np.int64)
+        first_on = np.zeros(group.size, dtype=bool)
+        counts = np.zeros(group.size, dtype=np.int64)
         times = []
         for gi in sorted(intervals):
             iv = intervals[gi]
@@ -639,9 +619,7 @@ class Fleet:
             raise ValueError(
                 "group_names, slowdowns and availability need one entry per group"
             )
-        if group.ndim != 1 or (
-            group.size and (group.min() < 0 or group.max() >= n_groups)
-        ):
+        if group.ndim != 1 or not np.all((group >= 0) & (group < n_groups)):
             raise ValueError(f"group must be a 1-d array of indices in [0, {n_groups})")
         set_(self, "group", group)
         if self.dropout_p is None:
@@ -816,8 +794,8 @@ def _draw_speed(
     """Speeds of one group's devices from their normals (and tier uniforms)."""
     assert spec is not None
     if spec.dist != "mixture":  # a fixed speed is a lognormal with sigma 0
-        sigma = spec.sigma if spec.dist == "lognormal" else 0.0
-        return spec.median * np.exp(sigma * z)
+        spread = spec.sigma if spec.dist == "lognormal" else 0.0
+        return spec.median * np.exp(spread * z)
     assert spec.tiers is not None
     share = np.array([t.share for t in spec.tiers])
     cum = np.cumsum(share / share.sum())

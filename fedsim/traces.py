@@ -1,10 +1,6 @@
-"""Device trace files: measured devices, one row each, as a fleet group.
-
-A CSV (with a header) or Parquet file with the columns ``speed_steps_per_s``,
-``down_mbps``, ``up_mbps`` (required), ``latency_s``, ``availability``
-(online intervals ``"start-end;start-end"`` in seconds) and ``device``; any
-other column is an error, and every error names the file, the row and the
-column. See docs/fleets.md, "Trace files".
+"""Device trace files (CSV or Parquet): measured devices, one row each, as a
+fleet group. The columns: docs/fleets.md, "Trace files"; any other column is
+an error, and every error names the file, the row and the column.
 """
 
 from __future__ import annotations
@@ -192,11 +188,8 @@ def resolve_trace_path(file: str | Path, base_dir: str | Path | None = None) -> 
 
 
 def load_trace(path: str | Path, period_s: float | None = None) -> DeviceTrace:
-    """Read and check a trace file (CSV, or Parquet by its ``.parquet`` suffix).
-
-    Cached on (path, size, modification time, period). Raises TraceError
-    naming the file, the row (and line, for CSV) and the column.
-    """
+    """Read and check a trace file (CSV, or Parquet by its ``.parquet`` suffix),
+    cached on (path, size, modification time, period); raises TraceError."""
     p = Path(path)
     try:
         st = p.stat()
