@@ -298,14 +298,23 @@ def plan_round(
     with np.errstate(divide="ignore"):  # a rate of 0: an endless straggler
         work_s = down + np.where(rate > 0, tau / rate, np.inf) + up
     dropout_at = now + fleet.draw_dropouts(ids, rng, work_s)
-    sim = _Round(now, deadline, wait_for_all=policy.policy == "fixed_epochs", keep=keep)
+    jobs = []
     for j in np.flatnonzero(skip == "").tolist():
         job = _Work(now, float(down[j]), int(tau[j]), float(rate[j]), float(up[j]))
         off, drop = float(offline_at[j]), float(dropout_at[j])
-        sim.add_device(j, job, _leaving(job, off, drop, "arrives", deadline))
-    t_end = sim.run()
-    clip = policy.policy == "fixed_window"  # arrivals past W: the floor's slack
-    return RoundPlan(sim.plans(ids, skip, slowdown, epochs, clip), now, t_end)
+        jobs.append((j, job, _leaving(job, off, drop, "arrives", deadline)))
+    wait_for_all = policy.policy == "fixed_epochs"
+    outcome, t_end = _run_round(now, deadline, wait_for_all, keep, jobs)
+    plans = []
+    for j, client in enumerate(ids.tolist()):
+        t_skip = deadline if skip[j] == "no_time" else now
+        done, t_arrive, reason = outcome.get(j, (0, t_skip, str(skip[j])))
+        if policy.policy == "fixed_window":  # arrivals past W: the floor's slack
+            t_arrive = min(t_arrive, float(deadline))
+        e = None if epochs is None else int(epochs[j])
+        s = float(slowdown[j])
+        plans.append(Plan(client, done, now, t_arrive, reason != "", reason, s, e))
+    return RoundPlan(tuple(plans), now, t_end)
 
 
 def _round_steps(
@@ -337,84 +346,57 @@ def _round_steps(
     return tau, np.where(tau == 0, "no_data", ""), epochs, deadline
 
 
-class _Round:
-    """One round on a SimPy timeline: device processes and a server that
-    waits until ``deadline``, or (``wait_for_all``) every device or the
-    ``keep``-th arrival; late devices still run to their would-be arrival."""
+def _run_round(
+    now: float,
+    deadline: float,
+    wait_for_all: bool,
+    keep: int | None,
+    jobs: list[tuple[int, _Work, tuple[float, str] | None]],
+) -> tuple[dict[int, tuple[int, float, str]], float]:
+    """One round on a SimPy timeline: the ``jobs`` (index, work, leave) and a
+    server that waits until ``deadline``, or (``wait_for_all``) every device or
+    the ``keep``-th arrival (later ones: ``surplus``); late devices still run to
+    their would-be arrival. Returns (steps, time, reason) by index, and when
+    the server stopped waiting."""
+    env = simpy.Environment(initial_time=now)
+    enough = env.event()  # the keep-th arrival
+    outcome: dict[int, tuple[int, float, str]] = {}
+    arrived: list[int] = []
+    t_end = now
 
-    def __init__(
-        self, now: float, deadline: float, wait_for_all: bool, keep: int | None = None
-    ):
-        self.env = simpy.Environment(initial_time=now)
-        self.t_start = now
-        self.deadline = deadline
-        self.wait_for_all = wait_for_all
-        self.keep = keep
-        self.arrived = 0
-        self.enough = self.env.event()  # the keep-th arrival
-        self.devices: list[simpy.Process] = []
-        self.outcome: dict[int, tuple[int, float, str]] = {}
-        self.t_end = now
-
-    def add_device(self, j: int, work: _Work, leave: tuple[float, str] | None) -> None:
-        finish = functools.partial(self._finish, j)
-        self.devices.append(_run_device(self.env, work, finish, leave, True))
-
-    def _finish(self, j: int, done: int, reason: str) -> None:
-        now = self.env.now
-        if not reason and self.wait_for_all and now > self.deadline:
+    def finish(j: int, done: int, reason: str) -> None:
+        if not reason and wait_for_all and env.now > deadline:
             reason = "late"
-        self.outcome[j] = (done, now, reason)
-        if not reason and self.keep is not None:
-            self.arrived += 1
-            if self.arrived == self.keep:
-                self.enough.succeed()
+        outcome[j] = (done, env.now, reason)
+        if not reason:
+            arrived.append(j)
+            if len(arrived) == keep:
+                enough.succeed()
 
-    def plans(
-        self,
-        ids: np.ndarray,
-        skip: np.ndarray,
-        slowdown: np.ndarray,
-        epochs: np.ndarray | None,
-        clip_to_deadline: bool,
-    ) -> tuple[Plan, ...]:
-        """After :meth:`run`, the plan of each device ``ids[j]``."""
-        now, plans = self.t_start, []
-        for j, client in enumerate(ids.tolist()):
-            t_skip = self.deadline if skip[j] == "no_time" else now
-            done, t_arrive, reason = self.outcome.get(j, (0, t_skip, str(skip[j])))
-            if clip_to_deadline:
-                t_arrive = min(t_arrive, float(self.deadline))
-            e = None if epochs is None else int(epochs[j])
-            s = float(slowdown[j])
-            plans.append(Plan(client, done, now, t_arrive, reason != "", reason, s, e))
-        return tuple(plans)
+    devices = [
+        _run_device(env, work, functools.partial(finish, j), leave, True)
+        for j, work, leave in jobs
+    ]
 
-    def _server(self) -> Generator[simpy.Event, Any, None]:
-        env = self.env
-        if not self.wait_for_all:
-            yield env.timeout(self.deadline - env.now)
+    def server() -> Generator[simpy.Event, Any, None]:
+        nonlocal t_end
+        if not wait_for_all:
+            yield env.timeout(deadline - env.now)
         else:
-            wait: simpy.Event = env.all_of(self.devices)
-            if self.keep is not None:
-                wait = wait | self.enough
-            if self.deadline < math.inf:
-                wait = wait | env.timeout(self.deadline - env.now)
+            wait: simpy.Event = env.all_of(devices)
+            if keep is not None:
+                wait = wait | enough
+            if deadline < math.inf:
+                wait = wait | env.timeout(deadline - env.now)
             yield wait
-        self.t_end = env.now
+        t_end = env.now
 
-    def run(self) -> float:
-        """Run every process, mark arrivals after the keep-th ``surplus``,
-        return when the server stopped waiting."""
-        self.env.process(self._server())
-        self.env.run()
-        if self.keep is not None:  # ties broken by device
-            arrived = sorted(
-                (t, j) for j, (_, t, why) in self.outcome.items() if not why
-            )
-            for _, j in arrived[self.keep :]:
-                self.outcome[j] = (*self.outcome[j][:2], "surplus")
-        return self.t_end
+    env.process(server())
+    env.run()
+    if keep is not None:  # ties broken by device
+        for _, j in sorted((outcome[j][1], j) for j in arrived)[keep:]:
+            outcome[j] = (*outcome[j][:2], "surplus")
+    return outcome, t_end
 
 
 # Tags separating the async timeline's random streams from the seed's others.
