@@ -77,16 +77,12 @@ class SpeedSpec(_Spec):
             and 0 < scale < math.inf
         ):
             return data  # the field validators say what is wrong
-        tiers = speed_preset(name, workload, scale)
-        out = dict(data)
-        if len(tiers) == 1:
-            out.setdefault("dist", "lognormal")
-            out.setdefault("median_steps_per_s", tiers[0].median_steps_per_s)
-            out.setdefault("sigma", tiers[0].sigma)
-        else:
-            out.setdefault("dist", "mixture")
-            out.setdefault("tiers", [asdict(t) for t in tiers])
-        return out
+        tiers = speed_preset(name, workload, scale)  # the fields given win
+        if len(tiers) > 1:
+            return {"dist": "mixture", "tiers": [asdict(t) for t in tiers], **data}
+        t = tiers[0]
+        fill = {"median_steps_per_s": t.median_steps_per_s, "sigma": t.sigma}
+        return {"dist": "lognormal", **fill, **data}
 
     @model_validator(mode="after")
     def _one_speed(self) -> SpeedSpec:
@@ -133,11 +129,9 @@ def _mixture_median(tiers: list[SpeedTierSpec]) -> float:
 
 
 class NetworkSpec(_Spec):
-    """Link of a device: time to send B bytes = 8 B / (mbps * 1e6) + latency_s.
-
-    With ``down_sigma`` / ``up_sigma`` > 0, bandwidths are lognormal around
-    the medians, log-correlated by ``rho``; ``preset`` fills in the rest.
-    """
+    """Link of a device: sending B bytes takes 8 B / (mbps * 1e6) + latency_s;
+    ``down_sigma`` / ``up_sigma`` > 0 draw lognormal bandwidths around the
+    medians, log-correlated by ``rho``; ``preset`` fills in the rest."""
 
     down_mbps: PosFloat = 100.0
     up_mbps: PosFloat = 100.0
@@ -150,11 +144,9 @@ class NetworkSpec(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _fill_from_preset(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("preset") is None:
-            return data
-        name = data["preset"]
+        name = data.get("preset") if isinstance(data, dict) else None
         if not isinstance(name, str):
-            return data  # the field validator says what is wrong
+            return data  # no preset, or the field validator says what is wrong
         if name not in NETWORK_PRESETS:
             raise ValueError(
                 f"unknown network preset {name!r}; one of {sorted(NETWORK_PRESETS)}"
@@ -164,11 +156,9 @@ class NetworkSpec(_Spec):
 
 
 class SlowdownSpec(_Spec):
-    """A straggler's slowdown factor (>= 1; speed is divided by it).
-
-    ``fixed``: ``factor``; ``uniform``: U(low, high); ``pareto``: 1 +
-    Pareto(shape). ``max_factor`` caps it.
-    """
+    """A straggler's slowdown factor (>= 1; speed is divided by it): ``fixed``
+    ``factor``, ``uniform`` U(low, high) or ``pareto`` 1 + Pareto(shape), at
+    most ``max_factor``."""
 
     dist: Literal["fixed", "uniform", "pareto"] = "fixed"
     factor: Annotated[float, Field(ge=1)] = 4.0
@@ -253,15 +243,13 @@ class DeviceGroup(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _read_trace(cls, data: Any, info: ValidationInfo) -> Any:
-        if not isinstance(data, dict) or data.get("trace") is None:
-            return data
-        trace = data["trace"]
+        trace = data.get("trace") if isinstance(data, dict) else None
         if isinstance(trace, str):
             trace = {"file": trace}
         elif isinstance(trace, TraceSpec):
             trace = trace.model_dump()
         if not isinstance(trace, dict) or not isinstance(trace.get("file"), str):
-            return data  # let field validation report the shape
+            return data  # no trace, or field validation reports its shape
         context = info.context if isinstance(info.context, dict) else {}
         # a TraceError is a ValueError: pydantic reports its message as it is
         path = resolve_trace_path(trace["file"], context.get("base_dir"))
@@ -362,10 +350,9 @@ class _OnOff:
         seed: int,
         group: np.ndarray,
         specs: tuple[AvailabilitySpec, ...],
-        intervals: Mapping[int, Intervals] | None = None,
+        intervals: dict[int, Intervals],
     ):
         self.group = group
-        intervals = dict(intervals or {})
         n = len(specs)
         self.kind = np.full(n, _EXP, dtype=np.int8)
         # daily: the chain's input f_in (docs/fleets.md, "Availability") has
@@ -628,9 +615,7 @@ class Fleet:
         for name in names:
             value = np.array(getattr(self, name), dtype=np.float64)
             if value.shape != group.shape:
-                raise ValueError(
-                    f"{name} has shape {value.shape}, expected {group.shape}"
-                )
+                raise ValueError(f"{name} has shape {value.shape}, not {group.shape}")
             value.setflags(write=False)
             set_(self, name, value)
         self.group.setflags(write=False)

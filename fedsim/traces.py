@@ -33,12 +33,10 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class Intervals:
-    """Online intervals ``[start, end)`` per device, in CSR layout.
-
-    Device ``i``'s intervals are ``start[offsets[i]:offsets[i+1]]`` and the
-    matching ``end`` (sorted, disjoint, not touching); ``always[i]``: no
-    intervals given, always online. They repeat every ``period_s`` if set.
-    """
+    """Online intervals ``[start, end)`` per device, in CSR layout: device
+    ``i``'s are ``start[offsets[i]:offsets[i+1]]`` and the matching ``end``
+    (sorted, disjoint, not touching); ``always[i]``: none given, always online.
+    They repeat every ``period_s`` if set."""
 
     offsets: np.ndarray
     start: np.ndarray
@@ -58,13 +56,10 @@ class Intervals:
         return list(zip(self.start[a:b].tolist(), self.end[a:b].tolist(), strict=True))
 
     def flips(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The same availability as state flips, for an alternating process.
-
-        Returns ``(first_on, offsets, times)``: device ``i`` is online at
-        t = 0 when ``first_on[i]`` and flips at each of
-        ``times[offsets[i]:offsets[i+1]]``; with a period, the flips cover
-        ``(0, period_s]`` (an even count) and repeat.
-        """
+        """The same availability as state flips ``(first_on, offsets, times)``:
+        device ``i`` is online at t = 0 when ``first_on[i]`` and flips at each
+        of ``times[offsets[i]:offsets[i+1]]``; with a period, the flips cover
+        ``(0, period_s]`` (an even count) and repeat."""
         n = self.size
         cnt = np.diff(self.offsets)
         owner = np.repeat(np.arange(n), cnt)  # the device of each interval
@@ -173,10 +168,8 @@ def resolve_trace_path(file: str | Path, base_dir: str | Path | None = None) -> 
     """Absolute path of a trace: next to the scenario (``base_dir``) if it is
     there, else relative to the current directory; TraceError if neither."""
     p = Path(file)
-    bases = (base_dir, Path.cwd())
-    candidates = (
-        [p] if p.is_absolute() else [Path(b) / p for b in bases if b is not None]
-    )
+    bases = [Path(b) for b in (base_dir, Path.cwd()) if b is not None]
+    candidates = [p] if p.is_absolute() else [b / p for b in bases]
     for c in candidates:
         try:
             if c.is_file():
@@ -263,8 +256,7 @@ def _read_parquet(p: Path) -> tuple[dict[str, list[Any]], Any]:
     _check_header(p, names)
     if table.num_rows > MAX_ROWS:
         raise TraceError(f"{p}: more than {MAX_ROWS} rows")
-    columns = {n: table.column(n).to_pylist() for n in names}
-    return columns, lambda i: f"row {i + 1}"
+    return table.to_pydict(), lambda i: f"row {i + 1}"
 
 
 def _check_header(p: Path, names: list[str]) -> None:
