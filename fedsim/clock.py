@@ -580,8 +580,7 @@ class AsyncTimeline:
         self.down, self.up = fleet.comm_time(np.arange(m), bytes_down, bytes_up)
         self.env = simpy.Environment()
         self.version = 0
-        # No version after this many job ends (default: 1000, or 20 rounds of
-        # the whole concurrency) or simulated seconds (a year): stalled.
+        # No version after this many job ends or simulated seconds: stalled.
         self.stall_jobs = stall_jobs or max(1000, 20 * concurrency * buffer_size)
         self.stall_s = stall_s
         self._last_version_t = 0.0
@@ -664,9 +663,8 @@ class AsyncTimeline:
                 if self.version >= self.versions:
                     return
         if self._made:
-            # Hand out the slots only once the new version is yielded, so the
-            # chooser can see it applied: nothing else is scheduled in between,
-            # so the events (and the timeline) are the same as dispatching now.
+            # Hand out the slots once the new version is yielded, so the chooser
+            # sees it applied; nothing is scheduled in between: the same events.
             self._dispatch_due = True
         else:
             self._dispatch()

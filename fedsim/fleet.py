@@ -102,30 +102,27 @@ class SpeedSpec(_Spec):
     @property
     def median(self) -> float:
         """The median speed (of the mixture, for ``mixture``)."""
-        if self.dist == "mixture":
-            return _mixture_median(self.tiers or [])
-        return float(getattr(self, _SPEED_FIELD[self.dist]))
+        if self.dist != "mixture":
+            return float(getattr(self, _SPEED_FIELD[self.dist]))
+        tiers = self.tiers or []
+        total = sum(t.share for t in tiers)
 
+        def cdf(x: float) -> float:
+            out = 0.0
+            for t in tiers:
+                if t.sigma == 0:
+                    out += t.share * (x >= t.median_steps_per_s)
+                else:
+                    z = math.log(x / t.median_steps_per_s) / t.sigma
+                    out += t.share * 0.5 * (1 + math.erf(z / math.sqrt(2)))
+            return out / total
 
-def _mixture_median(tiers: list[SpeedTierSpec]) -> float:
-    total = sum(t.share for t in tiers)
-
-    def cdf(x: float) -> float:
-        out = 0.0
-        for t in tiers:
-            if t.sigma == 0:
-                out += t.share * (x >= t.median_steps_per_s)
-            else:
-                z = math.log(x / t.median_steps_per_s) / t.sigma
-                out += t.share * 0.5 * (1 + math.erf(z / math.sqrt(2)))
-        return out / total
-
-    lo = min(t.median_steps_per_s * math.exp(-6 * t.sigma) for t in tiers)
-    hi = max(t.median_steps_per_s * math.exp(6 * t.sigma) for t in tiers)
-    for _ in range(100):  # bisection in log space
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if cdf(mid) < 0.5 else (lo, mid)
-    return math.sqrt(lo * hi)
+        lo = min(t.median_steps_per_s * math.exp(-6 * t.sigma) for t in tiers)
+        hi = max(t.median_steps_per_s * math.exp(6 * t.sigma) for t in tiers)
+        for _ in range(100):  # bisection in log space
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if cdf(mid) < 0.5 else (lo, mid)
+        return math.sqrt(lo * hi)
 
 
 class NetworkSpec(_Spec):
@@ -379,8 +376,7 @@ class _OnOff:
         self.mixed = bool((self.kind != _EXP).any())
         self._init_traces(group, intervals, n)
         mixed_seed = _splitmix64(np.array([seed & _MASK64], dtype=np.uint64))
-        key = _splitmix64(mixed_seed ^ np.uint64(_TAG_AVAILABILITY))
-        self.seed_key = int(key[0])
+        self.seed_key = int(_splitmix64(mixed_seed ^ np.uint64(_TAG_AVAILABILITY))[0])
         self._cache: tuple[np.ndarray, ...] | None = None
 
     def _init_traces(
@@ -645,8 +641,7 @@ class Fleet:
         m = group.size
         bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         z = _stream(seed, _TAG_SPEED).standard_normal(m)
-        # the tier and bandwidth streams only where a group uses them (zeros
-        # stand in for the others: a 1e6-device fleet skips 3e6 draws)
+        # the tier and bandwidth streams only if used (3 draws a device saved)
         mixed = any(g.speed is not None and g.speed.dist == "mixture" for g in groups)
         spread = any(g.network.down_sigma or g.network.up_sigma for g in groups)
         tier_u = _stream(seed, _TAG_TIER).random(m) if mixed else np.zeros(m)

@@ -320,28 +320,25 @@ def _build(
 def _intervals(
     p: Path, cells: list[Any], where: Any, period_s: float | None
 ) -> Intervals:
-    starts: list[float] = []
-    ends: list[float] = []
+    pairs: list[tuple[float, float]] = []
     offsets = [0]
-    always = np.zeros(len(cells), dtype=bool)
     for i, cell in enumerate(cells):
-        always[i] = cell is None or (isinstance(cell, str) and not cell.strip())
         try:
             if cell is None or isinstance(cell, str):
-                pairs = parse_intervals(cell or "")  # [] for a blank cell
+                cell_pairs = parse_intervals(cell or "")  # [] for a blank cell
             else:
-                pairs = [(float(a), float(b)) for a, b in cell]
-            pairs = _check_intervals(pairs, period_s)
+                cell_pairs = [(float(a), float(b)) for a, b in cell]
+            pairs += _check_intervals(cell_pairs, period_s)
         except (TypeError, ValueError) as exc:
             raise TraceError(f"{p}: {where(i)}, column 'availability': {exc}") from None
-        starts += [a for a, _ in pairs]
-        ends += [b for _, b in pairs]
-        offsets.append(len(starts))
+        offsets.append(len(pairs))
+    always = [c is None or (isinstance(c, str) and not c.strip()) for c in cells]
+    bounds = np.array(pairs, dtype=np.float64).reshape(-1, 2)
     return Intervals(
         _readonly(np.array(offsets, dtype=np.int64)),
-        _readonly(np.array(starts, dtype=np.float64)),
-        _readonly(np.array(ends, dtype=np.float64)),
-        _readonly(always),
+        _readonly(bounds[:, 0].copy()),
+        _readonly(bounds[:, 1].copy()),
+        _readonly(np.array(always, dtype=bool)),
         period_s,
     )
 
