@@ -193,13 +193,11 @@ def _leaving(
     tie with the arrival, ``"arrives"`` (rounds) lets the arrival count."""
     offline_first = offline_at <= dropout_at  # going offline wins a tie
     at, why = (offline_at, "offline") if offline_first else (dropout_at, "dropout")
-    if not math.isfinite(at):
-        return None
     if tie == "arrives":
         leaves = at < min(work.arrival, deadline)
-    else:
+    else:  # the timeline's float path: the leave process waits at - t_start
         leaves = work.t_start + (at - work.t_start) <= work.arrival
-    return (at, why) if leaves else None
+    return (at, why) if leaves and math.isfinite(at) else None
 
 
 def _device(
@@ -356,8 +354,7 @@ def _run_round(
     """One round on a SimPy timeline: the ``jobs`` (index, work, leave) and a
     server that waits until ``deadline``, or (``wait_for_all``) every device or
     the ``keep``-th arrival (later ones: ``surplus``); late devices still run to
-    their would-be arrival. Returns (steps, time, reason) by index, and when
-    the server stopped waiting."""
+    their would-be arrival. Returns (steps, time, reason) by index, and t_end."""
     env = simpy.Environment(initial_time=now)
     enough = env.event()  # the keep-th arrival
     outcome: dict[int, tuple[int, float, str]] = {}
@@ -430,9 +427,8 @@ class Job:
 class Arrival:
     """How a job ended, as the server saw it at simulated time ``t`` (the
     arrival, or when the device left) and server ``version``. ``status``:
-    ``"applied"``, or dropped as ``"stale"`` (staleness above
-    ``max_staleness``), ``"offline"`` or ``"dropout"`` (``staleness`` None;
-    ``tau`` the steps done)."""
+    ``"applied"``, or dropped as ``"stale"`` (staleness above ``max_staleness``),
+    ``"offline"`` or ``"dropout"`` (``staleness`` None; ``tau`` the steps done)."""
 
     job: Job
     t: float
@@ -500,9 +496,8 @@ def _checked_choice(
 ) -> np.ndarray:
     """``choose``'s pick, sorted, after checking it is a valid one."""
     picked = np.asarray(choose(candidates.copy(), free, n))
-    ids = np.zeros(0, dtype=np.int64)
-    if picked.ndim == 1 and (picked.size == 0 or picked.dtype.kind in "iu"):
-        ids = np.sort(picked).astype(np.int64)
+    ints = picked.ndim == 1 and (picked.size == 0 or picked.dtype.kind in "iu")
+    ids = np.sort(picked).astype(np.int64) if ints else np.zeros(0, dtype=np.int64)
     valid = (
         ids.size == picked.size
         and ids.size <= free

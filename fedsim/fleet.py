@@ -1,9 +1,8 @@
 """Devices of a simulated fleet: speed, network, availability and stragglers.
 
 A fleet is a pure function of ``(FleetSpec, seed)`` (and its trace files);
-devices are numbered ``0..m-1`` in group order. Availability is counter-based:
-interval ``k`` of device ``d`` ends at a time hashed from ``(seed, d, k)``.
-See docs/fleets.md. Imports numpy only: no torch, no Ray.
+devices are numbered ``0..m-1`` in group order; availability is counter-based
+(docs/fleets.md, "Fleet draws"). Imports numpy only: no torch, no Ray.
 """
 
 from __future__ import annotations
@@ -390,8 +389,7 @@ class _OnOff:
         first_on = np.zeros(group.size, dtype=bool)
         counts = np.zeros(group.size, dtype=np.int64)
         times = []
-        for gi in sorted(intervals):
-            iv = intervals[gi]
+        for gi, iv in sorted(intervals.items()):
             fo, off, t = iv.flips()
             a = int(starts[gi])
             first_on[a : a + iv.size] = fo
@@ -515,9 +513,8 @@ class _OnOff:
                 u = _unit(_splitmix64(key ^ kk.astype(np.uint64)))
                 return np.where(behind, s + -np.where(on, m_on, m_off) * np.log(u), e)
 
-        pos = np.arange(idx.size)
         behind = np.ones(idx.size, dtype=bool)
-        work = (pos, first_on, k, start, end, self._keys(idx), *extra)
+        work = (np.arange(idx.size), first_on, k, start, end, self._keys(idx), *extra)
         while True:
             n_behind = np.count_nonzero(behind)
             if n_behind * 4 < behind.size:  # flush caught-up devices, compact

@@ -129,9 +129,7 @@ def format_intervals(pairs: Sequence[tuple[float, float]]) -> str:
     '0-3600;7200.5-inf'
     """
 
-    def num(x: float) -> str:
-        if math.isinf(x):
-            return "inf"
+    def num(x: float) -> str:  # repr(inf) is "inf"
         return str(int(x)) if float(x).is_integer() else repr(float(x))
 
     return ";".join(f"{num(a)}-{num(b)}" for a, b in pairs)
