@@ -300,11 +300,10 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 def _build(
     p: Path, columns: dict[str, list[Any]], where: Any, period_s: float | None
 ) -> DeviceTrace:
-    n = len(columns[REQUIRED[0]])
-    if n == 0:
+    if not columns[REQUIRED[0]]:
         raise TraceError(f"{p}: no rows; a trace needs at least one device")
     speed, down, up = (_numbers(p, columns, c, where, True) for c in REQUIRED)
-    latency = _readonly(np.zeros(n))
+    latency = _readonly(np.zeros(speed.size))
     if "latency_s" in columns:
         latency = _numbers(p, columns, "latency_s", where, positive=False)
     cells, names = columns.get("availability"), columns.get("device")
