@@ -1,9 +1,6 @@
-"""Simulated time: plan a synchronous round, or run the asynchronous timeline,
-as SimPy processes (no torch, no Ray).
-
-Before any training, the clock decides each chosen device's ``tau``, arrival
-and fate; real compute then runs exactly those steps. See docs/fleets.md,
-"The clock".
+"""Simulated time as SimPy processes (no torch, no Ray): before any training,
+a synchronous round's plan or the asynchronous timeline decides each chosen
+device's ``tau``, arrival and fate (docs/fleets.md, "The clock").
 """
 
 from __future__ import annotations
@@ -29,11 +26,8 @@ _EPS = 1e-9
 
 
 class RoundSpec(_Spec):
-    """How tau_i(t) arises: ``fixed_window``, ``fixed_epochs`` or ``async``.
-
-    See docs/architecture.md, "Round policies", and docs/fleets.md, "The
-    clock", for what each field does under each policy.
-    """
+    """How tau_i(t) arises: ``fixed_window``, ``fixed_epochs`` or ``async``
+    (the fields under each: docs/architecture.md, "Round policies")."""
 
     policy: Literal["fixed_window", "fixed_epochs", "async"] = "fixed_window"
     window_s: PosFloat = 10.0
@@ -85,12 +79,10 @@ class JobWork:
 
 @dataclass(frozen=True)
 class Plan:
-    """What one chosen device does in a round (or how an async job ended).
-
-    ``tau`` is the steps done (lost, if ``dropped``); ``t_arrive`` when the
-    update arrives or the device dropped; ``reason`` why it dropped (``""``
-    if not; docs/results.md); ``epochs`` is E_i under ``fixed_epochs``.
-    """
+    """What one chosen device does in a round (or how an async job ended):
+    ``tau`` steps done (lost, if ``dropped``), ``t_arrive`` when the update
+    arrives or the device dropped, ``reason`` why it dropped (``""`` if not;
+    docs/results.md), ``epochs`` E_i under ``fixed_epochs``."""
 
     client: int
     tau: int
@@ -199,16 +191,13 @@ def _leaving(
 ) -> tuple[float, str] | None:
     """When and why a device leaves its job before arriving, or None; on a
     tie with the arrival, ``"arrives"`` (rounds) lets the arrival count."""
-    at, why = (
-        (dropout_at, "dropout") if dropout_at < offline_at else (offline_at, "offline")
-    )
-    if not math.isfinite(at):
-        return None
+    offline_first = offline_at <= dropout_at  # going offline wins a tie
+    at, why = (offline_at, "offline") if offline_first else (dropout_at, "dropout")
     if tie == "arrives":
         leaves = at < min(work.arrival, deadline)
-    else:
+    else:  # the timeline's float path: the leave process waits at - t_start
         leaves = work.t_start + (at - work.t_start) <= work.arrival
-    return (at, why) if leaves else None
+    return (at, why) if leaves and math.isfinite(at) else None
 
 
 def _device(
@@ -222,11 +211,9 @@ def _device(
     phases, so an endless straggler "arrives" at t = inf."""
     try:
         for phase_s in (work.down, work.compute_s, work.up):
-            if every_phase:
-                yield env.timeout(phase_s)
-            elif not math.isfinite(phase_s):
+            if not every_phase and not math.isfinite(phase_s):
                 yield env.event()  # only leaving ends an endless straggler
-            elif phase_s > 0:
+            elif every_phase or phase_s > 0:
                 yield env.timeout(phase_s)
     except simpy.Interrupt as stop:
         finish(work.steps_done(env.now), str(stop.cause))
@@ -252,8 +239,7 @@ def _run_device(
     """Start a device's process, and its leave process when it leaves."""
     device = env.process(_device(env, work, finish, every_phase))
     if leave is not None:
-        at, why = leave
-        env.process(_leave(env, device, at - work.t_start, why))
+        env.process(_leave(env, device, leave[0] - work.t_start, leave[1]))
     return device
 
 
@@ -299,14 +285,10 @@ def plan_round(
     now = float(now)
     slowdown = fleet.draw_slowdowns(ids, rng)
     rate = fleet.speed[ids] / slowdown
-    if work is None:
-        down, up = fleet.comm_time(ids, bytes_down, bytes_up)
-    else:  # one comm_time per upload size: the very number a scalar size gives
+    if work is not None:  # FedDM: its own unit of work and upload sizes
         rate = rate / work.unit_cost[ids]
-        down, up = fleet.comm_time(ids, bytes_down, 0)
-        for b in np.unique(work.bytes_up[ids]).tolist():
-            mask = work.bytes_up[ids] == b
-            up[mask] = fleet.comm_time(ids[mask], bytes_down, int(b))[1]
+    up_size = bytes_up if work is None else work.bytes_up[ids]
+    down, up = fleet.comm_time(ids, bytes_down, up_size)
     tau, skip, epochs, deadline = _round_steps(
         policy, now, rate, down + up, rng, n_samples, ids, batch_size, work
     )
@@ -314,15 +296,23 @@ def plan_round(
     with np.errstate(divide="ignore"):  # a rate of 0: an endless straggler
         work_s = down + np.where(rate > 0, tau / rate, np.inf) + up
     dropout_at = now + fleet.draw_dropouts(ids, rng, work_s)
-    sim = _Round(now, deadline, wait_for_all=policy.policy == "fixed_epochs", keep=keep)
+    jobs = []
     for j in np.flatnonzero(skip == "").tolist():
         job = _Work(now, float(down[j]), int(tau[j]), float(rate[j]), float(up[j]))
         off, drop = float(offline_at[j]), float(dropout_at[j])
-        sim.add_device(j, job, _leaving(job, off, drop, "arrives", deadline))
-    t_end = sim.run()
-    clip = policy.policy == "fixed_window"  # arrivals past W: the floor's slack
-    plans = sim.plans(ids, skip, slowdown, epochs, clip_to_deadline=clip)
-    return RoundPlan(plans=plans, t_start=now, t_end=t_end)
+        jobs.append((j, job, _leaving(job, off, drop, "arrives", deadline)))
+    wait_for_all = policy.policy == "fixed_epochs"
+    outcome, t_end = _run_round(now, deadline, wait_for_all, keep, jobs)
+    plans = []
+    for j, client in enumerate(ids.tolist()):
+        t_skip = deadline if skip[j] == "no_time" else now
+        done, t_arrive, reason = outcome.get(j, (0, t_skip, str(skip[j])))
+        if policy.policy == "fixed_window":  # arrivals past W: the floor's slack
+            t_arrive = min(t_arrive, float(deadline))
+        e = None if epochs is None else int(epochs[j])
+        s = float(slowdown[j])
+        plans.append(Plan(client, done, now, t_arrive, reason != "", reason, s, e))
+    return RoundPlan(tuple(plans), now, t_end)
 
 
 def _round_steps(
@@ -354,84 +344,56 @@ def _round_steps(
     return tau, np.where(tau == 0, "no_data", ""), epochs, deadline
 
 
-class _Round:
-    """One round on a SimPy timeline: device processes and a server that
-    waits until ``deadline``, or (``wait_for_all``) every device or the
-    ``keep``-th arrival; late devices still run to their would-be arrival."""
+def _run_round(
+    now: float,
+    deadline: float,
+    wait_for_all: bool,
+    keep: int | None,
+    jobs: list[tuple[int, _Work, tuple[float, str] | None]],
+) -> tuple[dict[int, tuple[int, float, str]], float]:
+    """One round on a SimPy timeline: the ``jobs`` (index, work, leave) and a
+    server that waits until ``deadline``, or (``wait_for_all``) every device or
+    the ``keep``-th arrival (later ones: ``surplus``); late devices still run to
+    their would-be arrival. Returns (steps, time, reason) by index, and t_end."""
+    env = simpy.Environment(initial_time=now)
+    enough = env.event()  # the keep-th arrival
+    outcome: dict[int, tuple[int, float, str]] = {}
+    arrived: list[int] = []
+    t_end = now
 
-    def __init__(
-        self, now: float, deadline: float, wait_for_all: bool, keep: int | None = None
-    ):
-        self.env = simpy.Environment(initial_time=now)
-        self.t_start = now
-        self.deadline = deadline
-        self.wait_for_all = wait_for_all
-        self.keep = keep
-        self.arrived = 0
-        self.enough = self.env.event()  # the keep-th arrival
-        self.devices: list[simpy.Process] = []
-        self.outcome: dict[int, tuple[int, float, str]] = {}
-        self.t_end = now
-
-    def add_device(self, j: int, work: _Work, leave: tuple[float, str] | None) -> None:
-        finish = functools.partial(self._finish, j)
-        self.devices.append(_run_device(self.env, work, finish, leave, True))
-
-    def _finish(self, j: int, done: int, reason: str) -> None:
-        now = self.env.now
-        if not reason and self.wait_for_all and now > self.deadline:
+    def finish(j: int, done: int, reason: str) -> None:
+        if not reason and wait_for_all and env.now > deadline:
             reason = "late"
-        self.outcome[j] = (done, now, reason)
-        if not reason and self.keep is not None:
-            self.arrived += 1
-            if self.arrived == self.keep:
-                self.enough.succeed()
+        outcome[j] = (done, env.now, reason)
+        if not reason:
+            arrived.append(j)
+            if len(arrived) == keep:
+                enough.succeed()
 
-    def plans(
-        self,
-        ids: np.ndarray,
-        skip: np.ndarray,
-        slowdown: np.ndarray,
-        epochs: np.ndarray | None,
-        clip_to_deadline: bool,
-    ) -> tuple[Plan, ...]:
-        """After :meth:`run`, the plan of each device ``ids[j]``."""
-        now, plans = self.t_start, []
-        for j, client in enumerate(ids.tolist()):
-            t_skip = self.deadline if skip[j] == "no_time" else now
-            done, t_arrive, reason = self.outcome.get(j, (0, t_skip, str(skip[j])))
-            if clip_to_deadline:
-                t_arrive = min(t_arrive, float(self.deadline))
-            e = None if epochs is None else int(epochs[j])
-            s = float(slowdown[j])
-            plans.append(Plan(client, done, now, t_arrive, reason != "", reason, s, e))
-        return tuple(plans)
+    devices = [
+        _run_device(env, work, functools.partial(finish, j), leave, True)
+        for j, work, leave in jobs
+    ]
 
-    def _server(self) -> Generator[simpy.Event, Any, None]:
-        env = self.env
-        if not self.wait_for_all:
-            yield env.timeout(self.deadline - env.now)
+    def server() -> Generator[simpy.Event, Any, None]:
+        nonlocal t_end
+        if not wait_for_all:
+            yield env.timeout(deadline - env.now)
         else:
-            wait: simpy.Event = env.all_of(self.devices)
-            if self.keep is not None:
-                wait = wait | self.enough
-            if self.deadline < math.inf:
-                wait = wait | env.timeout(self.deadline - env.now)
+            wait: simpy.Event = env.all_of(devices)
+            if keep is not None:
+                wait = wait | enough
+            if deadline < math.inf:
+                wait = wait | env.timeout(deadline - env.now)
             yield wait
-        self.t_end = env.now
+        t_end = env.now
 
-    def run(self) -> float:
-        """Run every process, mark arrivals after the keep-th ``surplus``,
-        return when the server stopped waiting."""
-        self.env.process(self._server())
-        self.env.run()
-        if self.keep is not None:  # ties broken by device
-            arrived = sorted(
-                (t, j) for j, (_, t, why) in self.outcome.items() if not why
-            )
-            for _, j in arrived[self.keep :]:
-                self.outcome[j] = (*self.outcome[j][:2], "surplus")
-        return self.t_end
+    env.process(server())
+    env.run()
+    if keep is not None:  # ties broken by device
+        for _, j in sorted((outcome[j][1], j) for j in arrived)[keep:]:
+            outcome[j] = (*outcome[j][:2], "surplus")
+    return outcome, t_end
 
 
 # Tags separating the async timeline's random streams from the seed's others.
@@ -465,9 +427,8 @@ class Job:
 class Arrival:
     """How a job ended, as the server saw it at simulated time ``t`` (the
     arrival, or when the device left) and server ``version``. ``status``:
-    ``"applied"``, or dropped as ``"stale"`` (staleness above
-    ``max_staleness``), ``"offline"`` or ``"dropout"`` (``staleness`` None;
-    ``tau`` the steps done)."""
+    ``"applied"``, or dropped as ``"stale"`` (staleness above ``max_staleness``),
+    ``"offline"`` or ``"dropout"`` (``staleness`` None; ``tau`` the steps done)."""
 
     job: Job
     t: float
@@ -483,16 +444,9 @@ class Arrival:
     @property
     def plan(self) -> Plan:
         """The job's end as a :class:`Plan` (``reason``: a drop's status)."""
-        j = self.job
+        j, why = self.job, self.status if self.dropped else ""
         return Plan(
-            client=j.device,
-            tau=self.tau,
-            t_start=j.t_start,
-            t_arrive=self.t,
-            dropped=self.dropped,
-            reason=self.status if self.dropped else "",
-            slowdown=j.slowdown,
-            epochs=j.epochs,
+            j.device, self.tau, j.t_start, self.t, bool(why), why, j.slowdown, j.epochs
         )
 
 
@@ -542,9 +496,8 @@ def _checked_choice(
 ) -> np.ndarray:
     """``choose``'s pick, sorted, after checking it is a valid one."""
     picked = np.asarray(choose(candidates.copy(), free, n))
-    ids = np.zeros(0, dtype=np.int64)
-    if picked.ndim == 1 and (picked.size == 0 or picked.dtype.kind in "iu"):
-        ids = np.sort(picked).astype(np.int64)
+    ints = picked.ndim == 1 and (picked.size == 0 or picked.dtype.kind in "iu")
+    ids = np.sort(picked).astype(np.int64) if ints else np.zeros(0, dtype=np.int64)
     valid = (
         ids.size == picked.size
         and ids.size <= free
@@ -622,8 +575,7 @@ class AsyncTimeline:
         self.down, self.up = fleet.comm_time(np.arange(m), bytes_down, bytes_up)
         self.env = simpy.Environment()
         self.version = 0
-        # No version after this many job ends (default: 1000, or 20 rounds of
-        # the whole concurrency) or simulated seconds (a year): stalled.
+        # No version after this many job ends or simulated seconds: stalled.
         self.stall_jobs = stall_jobs or max(1000, 20 * concurrency * buffer_size)
         self.stall_s = stall_s
         self._last_version_t = 0.0
@@ -697,20 +649,17 @@ class AsyncTimeline:
                 self._buffer.append(arrival)
             self._ended.append(arrival)
             if len(self._buffer) == self.buffer_size:
-                applied, ended = tuple(self._buffer), tuple(self._ended)
-                started, busy = tuple(self._started), len(self.in_flight)
-                self._made.append(
-                    Version(self.version, now, applied, ended, started, busy)
-                )
+                busy = len(self.in_flight)
+                made = (tuple(self._buffer), tuple(self._ended), tuple(self._started))
+                self._made.append(Version(self.version, now, *made, busy))
                 self.version += 1
                 self._last_version_t = now
                 self._buffer, self._ended, self._started = [], [], []
                 if self.version >= self.versions:
                     return
         if self._made:
-            # Hand out the slots only once the new version is yielded, so the
-            # chooser can see it applied: nothing else is scheduled in between,
-            # so the events (and the timeline) are the same as dispatching now.
+            # Hand out the slots once the new version is yielded, so the chooser
+            # sees it applied; nothing is scheduled in between: the same events.
             self._dispatch_due = True
         else:
             self._dispatch()

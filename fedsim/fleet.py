@@ -1,16 +1,15 @@
 """Devices of a simulated fleet: speed, network, availability and stragglers.
 
 A fleet is a pure function of ``(FleetSpec, seed)`` (and its trace files);
-devices are numbered ``0..m-1`` in group order. Availability is counter-based:
-interval ``k`` of device ``d`` ends at a time hashed from ``(seed, d, k)``.
-See docs/fleets.md. Imports numpy only: no torch, no Ray.
+devices are numbered ``0..m-1`` in group order; availability is counter-based
+(docs/fleets.md, "Fleet draws"). Imports numpy only: no torch, no Ray.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -20,13 +19,7 @@ from pydantic import Field, ValidationInfo, model_validator
 from fedsim.presets import NETWORK_PRESETS, SPEED_PRESETS, WORKLOADS, speed_preset
 from fedsim.spec import NonNegFloat, PosFloat, Prob
 from fedsim.spec import Spec as _Spec
-from fedsim.traces import (
-    DeviceTrace,
-    Intervals,
-    TraceError,
-    load_trace,
-    resolve_trace_path,
-)
+from fedsim.traces import DeviceTrace, Intervals, load_trace, resolve_trace_path
 
 SpeedPresetName = Literal[SPEED_PRESETS]  # type: ignore[valid-type]
 WorkloadName = Literal[WORKLOADS]  # type: ignore[valid-type]
@@ -43,6 +36,9 @@ class SpeedTierSpec(_Spec):
     share: PosFloat
     median_steps_per_s: PosFloat
     sigma: NonNegFloat = 0.0
+
+
+_SPEED_FIELD = {"fixed": "steps_per_s", "lognormal": "median_steps_per_s"}
 
 
 class SpeedSpec(_Spec):
@@ -77,76 +73,61 @@ class SpeedSpec(_Spec):
             and isinstance(workload, str)
             and isinstance(scale, int | float)
             and not isinstance(scale, bool)
-            and math.isfinite(scale)
-            and scale > 0
+            and 0 < scale < math.inf
         ):
             return data  # the field validators say what is wrong
-        tiers = speed_preset(name, workload, scale)
-        out = dict(data)
-        if len(tiers) == 1:
-            out.setdefault("dist", "lognormal")
-            out.setdefault("median_steps_per_s", tiers[0].median_steps_per_s)
-            out.setdefault("sigma", tiers[0].sigma)
-        else:
-            out.setdefault("dist", "mixture")
-            fields = SpeedTierSpec.model_fields
-            out.setdefault("tiers", [{f: getattr(t, f) for f in fields} for t in tiers])
-        return out
+        tiers = speed_preset(name, workload, scale)  # the fields given win
+        if len(tiers) > 1:
+            return {"dist": "mixture", "tiers": [asdict(t) for t in tiers], **data}
+        t = tiers[0]
+        fill = {"median_steps_per_s": t.median_steps_per_s, "sigma": t.sigma}
+        return {"dist": "lognormal", **fill, **data}
 
     @model_validator(mode="after")
     def _one_speed(self) -> SpeedSpec:
-        if self.dist == "fixed" and self.steps_per_s is None:
-            raise ValueError("dist 'fixed' needs steps_per_s")
-        if self.dist == "lognormal" and self.median_steps_per_s is None:
-            raise ValueError("dist 'lognormal' needs median_steps_per_s")
+        need = _SPEED_FIELD.get(self.dist)
+        if need is not None and getattr(self, need) is None:
+            raise ValueError(f"dist '{self.dist}' needs {need}")
         if self.dist == "mixture" and not self.tiers:
             raise ValueError("dist 'mixture' needs tiers (or a preset)")
         if self.dist != "mixture" and self.tiers is not None:
             raise ValueError("tiers go with dist 'mixture'")
         if self.preset is None and (self.workload is not None or self.scale != 1.0):
             raise ValueError("workload and scale go with a preset")
-        sigmas = [self.sigma] + [t.sigma for t in self.tiers or []]
-        if max(sigmas) > 5:
+        if max([self.sigma] + [t.sigma for t in self.tiers or []]) > 5:
             raise ValueError("sigma above 5 gives speeds spanning 10^4x; check units")
         return self
 
     @property
     def median(self) -> float:
         """The median speed (of the mixture, for ``mixture``)."""
-        if self.dist == "fixed":
-            return float(self.steps_per_s)  # type: ignore[arg-type]
-        if self.dist == "lognormal":
-            return float(self.median_steps_per_s)  # type: ignore[arg-type]
-        return _mixture_median(self.tiers or [])
+        if self.dist != "mixture":
+            return float(getattr(self, _SPEED_FIELD[self.dist]))
+        tiers = self.tiers or []
+        total = sum(t.share for t in tiers)
 
+        def cdf(x: float) -> float:
+            out = 0.0
+            for t in tiers:
+                if t.sigma == 0:
+                    out += t.share * (x >= t.median_steps_per_s)
+                else:
+                    z = math.log(x / t.median_steps_per_s) / t.sigma
+                    out += t.share * 0.5 * (1 + math.erf(z / math.sqrt(2)))
+            return out / total
 
-def _mixture_median(tiers: list[SpeedTierSpec]) -> float:
-    total = sum(t.share for t in tiers)
-
-    def cdf(x: float) -> float:
-        out = 0.0
-        for t in tiers:
-            if t.sigma == 0:
-                out += t.share * (x >= t.median_steps_per_s)
-            else:
-                z = math.log(x / t.median_steps_per_s) / t.sigma
-                out += t.share * 0.5 * (1 + math.erf(z / math.sqrt(2)))
-        return out / total
-
-    lo = min(t.median_steps_per_s * math.exp(-6 * t.sigma) for t in tiers)
-    hi = max(t.median_steps_per_s * math.exp(6 * t.sigma) for t in tiers)
-    for _ in range(100):  # bisection in log space
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if cdf(mid) < 0.5 else (lo, mid)
-    return math.sqrt(lo * hi)
+        lo = min(t.median_steps_per_s * math.exp(-6 * t.sigma) for t in tiers)
+        hi = max(t.median_steps_per_s * math.exp(6 * t.sigma) for t in tiers)
+        for _ in range(100):  # bisection in log space
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if cdf(mid) < 0.5 else (lo, mid)
+        return math.sqrt(lo * hi)
 
 
 class NetworkSpec(_Spec):
-    """Link of a device: time to send B bytes = 8 B / (mbps * 1e6) + latency_s.
-
-    With ``down_sigma`` / ``up_sigma`` > 0, bandwidths are lognormal around
-    the medians, log-correlated by ``rho``; ``preset`` fills in the rest.
-    """
+    """Link of a device: sending B bytes takes 8 B / (mbps * 1e6) + latency_s;
+    ``down_sigma`` / ``up_sigma`` > 0 draw lognormal bandwidths around the
+    medians, log-correlated by ``rho``; ``preset`` fills in the rest."""
 
     down_mbps: PosFloat = 100.0
     up_mbps: PosFloat = 100.0
@@ -159,32 +140,21 @@ class NetworkSpec(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _fill_from_preset(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("preset") is None:
-            return data
-        name = data["preset"]
+        name = data.get("preset") if isinstance(data, dict) else None
         if not isinstance(name, str):
-            return data  # the field validator says what is wrong
+            return data  # no preset, or the field validator says what is wrong
         if name not in NETWORK_PRESETS:
             raise ValueError(
                 f"unknown network preset {name!r}; one of {sorted(NETWORK_PRESETS)}"
             )
-        p = NETWORK_PRESETS[name]
-        return {
-            "down_mbps": p.down_median_mbps,
-            "up_mbps": p.up_median_mbps,
-            "down_sigma": p.down_sigma,
-            "up_sigma": p.up_sigma,
-            "rho": p.rho,
-            **data,
-        }
+        preset = asdict(NETWORK_PRESETS[name])  # down_median_mbps, ...
+        return {**{k.replace("_median", ""): v for k, v in preset.items()}, **data}
 
 
 class SlowdownSpec(_Spec):
-    """A straggler's slowdown factor (>= 1; speed is divided by it).
-
-    ``fixed``: ``factor``; ``uniform``: U(low, high); ``pareto``: 1 +
-    Pareto(shape). ``max_factor`` caps it.
-    """
+    """A straggler's slowdown factor (>= 1; speed is divided by it): ``fixed``
+    ``factor``, ``uniform`` U(low, high) or ``pareto`` 1 + Pareto(shape), at
+    most ``max_factor``."""
 
     dist: Literal["fixed", "uniform", "pareto"] = "fixed"
     factor: Annotated[float, Field(ge=1)] = 4.0
@@ -269,21 +239,17 @@ class DeviceGroup(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _read_trace(cls, data: Any, info: ValidationInfo) -> Any:
-        if not isinstance(data, dict) or data.get("trace") is None:
-            return data
-        trace = data["trace"]
+        trace = data.get("trace") if isinstance(data, dict) else None
         if isinstance(trace, str):
             trace = {"file": trace}
         elif isinstance(trace, TraceSpec):
             trace = trace.model_dump()
         if not isinstance(trace, dict) or not isinstance(trace.get("file"), str):
-            return data  # let field validation report the shape
+            return data  # no trace, or field validation reports its shape
         context = info.context if isinstance(info.context, dict) else {}
-        try:
-            path = resolve_trace_path(trace["file"], context.get("base_dir"))
-            rows = load_trace(path, trace.get("period_s")).size
-        except TraceError as exc:
-            raise ValueError(str(exc)) from None
+        # a TraceError is a ValueError: pydantic reports its message as it is
+        path = resolve_trace_path(trace["file"], context.get("base_dir"))
+        rows = load_trace(path, trace.get("period_s")).size
         count = data.get("count")
         if count is not None and count != rows:
             raise ValueError(
@@ -300,10 +266,8 @@ class DeviceGroup(_Spec):
             return self
         if self.speed is not None or self.network != NetworkSpec():
             raise ValueError("a trace group takes speed and network from its trace")
-        if (
-            self.load_trace().availability is not None
-            and self.availability != AvailabilitySpec()
-        ):
+        custom = self.availability != AvailabilitySpec()
+        if custom and self.load_trace().availability is not None:
             raise ValueError(
                 "the trace has an availability column; drop the group's availability"
             )
@@ -327,10 +291,7 @@ class FleetSpec(_Spec):
 
     def stragglers_of(self, group: int) -> StragglerSpec:
         """Group ``group``'s straggler model: its own, else the fleet's."""
-        own = self.groups[group].stragglers
-        if own is not None:
-            return own
-        return self.stragglers if self.stragglers is not None else StragglerSpec()
+        return self.groups[group].stragglers or self.stragglers or StragglerSpec()
 
     @model_validator(mode="after")
     def _unique_names(self) -> FleetSpec:
@@ -377,61 +338,44 @@ def _daily_input(a: AvailabilitySpec) -> tuple[float, float, float, float]:
 
 
 class _OnOff:
-    """Memo of each device's current on/off interval, advanced lazily.
-
-    Interval ``k`` is "on" when ``k`` is even and the device started on (or
-    odd and it started off). It ends at ``start + mean * E`` (exponential,
-    memoryless: starting stationary at t=0 is exact), where the integrated
-    time-varying rate reaches ``E`` (``daily``), or at the trace's k-th flip.
-    ``E = -log u``, ``u`` the hash of ``(device key, k)``. Advancing always
-    repeats the same operations from interval 0, element by element, so
-    results are bit-identical whatever the order of queries.
-    """
+    """Memo of each device's current on/off interval, advanced lazily, always
+    by the same operations from interval 0 (docs/fleets.md, "Fleet draws")."""
 
     def __init__(
         self,
         seed: int,
         group: np.ndarray,
         specs: tuple[AvailabilitySpec, ...],
-        intervals: Mapping[int, Intervals] | None = None,
+        intervals: dict[int, Intervals],
     ):
         self.group = group
-        intervals = dict(intervals or {})
         n = len(specs)
-        self.kind = np.array(
-            [
-                _TRACE if gi in intervals else _DAILY if a.kind == "daily" else _EXP
-                for gi, a in enumerate(specs)
-            ],
-            dtype=np.int8,
-        )
-        # daily: p' = (f_in - p)/c damps a cosine f_in by 1/sqrt(1 + (omega c)^2)
-        # and delays it by atan(omega c)/omega, so f_in is the target profile
-        # amplified and advanced by as much (docs/fleets.md, "Availability");
+        self.kind = np.full(n, _EXP, dtype=np.int8)
+        # daily: the chain's input f_in (docs/fleets.md, "Availability") has
         # F_in(t) = int f_in = f_bar t + beta sin(omega (t - t_peak_in)).
         self.mean_on, self.p_on = np.full(n, np.inf), np.ones(n)  # always on
         self.mean_off = np.array([a.mean_off_s for a in specs])
         self.f_bar, self.beta = np.zeros(n), np.zeros(n)
         self.omega, self.t_peak, self.c = np.ones(n), np.zeros(n), np.ones(n)
         for gi, a in enumerate(specs):
-            if self.kind[gi] == _DAILY:
-                f_bar, amp_in, t_peak_in, c = _daily_input(a)
-                omega = 2 * math.pi / a.period_s
-                self.f_bar[gi], self.omega[gi], self.c[gi] = f_bar, omega, c
-                self.t_peak[gi] = t_peak_in
+            if gi in intervals:
+                self.kind[gi] = _TRACE
+            elif a.kind == "daily":
+                self.kind[gi] = _DAILY
+                self.f_bar[gi], amp_in, self.t_peak[gi], self.c[gi] = _daily_input(a)
+                omega = self.omega[gi] = 2 * math.pi / a.period_s
                 self.beta[gi] = amp_in / (2 * omega)
                 peak = a.peak_hour / 24.0 * a.period_s  # the profile at t = 0
-                amp = a.max_online - a.min_online
                 cos0 = math.cos(2 * math.pi * (0.0 - peak) / a.period_s)
+                amp = a.max_online - a.min_online
                 self.p_on[gi] = a.min_online + amp / 2 * (1 + cos0)
-            elif a.kind == "on_off" and gi not in intervals:
+            elif a.kind == "on_off":
                 self.mean_on[gi] = a.mean_on_s
                 self.p_on[gi] = a.mean_on_s / (a.mean_on_s + a.mean_off_s)
         self.mixed = bool((self.kind != _EXP).any())
         self._init_traces(group, intervals, n)
         mixed_seed = _splitmix64(np.array([seed & _MASK64], dtype=np.uint64))
-        key = _splitmix64(mixed_seed ^ np.uint64(_TAG_AVAILABILITY))
-        self.seed_key = int(key[0])
+        self.seed_key = int(_splitmix64(mixed_seed ^ np.uint64(_TAG_AVAILABILITY))[0])
         self._cache: tuple[np.ndarray, ...] | None = None
 
     def _init_traces(
@@ -441,13 +385,11 @@ class _OnOff:
         if not intervals:
             self.tr_first_on = self.tr_offsets = self.tr_times = None
             return
-        m = group.size
         starts = np.searchsorted(group, np.arange(n_groups))  # in group order
-        first_on = np.zeros(m, dtype=bool)
-        counts = np.zeros(m, dtype=np.int64)
+        first_on = np.zeros(group.size, dtype=bool)
+        counts = np.zeros(group.size, dtype=np.int64)
         times = []
-        for gi in sorted(intervals):
-            iv = intervals[gi]
+        for gi, iv in sorted(intervals.items()):
             fo, off, t = iv.flips()
             a = int(starts[gi])
             first_on[a : a + iv.size] = fo
@@ -571,9 +513,8 @@ class _OnOff:
                 u = _unit(_splitmix64(key ^ kk.astype(np.uint64)))
                 return np.where(behind, s + -np.where(on, m_on, m_off) * np.log(u), e)
 
-        pos = np.arange(idx.size)
         behind = np.ones(idx.size, dtype=bool)
-        work = (pos, first_on, k, start, end, self._keys(idx), *extra)
+        work = (np.arange(idx.size), first_on, k, start, end, self._keys(idx), *extra)
         while True:
             n_behind = np.count_nonzero(behind)
             if n_behind * 4 < behind.size:  # flush caught-up devices, compact
@@ -658,9 +599,7 @@ class Fleet:
             raise ValueError(
                 "group_names, slowdowns and availability need one entry per group"
             )
-        if group.ndim != 1 or (
-            group.size and (group.min() < 0 or group.max() >= n_groups)
-        ):
+        if group.ndim != 1 or not np.all((group >= 0) & (group < n_groups)):
             raise ValueError(f"group must be a 1-d array of indices in [0, {n_groups})")
         set_(self, "group", group)
         if self.dropout_p is None:
@@ -669,9 +608,7 @@ class Fleet:
         for name in names:
             value = np.array(getattr(self, name), dtype=np.float64)
             if value.shape != group.shape:
-                raise ValueError(
-                    f"{name} has shape {value.shape}, expected {group.shape}"
-                )
+                raise ValueError(f"{name} has shape {value.shape}, not {group.shape}")
             value.setflags(write=False)
             set_(self, name, value)
         self.group.setflags(write=False)
@@ -701,16 +638,13 @@ class Fleet:
         m = group.size
         bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         z = _stream(seed, _TAG_SPEED).standard_normal(m)
-        # the tier and bandwidth streams only where a group uses them (zeros
-        # stand in for the others: a 1e6-device fleet skips 3e6 draws)
+        # the tier and bandwidth streams only if used (3 draws a device saved)
         mixed = any(g.speed is not None and g.speed.dist == "mixture" for g in groups)
         spread = any(g.network.down_sigma or g.network.up_sigma for g in groups)
         tier_u = _stream(seed, _TAG_TIER).random(m) if mixed else np.zeros(m)
-        net_z = (
-            _stream(seed, _TAG_NETWORK).standard_normal((m, 2))
-            if spread
-            else np.zeros((m, 2))
-        )
+        net_z = np.zeros((m, 2))
+        if spread:
+            net_z = _stream(seed, _TAG_NETWORK).standard_normal((m, 2))
         speed, down, up, latency = (np.empty(m) for _ in range(4))
         intervals: dict[int, Intervals] = {}
         for gi, g in enumerate(groups):
@@ -780,10 +714,10 @@ class Fleet:
         return float(t) if on.any() else float(end.min())
 
     def comm_time(
-        self, devices: np.ndarray, bytes_down: int, bytes_up: int
+        self, devices: np.ndarray, bytes_down: int, bytes_up: int | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Seconds to download ``bytes_down`` and to upload ``bytes_up``,
-        each ``8 * bytes / bits_per_second + latency_s``, per device."""
+        """Seconds to download ``bytes_down`` and to upload ``bytes_up`` (a size,
+        or one per device): ``8 * bytes / bits_per_second + latency_s`` each."""
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         lat = self.latency_s[idx]
         down = 8.0 * bytes_down / self.down_bps[idx] + lat
@@ -836,10 +770,9 @@ def _draw_speed(
 ) -> np.ndarray:
     """Speeds of one group's devices from their normals (and tier uniforms)."""
     assert spec is not None
-    if spec.dist == "fixed":
-        return spec.steps_per_s * np.exp(0.0 * z)
-    if spec.dist == "lognormal":
-        return spec.median_steps_per_s * np.exp(spec.sigma * z)
+    if spec.dist != "mixture":  # a fixed speed is a lognormal with sigma 0
+        spread = spec.sigma if spec.dist == "lognormal" else 0.0
+        return spec.median * np.exp(spread * z)
     assert spec.tiers is not None
     share = np.array([t.share for t in spec.tiers])
     cum = np.cumsum(share / share.sum())

@@ -1,10 +1,6 @@
-"""Device trace files: measured devices, one row each, as a fleet group.
-
-A CSV (with a header) or Parquet file with the columns ``speed_steps_per_s``,
-``down_mbps``, ``up_mbps`` (required), ``latency_s``, ``availability``
-(online intervals ``"start-end;start-end"`` in seconds) and ``device``; any
-other column is an error, and every error names the file, the row and the
-column. See docs/fleets.md, "Trace files".
+"""Device trace files (CSV or Parquet): measured devices, one row each, as a
+fleet group. The columns: docs/fleets.md, "Trace files"; any other column is
+an error, and every error names the file, the row and the column.
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ MAX_ROWS = 10_000_000
 REQUIRED = ("speed_steps_per_s", "down_mbps", "up_mbps")
 OPTIONAL = ("latency_s", "availability", "device")
 COLUMNS = REQUIRED + OPTIONAL
+_PARQUET = (".parquet", ".pq")  # suffixes of Parquet traces; any other is CSV
 
 _NUM = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _INTERVAL = re.compile(rf"^\s*({_NUM})\s*-\s*({_NUM}|inf)\s*$")
@@ -36,12 +33,10 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class Intervals:
-    """Online intervals ``[start, end)`` per device, in CSR layout.
-
-    Device ``i``'s intervals are ``start[offsets[i]:offsets[i+1]]`` and the
-    matching ``end`` (sorted, disjoint, not touching); ``always[i]``: no
-    intervals given, always online. They repeat every ``period_s`` if set.
-    """
+    """Online intervals ``[start, end)`` per device, in CSR layout: device
+    ``i``'s are ``start[offsets[i]:offsets[i+1]]`` and the matching ``end``
+    (sorted, disjoint, not touching); ``always[i]``: none given, always online.
+    They repeat every ``period_s`` if set."""
 
     offsets: np.ndarray
     start: np.ndarray
@@ -61,13 +56,10 @@ class Intervals:
         return list(zip(self.start[a:b].tolist(), self.end[a:b].tolist(), strict=True))
 
     def flips(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The same availability as state flips, for an alternating process.
-
-        Returns ``(first_on, offsets, times)``: device ``i`` is online at
-        t = 0 when ``first_on[i]`` and flips at each of
-        ``times[offsets[i]:offsets[i+1]]``; with a period, the flips cover
-        ``(0, period_s]`` (an even count) and repeat.
-        """
+        """The same availability as state flips ``(first_on, offsets, times)``:
+        device ``i`` is online at t = 0 when ``first_on[i]`` and flips at each
+        of ``times[offsets[i]:offsets[i+1]]``; with a period, the flips cover
+        ``(0, period_s]`` (an even count) and repeat."""
         n = self.size
         cnt = np.diff(self.offsets)
         owner = np.repeat(np.arange(n), cnt)  # the device of each interval
@@ -137,9 +129,7 @@ def format_intervals(pairs: Sequence[tuple[float, float]]) -> str:
     '0-3600;7200.5-inf'
     """
 
-    def num(x: float) -> str:
-        if math.isinf(x):
-            return "inf"
+    def num(x: float) -> str:  # repr(inf) is "inf"
         return str(int(x)) if float(x).is_integer() else repr(float(x))
 
     return ";".join(f"{num(a)}-{num(b)}" for a, b in pairs)
@@ -176,10 +166,8 @@ def resolve_trace_path(file: str | Path, base_dir: str | Path | None = None) -> 
     """Absolute path of a trace: next to the scenario (``base_dir``) if it is
     there, else relative to the current directory; TraceError if neither."""
     p = Path(file)
-    bases = (base_dir, Path.cwd())
-    candidates = (
-        [p] if p.is_absolute() else [Path(b) / p for b in bases if b is not None]
-    )
+    bases = [Path(b) for b in (base_dir, Path.cwd()) if b is not None]
+    candidates = [p] if p.is_absolute() else [b / p for b in bases]
     for c in candidates:
         try:
             if c.is_file():
@@ -191,11 +179,8 @@ def resolve_trace_path(file: str | Path, base_dir: str | Path | None = None) -> 
 
 
 def load_trace(path: str | Path, period_s: float | None = None) -> DeviceTrace:
-    """Read and check a trace file (CSV, or Parquet by its ``.parquet`` suffix).
-
-    Cached on (path, size, modification time, period). Raises TraceError
-    naming the file, the row (and line, for CSV) and the column.
-    """
+    """Read and check a trace file (CSV, or Parquet by its ``.parquet`` suffix),
+    cached on (path, size, modification time, period); raises TraceError."""
     p = Path(path)
     try:
         st = p.stat()
@@ -210,8 +195,7 @@ def load_trace(path: str | Path, period_s: float | None = None) -> DeviceTrace:
     if period_s is not None and not (
         isinstance(period_s, int | float)
         and not isinstance(period_s, bool)
-        and math.isfinite(period_s)
-        and period_s > 0
+        and 0 < period_s < math.inf
     ):
         raise TraceError(f"{p}: period_s must be a positive number, got {period_s}")
     return _load_cached(str(p.resolve()), st.st_size, st.st_mtime_ns, period_s)
@@ -222,7 +206,7 @@ def _load_cached(
     path: str, size: int, mtime_ns: int, period_s: float | None
 ) -> DeviceTrace:
     p = Path(path)
-    read = _read_parquet if p.suffix.lower() in (".parquet", ".pq") else _read_csv
+    read = _read_parquet if p.suffix.lower() in _PARQUET else _read_csv
     return _build(p, *read(p), period_s)
 
 
@@ -270,8 +254,7 @@ def _read_parquet(p: Path) -> tuple[dict[str, list[Any]], Any]:
     _check_header(p, names)
     if table.num_rows > MAX_ROWS:
         raise TraceError(f"{p}: more than {MAX_ROWS} rows")
-    columns = {n: table.column(n).to_pylist() for n in names}
-    return columns, lambda i: f"row {i + 1}"
+    return table.to_pydict(), lambda i: f"row {i + 1}"
 
 
 def _check_header(p: Path, names: list[str]) -> None:
@@ -298,7 +281,7 @@ def _numbers(
     need = "a positive number" if positive else "a number >= 0"
     for i, v in enumerate(columns[name]):
         try:
-            x = float(v) if v is not None and v != "" else math.nan
+            x = float(v)  # None, "" and text that is not a number raise
         except (TypeError, ValueError):
             x = math.nan
         if not math.isfinite(x) or x < 0 or (positive and x == 0):
@@ -317,11 +300,10 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 def _build(
     p: Path, columns: dict[str, list[Any]], where: Any, period_s: float | None
 ) -> DeviceTrace:
-    n = len(columns[REQUIRED[0]])
-    if n == 0:
+    if not columns[REQUIRED[0]]:
         raise TraceError(f"{p}: no rows; a trace needs at least one device")
     speed, down, up = (_numbers(p, columns, c, where, True) for c in REQUIRED)
-    latency = _readonly(np.zeros(n))
+    latency = _readonly(np.zeros(speed.size))
     if "latency_s" in columns:
         latency = _numbers(p, columns, "latency_s", where, positive=False)
     cells, names = columns.get("availability"), columns.get("device")
@@ -335,28 +317,25 @@ def _build(
 def _intervals(
     p: Path, cells: list[Any], where: Any, period_s: float | None
 ) -> Intervals:
-    starts: list[float] = []
-    ends: list[float] = []
+    pairs: list[tuple[float, float]] = []
     offsets = [0]
-    always = np.zeros(len(cells), dtype=bool)
     for i, cell in enumerate(cells):
-        always[i] = cell is None or (isinstance(cell, str) and not cell.strip())
         try:
             if cell is None or isinstance(cell, str):
-                pairs = parse_intervals(cell or "")  # [] for a blank cell
+                cell_pairs = parse_intervals(cell or "")  # [] for a blank cell
             else:
-                pairs = [(float(a), float(b)) for a, b in cell]
-            pairs = _check_intervals(pairs, period_s)
+                cell_pairs = [(float(a), float(b)) for a, b in cell]
+            pairs += _check_intervals(cell_pairs, period_s)
         except (TypeError, ValueError) as exc:
             raise TraceError(f"{p}: {where(i)}, column 'availability': {exc}") from None
-        starts += [a for a, _ in pairs]
-        ends += [b for _, b in pairs]
-        offsets.append(len(starts))
+        offsets.append(len(pairs))
+    always = [c is None or (isinstance(c, str) and not c.strip()) for c in cells]
+    bounds = np.array(pairs, dtype=np.float64).reshape(-1, 2)
     return Intervals(
         _readonly(np.array(offsets, dtype=np.int64)),
-        _readonly(np.array(starts, dtype=np.float64)),
-        _readonly(np.array(ends, dtype=np.float64)),
-        _readonly(always),
+        _readonly(bounds[:, 0].copy()),
+        _readonly(bounds[:, 1].copy()),
+        _readonly(np.array(always, dtype=bool)),
         period_s,
     )
 
@@ -385,15 +364,13 @@ def write_trace(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
             return format_intervals(v)
         return v
 
-    table = [[cell(r, c) for c in names] for r in rows]
-    if p.suffix.lower() in (".parquet", ".pq"):
+    if p.suffix.lower() in _PARQUET:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        data = {c: [row[j] for row in table] for j, c in enumerate(names)}
-        pq.write_table(pa.table(data), p)
+        pq.write_table(pa.table({c: [cell(r, c) for r in rows] for c in names}), p)
     else:
         with p.open("w", newline="", encoding="utf-8") as f:
-            blank = [["" if v is None else v for v in row] for row in table]
-            csv.writer(f).writerows([names, *blank])
+            table = [[cell(r, c) for c in names] for r in rows]
+            csv.writer(f).writerows([names, *table])  # None is written as ""
     return p
