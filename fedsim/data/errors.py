@@ -40,10 +40,7 @@ def data_root(root: str | None) -> tuple[Path, bool]:
     per dataset)."""
     if root:
         return Path(root).expanduser(), True
-    env = os.environ.get(ENV_ROOT)
-    if env:
-        return Path(env).expanduser(), False
-    return DEFAULT_ROOT.expanduser(), False
+    return Path(os.environ.get(ENV_ROOT) or DEFAULT_ROOT).expanduser(), False
 
 
 def missing(

@@ -60,14 +60,12 @@ def feddyn_synthetic(spec: FedDynSyntheticData, seed: int) -> FederatedData:
     mean_w = rng.normal(0.0, spec.alpha, m)
     shift = rng.normal(0.0, spec.beta, m)
     sd = np.arange(1, d + 1, dtype=np.float64) ** -0.6  # sqrt of j^-1.2
-    w_shared = rng.normal(0.0, 1.0, (d, c))
-    b_shared = rng.normal(0.0, 1.0, (1, c))
+    w = rng.normal(0.0, 1.0, (d, c))  # the shared solution (iid_sol)
+    b = rng.normal(0.0, 1.0, (1, c))
 
     xs, ys = [], []
     for i in range(m):
-        if spec.iid_sol:
-            w, b = w_shared, b_shared
-        else:
+        if not spec.iid_sol:
             w = rng.normal(mean_w[i], 1.0, (d, c))
             b = rng.normal(mean_w[i], 1.0, (1, c))
         mu = np.zeros(d) if spec.iid_data else rng.normal(shift[i], 1.0, d)
@@ -77,11 +75,10 @@ def feddyn_synthetic(spec: FedDynSyntheticData, seed: int) -> FederatedData:
 
     x_all = np.concatenate(xs).astype(np.float32)
     y_all = np.concatenate(ys).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     return FederatedData(
         x=x_all,
         y=y_all,
-        offsets=offsets,
+        offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
         weights=sizes.astype(np.float64),
         test_x=x_all.copy(),  # the papers' "test set" is the training data
         test_y=y_all.copy(),

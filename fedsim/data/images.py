@@ -101,10 +101,9 @@ def images_to_float(
     channel, converted in chunks so only one float copy is ever held."""
     n = len(order)
     out = np.empty((n, *images.shape[1:]), dtype=np.float32)
-    c = images.shape[1]
-    std_ = np.asarray(std, np.float32).reshape(1, c, 1, 1)
+    std_ = np.asarray(std, np.float32).reshape(1, -1, 1, 1)
     scale = np.float32(1.0 / 255.0) / std_
-    shift = np.asarray(mean, np.float32).reshape(1, c, 1, 1) / std_
+    shift = np.asarray(mean, np.float32).reshape(1, -1, 1, 1) / std_
     for s in range(0, n, 8192):
         chunk = images[order[s : s + 8192]].astype(np.float32)
         out[s : s + 8192] = chunk * scale - shift
@@ -153,9 +152,9 @@ class ImageData(DatasetSpec):
     def build(self, num_clients: int, seed: int) -> FederatedData:
         return build_images(self, num_clients, seed)
 
-    def load(self) -> tuple[np.ndarray | None, ...]:
+    def load(self) -> list[np.ndarray]:
         """(train images, train labels, test images, test labels) as uint8
-        [N, C, H, W] and int64; the train pair is None with ``files: test``."""
+        [N, C, H, W] and int64; only the test pair with ``files: test``."""
         raise NotImplementedError
 
     def _candidates(self, subdirs: list[str], extra: Sequence[Path] = ()) -> list[Path]:
@@ -182,14 +181,14 @@ class _IdxData(ImageData):
             f"{self._prefix()}{part}-labels-idx1-ubyte",
         )
 
-    def load(self) -> tuple[np.ndarray | None, ...]:
+    def load(self) -> list[np.ndarray]:
         test = "test" if self._prefix() else "t10k"
         parts = [test] if self.files == "test" else ["train", test]
         names = [n for p in parts for n in self._names(p)]
         how = self.how_to_get.format(root=data_root(self.root)[0])
         where = self._candidates(self.subdirs, self.extra_dirs)
         folder = find_dir(self.title, where, names, how)
-        arrays: list[np.ndarray | None] = [None, None] if self.files == "test" else []
+        arrays = []
         for p in parts:
             img_name, lab_name = self._names(p)
             x = read_idx(folder / img_name)
@@ -199,7 +198,7 @@ class _IdxData(ImageData):
             if self.transpose:
                 x = x.transpose(0, 2, 1)
             arrays += [x[:, None], y]
-        return tuple(arrays)
+        return arrays
 
 
 _MNIST_FILES = (
@@ -311,7 +310,7 @@ class _CifarData(ImageData):
             images, labels = np.asarray(d["data"], np.uint8), d[key]
         return images.reshape(-1, 3, 32, 32), np.asarray(labels, np.int64)
 
-    def load(self) -> tuple[np.ndarray | None, ...]:
+    def load(self) -> list[np.ndarray]:
         root, _ = data_root(self.root)
         want = 1 if self.files == "test" else 0
         bin_files = tuple([f"{n}.bin" for n in group] for group in self.py_files)
@@ -326,11 +325,11 @@ class _CifarData(ImageData):
             except DataMissingError:
                 tried += self._candidates([sub])
                 continue
-            out: list[np.ndarray | None] = [None, None] if want else []
+            out = []
             for group in sets[fmt]:
                 xs, ys = zip(*(self._read(fmt, folder, n) for n in group), strict=True)
                 out += [np.concatenate(xs), np.concatenate(ys)]
-            return tuple(out)
+            return out
         expect = (
             f"{self.bin_dir}/ ({', '.join(bin_files[0] + bin_files[1])})"
             f" or {self.py_dir}/"
@@ -393,18 +392,15 @@ def _subset(n: int, k: int | None, seed: int, what: int) -> np.ndarray:
 
 def build_images(spec: ImageData, num_clients: int, seed: int) -> FederatedData:
     """Load, filter, subset, partition and normalise an image dataset."""
-    loaded_x, loaded_y, test_x, test_y = spec.load()
-    assert test_x is not None and test_y is not None  # every format has a test set
+    *train, test_x, test_y = spec.load()
     num_classes = spec._classes_total()
     if spec.files == "test":
         perm = _subset_rng(seed, 0).permutation(len(test_y))
         n_test = max(1, int(round(spec.test_fraction * len(perm))))
         tr, te = perm[n_test:], perm[:n_test]
-        train_x, train_y = test_x[tr], test_y[tr]
+        train = [test_x[tr], test_y[tr]]
         test_x, test_y = test_x[te], test_y[te]
-    else:
-        assert loaded_x is not None and loaded_y is not None
-        train_x, train_y = loaded_x, loaded_y
+    train_x, train_y = train
     if spec.classes is not None:
         lut = np.full(num_classes, -1, dtype=np.int64)
         lut[np.asarray(spec.classes)] = np.arange(len(spec.classes))
@@ -418,8 +414,6 @@ def build_images(spec: ImageData, num_clients: int, seed: int) -> FederatedData:
     parts = split(spec.partition, labels, num_clients, seed)
     order, offsets = layout(parts)
     mean, std = (spec.mean, spec.std) if spec.normalize else ((0.0,), (1.0,))
-    c = train_x.shape[1]
-    mean, std = tuple(mean) * (c // len(mean)), tuple(std) * (c // len(std))
     return FederatedData(
         x=images_to_float(train_x, train_idx[order], mean, std),
         y=np.ascontiguousarray(labels[order]),

@@ -19,7 +19,7 @@ how many rounds it has chosen):
     ...     def init(self, ctx):
     ...         return {"rounds": 0}
     ...     def select(self, state, draw):
-    ...         ids = sorted_ids(draw.candidates[: self.k(draw)])
+    ...         ids = np.unique(draw.candidates[: self.k(draw)])
     ...         return ids, {"rounds": state["rounds"] + 1}
     >>> ctx = SelectorContext.uniform(4)
     >>> sel = Lowest(clients_per_round=2)
@@ -90,15 +90,7 @@ class SelectorContext:
     @classmethod
     def uniform(cls, num_clients: int) -> SelectorContext:
         """Equal data weights and unit speeds (``informed=False``)."""
-        m = int(num_clients)
-        return cls(
-            num_clients=m,
-            data_weights=np.full(m, 1.0 / m) if m else np.zeros(0),
-            n_samples=np.ones(m, dtype=np.int64),
-            speed=np.ones(m),
-            round_time_s=np.ones(m),
-            informed=False,
-        )
+        return replace(cls.from_arrays(np.ones(int(num_clients))), informed=False)
 
     @classmethod
     def from_arrays(
@@ -254,11 +246,6 @@ class Selector:
         return min(self.clients_per_round, len(draw.candidates))
 
 
-def sorted_ids(ids: np.ndarray | list[int]) -> np.ndarray:
-    """Distinct ids, sorted, as int64."""
-    return np.unique(np.asarray(ids, dtype=np.int64))
-
-
 def weighted_pick(
     ids: np.ndarray, weights: np.ndarray, n: int, rng: np.random.Generator
 ) -> np.ndarray:
@@ -269,14 +256,13 @@ def weighted_pick(
     ...               np.random.default_rng(0)).tolist()
     [5]
     """
-    ids = np.asarray(ids, dtype=np.int64)
-    w = np.asarray(weights, dtype=np.float64)
-    n = min(int(n), ids.size)
-    pos = w > 0
+    n = min(n, ids.size)
+    pos = weights > 0
     if np.count_nonzero(pos) <= n:
         fill = rng.choice(ids[~pos], size=n - np.count_nonzero(pos), replace=False)
         return np.concatenate([ids[pos], fill]).astype(np.int64)
-    return rng.choice(ids[pos], size=n, replace=False, p=w[pos] / w[pos].sum())
+    w = weights[pos]
+    return rng.choice(ids[pos], size=n, replace=False, p=w / w.sum())
 
 
 def last_losses(result: RoundResult) -> list[tuple[int, float]]:

@@ -21,15 +21,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from fedsim.selectors.base import (
-    Draw,
-    Selector,
-    SelectorContext,
-    SelectorState,
-    weighted_pick,
-)
+from fedsim.selectors.base import Selector, SelectorState, weighted_pick
 
 if TYPE_CHECKING:
+    from fedsim.selectors.base import Draw, SelectorContext
     from fedsim.server import RoundResult
 
 _COUNTS = ("selected", "labeled", "removed")
@@ -101,18 +96,13 @@ class FedPNS(Selector):
         self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
         flags = result.info.flags or {}
-        now = {k: [int(c) for c, f in flags.items() if f.get(k)] for k in _COUNTS[1:]}
-        labeled = _bump(state["labeled"], now["labeled"])
+        new = {k: [int(c) for c, f in flags.items() if f.get(k)] for k in _COUNTS[1:]}
+        total = _bump(state["labeled"], new["labeled"])
         p = update_probabilities(
-            state["p"],
-            state["selected"],
-            labeled,
-            now["labeled"],
-            self.alpha,
-            self.beta,
+            state["p"], state["selected"], total, new["labeled"], self.alpha, self.beta
         )
-        removed = _bump(state["removed"], now["removed"])
-        return {**state, "p": p.tolist(), "labeled": labeled, "removed": removed}
+        removed = _bump(state["removed"], new["removed"])
+        return {**state, "p": p.tolist(), "labeled": total, "removed": removed}
 
     def artifact(self, state: SelectorState, round_: int) -> list[dict[str, Any]]:
         return [

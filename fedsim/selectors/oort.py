@@ -23,17 +23,11 @@ from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from fedsim.selectors.base import (
-    Draw,
-    Selector,
-    SelectorContext,
-    SelectorState,
-    last_losses,
-    weighted_pick,
-)
+from fedsim.selectors.base import Selector, SelectorState, last_losses, weighted_pick
 from fedsim.spec import NonNegFloat, PosFloat, Prob
 
 if TYPE_CHECKING:
+    from fedsim.selectors.base import Draw, SelectorContext
     from fedsim.server import RoundResult
 
 

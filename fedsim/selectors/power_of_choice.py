@@ -47,7 +47,6 @@ class PowerOfChoice(Selector):
     needs_context: ClassVar[bool] = True
     asynchronous: ClassVar[bool] = True  # adaptive: it observes applied updates
     initial_state: ClassVar[SelectorState] = {"ids": [], "loss": []}
-    inclusion: ClassVar[str] = "adaptive"
     data_share_in_sample: ClassVar[bool] = True
     default_weighting: ClassVar[str | None] = "equal"
 

@@ -55,7 +55,7 @@ class Weighted(Selector):
         >>> Weighted(clients_per_round=4).expected_draws(ctx).tolist()
         [1.0, 3.0]
         """
-        p = np.asarray(ctx.data_weights, dtype=np.float64)
+        p = ctx.data_weights
         return self.clients_per_round * p / p.sum()
 
     def multiplicity(
