@@ -348,12 +348,9 @@ def split(
 def layout(parts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(row order, offsets) that store the clients' samples one after another,
     as :class:`~fedsim.data.base.FederatedData` does."""
-    counts = np.array([len(p) for p in parts], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    order = np.concatenate(
-        [np.zeros(0, np.int64), *(np.asarray(p, np.int64) for p in parts)]
-    )
-    return order, offsets
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+    order = np.concatenate([np.zeros(0, np.int64), *parts])
+    return order.astype(np.int64), offsets.astype(np.int64)
 
 
 def label_histogram(data: FederatedData) -> np.ndarray:
@@ -394,7 +391,6 @@ def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) ->
     from matplotlib.figure import Figure
 
     m = min(table.num_rows, max_clients)
-    ids = np.asarray(table.column("client_id"))[:m]
     classes = [c for c in table.column_names if c.startswith("class_")]
     fig = Figure(figsize=(min(24.0, max(6.0, 0.12 * m + 2.0)), 4.0))
     FigureCanvasAgg(fig)
@@ -420,7 +416,7 @@ def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) ->
         title=f"Samples per client by class{shown}", xlabel="client", ylabel="samples"
     )
     if m <= 40:
-        ax.set_xticks(x, [str(i) for i in ids])
+        ax.set_xticks(x, [str(i) for i in table.column("client_id").to_pylist()[:m]])
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

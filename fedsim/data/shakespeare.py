@@ -24,6 +24,7 @@ LEAF_VOCAB = (
     "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 )
 _TAG_TEST = 0x5EA4E
+_TINY = "Tiny Shakespeare's input.txt from karpathy/char-rnn, data/tinyshakespeare"
 _ROLE = re.compile(r"^[A-Za-z][A-Za-z0-9 ,.'&-]*:$")
 
 
@@ -56,22 +57,15 @@ class ShakespeareData(DatasetSpec):
     def locate(self) -> Path:
         if self.path is not None:
             p = Path(self.path).expanduser()
-            how = (
-                "give data.path the plain-text play file (e.g. Tiny Shakespeare's "
-                "input.txt from karpathy/char-rnn, data/tinyshakespeare)"
-            )
-            return find_dir("Shakespeare", [p.parent], [p.name], how, gz=False) / p.name
-        root, explicit = data_root(self.root)
-        subs = [root / "shakespeare", root / "tinyshakespeare"]
-        how = (
-            f"place the play text (Tiny Shakespeare's input.txt from "
-            f"karpathy/char-rnn, data/tinyshakespeare) at {root}/shakespeare/"
-            "input.txt, or set data.path"
-        )
-        folders = subs + ([root] if explicit else [])
-        return (
-            find_dir("Shakespeare", folders, ["input.txt"], how, gz=False) / "input.txt"
-        )
+            folders, name = [p.parent], p.name
+            how = f"give data.path the plain-text play file (e.g. {_TINY})"
+        else:
+            root, explicit = data_root(self.root)
+            folders = [root / "shakespeare", root / "tinyshakespeare"]
+            folders += [root] if explicit else []
+            name, where = "input.txt", f"{root}/shakespeare/input.txt"
+            how = f"place the play text ({_TINY}) at {where}, or set data.path"
+        return find_dir("Shakespeare", folders, [name], how, gz=False) / name
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
         return build_shakespeare(self, num_clients, seed)
@@ -138,14 +132,13 @@ def build_shakespeare(
             "most text are kept) or change the fleet size"
         )
     train: list[tuple[np.ndarray, ...]] = []
-    empty = (np.zeros((0, L), np.float32), np.zeros(0, np.int64))
-    test: list[tuple[np.ndarray, ...]] = [empty]
+    test: list[tuple[np.ndarray, ...]] = []
     for role in kept:
         ids, cut = encode(roles[role], vocab), split_at[role]
         train.append(_windows(ids[:cut], L, spec.stride))
-        if spec.test_fraction > 0:
-            # test windows start at the cut: no test target is a training input
-            test.append(_windows(ids[max(0, cut - L) :], L, spec.stride))
+        # test windows start at the cut (none if it is the end): no test
+        # target is a training input
+        test.append(_windows(ids[max(0, cut - L) :], L, spec.stride))
     x, y = (np.concatenate(a) for a in zip(*train, strict=True))
     g = np.repeat(np.arange(len(kept), dtype=np.int64), [len(t[1]) for t in train])
     parts = split(spec.partition, y, num_clients, seed, groups=g)

@@ -81,16 +81,15 @@ def read_table(spec: TabularData) -> pa.Table:
         parse = csv.ParseOptions(delimiter=spec.delimiter)
         table = csv.read_csv(path, read_options=opts, parse_options=parse)
     except (pa.ArrowException, OSError, EOFError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        if fmt == "csv":
-            ragged = _ragged_line(path, spec.delimiter)
-            if ragged is not None:
-                line, want, got = ragged
-                raise DataError(
-                    f"{path}: line {line} has {got} fields but the first row has "
-                    f"{want}; every row needs the same columns (is "
-                    f"data.delimiter {spec.delimiter!r} right?)"
-                ) from None
+        first = (str(exc).strip().splitlines() or [""])[0]
+        ragged = _ragged_line(path, spec.delimiter) if fmt == "csv" else None
+        if ragged is not None:
+            line, want, got = ragged
+            raise DataError(
+                f"{path}: line {line} has {got} fields but the first row has "
+                f"{want}; every row needs the same columns (is "
+                f"data.delimiter {spec.delimiter!r} right?)"
+            ) from None
         raise DataError(
             f"{path}: cannot read as {fmt} ({type(exc).__name__}: {first[:200]})"
         ) from None

@@ -70,12 +70,8 @@ class SelectorContext:
 
     def __post_init__(self) -> None:
         m = int(self.num_clients)
-        for name, dtype in (
-            ("data_weights", np.float64),
-            ("n_samples", np.int64),
-            ("speed", np.float64),
-            ("round_time_s", np.float64),
-        ):
+        for name in ("data_weights", "n_samples", "speed", "round_time_s"):
+            dtype = np.int64 if name == "n_samples" else np.float64
             a = np.asarray(getattr(self, name), dtype=dtype)
             if a.flags.writeable:  # a read-only array (the fleet's) is shared
                 a = a.copy()
@@ -102,14 +98,9 @@ class SelectorContext:
         [0.25, 0.75]
         """
         n = np.asarray(n_samples, dtype=np.int64)
-        m = n.size
-        return cls(
-            num_clients=m,
-            data_weights=n / n.sum(),
-            n_samples=n,
-            speed=np.ones(m) if speed is None else speed,
-            round_time_s=np.ones(m) if round_time_s is None else round_time_s,
-        )
+        ones = np.ones(n.size)
+        speed, round_time_s = (ones if a is None else a for a in (speed, round_time_s))
+        return cls(n.size, n / n.sum(), n, speed, round_time_s)
 
     @classmethod
     def from_run(
