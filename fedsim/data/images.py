@@ -1,10 +1,6 @@
-"""Image datasets read from a local root: MNIST, Fashion-MNIST, EMNIST,
-CIFAR-10 and CIFAR-100, partitioned over the clients (docs/datasets.md).
-
-Nothing is downloaded. CIFAR's pickled python version is read by an
-unpickler that accepts only plain containers and NumPy arrays, so a
-tampered file cannot run code.
-"""
+"""MNIST, Fashion-MNIST, EMNIST, CIFAR-10 and CIFAR-100 from local files,
+partitioned over the clients (docs/datasets.md). CIFAR's python pickles go
+through an unpickler that accepts only arrays and plain containers."""
 
 from __future__ import annotations
 
@@ -292,10 +288,8 @@ class _CifarData(ImageData):
         """(label bytes of a binary record, the label's index, pickle key)."""
         return 1, 0, "labels"
 
-    def _read(self, fmt: str, folder: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """One file's (images, labels)."""
+    def _read(self, fmt: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
         nbytes, index, key = self._label_format()
-        path = folder / name
         if fmt == "bin":
             raw = np.fromfile(path, dtype=np.uint8)
             rec = nbytes + 3072
@@ -311,23 +305,21 @@ class _CifarData(ImageData):
         return images.reshape(-1, 3, 32, 32), np.asarray(labels, np.int64)
 
     def load(self) -> list[np.ndarray]:
-        root, _ = data_root(self.root)
         want = 1 if self.files == "test" else 0
         bin_files = tuple([f"{n}.bin" for n in group] for group in self.py_files)
         sets = {"bin": bin_files[want:], "py": self.py_files[want:]}
         tried: list[Path] = []
         for fmt, sub in (("bin", self.bin_dir), ("py", self.py_dir)):
             names = [n for group in sets[fmt] for n in group]
+            where = self._candidates([sub])
             try:
-                folder = find_dir(
-                    self.title, self._candidates([sub]), names, "", gz=False
-                )
+                folder = find_dir(self.title, where, names, "", gz=False)
             except DataMissingError:
-                tried += self._candidates([sub])
+                tried += where
                 continue
             out = []
             for group in sets[fmt]:
-                xs, ys = zip(*(self._read(fmt, folder, n) for n in group), strict=True)
+                xs, ys = zip(*(self._read(fmt, folder / n) for n in group), strict=True)
                 out += [np.concatenate(xs), np.concatenate(ys)]
             return out
         expect = (
@@ -338,7 +330,7 @@ class _CifarData(ImageData):
         how = (
             f"extract the {self.title} binary version ({t}-binary.tar.gz, "
             f"preferred) or python version ({t}-python.tar.gz) from the CIFAR page "
-            f"of the University of Toronto into {root}/"
+            f"of the University of Toronto into {data_root(self.root)[0]}/"
         )
         raise missing(self.title, expect, list(dict.fromkeys(tried)), how)
 
@@ -411,8 +403,7 @@ def build_images(spec: ImageData, num_clients: int, seed: int) -> FederatedData:
     train_idx = _subset(len(train_y), spec.train_samples, seed, 1)
     test_idx = _subset(len(test_y), spec.test_samples, seed, 2)
     labels = train_y[train_idx]
-    parts = split(spec.partition, labels, num_clients, seed)
-    order, offsets = layout(parts)
+    order, offsets = layout(split(spec.partition, labels, num_clients, seed))
     mean, std = (spec.mean, spec.std) if spec.normalize else ((0.0,), (1.0,))
     return FederatedData(
         x=images_to_float(train_x, train_idx[order], mean, std),

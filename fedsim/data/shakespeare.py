@@ -108,8 +108,7 @@ def _windows(ids: np.ndarray, seq_len: int, stride: int) -> tuple[np.ndarray, ..
 def build_shakespeare(
     spec: ShakespeareData, num_clients: int, seed: int
 ) -> FederatedData:
-    path = spec.locate()
-    roles = parse_roles(path.read_text(encoding="utf-8", errors="replace"))
+    roles = parse_roles(spec.locate().read_text(encoding="utf-8", errors="replace"))
     chars = set("".join(roles.values())) | {" "}
     vocab = LEAF_VOCAB if spec.vocab == "leaf" else "".join(sorted(chars))
     L = spec.seq_len
@@ -136,13 +135,11 @@ def build_shakespeare(
     for role in kept:
         ids, cut = encode(roles[role], vocab), split_at[role]
         train.append(_windows(ids[:cut], L, spec.stride))
-        # test windows start at the cut (none if it is the end): no test
-        # target is a training input
+        # test windows start at the cut: no test target is a training input
         test.append(_windows(ids[max(0, cut - L) :], L, spec.stride))
     x, y = (np.concatenate(a) for a in zip(*train, strict=True))
     g = np.repeat(np.arange(len(kept), dtype=np.int64), [len(t[1]) for t in train])
-    parts = split(spec.partition, y, num_clients, seed, groups=g)
-    order, offsets = layout(parts)
+    order, offsets = layout(split(spec.partition, y, num_clients, seed, groups=g))
     test_x, test_y = (np.concatenate(a) for a in zip(*test, strict=True))
     if spec.test_samples is not None and spec.test_samples < len(test_y):
         rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_TEST]))

@@ -51,11 +51,9 @@ class TabularData(DatasetSpec):
     def locate(self) -> Path:
         p = Path(self.path).expanduser()
         root, _ = data_root(self.root)
-        folders = [p.parent] if p.is_absolute() else [p.parent, (root / p).parent]
-        how = (
-            f"put the file at {p if p.is_absolute() else root / p}, or give "
-            "data.path as an absolute path"
-        )
+        # root / p is p when p is absolute (find_dir drops the repeated folder)
+        folders = [p.parent, (root / p).parent]
+        how = f"put the file at {root / p}, or give data.path as an absolute path"
         folder = find_dir(f"Tabular data {self.path}", folders, [p.name], how, gz=False)
         return folder / p.name
 
@@ -79,7 +77,7 @@ def read_table(spec: TabularData) -> pa.Table:
 
         opts = csv.ReadOptions(autogenerate_column_names=not spec.header)
         parse = csv.ParseOptions(delimiter=spec.delimiter)
-        table = csv.read_csv(path, read_options=opts, parse_options=parse)
+        return csv.read_csv(path, read_options=opts, parse_options=parse)
     except (pa.ArrowException, OSError, EOFError) as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         ragged = _ragged_line(path, spec.delimiter) if fmt == "csv" else None
@@ -93,9 +91,6 @@ def read_table(spec: TabularData) -> pa.Table:
         raise DataError(
             f"{path}: cannot read as {fmt} ({type(exc).__name__}: {first[:200]})"
         ) from None
-    if not spec.header:
-        table = table.rename_columns([f"f{i}" for i in range(table.num_columns)])
-    return table
 
 
 def _ragged_line(path: Path, delimiter: str) -> tuple[int, int, int] | None:

@@ -192,8 +192,14 @@ class Selector:
         return replace(self, clients_per_round=k)
 
     def init(self, ctx: SelectorContext) -> SelectorState:
-        """The initial state (a plain JSON value): ``initial_state``."""
-        self.check_context(ctx)
+        """The initial state (a plain JSON value): ``initial_state``; refuses an
+        uninformed context when ``needs_context``."""
+        if self.needs_context and not ctx.informed:
+            raise TypeError(
+                f"selector {self.name!r} needs the run's real data weights and "
+                "device speeds (SelectorContext.from_run), not "
+                "SelectorContext.uniform"
+            )
         return copy.deepcopy(self.initial_state)
 
     def select(
@@ -222,15 +228,6 @@ class Selector:
     def artifact(self, state: SelectorState, round_: int) -> list[dict[str, Any]]:
         """Rows for ``selector.parquet`` (the server adds ``round``); [] if none."""
         return []
-
-    def check_context(self, ctx: SelectorContext) -> None:
-        """Refuse an uninformed context when ``needs_context``."""
-        if self.needs_context and not ctx.informed:
-            raise TypeError(
-                f"selector {self.name!r} needs the run's real data weights and "
-                "device speeds (SelectorContext.from_run), not "
-                "SelectorContext.uniform"
-            )
 
     def k(self, draw: Draw) -> int:
         """``clients_per_round``, or fewer when fewer devices are candidates."""
