@@ -1,11 +1,7 @@
-"""Locating dataset files on disk, and the errors raised when they do not fit.
-
-fedsim never downloads anything: a dataset is read from the spec's ``root``,
-else ``$FEDSIM_DATA_ROOT``, else ``~/.cache/fedsim/data`` (docs/datasets.md).
-The CLI turns both errors into exit code 2.
+"""Locating dataset files on disk (docs/datasets.md, "Where data comes from"),
+and the errors raised when they are missing or do not fit (CLI exit code 2).
 
 Example:
-    >>> from pathlib import Path
     >>> try:
     ...     find_dir("Example", [Path("/nonexistent")], ["a.bin"], "put a.bin there")
     ... except DataMissingError as e:

@@ -164,29 +164,21 @@ class _IdxData(ImageData):
     how_to_get: ClassVar[str] = ""
     transpose: ClassVar[bool] = False
 
-    def _prefix(self) -> str:
-        """EMNIST's file name prefix (it also names its test files "test")."""
-        return ""
+    def _stems(self) -> list[str]:
+        """File name stems of the (train and) test files."""
+        return ["t10k"] if self.files == "test" else ["train", "t10k"]
 
     def _label_offset(self) -> int:
         return 0
 
-    def _names(self, part: str) -> tuple[str, str]:
-        return (
-            f"{self._prefix()}{part}-images-idx3-ubyte",
-            f"{self._prefix()}{part}-labels-idx1-ubyte",
-        )
-
     def load(self) -> list[np.ndarray]:
-        test = "test" if self._prefix() else "t10k"
-        parts = [test] if self.files == "test" else ["train", test]
-        names = [n for p in parts for n in self._names(p)]
+        kinds = ("images-idx3-ubyte", "labels-idx1-ubyte")
+        names = [f"{stem}-{kind}" for stem in self._stems() for kind in kinds]
         how = self.how_to_get.format(root=data_root(self.root)[0])
         where = self._candidates(self.subdirs, self.extra_dirs)
         folder = find_dir(self.title, where, names, how)
         arrays = []
-        for p in parts:
-            img_name, lab_name = self._names(p)
+        for img_name, lab_name in zip(names[::2], names[1::2], strict=True):
             x = read_idx(folder / img_name)
             y = read_idx(folder / lab_name).astype(np.int64) - self._label_offset()
             if x.ndim != 3 or len(x) != len(y):
@@ -240,14 +232,8 @@ class FashionMnistData(_IdxData):
 
 
 _EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
-_EMNIST_CLASSES = {
-    "byclass": 62,
-    "bymerge": 47,
-    "balanced": 47,
-    "letters": 26,
-    "digits": 10,
-    "mnist": 10,
-}
+# classes of each EMNIST split
+_EMNIST = dict(byclass=62, bymerge=47, balanced=47, letters=26, digits=10, mnist=10)
 
 
 class EmnistData(_IdxData):
@@ -269,10 +255,11 @@ class EmnistData(_IdxData):
     transpose: ClassVar[bool] = True
 
     def _classes_total(self) -> int:
-        return _EMNIST_CLASSES[self.subset]
+        return _EMNIST[self.subset]
 
-    def _prefix(self) -> str:
-        return f"emnist-{self.subset}-"
+    def _stems(self) -> list[str]:
+        parts = ["test"] if self.files == "test" else ["train", "test"]
+        return [f"emnist-{self.subset}-{p}" for p in parts]
 
     def _label_offset(self) -> int:
         return 1 if self.subset == "letters" else 0

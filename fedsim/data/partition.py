@@ -5,7 +5,6 @@ one array of sample indices per client; the kinds, their guarantees and
 their deviations from the reference codes: docs/datasets.md ("Partitions").
 
 Example:
-    >>> import numpy as np
     >>> labels = np.repeat(np.arange(10), 100)
     >>> parts = dirichlet_feddc(labels, num_clients=20, alpha=0.3, seed=0)
     >>> sorted(np.concatenate(parts).tolist()) == list(range(1000))

@@ -6,7 +6,6 @@ that scores models at the server says so with ``validation_use(q)``:
 ``"validation"``, ``"test"`` (an optimistic opt-in) or None.
 
 Example:
-    >>> import numpy as np
     >>> from fedsim.data.base import FederatedData
     >>> d = FederatedData(
     ...     x=np.arange(10.0).reshape(10, 1), y=np.zeros(10, np.int64),

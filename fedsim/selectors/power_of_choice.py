@@ -32,7 +32,6 @@ class PowerOfChoice(Selector):
     ``candidates`` is d (None: 2 ``clients_per_round``; at least that many).
 
     Example:
-        >>> import numpy as np
         >>> from fedsim.selectors.base import Draw, SelectorContext
         >>> sel = PowerOfChoice(clients_per_round=1, candidates=3)
         >>> ctx = SelectorContext.from_arrays([1, 1, 1])

@@ -41,9 +41,7 @@ class Weighted(Selector):
         p = draw.ctx.data_weights[cand]
         if len(cand) == 0 or p.sum() <= 0:
             return np.zeros(0, dtype=np.int64), {"ids": [], "counts": []}
-        draws = draw.rng.choice(
-            cand, size=self.clients_per_round, replace=True, p=p / p.sum()
-        )
+        draws = draw.rng.choice(cand, size=self.clients_per_round, p=p / p.sum())
         ids, counts = np.unique(draws, return_counts=True)
         return ids.astype(np.int64), {"ids": ids.tolist(), "counts": counts.tolist()}
 
