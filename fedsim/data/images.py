@@ -146,7 +146,37 @@ class ImageData(DatasetSpec):
         return None
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
-        return build_images(self, num_clients, seed)
+        """Load, filter, subset, partition and normalise an image dataset."""
+        *train, test_x, test_y = self.load()
+        num_classes = self._classes_total()
+        if self.files == "test":
+            perm = _subset_rng(seed, 0).permutation(len(test_y))
+            n_test = max(1, int(round(self.test_fraction * len(perm))))
+            tr, te = perm[n_test:], perm[:n_test]
+            train = [test_x[tr], test_y[tr]]
+            test_x, test_y = test_x[te], test_y[te]
+        train_x, train_y = train
+        if self.classes is not None:
+            lut = np.full(num_classes, -1, dtype=np.int64)
+            lut[np.asarray(self.classes)] = np.arange(len(self.classes))
+            keep, keep_t = lut[train_y] >= 0, lut[test_y] >= 0
+            train_x, train_y = train_x[keep], lut[train_y[keep]]
+            test_x, test_y = test_x[keep_t], lut[test_y[keep_t]]
+            num_classes = len(self.classes)
+        train_idx = _subset(len(train_y), self.train_samples, seed, 1)
+        test_idx = _subset(len(test_y), self.test_samples, seed, 2)
+        labels = train_y[train_idx]
+        order, offsets = layout(split(self.partition, labels, num_clients, seed))
+        mean, std = (self.mean, self.std) if self.normalize else ((0.0,), (1.0,))
+        return FederatedData(
+            x=images_to_float(train_x, train_idx[order], mean, std),
+            y=np.ascontiguousarray(labels[order]),
+            offsets=offsets,
+            weights=np.diff(offsets).astype(np.float64),
+            test_x=images_to_float(test_x, test_idx, mean, std),
+            test_y=np.ascontiguousarray(test_y[test_idx]),
+            num_classes=num_classes,
+        )
 
     def load(self) -> list[np.ndarray]:
         """(train images, train labels, test images, test labels) as uint8
@@ -367,37 +397,3 @@ def _subset(n: int, k: int | None, seed: int, what: int) -> np.ndarray:
     if k is None or k >= n:
         return np.arange(n)
     return np.sort(_subset_rng(seed, what).choice(n, k, False))
-
-
-def build_images(spec: ImageData, num_clients: int, seed: int) -> FederatedData:
-    """Load, filter, subset, partition and normalise an image dataset."""
-    *train, test_x, test_y = spec.load()
-    num_classes = spec._classes_total()
-    if spec.files == "test":
-        perm = _subset_rng(seed, 0).permutation(len(test_y))
-        n_test = max(1, int(round(spec.test_fraction * len(perm))))
-        tr, te = perm[n_test:], perm[:n_test]
-        train = [test_x[tr], test_y[tr]]
-        test_x, test_y = test_x[te], test_y[te]
-    train_x, train_y = train
-    if spec.classes is not None:
-        lut = np.full(num_classes, -1, dtype=np.int64)
-        lut[np.asarray(spec.classes)] = np.arange(len(spec.classes))
-        keep, keep_t = lut[train_y] >= 0, lut[test_y] >= 0
-        train_x, train_y = train_x[keep], lut[train_y[keep]]
-        test_x, test_y = test_x[keep_t], lut[test_y[keep_t]]
-        num_classes = len(spec.classes)
-    train_idx = _subset(len(train_y), spec.train_samples, seed, 1)
-    test_idx = _subset(len(test_y), spec.test_samples, seed, 2)
-    labels = train_y[train_idx]
-    order, offsets = layout(split(spec.partition, labels, num_clients, seed))
-    mean, std = (spec.mean, spec.std) if spec.normalize else ((0.0,), (1.0,))
-    return FederatedData(
-        x=images_to_float(train_x, train_idx[order], mean, std),
-        y=np.ascontiguousarray(labels[order]),
-        offsets=offsets,
-        weights=np.diff(offsets).astype(np.float64),
-        test_x=images_to_float(test_x, test_idx, mean, std),
-        test_y=np.ascontiguousarray(test_y[test_idx]),
-        num_classes=num_classes,
-    )

@@ -51,22 +51,18 @@ class QuadraticData(DatasetSpec):
         return len(self.centers)
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
-        return quadratic(self)
-
-
-def quadratic(spec: QuadraticData) -> FederatedData:
-    m = spec.clients
-    e = np.array([np.ravel(c) for c in spec.centers], dtype=np.float64)
-    h = np.array(spec.curvatures or [1.0] * m, dtype=np.float64)
-    p = np.array(spec.weights or [1.0] * m, dtype=np.float64)
-    p = p / p.sum()
-    return FederatedData(
-        x=e,
-        y=h,
-        offsets=np.arange(m + 1, dtype=np.int64),
-        weights=p,
-        test_x=e.copy(),
-        test_y=h.copy(),
-        num_classes=0,
-        test_weights=p.copy(),
-    )
+        m = self.clients
+        e = np.array([np.ravel(c) for c in self.centers], dtype=np.float64)
+        h = np.array(self.curvatures or [1.0] * m, dtype=np.float64)
+        p = np.array(self.weights or [1.0] * m, dtype=np.float64)
+        p = p / p.sum()
+        return FederatedData(
+            x=e,
+            y=h,
+            offsets=np.arange(m + 1, dtype=np.int64),
+            weights=p,
+            test_x=e.copy(),
+            test_y=h.copy(),
+            num_classes=0,
+            test_weights=p.copy(),
+        )

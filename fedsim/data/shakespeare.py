@@ -68,7 +68,54 @@ class ShakespeareData(DatasetSpec):
         return find_dir("Shakespeare", folders, [name], how, gz=False) / name
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
-        return build_shakespeare(self, num_clients, seed)
+        roles = parse_roles(self.locate().read_text(encoding="utf-8", errors="replace"))
+        chars = set("".join(roles.values())) | {" "}
+        vocab = LEAF_VOCAB if self.vocab == "leaf" else "".join(sorted(chars))
+        L = self.seq_len
+        split_at = {
+            r: int(round(len(t) * (1.0 - self.test_fraction))) for r, t in roles.items()
+        }
+        n_train = {
+            r: max(0, (split_at[r] - L + self.stride - 1) // self.stride) for r in roles
+        }
+        eligible = [r for r in roles if n_train[r] >= self.min_samples]
+        eligible.sort(key=lambda r: (-len(roles[r]), r))
+        kept = sorted(eligible[: self.max_clients] if self.max_clients else eligible)
+        if len(kept) != num_clients:
+            cap = ""
+            if self.max_clients:
+                cap = f", capped by max_clients={self.max_clients}"
+            raise DataError(
+                f"shakespeare: {len(kept)} roles are kept ({len(eligible)} of "
+                f"{len(roles)} have at least {self.min_samples} training sequences"
+                f"{cap}) but the fleet has {num_clients} devices; each device is one "
+                f"role, so set data.max_clients: {num_clients} (the roles with the "
+                "most text are kept) or change the fleet size"
+            )
+        train: list[tuple[np.ndarray, ...]] = []
+        test: list[tuple[np.ndarray, ...]] = []
+        for role in kept:
+            ids, cut = encode(roles[role], vocab), split_at[role]
+            train.append(_windows(ids[:cut], L, self.stride))
+            # test windows start at the cut: no test target is a training input
+            test.append(_windows(ids[max(0, cut - L) :], L, self.stride))
+        x, y = (np.concatenate(a) for a in zip(*train, strict=True))
+        g = np.repeat(np.arange(len(kept), dtype=np.int64), [len(t[1]) for t in train])
+        order, offsets = layout(split(self.partition, y, num_clients, seed, groups=g))
+        test_x, test_y = (np.concatenate(a) for a in zip(*test, strict=True))
+        if self.test_samples is not None and self.test_samples < len(test_y):
+            rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_TEST]))
+            keep = np.sort(rng.choice(len(test_y), self.test_samples, replace=False))
+            test_x, test_y = test_x[keep], test_y[keep]
+        return FederatedData(
+            x=x[order],
+            y=y[order],
+            offsets=offsets,
+            weights=np.diff(offsets).astype(np.float64),
+            test_x=test_x,
+            test_y=test_y,
+            num_classes=len(vocab),
+        )
 
 
 def parse_roles(text: str) -> dict[str, str]:
@@ -103,54 +150,3 @@ def _windows(ids: np.ndarray, seq_len: int, stride: int) -> tuple[np.ndarray, ..
         return np.zeros((0, seq_len), np.float32), np.zeros(0, np.int64)
     w = sliding_window_view(ids, seq_len + 1)[::stride]
     return w[:, :-1].astype(np.float32), np.ascontiguousarray(w[:, -1])
-
-
-def build_shakespeare(
-    spec: ShakespeareData, num_clients: int, seed: int
-) -> FederatedData:
-    roles = parse_roles(spec.locate().read_text(encoding="utf-8", errors="replace"))
-    chars = set("".join(roles.values())) | {" "}
-    vocab = LEAF_VOCAB if spec.vocab == "leaf" else "".join(sorted(chars))
-    L = spec.seq_len
-    split_at = {
-        r: int(round(len(t) * (1.0 - spec.test_fraction))) for r, t in roles.items()
-    }
-    n_train = {
-        r: max(0, (split_at[r] - L + spec.stride - 1) // spec.stride) for r in roles
-    }
-    eligible = [r for r in roles if n_train[r] >= spec.min_samples]
-    eligible.sort(key=lambda r: (-len(roles[r]), r))
-    kept = sorted(eligible[: spec.max_clients] if spec.max_clients else eligible)
-    if len(kept) != num_clients:
-        cap = f", capped by max_clients={spec.max_clients}" if spec.max_clients else ""
-        raise DataError(
-            f"shakespeare: {len(kept)} roles are kept ({len(eligible)} of "
-            f"{len(roles)} have at least {spec.min_samples} training sequences"
-            f"{cap}) but the fleet has {num_clients} devices; each device is one "
-            f"role, so set data.max_clients: {num_clients} (the roles with the "
-            "most text are kept) or change the fleet size"
-        )
-    train: list[tuple[np.ndarray, ...]] = []
-    test: list[tuple[np.ndarray, ...]] = []
-    for role in kept:
-        ids, cut = encode(roles[role], vocab), split_at[role]
-        train.append(_windows(ids[:cut], L, spec.stride))
-        # test windows start at the cut: no test target is a training input
-        test.append(_windows(ids[max(0, cut - L) :], L, spec.stride))
-    x, y = (np.concatenate(a) for a in zip(*train, strict=True))
-    g = np.repeat(np.arange(len(kept), dtype=np.int64), [len(t[1]) for t in train])
-    order, offsets = layout(split(spec.partition, y, num_clients, seed, groups=g))
-    test_x, test_y = (np.concatenate(a) for a in zip(*test, strict=True))
-    if spec.test_samples is not None and spec.test_samples < len(test_y):
-        rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_TEST]))
-        keep = np.sort(rng.choice(len(test_y), spec.test_samples, replace=False))
-        test_x, test_y = test_x[keep], test_y[keep]
-    return FederatedData(
-        x=x[order],
-        y=y[order],
-        offsets=offsets,
-        weights=np.diff(offsets).astype(np.float64),
-        test_x=test_x,
-        test_y=test_y,
-        num_classes=len(vocab),
-    )

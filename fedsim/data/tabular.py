@@ -58,7 +58,62 @@ class TabularData(DatasetSpec):
         return folder / p.name
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
-        return build_tabular(self, num_clients, seed)
+        table = read_table(self)
+        label = _column(table, self.label, "label")
+        client = None
+        if self.client_column is not None:
+            client = _column(table, self.client_column, "client_column")
+        if self.features is not None:
+            feats = [_column(table, f, "features") for f in self.features]
+        else:
+            feats = [c for c in table.column_names if c not in (label, client)]
+        if not feats:
+            raise DataError("tabular: no feature columns")
+        cols = []
+        for f in feats:
+            col = table.column(f)
+            if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+                raise DataError(
+                    f"tabular: feature column {f!r} is {col.type}, not numeric; "
+                    "list the numeric columns in data.features"
+                )
+            if col.null_count:
+                raise DataError(f"tabular: feature column {f!r} has missing values")
+            cols.append(pc.cast(col, pa.float64()).to_numpy())
+        x = np.stack(cols, axis=1)
+        y = _codes(table.column(label), f"label column {label!r}")
+        num_classes = int(y.max()) + 1
+
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_SPLIT]))
+        perm = rng.permutation(len(y))
+        n_test = max(1, int(round(self.test_fraction * len(y))))
+        test, train = perm[:n_test], np.sort(perm[n_test:])
+
+        groups = None
+        if self.partition.kind == "natural":
+            groups = _codes(table.column(client).take(pa.array(train)), "client_column")
+            found = int(groups.max()) + 1
+            if found != num_clients:
+                raise DataError(
+                    f"tabular: client_column {client!r} has {found} distinct values "
+                    f"in the training rows but the fleet has {num_clients} devices; "
+                    "each device is one client, so they must match"
+                )
+        parts = split(self.partition, y[train], num_clients, seed, groups=groups)
+        order, offsets = layout(parts)
+        rows = train[order]
+        if self.standardize:  # constant columns are only centred
+            mean, std = x[train].mean(axis=0), x[train].std(axis=0)
+            x = (x - mean) / np.where(std == 0, 1.0, std)
+        return FederatedData(
+            x=x[rows].astype(np.float32),
+            y=y[rows],
+            offsets=offsets,
+            weights=np.diff(offsets).astype(np.float64),
+            test_x=x[test].astype(np.float32),
+            test_y=y[test],
+            num_classes=num_classes,
+        )
 
 
 def read_table(spec: TabularData) -> pa.Table:
@@ -130,62 +185,3 @@ def _codes(values: pa.ChunkedArray, what: str) -> np.ndarray:
         raise DataError(f"{what} has {values.null_count} missing values")
     arr = values.to_numpy(zero_copy_only=False)
     return np.unique(arr, return_inverse=True)[1].reshape(-1).astype(np.int64)
-
-
-def build_tabular(spec: TabularData, num_clients: int, seed: int) -> FederatedData:
-    table = read_table(spec)
-    label = _column(table, spec.label, "label")
-    client = None
-    if spec.client_column is not None:
-        client = _column(table, spec.client_column, "client_column")
-    if spec.features is not None:
-        feats = [_column(table, f, "features") for f in spec.features]
-    else:
-        feats = [c for c in table.column_names if c not in (label, client)]
-    if not feats:
-        raise DataError("tabular: no feature columns")
-    cols = []
-    for f in feats:
-        col = table.column(f)
-        if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
-            raise DataError(
-                f"tabular: feature column {f!r} is {col.type}, not numeric; "
-                "list the numeric columns in data.features"
-            )
-        if col.null_count:
-            raise DataError(f"tabular: feature column {f!r} has missing values")
-        cols.append(pc.cast(col, pa.float64()).to_numpy())
-    x = np.stack(cols, axis=1)
-    y = _codes(table.column(label), f"label column {label!r}")
-    num_classes = int(y.max()) + 1
-
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_SPLIT]))
-    perm = rng.permutation(len(y))
-    n_test = max(1, int(round(spec.test_fraction * len(y))))
-    test, train = perm[:n_test], np.sort(perm[n_test:])
-
-    groups = None
-    if spec.partition.kind == "natural":
-        groups = _codes(table.column(client).take(pa.array(train)), "client_column")
-        found = int(groups.max()) + 1
-        if found != num_clients:
-            raise DataError(
-                f"tabular: client_column {client!r} has {found} distinct values "
-                f"in the training rows but the fleet has {num_clients} devices; "
-                "each device is one client, so they must match"
-            )
-    parts = split(spec.partition, y[train], num_clients, seed, groups=groups)
-    order, offsets = layout(parts)
-    rows = train[order]
-    if spec.standardize:  # constant columns are only centred
-        mean, std = x[train].mean(axis=0), x[train].std(axis=0)
-        x = (x - mean) / np.where(std == 0, 1.0, std)
-    return FederatedData(
-        x=x[rows].astype(np.float32),
-        y=y[rows],
-        offsets=offsets,
-        weights=np.diff(offsets).astype(np.float64),
-        test_x=x[test].astype(np.float32),
-        test_y=y[test],
-        num_classes=num_classes,
-    )
