@@ -63,11 +63,9 @@ def find_dir(
     """The first of ``candidates`` holding every file in ``names`` (each as
     is or, with ``gz``, as ``name.gz``); else :class:`DataMissingError`."""
     seen = list(dict.fromkeys(candidates))
+    suffixes = ("", ".gz") if gz else ("",)
     for folder in seen:
-        if all(
-            (folder / n).is_file() or (gz and (folder / f"{n}.gz").is_file())
-            for n in names
-        ):
+        if all(any((folder / f"{n}{s}").is_file() for s in suffixes) for n in names):
             return folder
     files = ", ".join(f"{n}[.gz]" if gz else n for n in names)
     raise missing(what, files, seen, how_to_get)

@@ -166,8 +166,7 @@ def dirichlet_feddc(
     def cdfs() -> list[list[float]]:
         avail = (left > 0).astype(np.float64)
         p = priors * avail
-        empty = p.sum(axis=1) <= 0
-        p[empty] = avail
+        p[p.sum(axis=1) <= 0] = avail
         return np.cumsum(p, axis=1).tolist()
 
     cdf = cdfs()
@@ -219,9 +218,8 @@ def dirichlet_fednova(
         held = np.zeros(m, dtype=np.int64)
         for idx in by_class:
             idx = rng.permutation(idx)
-            p = rng.dirichlet(np.full(m, float(alpha)))
             room = held < n / m
-            p = p * room
+            p = rng.dirichlet(np.full(m, float(alpha))) * room
             if p.sum() <= 0:  # every open client drew exactly 0: share evenly
                 p = room.astype(np.float64)
             cuts = (np.cumsum(p / p.sum()) * len(idx)).astype(np.int64)[:-1]

@@ -71,13 +71,9 @@ class ShakespeareData(DatasetSpec):
         roles = parse_roles(self.locate().read_text(encoding="utf-8", errors="replace"))
         chars = set("".join(roles.values())) | {" "}
         vocab = LEAF_VOCAB if self.vocab == "leaf" else "".join(sorted(chars))
-        L = self.seq_len
-        split_at = {
-            r: int(round(len(t) * (1.0 - self.test_fraction))) for r, t in roles.items()
-        }
-        n_train = {
-            r: max(0, (split_at[r] - L + self.stride - 1) // self.stride) for r in roles
-        }
+        L, stride, train_share = self.seq_len, self.stride, 1.0 - self.test_fraction
+        split_at = {r: int(round(len(t) * train_share)) for r, t in roles.items()}
+        n_train = {r: max(0, (split_at[r] - L + stride - 1) // stride) for r in roles}
         eligible = [r for r in roles if n_train[r] >= self.min_samples]
         eligible.sort(key=lambda r: (-len(roles[r]), r))
         kept = sorted(eligible[: self.max_clients] if self.max_clients else eligible)
@@ -96,9 +92,9 @@ class ShakespeareData(DatasetSpec):
         test: list[tuple[np.ndarray, ...]] = []
         for role in kept:
             ids, cut = encode(roles[role], vocab), split_at[role]
-            train.append(_windows(ids[:cut], L, self.stride))
+            train.append(_windows(ids[:cut], L, stride))
             # test windows start at the cut: no test target is a training input
-            test.append(_windows(ids[max(0, cut - L) :], L, self.stride))
+            test.append(_windows(ids[max(0, cut - L) :], L, stride))
         x, y = (np.concatenate(a) for a in zip(*train, strict=True))
         g = np.repeat(np.arange(len(kept), dtype=np.int64), [len(t[1]) for t in train])
         order, offsets = layout(split(self.partition, y, num_clients, seed, groups=g))

@@ -1,9 +1,5 @@
-"""A generic tabular dataset: a CSV or Parquet file with a label column.
-
-Numeric features, the sorted distinct labels as classes 0..C-1, a seeded
-random test split, the rest partitioned over the clients (fields and an
-example: docs/datasets.md, "Tabular").
-"""
+"""A generic tabular dataset: a CSV or Parquet file with a label column
+(fields and an example: docs/datasets.md, "Tabular")."""
 
 from __future__ import annotations
 

@@ -79,8 +79,7 @@ class SelectorContext:
             if a.shape != (m,):
                 raise ValueError(f"{name} has shape {a.shape}, expected ({m},)")
             object.__setattr__(self, name, a)
-        total = float(self.data_weights.sum())
-        if m and (total <= 0 or np.any(self.data_weights < 0)):
+        if m and (self.data_weights.sum() <= 0 or np.any(self.data_weights < 0)):
             raise ValueError("data_weights must be non-negative with a positive sum")
 
     @classmethod
@@ -124,10 +123,9 @@ class SelectorContext:
         if work is not None:
             steps = work.steps * work.unit_cost
             up = 8.0 * work.bytes_up / fleet.up_bps + fleet.latency_s
-        total = float(n.sum())
         return cls(
             num_clients=m,
-            data_weights=n / total if total > 0 else np.full(m, 1.0 / max(m, 1)),
+            data_weights=n / n.sum() if n.sum() > 0 else np.full(m, 1.0 / max(m, 1)),
             n_samples=n,
             speed=fleet.speed,
             round_time_s=down + steps / fleet.speed + up,

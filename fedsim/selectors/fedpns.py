@@ -51,9 +51,8 @@ def update_probabilities(
     lab = sorted({int(i) for i in labeled_now})
     if not lab:
         return q
-    sel = np.asarray(selected, dtype=np.float64)
-    tot = np.asarray(labeled_total, dtype=np.float64)
-    x = tot[lab] / np.maximum(sel[lab], 1.0)
+    sel, tot = (np.asarray(a, dtype=np.float64)[lab] for a in (selected, labeled_total))
+    x = tot / np.maximum(sel, 1.0)
     delta = q[lab] * np.minimum((x + beta) ** alpha, 1.0)
     q[lab] -= delta
     rest = np.ones(q.size, dtype=bool)

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
 
 from fedsim.selectors.base import Selector, SelectorState, last_losses, weighted_pick
 from fedsim.spec import NonNegFloat, PosFloat, Prob
@@ -49,7 +48,7 @@ class Oort(Selector):
     preferred_duration_s: PosFloat | None = None
     duration_quantile: Prob = 0.5
     cutoff: Prob = 0.95
-    uncertainty: Annotated[float, Field(ge=0)] = 0.1
+    uncertainty: NonNegFloat = 0.1
 
     needs_context: ClassVar[bool] = True
     asynchronous: ClassVar[bool] = True  # adaptive: it observes applied updates
