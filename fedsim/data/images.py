@@ -118,6 +118,7 @@ class ImageData(DatasetSpec):
     test_samples: Annotated[int, Field(ge=1)] | None = None
     normalize: bool = True
 
+    clients: ClassVar[int | None] = None  # as many as the fleet has devices
     title: ClassVar[str] = "images"
     num_classes: ClassVar[int] = 10
     mean: ClassVar[tuple[float, ...]] = (0.5,)
@@ -140,10 +141,6 @@ class ImageData(DatasetSpec):
 
     def _classes_total(self) -> int:
         return self.num_classes
-
-    @property
-    def clients(self) -> int | None:
-        return None
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
         """Load, filter, subset, partition and normalise an image dataset."""

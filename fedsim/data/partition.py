@@ -19,7 +19,7 @@ import bisect
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -83,13 +83,11 @@ class NaturalPartition(Spec):
 
 
 PartitionSpec = Annotated[
-    Union[  # noqa: UP007
-        IidPartition,
-        DirichletPartition,
-        ShardsPartition,
-        PnsMixPartition,
-        NaturalPartition,
-    ],
+    IidPartition
+    | DirichletPartition
+    | ShardsPartition
+    | PnsMixPartition
+    | NaturalPartition,
     Field(discriminator="kind"),
 ]
 

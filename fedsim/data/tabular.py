@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -34,15 +34,13 @@ class TabularData(DatasetSpec):
     test_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
     partition: PartitionSpec = IidPartition(kind="iid")
 
+    clients: ClassVar[int | None] = None  # as many as the fleet has devices
+
     @model_validator(mode="after")
     def _natural_needs_column(self) -> TabularData:
         if self.partition.kind == "natural" and self.client_column is None:
             raise ValueError("partition 'natural' needs client_column")
         return self
-
-    @property
-    def clients(self) -> int | None:
-        return None
 
     def locate(self) -> Path:
         p = Path(self.path).expanduser()
@@ -78,7 +76,6 @@ class TabularData(DatasetSpec):
             cols.append(pc.cast(col, pa.float64()).to_numpy())
         x = np.stack(cols, axis=1)
         y = _codes(table.column(label), f"label column {label!r}")
-        num_classes = int(y.max()) + 1
 
         rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_SPLIT]))
         perm = rng.permutation(len(y))
@@ -108,15 +105,14 @@ class TabularData(DatasetSpec):
             weights=np.diff(offsets).astype(np.float64),
             test_x=x[test].astype(np.float32),
             test_y=y[test],
-            num_classes=num_classes,
+            num_classes=int(y.max()) + 1,
         )
 
 
 def read_table(spec: TabularData) -> pa.Table:
     """The file as an Arrow table (a CSV without header: ``f0, f1, ...``);
     :class:`DataError` if it cannot be parsed (naming a ragged CSV's bad line)."""
-    path = spec.locate()
-    fmt = spec.format
+    path, fmt = spec.locate(), spec.format
     if fmt == "auto":
         fmt = "parquet" if path.suffix.lower() in (".parquet", ".pq") else "csv"
     try:

@@ -53,8 +53,7 @@ class Weighted(Selector):
         >>> Weighted(clients_per_round=4).expected_draws(ctx).tolist()
         [1.0, 3.0]
         """
-        p = ctx.data_weights
-        return self.clients_per_round * p / p.sum()
+        return self.clients_per_round * ctx.data_weights / ctx.data_weights.sum()
 
     def multiplicity(
         self, state: SelectorState, ids: np.ndarray
