@@ -216,6 +216,12 @@ class _IdxData(ImageData):
         return arrays
 
 
+_MNIST_FILES = (
+    "the four MNIST files train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+    "t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz"
+)
+
+
 class MnistData(_IdxData):
     """MNIST (LeCun et al.): 60,000 + 10,000 28x28 grey digits, 10 classes."""
 
@@ -225,9 +231,7 @@ class MnistData(_IdxData):
     std: ClassVar[tuple[float, ...]] = (0.3081,)
     subdirs: ClassVar[list[str]] = ["mnist", "MNIST/raw", "MNIST", "mnist-test"]
     how_to_get: ClassVar[str] = (
-        "place the four MNIST files train-images-idx3-ubyte.gz, "
-        "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
-        "t10k-labels-idx1-ubyte.gz (or copy a torchvision MNIST/raw folder) in "
+        f"place {_MNIST_FILES} (or copy a torchvision MNIST/raw folder) in "
         "{root}/mnist/; with only the two t10k files, set data.files: test"
     )
 

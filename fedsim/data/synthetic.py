@@ -38,8 +38,7 @@ class SyntheticData(DatasetSpec):
     max_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
-        m = self.clients or num_clients
-        d, c = self.features, self.classes
+        m, d, c = self.clients or num_clients, self.features, self.classes
         rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG]))
 
         sizes = rng.lognormal(self.size_mean, self.size_sigma, m).astype(np.int64)

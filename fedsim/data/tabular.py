@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import csv as pycsv
+import gzip
+import io
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
@@ -143,10 +146,6 @@ def read_table(spec: TabularData) -> pa.Table:
 def _ragged_line(path: Path, delimiter: str) -> tuple[int, int, int] | None:
     """(line, fields of the first row, fields there) of the first CSV row
     whose field count differs, or None; only called once pyarrow has failed."""
-    import csv as pycsv
-    import gzip
-    import io
-
     opener = gzip.open if path.suffix.lower() == ".gz" else open
     try:
         with opener(path, "rb") as raw:

@@ -76,8 +76,7 @@ class Oort(Selector):
             lo, span = u.min(), u.max() - u.min()
             u = (u - lo) / span if span > 0 else np.zeros_like(u)
         u = u + np.sqrt(self.uncertainty * math.log(round_ + 1) / (last + 1.0))
-        t = ctx.round_time_s[ids]
-        big_t = self.preferred(ctx)
+        t, big_t = ctx.round_time_s[ids], self.preferred(ctx)
         slow = t > big_t
         u[slow] *= (big_t / t[slow]) ** self.penalty
         return u
