@@ -55,7 +55,7 @@ def update_probabilities(
     x = tot / np.maximum(sel, 1.0)
     delta = q[lab] * np.minimum((x + beta) ** alpha, 1.0)
     q[lab] -= delta
-    rest = ~np.isin(np.arange(q.size), lab)  # the nodes not labeled
+    rest = ~np.isin(np.arange(q.size), lab)
     if rest.any():
         q[rest] += delta.sum() / rest.sum()
     else:  # every node labeled: nowhere to move the mass, keep it
