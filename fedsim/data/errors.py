@@ -1,11 +1,7 @@
-"""Locating dataset files on disk, and the errors raised when they do not fit.
-
-fedsim never downloads anything: a dataset is read from the spec's ``root``,
-else ``$FEDSIM_DATA_ROOT``, else ``~/.cache/fedsim/data`` (docs/datasets.md).
-The CLI turns both errors into exit code 2.
+"""Locating dataset files on disk (docs/datasets.md, "Where data comes from"),
+and the errors raised when they are missing or do not fit (CLI exit code 2).
 
 Example:
-    >>> from pathlib import Path
     >>> try:
     ...     find_dir("Example", [Path("/nonexistent")], ["a.bin"], "put a.bin there")
     ... except DataMissingError as e:
@@ -40,10 +36,7 @@ def data_root(root: str | None) -> tuple[Path, bool]:
     per dataset)."""
     if root:
         return Path(root).expanduser(), True
-    env = os.environ.get(ENV_ROOT)
-    if env:
-        return Path(env).expanduser(), False
-    return DEFAULT_ROOT.expanduser(), False
+    return Path(os.environ.get(ENV_ROOT) or DEFAULT_ROOT).expanduser(), False
 
 
 def missing(
@@ -70,11 +63,9 @@ def find_dir(
     """The first of ``candidates`` holding every file in ``names`` (each as
     is or, with ``gz``, as ``name.gz``); else :class:`DataMissingError`."""
     seen = list(dict.fromkeys(candidates))
+    suffixes = ("", ".gz") if gz else ("",)
     for folder in seen:
-        if all(
-            (folder / n).is_file() or (gz and (folder / f"{n}.gz").is_file())
-            for n in names
-        ):
+        if all(any((folder / f"{n}{s}").is_file() for s in suffixes) for n in names):
             return folder
     files = ", ".join(f"{n}[.gz]" if gz else n for n in names)
     raise missing(what, files, seen, how_to_get)

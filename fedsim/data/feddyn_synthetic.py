@@ -48,42 +48,35 @@ class FedDynSyntheticData(DatasetSpec):
     )
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
-        return feddyn_synthetic(self, seed)
+        m, d, c = self.clients, self.dim, self.classes
+        rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG]))
 
+        sizes = rng.lognormal(np.log(self.samples + 0.001), self.size_sigma, m)
+        sizes = np.maximum(sizes.astype(np.int64), 1)
+        mean_w = rng.normal(0.0, self.alpha, m)
+        shift = rng.normal(0.0, self.beta, m)
+        sd = np.arange(1, d + 1, dtype=np.float64) ** -0.6  # sqrt of j^-1.2
+        w = rng.normal(0.0, 1.0, (d, c))  # the shared solution (iid_sol)
+        b = rng.normal(0.0, 1.0, (1, c))
 
-def feddyn_synthetic(spec: FedDynSyntheticData, seed: int) -> FederatedData:
-    m, d, c = spec.clients, spec.dim, spec.classes
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG]))
+        xs, ys = [], []
+        for i in range(m):
+            if not self.iid_sol:
+                w = rng.normal(mean_w[i], 1.0, (d, c))
+                b = rng.normal(mean_w[i], 1.0, (1, c))
+            mu = np.zeros(d) if self.iid_data else rng.normal(shift[i], 1.0, d)
+            x = mu + sd * rng.standard_normal((int(sizes[i]), d))
+            xs.append(x)
+            ys.append(np.argmax(x @ w + b, axis=1))
 
-    sizes = rng.lognormal(np.log(spec.samples + 0.001), spec.size_sigma, m)
-    sizes = np.maximum(sizes.astype(np.int64), 1)
-    mean_w = rng.normal(0.0, spec.alpha, m)
-    shift = rng.normal(0.0, spec.beta, m)
-    sd = np.arange(1, d + 1, dtype=np.float64) ** -0.6  # sqrt of j^-1.2
-    w_shared = rng.normal(0.0, 1.0, (d, c))
-    b_shared = rng.normal(0.0, 1.0, (1, c))
-
-    xs, ys = [], []
-    for i in range(m):
-        if spec.iid_sol:
-            w, b = w_shared, b_shared
-        else:
-            w = rng.normal(mean_w[i], 1.0, (d, c))
-            b = rng.normal(mean_w[i], 1.0, (1, c))
-        mu = np.zeros(d) if spec.iid_data else rng.normal(shift[i], 1.0, d)
-        x = mu + sd * rng.standard_normal((int(sizes[i]), d))
-        xs.append(x)
-        ys.append(np.argmax(x @ w + b, axis=1))
-
-    x_all = np.concatenate(xs).astype(np.float32)
-    y_all = np.concatenate(ys).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    return FederatedData(
-        x=x_all,
-        y=y_all,
-        offsets=offsets,
-        weights=sizes.astype(np.float64),
-        test_x=x_all.copy(),  # the papers' "test set" is the training data
-        test_y=y_all.copy(),
-        num_classes=c,
-    )
+        x_all = np.concatenate(xs).astype(np.float32)
+        y_all = np.concatenate(ys).astype(np.int64)
+        return FederatedData(
+            x=x_all,
+            y=y_all,
+            offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+            weights=sizes.astype(np.float64),
+            test_x=x_all.copy(),  # the papers' "test set" is the training data
+            test_y=y_all.copy(),
+            num_classes=c,
+        )

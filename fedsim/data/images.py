@@ -1,10 +1,6 @@
-"""Image datasets read from a local root: MNIST, Fashion-MNIST, EMNIST,
-CIFAR-10 and CIFAR-100, partitioned over the clients (docs/datasets.md).
-
-Nothing is downloaded. CIFAR's pickled python version is read by an
-unpickler that accepts only plain containers and NumPy arrays, so a
-tampered file cannot run code.
-"""
+"""MNIST, Fashion-MNIST, EMNIST, CIFAR-10 and CIFAR-100 from local files,
+partitioned over the clients (docs/datasets.md). CIFAR's python pickles go
+through an unpickler that accepts only arrays and plain containers."""
 
 from __future__ import annotations
 
@@ -101,10 +97,9 @@ def images_to_float(
     channel, converted in chunks so only one float copy is ever held."""
     n = len(order)
     out = np.empty((n, *images.shape[1:]), dtype=np.float32)
-    c = images.shape[1]
-    std_ = np.asarray(std, np.float32).reshape(1, c, 1, 1)
+    std_ = np.asarray(std, np.float32).reshape(1, -1, 1, 1)
     scale = np.float32(1.0 / 255.0) / std_
-    shift = np.asarray(mean, np.float32).reshape(1, c, 1, 1) / std_
+    shift = np.asarray(mean, np.float32).reshape(1, -1, 1, 1) / std_
     for s in range(0, n, 8192):
         chunk = images[order[s : s + 8192]].astype(np.float32)
         out[s : s + 8192] = chunk * scale - shift
@@ -123,6 +118,7 @@ class ImageData(DatasetSpec):
     test_samples: Annotated[int, Field(ge=1)] | None = None
     normalize: bool = True
 
+    clients: ClassVar[int | None] = None  # as many as the fleet has devices
     title: ClassVar[str] = "images"
     num_classes: ClassVar[int] = 10
     mean: ClassVar[tuple[float, ...]] = (0.5,)
@@ -146,16 +142,42 @@ class ImageData(DatasetSpec):
     def _classes_total(self) -> int:
         return self.num_classes
 
-    @property
-    def clients(self) -> int | None:
-        return None
-
     def build(self, num_clients: int, seed: int) -> FederatedData:
-        return build_images(self, num_clients, seed)
+        """Load, filter, subset, partition and normalise an image dataset."""
+        *train, test_x, test_y = self.load()
+        num_classes = self._classes_total()
+        if self.files == "test":
+            perm = _subset_rng(seed, 0).permutation(len(test_y))
+            n_test = max(1, int(round(self.test_fraction * len(perm))))
+            tr, te = perm[n_test:], perm[:n_test]
+            train = [test_x[tr], test_y[tr]]
+            test_x, test_y = test_x[te], test_y[te]
+        train_x, train_y = train
+        if self.classes is not None:
+            lut = np.full(num_classes, -1, dtype=np.int64)
+            lut[np.asarray(self.classes)] = np.arange(len(self.classes))
+            keep, keep_t = lut[train_y] >= 0, lut[test_y] >= 0
+            train_x, train_y = train_x[keep], lut[train_y[keep]]
+            test_x, test_y = test_x[keep_t], lut[test_y[keep_t]]
+            num_classes = len(self.classes)
+        train_idx = _subset(len(train_y), self.train_samples, seed, 1)
+        test_idx = _subset(len(test_y), self.test_samples, seed, 2)
+        labels = train_y[train_idx]
+        order, offsets = layout(split(self.partition, labels, num_clients, seed))
+        mean, std = (self.mean, self.std) if self.normalize else ((0.0,), (1.0,))
+        return FederatedData(
+            x=images_to_float(train_x, train_idx[order], mean, std),
+            y=np.ascontiguousarray(labels[order]),
+            offsets=offsets,
+            weights=np.diff(offsets).astype(np.float64),
+            test_x=images_to_float(test_x, test_idx, mean, std),
+            test_y=np.ascontiguousarray(test_y[test_idx]),
+            num_classes=num_classes,
+        )
 
-    def load(self) -> tuple[np.ndarray | None, ...]:
+    def load(self) -> list[np.ndarray]:
         """(train images, train labels, test images, test labels) as uint8
-        [N, C, H, W] and int64; the train pair is None with ``files: test``."""
+        [N, C, H, W] and int64; only the test pair with ``files: test``."""
         raise NotImplementedError
 
     def _candidates(self, subdirs: list[str], extra: Sequence[Path] = ()) -> list[Path]:
@@ -169,29 +191,21 @@ class _IdxData(ImageData):
     how_to_get: ClassVar[str] = ""
     transpose: ClassVar[bool] = False
 
-    def _prefix(self) -> str:
-        """EMNIST's file name prefix (it also names its test files "test")."""
-        return ""
+    def _stems(self) -> list[str]:
+        """File name stems of the (train and) test files."""
+        return ["t10k"] if self.files == "test" else ["train", "t10k"]
 
     def _label_offset(self) -> int:
         return 0
 
-    def _names(self, part: str) -> tuple[str, str]:
-        return (
-            f"{self._prefix()}{part}-images-idx3-ubyte",
-            f"{self._prefix()}{part}-labels-idx1-ubyte",
-        )
-
-    def load(self) -> tuple[np.ndarray | None, ...]:
-        test = "test" if self._prefix() else "t10k"
-        parts = [test] if self.files == "test" else ["train", test]
-        names = [n for p in parts for n in self._names(p)]
+    def load(self) -> list[np.ndarray]:
+        kinds = ("images-idx3-ubyte", "labels-idx1-ubyte")
+        names = [f"{stem}-{kind}" for stem in self._stems() for kind in kinds]
         how = self.how_to_get.format(root=data_root(self.root)[0])
         where = self._candidates(self.subdirs, self.extra_dirs)
         folder = find_dir(self.title, where, names, how)
-        arrays: list[np.ndarray | None] = [None, None] if self.files == "test" else []
-        for p in parts:
-            img_name, lab_name = self._names(p)
+        arrays = []
+        for img_name, lab_name in zip(names[::2], names[1::2], strict=True):
             x = read_idx(folder / img_name)
             y = read_idx(folder / lab_name).astype(np.int64) - self._label_offset()
             if x.ndim != 3 or len(x) != len(y):
@@ -199,7 +213,7 @@ class _IdxData(ImageData):
             if self.transpose:
                 x = x.transpose(0, 2, 1)
             arrays += [x[:, None], y]
-        return tuple(arrays)
+        return arrays
 
 
 _MNIST_FILES = (
@@ -245,14 +259,8 @@ class FashionMnistData(_IdxData):
 
 
 _EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
-_EMNIST_CLASSES = {
-    "byclass": 62,
-    "bymerge": 47,
-    "balanced": 47,
-    "letters": 26,
-    "digits": 10,
-    "mnist": 10,
-}
+# classes of each EMNIST split
+_EMNIST = dict(byclass=62, bymerge=47, balanced=47, letters=26, digits=10, mnist=10)
 
 
 class EmnistData(_IdxData):
@@ -274,10 +282,11 @@ class EmnistData(_IdxData):
     transpose: ClassVar[bool] = True
 
     def _classes_total(self) -> int:
-        return _EMNIST_CLASSES[self.subset]
+        return _EMNIST[self.subset]
 
-    def _prefix(self) -> str:
-        return f"emnist-{self.subset}-"
+    def _stems(self) -> list[str]:
+        parts = ["test"] if self.files == "test" else ["train", "test"]
+        return [f"emnist-{self.subset}-{p}" for p in parts]
 
     def _label_offset(self) -> int:
         return 1 if self.subset == "letters" else 0
@@ -293,10 +302,8 @@ class _CifarData(ImageData):
         """(label bytes of a binary record, the label's index, pickle key)."""
         return 1, 0, "labels"
 
-    def _read(self, fmt: str, folder: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """One file's (images, labels)."""
+    def _read(self, fmt: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
         nbytes, index, key = self._label_format()
-        path = folder / name
         if fmt == "bin":
             raw = np.fromfile(path, dtype=np.uint8)
             rec = nbytes + 3072
@@ -311,26 +318,24 @@ class _CifarData(ImageData):
             images, labels = np.asarray(d["data"], np.uint8), d[key]
         return images.reshape(-1, 3, 32, 32), np.asarray(labels, np.int64)
 
-    def load(self) -> tuple[np.ndarray | None, ...]:
-        root, _ = data_root(self.root)
+    def load(self) -> list[np.ndarray]:
         want = 1 if self.files == "test" else 0
         bin_files = tuple([f"{n}.bin" for n in group] for group in self.py_files)
         sets = {"bin": bin_files[want:], "py": self.py_files[want:]}
         tried: list[Path] = []
         for fmt, sub in (("bin", self.bin_dir), ("py", self.py_dir)):
             names = [n for group in sets[fmt] for n in group]
+            where = self._candidates([sub])
             try:
-                folder = find_dir(
-                    self.title, self._candidates([sub]), names, "", gz=False
-                )
+                folder = find_dir(self.title, where, names, "", gz=False)
             except DataMissingError:
-                tried += self._candidates([sub])
+                tried += where
                 continue
-            out: list[np.ndarray | None] = [None, None] if want else []
+            out = []
             for group in sets[fmt]:
-                xs, ys = zip(*(self._read(fmt, folder, n) for n in group), strict=True)
+                xs, ys = zip(*(self._read(fmt, folder / n) for n in group), strict=True)
                 out += [np.concatenate(xs), np.concatenate(ys)]
-            return tuple(out)
+            return out
         expect = (
             f"{self.bin_dir}/ ({', '.join(bin_files[0] + bin_files[1])})"
             f" or {self.py_dir}/"
@@ -339,7 +344,7 @@ class _CifarData(ImageData):
         how = (
             f"extract the {self.title} binary version ({t}-binary.tar.gz, "
             f"preferred) or python version ({t}-python.tar.gz) from the CIFAR page "
-            f"of the University of Toronto into {root}/"
+            f"of the University of Toronto into {data_root(self.root)[0]}/"
         )
         raise missing(self.title, expect, list(dict.fromkeys(tried)), how)
 
@@ -389,43 +394,3 @@ def _subset(n: int, k: int | None, seed: int, what: int) -> np.ndarray:
     if k is None or k >= n:
         return np.arange(n)
     return np.sort(_subset_rng(seed, what).choice(n, k, False))
-
-
-def build_images(spec: ImageData, num_clients: int, seed: int) -> FederatedData:
-    """Load, filter, subset, partition and normalise an image dataset."""
-    loaded_x, loaded_y, test_x, test_y = spec.load()
-    assert test_x is not None and test_y is not None  # every format has a test set
-    num_classes = spec._classes_total()
-    if spec.files == "test":
-        perm = _subset_rng(seed, 0).permutation(len(test_y))
-        n_test = max(1, int(round(spec.test_fraction * len(perm))))
-        tr, te = perm[n_test:], perm[:n_test]
-        train_x, train_y = test_x[tr], test_y[tr]
-        test_x, test_y = test_x[te], test_y[te]
-    else:
-        assert loaded_x is not None and loaded_y is not None
-        train_x, train_y = loaded_x, loaded_y
-    if spec.classes is not None:
-        lut = np.full(num_classes, -1, dtype=np.int64)
-        lut[np.asarray(spec.classes)] = np.arange(len(spec.classes))
-        keep, keep_t = lut[train_y] >= 0, lut[test_y] >= 0
-        train_x, train_y = train_x[keep], lut[train_y[keep]]
-        test_x, test_y = test_x[keep_t], lut[test_y[keep_t]]
-        num_classes = len(spec.classes)
-    train_idx = _subset(len(train_y), spec.train_samples, seed, 1)
-    test_idx = _subset(len(test_y), spec.test_samples, seed, 2)
-    labels = train_y[train_idx]
-    parts = split(spec.partition, labels, num_clients, seed)
-    order, offsets = layout(parts)
-    mean, std = (spec.mean, spec.std) if spec.normalize else ((0.0,), (1.0,))
-    c = train_x.shape[1]
-    mean, std = tuple(mean) * (c // len(mean)), tuple(std) * (c // len(std))
-    return FederatedData(
-        x=images_to_float(train_x, train_idx[order], mean, std),
-        y=np.ascontiguousarray(labels[order]),
-        offsets=offsets,
-        weights=np.diff(offsets).astype(np.float64),
-        test_x=images_to_float(test_x, test_idx, mean, std),
-        test_y=np.ascontiguousarray(test_y[test_idx]),
-        num_classes=num_classes,
-    )

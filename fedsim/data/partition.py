@@ -5,7 +5,6 @@ one array of sample indices per client; the kinds, their guarantees and
 their deviations from the reference codes: docs/datasets.md ("Partitions").
 
 Example:
-    >>> import numpy as np
     >>> labels = np.repeat(np.arange(10), 100)
     >>> parts = dirichlet_feddc(labels, num_clients=20, alpha=0.3, seed=0)
     >>> sorted(np.concatenate(parts).tolist()) == list(range(1000))
@@ -20,7 +19,7 @@ import bisect
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -84,13 +83,11 @@ class NaturalPartition(Spec):
 
 
 PartitionSpec = Annotated[
-    Union[  # noqa: UP007
-        IidPartition,
-        DirichletPartition,
-        ShardsPartition,
-        PnsMixPartition,
-        NaturalPartition,
-    ],
+    IidPartition
+    | DirichletPartition
+    | ShardsPartition
+    | PnsMixPartition
+    | NaturalPartition,
     Field(discriminator="kind"),
 ]
 
@@ -167,8 +164,7 @@ def dirichlet_feddc(
     def cdfs() -> list[list[float]]:
         avail = (left > 0).astype(np.float64)
         p = priors * avail
-        empty = p.sum(axis=1) <= 0
-        p[empty] = avail
+        p[p.sum(axis=1) <= 0] = avail
         return np.cumsum(p, axis=1).tolist()
 
     cdf = cdfs()
@@ -220,9 +216,8 @@ def dirichlet_fednova(
         held = np.zeros(m, dtype=np.int64)
         for idx in by_class:
             idx = rng.permutation(idx)
-            p = rng.dirichlet(np.full(m, float(alpha)))
             room = held < n / m
-            p = p * room
+            p = rng.dirichlet(np.full(m, float(alpha))) * room
             if p.sum() <= 0:  # every open client drew exactly 0: share evenly
                 p = room.astype(np.float64)
             cuts = (np.cumsum(p / p.sum()) * len(idx)).astype(np.int64)[:-1]
@@ -348,12 +343,9 @@ def split(
 def layout(parts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(row order, offsets) that store the clients' samples one after another,
     as :class:`~fedsim.data.base.FederatedData` does."""
-    counts = np.array([len(p) for p in parts], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    order = np.concatenate(
-        [np.zeros(0, np.int64), *(np.asarray(p, np.int64) for p in parts)]
-    )
-    return order, offsets
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+    order = np.concatenate([np.zeros(0, np.int64), *parts])
+    return order.astype(np.int64), offsets.astype(np.int64)
 
 
 def label_histogram(data: FederatedData) -> np.ndarray:
@@ -394,7 +386,6 @@ def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) ->
     from matplotlib.figure import Figure
 
     m = min(table.num_rows, max_clients)
-    ids = np.asarray(table.column("client_id"))[:m]
     classes = [c for c in table.column_names if c.startswith("class_")]
     fig = Figure(figsize=(min(24.0, max(6.0, 0.12 * m + 2.0)), 4.0))
     FigureCanvasAgg(fig)
@@ -420,7 +411,7 @@ def plot_partition(table: pa.Table, path: str | Path, max_clients: int = 100) ->
         title=f"Samples per client by class{shown}", xlabel="client", ylabel="samples"
     )
     if m <= 40:
-        ax.set_xticks(x, [str(i) for i in ids])
+        ax.set_xticks(x, [str(i) for i in table.column("client_id").to_pylist()[:m]])
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

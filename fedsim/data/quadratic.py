@@ -50,31 +50,19 @@ class QuadraticData(DatasetSpec):
     def clients(self) -> int:
         return len(self.centers)
 
-    @property
-    def dim(self) -> int:
-        c = self.centers[0]
-        return 1 if isinstance(c, float | int) else len(c)
-
     def build(self, num_clients: int, seed: int) -> FederatedData:
-        return quadratic(self)
-
-
-def quadratic(spec: QuadraticData) -> FederatedData:
-    m, dim = spec.clients, spec.dim
-    e = np.array(
-        [[c] * dim if isinstance(c, float | int) else c for c in spec.centers],
-        dtype=np.float64,
-    ).reshape(m, dim)
-    h = np.array(spec.curvatures or [1.0] * m, dtype=np.float64)
-    p = np.array(spec.weights or [1.0] * m, dtype=np.float64)
-    p = p / p.sum()
-    return FederatedData(
-        x=e,
-        y=h,
-        offsets=np.arange(m + 1, dtype=np.int64),
-        weights=p,
-        test_x=e.copy(),
-        test_y=h.copy(),
-        num_classes=0,
-        test_weights=p.copy(),
-    )
+        m = self.clients
+        e = np.array([np.ravel(c) for c in self.centers], dtype=np.float64)
+        h = np.array(self.curvatures or [1.0] * m, dtype=np.float64)
+        p = np.array(self.weights or [1.0] * m, dtype=np.float64)
+        p = p / p.sum()
+        return FederatedData(
+            x=e,
+            y=h,
+            offsets=np.arange(m + 1, dtype=np.int64),
+            weights=p,
+            test_x=e.copy(),
+            test_y=h.copy(),
+            num_classes=0,
+            test_weights=p.copy(),
+        )

@@ -24,6 +24,7 @@ LEAF_VOCAB = (
     "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 )
 _TAG_TEST = 0x5EA4E
+_TINY = "Tiny Shakespeare's input.txt from karpathy/char-rnn, data/tinyshakespeare"
 _ROLE = re.compile(r"^[A-Za-z][A-Za-z0-9 ,.'&-]*:$")
 
 
@@ -56,25 +57,61 @@ class ShakespeareData(DatasetSpec):
     def locate(self) -> Path:
         if self.path is not None:
             p = Path(self.path).expanduser()
-            how = (
-                "give data.path the plain-text play file (e.g. Tiny Shakespeare's "
-                "input.txt from karpathy/char-rnn, data/tinyshakespeare)"
-            )
-            return find_dir("Shakespeare", [p.parent], [p.name], how, gz=False) / p.name
-        root, explicit = data_root(self.root)
-        subs = [root / "shakespeare", root / "tinyshakespeare"]
-        how = (
-            f"place the play text (Tiny Shakespeare's input.txt from "
-            f"karpathy/char-rnn, data/tinyshakespeare) at {root}/shakespeare/"
-            "input.txt, or set data.path"
-        )
-        folders = subs + ([root] if explicit else [])
-        return (
-            find_dir("Shakespeare", folders, ["input.txt"], how, gz=False) / "input.txt"
-        )
+            folders, name = [p.parent], p.name
+            how = f"give data.path the plain-text play file (e.g. {_TINY})"
+        else:
+            root, explicit = data_root(self.root)
+            folders = [root / "shakespeare", root / "tinyshakespeare"]
+            folders += [root] if explicit else []
+            name, where = "input.txt", f"{root}/shakespeare/input.txt"
+            how = f"place the play text ({_TINY}) at {where}, or set data.path"
+        return find_dir("Shakespeare", folders, [name], how, gz=False) / name
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
-        return build_shakespeare(self, num_clients, seed)
+        roles = parse_roles(self.locate().read_text(encoding="utf-8", errors="replace"))
+        chars = set("".join(roles.values())) | {" "}
+        vocab = LEAF_VOCAB if self.vocab == "leaf" else "".join(sorted(chars))
+        L, stride, train_share = self.seq_len, self.stride, 1.0 - self.test_fraction
+        split_at = {r: int(round(len(t) * train_share)) for r, t in roles.items()}
+        n_train = {r: max(0, (split_at[r] - L + stride - 1) // stride) for r in roles}
+        eligible = [r for r in roles if n_train[r] >= self.min_samples]
+        eligible.sort(key=lambda r: (-len(roles[r]), r))
+        kept = sorted(eligible[: self.max_clients] if self.max_clients else eligible)
+        if len(kept) != num_clients:
+            cap = ""
+            if self.max_clients:
+                cap = f", capped by max_clients={self.max_clients}"
+            raise DataError(
+                f"shakespeare: {len(kept)} roles are kept ({len(eligible)} of "
+                f"{len(roles)} have at least {self.min_samples} training sequences"
+                f"{cap}) but the fleet has {num_clients} devices; each device is one "
+                f"role, so set data.max_clients: {num_clients} (the roles with the "
+                "most text are kept) or change the fleet size"
+            )
+        train: list[tuple[np.ndarray, ...]] = []
+        test: list[tuple[np.ndarray, ...]] = []
+        for role in kept:
+            ids, cut = encode(roles[role], vocab), split_at[role]
+            train.append(_windows(ids[:cut], L, stride))
+            # test windows start at the cut: no test target is a training input
+            test.append(_windows(ids[max(0, cut - L) :], L, stride))
+        x, y = (np.concatenate(a) for a in zip(*train, strict=True))
+        g = np.repeat(np.arange(len(kept), dtype=np.int64), [len(t[1]) for t in train])
+        order, offsets = layout(split(self.partition, y, num_clients, seed, groups=g))
+        test_x, test_y = (np.concatenate(a) for a in zip(*test, strict=True))
+        if self.test_samples is not None and self.test_samples < len(test_y):
+            rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_TEST]))
+            keep = np.sort(rng.choice(len(test_y), self.test_samples, replace=False))
+            test_x, test_y = test_x[keep], test_y[keep]
+        return FederatedData(
+            x=x[order],
+            y=y[order],
+            offsets=offsets,
+            weights=np.diff(offsets).astype(np.float64),
+            test_x=test_x,
+            test_y=test_y,
+            num_classes=len(vocab),
+        )
 
 
 def parse_roles(text: str) -> dict[str, str]:
@@ -109,58 +146,3 @@ def _windows(ids: np.ndarray, seq_len: int, stride: int) -> tuple[np.ndarray, ..
         return np.zeros((0, seq_len), np.float32), np.zeros(0, np.int64)
     w = sliding_window_view(ids, seq_len + 1)[::stride]
     return w[:, :-1].astype(np.float32), np.ascontiguousarray(w[:, -1])
-
-
-def build_shakespeare(
-    spec: ShakespeareData, num_clients: int, seed: int
-) -> FederatedData:
-    path = spec.locate()
-    roles = parse_roles(path.read_text(encoding="utf-8", errors="replace"))
-    chars = set("".join(roles.values())) | {" "}
-    vocab = LEAF_VOCAB if spec.vocab == "leaf" else "".join(sorted(chars))
-    L = spec.seq_len
-    split_at = {
-        r: int(round(len(t) * (1.0 - spec.test_fraction))) for r, t in roles.items()
-    }
-    n_train = {
-        r: max(0, (split_at[r] - L + spec.stride - 1) // spec.stride) for r in roles
-    }
-    eligible = [r for r in roles if n_train[r] >= spec.min_samples]
-    eligible.sort(key=lambda r: (-len(roles[r]), r))
-    kept = sorted(eligible[: spec.max_clients] if spec.max_clients else eligible)
-    if len(kept) != num_clients:
-        cap = f", capped by max_clients={spec.max_clients}" if spec.max_clients else ""
-        raise DataError(
-            f"shakespeare: {len(kept)} roles are kept ({len(eligible)} of "
-            f"{len(roles)} have at least {spec.min_samples} training sequences"
-            f"{cap}) but the fleet has {num_clients} devices; each device is one "
-            f"role, so set data.max_clients: {num_clients} (the roles with the "
-            "most text are kept) or change the fleet size"
-        )
-    train: list[tuple[np.ndarray, ...]] = []
-    empty = (np.zeros((0, L), np.float32), np.zeros(0, np.int64))
-    test: list[tuple[np.ndarray, ...]] = [empty]
-    for role in kept:
-        ids, cut = encode(roles[role], vocab), split_at[role]
-        train.append(_windows(ids[:cut], L, spec.stride))
-        if spec.test_fraction > 0:
-            # test windows start at the cut: no test target is a training input
-            test.append(_windows(ids[max(0, cut - L) :], L, spec.stride))
-    x, y = (np.concatenate(a) for a in zip(*train, strict=True))
-    g = np.repeat(np.arange(len(kept), dtype=np.int64), [len(t[1]) for t in train])
-    parts = split(spec.partition, y, num_clients, seed, groups=g)
-    order, offsets = layout(parts)
-    test_x, test_y = (np.concatenate(a) for a in zip(*test, strict=True))
-    if spec.test_samples is not None and spec.test_samples < len(test_y):
-        rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG_TEST]))
-        keep = np.sort(rng.choice(len(test_y), spec.test_samples, replace=False))
-        test_x, test_y = test_x[keep], test_y[keep]
-    return FederatedData(
-        x=x[order],
-        y=y[order],
-        offsets=offsets,
-        weights=np.diff(offsets).astype(np.float64),
-        test_x=test_x,
-        test_y=test_y,
-        num_classes=len(vocab),
-    )

@@ -17,6 +17,8 @@ from pydantic import Field
 from fedsim.data.base import DatasetSpec, FederatedData
 from fedsim.spec import NonNegFloat
 
+_TAG = 0x5E7D  # separates this generator's stream from every other use of the seed
+
 
 class SyntheticData(DatasetSpec):
     """Synthetic(alpha, beta) (standard deviations, as NumPy's ``scale``);
@@ -36,53 +38,39 @@ class SyntheticData(DatasetSpec):
     max_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
-        return synthetic(self, num_clients, seed)
+        m, d, c = self.clients or num_clients, self.features, self.classes
+        rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG]))
 
+        sizes = rng.lognormal(self.size_mean, self.size_sigma, m).astype(np.int64)
+        sizes = np.minimum(sizes + self.min_samples, max(self.max_samples, 1))
+        mean_w = rng.normal(0.0, self.alpha, m)
+        shift = rng.normal(0.0, self.beta, m)
+        cov_diag = np.arange(1, d + 1, dtype=np.float64) ** -1.2
+        mean_x = np.zeros(d)
+        if self.iid:  # one model for every user
+            w, b = rng.normal(0.0, 1.0, (d, c)), rng.normal(0.0, 1.0, c)
 
-_TAG = 0x5E7D  # separates this generator's stream from every other use of the seed
+        users = []
+        for k in range(m):
+            if not self.iid:
+                mean_x = rng.normal(shift[k], 1.0, d)
+                w, b = rng.normal(mean_w[k], 1.0, (d, c)), rng.normal(mean_w[k], 1.0, c)
+            n = int(sizes[k])
+            x = mean_x + np.sqrt(cov_diag) * rng.standard_normal((n, d))
+            y = np.argmax(x @ w + b, axis=1)
+            perm = rng.permutation(n)
+            x, y = x[perm], y[perm]
+            n_train = max(1, int(round((1.0 - self.test_fraction) * n)))
+            users.append((x[:n_train], y[:n_train], x[n_train:], y[n_train:]))
 
-
-def synthetic(spec: SyntheticData, num_clients: int, seed: int) -> FederatedData:
-    m = spec.clients or num_clients
-    d, c = spec.features, spec.classes
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG]))
-
-    sizes = rng.lognormal(spec.size_mean, spec.size_sigma, m).astype(np.int64)
-    sizes = np.minimum(sizes + spec.min_samples, max(spec.max_samples, 1))
-    mean_w = rng.normal(0.0, spec.alpha, m)
-    shift = rng.normal(0.0, spec.beta, m)
-    cov_diag = np.arange(1, d + 1, dtype=np.float64) ** -1.2
-    if spec.iid:
-        w_shared = rng.normal(0.0, 1.0, (d, c))
-        b_shared = rng.normal(0.0, 1.0, c)
-
-    train_x, train_y, test_x, test_y = [], [], [], []
-    for k in range(m):
-        mean_x = np.zeros(d) if spec.iid else rng.normal(shift[k], 1.0, d)
-        if spec.iid:
-            w, b = w_shared, b_shared
-        else:
-            w = rng.normal(mean_w[k], 1.0, (d, c))
-            b = rng.normal(mean_w[k], 1.0, c)
-        n = int(sizes[k])
-        x = mean_x + np.sqrt(cov_diag) * rng.standard_normal((n, d))
-        y = np.argmax(x @ w + b, axis=1)
-        perm = rng.permutation(n)
-        x, y = x[perm], y[perm]
-        n_train = max(1, int(round((1.0 - spec.test_fraction) * n)))
-        train_x.append(x[:n_train])
-        train_y.append(y[:n_train])
-        test_x.append(x[n_train:])
-        test_y.append(y[n_train:])
-
-    counts = np.array([len(a) for a in train_y], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return FederatedData(
-        x=np.concatenate(train_x).astype(np.float32),
-        y=np.concatenate(train_y).astype(np.int64),
-        offsets=offsets,
-        weights=counts.astype(np.float64),
-        test_x=np.concatenate(test_x).astype(np.float32),
-        test_y=np.concatenate(test_y).astype(np.int64),
-        num_classes=c,
-    )
+        x, y, test_x, test_y = (np.concatenate(a) for a in zip(*users, strict=True))
+        counts = np.array([len(u[1]) for u in users], dtype=np.int64)
+        return FederatedData(
+            x=x.astype(np.float32),
+            y=y.astype(np.int64),
+            offsets=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+            weights=counts.astype(np.float64),
+            test_x=test_x.astype(np.float32),
+            test_y=test_y.astype(np.int64),
+            num_classes=c,
+        )

@@ -6,7 +6,6 @@ that scores models at the server says so with ``validation_use(q)``:
 ``"validation"``, ``"test"`` (an optimistic opt-in) or None.
 
 Example:
-    >>> import numpy as np
     >>> from fedsim.data.base import FederatedData
     >>> d = FederatedData(
     ...     x=np.arange(10.0).reshape(10, 1), y=np.zeros(10, np.int64),
@@ -26,7 +25,6 @@ import numpy as np
 
 from fedsim.data.base import FederatedData
 from fedsim.data.errors import DataError
-from fedsim.data.partition import layout
 
 if TYPE_CHECKING:
     from fedsim.scenario import Scenario
@@ -41,23 +39,19 @@ def split_validation(data: FederatedData, fraction: float, seed: int) -> Federat
     sample counts follow the new counts. :class:`DataError` if no row moves."""
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG]))
     counts = data.n_samples
-    keep: list[np.ndarray] = []
-    val: list[np.ndarray] = []
-    for i, n in enumerate(counts.tolist()):
+    val = np.zeros(int(data.offsets[-1]), dtype=bool)
+    for start, n in zip(data.offsets[:-1].tolist(), counts.tolist(), strict=True):
         # floor(f n), nudged so that e.g. 0.29 * 100 = 28.999... counts 29
         k = min(int(np.floor(fraction * n + 1e-9)), n - 1)
-        chosen = np.zeros(n, dtype=bool)
-        chosen[rng.permutation(n)[:k]] = True
-        rows = np.arange(int(data.offsets[i]), int(data.offsets[i]) + n)
-        keep.append(rows[~chosen])
-        val.append(rows[chosen])
-    val_rows = np.concatenate(val) if val else np.zeros(0, np.int64)
+        val[start + rng.permutation(n)[:k]] = True
+    val_rows, keep_rows = np.flatnonzero(val), np.flatnonzero(~val)
     if len(val_rows) == 0:
         raise DataError(
             f"data.validation_fraction {fraction} takes no row from any client "
             f"(the largest holds {int(counts.max(initial=0))}); raise it"
         )
-    keep_rows, offsets = layout(keep)
+    # a client's rows now start after the kept rows before its old start
+    offsets = np.searchsorted(keep_rows, data.offsets).astype(np.int64)
     weights = data.weights
     if np.array_equal(weights, counts.astype(weights.dtype)):
         weights = np.diff(offsets).astype(np.float64)

@@ -19,7 +19,7 @@ how many rounds it has chosen):
     ...     def init(self, ctx):
     ...         return {"rounds": 0}
     ...     def select(self, state, draw):
-    ...         ids = sorted_ids(draw.candidates[: self.k(draw)])
+    ...         ids = np.unique(draw.candidates[: self.k(draw)])
     ...         return ids, {"rounds": state["rounds"] + 1}
     >>> ctx = SelectorContext.uniform(4)
     >>> sel = Lowest(clients_per_round=2)
@@ -70,12 +70,8 @@ class SelectorContext:
 
     def __post_init__(self) -> None:
         m = int(self.num_clients)
-        for name, dtype in (
-            ("data_weights", np.float64),
-            ("n_samples", np.int64),
-            ("speed", np.float64),
-            ("round_time_s", np.float64),
-        ):
+        for name in ("data_weights", "n_samples", "speed", "round_time_s"):
+            dtype = np.int64 if name == "n_samples" else np.float64
             a = np.asarray(getattr(self, name), dtype=dtype)
             if a.flags.writeable:  # a read-only array (the fleet's) is shared
                 a = a.copy()
@@ -83,22 +79,13 @@ class SelectorContext:
             if a.shape != (m,):
                 raise ValueError(f"{name} has shape {a.shape}, expected ({m},)")
             object.__setattr__(self, name, a)
-        total = float(self.data_weights.sum())
-        if m and (total <= 0 or np.any(self.data_weights < 0)):
+        if m and (self.data_weights.sum() <= 0 or np.any(self.data_weights < 0)):
             raise ValueError("data_weights must be non-negative with a positive sum")
 
     @classmethod
     def uniform(cls, num_clients: int) -> SelectorContext:
         """Equal data weights and unit speeds (``informed=False``)."""
-        m = int(num_clients)
-        return cls(
-            num_clients=m,
-            data_weights=np.full(m, 1.0 / m) if m else np.zeros(0),
-            n_samples=np.ones(m, dtype=np.int64),
-            speed=np.ones(m),
-            round_time_s=np.ones(m),
-            informed=False,
-        )
+        return replace(cls.from_arrays(np.ones(int(num_clients))), informed=False)
 
     @classmethod
     def from_arrays(
@@ -110,14 +97,9 @@ class SelectorContext:
         [0.25, 0.75]
         """
         n = np.asarray(n_samples, dtype=np.int64)
-        m = n.size
-        return cls(
-            num_clients=m,
-            data_weights=n / n.sum(),
-            n_samples=n,
-            speed=np.ones(m) if speed is None else speed,
-            round_time_s=np.ones(m) if round_time_s is None else round_time_s,
-        )
+        ones = np.ones(n.size)
+        speed, round_time_s = (ones if a is None else a for a in (speed, round_time_s))
+        return cls(n.size, n / n.sum(), n, speed, round_time_s)
 
     @classmethod
     def from_run(
@@ -141,10 +123,9 @@ class SelectorContext:
         if work is not None:
             steps = work.steps * work.unit_cost
             up = 8.0 * work.bytes_up / fleet.up_bps + fleet.latency_s
-        total = float(n.sum())
         return cls(
             num_clients=m,
-            data_weights=n / total if total > 0 else np.full(m, 1.0 / max(m, 1)),
+            data_weights=n / n.sum() if n.sum() > 0 else np.full(m, 1.0 / max(m, 1)),
             n_samples=n,
             speed=fleet.speed,
             round_time_s=down + steps / fleet.speed + up,
@@ -209,8 +190,14 @@ class Selector:
         return replace(self, clients_per_round=k)
 
     def init(self, ctx: SelectorContext) -> SelectorState:
-        """The initial state (a plain JSON value): ``initial_state``."""
-        self.check_context(ctx)
+        """The initial state (a plain JSON value): ``initial_state``; refuses an
+        uninformed context when ``needs_context``."""
+        if self.needs_context and not ctx.informed:
+            raise TypeError(
+                f"selector {self.name!r} needs the run's real data weights and "
+                "device speeds (SelectorContext.from_run), not "
+                "SelectorContext.uniform"
+            )
         return copy.deepcopy(self.initial_state)
 
     def select(
@@ -240,23 +227,9 @@ class Selector:
         """Rows for ``selector.parquet`` (the server adds ``round``); [] if none."""
         return []
 
-    def check_context(self, ctx: SelectorContext) -> None:
-        """Refuse an uninformed context when ``needs_context``."""
-        if self.needs_context and not ctx.informed:
-            raise TypeError(
-                f"selector {self.name!r} needs the run's real data weights and "
-                "device speeds (SelectorContext.from_run), not "
-                "SelectorContext.uniform"
-            )
-
     def k(self, draw: Draw) -> int:
         """``clients_per_round``, or fewer when fewer devices are candidates."""
         return min(self.clients_per_round, len(draw.candidates))
-
-
-def sorted_ids(ids: np.ndarray | list[int]) -> np.ndarray:
-    """Distinct ids, sorted, as int64."""
-    return np.unique(np.asarray(ids, dtype=np.int64))
 
 
 def weighted_pick(
@@ -269,14 +242,13 @@ def weighted_pick(
     ...               np.random.default_rng(0)).tolist()
     [5]
     """
-    ids = np.asarray(ids, dtype=np.int64)
-    w = np.asarray(weights, dtype=np.float64)
-    n = min(int(n), ids.size)
-    pos = w > 0
+    n = min(n, ids.size)
+    pos = weights > 0
     if np.count_nonzero(pos) <= n:
         fill = rng.choice(ids[~pos], size=n - np.count_nonzero(pos), replace=False)
         return np.concatenate([ids[pos], fill]).astype(np.int64)
-    return rng.choice(ids[pos], size=n, replace=False, p=w[pos] / w[pos].sum())
+    w = weights[pos]
+    return rng.choice(ids[pos], size=n, replace=False, p=w / w.sum())
 
 
 def last_losses(result: RoundResult) -> list[tuple[int, float]]:

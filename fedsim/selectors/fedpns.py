@@ -21,15 +21,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from fedsim.selectors.base import (
-    Draw,
-    Selector,
-    SelectorContext,
-    SelectorState,
-    weighted_pick,
-)
+from fedsim.selectors.base import Selector, SelectorState, weighted_pick
 
 if TYPE_CHECKING:
+    from fedsim.selectors.base import Draw, SelectorContext
     from fedsim.server import RoundResult
 
 _COUNTS = ("selected", "labeled", "removed")
@@ -56,13 +51,11 @@ def update_probabilities(
     lab = sorted({int(i) for i in labeled_now})
     if not lab:
         return q
-    sel = np.asarray(selected, dtype=np.float64)
-    tot = np.asarray(labeled_total, dtype=np.float64)
-    x = tot[lab] / np.maximum(sel[lab], 1.0)
+    sel, tot = (np.asarray(a, dtype=np.float64)[lab] for a in (selected, labeled_total))
+    x = tot / np.maximum(sel, 1.0)
     delta = q[lab] * np.minimum((x + beta) ** alpha, 1.0)
     q[lab] -= delta
-    rest = np.ones(q.size, dtype=bool)
-    rest[lab] = False
+    rest = ~np.isin(np.arange(q.size), lab)
     if rest.any():
         q[rest] += delta.sum() / rest.sum()
     else:  # every node labeled: nowhere to move the mass, keep it
@@ -101,18 +94,13 @@ class FedPNS(Selector):
         self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
         flags = result.info.flags or {}
-        now = {k: [int(c) for c, f in flags.items() if f.get(k)] for k in _COUNTS[1:]}
-        labeled = _bump(state["labeled"], now["labeled"])
+        new = {k: [int(c) for c, f in flags.items() if f.get(k)] for k in _COUNTS[1:]}
+        total = _bump(state["labeled"], new["labeled"])
         p = update_probabilities(
-            state["p"],
-            state["selected"],
-            labeled,
-            now["labeled"],
-            self.alpha,
-            self.beta,
+            state["p"], state["selected"], total, new["labeled"], self.alpha, self.beta
         )
-        removed = _bump(state["removed"], now["removed"])
-        return {**state, "p": p.tolist(), "labeled": labeled, "removed": removed}
+        removed = _bump(state["removed"], new["removed"])
+        return {**state, "p": p.tolist(), "labeled": total, "removed": removed}
 
     def artifact(self, state: SelectorState, round_: int) -> list[dict[str, Any]]:
         return [

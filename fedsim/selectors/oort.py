@@ -18,22 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
 
-from fedsim.selectors.base import (
-    Draw,
-    Selector,
-    SelectorContext,
-    SelectorState,
-    last_losses,
-    weighted_pick,
-)
+from fedsim.selectors.base import Selector, SelectorState, last_losses, weighted_pick
 from fedsim.spec import NonNegFloat, PosFloat, Prob
 
 if TYPE_CHECKING:
+    from fedsim.selectors.base import Draw, SelectorContext
     from fedsim.server import RoundResult
 
 
@@ -55,7 +48,7 @@ class Oort(Selector):
     preferred_duration_s: PosFloat | None = None
     duration_quantile: Prob = 0.5
     cutoff: Prob = 0.95
-    uncertainty: Annotated[float, Field(ge=0)] = 0.1
+    uncertainty: NonNegFloat = 0.1
 
     needs_context: ClassVar[bool] = True
     asynchronous: ClassVar[bool] = True  # adaptive: it observes applied updates
@@ -83,8 +76,7 @@ class Oort(Selector):
             lo, span = u.min(), u.max() - u.min()
             u = (u - lo) / span if span > 0 else np.zeros_like(u)
         u = u + np.sqrt(self.uncertainty * math.log(round_ + 1) / (last + 1.0))
-        t = ctx.round_time_s[ids]
-        big_t = self.preferred(ctx)
+        t, big_t = ctx.round_time_s[ids], self.preferred(ctx)
         slow = t > big_t
         u[slow] *= (big_t / t[slow]) ** self.penalty
         return u

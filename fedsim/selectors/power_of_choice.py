@@ -32,7 +32,6 @@ class PowerOfChoice(Selector):
     ``candidates`` is d (None: 2 ``clients_per_round``; at least that many).
 
     Example:
-        >>> import numpy as np
         >>> from fedsim.selectors.base import Draw, SelectorContext
         >>> sel = PowerOfChoice(clients_per_round=1, candidates=3)
         >>> ctx = SelectorContext.from_arrays([1, 1, 1])
@@ -47,7 +46,6 @@ class PowerOfChoice(Selector):
     needs_context: ClassVar[bool] = True
     asynchronous: ClassVar[bool] = True  # adaptive: it observes applied updates
     initial_state: ClassVar[SelectorState] = {"ids": [], "loss": []}
-    inclusion: ClassVar[str] = "adaptive"
     data_share_in_sample: ClassVar[bool] = True
     default_weighting: ClassVar[str | None] = "equal"
 

@@ -41,9 +41,7 @@ class Weighted(Selector):
         p = draw.ctx.data_weights[cand]
         if len(cand) == 0 or p.sum() <= 0:
             return np.zeros(0, dtype=np.int64), {"ids": [], "counts": []}
-        draws = draw.rng.choice(
-            cand, size=self.clients_per_round, replace=True, p=p / p.sum()
-        )
+        draws = draw.rng.choice(cand, size=self.clients_per_round, p=p / p.sum())
         ids, counts = np.unique(draws, return_counts=True)
         return ids.astype(np.int64), {"ids": ids.tolist(), "counts": counts.tolist()}
 
@@ -55,8 +53,7 @@ class Weighted(Selector):
         >>> Weighted(clients_per_round=4).expected_draws(ctx).tolist()
         [1.0, 3.0]
         """
-        p = np.asarray(ctx.data_weights, dtype=np.float64)
-        return self.clients_per_round * p / p.sum()
+        return self.clients_per_round * ctx.data_weights / ctx.data_weights.sum()
 
     def multiplicity(
         self, state: SelectorState, ids: np.ndarray
