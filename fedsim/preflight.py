@@ -106,9 +106,8 @@ def data_info(scenario: Scenario) -> DataInfo:
         clients = d.clients or scenario.num_clients
         # E[lognormal] + min_samples, capped as the generator caps each client
         mean = math.exp(d.size_mean + d.size_sigma**2 / 2) + d.min_samples
-        return DataInfo(
-            "vector", (d.features,), d.classes, int(clients * min(mean, d.max_samples))
-        )
+        samples = int(clients * min(mean, d.max_samples))
+        return DataInfo("vector", (d.features,), d.classes, samples)
     if name == "feddyn_synthetic":
         return DataInfo("vector", (d.dim,), d.classes, 2 * d.clients * d.samples)
     if name == "quadratic":
@@ -116,9 +115,7 @@ def data_info(scenario: Scenario) -> DataInfo:
         dim = len(first) if isinstance(first, list) else 1
         return DataInfo("vector", (dim,), 0, len(d.centers))
     if name in _IMAGE_COUNTS or name == "emnist":
-        train, test = (
-            _EMNIST_COUNTS[d.subset] if name == "emnist" else _IMAGE_COUNTS[name]
-        )
+        train, test = _IMAGE_COUNTS.get(name) or _EMNIST_COUNTS[d.subset]
         train = 0 if d.files == "test" else min(train, d.train_samples or train)
         test = min(test, d.test_samples or test)
         shape = (3, 32, 32) if name.startswith("cifar") else (1, 28, 28)
@@ -127,9 +124,8 @@ def data_info(scenario: Scenario) -> DataInfo:
     if name == "shakespeare":
         size = _file_size(d)
         samples = None if size is None else size // d.stride
-        return DataInfo(
-            "sequence", (d.seq_len,), 80 if d.vocab == "leaf" else None, samples
-        )
+        classes = 80 if d.vocab == "leaf" else None
+        return DataInfo("sequence", (d.seq_len,), classes, samples)
     if name == "tabular":
         n = _tabular_features(d)
         size = _file_size(d)
@@ -141,11 +137,9 @@ def data_info(scenario: Scenario) -> DataInfo:
 
 def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
     """The [C, H, W] an image model sees: an image, or a square vector (grey)."""
-    if info.shape is None:
-        return None
     if info.kind == "image":
         return info.shape  # type: ignore[return-value]
-    if info.kind == "vector":
+    if info.kind == "vector" and info.shape is not None:
         side = math.isqrt(info.shape[0])
         if side * side == info.shape[0]:
             return (1, side, side)
@@ -339,17 +333,11 @@ def estimate_memory(scenario: Scenario, workers: int | None = None) -> MemoryEst
 def mem_available(meminfo: str | Path = "/proc/meminfo") -> int | None:
     """``MemAvailable`` in bytes, or None where the file does not tell."""
     try:
-        text = Path(meminfo).read_text()
-    except OSError:
+        lines = Path(meminfo).read_text().splitlines()
+        fields = next(x for x in lines if x.startswith("MemAvailable:")).split()
+        return int(fields[1]) * (1024 if fields[-1].lower() == "kb" else 1)
+    except (OSError, StopIteration, IndexError, ValueError):
         return None
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            fields = line.split()
-            try:
-                return int(fields[1]) * (1024 if fields[-1].lower() == "kb" else 1)
-            except (IndexError, ValueError):
-                return None
-    return None
 
 
 def _gib(n: float) -> str:
@@ -457,11 +445,10 @@ def check_availability(scenario: Scenario, source: str = "<scenario>") -> None:
 
 
 def _dump(spec: Any) -> dict[str, Any]:
-    if hasattr(spec, "model_dump"):
-        return spec.model_dump(mode="python")
+    """A section's fields: a pydantic model's, or a plug-in dataclass's."""
     if dataclasses.is_dataclass(spec):
         return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-    return {}
+    return spec.model_dump(mode="python")
 
 
 def preflight(
@@ -509,19 +496,16 @@ def check_ray_resources(
             f"resources.gpus_per_worker {res.gpus_per_worker:g}: the Ray cluster "
             f"has {has}"
         )
-    need_cpu = workers * res.cpus_per_worker  # the server runs in the driver
-    if need_cpu > cpus + 1e-9:
-        raise _error(
-            f"{opt} x resources.cpus_per_worker {res.cpus_per_worker:g} needs "
-            f"{need_cpu:g} CPUs; the Ray cluster has {cpus:g} "
-            f"(at most {int(cpus // res.cpus_per_worker)} workers)"
-        )
-    need_gpu = workers * res.gpus_per_worker
-    if need_gpu > gpus + 1e-9:
-        raise _error(
-            f"{opt} x resources.gpus_per_worker {res.gpus_per_worker:g} needs "
-            f"{need_gpu:g} GPUs; the Ray cluster has {gpus:g}"
-        )
+    most = f" (at most {int(cpus // res.cpus_per_worker)} workers)"
+    for unit, per, has, hint in [
+        ("CPU", res.cpus_per_worker, cpus, most),
+        ("GPU", res.gpus_per_worker, gpus, ""),
+    ]:
+        if (need := workers * per) > has + 1e-9:  # the server runs in the driver
+            raise _error(
+                f"{opt} x resources.{unit.lower()}s_per_worker {per:g} needs "
+                f"{need:g} {unit}s; the Ray cluster has {has:g}{hint}"
+            )
 
 
 _RAY_CURRENT = Path("/tmp/ray/ray_current_cluster")

@@ -18,6 +18,7 @@ import re
 import stat
 import warnings
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
@@ -29,9 +30,7 @@ from fedsim.algorithms.sampling import pairing_problem
 from fedsim.clock import RoundSpec
 from fedsim.data import REGISTRY as DATASETS
 from fedsim.data.validation import validation_problem
-from fedsim.fleet import (
-    FleetSpec,
-)
+from fedsim.fleet import FleetSpec
 from fedsim.selectors import REGISTRY as SELECTORS
 from fedsim.selectors.uniform import Uniform
 from fedsim.spec import ModelSpec, NonNegFloat, PosFloat
@@ -174,8 +173,7 @@ class Scenario(_Spec):
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
-        n_dev = self.fleet.size
-        n_clients = self.data.clients
+        n_dev, n_clients = self.fleet.size, self.data.clients
         if n_clients is not None and n_clients != n_dev:
             raise ValueError(
                 f"data has {n_clients} clients but the fleet has {n_dev} devices; "
@@ -259,17 +257,15 @@ def feddm_clock_problem(sc: Scenario) -> tuple[str | None, str | None]:
     for g in sc.fleet.groups:
         if g.speed is None:  # a trace group: its speeds are per device
             continue
-        fits = rs.window_s * g.speed.median / cost
-        if fits < n_iter:
-            need = n_iter * cost / g.speed.median
+        if (fits := rs.window_s * g.speed.median / cost) < n_iter:
             return None, (
                 f"round.window_s ({rs.window_s:g} s) cuts FedDM's matching short: "
                 f"at algorithm.iteration_cost >= {cost:.3g} local steps "
                 f"per iteration, the median device of fleet group {g.name!r} "
                 f"({g.speed.median:g} steps/s) runs at most {math.floor(fits)} "
-                f"of algorithm.iterations ({n_iter}); for all of them give "
-                f"round.window_s >= {need:.4g}, fewer iterations, or "
-                "round.policy fixed_epochs"
+                f"of algorithm.iterations ({n_iter}); for all of them give round."
+                f"window_s >= {n_iter * cost / g.speed.median:.4g}, fewer iterations, "
+                "or round.policy fixed_epochs"
             )
     return None, None
 
@@ -354,6 +350,7 @@ def _check_shape(raw: Any, source: str) -> None:
 
 def _check_plain(obj: Any, source: str, path: str = "") -> None:
     """Refuse NaN/inf, huge ints and non-plain values, naming the path."""
+    problem = None
     if isinstance(obj, dict):
         for k, v in obj.items():
             if not isinstance(k, str):
@@ -366,15 +363,13 @@ def _check_plain(obj: Any, source: str, path: str = "") -> None:
         for i, v in enumerate(obj):
             _check_plain(v, source, f"{path}[{i}]")
     elif isinstance(obj, float) and not math.isfinite(obj):
-        raise ScenarioError(f"{source}: {path}: expected a finite number, got {obj}")
+        problem = f"expected a finite number, got {obj}"
     elif isinstance(obj, int) and obj.bit_length() > MAX_INT_BITS:
-        raise ScenarioError(
-            f"{source}: {path}: number too large ({obj.bit_length()} bits)"
-        )
+        problem = f"number too large ({obj.bit_length()} bits)"
     elif obj is not None and not isinstance(obj, str | int | float | bool):
-        raise ScenarioError(
-            f"{source}: {path}: expected a plain value, got {type(obj).__name__}"
-        )
+        problem = f"expected a plain value, got {type(obj).__name__}"
+    if problem is not None:
+        raise ScenarioError(f"{source}: {path}: {problem}")
 
 
 # libyaml's safe loader when PyYAML has it: the pure-Python one takes ~20 s/MiB.
@@ -601,12 +596,9 @@ def _bool_number_mixups(raw: Any, value: Any, loc: tuple[Any, ...]) -> Iterator[
         hint = "; write true or false" if isinstance(raw, str) else ""
         yield f"  {_format_loc(loc)}: expected true or false (got {raw!r}){hint}"
     elif isinstance(raw, dict):
+        get = value.get if isinstance(value, dict) else partial(getattr, value)
         for key, sub in raw.items():
-            if isinstance(value, dict):
-                target = value.get(key, _ABSENT)
-            else:
-                target = getattr(value, str(key), _ABSENT)
-            if target is not _ABSENT:
+            if (target := get(str(key), _ABSENT)) is not _ABSENT:
                 yield from _bool_number_mixups(sub, target, (*loc, key))
     elif isinstance(raw, list) and isinstance(value, list | tuple):
         if len(raw) == len(value):
