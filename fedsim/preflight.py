@@ -106,8 +106,8 @@ def data_info(scenario: Scenario) -> DataInfo:
         clients = d.clients or scenario.num_clients
         # E[lognormal] + min_samples, capped as the generator caps each client
         mean = math.exp(d.size_mean + d.size_sigma**2 / 2) + d.min_samples
-        samples = int(clients * min(mean, d.max_samples))
-        return DataInfo("vector", (d.features,), d.classes, samples)
+        total = int(clients * min(mean, d.max_samples))
+        return DataInfo("vector", (d.features,), d.classes, total)
     if name == "feddyn_synthetic":
         return DataInfo("vector", (d.dim,), d.classes, 2 * d.clients * d.samples)
     if name == "quadratic":
@@ -302,9 +302,7 @@ class MemoryEstimate:
         return sum(self.parts.values())
 
 
-# Model-sized vectors alive at once: the server's global model, its state and
-# the aggregation buffer; per worker the parameters, gradients, optimizer
-# buffer and the update it returns.
+# Model-sized vectors alive at once (docs/scenarios.md, "Checks before a run")
 _SERVER_COPIES = 3
 _WORKER_COPIES = 4
 
@@ -321,10 +319,8 @@ def estimate_memory(scenario: Scenario, workers: int | None = None) -> MemoryEst
         parts["algorithm"] = scenario.num_clients * params * elem
     elif alg.name == "feddm" and info.sample_bytes and info.classes:
         # each client sends ipc images per class it holds: at most all classes
-        per = info.sample_bytes + 8  # the image and its int64 label
-        parts["algorithm"] = (
-            scenario.num_clients * info.classes * getattr(alg, "ipc", 0) * per
-        )
+        images = scenario.num_clients * info.classes * getattr(alg, "ipc", 0)
+        parts["algorithm"] = images * (info.sample_bytes + 8)  # with int64 labels
     if info.samples is not None and info.sample_bytes is not None:
         parts["data"] = info.samples * (info.sample_bytes + 8)
     return MemoryEstimate(params=params, parts=parts)
@@ -406,16 +402,12 @@ def check_numeric_ranges(scenario: Scenario, source: str = "<scenario>") -> None
                 )
 
 
-# At most this many on/off flips per device over a run: availability is
-# advanced flip by flip from t = 0 (fleet._OnOff, bit-identical whatever the
-# order of queries), about 10-20 us per flip, so 1e6 is tens of seconds.
-MAX_FLIPS = 1e6
+MAX_FLIPS = 1e6  # per device and run (docs/scenarios.md, "Checks before a run")
 
 
 def check_availability(scenario: Scenario, source: str = "<scenario>") -> None:
-    """Refuse availability sessions so short against the run's length (rounds x
-    window or deadline; unknown, so unchecked, otherwise) that stepping through
-    every flip would take hours."""
+    """Refuse availability sessions too short for the run's length (rounds x
+    window or deadline; unchecked where unknown): each flip is a step."""
     rnd = scenario.round
     if rnd.policy == "fixed_window":
         per_round, what = rnd.window_s, "round.window_s"
@@ -432,8 +424,7 @@ def check_availability(scenario: Scenario, source: str = "<scenario>") -> None:
             cycle, fields = a.mean_on_s, "mean_on_s"
         else:
             continue
-        flips = 2 * horizon / cycle
-        if flips > MAX_FLIPS:
+        if (flips := 2 * horizon / cycle) > MAX_FLIPS:
             raise _error(
                 f"{source}: fleet.groups[{i}].availability: sessions of "
                 f"{fields} = {cycle:g} s flip each device about {flips:.2g} "
@@ -485,26 +476,23 @@ def check_ray_resources(
     res = scenario.resources
     cpus, gpus = float(cluster.get("CPU", 0.0)), float(cluster.get("GPU", 0.0))
     opt = f"{'resources.workers' if res.workers == workers else '--workers'} {workers}"
-    if res.cpus_per_worker > cpus:
-        raise _error(
-            f"resources.cpus_per_worker {res.cpus_per_worker:g}: the Ray cluster "
-            f"has {cpus:g} CPUs; lower it"
-        )
-    if res.gpus_per_worker > gpus:
-        has = f"{gpus:g} GPUs" if gpus else "no GPU; set it to 0"
-        raise _error(
-            f"resources.gpus_per_worker {res.gpus_per_worker:g}: the Ray cluster "
-            f"has {has}"
-        )
     most = f" (at most {int(cpus // res.cpus_per_worker)} workers)"
-    for unit, per, has, hint in [
-        ("CPU", res.cpus_per_worker, cpus, most),
-        ("GPU", res.gpus_per_worker, gpus, ""),
-    ]:
-        if (need := workers * per) > has + 1e-9:  # the server runs in the driver
+    gpus_has = f"{gpus:g} GPUs" if gpus else "no GPU; set it to 0"
+    # (unit, per worker, the cluster's, what it has, a hint on the total)
+    limits = [
+        ("cpu", res.cpus_per_worker, cpus, f"{cpus:g} CPUs; lower it", most),
+        ("gpu", res.gpus_per_worker, gpus, gpus_has, ""),
+    ]
+    for unit, per, total, has, _ in limits:
+        if per > total:
             raise _error(
-                f"{opt} x resources.{unit.lower()}s_per_worker {per:g} needs "
-                f"{need:g} {unit}s; the Ray cluster has {has:g}{hint}"
+                f"resources.{unit}s_per_worker {per:g}: the Ray cluster has {has}"
+            )
+    for unit, per, total, _, hint in limits:
+        if (need := workers * per) > total + 1e-9:  # the server runs in the driver
+            raise _error(
+                f"{opt} x resources.{unit}s_per_worker {per:g} needs {need:g} "
+                f"{unit.upper()}s; the Ray cluster has {total:g}{hint}"
             )
 
 

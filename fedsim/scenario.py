@@ -33,12 +33,7 @@ from fedsim.data.validation import validation_problem
 from fedsim.fleet import FleetSpec
 from fedsim.selectors import REGISTRY as SELECTORS
 from fedsim.selectors.uniform import Uniform
-from fedsim.spec import ModelSpec, NonNegFloat, PosFloat
-from fedsim.spec import Spec as _Spec
-
-if TYPE_CHECKING:
-    from fedsim.algorithms.base import Algorithm
-    from fedsim.selectors.base import Selector
+from fedsim.spec import ModelSpec, NonNegFloat, PosFloat, Spec
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 64
@@ -57,6 +52,9 @@ def _tagged_union(registry: dict[str, Any], tag: str) -> Any:
 
 
 if TYPE_CHECKING:  # a dataset's fields differ; a plug-in section is its base class
+    from fedsim.algorithms.base import Algorithm
+    from fedsim.selectors.base import Selector
+
     DataSpec = Any
     AlgorithmSpec = Algorithm
     SelectorSpec = Selector
@@ -66,7 +64,7 @@ else:
     SelectorSpec = _tagged_union(SELECTORS, "name")
 
 
-class ClientSpec(_Spec):
+class ClientSpec(Spec):
     """Local training; ``solver`` is the local optimizer (ALGORITHMS.md 5.2)."""
 
     solver: Literal["sgd", "momentum", "prox", "decay"] = "sgd"
@@ -87,18 +85,18 @@ class ClientSpec(_Spec):
         return self
 
 
-class EvalSpec(_Spec):
+class EvalSpec(Spec):
     every_rounds: Annotated[int, Field(ge=1)] = 1
     batch_size: Annotated[int, Field(ge=1)] = 4096
 
 
-class CheckpointSpec(_Spec):
+class CheckpointSpec(Spec):
     """A checkpoint every ``every_rounds`` rounds (0: never) and at the end."""
 
     every_rounds: Annotated[int, Field(ge=0)] = 10
 
 
-class ResourceSpec(_Spec):
+class ResourceSpec(Spec):
     """Ray resources (docs/scenarios.md, "Top level")."""
 
     workers: Literal["auto"] | Annotated[int, Field(ge=0, le=4096)] = "auto"
@@ -126,7 +124,7 @@ class ResourceSpec(_Spec):
         return self
 
 
-class Scenario(_Spec):
+class Scenario(Spec):
     """One experiment. Every field is documented in docs/scenarios.md."""
 
     name: str = Field(min_length=1, max_length=200)
@@ -271,8 +269,7 @@ def feddm_clock_problem(sc: Scenario) -> tuple[str | None, str | None]:
 
 
 def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
-    """``fleet.groups[1].speed.sigma`` for pydantic's ``loc`` in ``raw``, without
-    the tagged union members pydantic adds (``fedprox`` in algorithm.fedprox.mu)."""
+    """pydantic's ``loc`` as ``fleet.groups[1].speed.sigma``, less union tags."""
     out, node = "", raw
     for part in loc:
         if isinstance(part, int):
@@ -312,8 +309,7 @@ def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
         elif e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
             # a check across sections names its fields itself: lead with them
-            first = _CROSS_FIELD.match(msg)
-            if not e["loc"] and first:
+            if not e["loc"] and (first := _CROSS_FIELD.match(msg)):
                 loc = first.group(1)
         got, shown = e.get("input"), ""
         if e["type"] not in _PLAIN_MESSAGES and not isinstance(got, dict | list):
@@ -350,14 +346,12 @@ def _check_shape(raw: Any, source: str) -> None:
 
 def _check_plain(obj: Any, source: str, path: str = "") -> None:
     """Refuse NaN/inf, huge ints and non-plain values, naming the path."""
-    problem = None
+    problem: str | None = None
     if isinstance(obj, dict):
         for k, v in obj.items():
             if not isinstance(k, str):
-                raise ScenarioError(
-                    f"{source}: {path or '(top level)'}: keys must be strings, "
-                    f"got {k!r}"
-                )
+                problem = f"keys must be strings, got {k!r}"
+                break
             _check_plain(v, source, f"{path}.{k}" if path else k)
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
@@ -369,7 +363,7 @@ def _check_plain(obj: Any, source: str, path: str = "") -> None:
     elif obj is not None and not isinstance(obj, str | int | float | bool):
         problem = f"expected a plain value, got {type(obj).__name__}"
     if problem is not None:
-        raise ScenarioError(f"{source}: {path}: {problem}")
+        raise ScenarioError(f"{source}: {path or '(top level)'}: {problem}")
 
 
 # libyaml's safe loader when PyYAML has it: the pure-Python one takes ~20 s/MiB.
@@ -409,22 +403,19 @@ for _tag, (_pattern, _first) in _YAML12_SCALARS.items():
     _Loader.add_implicit_resolver(_tag, re.compile(_pattern, re.X), list(_first))
 
 # YAML 1.1 reads these as numbers, YAML 1.2 as text: refused, as ambiguous.
-_AMBIGUOUS = [
-    (
-        re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$"),
+_AMBIGUOUS = {
+    re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$"): (
         "YAML 1.1 reads a base-60 number, YAML 1.2 text); write the number in "
-        "seconds or plain decimal",
+        "seconds or plain decimal"
     ),
-    (
-        re.compile(r"^[-+]?0[0-9_]+$"),
-        "YAML 1.1 reads an octal number); write it without the leading zero",
+    re.compile(r"^[-+]?0[0-9_]+$"): (
+        "YAML 1.1 reads an octal number); write it without the leading zero"
     ),
-]
+}
 
 
 def _check_nodes(root: yaml.Node | None, source: str) -> None:
-    """Refuse duplicate keys and ambiguous plain scalars (each node visited
-    once, so an alias bomb costs no more than its text)."""
+    """Refuse duplicate keys and ambiguous plain scalars (each node once)."""
     seen: set[int] = set()
     stack: list[tuple[yaml.Node, str]] = [] if root is None else [(root, "")]
     while stack:
@@ -454,7 +445,7 @@ def _check_nodes(root: yaml.Node | None, source: str) -> None:
             stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node.value))
         elif node.tag == _STR and not node.style:  # plain: None, or '' (libyaml)
             text = str(node.value)
-            for pattern, why in _AMBIGUOUS:
+            for pattern, why in _AMBIGUOUS.items():
                 if pattern.match(text):
                     raise ScenarioError(
                         f"{source}: line {node.start_mark.line + 1}: "
@@ -586,8 +577,7 @@ def parse_scenario(
 
 
 def _bool_number_mixups(raw: Any, value: Any, loc: tuple[Any, ...]) -> Iterator[str]:
-    """Where the file gave true/false for a number, or a number for a switch
-    (which pydantic's lax mode accepts), walking ``raw`` beside ``value``."""
+    """A true/false given for a number, or a number for a switch (lax mode)."""
     if isinstance(raw, bool):
         if isinstance(value, int | float) and not isinstance(value, bool):
             yield f"  {_format_loc(loc)}: expected a number, not {str(raw).lower()}"
@@ -614,7 +604,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     p = Path(path)
     try:
         if p.is_dir():
-            raise IsADirectoryError
+            raise ScenarioError(f"{p}: is a directory, expected a YAML file")
         if not stat.S_ISREG(p.stat().st_mode):
             # /dev/zero never ends; a FIFO blocks until someone writes to it
             raise ScenarioError(f"{p}: not a regular file")
@@ -630,8 +620,6 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         raise
     except FileNotFoundError:
         raise ScenarioError(f"{p}: no such scenario file") from None
-    except IsADirectoryError:
-        raise ScenarioError(f"{p}: is a directory, expected a YAML file") from None
     except UnicodeDecodeError:
         raise ScenarioError(f"{p}: not UTF-8 text") from None
     except OSError as exc:
@@ -645,12 +633,9 @@ class _Dumper(yaml.SafeDumper):
     """Quotes strings YAML 1.1 or :class:`_Loader` would read otherwise ('yes')."""
 
 
-_Dumper.yaml_implicit_resolvers = {
-    first: list(_Loader.yaml_implicit_resolvers.get(first, []))
-    + list(yaml.resolver.Resolver.yaml_implicit_resolvers.get(first, []))
-    for first in set(_Loader.yaml_implicit_resolvers)
-    | set(yaml.resolver.Resolver.yaml_implicit_resolvers)
-}
+for _first, _entries in _Loader.yaml_implicit_resolvers.items():
+    for _tag, _rx in _entries:
+        _Dumper.add_implicit_resolver(_tag, _rx, [_first])
 
 
 def dump_scenario(sc: Scenario) -> str:
