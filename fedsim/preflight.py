@@ -194,10 +194,10 @@ def _resnet18_params(c: int, small: bool, classes: int) -> int:
     total = _conv(c, 64, 3 if small else 7, bias=False) + 2 * 64
     width = 64
     for planes in (64, 128, 256, 512):
-        for block in range(2):
+        for _ in range(2):
             total += _conv(width, planes, 3, False) + _conv(planes, planes, 3, False)
             total += 4 * planes  # two GroupNorms
-            if block == 0 and width != planes:  # stride-2 1x1 shortcut
+            if width != planes:  # a stage's first block: a stride-2 1x1 shortcut
                 total += _conv(width, planes, 1, False) + 2 * planes
             width = planes
     return total + 512 * classes + classes
@@ -275,10 +275,8 @@ def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None
     classes = info.classes
     if classes is None:
         return None
-    if spec.name == "logreg":
-        return dim * classes + classes
-    if spec.name == "mlp":
-        return _dense_params(dim, spec.hidden, classes)
+    if spec.name in ("logreg", "mlp"):
+        return _dense_params(dim, spec.hidden if spec.name == "mlp" else [], classes)
     if spec.name == "lstm":
         h, total, width = spec.lstm_hidden, classes * spec.embed_dim, spec.embed_dim
         for _ in range(spec.lstm_layers):
