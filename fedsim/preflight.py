@@ -510,11 +510,9 @@ def _split_host_port(text: str, default_port: int, what: str) -> tuple[str, int]
         host, port_text = text, ""
     if not host:
         raise _error(f"{what}: no host in {text!r}")
-    if not port_text:
-        return host, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if port_text and not (port_text.isdigit() and 0 < int(port_text) < 65536):
         raise _error(f"{what}: bad port {port_text!r} (expected 1..65535)")
-    return host, int(port_text)
+    return host, int(port_text) if port_text else default_port
 
 
 def resolve_address(address: str, what: str = "--address") -> str:
@@ -559,8 +557,7 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
     host, port = _split_host_port(text, port, what)
     via = f" (from {address})" if resolved != address.strip() else ""
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
+        socket.create_connection((host, port), timeout=timeout_s).close()
     except TimeoutError:
         raise _error(
             f"{what}: no answer from {host}:{port}{via} within {timeout_s:g} s; "

@@ -272,19 +272,15 @@ def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
     """pydantic's ``loc`` as ``fleet.groups[1].speed.sigma``, less union tags."""
     out, node = "", raw
     for part in loc:
+        fields = node if isinstance(node, dict) else {}
+        tags = (fields.get("name"), fields.get("dataset"), fields.get("kind"))
         if isinstance(part, int):
             out += f"[{part}]"
             ok = isinstance(node, list) and 0 <= part < len(node)
             node = node[part] if ok else None
-            continue
-        if (
-            isinstance(node, dict)
-            and part not in node
-            and part in (node.get("name"), node.get("dataset"), node.get("kind"))
-        ):
-            continue
-        out += ("." if out else "") + str(part)
-        node = node.get(part) if isinstance(node, dict) else None
+        elif part in fields or part not in tags:  # not a member pydantic adds
+            out += ("." if out else "") + str(part)
+            node = fields.get(part)
     return out or "(top level)"
 
 
