@@ -19,11 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 
 class LazyModule(types.ModuleType):
-    """A stand-in for the module ``name``: reading an attribute imports it.
-
-    Attributes read are kept here (training loops read ``torch.*`` often), so
-    rebinding one on the real module afterwards is not seen here.
-    """
+    """Attributes read are kept here (training loops read ``torch.*`` often), so
+    rebinding one on the real module afterwards is not seen here."""
 
     def __getattr__(self, attr: str) -> Any:
         # only called for names not yet kept here (and not ModuleType's own)

@@ -39,12 +39,10 @@ def bind_flat(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """
     theta = flatten(model)
     grad = torch.zeros_like(theta)
-    offset = 0
-    for p in model.parameters():
-        n = p.numel()
-        p.data = theta[offset : offset + n].view_as(p)
-        p.grad = grad[offset : offset + n].view_as(p)
-        offset += n
+    params = list(model.parameters())
+    sizes = [p.numel() for p in params]
+    for p, t, g in zip(params, theta.split(sizes), grad.split(sizes), strict=True):
+        p.data, p.grad = t.view_as(p), g.view_as(p)
     return theta, grad
 
 
@@ -79,12 +77,7 @@ def chi2(p: Sequence[float], w: Sequence[float]) -> float:
     sp, sw = float(sum(p)), float(sum(w))
     if sp <= 0 or sw <= 0:
         return float("nan")
-    total = 0.0
-    for pi, wi in zip(p, w, strict=True):
-        pi, wi = pi / sp, wi / sw
-        if wi == 0:
-            if pi > 0:
-                return float("inf")
-            continue
-        total += (pi - wi) ** 2 / wi
-    return total
+    pairs = [(pi / sp, wi / sw) for pi, wi in zip(p, w, strict=True)]
+    if any(wi == 0 < pi for pi, wi in pairs):
+        return float("inf")
+    return sum(((pi - wi) ** 2 / wi for pi, wi in pairs if wi != 0), 0.0)

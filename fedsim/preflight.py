@@ -106,9 +106,8 @@ def data_info(scenario: Scenario) -> DataInfo:
         clients = d.clients or scenario.num_clients
         # E[lognormal] + min_samples, capped as the generator caps each client
         mean = math.exp(d.size_mean + d.size_sigma**2 / 2) + d.min_samples
-        return DataInfo(
-            "vector", (d.features,), d.classes, int(clients * min(mean, d.max_samples))
-        )
+        total = int(clients * min(mean, d.max_samples))
+        return DataInfo("vector", (d.features,), d.classes, total)
     if name == "feddyn_synthetic":
         return DataInfo("vector", (d.dim,), d.classes, 2 * d.clients * d.samples)
     if name == "quadratic":
@@ -116,9 +115,7 @@ def data_info(scenario: Scenario) -> DataInfo:
         dim = len(first) if isinstance(first, list) else 1
         return DataInfo("vector", (dim,), 0, len(d.centers))
     if name in _IMAGE_COUNTS or name == "emnist":
-        train, test = (
-            _EMNIST_COUNTS[d.subset] if name == "emnist" else _IMAGE_COUNTS[name]
-        )
+        train, test = _IMAGE_COUNTS.get(name) or _EMNIST_COUNTS[d.subset]
         train = 0 if d.files == "test" else min(train, d.train_samples or train)
         test = min(test, d.test_samples or test)
         shape = (3, 32, 32) if name.startswith("cifar") else (1, 28, 28)
@@ -127,9 +124,8 @@ def data_info(scenario: Scenario) -> DataInfo:
     if name == "shakespeare":
         size = _file_size(d)
         samples = None if size is None else size // d.stride
-        return DataInfo(
-            "sequence", (d.seq_len,), 80 if d.vocab == "leaf" else None, samples
-        )
+        classes = 80 if d.vocab == "leaf" else None
+        return DataInfo("sequence", (d.seq_len,), classes, samples)
     if name == "tabular":
         n = _tabular_features(d)
         size = _file_size(d)
@@ -141,11 +137,9 @@ def data_info(scenario: Scenario) -> DataInfo:
 
 def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
     """The [C, H, W] an image model sees: an image, or a square vector (grey)."""
-    if info.shape is None:
-        return None
     if info.kind == "image":
         return info.shape  # type: ignore[return-value]
-    if info.kind == "vector":
+    if info.kind == "vector" and info.shape is not None:
         side = math.isqrt(info.shape[0])
         if side * side == info.shape[0]:
             return (1, side, side)
@@ -200,10 +194,10 @@ def _resnet18_params(c: int, small: bool, classes: int) -> int:
     total = _conv(c, 64, 3 if small else 7, bias=False) + 2 * 64
     width = 64
     for planes in (64, 128, 256, 512):
-        for block in range(2):
+        for _ in range(2):
             total += _conv(width, planes, 3, False) + _conv(planes, planes, 3, False)
             total += 4 * planes  # two GroupNorms
-            if block == 0 and width != planes:  # stride-2 1x1 shortcut
+            if width != planes:  # a stage's first block: a stride-2 1x1 shortcut
                 total += _conv(width, planes, 1, False) + 2 * planes
             width = planes
     return total + 512 * classes + classes
@@ -281,10 +275,8 @@ def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None
     classes = info.classes
     if classes is None:
         return None
-    if spec.name == "logreg":
-        return dim * classes + classes
-    if spec.name == "mlp":
-        return _dense_params(dim, spec.hidden, classes)
+    if spec.name in ("logreg", "mlp"):
+        return _dense_params(dim, spec.hidden if spec.name == "mlp" else [], classes)
     if spec.name == "lstm":
         h, total, width = spec.lstm_hidden, classes * spec.embed_dim, spec.embed_dim
         for _ in range(spec.lstm_layers):
@@ -308,9 +300,7 @@ class MemoryEstimate:
         return sum(self.parts.values())
 
 
-# Model-sized vectors alive at once: the server's global model, its state and
-# the aggregation buffer; per worker the parameters, gradients, optimizer
-# buffer and the update it returns.
+# Model-sized vectors alive at once (docs/scenarios.md, "Checks before a run")
 _SERVER_COPIES = 3
 _WORKER_COPIES = 4
 
@@ -327,10 +317,8 @@ def estimate_memory(scenario: Scenario, workers: int | None = None) -> MemoryEst
         parts["algorithm"] = scenario.num_clients * params * elem
     elif alg.name == "feddm" and info.sample_bytes and info.classes:
         # each client sends ipc images per class it holds: at most all classes
-        per = info.sample_bytes + 8  # the image and its int64 label
-        parts["algorithm"] = (
-            scenario.num_clients * info.classes * getattr(alg, "ipc", 0) * per
-        )
+        images = scenario.num_clients * info.classes * getattr(alg, "ipc", 0)
+        parts["algorithm"] = images * (info.sample_bytes + 8)  # with int64 labels
     if info.samples is not None and info.sample_bytes is not None:
         parts["data"] = info.samples * (info.sample_bytes + 8)
     return MemoryEstimate(params=params, parts=parts)
@@ -339,17 +327,11 @@ def estimate_memory(scenario: Scenario, workers: int | None = None) -> MemoryEst
 def mem_available(meminfo: str | Path = "/proc/meminfo") -> int | None:
     """``MemAvailable`` in bytes, or None where the file does not tell."""
     try:
-        text = Path(meminfo).read_text()
-    except OSError:
+        lines = Path(meminfo).read_text().splitlines()
+        fields = next(x for x in lines if x.startswith("MemAvailable:")).split()
+        return int(fields[1]) * (1024 if fields[-1].lower() == "kb" else 1)
+    except (OSError, StopIteration, IndexError, ValueError):
         return None
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            fields = line.split()
-            try:
-                return int(fields[1]) * (1024 if fields[-1].lower() == "kb" else 1)
-            except (IndexError, ValueError):
-                return None
-    return None
 
 
 def _gib(n: float) -> str:
@@ -418,16 +400,12 @@ def check_numeric_ranges(scenario: Scenario, source: str = "<scenario>") -> None
                 )
 
 
-# At most this many on/off flips per device over a run: availability is
-# advanced flip by flip from t = 0 (fleet._OnOff, bit-identical whatever the
-# order of queries), about 10-20 us per flip, so 1e6 is tens of seconds.
-MAX_FLIPS = 1e6
+MAX_FLIPS = 1e6  # per device and run (docs/scenarios.md, "Checks before a run")
 
 
 def check_availability(scenario: Scenario, source: str = "<scenario>") -> None:
-    """Refuse availability sessions so short against the run's length (rounds x
-    window or deadline; unknown, so unchecked, otherwise) that stepping through
-    every flip would take hours."""
+    """Refuse availability sessions too short for the run's length (rounds x
+    window or deadline; unchecked where unknown): each flip is a step."""
     rnd = scenario.round
     if rnd.policy == "fixed_window":
         per_round, what = rnd.window_s, "round.window_s"
@@ -444,8 +422,7 @@ def check_availability(scenario: Scenario, source: str = "<scenario>") -> None:
             cycle, fields = a.mean_on_s, "mean_on_s"
         else:
             continue
-        flips = 2 * horizon / cycle
-        if flips > MAX_FLIPS:
+        if (flips := 2 * horizon / cycle) > MAX_FLIPS:
             raise _error(
                 f"{source}: fleet.groups[{i}].availability: sessions of "
                 f"{fields} = {cycle:g} s flip each device about {flips:.2g} "
@@ -457,11 +434,10 @@ def check_availability(scenario: Scenario, source: str = "<scenario>") -> None:
 
 
 def _dump(spec: Any) -> dict[str, Any]:
-    if hasattr(spec, "model_dump"):
-        return spec.model_dump(mode="python")
+    """A section's fields: a pydantic model's, or a plug-in dataclass's."""
     if dataclasses.is_dataclass(spec):
         return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
-    return {}
+    return spec.model_dump(mode="python")
 
 
 def preflight(
@@ -498,30 +474,24 @@ def check_ray_resources(
     res = scenario.resources
     cpus, gpus = float(cluster.get("CPU", 0.0)), float(cluster.get("GPU", 0.0))
     opt = f"{'resources.workers' if res.workers == workers else '--workers'} {workers}"
-    if res.cpus_per_worker > cpus:
-        raise _error(
-            f"resources.cpus_per_worker {res.cpus_per_worker:g}: the Ray cluster "
-            f"has {cpus:g} CPUs; lower it"
-        )
-    if res.gpus_per_worker > gpus:
-        has = f"{gpus:g} GPUs" if gpus else "no GPU; set it to 0"
-        raise _error(
-            f"resources.gpus_per_worker {res.gpus_per_worker:g}: the Ray cluster "
-            f"has {has}"
-        )
-    need_cpu = workers * res.cpus_per_worker  # the server runs in the driver
-    if need_cpu > cpus + 1e-9:
-        raise _error(
-            f"{opt} x resources.cpus_per_worker {res.cpus_per_worker:g} needs "
-            f"{need_cpu:g} CPUs; the Ray cluster has {cpus:g} "
-            f"(at most {int(cpus // res.cpus_per_worker)} workers)"
-        )
-    need_gpu = workers * res.gpus_per_worker
-    if need_gpu > gpus + 1e-9:
-        raise _error(
-            f"{opt} x resources.gpus_per_worker {res.gpus_per_worker:g} needs "
-            f"{need_gpu:g} GPUs; the Ray cluster has {gpus:g}"
-        )
+    most = f" (at most {int(cpus // res.cpus_per_worker)} workers)"
+    gpus_has = f"{gpus:g} GPUs" if gpus else "no GPU; set it to 0"
+    # (unit, per worker, the cluster's, what it has, a hint on the total)
+    limits = [
+        ("cpu", res.cpus_per_worker, cpus, f"{cpus:g} CPUs; lower it", most),
+        ("gpu", res.gpus_per_worker, gpus, gpus_has, ""),
+    ]
+    for unit, per, total, has, _ in limits:
+        if per > total:
+            raise _error(
+                f"resources.{unit}s_per_worker {per:g}: the Ray cluster has {has}"
+            )
+    for unit, per, total, _, hint in limits:
+        if (need := workers * per) > total + 1e-9:  # the server runs in the driver
+            raise _error(
+                f"{opt} x resources.{unit}s_per_worker {per:g} needs {need:g} "
+                f"{unit.upper()}s; the Ray cluster has {total:g}{hint}"
+            )
 
 
 _RAY_CURRENT = Path("/tmp/ray/ray_current_cluster")
@@ -540,11 +510,9 @@ def _split_host_port(text: str, default_port: int, what: str) -> tuple[str, int]
         host, port_text = text, ""
     if not host:
         raise _error(f"{what}: no host in {text!r}")
-    if not port_text:
-        return host, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if port_text and not (port_text.isdigit() and 0 < int(port_text) < 65536):
         raise _error(f"{what}: bad port {port_text!r} (expected 1..65535)")
-    return host, int(port_text)
+    return host, int(port_text) if port_text else default_port
 
 
 def resolve_address(address: str, what: str = "--address") -> str:
@@ -589,8 +557,7 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
     host, port = _split_host_port(text, port, what)
     via = f" (from {address})" if resolved != address.strip() else ""
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
+        socket.create_connection((host, port), timeout=timeout_s).close()
     except TimeoutError:
         raise _error(
             f"{what}: no answer from {host}:{port}{via} within {timeout_s:g} s; "

@@ -4,10 +4,8 @@ Source: Chengxu Yang, Qipeng Wang, Mengwei Xu, Zhenpeng Chen, Kaigui Bian,
 Yunxin Liu, Xuanzhe Liu. *Characterizing Impacts of Heterogeneity in
 Federated Learning upon Large-Scale Smartphone Data.* WWW 2021,
 arXiv:2006.06983 ("FLASH"; github.com/PKU-Chengxu/FLASH at commit 55cbede0,
-``models/utils/device_util/``, BSD-2-Clause). Each phone tier is a lognormal:
-median = FLASH's measured speed of the tier's reference phone, sigma =
-b * sd(log AI-Benchmark score) in the tier; :func:`fit_flash` recomputes the
-figures from FLASH's data. How and why: docs/fleets.md, "The FLASH phone presets".
+``models/utils/device_util/``, BSD-2-Clause). Each tier is a lognormal fitted
+to FLASH's data: docs/fleets.md, "The FLASH phone presets".
 
 Example:
     >>> [round(t.median_steps_per_s, 3) for t in phone_tiers("femnist-cnn")]
@@ -126,9 +124,7 @@ def speed_preset(
     )
 
 
-NETWORK_PRESETS: dict[str, NetworkPreset] = {
-    "flash-wifi": NetworkPreset(**FLASH_WIFI),
-}
+NETWORK_PRESETS: dict[str, NetworkPreset] = {"flash-wifi": NetworkPreset(**FLASH_WIFI)}
 
 
 def fit_flash(data_dir: str | Path) -> dict[str, object]:
@@ -152,25 +148,22 @@ def fit_flash(data_dir: str | Path) -> dict[str, object]:
     tier = np.argmin(np.abs(s[:, None] - ref[None, :]), axis=1)
     log_sd = tuple(float(np.std(np.log(s[tier == t]), ddof=1)) for t in range(3))
     x = np.log(ref) - np.log(ref).mean()
-    elasticity = {}
-    for w, ms in FLASH_TRAIN_MS.items():
-        y = np.log(1000.0 / np.array(ms))
-        elasticity[w] = float(x @ (y - y.mean()) / (x @ x))
+    logs = {w: np.log(1000.0 / np.array(ms)) for w, ms in FLASH_TRAIN_MS.items()}
+    elasticity = {w: float(x @ (y - y.mean()) / (x @ x)) for w, y in logs.items()}
     net = json.loads((d / "speed_distri.json").read_text())
     kb_to_mbps = 8.0 / 1000.0  # KB/s (1 KB = 1000 bytes) -> Mbit/s
     down = np.log([u["down_u"] * kb_to_mbps for u in net.values()])
     up = np.log([u["up_u"] * kb_to_mbps for u in net.values()])
-    wifi = {
-        "down_median_mbps": math.exp(down.mean()),
-        "down_sigma": float(down.std(ddof=1)),
-        "up_median_mbps": math.exp(up.mean()),
-        "up_sigma": float(up.std(ddof=1)),
-        "rho": float(np.corrcoef(down, up)[0, 1]),
-    }
     return {
         "reference_scores": tuple(float(r) for r in ref),
         "tier_phones": tuple(int((tier == t).sum()) for t in range(3)),
         "log_score_sd": log_sd,
         "elasticity": elasticity,
-        "wifi": wifi,
+        "wifi": {
+            "down_median_mbps": math.exp(down.mean()),
+            "down_sigma": float(down.std(ddof=1)),
+            "up_median_mbps": math.exp(up.mean()),
+            "up_sigma": float(up.std(ddof=1)),
+            "rho": float(np.corrcoef(down, up)[0, 1]),
+        },
     }

@@ -18,6 +18,7 @@ import re
 import stat
 import warnings
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
@@ -29,17 +30,10 @@ from fedsim.algorithms.sampling import pairing_problem
 from fedsim.clock import RoundSpec
 from fedsim.data import REGISTRY as DATASETS
 from fedsim.data.validation import validation_problem
-from fedsim.fleet import (
-    FleetSpec,
-)
+from fedsim.fleet import FleetSpec
 from fedsim.selectors import REGISTRY as SELECTORS
 from fedsim.selectors.uniform import Uniform
-from fedsim.spec import ModelSpec, NonNegFloat, PosFloat
-from fedsim.spec import Spec as _Spec
-
-if TYPE_CHECKING:
-    from fedsim.algorithms.base import Algorithm
-    from fedsim.selectors.base import Selector
+from fedsim.spec import ModelSpec, NonNegFloat, PosFloat, Spec
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 64
@@ -58,6 +52,9 @@ def _tagged_union(registry: dict[str, Any], tag: str) -> Any:
 
 
 if TYPE_CHECKING:  # a dataset's fields differ; a plug-in section is its base class
+    from fedsim.algorithms.base import Algorithm
+    from fedsim.selectors.base import Selector
+
     DataSpec = Any
     AlgorithmSpec = Algorithm
     SelectorSpec = Selector
@@ -67,7 +64,7 @@ else:
     SelectorSpec = _tagged_union(SELECTORS, "name")
 
 
-class ClientSpec(_Spec):
+class ClientSpec(Spec):
     """Local training; ``solver`` is the local optimizer (ALGORITHMS.md 5.2)."""
 
     solver: Literal["sgd", "momentum", "prox", "decay"] = "sgd"
@@ -88,18 +85,18 @@ class ClientSpec(_Spec):
         return self
 
 
-class EvalSpec(_Spec):
+class EvalSpec(Spec):
     every_rounds: Annotated[int, Field(ge=1)] = 1
     batch_size: Annotated[int, Field(ge=1)] = 4096
 
 
-class CheckpointSpec(_Spec):
+class CheckpointSpec(Spec):
     """A checkpoint every ``every_rounds`` rounds (0: never) and at the end."""
 
     every_rounds: Annotated[int, Field(ge=0)] = 10
 
 
-class ResourceSpec(_Spec):
+class ResourceSpec(Spec):
     """Ray resources (docs/scenarios.md, "Top level")."""
 
     workers: Literal["auto"] | Annotated[int, Field(ge=0, le=4096)] = "auto"
@@ -127,7 +124,7 @@ class ResourceSpec(_Spec):
         return self
 
 
-class Scenario(_Spec):
+class Scenario(Spec):
     """One experiment. Every field is documented in docs/scenarios.md."""
 
     name: str = Field(min_length=1, max_length=200)
@@ -174,8 +171,7 @@ class Scenario(_Spec):
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
-        n_dev = self.fleet.size
-        n_clients = self.data.clients
+        n_dev, n_clients = self.fleet.size, self.data.clients
         if n_clients is not None and n_clients != n_dev:
             raise ValueError(
                 f"data has {n_clients} clients but the fleet has {n_dev} devices; "
@@ -259,39 +255,32 @@ def feddm_clock_problem(sc: Scenario) -> tuple[str | None, str | None]:
     for g in sc.fleet.groups:
         if g.speed is None:  # a trace group: its speeds are per device
             continue
-        fits = rs.window_s * g.speed.median / cost
-        if fits < n_iter:
-            need = n_iter * cost / g.speed.median
+        if (fits := rs.window_s * g.speed.median / cost) < n_iter:
             return None, (
                 f"round.window_s ({rs.window_s:g} s) cuts FedDM's matching short: "
                 f"at algorithm.iteration_cost >= {cost:.3g} local steps "
                 f"per iteration, the median device of fleet group {g.name!r} "
                 f"({g.speed.median:g} steps/s) runs at most {math.floor(fits)} "
-                f"of algorithm.iterations ({n_iter}); for all of them give "
-                f"round.window_s >= {need:.4g}, fewer iterations, or "
-                "round.policy fixed_epochs"
+                f"of algorithm.iterations ({n_iter}); for all of them give round."
+                f"window_s >= {n_iter * cost / g.speed.median:.4g}, fewer iterations, "
+                "or round.policy fixed_epochs"
             )
     return None, None
 
 
 def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
-    """``fleet.groups[1].speed.sigma`` for pydantic's ``loc`` in ``raw``, without
-    the tagged union members pydantic adds (``fedprox`` in algorithm.fedprox.mu)."""
+    """pydantic's ``loc`` as ``fleet.groups[1].speed.sigma``, less union tags."""
     out, node = "", raw
     for part in loc:
+        fields = node if isinstance(node, dict) else {}
+        tags = (fields.get("name"), fields.get("dataset"), fields.get("kind"))
         if isinstance(part, int):
             out += f"[{part}]"
             ok = isinstance(node, list) and 0 <= part < len(node)
             node = node[part] if ok else None
-            continue
-        if (
-            isinstance(node, dict)
-            and part not in node
-            and part in (node.get("name"), node.get("dataset"), node.get("kind"))
-        ):
-            continue
-        out += ("." if out else "") + str(part)
-        node = node.get(part) if isinstance(node, dict) else None
+        elif part in fields or part not in tags:  # not a member pydantic adds
+            out += ("." if out else "") + str(part)
+            node = fields.get(part)
     return out or "(top level)"
 
 
@@ -316,8 +305,7 @@ def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
         elif e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
             # a check across sections names its fields itself: lead with them
-            first = _CROSS_FIELD.match(msg)
-            if not e["loc"] and first:
+            if not e["loc"] and (first := _CROSS_FIELD.match(msg)):
                 loc = first.group(1)
         got, shown = e.get("input"), ""
         if e["type"] not in _PLAIN_MESSAGES and not isinstance(got, dict | list):
@@ -354,27 +342,24 @@ def _check_shape(raw: Any, source: str) -> None:
 
 def _check_plain(obj: Any, source: str, path: str = "") -> None:
     """Refuse NaN/inf, huge ints and non-plain values, naming the path."""
+    problem: str | None = None
     if isinstance(obj, dict):
         for k, v in obj.items():
             if not isinstance(k, str):
-                raise ScenarioError(
-                    f"{source}: {path or '(top level)'}: keys must be strings, "
-                    f"got {k!r}"
-                )
+                problem = f"keys must be strings, got {k!r}"
+                break
             _check_plain(v, source, f"{path}.{k}" if path else k)
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
             _check_plain(v, source, f"{path}[{i}]")
     elif isinstance(obj, float) and not math.isfinite(obj):
-        raise ScenarioError(f"{source}: {path}: expected a finite number, got {obj}")
+        problem = f"expected a finite number, got {obj}"
     elif isinstance(obj, int) and obj.bit_length() > MAX_INT_BITS:
-        raise ScenarioError(
-            f"{source}: {path}: number too large ({obj.bit_length()} bits)"
-        )
+        problem = f"number too large ({obj.bit_length()} bits)"
     elif obj is not None and not isinstance(obj, str | int | float | bool):
-        raise ScenarioError(
-            f"{source}: {path}: expected a plain value, got {type(obj).__name__}"
-        )
+        problem = f"expected a plain value, got {type(obj).__name__}"
+    if problem is not None:
+        raise ScenarioError(f"{source}: {path or '(top level)'}: {problem}")
 
 
 # libyaml's safe loader when PyYAML has it: the pure-Python one takes ~20 s/MiB.
@@ -414,22 +399,19 @@ for _tag, (_pattern, _first) in _YAML12_SCALARS.items():
     _Loader.add_implicit_resolver(_tag, re.compile(_pattern, re.X), list(_first))
 
 # YAML 1.1 reads these as numbers, YAML 1.2 as text: refused, as ambiguous.
-_AMBIGUOUS = [
-    (
-        re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$"),
+_AMBIGUOUS = {
+    re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$"): (
         "YAML 1.1 reads a base-60 number, YAML 1.2 text); write the number in "
-        "seconds or plain decimal",
+        "seconds or plain decimal"
     ),
-    (
-        re.compile(r"^[-+]?0[0-9_]+$"),
-        "YAML 1.1 reads an octal number); write it without the leading zero",
+    re.compile(r"^[-+]?0[0-9_]+$"): (
+        "YAML 1.1 reads an octal number); write it without the leading zero"
     ),
-]
+}
 
 
 def _check_nodes(root: yaml.Node | None, source: str) -> None:
-    """Refuse duplicate keys and ambiguous plain scalars (each node visited
-    once, so an alias bomb costs no more than its text)."""
+    """Refuse duplicate keys and ambiguous plain scalars (each node once)."""
     seen: set[int] = set()
     stack: list[tuple[yaml.Node, str]] = [] if root is None else [(root, "")]
     while stack:
@@ -459,7 +441,7 @@ def _check_nodes(root: yaml.Node | None, source: str) -> None:
             stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node.value))
         elif node.tag == _STR and not node.style:  # plain: None, or '' (libyaml)
             text = str(node.value)
-            for pattern, why in _AMBIGUOUS:
+            for pattern, why in _AMBIGUOUS.items():
                 if pattern.match(text):
                     raise ScenarioError(
                         f"{source}: line {node.start_mark.line + 1}: "
@@ -591,8 +573,7 @@ def parse_scenario(
 
 
 def _bool_number_mixups(raw: Any, value: Any, loc: tuple[Any, ...]) -> Iterator[str]:
-    """Where the file gave true/false for a number, or a number for a switch
-    (which pydantic's lax mode accepts), walking ``raw`` beside ``value``."""
+    """A true/false given for a number, or a number for a switch (lax mode)."""
     if isinstance(raw, bool):
         if isinstance(value, int | float) and not isinstance(value, bool):
             yield f"  {_format_loc(loc)}: expected a number, not {str(raw).lower()}"
@@ -601,12 +582,9 @@ def _bool_number_mixups(raw: Any, value: Any, loc: tuple[Any, ...]) -> Iterator[
         hint = "; write true or false" if isinstance(raw, str) else ""
         yield f"  {_format_loc(loc)}: expected true or false (got {raw!r}){hint}"
     elif isinstance(raw, dict):
+        get = value.get if isinstance(value, dict) else partial(getattr, value)
         for key, sub in raw.items():
-            if isinstance(value, dict):
-                target = value.get(key, _ABSENT)
-            else:
-                target = getattr(value, str(key), _ABSENT)
-            if target is not _ABSENT:
+            if (target := get(str(key), _ABSENT)) is not _ABSENT:
                 yield from _bool_number_mixups(sub, target, (*loc, key))
     elif isinstance(raw, list) and isinstance(value, list | tuple):
         if len(raw) == len(value):
@@ -622,7 +600,7 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     p = Path(path)
     try:
         if p.is_dir():
-            raise IsADirectoryError
+            raise ScenarioError(f"{p}: is a directory, expected a YAML file")
         if not stat.S_ISREG(p.stat().st_mode):
             # /dev/zero never ends; a FIFO blocks until someone writes to it
             raise ScenarioError(f"{p}: not a regular file")
@@ -638,8 +616,6 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         raise
     except FileNotFoundError:
         raise ScenarioError(f"{p}: no such scenario file") from None
-    except IsADirectoryError:
-        raise ScenarioError(f"{p}: is a directory, expected a YAML file") from None
     except UnicodeDecodeError:
         raise ScenarioError(f"{p}: not UTF-8 text") from None
     except OSError as exc:
@@ -653,12 +629,9 @@ class _Dumper(yaml.SafeDumper):
     """Quotes strings YAML 1.1 or :class:`_Loader` would read otherwise ('yes')."""
 
 
-_Dumper.yaml_implicit_resolvers = {
-    first: list(_Loader.yaml_implicit_resolvers.get(first, []))
-    + list(yaml.resolver.Resolver.yaml_implicit_resolvers.get(first, []))
-    for first in set(_Loader.yaml_implicit_resolvers)
-    | set(yaml.resolver.Resolver.yaml_implicit_resolvers)
-}
+for _first, _entries in _Loader.yaml_implicit_resolvers.items():
+    for _tag, _rx in _entries:
+        _Dumper.add_implicit_resolver(_tag, _rx, [_first])
 
 
 def dump_scenario(sc: Scenario) -> str:

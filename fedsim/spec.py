@@ -29,12 +29,7 @@ Width = Annotated[int, Field(ge=1, le=65536)]
 
 
 class ModelSpec(Spec):
-    """Which network to train (the table: docs/datasets.md, "Models").
-
-    ``norm_groups``: GroupNorm groups of ``vgg11``/``resnet18`` (2: Hsieh et
-    al. 2020); ``width``, ``depth``: ``convnet`` (FedDM: 128, 3); ``lstm``
-    sizes as LEAF's (8, 256, 2); float64 is for exact checks on small problems.
-    """
+    """Which network to train (docs/scenarios.md, "model"; docs/datasets.md)."""
 
     name: Literal[
         "logreg",
