@@ -3,21 +3,10 @@
 A small model's local step costs less than the dispatch around it, so the
 clients a worker gets for one round are stacked into one ``[K, d]`` tensor
 and each local step is one ``vmap`` of ``grad`` over the stack (or, for dense
-stacks, hand-written batched matrix products), then the solver step.
-
-As in the sequential loop (:mod:`fedsim.workers`): each client draws its own
-minibatches (:mod:`fedsim.minibatches`); client i stops after its tau_i steps
-(step s trains only the clients with tau_i > s); a client smaller than a
-batch uses all its rows (padding rows weigh 0); ``start_client`` and
-``client_finish`` run per client, ``grad_hook`` on the stack for SCAFFOLD,
-FedNova-VR, FedDyn and FedDC, per row otherwise. Results equal sequential
-training within float tolerance (float64: about 1e-12; tests/test_batched.py),
-not bit for bit, and the grouping of clients changes the last bits.
-
-Not batched (the worker says why once and trains sequentially): algorithms
-with their own procedure (FedDM), BatchNorm, recurrent models on a GPU (no
-``vmap`` rule for cuDNN RNNs), solvers other than sgd, momentum, prox and
-decay. Scenarios opt in with ``resources.vectorize: true``.
+stacks, hand-written batched matrix products), then the solver step. What
+stays per client, what is not batched and how close the results are to
+sequential training: docs/architecture.md, "Runtime on Ray". Scenarios opt in
+with ``resources.vectorize: true``.
 """
 
 from __future__ import annotations
@@ -106,16 +95,15 @@ def _batch_indices(
 def _grad_fn(model: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """``f(theta [K, d], x [K, B, ...], y [K, B], w [K, B], count [K])`` ->
     (gradients [K, d], losses [K]) of each client's weighted mean loss."""
-    names = [n for n, _ in model.named_parameters()]
-    shapes = [p.shape for _, p in model.named_parameters()]
-    sizes = [p.numel() for _, p in model.named_parameters()]
+    named = dict(model.named_parameters())
+    sizes = [p.numel() for p in named.values()]
     quadratic = isinstance(model, QuadraticModel)
 
     def loss(
         theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, n: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = theta.split(sizes)
-        params = {k: v.view(s) for k, v, s in zip(names, parts, shapes, strict=True)}
+        parts = zip(named.items(), theta.split(sizes), strict=True)
+        params = {k: v.view(p.shape) for (k, p), v in parts}
         if quadratic:  # the batch holds centres and curvatures
             per = functional_call(model, params, (x, y))
         else:
@@ -158,24 +146,12 @@ def _dense_params(
 
 
 def _dense_fn(layers: list[nn.Linear]) -> Callable[..., Any]:
-    """:func:`_grad_fn` for a dense stack, without ``torch.func`` or autograd.
-
-    For small dense models the per-call cost of ``vmap`` and autograd
-    exceeds the arithmetic, so the forward pass is written with batched
-    matrix products (``baddbmm``, each client its own slice of theta) and
-    the backward pass by hand: with z_l = h_{l-1} W_l^T + b_l and
-    h_l = relu(z_l), the weighted mean cross-entropy gives
-    dz_L = (softmax(z_L) - onehot(y)) w / count, and for each layer
-    grad W_l = dz_l^T h_{l-1}, grad b_l = sum_rows dz_l,
-    dz_{l-1} = (dz_l W_l) * [z_{l-1} > 0].
-
-    ``fn(params, x, y, w, count)`` takes the layers' (W, b) stacks
-    (:func:`_dense_params`). Given ``lr``, it takes the plain SGD step itself,
-    layer by layer in place (W_l += -lr grad W_l as one ``baddbmm_``, after
-    W_l has served dz_{l-1}), and returns no gradients: the ``[K, d]``
-    gradient stack and the copies around it are most of a step's memory
-    traffic, and contiguous per-layer stacks keep the in-place products
-    batched.
+    """:func:`_grad_fn` for a dense stack, by batched matrix products and a
+    hand-written backward pass (the formulas: docs/architecture.md, "Runtime
+    on Ray"). ``fn(params, x, y, w, count)`` takes the layers' (W, b) stacks
+    (:func:`_dense_params`); given ``lr``, it takes the plain SGD step itself,
+    in place, and returns no gradients: the ``[K, d]`` gradient stack and its
+    copies are most of a step's memory traffic.
     """
 
     def fn(params, x, y, w, count, lr=None):  # type: ignore[no-untyped-def]
@@ -334,39 +310,9 @@ def _train_together(
     for (w, b), (w_own, b_own) in zip(views, own, strict=True):
         w.copy_(w_own)
         b.copy_(b_own)
-    ups = [
-        _finish(worker, solver, clients[j], t, theta[j] - x_global, float(loss_sum[j]))
-        for j, t in enumerate(tasks)
-    ]
-    back = {j: u for j, u in zip(order, ups, strict=True)}  # task order again
-    return [back[j] for j in range(len(order))]
-
-
-def _finish(
-    worker: Worker,
-    solver: SGD,
-    client: ClientContext,
-    task: Task,
-    delta: torch.Tensor,
-    loss_sum: float,
-) -> ClientUpdate:
-    """One client's update after its steps: ``client_finish`` as in the
-    sequential loop (||a_i||_1 from the solver's closed form)."""
-    x0 = client.payload["x"]
-    done = SolverState(
-        x0=x0, lr=solver.lr, steps=task.tau, norm_a=solver.norm_a(task.tau)
-    )
-    extras, new_state = worker.algorithm.client_finish(delta, done, client)
-    cpu = torch.device("cpu")
-    return ClientUpdate(
-        client=task.client,
-        delta=delta.to(cpu),
-        weight=float(worker.weights[task.client]),
-        tau=task.tau,
-        norm_a=done.norm_a,
-        train_loss=loss_sum / max(task.tau, 1),
-        extras={k: v.to(cpu) for k, v in extras.items()},
-        new_state=None
-        if new_state is None
-        else {k: v.to(cpu) for k, v in new_state.items()},
-    )
+    ups = []
+    for j, t in enumerate(tasks):  # ||a_i||_1 from the solver's closed form
+        done = SolverState(x_global, solver.lr, t.tau, solver.norm_a(t.tau))
+        delta, loss = theta[j] - x_global, float(loss_sum[j])
+        ups.append(worker.client_update(t, clients[j], delta, done, loss))
+    return [u for _, u in sorted(zip(order, ups, strict=True))]  # task order again

@@ -14,25 +14,21 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import islice
 from typing import Any
 
 import numpy as np
 import torch
 
 from fedsim.algorithms import ClientUpdate, make_algorithm
-from fedsim.algorithms.base import (
-    ClientContext,
-    ClientInfo,
-    ClientState,
-    LocalTraining,
-)
+from fedsim.algorithms.base import ClientContext, ClientInfo, ClientState, LocalTraining
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.minibatches import batches, client_seed
 from fedsim.models import batch_loss, make_model
 from fedsim.params import bind_flat
 from fedsim.scenario import Scenario
-from fedsim.solvers import SGD
+from fedsim.solvers import SGD, SolverState
 
 _log = logging.getLogger(__name__)
 
@@ -103,7 +99,7 @@ class Worker:
         self.offsets = [int(o) for o in data.offsets]
         self.weights = data.weights
         self.num_clients = data.num_clients
-        self.total_weight = float(np.sum(data.weights))
+        self.total = float(np.sum(data.weights))
         # Many clients at once (fedsim.batched) where allowed; said once if not.
         self._train_group = self._sequential
         self.batched = False
@@ -111,14 +107,12 @@ class Worker:
             from fedsim.batched import train_batched, why_not_batched
 
             reason = why_not_batched(self)
-            if reason is None:
+            if reason is not None:
+                msg = "resources.vectorize: %s; training clients one at a time"
+                _log.warning(msg, reason)
+            else:
                 self._train_group = partial(train_batched, self)
                 self.batched = True
-            else:
-                _log.warning(
-                    "resources.vectorize: %s; training clients one at a time",
-                    reason,
-                )
 
     def pid(self) -> int:
         return os.getpid()
@@ -136,9 +130,7 @@ class Worker:
             client=i,
             n_samples=self.offsets[i + 1] - self.offsets[i],
             num_clients=self.num_clients,
-            relative_weight=float(self.weights[i])
-            * self.num_clients
-            / self.total_weight,
+            relative_weight=float(self.weights[i]) * self.num_clients / self.total,
         )
 
     def train(
@@ -168,9 +160,6 @@ class Worker:
         xs, ys = self.x[lo:hi], self.y[lo:hi]
         seed = client_seed(self.scenario.seed, task.round, i)
         gen = torch.Generator().manual_seed(seed)
-        minibatches = batches(
-            hi - lo, self.scenario.client.batch_size, gen, self.device
-        )
         algo = self.algorithm
         info = self.client_info(i)
         if algo.client_train is not None:
@@ -195,8 +184,8 @@ class Worker:
         solver = self.solver_for(task.round)
         state = solver.begin(x_global)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        for _ in range(task.tau):
-            idx = next(minibatches)
+        size = self.scenario.client.batch_size
+        for idx in islice(batches(hi - lo, size, gen, self.device), task.tau):
             xb, yb = (xs, ys) if idx is None else (xs[idx], ys[idx])
             grad.zero_()
             loss = batch_loss(self.model, xb, yb)
@@ -204,16 +193,28 @@ class Worker:
             algo.grad_hook(theta, grad, client)
             solver.step(theta, grad, state)
             loss_sum += loss.detach()
-        delta = theta - x_global
-        extras, new_state = algo.client_finish(delta, state, client)
+        return self.client_update(
+            task, client, theta - x_global, state, float(loss_sum)
+        )
+
+    def client_update(
+        self,
+        task: Task,
+        client: ClientContext,
+        delta: torch.Tensor,
+        done: SolverState,
+        loss_sum: float,
+    ) -> ClientUpdate:
+        """The task's update after its steps (``client_finish``), on the CPU."""
+        extras, new_state = self.algorithm.client_finish(delta, done, client)
         cpu = torch.device("cpu")
         return ClientUpdate(
-            client=i,
+            client=task.client,
             delta=delta.to(cpu),
-            weight=float(self.weights[i]),
+            weight=float(self.weights[task.client]),
             tau=task.tau,
-            norm_a=state.norm_a,
-            train_loss=float(loss_sum) / max(task.tau, 1),
+            norm_a=done.norm_a,
+            train_loss=loss_sum / max(task.tau, 1),
             extras=_to(extras, cpu),
             new_state=None if new_state is None else _to(new_state, cpu),
         )
