@@ -27,14 +27,8 @@ from typing import Any, cast
 
 import torch
 
+from fedsim import checkpoint
 from fedsim.algorithms.base import AggregateInfo, AsyncRule, ClientUpdate, ServerContext
-from fedsim.checkpoint import (
-    CheckpointError,
-    load_arrays,
-    load_tensors,
-    save_arrays,
-    save_tensors,
-)
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.data.validation import validation_problem, validation_use
@@ -110,15 +104,10 @@ class RoundResult:
     test_accuracy: float
 
 
-def _with_multiplicity(
-    updates: Sequence[ClientUpdate], multiplicity: Mapping[int, int]
-) -> list[ClientUpdate]:
-    """Each update's ``multiplicity`` extra: how often its client was drawn."""
-    out = []
-    for u in updates:
-        k = torch.tensor(float(multiplicity.get(u.client, 1)), dtype=torch.float64)
-        out.append(replace(u, extras={**u.extras, "multiplicity": k}))
-    return out
+def _with_multiplicity(u: ClientUpdate, k: int) -> ClientUpdate:
+    """The update with its ``multiplicity`` extra: how often its client was drawn."""
+    k_t = torch.tensor(float(k), dtype=torch.float64)
+    return replace(u, extras={**u.extras, "multiplicity": k_t})
 
 
 class Server:
@@ -192,7 +181,8 @@ class Server:
         if staleness is None:
             updates = sorted(updates, key=lambda u: u.client)
             if multiplicity:
-                updates = _with_multiplicity(updates, multiplicity)
+                m = multiplicity
+                updates = [_with_multiplicity(u, m.get(u.client, 1)) for u in updates]
             extra = {"server": self.context()} if alg.needs_server else {}
             self.state, info = alg.aggregate(self.state, updates, **extra)
             weights = tuple(info.weights.get(u.client, 0.0) for u in updates)
@@ -249,19 +239,19 @@ class Server:
         """Write the server state and per-client state into ``ckpt_dir``."""
         path = Path(ckpt_dir)
         path.mkdir(parents=True, exist_ok=True)
-        save_tensors(path / "server.pt", self.state)
-        save_arrays(path, self.store.export())
+        checkpoint.save_tensors(path / "server.pt", self.state)
+        checkpoint.save_arrays(path, self.store.export())
 
     def load(self, ckpt_dir: Path) -> None:
         """Inverse of :meth:`save` (refusing another model's state)."""
         path = Path(ckpt_dir)
-        state = load_tensors(path / "server.pt")
+        state = checkpoint.load_tensors(path / "server.pt")
         if set(state) != set(self.state) or state["x"].shape != self.state["x"].shape:
-            raise CheckpointError(
+            raise checkpoint.CheckpointError(
                 f"{path}: server state does not match this scenario's model"
             )
         self.state = state
-        self.store.restore(load_arrays(path))
+        self.store.restore(checkpoint.load_arrays(path))
 
 
 def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> Split:
