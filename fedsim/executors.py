@@ -43,8 +43,6 @@ Calls = Iterator[tuple[list[int], Updates]]  # task positions, their updates
 class Executor(ABC):
     """Trains tasks; chosen once per run by :func:`make_executor`."""
 
-    size: int  # workers (1 in-process)
-
     def train(self, tasks: Tasks, payloads: Payloads, states: States) -> Updates:
         """One update per task, in task order.
 
@@ -84,8 +82,6 @@ def _versions(tasks: Tasks) -> dict[int, list[int]]:
 class InProcessExecutor(Executor):
     """One worker in this process."""
 
-    size = 1
-
     def __init__(self, scenario: Scenario, data: FederatedData) -> None:
         threads = max(1, int(scenario.resources.cpus_per_worker))
         self.worker = Worker(scenario, data, threads=threads)
@@ -99,21 +95,16 @@ class PlacementError(RuntimeError):
     """The worker actors cannot be placed as ``resources.placement`` asks."""
 
 
-def _node_id(_worker: Worker) -> str:
-    """The Ray node this actor runs on (called through ``__ray_call__``)."""
+def _where(worker: Worker) -> tuple[str, dict[str, Any]]:
+    """The Ray node this actor runs on, and the GPU share Ray gave it, the GPU
+    ids it sees and where it trains (``cpu`` where the GPUs are only
+    declared, as in tests); called through ``__ray_call__``."""
     import ray
 
-    return ray.get_runtime_context().get_node_id()
-
-
-def _gpu_share(worker: Worker) -> dict[str, Any]:
-    """The GPU share Ray gave this actor, the GPU ids it sees and where it
-    trains (``cpu`` where the GPUs are only declared, as in tests)."""
-    import ray
-
-    gpus = ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0)
-    ids = [str(i) for i in ray.get_gpu_ids()]
-    return {"gpus": gpus, "gpu_ids": ids, "device": worker.device.type}
+    ctx = ray.get_runtime_context()
+    gpus = ctx.get_assigned_resources().get("GPU", 0.0)
+    share = {"gpus": gpus, "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
+    return ctx.get_node_id(), {**share, "device": worker.device.type}
 
 
 # Ray's own resource names; the others a node declares are its custom ones.
@@ -219,7 +210,6 @@ class RayExecutor(Executor):
         # a list: Ray hands the reference itself to a (re)started actor
         shared = _NodeLocalData(scenario) if res.data == "per_node" else data
         self._data: list[Any] = [ray.put(shared)]
-        threads = max(1, int(res.cpus_per_worker))
         self.actors: list[Any] = [
             ray.remote(Worker)
             .options(
@@ -229,10 +219,9 @@ class RayExecutor(Executor):
                 max_task_retries=0,  # retried here, and counted
                 scheduling_strategy=self._strategy(i),
             )
-            .remote(scenario, self._data, threads)
+            .remote(scenario, self._data, max(1, int(res.cpus_per_worker)))
             for i in range(n)
         ]
-        self.size = n
         self._refs: dict[int, Any] = {}
         self.tasks_retried = 0
         self._nodes: list[list[str]] = [[] for _ in range(n)]  # node ids, in order
@@ -253,7 +242,8 @@ class RayExecutor(Executor):
         calls: list[tuple[list[int], Any, tuple[Any, ...]]] = []
         # Longest first across the whole batch; each actor then gets one call
         # per start version in its share (calls on one actor run in order).
-        for actor, chunk in zip(self.actors, assign_lpt(tasks, self.size), strict=True):
+        chunks = assign_lpt(tasks, len(self.actors))
+        for actor, chunk in zip(self.actors, chunks, strict=True):
             for v, idx in _versions(chunk).items():
                 if v not in self._refs:
                     import ray
@@ -290,15 +280,16 @@ class RayExecutor(Executor):
             pending[actor.train.remote(*args)] = (k, attempt + 1)
         return results
 
-    def _locate(self, timeout: float | None = None) -> None:
-        """Add each actor's current node to its history."""
+    def _locate(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Add each actor's current node to its history; their GPU shares."""
         import ray
 
-        refs = [a.__ray_call__.remote(_node_id) for a in self.actors]
+        refs = [a.__ray_call__.remote(_where) for a in self.actors]
         now = ray.get(refs, timeout=timeout)
-        for hist, node in zip(self._nodes, now, strict=True):
+        for hist, (node, _) in zip(self._nodes, now, strict=True):
             if not hist or hist[-1] != node:
                 hist.append(node)
+        return [gpus for _, gpus in now]
 
     def _check_nodes(self) -> None:
         """Note, and say, which nodes that ran a worker are gone."""
@@ -325,18 +316,13 @@ class RayExecutor(Executor):
 
     def report(self) -> dict[str, Any]:
         """summary.json's ``placement``, ``workers_nodes`` (per worker, the
-        nodes it ran on), ``workers_gpus`` (per worker, :func:`_gpu_share`),
+        nodes it ran on), ``workers_gpus`` (per worker, :func:`_where`),
         ``nodes_lost`` and ``tasks_retried``."""
-        import ray
-
-        self._check_nodes()
-        with contextlib.suppress(Exception):  # a report must not fail the run
-            self._locate(timeout=30)
         self._check_nodes()
         gpus: list[Any] = []
-        with contextlib.suppress(Exception):
-            refs = [a.__ray_call__.remote(_gpu_share) for a in self.actors]
-            gpus = ray.get(refs, timeout=30)
+        with contextlib.suppress(Exception):  # a report must not fail the run
+            gpus = self._locate(timeout=30)
+        self._check_nodes()
         unknown: dict[str, Any] = {"address": None, "resources": {}}
         return {
             "workers_gpus": gpus,

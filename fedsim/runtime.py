@@ -440,11 +440,6 @@ def _key(job: clock.Job) -> JobKey:
     return (job.device, job.index)
 
 
-def _task(job: clock.Job) -> Task:
-    # The job index plays the round's part in the client's seed.
-    return Task(client=job.device, round=job.index, tau=job.tau, version=job.version)
-
-
 class _Async:
     """The asynchronous loop's state: versions in use, records pulled ahead,
     updates trained ahead (docs/architecture.md, "Asynchronous mode")."""
@@ -517,8 +512,7 @@ class _Async:
                 f"{ck.path}: missing version parameters ({exc})"
             ) from None
         self.payloads[w] = run.server.payload()
-        for v in [v for v in self.users if self.users[v] <= 0 and v < w]:
-            self.users.pop(v)
+        self.users = +self.users  # only the versions open jobs started from
         self.w = w
         if self.adaptive:
             self.sel_state = ck.selector_state["state"]
@@ -557,7 +551,8 @@ class _Async:
         return batch
 
     def _train(self, batch: list[clock.Job]) -> None:
-        tasks = [_task(j) for j in batch]
+        # The job index plays the round's part in the client's seed.
+        tasks = [Task(j.device, j.index, j.tau, j.version) for j in batch]
         states = self.run.server.client_states([t.client for t in tasks])
         ups = self.run.executor.train(tasks, self.payloads, states)
         self.trained.update(zip(map(_key, batch), ups, strict=True))
