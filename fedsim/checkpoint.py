@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -196,16 +197,12 @@ def fingerprint(scenario: Scenario) -> dict[str, Any]:
     out = scenario.model_dump(mode="json")
     for dotted in FINGERPRINT_EXCLUDES:
         *parents, last = dotted.split(".")
-        node = out
-        for key in parents:
-            node = node.get(key, {})
-        node.pop(last, None)
+        reduce(lambda node, key: node.get(key, {}), parents, out).pop(last, None)
     for group in out.get("fleet", {}).get("groups", []):
         trace = group.get("trace") if isinstance(group, dict) else None
         if isinstance(trace, dict) and isinstance(trace.get("file"), str):
-            file = trace["file"]
-            trace["file"] = Path(file).name
-            trace["sha256"] = _file_digest(file)
+            trace["sha256"] = _file_digest(trace["file"])
+            trace["file"] = Path(trace["file"]).name
     return out
 
 

@@ -79,8 +79,7 @@ class Applied:
             )
             for u, w in trained
         }
-        nan = math.nan
-        return RoundResult(self.info, clients, self.train_loss, nan, nan)
+        return RoundResult(self.info, clients, self.train_loss, math.nan, math.nan)
 
 
 @dataclass(frozen=True)
@@ -125,11 +124,9 @@ class Server:
         # What server-side model choices score on (FedPNS's CHECK LOSS): the
         # validation split, the test set where the scenario opts in, or None.
         use = validation_use(scenario)
-        self.val: Split | None = None
-        self.val_weights = None
-        if use == "test":
-            self.val, self.val_weights = self.test, self.test_weights
-        elif use == "validation":
+        self.val = self.test if use == "test" else None
+        self.val_weights = self.test_weights if use == "test" else None
+        if use == "validation":
             problem = validation_problem(scenario)
             if problem is None and data.val_x is None:
                 problem = "the dataset was built without its validation split"
@@ -235,16 +232,14 @@ class Server:
         batch = self.scenario.eval.batch_size
         return evaluate(self.model, *self.test, batch, self.test_weights)
 
-    def save(self, ckpt_dir: Path) -> None:
-        """Write the server state and per-client state into ``ckpt_dir``."""
-        path = Path(ckpt_dir)
+    def save(self, path: Path) -> None:
+        """Write the server state and per-client state into folder ``path``."""
         path.mkdir(parents=True, exist_ok=True)
         checkpoint.save_tensors(path / "server.pt", self.state)
         checkpoint.save_arrays(path, self.store.export())
 
-    def load(self, ckpt_dir: Path) -> None:
+    def load(self, path: Path) -> None:
         """Inverse of :meth:`save` (refusing another model's state)."""
-        path = Path(ckpt_dir)
         state = checkpoint.load_tensors(path / "server.pt")
         if set(state) != set(self.state) or state["x"].shape != self.state["x"].shape:
             raise checkpoint.CheckpointError(
