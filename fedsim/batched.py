@@ -54,15 +54,12 @@ def train_batched(
     worker: Worker, payload: Payload, tasks: Sequence[Task], states: States
 ) -> list[ClientUpdate]:
     """A worker's tasks (one payload), in task order: the tasks of each round
-    (one learning rate) together, a task alone through the sequential loop."""
+    (one learning rate) together."""
     out: dict[int, ClientUpdate] = {}
     for r in sorted({t.round for t in tasks}):
         idx = [j for j, t in enumerate(tasks) if t.round == r]
         group = [tasks[j] for j in idx]
-        if len(group) == 1:
-            ups = worker._sequential(payload, group, states)
-        else:
-            ups = _train_together(worker, payload, group, states)
+        ups = _train_together(worker, payload, group, states)
         out.update(zip(idx, ups, strict=True))
     return [out[j] for j in range(len(tasks))]
 
@@ -76,20 +73,17 @@ def _batch_indices(
     idx = torch.zeros((len(tasks), steps, batch), dtype=torch.long)
     wts = torch.zeros((len(tasks), steps, batch), dtype=worker.theta.dtype)
     for j, t in enumerate(tasks):
-        if t.tau == 0:
-            continue
         lo, hi = worker.offsets[t.client], worker.offsets[t.client + 1]
         n = hi - lo
         if n <= batch:  # every step uses every row, padded with weight 0
             idx[j, : t.tau, :n] = torch.arange(lo, hi)
             wts[j, : t.tau, :n] = 1.0
-            continue
-        seed = client_seed(worker.scenario.seed, t.round, t.client)
-        gen = torch.Generator().manual_seed(seed)
-        idx[j, : t.tau] = first_batches(n, batch, t.tau, gen) + lo
-        wts[j, : t.tau] = 1.0
-    dev = worker.device
-    return idx.to(dev), wts.to(dev)
+        elif t.tau:
+            seed = client_seed(worker.scenario.seed, t.round, t.client)
+            gen = torch.Generator().manual_seed(seed)
+            idx[j, : t.tau] = first_batches(n, batch, t.tau, gen) + lo
+            wts[j, : t.tau] = 1.0
+    return idx.to(worker.device), wts.to(worker.device)
 
 
 def _grad_fn(model: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -120,9 +114,8 @@ def _dense_layers(model: nn.Module) -> list[nn.Linear] | None:
     ReLU between each two; None for any other model."""
     if not isinstance(model, nn.Sequential):
         return None
-    kinds = [type(m) for m in model]
     linears = [m for m in model if isinstance(m, nn.Linear)]
-    body = [k for k in kinds if k is not nn.Flatten]
+    body = [type(m) for m in model if type(m) is not nn.Flatten]
     expected = [nn.Linear, nn.ReLU] * (len(linears) - 1) + [nn.Linear]
     return linears if linears and body == expected else None
 
@@ -249,12 +242,12 @@ def _solver_step(
 def _train_together(
     worker: Worker, payload: Payload, tasks: Sequence[Task], states: States
 ) -> list[ClientUpdate]:
-    """Train every task's client (one round, one payload) at once.
-
-    The clients are stacked longest tau first, so the clients still training
-    at step s are the first n_s rows: a slice (a view), no index tensors and
-    no host synchronisation inside the loop.
-    """
+    """Train every task's client (one round, one payload) at once, stacked
+    longest tau first: the clients still training at step s are the first n_s
+    rows (a view; no index tensors, no host synchronisation in the loop). A
+    task alone goes through the sequential loop."""
+    if len(tasks) == 1:
+        return worker._sequential(payload, tasks, states)
     order = sorted(range(len(tasks)), key=lambda j: -tasks[j].tau)  # stable
     tasks = [tasks[j] for j in order]
     dev = worker.device

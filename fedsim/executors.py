@@ -96,9 +96,8 @@ class PlacementError(RuntimeError):
 
 
 def _where(worker: Worker) -> tuple[str, dict[str, Any]]:
-    """The Ray node this actor runs on, and the GPU share Ray gave it, the GPU
-    ids it sees and where it trains (``cpu`` where the GPUs are only
-    declared, as in tests); called through ``__ray_call__``."""
+    """This actor's Ray node, GPU share, GPU ids and the device it trains on
+    (``cpu`` where GPUs are only declared, as in tests), via ``__ray_call__``."""
     import ray
 
     ctx = ray.get_runtime_context()
@@ -188,9 +187,8 @@ def check_data_on_nodes(scenario: Scenario) -> None:
     ]
     if bad:
         raise DataMissingError(
-            "resources.data per_node: every node that can host a worker must "
-            "have the data files; "
-            + f"{len(bad)} of {len(nodes)} cannot build the dataset:\n"
+            "resources.data per_node: every node that can host a worker must have "
+            f"the data files; {len(bad)} of {len(nodes)} cannot build the dataset:\n"
             + "\n".join(bad)
         )
 
@@ -261,7 +259,6 @@ class RayExecutor(Executor):
 
         results: list[Any] = [None] * len(calls)
         pending = {c[1].train.remote(*c[2]): (k, 1) for k, c in enumerate(calls)}
-        retried: set[int] = set()
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
             k, attempt = pending.pop(ref)
@@ -271,8 +268,7 @@ class RayExecutor(Executor):
             except ray.exceptions.RayActorError:
                 if attempt >= _MAX_ATTEMPTS:
                     raise
-            if k not in retried:
-                retried.add(k)
+            if attempt == 1:  # the call's tasks count once
                 self.tasks_retried += len(calls[k][0])
             self._check_nodes()
             time.sleep(min(0.5 * 2**attempt, 10.0))  # while Ray restarts it

@@ -209,18 +209,14 @@ class _Run:
 
     def _prepare(self, run_dir: Path, resume: bool) -> None:
         """Room for two checkpoints; the partition's table and figure."""
-        sc = self.sc
-        try:
-            if self.every:
-                need = checkpoint.checkpoint_bytes(
-                    self.server.num_params,
-                    sc.model.elem_bytes,
-                    sc.num_clients,
-                    sc.algorithm.stateful,
-                )
+        sc, alg = self.sc, self.sc.algorithm
+        if self.every:
+            d, elem = self.server.num_params, sc.model.elem_bytes
+            need = checkpoint.checkpoint_bytes(d, elem, sc.num_clients, alg.stateful)
+            try:
                 check_free_space(run_dir, need + 2**20, "checkpoints")
-        except OSError as exc:
-            raise SetupError(str(exc)) from None
+            except OSError as exc:
+                raise SetupError(str(exc)) from None
         if not resume and sc.data.dataset != "quadratic":
             try:
                 table = partition_table(self.data)  # label histograms
@@ -441,8 +437,7 @@ def _key(job: clock.Job) -> JobKey:
 
 
 class _Async:
-    """The asynchronous loop's state: versions in use, records pulled ahead,
-    updates trained ahead (docs/architecture.md, "Asynchronous mode")."""
+    """The asynchronous loop (docs/architecture.md, "Asynchronous mode")."""
 
     def __init__(self, run: _Run, max_lookahead: int | None) -> None:
         sc = run.sc
@@ -479,15 +474,13 @@ class _Async:
         self.w = 0  # the newest computed version
 
     def _choose(self, candidates: np.ndarray, free: int, n: int) -> np.ndarray:
-        """The selector's n-th pick of idle online devices for the free slots
-        (a resumed run replays the logged picks)."""
+        """The selector's n-th pick for the free slots (or the logged one)."""
         if n < len(self.replay):
             return np.asarray(self.replay[n], dtype=np.int64)
         run = self.run
         rng = run.rng(_ASYNC_SELECT_TAG, n)
         draw = Draw(self.tl.version, candidates, rng, run.sel_ctx)
-        sel = run.selector.with_slots(free)
-        ids, self.sel_state = sel.select(self.sel_state, draw)
+        ids, self.sel_state = run.selector.with_slots(free).select(self.sel_state, draw)
         if self.adaptive:
             self.picks.append(ids.tolist())
         return ids
