@@ -223,20 +223,19 @@ def _solver_step(
     g: torch.Tensor,
     x0: torch.Tensor,
     buf: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Step ``s`` of the solver on rows of the stack (the solvers' rules in
-    :mod:`fedsim.solvers`); returns the new rows and momentum buffer rows."""
+) -> None:
+    """Step ``s`` of the solver on rows of the stack and of the momentum
+    buffer, in place (the solvers' rules in :mod:`fedsim.solvers`)."""
     d = g.add(theta, alpha=solver.weight_decay) if solver.weight_decay else g
     lr = solver.lr
     if isinstance(solver, Momentum):
         assert buf is not None
-        d = buf.mul(solver.rho).add_(d)  # buf is 0 before the first step
-        buf = d
+        d = buf.mul_(solver.rho).add_(d)  # buf is 0 before the first step
     elif isinstance(solver, Prox) and solver.mu:
         d = d + solver.mu * (theta - x0)
     elif isinstance(solver, Decay):
         lr = lr * solver.gamma**s
-    return theta.add(d, alpha=-lr), buf
+    theta.add_(d, alpha=-lr)
 
 
 def _train_together(
@@ -293,12 +292,7 @@ def _train_together(
         g, loss = grad_fn(th, *batch)
         if hook is not None:
             hook(n, th, g)
-        new, b = _solver_step(
-            solver, s, th, g, x_global, None if buf is None else buf[:n]
-        )
-        th.copy_(new)
-        if buf is not None and b is not None:
-            buf[:n] = b
+        _solver_step(solver, s, th, g, x_global, None if buf is None else buf[:n])
         loss_sum[:n] += loss.double()
     for (w, b), (w_own, b_own) in zip(views, own, strict=True):
         w.copy_(w_own)

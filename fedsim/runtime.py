@@ -75,22 +75,21 @@ class RunResult:
 
     def summary(self) -> dict[str, Any]:
         """summary.json's content, with ``status`` and ``degenerate``."""
-        summary = summarize(
-            self.rows,
-            self.clients,
-            scenario_name=self.scenario.name,
-            wall_time_s=self.wall_time_s,
-            workers=self.workers,
-            version=__version__,
-            server_validation=describe_validation(self.scenario, self.data),
-        )
         initial = None
         if self.initial is not None:  # JSON has no NaN: a missing value is null
             initial = {
                 k: (v if math.isfinite(v) else None) for k, v in self.initial.items()
             }
         return {
-            **summary,
+            **summarize(
+                self.rows,
+                self.clients,
+                scenario_name=self.scenario.name,
+                wall_time_s=self.wall_time_s,
+                workers=self.workers,
+                version=__version__,
+                server_validation=describe_validation(self.scenario, self.data),
+            ),
             **self.placement,
             "initial": initial,
             "status": self.status,

@@ -132,7 +132,6 @@ class Server:
                 problem = "the dataset was built without its validation split"
             if problem is not None:
                 raise ScenarioError(problem)
-            assert data.val_x is not None and data.val_y is not None
             self.val = _split(data.val_x, data.val_y, x0.dtype, data.num_classes)
         self._data = data
         self._context: ServerContext | None = None

@@ -1,10 +1,6 @@
-"""Workers: a model instance and the data, training many virtual clients.
-
-A :class:`Worker` runs exactly ``tau_i(t)`` local steps (decided by the clock)
-for each task; per-client state travels with the task, so a restart loses
-nothing. Executors (:mod:`fedsim.executors`) own the workers; the example in
-:mod:`fedsim.server` trains with one.
-"""
+"""Workers: a model and the data, training many virtual clients for exactly
+the ``tau_i(t)`` steps the clock decided; client state travels with the task
+(docs/architecture.md). The example in :mod:`fedsim.server` trains with one."""
 
 from __future__ import annotations
 
