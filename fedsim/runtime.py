@@ -428,13 +428,6 @@ def _run_rounds(run: _Run, resume: bool) -> None:
 
 
 # ===================================================== asynchronous mode
-JobKey = tuple[int, int]  # (device, job index)
-
-
-def _key(job: clock.Job) -> JobKey:
-    return (job.device, job.index)
-
-
 class _Async:
     """The asynchronous loop (docs/architecture.md, "Asynchronous mode")."""
 
@@ -469,7 +462,7 @@ class _Async:
         self.payloads: dict[int, Payload] = {}
         self.users: Counter[int] = Counter()  # version -> its jobs still open
         self.pending: deque[clock.Version] = deque()
-        self.trained: dict[JobKey, ClientUpdate] = {}
+        self.trained: dict[clock.Job, ClientUpdate] = {}
         self.w = 0  # the newest computed version
 
     def _choose(self, candidates: np.ndarray, free: int, n: int) -> np.ndarray:
@@ -520,7 +513,7 @@ class _Async:
             if batch:
                 self._train(batch)
             while self.pending and all(
-                _key(a.job) in self.trained for a in self.pending[0].applied
+                a.job in self.trained for a in self.pending[0].applied
             ):
                 self._apply(self.pending.popleft())
 
@@ -528,7 +521,7 @@ class _Async:
         """Pull records (docs/architecture.md); the jobs trainable now."""
         w, pending = self.w, self.pending
         ready = [a.job for r in pending for a in r.applied if a.job.version <= w]
-        batch = [j for j in ready if _key(j) not in self.trained]
+        batch = [j for j in ready if j not in self.trained]
         while len(pending) < self.max_lookahead and (
             not pending
             or all(a.job.version <= w for a in pending[-1].applied)
@@ -547,12 +540,12 @@ class _Async:
         tasks = [Task(j.device, j.index, j.tau, j.version) for j in batch]
         states = self.run.server.client_states([t.client for t in tasks])
         ups = self.run.executor.train(tasks, self.payloads, states)
-        self.trained.update(zip(map(_key, batch), ups, strict=True))
+        self.trained.update(zip(batch, ups, strict=True))
 
     def _apply(self, rec: clock.Version) -> None:
         run = self.run
-        keys = [_key(a.job) for a in rec.applied]
-        ups = [self.trained.pop(k) for k in keys]
+        jobs = [a.job for a in rec.applied]
+        ups = [self.trained.pop(j) for j in jobs]
         starts = [self.payloads[a.job.version]["x"] for a in rec.applied]
         staleness = [int(a.staleness or 0) for a in rec.applied]
         applied = run.server.apply(
@@ -567,8 +560,8 @@ class _Async:
             "n_started": len(rec.started),
             "in_flight": rec.in_flight,
         }
-        by_key = dict(zip(keys, zip(ups, applied.weights, strict=True), strict=True))
-        trained = [by_key[_key(a.job)] for a in rec.ended if not a.dropped]
+        by_job = dict(zip(jobs, zip(ups, applied.weights, strict=True), strict=True))
+        trained = [by_job[a.job] for a in rec.ended if not a.dropped]
         records = [ClientRecord.from_arrival(a) for a in rec.ended]
         artifact: list[Row] = []
         if self.adaptive:  # in arrival order: a device's later update wins
