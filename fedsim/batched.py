@@ -140,12 +140,9 @@ def _dense_params(
 
 def _dense_fn(layers: list[nn.Linear]) -> Callable[..., Any]:
     """:func:`_grad_fn` for a dense stack, by batched matrix products and a
-    hand-written backward pass (the formulas: docs/architecture.md, "Runtime
-    on Ray"). ``fn(params, x, y, w, count)`` takes the layers' (W, b) stacks
-    (:func:`_dense_params`); given ``lr``, it takes the plain SGD step itself,
-    in place, and returns no gradients: the ``[K, d]`` gradient stack and its
-    copies are most of a step's memory traffic.
-    """
+    hand-written backward pass (docs/architecture.md, "Runtime on Ray") on
+    :func:`_dense_params`' stacks; given ``lr``, it takes the SGD step itself,
+    in place, and returns no gradients (they are most of the memory traffic)."""
 
     def fn(params, x, y, w, count, lr=None):  # type: ignore[no-untyped-def]
         weights, biases = [p[0] for p in params], [p[1] for p in params]

@@ -78,9 +78,7 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     import torch
 
     out = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(out, dict) or not all(
-        isinstance(v, torch.Tensor) for v in out.values()
-    ):
+    if not isinstance(out, dict) or any(not torch.is_tensor(v) for v in out.values()):
         raise CheckpointError(f"{path}: not a dict of tensors")
     return out
 

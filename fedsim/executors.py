@@ -83,8 +83,7 @@ class InProcessExecutor(Executor):
     """One worker in this process."""
 
     def __init__(self, scenario: Scenario, data: FederatedData) -> None:
-        threads = max(1, int(scenario.resources.cpus_per_worker))
-        self.worker = Worker(scenario, data, threads=threads)
+        self.worker = Worker(scenario, data, int(scenario.resources.cpus_per_worker))
 
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
         for v, idx in _versions(tasks).items():
@@ -122,16 +121,16 @@ def _custom(resources: Mapping[str, float]) -> dict[str, float]:
 def _placement_group(res: Any, n: int) -> Any:
     """A placement group of ``n`` bundles for ``res.placement``, once placed."""
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
 
     bundle = {"CPU": res.cpus_per_worker}
     if res.gpus_per_worker:
         bundle["GPU"] = res.gpus_per_worker
-    pg = placement_group([dict(bundle) for _ in range(n)], res.placement.upper())
+    bundles = [dict(bundle) for _ in range(n)]
+    pg = ray.util.placement_group(bundles, res.placement.upper())
     try:
         ray.get(pg.ready(), timeout=res.placement_timeout_s)
     except ray.exceptions.GetTimeoutError:
-        remove_placement_group(pg)
+        ray.util.remove_placement_group(pg)
         raise PlacementError(
             f"resources.placement {res.placement}: Ray could not place {n} "
             f"workers of {bundle} within resources.placement_timeout_s = "
@@ -217,7 +216,7 @@ class RayExecutor(Executor):
                 max_task_retries=0,  # retried here, and counted
                 scheduling_strategy=self._strategy(i),
             )
-            .remote(scenario, self._data, max(1, int(res.cpus_per_worker)))
+            .remote(scenario, self._data, int(res.cpus_per_worker))  # threads
             for i in range(n)
         ]
         self._refs: dict[int, Any] = {}
@@ -272,8 +271,7 @@ class RayExecutor(Executor):
                 self.tasks_retried += len(calls[k][0])
             self._check_nodes()
             time.sleep(min(0.5 * 2**attempt, 10.0))  # while Ray restarts it
-            _, actor, args = calls[k]
-            pending[actor.train.remote(*args)] = (k, attempt + 1)
+            pending[calls[k][1].train.remote(*calls[k][2])] = (k, attempt + 1)
         return results
 
     def _locate(self, timeout: float | None = None) -> list[dict[str, Any]]:
@@ -348,9 +346,7 @@ class RayExecutor(Executor):
         self.actors = []
         self._refs.clear()
         if self._pg is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self._pg)
+            ray.util.remove_placement_group(self._pg)
             self._pg = None
 
 

@@ -509,9 +509,7 @@ class _Async:
         else:
             self.payloads[0] = self.run.server.payload()
         while self.w < self.run.sc.rounds:
-            batch = self._look_ahead()
-            if batch:
-                self._train(batch)
+            self._train(self._look_ahead())
             while self.pending and all(
                 a.job in self.trained for a in self.pending[0].applied
             ):

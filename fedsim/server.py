@@ -1,8 +1,5 @@
-"""The server: the algorithm's state, per-client state, aggregation, evaluation.
-
-One :class:`Server` serves both modes, in the driver process
-(docs/architecture.md, "Runtime on Ray"); :meth:`Server.apply` is the one
-aggregation step.
+"""The server: the algorithm's state, per-client state, aggregation (one
+:meth:`Server.apply` for both modes) and evaluation, in the driver process.
 
 Example:
     >>> from fedsim.scenario import load_scenario
@@ -43,14 +40,6 @@ Split = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
 
 class DivergenceError(RuntimeError):
     """The global model or the training loss became NaN or infinite."""
-
-
-def weighted_train_loss(updates: Sequence[ClientUpdate]) -> float:
-    """The updates' training losses weighted as their data (NaN for none)."""
-    if not updates:
-        return float("nan")
-    total = sum(u.weight for u in updates)
-    return sum(u.weight * u.train_loss for u in updates) / total
 
 
 def evaluates(scenario: Scenario, t: int) -> bool:
@@ -199,7 +188,10 @@ class Server:
             raise DivergenceError(
                 f"{where}: the global model has NaN or infinite parameters"
             )
-        train_loss = weighted_train_loss(updates)
+        # the training losses weighted as the clients' data
+        total = sum(u.weight for u in updates)
+        losses = sum(u.weight * u.train_loss for u in updates)
+        train_loss = losses / total if updates else math.nan
         if updates and not math.isfinite(train_loss):
             raise DivergenceError(f"{where}: the training loss is {train_loss}")
         return Applied(info, weights, train_loss, shares)
