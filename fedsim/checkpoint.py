@@ -156,7 +156,6 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from None
 
 
-# ------------------------------------------------------------------ fingerprint
 # Fields that cannot change results (``rounds``: a resume may extend the run);
 # gpus_per_worker and vectorize stay: they change floating-point results.
 FINGERPRINT_EXCLUDES: tuple[str, ...] = (

@@ -1,11 +1,6 @@
-"""Executors: where local training runs, chosen once per run.
-
-Both modes and every test go through one :meth:`Executor.train`: in this
-process (:class:`InProcessExecutor`, ``workers: 0``) or on ``n`` long-lived
-Ray worker actors (:class:`RayExecutor`, docs/architecture.md, "Runtime on
-Ray"). Results do not depend on the executor nor on the number of actors.
-Adding an executor means subclassing :class:`Executor` with a ``_calls``
-method (and ``forget``/``shutdown`` where it holds resources).
+"""Executors: where local training runs, chosen once per run: in this process
+(``workers: 0``) or on ``n`` Ray worker actors (docs/architecture.md), with the
+same results. A new executor subclasses :class:`Executor` with a ``_calls``.
 
 Example:
     >>> from fedsim import data, scenario, server, workers
@@ -162,9 +157,8 @@ def _build_here(args: tuple[Any, ...]) -> str | None:
 
 
 def check_data_on_nodes(scenario: Scenario) -> None:
-    """Check that every live node with CPUs can build the dataset from its
-    own disk (``resources.data: per_node``); DataMissingError names those
-    that cannot."""
+    """Check that every live node with CPUs can build the dataset from its own
+    disk (``resources.data: per_node``); DataMissingError names those that cannot."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -98,9 +98,8 @@ class RunResult:
         }
 
     def participation_bias(self) -> dict[str, Any] | None:
-        """Each client's mean ``agg_weight`` over the rounds that applied
-        updates against its data share p_i: the L1 distance and the top 5
-        over-weighted clients (``sampling.weight_shares``); None without data."""
+        """Each client's mean ``agg_weight`` (over rounds with updates) against
+        its data share p_i (``sampling.participation_bias``); None without data."""
         if self.data is None:
             return None
         n = np.asarray(self.data.weights, dtype=np.float64)
@@ -154,7 +153,7 @@ class ClientRecord:
 
     @classmethod
     def from_arrival(cls, a: clock.Arrival) -> ClientRecord:
-        applied = a.version if not a.dropped else None
+        applied = None if a.dropped else a.version
         job = (a.job.version, applied, a.staleness, a.job.index)
         # a stale update was sent, then refused
         return cls(a.version, a.plan, a.status in ("applied", "stale"), job)
@@ -274,7 +273,7 @@ class _Run:
     def client_row(
         self, r: ClientRecord, trained: Pair | None, applied: Applied
     ) -> Row:
-        u, weight = trained if trained is not None else (None, 0.0)
+        u, weight = trained or (None, 0.0)
         up = self.bytes_up if u is None or u.bytes_up is None else u.bytes_up
         if u is None and self.work is not None:  # uploaded, then not used
             up = int(self.work.bytes_up[r.plan.client])
@@ -302,7 +301,6 @@ class _Run:
             row |= dict(zip(keys, r.job, strict=True))
         return row
 
-    # ------------------------------------------------------ checkpoints
     def save_checkpoint(
         self, next_round: int, sim_time: float, state: Any, payloads: dict[int, Payload]
     ) -> None:
@@ -377,7 +375,6 @@ def job_work(sc: Scenario, data: FederatedData) -> clock.JobWork | None:
     )
 
 
-# ======================================================= synchronous rounds
 def _run_rounds(run: _Run, resume: bool) -> None:
     sc, server, sel = run.sc, run.server, run.selector
     keep: int | None = None
@@ -427,7 +424,6 @@ def _run_rounds(run: _Run, resume: bool) -> None:
             run.save_checkpoint(t + 1, now, state, {})
 
 
-# ===================================================== asynchronous mode
 class _Async:
     """The asynchronous loop (docs/architecture.md, "Asynchronous mode")."""
 
@@ -592,7 +588,6 @@ def async_timeline(scenario: Scenario) -> clock.AsyncTimeline:
     return _Async(_Run.plan_only(scenario), None).tl
 
 
-# ============================================================ the recipe
 def run_scenario(
     scenario: Scenario,
     *,

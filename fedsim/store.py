@@ -1,6 +1,5 @@
-"""Per-client persistent state (SCAFFOLD's c_i, FedDyn's h_i, ...), kept on
-the server side: one lazily zeroed ``[num_clients, d]`` array per state key,
-memory-mapped files above ``budget_bytes`` (docs/architecture.md).
+"""Per-client persistent state (SCAFFOLD's c_i, FedDyn's h_i, ...) on the server
+side, one array per state key, spilled to disk above ``budget_bytes``.
 
 Example:
     >>> import torch

@@ -4,11 +4,10 @@ the ``tau_i(t)`` steps the clock decided; client state travels with the task
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import islice
 from typing import Any
@@ -119,7 +118,7 @@ class Worker:
         if spec.lr_decay == 1.0:
             return self.solver
         lr = max(spec.lr * spec.lr_decay**round_, spec.lr_min)
-        return dataclasses.replace(self.solver, lr=lr)
+        return replace(self.solver, lr=lr)
 
     def client_info(self, i: int) -> ClientInfo:
         return ClientInfo(
