@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from fedsim.algorithms.base import Algorithm, ClientContext, ClientState, ClientUpdate
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 _SOLVERS = (SGD, Momentum, Prox, Decay)
 # A stacked gradient hook: (n, the first n rows' parameters, their gradients).
-Hook = Callable[[int, torch.Tensor, torch.Tensor], None]
+Hook = Callable[[int, Tensor, Tensor], None]
 States = Mapping[int, ClientState]
 
 
@@ -66,7 +66,7 @@ def train_batched(
 
 def _batch_indices(
     worker: Worker, tasks: Sequence[Task], steps: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[Tensor, Tensor]:
     """[K, steps, B] absolute row indices and [K, steps, B] row weights (0:
     padding), from each client's own generator, as the sequential loop."""
     batch = worker.scenario.client.batch_size
@@ -86,7 +86,7 @@ def _batch_indices(
     return idx.to(worker.device), wts.to(worker.device)
 
 
-def _grad_fn(model: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+def _grad_fn(model: nn.Module) -> Callable[..., tuple[Tensor, Tensor]]:
     """``f(theta [K, d], x [K, B, ...], y [K, B], w [K, B], count [K])`` ->
     (gradients [K, d], losses [K]) of each client's weighted mean loss."""
     named = dict(model.named_parameters())
@@ -94,8 +94,8 @@ def _grad_fn(model: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor
     quadratic = isinstance(model, QuadraticModel)
 
     def loss(
-        theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, n: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        theta: Tensor, x: Tensor, y: Tensor, w: Tensor, n: Any
+    ) -> tuple[Tensor, Tensor]:
         parts = zip(named.items(), theta.split(sizes), strict=True)
         params = {k: v.view(p.shape) for (k, p), v in parts}
         if quadratic:  # the batch holds centres and curvatures
@@ -120,14 +120,14 @@ def _dense_layers(model: nn.Module) -> list[nn.Linear] | None:
     return linears if linears and body == expected else None
 
 
-def _relu_back(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _relu_back(grad: Tensor, out: Tensor) -> Tensor:
     """``grad * (out > 0)`` in one pass (the kernel autograd uses for relu)."""
     return torch.ops.aten.threshold_backward(grad, out, 0)  # type: ignore[no-any-return]
 
 
 def _dense_params(
-    layers: list[nn.Linear], theta: torch.Tensor
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    layers: list[nn.Linear], theta: Tensor
+) -> list[tuple[Tensor, Tensor]]:
     """Each layer's (W [K, out, in], b [K, out]): views of the stack's rows."""
     out, offset, k = [], 0, theta.shape[0]
     for layer in layers:
@@ -162,7 +162,7 @@ def _dense_fn(layers: list[nn.Linear]) -> Callable[..., Any]:
         dz = e.div_(total)
         dz.scatter_add_(2, y.unsqueeze(2), -torch.ones_like(dz[..., :1]))
         dz.mul_((w / count.unsqueeze(1)).unsqueeze(2))
-        grads: list[torch.Tensor] = []
+        grads: list[Tensor] = []
         for i in range(len(params) - 1, -1, -1):
             a = inputs[i]
             # a = relu(z_{i-1}): the gradient passes where a > 0
@@ -187,7 +187,7 @@ def _stacked_hook(algo: Algorithm, clients: Sequence[ClientContext]) -> Hook | N
     if kind is ControlVariates.grad_hook:  # + (c - c_i)
         corr = torch.stack([c.local for c in clients])
 
-        def control(n: int, theta: torch.Tensor, g: torch.Tensor) -> None:
+        def control(n: int, theta: Tensor, g: Tensor) -> None:
             g.add_(corr[:n])
 
         return control
@@ -199,14 +199,14 @@ def _stacked_hook(algo: Algorithm, clients: Sequence[ClientContext]) -> Hook | N
         has_r = ctx[0].correction is not None
         r = torch.stack([c.correction for c in ctx]) if has_r else None
 
-        def dyn(n: int, theta: torch.Tensor, g: torch.Tensor) -> None:
+        def dyn(n: int, theta: Tensor, g: Tensor) -> None:
             g.add_(alpha[:n] * (theta - anchor[:n]))
             if r is not None:
                 g.add_(r[:n])
 
         return dyn
 
-    def each(n: int, theta: torch.Tensor, g: torch.Tensor) -> None:
+    def each(n: int, theta: Tensor, g: Tensor) -> None:
         for j in range(n):  # row views: in-place hooks work
             algo.grad_hook(theta[j], g[j], clients[j])
 
@@ -214,12 +214,7 @@ def _stacked_hook(algo: Algorithm, clients: Sequence[ClientContext]) -> Hook | N
 
 
 def _solver_step(
-    solver: SGD,
-    s: int,
-    theta: torch.Tensor,
-    g: torch.Tensor,
-    x0: torch.Tensor,
-    buf: torch.Tensor | None,
+    solver: SGD, s: int, theta: Tensor, g: Tensor, x0: Tensor, buf: Tensor | None
 ) -> None:
     """Step ``s`` of the solver on rows of the stack and of the momentum
     buffer, in place (the solvers' rules in :mod:`fedsim.solvers`)."""

@@ -139,10 +139,7 @@ class Worker:
         return self._train_group(payload, tasks, states or {}) if tasks else []
 
     def _sequential(
-        self,
-        payload: Payload,
-        tasks: Sequence[Task],
-        states: Mapping[int, ClientState],
+        self, payload: Payload, tasks: Sequence[Task], states: Mapping[int, ClientState]
     ) -> list[ClientUpdate]:
         payload = _to(payload, self.device)  # once for every task of the call
         return [self._train_one(payload, t, states.get(t.client, {})) for t in tasks]
