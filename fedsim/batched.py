@@ -3,21 +3,10 @@
 A small model's local step costs less than the dispatch around it, so the
 clients a worker gets for one round are stacked into one ``[K, d]`` tensor
 and each local step is one ``vmap`` of ``grad`` over the stack (or, for dense
-stacks, hand-written batched matrix products), then the solver step.
-
-As in the sequential loop (:mod:`fedsim.workers`): each client draws its own
-minibatches (:mod:`fedsim.minibatches`); client i stops after its tau_i steps
-(step s trains only the clients with tau_i > s); a client smaller than a
-batch uses all its rows (padding rows weigh 0); ``start_client`` and
-``client_finish`` run per client, ``grad_hook`` on the stack for SCAFFOLD,
-FedNova-VR, FedDyn and FedDC, per row otherwise. Results equal sequential
-training within float tolerance (float64: about 1e-12; tests/test_batched.py),
-not bit for bit, and the grouping of clients changes the last bits.
-
-Not batched (the worker says why once and trains sequentially): algorithms
-with their own procedure (FedDM), BatchNorm, recurrent models on a GPU (no
-``vmap`` rule for cuDNN RNNs), solvers other than sgd, momentum, prox and
-decay. Scenarios opt in with ``resources.vectorize: true``.
+stacks, hand-written batched matrix products), then the solver step. What
+stays per client, what is not batched and how close the results are to
+sequential training: docs/architecture.md, "Runtime on Ray". Scenarios opt in
+with ``resources.vectorize: true``.
 """
 
 from __future__ import annotations
@@ -27,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from fedsim.algorithms.base import Algorithm, ClientContext, ClientState, ClientUpdate
@@ -42,7 +31,7 @@ if TYPE_CHECKING:
 
 _SOLVERS = (SGD, Momentum, Prox, Decay)
 # A stacked gradient hook: (n, the first n rows' parameters, their gradients).
-Hook = Callable[[int, torch.Tensor, torch.Tensor], None]
+Hook = Callable[[int, Tensor, Tensor], None]
 States = Mapping[int, ClientState]
 
 
@@ -65,57 +54,50 @@ def train_batched(
     worker: Worker, payload: Payload, tasks: Sequence[Task], states: States
 ) -> list[ClientUpdate]:
     """A worker's tasks (one payload), in task order: the tasks of each round
-    (one learning rate) together, a task alone through the sequential loop."""
+    (one learning rate) together."""
     out: dict[int, ClientUpdate] = {}
     for r in sorted({t.round for t in tasks}):
         idx = [j for j, t in enumerate(tasks) if t.round == r]
         group = [tasks[j] for j in idx]
-        if len(group) == 1:
-            ups = worker._sequential(payload, group, states)
-        else:
-            ups = _train_together(worker, payload, group, states)
+        ups = _train_together(worker, payload, group, states)
         out.update(zip(idx, ups, strict=True))
     return [out[j] for j in range(len(tasks))]
 
 
 def _batch_indices(
     worker: Worker, tasks: Sequence[Task], steps: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[Tensor, Tensor]:
     """[K, steps, B] absolute row indices and [K, steps, B] row weights (0:
     padding), from each client's own generator, as the sequential loop."""
     batch = worker.scenario.client.batch_size
     idx = torch.zeros((len(tasks), steps, batch), dtype=torch.long)
     wts = torch.zeros((len(tasks), steps, batch), dtype=worker.theta.dtype)
     for j, t in enumerate(tasks):
-        if t.tau == 0:
-            continue
         lo, hi = worker.offsets[t.client], worker.offsets[t.client + 1]
         n = hi - lo
         if n <= batch:  # every step uses every row, padded with weight 0
             idx[j, : t.tau, :n] = torch.arange(lo, hi)
             wts[j, : t.tau, :n] = 1.0
-            continue
-        seed = client_seed(worker.scenario.seed, t.round, t.client)
-        gen = torch.Generator().manual_seed(seed)
-        idx[j, : t.tau] = first_batches(n, batch, t.tau, gen) + lo
-        wts[j, : t.tau] = 1.0
-    dev = worker.device
-    return idx.to(dev), wts.to(dev)
+        elif t.tau:
+            seed = client_seed(worker.scenario.seed, t.round, t.client)
+            gen = torch.Generator().manual_seed(seed)
+            idx[j, : t.tau] = first_batches(n, batch, t.tau, gen) + lo
+            wts[j, : t.tau] = 1.0
+    return idx.to(worker.device), wts.to(worker.device)
 
 
-def _grad_fn(model: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+def _grad_fn(model: nn.Module) -> Callable[..., tuple[Tensor, Tensor]]:
     """``f(theta [K, d], x [K, B, ...], y [K, B], w [K, B], count [K])`` ->
     (gradients [K, d], losses [K]) of each client's weighted mean loss."""
-    names = [n for n, _ in model.named_parameters()]
-    shapes = [p.shape for _, p in model.named_parameters()]
-    sizes = [p.numel() for _, p in model.named_parameters()]
+    named = dict(model.named_parameters())
+    sizes = [p.numel() for p in named.values()]
     quadratic = isinstance(model, QuadraticModel)
 
     def loss(
-        theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, n: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = theta.split(sizes)
-        params = {k: v.view(s) for k, v, s in zip(names, parts, shapes, strict=True)}
+        theta: Tensor, x: Tensor, y: Tensor, w: Tensor, n: Any
+    ) -> tuple[Tensor, Tensor]:
+        parts = zip(named.items(), theta.split(sizes), strict=True)
+        params = {k: v.view(p.shape) for (k, p), v in parts}
         if quadratic:  # the batch holds centres and curvatures
             per = functional_call(model, params, (x, y))
         else:
@@ -132,21 +114,20 @@ def _dense_layers(model: nn.Module) -> list[nn.Linear] | None:
     ReLU between each two; None for any other model."""
     if not isinstance(model, nn.Sequential):
         return None
-    kinds = [type(m) for m in model]
     linears = [m for m in model if isinstance(m, nn.Linear)]
-    body = [k for k in kinds if k is not nn.Flatten]
+    body = [type(m) for m in model if type(m) is not nn.Flatten]
     expected = [nn.Linear, nn.ReLU] * (len(linears) - 1) + [nn.Linear]
     return linears if linears and body == expected else None
 
 
-def _relu_back(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def _relu_back(grad: Tensor, out: Tensor) -> Tensor:
     """``grad * (out > 0)`` in one pass (the kernel autograd uses for relu)."""
     return torch.ops.aten.threshold_backward(grad, out, 0)  # type: ignore[no-any-return]
 
 
 def _dense_params(
-    layers: list[nn.Linear], theta: torch.Tensor
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    layers: list[nn.Linear], theta: Tensor
+) -> list[tuple[Tensor, Tensor]]:
     """Each layer's (W [K, out, in], b [K, out]): views of the stack's rows."""
     out, offset, k = [], 0, theta.shape[0]
     for layer in layers:
@@ -158,25 +139,10 @@ def _dense_params(
 
 
 def _dense_fn(layers: list[nn.Linear]) -> Callable[..., Any]:
-    """:func:`_grad_fn` for a dense stack, without ``torch.func`` or autograd.
-
-    For small dense models the per-call cost of ``vmap`` and autograd
-    exceeds the arithmetic, so the forward pass is written with batched
-    matrix products (``baddbmm``, each client its own slice of theta) and
-    the backward pass by hand: with z_l = h_{l-1} W_l^T + b_l and
-    h_l = relu(z_l), the weighted mean cross-entropy gives
-    dz_L = (softmax(z_L) - onehot(y)) w / count, and for each layer
-    grad W_l = dz_l^T h_{l-1}, grad b_l = sum_rows dz_l,
-    dz_{l-1} = (dz_l W_l) * [z_{l-1} > 0].
-
-    ``fn(params, x, y, w, count)`` takes the layers' (W, b) stacks
-    (:func:`_dense_params`). Given ``lr``, it takes the plain SGD step itself,
-    layer by layer in place (W_l += -lr grad W_l as one ``baddbmm_``, after
-    W_l has served dz_{l-1}), and returns no gradients: the ``[K, d]``
-    gradient stack and the copies around it are most of a step's memory
-    traffic, and contiguous per-layer stacks keep the in-place products
-    batched.
-    """
+    """:func:`_grad_fn` for a dense stack, by batched matrix products and a
+    hand-written backward pass (docs/architecture.md, "Runtime on Ray") on
+    :func:`_dense_params`' stacks; given ``lr``, it takes the SGD step itself,
+    in place, and returns no gradients (they are most of the memory traffic)."""
 
     def fn(params, x, y, w, count, lr=None):  # type: ignore[no-untyped-def]
         weights, biases = [p[0] for p in params], [p[1] for p in params]
@@ -196,7 +162,7 @@ def _dense_fn(layers: list[nn.Linear]) -> Callable[..., Any]:
         dz = e.div_(total)
         dz.scatter_add_(2, y.unsqueeze(2), -torch.ones_like(dz[..., :1]))
         dz.mul_((w / count.unsqueeze(1)).unsqueeze(2))
-        grads: list[torch.Tensor] = []
+        grads: list[Tensor] = []
         for i in range(len(params) - 1, -1, -1):
             a = inputs[i]
             # a = relu(z_{i-1}): the gradient passes where a > 0
@@ -221,7 +187,7 @@ def _stacked_hook(algo: Algorithm, clients: Sequence[ClientContext]) -> Hook | N
     if kind is ControlVariates.grad_hook:  # + (c - c_i)
         corr = torch.stack([c.local for c in clients])
 
-        def control(n: int, theta: torch.Tensor, g: torch.Tensor) -> None:
+        def control(n: int, theta: Tensor, g: Tensor) -> None:
             g.add_(corr[:n])
 
         return control
@@ -233,14 +199,14 @@ def _stacked_hook(algo: Algorithm, clients: Sequence[ClientContext]) -> Hook | N
         has_r = ctx[0].correction is not None
         r = torch.stack([c.correction for c in ctx]) if has_r else None
 
-        def dyn(n: int, theta: torch.Tensor, g: torch.Tensor) -> None:
+        def dyn(n: int, theta: Tensor, g: Tensor) -> None:
             g.add_(alpha[:n] * (theta - anchor[:n]))
             if r is not None:
                 g.add_(r[:n])
 
         return dyn
 
-    def each(n: int, theta: torch.Tensor, g: torch.Tensor) -> None:
+    def each(n: int, theta: Tensor, g: Tensor) -> None:
         for j in range(n):  # row views: in-place hooks work
             algo.grad_hook(theta[j], g[j], clients[j])
 
@@ -248,37 +214,31 @@ def _stacked_hook(algo: Algorithm, clients: Sequence[ClientContext]) -> Hook | N
 
 
 def _solver_step(
-    solver: SGD,
-    s: int,
-    theta: torch.Tensor,
-    g: torch.Tensor,
-    x0: torch.Tensor,
-    buf: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Step ``s`` of the solver on rows of the stack (the solvers' rules in
-    :mod:`fedsim.solvers`); returns the new rows and momentum buffer rows."""
+    solver: SGD, s: int, theta: Tensor, g: Tensor, x0: Tensor, buf: Tensor | None
+) -> None:
+    """Step ``s`` of the solver on rows of the stack and of the momentum
+    buffer, in place (the solvers' rules in :mod:`fedsim.solvers`)."""
     d = g.add(theta, alpha=solver.weight_decay) if solver.weight_decay else g
     lr = solver.lr
     if isinstance(solver, Momentum):
         assert buf is not None
-        d = buf.mul(solver.rho).add_(d)  # buf is 0 before the first step
-        buf = d
+        d = buf.mul_(solver.rho).add_(d)  # buf is 0 before the first step
     elif isinstance(solver, Prox) and solver.mu:
         d = d + solver.mu * (theta - x0)
     elif isinstance(solver, Decay):
         lr = lr * solver.gamma**s
-    return theta.add(d, alpha=-lr), buf
+    theta.add_(d, alpha=-lr)
 
 
 def _train_together(
     worker: Worker, payload: Payload, tasks: Sequence[Task], states: States
 ) -> list[ClientUpdate]:
-    """Train every task's client (one round, one payload) at once.
-
-    The clients are stacked longest tau first, so the clients still training
-    at step s are the first n_s rows: a slice (a view), no index tensors and
-    no host synchronisation inside the loop.
-    """
+    """Train every task's client (one round, one payload) at once, stacked
+    longest tau first: the clients still training at step s are the first n_s
+    rows (a view; no index tensors, no host synchronisation in the loop). A
+    task alone goes through the sequential loop."""
+    if len(tasks) == 1:
+        return worker._sequential(payload, tasks, states)
     order = sorted(range(len(tasks)), key=lambda j: -tasks[j].tau)  # stable
     tasks = [tasks[j] for j in order]
     dev = worker.device
@@ -324,49 +284,14 @@ def _train_together(
         g, loss = grad_fn(th, *batch)
         if hook is not None:
             hook(n, th, g)
-        new, b = _solver_step(
-            solver, s, th, g, x_global, None if buf is None else buf[:n]
-        )
-        th.copy_(new)
-        if buf is not None and b is not None:
-            buf[:n] = b
+        _solver_step(solver, s, th, g, x_global, None if buf is None else buf[:n])
         loss_sum[:n] += loss.double()
     for (w, b), (w_own, b_own) in zip(views, own, strict=True):
         w.copy_(w_own)
         b.copy_(b_own)
-    ups = [
-        _finish(worker, solver, clients[j], t, theta[j] - x_global, float(loss_sum[j]))
-        for j, t in enumerate(tasks)
-    ]
-    back = {j: u for j, u in zip(order, ups, strict=True)}  # task order again
-    return [back[j] for j in range(len(order))]
-
-
-def _finish(
-    worker: Worker,
-    solver: SGD,
-    client: ClientContext,
-    task: Task,
-    delta: torch.Tensor,
-    loss_sum: float,
-) -> ClientUpdate:
-    """One client's update after its steps: ``client_finish`` as in the
-    sequential loop (||a_i||_1 from the solver's closed form)."""
-    x0 = client.payload["x"]
-    done = SolverState(
-        x0=x0, lr=solver.lr, steps=task.tau, norm_a=solver.norm_a(task.tau)
-    )
-    extras, new_state = worker.algorithm.client_finish(delta, done, client)
-    cpu = torch.device("cpu")
-    return ClientUpdate(
-        client=task.client,
-        delta=delta.to(cpu),
-        weight=float(worker.weights[task.client]),
-        tau=task.tau,
-        norm_a=done.norm_a,
-        train_loss=loss_sum / max(task.tau, 1),
-        extras={k: v.to(cpu) for k, v in extras.items()},
-        new_state=None
-        if new_state is None
-        else {k: v.to(cpu) for k, v in new_state.items()},
-    )
+    ups = []
+    for j, t in enumerate(tasks):  # ||a_i||_1 from the solver's closed form
+        done = SolverState(x_global, solver.lr, t.tau, solver.norm_a(t.tau))
+        delta, loss = theta[j] - x_global, float(loss_sum[j])
+        ups.append(worker.client_update(t, clients[j], delta, done, loss))
+    return [u for _, u in sorted(zip(order, ups, strict=True))]  # task order again

@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,9 +78,7 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     import torch
 
     out = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(out, dict) or not all(
-        isinstance(v, torch.Tensor) for v in out.values()
-    ):
+    if not isinstance(out, dict) or any(not torch.is_tensor(v) for v in out.values()):
         raise CheckpointError(f"{path}: not a dict of tensors")
     return out
 
@@ -157,7 +156,6 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from None
 
 
-# ------------------------------------------------------------------ fingerprint
 # Fields that cannot change results (``rounds``: a resume may extend the run);
 # gpus_per_worker and vectorize stay: they change floating-point results.
 FINGERPRINT_EXCLUDES: tuple[str, ...] = (
@@ -196,16 +194,12 @@ def fingerprint(scenario: Scenario) -> dict[str, Any]:
     out = scenario.model_dump(mode="json")
     for dotted in FINGERPRINT_EXCLUDES:
         *parents, last = dotted.split(".")
-        node = out
-        for key in parents:
-            node = node.get(key, {})
-        node.pop(last, None)
+        reduce(lambda node, key: node.get(key, {}), parents, out).pop(last, None)
     for group in out.get("fleet", {}).get("groups", []):
         trace = group.get("trace") if isinstance(group, dict) else None
         if isinstance(trace, dict) and isinstance(trace.get("file"), str):
-            file = trace["file"]
-            trace["file"] = Path(file).name
-            trace["sha256"] = _file_digest(file)
+            trace["sha256"] = _file_digest(trace["file"])
+            trace["file"] = Path(trace["file"]).name
     return out
 
 

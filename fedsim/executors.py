@@ -1,11 +1,6 @@
-"""Executors: where local training runs, chosen once per run.
-
-Both modes and every test go through one :meth:`Executor.train`: in this
-process (:class:`InProcessExecutor`, ``workers: 0``) or on ``n`` long-lived
-Ray worker actors (:class:`RayExecutor`, docs/architecture.md, "Runtime on
-Ray"). Results do not depend on the executor nor on the number of actors.
-Adding an executor means subclassing :class:`Executor` with a ``_calls``
-method (and ``forget``/``shutdown`` where it holds resources).
+"""Executors: where local training runs, chosen once per run: in this process
+(``workers: 0``) or on ``n`` Ray worker actors (docs/architecture.md), with the
+same results. A new executor subclasses :class:`Executor` with a ``_calls``.
 
 Example:
     >>> from fedsim import data, scenario, server, workers
@@ -42,8 +37,6 @@ Calls = Iterator[tuple[list[int], Updates]]  # task positions, their updates
 
 class Executor(ABC):
     """Trains tasks; chosen once per run by :func:`make_executor`."""
-
-    size: int  # workers (1 in-process)
 
     def train(self, tasks: Tasks, payloads: Payloads, states: States) -> Updates:
         """One update per task, in task order.
@@ -84,11 +77,8 @@ def _versions(tasks: Tasks) -> dict[int, list[int]]:
 class InProcessExecutor(Executor):
     """One worker in this process."""
 
-    size = 1
-
     def __init__(self, scenario: Scenario, data: FederatedData) -> None:
-        threads = max(1, int(scenario.resources.cpus_per_worker))
-        self.worker = Worker(scenario, data, threads=threads)
+        self.worker = Worker(scenario, data, int(scenario.resources.cpus_per_worker))
 
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
         for v, idx in _versions(tasks).items():
@@ -99,21 +89,15 @@ class PlacementError(RuntimeError):
     """The worker actors cannot be placed as ``resources.placement`` asks."""
 
 
-def _node_id(_worker: Worker) -> str:
-    """The Ray node this actor runs on (called through ``__ray_call__``)."""
+def _where(worker: Worker) -> tuple[str, dict[str, Any]]:
+    """This actor's Ray node, GPU share, GPU ids and the device it trains on
+    (``cpu`` where GPUs are only declared, as in tests), via ``__ray_call__``."""
     import ray
 
-    return ray.get_runtime_context().get_node_id()
-
-
-def _gpu_share(worker: Worker) -> dict[str, Any]:
-    """The GPU share Ray gave this actor, the GPU ids it sees and where it
-    trains (``cpu`` where the GPUs are only declared, as in tests)."""
-    import ray
-
-    gpus = ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0)
-    ids = [str(i) for i in ray.get_gpu_ids()]
-    return {"gpus": gpus, "gpu_ids": ids, "device": worker.device.type}
+    ctx = ray.get_runtime_context()
+    gpus = ctx.get_assigned_resources().get("GPU", 0.0)
+    share = {"gpus": gpus, "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
+    return ctx.get_node_id(), {**share, "device": worker.device.type}
 
 
 # Ray's own resource names; the others a node declares are its custom ones.
@@ -132,16 +116,16 @@ def _custom(resources: Mapping[str, float]) -> dict[str, float]:
 def _placement_group(res: Any, n: int) -> Any:
     """A placement group of ``n`` bundles for ``res.placement``, once placed."""
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
 
     bundle = {"CPU": res.cpus_per_worker}
     if res.gpus_per_worker:
         bundle["GPU"] = res.gpus_per_worker
-    pg = placement_group([dict(bundle) for _ in range(n)], res.placement.upper())
+    bundles = [dict(bundle) for _ in range(n)]
+    pg = ray.util.placement_group(bundles, res.placement.upper())
     try:
         ray.get(pg.ready(), timeout=res.placement_timeout_s)
     except ray.exceptions.GetTimeoutError:
-        remove_placement_group(pg)
+        ray.util.remove_placement_group(pg)
         raise PlacementError(
             f"resources.placement {res.placement}: Ray could not place {n} "
             f"workers of {bundle} within resources.placement_timeout_s = "
@@ -173,9 +157,8 @@ def _build_here(args: tuple[Any, ...]) -> str | None:
 
 
 def check_data_on_nodes(scenario: Scenario) -> None:
-    """Check that every live node with CPUs can build the dataset from its
-    own disk (``resources.data: per_node``); DataMissingError names those
-    that cannot."""
+    """Check that every live node with CPUs can build the dataset from its own
+    disk (``resources.data: per_node``); DataMissingError names those that cannot."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -197,9 +180,8 @@ def check_data_on_nodes(scenario: Scenario) -> None:
     ]
     if bad:
         raise DataMissingError(
-            "resources.data per_node: every node that can host a worker must "
-            "have the data files; "
-            + f"{len(bad)} of {len(nodes)} cannot build the dataset:\n"
+            "resources.data per_node: every node that can host a worker must have "
+            f"the data files; {len(bad)} of {len(nodes)} cannot build the dataset:\n"
             + "\n".join(bad)
         )
 
@@ -219,7 +201,6 @@ class RayExecutor(Executor):
         # a list: Ray hands the reference itself to a (re)started actor
         shared = _NodeLocalData(scenario) if res.data == "per_node" else data
         self._data: list[Any] = [ray.put(shared)]
-        threads = max(1, int(res.cpus_per_worker))
         self.actors: list[Any] = [
             ray.remote(Worker)
             .options(
@@ -229,10 +210,9 @@ class RayExecutor(Executor):
                 max_task_retries=0,  # retried here, and counted
                 scheduling_strategy=self._strategy(i),
             )
-            .remote(scenario, self._data, threads)
+            .remote(scenario, self._data, int(res.cpus_per_worker))  # threads
             for i in range(n)
         ]
-        self.size = n
         self._refs: dict[int, Any] = {}
         self.tasks_retried = 0
         self._nodes: list[list[str]] = [[] for _ in range(n)]  # node ids, in order
@@ -253,7 +233,8 @@ class RayExecutor(Executor):
         calls: list[tuple[list[int], Any, tuple[Any, ...]]] = []
         # Longest first across the whole batch; each actor then gets one call
         # per start version in its share (calls on one actor run in order).
-        for actor, chunk in zip(self.actors, assign_lpt(tasks, self.size), strict=True):
+        chunks = assign_lpt(tasks, len(self.actors))
+        for actor, chunk in zip(self.actors, chunks, strict=True):
             for v, idx in _versions(chunk).items():
                 if v not in self._refs:
                     import ray
@@ -271,7 +252,6 @@ class RayExecutor(Executor):
 
         results: list[Any] = [None] * len(calls)
         pending = {c[1].train.remote(*c[2]): (k, 1) for k, c in enumerate(calls)}
-        retried: set[int] = set()
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
             k, attempt = pending.pop(ref)
@@ -281,24 +261,23 @@ class RayExecutor(Executor):
             except ray.exceptions.RayActorError:
                 if attempt >= _MAX_ATTEMPTS:
                     raise
-            if k not in retried:
-                retried.add(k)
+            if attempt == 1:  # the call's tasks count once
                 self.tasks_retried += len(calls[k][0])
             self._check_nodes()
             time.sleep(min(0.5 * 2**attempt, 10.0))  # while Ray restarts it
-            _, actor, args = calls[k]
-            pending[actor.train.remote(*args)] = (k, attempt + 1)
+            pending[calls[k][1].train.remote(*calls[k][2])] = (k, attempt + 1)
         return results
 
-    def _locate(self, timeout: float | None = None) -> None:
-        """Add each actor's current node to its history."""
+    def _locate(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Add each actor's current node to its history; their GPU shares."""
         import ray
 
-        refs = [a.__ray_call__.remote(_node_id) for a in self.actors]
+        refs = [a.__ray_call__.remote(_where) for a in self.actors]
         now = ray.get(refs, timeout=timeout)
-        for hist, node in zip(self._nodes, now, strict=True):
+        for hist, (node, _) in zip(self._nodes, now, strict=True):
             if not hist or hist[-1] != node:
                 hist.append(node)
+        return [gpus for _, gpus in now]
 
     def _check_nodes(self) -> None:
         """Note, and say, which nodes that ran a worker are gone."""
@@ -325,18 +304,13 @@ class RayExecutor(Executor):
 
     def report(self) -> dict[str, Any]:
         """summary.json's ``placement``, ``workers_nodes`` (per worker, the
-        nodes it ran on), ``workers_gpus`` (per worker, :func:`_gpu_share`),
+        nodes it ran on), ``workers_gpus`` (per worker, :func:`_where`),
         ``nodes_lost`` and ``tasks_retried``."""
-        import ray
-
-        self._check_nodes()
-        with contextlib.suppress(Exception):  # a report must not fail the run
-            self._locate(timeout=30)
         self._check_nodes()
         gpus: list[Any] = []
-        with contextlib.suppress(Exception):
-            refs = [a.__ray_call__.remote(_gpu_share) for a in self.actors]
-            gpus = ray.get(refs, timeout=30)
+        with contextlib.suppress(Exception):  # a report must not fail the run
+            gpus = self._locate(timeout=30)
+        self._check_nodes()
         unknown: dict[str, Any] = {"address": None, "resources": {}}
         return {
             "workers_gpus": gpus,
@@ -366,9 +340,7 @@ class RayExecutor(Executor):
         self.actors = []
         self._refs.clear()
         if self._pg is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self._pg)
+            ray.util.remove_placement_group(self._pg)
             self._pg = None
 
 

@@ -40,8 +40,7 @@ def batches(
             yield None
     while True:
         perm = torch.randperm(n, generator=gen).to(device)
-        for start in range(0, n - batch + 1, batch):
-            yield perm[start : start + batch]
+        yield from perm[: n // batch * batch].view(-1, batch)
 
 
 def first_batches(n: int, batch: int, steps: int, gen: torch.Generator) -> torch.Tensor:

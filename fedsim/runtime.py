@@ -75,22 +75,21 @@ class RunResult:
 
     def summary(self) -> dict[str, Any]:
         """summary.json's content, with ``status`` and ``degenerate``."""
-        summary = summarize(
-            self.rows,
-            self.clients,
-            scenario_name=self.scenario.name,
-            wall_time_s=self.wall_time_s,
-            workers=self.workers,
-            version=__version__,
-            server_validation=describe_validation(self.scenario, self.data),
-        )
         initial = None
         if self.initial is not None:  # JSON has no NaN: a missing value is null
             initial = {
                 k: (v if math.isfinite(v) else None) for k, v in self.initial.items()
             }
         return {
-            **summary,
+            **summarize(
+                self.rows,
+                self.clients,
+                scenario_name=self.scenario.name,
+                wall_time_s=self.wall_time_s,
+                workers=self.workers,
+                version=__version__,
+                server_validation=describe_validation(self.scenario, self.data),
+            ),
             **self.placement,
             "initial": initial,
             "status": self.status,
@@ -99,9 +98,8 @@ class RunResult:
         }
 
     def participation_bias(self) -> dict[str, Any] | None:
-        """Each client's mean ``agg_weight`` over the rounds that applied
-        updates against its data share p_i: the L1 distance and the top 5
-        over-weighted clients (``sampling.weight_shares``); None without data."""
+        """Each client's mean ``agg_weight`` (over rounds with updates) against
+        its data share p_i (``sampling.participation_bias``); None without data."""
         if self.data is None:
             return None
         n = np.asarray(self.data.weights, dtype=np.float64)
@@ -155,7 +153,7 @@ class ClientRecord:
 
     @classmethod
     def from_arrival(cls, a: clock.Arrival) -> ClientRecord:
-        applied = a.version if not a.dropped else None
+        applied = None if a.dropped else a.version
         job = (a.job.version, applied, a.staleness, a.job.index)
         # a stale update was sent, then refused
         return cls(a.version, a.plan, a.status in ("applied", "stale"), job)
@@ -209,18 +207,14 @@ class _Run:
 
     def _prepare(self, run_dir: Path, resume: bool) -> None:
         """Room for two checkpoints; the partition's table and figure."""
-        sc = self.sc
-        try:
-            if self.every:
-                need = checkpoint.checkpoint_bytes(
-                    self.server.num_params,
-                    sc.model.elem_bytes,
-                    sc.num_clients,
-                    sc.algorithm.stateful,
-                )
+        sc, alg = self.sc, self.sc.algorithm
+        if self.every:
+            d, elem = self.server.num_params, sc.model.elem_bytes
+            need = checkpoint.checkpoint_bytes(d, elem, sc.num_clients, alg.stateful)
+            try:
                 check_free_space(run_dir, need + 2**20, "checkpoints")
-        except OSError as exc:
-            raise SetupError(str(exc)) from None
+            except OSError as exc:
+                raise SetupError(str(exc)) from None
         if not resume and sc.data.dataset != "quadratic":
             try:
                 table = partition_table(self.data)  # label histograms
@@ -279,7 +273,7 @@ class _Run:
     def client_row(
         self, r: ClientRecord, trained: Pair | None, applied: Applied
     ) -> Row:
-        u, weight = trained if trained is not None else (None, 0.0)
+        u, weight = trained or (None, 0.0)
         up = self.bytes_up if u is None or u.bytes_up is None else u.bytes_up
         if u is None and self.work is not None:  # uploaded, then not used
             up = int(self.work.bytes_up[r.plan.client])
@@ -307,7 +301,6 @@ class _Run:
             row |= dict(zip(keys, r.job, strict=True))
         return row
 
-    # ------------------------------------------------------ checkpoints
     def save_checkpoint(
         self, next_round: int, sim_time: float, state: Any, payloads: dict[int, Payload]
     ) -> None:
@@ -382,7 +375,6 @@ def job_work(sc: Scenario, data: FederatedData) -> clock.JobWork | None:
     )
 
 
-# ======================================================= synchronous rounds
 def _run_rounds(run: _Run, resume: bool) -> None:
     sc, server, sel = run.sc, run.server, run.selector
     keep: int | None = None
@@ -432,22 +424,8 @@ def _run_rounds(run: _Run, resume: bool) -> None:
             run.save_checkpoint(t + 1, now, state, {})
 
 
-# ===================================================== asynchronous mode
-JobKey = tuple[int, int]  # (device, job index)
-
-
-def _key(job: clock.Job) -> JobKey:
-    return (job.device, job.index)
-
-
-def _task(job: clock.Job) -> Task:
-    # The job index plays the round's part in the client's seed.
-    return Task(client=job.device, round=job.index, tau=job.tau, version=job.version)
-
-
 class _Async:
-    """The asynchronous loop's state: versions in use, records pulled ahead,
-    updates trained ahead (docs/architecture.md, "Asynchronous mode")."""
+    """The asynchronous loop (docs/architecture.md, "Asynchronous mode")."""
 
     def __init__(self, run: _Run, max_lookahead: int | None) -> None:
         sc = run.sc
@@ -480,19 +458,17 @@ class _Async:
         self.payloads: dict[int, Payload] = {}
         self.users: Counter[int] = Counter()  # version -> its jobs still open
         self.pending: deque[clock.Version] = deque()
-        self.trained: dict[JobKey, ClientUpdate] = {}
+        self.trained: dict[clock.Job, ClientUpdate] = {}
         self.w = 0  # the newest computed version
 
     def _choose(self, candidates: np.ndarray, free: int, n: int) -> np.ndarray:
-        """The selector's n-th pick of idle online devices for the free slots
-        (a resumed run replays the logged picks)."""
+        """The selector's n-th pick for the free slots (or the logged one)."""
         if n < len(self.replay):
             return np.asarray(self.replay[n], dtype=np.int64)
         run = self.run
         rng = run.rng(_ASYNC_SELECT_TAG, n)
         draw = Draw(self.tl.version, candidates, rng, run.sel_ctx)
-        sel = run.selector.with_slots(free)
-        ids, self.sel_state = sel.select(self.sel_state, draw)
+        ids, self.sel_state = run.selector.with_slots(free).select(self.sel_state, draw)
         if self.adaptive:
             self.picks.append(ids.tolist())
         return ids
@@ -517,8 +493,7 @@ class _Async:
                 f"{ck.path}: missing version parameters ({exc})"
             ) from None
         self.payloads[w] = run.server.payload()
-        for v in [v for v in self.users if self.users[v] <= 0 and v < w]:
-            self.users.pop(v)
+        self.users = +self.users  # only the versions open jobs started from
         self.w = w
         if self.adaptive:
             self.sel_state = ck.selector_state["state"]
@@ -530,11 +505,9 @@ class _Async:
         else:
             self.payloads[0] = self.run.server.payload()
         while self.w < self.run.sc.rounds:
-            batch = self._look_ahead()
-            if batch:
-                self._train(batch)
+            self._train(self._look_ahead())
             while self.pending and all(
-                _key(a.job) in self.trained for a in self.pending[0].applied
+                a.job in self.trained for a in self.pending[0].applied
             ):
                 self._apply(self.pending.popleft())
 
@@ -542,7 +515,7 @@ class _Async:
         """Pull records (docs/architecture.md); the jobs trainable now."""
         w, pending = self.w, self.pending
         ready = [a.job for r in pending for a in r.applied if a.job.version <= w]
-        batch = [j for j in ready if _key(j) not in self.trained]
+        batch = [j for j in ready if j not in self.trained]
         while len(pending) < self.max_lookahead and (
             not pending
             or all(a.job.version <= w for a in pending[-1].applied)
@@ -557,15 +530,16 @@ class _Async:
         return batch
 
     def _train(self, batch: list[clock.Job]) -> None:
-        tasks = [_task(j) for j in batch]
+        # The job index plays the round's part in the client's seed.
+        tasks = [Task(j.device, j.index, j.tau, j.version) for j in batch]
         states = self.run.server.client_states([t.client for t in tasks])
         ups = self.run.executor.train(tasks, self.payloads, states)
-        self.trained.update(zip(map(_key, batch), ups, strict=True))
+        self.trained.update(zip(batch, ups, strict=True))
 
     def _apply(self, rec: clock.Version) -> None:
         run = self.run
-        keys = [_key(a.job) for a in rec.applied]
-        ups = [self.trained.pop(k) for k in keys]
+        jobs = [a.job for a in rec.applied]
+        ups = [self.trained.pop(j) for j in jobs]
         starts = [self.payloads[a.job.version]["x"] for a in rec.applied]
         staleness = [int(a.staleness or 0) for a in rec.applied]
         applied = run.server.apply(
@@ -580,8 +554,8 @@ class _Async:
             "n_started": len(rec.started),
             "in_flight": rec.in_flight,
         }
-        by_key = dict(zip(keys, zip(ups, applied.weights, strict=True), strict=True))
-        trained = [by_key[_key(a.job)] for a in rec.ended if not a.dropped]
+        by_job = dict(zip(jobs, zip(ups, applied.weights, strict=True), strict=True))
+        trained = [by_job[a.job] for a in rec.ended if not a.dropped]
         records = [ClientRecord.from_arrival(a) for a in rec.ended]
         artifact: list[Row] = []
         if self.adaptive:  # in arrival order: a device's later update wins
@@ -614,7 +588,6 @@ def async_timeline(scenario: Scenario) -> clock.AsyncTimeline:
     return _Async(_Run.plan_only(scenario), None).tl
 
 
-# ============================================================ the recipe
 def run_scenario(
     scenario: Scenario,
     *,

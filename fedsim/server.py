@@ -1,8 +1,5 @@
-"""The server: the algorithm's state, per-client state, aggregation, evaluation.
-
-One :class:`Server` serves both modes, in the driver process
-(docs/architecture.md, "Runtime on Ray"); :meth:`Server.apply` is the one
-aggregation step.
+"""The server: the algorithm's state, per-client state, aggregation (one
+:meth:`Server.apply` for both modes) and evaluation, in the driver process.
 
 Example:
     >>> from fedsim.scenario import load_scenario
@@ -27,14 +24,8 @@ from typing import Any, cast
 
 import torch
 
+from fedsim import checkpoint
 from fedsim.algorithms.base import AggregateInfo, AsyncRule, ClientUpdate, ServerContext
-from fedsim.checkpoint import (
-    CheckpointError,
-    load_arrays,
-    load_tensors,
-    save_arrays,
-    save_tensors,
-)
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.data.validation import validation_problem, validation_use
@@ -49,14 +40,6 @@ Split = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
 
 class DivergenceError(RuntimeError):
     """The global model or the training loss became NaN or infinite."""
-
-
-def weighted_train_loss(updates: Sequence[ClientUpdate]) -> float:
-    """The updates' training losses weighted as their data (NaN for none)."""
-    if not updates:
-        return float("nan")
-    total = sum(u.weight for u in updates)
-    return sum(u.weight * u.train_loss for u in updates) / total
 
 
 def evaluates(scenario: Scenario, t: int) -> bool:
@@ -85,8 +68,7 @@ class Applied:
             )
             for u, w in trained
         }
-        nan = math.nan
-        return RoundResult(self.info, clients, self.train_loss, nan, nan)
+        return RoundResult(self.info, clients, self.train_loss, math.nan, math.nan)
 
 
 @dataclass(frozen=True)
@@ -110,15 +92,10 @@ class RoundResult:
     test_accuracy: float
 
 
-def _with_multiplicity(
-    updates: Sequence[ClientUpdate], multiplicity: Mapping[int, int]
-) -> list[ClientUpdate]:
-    """Each update's ``multiplicity`` extra: how often its client was drawn."""
-    out = []
-    for u in updates:
-        k = torch.tensor(float(multiplicity.get(u.client, 1)), dtype=torch.float64)
-        out.append(replace(u, extras={**u.extras, "multiplicity": k}))
-    return out
+def _with_multiplicity(u: ClientUpdate, k: int) -> ClientUpdate:
+    """The update with its ``multiplicity`` extra: how often its client was drawn."""
+    k_t = torch.tensor(float(k), dtype=torch.float64)
+    return replace(u, extras={**u.extras, "multiplicity": k_t})
 
 
 class Server:
@@ -136,17 +113,14 @@ class Server:
         # What server-side model choices score on (FedPNS's CHECK LOSS): the
         # validation split, the test set where the scenario opts in, or None.
         use = validation_use(scenario)
-        self.val: Split | None = None
-        self.val_weights = None
-        if use == "test":
-            self.val, self.val_weights = self.test, self.test_weights
-        elif use == "validation":
+        self.val = self.test if use == "test" else None
+        self.val_weights = self.test_weights if use == "test" else None
+        if use == "validation":
             problem = validation_problem(scenario)
             if problem is None and data.val_x is None:
                 problem = "the dataset was built without its validation split"
             if problem is not None:
                 raise ScenarioError(problem)
-            assert data.val_x is not None and data.val_y is not None
             self.val = _split(data.val_x, data.val_y, x0.dtype, data.num_classes)
         self._data = data
         self._context: ServerContext | None = None
@@ -192,7 +166,8 @@ class Server:
         if staleness is None:
             updates = sorted(updates, key=lambda u: u.client)
             if multiplicity:
-                updates = _with_multiplicity(updates, multiplicity)
+                m = multiplicity
+                updates = [_with_multiplicity(u, m.get(u.client, 1)) for u in updates]
             extra = {"server": self.context()} if alg.needs_server else {}
             self.state, info = alg.aggregate(self.state, updates, **extra)
             weights = tuple(info.weights.get(u.client, 0.0) for u in updates)
@@ -213,7 +188,10 @@ class Server:
             raise DivergenceError(
                 f"{where}: the global model has NaN or infinite parameters"
             )
-        train_loss = weighted_train_loss(updates)
+        # the training losses weighted as the clients' data
+        total = sum(u.weight for u in updates)
+        losses = sum(u.weight * u.train_loss for u in updates)
+        train_loss = losses / total if updates else math.nan
         if updates and not math.isfinite(train_loss):
             raise DivergenceError(f"{where}: the training loss is {train_loss}")
         return Applied(info, weights, train_loss, shares)
@@ -245,23 +223,21 @@ class Server:
         batch = self.scenario.eval.batch_size
         return evaluate(self.model, *self.test, batch, self.test_weights)
 
-    def save(self, ckpt_dir: Path) -> None:
-        """Write the server state and per-client state into ``ckpt_dir``."""
-        path = Path(ckpt_dir)
+    def save(self, path: Path) -> None:
+        """Write the server state and per-client state into folder ``path``."""
         path.mkdir(parents=True, exist_ok=True)
-        save_tensors(path / "server.pt", self.state)
-        save_arrays(path, self.store.export())
+        checkpoint.save_tensors(path / "server.pt", self.state)
+        checkpoint.save_arrays(path, self.store.export())
 
-    def load(self, ckpt_dir: Path) -> None:
+    def load(self, path: Path) -> None:
         """Inverse of :meth:`save` (refusing another model's state)."""
-        path = Path(ckpt_dir)
-        state = load_tensors(path / "server.pt")
+        state = checkpoint.load_tensors(path / "server.pt")
         if set(state) != set(self.state) or state["x"].shape != self.state["x"].shape:
-            raise CheckpointError(
+            raise checkpoint.CheckpointError(
                 f"{path}: server state does not match this scenario's model"
             )
         self.state = state
-        self.store.restore(load_arrays(path))
+        self.store.restore(checkpoint.load_arrays(path))
 
 
 def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> Split:

@@ -1,6 +1,5 @@
-"""Per-client persistent state (SCAFFOLD's c_i, FedDyn's h_i, ...), kept on
-the server side: one lazily zeroed ``[num_clients, d]`` array per state key,
-memory-mapped files above ``budget_bytes`` (docs/architecture.md).
+"""Per-client persistent state (SCAFFOLD's c_i, FedDyn's h_i, ...) on the server
+side, one array per state key, spilled to disk above ``budget_bytes``.
 
 Example:
     >>> import torch
@@ -13,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import math
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -39,7 +39,7 @@ class ClientStore:
         self.dim = dim
         self.np_dtype = torch.empty((), dtype=dtype).numpy().dtype
         self.budget_bytes = budget_bytes
-        self._spill_root = spill_dir
+        self._spill = spill_dir
         self._tmp: str | None = None
         self.arrays: dict[str, np.ndarray] = {}
         self.seen = np.zeros(num_clients, dtype=bool)
@@ -47,16 +47,13 @@ class ClientStore:
     def _array(self, key: str) -> np.ndarray:
         if key in self.arrays:
             return self.arrays[key]
-        row_bytes = self.dim * self.np_dtype.itemsize
-        total = self.num_clients * row_bytes * (len(self.arrays) + 1)
         shape = (self.num_clients, self.dim)
+        total = math.prod(shape) * self.np_dtype.itemsize * (len(self.arrays) + 1)
         if total <= self.budget_bytes:
             arr = np.zeros(shape, dtype=self.np_dtype)
         else:  # spilled to disk
             if self._tmp is None:
-                self._tmp = tempfile.mkdtemp(
-                    prefix="fedsim-store-", dir=self._spill_root
-                )
+                self._tmp = tempfile.mkdtemp(prefix="fedsim-store-", dir=self._spill)
             path = Path(self._tmp) / f"{key}.npy"
             arr = np.lib.format.open_memmap(path, "w+", self.np_dtype, shape)
         self.arrays[key] = arr

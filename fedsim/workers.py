@@ -1,38 +1,29 @@
-"""Workers: a model instance and the data, training many virtual clients.
-
-A :class:`Worker` runs exactly ``tau_i(t)`` local steps (decided by the clock)
-for each task; per-client state travels with the task, so a restart loses
-nothing. Executors (:mod:`fedsim.executors`) own the workers; the example in
-:mod:`fedsim.server` trains with one.
-"""
+"""Workers: a model and the data, training many virtual clients for exactly
+the ``tau_i(t)`` steps the clock decided; client state travels with the task
+(docs/architecture.md). The example in :mod:`fedsim.server` trains with one."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
+from itertools import islice
 from typing import Any
 
 import numpy as np
 import torch
 
 from fedsim.algorithms import ClientUpdate, make_algorithm
-from fedsim.algorithms.base import (
-    ClientContext,
-    ClientInfo,
-    ClientState,
-    LocalTraining,
-)
+from fedsim.algorithms.base import ClientContext, ClientInfo, ClientState, LocalTraining
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.minibatches import batches, client_seed
 from fedsim.models import batch_loss, make_model
 from fedsim.params import bind_flat
 from fedsim.scenario import Scenario
-from fedsim.solvers import SGD
+from fedsim.solvers import SGD, SolverState
 
 _log = logging.getLogger(__name__)
 
@@ -103,7 +94,7 @@ class Worker:
         self.offsets = [int(o) for o in data.offsets]
         self.weights = data.weights
         self.num_clients = data.num_clients
-        self.total_weight = float(np.sum(data.weights))
+        self.total = float(np.sum(data.weights))
         # Many clients at once (fedsim.batched) where allowed; said once if not.
         self._train_group = self._sequential
         self.batched = False
@@ -111,14 +102,12 @@ class Worker:
             from fedsim.batched import train_batched, why_not_batched
 
             reason = why_not_batched(self)
-            if reason is None:
+            if reason is not None:
+                msg = "resources.vectorize: %s; training clients one at a time"
+                _log.warning(msg, reason)
+            else:
                 self._train_group = partial(train_batched, self)
                 self.batched = True
-            else:
-                _log.warning(
-                    "resources.vectorize: %s; training clients one at a time",
-                    reason,
-                )
 
     def pid(self) -> int:
         return os.getpid()
@@ -129,16 +118,14 @@ class Worker:
         if spec.lr_decay == 1.0:
             return self.solver
         lr = max(spec.lr * spec.lr_decay**round_, spec.lr_min)
-        return dataclasses.replace(self.solver, lr=lr)
+        return replace(self.solver, lr=lr)
 
     def client_info(self, i: int) -> ClientInfo:
         return ClientInfo(
             client=i,
             n_samples=self.offsets[i + 1] - self.offsets[i],
             num_clients=self.num_clients,
-            relative_weight=float(self.weights[i])
-            * self.num_clients
-            / self.total_weight,
+            relative_weight=float(self.weights[i]) * self.num_clients / self.total,
         )
 
     def train(
@@ -152,10 +139,7 @@ class Worker:
         return self._train_group(payload, tasks, states or {}) if tasks else []
 
     def _sequential(
-        self,
-        payload: Payload,
-        tasks: Sequence[Task],
-        states: Mapping[int, ClientState],
+        self, payload: Payload, tasks: Sequence[Task], states: Mapping[int, ClientState]
     ) -> list[ClientUpdate]:
         payload = _to(payload, self.device)  # once for every task of the call
         return [self._train_one(payload, t, states.get(t.client, {})) for t in tasks]
@@ -168,9 +152,6 @@ class Worker:
         xs, ys = self.x[lo:hi], self.y[lo:hi]
         seed = client_seed(self.scenario.seed, task.round, i)
         gen = torch.Generator().manual_seed(seed)
-        minibatches = batches(
-            hi - lo, self.scenario.client.batch_size, gen, self.device
-        )
         algo = self.algorithm
         info = self.client_info(i)
         if algo.client_train is not None:
@@ -195,8 +176,8 @@ class Worker:
         solver = self.solver_for(task.round)
         state = solver.begin(x_global)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        for _ in range(task.tau):
-            idx = next(minibatches)
+        size = self.scenario.client.batch_size
+        for idx in islice(batches(hi - lo, size, gen, self.device), task.tau):
             xb, yb = (xs, ys) if idx is None else (xs[idx], ys[idx])
             grad.zero_()
             loss = batch_loss(self.model, xb, yb)
@@ -204,16 +185,28 @@ class Worker:
             algo.grad_hook(theta, grad, client)
             solver.step(theta, grad, state)
             loss_sum += loss.detach()
-        delta = theta - x_global
-        extras, new_state = algo.client_finish(delta, state, client)
+        return self.client_update(
+            task, client, theta - x_global, state, float(loss_sum)
+        )
+
+    def client_update(
+        self,
+        task: Task,
+        client: ClientContext,
+        delta: torch.Tensor,
+        done: SolverState,
+        loss_sum: float,
+    ) -> ClientUpdate:
+        """The task's update after its steps (``client_finish``), on the CPU."""
+        extras, new_state = self.algorithm.client_finish(delta, done, client)
         cpu = torch.device("cpu")
         return ClientUpdate(
-            client=i,
+            client=task.client,
             delta=delta.to(cpu),
-            weight=float(self.weights[i]),
+            weight=float(self.weights[task.client]),
             tau=task.tau,
-            norm_a=state.norm_a,
-            train_loss=float(loss_sum) / max(task.tau, 1),
+            norm_a=done.norm_a,
+            train_loss=loss_sum / max(task.tau, 1),
             extras=_to(extras, cpu),
             new_state=None if new_state is None else _to(new_state, cpu),
         )
