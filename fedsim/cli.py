@@ -621,36 +621,24 @@ def _applicable(sc: Scenario) -> dict[str, Any]:
     if "epochs" in used and r.epochs_low is not None:  # a range replaces epochs
         used[used.index("epochs")] = "epochs_low epochs_high"
     d["round"] = _keep(d["round"], " ".join(used))
-    dropouts = any(
-        s is not None and s.dropout_p > 0
-        for s in [sc.fleet.stragglers, *(g.stragglers for g in sc.fleet.groups)]
-    )
-    for g in [d["fleet"], *d["fleet"]["groups"]]:
-        st = g.get("stragglers")
-        if isinstance(st, dict):
-            if not dropouts:
-                st.pop("dropout_p", None)
-            dist = st["slowdown"]["dist"]
-            st["slowdown"] = _keep(st["slowdown"], f"dist {_SLOWDOWN_FIELDS[dist]}")
-    for g in d["fleet"]["groups"]:
-        _prune_group(g)
+    groups = d["fleet"]["groups"]
+    stragglers = [g["stragglers"] for g in [d["fleet"], *groups] if g["stragglers"]]
+    dropouts = any(st["dropout_p"] > 0 for st in stragglers)
+    for st in stragglers:
+        if not dropouts:
+            del st["dropout_p"]
+        slow = st["slowdown"]
+        st["slowdown"] = _keep(slow, "dist " + _SLOWDOWN_FIELDS[slow["dist"]])
+    for g in groups:
+        if g["speed"]:  # workload and scale go with a preset
+            preset = "preset workload scale " if g["speed"]["preset"] else ""
+            dist = _SPEED_FIELDS[g["speed"]["dist"]]
+            g["speed"] = _keep(g["speed"], f"dist {preset}{dist}")
+        if g["network"]["preset"] is None:
+            del g["network"]["preset"]
+        avail = g["availability"]
+        g["availability"] = _keep(avail, "kind " + _AVAILABILITY_FIELDS[avail["kind"]])
     return d
-
-
-def _prune_group(g: dict[str, Any]) -> None:
-    """A fleet group's speed, network and availability fields that apply."""
-    speed = g.get("speed")
-    if isinstance(speed, dict):
-        preset = "preset workload scale " if speed.get("preset") else ""
-        used = _SPEED_FIELDS.get(speed["dist"], "")
-        g["speed"] = _keep(speed, f"dist {preset}{used}")
-    net = g.get("network")
-    if isinstance(net, dict) and net.get("preset") is None:
-        net.pop("preset", None)
-    avail = g.get("availability")
-    if isinstance(avail, dict):
-        used = _AVAILABILITY_FIELDS.get(avail["kind"], " ".join(avail))
-        g["availability"] = _keep(avail, f"kind {used}")
 
 
 @app.command()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +117,7 @@ def _run_one(
     if result.status == "interrupted":
         raise KeyboardInterrupt  # stop the sweep, not just this run
     rows, clients = result.rows, result.clients
-    acc = [float(r["test_accuracy"]) for r in rows]
-    finite = [a for a in acc if math.isfinite(a)]
+    finite = [a for a in (float(r["test_accuracy"]) for r in rows) if math.isfinite(a)]
     taus = np.array([c["tau"] for c in clients if not c["dropped"]], dtype=np.float64)
     selected = sum(int(r["n_selected"]) for r in rows)
     dropped = sum(int(r["n_dropped"]) for r in rows)
@@ -127,8 +126,6 @@ def _run_one(
         **run_fields(label, sc, mode, seed, len(rows), result.status == "diverged"),
         "final_accuracy": finite[-1] if finite else math.nan,
         "best_accuracy": max(finite) if finite else math.nan,
-        "target_accuracy": math.nan,
-        "time_to_target_s": None,
         "sim_time_s": float(rows[-1]["sim_time"]) if rows else 0.0,
         "updates": taus.size,
         "dropped_fraction": dropped / selected if selected else math.nan,
@@ -211,12 +208,9 @@ def degradation(
         by_value: dict[str, dict[int, list[float]]] = {v: {} for v in values}
         for r in records:
             if r["algorithm"] == label:
-                by_value[_label(cells[r["cell"]][path])].setdefault(
-                    r["seed"], []
-                ).append(r["final_accuracy"])
-        acc = [
-            _stats([x for xs in by_value[v].values() for x in xs])[0] for v in values
-        ]
+                seeds = by_value[_label(cells[r["cell"]][path])]
+                seeds.setdefault(r["seed"], []).append(r["final_accuracy"])
+        acc = [_stats([*itertools.chain(*by_value[v].values())])[0] for v in values]
         first, last = by_value[values[0]], by_value[values[-1]]
         paired = [
             float(np.mean(first[s])) - float(np.mean(last[s]))
@@ -254,10 +248,9 @@ def _verdict(deg: Sequence[dict[str, Any]], path: str, chance: float = 0.0) -> s
     others = ", ".join(
         f"{_points(d['drop']):+.1f} for {d['algorithm']}" for d in ok[1:]
     )
-    change = _points(best["drop"])
     text = (
         f"As `{path}` goes from {first} to {last}, **{best['algorithm']} degrades "
-        f"least**: its final accuracy changes by {change:+.1f} points "
+        f"least**: its final accuracy changes by {_points(best['drop']):+.1f} points "
         f"({best['accuracy'][0] * 100:.1f}% -> {best['accuracy'][-1] * 100:.1f}%)"
     )
     text += f", against {others}." if others else "."
@@ -359,10 +352,11 @@ def format_markdown(
     return "\n".join(lines)
 
 
-def _colors(n: int) -> list[Any]:
+def _colors(names: Iterable[str]) -> dict[str, Any]:
+    """A tab10 colour per name, in first-seen order."""
     from matplotlib import colormaps
 
-    return [colormaps["tab10"](i % 10) for i in range(n)]
+    return {n: colormaps["tab10"](i % 10) for i, n in enumerate(dict.fromkeys(names))}
 
 
 def plot_accuracy(
@@ -372,8 +366,7 @@ def plot_accuracy(
     algorithm, a line per seed."""
     from fedsim.plots import _new_figure, _save
 
-    labels = list(dict.fromkeys(r["record"]["algorithm"] for r in results))
-    colors = dict(zip(labels, _colors(len(labels)), strict=True))
+    colors = _colors(r["record"]["algorithm"] for r in results)
     ncols = min(len(cells), 4)
     nrows = math.ceil(len(cells) / ncols)
     fig = _new_figure(3.6 * ncols + 1, 3.0 * nrows + 0.6)
@@ -413,8 +406,7 @@ def plot_degradation(
 
     fig = _new_figure(6.5, 4.2)
     ax = fig.subplots()
-    labels = list(dict.fromkeys(r["algorithm"] for r in records))
-    colors = dict(zip(labels, _colors(len(labels)), strict=True))
+    colors = _colors(r["algorithm"] for r in records)
     values = deg[0]["values"] if deg else []
     xs = np.arange(len(values))
     for d in deg:
@@ -453,7 +445,7 @@ def plot_taus(
     taus = [t for t in taus if t.get("mode", "sync") == "sync"] or list(taus)
     groups = list(dict.fromkeys(t["device_group"] for t in taus))
     values = _values(cells, path_name)
-    colors = _colors(len(values))
+    colors = _colors(values)
     fig = _new_figure(max(6.0, 1.5 + 0.55 * len(groups) * len(values)), 4.4)
     ax = fig.subplots()
     width = 0.8 / max(1, len(values))
@@ -473,10 +465,10 @@ def plot_taus(
             medianprops={"color": "black"},
         )
         for patch in box["boxes"]:
-            patch.set_facecolor(colors[vi])
+            patch.set_facecolor(colors[v])
             patch.set_alpha(0.6)
         label = f"{path_name} = {v}"
-        ax.plot([], [], color=colors[vi], linewidth=6, alpha=0.6, label=label)
+        ax.plot([], [], color=colors[v], linewidth=6, alpha=0.6, label=label)
     ax.set_xticks(np.arange(len(groups)), groups)
     ax.set(xlabel="device group", ylabel="local steps tau of completed updates")
     ax.grid(axis="y", alpha=0.3)
@@ -524,14 +516,12 @@ def run_stress(
         raise ValueError("the sweep needs at least one field with at least one value")
     algorithms = list(dict.fromkeys(a for s in algorithms for a in split_algorithms(s)))
     _reject_run_overrides(overrides, "stress")
-    products = itertools.product(*(list(v) for v in sweep.values()))
+    products = itertools.product(*sweep.values())
     cells = [dict(zip(sweep, combo, strict=True)) for combo in products]
-    base = load_scenario(scenario_path, list(overrides))
+    name = load_scenario(scenario_path, list(overrides)).name
     for cell, label in itertools.product(cells, algorithms):
         load_variant(scenario_path, label, 0, list(overrides), cell)  # before any run
-    out = (
-        Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{base.name}")
-    )
+    out = Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = [
         (str(scenario_path), list(overrides), ci, cell, label, seed)
@@ -542,8 +532,8 @@ def run_stress(
 
     def finish(res: dict[str, Any], so_far: list[dict[str, Any]]) -> None:
         rec = res["record"]
-        name = f"{rec['cell']:02d}-{_safe(rec['algorithm'])}-seed{rec['seed']}.parquet"
-        write_table(out / "runs" / name, res["rounds"], ROUND_SCHEMA)
+        run = f"{rec['cell']:02d}-{_safe(rec['algorithm'])}-seed{rec['seed']}.parquet"
+        write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
         _write_tables(out, so_far, cells, target_accuracy)  # the tables so far
         if progress is not None:
             progress(rec)
@@ -616,19 +606,10 @@ def _write_tables(
     for rec, res in zip(records, results, strict=True):
         rec["target_accuracy"] = math.nan if target is None else target
         rec["time_to_target_s"] = _time_to(res["rounds"], target)
-    numeric = {  # a swept field is a float column when every value is a number
-        p: all(
-            isinstance(c[p], int | float) and not isinstance(c[p], bool) for c in cells
-        )
-        for p in cells[0]
-    }
+    # a swept field is a float column when every value is a number (not a bool)
+    numeric = {p: all(type(c[p]) in (int, float) for c in cells) for p in cells[0]}
     fields = [(p, pa.float64() if num else pa.string()) for p, num in numeric.items()]
-    rows = [
-        {
-            **{p: v if numeric[p] else _label(v) for p, v in cells[r["cell"]].items()},
-            **r,
-        }
-        for r in records
-    ]
+    cols = [{p: v if numeric[p] else _label(v) for p, v in c.items()} for c in cells]
+    rows = [cols[r["cell"]] | r for r in records]
     write_table(out / "stress.parquet", rows, pa.schema([*fields, *STRESS_SCHEMA]))
     return records, target
