@@ -116,8 +116,7 @@ def _main(
 
 
 def _say(label: str, message: str) -> None:
-    """An error line on stderr: never wrapped or cut (paths stay whole), and
-    the message is shown as it is, not read as markup."""
+    """A line on stderr, never wrapped (paths stay whole); ``message`` is no markup."""
     text = f"{label} {escape(message)}" if label else escape(message)
     err.print(text, highlight=False, soft_wrap=True)
 
@@ -213,16 +212,13 @@ def run(
     n_workers = _start_workers(sc, workers, address)
     with _sigterm_stops(), _progress(sc, quiet, start, sim0, log_every) as on_round:
         result = _run(sc, n_workers, run_dir, resume is not None, on_round)
-    code = _finish(result, run_dir, report, quiet)
-    if code:
-        raise typer.Exit(code)
+    raise typer.Exit(_finish(result, run_dir, report, quiet))
 
 
 @contextmanager
 def _sigterm_stops() -> Iterator[None]:
-    """A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C;
-    the previous handler comes back afterwards (tests, notebooks)."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    """SIGTERM (Kubernetes, Slurm) is Ctrl-C in the block only (tests, notebooks)."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         yield
     finally:
@@ -240,8 +236,7 @@ def _seed(text: str) -> int:
 
 
 def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scenario:
-    """load_scenario, blaming a bad ``--set`` (or ``--seed``) value on that
-    option, and printing FedDMClockWarnings as one ``warning:`` line each."""
+    """load_scenario, blaming a bad --set or --seed; FedDMClockWarnings as lines."""
     from fedsim.scenario import FedDMClockWarning
 
     with warnings.catch_warnings(record=True) as caught:
@@ -286,8 +281,7 @@ def _load_blamed(scenario: Path, overrides: list[str], seed: str | None) -> Scen
 
 
 def _problem(message: str, scenario: Path, key: str) -> str:
-    """A ScenarioError's problem(s) on one line, without the file's name
-    (and without the field's path when the option names it already)."""
+    """A ScenarioError's problems on one line, less the file's and ``key``'s names."""
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     if len(lines) > 1 and "invalid scenario" in lines[0]:
         lines = lines[1:]
@@ -303,8 +297,7 @@ def _expect_dir(path: Path | None, option: str, what: str) -> None:
 
 
 def _preflight(sc: Scenario, scenario: Path, workers: int | None = None) -> None:
-    """preflight's checks, after the data root's: when it exists (data.root,
-    else the environment variable) it must be a folder, not said missing."""
+    """preflight, after checking that a data root that exists is a folder."""
     from fedsim.data.errors import ENV_ROOT
     from fedsim.preflight import preflight
     from fedsim.scenario import ScenarioError
@@ -322,9 +315,8 @@ def _preflight(sc: Scenario, scenario: Path, workers: int | None = None) -> None
 def _prepare_run_dir(
     sc: Scenario, run_dir: Path, scenario: Path, resume: Path | None, overwrite: bool
 ) -> tuple[int, float]:
-    """Before Ray starts: a new run's directory holds its resolved scenario; a
-    resumed one has a checkpoint of the same experiment. Returns where the
-    progress bar starts (round, simulated time)."""
+    """Before Ray starts: a new run's resolved scenario, or a resumed one's checkpoint
+    (of the same experiment); returns the (round, simulated time) to start from."""
     from fedsim.checkpoint import CheckpointError, check_fingerprint, latest_checkpoint
     from fedsim.results import atomic_write_bytes, prepare_run_dir
     from fedsim.scenario import dump_scenario
@@ -344,8 +336,7 @@ def _prepare_run_dir(
 
 
 def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
-    """Say how the run ended, write summary.json (and the report); return
-    the exit code."""
+    """Say how the run ended, write summary.json and the report; the exit code."""
     from fedsim.results import write_summary
 
     code = _EXIT_CODES[result.status]
@@ -387,18 +378,13 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
 _EXIT_CODES = {"completed": 0, "diverged": 1, "stalled": 1, "interrupted": 130}
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 # What a run writes into its directory (besides the input it was given).
 _RESULTS = ("rounds.parquet", "clients.parquet", "summary.json", "LATEST")
 _TABLES = (".parquet", ".png")  # tables and figures a run or report writes
 
 
 def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
-    """Never write over the input scenario, nor mix a new run into another's
-    results (``--overwrite`` clears them first)."""
+    """Refuse to write over the scenario or another run (``--overwrite`` clears it)."""
     import shutil
 
     target = run_dir / "scenario.yaml"
@@ -423,8 +409,7 @@ def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
 
 
 def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> int:
-    """Ray worker actors for the run (0: in-process); starts or joins Ray and
-    checks, before training, that the cluster can place them."""
+    """Ray worker actors (0: in-process), once Ray is up and can place them."""
     n_workers = workers if workers is not None else sc.resources.workers
     if n_workers == 0:
         return 0
@@ -470,8 +455,7 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
 def _progress(
     sc: Scenario, quiet: bool, start: int, sim0: float, log_every: float = 30.0
 ) -> Iterator[Any]:
-    """A progress bar (round, simulated time, accuracy), or without a
-    terminal a plain line now and then; yields the per-round callback."""
+    """Yields the per-round callback: a progress bar, or lines without a terminal."""
     if not quiet and not err.is_terminal:
         yield _log_lines(sc, log_every)
         return
@@ -493,40 +477,34 @@ def _progress(
         )
 
         def on_round(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
-            acc = row["test_accuracy"]
-            shown = _fmt(acc, ".3f") if acc == acc else progress.tasks[0].fields["acc"]
-            progress.update(
-                bar,
-                completed=row["round"] + 1,
-                sim=duration(row["sim_time"]),
-                acc=shown,
-            )
+            if row["test_accuracy"] == row["test_accuracy"]:  # NaN: not evaluated
+                progress.update(bar, acc=_fmt(row["test_accuracy"], ".3f"))
+            sim = duration(row["sim_time"])
+            progress.update(bar, completed=row["round"] + 1, sim=sim)
 
         yield on_round
 
 
 def _log_lines(sc: Scenario, every_s: float) -> Any:
-    """A per-round callback printing a plain progress line every ``every_s``
-    seconds and every 10% of the rounds (for logs read later)."""
+    """A per-round callback: a line every ``every_s`` seconds and 10% of rounds."""
     import time
 
     step = max(1, sc.rounds // 10)
-    last = [time.monotonic()]
-    acc = ["-"]
+    last: dict[str, Any] = {"time": time.monotonic(), "acc": "-"}
 
     def on_round(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
         if row["test_accuracy"] == row["test_accuracy"]:
-            acc[0] = _fmt(row["test_accuracy"], ".3f")
+            last["acc"] = _fmt(row["test_accuracy"], ".3f")
         done = row["round"] + 1
         now = time.monotonic()
-        if done % step and done != sc.rounds and now - last[0] < every_s:
+        if done % step and done != sc.rounds and now - last["time"] < every_s:
             return
-        last[0] = now
+        last["time"] = now
         # "k/N done" counts; "last: round t" is the 0-based index of the files.
         err.print(
             f"{sc.name}: {done}/{sc.rounds} {_unit(sc)} done "
             f"(last: round {row['round']}), sim {duration(row['sim_time'])}, "
-            f"acc {acc[0]}",
+            f"acc {last['acc']}",
             highlight=False,
             soft_wrap=True,
         )
@@ -610,8 +588,7 @@ def _keep(section: dict[str, Any], fields: str) -> dict[str, Any]:
 
 
 def _applicable(sc: Scenario) -> dict[str, Any]:
-    """The resolved scenario without the fields that do nothing in it (other
-    choices' parameters, unset presets, ``dropout_p`` when nothing drops)."""
+    """The resolved scenario without the fields that do nothing in it."""
     d = sc.model_dump(mode="json")
     d["model"] = _keep(d["model"], "name dtype " + _MODEL_FIELDS.get(sc.model.name, ""))
     r = sc.round
