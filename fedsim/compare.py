@@ -88,15 +88,15 @@ def _safe(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
 
 
-def _raw_scenario(scenario_path: str | Path) -> dict[str, Any]:
-    """The scenario file's YAML mapping, or {} (load_scenario reports why)."""
+def _own_algorithm(scenario_path: str | Path) -> dict[str, Any]:
+    """The scenario file's ``algorithm`` mapping, or {} (load_scenario reports why)."""
+    path = Path(scenario_path)
     try:
-        raw = read_yaml(
-            Path(scenario_path).read_text(encoding="utf-8"), str(scenario_path)
-        )
+        raw = read_yaml(path.read_text(encoding="utf-8"), str(path))
     except (OSError, UnicodeDecodeError, ScenarioError):
         return {}
-    return raw if isinstance(raw, dict) else {}
+    section = raw.get("algorithm") if isinstance(raw, dict) else None
+    return section if isinstance(section, dict) else {}
 
 
 def _reject_run_overrides(overrides: Sequence[str], tool: str, hint: str = "") -> None:
@@ -146,8 +146,7 @@ def load_variant(
     the asynchronous timeline with the same work per job (mode ``async``); a
     synchronous algorithm on an asynchronous scenario is refused.
     """
-    base = _raw_scenario(scenario_path).get("algorithm")
-    section = algorithm_section(label, base if isinstance(base, dict) else {})
+    section = algorithm_section(label, _own_algorithm(scenario_path))
     items = [
         *overrides,
         *(f"{p}={json.dumps(v)}" for p, v in (cell or {}).items()),
@@ -472,10 +471,7 @@ def _band(
         x, y = np.array(pts).T
         inside = (grid >= x[0]) & (grid <= x[-1])
         ys.append(np.where(inside, np.interp(grid, x, y), np.nan))
-    if not ys:
-        nan = np.full(grid.shape, np.nan)
-        return nan, nan, nan
-    stack = np.vstack(ys)
+    stack = np.vstack(ys) if ys else np.full((1, grid.size), np.nan)
     return stack.mean(0), stack.min(0), stack.max(0)
 
 
@@ -518,8 +514,7 @@ def plot_compare(
                 ax.plot(*np.array(pts).T, color=color, linewidth=0.6, alpha=0.4)
         if target is not None:
             ax.axhline(target, color="0.3", linestyle="--", linewidth=1)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("test accuracy")
+        ax.set(xlabel=xlabel, ylabel="test accuracy")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="lower right")
     seeds = len({row["seed"] for row, _ in results})

@@ -456,17 +456,15 @@ def plot_taus(
         keep = [i for i, d in enumerate(data) if d]
         if not keep:
             continue
-        box = ax.boxplot(
+        ax.boxplot(
             [data[i] for i in keep],
             positions=pos[keep],
             widths=width * 0.85,
             patch_artist=True,
             showfliers=False,
             medianprops={"color": "black"},
+            boxprops={"facecolor": colors[v], "alpha": 0.6},
         )
-        for patch in box["boxes"]:
-            patch.set_facecolor(colors[v])
-            patch.set_alpha(0.6)
         label = f"{path_name} = {v}"
         ax.plot([], [], color=colors[v], linewidth=6, alpha=0.6, label=label)
     ax.set_xticks(np.arange(len(groups)), groups)
