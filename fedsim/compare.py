@@ -1,13 +1,8 @@
 """Compare algorithms on identical fleets and data, over seeds 0..N-1.
 
 Fleet, data, selection and clock depend only on the seed, so every algorithm
-sees the same devices and data. An algorithm is ``name`` or
-``name:key=value,...`` (YAML scalars) on top of the scenario's own
-``algorithm`` section when that names it, else of its defaults. Outputs:
-compare.parquet (one row per run), compare.md (mean ± sample std over seeds),
-runs/ (each run's rounds plus ``bytes_up_cum``) and compare.png (accuracy
-against simulated time, rounds and bytes uploaded as the clock bills them);
-see docs/fedpns-feddm.md.
+sees the same devices and data. Algorithm labels and outputs: README.md
+("Comparing algorithms").
 
 Example:
     >>> rows = compare("scenarios/ci/tiny-synthetic.yaml", ["fedavg", "fednova"],

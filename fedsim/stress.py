@@ -1,14 +1,9 @@
 """``fedsim stress``: sweep a fleet setting, compare aggregators, see who degrades.
 
-Every cell of the sweep grid (the cartesian product of each swept field's
-values), algorithm (as in :mod:`fedsim.compare`) and seed 0..N-1 is one run, in
-this process or as a Ray task, with the same results either way. Values go
-mildest first: the degradation table compares the first value of the first
-swept field with its last. ``fleet.stragglers.*`` is the fleet's default
-(:class:`fedsim.fleet.FleetSpec`): it changes every group that does not set its
-own. Asynchronous rules on a synchronous scenario run on the asynchronous
-timeline (:func:`fedsim.compare.load_variant`). Outputs and an example:
-docs/fleets.md.
+Every cell of the sweep grid (the product of the swept fields' values),
+algorithm (as in :mod:`fedsim.compare`) and seed 0..N-1 is one run. Values go
+mildest first: the degradation table compares the first swept field's first
+value with its last. Usage, outputs and an example: docs/fleets.md.
 """
 
 from __future__ import annotations
@@ -174,10 +169,10 @@ def aggregate(
     """One row per (cell, algorithm), in grid order: mean and std over seeds."""
     table = []
     labels = list(dict.fromkeys(r["algorithm"] for r in records))
+    keys = "final_accuracy best_accuracy dropped_fraction tau_mean tau_std sim_time_s"
     for (ci, cell), label in itertools.product(enumerate(cells), labels):
         rs = [r for r in records if r["cell"] == ci and r["algorithm"] == label]
         if rs:
-            keys = "final_accuracy best_accuracy dropped_fraction tau_mean tau_std"
             table.append(
                 {
                     "cell": ci,
@@ -185,9 +180,8 @@ def aggregate(
                     "algorithm": label,
                     "seeds": len(rs),
                     "mode": rs[0]["mode"],
-                    **_spread(rs, f"{keys} sim_time_s", "_sd"),
+                    **_spread(rs, f"{keys} time_to_target_s", "_sd"),
                     "reached": sum(r["time_to_target_s"] is not None for r in rs),
-                    **_spread(rs, "time_to_target_s", "_sd"),
                     "diverged": sum(bool(r["diverged"]) for r in rs),
                 }
             )
@@ -308,9 +302,7 @@ def format_markdown(
             "Final test accuracy (%), mean over seeds; the drop is paired by seed "
             "(same fleet and data), mean ± sample std.",
         ]
-    t_head = (
-        f"time to {target * 100:g}% (s)" if target is not None else "time to target"
-    )
+    t_head = "time to target" if target is None else f"time to {target * 100:g}% (s)"
     lines += ["", "## All cells (mean ± sample std over seeds)", ""]
     cols = " | ".join(paths)
     lines.append(
