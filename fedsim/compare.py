@@ -18,7 +18,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -445,6 +445,13 @@ def compare(
     return summarize_runs([row for row, _ in results], target_accuracy)
 
 
+def _colors(names: Iterable[str]) -> dict[str, Any]:
+    """A tab10 colour per name, in first-seen order."""
+    from matplotlib import colormaps
+
+    return {n: colormaps["tab10"](i % 10) for i, n in enumerate(dict.fromkeys(names))}
+
+
 def _points(rounds: list[dict[str, Any]], x_key: str) -> list[tuple[float, float]]:
     """(x, accuracy) of a run's evaluated rounds; rounds counted from 1."""
     shift = 1.0 if x_key == "round" else 0.0
@@ -478,11 +485,9 @@ def plot_compare(
     """compare.png: test accuracy against simulated time, rounds completed and
     MB uploaded (all clients so far), per algorithm: the mean over seeds, a
     min-max band, each seed thin; the target accuracy dashed."""
-    from matplotlib import colormaps
-
     from fedsim.plots import _new_figure, _save
 
-    labels = list(dict.fromkeys(row["algorithm"] for row, _ in results))
+    colors = _colors(row["algorithm"] for row, _ in results)
     curves = [
         (row["algorithm"], [{**r, "upload_mb": r["bytes_up_cum"] / 1e6} for r in c])
         for row, c in results
@@ -494,7 +499,7 @@ def plot_compare(
         ("round", axes[1], "rounds completed"),
         ("upload_mb", axes[2], "uploaded (MB, all clients)"),
     ):
-        for i, label in enumerate(labels):
+        for label, color in colors.items():
             mine = [c for lab, c in curves if lab == label]  # by seed
             xs = [float(r[x_key]) for c in mine for r in c]
             if not xs:
@@ -502,7 +507,6 @@ def plot_compare(
             lo = 1.0 if x_key == "round" else 0.0
             grid = np.linspace(lo, max(xs) + lo, 200)
             mean, low, high = _band(mine, x_key, grid)
-            color = colormaps["tab10"](i % 10)
             ax.plot(grid, mean, color=color, linewidth=1.8, label=label)
             ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
             for pts in filter(None, (_points(c, x_key) for c in mine)):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from fedsim.compare import (
     RUN_COLUMNS,
+    _colors,
     _ge,
     _pm,
     _reject_run_overrides,
@@ -143,13 +144,6 @@ def _run_one(
     classes = result.data.num_classes if result.data is not None else 0
     chance = 1.0 / classes if classes else 0.0
     return dict(record=record, rounds=rows, taus=tau_rows, chance=chance)
-
-
-def _time_to(rows: Sequence[dict[str, Any]], target: float | None) -> float | None:
-    if target is None:
-        return None
-    hits = (r for r in rows if _ge(float(r["test_accuracy"]), target))
-    return next((float(r["sim_time"]) for r in hits), None)
 
 
 def _default_target(records: Sequence[dict[str, Any]]) -> float | None:
@@ -342,13 +336,6 @@ def format_markdown(
         "",
     ]
     return "\n".join(lines)
-
-
-def _colors(names: Iterable[str]) -> dict[str, Any]:
-    """A tab10 colour per name, in first-seen order."""
-    from matplotlib import colormaps
-
-    return {n: colormaps["tab10"](i % 10) for i, n in enumerate(dict.fromkeys(names))}
 
 
 def plot_accuracy(
@@ -593,9 +580,11 @@ def _write_tables(
 
     records = [dict(r["record"]) for r in results]
     target = _default_target(records) if target_accuracy is None else target_accuracy
+    goal = math.inf if target is None else target  # inf: never reached
     for rec, res in zip(records, results, strict=True):
         rec["target_accuracy"] = math.nan if target is None else target
-        rec["time_to_target_s"] = _time_to(res["rounds"], target)
+        hits = (r for r in res["rounds"] if _ge(float(r["test_accuracy"]), goal))
+        rec["time_to_target_s"] = next((float(r["sim_time"]) for r in hits), None)
     # a swept field is a float column when every value is a number (not a bool)
     numeric = {p: all(type(c[p]) in (int, float) for c in cells) for p in cells[0]}
     fields = [(p, pa.float64() if num else pa.string()) for p, num in numeric.items()]
