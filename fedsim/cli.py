@@ -553,32 +553,24 @@ def validate(
 
 
 # Fields each choice uses; `fedsim validate` leaves the section's others out.
-_MODEL_FIELDS = {
-    "mlp": "hidden",
-    "vgg11": "norm_groups",
-    "resnet18": "norm_groups",
-    "convnet": "width depth",
-    "lstm": "embed_dim lstm_hidden lstm_layers",
-}
-_ROUND_FIELDS = {
-    "fixed_window": "window_s max_steps",
-    "fixed_epochs": "epochs deadline_s over_select",
-    "async": "concurrency max_staleness job_steps max_steps epochs",
-}
-_SPEED_FIELDS = {
-    "fixed": "steps_per_s",
-    "lognormal": "median_steps_per_s sigma",
-    "mixture": "tiers",
-}
-_SLOWDOWN_FIELDS = {
-    "fixed": "factor",
-    "uniform": "low high",
-    "pareto": "shape max_factor",
-}
-_AVAILABILITY_FIELDS = {
-    "always": "",
-    "on_off": "mean_on_s mean_off_s",
-    "daily": "mean_on_s min_online max_online peak_hour period_s",
+_USED = {
+    ("model", "mlp"): "hidden",
+    ("model", "vgg11"): "norm_groups",
+    ("model", "resnet18"): "norm_groups",
+    ("model", "convnet"): "width depth",
+    ("model", "lstm"): "embed_dim lstm_hidden lstm_layers",
+    ("round", "fixed_window"): "window_s max_steps",
+    ("round", "fixed_epochs"): "epochs deadline_s over_select",
+    ("round", "async"): "concurrency max_staleness job_steps max_steps epochs",
+    ("speed", "fixed"): "steps_per_s",
+    ("speed", "lognormal"): "median_steps_per_s sigma",
+    ("speed", "mixture"): "tiers",
+    ("slowdown", "fixed"): "factor",
+    ("slowdown", "uniform"): "low high",
+    ("slowdown", "pareto"): "shape max_factor",
+    ("availability", "always"): "",
+    ("availability", "on_off"): "mean_on_s mean_off_s",
+    ("availability", "daily"): "mean_on_s min_online max_online peak_hour period_s",
 }
 
 
@@ -590,9 +582,10 @@ def _keep(section: dict[str, Any], fields: str) -> dict[str, Any]:
 def _applicable(sc: Scenario) -> dict[str, Any]:
     """The resolved scenario without the fields that do nothing in it."""
     d = sc.model_dump(mode="json")
-    d["model"] = _keep(d["model"], "name dtype " + _MODEL_FIELDS.get(sc.model.name, ""))
+    model = _USED.get(("model", sc.model.name), "")
+    d["model"] = _keep(d["model"], f"name dtype {model}")
     r = sc.round
-    used = ["policy", *_ROUND_FIELDS[r.policy].split()]
+    used = ["policy", *_USED["round", r.policy].split()]
     if r.policy == "async":  # a job does max_steps or epochs
         used.remove("max_steps" if r.job_steps == "epochs" else "epochs")
     if "epochs" in used and r.epochs_low is not None:  # a range replaces epochs
@@ -605,16 +598,16 @@ def _applicable(sc: Scenario) -> dict[str, Any]:
         if not dropouts:
             del st["dropout_p"]
         slow = st["slowdown"]
-        st["slowdown"] = _keep(slow, "dist " + _SLOWDOWN_FIELDS[slow["dist"]])
+        st["slowdown"] = _keep(slow, "dist " + _USED["slowdown", slow["dist"]])
     for g in groups:
         if g["speed"]:  # workload and scale go with a preset
             preset = "preset workload scale " if g["speed"]["preset"] else ""
-            dist = _SPEED_FIELDS[g["speed"]["dist"]]
+            dist = _USED["speed", g["speed"]["dist"]]
             g["speed"] = _keep(g["speed"], f"dist {preset}{dist}")
         if g["network"]["preset"] is None:
             del g["network"]["preset"]
         avail = g["availability"]
-        g["availability"] = _keep(avail, "kind " + _AVAILABILITY_FIELDS[avail["kind"]])
+        g["availability"] = _keep(avail, "kind " + _USED["availability", avail["kind"]])
     return d
 
 
