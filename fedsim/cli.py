@@ -1,8 +1,7 @@
 """The ``fedsim`` command line: ``fedsim run | validate | report | compare | stress``.
 
-Exit codes: 0 success; 1 a run that failed (e.g. diverged); 2 invalid
-scenario or bad arguments, with a one-paragraph message on stderr and no
-traceback.
+Exit codes (README.md): 0 success; 1 a failed run (e.g. diverged); 2 invalid
+scenario or arguments, with one message on stderr and no traceback; 130 stopped.
 """
 
 from __future__ import annotations
@@ -370,14 +369,17 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
         code = code or 1
         _say("[bold red]cannot write the summary or report:[/]", str(exc))
     if not quiet:
-        _print_summary(result.scenario.name, summary)
+        table = Table(title=f"{result.scenario.name}: summary", show_header=False)
+        for key in _SUMMARY_KEYS.split():
+            table.add_row(key, _fmt(summary[key], ".4g"))
+        out.print(table)
     out.print(f"results: {run_dir}")
     return code
 
 
 _EXIT_CODES = {"completed": 0, "diverged": 1, "stalled": 1, "interrupted": 130}
-
-
+_SUMMARY_KEYS = """rounds final_test_accuracy best_test_accuracy final_test_loss
+sim_time_s wall_time_s updates_completed updates_dropped workers"""
 # What a run writes into its directory (besides the input it was given).
 _RESULTS = ("rounds.parquet", "clients.parquet", "summary.json", "LATEST")
 _TABLES = (".parquet", ".png")  # tables and figures a run or report writes
@@ -515,17 +517,6 @@ def _log_lines(sc: Scenario, every_s: float) -> Any:
 def _unit(sc: Scenario) -> str:
     """What one row of rounds.parquet is: a round, or a server version."""
     return "versions" if sc.round.policy == "async" else "rounds"
-
-
-_SUMMARY_KEYS = """rounds final_test_accuracy best_test_accuracy final_test_loss
-sim_time_s wall_time_s updates_completed updates_dropped workers"""
-
-
-def _print_summary(name: str, summary: dict[str, Any]) -> None:
-    table = Table(title=f"{name}: summary", show_header=False)
-    for key in _SUMMARY_KEYS.split():
-        table.add_row(key, _fmt(summary[key], ".4g"))
-    out.print(table)
 
 
 @app.command()
