@@ -7,8 +7,9 @@ scenario or arguments, with one message on stderr and no traceback; 130 stopped.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
-import sys
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -387,8 +388,6 @@ _TABLES = (".parquet", ".png")  # tables and figures a run or report writes
 
 def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
     """Refuse to write over the scenario or another run (``--overwrite`` clears it)."""
-    import shutil
-
     target = run_dir / "scenario.yaml"
     if target.exists() and target.resolve() == Path(scenario).resolve():
         _fail(
@@ -471,7 +470,6 @@ def _progress(
         TimeElapsedColumn(),
         console=err,
         disable=quiet,
-        transient=False,
     )
     with progress:
         bar = progress.add_task(
@@ -489,8 +487,6 @@ def _progress(
 
 def _log_lines(sc: Scenario, every_s: float) -> Any:
     """A per-round callback: a line every ``every_s`` seconds and 10% of rounds."""
-    import time
-
     step = max(1, sc.rounds // 10)
     last: dict[str, Any] = {"time": time.monotonic(), "acc": "-"}
 
@@ -774,8 +770,7 @@ def _exit_if_diverged(n: int, where: str) -> None:
 
 def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    app(standalone_mode=True)
-    sys.exit(0)
+    app()  # exits with the command's code
 
 
 if __name__ == "__main__":

@@ -242,15 +242,14 @@ def _verdict(deg: Sequence[dict[str, Any]], path: str, chance: float = 0.0) -> s
         f"({best['accuracy'][0] * 100:.1f}% -> {best['accuracy'][-1] * 100:.1f}%)"
     )
     text += f", against {others}." if others else "."
-    harsh = [d for d in ok if math.isfinite(d["accuracy"][-1])]
-    if harsh:
-        top = max(harsh, key=lambda d: d["accuracy"][-1])
-        text += (
-            f" At {last}, the most accurate is {top['algorithm']} "
-            f"({top['accuracy'][-1] * 100:.1f}%)"
-        )
-        low_start = "; a small drop from a low start is no win, so read both columns."
-        text += "." if top is best else low_start
+    # a finite drop has a finite accuracy at both ends
+    top = max(ok, key=lambda d: d["accuracy"][-1])
+    text += (
+        f" At {last}, the most accurate is {top['algorithm']} "
+        f"({top['accuracy'][-1] * 100:.1f}%)"
+    )
+    low_start = "; a small drop from a low start is no win, so read both columns."
+    text += "." if top is best else low_start
     if len(ok) > 1:
         gap = ok[1]["drop"] - best["drop"]
         noise = max(best["drop_sd"], ok[1]["drop_sd"])
