@@ -339,17 +339,15 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
     """Say how the run ended, write summary.json and the report; the exit code."""
     from fedsim.results import write_summary
 
-    code = _EXIT_CODES[result.status]
+    status = result.status
+    code = _EXIT_CODES[status]
     kept = {
         "stalled": "Rows so far are kept.",
         "diverged": f"Rows so far and the last good checkpoint are kept in {run_dir}.",
     }
-    if result.status in kept:
-        _say(
-            f"[bold red]run {result.status}:[/]",
-            f"{result.message}. {kept[result.status]}",
-        )
-    elif result.status == "interrupted":
+    if status in kept:
+        _say(f"[bold red]run {status}:[/]", f"{result.message}. {kept[status]}")
+    elif status == "interrupted":
         again = f"fedsim run --resume {run_dir}"
         if not (run_dir / "LATEST").exists():
             again = "(no checkpoint yet: run it again)"

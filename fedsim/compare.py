@@ -112,9 +112,8 @@ def is_async_rule(name: str) -> bool:
 
 
 def _async_overrides(sc: Scenario) -> list[str]:
-    """Overrides that run ``sc``'s synchronous setting on the async timeline:
-    the same work per job, ``clients_per_round`` jobs at once, and as many
-    server versions as make the same number of updates."""
+    """Overrides for ``sc`` on the async timeline: the same work per job,
+    ``clients_per_round`` jobs at once, as many versions as make the same updates."""
     r, k = sc.round, sc.selector.clients_per_round
     section = {
         **r.model_dump(include={"max_steps", "epochs", "epochs_low", "epochs_high"}),
@@ -465,9 +464,8 @@ def _points(rounds: list[dict[str, Any]], x_key: str) -> list[tuple[float, float
 def _band(
     curves: Sequence[list[dict[str, Any]]], x_key: str, grid: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, min and max over seeds of test accuracy against ``x_key``, each
-    seed interpolated onto ``grid``; NaN where a seed does not reach (so a band
-    never mixes a different set of seeds along the axis)."""
+    """Mean, min and max over seeds of accuracy against ``x_key`` on ``grid``; NaN
+    where a seed does not reach (a band never mixes different sets of seeds)."""
     ys = []
     for pts in filter(None, (_points(rounds, x_key) for rounds in curves)):
         x, y = np.array(pts).T
@@ -482,9 +480,8 @@ def plot_compare(
     target: float | None,
     path: Path,
 ) -> Path:
-    """compare.png: test accuracy against simulated time, rounds completed and
-    MB uploaded (all clients so far), per algorithm: the mean over seeds, a
-    min-max band, each seed thin; the target accuracy dashed."""
+    """compare.png: test accuracy against simulated time, rounds and MB uploaded,
+    per algorithm: mean over seeds, min-max band, each seed thin; target dashed."""
     from fedsim.plots import _new_figure, _save
 
     colors = _colors(row["algorithm"] for row, _ in results)

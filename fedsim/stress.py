@@ -273,9 +273,8 @@ def format_markdown(
     target: float | None = None,
     chance: float = 0.0,
 ) -> str:
-    """stress.md: the aggregated table, the degradation table and the verdict
-    (``chance``: the accuracy of guessing, 1 / classes; 0 when not a
-    classification task)."""
+    """stress.md: the aggregated and degradation tables and the verdict
+    (``chance``: 1 / classes, the accuracy of guessing; 0 if not classifying)."""
     lines = [f"# {title}", "", *(f"- {n}" for n in notes)]
     lines += ["", "## Which aggregator degrades least?", ""]
     if deg:
@@ -415,9 +414,8 @@ def plot_taus(
     path_name: str,
     path: Path,
 ) -> Path:
-    """Local steps of completed updates per device group, a box per value of
-    the first swept field; asynchronous runs (all jobs the same steps) only
-    when there are no synchronous ones."""
+    """Local steps of completed updates per device group, a box per value of the
+    first swept field; async runs (same steps per job) only if nothing else ran."""
     from fedsim.plots import _new_figure, _save
 
     taus = [t for t in taus if t.get("mode", "sync") == "sync"] or list(taus)
