@@ -40,7 +40,6 @@ err = Console(stderr=True)
 out = Console()
 
 
-# Options several commands share.
 SetOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -525,8 +524,7 @@ def validate(
 
     sc = _load(scenario, list(set_ or []))
     _preflight(sc, scenario)
-    # Only what applies to this scenario (the rest would be defaults that do
-    # nothing here); soft_wrap keeps rich from breaking long YAML lines.
+    # soft_wrap: rich must not break long YAML lines
     text = yaml.dump(
         _applicable(sc), Dumper=_Dumper, sort_keys=False, default_flow_style=None
     )

@@ -300,21 +300,19 @@ def summarize_runs(
 ) -> list[dict[str, Any]]:
     """Per algorithm (in first-seen order): mean and sample std over seeds."""
     table = []
+    keys = """final_accuracy best_accuracy final_test_loss final_train_loss sim_time_s
+    mean_chi2_pw rounds_to_target time_to_target_s bytes_up_to_target"""  # None: missed
     for label in dict.fromkeys(r["algorithm"] for r in runs):
         rs = [r for r in runs if r["algorithm"] == label]
-        per_seed = "final_accuracy best_accuracy final_test_loss final_train_loss"
-        to_target = "rounds_to_target time_to_target_s bytes_up_to_target"
+        traffic = [r["bytes_down"] + r["bytes_up"] for r in rs]
         table.append(
             {
                 "algorithm": label,
                 "mode": rs[0].get("mode", "sync"),
                 "seeds": len(rs),
-                **_spread(rs, f"{per_seed} sim_time_s mean_chi2_pw", "_std"),
+                **_spread(rs, keys, "_std"),
                 "reached_target": sum(r["rounds_to_target"] is not None for r in rs),
-                **_spread(rs, to_target, "_std"),  # None: not reached
-                "bytes_per_run": float(
-                    np.mean([r["bytes_down"] + r["bytes_up"] for r in rs])
-                ),
+                "bytes_per_run": float(np.mean(traffic)),
                 "bytes_up_per_run": float(np.mean([r["bytes_up"] for r in rs])),
                 "diverged": sum(bool(r["diverged"]) for r in rs),
                 "target_accuracy": target_accuracy,
