@@ -209,19 +209,9 @@ def run(
     run_dir = out_dir if out_dir is not None else default_run_dir(sc.name)
     start, sim0 = _prepare_run_dir(sc, run_dir, scenario, resume, overwrite)
     n_workers = _start_workers(sc, workers, address)
-    with _sigterm_stops(), _progress(sc, quiet, start, sim0, log_every) as on_round:
+    with _progress(sc, quiet, start, sim0, log_every) as on_round:
         result = _run(sc, n_workers, run_dir, resume is not None, on_round)
     raise typer.Exit(_finish(result, run_dir, report, quiet))
-
-
-@contextmanager
-def _sigterm_stops() -> Iterator[None]:
-    """SIGTERM (Kubernetes, Slurm) is Ctrl-C in the block only (tests, notebooks)."""
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _seed(text: str) -> int:
@@ -428,11 +418,13 @@ def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> in
 
 
 def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any) -> Any:
-    """run_scenario, with its errors as the command line reports them."""
+    """run_scenario, with its errors as the command line reports them; meanwhile a
+    scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C."""
     from fedsim.checkpoint import CheckpointError
     from fedsim.data import DataError, DataMissingError
     from fedsim.runtime import SetupError, run_scenario
 
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with _errors(DataMissingError, DataError, SetupError, CheckpointError):
             return run_scenario(
@@ -447,6 +439,8 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
                 f"the cause is fixed, continue with: fedsim run --resume {run_dir}",
             )
         raise typer.Exit(1) from None
+    finally:  # the previous handler again (tests, notebooks)
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
@@ -454,14 +448,15 @@ def _progress(
     sc: Scenario, quiet: bool, start: int, sim0: float, log_every: float = 30.0
 ) -> Iterator[Any]:
     """Yields the per-round callback: a progress bar, or lines without a terminal."""
+    unit = "versions" if sc.round.policy == "async" else "rounds"
     if not quiet and not err.is_terminal:
-        yield _log_lines(sc, log_every)
+        yield _log_lines(sc, log_every, unit)
         return
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         # Progress counts rounds (versions) done; files number them from 0.
-        TextColumn("{task.completed:>4.0f}/{task.total:.0f} " + _unit(sc)),
+        TextColumn("{task.completed:>4.0f}/{task.total:.0f} " + unit),
         TextColumn("sim {task.fields[sim]}"),
         TextColumn("acc {task.fields[acc]}"),
         TimeElapsedColumn(),
@@ -482,7 +477,7 @@ def _progress(
         yield on_round
 
 
-def _log_lines(sc: Scenario, every_s: float) -> Any:
+def _log_lines(sc: Scenario, every_s: float, unit: str) -> Any:
     """A per-round callback: a line every ``every_s`` seconds and 10% of rounds."""
     step = max(1, sc.rounds // 10)
     last: dict[str, Any] = {"time": time.monotonic(), "acc": "-"}
@@ -497,7 +492,7 @@ def _log_lines(sc: Scenario, every_s: float) -> Any:
         last["time"] = now
         # "k/N done" counts; "last: round t" is the 0-based index of the files.
         err.print(
-            f"{sc.name}: {done}/{sc.rounds} {_unit(sc)} done "
+            f"{sc.name}: {done}/{sc.rounds} {unit} done "
             f"(last: round {row['round']}), sim {duration(row['sim_time'])}, "
             f"acc {last['acc']}",
             highlight=False,
@@ -505,11 +500,6 @@ def _log_lines(sc: Scenario, every_s: float) -> Any:
         )
 
     return on_round
-
-
-def _unit(sc: Scenario) -> str:
-    """What one row of rounds.parquet is: a round, or a server version."""
-    return "versions" if sc.round.policy == "async" else "rounds"
 
 
 @app.command()
@@ -700,9 +690,8 @@ def compare(
     and write compare.parquet, compare.md and compare.png (accuracy against
     simulated time and rounds, with seed bands)."""
     from fedsim.compare import compare as run_compare
-    from fedsim.data import DataError, DataMissingError
+    from fedsim.data import DataMissingError
     from fedsim.results import default_run_dir, prepare_run_dir
-    from fedsim.scenario import ScenarioError
 
     overrides = list(set_ or [])
     _expect_dir(out_dir, "--out", "an output folder")
@@ -720,7 +709,7 @@ def compare(
         )
 
     _maybe_ray(workers, address)
-    with _errors(ScenarioError, ValueError, DataMissingError, DataError):
+    with _errors(ValueError, DataMissingError):  # ScenarioError, DataError too
         table = run_compare(
             scenario,
             names,

@@ -104,13 +104,6 @@ def _reject_run_overrides(overrides: Sequence[str], tool: str, hint: str = "") -
             )
 
 
-def is_async_rule(name: str) -> bool:
-    """Whether algorithm ``name`` is an asynchronous server rule."""
-    from fedsim.algorithms import REGISTRY
-
-    return hasattr(REGISTRY.get(name), "aggregate_async")
-
-
 def _async_overrides(sc: Scenario) -> list[str]:
     """Overrides for ``sc`` on the async timeline: the same work per job,
     ``clients_per_round`` jobs at once, as many versions as make the same updates."""
@@ -140,6 +133,8 @@ def load_variant(
     the asynchronous timeline with the same work per job (mode ``async``); a
     synchronous algorithm on an asynchronous scenario is refused.
     """
+    from fedsim.algorithms import REGISTRY
+
     section = algorithm_section(label, _own_algorithm(scenario_path))
     items = [
         *overrides,
@@ -148,9 +143,10 @@ def load_variant(
         f"seed={seed}",
     ]
     sc = load_scenario(scenario_path, items)
-    if is_async_rule(sc.algorithm.name) and sc.round.policy != "async":
+    is_async = hasattr(REGISTRY.get(sc.algorithm.name), "aggregate_async")
+    if is_async and sc.round.policy != "async":
         return load_scenario(scenario_path, items + _async_overrides(sc)), "async"
-    if sc.round.policy == "async" and not is_async_rule(sc.algorithm.name):
+    if sc.round.policy == "async" and not is_async:
         raise ScenarioError(
             f"{scenario_path}: {label!r} is a synchronous algorithm but the "
             "scenario's round policy is 'async'; use a synchronous scenario "

@@ -50,7 +50,8 @@ TAU_SCHEMA = schema(
     (BOOL, "dropped"),
     (STR, "drop_reason mode"),
 )
-_TARGET_FRACTION = 0.9  # default target: 90% of the best mean accuracy, mildest cell
+_TARGET_FRACTION = 0.9
+_DEFAULT_TARGET = "90% of the best algorithm's mean best accuracy in the mildest cell"
 
 
 def _split_top(text: str) -> list[str]:
@@ -540,7 +541,11 @@ def _write_report(
         how = "given" if target_accuracy is not None else _DEFAULT_TARGET
         notes.append(f"target accuracy: {target * 100:g}% ({how})")
     if any(r["record"]["mode"] == "async" for r in results):
-        notes.append(_ASYNC_NOTE)
+        notes.append(
+            "asynchronous rules ran on the asynchronous timeline (concurrency = "
+            "clients per round; as many applied updates as the synchronous runs "
+            "select; each job does the round's max_steps, or its epochs)"
+        )
     wall = sum(r["record"]["wall_time_s"] for r in results)
     notes.append(f"{len(results)} runs, {wall:.0f} s of compute in total")
     paths = list(cells[0])
@@ -556,14 +561,6 @@ def _write_report(
     plot_accuracy(results, cells, out / "accuracy_vs_time.png")
     plot_degradation(deg, records, cells, paths[0], out / "degradation.png")
     plot_taus(taus, cells, paths[0], out / "tau_by_group.png")
-
-
-_DEFAULT_TARGET = "90% of the best algorithm's mean best accuracy in the mildest cell"
-_ASYNC_NOTE = (
-    "asynchronous rules ran on the asynchronous timeline (concurrency = clients "
-    "per round; as many applied updates as the synchronous runs select; each job "
-    "does the round's max_steps, or its epochs)"
-)
 
 
 def _write_tables(
