@@ -398,8 +398,7 @@ def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
 
 def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> int:
     """Ray worker actors (0: in-process), once Ray is up and can place them."""
-    n_workers = workers if workers is not None else sc.resources.workers
-    if n_workers == 0:
+    if workers == 0 or (workers is None and sc.resources.workers == 0):
         return 0
     from fedsim.executors import resolve_workers
     from fedsim.preflight import check_address, check_ray_resources
@@ -447,18 +446,38 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
 def _progress(
     sc: Scenario, quiet: bool, start: int, sim0: float, log_every: float = 30.0
 ) -> Iterator[Any]:
-    """Yields the per-round callback: a progress bar, or lines without a terminal."""
+    """Yields the per-round callback: a progress bar, or without a terminal a
+    plain line every ``log_every`` seconds and every 10% of the rounds."""
     unit = "versions" if sc.round.policy == "async" else "rounds"
     if not quiet and not err.is_terminal:
-        yield _log_lines(sc, log_every, unit)
+        step = max(1, sc.rounds // 10)
+        last: dict[str, Any] = {"time": time.monotonic(), "acc": "-"}
+
+        def log_line(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+            if row["test_accuracy"] == row["test_accuracy"]:
+                last["acc"] = _fmt(row["test_accuracy"], ".3f")
+            done = row["round"] + 1
+            now = time.monotonic()
+            if done % step and done != sc.rounds and now - last["time"] < log_every:
+                return
+            last["time"] = now
+            # "k/N done" counts; "last: round t" is the 0-based index of the files.
+            err.print(
+                f"{sc.name}: {done}/{sc.rounds} {unit} done "
+                f"(last: round {row['round']}), sim {duration(row['sim_time'])}, "
+                f"acc {last['acc']}",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+        yield log_line
         return
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         # Progress counts rounds (versions) done; files number them from 0.
         TextColumn("{task.completed:>4.0f}/{task.total:.0f} " + unit),
-        TextColumn("sim {task.fields[sim]}"),
-        TextColumn("acc {task.fields[acc]}"),
+        TextColumn("sim {task.fields[sim]} acc {task.fields[acc]}"),
         TimeElapsedColumn(),
         console=err,
         disable=quiet,
@@ -475,31 +494,6 @@ def _progress(
             progress.update(bar, completed=row["round"] + 1, sim=sim)
 
         yield on_round
-
-
-def _log_lines(sc: Scenario, every_s: float, unit: str) -> Any:
-    """A per-round callback: a line every ``every_s`` seconds and 10% of rounds."""
-    step = max(1, sc.rounds // 10)
-    last: dict[str, Any] = {"time": time.monotonic(), "acc": "-"}
-
-    def on_round(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
-        if row["test_accuracy"] == row["test_accuracy"]:
-            last["acc"] = _fmt(row["test_accuracy"], ".3f")
-        done = row["round"] + 1
-        now = time.monotonic()
-        if done % step and done != sc.rounds and now - last["time"] < every_s:
-            return
-        last["time"] = now
-        # "k/N done" counts; "last: round t" is the 0-based index of the files.
-        err.print(
-            f"{sc.name}: {done}/{sc.rounds} {unit} done "
-            f"(last: round {row['round']}), sim {duration(row['sim_time'])}, "
-            f"acc {last['acc']}",
-            highlight=False,
-            soft_wrap=True,
-        )
-
-    return on_round
 
 
 @app.command()

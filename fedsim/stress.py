@@ -50,7 +50,6 @@ TAU_SCHEMA = schema(
     (BOOL, "dropped"),
     (STR, "drop_reason mode"),
 )
-_TARGET_FRACTION = 0.9
 _DEFAULT_TARGET = "90% of the best algorithm's mean best accuracy in the mildest cell"
 
 
@@ -155,7 +154,7 @@ def _default_target(records: Sequence[dict[str, Any]]) -> float | None:
         for label in dict.fromkeys(r["algorithm"] for r in mild)
     ]
     best = max((m for m in means if math.isfinite(m)), default=None)
-    return None if best is None else math.floor(_TARGET_FRACTION * best * 200) / 200
+    return None if best is None else math.floor(0.9 * best * 200) / 200
 
 
 def aggregate(
@@ -297,9 +296,8 @@ def format_markdown(
         ]
     t_head = "time to target" if target is None else f"time to {target * 100:g}% (s)"
     lines += ["", "## All cells (mean ± sample std over seeds)", ""]
-    cols = " | ".join(paths)
     lines.append(
-        f"| {cols} | algorithm | final acc % | best acc % | {t_head} "
+        f"| {' | '.join(paths)} | algorithm | final acc % | best acc % | {t_head} "
         "| dropped % | tau mean | tau sd |"
     )
     lines.append("|---" * (len(paths) + 7) + "|")
