@@ -1,15 +1,15 @@
 """The ``fedsim`` command line: ``fedsim run | validate | report | compare | stress``.
 
-Exit codes: 0 success; 1 a run that failed (e.g. diverged); 2 invalid
-scenario or bad arguments, with a one-paragraph message on stderr and no
-traceback.
+Exit codes (README.md): 0 success; 1 a failed run (e.g. diverged); 2 invalid
+scenario or arguments, with one message on stderr and no traceback; 130 stopped.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
-import sys
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -40,7 +40,6 @@ err = Console(stderr=True)
 out = Console()
 
 
-# Options several commands share.
 SetOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -116,8 +115,7 @@ def _main(
 
 
 def _say(label: str, message: str) -> None:
-    """An error line on stderr: never wrapped or cut (paths stay whole), and
-    the message is shown as it is, not read as markup."""
+    """A line on stderr, never wrapped (paths stay whole); ``message`` is no markup."""
     text = f"{label} {escape(message)}" if label else escape(message)
     err.print(text, highlight=False, soft_wrap=True)
 
@@ -211,22 +209,9 @@ def run(
     run_dir = out_dir if out_dir is not None else default_run_dir(sc.name)
     start, sim0 = _prepare_run_dir(sc, run_dir, scenario, resume, overwrite)
     n_workers = _start_workers(sc, workers, address)
-    with _sigterm_stops(), _progress(sc, quiet, start, sim0, log_every) as on_round:
+    with _progress(sc, quiet, start, sim0, log_every) as on_round:
         result = _run(sc, n_workers, run_dir, resume is not None, on_round)
-    code = _finish(result, run_dir, report, quiet)
-    if code:
-        raise typer.Exit(code)
-
-
-@contextmanager
-def _sigterm_stops() -> Iterator[None]:
-    """A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C;
-    the previous handler comes back afterwards (tests, notebooks)."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    raise typer.Exit(_finish(result, run_dir, report, quiet))
 
 
 def _seed(text: str) -> int:
@@ -240,8 +225,7 @@ def _seed(text: str) -> int:
 
 
 def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scenario:
-    """load_scenario, blaming a bad ``--set`` (or ``--seed``) value on that
-    option, and printing FedDMClockWarnings as one ``warning:`` line each."""
+    """load_scenario, blaming a bad --set or --seed; FedDMClockWarnings as lines."""
     from fedsim.scenario import FedDMClockWarning
 
     with warnings.catch_warnings(record=True) as caught:
@@ -286,8 +270,7 @@ def _load_blamed(scenario: Path, overrides: list[str], seed: str | None) -> Scen
 
 
 def _problem(message: str, scenario: Path, key: str) -> str:
-    """A ScenarioError's problem(s) on one line, without the file's name
-    (and without the field's path when the option names it already)."""
+    """A ScenarioError's problems on one line, less the file's and ``key``'s names."""
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     if len(lines) > 1 and "invalid scenario" in lines[0]:
         lines = lines[1:]
@@ -303,8 +286,7 @@ def _expect_dir(path: Path | None, option: str, what: str) -> None:
 
 
 def _preflight(sc: Scenario, scenario: Path, workers: int | None = None) -> None:
-    """preflight's checks, after the data root's: when it exists (data.root,
-    else the environment variable) it must be a folder, not said missing."""
+    """preflight, after checking that a data root that exists is a folder."""
     from fedsim.data.errors import ENV_ROOT
     from fedsim.preflight import preflight
     from fedsim.scenario import ScenarioError
@@ -322,9 +304,8 @@ def _preflight(sc: Scenario, scenario: Path, workers: int | None = None) -> None
 def _prepare_run_dir(
     sc: Scenario, run_dir: Path, scenario: Path, resume: Path | None, overwrite: bool
 ) -> tuple[int, float]:
-    """Before Ray starts: a new run's directory holds its resolved scenario; a
-    resumed one has a checkpoint of the same experiment. Returns where the
-    progress bar starts (round, simulated time)."""
+    """Before Ray starts: a new run's resolved scenario, or a resumed one's checkpoint
+    (of the same experiment); returns the (round, simulated time) to start from."""
     from fedsim.checkpoint import CheckpointError, check_fingerprint, latest_checkpoint
     from fedsim.results import atomic_write_bytes, prepare_run_dir
     from fedsim.scenario import dump_scenario
@@ -344,21 +325,18 @@ def _prepare_run_dir(
 
 
 def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
-    """Say how the run ended, write summary.json (and the report); return
-    the exit code."""
+    """Say how the run ended, write summary.json and the report; the exit code."""
     from fedsim.results import write_summary
 
-    code = _EXIT_CODES[result.status]
+    status = result.status
+    code = _EXIT_CODES[status]
     kept = {
         "stalled": "Rows so far are kept.",
         "diverged": f"Rows so far and the last good checkpoint are kept in {run_dir}.",
     }
-    if result.status in kept:
-        _say(
-            f"[bold red]run {result.status}:[/]",
-            f"{result.message}. {kept[result.status]}",
-        )
-    elif result.status == "interrupted":
+    if status in kept:
+        _say(f"[bold red]run {status}:[/]", f"{result.message}. {kept[status]}")
+    elif status == "interrupted":
         again = f"fedsim run --resume {run_dir}"
         if not (run_dir / "LATEST").exists():
             again = "(no checkpoint yet: run it again)"
@@ -379,28 +357,24 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
         code = code or 1
         _say("[bold red]cannot write the summary or report:[/]", str(exc))
     if not quiet:
-        _print_summary(result.scenario.name, summary)
+        table = Table(title=f"{result.scenario.name}: summary", show_header=False)
+        for key in _SUMMARY_KEYS.split():
+            table.add_row(key, _fmt(summary[key], ".4g"))
+        out.print(table)
     out.print(f"results: {run_dir}")
     return code
 
 
 _EXIT_CODES = {"completed": 0, "diverged": 1, "stalled": 1, "interrupted": 130}
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
+_SUMMARY_KEYS = """rounds final_test_accuracy best_test_accuracy final_test_loss
+sim_time_s wall_time_s updates_completed updates_dropped workers"""
 # What a run writes into its directory (besides the input it was given).
 _RESULTS = ("rounds.parquet", "clients.parquet", "summary.json", "LATEST")
 _TABLES = (".parquet", ".png")  # tables and figures a run or report writes
 
 
 def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
-    """Never write over the input scenario, nor mix a new run into another's
-    results (``--overwrite`` clears them first)."""
-    import shutil
-
+    """Refuse to write over the scenario or another run (``--overwrite`` clears it)."""
     target = run_dir / "scenario.yaml"
     if target.exists() and target.resolve() == Path(scenario).resolve():
         _fail(
@@ -423,10 +397,8 @@ def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
 
 
 def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> int:
-    """Ray worker actors for the run (0: in-process); starts or joins Ray and
-    checks, before training, that the cluster can place them."""
-    n_workers = workers if workers is not None else sc.resources.workers
-    if n_workers == 0:
+    """Ray worker actors (0: in-process), once Ray is up and can place them."""
+    if workers == 0 or (workers is None and sc.resources.workers == 0):
         return 0
     from fedsim.executors import resolve_workers
     from fedsim.preflight import check_address, check_ray_resources
@@ -445,11 +417,13 @@ def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> in
 
 
 def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any) -> Any:
-    """run_scenario, with its errors as the command line reports them."""
+    """run_scenario, with its errors as the command line reports them; meanwhile a
+    scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C."""
     from fedsim.checkpoint import CheckpointError
     from fedsim.data import DataError, DataMissingError
     from fedsim.runtime import SetupError, run_scenario
 
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         with _errors(DataMissingError, DataError, SetupError, CheckpointError):
             return run_scenario(
@@ -464,28 +438,49 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
                 f"the cause is fixed, continue with: fedsim run --resume {run_dir}",
             )
         raise typer.Exit(1) from None
+    finally:  # the previous handler again (tests, notebooks)
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextmanager
 def _progress(
     sc: Scenario, quiet: bool, start: int, sim0: float, log_every: float = 30.0
 ) -> Iterator[Any]:
-    """A progress bar (round, simulated time, accuracy), or without a
-    terminal a plain line now and then; yields the per-round callback."""
+    """Yields the per-round callback: a progress bar, or without a terminal a
+    plain line every ``log_every`` seconds and every 10% of the rounds."""
+    unit = "versions" if sc.round.policy == "async" else "rounds"
     if not quiet and not err.is_terminal:
-        yield _log_lines(sc, log_every)
+        step = max(1, sc.rounds // 10)
+        last: dict[str, Any] = {"time": time.monotonic(), "acc": "-"}
+
+        def log_line(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+            if row["test_accuracy"] == row["test_accuracy"]:
+                last["acc"] = _fmt(row["test_accuracy"], ".3f")
+            done = row["round"] + 1
+            now = time.monotonic()
+            if done % step and done != sc.rounds and now - last["time"] < log_every:
+                return
+            last["time"] = now
+            # "k/N done" counts; "last: round t" is the 0-based index of the files.
+            err.print(
+                f"{sc.name}: {done}/{sc.rounds} {unit} done "
+                f"(last: round {row['round']}), sim {duration(row['sim_time'])}, "
+                f"acc {last['acc']}",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+        yield log_line
         return
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         # Progress counts rounds (versions) done; files number them from 0.
-        TextColumn("{task.completed:>4.0f}/{task.total:.0f} " + _unit(sc)),
-        TextColumn("sim {task.fields[sim]}"),
-        TextColumn("acc {task.fields[acc]}"),
+        TextColumn("{task.completed:>4.0f}/{task.total:.0f} " + unit),
+        TextColumn("sim {task.fields[sim]} acc {task.fields[acc]}"),
         TimeElapsedColumn(),
         console=err,
         disable=quiet,
-        transient=False,
     )
     with progress:
         bar = progress.add_task(
@@ -493,61 +488,12 @@ def _progress(
         )
 
         def on_round(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
-            acc = row["test_accuracy"]
-            shown = _fmt(acc, ".3f") if acc == acc else progress.tasks[0].fields["acc"]
-            progress.update(
-                bar,
-                completed=row["round"] + 1,
-                sim=duration(row["sim_time"]),
-                acc=shown,
-            )
+            if row["test_accuracy"] == row["test_accuracy"]:  # NaN: not evaluated
+                progress.update(bar, acc=_fmt(row["test_accuracy"], ".3f"))
+            sim = duration(row["sim_time"])
+            progress.update(bar, completed=row["round"] + 1, sim=sim)
 
         yield on_round
-
-
-def _log_lines(sc: Scenario, every_s: float) -> Any:
-    """A per-round callback printing a plain progress line every ``every_s``
-    seconds and every 10% of the rounds (for logs read later)."""
-    import time
-
-    step = max(1, sc.rounds // 10)
-    last = [time.monotonic()]
-    acc = ["-"]
-
-    def on_round(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
-        if row["test_accuracy"] == row["test_accuracy"]:
-            acc[0] = _fmt(row["test_accuracy"], ".3f")
-        done = row["round"] + 1
-        now = time.monotonic()
-        if done % step and done != sc.rounds and now - last[0] < every_s:
-            return
-        last[0] = now
-        # "k/N done" counts; "last: round t" is the 0-based index of the files.
-        err.print(
-            f"{sc.name}: {done}/{sc.rounds} {_unit(sc)} done "
-            f"(last: round {row['round']}), sim {duration(row['sim_time'])}, "
-            f"acc {acc[0]}",
-            highlight=False,
-            soft_wrap=True,
-        )
-
-    return on_round
-
-
-def _unit(sc: Scenario) -> str:
-    """What one row of rounds.parquet is: a round, or a server version."""
-    return "versions" if sc.round.policy == "async" else "rounds"
-
-
-_SUMMARY_KEYS = """rounds final_test_accuracy best_test_accuracy final_test_loss
-sim_time_s wall_time_s updates_completed updates_dropped workers"""
-
-
-def _print_summary(name: str, summary: dict[str, Any]) -> None:
-    table = Table(title=f"{name}: summary", show_header=False)
-    for key in _SUMMARY_KEYS.split():
-        table.add_row(key, _fmt(summary[key], ".4g"))
-    out.print(table)
 
 
 @app.command()
@@ -562,8 +508,7 @@ def validate(
 
     sc = _load(scenario, list(set_ or []))
     _preflight(sc, scenario)
-    # Only what applies to this scenario (the rest would be defaults that do
-    # nothing here); soft_wrap keeps rich from breaking long YAML lines.
+    # soft_wrap: rich must not break long YAML lines
     text = yaml.dump(
         _applicable(sc), Dumper=_Dumper, sort_keys=False, default_flow_style=None
     )
@@ -575,32 +520,24 @@ def validate(
 
 
 # Fields each choice uses; `fedsim validate` leaves the section's others out.
-_MODEL_FIELDS = {
-    "mlp": "hidden",
-    "vgg11": "norm_groups",
-    "resnet18": "norm_groups",
-    "convnet": "width depth",
-    "lstm": "embed_dim lstm_hidden lstm_layers",
-}
-_ROUND_FIELDS = {
-    "fixed_window": "window_s max_steps",
-    "fixed_epochs": "epochs deadline_s over_select",
-    "async": "concurrency max_staleness job_steps max_steps epochs",
-}
-_SPEED_FIELDS = {
-    "fixed": "steps_per_s",
-    "lognormal": "median_steps_per_s sigma",
-    "mixture": "tiers",
-}
-_SLOWDOWN_FIELDS = {
-    "fixed": "factor",
-    "uniform": "low high",
-    "pareto": "shape max_factor",
-}
-_AVAILABILITY_FIELDS = {
-    "always": "",
-    "on_off": "mean_on_s mean_off_s",
-    "daily": "mean_on_s min_online max_online peak_hour period_s",
+_USED = {
+    ("model", "mlp"): "hidden",
+    ("model", "vgg11"): "norm_groups",
+    ("model", "resnet18"): "norm_groups",
+    ("model", "convnet"): "width depth",
+    ("model", "lstm"): "embed_dim lstm_hidden lstm_layers",
+    ("round", "fixed_window"): "window_s max_steps",
+    ("round", "fixed_epochs"): "epochs deadline_s over_select",
+    ("round", "async"): "concurrency max_staleness job_steps max_steps epochs",
+    ("speed", "fixed"): "steps_per_s",
+    ("speed", "lognormal"): "median_steps_per_s sigma",
+    ("speed", "mixture"): "tiers",
+    ("slowdown", "fixed"): "factor",
+    ("slowdown", "uniform"): "low high",
+    ("slowdown", "pareto"): "shape max_factor",
+    ("availability", "always"): "",
+    ("availability", "on_off"): "mean_on_s mean_off_s",
+    ("availability", "daily"): "mean_on_s min_online max_online peak_hour period_s",
 }
 
 
@@ -610,47 +547,35 @@ def _keep(section: dict[str, Any], fields: str) -> dict[str, Any]:
 
 
 def _applicable(sc: Scenario) -> dict[str, Any]:
-    """The resolved scenario without the fields that do nothing in it (other
-    choices' parameters, unset presets, ``dropout_p`` when nothing drops)."""
+    """The resolved scenario without the fields that do nothing in it."""
     d = sc.model_dump(mode="json")
-    d["model"] = _keep(d["model"], "name dtype " + _MODEL_FIELDS.get(sc.model.name, ""))
+    model = _USED.get(("model", sc.model.name), "")
+    d["model"] = _keep(d["model"], f"name dtype {model}")
     r = sc.round
-    used = ["policy", *_ROUND_FIELDS[r.policy].split()]
+    used = ["policy", *_USED["round", r.policy].split()]
     if r.policy == "async":  # a job does max_steps or epochs
         used.remove("max_steps" if r.job_steps == "epochs" else "epochs")
     if "epochs" in used and r.epochs_low is not None:  # a range replaces epochs
         used[used.index("epochs")] = "epochs_low epochs_high"
     d["round"] = _keep(d["round"], " ".join(used))
-    dropouts = any(
-        s is not None and s.dropout_p > 0
-        for s in [sc.fleet.stragglers, *(g.stragglers for g in sc.fleet.groups)]
-    )
-    for g in [d["fleet"], *d["fleet"]["groups"]]:
-        st = g.get("stragglers")
-        if isinstance(st, dict):
-            if not dropouts:
-                st.pop("dropout_p", None)
-            dist = st["slowdown"]["dist"]
-            st["slowdown"] = _keep(st["slowdown"], f"dist {_SLOWDOWN_FIELDS[dist]}")
-    for g in d["fleet"]["groups"]:
-        _prune_group(g)
+    groups = d["fleet"]["groups"]
+    stragglers = [g["stragglers"] for g in [d["fleet"], *groups] if g["stragglers"]]
+    dropouts = any(st["dropout_p"] > 0 for st in stragglers)
+    for st in stragglers:
+        if not dropouts:
+            del st["dropout_p"]
+        slow = st["slowdown"]
+        st["slowdown"] = _keep(slow, "dist " + _USED["slowdown", slow["dist"]])
+    for g in groups:
+        if g["speed"]:  # workload and scale go with a preset
+            preset = "preset workload scale " if g["speed"]["preset"] else ""
+            dist = _USED["speed", g["speed"]["dist"]]
+            g["speed"] = _keep(g["speed"], f"dist {preset}{dist}")
+        if g["network"]["preset"] is None:
+            del g["network"]["preset"]
+        avail = g["availability"]
+        g["availability"] = _keep(avail, "kind " + _USED["availability", avail["kind"]])
     return d
-
-
-def _prune_group(g: dict[str, Any]) -> None:
-    """A fleet group's speed, network and availability fields that apply."""
-    speed = g.get("speed")
-    if isinstance(speed, dict):
-        preset = "preset workload scale " if speed.get("preset") else ""
-        used = _SPEED_FIELDS.get(speed["dist"], "")
-        g["speed"] = _keep(speed, f"dist {preset}{used}")
-    net = g.get("network")
-    if isinstance(net, dict) and net.get("preset") is None:
-        net.pop("preset", None)
-    avail = g.get("availability")
-    if isinstance(avail, dict):
-        used = _AVAILABILITY_FIELDS.get(avail["kind"], " ".join(avail))
-        g["availability"] = _keep(avail, f"kind {used}")
 
 
 @app.command()
@@ -759,9 +684,8 @@ def compare(
     and write compare.parquet, compare.md and compare.png (accuracy against
     simulated time and rounds, with seed bands)."""
     from fedsim.compare import compare as run_compare
-    from fedsim.data import DataError, DataMissingError
+    from fedsim.data import DataMissingError
     from fedsim.results import default_run_dir, prepare_run_dir
-    from fedsim.scenario import ScenarioError
 
     overrides = list(set_ or [])
     _expect_dir(out_dir, "--out", "an output folder")
@@ -779,7 +703,7 @@ def compare(
         )
 
     _maybe_ray(workers, address)
-    with _errors(ScenarioError, ValueError, DataMissingError, DataError):
+    with _errors(ValueError, DataMissingError):  # ScenarioError, DataError too
         table = run_compare(
             scenario,
             names,
@@ -825,8 +749,7 @@ def _exit_if_diverged(n: int, where: str) -> None:
 
 def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    app(standalone_mode=True)
-    sys.exit(0)
+    app()  # exits with the command's code
 
 
 if __name__ == "__main__":

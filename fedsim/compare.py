@@ -1,13 +1,8 @@
 """Compare algorithms on identical fleets and data, over seeds 0..N-1.
 
 Fleet, data, selection and clock depend only on the seed, so every algorithm
-sees the same devices and data. An algorithm is ``name`` or
-``name:key=value,...`` (YAML scalars) on top of the scenario's own
-``algorithm`` section when that names it, else of its defaults. Outputs:
-compare.parquet (one row per run), compare.md (mean ± sample std over seeds),
-runs/ (each run's rounds plus ``bytes_up_cum``) and compare.png (accuracy
-against simulated time, rounds and bytes uploaded as the clock bills them);
-see docs/fedpns-feddm.md.
+sees the same devices and data. Algorithm labels and outputs: README.md
+("Comparing algorithms").
 
 Example:
     >>> rows = compare("scenarios/ci/tiny-synthetic.yaml", ["fedavg", "fednova"],
@@ -23,7 +18,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,15 +83,15 @@ def _safe(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
 
 
-def _raw_scenario(scenario_path: str | Path) -> dict[str, Any]:
-    """The scenario file's YAML mapping, or {} (load_scenario reports why)."""
+def _own_algorithm(scenario_path: str | Path) -> dict[str, Any]:
+    """The scenario file's ``algorithm`` mapping, or {} (load_scenario reports why)."""
+    path = Path(scenario_path)
     try:
-        raw = read_yaml(
-            Path(scenario_path).read_text(encoding="utf-8"), str(scenario_path)
-        )
+        raw = read_yaml(path.read_text(encoding="utf-8"), str(path))
     except (OSError, UnicodeDecodeError, ScenarioError):
         return {}
-    return raw if isinstance(raw, dict) else {}
+    section = raw.get("algorithm") if isinstance(raw, dict) else None
+    return section if isinstance(section, dict) else {}
 
 
 def _reject_run_overrides(overrides: Sequence[str], tool: str, hint: str = "") -> None:
@@ -109,17 +104,9 @@ def _reject_run_overrides(overrides: Sequence[str], tool: str, hint: str = "") -
             )
 
 
-def is_async_rule(name: str) -> bool:
-    """Whether algorithm ``name`` is an asynchronous server rule."""
-    from fedsim.algorithms import REGISTRY
-
-    return hasattr(REGISTRY.get(name), "aggregate_async")
-
-
 def _async_overrides(sc: Scenario) -> list[str]:
-    """Overrides that run ``sc``'s synchronous setting on the async timeline:
-    the same work per job, ``clients_per_round`` jobs at once, and as many
-    server versions as make the same number of updates."""
+    """Overrides for ``sc`` on the async timeline: the same work per job,
+    ``clients_per_round`` jobs at once, as many versions as make the same updates."""
     r, k = sc.round, sc.selector.clients_per_round
     section = {
         **r.model_dump(include={"max_steps", "epochs", "epochs_low", "epochs_high"}),
@@ -146,8 +133,9 @@ def load_variant(
     the asynchronous timeline with the same work per job (mode ``async``); a
     synchronous algorithm on an asynchronous scenario is refused.
     """
-    base = _raw_scenario(scenario_path).get("algorithm")
-    section = algorithm_section(label, base if isinstance(base, dict) else {})
+    from fedsim.algorithms import REGISTRY
+
+    section = algorithm_section(label, _own_algorithm(scenario_path))
     items = [
         *overrides,
         *(f"{p}={json.dumps(v)}" for p, v in (cell or {}).items()),
@@ -155,9 +143,10 @@ def load_variant(
         f"seed={seed}",
     ]
     sc = load_scenario(scenario_path, items)
-    if is_async_rule(sc.algorithm.name) and sc.round.policy != "async":
+    is_async = hasattr(REGISTRY.get(sc.algorithm.name), "aggregate_async")
+    if is_async and sc.round.policy != "async":
         return load_scenario(scenario_path, items + _async_overrides(sc)), "async"
-    if sc.round.policy == "async" and not is_async_rule(sc.algorithm.name):
+    if sc.round.policy == "async" and not is_async:
         raise ScenarioError(
             f"{scenario_path}: {label!r} is a synchronous algorithm but the "
             "scenario's round policy is 'async'; use a synchronous scenario "
@@ -307,21 +296,19 @@ def summarize_runs(
 ) -> list[dict[str, Any]]:
     """Per algorithm (in first-seen order): mean and sample std over seeds."""
     table = []
+    keys = """final_accuracy best_accuracy final_test_loss final_train_loss sim_time_s
+    mean_chi2_pw rounds_to_target time_to_target_s bytes_up_to_target"""  # None: missed
     for label in dict.fromkeys(r["algorithm"] for r in runs):
         rs = [r for r in runs if r["algorithm"] == label]
-        per_seed = "final_accuracy best_accuracy final_test_loss final_train_loss"
-        to_target = "rounds_to_target time_to_target_s bytes_up_to_target"
+        traffic = [r["bytes_down"] + r["bytes_up"] for r in rs]
         table.append(
             {
                 "algorithm": label,
                 "mode": rs[0].get("mode", "sync"),
                 "seeds": len(rs),
-                **_spread(rs, f"{per_seed} sim_time_s mean_chi2_pw", "_std"),
+                **_spread(rs, keys, "_std"),
                 "reached_target": sum(r["rounds_to_target"] is not None for r in rs),
-                **_spread(rs, to_target, "_std"),  # None: not reached
-                "bytes_per_run": float(
-                    np.mean([r["bytes_down"] + r["bytes_up"] for r in rs])
-                ),
+                "bytes_per_run": float(np.mean(traffic)),
                 "bytes_up_per_run": float(np.mean([r["bytes_up"] for r in rs])),
                 "diverged": sum(bool(r["diverged"]) for r in rs),
                 "target_accuracy": target_accuracy,
@@ -451,6 +438,13 @@ def compare(
     return summarize_runs([row for row, _ in results], target_accuracy)
 
 
+def _colors(names: Iterable[str]) -> dict[str, Any]:
+    """A tab10 colour per name, in first-seen order."""
+    from matplotlib import colormaps
+
+    return {n: colormaps["tab10"](i % 10) for i, n in enumerate(dict.fromkeys(names))}
+
+
 def _points(rounds: list[dict[str, Any]], x_key: str) -> list[tuple[float, float]]:
     """(x, accuracy) of a run's evaluated rounds; rounds counted from 1."""
     shift = 1.0 if x_key == "round" else 0.0
@@ -464,18 +458,14 @@ def _points(rounds: list[dict[str, Any]], x_key: str) -> list[tuple[float, float
 def _band(
     curves: Sequence[list[dict[str, Any]]], x_key: str, grid: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, min and max over seeds of test accuracy against ``x_key``, each
-    seed interpolated onto ``grid``; NaN where a seed does not reach (so a band
-    never mixes a different set of seeds along the axis)."""
+    """Mean, min and max over seeds of accuracy against ``x_key`` on ``grid``; NaN
+    where a seed does not reach (a band never mixes different sets of seeds)."""
     ys = []
     for pts in filter(None, (_points(rounds, x_key) for rounds in curves)):
         x, y = np.array(pts).T
         inside = (grid >= x[0]) & (grid <= x[-1])
         ys.append(np.where(inside, np.interp(grid, x, y), np.nan))
-    if not ys:
-        nan = np.full(grid.shape, np.nan)
-        return nan, nan, nan
-    stack = np.vstack(ys)
+    stack = np.vstack(ys) if ys else np.full((1, grid.size), np.nan)
     return stack.mean(0), stack.min(0), stack.max(0)
 
 
@@ -484,14 +474,11 @@ def plot_compare(
     target: float | None,
     path: Path,
 ) -> Path:
-    """compare.png: test accuracy against simulated time, rounds completed and
-    MB uploaded (all clients so far), per algorithm: the mean over seeds, a
-    min-max band, each seed thin; the target accuracy dashed."""
-    from matplotlib import colormaps
-
+    """compare.png: test accuracy against simulated time, rounds and MB uploaded,
+    per algorithm: mean over seeds, min-max band, each seed thin; target dashed."""
     from fedsim.plots import _new_figure, _save
 
-    labels = list(dict.fromkeys(row["algorithm"] for row, _ in results))
+    colors = _colors(row["algorithm"] for row, _ in results)
     curves = [
         (row["algorithm"], [{**r, "upload_mb": r["bytes_up_cum"] / 1e6} for r in c])
         for row, c in results
@@ -503,7 +490,7 @@ def plot_compare(
         ("round", axes[1], "rounds completed"),
         ("upload_mb", axes[2], "uploaded (MB, all clients)"),
     ):
-        for i, label in enumerate(labels):
+        for label, color in colors.items():
             mine = [c for lab, c in curves if lab == label]  # by seed
             xs = [float(r[x_key]) for c in mine for r in c]
             if not xs:
@@ -511,15 +498,13 @@ def plot_compare(
             lo = 1.0 if x_key == "round" else 0.0
             grid = np.linspace(lo, max(xs) + lo, 200)
             mean, low, high = _band(mine, x_key, grid)
-            color = colormaps["tab10"](i % 10)
             ax.plot(grid, mean, color=color, linewidth=1.8, label=label)
             ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
             for pts in filter(None, (_points(c, x_key) for c in mine)):
                 ax.plot(*np.array(pts).T, color=color, linewidth=0.6, alpha=0.4)
         if target is not None:
             ax.axhline(target, color="0.3", linestyle="--", linewidth=1)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("test accuracy")
+        ax.set(xlabel=xlabel, ylabel="test accuracy")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="lower right")
     seeds = len({row["seed"] for row, _ in results})

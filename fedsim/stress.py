@@ -1,14 +1,9 @@
 """``fedsim stress``: sweep a fleet setting, compare aggregators, see who degrades.
 
-Every cell of the sweep grid (the cartesian product of each swept field's
-values), algorithm (as in :mod:`fedsim.compare`) and seed 0..N-1 is one run, in
-this process or as a Ray task, with the same results either way. Values go
-mildest first: the degradation table compares the first value of the first
-swept field with its last. ``fleet.stragglers.*`` is the fleet's default
-(:class:`fedsim.fleet.FleetSpec`): it changes every group that does not set its
-own. Asynchronous rules on a synchronous scenario run on the asynchronous
-timeline (:func:`fedsim.compare.load_variant`). Outputs and an example:
-docs/fleets.md.
+Every cell of the sweep grid (the product of the swept fields' values),
+algorithm (as in :mod:`fedsim.compare`) and seed 0..N-1 is one run. Values go
+mildest first: the degradation table compares the first swept field's first
+value with its last. Usage, outputs and an example: docs/fleets.md.
 """
 
 from __future__ import annotations
@@ -25,6 +20,7 @@ import pyarrow as pa
 
 from fedsim.compare import (
     RUN_COLUMNS,
+    _colors,
     _ge,
     _pm,
     _reject_run_overrides,
@@ -54,7 +50,7 @@ TAU_SCHEMA = schema(
     (BOOL, "dropped"),
     (STR, "drop_reason mode"),
 )
-_TARGET_FRACTION = 0.9  # default target: 90% of the best mean accuracy, mildest cell
+_DEFAULT_TARGET = "90% of the best algorithm's mean best accuracy in the mildest cell"
 
 
 def _split_top(text: str) -> list[str]:
@@ -117,8 +113,7 @@ def _run_one(
     if result.status == "interrupted":
         raise KeyboardInterrupt  # stop the sweep, not just this run
     rows, clients = result.rows, result.clients
-    acc = [float(r["test_accuracy"]) for r in rows]
-    finite = [a for a in acc if math.isfinite(a)]
+    finite = [a for a in (float(r["test_accuracy"]) for r in rows) if math.isfinite(a)]
     taus = np.array([c["tau"] for c in clients if not c["dropped"]], dtype=np.float64)
     selected = sum(int(r["n_selected"]) for r in rows)
     dropped = sum(int(r["n_dropped"]) for r in rows)
@@ -127,8 +122,6 @@ def _run_one(
         **run_fields(label, sc, mode, seed, len(rows), result.status == "diverged"),
         "final_accuracy": finite[-1] if finite else math.nan,
         "best_accuracy": max(finite) if finite else math.nan,
-        "target_accuracy": math.nan,
-        "time_to_target_s": None,
         "sim_time_s": float(rows[-1]["sim_time"]) if rows else 0.0,
         "updates": taus.size,
         "dropped_fraction": dropped / selected if selected else math.nan,
@@ -153,13 +146,6 @@ def _run_one(
     return dict(record=record, rounds=rows, taus=tau_rows, chance=chance)
 
 
-def _time_to(rows: Sequence[dict[str, Any]], target: float | None) -> float | None:
-    if target is None:
-        return None
-    hits = (r for r in rows if _ge(float(r["test_accuracy"]), target))
-    return next((float(r["sim_time"]) for r in hits), None)
-
-
 def _default_target(records: Sequence[dict[str, Any]]) -> float | None:
     """90% of the best per-algorithm mean best accuracy in the mildest cell."""
     mild = [r for r in records if r["cell"] == 0]
@@ -168,7 +154,7 @@ def _default_target(records: Sequence[dict[str, Any]]) -> float | None:
         for label in dict.fromkeys(r["algorithm"] for r in mild)
     ]
     best = max((m for m in means if math.isfinite(m)), default=None)
-    return None if best is None else math.floor(_TARGET_FRACTION * best * 200) / 200
+    return None if best is None else math.floor(0.9 * best * 200) / 200
 
 
 def aggregate(
@@ -177,10 +163,10 @@ def aggregate(
     """One row per (cell, algorithm), in grid order: mean and std over seeds."""
     table = []
     labels = list(dict.fromkeys(r["algorithm"] for r in records))
+    keys = "final_accuracy best_accuracy dropped_fraction tau_mean tau_std sim_time_s"
     for (ci, cell), label in itertools.product(enumerate(cells), labels):
         rs = [r for r in records if r["cell"] == ci and r["algorithm"] == label]
         if rs:
-            keys = "final_accuracy best_accuracy dropped_fraction tau_mean tau_std"
             table.append(
                 {
                     "cell": ci,
@@ -188,9 +174,8 @@ def aggregate(
                     "algorithm": label,
                     "seeds": len(rs),
                     "mode": rs[0]["mode"],
-                    **_spread(rs, f"{keys} sim_time_s", "_sd"),
+                    **_spread(rs, f"{keys} time_to_target_s", "_sd"),
                     "reached": sum(r["time_to_target_s"] is not None for r in rs),
-                    **_spread(rs, "time_to_target_s", "_sd"),
                     "diverged": sum(bool(r["diverged"]) for r in rs),
                 }
             )
@@ -211,12 +196,9 @@ def degradation(
         by_value: dict[str, dict[int, list[float]]] = {v: {} for v in values}
         for r in records:
             if r["algorithm"] == label:
-                by_value[_label(cells[r["cell"]][path])].setdefault(
-                    r["seed"], []
-                ).append(r["final_accuracy"])
-        acc = [
-            _stats([x for xs in by_value[v].values() for x in xs])[0] for v in values
-        ]
+                seeds = by_value[_label(cells[r["cell"]][path])]
+                seeds.setdefault(r["seed"], []).append(r["final_accuracy"])
+        acc = [_stats([*itertools.chain(*by_value[v].values())])[0] for v in values]
         first, last = by_value[values[0]], by_value[values[-1]]
         paired = [
             float(np.mean(first[s])) - float(np.mean(last[s]))
@@ -254,22 +236,20 @@ def _verdict(deg: Sequence[dict[str, Any]], path: str, chance: float = 0.0) -> s
     others = ", ".join(
         f"{_points(d['drop']):+.1f} for {d['algorithm']}" for d in ok[1:]
     )
-    change = _points(best["drop"])
     text = (
         f"As `{path}` goes from {first} to {last}, **{best['algorithm']} degrades "
-        f"least**: its final accuracy changes by {change:+.1f} points "
+        f"least**: its final accuracy changes by {_points(best['drop']):+.1f} points "
         f"({best['accuracy'][0] * 100:.1f}% -> {best['accuracy'][-1] * 100:.1f}%)"
     )
     text += f", against {others}." if others else "."
-    harsh = [d for d in ok if math.isfinite(d["accuracy"][-1])]
-    if harsh:
-        top = max(harsh, key=lambda d: d["accuracy"][-1])
-        text += (
-            f" At {last}, the most accurate is {top['algorithm']} "
-            f"({top['accuracy'][-1] * 100:.1f}%)"
-        )
-        low_start = "; a small drop from a low start is no win, so read both columns."
-        text += "." if top is best else low_start
+    # a finite drop has a finite accuracy at both ends
+    top = max(ok, key=lambda d: d["accuracy"][-1])
+    text += (
+        f" At {last}, the most accurate is {top['algorithm']} "
+        f"({top['accuracy'][-1] * 100:.1f}%)"
+    )
+    low_start = "; a small drop from a low start is no win, so read both columns."
+    text += "." if top is best else low_start
     if len(ok) > 1:
         gap = ok[1]["drop"] - best["drop"]
         noise = max(best["drop_sd"], ok[1]["drop_sd"])
@@ -293,9 +273,8 @@ def format_markdown(
     target: float | None = None,
     chance: float = 0.0,
 ) -> str:
-    """stress.md: the aggregated table, the degradation table and the verdict
-    (``chance``: the accuracy of guessing, 1 / classes; 0 when not a
-    classification task)."""
+    """stress.md: the aggregated and degradation tables and the verdict
+    (``chance``: 1 / classes, the accuracy of guessing; 0 if not classifying)."""
     lines = [f"# {title}", "", *(f"- {n}" for n in notes)]
     lines += ["", "## Which aggregator degrades least?", ""]
     if deg:
@@ -315,13 +294,10 @@ def format_markdown(
             "Final test accuracy (%), mean over seeds; the drop is paired by seed "
             "(same fleet and data), mean ± sample std.",
         ]
-    t_head = (
-        f"time to {target * 100:g}% (s)" if target is not None else "time to target"
-    )
+    t_head = "time to target" if target is None else f"time to {target * 100:g}% (s)"
     lines += ["", "## All cells (mean ± sample std over seeds)", ""]
-    cols = " | ".join(paths)
     lines.append(
-        f"| {cols} | algorithm | final acc % | best acc % | {t_head} "
+        f"| {' | '.join(paths)} | algorithm | final acc % | best acc % | {t_head} "
         "| dropped % | tau mean | tau sd |"
     )
     lines.append("|---" * (len(paths) + 7) + "|")
@@ -359,12 +335,6 @@ def format_markdown(
     return "\n".join(lines)
 
 
-def _colors(n: int) -> list[Any]:
-    from matplotlib import colormaps
-
-    return [colormaps["tab10"](i % 10) for i in range(n)]
-
-
 def plot_accuracy(
     results: Sequence[dict[str, Any]], cells: Sequence[Mapping[str, Any]], path: Path
 ) -> Path:
@@ -372,8 +342,7 @@ def plot_accuracy(
     algorithm, a line per seed."""
     from fedsim.plots import _new_figure, _save
 
-    labels = list(dict.fromkeys(r["record"]["algorithm"] for r in results))
-    colors = dict(zip(labels, _colors(len(labels)), strict=True))
+    colors = _colors(r["record"]["algorithm"] for r in results)
     ncols = min(len(cells), 4)
     nrows = math.ceil(len(cells) / ncols)
     fig = _new_figure(3.6 * ncols + 1, 3.0 * nrows + 0.6)
@@ -413,8 +382,7 @@ def plot_degradation(
 
     fig = _new_figure(6.5, 4.2)
     ax = fig.subplots()
-    labels = list(dict.fromkeys(r["algorithm"] for r in records))
-    colors = dict(zip(labels, _colors(len(labels)), strict=True))
+    colors = _colors(r["algorithm"] for r in records)
     values = deg[0]["values"] if deg else []
     xs = np.arange(len(values))
     for d in deg:
@@ -445,15 +413,14 @@ def plot_taus(
     path_name: str,
     path: Path,
 ) -> Path:
-    """Local steps of completed updates per device group, a box per value of
-    the first swept field; asynchronous runs (all jobs the same steps) only
-    when there are no synchronous ones."""
+    """Local steps of completed updates per device group, a box per value of the
+    first swept field; async runs (same steps per job) only if nothing else ran."""
     from fedsim.plots import _new_figure, _save
 
     taus = [t for t in taus if t.get("mode", "sync") == "sync"] or list(taus)
     groups = list(dict.fromkeys(t["device_group"] for t in taus))
     values = _values(cells, path_name)
-    colors = _colors(len(values))
+    colors = _colors(values)
     fig = _new_figure(max(6.0, 1.5 + 0.55 * len(groups) * len(values)), 4.4)
     ax = fig.subplots()
     width = 0.8 / max(1, len(values))
@@ -464,19 +431,17 @@ def plot_taus(
         keep = [i for i, d in enumerate(data) if d]
         if not keep:
             continue
-        box = ax.boxplot(
+        ax.boxplot(
             [data[i] for i in keep],
             positions=pos[keep],
             widths=width * 0.85,
             patch_artist=True,
             showfliers=False,
             medianprops={"color": "black"},
+            boxprops={"facecolor": colors[v], "alpha": 0.6},
         )
-        for patch in box["boxes"]:
-            patch.set_facecolor(colors[vi])
-            patch.set_alpha(0.6)
         label = f"{path_name} = {v}"
-        ax.plot([], [], color=colors[vi], linewidth=6, alpha=0.6, label=label)
+        ax.plot([], [], color=colors[v], linewidth=6, alpha=0.6, label=label)
     ax.set_xticks(np.arange(len(groups)), groups)
     ax.set(xlabel="device group", ylabel="local steps tau of completed updates")
     ax.grid(axis="y", alpha=0.3)
@@ -524,14 +489,12 @@ def run_stress(
         raise ValueError("the sweep needs at least one field with at least one value")
     algorithms = list(dict.fromkeys(a for s in algorithms for a in split_algorithms(s)))
     _reject_run_overrides(overrides, "stress")
-    products = itertools.product(*(list(v) for v in sweep.values()))
+    products = itertools.product(*sweep.values())
     cells = [dict(zip(sweep, combo, strict=True)) for combo in products]
-    base = load_scenario(scenario_path, list(overrides))
+    name = load_scenario(scenario_path, list(overrides)).name
     for cell, label in itertools.product(cells, algorithms):
         load_variant(scenario_path, label, 0, list(overrides), cell)  # before any run
-    out = (
-        Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{base.name}")
-    )
+    out = Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = [
         (str(scenario_path), list(overrides), ci, cell, label, seed)
@@ -542,8 +505,8 @@ def run_stress(
 
     def finish(res: dict[str, Any], so_far: list[dict[str, Any]]) -> None:
         rec = res["record"]
-        name = f"{rec['cell']:02d}-{_safe(rec['algorithm'])}-seed{rec['seed']}.parquet"
-        write_table(out / "runs" / name, res["rounds"], ROUND_SCHEMA)
+        run = f"{rec['cell']:02d}-{_safe(rec['algorithm'])}-seed{rec['seed']}.parquet"
+        write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
         _write_tables(out, so_far, cells, target_accuracy)  # the tables so far
         if progress is not None:
             progress(rec)
@@ -576,7 +539,11 @@ def _write_report(
         how = "given" if target_accuracy is not None else _DEFAULT_TARGET
         notes.append(f"target accuracy: {target * 100:g}% ({how})")
     if any(r["record"]["mode"] == "async" for r in results):
-        notes.append(_ASYNC_NOTE)
+        notes.append(
+            "asynchronous rules ran on the asynchronous timeline (concurrency = "
+            "clients per round; as many applied updates as the synchronous runs "
+            "select; each job does the round's max_steps, or its epochs)"
+        )
     wall = sum(r["record"]["wall_time_s"] for r in results)
     notes.append(f"{len(results)} runs, {wall:.0f} s of compute in total")
     paths = list(cells[0])
@@ -594,14 +561,6 @@ def _write_report(
     plot_taus(taus, cells, paths[0], out / "tau_by_group.png")
 
 
-_DEFAULT_TARGET = "90% of the best algorithm's mean best accuracy in the mildest cell"
-_ASYNC_NOTE = (
-    "asynchronous rules ran on the asynchronous timeline (concurrency = clients "
-    "per round; as many applied updates as the synchronous runs select; each job "
-    "does the round's max_steps, or its epochs)"
-)
-
-
 def _write_tables(
     out: Path,
     results: list[dict[str, Any]],
@@ -613,22 +572,15 @@ def _write_tables(
 
     records = [dict(r["record"]) for r in results]
     target = _default_target(records) if target_accuracy is None else target_accuracy
+    goal = math.inf if target is None else target  # inf: never reached
     for rec, res in zip(records, results, strict=True):
         rec["target_accuracy"] = math.nan if target is None else target
-        rec["time_to_target_s"] = _time_to(res["rounds"], target)
-    numeric = {  # a swept field is a float column when every value is a number
-        p: all(
-            isinstance(c[p], int | float) and not isinstance(c[p], bool) for c in cells
-        )
-        for p in cells[0]
-    }
+        hits = (r for r in res["rounds"] if _ge(float(r["test_accuracy"]), goal))
+        rec["time_to_target_s"] = next((float(r["sim_time"]) for r in hits), None)
+    # a swept field is a float column when every value is a number (not a bool)
+    numeric = {p: all(type(c[p]) in (int, float) for c in cells) for p in cells[0]}
     fields = [(p, pa.float64() if num else pa.string()) for p, num in numeric.items()]
-    rows = [
-        {
-            **{p: v if numeric[p] else _label(v) for p, v in cells[r["cell"]].items()},
-            **r,
-        }
-        for r in records
-    ]
+    cols = [{p: v if numeric[p] else _label(v) for p, v in c.items()} for c in cells]
+    rows = [cols[r["cell"]] | r for r in records]
     write_table(out / "stress.parquet", rows, pa.schema([*fields, *STRESS_SCHEMA]))
     return records, target
