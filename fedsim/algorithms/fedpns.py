@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 import fedsim.algorithms.base as base
+from fedsim.algorithms.base import AggregateInfo, ServerContext, ServerState, Updates
 from fedsim.algorithms.weighting import lr_upload, updates_tau_eff
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
@@ -104,11 +105,8 @@ class FedPNS(base.Algorithm):
         return lr_upload(solver_state), None
 
     def aggregate(
-        self,
-        state: base.ServerState,
-        updates: base.Updates,
-        server: base.ServerContext | None = None,
-    ) -> tuple[base.ServerState, base.AggregateInfo]:
+        self, state: ServerState, updates: Updates, server: ServerContext | None = None
+    ) -> tuple[ServerState, AggregateInfo]:
         live = [u for u in updates if u.norm_a > 0]
         if not live:
             return state, base.empty_info()
