@@ -115,7 +115,7 @@ def _main(
 
 
 def _say(label: str, message: str) -> None:
-    """A line on stderr, never wrapped (paths stay whole); ``message`` is no markup."""
+    """A line on stderr, never wrapped (paths stay whole); ``message`` is not markup."""
     text = f"{label} {escape(message)}" if label else escape(message)
     err.print(text, highlight=False, soft_wrap=True)
 
@@ -325,7 +325,7 @@ def _prepare_run_dir(
 
 
 def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
-    """Say how the run ended, write summary.json and the report; the exit code."""
+    """Say how the run ended, write summary.json and the report; return the code."""
     from fedsim.results import write_summary
 
     status = result.status
