@@ -207,16 +207,30 @@ def kill_soon(pid: int) -> None:
     threading.Thread(target=later).start()
 
 
-def worker_pids() -> list[int]:
-    """Process ids of the live Ray worker actors (process title ray::Worker)."""
+def worker_pids(stale: frozenset[int] = frozenset()) -> list[int]:
+    """Process ids of the live Ray worker actors (process title ray::Worker),
+    less ``stale`` ones left over from an earlier run."""
     import psutil
 
     pids = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if cmd and cmd[0].startswith("ray::Worker"):
+        if cmd and cmd[0].startswith("ray::Worker") and proc.pid not in stale:
             pids.append(proc.pid)
     return sorted(pids)
+
+
+def settled_workers(timeout_s: float = 30.0) -> frozenset[int]:
+    """Wait for the worker processes of finished runs to exit; return any that
+    outlive ``timeout_s``, for ``worker_pids`` to leave out.
+
+    A run's actors are killed when it ends, but their processes can take a
+    moment to go: one still alive made the next run's count read 3, not 2.
+    """
+    deadline = time.monotonic() + timeout_s
+    while worker_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return frozenset(worker_pids())
 
 
 @pytest.mark.ray
@@ -225,15 +239,16 @@ def test_killed_worker_is_replaced_and_results_are_identical(ray_session):
     sc = load_scenario(QUICK, ["rounds=12", "client.batch_size=5"])
     clean = run_scenario(sc, workers=2)
     clean_rows, clean_clients = clean.rows, clean.clients
+    stale = settled_workers()
 
     killed: list[tuple[int, int]] = []
     later_pids: list[int] = []
 
     def kill_a_worker(row, _clients):
         if row["round"] == 10:
-            later_pids.extend(worker_pids())
+            later_pids.extend(worker_pids(stale))
         if row["round"] in (3, 7):
-            pids = worker_pids()
+            pids = worker_pids(stale)
             assert len(pids) == 2
             pid = pids[row["round"] % 2]
             kill_soon(pid)
@@ -258,14 +273,15 @@ def test_a_worker_killed_in_an_async_run_is_replaced_with_identical_results(
     sc = load_scenario(SCENARIOS / "async-fedbuff.yaml", ["rounds=40"])
     clean = run_scenario(sc, workers=2)
     clean_rows, clean_clients = clean.rows, clean.clients
+    stale = settled_workers()
     killed: list[int] = []
     later_pids: list[int] = []
 
     def kill_a_worker(row, _clients):
         if row["round"] == 35:
-            later_pids.extend(worker_pids())
+            later_pids.extend(worker_pids(stale))
         if row["round"] in (5, 20):
-            pids = worker_pids()
+            pids = worker_pids(stale)
             assert len(pids) == 2
             pid = pids[len(killed) % 2]
             kill_soon(pid)
