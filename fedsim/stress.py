@@ -577,10 +577,14 @@ def _write_tables(
         rec["target_accuracy"] = math.nan if target is None else target
         hits = (r for r in res["rounds"] if _ge(float(r["test_accuracy"]), goal))
         rec["time_to_target_s"] = next((float(r["sim_time"]) for r in hits), None)
-    # a swept field is a float column when every value is a number (not a bool)
+    # a swept field is a float column when every value is a number (not a bool);
+    # one named like a result column (e.g. rounds) is written as sweep.<field>
     numeric = {p: all(type(c[p]) in (int, float) for c in cells) for p in cells[0]}
-    fields = [(p, pa.float64() if num else pa.string()) for p, num in numeric.items()]
-    cols = [{p: v if numeric[p] else _label(v) for p, v in c.items()} for c in cells]
+    name = {p: f"sweep.{p}" if p in STRESS_SCHEMA.names else p for p in numeric}
+    fields = [(name[p], pa.float64() if n else pa.string()) for p, n in numeric.items()]
+    cols = [
+        {name[p]: v if numeric[p] else _label(v) for p, v in c.items()} for c in cells
+    ]
     rows = [cols[r["cell"]] | r for r in records]
     write_table(out / "stress.parquet", rows, pa.schema([*fields, *STRESS_SCHEMA]))
     return records, target

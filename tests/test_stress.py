@@ -117,6 +117,23 @@ def test_every_combination_is_validated_before_anything_runs(tmp_path: Path):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_swept_field_named_like_a_result_column_keeps_both(tmp_path: Path):
+    # Prepare: sweep `rounds`, which is also the column of rounds actually run
+    out = run_stress(
+        PHONES,
+        {"rounds": [1, 2]},
+        ["fedavg"],
+        seeds=1,
+        out_dir=tmp_path / "r",
+        workers=0,
+        overrides=["eval.every_rounds=1"],
+    )
+    # Execute
+    table = pq.read_table(out / "stress.parquet").to_pylist()
+    # Assert: the swept value has its own column; `rounds` is what ran
+    assert [(r["sweep.rounds"], r["rounds"]) for r in table] == [(1.0, 1), (2.0, 2)]
+
+
 def test_parse_sweep():
     assert parse_sweep("fleet.stragglers.p=0,0.1,0.3,0.5") == (
         "fleet.stragglers.p",
