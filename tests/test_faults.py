@@ -67,20 +67,41 @@ def checkpoint_round(run_dir: Path) -> int:
         return 0
 
 
+# Long enough that a kill after the checkpoint at round 30 (or a write
+# failing near round 50) lands well before the end, even on busy cores.
+QUICK_ROUNDS = 90
+
+
+def reference_run(scenario: Path, rounds: int, out: Path) -> Path:
+    """An uninterrupted run (results do not depend on how often it saves)."""
+    ref = in_process(
+        scenario, "--no-report", "--set", f"rounds={rounds}", "--out", str(out)
+    )
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+    return out
+
+
+@pytest.fixture(scope="module")
+def quick_reference(tmp_path_factory) -> Path:
+    return reference_run(QUICK, QUICK_ROUNDS, tmp_path_factory.mktemp("ref") / "ref")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("scenario", "rounds"),
-    [(QUICK, 200), (SCENARIOS / "async-fedbuff.yaml", 600)],
+    [(QUICK, QUICK_ROUNDS), (SCENARIOS / "async-fedbuff.yaml", 300)],
     ids=["sync", "async"],
 )
 def test_resume_after_killing_the_driver_gives_identical_results(
-    tmp_path, scenario, rounds
+    tmp_path, scenario, rounds, request
 ):
     args = ["--no-report", "--set", f"rounds={rounds}"]
     args += ["--set", "checkpoint.every_rounds=10"]
     # Prepare: an uninterrupted reference run
-    ref = in_process(scenario, *args, "--out", str(tmp_path / "ref"))
-    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+    if scenario == QUICK:
+        ref_dir = request.getfixturevalue("quick_reference")
+    else:
+        ref_dir = reference_run(scenario, rounds, tmp_path / "ref")
 
     # Execute: start the same run, kill -9 the driver once a checkpoint exists
     run_dir = tmp_path / "killed"
@@ -98,10 +119,8 @@ def test_resume_after_killing_the_driver_gives_identical_results(
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
 
     # Assert: the resumed run's results equal the uninterrupted run's
-    assert table(run_dir, "rounds.parquet") == table(tmp_path / "ref", "rounds.parquet")
-    assert table(run_dir, "clients.parquet") == table(
-        tmp_path / "ref", "clients.parquet"
-    )
+    assert table(run_dir, "rounds.parquet") == table(ref_dir, "rounds.parquet")
+    assert table(run_dir, "clients.parquet") == table(ref_dir, "clients.parquet")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds"] == rounds
 
@@ -118,17 +137,17 @@ def _limit_file_size(limit: int):
 
 
 @pytest.mark.slow
-def test_a_failing_write_loses_nothing_and_the_run_resumes(tmp_path):
-    # Prepare: the reference run, and the same run in a process that cannot
-    # write a file past 32 kB (clients.parquet outgrows that near round 70)
-    args = ["--no-report", "--set", "rounds=150", "--set", "checkpoint.every_rounds=5"]
-    ref = in_process(QUICK, *args, "--out", str(tmp_path / "ref"))
-    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+def test_a_failing_write_loses_nothing_and_the_run_resumes(tmp_path, quick_reference):
+    # Prepare: the same run as the reference in a process that cannot write a
+    # file past 28 kB (clients.parquet outgrows that near round 50; the
+    # largest file written before training, partition.png, is about 23 kB)
+    args = ["--no-report", "--set", f"rounds={QUICK_ROUNDS}"]
+    args += ["--set", "checkpoint.every_rounds=5"]
     run_dir = tmp_path / "run"
 
     # Execute
     p = in_process(
-        QUICK, *args, "--out", str(run_dir), preexec_fn=_limit_file_size(32_000)
+        QUICK, *args, "--out", str(run_dir), preexec_fn=_limit_file_size(28_000)
     )
     assert p.wait(timeout=600) == 1
     err = " ".join(p.stderr.read().split())  # as one line, whatever the width
@@ -139,14 +158,14 @@ def test_a_failing_write_loses_nothing_and_the_run_resumes(tmp_path):
     assert f"fedsim run --resume {run_dir}" in err
     assert not list(run_dir.rglob("*.tmp"))
     written = table(run_dir, "clients.parquet")
-    reference = table(tmp_path / "ref", "clients.parquet")
+    reference = table(quick_reference, "clients.parquet")
     assert 0 < len(written) < len(reference)
     assert written == reference[: len(written)]
     stopped_at = checkpoint_round(run_dir)
-    assert 0 < stopped_at < 150
+    assert 0 < stopped_at < QUICK_ROUNDS
     resumed = fedsim("run", "--resume", str(run_dir), "-q", "--no-report")
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
-    assert table(run_dir, "rounds.parquet") == table(tmp_path / "ref", "rounds.parquet")
+    assert table(run_dir, "rounds.parquet") == table(quick_reference, "rounds.parquet")
     assert table(run_dir, "clients.parquet") == reference
 
 
