@@ -179,7 +179,7 @@ class Server:
             self.state, info = rule.aggregate_async(
                 self.state, updates, staleness, starts
             )
-            weights = tuple(getattr(info, "per_update", ()))
+            weights = info.per_update
             shares = {}  # async: the normalised weights, per job (rows)
         for u in updates:
             if u.new_state is not None:
