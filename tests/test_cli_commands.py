@@ -213,6 +213,14 @@ def _has_rows(out: Path, pattern: str) -> bool:
     return False
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """In the child, before exec: SIGINT neither ignored nor blocked, whatever
+    the test process inherited (a suite started in the background by a shell
+    without job control ignores SIGINT, and so would every fedsim it starts)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def sigint_after_first_rows(
     args: list[str], out: Path, pattern: str, timeout: float = 120
 ) -> int:
@@ -225,6 +233,7 @@ def sigint_after_first_rows(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_sigint_as_at_a_terminal,
     )
     try:
         deadline = time.monotonic() + timeout
