@@ -93,41 +93,26 @@ def test_ray_tasks_give_the_same_table(report: Path, tmp_path: Path, ray_session
     assert a.equals(b)
 
 
+def fedavg_once(sweep: dict, out: Path, overrides: list[str]) -> Path:
+    """One seed of FedAvg over ``sweep``, in this process."""
+    return run_stress(
+        PHONES, sweep, ["fedavg"], seeds=1, out_dir=out, workers=0, overrides=overrides
+    )
+
+
 def test_every_combination_is_validated_before_anything_runs(tmp_path: Path):
     with pytest.raises(ScenarioError, match="fleet.stragglers.p"):
-        run_stress(
-            PHONES,
-            {"fleet.stragglers.p": [0.1, 1.5]},
-            ["fedavg"],
-            seeds=1,
-            out_dir=tmp_path / "x",
-            workers=0,
-            overrides=CI,
-        )
+        fedavg_once({"fleet.stragglers.p": [0.1, 1.5]}, tmp_path / "x", CI)
     with pytest.raises(ScenarioError, match="algorithm"):
-        run_stress(
-            PHONES,
-            {"fleet.stragglers.p": [0.1]},
-            ["fedavg"],
-            seeds=1,
-            out_dir=tmp_path / "x",
-            workers=0,
-            overrides=["algorithm={name: x}"],
+        fedavg_once(
+            {"fleet.stragglers.p": [0.1]}, tmp_path / "x", ["algorithm={name: x}"]
         )
     assert not (tmp_path / "x").exists()
 
 
 def test_a_swept_field_named_like_a_result_column_keeps_both(tmp_path: Path):
     # Prepare: sweep `rounds`, which is also the column of rounds actually run
-    out = run_stress(
-        PHONES,
-        {"rounds": [1, 2]},
-        ["fedavg"],
-        seeds=1,
-        out_dir=tmp_path / "r",
-        workers=0,
-        overrides=["eval.every_rounds=1"],
-    )
+    out = fedavg_once({"rounds": [1, 2]}, tmp_path / "r", ["eval.every_rounds=1"])
     # Execute
     table = pq.read_table(out / "stress.parquet").to_pylist()
     # Assert: the swept value has its own column; `rounds` is what ran
