@@ -142,7 +142,7 @@ def _cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
 
 
 def _cifar_cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    """The FedDC/FedDyn code's CIFAR CNN (ALGORITHMS.md 9.3)."""
+    """The FedDC/FedDyn code's CIFAR CNN (docs/algorithms.md 9.3)."""
     s = _image_shape(shape, "cifar_cnn")
     return _ImageNet(s, _conv_pool(s[0], [64, 64]), _head([384, 192], classes))
 
@@ -181,7 +181,7 @@ def _resnet18(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Modul
 
 
 def _convnet(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    """FedDM's ConvNet (ALGORITHMS.md 10.2); 1-channel images: first padding 3."""
+    """FedDM's ConvNet (docs/algorithms.md 10.2); 1-channel images: first padding 3."""
     s = _image_shape(shape, "convnet")
     layers: list[nn.Module] = []
     c = s[0]

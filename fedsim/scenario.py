@@ -65,7 +65,7 @@ else:
 
 
 class ClientSpec(Spec):
-    """Local training; ``solver`` is the local optimizer (ALGORITHMS.md 5.2)."""
+    """Local training; ``solver`` is the local optimizer (docs/algorithms.md 5.2)."""
 
     solver: Literal["sgd", "momentum", "prox", "decay"] = "sgd"
     lr: PosFloat = 0.01

@@ -1,7 +1,7 @@
 """Local solvers: how a client turns gradients into local steps.
 
 Each updates a flat parameter vector in place, one step at a time (the clock
-decides how many), keeping FedNova's recursion (ALGORITHMS.md 5.3) for
+decides how many), keeping FedNova's recursion (docs/algorithms.md 5.3) for
 ||a_i||_1, the L1 norm of its accumulation vector (Delta_i = -lr G_i a_i);
 ``norm_a(tau)`` is the closed form (5.2). With ``SolverState.lr`` an algorithm
 gets d_i = -Delta_i / (lr ||a_i||_1) (SCAFFOLD option II, FedNova-VR, FedDC).
@@ -150,7 +150,7 @@ def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
     elif spec.solver in ("momentum", "decay"):
         raise ValueError(
             f"a proximal term (mu = {mu}) with the {spec.solver!r} solver has "
-            "no derived ||a||_1 (ALGORITHMS.md 5.3); use client.solver: sgd, "
+            "no derived ||a||_1 (docs/algorithms.md 5.3); use client.solver: sgd, "
             "or set the algorithm's proximal coefficient (mu, rho) to 0"
         )
     if mu is not None:
@@ -159,7 +159,7 @@ def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
             raise ValueError(
                 f"client.lr * mu = {spec.lr * mu:g} is 2 or more: each proximal "
                 "step overshoots the global model and the gap grows (||a||_1 <= 0, "
-                "ALGORITHMS.md 5.3); lower client.lr or the proximal coefficient"
+                "docs/algorithms.md 5.3); lower client.lr or the proximal coefficient"
             )
         return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)
     if spec.solver == "sgd":

@@ -1,4 +1,4 @@
-"""FedAvg (with the unbiased sampling schemes of ALGORITHMS.md section 3),
+"""FedAvg (with the unbiased sampling schemes of docs/algorithms.md section 3),
 FedProx (section 4), the server optimizers FedAvgM and FedAdam, and the
 objective-inconsistency meter chi^2(p || w) (section 6.5).
 

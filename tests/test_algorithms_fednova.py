@@ -1,4 +1,4 @@
-"""FedNova (ALGORITHMS.md 5, 6.3, 13): solvers, tau_eff, server momentum,
+"""FedNova (docs/algorithms.md 5, 6.3, 13): solvers, tau_eff, server momentum,
 sampling, FedNova-Prox, and the reconstructed FedNova-VR (5.5)."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_tau_eff_fixed_needs_a_value():
 
 
 def _k_decay(lr: float, gamma: float, tau: int) -> float:
-    """K for H = I: 1 - prod_k (1 - lr gamma^k) (ALGORITHMS.md 6.3)."""
+    """K for H = I: 1 - prod_k (1 - lr gamma^k) (docs/algorithms.md 6.3)."""
     return 1.0 - math.prod(1.0 - lr * gamma**k for k in range(tau))
 
 

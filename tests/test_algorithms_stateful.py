@@ -1,4 +1,4 @@
-"""SCAFFOLD, FedDyn and FedDC: the invariants of ALGORITHMS.md section 13
+"""SCAFFOLD, FedDyn and FedDC: the invariants of docs/algorithms.md section 13
 (and 7, 8, 9.2), through the real worker and server code, on the quadratic
 objectives F_i(x) = 1/2 (x - e_i)^2 with e = (0, 1, 4)."""
 
@@ -125,7 +125,7 @@ def test_feddyn_h_is_minus_alpha_mean_of_all_hist():
     [(0.1, 50, 400), (1.0, 50, 100), (1.0, None, 250)],
 )
 def test_feddyn_quadratic_converges_to_the_mean(alpha, steps, rounds):
-    # 50 local steps: close to the exact local minimisation of ALGORITHMS.md 8
+    # 50 local steps: close to the exact local minimisation of docs/algorithms.md 8
     d = Driver(f"algorithm={{name: feddyn, alpha: {alpha}}}", EQUAL)
     taus = ALL if steps is None else {0: steps, 1: steps, 2: steps}
     for _ in range(rounds):

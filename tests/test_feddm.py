@@ -1,6 +1,6 @@
 """FedDM: distribution matching on the clients, training on the server.
 
-The invariants of ALGORITHMS.md section 13 (FedDM): the matching loss is zero
+The invariants of docs/algorithms.md section 13 (FedDM): the matching loss is zero
 (with zero gradient) for identical sets and invariant to permutations, the
 perturbation has norm rho, the dataset-size and message-size formulas, the
 ConvNet's 320,010 parameters; plus the client procedure on a real worker
@@ -136,7 +136,7 @@ def test_perturbation_smaller_than_rho_is_kept():
 
 # ------------------------------------------------------------- sizes
 def test_dataset_and_message_size_formulas():
-    # ALGORITHMS.md 10.1: CIFAR-10, 10 clients of ~9 classes, ipc 10
+    # docs/algorithms.md 10.1: CIFAR-10, 10 clients of ~9 classes, ipc 10
     assert synthetic_size([9] * 10, ipc=10) == 900
     floats = 10 * 9 * 10 * 3 * 32 * 32
     assert floats == pytest.approx(2.8e6, rel=0.02)

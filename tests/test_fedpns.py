@@ -1,6 +1,6 @@
 """FedPNS: Optimal Aggregation (server) and probabilistic node selection.
 
-Hand-computed cases and the invariants of ALGORITHMS.md section 13 (FedPNS):
+Hand-computed cases and the invariants of docs/algorithms.md section 13 (FedPNS):
 sum P = 1, E(S) = |S| ||mean g||^2, no labeling when all gradients are equal,
 the worked probability example of 11.3, never more than |S_t| - v removals;
 plus the paper scenario on Synthetic and on the MNIST test set.

@@ -23,8 +23,8 @@ CASES = [
     ("logreg", (60,), 10, 610),
     ("mlp", (1, 28, 28), 10, 199_210),  # 784-200-200-10 (FedDC's MNIST MLP)
     ("cnn", (1, 28, 28), 10, 1_663_370),  # FedAvg paper, section 3
-    ("cifar_cnn", (3, 32, 32), 10, 797_962),  # FedDC code (ALGORITHMS.md 9.3)
-    ("convnet", (3, 32, 32), 10, 320_010),  # FedDM (ALGORITHMS.md 10.2)
+    ("cifar_cnn", (3, 32, 32), 10, 797_962),  # FedDC code (docs/algorithms.md 9.3)
+    ("convnet", (3, 32, 32), 10, 320_010),  # FedDM (docs/algorithms.md 10.2)
     ("convnet", (1, 28, 28), 10, 317_706),
     ("vgg11", (3, 32, 32), 10, 9_756_426),
     ("resnet18", (3, 32, 32), 10, 11_173_962),  # the usual CIFAR ResNet-18

@@ -108,7 +108,7 @@ def test_feddyn_synthetic_feature_shift_and_shared_solution():
         return np.array([d.x[d.client_rows(i)].mean() for i in range(20)])
 
     assert np.std(means(shifted)) > 5 * np.std(means(iid))
-    # ALGORITHMS.md 2.2 [D]: with one shared W, b a single linear model fits
+    # docs/algorithms.md 2.2 [D]: with one shared W, b a single linear model fits
     # (nearly) everything; with per-client W (and no feature shift that would
     # tell clients apart) none gets far: about 30%
     torch.manual_seed(0)
@@ -117,7 +117,7 @@ def test_feddyn_synthetic_feature_shift_and_shared_solution():
 
 
 def test_feddyn_synthetic_alpha_changes_no_label_with_a_shared_solution():
-    # ALGORITHMS.md 2.2: alpha only moves the per-client W, unused when iid_sol
+    # docs/algorithms.md 2.2: alpha only moves the per-client W, unused when iid_sol
     a, b = _gen(alpha=0.0), _gen(alpha=1.0)
     assert np.array_equal(a.y, b.y) and np.array_equal(a.x, b.x)
 

@@ -1,4 +1,4 @@
-"""The quadratic reference numbers of ALGORITHMS.md section 6.4, asserted to
+"""The quadratic reference numbers of docs/algorithms.md section 6.4, asserted to
 1e-9 through the real code path: scenario -> fleet -> SimPy clock -> worker
 (real local gradient steps) -> algorithm -> server."""
 
@@ -79,7 +79,7 @@ def test_fixed_point_table(lr, mu, fedavg, fednova):
     else:
         avg, nova = [FEDAVG, lr_set], [lr_set]
     assert fixed_point(*avg) == pytest.approx(fedavg, abs=1e-9)
-    # FedNova's fixed point does not depend on tau_eff (ALGORITHMS.md 6.3)
+    # FedNova's fixed point does not depend on tau_eff (docs/algorithms.md 6.3)
     for tau_eff in ("fedavg", "steps"):
         x = fixed_point(*nova, f"algorithm.tau_eff={tau_eff}")
         assert x == pytest.approx(fednova, abs=1e-9)

@@ -1,4 +1,4 @@
-"""Local solvers: ||a||_1 from the FedNova code's recursion (ALGORITHMS.md 5.3)
+"""Local solvers: ||a||_1 from the FedNova code's recursion (docs/algorithms.md 5.3)
 against the closed forms of 5.2, and Delta = -lr G a for the accumulation
 vectors a of 5.2."""
 
@@ -23,7 +23,7 @@ def run_solver(solver: SGD, grads: list[torch.Tensor], x0: torch.Tensor):
 
 
 def accumulation(solver: SGD, tau: int) -> list[float]:
-    """a_k, oldest gradient first (ALGORITHMS.md 5.2)."""
+    """a_k, oldest gradient first (docs/algorithms.md 5.2)."""
     if isinstance(solver, Momentum):
         r = solver.rho
         return [(1 - r ** (tau - k)) / (1 - r) for k in range(tau)]

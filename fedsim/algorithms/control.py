@@ -1,7 +1,7 @@
 """The client half shared by algorithms with SCAFFOLD-style control variates.
 
 Clients download c and correct every local gradient by c - c_i (SCAFFOLD,
-ALGORITHMS.md 7; FedNova-VR, 5.5). :class:`ControlVariates` goes first in the
+docs/algorithms.md 7; FedNova-VR, 5.5). :class:`ControlVariates` goes first in the
 bases; the subclass's ``aggregate`` updates c with :func:`control_aggregate`.
 """
 

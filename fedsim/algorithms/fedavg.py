@@ -5,7 +5,7 @@ H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y
 Arcas. AISTATS 2017. arXiv:1602.05629.
 
 x^{t+1} = x^t + server_lr * sum_{i in S} w_i Delta_i, w_i by ``sampling``
-(ALGORITHMS.md 3). Server optimizers (FedAvgM, FedAdam) override
+(docs/algorithms.md 3). Server optimizers (FedAvgM, FedAdam) override
 :meth:`FedAvg.apply_step`.
 """
 
@@ -24,7 +24,7 @@ from fedsim.params import weighted_sum
 @dataclass(frozen=True)
 class FedAvg(Sampled):
     """Weighted average of client deltas; the meter reports the effective
-    weights p_i ||a_i||_1 (FedNova's view, ALGORITHMS.md 5.1).
+    weights p_i ||a_i||_1 (FedNova's view, docs/algorithms.md 5.1).
 
     >>> from fedsim.algorithms.base import ClientUpdate
     >>> ups = [ClientUpdate(0, torch.tensor([1.0]), 1, 2, 2.0, 0.0),

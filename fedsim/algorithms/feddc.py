@@ -4,7 +4,7 @@ FedDC: Federated Learning with Non-IID Data via Local Drift Decoupling and
 Correction. Liang Gao, Huazhu Fu, Li Li, Yingwen Chen, Ming Xu, Cheng-Zhong Xu.
 CVPR 2022. arXiv:2203.11751.
 
-ALGORITHMS.md 9.2, as the official code: FedDyn's drift h_i plus a control
+docs/algorithms.md 9.2, as the official code: FedDyn's drift h_i plus a control
 variate c_i. With w_i = n_i m / n, client i runs its solver on
 
     F_i(theta) + (alpha / 2 w_i) ||theta - (w - h_i)||^2 + <theta, c / w_i - c_i>,

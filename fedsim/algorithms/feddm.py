@@ -4,7 +4,7 @@ FedDM: Iterative Distribution Matching for Communication-Efficient Federated
 Learning. Yuanhao Xiong, Ruochen Wang, Minhao Cheng, Felix Yu, Cho-Jui Hsieh.
 CVPR 2023. arXiv:2207.09653.
 
-ALGORITHMS.md section 10. Instead of a model update, client k sends a synthetic
+docs/algorithms.md section 10. Instead of a model update, client k sends a synthetic
 set S_k (``ipc`` samples per class it holds, relearnt every round) whose mean
 embedding h and logits z match those of its real batches at models
 w~ = w_r + eps min(1, rho / ||eps||) around the global model:
@@ -130,7 +130,7 @@ def _stable_seed(x: torch.Tensor) -> int:
 class FedDM(base.Algorithm):
     """Clients send per-class synthetic sets; the server trains on their union.
 
-    Fields (ALGORITHMS.md 10.2 defaults) are explained in docs/fedpns-feddm.md.
+    Fields (docs/algorithms.md 10.2 defaults) are explained in docs/fedpns-feddm.md.
 
     >>> alg = FedDM(ipc=2, iterations=3)
     >>> sorted(alg.init(torch.zeros(4), num_clients=3))

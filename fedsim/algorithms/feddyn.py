@@ -4,7 +4,7 @@ Federated Learning Based on Dynamic Regularization. Durmus Alp Emre Acar,
 Yue Zhao, Ramon Matas Navarro, Matthew Mattina, Paul N. Whatmough, Venkatesh
 Saligrama. ICLR 2021. arXiv:2111.04263.
 
-The code form of ALGORITHMS.md section 8. Client i keeps hist_i (initially 0)
+The code form of docs/algorithms.md section 8. Client i keeps hist_i (initially 0)
 and runs its solver on F_i(theta) + (alpha_i / 2) ||theta - (w - hist_i)||^2,
 alpha_i = alpha / (n_i m / n), then hist_i <- hist_i + (theta_i^+ - w).
 Server: w <- mean_{i in S} theta_i^+ + (1/m) sum_{all i} hist_i, with the

@@ -4,7 +4,7 @@ Tackling the Objective Inconsistency Problem in Heterogeneous Federated
 Optimization. Jianyu Wang, Qinghua Liu, Hao Liang, Gauri Joshi, H. Vincent Poor.
 NeurIPS 2020. arXiv:2007.07481.
 
-Server (ALGORITHMS.md 5.1, 5.4), w_i the round's sampling weights:
+Server (docs/algorithms.md 5.1, 5.4), w_i the round's sampling weights:
 
     x^{t+1} = x^t + server_lr * tau_eff * sum_i w_i Delta_i / ||a_i||_1
 

@@ -4,7 +4,7 @@ Tackling the Objective Inconsistency Problem in Heterogeneous Federated
 Optimization. Jianyu Wang, Qinghua Liu, Hao Liang, Gauri Joshi, H. Vincent Poor.
 NeurIPS 2020. arXiv:2007.07481. Appendix H, Algorithm 2.
 
-**Reconstructed** (ALGORITHMS.md 5.5, [U]; no pseudo-code was published):
+**Reconstructed** (docs/algorithms.md 5.5, [U]; no pseudo-code was published):
 SCAFFOLD option II in FedNova's normalised form. Local gradients g - c_i + c;
 c_i^+ = -Delta_i / (lr ||a_i||_1) - (c - c_i); x takes FedNova's step and
 c <- c + sum_S p_i (c_i^+ - c_i), p_i = n_i / n, so c = sum_i p_i c_i.

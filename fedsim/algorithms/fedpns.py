@@ -4,7 +4,7 @@ Node Selection Toward Faster Convergence for Federated Learning on Non-IID
 Data. Hongda Wu, Ping Wang. IEEE Transactions on Network Science and
 Engineering, 2022. arXiv:2105.07066.
 
-ALGORITHMS.md 11.2, as the reference code (``models/Fed.py``, ``Feddel``). With
+docs/algorithms.md 11.2, as the reference code (``models/Fed.py``, ``Feddel``). With
 g_i = -Delta_i / (lr ||a_i||_1) and E(S) = sum_{i in S} <g_i, mean_S g>, while
 |S| > v: CHECK EXPECTATION labels the i* maximising E(S \\ {i}) if that exceeds
 E(S), CHECK LOSS removes it unless S's mean model has the lower validation loss

@@ -4,7 +4,7 @@ Federated Optimization in Heterogeneous Networks. Tian Li, Anit Kumar Sahu,
 Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar, Virginia Smith. MLSys 2020.
 arXiv:1812.06127.
 
-Clients run proximal SGD on F_i(x) + mu/2 ||x - x^t||^2 (ALGORITHMS.md 4),
+Clients run proximal SGD on F_i(x) + mu/2 ||x - x^t||^2 (docs/algorithms.md 4),
 ||a_i||_1 = (1 - (1 - lr mu)^tau) / (lr mu); the server is FedAvg's.
 mu = 0 is exactly FedAvg.
 """

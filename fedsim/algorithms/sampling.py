@@ -1,4 +1,4 @@
-"""Aggregation weights under client sampling (ALGORITHMS.md sections 3 and 5.4).
+"""Aggregation weights under client sampling (docs/algorithms.md sections 3 and 5.4).
 
 A ``scheme`` (``algorithm.sampling``, :data:`WEIGHTINGS`) names how a round's
 updates are weighted given how the selector sampled them: ``renormalized`` (the

@@ -4,7 +4,7 @@ SCAFFOLD: Stochastic Controlled Averaging for Federated Learning. Sai Praneeth
 Karimireddy, Satyen Kale, Mehryar Mohri, Sashank J. Reddi, Sebastian U. Stich,
 Ananda Theertha Suresh. ICML 2020. arXiv:1910.06378.
 
-ALGORITHMS.md section 7. Client i runs tau steps on g_i(y) - c_i + c, sets
+docs/algorithms.md section 7. Client i runs tau steps on g_i(y) - c_i + c, sets
 c_i^+ = c_i - c + (x - y) / (lr ||a_i||_1) and uploads (y - x, c_i^+ - c_i).
 Server: x <- x + server_lr mean_S Delta y_i, c <- c + (1/m) sum_S Delta c_i.
 Meter: w_i = 1/|S| (SCAFFOLD targets the unweighted mean).

@@ -1,5 +1,5 @@
 """The arithmetic server rules share: tau_eff, FedNova normalisation and server
-momentum (ALGORITHMS.md 5.1, 5.3, 5.4), written once so that every algorithm
+momentum (docs/algorithms.md 5.1, 5.3, 5.4), written once so that every algorithm
 does the same float operations in the same order.
 """
 

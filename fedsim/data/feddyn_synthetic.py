@@ -1,4 +1,4 @@
-"""The FedDyn/FedDC synthetic logistic-regression data (ALGORITHMS.md 2.2).
+"""The FedDyn/FedDC synthetic logistic-regression data (docs/algorithms.md 2.2).
 
 Federated Learning Based on Dynamic Regularization (Acar et al., ICLR 2021,
 arXiv:2111.04263) and FedDC (Gao et al., CVPR 2022, arXiv:2203.11751): the
@@ -23,7 +23,7 @@ _TAG = 0xFDD5  # this generator's stream of the scenario seed
 
 
 class FedDynSyntheticData(DatasetSpec):
-    """The FedDyn/FedDC synthetic generator (ALGORITHMS.md 2.2).
+    """The FedDyn/FedDC synthetic generator (docs/algorithms.md 2.2).
 
     Example:
         >>> d = FedDynSyntheticData(dataset="feddyn_synthetic", clients=4).build(4, 0)

@@ -40,7 +40,7 @@ class IidPartition(Spec):
 
 
 class DirichletPartition(Spec):
-    """Dirichlet label skew (ALGORITHMS.md 2.3 ``fednova``, 2.4 ``feddc``);
+    """Dirichlet label skew (docs/algorithms.md 2.3 ``fednova``, 2.4 ``feddc``);
     ``size_sigma`` is feddc's only, ``min_samples`` fednova's."""
 
     kind: Literal["dirichlet"]
@@ -67,7 +67,7 @@ class ShardsPartition(Spec):
 
 
 class PnsMixPartition(Spec):
-    """FedPNS (ALGORITHMS.md 2.5): ``iid_fraction`` of the clients i.i.d., the
+    """FedPNS (docs/algorithms.md 2.5): ``iid_fraction`` of the clients i.i.d., the
     rest label shards; ``samples_per_client`` default: n // clients."""
 
     kind: Literal["pns_mix"]
@@ -115,7 +115,7 @@ def _num_classes(labels: np.ndarray) -> int:
 def client_sizes(
     n: int, num_clients: int, sigma: float, rng: np.random.Generator
 ) -> np.ndarray:
-    """Client sizes summing to ``n`` (ALGORITHMS.md 2.4 step 2):
+    """Client sizes summing to ``n`` (docs/algorithms.md 2.4 step 2):
     LogNormal(log(n/m), sigma), rescaled, rounded by largest remainders; a
     client left with no sample gets one from the largest."""
     _check(n, num_clients)
@@ -146,7 +146,7 @@ def dirichlet_feddc(
     seed: int,
     size_sigma: float = 0.0,
 ) -> list[np.ndarray]:
-    """Dirichlet label skew, FedDyn/FedDC variant (ALGORITHMS.md 2.4): a random
+    """Dirichlet label skew, FedDyn/FedDC variant (docs/algorithms.md 2.4): a random
     client with room draws a class from its Dir(alpha) prior over the classes
     left and gets that class's next sample, until every client is full."""
     labels = np.asarray(labels, dtype=np.int64)
@@ -198,7 +198,7 @@ def dirichlet_fednova(
     min_samples: int = 10,
     max_passes: int = 1000,
 ) -> list[np.ndarray]:
-    """Dirichlet label skew, FedNova variant (ALGORITHMS.md 2.3): per class,
+    """Dirichlet label skew, FedNova variant (docs/algorithms.md 2.3): per class,
     proportions Dir(alpha) over the clients holding under n/m ("balance");
     the pass repeats until every client holds ``min_samples``."""
     labels = np.asarray(labels, dtype=np.int64)
@@ -261,7 +261,7 @@ def pns_mix(
     labels_per_client: int = 1,
     samples_per_client: int | None = None,
 ) -> list[np.ndarray]:
-    """FedPNS's mix of i.i.d. and label-skewed clients (ALGORITHMS.md 2.5):
+    """FedPNS's mix of i.i.d. and label-skewed clients (docs/algorithms.md 2.5):
     ``round(iid_fraction * m)`` random clients get ``samples_per_client``
     uniform samples, the others ``labels_per_client`` random shards of the
     label-sorted rest; samples not drawn are unused."""

@@ -1,4 +1,4 @@
-"""The quadratic objectives of the FedNova paper (ALGORITHMS.md section 6).
+"""The quadratic objectives of the FedNova paper (docs/algorithms.md section 6).
 
 Client i: F_i(x) = h_i/2 ||x - e_i||^2 with deterministic gradients (its one
 "sample" is e_i, its target h_i); the test "set" is every e_i weighted by

@@ -1,4 +1,4 @@
-"""Synthetic(alpha, beta): the FedProx / LEAF generator (ALGORITHMS.md 2.1).
+"""Synthetic(alpha, beta): the FedProx / LEAF generator (docs/algorithms.md 2.1).
 
 Federated Optimization in Heterogeneous Networks (Li et al., MLSys 2020,
 arXiv:1812.06127), section 5.1. For user k: u_k ~ N(0, alpha),

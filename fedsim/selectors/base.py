@@ -161,7 +161,7 @@ class Selector:
     name: str = "base"
     clients_per_round: PosInt = 10
 
-    # the unbiased scheme of ALGORITHMS.md section 3 it matches, or None
+    # the unbiased scheme of docs/algorithms.md section 3 it matches, or None
     sampling_scheme: ClassVar[str | None] = None
     # refuses an uninformed context (needs real data weights or speeds)
     needs_context: ClassVar[bool] = False

@@ -4,7 +4,7 @@ Node Selection Toward Faster Convergence for Federated Learning on Non-IID
 Data. Hongda Wu, Ping Wang. IEEE Transactions on Network Science and
 Engineering, 2022. arXiv:2105.07066.
 
-ALGORITHMS.md 11.3 (the reference code's ``probabilistic_selection``): each
+docs/algorithms.md 11.3 (the reference code's ``probabilistic_selection``): each
 node i that the ``fedpns`` algorithm labels this round loses
 delta_i = P_i min((x_i + beta)^alpha, 1), x_i = labeled_i / selected_i, and
 the other nodes share the total equally; ``clients_per_round`` distinct
@@ -38,7 +38,7 @@ def update_probabilities(
     alpha: float = 2.0,
     beta: float = 0.7,
 ) -> np.ndarray:
-    """One FedPNS probability update (ALGORITHMS.md 11.3): the new P (sum 1).
+    """One FedPNS probability update (docs/algorithms.md 11.3): the new P (sum 1).
 
     ``selected`` and ``labeled_total`` are cumulative counts per node (this
     round's labels included); ``labeled_now`` the ids labeled this round.

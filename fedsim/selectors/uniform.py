@@ -1,6 +1,6 @@
 """Uniform selection without replacement among the devices online now.
 
-What the FedProx reference code does (ALGORITHMS.md section 3): inclusion
+What the FedProx reference code does (docs/algorithms.md section 3): inclusion
 q/m each; with ``algorithm.sampling: uniform`` (weights p_i m / q) it is the
 unbiased scheme (ii) when every device is online and all q updates arrive.
 """

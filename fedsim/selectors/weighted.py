@@ -1,6 +1,6 @@
 """Sampling with replacement, proportional to the data weights p_i.
 
-Scheme (i) of ALGORITHMS.md section 3 (Li et al., "On the Convergence of
+Scheme (i) of docs/algorithms.md section 3 (Li et al., "On the Convergence of
 FedAvg on Non-IID Data", ICLR 2020, arXiv:1907.02189): q =
 ``clients_per_round`` i.i.d. draws with P(l = i) = p_i among the online
 devices; :meth:`select` returns the distinct ids and :meth:`multiplicity`
