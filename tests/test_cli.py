@@ -66,6 +66,7 @@ def test_invalid_scenarios_exit_2_without_traceback(tmp_path, text, needle):
 def test_bad_arguments_exit_2(tmp_path):
     r = fedsim("run", str(SCENARIOS / "quickstart.yaml"), "--workers", "-1")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "Invalid value for '--workers'" in r.stderr, r.stderr
     r = fedsim("run", str(SCENARIOS / "quickstart.yaml"), "--set", "rounds")
     assert r.returncode == 2 and "path.to.key=value" in r.stderr
     r = fedsim("run", str(tmp_path / "missing.yaml"))
@@ -140,6 +141,7 @@ def test_unwritable_results_dir_fails_before_training(tmp_path):
     )
     assert r.returncode == 2
     assert "cannot write results" in r.stderr and "Traceback" not in r.stderr
+    assert str(blocker) in " ".join(r.stderr.split()), r.stderr  # names the --out
 
 
 def test_too_little_disk_for_checkpoints_fails_before_training(tmp_path, monkeypatch):

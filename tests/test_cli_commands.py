@@ -42,7 +42,9 @@ SWEEP = ["--sweep", "fleet.stragglers.p=0,0.5"]
 @dataclass
 class Case:
     """One (subcommand, situation): the arguments (``{tmp}`` is the test's
-    tmp_path), the code expected, and an optional check of what is on disk."""
+    tmp_path), the code expected, and an optional check of what is on disk.
+    Every exit 2 (bad input) names what is wrong: ``says``, a piece of its
+    message that names the option, field or file (``{tmp}`` as in args)."""
 
     args: list[str]
     code: int
@@ -50,6 +52,7 @@ class Case:
     sigint: str = ""  # SIGINT once a file matching this glob has rows
     xfail: str = ""
     marks: list = field(default_factory=list)
+    says: str = ""
 
 
 def rows_kept(name: str) -> Callable[[Path], None]:
@@ -97,6 +100,7 @@ CASES: dict[str, Case] = {
         ["run", TINY, "--workers", "0", "--out", "{tmp}/out", "--set", "rounds=-3"],
         2,
         no_run_dir,
+        says="--set rounds=-3: Input should be greater than or equal to 1",
     ),
     "run-sigint": Case(
         ["run", TINY, "--workers", "0", "--out", "{tmp}/out", "-q"]
@@ -115,26 +119,41 @@ CASES: dict[str, Case] = {
         + ["--set", NO_DATA % "{tmp}"],
         2,
         no_run_dir,
+        says="in {tmp}/mnist/",
     ),
     "run-resume-with-a-scenario": Case(
         ["run", TINY, "--resume", "{tmp}/done"],
         2,
+        says="--resume RUN_DIR takes no scenario",
     ),
-    "run-resume-not-a-run-dir": Case(["run", "--resume", "{tmp}"], 2),
+    "run-resume-not-a-run-dir": Case(
+        ["run", "--resume", "{tmp}"], 2, says="{tmp}: not a run directory"
+    ),
     "run-resume-a-finished-run": Case(
         # nothing left to do is not an error, but a resume of a run dir
         # without a checkpoint is: delete the checkpoints
         ["run", "--resume", "{tmp}/done-no-ckpt"],
         2,
+        says="{tmp}/done-no-ckpt: no checkpoint to resume from",
     ),
     # ------------------------------------------------------------- validate
     "validate-ok": Case(["validate", TINY], 0),
-    "validate-bad-input": Case(["validate", TINY, "--set", "rounds=zero"], 2),
-    "validate-missing-file": Case(["validate", "{tmp}/nope.yaml"], 2),
+    "validate-bad-input": Case(
+        ["validate", TINY, "--set", "rounds=zero"], 2, says="--set rounds=zero:"
+    ),
+    "validate-missing-file": Case(
+        ["validate", "{tmp}/nope.yaml"], 2, says="{tmp}/nope.yaml: no such"
+    ),
     # --------------------------------------------------------------- report
     "report-ok": Case(["report", "{tmp}/done"], 0),
-    "report-bad-input": Case(["report", "{tmp}/done", "--timeline-rounds", "0"], 2),
-    "report-missing-data": Case(["report", "{tmp}"], 2),  # no rounds.parquet
+    "report-bad-input": Case(
+        ["report", "{tmp}/done", "--timeline-rounds", "0"],
+        2,
+        says="Invalid value for '--timeline-rounds'",
+    ),
+    "report-missing-data": Case(  # no rounds.parquet
+        ["report", "{tmp}"], 2, says="{tmp} is not a run directory: rounds.parquet"
+    ),
     # -------------------------------------------------------------- compare
     "compare-ok": Case(
         ["compare", TINY, "-a", "fedavg,fednova", "--seeds", "1", "-q"]
@@ -143,7 +162,9 @@ CASES: dict[str, Case] = {
         rows_kept("compare.parquet"),
     ),
     "compare-bad-input": Case(
-        ["compare", TINY, "-a", "nosuchalgorithm", "--out", "{tmp}/out"], 2
+        ["compare", TINY, "-a", "nosuchalgorithm", "--out", "{tmp}/out"],
+        2,
+        says="algorithm: unknown choice: Input tag 'nosuchalgorithm'",
     ),
     "compare-sigint": Case(
         ["compare", TINY, "-a", "fedavg,fednova", "--seeds", "3", "-q"]
@@ -162,6 +183,7 @@ CASES: dict[str, Case] = {
         ["compare", TINY, "-a", "fedavg", "--seeds", "1", "--out", "{tmp}/out"]
         + ["--set", NO_DATA % "{tmp}"],
         2,
+        says="in {tmp}/mnist/",
     ),
     # --------------------------------------------------------------- stress
     "stress-ok": Case(
@@ -174,6 +196,7 @@ CASES: dict[str, Case] = {
         ["stress", TINY, "--sweep", "nonsense", "--algorithms", "fedavg"]
         + ["--workers", "0", "--out", "{tmp}/out"],
         2,
+        says="--sweep 'nonsense': expected PATH=v1,v2",
     ),
     "stress-sigint": Case(
         ["stress", TINY, *SWEEP, "--algorithms", "fedavg,fednova", "--seeds", "3"]
@@ -192,6 +215,7 @@ CASES: dict[str, Case] = {
         ["stress", TINY, *SWEEP, "--algorithms", "fedavg", "--seeds", "1"]
         + ["--workers", "0", "--out", "{tmp}/out", "-q", "--set", NO_DATA % "{tmp}"],
         2,
+        says="in {tmp}/mnist/",
     ),
 }
 
@@ -279,5 +303,12 @@ def test_exit_code(name, tmp_path):
 
     # Assert
     assert code == case.code, output[-2000:]
+    if code == 2 and not case.sigint:
+        # the message names the option, field or file at fault (the panel
+        # typer draws for a bad option wraps it: compare on one line)
+        says = case.says.replace("{tmp}", str(tmp_path))
+        assert says, f"{name}: an exit-2 case must say what its message names"
+        flat = " ".join(output.replace("│", " ").split())
+        assert " ".join(says.split()) in flat, output[-2000:]
     if case.check is not None:
         case.check(tmp_path)
