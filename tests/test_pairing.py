@@ -197,15 +197,19 @@ def test_the_unbiased_pairing_is_the_default_and_uniform_is_unchanged():
 
 
 def test_every_shipped_scenario_still_loads():
-    from pathlib import Path
+    from .conftest import SCENARIOS  # absolute: whatever pytest's directory
 
-    for path in sorted(Path("scenarios").rglob("*.yaml")):
+    loaded = []
+    for path in sorted(SCENARIOS.rglob("*.yaml")):
         if "fleets/traces" in str(path) or path.parent.name == "traces":
             continue
         text = path.read_text()
         if "rounds:" not in text:  # a fleet fragment, not a scenario
             continue
         load_scenario(path)
+        loaded.append(path.relative_to(SCENARIOS).as_posix())
+    # the loop ran over the shipped scenarios, not over nothing
+    assert len(loaded) >= 20 and "quickstart.yaml" in loaded, loaded
 
 
 # ----------------------------------------------------------- Monte Carlo
