@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -61,9 +62,27 @@ def algorithm(name: str) -> str:
 def final_params(
     overrides: list[str], workers: int = 0, scenario: Path = QUICK
 ) -> tuple[torch.Tensor, list]:
-    sim = run_scenario(load_scenario(scenario, overrides), workers=workers)
+    """The run's final parameters and rows; it asserts that its workers
+    trained on the device the overrides ask for (CUDA with a GPU share)."""
+    sc = load_scenario(scenario, overrides)
+    want = "cuda" if sc.resources.gpus_per_worker > 0 else "cpu"
+    seen: set[tuple[str, str]] = set()  # (worker device, its model's device)
+    train = Worker.train
+
+    def recording_train(self, *args, **kwargs):
+        seen.add((self.device.type, self.x.device.type))
+        return train(self, *args, **kwargs)
+
+    with mock.patch.object(Worker, "train", recording_train):
+        sim = run_scenario(sc, workers=workers)
     rows, _ = sim.rows, sim.clients
     assert sim.final_params is not None
+    if workers == 0:  # trained in this process
+        assert seen == {(want, want)}, seen
+    else:  # in Ray actors: their own report of where they trained
+        devices = [g["device"] for g in sim.summary()["workers_gpus"]]
+        assert len(devices) == workers, devices
+        assert all(d.split(":")[0] == want for d in devices), devices
     return sim.final_params, rows
 
 
