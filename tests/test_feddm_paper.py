@@ -17,7 +17,7 @@ from fedsim.cli import app
 from fedsim.compare import format_markdown, load_variant, summarize_runs, with_uploads
 from fedsim.scenario import FedDMClockWarning, load_scenario
 
-from .conftest import SCENARIOS
+from .conftest import SCENARIOS, assert_figure
 
 PAPER = SCENARIOS / "papers" / "feddm-fmnist.yaml"
 CI = SCENARIOS / "papers" / "feddm-fmnist-ci.yaml"
@@ -127,4 +127,4 @@ def test_the_ci_variant_compares_feddm_with_model_averaging(tmp_path):
             assert x["bytes_up_to_target"] == hit["bytes_up_cum"]
     md = (out / "compare.md").read_text()
     assert "uploaded to 20%" in md
-    assert (out / "compare.png").stat().st_size > 0
+    assert_figure(out / "compare.png", (16, 4.2))

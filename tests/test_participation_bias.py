@@ -18,7 +18,7 @@ from fedsim.report import write_report
 from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
 
-from .conftest import cli_run
+from .conftest import assert_figure, cli_run
 
 TINY = "scenarios/ci/tiny-synthetic.yaml"
 FEDBUFF = "scenarios/async-fedbuff.yaml"
@@ -181,8 +181,22 @@ def test_summary_json_and_report_show_the_meter(tmp_path):
 
     # Assert
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["participation_bias"]["l1"] >= 0
-    assert (out / "weight_share.png").stat().st_size > 0
+    # L1 recomputed by hand from the files the run wrote
+    p = {
+        r["client_id"]: r["weight"]
+        for r in pq.read_table(out / "partition.parquet").to_pylist()
+    }
+    total = sum(p.values())
+    rows = pq.read_table(out / "rounds.parquet").to_pylist()
+    used = sum(1 for r in rows if r["n_completed"] > 0)
+    share: dict[int, float] = {}
+    for c in pq.read_table(out / "clients.parquet").to_pylist():
+        if not c["dropped"]:
+            share[c["client_id"]] = share.get(c["client_id"], 0.0) + c["agg_weight"]
+    l1 = sum(abs(share.get(i, 0.0) / used - w / total) for i, w in p.items())
+    assert used > 0 and l1 > 0
+    assert summary["participation_bias"]["l1"] == pytest.approx(l1, abs=1e-9)
+    assert_figure(out / "weight_share.png", (6.0, 5.5))
     assert "![Participation bias: weight share vs data share](weight_share.png)" in (
         report
     )

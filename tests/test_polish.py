@@ -14,6 +14,8 @@ import pytest
 from fedsim import plots
 from tests.conftest import SCENARIOS
 
+from .conftest import assert_figure
+
 
 # ------------------------------------------------------------ figures
 def _clients(rows: list[dict]) -> pa.Table:
@@ -350,7 +352,7 @@ def test_report_shows_the_initial_model(tmp_path):
     # Assert: the key figure, and the metrics figure written
     assert "| initial test accuracy | 0.125 |" in text
     assert "| initial test loss | 2.25 |" in text
-    assert (tmp_path / "metrics.png").stat().st_size > 0
+    assert_figure(tmp_path / "metrics.png", (11, 8.4))  # accuracy and loss rows
 
 
 def test_report_shows_long_simulated_times_in_hours_or_days():

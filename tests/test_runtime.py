@@ -16,7 +16,7 @@ from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
 from fedsim.stress import run_stress
 
-from .conftest import SCENARIOS
+from .conftest import SCENARIOS, assert_figure
 
 FEDBUFF = SCENARIOS / "async-fedbuff.yaml"
 QUICK = SCENARIOS / "quickstart.yaml"
@@ -158,7 +158,7 @@ def test_compare_runs_an_async_scenario(tmp_path):
     runs = pq.read_table(tmp_path / "compare.parquet").to_pylist()
     assert all(math.isfinite(r["final_accuracy"]) for r in runs)
     assert "(async)" in (tmp_path / "compare.md").read_text()
-    assert (tmp_path / "compare.png").stat().st_size > 0
+    assert_figure(tmp_path / "compare.png", (16, 4.2))
 
 
 def test_compare_moves_an_async_rule_to_the_async_timeline_and_refuses_twins():
