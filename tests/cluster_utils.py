@@ -201,20 +201,9 @@ class Cluster:
         return next(n for n in self.nodes if n.name == name)
 
     def add_node(self, spec: NodeSpec, timeout_s: float = 150) -> Node:
-        """Start one more worker node; return once it is alive."""
-        n_alive = len(self.alive_nodes()) + 1
-        node = _start(
-            spec.name,
-            _worker_args(self, spec),
-            {**self.env, **spec.env},
-            self.work,
-            self.work,
-            join=True,
-        )
-        self.nodes.append(node)
-        alive = lambda: len(self.alive_nodes()) == n_alive  # noqa: E731
-        _wait(self, timeout_s, alive, watch=[node])
-        return node
+        """Start one more worker node; return once the GCS lists it alive
+        (see :func:`_start_worker`)."""
+        return _start_worker(self, spec, timeout_s)
 
     def stop(self) -> None:
         """Worker nodes first, then the head: SIGTERM to each ``ray start
@@ -366,17 +355,23 @@ def multinode_cluster(
         cluster.nodes.append(
             _start("h", head_args, {**env, **(head_env or {})}, work, work)
         )
-        # Worker nodes need only the GCS; the dashboard comes up meanwhile.
-        _wait(cluster, timeout_s, lambda: _accepts(gcs))
+        # One node at a time, each waited for: on busy cores, nodes started
+        # together time out registering with the GCS ("Deadline Exceeded").
+        _wait(cluster, timeout_s, lambda: _accepts(gcs), what="the GCS port")
+        _wait(
+            cluster,
+            timeout_s,
+            lambda: cluster.http("GET", "/api/jobs/")[0] == 200,
+            what="the head's job API",
+        )
+        _wait(
+            cluster,
+            timeout_s,
+            lambda: len(cluster.alive_nodes()) == 1,
+            what="the head alive in the GCS",
+        )
         for spec in workers:
-            node_env = {**env, **spec.env}
-            args = _worker_args(cluster, spec)
-            cluster.nodes.append(
-                _start(spec.name, args, node_env, work, work, join=True)
-            )
-        n_nodes = len(workers) + 1
-        _wait(cluster, timeout_s, lambda: cluster.http("GET", "/api/jobs/")[0] == 200)
-        _wait(cluster, timeout_s, lambda: len(cluster.alive_nodes()) == n_nodes)
+            _start_worker(cluster, spec, timeout_s)
         yield cluster
     finally:
         cluster.stop()
@@ -397,29 +392,58 @@ def _worker_args(cluster: Cluster, spec: NodeSpec) -> list[str]:
 def _drive(cfg: dict) -> None:
     """A job's driver: ``run_scenario`` on the cluster, killing one worker
     node (:func:`kill_node`) just after round (or version) ``kill_at``, while
-    the next one trains; then summary.json, as ``fedsim run`` writes it."""
+    the next one trains; then summary.json, as ``fedsim run`` writes it.
+
+    The node killed is the first of ``cfg["candidates"]`` (name, node_dir,
+    node_sid, node_id) that hosts one of this run's worker actors right then
+    (the executor's own report says where they are), so the kill always
+    hits the run whichever nodes Ray spread its workers on."""
     import threading
 
+    from fedsim import runtime
     from fedsim.ray_session import init_ray
     from fedsim.results import write_summary
-    from fedsim.runtime import run_scenario
     from fedsim.scenario import load_scenario
 
     init_ray()
     sc = load_scenario(cfg["scenario"], cfg["sets"])
     out = Path(cfg["out"])
     out.mkdir(parents=True, exist_ok=True)
+    executors = []
+    make = runtime.make_executor
 
-    def kill() -> None:
-        pids = kill_node(cfg["node_dir"], cfg["node_sid"])
-        print(f"killed node {cfg['node_dir']}: {len(pids)} processes", flush=True)
+    def recording_make_executor(*args, **kwargs):
+        executors.append(make(*args, **kwargs))
+        return executors[-1]
+
+    runtime.make_executor = recording_make_executor
+
+    def kill(victim: dict) -> None:
+        pids = kill_node(victim["node_dir"], victim["node_sid"])
+        print(
+            f"killed node {victim['name']} ({victim['node_dir']}): "
+            f"{len(pids)} processes",
+            flush=True,
+        )
 
     def on_round(row, _clients) -> None:
         print(f"round {row['round']}", flush=True)
         if row["round"] == cfg["kill_at"]:
-            threading.Timer(0.02, kill).start()
+            hosts = {
+                hist[-1]["node_id"]
+                for hist in executors[-1].report()["workers_nodes"]
+                if hist
+            }
+            print(f"workers on nodes {sorted(h[:12] for h in hosts)}", flush=True)
+            victims = [c for c in cfg["candidates"] if c["node_id"] in hosts]
+            if not victims:
+                print("no candidate node hosts a worker: nothing killed", flush=True)
+                return
+            threading.Timer(0.02, kill, args=(victims[0],)).start()
 
-    res = run_scenario(sc, workers=cfg["workers"], run_dir=out, on_round=on_round)
+    res = runtime.run_scenario(
+        sc, workers=cfg["workers"], run_dir=out, on_round=on_round
+    )
     write_summary(out / "summary.json", res.summary())
     print(f"status {res.status}", flush=True)
 
@@ -430,7 +454,49 @@ def _accepts(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _wait(cluster: Cluster, timeout_s: float, ready, watch=None) -> None:
+def _start_worker(
+    cluster: Cluster, spec: NodeSpec, timeout_s: float, tries: int = 2
+) -> Node:
+    """Start worker node ``spec`` and wait until the GCS lists exactly one
+    more alive node than before (counted by index: node ``i`` of the cluster
+    makes ``i + 1`` alive) and the head's job API still answers. A ``ray
+    start`` that exits before registering (on busy cores: "Deadline
+    Exceeded" from the GCS) is stopped, by pid, and started once more."""
+    expected = len([n for n in cluster.nodes if n.proc.poll() is None]) + 1
+    for attempt in range(1, tries + 1):
+        name = spec.name if attempt == 1 else f"{spec.name}{attempt}"
+        node = _start(
+            name,
+            _worker_args(cluster, spec),
+            {**cluster.env, **spec.env},
+            cluster.work,
+            cluster.work,
+            join=True,
+        )
+        node.name = spec.name
+        cluster.nodes.append(node)
+        try:
+            _wait(
+                cluster,
+                timeout_s,
+                lambda: (
+                    len(cluster.alive_nodes()) == expected
+                    and cluster.http("GET", "/api/jobs/")[0] == 200
+                ),
+                watch=[node],
+                what=f"node {spec.name} alive in the GCS ({expected} nodes)",
+            )
+            return node
+        except RuntimeError:
+            if attempt == tries or node.proc.poll() is None:
+                raise
+            # it gave up registering: leave no process of it, try again
+            cluster.nodes.remove(node)
+            kill_node(node.dir, node.proc.pid)
+    raise AssertionError("unreachable")
+
+
+def _wait(cluster: Cluster, timeout_s: float, ready, watch=None, what="") -> None:
     """Until ``ready()``; fail if a node of ``watch`` (default: all) exits."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -438,7 +504,8 @@ def _wait(cluster: Cluster, timeout_s: float, ready, watch=None) -> None:
             if node.proc.poll() is not None:
                 raise RuntimeError(
                     f"ray start of node {node.name} exited "
-                    f"({node.proc.returncode}):\n{cluster.log_tail()}"
+                    f"({node.proc.returncode}) while waiting for {what}:\n"
+                    f"{cluster.log_tail()}"
                 )
         try:
             if ready():
@@ -446,8 +513,11 @@ def _wait(cluster: Cluster, timeout_s: float, ready, watch=None) -> None:
         except OSError:
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the cluster did not come up:\n{cluster.log_tail()}")
-        time.sleep(1)
+            raise RuntimeError(
+                f"the cluster did not come up: no {what} after {timeout_s:.0f}s:\n"
+                f"{cluster.log_tail()}"
+            )
+        time.sleep(0.5)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["join"]:

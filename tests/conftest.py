@@ -1,5 +1,18 @@
-"""Shared fixtures. Ray-starting tests share one local Ray session (ray.init
-takes seconds) and are marked ``ray``; ``make test-quick`` skips them."""
+"""Shared fixtures and the suite's scheduling rules (tests/README.md).
+
+- ``ray_session`` (session scope): the one embedded local Ray of a pytest
+  process; tests that use it are marked ``ray`` (``make test-quick`` skips
+  them). Never call ``ray.init``/``ray.shutdown`` in a test.
+- ``cluster`` (session scope): the one multi-node cluster (a head and worker
+  nodes a, b, c, started one after the other) for every test marked
+  ``cluster``. Tests marked ``cluster(kills_nodes=True)`` run after the other
+  cluster tests. Every cluster test runs in one pytest-xdist group, so one
+  process starts the cluster, once, while the other process runs the rest.
+- Every test has a time limit (pytest-timeout, ``timeout`` in pyproject.toml);
+  cluster tests get ``CLUSTER_TIMEOUT_S`` and ``slow`` ones ``SLOW_TIMEOUT_S``
+  unless they set their own ``@pytest.mark.timeout``. A test past its limit
+  fails with every thread's stack dumped.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +28,48 @@ import pytest
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+# Hypothesis: the same examples on every run (CI must be reproducible);
+# FEDSIM_FUZZ_RANDOM=1 (or HYPOTHESIS_PROFILE=explore) draws new ones.
+try:
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+    _hypothesis_settings.register_profile("explore", derandomize=False)
+    _hypothesis_settings.load_profile(
+        "explore"
+        if os.environ.get("FEDSIM_FUZZ_RANDOM")
+        else os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    )
+except ImportError:  # hypothesis is a dev extra
+    pass
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
 SHARED = ROOT.parent / "shared"
+MNIST = SHARED / "data"  # holds mnist-test/ (the t10k files)
+
+SLOW_TIMEOUT_S = 900
+CLUSTER_TIMEOUT_S = 1200  # includes starting the cluster (session fixture)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            if item.get_closest_marker("cluster") is not None:
+                item.add_marker(pytest.mark.timeout(CLUSTER_TIMEOUT_S))
+            elif item.get_closest_marker("slow") is not None:
+                item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+        if item.get_closest_marker("cluster") is not None:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+
+    # Tests that kill cluster nodes come after every other cluster test (a
+    # stable sort: the rest keep their order).
+    def kills_nodes(item) -> bool:
+        mark = item.get_closest_marker("cluster")
+        return bool(mark and mark.kwargs.get("kills_nodes"))
+
+    items.sort(key=kills_nodes)
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +80,41 @@ def ray_session():
     init_ray(num_cpus=2)
     yield
     shutdown_ray()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """A head that offers no CPUs (it runs the job drivers) and three worker
+    nodes on 127.0.0.1 with token authentication (tests/cluster_utils.py):
+    ``a`` with 2 CPUs and 2 fake GPUs, ``b`` and ``c`` with 1 CPU each; each
+    names itself with a custom resource (``node_a``, ...). The head alone has
+    data (FEDSIM_DATA_ROOT: the shared MNIST test set); the worker nodes have
+    an empty data root and an empty HOME. A lost node is declared dead within
+    about 10 s, so node-loss tests stay short."""
+    import time
+
+    from .cluster_utils import NodeSpec, multinode_cluster
+
+    empty = tmp_path_factory.mktemp("nodata")
+    no_data = {"FEDSIM_DATA_ROOT": str(empty), "HOME": str(empty)}
+    workers = [
+        NodeSpec("a", num_cpus=2, num_gpus=2, resources={"node_a": 1}, env=no_data),
+        NodeSpec("b", num_cpus=1, resources={"node_b": 1}, env=no_data),
+        NodeSpec("c", num_cpus=1, resources={"node_c": 1}, env=no_data),
+    ]
+    head_env = {
+        "FEDSIM_DATA_ROOT": str(MNIST),
+        "RAY_health_check_period_ms": "1000",
+        "RAY_health_check_timeout_ms": "2000",
+        "RAY_health_check_failure_threshold": "5",
+    }
+    start = time.monotonic()
+    with multinode_cluster(workers, head_env=head_env) as c:
+        print(f"cluster up in {time.monotonic() - start:.1f}s")
+        yield c
+        work = c.work
+    print(f"cluster up and down in {time.monotonic() - start:.1f}s")
+    assert not c.pids(), f"processes of {work} left"
 
 
 def cli_run(out: Path, scenario: str, overrides: list[str]) -> Path:
@@ -43,6 +130,33 @@ def cli_run(out: Path, scenario: str, overrides: list[str]) -> Path:
     result = CliRunner().invoke(app, [*args, "--quiet"])
     assert result.exit_code == 0, result.output
     return out
+
+
+def assert_figure(
+    path: Path,
+    inches: tuple[float, float] | None = None,
+    dpi: float = 110,  # fedsim.plots.DPI
+    min_colored: int = 100,
+) -> tuple[int, int]:
+    """``path`` is a PNG of ``inches`` (width, height) at ``dpi`` (or, when
+    ``inches`` is None, at least 300 x 200 pixels) in which data were
+    plotted: at least ``min_colored`` clearly colored pixels (axes, ticks,
+    text and "no data" notes are black or gray, and a figure of no data has
+    none; every plotted series is in a color). Returns its size in pixels."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as im:
+        assert im.format == "PNG", (path, im.format)
+        size = im.size
+        rgb = np.asarray(im.convert("RGB"), dtype=np.int16)
+    colored = int(((rgb.max(axis=2) - rgb.min(axis=2)) > 60).sum())
+    if inches is None:
+        assert size[0] >= 300 and size[1] >= 200, (path, size)
+    else:
+        assert size == (round(inches[0] * dpi), round(inches[1] * dpi)), (path, size)
+    assert colored >= min_colored, f"{path}: {colored} colored pixels, no data?"
+    return size
 
 
 class Hang(BaseException):

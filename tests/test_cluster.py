@@ -3,40 +3,28 @@
 The fast tests check the files in cluster/ (the cluster launcher config passes
 Ray's own validation, every Ray container has token authentication on, the
 runtime environment leaves results/ and .venv behind, submit.sh builds the
-documented command). The slow one starts a real Ray head on 127.0.0.1 with
-token authentication, submits the quickstart through cluster/submit.sh, checks
-the run directory, checks that requests without the right token are refused,
-and stops the head.
-
-The head is this test's own: a fresh token in a temporary file (never
-~/.ray/auth_token), free ports, its own --temp-dir, and `ray start --block` in
-a new session. It is stopped with SIGTERM to that process (Ray then stops what
-it started), and whatever of its session is left is killed by pid. Never
-`ray stop`: it stops every Ray on the machine, other people's included.
+documented command). The slow one uses the session's multi-node cluster
+(the ``cluster`` fixture of tests/conftest.py: a real Ray head on 127.0.0.1
+with token authentication, a fresh token in a temporary file, never
+~/.ray/auth_token), submits the quickstart through cluster/submit.sh, checks
+the run directory, and checks that requests without the right token are
+refused. The fixture stops the cluster by pid, never with `ray stop` (it
+stops every Ray on the machine, other people's included).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import secrets
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .cluster_utils import base_env, free_ports, is_loopback
+from .cluster_utils import Cluster, base_env, is_loopback
 from .conftest import ROOT
 
 CLUSTER = ROOT / "cluster"
@@ -213,150 +201,11 @@ def test_submit_sh_validates_the_scenario_before_submitting():
 # ------------------------------------------------- a real head, a real job
 
 
-@dataclass
-class Head:
-    proc: subprocess.Popen
-    dir: Path
-    env: dict[str, str]  # the right token, RAY_AUTH_MODE=token
-    token: str
-    gcs: str
-    dashboard: str
-    log: Path
-
-    def log_tail(self, n: int = 60) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no head log)"
-
-
-def _session_pids(sid: int, marker: str) -> list[int]:
-    """Processes of session ``sid`` or whose command line names ``marker``
-    (the head's temp dir): all of them started by this test's head."""
-    import psutil
-
-    pids = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if p.pid == os.getpid():
-                continue
-            if os.getsid(p.pid) == sid or marker in " ".join(p.info["cmdline"] or []):
-                pids.append(p.pid)
-        except (OSError, psutil.Error):
-            continue
-    return pids
-
-
-def _stop_head(head: Head) -> None:
-    """SIGTERM to `ray start --block` makes it stop the processes it started;
-    then SIGKILL, by pid, whatever of this head is left."""
-    sid, marker = head.proc.pid, str(head.dir)
-    if head.proc.poll() is None:
-        head.proc.send_signal(signal.SIGTERM)
-        try:
-            head.proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            head.proc.kill()
-            head.proc.wait(timeout=10)
-    deadline = time.monotonic() + 15
-    while (left := _session_pids(sid, marker)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def _http(head: Head, method: str, path: str, token: str | None, body=None):
-    """(status, text) of a request to the head's dashboard."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(head.dashboard + path, data=data, method=method)
-    req.add_header("Content-Type", "application/json")
-    if token is not None:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-
-
-@pytest.fixture(scope="module")
-def ray_head() -> Iterator[Head]:
-    # A short path: Ray puts unix sockets under it (108-byte limit).
-    work = Path(tempfile.mkdtemp(prefix="fsray-", dir="/tmp"))
-    token = secrets.token_hex(32)
-    token_file = work / "auth_token"
-    token_file.write_text(token)
-    token_file.chmod(0o600)
-    env = base_env(
-        RAY_AUTH_MODE="token",
-        RAY_AUTH_TOKEN_PATH=str(token_file),
-        # SIGTERM stops the head at once instead of draining for 30 s.
-        RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
-    )
-    gcs, dash, client, nm, om, agent, agent_grpc, metrics, rt_env = free_ports(9)
-    log = work / "head.log"
-    cmd = [
-        str(RAY),
-        "start",
-        "--head",
-        "--block",
-        "--node-ip-address=127.0.0.1",
-        f"--port={gcs}",
-        "--include-dashboard=true",
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dash}",
-        f"--ray-client-server-port={client}",
-        f"--node-manager-port={nm}",
-        f"--object-manager-port={om}",
-        f"--dashboard-agent-listen-port={agent}",
-        f"--dashboard-agent-grpc-port={agent_grpc}",
-        f"--metrics-export-port={metrics}",
-        f"--runtime-env-agent-port={rt_env}",
-        "--num-cpus=2",
-        "--num-gpus=0",
-        f"--object-store-memory={300 * 1024 * 1024}",
-        f"--temp-dir={work / 'ray'}",
-        "--disable-usage-stats",
-    ]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=work,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own session: found and stopped by sid
-        )
-    head = Head(
-        proc, work, env, token, f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", log
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"ray start exited ({proc.returncode}):\n{head.log_tail()}")
-            try:
-                if _http(head, "GET", "/api/jobs/", token)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the head's job API never came up:\n{head.log_tail()}")
-            time.sleep(1)
-        yield head
-    finally:
-        _stop_head(head)
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _ray(head: Head, *args: str, env: dict[str, str] | None = None, timeout=120):
+def _ray(cluster: Cluster, *args: str, env: dict[str, str] | None = None, timeout=120):
     return subprocess.run(
         [str(RAY), *args],
         cwd=ROOT,
-        env=head.env if env is None else env,
+        env=cluster.env if env is None else env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -365,21 +214,17 @@ def _ray(head: Head, *args: str, env: dict[str, str] | None = None, timeout=120)
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_ray_job_submit_with_token_auth(ray_head: Head, tmp_path: Path):
-    import psutil
+def test_ray_job_submit_with_token_auth(cluster: Cluster, tmp_path: Path):
     import pyarrow.parquet as pq
 
-    head = ray_head
-    # Every port this head opened is on loopback.
-    listening = []
-    for pid in _session_pids(head.proc.pid, str(head.dir)):
-        try:
-            conns = psutil.Process(pid).net_connections(kind="inet")
-        except psutil.Error:
-            continue
-        listening += [c.laddr for c in conns if c.status == psutil.CONN_LISTEN]
-    assert listening, "found none of the head's listening sockets"
+    head = cluster
+    # Every port the cluster opened is on loopback.
+    listening = head.listening()
+    assert listening, "found none of the cluster's listening sockets"
     assert all(is_loopback(a.ip) for a in listening), listening
+    code, text = head.http("GET", "/api/jobs/")
+    assert code == 200
+    before = {j["submission_id"] for j in json.loads(text)}
 
     # Submit the quickstart the documented way: cluster/submit.sh, which runs
     # the venv's `ray job submit --working-dir . --runtime-env ...` and waits.
@@ -399,7 +244,7 @@ def test_ray_job_submit_with_token_auth(ray_head: Head, tmp_path: Path):
         text=True,
         timeout=240,
     )
-    code, text = _http(head, "GET", f"/api/jobs/{job_id}", head.token)
+    code, text = head.http("GET", f"/api/jobs/{job_id}")
     status = json.loads(text).get("status") if code == 200 else f"HTTP {code}"
     if r.returncode != 0 or status != "SUCCEEDED":
         logs = _ray(head, "job", "logs", "--address", head.dashboard, job_id)
@@ -408,7 +253,7 @@ def test_ray_job_submit_with_token_auth(ray_head: Head, tmp_path: Path):
             f"--- submit.sh stdout\n{r.stdout[-4000:]}\n"
             f"--- submit.sh stderr\n{r.stderr[-4000:]}\n"
             f"--- ray job logs\n{logs.stdout[-6000:]}{logs.stderr[-2000:]}\n"
-            f"--- head log\n{head.log_tail()}"
+            f"--- nodes\n{head.log_tail(20)}"
         )
     assert f"results: {out}" in r.stderr
     assert pq.read_table(out / "rounds.parquet").num_rows == 3
@@ -442,16 +287,17 @@ def test_ray_job_submit_with_token_auth(ray_head: Head, tmp_path: Path):
     # The job API itself, whatever the client: 401 without, 403 with a wrong
     # token; the GCS refuses a wrong token too.
     body = {"entrypoint": "echo intruder"}
-    assert _http(head, "POST", "/api/jobs/", None, body)[0] == 401
-    assert _http(head, "POST", "/api/jobs/", "not-the-token", body)[0] == 403
+    assert head.http("POST", "/api/jobs/", None, body)[0] == 401
+    assert head.http("POST", "/api/jobs/", "not-the-token", body)[0] == 403
     r = _ray(head, "status", "--address", head.gcs, env=wrong, timeout=60)
     assert r.returncode != 0 and "auth" in r.stderr.lower(), r.stderr[-2000:]
     r = _ray(head, "status", "--address", head.gcs, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
 
-    # No rejected request left a job behind.
-    code, text = _http(head, "GET", "/api/jobs/", head.token)
+    # No rejected request left a job behind, nor did submit.sh's check job:
+    # this test added one job (the cluster is shared: compare with before).
+    code, text = head.http("GET", "/api/jobs/")
     assert code == 200
     jobs = json.loads(text)
-    assert [j["submission_id"] for j in jobs if j.get("submission_id")] == [job_id]
+    assert {j["submission_id"] for j in jobs} - before == {job_id}
     assert not any("intruder" in j["entrypoint"] for j in jobs)

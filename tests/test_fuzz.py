@@ -27,6 +27,9 @@ files for ``load_scenario`` (/dev/zero, a FIFO, a 10 GiB sparse file, ...), and
 the ``fedsim`` command itself on bad files: exit code 2, a message, no
 traceback. ``pytest --hypothesis-show-statistics`` shows what was generated
 and how each input was answered.
+
+Derandomized: the same inputs on every run (the ``ci`` Hypothesis profile of
+tests/conftest.py, a fixed seed); ``FEDSIM_FUZZ_RANDOM=1`` draws new ones.
 """
 
 from __future__ import annotations
