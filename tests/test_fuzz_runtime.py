@@ -60,8 +60,9 @@ from .conftest import time_limit
 pytestmark = pytest.mark.slow
 
 RUN_S = 60  # one run taking this long is a hang
-# The share of generated examples (the @example ones aside) that must train.
-MIN_TRAINED = 0.4
+# The share of generated examples (the @example ones aside) that must train:
+# 13 of the 30 derandomized ones do (the rest are refused, stall or diverge).
+MIN_TRAINED = 1 / 3
 # 30 examples take about a minute on an idle 2-core machine, three on a busy one
 EXAMPLES = int(os.environ.get("FEDSIM_FUZZ_EXAMPLES", "30"))
 
