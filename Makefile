@@ -8,7 +8,16 @@ STAMP  := $(VENV)/.installed-stamp
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: run test test-quick venv lint clean
+.PHONY: run test test-quick test-serial test-explore venv lint clean
+
+# The suite in two processes (pytest-xdist): the cluster tests, which mostly
+# wait on Ray, run in one group (one process, one cluster) while the other
+# process runs the CPU-bound rest. pyproject's addopts print --durations=25
+# and give every test a time limit (pytest-timeout).
+PYTEST_XDIST := -n 2 --dist loadgroup
+# Explorations (more examples, new random draws): CI runs them when the
+# budget allows (.ci/run).
+EXPLORE_EXAMPLES ?= 100
 
 venv: $(STAMP)
 
@@ -24,10 +33,16 @@ run: $(STAMP)
 	$(BIN)/fedsim run scenarios/quickstart.yaml
 
 test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST)
+
+test-serial: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not ray and not cluster"
+	$(BIN)/python -m pytest -q -m "not slow and not ray and not cluster and not explore"
+
+test-explore: $(STAMP)
+	FEDSIM_FUZZ_EXAMPLES=$(EXPLORE_EXAMPLES) $(BIN)/python -m pytest -q -m explore
 
 lint: $(STAMP)
 	$(BIN)/ruff check fedsim tests benchmarks

@@ -12,6 +12,9 @@
   cluster tests get ``CLUSTER_TIMEOUT_S`` and ``slow`` ones ``SLOW_TIMEOUT_S``
   unless they set their own ``@pytest.mark.timeout``. A test past its limit
   fails with every thread's stack dumped.
+- Tests marked ``explore`` (slow explorations: new random draws, more
+  examples) run only with ``-m explore`` (``make test-explore``; CI runs them
+  when its time budget allows).
 """
 
 from __future__ import annotations
@@ -54,6 +57,12 @@ CLUSTER_TIMEOUT_S = 1200  # includes starting the cluster (session fixture)
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    # Explorations run only when asked for by name: `-m explore`.
+    if "explore" not in (config.getoption("markexpr", "") or ""):
+        skipped = [i for i in items if i.get_closest_marker("explore") is not None]
+        if skipped:
+            config.hook.pytest_deselected(items=skipped)
+            items[:] = [i for i in items if i.get_closest_marker("explore") is None]
     for item in items:
         if item.get_closest_marker("timeout") is None:
             if item.get_closest_marker("cluster") is not None:

@@ -607,10 +607,12 @@ EXPLICIT = [
 ]
 
 
-def test_odd_scenarios_end_well_and_in_time():
+def odd_scenarios_end_well(fuzz: settings) -> None:
+    """The property on every example ``fuzz`` draws (and the EXPLICIT ones),
+    and enough of the generated examples train."""
     trained: list[bool] = []  # per generated example
 
-    @FUZZ
+    @fuzz
     @given(
         doc=scenarios("devices.csv", TRACE_ROWS),
         report=st.sampled_from([False, False, False, True]),  # figures cost seconds
@@ -627,5 +629,17 @@ def test_odd_scenarios_end_well_and_in_time():
     # Assert: enough of the generated examples trained (not all refused)
     share = sum(trained) / len(trained)
     print(f"{sum(trained)} of {len(trained)} generated examples trained")
-    assert len(trained) >= EXAMPLES // 2, len(trained)
+    assert len(trained) >= fuzz.max_examples // 2, len(trained)
     assert share >= MIN_TRAINED, f"only {sum(trained)} of {len(trained)} trained"
+
+
+def test_odd_scenarios_end_well_and_in_time():
+    odd_scenarios_end_well(FUZZ)
+
+
+@pytest.mark.explore
+@pytest.mark.timeout(3600)
+def test_odd_scenarios_explored():
+    # New draws every run, and more of them (FEDSIM_FUZZ_EXAMPLES, default 200)
+    n = int(os.environ.get("FEDSIM_FUZZ_EXAMPLES", "200"))
+    odd_scenarios_end_well(settings(FUZZ, derandomize=False, max_examples=n))
