@@ -5,9 +5,10 @@
   them). Never call ``ray.init``/``ray.shutdown`` in a test.
 - ``cluster`` (session scope): the one multi-node cluster (a head and worker
   nodes a, b, c, started one after the other) for every test marked
-  ``cluster``. Tests marked ``cluster(kills_nodes=True)`` run after the other
-  cluster tests. Every cluster test runs in one pytest-xdist group, so one
-  process starts the cluster, once, while the other process runs the rest.
+  ``cluster``. The cluster tests run first, together (those marked
+  ``cluster(kills_nodes=True)`` last), in one pytest-xdist group: one process
+  starts the cluster, once, and stops it after the last cluster test, while
+  the other process runs the rest.
 - Every test has a time limit (pytest-timeout, ``timeout`` in pyproject.toml);
   cluster tests get ``CLUSTER_TIMEOUT_S`` and ``slow`` ones ``SLOW_TIMEOUT_S``
   unless they set their own ``@pytest.mark.timeout``. A test past its limit
@@ -22,7 +23,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +73,14 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("cluster") is not None:
             item.add_marker(pytest.mark.xdist_group("cluster"))
 
-    # Tests that kill cluster nodes come after every other cluster test (a
-    # stable sort: the rest keep their order).
-    def kills_nodes(item) -> bool:
+    # The cluster tests first and together (xdist starts their group first;
+    # the cluster stops after the last one), those that kill cluster nodes
+    # last among them; the rest keep their order (a stable sort).
+    def order(item) -> tuple[bool, bool]:
         mark = item.get_closest_marker("cluster")
-        return bool(mark and mark.kwargs.get("kills_nodes"))
+        return mark is None, bool(mark and mark.kwargs.get("kills_nodes"))
 
-    items.sort(key=kills_nodes)
+    items.sort(key=order)
 
 
 @pytest.fixture(scope="session")
@@ -118,12 +120,31 @@ def cluster(tmp_path_factory):
         "RAY_health_check_failure_threshold": "5",
     }
     start = time.monotonic()
-    with multinode_cluster(workers, head_env=head_env) as c:
-        print(f"cluster up in {time.monotonic() - start:.1f}s")
+    stack = ExitStack()
+    c = stack.enter_context(multinode_cluster(workers, head_env=head_env))
+    print(f"cluster up in {time.monotonic() - start:.1f}s")
+    _STOP_CLUSTER.append(stack.close)
+    try:
         yield c
-        work = c.work
+    finally:
+        stack.close()  # a second close does nothing
+        _STOP_CLUSTER.clear()
     print(f"cluster up and down in {time.monotonic() - start:.1f}s")
-    assert not c.pids(), f"processes of {work} left"
+    assert not c.pids(), f"processes of {c.work} left"
+
+
+_STOP_CLUSTER: list = []  # stops the session's cluster, once it is started
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Stop the cluster as soon as this process has run its last cluster test
+    (its Ray processes would otherwise idle on the cores until the end)."""
+    if (
+        _STOP_CLUSTER
+        and item.get_closest_marker("cluster") is not None
+        and (nextitem is None or nextitem.get_closest_marker("cluster") is None)
+    ):
+        _STOP_CLUSTER[0]()
 
 
 def cli_run(out: Path, scenario: str, overrides: list[str]) -> Path:

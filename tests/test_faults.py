@@ -226,48 +226,49 @@ def kill_soon(pid: int) -> None:
     threading.Thread(target=later).start()
 
 
-def worker_pids(stale: frozenset[int] = frozenset()) -> list[int]:
-    """Process ids of the live Ray worker actors (process title ray::Worker),
-    less ``stale`` ones left over from an earlier run."""
+def record_executors(monkeypatch) -> list:
+    """The executors ``run_scenario`` makes from now on, in order: the tests
+    read their own worker actors' process ids from them (``pids()``), never
+    every ``ray::Worker`` on the machine (other runs', other people's)."""
+    import fedsim.runtime
+
+    made: list = []
+    real = fedsim.runtime.make_executor
+
+    def recording(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(fedsim.runtime, "make_executor", recording)
+    return made
+
+
+def live_pids(executor) -> list[int]:
+    """The executor's worker actors' process ids; each a live process."""
     import psutil
 
-    pids = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info["cmdline"] or []
-        if cmd and cmd[0].startswith("ray::Worker") and proc.pid not in stale:
-            pids.append(proc.pid)
-    return sorted(pids)
-
-
-def settled_workers(timeout_s: float = 30.0) -> frozenset[int]:
-    """Wait for the worker processes of finished runs to exit; return any that
-    outlive ``timeout_s``, for ``worker_pids`` to leave out.
-
-    A run's actors are killed when it ends, but their processes can take a
-    moment to go: one still alive made the next run's count read 3, not 2.
-    """
-    deadline = time.monotonic() + timeout_s
-    while worker_pids() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return frozenset(worker_pids())
+    pids = executor.pids()
+    assert len(set(pids)) == len(pids), pids
+    assert all(psutil.pid_exists(p) for p in pids), pids
+    return pids
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_killed_worker_is_replaced_and_results_are_identical(ray_session):
+def test_killed_worker_is_replaced_and_results_are_identical(ray_session, monkeypatch):
     sc = load_scenario(QUICK, ["rounds=12", "client.batch_size=5"])
     clean = run_scenario(sc, workers=2)
     clean_rows, clean_clients = clean.rows, clean.clients
-    stale = settled_workers()
+    made = record_executors(monkeypatch)
 
     killed: list[tuple[int, int]] = []
     later_pids: list[int] = []
 
     def kill_a_worker(row, _clients):
         if row["round"] == 10:
-            later_pids.extend(worker_pids(stale))
+            later_pids.extend(live_pids(made[-1]))
         if row["round"] in (3, 7):
-            pids = worker_pids(stale)
+            pids = live_pids(made[-1])
             assert len(pids) == 2
             pid = pids[row["round"] % 2]
             kill_soon(pid)
@@ -275,7 +276,7 @@ def test_killed_worker_is_replaced_and_results_are_identical(ray_session):
 
     sim = run_scenario(sc, workers=2, on_round=kill_a_worker)
     rows, clients = sim.rows, sim.clients
-    assert len(killed) == 2
+    assert len(killed) == 2 and len(made) == 1 and len(later_pids) == 2
     # both killed processes were replaced by new ones (Ray restarted the actors)
     assert not {pid for _, pid in killed} & set(later_pids)
 
@@ -287,20 +288,20 @@ def test_killed_worker_is_replaced_and_results_are_identical(ray_session):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_worker_killed_in_an_async_run_is_replaced_with_identical_results(
-    ray_session,
+    ray_session, monkeypatch
 ):
     sc = load_scenario(SCENARIOS / "async-fedbuff.yaml", ["rounds=40"])
     clean = run_scenario(sc, workers=2)
     clean_rows, clean_clients = clean.rows, clean.clients
-    stale = settled_workers()
+    made = record_executors(monkeypatch)
     killed: list[int] = []
     later_pids: list[int] = []
 
     def kill_a_worker(row, _clients):
         if row["round"] == 35:
-            later_pids.extend(worker_pids(stale))
+            later_pids.extend(live_pids(made[-1]))
         if row["round"] in (5, 20):
-            pids = worker_pids(stale)
+            pids = live_pids(made[-1])
             assert len(pids) == 2
             pid = pids[len(killed) % 2]
             kill_soon(pid)
@@ -308,7 +309,7 @@ def test_a_worker_killed_in_an_async_run_is_replaced_with_identical_results(
 
     sim = run_scenario(sc, workers=2, on_round=kill_a_worker)
     rows, clients = sim.rows, sim.clients
-    assert len(killed) == 2 and len(later_pids) == 2
+    assert len(killed) == 2 and len(later_pids) == 2 and len(made) == 1
     assert not set(killed) & set(later_pids)  # Ray restarted both actors
     assert comparable(rows) == comparable(clean_rows)
     assert comparable(clients) == comparable(clean_clients)
