@@ -12,7 +12,8 @@
 - Every test has a time limit (pytest-timeout, ``timeout`` in pyproject.toml);
   cluster tests get ``CLUSTER_TIMEOUT_S`` and ``slow`` ones ``SLOW_TIMEOUT_S``
   unless they set their own ``@pytest.mark.timeout``. A test past its limit
-  fails with every thread's stack dumped.
+  fails with every thread's stack dumped (SIGALRM: the test fails, its
+  fixtures are torn down and the run goes on; :func:`time_limit` nests in it).
 - Tests marked ``explore`` (slow explorations: new random draws, more
   examples) run only with ``-m explore`` (``make test-explore``; CI runs them
   when its time budget allows).
@@ -197,18 +198,36 @@ class Hang(BaseException):
 @contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
     """Raise :class:`Hang` in this thread after ``seconds`` (SIGALRM; no
-    bound where the platform has no interval timer)."""
+    bound where the platform has no interval timer).
+
+    It nests inside pytest-timeout's own SIGALRM limit (timeout_method
+    "signal"): when that limit comes first, its handler runs (the test fails
+    with the stack dump); on the way out the outer timer is set again to the
+    time it has left."""
     if not hasattr(signal, "setitimer"):
         yield
         return
+    import time
+
+    outer = signal.getsignal(signal.SIGALRM)
+    outer_left, _ = signal.getitimer(signal.ITIMER_REAL)
+    outer_first = 0 < outer_left < seconds
+    start = time.monotonic()
+    fired: list[bool] = []
 
     def on_alarm(signum: int, frame: Any) -> None:
+        fired.append(True)
+        if outer_first and callable(outer):
+            outer(signum, frame)  # the test's own time limit: it raises
         raise Hang(f"still running after {seconds} s")
 
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, outer_left if outer_first else seconds)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        signal.signal(signal.SIGALRM, outer)
+        if outer_left > 0 and not (fired and outer_first):
+            left = outer_left - (time.monotonic() - start)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001))
