@@ -47,8 +47,10 @@ def test_stress_report_on_a_ci_sized_grid(report: Path):
         )
         assert 0 <= r["dropped_fraction"] <= 1
         assert math.isfinite(r["target_accuracy"])
-    # tau_mean and tau_std are those of the run's kept updates in taus.parquet
-    # (its phones differ in speed: the spread is never zero)
+    # tau_mean and tau_std are those of the run's kept updates in taus.parquet:
+    # in a synchronous round (a 30 s window) phones of different speeds make
+    # different numbers of steps, so they spread; every asynchronous job
+    # makes max_steps (50) steps, so they do not
     taus = pq.read_table(report / "taus.parquet").to_pylist()
     for r in table:
         kept = [
@@ -62,7 +64,11 @@ def test_stress_report_on_a_ci_sized_grid(report: Path):
         mean = sum(kept) / len(kept)
         std = math.sqrt(sum((t - mean) ** 2 for t in kept) / len(kept))
         assert r["tau_mean"] == pytest.approx(mean, rel=1e-12) and mean > 0, r
-        assert r["tau_std"] == pytest.approx(std, rel=1e-12) and std > 0, r
+        assert r["tau_std"] == pytest.approx(std, rel=1e-12), r
+        if r["mode"] == "sync":
+            assert std > 0, r
+        else:
+            assert set(kept) == {50} and r["tau_std"] == 0.0, r
     fedbuff = [r for r in table if r["algorithm"] == "fedbuff"]
     assert {r["mode"] for r in fedbuff} == {"async"}
     assert {r["rounds"] for r in fedbuff} == {4 * 10 // 10}  # versions, K = 10
