@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedsim.results import atomic_write_bytes
+from fedsim.results import UnreadableResults, atomic_write_bytes, read_rows
 
 if TYPE_CHECKING:  # torch is imported where tensors are saved or loaded
     import torch
@@ -154,6 +154,60 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from None
+
+
+def check_resumable(run_dir: Path) -> Checkpoint:
+    """Everything a resume of ``run_dir`` reads, read once before anything is
+    written: LATEST, the checkpoint's meta.json, server state, client store
+    and the parameters of versions in flight, and the rows of the result
+    tables the checkpoint counts. A resume that would fail half-way (after
+    the run has started rewriting its tables) fails here instead, with every
+    file as it was.
+
+    Returns:
+        The checkpoint LATEST names.
+
+    Raises:
+        CheckpointError: naming the first file that is missing, damaged or
+            shorter than the checkpoint says.
+    """
+    run_dir = Path(run_dir)
+    ck = latest_checkpoint(run_dir)
+    try:
+        meta = json.loads((ck.path / "meta.json").read_text())
+        payloads = [int(v) for v in meta.get("payload_versions", [])]
+    except (OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{ck.path / 'meta.json'}: unreadable ({exc})") from None
+    needed = [ck.path / "server.pt"]
+    needed += [ck.path / f"payload-{v:08d}.pt" for v in payloads]
+    for path in needed:
+        _check_tensors(path)
+    try:
+        load_arrays(ck.path)
+    except (OSError, ValueError, EOFError) as exc:
+        raise CheckpointError(f"{ck.path}: damaged client store ({exc})") from None
+    tables = [("rounds", ck.n_rows), ("clients", ck.n_client_rows)]
+    if ck.n_selector_rows:
+        tables.append(("selector", ck.n_selector_rows))
+    for name, rows in tables:
+        try:
+            read_rows(run_dir / f"{name}.parquet", rows)
+        except UnreadableResults as exc:
+            raise CheckpointError(f"{exc}; cannot resume") from None
+    return ck
+
+
+def _check_tensors(path: Path) -> None:
+    """Raise CheckpointError naming ``path`` unless it loads as tensors."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; cannot resume")
+    try:
+        load_tensors(path)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # torch reports a cut file as several kinds
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"{path}: damaged ({why}); cannot resume") from None
 
 
 # Fields that cannot change results (``rounds``: a resume may extend the run);

@@ -64,6 +64,23 @@ os.umask(_UMASK)
 # Columns that depend on the host machine, not on (scenario, seed).
 WALL_CLOCK_COLUMNS = ("wall_time",)
 
+# A loss beyond this is divergence even while it is still finite: float32
+# overflows to inf only near 3.4e38, so a run can spend many rounds at 1e30
+# before the NaN check sees anything. No model this simulator trains has a
+# meaningful loss near 1e12 (cross-entropy of a uniform guess over 1000
+# classes is 6.9; the quadratic objectives start below 1e6).
+DIVERGENCE_BOUND = 1e12
+
+
+def is_diverged_value(x: float) -> bool:
+    """Whether a loss means the run diverged: NaN, infinite, or beyond
+    :data:`DIVERGENCE_BOUND` in magnitude (docs/results.md, "Divergence").
+
+    >>> is_diverged_value(2.3), is_diverged_value(1e30), is_diverged_value(float("nan"))
+    (False, True, True)
+    """
+    return not math.isfinite(x) or abs(x) > DIVERGENCE_BOUND
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file + fsync + rename)."""
@@ -237,22 +254,55 @@ class Recorder:
         write_arrow(path, table)
 
     def load(self, n_rows: int, n_client_rows: int, n_selector_rows: int = 0) -> None:
-        """Read back the first rows of an interrupted run (for --resume)."""
+        """Read back the first rows of an interrupted run (for --resume).
+
+        Raises:
+            UnreadableResults: a table is missing, damaged or shorter than
+                the checkpoint says. The recorder then writes nothing more,
+                so that the run's ``finally: flush()`` cannot replace the
+                files on disk with the empty tables it holds.
+        """
         assert self.run_dir is not None
-        rounds = pq.read_table(self.run_dir / "rounds.parquet").to_pylist()
-        clients = pq.read_table(self.run_dir / "clients.parquet").to_pylist()
-        selector: list[_Row] = []
-        if n_selector_rows:
-            selector = pq.read_table(self.run_dir / "selector.parquet").to_pylist()
-        short = len(rounds) < n_rows or len(clients) < n_client_rows
-        if short or len(selector) < n_selector_rows:
-            raise OSError(
-                f"{self.run_dir}: the result files hold fewer rows than the "
-                "checkpoint expects; cannot resume"
-            )
+        try:
+            rounds = read_rows(self.run_dir / "rounds.parquet", n_rows)
+            clients = read_rows(self.run_dir / "clients.parquet", n_client_rows)
+            selector: list[_Row] = []
+            if n_selector_rows:
+                path = self.run_dir / "selector.parquet"
+                selector = read_rows(path, n_selector_rows)
+        except UnreadableResults:
+            self.run_dir = None  # nothing was loaded: never write over the files
+            raise
         self.rows, self.clients = rounds[:n_rows], clients[:n_client_rows]
         self.selector_rows = selector[:n_selector_rows]
         self._converted.clear()
+
+
+class UnreadableResults(ValueError):
+    """A result table a resume needs is missing, damaged or too short; the
+    message names the file."""
+
+
+def read_rows(path: Path, at_least: int) -> list[_Row]:
+    """The rows of the Parquet file ``path``, which must hold ``at_least``.
+
+    Raises:
+        UnreadableResults: naming ``path``, when it is missing, cannot be
+            parsed (e.g. truncated by a full disk or a copy cut short) or
+            holds fewer rows than ``at_least``.
+    """
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except FileNotFoundError:
+        raise UnreadableResults(f"{path}: missing") from None
+    except (OSError, pa.ArrowException) as exc:  # ArrowInvalid: not Parquet
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UnreadableResults(f"{path}: damaged ({why})") from None
+    if len(rows) < at_least:
+        raise UnreadableResults(
+            f"{path}: holds {len(rows)} rows, the checkpoint expects {at_least}"
+        )
+    return rows
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:

@@ -33,7 +33,13 @@ from fedsim.data.validation import describe_validation
 from fedsim.executors import Executor, make_executor
 from fedsim.fleet import Fleet
 from fedsim.params import l2_norm
-from fedsim.results import Recorder, check_free_space, summarize, write_arrow
+from fedsim.results import (
+    Recorder,
+    check_free_space,
+    is_diverged_value,
+    summarize,
+    write_arrow,
+)
 from fedsim.scenario import Scenario
 from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
 from fedsim.server import Applied, DivergenceError, Server, evaluates
@@ -261,6 +267,10 @@ class _Run:
             "chi2_pw": applied.info.chi2_pw,
             **extra,
         }
+        for key in ("test_loss", "train_loss"):  # NaN: not evaluated, no update
+            if not math.isnan(row[key]) and is_diverged_value(row[key]):
+                unit = "version" if self.asynchronous else "round"
+                raise DivergenceError(f"{unit} {t}: the {key} is {row[key]:.3g}")
         it = iter(trained)
         these = [
             self.client_row(r, None if r.plan.dropped else next(it), applied)
@@ -620,7 +630,7 @@ def run_scenario(
     if resume:
         if run_dir is None:
             raise ValueError("resume needs the run directory")
-        checkpoint.latest_checkpoint(run_dir)  # none usable: fail before building
+        checkpoint.check_resumable(run_dir)  # fail before building or writing
     run = _Run(scenario, run_dir, on_round)
     run.start(workers, resume)
     status: Literal["completed", "diverged", "stalled", "interrupted"] = "completed"
