@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -59,6 +60,36 @@ def split_algorithms(text: str) -> list[str]:
     return out
 
 
+def _parse_label(spec: str) -> tuple[str, dict[str, Any]]:
+    """``name[:key=value,...]`` as the name and the parsed (YAML) values."""
+    name, _, rest = spec.partition(":")
+    values: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ScenarioError(f"algorithm {spec!r}: expected key=value, got {item!r}")
+        values[key.strip()] = read_yaml(value, f"--algorithms {spec!r}")
+    return name.strip(), values
+
+
+def canonical_label(spec: str) -> str:
+    """``spec`` written from its parsed values, so that one setting has one
+    label (in tables, file names and the check for an algorithm given twice).
+
+    >>> canonical_label(" fedprox: mu = +5e-1")
+    'fedprox:mu=0.5'
+    >>> canonical_label("feddc:alpha=0.005,correction=no")
+    'feddc:alpha=0.005,correction=false'
+    """
+    name, values = _parse_label(spec)
+    if not values:
+        return name
+    shown = [
+        f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in values.items()
+    ]
+    return name + ":" + ",".join(shown)
+
+
 def algorithm_section(spec: str, scenario_section: dict[str, Any]) -> dict[str, Any]:
     """The ``algorithm`` section for ``name[:key=value,...]``.
 
@@ -67,20 +98,43 @@ def algorithm_section(spec: str, scenario_section: dict[str, Any]) -> dict[str, 
     >>> algorithm_section("feddc", {"name": "feddc", "alpha": 0.005})
     {'name': 'feddc', 'alpha': 0.005}
     """
-    name, _, rest = spec.partition(":")
-    name = name.strip()
+    name, values = _parse_label(spec)
     own = scenario_section.get("name") == name
     section: dict[str, Any] = dict(scenario_section) if own else {"name": name}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ScenarioError(f"algorithm {spec!r}: expected key=value, got {item!r}")
-        section[key.strip()] = read_yaml(value, f"--algorithms {spec!r}")
-    return section
+    return section | values
 
 
-def _safe(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
+# File names hold a label: most file systems take 255 bytes a name, and the
+# names get a seed and a suffix, so a long label is cut and told apart by hash.
+_NAME_MAX = 80
+
+
+def safe_name(label: str) -> str:
+    """``label`` as part of a file name: letters, digits, ``_.-``; cut to at
+    most 80 characters, with a short hash of the whole label when cut.
+
+    >>> safe_name("fedprox:mu=0.01")
+    'fedprox_mu_0.01'
+    >>> len(safe_name("x" * 500))
+    80
+    """
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "_"
+    if len(name) <= _NAME_MAX:
+        return name
+    digest = hashlib.sha256(label.encode()).hexdigest()[:10]
+    return f"{name[: _NAME_MAX - 11]}-{digest}"
+
+
+def file_stems(labels: Iterable[str]) -> dict[str, str]:
+    """A file-name stem per label, distinct even where :func:`safe_name`
+    makes two labels alike (``a/b`` and ``a_b``): those get a hash too."""
+    stems = {label: safe_name(label) for label in labels}
+    count = Counter(stems.values())
+    for label, stem in stems.items():
+        if count[stem] > 1:
+            digest = hashlib.sha256(label.encode()).hexdigest()[:10]
+            stems[label] = f"{stem[: _NAME_MAX - 11]}-{digest}"
+    return stems
 
 
 def _own_algorithm(scenario_path: str | Path) -> dict[str, Any]:
@@ -94,14 +148,37 @@ def _own_algorithm(scenario_path: str | Path) -> dict[str, Any]:
     return section if isinstance(section, dict) else {}
 
 
+# Fields compare and stress set or discard for every run, and why: a --set or
+# --sweep of one would be ignored without a word (issue 25).
+TOOL_FIELDS = {
+    "seed": "sets the seed of each run itself (0..N-1); use --seeds",
+    "algorithm": "sets the algorithm of each run itself; use --algorithms "
+    "(hyperparameters as name:key=value)",
+    "resources.workers": "trains each run in one process; use --workers for "
+    "how many runs go at once",
+    "checkpoint": "writes no checkpoints (a run is not resumed)",
+}
+
+
+def tool_field(path: str) -> str | None:
+    """The entry of :data:`TOOL_FIELDS` that ``path`` sets, or None.
+
+    >>> tool_field("algorithm.mu"), tool_field("fleet.stragglers.p")
+    ('algorithm', None)
+    """
+    for field in TOOL_FIELDS:
+        if path == field or path.startswith((f"{field}.", f"{field}[")):
+            return field
+    return None
+
+
 def _reject_run_overrides(overrides: Sequence[str], tool: str, hint: str = "") -> None:
-    """Refuse ``--set`` items for ``algorithm`` or ``seed``, which ``tool`` sets."""
+    """Refuse ``--set`` items for a field in :data:`TOOL_FIELDS` (``hint`` is
+    kept for callers; the reason names the option to use)."""
     for item in overrides:
-        key = item.split("=", 1)[0].strip().split(".")[0].split("[")[0]
-        if key in ("algorithm", "seed"):
-            raise ScenarioError(
-                f"--set {item!r}: {tool} sets the algorithm and the seed itself{hint}"
-            )
+        field = tool_field(item.split("=", 1)[0].strip())
+        if field is not None:
+            raise ScenarioError(f"--set {item!r}: {tool} {TOOL_FIELDS[field]}")
 
 
 def _async_overrides(sc: Scenario) -> list[str]:
@@ -153,6 +230,39 @@ def load_variant(
             "(asynchronous rules are moved to the async timeline automatically)"
         )
     return sc, "async" if sc.round.policy == "async" else "sync"
+
+
+def check_variants(
+    scenario_path: str | Path,
+    algorithms: Sequence[str],
+    overrides: Sequence[str] = (),
+    cells: Sequence[Mapping[str, Any]] = ({},),
+) -> list[str]:
+    """The canonical labels of ``algorithms``, once every variant (in every
+    cell) has validated, before anything runs.
+
+    Raises:
+        ValueError: an algorithm is given twice, under one spelling or two
+            (``fedprox:mu=0.5``, ``fedprox:mu=+0.5``), or two labels set the
+            same algorithm with the same hyperparameters.
+        ScenarioError: a variant is invalid.
+    """
+    labels = [canonical_label(a) for a in algorithms]
+    twice = sorted({a for a in labels if labels.count(a) > 1})
+    if twice:
+        raise ValueError(f"--algorithms: {', '.join(twice)} given twice")
+    seen: dict[str, str] = {}
+    for label in labels:
+        for cell in cells:
+            sc, _ = load_variant(scenario_path, label, 0, overrides, cell)
+        setting = json.dumps(sc.model_dump(mode="json")["algorithm"], sort_keys=True)
+        if setting in seen:  # e.g. a hyperparameter given at its default
+            raise ValueError(
+                f"--algorithms: {seen[setting]} and {label} are the same algorithm "
+                "with the same hyperparameters (given twice)"
+            )
+        seen[setting] = label
+    return labels
 
 
 def run_one(
@@ -398,11 +508,8 @@ def compare(
         raise ValueError("seeds must be >= 1")
     if not algorithms:
         raise ValueError("no algorithms to compare")
-    twice = sorted({a for a in algorithms if list(algorithms).count(a) > 1})
-    if twice:
-        raise ValueError(f"--algorithms: {', '.join(twice)} given twice")
-    for label in algorithms:  # every variant must validate before any runs
-        load_variant(scenario_path, label, 0, overrides)
+    algorithms = check_variants(scenario_path, algorithms, overrides)
+    stems = file_stems(algorithms)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -416,7 +523,7 @@ def compare(
         row, rounds = res
         runs = [r for r, _ in so_far]
         if out is not None:  # each run's rounds, then the tables so far
-            name = f"{_safe(row['algorithm'])}-seed{row['seed']}.parquet"
+            name = f"{stems[row['algorithm']]}-seed{row['seed']}.parquet"
             write_table(out / "runs" / name, rounds, ROUND_SCHEMA)
             write_table(out / "compare.parquet", runs, COMPARE_SCHEMA)
             notes = [

@@ -20,17 +20,21 @@ import pyarrow as pa
 
 from fedsim.compare import (
     RUN_COLUMNS,
+    TOOL_FIELDS,
     _colors,
     _ge,
     _pm,
     _reject_run_overrides,
-    _safe,
     _spread,
     _stats,
+    canonical_label,
+    check_variants,
+    file_stems,
     load_variant,
     run_fields,
     run_jobs,
     split_algorithms,
+    tool_field,
 )
 from fedsim.results import BOOL, F64, I64, STR, schema
 from fedsim.scenario import ScenarioError, load_scenario, read_yaml
@@ -81,6 +85,24 @@ def parse_sweep(text: str) -> tuple[str, list[Any]]:
     if not out:
         raise ScenarioError(f"--sweep {path}: no values")
     return path.strip(), out
+
+
+def check_sweep_fields(paths: Sequence[str]) -> None:
+    """Refuse to sweep a field every run's own value replaces (the seed, the
+    algorithm, ...: :data:`fedsim.compare.TOOL_FIELDS`), or the name, which
+    changes no result: the cells would differ in name only.
+
+    Raises:
+        ScenarioError: naming the field and the option to use instead.
+    """
+    for path in paths:
+        field = tool_field(path)
+        if field is not None:
+            raise ScenarioError(f"--sweep {path}: stress {TOOL_FIELDS[field]}")
+        if path == "name":
+            raise ScenarioError(
+                "--sweep name: the name changes no result; sweep a setting"
+            )
 
 
 def _label(value: Any) -> str:
@@ -487,13 +509,17 @@ def run_stress(
         raise ValueError("no algorithms given")
     if not sweep or any(len(v) == 0 for v in sweep.values()):
         raise ValueError("the sweep needs at least one field with at least one value")
-    algorithms = list(dict.fromkeys(a for s in algorithms for a in split_algorithms(s)))
+    labels = [canonical_label(a) for s in algorithms for a in split_algorithms(s)]
     _reject_run_overrides(overrides, "stress")
+    check_sweep_fields(list(sweep))
     products = itertools.product(*sweep.values())
     cells = [dict(zip(sweep, combo, strict=True)) for combo in products]
     name = load_scenario(scenario_path, list(overrides)).name
-    for cell, label in itertools.product(cells, algorithms):
-        load_variant(scenario_path, label, 0, list(overrides), cell)  # before any run
+    # every (cell, algorithm) validates before any run
+    algorithms = check_variants(
+        scenario_path, list(dict.fromkeys(labels)), list(overrides), cells
+    )
+    stems = file_stems(algorithms)
     out = Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = [
@@ -505,7 +531,7 @@ def run_stress(
 
     def finish(res: dict[str, Any], so_far: list[dict[str, Any]]) -> None:
         rec = res["record"]
-        run = f"{rec['cell']:02d}-{_safe(rec['algorithm'])}-seed{rec['seed']}.parquet"
+        run = f"{rec['cell']:02d}-{stems[rec['algorithm']]}-seed{rec['seed']}.parquet"
         write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
         _write_tables(out, so_far, cells, target_accuracy)  # the tables so far
         if progress is not None:
