@@ -168,12 +168,20 @@ def resolve_trace_path(file: str | Path, base_dir: str | Path | None = None) -> 
     p = Path(file)
     bases = [Path(b) for b in (base_dir, Path.cwd()) if b is not None]
     candidates = [p] if p.is_absolute() else [b / p for b in bases]
+    folders = []
     for c in candidates:
         try:
             if c.is_file():
                 return c.resolve()
+            if c.is_dir():  # "no such file" would send the user looking for it
+                folders.append(c)
         except (OSError, ValueError):  # a name too long, a NUL byte, ...
             continue
+    if folders:
+        raise TraceError(
+            f"{file}: is a directory ({folders[0]}), expected a trace file "
+            "(CSV, or Parquet by its .parquet suffix)"
+        )
     where = " or ".join(str(c) for c in candidates)
     raise TraceError(f"{file}: no such trace file (looked for {where})")
 
@@ -188,6 +196,8 @@ def load_trace(path: str | Path, period_s: float | None = None) -> DeviceTrace:
         raise TraceError(f"{p}: no such trace file") from None
     except (OSError, ValueError) as exc:
         raise TraceError(f"{p}: cannot read ({exc})") from None
+    if p.is_dir():
+        raise TraceError(f"{p}: is a directory, expected a trace file")
     if not p.is_file():
         raise TraceError(f"{p}: not a file")
     if st.st_size > MAX_TRACE_BYTES:
