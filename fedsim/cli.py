@@ -23,6 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedsim import __version__
+from fedsim.algorithms import REGISTRY
 from fedsim.units import duration
 
 # fedsim.scenario (every plug-in, numpy, pydantic schemas) is imported by the
@@ -63,8 +64,9 @@ AlgorithmsOption = Annotated[
     typer.Option(
         "--algorithms",
         "-a",
+        # the names from the registry, so that a new algorithm is listed
         help="Comma-separated algorithms, each NAME or NAME:key=value,... "
-        "(e.g. fedavg,fedprox:mu=0.001,fednova).",
+        f"(NAME: {', '.join(REGISTRY)}).",
     ),
 ]
 SeedsOption = Annotated[int, typer.Option("--seeds", min=1, help="Seeds 0..N-1.")]
@@ -93,6 +95,10 @@ OutDirOption = Annotated[
     typer.Option(
         "--out", help="Output folder (default results/<command>-<name>-<time>/)."
     ),
+]
+OverwriteOption = Annotated[
+    bool,
+    typer.Option("--overwrite", help="Replace the results already in --out."),
 ]
 
 
@@ -189,8 +195,44 @@ def run(
     ] = 30.0,
 ) -> None:
     """Run a scenario (or resume a run) and write its results."""
-    overrides = list(set_ or [])
+    # A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C from
+    # the first line on: set-up (data, model, Ray) can take minutes.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    reached: dict[str, Any] = {}  # how far set-up got (see _set_up)
+    try:
+        sc, run_dir, start, sim0 = _set_up(
+            scenario, out_dir, workers, seed, list(set_ or []), resume, overwrite,
+            reached,
+        )  # fmt: skip
+        reached["workers"] = n_workers = _start_workers(sc, workers, address)
+        with _progress(sc, quiet, start, sim0, log_every) as on_round:
+            result = _run(sc, n_workers, run_dir, resume is not None, on_round)
+        code = _finish(result, run_dir, report, quiet)
+    except KeyboardInterrupt:  # during set-up: the loop catches its own
+        code = _set_up_interrupted(reached, resume is not None, quiet)
+    finally:  # the previous handler again (tests, notebooks)
+        signal.signal(signal.SIGTERM, previous)
+    raise typer.Exit(code)
+
+
+def _set_up(
+    scenario: Path | None,
+    out_dir: Path | None,
+    workers: int | None,
+    seed: str | None,
+    overrides: list[str],
+    resume: Path | None,
+    overwrite: bool,
+    reached: dict[str, Any],
+) -> tuple[Scenario, Path, int, float]:
+    """Check the arguments, load and check the scenario, and prepare the run
+    directory; returns the scenario, the directory and the (round, simulated
+    time) to start from. ``reached`` gets ``sc`` and ``run_dir`` as soon as
+    they are known, so that an interrupt can say what was written.
+
+    A resume of a finished run exits here, 0, without touching a file."""
     if seed is not None:
+        _seed_once(seed, overrides)
         overrides.append(f"seed={_seed(seed)}")
     if resume is not None:
         if scenario is not None or overrides or out_dir is not None:
@@ -207,11 +249,65 @@ def run(
     sc = _load(scenario, overrides, seed)
     _preflight(sc, scenario, workers)
     run_dir = out_dir if out_dir is not None else default_run_dir(sc.name)
+    reached.update(sc=sc, run_dir=run_dir)
     start, sim0 = _prepare_run_dir(sc, run_dir, scenario, resume, overwrite)
-    n_workers = _start_workers(sc, workers, address)
-    with _progress(sc, quiet, start, sim0, log_every) as on_round:
-        result = _run(sc, n_workers, run_dir, resume is not None, on_round)
-    raise typer.Exit(_finish(result, run_dir, report, quiet))
+    if resume is not None and start >= sc.rounds and _finished(run_dir):
+        # rewriting summary.json would change only its wall time: leave it
+        _say(
+            "",
+            f"nothing to do: {run_dir} holds a finished run ({sc.rounds} rounds); "
+            "every file is left as it was (fedsim report rewrites the report)",
+        )
+        raise typer.Exit(0)
+    return sc, run_dir, start, sim0
+
+
+def _seed_once(seed: str, overrides: list[str]) -> None:
+    """Refuse ``--seed`` together with ``--set seed=...``: one would be ignored."""
+    for o in overrides:
+        if o.split("=", 1)[0].strip() == "seed":
+            _fail(f"--seed {seed} and --set {o}: give the seed once")
+
+
+def _finished(run_dir: Path) -> bool:
+    """Whether ``run_dir``'s summary.json says the run completed."""
+    import json
+
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("status") == "completed"
+
+
+def _set_up_interrupted(reached: dict[str, Any], resuming: bool, quiet: bool) -> int:
+    """Ctrl-C or SIGTERM before the first round: say so as for one in a round;
+    a new run that has its folder gets summary.json (``status: interrupted``,
+    no rows). A resume leaves the files it found as they were."""
+    run_dir = reached.get("run_dir")
+    if run_dir is None or not (run_dir / "scenario.yaml").exists():
+        _say("[yellow]interrupted[/]", "before the run started; nothing was written")
+        return 130
+    if resuming:
+        _say(
+            "[yellow]interrupted[/]",
+            f"while setting up the resume; {run_dir} is as it was; continue "
+            f"with: fedsim run --resume {run_dir}",
+        )
+        return 130
+    from fedsim.runtime import RunResult
+
+    result = RunResult(
+        scenario=reached["sc"],
+        rows=[],
+        clients=[],
+        final_params=None,
+        status="interrupted",
+        message="interrupted during set-up",
+        workers=reached.get("workers", 0),
+        wall_time_s=0.0,
+    )
+    return _finish(result, run_dir, False, quiet)
 
 
 def _seed(text: str) -> int:
@@ -249,34 +345,57 @@ def _load_blamed(scenario: Path, overrides: list[str], seed: str | None) -> Scen
         if not overrides:
             _fail(str(exc))
         error = exc
-    try:  # is the file alone valid? Then an override is to blame.
+    try:  # is the file alone valid? Then the overrides are to blame.
         load_scenario(scenario, [])
     except ScenarioError:
         _fail(str(error))
+    # The problems are those of the scenario with every override applied (one
+    # checked alone meets the file's other values, not the other overrides',
+    # and would be blamed for the wrong thing). Each problem names the
+    # overrides that set its field; a cross-field one that no override's
+    # field matches names them all.
     blamed = []
-    for o in overrides:
-        try:
-            load_scenario(scenario, [o])
-        except ScenarioError as exc:
-            key = o.split("=", 1)[0].strip()
-            # run's --seed N arrives as the last override, seed=N
-            by_seed = seed is not None and o is overrides[-1] and key == "seed"
-            option = f"--seed {seed}" if by_seed else f"--set {o}"
-            blamed.append(f"{option}: {_problem(str(exc), scenario, key)}")
-    if not blamed:  # only the combination fails (a cross-field check)
-        options = " ".join(f"--set {o}" for o in overrides)
-        blamed.append(f"{options}: {_problem(str(error), scenario, '')}")
+    for line in _problems(str(error), scenario):
+        path = line.split(": ", 1)[0] if ": " in line else ""
+        mine = [o for o in overrides if _covers(_key(o), path)]
+        options = " ".join(_option(o, overrides, seed) for o in mine or overrides)
+        if len(mine) == 1 and path == _key(mine[0]):
+            line = line.removeprefix(f"{path}: ")
+        blamed.append(f"{options}: {line}")
     _fail("; ".join(blamed))
 
 
-def _problem(message: str, scenario: Path, key: str) -> str:
-    """A ScenarioError's problems on one line, less the file's and ``key``'s names."""
+def _key(override: str) -> str:
+    """The field path of ``path=value``."""
+    return override.split("=", 1)[0].strip()
+
+
+def _covers(key: str, path: str) -> bool:
+    """Whether setting ``key`` sets the field ``path`` or one inside it (or
+    ``path`` is a section holding ``key``)."""
+    if not key or not path:
+        return False
+    inside = (f"{key}.", f"{key}[")
+    return (
+        path == key
+        or path.startswith(inside)
+        or key.startswith((f"{path}.", f"{path}["))
+    )
+
+
+def _option(override: str, overrides: list[str], seed: str | None) -> str:
+    """How the user gave ``override``: run's --seed N arrives last, as seed=N."""
+    if seed is not None and override is overrides[-1] and _key(override) == "seed":
+        return f"--seed {seed}"
+    return f"--set {override}"
+
+
+def _problems(message: str, scenario: Path) -> list[str]:
+    """A ScenarioError's problems, one per line, less the file's name."""
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     if len(lines) > 1 and "invalid scenario" in lines[0]:
         lines = lines[1:]
-    for prefix in filter(None, (f"{scenario}: ", key and f"{key}: ")):
-        lines = [ln.removeprefix(prefix) for ln in lines]
-    return "; ".join(lines)
+    return [ln.removeprefix(f"{scenario}: ") for ln in lines]
 
 
 def _expect_dir(path: Path | None, option: str, what: str) -> None:
@@ -306,7 +425,7 @@ def _prepare_run_dir(
 ) -> tuple[int, float]:
     """Before Ray starts: a new run's resolved scenario, or a resumed one's checkpoint
     (of the same experiment); returns the (round, simulated time) to start from."""
-    from fedsim.checkpoint import CheckpointError, check_fingerprint, latest_checkpoint
+    from fedsim.checkpoint import CheckpointError, check_fingerprint, check_resumable
     from fedsim.results import atomic_write_bytes, prepare_run_dir
     from fedsim.scenario import dump_scenario
 
@@ -319,7 +438,8 @@ def _prepare_run_dir(
     if resume is None:
         return 0, 0.0
     with _errors(CheckpointError):
-        ck = latest_checkpoint(run_dir)
+        # every file the resume reads, before it writes any (issue 25)
+        ck = check_resumable(run_dir)
         check_fingerprint(run_dir, sc, missing_ok=True)
     return ck.next_round, ck.sim_time
 
@@ -417,15 +537,15 @@ def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> in
 
 
 def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any) -> Any:
-    """run_scenario, with its errors as the command line reports them; meanwhile a
-    scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C."""
+    """run_scenario, with its errors as the command line reports them."""
     from fedsim.checkpoint import CheckpointError
     from fedsim.data import DataError, DataMissingError
+    from fedsim.executors import PlacementError
     from fedsim.runtime import SetupError, run_scenario
 
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    kinds = (DataMissingError, DataError, SetupError, CheckpointError, PlacementError)
     try:
-        with _errors(DataMissingError, DataError, SetupError, CheckpointError):
+        with _errors(*kinds), _out_of_memory():
             return run_scenario(
                 sc, workers=workers, run_dir=run_dir, resume=resume, on_round=on_round
             )
@@ -438,8 +558,33 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
                 f"the cause is fixed, continue with: fedsim run --resume {run_dir}",
             )
         raise typer.Exit(1) from None
-    finally:  # the previous handler again (tests, notebooks)
-        signal.signal(signal.SIGTERM, previous)
+
+
+# How torch's and numpy's allocators word a refused allocation (RuntimeError).
+_NO_MEMORY = ("can't allocate memory", "not enough memory", "out of memory")
+
+
+@contextmanager
+def _out_of_memory() -> Iterator[None]:
+    """An allocation the memory check let through but the system refused
+    (``ulimit -v``, a container's limit, memory taken meanwhile): one line,
+    exit 1, instead of the allocator's traceback."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as exc:
+        text = str(exc)
+        if not isinstance(exc, MemoryError) and not any(
+            m in text.lower() for m in _NO_MEMORY
+        ):
+            raise
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        why = lines[-1].strip() if lines else type(exc).__name__
+        _fail(
+            f"out of memory while building the run ({why}); the estimate of "
+            "`fedsim validate` fitted, so a limit on this process (ulimit -v, "
+            "a container) or other programs may hold the rest",
+            1,
+        )
 
 
 @contextmanager
@@ -621,6 +766,7 @@ def stress(
     workers: RunsOption = None,
     address: AddressOption = None,
     quiet: QuietOption = False,
+    overwrite: OverwriteOption = False,
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots)."""
@@ -636,6 +782,8 @@ def stress(
                 _fail(f"--sweep {key}: given twice")
             grid[key] = values
     labels = _algorithms(algorithms)
+    if out_dir is not None:
+        _claim_out(out_dir, _STRESS_FILES, overwrite)
     _maybe_ray(workers, address)
 
     def progress(rec: dict[str, Any]) -> None:
@@ -679,6 +827,7 @@ def compare(
     workers: RunsOption = 0,
     address: AddressOption = None,
     quiet: QuietOption = False,
+    overwrite: OverwriteOption = False,
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
     and write compare.parquet, compare.md and compare.png (accuracy against
@@ -692,6 +841,7 @@ def compare(
     sc = _load(scenario, overrides)
     names = _algorithms(algorithms)
     run_dir = out_dir if out_dir is not None else default_run_dir(f"compare-{sc.name}")
+    _claim_out(run_dir, _COMPARE_FILES, overwrite)
     with _errors(OSError):
         prepare_run_dir(run_dir)
 
@@ -718,6 +868,37 @@ def compare(
     out.print(text, markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {run_dir}")
     _exit_if_diverged(sum(int(r["diverged"]) for r in table), "compare.parquet")
+
+
+# What compare and stress write into --out (runs/: a file per run).
+_COMPARE_FILES = ("compare.parquet", "compare.md", "compare.png", "runs")
+_STRESS_FILES = (
+    "stress.parquet",
+    "stress.md",
+    "taus.parquet",
+    "runs",
+    "accuracy_vs_time.png",
+    "degradation.png",
+    "tau_by_group.png",
+)
+
+
+def _claim_out(out_dir: Path, files: tuple[str, ...], overwrite: bool) -> None:
+    """Refuse an --out that holds a comparison's (or sweep's) ``files``, as
+    ``run`` refuses another run's; ``overwrite`` deletes them first, so that
+    no old run is left among the new ones."""
+    held = [n for n in files if (out_dir / n).exists()]
+    if not held:
+        return
+    if not overwrite:
+        _fail(
+            f"--out {out_dir} holds earlier results ({', '.join(held)}); choose "
+            "another --out, or pass --overwrite to replace them"
+        )
+    with _errors(OSError):
+        for name in held:
+            path = out_dir / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def _algorithms(algorithms: str) -> list[str]:
