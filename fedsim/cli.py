@@ -235,12 +235,7 @@ def _set_up(
         _seed_once(seed, overrides)
         overrides.append(f"seed={_seed(seed)}")
     if resume is not None:
-        if scenario is not None or overrides or out_dir is not None:
-            _fail("--resume RUN_DIR takes no scenario, --out, --seed or --set")
-        scenario, out_dir = resume / "scenario.yaml", resume
-        _expect_dir(resume, "--resume", "a run directory")
-        if not scenario.exists():
-            _fail(f"{resume}: not a run directory (no scenario.yaml)")
+        scenario, out_dir = _resume_args(resume, scenario, overrides, out_dir)
     if scenario is None:
         _fail("missing SCENARIO (a YAML file), or --resume RUN_DIR")
     from fedsim.results import default_run_dir
@@ -260,6 +255,19 @@ def _set_up(
         )
         raise typer.Exit(0)
     return sc, run_dir, start, sim0
+
+
+def _resume_args(
+    resume: Path, scenario: Path | None, overrides: list[str], out_dir: Path | None
+) -> tuple[Path, Path]:
+    """``--resume RUN_DIR``'s scenario file and output folder (both in
+    RUN_DIR), refusing options that would contradict them."""
+    if scenario is not None or overrides or out_dir is not None:
+        _fail("--resume RUN_DIR takes no scenario, --out, --seed or --set")
+    _expect_dir(resume, "--resume", "a run directory")
+    if not (resume / "scenario.yaml").exists():
+        _fail(f"{resume}: not a run directory (no scenario.yaml)")
+    return resume / "scenario.yaml", resume
 
 
 def _seed_once(seed: str, overrides: list[str]) -> None:
@@ -349,11 +357,18 @@ def _load_blamed(scenario: Path, overrides: list[str], seed: str | None) -> Scen
         load_scenario(scenario, [])
     except ScenarioError:
         _fail(str(error))
-    # The problems are those of the scenario with every override applied (one
-    # checked alone meets the file's other values, not the other overrides',
-    # and would be blamed for the wrong thing). Each problem names the
-    # overrides that set its field; a cross-field one that no override's
-    # field matches names them all.
+    _fail(_blame(error, scenario, overrides, seed))
+
+
+def _blame(
+    error: Exception, scenario: Path, overrides: list[str], seed: str | None
+) -> str:
+    """``error``'s problems, each after the options that set its field.
+
+    The problems are those of the scenario with every override applied: one
+    checked alone meets the file's other values, not the other overrides',
+    and would be blamed for the wrong thing (issue 25). A cross-field
+    problem whose field no override sets names them all."""
     blamed = []
     for line in _problems(str(error), scenario):
         path = line.split(": ", 1)[0] if ": " in line else ""
@@ -362,7 +377,7 @@ def _load_blamed(scenario: Path, overrides: list[str], seed: str | None) -> Scen
         if len(mine) == 1 and path == _key(mine[0]):
             line = line.removeprefix(f"{path}: ")
         blamed.append(f"{options}: {line}")
-    _fail("; ".join(blamed))
+    return "; ".join(blamed)
 
 
 def _key(override: str) -> str:
@@ -448,22 +463,8 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
     """Say how the run ended, write summary.json and the report; return the code."""
     from fedsim.results import write_summary
 
-    status = result.status
-    code = _EXIT_CODES[status]
-    kept = {
-        "stalled": "Rows so far are kept.",
-        "diverged": f"Rows so far and the last good checkpoint are kept in {run_dir}.",
-    }
-    if status in kept:
-        _say(f"[bold red]run {status}:[/]", f"{result.message}. {kept[status]}")
-    elif status == "interrupted":
-        again = f"fedsim run --resume {run_dir}"
-        if not (run_dir / "LATEST").exists():
-            again = "(no checkpoint yet: run it again)"
-        _say(
-            "[yellow]interrupted;[/]",
-            f"rows so far are kept in {run_dir}; continue with: {again}",
-        )
+    code = _EXIT_CODES[result.status]
+    _say_ending(result, run_dir)
     summary = result.summary()
     if summary["degenerate"]:
         _say("[yellow]warning:[/]", f"degenerate run: {summary['degenerate']}")
@@ -483,6 +484,26 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
         out.print(table)
     out.print(f"results: {run_dir}")
     return code
+
+
+def _say_ending(result: Any, run_dir: Path) -> None:
+    """A line on stderr for a run that did not complete: what is kept, and
+    for an interrupted one how to continue."""
+    status = result.status
+    kept = {
+        "stalled": "Rows so far are kept.",
+        "diverged": f"Rows so far and the last good checkpoint are kept in {run_dir}.",
+    }
+    if status in kept:
+        _say(f"[bold red]run {status}:[/]", f"{result.message}. {kept[status]}")
+    elif status == "interrupted":
+        again = f"fedsim run --resume {run_dir}"
+        if not (run_dir / "LATEST").exists():  # --out now holds summary.json
+            again = "(no checkpoint yet: run it again, with --overwrite)"
+        _say(
+            "[yellow]interrupted;[/]",
+            f"rows so far are kept in {run_dir}; continue with: {again}",
+        )
 
 
 _EXIT_CODES = {"completed": 0, "diverged": 1, "stalled": 1, "interrupted": 130}
@@ -510,6 +531,12 @@ def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
             f"continue it with: fedsim run --resume {run_dir}, choose another "
             "--out, or pass --overwrite to replace them"
         )
+    _clear_run(run_dir)
+
+
+def _clear_run(run_dir: Path) -> None:
+    """Delete an old run's files for ``--overwrite``, leaving any other file:
+    --out may be a folder the user also keeps other things in."""
     old = {*_RESULTS, "report.md", "scenario.yaml"}
     for p in run_dir.iterdir():  # the old run's files, not the user's others
         if p.name in old or p.name.startswith("ckpt-") or p.suffix in _TABLES:
@@ -929,8 +956,12 @@ def _exit_if_diverged(n: int, where: str) -> None:
 
 
 def main() -> None:
+    """The ``fedsim`` entry point: SIGTERM is Ctrl-C from here on (a scheduler
+    that stops a job during start-up gets the interrupt's exit code and
+    message, never a silent kill); exits with the command's code."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    app()  # exits with the command's code
+    app()
 
 
 if __name__ == "__main__":

@@ -82,6 +82,28 @@ def is_diverged_value(x: float) -> bool:
     return not math.isfinite(x) or abs(x) > DIVERGENCE_BOUND
 
 
+def first_divergence(rows: Sequence[_Row]) -> str | None:
+    """Why a run whose model stayed finite diverged: the first round (or
+    version) with a test or training loss :func:`is_diverged_value` calls
+    diverged, or None. NaN is left out: it means "not evaluated" (test loss)
+    or "no update" (training loss); a NaN model stops the run on its own.
+
+    Such a run is not stopped, so its rows are those it always had; only
+    its status says ``diverged`` (docs/results.md, "Divergence").
+
+    >>> first_divergence([{"round": 0, "test_loss": 2.3, "train_loss": 1e30}])
+    'round 0: the train_loss is 1e+30, beyond 1e+12'
+    """
+    for row in rows:
+        for key in ("test_loss", "train_loss"):
+            x = row.get(key, math.nan)
+            if isinstance(x, float | int) and not math.isnan(x):
+                if is_diverged_value(x):
+                    bound = f"{DIVERGENCE_BOUND:.0e}"
+                    return f"round {row['round']}: the {key} is {x:.3g}, beyond {bound}"
+    return None
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file + fsync + rename)."""
     path = Path(path)

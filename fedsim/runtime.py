@@ -36,7 +36,7 @@ from fedsim.params import l2_norm
 from fedsim.results import (
     Recorder,
     check_free_space,
-    is_diverged_value,
+    first_divergence,
     summarize,
     write_arrow,
 )
@@ -267,10 +267,6 @@ class _Run:
             "chi2_pw": applied.info.chi2_pw,
             **extra,
         }
-        for key in ("test_loss", "train_loss"):  # NaN: not evaluated, no update
-            if not math.isnan(row[key]) and is_diverged_value(row[key]):
-                unit = "version" if self.asynchronous else "round"
-                raise DivergenceError(f"{unit} {t}: the {key} is {row[key]:.3g}")
         it = iter(trained)
         these = [
             self.client_row(r, None if r.plan.dropped else next(it), applied)
@@ -654,6 +650,8 @@ def run_scenario(
                 placement = run.executor.report()
             finally:
                 run.executor.shutdown()
+    if status == "completed" and (why := first_divergence(run.recorder.rows)):
+        status, message = "diverged", why  # a finite loss beyond the bound
     final = run.server.params().clone() if status == "completed" else None
     return RunResult(
         scenario=scenario,

@@ -164,26 +164,35 @@ def _check_intervals(
 
 def resolve_trace_path(file: str | Path, base_dir: str | Path | None = None) -> Path:
     """Absolute path of a trace: next to the scenario (``base_dir``) if it is
-    there, else relative to the current directory; TraceError if neither."""
+    there, else relative to the current directory.
+
+    Raises:
+        TraceError: when neither holds a file of that name, saying whether a
+            folder of that name was found (so the user does not look for a
+            missing file) and every place looked at.
+    """
     p = Path(file)
     bases = [Path(b) for b in (base_dir, Path.cwd()) if b is not None]
     candidates = [p] if p.is_absolute() else [b / p for b in bases]
-    folders = []
-    for c in candidates:
-        try:
-            if c.is_file():
-                return c.resolve()
-            if c.is_dir():  # "no such file" would send the user looking for it
-                folders.append(c)
-        except (OSError, ValueError):  # a name too long, a NUL byte, ...
-            continue
-    if folders:
+    kinds = [_kind(c) for c in candidates]
+    if "file" in kinds:
+        return candidates[kinds.index("file")].resolve()
+    if "folder" in kinds:
         raise TraceError(
-            f"{file}: is a directory ({folders[0]}), expected a trace file "
-            "(CSV, or Parquet by its .parquet suffix)"
+            f"{file}: is a directory ({candidates[kinds.index('folder')]}), "
+            "expected a trace file (CSV, or Parquet by its .parquet suffix)"
         )
     where = " or ".join(str(c) for c in candidates)
     raise TraceError(f"{file}: no such trace file (looked for {where})")
+
+
+def _kind(path: Path) -> str:
+    """``file``, ``folder`` or ``none`` (also for a name the system refuses:
+    too long, a NUL byte, ...)."""
+    try:
+        return "file" if path.is_file() else "folder" if path.is_dir() else "none"
+    except (OSError, ValueError):
+        return "none"
 
 
 def load_trace(path: str | Path, period_s: float | None = None) -> DeviceTrace:
@@ -196,19 +205,24 @@ def load_trace(path: str | Path, period_s: float | None = None) -> DeviceTrace:
         raise TraceError(f"{p}: no such trace file") from None
     except (OSError, ValueError) as exc:
         raise TraceError(f"{p}: cannot read ({exc})") from None
-    if p.is_dir():
-        raise TraceError(f"{p}: is a directory, expected a trace file")
     if not p.is_file():
-        raise TraceError(f"{p}: not a file")
+        what = "is a directory" if p.is_dir() else "not a file"
+        raise TraceError(f"{p}: {what}, expected a trace file")
     if st.st_size > MAX_TRACE_BYTES:
         raise TraceError(f"{p}: {st.st_size} bytes; the limit is {MAX_TRACE_BYTES}")
+    _check_period(p, period_s)
+    return _load_cached(str(p.resolve()), st.st_size, st.st_mtime_ns, period_s)
+
+
+def _check_period(p: Path, period_s: float | None) -> None:
+    """TraceError unless ``period_s`` is None or a finite positive number
+    (a bool is refused although Python counts it as an int)."""
     if period_s is not None and not (
         isinstance(period_s, int | float)
         and not isinstance(period_s, bool)
         and 0 < period_s < math.inf
     ):
         raise TraceError(f"{p}: period_s must be a positive number, got {period_s}")
-    return _load_cached(str(p.resolve()), st.st_size, st.st_mtime_ns, period_s)
 
 
 @functools.lru_cache(maxsize=32)
