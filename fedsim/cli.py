@@ -103,6 +103,8 @@ OverwriteOption = Annotated[
 
 
 def _version(value: bool) -> None:
+    """``--version``: print it and exit 0 before any command is parsed (the
+    option is eager, so ``fedsim --version run`` needs no scenario)."""
     if value:
         out.print(f"fedsim {__version__}")
         raise typer.Exit(0)
@@ -127,13 +129,23 @@ def _say(label: str, message: str) -> None:
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
+    """One ``error:`` line on stderr, then exit ``code`` (2: the user's input
+    is wrong; 1: the run failed). Every refusal goes through here, so that no
+    message is a traceback and each names the option or file at fault."""
     _say("[bold red]error:[/]", message)
     raise typer.Exit(code)
 
 
 @contextmanager
 def _errors(*kinds: type[Exception], code: int = 2) -> Iterator[None]:
-    """Report these exceptions as one error line and exit with ``code``."""
+    """Report these exceptions as one error line and exit with ``code``.
+
+    Args:
+        kinds: exceptions whose message is written for the user as is
+            (ScenarioError, DataMissingError, CheckpointError, ...); any
+            other exception is a bug and keeps its traceback.
+        code: the exit code for them.
+    """
     try:
         yield
     except typer.Exit:  # a RuntimeError: already said
@@ -143,6 +155,8 @@ def _errors(*kinds: type[Exception], code: int = 2) -> Iterator[None]:
 
 
 def _fmt(x: Any, spec: str = ".4f") -> str:
+    """``x`` formatted for the summary table; "-" for None and NaN (not
+    evaluated), and ``str(x)`` for what the spec does not fit."""
     try:
         return "-" if x is None or x != x else format(x, spec)
     except (TypeError, ValueError):
@@ -194,7 +208,13 @@ def run(
         ),
     ] = 30.0,
 ) -> None:
-    """Run a scenario (or resume a run) and write its results."""
+    """Run a scenario (or resume a run) and write its results.\f
+
+    Exit codes: 0 completed (also: a resume with nothing left to do, which
+    changes no file); 1 diverged, stalled, out of memory or results not
+    written; 2 a refused input (scenario, options, data, checkpoint,
+    placement); 130 interrupted, at any point from the first line on.
+    """
     # A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C from
     # the first line on: set-up (data, model, Ray) can take minutes.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -261,7 +281,9 @@ def _resume_args(
     resume: Path, scenario: Path | None, overrides: list[str], out_dir: Path | None
 ) -> tuple[Path, Path]:
     """``--resume RUN_DIR``'s scenario file and output folder (both in
-    RUN_DIR), refusing options that would contradict them."""
+    RUN_DIR), refusing options that would contradict them: the resolved
+    scenario.yaml in RUN_DIR is the experiment, and another one (or a
+    --set) would make the resumed rows a mix of two."""
     if scenario is not None or overrides or out_dir is not None:
         _fail("--resume RUN_DIR takes no scenario, --out, --seed or --set")
     _expect_dir(resume, "--resume", "a run directory")
@@ -278,7 +300,8 @@ def _seed_once(seed: str, overrides: list[str]) -> None:
 
 
 def _finished(run_dir: Path) -> bool:
-    """Whether ``run_dir``'s summary.json says the run completed."""
+    """Whether ``run_dir``'s summary.json says the run completed (an
+    unreadable or interrupted one is not finished: the resume writes it)."""
     import json
 
     try:
@@ -319,7 +342,8 @@ def _set_up_interrupted(reached: dict[str, Any], resuming: bool, quiet: bool) ->
 
 
 def _seed(text: str) -> int:
-    """``--seed``'s value, or a one-line error naming the option."""
+    """``--seed``'s value, or a one-line error naming the option (typer's
+    own int parsing would accept "-1" and print a usage block instead)."""
     value = -1
     with suppress(ValueError):
         value = int(text.strip(), 10)
@@ -329,7 +353,17 @@ def _seed(text: str) -> int:
 
 
 def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scenario:
-    """load_scenario, blaming a bad --set or --seed; FedDMClockWarnings as lines."""
+    """load_scenario, blaming a bad --set or --seed; FedDMClockWarnings as lines.
+
+    Args:
+        scenario: the YAML file.
+        overrides: ``path=value`` items, applied in order (``--seed N``
+            arrives last, as ``seed=N``).
+        seed: ``--seed``'s text, so that a bad value is blamed on it.
+
+    Returns:
+        The validated scenario; on any problem the command exits 2.
+    """
     from fedsim.scenario import FedDMClockWarning
 
     with warnings.catch_warnings(record=True) as caught:
@@ -344,7 +378,9 @@ def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scen
 
 
 def _load_blamed(scenario: Path, overrides: list[str], seed: str | None) -> Scenario:
-    """:func:`_load` without the warnings."""
+    """:func:`_load` without the warnings: the scenario, or exit 2 with
+    the file's own problems when it is invalid without the overrides, else
+    with the overrides' problems (:func:`_blame`)."""
     from fedsim.scenario import ScenarioError, load_scenario
 
     try:
@@ -420,7 +456,14 @@ def _expect_dir(path: Path | None, option: str, what: str) -> None:
 
 
 def _preflight(sc: Scenario, scenario: Path, workers: int | None = None) -> None:
-    """preflight, after checking that a data root that exists is a folder."""
+    """preflight, after checking that a data root that exists is a folder.
+
+    Args:
+        sc: the loaded scenario.
+        scenario: its file, named in messages.
+        workers: ``--workers``, for the memory estimate (None: the
+            scenario's own ``resources.workers``).
+    """
     from fedsim.data.errors import ENV_ROOT
     from fedsim.preflight import preflight
     from fedsim.scenario import ScenarioError
@@ -439,7 +482,12 @@ def _prepare_run_dir(
     sc: Scenario, run_dir: Path, scenario: Path, resume: Path | None, overwrite: bool
 ) -> tuple[int, float]:
     """Before Ray starts: a new run's resolved scenario, or a resumed one's checkpoint
-    (of the same experiment); returns the (round, simulated time) to start from."""
+    (of the same experiment); returns the (round, simulated time) to start from.
+
+    A resume checks every file it will read (checkpoint and result tables)
+    before anything is written, so a resume that cannot continue exits 2
+    with the run directory exactly as it was and still resumable.
+    """
     from fedsim.checkpoint import CheckpointError, check_fingerprint, check_resumable
     from fedsim.results import atomic_write_bytes, prepare_run_dir
     from fedsim.scenario import dump_scenario
@@ -460,7 +508,18 @@ def _prepare_run_dir(
 
 
 def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
-    """Say how the run ended, write summary.json and the report; return the code."""
+    """Say how the run ended, write summary.json and the report; return the code.
+
+    Args:
+        result: the run's RunResult (rows may be empty: set-up interrupted).
+        run_dir: where summary.json and the report go.
+        report: write plots and report.md (only when there are rows).
+        quiet: no summary table on stdout.
+
+    Returns:
+        The exit code of the run's status; 1 when summary.json or the report
+        cannot be written (the rows on disk are whole).
+    """
     from fedsim.results import write_summary
 
     code = _EXIT_CODES[result.status]
@@ -515,7 +574,11 @@ _TABLES = (".parquet", ".png")  # tables and figures a run or report writes
 
 
 def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
-    """Refuse to write over the scenario or another run (``--overwrite`` clears it)."""
+    """Refuse to write over the scenario or another run (``--overwrite`` clears it).
+
+    The check looks at the files a run writes, not at whether the folder is
+    empty: an --out that holds only the user's own files is fine to use.
+    """
     target = run_dir / "scenario.yaml"
     if target.exists() and target.resolve() == Path(scenario).resolve():
         _fail(
@@ -544,7 +607,17 @@ def _clear_run(run_dir: Path) -> None:
 
 
 def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> int:
-    """Ray worker actors (0: in-process), once Ray is up and can place them."""
+    """Ray worker actors (0: in-process), once Ray is up and can place them.
+
+    Args:
+        sc: the scenario (its ``resources`` section).
+        workers: ``--workers``; None: the scenario's own count.
+        address: a Ray cluster to join; None: RAY_ADDRESS or an embedded Ray.
+
+    Returns:
+        The number of worker actors the run will start; exits 2 when the
+        cluster cannot hold them (checked before any actor starts).
+    """
     if workers == 0 or (workers is None and sc.resources.workers == 0):
         return 0
     from fedsim.executors import resolve_workers
@@ -564,7 +637,13 @@ def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> in
 
 
 def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any) -> Any:
-    """run_scenario, with its errors as the command line reports them."""
+    """run_scenario, with its errors as the command line reports them.
+
+    Exits 2 for a refused input found only now (missing data, a checkpoint,
+    a placement Ray cannot meet), 1 for results that cannot be written or
+    memory the system refused; KeyboardInterrupt from set-up goes to the
+    caller, which reports it like an interrupt in a round.
+    """
     from fedsim.checkpoint import CheckpointError
     from fedsim.data import DataError, DataMissingError
     from fedsim.executors import PlacementError
@@ -673,7 +752,11 @@ def validate(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
     set_: SetOption = None,
 ) -> None:
-    """Check a scenario file and print what it resolves to."""
+    """Check a scenario file and print what it resolves to.\f
+
+    Prints only the fields that do something in this scenario (see
+    :func:`_applicable`); exits 2 with the problems otherwise.
+    """
     import yaml
 
     from fedsim.scenario import _Dumper
@@ -764,7 +847,11 @@ def report(
         ),
     ] = 20,
 ) -> None:
-    """Write plots (PNG) and report.md for a run directory."""
+    """Write plots (PNG) and report.md for a run directory.\f
+
+    Reads only the result files, so it works on a finished, interrupted or
+    diverged run, and rewrites the report of a run that was resumed.
+    """
     from fedsim.report import ReportError, write_report
 
     with _errors(ReportError):
@@ -929,7 +1016,8 @@ def _claim_out(out_dir: Path, files: tuple[str, ...], overwrite: bool) -> None:
 
 
 def _algorithms(algorithms: str) -> list[str]:
-    """``--algorithms`` split, and not empty."""
+    """``--algorithms`` split (``key=value`` pieces stay with their name),
+    and not empty; the labels are made canonical where they are run."""
     from fedsim.compare import split_algorithms
 
     labels = split_algorithms(algorithms)
@@ -939,7 +1027,8 @@ def _algorithms(algorithms: str) -> list[str]:
 
 
 def _maybe_ray(workers: int | None, address: str | None) -> None:
-    """Start or join Ray unless --workers 0 runs everything in this process."""
+    """Start or join Ray unless --workers 0 runs everything in this process
+    (compare and stress run each run as one Ray task, not as actors)."""
     if workers != 0:
         from fedsim.ray_session import init_ray
 

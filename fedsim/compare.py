@@ -61,7 +61,12 @@ def split_algorithms(text: str) -> list[str]:
 
 
 def _parse_label(spec: str) -> tuple[str, dict[str, Any]]:
-    """``name[:key=value,...]`` as the name and the parsed (YAML) values."""
+    """``name[:key=value,...]`` as the name and the parsed (YAML) values.
+
+    Raises:
+        ScenarioError: a piece that is not ``key=value``, or a value that is
+            not YAML; the message quotes the whole label.
+    """
     name, _, rest = spec.partition(":")
     values: dict[str, Any] = {}
     for item in filter(None, (p.strip() for p in rest.split(","))):
@@ -138,7 +143,12 @@ def file_stems(labels: Iterable[str]) -> dict[str, str]:
 
 
 def _own_algorithm(scenario_path: str | Path) -> dict[str, Any]:
-    """The scenario file's ``algorithm`` mapping, or {} (load_scenario reports why)."""
+    """The scenario file's ``algorithm`` mapping, or {} (load_scenario reports why).
+
+    A label naming the scenario's own algorithm starts from this section, so
+    ``fedprox`` on a file that sets ``mu`` keeps that ``mu``; read raw, before
+    validation, because the section is merged before the scenario is built.
+    """
     path = Path(scenario_path)
     try:
         raw = read_yaml(path.read_text(encoding="utf-8"), str(path))
@@ -183,7 +193,12 @@ def _reject_run_overrides(overrides: Sequence[str], tool: str, hint: str = "") -
 
 def _async_overrides(sc: Scenario) -> list[str]:
     """Overrides for ``sc`` on the async timeline: the same work per job,
-    ``clients_per_round`` jobs at once, as many versions as make the same updates."""
+    ``clients_per_round`` jobs at once, as many versions as make the same updates.
+
+    The synchronous round section is replaced (a window or deadline has no
+    meaning on the timeline); ``rounds`` becomes the number of versions, so a
+    ``--set rounds=N`` still counts: N rounds' worth of updates.
+    """
     r, k = sc.round, sc.selector.clients_per_round
     section = {
         **r.model_dump(include={"max_steps", "epochs", "epochs_low", "epochs_high"}),
@@ -272,7 +287,13 @@ def run_one(
     overrides: Sequence[str] = (),
     target_accuracy: float | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run one (algorithm, seed); return its compare row and its round rows."""
+    """Run one (algorithm, seed) in this process (a plain function: with Ray
+    it runs as a task); return its compare row and its round rows.
+
+    Raises:
+        KeyboardInterrupt: the run was interrupted; the comparison stops,
+            keeping the tables of the runs that finished.
+    """
     from fedsim.runtime import run_scenario
 
     sc, mode = load_variant(scenario_path, label, seed, overrides)
@@ -332,6 +353,8 @@ def run_fields(
 
 
 def _ray_ready(workers: int | None) -> bool:
+    """Whether the runs go to Ray: never with ``workers`` 0; with n >= 1 Ray
+    must be up (a RuntimeError says so); with None, when it is up."""
     if workers == 0:
         return False
     import ray
@@ -355,6 +378,8 @@ def run_jobs(
     finished: dict[int, Any] = {}
 
     def record(i: int, result: Any) -> None:
+        # ``done`` sees the runs so far in job order, so the tables it
+        # writes list them in the same order however Ray finished them
         finished[i] = result
         done(result, [finished[k] for k in sorted(finished)])
 
@@ -378,10 +403,13 @@ def run_jobs(
 
 
 def _ge(x: Any, target: float) -> bool:
+    """Whether ``x`` is a finite number at least ``target`` (NaN, None and
+    inf never reach a target: not evaluated, or diverged)."""
     return isinstance(x, float | int) and math.isfinite(x) and x >= target
 
 
 def _num(x: Any) -> float:
+    """summary.json's null as NaN, for a float column."""
     return math.nan if x is None else float(x)
 
 
@@ -404,7 +432,16 @@ def _spread(rs: Sequence[dict[str, Any]], keys: str, suffix: str) -> dict[str, f
 def summarize_runs(
     runs: Sequence[dict[str, Any]], target_accuracy: float | None = None
 ) -> list[dict[str, Any]]:
-    """Per algorithm (in first-seen order): mean and sample std over seeds."""
+    """Per algorithm (in first-seen order): mean and sample std over seeds.
+
+    Args:
+        runs: one compare row per (algorithm, seed).
+        target_accuracy: recorded in each row for compare.md's headings.
+
+    Returns:
+        One row per algorithm; the times to target average only the seeds
+        that reached it (``reached_target`` counts them).
+    """
     table = []
     keys = """final_accuracy best_accuracy final_test_loss final_train_loss sim_time_s
     mean_chi2_pw rounds_to_target time_to_target_s bytes_up_to_target"""  # None: missed
@@ -436,6 +473,8 @@ def _pm(mean: float, std: float, scale: float = 1.0, digits: int = 2) -> str:
 
 
 def _bytes(n: float) -> str:
+    """``n`` bytes in decimal units (kB, MB, GB), as network traffic is
+    counted; e.g. ``_bytes(2.5e6) == "2.50 MB"``."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
             return f"{n / size:.2f} {unit}"
@@ -447,7 +486,17 @@ def format_markdown(
     title: str,
     notes: Sequence[str] = (),
 ) -> str:
-    """The comparison as a Markdown table (accuracies in %)."""
+    """The comparison as a Markdown table (accuracies in %).
+
+    Args:
+        table: :func:`summarize_runs`'s rows, one per algorithm.
+        title: the heading.
+        notes: bullet lines above the table (scenario, seeds, overrides).
+
+    Returns:
+        compare.md's text: "-" where no seed has a value, "not reached"
+        where no seed reached the target, "(k/n reached)" where some did.
+    """
     target = next((r["target_accuracy"] for r in table), None)
     lines = [f"# {title}", "", *(f"- {n}" for n in notes), *([""] if notes else [])]
     t_head = f"to {target * 100:g}%" if target is not None else "to target"
@@ -520,6 +569,8 @@ def compare(
     ]
 
     def finish(res: tuple[dict[str, Any], Any], so_far: list[Any]) -> None:
+        # Written as each run ends (atomically): an interrupted comparison
+        # keeps every finished run's rows and a compare.md of them.
         row, rounds = res
         runs = [r for r, _ in so_far]
         if out is not None:  # each run's rounds, then the tables so far
