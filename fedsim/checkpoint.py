@@ -38,6 +38,11 @@ class CheckpointError(RuntimeError):
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """What meta.json says about a checkpoint: the round (or version) to
+    continue with, the simulated time then, the selector's state, and how
+    many rows of each result table belong to the run up to it (rows after
+    them were written after the checkpoint and are dropped on resume)."""
+
     path: Path
     next_round: int
     sim_time: float
@@ -63,10 +68,14 @@ def checkpoint_bytes(
 
 
 def checkpoint_dir(run_dir: Path, next_round: int) -> Path:
+    """The folder of the checkpoint after ``next_round`` rounds; zero-padded
+    so that the folders sort in round order."""
     return Path(run_dir) / f"ckpt-{next_round:08d}"
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` (copied to the CPU, detached) atomically: a
+    checkpoint written on a GPU resumes on a machine without one."""
     import torch
 
     buf = io.BytesIO()
@@ -75,6 +84,12 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Read tensors written by :func:`save_tensors`, with torch's
+    ``weights_only`` loader: a checkpoint is data, never code to run.
+
+    Raises:
+        CheckpointError: the file holds anything but a dict of tensors.
+    """
     import torch
 
     out = torch.load(path, map_location="cpu", weights_only=True)
@@ -84,11 +99,17 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def write_meta(ckpt: Path, meta: dict[str, Any]) -> None:
+    """Write the checkpoint's meta.json (see :class:`Checkpoint`) atomically."""
     atomic_write_bytes(ckpt / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
 
 
 def commit_checkpoint(run_dir: Path, ckpt: Path) -> None:
-    """Point LATEST at ``ckpt`` (atomically) and delete older checkpoints."""
+    """Point LATEST at ``ckpt`` (atomically) and delete older checkpoints.
+
+    The order is what makes a checkpoint safe against a kill at any moment:
+    ``ckpt`` is complete before LATEST names it, and the older one is
+    deleted only after, so LATEST always names a whole checkpoint.
+    """
     run_dir = Path(run_dir)
     if not _CKPT_NAME.fullmatch(ckpt.name):
         raise CheckpointError(f"{ckpt}: not a ckpt-<round> folder name")
@@ -264,6 +285,8 @@ def write_fingerprint(ckpt: Path, scenario: Scenario) -> None:
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested JSON as ``{"a.b[0].c": leaf}``, so that a fingerprint mismatch
+    names each differing field by the path a ``--set`` would use."""
     if isinstance(obj, dict):
         items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in obj.items()]
     elif isinstance(obj, list):
@@ -317,6 +340,7 @@ _NONE = object()
 
 
 def _show(v: Any) -> str:
+    """A fingerprint value for a message: JSON, cut at 60 characters."""
     if v is _NONE:
         return "(absent)"
     text = json.dumps(v)
@@ -324,6 +348,8 @@ def _show(v: Any) -> str:
 
 
 def save_arrays(ckpt: Path, arrays: dict[str, np.ndarray]) -> None:
+    """The client store's arrays as ``store-<key>.npy`` (no pickles), each
+    written atomically."""
     for key, arr in arrays.items():
         buf = io.BytesIO()
         np.save(buf, np.asarray(arr), allow_pickle=False)
@@ -331,6 +357,7 @@ def save_arrays(ckpt: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def load_arrays(ckpt: Path) -> dict[str, np.ndarray]:
+    """Inverse of :func:`save_arrays`; refuses pickled arrays (ValueError)."""
     return {
         p.name[len("store-") : -len(".npy")]: np.load(p, allow_pickle=False)
         for p in sorted(Path(ckpt).glob("store-*.npy"))

@@ -2,6 +2,24 @@
 
 Exit codes (README.md): 0 success; 1 a failed run (e.g. diverged); 2 invalid
 scenario or arguments, with one message on stderr and no traceback; 130 stopped.
+
+How the module keeps those promises:
+
+- Every refusal is :func:`_fail` (one ``error:`` line, then the exit code);
+  library errors meant for the user are turned into it by :func:`_errors`,
+  naming the exception kinds, so an unexpected one still shows its
+  traceback (a bug to fix, not a message to word).
+- Everything is checked before anything is written: the scenario (once,
+  with every ``--set`` applied), preflight, the output folder, and for a
+  resume every file it will read. A refused command leaves the disk as it
+  found it.
+- SIGTERM is Ctrl-C from :func:`main` on, and an interrupt during set-up is
+  reported like one in a round (exit 130, summary.json, how to continue).
+- Nothing the user asked for is silently dropped: options that would
+  override each other (``--seed`` and ``--set seed``), or fields that compare
+  and stress set themselves, are refused with the option to use instead.
+- Heavy modules (torch, Ray, pyarrow) are imported inside the commands that
+  need them, so ``fedsim --help`` and ``fedsim validate`` start at once.
 """
 
 from __future__ import annotations
@@ -123,7 +141,13 @@ def _main(
 
 
 def _say(label: str, message: str) -> None:
-    """A line on stderr, never wrapped (paths stay whole); ``message`` is not markup."""
+    """A line on stderr, never wrapped (paths stay whole); ``message`` is not markup.
+
+    Args:
+        label: rich markup (``[bold red]error:[/]``), or "" for none.
+        message: plain text, escaped: a path or value holding ``[...]`` is
+            shown as it is rather than read as markup.
+    """
     text = f"{label} {escape(message)}" if label else escape(message)
     err.print(text, highlight=False, soft_wrap=True)
 
@@ -314,7 +338,17 @@ def _finished(run_dir: Path) -> bool:
 def _set_up_interrupted(reached: dict[str, Any], resuming: bool, quiet: bool) -> int:
     """Ctrl-C or SIGTERM before the first round: say so as for one in a round;
     a new run that has its folder gets summary.json (``status: interrupted``,
-    no rows). A resume leaves the files it found as they were."""
+    no rows). A resume leaves the files it found as they were.
+
+    Args:
+        reached: what :func:`_set_up` got to (``sc``, ``run_dir``,
+            ``workers``); empty when the scenario was not even loaded.
+        resuming: a ``--resume``; its folder holds a run worth keeping.
+        quiet: no summary table.
+
+    Returns:
+        130, the exit code of an interrupted run.
+    """
     run_dir = reached.get("run_dir")
     if run_dir is None or not (run_dir / "scenario.yaml").exists():
         _say("[yellow]interrupted[/]", "before the run started; nothing was written")
@@ -698,13 +732,25 @@ def _progress(
     sc: Scenario, quiet: bool, start: int, sim0: float, log_every: float = 30.0
 ) -> Iterator[Any]:
     """Yields the per-round callback: a progress bar, or without a terminal a
-    plain line every ``log_every`` seconds and every 10% of the rounds."""
+    plain line every ``log_every`` seconds and every 10% of the rounds.
+
+    Args:
+        sc: the scenario (its name, rounds and whether they are versions).
+        quiet: no bar and no lines.
+        start: rounds already done (a resume starts its bar there).
+        sim0: the simulated time they took.
+        log_every: seconds between plain lines at most.
+
+    The plain lines exist for batch jobs (``ray job submit``, Slurm), whose
+    logs would otherwise hold a bar's control characters or nothing at all.
+    """
     unit = "versions" if sc.round.policy == "async" else "rounds"
     if not quiet and not err.is_terminal:
         step = max(1, sc.rounds // 10)
         last: dict[str, Any] = {"time": time.monotonic(), "acc": "-"}
 
         def log_line(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+            # the last evaluated accuracy: a round without evaluation is NaN
             if row["test_accuracy"] == row["test_accuracy"]:
                 last["acc"] = _fmt(row["test_accuracy"], ".3f")
             done = row["round"] + 1
@@ -802,7 +848,12 @@ def _keep(section: dict[str, Any], fields: str) -> dict[str, Any]:
 
 
 def _applicable(sc: Scenario) -> dict[str, Any]:
-    """The resolved scenario without the fields that do nothing in it."""
+    """The resolved scenario without the fields that do nothing in it.
+
+    ``validate`` prints this rather than the full dump: a field that the
+    chosen policy, distribution or model ignores would read as if it
+    mattered (a ``window_s`` in an epochs round, ``sigma`` on fixed speeds).
+    """
     d = sc.model_dump(mode="json")
     model = _USED.get(("model", sc.model.name), "")
     d["model"] = _keep(d["model"], f"name dtype {model}")
@@ -883,7 +934,13 @@ def stress(
     overwrite: OverwriteOption = False,
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
-    which aggregator degrades least (stress.md, stress.parquet, plots)."""
+    which aggregator degrades least (stress.md, stress.parquet, plots).\f
+
+    Refused with exit 2 before any run: a swept or --set field that stress
+    sets itself (seed, algorithm, resources.workers, checkpoint) and an
+    --out that holds an earlier sweep (unless --overwrite). Exit 1 when a
+    run diverged (every table is written first), 130 when interrupted.
+    """
     from fedsim.data import DataError, DataMissingError
     from fedsim.scenario import ScenarioError
     from fedsim.stress import parse_sweep, run_stress
@@ -945,7 +1002,13 @@ def compare(
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
     and write compare.parquet, compare.md and compare.png (accuracy against
-    simulated time and rounds, with seed bands)."""
+    simulated time and rounds, with seed bands).\f
+
+    Refused with exit 2 before any run: an invalid variant, an algorithm
+    given twice (under any spelling), a --set of a field compare sets
+    itself, and an --out that holds an earlier comparison (unless
+    --overwrite). Exit 1 when a run diverged, 130 when interrupted.
+    """
     from fedsim.compare import compare as run_compare
     from fedsim.data import DataMissingError
     from fedsim.results import default_run_dir, prepare_run_dir
@@ -1000,7 +1063,13 @@ _STRESS_FILES = (
 def _claim_out(out_dir: Path, files: tuple[str, ...], overwrite: bool) -> None:
     """Refuse an --out that holds a comparison's (or sweep's) ``files``, as
     ``run`` refuses another run's; ``overwrite`` deletes them first, so that
-    no old run is left among the new ones."""
+    no old run is left among the new ones.
+
+    Args:
+        out_dir: the --out folder (it may not exist yet).
+        files: the names the command writes there (``runs`` is a folder).
+        overwrite: ``--overwrite`` was given.
+    """
     held = [n for n in files if (out_dir / n).exists()]
     if not held:
         return
@@ -1036,7 +1105,12 @@ def _maybe_ray(workers: int | None, address: str | None) -> None:
 
 
 def _exit_if_diverged(n: int, where: str) -> None:
-    """Exit 1 when runs diverged: the results are written, and say which."""
+    """Exit 1 when runs diverged: the results are written, and say which.
+
+    Args:
+        n: how many runs diverged (0: return and let the command exit 0).
+        where: the table whose ``diverged`` column lists them.
+    """
     if n:
         _say(
             "[bold red]diverged:[/]", f"{n} run(s); see the diverged column of {where}"

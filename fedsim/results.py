@@ -144,13 +144,21 @@ def write_table(path: Path, rows: list[_Row], schema: pa.Schema) -> None:
 
 
 def default_run_dir(name: str, root: Path = Path("results")) -> Path:
+    """``root/<name>-<YYYYmmdd-HHMMSS>``, with ``-2``, ``-3``, ... added when
+    that exists: two runs started in the same second never share a folder."""
     base = root / f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
     tries = itertools.chain([base], (Path(f"{base}-{i}") for i in itertools.count(2)))
     return next(path for path in tries if not path.exists())
 
 
 def prepare_run_dir(path: Path) -> Path:
-    """Create the run directory and check it is writable, before training."""
+    """Create the run directory and check it is writable, before training.
+
+    Raises:
+        OSError: naming ``path`` and why (read-only, a file in the way, no
+            space), so that the run fails before hours of training, not at
+            its first write.
+    """
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -222,6 +230,13 @@ class Recorder:
     flush_every_s = 5.0
 
     def __init__(self, run_dir: Path | None, asynchronous: bool = False) -> None:
+        """A recorder with no rows yet.
+
+        Args:
+            run_dir: where the tables go; None keeps the rows in memory only
+                (compare, stress and tests that need no files).
+            asynchronous: use the asynchronous tables' extra columns.
+        """
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.schemas = (ROUND_SCHEMA, CLIENT_SCHEMA)
         if asynchronous:
@@ -237,6 +252,9 @@ class Recorder:
     def add(
         self, row: _Row, clients: list[_Row], selector_rows: Sequence[_Row] = ()
     ) -> None:
+        """Keep a round's rows; write them when the last write is older than
+        ``flush_every_s`` (a round every few milliseconds would otherwise
+        rewrite the tables thousands of times)."""
         self.rows.append(row)
         self.clients.extend(clients)
         self.selector_rows.extend(selector_rows)
@@ -254,6 +272,7 @@ class Recorder:
             self._last = time.monotonic()
 
     def write(self, run_dir: Path) -> None:
+        """Write every table to ``run_dir`` now (each file atomically)."""
         rounds, clients = self.schemas
         tables = [("rounds", self.rows, rounds), ("clients", self.clients, clients)]
         if self.selector_rows:
@@ -328,4 +347,5 @@ def read_rows(path: Path, at_least: int) -> list[_Row]:
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
+    """Write summary.json atomically (JSON has no NaN: callers pass None)."""
     atomic_write_bytes(Path(path), (json.dumps(summary, indent=2) + "\n").encode())

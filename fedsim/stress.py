@@ -543,7 +543,12 @@ def plot_taus(
     path: Path,
 ) -> Path:
     """Local steps of completed updates per device group, a box per value of the
-    first swept field; async runs (same steps per job) only if nothing else ran."""
+    first swept field; async runs (same steps per job) only if nothing else ran.
+
+    Pooled over algorithms and seeds: tau is set by the clock (speed,
+    window, stragglers), not by the aggregator, so every synchronous
+    algorithm sees the same distribution and pooling only adds samples.
+    """
     from fedsim.plots import _new_figure, _save
 
     taus = [t for t in taus if t.get("mode", "sync") == "sync"] or list(taus)

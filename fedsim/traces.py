@@ -229,12 +229,23 @@ def _check_period(p: Path, period_s: float | None) -> None:
 def _load_cached(
     path: str, size: int, mtime_ns: int, period_s: float | None
 ) -> DeviceTrace:
+    """The parsed trace; size and mtime are part of the key only, so that an
+    edited file is read again while a fleet of many groups sharing one trace
+    (or a sweep's many runs) reads it once."""
     p = Path(path)
     read = _read_parquet if p.suffix.lower() in _PARQUET else _read_csv
     return _build(p, *read(p), period_s)
 
 
 def _read_csv(p: Path) -> tuple[dict[str, list[Any]], Any]:
+    """A CSV trace's columns (stripped strings) and a function naming row
+    ``i`` for messages, with its line number in the file: blank lines are
+    skipped, so row and line differ and the user needs the line to find it.
+
+    Raises:
+        TraceError: an empty file, a bad header, a row of the wrong width,
+            text that is not UTF-8, malformed CSV, or too many rows.
+    """
     try:
         with p.open(newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
@@ -267,6 +278,13 @@ def _read_csv(p: Path) -> tuple[dict[str, list[Any]], Any]:
 
 
 def _read_parquet(p: Path) -> tuple[dict[str, list[Any]], Any]:
+    """A Parquet trace's columns (typed values, None for nulls) and a
+    function naming row ``i`` for messages; the same header checks as CSV.
+
+    Raises:
+        TraceError: a file pyarrow cannot read (cut short, not Parquet), a
+            bad header, or too many rows.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -282,6 +300,8 @@ def _read_parquet(p: Path) -> tuple[dict[str, list[Any]], Any]:
 
 
 def _check_header(p: Path, names: list[str]) -> None:
+    """TraceError for an unknown, repeated or missing column: a typo in a
+    column name would otherwise drop that column without a word."""
     unknown = [n for n in names if n not in COLUMNS]
     if unknown:
         raise TraceError(
@@ -301,6 +321,19 @@ def _check_header(p: Path, names: list[str]) -> None:
 def _numbers(
     p: Path, columns: dict[str, list[Any]], name: str, where: Any, positive: bool
 ) -> np.ndarray:
+    """Column ``name`` as a read-only float array.
+
+    Args:
+        p: the file, named in messages.
+        columns: the parsed columns (strings from CSV, values from Parquet).
+        name: the column.
+        where: names row ``i`` (and its line) for messages.
+        positive: zero is refused too (a speed or bandwidth of 0 would make
+            a device that never finishes; a latency of 0 is fine).
+
+    Raises:
+        TraceError: the first value that is not a finite number in range.
+    """
     out = np.empty(len(columns[name]), dtype=np.float64)
     need = "a positive number" if positive else "a number >= 0"
     for i, v in enumerate(columns[name]):
@@ -317,6 +350,8 @@ def _numbers(
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
+    """``a``, made read-only: cached traces are shared by every fleet built
+    from them, so one caller must not be able to change another's devices."""
     a.setflags(write=False)
     return a
 
@@ -324,6 +359,8 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 def _build(
     p: Path, columns: dict[str, list[Any]], where: Any, period_s: float | None
 ) -> DeviceTrace:
+    """The checked trace from parsed columns; the optional ones default to
+    no latency, always online, and no device names."""
     if not columns[REQUIRED[0]]:
         raise TraceError(f"{p}: no rows; a trace needs at least one device")
     speed, down, up = (_numbers(p, columns, c, where, True) for c in REQUIRED)
@@ -341,6 +378,10 @@ def _build(
 def _intervals(
     p: Path, cells: list[Any], where: Any, period_s: float | None
 ) -> Intervals:
+    """The ``availability`` column as :class:`Intervals`: a CSV cell is text
+    (``0-3600;7200-inf``), a Parquet cell text or a list of pairs; a blank
+    or null cell means always online (no intervals given), which is not the
+    same as an empty list of intervals (never online)."""
     pairs: list[tuple[float, float]] = []
     offsets = [0]
     for i, cell in enumerate(cells):
