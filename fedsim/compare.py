@@ -83,7 +83,7 @@ def canonical_label(spec: str) -> str:
 
     >>> canonical_label(" fedprox: mu = +5e-1")
     'fedprox:mu=0.5'
-    >>> canonical_label("feddc:alpha=0.005,correction=no")
+    >>> canonical_label("feddc:alpha=5e-3,correction=False")
     'feddc:alpha=0.005,correction=false'
     """
     name, values = _parse_label(spec)
