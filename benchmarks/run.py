@@ -210,8 +210,11 @@ def run_baseline(
 
 def missing_data(path: Path, overrides: list[str]) -> str:
     """Why ``path``'s workload has no data here (the first line of the
-    DataMissingError), or "" when it has."""
+    DataMissingError), or "" when it has. Only datasets read from files are
+    built here (synthetic ones cannot be missing)."""
     sc = load_scenario(path, overrides)
+    if "root" not in type(sc.data).model_fields:
+        return ""
     try:
         build_data(sc.data, sc.num_clients, sc.seed)
     except DataMissingError as exc:
