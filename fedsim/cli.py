@@ -251,9 +251,11 @@ def run(
         reached["workers"] = n_workers = _start_workers(sc, workers, address)
         with _progress(sc, quiet, start, sim0, log_every) as on_round:
             result = _run(sc, n_workers, run_dir, resume is not None, on_round)
-        code = _finish(result, run_dir, report, quiet)
     except KeyboardInterrupt:  # during set-up: the loop catches its own
         code = _set_up_interrupted(reached, resume is not None, quiet)
+    else:  # not in the try: an interrupt while the report is written must
+        # not replace the summary of the rows with the one of an empty set-up
+        code = _finish(result, run_dir, report, quiet)
     finally:  # the previous handler again (tests, notebooks)
         signal.signal(signal.SIGTERM, previous)
     raise typer.Exit(code)
