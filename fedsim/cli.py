@@ -683,9 +683,12 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
     from fedsim.checkpoint import CheckpointError
     from fedsim.data import DataError, DataMissingError
     from fedsim.executors import PlacementError
+    from fedsim.results import UnreadableResults
     from fedsim.runtime import SetupError, run_scenario
 
-    kinds = (DataMissingError, DataError, SetupError, CheckpointError, PlacementError)
+    # UnreadableResults: a table changed between the resume's check and its load
+    kinds: tuple[type[Exception], ...] = (DataMissingError, DataError, SetupError)
+    kinds += (CheckpointError, PlacementError, UnreadableResults)
     try:
         with _errors(*kinds), _out_of_memory():
             return run_scenario(
