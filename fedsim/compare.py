@@ -547,7 +547,7 @@ def compare(
         progress: called with each run's row as it finishes.
         workers: as for :func:`run_jobs`.
     """
-    from fedsim.results import ROUND_SCHEMA, atomic_write_bytes, write_table
+    from fedsim.results import ROUND_SCHEMA, write_table
 
     overrides = list(overrides or [])
     _reject_run_overrides(
@@ -576,17 +576,7 @@ def compare(
         if out is not None:  # each run's rounds, then the tables so far
             name = f"{stems[row['algorithm']]}-seed{row['seed']}.parquet"
             write_table(out / "runs" / name, rounds, ROUND_SCHEMA)
-            write_table(out / "compare.parquet", runs, COMPARE_SCHEMA)
-            notes = [
-                f"scenario: `{scenario_path}`",
-                f"seeds: {', '.join(map(str, sorted({r['seed'] for r in runs})))}",
-                f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
-                "accuracy and loss: the scenario's test set, mean ± sample std "
-                "over seeds",
-            ]
-            table = summarize_runs(runs, target_accuracy)
-            text = format_markdown(table, f"compare: {Path(scenario_path).stem}", notes)
-            atomic_write_bytes(out / "compare.md", text.encode())
+            _write_tables(out, runs, scenario_path, overrides, target_accuracy)
         if progress is not None:
             progress(row)
 
@@ -594,6 +584,30 @@ def compare(
     if out is not None:
         plot_compare(results, target_accuracy, out / "compare.png")
     return summarize_runs([row for row, _ in results], target_accuracy)
+
+
+def _write_tables(
+    out: Path,
+    runs: list[dict[str, Any]],
+    scenario_path: str | Path,
+    overrides: Sequence[str],
+    target_accuracy: float | None,
+) -> None:
+    """compare.parquet (one row per run so far) and compare.md (their mean
+    and spread per algorithm), each replaced atomically: a reader, or an
+    interrupted comparison, sees the runs that finished and no half file."""
+    from fedsim.results import atomic_write_bytes, write_table
+
+    write_table(out / "compare.parquet", runs, COMPARE_SCHEMA)
+    notes = [
+        f"scenario: `{scenario_path}`",
+        f"seeds: {', '.join(map(str, sorted({r['seed'] for r in runs})))}",
+        f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
+        "accuracy and loss: the scenario's test set, mean ± sample std over seeds",
+    ]
+    table = summarize_runs(runs, target_accuracy)
+    text = format_markdown(table, f"compare: {Path(scenario_path).stem}", notes)
+    atomic_write_bytes(out / "compare.md", text.encode())
 
 
 def _colors(names: Iterable[str]) -> dict[str, Any]:
