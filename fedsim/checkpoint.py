@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedsim.results import atomic_write_bytes
+from fedsim.results import UnreadableResults, atomic_write_bytes, read_rows
 
 if TYPE_CHECKING:  # torch is imported where tensors are saved or loaded
     import torch
@@ -38,6 +38,11 @@ class CheckpointError(RuntimeError):
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """What meta.json says about a checkpoint: the round (or version) to
+    continue with, the simulated time then, the selector's state, and how
+    many rows of each result table belong to the run up to it (rows after
+    them were written after the checkpoint and are dropped on resume)."""
+
     path: Path
     next_round: int
     sim_time: float
@@ -63,10 +68,14 @@ def checkpoint_bytes(
 
 
 def checkpoint_dir(run_dir: Path, next_round: int) -> Path:
+    """The folder of the checkpoint after ``next_round`` rounds; zero-padded
+    so that the folders sort in round order."""
     return Path(run_dir) / f"ckpt-{next_round:08d}"
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` (copied to the CPU, detached) atomically: a
+    checkpoint written on a GPU resumes on a machine without one."""
     import torch
 
     buf = io.BytesIO()
@@ -75,6 +84,12 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Read tensors written by :func:`save_tensors`, with torch's
+    ``weights_only`` loader: a checkpoint is data, never code to run.
+
+    Raises:
+        CheckpointError: the file holds anything but a dict of tensors.
+    """
     import torch
 
     out = torch.load(path, map_location="cpu", weights_only=True)
@@ -84,11 +99,17 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def write_meta(ckpt: Path, meta: dict[str, Any]) -> None:
+    """Write the checkpoint's meta.json (see :class:`Checkpoint`) atomically."""
     atomic_write_bytes(ckpt / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
 
 
 def commit_checkpoint(run_dir: Path, ckpt: Path) -> None:
-    """Point LATEST at ``ckpt`` (atomically) and delete older checkpoints."""
+    """Point LATEST at ``ckpt`` (atomically) and delete older checkpoints.
+
+    The order is what makes a checkpoint safe against a kill at any moment:
+    ``ckpt`` is complete before LATEST names it, and the older one is
+    deleted only after, so LATEST always names a whole checkpoint.
+    """
     run_dir = Path(run_dir)
     if not _CKPT_NAME.fullmatch(ckpt.name):
         raise CheckpointError(f"{ckpt}: not a ckpt-<round> folder name")
@@ -156,6 +177,60 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from None
 
 
+def check_resumable(run_dir: Path) -> Checkpoint:
+    """Everything a resume of ``run_dir`` reads, read once before anything is
+    written: LATEST, the checkpoint's meta.json, server state, client store
+    and the parameters of versions in flight, and the rows of the result
+    tables the checkpoint counts. A resume that would fail half-way (after
+    the run has started rewriting its tables) fails here instead, with every
+    file as it was.
+
+    Returns:
+        The checkpoint LATEST names.
+
+    Raises:
+        CheckpointError: naming the first file that is missing, damaged or
+            shorter than the checkpoint says.
+    """
+    run_dir = Path(run_dir)
+    ck = latest_checkpoint(run_dir)
+    try:
+        meta = json.loads((ck.path / "meta.json").read_text())
+        payloads = [int(v) for v in meta.get("payload_versions", [])]
+    except (OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{ck.path / 'meta.json'}: unreadable ({exc})") from None
+    needed = [ck.path / "server.pt"]
+    needed += [ck.path / f"payload-{v:08d}.pt" for v in payloads]
+    for path in needed:
+        _check_tensors(path)
+    try:
+        load_arrays(ck.path)
+    except (OSError, ValueError, EOFError) as exc:
+        raise CheckpointError(f"{ck.path}: damaged client store ({exc})") from None
+    tables = [("rounds", ck.n_rows), ("clients", ck.n_client_rows)]
+    if ck.n_selector_rows:
+        tables.append(("selector", ck.n_selector_rows))
+    for name, rows in tables:
+        try:
+            read_rows(run_dir / f"{name}.parquet", rows)
+        except UnreadableResults as exc:
+            raise CheckpointError(f"{exc}; cannot resume") from None
+    return ck
+
+
+def _check_tensors(path: Path) -> None:
+    """Raise CheckpointError naming ``path`` unless it loads as tensors."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; cannot resume")
+    try:
+        load_tensors(path)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # torch reports a cut file as several kinds
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"{path}: damaged ({why}); cannot resume") from None
+
+
 # Fields that cannot change results (``rounds``: a resume may extend the run);
 # gpus_per_worker and vectorize stay: they change floating-point results.
 FINGERPRINT_EXCLUDES: tuple[str, ...] = (
@@ -210,6 +285,8 @@ def write_fingerprint(ckpt: Path, scenario: Scenario) -> None:
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested JSON as ``{"a.b[0].c": leaf}``, so that a fingerprint mismatch
+    names each differing field by the path a ``--set`` would use."""
     if isinstance(obj, dict):
         items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in obj.items()]
     elif isinstance(obj, list):
@@ -263,6 +340,7 @@ _NONE = object()
 
 
 def _show(v: Any) -> str:
+    """A fingerprint value for a message: JSON, cut at 60 characters."""
     if v is _NONE:
         return "(absent)"
     text = json.dumps(v)
@@ -270,6 +348,8 @@ def _show(v: Any) -> str:
 
 
 def save_arrays(ckpt: Path, arrays: dict[str, np.ndarray]) -> None:
+    """The client store's arrays as ``store-<key>.npy`` (no pickles), each
+    written atomically."""
     for key, arr in arrays.items():
         buf = io.BytesIO()
         np.save(buf, np.asarray(arr), allow_pickle=False)
@@ -277,6 +357,7 @@ def save_arrays(ckpt: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def load_arrays(ckpt: Path) -> dict[str, np.ndarray]:
+    """Inverse of :func:`save_arrays`; refuses pickled arrays (ValueError)."""
     return {
         p.name[len("store-") : -len(".npy")]: np.load(p, allow_pickle=False)
         for p in sorted(Path(ckpt).glob("store-*.npy"))

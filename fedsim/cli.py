@@ -2,6 +2,24 @@
 
 Exit codes (README.md): 0 success; 1 a failed run (e.g. diverged); 2 invalid
 scenario or arguments, with one message on stderr and no traceback; 130 stopped.
+
+How the module keeps those promises:
+
+- Every refusal is :func:`_fail` (one ``error:`` line, then the exit code);
+  library errors meant for the user are turned into it by :func:`_errors`,
+  naming the exception kinds, so an unexpected one still shows its
+  traceback (a bug to fix, not a message to word).
+- Everything is checked before anything is written: the scenario (once,
+  with every ``--set`` applied), preflight, the output folder, and for a
+  resume every file it will read. A refused command leaves the disk as it
+  found it.
+- SIGTERM is Ctrl-C from :func:`main` on, and an interrupt during set-up is
+  reported like one in a round (exit 130, summary.json, how to continue).
+- Nothing the user asked for is silently dropped: options that would
+  override each other (``--seed`` and ``--set seed``), or fields that compare
+  and stress set themselves, are refused with the option to use instead.
+- Heavy modules (torch, Ray, pyarrow) are imported inside the commands that
+  need them, so ``fedsim --help`` and ``fedsim validate`` start at once.
 """
 
 from __future__ import annotations
@@ -23,6 +41,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedsim import __version__
+from fedsim.algorithms import REGISTRY
 from fedsim.units import duration
 
 # fedsim.scenario (every plug-in, numpy, pydantic schemas) is imported by the
@@ -63,8 +82,9 @@ AlgorithmsOption = Annotated[
     typer.Option(
         "--algorithms",
         "-a",
+        # the names from the registry, so that a new algorithm is listed
         help="Comma-separated algorithms, each NAME or NAME:key=value,... "
-        "(e.g. fedavg,fedprox:mu=0.001,fednova).",
+        f"(NAME: {', '.join(REGISTRY)}).",
     ),
 ]
 SeedsOption = Annotated[int, typer.Option("--seeds", min=1, help="Seeds 0..N-1.")]
@@ -94,9 +114,15 @@ OutDirOption = Annotated[
         "--out", help="Output folder (default results/<command>-<name>-<time>/)."
     ),
 ]
+OverwriteOption = Annotated[
+    bool,
+    typer.Option("--overwrite", help="Replace the results already in --out."),
+]
 
 
 def _version(value: bool) -> None:
+    """``--version``: print it and exit 0 before any command is parsed (the
+    option is eager, so ``fedsim --version run`` needs no scenario)."""
     if value:
         out.print(f"fedsim {__version__}")
         raise typer.Exit(0)
@@ -115,19 +141,35 @@ def _main(
 
 
 def _say(label: str, message: str) -> None:
-    """A line on stderr, never wrapped (paths stay whole); ``message`` is not markup."""
+    """A line on stderr, never wrapped (paths stay whole); ``message`` is not markup.
+
+    Args:
+        label: rich markup (``[bold red]error:[/]``), or "" for none.
+        message: plain text, escaped: a path or value holding ``[...]`` is
+            shown as it is rather than read as markup.
+    """
     text = f"{label} {escape(message)}" if label else escape(message)
     err.print(text, highlight=False, soft_wrap=True)
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
+    """One ``error:`` line on stderr, then exit ``code`` (2: the user's input
+    is wrong; 1: the run failed). Every refusal goes through here, so that no
+    message is a traceback and each names the option or file at fault."""
     _say("[bold red]error:[/]", message)
     raise typer.Exit(code)
 
 
 @contextmanager
 def _errors(*kinds: type[Exception], code: int = 2) -> Iterator[None]:
-    """Report these exceptions as one error line and exit with ``code``."""
+    """Report these exceptions as one error line and exit with ``code``.
+
+    Args:
+        kinds: exceptions whose message is written for the user as is
+            (ScenarioError, DataMissingError, CheckpointError, ...); any
+            other exception is a bug and keeps its traceback.
+        code: the exit code for them.
+    """
     try:
         yield
     except typer.Exit:  # a RuntimeError: already said
@@ -137,6 +179,8 @@ def _errors(*kinds: type[Exception], code: int = 2) -> Iterator[None]:
 
 
 def _fmt(x: Any, spec: str = ".4f") -> str:
+    """``x`` formatted for the summary table; "-" for None and NaN (not
+    evaluated), and ``str(x)`` for what the spec does not fit."""
     try:
         return "-" if x is None or x != x else format(x, spec)
     except (TypeError, ValueError):
@@ -188,17 +232,56 @@ def run(
         ),
     ] = 30.0,
 ) -> None:
-    """Run a scenario (or resume a run) and write its results."""
-    overrides = list(set_ or [])
+    """Run a scenario (or resume a run) and write its results.\f
+
+    Exit codes: 0 completed (also: a resume with nothing left to do, which
+    changes no file); 1 diverged, stalled, out of memory or results not
+    written; 2 a refused input (scenario, options, data, checkpoint,
+    placement); 130 interrupted, at any point from the first line on.
+    """
+    # A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C from
+    # the first line on: set-up (data, model, Ray) can take minutes.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    reached: dict[str, Any] = {}  # how far set-up got (see _set_up)
+    try:
+        sc, run_dir, start, sim0 = _set_up(
+            scenario, out_dir, workers, seed, list(set_ or []), resume, overwrite,
+            reached,
+        )  # fmt: skip
+        reached["workers"] = n_workers = _start_workers(sc, workers, address)
+        with _progress(sc, quiet, start, sim0, log_every) as on_round:
+            result = _run(sc, n_workers, run_dir, resume is not None, on_round)
+    except KeyboardInterrupt:  # during set-up: the loop catches its own
+        code = _set_up_interrupted(reached, resume is not None, quiet)
+    else:  # not in the try: an interrupt while the report is written must
+        # not replace the summary of the rows with the one of an empty set-up
+        code = _finish(result, run_dir, report, quiet)
+    finally:  # the previous handler again (tests, notebooks)
+        signal.signal(signal.SIGTERM, previous)
+    raise typer.Exit(code)
+
+
+def _set_up(
+    scenario: Path | None,
+    out_dir: Path | None,
+    workers: int | None,
+    seed: str | None,
+    overrides: list[str],
+    resume: Path | None,
+    overwrite: bool,
+    reached: dict[str, Any],
+) -> tuple[Scenario, Path, int, float]:
+    """Check the arguments, load and check the scenario, and prepare the run
+    directory; returns the scenario, the directory and the (round, simulated
+    time) to start from. ``reached`` gets ``sc`` and ``run_dir`` as soon as
+    they are known, so that an interrupt can say what was written.
+
+    A resume of a finished run exits here, 0, without touching a file."""
     if seed is not None:
+        _seed_once(seed, overrides)
         overrides.append(f"seed={_seed(seed)}")
     if resume is not None:
-        if scenario is not None or overrides or out_dir is not None:
-            _fail("--resume RUN_DIR takes no scenario, --out, --seed or --set")
-        scenario, out_dir = resume / "scenario.yaml", resume
-        _expect_dir(resume, "--resume", "a run directory")
-        if not scenario.exists():
-            _fail(f"{resume}: not a run directory (no scenario.yaml)")
+        scenario, out_dir = _resume_args(resume, scenario, overrides, out_dir)
     if scenario is None:
         _fail("missing SCENARIO (a YAML file), or --resume RUN_DIR")
     from fedsim.results import default_run_dir
@@ -207,15 +290,96 @@ def run(
     sc = _load(scenario, overrides, seed)
     _preflight(sc, scenario, workers)
     run_dir = out_dir if out_dir is not None else default_run_dir(sc.name)
+    reached.update(sc=sc, run_dir=run_dir)
     start, sim0 = _prepare_run_dir(sc, run_dir, scenario, resume, overwrite)
-    n_workers = _start_workers(sc, workers, address)
-    with _progress(sc, quiet, start, sim0, log_every) as on_round:
-        result = _run(sc, n_workers, run_dir, resume is not None, on_round)
-    raise typer.Exit(_finish(result, run_dir, report, quiet))
+    if resume is not None and start >= sc.rounds and _finished(run_dir):
+        # rewriting summary.json would change only its wall time: leave it
+        _say(
+            "",
+            f"nothing to do: {run_dir} holds a finished run ({sc.rounds} rounds); "
+            "every file is left as it was (fedsim report rewrites the report)",
+        )
+        raise typer.Exit(0)
+    return sc, run_dir, start, sim0
+
+
+def _resume_args(
+    resume: Path, scenario: Path | None, overrides: list[str], out_dir: Path | None
+) -> tuple[Path, Path]:
+    """``--resume RUN_DIR``'s scenario file and output folder (both in
+    RUN_DIR), refusing options that would contradict them: the resolved
+    scenario.yaml in RUN_DIR is the experiment, and another one (or a
+    --set) would make the resumed rows a mix of two."""
+    if scenario is not None or overrides or out_dir is not None:
+        _fail("--resume RUN_DIR takes no scenario, --out, --seed or --set")
+    _expect_dir(resume, "--resume", "a run directory")
+    if not (resume / "scenario.yaml").exists():
+        _fail(f"{resume}: not a run directory (no scenario.yaml)")
+    return resume / "scenario.yaml", resume
+
+
+def _seed_once(seed: str, overrides: list[str]) -> None:
+    """Refuse ``--seed`` together with ``--set seed=...``: one would be ignored."""
+    for o in overrides:
+        if o.split("=", 1)[0].strip() == "seed":
+            _fail(f"--seed {seed} and --set {o}: give the seed once")
+
+
+def _finished(run_dir: Path) -> bool:
+    """Whether ``run_dir``'s summary.json says the run completed (an
+    unreadable or interrupted one is not finished: the resume writes it)."""
+    import json
+
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("status") == "completed"
+
+
+def _set_up_interrupted(reached: dict[str, Any], resuming: bool, quiet: bool) -> int:
+    """Ctrl-C or SIGTERM before the first round: say so as for one in a round;
+    a new run that has its folder gets summary.json (``status: interrupted``,
+    no rows). A resume leaves the files it found as they were.
+
+    Args:
+        reached: what :func:`_set_up` got to (``sc``, ``run_dir``,
+            ``workers``); empty when the scenario was not even loaded.
+        resuming: a ``--resume``; its folder holds a run worth keeping.
+        quiet: no summary table.
+
+    Returns:
+        130, the exit code of an interrupted run.
+    """
+    run_dir = reached.get("run_dir")
+    if run_dir is None or not (run_dir / "scenario.yaml").exists():
+        _say("[yellow]interrupted[/]", "before the run started; nothing was written")
+        return 130
+    if resuming:
+        _say(
+            "[yellow]interrupted[/]",
+            f"while setting up the resume; {run_dir} is as it was; continue "
+            f"with: fedsim run --resume {run_dir}",
+        )
+        return 130
+    from fedsim.runtime import RunResult
+
+    result = RunResult(
+        scenario=reached["sc"],
+        rows=[],
+        clients=[],
+        final_params=None,
+        status="interrupted",
+        message="interrupted during set-up",
+        workers=reached.get("workers", 0),
+        wall_time_s=0.0,
+    )
+    return _finish(result, run_dir, False, quiet)
 
 
 def _seed(text: str) -> int:
-    """``--seed``'s value, or a one-line error naming the option."""
+    """``--seed``'s value, or a one-line error naming the option (typer's
+    own int parsing would accept "-1" and print a usage block instead)."""
     value = -1
     with suppress(ValueError):
         value = int(text.strip(), 10)
@@ -225,7 +389,17 @@ def _seed(text: str) -> int:
 
 
 def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scenario:
-    """load_scenario, blaming a bad --set or --seed; FedDMClockWarnings as lines."""
+    """load_scenario, blaming a bad --set or --seed; FedDMClockWarnings as lines.
+
+    Args:
+        scenario: the YAML file.
+        overrides: ``path=value`` items, applied in order (``--seed N``
+            arrives last, as ``seed=N``).
+        seed: ``--seed``'s text, so that a bad value is blamed on it.
+
+    Returns:
+        The validated scenario; on any problem the command exits 2.
+    """
     from fedsim.scenario import FedDMClockWarning
 
     with warnings.catch_warnings(record=True) as caught:
@@ -240,7 +414,9 @@ def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scen
 
 
 def _load_blamed(scenario: Path, overrides: list[str], seed: str | None) -> Scenario:
-    """:func:`_load` without the warnings."""
+    """:func:`_load` without the warnings: the scenario, or exit 2 with
+    the file's own problems when it is invalid without the overrides, else
+    with the overrides' problems (:func:`_blame`)."""
     from fedsim.scenario import ScenarioError, load_scenario
 
     try:
@@ -249,34 +425,64 @@ def _load_blamed(scenario: Path, overrides: list[str], seed: str | None) -> Scen
         if not overrides:
             _fail(str(exc))
         error = exc
-    try:  # is the file alone valid? Then an override is to blame.
+    try:  # is the file alone valid? Then the overrides are to blame.
         load_scenario(scenario, [])
     except ScenarioError:
         _fail(str(error))
+    _fail(_blame(error, scenario, overrides, seed))
+
+
+def _blame(
+    error: Exception, scenario: Path, overrides: list[str], seed: str | None
+) -> str:
+    """``error``'s problems, each after the options that set its field.
+
+    The problems are those of the scenario with every override applied: one
+    checked alone meets the file's other values, not the other overrides',
+    and would be blamed for the wrong thing (issue 25). A cross-field
+    problem whose field no override sets names them all."""
     blamed = []
-    for o in overrides:
-        try:
-            load_scenario(scenario, [o])
-        except ScenarioError as exc:
-            key = o.split("=", 1)[0].strip()
-            # run's --seed N arrives as the last override, seed=N
-            by_seed = seed is not None and o is overrides[-1] and key == "seed"
-            option = f"--seed {seed}" if by_seed else f"--set {o}"
-            blamed.append(f"{option}: {_problem(str(exc), scenario, key)}")
-    if not blamed:  # only the combination fails (a cross-field check)
-        options = " ".join(f"--set {o}" for o in overrides)
-        blamed.append(f"{options}: {_problem(str(error), scenario, '')}")
-    _fail("; ".join(blamed))
+    for line in _problems(str(error), scenario):
+        path = line.split(": ", 1)[0] if ": " in line else ""
+        mine = [o for o in overrides if _covers(_key(o), path)]
+        options = " ".join(_option(o, overrides, seed) for o in mine or overrides)
+        if len(mine) == 1 and path == _key(mine[0]):
+            line = line.removeprefix(f"{path}: ")
+        blamed.append(f"{options}: {line}")
+    return "; ".join(blamed)
 
 
-def _problem(message: str, scenario: Path, key: str) -> str:
-    """A ScenarioError's problems on one line, less the file's and ``key``'s names."""
+def _key(override: str) -> str:
+    """The field path of ``path=value``."""
+    return override.split("=", 1)[0].strip()
+
+
+def _covers(key: str, path: str) -> bool:
+    """Whether setting ``key`` sets the field ``path`` or one inside it (or
+    ``path`` is a section holding ``key``)."""
+    if not key or not path:
+        return False
+    inside = (f"{key}.", f"{key}[")
+    return (
+        path == key
+        or path.startswith(inside)
+        or key.startswith((f"{path}.", f"{path}["))
+    )
+
+
+def _option(override: str, overrides: list[str], seed: str | None) -> str:
+    """How the user gave ``override``: run's --seed N arrives last, as seed=N."""
+    if seed is not None and override is overrides[-1] and _key(override) == "seed":
+        return f"--seed {seed}"
+    return f"--set {override}"
+
+
+def _problems(message: str, scenario: Path) -> list[str]:
+    """A ScenarioError's problems, one per line, less the file's name."""
     lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
     if len(lines) > 1 and "invalid scenario" in lines[0]:
         lines = lines[1:]
-    for prefix in filter(None, (f"{scenario}: ", key and f"{key}: ")):
-        lines = [ln.removeprefix(prefix) for ln in lines]
-    return "; ".join(lines)
+    return [ln.removeprefix(f"{scenario}: ") for ln in lines]
 
 
 def _expect_dir(path: Path | None, option: str, what: str) -> None:
@@ -286,7 +492,14 @@ def _expect_dir(path: Path | None, option: str, what: str) -> None:
 
 
 def _preflight(sc: Scenario, scenario: Path, workers: int | None = None) -> None:
-    """preflight, after checking that a data root that exists is a folder."""
+    """preflight, after checking that a data root that exists is a folder.
+
+    Args:
+        sc: the loaded scenario.
+        scenario: its file, named in messages.
+        workers: ``--workers``, for the memory estimate (None: the
+            scenario's own ``resources.workers``).
+    """
     from fedsim.data.errors import ENV_ROOT
     from fedsim.preflight import preflight
     from fedsim.scenario import ScenarioError
@@ -305,8 +518,13 @@ def _prepare_run_dir(
     sc: Scenario, run_dir: Path, scenario: Path, resume: Path | None, overwrite: bool
 ) -> tuple[int, float]:
     """Before Ray starts: a new run's resolved scenario, or a resumed one's checkpoint
-    (of the same experiment); returns the (round, simulated time) to start from."""
-    from fedsim.checkpoint import CheckpointError, check_fingerprint, latest_checkpoint
+    (of the same experiment); returns the (round, simulated time) to start from.
+
+    A resume checks every file it will read (checkpoint and result tables)
+    before anything is written, so a resume that cannot continue exits 2
+    with the run directory exactly as it was and still resumable.
+    """
+    from fedsim.checkpoint import CheckpointError, check_fingerprint, check_resumable
     from fedsim.results import atomic_write_bytes, prepare_run_dir
     from fedsim.scenario import dump_scenario
 
@@ -319,31 +537,29 @@ def _prepare_run_dir(
     if resume is None:
         return 0, 0.0
     with _errors(CheckpointError):
-        ck = latest_checkpoint(run_dir)
+        # every file the resume reads, before it writes any (issue 25)
+        ck = check_resumable(run_dir)
         check_fingerprint(run_dir, sc, missing_ok=True)
     return ck.next_round, ck.sim_time
 
 
 def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
-    """Say how the run ended, write summary.json and the report; return the code."""
+    """Say how the run ended, write summary.json and the report; return the code.
+
+    Args:
+        result: the run's RunResult (rows may be empty: set-up interrupted).
+        run_dir: where summary.json and the report go.
+        report: write plots and report.md (only when there are rows).
+        quiet: no summary table on stdout.
+
+    Returns:
+        The exit code of the run's status; 1 when summary.json or the report
+        cannot be written (the rows on disk are whole).
+    """
     from fedsim.results import write_summary
 
-    status = result.status
-    code = _EXIT_CODES[status]
-    kept = {
-        "stalled": "Rows so far are kept.",
-        "diverged": f"Rows so far and the last good checkpoint are kept in {run_dir}.",
-    }
-    if status in kept:
-        _say(f"[bold red]run {status}:[/]", f"{result.message}. {kept[status]}")
-    elif status == "interrupted":
-        again = f"fedsim run --resume {run_dir}"
-        if not (run_dir / "LATEST").exists():
-            again = "(no checkpoint yet: run it again)"
-        _say(
-            "[yellow]interrupted;[/]",
-            f"rows so far are kept in {run_dir}; continue with: {again}",
-        )
+    code = _EXIT_CODES[result.status]
+    _say_ending(result, run_dir)
     summary = result.summary()
     if summary["degenerate"]:
         _say("[yellow]warning:[/]", f"degenerate run: {summary['degenerate']}")
@@ -365,6 +581,26 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
     return code
 
 
+def _say_ending(result: Any, run_dir: Path) -> None:
+    """A line on stderr for a run that did not complete: what is kept, and
+    for an interrupted one how to continue."""
+    status = result.status
+    kept = {
+        "stalled": "Rows so far are kept.",
+        "diverged": f"Rows so far and the last good checkpoint are kept in {run_dir}.",
+    }
+    if status in kept:
+        _say(f"[bold red]run {status}:[/]", f"{result.message}. {kept[status]}")
+    elif status == "interrupted":
+        again = f"fedsim run --resume {run_dir}"
+        if not (run_dir / "LATEST").exists():  # --out now holds summary.json
+            again = "(no checkpoint yet: run it again, with --overwrite)"
+        _say(
+            "[yellow]interrupted;[/]",
+            f"rows so far are kept in {run_dir}; continue with: {again}",
+        )
+
+
 _EXIT_CODES = {"completed": 0, "diverged": 1, "stalled": 1, "interrupted": 130}
 _SUMMARY_KEYS = """rounds final_test_accuracy best_test_accuracy final_test_loss
 sim_time_s wall_time_s updates_completed updates_dropped workers"""
@@ -374,7 +610,11 @@ _TABLES = (".parquet", ".png")  # tables and figures a run or report writes
 
 
 def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
-    """Refuse to write over the scenario or another run (``--overwrite`` clears it)."""
+    """Refuse to write over the scenario or another run (``--overwrite`` clears it).
+
+    The check looks at the files a run writes, not at whether the folder is
+    empty: an --out that holds only the user's own files is fine to use.
+    """
     target = run_dir / "scenario.yaml"
     if target.exists() and target.resolve() == Path(scenario).resolve():
         _fail(
@@ -390,6 +630,12 @@ def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
             f"continue it with: fedsim run --resume {run_dir}, choose another "
             "--out, or pass --overwrite to replace them"
         )
+    _clear_run(run_dir)
+
+
+def _clear_run(run_dir: Path) -> None:
+    """Delete an old run's files for ``--overwrite``, leaving any other file:
+    --out may be a folder the user also keeps other things in."""
     old = {*_RESULTS, "report.md", "scenario.yaml"}
     for p in run_dir.iterdir():  # the old run's files, not the user's others
         if p.name in old or p.name.startswith("ckpt-") or p.suffix in _TABLES:
@@ -397,7 +643,17 @@ def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
 
 
 def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> int:
-    """Ray worker actors (0: in-process), once Ray is up and can place them."""
+    """Ray worker actors (0: in-process), once Ray is up and can place them.
+
+    Args:
+        sc: the scenario (its ``resources`` section).
+        workers: ``--workers``; None: the scenario's own count.
+        address: a Ray cluster to join; None: RAY_ADDRESS or an embedded Ray.
+
+    Returns:
+        The number of worker actors the run will start; exits 2 when the
+        cluster cannot hold them (checked before any actor starts).
+    """
     if workers == 0 or (workers is None and sc.resources.workers == 0):
         return 0
     from fedsim.executors import resolve_workers
@@ -417,15 +673,24 @@ def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> in
 
 
 def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any) -> Any:
-    """run_scenario, with its errors as the command line reports them; meanwhile a
-    scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C."""
+    """run_scenario, with its errors as the command line reports them.
+
+    Exits 2 for a refused input found only now (missing data, a checkpoint,
+    a placement Ray cannot meet), 1 for results that cannot be written or
+    memory the system refused; KeyboardInterrupt from set-up goes to the
+    caller, which reports it like an interrupt in a round.
+    """
     from fedsim.checkpoint import CheckpointError
     from fedsim.data import DataError, DataMissingError
+    from fedsim.executors import PlacementError
+    from fedsim.results import UnreadableResults
     from fedsim.runtime import SetupError, run_scenario
 
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # UnreadableResults: a table changed between the resume's check and its load
+    kinds: tuple[type[Exception], ...] = (DataMissingError, DataError, SetupError)
+    kinds += (CheckpointError, PlacementError, UnreadableResults)
     try:
-        with _errors(DataMissingError, DataError, SetupError, CheckpointError):
+        with _errors(*kinds), _out_of_memory():
             return run_scenario(
                 sc, workers=workers, run_dir=run_dir, resume=resume, on_round=on_round
             )
@@ -438,8 +703,33 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
                 f"the cause is fixed, continue with: fedsim run --resume {run_dir}",
             )
         raise typer.Exit(1) from None
-    finally:  # the previous handler again (tests, notebooks)
-        signal.signal(signal.SIGTERM, previous)
+
+
+# How torch's and numpy's allocators word a refused allocation (RuntimeError).
+_NO_MEMORY = ("can't allocate memory", "not enough memory", "out of memory")
+
+
+@contextmanager
+def _out_of_memory() -> Iterator[None]:
+    """An allocation the memory check let through but the system refused
+    (``ulimit -v``, a container's limit, memory taken meanwhile): one line,
+    exit 1, instead of the allocator's traceback."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as exc:
+        text = str(exc)
+        if not isinstance(exc, MemoryError) and not any(
+            m in text.lower() for m in _NO_MEMORY
+        ):
+            raise
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        why = lines[-1].strip() if lines else type(exc).__name__
+        _fail(
+            f"out of memory while building the run ({why}); the estimate of "
+            "`fedsim validate` fitted, so a limit on this process (ulimit -v, "
+            "a container) or other programs may hold the rest",
+            1,
+        )
 
 
 @contextmanager
@@ -447,13 +737,25 @@ def _progress(
     sc: Scenario, quiet: bool, start: int, sim0: float, log_every: float = 30.0
 ) -> Iterator[Any]:
     """Yields the per-round callback: a progress bar, or without a terminal a
-    plain line every ``log_every`` seconds and every 10% of the rounds."""
+    plain line every ``log_every`` seconds and every 10% of the rounds.
+
+    Args:
+        sc: the scenario (its name, rounds and whether they are versions).
+        quiet: no bar and no lines.
+        start: rounds already done (a resume starts its bar there).
+        sim0: the simulated time they took.
+        log_every: seconds between plain lines at most.
+
+    The plain lines exist for batch jobs (``ray job submit``, Slurm), whose
+    logs would otherwise hold a bar's control characters or nothing at all.
+    """
     unit = "versions" if sc.round.policy == "async" else "rounds"
     if not quiet and not err.is_terminal:
         step = max(1, sc.rounds // 10)
         last: dict[str, Any] = {"time": time.monotonic(), "acc": "-"}
 
         def log_line(row: dict[str, Any], clients: list[dict[str, Any]]) -> None:
+            # the last evaluated accuracy: a round without evaluation is NaN
             if row["test_accuracy"] == row["test_accuracy"]:
                 last["acc"] = _fmt(row["test_accuracy"], ".3f")
             done = row["round"] + 1
@@ -501,7 +803,11 @@ def validate(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
     set_: SetOption = None,
 ) -> None:
-    """Check a scenario file and print what it resolves to."""
+    """Check a scenario file and print what it resolves to.\f
+
+    Prints only the fields that do something in this scenario (see
+    :func:`_applicable`); exits 2 with the problems otherwise.
+    """
     import yaml
 
     from fedsim.scenario import _Dumper
@@ -547,7 +853,12 @@ def _keep(section: dict[str, Any], fields: str) -> dict[str, Any]:
 
 
 def _applicable(sc: Scenario) -> dict[str, Any]:
-    """The resolved scenario without the fields that do nothing in it."""
+    """The resolved scenario without the fields that do nothing in it.
+
+    ``validate`` prints this rather than the full dump: a field that the
+    chosen policy, distribution or model ignores would read as if it
+    mattered (a ``window_s`` in an epochs round, ``sigma`` on fixed speeds).
+    """
     d = sc.model_dump(mode="json")
     model = _USED.get(("model", sc.model.name), "")
     d["model"] = _keep(d["model"], f"name dtype {model}")
@@ -592,7 +903,11 @@ def report(
         ),
     ] = 20,
 ) -> None:
-    """Write plots (PNG) and report.md for a run directory."""
+    """Write plots (PNG) and report.md for a run directory.\f
+
+    Reads only the result files, so it works on a finished, interrupted or
+    diverged run, and rewrites the report of a run that was resumed.
+    """
     from fedsim.report import ReportError, write_report
 
     with _errors(ReportError):
@@ -621,9 +936,16 @@ def stress(
     workers: RunsOption = None,
     address: AddressOption = None,
     quiet: QuietOption = False,
+    overwrite: OverwriteOption = False,
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
-    which aggregator degrades least (stress.md, stress.parquet, plots)."""
+    which aggregator degrades least (stress.md, stress.parquet, plots).\f
+
+    Refused with exit 2 before any run: a swept or --set field that stress
+    sets itself (seed, algorithm, resources.workers, checkpoint) and an
+    --out that holds an earlier sweep (unless --overwrite). Exit 1 when a
+    run diverged (every table is written first), 130 when interrupted.
+    """
     from fedsim.data import DataError, DataMissingError
     from fedsim.scenario import ScenarioError
     from fedsim.stress import parse_sweep, run_stress
@@ -636,6 +958,8 @@ def stress(
                 _fail(f"--sweep {key}: given twice")
             grid[key] = values
     labels = _algorithms(algorithms)
+    if out_dir is not None:
+        _claim_out(out_dir, _STRESS_FILES, overwrite)
     _maybe_ray(workers, address)
 
     def progress(rec: dict[str, Any]) -> None:
@@ -679,10 +1003,17 @@ def compare(
     workers: RunsOption = 0,
     address: AddressOption = None,
     quiet: QuietOption = False,
+    overwrite: OverwriteOption = False,
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
     and write compare.parquet, compare.md and compare.png (accuracy against
-    simulated time and rounds, with seed bands)."""
+    simulated time and rounds, with seed bands).\f
+
+    Refused with exit 2 before any run: an invalid variant, an algorithm
+    given twice (under any spelling), a --set of a field compare sets
+    itself, and an --out that holds an earlier comparison (unless
+    --overwrite). Exit 1 when a run diverged, 130 when interrupted.
+    """
     from fedsim.compare import compare as run_compare
     from fedsim.data import DataMissingError
     from fedsim.results import default_run_dir, prepare_run_dir
@@ -692,6 +1023,7 @@ def compare(
     sc = _load(scenario, overrides)
     names = _algorithms(algorithms)
     run_dir = out_dir if out_dir is not None else default_run_dir(f"compare-{sc.name}")
+    _claim_out(run_dir, _COMPARE_FILES, overwrite)
     with _errors(OSError):
         prepare_run_dir(run_dir)
 
@@ -720,8 +1052,46 @@ def compare(
     _exit_if_diverged(sum(int(r["diverged"]) for r in table), "compare.parquet")
 
 
+# What compare and stress write into --out (runs/: a file per run).
+_COMPARE_FILES = ("compare.parquet", "compare.md", "compare.png", "runs")
+_STRESS_FILES = (
+    "stress.parquet",
+    "stress.md",
+    "taus.parquet",
+    "runs",
+    "accuracy_vs_time.png",
+    "degradation.png",
+    "tau_by_group.png",
+)
+
+
+def _claim_out(out_dir: Path, files: tuple[str, ...], overwrite: bool) -> None:
+    """Refuse an --out that holds a comparison's (or sweep's) ``files``, as
+    ``run`` refuses another run's; ``overwrite`` deletes them first, so that
+    no old run is left among the new ones.
+
+    Args:
+        out_dir: the --out folder (it may not exist yet).
+        files: the names the command writes there (``runs`` is a folder).
+        overwrite: ``--overwrite`` was given.
+    """
+    held = [n for n in files if (out_dir / n).exists()]
+    if not held:
+        return
+    if not overwrite:
+        _fail(
+            f"--out {out_dir} holds earlier results ({', '.join(held)}); choose "
+            "another --out, or pass --overwrite to replace them"
+        )
+    with _errors(OSError):
+        for name in held:
+            path = out_dir / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
 def _algorithms(algorithms: str) -> list[str]:
-    """``--algorithms`` split, and not empty."""
+    """``--algorithms`` split (``key=value`` pieces stay with their name),
+    and not empty; the labels are made canonical where they are run."""
     from fedsim.compare import split_algorithms
 
     labels = split_algorithms(algorithms)
@@ -731,7 +1101,8 @@ def _algorithms(algorithms: str) -> list[str]:
 
 
 def _maybe_ray(workers: int | None, address: str | None) -> None:
-    """Start or join Ray unless --workers 0 runs everything in this process."""
+    """Start or join Ray unless --workers 0 runs everything in this process
+    (compare and stress run each run as one Ray task, not as actors)."""
     if workers != 0:
         from fedsim.ray_session import init_ray
 
@@ -739,7 +1110,12 @@ def _maybe_ray(workers: int | None, address: str | None) -> None:
 
 
 def _exit_if_diverged(n: int, where: str) -> None:
-    """Exit 1 when runs diverged: the results are written, and say which."""
+    """Exit 1 when runs diverged: the results are written, and say which.
+
+    Args:
+        n: how many runs diverged (0: return and let the command exit 0).
+        where: the table whose ``diverged`` column lists them.
+    """
     if n:
         _say(
             "[bold red]diverged:[/]", f"{n} run(s); see the diverged column of {where}"
@@ -748,8 +1124,12 @@ def _exit_if_diverged(n: int, where: str) -> None:
 
 
 def main() -> None:
+    """The ``fedsim`` entry point: SIGTERM is Ctrl-C from here on (a scheduler
+    that stops a job during start-up gets the interrupt's exit code and
+    message, never a silent kill); exits with the command's code."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    app()  # exits with the command's code
+    app()
 
 
 if __name__ == "__main__":

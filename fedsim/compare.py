@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -59,6 +60,41 @@ def split_algorithms(text: str) -> list[str]:
     return out
 
 
+def _parse_label(spec: str) -> tuple[str, dict[str, Any]]:
+    """``name[:key=value,...]`` as the name and the parsed (YAML) values.
+
+    Raises:
+        ScenarioError: a piece that is not ``key=value``, or a value that is
+            not YAML; the message quotes the whole label.
+    """
+    name, _, rest = spec.partition(":")
+    values: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ScenarioError(f"algorithm {spec!r}: expected key=value, got {item!r}")
+        values[key.strip()] = read_yaml(value, f"--algorithms {spec!r}")
+    return name.strip(), values
+
+
+def canonical_label(spec: str) -> str:
+    """``spec`` written from its parsed values, so that one setting has one
+    label (in tables, file names and the check for an algorithm given twice).
+
+    >>> canonical_label(" fedprox: mu = +5e-1")
+    'fedprox:mu=0.5'
+    >>> canonical_label("feddc:alpha=5e-3,correction=False")
+    'feddc:alpha=0.005,correction=false'
+    """
+    name, values = _parse_label(spec)
+    if not values:
+        return name
+    shown = [
+        f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in values.items()
+    ]
+    return name + ":" + ",".join(shown)
+
+
 def algorithm_section(spec: str, scenario_section: dict[str, Any]) -> dict[str, Any]:
     """The ``algorithm`` section for ``name[:key=value,...]``.
 
@@ -67,24 +103,52 @@ def algorithm_section(spec: str, scenario_section: dict[str, Any]) -> dict[str, 
     >>> algorithm_section("feddc", {"name": "feddc", "alpha": 0.005})
     {'name': 'feddc', 'alpha': 0.005}
     """
-    name, _, rest = spec.partition(":")
-    name = name.strip()
+    name, values = _parse_label(spec)
     own = scenario_section.get("name") == name
     section: dict[str, Any] = dict(scenario_section) if own else {"name": name}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ScenarioError(f"algorithm {spec!r}: expected key=value, got {item!r}")
-        section[key.strip()] = read_yaml(value, f"--algorithms {spec!r}")
-    return section
+    return section | values
 
 
-def _safe(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")
+# File names hold a label: most file systems take 255 bytes a name, and the
+# names get a seed and a suffix, so a long label is cut and told apart by hash.
+_NAME_MAX = 80
+
+
+def safe_name(label: str) -> str:
+    """``label`` as part of a file name: letters, digits, ``_.-``; cut to at
+    most 80 characters, with a short hash of the whole label when cut.
+
+    >>> safe_name("fedprox:mu=0.01")
+    'fedprox_mu_0.01'
+    >>> len(safe_name("x" * 500))
+    80
+    """
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "_"
+    if len(name) <= _NAME_MAX:
+        return name
+    digest = hashlib.sha256(label.encode()).hexdigest()[:10]
+    return f"{name[: _NAME_MAX - 11]}-{digest}"
+
+
+def file_stems(labels: Iterable[str]) -> dict[str, str]:
+    """A file-name stem per label, distinct even where :func:`safe_name`
+    makes two labels alike (``a/b`` and ``a_b``): those get a hash too."""
+    stems = {label: safe_name(label) for label in labels}
+    count = Counter(stems.values())
+    for label, stem in stems.items():
+        if count[stem] > 1:
+            digest = hashlib.sha256(label.encode()).hexdigest()[:10]
+            stems[label] = f"{stem[: _NAME_MAX - 11]}-{digest}"
+    return stems
 
 
 def _own_algorithm(scenario_path: str | Path) -> dict[str, Any]:
-    """The scenario file's ``algorithm`` mapping, or {} (load_scenario reports why)."""
+    """The scenario file's ``algorithm`` mapping, or {} (load_scenario reports why).
+
+    A label naming the scenario's own algorithm starts from this section, so
+    ``fedprox`` on a file that sets ``mu`` keeps that ``mu``; read raw, before
+    validation, because the section is merged before the scenario is built.
+    """
     path = Path(scenario_path)
     try:
         raw = read_yaml(path.read_text(encoding="utf-8"), str(path))
@@ -94,19 +158,47 @@ def _own_algorithm(scenario_path: str | Path) -> dict[str, Any]:
     return section if isinstance(section, dict) else {}
 
 
+# Fields compare and stress set or discard for every run, and why: a --set or
+# --sweep of one would be ignored without a word (issue 25).
+TOOL_FIELDS = {
+    "seed": "sets the seed of each run itself (0..N-1); use --seeds",
+    "algorithm": "sets the algorithm of each run itself; use --algorithms "
+    "(hyperparameters as name:key=value)",
+    "resources.workers": "trains each run in one process; use --workers for "
+    "how many runs go at once",
+    "checkpoint": "writes no checkpoints (a run is not resumed)",
+}
+
+
+def tool_field(path: str) -> str | None:
+    """The entry of :data:`TOOL_FIELDS` that ``path`` sets, or None.
+
+    >>> tool_field("algorithm.mu"), tool_field("fleet.stragglers.p")
+    ('algorithm', None)
+    """
+    for field in TOOL_FIELDS:
+        if path == field or path.startswith((f"{field}.", f"{field}[")):
+            return field
+    return None
+
+
 def _reject_run_overrides(overrides: Sequence[str], tool: str, hint: str = "") -> None:
-    """Refuse ``--set`` items for ``algorithm`` or ``seed``, which ``tool`` sets."""
+    """Refuse ``--set`` items for a field in :data:`TOOL_FIELDS` (``hint`` is
+    kept for callers; the reason names the option to use)."""
     for item in overrides:
-        key = item.split("=", 1)[0].strip().split(".")[0].split("[")[0]
-        if key in ("algorithm", "seed"):
-            raise ScenarioError(
-                f"--set {item!r}: {tool} sets the algorithm and the seed itself{hint}"
-            )
+        field = tool_field(item.split("=", 1)[0].strip())
+        if field is not None:
+            raise ScenarioError(f"--set {item!r}: {tool} {TOOL_FIELDS[field]}")
 
 
 def _async_overrides(sc: Scenario) -> list[str]:
     """Overrides for ``sc`` on the async timeline: the same work per job,
-    ``clients_per_round`` jobs at once, as many versions as make the same updates."""
+    ``clients_per_round`` jobs at once, as many versions as make the same updates.
+
+    The synchronous round section is replaced (a window or deadline has no
+    meaning on the timeline); ``rounds`` becomes the number of versions, so a
+    ``--set rounds=N`` still counts: N rounds' worth of updates.
+    """
     r, k = sc.round, sc.selector.clients_per_round
     section = {
         **r.model_dump(include={"max_steps", "epochs", "epochs_low", "epochs_high"}),
@@ -155,6 +247,39 @@ def load_variant(
     return sc, "async" if sc.round.policy == "async" else "sync"
 
 
+def check_variants(
+    scenario_path: str | Path,
+    algorithms: Sequence[str],
+    overrides: Sequence[str] = (),
+    cells: Sequence[Mapping[str, Any]] = ({},),
+) -> list[str]:
+    """The canonical labels of ``algorithms``, once every variant (in every
+    cell) has validated, before anything runs.
+
+    Raises:
+        ValueError: an algorithm is given twice, under one spelling or two
+            (``fedprox:mu=0.5``, ``fedprox:mu=+0.5``), or two labels set the
+            same algorithm with the same hyperparameters.
+        ScenarioError: a variant is invalid.
+    """
+    labels = [canonical_label(a) for a in algorithms]
+    twice = sorted({a for a in labels if labels.count(a) > 1})
+    if twice:
+        raise ValueError(f"--algorithms: {', '.join(twice)} given twice")
+    seen: dict[str, str] = {}
+    for label in labels:
+        for cell in cells:
+            sc, _ = load_variant(scenario_path, label, 0, overrides, cell)
+        setting = json.dumps(sc.model_dump(mode="json")["algorithm"], sort_keys=True)
+        if setting in seen:  # e.g. a hyperparameter given at its default
+            raise ValueError(
+                f"--algorithms: {seen[setting]} and {label} are the same algorithm "
+                "with the same hyperparameters (given twice)"
+            )
+        seen[setting] = label
+    return labels
+
+
 def run_one(
     scenario_path: str | Path,
     label: str,
@@ -162,7 +287,13 @@ def run_one(
     overrides: Sequence[str] = (),
     target_accuracy: float | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run one (algorithm, seed); return its compare row and its round rows."""
+    """Run one (algorithm, seed) in this process (a plain function: with Ray
+    it runs as a task); return its compare row and its round rows.
+
+    Raises:
+        KeyboardInterrupt: the run was interrupted; the comparison stops,
+            keeping the tables of the runs that finished.
+    """
     from fedsim.runtime import run_scenario
 
     sc, mode = load_variant(scenario_path, label, seed, overrides)
@@ -222,6 +353,8 @@ def run_fields(
 
 
 def _ray_ready(workers: int | None) -> bool:
+    """Whether the runs go to Ray: never with ``workers`` 0; with n >= 1 Ray
+    must be up (a RuntimeError says so); with None, when it is up."""
     if workers == 0:
         return False
     import ray
@@ -245,6 +378,8 @@ def run_jobs(
     finished: dict[int, Any] = {}
 
     def record(i: int, result: Any) -> None:
+        # ``done`` sees the runs so far in job order, so the tables it
+        # writes list them in the same order however Ray finished them
         finished[i] = result
         done(result, [finished[k] for k in sorted(finished)])
 
@@ -268,10 +403,13 @@ def run_jobs(
 
 
 def _ge(x: Any, target: float) -> bool:
+    """Whether ``x`` is a finite number at least ``target`` (NaN, None and
+    inf never reach a target: not evaluated, or diverged)."""
     return isinstance(x, float | int) and math.isfinite(x) and x >= target
 
 
 def _num(x: Any) -> float:
+    """summary.json's null as NaN, for a float column."""
     return math.nan if x is None else float(x)
 
 
@@ -294,7 +432,16 @@ def _spread(rs: Sequence[dict[str, Any]], keys: str, suffix: str) -> dict[str, f
 def summarize_runs(
     runs: Sequence[dict[str, Any]], target_accuracy: float | None = None
 ) -> list[dict[str, Any]]:
-    """Per algorithm (in first-seen order): mean and sample std over seeds."""
+    """Per algorithm (in first-seen order): mean and sample std over seeds.
+
+    Args:
+        runs: one compare row per (algorithm, seed).
+        target_accuracy: recorded in each row for compare.md's headings.
+
+    Returns:
+        One row per algorithm; the times to target average only the seeds
+        that reached it (``reached_target`` counts them).
+    """
     table = []
     keys = """final_accuracy best_accuracy final_test_loss final_train_loss sim_time_s
     mean_chi2_pw rounds_to_target time_to_target_s bytes_up_to_target"""  # None: missed
@@ -326,6 +473,8 @@ def _pm(mean: float, std: float, scale: float = 1.0, digits: int = 2) -> str:
 
 
 def _bytes(n: float) -> str:
+    """``n`` bytes in decimal units (kB, MB, GB), as network traffic is
+    counted; e.g. ``_bytes(2.5e6) == "2.50 MB"``."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
             return f"{n / size:.2f} {unit}"
@@ -337,7 +486,17 @@ def format_markdown(
     title: str,
     notes: Sequence[str] = (),
 ) -> str:
-    """The comparison as a Markdown table (accuracies in %)."""
+    """The comparison as a Markdown table (accuracies in %).
+
+    Args:
+        table: :func:`summarize_runs`'s rows, one per algorithm.
+        title: the heading.
+        notes: bullet lines above the table (scenario, seeds, overrides).
+
+    Returns:
+        compare.md's text: "-" where no seed has a value, "not reached"
+        where no seed reached the target, "(k/n reached)" where some did.
+    """
     target = next((r["target_accuracy"] for r in table), None)
     lines = [f"# {title}", "", *(f"- {n}" for n in notes), *([""] if notes else [])]
     t_head = f"to {target * 100:g}%" if target is not None else "to target"
@@ -388,7 +547,7 @@ def compare(
         progress: called with each run's row as it finishes.
         workers: as for :func:`run_jobs`.
     """
-    from fedsim.results import ROUND_SCHEMA, atomic_write_bytes, write_table
+    from fedsim.results import ROUND_SCHEMA, write_table
 
     overrides = list(overrides or [])
     _reject_run_overrides(
@@ -398,11 +557,8 @@ def compare(
         raise ValueError("seeds must be >= 1")
     if not algorithms:
         raise ValueError("no algorithms to compare")
-    twice = sorted({a for a in algorithms if list(algorithms).count(a) > 1})
-    if twice:
-        raise ValueError(f"--algorithms: {', '.join(twice)} given twice")
-    for label in algorithms:  # every variant must validate before any runs
-        load_variant(scenario_path, label, 0, overrides)
+    algorithms = check_variants(scenario_path, algorithms, overrides)
+    stems = file_stems(algorithms)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -413,22 +569,14 @@ def compare(
     ]
 
     def finish(res: tuple[dict[str, Any], Any], so_far: list[Any]) -> None:
+        # Written as each run ends (atomically): an interrupted comparison
+        # keeps every finished run's rows and a compare.md of them.
         row, rounds = res
         runs = [r for r, _ in so_far]
         if out is not None:  # each run's rounds, then the tables so far
-            name = f"{_safe(row['algorithm'])}-seed{row['seed']}.parquet"
+            name = f"{stems[row['algorithm']]}-seed{row['seed']}.parquet"
             write_table(out / "runs" / name, rounds, ROUND_SCHEMA)
-            write_table(out / "compare.parquet", runs, COMPARE_SCHEMA)
-            notes = [
-                f"scenario: `{scenario_path}`",
-                f"seeds: {', '.join(map(str, sorted({r['seed'] for r in runs})))}",
-                f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
-                "accuracy and loss: the scenario's test set, mean ± sample std "
-                "over seeds",
-            ]
-            table = summarize_runs(runs, target_accuracy)
-            text = format_markdown(table, f"compare: {Path(scenario_path).stem}", notes)
-            atomic_write_bytes(out / "compare.md", text.encode())
+            _write_tables(out, runs, scenario_path, overrides, target_accuracy)
         if progress is not None:
             progress(row)
 
@@ -436,6 +584,30 @@ def compare(
     if out is not None:
         plot_compare(results, target_accuracy, out / "compare.png")
     return summarize_runs([row for row, _ in results], target_accuracy)
+
+
+def _write_tables(
+    out: Path,
+    runs: list[dict[str, Any]],
+    scenario_path: str | Path,
+    overrides: Sequence[str],
+    target_accuracy: float | None,
+) -> None:
+    """compare.parquet (one row per run so far) and compare.md (their mean
+    and spread per algorithm), each replaced atomically: a reader, or an
+    interrupted comparison, sees the runs that finished and no half file."""
+    from fedsim.results import atomic_write_bytes, write_table
+
+    write_table(out / "compare.parquet", runs, COMPARE_SCHEMA)
+    notes = [
+        f"scenario: `{scenario_path}`",
+        f"seeds: {', '.join(map(str, sorted({r['seed'] for r in runs})))}",
+        f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
+        "accuracy and loss: the scenario's test set, mean ± sample std over seeds",
+    ]
+    table = summarize_runs(runs, target_accuracy)
+    text = format_markdown(table, f"compare: {Path(scenario_path).stem}", notes)
+    atomic_write_bytes(out / "compare.md", text.encode())
 
 
 def _colors(names: Iterable[str]) -> dict[str, Any]:

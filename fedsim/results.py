@@ -64,6 +64,45 @@ os.umask(_UMASK)
 # Columns that depend on the host machine, not on (scenario, seed).
 WALL_CLOCK_COLUMNS = ("wall_time",)
 
+# A loss beyond this is divergence even while it is still finite: float32
+# overflows to inf only near 3.4e38, so a run can spend many rounds at 1e30
+# before the NaN check sees anything. No model this simulator trains has a
+# meaningful loss near 1e12 (cross-entropy of a uniform guess over 1000
+# classes is 6.9; the quadratic objectives start below 1e6).
+DIVERGENCE_BOUND = 1e12
+
+
+def is_diverged_value(x: float) -> bool:
+    """Whether a loss means the run diverged: NaN, infinite, or beyond
+    :data:`DIVERGENCE_BOUND` in magnitude (docs/results.md, "Divergence").
+
+    >>> is_diverged_value(2.3), is_diverged_value(1e30), is_diverged_value(float("nan"))
+    (False, True, True)
+    """
+    return not math.isfinite(x) or abs(x) > DIVERGENCE_BOUND
+
+
+def first_divergence(rows: Sequence[_Row]) -> str | None:
+    """Why a run whose model stayed finite diverged: the first round (or
+    version) with a test or training loss :func:`is_diverged_value` calls
+    diverged, or None. NaN is left out: it means "not evaluated" (test loss)
+    or "no update" (training loss); a NaN model stops the run on its own.
+
+    Such a run is not stopped, so its rows are those it always had; only
+    its status says ``diverged`` (docs/results.md, "Divergence").
+
+    >>> first_divergence([{"round": 0, "test_loss": 2.3, "train_loss": 1e30}])
+    'round 0: the train_loss is 1e+30, beyond 1e+12'
+    """
+    for row in rows:
+        for key in ("test_loss", "train_loss"):
+            x = row.get(key, math.nan)
+            if isinstance(x, float | int) and not math.isnan(x):
+                if is_diverged_value(x):
+                    bound = f"{DIVERGENCE_BOUND:.0e}"
+                    return f"round {row['round']}: the {key} is {x:.3g}, beyond {bound}"
+    return None
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file + fsync + rename)."""
@@ -105,13 +144,21 @@ def write_table(path: Path, rows: list[_Row], schema: pa.Schema) -> None:
 
 
 def default_run_dir(name: str, root: Path = Path("results")) -> Path:
+    """``root/<name>-<YYYYmmdd-HHMMSS>``, with ``-2``, ``-3``, ... added when
+    that exists: two runs started in the same second never share a folder."""
     base = root / f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
     tries = itertools.chain([base], (Path(f"{base}-{i}") for i in itertools.count(2)))
     return next(path for path in tries if not path.exists())
 
 
 def prepare_run_dir(path: Path) -> Path:
-    """Create the run directory and check it is writable, before training."""
+    """Create the run directory and check it is writable, before training.
+
+    Raises:
+        OSError: naming ``path`` and why (read-only, a file in the way, no
+            space), so that the run fails before hours of training, not at
+            its first write.
+    """
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -183,6 +230,13 @@ class Recorder:
     flush_every_s = 5.0
 
     def __init__(self, run_dir: Path | None, asynchronous: bool = False) -> None:
+        """A recorder with no rows yet.
+
+        Args:
+            run_dir: where the tables go; None keeps the rows in memory only
+                (compare, stress and tests that need no files).
+            asynchronous: use the asynchronous tables' extra columns.
+        """
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.schemas = (ROUND_SCHEMA, CLIENT_SCHEMA)
         if asynchronous:
@@ -198,6 +252,9 @@ class Recorder:
     def add(
         self, row: _Row, clients: list[_Row], selector_rows: Sequence[_Row] = ()
     ) -> None:
+        """Keep a round's rows; write them when the last write is older than
+        ``flush_every_s`` (a round every few milliseconds would otherwise
+        rewrite the tables thousands of times)."""
         self.rows.append(row)
         self.clients.extend(clients)
         self.selector_rows.extend(selector_rows)
@@ -215,6 +272,7 @@ class Recorder:
             self._last = time.monotonic()
 
     def write(self, run_dir: Path) -> None:
+        """Write every table to ``run_dir`` now (each file atomically)."""
         rounds, clients = self.schemas
         tables = [("rounds", self.rows, rounds), ("clients", self.clients, clients)]
         if self.selector_rows:
@@ -237,23 +295,57 @@ class Recorder:
         write_arrow(path, table)
 
     def load(self, n_rows: int, n_client_rows: int, n_selector_rows: int = 0) -> None:
-        """Read back the first rows of an interrupted run (for --resume)."""
+        """Read back the first rows of an interrupted run (for --resume).
+
+        Raises:
+            UnreadableResults: a table is missing, damaged or shorter than
+                the checkpoint says. The recorder then writes nothing more,
+                so that the run's ``finally: flush()`` cannot replace the
+                files on disk with the empty tables it holds.
+        """
         assert self.run_dir is not None
-        rounds = pq.read_table(self.run_dir / "rounds.parquet").to_pylist()
-        clients = pq.read_table(self.run_dir / "clients.parquet").to_pylist()
-        selector: list[_Row] = []
-        if n_selector_rows:
-            selector = pq.read_table(self.run_dir / "selector.parquet").to_pylist()
-        short = len(rounds) < n_rows or len(clients) < n_client_rows
-        if short or len(selector) < n_selector_rows:
-            raise OSError(
-                f"{self.run_dir}: the result files hold fewer rows than the "
-                "checkpoint expects; cannot resume"
-            )
+        try:
+            rounds = read_rows(self.run_dir / "rounds.parquet", n_rows)
+            clients = read_rows(self.run_dir / "clients.parquet", n_client_rows)
+            selector: list[_Row] = []
+            if n_selector_rows:
+                path = self.run_dir / "selector.parquet"
+                selector = read_rows(path, n_selector_rows)
+        except UnreadableResults:
+            self.run_dir = None  # nothing was loaded: never write over the files
+            raise
         self.rows, self.clients = rounds[:n_rows], clients[:n_client_rows]
         self.selector_rows = selector[:n_selector_rows]
         self._converted.clear()
 
 
+class UnreadableResults(ValueError):
+    """A result table a resume needs is missing, damaged or too short; the
+    message names the file."""
+
+
+def read_rows(path: Path, at_least: int) -> list[_Row]:
+    """The rows of the Parquet file ``path``, which must hold ``at_least``.
+
+    Raises:
+        UnreadableResults: naming ``path``, when it is missing, cannot be
+            parsed (e.g. truncated by a full disk or a copy cut short) or
+            holds fewer rows than ``at_least``.
+    """
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except FileNotFoundError:
+        raise UnreadableResults(f"{path}: missing") from None
+    except (OSError, pa.ArrowException) as exc:  # ArrowInvalid: not Parquet
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UnreadableResults(f"{path}: damaged ({why})") from None
+    if len(rows) < at_least:
+        raise UnreadableResults(
+            f"{path}: holds {len(rows)} rows, the checkpoint expects {at_least}"
+        )
+    return rows
+
+
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
+    """Write summary.json atomically (JSON has no NaN: callers pass None)."""
     atomic_write_bytes(Path(path), (json.dumps(summary, indent=2) + "\n").encode())

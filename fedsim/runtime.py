@@ -33,7 +33,13 @@ from fedsim.data.validation import describe_validation
 from fedsim.executors import Executor, make_executor
 from fedsim.fleet import Fleet
 from fedsim.params import l2_norm
-from fedsim.results import Recorder, check_free_space, summarize, write_arrow
+from fedsim.results import (
+    Recorder,
+    check_free_space,
+    first_divergence,
+    summarize,
+    write_arrow,
+)
 from fedsim.scenario import Scenario
 from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
 from fedsim.server import Applied, DivergenceError, Server, evaluates
@@ -620,7 +626,7 @@ def run_scenario(
     if resume:
         if run_dir is None:
             raise ValueError("resume needs the run directory")
-        checkpoint.latest_checkpoint(run_dir)  # none usable: fail before building
+        checkpoint.check_resumable(run_dir)  # fail before building or writing
     run = _Run(scenario, run_dir, on_round)
     run.start(workers, resume)
     status: Literal["completed", "diverged", "stalled", "interrupted"] = "completed"
@@ -644,6 +650,8 @@ def run_scenario(
                 placement = run.executor.report()
             finally:
                 run.executor.shutdown()
+    if status == "completed" and (why := first_divergence(run.recorder.rows)):
+        status, message = "diverged", why  # a finite loss beyond the bound
     final = run.server.params().clone() if status == "completed" else None
     return RunResult(
         scenario=scenario,

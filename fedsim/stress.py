@@ -20,17 +20,21 @@ import pyarrow as pa
 
 from fedsim.compare import (
     RUN_COLUMNS,
+    TOOL_FIELDS,
     _colors,
     _ge,
     _pm,
     _reject_run_overrides,
-    _safe,
     _spread,
     _stats,
+    canonical_label,
+    check_variants,
+    file_stems,
     load_variant,
     run_fields,
     run_jobs,
     split_algorithms,
+    tool_field,
 )
 from fedsim.results import BOOL, F64, I64, STR, schema
 from fedsim.scenario import ScenarioError, load_scenario, read_yaml
@@ -54,7 +58,9 @@ _DEFAULT_TARGET = "90% of the best algorithm's mean best accuracy in the mildest
 
 
 def _split_top(text: str) -> list[str]:
-    """Split on commas outside brackets and braces."""
+    """Split on commas outside brackets and braces, so that a swept value
+    may be a flow collection (``{dist: fixed, factor: 4}``); pieces are
+    stripped and empty ones dropped (a trailing comma is harmless)."""
     pieces, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         depth += (ch in "[{") - (ch in "]}")
@@ -83,12 +89,34 @@ def parse_sweep(text: str) -> tuple[str, list[Any]]:
     return path.strip(), out
 
 
+def check_sweep_fields(paths: Sequence[str]) -> None:
+    """Refuse to sweep a field every run's own value replaces (the seed, the
+    algorithm, ...: :data:`fedsim.compare.TOOL_FIELDS`), or the name, which
+    changes no result: the cells would differ in name only.
+
+    Raises:
+        ScenarioError: naming the field and the option to use instead.
+    """
+    for path in paths:
+        field = tool_field(path)
+        if field is not None:
+            raise ScenarioError(f"--sweep {path}: stress {TOOL_FIELDS[field]}")
+        if path == "name":
+            raise ScenarioError(
+                "--sweep name: the name changes no result; sweep a setting"
+            )
+
+
 def _label(value: Any) -> str:
+    """A swept value as text: strings as they are, anything else as JSON
+    (``0.5``, ``true``, ``{"dist": "fixed"}``), so equal values compare
+    equal across cells however YAML typed them."""
     return value if isinstance(value, str) else json.dumps(value)
 
 
 def _values(cells: Sequence[Mapping[str, Any]], path: str) -> list[str]:
-    """The labels of ``path``'s values over the grid, in sweep order."""
+    """The labels of ``path``'s values over the grid, in sweep order (each
+    once, although a grid repeats it for every value of the other fields)."""
     return list(dict.fromkeys(_label(c[path]) for c in cells))
 
 
@@ -105,49 +133,89 @@ def _run_one(
     label: str,
     seed: int,
 ) -> dict[str, Any]:
-    """Run one (cell, algorithm, seed) in this process; return its record."""
+    """Run one (cell, algorithm, seed) in this process (a Ray task when the
+    sweep runs on Ray: it must be a plain module-level function).
+
+    Returns:
+        ``record`` (its stress.parquet row, less the time to target, which
+        needs every run of the mildest cell), ``rounds`` (rounds.parquet's
+        rows), ``taus`` (one row per client update, for tau_by_group.png)
+        and ``chance`` (1 / classes: the verdict's floor).
+
+    Raises:
+        KeyboardInterrupt: the run was interrupted; the whole sweep stops,
+            with the tables of the runs that finished already written.
+    """
     from fedsim.runtime import run_scenario
 
     sc, mode = load_variant(scenario_path, label, seed, overrides, cell)
     result = run_scenario(sc, workers=0)  # keeps the rows up to a divergence
     if result.status == "interrupted":
         raise KeyboardInterrupt  # stop the sweep, not just this run
-    rows, clients = result.rows, result.clients
+    rows = result.rows
+    diverged = result.status == "diverged"
+    record = {
+        "cell": cell_index,
+        **run_fields(label, sc, mode, seed, len(rows), diverged),
+        **_run_figures(rows, result.clients),
+        "wall_time_s": result.wall_time_s,
+    }
+    run = {"cell": cell_index, "algorithm": label, "seed": seed, "mode": mode}
+    classes = result.data.num_classes if result.data is not None else 0
+    chance = 1.0 / classes if classes else 0.0
+    taus = _tau_rows(run, result.clients)
+    return dict(record=record, rounds=rows, taus=taus, chance=chance)
+
+
+def _run_figures(
+    rows: Sequence[dict[str, Any]], clients: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """A run's accuracies, simulated time, updates, dropped share and tau
+    spread, as stress.parquet holds them; NaN where a run has none (no
+    evaluated round, no update), never an exception on an empty run."""
     finite = [a for a in (float(r["test_accuracy"]) for r in rows) if math.isfinite(a)]
     taus = np.array([c["tau"] for c in clients if not c["dropped"]], dtype=np.float64)
     selected = sum(int(r["n_selected"]) for r in rows)
     dropped = sum(int(r["n_dropped"]) for r in rows)
-    record = {
-        "cell": cell_index,
-        **run_fields(label, sc, mode, seed, len(rows), result.status == "diverged"),
+    return {
         "final_accuracy": finite[-1] if finite else math.nan,
-        "best_accuracy": max(finite) if finite else math.nan,
+        "best_accuracy": max(finite, default=math.nan),
         "sim_time_s": float(rows[-1]["sim_time"]) if rows else 0.0,
         "updates": taus.size,
         "dropped_fraction": dropped / selected if selected else math.nan,
+        # numpy warns on the mean of nothing; a run without updates has NaN
         "tau_mean": float(taus.mean()) if taus.size else math.nan,
         "tau_std": float(taus.std()) if taus.size else math.nan,
-        "wall_time_s": result.wall_time_s,
     }
-    run = {"cell": cell_index, "algorithm": label, "seed": seed}
-    tau_rows = [
+
+
+def _tau_rows(
+    run: dict[str, Any], clients: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """taus.parquet's rows of one run: ``run`` (cell, algorithm, seed, mode)
+    with each client row's group, tau and drop (dropped rows too: the figure
+    leaves them out, a reader of the table may not)."""
+    return [
         {
             **run,
             "device_group": str(c["device_group"]),
             "tau": int(c["tau"]),
             "dropped": bool(c["dropped"]),
             "drop_reason": str(c.get("drop_reason") or ""),
-            "mode": mode,
         }
         for c in clients
     ]
-    classes = result.data.num_classes if result.data is not None else 0
-    chance = 1.0 / classes if classes else 0.0
-    return dict(record=record, rounds=rows, taus=tau_rows, chance=chance)
 
 
 def _default_target(records: Sequence[dict[str, Any]]) -> float | None:
-    """90% of the best per-algorithm mean best accuracy in the mildest cell."""
+    """90% of the best per-algorithm mean best accuracy in the mildest cell,
+    rounded down to half a point; None when no run there has an accuracy.
+
+    The mildest cell sets the bar because every harsher cell is meant to be
+    compared against what the fleet allows at its best; 90% of the best
+    algorithm's *best* (not final) accuracy keeps the target reachable by
+    the others in that cell, so times to target can be compared at all.
+    """
     mild = [r for r in records if r["cell"] == 0]
     means = [
         _stats([r["best_accuracy"] for r in mild if r["algorithm"] == label])[0]
@@ -160,7 +228,16 @@ def _default_target(records: Sequence[dict[str, Any]]) -> float | None:
 def aggregate(
     records: Sequence[dict[str, Any]], cells: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
-    """One row per (cell, algorithm), in grid order: mean and std over seeds."""
+    """One row per (cell, algorithm), in grid order: mean and std over seeds.
+
+    Args:
+        records: stress.parquet's rows, with times to target filled in.
+        cells: the grid; each row also carries its cell's swept values.
+
+    Returns:
+        Rows for stress.md's "All cells" table: ``reached`` counts the seeds
+        that reached the target, ``diverged`` those that diverged.
+    """
     table = []
     labels = list(dict.fromkeys(r["algorithm"] for r in records))
     keys = "final_accuracy best_accuracy dropped_fraction tau_mean tau_std sim_time_s"
@@ -189,7 +266,18 @@ def degradation(
 ) -> list[dict[str, Any]]:
     """Per algorithm: mean final accuracy at each value of ``path`` (averaged
     over the other swept fields) and the drop from the first value to the
-    last, paired by seed (mean and sample std over seeds), sorted by drop."""
+    last, paired by seed (mean and sample std over seeds), sorted by drop.
+
+    Pairing by seed matters: a seed fixes the fleet, the data and the
+    selections, so the difference between the two ends of the sweep for one
+    seed is free of the seed-to-seed variation that would swamp it in a
+    difference of means. Algorithms without a finite drop sort last.
+
+    Args:
+        records: stress.parquet's rows (each names its ``cell``).
+        cells: the grid; ``cells[i]`` maps each swept path to its value.
+        path: the swept field the drop is measured along.
+    """
     values = _values(cells, path)
     out = []
     for label in dict.fromkeys(r["algorithm"] for r in records):
@@ -211,11 +299,25 @@ def degradation(
 
 
 def _points(drop: float) -> float:
-    """An accuracy drop as a change in points, without a "-0.0"."""
+    """An accuracy drop as a change in points, without a "-0.0" (a drop is
+    positive when accuracy falls; the text shows the change, so negated)."""
     return round(-drop * 100, 1) + 0.0
 
 
 def _verdict(deg: Sequence[dict[str, Any]], path: str, chance: float = 0.0) -> str:
+    """stress.md's answer to "which aggregator degrades least?", in words.
+
+    Args:
+        deg: :func:`degradation`'s rows, smallest drop first.
+        path: the swept field, named in the sentence.
+        chance: 1 / classes. Only an algorithm clearly above chance in the
+            mildest setting can be named: one that never learns has nothing
+            to lose, and would "degrade least" trivially.
+
+    Returns:
+        One paragraph: the winner and its drop, the others' drops, and the
+        caveats of :func:`_caveats`; or why no algorithm is named.
+    """
     finite = [d for d in deg if math.isfinite(d["drop"])]
     if not finite:
         return "No algorithm has a finite accuracy at both ends of the sweep."
@@ -242,9 +344,16 @@ def _verdict(deg: Sequence[dict[str, Any]], path: str, chance: float = 0.0) -> s
         f"({best['accuracy'][0] * 100:.1f}% -> {best['accuracy'][-1] * 100:.1f}%)"
     )
     text += f", against {others}." if others else "."
+    return text + _caveats(best, ok, last)
+
+
+def _caveats(best: dict[str, Any], ok: Sequence[dict[str, Any]], last: str) -> str:
+    """The verdict's warnings: the one that degrades least may not be the most
+    accurate at the harshest value, and its lead may be within the seeds'
+    noise (or there is one seed, and no noise to judge it by)."""
     # a finite drop has a finite accuracy at both ends
     top = max(ok, key=lambda d: d["accuracy"][-1])
-    text += (
+    text = (
         f" At {last}, the most accurate is {top['algorithm']} "
         f"({top['accuracy'][-1] * 100:.1f}%)"
     )
@@ -278,22 +387,7 @@ def format_markdown(
     lines = [f"# {title}", "", *(f"- {n}" for n in notes)]
     lines += ["", "## Which aggregator degrades least?", ""]
     if deg:
-        lines += [_verdict(deg, paths[0], chance), ""]
-        values = deg[0]["values"]
-        head = " | ".join(f"{paths[0]} = {v}" for v in values)
-        lines.append(f"| algorithm | {head} | drop (points, first -> last) |")
-        lines.append("|---" * (len(values) + 2) + "|")
-        for d in deg:
-            accs = " | ".join(
-                "-" if not math.isfinite(a) else f"{a * 100:.1f}" for a in d["accuracy"]
-            )
-            drop = _pm(d["drop"], d["drop_sd"], 100, 1)
-            lines.append(f"| {d['algorithm']} | {accs} | {drop} |")
-        lines += [
-            "",
-            "Final test accuracy (%), mean over seeds; the drop is paired by seed "
-            "(same fleet and data), mean ± sample std.",
-        ]
+        lines += _degradation_section(deg, paths[0], chance)
     t_head = "time to target" if target is None else f"time to {target * 100:g}% (s)"
     lines += ["", "## All cells (mean ± sample std over seeds)", ""]
     lines.append(
@@ -335,11 +429,40 @@ def format_markdown(
     return "\n".join(lines)
 
 
+def _degradation_section(
+    deg: Sequence[dict[str, Any]], path: str, chance: float
+) -> list[str]:
+    """stress.md's verdict and its table: per algorithm, the mean final
+    accuracy at each value of the first swept field and the drop from the
+    first value to the last ("-" where no seed has a finite accuracy)."""
+    lines = [_verdict(deg, path, chance), ""]
+    values = deg[0]["values"]
+    head = " | ".join(f"{path} = {v}" for v in values)
+    lines.append(f"| algorithm | {head} | drop (points, first -> last) |")
+    lines.append("|---" * (len(values) + 2) + "|")
+    for d in deg:
+        accs = " | ".join(
+            "-" if not math.isfinite(a) else f"{a * 100:.1f}" for a in d["accuracy"]
+        )
+        drop = _pm(d["drop"], d["drop_sd"], 100, 1)
+        lines.append(f"| {d['algorithm']} | {accs} | {drop} |")
+    return lines + [
+        "",
+        "Final test accuracy (%), mean over seeds; the drop is paired by seed "
+        "(same fleet and data), mean ± sample std.",
+    ]
+
+
 def plot_accuracy(
     results: Sequence[dict[str, Any]], cells: Sequence[Mapping[str, Any]], path: Path
 ) -> Path:
     """Test accuracy against simulated time: a panel per cell, a colour per
-    algorithm, a line per seed."""
+    algorithm, a line per seed.
+
+    Simulated time rather than rounds on the x axis, because the sweep
+    usually changes how long a round takes (stragglers, deadlines): two
+    algorithms equal per round can be far apart per simulated hour.
+    """
     from fedsim.plots import _new_figure, _save
 
     colors = _colors(r["record"]["algorithm"] for r in results)
@@ -377,7 +500,13 @@ def plot_degradation(
     path_name: str,
     path: Path,
 ) -> Path:
-    """Final accuracy (mean and seed spread) against the first swept field."""
+    """Final accuracy (mean and seed spread) against the first swept field.
+
+    The values are evenly spaced on the x axis whatever their numbers: a
+    sweep is a list of settings, mildest first, not a numeric scale (and may
+    not be numeric at all). The band is min-max over seeds, not a
+    confidence interval: with three seeds that is all there is to show.
+    """
     from fedsim.plots import _new_figure, _save
 
     fig = _new_figure(6.5, 4.2)
@@ -414,7 +543,12 @@ def plot_taus(
     path: Path,
 ) -> Path:
     """Local steps of completed updates per device group, a box per value of the
-    first swept field; async runs (same steps per job) only if nothing else ran."""
+    first swept field; async runs (same steps per job) only if nothing else ran.
+
+    Pooled over algorithms and seeds: tau is set by the clock (speed,
+    window, stragglers), not by the aggregator, so every synchronous
+    algorithm sees the same distribution and pooling only adds samples.
+    """
     from fedsim.plots import _new_figure, _save
 
     taus = [t for t in taus if t.get("mode", "sync") == "sync"] or list(taus)
@@ -481,19 +615,9 @@ def run_stress(
     """
     from fedsim.results import ROUND_SCHEMA, default_run_dir, write_table
 
-    if seeds < 1:
-        raise ValueError("seeds must be >= 1")
-    if not algorithms:
-        raise ValueError("no algorithms given")
-    if not sweep or any(len(v) == 0 for v in sweep.values()):
-        raise ValueError("the sweep needs at least one field with at least one value")
-    algorithms = list(dict.fromkeys(a for s in algorithms for a in split_algorithms(s)))
-    _reject_run_overrides(overrides, "stress")
-    products = itertools.product(*sweep.values())
-    cells = [dict(zip(sweep, combo, strict=True)) for combo in products]
+    cells, algorithms = _grid(scenario_path, sweep, algorithms, seeds, overrides)
     name = load_scenario(scenario_path, list(overrides)).name
-    for cell, label in itertools.product(cells, algorithms):
-        load_variant(scenario_path, label, 0, list(overrides), cell)  # before any run
+    stems = file_stems(algorithms)
     out = Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     jobs = [
@@ -504,8 +628,10 @@ def run_stress(
     ]
 
     def finish(res: dict[str, Any], so_far: list[dict[str, Any]]) -> None:
+        # Each run's rounds, then the table so far: an interrupted sweep
+        # keeps everything that finished, written atomically.
         rec = res["record"]
-        run = f"{rec['cell']:02d}-{_safe(rec['algorithm'])}-seed{rec['seed']}.parquet"
+        run = f"{rec['cell']:02d}-{stems[rec['algorithm']]}-seed{rec['seed']}.parquet"
         write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
         _write_tables(out, so_far, cells, target_accuracy)  # the tables so far
         if progress is not None:
@@ -523,6 +649,41 @@ def run_stress(
     return out
 
 
+def _grid(
+    scenario_path: str | Path,
+    sweep: Mapping[str, Sequence[Any]],
+    algorithms: Sequence[str],
+    seeds: int,
+    overrides: Sequence[str],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The sweep's cells (every combination of the swept values, in sweep
+    order) and the canonical algorithm labels, once every (cell, algorithm)
+    has validated: a mistake in the last cell is found before the first run,
+    not hours into the sweep.
+
+    Raises:
+        ValueError: no seeds, algorithms or swept values.
+        ScenarioError: an invalid override, swept field or value, or algorithm.
+    """
+    if seeds < 1:
+        raise ValueError("seeds must be >= 1")
+    if not algorithms:
+        raise ValueError("no algorithms given")
+    if not sweep or any(len(v) == 0 for v in sweep.values()):
+        raise ValueError("the sweep needs at least one field with at least one value")
+    labels = [canonical_label(a) for s in algorithms for a in split_algorithms(s)]
+    _reject_run_overrides(overrides, "stress")
+    check_sweep_fields(list(sweep))
+    products = itertools.product(*sweep.values())
+    cells = [dict(zip(sweep, combo, strict=True)) for combo in products]
+    # an algorithm given twice is run once (the sweep's own habit), but two
+    # labels for one setting are refused: the tables would list it twice
+    labels = check_variants(
+        scenario_path, list(dict.fromkeys(labels)), list(overrides), cells
+    )
+    return cells, labels
+
+
 def _write_report(
     out: Path,
     results: list[dict[str, Any]],
@@ -531,7 +692,13 @@ def _write_report(
     notes: list[str],
     target_accuracy: float | None,
 ) -> None:
-    """stress.parquet, stress.md, taus.parquet and the three figures."""
+    """stress.parquet, stress.md, taus.parquet and the three figures.
+
+    Called once every run has finished: the default target needs every run
+    of the mildest cell, and the verdict every run of the first and last
+    values. Until then :func:`_write_tables` keeps stress.parquet current,
+    so an interrupted sweep still leaves a readable table.
+    """
     from fedsim.results import atomic_write_bytes, write_table
 
     records, target = _write_tables(out, results, cells, target_accuracy)
@@ -567,7 +734,12 @@ def _write_tables(
     cells: Sequence[Mapping[str, Any]],
     target_accuracy: float | None,
 ) -> tuple[list[dict[str, Any]], float | None]:
-    """stress.parquet with times to target filled in (rewritten as runs end)."""
+    """stress.parquet with times to target filled in (rewritten as runs end).
+
+    Returns:
+        The records with ``target_accuracy`` and ``time_to_target_s`` (None:
+        not reached), and the target used (None: no run has an accuracy).
+    """
     from fedsim.results import write_table
 
     records = [dict(r["record"]) for r in results]
@@ -577,14 +749,27 @@ def _write_tables(
         rec["target_accuracy"] = math.nan if target is None else target
         hits = (r for r in res["rounds"] if _ge(float(r["test_accuracy"]), goal))
         rec["time_to_target_s"] = next((float(r["sim_time"]) for r in hits), None)
-    # a swept field is a float column when every value is a number (not a bool);
-    # one named like a result column (e.g. rounds) is written as sweep.<field>
+    fields, cols = _sweep_columns(cells)
+    rows = [cols[r["cell"]] | r for r in records]
+    write_table(out / "stress.parquet", rows, pa.schema([*fields, *STRESS_SCHEMA]))
+    return records, target
+
+
+def _sweep_columns(
+    cells: Sequence[Mapping[str, Any]],
+) -> tuple[list[tuple[str, pa.DataType]], list[dict[str, Any]]]:
+    """stress.parquet's first columns: one per swept field, and each cell's
+    values in them.
+
+    A field is a float column when every value is a number (not a bool),
+    else strings (flow collections as JSON), so that a reader can filter
+    and plot it; one named like a result column (e.g. ``rounds``) is
+    written as ``sweep.<field>`` rather than clash with it.
+    """
     numeric = {p: all(type(c[p]) in (int, float) for c in cells) for p in cells[0]}
     name = {p: f"sweep.{p}" if p in STRESS_SCHEMA.names else p for p in numeric}
     fields = [(name[p], pa.float64() if n else pa.string()) for p, n in numeric.items()]
     cols = [
         {name[p]: v if numeric[p] else _label(v) for p, v in c.items()} for c in cells
     ]
-    rows = [cols[r["cell"]] | r for r in records]
-    write_table(out / "stress.parquet", rows, pa.schema([*fields, *STRESS_SCHEMA]))
-    return records, target
+    return fields, cols

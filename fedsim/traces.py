@@ -164,18 +164,35 @@ def _check_intervals(
 
 def resolve_trace_path(file: str | Path, base_dir: str | Path | None = None) -> Path:
     """Absolute path of a trace: next to the scenario (``base_dir``) if it is
-    there, else relative to the current directory; TraceError if neither."""
+    there, else relative to the current directory.
+
+    Raises:
+        TraceError: when neither holds a file of that name, saying whether a
+            folder of that name was found (so the user does not look for a
+            missing file) and every place looked at.
+    """
     p = Path(file)
     bases = [Path(b) for b in (base_dir, Path.cwd()) if b is not None]
     candidates = [p] if p.is_absolute() else [b / p for b in bases]
-    for c in candidates:
-        try:
-            if c.is_file():
-                return c.resolve()
-        except (OSError, ValueError):  # a name too long, a NUL byte, ...
-            continue
+    kinds = [_kind(c) for c in candidates]
+    if "file" in kinds:
+        return candidates[kinds.index("file")].resolve()
+    if "folder" in kinds:
+        raise TraceError(
+            f"{file}: is a directory ({candidates[kinds.index('folder')]}), "
+            "expected a trace file (CSV, or Parquet by its .parquet suffix)"
+        )
     where = " or ".join(str(c) for c in candidates)
     raise TraceError(f"{file}: no such trace file (looked for {where})")
+
+
+def _kind(path: Path) -> str:
+    """``file``, ``folder`` or ``none`` (also for a name the system refuses:
+    too long, a NUL byte, ...)."""
+    try:
+        return "file" if path.is_file() else "folder" if path.is_dir() else "none"
+    except (OSError, ValueError):
+        return "none"
 
 
 def load_trace(path: str | Path, period_s: float | None = None) -> DeviceTrace:
@@ -189,28 +206,46 @@ def load_trace(path: str | Path, period_s: float | None = None) -> DeviceTrace:
     except (OSError, ValueError) as exc:
         raise TraceError(f"{p}: cannot read ({exc})") from None
     if not p.is_file():
-        raise TraceError(f"{p}: not a file")
+        what = "is a directory" if p.is_dir() else "not a file"
+        raise TraceError(f"{p}: {what}, expected a trace file")
     if st.st_size > MAX_TRACE_BYTES:
         raise TraceError(f"{p}: {st.st_size} bytes; the limit is {MAX_TRACE_BYTES}")
+    _check_period(p, period_s)
+    return _load_cached(str(p.resolve()), st.st_size, st.st_mtime_ns, period_s)
+
+
+def _check_period(p: Path, period_s: float | None) -> None:
+    """TraceError unless ``period_s`` is None or a finite positive number
+    (a bool is refused although Python counts it as an int)."""
     if period_s is not None and not (
         isinstance(period_s, int | float)
         and not isinstance(period_s, bool)
         and 0 < period_s < math.inf
     ):
         raise TraceError(f"{p}: period_s must be a positive number, got {period_s}")
-    return _load_cached(str(p.resolve()), st.st_size, st.st_mtime_ns, period_s)
 
 
 @functools.lru_cache(maxsize=32)
 def _load_cached(
     path: str, size: int, mtime_ns: int, period_s: float | None
 ) -> DeviceTrace:
+    """The parsed trace; size and mtime are part of the key only, so that an
+    edited file is read again while a fleet of many groups sharing one trace
+    (or a sweep's many runs) reads it once."""
     p = Path(path)
     read = _read_parquet if p.suffix.lower() in _PARQUET else _read_csv
     return _build(p, *read(p), period_s)
 
 
 def _read_csv(p: Path) -> tuple[dict[str, list[Any]], Any]:
+    """A CSV trace's columns (stripped strings) and a function naming row
+    ``i`` for messages, with its line number in the file: blank lines are
+    skipped, so row and line differ and the user needs the line to find it.
+
+    Raises:
+        TraceError: an empty file, a bad header, a row of the wrong width,
+            text that is not UTF-8, malformed CSV, or too many rows.
+    """
     try:
         with p.open(newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
@@ -243,6 +278,13 @@ def _read_csv(p: Path) -> tuple[dict[str, list[Any]], Any]:
 
 
 def _read_parquet(p: Path) -> tuple[dict[str, list[Any]], Any]:
+    """A Parquet trace's columns (typed values, None for nulls) and a
+    function naming row ``i`` for messages; the same header checks as CSV.
+
+    Raises:
+        TraceError: a file pyarrow cannot read (cut short, not Parquet), a
+            bad header, or too many rows.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -258,6 +300,8 @@ def _read_parquet(p: Path) -> tuple[dict[str, list[Any]], Any]:
 
 
 def _check_header(p: Path, names: list[str]) -> None:
+    """TraceError for an unknown, repeated or missing column: a typo in a
+    column name would otherwise drop that column without a word."""
     unknown = [n for n in names if n not in COLUMNS]
     if unknown:
         raise TraceError(
@@ -277,6 +321,19 @@ def _check_header(p: Path, names: list[str]) -> None:
 def _numbers(
     p: Path, columns: dict[str, list[Any]], name: str, where: Any, positive: bool
 ) -> np.ndarray:
+    """Column ``name`` as a read-only float array.
+
+    Args:
+        p: the file, named in messages.
+        columns: the parsed columns (strings from CSV, values from Parquet).
+        name: the column.
+        where: names row ``i`` (and its line) for messages.
+        positive: zero is refused too (a speed or bandwidth of 0 would make
+            a device that never finishes; a latency of 0 is fine).
+
+    Raises:
+        TraceError: the first value that is not a finite number in range.
+    """
     out = np.empty(len(columns[name]), dtype=np.float64)
     need = "a positive number" if positive else "a number >= 0"
     for i, v in enumerate(columns[name]):
@@ -293,6 +350,8 @@ def _numbers(
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
+    """``a``, made read-only: cached traces are shared by every fleet built
+    from them, so one caller must not be able to change another's devices."""
     a.setflags(write=False)
     return a
 
@@ -300,6 +359,8 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 def _build(
     p: Path, columns: dict[str, list[Any]], where: Any, period_s: float | None
 ) -> DeviceTrace:
+    """The checked trace from parsed columns; the optional ones default to
+    no latency, always online, and no device names."""
     if not columns[REQUIRED[0]]:
         raise TraceError(f"{p}: no rows; a trace needs at least one device")
     speed, down, up = (_numbers(p, columns, c, where, True) for c in REQUIRED)
@@ -317,6 +378,10 @@ def _build(
 def _intervals(
     p: Path, cells: list[Any], where: Any, period_s: float | None
 ) -> Intervals:
+    """The ``availability`` column as :class:`Intervals`: a CSV cell is text
+    (``0-3600;7200-inf``), a Parquet cell text or a list of pairs; a blank
+    or null cell means always online (no intervals given), which is not the
+    same as an empty list of intervals (never online)."""
     pairs: list[tuple[float, float]] = []
     offsets = [0]
     for i, cell in enumerate(cells):
