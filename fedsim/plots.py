@@ -31,6 +31,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from fedsim.algorithms.sampling import weight_shares
+from fedsim.links import spearman
 from fedsim.results import atomic_write_bytes
 
 DPI = 110
@@ -451,4 +452,39 @@ def figure_weight_share(
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)
     ax.set_title(f"{title or 'weight share vs data share'} (L1 = {l1:.3g})")
+    return fig
+
+
+def figure_links(
+    samples: np.ndarray,
+    speed: np.ndarray,
+    group: np.ndarray,
+    names: Sequence[str],
+    title: str = "",
+) -> Figure:
+    """Each device's training samples against its speed (log-log), coloured
+    by device group, with the realised Spearman correlation in the title."""
+    fig, ax = _subplots(6.5, 5.0)
+    ok = (samples > 0) & (speed > 0)
+    if not ok.any():
+        _no_data(ax, "no device with samples and speed")
+        ax.set_title(title or "samples vs speed")
+        return fig
+    # a million points would take minutes to draw: an even subsample reads the same
+    shown = np.flatnonzero(ok)[:: max(1, int(ok.sum()) // 20_000)]
+    cmap = colormaps["tab10" if len(names) <= 10 else "viridis"].resampled(
+        max(len(names), 1)
+    )
+    for gi, name in enumerate(names):
+        sel = shown[group[shown] == gi]
+        if sel.size:
+            ax.scatter(speed[sel], samples[sel], s=10, alpha=0.6, color=cmap(gi))
+            ax.scatter([], [], s=20, color=cmap(gi), label=str(name))
+    ax.set(xscale="log", yscale="log", xlabel="speed (local steps/s)")
+    ax.set(ylabel="training samples")
+    ax.grid(alpha=0.3, which="both")
+    if len(names) <= 20:
+        ax.legend(title="device group", fontsize=8, loc="best")
+    rho = spearman(samples[ok], speed[ok])
+    ax.set_title(f"{title or 'samples vs speed'} (Spearman {rho:+.2f})")
     return fig

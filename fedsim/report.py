@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
@@ -58,6 +59,12 @@ FIGURES = {
         "Objective inconsistency",
         "chi^2(p||w) measures how far the effective aggregation weights w are from "
         "the data weights p; 0 means the server optimises the true objective.",
+    ),
+    "links.png": (
+        "Fleet and data links: samples vs speed",
+        "Each point is a device: its training samples against its speed, "
+        "coloured by device group. A falling cloud means the slow devices hold "
+        "the data (under a deadline, their updates are the ones dropped).",
     ),
     "weight_share.png": (
         "Participation bias: weight share vs data share",
@@ -192,6 +199,51 @@ def _status_lines(summary: dict[str, Any]) -> list[str]:
     return [*out, ""] if out else []
 
 
+def _links_lines(links: Any) -> list[str]:
+    """report.md's "Fleet and data links" tables (summary.json's ``links``):
+    the declared targets, the realised rank correlations, the groups."""
+    if not isinstance(links, dict):
+        return []
+    declared = links.get("declared") or {}
+    out = ["", "## Fleet and data links", ""]
+    out += [f"Declared: `{json.dumps(declared)}`.", ""]
+    out += ["| Spearman rank correlation | realised |", "|---|---|"]
+    for key, value in (links.get("spearman") or {}).items():
+        out.append(f"| {key.replace('_vs_', ' vs ')} | {_fmt(value, '+.3f')} |")
+    out += ["", "| group | devices | sample share | median speed (steps/s) "]
+    out[-1] += "| online fraction | selections | update share |"
+    out.append("|---|---|---|---|---|---|---|")
+    for g in links.get("groups") or []:
+        cells = [g.get("name"), g.get("devices"), _fmt(g.get("sample_share"), ".3f")]
+        cells += [_fmt(g.get("median_speed")), _fmt(g.get("online_fraction"), ".3f")]
+        cells += [g.get("selections"), _fmt(g.get("update_share"), ".3f")]
+        out.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
+    return out
+
+
+def _links_figure(
+    run_dir: Path, summary: dict[str, Any], partition: pa.Table | None, name: str
+) -> Figure | None:
+    """Samples against speed per device when the run declared links: speeds
+    drawn again from the run's resolved scenario.yaml (a pure function of the
+    scenario and seed); None when there is nothing to draw."""
+    if not isinstance(summary.get("links"), dict) or partition is None:
+        return None
+    from fedsim.fleet import Fleet
+    from fedsim.scenario import ScenarioError, load_scenario
+
+    try:
+        sc = load_scenario(run_dir / "scenario.yaml")
+        fleet = Fleet.from_spec(sc.fleet, sc.seed)
+    except (ScenarioError, OSError, ValueError):
+        return None  # e.g. a trace file that moved since the run
+    n = np.asarray(partition.column("n_samples"), dtype=np.float64)
+    if n.size != fleet.size:
+        return None
+    title = f"{name}: samples vs speed"
+    return plots.figure_links(n, fleet.speed, fleet.group, fleet.group_names, title)
+
+
 def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     """Write the figures and ``report.md`` of ``run_dir`` (a ``fedsim run`` output),
     the timeline showing at most ``max_timeline_rounds`` rounds; return its path.
@@ -233,10 +285,13 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     if clients is not None and partition is not None:
         fig = plots.figure_weight_share(clients, rounds, partition, name)
         save("weight_share.png", fig)
+    if (fig := _links_figure(run_dir, summary, partition, name)) is not None:
+        save("links.png", fig)
     lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir.name}`", ""]
     lines += _status_lines(summary)
     lines += ["| key figure | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in _summary_rows(summary, scenario, rounds)]
+    lines += _links_lines(summary.get("links"))
     if clients is None:
         lines += ["", "clients.parquet is missing: the client figures are empty."]
     for file in figures:
