@@ -111,10 +111,13 @@ class LinksSpec(Spec):
         if unknown:
             return f"links.groups names {unknown}, not groups of the fleet ({names})"
         shares = [self.groups.get(n, GroupDataSpec()).share for n in names]
-        if None not in shares and abs(sum(s or 0.0 for s in shares) - 1) > 1e-6:
+        # groups left without a share take what the others leave; if none is
+        # left out, nothing can absorb a rounding of the shares to below 1
+        total = math.fsum(s for s in shares if s is not None)
+        if None not in shares and abs(total - 1) > 1e-6:
             return (
                 "links.groups gives every group a share, so the shares must add "
-                f"up to 1, not {sum(s or 0.0 for s in shares):g}"
+                f"up to 1, not {total:g}"
             )
         return None
 
@@ -124,7 +127,14 @@ class LinksSpec(Spec):
 
 def avg_ranks(x: np.ndarray) -> np.ndarray:
     """0-based ranks of ``x`` (float64), ties sharing their average rank."""
+    return _ranks(x)[0]
+
+
+def _ranks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(average ranks, a stable sorting order) of ``x``."""
     x = np.asarray(x)
+    if x.dtype.kind in "iu" and x.size and 0 <= x.min() and x.max() < 2**16:
+        x = x.astype(np.uint16)  # sample counts: NumPy's stable radix sort
     order = np.argsort(x, kind="stable")
     xs = x[order]
     new = np.ones(xs.size, dtype=bool)
@@ -134,7 +144,7 @@ def avg_ranks(x: np.ndarray) -> np.ndarray:
     avg = (starts + ends - 1) / 2.0
     out = np.empty(xs.size)
     out[order] = avg[np.cumsum(new) - 1]
-    return out
+    return out, order
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -172,10 +182,10 @@ def ndtri(p: np.ndarray) -> np.ndarray:
     p = np.asarray(p, dtype=np.float64)
     q = np.minimum(p, 1 - p)  # the tails are symmetric
     r = (q - 0.5) ** 2
-    mid = (q - 0.5) * np.polyval(_A, r) / np.polyval(_B, r)
-    t = np.sqrt(-2 * np.log(np.maximum(q, 1e-300)))
-    tail = np.polyval(_C, t) / np.polyval(_D, t)
-    z = np.where(q < 0.02425, tail, mid)
+    z = (q - 0.5) * np.polyval(_A, r) / np.polyval(_B, r)
+    tail = q < 0.02425  # few: the tail formula only where it is needed
+    t = np.sqrt(-2 * np.log(np.maximum(q[tail], 1e-300)))
+    z[tail] = np.polyval(_C, t) / np.polyval(_D, t)
     return np.where(p > 0.5, -z, z)
 
 
@@ -213,34 +223,61 @@ def rank_assignment(
         Spearman correlation (NaN when ``sizes`` or ``key`` is constant).
     """
     m = len(sizes)
-    rk, rs = avg_ranks(key), avg_ranks(sizes)
+    rk, _ = _ranks(key)
+    rs, by_size = _ranks(sizes)
+    # normal scores of the key's ranks: the copula's Gaussian margin
+    z = ndtri((rk + 0.5) / m)
     rk -= rk.mean()
     rs -= rs.mean()
-    z = ndtri((avg_ranks(key) + 0.5) / m)
+    # one noise draw for every c: the realised value moves with c alone
     noise = _rng(seed, 0).standard_normal(m)
-    part_order = _order(np.asarray(sizes), blocks)
+    part_order = by_size if blocks is None else _order(np.asarray(sizes), blocks)
     best: tuple[float, np.ndarray, float] = (math.inf, np.arange(m), math.nan)
-    lo, hi, c = -1.0, 1.0, 2 * math.sin(math.pi * target / 6)
+    lo, hi, c = -_C_MAX, _C_MAX, _copula_c(target)
     for _ in range(40):
-        score = c * z + math.sqrt(max(0.0, 1 - c * c)) * noise
+        score = c * z + math.sqrt(1 - c * c) * noise
         perm = np.empty(m, dtype=np.int64)
         perm[_order(score, blocks)] = part_order
+        # Spearman = Pearson of the ranks; the size ranks travel with perm
         r = _pearson(rs[perm], rk)
-        if not math.isfinite(r):
+        if not math.isfinite(r):  # a constant side: nothing to calibrate
             return perm, r
         if abs(r - target) < best[0]:
             best = (abs(r - target), perm, r)
         if best[0] <= tol / 5 or hi - lo < 1e-9:
             break
+        # more weight on z raises the correlation: keep a bracket of c
         lo, hi = (c, hi) if r < target else (lo, c)
-        c = (lo + hi) / 2
+        c = _next_c(c, r, target, lo, hi)
     return best[1], best[2]
+
+
+# |c| < 1 keeps a little noise in every score, so tied keys are ordered by
+# the seeded noise, never by the sort algorithm (which may differ by CPU)
+_C_MAX = 1 - 1e-12
+
+
+def _copula_c(rho: float) -> float:
+    """The Gaussian copula's Pearson c giving Spearman ``rho`` (no ties)."""
+    return max(-_C_MAX, min(_C_MAX, 2 * math.sin(math.pi * rho / 6)))
+
+
+def _next_c(c: float, r: float, target: float, lo: float, hi: float) -> float:
+    """The next c to try: ties shrink the realised correlation by a factor
+    that barely depends on c, so aim at ``target`` divided by the factor seen
+    at ``c``; the midpoint of the bracket when that falls outside it."""
+    untied = 6 / math.pi * math.asin(c / 2)
+    if abs(untied) > 1e-3 and r / untied > 0.05:
+        guess = _copula_c(target * untied / r)
+        if lo < guess < hi:
+            return guess
+    return (lo + hi) / 2
 
 
 def _order(values: np.ndarray, blocks: np.ndarray | None) -> np.ndarray:
     """Indices sorting ``values`` ascending, within ``blocks`` if given (stable)."""
-    if blocks is None:
-        return np.argsort(values, kind="stable")
+    if blocks is None:  # float scores: ties have probability 0, any sort will do
+        return np.argsort(values)
     return np.lexsort((values, blocks))
 
 

@@ -285,8 +285,8 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     if clients is not None and partition is not None:
         fig = plots.figure_weight_share(clients, rounds, partition, name)
         save("weight_share.png", fig)
-    if (fig := _links_figure(run_dir, summary, partition, name)) is not None:
-        save("links.png", fig)
+    if (linked := _links_figure(run_dir, summary, partition, name)) is not None:
+        save("links.png", linked)
     lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir.name}`", ""]
     lines += _status_lines(summary)
     lines += ["| key figure | value |", "|---|---|"]
