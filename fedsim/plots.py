@@ -472,9 +472,10 @@ def figure_links(
         return fig
     # a million points would take minutes to draw: an even subsample reads the same
     shown = np.flatnonzero(ok)[:: max(1, int(ok.sum()) // 20_000)]
-    cmap = colormaps["tab10" if len(names) <= 10 else "viridis"].resampled(
-        max(len(names), 1)
-    )
+    # tab10's own colours (resampling a listed map would pick neighbours)
+    cmap = colormaps["tab10"]
+    if len(names) > 10:
+        cmap = colormaps["viridis"].resampled(len(names))
     for gi, name in enumerate(names):
         sel = shown[group[shown] == gi]
         if sel.size:

@@ -210,6 +210,7 @@ def _links_lines(links: Any) -> list[str]:
     out += ["| Spearman rank correlation | realised |", "|---|---|"]
     for key, value in (links.get("spearman") or {}).items():
         out.append(f"| {key.replace('_vs_', ' vs ')} | {_fmt(value, '+.3f')} |")
+    out += ["", "(-: one side is the same for every device, e.g. always online.)"]
     out += ["", "| group | devices | sample share | median speed (steps/s) "]
     out[-1] += "| online fraction | selections | update share |"
     out.append("|---|---|---|---|---|---|---|")
