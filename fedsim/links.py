@@ -80,6 +80,7 @@ class LinksSpec(Spec):
     samples_vs_speed: Corr | None = None
     samples_vs_online: Corr | None = None
     tolerance: Annotated[float, Field(ge=0.001, le=1)] = 0.05
+    samples_from_trace: bool = False
     groups: dict[str, GroupDataSpec] = Field(default_factory=dict, max_length=10_000)
 
     @model_validator(mode="after")
@@ -88,6 +89,11 @@ class LinksSpec(Spec):
             raise ValueError(
                 "declare one of samples_vs_speed and samples_vs_online: one "
                 "permutation of the partitions sets one rank correlation"
+            )
+        if self.samples_from_trace and self.rank_link is not None:
+            raise ValueError(
+                "samples_from_trace fixes each trace device's samples; a rank "
+                f"link ({self.rank_link[2]}) would move them to other devices"
             )
         shares = [g.share for g in self.groups.values() if g.share is not None]
         if sum(shares) > 1 + 1e-9:
@@ -110,6 +116,12 @@ class LinksSpec(Spec):
         unknown = sorted(set(self.groups) - set(names))
         if unknown:
             return f"links.groups names {unknown}, not groups of the fleet ({names})"
+        if self.samples_from_trace and (problem := self._trace_problem(fleet)):
+            return problem
+        return self._shares_problem(names)
+
+    def _shares_problem(self, names: Sequence[str]) -> str | None:
+        """Shares given to every group that do not add up to 1, or None."""
         shares = [self.groups.get(n, GroupDataSpec()).share for n in names]
         # groups left without a share take what the others leave; if none is
         # left out, nothing can absorb a rounding of the shares to below 1
@@ -120,6 +132,44 @@ class LinksSpec(Spec):
                 f"up to 1, not {total:g}"
             )
         return None
+
+    def _trace_problem(self, fleet: FleetSpec) -> str | None:
+        """What keeps ``samples_from_trace`` from working with ``fleet``."""
+        traced = list(trace_samples(fleet))
+        if not traced:
+            return (
+                "links.samples_from_trace is true but no trace group of the "
+                "fleet has a 'samples' column"
+            )
+        for gi in traced:
+            g = self.groups.get(fleet.groups[gi].name)
+            if g is not None and (g.share, g.label_alpha, g.size_sigma) != (
+                None,
+                None,
+                0.0,
+            ):
+                return (
+                    f"links.groups.{fleet.groups[gi].name}: its trace's samples "
+                    "column fixes its share and sizes; only labels may be set"
+                )
+        return None
+
+
+def trace_samples(fleet: FleetSpec | None) -> dict[int, np.ndarray]:
+    """Group index -> the per-device samples of its trace's ``samples``
+    column (int64), for the trace groups that have one."""
+    out: dict[int, np.ndarray] = {}
+    for gi, g in enumerate(fleet.groups if fleet is not None else []):
+        trace = g.load_trace() if g.trace is not None else None
+        if trace is None or trace.samples is None:
+            continue
+        if not np.all(trace.samples == np.floor(trace.samples)):
+            raise LinkError(
+                f"links.samples_from_trace: {trace.path}: column 'samples' "
+                "must hold whole numbers"
+            )
+        out[gi] = trace.samples.astype(np.int64)
+    return out
 
 
 # ----------------------------------------------------------------- ranks
@@ -329,10 +379,15 @@ def device_key(fleet: Fleet, which: str) -> np.ndarray:
 
 
 def apply_links(
-    links: LinksSpec | None, fleet: Fleet, data: FederatedData, seed: int
+    links: LinksSpec | None,
+    fleet: Fleet,
+    data: FederatedData,
+    seed: int,
+    fleet_spec: FleetSpec | None = None,
 ) -> FederatedData:
     """``data`` with its clients tied to ``fleet``'s devices as ``links``
     declares; ``data`` itself (the very object) when ``links`` is None.
+    ``fleet_spec`` (``fleet``'s spec) is read for trace ``samples`` columns.
 
     Raises:
         LinkError: a link cannot be met; the message names the field and
@@ -346,9 +401,10 @@ def apply_links(
             "they cannot be reassigned"
         )
     blocks = None
-    if links.groups:
-        data = regroup(data, group_parts(links, fleet, data.y, data.num_classes, seed))
-        blocks = fleet.group
+    if links.groups or links.samples_from_trace:
+        fixed = trace_samples(fleet_spec) if links.samples_from_trace else {}
+        parts = group_parts(links, fleet, data.y, data.num_classes, seed, fixed)
+        data, blocks = regroup(data, parts), fleet.group
     if (rank := links.rank_link) is None:
         return data
     which, target, name = rank
@@ -437,24 +493,39 @@ def _with_rows(
 def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:
     """Non-negative integers proportional to ``weights``, summing to ``total``."""
     q = np.asarray(weights, dtype=np.float64)
-    q = q / q.sum() * total
+    q = q / q.sum() * total  # callers pass weights with a positive sum
     out = np.floor(q).astype(np.int64)
     out[np.argsort(-(q - out), kind="stable")[: total - int(out.sum())]] += 1
     return out
 
 
 def group_sizes(
-    links: LinksSpec, names: Sequence[str], counts: np.ndarray, n: int
+    links: LinksSpec,
+    names: Sequence[str],
+    counts: np.ndarray,
+    n: int,
+    fixed: Mapping[int, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """Samples per group: declared shares first, the rest in proportion to
-    the devices of the groups without a share (largest remainders)."""
-    shares = [links.groups.get(g, GroupDataSpec()).share for g in names]
-    free = np.array([s is None for s in shares])
-    declared = np.array([s or 0.0 for s in shares])
-    if free.any():
-        rest = max(0.0, 1.0 - declared.sum())
-        declared[free] = rest * counts[free] / counts[free].sum()
-    sizes = _largest_remainder(n, declared)
+    """Samples per group: trace-given totals (``fixed``) and declared shares
+    first, the rest in proportion to the devices of the groups without a
+    share (largest remainders).
+
+    Raises:
+        LinkError: the traces ask for more samples than there are, or a group
+            gets fewer samples than it has devices.
+    """
+    given = {gi: int(v.sum()) for gi, v in (fixed or {}).items()}
+    if sum(given.values()) > n:
+        raise LinkError(
+            f"links.samples_from_trace: the traces' samples columns ask for "
+            f"{sum(given.values())} samples; the training set has {n}"
+        )
+    weights = _group_weights(links, names, counts, given, n)
+    sizes = np.zeros(len(names), dtype=np.int64)
+    if weights.sum() > 0:  # else every group's size comes from its trace
+        sizes = _largest_remainder(n - sum(given.values()), weights)
+    for gi, total in given.items():
+        sizes[gi] = total
     for g, size, count in zip(names, sizes, counts, strict=True):
         if size < count:
             raise LinkError(
@@ -462,6 +533,26 @@ def group_sizes(
                 f"training samples, fewer than its {count} devices"
             )
     return sizes
+
+
+def _group_weights(
+    links: LinksSpec,
+    names: Sequence[str],
+    counts: np.ndarray,
+    given: Mapping[int, int],
+    n: int,
+) -> np.ndarray:
+    """Each group's weight in the samples the traces leave: its declared
+    share, or for the groups without one (and no trace column) what the
+    shares and the traces leave, in proportion to their devices; 0 for the
+    groups whose trace gives their samples."""
+    shares = [links.groups.get(g, GroupDataSpec()).share for g in names]
+    free = np.array([s is None and i not in given for i, s in enumerate(shares)])
+    weights = np.array([s or 0.0 for s in shares])
+    if free.any():
+        rest = max(0.0, 1.0 - weights.sum() - sum(given.values()) / n)
+        weights[free] = rest * counts[free] / counts[free].sum()
+    return weights
 
 
 def _class_needs(
@@ -501,9 +592,11 @@ def group_parts(
     labels: np.ndarray,
     num_classes: int,
     seed: int,
+    fixed: Mapping[int, np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """One array of pooled-row indices per device: each group's samples
-    (share, label distribution) split among its devices (Dirichlet or i.i.d.).
+    (share, label distribution) split among its devices (Dirichlet or i.i.d.;
+    ``fixed``: group index -> each device's samples, from its trace).
 
     Raises:
         LinkError: a share or label distribution the data cannot give.
@@ -511,12 +604,17 @@ def group_parts(
     labels = np.asarray(labels, dtype=np.int64)
     names = list(fleet.group_names)
     counts = np.bincount(fleet.group, minlength=len(names))
-    sizes = group_sizes(links, names, counts, labels.size)
+    fixed = fixed or {}
+    sizes = group_sizes(links, names, counts, labels.size, fixed)
     need = _class_needs(links, names, sizes, labels, max(num_classes, 1))
     pooled = _group_rows(need, sizes, labels, max(num_classes, 1), _rng(seed, 1))
     parts: list[np.ndarray] = []
     for gi, g in enumerate(names):
         spec = links.groups.get(g, GroupDataSpec())
+        if gi in fixed:  # the trace gives each device's count: a random split
+            cuts = np.cumsum(fixed[gi])[:-1]
+            parts += np.split(_rng(seed, 2 + gi).permutation(pooled[gi]), cuts)
+            continue
         parts += _split_group(pooled[gi], labels, int(counts[gi]), spec, seed, gi, g)
     return parts
 
@@ -653,4 +751,4 @@ def build_linked_data(scenario: Any) -> FederatedData:
 
     data = build_data(scenario.data, scenario.num_clients, scenario.seed)
     fleet = Fleet.from_spec(scenario.fleet, scenario.seed)
-    return apply_links(scenario.links, fleet, data, scenario.seed)
+    return apply_links(scenario.links, fleet, data, scenario.seed, scenario.fleet)

@@ -173,7 +173,7 @@ class _Run:
         self.asynchronous = sc.round.policy == "async"
         self.fleet = Fleet.from_spec(sc.fleet, sc.seed)
         data = build_data(sc.data, sc.num_clients, sc.seed)
-        self.data = apply_links(sc.links, self.fleet, data, sc.seed)  # None: as is
+        self.data = apply_links(sc.links, self.fleet, data, sc.seed, sc.fleet)
         torch.set_num_threads(max(1, int(sc.resources.cpus_per_worker)))
         self.server = Server(sc, self.data)
         self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)

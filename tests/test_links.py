@@ -224,3 +224,53 @@ def test_the_assignment_is_the_same_with_0_and_2_ray_workers(ray_session):
     assert [r["test_accuracy"] for r in local.rows] == [
         r["test_accuracy"] for r in ray2.rows
     ]
+
+
+def _trace_scenario(tmp_path, links: str) -> str:
+    from fedsim.traces import write_trace
+
+    rows = [
+        {"speed_steps_per_s": 1 + i, "down_mbps": 10, "up_mbps": 5, "samples": s}
+        for i, s in enumerate([5, 40, 15, 90, 30])
+    ]
+    write_trace(tmp_path / "phones.csv", rows)
+    text = STRESS.read_text().replace(
+        "    - name: devices\n      count: 100\n",
+        "    - name: traced\n      trace: phones.csv\n"
+        "    - name: devices\n      count: 25\n",
+    )
+    return text.replace("  samples_vs_speed: 0.0\n", links)
+
+
+def test_a_trace_samples_column_gives_each_device_its_samples(tmp_path):
+    links = (
+        "  samples_from_trace: true\n  groups: {traced: {labels: [1, 1, 0, 0, 0]}}\n"
+    )
+    sc = parse_scenario(_trace_scenario(tmp_path, links), "s.yaml", [], tmp_path)
+    from fedsim.links import build_linked_data
+
+    data = build_linked_data(sc)
+    assert data.n_samples[:5].tolist() == [5, 40, 15, 90, 30]
+    traced = data.y[: data.offsets[5]]
+    assert set(np.unique(traced).tolist()) <= {0, 1}  # the declared labels
+    assert data.n_samples[5:].min() >= 1 and data.num_clients == 30
+
+
+def test_samples_from_trace_is_refused_without_a_samples_column_or_with_a_rank_link(
+    tmp_path,
+):
+    text = _trace_scenario(tmp_path, "  samples_from_trace: true\n")
+    with pytest.raises(ScenarioError, match="samples_vs_speed"):
+        parse_scenario(text, "s.yaml", ["links.samples_vs_speed=0.5"], tmp_path)
+    plain = text.replace("samples_from_trace: true", "samples_from_trace: true\n  x: 1")
+    with pytest.raises(ScenarioError, match=r"links\.x"):
+        parse_scenario(plain, "s.yaml", [], tmp_path)
+    (tmp_path / "sub").mkdir()
+    from fedsim.traces import write_trace
+
+    write_trace(
+        tmp_path / "sub" / "phones.csv",
+        [{"speed_steps_per_s": 1, "down_mbps": 10, "up_mbps": 5}] * 5,
+    )
+    with pytest.raises(ScenarioError, match="no trace group"):
+        parse_scenario(text, "s.yaml", [], tmp_path / "sub")
