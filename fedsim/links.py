@@ -69,6 +69,7 @@ class GroupDataSpec(Spec):
 
     @model_validator(mode="after")
     def _some_weight(self) -> GroupDataSpec:
+        """Reject all-zero ``labels``: they would give no class to draw from."""
         if self.labels is not None and sum(self.labels) <= 0:
             raise ValueError("labels: give at least one class a positive weight")
         return self
@@ -85,6 +86,7 @@ class LinksSpec(Spec):
 
     @model_validator(mode="after")
     def _one_rank_link(self) -> LinksSpec:
+        """Reject declarations that cannot all hold at once (see messages)."""
         if self.samples_vs_speed is not None and self.samples_vs_online is not None:
             raise ValueError(
                 "declare one of samples_vs_speed and samples_vs_online: one "
@@ -332,6 +334,8 @@ def _order(values: np.ndarray, blocks: np.ndarray | None) -> np.ndarray:
 
 
 def _rng(seed: int, k: int) -> np.random.Generator:
+    """The links' stream ``k``: apart from the partition's and the fleet's,
+    so declaring links shifts no draw of theirs."""
     return np.random.default_rng(np.random.SeedSequence([int(seed), _TAG, k]))
 
 
@@ -476,6 +480,8 @@ def regroup(data: FederatedData, parts: Sequence[np.ndarray]) -> FederatedData:
 def _with_rows(
     data: FederatedData, rows: np.ndarray, offsets: np.ndarray, weights: np.ndarray
 ) -> FederatedData:
+    """``data`` with its training rows reordered to ``rows`` (client i owns
+    ``offsets[i]:offsets[i + 1]``); test and validation sets kept as they are."""
     return FederatedData(
         x=data.x[rows],
         y=data.y[rows],
@@ -684,6 +690,7 @@ def _by_client(clients: Sequence[Mapping[str, Any]], m: int) -> tuple[np.ndarray
 
 
 def _finite(x: float) -> float | None:
+    """``x``, or None for NaN and infinities (summary.json's null)."""
     return x if math.isfinite(x) else None  # JSON has no NaN
 
 
