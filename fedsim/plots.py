@@ -212,7 +212,7 @@ def _draw_losses(
     if not drew:
         _no_data(ax, "no loss recorded")
         return
-    # losses spanning two decades (e.g. a quadratic's) flatten on a linear axis
+    # losses spanning over two decades flatten on a linear axis
     if len(losses) and losses.min() > 0 and losses.max() / losses.min() > 100:
         ax.set_yscale("log")
     _frame_metric(ax, "loss", xlabel, by_round=by_round)

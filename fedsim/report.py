@@ -297,9 +297,9 @@ def _step_cap(scenario: dict[str, Any]) -> int | None:
 
     Returns:
         ``round.max_steps`` where it caps tau: under a fixed window, and in an
-        async run whose jobs run ``max_steps`` steps. None elsewhere (a
-        deadline policy runs every client to completion, so a line at
-        max_steps would suggest a cap that was never applied).
+        async run whose jobs run ``max_steps`` steps. None elsewhere
+        (``fixed_epochs``, async epoch jobs: tau is set by the epochs, so a
+        line at max_steps would suggest a cap that was never applied).
     """
     cap = _get(scenario, "round", "max_steps")
     policy = _get(scenario, "round", "policy") or "fixed_window"
