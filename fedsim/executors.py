@@ -142,8 +142,13 @@ class _NodeLocalData:
 
     def __init__(self, scenario: Scenario) -> None:
         self.args = (scenario.data, scenario.num_clients, scenario.seed)
+        self.scenario = scenario
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self.scenario.links is not None:  # the data tied to the fleet, as here
+            from fedsim.links import build_linked_data
+
+            return build_linked_data, (self.scenario,)
         return build_data, self.args
 
 

@@ -4,6 +4,12 @@
 fedsim.report writes as a PNG. Missing columns, NaN and empty tables give a figure
 that says so, not an error: an interrupted run still gets a report.
 
+Every figure is a pure function of its inputs: no global pyplot state, a fixed
+DPI, and the one random draw (box-plot jitter) from a fixed seed, so the same
+run directory always gives the same PNG bytes. Colours follow the device
+groups in the scenario's order, the same in every figure of a run; red is
+kept for dropped updates and never given to a group.
+
 Example:
     >>> import pyarrow as pa
     >>> rounds = pa.table({"round": [0, 1], "sim_time": [9.5, 20.0],
@@ -31,8 +37,11 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from fedsim.algorithms.sampling import weight_shares
+from fedsim.links import spearman
 from fedsim.results import atomic_write_bytes
 
+# One DPI for drawing and saving: text and marker sizes in points then map to
+# the same pixels in every figure.
 DPI = 110
 
 # Marker per drop reason (fedsim.clock.Plan.reason); anything else gets "x".
@@ -42,10 +51,12 @@ _TEXT: dict[str, Any] = {"ha": "center", "va": "center", "fontsize": 11}
 
 
 def _round_ticks() -> MaxNLocator:
+    """Integer ticks for round axes (a round 2.5 does not exist)."""
     return MaxNLocator(nbins="auto", integer=True, steps=[1, 2, 2.5, 5, 10])
 
 
 def _column(table: pa.Table | None, name: str) -> list[Any]:
+    """A column as a list; [] when the table or the column is missing."""
     if table is None or name not in table.column_names:
         return []
     return table.column(name).to_pylist()
@@ -59,19 +70,48 @@ def _floats(table: pa.Table | None, name: str, n: int = 0) -> np.ndarray:
 def _by_group(
     clients: pa.Table | None, n: int, groups: Sequence[str]
 ) -> tuple[np.ndarray, dict[str, Any], np.ndarray]:
-    """``n`` updates' device groups, each group's color in legend order, dropped."""
+    """Each update's device group, the group colours, and the dropped flags.
+
+    Args:
+        clients: clients.parquet, or None.
+        n: The number of updates the caller draws (the length of its columns).
+        groups: The scenario's device groups, in its order.
+
+    Returns:
+        ``(dev, colors, dropped)``: ``n`` group names ("unknown" where the
+        column is missing or null), a colour per group in legend order, and
+        ``n`` dropped flags (all False when the column is missing).
+    """
     col = _column(clients, "device_group")
     dev = ["unknown" if g is None else str(g) for g in col]
+    # a column of another length belongs to other rows: trust none of it
     dev_arr = np.array(dev if len(col) == n else ["unknown"] * n, dtype=object)
-    # the scenario's groups first, then the others seen, sorted, then "unknown"
+    colors = _group_colors(_legend_order(col, dev_arr, groups))
+    flags = np.array(_column(clients, "dropped") or [False] * n, dtype=bool)
+    return dev_arr, colors, flags
+
+
+def _legend_order(col: list[Any], dev: np.ndarray, groups: Sequence[str]) -> list[str]:
+    """The scenario's groups first, then the others seen, sorted, then "unknown".
+
+    The scenario's order comes first so a group keeps its colour across runs
+    of one fleet; without a device_group column every scenario group is kept,
+    so the legend still names the fleet.
+    """
     seen = {str(g) for g in col if g is not None}
     order = [g for g in groups if g in seen or not seen]
     order += sorted(seen - set(order))
-    order += sorted(set(dev_arr.tolist()) - set(order))
-    palette = [colormaps["tab10"](i) for i in range(10) if i != 3]  # red: dropped
-    colors = {g: palette[i % len(palette)] for i, g in enumerate(order)}
-    flags = np.array(_column(clients, "dropped") or [False] * n, dtype=bool)
-    return dev_arr, colors, flags
+    order += sorted(set(dev.tolist()) - set(order))
+    return order
+
+
+def _group_colors(order: list[str]) -> dict[str, Any]:
+    """tab10 colours by position in ``order``, cycling past nine groups.
+
+    tab10's red (index 3) is left out: red marks dropped updates.
+    """
+    palette = [colormaps["tab10"](i) for i in range(10) if i != 3]
+    return {g: palette[i % len(palette)] for i, g in enumerate(order)}
 
 
 def is_async(clients: pa.Table | None) -> bool:
@@ -85,15 +125,22 @@ def has_chi2(rounds: pa.Table | None) -> bool:
 
 
 def _new_figure(width: float, height: float) -> Figure:
+    """A bare Figure (no pyplot: no global state, safe in worker threads)."""
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
 def _subplots(width: float, height: float, *grid: int, **kw: Any) -> tuple[Figure, Any]:
+    """``plt.subplots`` without pyplot: a new figure and its axes."""
     fig = _new_figure(width, height)
     return fig, fig.subplots(*grid, **kw)
 
 
 def _save(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` as a PNG at ``path``, atomically; return the path.
+
+    Rendered to memory first, so a reader (or a crash) never sees a
+    half-written image.
+    """
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     atomic_write_bytes(Path(path), buf.getvalue())
@@ -101,21 +148,27 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def _no_data(ax: Axes, message: str) -> None:
+    """Say ``message`` in the middle of an empty, tickless ``ax``."""
     ax.text(0.5, 0.5, message, transform=ax.transAxes, color="0.4", wrap=True, **_TEXT)
     ax.set(xticks=[], yticks=[])
 
 
 def _line(ax: Axes, x: np.ndarray, y: np.ndarray, **kw: Any) -> bool:
-    """Plot the finite points of y against x; False when there are none."""
+    """Plot the finite points of y against x; False when there are none.
+
+    x and y of different lengths draw nothing, rather than misaligning.
+    """
     ok = np.isfinite(x) & np.isfinite(y) if len(x) == len(y) else np.zeros(0, bool)
     if not ok.any():
         return False
+    # markers show each round on short runs; on long ones they blur the line
     marker = "o" if ok.sum() <= 30 else None
     ax.plot(x[ok], y[ok], marker=marker, markersize=3.5, linewidth=1.6, **kw)
     return True
 
 
 def _frame_metric(ax: Axes, ylabel: str, xlabel: str, by_round: bool) -> None:
+    """Labels, a "y vs x" title (x without its unit) and a grid."""
     ax.set(ylabel=ylabel, xlabel=xlabel, title=f"{ylabel} vs {xlabel.split(' (')[0]}")
     if by_round:
         ax.xaxis.set_major_locator(_round_ticks())
@@ -125,17 +178,65 @@ def _frame_metric(ax: Axes, ylabel: str, xlabel: str, by_round: bool) -> None:
 def _with_initial(
     x: np.ndarray, y: np.ndarray, x0: float, y0: float | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, y)`` with the initial model's point in front, when finite."""
+    """``(x, y)`` with the initial model's point in front, when finite.
+
+    ``y0`` is None for an older run without summary.json's ``initial``.
+    """
     if y0 is None or not math.isfinite(float(y0)) or len(x) != len(y):
         return x, y
     return np.concatenate([[x0], x]), np.concatenate([[float(y0)], y])
 
 
+def _draw_losses(
+    ax: Axes,
+    x: np.ndarray,
+    loss_xy: tuple[tuple[np.ndarray, np.ndarray], np.ndarray],
+    losses: np.ndarray,
+    xlabel: str,
+    by_round: bool,
+) -> None:
+    """One loss panel: test loss (with the initial point), train loss dashed.
+
+    Args:
+        ax: The panel.
+        x: The x values of the train loss (it has no initial point).
+        loss_xy: ``((x, test loss), train loss)``.
+        losses: Every finite loss of the run, test and train, which decides
+            the scale for both panels alike.
+        xlabel: The x axis label.
+        by_round: Whether x counts rounds (integer ticks).
+    """
+    (xt, test_loss), train_loss = loss_xy
+    drew = _line(ax, xt, test_loss, color="C1", label="test loss")
+    drew |= _line(ax, x, train_loss, color="C2", linestyle="--", label="train loss")
+    if not drew:
+        _no_data(ax, "no loss recorded")
+        return
+    # losses spanning over two decades flatten on a linear axis
+    if len(losses) and losses.min() > 0 and losses.max() / losses.min() > 100:
+        ax.set_yscale("log")
+    _frame_metric(ax, "loss", xlabel, by_round=by_round)
+    ax.legend(loc="best", fontsize=9)
+
+
 def figure_metrics(
     rounds: pa.Table | None, title: str = "", initial: Mapping[str, Any] | None = None
 ) -> Figure:
-    """Test accuracy and loss (train loss dashed) against simulated time and rounds
-    completed (round ``t`` at ``t + 1``) from ``initial`` on; no accuracy: loss only."""
+    """Test accuracy and loss against simulated time and against rounds completed.
+
+    Round ``t`` of rounds.parquet is drawn at ``t + 1`` rounds completed, so
+    the initial model sits at 0. The train loss is dashed, on the loss
+    panels. A run without test accuracy gets the loss row only.
+
+    Args:
+        rounds: rounds.parquet, or None.
+        title: The figure's title ("test metrics" when empty).
+        initial: summary.json's ``initial`` (the model before round 0: ``t``,
+            ``accuracy``, ``loss``); anything but a mapping is ignored.
+
+    Returns:
+        A figure with two columns (time, rounds) and one or two rows.
+    """
     # summary.json's value: anything but a mapping (an old run: null) is none
     initial = initial if isinstance(initial, Mapping) else {}
     t0 = float(initial.get("t") or 0.0)
@@ -156,21 +257,23 @@ def figure_metrics(
             xy = _with_initial(x, acc, x0, initial.get("accuracy"))
             _line(axes[0, col], *xy, color="C0", label="test accuracy")
             _frame_metric(axes[0, col], "test accuracy", xlabel, by_round=col == 1)
-        ax = axes[nrows - 1, col]
-        xy = _with_initial(x, test_loss, x0, initial.get("loss"))
-        drew = _line(ax, *xy, color="C1", label="test loss")
-        drew |= _line(ax, x, train_loss, color="C2", linestyle="--", label="train loss")
-        if not drew:
-            _no_data(ax, "no loss recorded")
-            continue
-        if len(losses) and losses.min() > 0 and losses.max() / losses.min() > 100:
-            ax.set_yscale("log")
-        _frame_metric(ax, "loss", xlabel, by_round=col == 1)
-        ax.legend(loc="best", fontsize=9)
+        loss_xy = (_with_initial(x, test_loss, x0, initial.get("loss")), train_loss)
+        _draw_losses(axes[nrows - 1, col], x, loss_xy, losses, xlabel, col == 1)
+    _title_metrics(fig, rounds, with_acc, title)
+    return fig
+
+
+def _title_metrics(
+    fig: Figure, rounds: pa.Table | None, with_acc: bool, title: str
+) -> None:
+    """The metrics figure's title, and a note when a run has no accuracy.
+
+    The note tells a reader the missing row is the run's, not the figure's;
+    an empty table says so on its panels already.
+    """
     if not with_acc and rounds is not None and rounds.num_rows:
         fig.text(0.01, 0.005, "no test accuracy in this run", fontsize=8, color="0.4")
     fig.suptitle(title or "test metrics", fontsize=13)
-    return fig
 
 
 def figure_tau_by_group(
@@ -179,7 +282,22 @@ def figure_tau_by_group(
     title: str = "",
     max_steps: int | None = None,
 ) -> Figure:
-    """Completed updates' local steps per device group; "max_steps cap" dashed."""
+    """Completed updates' local steps per device group, as boxes and points.
+
+    Dropped updates are left out: their tau never reached the model. Groups
+    without a completed update get no box.
+
+    Args:
+        clients: clients.parquet, or None.
+        groups: The scenario's device groups (legend order and colours).
+        title: The figure's title (a default when empty).
+        max_steps: The step cap, drawn dashed; None when tau was not capped
+            (fedsim.report._step_cap decides).
+
+    Returns:
+        A figure with one axes, one box per group with updates.
+    """
+    # about 1.5 in per box, so a large fleet's labels do not overlap
     fig, ax = _subplots(max(6.0, 1.6 + 1.5 * max(1, len(groups))), 4.6)
     tau = _floats(clients, "tau")
     dev, colors, dropped = _by_group(clients, len(tau), groups)
@@ -188,33 +306,60 @@ def figure_tau_by_group(
     if not present:
         _no_data(ax, "no completed updates")
     else:
-        box = ax.boxplot(
-            [d for _, d in present],
-            tick_labels=[f"{g}\n(n={len(d)})" for g, d in present],
-            patch_artist=True,
-            widths=0.55,
-            showfliers=False,
-            medianprops={"color": "black", "linewidth": 1.5},
-        )
-        rng = np.random.default_rng(0)  # jitter only; fixed so plots are stable
-        for i, ((g, d), patch) in enumerate(zip(present, box["boxes"], strict=True)):
-            patch.set(facecolor=colors[g], alpha=0.45)
-            jitter = rng.uniform(-0.18, 0.18, size=len(d))
-            ax.scatter(i + 1 + jitter, d, s=9, color=colors[g], alpha=0.7, zorder=3)
-        ax.set(ylabel="local steps tau_i(t)", xlabel="device group")
-        ax.grid(axis="y", alpha=0.3)
-        if max_steps is not None:
-            ax.axhline(max_steps, color="0.3", ls="--", lw=1.0, label="max_steps cap")
-            ax.legend(loc="best", fontsize=9)
-        ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
+        _draw_boxes(ax, present, colors, max_steps)
     ax.set_title(title or "local steps per update, by device group")
     return fig
+
+
+def _draw_boxes(
+    ax: Axes,
+    present: list[tuple[str, np.ndarray]],
+    colors: dict[str, Any],
+    max_steps: int | None,
+) -> None:
+    """One box per ``(group, taus)`` with every tau jittered over it.
+
+    Args:
+        ax: The axes.
+        present: The groups with completed updates and their taus.
+        colors: The group colours.
+        max_steps: The step cap to draw dashed, or None.
+    """
+    box = ax.boxplot(
+        [d for _, d in present],
+        tick_labels=[f"{g}\n(n={len(d)})" for g, d in present],
+        patch_artist=True,
+        widths=0.55,
+        showfliers=False,
+        medianprops={"color": "black", "linewidth": 1.5},
+    )
+    rng = np.random.default_rng(0)  # jitter only; fixed so plots are stable
+    for i, ((g, d), patch) in enumerate(zip(present, box["boxes"], strict=True)):
+        patch.set(facecolor=colors[g], alpha=0.45)
+        jitter = rng.uniform(-0.18, 0.18, size=len(d))
+        ax.scatter(i + 1 + jitter, d, s=9, color=colors[g], alpha=0.7, zorder=3)
+    ax.set(ylabel="local steps tau_i(t)", xlabel="device group")
+    ax.grid(axis="y", alpha=0.3)
+    if max_steps is not None:
+        ax.axhline(max_steps, color="0.3", ls="--", lw=1.0, label="max_steps cap")
+        ax.legend(loc="best", fontsize=9)
+    # from 0: a box floating high up would hide how small tau is
+    ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
 
 
 def figure_staleness(
     clients: pa.Table | None, groups: Sequence[str] = (), title: str = ""
 ) -> Figure:
-    """Async runs: staleness against arrival time by device group, drops as red x."""
+    """Async runs: each update's staleness against its arrival time.
+
+    Args:
+        clients: clients.parquet, or None.
+        groups: The scenario's device groups (legend order and colours).
+        title: The figure's title (a default when empty).
+
+    Returns:
+        A scatter coloured by device group, dropped updates as red crosses.
+    """
     fig, ax = _subplots(10, 4.6)
     stale, t1 = _floats(clients, "staleness"), _floats(clients, "t_arrive")
     n = len(stale)
@@ -243,7 +388,14 @@ def figure_staleness(
 
 
 def _round_blocks(rounds_present: list[int], max_rounds: int) -> list[list[int]]:
-    """The rounds to draw: all of them, or the first and last ``max_rounds/2``."""
+    """The rounds to draw: all of them, or the first and last ``max_rounds/2``.
+
+    The first rounds show the start-up (everyone fresh), the last ones the
+    steady state; the middle of a long run repeats them.
+
+    Returns:
+        One block, or two (each at least one round long).
+    """
     if len(rounds_present) <= max_rounds:
         return [rounds_present]
     head = max(1, max_rounds // 2)
@@ -253,7 +405,11 @@ def _round_blocks(rounds_present: list[int], max_rounds: int) -> list[list[int]]
 
 @dataclass(frozen=True)
 class _Updates:
-    """clients.parquet's columns the timeline draws; ``stale`` NaN unless async."""
+    """clients.parquet's columns the timeline draws, as aligned arrays.
+
+    Row ``i`` of every array is the same update. ``stale`` is NaN unless the
+    run is async; ``reasons`` is "" for updates that were not dropped.
+    """
 
     rnd: np.ndarray
     cid: np.ndarray
@@ -283,11 +439,41 @@ class _Updates:
 def _draw_panel(
     ax: Axes, u: _Updates, y: np.ndarray, block: list[int], rounds: Any, row_pt: float
 ) -> tuple[set[str], Any]:
-    """Draw rounds ``block``; return the drop reasons drawn, the staleness scatter."""
+    """Draw one timeline panel: the updates of the rounds in ``block``.
+
+    Args:
+        ax: The panel.
+        u: Every update of the run.
+        y: Each update's row (its client's position among those shown).
+        block: The rounds this panel shows.
+        rounds: rounds.parquet (round end times), or None.
+        row_pt: The height of one row, in points; bar edges and markers scale
+            with it so that a thousand clients stay legible.
+
+    Returns:
+        ``(reasons, scatter)``: the drop reasons drawn (for the legend) and the
+        staleness scatter (for the colour bar; None unless async).
+    """
     m_block = np.isin(u.rnd, block) & np.isfinite(u.t0) & np.isfinite(u.t1)
     # With many rows (few points each), white edges would hide the bars.
     edge_w = 0.8 if row_pt >= 6 else 0.0
     mark = float(np.clip(row_pt**2, 4.0, 38.0))  # drop-marker area
+    _draw_bars(ax, u, y, m_block, edge_w)
+    used = _draw_drop_markers(ax, u, y, m_block, mark)
+    scatter = _draw_staleness(ax, u, y, m_block, mark, edge_w)
+    if m_block.any():
+        _frame_panel(ax, u, m_block, block, rounds)
+    return used, scatter
+
+
+def _draw_bars(
+    ax: Axes, u: _Updates, y: np.ndarray, m_block: np.ndarray, edge_w: float
+) -> None:
+    """A bar per update in ``m_block``, download to arrival.
+
+    Colour by device group; dropped ones hatched and faint; odd rounds
+    lighter, so one client's back-to-back rounds read as two bars.
+    """
     # One barh call per (group, dropped, round parity) keeps large fleets fast.
     for g, is_drop, is_odd in itertools.product(u.colors, (False, True), (False, True)):
         m = m_block & (u.dev == g) & (u.dropped == is_drop) & (u.rnd % 2 == is_odd)
@@ -304,11 +490,41 @@ def _draw_panel(
                 edgecolor=_DROP_COLOR if is_drop else "white",
                 linewidth=0.6 * (edge_w > 0) if is_drop else edge_w,
             )
+
+
+def _draw_drop_markers(
+    ax: Axes, u: _Updates, y: np.ndarray, m_block: np.ndarray, mark: float
+) -> set[str]:
+    """A red marker at the end of each dropped update, shaped by its reason.
+
+    Returns:
+        The reasons drawn; reasons are drawn sorted, so the PNG does not
+        depend on set order.
+    """
     used = set(u.reasons[m_block & u.dropped].tolist())
     for r in sorted(used):
         m = m_block & u.dropped & (u.reasons == r)
         marker = _DROP_MARKERS.get(r, "x")
         ax.scatter(u.t1[m], y[m], marker=marker, s=mark, color=_DROP_COLOR, zorder=4)
+    return used
+
+
+def _draw_staleness(
+    ax: Axes,
+    u: _Updates,
+    y: np.ndarray,
+    m_block: np.ndarray,
+    mark: float,
+    edge_w: float,
+) -> Any:
+    """A dot at each completed async update's arrival, coloured by staleness.
+
+    The colour scale spans the whole run (not this panel), so the two panels
+    of a long run share one colour bar.
+
+    Returns:
+        The scatter, or None when no update here has a staleness.
+    """
     scatter = None
     m = m_block & ~u.dropped & np.isfinite(u.stale)
     if m.any():
@@ -324,8 +540,17 @@ def _draw_panel(
             linewidths=0.4,
             zorder=5,
         )
-    if not m_block.any():
-        return used, scatter
+    return scatter
+
+
+def _frame_panel(
+    ax: Axes, u: _Updates, m_block: np.ndarray, block: list[int], rounds: Any
+) -> None:
+    """Round boundaries, x range, title and grid of a non-empty panel.
+
+    The x range is the panel's own updates (plus a small margin), not the
+    run's: a block of late rounds would otherwise be squeezed to the right.
+    """
     lo, hi = float(u.t0[m_block].min()), float(u.t1[m_block].max())
     # Round boundaries: the end of every shown round and of the one before.
     end_times = _floats(rounds, "sim_time")
@@ -337,7 +562,6 @@ def _draw_panel(
     label = f"rounds {block[0]}-{block[-1]}" if len(block) > 1 else f"round {block[0]}"
     ax.set_title(label, fontsize=10)
     ax.grid(axis="x", alpha=0.2)
-    return used, scatter
 
 
 def figure_timeline(
@@ -347,21 +571,36 @@ def figure_timeline(
     max_rounds: int = 20,
     title: str = "",
 ) -> Figure:
-    """A bar per client row, ``t_start`` to ``t_arrive``, by device group; dropped
-    ones hatched, ending in a red marker shaped by the reason; async arrivals
-    coloured by staleness; past ``max_rounds`` rounds, first and last halves."""
+    """A bar per client row of clients.parquet, ``t_start`` to ``t_arrive``.
+
+    Bars are coloured by device group; dropped ones are hatched and end in a
+    red marker shaped by the reason; async arrivals get a dot coloured by
+    staleness. Each client has one row, so its rounds line up.
+
+    Args:
+        clients: clients.parquet, or None.
+        rounds: rounds.parquet (the round boundaries), or None.
+        groups: The scenario's device groups (legend order and colours).
+        max_rounds: The most rounds drawn; past it, the first and last halves
+            in two panels.
+        title: The figure's title (a default when empty).
+
+    Returns:
+        The figure; it says so when there are no updates.
+
+    Raises:
+        ValueError: ``max_rounds`` is below 1.
+    """
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be at least 1, got {max_rounds}")
     u = _Updates.of(clients, groups)
     if u is None:
-        fig, ax = _subplots(8, 3.5)
-        _no_data(ax, "no client updates recorded")
-        fig.suptitle(title or "client timeline")
-        return fig
+        return _no_updates(title)
     all_rounds = sorted(set(u.rnd.tolist()))
     blocks = _round_blocks(all_rounds, max_rounds)
     shown = np.isin(u.rnd, np.concatenate([np.array(b) for b in blocks]))
     ids = np.unique(u.cid[shown])
+    # grows with the clients shown, up to a height that still fits a screen
     height = float(np.clip(1.5 + 0.22 * len(ids), 3.5, 14.0))
     width = 12.0 if len(blocks) > 1 else 10.0
     fig, (axes,) = _subplots(width, height, 1, len(blocks), sharey=True, squeeze=False)
@@ -375,12 +614,32 @@ def figure_timeline(
         scatter = drawn if drawn is not None else scatter
     rows = range(0, len(ids), max(1, math.ceil(len(ids) / 40)))  # <= ~40 labels
     axes[0].set(ylabel="client id", yticks=rows, yticklabels=ids[rows])
+    # inverted: the lowest client id on top, as in a table
     axes[0].set_ylim(len(ids) - 0.5, -0.5)
-    # the legend, below the panels: device groups and the drop reasons drawn
+    _timeline_legend(fig, axes, u, used, scatter)
+    more = f" (first and last of {len(all_rounds)} rounds)" if len(blocks) > 1 else ""
+    fig.suptitle((title or "client timeline") + more, fontsize=12)
+    return fig
+
+
+def _no_updates(title: str) -> Figure:
+    """The timeline of a run without client updates: a figure saying so."""
+    fig, ax = _subplots(8, 3.5)
+    _no_data(ax, "no client updates recorded")
+    fig.suptitle(title or "client timeline")
+    return fig
+
+
+def _timeline_legend(
+    fig: Figure, axes: Any, u: _Updates, used: set[str], scatter: Any
+) -> None:
+    """The legend below the panels (groups, drop reasons drawn) and the
+    staleness colour bar when there is one."""
     handles: list[Any] = [
         Patch(facecolor=color, alpha=0.85, label=g) for g, color in u.colors.items()
     ]
     for r in sorted(used):
+        # empty scatters: legend handles with the very markers the panels drew
         marker, label = _DROP_MARKERS.get(r, "x"), f"dropped: {r or 'unknown'}"
         handles.append(
             axes[0].scatter([], [], marker=marker, color=_DROP_COLOR, label=label)
@@ -390,9 +649,6 @@ def figure_timeline(
     if scatter is not None:
         kw = {"label": "staleness at arrival", "shrink": 0.8, "ticks": _round_ticks()}
         fig.colorbar(scatter, ax=axes, **kw)
-    more = f" (first and last of {len(all_rounds)} rounds)" if len(blocks) > 1 else ""
-    fig.suptitle((title or "client timeline") + more, fontsize=12)
-    return fig
 
 
 def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
@@ -421,23 +677,60 @@ def figure_weight_share(
     partition: pa.Table | None = None,
     title: str = "",
 ) -> Figure:
-    """Each client's aggregation weight share against its data share p_i, y = x."""
+    """Each client's aggregation weight share against its data share p_i.
+
+    Shares are fedsim.algorithms.sampling.weight_shares over the rounds that
+    aggregated something, the same figure summary.json's participation_bias
+    reports. Points on the dashed y = x line mean no participation bias.
+
+    Args:
+        clients: clients.parquet, or None.
+        rounds: rounds.parquet (which rounds aggregated), or None.
+        partition: partition.parquet (each client's data weight), or None.
+        title: The title's start (a default when empty); the L1 distance
+            between the two shares is appended.
+
+    Returns:
+        The scatter (log-log when data shares span two decades), or a figure
+        saying there is nothing to draw.
+    """
     fig, ax = _subplots(6.0, 5.5)
-    ids, p = _floats(partition, "client_id"), _floats(partition, "weight")
+    data = _data_shares(partition)
     # agg_weight: the weight as applied (runs before it had only "weight")
     w = np.array(_column(clients, "agg_weight") or _column(clients, "weight"), float)
     cid = _floats(clients, "client_id")
-    bad = len(p) == 0 or len(ids) != len(p) or not np.isfinite(p).all() or p.sum() <= 0
-    if bad or len(cid) == 0 or len(cid) != len(w):
+    if data is None or len(cid) == 0 or len(cid) != len(w):
         _no_data(ax, "no weight or data shares recorded")
         ax.set_title(title or "weight share vs data share")
         return fig
-    data = np.zeros(int(ids.max()) + 1)
-    data[ids.astype(np.int64)] = p / p.sum()
     used = int((_floats(rounds, "n_completed") > 0).sum())
     share = weight_shares(len(data), cid.astype(np.int64), w, used)
     l1 = float(np.abs(share - data).sum())
+    _draw_shares(ax, data, share)
+    ax.set_title(f"{title or 'weight share vs data share'} (L1 = {l1:.3g})")
+    return fig
+
+
+def _data_shares(partition: pa.Table | None) -> np.ndarray | None:
+    """Each client's data share p_i, indexed by client id (summing to 1).
+
+    Returns:
+        The shares; None when partition.parquet's weights are missing, of
+        another length than its ids, not finite, or sum to nothing.
+    """
+    ids, p = _floats(partition, "client_id"), _floats(partition, "weight")
+    bad = len(p) == 0 or len(ids) != len(p) or not np.isfinite(p).all() or p.sum() <= 0
+    if bad:
+        return None
+    data = np.zeros(int(ids.max()) + 1)
+    data[ids.astype(np.int64)] = p / p.sum()
+    return data
+
+
+def _draw_shares(ax: Axes, data: np.ndarray, share: np.ndarray) -> None:
+    """Weight share against data share per client, with the y = x line."""
     pos = data[data > 0]
+    # log axes when shares span two decades: else small clients pile up at 0
     log = len(pos) > 1 and pos.max() / pos.min() > 100
     lo = min(pos.min(), share[share > 0].min() if (share > 0).any() else 1.0)
     # clients never aggregated are drawn at the bottom edge of log axes
@@ -450,5 +743,53 @@ def figure_weight_share(
     ax.set(xlabel="data share p_i", ylabel="aggregation weight share")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)
-    ax.set_title(f"{title or 'weight share vs data share'} (L1 = {l1:.3g})")
+
+
+def figure_links(
+    samples: np.ndarray,
+    speed: np.ndarray,
+    group: np.ndarray,
+    names: Sequence[str],
+    title: str = "",
+) -> Figure:
+    """Each device's training samples against its speed (log-log).
+
+    Args:
+        samples: Training samples per device.
+        speed: Local steps per second per device.
+        group: Each device's group index into ``names``.
+        names: The device groups' names (colours and legend).
+        title: The title's start (a default when empty); the realised
+            Spearman correlation over all devices is appended.
+
+    Returns:
+        A scatter coloured by device group; devices with no samples or no
+        speed are left out (a log axis cannot show 0).
+    """
+    fig, ax = _subplots(6.5, 5.0)
+    ok = (samples > 0) & (speed > 0)
+    if not ok.any():
+        _no_data(ax, "no device with samples and speed")
+        ax.set_title(title or "samples vs speed")
+        return fig
+    # a million points would take minutes to draw: an even subsample reads the same
+    shown = np.flatnonzero(ok)[:: max(1, int(ok.sum()) // 20_000)]
+    # tab10's own colours (resampling a listed map would pick neighbours)
+    cmap = colormaps["tab10"]
+    if len(names) > 10:
+        cmap = colormaps["viridis"].resampled(len(names))
+    for gi, name in enumerate(names):
+        sel = shown[group[shown] == gi]
+        if sel.size:
+            ax.scatter(speed[sel], samples[sel], s=10, alpha=0.6, color=cmap(gi))
+            # an empty scatter gives a legend marker larger than the points
+            ax.scatter([], [], s=20, color=cmap(gi), label=str(name))
+    ax.set(xscale="log", yscale="log", xlabel="speed (local steps/s)")
+    ax.set(ylabel="training samples")
+    ax.grid(alpha=0.3, which="both")
+    # past 20 groups a legend covers the plot; colours alone then suffice
+    if len(names) <= 20:
+        ax.legend(title="device group", fontsize=8, loc="best")
+    rho = spearman(samples[ok], speed[ok])
+    ax.set_title(f"{title or 'samples vs speed'} (Spearman {rho:+.2f})")
     return fig

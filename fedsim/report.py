@@ -1,5 +1,17 @@
-"""``fedsim report RUN_DIR``: a run's figures as PNG and a report.md showing them
-(:func:`write_report`; only ``rounds.parquet`` is required; docs/results.md)."""
+"""``fedsim report RUN_DIR``: a run's figures as PNG and a report.md showing them.
+
+:func:`write_report` is the one entry point (the command line and ``fedsim run``
+both call it). It reads what a run directory holds, draws each figure with
+:mod:`fedsim.plots`, and writes ``report.md``: a table of key figures, then each
+figure with a hint of what to look for (:data:`FIGURES`).
+
+Only ``rounds.parquet`` is required. Every other file (clients.parquet,
+summary.json, scenario.yaml, partition.parquet) may be missing, because an
+interrupted run, or one written by an older fedsim, must still get a report:
+a missing file gives an empty figure or a row left out, never an error. A file
+that exists but cannot be parsed is an error (:class:`ReportError`), since
+silently skipping it would hide a corrupted run. See docs/results.md.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
@@ -22,10 +35,17 @@ REPORT_NAME = "report.md"
 
 
 class ReportError(ValueError):
-    """The directory is not a readable run directory."""
+    """The directory is not a readable run directory.
+
+    Raised when the directory or its ``rounds.parquet`` is missing, or when a
+    file in it exists but cannot be parsed. A ValueError, so callers that treat
+    bad input uniformly can catch it as such.
+    """
 
 
-# The report's figures: file -> (heading, what to look for in it).
+# The report's figures: file -> (heading, what to look for in it). The order
+# here is not the order in report.md: write_report adds a figure when it draws
+# it, so a run without async clients or chi^2 values has no empty section.
 FIGURES = {
     "metrics.png": (
         "Test accuracy and loss",
@@ -59,6 +79,12 @@ FIGURES = {
         "chi^2(p||w) measures how far the effective aggregation weights w are from "
         "the data weights p; 0 means the server optimises the true objective.",
     ),
+    "links.png": (
+        "Fleet and data links: samples vs speed",
+        "Each point is a device: its training samples against its speed, "
+        "coloured by device group. A falling cloud means the slow devices hold "
+        "the data (under a deadline, their updates are the ones dropped).",
+    ),
     "weight_share.png": (
         "Participation bias: weight share vs data share",
         "Each point is a client: its share of the aggregation weight over the run "
@@ -72,22 +98,51 @@ FIGURES = {
 
 
 def _read(path: Path, parse: Callable[[Path], Any] = pq.read_table) -> Any:
-    """``parse(path)``; None when the file is missing."""
+    """Read one optional file of a run directory.
+
+    Args:
+        path: The file.
+        parse: Turns the path into a value; a Parquet reader by default.
+
+    Returns:
+        ``parse(path)``, or None when the file is missing.
+
+    Raises:
+        ReportError: The file exists but ``parse`` fails on it.
+    """
     if not path.is_file():
         return None
     try:
         return parse(path)
     except (OSError, ValueError, yaml.YAMLError, pa.ArrowException) as exc:
+        # "from None": the parser's traceback says nothing the message does not
         raise ReportError(f"cannot read {path}: {exc}") from None
 
 
 def _read_mapping(path: Path, loads: Callable[[str], Any]) -> dict[str, Any]:
-    """summary.json or scenario.yaml; {} when missing or not a mapping."""
+    """summary.json or scenario.yaml as a dict.
+
+    Args:
+        path: The file.
+        loads: Parses its text (``json.loads`` or ``yaml.safe_load``).
+
+    Returns:
+        The parsed mapping; {} when the file is missing or holds something
+        else (an empty YAML file parses to None), so lookups need no guard.
+
+    Raises:
+        ReportError: The file exists but cannot be parsed.
+    """
     data = _read(path, lambda p: loads(p.read_text(encoding="utf-8")))
     return data if isinstance(data, dict) else {}
 
 
 def _get(d: Any, *keys: str) -> Any:
+    """``d[k1][k2]...``, or None where a level is missing or not a dict.
+
+    A hand-edited scenario.yaml may hold anything, so the report never
+    assumes its shape.
+    """
     for k in keys:
         if not isinstance(d, dict):
             return None
@@ -96,45 +151,104 @@ def _get(d: Any, *keys: str) -> Any:
 
 
 def _fmt(x: Any, spec: str = ".4g") -> str:
+    """A table cell: floats by ``spec``, ints with thousands separators.
+
+    None and non-finite floats give "-", which :func:`_summary_rows` reads as
+    "nothing to show" and drops the row.
+    """
     if isinstance(x, float):
         return format(x, spec) if math.isfinite(x) else "-"
+    # bool is an int subclass: True must print as "True", not "1"
     if isinstance(x, int) and not isinstance(x, bool):
         return f"{x:,}"
     return "-" if x is None else str(x)
 
 
 def _bytes(n: Any) -> str:
+    """A byte count in decimal units (1 KB = 1000 B); "-" when not a number."""
     if not isinstance(n, int | float) or not math.isfinite(n):
         return "-"
     for unit in ("B", "KB", "MB", "GB"):
+        # GB is the largest unit: a terabyte prints as "1000.0 GB"
         if abs(n) < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return "-"
 
 
-def _summary_rows(
-    summary: dict[str, Any], scenario: dict[str, Any], rounds: pa.Table
-) -> list[tuple[str, str]]:
-    traffic = ("bytes_down", "bytes_up")
-    done, drop = summary.get("updates_completed"), summary.get("updates_dropped")
-    if done is None and "n_completed" in rounds.column_names:
-        done = sum(v or 0 for v in rounds.column("n_completed").to_pylist())
-    if drop is None and "n_dropped" in rounds.column_names:
-        drop = sum(v or 0 for v in rounds.column("n_dropped").to_pylist())
+def _total(value: Any, rounds: pa.Table, column: str) -> Any:
+    """``value`` (from summary.json), else the sum of ``column`` over rounds.
+
+    An interrupted run has no summary.json, so its counts come from the
+    per-round columns; None when neither is there.
+    """
+    if value is None and column in rounds.column_names:
+        return sum(v or 0 for v in rounds.column(column).to_pylist())
+    return value
+
+
+def _update_counts(summary: dict[str, Any], rounds: pa.Table) -> tuple[Any, str]:
+    """Updates completed, and updates dropped as a report cell.
+
+    Args:
+        summary: summary.json (may be {}).
+        rounds: rounds.parquet.
+
+    Returns:
+        ``(completed, dropped)``: the completed count (None when unknown) and
+        the dropped count with its share of all updates, e.g. "12 (4.0%)".
+    """
+    done = _total(summary.get("updates_completed"), rounds, "n_completed")
+    drop = _total(summary.get("updates_dropped"), rounds, "n_dropped")
     dropped = _fmt(drop)
     if isinstance(done, int) and isinstance(drop, int) and done + drop:
         dropped += f" ({100 * drop / (done + drop):.1f}%)"
+    return done, dropped
+
+
+def _final_sim_time(summary: dict[str, Any], rounds: pa.Table) -> Any:
+    """summary.json's ``sim_time_s``, else the last round's ``sim_time``."""
     sim_time = summary.get("sim_time_s")
     if sim_time is None and rounds.num_rows and "sim_time" in rounds.column_names:
         sim_time = rounds.column("sim_time")[-1].as_py()
-    algo = _get(scenario, "algorithm", "name")
-    tau_eff = _get(scenario, "algorithm", "tau_eff")
-    groups = _get(scenario, "fleet", "groups") or []
-    devices = sum(g.get("count", 0) for g in groups if isinstance(g, dict))
+    return sim_time
+
+
+def _policy(scenario: dict[str, Any]) -> Any:
+    """The round policy, with its window when it is a fixed window."""
     policy = _get(scenario, "round", "policy")
     if policy == "fixed_window" and (window := _get(scenario, "round", "window_s")):
         policy = f"{policy}, {window} s window"
+    return policy
+
+
+def _devices(scenario: dict[str, Any]) -> str:
+    """ "N in G groups" from the scenario's fleet; "-" without groups."""
+    groups = _get(scenario, "fleet", "groups") or []
+    devices = sum(g.get("count", 0) for g in groups if isinstance(g, dict))
+    return f"{devices} in {len(groups)} groups" if groups else "-"
+
+
+def _summary_rows(
+    summary: dict[str, Any], scenario: dict[str, Any], rounds: pa.Table
+) -> list[tuple[str, str]]:
+    """report.md's "key figure | value" rows.
+
+    Args:
+        summary: summary.json (may be {}: an interrupted run).
+        scenario: The resolved scenario.yaml (may be {}).
+        rounds: rounds.parquet, the fallback for what summary.json lacks.
+
+    Returns:
+        ``(key, value)`` pairs in display order; rows whose value is unknown
+        are left out rather than shown as "-".
+    """
+    traffic = ("bytes_down", "bytes_up")
+    done, dropped = _update_counts(summary, rounds)
+    sim_time = _final_sim_time(summary, rounds)
+    algo = _get(scenario, "algorithm", "name")
+    tau_eff = _get(scenario, "algorithm", "tau_eff")
+    policy = _policy(scenario)
     # the model before round 0 (summary.json's "initial"; null values: "-")
     initial = summary.get("initial") or {}
     best = [_fmt(summary.get(k)) for k in ("best_test_accuracy", "best_round")]
@@ -142,7 +256,7 @@ def _summary_rows(
         ("algorithm", f"{algo} (tau_eff: {tau_eff})" if tau_eff else _fmt(algo)),
         ("selector", _fmt(_get(scenario, "selector", "name"))),
         ("round policy", _fmt(policy)),
-        ("devices", f"{devices} in {len(groups)} groups" if groups else "-"),
+        ("devices", _devices(scenario)),
         ("seed", _fmt(scenario.get("seed"))),
         ("rounds", _fmt(summary.get("rounds", rounds.num_rows))),
         ("initial test accuracy", _fmt(initial.get("accuracy"))),
@@ -159,11 +273,16 @@ def _summary_rows(
         ("workers", _fmt(summary.get("workers"))),
         ("fedsim version", _fmt(summary.get("fedsim_version"))),
     ]
+    # the shapes an unknown value takes once _fmt and the units are applied
     return [(k, v) for k, v in rows if v not in ("-", "- (-)", "- s")]
 
 
 def _sim_time(seconds: Any) -> str:
-    """Seconds, and the same in min/h/d when that reads better."""
+    """Seconds, and the same in min/h/d when that reads better.
+
+    Below ten minutes the seconds alone read well; above, "86400.0 s" needs
+    its "(1.0 d)" to be read at a glance.
+    """
     text = f"{_fmt(seconds, '.1f')} s"
     if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 600:
         text += f" ({duration(seconds)})"
@@ -171,7 +290,17 @@ def _sim_time(seconds: Any) -> str:
 
 
 def _step_cap(scenario: dict[str, Any]) -> int | None:
-    """round.max_steps where it caps tau (fixed_window, async max_steps jobs)."""
+    """The step cap to draw on the tau figure, if the run had one.
+
+    Args:
+        scenario: The resolved scenario.yaml (may be {}).
+
+    Returns:
+        ``round.max_steps`` where it caps tau: under a fixed window, and in an
+        async run whose jobs run ``max_steps`` steps. None elsewhere
+        (``fixed_epochs``, async epoch jobs: tau is set by the epochs, so a
+        line at max_steps would suggest a cap that was never applied).
+    """
     cap = _get(scenario, "round", "max_steps")
     policy = _get(scenario, "round", "policy") or "fixed_window"
     job_steps = _get(scenario, "round", "job_steps") or "max_steps"
@@ -180,7 +309,12 @@ def _step_cap(scenario: dict[str, Any]) -> int | None:
 
 
 def _status_lines(summary: dict[str, Any]) -> list[str]:
-    """Warnings from summary.json's ``status`` and ``degenerate``."""
+    """Warnings from summary.json's ``status`` and ``degenerate``.
+
+    Returns:
+        Markdown quote lines and a blank line after them; [] for a completed,
+        non-degenerate run, so a clean report starts with its table.
+    """
     out = []
     if (status := summary.get("status")) and status != "completed":
         out.append(
@@ -192,24 +326,105 @@ def _status_lines(summary: dict[str, Any]) -> list[str]:
     return [*out, ""] if out else []
 
 
-def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
-    """Write the figures and ``report.md`` of ``run_dir`` (a ``fedsim run`` output),
-    the timeline showing at most ``max_timeline_rounds`` rounds; return its path.
-    Raises ReportError: not a run directory, or a file in it cannot be read."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ReportError(f"{run_dir} is not a run directory: no such directory")
-    rounds = _read(run_dir / "rounds.parquet")
-    if rounds is None:
-        raise ReportError(
-            f"{run_dir} is not a run directory: rounds.parquet is missing "
-            "(expected the output directory of `fedsim run`)"
-        )
-    clients = _read(run_dir / "clients.parquet")
-    summary = _read_mapping(run_dir / "summary.json", json.loads)
-    scenario = _read_mapping(run_dir / "scenario.yaml", yaml.safe_load)
-    name = str(scenario.get("name") or summary.get("scenario") or run_dir.name)
+def _links_lines(links: Any) -> list[str]:
+    """report.md's "Fleet and data links" section (fedsim.links).
+
+    Args:
+        links: summary.json's ``links``; anything but a dict (a run without
+            links, an older run) gives no section.
+
+    Returns:
+        Markdown lines: the declared targets, a table of the realised Spearman
+        rank correlations (what the run actually got, which a small fleet can
+        miss by a lot), and a table of per-group shares.
+    """
+    if not isinstance(links, dict):
+        return []
+    declared = links.get("declared") or {}
+    out = ["", "## Fleet and data links", ""]
+    out += [f"Declared: `{json.dumps(declared)}`.", ""]
+    out += ["| Spearman rank correlation | realised |", "|---|---|"]
+    for key, value in (links.get("spearman") or {}).items():
+        out.append(f"| {key.replace('_vs_', ' vs ')} | {_fmt(value, '+.3f')} |")
+    out += ["", "(-: one side is the same for every device, e.g. always online.)"]
+    # the header is built in two pieces only to keep the lines short
+    out += ["", "| group | devices | sample share | median speed (steps/s) "]
+    out[-1] += "| online fraction | selections | update share |"
+    out.append("|---|---|---|---|---|---|---|")
+    for g in links.get("groups") or []:
+        cells = [g.get("name"), g.get("devices"), _fmt(g.get("sample_share"), ".3f")]
+        cells += [_fmt(g.get("median_speed")), _fmt(g.get("online_fraction"), ".3f")]
+        cells += [g.get("selections"), _fmt(g.get("update_share"), ".3f")]
+        out.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
+    return out
+
+
+def _links_figure(
+    run_dir: Path, summary: dict[str, Any], partition: pa.Table | None, name: str
+) -> Figure | None:
+    """Samples against speed per device, when the run declared links.
+
+    The run does not store per-device speeds; they are drawn again from the
+    resolved scenario.yaml, which gives the same fleet because a fleet is a
+    pure function of (scenario, seed).
+
+    Args:
+        run_dir: The run directory (its scenario.yaml is loaded).
+        summary: summary.json; its ``links`` says whether the run had links.
+        partition: partition.parquet (samples per device), or None.
+        name: The scenario's name, for the title.
+
+    Returns:
+        The figure, or None when there is nothing to draw: no links, no
+        partition, a scenario that no longer loads, or a partition whose size
+        does not match the fleet (it would pair samples with the wrong device).
+    """
+    if not isinstance(summary.get("links"), dict) or partition is None:
+        return None
+    # imported here: most reports have no links, and these pull in the simulator
+    from fedsim.fleet import Fleet
+    from fedsim.scenario import ScenarioError, load_scenario
+
+    try:
+        sc = load_scenario(run_dir / "scenario.yaml")
+        fleet = Fleet.from_spec(sc.fleet, sc.seed)
+    except (ScenarioError, OSError, ValueError):
+        return None  # e.g. a trace file that moved since the run
+    n = np.asarray(partition.column("n_samples"), dtype=np.float64)
+    if n.size != fleet.size:
+        return None
+    title = f"{name}: samples vs speed"
+    return plots.figure_links(n, fleet.speed, fleet.group, fleet.group_names, title)
+
+
+def _save_figures(
+    run_dir: Path,
+    name: str,
+    tables: tuple[pa.Table, pa.Table | None],
+    summary: dict[str, Any],
+    scenario: dict[str, Any],
+    max_timeline_rounds: int,
+) -> list[str]:
+    """Draw and write each figure the run has data for.
+
+    Args:
+        run_dir: Where the PNGs go.
+        name: The scenario's name, for the titles.
+        tables: rounds.parquet and clients.parquet (None when missing).
+        summary: summary.json (may be {}).
+        scenario: The resolved scenario.yaml (may be {}).
+        max_timeline_rounds: The most rounds the timeline shows.
+
+    Returns:
+        The files written, in the order report.md shows them.
+
+    Raises:
+        ReportError: partition.parquet exists but cannot be read (after the
+            figures that do not need it are written).
+    """
+    rounds, clients = tables
     fleet = _get(scenario, "fleet", "groups") or []
+    # the scenario's group order fixes the legend order and colours
     groups = [str(g["name"]) for g in fleet if isinstance(g, dict) and "name" in g]
     figures: list[str] = []
 
@@ -230,18 +445,81 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     if plots.has_chi2(rounds):
         save("chi2.png", plots.figure_chi2(rounds, f"{name}: objective inconsistency"))
     partition = _read(run_dir / "partition.parquet")
+    for file, fig in _partition_figures(run_dir, name, tables, summary, partition):
+        save(file, fig)
+    return figures
+
+
+def _partition_figures(
+    run_dir: Path,
+    name: str,
+    tables: tuple[pa.Table, pa.Table | None],
+    summary: dict[str, Any],
+    partition: pa.Table | None,
+) -> list[tuple[str, Figure]]:
+    """The figures that need partition.parquet: weight share, and links.
+
+    Returns:
+        ``(file, figure)`` pairs for the figures there is data for.
+    """
+    rounds, clients = tables
+    out = []
     if clients is not None and partition is not None:
         fig = plots.figure_weight_share(clients, rounds, partition, name)
-        save("weight_share.png", fig)
+        out.append(("weight_share.png", fig))
+    if (linked := _links_figure(run_dir, summary, partition, name)) is not None:
+        out.append(("links.png", linked))
+    return out
+
+
+def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
+    """Write the figures and ``report.md`` of a ``fedsim run`` output directory.
+
+    The figures and report.md are a pure function of the directory's files:
+    writing the report twice gives the same bytes. Each file is written
+    atomically, so a reader never sees half a report.
+
+    Args:
+        run_dir: The run directory; only its ``rounds.parquet`` is required.
+        max_timeline_rounds: The most rounds the timeline draws; past that it
+            shows the first and last halves.
+
+    Returns:
+        The path of report.md.
+
+    Raises:
+        ReportError: ``run_dir`` or its rounds.parquet is missing, or a file
+            in it cannot be read.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir} is not a run directory: no such directory")
+    rounds = _read(run_dir / "rounds.parquet")
+    if rounds is None:
+        raise ReportError(
+            f"{run_dir} is not a run directory: rounds.parquet is missing "
+            "(expected the output directory of `fedsim run`)"
+        )
+    clients = _read(run_dir / "clients.parquet")
+    summary = _read_mapping(run_dir / "summary.json", json.loads)
+    scenario = _read_mapping(run_dir / "scenario.yaml", yaml.safe_load)
+    # scenario.yaml's name first: a summary may be missing, a directory renamed
+    name = str(scenario.get("name") or summary.get("scenario") or run_dir.name)
+    tables = (rounds, clients)
+    figures = _save_figures(
+        run_dir, name, tables, summary, scenario, max_timeline_rounds
+    )
     lines = [f"# Run report: {name}", "", f"Run directory: `{run_dir.name}`", ""]
     lines += _status_lines(summary)
     lines += ["| key figure | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in _summary_rows(summary, scenario, rounds)]
+    lines += _links_lines(summary.get("links"))
     if clients is None:
         lines += ["", "clients.parquet is missing: the client figures are empty."]
     for file in figures:
         heading, hint = FIGURES[file]
         lines += ["", f"## {heading}", "", f"![{heading}]({file})", "", hint]
+    # partition.png is drawn by the run itself (it needs the data set), not here
     if (run_dir / "partition.png").exists():
         lines += ["", "## Data partition", "", "![Data partition](partition.png)", ""]
         lines.append("Samples per client by class (partition.parquet holds them all).")

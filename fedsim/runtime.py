@@ -32,6 +32,7 @@ from fedsim.data.partition import partition_table, plot_partition
 from fedsim.data.validation import describe_validation
 from fedsim.executors import Executor, make_executor
 from fedsim.fleet import Fleet
+from fedsim.links import apply_links, summary_entry
 from fedsim.params import l2_norm
 from fedsim.results import (
     Recorder,
@@ -101,6 +102,7 @@ class RunResult:
             "status": self.status,
             "degenerate": self.degenerate(),
             "participation_bias": self.participation_bias(),
+            **summary_entry(self.scenario, self.data, self.clients),
         }
 
     def participation_bias(self) -> dict[str, Any] | None:
@@ -176,7 +178,8 @@ class _Run:
         self.on_round = on_round
         self.asynchronous = sc.round.policy == "async"
         self.fleet = Fleet.from_spec(sc.fleet, sc.seed)
-        self.data = build_data(sc.data, sc.num_clients, sc.seed)
+        data = build_data(sc.data, sc.num_clients, sc.seed)
+        self.data = apply_links(sc.links, self.fleet, data, sc.seed, sc.fleet)
         torch.set_num_threads(max(1, int(sc.resources.cpus_per_worker)))
         self.server = Server(sc, self.data)
         self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)

@@ -31,6 +31,7 @@ from fedsim.clock import RoundSpec
 from fedsim.data import REGISTRY as DATASETS
 from fedsim.data.validation import validation_problem
 from fedsim.fleet import FleetSpec
+from fedsim.links import LinksSpec
 from fedsim.selectors import REGISTRY as SELECTORS
 from fedsim.selectors.uniform import Uniform
 from fedsim.spec import ModelSpec, NonNegFloat, PosFloat, Spec
@@ -140,6 +141,7 @@ class Scenario(Spec):
     eval: EvalSpec = EvalSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     resources: ResourceSpec = ResourceSpec()
+    links: LinksSpec | None = None  # fleet-data links (fedsim/links.py)
 
     @field_validator("name")
     @classmethod
@@ -201,6 +203,8 @@ class Scenario(Spec):
                 f"'async' use selector.name {usable}"
             )
         if (problem := validation_problem(self)) is not None:
+            raise ValueError(problem)
+        if self.links is not None and (problem := self.links.problem(self.fleet)):
             raise ValueError(problem)
         if (self.data.dataset == "quadratic") != (self.model.name == "quadratic"):
             raise ValueError(

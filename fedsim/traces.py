@@ -19,7 +19,7 @@ import numpy as np
 MAX_TRACE_BYTES = 1 << 30
 MAX_ROWS = 10_000_000
 REQUIRED = ("speed_steps_per_s", "down_mbps", "up_mbps")
-OPTIONAL = ("latency_s", "availability", "device")
+OPTIONAL = ("latency_s", "availability", "device", "samples")  # samples: links
 COLUMNS = REQUIRED + OPTIONAL
 _PARQUET = (".parquet", ".pq")  # suffixes of Parquet traces; any other is CSV
 
@@ -95,6 +95,7 @@ class DeviceTrace:
     latency_s: np.ndarray
     availability: Intervals | None
     device: tuple[str, ...] | None
+    samples: np.ndarray | None = None  # training samples (fedsim/links.py)
 
     @property
     def size(self) -> int:
@@ -372,7 +373,10 @@ def _build(
     device = (
         None if names is None else tuple("" if v is None else str(v) for v in names)
     )
-    return DeviceTrace(p, speed, down, up, latency, availability, device)
+    samples = None
+    if "samples" in columns:
+        samples = _numbers(p, columns, "samples", where, positive=True)
+    return DeviceTrace(p, speed, down, up, latency, availability, device, samples)
 
 
 def _intervals(
@@ -417,7 +421,7 @@ def write_trace(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
     [(0.0, 60.0)]
     """
     p = Path(path)
-    order = ("device", *REQUIRED, "latency_s", "availability")
+    order = ("device", *REQUIRED, "latency_s", "availability", "samples")
     names = [c for c in order if any(c in r for r in rows)]
     unknown = sorted({k for r in rows for k in r} - set(COLUMNS))
     if unknown:

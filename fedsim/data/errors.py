@@ -42,7 +42,17 @@ def data_root(root: str | None) -> tuple[Path, bool]:
 def missing(
     what: str, files: str, looked: Sequence[Path], how: str
 ) -> DataMissingError:
-    """The :class:`DataMissingError` for ``what``'s ``files`` not in ``looked``."""
+    """The :class:`DataMissingError` for ``what``'s ``files`` not in ``looked``.
+
+    Args:
+        what: The dataset, as the user knows it ("CIFAR-10").
+        files: The files expected, as one readable string.
+        looked: Every folder searched, in order.
+        how: How to obtain the files.
+
+    Returns:
+        The error (the caller raises it), its message ready for the user.
+    """
     folders = "\n".join(f"  {p}" for p in looked)
     return DataMissingError(
         f"{what}: data not found.\n"
@@ -61,7 +71,15 @@ def find_dir(
     gz: bool = True,
 ) -> Path:
     """The first of ``candidates`` holding every file in ``names`` (each as
-    is or, with ``gz``, as ``name.gz``); else :class:`DataMissingError`."""
+    is or, with ``gz``, as ``name.gz``); else :class:`DataMissingError`.
+
+    A folder must hold all the files: a half-copied dataset elsewhere must
+    not shadow a complete one later in the list.
+
+    Raises:
+        DataMissingError: No candidate holds them all.
+    """
+    # each folder once, in order (a root given twice is searched once)
     seen = list(dict.fromkeys(candidates))
     suffixes = ("", ".gz") if gz else ("",)
     for folder in seen:

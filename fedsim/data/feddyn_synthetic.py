@@ -48,14 +48,29 @@ class FedDynSyntheticData(DatasetSpec):
     )
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
+        """Generate every client's samples from the scenario seed.
+
+        Args:
+            num_clients: Unused: ``clients`` fixes the clients.
+            seed: The scenario seed; the data is a pure function of it and
+                the fields.
+
+        Returns:
+            float32 features and int64 labels, clients one after another,
+            weighted by their sizes; the test set is a copy of the training
+            data.
+        """
         m, d, c = self.clients, self.dim, self.classes
         rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG]))
 
+        # + 0.001: with size_sigma 0, int() of exp(log(200)) may give 199
         sizes = rng.lognormal(np.log(self.samples + 0.001), self.size_sigma, m)
         sizes = np.maximum(sizes.astype(np.int64), 1)
         mean_w = rng.normal(0.0, self.alpha, m)
         shift = rng.normal(0.0, self.beta, m)
         sd = np.arange(1, d + 1, dtype=np.float64) ** -0.6  # sqrt of j^-1.2
+        # drawn whatever iid_sol says, so the draws after it start at the same
+        # point of the stream either way
         w = rng.normal(0.0, 1.0, (d, c))  # the shared solution (iid_sol)
         b = rng.normal(0.0, 1.0, (1, c))
 
