@@ -96,7 +96,7 @@ class Worker:
         self.num_clients = data.num_clients
         self.total = float(np.sum(data.weights))
         # Many clients at once (fedsim.batched) where allowed; said once if not.
-        self._train_group = self._sequential
+        self._train_group = self.train_sequential
         self.batched = False
         if scenario.resources.vectorize:
             from fedsim.batched import train_batched, why_not_batched
@@ -138,9 +138,21 @@ class Worker:
         ``x`` (``states``: persistent client states; absent ones start at {})."""
         return self._train_group(payload, tasks, states or {}) if tasks else []
 
-    def _sequential(
+    def train_sequential(
         self, payload: Payload, tasks: Sequence[Task], states: Mapping[int, ClientState]
     ) -> list[ClientUpdate]:
+        """:meth:`train` one client after another, whatever the worker's mode
+        (the reference batched training is checked against, and what it uses
+        for a lone task).
+
+        Args:
+            payload: what the clients download (its ``x`` is the start).
+            tasks: the clients to train, each for its ``tau`` steps.
+            states: persistent client states by id (missing: ``{}``).
+
+        Returns:
+            One update per task, in task order.
+        """
         payload = _to(payload, self.device)  # once for every task of the call
         return [self._train_one(payload, t, states.get(t.client, {})) for t in tasks]
 
