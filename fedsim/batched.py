@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from fedsim.workers import Payload, Task, Worker
 
 States = Mapping[int, ClientState]
-# (theta [n, d], x, y, w, count) -> (gradients [n, d] or None, losses [n])
-GradFn = Callable[..., tuple[Tensor | None, Tensor]]
+# (theta [n, d], x, y, w, count) -> (gradients [n, d], losses [n])
+GradFn = Callable[..., tuple[Tensor, Tensor]]
 
 
 def why_not_batched(worker: Worker) -> str | None:
@@ -276,14 +276,8 @@ def _run_steps(
         _fused_steps(worker, tasks, solver, layers, theta, idx, wts, counts, loss_sum)
         return loss_sum
     buf = solver.row_buffer(theta)
-    dense = _dense_fn(layers)
-    grad_fn = (
-        (lambda th, *batch: dense(_dense_params(layers, th), *batch))
-        if layers
-        else _grad_fn(worker.model)
-    )
-    for s in range(tasks[0].tau):
-        n = sum(t.tau > s for t in tasks)  # clients still training
+    grad_fn = _grad_for(worker.model, layers)
+    for s, n in enumerate(_still_training(tasks)):
         rows, th = idx[:n, s], theta[:n]
         batch = (worker.x[rows], worker.y[rows], wts[:n, s], counts[:n, s])
         g, loss = grad_fn(th, *batch)
@@ -292,6 +286,21 @@ def _run_steps(
         solver.step_rows(s, th, g, x_global, None if buf is None else buf[:n])
         loss_sum[:n] += loss.double()
     return loss_sum
+
+
+def _still_training(tasks: Sequence[Task]) -> list[int]:
+    """For each step s, how many of the stacked clients (longest tau first)
+    still train: the stack's first n_s rows."""
+    return [sum(t.tau > s for t in tasks) for s in range(tasks[0].tau)]
+
+
+def _grad_for(model: nn.Module, layers: list[nn.Linear]) -> GradFn:
+    """The stacked gradient function: the hand-written dense pass when the
+    model is a dense stack (``layers``), else ``vmap`` of ``grad``."""
+    if not layers:
+        return _grad_fn(model)
+    dense = _dense_fn(layers)
+    return lambda th, *batch: dense(_dense_params(layers, th), *batch)  # type: ignore[no-any-return]
 
 
 def _fused_steps(
@@ -312,8 +321,7 @@ def _fused_steps(
     dense = _dense_fn(layers)
     views = _dense_params(layers, theta)
     own = [(w.clone(), b.clone()) for w, b in views]
-    for s in range(tasks[0].tau):
-        n = sum(t.tau > s for t in tasks)  # clients still training
+    for s, n in enumerate(_still_training(tasks)):
         rows = idx[:n, s]
         batch = (worker.x[rows], worker.y[rows], wts[:n, s], counts[:n, s])
         stack = [(w[:n], b[:n]) for w, b in own]

@@ -723,17 +723,20 @@ class _Async:
         past that, while fewer than ``concurrency`` jobs are ready (keep the
         workers busy), never beyond ``max_lookahead`` records held.
         """
-        w, pending = self.w, self.pending
-        ready = [a.job for r in pending for a in r.applied if a.job.version <= w]
-        batch = [j for j in ready if j not in self.trained]
+        pending = self.pending
+        batch = [j for r in pending for j in self._ready(r) if j not in self.trained]
         while len(pending) < self.max_lookahead and self._wants_more(batch):
             rec = next(self.timeline, None)
             if rec is None:
                 break
             pending.append(rec)
             self.users.update(j.version for j in rec.started)
-            batch += [a.job for a in rec.applied if a.job.version <= w]
+            batch += self._ready(rec)
         return batch
+
+    def _ready(self, rec: clock.Version) -> list[clock.Job]:
+        """The jobs of ``rec`` whose start version is already computed."""
+        return [a.job for a in rec.applied if a.job.version <= self.w]
 
     def _wants_more(self, batch: list[clock.Job]) -> bool:
         """Whether :meth:`_look_ahead` should pull another record."""
@@ -757,16 +760,13 @@ class _Async:
         """Apply version record ``rec`` (all its jobs trained), record its
         rows, let an adaptive selector observe it, checkpoint when due."""
         run = self.run
-        jobs = [a.job for a in rec.applied]
-        ups = [self.trained.pop(j) for j in jobs]
+        ups = [self.trained.pop(a.job) for a in rec.applied]
         starts = [self.payloads[a.job.version]["x"] for a in rec.applied]
         staleness = [int(a.staleness or 0) for a in rec.applied]
         applied = run.server.apply(
             ups, staleness=staleness, starts=starts, where=f"version {rec.version}"
         )
-        weights = dict(zip(jobs, applied.weights, strict=True))
-        by_job = {j: Pair(u, weights[j]) for j, u in zip(jobs, ups, strict=True)}
-        trained = [by_job[a.job] for a in rec.ended if not a.dropped]
+        trained = _pairs_in_end_order(rec, ups, applied)
         records = [ClientRecord.from_arrival(a) for a in rec.ended]
         artifact: list[Row] = []
         if self.adaptive:  # in arrival order: a device's later update wins
@@ -793,6 +793,17 @@ class _Async:
             del self.payloads[v]
             self.users.pop(v, None)
             self.run.executor.forget(v)
+
+
+def _pairs_in_end_order(
+    rec: clock.Version, ups: Sequence[ClientUpdate], applied: Applied
+) -> list[Pair]:
+    """Each applied update (given in ``rec.applied`` order) with its weight,
+    reordered as the non-dropped ends of ``rec.ended`` (the rows' order)."""
+    jobs = [a.job for a in rec.applied]
+    weights = dict(zip(jobs, applied.weights, strict=True))
+    by_job = {j: Pair(u, weights[j]) for j, u in zip(jobs, ups, strict=True)}
+    return [by_job[a.job] for a in rec.ended if not a.dropped]
 
 
 def _version_columns(rec: clock.Version, staleness: Sequence[int]) -> Row:

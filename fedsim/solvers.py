@@ -258,14 +258,7 @@ def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
             "or set the algorithm's proximal coefficient (mu, rho) to 0"
         )
     if mu is not None:
-        # lr mu >= 2: x - x0 grows each step and ||a||_1 <= 0 (FedNova divides by it)
-        if spec.lr * mu >= 2:
-            raise ValueError(
-                f"client.lr * mu = {spec.lr * mu:g} is 2 or more: each proximal "
-                "step overshoots the global model and the gap grows (||a||_1 <= 0, "
-                "docs/algorithms.md 5.3); lower client.lr or the proximal coefficient"
-            )
-        return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)
+        return _prox(spec, mu)
     if spec.solver == "sgd":
         return SGD(lr=spec.lr, weight_decay=spec.weight_decay)
     if spec.solver == "momentum":
@@ -273,3 +266,19 @@ def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
     if spec.solver == "decay":
         return Decay(lr=spec.lr, weight_decay=spec.weight_decay, gamma=spec.step_decay)
     raise ValueError(f"unknown solver {spec.solver!r}")
+
+
+def _prox(spec: ClientSpec, mu: float) -> Prox:
+    """The proximal solver for coefficient ``mu`` > 0.
+
+    Raises:
+        ValueError: lr mu >= 2, where each proximal step overshoots.
+    """
+    # lr mu >= 2: x - x0 grows each step and ||a||_1 <= 0 (FedNova divides by it)
+    if spec.lr * mu >= 2:
+        raise ValueError(
+            f"client.lr * mu = {spec.lr * mu:g} is 2 or more: each proximal "
+            "step overshoots the global model and the gap grows (||a||_1 <= 0, "
+            "docs/algorithms.md 5.3); lower client.lr or the proximal coefficient"
+        )
+    return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)
