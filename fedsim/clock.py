@@ -163,6 +163,11 @@ def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
     A device with 0 < n_i < B does one step per epoch; one without samples
     none. Float ``epochs`` (an expected E) give E n_i / B without the floor.
 
+    Args:
+        epochs: E, an int or an array like ``n_samples`` (or float: expected).
+        n_samples: n_i per device.
+        batch_size: B.
+
     Example:
         >>> steps_for(2, np.array([0, 5, 20, 50]), 20).tolist()
         [0, 2, 2, 5]
@@ -178,7 +183,13 @@ def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
 def expected_steps(policy: RoundSpec, n_samples: Any, batch_size: int) -> np.ndarray:
     """The local steps a device is expected to do per round (float64, [m]):
     ``max_steps``, or under ``fixed_epochs`` :func:`steps_for` in float with
-    the mean epochs, counting a device without samples as one with one."""
+    the mean epochs, counting a device without samples as one with one.
+
+    Args:
+        policy: the round spec.
+        n_samples: n_i per device.
+        batch_size: the client batch size B.
+    """
     n = np.asarray(n_samples, dtype=np.int64)
     if policy.policy != "fixed_epochs":
         return np.full(n.shape, float(policy.max_steps))

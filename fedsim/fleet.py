@@ -860,8 +860,17 @@ class Fleet:
     def comm_time(
         self, devices: np.ndarray, bytes_down: int, bytes_up: int | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Seconds to download ``bytes_down`` and to upload ``bytes_up`` (a size,
-        or one per device): ``8 * bytes / bits_per_second + latency_s`` each."""
+        """Seconds to download ``bytes_down`` and to upload ``bytes_up``.
+
+        Args:
+            devices: device ids.
+            bytes_down: the payload's size.
+            bytes_up: the upload's size, or one size per device.
+
+        Returns:
+            (down, up) seconds per device: 8 bytes / bit rate + latency_s
+            each (no partial transfers, no contention between devices).
+        """
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         lat = self.latency_s[idx]
         down = 8.0 * bytes_down / self.down_bps[idx] + lat
@@ -896,7 +905,14 @@ class Fleet:
         self, devices: np.ndarray, rng: np.random.Generator, work_s: Any
     ) -> np.ndarray:
         """Seconds after its start at which each device drops out of this
-        round (uniform in ``[0, work_s)``), or ``inf``; two uniforms each."""
+        round (uniform in ``[0, work_s)``), or ``inf``; two uniforms each.
+
+        Args:
+            devices: device ids, in the order drawn.
+            rng: the round's (or job's) stream.
+            work_s: each device's job duration (scalar or per device); an
+                endless job (inf) never drops out.
+        """
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         u = rng.random((idx.size, 2))
         work = np.broadcast_to(np.asarray(work_s, dtype=np.float64), idx.shape)

@@ -235,6 +235,11 @@ def normalized_gradient(delta: torch.Tensor, st: SolverState) -> torch.Tensor:
 def average_gradient(delta: torch.Tensor, lr: float, norm_a: float) -> torch.Tensor:
     """d = -Delta / (lr ||a||_1) from an uploaded delta, lr and ||a||_1.
 
+    Args:
+        delta: the client's model change Delta.
+        lr: the learning rate its steps used.
+        norm_a: ||a||_1 of its solver after its steps (> 0).
+
     >>> average_gradient(torch.tensor([-3.0]), 0.5, 2.0)
     tensor([3.])
     """

@@ -165,7 +165,13 @@ class Worker:
         states: Mapping[int, ClientState] | None = None,
     ) -> list[ClientUpdate]:
         """One update per task, in task order, each trained from the payload's
-        ``x`` (``states``: persistent client states; absent ones start at {})."""
+        ``x``.
+
+        Args:
+            payload: what the clients download (one server version).
+            tasks: the clients to train, each for its ``tau`` steps.
+            states: persistent client states by id (absent: start at {}).
+        """
         return self._train_group(payload, tasks, states or {}) if tasks else []
 
     def train_sequential(
