@@ -94,7 +94,7 @@ def _batch_indices(
     sequential loop's full batch), padded with weight-0 rows; the others
     draw the same minibatches the sequential loop would, from the same seed.
     """
-    batch = worker.scenario.client.batch_size
+    batch = worker.batch_size
     idx = torch.zeros((len(tasks), steps, batch), dtype=torch.long)
     wts = torch.zeros((len(tasks), steps, batch), dtype=worker.theta.dtype)
     for j, t in enumerate(tasks):
@@ -104,7 +104,7 @@ def _batch_indices(
             idx[j, : t.tau, :n] = torch.arange(lo, hi)
             wts[j, : t.tau, :n] = 1.0
         elif t.tau:
-            seed = client_seed(worker.scenario.seed, t.round, t.client)
+            seed = client_seed(worker.seed, t.round, t.client)
             gen = torch.Generator().manual_seed(seed)
             idx[j, : t.tau] = first_batches(n, batch, t.tau, gen) + lo
             wts[j, : t.tau] = 1.0

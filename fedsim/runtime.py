@@ -324,7 +324,9 @@ class _Run:
         """
         nan = math.nan
         test_loss, test_acc = (
-            self.server.evaluate() if evaluates(self.sc, t) else (nan, nan)
+            self.server.evaluate()
+            if evaluates(self.sc.eval, self.sc.rounds, t)
+            else (nan, nan)
         )
         done = [r.plan for r in records if not r.plan.dropped]
         row = {

@@ -31,7 +31,7 @@ from fedsim.data.base import as_tensor as _tensor
 from fedsim.data.validation import validation_problem, validation_use
 from fedsim.models import evaluate, make_model
 from fedsim.params import flatten, l2_norm
-from fedsim.scenario import Scenario, ScenarioError
+from fedsim.scenario import EvalSpec, Scenario, ScenarioError
 from fedsim.store import ClientStore
 
 Payload = dict[str, torch.Tensor]
@@ -42,17 +42,18 @@ class DivergenceError(RuntimeError):
     """The global model or the training loss became NaN or infinite."""
 
 
-def evaluates(scenario: Scenario, t: int) -> bool:
+def evaluates(spec: EvalSpec, rounds: int, t: int) -> bool:
     """Whether round (or version) ``t`` ends with an evaluation.
 
-    Every ``eval.every_rounds``-th round is evaluated, and always the last,
-    so a run's final accuracy is never missing.
+    Every ``every_rounds``-th round is evaluated, and always the last, so a
+    run's final accuracy is never missing.
 
     Args:
-        scenario: its ``eval`` section and ``rounds``.
+        spec: the scenario's ``eval`` section.
+        rounds: the run's rounds (or versions).
         t: the 0-based round or version.
     """
-    return (t + 1) % scenario.eval.every_rounds == 0 or t == scenario.rounds - 1
+    return (t + 1) % spec.every_rounds == 0 or t == rounds - 1
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,9 @@ class Worker:
             torch.set_num_threads(max(1, threads))
         data = _fetch(data)
         self.scenario = scenario
+        # what the minibatch draws depend on (fedsim.batched reads them too)
+        self.seed = scenario.seed
+        self.batch_size = scenario.client.batch_size
         self.algorithm = make_algorithm(scenario.algorithm)
         self.solver = self.algorithm.solver(scenario.client)
         self.model = make_model(scenario, data)
@@ -201,7 +204,7 @@ class Worker:
         i = task.client
         lo, hi = self.offsets[i], self.offsets[i + 1]
         xs, ys = self.x[lo:hi], self.y[lo:hi]
-        seed = client_seed(self.scenario.seed, task.round, i)
+        seed = client_seed(self.seed, task.round, i)
         gen = torch.Generator().manual_seed(seed)
         algo = self.algorithm
         info = self.client_info(i)
@@ -228,7 +231,7 @@ class Worker:
         solver = self.solver_for(task.round)
         state = solver.begin(x_global)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        size = self.scenario.client.batch_size
+        size = self.batch_size
         for idx in islice(batches(hi - lo, size, gen, self.device), task.tau):
             xb, yb = (xs, ys) if idx is None else (xs[idx], ys[idx])
             grad.zero_()
