@@ -205,8 +205,8 @@ class _Run:
 
     Guarantees: every part is a pure function of the scenario (fleet, data,
     x_0, the per-run :class:`clock.RunContext`), so a resumed run rebuilds
-    exactly what the interrupted one had; nothing here reads the clock of
-    the host. The executor and the results are added by :meth:`start`.
+    exactly what the interrupted one had; the host's clock feeds only the
+    ``wall_time`` column. The executor is added by :meth:`start`.
 
     Args:
         sc: the validated scenario.
