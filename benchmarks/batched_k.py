@@ -84,8 +84,10 @@ def main() -> int:
     # the references: 5 rounds of 10 clients each, one client at a time
     schedule = [[((10 * r + j) % m, tau) for j in range(10)] for r in range(5)]
     bare = run_baseline(sc, schedule, args.device)["steps_per_s"]
-    worker._sequential(payload, tasks(2), {})  # warm-up
-    seq = 20 * tau / _timed(lambda: worker._sequential(payload, tasks(20), {}), dev)
+    worker.train_sequential(payload, tasks(2), {})  # warm-up
+    seq = (
+        20 * tau / _timed(lambda: worker.train_sequential(payload, tasks(20), {}), dev)
+    )
     rows = [
         f"| bare PyTorch loop | 1 | {bare:,.0f} | 1.00x | - |",
         f"| fedsim sequential worker | 1 | {seq:,.0f} | {seq / bare:.2f}x | - |",

@@ -57,9 +57,8 @@ def main() -> None:
         chosen = np.sort(
             rng.choice(online, size=selector.clients_per_round, replace=False)
         )
-        plan = clock.plan_round(
-            fleet, chosen, now, sc.round, rng, 2440, 2440, n_samples, 8
-        )
+        ctx = clock.RunContext(2440, 2440, n_samples, 8)
+        plan = clock.plan_round(fleet, chosen, now, sc.round, rng, ctx)
         times.append(time.perf_counter() - t1)
         now = plan.t_end
     print(f"devices                     {fleet.size:,}")

@@ -7,6 +7,11 @@ stacks, hand-written batched matrix products), then the solver step. What
 stays per client, what is not batched and how close the results are to
 sequential training: docs/architecture.md, "Runtime on Ray". Scenarios opt in
 with ``resources.vectorize: true``.
+
+The module reads the worker's public attributes (model, data, device) and
+asks the solver and the algorithm through their public interface:
+``SGD.stacks`` / ``step_rows`` / ``lr_at`` / ``row_buffer`` / ``plain``, and
+``Algorithm.stacked_grad_hook``.
 """
 
 from __future__ import annotations
@@ -19,24 +24,29 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from fedsim.algorithms.base import Algorithm, ClientContext, ClientState, ClientUpdate
-from fedsim.algorithms.control import ControlVariates
-from fedsim.algorithms.feddyn import FedDyn
+from fedsim.algorithms.base import ClientState, ClientUpdate, StackedHook
 from fedsim.minibatches import client_seed, first_batches
 from fedsim.models import QuadraticModel
-from fedsim.solvers import SGD, Decay, Momentum, Prox, SolverState
+from fedsim.solvers import SGD, SolverState
 
 if TYPE_CHECKING:
     from fedsim.workers import Payload, Task, Worker
 
-_SOLVERS = (SGD, Momentum, Prox, Decay)
-# A stacked gradient hook: (n, the first n rows' parameters, their gradients).
-Hook = Callable[[int, Tensor, Tensor], None]
 States = Mapping[int, ClientState]
+# (theta [n, d], x, y, w, count) -> (gradients [n, d], losses [n])
+GradFn = Callable[..., tuple[Tensor, Tensor]]
 
 
 def why_not_batched(worker: Worker) -> str | None:
-    """Why this worker cannot train its clients together (None: it can)."""
+    """Why this worker cannot train its clients together.
+
+    Args:
+        worker: the worker as built (algorithm, model, solver, device).
+
+    Returns:
+        A reason to log once (the worker then trains one client at a time),
+        or None when batched training gives the sequential results.
+    """
     algo, model = worker.algorithm, worker.model
     if algo.client_train is not None:
         return f"algorithm {algo.name!r} trains its clients with its own procedure"
@@ -45,7 +55,7 @@ def why_not_batched(worker: Worker) -> str | None:
     recurrent = any(isinstance(m, nn.RNNBase) for m in model.modules())
     if recurrent and worker.device.type != "cpu":  # cuDNN RNNs: no vmap rule
         return f"model {worker.scenario.model.name!r} is recurrent, on a GPU"
-    if type(worker.solver) not in _SOLVERS:
+    if not worker.solver.stacks:
         return f"solver {type(worker.solver).__name__} has no batched step"
     return None
 
@@ -53,8 +63,18 @@ def why_not_batched(worker: Worker) -> str | None:
 def train_batched(
     worker: Worker, payload: Payload, tasks: Sequence[Task], states: States
 ) -> list[ClientUpdate]:
-    """A worker's tasks (one payload), in task order: the tasks of each round
-    (one learning rate) together."""
+    """Train ``tasks`` from one payload, the tasks of each round together.
+
+    Args:
+        worker: a worker for which :func:`why_not_batched` is None.
+        payload: what the clients download (its ``x`` is the start).
+        tasks: the clients to train, each for its ``tau`` steps.
+        states: persistent client states by id (missing: ``{}``).
+
+    Returns:
+        One update per task, in task order. Rounds are trained apart
+        because each round has its own learning rate.
+    """
     out: dict[int, ClientUpdate] = {}
     for r in sorted({t.round for t in tasks}):
         idx = [j for j, t in enumerate(tasks) if t.round == r]
@@ -68,8 +88,13 @@ def _batch_indices(
     worker: Worker, tasks: Sequence[Task], steps: int
 ) -> tuple[Tensor, Tensor]:
     """[K, steps, B] absolute row indices and [K, steps, B] row weights (0:
-    padding), from each client's own generator, as the sequential loop."""
-    batch = worker.scenario.client.batch_size
+    padding), from each client's own generator, as the sequential loop.
+
+    A client with at most B samples uses all its rows at every step (as the
+    sequential loop's full batch), padded with weight-0 rows; the others
+    draw the same minibatches the sequential loop would, from the same seed.
+    """
+    batch = worker.batch_size
     idx = torch.zeros((len(tasks), steps, batch), dtype=torch.long)
     wts = torch.zeros((len(tasks), steps, batch), dtype=worker.theta.dtype)
     for j, t in enumerate(tasks):
@@ -79,7 +104,7 @@ def _batch_indices(
             idx[j, : t.tau, :n] = torch.arange(lo, hi)
             wts[j, : t.tau, :n] = 1.0
         elif t.tau:
-            seed = client_seed(worker.scenario.seed, t.round, t.client)
+            seed = client_seed(worker.seed, t.round, t.client)
             gen = torch.Generator().manual_seed(seed)
             idx[j, : t.tau] = first_batches(n, batch, t.tau, gen) + lo
             wts[j, : t.tau] = 1.0
@@ -179,119 +204,129 @@ def _dense_fn(layers: list[nn.Linear]) -> Callable[..., Any]:
     return fn
 
 
-def _stacked_hook(algo: Algorithm, clients: Sequence[ClientContext]) -> Hook | None:
-    """The algorithm's ``grad_hook`` for rows of the stack (None: no hook)."""
-    kind = type(algo).grad_hook
-    if kind is Algorithm.grad_hook:
-        return None
-    if kind is ControlVariates.grad_hook:  # + (c - c_i)
-        corr = torch.stack([c.local for c in clients])
-
-        def control(n: int, theta: Tensor, g: Tensor) -> None:
-            g.add_(corr[:n])
-
-        return control
-    if kind is FedDyn.grad_hook:  # + alpha_i (theta - anchor_i) (+ r_i)
-        ctx = [c.local for c in clients]
-        anchor = torch.stack([c.anchor for c in ctx])
-        alpha = torch.tensor([c.alpha_i for c in ctx], dtype=anchor.dtype)
-        alpha = alpha.to(anchor.device).unsqueeze(1)
-        has_r = ctx[0].correction is not None
-        r = torch.stack([c.correction for c in ctx]) if has_r else None
-
-        def dyn(n: int, theta: Tensor, g: Tensor) -> None:
-            g.add_(alpha[:n] * (theta - anchor[:n]))
-            if r is not None:
-                g.add_(r[:n])
-
-        return dyn
-
-    def each(n: int, theta: Tensor, g: Tensor) -> None:
-        for j in range(n):  # row views: in-place hooks work
-            algo.grad_hook(theta[j], g[j], clients[j])
-
-    return each
-
-
-def _solver_step(
-    solver: SGD, s: int, theta: Tensor, g: Tensor, x0: Tensor, buf: Tensor | None
-) -> None:
-    """Step ``s`` of the solver on rows of the stack and of the momentum
-    buffer, in place (the solvers' rules in :mod:`fedsim.solvers`)."""
-    d = g.add(theta, alpha=solver.weight_decay) if solver.weight_decay else g
-    lr = solver.lr
-    if isinstance(solver, Momentum):
-        assert buf is not None
-        d = buf.mul_(solver.rho).add_(d)  # buf is 0 before the first step
-    elif isinstance(solver, Prox) and solver.mu:
-        d = d + solver.mu * (theta - x0)
-    elif isinstance(solver, Decay):
-        lr = lr * solver.gamma**s
-    theta.add_(d, alpha=-lr)
-
-
 def _train_together(
     worker: Worker, payload: Payload, tasks: Sequence[Task], states: States
 ) -> list[ClientUpdate]:
-    """Train every task's client (one round, one payload) at once, stacked
-    longest tau first: the clients still training at step s are the first n_s
-    rows (a view; no index tensors, no host synchronisation in the loop). A
-    task alone goes through the sequential loop."""
+    """Train every task's client (one round, one payload) at once.
+
+    Clients are stacked longest tau first, so the clients still training at
+    step s are the first n_s rows: a slice (a view), with no index tensors
+    and no host synchronisation in the step loop. A task alone goes through
+    the sequential loop (nothing to stack). ``start_client`` and
+    ``client_finish`` run per client, exactly as in the sequential loop;
+    ||a_i||_1 comes from the solver's closed form.
+
+    Returns:
+        One update per task, in the given task order.
+    """
     if len(tasks) == 1:
-        return worker._sequential(payload, tasks, states)
+        return worker.train_sequential(payload, tasks, states)
     order = sorted(range(len(tasks)), key=lambda j: -tasks[j].tau)  # stable
     tasks = [tasks[j] for j in order]
     dev = worker.device
     payload = {k: v.to(dev) for k, v in payload.items()}
     x_global = payload["x"]
-    algo, solver = worker.algorithm, worker.solver_for(tasks[0].round)
+    solver = worker.solver_for(tasks[0].round)
     clients = [
-        algo.start_client(
+        worker.algorithm.start_client(
             worker.client_info(t.client),
             payload,
             {k: v.to(dev) for k, v in states.get(t.client, {}).items()},
         )
         for t in tasks
     ]
-    hook = _stacked_hook(algo, clients)
-    idx, wts = _batch_indices(worker, tasks, tasks[0].tau)
-    counts = wts.sum(dim=2).clamp(min=1.0)  # [K, steps] real rows per batch
     theta = x_global.unsqueeze(0).repeat(len(tasks), 1)
-    buf = torch.zeros_like(theta) if isinstance(solver, Momentum) else None
-    loss_sum = torch.zeros(len(tasks), dtype=torch.float64, device=dev)
-    layers = _dense_layers(worker.model) or []
-    dense = _dense_fn(layers)
-    grad_fn = (
-        (lambda th, *batch: dense(_dense_params(layers, th), *batch))
-        if layers
-        else _grad_fn(worker.model)
-    )
-    # plain SGD on a dense stack: the step is taken inside the backward pass,
-    # on contiguous copies of the layers (written back after the last step)
-    fused = bool(layers) and hook is None and type(solver) in (SGD, Decay)
-    fused = fused and not solver.weight_decay
-    views = _dense_params(layers, theta) if fused else []
-    own = [(w.clone(), b.clone()) for w, b in views]
-    for s in range(tasks[0].tau):
-        n = sum(t.tau > s for t in tasks)  # clients still training
-        rows, th = idx[:n, s], theta[:n]
-        batch = (worker.x[rows], worker.y[rows], wts[:n, s], counts[:n, s])
-        if fused:
-            lr = solver.lr * solver.gamma**s if isinstance(solver, Decay) else solver.lr
-            _, loss = dense([(w[:n], b[:n]) for w, b in own], *batch, lr=lr)
-            loss_sum[:n] += loss.double()
-            continue
-        g, loss = grad_fn(th, *batch)
-        if hook is not None:
-            hook(n, th, g)
-        _solver_step(solver, s, th, g, x_global, None if buf is None else buf[:n])
-        loss_sum[:n] += loss.double()
-    for (w, b), (w_own, b_own) in zip(views, own, strict=True):
-        w.copy_(w_own)
-        b.copy_(b_own)
+    hook = worker.algorithm.stacked_grad_hook(clients)
+    loss_sum = _run_steps(worker, tasks, solver, hook, theta, x_global)
     ups = []
-    for j, t in enumerate(tasks):  # ||a_i||_1 from the solver's closed form
+    for j, t in enumerate(tasks):
         done = SolverState(x_global, solver.lr, t.tau, solver.norm_a(t.tau))
         delta, loss = theta[j] - x_global, float(loss_sum[j])
         ups.append(worker.client_update(t, clients[j], delta, done, loss))
     return [u for _, u in sorted(zip(order, ups, strict=True))]  # task order again
+
+
+def _run_steps(
+    worker: Worker,
+    tasks: Sequence[Task],
+    solver: SGD,
+    hook: StackedHook | None,
+    theta: Tensor,
+    x_global: Tensor,
+) -> Tensor:
+    """Take every local step of the stack ``theta`` ([K, d], in place).
+
+    Args:
+        worker: the worker (model, data, device).
+        tasks: the stacked tasks, longest tau first (row j: ``tasks[j]``).
+        solver: the round's solver; ``step_rows`` applies its rule.
+        hook: the algorithm's stacked gradient hook, or None.
+        theta: the stack, starting at ``x_global`` in every row.
+        x_global: the round's starting parameters.
+
+    Returns:
+        Each row's sum of minibatch losses (float64, [K]).
+    """
+    idx, wts = _batch_indices(worker, tasks, tasks[0].tau)
+    counts = wts.sum(dim=2).clamp(min=1.0)  # [K, steps] real rows per batch
+    loss_sum = torch.zeros(len(tasks), dtype=torch.float64, device=worker.device)
+    layers = _dense_layers(worker.model) or []
+    # a plain rule on a dense stack: the step is taken inside the backward pass
+    if layers and hook is None and solver.plain and not solver.weight_decay:
+        _fused_steps(worker, tasks, solver, layers, theta, idx, wts, counts, loss_sum)
+        return loss_sum
+    buf = solver.row_buffer(theta)
+    grad_fn = _grad_for(worker.model, layers)
+    for s, n in enumerate(_still_training(tasks)):
+        rows, th = idx[:n, s], theta[:n]
+        batch = (worker.x[rows], worker.y[rows], wts[:n, s], counts[:n, s])
+        g, loss = grad_fn(th, *batch)
+        if hook is not None:
+            hook(n, th, g)
+        solver.step_rows(s, th, g, x_global, None if buf is None else buf[:n])
+        loss_sum[:n] += loss.double()
+    return loss_sum
+
+
+def _still_training(tasks: Sequence[Task]) -> list[int]:
+    """For each step s, how many of the stacked clients (longest tau first)
+    still train: the stack's first n_s rows."""
+    return [sum(t.tau > s for t in tasks) for s in range(tasks[0].tau)]
+
+
+def _grad_for(model: nn.Module, layers: list[nn.Linear]) -> GradFn:
+    """The stacked gradient function: the hand-written dense pass when the
+    model is a dense stack (``layers``), else ``vmap`` of ``grad``."""
+    if not layers:
+        return _grad_fn(model)
+    dense = _dense_fn(layers)
+    return lambda th, *batch: dense(_dense_params(layers, th), *batch)  # type: ignore[no-any-return]
+
+
+def _fused_steps(
+    worker: Worker,
+    tasks: Sequence[Task],
+    solver: SGD,
+    layers: list[nn.Linear],
+    theta: Tensor,
+    idx: Tensor,
+    wts: Tensor,
+    counts: Tensor,
+    loss_sum: Tensor,
+) -> None:
+    """:func:`_run_steps` for a plain rule (``solver.plain``) on a dense
+    stack: each step is taken inside the hand-written backward pass, on
+    contiguous copies of the layers (the stack's views are strided), which
+    are written back into ``theta`` after the last step."""
+    dense = _dense_fn(layers)
+    views = _dense_params(layers, theta)
+    own = [(w.clone(), b.clone()) for w, b in views]
+    for s, n in enumerate(_still_training(tasks)):
+        rows = idx[:n, s]
+        batch = (worker.x[rows], worker.y[rows], wts[:n, s], counts[:n, s])
+        stack = [(w[:n], b[:n]) for w, b in own]
+        _, loss = dense(stack, *batch, lr=solver.lr_at(s))
+        loss_sum[:n] += loss.double()
+    for (w, b), (w_own, b_own) in zip(views, own, strict=True):
+        w.copy_(w_own)
+        b.copy_(b_own)

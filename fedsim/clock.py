@@ -10,7 +10,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, NamedTuple, cast
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -42,12 +42,24 @@ class RoundSpec(_Spec):
     over_select: Annotated[float, Field(ge=1, le=10)] = 1.0
 
     @model_validator(mode="after")
-    def _consistent(self) -> RoundSpec:
+    def _epoch_range(self) -> RoundSpec:
+        """An epoch range is given whole and in order, or not at all."""
         lo, hi = self.epochs_low, self.epochs_high
         if (lo is None) != (hi is None):
             raise ValueError("give both epochs_low and epochs_high, or neither")
         if lo is not None and hi is not None and hi < lo:
             raise ValueError(f"epochs_high ({hi}) must be >= epochs_low ({lo})")
+        return self
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RoundSpec:
+        """Each policy's own fields appear only with that policy.
+
+        Raises:
+            ValueError: ``over_select`` outside ``fixed_epochs``, an asynchronous
+                field (``concurrency``, ``max_staleness``) in a synchronous
+                round, or a ``deadline_s`` under ``async``.
+        """
         if self.over_select > 1 and self.policy != "fixed_epochs":
             raise ValueError(
                 "over_select keeps the first k arrivals, so it needs policy "
@@ -75,6 +87,38 @@ class JobWork:
     steps: int
     unit_cost: np.ndarray
     bytes_up: np.ndarray
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The constants of one run that every plan and the timeline charge for,
+    built once by the runtime (the role of pfl's per-run context).
+
+    Attributes:
+        bytes_down: the payload a chosen device downloads, in bytes.
+        bytes_up: the update it uploads, in bytes (``work.bytes_up`` replaces
+            it, per client, when the algorithm says what it uploads).
+        n_samples: training samples per client id (int64, ``[m]``): the
+            ``fixed_epochs`` step counts and "no data" come from it.
+        batch_size: the client minibatch size B in tau = floor(E n_i / B).
+        work: the algorithm's own unit of work, or None for local steps.
+
+    Example:
+        >>> ctx = RunContext(1000, 500, np.array([10, 20]), batch_size=5)
+        >>> ctx.up_bytes(np.array([1])), ctx.work is None
+        (500, True)
+    """
+
+    bytes_down: int
+    bytes_up: int
+    n_samples: np.ndarray
+    batch_size: int
+    work: JobWork | None = None
+
+    def up_bytes(self, ids: np.ndarray) -> Any:
+        """What the devices ``ids`` upload: a scalar, or one size per device
+        when the algorithm's work says (fleet.comm_time takes either)."""
+        return self.bytes_up if self.work is None else self.work.bytes_up[ids]
 
 
 @dataclass(frozen=True)
@@ -119,6 +163,11 @@ def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
     A device with 0 < n_i < B does one step per epoch; one without samples
     none. Float ``epochs`` (an expected E) give E n_i / B without the floor.
 
+    Args:
+        epochs: E, an int or an array like ``n_samples`` (or float: expected).
+        n_samples: n_i per device.
+        batch_size: B.
+
     Example:
         >>> steps_for(2, np.array([0, 5, 20, 50]), 20).tolist()
         [0, 2, 2, 5]
@@ -134,7 +183,13 @@ def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
 def expected_steps(policy: RoundSpec, n_samples: Any, batch_size: int) -> np.ndarray:
     """The local steps a device is expected to do per round (float64, [m]):
     ``max_steps``, or under ``fixed_epochs`` :func:`steps_for` in float with
-    the mean epochs, counting a device without samples as one with one."""
+    the mean epochs, counting a device without samples as one with one.
+
+    Args:
+        policy: the round spec.
+        n_samples: n_i per device.
+        batch_size: the client batch size B.
+    """
     n = np.asarray(n_samples, dtype=np.int64)
     if policy.policy != "fixed_epochs":
         return np.full(n.shape, float(policy.max_steps))
@@ -182,22 +237,47 @@ class _Work:
         return min(self.tau, max(0, math.floor(computed_s * self.rate + _EPS)))
 
 
+class Leave(NamedTuple):
+    """When a device leaves its job before arriving, and why
+    (``"offline"`` or ``"dropout"``)."""
+
+    at: float
+    why: str
+
+
 def _leaving(
     work: _Work,
     offline_at: float,
     dropout_at: float,
     tie: Literal["arrives", "leaves"],
     deadline: float = math.inf,
-) -> tuple[float, str] | None:
-    """When and why a device leaves its job before arriving, or None; on a
-    tie with the arrival, ``"arrives"`` (rounds) lets the arrival count."""
-    offline_first = offline_at <= dropout_at  # going offline wins a tie
+) -> Leave | None:
+    """When and why a device leaves its job before arriving, or None.
+
+    Args:
+        work: the job, with its exact arrival time.
+        offline_at: when the device's availability ends (inf: never).
+        dropout_at: when its random dropout strikes (inf: never).
+        tie: who wins when leaving and arriving fall on the same float:
+            ``"arrives"`` (synchronous rounds count the update) or
+            ``"leaves"`` (the timeline's interrupt is processed first).
+        deadline: a synchronous round's deadline; leaving after it changes
+            nothing (the update is late anyway).
+
+    Returns:
+        The earlier of the two ends (going offline wins a tie with a
+        dropout), or None when the device stays until it arrives.
+    """
+    offline_first = offline_at <= dropout_at
     at, why = (offline_at, "offline") if offline_first else (dropout_at, "dropout")
     if tie == "arrives":
         leaves = at < min(work.arrival, deadline)
-    else:  # the timeline's float path: the leave process waits at - t_start
+    else:
+        # The timeline's leave process waits ``at - t_start`` from t_start,
+        # and SimPy adds that delay back: compare the float SimPy will reach,
+        # not ``at`` itself, or a leave 1 ulp after arrival could be missed.
         leaves = work.t_start + (at - work.t_start) <= work.arrival
-    return (at, why) if leaves and math.isfinite(at) else None
+    return Leave(at, why) if leaves and math.isfinite(at) else None
 
 
 def _device(
@@ -206,13 +286,22 @@ def _device(
     finish: Callable[[int, str], None],
     every_phase: bool,
 ) -> Generator[simpy.Event, Any, None]:
-    """Download, compute, upload, then ``finish(tau, "")``; interrupted,
-    ``finish(steps done, why)``. ``every_phase`` (rounds) yields even empty
-    phases, so an endless straggler "arrives" at t = inf."""
+    """One device's job as a SimPy process (SimPy's ``machine_shop`` shape).
+
+    Args:
+        env: the SimPy environment the job runs in.
+        work: download, compute and upload durations.
+        finish: called once, with ``(tau, "")`` on arrival or, when the
+            leave process interrupts, ``(steps done, why)``.
+        every_phase: rounds yield even empty phases (so an endless
+            straggler "arrives" at t = inf and the round can see it); the
+            timeline skips them and parks an endless straggler on an event
+            that never fires, since only leaving can end it there.
+    """
     try:
         for phase_s in (work.down, work.compute_s, work.up):
             if not every_phase and not math.isfinite(phase_s):
-                yield env.event()  # only leaving ends an endless straggler
+                yield env.event()
             elif every_phase or phase_s > 0:
                 yield env.timeout(phase_s)
     except simpy.Interrupt as stop:
@@ -224,6 +313,7 @@ def _device(
 def _leave(
     env: simpy.Environment, device: simpy.Process, delay: float, why: str
 ) -> Generator[simpy.Event, Any, None]:
+    """Interrupt ``device`` with ``why`` after ``delay`` s, if still running."""
     yield env.timeout(delay)
     if device.is_alive:
         device.interrupt(why)
@@ -233,14 +323,43 @@ def _run_device(
     env: simpy.Environment,
     work: _Work,
     finish: Callable[[int, str], None],
-    leave: tuple[float, str] | None,
+    leave: Leave | None,
     every_phase: bool,
 ) -> simpy.Process:
-    """Start a device's process, and its leave process when it leaves."""
+    """Start a device's process, and its leave process when it leaves.
+
+    The leave process is started second, so that at an equal instant the
+    device's own events (scheduled first) are processed before the interrupt.
+    """
     device = env.process(_device(env, work, finish, every_phase))
     if leave is not None:
-        env.process(_leave(env, device, leave[0] - work.t_start, leave[1]))
+        env.process(_leave(env, device, leave.at - work.t_start, leave.why))
     return device
+
+
+class _Scheduled(NamedTuple):
+    """A device of a round that does take part: its position, job, leave."""
+
+    pos: int
+    work: _Work
+    leave: Leave | None
+
+
+class _Outcome(NamedTuple):
+    """How a device's part in a round ended: steps, when, why ("" arrived)."""
+
+    steps: int
+    t: float
+    reason: str
+
+
+class _RoundSteps(NamedTuple):
+    """A round's step counts before SimPy runs (see :func:`_round_steps`)."""
+
+    tau: np.ndarray  # int64 steps per chosen device
+    skip: np.ndarray  # why it sits the round out ("no_time", "no_data") or ""
+    epochs: np.ndarray | None  # E_i under fixed_epochs with local steps
+    deadline: float  # when the server stops waiting (inf: never)
 
 
 def plan_round(
@@ -249,19 +368,28 @@ def plan_round(
     now: float,
     policy: RoundSpec,
     rng: np.random.Generator,
-    bytes_down: int,
-    bytes_up: int,
-    n_samples: np.ndarray,
-    batch_size: int,
+    ctx: RunContext,
     keep: int | None = None,
-    work: JobWork | None = None,
 ) -> RoundPlan:
     """Plan one synchronous round starting at simulated time ``now``.
 
     Pure in the arguments and ``rng``'s state, drawn in this order:
     slowdowns, epochs (with a range), dropouts, each in increasing id.
-    ``chosen`` must be distinct; ``keep`` keeps the first ``keep`` arrivals
-    (later: ``surplus``); ``work`` gives FedDM's units (None: local steps).
+
+    Args:
+        fleet: the devices (speed, network, availability, stragglers).
+        chosen: the selected device ids; must be distinct, any order.
+        now: the round's start, in simulated seconds.
+        policy: ``fixed_window`` or ``fixed_epochs`` (``async`` is refused).
+        rng: the round's clock stream (seed, round).
+        ctx: the run's byte sizes, sample counts, batch size and work.
+        keep: keep the first ``keep`` arrivals; later ones are ``surplus``.
+
+    Returns:
+        One :class:`Plan` per chosen device in increasing id, and the span.
+
+    Raises:
+        ValueError: ``policy`` is ``async`` or ``chosen`` repeats an id.
 
     Example:
         >>> from fedsim.fleet import Fleet, FleetSpec
@@ -269,11 +397,10 @@ def plan_round(
         ...     {"name": "phones", "count": 2,
         ...      "speed": {"dist": "fixed", "steps_per_s": 4.0},
         ...      "network": {"down_mbps": 8, "up_mbps": 8}}]}), seed=0)
+        >>> ctx = RunContext(1_000_000, 1_000_000, np.array([50, 50]), 10)
         >>> rp = plan_round(fleet, np.array([0, 1]), now=0.0,
         ...                 policy=RoundSpec(window_s=10, max_steps=1000),
-        ...                 rng=np.random.default_rng(0), bytes_down=1_000_000,
-        ...                 bytes_up=1_000_000, n_samples=np.array([50, 50]),
-        ...                 batch_size=10)
+        ...                 rng=np.random.default_rng(0), ctx=ctx)
         >>> [(p.tau, p.t_arrive) for p in rp.plans], rp.t_end
         ([(32, 10.0), (32, 10.0)], 10.0)
     """
@@ -282,37 +409,55 @@ def plan_round(
     ids = np.sort(np.asarray(chosen, dtype=np.int64).reshape(-1))
     if np.any(ids[1:] == ids[:-1]):
         raise ValueError("chosen devices must be distinct")
-    now = float(now)
+    now, work = float(now), ctx.work
     slowdown = fleet.draw_slowdowns(ids, rng)
     rate = fleet.speed[ids] / slowdown
-    if work is not None:  # FedDM: its own unit of work and upload sizes
+    if work is not None:  # the algorithm's unit costs unit_cost local steps
         rate = rate / work.unit_cost[ids]
-    up_size = bytes_up if work is None else work.bytes_up[ids]
-    down, up = fleet.comm_time(ids, bytes_down, up_size)
-    tau, skip, epochs, deadline = _round_steps(
-        policy, now, rate, down + up, rng, n_samples, ids, batch_size, work
-    )
+    down, up = fleet.comm_time(ids, ctx.bytes_down, ctx.up_bytes(ids))
+    steps = _round_steps(policy, now, rate, down + up, rng, ctx, ids)
     offline_at = fleet.offline_time(ids, now)
     with np.errstate(divide="ignore"):  # a rate of 0: an endless straggler
-        work_s = down + np.where(rate > 0, tau / rate, np.inf) + up
+        work_s = down + np.where(rate > 0, steps.tau / rate, np.inf) + up
+    # drawn after the epochs, whatever the policy: the stream order is fixed
     dropout_at = now + fleet.draw_dropouts(ids, rng, work_s)
     jobs = []
-    for j in np.flatnonzero(skip == "").tolist():
-        job = _Work(now, float(down[j]), int(tau[j]), float(rate[j]), float(up[j]))
+    for j in np.flatnonzero(steps.skip == "").tolist():
+        job = _Work(
+            now, float(down[j]), int(steps.tau[j]), float(rate[j]), float(up[j])
+        )
         off, drop = float(offline_at[j]), float(dropout_at[j])
-        jobs.append((j, job, _leaving(job, off, drop, "arrives", deadline)))
+        jobs.append(
+            _Scheduled(j, job, _leaving(job, off, drop, "arrives", steps.deadline))
+        )
     wait_for_all = policy.policy == "fixed_epochs"
-    outcome, t_end = _run_round(now, deadline, wait_for_all, keep, jobs)
+    outcome, t_end = _run_round(now, steps.deadline, wait_for_all, keep, jobs)
+    plans = _plans(ids, now, policy, steps, slowdown, outcome)
+    return RoundPlan(plans, now, t_end)
+
+
+def _plans(
+    ids: np.ndarray,
+    now: float,
+    policy: RoundSpec,
+    steps: _RoundSteps,
+    slowdown: np.ndarray,
+    outcome: dict[int, _Outcome],
+) -> tuple[Plan, ...]:
+    """The round's :class:`Plan` per device, from SimPy's outcomes (devices
+    that sat the round out get 0 steps and their ``skip`` reason)."""
     plans = []
     for j, client in enumerate(ids.tolist()):
-        t_skip = deadline if skip[j] == "no_time" else now
-        done, t_arrive, reason = outcome.get(j, (0, t_skip, str(skip[j])))
-        if policy.policy == "fixed_window":  # arrivals past W: the floor's slack
-            t_arrive = min(t_arrive, float(deadline))
-        e = None if epochs is None else int(epochs[j])
+        # a device without time "arrives" with nothing at the window's end
+        t_skip = steps.deadline if steps.skip[j] == "no_time" else now
+        done, t_arrive, reason = outcome.get(j, _Outcome(0, t_skip, str(steps.skip[j])))
+        if policy.policy == "fixed_window":
+            # the floor's _EPS slack may put an arrival a hair past W
+            t_arrive = min(t_arrive, float(steps.deadline))
+        e = None if steps.epochs is None else int(steps.epochs[j])
         s = float(slowdown[j])
         plans.append(Plan(client, done, now, t_arrive, reason != "", reason, s, e))
-    return RoundPlan(tuple(plans), now, t_end)
+    return tuple(plans)
 
 
 def _round_steps(
@@ -321,27 +466,40 @@ def _round_steps(
     rate: np.ndarray,
     comm_s: np.ndarray,
     rng: np.random.Generator,
-    n_samples: np.ndarray,
+    ctx: RunContext,
     ids: np.ndarray,
-    batch_size: int,
-    work: JobWork | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, float]:
-    """tau per device, why it skips the round ("" if not), epochs, deadline."""
+) -> _RoundSteps:
+    """tau per device, why it skips the round ("" if not), epochs, deadline.
+
+    Args:
+        policy: the round policy (not ``async``).
+        now: the round's start.
+        rate: each chosen device's steps (or work units) per second.
+        comm_s: each device's download plus upload time.
+        rng: the round's clock stream; only ``fixed_epochs`` with local
+            steps draws from it (the epochs), keeping the stream order.
+        ctx: the run's sample counts, batch size and work.
+        ids: the chosen devices, sorted.
+    """
+    work = ctx.work
     if policy.policy == "fixed_window":
         cap = policy.max_steps if work is None else work.steps
         compute_s = policy.window_s - comm_s
+        # A relative slack: 2.0 / 0.5 * 0.5 may land 1 ulp under a whole
+        # step, and an absolute _EPS is lost once compute_s * rate is large.
         tau = np.floor(compute_s * rate + _EPS * np.maximum(1.0, compute_s * rate))
         tau = np.clip(tau, 0, cap).astype(np.int64)
-        return tau, np.where(tau == 0, "no_time", ""), None, now + policy.window_s
-    n = np.asarray(n_samples, dtype=np.int64)[ids]
+        skip = np.where(tau == 0, "no_time", "")
+        return _RoundSteps(tau, skip, None, now + policy.window_s)
+    n = np.asarray(ctx.n_samples, dtype=np.int64)[ids]
     epochs: np.ndarray | None
     if work is None:
         epochs = _draw_epochs(policy, rate.size, rng)
-        tau = steps_for(epochs, n, batch_size)
+        tau = steps_for(epochs, n, ctx.batch_size)
     else:  # the algorithm's own job size: epochs do not apply
         epochs, tau = None, np.where(n > 0, work.steps, 0).astype(np.int64)
     deadline = now + policy.deadline_s if policy.deadline_s else math.inf
-    return tau, np.where(tau == 0, "no_data", ""), epochs, deadline
+    return _RoundSteps(tau, np.where(tau == 0, "no_data", ""), epochs, deadline)
 
 
 def _run_round(
@@ -349,51 +507,80 @@ def _run_round(
     deadline: float,
     wait_for_all: bool,
     keep: int | None,
-    jobs: list[tuple[int, _Work, tuple[float, str] | None]],
-) -> tuple[dict[int, tuple[int, float, str]], float]:
-    """One round on a SimPy timeline: the ``jobs`` (index, work, leave) and a
-    server that waits until ``deadline``, or (``wait_for_all``) every device or
-    the ``keep``-th arrival (later ones: ``surplus``); late devices still run to
-    their would-be arrival. Returns (steps, time, reason) by index, and t_end."""
+    jobs: list[_Scheduled],
+) -> tuple[dict[int, _Outcome], float]:
+    """One round on a SimPy timeline.
+
+    Args:
+        now: the round's start.
+        deadline: when the server stops waiting (inf: never).
+        wait_for_all: ``fixed_epochs``: the server waits for every device, or
+            the ``keep``-th arrival, or the deadline, whichever comes first;
+            otherwise (``fixed_window``) exactly until ``deadline``.
+        keep: arrivals kept; later ones are marked ``surplus``.
+        jobs: the devices taking part.
+
+    Returns:
+        Each job's :class:`_Outcome` by index, and the round's end. Late
+        devices still run to their would-be arrival, so a late update's
+        ``t`` is when it would have arrived.
+    """
     env = simpy.Environment(initial_time=now)
     enough = env.event()  # the keep-th arrival
-    outcome: dict[int, tuple[int, float, str]] = {}
+    outcome: dict[int, _Outcome] = {}
     arrived: list[int] = []
-    t_end = now
 
     def finish(j: int, done: int, reason: str) -> None:
         if not reason and wait_for_all and env.now > deadline:
             reason = "late"
-        outcome[j] = (done, env.now, reason)
+        outcome[j] = _Outcome(done, env.now, reason)
         if not reason:
             arrived.append(j)
             if len(arrived) == keep:
                 enough.succeed()
 
     devices = [
-        _run_device(env, work, functools.partial(finish, j), leave, True)
-        for j, work, leave in jobs
+        _run_device(env, job.work, functools.partial(finish, job.pos), job.leave, True)
+        for job in jobs
     ]
-
-    def server() -> Generator[simpy.Event, Any, None]:
-        nonlocal t_end
-        if not wait_for_all:
-            yield env.timeout(deadline - env.now)
-        else:
-            wait: simpy.Event = env.all_of(devices)
-            if keep is not None:
-                wait = wait | enough
-            if deadline < math.inf:
-                wait = wait | env.timeout(deadline - env.now)
-            yield wait
-        t_end = env.now
-
-    env.process(server())
+    end = env.process(_round_server(env, deadline, wait_for_all, keep, devices, enough))
     env.run()
-    if keep is not None:  # ties broken by device
-        for _, j in sorted((outcome[j][1], j) for j in arrived)[keep:]:
-            outcome[j] = (*outcome[j][:2], "surplus")
-    return outcome, t_end
+    if keep is not None:
+        _mark_surplus(outcome, arrived, keep)
+    return outcome, cast(float, end.value)
+
+
+def _round_server(
+    env: simpy.Environment,
+    deadline: float,
+    wait_for_all: bool,
+    keep: int | None,
+    devices: list[simpy.Process],
+    enough: simpy.Event,
+) -> Generator[simpy.Event, Any, float]:
+    """The server's wait in a round (see :func:`_run_round`); returns t_end.
+
+    Whether an update is late is judged by time (``env.now > deadline`` in
+    ``finish``), not by which of two events at the deadline's instant SimPy
+    processes first, so an arrival exactly at the deadline counts.
+    """
+    if not wait_for_all:
+        yield env.timeout(deadline - env.now)
+    else:
+        wait: simpy.Event = env.all_of(devices)
+        if keep is not None:
+            wait = wait | enough
+        if deadline < math.inf:
+            wait = wait | env.timeout(deadline - env.now)
+        yield wait
+    return float(env.now)
+
+
+def _mark_surplus(outcome: dict[int, _Outcome], arrived: list[int], keep: int) -> None:
+    """Mark every arrival after the first ``keep`` ``surplus`` (in place);
+    equal arrival times are ordered by device, not by SimPy's event order."""
+    for _, j in sorted((outcome[j].t, j) for j in arrived)[keep:]:
+        outcome[j] = outcome[j]._replace(reason="surplus")
 
 
 # Tags separating the async timeline's random streams from the seed's others.
@@ -514,6 +701,14 @@ def _checked_choice(
     return ids
 
 
+class _Ended(NamedTuple):
+    """A job end reported by its device process, waiting to be settled."""
+
+    job: Job
+    reason: str  # "" arrived, else "offline" or "dropout"
+    steps: int  # steps done (all of tau when it arrived)
+
+
 class AsyncTimeline:
     """The asynchronous mode's one continuous SimPy timeline.
 
@@ -521,6 +716,31 @@ class AsyncTimeline:
     download, compute ``tau`` steps, upload); every ``buffer_size`` accepted
     arrivals make a version. Iterating (once) yields each :class:`Version`,
     advancing SimPy only that far. Rules: docs/fleets.md, "The clock".
+
+    Guarantees: the timeline is a pure function of (fleet, policy, ctx,
+    seed, the chooser's picks); it never depends on training results, which
+    is what lets the runtime train ahead of it. Everything that ends at one
+    simulated instant is settled together, in device order, after every
+    other event of that instant (see :meth:`_request_settle`).
+
+    Args:
+        fleet: the devices.
+        policy: the round spec; must be ``async``.
+        versions: how many versions to yield.
+        buffer_size: accepted arrivals per version (FedBuff's K; 1: each
+            arrival is a version).
+        concurrency: at most this many jobs in flight.
+        seed: the scenario seed (jobs' slowdowns, epochs and dropouts).
+        ctx: the run's byte sizes, sample counts and batch size.
+        choose: which idle online devices take free slots when there are
+            more than slots (default :func:`uniform_choice`).
+        stall_s: simulated seconds without a version before :class:`Stalled`.
+        stall_jobs: job ends without a version before :class:`Stalled`
+            (default max(1000, 20 concurrency buffer_size)).
+
+    Raises:
+        ValueError: a non-``async`` policy, a count below 1, or sample
+            counts that do not match the fleet.
 
     Example (two devices, K = 2, each 1 s down + 2 s compute + 1 s up):
         >>> from fedsim.fleet import Fleet, FleetSpec
@@ -530,8 +750,7 @@ class AsyncTimeline:
         ...      "network": {"down_mbps": 8, "up_mbps": 8}}]}), seed=0)
         >>> tl = AsyncTimeline(fleet, RoundSpec(policy="async", max_steps=8),
         ...     versions=2, buffer_size=2, concurrency=2, seed=0,
-        ...     bytes_down=1_000_000, bytes_up=1_000_000,
-        ...     n_samples=np.array([50, 50]), batch_size=10)
+        ...     ctx=RunContext(1_000_000, 1_000_000, np.array([50, 50]), 10))
         >>> [(v.version, v.t, [(a.job.device, a.staleness) for a in v.applied])
         ...  for v in tl]
         [(0, 4.0, [(0, 0), (1, 0)]), (1, 8.0, [(0, 0), (1, 0)])]
@@ -546,10 +765,7 @@ class AsyncTimeline:
         buffer_size: int,
         concurrency: int,
         seed: int,
-        bytes_down: int,
-        bytes_up: int,
-        n_samples: np.ndarray,
-        batch_size: int,
+        ctx: RunContext,
         choose: Chooser | None = None,
         stall_s: float = 365 * 86400.0,
         stall_jobs: int | None = None,
@@ -561,7 +777,7 @@ class AsyncTimeline:
         if versions < 1 or buffer_size < 1 or concurrency < 1:
             raise ValueError("versions, buffer_size and concurrency must be >= 1")
         m = fleet.size
-        self.n_samples = np.asarray(n_samples, dtype=np.int64).reshape(-1)
+        self.n_samples = np.asarray(ctx.n_samples, dtype=np.int64).reshape(-1)
         if self.n_samples.size != m:
             raise ValueError(f"n_samples has {self.n_samples.size} entries, fleet {m}")
         self.fleet = fleet
@@ -570,9 +786,10 @@ class AsyncTimeline:
         self.buffer_size = buffer_size
         self.concurrency = concurrency
         self.seed = seed
-        self.batch_size = batch_size
+        self.batch_size = ctx.batch_size
         self.choose = uniform_choice(seed) if choose is None else choose
-        self.down, self.up = fleet.comm_time(np.arange(m), bytes_down, bytes_up)
+        # Asynchronous rules train local steps: ctx.work is for rounds only.
+        self.down, self.up = fleet.comm_time(np.arange(m), ctx.bytes_down, ctx.bytes_up)
         self.env = simpy.Environment()
         self.version = 0
         # No version after this many job ends or simulated seconds: stalled.
@@ -585,7 +802,7 @@ class AsyncTimeline:
         self._buffer: list[Arrival] = []
         self._ended: list[Arrival] = []
         self._started: list[Job] = []
-        self._inbox: list[tuple[Job, str, int]] = []
+        self._inbox: list[_Ended] = []
         self._settling = False
         self._wake_at = math.inf
         self._choices = 0
@@ -594,6 +811,12 @@ class AsyncTimeline:
         self._request_settle()  # the first slots are handed out at t = 0
 
     def __iter__(self) -> Iterator[Version]:
+        """Yield versions 0, 1, ... ``versions - 1``, stepping SimPy lazily.
+
+        Raises:
+            Stalled: no device can start or finish a job any more, or no
+                version came for ``stall_jobs`` job ends or ``stall_s`` s.
+        """
         for _ in range(self.versions):
             while not self._made:
                 if self._dispatch_due:  # slots freed when the last version was made
@@ -626,35 +849,31 @@ class AsyncTimeline:
             )
 
     def _request_settle(self) -> None:
-        # A zero delay queues behind every other event already due now.
+        """Settle the job ends of this instant once, after all its events.
+
+        A zero-delay timeout queues behind every event already due now, so
+        ends that SimPy reports at the same float time in any event order
+        are settled together, sorted by device: the result does not depend
+        on SimPy's tie order. ``_settling`` keeps it to one per instant.
+        """
         if not self._settling:
             self._settling = True
             self.env.timeout(0).callbacks.append(self._settle)
 
     def _settle(self, _event: simpy.Event) -> None:
+        """Turn this instant's job ends into arrivals, make every version
+        that fills the buffer, then hand out the freed slots."""
         self._settling = False
         if self.version >= self.versions:
             return
-        now = self.env.now
-        inbox, self._inbox = sorted(self._inbox, key=lambda e: e[0].device), []
-        max_s = self.policy.max_staleness
-        for job, reason, done in inbox:
-            del self.in_flight[job.device]
-            self.idle[job.device] = True
-            s = None if reason else self.version - job.version  # None: it left
-            stale = s is not None and max_s is not None and s > max_s
-            status = cast(_Status, reason or ("stale" if stale else "applied"))
-            arrival = Arrival(job, now, self.version, s, status, done)
-            if status == "applied":
+        inbox, self._inbox = sorted(self._inbox, key=lambda e: e.job.device), []
+        for end in inbox:
+            arrival = self._arrival(end)
+            if arrival.status == "applied":
                 self._buffer.append(arrival)
             self._ended.append(arrival)
             if len(self._buffer) == self.buffer_size:
-                busy = len(self.in_flight)
-                made = (tuple(self._buffer), tuple(self._ended), tuple(self._started))
-                self._made.append(Version(self.version, now, *made, busy))
-                self.version += 1
-                self._last_version_t = now
-                self._buffer, self._ended, self._started = [], [], []
+                self._make_version()
                 if self.version >= self.versions:
                     return
         if self._made:
@@ -664,7 +883,30 @@ class AsyncTimeline:
         else:
             self._dispatch()
 
+    def _arrival(self, end: _Ended) -> Arrival:
+        """Free the job's device and say how the job ended, now."""
+        job = end.job
+        del self.in_flight[job.device]
+        self.idle[job.device] = True
+        # staleness is counted against the version being filled right now
+        s = None if end.reason else self.version - job.version  # None: it left
+        max_s = self.policy.max_staleness
+        stale = s is not None and max_s is not None and s > max_s
+        status = cast(_Status, end.reason or ("stale" if stale else "applied"))
+        return Arrival(job, self.env.now, self.version, s, status, end.steps)
+
+    def _make_version(self) -> None:
+        """Close the full buffer into the next :class:`Version`."""
+        now = self.env.now
+        made = (tuple(self._buffer), tuple(self._ended), tuple(self._started))
+        self._made.append(Version(self.version, now, *made, len(self.in_flight)))
+        self.version += 1
+        self._last_version_t = now
+        self._buffer, self._ended, self._started = [], [], []
+
     def _dispatch(self) -> None:
+        """Start jobs on idle online devices while slots are free; if slots
+        stay free, wake up when the next idle offline device comes online."""
         free = self.concurrency - len(self.in_flight)
         if free <= 0:
             return
@@ -680,16 +922,23 @@ class AsyncTimeline:
             waiting = np.flatnonzero(self.idle & ~online)
             if waiting.size:
                 wake = float(np.min(self.fleet.online_time(waiting, now)))
+                # one pending wake-up at a time: an earlier one replaces it
                 if math.isfinite(wake) and wake < self._wake_at:
                     self._wake_at = wake
                     self.env.timeout(wake - now).callbacks.append(self._wake)
 
     def _wake(self, _event: simpy.Event) -> None:
+        """A device may have come online: settle (and dispatch) now."""
         if self.env.now >= self._wake_at:
             self._wake_at = math.inf
         self._request_settle()
 
     def _start(self, d: int) -> None:
+        """Start device ``d``'s next job at the current version.
+
+        Every random draw of the job comes from the stream (seed, device,
+        job index), so a job is the same whatever else the fleet does.
+        """
         now = self.env.now
         k = int(self.jobs_started[d])
         self.jobs_started[d] += 1
@@ -711,7 +960,7 @@ class AsyncTimeline:
         leave = _leaving(work, offline, now + drop, "leaves")
 
         def finish(done: int, reason: str) -> None:
-            self._inbox.append((job, reason, done))
+            self._inbox.append(_Ended(job, reason, done))
             self._request_settle()
 
         _run_device(self.env, work, finish, leave, every_phase=False)

@@ -21,7 +21,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from fedsim.algorithms.base import ClientState, ClientUpdate
 from fedsim.data import DataError, DataMissingError, FederatedData, build_data
@@ -36,7 +36,13 @@ Calls = Iterator[tuple[list[int], Updates]]  # task positions, their updates
 
 
 class Executor(ABC):
-    """Trains tasks; chosen once per run by :func:`make_executor`."""
+    """Trains tasks; chosen once per run by :func:`make_executor`.
+
+    Guarantees (every executor, checked by one contract test): an update is
+    a pure function of (payload, task, client state), so the result does
+    not depend on the executor, the number of workers, which worker trained
+    which task, or the order results came back in.
+    """
 
     def train(self, tasks: Tasks, payloads: Payloads, states: States) -> Updates:
         """One update per task, in task order.
@@ -45,6 +51,10 @@ class Executor(ABC):
             tasks: what to train; ``task.version`` keys ``payloads``.
             payloads: what clients download, per server version.
             states: persistent client state by client id (missing: ``{}``).
+
+        Returns:
+            One :class:`ClientUpdate` per task, on the CPU, in task order
+            (whatever order the executor's calls finished in).
         """
         out: dict[int, ClientUpdate] = {}
         for idx, ups in self._calls(tasks, payloads, states):
@@ -56,10 +66,14 @@ class Executor(ABC):
         """Train ``tasks``; yield (positions in ``tasks``, their updates)."""
 
     def forget(self, version: int) -> None:  # noqa: B027 - most hold nothing
-        """No task will start from ``version`` again (free its payload)."""
+        """No task will start from ``version`` again (free its payload).
+
+        Args:
+            version: a server version the runtime will not train from again.
+        """
 
     def shutdown(self) -> None:  # noqa: B027
-        """Release the workers."""
+        """Release the workers (the executor cannot train afterwards)."""
 
     def report(self) -> dict[str, Any]:
         """Fields for summary.json about where the work ran ({} in-process)."""
@@ -75,14 +89,35 @@ def _versions(tasks: Tasks) -> dict[int, list[int]]:
 
 
 class InProcessExecutor(Executor):
-    """One worker in this process."""
+    """One worker in this process (``workers: 0``): no Ray, same results.
+
+    Args:
+        scenario: the run's scenario (the worker builds model and solver).
+        data: the federated dataset, shared with the server (not copied).
+    """
 
     def __init__(self, scenario: Scenario, data: FederatedData) -> None:
         self.worker = Worker(scenario, data, int(scenario.resources.cpus_per_worker))
 
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
+        # one worker call per start version: a call trains from one payload
         for v, idx in _versions(tasks).items():
             yield idx, self.worker.train(payloads[v], [tasks[j] for j in idx], states)
+
+
+class _Call(NamedTuple):
+    """One actor call: the positions of its tasks in the executor's batch,
+    the actor, and the arguments of ``Worker.train``."""
+
+    positions: list[int]
+    actor: Any
+    args: tuple[Any, ...]
+
+
+def _own(group: Sequence[Task], states: States) -> dict[int, ClientState]:
+    """The client states of ``group``'s clients only: each actor call
+    carries its own share, not the whole round's."""
+    return {t.client: states[t.client] for t in group if t.client in states}
 
 
 class PlacementError(RuntimeError):
@@ -106,6 +141,8 @@ _MAX_ATTEMPTS = 8  # per call: a node's loss can fail a call more than once
 
 
 def _custom(resources: Mapping[str, float]) -> dict[str, float]:
+    """A node's custom resources (what cluster configs add to place work):
+    Ray's built-in ones and per-node markers left out."""
     return {
         k: v
         for k, v in resources.items()
@@ -114,7 +151,16 @@ def _custom(resources: Mapping[str, float]) -> dict[str, float]:
 
 
 def _placement_group(res: Any, n: int) -> Any:
-    """A placement group of ``n`` bundles for ``res.placement``, once placed."""
+    """A placement group of ``n`` bundles for ``res.placement``, once placed.
+
+    Args:
+        res: the scenario's ``resources`` section.
+        n: the number of worker actors (one bundle each).
+
+    Raises:
+        PlacementError: Ray could not place the bundles within
+            ``placement_timeout_s``; the group is removed first.
+    """
     import ray
 
     bundle = {"CPU": res.cpus_per_worker}
@@ -138,7 +184,13 @@ def _placement_group(res: Any, n: int) -> Any:
 
 
 class _NodeLocalData:
-    """The dataset as a recipe, built from each node's own data root."""
+    """The dataset as a recipe, built from each node's own data root.
+
+    Ray pickles this instead of the arrays (``resources.data: per_node``);
+    unpickling on an actor runs :func:`build_data` there, and since the
+    dataset is a pure function of its section and the seed, every node
+    builds the same clients.
+    """
 
     def __init__(self, scenario: Scenario) -> None:
         self.args = (scenario.data, scenario.num_clients, scenario.seed)
@@ -162,8 +214,15 @@ def _build_here(args: tuple[Any, ...]) -> str | None:
 
 
 def check_data_on_nodes(scenario: Scenario) -> None:
-    """Check that every live node with CPUs can build the dataset from its own
-    disk (``resources.data: per_node``); DataMissingError names those that cannot."""
+    """Check that every live node with CPUs can build the dataset from its
+    own disk (``resources.data: per_node``), before any actor starts.
+
+    Args:
+        scenario: the run's scenario (its ``data`` section and seed).
+
+    Raises:
+        DataMissingError: naming every node that cannot, and why.
+    """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -193,7 +252,23 @@ def check_data_on_nodes(scenario: Scenario) -> None:
 
 class RayExecutor(Executor):
     """``n`` long-lived Ray worker actors sharing one copy of the data, placed
-    as ``resources.placement`` says; a call whose actor died is sent again."""
+    as ``resources.placement`` says; a call whose actor died is sent again.
+
+    Actors restart without limit but Ray retries no task: this executor
+    resends a dead actor's call itself, so it can count the retried tasks
+    and note lost nodes. A resent call recomputes the same update (it is a
+    pure function of its arguments).
+
+    Args:
+        scenario: the run's scenario (resources, data, model, algorithm).
+        data: the dataset, put in the object store once (or, with
+            ``resources.data: per_node``, a recipe each node builds from).
+        n: the number of worker actors.
+
+    Raises:
+        PlacementError: the actors cannot be placed as asked.
+        DataMissingError: a node cannot build the dataset (``per_node``).
+    """
 
     def __init__(self, scenario: Scenario, data: FederatedData, n: int) -> None:
         import ray
@@ -227,6 +302,8 @@ class RayExecutor(Executor):
         self._check_nodes()  # the nodes' resources, while they are alive
 
     def _strategy(self, i: int) -> Any:
+        """Actor ``i``'s scheduling strategy: SPREAD, or bundle i of the
+        placement group."""
         if self._pg is None:
             return "SPREAD"
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -235,28 +312,40 @@ class RayExecutor(Executor):
 
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
         where = {id(t): j for j, t in enumerate(tasks)}
-        calls: list[tuple[list[int], Any, tuple[Any, ...]]] = []
+        calls: list[_Call] = []
         # Longest first across the whole batch; each actor then gets one call
         # per start version in its share (calls on one actor run in order).
         chunks = assign_lpt(tasks, len(self.actors))
         for actor, chunk in zip(self.actors, chunks, strict=True):
             for v, idx in _versions(chunk).items():
-                if v not in self._refs:
-                    import ray
-
-                    self._refs[v] = ray.put(payloads[v])
                 group = [chunk[j] for j in idx]
-                mine = {t.client: states[t.client] for t in group if t.client in states}
-                args = (self._refs[v], group, mine)
-                calls.append(([where[id(t)] for t in group], actor, args))
-        yield from zip((c[0] for c in calls), self._gather(calls), strict=True)
+                args = (self._payload_ref(v, payloads), group, _own(group, states))
+                calls.append(_Call([where[id(t)] for t in group], actor, args))
+        yield from zip((c.positions for c in calls), self._gather(calls), strict=True)
 
-    def _gather(self, calls: list[tuple[list[int], Any, tuple[Any, ...]]]) -> list:
-        """Every call's result, in call order, retrying dead actors' calls."""
+    def _payload_ref(self, version: int, payloads: Payloads) -> Any:
+        """``version``'s payload in the object store, put there once and kept
+        until :meth:`forget` (every actor call reads the same copy)."""
+        if version not in self._refs:
+            import ray
+
+            self._refs[version] = ray.put(payloads[version])
+        return self._refs[version]
+
+    def _gather(self, calls: list[_Call]) -> list:
+        """Every call's result, in call order, retrying dead actors' calls.
+
+        Results are taken as they finish (``ray.wait``), so a slow actor
+        does not hold up collecting the others; a call whose actor died is
+        resent after a back-off, at most ``_MAX_ATTEMPTS`` times.
+
+        Raises:
+            RayActorError: a call failed ``_MAX_ATTEMPTS`` times.
+        """
         import ray
 
         results: list[Any] = [None] * len(calls)
-        pending = {c[1].train.remote(*c[2]): (k, 1) for k, c in enumerate(calls)}
+        pending = {c.actor.train.remote(*c.args): (k, 1) for k, c in enumerate(calls)}
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
             k, attempt = pending.pop(ref)
@@ -267,10 +356,10 @@ class RayExecutor(Executor):
                 if attempt >= _MAX_ATTEMPTS:
                     raise
             if attempt == 1:  # the call's tasks count once
-                self.tasks_retried += len(calls[k][0])
+                self.tasks_retried += len(calls[k].positions)
             self._check_nodes()
             time.sleep(min(0.5 * 2**attempt, 10.0))  # while Ray restarts it
-            pending[calls[k][1].train.remote(*calls[k][2])] = (k, attempt + 1)
+            pending[calls[k].actor.train.remote(*calls[k].args)] = (k, attempt + 1)
         return results
 
     def _locate(self, timeout: float | None = None) -> list[dict[str, Any]]:
@@ -329,6 +418,8 @@ class RayExecutor(Executor):
         }
 
     def forget(self, version: int) -> None:
+        """Drop this executor's reference to ``version``'s payload, so Ray
+        frees it once no running call holds it."""
         self._refs.pop(version, None)
 
     def pids(self) -> list[int]:
@@ -338,6 +429,7 @@ class RayExecutor(Executor):
         return ray.get([a.pid.remote() for a in self.actors])
 
     def shutdown(self) -> None:
+        """Kill the actors and remove the placement group (idempotent)."""
         import ray
 
         for a in self.actors:
@@ -350,7 +442,16 @@ class RayExecutor(Executor):
 
 
 def resolve_workers(scenario: Scenario, override: int | None) -> int:
-    """Worker actors: the override, the scenario, or the cluster's CPUs."""
+    """How many worker actors a run uses.
+
+    Args:
+        scenario: its ``resources.workers`` (a count or ``auto``).
+        override: the command line's ``--workers``, which wins when given.
+
+    Returns:
+        The override, the scenario's count, or for ``auto`` the cluster's
+        CPUs over ``cpus_per_worker`` (at least 1; 1 without Ray).
+    """
     if override is not None:
         return override
     w = scenario.resources.workers
@@ -363,7 +464,14 @@ def resolve_workers(scenario: Scenario, override: int | None) -> int:
 
 
 def make_executor(scenario: Scenario, data: FederatedData, workers: int) -> Executor:
-    """In-process for ``workers == 0``, else ``workers`` Ray actors."""
+    """The run's executor, chosen once: in-process for ``workers == 0``,
+    else ``workers`` Ray actors (Ray must be initialised).
+
+    Args:
+        scenario: the run's scenario.
+        data: the federated dataset.
+        workers: 0, or the number of Ray worker actors.
+    """
     if workers == 0:
         return InProcessExecutor(scenario, data)
     return RayExecutor(scenario, data, workers)

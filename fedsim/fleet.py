@@ -64,17 +64,14 @@ class SpeedSpec(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _fill_from_preset(cls, data: Any) -> Any:
+        """A ``preset`` (measured phones, docs/fleets.md "Speed") becomes the
+        distribution it stands for: one tier a ``lognormal``, several a
+        ``mixture``. Fields given in the scenario win over the preset's."""
         if not isinstance(data, dict) or data.get("preset") is None:
             return data
         name, workload = data["preset"], data.get("workload") or "femnist-cnn"
         scale = data.get("scale", 1.0)
-        if not (
-            isinstance(name, str)
-            and isinstance(workload, str)
-            and isinstance(scale, int | float)
-            and not isinstance(scale, bool)
-            and 0 < scale < math.inf
-        ):
+        if not _preset_args_ok(name, workload, scale):
             return data  # the field validators say what is wrong
         tiers = speed_preset(name, workload, scale)  # the fields given win
         if len(tiers) > 1:
@@ -85,43 +82,77 @@ class SpeedSpec(_Spec):
 
     @model_validator(mode="after")
     def _one_speed(self) -> SpeedSpec:
+        """Each distribution has the fields it needs and no other's.
+
+        Raises:
+            ValueError: a missing median (``fixed``, ``lognormal``), tiers
+                missing or misplaced, ``workload``/``scale`` without a preset.
+        """
         need = _SPEED_FIELD.get(self.dist)
         if need is not None and getattr(self, need) is None:
             raise ValueError(f"dist '{self.dist}' needs {need}")
-        if self.dist == "mixture" and not self.tiers:
-            raise ValueError("dist 'mixture' needs tiers (or a preset)")
-        if self.dist != "mixture" and self.tiers is not None:
-            raise ValueError("tiers go with dist 'mixture'")
+        if (self.dist == "mixture") != bool(self.tiers):
+            if self.dist == "mixture":
+                raise ValueError("dist 'mixture' needs tiers (or a preset)")
+            if self.tiers is not None:
+                raise ValueError("tiers go with dist 'mixture'")
         if self.preset is None and (self.workload is not None or self.scale != 1.0):
             raise ValueError("workload and scale go with a preset")
+        return self
+
+    @model_validator(mode="after")
+    def _plausible_sigma(self) -> SpeedSpec:
+        """A sigma above 5 is almost surely a unit mistake (speeds would
+        span four orders of magnitude within one group)."""
         if max([self.sigma] + [t.sigma for t in self.tiers or []]) > 5:
             raise ValueError("sigma above 5 gives speeds spanning 10^4x; check units")
         return self
 
     @property
     def median(self) -> float:
-        """The median speed (of the mixture, for ``mixture``)."""
+        """The median speed in steps/s (of the mixture, for ``mixture``:
+        found by bisection on its CDF, so selectors can rank groups)."""
         if self.dist != "mixture":
             return float(getattr(self, _SPEED_FIELD[self.dist]))
-        tiers = self.tiers or []
-        total = sum(t.share for t in tiers)
+        return _mixture_median(self.tiers or [])
 
-        def cdf(x: float) -> float:
-            out = 0.0
-            for t in tiers:
-                if t.sigma == 0:
-                    out += t.share * (x >= t.median_steps_per_s)
-                else:
-                    z = math.log(x / t.median_steps_per_s) / t.sigma
-                    out += t.share * 0.5 * (1 + math.erf(z / math.sqrt(2)))
-            return out / total
 
-        lo = min(t.median_steps_per_s * math.exp(-6 * t.sigma) for t in tiers)
-        hi = max(t.median_steps_per_s * math.exp(6 * t.sigma) for t in tiers)
-        for _ in range(100):  # bisection in log space
-            mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if cdf(mid) < 0.5 else (lo, mid)
-        return math.sqrt(lo * hi)
+def _preset_args_ok(name: Any, workload: Any, scale: Any) -> bool:
+    """Whether a speed preset's arguments have usable types and range (if
+    not, the preset is left alone and the field validators report it)."""
+    return (
+        isinstance(name, str)
+        and isinstance(workload, str)
+        and isinstance(scale, int | float)
+        and not isinstance(scale, bool)
+        and 0 < scale < math.inf
+    )
+
+
+def _mixture_cdf(tiers: list[SpeedTierSpec], x: float) -> float:
+    """P(speed <= x) under a mixture of lognormal tiers (a tier with sigma
+    0 is a point mass at its median)."""
+    total = sum(t.share for t in tiers)
+    out = 0.0
+    for t in tiers:
+        if t.sigma == 0:
+            out += t.share * (x >= t.median_steps_per_s)
+        else:
+            z = math.log(x / t.median_steps_per_s) / t.sigma
+            out += t.share * 0.5 * (1 + math.erf(z / math.sqrt(2)))
+    return out / total
+
+
+def _mixture_median(tiers: list[SpeedTierSpec]) -> float:
+    """The mixture's median, by 100 bisections in log space between six
+    sigmas below the slowest tier and six above the fastest (the CDF is
+    monotone there, and 100 halvings reach float precision)."""
+    lo = min(t.median_steps_per_s * math.exp(-6 * t.sigma) for t in tiers)
+    hi = max(t.median_steps_per_s * math.exp(6 * t.sigma) for t in tiers)
+    for _ in range(100):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if _mixture_cdf(tiers, mid) < 0.5 else (lo, mid)
+    return math.sqrt(lo * hi)
 
 
 class NetworkSpec(_Spec):
@@ -140,6 +171,12 @@ class NetworkSpec(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _fill_from_preset(cls, data: Any) -> Any:
+        """A network ``preset`` fills in the fields left out (its medians
+        become ``down_mbps`` / ``up_mbps``).
+
+        Raises:
+            ValueError: an unknown preset name (listing the known ones).
+        """
         name = data.get("preset") if isinstance(data, dict) else None
         if not isinstance(name, str):
             return data  # no preset, or the field validator says what is wrong
@@ -165,6 +202,7 @@ class SlowdownSpec(_Spec):
 
     @model_validator(mode="after")
     def _range(self) -> SlowdownSpec:
+        """A ``uniform`` slowdown's range is in order."""
         if self.dist == "uniform" and self.high < self.low:
             raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
         return self
@@ -194,6 +232,17 @@ class AvailabilitySpec(_Spec):
 
     @model_validator(mode="after")
     def _profile(self) -> AvailabilitySpec:
+        """A ``daily`` profile is one a Markov on/off chain can follow.
+
+        The chain's online probability lags its input and is damped by the
+        session length (docs/fleets.md, "Availability"); the input needed to
+        produce the asked swing must itself stay a probability, which fails
+        when sessions are long against the period.
+
+        Raises:
+            ValueError: the swing is inverted or degenerate, or too wide for
+                sessions of ``mean_on_s``.
+        """
         if self.kind == "daily":
             if self.max_online < self.min_online:
                 raise ValueError(
@@ -239,6 +288,13 @@ class DeviceGroup(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _read_trace(cls, data: Any, info: ValidationInfo) -> Any:
+        """Resolve a trace file (relative to the scenario's folder, from the
+        validation context's ``base_dir``) and take ``count`` from its rows.
+
+        Raises:
+            ValueError: the file cannot be read as a trace, or ``count``
+                disagrees with its number of rows.
+        """
         trace = data.get("trace") if isinstance(data, dict) else None
         if isinstance(trace, str):
             trace = {"file": trace}
@@ -260,6 +316,8 @@ class DeviceGroup(_Spec):
 
     @model_validator(mode="after")
     def _speed_or_trace(self) -> DeviceGroup:
+        """A group is drawn (``speed``, ``network``) or read from a trace,
+        never both; a trace with availability intervals owns availability."""
         if self.trace is None:
             if self.speed is None:
                 raise ValueError("speed is required (or read the group from a trace)")
@@ -287,6 +345,7 @@ class FleetSpec(_Spec):
 
     @property
     def size(self) -> int:
+        """The number of devices m, over all groups."""
         return sum(g.count for g in self.groups)
 
     def stragglers_of(self, group: int) -> StragglerSpec:
@@ -295,6 +354,7 @@ class FleetSpec(_Spec):
 
     @model_validator(mode="after")
     def _unique_names(self) -> FleetSpec:
+        """Group names are unique (rows name them) and m is at most 10^7."""
         names = [g.name for g in self.groups]
         if len(set(names)) != len(names):
             raise ValueError(f"group names must be unique, got {names}")
@@ -303,18 +363,29 @@ class FleetSpec(_Spec):
         return self
 
 
-# Tags that separate the random streams derived from one scenario seed.
+# Tags that separate the random streams derived from one scenario seed: each
+# kind of draw has its own stream, so adding a draw of one kind (or a group)
+# never shifts the draws of another.
 _TAG_SPEED = 0xF1EE7
 _TAG_TIER = 0x71E5
 _TAG_NETWORK = 0x9E7
 _TAG_AVAILABILITY = 0xA7A11AB1E
-_INITIAL_STATE = np.uint64(1 << 63)  # counter of the "on at t=0?" draw
+# The counter of the "on at t = 0?" draw: interval counters k never reach
+# 2^63, so this hash input is never an interval's.
+_INITIAL_STATE = np.uint64(1 << 63)
 _MASK64 = (1 << 64) - 1
 _EXP, _DAILY, _TRACE = 0, 1, 2  # kinds of availability process
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser, vectorised; uint64 arithmetic wraps by design."""
+    """splitmix64 finaliser, vectorised; uint64 arithmetic wraps by design.
+
+    The availability kernel is counter-based: the uniform of device i's
+    interval k is a hash of (seed, i, k), not the n-th output of a stream.
+    Any interval of any device can then be drawn directly, in any order and
+    any grouping of devices, with the same bits: what makes ``online(t)``
+    cheap, resumable and independent of which devices were asked before.
+    """
     z = x + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -322,13 +393,22 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 def _unit(bits: np.ndarray) -> np.ndarray:
-    """Top 53 bits of a hash as a float in the open interval (0, 1)."""
+    """Top 53 bits of a hash as a float in the open interval (0, 1).
+
+    The half-step offset keeps 0 out, so ``-log(u)`` is always finite.
+    """
     return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
 
 def _daily_input(a: AvailabilitySpec) -> tuple[float, float, float, float]:
     """(f_bar, input amplitude, input peak time, time scale c) of the chain
-    whose online probability follows ``a``'s profile."""
+    whose online probability follows ``a``'s profile.
+
+    The on/off chain acts on its input as a first-order low-pass filter of
+    time constant c: a sinusoid comes out damped by sqrt(1 + (omega c)^2)
+    and late by atan(omega c) / omega. Inverting both gives the input that
+    makes the online share peak at ``peak_hour`` with the asked swing.
+    """
     f_bar = (a.min_online + a.max_online) / 2
     c = a.mean_on_s * (1 - f_bar)
     wc = 2 * math.pi / a.period_s * c
@@ -339,7 +419,22 @@ def _daily_input(a: AvailabilitySpec) -> tuple[float, float, float, float]:
 
 class _OnOff:
     """Memo of each device's current on/off interval, advanced lazily, always
-    by the same operations from interval 0 (docs/fleets.md, "Fleet draws")."""
+    by the same operations from interval 0 (docs/fleets.md, "Fleet draws").
+
+    Device i's interval k is on when k is even and the device started on
+    (odd, if it started off), and ends at a time drawn from a uniform hashed
+    from (seed, i, k) (:func:`_splitmix64`). Guarantees: ``state_at(idx, t)``
+    is a pure function of (seed, device, t), whatever was asked before and
+    in whatever grouping; the memo only saves work. Asking about an earlier
+    time replays those devices from interval 0, by the same operations.
+
+    Args:
+        seed: the scenario seed.
+        group: each device's group index (``[m]``).
+        specs: each group's availability.
+        intervals: measured intervals per group index (traces), which
+            replace that group's spec.
+    """
 
     def __init__(
         self,
@@ -381,6 +476,9 @@ class _OnOff:
     def _init_traces(
         self, group: np.ndarray, intervals: dict[int, Intervals], n_groups: int
     ) -> None:
+        """Pack every trace device's flip times into one flat array (CSR:
+        ``tr_offsets[i]`` is device i's first flip), so that looking up the
+        k-th flip of many devices at once is one gather."""
         self.tr_period = np.full(n_groups, np.inf)
         if not intervals:
             self.tr_first_on = self.tr_offsets = self.tr_times = None
@@ -404,6 +502,7 @@ class _OnOff:
         return {**self.__dict__, "_cache": None}
 
     def _keys(self, idx: np.ndarray) -> np.ndarray:
+        """Each device's hash key; interval k's uniform hashes key ^ k."""
         return _splitmix64(np.uint64(self.seed_key) ^ idx.astype(np.uint64))
 
     def _ends(
@@ -415,7 +514,21 @@ class _OnOff:
         on: np.ndarray,
         key: np.ndarray,
     ) -> np.ndarray:
-        """End of interval ``k`` (state ``on``, from ``start``) of each device."""
+        """End of interval ``k`` (state ``on``, from ``start``) of each device.
+
+        Args:
+            dev: device ids; ``g`` their groups; ``key`` their hash keys.
+            g: see ``dev``.
+            k: each device's interval counter.
+            start: when each interval began.
+            on: whether each interval is an online one.
+            key: see ``dev``.
+
+        Returns:
+            ``start + mean * E`` with E = -log u (exponential, memoryless),
+            the daily chain's end for the same E, or the trace's k-th flip.
+        """
+        # every kind draws the same u, so a group's kind changes nothing else
         u = _unit(_splitmix64(key ^ k.astype(np.uint64)))
         end = start + -np.where(on, self.mean_on[g], self.mean_off[g]) * np.log(u)
         if not self.mixed:
@@ -436,7 +549,16 @@ class _OnOff:
     ) -> np.ndarray:
         """Solve H(t) = H(s) + c e, H = alpha t + beta sin(omega (t - t_peak))
         the integrated rate: safeguarded Newton within the bracket
-        ``(y -+ |beta|) / alpha``, each element stopping on its own."""
+        ``(y -+ |beta|) / alpha``, each element stopping on its own.
+
+        An exponential E of a time-varying rate ends where the integrated
+        rate has grown by E; H never decreases (alpha >= |beta omega|, which
+        :meth:`AvailabilitySpec._profile` ensures), so the bracket holds the
+        root. Each
+        element runs the same iterations whichever other devices share the
+        call (it stops on its own ``done``), keeping the result independent
+        of the grouping.
+        """
         f_bar, omega, t_peak = self.f_bar[g], self.omega[g], self.t_peak[g]
         alpha = np.where(on, 1.0 - f_bar, f_bar)
         beta = np.where(on, -self.beta[g], self.beta[g])
@@ -456,6 +578,7 @@ class _OnOff:
             slope = alpha + beta * omega * np.cos(omega * (t - t_peak))
             with np.errstate(divide="ignore", invalid="ignore"):
                 nxt = t - r / slope
+            # a Newton step outside the bracket falls back to bisection
             nxt = np.where((nxt > lo) & (nxt < hi), nxt, 0.5 * (lo + hi))
             done = np.abs(nxt - t) <= 1e-12 * np.maximum(1.0, np.abs(t))
             t = np.where(active, nxt, t)
@@ -466,7 +589,8 @@ class _OnOff:
 
     def _trace_end(self, dev: np.ndarray, g: np.ndarray, k: np.ndarray) -> np.ndarray:
         """The k-th flip of each device's trace (``inf`` past the last one,
-        without a period)."""
+        without a period; with one, flip k is flip k mod n shifted by whole
+        periods). A device with no flip keeps its first state forever."""
         assert self.tr_offsets is not None and self.tr_times is not None
         first = self.tr_offsets[dev]
         n = self.tr_offsets[dev + 1] - first
@@ -482,6 +606,11 @@ class _OnOff:
         return np.where(~periodic & (k >= n), np.inf, t)
 
     def _first_interval(self, idx: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Interval 0 of devices ``idx``: (on at t = 0, k = 0, start 0, end).
+
+        The first state is drawn from the stationary share ``p_on`` (the
+        daily profile's value at t = 0), so the chain starts in equilibrium.
+        """
         g = self.group[idx]
         key = self._keys(idx)
         u = _unit(_splitmix64(key ^ _INITIAL_STATE))
@@ -494,7 +623,15 @@ class _OnOff:
 
     def _advance(self, idx: np.ndarray, t: float) -> tuple[np.ndarray, ...]:
         """The intervals of devices ``idx`` (all behind ``t``) that contain t;
-        masked steps, compacted once most have caught up (gathers cost)."""
+        masked steps, compacted once most have caught up (gathers cost).
+
+        Every device moves one interval per pass, masked where it has
+        caught up, so each device's sequence of operations is the same
+        whatever the batch: the same bits as advancing it alone.
+
+        Returns:
+            (k, start, end) of each device's interval containing ``t``.
+        """
         assert self._cache is not None  # state_at filled it
         first_on, k, start, end = (a[idx] for a in self._cache)
         g = self.group[idx]
@@ -514,6 +651,7 @@ class _OnOff:
                 return np.where(behind, s + -np.where(on, m_on, m_off) * np.log(u), e)
 
         behind = np.ones(idx.size, dtype=bool)
+        # work: (position in idx, first state, k, start, end, key, extras...)
         work = (np.arange(idx.size), first_on, k, start, end, self._keys(idx), *extra)
         while True:
             n_behind = np.count_nonzero(behind)
@@ -534,7 +672,19 @@ class _OnOff:
             work = (p, fo, kk, s, e, key, *work[6:])
 
     def state_at(self, idx: np.ndarray, t: float) -> tuple[np.ndarray, np.ndarray]:
-        """Whether each device in ``idx`` is on at ``t``, and when that ends."""
+        """Whether each device in ``idx`` is on at ``t``, and when that ends.
+
+        Args:
+            idx: device ids (int64).
+            t: a finite simulated time.
+
+        Returns:
+            (on, end): bool and float64 arrays like ``idx``; ``end`` is when
+            the current state ends (inf: never).
+
+        Raises:
+            ValueError: ``t`` is not finite.
+        """
         if not np.isfinite(t):
             raise ValueError(f"time must be finite, got {t}")
         if self._cache is None:
@@ -592,6 +742,14 @@ class Fleet:
     _onoff: _OnOff = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        """Check the shapes, freeze the arrays and build the availability
+        kernel (the dataclass is frozen: fields are set through object).
+
+        Raises:
+            ValueError: per-group tuples of the wrong length, group indices
+                out of range, per-device arrays of another shape than
+                ``group``, or intervals that do not match their groups.
+        """
         set_ = object.__setattr__
         group = np.array(self.group, dtype=np.int32)
         n_groups = len(self.group_names)
@@ -604,71 +762,59 @@ class Fleet:
         set_(self, "group", group)
         if self.dropout_p is None:
             set_(self, "dropout_p", np.zeros(group.size))
+        self._freeze_arrays(group)
+        intervals = _checked_intervals(group, n_groups, dict(self.intervals or {}))
+        set_(self, "intervals", intervals)
+        for name in ("group_names", "slowdowns", "availability"):
+            set_(self, name, tuple(getattr(self, name)))
+        set_(self, "_onoff", _OnOff(self.seed, group, self.availability, intervals))
+
+    def _freeze_arrays(self, group: np.ndarray) -> None:
+        """Per-device arrays as read-only float64 copies shaped like ``group``
+        (a fleet is shared by the clock, selectors and rows: none may write)."""
         names = ("speed", "down_bps", "up_bps", "latency_s", "straggler_p", "dropout_p")
         for name in names:
             value = np.array(getattr(self, name), dtype=np.float64)
             if value.shape != group.shape:
                 raise ValueError(f"{name} has shape {value.shape}, not {group.shape}")
             value.setflags(write=False)
-            set_(self, name, value)
+            object.__setattr__(self, name, value)
         self.group.setflags(write=False)
-        counts = np.bincount(group, minlength=n_groups)
-        intervals = dict(self.intervals or {})
-        if intervals and np.any(group[1:] < group[:-1]):
-            raise ValueError("with intervals, devices must be numbered in group order")
-        for gi, iv in intervals.items():
-            if not 0 <= gi < n_groups:
-                raise ValueError(f"intervals[{gi}]: there is no group {gi}")
-            if iv.size != counts[gi]:
-                raise ValueError(
-                    f"intervals[{gi}] has {iv.size} devices; group {gi} has "
-                    f"{counts[gi]}"
-                )
-        set_(self, "intervals", intervals)
-        for name in ("group_names", "slowdowns", "availability"):
-            set_(self, name, tuple(getattr(self, name)))
-        set_(self, "_onoff", _OnOff(self.seed, group, self.availability, intervals))
 
     @classmethod
     def from_spec(cls, spec: FleetSpec, seed: int) -> Fleet:
-        """Draw every device of ``spec`` from ``seed`` (docs/fleets.md, "The clock")."""
+        """Draw every device of ``spec`` from ``seed``.
+
+        Devices are numbered in group order. Each kind of draw (speed
+        normals, tier uniforms, bandwidth normals) is its own stream of the
+        seed with one draw per device of the whole fleet, so editing one
+        group never reshuffles another's devices (docs/fleets.md, "Fleet
+        draws").
+
+        Args:
+            spec: the validated fleet section.
+            seed: the scenario seed.
+
+        Returns:
+            The fleet, a pure function of (spec, seed) and its trace files.
+
+        Raises:
+            ValueError: a trace file changed size since the scenario was read.
+        """
         groups = spec.groups
         counts = [g.count for g in groups]
         group = np.repeat(np.arange(len(groups), dtype=np.int32), counts)
         m = group.size
         bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        z = _stream(seed, _TAG_SPEED).standard_normal(m)
-        # the tier and bandwidth streams only if used (3 draws a device saved)
-        mixed = any(g.speed is not None and g.speed.dist == "mixture" for g in groups)
-        spread = any(g.network.down_sigma or g.network.up_sigma for g in groups)
-        tier_u = _stream(seed, _TAG_TIER).random(m) if mixed else np.zeros(m)
-        net_z = np.zeros((m, 2))
-        if spread:
-            net_z = _stream(seed, _TAG_NETWORK).standard_normal((m, 2))
+        z, tier_u, net_z = _device_normals(groups, seed, m)
         speed, down, up, latency = (np.empty(m) for _ in range(4))
         intervals: dict[int, Intervals] = {}
         for gi, g in enumerate(groups):
             sl = slice(int(bounds[gi]), int(bounds[gi + 1]))
-            if g.trace is not None:
-                tr = g.load_trace()
-                if tr.size != g.count:
-                    raise ValueError(
-                        f"{tr.path} has {tr.size} rows, the scenario says "
-                        f"{g.count}: the file changed after the scenario was read"
-                    )
-                speed[sl], latency[sl] = tr.speed, tr.latency_s
-                down[sl], up[sl] = tr.down_mbps * 1e6, tr.up_mbps * 1e6
-                if tr.availability is not None:
-                    intervals[gi] = tr.availability
-                continue
-            speed[sl] = _draw_speed(g.speed, z[sl], tier_u[sl])
-            net = g.network  # sigma 0: exp(0 z) = 1, the median exactly
-            z1, z2 = net_z[sl, 0], net_z[sl, 1]
-            z_up = net.rho * z1 + math.sqrt(1 - net.rho**2) * z2
-            down[sl] = net.down_mbps * 1e6 * np.exp(net.down_sigma * z1)
-            up[sl] = net.up_mbps * 1e6 * np.exp(net.up_sigma * z_up)
-            latency[sl] = net.latency_s
-        stragglers = [spec.stragglers_of(gi) for gi in range(len(groups))]
+            drawn = _group_devices(g, z[sl], tier_u[sl], net_z[sl])
+            speed[sl], down[sl], up[sl], latency[sl], measured = drawn
+            if measured is not None:
+                intervals[gi] = measured
         return cls(
             group=group,
             group_names=tuple(g.name for g in groups),
@@ -676,12 +822,10 @@ class Fleet:
             down_bps=down,
             up_bps=up,
             latency_s=latency,
-            straggler_p=np.array([s.p for s in stragglers])[group],
-            slowdowns=tuple(s.slowdown for s in stragglers),
             availability=tuple(g.availability for g in groups),
             seed=seed,
-            dropout_p=np.array([s.dropout_p for s in stragglers])[group],
             intervals=intervals,
+            **_straggler_fields(spec, group),
         )
 
     @property
@@ -716,8 +860,17 @@ class Fleet:
     def comm_time(
         self, devices: np.ndarray, bytes_down: int, bytes_up: int | np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Seconds to download ``bytes_down`` and to upload ``bytes_up`` (a size,
-        or one per device): ``8 * bytes / bits_per_second + latency_s`` each."""
+        """Seconds to download ``bytes_down`` and to upload ``bytes_up``.
+
+        Args:
+            devices: device ids.
+            bytes_down: the payload's size.
+            bytes_up: the upload's size, or one size per device.
+
+        Returns:
+            (down, up) seconds per device: 8 bytes / bit rate + latency_s
+            each (no partial transfers, no contention between devices).
+        """
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         lat = self.latency_s[idx]
         down = 8.0 * bytes_down / self.down_bps[idx] + lat
@@ -752,7 +905,14 @@ class Fleet:
         self, devices: np.ndarray, rng: np.random.Generator, work_s: Any
     ) -> np.ndarray:
         """Seconds after its start at which each device drops out of this
-        round (uniform in ``[0, work_s)``), or ``inf``; two uniforms each."""
+        round (uniform in ``[0, work_s)``), or ``inf``; two uniforms each.
+
+        Args:
+            devices: device ids, in the order drawn.
+            rng: the round's (or job's) stream.
+            work_s: each device's job duration (scalar or per device); an
+                endless job (inf) never drops out.
+        """
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
         u = rng.random((idx.size, 2))
         work = np.broadcast_to(np.asarray(work_s, dtype=np.float64), idx.shape)
@@ -762,7 +922,105 @@ class Fleet:
 
 
 def _stream(seed: int, tag: int) -> np.random.Generator:
+    """The seed's stream for one kind of draw (see the ``_TAG_*`` values)."""
     return np.random.default_rng(np.random.SeedSequence([seed, tag]))
+
+
+def _checked_intervals(
+    group: np.ndarray, n_groups: int, intervals: dict[int, Intervals]
+) -> dict[int, Intervals]:
+    """``intervals`` after checking each names a group and covers exactly
+    its devices (the kernel slices traces by group order).
+
+    Raises:
+        ValueError: devices out of group order, an unknown group, or a
+            device count that differs from the group's.
+    """
+    counts = np.bincount(group, minlength=n_groups)
+    if intervals and np.any(group[1:] < group[:-1]):
+        raise ValueError("with intervals, devices must be numbered in group order")
+    for gi, iv in intervals.items():
+        if not 0 <= gi < n_groups:
+            raise ValueError(f"intervals[{gi}]: there is no group {gi}")
+        if iv.size != counts[gi]:
+            raise ValueError(
+                f"intervals[{gi}] has {iv.size} devices; group {gi} has {counts[gi]}"
+            )
+    return intervals
+
+
+def _device_normals(
+    groups: list[DeviceGroup], seed: int, m: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every device's speed normal, tier uniform and pair of bandwidth
+    normals (``[m]``, ``[m]``, ``[m, 2]``).
+
+    Every device gets a speed normal, trace devices too, so a group turned
+    into a trace leaves the others' speeds alone. The tier and bandwidth
+    streams are drawn only when some group uses them (zeros otherwise):
+    three draws a device saved on large fleets, and the scenarios that use
+    neither keep the draws they always had.
+    """
+    z = _stream(seed, _TAG_SPEED).standard_normal(m)
+    mixed = any(g.speed is not None and g.speed.dist == "mixture" for g in groups)
+    spread = any(g.network.down_sigma or g.network.up_sigma for g in groups)
+    tier_u = _stream(seed, _TAG_TIER).random(m) if mixed else np.zeros(m)
+    net_z = np.zeros((m, 2))
+    if spread:
+        net_z = _stream(seed, _TAG_NETWORK).standard_normal((m, 2))
+    return z, tier_u, net_z
+
+
+def _straggler_fields(spec: FleetSpec, group: np.ndarray) -> dict[str, Any]:
+    """The fleet's straggler fields: per-device probabilities (each group's
+    own model, else the fleet's) and per-group slowdown laws."""
+    stragglers = [spec.stragglers_of(gi) for gi in range(len(spec.groups))]
+    return {
+        "straggler_p": np.array([s.p for s in stragglers])[group],
+        "slowdowns": tuple(s.slowdown for s in stragglers),
+        "dropout_p": np.array([s.dropout_p for s in stragglers])[group],
+    }
+
+
+def _group_devices(
+    g: DeviceGroup, z: np.ndarray, tier_u: np.ndarray, net_z: np.ndarray
+) -> tuple[Any, Any, Any, Any, Intervals | None]:
+    """One group's (speed, down bit/s, up bit/s, latency, trace intervals),
+    read from its trace or drawn from its devices' normals and uniforms."""
+    if g.trace is not None:
+        tr = _read_group_trace(g)
+        down, up = tr.down_mbps * 1e6, tr.up_mbps * 1e6
+        return tr.speed, down, up, tr.latency_s, tr.availability
+    down, up = _draw_bandwidths(g.network, net_z)
+    return _draw_speed(g.speed, z, tier_u), down, up, g.network.latency_s, None
+
+
+def _read_group_trace(g: DeviceGroup) -> DeviceTrace:
+    """A trace group's measured devices.
+
+    Raises:
+        ValueError: the file no longer has the rows the scenario counted.
+    """
+    tr = g.load_trace()
+    if tr.size != g.count:
+        raise ValueError(
+            f"{tr.path} has {tr.size} rows, the scenario says "
+            f"{g.count}: the file changed after the scenario was read"
+        )
+    return tr
+
+
+def _draw_bandwidths(
+    net: NetworkSpec, net_z: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Down and up bandwidths in bit/s from each device's two normals:
+    lognormal around the medians, log-correlated by ``rho`` (sigma 0:
+    exp(0 z) = 1, the median exactly)."""
+    z1, z2 = net_z[:, 0], net_z[:, 1]
+    z_up = net.rho * z1 + math.sqrt(1 - net.rho**2) * z2
+    down = net.down_mbps * 1e6 * np.exp(net.down_sigma * z1)
+    up = net.up_mbps * 1e6 * np.exp(net.up_sigma * z_up)
+    return down, up
 
 
 def _draw_speed(

@@ -14,6 +14,15 @@ _CLIENT_TAG = 0xC11E
 def client_seed(seed: int, round_: int, client: int) -> int:
     """The seed of one client's randomness in one round: (seed, round, client).
 
+    Args:
+        seed: the scenario seed.
+        round_: the round (asynchronous mode: the device's job index).
+        client: the client id.
+
+    Returns:
+        A non-negative int below 2^63 (what ``torch.Generator.manual_seed``
+        takes), the same whichever worker trains the client.
+
     >>> client_seed(0, 3, 7) == client_seed(0, 3, 7) != client_seed(0, 4, 7)
     True
     """
@@ -31,6 +40,12 @@ def batches(
     same batches, and crosses to ``device`` once per epoch: indexing a GPU
     tensor with CPU indices would copy (and synchronise) at every step.
 
+    Args:
+        n: the client's number of rows.
+        batch: the batch size B.
+        gen: the client's generator (:func:`client_seed`).
+        device: where the indices go (None: the CPU).
+
     >>> it = batches(5, 2, torch.Generator().manual_seed(0))
     >>> [len(next(it)) for _ in range(3)]
     [2, 2, 2]
@@ -45,7 +60,14 @@ def batches(
 
 def first_batches(n: int, batch: int, steps: int, gen: torch.Generator) -> torch.Tensor:
     """The first ``steps`` batches of :func:`batches` (n > batch) as one
-    ``[steps, batch]`` tensor, drawn an epoch at a time.
+    ``[steps, batch]`` tensor, drawn an epoch at a time (the same draws
+    from ``gen``, so batched and sequential training see the same batches).
+
+    Args:
+        n: the client's number of rows (more than ``batch``).
+        batch: the batch size B.
+        steps: how many batches.
+        gen: the client's generator, fresh.
 
     >>> it = batches(7, 2, torch.Generator().manual_seed(3))
     >>> one_by_one = torch.stack([next(it) for _ in range(5)])

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 
 def num_params(model: nn.Module) -> int:
+    """d, the number of scalars in ``model``'s parameters."""
     return sum(p.numel() for p in model.parameters())
 
 
@@ -52,7 +53,19 @@ def weighted_sum(
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """sum_i w_i v_i accumulated in float64, in the given order; the result has
-    ``dtype``, by default the first vector's."""
+    ``dtype``, by default the first vector's.
+
+    The fixed order and the float64 accumulator make an aggregate the same
+    bits whatever order updates arrived in (the caller sorts them).
+
+    Args:
+        vectors: equally shaped tensors.
+        weights: one weight per vector.
+        dtype: the result's dtype (None: the first vector's).
+
+    Raises:
+        ValueError: no vectors, or not one weight per vector.
+    """
     if len(vectors) != len(weights):
         raise ValueError(f"{len(vectors)} vectors but {len(weights)} weights")
     if not vectors:
@@ -64,6 +77,7 @@ def weighted_sum(
 
 
 def l2_norm(v: torch.Tensor) -> float:
+    """||v||_2, computed in float64 whatever ``v``'s dtype."""
     return float(torch.linalg.vector_norm(v.to(torch.float64)))
 
 

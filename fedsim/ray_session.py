@@ -39,6 +39,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
 
 
 def shutdown_ray() -> None:
+    """Shut down this process's Ray session, if it has one (never a
+    cluster's other processes)."""
     import ray
 
     if ray.is_initialized():

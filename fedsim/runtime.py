@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -46,13 +46,26 @@ from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
 from fedsim.server import Applied, DivergenceError, Server, evaluates
 from fedsim.workers import Payload, Task
 
+# Tags of the run's random streams, each (seed, tag, n): distinct tags keep
+# the selector's, the clock's and the timeline's draws independent, and a
+# stream is rebuilt from (seed, tag, round) on resume (nothing is saved).
 _SELECT_TAG = 0x5E1
 _CLOCK_TAG = 0xC10C
-_ASYNC_SELECT_TAG = 0xD15C  # the timeline's dispatch stream: (seed, tag, n)
+# The timeline's n-th choice draws from (seed, tag, n), with the tag the
+# clock's default chooser uses for the same stream.
+_ASYNC_SELECT_TAG = 0xD15C
 
 Row = dict[str, Any]
 RoundCallback = Callable[[Row, list[Row]], None]
-Pair = tuple[ClientUpdate, float]  # an update and its effective weight
+
+
+class Pair(NamedTuple):
+    """A trained update and its effective aggregation weight w_i."""
+
+    update: ClientUpdate
+    weight: float
+
+
 Trained = Sequence[Pair]
 
 
@@ -118,8 +131,14 @@ class RunResult:
         return participation_bias(shares, n / n.sum())
 
     def degenerate(self) -> str | None:
-        """Why the run's numbers mean little (no update, no test set, too few
-        devices online in most synchronous rounds), or None."""
+        """Why the run's numbers mean little, or None.
+
+        Returns:
+            A sentence for summary.json when no update ever reached the
+            server, the test set is empty, or fewer than
+            ``clients_per_round`` devices were online in most synchronous
+            rounds; None when the run is meaningful (or has no rows).
+        """
         if not self.rows:
             return None
         if sum(int(r["n_completed"]) for r in self.rows) == 0:
@@ -128,6 +147,10 @@ class RunResult:
         # test set (e.g. one sample per client, all of it kept for training).
         if all(math.isnan(float(r.get("test_loss", 0.0))) for r in self.rows):
             return "the test set is empty, so no round has a test loss or accuracy"
+        return self._short_rounds()
+
+    def _short_rounds(self) -> str | None:
+        """Whether most synchronous rounds selected fewer than k devices."""
         # async has no rounds; a selector drawing with replacement returns
         # fewer distinct ids than clients_per_round when it draws one twice
         sel = self.scenario.selector
@@ -143,32 +166,61 @@ class RunResult:
         return None
 
 
+class JobColumns(NamedTuple):
+    """An asynchronous job's columns of clients.parquet (field names are
+    the column names, in column order)."""
+
+    version_started: int  # the version the device downloaded
+    version_applied: int | None  # the version its update made; None: dropped
+    staleness: int | None  # versions made while it trained; None: it left
+    job: int  # the device's job index (its seed's "round")
+
+
 @dataclass(frozen=True)
 class ClientRecord:
-    """One client row: the clock's plan, whether the upload reached the server
-    (billed), and in asynchronous mode (``round``: the version at arrival) the
-    job (version started, version applied or None, staleness or None, index)."""
+    """One client row before training: the clock's plan, whether the upload
+    reached the server (and is billed), and in asynchronous mode the job.
+
+    Attributes:
+        round: the round, or in asynchronous mode the version at arrival.
+        plan: what the clock decided for this device.
+        uploaded: whether the upload reached the server (bytes_up billed).
+        job: asynchronous mode's job columns; None in rounds.
+    """
 
     round: int
     plan: clock.Plan
     uploaded: bool
-    job: tuple[int, int | None, int | None, int] | None = None
+    job: JobColumns | None = None
 
     @classmethod
     def from_plan(cls, t: int, p: clock.Plan) -> ClientRecord:
+        """Round ``t``'s record of plan ``p``."""
         # Late and surplus updates were uploaded; the server did not use them.
         return cls(t, p, uploaded=not p.dropped or p.reason in ("late", "surplus"))
 
     @classmethod
     def from_arrival(cls, a: clock.Arrival) -> ClientRecord:
+        """The record of an asynchronous job's end."""
         applied = None if a.dropped else a.version
-        job = (a.job.version, applied, a.staleness, a.job.index)
+        job = JobColumns(a.job.version, applied, a.staleness, a.job.index)
         # a stale update was sent, then refused
         return cls(a.version, a.plan, a.status in ("applied", "stale"), job)
 
 
 class _Run:
-    """One run's parts, built once, and what both loops share."""
+    """One run's parts, built once, and what both loops share.
+
+    Guarantees: every part is a pure function of the scenario (fleet, data,
+    x_0, the per-run :class:`clock.RunContext`), so a resumed run rebuilds
+    exactly what the interrupted one had; the host's clock feeds only the
+    ``wall_time`` column. The executor is added by :meth:`start`.
+
+    Args:
+        sc: the validated scenario.
+        run_dir: where results and checkpoints go (None: kept in memory).
+        on_round: called with each round's row and client rows.
+    """
 
     def __init__(
         self, sc: Scenario, run_dir: Path | None, on_round: RoundCallback | None
@@ -184,19 +236,27 @@ class _Run:
         self.server = Server(sc, self.data)
         self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)
         d, elem = self.server.num_params, sc.model.elem_bytes
-        self.bytes_down = sc.algorithm.down_factor * d * elem
-        self.bytes_up = sc.algorithm.up_factor * d * elem
-        self.work = job_work(sc, self.data)  # FedDM: its iterations and upload
+        # The constants every plan, the timeline and the selectors charge
+        # for, in one frozen value (docs/architecture.md, "Bytes").
+        self.ctx = clock.RunContext(
+            bytes_down=sc.algorithm.down_factor * d * elem,
+            bytes_up=sc.algorithm.up_factor * d * elem,
+            n_samples=self.data.n_samples,
+            batch_size=sc.client.batch_size,
+            # an algorithm whose client work is not local steps says its own
+            work=job_work(sc, self.data),
+        )
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
+        ctx = self.ctx
         self.sel_ctx = SelectorContext.from_run(
             self.fleet,
-            self.data.n_samples,
+            ctx.n_samples,
             sc.round,
-            sc.client.batch_size,
-            self.bytes_down,
-            self.bytes_up,
-            self.work,
+            ctx.batch_size,
+            ctx.bytes_down,
+            ctx.bytes_up,
+            ctx.work,
         )
         self.every = sc.checkpoint.every_rounds if run_dir is not None else 0
 
@@ -206,6 +266,16 @@ class _Run:
         return cls(scenario, None, None)
 
     def start(self, workers: int, resume: bool) -> None:
+        """Evaluate x_0, prepare the run directory and start the executor.
+
+        Args:
+            workers: 0 trains in this process, n >= 1 on n Ray actors.
+            resume: the run continues from a checkpoint (the partition's
+                table and figure are already there).
+
+        Raises:
+            SetupError: the run directory cannot take the run.
+        """
         # x_0 is a pure function of (scenario, seed): a resume evaluates it again
         loss, acc = self.server.evaluate()
         self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
@@ -233,6 +303,8 @@ class _Run:
                 raise SetupError(f"cannot write results: {exc}") from None
 
     def rng(self, tag: int, n: int) -> np.random.Generator:
+        """A fresh generator for stream ``tag``'s ``n``-th draw (round, or
+        the timeline's choice counter): pure in (seed, tag, n)."""
         return np.random.default_rng(np.random.SeedSequence([self.sc.seed, tag, n]))
 
     def record(
@@ -245,14 +317,27 @@ class _Run:
         extra: Row,
         selector_rows: Sequence[Row] = (),
     ) -> None:
-        """Add round (or version) ``t``'s rows; ``trained`` pairs each
-        non-dropped record's update (in order) with its effective weight."""
+        """Add round (or version) ``t``'s rows to the recorder.
+
+        Evaluates the model first when ``t`` is an evaluation round, so the
+        row's test columns describe the model after ``applied``.
+
+        Args:
+            t: the round, or in asynchronous mode the version made.
+            sim_time: the simulated time at which ``t`` ended.
+            records: every device of ``t``, dropped ones included.
+            trained: one :class:`Pair` per non-dropped record, in order.
+            applied: what the server did with them.
+            extra: mode-specific columns of the round row.
+            selector_rows: the selector's artifact rows for ``t``.
+        """
         nan = math.nan
         test_loss, test_acc = (
-            self.server.evaluate() if evaluates(self.sc, t) else (nan, nan)
+            self.server.evaluate()
+            if evaluates(self.sc.eval, self.sc.rounds, t)
+            else (nan, nan)
         )
         done = [r.plan for r in records if not r.plan.dropped]
-        taus = np.array([p.tau for p in done], dtype=np.float64)
         row = {
             "round": t,
             "sim_time": sim_time,
@@ -263,13 +348,12 @@ class _Run:
             "n_selected": len(records),
             "n_completed": len(done),
             "n_dropped": len(records) - len(done),
-            "tau_mean": float(taus.mean()) if len(taus) else nan,
-            "tau_min": float(taus.min()) if len(taus) else nan,
-            "tau_max": float(taus.max()) if len(taus) else nan,
+            **_tau_columns([p.tau for p in done]),
             "tau_eff": applied.info.tau_eff,
             "chi2_pw": applied.info.chi2_pw,
             **extra,
         }
+        # trained skips the dropped records: walk both in step
         it = iter(trained)
         these = [
             self.client_row(r, None if r.plan.dropped else next(it), applied)
@@ -282,10 +366,16 @@ class _Run:
     def client_row(
         self, r: ClientRecord, trained: Pair | None, applied: Applied
     ) -> Row:
+        """One row of clients.parquet.
+
+        Args:
+            r: the device's record.
+            trained: its update and effective weight; None when it dropped
+                (no update: weight 0 and NaN update columns).
+            applied: the server's step, for ``agg_weight`` and the
+                algorithm's per-client flag columns.
+        """
         u, weight = trained or (None, 0.0)
-        up = self.bytes_up if u is None or u.bytes_up is None else u.bytes_up
-        if u is None and self.work is not None:  # uploaded, then not used
-            up = int(self.work.bytes_up[r.plan.client])
         p = r.plan
         row: Row = {
             "round": r.round,
@@ -301,20 +391,40 @@ class _Run:
             "agg_weight": 0.0 if u is None else applied.shares.get(p.client, weight),
             "update_norm": l2_norm(u.delta) if u is not None else math.nan,
             "train_loss": u.train_loss if u is not None else math.nan,
-            "bytes_down": self.bytes_down,
-            "bytes_up": up if r.uploaded else 0,
+            "bytes_down": self.ctx.bytes_down,
+            "bytes_up": self._bytes_up(p.client, u) if r.uploaded else 0,
             **(applied.info.flags.get(p.client, {}) if u is not None else {}),
         }
         if r.job is not None:
-            keys = ("version_started", "version_applied", "staleness", "job")
-            row |= dict(zip(keys, r.job, strict=True))
+            row |= r.job._asdict()
         return row
+
+    def _bytes_up(self, client: int, u: ClientUpdate | None) -> int:
+        """What ``client``'s upload weighed (billed only if it arrived):
+        the update's own size when it says one, else the algorithm's upload
+        size for this client, else the model-sized default."""
+        work = self.ctx.work
+        if u is None and work is not None:  # uploaded, then not used
+            return int(work.bytes_up[client])
+        if u is None or u.bytes_up is None:
+            return self.ctx.bytes_up
+        return u.bytes_up
 
     def save_checkpoint(
         self, next_round: int, sim_time: float, state: Any, payloads: dict[int, Payload]
     ) -> None:
-        """Save the state after ``next_round`` rounds (or versions); ``state``:
-        the selector's; ``payloads``: the versions jobs in flight started from."""
+        """Save the state after ``next_round`` rounds (or versions).
+
+        The rows are flushed first and ``LATEST`` moves last, so a crash at
+        any point leaves the previous checkpoint usable.
+
+        Args:
+            next_round: the first round (or version) a resume will run.
+            sim_time: the simulated time at that point.
+            state: the selector's state (JSON-able).
+            payloads: by version; those older than ``next_round`` are the
+                versions jobs in flight started from, and are saved.
+        """
         assert self.run_dir is not None
         self.recorder.flush()
         ckpt = checkpoint.checkpoint_dir(self.run_dir, next_round)
@@ -338,7 +448,11 @@ class _Run:
         checkpoint.commit_checkpoint(self.run_dir, ckpt)
 
     def restore(self) -> checkpoint.Checkpoint:
-        """Load the latest checkpoint (server, client store, rows); return it."""
+        """Load the latest checkpoint (server, client store, rows); return it.
+
+        Raises:
+            CheckpointError: no usable checkpoint, or one outside ``rounds``.
+        """
         assert self.run_dir is not None
         ck = checkpoint.latest_checkpoint(self.run_dir)
         if not 0 < ck.next_round <= self.sc.rounds:
@@ -359,7 +473,18 @@ class _Run:
     def observe(
         self, sel: Selector, state: Any, t: int, applied: Applied, trained: Trained
     ) -> tuple[Any, list[Row]]:
-        """The selector learns round (or version) ``t``: its state and rows."""
+        """The selector learns round (or version) ``t``.
+
+        Args:
+            sel: the selector (possibly resized by ``with_slots``).
+            state: its state before ``t``.
+            t: the round or version just applied.
+            applied: the server's step.
+            trained: each aggregated update with its effective weight.
+
+        Returns:
+            The selector's new state and its artifact rows for ``t``.
+        """
         state = sel.observe(state, t, applied.result(trained), self.sel_ctx)
         return state, [{"round": t, **r} for r in sel.artifact(state, t)]
 
@@ -384,14 +509,46 @@ def job_work(sc: Scenario, data: FederatedData) -> clock.JobWork | None:
     )
 
 
+def _tau_columns(taus: Sequence[int]) -> Row:
+    """A round row's tau statistics over the devices that did not drop
+    (NaN when none is left)."""
+    a = np.array(taus, dtype=np.float64)
+    if not len(a):
+        return {"tau_mean": math.nan, "tau_min": math.nan, "tau_max": math.nan}
+    return {
+        "tau_mean": float(a.mean()),
+        "tau_min": float(a.min()),
+        "tau_max": float(a.max()),
+    }
+
+
+def _over_selection(run: _Run) -> tuple[Selector, int | None]:
+    """The selector a round asks, and how many arrivals it keeps.
+
+    With ``round.over_select`` > 1 a round asks for ceil(over_select k)
+    devices and keeps the first k arrivals; the selector is resized with
+    ``with_slots`` so that a selector with a candidate ratio keeps it (as
+    for free asynchronous slots). Otherwise: the selector, keep None.
+    """
+    sc, sel = run.sc, run.selector
+    if sc.round.over_select <= 1:
+        return sel, None
+    k = sc.selector.clients_per_round
+    # round(.., 9): 1.1 * 50 is 55.00000000000001 in floats, whose ceil
+    # would ask for one device more than the scenario means
+    asked = math.ceil(round(sc.round.over_select * k, 9))
+    return sel.with_slots(min(asked, run.fleet.size)), k
+
+
 def _run_rounds(run: _Run, resume: bool) -> None:
-    sc, server, sel = run.sc, run.server, run.selector
-    keep: int | None = None
-    if sc.round.over_select > 1:  # ask for ceil(over_select k), keep k arrivals
-        k = sc.selector.clients_per_round
-        asked = math.ceil(round(sc.round.over_select * k, 9))
-        # power-of-choice keeps its d / k ratio (as for free async slots)
-        keep, sel = k, sel.with_slots(min(asked, run.fleet.size))
+    """The synchronous loop: select, plan (SimPy), train, apply, record.
+
+    Each round's randomness comes from (seed, tag, round), and the round
+    starts at the first instant a device is online, so a resumed run
+    continues with exactly the rounds an uninterrupted one would run.
+    """
+    sc, sel = run.sc, run.selector
+    sel, keep = _over_selection(run)
     state = sel.init(run.sel_ctx)
     start, now = 0, 0.0
     if resume:
@@ -402,48 +559,73 @@ def _run_rounds(run: _Run, resume: bool) -> None:
         online = np.flatnonzero(run.fleet.online(now))
         draw = Draw(t, online, run.rng(_SELECT_TAG, t), run.sel_ctx)
         chosen, state = sel.select(state, draw)
-        multiplicity = sel.multiplicity(state, chosen)
         plan = clock.plan_round(
-            run.fleet,
-            chosen,
-            now,
-            sc.round,
-            run.rng(_CLOCK_TAG, t),
-            run.bytes_down,
-            run.bytes_up,
-            run.data.n_samples,
-            sc.client.batch_size,
-            keep=keep,
-            work=run.work,
+            run.fleet, chosen, now, sc.round, run.rng(_CLOCK_TAG, t), run.ctx, keep
         )
-        records = [ClientRecord.from_plan(t, p) for p in plan.plans]
-        tasks = [Task(p.client, t, p.tau, t) for p in plan.plans if not p.dropped]
-        clients = [task.client for task in tasks]
-        ups = run.executor.train(
-            tasks, {t: server.payload()}, server.client_states(clients)
-        )
-        run.executor.forget(t)
-        applied = server.apply(ups, multiplicity=multiplicity, where=f"round {t}")
-        w = dict(zip(sorted(clients), applied.weights, strict=True))
-        trained = [(u, w[u.client]) for u in ups]
+        trained, applied = _train_round(run, t, plan, sel.multiplicity(state, chosen))
         state, artifact = run.observe(sel, state, t, applied, trained)
+        records = [ClientRecord.from_plan(t, p) for p in plan.plans]
         run.record(t, plan.t_end, records, trained, applied, {}, artifact)
         now = plan.t_end
         if run.due(t + 1):
             run.save_checkpoint(t + 1, now, state, {})
 
 
+def _train_round(
+    run: _Run, t: int, plan: clock.RoundPlan, multiplicity: dict[int, int] | None
+) -> tuple[list[Pair], Applied]:
+    """Train round ``t``'s non-dropped devices for their tau and apply them.
+
+    Args:
+        run: the run's parts.
+        t: the round (it seeds each client's minibatches).
+        plan: the clock's plan of the round.
+        multiplicity: how often the selector drew each client (None: once).
+
+    Returns:
+        Each update with its effective weight, in the plan's order, and
+        what the server did.
+    """
+    server = run.server
+    tasks = [Task(p.client, t, p.tau, t) for p in plan.plans if not p.dropped]
+    clients = [task.client for task in tasks]
+    ups = run.executor.train(
+        tasks, {t: server.payload()}, server.client_states(clients)
+    )
+    run.executor.forget(t)
+    applied = server.apply(ups, multiplicity=multiplicity, where=f"round {t}")
+    # the server aggregates (and reports weights) in client-id order
+    w = dict(zip(sorted(clients), applied.weights, strict=True))
+    return [Pair(u, w[u.client]) for u in ups], applied
+
+
 class _Async:
-    """The asynchronous loop (docs/architecture.md, "Asynchronous mode")."""
+    """The asynchronous loop (docs/architecture.md, "Asynchronous mode").
+
+    The SimPy timeline never depends on training results, so the loop
+    trains ahead of it: it pulls version records, trains in one executor
+    call every job whose start version is already computed, and applies
+    records in order once all their jobs are trained. Guarantees: updates
+    are applied in simulated arrival order, and the result does not depend
+    on how jobs were batched (``max_lookahead`` 1 gives the same bits).
+
+    Args:
+        run: the run's parts.
+        max_lookahead: at most this many version records held ahead of the
+            model (None: about four job lifetimes); forced to 1 with an
+            adaptive selector, whose every choice must see the versions
+            made before it.
+    """
 
     def __init__(self, run: _Run, max_lookahead: int | None) -> None:
         sc = run.sc
         self.run = run
         self.rule = cast(AsyncRule, sc.algorithm)  # the scenario checked it
         self.concurrency = sc.round.concurrency or sc.selector.clients_per_round
+        # A job lives about concurrency / buffer_size versions: four lifetimes
+        # keep the workers busy without holding many payloads.
         default = 4 * math.ceil(self.concurrency / self.rule.buffer_size) + 4
         self.adaptive = run.selector.adaptive
-        # adaptive: every choice waits for the versions before it
         self.max_lookahead = 1 if self.adaptive else max_lookahead or default
         self.sel_state = run.selector.init(run.sel_ctx)
         # adaptive selectors: every pick so far (choice n -> ids), which the
@@ -457,10 +639,7 @@ class _Async:
             buffer_size=self.rule.buffer_size,
             concurrency=self.concurrency,
             seed=sc.seed,
-            bytes_down=run.bytes_down,
-            bytes_up=run.bytes_up,
-            n_samples=run.data.n_samples,
-            batch_size=sc.client.batch_size,
+            ctx=run.ctx,
             choose=self._choose,
         )
         self.timeline: Iterator[clock.Version] = iter(self.tl)
@@ -471,7 +650,13 @@ class _Async:
         self.w = 0  # the newest computed version
 
     def _choose(self, candidates: np.ndarray, free: int, n: int) -> np.ndarray:
-        """The selector's n-th pick for the free slots (or the logged one)."""
+        """The selector's n-th pick for the free slots (or the logged one).
+
+        The timeline calls this only once every version made so far has been
+        yielded, so ``self.tl.version`` is the version the picked devices
+        download, and an adaptive selector has observed every version
+        before it (the runtime pulls one record at a time then).
+        """
         if n < len(self.replay):
             return np.asarray(self.replay[n], dtype=np.int64)
         run = self.run
@@ -483,7 +668,12 @@ class _Async:
         return ids
 
     def _restore(self) -> None:
-        """Load the latest checkpoint and replay the timeline up to it."""
+        """Load the latest checkpoint and replay the timeline up to it.
+
+        The timeline is replayed without training: it is a pure function of
+        the scenario (and, for adaptive selectors, of the saved picks), so
+        the replay rebuilds exactly which jobs are in flight.
+        """
         run = self.run
         ck = run.restore()
         w = ck.next_round
@@ -493,6 +683,20 @@ class _Async:
             rec = next(self.timeline)
             self.users.update(j.version for j in rec.started)
             self.users.subtract(a.job.version for a in rec.ended)
+        self._load_payloads(ck, w)
+        self.users = +self.users  # only the versions open jobs started from
+        self.w = w
+        if self.adaptive:
+            self.sel_state = ck.selector_state["state"]
+            self.picks, self.replay = self.replay, []
+
+    def _load_payloads(self, ck: checkpoint.Checkpoint, w: int) -> None:
+        """The parameters of every version an open job started from, saved
+        with the checkpoint, and version ``w``'s from the restored server.
+
+        Raises:
+            CheckpointError: a needed version's file is missing or unreadable.
+        """
         try:
             for v in [v for v in range(w) if self.users[v] > 0]:
                 path = ck.path / f"payload-{v:08d}.pt"
@@ -501,14 +705,15 @@ class _Async:
             raise checkpoint.CheckpointError(
                 f"{ck.path}: missing version parameters ({exc})"
             ) from None
-        self.payloads[w] = run.server.payload()
-        self.users = +self.users  # only the versions open jobs started from
-        self.w = w
-        if self.adaptive:
-            self.sel_state = ck.selector_state["state"]
-            self.picks, self.replay = self.replay, []
+        self.payloads[w] = self.run.server.payload()
 
     def loop(self, resume: bool) -> None:
+        """Run every remaining version (``resume``: from the checkpoint).
+
+        Raises:
+            clock.Stalled: the timeline can make no further version.
+            DivergenceError: the model or the training loss is not finite.
+        """
         if resume:
             self._restore()
         else:
@@ -521,56 +726,65 @@ class _Async:
                 self._apply(self.pending.popleft())
 
     def _look_ahead(self) -> list[clock.Job]:
-        """Pull records (docs/architecture.md); the jobs trainable now."""
-        w, pending = self.w, self.pending
-        ready = [a.job for r in pending for a in r.applied if a.job.version <= w]
-        batch = [j for j in ready if j not in self.trained]
-        while len(pending) < self.max_lookahead and (
-            not pending
-            or all(a.job.version <= w for a in pending[-1].applied)
-            or len(batch) < self.concurrency
-        ):
+        """Pull version records; return the jobs trainable now, untrained.
+
+        A job is trainable once the version it starts from is computed
+        (``<= self.w``). Records are pulled while the newest one needs only
+        computed versions (it can be applied as soon as it is trained) and,
+        past that, while fewer than ``concurrency`` jobs are ready (keep the
+        workers busy), never beyond ``max_lookahead`` records held.
+        """
+        pending = self.pending
+        batch = [j for r in pending for j in self._ready(r) if j not in self.trained]
+        while len(pending) < self.max_lookahead and self._wants_more(batch):
             rec = next(self.timeline, None)
             if rec is None:
                 break
             pending.append(rec)
             self.users.update(j.version for j in rec.started)
-            batch += [a.job for a in rec.applied if a.job.version <= w]
+            batch += self._ready(rec)
         return batch
 
+    def _ready(self, rec: clock.Version) -> list[clock.Job]:
+        """The jobs of ``rec`` whose start version is already computed."""
+        return [a.job for a in rec.applied if a.job.version <= self.w]
+
+    def _wants_more(self, batch: list[clock.Job]) -> bool:
+        """Whether :meth:`_look_ahead` should pull another record."""
+        if not self.pending:
+            return True
+        newest = self.pending[-1].applied
+        return all(a.job.version <= self.w for a in newest) or (
+            len(batch) < self.concurrency
+        )
+
     def _train(self, batch: list[clock.Job]) -> None:
-        # The job index plays the round's part in the client's seed.
+        """Train ``batch`` in one executor call and keep the updates by job."""
+        # The job index plays the round's part in the client's seed, so a
+        # device's j-th job sees the minibatches of a synchronous round j.
         tasks = [Task(j.device, j.index, j.tau, j.version) for j in batch]
         states = self.run.server.client_states([t.client for t in tasks])
         ups = self.run.executor.train(tasks, self.payloads, states)
         self.trained.update(zip(batch, ups, strict=True))
 
     def _apply(self, rec: clock.Version) -> None:
+        """Apply version record ``rec`` (all its jobs trained), record its
+        rows, let an adaptive selector observe it, checkpoint when due."""
         run = self.run
-        jobs = [a.job for a in rec.applied]
-        ups = [self.trained.pop(j) for j in jobs]
+        ups = [self.trained.pop(a.job) for a in rec.applied]
         starts = [self.payloads[a.job.version]["x"] for a in rec.applied]
         staleness = [int(a.staleness or 0) for a in rec.applied]
         applied = run.server.apply(
             ups, staleness=staleness, starts=starts, where=f"version {rec.version}"
         )
-        status = Counter(a.status for a in rec.ended)
-        extra = {
-            "staleness_mean": float(np.mean(staleness)),
-            "staleness_max": int(max(staleness)),
-            "n_stale": status["stale"],
-            "n_offline": status["offline"],
-            "n_started": len(rec.started),
-            "in_flight": rec.in_flight,
-        }
-        by_job = dict(zip(jobs, zip(ups, applied.weights, strict=True), strict=True))
-        trained = [by_job[a.job] for a in rec.ended if not a.dropped]
+        trained = _pairs_in_end_order(rec, ups, applied)
         records = [ClientRecord.from_arrival(a) for a in rec.ended]
         artifact: list[Row] = []
         if self.adaptive:  # in arrival order: a device's later update wins
             self.sel_state, artifact = run.observe(
                 run.selector, self.sel_state, rec.version, applied, trained
             )
+        extra = _version_columns(rec, staleness)
         run.record(rec.version, rec.t, records, trained, applied, extra, artifact)
         self.w += 1
         self._forget(rec)
@@ -581,7 +795,8 @@ class _Async:
             run.save_checkpoint(self.w, rec.t, state, self.payloads)
 
     def _forget(self, rec: clock.Version) -> None:
-        """Keep the new version; drop versions no open job started from."""
+        """Keep the new version; drop versions no open job started from
+        (and tell the executor, which frees its copy in the object store)."""
         w = self.w
         self.payloads[w] = self.run.server.payload()
         self.users.subtract(a.job.version for a in rec.ended)
@@ -589,6 +804,30 @@ class _Async:
             del self.payloads[v]
             self.users.pop(v, None)
             self.run.executor.forget(v)
+
+
+def _pairs_in_end_order(
+    rec: clock.Version, ups: Sequence[ClientUpdate], applied: Applied
+) -> list[Pair]:
+    """Each applied update (given in ``rec.applied`` order) with its weight,
+    reordered as the non-dropped ends of ``rec.ended`` (the rows' order)."""
+    jobs = [a.job for a in rec.applied]
+    weights = dict(zip(jobs, applied.weights, strict=True))
+    by_job = {j: Pair(u, weights[j]) for j, u in zip(jobs, ups, strict=True)}
+    return [by_job[a.job] for a in rec.ended if not a.dropped]
+
+
+def _version_columns(rec: clock.Version, staleness: Sequence[int]) -> Row:
+    """The asynchronous columns of a version's row in rounds.parquet."""
+    status = Counter(a.status for a in rec.ended)
+    return {
+        "staleness_mean": float(np.mean(staleness)),
+        "staleness_max": int(max(staleness)),
+        "n_stale": status["stale"],
+        "n_offline": status["offline"],
+        "n_started": len(rec.started),
+        "in_flight": rec.in_flight,
+    }
 
 
 def async_timeline(scenario: Scenario) -> clock.AsyncTimeline:

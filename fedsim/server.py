@@ -31,7 +31,7 @@ from fedsim.data.base import as_tensor as _tensor
 from fedsim.data.validation import validation_problem, validation_use
 from fedsim.models import evaluate, make_model
 from fedsim.params import flatten, l2_norm
-from fedsim.scenario import Scenario, ScenarioError
+from fedsim.scenario import EvalSpec, Scenario, ScenarioError
 from fedsim.store import ClientStore
 
 Payload = dict[str, torch.Tensor]
@@ -42,18 +42,34 @@ class DivergenceError(RuntimeError):
     """The global model or the training loss became NaN or infinite."""
 
 
-def evaluates(scenario: Scenario, t: int) -> bool:
-    """Whether round (or version) ``t`` ends with an evaluation."""
-    return (t + 1) % scenario.eval.every_rounds == 0 or t == scenario.rounds - 1
+def evaluates(spec: EvalSpec, rounds: int, t: int) -> bool:
+    """Whether round (or version) ``t`` ends with an evaluation.
+
+    Every ``every_rounds``-th round is evaluated, and always the last, so a
+    run's final accuracy is never missing.
+
+    Args:
+        spec: the scenario's ``eval`` section.
+        rounds: the run's rounds (or versions).
+        t: the 0-based round or version.
+    """
+    return (t + 1) % spec.every_rounds == 0 or t == rounds - 1
 
 
 @dataclass(frozen=True)
 class Applied:
-    """What one :meth:`Server.apply` did: the algorithm's ``info``, each
-    update's effective ``weights`` (in given order), the data-weighted mean
-    ``train_loss`` and, in synchronous rounds, each client delta's
-    unnormalised weight in the step (``shares``: ``AggregateInfo.shares``,
-    else ``weights``)."""
+    """What one :meth:`Server.apply` did.
+
+    Attributes:
+        info: the algorithm's :class:`AggregateInfo` (tau_eff, chi^2, flags).
+        weights: each update's effective weight w_i, in the order the
+            updates were given (synchronous: client-id order).
+        train_loss: the mean of the updates' training losses, each counted
+            with its client's data weight (NaN without updates).
+        shares: synchronous rounds: each client delta's unnormalised weight
+            in the step (``AggregateInfo.shares``, else ``weights``);
+            asynchronous versions: empty (rows use ``weights`` per job).
+    """
 
     info: AggregateInfo
     weights: tuple[float, ...]
@@ -61,7 +77,16 @@ class Applied:
     shares: dict[int, float] = field(default_factory=dict)
 
     def result(self, trained: Sequence[tuple[ClientUpdate, float]]) -> RoundResult:
-        """What a selector observes, given each (update, effective weight)."""
+        """What a selector observes of this step.
+
+        Args:
+            trained: each aggregated update with its effective weight; a
+                client listed twice keeps its later entry.
+
+        Returns:
+            The round's result; test columns are NaN (a selector decides
+            before the round's evaluation).
+        """
         clients = {
             u.client: ClientStats(
                 l2_norm(u.delta), u.train_loss, w, self.info.flags.get(u.client, {})
@@ -78,7 +103,7 @@ class ClientStats:
     update_norm: float
     train_loss: float
     weight: float  # effective aggregation weight w_i
-    flags: dict[str, Any]  # the algorithm's per-client columns (FedPNS)
+    flags: dict[str, Any]  # the algorithm's per-client columns (clients.parquet)
 
 
 @dataclass(frozen=True)
@@ -99,7 +124,20 @@ def _with_multiplicity(u: ClientUpdate, k: int) -> ClientUpdate:
 
 
 class Server:
-    """Server state, per-client state, aggregation and evaluation."""
+    """Server state, per-client state, aggregation and evaluation.
+
+    Guarantees: the state changes only in :meth:`apply` and :meth:`load`;
+    :meth:`payload` returns a copy that later steps never change, so jobs in
+    flight keep the version they downloaded.
+
+    Args:
+        scenario: the run's scenario (algorithm, model, eval, validation).
+        data: the federated dataset (test and validation splits).
+
+    Raises:
+        ScenarioError: the algorithm scores server-side model choices but
+            the dataset has no validation split to score them on.
+    """
 
     def __init__(self, scenario: Scenario, data: FederatedData) -> None:
         self.scenario = scenario
@@ -110,8 +148,9 @@ class Server:
         self.store = ClientStore(data.num_clients, x0.numel(), x0.dtype)
         self.test = _split(data.test_x, data.test_y, x0.dtype, data.num_classes)
         self.test_weights = data.test_weights
-        # What server-side model choices score on (FedPNS's CHECK LOSS): the
-        # validation split, the test set where the scenario opts in, or None.
+        # What server-side model choices score on (an algorithm's check
+        # loss): the validation split, the test set where the scenario opts
+        # in, or None.
         use = validation_use(scenario)
         self.val = self.test if use == "test" else None
         self.val_weights = self.test_weights if use == "test" else None
@@ -127,9 +166,11 @@ class Server:
 
     @property
     def num_params(self) -> int:
+        """d, the model's number of parameters."""
         return int(self.state["x"].numel())
 
     def params(self) -> torch.Tensor:
+        """The global model x (the state's own tensor: clone to keep it)."""
         return self.state["x"]
 
     def payload(self) -> Payload:
@@ -151,31 +192,34 @@ class Server:
     ) -> Applied:
         """Aggregate ``updates`` into the server state.
 
+        Both modes share this one entry point: without ``staleness`` the
+        updates are a synchronous round's (the algorithm's ``aggregate``),
+        with it an asynchronous version's (``aggregate_async``). New client
+        states are stored after the step either way.
+
         Args:
-            updates: a synchronous round's (aggregated in client-id order),
-                or an asynchronous version's, in order of arrival.
-            staleness, starts: asynchronous mode (``aggregate_async``): each
-                update's staleness and the parameters it started from.
-            multiplicity: how many times the selector drew each client.
+            updates: a synchronous round's (aggregated in client-id order,
+                whatever order they are given in), or an asynchronous
+                version's, in order of arrival.
+            staleness: asynchronous mode: each update's staleness.
+            starts: asynchronous mode: the parameters each update started
+                from.
+            multiplicity: how many times the selector drew each client
+                (sampling with replacement), as each update's extra.
             where: "round 3" or "version 3", for error messages.
+
+        Returns:
+            What the step did (:class:`Applied`).
 
         Raises:
             DivergenceError: the model or the training loss is not finite.
         """
-        alg = self.algorithm
         if staleness is None:
             updates = sorted(updates, key=lambda u: u.client)
-            if multiplicity:
-                m = multiplicity
-                updates = [_with_multiplicity(u, m.get(u.client, 1)) for u in updates]
-            extra = {"server": self.context()} if alg.needs_server else {}
-            self.state, info = alg.aggregate(self.state, updates, **extra)
-            weights = tuple(info.weights.get(u.client, 0.0) for u in updates)
-            shares = dict(zip((u.client for u in updates), weights, strict=True))
-            shares.update(info.shares or {})
+            info, weights, shares = self._apply_round(updates, multiplicity)
         else:
             assert starts is not None, "asynchronous updates need their starts"
-            rule = cast(AsyncRule, alg)  # the scenario checked it
+            rule = cast(AsyncRule, self.algorithm)  # the scenario checked it
             self.state, info = rule.aggregate_async(
                 self.state, updates, staleness, starts
             )
@@ -184,20 +228,47 @@ class Server:
         for u in updates:
             if u.new_state is not None:
                 self.store.put(u.client, u.new_state)
+        return Applied(info, weights, self._train_loss(updates, where), shares)
+
+    def _apply_round(
+        self, updates: list[ClientUpdate], multiplicity: Mapping[int, int] | None
+    ) -> tuple[AggregateInfo, tuple[float, ...], dict[int, float]]:
+        """The synchronous step on ``updates`` (sorted by client id):
+        (info, each update's weight, each client delta's share)."""
+        alg = self.algorithm
+        if multiplicity:
+            m = multiplicity
+            updates = [_with_multiplicity(u, m.get(u.client, 1)) for u in updates]
+        extra = {"server": self.context()} if alg.needs_server else {}
+        self.state, info = alg.aggregate(self.state, updates, **extra)
+        weights = tuple(info.weights.get(u.client, 0.0) for u in updates)
+        shares = dict(zip((u.client for u in updates), weights, strict=True))
+        # an algorithm that scales deltas apart from w_i says so in shares
+        shares.update(info.shares or {})
+        return info, weights, shares
+
+    def _train_loss(self, updates: Sequence[ClientUpdate], where: str) -> float:
+        """The updates' mean training loss, each with its client's data
+        weight, after checking the new model is finite.
+
+        Raises:
+            DivergenceError: the model or that loss is NaN or infinite.
+        """
         if not bool(torch.isfinite(self.state["x"]).all()):
             raise DivergenceError(
                 f"{where}: the global model has NaN or infinite parameters"
             )
-        # the training losses weighted as the clients' data
         total = sum(u.weight for u in updates)
         losses = sum(u.weight * u.train_loss for u in updates)
         train_loss = losses / total if updates else math.nan
         if updates and not math.isfinite(train_loss):
             raise DivergenceError(f"{where}: the training loss is {train_loss}")
-        return Applied(info, weights, train_loss, shares)
+        return train_loss
 
     def context(self) -> ServerContext:
-        """The server's model and validation loss, for algorithms that need them."""
+        """The server's model and validation loss, for algorithms that need
+        them (``needs_server``); built once, on first use, with models of
+        its own so that scoring never disturbs the evaluation model."""
         if self._context is None:
             val, val_w = self.val, self.val_weights
             batch = self.scenario.eval.batch_size
@@ -218,7 +289,12 @@ class Server:
         return self._context
 
     def evaluate(self) -> tuple[float, float]:
-        """Test loss and accuracy of the current model."""
+        """Test loss and accuracy of the current model.
+
+        Returns:
+            (loss, accuracy) over the test set, with the test weights; NaN
+            for an empty test set.
+        """
         torch.nn.utils.vector_to_parameters(self.state["x"], self.model.parameters())
         batch = self.scenario.eval.batch_size
         return evaluate(self.model, *self.test, batch, self.test_weights)

@@ -6,6 +6,10 @@ decides how many), keeping FedNova's recursion (docs/algorithms.md 5.3) for
 ``norm_a(tau)`` is the closed form (5.2). With ``SolverState.lr`` an algorithm
 gets d_i = -Delta_i / (lr ||a_i||_1) (SCAFFOLD option II, FedNova-VR, FedDC).
 
+Each solver also steps a stack of clients at once (:meth:`SGD.step_rows`,
+used by :mod:`fedsim.batched`): the same rule on rows ``[n, d]``, with
+||a_i||_1 taken from the closed form instead of the recursion.
+
 Example:
     >>> s = Momentum(lr=0.1, rho=0.9)
     >>> x, st = torch.zeros(1), s.begin(torch.zeros(1))
@@ -18,7 +22,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from fedsim.lazy import torch
 
@@ -40,23 +44,83 @@ class SolverState:
 
 @dataclass(frozen=True)
 class SGD:
-    """Vanilla SGD with optional coupled weight decay: x <- x - lr (g + wd x)."""
+    """Vanilla SGD with optional coupled weight decay: x <- x - lr (g + wd x).
+
+    A subclass is trained one client at a time unless it declares
+    ``stacks = True``, which promises that :meth:`step_rows` (with
+    :meth:`lr_at` and :meth:`row_buffer`) applies the same rule as
+    :meth:`step` to a stack of clients.
+
+    Attributes:
+        lr: the learning rate (the round's, after the schedule).
+        weight_decay: the coupled weight decay coefficient.
+    """
 
     lr: float
     weight_decay: float = 0.0
 
+    # step_rows implements this class's rule (fedsim.batched may stack it)
+    stacks: ClassVar[bool] = True
+    # every step is x <- x - lr_at(s) g, no other state: a dense stack may
+    # take it inside its backward pass (fedsim.batched's fused path)
+    plain: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        # A new rule inherits SGD's step_rows; stacking it before it says it
+        # overrides that would silently train another rule.
+        if "stacks" not in cls.__dict__:
+            cls.stacks = False
+
     def begin(self, x0: torch.Tensor) -> SolverState:
+        """A fresh state for a round that starts from ``x0``."""
         return SolverState(x0=x0, lr=self.lr)
 
     def _direction(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         return g.add(x, alpha=self.weight_decay) if self.weight_decay else g
 
     def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
+        """One local step on ``x`` in place, advancing ``st``'s recursion.
+
+        Args:
+            x: the client's parameters (updated in place).
+            g: the minibatch gradient at ``x`` (after the algorithm's hook).
+            st: the client's round state (steps, ||a||_1, buffers).
+        """
         x.add_(self._direction(x, g), alpha=-self.lr)
         st.norm_a += 1.0
         st.steps += 1
 
+    def lr_at(self, s: int) -> float:
+        """The learning rate of local step ``s`` (0-based)."""
+        return self.lr
+
+    def row_buffer(self, theta: torch.Tensor) -> torch.Tensor | None:
+        """The stacked state :meth:`step_rows` needs for ``theta``'s rows
+        (None: none)."""
+        return None
+
+    def step_rows(
+        self,
+        s: int,
+        theta: torch.Tensor,
+        g: torch.Tensor,
+        x0: torch.Tensor,
+        buf: torch.Tensor | None,
+    ) -> None:
+        """Step ``s`` of this rule on rows ``[n, d]`` of a stack, in place.
+
+        Args:
+            s: the 0-based local step (every row is at the same step).
+            theta: the rows' parameters (updated in place).
+            g: their gradients (may be changed in place).
+            x0: the round's starting parameters ``[d]`` (proximal rules).
+            buf: the first n rows of :meth:`row_buffer`'s state, or None.
+        """
+        theta.add_(self._direction(theta, g), alpha=-self.lr_at(s))
+
     def norm_a(self, tau: int) -> float:
+        """||a||_1 after ``tau`` steps, in closed form (docs/algorithms.md 5.2)."""
         return float(tau)
 
 
@@ -65,6 +129,9 @@ class Momentum(SGD):
     """Heavy-ball momentum, buffer reset each round: u <- rho u + g; x <- x - lr u."""
 
     rho: float = 0.9
+
+    stacks: ClassVar[bool] = True
+    plain: ClassVar[bool] = False
 
     def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
         d = self._direction(x, g)
@@ -77,6 +144,22 @@ class Momentum(SGD):
         st.norm_a += st.counter
         st.steps += 1
 
+    def row_buffer(self, theta: torch.Tensor) -> torch.Tensor | None:
+        return torch.zeros_like(theta)
+
+    def step_rows(
+        self,
+        s: int,
+        theta: torch.Tensor,
+        g: torch.Tensor,
+        x0: torch.Tensor,
+        buf: torch.Tensor | None,
+    ) -> None:
+        assert buf is not None
+        # buf is 0 before the first step, so rho 0 + d equals step()'s clone
+        d = buf.mul_(self.rho).add_(self._direction(theta, g))
+        theta.add_(d, alpha=-self.lr)
+
     def norm_a(self, tau: int) -> float:
         r = self.rho
         return (tau - r * (1.0 - r**tau) / (1.0 - r)) / (1.0 - r)
@@ -84,9 +167,12 @@ class Momentum(SGD):
 
 @dataclass(frozen=True)
 class Prox(SGD):
-    """Proximal SGD (FedProx): x <- x - lr (g + mu (x - x0))."""
+    """Proximal SGD (docs/algorithms.md 4): x <- x - lr (g + mu (x - x0))."""
 
     mu: float = 0.0
+
+    stacks: ClassVar[bool] = True
+    plain: ClassVar[bool] = False
 
     def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
         d = self._direction(x, g)
@@ -95,6 +181,19 @@ class Prox(SGD):
         x.add_(d, alpha=-self.lr)
         st.norm_a = (1.0 - self.lr * self.mu) * st.norm_a + 1.0
         st.steps += 1
+
+    def step_rows(
+        self,
+        s: int,
+        theta: torch.Tensor,
+        g: torch.Tensor,
+        x0: torch.Tensor,
+        buf: torch.Tensor | None,
+    ) -> None:
+        d = self._direction(theta, g)
+        if self.mu:
+            d = d + self.mu * (theta - x0)
+        theta.add_(d, alpha=-self.lr)
 
     def norm_a(self, tau: int) -> float:
         a = self.lr * self.mu
@@ -107,11 +206,16 @@ class Decay(SGD):
 
     gamma: float = 1.0
 
+    stacks: ClassVar[bool] = True
+
     def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
         factor = self.gamma**st.steps
         x.add_(self._direction(x, g), alpha=-self.lr * factor)
         st.norm_a += factor
         st.steps += 1
+
+    def lr_at(self, s: int) -> float:
+        return self.lr * self.gamma**s
 
     def norm_a(self, tau: int) -> float:
         gamma = self.gamma
@@ -130,6 +234,11 @@ def normalized_gradient(delta: torch.Tensor, st: SolverState) -> torch.Tensor:
 
 def average_gradient(delta: torch.Tensor, lr: float, norm_a: float) -> torch.Tensor:
     """d = -Delta / (lr ||a||_1) from an uploaded delta, lr and ||a||_1.
+
+    Args:
+        delta: the client's model change Delta.
+        lr: the learning rate its steps used.
+        norm_a: ||a||_1 of its solver after its steps (> 0).
 
     >>> average_gradient(torch.tensor([-3.0]), 0.5, 2.0)
     tensor([3.])
@@ -154,14 +263,7 @@ def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
             "or set the algorithm's proximal coefficient (mu, rho) to 0"
         )
     if mu is not None:
-        # lr mu >= 2: x - x0 grows each step and ||a||_1 <= 0 (FedNova divides by it)
-        if spec.lr * mu >= 2:
-            raise ValueError(
-                f"client.lr * mu = {spec.lr * mu:g} is 2 or more: each proximal "
-                "step overshoots the global model and the gap grows (||a||_1 <= 0, "
-                "docs/algorithms.md 5.3); lower client.lr or the proximal coefficient"
-            )
-        return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)
+        return _prox(spec, mu)
     if spec.solver == "sgd":
         return SGD(lr=spec.lr, weight_decay=spec.weight_decay)
     if spec.solver == "momentum":
@@ -169,3 +271,19 @@ def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
     if spec.solver == "decay":
         return Decay(lr=spec.lr, weight_decay=spec.weight_decay, gamma=spec.step_decay)
     raise ValueError(f"unknown solver {spec.solver!r}")
+
+
+def _prox(spec: ClientSpec, mu: float) -> Prox:
+    """The proximal solver for coefficient ``mu`` > 0.
+
+    Raises:
+        ValueError: lr mu >= 2, where each proximal step overshoots.
+    """
+    # lr mu >= 2: x - x0 grows each step and ||a||_1 <= 0 (FedNova divides by it)
+    if spec.lr * mu >= 2:
+        raise ValueError(
+            f"client.lr * mu = {spec.lr * mu:g} is 2 or more: each proximal "
+            "step overshoots the global model and the gap grows (||a||_1 <= 0, "
+            "docs/algorithms.md 5.3); lower client.lr or the proximal coefficient"
+        )
+    return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)

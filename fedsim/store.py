@@ -68,6 +68,8 @@ class ClientStore:
         return out
 
     def put(self, client: int, state: dict[str, torch.Tensor]) -> None:
+        """Store ``client``'s new persistent state (copied to the CPU, in the
+        store's dtype); keys it does not name keep their old values."""
         for key, value in state.items():
             self._array(key)[client] = value.detach().cpu().numpy()
         self.seen[client] = True
@@ -85,6 +87,7 @@ class ClientStore:
                 self._array(key)[:] = arr
 
     def close(self) -> None:
+        """Drop every array and delete the spill folder, if one was made."""
         self.arrays.clear()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)

@@ -45,6 +45,18 @@ class Task:
 def assign_lpt(tasks: Sequence[Task], n: int) -> list[list[Task]]:
     """Longest-processing-time-first assignment of tasks to ``n`` workers.
 
+    Tasks go, longest first (ties by client id), to the least loaded worker
+    (ties by index), a task of 0 steps counting as 1: deterministic, and
+    within 4/3 of the best makespan. Which worker trains a task never
+    changes its update.
+
+    Args:
+        tasks: the tasks of one executor call.
+        n: the number of workers (>= 1).
+
+    Returns:
+        ``n`` lists of tasks, some possibly empty.
+
     >>> [[t.tau for t in c] for c in assign_lpt([Task(i, 0, s) for i, s in
     ...     enumerate([1, 9, 4, 4, 2])], 2)]
     [[9, 1], [4, 4, 2]]
@@ -59,7 +71,20 @@ def assign_lpt(tasks: Sequence[Task], n: int) -> list[list[Task]]:
 
 
 class Worker:
-    """Holds a model and the data; trains virtual clients one after another."""
+    """Holds a model and the data; trains virtual clients one after another
+    (or many at once through :mod:`fedsim.batched`, chosen when built).
+
+    Guarantees: an update is a pure function of (payload, task, client
+    state): the client's minibatches come from its own generator seeded by
+    (seed, round, client), and the worker keeps nothing between tasks, so
+    an actor that Ray restarts computes the same updates.
+
+    Args:
+        scenario: the run's scenario (model, algorithm, client, resources).
+        data: the dataset, or on a Ray actor a one-element list holding its
+            object reference (a list, so a restarted actor fetches it again).
+        threads: torch's intra-op threads for this process (None: as is).
+    """
 
     def __init__(
         self,
@@ -69,12 +94,11 @@ class Worker:
     ) -> None:
         if threads is not None:
             torch.set_num_threads(max(1, threads))
-        if isinstance(data, list):  # [ObjectRef]: a Ray actor, (re)started
-            import ray
-
-            data = ray.get(data[0])
-        assert isinstance(data, FederatedData)
+        data = _fetch(data)
         self.scenario = scenario
+        # what the minibatch draws depend on (fedsim.batched reads them too)
+        self.seed = scenario.seed
+        self.batch_size = scenario.client.batch_size
         self.algorithm = make_algorithm(scenario.algorithm)
         self.solver = self.algorithm.solver(scenario.client)
         self.model = make_model(scenario, data)
@@ -95,25 +119,32 @@ class Worker:
         self.weights = data.weights
         self.num_clients = data.num_clients
         self.total = float(np.sum(data.weights))
-        # Many clients at once (fedsim.batched) where allowed; said once if not.
-        self._train_group = self._sequential
+        self._train_group = self.train_sequential
         self.batched = False
         if scenario.resources.vectorize:
-            from fedsim.batched import train_batched, why_not_batched
+            self._use_batched()
 
-            reason = why_not_batched(self)
-            if reason is not None:
-                msg = "resources.vectorize: %s; training clients one at a time"
-                _log.warning(msg, reason)
-            else:
-                self._train_group = partial(train_batched, self)
-                self.batched = True
+    def _use_batched(self) -> None:
+        """Train many clients at once (fedsim.batched) where that gives the
+        sequential results; otherwise say why, once, and stay sequential."""
+        from fedsim.batched import train_batched, why_not_batched
+
+        reason = why_not_batched(self)
+        if reason is not None:
+            msg = "resources.vectorize: %s; training clients one at a time"
+            _log.warning(msg, reason)
+        else:
+            self._train_group = partial(train_batched, self)
+            self.batched = True
 
     def pid(self) -> int:
+        """This worker's process id (tests check actors are distinct)."""
         return os.getpid()
 
     def solver_for(self, round_: int) -> SGD:
-        """The local solver with round ``round_``'s learning rate."""
+        """The local solver with round ``round_``'s learning rate:
+        lr lr_decay^round, never below ``lr_min`` (the same solver object
+        when the rate does not decay)."""
         spec = self.scenario.client
         if spec.lr_decay == 1.0:
             return self.solver
@@ -121,6 +152,8 @@ class Worker:
         return replace(self.solver, lr=lr)
 
     def client_info(self, i: int) -> ClientInfo:
+        """What an algorithm may know about client ``i``: its sample count
+        and its data weight relative to the mean client (1 on average)."""
         return ClientInfo(
             client=i,
             n_samples=self.offsets[i + 1] - self.offsets[i],
@@ -135,26 +168,48 @@ class Worker:
         states: Mapping[int, ClientState] | None = None,
     ) -> list[ClientUpdate]:
         """One update per task, in task order, each trained from the payload's
-        ``x`` (``states``: persistent client states; absent ones start at {})."""
+        ``x``.
+
+        Args:
+            payload: what the clients download (one server version).
+            tasks: the clients to train, each for its ``tau`` steps.
+            states: persistent client states by id (absent: start at {}).
+        """
         return self._train_group(payload, tasks, states or {}) if tasks else []
 
-    def _sequential(
+    def train_sequential(
         self, payload: Payload, tasks: Sequence[Task], states: Mapping[int, ClientState]
     ) -> list[ClientUpdate]:
+        """:meth:`train` one client after another, whatever the worker's mode
+        (the reference batched training is checked against, and what it uses
+        for a lone task).
+
+        Args:
+            payload: what the clients download (its ``x`` is the start).
+            tasks: the clients to train, each for its ``tau`` steps.
+            states: persistent client states by id (missing: ``{}``).
+
+        Returns:
+            One update per task, in task order.
+        """
         payload = _to(payload, self.device)  # once for every task of the call
         return [self._train_one(payload, t, states.get(t.client, {})) for t in tasks]
 
     def _train_one(
         self, payload: Payload, task: Task, client_state: ClientState
     ) -> ClientUpdate:
+        """One client's round: ``task.tau`` steps of local SGD (start_client,
+        then per step the gradient, ``grad_hook`` and the solver step, then
+        client_finish), or the algorithm's own ``client_train``."""
         i = task.client
         lo, hi = self.offsets[i], self.offsets[i + 1]
         xs, ys = self.x[lo:hi], self.y[lo:hi]
-        seed = client_seed(self.scenario.seed, task.round, i)
+        seed = client_seed(self.seed, task.round, i)
         gen = torch.Generator().manual_seed(seed)
         algo = self.algorithm
         info = self.client_info(i)
         if algo.client_train is not None:
+            # under fixed_window the clock's tau caps the algorithm's work
             fixed = self.scenario.round.policy == "fixed_window"
             return algo.client_train(
                 LocalTraining(
@@ -176,7 +231,7 @@ class Worker:
         solver = self.solver_for(task.round)
         state = solver.begin(x_global)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        size = self.scenario.client.batch_size
+        size = self.batch_size
         for idx in islice(batches(hi - lo, size, gen, self.device), task.tau):
             xb, yb = (xs, ys) if idx is None else (xs[idx], ys[idx])
             grad.zero_()
@@ -197,7 +252,15 @@ class Worker:
         done: SolverState,
         loss_sum: float,
     ) -> ClientUpdate:
-        """The task's update after its steps (``client_finish``), on the CPU."""
+        """The task's update after its steps (``client_finish``), on the CPU.
+
+        Args:
+            task: the task trained.
+            client: its round context (from ``start_client``).
+            delta: theta - x, the client's model change.
+            done: the solver's state after the steps (||a_i||_1).
+            loss_sum: the sum of its minibatch losses (mean = / tau).
+        """
         extras, new_state = self.algorithm.client_finish(delta, done, client)
         cpu = torch.device("cpu")
         return ClientUpdate(
@@ -212,5 +275,17 @@ class Worker:
         )
 
 
+def _fetch(data: FederatedData | list[Any]) -> FederatedData:
+    """The dataset itself; on a Ray actor, (re)started, from the object
+    store through the reference in the one-element list."""
+    if isinstance(data, list):
+        import ray
+
+        data = ray.get(data[0])
+    assert isinstance(data, FederatedData)
+    return data
+
+
 def _to(tensors: Mapping[str, torch.Tensor], device: torch.device) -> dict:
+    """A copy of the dict with every tensor on ``device``."""
     return {k: v.to(device) for k, v in tensors.items()}

@@ -68,10 +68,7 @@ def test_the_chooser_runs_only_after_every_version_made_was_yielded():
         buffer_size=sc.algorithm.buffer_size,
         concurrency=15,
         seed=sc.seed,
-        bytes_down=run.bytes_down,
-        bytes_up=run.bytes_up,
-        n_samples=run.data.n_samples,
-        batch_size=sc.client.batch_size,
+        ctx=run.ctx,
         choose=choose,
     )
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, event, example, given, settings, target
 from hypothesis import strategies as st
 
-from fedsim.clock import Arrival, AsyncTimeline, Version
+from fedsim.clock import Arrival, AsyncTimeline, RunContext, Version
 from fedsim.fleet import Fleet
 from fedsim.scenario import FleetSpec, RoundSpec
 
@@ -106,10 +106,7 @@ def timeline(
         buffer_size=k,
         concurrency=concurrency or fleet.size,
         seed=seed,
-        bytes_down=MB,
-        bytes_up=MB,
-        n_samples=n,
-        batch_size=20,
+        ctx=RunContext(MB, MB, n, 20),
     )
     return list(tl)
 
@@ -247,10 +244,7 @@ def test_round_spec_async_fields_are_validated():
             0.0,
             RoundSpec(policy="async"),
             np.random.default_rng(0),
-            MB,
-            MB,
-            np.array([10]),
-            10,
+            RunContext(MB, MB, np.array([10]), 10),
         )
 
 
@@ -473,10 +467,7 @@ def test_the_future_does_not_change_the_past(script, future, t_cut, k, seed):
             buffer_size=k,
             concurrency=max(1, m - 1),
             seed=seed,
-            bytes_down=MB,
-            bytes_up=MB,
-            n_samples=np.full(m, 100),
-            batch_size=20,
+            ctx=RunContext(MB, MB, np.full(m, 100), 20),
         )
         try:
             vs.extend(tl)

@@ -105,7 +105,7 @@ def test_float64_equals_sequential_training(model, solver, algorithm):
     for r in (0, 1):  # round 1 starts from round 0's states and mean delta
         tasks = [Task(c, r, tau) for c, tau in TAUS]
         # Execute
-        seq = w._sequential(payload, tasks, states)
+        seq = w.train_sequential(payload, tasks, states)
         bat = train_batched(w, payload, tasks, states)
         # Assert
         assert_equal_updates(seq, bat, rtol=1e-9, atol=1e-10)
@@ -122,7 +122,7 @@ def test_the_quadratic_objective_is_batched_too():
     assert why_not_batched(w) is None
     x = flatten(make_model(scenario, data))
     tasks = [Task(c, 2, tau) for c, tau in [(0, 4), (1, 2)]]
-    seq = w._sequential({"x": x}, tasks, {})
+    seq = w.train_sequential({"x": x}, tasks, {})
     assert_equal_updates(seq, train_batched(w, {"x": x}, tasks, {}), 1e-9, 1e-10)
 
 
@@ -144,7 +144,7 @@ def test_float32_equals_sequential_training(overrides):
     x = server.payload()["x"]
     # heterogeneous steps, and clients smaller than a batch (client 0 has 54 rows)
     tasks = [Task(c, 3, tau) for c, tau in [(0, 7), (4, 1), (9, 30), (17, 12)]]
-    seq = w._sequential({"x": x}, tasks, {})
+    seq = w.train_sequential({"x": x}, tasks, {})
     bat = w.train({"x": x}, tasks)
     for a, b in zip(seq, bat, strict=True):
         assert (a.client, a.tau) == (b.client, b.tau)
@@ -157,7 +157,7 @@ def test_tasks_of_several_rounds_keep_their_order():
     w, server = worker("resources.vectorize=true")
     x = server.payload()["x"]
     tasks = [Task(9, 2, 4), Task(0, 1, 3), Task(4, 2, 2), Task(17, 1, 0)]
-    seq = w._sequential({"x": x}, tasks, {})
+    seq = w.train_sequential({"x": x}, tasks, {})
     bat = w.train({"x": x}, tasks)
     assert [(u.client, u.tau) for u in bat] == [(t.client, t.tau) for t in tasks]
     assert torch.equal(bat[3].delta, torch.zeros_like(x))  # tau 0: no step

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from fedsim.clock import Plan, RoundPlan, plan_round
+from fedsim.clock import Plan, RoundPlan, RunContext, plan_round
 from fedsim.fleet import Fleet
 from fedsim.scenario import FleetSpec, RoundSpec
 
@@ -49,7 +49,12 @@ def plan(
     ids = np.arange(fleet.size) if chosen is None else np.array(chosen)
     n = np.full(fleet.size, 100) if n_samples is None else np.array(n_samples)
     return plan_round(
-        fleet, ids, now, policy, np.random.default_rng(seed), MB, MB, n, batch_size
+        fleet,
+        ids,
+        now,
+        policy,
+        np.random.default_rng(seed),
+        RunContext(MB, MB, n, batch_size),
     )
 
 
@@ -117,10 +122,7 @@ def test_window_floor_is_not_lost_to_rounding():
         0.0,
         RoundSpec(window_s=0.3),
         np.random.default_rng(0),
-        0,
-        0,
-        np.array([10]),
-        10,
+        RunContext(0, 0, np.array([10]), 10),
     )
 
     # Assert

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedsim.clock import AsyncTimeline, Version, uniform_choice
+from fedsim.clock import AsyncTimeline, RunContext, Version, uniform_choice
 from fedsim.fleet import Fleet
 from fedsim.scenario import FleetSpec, RoundSpec
 
@@ -29,10 +29,7 @@ def run(choose=None, *, count=6, concurrency=2, versions=4, seed=0) -> list[Vers
         buffer_size=1,
         concurrency=concurrency,
         seed=seed,
-        bytes_down=MB,
-        bytes_up=MB,
-        n_samples=np.full(count, 100),
-        batch_size=20,
+        ctx=RunContext(MB, MB, np.full(count, 100), 20),
         choose=choose,
     )
     return list(tl)

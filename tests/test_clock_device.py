@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from fedsim.clock import AsyncTimeline, _leaving, _Work, plan_round
+from fedsim.clock import AsyncTimeline, RunContext, _leaving, _Work, plan_round
 from fedsim.fleet import Fleet
 from fedsim.scenario import FleetSpec, RoundSpec
 
@@ -104,10 +104,7 @@ def test_a_round_with_a_deadline_drops_an_endless_straggler_as_late():
         0.0,
         policy,
         np.random.default_rng(0),
-        MB,
-        MB,
-        np.array([100, 100]),
-        20,
+        RunContext(MB, MB, np.array([100, 100]), 20),
     )
 
     # Assert: it would "arrive" at t = inf, after the deadline
@@ -127,10 +124,7 @@ def test_the_timeline_never_sees_an_endless_job_arrive():
         buffer_size=1,
         concurrency=1,
         seed=0,
-        bytes_down=MB,
-        bytes_up=MB,
-        n_samples=np.array([100]),
-        batch_size=20,
+        ctx=RunContext(MB, MB, np.array([100]), 20),
     )
 
     # Execute / Assert: nothing ends, so the timeline stalls (no arrival at inf)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedsim.clock import AsyncTimeline, plan_round
+from fedsim.clock import AsyncTimeline, RunContext, plan_round
 from fedsim.fleet import Fleet
 from fedsim.scenario import FleetSpec, RoundSpec, load_scenario
 
@@ -109,7 +109,9 @@ def sync_case(
     out = []
     for _ in range(rounds):
         chosen = rng.choice(fleet.size, size=asked, replace=False)
-        rp = plan_round(fleet, chosen, now, policy, rng, MB, MB // 2, n, 20, keep)
+        rp = plan_round(
+            fleet, chosen, now, policy, rng, RunContext(MB, MB // 2, n, 20), keep
+        )
         out.append(_plain(rp))
         now = rp.t_end + gap_s
     return out
@@ -131,10 +133,7 @@ def async_case(
         buffer_size=buffer_size,
         concurrency=concurrency,
         seed=seed,
-        bytes_down=MB,
-        bytes_up=MB // 2,
-        n_samples=n_samples_for(fleet.size, seed),
-        batch_size=20,
+        ctx=RunContext(MB, MB // 2, n_samples_for(fleet.size, seed), 20),
     )
     return [_plain(v) for v in tl]
 

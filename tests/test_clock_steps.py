@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedsim.clock import AsyncTimeline, expected_steps, plan_round, steps_for
+from fedsim.clock import (
+    AsyncTimeline,
+    RunContext,
+    expected_steps,
+    plan_round,
+    steps_for,
+)
 from fedsim.fleet import Fleet
 from fedsim.scenario import FleetSpec, RoundSpec
 from fedsim.selectors.base import SelectorContext
@@ -103,10 +109,7 @@ def test_plan_round_and_timeline_take_tau_from_steps_for():
         0.0,
         RoundSpec(policy="fixed_epochs", epochs=2),
         np.random.default_rng(0),
-        MB,
-        MB,
-        n,
-        20,
+        RunContext(MB, MB, n, 20),
     )
     tl = AsyncTimeline(
         fleet,
@@ -115,10 +118,7 @@ def test_plan_round_and_timeline_take_tau_from_steps_for():
         buffer_size=2,
         concurrency=4,
         seed=0,
-        bytes_down=MB,
-        bytes_up=MB,
-        n_samples=n,
-        batch_size=20,
+        ctx=RunContext(MB, MB, n, 20),
     )
     (version,) = list(tl)
 

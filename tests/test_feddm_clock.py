@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fedsim.algorithms.feddm import FedDM, iteration_flops_ratio, upload_bytes
-from fedsim.clock import JobWork, RoundSpec, plan_round
+from fedsim.clock import JobWork, RoundSpec, RunContext, plan_round
 from fedsim.fleet import Fleet, FleetSpec
 from fedsim.runtime import job_work, run_scenario
 from fedsim.scenario import FedDMClockWarning, ScenarioError, load_scenario
@@ -51,11 +51,8 @@ def plan(policy: RoundSpec, n_samples=(50, 50)):
         now=0.0,
         policy=policy,
         rng=np.random.default_rng(0),
-        bytes_down=1_000_000,
-        bytes_up=7_777,  # the model size: not what FedDM uploads
-        n_samples=np.array(n_samples),
-        batch_size=10,
-        work=WORK,
+        # bytes_up 7_777, the model size: not what the algorithm uploads
+        ctx=RunContext(1_000_000, 7_777, np.array(n_samples), 10, work=WORK),
     )
 
 

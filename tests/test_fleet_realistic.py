@@ -443,7 +443,7 @@ def test_scenario_errors_name_the_group():
 
 
 def plan(fleet: Fleet, policy: dict, keep: int | None = None, seed: int = 0):
-    from fedsim.clock import RoundSpec, plan_round
+    from fedsim.clock import RoundSpec, RunContext, plan_round
 
     return plan_round(
         fleet,
@@ -451,10 +451,7 @@ def plan(fleet: Fleet, policy: dict, keep: int | None = None, seed: int = 0):
         100.0,
         RoundSpec.model_validate(policy),
         np.random.default_rng(seed),
-        bytes_down=1_000_000,
-        bytes_up=1_000_000,
-        n_samples=np.full(fleet.size, 100),
-        batch_size=10,
+        ctx=RunContext(1_000_000, 1_000_000, np.full(fleet.size, 100), 10),
         keep=keep,
     )
 
@@ -540,7 +537,7 @@ def test_over_selection_end_to_end():
 
 
 def test_async_jobs_drop_out_too():
-    from fedsim.clock import AsyncTimeline, RoundSpec
+    from fedsim.clock import AsyncTimeline, RoundSpec, RunContext
 
     fleet = Fleet.from_spec(spec(group(count=6, stragglers={"dropout_p": 0.3})), 0)
     tl = AsyncTimeline(
@@ -550,10 +547,7 @@ def test_async_jobs_drop_out_too():
         buffer_size=2,
         concurrency=3,
         seed=0,
-        bytes_down=1000,
-        bytes_up=1000,
-        n_samples=np.full(6, 50),
-        batch_size=10,
+        ctx=RunContext(1000, 1000, np.full(6, 50), 10),
     )
     ended = [a for v in tl for a in v.ended]
     assert 0 < sum(a.status == "dropout" for a in ended) < len(ended)

@@ -72,10 +72,7 @@ def test_the_uniform_selector_keeps_the_timelines_own_uniform_stream():
         buffer_size=sc.algorithm.buffer_size,
         concurrency=sc.round.concurrency,
         seed=sc.seed,
-        bytes_down=run.bytes_down,
-        bytes_up=run.bytes_up,
-        n_samples=run.data.n_samples,
-        batch_size=sc.client.batch_size,
+        ctx=run.ctx,
     )
     assert list(async_timeline(sc)) == list(plain)
 

@@ -24,6 +24,9 @@ ServerState = dict[str, "torch.Tensor"]
 ClientState = dict[str, "torch.Tensor"]
 # client_finish's (extras to upload, new persistent state or None: unchanged)
 ClientResult = tuple[dict[str, "torch.Tensor"], ClientState | None]
+# A gradient hook on a stack of clients (fedsim.batched): (n, the first n
+# rows' parameters, their gradients), adjusting the gradients in place.
+StackedHook = Callable[[int, "torch.Tensor", "torch.Tensor"], None]
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,23 @@ class Algorithm:
         self, theta: torch.Tensor, grad: torch.Tensor, client: ClientContext
     ) -> None:
         return None
+
+    def stacked_grad_hook(self, clients: Sequence[ClientContext]) -> StackedHook | None:
+        """``grad_hook`` for a stack of ``clients`` trained together (row j:
+        ``clients[j]``); None when the algorithm adjusts no gradient.
+
+        The default applies ``grad_hook`` row by row; an algorithm whose hook
+        is vector math overrides this with the stacked form (one tensor op
+        for all rows), which must equal the row-by-row result.
+        """
+        if type(self).grad_hook is Algorithm.grad_hook:
+            return None  # the base hook does nothing: no per-row loop
+
+        def each(n: int, theta: torch.Tensor, grad: torch.Tensor) -> None:
+            for j in range(n):  # row views: in-place hooks work
+                self.grad_hook(theta[j], grad[j], clients[j])
+
+        return each
 
     client_train: ClassVar[Any] = None  # (job: LocalTraining) -> ClientUpdate
 

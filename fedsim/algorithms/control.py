@@ -74,6 +74,17 @@ class ControlVariates(base.Algorithm):
     ) -> None:
         grad.add_(client.local)
 
+    def stacked_grad_hook(
+        self, clients: Sequence[base.ClientContext]
+    ) -> base.StackedHook:
+        """+ (c - c_i) on every row at once."""
+        corr = torch.stack([c.local for c in clients])
+
+        def control(n: int, theta: torch.Tensor, g: torch.Tensor) -> None:
+            g.add_(corr[:n])
+
+        return control
+
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: base.ClientContext
     ) -> base.ClientResult:

@@ -14,6 +14,7 @@ Meter: w_i = 1/|S|.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal, NamedTuple
 
@@ -87,6 +88,24 @@ class FedDyn(base.Algorithm):
         grad.add_(theta - ctx.anchor, alpha=ctx.alpha_i)
         if ctx.correction is not None:
             grad.add_(ctx.correction)
+
+    def stacked_grad_hook(
+        self, clients: Sequence[base.ClientContext]
+    ) -> base.StackedHook:
+        """+ alpha_i (theta - anchor_i) (+ r_i) on every row at once."""
+        ctx: list[DynContext] = [c.local for c in clients]
+        anchor = torch.stack([c.anchor for c in ctx])
+        alpha = torch.tensor([c.alpha_i for c in ctx], dtype=anchor.dtype)
+        alpha = alpha.to(anchor.device).unsqueeze(1)
+        has_r = ctx[0].correction is not None
+        r = torch.stack([c.correction for c in ctx]) if has_r else None  # type: ignore[misc]
+
+        def dyn(n: int, theta: torch.Tensor, g: torch.Tensor) -> None:
+            g.add_(alpha[:n] * (theta - anchor[:n]))
+            if r is not None:
+                g.add_(r[:n])
+
+        return dyn
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: base.ClientContext
