@@ -225,14 +225,14 @@ def _seed(text: str) -> int:
 
 
 def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scenario:
-    """load_scenario, blaming a bad --set or --seed; FedDMClockWarnings as lines."""
-    from fedsim.scenario import FedDMClockWarning
+    """load_scenario, blaming a bad --set or --seed; ScenarioWarnings as lines."""
+    from fedsim.scenario import ScenarioWarning
 
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", FedDMClockWarning)
+        warnings.simplefilter("always", ScenarioWarning)
         sc = _load_blamed(scenario, overrides, seed)
     for w in caught:
-        if issubclass(w.category, FedDMClockWarning):
+        if issubclass(w.category, ScenarioWarning):
             _say("[yellow]warning:[/]", str(w.message))
         else:  # not ours: as Python would have shown it
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

@@ -22,8 +22,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedsim.data.base import DataInfo
+from fedsim.spec import ModelSpec
+
 if TYPE_CHECKING:
     from fedsim.scenario import Scenario, ScenarioError
+
+__all__ = ["DataInfo", "MemoryEstimate", "count_params", "data_info", "preflight"]
 
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
@@ -52,23 +57,6 @@ def _error(message: str) -> ScenarioError:
     from fedsim.scenario import ScenarioError
 
     return ScenarioError(message)
-
-
-@dataclasses.dataclass(frozen=True)
-class DataInfo:
-    """What a dataset's spec says about its samples: ``kind`` ``vector``, ``image``
-    ([C, H, W]) or ``sequence``; ``samples`` (train + test) estimated; ``classes``
-    0 for an objective without classes; None where only the data tells."""
-
-    kind: str
-    shape: tuple[int, ...] | None
-    classes: int | None
-    samples: int | None
-
-    @property
-    def sample_bytes(self) -> int | None:
-        """float32 bytes of one sample's inputs."""
-        return None if self.shape is None else 4 * math.prod(self.shape)
 
 
 def _tabular_features(spec: Any) -> int | None:
@@ -101,6 +89,8 @@ def _file_size(spec: Any) -> int | None:
 def data_info(scenario: Scenario) -> DataInfo:
     """The dataset's sample kind, shape, classes and size, from its spec alone."""
     d = scenario.data
+    if (stated := d.info(scenario.num_clients)) is not None:
+        return stated  # a dataset that states its own shapes (plug-ins)
     name = d.dataset
     if name == "synthetic":
         clients = d.clients or scenario.num_clients
@@ -148,6 +138,8 @@ def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
 
 def check_model_data(scenario: Scenario, source: str = "<scenario>") -> None:
     """Refuse a model that cannot read the dataset's samples."""
+    if not isinstance(scenario.model, ModelSpec):
+        return  # a plug-in model: building it tells (its build sees the shape)
     model = scenario.model.name
     info = data_info(scenario)
     where = f"{source}: model.name {model!r} does not fit data.dataset "
@@ -269,6 +261,8 @@ def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None
     spec = scenario.model
     if info.shape is None:
         return None
+    if not isinstance(spec, ModelSpec):  # a plug-in counts its own
+        return spec.param_count(info.shape, info.classes or 0)
     dim = math.prod(info.shape)
     if spec.name == "quadratic":
         return dim
@@ -312,13 +306,8 @@ def estimate_memory(scenario: Scenario, workers: int | None = None) -> MemoryEst
     elem = scenario.model.elem_bytes
     n_workers = max(1, workers or 1)
     parts = {"model": params * elem * (_SERVER_COPIES + _WORKER_COPIES * n_workers)}
-    alg = scenario.algorithm
-    if getattr(alg, "stateful", False):
-        parts["algorithm"] = scenario.num_clients * params * elem
-    elif alg.name == "feddm" and info.sample_bytes and info.classes:
-        # each client sends ipc images per class it holds: at most all classes
-        images = scenario.num_clients * info.classes * getattr(alg, "ipc", 0)
-        parts["algorithm"] = images * (info.sample_bytes + 8)  # with int64 labels
+    if (kept := scenario.algorithm.memory(scenario, params, info)) is not None:
+        parts["algorithm"] = kept[0]
     if info.samples is not None and info.sample_bytes is not None:
         parts["data"] = info.samples * (info.sample_bytes + 8)
     return MemoryEstimate(params=params, parts=parts)
@@ -351,14 +340,9 @@ def check_memory(
     if avail is None or est.total <= avail:
         return est
     part, size = max(est.parts.items(), key=lambda kv: kv[1])
-    if part == "algorithm":
-        what = (
-            f"algorithm.name {scenario.algorithm.name!r} keeps "
-            f"{scenario.num_clients} client vectors of {est.params:,} parameters"
-            if getattr(scenario.algorithm, "stateful", False)
-            else f"algorithm.ipc {getattr(scenario.algorithm, 'ipc', 0)}: FedDM's "
-            "synthetic set"
-        )
+    if part == "algorithm":  # the algorithm names what it keeps
+        kept = scenario.algorithm.memory(scenario, est.params, data_info(scenario))
+        what = kept[1] if kept is not None else f"algorithm {scenario.algorithm.name!r}"
     elif part == "model":
         what = f"model.name {scenario.model.name!r} has {est.params:,} parameters"
     else:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from fedsim.lazy import torch
 
 if TYPE_CHECKING:
-    from fedsim.scenario import ClientSpec
+    from fedsim.spec import ClientSpec
 
 
 @dataclass

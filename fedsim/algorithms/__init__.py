@@ -22,6 +22,7 @@ __all__ = [
     "AggregateInfo",
     "Algorithm",
     "ClientUpdate",
+    "DEFAULT",
     "FedAdam",
     "FedAvg",
     "FedAsync",
@@ -54,6 +55,10 @@ REGISTRY: dict[str, type[Algorithm]] = {
     "feddm": FedDM,
     "fedpns": FedPNS,
 }
+
+
+# A scenario's algorithm when its section names none.
+DEFAULT = "fedavg"
 
 
 def make_algorithm(spec: Algorithm) -> Algorithm:

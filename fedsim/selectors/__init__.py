@@ -16,6 +16,7 @@ from fedsim.selectors.uniform import Uniform
 from fedsim.selectors.weighted import Weighted
 
 __all__ = [
+    "DEFAULT",
     "Draw",
     "FedPNS",
     "Oort",
@@ -32,6 +33,9 @@ __all__ = [
 REGISTRY: dict[str, type[Selector]] = {
     str(cls.name): cls for cls in (Uniform, Weighted, FedPNS, PowerOfChoice, Oort)
 }
+
+# A scenario's selector when it has no ``selector`` section.
+DEFAULT = "uniform"
 
 
 def make_selector(spec: Selector) -> Selector:
