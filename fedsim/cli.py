@@ -520,12 +520,8 @@ def validate(
 
 
 # Fields each choice uses; `fedsim validate` leaves the section's others out.
+# (a model's: its spec's ``used_fields``)
 _USED = {
-    ("model", "mlp"): "hidden",
-    ("model", "vgg11"): "norm_groups",
-    ("model", "resnet18"): "norm_groups",
-    ("model", "convnet"): "width depth",
-    ("model", "lstm"): "embed_dim lstm_hidden lstm_layers",
     ("round", "fixed_window"): "window_s max_steps",
     ("round", "fixed_epochs"): "epochs deadline_s over_select",
     ("round", "async"): "concurrency max_staleness job_steps max_steps epochs",
@@ -549,8 +545,7 @@ def _keep(section: dict[str, Any], fields: str) -> dict[str, Any]:
 def _applicable(sc: Scenario) -> dict[str, Any]:
     """The resolved scenario without the fields that do nothing in it."""
     d = sc.model_dump(mode="json")
-    model = _USED.get(("model", sc.model.name), "")
-    d["model"] = _keep(d["model"], f"name dtype {model}")
+    d["model"] = _keep(d["model"], sc.model.used_fields)
     r = sc.round
     used = ["policy", *_USED["round", r.policy].split()]
     if r.policy == "async":  # a job does max_steps or epochs

@@ -73,13 +73,13 @@ KINDS = {
         "fedsim.selectors:REGISTRY",
     ),
     "model": Kind(
-        "model", "name", "fedsim.models", "fedsim.spec:ModelSpec", "fedsim.spec:MODELS"
+        "model", "name", "fedsim.models", "fedsim.spec:Model", "fedsim.spec:MODELS"
     ),
     "data": Kind(
         "data",
         "dataset",
         "fedsim.datasets",
-        "fedsim.data.base:DatasetSpec",
+        "fedsim.data.base:Dataset",
         "fedsim.data:REGISTRY",
     ),
 }
@@ -180,8 +180,8 @@ def section_validator(kind: str) -> Any:
     spec = KINDS[kind]
 
     def validate(value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, _attr(spec.base)):
-            return value
+        if isinstance(value, (_attr(spec.base), *builtins(kind).values())):
+            return value  # already an object (a default, or built in code)
         if not isinstance(value, dict):
             raise ValueError(f"expected a mapping ({spec.key}: ..., ...)")
         name = value.get(spec.key, _default_name(kind))

@@ -226,7 +226,7 @@ def image_params(spec: Any, image: tuple[int, int, int], classes: int) -> int:
         ScenarioError: the image shrinks to nothing inside the network.
 
     >>> from fedsim.spec import ModelSpec
-    >>> image_params(ModelSpec(name="cnn"), (1, 28, 28), 10)   # FedAvg paper
+    >>> image_params(ModelSpec(name="cnn"), (1, 28, 28), 10)   # McMahan et al. 2017
     1663370
     """
     c, h, w = image

@@ -263,7 +263,7 @@ def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
     return out or "(top level)"
 
 
-# "selector.name 'oort' ...", "algorithm.sampling 'x' ...": a field path first
+# "selector.name 'x' ...", "algorithm.sampling 'x' ...": a field path first
 _CROSS_FIELD = re.compile(r"([a-z_]+(?:\.[a-z_]+|\[\d+\])+)\b")
 _UNKNOWN_KEY = "unknown key (check the spelling; see docs/scenarios.md)"
 # pydantic error types whose message is replaced, without the input shown

@@ -60,6 +60,21 @@ class ModelSpec(Spec):
         """Bytes per parameter (what a model vector costs to send or store)."""
         return 8 if self.dtype == "float64" else 4
 
+    @property
+    def used_fields(self) -> str:
+        """The fields this ``name`` reads, space-separated (``fedsim validate``
+        prints only these)."""
+        return f"name dtype {_MODEL_FIELDS.get(self.name, '')}".strip()
+
+
+# The fields each network reads beyond name and dtype.
+_MODEL_FIELDS = {
+    "mlp": "hidden",
+    "vgg11": "norm_groups",
+    "resnet18": "norm_groups",
+    "convnet": "width depth",
+    "lstm": "embed_dim lstm_hidden lstm_layers",
+}
 
 # The built-in networks, all described by ModelSpec (fedsim.plugins looks a
 # ``model.name`` up here first); DEFAULT is a scenario's model when it names none.
@@ -87,6 +102,11 @@ class Model(Spec):
     def elem_bytes(self) -> int:
         """Bytes per parameter (what a model vector costs to send or store)."""
         return 8 if self.dtype == "float64" else 4
+
+    @property
+    def used_fields(self) -> str:
+        """Every field: a plug-in's fields are all its own."""
+        return " ".join(type(self).model_fields)
 
     def build(self, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
         """A new network for samples of ``input_shape`` and ``num_classes``
