@@ -350,6 +350,8 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
     p = fedsim(
         "stress",
         str(SCENARIO),
+        "--sweep",
+        "client.lr=0.05,0.1",
         "-a",
         "fedexp",
         "--seeds",
@@ -410,3 +412,16 @@ def test_the_name_finder_finds_names():
 )
 def test_generic_modules_name_no_builtin_plugin(module):
     assert named_builtins(ROOT / "fedsim" / module) == []
+
+
+def test_the_batched_executor_trains_the_example_as_the_sequential_one():
+    from fedsim.runtime import run_scenario
+
+    # Prepare / Execute
+    seq = run_scenario(load_scenario(SCENARIO), workers=0)
+    vec = run_scenario(load_scenario(SCENARIO, ["resources.vectorize=true"]), workers=0)
+    # Assert: equal within float tolerance (batched sums in another order)
+    chosen = [(c["round"], c["client_id"]) for c in seq.clients]
+    assert [(c["round"], c["client_id"]) for c in vec.clients] == chosen
+    for a, b in zip(vec.rows, seq.rows, strict=True):
+        assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-4)
