@@ -28,7 +28,7 @@ from fedsim.data.base import FederatedData
 from fedsim.spec import Model, ModelSpec  # there: validating a scenario needs no torch
 
 if TYPE_CHECKING:
-    from fedsim.scenario import Scenario
+    from fedsim.spec import ScenarioView
 
 _MODEL_INIT_TAG = 0x1A17
 
@@ -244,7 +244,7 @@ def build_model(
     return model.to(getattr(torch, spec.dtype))
 
 
-def make_model(scenario: Scenario, data: FederatedData) -> nn.Module:
+def make_model(scenario: ScenarioView, data: FederatedData) -> nn.Module:
     """The scenario's model for ``data``, initialised from the scenario seed."""
     ss = np.random.SeedSequence([scenario.seed, _MODEL_INIT_TAG])
     seed = int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))

@@ -296,7 +296,8 @@ def _check_ids(sel: Selector, ids: np.ndarray, cand: np.ndarray) -> None:
 
 
 def _check_deterministic(sel: Selector, deterministic: bool) -> None:
-    np_state, py_state = np.random.get_state(), random.getstate()
+    np_state: Any = np.random.get_state()
+    py_state = random.getstate()
     torch_state = torch.random.get_rng_state()
     a, state_a = drive(sel, seed=3)
     b, state_b = drive(sel, seed=3)
@@ -309,7 +310,7 @@ def _check_deterministic(sel: Selector, deterministic: bool) -> None:
         if deterministic
         else "another generator gives other ids at some round"
     )
-    after = np.random.get_state()
+    after: Any = np.random.get_state()
     assert np.array_equal(np_state[1], after[1]) and np_state[2] == after[2], (
         "numpy's global generator must not move"
     )

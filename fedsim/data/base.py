@@ -93,6 +93,11 @@ class DatasetSpec(Spec):
             )
         return self
 
+    def build(self, num_clients: int, seed: int) -> FederatedData:
+        """The federated dataset: ``num_clients`` clients, every random choice
+        drawn from ``seed``."""
+        raise NotImplementedError
+
     def info(self, num_clients: int) -> DataInfo | None:
         """What the samples will be, from the fields alone (no file read beyond a
         header, no tensor built): the checks before a run use it to count the
@@ -112,7 +117,3 @@ class Dataset(DatasetSpec):
 
     dataset: str = ""
     clients: Annotated[int, Field(ge=1)] | None = None
-
-    def build(self, num_clients: int, seed: int) -> FederatedData:
-        """The federated dataset: ``num_clients`` clients, drawn from ``seed``."""
-        raise NotImplementedError

@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -44,11 +45,36 @@ from fedsim.clock import expected_steps
 from fedsim.spec import PLUGIN_CONFIG, PosInt
 
 if TYPE_CHECKING:
+    from fedsim.algorithms.base import AggregateInfo
     from fedsim.clock import JobWork
     from fedsim.fleet import Fleet
-    from fedsim.server import RoundResult
 
 SelectorState = dict[str, Any]
+
+
+class ClientOutcome(Protocol):
+    """One aggregated client's outcome as :meth:`Selector.observe` reads it
+    (``fedsim.server.ClientStats``)."""
+
+    @property
+    def update_norm(self) -> float: ...
+    @property
+    def train_loss(self) -> float: ...
+    @property
+    def weight(self) -> float: ...  # effective aggregation weight w_i
+    @property
+    def flags(self) -> dict[str, Any]: ...  # the algorithm's per-client columns
+
+
+class RoundResult(Protocol):
+    """A synchronous round's outcome as :meth:`Selector.observe` reads it
+    (``fedsim.server.RoundResult``; a protocol, so selectors sit below the
+    server): what aggregation did, and each aggregated client's outcome."""
+
+    @property
+    def info(self) -> AggregateInfo: ...
+    @property
+    def clients(self) -> Mapping[int, ClientOutcome]: ...
 
 
 @dataclass(frozen=True, eq=False)

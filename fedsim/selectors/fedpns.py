@@ -24,8 +24,7 @@ from pydantic import Field
 from fedsim.selectors.base import Selector, SelectorState, weighted_pick
 
 if TYPE_CHECKING:
-    from fedsim.selectors.base import Draw, SelectorContext
-    from fedsim.server import RoundResult
+    from fedsim.selectors.base import Draw, RoundResult, SelectorContext
 
 _COUNTS = ("selected", "labeled", "removed")
 
