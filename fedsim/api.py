@@ -43,7 +43,7 @@ built-in.
 
 Example (an algorithm that averages the updates and halves the step):
     >>> from dataclasses import dataclass
-    >>> from fedsim.api import Algorithm, meter, skip_empty_rounds
+    >>> from fedsim.api import Algorithm, ClientUpdate, meter, skip_empty_rounds
     >>> @dataclass(frozen=True)
     ... class Half(Algorithm):
     ...     @skip_empty_rounds
@@ -51,8 +51,15 @@ Example (an algorithm that averages the updates and halves the step):
     ...         w = [1 / len(updates)] * len(updates)
     ...         step = sum(wi * u.delta for wi, u in zip(w, updates))
     ...         return {"x": state["x"] + 0.5 * step}, meter(updates, w, 1.0)
-    >>> from fedsim.testing import check_algorithm
-    >>> check_algorithm(Half(), identical=lambda a, x0, d, n: x0 + 0.5 * d)
+    >>> from fedsim.lazy import torch
+    >>> ups = [ClientUpdate(0, torch.tensor([2.0]), 1, 1, 1.0, 0.0),
+    ...        ClientUpdate(1, torch.tensor([4.0]), 1, 1, 1.0, 0.0)]
+    >>> Half().aggregate({"x": torch.zeros(1)}, ups)[0]["x"]
+    tensor([1.5000])
+
+    In its module (so that it pickles), the contract would check it with
+    ``fedsim.testing.check_algorithm(Half(), identical=lambda a, x0, d, n:
+    x0 + 0.5 * d)``.
 """
 
 from __future__ import annotations

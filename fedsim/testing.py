@@ -216,13 +216,12 @@ _CTX = SelectorContext.from_arrays(
 
 
 def fake_result(ids: np.ndarray, rng: np.random.Generator) -> Any:
-    """A round outcome for ``observe``: a loss per client and some flags (of
-    the kind an algorithm such as FedPNS reports)."""
+    """A round outcome for ``observe``: a loss per client and a flag each (as
+    an algorithm's per-client columns), no algorithm ``signal``."""
     flags: dict[int, dict[str, Any]] = {}
     clients = {}
     for i in ids.tolist():
-        lab = bool(rng.random() < 0.3)
-        flags[i] = {"labeled": lab, "removed": lab and bool(rng.random() < 0.5)}
+        flags[i] = {"flagged": bool(rng.random() < 0.3)}
         clients[i] = _Stats(float(rng.uniform(0.1, 3.0)), flags=flags[i])
     weights = {i: 1 / len(ids) for i in ids.tolist()}
     return _Result(AggregateInfo(weights, 1.0, 0.0, flags), clients)

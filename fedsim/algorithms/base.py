@@ -96,6 +96,9 @@ class AggregateInfo:
     # async rules: each update's normalised weight, by position (one device can
     # land twice in a FedBuff buffer)
     per_update: tuple[float, ...] = ()
+    # a typed value for a selector that works with this algorithm (its own
+    # class, e.g. FedPNS's Labels): what the round taught the selector
+    signal: Any = None
 
 
 @dataclass(frozen=True)
