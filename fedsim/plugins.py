@@ -186,7 +186,7 @@ def section_validator(kind: str) -> Any:
             raise ValueError(f"expected a mapping ({spec.key}: ..., ...)")
         name = value.get(spec.key, _default_name(kind))
         if not isinstance(name, str):
-            raise _field_error(spec.key, name)
+            raise _field_error(kind, name)
         cls = resolve(kind, name)
         if name in builtins(kind):  # a built-in validates its own name too
             return TypeAdapter(cls).validate_python(value, context=info.context)
@@ -198,13 +198,18 @@ def section_validator(kind: str) -> Any:
     return validate
 
 
-def _field_error(key: str, got: Any) -> ValidationError:
-    """An error at the section's choosing key, worded as pydantic's own."""
-    if got is None:
-        line = {"type": "missing", "loc": (key,), "input": got}
-    else:
-        line = {"type": "string_type", "loc": (key,), "input": got}
-    return ValidationError.from_exception_data("plug-in", [line])  # type: ignore[list-item]
+def _field_error(kind: str, got: Any) -> ValidationError:
+    """An error at the section's choosing key, worded as pydantic's own: a
+    missing name, or one that is not text (an unknown choice)."""
+    key = KINDS[kind].key
+    line: Any = {"type": "missing", "loc": (key,), "input": got}
+    if got is not None:
+        expected = ", ".join(
+            repr(n) for n in sorted({*builtins(kind), *installed(kind)})
+        )
+        ctx = {"discriminator": repr(key), "tag": repr(got), "expected_tags": expected}
+        line = {"type": "union_tag_invalid", "loc": (key,), "input": got, "ctx": ctx}
+    return ValidationError.from_exception_data("plug-in", [line])
 
 
 def section_names(raw: dict[str, Any]) -> list[tuple[str, str, str]]:

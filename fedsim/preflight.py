@@ -18,7 +18,7 @@ import dataclasses
 import math
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,42 +87,67 @@ def _file_size(spec: Any) -> int | None:
 
 
 def data_info(scenario: Scenario) -> DataInfo:
-    """The dataset's sample kind, shape, classes and size, from its spec alone."""
+    """The dataset's sample kind, shape, classes and size, from its spec alone:
+    what the dataset states (``DatasetSpec.info``), else the built-in table."""
     d = scenario.data
     if (stated := d.info(scenario.num_clients)) is not None:
         return stated  # a dataset that states its own shapes (plug-ins)
-    name = d.dataset
-    if name == "synthetic":
-        clients = d.clients or scenario.num_clients
-        # E[lognormal] + min_samples, capped as the generator caps each client
-        mean = math.exp(d.size_mean + d.size_sigma**2 / 2) + d.min_samples
-        total = int(clients * min(mean, d.max_samples))
-        return DataInfo("vector", (d.features,), d.classes, total)
-    if name == "feddyn_synthetic":
-        return DataInfo("vector", (d.dim,), d.classes, 2 * d.clients * d.samples)
-    if name == "quadratic":
-        first = d.centers[0]
-        dim = len(first) if isinstance(first, list) else 1
-        return DataInfo("vector", (dim,), 0, len(d.centers))
-    if name in _IMAGE_COUNTS or name == "emnist":
-        train, test = _IMAGE_COUNTS.get(name) or _EMNIST_COUNTS[d.subset]
-        train = 0 if d.files == "test" else min(train, d.train_samples or train)
-        test = min(test, d.test_samples or test)
-        shape = (3, 32, 32) if name.startswith("cifar") else (1, 28, 28)
-        classes = len(d.classes) if d.classes is not None else d._classes_total()
-        return DataInfo("image", shape, classes, train + test)
-    if name == "shakespeare":
-        size = _file_size(d)
-        samples = None if size is None else size // d.stride
-        classes = 80 if d.vocab == "leaf" else None
-        return DataInfo("sequence", (d.seq_len,), classes, samples)
-    if name == "tabular":
-        n = _tabular_features(d)
-        size = _file_size(d)
-        # a CSV value takes a few text bytes and 4 to 8 bytes once parsed
-        samples = max(1, size // (2 * (n + 1))) if size is not None and n else None
-        return DataInfo("vector", None if n is None else (n,), None, samples)
-    return DataInfo("vector", None, None, None)
+    how = _BUILTIN_INFO.get(d.dataset)
+    return how(d, scenario.num_clients) if how else DataInfo("vector", None, None, None)
+
+
+def _synthetic_info(d: Any, num_clients: int) -> DataInfo:
+    clients = d.clients or num_clients
+    # E[lognormal] + min_samples, capped as the generator caps each client
+    mean = math.exp(d.size_mean + d.size_sigma**2 / 2) + d.min_samples
+    total = int(clients * min(mean, d.max_samples))
+    return DataInfo("vector", (d.features,), d.classes, total)
+
+
+def _feddyn_info(d: Any, num_clients: int) -> DataInfo:
+    return DataInfo("vector", (d.dim,), d.classes, 2 * d.clients * d.samples)
+
+
+def _quadratic_info(d: Any, num_clients: int) -> DataInfo:
+    first = d.centers[0]
+    dim = len(first) if isinstance(first, list) else 1
+    return DataInfo("vector", (dim,), 0, len(d.centers))
+
+
+def _image_info(d: Any, num_clients: int) -> DataInfo:
+    """The official files' sample counts, less what the spec leaves out."""
+    train, test = _IMAGE_COUNTS.get(d.dataset) or _EMNIST_COUNTS[d.subset]
+    train = 0 if d.files == "test" else min(train, d.train_samples or train)
+    test = min(test, d.test_samples or test)
+    shape = (3, 32, 32) if d.dataset.startswith("cifar") else (1, 28, 28)
+    classes = len(d.classes) if d.classes is not None else d._classes_total()
+    return DataInfo("image", shape, classes, train + test)
+
+
+def _shakespeare_info(d: Any, num_clients: int) -> DataInfo:
+    size = _file_size(d)
+    samples = None if size is None else size // d.stride
+    classes = 80 if d.vocab == "leaf" else None
+    return DataInfo("sequence", (d.seq_len,), classes, samples)
+
+
+def _tabular_info(d: Any, num_clients: int) -> DataInfo:
+    n = _tabular_features(d)
+    size = _file_size(d)
+    # a CSV value takes a few text bytes and 4 to 8 bytes once parsed
+    samples = max(1, size // (2 * (n + 1))) if size is not None and n else None
+    return DataInfo("vector", None if n is None else (n,), None, samples)
+
+
+# What the built-in datasets' specs say, by ``data.dataset``.
+_BUILTIN_INFO: dict[str, Callable[[Any, int], DataInfo]] = {
+    "synthetic": _synthetic_info,
+    "feddyn_synthetic": _feddyn_info,
+    "quadratic": _quadratic_info,
+    **dict.fromkeys([*_IMAGE_COUNTS, "emnist"], _image_info),
+    "shakespeare": _shakespeare_info,
+    "tabular": _tabular_info,
+}
 
 
 def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
@@ -249,6 +274,16 @@ def image_params(spec: Any, image: tuple[int, int, int], classes: int) -> int:
     return total + _dense_params(c * h * w, hidden, classes)
 
 
+def _lstm_params(spec: ModelSpec, classes: int) -> int:
+    """LEAF's character LSTM: embedding, stacked LSTM layers, linear head
+    (``classes`` is the vocabulary, in and out)."""
+    h, total, width = spec.lstm_hidden, classes * spec.embed_dim, spec.embed_dim
+    for _ in range(spec.lstm_layers):
+        total += 4 * h * (width + h) + 8 * h  # W_ih, W_hh and two biases
+        width = h
+    return total + h * classes + classes
+
+
 def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None:
     """Trainable parameters of the scenario's model, by formula (checked against
     the real networks by tests/test_cli_startup.py); None where only the data tells.
@@ -272,11 +307,7 @@ def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None
     if spec.name in ("logreg", "mlp"):
         return _dense_params(dim, spec.hidden if spec.name == "mlp" else [], classes)
     if spec.name == "lstm":
-        h, total, width = spec.lstm_hidden, classes * spec.embed_dim, spec.embed_dim
-        for _ in range(spec.lstm_layers):
-            total += 4 * h * (width + h) + 8 * h  # W_ih, W_hh and two biases
-            width = h
-        return total + h * classes + classes
+        return _lstm_params(spec, classes)
     image = _as_image(info)
     return None if image is None else image_params(spec, image, classes)
 

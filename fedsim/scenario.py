@@ -37,7 +37,6 @@ from fedsim.data.validation import validation_problem
 from fedsim.fleet import FleetSpec
 from fedsim.plugins import (
     PluginError,
-    builtins,
     resolve,
     section_names,
     section_validator,
@@ -183,41 +182,17 @@ class Scenario(Spec):
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
-        n_dev, n_clients = self.fleet.size, getattr(self.data, "clients", None)
-        if n_clients is not None and n_clients != n_dev:
-            raise ValueError(
-                f"data has {n_clients} clients but the fleet has {n_dev} devices; "
-                "each device is one client, so they must match "
-                "(or leave data.clients out)"
-            )
-        if self.selector.clients_per_round > n_dev:
-            raise ValueError(
-                f"selector.clients_per_round is {self.selector.clients_per_round} "
-                f"but the fleet has only {n_dev} devices"
-            )
-        # sampling and weighting are one decision (docs/scenarios.md)
-        if (pairing := pairing_problem(self.selector, self.algorithm)) is not None:
-            raise ValueError(pairing)
-        if self.round.policy == "async" and not self.selector.asynchronous:
-            usable = ", ".join(
-                n
-                for n, c in builtins("selector").items()
-                if getattr(c, "asynchronous", 0)
-            )
-            raise ValueError(
-                f"selector.name {self.selector.name!r} chooses clients from a "
-                "synchronous round's full result, which round.policy 'async' "
-                "does not have (updates arrive one by one); with round.policy "
-                f"'async' use selector.name {usable}"
-            )
-        if (problem := validation_problem(self)) is not None:
-            raise ValueError(problem)
-        # quadratic data and its model go together (a pair of built-ins)
-        if (self.data.dataset == "quadratic") != (self.model.name == "quadratic"):
-            raise ValueError(
-                "model.name 'quadratic' goes with data.dataset 'quadratic' "
-                "(and only with it)"
-            )
+        """Checks across sections, in order; the first problem refuses the file."""
+        checks = (
+            self._size_problem,
+            # sampling and weighting are one decision (docs/scenarios.md)
+            lambda: pairing_problem(self.selector, self.algorithm),
+            lambda: validation_problem(self),
+            self._quadratic_problem,
+        )
+        for check in checks:
+            if (problem := check()) is not None:
+                raise ValueError(problem)
         self._plugin_checks()
         # the algorithm builds the solver: a pair it refuses fails here, not in training
         try:
@@ -228,6 +203,33 @@ class Scenario(Spec):
                 f"{self.algorithm.name!r}: {exc}"
             ) from None
         return self
+
+    def _size_problem(self) -> str | None:
+        """Device i is client i: the data's client count (if it gives one) and
+        the selection size must fit the fleet."""
+        n_dev, n_clients = self.fleet.size, getattr(self.data, "clients", None)
+        if n_clients is not None and n_clients != n_dev:
+            return (
+                f"data has {n_clients} clients but the fleet has {n_dev} devices; "
+                "each device is one client, so they must match "
+                "(or leave data.clients out)"
+            )
+        if self.selector.clients_per_round > n_dev:
+            return (
+                f"selector.clients_per_round is {self.selector.clients_per_round} "
+                f"but the fleet has only {n_dev} devices"
+            )
+        return None
+
+    def _quadratic_problem(self) -> str | None:
+        """The quadratic objective and its model go together (a built-in pair:
+        the model is the point x, the data the centres e_i)."""
+        if (self.data.dataset == "quadratic") == (self.model.name == "quadratic"):
+            return None
+        return (
+            "model.name 'quadratic' goes with data.dataset 'quadratic' "
+            "(and only with it)"
+        )
 
     def _plugin_checks(self) -> None:
         """Each plug-in's own checks against the rest of the scenario: the first

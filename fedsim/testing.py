@@ -106,14 +106,8 @@ def check_algorithm(
         AssertionError: naming the promise ``alg`` breaks.
     """
     obj = alg() if isinstance(alg, type) else alg
-    again = pickle.loads(pickle.dumps(obj))
-    assert again == obj and hash(again) == hash(obj), "the algorithm must pickle"
+    _check_object(obj)
     _check_empty_round(obj)
-    assert obj.down_factor >= 1 and obj.up_factor >= 1, "factors are >= 1"
-    n_payload = len(obj.payload(obj.init(_x0(), M)))
-    assert obj.down_factor == n_payload, (
-        f"down_factor {obj.down_factor} but the payload has {n_payload} vectors"
-    )
     if not uploads_delta:
         return
     _check_pickles(obj)
@@ -124,6 +118,17 @@ def check_algorithm(
     u = make_update(obj, obj.init(_x0(), M), 0, _delta())
     assert (u.new_state is not None) == obj.stateful, (
         "client_finish returns new state if and only if the algorithm is stateful"
+    )
+
+
+def _check_object(alg: Algorithm) -> None:
+    """It pickles (Ray ships it) and its communication factors fit its payload."""
+    again = pickle.loads(pickle.dumps(alg))
+    assert again == alg and hash(again) == hash(alg), "the algorithm must pickle"
+    assert alg.down_factor >= 1 and alg.up_factor >= 1, "factors are >= 1"
+    n_payload = len(alg.payload(alg.init(_x0(), M)))
+    assert alg.down_factor == n_payload, (
+        f"down_factor {alg.down_factor} but the payload has {n_payload} vectors"
     )
 
 
@@ -164,7 +169,8 @@ def _check_identical(alg: Algorithm, identical: Expected, n: int) -> None:
 
 
 def _check_rounds(alg: Algorithm) -> None:
-    """Three rounds of varied updates (weights, steps, client state)."""
+    """Three rounds of varied updates (weights, steps, client state): the
+    state keeps its layout and stays finite, and so does every client's."""
     x0 = _x0()
     state = alg.init(x0, M)
     spec = {k: (v.shape, v.dtype) for k, v in state.items()}
@@ -172,24 +178,42 @@ def _check_rounds(alg: Algorithm) -> None:
     gen = torch.Generator().manual_seed(0)
     kept: dict[int, dict[str, torch.Tensor]] = {}
     for chosen in ((0, 1, 2), (1, 3), (0, 4)):
-        ups = []
-        for i in chosen:
-            delta = torch.randn(x0.shape, generator=gen)
-            u = make_update(
-                alg, state, i, delta, 2 + i, 1.0 + i, 0.5 + i / 4, kept.get(i)
-            )
-            if u.new_state is not None:
-                kept[i] = u.new_state
-            ups.append(u)
+        ups = [_varied_update(alg, state, i, gen, kept) for i in chosen]
         state, info = alg.aggregate(state, ups)
-        got = {k: (v.shape, v.dtype) for k, v in state.items()}
-        assert got == spec, "the state keeps its keys, shapes and dtypes"
-        assert all(bool(torch.isfinite(v).all()) for v in state.values())
-        assert math.isfinite(info.chi2_pw) and math.isfinite(info.tau_eff)
-        assert all(w > 0 for w in info.weights.values()), "weights are positive"
+        _check_round_result(state, info, spec)
     for cs in kept.values():
-        for v in cs.values():
-            assert v.shape == x0.shape and bool(torch.isfinite(v).all())
+        assert all(v.shape == x0.shape for v in cs.values()), "client state shape"
+        _check_finite(cs.values(), "a client's state")
+
+
+def _check_round_result(state: ServerState, info: AggregateInfo, spec: Any) -> None:
+    """The new state has the layout ``spec`` (key: (shape, dtype)), all finite;
+    the meter's figures are finite and its weights positive."""
+    got = {k: (v.shape, v.dtype) for k, v in state.items()}
+    assert got == spec, "the state keeps its keys, shapes and dtypes"
+    _check_finite(state.values(), "the server state")
+    assert math.isfinite(info.chi2_pw) and math.isfinite(info.tau_eff)
+    assert all(w > 0 for w in info.weights.values()), "weights are positive"
+
+
+def _varied_update(
+    alg: Algorithm,
+    state: ServerState,
+    i: int,
+    gen: torch.Generator,
+    kept: dict[int, dict[str, torch.Tensor]],
+) -> ClientUpdate:
+    """Client i's update, with steps, weight and relative weight growing with i;
+    its new persistent state (if any) goes into ``kept``."""
+    delta = torch.randn(state["x"].shape, generator=gen)
+    u = make_update(alg, state, i, delta, 2 + i, 1.0 + i, 0.5 + i / 4, kept.get(i))
+    if u.new_state is not None:
+        kept[i] = u.new_state
+    return u
+
+
+def _check_finite(tensors: Any, what: str) -> None:
+    assert all(bool(torch.isfinite(v).all()) for v in tensors), f"{what} is not finite"
 
 
 # ------------------------------------------------------------------ selectors
@@ -295,9 +319,21 @@ def _check_ids(sel: Selector, ids: np.ndarray, cand: np.ndarray) -> None:
 
 
 def _check_deterministic(sel: Selector, deterministic: bool) -> None:
+    """The same generator gives the same choices, another generator others
+    (unless ``deterministic``), and no global generator moves meanwhile."""
     np_state: Any = np.random.get_state()
     py_state = random.getstate()
     torch_state = torch.random.get_rng_state()
+    _check_generator_use(sel, deterministic)
+    after: Any = np.random.get_state()
+    assert np.array_equal(np_state[1], after[1]) and np_state[2] == after[2], (
+        "numpy's global generator must not move"
+    )
+    assert random.getstate() == py_state, "random's global generator must not move"
+    assert torch.equal(torch.random.get_rng_state(), torch_state)
+
+
+def _check_generator_use(sel: Selector, deterministic: bool) -> None:
     a, state_a = drive(sel, seed=3)
     b, state_b = drive(sel, seed=3)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
@@ -309,12 +345,6 @@ def _check_deterministic(sel: Selector, deterministic: bool) -> None:
         if deterministic
         else "another generator gives other ids at some round"
     )
-    after: Any = np.random.get_state()
-    assert np.array_equal(np_state[1], after[1]) and np_state[2] == after[2], (
-        "numpy's global generator must not move"
-    )
-    assert random.getstate() == py_state, "random's global generator must not move"
-    assert torch.equal(torch.random.get_rng_state(), torch_state)
 
 
 def _check_extras(sel: Selector) -> None:
