@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 
 
 class Spec(BaseModel):
-    """Frozen, rejects unknown keys and non-finite numbers."""
+    """Frozen, rejects unknown keys and non-finite numbers: the base of every
+    pydantic section of a scenario (a model or dataset plug-in's too), so a
+    misspelt key is an error, not a silently ignored setting."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -160,22 +162,41 @@ class ScenarioView(Protocol):
     ``Scenario``; typed loosely here so plug-ins sit below the scenario module)."""
 
     @property
-    def seed(self) -> int: ...
+    def seed(self) -> int:
+        """The run's seed: every random choice derives from it."""
+
     @property
-    def rounds(self) -> int: ...
+    def rounds(self) -> int:
+        """Rounds (asynchronous mode: server versions) to run."""
+
     @property
-    def num_clients(self) -> int: ...
+    def num_clients(self) -> int:
+        """m, the fleet's size (device i is client i)."""
+
     @property
-    def model(self) -> Any: ...
+    def model(self) -> Any:
+        """The ``model`` section (``elem_bytes``: bytes per parameter)."""
+
     @property
-    def data(self) -> Any: ...
+    def data(self) -> Any:
+        """The ``data`` section, a dataset spec."""
+
     @property
-    def client(self) -> ClientSpec: ...
+    def client(self) -> ClientSpec:
+        """Local training: solver, lr, batch size."""
+
     @property
-    def fleet(self) -> Any: ...
+    def fleet(self) -> Any:
+        """The devices: ``groups`` (each with ``speed``, ``network``, ...)."""
+
     @property
-    def round(self) -> Any: ...
+    def round(self) -> Any:
+        """How tau_i arises: ``policy``, ``window_s``, ``epochs``, ..."""
+
     @property
-    def algorithm(self) -> Any: ...
+    def algorithm(self) -> Any:
+        """The ``algorithm`` section: the algorithm object itself."""
+
     @property
-    def selector(self) -> Any: ...
+    def selector(self) -> Any:
+        """The ``selector`` section: the selector object itself."""

@@ -80,10 +80,14 @@ def make_update(
 
 
 def _x0() -> torch.Tensor:
+    """The starting model: 7 distinct values of both signs, so a rule that
+    scales, clips or drops coordinates shows in the result."""
     return torch.linspace(-1.0, 1.0, 7)
 
 
 def _delta() -> torch.Tensor:
+    """A client's update: mixed signs, a zero and magnitudes from 1/8 to 2, so
+    sign- or norm-dependent steps (adaptive servers) differ from plain ones."""
     return torch.tensor([0.5, -0.25, 0.0, 1.0, -1.0, 0.125, 2.0])
 
 
@@ -143,6 +147,8 @@ def _check_empty_round(alg: Algorithm) -> None:
 
 
 def _check_pickles(alg: Algorithm) -> None:
+    """The server state before and after a round, and a client update, survive
+    pickling unchanged: Ray ships all three between processes."""
     state = alg.init(_x0(), M)
     u = make_update(alg, state, 0, _delta())
     state2, _ = alg.aggregate(state, [u])
@@ -156,6 +162,9 @@ def _check_pickles(alg: Algorithm) -> None:
 
 
 def _check_identical(alg: Algorithm, identical: Expected, n: int) -> None:
+    """``n`` clients send the same delta with equal weights and steps: the new
+    model is ``identical(...)``, the meter sees no objective inconsistency and
+    gives every update a weight, the weights summing to 1."""
     x0, delta = _x0(), _delta()
     state = alg.init(x0, M)
     ups = [make_update(alg, state, i, delta.clone()) for i in range(n)]
@@ -213,6 +222,7 @@ def _varied_update(
 
 
 def _check_finite(tensors: Any, what: str) -> None:
+    """Every tensor of ``tensors`` is finite (``what`` names them)."""
     assert all(bool(torch.isfinite(v).all()) for v in tensors), f"{what} is not finite"
 
 
@@ -228,6 +238,9 @@ class _Stats:
 
 @dataclass
 class _Result:
+    """A synchronous round's outcome as ``Selector.observe`` reads it (the
+    ``RoundResult`` protocol), without the server's metrics."""
+
     info: AggregateInfo
     clients: dict[int, _Stats]
 
@@ -308,6 +321,8 @@ def check_selector(sel: Selector, deterministic: bool = False) -> None:
 
 
 def _check_ids(sel: Selector, ids: np.ndarray, cand: np.ndarray) -> None:
+    """One choice among ``cand`` keeps the selection promises (module
+    docstring); a selector drawing with replacement may return fewer ids."""
     k = sel.clients_per_round
     assert ids.dtype == np.int64 and ids.ndim == 1, "ids are a 1-d int64 array"
     assert np.all(np.diff(ids) > 0), "ids are distinct and sorted"
@@ -334,6 +349,8 @@ def _check_deterministic(sel: Selector, deterministic: bool) -> None:
 
 
 def _check_generator_use(sel: Selector, deterministic: bool) -> None:
+    """Twelve rounds twice from one seed are equal, ids and state; from another
+    seed some round differs, unless the selector is ``deterministic``."""
     a, state_a = drive(sel, seed=3)
     b, state_b = drive(sel, seed=3)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
