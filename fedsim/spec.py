@@ -68,6 +68,20 @@ class ModelSpec(Spec):
         prints only these)."""
         return f"name dtype {_MODEL_FIELDS.get(self.name, '')}".strip()
 
+    def param_count(
+        self, input_shape: tuple[int, ...], num_classes: int | None
+    ) -> int | None:
+        """Trainable parameters of this network on samples of ``input_shape``
+        (as ``Model.param_count``; formulas in :mod:`fedsim.model_size`, no
+        torch). None where only the data tells (classes unknown).
+
+        Raises:
+            ValueError: the images are too small for the network.
+        """
+        from fedsim.model_size import builtin_params
+
+        return builtin_params(self, input_shape, num_classes)
+
 
 # The fields each network reads beyond name and dtype.
 _MODEL_FIELDS = {
