@@ -237,7 +237,8 @@ def _dist_info(root: Path) -> None:
     (info / "entry_points.txt").write_text(
         "[fedsim.algorithms]\nfedexp = fedsim_example.fedexp:FedExP\n\n"
         "[fedsim.selectors]\nfastest_k = fedsim_example.fastest:FastestK\n\n"
-        "[fedsim.models]\ntiny_mlp = fedsim_example.tiny_mlp:TinyMLP\n"
+        "[fedsim.models]\ntiny_mlp = fedsim_example.tiny_mlp:TinyMLP\n\n"
+        "[fedsim.datasets]\nblobs = fedsim_example.blobs:Blobs\n"
     )
 
 
@@ -262,6 +263,24 @@ def test_entry_points_give_short_names(tmp_path, monkeypatch):
     assert type(sc.selector).__name__ == "FastestK" and sc.model.hidden == 16
     with pytest.raises(ScenarioError, match="unknown name 'fedexq'.*fedexp"):
         load_scenario(SCENARIO, ["algorithm.name=fedexq"])
+
+
+def test_a_dataset_plugin_states_its_samples_and_trains(tmp_path, monkeypatch):
+    from fedsim.preflight import preflight
+    from fedsim.runtime import run_scenario
+
+    # Prepare: Blobs by its entry-point name, 8 features, 3 classes
+    _dist_info(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = "data={dataset: blobs, features: 8, classes: 3, samples_per_client: 20}"
+    sc = load_scenario(SCENARIO, [data, "rounds=2"])
+    # Execute
+    est = preflight(sc, "<test>", available_bytes=2**33)
+    run = run_scenario(sc, workers=0)
+    # Assert: TinyMLP(hidden=8) on 8 features, 3 classes: 8*8+8 + 8*3+3
+    assert est.params == 99 and est.parts["data"] == 8 * 20 * (4 * 8 + 8)
+    assert run.final_params is not None and run.final_params.numel() == 99
+    assert len(run.rows) == 2
 
 
 # ----------------------------------------------------------------- running them
@@ -427,3 +446,13 @@ def test_the_batched_executor_trains_the_example_as_the_sequential_one():
     assert [(c["round"], c["client_id"]) for c in vec.clients] == chosen
     for a, b in zip(vec.rows, seq.rows, strict=True):
         assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("module", ["fedexp", "fastest", "tiny_mlp", "blobs"])
+def test_the_example_docstrings_run(module):
+    import doctest
+    import importlib
+
+    mod = importlib.import_module(f"fedsim_example.{module}")
+    result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
