@@ -86,6 +86,8 @@ KINDS = {
 
 
 def _attr(path: str) -> Any:
+    """The object at ``module:NAME`` of fedsim itself (imported on first use:
+    looking a name up must not import every kind's built-ins)."""
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -180,6 +182,7 @@ def section_validator(kind: str) -> Any:
     spec = KINDS[kind]
 
     def validate(value: Any, info: ValidationInfo) -> Any:
+        # info.context carries the scenario's folder (relative data paths)
         if isinstance(value, (_attr(spec.base), *builtins(kind).values())):
             return value  # already an object (a default, or built in code)
         if not isinstance(value, dict):

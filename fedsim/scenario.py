@@ -333,14 +333,22 @@ def _check_plain(obj: Any, source: str, path: str = "") -> None:
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
             _check_plain(v, source, f"{path}[{i}]")
-    elif isinstance(obj, float) and not math.isfinite(obj):
-        problem = f"expected a finite number, got {obj}"
-    elif isinstance(obj, int) and obj.bit_length() > MAX_INT_BITS:
-        problem = f"number too large ({obj.bit_length()} bits)"
-    elif obj is not None and not isinstance(obj, str | int | float | bool):
-        problem = f"expected a plain value, got {type(obj).__name__}"
+    else:
+        problem = _scalar_problem(obj)
     if problem is not None:
         raise ScenarioError(f"{source}: {path or '(top level)'}: {problem}")
+
+
+def _scalar_problem(obj: Any) -> str | None:
+    """Why a scalar cannot be a setting: not finite, more bits than any setting
+    needs (a huge int would also make pydantic slow), or not a YAML scalar."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return f"expected a finite number, got {obj}"
+    if isinstance(obj, int) and obj.bit_length() > MAX_INT_BITS:
+        return f"number too large ({obj.bit_length()} bits)"
+    if obj is not None and not isinstance(obj, str | int | float | bool):
+        return f"expected a plain value, got {type(obj).__name__}"
+    return None
 
 
 # libyaml's safe loader when PyYAML has it: the pure-Python one takes ~20 s/MiB.
@@ -392,7 +400,8 @@ _AMBIGUOUS = {
 
 
 def _check_nodes(root: yaml.Node | None, source: str) -> None:
-    """Refuse duplicate keys and ambiguous plain scalars (each node once)."""
+    """Refuse duplicate keys and ambiguous plain scalars (each node once: an
+    alias repeats a node, and would otherwise be walked again and again)."""
     seen: set[int] = set()
     stack: list[tuple[yaml.Node, str]] = [] if root is None else [(root, "")]
     while stack:
@@ -401,34 +410,48 @@ def _check_nodes(root: yaml.Node | None, source: str) -> None:
             continue
         seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
-            first: dict[str, int] = {}
-            for key, value in node.value:
-                if key.tag == _MERGE:  # `<<: *base` may override keys, by design
-                    stack.append((value, path))
-                    continue
-                scalar = isinstance(key, yaml.ScalarNode)
-                name = str(key.value) if scalar else f"<{key.id}>"
-                sub = f"{path}.{name}" if path else name
-                line = key.start_mark.line + 1
-                if name in first:
-                    raise ScenarioError(
-                        f"{source}: line {line}: duplicate key {sub} (first given "
-                        f"at line {first[name]}); YAML would silently keep only "
-                        "the last one"
-                    )
-                first[name] = line
-                stack.extend([(key, sub), (value, sub)])
+            stack.extend(_mapping_children(node, path, source))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node.value))
         elif node.tag == _STR and not node.style:  # plain: None, or '' (libyaml)
-            text = str(node.value)
-            for pattern, why in _AMBIGUOUS.items():
-                if pattern.match(text):
-                    raise ScenarioError(
-                        f"{source}: line {node.start_mark.line + 1}: "
-                        f"{path or '(top level)'}: {text} is ambiguous ({why}, or "
-                        f"quote '{text}' if it is text"
-                    )
+            _check_plain_scalar(str(node.value), node, path, source)
+
+
+def _mapping_children(
+    node: yaml.MappingNode, path: str, source: str
+) -> list[tuple[yaml.Node, str]]:
+    """A mapping's keys and values with their paths, refusing a key given twice
+    (YAML would keep the last one silently)."""
+    out: list[tuple[yaml.Node, str]] = []
+    first: dict[str, int] = {}
+    for key, value in node.value:
+        if key.tag == _MERGE:  # `<<: *base` may override keys, by design
+            out.append((value, path))
+            continue
+        scalar = isinstance(key, yaml.ScalarNode)
+        name = str(key.value) if scalar else f"<{key.id}>"
+        sub = f"{path}.{name}" if path else name
+        line = key.start_mark.line + 1
+        if name in first:
+            raise ScenarioError(
+                f"{source}: line {line}: duplicate key {sub} (first given "
+                f"at line {first[name]}); YAML would silently keep only "
+                "the last one"
+            )
+        first[name] = line
+        out.extend([(key, sub), (value, sub)])
+    return out
+
+
+def _check_plain_scalar(text: str, node: yaml.Node, path: str, source: str) -> None:
+    """Refuse a plain scalar that YAML 1.1 and 1.2 read differently."""
+    for pattern, why in _AMBIGUOUS.items():
+        if pattern.match(text):
+            raise ScenarioError(
+                f"{source}: line {node.start_mark.line + 1}: "
+                f"{path or '(top level)'}: {text} is ambiguous ({why}, or "
+                f"quote '{text}' if it is text"
+            )
 
 
 def read_yaml(text: str, source: str) -> Any:
