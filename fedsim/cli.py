@@ -389,7 +389,7 @@ def _seed(text: str) -> int:
 
 
 def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scenario:
-    """load_scenario, blaming a bad --set or --seed; FedDMClockWarnings as lines.
+    """load_scenario, blaming a bad --set or --seed; ScenarioWarnings as lines.
 
     Args:
         scenario: the YAML file.
@@ -400,13 +400,13 @@ def _load(scenario: Path, overrides: list[str], seed: str | None = None) -> Scen
     Returns:
         The validated scenario; on any problem the command exits 2.
     """
-    from fedsim.scenario import FedDMClockWarning
+    from fedsim.scenario import ScenarioWarning
 
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", FedDMClockWarning)
+        warnings.simplefilter("always", ScenarioWarning)
         sc = _load_blamed(scenario, overrides, seed)
     for w in caught:
-        if issubclass(w.category, FedDMClockWarning):
+        if issubclass(w.category, ScenarioWarning):
             _say("[yellow]warning:[/]", str(w.message))
         else:  # not ours: as Python would have shown it
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -826,12 +826,8 @@ def validate(
 
 
 # Fields each choice uses; `fedsim validate` leaves the section's others out.
+# (a model's: its spec's ``used_fields``)
 _USED = {
-    ("model", "mlp"): "hidden",
-    ("model", "vgg11"): "norm_groups",
-    ("model", "resnet18"): "norm_groups",
-    ("model", "convnet"): "width depth",
-    ("model", "lstm"): "embed_dim lstm_hidden lstm_layers",
     ("round", "fixed_window"): "window_s max_steps",
     ("round", "fixed_epochs"): "epochs deadline_s over_select",
     ("round", "async"): "concurrency max_staleness job_steps max_steps epochs",
@@ -860,8 +856,7 @@ def _applicable(sc: Scenario) -> dict[str, Any]:
     mattered (a ``window_s`` in an epochs round, ``sigma`` on fixed speeds).
     """
     d = sc.model_dump(mode="json")
-    model = _USED.get(("model", sc.model.name), "")
-    d["model"] = _keep(d["model"], f"name dtype {model}")
+    d["model"] = _keep(d["model"], sc.model.used_fields)
     r = sc.round
     used = ["policy", *_USED["round", r.policy].split()]
     if r.policy == "async":  # a job does max_steps or epochs

@@ -225,8 +225,6 @@ def load_variant(
     the asynchronous timeline with the same work per job (mode ``async``); a
     synchronous algorithm on an asynchronous scenario is refused.
     """
-    from fedsim.algorithms import REGISTRY
-
     section = algorithm_section(label, _own_algorithm(scenario_path))
     items = [
         *overrides,
@@ -235,7 +233,7 @@ def load_variant(
         f"seed={seed}",
     ]
     sc = load_scenario(scenario_path, items)
-    is_async = hasattr(REGISTRY.get(sc.algorithm.name), "aggregate_async")
+    is_async = hasattr(sc.algorithm, "aggregate_async")  # a plug-in's too
     if is_async and sc.round.policy != "async":
         return load_scenario(scenario_path, items + _async_overrides(sc)), "async"
     if sc.round.policy == "async" and not is_async:

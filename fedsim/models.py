@@ -17,13 +17,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedsim.spec import ModelSpec  # there, so validating a scenario needs no torch
+from fedsim.data.base import FederatedData
+from fedsim.spec import Model, ModelSpec  # there: validating a scenario needs no torch
+
+if TYPE_CHECKING:
+    from fedsim.spec import ScenarioView
 
 _MODEL_INIT_TAG = 0x1A17
 
@@ -213,7 +218,7 @@ MODELS: dict[str, Callable[[ModelSpec, tuple[int, ...], int], nn.Module]] = {
 
 
 def build_model(
-    spec: ModelSpec,
+    spec: ModelSpec | Model,
     input_dim: int,
     num_classes: int,
     seed: int,
@@ -226,8 +231,10 @@ def build_model(
     shape = tuple(input_shape) if input_shape is not None else (int(input_dim),)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if spec.name == "quadratic":
-            model: nn.Module = QuadraticModel(int(np.prod(shape)), x0)
+        if isinstance(spec, Model):  # a plug-in builds its own network
+            model: nn.Module = spec.build(shape, num_classes)
+        elif spec.name == "quadratic":
+            model = QuadraticModel(int(np.prod(shape)), x0)
         elif spec.name in MODELS:
             if num_classes < 1:
                 raise ValueError(f"model {spec.name!r} needs a dataset with classes")
@@ -237,7 +244,7 @@ def build_model(
     return model.to(getattr(torch, spec.dtype))
 
 
-def make_model(scenario, data) -> nn.Module:  # noqa: ANN001
+def make_model(scenario: ScenarioView, data: FederatedData) -> nn.Module:
     """The scenario's model for ``data``, initialised from the scenario seed."""
     ss = np.random.SeedSequence([scenario.seed, _MODEL_INIT_TAG])
     seed = int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))

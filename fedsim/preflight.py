@@ -18,17 +18,30 @@ import dataclasses
 import math
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from fedsim import model_size
+from fedsim.data.base import DataInfo
+from fedsim.model_size import IMAGE_MODELS
+from fedsim.spec import ModelSpec
 
 if TYPE_CHECKING:
     from fedsim.scenario import Scenario, ScenarioError
 
+__all__ = [
+    "IMAGE_MODELS",
+    "DataInfo",
+    "MemoryEstimate",
+    "count_params",
+    "data_info",
+    "image_params",
+    "preflight",
+]
+
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
-
-IMAGE_MODELS = ("cnn", "cifar_cnn", "vgg11", "resnet18", "convnet")
 
 # (train, test) sample counts of the image datasets' official files.
 _IMAGE_COUNTS = {
@@ -52,23 +65,6 @@ def _error(message: str) -> ScenarioError:
     from fedsim.scenario import ScenarioError
 
     return ScenarioError(message)
-
-
-@dataclasses.dataclass(frozen=True)
-class DataInfo:
-    """What a dataset's spec says about its samples: ``kind`` ``vector``, ``image``
-    ([C, H, W]) or ``sequence``; ``samples`` (train + test) estimated; ``classes``
-    0 for an objective without classes; None where only the data tells."""
-
-    kind: str
-    shape: tuple[int, ...] | None
-    classes: int | None
-    samples: int | None
-
-    @property
-    def sample_bytes(self) -> int | None:
-        """float32 bytes of one sample's inputs."""
-        return None if self.shape is None else 4 * math.prod(self.shape)
 
 
 def _tabular_features(spec: Any) -> int | None:
@@ -99,40 +95,67 @@ def _file_size(spec: Any) -> int | None:
 
 
 def data_info(scenario: Scenario) -> DataInfo:
-    """The dataset's sample kind, shape, classes and size, from its spec alone."""
+    """The dataset's sample kind, shape, classes and size, from its spec alone:
+    what the dataset states (``DatasetSpec.info``), else the built-in table."""
     d = scenario.data
-    name = d.dataset
-    if name == "synthetic":
-        clients = d.clients or scenario.num_clients
-        # E[lognormal] + min_samples, capped as the generator caps each client
-        mean = math.exp(d.size_mean + d.size_sigma**2 / 2) + d.min_samples
-        total = int(clients * min(mean, d.max_samples))
-        return DataInfo("vector", (d.features,), d.classes, total)
-    if name == "feddyn_synthetic":
-        return DataInfo("vector", (d.dim,), d.classes, 2 * d.clients * d.samples)
-    if name == "quadratic":
-        first = d.centers[0]
-        dim = len(first) if isinstance(first, list) else 1
-        return DataInfo("vector", (dim,), 0, len(d.centers))
-    if name in _IMAGE_COUNTS or name == "emnist":
-        train, test = _IMAGE_COUNTS.get(name) or _EMNIST_COUNTS[d.subset]
-        train = 0 if d.files == "test" else min(train, d.train_samples or train)
-        test = min(test, d.test_samples or test)
-        shape = (3, 32, 32) if name.startswith("cifar") else (1, 28, 28)
-        classes = len(d.classes) if d.classes is not None else d._classes_total()
-        return DataInfo("image", shape, classes, train + test)
-    if name == "shakespeare":
-        size = _file_size(d)
-        samples = None if size is None else size // d.stride
-        classes = 80 if d.vocab == "leaf" else None
-        return DataInfo("sequence", (d.seq_len,), classes, samples)
-    if name == "tabular":
-        n = _tabular_features(d)
-        size = _file_size(d)
-        # a CSV value takes a few text bytes and 4 to 8 bytes once parsed
-        samples = max(1, size // (2 * (n + 1))) if size is not None and n else None
-        return DataInfo("vector", None if n is None else (n,), None, samples)
-    return DataInfo("vector", None, None, None)
+    if (stated := d.info(scenario.num_clients)) is not None:
+        return stated  # a dataset that states its own shapes (plug-ins)
+    how = _BUILTIN_INFO.get(d.dataset)
+    return how(d, scenario.num_clients) if how else DataInfo("vector", None, None, None)
+
+
+def _synthetic_info(d: Any, num_clients: int) -> DataInfo:
+    clients = d.clients or num_clients
+    # E[lognormal] + min_samples, capped as the generator caps each client
+    mean = math.exp(d.size_mean + d.size_sigma**2 / 2) + d.min_samples
+    total = int(clients * min(mean, d.max_samples))
+    return DataInfo("vector", (d.features,), d.classes, total)
+
+
+def _feddyn_info(d: Any, num_clients: int) -> DataInfo:
+    return DataInfo("vector", (d.dim,), d.classes, 2 * d.clients * d.samples)
+
+
+def _quadratic_info(d: Any, num_clients: int) -> DataInfo:
+    first = d.centers[0]
+    dim = len(first) if isinstance(first, list) else 1
+    return DataInfo("vector", (dim,), 0, len(d.centers))
+
+
+def _image_info(d: Any, num_clients: int) -> DataInfo:
+    """The official files' sample counts, less what the spec leaves out."""
+    train, test = _IMAGE_COUNTS.get(d.dataset) or _EMNIST_COUNTS[d.subset]
+    train = 0 if d.files == "test" else min(train, d.train_samples or train)
+    test = min(test, d.test_samples or test)
+    shape = (3, 32, 32) if d.dataset.startswith("cifar") else (1, 28, 28)
+    classes = len(d.classes) if d.classes is not None else d._classes_total()
+    return DataInfo("image", shape, classes, train + test)
+
+
+def _shakespeare_info(d: Any, num_clients: int) -> DataInfo:
+    size = _file_size(d)
+    samples = None if size is None else size // d.stride
+    classes = 80 if d.vocab == "leaf" else None
+    return DataInfo("sequence", (d.seq_len,), classes, samples)
+
+
+def _tabular_info(d: Any, num_clients: int) -> DataInfo:
+    n = _tabular_features(d)
+    size = _file_size(d)
+    # a CSV value takes a few text bytes and 4 to 8 bytes once parsed
+    samples = max(1, size // (2 * (n + 1))) if size is not None and n else None
+    return DataInfo("vector", None if n is None else (n,), None, samples)
+
+
+# What the built-in datasets' specs say, by ``data.dataset``.
+_BUILTIN_INFO: dict[str, Callable[[Any, int], DataInfo]] = {
+    "synthetic": _synthetic_info,
+    "feddyn_synthetic": _feddyn_info,
+    "quadratic": _quadratic_info,
+    **dict.fromkeys([*_IMAGE_COUNTS, "emnist"], _image_info),
+    "shakespeare": _shakespeare_info,
+    "tabular": _tabular_info,
+}
 
 
 def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
@@ -148,6 +171,8 @@ def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
 
 def check_model_data(scenario: Scenario, source: str = "<scenario>") -> None:
     """Refuse a model that cannot read the dataset's samples."""
+    if not isinstance(scenario.model, ModelSpec):
+        return  # a plug-in model: building it tells (its build sees the shape)
     model = scenario.model.name
     info = data_info(scenario)
     where = f"{source}: model.name {model!r} does not fit data.dataset "
@@ -179,82 +204,21 @@ def check_model_data(scenario: Scenario, source: str = "<scenario>") -> None:
             )
 
 
-def _conv(c_in: int, c_out: int, k: int, bias: bool = True) -> int:
-    return c_out * c_in * k * k + (c_out if bias else 0)
-
-
-def _dense_params(width: int, hidden: Sequence[int], classes: int) -> int:
-    """Linear layers ``width -> hidden... -> classes`` (fedsim.models._dense)."""
-    widths = [width, *hidden, classes]
-    return sum(a * b + b for a, b in zip(widths, widths[1:], strict=False))
-
-
-def _resnet18_params(c: int, small: bool, classes: int) -> int:
-    """torchvision's ResNet-18 with GroupNorm and a 3x3 stem for small images."""
-    total = _conv(c, 64, 3 if small else 7, bias=False) + 2 * 64
-    width = 64
-    for planes in (64, 128, 256, 512):
-        for _ in range(2):
-            total += _conv(width, planes, 3, False) + _conv(planes, planes, 3, False)
-            total += 4 * planes  # two GroupNorms
-            if width != planes:  # a stage's first block: a stride-2 1x1 shortcut
-                total += _conv(width, planes, 1, False) + 2 * planes
-            width = planes
-    return total + 512 * classes + classes
-
-
-# A layer of an image network: a convolution (out channels, kernel, padding,
-# followed by a GroupNorm?) or a 2x2 pooling that halves the image.
-_Layer = tuple[int, int, int, bool] | str
-_POOL = "pool"
-_VGG11 = (64, _POOL, 128, _POOL, 256, 256, _POOL, 512, 512, _POOL, 512, 512, _POOL)
-
-
-def _image_layers(spec: Any, channels: int) -> tuple[list[_Layer], list[int]]:
-    """An image network's convolutions and poolings, and its hidden widths."""
-    if spec.name == "cnn":
-        return [(32, 5, 2, False), _POOL, (64, 5, 2, False), _POOL], [512]
-    if spec.name == "cifar_cnn":
-        return [(64, 5, 0, False), _POOL, (64, 5, 0, False), _POOL], [384, 192]
-    if spec.name == "vgg11":
-        return [v if v == _POOL else (int(v), 3, 1, True) for v in _VGG11], [512, 512]
-    if spec.name == "convnet":
-        layers: list[_Layer] = []
-        for d in range(spec.depth):
-            pad = 3 if channels == 1 and d == 0 else 1  # grey 28x28 -> 32x32
-            layers += [(spec.width, 3, pad, True), _POOL]
-        return layers, []
-    raise ValueError(f"not an image network: {spec.name!r}")
-
-
 def image_params(spec: Any, image: tuple[int, int, int], classes: int) -> int:
-    """Parameters of an image network of :mod:`fedsim.models` on [C, H, W] images.
+    """Parameters of an image network of :mod:`fedsim.models` on [C, H, W]
+    images (:func:`fedsim.model_size.image_params`).
 
     Raises:
         ScenarioError: the image shrinks to nothing inside the network.
 
     >>> from fedsim.spec import ModelSpec
-    >>> image_params(ModelSpec(name="cnn"), (1, 28, 28), 10)   # FedAvg paper
+    >>> image_params(ModelSpec(name="cnn"), (1, 28, 28), 10)   # McMahan et al. 2017
     1663370
     """
-    c, h, w = image
-    if spec.name == "resnet18":
-        return _resnet18_params(c, max(h, w) <= 32, classes)
-    layers, hidden = _image_layers(spec, c)
-    total = 0
-    for layer in layers:
-        if isinstance(layer, str):
-            h, w = h // 2, w // 2
-        else:
-            out, k, pad, norm = layer
-            total += _conv(c, out, k) + (2 * out if norm else 0)
-            h, w, c = h + 2 * pad + 1 - k, w + 2 * pad + 1 - k, out
-        if min(h, w) < 1:
-            raise _error(
-                f"model.name {spec.name!r}: {image[0]}x{image[1]}x{image[2]} "
-                "images are too small for it (a layer's output would be empty)"
-            )
-    return total + _dense_params(c * h * w, hidden, classes)
+    try:
+        return model_size.image_params(spec, image, classes)
+    except ValueError as exc:
+        raise _error(str(exc)) from None
 
 
 def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None:
@@ -269,22 +233,16 @@ def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None
     spec = scenario.model
     if info.shape is None:
         return None
-    dim = math.prod(info.shape)
-    if spec.name == "quadratic":
-        return dim
-    classes = info.classes
-    if classes is None:
+    if not isinstance(spec, ModelSpec):  # a plug-in counts its own
+        return spec.param_count(info.shape, info.classes or 0)
+    # the shape the network reads: an image network, the samples as images
+    shape = _as_image(info) if spec.name in IMAGE_MODELS else info.shape
+    if shape is None:
         return None
-    if spec.name in ("logreg", "mlp"):
-        return _dense_params(dim, spec.hidden if spec.name == "mlp" else [], classes)
-    if spec.name == "lstm":
-        h, total, width = spec.lstm_hidden, classes * spec.embed_dim, spec.embed_dim
-        for _ in range(spec.lstm_layers):
-            total += 4 * h * (width + h) + 8 * h  # W_ih, W_hh and two biases
-            width = h
-        return total + h * classes + classes
-    image = _as_image(info)
-    return None if image is None else image_params(spec, image, classes)
+    try:
+        return spec.param_count(shape, info.classes)
+    except ValueError as exc:  # an image too small for the network
+        raise _error(str(exc)) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,13 +270,8 @@ def estimate_memory(scenario: Scenario, workers: int | None = None) -> MemoryEst
     elem = scenario.model.elem_bytes
     n_workers = max(1, workers or 1)
     parts = {"model": params * elem * (_SERVER_COPIES + _WORKER_COPIES * n_workers)}
-    alg = scenario.algorithm
-    if getattr(alg, "stateful", False):
-        parts["algorithm"] = scenario.num_clients * params * elem
-    elif alg.name == "feddm" and info.sample_bytes and info.classes:
-        # each client sends ipc images per class it holds: at most all classes
-        images = scenario.num_clients * info.classes * getattr(alg, "ipc", 0)
-        parts["algorithm"] = images * (info.sample_bytes + 8)  # with int64 labels
+    if (kept := scenario.algorithm.memory(scenario, params, info)) is not None:
+        parts["algorithm"] = kept[0]
     if info.samples is not None and info.sample_bytes is not None:
         parts["data"] = info.samples * (info.sample_bytes + 8)
     return MemoryEstimate(params=params, parts=parts)
@@ -351,14 +304,9 @@ def check_memory(
     if avail is None or est.total <= avail:
         return est
     part, size = max(est.parts.items(), key=lambda kv: kv[1])
-    if part == "algorithm":
-        what = (
-            f"algorithm.name {scenario.algorithm.name!r} keeps "
-            f"{scenario.num_clients} client vectors of {est.params:,} parameters"
-            if getattr(scenario.algorithm, "stateful", False)
-            else f"algorithm.ipc {getattr(scenario.algorithm, 'ipc', 0)}: FedDM's "
-            "synthetic set"
-        )
+    if part == "algorithm":  # the algorithm names what it keeps
+        kept = scenario.algorithm.memory(scenario, est.params, data_info(scenario))
+        what = kept[1] if kept is not None else f"algorithm {scenario.algorithm.name!r}"
     elif part == "model":
         what = f"model.name {scenario.model.name!r} has {est.params:,} parameters"
     else:

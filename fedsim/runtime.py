@@ -16,7 +16,6 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, cast
 
@@ -25,7 +24,6 @@ import torch
 
 from fedsim import __version__, checkpoint, clock
 from fedsim.algorithms.base import AsyncRule, ClientUpdate
-from fedsim.algorithms.feddm import FedDM
 from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.data import FederatedData, build_data
 from fedsim.data.partition import partition_table, plot_partition
@@ -491,22 +489,9 @@ class _Run:
 
 def job_work(sc: Scenario, data: FederatedData) -> clock.JobWork | None:
     """What the clock charges an algorithm whose client work is not local
-    SGD steps (FedDM: its iterations and synthetic-set upload, images in the
-    model's dtype and labels in the data's); None for the rest."""
-    alg = sc.algorithm
-    if not isinstance(alg, FedDM) or not data.num_classes:
-        return None
-    y, off = np.asarray(data.y), np.asarray(data.offsets)
-    counts = np.stack(
-        [np.bincount(y[a:b], minlength=data.num_classes) for a, b in pairwise(off)]
-    )
-    return clock.JobWork(
-        steps=int(alg.iterations),
-        unit_cost=alg.cost_per_iteration(counts, sc.client.batch_size),
-        bytes_up=alg.upload_sizes(
-            counts, np.asarray(data.x).shape[1:], sc.model.elem_bytes, y.itemsize
-        ),
-    )
+    SGD steps, as the algorithm states it (``Algorithm.clock_work``: e.g. the
+    iterations and upload of a synthetic set); None for the rest."""
+    return sc.algorithm.clock_work(sc, data)
 
 
 def _tau_columns(taus: Sequence[int]) -> Row:

@@ -20,21 +20,47 @@ import warnings
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    PlainValidator,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from fedsim.algorithms import REGISTRY as ALGORITHMS
 from fedsim.algorithms.sampling import pairing_problem
 from fedsim.clock import RoundSpec
-from fedsim.data import REGISTRY as DATASETS
 from fedsim.data.validation import validation_problem
 from fedsim.fleet import FleetSpec
 from fedsim.links import LinksSpec
-from fedsim.selectors import REGISTRY as SELECTORS
-from fedsim.selectors.uniform import Uniform
-from fedsim.spec import ModelSpec, NonNegFloat, PosFloat, Spec
+from fedsim.plugins import (
+    PluginError,
+    resolve,
+    section_names,
+    section_validator,
+)
+from fedsim.selectors import DEFAULT as SELECTOR_DEFAULT
+from fedsim.spec import (
+    ClientSpec,
+    Model,
+    ModelSpec,
+    Problem,
+    ScenarioWarning,
+    Spec,
+)
+
+__all__ = [
+    "ClientSpec",
+    "Scenario",
+    "ScenarioError",
+    "ScenarioWarning",
+    "dump_scenario",
+    "load_scenario",
+    "parse_scenario",
+]
 
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 64
@@ -46,12 +72,6 @@ class ScenarioError(ValueError):
     """An invalid scenario: the message is meant for the user, as is."""
 
 
-def _tagged_union(registry: dict[str, Any], tag: str) -> Any:
-    """A section that is one of a registry's plug-in specs, chosen by ``tag``."""
-    members = tuple(registry.values())
-    return Annotated[Union[members], Field(discriminator=tag)]  # noqa: UP007
-
-
 if TYPE_CHECKING:  # a dataset's fields differ; a plug-in section is its base class
     from fedsim.algorithms.base import Algorithm
     from fedsim.selectors.base import Selector
@@ -59,31 +79,20 @@ if TYPE_CHECKING:  # a dataset's fields differ; a plug-in section is its base cl
     DataSpec = Any
     AlgorithmSpec = Algorithm
     SelectorSpec = Selector
+    ModelSection = ModelSpec | Model
 else:
-    DataSpec = _tagged_union(DATASETS, "dataset")
-    AlgorithmSpec = _tagged_union(ALGORITHMS, "name")
-    SelectorSpec = _tagged_union(SELECTORS, "name")
+    # resolved when a file is loaded, not frozen at import: the choosing key
+    # names a built-in, an installed plug-in or a module:Class (fedsim.plugins);
+    # typed Any so that a section dumps every field of the class it chose
+    DataSpec = Annotated[Any, PlainValidator(section_validator("data"))]
+    AlgorithmSpec = Annotated[Any, PlainValidator(section_validator("algorithm"))]
+    SelectorSpec = Annotated[Any, PlainValidator(section_validator("selector"))]
+    ModelSection = Annotated[Any, PlainValidator(section_validator("model"))]
 
 
-class ClientSpec(Spec):
-    """Local training; ``solver`` is the local optimizer (docs/algorithms.md 5.2)."""
-
-    solver: Literal["sgd", "momentum", "prox", "decay"] = "sgd"
-    lr: PosFloat = 0.01
-    batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 20
-    momentum: float = Field(0.9, ge=0, lt=1)
-    mu: NonNegFloat = 0.0
-    step_decay: float = Field(1.0, gt=0, le=1)
-    # lr_t = max(lr * lr_decay^t, lr_min), t the round (async: the job index)
-    lr_decay: float = Field(1.0, gt=0, le=1)
-    lr_min: NonNegFloat = 0.0
-    weight_decay: NonNegFloat = 0.0
-
-    @model_validator(mode="after")
-    def _prox_needs_mu(self) -> ClientSpec:
-        if self.solver == "prox" and self.mu == 0:
-            raise ValueError("solver 'prox' needs mu > 0 (mu = 0 is plain sgd)")
-        return self
+def _default_selector() -> Any:
+    """The registry's default selector with its default fields."""
+    return resolve("selector", SELECTOR_DEFAULT)()
 
 
 class EvalSpec(Spec):
@@ -131,13 +140,13 @@ class Scenario(Spec):
     name: str = Field(min_length=1, max_length=200)
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     rounds: Annotated[int, Field(ge=1, le=10_000_000)]
-    model: ModelSpec = ModelSpec()
+    model: ModelSection = ModelSpec()
     data: DataSpec
     client: ClientSpec = ClientSpec()
     fleet: FleetSpec
     round: RoundSpec = RoundSpec()
     algorithm: AlgorithmSpec
-    selector: SelectorSpec = Uniform()
+    selector: SelectorSpec = Field(default_factory=_default_selector)
     eval: EvalSpec = EvalSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     resources: ResourceSpec = ResourceSpec()
@@ -161,61 +170,33 @@ class Scenario(Spec):
         alg, sel = data.get("algorithm"), data.get("selector")
         if not (isinstance(alg, dict) and isinstance(sel, dict)) or "sampling" in alg:
             return data
-        # names that are not strings are left for the field validation to report
-        a_name, s_name = alg.get("name"), sel.get("name")
-        if not (isinstance(a_name, str) and isinstance(s_name, str)):
-            return data
-        default = getattr(SELECTORS.get(s_name), "default_weighting", None)
-        fields = getattr(ALGORITHMS.get(a_name), "__dataclass_fields__", {})
-        if default is None or "sampling" not in fields:
+        try:
+            a_cls = resolve("algorithm", alg["name"])
+            s_cls = resolve("selector", sel.get("name", SELECTOR_DEFAULT))
+        except (KeyError, TypeError, PluginError):
+            return data  # a bad or missing name: the field validation reports it
+        default = getattr(s_cls, "default_weighting", None)
+        if default is None or "sampling" not in getattr(
+            a_cls, "__dataclass_fields__", {}
+        ):
             return data
         return {**data, "algorithm": {**alg, "sampling": default}}
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
-        n_dev, n_clients = self.fleet.size, self.data.clients
-        if n_clients is not None and n_clients != n_dev:
-            raise ValueError(
-                f"data has {n_clients} clients but the fleet has {n_dev} devices; "
-                "each device is one client, so they must match "
-                "(or leave data.clients out)"
-            )
-        if self.selector.clients_per_round > n_dev:
-            raise ValueError(
-                f"selector.clients_per_round is {self.selector.clients_per_round} "
-                f"but the fleet has only {n_dev} devices"
-            )
-        # sampling and weighting are one decision (docs/scenarios.md)
-        if (pairing := pairing_problem(self.selector, self.algorithm)) is not None:
-            raise ValueError(pairing)
-        is_async = self.round.policy == "async"
-        if is_async and not hasattr(self.algorithm, "aggregate_async"):
-            raise ValueError(
-                "round.policy 'async' needs an asynchronous server rule "
-                f"(algorithm fedasync or fedbuff), not {self.algorithm.name!r}"
-            )
-        if is_async and not self.selector.asynchronous:
-            usable = ", ".join(n for n, c in SELECTORS.items() if c.asynchronous)
-            raise ValueError(
-                f"selector.name {self.selector.name!r} chooses clients from a "
-                "synchronous round's full result, which round.policy 'async' "
-                "does not have (updates arrive one by one); with round.policy "
-                f"'async' use selector.name {usable}"
-            )
-        if (problem := validation_problem(self)) is not None:
-            raise ValueError(problem)
-        if self.links is not None and (problem := self.links.problem(self.fleet)):
-            raise ValueError(problem)
-        if (self.data.dataset == "quadratic") != (self.model.name == "quadratic"):
-            raise ValueError(
-                "model.name 'quadratic' goes with data.dataset 'quadratic' "
-                "(and only with it)"
-            )
-        problem, warning = feddm_clock_problem(self)
-        if problem is not None:
-            raise ValueError(problem)
-        if warning is not None:
-            warnings.warn(warning, FedDMClockWarning, stacklevel=2)
+        """Checks across sections, in order; the first problem refuses the file."""
+        checks = (
+            self._size_problem,
+            # sampling and weighting are one decision (docs/scenarios.md)
+            lambda: pairing_problem(self.selector, self.algorithm),
+            lambda: validation_problem(self),
+            self._quadratic_problem,
+            self._links_problem,
+        )
+        for check in checks:
+            if (problem := check()) is not None:
+                raise ValueError(problem)
+        self._plugin_checks()
         # the algorithm builds the solver: a pair it refuses fails here, not in training
         try:
             self.algorithm.solver(self.client)
@@ -226,50 +207,54 @@ class Scenario(Spec):
             ) from None
         return self
 
+    def _size_problem(self) -> str | None:
+        """Device i is client i: the data's client count (if it gives one) and
+        the selection size must fit the fleet."""
+        n_dev, n_clients = self.fleet.size, getattr(self.data, "clients", None)
+        if n_clients is not None and n_clients != n_dev:
+            return (
+                f"data has {n_clients} clients but the fleet has {n_dev} devices; "
+                "each device is one client, so they must match "
+                "(or leave data.clients out)"
+            )
+        if self.selector.clients_per_round > n_dev:
+            return (
+                f"selector.clients_per_round is {self.selector.clients_per_round} "
+                f"but the fleet has only {n_dev} devices"
+            )
+        return None
+
+    def _quadratic_problem(self) -> str | None:
+        """The quadratic objective and its model go together (a built-in pair:
+        the model is the point x, the data the centres e_i)."""
+        if (self.data.dataset == "quadratic") == (self.model.name == "quadratic"):
+            return None
+        return (
+            "model.name 'quadratic' goes with data.dataset 'quadratic' "
+            "(and only with it)"
+        )
+
+    def _links_problem(self) -> str | None:
+        """A declared fleet-data link must name groups the fleet has and ask
+        for what the fleet can give (fedsim/links.py says what is checked)."""
+        return None if self.links is None else self.links.problem(self.fleet)
+
+    def _plugin_checks(self) -> None:
+        """Each plug-in's own checks against the rest of the scenario: the first
+        error refuses it, warnings go out as :class:`ScenarioWarning`."""
+        found: list[Problem] = []
+        for part in (self.algorithm, self.selector):
+            check = getattr(part, "check", None)
+            found += list(check(self)) if check is not None else []
+        for p in found:
+            if not p.warning:
+                raise ValueError(p.message)
+        for p in found:
+            warnings.warn(p.message, ScenarioWarning, stacklevel=2)
+
     @property
     def num_clients(self) -> int:
         return self.fleet.size
-
-
-class FedDMClockWarning(UserWarning):
-    """The round policy will cut FedDM's matching iterations short."""
-
-
-def feddm_clock_problem(sc: Scenario) -> tuple[str | None, str | None]:
-    """(error, warning) about FedDM's work on the clock (docs/fedpns-feddm.md,
-    "FedDM's cost"): a range of epochs; a window too short for ``iterations``."""
-    from fedsim.algorithms.feddm import FedDM, iteration_flops_ratio
-
-    alg, rs = sc.algorithm, sc.round
-    if not isinstance(alg, FedDM):
-        return None, None
-    n_iter = alg.iterations
-    if rs.policy == "fixed_epochs" and rs.epochs_low is not None:
-        return (
-            "round.epochs_low/epochs_high: FedDM runs algorithm.iterations "
-            f"({n_iter}) matching iterations per round, not epochs; leave them out"
-        ), None
-    if rs.policy != "fixed_window":
-        return None, None
-    cost = float(
-        iteration_flops_ratio([alg.dc_batch_size], alg.ipc, sc.client.batch_size)
-        if alg.iteration_cost == "auto"
-        else alg.iteration_cost
-    )
-    for g in sc.fleet.groups:
-        if g.speed is None:  # a trace group: its speeds are per device
-            continue
-        if (fits := rs.window_s * g.speed.median / cost) < n_iter:
-            return None, (
-                f"round.window_s ({rs.window_s:g} s) cuts FedDM's matching short: "
-                f"at algorithm.iteration_cost >= {cost:.3g} local steps "
-                f"per iteration, the median device of fleet group {g.name!r} "
-                f"({g.speed.median:g} steps/s) runs at most {math.floor(fits)} "
-                f"of algorithm.iterations ({n_iter}); for all of them give round."
-                f"window_s >= {n_iter * cost / g.speed.median:.4g}, fewer iterations, "
-                "or round.policy fixed_epochs"
-            )
-    return None, None
 
 
 def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
@@ -288,7 +273,7 @@ def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
     return out or "(top level)"
 
 
-# "selector.name 'oort' ...", "algorithm.sampling 'x' ...": a field path first
+# "selector.name 'x' ...", "algorithm.sampling 'x' ...": a field path first
 _CROSS_FIELD = re.compile(r"([a-z_]+(?:\.[a-z_]+|\[\d+\])+)\b")
 _UNKNOWN_KEY = "unknown key (check the spelling; see docs/scenarios.md)"
 # pydantic error types whose message is replaced, without the input shown
@@ -356,14 +341,22 @@ def _check_plain(obj: Any, source: str, path: str = "") -> None:
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
             _check_plain(v, source, f"{path}[{i}]")
-    elif isinstance(obj, float) and not math.isfinite(obj):
-        problem = f"expected a finite number, got {obj}"
-    elif isinstance(obj, int) and obj.bit_length() > MAX_INT_BITS:
-        problem = f"number too large ({obj.bit_length()} bits)"
-    elif obj is not None and not isinstance(obj, str | int | float | bool):
-        problem = f"expected a plain value, got {type(obj).__name__}"
+    else:
+        problem = _scalar_problem(obj)
     if problem is not None:
         raise ScenarioError(f"{source}: {path or '(top level)'}: {problem}")
+
+
+def _scalar_problem(obj: Any) -> str | None:
+    """Why a scalar cannot be a setting: not finite, more bits than any setting
+    needs (a huge int would also make pydantic slow), or not a YAML scalar."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return f"expected a finite number, got {obj}"
+    if isinstance(obj, int) and obj.bit_length() > MAX_INT_BITS:
+        return f"number too large ({obj.bit_length()} bits)"
+    if obj is not None and not isinstance(obj, str | int | float | bool):
+        return f"expected a plain value, got {type(obj).__name__}"
+    return None
 
 
 # libyaml's safe loader when PyYAML has it: the pure-Python one takes ~20 s/MiB.
@@ -415,7 +408,8 @@ _AMBIGUOUS = {
 
 
 def _check_nodes(root: yaml.Node | None, source: str) -> None:
-    """Refuse duplicate keys and ambiguous plain scalars (each node once)."""
+    """Refuse duplicate keys and ambiguous plain scalars (each node once: an
+    alias repeats a node, and would otherwise be walked again and again)."""
     seen: set[int] = set()
     stack: list[tuple[yaml.Node, str]] = [] if root is None else [(root, "")]
     while stack:
@@ -424,34 +418,48 @@ def _check_nodes(root: yaml.Node | None, source: str) -> None:
             continue
         seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
-            first: dict[str, int] = {}
-            for key, value in node.value:
-                if key.tag == _MERGE:  # `<<: *base` may override keys, by design
-                    stack.append((value, path))
-                    continue
-                scalar = isinstance(key, yaml.ScalarNode)
-                name = str(key.value) if scalar else f"<{key.id}>"
-                sub = f"{path}.{name}" if path else name
-                line = key.start_mark.line + 1
-                if name in first:
-                    raise ScenarioError(
-                        f"{source}: line {line}: duplicate key {sub} (first given "
-                        f"at line {first[name]}); YAML would silently keep only "
-                        "the last one"
-                    )
-                first[name] = line
-                stack.extend([(key, sub), (value, sub)])
+            stack.extend(_mapping_children(node, path, source))
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((v, f"{path}[{i}]") for i, v in enumerate(node.value))
         elif node.tag == _STR and not node.style:  # plain: None, or '' (libyaml)
-            text = str(node.value)
-            for pattern, why in _AMBIGUOUS.items():
-                if pattern.match(text):
-                    raise ScenarioError(
-                        f"{source}: line {node.start_mark.line + 1}: "
-                        f"{path or '(top level)'}: {text} is ambiguous ({why}, or "
-                        f"quote '{text}' if it is text"
-                    )
+            _check_plain_scalar(str(node.value), node, path, source)
+
+
+def _mapping_children(
+    node: yaml.MappingNode, path: str, source: str
+) -> list[tuple[yaml.Node, str]]:
+    """A mapping's keys and values with their paths, refusing a key given twice
+    (YAML would keep the last one silently)."""
+    out: list[tuple[yaml.Node, str]] = []
+    first: dict[str, int] = {}
+    for key, value in node.value:
+        if key.tag == _MERGE:  # `<<: *base` may override keys, by design
+            out.append((value, path))
+            continue
+        scalar = isinstance(key, yaml.ScalarNode)
+        name = str(key.value) if scalar else f"<{key.id}>"
+        sub = f"{path}.{name}" if path else name
+        line = key.start_mark.line + 1
+        if name in first:
+            raise ScenarioError(
+                f"{source}: line {line}: duplicate key {sub} (first given "
+                f"at line {first[name]}); YAML would silently keep only "
+                "the last one"
+            )
+        first[name] = line
+        out.extend([(key, sub), (value, sub)])
+    return out
+
+
+def _check_plain_scalar(text: str, node: yaml.Node, path: str, source: str) -> None:
+    """Refuse a plain scalar that YAML 1.1 and 1.2 read differently."""
+    for pattern, why in _AMBIGUOUS.items():
+        if pattern.match(text):
+            raise ScenarioError(
+                f"{source}: line {node.start_mark.line + 1}: "
+                f"{path or '(top level)'}: {text} is ambiguous ({why}, or "
+                f"quote '{text}' if it is text"
+            )
 
 
 def read_yaml(text: str, source: str) -> Any:
@@ -565,6 +573,7 @@ def parse_scenario(
         raw = apply_overrides(raw, overrides)
         _check_shape(raw, source)
     _check_plain(raw, source)
+    _check_plugins(raw, source)
     try:
         sc = Scenario.model_validate(raw, context={"base_dir": base_dir})
     except ValidationError as exc:
@@ -574,6 +583,16 @@ def parse_scenario(
     if problems := list(_bool_number_mixups(raw, sc, ())):
         raise ScenarioError(_problems(source, problems))
     return sc
+
+
+def _check_plugins(raw: dict[str, Any], source: str) -> None:
+    """Refuse, in one line, a section naming a class that cannot be found or is
+    of the wrong kind (file, field, the name given and what was expected)."""
+    for kind, field, name in section_names(raw):
+        try:
+            resolve(kind, name)
+        except PluginError as exc:
+            raise ScenarioError(f"{source}: {field}: {exc}") from None
 
 
 def _bool_number_mixups(raw: Any, value: Any, loc: tuple[Any, ...]) -> Iterator[str]:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, ClassVar
 from fedsim.lazy import torch
 
 if TYPE_CHECKING:
-    from fedsim.scenario import ClientSpec
+    from fedsim.spec import ClientSpec
 
 
 @dataclass

@@ -6,13 +6,19 @@ A plug-in's spec lives in its module; :class:`ModelSpec` lives here, not in
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from fedsim.lazy import torch
 
 
 class Spec(BaseModel):
-    """Frozen, rejects unknown keys and non-finite numbers."""
+    """Frozen, rejects unknown keys and non-finite numbers: the base of every
+    pydantic section of a scenario (a model or dataset plug-in's too), so a
+    misspelt key is an error, not a silently ignored setting."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -55,3 +61,156 @@ class ModelSpec(Spec):
     def elem_bytes(self) -> int:
         """Bytes per parameter (what a model vector costs to send or store)."""
         return 8 if self.dtype == "float64" else 4
+
+    @property
+    def used_fields(self) -> str:
+        """The fields this ``name`` reads, space-separated (``fedsim validate``
+        prints only these)."""
+        return f"name dtype {_MODEL_FIELDS.get(self.name, '')}".strip()
+
+    def param_count(
+        self, input_shape: tuple[int, ...], num_classes: int | None
+    ) -> int | None:
+        """Trainable parameters of this network on samples of ``input_shape``
+        (as ``Model.param_count``; formulas in :mod:`fedsim.model_size`, no
+        torch). None where only the data tells (classes unknown).
+
+        Raises:
+            ValueError: the images are too small for the network.
+        """
+        from fedsim.model_size import builtin_params
+
+        return builtin_params(self, input_shape, num_classes)
+
+
+# The fields each network reads beyond name and dtype.
+_MODEL_FIELDS = {
+    "mlp": "hidden",
+    "vgg11": "norm_groups",
+    "resnet18": "norm_groups",
+    "convnet": "width depth",
+    "lstm": "embed_dim lstm_hidden lstm_layers",
+}
+
+# The built-in networks, all described by ModelSpec (fedsim.plugins looks a
+# ``model.name`` up here first); DEFAULT is a scenario's model when it names none.
+MODELS: dict[str, type[ModelSpec]] = {
+    str(name): ModelSpec
+    for name in ModelSpec.model_fields["name"].annotation.__args__  # type: ignore[union-attr]
+}
+DEFAULT = "logreg"
+
+
+class Model(Spec):
+    """Base of a model plug-in (the scenario's ``model`` section): its fields are
+    the section's keys; ``name`` is the text the scenario wrote (a registered
+    name or ``module:Class``), set when the scenario is loaded.
+
+    Subclasses implement :meth:`build` and should implement :meth:`param_count`
+    (by formula, without building tensors: ``fedsim validate`` and the memory
+    check use it and stay fast).
+    """
+
+    name: str = ""
+    dtype: Literal["float32", "float64"] = "float32"
+
+    @property
+    def elem_bytes(self) -> int:
+        """Bytes per parameter (what a model vector costs to send or store)."""
+        return 8 if self.dtype == "float64" else 4
+
+    @property
+    def used_fields(self) -> str:
+        """Every field: a plug-in's fields are all its own."""
+        return " ".join(type(self).model_fields)
+
+    def build(self, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+        """A new network for samples of ``input_shape`` and ``num_classes``
+        classes (0: an objective without classes), in float32; fedsim seeds
+        torch's generator before the call and converts to ``dtype`` after."""
+        raise NotImplementedError
+
+    def param_count(self, input_shape: tuple[int, ...], num_classes: int) -> int | None:
+        """Trainable parameters :meth:`build` would make (None: unknown, the
+        memory check then leaves the model out)."""
+        return None
+
+
+class ClientSpec(Spec):
+    """Local training; ``solver`` is the local optimizer (docs/algorithms.md 5.2)."""
+
+    solver: Literal["sgd", "momentum", "prox", "decay"] = "sgd"
+    lr: PosFloat = 0.01
+    batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 20
+    momentum: float = Field(0.9, ge=0, lt=1)
+    mu: NonNegFloat = 0.0
+    step_decay: float = Field(1.0, gt=0, le=1)
+    # lr_t = max(lr * lr_decay^t, lr_min), t the round (async: the job index)
+    lr_decay: float = Field(1.0, gt=0, le=1)
+    lr_min: NonNegFloat = 0.0
+    weight_decay: NonNegFloat = 0.0
+
+    @model_validator(mode="after")
+    def _prox_needs_mu(self) -> ClientSpec:
+        if self.solver == "prox" and self.mu == 0:
+            raise ValueError("solver 'prox' needs mu > 0 (mu = 0 is plain sgd)")
+        return self
+
+
+class ScenarioWarning(UserWarning):
+    """A plug-in's warning about a valid scenario (e.g. the round window cuts
+    its client work short); ``fedsim`` prints it as one ``warning:`` line."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a plug-in's ``check`` found: ``message`` leads with the field path
+    it is about (``round.window_s ...``); a ``warning`` lets the run go on."""
+
+    message: str
+    warning: bool = False
+
+
+class ScenarioView(Protocol):
+    """The loaded scenario as a plug-in's checks see it (fedsim.scenario's
+    ``Scenario``; typed loosely here so plug-ins sit below the scenario module)."""
+
+    @property
+    def seed(self) -> int:
+        """The run's seed: every random choice derives from it."""
+
+    @property
+    def rounds(self) -> int:
+        """Rounds (asynchronous mode: server versions) to run."""
+
+    @property
+    def num_clients(self) -> int:
+        """m, the fleet's size (device i is client i)."""
+
+    @property
+    def model(self) -> Any:
+        """The ``model`` section (``elem_bytes``: bytes per parameter)."""
+
+    @property
+    def data(self) -> Any:
+        """The ``data`` section, a dataset spec."""
+
+    @property
+    def client(self) -> ClientSpec:
+        """Local training: solver, lr, batch size."""
+
+    @property
+    def fleet(self) -> Any:
+        """The devices: ``groups`` (each with ``speed``, ``network``, ...)."""
+
+    @property
+    def round(self) -> Any:
+        """How tau_i arises: ``policy``, ``window_s``, ``epochs``, ..."""
+
+    @property
+    def algorithm(self) -> Any:
+        """The ``algorithm`` section: the algorithm object itself."""
+
+    @property
+    def selector(self) -> Any:
+        """The ``selector`` section: the selector object itself."""

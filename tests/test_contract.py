@@ -1,21 +1,15 @@
 """The contract every registered algorithm keeps (STYLE.md habit 9).
 
 Parametrized over every entry of ``REGISTRY``, so a new algorithm is checked
-as soon as it is registered:
+as soon as it is registered: :func:`fedsim.testing.check_algorithm` (the
+public contract a plug-in's own tests call too: pickling, identical updates
+give a known result, state kept finite with its keys, shapes and dtypes, an
+empty round changes nothing, ...), and here also: the ``algorithm:`` section
+of a scenario builds it, and a short in-process simulation runs its client
+hooks end-to-end.
 
-- the algorithm object, its server state and its client updates pickle (Ray
-  ships all three);
-- identical client updates give a known result (``IDENTICAL`` below defines
-  it per algorithm; stateful algorithms start from zero state);
-- outputs are finite; the server state keeps its keys, shapes and dtypes;
-  no updates leave the state unchanged;
-- the ``algorithm:`` section of a scenario builds it, and a short in-process
-  simulation runs its client hooks end-to-end.
-
-Client updates are made by the algorithm's own client hooks
-(``start_client`` / ``client_finish``), so the extras and new client state are
-the real ones. A new algorithm needs an ``IDENTICAL`` entry (or a
-``NOT_DELTA`` reason when its clients upload something else than a delta).
+A new algorithm needs an ``IDENTICAL`` entry (or a ``NOT_DELTA`` reason when
+its clients upload something else than a delta).
 """
 
 from __future__ import annotations
@@ -28,38 +22,14 @@ import pytest
 import torch
 
 from fedsim.algorithms import REGISTRY, Algorithm
-from fedsim.algorithms.base import ClientInfo, ClientUpdate, ServerState
 from fedsim.runtime import RunResult, run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.solvers import SolverState
+from fedsim.testing import M, check_algorithm
 
 from .conftest import SCENARIOS
 
 TINY = SCENARIOS / "ci" / "tiny-synthetic.yaml"
 NAMES = sorted(REGISTRY)
-M = 5  # clients in the federation
-LR = 0.1
-
-
-def make_update(
-    alg: Algorithm,
-    state: ServerState,
-    client: int,
-    delta: torch.Tensor,
-    tau: int = 4,
-    weight: float = 1.0,
-    relative_weight: float = 1.0,
-    client_state: dict | None = None,
-) -> ClientUpdate:
-    """What a client that moved by ``delta`` in ``tau`` SGD steps uploads."""
-    payload = alg.payload(state)
-    info = ClientInfo(
-        client, n_samples=10, num_clients=M, relative_weight=relative_weight
-    )
-    ctx = alg.start_client(info, payload, client_state or {})
-    st = SolverState(x0=payload["x"], lr=LR, steps=tau, norm_a=float(tau))
-    extras, new_state = alg.client_finish(delta, st, ctx)
-    return ClientUpdate(client, delta, weight, tau, float(tau), 0.5, extras, new_state)
 
 
 # What n identical updates (delta, equal weights, equal steps) from zero state
@@ -116,121 +86,33 @@ TINY_ARGS = {
 }
 
 
-@pytest.fixture(params=NAMES)
-def alg(request) -> Algorithm:
-    return REGISTRY[request.param]()
-
-
-@pytest.fixture(params=NAMES)
-def delta_alg(request) -> Algorithm:
-    """An algorithm whose clients upload model deltas."""
-    if request.param in NOT_DELTA:
-        pytest.skip(f"{request.param} {NOT_DELTA[request.param]}")
-    return REGISTRY[request.param]()
-
-
-def _x0() -> torch.Tensor:
-    return torch.linspace(-1.0, 1.0, 7)
-
-
-def _delta() -> torch.Tensor:
-    return torch.tensor([0.5, -0.25, 0.0, 1.0, -1.0, 0.125, 2.0])
-
-
 def test_every_algorithm_has_a_contract_entry():
     assert set(IDENTICAL) | set(NOT_DELTA) == set(REGISTRY)
     assert not set(IDENTICAL) & set(NOT_DELTA)
 
 
-def test_name_field_matches_the_registry_key(alg):
-    assert REGISTRY[alg.name] is type(alg)
+@pytest.mark.parametrize("name", NAMES)
+def test_name_field_matches_the_registry_key(name):
+    assert REGISTRY[name]().name == name
 
 
-def test_algorithm_object_pickles(alg):
-    again = pickle.loads(pickle.dumps(alg))
-    assert again == alg and hash(again) == hash(alg)
+@pytest.mark.parametrize("name", NAMES)
+def test_the_algorithm_keeps_the_contract(name):
+    check_algorithm(
+        REGISTRY[name](),
+        identical=IDENTICAL.get(name),
+        uploads_delta=name not in NOT_DELTA,
+    )
 
 
-def test_server_state_and_updates_pickle(delta_alg):
-    state = delta_alg.init(_x0(), M)
-    u = make_update(delta_alg, state, 0, _delta())
-    state2, _ = delta_alg.aggregate(state, [u])
-    for obj in (state, state2, u):
-        again = pickle.loads(pickle.dumps(obj))
-        if isinstance(obj, dict):
-            assert again.keys() == obj.keys()
-            assert all(torch.equal(again[k], obj[k]) for k in obj)
-        else:
-            assert torch.equal(again.delta, obj.delta)
-            assert again.extras.keys() == obj.extras.keys()
+def test_the_contract_catches_a_wrong_result():
+    # FedAvg's update is not FedAsync's mixing: the identical-updates check fails
+    with pytest.raises(AssertionError):
+        check_algorithm(REGISTRY["fedavg"](), identical=_mix_half)
 
 
-@pytest.mark.parametrize("n", [1, 3, M])
-def test_identical_updates_give_the_expected_model(delta_alg, n):
-    x0, delta = _x0(), _delta()
-    state = delta_alg.init(x0, M)
-    ups = [make_update(delta_alg, state, i, delta.clone()) for i in range(n)]
-    new, info = delta_alg.aggregate(state, ups)
-    expected = IDENTICAL[delta_alg.name](delta_alg, x0, delta, n)
-    torch.testing.assert_close(new["x"], expected, rtol=1e-6, atol=1e-6)
-    # identical updates with equal weights and steps: no objective inconsistency
-    assert info.chi2_pw == pytest.approx(0.0, abs=1e-12)
-    assert sum(info.weights.values()) == pytest.approx(1.0)
-    assert sorted(info.weights) == list(range(n))
-
-
-def test_state_keys_shapes_dtypes_preserved_and_finite(delta_alg):
-    x0 = _x0()
-    state = delta_alg.init(x0, M)
-    spec = {k: (v.shape, v.dtype) for k, v in state.items()}
-    assert state["x"].dtype == x0.dtype and state["x"].shape == x0.shape
-    gen = torch.Generator().manual_seed(0)
-    client_states: dict[int, dict] = {}
-    for t in range(3):
-        ups = []
-        for i in ((0, 1, 2), (1, 3), (0, 4))[t]:
-            delta = torch.randn(x0.shape, generator=gen)
-            rel = 0.5 + i / 4
-            u = make_update(
-                delta_alg,
-                state,
-                i,
-                delta,
-                tau=2 + i,
-                weight=1.0 + i,
-                relative_weight=rel,
-                client_state=client_states.get(i),
-            )
-            if u.new_state is not None:
-                client_states[i] = u.new_state
-            ups.append(u)
-        state, info = delta_alg.aggregate(state, ups)
-        assert {k: (v.shape, v.dtype) for k, v in state.items()} == spec
-        assert all(bool(torch.isfinite(v).all()) for v in state.values())
-        assert math.isfinite(info.chi2_pw) and math.isfinite(info.tau_eff)
-        assert all(w > 0 for w in info.weights.values())
-    for cs in client_states.values():
-        assert all(
-            v.shape == x0.shape and bool(torch.isfinite(v).all()) for v in cs.values()
-        )
-
-
-def test_no_updates_leave_the_state_unchanged(alg):
-    state = alg.init(_x0(), M)
-    new, info = alg.aggregate(state, [])
-    assert new.keys() == state.keys()
-    assert all(torch.equal(new[k], state[k]) for k in state)
-    assert info.weights == {}
-
-
-def test_stateless_algorithms_keep_no_client_state(delta_alg):
-    u = make_update(delta_alg, delta_alg.init(_x0(), M), 0, _delta())
-    assert (u.new_state is not None) == delta_alg.stateful
-
-
-def test_communication_factors(alg):
-    assert alg.down_factor >= 1 and alg.up_factor >= 1
-    assert alg.down_factor == len(alg.payload(alg.init(_x0(), M)))
+def _mix_half(alg, x0, delta, n):
+    return x0 + 0.5 * delta
 
 
 @pytest.mark.parametrize("name", NAMES)

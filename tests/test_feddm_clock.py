@@ -13,7 +13,7 @@ from fedsim.algorithms.feddm import FedDM, iteration_flops_ratio, upload_bytes
 from fedsim.clock import JobWork, RoundSpec, RunContext, plan_round
 from fedsim.fleet import Fleet, FleetSpec
 from fedsim.runtime import job_work, run_scenario
-from fedsim.scenario import FedDMClockWarning, ScenarioError, load_scenario
+from fedsim.scenario import ScenarioError, ScenarioWarning, load_scenario
 
 from .conftest import SCENARIOS
 
@@ -185,7 +185,7 @@ def test_a_window_too_short_for_the_iterations_is_reported():
         "algorithm={name: feddm, iteration_cost: 1.0}",
         "round={policy: fixed_window, window_s: 10, max_steps: 100}",
     ]
-    with pytest.warns(FedDMClockWarning) as got:
+    with pytest.warns(ScenarioWarning) as got:
         load_scenario(TINY, over)
     text = str(got[0].message)
     for field in ("round.window_s", "algorithm.iterations", "iteration_cost"):
@@ -200,7 +200,7 @@ def test_a_window_that_fits_the_iterations_is_not_reported():
         "round={policy: fixed_window, window_s: 10, max_steps: 5}",
     ]
     with warnings.catch_warnings():
-        warnings.simplefilter("error", FedDMClockWarning)
+        warnings.simplefilter("error", ScenarioWarning)
         load_scenario(TINY, over)
 
 
@@ -218,7 +218,7 @@ def test_epoch_ranges_and_async_are_refused_for_feddm():
 
 def test_validate_prints_the_window_warning_as_one_line():
     # The warning reaches the user as fedsim's own one-line "warning:", not
-    # as Python's "file.py:NNN: FedDMClockWarning" with a source line
+    # as Python's "file.py:NNN: ScenarioWarning" with a source line
     import subprocess
     import sys
 
@@ -237,4 +237,4 @@ def test_validate_prints_the_window_warning_as_one_line():
     assert p.returncode == 0, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if "algorithm.iterations" in ln]
     assert len(lines) == 1 and lines[0].startswith("warning: ")
-    assert "FedDMClockWarning" not in p.stderr
+    assert "ScenarioWarning" not in p.stderr

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from fedsim.algorithms.feddm import upload_bytes
 from fedsim.cli import app
 from fedsim.compare import format_markdown, load_variant, summarize_runs, with_uploads
-from fedsim.scenario import FedDMClockWarning, load_scenario
+from fedsim.scenario import ScenarioWarning, load_scenario
 
 from .conftest import SCENARIOS, assert_figure
 
@@ -27,7 +27,7 @@ FMNIST = Path("/usr/share/datasets/fashion-mnist")
 # --------------------------------------------------------------- the scenario
 def test_the_paper_scenario_is_the_headline_setting():
     with warnings.catch_warnings():
-        warnings.simplefilter("error", FedDMClockWarning)  # no cut iterations
+        warnings.simplefilter("error", ScenarioWarning)  # no cut iterations
         sc = load_scenario(PAPER)
     alg = sc.algorithm
     assert sc.num_clients == 10 and sc.selector.clients_per_round == 10

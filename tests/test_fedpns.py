@@ -19,7 +19,12 @@ import torch
 
 from fedsim.algorithms import REGISTRY
 from fedsim.algorithms.base import AggregateInfo, ClientUpdate
-from fedsim.algorithms.fedpns import FedPNS, expectation, optimal_aggregation
+from fedsim.algorithms.fedpns import (
+    FedPNS,
+    Labels,
+    expectation,
+    optimal_aggregation,
+)
 from fedsim.data import build_data
 from fedsim.data.partition import label_histogram
 from fedsim.runtime import run_scenario
@@ -73,7 +78,8 @@ class FakeResult:
 
 def flags_result(labeled=(), removed=()) -> FakeResult:
     flags = {i: {"labeled": i in labeled, "removed": i in removed} for i in labeled}
-    return FakeResult(AggregateInfo({}, 1.0, 0.0, flags))
+    signal = Labels(frozenset(labeled), frozenset(removed))
+    return FakeResult(AggregateInfo({}, 1.0, 0.0, flags, signal=signal))
 
 
 # --------------------------------------------------------- CHECK EXPECTATION
@@ -120,6 +126,7 @@ def test_adverse_update_is_labeled_and_removed():
     # Assert: the mean of the three kept deltas, flags and weights
     torch.testing.assert_close(state["x"], torch.tensor([-0.4, 0.0]))
     assert info.flags[3] == {"labeled": True, "removed": True}
+    assert info.signal == Labels(frozenset({3}), frozenset({3}))  # for the selector
     assert all(info.flags[i] == {"labeled": False, "removed": False} for i in range(3))
     assert info.weights[3] == 0.0
     assert [info.weights[i] for i in range(3)] == pytest.approx([1 / 3] * 3)

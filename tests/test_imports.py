@@ -1,6 +1,7 @@
 """The package's import graph has no cycle, not even through imports inside
-functions (only ``if TYPE_CHECKING:`` blocks are left out): each module can
-be read, and tested, below the ones it uses."""
+functions or ``if TYPE_CHECKING:`` blocks (a type-only import is still a
+dependency a reader follows): each module can be read, and tested, below the
+ones it uses."""
 
 from __future__ import annotations
 
@@ -22,14 +23,8 @@ def _modules() -> dict[str, Path]:
 
 def _imports(path: Path, known: dict[str, Path]) -> set[str]:
     tree = ast.parse(path.read_text())
-    typing_only = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
-            typing_only |= {id(n) for n in ast.walk(node)}
     found = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
             "fedsim"
         ):
@@ -78,10 +73,25 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+# batched.py names workers.Worker in its annotations and workers.py chooses
+# batched training: a cycle of types only, left to the executors' owner.
+KNOWN_TYPE_CYCLES = [["fedsim.batched", "fedsim.workers"]]
+
+
 def test_no_import_cycles():
+    # imports inside ``if TYPE_CHECKING:`` count: a type is a dependency too
     known = _modules()
     graph = {m: _imports(p, known) - {m} for m, p in known.items()}
-    assert _cycles(graph) == []
+    assert [c for c in _cycles(graph) if c not in KNOWN_TYPE_CYCLES] == []
+
+
+def test_type_checking_imports_are_counted(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from fedsim.scenario import Scenario\n"
+    )
+    assert _imports(module, {"fedsim.scenario": module}) == {"fedsim.scenario"}
 
 
 def test_the_checker_finds_a_cycle():

@@ -1,31 +1,24 @@
 """The contract every registered selector keeps, and each selector's behaviour.
 
 Contract (parametrized over ``REGISTRY``, so a new selector is checked as
-soon as it is registered):
-
-- it picks only available devices (the candidates passed in);
-- ids are distinct, sorted ``int64``, at most ``clients_per_round``, and
-  none only when no device is online;
-- every random choice comes from the generator passed in: the same
-  generator state gives the same ids and state, and no global RNG moves;
-- the state pickles and survives a JSON round trip (checkpoints store it in
-  ``meta.json``), and a run resumed from the JSON copy picks the same ids;
-- the ``selector`` section of a scenario builds it; multiplicities and
-  artifact rows are well formed.
+soon as it is registered): :func:`fedsim.testing.check_selector`, the public
+contract a plug-in's tests call too (ids distinct, sorted, among the
+candidates; every random choice from the generator given; the state survives
+pickle and JSON and resumes identically; multiplicities and artifact rows
+well formed); here also the ``selector`` section of a scenario builds it, it
+works with an uninformed context unless it needs one, and a short simulation
+runs with it.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import pickle
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 import fedsim.runtime
 from fedsim.algorithms.base import AggregateInfo
@@ -36,6 +29,7 @@ from fedsim.selectors.oort import Oort
 from fedsim.selectors.power_of_choice import PowerOfChoice
 from fedsim.selectors.uniform import Uniform
 from fedsim.selectors.weighted import Weighted
+from fedsim.testing import check_selector
 
 from .conftest import SCENARIOS
 
@@ -63,45 +57,9 @@ class Result:
     clients: dict[int, Stats]
 
 
-def fake_result(ids: np.ndarray, rng: np.random.Generator) -> Result:
-    """A round outcome: a loss per client, some FedPNS-style flags."""
-    flags = {}
-    clients = {}
-    for i in ids.tolist():
-        lab = bool(rng.random() < 0.3)
-        flags[i] = {"labeled": lab, "removed": lab and bool(rng.random() < 0.5)}
-        clients[i] = Stats(float(rng.uniform(0.1, 3.0)), flags=flags[i])
-    return Result(
-        AggregateInfo({i: 1 / len(ids) for i in ids.tolist()}, 1.0, 0.0, flags), clients
-    )
-
-
 def draw(t: int, cand: np.ndarray, seed: int) -> Draw:
     """Round ``t``'s choice among ``cand``, from ``default_rng(seed)``, with CTX."""
     return Draw(t, cand, np.random.default_rng(seed), CTX)
-
-
-def candidates(t: int) -> np.ndarray:
-    """Online devices in round t: varied subsets, sometimes fewer than K, once none."""
-    if t == 5:
-        return np.zeros(0, dtype=np.int64)
-    rng = np.random.default_rng(1000 + t)
-    size = [M, 5, 2, 7, 1, 0, 6, M, 4, 3][t % 10] or M
-    return np.sort(rng.choice(M, size=size, replace=False)).astype(np.int64)
-
-
-def drive(sel, rounds: int = 12, seed: int = 0, state=None, start: int = 0):
-    """Select and observe for ``rounds`` rounds; every choice from seeded rngs."""
-    state = sel.init(CTX) if state is None else state
-    history = []
-    for t in range(start, start + rounds):
-        d = Draw(t, candidates(t), np.random.default_rng([seed, t]), CTX)
-        ids, state = sel.select(state, d)
-        history.append(ids)
-        state = sel.observe(
-            state, t, fake_result(ids, np.random.default_rng([7, t])), CTX
-        )
-    return history, state
 
 
 @pytest.fixture(params=NAMES)
@@ -124,63 +82,8 @@ def test_scenario_section_builds_it(sel):
     assert type(sc.selector) is type(sel) and sc.selector.clients_per_round == 2
 
 
-def test_picks_only_available_devices(sel):
-    history, _ = drive(sel, rounds=30)
-    for t, ids in enumerate(history):
-        assert set(ids.tolist()) <= set(candidates(t).tolist())
-
-
-def test_ids_are_distinct_sorted_int64_and_at_most_k(sel):
-    history, _ = drive(sel, rounds=30)
-    for t, ids in enumerate(history):
-        assert ids.dtype == np.int64 and ids.ndim == 1
-        assert np.all(np.diff(ids) > 0)
-        assert len(ids) <= K
-        assert (len(ids) > 0) == (len(candidates(t)) > 0)
-        if not sel.sampling_scheme == "proportional":  # draws with replacement
-            assert len(ids) == min(K, len(candidates(t)))
-
-
-def test_deterministic_given_the_generator(sel):
-    a, state_a = drive(sel, seed=3)
-    b, state_b = drive(sel, seed=3)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-    assert state_a == state_b
-    c, _ = drive(sel, seed=4)
-    assert any(not np.array_equal(x, y) for x, y in zip(a, c, strict=True))
-
-
-def test_uses_no_global_random_state(sel):
-    np_state, py_state = np.random.get_state(), random.getstate()
-    torch_state = torch.random.get_rng_state()
-    drive(sel, rounds=5)
-    after = np.random.get_state()
-    assert np.array_equal(np_state[1], after[1]) and np_state[2] == after[2]
-    assert random.getstate() == py_state
-    assert torch.equal(torch.random.get_rng_state(), torch_state)
-
-
-def test_state_pickles_survives_json_and_resumes_identically(sel):
-    _, state = drive(sel, rounds=6)
-    restored = json.loads(json.dumps(state))
-    assert restored == state
-    assert pickle.loads(pickle.dumps(state)) == state
-    a, _ = drive(sel, rounds=4, state=state, start=6)
-    b, _ = drive(sel, rounds=4, state=restored, start=6)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-
-
-def test_multiplicity_and_artifact_are_well_formed(sel):
-    state = sel.init(CTX)
-    ids, state = sel.select(state, draw(0, np.arange(M), 0))
-    k = sel.multiplicity(state, ids)
-    if k is not None:
-        assert sorted(k) == ids.tolist() and all(v >= 1 for v in k.values())
-        assert sum(k.values()) == K
-    state = sel.observe(state, 0, fake_result(ids, np.random.default_rng(0)), CTX)
-    rows = sel.artifact(state, 0)
-    assert isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
-    json.dumps(rows)
+def test_the_selector_keeps_the_contract(sel):
+    check_selector(sel)
 
 
 def test_an_uninformed_context_works_unless_real_weights_are_needed(sel):

@@ -1,5 +1,12 @@
-"""Aggregation algorithms, one module each, and their registry (adding one:
-a module and a ``REGISTRY`` line, docs/extending.md)."""
+"""Aggregation algorithms, one module each, and their registry.
+
+``REGISTRY`` maps the built-in names to their classes; a scenario's
+``algorithm.name`` is looked up there first, then among the entry points of
+group ``fedsim.algorithms`` that installed packages declare, then as an import
+path ``module:Class`` (:mod:`fedsim.plugins`). ``DEFAULT`` names the algorithm
+of an ``algorithm`` section that gives no name. Adding a built-in: a module and
+a ``REGISTRY`` line; adding one outside fedsim: docs/extending.md.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ __all__ = [
     "AggregateInfo",
     "Algorithm",
     "ClientUpdate",
+    "DEFAULT",
     "FedAdam",
     "FedAvg",
     "FedAsync",
@@ -54,6 +62,10 @@ REGISTRY: dict[str, type[Algorithm]] = {
     "feddm": FedDM,
     "fedpns": FedPNS,
 }
+
+
+# A scenario's algorithm when its section names none.
+DEFAULT = "fedavg"
 
 
 def make_algorithm(spec: Algorithm) -> Algorithm:

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 from fedsim.lazy import torch
 from fedsim.params import chi2
 from fedsim.solvers import SGD, SolverState, make_solver
-from fedsim.spec import PLUGIN_CONFIG, PosFloat
+from fedsim.spec import PLUGIN_CONFIG, PosFloat, Problem
 
 if TYPE_CHECKING:
-    from fedsim.scenario import ClientSpec
+    from fedsim.clock import JobWork
+    from fedsim.data.base import DataInfo, FederatedData
+    from fedsim.spec import ClientSpec, ScenarioView
 
 # (strings: torch.Tensor would import torch when this module is imported)
 ServerState = dict[str, "torch.Tensor"]
@@ -97,6 +99,9 @@ class AggregateInfo:
     # async rules: each update's normalised weight, by position (one device can
     # land twice in a FedBuff buffer)
     per_update: tuple[float, ...] = ()
+    # a typed value for a selector that works with this algorithm (its own
+    # class, e.g. FedPNS's Labels): what the round taught the selector
+    signal: Any = None
 
 
 @dataclass(frozen=True)
@@ -216,6 +221,64 @@ class Algorithm:
         """Its ``sampling.WEIGHTINGS`` key, checked against the selector (None:
         weights fixed by the paper, unchecked)."""
         return None
+
+    # ------------------------------------------------ what it says about itself
+    # The runtime, the clock and the checks before a run ask the algorithm
+    # these questions instead of knowing any algorithm by name.
+
+    def check(self, scenario: ScenarioView) -> list[Problem]:
+        """What is wrong with this algorithm in ``scenario`` (errors refuse the
+        file when it is loaded, warnings are printed); each message leads with
+        the field path it is about. Overrides add to ``super().check``.
+
+        The base refuses ``round.policy: async`` without an asynchronous server
+        rule (``aggregate_async``, the :class:`AsyncRule` protocol).
+        """
+        if scenario.round.policy != "async" or hasattr(self, "aggregate_async"):
+            return []
+        from fedsim.plugins import builtins  # (imports every built-in)
+
+        rules = [
+            n for n, c in builtins("algorithm").items() if hasattr(c, "aggregate_async")
+        ]
+        return [
+            Problem(
+                "round.policy 'async' needs an asynchronous server rule "
+                f"(algorithm {' or '.join(rules)}), not {self.name!r}"
+            )
+        ]
+
+    def clock_work(self, scenario: ScenarioView, data: FederatedData) -> JobWork | None:
+        """What the clock charges for a client's job when it is not local solver
+        steps (units of work, each unit's cost in local steps, bytes uploaded
+        per client); None: ``tau`` solver steps and ``up_factor`` x the model."""
+        return None
+
+    def memory(
+        self, scenario: ScenarioView, params: int, data: DataInfo
+    ) -> tuple[int, str] | None:
+        """Bytes the algorithm keeps beyond the models (a lower estimate, for
+        the memory check before a run) and what they are, as the field that
+        sets them; None: nothing worth counting. ``params`` is the model's
+        parameter count (0: unknown), ``data`` what the dataset's spec says.
+
+        The base counts one model-sized vector per client for ``stateful``
+        algorithms.
+        """
+        if not self.stateful:
+            return None
+        n = scenario.num_clients
+        what = (
+            f"algorithm.name {self.name!r} keeps {n} client vectors of "
+            f"{params:,} parameters"
+        )
+        return n * params * scenario.model.elem_bytes, what
+
+    def bytes_per_client(self, scenario: ScenarioView, d: int) -> tuple[int, int]:
+        """(download, upload) bytes of one client's round for a model of ``d``
+        parameters: ``down_factor`` and ``up_factor`` model vectors."""
+        elem = scenario.model.elem_bytes
+        return self.down_factor * d * elem, self.up_factor * d * elem
 
 
 def data_weights(updates: Updates) -> list[float]:

@@ -31,7 +31,7 @@ from fedsim.solvers import SGD, make_solver
 from fedsim.spec import NonNegFloat, PosFloat
 
 if TYPE_CHECKING:
-    from fedsim.scenario import ClientSpec
+    from fedsim.spec import ClientSpec
 
 Staleness = Literal["constant", "polynomial", "hinge"]
 

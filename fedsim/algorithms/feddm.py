@@ -20,14 +20,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from itertools import pairwise
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 
 import fedsim.algorithms.base as base
 from fedsim.algorithms.weighting import Beta, updates_tau_eff
 from fedsim.lazy import F, nn, torch
-from fedsim.spec import NonNegFloat, PosFloat, PosInt
+from fedsim.spec import NonNegFloat, PosFloat, PosInt, Problem
+
+if TYPE_CHECKING:
+    from fedsim.clock import JobWork
+    from fedsim.data.base import DataInfo, FederatedData
+    from fedsim.spec import ScenarioView
 
 
 def embed_and_logits(
@@ -198,6 +204,86 @@ class FedDM(base.Algorithm):
         the classes it holds; ``float_bytes``: the model dtype's size)."""
         held = (np.asarray(class_counts) > 0).sum(axis=1).astype(np.int64)
         return held * upload_bytes(1, self.ipc, sample_shape, float_bytes, label_bytes)
+
+    # ------------------------------------------------ what it says about itself
+    def check(self, scenario: ScenarioView) -> list[Problem]:
+        """Also refuses a range of epochs (FedDM runs ``iterations``, not
+        epochs) and warns when ``fixed_window`` cuts the iterations short for a
+        fleet group's median device (docs/fedpns-feddm.md, "FedDM's cost")."""
+        found = super().check(scenario)
+        rs, n_iter = scenario.round, self.iterations
+        if rs.policy == "fixed_epochs" and rs.epochs_low is not None:
+            found.append(
+                Problem(
+                    "round.epochs_low/epochs_high: FedDM runs algorithm.iterations "
+                    f"({n_iter}) matching iterations per round, not epochs; "
+                    "leave them out"
+                )
+            )
+        if rs.policy == "fixed_window" and (cut := self._window_cut(scenario)):
+            found.append(Problem(cut, warning=True))
+        return found
+
+    def _window_cut(self, scenario: ScenarioView) -> str | None:
+        """The warning for the first fleet group whose median device cannot run
+        every iteration inside ``round.window_s`` (at the cheapest cost a
+        client can have: the auto cost counts the largest real batch)."""
+        rs, n_iter = scenario.round, self.iterations
+        cost = float(
+            iteration_flops_ratio(
+                [self.dc_batch_size], self.ipc, scenario.client.batch_size
+            )
+            if self.iteration_cost == "auto"
+            else self.iteration_cost
+        )
+        for g in scenario.fleet.groups:
+            if g.speed is None:  # a trace group: its speeds are per device
+                continue
+            if (fits := rs.window_s * g.speed.median / cost) < n_iter:
+                return (
+                    f"round.window_s ({rs.window_s:g} s) cuts FedDM's matching "
+                    f"short: at algorithm.iteration_cost >= {cost:.3g} local steps "
+                    f"per iteration, the median device of fleet group {g.name!r} "
+                    f"({g.speed.median:g} steps/s) runs at most {math.floor(fits)} "
+                    f"of algorithm.iterations ({n_iter}); for all of them give "
+                    f"round.window_s >= {n_iter * cost / g.speed.median:.4g}, "
+                    "fewer iterations, or round.policy fixed_epochs"
+                )
+        return None
+
+    def clock_work(self, scenario: ScenarioView, data: FederatedData) -> JobWork | None:
+        """Its ``iterations`` at :meth:`cost_per_iteration` each, and the
+        synthetic set's upload (images in the model's dtype, labels in the
+        data's); None for data without classes (nothing to match)."""
+        from fedsim.clock import JobWork
+
+        if not data.num_classes:
+            return None
+        y, off = np.asarray(data.y), np.asarray(data.offsets)
+        counts = np.stack(
+            [np.bincount(y[a:b], minlength=data.num_classes) for a, b in pairwise(off)]
+        )
+        return JobWork(
+            steps=int(self.iterations),
+            unit_cost=self.cost_per_iteration(counts, scenario.client.batch_size),
+            bytes_up=self.upload_sizes(
+                counts,
+                np.asarray(data.x).shape[1:],
+                scenario.model.elem_bytes,
+                y.itemsize,
+            ),
+        )
+
+    def memory(
+        self, scenario: ScenarioView, params: int, data: DataInfo
+    ) -> tuple[int, str] | None:
+        """The synthetic sets the server holds: each client sends ``ipc``
+        images per class it holds, at most all classes (int64 labels)."""
+        if not (data.sample_bytes and data.classes):
+            return None
+        images = scenario.num_clients * data.classes * self.ipc
+        what = f"algorithm.ipc {self.ipc}: FedDM's synthetic set"
+        return images * (data.sample_bytes + 8), what
 
     def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
         seed = torch.tensor(_stable_seed(x0), dtype=torch.int64)

@@ -9,7 +9,8 @@ g_i = -Delta_i / (lr ||a_i||_1) and E(S) = sum_{i in S} <g_i, mean_S g>, while
 |S| > v: CHECK EXPECTATION labels the i* maximising E(S \\ {i}) if that exceeds
 E(S), CHECK LOSS removes it unless S's mean model has the lower validation loss
 (either failing stops). x <- x^t + server_lr mean_S Delta_i. The ``labeled`` and
-``removed`` flags go to clients.parquet; details: docs/fedpns-feddm.md.
+``removed`` flags go to clients.parquet, and to the FedPNS selector as
+:class:`Labels`; details: docs/fedpns-feddm.md.
 """
 
 from __future__ import annotations
@@ -27,6 +28,15 @@ from fedsim.lazy import torch
 from fedsim.params import weighted_sum
 from fedsim.solvers import SolverState, average_gradient
 from fedsim.spec import PosInt, Prob
+
+
+@dataclass(frozen=True)
+class Labels:
+    """What a FedPNS round tells the FedPNS selector (``AggregateInfo.signal``):
+    the client ids labeled adverse, and those of them removed."""
+
+    labeled: frozenset[int] = frozenset()
+    removed: frozenset[int] = frozenset()
 
 
 def expectation(gram: torch.Tensor, members: Sequence[int]) -> float:
@@ -143,4 +153,10 @@ class FedPNS(base.Algorithm):
         }
         info = base.meter(ups, ones, updates_tau_eff("fedavg", ones, ups))
         info = base.meter_subset(updates, info)
-        return {**state, "x": mean_model(tuple(kept))}, replace(info, flags=flags)
+        labels = Labels(
+            frozenset(live[j].client for j in labeled),
+            frozenset(live[j].client for j in removed),
+        )
+        return {**state, "x": mean_model(tuple(kept))}, replace(
+            info, flags=flags, signal=labels
+        )

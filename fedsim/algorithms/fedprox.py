@@ -19,7 +19,7 @@ from fedsim.solvers import SGD, make_solver
 from fedsim.spec import NonNegFloat
 
 if TYPE_CHECKING:
-    from fedsim.scenario import ClientSpec
+    from fedsim.spec import ClientSpec
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
@@ -58,6 +59,23 @@ class FederatedData:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
 
 
+@dataclass(frozen=True)
+class DataInfo:
+    """What a dataset's spec says about its samples: ``kind`` ``vector``, ``image``
+    ([C, H, W]) or ``sequence``; ``samples`` (train + test) estimated; ``classes``
+    0 for an objective without classes; None where only the data tells."""
+
+    kind: str
+    shape: tuple[int, ...] | None
+    classes: int | None
+    samples: int | None
+
+    @property
+    def sample_bytes(self) -> int | None:
+        """float32 bytes of one sample's inputs."""
+        return None if self.shape is None else 4 * math.prod(self.shape)
+
+
 class DatasetSpec(Spec):
     """Fields every dataset's spec (the ``data`` section) shares:
     ``validation_fraction`` (:mod:`fedsim.data.validation`)."""
@@ -74,3 +92,28 @@ class DatasetSpec(Spec):
                 f"validation_fraction must be 0 here: {self.no_validation}"
             )
         return self
+
+    def build(self, num_clients: int, seed: int) -> FederatedData:
+        """The federated dataset: ``num_clients`` clients, every random choice
+        drawn from ``seed``."""
+        raise NotImplementedError
+
+    def info(self, num_clients: int) -> DataInfo | None:
+        """What the samples will be, from the fields alone (no file read beyond a
+        header, no tensor built): the checks before a run use it to count the
+        model's parameters and the memory. None: the built-in table in
+        :mod:`fedsim.preflight` answers (plug-ins override this)."""
+        return None
+
+
+class Dataset(DatasetSpec):
+    """Base of a dataset plug-in (the scenario's ``data`` section): ``dataset``
+    is the text the scenario wrote (a registered name or ``module:Class``),
+    ``clients`` the client count if the section gives one (else the fleet's).
+
+    Subclasses implement ``build(num_clients, seed) -> FederatedData`` (every
+    random choice from ``seed``) and should implement :meth:`info`.
+    """
+
+    dataset: str = ""
+    clients: Annotated[int, Field(ge=1)] | None = None

@@ -27,7 +27,8 @@ from fedsim.data.base import FederatedData
 from fedsim.data.errors import DataError
 
 if TYPE_CHECKING:
-    from fedsim.scenario import Scenario
+    from fedsim.data.base import DatasetSpec
+    from fedsim.spec import ScenarioView as Scenario
 
 # separates the split's random stream from every other use of the seed
 _TAG = 0x7A11D
@@ -102,7 +103,7 @@ def describe_validation(scenario: Scenario, data: Any) -> str | None:
     return None
 
 
-def build_data(spec, num_clients: int, seed: int) -> FederatedData:  # noqa: ANN001
+def build_data(spec: DatasetSpec, num_clients: int, seed: int) -> FederatedData:
     """The dataset of a scenario's ``data`` section, with its validation split
     (:func:`split_validation`) when it asks for one."""
     data = spec.build(num_clients, seed)

@@ -4,6 +4,9 @@ Adding one: a module here deriving from :class:`~fedsim.selectors.base.Selector`
 (the interface, its contract and an example) and its class in ``REGISTRY``;
 ``tests/test_selectors.py`` runs every registered selector through the
 contract. What each does: docs/scenarios.md ("Sampling and weighting").
+A ``selector.name`` that is not registered here is looked up among installed
+entry points (group ``fedsim.selectors``) and as an import path
+(:mod:`fedsim.plugins`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from fedsim.selectors.uniform import Uniform
 from fedsim.selectors.weighted import Weighted
 
 __all__ = [
+    "DEFAULT",
     "Draw",
     "FedPNS",
     "Oort",
@@ -32,6 +36,9 @@ __all__ = [
 REGISTRY: dict[str, type[Selector]] = {
     str(cls.name): cls for cls in (Uniform, Weighted, FedPNS, PowerOfChoice, Oort)
 }
+
+# A scenario's selector when it has no ``selector`` section.
+DEFAULT = "uniform"
 
 
 def make_selector(spec: Selector) -> Selector:

@@ -35,20 +35,47 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
 from fedsim.clock import expected_steps
-from fedsim.spec import PLUGIN_CONFIG, PosInt
+from fedsim.spec import PLUGIN_CONFIG, PosInt, Problem
 
 if TYPE_CHECKING:
+    from fedsim.algorithms.base import AggregateInfo
     from fedsim.clock import JobWork
     from fedsim.fleet import Fleet
-    from fedsim.server import RoundResult
+    from fedsim.spec import ScenarioView
 
 SelectorState = dict[str, Any]
+
+
+class ClientOutcome(Protocol):
+    """One aggregated client's outcome as :meth:`Selector.observe` reads it
+    (``fedsim.server.ClientStats``)."""
+
+    @property
+    def update_norm(self) -> float: ...
+    @property
+    def train_loss(self) -> float: ...
+    @property
+    def weight(self) -> float: ...  # effective aggregation weight w_i
+    @property
+    def flags(self) -> dict[str, Any]: ...  # the algorithm's per-client columns
+
+
+class RoundResult(Protocol):
+    """A synchronous round's outcome as :meth:`Selector.observe` reads it
+    (``fedsim.server.RoundResult``; a protocol, so selectors sit below the
+    server): what aggregation did, and each aggregated client's outcome."""
+
+    @property
+    def info(self) -> AggregateInfo: ...
+    @property
+    def clients(self) -> Mapping[int, ClientOutcome]: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,6 +211,28 @@ class Selector:
         """Whether the choice may depend on training results (the class
         overrides :meth:`observe`); async mode then holds the timeline back."""
         return type(self).observe is not Selector.observe
+
+    def check(self, scenario: ScenarioView) -> list[Problem]:
+        """What is wrong with this selector in ``scenario`` (as
+        ``Algorithm.check``: errors refuse the file, warnings are printed).
+        The base refuses ``round.policy: async`` unless ``asynchronous``."""
+        if scenario.round.policy != "async" or self.asynchronous:
+            return []
+        from fedsim.plugins import builtins  # (imports every built-in)
+
+        usable = [
+            n
+            for n, c in builtins("selector").items()
+            if getattr(c, "asynchronous", False)
+        ]
+        return [
+            Problem(
+                f"selector.name {self.name!r} chooses clients from a synchronous "
+                "round's full result, which round.policy 'async' does not have "
+                "(updates arrive one by one); with round.policy 'async' use "
+                f"selector.name {', '.join(usable)}"
+            )
+        ]
 
     def with_slots(self, k: int) -> Selector:
         """This selector choosing ``k`` ids per call (async: free slots)."""

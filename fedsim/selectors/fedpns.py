@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import numpy as np
 from pydantic import Field
 
+from fedsim.algorithms.fedpns import Labels
 from fedsim.selectors.base import Selector, SelectorState, weighted_pick
 
 if TYPE_CHECKING:
-    from fedsim.selectors.base import Draw, SelectorContext
-    from fedsim.server import RoundResult
+    from fedsim.selectors.base import Draw, RoundResult, SelectorContext
 
 _COUNTS = ("selected", "labeled", "removed")
 
@@ -93,13 +93,16 @@ class FedPNS(Selector):
     def observe(
         self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
-        flags = result.info.flags or {}
-        new = {k: [int(c) for c, f in flags.items() if f.get(k)] for k in _COUNTS[1:]}
-        total = _bump(state["labeled"], new["labeled"])
+        # what the fedpns algorithm labeled (another algorithm labels nothing)
+        labels = result.info.signal
+        if not isinstance(labels, Labels):
+            labels = Labels()
+        labeled, removed_now = sorted(labels.labeled), sorted(labels.removed)
+        total = _bump(state["labeled"], labeled)
         p = update_probabilities(
-            state["p"], state["selected"], total, new["labeled"], self.alpha, self.beta
+            state["p"], state["selected"], total, labeled, self.alpha, self.beta
         )
-        removed = _bump(state["removed"], new["removed"])
+        removed = _bump(state["removed"], removed_now)
         return {**state, "p": p.tolist(), "labeled": total, "removed": removed}
 
     def artifact(self, state: SelectorState, round_: int) -> list[dict[str, Any]]:

@@ -26,8 +26,7 @@ from fedsim.selectors.base import Selector, SelectorState, last_losses, weighted
 from fedsim.spec import NonNegFloat, PosFloat, Prob
 
 if TYPE_CHECKING:
-    from fedsim.selectors.base import Draw, SelectorContext
-    from fedsim.server import RoundResult
+    from fedsim.selectors.base import Draw, RoundResult, SelectorContext
 
 
 def _known(state: SelectorState) -> dict[int, tuple[float, int]]:

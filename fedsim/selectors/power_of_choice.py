@@ -22,8 +22,7 @@ from fedsim.selectors.base import Selector, SelectorState, last_losses, weighted
 from fedsim.spec import PosInt
 
 if TYPE_CHECKING:
-    from fedsim.selectors.base import Draw, SelectorContext
-    from fedsim.server import RoundResult
+    from fedsim.selectors.base import Draw, RoundResult, SelectorContext
 
 
 @dataclass(frozen=True)

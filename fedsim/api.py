@@ -1,0 +1,139 @@
+"""fedsim's extension API: what a plug-in subclasses and what it receives.
+
+Everything a new algorithm, selector, model or dataset needs is importable from
+here; the names are stable, the modules they live in are not. A plug-in is an
+ordinary class in the user's own package, used by a scenario through its
+import path, or through a short name its package registers as an entry point
+(docs/extending.md has the worked example in ``examples/fedsim_example``):
+
+.. code-block:: yaml
+
+    algorithm: {name: fedsim_example.fedexp:FedExP, epsilon: 0.001}
+    selector: {name: fastest_k, clients_per_round: 5}   # an entry point
+
+========================  ====================================================
+Kind (scenario section)   Base class, entry-point group, what to implement
+========================  ====================================================
+``algorithm``             :class:`Algorithm`, ``fedsim.algorithms``:
+                          ``aggregate`` (and client hooks, :meth:`check`, ...)
+``selector``              :class:`Selector`, ``fedsim.selectors``: ``init``,
+                          ``select``, optionally ``observe``
+``model``                 :class:`Model`, ``fedsim.models``: ``build``,
+                          ``param_count``
+``data``                  :class:`Dataset`, ``fedsim.datasets``: ``build``,
+                          ``info``
+========================  ====================================================
+
+Algorithms and selectors are frozen dataclasses whose fields are their
+hyperparameters; models and datasets are pydantic models (:class:`Spec`).
+Either way the fields *are* the scenario section: unknown keys are refused,
+``Annotated[float, Field(gt=0)]`` constraints are checked when the file is
+loaded, and ``fedsim validate`` prints the resolved section.
+
+What a plug-in receives is small and typed: a client's :class:`ClientContext`
+(its :class:`ClientInfo`, the payload, its persistent state), the
+:class:`LocalTraining` job of an algorithm that replaces the solver loop, the
+:class:`ServerContext` of one that needs the server's model, a selector's
+:class:`SelectorContext` and :class:`Draw`, and, for checks before a run, the
+loaded scenario as a :class:`ScenarioView`.
+
+Its contract is checked by :func:`fedsim.testing.check_algorithm` and
+:func:`fedsim.testing.check_selector`, which fedsim's own tests run on every
+built-in.
+
+Example (an algorithm that averages the updates and halves the step):
+    >>> from dataclasses import dataclass
+    >>> from fedsim.api import Algorithm, ClientUpdate, meter, skip_empty_rounds
+    >>> @dataclass(frozen=True)
+    ... class Half(Algorithm):
+    ...     @skip_empty_rounds
+    ...     def aggregate(self, state, updates):
+    ...         w = [1 / len(updates)] * len(updates)
+    ...         step = sum(wi * u.delta for wi, u in zip(w, updates))
+    ...         return {"x": state["x"] + 0.5 * step}, meter(updates, w, 1.0)
+    >>> from fedsim.lazy import torch
+    >>> ups = [ClientUpdate(0, torch.tensor([2.0]), 1, 1, 1.0, 0.0),
+    ...        ClientUpdate(1, torch.tensor([4.0]), 1, 1, 1.0, 0.0)]
+    >>> Half().aggregate({"x": torch.zeros(1)}, ups)[0]["x"]
+    tensor([1.5000])
+
+    In its module (so that it pickles), the contract would check it with
+    ``fedsim.testing.check_algorithm(Half(), identical=lambda a, x0, d, n:
+    x0 + 0.5 * d)``.
+"""
+
+from __future__ import annotations
+
+from fedsim.algorithms.base import (
+    AggregateInfo,
+    Algorithm,
+    AsyncRule,
+    ClientContext,
+    ClientInfo,
+    ClientState,
+    ClientUpdate,
+    LocalTraining,
+    ServerContext,
+    ServerState,
+    Updates,
+    data_weights,
+    meter,
+    meter_subset,
+    skip_empty_rounds,
+)
+from fedsim.clock import JobWork
+from fedsim.data.base import DataInfo, Dataset, FederatedData
+from fedsim.plugins import PluginError, resolve
+from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
+from fedsim.spec import (
+    PLUGIN_CONFIG,
+    ClientSpec,
+    Model,
+    NonNegFloat,
+    PosFloat,
+    PosInt,
+    Prob,
+    Problem,
+    ScenarioView,
+    ScenarioWarning,
+    Spec,
+)
+
+__all__ = [
+    "PLUGIN_CONFIG",
+    "AggregateInfo",
+    "Algorithm",
+    "AsyncRule",
+    "ClientContext",
+    "ClientInfo",
+    "ClientSpec",
+    "ClientState",
+    "ClientUpdate",
+    "DataInfo",
+    "Dataset",
+    "Draw",
+    "FederatedData",
+    "JobWork",
+    "LocalTraining",
+    "Model",
+    "NonNegFloat",
+    "PluginError",
+    "PosFloat",
+    "PosInt",
+    "Prob",
+    "Problem",
+    "ScenarioView",
+    "ScenarioWarning",
+    "Selector",
+    "SelectorContext",
+    "SelectorState",
+    "ServerContext",
+    "ServerState",
+    "Spec",
+    "Updates",
+    "data_weights",
+    "meter",
+    "meter_subset",
+    "resolve",
+    "skip_empty_rounds",
+]
