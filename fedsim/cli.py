@@ -825,24 +825,6 @@ def validate(
     )
 
 
-# Fields each choice uses; `fedsim validate` leaves the section's others out.
-# (a model's: its spec's ``used_fields``)
-_USED = {
-    ("round", "fixed_window"): "window_s max_steps",
-    ("round", "fixed_epochs"): "epochs deadline_s over_select",
-    ("round", "async"): "concurrency max_staleness job_steps max_steps epochs",
-    ("speed", "fixed"): "steps_per_s",
-    ("speed", "lognormal"): "median_steps_per_s sigma",
-    ("speed", "mixture"): "tiers",
-    ("slowdown", "fixed"): "factor",
-    ("slowdown", "uniform"): "low high",
-    ("slowdown", "pareto"): "shape max_factor",
-    ("availability", "always"): "",
-    ("availability", "on_off"): "mean_on_s mean_off_s",
-    ("availability", "daily"): "mean_on_s min_online max_online peak_hour period_s",
-}
-
-
 def _keep(section: dict[str, Any], fields: str) -> dict[str, Any]:
     """``section`` with only the (space-separated) ``fields``, in its order."""
     return {k: v for k, v in section.items() if k in fields.split()}
@@ -856,31 +838,24 @@ def _applicable(sc: Scenario) -> dict[str, Any]:
     mattered (a ``window_s`` in an epochs round, ``sigma`` on fixed speeds).
     """
     d = sc.model_dump(mode="json")
+    # each section's spec says which of its fields its choice reads
     d["model"] = _keep(d["model"], sc.model.used_fields)
-    r = sc.round
-    used = ["policy", *_USED["round", r.policy].split()]
-    if r.policy == "async":  # a job does max_steps or epochs
-        used.remove("max_steps" if r.job_steps == "epochs" else "epochs")
-    if "epochs" in used and r.epochs_low is not None:  # a range replaces epochs
-        used[used.index("epochs")] = "epochs_low epochs_high"
-    d["round"] = _keep(d["round"], " ".join(used))
-    groups = d["fleet"]["groups"]
-    stragglers = [g["stragglers"] for g in [d["fleet"], *groups] if g["stragglers"]]
-    dropouts = any(st["dropout_p"] > 0 for st in stragglers)
-    for st in stragglers:
+    d["round"] = _keep(d["round"], sc.round.used_fields)
+    fleet = sc.fleet
+    specs = [fleet.stragglers, *(g.stragglers for g in fleet.groups)]
+    dumps = [d["fleet"]["stragglers"], *(g["stragglers"] for g in d["fleet"]["groups"])]
+    pairs = [(spec, dump) for spec, dump in zip(specs, dumps, strict=True) if spec]
+    dropouts = any(spec.dropout_p > 0 for spec, _ in pairs)
+    for spec, dump in pairs:
         if not dropouts:
-            del st["dropout_p"]
-        slow = st["slowdown"]
-        st["slowdown"] = _keep(slow, "dist " + _USED["slowdown", slow["dist"]])
-    for g in groups:
-        if g["speed"]:  # workload and scale go with a preset
-            preset = "preset workload scale " if g["speed"]["preset"] else ""
-            dist = _USED["speed", g["speed"]["dist"]]
-            g["speed"] = _keep(g["speed"], f"dist {preset}{dist}")
+            del dump["dropout_p"]
+        dump["slowdown"] = _keep(dump["slowdown"], spec.slowdown.used_fields)
+    for group, g in zip(fleet.groups, d["fleet"]["groups"], strict=True):
+        if group.speed:
+            g["speed"] = _keep(g["speed"], group.speed.used_fields)
         if g["network"]["preset"] is None:
             del g["network"]["preset"]
-        avail = g["availability"]
-        g["availability"] = _keep(avail, "kind " + _USED["availability", avail["kind"]])
+        g["availability"] = _keep(g["availability"], group.availability.used_fields)
     return d
 
 

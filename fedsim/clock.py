@@ -10,7 +10,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NamedTuple, cast
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, cast
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -40,6 +40,29 @@ class RoundSpec(_Spec):
     max_staleness: Annotated[int, Field(ge=0)] | None = None
     job_steps: Literal["max_steps", "epochs"] = "max_steps"
     over_select: Annotated[float, Field(ge=1, le=10)] = 1.0
+
+    # The fields each policy reads besides ``policy`` itself; ``fedsim
+    # validate`` prints only these, so the knowledge lives with the schema.
+    USES: ClassVar[dict[str, str]] = {
+        "fixed_window": "window_s max_steps",
+        "fixed_epochs": "epochs deadline_s over_select",
+        "async": "concurrency max_staleness job_steps max_steps epochs",
+    }
+
+    @property
+    def used_fields(self) -> str:
+        """The fields this round's policy reads, space-separated.
+
+        An asynchronous job does ``max_steps`` or ``epochs`` (``job_steps``
+        says which), and an epoch range replaces ``epochs``; the other fields
+        keep their defaults without effect, so a printout leaves them out.
+        """
+        used = ["policy", *self.USES[self.policy].split()]
+        if self.policy == "async":
+            used.remove("max_steps" if self.job_steps == "epochs" else "epochs")
+        if "epochs" in used and self.epochs_low is not None:
+            used[used.index("epochs")] = "epochs_low epochs_high"
+        return " ".join(used)
 
     @model_validator(mode="after")
     def _epoch_range(self) -> RoundSpec:

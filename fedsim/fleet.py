@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, ValidationInfo, model_validator
@@ -60,6 +60,20 @@ class SpeedSpec(_Spec):
     preset: SpeedPresetName | None = None
     workload: WorkloadName | None = None
     scale: PosFloat = 1.0
+
+    # The fields each ``dist`` reads (``fedsim validate`` prints only these).
+    USES: ClassVar[dict[str, str]] = {
+        "fixed": "steps_per_s",
+        "lognormal": "median_steps_per_s sigma",
+        "mixture": "tiers",
+    }
+
+    @property
+    def used_fields(self) -> str:
+        """``dist`` and the fields its value reads, space-separated (with
+        ``preset workload scale`` when a preset filled it in)."""
+        preset = "preset workload scale " if self.preset else ""
+        return f"dist {preset}{self.USES[self.dist]}".strip()
 
     @model_validator(mode="before")
     @classmethod
@@ -200,6 +214,18 @@ class SlowdownSpec(_Spec):
     shape: PosFloat = 2.0
     max_factor: Annotated[float, Field(ge=1)] | None = None
 
+    # The fields each ``dist`` reads (``fedsim validate`` prints only these).
+    USES: ClassVar[dict[str, str]] = {
+        "fixed": "factor",
+        "uniform": "low high",
+        "pareto": "shape max_factor",
+    }
+
+    @property
+    def used_fields(self) -> str:
+        """``dist`` and the fields its value reads, space-separated."""
+        return f"dist {self.USES[self.dist]}".strip()
+
     @model_validator(mode="after")
     def _range(self) -> SlowdownSpec:
         """A ``uniform`` slowdown's range is in order."""
@@ -229,6 +255,18 @@ class AvailabilitySpec(_Spec):
     max_online: Prob = 0.12
     peak_hour: Annotated[float, Field(ge=0, lt=24)] = 2.0
     period_s: PosFloat = 86400.0
+
+    # The fields each ``kind`` reads (``fedsim validate`` prints only these).
+    USES: ClassVar[dict[str, str]] = {
+        "always": "",
+        "on_off": "mean_on_s mean_off_s",
+        "daily": "mean_on_s min_online max_online peak_hour period_s",
+    }
+
+    @property
+    def used_fields(self) -> str:
+        """``kind`` and the fields its value reads, space-separated."""
+        return f"kind {self.USES[self.kind]}".strip()
 
     @model_validator(mode="after")
     def _profile(self) -> AvailabilitySpec:

@@ -164,7 +164,7 @@ CASES: dict[str, Case] = {
     "compare-bad-input": Case(
         ["compare", TINY, "-a", "nosuchalgorithm", "--out", "{tmp}/out"],
         2,
-        says="algorithm: unknown choice: Input tag 'nosuchalgorithm'",
+        says="algorithm.name: unknown name 'nosuchalgorithm'",
     ),
     "compare-sigint": Case(
         ["compare", TINY, "-a", "fedavg,fednova", "--seeds", "3", "-q"]

@@ -409,27 +409,7 @@ def test_the_name_finder_finds_names():
 
 
 @pytest.mark.parametrize(
-    "module",
-    [
-        "scenario.py",
-        "preflight.py",
-        pytest.param(
-            "cli.py",
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason="--algorithms help text and the slowdown 'uniform' row "
-                "belong to the cli owner (issue 22, item 4)",
-            ),
-        ),
-        pytest.param(
-            "runtime.py",
-            marks=pytest.mark.xfail(strict=False, reason="being rewritten (issue 22)"),
-        ),
-        pytest.param(
-            "server.py",
-            marks=pytest.mark.xfail(strict=False, reason="being rewritten (issue 22)"),
-        ),
-    ],
+    "module", ["scenario.py", "preflight.py", "cli.py", "runtime.py", "server.py"]
 )
 def test_generic_modules_name_no_builtin_plugin(module):
     assert named_builtins(ROOT / "fedsim" / module) == []
