@@ -8,7 +8,7 @@ devices are numbered ``0..m-1`` in group order; availability is counter-based
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
@@ -676,17 +676,39 @@ class _OnOff:
         if self.mixed:  # only the devices behind: a daily end costs a solve
             extra: tuple[np.ndarray, ...] = (g, idx)
 
-            def step(kk, s, on, key, behind, e, g_, dev):  # noqa: ANN001, ANN202
+            def step_mixed(
+                kk: np.ndarray,
+                s: np.ndarray,
+                on: np.ndarray,
+                key: np.ndarray,
+                behind: np.ndarray,
+                e: np.ndarray,
+                g_: np.ndarray,
+                dev: np.ndarray,
+            ) -> np.ndarray:
                 b = np.flatnonzero(behind)
                 e = e.copy()
                 e[b] = self._ends(dev[b], g_[b], kk[b], s[b], on[b], key[b])
                 return e
+
+            step: Callable[..., np.ndarray] = step_mixed
         else:  # exponential only: the means travel along, no gathers per step
             extra = (self.mean_on[g], self.mean_off[g])
 
-            def step(kk, s, on, key, behind, e, m_on, m_off):  # noqa: ANN001, ANN202
+            def step_exp(
+                kk: np.ndarray,
+                s: np.ndarray,
+                on: np.ndarray,
+                key: np.ndarray,
+                behind: np.ndarray,
+                e: np.ndarray,
+                m_on: np.ndarray,
+                m_off: np.ndarray,
+            ) -> np.ndarray:
                 u = _unit(_splitmix64(key ^ kk.astype(np.uint64)))
                 return np.where(behind, s + -np.where(on, m_on, m_off) * np.log(u), e)
+
+            step = step_exp
 
         behind = np.ones(idx.size, dtype=bool)
         # work: (position in idx, first state, k, start, end, key, extras...)

@@ -23,7 +23,7 @@ import pickle
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -108,7 +108,7 @@ class _ArraysOnly(pickle.Unpickler):
         ("_codecs", "encode"),  # bytes in protocol-2 pickles written by Python 3
     }
 
-    def find_class(self, module: str, name: str):  # noqa: ANN201
+    def find_class(self, module: str, name: str) -> Any:
         """The allowed class; UnpicklingError for any other."""
         if (module, name) in self._ALLOWED:
             return super().find_class(module, name)
