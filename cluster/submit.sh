@@ -31,6 +31,13 @@
 #   RAY               the ray CLI to use (default: `ray` on PATH).
 #   RAY_JOB_OPTS      extra `ray job submit` options, e.g. "--no-wait" or
 #                     "--submission-id fedsim-run1".
+#   FEDSIM_PY_MODULES your own plug-in packages to ship with the job, as
+#                     folders (the ones holding __init__.py) separated by ':',
+#                     e.g. examples/fedsim_example/fedsim_example. Ray uploads
+#                     each and puts it on the path of the driver and of every
+#                     worker (runtime_env py_modules); the local check below
+#                     finds them too. Name plug-ins by import path then
+#                     (module:Class): entry points need the package installed.
 #   FEDSIM_VALIDATE   set to 0 to skip checking the scenario locally first.
 #   FEDSIM_CHECK_HEAD set to 0 to skip the check job (below).
 #   FEDSIM_AGENT_WAIT_S  how long to wait for the head's job agent (default 120);
@@ -104,6 +111,22 @@ fi
 [[ $out == /* ]] || die "--out must be an absolute path on the cluster (got '$out'); a relative one lands in the job's temporary working directory"
 
 cd "$root"
+runtime_env=cluster/runtime_env.yaml
+if [[ -n ${FEDSIM_PY_MODULES:-} ]]; then
+    # cluster/runtime_env.yaml plus a py_modules list, in a file of our own
+    # (removed on exit), so that the shipped settings stay the one source.
+    runtime_env=$(mktemp --suffix=.yaml)
+    trap 'rm -f "$runtime_env"' EXIT
+    { cat cluster/runtime_env.yaml; echo; echo "py_modules:"; } >"$runtime_env"
+    IFS=: read -r -a modules <<<"$FEDSIM_PY_MODULES"
+    for m in "${modules[@]}"; do
+        [[ -f $m/__init__.py ]] || die "FEDSIM_PY_MODULES: $m is not a package folder (no $m/__init__.py)"
+        printf '  - "%s"\n' "$(cd "$m" && pwd -P)" >>"$runtime_env"
+        # the local check imports the plug-ins from their parent folders
+        PYTHONPATH="$(cd "$m/.." && pwd -P)${PYTHONPATH:+:$PYTHONPATH}"
+    done
+    export PYTHONPATH
+fi
 if [[ ${FEDSIM_VALIDATE:-1} != 0 ]] && command -v fedsim >/dev/null; then
     # `fedsim validate` takes no --seed; check only the file and its --set overrides.
     check=()
@@ -170,7 +193,7 @@ fi
 
 job_opts=()
 read -r -a job_opts <<<"${RAY_JOB_OPTS:-}"
-cmd=("$RAY" job submit --address "$RAY_ADDRESS" --working-dir . --runtime-env cluster/runtime_env.yaml)
+cmd=("$RAY" job submit --address "$RAY_ADDRESS" --working-dir . --runtime-env "$runtime_env")
 cmd+=(${job_opts[@]+"${job_opts[@]}"} -- fedsim run "$rel" ${args[@]+"${args[@]}"})
 echo "submit.sh: results will be written on the head node to $out" >&2
 echo "submit.sh: running: ${cmd[*]}" >&2
