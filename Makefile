@@ -45,8 +45,8 @@ test-explore: $(STAMP)
 	FEDSIM_FUZZ_EXAMPLES=$(EXPLORE_EXAMPLES) $(BIN)/python -m pytest -q -m explore
 
 lint: $(STAMP)
-	$(BIN)/ruff check fedsim tests benchmarks
-	$(BIN)/ruff format --check fedsim tests benchmarks
+	$(BIN)/ruff check fedsim tests benchmarks examples
+	$(BIN)/ruff format --check fedsim tests benchmarks examples
 	$(BIN)/mypy
 
 clean:
