@@ -149,6 +149,12 @@ class ClientSpec(Spec):
     lr_decay: float = Field(1.0, gt=0, le=1)
     lr_min: NonNegFloat = 0.0
     weight_decay: NonNegFloat = 0.0
+    # clip each minibatch gradient's global L2 norm to this before the step
+    # (FedDC's and FedDyn's codes: 10); None: no clipping
+    clip_norm: PosFloat | None = None
+    # lr x0.1 from round f * rounds on, for each fraction f (FedNova's CIFAR
+    # protocol: [0.5, 0.75]); empty: no steps
+    lr_steps: list[Annotated[float, Field(gt=0, lt=1)]] = []
 
     @model_validator(mode="after")
     def _prox_needs_mu(self) -> ClientSpec:

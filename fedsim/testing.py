@@ -329,7 +329,8 @@ def _check_ids(sel: Selector, ids: np.ndarray, cand: np.ndarray) -> None:
     assert len(ids) <= k, f"at most clients_per_round ({k}) ids"
     assert set(ids.tolist()) <= set(cand.tolist()), "ids are among the candidates"
     assert (len(ids) > 0) == (len(cand) > 0), "none only when no device is online"
-    if sel.sampling_scheme != "proportional":  # with replacement: fewer distinct
+    fixed = getattr(type(sel), "fixed_count", True)  # False: a random count
+    if sel.sampling_scheme != "proportional" and fixed:  # with replacement: fewer
         assert len(ids) == min(k, len(cand)), "k ids when k devices are online"
 
 
