@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-IMAGE_MODELS = ("cnn", "cifar_cnn", "vgg11", "resnet18", "convnet")
+IMAGE_MODELS = ("cnn", "cnn_m", "cifar_cnn", "vgg11", "resnet18", "convnet")
 
 
 def _conv(c_in: int, c_out: int, k: int, bias: bool = True) -> int:
@@ -49,6 +49,8 @@ def _image_layers(spec: Any, channels: int) -> tuple[list[_Layer], list[int]]:
     """An image network's convolutions and poolings, and its hidden widths."""
     if spec.name == "cnn":
         return [(32, 5, 2, False), _POOL, (64, 5, 2, False), _POOL], [512]
+    if spec.name == "cnn_m":  # FedPNS's CNN-M
+        return [(10, 5, 0, False), _POOL, (20, 5, 0, False), _POOL], [50]
     if spec.name == "cifar_cnn":
         return [(64, 5, 0, False), _POOL, (64, 5, 0, False), _POOL], [384, 192]
     if spec.name == "vgg11":

@@ -42,6 +42,7 @@ class ModelSpec(Spec):
         "mlp",
         "quadratic",
         "cnn",
+        "cnn_m",
         "cifar_cnn",
         "vgg11",
         "resnet18",
@@ -56,6 +57,9 @@ class ModelSpec(Spec):
     lstm_hidden: Width = 256
     lstm_layers: Annotated[int, Field(ge=1, le=16)] = 2
     dtype: Literal["float32", "float64"] = "float32"
+    # logreg: start from all-zero weights and bias (the FedDyn/FedDC and FedPNS
+    # codes' linear models) instead of PyTorch's default uniform init
+    zero_init: bool = False
 
     @property
     def elem_bytes(self) -> int:
@@ -85,6 +89,7 @@ class ModelSpec(Spec):
 
 # The fields each network reads beyond name and dtype.
 _MODEL_FIELDS = {
+    "logreg": "zero_init",
     "mlp": "hidden",
     "vgg11": "norm_groups",
     "resnet18": "norm_groups",
