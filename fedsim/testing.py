@@ -234,6 +234,7 @@ class _Stats:
     train_loss: float
     weight: float = 0.1
     flags: dict[str, Any] = field(default_factory=dict)
+    update_norm: float = 1.0  # ||Delta_i||
 
 
 @dataclass
@@ -259,7 +260,9 @@ def fake_result(ids: np.ndarray, rng: np.random.Generator) -> Any:
     clients = {}
     for i in ids.tolist():
         flags[i] = {"flagged": bool(rng.random() < 0.3)}
-        clients[i] = _Stats(float(rng.uniform(0.1, 3.0)), flags=flags[i])
+        loss = float(rng.uniform(0.1, 3.0))
+        # the norm follows the loss: no further draw, so the flags stay as before
+        clients[i] = _Stats(loss, flags=flags[i], update_norm=loss / 2)
     weights = {i: 1 / len(ids) for i in ids.tolist()}
     return _Result(AggregateInfo(weights, 1.0, 0.0, flags), clients)
 
