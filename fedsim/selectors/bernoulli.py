@@ -16,9 +16,8 @@ that (m = 100, q = 0.1: (0.9)^100 = 2.7e-5).
 ``clients_per_round`` is a cap, not the count: when more than that many
 clients are active, a uniformly random ``clients_per_round`` of them train.
 Set it to the number of clients for the papers' protocol (no cap). The
-weighting ``algorithm.sampling: uniform`` (p_i m / k) is unbiased only when
-``clients_per_round`` = q m; the papers weight by n_i among the active
-clients (``renormalized``).
+papers weight by n_i among the active clients (``renormalized``);
+``algorithm.sampling: uniform`` (p_i m / k, for a fixed count k) is refused.
 
 Example (q = 0.5 over four clients):
     >>> from fedsim.selectors.base import Draw, SelectorContext
@@ -49,7 +48,10 @@ class Bernoulli(Selector):
     q: Annotated[float, Field(gt=0, le=1)] = 0.1
 
     asynchronous: ClassVar[bool] = False
-    inclusion: ClassVar[str] = "uniform"
+    # equal inclusion q, but a random count: the pairing table's "uniform"
+    # formula p_i m / k assumes k clients a round, so this declares no
+    # closed form (``algorithm.sampling: uniform`` is then refused)
+    inclusion: ClassVar[str] = "adaptive"
     fixed_count: ClassVar[bool] = False
 
     def expected_draws(self, ctx: SelectorContext) -> np.ndarray:
