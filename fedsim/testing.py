@@ -332,9 +332,15 @@ def _check_ids(sel: Selector, ids: np.ndarray, cand: np.ndarray) -> None:
     assert len(ids) <= k, f"at most clients_per_round ({k}) ids"
     assert set(ids.tolist()) <= set(cand.tolist()), "ids are among the candidates"
     assert (len(ids) > 0) == (len(cand) > 0), "none only when no device is online"
-    fixed = getattr(type(sel), "fixed_count", True)  # False: a random count
-    if sel.sampling_scheme != "proportional" and fixed:  # with replacement: fewer
+    if _exact_count(sel):
         assert len(ids) == min(k, len(cand)), "k ids when k devices are online"
+
+
+def _exact_count(sel: Selector) -> bool:
+    """Whether ``sel`` returns exactly min(k, #online) ids: not when it draws
+    with replacement (fewer distinct) or a random count (``fixed_count``)."""
+    fixed = getattr(type(sel), "fixed_count", True)
+    return sel.sampling_scheme != "proportional" and fixed
 
 
 def _check_deterministic(sel: Selector, deterministic: bool) -> None:
