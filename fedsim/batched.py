@@ -55,6 +55,8 @@ def why_not_batched(worker: Worker) -> str | None:
     recurrent = any(isinstance(m, nn.RNNBase) for m in model.modules())
     if recurrent and worker.device.type != "cpu":  # cuDNN RNNs: no vmap rule
         return f"model {worker.scenario.model.name!r} is recurrent, on a GPU"
+    if worker.solver.clip_norm is not None:  # a norm per client, per step
+        return "client.clip_norm clips each client's gradient on its own"
     if not worker.solver.stacks:
         return f"solver {type(worker.solver).__name__} has no batched step"
     return None

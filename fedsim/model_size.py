@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-IMAGE_MODELS = ("cnn", "cifar_cnn", "vgg11", "resnet18", "convnet")
+IMAGE_MODELS = ("cnn", "cnn_m", "cifar_cnn", "vgg11", "resnet18", "convnet")
 
 
 def _conv(c_in: int, c_out: int, k: int, bias: bool = True) -> int:
@@ -45,12 +45,19 @@ _POOL = "pool"
 _VGG11 = (64, _POOL, 128, _POOL, 256, 256, _POOL, 512, 512, _POOL, 512, 512, _POOL)
 
 
+# The image networks without size fields: their layers and hidden widths.
+_FIXED: dict[str, tuple[list[_Layer], list[int]]] = {
+    "cnn": ([(32, 5, 2, False), _POOL, (64, 5, 2, False), _POOL], [512]),
+    "cnn_m": ([(10, 5, 0, False), _POOL, (20, 5, 0, False), _POOL], [50]),  # FedPNS
+    "cifar_cnn": ([(64, 5, 0, False), _POOL, (64, 5, 0, False), _POOL], [384, 192]),
+}
+
+
 def _image_layers(spec: Any, channels: int) -> tuple[list[_Layer], list[int]]:
     """An image network's convolutions and poolings, and its hidden widths."""
-    if spec.name == "cnn":
-        return [(32, 5, 2, False), _POOL, (64, 5, 2, False), _POOL], [512]
-    if spec.name == "cifar_cnn":
-        return [(64, 5, 0, False), _POOL, (64, 5, 0, False), _POOL], [384, 192]
+    if spec.name in _FIXED:
+        fixed, hidden = _FIXED[spec.name]
+        return list(fixed), list(hidden)
     if spec.name == "vgg11":
         return [v if v == _POOL else (int(v), 3, 1, True) for v in _VGG11], [512, 512]
     if spec.name == "convnet":

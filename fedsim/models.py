@@ -135,15 +135,29 @@ def _conv_pool(c_in: int, widths: Sequence[int], padding: int = 0) -> nn.Sequent
 
 
 def _mlp(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
-    """Dense layers on flat samples; logreg: the one without hidden layers."""
+    """Dense layers on flat samples; logreg: the one without hidden layers
+    (all zeros with ``zero_init``)."""
     hidden = spec.hidden if spec.name == "mlp" else []
-    return nn.Sequential(nn.Flatten(), *_dense(int(np.prod(shape)), hidden, classes))
+    net = nn.Sequential(nn.Flatten(), *_dense(int(np.prod(shape)), hidden, classes))
+    if spec.name == "logreg" and spec.zero_init:
+        with torch.no_grad():
+            for p in net.parameters():
+                p.zero_()
+    return net
 
 
 def _cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
     """McMahan et al. 2017, section 3: 1,663,370 parameters on 28x28x1."""
     s = _image_shape(shape, "cnn")
     return _ImageNet(s, _conv_pool(s[0], [32, 64], padding=2), _head([512], classes))
+
+
+def _cnn_m(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
+    """FedPNS's CNN-M (docs/algorithms.md 14, FedPNS): conv(10, 5x5),
+    conv(20, 5x5), each with 2x2 max-pooling, FC 320 -> 50 -> classes, no
+    dropout; 21,840 parameters on 28x28x1."""
+    s = _image_shape(shape, "cnn_m")
+    return _ImageNet(s, _conv_pool(s[0], [10, 20]), _head([50], classes))
 
 
 def _cifar_cnn(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> nn.Module:
@@ -208,6 +222,7 @@ MODELS: dict[str, Callable[[ModelSpec, tuple[int, ...], int], nn.Module]] = {
     "logreg": _mlp,
     "mlp": _mlp,
     "cnn": _cnn,
+    "cnn_m": _cnn_m,
     "cifar_cnn": _cifar_cnn,
     "vgg11": _vgg11,
     "resnet18": _resnet18,

@@ -193,7 +193,7 @@ def check_model_data(scenario: Scenario, source: str = "<scenario>") -> None:
                 f"{where}: {model} needs images [C, H, W] or a square number of "
                 f"features, the samples have shape {info.shape}; use logreg or mlp"
             )
-        sizes = {"cnn": 4, "cifar_cnn": 16, "vgg11": 32}
+        sizes = {"cnn": 4, "cnn_m": 16, "cifar_cnn": 16, "vgg11": 32}
         low = 2**scenario.model.depth if model == "convnet" else sizes.get(model, 1)
         if model == "convnet" and image[0] == 1:
             low = max(1, low - 4)  # its first convolution pads grey images by 3

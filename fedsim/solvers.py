@@ -44,7 +44,8 @@ class SolverState:
 
 @dataclass(frozen=True)
 class SGD:
-    """Vanilla SGD with optional coupled weight decay: x <- x - lr (g + wd x).
+    """Vanilla SGD with optional coupled weight decay: x <- x - lr (g + wd x);
+    with ``clip_norm`` the gradient g is first clipped to that L2 norm.
 
     A subclass is trained one client at a time unless it declares
     ``stacks = True``, which promises that :meth:`step_rows` (with
@@ -54,10 +55,13 @@ class SGD:
     Attributes:
         lr: the learning rate (the round's, after the schedule).
         weight_decay: the coupled weight decay coefficient.
+        clip_norm: the largest L2 norm a minibatch gradient keeps (None: no
+            clipping); a clipped solver is trained one client at a time.
     """
 
     lr: float
     weight_decay: float = 0.0
+    clip_norm: float | None = None
 
     # step_rows implements this class's rule (fedsim.batched may stack it)
     stacks: ClassVar[bool] = True
@@ -77,6 +81,8 @@ class SGD:
         return SolverState(x0=x0, lr=self.lr)
 
     def _direction(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        if self.clip_norm is not None:
+            g = clip_gradient(g, self.clip_norm)
         return g.add(x, alpha=self.weight_decay) if self.weight_decay else g
 
     def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
@@ -222,6 +228,32 @@ class Decay(SGD):
         return (1.0 - gamma**tau) / (1.0 - gamma) if gamma != 1.0 else float(tau)
 
 
+def clip_gradient(g: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """g scaled by min(1, max_norm / (||g||_2 + 1e-6)), as
+    ``torch.nn.utils.clip_grad_norm_`` (the FedDC and FedDyn codes, max_norm =
+    10, clip after the loss's penalty terms, before the optimizer's weight
+    decay); ``g`` itself when the norm is within the bound (no copy).
+
+    >>> clip_gradient(torch.tensor([3.0, 4.0]), 1.0)
+    tensor([0.6000, 0.8000])
+    >>> clip_gradient(torch.tensor([3.0, 4.0]), 10.0)
+    tensor([3., 4.])
+    """
+    coef = max_norm / (float(torch.linalg.vector_norm(g)) + 1e-6)
+    return g * coef if coef < 1.0 else g
+
+
+def step_factor(fractions: list[float], round_: int, rounds: int) -> float:
+    """0.1 to the number of fractions f with ``round_ >= f * rounds``: the
+    step schedule ``client.lr_steps`` (rounds counted from 0).
+
+    >>> [round(step_factor([0.5, 0.75], t, 8), 12) for t in (0, 3, 4, 5, 6, 7)]
+    [1.0, 1.0, 0.1, 0.1, 0.01, 0.01]
+    """
+    passed = sum(round_ >= f * rounds for f in fractions)
+    return 0.1**passed if passed else 1.0
+
+
 def normalized_gradient(delta: torch.Tensor, st: SolverState) -> torch.Tensor:
     """d = -Delta / (lr ||a||_1): the round's a-weighted average gradient.
 
@@ -262,14 +294,15 @@ def make_solver(spec: ClientSpec, mu: float | None = None) -> SGD:
             "no derived ||a||_1 (docs/algorithms.md 5.3); use client.solver: sgd, "
             "or set the algorithm's proximal coefficient (mu, rho) to 0"
         )
+    wd, clip = spec.weight_decay, spec.clip_norm
     if mu is not None:
         return _prox(spec, mu)
     if spec.solver == "sgd":
-        return SGD(lr=spec.lr, weight_decay=spec.weight_decay)
+        return SGD(lr=spec.lr, weight_decay=wd, clip_norm=clip)
     if spec.solver == "momentum":
-        return Momentum(lr=spec.lr, weight_decay=spec.weight_decay, rho=spec.momentum)
+        return Momentum(lr=spec.lr, weight_decay=wd, clip_norm=clip, rho=spec.momentum)
     if spec.solver == "decay":
-        return Decay(lr=spec.lr, weight_decay=spec.weight_decay, gamma=spec.step_decay)
+        return Decay(lr=spec.lr, weight_decay=wd, clip_norm=clip, gamma=spec.step_decay)
     raise ValueError(f"unknown solver {spec.solver!r}")
 
 
@@ -286,4 +319,6 @@ def _prox(spec: ClientSpec, mu: float) -> Prox:
             "step overshoots the global model and the gap grows (||a||_1 <= 0, "
             "docs/algorithms.md 5.3); lower client.lr or the proximal coefficient"
         )
-    return Prox(lr=spec.lr, weight_decay=spec.weight_decay, mu=mu)
+    return Prox(
+        lr=spec.lr, weight_decay=spec.weight_decay, clip_norm=spec.clip_norm, mu=mu
+    )

@@ -42,6 +42,7 @@ class ModelSpec(Spec):
         "mlp",
         "quadratic",
         "cnn",
+        "cnn_m",
         "cifar_cnn",
         "vgg11",
         "resnet18",
@@ -56,6 +57,9 @@ class ModelSpec(Spec):
     lstm_hidden: Width = 256
     lstm_layers: Annotated[int, Field(ge=1, le=16)] = 2
     dtype: Literal["float32", "float64"] = "float32"
+    # logreg: start from all-zero weights and bias (the FedDyn/FedDC and FedPNS
+    # codes' linear models) instead of PyTorch's default uniform init
+    zero_init: bool = False
 
     @property
     def elem_bytes(self) -> int:
@@ -85,6 +89,7 @@ class ModelSpec(Spec):
 
 # The fields each network reads beyond name and dtype.
 _MODEL_FIELDS = {
+    "logreg": "zero_init",
     "mlp": "hidden",
     "vgg11": "norm_groups",
     "resnet18": "norm_groups",
@@ -149,6 +154,12 @@ class ClientSpec(Spec):
     lr_decay: float = Field(1.0, gt=0, le=1)
     lr_min: NonNegFloat = 0.0
     weight_decay: NonNegFloat = 0.0
+    # clip each minibatch gradient's global L2 norm to this before the step
+    # (FedDC's and FedDyn's codes: 10); None: no clipping
+    clip_norm: PosFloat | None = None
+    # lr x0.1 from round f * rounds on, for each fraction f (FedNova's CIFAR
+    # protocol: [0.5, 0.75]); empty: no steps
+    lr_steps: list[Annotated[float, Field(gt=0, lt=1)]] = []
 
     @model_validator(mode="after")
     def _prox_needs_mu(self) -> ClientSpec:

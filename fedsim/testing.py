@@ -234,6 +234,7 @@ class _Stats:
     train_loss: float
     weight: float = 0.1
     flags: dict[str, Any] = field(default_factory=dict)
+    update_norm: float = 1.0  # ||Delta_i||
 
 
 @dataclass
@@ -259,7 +260,9 @@ def fake_result(ids: np.ndarray, rng: np.random.Generator) -> Any:
     clients = {}
     for i in ids.tolist():
         flags[i] = {"flagged": bool(rng.random() < 0.3)}
-        clients[i] = _Stats(float(rng.uniform(0.1, 3.0)), flags=flags[i])
+        loss = float(rng.uniform(0.1, 3.0))
+        # the norm follows the loss: no further draw, so the flags stay as before
+        clients[i] = _Stats(loss, flags=flags[i], update_norm=loss / 2)
     weights = {i: 1 / len(ids) for i in ids.tolist()}
     return _Result(AggregateInfo(weights, 1.0, 0.0, flags), clients)
 
@@ -329,8 +332,15 @@ def _check_ids(sel: Selector, ids: np.ndarray, cand: np.ndarray) -> None:
     assert len(ids) <= k, f"at most clients_per_round ({k}) ids"
     assert set(ids.tolist()) <= set(cand.tolist()), "ids are among the candidates"
     assert (len(ids) > 0) == (len(cand) > 0), "none only when no device is online"
-    if sel.sampling_scheme != "proportional":  # with replacement: fewer distinct
+    if _exact_count(sel):
         assert len(ids) == min(k, len(cand)), "k ids when k devices are online"
+
+
+def _exact_count(sel: Selector) -> bool:
+    """Whether ``sel`` returns exactly min(k, #online) ids: not when it draws
+    with replacement (fewer distinct) or a random count (``fixed_count``)."""
+    fixed = getattr(type(sel), "fixed_count", True)
+    return sel.sampling_scheme != "proportional" and fixed
 
 
 def _check_deterministic(sel: Selector, deterministic: bool) -> None:

@@ -23,7 +23,7 @@ from fedsim.minibatches import batches, client_seed
 from fedsim.models import batch_loss, make_model
 from fedsim.params import bind_flat
 from fedsim.scenario import Scenario
-from fedsim.solvers import SGD, SolverState
+from fedsim.solvers import SGD, SolverState, step_factor
 
 _log = logging.getLogger(__name__)
 
@@ -142,13 +142,14 @@ class Worker:
         return os.getpid()
 
     def solver_for(self, round_: int) -> SGD:
-        """The local solver with round ``round_``'s learning rate:
-        lr lr_decay^round, never below ``lr_min`` (the same solver object
-        when the rate does not decay)."""
+        """The local solver with round ``round_``'s learning rate: the decay
+        ``lr_decay`` (floored at ``lr_min``) times the step schedule
+        ``lr_steps`` (x0.1 at each fraction of the rounds)."""
         spec = self.scenario.client
-        if spec.lr_decay == 1.0:
+        factor = step_factor(spec.lr_steps, round_, self.scenario.rounds)
+        if spec.lr_decay == 1.0 and factor == 1.0:
             return self.solver
-        lr = max(spec.lr * spec.lr_decay**round_, spec.lr_min)
+        lr = max(spec.lr * spec.lr_decay**round_, spec.lr_min) * factor
         return replace(self.solver, lr=lr)
 
     def client_info(self, i: int) -> ClientInfo:

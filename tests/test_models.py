@@ -23,6 +23,7 @@ CASES = [
     ("logreg", (60,), 10, 610),
     ("mlp", (1, 28, 28), 10, 199_210),  # 784-200-200-10 (FedDC's MNIST MLP)
     ("cnn", (1, 28, 28), 10, 1_663_370),  # FedAvg paper, section 3
+    ("cnn_m", (1, 28, 28), 10, 21_840),  # FedPNS CNN-M (tests/test_models_fedpns.py)
     ("cifar_cnn", (3, 32, 32), 10, 797_962),  # FedDC code (docs/algorithms.md 9.3)
     ("convnet", (3, 32, 32), 10, 320_010),  # FedDM (docs/algorithms.md 10.2)
     ("convnet", (1, 28, 28), 10, 317_706),

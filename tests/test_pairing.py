@@ -82,6 +82,9 @@ def test_each_selector_declares_how_it_samples():
         "power_of_choice": ("adaptive", False, True),
         "oort": ("adaptive", False, False),
         "fedpns": ("adaptive", False, False),
+        # a random count: no fixed-k formula fits (sampling: uniform refused)
+        "bernoulli": ("adaptive", False, False),
+        "bn2": ("adaptive", False, False),
     }
     ctx = SelectorContext.from_arrays([1, 3])  # p = (0.25, 0.75)
     # uniform: q/m = 1/2 each; weighted: q p_i = (0.5, 1.5) draws a round

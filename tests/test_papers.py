@@ -260,3 +260,47 @@ def test_paper_scenario_data_builds():
     sc = load_scenario(PAPERS / "feddc-synthetic-01.yaml")
     d = build_data(sc.data, sc.num_clients, sc.seed)
     assert d.num_clients == sc.num_clients == 20
+
+
+@pytest.mark.parametrize(
+    ("stem", "partition"),
+    [("feddc-fmnist-iid", "iid"), ("feddc-fmnist-d1", "dirichlet")],
+)
+def test_feddc_fmnist_settings(stem, partition):
+    # FedDC's real-data code settings (docs/algorithms.md 9.3) at 15% Bernoulli
+    sc = load_scenario(PAPERS / f"{stem}.yaml")
+    assert sc.data.dataset == "fashion_mnist" and sc.data.partition.kind == partition
+    assert partition == "iid" or sc.data.partition.alpha == 0.6
+    assert (sc.model.name, sc.model.hidden, sc.num_clients) == ("mlp", [200, 200], 100)
+    c = sc.client
+    assert (c.lr, c.lr_decay, c.batch_size, c.weight_decay, c.clip_norm) == (
+        0.1,
+        0.998,
+        50,
+        1e-3,
+        10.0,
+    )
+    assert (sc.round.epochs, sc.algorithm.alpha, sc.rounds) == (5, 0.1, 300)
+    assert (sc.selector.name, sc.selector.q, sc.selector.clients_per_round) == (
+        "bernoulli",
+        0.15,
+        100,
+    )
+
+
+def test_fednova_fmnist_proxy_settings():
+    sc = load_scenario(PAPERS / "fednova-fmnist-proxy.yaml")
+    p = sc.data.partition
+    assert (p.kind, p.alpha, p.variant, sc.num_clients) == (
+        "dirichlet",
+        0.1,
+        "fednova",
+        16,
+    )
+    assert (sc.round.epochs_low, sc.round.epochs_high) == (2, 5)
+    assert sc.client.lr_steps == [0.5, 0.75] and sc.selector.clients_per_round == 16
+    assert (sc.client.lr, sc.client.batch_size, sc.client.weight_decay) == (
+        0.05,
+        32,
+        1e-4,
+    )

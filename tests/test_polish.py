@@ -199,7 +199,7 @@ def test_validate_prints_only_the_fields_that_apply_fixed_epochs():
         "deadline_s": None,
         "over_select": 1.0,
     }
-    assert d["model"] == {"name": "logreg", "dtype": "float32"}
+    assert d["model"] == {"name": "logreg", "dtype": "float32", "zero_init": False}
     assert d["fleet"]["groups"][0]["availability"] == {"kind": "always"}
     assert d["fleet"]["groups"][0]["speed"] == {
         "dist": "lognormal",

@@ -18,7 +18,7 @@ uploading w_i (c_i^+ - c_i); c <- c + (1/m) sum_S Delta c_i. ``aggregation``:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal
 
 import fedsim.algorithms.base as base
 from fedsim.algorithms.control import control_aggregate, control_step
@@ -41,8 +41,22 @@ class FedDC(FedDyn):
     correction: bool = True  # False: exactly FedDyn
     aggregation: Literal["code", "paper"] = "code"
 
-    down_factor: ClassVar[int] = 2
-    up_factor: ClassVar[int] = 2
+    @property
+    def down_factor(self) -> int:  # type: ignore[override]
+        """x, and c with the correction (without it, FedDyn's x alone)."""
+        return 2 if self.correction else 1
+
+    @property
+    def up_factor(self) -> int:  # type: ignore[override]
+        """delta; dc with the correction; the drift h_i under ``paper``
+        aggregation (the server averages theta_i + h_i).
+
+        >>> FedDC(correction=False).up_factor, FedDC().up_factor
+        (1, 2)
+        >>> FedDC(aggregation="paper").up_factor
+        3
+        """
+        return 1 + int(self.correction) + int(self.aggregation == "paper")
 
     def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
         state = super().init(x0, num_clients)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fedsim.data.base import FederatedData
 from fedsim.data.errors import DataError, DataMissingError
 from fedsim.data.feddyn_synthetic import FedDynSyntheticData
+from fedsim.data.fedpns_synthetic import FedPNSSyntheticData
 from fedsim.data.images import (
     Cifar10Data,
     Cifar100Data,
@@ -36,4 +37,5 @@ REGISTRY = {
     "shakespeare": ShakespeareData,
     "tabular": TabularData,
     "feddyn_synthetic": FedDynSyntheticData,
+    "fedpns_synthetic": FedPNSSyntheticData,
 }

@@ -235,7 +235,6 @@ def dirichlet_feddc(
     order = rng.permutation(n)
     sizes = client_sizes(n, num_clients, size_sigma, rng)
     priors = rng.dirichlet(np.full(num_classes, float(alpha)), size=num_clients)
-
     # one shuffled pool per class, dealt from its end (pools[c][left[c]])
     shuffled = labels[order]
     pools = [order[shuffled == c] for c in range(num_classes)]

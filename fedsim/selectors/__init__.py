@@ -12,6 +12,8 @@ entry points (group ``fedsim.selectors``) and as an import path
 from __future__ import annotations
 
 from fedsim.selectors.base import Draw, Selector, SelectorContext
+from fedsim.selectors.bernoulli import Bernoulli
+from fedsim.selectors.bn2 import BN2
 from fedsim.selectors.fedpns import FedPNS
 from fedsim.selectors.oort import Oort
 from fedsim.selectors.power_of_choice import PowerOfChoice
@@ -20,6 +22,8 @@ from fedsim.selectors.weighted import Weighted
 
 __all__ = [
     "DEFAULT",
+    "BN2",
+    "Bernoulli",
     "Draw",
     "FedPNS",
     "Oort",
@@ -34,7 +38,8 @@ __all__ = [
 
 # keyed by each class's ``name`` default, so a name is written once
 REGISTRY: dict[str, type[Selector]] = {
-    str(cls.name): cls for cls in (Uniform, Weighted, FedPNS, PowerOfChoice, Oort)
+    str(cls.name): cls
+    for cls in (Uniform, Weighted, FedPNS, PowerOfChoice, Oort, Bernoulli, BN2)
 }
 
 # A scenario's selector when it has no ``selector`` section.

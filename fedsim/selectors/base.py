@@ -205,6 +205,9 @@ class Selector:
     data_share_in_sample: ClassVar[bool] = False
     # ``algorithm.sampling`` when the scenario names none; None: the algorithm's
     default_weighting: ClassVar[str | None] = None
+    # returns min(clients_per_round, #online) ids (False: a random count,
+    # at most clients_per_round, as the Bernoulli selector)
+    fixed_count: ClassVar[bool] = True
 
     @property
     def adaptive(self) -> bool:
