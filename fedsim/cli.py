@@ -340,9 +340,10 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
         again = f"fedsim run --resume {run_dir}"
         if not (run_dir / "LATEST").exists():
             again = "(no checkpoint yet: run it again)"
+        why = "" if result.message == "interrupted" else f"{result.message}; "
         _say(
             "[yellow]interrupted;[/]",
-            f"rows so far are kept in {run_dir}; continue with: {again}",
+            f"{why}rows so far are kept in {run_dir}; continue with: {again}",
         )
     summary = result.summary()
     if summary["degenerate"]:
