@@ -362,6 +362,14 @@ def read_state(path: Path) -> ServerSnapshot:
 
 
 def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> Split:
-    """(inputs, targets) as tensors; regression targets take the model's dtype."""
+    """(inputs, targets) as tensors of their own; regression targets take the
+    model's dtype.
+
+    Copied into torch's 64-byte aligned memory: BLAS kernels may sum in
+    another order on differently aligned inputs, and arrays from Ray's object
+    store (a server actor's) are aligned otherwise than the driver's, so the
+    copy makes evaluation the same floats in both homes.
+    """
     ty = _tensor(y)
-    return _tensor(x).to(dtype), ty if num_classes else ty.to(dtype)
+    tx = _tensor(x).to(dtype).clone()
+    return tx, ty.clone() if num_classes else ty.to(dtype).clone()
