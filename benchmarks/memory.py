@@ -10,6 +10,7 @@ shared pages counted once across the tree) every 0.2 s and prints the peak.
 
 - ``fedsim``: ``fedsim run benchmarks/cnn.yaml --workers 2`` (the server in the
   driver, two worker actors).
+  ``--server actor`` runs the server as a Ray actor instead.
 - ``plain``: the least a Ray program can do for the same work: two actors,
   each holding the model and the dataset from the object store, training the
   round's clients for the same steps from parameters the driver sends, the
@@ -124,6 +125,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tree", type=Path, default=ROOT, help="fedsim source tree")
     ap.add_argument("--skip-plain", action="store_true")
+    ap.add_argument(
+        "--server",
+        choices=["driver", "actor"],
+        default="driver",
+        help="resources.server.home (actor: cpus 0, it shares the 2 CPUs)",
+    )
     args = ap.parse_args()
     py = sys.executable
     out = Path("/tmp") / f"fedsim-memory-{os.getpid()}"
@@ -131,11 +138,14 @@ def main() -> None:
         py, "-m", "fedsim.cli", "run", str(CNN), "--workers", "2", "--quiet",
         "--no-report", "--set", f"rounds={args.rounds}", "--out", str(out),
     ]  # fmt: skip
+    if args.server == "actor":
+        fedsim += ["--set", "resources.server.home=actor"]
+        fedsim += ["--set", "resources.server.cpus=0"]
     plain = [py, "-c", PLAIN, str(CNN), str(args.rounds)]
     f_peak, f_wall = peak_of(fedsim, args.tree)
     print("| cnn, 2 Ray workers | peak PSS MB | wall s |")
     print("|---|---|---|")
-    print(f"| fedsim ({args.tree}) | {f_peak:,.0f} | {f_wall:.1f} |")
+    print(f"| fedsim, server {args.server} | {f_peak:,.0f} | {f_wall:.1f} |")
     if not args.skip_plain:
         p_peak, p_wall = peak_of(plain, ROOT)
         print(f"| plain Ray actors | {p_peak:,.0f} | {p_wall:.1f} |")

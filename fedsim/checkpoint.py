@@ -239,6 +239,7 @@ FINGERPRINT_EXCLUDES: tuple[str, ...] = (
     "checkpoint.every_rounds",
     "resources.workers",
     "resources.cpus_per_worker",
+    "resources.server",  # where the server runs: same results either way
     "resources.server_node",
     "resources.server_cpus",
     "resources.placement",

@@ -595,9 +595,11 @@ def _say_ending(result: Any, run_dir: Path) -> None:
         again = f"fedsim run --resume {run_dir}"
         if not (run_dir / "LATEST").exists():  # --out now holds summary.json
             again = "(no checkpoint yet: run it again, with --overwrite)"
+        # a signal says only "interrupted"; a lost server actor says why
+        why = "" if result.message == "interrupted" else f"{result.message}; "
         _say(
             "[yellow]interrupted;[/]",
-            f"rows so far are kept in {run_dir}; continue with: {again}",
+            f"{why}rows so far are kept in {run_dir}; continue with: {again}",
         )
 
 

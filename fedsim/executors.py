@@ -150,8 +150,19 @@ def _custom(resources: Mapping[str, float]) -> dict[str, float]:
     }
 
 
+def _server_bundle(res: Any) -> dict[str, float] | None:
+    """The server actor's bundle (its positive resources), or None when the
+    server runs in the driver or asks for nothing a bundle can hold."""
+    spec = res.server
+    if spec.home != "actor":
+        return None
+    asked = {"CPU": spec.cpus, "GPU": spec.gpus, **spec.resources}
+    return {k: float(v) for k, v in asked.items() if v > 0} or None
+
+
 def _placement_group(res: Any, n: int) -> Any:
-    """A placement group of ``n`` bundles for ``res.placement``, once placed.
+    """A placement group of ``n`` bundles for ``res.placement``, once placed,
+    plus a last one for the server actor when it asks for resources.
 
     Args:
         res: the scenario's ``resources`` section.
@@ -167,6 +178,9 @@ def _placement_group(res: Any, n: int) -> Any:
     if res.gpus_per_worker:
         bundle["GPU"] = res.gpus_per_worker
     bundles = [dict(bundle) for _ in range(n)]
+    server = _server_bundle(res)
+    if server is not None:
+        bundles.append(server)
     pg = ray.util.placement_group(bundles, res.placement.upper())
     try:
         ray.get(pg.ready(), timeout=res.placement_timeout_s)
@@ -175,7 +189,7 @@ def _placement_group(res: Any, n: int) -> Any:
         raise PlacementError(
             f"resources.placement {res.placement}: Ray could not place {n} "
             f"workers of {bundle} within resources.placement_timeout_s = "
-            f"{res.placement_timeout_s:g}s; the cluster has "
+            f"{res.placement_timeout_s:g}s (server bundle: {server}); the cluster has "
             f"{len([x for x in ray.nodes() if x['Alive']])} live nodes and "
             f"{ray.cluster_resources()} in all (strict_spread needs a node per "
             "worker, strict_pack one node with room for all)"
@@ -300,6 +314,21 @@ class RayExecutor(Executor):
         self._known: dict[str, dict[str, Any]] = {}
         self._locate()
         self._check_nodes()  # the nodes' resources, while they are alive
+
+    def server_strategy(self) -> Any:
+        """The server actor's scheduling strategy: the placement group's last
+        bundle when it has one for the server, else None (placed by its
+        resources alone)."""
+        if self._pg is None or len(self._pg.bundle_specs) == len(self.actors):
+            return None
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(self._pg, len(self.actors))
+
+    @property
+    def data_ref(self) -> Any:
+        """The dataset's reference in the object store (or its recipe's)."""
+        return self._data[0]
 
     def _strategy(self, i: int) -> Any:
         """Actor ``i``'s scheduling strategy: SPREAD, or bundle i of the

@@ -28,9 +28,10 @@ from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.data import FederatedData, build_data
 from fedsim.data.partition import partition_table, plot_partition
 from fedsim.data.validation import describe_validation
-from fedsim.executors import Executor, make_executor
+from fedsim.executors import Executor, RayExecutor, make_executor
 from fedsim.fleet import Fleet
 from fedsim.links import apply_links, summary_entry
+from fedsim.models import make_model
 from fedsim.params import l2_norm
 from fedsim.results import (
     Recorder,
@@ -42,6 +43,7 @@ from fedsim.results import (
 from fedsim.scenario import Scenario
 from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
 from fedsim.server import Applied, DivergenceError, Server, evaluates
+from fedsim.server_actor import RemoteServer, ServerLost
 from fedsim.workers import Payload, Task
 
 # Tags of the run's random streams, each (seed, tag, n): distinct tags keep
@@ -150,9 +152,14 @@ class RunResult:
     def _short_rounds(self) -> str | None:
         """Whether most synchronous rounds selected fewer than k devices."""
         # async has no rounds; a selector drawing with replacement returns
-        # fewer distinct ids than clients_per_round when it draws one twice
+        # fewer distinct ids than clients_per_round when it draws one twice,
+        # and one without a fixed count (independent participation) treats
+        # clients_per_round as a cap, not as the number it selects
         sel = self.scenario.selector
-        if self.scenario.round.policy == "async" or type(sel).with_replacement:
+        kind = type(sel)
+        if self.scenario.round.policy == "async" or kind.with_replacement:
+            return None
+        if not kind.fixed_count:
             return None
         k = sel.clients_per_round
         short = sum(int(r["n_selected"]) < k for r in self.rows)
@@ -229,11 +236,18 @@ class _Run:
         self.asynchronous = sc.round.policy == "async"
         self.fleet = Fleet.from_spec(sc.fleet, sc.seed)
         data = build_data(sc.data, sc.num_clients, sc.seed)
+        # fleet-data links permute the partitions over the devices (none: as is)
         self.data = apply_links(sc.links, self.fleet, data, sc.seed, sc.fleet)
-        torch.set_num_threads(max(1, int(sc.resources.cpus_per_worker)))
-        self.server = Server(sc, self.data)
+        self.threads = max(1, int(sc.resources.cpus_per_worker))
+        torch.set_num_threads(self.threads)
+        # Server in the driver, or a handle on the server actor (made by
+        # start(), placed with the workers); the loops call either alike.
+        self.server: Server | RemoteServer
+        self.on_actor = sc.resources.server.home == "actor"
+        if not self.on_actor:
+            self.server = Server(sc, self.data)
         self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)
-        d, elem = self.server.num_params, sc.model.elem_bytes
+        d, elem = self.num_params, sc.model.elem_bytes
         # The constants every plan, the timeline and the selectors charge
         # for, in one frozen value (docs/architecture.md, "Bytes").
         self.ctx = clock.RunContext(
@@ -258,6 +272,13 @@ class _Run:
         )
         self.every = sc.checkpoint.every_rounds if run_dir is not None else 0
 
+    @property
+    def num_params(self) -> int:
+        """d, the model's number of parameters (no server actor needed)."""
+        if not self.on_actor:
+            return self.server.num_params
+        return sum(p.numel() for p in make_model(self.sc, self.data).parameters())
+
     @classmethod
     def plan_only(cls, scenario: Scenario) -> _Run:
         """The run's parts without executor or results (no training)."""
@@ -272,21 +293,31 @@ class _Run:
                 table and figure are already there).
 
         Raises:
-            SetupError: the run directory cannot take the run.
+            SetupError: the run directory cannot take the run, or the
+                server actor is asked for without Ray workers.
         """
+        if self.on_actor and workers == 0:
+            raise SetupError(
+                "resources.server.home actor needs Ray: run with --workers >= 1 "
+                "(or home: driver)"
+            )
+        if self.on_actor:  # placed with the workers: the executor comes first
+            self.executor: Executor = make_executor(self.sc, self.data, workers)
+            self.server = _server_actor(self.sc, self.executor, self.threads)
         # x_0 is a pure function of (scenario, seed): a resume evaluates it again
         loss, acc = self.server.evaluate()
         self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
         if self.run_dir is not None:
             self._prepare(self.run_dir, resume)
-        self.executor: Executor = make_executor(self.sc, self.data, workers)
+        if not self.on_actor:
+            self.executor = make_executor(self.sc, self.data, workers)
         self.wall0 = time.perf_counter()  # rows' wall_time: training only
 
     def _prepare(self, run_dir: Path, resume: bool) -> None:
         """Room for two checkpoints; the partition's table and figure."""
         sc, alg = self.sc, self.sc.algorithm
         if self.every:
-            d, elem = self.server.num_params, sc.model.elem_bytes
+            d, elem = self.num_params, sc.model.elem_bytes
             need = checkpoint.checkpoint_bytes(d, elem, sc.num_clients, alg.stateful)
             try:
                 check_free_space(run_dir, need + 2**20, "checkpoints")
@@ -485,6 +516,64 @@ class _Run:
         """
         state = sel.observe(state, t, applied.result(trained), self.sel_ctx)
         return state, [{"round": t, **r} for r in sel.artifact(state, t)]
+
+
+def _server_actor(sc: Scenario, executor: Executor, threads: int) -> RemoteServer:
+    """The server actor, placed as ``resources.server`` says: in the workers'
+    placement group when they have one, sharing their copy of the data.
+
+    Args:
+        sc: the run's scenario.
+        executor: the run's Ray executor (its placement group and data).
+        threads: torch's threads in the actor, the driver's figure, so the
+            server's reductions (and floats) are the driver's.
+
+    Raises:
+        PlacementError: the actor cannot be placed in time.
+    """
+    ray_ex = cast(RayExecutor, executor)
+    return RemoteServer(sc, ray_ex.data_ref, ray_ex.server_strategy(), threads)
+
+
+def _server_report(run: _Run) -> dict[str, Any]:
+    """summary.json's ``server``: where the server ran (never fails).
+
+    Args:
+        run: the run; its server is in the driver or a :class:`RemoteServer`.
+
+    Returns:
+        ``home`` (``driver`` or ``actor``), ``device``, and with Ray the
+        node id and address (an actor adds its CPU, GPU and custom shares).
+    """
+    if isinstance(run.server, RemoteServer):
+        return run.server.report()
+    here: dict[str, Any] = {"home": "driver", "device": "cpu"}
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ctx = ray.get_runtime_context()
+            here |= {"node_id": ctx.get_node_id()}
+            here |= {"address": ray.util.get_node_ip_address()}
+    except Exception:  # noqa: BLE001 - a report must not fail the run
+        pass
+    return here
+
+
+def _close(run: _Run) -> dict[str, Any]:
+    """Flush the rows and release the actors (even when the disk is full);
+    return where the work and the server ran, for summary.json."""
+    placement: dict[str, Any] = {}
+    try:
+        run.recorder.flush()
+    finally:
+        try:
+            placement = {**run.executor.report(), "server": _server_report(run)}
+        finally:
+            run.executor.shutdown()
+            if isinstance(run.server, RemoteServer):
+                run.server.shutdown()
+    return placement
 
 
 def job_work(sc: Scenario, data: FederatedData) -> clock.JobWork | None:
@@ -858,28 +947,26 @@ def run_scenario(
     run.start(workers, resume)
     status: Literal["completed", "diverged", "stalled", "interrupted"] = "completed"
     message = ""
+    final: torch.Tensor | None = None  # the model, once every round is done
     try:
         if run.asynchronous:
             _Async(run, max_lookahead).loop(resume)
         else:
             _run_rounds(run, resume)
+        final = run.server.params().clone()  # before a server actor goes
     except DivergenceError as exc:
         status, message = "diverged", str(exc)
     except clock.Stalled as exc:
         status, message = "stalled", str(exc)
     except KeyboardInterrupt:
         status, message = "interrupted", "interrupted"
+    except ServerLost as exc:  # stop at the last checkpoint, like Ctrl-C
+        status, message = "interrupted", str(exc)
     finally:
-        try:
-            run.recorder.flush()
-        finally:  # the actors go even when the disk is full
-            try:
-                placement = run.executor.report()
-            finally:
-                run.executor.shutdown()
+        placement = _close(run)
     if status == "completed" and (why := first_divergence(run.recorder.rows)):
         status, message = "diverged", why  # a finite loss beyond the bound
-    final = run.server.params().clone() if status == "completed" else None
+        final = None
     return RunResult(
         scenario=scenario,
         rows=run.recorder.rows,

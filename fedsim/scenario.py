@@ -106,6 +106,32 @@ class CheckpointSpec(Spec):
     every_rounds: Annotated[int, Field(ge=0)] = 10
 
 
+class ServerHomeSpec(Spec):
+    """Where the server runs (docs/architecture.md, "Where the server runs").
+
+    ``driver`` (the default): in the driver process. ``actor``: a Ray actor
+    with ``cpus``, ``gpus`` and custom node ``resources`` of its own, placed
+    like the workers (in their placement group when there is one).
+    """
+
+    home: Literal["driver", "actor"] = "driver"
+    cpus: Annotated[float, Field(ge=0, le=1024)] = 1.0
+    gpus: Annotated[float, Field(ge=0, le=64)] = 0.0
+    resources: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _driver_takes_nothing(self) -> ServerHomeSpec:
+        # the driver is placed by whoever starts it, not by the scenario
+        asked = self.gpus or self.resources
+        if self.home == "driver" and asked:
+            raise ValueError(
+                "gpus and resources place a server actor: set home: actor, or "
+                "place the driver with ray job submit --entrypoint-resources "
+                "(cluster/README.md)"
+            )
+        return self
+
+
 class ResourceSpec(Spec):
     """Ray resources (docs/scenarios.md, "Top level")."""
 
@@ -113,6 +139,7 @@ class ResourceSpec(Spec):
     cpus_per_worker: Annotated[float, Field(gt=0, le=1024)] = 1.0
     gpus_per_worker: Annotated[float, Field(ge=0, le=64)] = 0.0
     vectorize: bool = False  # equal to sequential within float tolerance only
+    server: ServerHomeSpec = ServerHomeSpec()
     server_node: Literal["driver", "any"] = "driver"
     server_cpus: Annotated[float, Field(ge=0, le=1024)] = 0.0
     placement: Literal["spread", "pack", "strict_spread", "strict_pack"] = "spread"
@@ -120,17 +147,18 @@ class ResourceSpec(Spec):
     data: Literal["object_store", "per_node"] = "object_store"
 
     @model_validator(mode="after")
-    def _server_in_driver(self) -> ResourceSpec:
-        # refused rather than ignored: they used to place a server actor
+    def _old_server_fields(self) -> ResourceSpec:
+        # refused rather than mapped: the old fields meant another placement
         how = (
-            "the server runs in the driver process; place the driver instead: "
-            "ray job submit --entrypoint-resources '{\"node_a\": 1}' (a node's "
-            "custom resource) or --entrypoint-num-cpus N (cluster/README.md)"
+            "use resources.server instead: {home: driver} (the default) or "
+            "{home: actor, cpus: 1, gpus: 0, resources: {node_b: 0.01}}; the "
+            "driver itself is placed with ray job submit --entrypoint-resources "
+            "(cluster/README.md)"
         )
         if self.server_node != "driver":
-            raise ValueError(f"server_node {self.server_node!r}: {how}")
+            raise ValueError(f"server_node {self.server_node!r} is gone: {how}")
         if self.server_cpus:
-            raise ValueError(f"server_cpus {self.server_cpus:g}: {how}")
+            raise ValueError(f"server_cpus {self.server_cpus:g} is gone: {how}")
         return self
 
 

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -301,22 +301,75 @@ class Server:
 
     def save(self, path: Path) -> None:
         """Write the server state and per-client state into folder ``path``."""
-        path.mkdir(parents=True, exist_ok=True)
-        checkpoint.save_tensors(path / "server.pt", self.state)
-        checkpoint.save_arrays(path, self.store.export())
+        write_state(path, self.export_state())
 
     def load(self, path: Path) -> None:
         """Inverse of :meth:`save` (refusing another model's state)."""
-        state = checkpoint.load_tensors(path / "server.pt")
+        self.import_state(read_state(path), path)
+
+    def export_state(self) -> ServerSnapshot:
+        """What a checkpoint holds of the server: its state and the client
+        store's arrays (the store's own arrays: write them, do not keep them)."""
+        return ServerSnapshot(self.state, self.store.export())
+
+    def import_state(self, snap: ServerSnapshot, where: Path | str = "") -> None:
+        """Inverse of :meth:`export_state`.
+
+        Args:
+            snap: a snapshot of a server of this scenario.
+            where: the checkpoint it came from, for the error message.
+
+        Raises:
+            CheckpointError: the snapshot is another model's.
+        """
+        state = snap.state
         if set(state) != set(self.state) or state["x"].shape != self.state["x"].shape:
             raise checkpoint.CheckpointError(
-                f"{path}: server state does not match this scenario's model"
+                f"{where}: server state does not match this scenario's model"
             )
-        self.state = state
-        self.store.restore(checkpoint.load_arrays(path))
+        self.state = dict(state)
+        self.store.restore(snap.store)
+
+
+class ServerSnapshot(NamedTuple):
+    """A server's checkpointed part: its state and its client store's arrays."""
+
+    state: dict[str, torch.Tensor]
+    store: dict[str, Any]
+
+
+def write_state(path: Path, snap: ServerSnapshot) -> None:
+    """Write ``snap`` into checkpoint folder ``path`` (each file atomically).
+
+    Args:
+        path: the checkpoint folder (created if missing).
+        snap: what :meth:`Server.export_state` returned.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    checkpoint.save_tensors(path / "server.pt", snap.state)
+    checkpoint.save_arrays(path, snap.store)
+
+
+def read_state(path: Path) -> ServerSnapshot:
+    """The snapshot :func:`write_state` wrote into ``path``.
+
+    Args:
+        path: the checkpoint folder.
+    """
+    return ServerSnapshot(
+        checkpoint.load_tensors(path / "server.pt"), checkpoint.load_arrays(path)
+    )
 
 
 def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> Split:
-    """(inputs, targets) as tensors; regression targets take the model's dtype."""
+    """(inputs, targets) as tensors of their own; regression targets take the
+    model's dtype.
+
+    Copied into torch's 64-byte aligned memory: BLAS kernels may sum in
+    another order on differently aligned inputs, and arrays from Ray's object
+    store (a server actor's) are aligned otherwise than the driver's, so the
+    copy makes evaluation the same floats in both homes.
+    """
     ty = _tensor(y)
-    return _tensor(x).to(dtype), ty if num_classes else ty.to(dtype)
+    tx = _tensor(x).to(dtype).clone()
+    return tx, ty.clone() if num_classes else ty.to(dtype).clone()

@@ -539,7 +539,7 @@ def test_a_node_lost_in_an_async_run_changes_nothing(cluster: Cluster, tmp_path:
         ("resources.server_cpus=2", "server_cpus 2"),
     ],
 )
-def test_server_placement_fields_are_refused_with_the_way_to_place_the_driver(
+def test_old_server_placement_fields_are_refused_with_the_new_section(
     override: str, refused: str
 ):
     from fedsim.scenario import ScenarioError, load_scenario
@@ -548,7 +548,7 @@ def test_server_placement_fields_are_refused_with_the_way_to_place_the_driver(
         load_scenario(ROOT / "scenarios/quickstart.yaml", [override])
 
     assert refused in str(err.value)
-    assert "the server runs in the driver process" in str(err.value)
+    assert "use resources.server instead" in str(err.value)
     assert "--entrypoint-resources" in str(err.value)
 
 

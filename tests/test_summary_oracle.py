@@ -288,7 +288,9 @@ def test_summary_equals_the_oracle(run_dir):
     assert any(not finite(r["test_accuracy"]) for r in rounds), "want unevaluated"
     # every field, exactly (the same floats, read back from the same run)
     extra = {"wall_time_s", "fedsim_version", "initial", "participation_bias"}
+    extra |= {"server"}  # where the server ran: this process (no Ray here)
     assert set(summary) == set(expected) | extra
+    assert summary["server"]["home"] == "driver"
     l1 = participation_l1(run_dir, rounds, clients)
     assert summary["participation_bias"]["l1"] == pytest.approx(l1, abs=1e-12)
     for key, value in expected.items():

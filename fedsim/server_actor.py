@@ -1,0 +1,232 @@
+"""The server as a Ray actor (``resources.server.home: actor``).
+
+The actor runs the same :class:`fedsim.server.Server` code as the driver
+does; :class:`RemoteServer` is the driver's handle on it and offers the
+methods the runtime calls on a ``Server`` (``payload``, ``client_states``,
+``apply``, ``evaluate``, ``params``, ``save``, ``load``), so both loops are
+written once for both homes (docs/architecture.md, "Where the server runs").
+
+Guarantees: the same scenario and seed give bit-identical results in both
+homes (the actor uses the driver's thread count and the same code); the
+actor is never restarted, since a fresh one would have lost the state, so
+its loss raises :class:`ServerLost` and the run stops at its last
+checkpoint. Checkpoints are written by the driver from the snapshot the
+actor returns, so they land in the driver's run directory wherever the
+actor runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedsim.algorithms.base import ClientUpdate
+from fedsim.data import FederatedData
+from fedsim.executors import PlacementError
+from fedsim.scenario import Scenario
+from fedsim.server import Applied, Payload, Server, read_state, write_state
+
+
+class ServerLost(RuntimeError):
+    """The server actor died (its node was lost); the run cannot go on."""
+
+
+class ServerActor:
+    """The body of the Ray actor: a :class:`Server` and a few accessors.
+
+    Args:
+        scenario: the run's scenario.
+        data: the federated dataset (Ray resolves the driver's reference).
+        threads: torch's intra-op threads, the driver's figure (the same
+            reductions, so the same floats).
+    """
+
+    def __init__(self, scenario: Scenario, data: FederatedData, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.server = Server(scenario, data)
+
+    def num_params(self) -> int:
+        """d, the model's number of parameters."""
+        return self.server.num_params
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``Server.<method>(*args, **kwargs)``: one entry for every method."""
+        return getattr(self.server, method)(*args, **kwargs)
+
+    def apply_refs(self, refs: Sequence[Any], **kwargs: Any) -> Applied:
+        """:meth:`Server.apply` on updates given as object references.
+
+        Args:
+            refs: each a reference to one worker call's list of updates (the
+                updates go worker -> object store -> here, not via the
+                driver), or a plain list of updates.
+            kwargs: :meth:`Server.apply`'s keyword arguments.
+        """
+        import ray
+
+        ups: list[ClientUpdate] = []
+        for r in refs:
+            ups.extend(ray.get(r) if isinstance(r, ray.ObjectRef) else r)
+        return self.server.apply(ups, **kwargs)
+
+    def where(self) -> dict[str, Any]:
+        """This actor's node, address, CPU/GPU share and device."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        res = ctx.get_assigned_resources()
+        return {
+            "node_id": ctx.get_node_id(),
+            "address": ray.util.get_node_ip_address(),
+            "cpus": res.get("CPU", 0.0),
+            "gpus": res.get("GPU", 0.0),
+            "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+            "resources": {
+                k: v for k, v in res.items() if k not in ("CPU", "GPU", "memory")
+            },
+            # the server's model stays on the CPU in both homes (bit-identical)
+            "device": self.server.params().device.type,
+        }
+
+
+class RemoteServer:
+    """The driver's handle on a :class:`ServerActor`: a ``Server``'s methods.
+
+    Args:
+        scenario: the run's scenario (``resources.server`` places the actor).
+        data: the dataset, or a reference to it already in the object store.
+        strategy: the scheduling strategy (a placement group bundle) or None
+            to place the actor by its resources alone.
+        threads: torch's intra-op threads in the actor.
+
+    Raises:
+        PlacementError: Ray could not place the actor within
+            ``resources.placement_timeout_s``.
+    """
+
+    def __init__(
+        self, scenario: Scenario, data: Any, strategy: Any, threads: int
+    ) -> None:
+        import ray
+
+        spec = scenario.resources.server
+        opts: dict[str, Any] = {
+            "num_cpus": spec.cpus,
+            "num_gpus": spec.gpus,
+            "resources": dict(spec.resources),
+            "max_restarts": 0,  # a new actor would have lost the state
+        }
+        if strategy is not None:
+            opts["scheduling_strategy"] = strategy
+        ref = data if isinstance(data, ray.ObjectRef) else ray.put(data)
+        remote: Any = ray.remote(ServerActor)  # Ray's stubs type it as the class
+        self.actor: Any = remote.options(**opts).remote(scenario, ref, threads)
+        res = scenario.resources
+        try:  # the first call waits for the placement, as long as the workers'
+            d: Any = ray.get(
+                self.actor.num_params.remote(), timeout=res.placement_timeout_s
+            )
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(self.actor)
+            raise PlacementError(
+                f"resources.server {spec.model_dump()}: Ray could not place the "
+                f"server actor within resources.placement_timeout_s = "
+                f"{res.placement_timeout_s:g}s; the cluster has "
+                f"{ray.cluster_resources()} in all, the workers included "
+                "(ask for fewer server CPUs, or cpus: 0 to share a worker's)"
+            ) from None
+        self.num_params = int(d)
+        self.algorithm = scenario.algorithm
+        self._where: dict[str, Any] = {}
+
+    def _get(self, ref: Any) -> Any:
+        """``ray.get(ref)``; the actor's own errors as themselves.
+
+        Raises:
+            ServerLost: the actor (or its node) is gone.
+        """
+        import ray
+
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise ServerLost(
+                f"the server actor died ({type(exc).__name__}); its node may "
+                "have been lost"
+            ) from None
+        except ray.exceptions.RayTaskError as exc:
+            raise exc.cause from None  # e.g. DivergenceError, CheckpointError
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``Server.<method>`` on the actor, waited for."""
+        return self._get(self.actor.call.remote(method, *args, **kwargs))
+
+    def evaluate(self) -> tuple[float, float]:
+        """:meth:`Server.evaluate` on the actor."""
+        return self._call("evaluate")
+
+    def payload(self) -> Payload:
+        """:meth:`Server.payload` on the actor (a copy, as there)."""
+        return self._call("payload")
+
+    def params(self) -> torch.Tensor:
+        """:meth:`Server.params` on the actor (a copy)."""
+        return self._call("params")
+
+    def client_states(self, clients: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """:meth:`Server.client_states` on the actor."""
+        return self._call("client_states", list(clients))
+
+    def apply(
+        self,
+        updates: Sequence[Any],
+        *,
+        staleness: Sequence[int] | None = None,
+        starts: Sequence[torch.Tensor] | None = None,
+        multiplicity: Mapping[int, int] | None = None,
+        where: str = "",
+    ) -> Applied:
+        """:meth:`Server.apply` on the actor.
+
+        Args:
+            updates: the updates, or references to lists of them (they then
+                reach the actor without passing through the driver).
+            staleness: as :meth:`Server.apply`.
+            starts: as :meth:`Server.apply`.
+            multiplicity: as :meth:`Server.apply`.
+            where: as :meth:`Server.apply`.
+        """
+        import ray
+
+        refs = [u if isinstance(u, ray.ObjectRef) else [u] for u in updates]
+        kw = {"staleness": staleness, "starts": starts, "multiplicity": multiplicity}
+        return self._get(self.actor.apply_refs.remote(refs, where=where, **kw))
+
+    def save(self, path: Path) -> None:
+        """Write the actor's snapshot into ``path`` from this process, so the
+        checkpoint lands in the driver's run directory."""
+        write_state(path, self._call("export_state"))
+
+    def load(self, path: Path) -> None:
+        """Send the checkpoint in ``path`` to the actor."""
+        self._call("import_state", read_state(path), str(path))
+
+    def report(self) -> dict[str, Any]:
+        """summary.json's ``server``: where the actor runs (its last known
+        place once it is gone)."""
+        import contextlib
+
+        with contextlib.suppress(Exception):  # a report must not fail the run
+            self._where = self._get(self.actor.where.remote())
+        return {"home": "actor", **self._where}
+
+    def shutdown(self) -> None:
+        """Kill the actor (idempotent)."""
+        import ray
+
+        if self.actor is not None:
+            ray.kill(self.actor)
+            self.actor = None

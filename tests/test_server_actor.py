@@ -1,0 +1,276 @@
+"""The server in its two homes (``resources.server.home``, issue 28): in the
+driver or as a Ray actor, with bit-identical results, checkpoints in the run
+directory, a lost actor stopping the run at its last checkpoint, and
+summary.json saying where the server ran.
+
+The ``cluster`` tests use the session fixture of the test-infrastructure
+branch (tests/conftest.py ``cluster``: a head without CPUs running the job
+drivers, nodes ``a`` (2 CPUs, 2 fake GPUs), ``b`` and ``c``, each naming
+itself with a custom resource ``node_a``...), and submit jobs through
+cluster/submit.sh as tests/test_multinode.py does.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "scenarios" / "ci" / "tiny-synthetic.yaml"
+# cpus 0: the embedded Ray of the tests has 2 CPUs, both the workers'
+ACTOR = ["resources.server.home=actor", "resources.server.cpus=0"]
+
+
+def _load(*overrides: str) -> Any:
+    from fedsim.scenario import load_scenario
+
+    return load_scenario(TINY, ["rounds=3", *overrides])
+
+
+def _same(a: Any, b: Any) -> None:
+    """Two runs' rows, client rows and final models are bit-identical."""
+    drop = {"wall_time"}
+    assert [{k: v for k, v in r.items() if k not in drop} for r in a.rows] == [
+        {k: v for k, v in r.items() if k not in drop} for r in b.rows
+    ]
+    assert a.clients == b.clients
+    assert torch.equal(a.final_params, b.final_params)
+
+
+# ------------------------------------------------------------ no Ray needed
+
+
+def test_old_server_fields_are_refused_and_name_the_new_section():
+    from fedsim.scenario import ScenarioError
+
+    for old in ("resources.server_node=any", "resources.server_cpus=1"):
+        with pytest.raises(ScenarioError, match="use resources.server instead"):
+            _load(old)
+
+
+def test_a_driver_home_takes_no_gpus_or_node_resources():
+    from fedsim.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match="set home: actor"):
+        _load("resources.server={home: driver, gpus: 1}")
+    sc = _load("resources.server={home: actor, cpus: 1, resources: {node_b: 0.01}}")
+    assert sc.resources.server.resources == {"node_b": 0.01}
+
+
+def test_the_server_actor_needs_ray_workers():
+    from fedsim.runtime import SetupError, run_scenario
+
+    with pytest.raises(SetupError, match="--workers >= 1"):
+        run_scenario(_load(*ACTOR), workers=0)
+
+
+def test_the_home_is_not_part_of_the_checkpoint_fingerprint():
+    from fedsim.checkpoint import fingerprint
+
+    assert fingerprint(_load()) == fingerprint(_load(*ACTOR))
+
+
+# ----------------------------------------------------- one machine, embedded Ray
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    "algorithm", ["{name: fedavg}", "{name: scaffold}"], ids=["fedavg", "stateful"]
+)
+def test_driver_and_actor_homes_give_identical_results(ray_session, algorithm):
+    from fedsim.runtime import run_scenario
+
+    alg = f"algorithm={algorithm}"
+    driver = run_scenario(_load(alg), workers=2)
+    actor = run_scenario(_load(alg, *ACTOR), workers=2)
+    _same(driver, actor)
+    assert driver.placement["server"]["home"] == "driver"
+    where = actor.placement["server"]
+    assert where["home"] == "actor" and where["device"] == "cpu"
+    assert where["node_id"] and where["address"] == "127.0.0.1"
+
+
+@pytest.mark.ray
+def test_asynchronous_runs_are_identical_in_both_homes(ray_session):
+    from fedsim.runtime import run_scenario
+
+    asyn = ["round={policy: async, job_steps: max_steps, max_steps: 5, concurrency: 3}"]
+    asyn += ["algorithm={name: fedbuff, buffer_size: 2}", "rounds=4"]
+    _same(
+        run_scenario(_load(*asyn), workers=2),
+        run_scenario(_load(*asyn, *ACTOR), workers=2),
+    )
+
+
+@pytest.mark.ray
+def test_the_server_actor_takes_the_last_bundle_of_the_placement_group(ray_session):
+    from fedsim.runtime import run_scenario
+
+    # 2 workers of half a CPU and the server's whole one: the 2 CPUs, packed
+    pack = ["resources.placement=pack", "resources.cpus_per_worker=0.5"]
+    res = run_scenario(_load(*pack, "resources.server.home=actor"), workers=2)
+    assert res.status == "completed"
+    assert res.placement["server"]["cpus"] == 1.0
+    _same(run_scenario(_load(*pack), workers=2), res)
+
+
+@pytest.mark.ray
+def test_checkpoints_land_in_the_run_dir_and_resume_identically(
+    ray_session, tmp_path: Path, monkeypatch
+):
+    import ray
+
+    from fedsim import server_actor
+    from fedsim.runtime import run_scenario
+
+    every = [*ACTOR, "checkpoint.every_rounds=1", "rounds=4"]
+    for name in ("whole", "cut"):
+        (tmp_path / name).mkdir()
+    whole = run_scenario(_load(*every), workers=2, run_dir=tmp_path / "whole")
+
+    # The server actor dies after round 1 (as when its node is lost).
+    made: list[Any] = []
+    init = server_actor.RemoteServer.__init__
+
+    def keep(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(server_actor.RemoteServer, "__init__", keep)
+
+    def kill_after_round_1(row, clients):
+        if row["round"] == 1:
+            ray.kill(made[-1].actor, no_restart=True)
+
+    run = tmp_path / "cut"
+    cut = run_scenario(
+        _load(*every), workers=2, run_dir=run, on_round=kill_after_round_1
+    )
+    assert cut.status == "interrupted"
+    assert "server actor died" in cut.message
+    assert (run / "LATEST").exists()  # written by the driver from the actor
+    again = run_scenario(_load(*every), workers=2, run_dir=run, resume=True)
+    assert again.status == "completed"
+    _same(whole, again)
+
+
+@pytest.mark.ray
+def test_the_command_line_prints_the_resume_command_when_the_server_is_lost(
+    ray_session, tmp_path: Path, monkeypatch
+):
+    from typer.testing import CliRunner
+
+    from fedsim import runtime
+    from fedsim.cli import app
+    from fedsim.server_actor import ServerLost
+
+    def lost(run, resume):  # the server's node went away mid-run
+        raise ServerLost("the server actor died (ActorDiedError)")
+
+    monkeypatch.setattr(runtime, "_run_rounds", lost)
+    out = tmp_path / "run"
+    args = ["run", str(TINY), "--workers", "2", "--out", str(out), "--quiet"]
+    for o in ACTOR:
+        args += ["--set", o]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 130, result.output
+    assert "server actor died" in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["server"]["home"] == "actor"
+
+
+# ------------------------------------------------- the multi-node test cluster
+
+SUBMIT = ROOT / "cluster" / "submit.sh"
+# tiny-synthetic is generated from the seed: no data files on any node
+TINY_ARGS = ["scenarios/ci/tiny-synthetic.yaml", "--set", "rounds=3"]
+TINY_ARGS += ["--workers", "2", "--no-report"]
+# FedPNS scores model choices on the server (server-side compute), on the
+# MNIST test set the head alone has; it reaches the actor via the object store.
+PNS_ARGS = [
+    "scenarios/papers/fedpns-mnist-like.yaml",
+    *("--set", "data.files=test", "--set", "data.test_fraction=0.3"),
+    *("--set", "data.partition.samples_per_client=140", "--set", "rounds=2"),
+    *("--workers", "2", "--no-report"),
+]
+
+
+def _submit(cluster: Any, out: Path, *args: str) -> dict:
+    """cluster/submit.sh ARGS --out OUT with the cluster's token; the job
+    must succeed. Returns the run's summary.json."""
+    from .cluster_utils import RAY
+
+    job_id = f"fedsim-server-{secrets.token_hex(4)}"
+    r = subprocess.run(
+        [str(SUBMIT), *args, "--out", str(out), "--quiet"],
+        cwd=ROOT,
+        env={
+            **cluster.env,
+            "RAY": str(RAY),
+            "RAY_ADDRESS": cluster.dashboard,
+            "RAY_JOB_OPTS": f"--submission-id {job_id}",
+            "FEDSIM_CHECK_HEAD": "0",
+        },
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert r.returncode == 0, f"{job_id}: {r.stderr[-3000:]}\n{cluster.log_tail(20)}"
+    return json.loads((out / "summary.json").read_text())
+
+
+def _digest(run: Path) -> dict[str, list]:
+    import pyarrow.parquet as pq
+
+    out = {}
+    for name in ("rounds", "clients"):
+        table = pq.read_table(run / f"{name}.parquet").to_pydict()
+        out |= {f"{name}.{k}": v for k, v in table.items() if k != "wall_time"}
+    return out
+
+
+def _node(cluster: Any, resource: str) -> str:
+    """The node id of the node that declares ``resource``."""
+    (nid,) = [
+        n["node_id"] for n in cluster.alive_nodes() if resource in n["resources_total"]
+    ]
+    return nid
+
+
+@pytest.mark.ray
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_server_on_another_node_gives_the_drivers_results(cluster, tmp_path):
+    pin = "resources.server={home: actor, cpus: 0, resources: {node_b: 0.01}}"
+    driver = _submit(cluster, tmp_path / "driver", *TINY_ARGS)
+    actor = _submit(cluster, tmp_path / "actor", *TINY_ARGS, "--set", pin)
+    assert _digest(tmp_path / "driver") == _digest(tmp_path / "actor")
+    assert driver["server"]["home"] == "driver"
+    assert actor["server"]["home"] == "actor"
+    # the driver runs on the head; the server on node b
+    assert actor["server"]["node_id"] == _node(cluster, "node_b")
+    assert actor["server"]["node_id"] != driver["server"]["node_id"]
+    assert actor["server"]["resources"].get("node_b") == pytest.approx(0.01)
+
+
+@pytest.mark.ray
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_server_with_server_side_compute_on_a_gpu_node(cluster, tmp_path):
+    on_gpu = (
+        "resources.server={home: actor, cpus: 0, gpus: 1, resources: {node_a: 0.01}}"
+    )
+    s = _submit(cluster, tmp_path / "pns", *PNS_ARGS, "--set", on_gpu)
+    assert s["status"] == "completed"
+    where = s["server"]
+    assert where["home"] == "actor" and where["gpus"] == 1.0
+    assert len(where["gpu_ids"]) == 1
+    assert where["node_id"] == _node(cluster, "node_a")
+    # fake GPUs: the server's model stays on the CPU, and says so
+    assert where["device"] == "cpu"
