@@ -4,6 +4,14 @@ Each raises :class:`fedsim.scenario.ScenarioError` in one line naming the file
 (or option) and the field (docs/scenarios.md, "Checks before a run"). No torch
 or Ray here (``fedsim validate`` stays fast): parameters are counted by formula.
 
+Why before: a model that cannot read the samples, a float float32 rounds to
+infinity, availability sessions that would take millions of steps or a run that
+cannot fit in memory would otherwise fail minutes into building data or
+training, with a traceback instead of the field to change. What the checks
+know of the data comes from the dataset itself (:func:`data_info`), of the
+model from :mod:`fedsim.model_size` or the plug-in, of the algorithm's memory
+from ``Algorithm.memory``; nothing here is specific to one dataset.
+
 Example:
     >>> from fedsim.scenario import load_scenario
     >>> sc = load_scenario("scenarios/quickstart.yaml")
@@ -44,6 +52,7 @@ FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 
 
 def _error(message: str) -> ScenarioError:
+    """The error every check raises (the CLI prints it as one line)."""
     # imported here: fedsim.scenario pulls in every plug-in (and torch)
     from fedsim.scenario import ScenarioError
 
@@ -73,7 +82,17 @@ def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
 
 
 def check_model_data(scenario: Scenario, source: str = "<scenario>") -> None:
-    """Refuse a model that cannot read the dataset's samples."""
+    """Refuse a model that cannot read the dataset's samples.
+
+    Args:
+        scenario: The loaded scenario.
+        source: Its file (or option), named in the message.
+
+    Raises:
+        ScenarioError: an LSTM on non-sequences, an image network on sequences
+            or on vectors that are no square image, or on images smaller than
+            its convolutions and poolings shrink to nothing.
+    """
     if not isinstance(scenario.model, ModelSpec):
         return  # a plug-in model: building it tells (its build sees the shape)
     model = scenario.model.name
@@ -167,7 +186,13 @@ _WORKER_COPIES = 4
 
 
 def estimate_memory(scenario: Scenario, workers: int | None = None) -> MemoryEstimate:
-    """What the run needs at least (activations and Ray left out)."""
+    """What the run needs at least (activations and Ray left out): a lower
+    estimate, so that the memory check errs towards letting a run start.
+
+    Args:
+        scenario: The loaded scenario.
+        workers: The worker processes, each holding its own model copies.
+    """
     info = data_info(scenario)
     params = count_params(scenario, info) or 0
     elem = scenario.model.elem_bytes
@@ -352,6 +377,8 @@ _GCS_PORT = 6379
 
 
 def _split_host_port(text: str, default_port: int, what: str) -> tuple[str, int]:
+    """(host, port) of ``host[:port]`` or ``[ipv6][:port]``; ``what`` names the
+    option in the error."""
     text = text.strip().rstrip("/")
     if text.startswith("["):  # [::1]:6379
         host, _, rest = text[1:].partition("]")
@@ -368,7 +395,16 @@ def _split_host_port(text: str, default_port: int, what: str) -> tuple[str, int]
 
 
 def resolve_address(address: str, what: str = "--address") -> str:
-    """``auto``: ``$RAY_ADDRESS``, else the one ``ray start`` wrote."""
+    """The Ray address to connect to: ``address`` itself, or for ``auto``
+    ``$RAY_ADDRESS``, else the one ``ray start`` wrote.
+
+    Args:
+        address: The option's value.
+        what: The option, named in the error.
+
+    Raises:
+        ScenarioError: ``auto`` and no running cluster is found.
+    """
     if address.strip() != "auto":
         return address.strip()
     env = os.environ.get("RAY_ADDRESS", "").strip()
