@@ -81,6 +81,8 @@ __all__ = [
     "parse_scenario",
 ]
 
+# Limits on what is read, far above any real scenario: a file past them is a
+# mistake or an attack, refused before it can exhaust memory or the stack.
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 64
 MAX_VALUES = 1_000_000  # YAML aliases can expand a short file to billions
@@ -88,7 +90,11 @@ MAX_INT_BITS = 64  # no setting needs more (4300 digits cannot even be printed)
 
 
 class ScenarioError(ValueError):
-    """An invalid scenario: the message is meant for the user, as is."""
+    """An invalid scenario: the message is meant for the user, as is.
+
+    It names the file (or ``--set`` option) and the field, and says what was
+    expected; the CLI prints it without a traceback and exits with status 2.
+    """
 
 
 if TYPE_CHECKING:  # a dataset's fields differ; a plug-in section is its base class
@@ -409,6 +415,8 @@ class _Loader(_BaseLoader):  # type: ignore[misc,valid-type]
     """The safe loader reading plain scalars as YAML 1.2 (docs/scenarios.md)."""
 
 
+# PyYAML resolves plain scalars by YAML 1.1 (``yes`` a bool, ``010`` octal);
+# its bool, int and float resolvers are dropped and YAML 1.2's put in their place
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in entries if tag not in (_BOOL, _INT, _FLOAT)]
     for first, entries in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
