@@ -17,22 +17,71 @@ asks the solver and the algorithm through their public interface:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from fedsim.algorithms.base import ClientState, ClientUpdate, StackedHook
+from fedsim.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientInfo,
+    ClientState,
+    ClientUpdate,
+    StackedHook,
+)
 from fedsim.minibatches import client_seed, first_batches
 from fedsim.models import QuadraticModel
+from fedsim.scenario import Scenario
 from fedsim.solvers import SGD, SolverState
-
-if TYPE_CHECKING:
-    from fedsim.workers import Payload, Task, Worker
+from fedsim.tasks import Payload, Task
 
 States = Mapping[int, ClientState]
+
+
+class Worker(Protocol):
+    """What batched training reads of its :class:`fedsim.workers.Worker`:
+    described here, not imported, since that module imports this one."""
+
+    @property
+    def scenario(self) -> Scenario: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def algorithm(self) -> Algorithm: ...
+    @property
+    def solver(self) -> SGD: ...
+    @property
+    def model(self) -> nn.Module: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def theta(self) -> Tensor: ...
+    @property
+    def x(self) -> Tensor: ...
+    @property
+    def y(self) -> Tensor: ...
+    @property
+    def offsets(self) -> list[int]: ...
+    def solver_for(self, round_: int) -> SGD: ...
+    def client_info(self, i: int) -> ClientInfo: ...
+    def client_update(
+        self,
+        task: Task,
+        client: ClientContext,
+        delta: Tensor,
+        done: SolverState,
+        loss_sum: float,
+    ) -> ClientUpdate: ...
+    def train_sequential(
+        self, payload: Payload, tasks: Sequence[Task], states: States
+    ) -> list[ClientUpdate]: ...
+
+
 # (theta [n, d], x, y, w, count) -> (gradients [n, d], losses [n])
 GradFn = Callable[..., tuple[Tensor, Tensor]]
 

@@ -4,6 +4,14 @@ Each raises :class:`fedsim.scenario.ScenarioError` in one line naming the file
 (or option) and the field (docs/scenarios.md, "Checks before a run"). No torch
 or Ray here (``fedsim validate`` stays fast): parameters are counted by formula.
 
+Why before: a model that cannot read the samples, a float float32 rounds to
+infinity, availability sessions that would take millions of steps or a run that
+cannot fit in memory would otherwise fail minutes into building data or
+training, with a traceback instead of the field to change. What the checks
+know of the data comes from the dataset itself (:func:`data_info`), of the
+model from :mod:`fedsim.model_size` or the plug-in, of the algorithm's memory
+from ``Algorithm.memory``; nothing here is specific to one dataset.
+
 Example:
     >>> from fedsim.scenario import load_scenario
     >>> sc = load_scenario("scenarios/quickstart.yaml")
@@ -18,7 +26,6 @@ import dataclasses
 import math
 import os
 import socket
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,119 +50,24 @@ __all__ = [
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 
-# (train, test) sample counts of the image datasets' official files.
-_IMAGE_COUNTS = {
-    "mnist": (60_000, 10_000),
-    "fashion_mnist": (60_000, 10_000),
-    "cifar10": (50_000, 10_000),
-    "cifar100": (50_000, 10_000),
-}
-_EMNIST_COUNTS = {
-    "byclass": (697_932, 116_323),
-    "bymerge": (697_932, 116_323),
-    "balanced": (112_800, 18_800),
-    "letters": (124_800, 20_800),
-    "digits": (240_000, 40_000),
-    "mnist": (60_000, 10_000),
-}
-
 
 def _error(message: str) -> ScenarioError:
+    """The error every check raises (the CLI prints it as one line)."""
     # imported here: fedsim.scenario pulls in every plug-in (and torch)
     from fedsim.scenario import ScenarioError
 
     return ScenarioError(message)
 
 
-def _tabular_features(spec: Any) -> int | None:
-    """Feature columns of a tabular file, from its header or schema."""
-    if spec.features is not None:
-        return len(spec.features)
-    try:
-        path = spec.locate()
-        parquet_suffix = path.suffix.lower() in (".parquet", ".pq")
-        if spec.format == "parquet" or (spec.format == "auto" and parquet_suffix):
-            import pyarrow.parquet as pq
-
-            n = len(pq.read_schema(path).names)
-        else:
-            with path.open("rb") as f:
-                first = f.readline(1 << 20)
-            n = first.count(spec.delimiter.encode()) + 1
-    except Exception:  # noqa: BLE001 - building the data reports it properly
-        return None
-    return max(0, n - 1 - (spec.client_column is not None))
-
-
-def _file_size(spec: Any) -> int | None:
-    try:
-        return spec.locate().stat().st_size
-    except Exception:  # noqa: BLE001 - missing data is reported when it is built
-        return None
-
-
 def data_info(scenario: Scenario) -> DataInfo:
-    """The dataset's sample kind, shape, classes and size, from its spec alone:
-    what the dataset states (``DatasetSpec.info``), else the built-in table."""
-    d = scenario.data
-    if (stated := d.info(scenario.num_clients)) is not None:
-        return stated  # a dataset that states its own shapes (plug-ins)
-    how = _BUILTIN_INFO.get(d.dataset)
-    return how(d, scenario.num_clients) if how else DataInfo("vector", None, None, None)
+    """The dataset's sample kind, shape, classes and size, from its spec alone.
 
-
-def _synthetic_info(d: Any, num_clients: int) -> DataInfo:
-    clients = d.clients or num_clients
-    # E[lognormal] + min_samples, capped as the generator caps each client
-    mean = math.exp(d.size_mean + d.size_sigma**2 / 2) + d.min_samples
-    total = int(clients * min(mean, d.max_samples))
-    return DataInfo("vector", (d.features,), d.classes, total)
-
-
-def _feddyn_info(d: Any, num_clients: int) -> DataInfo:
-    return DataInfo("vector", (d.dim,), d.classes, 2 * d.clients * d.samples)
-
-
-def _quadratic_info(d: Any, num_clients: int) -> DataInfo:
-    first = d.centers[0]
-    dim = len(first) if isinstance(first, list) else 1
-    return DataInfo("vector", (dim,), 0, len(d.centers))
-
-
-def _image_info(d: Any, num_clients: int) -> DataInfo:
-    """The official files' sample counts, less what the spec leaves out."""
-    train, test = _IMAGE_COUNTS.get(d.dataset) or _EMNIST_COUNTS[d.subset]
-    train = 0 if d.files == "test" else min(train, d.train_samples or train)
-    test = min(test, d.test_samples or test)
-    shape = (3, 32, 32) if d.dataset.startswith("cifar") else (1, 28, 28)
-    classes = len(d.classes) if d.classes is not None else d._classes_total()
-    return DataInfo("image", shape, classes, train + test)
-
-
-def _shakespeare_info(d: Any, num_clients: int) -> DataInfo:
-    size = _file_size(d)
-    samples = None if size is None else size // d.stride
-    classes = 80 if d.vocab == "leaf" else None
-    return DataInfo("sequence", (d.seq_len,), classes, samples)
-
-
-def _tabular_info(d: Any, num_clients: int) -> DataInfo:
-    n = _tabular_features(d)
-    size = _file_size(d)
-    # a CSV value takes a few text bytes and 4 to 8 bytes once parsed
-    samples = max(1, size // (2 * (n + 1))) if size is not None and n else None
-    return DataInfo("vector", None if n is None else (n,), None, samples)
-
-
-# What the built-in datasets' specs say, by ``data.dataset``.
-_BUILTIN_INFO: dict[str, Callable[[Any, int], DataInfo]] = {
-    "synthetic": _synthetic_info,
-    "feddyn_synthetic": _feddyn_info,
-    "quadratic": _quadratic_info,
-    **dict.fromkeys([*_IMAGE_COUNTS, "emnist"], _image_info),
-    "shakespeare": _shakespeare_info,
-    "tabular": _tabular_info,
-}
+    Each dataset states its own (``DatasetSpec.info``; no tensor built, at most a
+    file header read); one that cannot tell yields a vector of unknown shape, for
+    which the checks that need a shape are skipped.
+    """
+    stated = scenario.data.info(scenario.num_clients)
+    return stated if stated is not None else DataInfo("vector", None, None, None)
 
 
 def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
@@ -170,7 +82,17 @@ def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
 
 
 def check_model_data(scenario: Scenario, source: str = "<scenario>") -> None:
-    """Refuse a model that cannot read the dataset's samples."""
+    """Refuse a model that cannot read the dataset's samples.
+
+    Args:
+        scenario: The loaded scenario.
+        source: Its file (or option), named in the message.
+
+    Raises:
+        ScenarioError: an LSTM on non-sequences, an image network on sequences
+            or on vectors that are no square image, or on images smaller than
+            its convolutions and poolings shrink to nothing.
+    """
     if not isinstance(scenario.model, ModelSpec):
         return  # a plug-in model: building it tells (its build sees the shape)
     model = scenario.model.name
@@ -264,7 +186,13 @@ _WORKER_COPIES = 4
 
 
 def estimate_memory(scenario: Scenario, workers: int | None = None) -> MemoryEstimate:
-    """What the run needs at least (activations and Ray left out)."""
+    """What the run needs at least (activations and Ray left out): a lower
+    estimate, so that the memory check errs towards letting a run start.
+
+    Args:
+        scenario: The loaded scenario.
+        workers: The worker processes, each holding its own model copies.
+    """
     info = data_info(scenario)
     params = count_params(scenario, info) or 0
     elem = scenario.model.elem_bytes
@@ -328,12 +256,13 @@ def _floats(obj: Any, path: str) -> list[tuple[str, float]]:
 
 
 def check_numeric_ranges(scenario: Scenario, source: str = "<scenario>") -> None:
-    """Refuse a ``client``, ``algorithm`` or quadratic ``data`` float that float32
+    """Refuse a ``client``, ``algorithm`` or trained ``data`` float that float32
     training cannot represent (simulated time is float64, not checked)."""
     if scenario.model.dtype != "float32":
         return
-    quadratic = scenario.data.dataset == "quadratic"
-    for section in ["client", "algorithm"] + ["data"] * quadratic:
+    # a dataset whose fields are training values (quadratic) is checked too
+    sections = ["client", "algorithm"] + ["data"] * scenario.data.float32_fields
+    for section in sections:
         for path, v in _floats(_dump(getattr(scenario, section)), section):
             if abs(v) > FLOAT32_MAX:
                 raise _error(
@@ -448,6 +377,8 @@ _GCS_PORT = 6379
 
 
 def _split_host_port(text: str, default_port: int, what: str) -> tuple[str, int]:
+    """(host, port) of ``host[:port]`` or ``[ipv6][:port]``; ``what`` names the
+    option in the error."""
     text = text.strip().rstrip("/")
     if text.startswith("["):  # [::1]:6379
         host, _, rest = text[1:].partition("]")
@@ -464,7 +395,16 @@ def _split_host_port(text: str, default_port: int, what: str) -> tuple[str, int]
 
 
 def resolve_address(address: str, what: str = "--address") -> str:
-    """``auto``: ``$RAY_ADDRESS``, else the one ``ray start`` wrote."""
+    """The Ray address to connect to: ``address`` itself, or for ``auto``
+    ``$RAY_ADDRESS``, else the one ``ray start`` wrote.
+
+    Args:
+        address: The option's value.
+        what: The option, named in the error.
+
+    Raises:
+        ScenarioError: ``auto`` and no running cluster is found.
+    """
     if address.strip() != "auto":
         return address.strip()
     env = os.environ.get("RAY_ADDRESS", "").strip()

@@ -4,6 +4,25 @@ YAML read with the safe loader, validated by pydantic models that reject
 unknown keys; a :class:`ScenarioError` names the file, the field path and what
 was expected. Every field: docs/scenarios.md.
 
+How a file becomes a :class:`Scenario` (:func:`load_scenario`, then
+:func:`parse_scenario`), each step refusing with a :class:`ScenarioError`:
+
+1. the file: a regular UTF-8 file of at most ``MAX_FILE_BYTES``;
+2. the YAML (:func:`read_yaml`): the safe loader with YAML 1.2 scalars
+   (``yes`` is text, ``0755`` ambiguous and refused), no duplicate key;
+3. the shape and the values, before pydantic sees them: not too deep or
+   large (aliases), finite numbers, plain values only;
+4. ``--set`` overrides applied to the raw mapping, the shape checked again;
+5. each plug-in named (a section's ``name``, ``dataset`` or ``kind``) found;
+6. pydantic validation of every section, then the checks across sections
+   (:meth:`Scenario._consistent`) and each plug-in's own ``check``;
+7. a true/false given for a number (or the reverse), which pydantic's lax mode
+   would have converted silently.
+
+What needs no cluster but more than the file (memory, model against data) is
+checked next by :mod:`fedsim.preflight`. :func:`dump_scenario` writes the
+resolved scenario back, every default filled in, as ``fedsim validate`` shows.
+
 Example:
     >>> sc = load_scenario("scenarios/quickstart.yaml", overrides=["rounds=3"])
     >>> sc.rounds
@@ -62,6 +81,8 @@ __all__ = [
     "parse_scenario",
 ]
 
+# Limits on what is read, far above any real scenario: a file past them is a
+# mistake or an attack, refused before it can exhaust memory or the stack.
 MAX_FILE_BYTES = 1024 * 1024
 MAX_NESTING = 64
 MAX_VALUES = 1_000_000  # YAML aliases can expand a short file to billions
@@ -69,7 +90,11 @@ MAX_INT_BITS = 64  # no setting needs more (4300 digits cannot even be printed)
 
 
 class ScenarioError(ValueError):
-    """An invalid scenario: the message is meant for the user, as is."""
+    """An invalid scenario: the message is meant for the user, as is.
+
+    It names the file (or ``--set`` option) and the field, and says what was
+    expected; the CLI prints it without a traceback and exits with status 2.
+    """
 
 
 if TYPE_CHECKING:  # a dataset's fields differ; a plug-in section is its base class
@@ -96,6 +121,9 @@ def _default_selector() -> Any:
 
 
 class EvalSpec(Spec):
+    """The server's evaluation: every ``every_rounds`` rounds, in batches of
+    ``batch_size`` test samples."""
+
     every_rounds: Annotated[int, Field(ge=1)] = 1
     batch_size: Annotated[int, Field(ge=1)] = 4096
 
@@ -183,6 +211,8 @@ class Scenario(Spec):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, v: str) -> str:
+        """The run's name as a safe folder name (no path separator, no dot
+        first)."""
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", v):
             raise ValueError(
                 "use letters, digits, '-', '_' and '.' only (it names the run folder)"
@@ -282,6 +312,7 @@ class Scenario(Spec):
 
     @property
     def num_clients(self) -> int:
+        """The client count: device i is client i, so the fleet's size."""
         return self.fleet.size
 
 
@@ -313,6 +344,14 @@ _PLAIN_MESSAGES = {
 
 
 def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
+    """pydantic's errors as one message: a line per problem, each the field's
+    path in the file's own terms, the reason and the value given.
+
+    Args:
+        err: The validation error.
+        source: The file (or option) named in the head line.
+        raw: The mapping validated, to tell a field from a union's tag.
+    """
     lines = []
     for e in err.errors(include_url=False):
         loc = _format_loc(tuple(e["loc"]), raw)
@@ -325,6 +364,7 @@ def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
             if not e["loc"] and (first := _CROSS_FIELD.match(msg)):
                 loc = first.group(1)
         got, shown = e.get("input"), ""
+        # a whole section as "got" would swamp the line; so would a long value
         if e["type"] not in _PLAIN_MESSAGES and not isinstance(got, dict | list):
             text = repr(got)
             shown = f" (got {text[:60]}{'...' if len(text) > 60 else ''})"
@@ -333,6 +373,7 @@ def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
 
 
 def _problems(source: str, lines: list[str]) -> str:
+    """The head line naming ``source`` and the count, then at most 20 lines."""
     n = len(lines)
     head = f"{source}: invalid scenario ({n} problem{'s' if n > 1 else ''}):"
     return "\n".join([head, *lines[:20]] + (["  ..."] if n > 20 else []))
@@ -402,6 +443,8 @@ class _Loader(_BaseLoader):  # type: ignore[misc,valid-type]
     """The safe loader reading plain scalars as YAML 1.2 (docs/scenarios.md)."""
 
 
+# PyYAML resolves plain scalars by YAML 1.1 (``yes`` a bool, ``010`` octal);
+# its bool, int and float resolvers are dropped and YAML 1.2's put in their place
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in entries if tag not in (_BOOL, _INT, _FLOAT)]
     for first, entries in yaml.resolver.Resolver.yaml_implicit_resolvers.items()
@@ -535,7 +578,12 @@ _SEGMENT = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
 def _split_path(path: str) -> list[str | int]:
-    """``fleet.groups[1].speed.sigma`` or ``fleet.groups.1.speed.sigma``."""
+    """The keys and indices of ``fleet.groups[1].speed.sigma`` (or
+    ``fleet.groups.1.speed.sigma``), in order.
+
+    Raises:
+        ScenarioError: an empty segment, a stray character or a dot at an end.
+    """
     parts: list[str | int] = []
     pos = 0
     for m in _SEGMENT.finditer(path):
@@ -552,6 +600,18 @@ def _split_path(path: str) -> list[str | int]:
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """A copy of ``raw`` with ``path=value`` overrides (values read as YAML).
+
+    A missing mapping or list on the way is created (``eval.every_rounds=2``
+    on a scenario without ``eval``); an index must exist, since a list cannot
+    have a gap.
+
+    Args:
+        raw: The scenario as read, before validation.
+        overrides: ``--set`` items, applied in order (a later one wins).
+
+    Raises:
+        ScenarioError: naming the override: no ``=``, a bad path, a missing
+            index, a parent that is not a mapping, or an unreadable value.
 
     >>> apply_overrides({"a": {"b": 1}}, ["a.b=2", "c=[1, 2]"])
     {'a': {'b': 2}, 'c': [1, 2]}
@@ -589,18 +649,35 @@ def parse_scenario(
     overrides: list[str] | None = None,
     base_dir: str | Path | None = None,
 ) -> Scenario:
-    """Parse and validate scenario YAML text (relative paths: ``base_dir`` first)."""
+    """Parse and validate scenario YAML text (the module docstring's steps 2-7).
+
+    Args:
+        text: The YAML.
+        source: What the messages name (the file, or ``<scenario>``).
+        overrides: ``--set`` items applied before validation.
+        base_dir: Where relative paths (traces, data files) are looked for
+            first.
+
+    Raises:
+        ScenarioError: one message naming ``source``; validation errors list
+            every problem found, one line each.
+    """
     raw = read_yaml(text, source)
     if not isinstance(raw, dict):
         raise ScenarioError(
             f"{source}: expected a YAML mapping at the top level "
             f"(name:, rounds:, ...), got {type(raw).__name__}"
         )
+    # before overrides: walking and copying an alias bomb is what must not run
     _check_shape(raw, source)
     if overrides:
         raw = apply_overrides(raw, overrides)
-        _check_shape(raw, source)
+        _check_shape(raw, source)  # an override may nest deeper than the file
+    # before pydantic: a NaN or a 10**5000 would pass as a float or be slow,
+    # and its message would not name the path
     _check_plain(raw, source)
+    # a plug-in that cannot be imported would surface as one confusing union
+    # error per section; refused alone, in one line
     _check_plugins(raw, source)
     try:
         sc = Scenario.model_validate(raw, context={"base_dir": base_dir})
@@ -608,6 +685,7 @@ def parse_scenario(
         raise ScenarioError(_format_validation(exc, source, raw)) from None
     except RecursionError:
         raise ScenarioError(f"{source}: nested too deeply") from None
+    # after validation: only the validated values tell a number from a switch
     if problems := list(_bool_number_mixups(raw, sc, ())):
         raise ScenarioError(_problems(source, problems))
     return sc
@@ -647,7 +725,17 @@ _ABSENT = object()
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """Read, parse and validate a scenario file."""
+    """Read, parse and validate a scenario file.
+
+    Args:
+        path: The YAML file; relative paths inside it are looked for next to
+            it first.
+        overrides: ``--set`` items, as ``fleet.groups[0].count=10``.
+
+    Raises:
+        ScenarioError: naming the file: missing, not a regular file (a FIFO
+            would block), too large, not UTF-8, or invalid (:func:`parse_scenario`).
+    """
     p = Path(path)
     try:
         if p.is_dir():
@@ -686,7 +774,8 @@ for _first, _entries in _Loader.yaml_implicit_resolvers.items():
 
 
 def dump_scenario(sc: Scenario) -> str:
-    """The fully resolved scenario (every default filled in) as YAML."""
+    """The fully resolved scenario (every default filled in) as YAML; a string
+    YAML 1.1 or the scenario loader would read as something else is quoted."""
     return yaml.dump(
         sc.model_dump(mode="json"),
         Dumper=_Dumper,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from itertools import islice
 from typing import Any
@@ -24,22 +24,9 @@ from fedsim.models import batch_loss, make_model
 from fedsim.params import bind_flat
 from fedsim.scenario import Scenario
 from fedsim.solvers import SGD, SolverState, step_factor
+from fedsim.tasks import Payload, Task
 
 _log = logging.getLogger(__name__)
-
-Payload = dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Task:
-    """Train ``client`` for ``tau`` local steps from server version
-    ``version``; ``round`` seeds the client's randomness (asynchronous mode:
-    the device's job index)."""
-
-    client: int
-    round: int
-    tau: int
-    version: int = 0
 
 
 def assign_lpt(tasks: Sequence[Task], n: int) -> list[list[Task]]:

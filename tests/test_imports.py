@@ -73,16 +73,11 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-# batched.py names workers.Worker in its annotations and workers.py chooses
-# batched training: a cycle of types only, left to the executors' owner.
-KNOWN_TYPE_CYCLES = [["fedsim.batched", "fedsim.workers"]]
-
-
 def test_no_import_cycles():
     # imports inside ``if TYPE_CHECKING:`` count: a type is a dependency too
     known = _modules()
     graph = {m: _imports(p, known) - {m} for m, p in known.items()}
-    assert [c for c in _cycles(graph) if c not in KNOWN_TYPE_CYCLES] == []
+    assert _cycles(graph) == []
 
 
 def test_type_checking_imports_are_counted(tmp_path):

@@ -1,5 +1,20 @@
 """Aggregation algorithms, one module each, and their registry.
 
+Each algorithm is the scenario's ``algorithm`` section itself: a spec whose
+fields are its hyperparameters and whose methods (:class:`base.Algorithm`) say
+what a client does around its local steps and how the server combines the
+updates. The built-ins, by what they keep between rounds:
+
+- none: ``fedavg``, ``fedprox`` (a proximal term), ``fednova`` and
+  ``fednova_vr`` (updates normalised by the local steps taken);
+- on the server: ``fedavgm`` (momentum), ``fedadam`` (Adam on the update);
+- on every client and the server: ``scaffold`` (control variates),
+  ``feddyn`` and ``feddc`` (dynamic regularisers, drift);
+- their own procedure: ``feddm`` (clients send synthetic per-class sets the
+  server trains on), ``fedpns`` (drops updates that pull against the others;
+  its node selection is :mod:`fedsim.selectors.fedpns`);
+- asynchronous: ``fedasync`` (each update on arrival), ``fedbuff`` (a buffer).
+
 ``REGISTRY`` maps the built-in names to their classes; a scenario's
 ``algorithm.name`` is looked up there first, then among the entry points of
 group ``fedsim.algorithms`` that installed packages declare, then as an import
@@ -69,5 +84,13 @@ DEFAULT = "fedavg"
 
 
 def make_algorithm(spec: Algorithm) -> Algorithm:
-    """The scenario's ``algorithm`` section is already the algorithm object."""
+    """The algorithm a worker or the server runs, for the scenario's section.
+
+    The section is already the algorithm object (its fields are validated when
+    the scenario loads), so this returns it unchanged; it stays the one place
+    that turns a section into an algorithm.
+
+    Args:
+        spec: The scenario's ``algorithm`` section.
+    """
     return spec

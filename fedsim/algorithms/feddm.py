@@ -13,6 +13,14 @@ w~ = w_r + eps min(1, rho / ||eps||) around the global model:
 
 The server trains w_r on the union of the S_k. Models, DP, weights and what
 the clock charges: docs/fedpns-feddm.md.
+
+Where things happen: :meth:`FedDM.client_train` learns S_k on a worker (its
+own procedure in place of local SGD; DP through :meth:`FedDM._dp_gradient`),
+:meth:`FedDM.aggregate` trains the global model on the server's copy of the
+network, and :meth:`FedDM.clock_work` tells the clock what a client's matching
+costs in local-step equivalents and bytes. Every random draw comes from the
+job's generator (clients) or a seed derived from the initial model (server),
+so a run is a pure function of (scenario, seed).
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ def embed_and_logits(
     >>> tuple(h.shape), tuple(z.shape)
     ((5, 3), (5, 2))
     """
+    # the features matched are the model's own: the paper matches at the
+    # current (perturbed) global model, so no separate extractor is trained
     own = getattr(model, "embed_and_logits", None)
     if callable(own):
         return own(x)
@@ -58,6 +68,8 @@ def embed_and_logits(
             f"FedDM needs a classifier ending in an nn.Linear layer; "
             f"{type(model).__name__} has none"
         )
+    # a forward hook sees the last layer's input without knowing the
+    # architecture; checked below to be the layer that gives the output
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
     handle = linears[-1].register_forward_hook(lambda mod, i, o: seen.append((i[0], o)))
     try:
@@ -75,8 +87,18 @@ def embed_and_logits(
 def matching_loss(
     model: nn.Module, real: Sequence[torch.Tensor], syn: Sequence[torch.Tensor]
 ) -> torch.Tensor:
-    """L (the module docstring): ``real[c]`` and ``syn[c]`` are class c's real
-    batch and synthetic set; real features are constants."""
+    """The matching loss L of the module docstring, differentiable in ``syn``.
+
+    Args:
+        model: The network at the perturbed global model (its features h, z).
+        real: Class c's real batch at ``real[c]``; constants (no gradient).
+        syn: Class c's synthetic set at ``syn[c]``, in the same class order.
+
+    Returns:
+        A scalar: per class, the squared distance of the mean embeddings plus
+        that of the mean logits, summed over the classes.
+    """
+    # real features are constants: only the synthetic samples are learnt
     with torch.no_grad():
         h_r, z_r = embed_and_logits(model, torch.cat(list(real)))
     h_s, z_s = embed_and_logits(model, torch.cat(list(syn)))
@@ -92,8 +114,16 @@ def matching_loss(
 
 
 def perturb(x: torch.Tensor, rho: float, gen: torch.Generator) -> torch.Tensor:
-    """w~ = x + eps min(1, rho / ||eps||), eps ~ N(0, I)."""
+    """w~ = x + eps min(1, rho / ||eps||), eps ~ N(0, I): a model at most
+    ``rho`` from ``x``, so the synthetic set matches around the global model.
+
+    Args:
+        x: The global model's flat parameters.
+        rho: The radius of the ball the perturbation stays in.
+        gen: The client's generator (one normal draw per parameter).
+    """
     eps = torch.randn(x.shape, generator=gen, dtype=x.dtype)
+    # the norm in float64: float32 rounding would change the scale per device
     norm = float(torch.linalg.vector_norm(eps.to(torch.float64)))
     return x + (min(1.0, rho / norm) if norm > 0 else 0.0) * eps
 
@@ -165,6 +195,7 @@ class FedDM(base.Algorithm):
     needs_server: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
+        """Refuse real images as the start of a DP synthetic set."""
         if self.dp_noise is not None and self.image_init == "real":
             raise ValueError(
                 "image_init 'real' publishes real images, which DP (dp_noise) is "
@@ -173,6 +204,8 @@ class FedDM(base.Algorithm):
 
     @property
     def init_from(self) -> str:
+        """``real`` or ``noise``: what S_k starts from (``auto``: noise under
+        DP, where real images would leak, else real images, as the paper)."""
         if self.image_init != "auto":
             return self.image_init
         return "noise" if self.dp_noise is not None else "real"
@@ -286,6 +319,9 @@ class FedDM(base.Algorithm):
         return images * (data.sample_bytes + 8), what
 
     def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
+        """The global model, the server's seed (from ``x0``, itself a function
+        of the scenario seed) and the round, which with the seed picks each
+        round's server minibatches."""
         seed = torch.tensor(_stable_seed(x0), dtype=torch.int64)
         return {"x": x0.clone(), "seed": seed, "round": torch.zeros_like(seed)}
 
@@ -296,6 +332,22 @@ class FedDM(base.Algorithm):
         *,
         server: base.ServerContext | None = None,
     ) -> tuple[base.ServerState, base.AggregateInfo]:
+        """Train the global model on the union of the synthetic sets received.
+
+        Args:
+            state: ``x`` (the global model w_r), ``seed`` and ``round``.
+            updates: The clients' updates; their ``extras`` carry ``images``
+                and ``labels`` (an update without labels is left out).
+            server: The server's copy of the network, trained in place.
+
+        Returns:
+            The state with the new ``x`` and the next ``round``, and the meter
+            of the updates used, weighted by their synthetic samples. The state
+            is unchanged when no synthetic sample arrived.
+
+        Raises:
+            TypeError: ``server`` is missing.
+        """
         ups = [u for u in updates if "labels" in u.extras and len(u.extras["labels"])]
         if not ups:
             return state, base.empty_info()
@@ -305,7 +357,9 @@ class FedDM(base.Algorithm):
         labels = torch.cat([u.extras["labels"] for u in ups]).long()
         x_r, model = state["x"], server.model
         params = list(model.parameters())
-        torch.nn.utils.vector_to_parameters(x_r.clone(), params)  # views of a copy
+        # the network's parameters become views of a copy of w_r: the steps
+        # below must not move x_r, the centre of the ball projection
+        torch.nn.utils.vector_to_parameters(x_r.clone(), params)
         model.train()
         opt = torch.optim.SGD(
             params,
@@ -313,8 +367,29 @@ class FedDM(base.Algorithm):
             momentum=self.server_momentum,
             weight_decay=self.server_weight_decay,
         )
+        # a stream per round, so a resumed run draws the same minibatches
         ss = np.random.SeedSequence([int(state["seed"]), int(state["round"])])
         gen = torch.Generator().manual_seed(int(ss.generate_state(1)[0]))
+        self._server_epochs(model, opt, images, labels, x_r, gen)
+        x_new = torch.nn.utils.parameters_to_vector(params).detach().clone()
+        w = [float(len(u.extras["labels"])) for u in ups]
+        tau_eff = updates_tau_eff("steps", [1.0] * len(ups), ups)
+        new = {**state, "x": x_new.to(x_r.dtype), "round": state["round"] + 1}
+        return new, base.meter_subset(updates, base.meter(ups, w, tau_eff))
+
+    def _server_epochs(
+        self,
+        model: nn.Module,
+        opt: torch.optim.Optimizer,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        x_r: torch.Tensor,
+        gen: torch.Generator,
+    ) -> None:
+        """``server_epochs`` passes of minibatch SGD over the synthetic union,
+        each in an order drawn from ``gen``; with ``ball``, every step is
+        projected back onto B_rho(``x_r``)."""
+        params = list(model.parameters())
         n, bs = len(labels), self.server_batch_size
         for _ in range(self.server_epochs):
             for idx in torch.randperm(n, generator=gen).split(bs):
@@ -324,23 +399,34 @@ class FedDM(base.Algorithm):
                 opt.step()
                 if self.ball:
                     _project(params, x_r, self.rho)
-        x_new = torch.nn.utils.parameters_to_vector(params).detach().clone()
-        w = [float(len(u.extras["labels"])) for u in ups]
-        tau_eff = updates_tau_eff("steps", [1.0] * len(ups), ups)
-        new = {**state, "x": x_new.to(x_r.dtype), "round": state["round"] + 1}
-        return new, base.meter_subset(updates, base.meter(ups, w, tau_eff))
 
     def client_train(self, job: base.LocalTraining) -> base.ClientUpdate:  # type: ignore[override]
-        """Learn S_k at models around w_r."""
+        """Learn S_k at models around w_r: the client's update.
+
+        Each iteration perturbs the global model (:func:`perturb`), draws up to
+        ``dc_batch_size`` real samples per class and takes one momentum-SGD
+        step on the synthetic samples (the DP-SGD estimate with ``dp_noise``).
+        Only ``job.step_budget`` iterations run when the clock cuts the round.
+
+        Args:
+            job: The worker's model (its parameters viewing ``job.theta``),
+                the client's rows, generator, weight and payload ``x``.
+
+        Returns:
+            An update with an empty ``delta`` and ``extras`` ``images`` and
+            ``labels`` (``ipc`` per class held); ``tau`` is the iterations run.
+        """
         model, theta, xs, ys, gen = job.model, job.theta, job.xs, job.ys, job.gen
         x_global = job.client.payload["x"]
-        budget = job.step_budget
-        n_iter = self.iterations if budget is None else min(self.iterations, budget)
+        n_iter = self._iterations(job.step_budget)
         classes = torch.unique(ys)
         by_class = [torch.nonzero(ys == c).flatten() for c in classes.tolist()]
         syn = self._init_synthetic(xs, by_class, gen)
         labels = classes.repeat_interleave(self.ipc)
         opt = torch.optim.SGD([syn], lr=self.image_lr, momentum=self.image_momentum)
+        # the model is a fixed feature map here: no parameter gradients, and
+        # eval mode (running normalisation statistics, no dropout) so the
+        # features do not depend on which samples share the batch
         params = [p for p in model.parameters() if p.requires_grad]
         for p in params:
             p.requires_grad_(False)
@@ -351,15 +437,9 @@ class FedDM(base.Algorithm):
                 with torch.no_grad():
                     theta.copy_(perturb(x_global, self.rho, gen))
                 real = [_draw(xs, idx, self.dc_batch_size, gen) for idx in by_class]
-                opt.zero_grad(set_to_none=False)
-                if self.dp_noise is None:
-                    loss = matching_loss(model, real, syn.split(self.ipc))
-                    loss.backward()
-                else:
-                    loss = self._dp_gradient(model, real, syn, gen)
-                opt.step()
+                loss = self._syn_step(model, opt, real, syn, gen)
                 loss_sum += float(loss.detach())
-        finally:
+        finally:  # the worker's model goes on to train other clients
             model.train()
             for p in params:
                 p.requires_grad_(True)
@@ -376,9 +456,41 @@ class FedDM(base.Algorithm):
             bytes_up=sum(t.numel() * t.element_size() for t in (images, labels)),
         )
 
+    def _iterations(self, budget: int | None) -> int:
+        """The matching iterations a client runs: ``iterations``, or fewer when
+        the clock's ``budget`` (its step budget) cuts the round short."""
+        return self.iterations if budget is None else min(self.iterations, budget)
+
+    def _syn_step(
+        self,
+        model: nn.Module,
+        opt: torch.optim.Optimizer,
+        real: list[torch.Tensor],
+        syn: torch.Tensor,
+        gen: torch.Generator,
+    ) -> torch.Tensor:
+        """One optimiser step on the synthetic samples ``syn`` against the real
+        batches ``real`` (the DP-SGD gradient with ``dp_noise``); returns L."""
+        opt.zero_grad(set_to_none=False)
+        if self.dp_noise is None:
+            loss = matching_loss(model, real, syn.split(self.ipc))
+            loss.backward()
+        else:
+            loss = self._dp_gradient(model, real, syn, gen)
+        opt.step()
+        return loss
+
     def _init_synthetic(
         self, xs: torch.Tensor, by_class: list[torch.Tensor], gen: torch.Generator
     ) -> torch.Tensor:
+        """S_k's start, ``ipc`` samples per class in ``by_class`` order, as a
+        leaf tensor to optimise (:attr:`init_from`).
+
+        Args:
+            xs: The client's samples.
+            by_class: The row indices of each class the client holds.
+            gen: The client's generator.
+        """
         shape, parts = (self.ipc, *xs.shape[1:]), []
         for idx in by_class:
             if self.init_from == "noise":
@@ -397,7 +509,18 @@ class FedDM(base.Algorithm):
         syn: torch.Tensor,
         gen: torch.Generator,
     ) -> torch.Tensor:
-        """Set ``syn.grad`` to the DP-SGD estimate of dL/dS; return L."""
+        """Set ``syn.grad`` to the DP-SGD estimate of dL/dS; return L.
+
+        Each real sample's contribution to the gradient is clipped to
+        ``dp_clip`` and Gaussian noise of ``dp_noise`` x ``dp_clip`` added per
+        class, so a single real sample moves S_k by a bounded amount.
+
+        Args:
+            model: The network at the perturbed global model.
+            real: Each class's real batch.
+            syn: The synthetic samples, ``ipc`` per class in the same order.
+            gen: The client's generator (the noise).
+        """
         from torch.func import vjp, vmap
 
         def means(s_c: torch.Tensor) -> torch.Tensor:
@@ -412,6 +535,8 @@ class FedDM(base.Algorithm):
             f, pullback = vjp(means, s)  # type: ignore[misc]  # no aux: 2 values
             diff = feats.mean(0) - f
             total = total + (diff * diff).sum()
+            # dL_c/df = 2 (f - mean_j r_j) = mean_j 2 (f - r_j): each real
+            # sample's share is pulled back on its own, so it can be clipped
             per = vmap(pullback)(2.0 * (f.detach() - feats))[0]  # [B, ipc, ...]
             norms = torch.linalg.vector_norm(per.flatten(1), dim=1)
             per = per * (c_clip / norms.clamp(min=c_clip)).view(-1, *[1] * s.dim())

@@ -111,6 +111,17 @@ def pairing(selector: Any, scheme: str) -> Pairing:
     """Whether weighting ``scheme`` fits how ``selector`` samples (its
     ``inclusion``, ``with_replacement`` and ``data_share_in_sample``).
 
+    Args:
+        selector: The scenario's selector; one without those attributes is
+            taken as adaptive, drawing without replacement.
+        scheme: A key of :data:`WEIGHTINGS`.
+
+    Returns:
+        ``unbiased``: the weighted mean's expectation is the full-participation
+        one; ``biased``: allowed, the bias documented; ``adaptive``: no closed
+        form to judge by; ``refused``: the scenario is rejected, ``use`` naming
+        the weighting that fits (the selector's own, else its inclusion's).
+
     >>> from fedsim.selectors import PowerOfChoice, Uniform, Weighted
     >>> pairing(Weighted(), "proportional").verdict
     'unbiased'
@@ -122,31 +133,47 @@ def pairing(selector: Any, scheme: str) -> Pairing:
     w = WEIGHTINGS[scheme]
     inclusion = getattr(selector, "inclusion", "adaptive")
     replacement = getattr(selector, "with_replacement", False)
-    # the unbiased (or the paper's) weighting for this selector
-    fit = inclusion if inclusion in ("uniform", "proportional") else None
-    use = cast(Scheme | None, getattr(selector, "default_weighting", None) or fit)
+    use = _preferred(selector, inclusion)
 
-    def refuse(reason: str) -> Pairing:
-        return Pairing("refused", reason, use)
-
-    twice = scheme in ("renormalized", "uniform")
-    if twice and getattr(selector, "data_share_in_sample", False):
-        return refuse("the data share counts twice: in the draw and in w_i")
-    if w.multiplicities and not replacement:
-        return refuse("k_i / q needs a selector drawing with replacement")
-    if w.scheme == "uniform" and inclusion != "uniform":
-        return refuse("p_i m / q assumes a uniform draw")
+    if (why := _refusal(selector, w, inclusion, replacement)) is not None:
+        return Pairing("refused", why, use)
+    # the refusals above hold whatever the draw; an adaptive draw's bias
+    # beyond them has no closed form to judge
     if inclusion == "adaptive":
         return Pairing("adaptive", "selection probabilities have no closed form")
     if w.assumes == inclusion and (w.multiplicities or not replacement):
         return Pairing("unbiased", f"w_i = {w.formula} matches the draw")
     if inclusion == "proportional":
-        return refuse("clients drawn twice count once: large clients lose weight")
+        why = "clients drawn twice count once: large clients lose weight"
+        return Pairing("refused", why, use)
     if scheme == "equal":
         return Pairing("biased", "targets the unweighted mean (1/m) sum_i f_i")
     return Pairing(
         "biased", "common practice: sampled clients' weights always sum to 1"
     )
+
+
+def _preferred(selector: Any, inclusion: str) -> Scheme | None:
+    """The weighting a refused pairing suggests: the selector's own
+    (``default_weighting``, e.g. the paper's), else the unbiased one for its
+    inclusion; None for an adaptive selector that names none."""
+    fit = inclusion if inclusion in ("uniform", "proportional") else None
+    return cast(Scheme | None, getattr(selector, "default_weighting", None) or fit)
+
+
+def _refusal(
+    selector: Any, w: Weighting, inclusion: str, replacement: bool
+) -> str | None:
+    """Why weighting ``w`` cannot fit a selector of this kind at all, whatever
+    its draw's bias; None when nothing rules it out."""
+    twice = w.scheme in ("renormalized", "uniform")
+    if twice and getattr(selector, "data_share_in_sample", False):
+        return "the data share counts twice: in the draw and in w_i"
+    if w.multiplicities and not replacement:
+        return "k_i / q needs a selector drawing with replacement"
+    if w.scheme == "uniform" and inclusion != "uniform":
+        return "p_i m / q assumes a uniform draw"
+    return None
 
 
 def pairing_problem(selector: Any, algorithm: Any) -> str | None:

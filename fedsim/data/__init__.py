@@ -1,8 +1,25 @@
 """Federated datasets: who holds which samples (docs/datasets.md).
 
+A scenario's ``data`` section is a dataset spec (:class:`base.DatasetSpec`),
+picked by its ``dataset`` field: its fields say what to load or generate and
+how to split it over the clients, and two methods answer:
+
+- ``build(num_clients, seed)``: the :class:`FederatedData` (every client's
+  rows and the test set), a pure function of the fields, the seed and the
+  files; :func:`build_data` adds the server's validation rows.
+- ``info(num_clients)``: the sample kind, shape, classes and count from the
+  fields alone, so ``fedsim validate`` checks the model and the memory without
+  building anything.
+
+The modules: ``synthetic``, ``feddyn_synthetic`` and ``quadratic`` generate
+their data; ``images``, ``shakespeare`` and ``tabular`` read files (a missing
+one raises :class:`DataMissingError` saying where to get it); ``partition``
+splits labels over clients; ``validation`` holds out the server's rows.
+
 Adding a dataset: a module here with a :class:`~fedsim.spec.Spec` subclass
 tagged by a ``Literal`` ``dataset`` field whose ``build(num_clients, seed)``
-returns a :class:`FederatedData`, plus a line in ``REGISTRY``.
+returns a :class:`FederatedData` and whose ``info`` states its samples, plus
+a line in ``REGISTRY``; one outside fedsim: docs/extending.md.
 """
 
 from __future__ import annotations
@@ -26,6 +43,7 @@ from fedsim.data.validation import build_data
 
 __all__ = ["FederatedData", "DataError", "DataMissingError", "build_data", "REGISTRY"]
 
+# the built-in datasets by their ``dataset`` name
 REGISTRY = {
     "synthetic": SyntheticData,
     "quadratic": QuadraticData,

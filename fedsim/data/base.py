@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 import numpy as np
@@ -84,6 +86,9 @@ class DatasetSpec(Spec):
 
     # why a dataset cannot give up validation rows (None: it can)
     no_validation: ClassVar[str | None] = None
+    # whether the float fields enter float32 training as they are (then the
+    # checks before a run refuse a value float32 cannot represent)
+    float32_fields: ClassVar[bool] = False
 
     @model_validator(mode="after")
     def _validation_possible(self) -> Any:
@@ -101,8 +106,27 @@ class DatasetSpec(Spec):
     def info(self, num_clients: int) -> DataInfo | None:
         """What the samples will be, from the fields alone (no file read beyond a
         header, no tensor built): the checks before a run use it to count the
-        model's parameters and the memory. None: the built-in table in
-        :mod:`fedsim.preflight` answers (plug-ins override this)."""
+        model's parameters and the memory, so ``fedsim validate`` stays fast.
+
+        Every built-in dataset answers; None (this default) means nothing is
+        known before the data is built, and the checks that need it are skipped.
+
+        Args:
+            num_clients: The fleet size, for a dataset whose client count
+                follows it.
+        """
+        return None
+
+
+def file_bytes(locate: Callable[[], Path]) -> int | None:
+    """The size of the file ``locate`` finds, or None where it finds none.
+
+    Args:
+        locate: A dataset spec's ``locate`` method.
+    """
+    try:
+        return locate().stat().st_size
+    except Exception:  # noqa: BLE001 - missing data is reported when it is built
         return None
 
 

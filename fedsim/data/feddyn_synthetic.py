@@ -16,7 +16,7 @@ from typing import Annotated, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from fedsim.data.base import DatasetSpec, FederatedData
+from fedsim.data.base import DataInfo, DatasetSpec, FederatedData
 from fedsim.spec import NonNegFloat
 
 _TAG = 0xFDD5  # this generator's stream of the scenario seed
@@ -46,6 +46,16 @@ class FedDynSyntheticData(DatasetSpec):
         "feddyn_synthetic's test set is its training data (as in the papers), "
         "so no training row can be held out from it"
     )
+
+    def info(self, num_clients: int) -> DataInfo:
+        """Vectors of ``dim``; ``samples`` per client, counted twice (the test
+        set is a copy of the training data).
+
+        Args:
+            num_clients: Unused: the client count is the ``clients`` field.
+        """
+        samples = 2 * self.clients * self.samples
+        return DataInfo("vector", (self.dim,), self.classes, samples)
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
         """Generate every client's samples from the scenario seed.

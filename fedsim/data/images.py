@@ -28,7 +28,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from fedsim.data.base import DatasetSpec, FederatedData
+from fedsim.data.base import DataInfo, DatasetSpec, FederatedData
 from fedsim.data.errors import DataError, DataMissingError, data_root, find_dir, missing
 from fedsim.data.partition import IidPartition, PartitionSpec, layout, split
 
@@ -187,6 +187,9 @@ class ImageData(DatasetSpec):
     num_classes: ClassVar[int] = 10
     mean: ClassVar[tuple[float, ...]] = (0.5,)
     std: ClassVar[tuple[float, ...]] = (0.5,)
+    # (train, test) samples of the official files, and one sample's [C, H, W]
+    file_samples: ClassVar[tuple[int, int]] = (60_000, 10_000)
+    image_shape: ClassVar[tuple[int, int, int]] = (1, 28, 28)
 
     @model_validator(mode="after")
     def _check_fields(self) -> ImageData:
@@ -207,6 +210,23 @@ class ImageData(DatasetSpec):
     def _classes_total(self) -> int:
         """The classes in the files (EMNIST and CIFAR-100 depend on fields)."""
         return self.num_classes
+
+    def _file_samples(self) -> tuple[int, int]:
+        """(train, test) samples in the files (EMNIST's depend on the split)."""
+        return self.file_samples
+
+    def info(self, num_clients: int) -> DataInfo:
+        """Images of ``image_shape``; the official files' sample counts less
+        what ``files``, ``train_samples`` and ``test_samples`` leave out.
+
+        Args:
+            num_clients: Unused: the shape does not depend on the clients.
+        """
+        train, test = self._file_samples()
+        train = 0 if self.files == "test" else min(train, self.train_samples or train)
+        test = min(test, self.test_samples or test)
+        n = len(self.classes) if self.classes is not None else self._classes_total()
+        return DataInfo("image", self.image_shape, n, train + test)
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
         """Load, filter, subset, partition and normalise an image dataset.
@@ -357,6 +377,15 @@ class FashionMnistData(_IdxData):
 _EmnistSplit = Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"]
 # classes of each EMNIST split
 _EMNIST = dict(byclass=62, bymerge=47, balanced=47, letters=26, digits=10, mnist=10)
+# (train, test) samples of each EMNIST split's files
+_EMNIST_SAMPLES = {
+    "byclass": (697_932, 116_323),
+    "bymerge": (697_932, 116_323),
+    "balanced": (112_800, 18_800),
+    "letters": (124_800, 20_800),
+    "digits": (240_000, 40_000),
+    "mnist": (60_000, 10_000),
+}
 
 
 class EmnistData(_IdxData):
@@ -381,6 +410,10 @@ class EmnistData(_IdxData):
         """The classes of the chosen split."""
         return _EMNIST[self.subset]
 
+    def _file_samples(self) -> tuple[int, int]:
+        """The chosen split's (train, test) samples."""
+        return _EMNIST_SAMPLES[self.subset]
+
     def _stems(self) -> list[str]:
         """EMNIST's names: emnist-<subset>-train and -test, not MNIST's t10k."""
         parts = ["test"] if self.files == "test" else ["train", "test"]
@@ -396,6 +429,9 @@ class _CifarData(ImageData):
 
     The binary version is tried first: it needs no unpickling at all.
     """
+
+    file_samples: ClassVar[tuple[int, int]] = (50_000, 10_000)
+    image_shape: ClassVar[tuple[int, int, int]] = (3, 32, 32)
 
     bin_dir: ClassVar[str] = ""
     py_dir: ClassVar[str] = ""

@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from fedsim.data.base import DatasetSpec, FederatedData
+from fedsim.data.base import DataInfo, DatasetSpec, FederatedData
 from fedsim.spec import PosFloat
 
 
@@ -40,6 +40,8 @@ class QuadraticData(DatasetSpec):
     no_validation: ClassVar[str | None] = (
         "each quadratic client's single row is its objective"
     )
+    # the centers, curvatures and x0 are the objective and the model's start
+    float32_fields: ClassVar[bool] = True
 
     @model_validator(mode="after")
     def _lengths(self) -> QuadraticData:
@@ -62,6 +64,16 @@ class QuadraticData(DatasetSpec):
     def clients(self) -> int:
         """One client per center."""
         return len(self.centers)
+
+    def info(self, num_clients: int) -> DataInfo:
+        """One row per center, as long as a center; no classes (an objective).
+
+        Args:
+            num_clients: Unused: the centers fix the clients.
+        """
+        first = self.centers[0]
+        dim = len(first) if isinstance(first, list) else 1
+        return DataInfo("vector", (dim,), 0, len(self.centers))
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
         """The objectives as a FederatedData of one row per client.

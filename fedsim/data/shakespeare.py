@@ -23,7 +23,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from pydantic import Field, model_validator
 
-from fedsim.data.base import DatasetSpec, FederatedData
+from fedsim.data.base import DataInfo, DatasetSpec, FederatedData, file_bytes
 from fedsim.data.errors import DataError, data_root, find_dir
 from fedsim.data.partition import NaturalPartition, PartitionSpec, layout, split
 
@@ -73,6 +73,20 @@ class ShakespeareData(DatasetSpec):
     def clients(self) -> int | None:
         """``max_clients`` when given (it must equal the fleet size)."""
         return self.max_clients
+
+    def info(self, num_clients: int) -> DataInfo:
+        """Windows of ``seq_len`` character ids; about one window per
+        ``stride`` bytes of the file (None while the file is not at hand).
+
+        Args:
+            num_clients: Unused: the roles fix the clients.
+        """
+        size = file_bytes(self.locate)
+        samples = None if size is None else size // self.stride
+        # LEAF's 80 printable characters; a file's own vocabulary is unknown
+        # until it is read
+        classes = 80 if self.vocab == "leaf" else None
+        return DataInfo("sequence", (self.seq_len,), classes, samples)
 
     def locate(self) -> Path:
         """The play file: ``path`` when given, else input.txt under the root.

@@ -14,12 +14,13 @@ fields and the seed; every draw comes from one stream, in a fixed order.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field
 
-from fedsim.data.base import DatasetSpec, FederatedData
+from fedsim.data.base import DataInfo, DatasetSpec, FederatedData
 from fedsim.spec import NonNegFloat
 
 _TAG = 0x5E7D  # separates this generator's stream from every other use of the seed
@@ -47,6 +48,18 @@ class SyntheticData(DatasetSpec):
     size_sigma: float = Field(2.0, ge=0, le=5)
     min_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 50
     max_samples: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+
+    def info(self, num_clients: int) -> DataInfo:
+        """Vectors of ``features``; the sample count is the expected one.
+
+        Args:
+            num_clients: The fleet size, used when ``clients`` is not set.
+        """
+        clients = self.clients or num_clients
+        # E[lognormal] + min_samples, capped as the generator caps each client
+        mean = math.exp(self.size_mean + self.size_sigma**2 / 2) + self.min_samples
+        total = int(clients * min(mean, self.max_samples))
+        return DataInfo("vector", (self.features,), self.classes, total)
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
         """Generate every user's samples; one client per user.

@@ -21,7 +21,7 @@ from typing import Annotated, ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from fedsim.data.base import DatasetSpec, FederatedData
+from fedsim.data.base import DataInfo, DatasetSpec, FederatedData, file_bytes
 from fedsim.data.errors import DataError, data_root, find_dir
 from fedsim.data.partition import IidPartition, PartitionSpec, layout, split
 from fedsim.lazy import pa, pc
@@ -73,6 +73,40 @@ class TabularData(DatasetSpec):
         how = f"put the file at {root / p}, or give data.path as an absolute path"
         folder = find_dir(f"Tabular data {self.path}", folders, [p.name], how, gz=False)
         return folder / p.name
+
+    def info(self, num_clients: int) -> DataInfo:
+        """Vectors of the feature columns (from ``features``, else the file's
+        header or schema); the row count guessed from the file size.
+
+        Args:
+            num_clients: Unused: the shape does not depend on the clients.
+        """
+        n = self._feature_count()
+        size = file_bytes(self.locate)
+        # a CSV value takes a few text bytes and 4 to 8 bytes once parsed
+        samples = max(1, size // (2 * (n + 1))) if size is not None and n else None
+        return DataInfo("vector", None if n is None else (n,), None, samples)
+
+    def _feature_count(self) -> int | None:
+        """Feature columns, from ``features`` or the first line / Parquet schema
+        alone; None where the file cannot be read (building the data says why)."""
+        if self.features is not None:
+            return len(self.features)
+        try:
+            path = self.locate()
+            parquet_suffix = path.suffix.lower() in (".parquet", ".pq")
+            if self.format == "parquet" or (self.format == "auto" and parquet_suffix):
+                # imported here: validate must not load pyarrow for a CSV
+                import pyarrow.parquet as pq
+
+                n = len(pq.read_schema(path).names)
+            else:
+                with path.open("rb") as f:
+                    first = f.readline(1 << 20)  # a header, not the whole file
+                n = first.count(self.delimiter.encode()) + 1
+        except Exception:  # noqa: BLE001 - building the data reports it properly
+            return None
+        return max(0, n - 1 - (self.client_column is not None))
 
     def build(self, num_clients: int, seed: int) -> FederatedData:
         """Read the file, split train/test, partition, standardise.
