@@ -43,32 +43,52 @@ States = Mapping[int, ClientState]
 
 class Worker(Protocol):
     """What batched training reads of its :class:`fedsim.workers.Worker`:
-    described here, not imported, since that module imports this one."""
+    described here, not imported, since that module imports this one.
 
+    Every member is public on the worker, so this module never reaches into
+    its private state: a worker that keeps these promises can be trained
+    batched, and a change inside the worker cannot silently change what the
+    batched path computes.
+    """
+
+    # the run's scenario: the model and solver names for why_not_batched
     @property
     def scenario(self) -> Scenario: ...
+    # the run seed: each client's minibatch order is drawn from (seed,
+    # round, client), exactly as the sequential path draws it
     @property
     def seed(self) -> int: ...
+    # the minibatch size B of client.batch_size
     @property
     def batch_size(self) -> int: ...
+    # the algorithm's client hooks (start_client, stacked_grad_hook, finish)
     @property
     def algorithm(self) -> Algorithm: ...
+    # the round-0 solver: whether its rule stacks (SGD.stacks)
     @property
     def solver(self) -> SGD: ...
+    # the worker's network: vmap calls it functionally on stacked parameters
     @property
     def model(self) -> nn.Module: ...
+    # where the worker trains (a recurrent model stacks on the CPU only)
     @property
     def device(self) -> torch.device: ...
+    # the model's flat parameter vector, which the stack's rows replace
     @property
     def theta(self) -> Tensor: ...
+    # every client's samples, concatenated in client order
     @property
     def x(self) -> Tensor: ...
     @property
     def y(self) -> Tensor: ...
+    # client i's samples are x[offsets[i]:offsets[i + 1]]
     @property
     def offsets(self) -> list[int]: ...
+    # the solver with round ``round_``'s learning rate (decay and steps)
     def solver_for(self, round_: int) -> SGD: ...
+    # the facts a client's hooks receive (its id, samples, weight)
     def client_info(self, i: int) -> ClientInfo: ...
+    # the update a client uploads, made as the sequential path makes it
     def client_update(
         self,
         task: Task,
@@ -77,6 +97,7 @@ class Worker(Protocol):
         done: SolverState,
         loss_sum: float,
     ) -> ClientUpdate: ...
+    # the fallback: the same tasks trained one client after another
     def train_sequential(
         self, payload: Payload, tasks: Sequence[Task], states: States
     ) -> list[ClientUpdate]: ...

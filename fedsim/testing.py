@@ -67,8 +67,29 @@ def make_update(
     relative_weight: float = 1.0,
     client_state: dict[str, torch.Tensor] | None = None,
 ) -> ClientUpdate:
-    """What a client that moved by ``delta`` in ``tau`` SGD steps uploads, made
-    by the algorithm's own client hooks (so extras and new state are real)."""
+    """What a client that moved by ``delta`` in ``tau`` SGD steps uploads.
+
+    The update is made by the algorithm's own client hooks
+    (``start_client``, then ``client_finish``), not assembled by hand, so the
+    extras and the new client state are the ones a real round would carry:
+    a contract check on a hand-made update would test the check, not the
+    algorithm.
+
+    Args:
+        alg: the algorithm whose hooks make the update.
+        state: the server state the client started from (its payload is
+            what the client "downloaded").
+        client: the client id (0 <= client < 5, the checked federation).
+        delta: the local model change x_end - x_start.
+        tau: the local steps taken; ||a||_1 is taken as ``tau`` (plain SGD).
+        weight: the client's aggregation weight before normalisation.
+        relative_weight: the client's n_i / mean n, as the runtime passes it.
+        client_state: the client's persistent state from earlier rounds
+            (None: a client seen for the first time).
+
+    Returns:
+        The :class:`ClientUpdate` the server's ``aggregate`` receives.
+    """
     payload = alg.payload(state)
     info = ClientInfo(
         client, n_samples=10, num_clients=M, relative_weight=relative_weight
@@ -137,6 +158,9 @@ def _check_object(alg: Algorithm) -> None:
 
 
 def _check_empty_round(alg: Algorithm) -> None:
+    """A round in which no update arrives (every client dropped) changes
+    nothing: the runtime calls ``aggregate`` with an empty list then, and a
+    rule that divided by the number of updates would produce NaNs."""
     state = alg.init(_x0(), M)
     new, info = alg.aggregate(state, [])
     assert new.keys() == state.keys(), "an empty round keeps the state's keys"
@@ -255,7 +279,16 @@ _CTX = SelectorContext.from_arrays(
 
 def fake_result(ids: np.ndarray, rng: np.random.Generator) -> Any:
     """A round outcome for ``observe``: a loss per client and a flag each (as
-    an algorithm's per-client columns), no algorithm ``signal``."""
+    an algorithm's per-client columns), no algorithm ``signal``.
+
+    Args:
+        ids: the clients that trained this round.
+        rng: the generator of the fake losses and flags (one per round, so
+            a resumed drive sees the same outcomes as an uninterrupted one).
+
+    Returns:
+        An object that satisfies the ``RoundResult`` protocol selectors read.
+    """
     flags: dict[int, dict[str, Any]] = {}
     clients = {}
     for i in ids.tolist():
@@ -269,7 +302,19 @@ def fake_result(ids: np.ndarray, rng: np.random.Generator) -> Any:
 
 def candidates(t: int) -> np.ndarray:
     """Online devices in round t of 8: varied subsets, some fewer than 3, in
-    round 5 none."""
+    round 5 none.
+
+    The subsets are a pure function of ``t`` (their own seeded generator),
+    so two drives of one selector see the same availability; the small and
+    empty rounds exercise what a selector does with fewer candidates than
+    ``clients_per_round`` (take them all) and with none (select nothing).
+
+    Args:
+        t: the round.
+
+    Returns:
+        The sorted ``int64`` ids online in round ``t``.
+    """
     if t == 5:
         return np.zeros(0, dtype=np.int64)
     rng = np.random.default_rng(1000 + t)
@@ -281,7 +326,25 @@ def drive(
     sel: Selector, rounds: int = 12, seed: int = 0, state: Any = None, start: int = 0
 ) -> tuple[list[np.ndarray], Any]:
     """Select and observe for ``rounds`` rounds of :func:`candidates`, every
-    choice from generators seeded by (``seed``, round)."""
+    choice from generators seeded by (``seed``, round).
+
+    This is the runtime's loop in miniature: the selector's randomness comes
+    only from the generator of each round's :class:`Draw`, and its state
+    goes in and comes out, so driving rounds 0..11 in one call or as 0..5
+    then 6..11 (passing the state on) must give the same ids; the resume
+    check relies on that.
+
+    Args:
+        sel: the selector under test.
+        rounds: how many rounds to drive.
+        seed: the run seed of the per-round generators.
+        state: the selector state to continue from (None: ``sel.init``).
+        start: the first round (non-zero when continuing a drive).
+
+    Returns:
+        The ids selected in each round, and the selector state after the
+        last one.
+    """
     state = sel.init(_CTX) if state is None else state
     history = []
     for t in range(start, start + rounds):
