@@ -63,6 +63,9 @@ RUN_S = 60  # one run taking this long is a hang
 # The share of generated examples (the @example ones aside) that must train:
 # 13 of the 30 derandomized ones do (the rest are refused, stall or diverge).
 MIN_TRAINED = 1 / 3
+# An exploration draws other examples, and fewer of those train (18 of 100
+# new draws did once); below this share the generator itself is broken.
+MIN_TRAINED_EXPLORED = 0.1
 # 30 examples take about a minute on an idle 2-core machine, three on a busy one
 EXAMPLES = int(os.environ.get("FEDSIM_FUZZ_EXAMPLES", "30"))
 
@@ -364,7 +367,12 @@ def check_outcome(r: dict[str, Any], rounds: int) -> str:
         assert summary["status"] in ("stalled", "diverged"), (summary, where)
         assert len(others) == 1, where
         assert others[0].startswith(f"run {summary['status']}: "), where
-        assert summary["rounds"] < rounds, summary
+        # a stall ends the run early; a NaN stops it, but a finite loss past
+        # the divergence bound only marks a run that went on to the end
+        if summary["status"] == "stalled":
+            assert summary["rounds"] < rounds, summary
+        else:
+            assert summary["rounds"] <= rounds, summary
     check_run_dir(out, summary)
     label = f"exit {code}: {summary['status']}"
     return label + (" (degenerate)" if summary["degenerate"] else "")
@@ -607,9 +615,9 @@ EXPLICIT = [
 ]
 
 
-def odd_scenarios_end_well(fuzz: settings) -> None:
+def odd_scenarios_end_well(fuzz: settings, min_trained: float = MIN_TRAINED) -> None:
     """The property on every example ``fuzz`` draws (and the EXPLICIT ones),
-    and enough of the generated examples train."""
+    and at least ``min_trained`` of the generated examples train."""
     trained: list[bool] = []  # per generated example
 
     @fuzz
@@ -630,7 +638,7 @@ def odd_scenarios_end_well(fuzz: settings) -> None:
     share = sum(trained) / len(trained)
     print(f"{sum(trained)} of {len(trained)} generated examples trained")
     assert len(trained) >= fuzz.max_examples // 2, len(trained)
-    assert share >= MIN_TRAINED, f"only {sum(trained)} of {len(trained)} trained"
+    assert share >= min_trained, f"only {sum(trained)} of {len(trained)} trained"
 
 
 def test_odd_scenarios_end_well_and_in_time():
@@ -640,6 +648,8 @@ def test_odd_scenarios_end_well_and_in_time():
 @pytest.mark.explore
 @pytest.mark.timeout(3600)
 def test_odd_scenarios_explored():
-    # New draws every run, and more of them (FEDSIM_FUZZ_EXAMPLES, default 200)
+    # More examples (FEDSIM_FUZZ_EXAMPLES, default 200): the same ones in every
+    # run, so a CI failure reproduces; FEDSIM_FUZZ_RANDOM=1 draws new ones
+    # (FUZZ reads it), which is how a person explores.
     n = int(os.environ.get("FEDSIM_FUZZ_EXAMPLES", "200"))
-    odd_scenarios_end_well(settings(FUZZ, derandomize=False, max_examples=n))
+    odd_scenarios_end_well(settings(FUZZ, max_examples=n), MIN_TRAINED_EXPLORED)

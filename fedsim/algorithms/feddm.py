@@ -244,6 +244,8 @@ class FedDM(base.Algorithm):
         epochs) and warns when ``fixed_window`` cuts the iterations short for a
         fleet group's median device (docs/fedpns-feddm.md, "FedDM's cost")."""
         found = super().check(scenario)
+        if (classless := self._classless(scenario)) is not None:
+            found.append(Problem(classless))
         rs, n_iter = scenario.round, self.iterations
         if rs.policy == "fixed_epochs" and rs.epochs_low is not None:
             found.append(
@@ -256,6 +258,24 @@ class FedDM(base.Algorithm):
         if rs.policy == "fixed_window" and (cut := self._window_cut(scenario)):
             found.append(Problem(cut, warning=True))
         return found
+
+    def _classless(self, scenario: ScenarioView) -> str | None:
+        """Why FedDM cannot run on this data, or None.
+
+        FedDM synthesises ``ipc`` samples per class and matches the real and
+        synthetic data's embeddings class by class, so it needs labelled
+        classes (an objective such as ``quadratic`` has none) and a network
+        that ends in a classifier; without this check such a run failed only
+        in the first client's training, with a traceback.
+        """
+        info = scenario.data.info(scenario.num_clients)
+        if info is None or info.classes != 0:  # unknown counts are let through
+            return None
+        return (
+            f"algorithm.name {self.name!r} synthesises samples per class, but "
+            f"data.dataset {scenario.data.dataset!r} has no classes (an "
+            "objective); use an algorithm that uploads model updates"
+        )
 
     def _window_cut(self, scenario: ScenarioView) -> str | None:
         """The warning for the first fleet group whose median device cannot run
