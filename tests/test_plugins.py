@@ -386,10 +386,16 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
 
 
 # ------------------------------------------- no built-in named where it must not be
-BUILTIN_NAMES = (
-    "fedavg fedprox fednova fednova_vr scaffold feddyn feddc fedavgm fedadam "
-    "fedasync fedbuff feddm fedpns uniform weighted oort power_of_choice"
-).split()
+def _builtin_names() -> list[str]:
+    """Every built-in algorithm's and selector's registry name (a new
+    built-in joins the check without editing it)."""
+    from fedsim.algorithms import REGISTRY as ALGORITHMS
+    from fedsim.selectors import REGISTRY as SELECTORS
+
+    return sorted(set(ALGORITHMS) | set(SELECTORS))
+
+
+BUILTIN_NAMES = _builtin_names()
 _NAMED = re.compile(rf"\b({'|'.join(BUILTIN_NAMES)})\b", re.IGNORECASE)
 
 
