@@ -247,12 +247,13 @@ class _Run:
         if not self.on_actor:
             self.server = Server(sc, self.data)
         self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)
-        d, elem = self.num_params, sc.model.elem_bytes
         # The constants every plan, the timeline and the selectors charge
-        # for, in one frozen value (docs/architecture.md, "Bytes").
+        # for, in one frozen value (docs/architecture.md, "Bytes"); the
+        # algorithm says what its clients send (a plug-in may override it).
+        bytes_down, bytes_up = sc.algorithm.bytes_per_client(sc, self.num_params)
         self.ctx = clock.RunContext(
-            bytes_down=sc.algorithm.down_factor * d * elem,
-            bytes_up=sc.algorithm.up_factor * d * elem,
+            bytes_down=bytes_down,
+            bytes_up=bytes_up,
             n_samples=self.data.n_samples,
             batch_size=sc.client.batch_size,
             # an algorithm whose client work is not local steps says its own
