@@ -29,6 +29,24 @@ else:
     NetworkPresetName = Literal[tuple(NETWORK_PRESETS)]
 
 
+class _Choice(_Spec):
+    """A spec whose ``CHOICE`` field picks a variant that reads only some of
+    the other fields (``USES``: the variant's fields, space-separated).
+
+    ``fedsim validate`` prints a section with :attr:`used_fields` only, so a
+    field the chosen variant ignores (``sigma`` on fixed speeds) does not read
+    as if it mattered; the table lives here, beside the fields it names.
+    """
+
+    CHOICE: ClassVar[str]
+    USES: ClassVar[dict[str, str]]
+
+    @property
+    def used_fields(self) -> str:
+        """The choosing field and the fields its value reads, space-separated."""
+        return f"{self.CHOICE} {self.USES[getattr(self, self.CHOICE)]}".strip()
+
+
 class SpeedTierSpec(_Spec):
     """One lognormal component of a ``mixture`` speed distribution."""
 
@@ -41,7 +59,7 @@ class SpeedTierSpec(_Spec):
 _SPEED_FIELD = {"fixed": "steps_per_s", "lognormal": "median_steps_per_s"}
 
 
-class SpeedSpec(_Spec):
+class SpeedSpec(_Choice):
     """Compute speed in local steps per simulated second, drawn once per device.
 
     ``fixed``, ``lognormal`` or ``mixture`` of lognormal ``tiers``;
@@ -61,7 +79,7 @@ class SpeedSpec(_Spec):
     workload: WorkloadName | None = None
     scale: PosFloat = 1.0
 
-    # The fields each ``dist`` reads (``fedsim validate`` prints only these).
+    CHOICE: ClassVar[str] = "dist"
     USES: ClassVar[dict[str, str]] = {
         "fixed": "steps_per_s",
         "lognormal": "median_steps_per_s sigma",
@@ -70,10 +88,11 @@ class SpeedSpec(_Spec):
 
     @property
     def used_fields(self) -> str:
-        """``dist`` and the fields its value reads, space-separated (with
-        ``preset workload scale`` when a preset filled it in)."""
-        preset = "preset workload scale " if self.preset else ""
-        return f"dist {preset}{self.USES[self.dist]}".strip()
+        """As :class:`_Choice`'s, with ``preset workload scale`` when a preset
+        filled the distribution in (they say where its numbers came from)."""
+        if not self.preset:
+            return super().used_fields
+        return f"dist preset workload scale {self.USES[self.dist]}".strip()
 
     @model_validator(mode="before")
     @classmethod
@@ -202,7 +221,7 @@ class NetworkSpec(_Spec):
         return {**{k.replace("_median", ""): v for k, v in preset.items()}, **data}
 
 
-class SlowdownSpec(_Spec):
+class SlowdownSpec(_Choice):
     """A straggler's slowdown factor (>= 1; speed is divided by it): ``fixed``
     ``factor``, ``uniform`` U(low, high) or ``pareto`` 1 + Pareto(shape), at
     most ``max_factor``."""
@@ -214,17 +233,12 @@ class SlowdownSpec(_Spec):
     shape: PosFloat = 2.0
     max_factor: Annotated[float, Field(ge=1)] | None = None
 
-    # The fields each ``dist`` reads (``fedsim validate`` prints only these).
+    CHOICE: ClassVar[str] = "dist"
     USES: ClassVar[dict[str, str]] = {
         "fixed": "factor",
         "uniform": "low high",
         "pareto": "shape max_factor",
     }
-
-    @property
-    def used_fields(self) -> str:
-        """``dist`` and the fields its value reads, space-separated."""
-        return f"dist {self.USES[self.dist]}".strip()
 
     @model_validator(mode="after")
     def _range(self) -> SlowdownSpec:
@@ -244,7 +258,7 @@ class StragglerSpec(_Spec):
     dropout_p: Prob = 0.0
 
 
-class AvailabilitySpec(_Spec):
+class AvailabilitySpec(_Choice):
     """When a device is online: ``always``, ``on_off`` (exponential periods)
     or ``daily`` (docs/fleets.md, "Availability")."""
 
@@ -256,17 +270,12 @@ class AvailabilitySpec(_Spec):
     peak_hour: Annotated[float, Field(ge=0, lt=24)] = 2.0
     period_s: PosFloat = 86400.0
 
-    # The fields each ``kind`` reads (``fedsim validate`` prints only these).
+    CHOICE: ClassVar[str] = "kind"
     USES: ClassVar[dict[str, str]] = {
         "always": "",
         "on_off": "mean_on_s mean_off_s",
         "daily": "mean_on_s min_online max_online peak_hour period_s",
     }
-
-    @property
-    def used_fields(self) -> str:
-        """``kind`` and the fields its value reads, space-separated."""
-        return f"kind {self.USES[self.kind]}".strip()
 
     @model_validator(mode="after")
     def _profile(self) -> AvailabilitySpec:
