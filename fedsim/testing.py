@@ -148,6 +148,7 @@ def check_algorithm(
 
 def _check_object(alg: Algorithm) -> None:
     """It pickles (Ray ships it) and its communication factors fit its payload."""
+    # a round trip of bytes made here, never a file: Ray ships objects so
     again = pickle.loads(pickle.dumps(alg))
     assert again == alg and hash(again) == hash(alg), "the algorithm must pickle"
     assert alg.down_factor >= 1 and alg.up_factor >= 1, "factors are >= 1"
