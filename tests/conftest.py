@@ -148,6 +148,26 @@ def pytest_runtest_teardown(item, nextitem):
         _STOP_CLUSTER[0]()
 
 
+def run_python(*argv: str) -> Any:
+    """``python *argv`` from the repository root, as a user's shell starts it:
+    this checkout first on the path, no usage stats, and SIGINT at its
+    default (a suite started in the background hands its children SIGINT
+    ignored, and the signal tests need it delivered). Returns the finished
+    ``subprocess.CompletedProcess`` with text stdout and stderr."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
 def cli_run(out: Path, scenario: str, overrides: list[str]) -> Path:
     """``fedsim run SCENARIO --workers 0 --out OUT --set ...`` in this process
     (typer's CliRunner); it must succeed. Returns ``out``."""

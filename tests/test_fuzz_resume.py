@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -35,7 +33,7 @@ from typer.testing import CliRunner
 
 from fedsim.cli import app
 
-from .conftest import ROOT, SCENARIOS
+from .conftest import SCENARIOS, run_python
 
 TINY = str(SCENARIOS / "ci" / "tiny-synthetic.yaml")
 ROUNDS = 4
@@ -181,17 +179,13 @@ fedsim.cli.main()
 """
 
 
-def fedsim_process(*args: str, driver: tuple[str, ...] = ()) -> subprocess.Popen:
+def fedsim_process(
+    *args: str, driver: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    """``fedsim *args`` in its own process (through the signal driver when
+    ``driver`` gives the signal and the round to send it at)."""
     code = ["-c", _SIGNAL_DRIVER, *driver] if driver else ["-m", "fedsim.cli"]
-    return subprocess.run(
-        [sys.executable, *code, *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"},
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    return run_python(*code, *args)
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -27,7 +26,7 @@ from typer.testing import CliRunner
 
 from fedsim.cli import app
 
-from .conftest import ROOT, SCENARIOS
+from .conftest import ROOT, SCENARIOS, run_python
 
 TINY = str(SCENARIOS / "ci" / "tiny-synthetic.yaml")
 
@@ -356,15 +355,7 @@ def test_a_signal_in_set_up_is_an_interrupt_like_one_in_a_round(tmp_path, where,
     args = ["run", TINY, "--workers", "0", "--out", str(out), "--set", "rounds=3"]
 
     # Execute: the signal arrives at ``where`` (a real signal to the process)
-    p = subprocess.run(
-        [sys.executable, "-c", _DRIVER, where, sig, *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"},
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    p = run_python("-c", _DRIVER, where, sig, *args)
 
     # Assert: exit 130, a message, no traceback; summary.json once the run
     # folder exists (before that, nothing was written)
