@@ -67,9 +67,13 @@ def checkpoint_round(run_dir: Path) -> int:
         return 0
 
 
-# Long enough that a kill after the checkpoint at round 30 (or a write
-# failing near round 50) lands well before the end, even on busy cores.
-QUICK_ROUNDS = 90
+# Long enough that a write failing near round 50 (clients.parquet passing
+# 28 kB) lands before the end, and that a kill after the checkpoint at round
+# 20 leaves 40 rounds to run: a kill lands within a poll (20 ms) of the
+# checkpoint, far less than 40 rounds take even on busy cores.
+QUICK_ROUNDS = 60
+# The kill lands once a checkpoint at or after this round exists.
+KILL_AFTER = 20
 
 
 def reference_run(scenario: Path, rounds: int, out: Path) -> Path:
@@ -89,7 +93,7 @@ def quick_reference(tmp_path_factory) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("scenario", "rounds"),
-    [(QUICK, QUICK_ROUNDS), (SCENARIOS / "async-fedbuff.yaml", 300)],
+    [(QUICK, QUICK_ROUNDS), (SCENARIOS / "async-fedbuff.yaml", 120)],
     ids=["sync", "async"],
 )
 def test_resume_after_killing_the_driver_gives_identical_results(
@@ -107,14 +111,14 @@ def test_resume_after_killing_the_driver_gives_identical_results(
     run_dir = tmp_path / "killed"
     proc = in_process(scenario, *args, "--out", str(run_dir))
     deadline = time.monotonic() + 300
-    while checkpoint_round(run_dir) < 30 and proc.poll() is None:
+    while checkpoint_round(run_dir) < KILL_AFTER and proc.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before the kill"
     killed_at = checkpoint_round(run_dir)
-    assert 30 <= killed_at < rounds
+    assert KILL_AFTER <= killed_at < rounds
     resumed = fedsim("run", "--resume", str(run_dir), "-q", "--no-report")
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
 
