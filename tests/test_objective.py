@@ -279,3 +279,17 @@ def test_compare_adds_an_objective_panel_when_every_run_has_it(tmp_path):
     one = [both[0], run("fedprox", 0, [math.nan] * 3)]
     plot_compare(one, None, tmp_path / "without.png")
     assert_figure(tmp_path / "without.png", (16, 4.2))
+
+
+@pytest.mark.ray
+def test_the_server_actor_gives_the_same_objective(ray_session):
+    # resources.server.cpus 0: the embedded Ray of the tests has 2 CPUs
+    over = ["rounds=2", "eval.objective_every=1"]
+    actor = ["resources.server.home=actor", "resources.server.cpus=0"]
+    driver = run_scenario(load_scenario(TINY, over), workers=2)
+    remote = run_scenario(load_scenario(TINY, [*over, *actor]), workers=2)
+    assert remote.placement["server"]["home"] == "actor"
+    assert [r["train_objective"] for r in remote.rows] == [
+        r["train_objective"] for r in driver.rows
+    ]
+    assert remote.initial == driver.initial
