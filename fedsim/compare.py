@@ -615,28 +615,79 @@ def _colors(names: Iterable[str]) -> dict[str, Any]:
     return {n: colormaps["tab10"](i % 10) for i, n in enumerate(dict.fromkeys(names))}
 
 
-def _points(rounds: list[dict[str, Any]], x_key: str) -> list[tuple[float, float]]:
-    """(x, accuracy) of a run's evaluated rounds; rounds counted from 1."""
+def _points(
+    rounds: list[dict[str, Any]], x_key: str, y_key: str = "test_accuracy"
+) -> list[tuple[float, float]]:
+    """(x, y) of a run's rounds with a finite ``y_key`` (accuracy: the
+    evaluated rounds); rounds counted from 1."""
     shift = 1.0 if x_key == "round" else 0.0
     return [
-        (float(r[x_key]) + shift, float(r["test_accuracy"]))
+        (float(r[x_key]) + shift, float(r[y_key]))
         for r in rounds
-        if _ge(r["test_accuracy"], 0.0)
+        if _ge(r.get(y_key), -math.inf)
     ]
 
 
+def has_objective(rounds: list[dict[str, Any]]) -> bool:
+    """Whether a run's rows have a finite ``train_objective`` (F(x))."""
+    return bool(_points(rounds, "round", "train_objective"))
+
+
 def _band(
-    curves: Sequence[list[dict[str, Any]]], x_key: str, grid: np.ndarray
+    curves: Sequence[list[dict[str, Any]]],
+    x_key: str,
+    grid: np.ndarray,
+    y_key: str = "test_accuracy",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, min and max over seeds of accuracy against ``x_key`` on ``grid``; NaN
-    where a seed does not reach (a band never mixes different sets of seeds)."""
+    """Mean, min and max over seeds of ``y_key`` against ``x_key`` on ``grid``;
+    NaN where a seed does not reach (a band never mixes different sets of seeds)."""
     ys = []
-    for pts in filter(None, (_points(rounds, x_key) for rounds in curves)):
+    for pts in filter(None, (_points(rounds, x_key, y_key) for rounds in curves)):
         x, y = np.array(pts).T
         inside = (grid >= x[0]) & (grid <= x[-1])
         ys.append(np.where(inside, np.interp(grid, x, y), np.nan))
     stack = np.vstack(ys) if ys else np.full((1, grid.size), np.nan)
     return stack.mean(0), stack.min(0), stack.max(0)
+
+
+def _draw_band(
+    ax: Any,
+    mine: list[list[dict[str, Any]]],
+    keys: tuple[str, str],
+    color: Any,
+    label: str,
+) -> None:
+    """One algorithm's curve on ``ax``: the mean over its seeds, the min-max
+    band, each seed thin.
+
+    Args:
+        ax: the panel.
+        mine: the algorithm's round rows, one list per seed.
+        keys: (x key, y key) of the rows.
+        color: the algorithm's colour.
+        label: the legend's label.
+    """
+    x_key, y_key = keys
+    xs = [float(r[x_key]) for c in mine for r in c]
+    if not xs:
+        return
+    lo = 1.0 if x_key == "round" else 0.0
+    grid = np.linspace(lo, max(xs) + lo, 200)
+    mean, low, high = _band(mine, x_key, grid, y_key)
+    ax.plot(grid, mean, color=color, linewidth=1.8, label=label)
+    ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
+    for pts in filter(None, (_points(c, x_key, y_key) for c in mine)):
+        ax.plot(*np.array(pts).T, color=color, linewidth=0.6, alpha=0.4)
+
+
+def _frame_objective(ax: Any, curves: list[list[dict[str, Any]]], xlabel: str) -> None:
+    """The F(x) panel's labels; a log scale when the values of all runs span
+    over two decades."""
+    pts = [y for c in curves for _, y in _points(c, "round", "train_objective")]
+    values = np.array(pts)
+    if values.size and values.min() > 0 and values.max() / values.min() > 100:
+        ax.set_yscale("log")
+    ax.set(xlabel=xlabel, ylabel="training objective F(x)")
 
 
 def plot_compare(
@@ -645,7 +696,9 @@ def plot_compare(
     path: Path,
 ) -> Path:
     """compare.png: test accuracy against simulated time, rounds and MB uploaded,
-    per algorithm: mean over seeds, min-max band, each seed thin; target dashed."""
+    per algorithm: mean over seeds, min-max band, each seed thin; target dashed.
+    When every run recorded the global training objective
+    (``eval.objective_every``), a fourth panel draws F(x) against rounds."""
     from fedsim.plots import _new_figure, _save
 
     colors = _colors(row["algorithm"] for row, _ in results)
@@ -653,30 +706,29 @@ def plot_compare(
         (row["algorithm"], [{**r, "upload_mb": r["bytes_up_cum"] / 1e6} for r in c])
         for row, c in results
     ]
-    fig = _new_figure(16, 4.2)
-    axes = fig.subplots(1, 3)
-    for x_key, ax, xlabel in (
-        ("sim_time", axes[0], "simulated time (s)"),
-        ("round", axes[1], "rounds completed"),
-        ("upload_mb", axes[2], "uploaded (MB, all clients)"),
-    ):
+    panels = [
+        ("sim_time", "test_accuracy", "simulated time (s)"),
+        ("round", "test_accuracy", "rounds completed"),
+        ("upload_mb", "test_accuracy", "uploaded (MB, all clients)"),
+    ]
+    objective = bool(results) and all(has_objective(c) for _, c in results)
+    if objective:
+        panels.append(("round", "train_objective", "rounds completed"))
+    fig = _new_figure(21.3 if objective else 16, 4.2)
+    axes = fig.subplots(1, len(panels))
+    for ax, (x_key, y_key, xlabel) in zip(axes, panels, strict=True):
         for label, color in colors.items():
             mine = [c for lab, c in curves if lab == label]  # by seed
-            xs = [float(r[x_key]) for c in mine for r in c]
-            if not xs:
-                continue
-            lo = 1.0 if x_key == "round" else 0.0
-            grid = np.linspace(lo, max(xs) + lo, 200)
-            mean, low, high = _band(mine, x_key, grid)
-            ax.plot(grid, mean, color=color, linewidth=1.8, label=label)
-            ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
-            for pts in filter(None, (_points(c, x_key) for c in mine)):
-                ax.plot(*np.array(pts).T, color=color, linewidth=0.6, alpha=0.4)
-        if target is not None:
-            ax.axhline(target, color="0.3", linestyle="--", linewidth=1)
-        ax.set(xlabel=xlabel, ylabel="test accuracy")
+            _draw_band(ax, mine, (x_key, y_key), color, label)
+        if y_key == "test_accuracy":
+            if target is not None:
+                ax.axhline(target, color="0.3", linestyle="--", linewidth=1)
+            ax.set(xlabel=xlabel, ylabel="test accuracy")
+        else:
+            _frame_objective(ax, [c for _, c in curves], xlabel)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="lower right")
     seeds = len({row["seed"] for row, _ in results})
-    fig.suptitle(f"test accuracy: mean over {seeds} seed(s), band from min to max")
+    what = "test accuracy and training objective" if objective else "test accuracy"
+    fig.suptitle(f"{what}: mean over {seeds} seed(s), band from min to max")
     return _save(fig, path)

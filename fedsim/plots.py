@@ -124,6 +124,12 @@ def has_chi2(rounds: pa.Table | None) -> bool:
     return bool(np.isfinite(_floats(rounds, "chi2_pw")).any())
 
 
+def has_objective(rounds: pa.Table | None) -> bool:
+    """Whether ``rounds`` has a ``train_objective`` column with a finite value
+    (``eval.objective_every`` > 0)."""
+    return bool(np.isfinite(_floats(rounds, "train_objective")).any())
+
+
 def _new_figure(width: float, height: float) -> Figure:
     """A bare Figure (no pyplot: no global state, safe in worker threads)."""
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
@@ -668,6 +674,47 @@ def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
         ax.xaxis.set_major_locator(_round_ticks())
         ax.grid(alpha=0.3)
     ax.set_title(title or "objective inconsistency per round")
+    return fig
+
+
+def figure_objective(
+    rounds: pa.Table | None, title: str = "", initial: Mapping[str, Any] | None = None
+) -> Figure:
+    """The global training objective F(x) = sum_i p_i F_i(x) (rounds.parquet's
+    ``train_objective``) against simulated time and rounds completed.
+
+    Drawn like :func:`figure_metrics`' loss panels: round ``t`` at ``t + 1``
+    rounds completed, the initial model (summary.json's ``initial``
+    ``objective``) at 0, a log scale when the values span over two decades.
+
+    Args:
+        rounds: rounds.parquet, or None.
+        title: The figure's title (a default when empty).
+        initial: summary.json's ``initial``; anything but a mapping is ignored.
+
+    Returns:
+        A figure with two panels (time, rounds), or panels saying there is no
+        value to draw.
+    """
+    initial = initial if isinstance(initial, Mapping) else {}
+    t0 = float(initial.get("t") or 0.0)
+    f = _floats(rounds, "train_objective")
+    fig, axes = _subplots(11, 4.2, 1, 2)
+    xs = [
+        (_floats(rounds, "sim_time"), t0, "simulated time (s)"),
+        (_floats(rounds, "round") + 1.0, 0.0, "rounds completed"),
+    ]
+    for col, (x, x0, xlabel) in enumerate(xs):
+        ax = axes[col]
+        x, y = _with_initial(x, f, x0, initial.get("objective"))
+        if not _line(ax, x, y, color="C4", label="F(x), training data"):
+            _no_data(ax, "no training objective recorded (eval.objective_every)")
+            continue
+        values = y[np.isfinite(y)]
+        if values.min() > 0 and values.max() / values.min() > 100:
+            ax.set_yscale("log")
+        _frame_metric(ax, "training objective F(x)", xlabel, by_round=col == 1)
+    fig.suptitle(title or "global training objective", fontsize=13)
     return fig
 
 

@@ -54,6 +54,16 @@ FIGURES = {
         "means client drift. The curves start at the initial model (0 rounds "
         "completed); round t of rounds.parquet is drawn at t + 1 rounds completed.",
     ),
+    "objective.png": (
+        "Global training objective F(x)",
+        "F(x) = sum_i p_i F_i(x): the model's mean loss on each client's training "
+        "data, weighted by its data weight p_i (the task loss only, no proximal or "
+        "dynamic regulariser), every eval.objective_every rounds and after the last. "
+        "Unlike the dashed train loss of the metrics figure (the participants' "
+        "minibatch losses during local training), it is the objective the run "
+        "minimises, on every client's data: a plateau above other runs' is "
+        "objective inconsistency or client drift.",
+    ),
     "tau_by_group.png": (
         "Local steps tau_i(t) per device group",
         "Wide boxes or groups far apart mean heterogeneous local progress: this is "
@@ -206,6 +216,16 @@ def _update_counts(summary: dict[str, Any], rounds: pa.Table) -> tuple[Any, str]
     return done, dropped
 
 
+def _last_value(rounds: pa.Table, column: str) -> float | None:
+    """The last finite value of a float ``column``; None when the column is
+    missing or has none."""
+    if column not in rounds.column_names:
+        return None
+    column_values = rounds.column(column).to_pylist()
+    values = [v for v in column_values if isinstance(v, float) and math.isfinite(v)]
+    return values[-1] if values else None
+
+
 def _final_sim_time(summary: dict[str, Any], rounds: pa.Table) -> Any:
     """summary.json's ``sim_time_s``, else the last round's ``sim_time``."""
     sim_time = summary.get("sim_time_s")
@@ -265,6 +285,8 @@ def _summary_rows(
         ("best test accuracy (round)", f"{best[0]} ({best[1]})"),
         ("final test loss", _fmt(summary.get("final_test_loss"))),
         ("best test loss", _fmt(summary.get("best_test_loss"))),
+        ("initial training objective F(x)", _fmt(initial.get("objective"))),
+        ("final training objective F(x)", _fmt(_last_value(rounds, "train_objective"))),
         ("simulated time", _sim_time(sim_time)),
         ("wall time", f"{_fmt(summary.get('wall_time_s'), '.1f')} s"),
         ("updates completed", _fmt(done)),
@@ -434,6 +456,9 @@ def _save_figures(
 
     initial = summary.get("initial")  # the figure checks what it is
     save("metrics.png", plots.figure_metrics(rounds, f"{name}: test metrics", initial))
+    if plots.has_objective(rounds):
+        title = f"{name}: global training objective"
+        save("objective.png", plots.figure_objective(rounds, title, initial))
     tau_title = f"{name}: local steps per update, by device group"
     tau = plots.figure_tau_by_group(clients, groups, tau_title, _step_cap(scenario))
     save("tau_by_group.png", tau)

@@ -42,7 +42,7 @@ from fedsim.results import (
 )
 from fedsim.scenario import Scenario
 from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
-from fedsim.server import Applied, DivergenceError, Server, evaluates
+from fedsim.server import Applied, DivergenceError, Server, evaluates, objective_due
 from fedsim.server_actor import RemoteServer, ServerLost
 from fedsim.workers import Payload, Task
 
@@ -308,6 +308,8 @@ class _Run:
         # x_0 is a pure function of (scenario, seed): a resume evaluates it again
         loss, acc = self.server.evaluate()
         self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
+        if self.sc.eval.objective_every:  # F(x_0), only when asked for
+            self.initial["objective"] = self.server.objective()
         if self.run_dir is not None:
             self._prepare(self.run_dir, resume)
         if not self.on_actor:
@@ -350,7 +352,9 @@ class _Run:
         """Add round (or version) ``t``'s rows to the recorder.
 
         Evaluates the model first when ``t`` is an evaluation round, so the
-        row's test columns describe the model after ``applied``.
+        row's test columns describe the model after ``applied``; likewise
+        ``train_objective`` (a column only when ``eval.objective_every`` > 0:
+        F(x) on its rounds, NaN on the others).
 
         Args:
             t: the round, or in asynchronous mode the version made.
@@ -367,6 +371,11 @@ class _Run:
             if evaluates(self.sc.eval, self.sc.rounds, t)
             else (nan, nan)
         )
+        # the column only when asked for: other runs' tables stay as they were
+        objective = {}
+        if self.sc.eval.objective_every:
+            due = objective_due(self.sc.eval, self.sc.rounds, t)
+            objective["train_objective"] = self.server.objective() if due else nan
         done = [r.plan for r in records if not r.plan.dropped]
         row = {
             "round": t,
@@ -381,6 +390,7 @@ class _Run:
             **_tau_columns([p.tau for p in done]),
             "tau_eff": applied.info.tau_eff,
             "chi2_pw": applied.info.chi2_pw,
+            **objective,
             **extra,
         }
         # trained skips the dropped records: walk both in step

@@ -122,10 +122,14 @@ def _default_selector() -> Any:
 
 class EvalSpec(Spec):
     """The server's evaluation: every ``every_rounds`` rounds, in batches of
-    ``batch_size`` test samples."""
+    ``batch_size`` samples. ``objective_every`` k > 0 also computes the
+    global training objective F(x) = sum_i p_i F_i(x) every k rounds and
+    after the last (rounds.parquet's ``train_objective``); 0, the default,
+    never does (docs/scenarios.md, "eval")."""
 
     every_rounds: Annotated[int, Field(ge=1)] = 1
     batch_size: Annotated[int, Field(ge=1)] = 4096
+    objective_every: Annotated[int, Field(ge=0)] = 0
 
 
 class CheckpointSpec(Spec):

@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any, NamedTuple, cast
 
 import torch
+import torch.nn.functional as F
 
 from fedsim import checkpoint
 from fedsim.algorithms.base import AggregateInfo, AsyncRule, ClientUpdate, ServerContext
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.data.validation import validation_problem, validation_use
-from fedsim.models import evaluate, make_model
+from fedsim.models import QuadraticModel, evaluate, make_model
 from fedsim.params import flatten, l2_norm
 from fedsim.scenario import EvalSpec, Scenario, ScenarioError
 from fedsim.store import ClientStore
@@ -54,6 +55,22 @@ def evaluates(spec: EvalSpec, rounds: int, t: int) -> bool:
         t: the 0-based round or version.
     """
     return (t + 1) % spec.every_rounds == 0 or t == rounds - 1
+
+
+def objective_due(spec: EvalSpec, rounds: int, t: int) -> bool:
+    """Whether round (or version) ``t`` ends with the global training
+    objective F(x) (:meth:`Server.objective`).
+
+    Never when ``objective_every`` is 0 (the default); otherwise every
+    ``objective_every``-th round and always the last, as :func:`evaluates`.
+
+    Args:
+        spec: the scenario's ``eval`` section.
+        rounds: the run's rounds (or versions).
+        t: the 0-based round or version.
+    """
+    k = spec.objective_every
+    return k > 0 and ((t + 1) % k == 0 or t == rounds - 1)
 
 
 @dataclass(frozen=True)
@@ -299,6 +316,52 @@ class Server:
         batch = self.scenario.eval.batch_size
         return evaluate(self.model, *self.test, batch, self.test_weights)
 
+    @torch.no_grad()
+    def objective(self) -> float:
+        """The global training objective F(x) = sum_i p_i F_i(x) of the
+        current model.
+
+        F_i is the mean loss of the model over client i's training rows (the
+        task loss of :func:`fedsim.models.batch_loss`: cross-entropy, or a
+        quadratic client's h_i/2 ||x - e_i||^2; no FedProx or FedDyn
+        regulariser) and p_i its data weight (``FederatedData.weights``
+        normalised: n_i / n, or the quadratic problem's given p_i), the
+        weights the server aggregates with. Computed in eval mode on the
+        server's CPU model, in batches of ``eval.batch_size`` rows, in row
+        order: the same floats on every call and in both server homes.
+
+        Clients without training rows are left out and the other weights
+        renormalised (with p_i = n_i / n they weigh 0 anyway).
+
+        Returns:
+            F(x) as a float (summed in float64); NaN when no client has a
+            training row.
+        """
+        data = self._data
+        n = data.n_samples
+        p = torch.as_tensor(data.weights, dtype=torch.float64)
+        held = torch.as_tensor(n > 0)
+        if not bool(held.any()):
+            return math.nan
+        x0 = self.state["x"]
+        torch.nn.utils.vector_to_parameters(x0, self.model.parameters())
+        self.model.eval()
+        try:
+            losses = _row_losses(
+                self.model, data, x0.dtype, self.scenario.eval.batch_size
+            )
+        finally:
+            self.model.train()
+        bounds = data.offsets.tolist()
+        f_i = torch.stack(
+            [
+                losses[a:b].mean() if b > a else losses.new_zeros(())
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            ]
+        )
+        p = torch.where(held, p, torch.zeros_like(p))
+        return float((p * f_i).sum() / p.sum())
+
     def save(self, path: Path) -> None:
         """Write the server state and per-client state into folder ``path``."""
         write_state(path, self.export_state())
@@ -359,6 +422,30 @@ def read_state(path: Path) -> ServerSnapshot:
     return ServerSnapshot(
         checkpoint.load_tensors(path / "server.pt"), checkpoint.load_arrays(path)
     )
+
+
+def _row_losses(
+    model: torch.nn.Module, data: FederatedData, dtype: torch.dtype, batch: int
+) -> torch.Tensor:
+    """The model's loss on each training row of ``data``, in row order, as
+    float64: :func:`fedsim.models.batch_loss` per row, computed in batches
+    of ``batch`` rows (copied, as :func:`_split` does, so both server homes
+    compute the same floats)."""
+    out = []
+    for start in range(0, len(data.x), batch):
+        xb, yb = _split(
+            data.x[start : start + batch],
+            data.y[start : start + batch],
+            dtype,
+            data.num_classes,
+        )
+        if isinstance(model, QuadraticModel):
+            per = model(xb, yb)
+        else:
+            per = F.cross_entropy(model(xb), yb, reduction="none")
+            per = per.reshape(len(xb), -1).mean(dim=1)  # a sequence: its mean
+        out.append(per.double())
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 
 def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> Split:

@@ -168,6 +168,10 @@ class RemoteServer:
         """:meth:`Server.evaluate` on the actor."""
         return self._call("evaluate")
 
+    def objective(self) -> float:
+        """:meth:`Server.objective` on the actor."""
+        return self._call("objective")
+
     def payload(self) -> Payload:
         """:meth:`Server.payload` on the actor (a copy, as there)."""
         return self._call("payload")
