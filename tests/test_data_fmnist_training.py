@@ -16,9 +16,12 @@ from .conftest import SCENARIOS
 SMALL = SCENARIOS / "ci" / "fmnist-dirichlet-small.yaml"
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
-# Measured: 0.7525 after 12 rounds (seed 0); the margin allows for other
-# BLAS builds on other machines.
-MIN_ACCURACY = 0.65
+# The scenario's first 9 of 12 rounds (the test's cost is its training).
+# Measured, seed 0, test accuracy after rounds 1-12: 0.19 0.48 0.55 0.54
+# 0.55 0.65 0.67 0.67 0.693 0.687 0.719 0.7525 (chance: 0.1); the margin
+# allows for other BLAS builds on other machines.
+ROUNDS = 9
+MIN_ACCURACY = 0.6
 
 
 @pytest.mark.slow
@@ -29,7 +32,7 @@ MIN_ACCURACY = 0.65
 def test_small_fmnist_scenario_learns(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))  # read the Debian package's copy
     monkeypatch.delenv("FEDSIM_DATA_ROOT", raising=False)
-    sc = load_scenario(SMALL)
+    sc = load_scenario(SMALL, [f"rounds={ROUNDS}"])
 
     sim = run_scenario(sc, workers=0)
     rows, client_rows = sim.rows, sim.clients
