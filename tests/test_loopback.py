@@ -56,8 +56,10 @@ def test_embedded_ray_binds_loopback_only(tmp_path):
             "-q",
             "--out",
             str(tmp_path / "run"),
+            "--no-report",
+            # long enough to see every Ray process bind (polled every 0.3 s)
             "--set",
-            "rounds=40",
+            "rounds=15",
         ],
         cwd=ROOT,
         env=env,
