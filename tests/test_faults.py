@@ -261,7 +261,9 @@ def live_pids(executor) -> list[int]:
 @pytest.mark.slow
 def test_killed_worker_is_replaced_and_results_are_identical(ray_session, monkeypatch):
     sc = load_scenario(QUICK, ["rounds=12", "client.batch_size=5"])
-    clean = run_scenario(sc, workers=2)
+    # the reference in process: results do not depend on the workers
+    # (test_determinism), so this also asks the killed run to match it
+    clean = run_scenario(sc, workers=0)
     clean_rows, clean_clients = clean.rows, clean.clients
     made = record_executors(monkeypatch)
 
@@ -295,7 +297,7 @@ def test_a_worker_killed_in_an_async_run_is_replaced_with_identical_results(
     ray_session, monkeypatch
 ):
     sc = load_scenario(SCENARIOS / "async-fedbuff.yaml", ["rounds=40"])
-    clean = run_scenario(sc, workers=2)
+    clean = run_scenario(sc, workers=0)  # in process, as above
     clean_rows, clean_clients = clean.rows, clean.clients
     made = record_executors(monkeypatch)
     killed: list[int] = []
