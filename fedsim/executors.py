@@ -561,17 +561,20 @@ def resolve_workers(scenario: Scenario, override: int | None) -> int:
 
     Returns:
         The override, the scenario's count, or for ``auto`` the cluster's
-        CPUs over ``cpus_per_worker`` (at least 1; 1 without Ray).
+        CPUs over ``cpus_per_worker`` (at least 1; 1 without Ray), less
+        those of a server actor (``resources.server.cpus``).
     """
     if override is not None:
         return override
-    w = scenario.resources.workers
-    if w != "auto":
-        return int(w)
+    res = scenario.resources
+    if res.workers != "auto":
+        return int(res.workers)
     import ray
 
     cpus = ray.cluster_resources().get("CPU", 1.0) if ray.is_initialized() else 1.0
-    return max(1, int(cpus // scenario.resources.cpus_per_worker))
+    if res.server.home == "actor":  # room for the server actor too
+        cpus -= res.server.cpus
+    return max(1, int(cpus // res.cpus_per_worker))
 
 
 def make_executor(scenario: Scenario, data: FederatedData, workers: int) -> Executor:

@@ -222,6 +222,16 @@ def test_a_lost_worker_call_is_resent_and_its_new_references_used(ray_session):
 
 
 @pytest.mark.ray
+def test_auto_workers_leave_the_server_actor_its_cpus(ray_session):
+    from fedsim.executors import resolve_workers
+
+    auto = "resources.workers=auto"  # the embedded Ray has 2 CPUs
+    assert resolve_workers(_load(auto), None) == 2
+    assert resolve_workers(_load(auto, "resources.server.home=actor"), None) == 1
+    assert resolve_workers(_load(auto, *ACTOR), None) == 2  # cpus 0: shares
+
+
+@pytest.mark.ray
 def test_the_server_actor_takes_the_last_bundle_of_the_placement_group(ray_session):
     from fedsim.runtime import run_scenario
 
