@@ -34,6 +34,12 @@ class ServerLost(RuntimeError):
     """The server actor died (its node was lost); the run cannot go on."""
 
 
+class UpdatesLost(ServerLost):
+    """An update the server actor was to fetch is gone (the node that held
+    it was lost after its worker's call ended): the round cannot be applied,
+    and the run stops at its last checkpoint as when the actor is lost."""
+
+
 class ServerActor:
     """The body of the Ray actor: a :class:`Server` and a few accessors.
 
@@ -65,11 +71,22 @@ class ServerActor:
                 here, not via the driver) or an update itself, in the order
                 ``Server.apply`` takes them.
             kwargs: :meth:`Server.apply`'s keyword arguments.
+
+        Raises:
+            UpdatesLost: an update's object is gone (the driver's
+                :meth:`RemoteServer.apply` raises it as itself).
         """
         import ray
 
         refs = [u for u in updates if isinstance(u, ray.ObjectRef)]
-        fetched = iter(ray.get(refs))  # all at once: Ray pulls them in parallel
+        try:  # all at once: Ray pulls them in parallel
+            fetched = iter(ray.get(refs))
+        except ray.exceptions.ObjectLostError as exc:
+            raise UpdatesLost(
+                f"not all {len(refs)} updates could be fetched "
+                f"({type(exc).__name__}): "
+                "a worker's node was lost before the server actor read its update"
+            ) from None
         ups: list[ClientUpdate] = [
             next(fetched) if isinstance(u, ray.ObjectRef) else u for u in updates
         ]

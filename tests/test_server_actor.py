@@ -221,6 +221,42 @@ def test_a_lost_worker_call_is_resent_and_its_new_references_used(ray_session):
         assert (s.train_loss, s.tau) == (want.train_loss, want.tau)
 
 
+class _Holder:
+    """An actor that owns one object (the test kills it)."""
+
+    def hold(self) -> list[Any]:
+        import ray
+
+        return [ray.put(1)]  # in a list: the caller gets the reference
+
+
+@pytest.mark.ray
+def test_an_update_lost_before_the_server_read_it_stops_the_run(
+    ray_session, monkeypatch
+):
+    import ray
+
+    from fedsim.runtime import run_scenario
+    from fedsim.server_actor import RemoteServer
+
+    # an object whose owner is gone, as an update is once its node is lost
+    holder = ray.remote(num_cpus=0)(_Holder).remote()
+    (gone,) = ray.get(holder.hold.remote())
+    ray.kill(holder)
+    apply = RemoteServer.apply
+
+    def lose_round_1(self: Any, updates: Any, **kwargs: Any) -> Any:
+        if kwargs["where"] == "round 1":
+            updates = [gone, *updates[1:]]
+        return apply(self, updates, **kwargs)
+
+    monkeypatch.setattr(RemoteServer, "apply", lose_round_1)
+    res = run_scenario(_load(*ACTOR), workers=2)
+    assert res.status == "interrupted"
+    assert "before the server actor read its update" in res.message
+    assert [r["round"] for r in res.rows] == [0]
+
+
 @pytest.mark.ray
 def test_auto_workers_leave_the_server_actor_its_cpus(ray_session):
     from fedsim.executors import resolve_workers
