@@ -88,6 +88,9 @@ class Executor(ABC):
             tasks: as :meth:`train`.
             payloads: as :meth:`train`.
             states: as :meth:`train`.
+
+        Returns:
+            One entry per task in each half, in task order.
         """
         ups = self.train(tasks, payloads, states)
         return Apart(ups, list(ups))

@@ -39,9 +39,10 @@ class UpdateSummary:
     store (docs/architecture.md, "Where the server runs").
 
     Guarantees: its fields equal the update's, and ``update_norm`` is
-    ``l2_norm(delta)`` computed where the update was made, with the
-    driver's torch thread count, so the rows are bit-identical to the ones
-    the driver computes from the update in the other home.
+    ``l2_norm(delta)`` of the CPU delta, computed on the worker: a worker
+    and the driver both run torch on ``max(1, int(cpus_per_worker))``
+    threads (the sum's split depends on it), so the rows are bit-identical
+    to those the driver computes from the update in its own home.
     """
 
     client: int
