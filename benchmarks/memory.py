@@ -6,7 +6,9 @@ against a plain Ray-actor loop doing the same training.
 Each variant runs in its own subprocess, which starts an embedded local Ray,
 so the driver, Ray's own processes and the worker actors are all descendants
 of it; this script samples the sum of their proportional set sizes (PSS:
-shared pages counted once across the tree) every 0.2 s and prints the peak.
+shared pages counted once across the tree) every 0.2 s and prints the peak,
+and the peak of the driver's own PSS (the subprocess itself, without Ray's
+processes and the actors).
 
 - ``fedsim``: ``fedsim run benchmarks/cnn.yaml --workers 2`` (the server in the
   driver, two worker actors).
@@ -84,30 +86,37 @@ print("plain done")
 """
 
 
-def tree_pss_mb(proc: psutil.Process) -> float:
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            total += p.memory_full_info().pss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return total / 2**20
+def _pss(p: psutil.Process) -> int:
+    """``p``'s PSS in bytes (0 once it is gone or unreadable)."""
+    try:
+        return p.memory_full_info().pss
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0
 
 
-def peak_of(cmd: list[str], tree: Path) -> tuple[float, float]:
+def tree_pss_mb(proc: psutil.Process) -> tuple[float, float]:
+    """PSS in MB of ``proc``'s whole process tree, and of ``proc`` alone."""
+    own = _pss(proc)
+    kids = sum(_pss(p) for p in proc.children(recursive=True))
+    return (own + kids) / 2**20, own / 2**20
+
+
+def peak_of(cmd: list[str], tree: Path) -> tuple[float, float, float]:
     """Run ``cmd`` on the source ``tree``; return (peak PSS of its process
-    tree in MB, wall seconds)."""
+    tree in MB, peak PSS of the process itself, the driver, in MB, wall
+    seconds)."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(tree)}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL)
     ps = psutil.Process(proc.pid)
-    peak = 0.0
+    peak = own_peak = 0.0
     stop = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak, own_peak
         while not stop.is_set():
-            peak = max(peak, tree_pss_mb(ps))
+            total, own = tree_pss_mb(ps)
+            peak, own_peak = max(peak, total), max(own_peak, own)
             time.sleep(0.2)
 
     th = threading.Thread(target=sample)
@@ -117,7 +126,7 @@ def peak_of(cmd: list[str], tree: Path) -> tuple[float, float]:
     th.join()
     if code:
         raise SystemExit(f"{cmd[:4]} exited {code}")
-    return peak, time.perf_counter() - t0
+    return peak, own_peak, time.perf_counter() - t0
 
 
 def main() -> None:
@@ -142,13 +151,14 @@ def main() -> None:
         fedsim += ["--set", "resources.server.home=actor"]
         fedsim += ["--set", "resources.server.cpus=0"]
     plain = [py, "-c", PLAIN, str(CNN), str(args.rounds)]
-    f_peak, f_wall = peak_of(fedsim, args.tree)
-    print("| cnn, 2 Ray workers | peak PSS MB | wall s |")
-    print("|---|---|---|")
-    print(f"| fedsim, server {args.server} | {f_peak:,.0f} | {f_wall:.1f} |")
+    f_peak, f_own, f_wall = peak_of(fedsim, args.tree)
+    print("| cnn, 2 Ray workers | peak PSS MB | driver's own peak PSS MB | wall s |")
+    print("|---|---|---|---|")
+    row = f"{f_peak:,.0f} | {f_own:,.0f} | {f_wall:.1f}"
+    print(f"| fedsim, server {args.server} | {row} |")
     if not args.skip_plain:
-        p_peak, p_wall = peak_of(plain, ROOT)
-        print(f"| plain Ray actors | {p_peak:,.0f} | {p_wall:.1f} |")
+        p_peak, p_own, p_wall = peak_of(plain, ROOT)
+        print(f"| plain Ray actors | {p_peak:,.0f} | {p_own:,.0f} | {p_wall:.1f} |")
         print(f"ratio fedsim / plain: {f_peak / p_peak:.2f}")
 
 

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from fedsim.algorithms.base import ClientState, ClientUpdate
 from fedsim.data import DataError, DataMissingError, FederatedData, build_data
 from fedsim.scenario import Scenario
+from fedsim.tasks import UpdateSummary
 from fedsim.workers import Payload, Task, Worker, assign_lpt
 
 Tasks = Sequence[Task]
@@ -33,6 +34,21 @@ Payloads = Mapping[int, Payload]  # by server version
 States = Mapping[int, ClientState]  # by client id
 Updates = list[ClientUpdate]
 Calls = Iterator[tuple[list[int], Updates]]  # task positions, their updates
+
+
+class Apart(NamedTuple):
+    """A batch's updates in task order, as the runtime uses them.
+
+    Attributes:
+        kept: what the driver reads for its rows and the selector: the
+            updates themselves, or (server actor) their summaries.
+        parcels: what the driver hands to the server's ``apply``: the same
+            updates, or (server actor) Ray object references to them, which
+            the actor fetches from the workers without the driver.
+    """
+
+    kept: list[ClientUpdate] | list[UpdateSummary]
+    parcels: list[Any]
 
 
 class Executor(ABC):
@@ -60,6 +76,24 @@ class Executor(ABC):
         for idx, ups in self._calls(tasks, payloads, states):
             out.update(zip(idx, ups, strict=True))
         return [out[j] for j in range(len(tasks))]
+
+    def train_apart(self, tasks: Tasks, payloads: Payloads, states: States) -> Apart:
+        """:meth:`train`, with the updates split between driver and server.
+
+        Here (the server in the driver, or no Ray) both halves are the
+        :meth:`train` list itself; a :class:`RayExecutor` for a server actor
+        returns summaries and object references instead.
+
+        Args:
+            tasks: as :meth:`train`.
+            payloads: as :meth:`train`.
+            states: as :meth:`train`.
+
+        Returns:
+            One entry per task in each half, in task order.
+        """
+        ups = self.train(tasks, payloads, states)
+        return Apart(ups, list(ups))
 
     @abstractmethod
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
@@ -273,6 +307,11 @@ class RayExecutor(Executor):
     and note lost nodes. A resent call recomputes the same update (it is a
     pure function of its arguments).
 
+    With the server as an actor (``resources.server.home: actor``),
+    :meth:`train_apart` fetches only each update's :class:`UpdateSummary`
+    into this process; the updates stay in the object store, as references
+    the runtime hands to the server actor (the driver never fetches them).
+
     Args:
         scenario: the run's scenario (resources, data, model, algorithm).
         data: the dataset, put in the object store once (or, with
@@ -289,6 +328,8 @@ class RayExecutor(Executor):
 
         res = scenario.resources
         self.placement = res.placement
+        # the server actor fetches the updates itself (train_apart)
+        self.apart = res.server.home == "actor"
         self._pg = None if res.placement == "spread" else _placement_group(res, n)
         if res.data == "per_node":
             check_data_on_nodes(scenario)
@@ -339,7 +380,33 @@ class RayExecutor(Executor):
 
         return PlacementGroupSchedulingStrategy(self._pg, i)  # bundle i
 
+    def train_apart(self, tasks: Tasks, payloads: Payloads, states: States) -> Apart:
+        """:meth:`Executor.train_apart`; for a server actor, each update's
+        summary (fetched here) and an object reference to the update (not
+        fetched: each worker call returns them as separate objects).
+
+        Args:
+            tasks: as :meth:`Executor.train`.
+            payloads: as :meth:`Executor.train`.
+            states: as :meth:`Executor.train`.
+        """
+        if not self.apart:
+            return super().train_apart(tasks, payloads, states)
+        kept: dict[int, UpdateSummary] = {}
+        parcels: dict[int, Any] = {}
+        calls = self._plan(tasks, payloads, states)
+        for c, (summaries, refs) in zip(calls, self._gather(calls, True), strict=True):
+            kept.update(zip(c.positions, summaries, strict=True))
+            parcels.update(zip(c.positions, refs, strict=True))
+        order = range(len(tasks))
+        return Apart([kept[j] for j in order], [parcels[j] for j in order])
+
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
+        calls = self._plan(tasks, payloads, states)
+        yield from zip((c.positions for c in calls), self._gather(calls), strict=True)
+
+    def _plan(self, tasks: Tasks, payloads: Payloads, states: States) -> list[_Call]:
+        """The actor calls that train ``tasks``."""
         where = {id(t): j for j, t in enumerate(tasks)}
         calls: list[_Call] = []
         # Longest first across the whole batch; each actor then gets one call
@@ -350,7 +417,7 @@ class RayExecutor(Executor):
                 group = [chunk[j] for j in idx]
                 args = (self._payload_ref(v, payloads), group, _own(group, states))
                 calls.append(_Call([where[id(t)] for t in group], actor, args))
-        yield from zip((c.positions for c in calls), self._gather(calls), strict=True)
+        return calls
 
     def _payload_ref(self, version: int, payloads: Payloads) -> Any:
         """``version``'s payload in the object store, put there once and kept
@@ -361,12 +428,27 @@ class RayExecutor(Executor):
             self._refs[version] = ray.put(payloads[version])
         return self._refs[version]
 
-    def _gather(self, calls: list[_Call]) -> list:
+    @staticmethod
+    def _send(call: _Call, split: bool) -> list[Any]:
+        """Send ``call`` to its actor; its object references: ``[updates]``,
+        or with ``split`` ``[summaries, update_1, ..., update_n]``."""
+        if not split:
+            return [call.actor.train.remote(*call.args)]
+        method = call.actor.train_apart.options(num_returns=1 + len(call.positions))
+        return list(method.remote(*call.args))
+
+    def _gather(self, calls: list[_Call], split: bool = False) -> list:
         """Every call's result, in call order, retrying dead actors' calls.
 
         Results are taken as they finish (``ray.wait``), so a slow actor
         does not hold up collecting the others; a call whose actor died is
         resent after a back-off, at most ``_MAX_ATTEMPTS`` times.
+
+        Args:
+            calls: the actor calls.
+            split: call ``Worker.train_apart`` and fetch only the summaries:
+                each result is then (summaries, references to the updates),
+                the references of the call's last, successful attempt.
 
         Raises:
             RayActorError: a call failed ``_MAX_ATTEMPTS`` times.
@@ -374,12 +456,14 @@ class RayExecutor(Executor):
         import ray
 
         results: list[Any] = [None] * len(calls)
-        pending = {c.actor.train.remote(*c.args): (k, 1) for k, c in enumerate(calls)}
+        sent = [self._send(c, split) for c in calls]
+        pending = {refs[0]: (k, 1) for k, refs in enumerate(sent)}
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
             k, attempt = pending.pop(ref)
             try:
-                results[k] = ray.get(ref)
+                first = ray.get(ref)  # with split, the summaries alone
+                results[k] = (first, sent[k][1:]) if split else first
                 continue
             except ray.exceptions.RayActorError:
                 if attempt >= _MAX_ATTEMPTS:
@@ -388,7 +472,8 @@ class RayExecutor(Executor):
                 self.tasks_retried += len(calls[k].positions)
             self._check_nodes()
             time.sleep(min(0.5 * 2**attempt, 10.0))  # while Ray restarts it
-            pending[calls[k].actor.train.remote(*calls[k].args)] = (k, attempt + 1)
+            sent[k] = self._send(calls[k], split)  # new references replace the lost
+            pending[sent[k][0]] = (k, attempt + 1)
         return results
 
     def _locate(self, timeout: float | None = None) -> list[dict[str, Any]]:
@@ -479,17 +564,20 @@ def resolve_workers(scenario: Scenario, override: int | None) -> int:
 
     Returns:
         The override, the scenario's count, or for ``auto`` the cluster's
-        CPUs over ``cpus_per_worker`` (at least 1; 1 without Ray).
+        CPUs over ``cpus_per_worker`` (at least 1; 1 without Ray), less
+        those of a server actor (``resources.server.cpus``).
     """
     if override is not None:
         return override
-    w = scenario.resources.workers
-    if w != "auto":
-        return int(w)
+    res = scenario.resources
+    if res.workers != "auto":
+        return int(res.workers)
     import ray
 
     cpus = ray.cluster_resources().get("CPU", 1.0) if ray.is_initialized() else 1.0
-    return max(1, int(cpus // scenario.resources.cpus_per_worker))
+    if res.server.home == "actor":  # room for the server actor too
+        cpus -= res.server.cpus
+    return max(1, int(cpus // res.cpus_per_worker))
 
 
 def make_executor(scenario: Scenario, data: FederatedData, workers: int) -> Executor:

@@ -337,9 +337,15 @@ def preflight(
 def check_ray_resources(
     scenario: Scenario, workers: int, cluster: dict[str, float]
 ) -> None:
-    """Refuse a worker layout the Ray cluster cannot place.
+    """Refuse a worker layout the Ray cluster cannot place: the workers, and
+    with ``resources.server.home: actor`` the server actor besides them.
+
+    The check is on the cluster's totals; whether one node has room for the
+    server's CPUs, GPUs and custom resources together is Ray's to find out
+    when it places the actor (``resources.placement_timeout_s``).
 
     Args:
+        scenario: its ``resources`` section.
         workers: the worker count the run will start; 0 runs without Ray.
         cluster: ``ray.cluster_resources()``, e.g. ``{"CPU": 2.0, "GPU": 1.0}``.
 
@@ -349,25 +355,63 @@ def check_ray_resources(
     if workers <= 0:
         return
     res = scenario.resources
+    server = res.server if res.server.home == "actor" else None
     cpus, gpus = float(cluster.get("CPU", 0.0)), float(cluster.get("GPU", 0.0))
     opt = f"{'resources.workers' if res.workers == workers else '--workers'} {workers}"
-    most = f" (at most {int(cpus // res.cpus_per_worker)} workers)"
+    # what the server actor takes of each unit (0 in the driver's home)
+    server_cpus = server.cpus if server else 0.0
+    server_gpus = server.gpus if server else 0.0
+    room = max(0.0, cpus - server_cpus)
+    most = f" (at most {int(room // res.cpus_per_worker)} workers)"
     gpus_has = f"{gpus:g} GPUs" if gpus else "no GPU; set it to 0"
-    # (unit, per worker, the cluster's, what it has, a hint on the total)
+    # (unit, per worker, the server's, the cluster's, what it has, a hint)
     limits = [
-        ("cpu", res.cpus_per_worker, cpus, f"{cpus:g} CPUs; lower it", most),
-        ("gpu", res.gpus_per_worker, gpus, gpus_has, ""),
+        (
+            "cpu",
+            res.cpus_per_worker,
+            server_cpus,
+            cpus,
+            f"{cpus:g} CPUs; lower it",
+            most,
+        ),
+        ("gpu", res.gpus_per_worker, server_gpus, gpus, gpus_has, ""),
     ]
-    for unit, per, total, has, _ in limits:
+    for unit, per, _, total, has, _ in limits:
         if per > total:
             raise _error(
                 f"resources.{unit}s_per_worker {per:g}: the Ray cluster has {has}"
             )
-    for unit, per, total, _, hint in limits:
-        if (need := workers * per) > total + 1e-9:  # the server runs in the driver
+    if server is not None:
+        _check_server_alone(server, cluster)
+    for unit, per, own, total, _, hint in limits:
+        if (need := workers * per + own) <= total + 1e-9:
+            continue
+        if not own:  # the server takes none of it (or runs in the driver)
             raise _error(
                 f"{opt} x resources.{unit}s_per_worker {per:g} needs {need:g} "
                 f"{unit.upper()}s; the Ray cluster has {total:g}{hint}"
+            )
+        raise _error(
+            f"{opt} x resources.{unit}s_per_worker {per:g} + the server actor's "
+            f"resources.server.{unit}s {own:g} need {need:g} {unit.upper()}s; the "
+            f"Ray cluster has {total:g}{hint}; lower resources.server.{unit}s "
+            "(0 shares the workers'), or run the server in the driver "
+            "(resources.server.home: driver)"
+        )
+
+
+def _check_server_alone(server: Any, cluster: dict[str, float]) -> None:
+    """Refuse a server actor that asks for more of one resource than the
+    whole cluster has (``resources.server`` of :func:`check_ray_resources`)."""
+    asked = {"cpus": ("CPU", server.cpus), "gpus": ("GPU", server.gpus)}
+    asked |= {f"resources.{k}": (k, v) for k, v in server.resources.items()}
+    for field, (name, want) in asked.items():
+        have = float(cluster.get(name, 0.0))
+        if want > have + 1e-9:
+            has = f"{have:g} {name}" if have else f"no {name}"
+            raise _error(
+                f"resources.server.{field} {want:g}: the Ray cluster has {has} "
+                "for the server actor (resources.server.home: actor)"
             )
 
 

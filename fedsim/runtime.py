@@ -32,7 +32,6 @@ from fedsim.executors import Executor, RayExecutor, make_executor
 from fedsim.fleet import Fleet
 from fedsim.links import apply_links, summary_entry
 from fedsim.models import make_model
-from fedsim.params import l2_norm
 from fedsim.results import (
     Recorder,
     check_free_space,
@@ -44,6 +43,7 @@ from fedsim.scenario import Scenario
 from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
 from fedsim.server import Applied, DivergenceError, Server, evaluates, objective_due
 from fedsim.server_actor import RemoteServer, ServerLost
+from fedsim.tasks import UpdateSummary, update_norm
 from fedsim.workers import Payload, Task
 
 # Tags of the run's random streams, each (seed, tag, n): distinct tags keep
@@ -59,10 +59,14 @@ Row = dict[str, Any]
 RoundCallback = Callable[[Row, list[Row]], None]
 
 
+# what the driver holds of an update: the update, or its summary (server actor)
+Kept = ClientUpdate | UpdateSummary
+
+
 class Pair(NamedTuple):
     """A trained update and its effective aggregation weight w_i."""
 
-    update: ClientUpdate
+    update: Kept
     weight: float
 
 
@@ -429,7 +433,7 @@ class _Run:
             "slowdown": p.slowdown,
             "weight": weight,
             "agg_weight": 0.0 if u is None else applied.shares.get(p.client, weight),
-            "update_norm": l2_norm(u.delta) if u is not None else math.nan,
+            "update_norm": update_norm(u) if u is not None else math.nan,
             "train_loss": u.train_loss if u is not None else math.nan,
             "bytes_down": self.ctx.bytes_down,
             "bytes_up": self._bytes_up(p.client, u) if r.uploaded else 0,
@@ -439,7 +443,7 @@ class _Run:
             row |= r.job._asdict()
         return row
 
-    def _bytes_up(self, client: int, u: ClientUpdate | None) -> int:
+    def _bytes_up(self, client: int, u: Kept | None) -> int:
         """What ``client``'s upload weighed (billed only if it arrived):
         the update's own size when it says one, else the algorithm's upload
         size for this client, else the model-sized default."""
@@ -674,11 +678,12 @@ def _train_round(
     server = run.server
     tasks = [Task(p.client, t, p.tau, t) for p in plan.plans if not p.dropped]
     clients = [task.client for task in tasks]
-    ups = run.executor.train(
+    # a server actor gets references: the updates do not pass through here
+    ups, parcels = run.executor.train_apart(
         tasks, {t: server.payload()}, server.client_states(clients)
     )
     run.executor.forget(t)
-    applied = server.apply(ups, multiplicity=multiplicity, where=f"round {t}")
+    applied = server.apply(parcels, multiplicity=multiplicity, where=f"round {t}")
     # the server aggregates (and reports weights) in client-id order
     w = dict(zip(sorted(clients), applied.weights, strict=True))
     return [Pair(u, w[u.client]) for u in ups], applied
@@ -731,7 +736,8 @@ class _Async:
         self.payloads: dict[int, Payload] = {}
         self.users: Counter[int] = Counter()  # version -> its jobs still open
         self.pending: deque[clock.Version] = deque()
-        self.trained: dict[clock.Job, ClientUpdate] = {}
+        # by job: what the driver keeps of the update, and what goes to the server
+        self.trained: dict[clock.Job, tuple[Kept, Any]] = {}
         self.w = 0  # the newest computed version
 
     def _choose(self, candidates: np.ndarray, free: int, n: int) -> np.ndarray:
@@ -849,18 +855,19 @@ class _Async:
         # device's j-th job sees the minibatches of a synchronous round j.
         tasks = [Task(j.device, j.index, j.tau, j.version) for j in batch]
         states = self.run.server.client_states([t.client for t in tasks])
-        ups = self.run.executor.train(tasks, self.payloads, states)
-        self.trained.update(zip(batch, ups, strict=True))
+        kept, parcels = self.run.executor.train_apart(tasks, self.payloads, states)
+        self.trained.update(zip(batch, zip(kept, parcels, strict=True), strict=True))
 
     def _apply(self, rec: clock.Version) -> None:
         """Apply version record ``rec`` (all its jobs trained), record its
         rows, let an adaptive selector observe it, checkpoint when due."""
         run = self.run
-        ups = [self.trained.pop(a.job) for a in rec.applied]
+        held = [self.trained.pop(a.job) for a in rec.applied]
+        ups, parcels = [k for k, _ in held], [p for _, p in held]
         starts = [self.payloads[a.job.version]["x"] for a in rec.applied]
         staleness = [int(a.staleness or 0) for a in rec.applied]
         applied = run.server.apply(
-            ups, staleness=staleness, starts=starts, where=f"version {rec.version}"
+            parcels, staleness=staleness, starts=starts, where=f"version {rec.version}"
         )
         trained = _pairs_in_end_order(rec, ups, applied)
         records = [ClientRecord.from_arrival(a) for a in rec.ended]
@@ -892,7 +899,7 @@ class _Async:
 
 
 def _pairs_in_end_order(
-    rec: clock.Version, ups: Sequence[ClientUpdate], applied: Applied
+    rec: clock.Version, ups: Sequence[Kept], applied: Applied
 ) -> list[Pair]:
     """Each applied update (given in ``rec.applied`` order) with its weight,
     reordered as the non-dropped ends of ``rec.ended`` (the rows' order)."""

@@ -31,9 +31,10 @@ from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.data.validation import validation_problem, validation_use
 from fedsim.models import QuadraticModel, evaluate, make_model
-from fedsim.params import flatten, l2_norm
+from fedsim.params import flatten
 from fedsim.scenario import EvalSpec, Scenario, ScenarioError
 from fedsim.store import ClientStore
+from fedsim.tasks import UpdateSummary, update_norm
 
 Payload = dict[str, torch.Tensor]
 Split = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
@@ -93,12 +94,15 @@ class Applied:
     train_loss: float
     shares: dict[int, float] = field(default_factory=dict)
 
-    def result(self, trained: Sequence[tuple[ClientUpdate, float]]) -> RoundResult:
+    def result(
+        self, trained: Sequence[tuple[ClientUpdate | UpdateSummary, float]]
+    ) -> RoundResult:
         """What a selector observes of this step.
 
         Args:
-            trained: each aggregated update with its effective weight; a
-                client listed twice keeps its later entry.
+            trained: each aggregated update (or its summary, when the
+                server is a Ray actor) with its effective weight; a client
+                listed twice keeps its later entry.
 
         Returns:
             The round's result; test columns are NaN (a selector decides
@@ -106,7 +110,7 @@ class Applied:
         """
         clients = {
             u.client: ClientStats(
-                l2_norm(u.delta), u.train_loss, w, self.info.flags.get(u.client, {})
+                update_norm(u), u.train_loss, w, self.info.flags.get(u.client, {})
             )
             for u, w in trained
         }

@@ -34,6 +34,12 @@ class ServerLost(RuntimeError):
     """The server actor died (its node was lost); the run cannot go on."""
 
 
+class UpdatesLost(ServerLost):
+    """An update the server actor was to fetch is gone (the node that held
+    it was lost after its worker's call ended): the round cannot be applied,
+    and the run stops at its last checkpoint as when the actor is lost."""
+
+
 class ServerActor:
     """The body of the Ray actor: a :class:`Server` and a few accessors.
 
@@ -56,20 +62,34 @@ class ServerActor:
         """``Server.<method>(*args, **kwargs)``: one entry for every method."""
         return getattr(self.server, method)(*args, **kwargs)
 
-    def apply_refs(self, refs: Sequence[Any], **kwargs: Any) -> Applied:
+    def apply_refs(self, updates: Sequence[Any], **kwargs: Any) -> Applied:
         """:meth:`Server.apply` on updates given as object references.
 
         Args:
-            refs: each a reference to one worker call's list of updates (the
-                updates go worker -> object store -> here, not via the
-                driver), or a plain list of updates.
+            updates: each a reference to one :class:`ClientUpdate` (a
+                worker's return value: it goes worker -> object store ->
+                here, not via the driver) or an update itself, in the order
+                ``Server.apply`` takes them.
             kwargs: :meth:`Server.apply`'s keyword arguments.
+
+        Raises:
+            UpdatesLost: an update's object is gone (the driver's
+                :meth:`RemoteServer.apply` raises it as itself).
         """
         import ray
 
-        ups: list[ClientUpdate] = []
-        for r in refs:
-            ups.extend(ray.get(r) if isinstance(r, ray.ObjectRef) else r)
+        refs = [u for u in updates if isinstance(u, ray.ObjectRef)]
+        try:  # all at once: Ray pulls them in parallel
+            fetched = iter(ray.get(refs))
+        except ray.exceptions.ObjectLostError as exc:
+            raise UpdatesLost(
+                f"not all {len(refs)} updates could be fetched "
+                f"({type(exc).__name__}): "
+                "a worker's node was lost before the server actor read its update"
+            ) from None
+        ups: list[ClientUpdate] = [
+            next(fetched) if isinstance(u, ray.ObjectRef) else u for u in updates
+        ]
         return self.server.apply(ups, **kwargs)
 
     def where(self) -> dict[str, Any]:
@@ -196,18 +216,19 @@ class RemoteServer:
         """:meth:`Server.apply` on the actor.
 
         Args:
-            updates: the updates, or references to lists of them (they then
-                reach the actor without passing through the driver).
+            updates: the updates, or object references to them (each the
+                return value of a worker call, see
+                :meth:`fedsim.executors.RayExecutor.train_apart`): Ray
+                passes references inside a list as they are, so the actor
+                fetches the updates from the workers, not from the driver.
             staleness: as :meth:`Server.apply`.
             starts: as :meth:`Server.apply`.
             multiplicity: as :meth:`Server.apply`.
             where: as :meth:`Server.apply`.
         """
-        import ray
-
-        refs = [u if isinstance(u, ray.ObjectRef) else [u] for u in updates]
         kw = {"staleness": staleness, "starts": starts, "multiplicity": multiplicity}
-        return self._get(self.actor.apply_refs.remote(refs, where=where, **kw))
+        parcels = list(updates)  # nested in a list: Ray does not resolve them here
+        return self._get(self.actor.apply_refs.remote(parcels, where=where, **kw))
 
     def save(self, path: Path) -> None:
         """Write the actor's snapshot into ``path`` from this process, so the

@@ -1,5 +1,6 @@
 """What a worker is asked to train: a :class:`Task` and the round's
-:data:`Payload`.
+:data:`Payload`; and what the driver keeps of an update when the server is
+a Ray actor: an :class:`UpdateSummary`.
 
 Their own module, below :mod:`fedsim.workers` and :mod:`fedsim.batched`, so
 both can name them without importing each other (tests/test_imports.py).
@@ -10,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from fedsim.algorithms.base import ClientUpdate
+from fedsim.params import l2_norm
 
 # the server's tensors a round's clients start from (``x`` and any extras)
 Payload = dict[str, torch.Tensor]
@@ -25,3 +29,49 @@ class Task:
     round: int
     tau: int
     version: int = 0
+
+
+@dataclass(frozen=True)
+class UpdateSummary:
+    """A :class:`ClientUpdate` without its tensors: what the driver keeps for
+    its rows and the selector when the server runs as a Ray actor, while the
+    update itself goes from the worker to the server through the object
+    store (docs/architecture.md, "Where the server runs").
+
+    Guarantees: its fields equal the update's, and ``update_norm`` is
+    ``l2_norm(delta)`` of the CPU delta, computed on the worker: a worker
+    and the driver both run torch on ``max(1, int(cpus_per_worker))``
+    threads (the sum's split depends on it), so the rows are bit-identical
+    to those the driver computes from the update in its own home.
+    """
+
+    client: int
+    weight: float
+    tau: int
+    norm_a: float
+    train_loss: float
+    bytes_up: int | None
+    update_norm: float  # ||delta||_2, float64
+
+    @classmethod
+    def of(cls, u: ClientUpdate) -> UpdateSummary:
+        """The summary of ``u`` (computes its norm, here).
+
+        >>> u = ClientUpdate(3, torch.tensor([3.0, 4.0]), 1.0, 2, 0.0, 0.5)
+        >>> UpdateSummary.of(u).update_norm
+        5.0
+        """
+        return cls(
+            u.client,
+            u.weight,
+            u.tau,
+            u.norm_a,
+            u.train_loss,
+            u.bytes_up,
+            l2_norm(u.delta),
+        )
+
+
+def update_norm(u: ClientUpdate | UpdateSummary) -> float:
+    """||delta||_2 of an update, or the one its summary carries."""
+    return u.update_norm if isinstance(u, UpdateSummary) else l2_norm(u.delta)

@@ -24,7 +24,7 @@ from fedsim.models import batch_loss, make_model
 from fedsim.params import bind_flat
 from fedsim.scenario import Scenario
 from fedsim.solvers import SGD, SolverState, step_factor
-from fedsim.tasks import Payload, Task
+from fedsim.tasks import Payload, Task, UpdateSummary
 
 _log = logging.getLogger(__name__)
 
@@ -164,6 +164,27 @@ class Worker:
             states: persistent client states by id (absent: start at {}).
         """
         return self._train_group(payload, tasks, states or {}) if tasks else []
+
+    def train_apart(
+        self,
+        payload: Payload,
+        tasks: Sequence[Task],
+        states: Mapping[int, ClientState] | None = None,
+    ) -> tuple[Any, ...]:
+        """:meth:`train`, returned apart for a Ray call with ``num_returns =
+        1 + len(tasks)``: the list of the updates' summaries first (what the
+        driver fetches), then each update (what the server actor fetches).
+
+        Args:
+            payload: as :meth:`train`.
+            tasks: as :meth:`train`.
+            states: as :meth:`train`.
+
+        Returns:
+            ``([UpdateSummary, ...], update_1, ..., update_n)``, in task order.
+        """
+        ups = self.train(payload, tasks, states)
+        return ([UpdateSummary.of(u) for u in ups], *ups)
 
     def train_sequential(
         self, payload: Payload, tasks: Sequence[Task], states: Mapping[int, ClientState]

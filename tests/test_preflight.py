@@ -187,6 +187,54 @@ def test_ray_resources_that_fit():
     pf.check_ray_resources(sc, 2, {"CPU": 2.0, "GPU": 1.0})
 
 
+ACTOR = "resources.server.home=actor"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "workers", "cluster", "expect"),
+    [
+        # two workers fit the 2 CPUs; the server actor's default CPU does not
+        (
+            [ACTOR],
+            2,
+            {"CPU": 2.0},
+            "--workers 2 x resources.cpus_per_worker 1 + the server actor's "
+            "resources.server.cpus 1 need 3 CPUs; the Ray cluster has 2 "
+            "(at most 1 workers)",
+        ),
+        (
+            [ACTOR, "resources.server.gpus=1", "resources.gpus_per_worker=0.5"],
+            2,
+            {"CPU": 8, "GPU": 1},
+            "+ the server actor's resources.server.gpus 1 need 2 GPUs",
+        ),
+        ([ACTOR, "resources.server.cpus=4"], 1, {"CPU": 3.0}, "server.cpus 4: the"),
+        ([ACTOR, "resources.server.gpus=1"], 1, {"CPU": 8.0}, "has no GPU for the"),
+        (
+            [ACTOR, "resources.server.resources={node_b: 0.01}"],
+            1,
+            {"CPU": 8.0, "node_a": 1.0},
+            "resources.server.resources.node_b 0.01: the Ray cluster has no node_b",
+        ),
+    ],
+)
+def test_ray_resources_without_room_for_the_server_actor_refused(
+    overrides, workers, cluster, expect
+):
+    msg = one_line_error(pf.check_ray_resources, quick(*overrides), workers, cluster)
+    assert expect in msg
+
+
+def test_ray_resources_with_room_for_the_server_actor():
+    pf.check_ray_resources(quick(ACTOR), 2, {"CPU": 3.0})
+    # cpus 0: the server shares the workers' CPUs
+    pf.check_ray_resources(quick(ACTOR, "resources.server.cpus=0"), 2, {"CPU": 2.0})
+    pin = [ACTOR, "resources.server={home: actor, gpus: 1, resources: {node_a: 1}}"]
+    pf.check_ray_resources(quick(*pin), 2, {"CPU": 3.0, "GPU": 1.0, "node_a": 1.0})
+    # the driver's home takes nothing from the cluster
+    pf.check_ray_resources(quick(), 2, {"CPU": 2.0})
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -108,6 +108,165 @@ def test_asynchronous_runs_are_identical_in_both_homes(ray_session):
     )
 
 
+def _watch_the_driver(monkeypatch) -> dict[str, list]:
+    """Record, in this (the driver's) process, what ``ray.get`` returned
+    and what the runtime handed to the server actor's ``apply``.
+
+    Returns:
+        ``fetched``: the type name of every ClientUpdate or UpdateSummary
+        found in a value ``ray.get`` returned here; ``handed``: the type
+        names of the updates given to ``RemoteServer.apply``.
+    """
+    import ray
+
+    from fedsim.algorithms.base import ClientUpdate
+    from fedsim.server_actor import RemoteServer
+    from fedsim.tasks import UpdateSummary
+
+    seen: dict[str, list] = {"fetched": [], "handed": []}
+
+    def walk(x: Any) -> None:
+        if isinstance(x, ClientUpdate | UpdateSummary):
+            seen["fetched"].append(type(x).__name__)
+        elif isinstance(x, list | tuple):
+            for y in x:
+                walk(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                walk(y)
+
+    get, apply = ray.get, RemoteServer.apply
+
+    def watched_get(*args: Any, **kwargs: Any) -> Any:
+        out = get(*args, **kwargs)
+        walk(out)
+        return out
+
+    def watched_apply(self: Any, updates: Any, **kwargs: Any) -> Any:
+        seen["handed"] += [type(u).__name__ for u in updates]
+        return apply(self, updates, **kwargs)
+
+    monkeypatch.setattr(ray, "get", watched_get)
+    monkeypatch.setattr(RemoteServer, "apply", watched_apply)
+    return seen
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_updates_reach_the_server_actor_without_the_driver(
+    ray_session, monkeypatch, mode
+):
+    from fedsim.runtime import run_scenario
+
+    more = []
+    if mode == "async":
+        more = ["round={policy: async, job_steps: max_steps, max_steps: 5}"]
+        more += ["algorithm={name: fedbuff, buffer_size: 2}"]
+    seen = _watch_the_driver(monkeypatch)
+    res = run_scenario(_load(*more, *ACTOR), workers=2)
+    n = len([c for c in res.clients if not c["dropped"]])
+    assert res.status == "completed" and n > 0
+    # the driver fetched each update's summary, never an update ...
+    assert "ClientUpdate" not in seen["fetched"]
+    assert seen["fetched"].count("UpdateSummary") == n
+    # ... and handed the server actor object references, one per update
+    assert seen["handed"] == ["ObjectRef"] * n
+
+
+@pytest.mark.ray
+def test_the_update_watch_sees_updates_fetched_by_the_driver(ray_session, monkeypatch):
+    # the same watch in the driver home, where the driver needs the updates
+    from fedsim.runtime import run_scenario
+
+    seen = _watch_the_driver(monkeypatch)
+    res = run_scenario(_load(), workers=2)
+    n = len([c for c in res.clients if not c["dropped"]])
+    assert seen["fetched"] == ["ClientUpdate"] * n and seen["handed"] == []
+
+
+@pytest.mark.ray
+def test_a_lost_worker_call_is_resent_and_its_new_references_used(ray_session):
+    import os
+    import time
+
+    import ray
+
+    from fedsim.data import build_data
+    from fedsim.executors import make_executor
+    from fedsim.server import Server
+    from fedsim.workers import Task
+
+    sc = _load(*ACTOR)
+    data = build_data(sc.data, sc.num_clients, sc.seed)
+    payloads = {0: Server(sc, data).payload()}
+    tasks = [Task(c, 0, 3 + c % 4) for c in range(6)]
+    local = make_executor(sc, data, workers=0).train(tasks, payloads, {})
+    ex = make_executor(sc, data, workers=2)
+    try:
+
+        def die_soon(worker: Any) -> None:  # runs on the actor
+            time.sleep(1.0)
+            os._exit(1)
+
+        # the actor dies with the executor's calls queued behind this one
+        ex.actors[0].__ray_call__.remote(die_soon)
+        kept, parcels = ex.train_apart(tasks, payloads, {})
+        assert ex.tasks_retried >= 1
+        ups = ray.get(parcels)  # what the server actor would fetch
+    finally:
+        ex.shutdown()
+    for k, s, u, want in zip(tasks, kept, ups, local, strict=True):
+        assert s.client == u.client == want.client == k.client
+        assert torch.equal(u.delta, want.delta)
+        assert (s.train_loss, s.tau) == (want.train_loss, want.tau)
+
+
+class _Holder:
+    """An actor that owns one object (the test kills it)."""
+
+    def hold(self) -> list[Any]:
+        import ray
+
+        return [ray.put(1)]  # in a list: the caller gets the reference
+
+
+@pytest.mark.ray
+def test_an_update_lost_before_the_server_read_it_stops_the_run(
+    ray_session, monkeypatch
+):
+    import ray
+
+    from fedsim.runtime import run_scenario
+    from fedsim.server_actor import RemoteServer
+
+    # an object whose owner is gone, as an update is once its node is lost
+    holder = ray.remote(num_cpus=0)(_Holder).remote()
+    (gone,) = ray.get(holder.hold.remote())
+    ray.kill(holder)
+    apply = RemoteServer.apply
+
+    def lose_round_1(self: Any, updates: Any, **kwargs: Any) -> Any:
+        if kwargs["where"] == "round 1":
+            updates = [gone, *updates[1:]]
+        return apply(self, updates, **kwargs)
+
+    monkeypatch.setattr(RemoteServer, "apply", lose_round_1)
+    res = run_scenario(_load(*ACTOR), workers=2)
+    assert res.status == "interrupted"
+    assert "before the server actor read its update" in res.message
+    assert [r["round"] for r in res.rows] == [0]
+
+
+@pytest.mark.ray
+def test_auto_workers_leave_the_server_actor_its_cpus(ray_session):
+    from fedsim.executors import resolve_workers
+
+    auto = "resources.workers=auto"  # the embedded Ray has 2 CPUs
+    assert resolve_workers(_load(auto), None) == 2
+    assert resolve_workers(_load(auto, "resources.server.home=actor"), None) == 1
+    assert resolve_workers(_load(auto, *ACTOR), None) == 2  # cpus 0: shares
+
+
 @pytest.mark.ray
 def test_the_server_actor_takes_the_last_bundle_of_the_placement_group(ray_session):
     from fedsim.runtime import run_scenario
