@@ -327,8 +327,8 @@ class Server:
 
         F_i is the mean loss of the model over client i's training rows (the
         task loss of :func:`fedsim.models.batch_loss`: cross-entropy, or a
-        quadratic client's h_i/2 ||x - e_i||^2; no FedProx or FedDyn
-        regulariser) and p_i its data weight (``FederatedData.weights``
+        quadratic client's h_i/2 ||x - e_i||^2; no algorithm's proximal or
+        dynamic regulariser) and p_i its data weight (``FederatedData.weights``
         normalised: n_i / n, or the quadratic problem's given p_i), the
         weights the server aggregates with. Computed in eval mode on the
         server's CPU model, in batches of ``eval.batch_size`` rows, in row
