@@ -84,6 +84,30 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=order)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """Refuse to run when pytest-xdist's ``--dist loadgroup`` did not group
+    the cluster tests (it renames each grouped test ``<id>@<group>``; a
+    pytest it does not know may ignore that, and every process would then
+    start its own multi-node cluster: minutes of CPU, twice the memory)."""
+    config = session.config
+    if not getattr(config.option, "loadgroup", False):
+        return  # not an xdist worker with --dist loadgroup
+    bad = [
+        i.nodeid
+        for i in session.items
+        if i.get_closest_marker("cluster") is not None
+        and not i.nodeid.endswith("@cluster")
+    ]
+    if bad:
+        raise pytest.UsageError(
+            f"pytest-xdist --dist loadgroup did not group {len(bad)} cluster "
+            f"tests (e.g. {bad[0]}): this pytest ({pytest.__version__}) and "
+            "pytest-xdist do not work together; install the versions "
+            "pyproject.toml's dev extra allows (make venv)"
+        )
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One embedded local Ray for every test that needs it."""
