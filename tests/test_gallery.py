@@ -39,11 +39,17 @@ def test_every_arm_of_every_claim_validates(claim):
     for arm in claim.arms:
         for tiny in (False, True):
             overrides = gallery.run_overrides(claim, arm, tiny)
-            sc, mode = load_variant(ROOT / claim.scenario, arm.algorithm, 0, overrides)
-            # Assert: the gallery's rounds and the arm's algorithm
+            label = arm.label(tiny)
+            sc, mode = load_variant(ROOT / claim.scenario, label, 0, overrides)
+            # Assert: the gallery's rounds and the arm's algorithm and its
+            # hyperparameters as the label gives them
             assert mode == "sync"
             assert sc.rounds == (2 if tiny else claim.rounds)
-            assert sc.algorithm.name == arm.algorithm.split(":")[0]
+            name, _, params = label.partition(":")
+            assert sc.algorithm.name == name
+            for item in filter(None, params.split(",")):
+                key, value = item.split("=")
+                assert str(getattr(sc.algorithm, key)) == value, (label, key)
     winners = {w for w, _ in claim.better}
     losers = {name for _, ls in claim.better for name in ls}
     assert (winners | losers | set(claim.paper_values)) <= {a.name for a in claim.arms}
