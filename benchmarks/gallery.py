@@ -162,7 +162,7 @@ _DM_CLAIM = (
 )
 _DM_REDUCED = (
     "MNIST test set (7,000 train / 3,000 test), ConvNet width 8 depth 2; "
-    "FedDM ipc 5, 5 matching iterations (the paper's code: 1,000), real "
+    "FedDM ipc 5, 5 matching iterations (the defaults: 1,000), real "
     "batches of 32 per class, 10 server epochs (500)"
 )
 
