@@ -820,8 +820,12 @@ def write_doc(doc: Path, sections: dict[str, str]) -> Path:
         "printed numbers within max(1 point, 2 std)), **holds in ordering "
         "only** (the ordering in the mean, but within the seed spread or off "
         "the paper's numbers), **does not hold** (an ordering reversed, or the "
-        "winner diverged). Accuracy is the scenario's test set; mean ± sample "
-        "std over seeds.",
+        "winner diverged). The verdicts judge final values (the objective: "
+        "its mean over the last tenth of the rounds), not the speed of "
+        "convergence the papers also claim; the figures show the curves. "
+        "Accuracy is the scenario's test set; mean ± sample std over seeds. "
+        "A claim marked *not run yet* has its command in the cost table "
+        "below (`--only NAME`).",
         "",
         "| claim | paper | this code (mean) | verdict |",
         "|---|---|---|---|",
@@ -829,7 +833,8 @@ def write_doc(doc: Path, sections: dict[str, str]) -> Path:
         "",
         "## Cost",
         "",
-        f"Estimated from short runs on a shared 2-core host (load ~4): about "
+        f"Estimated from short runs on a shared 2-core host (load average 4 to "
+        f"9 from other jobs; an idle host is faster): about "
         f"{total / 60:.0f} minutes for every claim at {DEFAULT_SEEDS} seeds, one run "
         f"after another (budget: {BUDGET_S // 60} minutes). Per claim:",
         "",
