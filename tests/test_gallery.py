@@ -78,6 +78,7 @@ def _records(claim, values, key="final_accuracy", diverged=()):
                 "rounds_to_target": None,
                 "bytes_up_to_target": None,
                 "bytes_up": 100,
+                "rounds": 6,
             }
             rounds = [{"round": 0, "test_loss": x, "test_accuracy": 0.5}]
             out.append(
@@ -122,18 +123,34 @@ def test_verdicts_on_the_objective_lower_is_better():
     assert v == "holds in ordering only" and "one seed" in why
 
 
-def test_a_missed_target_counts_as_never():
+def test_a_missed_target_counts_as_the_whole_run():
+    # Prepare: FedDM reaches the target in 3 rounds (1,000 bytes); FedAvg in
+    # one seed of two (round 5), SCAFFOLD never (each run: 6 rounds, 100 bytes)
     claim = gallery.BY_NAME["feddm-mnist-dir0.5"]
-    records = _records(
-        claim, {"feddm": [0.9, 0.9], "fedavg": [0.8, 0.8], "scaffold": [0.8, 0.8]}
-    )
+    acc = {"feddm": [0.9, 0.9], "fedavg": [0.8, 0.8], "scaffold": [0.8, 0.8]}
+    records = _records(claim, acc)
     for r in records:
         if r["arm"] == "feddm":
-            r["row"].update(rounds_to_target=3, bytes_up_to_target=1000)
+            r["row"].update(rounds_to_target=3, bytes_up_to_target=50)
+        if r["arm"] == "fedavg" and r["seed"] == 0:
+            r["row"].update(rounds_to_target=5, bytes_up_to_target=90)
+
+    # Execute
     s = gallery.summarize(claim, records)
-    assert s["arms"]["fedavg"]["reached"] == 0
-    assert math.isinf(gallery._target_value(s["arms"]["fedavg"], "rounds_to_target")[0])
-    assert gallery.verdict(claim, s)[0] == "holds"
+    v, why = gallery.verdict(claim, s)
+
+    # Assert: fedavg (5 + 7) / 2 = 6 rounds, (90 + 100) / 2 bytes; scaffold
+    # never: inf
+    assert gallery._target_value(s["arms"]["fedavg"], "rounds_to_target") == (
+        6.0,
+        pytest.approx(math.sqrt(2)),
+    )
+    assert gallery._target_value(s["arms"]["fedavg"], "bytes_to_target")[0] == 95
+    assert math.isinf(
+        gallery._target_value(s["arms"]["scaffold"], "rounds_to_target")[0]
+    )
+    assert v == "holds" and "fedavg reached 90% in 1/2 seeds" in why
+    assert "scaffold reached 90% in 0/2 seeds" in why
 
 
 # ------------------------------------------------------------ end to end
