@@ -178,7 +178,10 @@ def _feddm(alpha: float, s_per_round: float) -> Claim:
         title=f"FedDM, Figure 2(a) reduced: MNIST, Dir({alpha:g}), 10 clients",
         scenario=f"{PAPERS}/feddm-mnist.yaml",
         claim=_DM_CLAIM
-        + ("" if alpha == 0.5 else "; FedDM degrades least on harder partitions"),
+        if alpha == 0.5
+        else "FedDM degrades least on the harder partitions: its final test "
+        "accuracy stays ahead of FedAvg's and SCAFFOLD's (rounds and bytes to "
+        "90% are shown, not judged)",
         paper=(
             "CIFAR-10 only in the text available here: FedDM 69.66 ± 0.13% vs "
             "SCAFFOLD 66.12 ± 0.17% after 20 rounds at Dir(0.5) [P]; MNIST "
@@ -186,7 +189,7 @@ def _feddm(alpha: float, s_per_round: float) -> Claim:
         ),
         arms=_DM_ARMS,
         better=(("feddm", ("fedavg", "scaffold")),),
-        metrics=("target",),
+        metrics=("target",) if alpha == 0.5 else ("accuracy",),
         rounds=6,
         s_per_round=s_per_round,
         reductions=_DM_REDUCED + "; 6 rounds (the paper: 20)",
@@ -605,7 +608,7 @@ def claim_table(claim: Claim, s: dict[str, Any]) -> list[str]:
     head = ["arm", "seeds", "final acc %"]
     if "objective" in claim.metrics:
         head.append(f"final {col}")
-    if "target" in claim.metrics:
+    if claim.target is not None:
         head += [
             f"rounds to {claim.target:.0%}",
             f"uploaded to {claim.target:.0%}",
@@ -620,15 +623,15 @@ def claim_table(claim: Claim, s: dict[str, Any]) -> list[str]:
         cells = [arm.name, str(a["seeds"]), _pm(a["accuracy"], 100)]
         if "objective" in claim.metrics:
             cells.append(_pm(a["objective"], digits=4))
-        if "target" in claim.metrics:
-            rounds = _pm(a["rounds_to_target"], digits=1)
-            if a["reached"] < a["seeds"]:
-                rounds = f"not reached ({a['reached']}/{a['seeds']} did)"
-            cells += [
-                rounds,
-                _mb(a["bytes_to_target"]) if a["reached"] == a["seeds"] else "-",
-                _mb(a["bytes_up"]),
-            ]
+        if claim.target is not None:
+            k, n = a["reached"], a["seeds"]
+            rounds, up = _pm(a["rounds_to_target"], digits=1), _mb(a["bytes_to_target"])
+            if k == 0:
+                rounds, up = f"not reached (0/{n})", "-"
+            elif k < n:  # a lower bound: each miss counted as the whole run
+                rounds = f"≥ {a['rounds_censored'][0]:.1f} ({k}/{n} reached)"
+                up = f"≥ {a['bytes_censored'][0] / 1e6:.2f} MB ({k}/{n} reached)"
+            cells += [rounds, up, _mb(a["bytes_up"])]
         if claim.paper_values:
             value = claim.paper_values.get(arm.name)
             cells.append("-" if value is None else f"{value:.2f}")
@@ -664,7 +667,7 @@ def plot_claim(claim: Claim, records: Sequence[dict[str, Any]], path: Path) -> P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if "target" in claim.metrics:
+    if claim.target is not None:
         panels = [
             ("test_accuracy", "round", "rounds completed"),
             ("test_accuracy", "bytes_up_cum", "uploaded (MB, all clients)"),
@@ -732,12 +735,9 @@ def _winner_text(claim: Claim, s: dict[str, Any]) -> str:
     for arm in claim.arms:
         a = s["arms"][arm.name]
         if "target" in claim.metrics:
-            r = a["rounds_to_target"]
-            parts.append(
-                f"{arm.name} {r[0]:.1f} rounds"
-                if a["reached"] == a["seeds"]
-                else f"{arm.name} not reached"
-            )
+            k, n, r = a["reached"], a["seeds"], a["rounds_censored"][0]
+            text = f"{r:.1f} rounds" if k == n else f"≥ {r:.1f} rounds ({k}/{n})"
+            parts.append(f"{arm.name} {text if k else 'not reached'}")
         elif "objective" in claim.metrics:
             parts.append(f"{arm.name} {a['objective'][0]:.4f}")
         else:
