@@ -16,7 +16,9 @@ target accuracy) and the ordering the paper claims. Every run goes through
 compare``), one after another, seeds 0..N-1. Each run's row and round rows
 are cached under ``--out`` (default results/gallery/) keyed by the scenario
 file, the overrides and the seed, so an interrupted gallery resumes and a
-second call only writes the doc; ``--force`` reruns.
+second call only writes the doc; ``--force`` reruns. The doc is rewritten
+after every claim; the sections of claims not run this time are kept from
+the doc as it was, so ``--only`` updates one claim's section and figure.
 
 Verdicts (per claim, from the mean over seeds):
 
@@ -24,7 +26,8 @@ Verdicts (per claim, from the mean over seeds):
   seed spread (the larger of the two sample stds), and where the paper
   prints numbers ours are within max(1 point, 2 std) of them;
 - **holds in ordering only**: the orderings are there in the mean, but a
-  margin is within the seed spread or the paper's numbers are not reached;
+  margin is within the seed spread (or there is one seed only) or the
+  paper's numbers are not reached;
 - **does not hold**: an ordering is reversed (or the claimed winner
   diverged); the reason names who is ahead.
 
