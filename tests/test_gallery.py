@@ -1,0 +1,192 @@
+"""benchmarks/gallery.py: every claim's runs validate, the verdict rules on
+constructed numbers, and the tiny variant end to end (doc, table, figure,
+verdict per claim, the cache on a second call)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import sys
+
+import pytest
+
+from fedsim.compare import load_variant
+
+from .conftest import MNIST, ROOT, assert_figure
+
+_spec = importlib.util.spec_from_file_location(
+    "fedsim_gallery", ROOT / "benchmarks" / "gallery.py"
+)
+assert _spec is not None and _spec.loader is not None
+gallery = importlib.util.module_from_spec(_spec)
+sys.modules["fedsim_gallery"] = gallery  # dataclasses look their module up
+_spec.loader.exec_module(gallery)
+
+
+@pytest.fixture
+def data_root(monkeypatch):
+    """The MNIST test set for the claims that read it."""
+    if not (MNIST / "mnist-test").is_dir():
+        pytest.skip("needs ../shared/data/mnist-test")
+    monkeypatch.setenv("FEDSIM_DATA_ROOT", str(MNIST))
+
+
+# ------------------------------------------------------------ the claims
+@pytest.mark.parametrize("claim", gallery.CLAIMS, ids=lambda c: c.name)
+def test_every_arm_of_every_claim_validates(claim):
+    # Prepare / Execute: each arm as the gallery runs it, full and tiny
+    for arm in claim.arms:
+        for tiny in (False, True):
+            overrides = gallery.run_overrides(claim, arm, tiny)
+            label = arm.label(tiny)
+            sc, mode = load_variant(ROOT / claim.scenario, label, 0, overrides)
+            # Assert: the gallery's rounds and the arm's algorithm and its
+            # hyperparameters as the label gives them
+            assert mode == "sync"
+            assert sc.rounds == (2 if tiny else claim.rounds)
+            name, _, params = label.partition(":")
+            assert sc.algorithm.name == name
+            for item in filter(None, params.split(",")):
+                key, value = item.split("=")
+                assert str(getattr(sc.algorithm, key)) == value, (label, key)
+    winners = {w for w, _ in claim.better}
+    losers = {name for _, ls in claim.better for name in ls}
+    assert (winners | losers | set(claim.paper_values)) <= {a.name for a in claim.arms}
+
+
+def test_the_fednova_panels_compare_both_weightings():
+    for name in ("fednova-fig5-sampled", "fednova-fig5-random"):
+        labels = {a.algorithm for a in gallery.BY_NAME[name].arms}
+        assert {"fednova", "fednova:sampling=uniform"} <= labels
+
+
+def test_the_full_gallery_fits_its_budget():
+    total = sum(gallery.estimate_s(c, gallery.DEFAULT_SEEDS) for c in gallery.CLAIMS)
+    assert total < gallery.BUDGET_S
+
+
+# ------------------------------------------------------------ the verdicts
+def _records(claim, values, key="final_accuracy", diverged=()):
+    """Fake run records: ``values`` maps an arm to its per-seed numbers."""
+    out = []
+    for arm, xs in values.items():
+        for seed, x in enumerate(xs):
+            row = {
+                "final_accuracy": x if key == "final_accuracy" else 0.5,
+                "diverged": arm in diverged,
+                "rounds_to_target": None,
+                "bytes_up_to_target": None,
+                "bytes_up": 100,
+                "rounds": 6,
+            }
+            rounds = [{"round": 0, "test_loss": x, "test_accuracy": 0.5}]
+            out.append(
+                {"arm": arm, "seed": seed, "row": row, "rounds": rounds, "wall_s": 1.0}
+            )
+    return out
+
+
+def _verdict(claim, records):
+    return gallery.verdict(claim, gallery.summarize(claim, records))
+
+
+def test_verdicts_on_accuracy_with_paper_numbers():
+    # Prepare: FedDC's claim (higher accuracy; the paper prints numbers)
+    claim = gallery.BY_NAME["feddc-synthetic-01"]
+    near = {"fedavg": [0.985, 0.986], "feddyn": [0.992, 0.993], "feddc": [0.996, 0.997]}
+    off = {**near, "feddc": [0.995, 0.996], "fedavg": [0.90, 0.91]}
+    lost = {**near, "feddc": [0.82, 0.84]}
+    close = {**near, "feddc": [0.990, 0.997]}
+
+    # Execute / Assert
+    assert _verdict(claim, _records(claim, near))[0] == "holds"
+    v, why = _verdict(claim, _records(claim, off))
+    assert v == "holds in ordering only" and "fedavg 90.50%" in why
+    v, why = _verdict(claim, _records(claim, lost))
+    assert v == "does not hold" and "feddyn ahead of feddc" in why
+    v, why = _verdict(claim, _records(claim, close))
+    assert v == "holds in ordering only" and "within the seed spread" in why
+    v, why = _verdict(claim, _records(claim, near, diverged=("feddc",)))
+    assert v == "does not hold" and "diverged" in why
+
+
+def test_verdicts_on_the_objective_lower_is_better():
+    claim = gallery.BY_NAME["fednova-fig5-full"]
+    good = {"fedavg": [0.9, 0.91], "fedprox": [0.9, 0.92], "fednova": [0.5, 0.51]}
+    bad = {**good, "fednova": [0.95, 0.96]}
+    one_seed = {k: v[:1] for k, v in good.items()}
+    assert _verdict(claim, _records(claim, good, "objective"))[0] == "holds"
+    v, why = _verdict(claim, _records(claim, bad, "objective"))
+    assert v == "does not hold" and "fedavg ahead of fednova" in why
+    v, why = _verdict(claim, _records(claim, one_seed, "objective"))
+    assert v == "holds in ordering only" and "one seed" in why
+
+
+def test_a_missed_target_counts_as_the_whole_run():
+    # Prepare: FedDM reaches the target in 3 rounds (1,000 bytes); FedAvg in
+    # one seed of two (round 5), SCAFFOLD never (each run: 6 rounds, 100 bytes)
+    claim = gallery.BY_NAME["feddm-mnist-dir0.5"]
+    acc = {"feddm": [0.9, 0.9], "fedavg": [0.8, 0.8], "scaffold": [0.8, 0.8]}
+    records = _records(claim, acc)
+    for r in records:
+        if r["arm"] == "feddm":
+            r["row"].update(rounds_to_target=3, bytes_up_to_target=50)
+        if r["arm"] == "fedavg" and r["seed"] == 0:
+            r["row"].update(rounds_to_target=5, bytes_up_to_target=90)
+
+    # Execute
+    s = gallery.summarize(claim, records)
+    v, why = gallery.verdict(claim, s)
+
+    # Assert: fedavg (5 + 7) / 2 = 6 rounds, (90 + 100) / 2 bytes; scaffold
+    # never: inf
+    assert gallery._target_value(s["arms"]["fedavg"], "rounds_to_target") == (
+        6.0,
+        pytest.approx(math.sqrt(2)),
+    )
+    assert gallery._target_value(s["arms"]["fedavg"], "bytes_to_target")[0] == 95
+    assert math.isinf(
+        gallery._target_value(s["arms"]["scaffold"], "rounds_to_target")[0]
+    )
+    assert v == "holds" and "fedavg reached 90% in 1/2 seeds" in why
+    assert "scaffold reached 90% in 0/2 seeds" in why
+
+
+# ------------------------------------------------------------ end to end
+TINY_CLAIMS = ["fednova-fig5-sampled", "fedpns-fig6-bn2", "feddc-synthetic-01"]
+
+
+@pytest.mark.slow
+def test_tiny_gallery_writes_the_doc_and_reuses_its_runs(tmp_path, data_root, capsys):
+    # Prepare: three claims (an objective, a selector arm, paper numbers)
+    out, only = tmp_path / "g", ",".join(TINY_CLAIMS)
+
+    # Execute
+    assert gallery.main(["--tiny", "--only", only, "--out", str(out)]) == 0
+    first = capsys.readouterr().out
+    assert gallery.main(["--tiny", "--only", only, "--out", str(out)]) == 0
+    second = capsys.readouterr().out
+
+    # Assert: a summary row per claim, a section with its table, figure,
+    # command and verdict for each claim run, "not run yet" for the others
+    doc = (out / "reproductions.md").read_text()
+    assert "| claim | paper | this code (mean) | verdict |" in doc
+    verdicts = re.findall(
+        r"\*\*Verdict: (holds|holds in ordering only|does not hold)\*\*", doc
+    )
+    assert len(verdicts) == len(TINY_CLAIMS)
+    assert doc.count("| not run yet | - |") == len(gallery.CLAIMS) - len(TINY_CLAIMS)
+    for name in TINY_CLAIMS:
+        claim = gallery.BY_NAME[name]
+        section = doc[
+            doc.index(f"<!-- claim:{name} ") : doc.index(f"<!-- /claim:{name} -->")
+        ]
+        assert "| arm | seeds | final acc % |" in section
+        assert all(f"| {a.name} | 1 |" in section for a in claim.arms)
+        assert f"--only {name} --seeds 1 --tiny" in section
+        assert_figure(out / "reproductions" / f"{name}.png", (11, 3.8))
+    assert "| feddc | 1 |" in doc and "| 99.62 |" in doc  # the paper's number
+    # the second call ran nothing: every run came from the cache
+    n_runs = sum(len(gallery.BY_NAME[n].arms) for n in TINY_CLAIMS)
+    assert first.count("(cached)") == 0 and second.count("(cached)") == n_runs
