@@ -284,13 +284,17 @@ def evaluate(
     batch_size: int = 4096,
     weights: np.ndarray | None = None,
 ) -> tuple[float, float]:
-    """(mean loss, accuracy) in batches; accuracy NaN without classes."""
+    """(mean loss, accuracy) in batches; accuracy NaN without classes.
+
+    Runs where ``model`` and ``x``, ``y`` are (one device for all three).
+    """
     model.eval()
     n = len(x)
     if n == 0:
         return float("nan"), float("nan")
     if isinstance(model, QuadraticModel):
         w = torch.as_tensor(weights if weights is not None else np.ones(n)).double()
+        w = w.to(x.device)
         return float((model(x, y).double() * w).sum() / w.sum()), float("nan")
     total_loss, correct = 0.0, 0
     for start in range(0, n, batch_size):

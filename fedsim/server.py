@@ -44,6 +44,24 @@ class DivergenceError(RuntimeError):
     """The global model or the training loss became NaN or infinite."""
 
 
+def server_device(gpus_assigned: float, cuda_available: bool) -> torch.device:
+    """The device the server's work (evaluation, the objective, an
+    algorithm's server-side training and scoring) runs on, by the workers'
+    rule: CUDA when the server was given a GPU share and torch sees a CUDA
+    device, else the CPU.
+
+    Guarantees: a pure function of its arguments; ``cuda:0`` for CUDA (a
+    Ray actor sees only its assigned GPUs, the first of them as index 0).
+
+    Args:
+        gpus_assigned: the GPUs Ray assigned to the server (its actor's
+            ``GPU`` resource; 0 in the driver, which stays on the CPU).
+        cuda_available: ``torch.cuda.is_available()`` where the server runs.
+    """
+    use_gpu = gpus_assigned > 0 and cuda_available
+    return torch.device("cuda", 0) if use_gpu else torch.device("cpu")
+
+
 def evaluates(spec: EvalSpec, rounds: int, t: int) -> bool:
     """Whether round (or version) ``t`` ends with an evaluation.
 
@@ -149,25 +167,40 @@ class Server:
 
     Guarantees: the state changes only in :meth:`apply` and :meth:`load`;
     :meth:`payload` returns a copy that later steps never change, so jobs in
-    flight keep the version they downloaded.
+    flight keep the version they downloaded. The state (``x``, control
+    variates, client store) stays on the CPU whatever ``device`` is, so
+    aggregation and checkpoints do not depend on it; the forward and
+    backward work (:meth:`evaluate`, :meth:`objective`, the models of
+    :meth:`context`) runs on ``device``. On the CPU that is the same code and
+    the same floats as before the device existed.
 
     Args:
         scenario: the run's scenario (algorithm, model, eval, validation).
         data: the federated dataset (test and validation splits).
+        device: where the server's forward/backward work runs
+            (:func:`server_device` chooses it for a server actor).
 
     Raises:
         ScenarioError: the algorithm scores server-side model choices but
             the dataset has no validation split to score them on.
     """
 
-    def __init__(self, scenario: Scenario, data: FederatedData) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        data: FederatedData,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.scenario = scenario
         self.algorithm = scenario.algorithm
+        self.device = _resolved(torch.device(device))
         self.model = make_model(scenario, data)
         x0 = flatten(self.model)
+        self.model.to(self.device)
         self.state = self.algorithm.init(x0, data.num_clients)
         self.store = ClientStore(data.num_clients, x0.numel(), x0.dtype)
-        self.test = _split(data.test_x, data.test_y, x0.dtype, data.num_classes)
+        test = _split(data.test_x, data.test_y, x0.dtype, data.num_classes)
+        self.test = _on(test, self.device)
         self.test_weights = data.test_weights
         # What server-side model choices score on (an algorithm's check
         # loss): the validation split, the test set where the scenario opts
@@ -181,7 +214,8 @@ class Server:
                 problem = "the dataset was built without its validation split"
             if problem is not None:
                 raise ScenarioError(problem)
-            self.val = _split(data.val_x, data.val_y, x0.dtype, data.num_classes)
+            val = _split(data.val_x, data.val_y, x0.dtype, data.num_classes)
+            self.val = _on(val, self.device)
         self._data = data
         self._context: ServerContext | None = None
 
@@ -289,11 +323,14 @@ class Server:
     def context(self) -> ServerContext:
         """The server's model and validation loss, for algorithms that need
         them (``needs_server``); built once, on first use, with models of
-        its own so that scoring never disturbs the evaluation model."""
+        its own so that scoring never disturbs the evaluation model. Both
+        models live on the server's device (FedDM trains its model there;
+        the loss scores a CPU vector there and returns a float)."""
         if self._context is None:
             val, val_w = self.val, self.val_weights
             batch = self.scenario.eval.batch_size
-            eval_model = make_model(self.scenario, self._data)
+            device = self.device
+            eval_model = make_model(self.scenario, self._data).to(device)
 
             def loss(x: torch.Tensor) -> float:
                 if val is None:
@@ -302,21 +339,26 @@ class Server:
                         f"{self.algorithm.name} asked for a validation loss, but "
                         "it declared no use of server-side data"
                     )
-                torch.nn.utils.vector_to_parameters(x, eval_model.parameters())
+                params = eval_model.parameters()
+                torch.nn.utils.vector_to_parameters(x.to(device), params)
                 return evaluate(eval_model, *val, batch, val_w)[0]
 
-            train_model = make_model(self.scenario, self._data)
+            train_model = make_model(self.scenario, self._data).to(device)
             self._context = ServerContext(train_model, loss, self._data.num_classes)
         return self._context
 
     def evaluate(self) -> tuple[float, float]:
         """Test loss and accuracy of the current model.
 
+        Computed on the server's device (a copy of ``x`` there; on the CPU
+        the model views ``x`` itself, as it always did).
+
         Returns:
             (loss, accuracy) over the test set, with the test weights; NaN
             for an empty test set.
         """
-        torch.nn.utils.vector_to_parameters(self.state["x"], self.model.parameters())
+        x = self.state["x"].to(self.device)
+        torch.nn.utils.vector_to_parameters(x, self.model.parameters())
         batch = self.scenario.eval.batch_size
         return evaluate(self.model, *self.test, batch, self.test_weights)
 
@@ -331,8 +373,9 @@ class Server:
         dynamic regulariser) and p_i its data weight (``FederatedData.weights``
         normalised: n_i / n, or the quadratic problem's given p_i), the
         weights the server aggregates with. Computed in eval mode on the
-        server's CPU model, in batches of ``eval.batch_size`` rows, in row
-        order: the same floats on every call and in both server homes.
+        server's model, on its device, in batches of ``eval.batch_size``
+        rows, in row order: the same floats on every call and, on the CPU,
+        in both server homes.
 
         Clients without training rows are left out and the other weights
         renormalised (with p_i = n_i / n they weigh 0 anyway).
@@ -348,12 +391,12 @@ class Server:
         if not bool(held.any()):
             return math.nan
         x0 = self.state["x"]
-        torch.nn.utils.vector_to_parameters(x0, self.model.parameters())
+        torch.nn.utils.vector_to_parameters(x0.to(self.device), self.model.parameters())
         self.model.eval()
         try:
             losses = _row_losses(
-                self.model, data, x0.dtype, self.scenario.eval.batch_size
-            )
+                self.model, data, x0.dtype, self.scenario.eval.batch_size, self.device
+            ).cpu()
         finally:
             self.model.train()
         bounds = data.offsets.tolist()
@@ -429,19 +472,27 @@ def read_state(path: Path) -> ServerSnapshot:
 
 
 def _row_losses(
-    model: torch.nn.Module, data: FederatedData, dtype: torch.dtype, batch: int
+    model: torch.nn.Module,
+    data: FederatedData,
+    dtype: torch.dtype,
+    batch: int,
+    device: torch.device,
 ) -> torch.Tensor:
     """The model's loss on each training row of ``data``, in row order, as
-    float64: :func:`fedsim.models.batch_loss` per row, computed in batches
-    of ``batch`` rows (copied, as :func:`_split` does, so both server homes
-    compute the same floats)."""
+    float64 on ``device``: :func:`fedsim.models.batch_loss` per row,
+    computed in batches of ``batch`` rows (copied, as :func:`_split` does,
+    so both server homes compute the same floats; then moved to ``device``,
+    the model's)."""
     out = []
     for start in range(0, len(data.x), batch):
-        xb, yb = _split(
-            data.x[start : start + batch],
-            data.y[start : start + batch],
-            dtype,
-            data.num_classes,
+        xb, yb = _on(
+            _split(
+                data.x[start : start + batch],
+                data.y[start : start + batch],
+                dtype,
+                data.num_classes,
+            ),
+            device,
         )
         if isinstance(model, QuadraticModel):
             per = model(xb, yb)
@@ -450,6 +501,19 @@ def _row_losses(
             per = per.reshape(len(xb), -1).mean(dim=1)  # a sequence: its mean
         out.append(per.double())
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+
+
+def _on(split: Split, device: torch.device) -> Split:
+    """``split`` on ``device`` (the same tensors when already there)."""
+    return split[0].to(device), split[1].to(device)
+
+
+def _resolved(device: torch.device) -> torch.device:
+    """``device`` with its index: plain ``cuda`` names the current CUDA
+    device, so reports say ``cuda:0`` as the tensors' own device does."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> Split:

@@ -27,7 +27,14 @@ from fedsim.algorithms.base import ClientUpdate
 from fedsim.data import FederatedData
 from fedsim.executors import PlacementError
 from fedsim.scenario import Scenario
-from fedsim.server import Applied, Payload, Server, read_state, write_state
+from fedsim.server import (
+    Applied,
+    Payload,
+    Server,
+    read_state,
+    server_device,
+    write_state,
+)
 
 
 class ServerLost(RuntimeError):
@@ -43,6 +50,11 @@ class UpdatesLost(ServerLost):
 class ServerActor:
     """The body of the Ray actor: a :class:`Server` and a few accessors.
 
+    The server's work runs on CUDA when Ray assigned the actor a GPU
+    (``resources.server.gpus > 0``) and torch sees one
+    (:func:`fedsim.server.server_device`), else on the CPU; its state stays
+    on the CPU either way.
+
     Args:
         scenario: the run's scenario.
         data: the federated dataset (Ray resolves the driver's reference).
@@ -51,8 +63,13 @@ class ServerActor:
     """
 
     def __init__(self, scenario: Scenario, data: FederatedData, threads: int) -> None:
+        import ray
+
         torch.set_num_threads(threads)
-        self.server = Server(scenario, data)
+        res = ray.get_runtime_context().get_assigned_resources()
+        gpus = res.get("GPU", 0.0) if ray.get_gpu_ids() else 0.0
+        device = server_device(gpus, torch.cuda.is_available())
+        self.server = Server(scenario, data, device)
 
     def num_params(self) -> int:
         """d, the model's number of parameters."""
@@ -107,8 +124,8 @@ class ServerActor:
             "resources": {
                 k: v for k, v in res.items() if k not in ("CPU", "GPU", "memory")
             },
-            # the server's model stays on the CPU in both homes (bit-identical)
-            "device": self.server.params().device.type,
+            # where the server's work ran (its state stays on the CPU)
+            "device": str(self.server.device),
         }
 
 

@@ -181,3 +181,64 @@ def test_ray_workers_on_fractional_gpus_match_the_cpu_run(ray_session):
     x_cpu, _ = final_params(over)
     x_gpu, _ = final_params([*over, "resources.gpus_per_worker=0.25"], workers=2)
     torch.testing.assert_close(x_gpu, x_cpu, rtol=1e-3, atol=1e-4)
+
+
+TINY = SCENARIOS / "ci" / "tiny-synthetic.yaml"
+SERVER_WORK = {
+    "feddm": "algorithm={name: feddm, ipc: 3, iterations: 4, dc_batch_size: 16, "
+    "image_lr: 0.01, server_epochs: 3}",
+    "fedpns": "algorithm={name: fedpns, v: 1, check_loss_data: test}",
+}
+
+
+def server_round(over: list[str], device: str) -> tuple[Server, set[str], tuple]:
+    """One round of a tiny scenario whose server runs on ``device``: the
+    server, the devices its forwards saw, and (x, evaluation, objective).
+    The updates come from a CPU worker, the same in both runs."""
+    from fedsim.data import build_data
+
+    sc = load_scenario(TINY, over)
+    data = build_data(sc.data, sc.num_clients, sc.seed)
+    server = Server(sc, data, device=device)
+    tasks = [Task(c, 0, 4) for c in range(sc.num_clients)]
+    ups = Worker(sc, data).train(server.payload(), tasks)
+    seen: set[str] = set()
+
+    def record(module, args):
+        seen.update(str(a.device) for a in args if isinstance(a, torch.Tensor))
+
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(record)
+    try:
+        server.apply(ups, where="round 0")
+        results = (server.params().clone(), server.evaluate(), server.objective())
+    finally:
+        hook.remove()
+    return server, seen, results
+
+
+@pytest.mark.parametrize("name", sorted(SERVER_WORK))
+def test_a_server_on_cuda_does_its_work_there_and_matches_the_cpu(name):
+    # Prepare: a FedDM round (the server trains on the synthetic sets) or a
+    # FedPNS round (the server scores candidate aggregates), in float64
+    over = [
+        SERVER_WORK[name],
+        "selector.clients_per_round=6",
+        "model={name: logreg, dtype: float64}",
+    ]
+
+    # Execute: the same round with the server on the CPU, then on CUDA
+    _, seen_cpu, (x_cpu, ev_cpu, f_cpu) = server_round(over, "cpu")
+    server, seen, (x_gpu, ev_gpu, f_gpu) = server_round(over, "cuda")
+
+    # Assert: every forward of the server's work (the algorithm's training
+    # or scoring, the evaluation, the objective) ran on cuda:0, and only
+    # there; the state stayed on the CPU; float64 results equal the CPU's
+    # up to rounding (1e-9, this file's rule)
+    assert seen_cpu == {"cpu"} and seen == {"cuda:0"}, seen
+    assert str(server.device) == "cuda:0"
+    assert all(p.is_cuda for p in server.context().model.parameters())
+    assert x_gpu.device.type == "cpu"
+    assert all(t.device.type == "cpu" for t in server.state.values())
+    torch.testing.assert_close(x_gpu, x_cpu, rtol=1e-9, atol=1e-9)
+    assert ev_gpu == pytest.approx(ev_cpu, rel=1e-9, nan_ok=True)
+    assert f_gpu == pytest.approx(f_cpu, rel=1e-9)

@@ -358,7 +358,10 @@ class FedDM(base.Algorithm):
             state: ``x`` (the global model w_r), ``seed`` and ``round``.
             updates: The clients' updates; their ``extras`` carry ``images``
                 and ``labels`` (an update without labels is left out).
-            server: The server's copy of the network, trained in place.
+            server: The server's copy of the network, trained in place on
+                the device its parameters are on (the server's device; the
+                synthetic sets are moved there, the new ``x`` comes back to
+                ``x``'s device and dtype).
 
         Returns:
             The state with the new ``x`` and the next ``round``, and the meter
@@ -373,13 +376,14 @@ class FedDM(base.Algorithm):
             return state, base.empty_info()
         if server is None:
             raise TypeError("FedDM trains on the server: pass server=ServerContext")
-        images = torch.cat([u.extras["images"] for u in ups])
-        labels = torch.cat([u.extras["labels"] for u in ups]).long()
         x_r, model = state["x"], server.model
         params = list(model.parameters())
+        dev = params[0].device  # the server's device (on the CPU: as before)
+        images = torch.cat([u.extras["images"] for u in ups]).to(dev)
+        labels = torch.cat([u.extras["labels"] for u in ups]).long().to(dev)
         # the network's parameters become views of a copy of w_r: the steps
         # below must not move x_r, the centre of the ball projection
-        torch.nn.utils.vector_to_parameters(x_r.clone(), params)
+        torch.nn.utils.vector_to_parameters(x_r.to(dev, copy=True), params)
         model.train()
         opt = torch.optim.SGD(
             params,
@@ -390,11 +394,12 @@ class FedDM(base.Algorithm):
         # a stream per round, so a resumed run draws the same minibatches
         ss = np.random.SeedSequence([int(state["seed"]), int(state["round"])])
         gen = torch.Generator().manual_seed(int(ss.generate_state(1)[0]))
-        self._server_epochs(model, opt, images, labels, x_r, gen)
+        self._server_epochs(model, opt, images, labels, x_r.to(dev), gen)
         x_new = torch.nn.utils.parameters_to_vector(params).detach().clone()
         w = [float(len(u.extras["labels"])) for u in ups]
         tau_eff = updates_tau_eff("steps", [1.0] * len(ups), ups)
-        new = {**state, "x": x_new.to(x_r.dtype), "round": state["round"] + 1}
+        x_new = x_new.to(x_r.device, x_r.dtype)
+        new = {**state, "x": x_new, "round": state["round"] + 1}
         return new, base.meter_subset(updates, base.meter(ups, w, tau_eff))
 
     def _server_epochs(
@@ -413,6 +418,7 @@ class FedDM(base.Algorithm):
         n, bs = len(labels), self.server_batch_size
         for _ in range(self.server_epochs):
             for idx in torch.randperm(n, generator=gen).split(bs):
+                idx = idx.to(images.device)  # drawn on the CPU: the same order
                 loss = F.cross_entropy(model(images[idx]), labels[idx])
                 opt.zero_grad(set_to_none=False)
                 loss.backward()
