@@ -324,7 +324,7 @@ class Server:
         """The server's model and validation loss, for algorithms that need
         them (``needs_server``); built once, on first use, with models of
         its own so that scoring never disturbs the evaluation model. Both
-        models live on the server's device (FedDM trains its model there;
+        models live on the server's device (a server-side algorithm trains there;
         the loss scores a CPU vector there and returns a float)."""
         if self._context is None:
             val, val_w = self.val, self.val_weights
