@@ -87,7 +87,10 @@ def test_driver_and_actor_homes_give_identical_results(ray_session, algorithm):
     from fedsim.runtime import run_scenario
 
     alg = f"algorithm={algorithm}"
-    driver = run_scenario(_load(alg), workers=2)
+    # The driver home in process: results do not depend on the workers
+    # (test_determinism), so this asks the actor home on 2 Ray workers to
+    # match it, and spares a Ray run.
+    driver = run_scenario(_load(alg), workers=0)
     actor = run_scenario(_load(alg, *ACTOR), workers=2)
     _same(driver, actor)
     assert driver.placement["server"]["home"] == "driver"
@@ -103,7 +106,7 @@ def test_asynchronous_runs_are_identical_in_both_homes(ray_session):
     asyn = ["round={policy: async, job_steps: max_steps, max_steps: 5, concurrency: 3}"]
     asyn += ["algorithm={name: fedbuff, buffer_size: 2}", "rounds=4"]
     _same(
-        run_scenario(_load(*asyn), workers=2),
+        run_scenario(_load(*asyn), workers=0),  # in process, as above
         run_scenario(_load(*asyn, *ACTOR), workers=2),
     )
 
@@ -291,7 +294,8 @@ def test_checkpoints_land_in_the_run_dir_and_resume_identically(
     every = [*ACTOR, "checkpoint.every_rounds=1", "rounds=4"]
     for name in ("whole", "cut"):
         (tmp_path / name).mkdir()
-    whole = run_scenario(_load(*every), workers=2, run_dir=tmp_path / "whole")
+    # the undisturbed reference in process (the driver's home), as above
+    whole = run_scenario(_load(*every[2:]), workers=0, run_dir=tmp_path / "whole")
 
     # The server actor dies after round 1 (as when its node is lost).
     made: list[Any] = []
