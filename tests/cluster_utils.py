@@ -397,26 +397,45 @@ def _drive(cfg: dict) -> None:
     The node killed is the first of ``cfg["candidates"]`` (name, node_dir,
     node_sid, node_id) that hosts one of this run's worker actors right then
     (the executor's own report says where they are), so the kill always
-    hits the run whichever nodes Ray spread its workers on."""
+    hits the run whichever nodes Ray spread its workers on.
+
+    ``cfg["kill"] == "server"``: the node killed is the one hosting the
+    server actor (its own report), at once, before round ``kill_at``'s
+    checkpoint; a run that stops prints the line ``fedsim run`` prints
+    (with the resume command). ``cfg["resume"]``: continue ``out`` from its
+    checkpoint, with ``cfg["resume_sets"]`` after ``sets`` (e.g. the server
+    placed elsewhere), checked against the checkpoint's fingerprint as
+    ``fedsim run --resume`` checks it."""
     import threading
 
     from fedsim import runtime
+    from fedsim.checkpoint import check_fingerprint
+    from fedsim.cli import _say_ending
     from fedsim.ray_session import init_ray
     from fedsim.results import write_summary
     from fedsim.scenario import load_scenario
 
     init_ray()
-    sc = load_scenario(cfg["scenario"], cfg["sets"])
+    resume = bool(cfg.get("resume"))
+    sets = cfg["sets"] + (cfg.get("resume_sets", []) if resume else [])
+    sc = load_scenario(cfg["scenario"], sets)
     out = Path(cfg["out"])
     out.mkdir(parents=True, exist_ok=True)
-    executors = []
-    make = runtime.make_executor
+    if resume:
+        check_fingerprint(out, sc)
+    executors, servers = [], []
+    make, make_server = runtime.make_executor, runtime._server_actor
 
     def recording_make_executor(*args, **kwargs):
         executors.append(make(*args, **kwargs))
         return executors[-1]
 
+    def recording_server_actor(*args, **kwargs):
+        servers.append(make_server(*args, **kwargs))
+        return servers[-1]
+
     runtime.make_executor = recording_make_executor
+    runtime._server_actor = recording_server_actor
 
     def kill(victim: dict) -> None:
         pids = kill_node(victim["node_dir"], victim["node_sid"])
@@ -428,24 +447,34 @@ def _drive(cfg: dict) -> None:
 
     def on_round(row, _clients) -> None:
         print(f"round {row['round']}", flush=True)
-        if row["round"] == cfg["kill_at"]:
+        if row["round"] != cfg.get("kill_at"):
+            return
+        server = cfg.get("kill") == "server"
+        if server:
+            hosts = {servers[-1].report().get("node_id")}
+        else:
             hosts = {
                 hist[-1]["node_id"]
                 for hist in executors[-1].report()["workers_nodes"]
                 if hist
             }
-            print(f"workers on nodes {sorted(h[:12] for h in hosts)}", flush=True)
-            victims = [c for c in cfg["candidates"] if c["node_id"] in hosts]
-            if not victims:
-                print("no candidate node hosts a worker: nothing killed", flush=True)
-                return
+        what = "the server" if server else "a worker"
+        print(f"{what} on nodes {sorted(str(h)[:12] for h in hosts)}", flush=True)
+        victims = [c for c in cfg["candidates"] if c["node_id"] in hosts]
+        if not victims:
+            print(f"no candidate node hosts {what}: nothing killed", flush=True)
+        elif server:
+            kill(victims[0])
+        else:
             threading.Timer(0.02, kill, args=(victims[0],)).start()
 
     res = runtime.run_scenario(
-        sc, workers=cfg["workers"], run_dir=out, on_round=on_round
+        sc, workers=cfg["workers"], run_dir=out, on_round=on_round, resume=resume
     )
     write_summary(out / "summary.json", res.summary())
     print(f"status {res.status}", flush=True)
+    if res.status != "completed":
+        _say_ending(res, out)  # the line `fedsim run` ends with
 
 
 def _accepts(port: int) -> bool:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from .cluster_utils import RAY, Cluster, base_env, is_loopback
+from .cluster_utils import RAY, Cluster, NodeSpec, base_env, is_loopback
 from .conftest import MNIST, ROOT
 
 SUBMIT = ROOT / "cluster" / "submit.sh"
@@ -527,6 +527,102 @@ def test_a_node_lost_in_an_async_run_changes_nothing(cluster: Cluster, tmp_path:
     _lose_a_node(
         cluster, tmp_path, "scenarios/async-fedbuff.yaml", ["rounds=8"], most=15
     )
+
+
+def _a_node_to_lose(cluster: Cluster, tmp_path: Path) -> dict:
+    """One node the run can lose, as :func:`_drive`'s candidates name it:
+    node b or c while one is alive, else (the node-loss tests before took
+    both) a new node d like them."""
+
+    def alive() -> list[dict]:
+        ids = {
+            name: n["node_id"]
+            for n in cluster.alive_nodes()
+            for name in ("b", "c", "d")
+            if f"node_{name}" in n["resources_total"]
+        }
+        return [
+            dict(
+                name=name,
+                node_dir=str(cluster.node(name).dir),
+                node_sid=cluster.node(name).proc.pid,
+                node_id=ids[name],
+            )
+            for name in ids
+            if cluster.node(name).proc.poll() is None
+        ]
+
+    if not alive():
+        empty = tmp_path / "nodata"
+        empty.mkdir()
+        no_data = {"FEDSIM_DATA_ROOT": str(empty), "HOME": str(empty)}
+        cluster.add_node(NodeSpec("d", resources={"node_d": 1}, env=no_data))
+    (node, *_) = alive()
+    return node
+
+
+@pytest.mark.cluster(kills_nodes=True)
+@pytest.mark.slow
+def test_losing_the_server_actors_node_stops_the_run_and_resume_is_identical(
+    cluster: Cluster, tmp_path: Path
+):
+    from fedsim.checkpoint import check_resumable
+    from fedsim.runtime import run_scenario
+    from fedsim.scenario import load_scenario
+
+    # Prepare: the server actor pinned to a node the run will lose.
+    scenario = "scenarios/ci/tiny-synthetic.yaml"
+    sets = ["rounds=6", "checkpoint.every_rounds=1"]
+    victim = _a_node_to_lose(cluster, tmp_path)
+    pin = "resources.server={home: actor, cpus: 0, resources: {%s: 0.01}}"
+    out = tmp_path / "cut"
+    cfg = dict(
+        scenario=scenario,
+        sets=[*sets, pin % f"node_{victim['name']}"],
+        out=str(out),
+        workers=2,
+        kill_at=2,
+        kill="server",
+        candidates=[victim],
+    )
+
+    # Execute: the server's node is killed just after round 2's row.
+    start = time.monotonic()
+    status, logs = _drive(cluster, cfg)
+    print(f"losing the server's node {victim['name']}: {time.monotonic() - start:.1f}s")
+
+    # Assert: the run stopped, interrupted, at its last checkpoint, and says
+    # how to continue.
+    assert status == "SUCCEEDED", logs[-6000:]
+    assert f"killed node {victim['name']} " in logs, logs[-3000:]
+    assert "status interrupted" in logs, logs[-3000:]
+    assert cluster.node(victim["name"]).proc.poll() is not None
+    assert "the server actor died" in logs, logs[-3000:]
+    assert f"continue with: fedsim run --resume {out}" in logs, logs[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted", summary
+    assert summary["server"]["node_id"] == victim["node_id"], summary["server"]
+    ck = check_resumable(out)  # LATEST names a whole checkpoint
+    assert 1 <= ck.next_round <= 3, ck
+
+    # Resume, the server placed on node a now (resources.server is not part
+    # of the checkpoint's fingerprint; the driver checks it).
+    start = time.monotonic()
+    cfg.update(resume=True, kill_at=None, resume_sets=[pin % "node_a"])
+    status, logs = _drive(cluster, cfg)
+    print(f"resumed from round {ck.next_round}: {time.monotonic() - start:.1f}s")
+    assert status == "SUCCEEDED" and "status completed" in logs, logs[-6000:]
+    assert "killed node" not in logs
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds"] == 6, summary
+    assert summary["server"]["resources"] == {"node_a": pytest.approx(0.01)}
+
+    # The same rows as an undisturbed in-process run.
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    run_scenario(load_scenario(ROOT / scenario, sets), workers=0, run_dir=ref)
+    for name in ("rounds.parquet", "clients.parquet"):
+        assert _table(out / name) == _table(ref / name), name
 
 
 # ------------------------------------------------ the scenario's fields
