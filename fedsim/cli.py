@@ -309,9 +309,19 @@ def _resume_args(
     """``--resume RUN_DIR``'s scenario file and output folder (both in
     RUN_DIR), refusing options that would contradict them: the resolved
     scenario.yaml in RUN_DIR is the experiment, and another one (or a
-    --set) would make the resumed rows a mix of two."""
-    if scenario is not None or overrides or out_dir is not None:
-        _fail("--resume RUN_DIR takes no scenario, --out, --seed or --set")
+    --set of an experiment field) would make the resumed rows a mix of two.
+
+    ``--set resources.…`` is taken: where the work runs is not part of the
+    experiment (the checkpoint's fingerprint leaves ``resources`` out, and
+    results do not depend on it), and a resume may need it, e.g. to place
+    the server actor on another node when its own node was lost."""
+    placement = [o for o in overrides if o.split("=", 1)[0].startswith("resources.")]
+    if scenario is not None or out_dir is not None or len(placement) < len(overrides):
+        _fail(
+            "--resume RUN_DIR takes no scenario, --out, --seed or --set, but "
+            "--set resources.… (where the work runs, e.g. "
+            "resources.server.resources={node_b: 0.01})"
+        )
     _expect_dir(resume, "--resume", "a run directory")
     if not (resume / "scenario.yaml").exists():
         _fail(f"{resume}: not a run directory (no scenario.yaml)")
@@ -526,7 +536,7 @@ def _prepare_run_dir(
     """
     from fedsim.checkpoint import CheckpointError, check_fingerprint, check_resumable
     from fedsim.results import atomic_write_bytes, prepare_run_dir
-    from fedsim.scenario import dump_scenario
+    from fedsim.scenario import dump_scenario, load_scenario
 
     if resume is None:
         _check_out(run_dir, scenario, overwrite)
@@ -540,6 +550,12 @@ def _prepare_run_dir(
         # every file the resume reads, before it writes any (issue 25)
         ck = check_resumable(run_dir)
         check_fingerprint(run_dir, sc, missing_ok=True)
+    resolved = dump_scenario(sc)
+    if dump_scenario(load_scenario(run_dir / "scenario.yaml")) != resolved:
+        # a --set resources.… (the fingerprint allowed it): the next
+        # --resume places the work as this one does
+        with _errors(OSError):
+            atomic_write_bytes(run_dir / "scenario.yaml", resolved.encode())
     return ck.next_round, ck.sim_time
 
 

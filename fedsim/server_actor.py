@@ -192,7 +192,8 @@ class RemoteServer:
         except ray.exceptions.RayActorError as exc:
             raise ServerLost(
                 f"the server actor died ({type(exc).__name__}); its node may "
-                "have been lost"
+                "have been lost (a resume can place it elsewhere: --set "
+                "resources.server.resources={node_x: 0.01})"
             ) from None
         except ray.exceptions.RayTaskError as exc:
             raise exc.cause from None  # e.g. DivergenceError, CheckpointError

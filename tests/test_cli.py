@@ -239,3 +239,32 @@ def test_a_run_never_writes_over_its_own_scenario_file(tmp_path):
     p = fedsim("run", str(src), "--workers", "0", "--out", str(tmp_path), "-q")
     assert p.returncode == 2 and "its own scenario file" in p.stderr
     assert src.read_text().endswith("# mine\n")
+
+
+def test_a_resume_may_move_the_work_but_not_change_the_experiment(tmp_path):
+    # Prepare: a run stopped after 2 of 4 rounds (as if its server's node
+    # was lost), its checkpoint at round 2
+    out = tmp_path / "run"
+    args = ["run", str(SCENARIOS / "ci" / "tiny-synthetic.yaml"), "-q"]
+    args += ["--workers", "0", "--no-report", "--out", str(out)]
+    first = fedsim_here(
+        *args, "--set", "rounds=2", "--set", "checkpoint.every_rounds=1"
+    )
+    assert first.returncode == 0, first.stderr
+    text = (out / "scenario.yaml").read_text().replace("rounds: 2", "rounds: 4")
+    (out / "scenario.yaml").write_text(text)
+
+    # Execute: a --set of the experiment, then one of where the work runs
+    refused = fedsim_here("run", "--resume", str(out), "--set", "client.lr=0.5")
+    moved = fedsim_here(
+        *("run", "--resume", str(out), "-q", "--no-report"),
+        *("--set", "resources.placement=pack"),
+    )
+
+    # Assert: the first refused, naming what a resume takes; the second
+    # resumed, and the run directory's scenario says where it now runs
+    assert refused.returncode == 2
+    assert "--set resources." in " ".join(refused.stderr.split())
+    assert moved.returncode == 0, moved.stderr
+    assert pq.read_table(out / "rounds.parquet").num_rows == 4
+    assert "placement: pack" in (out / "scenario.yaml").read_text()
