@@ -387,6 +387,9 @@ def run_jobs(
     else:
         import ray
 
+        from fedsim.executors import release_parked
+
+        release_parked(everything=False)  # warm actors would hold the CPUs
         task = ray.remote(num_cpus=1)(fn)
         limit = workers or int(max(1, ray.cluster_resources().get("CPU", 1)))
         todo = list(enumerate(jobs))

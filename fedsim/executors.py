@@ -17,10 +17,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import secrets
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from fedsim.algorithms.base import ClientState, ClientUpdate
@@ -156,6 +157,218 @@ def _own(group: Sequence[Task], states: States) -> dict[int, ClientState]:
 
 class PlacementError(RuntimeError):
     """The worker actors cannot be placed as ``resources.placement`` asks."""
+
+
+class StaleWorkerError(RuntimeError):
+    """A worker actor was asked to train for a run it is not set up for."""
+
+
+class RayWorker(Worker):
+    """The :class:`Worker` as a Ray actor of :class:`RayExecutor`: it knows
+    the run it serves by a token, so it can be set up again for a later run
+    (:func:`warm_workers`) and never trains for the wrong one.
+
+    Ray restarts a dead actor by calling its constructor with the arguments
+    it was *created* with. For an actor that a later run took over, those
+    are an earlier run's: the restarted actor holds the earlier token, each
+    call for the current run (which carries the current token) raises
+    :class:`StaleWorkerError`, and the executor sets the actor up again and
+    resends the call. For an actor created by its run, a restart is as
+    before: the same arguments, the same token.
+
+    Args:
+        scenario: as :class:`Worker`.
+        data: as :class:`Worker` (the one-element list of the reference).
+        threads: as :class:`Worker`.
+        token: the run this actor trains for.
+    """
+
+    def __init__(
+        self, scenario: Scenario, data: Any, threads: int | None, token: str
+    ) -> None:
+        super().__init__(scenario, data, threads)
+        self.token = token
+
+    def setup(
+        self, scenario: Scenario, data: Any, threads: int | None, token: str
+    ) -> str:
+        """Become the worker a new actor for this run would be: every
+        attribute of the earlier run is dropped first, so nothing of it
+        leaks into this one. Returns the token (the executor waits on it)."""
+        self.__dict__.clear()
+        RayWorker.__init__(self, scenario, data, threads, token)
+        return token
+
+    def park(self) -> None:
+        """Drop the run's model and data while the actor waits for the next
+        run (the process, with torch imported, is what is kept)."""
+        token = self.token
+        self.__dict__.clear()
+        self.token = token
+
+    def _check(self, token: str | None) -> None:
+        if token is not None and token != self.token:
+            raise StaleWorkerError(
+                "this worker actor was restarted with an earlier run's arguments"
+            )
+
+    def train(
+        self,
+        payload: Payload,
+        tasks: Sequence[Task],
+        states: Mapping[int, ClientState] | None = None,
+        token: str | None = None,
+    ) -> list[ClientUpdate]:
+        """:meth:`Worker.train`, refused (:class:`StaleWorkerError`) when
+        ``token`` is not this actor's run."""
+        self._check(token)
+        return super().train(payload, tasks, states)
+
+    def train_apart(
+        self,
+        payload: Payload,
+        tasks: Sequence[Task],
+        states: Mapping[int, ClientState] | None = None,
+        token: str | None = None,
+    ) -> tuple[Any, ...]:
+        """:meth:`Worker.train_apart`, refused as :meth:`train` is."""
+        self._check(token)
+        return super().train_apart(payload, tasks, states)
+
+
+# ----------------------------------------------------------- warm actors
+#
+# Starting an actor costs a process, Ray's worker set-up and torch's import:
+# about 3 s of CPU, more than a small run's training. Inside warm_workers(),
+# a run that ends parks its worker actors (and its server actor) instead of
+# killing them, and the next run of this process that asks for the same
+# shape sets them up for itself. Parked actors hold their CPUs and GPUs:
+# every path that needs Ray resources for something else releases them
+# first (release_parked).
+
+_warm = False
+_parked: dict[tuple[Any, ...], list[Any]] = {}  # shape -> idle actors
+# A worker actor's creation data, by actor id, held while the actor lives:
+# Ray restarts an actor with its creation arguments, and for a warm actor
+# those name the dataset of its first run, which must still be there.
+_pins: dict[Any, list[Any]] = {}
+
+
+@contextlib.contextmanager
+def warm_workers() -> Iterator[None]:
+    """Within this block, Ray actors outlive their run: the next run in this
+    process with the same shape (the Ray session; CPUs and GPUs per worker;
+    the server actor's resources; ``placement: spread`` and data shipped by
+    the driver) sets them up for itself instead of starting new ones. For
+    many small runs in one process (a notebook's sweep, the test suite).
+    The results are those of new actors: each is set up from scratch and
+    keeps nothing of its last run. On leaving the block, the parked actors
+    are killed.
+    """
+    global _warm
+    before = _warm
+    _warm = True
+    try:
+        yield
+    finally:
+        _warm = before
+        if not before:
+            release_parked()
+
+
+def release_parked(keep: Collection[Any] = (), everything: bool = True) -> None:
+    """Kill parked actors, so their resources go to other work.
+
+    Args:
+        keep: shapes whose actors stay parked.
+        everything: also those that hold no resources (a server actor with
+            ``cpus: 0``, which is in nobody's way); False for a run that
+            only needs the resources.
+    """
+
+    def holds(shape: tuple[Any, ...]) -> bool:
+        # (kind, job, cpus, gpus[, custom resources]): any of them positive
+        return any(shape[2:4]) or bool(shape[4:] and shape[4])
+
+    for shape in [k for k in _parked if k not in keep and (everything or holds(k))]:
+        for a in _parked.pop(shape):
+            _kill(a)
+
+
+def _kill(actor: Any) -> None:
+    """Kill ``actor`` (gone already: nothing to do) and drop its pin."""
+    import ray
+
+    _pins.pop(actor._actor_id, None)
+    with contextlib.suppress(Exception):  # already gone with its session
+        ray.kill(actor)
+
+
+def parks(shape: tuple[Any, ...] | None) -> bool:
+    """Whether an actor of ``shape`` is parked when its run ends."""
+    return _warm and shape is not None
+
+
+def park(shape: tuple[Any, ...], actors: Sequence[Any]) -> None:
+    """Park ``actors`` (each first drops its run's state: ``park()``; Ray
+    runs that call before any later one on the same actor)."""
+    for a in actors:
+        a.park.remote()
+    _parked.setdefault(shape, []).extend(actors)
+
+
+def adopt(shape: tuple[Any, ...] | None, n: int, setup: tuple[Any, ...]) -> list:
+    """Up to ``n`` parked actors of ``shape``, set up for a new run by their
+    ``setup(*setup)`` method; one that fails its set-up (it died while
+    parked) is killed and left out, so a new actor takes its place. Parked
+    actors of ``shape`` beyond ``n`` are killed (their resources may be
+    what the run's other actors need).
+
+    Args:
+        shape: the key (None: nothing is taken).
+        n: the most actors taken.
+        setup: the arguments of the actors' ``setup``.
+    """
+    import ray
+
+    mine = _parked.pop(shape, []) if shape is not None else []
+    for a in mine[n:]:
+        _kill(a)
+    ready: list[Any] = []
+    for a, ref in [(a, a.setup.remote(*setup)) for a in mine[:n]]:
+        try:
+            ray.get(ref, timeout=60)
+            ready.append(a)
+        except Exception:  # dead or stuck: a new actor takes its place
+            _kill(a)
+    return ready
+
+
+def _job() -> str:
+    """This process's Ray job (a new session parks into new shapes)."""
+    import ray
+
+    return ray.get_runtime_context().get_job_id()
+
+
+def worker_shape(scenario: Scenario) -> tuple[Any, ...] | None:
+    """The key under which a run's worker actors park (None: never: a
+    placement group or per-node data ties them to their run)."""
+    res = scenario.resources
+    if res.placement != "spread" or res.data == "per_node":
+        return None
+    return ("worker", _job(), float(res.cpus_per_worker), float(res.gpus_per_worker))
+
+
+def server_shape(scenario: Scenario) -> tuple[Any, ...] | None:
+    """The key under which a run's server actor parks (None: never: it
+    lives in the driver, or in a placement group's bundle)."""
+    res = scenario.resources
+    spec = res.server
+    if spec.home != "actor" or worker_shape(scenario) is None:
+        return None
+    extra = tuple(sorted(spec.resources.items()))
+    return ("server", _job(), float(spec.cpus), float(spec.gpus), extra)
 
 
 def _where(worker: Worker) -> tuple[str, dict[str, Any]]:
@@ -330,14 +543,22 @@ class RayExecutor(Executor):
         self.placement = res.placement
         # the server actor fetches the updates itself (train_apart)
         self.apart = res.server.home == "actor"
+        # Warm actors of this run's shapes are taken over below; every other
+        # parked actor is killed first: its resources may be this run's.
+        self._shape = worker_shape(scenario)
+        release_parked(keep={self._shape, server_shape(scenario)}, everything=False)
+        self._token = secrets.token_hex(8)  # this run's (RayWorker)
         self._pg = None if res.placement == "spread" else _placement_group(res, n)
         if res.data == "per_node":
             check_data_on_nodes(scenario)
         # a list: Ray hands the reference itself to a (re)started actor
         shared = _NodeLocalData(scenario) if res.data == "per_node" else data
         self._data: list[Any] = [ray.put(shared)]
-        self.actors: list[Any] = [
-            ray.remote(Worker)
+        # int(cpus): torch's threads in each actor
+        self._setup = (scenario, self._data, int(res.cpus_per_worker), self._token)
+        self.actors: list[Any] = adopt(self._shape, n, self._setup)
+        self.actors += [
+            ray.remote(RayWorker)
             .options(
                 num_cpus=res.cpus_per_worker,
                 num_gpus=res.gpus_per_worker,
@@ -345,9 +566,11 @@ class RayExecutor(Executor):
                 max_task_retries=0,  # retried here, and counted
                 scheduling_strategy=self._strategy(i),
             )
-            .remote(scenario, self._data, int(res.cpus_per_worker))  # threads
-            for i in range(n)
+            .remote(*self._setup)
+            for i in range(len(self.actors), n)
         ]
+        for a in self.actors:  # (a taken-over actor keeps its first pin)
+            _pins.setdefault(a._actor_id, self._data)
         self._refs: dict[int, Any] = {}
         self.tasks_retried = 0
         self._nodes: list[list[str]] = [[] for _ in range(n)]  # node ids, in order
@@ -428,14 +651,14 @@ class RayExecutor(Executor):
             self._refs[version] = ray.put(payloads[version])
         return self._refs[version]
 
-    @staticmethod
-    def _send(call: _Call, split: bool) -> list[Any]:
-        """Send ``call`` to its actor; its object references: ``[updates]``,
-        or with ``split`` ``[summaries, update_1, ..., update_n]``."""
+    def _send(self, call: _Call, split: bool) -> list[Any]:
+        """Send ``call`` to its actor, for this run (its token); its object
+        references: ``[updates]``, or with ``split`` ``[summaries, update_1,
+        ..., update_n]``."""
         if not split:
-            return [call.actor.train.remote(*call.args)]
+            return [call.actor.train.remote(*call.args, token=self._token)]
         method = call.actor.train_apart.options(num_returns=1 + len(call.positions))
-        return list(method.remote(*call.args))
+        return list(method.remote(*call.args, token=self._token))
 
     def _gather(self, calls: list[_Call], split: bool = False) -> list:
         """Every call's result, in call order, retrying dead actors' calls.
@@ -468,6 +691,12 @@ class RayExecutor(Executor):
             except ray.exceptions.RayActorError:
                 if attempt >= _MAX_ATTEMPTS:
                     raise
+            except StaleWorkerError:
+                # a warm actor Ray restarted with its first run's arguments:
+                # set it up for this run (calls on one actor run in order)
+                if attempt >= _MAX_ATTEMPTS:
+                    raise
+                calls[k].actor.setup.remote(*self._setup)
             if attempt == 1:  # the call's tasks count once
                 self.tasks_retried += len(calls[k].positions)
             self._check_nodes()
@@ -543,11 +772,15 @@ class RayExecutor(Executor):
         return ray.get([a.pid.remote() for a in self.actors])
 
     def shutdown(self) -> None:
-        """Kill the actors and remove the placement group (idempotent)."""
+        """Kill the actors, or inside :func:`warm_workers` park them for the
+        next run, and remove the placement group (idempotent)."""
         import ray
 
-        for a in self.actors:
-            ray.kill(a)
+        if parks(self._shape):
+            park(self._shape, self.actors)  # type: ignore[arg-type]
+        else:
+            for a in self.actors:
+                _kill(a)
         self.actors = []
         self._refs.clear()
         if self._pg is not None:

@@ -43,5 +43,8 @@ def shutdown_ray() -> None:
     cluster's other processes)."""
     import ray
 
+    from fedsim.executors import release_parked
+
     if ray.is_initialized():
+        release_parked()  # warm actors die with the session; forget them
         ray.shutdown()

@@ -25,7 +25,7 @@ import torch
 
 from fedsim.algorithms.base import ClientUpdate
 from fedsim.data import FederatedData
-from fedsim.executors import PlacementError
+from fedsim.executors import PlacementError, adopt, park, parks, server_shape
 from fedsim.scenario import Scenario
 from fedsim.server import (
     Applied,
@@ -70,6 +70,18 @@ class ServerActor:
         gpus = res.get("GPU", 0.0) if ray.get_gpu_ids() else 0.0
         device = server_device(gpus, torch.cuda.is_available())
         self.server = Server(scenario, data, device)
+
+    def setup(self, scenario: Scenario, data: FederatedData, threads: int) -> int:
+        """Become the server a new actor for this run would be (a warm actor
+        taken over by a later run, :func:`fedsim.executors.warm_workers`):
+        a new :class:`Server`, nothing kept. Returns d."""
+        self.__dict__.clear()
+        ServerActor.__init__(self, scenario, data, threads)
+        return self.server.num_params
+
+    def park(self) -> None:
+        """Drop the run's server while the actor waits for the next run."""
+        self.__dict__.clear()
 
     def num_params(self) -> int:
         """d, the model's number of parameters."""
@@ -159,8 +171,13 @@ class RemoteServer:
         if strategy is not None:
             opts["scheduling_strategy"] = strategy
         ref = data if isinstance(data, ray.ObjectRef) else ray.put(data)
+        # a warm actor parked by the last run, if any (never in a bundle)
+        self._shape = server_shape(scenario) if strategy is None else None
+        warm = adopt(self._shape, 1, (scenario, ref, threads))
         remote: Any = ray.remote(ServerActor)  # Ray's stubs type it as the class
-        self.actor: Any = remote.options(**opts).remote(scenario, ref, threads)
+        self.actor: Any = (
+            warm[0] if warm else remote.options(**opts).remote(scenario, ref, threads)
+        )
         res = scenario.resources
         try:  # the first call waits for the placement, as long as the workers'
             d: Any = ray.get(
@@ -267,9 +284,13 @@ class RemoteServer:
         return {"home": "actor", **self._where}
 
     def shutdown(self) -> None:
-        """Kill the actor (idempotent)."""
+        """Kill the actor, or inside :func:`fedsim.executors.warm_workers`
+        park it for the next run (idempotent)."""
         import ray
 
         if self.actor is not None:
-            ray.kill(self.actor)
+            if parks(self._shape):
+                park(self._shape, [self.actor])  # type: ignore[arg-type]
+            else:
+                ray.kill(self.actor)
             self.actor = None

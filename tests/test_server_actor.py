@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +247,17 @@ def test_an_update_lost_before_the_server_read_it_stops_the_run(
     holder = ray.remote(num_cpus=0)(_Holder).remote()
     (gone,) = ray.get(holder.hold.remote())
     ray.kill(holder)
+    # ray.kill returns at once, and the object outlives its owner a moment:
+    # wait until it is gone (a warm run reaches round 1 in a fraction of a
+    # second)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            ray.get(gone, timeout=10)
+        except ray.exceptions.ObjectLostError:
+            break
+        assert time.monotonic() < deadline, "the killed actor's object is still there"
+        time.sleep(0.1)
     apply = RemoteServer.apply
 
     def lose_round_1(self: Any, updates: Any, **kwargs: Any) -> Any:
