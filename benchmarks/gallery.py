@@ -55,6 +55,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -806,6 +807,12 @@ def claim_section(
     return "\n".join(lines)
 
 
+def _measured_min(sections: dict[str, str]) -> float:
+    """The minutes of runs the claim sections record ("N min of runs here")."""
+    found = re.findall(r"\(([\d.]+) min of runs here\)", "\n".join(sections.values()))
+    return sum(float(m) for m in found)
+
+
 def _old_sections(doc: Path) -> dict[str, str]:
     """The claim sections of an existing doc, by claim name."""
     if not doc.is_file():
@@ -886,6 +893,9 @@ def write_doc(doc: Path, sections: dict[str, str]) -> Path:
             f"| {c.s_per_round:g} | {estimate_s(c, DEFAULT_SEEDS) / 60:.1f} |"
             for c in CLAIMS
         ),
+        "",
+        f"Measured: the runs behind the sections below took {_measured_min(kept):.0f} "
+        "minutes in all, one after another (each section gives its own).",
         "",
         "Not in the gallery (too costly on 2 cores): FedDC Table 1 on "
         "Fashion-MNIST (`feddc-fmnist-*.yaml`, 300 rounds of 15 MLP clients), "
