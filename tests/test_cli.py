@@ -190,25 +190,6 @@ def test_too_little_disk_for_checkpoints_fails_before_training(tmp_path, monkeyp
     assert off.exit_code == 0 and (tmp_path / "off" / "rounds.parquet").exists()
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_run_with_embedded_ray_workers(tmp_path):
-    out = tmp_path / "run"
-    r = fedsim(
-        "run",
-        str(SCENARIOS / "quickstart.yaml"),
-        "--workers",
-        "2",
-        "--out",
-        str(out),
-        "--set",
-        "rounds=3",
-    )
-    assert r.returncode == 0, r.stderr
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["workers"] == 2 and summary["rounds"] == 3
-
-
 def test_out_holding_a_run_is_refused_and_overwrite_replaces_it(tmp_path):
     # Prepare: a finished run, and a file of the user's in the same folder
     out = tmp_path / "run"

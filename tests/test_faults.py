@@ -43,6 +43,18 @@ def in_process(scenario: Path, *args: str, **kw):
     return fedsim("run", str(scenario), "--workers", "0", "-q", *args, **kw)
 
 
+def here(*args: str) -> None:
+    """``fedsim ARGS`` in this process (typer's CliRunner), which must exit
+    0: for the runs that need no process of their own (no signal, no file
+    size limit), sparing a Python start-up and torch's import."""
+    from typer.testing import CliRunner
+
+    from fedsim.cli import app
+
+    done = CliRunner().invoke(app, list(args))
+    assert done.exit_code == 0, done.output[-3000:]
+
+
 def comparable(rows: list[dict]) -> list[dict]:
     """Rows without wall-clock columns, NaN made comparable."""
     return [
@@ -77,11 +89,10 @@ KILL_AFTER = 20
 
 
 def reference_run(scenario: Path, rounds: int, out: Path) -> Path:
-    """An uninterrupted run (results do not depend on how often it saves)."""
-    ref = in_process(
-        scenario, "--no-report", "--set", f"rounds={rounds}", "--out", str(out)
-    )
-    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+    """An uninterrupted run (results do not depend on how often it saves),
+    in this process."""
+    args = ["--workers", "0", "-q", "--no-report", "--set", f"rounds={rounds}"]
+    here("run", str(scenario), *args, "--out", str(out))
     return out
 
 
@@ -119,8 +130,7 @@ def test_resume_after_killing_the_driver_gives_identical_results(
     assert proc.returncode == -signal.SIGKILL, "the run finished before the kill"
     killed_at = checkpoint_round(run_dir)
     assert KILL_AFTER <= killed_at < rounds
-    resumed = fedsim("run", "--resume", str(run_dir), "-q", "--no-report")
-    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
+    here("run", "--resume", str(run_dir), "-q", "--no-report")  # in this process
 
     # Assert: the resumed run's results equal the uninterrupted run's
     assert table(run_dir, "rounds.parquet") == table(ref_dir, "rounds.parquet")
@@ -167,8 +177,7 @@ def test_a_failing_write_loses_nothing_and_the_run_resumes(tmp_path, quick_refer
     assert written == reference[: len(written)]
     stopped_at = checkpoint_round(run_dir)
     assert 0 < stopped_at < QUICK_ROUNDS
-    resumed = fedsim("run", "--resume", str(run_dir), "-q", "--no-report")
-    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
+    here("run", "--resume", str(run_dir), "-q", "--no-report")  # in this process
     assert table(run_dir, "rounds.parquet") == table(quick_reference, "rounds.parquet")
     assert table(run_dir, "clients.parquet") == reference
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import subprocess
 import sys
@@ -38,8 +39,11 @@ def listening(pid: int) -> set[tuple[str, int, str]]:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_embedded_ray_binds_loopback_only(tmp_path):
-    # The user's environment does not ask for loopback: fedsim must do it.
+def test_embedded_ray_runs_the_workers_and_binds_loopback_only(tmp_path):
+    # `fedsim run --workers 2` starts an embedded Ray whose 2 worker actors
+    # train the run (this is also the command line's check of embedded Ray
+    # workers). The user's environment does not ask for loopback: fedsim
+    # must do it.
     env = {
         k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
     }
@@ -78,6 +82,9 @@ def test_embedded_ray_binds_loopback_only(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["rounds"] == 15
+    assert len(summary["workers_nodes"]) == 2
     names = {name for _, _, name in seen}
     assert seen, "no listening sockets observed: the check saw nothing"
     assert any("gcs" in n or "raylet" in n for n in names), names
