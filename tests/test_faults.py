@@ -242,7 +242,7 @@ def kill_soon(pid: int) -> None:
 def record_executors(monkeypatch) -> list:
     """The executors ``run_scenario`` makes from now on, in order: the tests
     read their own worker actors' process ids from them (``pids()``), never
-    every ``ray::Worker`` on the machine (other runs', other people's)."""
+    every ``ray::RayWorker`` on the machine (other runs', other people's)."""
     import fedsim.runtime
 
     made: list = []
