@@ -16,12 +16,13 @@ from .conftest import SCENARIOS
 SMALL = SCENARIOS / "ci" / "fmnist-dirichlet-small.yaml"
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
-# The scenario's first 9 of 12 rounds (the test's cost is its training).
+# The scenario's first 6 of 12 rounds (the test's cost is its training).
 # Measured, seed 0, test accuracy after rounds 1-12: 0.19 0.48 0.55 0.54
-# 0.55 0.65 0.67 0.67 0.693 0.687 0.719 0.7525 (chance: 0.1); the margin
-# allows for other BLAS builds on other machines.
-ROUNDS = 9
-MIN_ACCURACY = 0.6
+# 0.55 0.65 0.67 0.67 0.693 0.687 0.719 0.7525 (chance: 0.1). Learning
+# shows by round 6 (more than six times chance); the margin of 0.1 allows
+# for other BLAS builds on other machines.
+ROUNDS = 6
+MIN_ACCURACY = 0.55
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ runs; plus ``fedsim.compare`` end-to-end."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -128,8 +129,15 @@ def test_feddyn_synthetic_lognormal_sizes():
 
 
 # ------------------------------------------------------------- CI variants
+@functools.cache
+def _run(path, algorithm, seed):
+    """``run_one``, once per (scenario, algorithm, seed) in a process: the
+    FedDC tests share their seed-0 runs. Callers only read the result."""
+    return run_one(path, algorithm, seed)
+
+
 def _runs(path, algorithms, seed=0):
-    return {a: run_one(path, a, seed) for a in algorithms}
+    return {a: _run(path, a, seed) for a in algorithms}
 
 
 def test_fednova_synthetic_small_learns_and_meters_inconsistency():
@@ -182,10 +190,10 @@ def test_feddc_synthetic_small_learns_and_drift_methods_beat_fedavg():
 @pytest.mark.slow
 def test_feddc_synthetic_small_orderings_hold_over_three_seeds():
     means = {}
-    for a in FEDDC_METHODS:
-        means[a] = np.mean(
-            [run_one(DC_CI, a, s)[0]["final_accuracy"] for s in range(3)]
-        )
+    # FedProx (mu = 1e-4) is FedAvg's twin here (the test above checks that
+    # at seed 0); this test asserts only the drift-correcting methods' lead
+    for a in [m for m in FEDDC_METHODS if not m.startswith("fedprox")]:
+        means[a] = np.mean([_run(DC_CI, a, s)[0]["final_accuracy"] for s in range(3)])
     for a in ("scaffold", "feddyn:alpha=0.01", "feddc:alpha=0.005"):
         assert means[a] > means["fedavg"] + 0.03, means
 
