@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Checks that can fail, shown failing: each case below copies the repository's
+# tracked files, breaks one thing a test checks (a one-line edit, stated
+# below), runs that test on the copy and expects it to FAIL. A case whose
+# test still passes means the test no longer checks what it claims.
+#
+#   bash tests/broken_copies.sh            # every case (about 5 min on 2 cores)
+#   bash tests/broken_copies.sh stress gpu # some of them
+#
+# Prints one line per case ("caught" or "NOT CAUGHT", the test's assertion)
+# and exits 1 if any case was not caught or its edit no longer applies (the
+# line it breaks changed: update the case). Not part of `make test`: each case
+# is a pytest run of its own, and the `retried` case starts the multi-node
+# cluster. Issue 23 lists where each check came from.
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PY:-$ROOT/.venv/bin/python}
+WORK=$(mktemp -d /tmp/fedsim-broken-XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+failures=0
+
+# edit FILE OLD NEW: replace the one occurrence of OLD in FILE (in the copy).
+edit() {
+  "$PY" - "$1" "$2" "$3" <<'EOF'
+import pathlib, sys
+path, old, new = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+text = path.read_text()
+if text.count(old) != 1:
+    sys.exit(f"{path}: the line to break occurs {text.count(old)} times, not once")
+path.write_text(text.replace(old, new))
+EOF
+}
+
+# case NAME TESTS FILE OLD NEW [CWD]: break FILE (OLD -> NEW) in a copy, run
+# TESTS there (from CWD, default the copy's root), expect a failure.
+case_() {
+  local name=$1 tests=$2 file=$3 old=$4 new=$5 cwd=${6:-}
+  local copy=$WORK/$name
+  mkdir -p "$copy"
+  git ls-files -z | xargs -0 cp --parents -t "$copy"
+  if ! (cd "$copy" && edit "$file" "$old" "$new"); then
+    echo "$name: EDIT NO LONGER APPLIES ($file)"
+    failures=$((failures + 1))
+    return
+  fi
+  local ids=() t
+  for t in $tests; do ids+=("$copy/$t"); done
+  (cd "${cwd:-$copy}" && PYTHONPATH=$copy "$PY" -m pytest -q -x -p no:cacheprovider \
+    --rootdir "$copy" -c "$copy/pyproject.toml" -o addopts="" "${ids[@]}") \
+    > "$WORK/$name.log" 2>&1
+  local rc=$? why
+  why=$(grep -m1 -E "^E  +[A-Za-z]*(Error|assert)" "$WORK/$name.log" | cut -c1-160)
+  if [ "$rc" -eq 1 ]; then
+    echo "$name: caught ($tests): $why"
+  else
+    echo "$name: NOT CAUGHT (pytest exit $rc, $tests)"
+    tail -5 "$WORK/$name.log"
+    failures=$((failures + 1))
+  fi
+  rm -rf "$copy"
+}
+
+run() {
+  case $1 in
+  stress) # tau_std as the sample std, not the kept taus' std the test recomputes
+    case_ stress tests/test_stress.py::test_stress_report_on_a_ci_sized_grid \
+      fedsim/stress.py '"tau_std": float(taus.std())' '"tau_std": float(taus.std(ddof=1))' ;;
+  bias) # the participation-bias L1 halved (a total-variation slip)
+    case_ bias tests/test_participation_bias.py fedsim/algorithms/sampling.py \
+      '"l1": float(np.abs(over).sum())' '"l1": float(np.abs(over).sum() / 2)' ;;
+  figure_compare) # compare.png drawn with no series
+    case_ figure_compare tests/test_runtime.py::test_compare_runs_an_async_scenario \
+      fedsim/compare.py '            _draw_band(ax, mine, (x_key, y_key), color, label)' \
+      '            pass  # broken copy: no series drawn' ;;
+  figure_degradation) # degradation.png drawn with no series
+    case_ figure_degradation tests/test_stress.py::test_stress_report_on_a_ci_sized_grid \
+      fedsim/stress.py '        ax.plot(xs, d["accuracy"], marker="o", color=c, label=d["algorithm"])
+        ax.fill_between(xs, lows, highs, color=c, alpha=0.15)' \
+      '        continue  # broken copy: no series drawn' ;;
+  figure_shares) # weight_share.png without its clients
+    case_ figure_shares tests/test_participation_bias.py::test_summary_json_and_report_show_the_meter \
+      fedsim/plots.py 'ax.scatter(data, y, s=14' 'ax.scatter(data[:0], y[:0], s=14' ;;
+  cli_loc) # exit 2 still, but the message no longer names the field
+    case_ cli_loc tests/test_cli.py::test_invalid_scenarios_exit_2_without_traceback \
+      fedsim/scenario.py '    return out or "(top level)"' '    return "(top level)"' ;;
+  pairing) # the loop's old relative path, pytest started outside the repository
+    case_ pairing tests/test_pairing.py::test_every_shipped_scenario_still_loads \
+      tests/test_pairing.py "    from .conftest import SCENARIOS  # absolute: whatever pytest's directory" \
+      '    from pathlib import Path; SCENARIOS = Path("scenarios")  # the old relative path' /tmp ;;
+  fuzz_share) # every run refused (exit 2, which the property alone accepts)
+    case_ fuzz_share tests/test_fuzz_runtime.py::test_odd_scenarios_end_well_and_in_time \
+      fedsim/preflight.py '    check_model_data(scenario, source)
+    check_numeric_ranges' '    raise _error(f"{source}: rounds: refused by a broken copy")
+    check_numeric_ranges' ;;
+  gpu) # no CUDA here: the GPU tests run anyway, so the worker falls back to the CPU
+    case_ gpu "tests/test_gpu.py::test_a_worker_trains_on_cuda_and_returns_its_update_on_the_cpu tests/test_gpu.py::test_in_float64_a_gpu_worker_equals_the_cpu_worker[fedavg-logreg-sequential]" \
+      tests/test_gpu.py 'pytest.mark.skipif(not torch.cuda.is_available(), reason=' \
+      'pytest.mark.skipif(False, reason=' ;;
+  fmnist) # a learning rate that cannot learn: accuracy stays at chance
+    case_ fmnist tests/test_data_fmnist_training.py tests/test_data_fmnist_training.py \
+      '[f"rounds={ROUNDS}"]' '[f"rounds={ROUNDS}", "client.lr=1e-9"]' ;;
+  retried) # a lost node's resent calls not counted
+    case_ retried tests/test_multinode.py::test_a_node_lost_in_a_sync_run_changes_nothing \
+      fedsim/executors.py 'self.tasks_retried += len(calls[k].positions)' 'self.tasks_retried += 0' ;;
+  *) echo "unknown case: $1"; failures=$((failures + 1)) ;;
+  esac
+}
+
+ALL="stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried"
+for c in ${@:-$ALL}; do run "$c"; done
+[ "$failures" -eq 0 ]
