@@ -13,7 +13,7 @@ import pytest
 
 from fedsim.results import CLIENT_SCHEMA, ROUND_SCHEMA
 
-from .conftest import ROOT, SCENARIOS
+from .conftest import ROOT, SCENARIOS, fedsim_here
 
 FEDSIM = [sys.executable, "-m", "fedsim.cli"]
 
@@ -28,19 +28,6 @@ def fedsim(*args: str, cwd: Path = ROOT, timeout: float = 300):
         text=True,
         timeout=timeout,
     )
-
-
-def fedsim_here(*args: str) -> subprocess.CompletedProcess:
-    """``fedsim ARGS`` in this process (typer's CliRunner), as a
-    CompletedProcess like :func:`fedsim`'s. For runs that need no process of
-    their own (no signal, no embedded Ray, no fresh import state): it spares
-    a Python start-up and a torch import, seconds of CPU each."""
-    from typer.testing import CliRunner
-
-    from fedsim.cli import app
-
-    r = CliRunner(env={"COLUMNS": "120"}).invoke(app, list(args))
-    return subprocess.CompletedProcess(list(args), r.exit_code, r.stdout, r.stderr)
 
 
 def write(tmp_path: Path, text: str) -> Path:

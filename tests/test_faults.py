@@ -20,7 +20,7 @@ from fedsim.results import WALL_CLOCK_COLUMNS
 from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
 
-from .conftest import ROOT, SCENARIOS
+from .conftest import ROOT, SCENARIOS, fedsim_here
 
 QUICK = SCENARIOS / "quickstart.yaml"
 ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -41,18 +41,6 @@ def fedsim(*args: str, **kw):
 def in_process(scenario: Path, *args: str, **kw):
     """`fedsim run SCENARIO --workers 0 -q ARGS...`, started, not waited for."""
     return fedsim("run", str(scenario), "--workers", "0", "-q", *args, **kw)
-
-
-def here(*args: str) -> None:
-    """``fedsim ARGS`` in this process (typer's CliRunner), which must exit
-    0: for the runs that need no process of their own (no signal, no file
-    size limit), sparing a Python start-up and torch's import."""
-    from typer.testing import CliRunner
-
-    from fedsim.cli import app
-
-    done = CliRunner().invoke(app, list(args))
-    assert done.exit_code == 0, done.output[-3000:]
 
 
 def comparable(rows: list[dict]) -> list[dict]:
@@ -92,7 +80,7 @@ def reference_run(scenario: Path, rounds: int, out: Path) -> Path:
     """An uninterrupted run (results do not depend on how often it saves),
     in this process."""
     args = ["--workers", "0", "-q", "--no-report", "--set", f"rounds={rounds}"]
-    here("run", str(scenario), *args, "--out", str(out))
+    fedsim_here("run", str(scenario), *args, "--out", str(out), check=True)
     return out
 
 
@@ -130,7 +118,7 @@ def test_resume_after_killing_the_driver_gives_identical_results(
     assert proc.returncode == -signal.SIGKILL, "the run finished before the kill"
     killed_at = checkpoint_round(run_dir)
     assert KILL_AFTER <= killed_at < rounds
-    here("run", "--resume", str(run_dir), "-q", "--no-report")  # in this process
+    fedsim_here("run", "--resume", str(run_dir), "-q", "--no-report", check=True)
 
     # Assert: the resumed run's results equal the uninterrupted run's
     assert table(run_dir, "rounds.parquet") == table(ref_dir, "rounds.parquet")
@@ -177,7 +165,7 @@ def test_a_failing_write_loses_nothing_and_the_run_resumes(tmp_path, quick_refer
     assert written == reference[: len(written)]
     stopped_at = checkpoint_round(run_dir)
     assert 0 < stopped_at < QUICK_ROUNDS
-    here("run", "--resume", str(run_dir), "-q", "--no-report")  # in this process
+    fedsim_here("run", "--resume", str(run_dir), "-q", "--no-report", check=True)
     assert table(run_dir, "rounds.parquet") == table(quick_reference, "rounds.parquet")
     assert table(run_dir, "clients.parquet") == reference
 

@@ -28,7 +28,7 @@ from fedsim.plugins import resolve
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, parse_scenario
 from fedsim.testing import check_algorithm, check_selector
 
-from .conftest import ROOT
+from .conftest import ROOT, fedsim_here
 
 EXAMPLE = ROOT / "examples" / "fedsim_example"
 SCENARIO = EXAMPLE / "scenario.yaml"
@@ -341,10 +341,6 @@ def test_the_example_runs_in_process_and_resumes(tmp_path):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_the_example_gives_the_same_results_on_two_ray_workers(tmp_path):
-    from typer.testing import CliRunner
-
-    from fedsim.cli import app
-
     # The reference through the CLI in this process (the example is on
     # sys.path here): results do not depend on the number of workers
     # (test_determinism), so one command line on 2 Ray workers, whose
@@ -352,8 +348,7 @@ def test_the_example_gives_the_same_results_on_two_ray_workers(tmp_path):
     # must match it.
     ref = tmp_path / "w0"
     args = ["run", str(SCENARIO), "--out", str(ref), "--workers", "0"]
-    done = CliRunner().invoke(app, [*args, "--quiet", "--no-report"])
-    assert done.exit_code == 0, done.output
+    fedsim_here(*args, "--quiet", "--no-report", check=True)
     ray = _run(tmp_path / "w2", "--workers", "2")
     for name in ("rounds.parquet", "clients.parquet"):
         assert _table(ray, name) == _table(ref, name)
