@@ -28,6 +28,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from fedsim import plots
+from fedsim.data.partition import plot_partition
 from fedsim.results import atomic_write_bytes
 from fedsim.units import duration
 
@@ -472,6 +473,9 @@ def _save_figures(
     partition = _read(run_dir / "partition.parquet")
     for file, fig in _partition_figures(run_dir, name, tables, summary, partition):
         save(file, fig)
+    if partition is not None:
+        # listed by write_report after the figures above, with its own hint
+        plot_partition(partition, run_dir / "partition.png")
     return figures
 
 
@@ -544,7 +548,8 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     for file in figures:
         heading, hint = FIGURES[file]
         lines += ["", f"## {heading}", "", f"![{heading}]({file})", "", hint]
-    # partition.png is drawn by the run itself (it needs the data set), not here
+    # partition.png: drawn by _save_figures from partition.parquet (a run of
+    # the quadratic objectives has none)
     if (run_dir / "partition.png").exists():
         lines += ["", "## Data partition", "", "![Data partition](partition.png)", ""]
         lines.append("Samples per client by class (partition.parquet holds them all).")

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +27,7 @@ from fedsim import __version__, checkpoint, clock
 from fedsim.algorithms.base import AsyncRule, ClientUpdate
 from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.data import FederatedData, build_data
-from fedsim.data.partition import partition_table, plot_partition
+from fedsim.data.partition import partition_table
 from fedsim.data.validation import describe_validation
 from fedsim.executors import Executor, RayExecutor, make_executor
 from fedsim.fleet import Fleet
@@ -321,7 +322,9 @@ class _Run:
         self.wall0 = time.perf_counter()  # rows' wall_time: training only
 
     def _prepare(self, run_dir: Path, resume: bool) -> None:
-        """Room for two checkpoints; the partition's table and figure."""
+        """Room for two checkpoints; the partition's table (its figure,
+        partition.png, is the report's: drawn from this table, so a run
+        with ``--no-report`` spends nothing on plotting)."""
         sc, alg = self.sc, self.sc.algorithm
         if self.every:
             d, elem = self.num_params, sc.model.elem_bytes
@@ -334,7 +337,6 @@ class _Run:
             try:
                 table = partition_table(self.data)  # label histograms
                 write_arrow(run_dir / "partition.parquet", table)
-                plot_partition(table, run_dir / "partition.png")
             except OSError as exc:
                 raise SetupError(f"cannot write results: {exc}") from None
 
@@ -563,10 +565,11 @@ def _server_report(run: _Run) -> dict[str, Any]:
     if isinstance(run.server, RemoteServer):
         return run.server.report()
     here: dict[str, Any] = {"home": "driver", "device": "cpu"}
+    # a run without Ray never imported it: importing it only to learn that
+    # would cost a process without Ray almost half a second of CPU
+    ray = sys.modules.get("ray")
     try:
-        import ray
-
-        if ray.is_initialized():
+        if ray is not None and ray.is_initialized():
             ctx = ray.get_runtime_context()
             here |= {"node_id": ctx.get_node_id()}
             here |= {"address": ray.util.get_node_ip_address()}

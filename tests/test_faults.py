@@ -142,7 +142,8 @@ def _limit_file_size(limit: int):
 def test_a_failing_write_loses_nothing_and_the_run_resumes(tmp_path, quick_reference):
     # Prepare: the same run as the reference in a process that cannot write a
     # file past 28 kB (clients.parquet outgrows that near round 50; the
-    # largest file written before training, partition.png, is about 23 kB)
+    # files written before training, scenario.yaml and partition.parquet,
+    # are about 3 and 5 kB)
     args = ["--no-report", "--set", f"rounds={QUICK_ROUNDS}"]
     args += ["--set", "checkpoint.every_rounds=5"]
     run_dir = tmp_path / "run"

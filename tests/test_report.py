@@ -21,7 +21,7 @@ from fedsim import plots
 from fedsim.report import ReportError, write_report
 from fedsim.results import ROUND_SCHEMA, write_table
 
-from .conftest import cli_run
+from .conftest import SCENARIOS, assert_figure, cli_run, fedsim_here
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SYNC_FIGURES = ["metrics.png", "tau_by_group.png", "timeline.png"]
@@ -159,6 +159,24 @@ def test_report_command_rewrites_the_report(sync_run, tmp_path):
     assert path.read_text() == (sync_run / "report.md").read_text().replace(
         "`quickstart`", "`run`"
     )
+
+
+def test_a_run_without_report_draws_nothing_and_the_report_draws_the_partition(
+    tmp_path,
+):
+    # The run writes the partition's table only; every figure, partition.png
+    # included, is the report's (a --no-report run spends nothing on plots).
+    run_dir = tmp_path / "run"
+    tiny = str(SCENARIOS / "ci" / "tiny-synthetic.yaml")
+    fedsim_here("run", tiny, "--workers", "0", "--out", str(run_dir), "--no-report",
+                "-q", check=True)  # fmt: skip
+    assert (run_dir / "partition.parquet").exists()
+    assert not list(run_dir.glob("*.png")) and not (run_dir / "report.md").exists()
+
+    write_report(run_dir)
+
+    assert_figure(run_dir / "partition.png")  # bars in the classes' colors
+    assert "![Data partition](partition.png)" in (run_dir / "report.md").read_text()
 
 
 # ---------------------------------------------------------------- figure data

@@ -11,8 +11,9 @@ unused. Every partition draws from its own stream (:func:`_rng`), so adding
 a partition parameter never shifts the draws of the model or the fleet.
 
 :func:`split` dispatches a scenario's :data:`PartitionSpec`;
-:func:`partition_table` and :func:`plot_partition` describe the result for
-a run directory (partition.parquet, partition.png).
+:func:`partition_table` describes the result for a run directory
+(partition.parquet, written by the run); :func:`plot_partition` draws it
+(partition.png, written by the report).
 
 Example:
     >>> labels = np.repeat(np.arange(10), 100)
