@@ -482,6 +482,27 @@ def _drive(cfg: dict) -> None:
         _say_ending(res, out)  # the line `fedsim run` ends with
 
 
+def _fedsim_in_turn(argvs: list[list[str]]) -> None:
+    """A job's driver: each ``fedsim`` command line of ``argvs`` in turn, in
+    this one process, printing ``exit CODE: fedsim ARGS`` after each.
+
+    Each command runs as the ``fedsim`` entry point runs it (its own exit
+    code, its own output); the commands share this process's Python, torch
+    and Ray start-up, which a job each would pay again, with its submission,
+    its job supervisor and its upload (seconds of CPU a job on two cores).
+    A command that fails does not stop the next one."""
+    from fedsim.cli import main
+
+    for argv in argvs:
+        sys.argv = ["fedsim", *argv]
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:  # typer's exit, with the command's code
+            code = exc.code if isinstance(exc.code, int) else 1
+        print(f"exit {code}: fedsim {' '.join(argv)}", flush=True)
+
+
 def _accepts(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
@@ -558,3 +579,5 @@ if __name__ == "__main__" and sys.argv[1:2] == ["join"]:
     _join_on_loopback(sys.argv[2:])
 if __name__ == "__main__" and sys.argv[1:2] == ["drive"]:
     _drive(json.loads(bytes.fromhex(sys.argv[2])))
+if __name__ == "__main__" and sys.argv[1:2] == ["fedsim"]:
+    _fedsim_in_turn(json.loads(bytes.fromhex(sys.argv[2])))

@@ -8,8 +8,11 @@ each; each names itself with a custom resource (``node_a``, ...). The
 node-loss tests (``cluster(kills_nodes=True)``) run after every other
 cluster test. Everything listens
 on 127.0.0.1 and needs the cluster's token. Jobs go in through
-cluster/submit.sh, as a user's would, and the tests look only at what Ray's
-job and state APIs say and at the files a run writes.
+cluster/submit.sh, as a user's would, or, where a test needs several runs
+that differ only in their settings (placements, per-node data) or must act
+during a run (node loss), as one `ray job submit` of a driver in
+tests/cluster_utils.py that runs them in turn; the tests look only at what
+Ray's job and state APIs say, the job's logs and the files a run writes.
 
 Data lives on the driver's node only: the head has FEDSIM_DATA_ROOT (the
 shared MNIST test set); the worker nodes have an empty data root and an empty
@@ -27,6 +30,7 @@ import secrets
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -307,13 +311,20 @@ def test_real_data_reaches_worker_nodes_through_the_object_store(
 QUICK = ["scenarios/quickstart.yaml", "--set", "rounds=2", "--no-report"]
 
 
-def _placed(cluster: Cluster, tmp_path: Path, name: str, *sets: str) -> dict:
-    """summary.json of a 2-round quickstart on 2 workers placed as ``sets``
-    say (``--set`` pairs flattened)."""
-    out = tmp_path / name
-    job_id, r = _submit(cluster, *QUICK, "--workers", "2", *sets, "--out", str(out))
-    _expect_success(cluster, job_id, r)
-    return json.loads((out / "summary.json").read_text())
+def _in_one_job(cluster: Cluster, runs: dict[str, list[str]]) -> tuple[str, dict]:
+    """``fedsim run ARGS`` for each named run, in turn in one job's driver
+    (:func:`tests.cluster_utils._fedsim_in_turn`): the runs differ only in
+    their settings, so they share one submission and one driver start-up.
+    Returns the job's logs and each run's exit code, by name."""
+    argvs = [["run", *args, "--quiet"] for args in runs.values()]
+    status, logs = _drive(cluster, argvs, mode="fedsim")
+    assert status == "SUCCEEDED", logs[-6000:]  # the driver's own status
+    codes = {}
+    for name, argv in zip(runs, argvs, strict=True):
+        line = f": fedsim {' '.join(argv)}"
+        (code,) = [ln.split(":")[0] for ln in logs.splitlines() if ln.endswith(line)]
+        codes[name] = int(code.removeprefix("exit "))
+    return logs, codes
 
 
 def _nodes_of(summary: dict) -> list[dict]:
@@ -331,9 +342,34 @@ def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Pat
         for name in WORKER_NODES
         if name in n["resources_total"]
     }
+    two = ["--workers", "2"]
+    runs = {
+        # spread (the default)
+        "spread": [*QUICK, *two],
+        # pack, with half a (fake) GPU each
+        "pack": [
+            *(*QUICK, *two, "--set", "resources.placement=pack"),
+            *("--set", "resources.gpus_per_worker=0.5"),
+        ],
+        "strict_pack": [*QUICK, *two, "--set", "resources.placement=strict_pack"],
+        # 4 workers on 3 worker nodes (the head has no CPU)
+        "strict_spread": [
+            *(*QUICK, "--workers", "4", "--set", "resources.placement=strict_spread"),
+            *("--set", "resources.placement_timeout_s=5"),
+        ],
+    }
+    for name, args in runs.items():
+        args += ["--out", str(tmp_path / name)]
+    logs, codes = _in_one_job(cluster, runs)
+    assert codes == {"spread": 0, "pack": 0, "strict_pack": 0, "strict_spread": 2}, (
+        logs[-6000:]
+    )
 
-    # spread (the default): the two workers on two different worker nodes.
-    s = _placed(cluster, tmp_path, "spread")
+    def summary(name: str) -> dict:
+        return json.loads((tmp_path / name / "summary.json").read_text())
+
+    # spread: the two workers on two different worker nodes.
+    s = summary("spread")
     nodes = _nodes_of(s)
     assert s["placement"] == "spread"
     names = [ids[n["node_id"]] for n in nodes]
@@ -343,14 +379,8 @@ def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Pat
     assert s["nodes_lost"] == 0 and s["tasks_retried"] == 0
     assert [g["gpus"] for g in s["workers_gpus"]] == [0, 0]
 
-    # pack, with half a (fake) GPU each: both on node a, the one with GPUs.
-    s = _placed(
-        cluster,
-        tmp_path,
-        "pack",
-        *("--set", "resources.placement=pack"),
-        *("--set", "resources.gpus_per_worker=0.5"),
-    )
+    # pack: both on node a, the one with GPUs.
+    s = summary("pack")
     assert [ids[n["node_id"]] for n in _nodes_of(s)] == ["node_a", "node_a"]
     # counted as asked: half a GPU each, of node a's two (declared, so the
     # workers train on the CPU)
@@ -360,28 +390,14 @@ def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Pat
     assert all(g["device"] == "cpu" for g in shares)
 
     # strict_pack: one node, the only one with 2 CPUs.
-    s = _placed(
-        cluster, tmp_path, "strict_pack", "--set", "resources.placement=strict_pack"
-    )
+    s = summary("strict_pack")
     assert [ids[n["node_id"]] for n in _nodes_of(s)] == ["node_a", "node_a"]
 
-    # strict_spread with 4 workers on 3 worker nodes (the head has no CPU):
-    # refused, naming the field.
-    out = tmp_path / "strict_spread"
-    job_id, r = _submit(
-        cluster,
-        *QUICK,
-        *("--workers", "4", "--set", "resources.placement=strict_spread"),
-        *("--set", "resources.placement_timeout_s=5", "--out", str(out)),
-    )
-    assert r.returncode != 0
-    job = _job(cluster, job_id)
-    assert job["status"] == "FAILED"
-    logs = _logs(cluster, job_id)
+    # strict_spread: refused (exit 2), naming the field; nothing written.
     assert "resources.placement strict_spread: Ray could not place 4" in logs, logs[
         -3000:
     ]
-    assert not (out / "rounds.parquet").exists()
+    assert not (tmp_path / "strict_spread" / "rounds.parquet").exists()
 
 
 # ------------------------------------------------------- per-node data root
@@ -391,45 +407,44 @@ def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Pat
 @pytest.mark.slow
 def test_per_node_data_is_checked_on_every_node(cluster: Cluster, tmp_path: Path):
     per_node = ("--set", "resources.data=per_node")
+    runs = {
+        # The worker nodes' data root is empty: refused, naming them.
+        "missing": [*MNIST_ARGS, *per_node, "--out", str(tmp_path / "missing")],
+        # With data.root naming files every node has (one machine): it runs,
+        # each worker reading its own copy.
+        "root": [
+            *(*MNIST_ARGS, *per_node, "--set", f"data.root={MNIST}"),
+            *("--out", str(tmp_path / "root")),
+        ],
+    }
+    logs, codes = _in_one_job(cluster, runs)
 
-    # The worker nodes' data root is empty: refused, naming them.
-    out = tmp_path / "per-node-missing"
-    job_id, r = _submit(cluster, *MNIST_ARGS, *per_node, "--out", str(out))
-    assert r.returncode != 0
-    assert _job(cluster, job_id)["status"] == "FAILED"
-    logs = _logs(cluster, job_id)
+    assert codes == {"missing": 2, "root": 0}, logs[-6000:]
     assert "resources.data per_node: every node that can host a worker" in logs, logs[
         -3000:
     ]
     assert "3 of 3 cannot build the dataset" in logs, logs[-3000:]
     assert all(f"'{n}': 1.0" in logs for n in WORKER_NODES), logs[-3000:]
-    assert not (out / "rounds.parquet").exists()
-
-    # With data.root naming files every node has (one machine): it runs, each
-    # worker reading its own copy.
-    out = tmp_path / "per-node"
-    job_id, r = _submit(
-        cluster,
-        *MNIST_ARGS,
-        *per_node,
-        *("--set", f"data.root={MNIST}", "--out", str(out)),
-    )
-    _expect_success(cluster, job_id, r)
-    assert _rows(out) == 3
+    assert not (tmp_path / "missing" / "rounds.parquet").exists()
+    assert _rows(tmp_path / "root") == 3
 
 
 # ------------------------------------------------------------ node loss
 
 
-def _drive(cluster: Cluster, cfg: dict, timeout: float = 400) -> tuple[str, str]:
-    """tests/cluster_utils.py's driver as a job on the head: (status, logs)."""
-    job_id = f"fedsim-drive-{secrets.token_hex(4)}"
+def _drive(
+    cluster: Cluster, cfg: Any, timeout: float = 400, mode: str = "drive"
+) -> tuple[str, str]:
+    """tests/cluster_utils.py's driver as a job on the head: (status, logs).
+    ``mode``: ``drive`` (a run that loses a node, ``cfg`` its settings) or
+    ``fedsim`` (``cfg`` a list of ``fedsim`` command lines run in turn)."""
+    job_id = f"fedsim-{mode}-{secrets.token_hex(4)}"
     cmd = [
         str(RAY),
         *("job", "submit", "--address", cluster.dashboard, "--submission-id", job_id),
         *("--working-dir", ".", "--runtime-env", "cluster/runtime_env.yaml"),
         "--",
-        *("python", "tests/cluster_utils.py", "drive", json.dumps(cfg).encode().hex()),
+        *("python", "tests/cluster_utils.py", mode, json.dumps(cfg).encode().hex()),
     ]
     subprocess.run(
         cmd, cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=timeout
