@@ -37,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent  # the venv's bin: ray, fedsim, python
 RAY = BIN / "ray"
@@ -137,6 +138,53 @@ class Cluster:
                 return resp.status, resp.read().decode(errors="replace")
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode(errors="replace")
+
+    def job(self, job_id: str) -> dict:
+        """The job's record in Ray's job API (``status``, ``message``, ...)."""
+        code, text = self.http("GET", f"/api/jobs/{job_id}")
+        return json.loads(text) if code == 200 else {"status": f"HTTP {code}"}
+
+    def job_logs(self, job_id: str) -> str:
+        """The job's driver output, as Ray's job API holds it."""
+        code, text = self.http("GET", f"/api/jobs/{job_id}/logs")
+        return json.loads(text).get("logs", "") if code == 200 else f"HTTP {code}"
+
+    def drive(self, mode: str, cfg: Any, timeout: float = 400) -> tuple[str, str]:
+        """This module's driver as a job on the head (``python
+        tests/cluster_utils.py MODE CFG``, with the repository as its working
+        directory, as cluster/submit.sh ships it): (its status, its logs).
+        ``mode``: ``drive`` (:func:`_drive`: a run that loses a node) or
+        ``fedsim`` (:func:`_fedsim_in_turn`: command lines run in turn)."""
+        job_id = f"fedsim-{mode}-{secrets.token_hex(4)}"
+        cmd = [
+            str(RAY),
+            *("job", "submit", "--address", self.dashboard, "--submission-id", job_id),
+            *("--working-dir", ".", "--runtime-env", "cluster/runtime_env.yaml"),
+            "--",
+            *("python", "tests/cluster_utils.py", mode, json.dumps(cfg).encode().hex()),
+        ]
+        root = Path(__file__).resolve().parent.parent
+        subprocess.run(
+            cmd, cwd=root, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        return self.job(job_id).get("status", "?"), self.job_logs(job_id)
+
+    def fedsim_in_one_job(self, runs: dict[str, list[str]]) -> tuple[str, dict]:
+        """``fedsim run ARGS --quiet`` for each named run, in turn in one
+        job's driver (:func:`_fedsim_in_turn`): runs that differ only in
+        their settings share one submission and one driver start-up. The
+        driver itself must succeed. Returns the job's logs and each run's
+        exit code, by name."""
+        argvs = [["run", *args, "--quiet"] for args in runs.values()]
+        status, logs = self.drive("fedsim", argvs)
+        assert status == "SUCCEEDED", logs[-6000:]
+        codes = {}
+        for name, argv in zip(runs, argvs, strict=True):
+            end = f": fedsim {' '.join(argv)}"
+            found = [ln.split(":")[0] for ln in logs.splitlines() if ln.endswith(end)]
+            assert len(found) == 1, f"{name}: no exit line in\n{logs[-6000:]}"
+            codes[name] = int(found[0].removeprefix("exit "))
+        return logs, codes
 
     def state(self, what: str, **filters: str) -> list[dict]:
         """Rows of Ray's state API (``/api/v0/nodes``, ``.../actors``)."""

@@ -30,7 +30,6 @@ import secrets
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -165,23 +164,13 @@ def _submit(
     return job_id, r
 
 
-def _job(cluster: Cluster, job_id: str) -> dict:
-    code, text = cluster.http("GET", f"/api/jobs/{job_id}")
-    return json.loads(text) if code == 200 else {"status": f"HTTP {code}"}
-
-
-def _logs(cluster: Cluster, job_id: str) -> str:
-    code, text = cluster.http("GET", f"/api/jobs/{job_id}/logs")
-    return json.loads(text).get("logs", "") if code == 200 else f"HTTP {code}"
-
-
 def _expect_success(cluster: Cluster, job_id: str, r) -> dict:
-    job = _job(cluster, job_id)
+    job = cluster.job(job_id)
     if r.returncode != 0 or job.get("status") != "SUCCEEDED":
         pytest.fail(
             f"job {job_id}: {job.get('status')} (submit.sh exit {r.returncode})\n"
             f"--- submit.sh stderr\n{r.stderr[-3000:]}\n"
-            f"--- job logs\n{_logs(cluster, job_id)[-6000:]}\n"
+            f"--- job logs\n{cluster.job_logs(job_id)[-6000:]}\n"
             f"--- nodes\n{cluster.log_tail(20)}"
         )
     return job
@@ -297,7 +286,7 @@ def test_real_data_reaches_worker_nodes_through_the_object_store(
         job_opts='--entrypoint-resources {"node_a":1}',
     )
     assert r.returncode != 0
-    job = _job(cluster, job_id)
+    job = cluster.job(job_id)
     assert job["status"] == "FAILED"
     (node_a,) = {n["node_id"] for n in nodes if "node_a" in n["resources_total"]}
     assert job["driver_node_id"] == node_a  # hence the server too
@@ -309,22 +298,6 @@ def test_real_data_reaches_worker_nodes_through_the_object_store(
 # ------------------------------------------------- placement across nodes
 
 QUICK = ["scenarios/quickstart.yaml", "--set", "rounds=2", "--no-report"]
-
-
-def _in_one_job(cluster: Cluster, runs: dict[str, list[str]]) -> tuple[str, dict]:
-    """``fedsim run ARGS`` for each named run, in turn in one job's driver
-    (:func:`tests.cluster_utils._fedsim_in_turn`): the runs differ only in
-    their settings, so they share one submission and one driver start-up.
-    Returns the job's logs and each run's exit code, by name."""
-    argvs = [["run", *args, "--quiet"] for args in runs.values()]
-    status, logs = _drive(cluster, argvs, mode="fedsim")
-    assert status == "SUCCEEDED", logs[-6000:]  # the driver's own status
-    codes = {}
-    for name, argv in zip(runs, argvs, strict=True):
-        line = f": fedsim {' '.join(argv)}"
-        (code,) = [ln.split(":")[0] for ln in logs.splitlines() if ln.endswith(line)]
-        codes[name] = int(code.removeprefix("exit "))
-    return logs, codes
 
 
 def _nodes_of(summary: dict) -> list[dict]:
@@ -360,7 +333,7 @@ def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Pat
     }
     for name, args in runs.items():
         args += ["--out", str(tmp_path / name)]
-    logs, codes = _in_one_job(cluster, runs)
+    logs, codes = cluster.fedsim_in_one_job(runs)
     assert codes == {"spread": 0, "pack": 0, "strict_pack": 0, "strict_spread": 2}, (
         logs[-6000:]
     )
@@ -417,7 +390,7 @@ def test_per_node_data_is_checked_on_every_node(cluster: Cluster, tmp_path: Path
             *("--out", str(tmp_path / "root")),
         ],
     }
-    logs, codes = _in_one_job(cluster, runs)
+    logs, codes = cluster.fedsim_in_one_job(runs)
 
     assert codes == {"missing": 2, "root": 0}, logs[-6000:]
     assert "resources.data per_node: every node that can host a worker" in logs, logs[
@@ -430,26 +403,6 @@ def test_per_node_data_is_checked_on_every_node(cluster: Cluster, tmp_path: Path
 
 
 # ------------------------------------------------------------ node loss
-
-
-def _drive(
-    cluster: Cluster, cfg: Any, timeout: float = 400, mode: str = "drive"
-) -> tuple[str, str]:
-    """tests/cluster_utils.py's driver as a job on the head: (status, logs).
-    ``mode``: ``drive`` (a run that loses a node, ``cfg`` its settings) or
-    ``fedsim`` (``cfg`` a list of ``fedsim`` command lines run in turn)."""
-    job_id = f"fedsim-{mode}-{secrets.token_hex(4)}"
-    cmd = [
-        str(RAY),
-        *("job", "submit", "--address", cluster.dashboard, "--submission-id", job_id),
-        *("--working-dir", ".", "--runtime-env", "cluster/runtime_env.yaml"),
-        "--",
-        *("python", "tests/cluster_utils.py", mode, json.dumps(cfg).encode().hex()),
-    ]
-    subprocess.run(
-        cmd, cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=timeout
-    )
-    return _job(cluster, job_id).get("status", "?"), _logs(cluster, job_id)
 
 
 def _table(path: Path) -> str:
@@ -498,7 +451,7 @@ def _lose_a_node(cluster: Cluster, tmp_path: Path, scenario: str, sets, most: in
         candidates=candidates,
     )
     start = time.monotonic()
-    status, logs = _drive(cluster, cfg)
+    status, logs = cluster.drive("drive", cfg)
     assert status == "SUCCEEDED", logs[-6000:]
     assert "killed node" in logs and "status completed" in logs, logs[-3000:]
     (victim,) = [c["name"] for c in candidates if f"killed node {c['name']} " in logs]
@@ -542,9 +495,9 @@ def test_a_node_lost_in_an_async_run_changes_nothing(cluster: Cluster, tmp_path:
 
 
 def _a_node_to_lose(cluster: Cluster, tmp_path: Path) -> dict:
-    """One node the run can lose, as :func:`_drive`'s candidates name it:
-    node b or c while one is alive, else (the node-loss tests before took
-    both) a new node d like them."""
+    """One node the run can lose, as cluster_utils' ``_drive`` names its
+    candidates: node b or c while one is alive, else (the node-loss tests
+    before took both) a new node d like them."""
 
     def alive() -> list[dict]:
         ids = {
@@ -600,7 +553,7 @@ def test_losing_the_server_actors_node_stops_the_run_and_resume_is_identical(
 
     # Execute: the server's node is killed just after round 2's row.
     start = time.monotonic()
-    status, logs = _drive(cluster, cfg)
+    status, logs = cluster.drive("drive", cfg)
     print(f"losing the server's node {victim['name']}: {time.monotonic() - start:.1f}s")
 
     # Assert: the run stopped, interrupted, at its last checkpoint, and says
@@ -621,7 +574,7 @@ def test_losing_the_server_actors_node_stops_the_run_and_resume_is_identical(
     # of the checkpoint's fingerprint; the driver checks it).
     start = time.monotonic()
     cfg.update(resume=True, kill_at=None, resume_sets=[pin % "node_a"])
-    status, logs = _drive(cluster, cfg)
+    status, logs = cluster.drive("drive", cfg)
     print(f"resumed from round {ck.next_round}: {time.monotonic() - start:.1f}s")
     assert status == "SUCCEEDED" and "status completed" in logs, logs[-6000:]
     assert "killed node" not in logs

@@ -13,8 +13,6 @@ cluster/submit.sh as tests/test_multinode.py does.
 from __future__ import annotations
 
 import json
-import secrets
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -362,7 +360,6 @@ def test_the_command_line_prints_the_resume_command_when_the_server_is_lost(
 
 # ------------------------------------------------- the multi-node test cluster
 
-SUBMIT = ROOT / "cluster" / "submit.sh"
 # tiny-synthetic is generated from the seed: no data files on any node
 TINY_ARGS = ["scenarios/ci/tiny-synthetic.yaml", "--set", "rounds=3"]
 TINY_ARGS += ["--workers", "2", "--no-report"]
@@ -374,30 +371,30 @@ PNS_ARGS = [
     *("--set", "data.partition.samples_per_client=140", "--set", "rounds=2"),
     *("--workers", "2", "--no-report"),
 ]
+ON_NODE_B = "resources.server={home: actor, cpus: 0, resources: {node_b: 0.01}}"
+ON_GPU = "resources.server={home: actor, cpus: 0, gpus: 1, resources: {node_a: 0.01}}"
 
 
-def _submit(cluster: Any, out: Path, *args: str) -> dict:
-    """cluster/submit.sh ARGS --out OUT with the cluster's token; the job
-    must succeed. Returns the run's summary.json."""
-    from .cluster_utils import RAY
+@pytest.fixture(scope="module")
+def cluster_runs(cluster, tmp_path_factory) -> Path:
+    """The cluster tests' three runs, in turn in one job's driver on the
+    head (one submission and one driver start-up for the three): ``driver``
+    (the server in the driver), ``actor`` (the same run, the server an actor
+    pinned to node b) and ``pns`` (FedPNS, the server an actor with a GPU on
+    node a). Each must exit 0; returns the directory holding the three."""
+    out = tmp_path_factory.mktemp("server-runs")
+    runs = {
+        "driver": [*TINY_ARGS, "--out", str(out / "driver")],
+        "actor": [*TINY_ARGS, "--set", ON_NODE_B, "--out", str(out / "actor")],
+        "pns": [*PNS_ARGS, "--set", ON_GPU, "--out", str(out / "pns")],
+    }
+    logs, codes = cluster.fedsim_in_one_job(runs)
+    assert codes == dict.fromkeys(runs, 0), logs[-6000:]
+    return out
 
-    job_id = f"fedsim-server-{secrets.token_hex(4)}"
-    r = subprocess.run(
-        [str(SUBMIT), *args, "--out", str(out), "--quiet"],
-        cwd=ROOT,
-        env={
-            **cluster.env,
-            "RAY": str(RAY),
-            "RAY_ADDRESS": cluster.dashboard,
-            "RAY_JOB_OPTS": f"--submission-id {job_id}",
-            "FEDSIM_CHECK_HEAD": "0",
-        },
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert r.returncode == 0, f"{job_id}: {r.stderr[-3000:]}\n{cluster.log_tail(20)}"
-    return json.loads((out / "summary.json").read_text())
+
+def _summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
 
 
 def _digest(run: Path) -> dict[str, list]:
@@ -421,11 +418,9 @@ def _node(cluster: Any, resource: str) -> str:
 @pytest.mark.ray
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_a_server_on_another_node_gives_the_drivers_results(cluster, tmp_path):
-    pin = "resources.server={home: actor, cpus: 0, resources: {node_b: 0.01}}"
-    driver = _submit(cluster, tmp_path / "driver", *TINY_ARGS)
-    actor = _submit(cluster, tmp_path / "actor", *TINY_ARGS, "--set", pin)
-    assert _digest(tmp_path / "driver") == _digest(tmp_path / "actor")
+def test_a_server_on_another_node_gives_the_drivers_results(cluster, cluster_runs):
+    driver, actor = _summary(cluster_runs / "driver"), _summary(cluster_runs / "actor")
+    assert _digest(cluster_runs / "driver") == _digest(cluster_runs / "actor")
     assert driver["server"]["home"] == "driver"
     assert actor["server"]["home"] == "actor"
     # the driver runs on the head; the server on node b
@@ -437,11 +432,8 @@ def test_a_server_on_another_node_gives_the_drivers_results(cluster, tmp_path):
 @pytest.mark.ray
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_a_server_with_server_side_compute_on_a_gpu_node(cluster, tmp_path):
-    on_gpu = (
-        "resources.server={home: actor, cpus: 0, gpus: 1, resources: {node_a: 0.01}}"
-    )
-    s = _submit(cluster, tmp_path / "pns", *PNS_ARGS, "--set", on_gpu)
+def test_a_server_with_server_side_compute_on_a_gpu_node(cluster, cluster_runs):
+    s = _summary(cluster_runs / "pns")
     assert s["status"] == "completed"
     where = s["server"]
     assert where["home"] == "actor" and where["gpus"] == 1.0
