@@ -360,6 +360,9 @@ def test_the_example_gives_the_same_results_on_two_ray_workers(tmp_path):
 def test_compare_and_stress_take_an_installed_plugin(tmp_path):
     _dist_info(tmp_path)
     env = {**ENV, "PYTHONPATH": os.pathsep.join([ENV["PYTHONPATH"], str(tmp_path)])}
+    # compare in its own process (--workers 0), stress on Ray tasks (its
+    # default): the plug-in's short names resolve in Ray's worker processes
+    # too, once is enough (an embedded Ray costs a command seconds of CPU).
     p = fedsim(
         "compare",
         str(SCENARIO),
@@ -367,6 +370,8 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
         "fedavg,fedexp:epsilon=0.01",
         "--seeds",
         "1",
+        "--workers",
+        "0",
         "--out",
         str(tmp_path / "cmp"),
         "--quiet",

@@ -207,8 +207,10 @@ def test_without_a_terminal_progress_is_plain_lines(tmp_path):
     import subprocess
 
     out = tmp_path / "run"
+    # --no-report: the figures would cost seconds of CPU and show nothing here
+    args = ["--workers", "0", "--set", "rounds=20", "--out", str(out), "--no-report"]
     p = subprocess.run(
-        _cli(str(QUICK), "--workers", "0", "--set", "rounds=20", "--out", str(out)),
+        _cli(str(QUICK), *args),
         capture_output=True,
         text=True,
         timeout=300,
