@@ -14,14 +14,15 @@ export RAY_USAGE_STATS_ENABLED := 0
 # tests, which mostly wait on Ray jobs, run in one group (one process, one
 # cluster), and the other two processes run the rest, which also waits on
 # subprocesses and Ray workers now and then. Measured on 2 idle cores: 694 s
-# with -n 3 against 809 s with -n 2. Fresh clones on 2026-12-02 (1,530
-# tests): 607, 659 and 626 s idle, 1,064 s with `yes` pinned to one core; this
-# machine's speed drifts by up to 1.5x over a day (the same code took 423 s
-# in-repo the evening before), so compare figures taken together. The suite
-# is CPU-bound (814 busy core-seconds in that 423 s run: 96% of both cores),
-# so only less CPU makes it faster (FEDSIM_TEST_CPU, tests/README.md). On
-# this VM the kernel's kdamond thread took another 172 core-seconds in a
-# 597 s run (0.4% of a core when idle). pyproject's addopts print
+# with -n 3 against 809 s with -n 2. The suite is CPU-bound (about 1,000 busy
+# core-seconds of two cores' 1,050 in a 526 s run), so only less CPU makes it
+# faster (FEDSIM_TEST_CPU, tests/README.md). Fresh clones, 2026-12-02: 607,
+# 659 and 626 s idle before the cuts of that day (a run no longer draws
+# partition.png unless it reports; cluster runs that differ only in their
+# settings share a job), 524 s after (1,531 tests); with `yes` pinned to one
+# core: 1,064 s before, HOG_S after. This machine's speed drifts by up to 1.5x
+# over a day (a fixed 3e6-iteration Python loop took 0.31 to 0.44 s within an
+# hour), so compare figures taken together. pyproject's addopts print
 # --durations=25 and give every test a time limit (pytest-timeout).
 PYTEST_XDIST := -n 3 --dist loadgroup
 # Explorations (more examples, new random draws): CI runs them when the

@@ -4,14 +4,15 @@
 # below), runs that test on the copy and expects it to FAIL. A case whose
 # test still passes means the test no longer checks what it claims.
 #
-#   bash tests/broken_copies.sh            # every case (about 5 min on 2 cores)
+#   bash tests/broken_copies.sh            # every case (about 8 min on 2 cores)
 #   bash tests/broken_copies.sh stress gpu # some of them
 #
 # Prints one line per case ("caught" or "NOT CAUGHT", the test's assertion)
 # and exits 1 if any case was not caught or its edit no longer applies (the
 # line it breaks changed: update the case). Not part of `make test`: each case
-# is a pytest run of its own, and the `retried` case starts the multi-node
-# cluster. Issue 23 lists where each check came from.
+# is a pytest run of its own, and the `retried`, `placement` and `per_node`
+# cases each start the multi-node cluster. Issue 23 lists where each check
+# came from.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -103,10 +104,23 @@ run() {
   retried) # a lost node's resent calls not counted
     case_ retried tests/test_multinode.py::test_a_node_lost_in_a_sync_run_changes_nothing \
       fedsim/executors.py 'self.tasks_retried += len(calls[k].positions)' 'self.tasks_retried += 0' ;;
+  partition) # the run draws partition.png again (the report's figure)
+    case_ partition tests/test_report.py::test_a_run_without_report_draws_nothing_and_the_report_draws_the_partition \
+      fedsim/runtime.py '                write_arrow(run_dir / "partition.parquet", table)' \
+      '                write_arrow(run_dir / "partition.parquet", table)
+                from fedsim.data.partition import plot_partition
+                plot_partition(table, run_dir / "partition.png")' ;;
+  placement) # every placement group packed, strict_spread's included
+    case_ placement tests/test_multinode.py::test_workers_are_placed_as_the_scenario_says \
+      fedsim/executors.py 'ray.util.placement_group(bundles, res.placement.upper())' \
+      'ray.util.placement_group(bundles, "PACK")' ;;
+  per_node) # per-node data not checked before the actors start
+    case_ per_node tests/test_multinode.py::test_per_node_data_is_checked_on_every_node \
+      fedsim/executors.py '            check_data_on_nodes(scenario)' '            pass' ;;
   *) echo "unknown case: $1"; failures=$((failures + 1)) ;;
   esac
 }
 
-ALL="stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried"
+ALL="stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried partition placement per_node"
 for c in ${@:-$ALL}; do run "$c"; done
 [ "$failures" -eq 0 ]

@@ -247,9 +247,9 @@ def _sigint_as_at_a_terminal() -> None:
 
 def sigint_after_first_rows(
     args: list[str], out: Path, pattern: str, timeout: float = 120
-) -> int:
+) -> tuple[int, str]:
     """Run ``fedsim`` in a subprocess; SIGINT it once a file matching
-    ``pattern`` in ``out`` holds rows; its exit code."""
+    ``pattern`` in ``out`` holds rows; its exit code and its stderr."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "fedsim.cli", *args],
@@ -268,8 +268,8 @@ def sigint_after_first_rows(
         assert proc.poll() is None, f"ended before any rows: {proc.stderr.read()}"
         assert _has_rows(out, pattern), "no rows on disk in time"
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-        return proc.returncode
+        _, err = proc.communicate(timeout=60)
+        return proc.returncode, err
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -291,8 +291,7 @@ def test_exit_code(name, tmp_path):
 
     # Execute
     if case.sigint:
-        code = sigint_after_first_rows(args, tmp_path / "out", case.sigint)
-        output = ""
+        code, output = sigint_after_first_rows(args, tmp_path / "out", case.sigint)
     else:
         result = CliRunner().invoke(app, args)
         code, output = result.exit_code, result.output
