@@ -334,9 +334,8 @@ def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Pat
     for name, args in runs.items():
         args += ["--out", str(tmp_path / name)]
     logs, codes = cluster.fedsim_in_one_job(runs)
-    assert codes == {"spread": 0, "pack": 0, "strict_pack": 0, "strict_spread": 2}, (
-        logs[-6000:]
-    )
+    expected = {"spread": 0, "pack": 0, "strict_pack": 0, "strict_spread": 2}
+    assert codes == expected, f"exit codes {codes}\n{logs[-6000:]}"
 
     def summary(name: str) -> dict:
         return json.loads((tmp_path / name / "summary.json").read_text())
@@ -392,7 +391,7 @@ def test_per_node_data_is_checked_on_every_node(cluster: Cluster, tmp_path: Path
     }
     logs, codes = cluster.fedsim_in_one_job(runs)
 
-    assert codes == {"missing": 2, "root": 0}, logs[-6000:]
+    assert codes == {"missing": 2, "root": 0}, f"exit codes {codes}\n{logs[-6000:]}"
     assert "resources.data per_node: every node that can host a worker" in logs, logs[
         -3000:
     ]

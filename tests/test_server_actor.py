@@ -389,7 +389,7 @@ def cluster_runs(cluster, tmp_path_factory) -> Path:
         "pns": [*PNS_ARGS, "--set", ON_GPU, "--out", str(out / "pns")],
     }
     logs, codes = cluster.fedsim_in_one_job(runs)
-    assert codes == dict.fromkeys(runs, 0), logs[-6000:]
+    assert codes == dict.fromkeys(runs, 0), f"exit codes {codes}\n{logs[-6000:]}"
     return out
 
 
