@@ -547,7 +547,7 @@ def _fedsim_in_turn(argvs: list[list[str]]) -> None:
             main()
             code = 0
         except SystemExit as exc:  # typer's exit, with the command's code
-            code = exc.code if isinstance(exc.code, int) else 1
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         print(f"exit {code}: fedsim {' '.join(argv)}", flush=True)
 
 
