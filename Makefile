@@ -20,7 +20,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # 659 and 626 s idle before the cuts of that day (a run no longer draws
 # partition.png unless it reports; cluster runs that differ only in their
 # settings share a job), 524 s after (1,531 tests); with `yes` pinned to one
-# core: 1,064 s before, 820 s after (one test failed there: issue 23). This
+# core: 1,064 s before; 820 s (one test failed: issue 23) and 880 s after. This
 # machine's speed drifts by up to 1.5x over a day (a fixed 3e6-iteration
 # Python loop took 0.31 to 0.44 s within an hour), so compare figures taken
 # together. pyproject's addopts print
