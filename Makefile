@@ -23,8 +23,8 @@ export RAY_USAGE_STATS_ENABLED := 0
 # core: 1,064 s before; 820 s (one test failed: issue 23) and 880 s after. This
 # machine's speed drifts by up to 1.5x over a day (a fixed 3e6-iteration
 # Python loop took 0.31 to 0.44 s within an hour), so compare figures taken
-# together. pyproject's addopts print
-# --durations=25 and give every test a time limit (pytest-timeout).
+# together. pyproject's addopts print --durations=25 and give every test a
+# time limit (pytest-timeout).
 PYTEST_XDIST := -n 3 --dist loadgroup
 # Explorations (more examples, new random draws): CI runs them when the
 # budget allows (.ci/run).
