@@ -384,7 +384,37 @@ def _where(worker: Worker) -> tuple[str, dict[str, Any]]:
 
 # Ray's own resource names; the others a node declares are its custom ones.
 _BUILTIN = ("CPU", "GPU", "memory", "object_store_memory")
-_MAX_ATTEMPTS = 8  # per call: a node's loss can fail a call more than once
+# A call is resent at most _MAX_ATTEMPTS times for failures that come back at
+# once (an actor that died, or came back set up for an earlier run: a node's
+# loss can fail a call more than once). An actor that Ray is still restarting
+# (ActorUnavailableError) is waited for by time instead: its new process
+# imports torch, which on a loaded machine can take longer than those
+# attempts' back-offs (about 45 s) add up to.
+_MAX_ATTEMPTS = 8
+_RESTART_WAIT_S = 600.0  # per call, from its first failure
+
+
+def _retry_after(
+    error: Exception, failures: int, deaths: int, waited: float
+) -> float | None:
+    """How long to wait before resending a failed actor call, or None when
+    the executor should give up and let ``error`` end the run.
+
+    Args:
+        error: why the call failed (a ``RayActorError`` or
+            :class:`StaleWorkerError`).
+        failures: the call's failures so far, this one included.
+        deaths: how many of them were not an actor Ray is restarting.
+        waited: seconds since the call first failed.
+    """
+    import ray
+
+    # exponential back-off (1, 2, 4, 8, 10, 10, ... s): a restart takes
+    # seconds, the loss of a node longer
+    delay = min(0.5 * 2 ** min(failures, 5), 10.0)
+    if isinstance(error, ray.exceptions.ActorUnavailableError):
+        return delay if waited < _RESTART_WAIT_S else None
+    return delay if deaths < _MAX_ATTEMPTS else None
 
 
 def _custom(resources: Mapping[str, float]) -> dict[str, float]:
@@ -536,6 +566,10 @@ class RayExecutor(Executor):
         DataMissingError: a node cannot build the dataset (``per_node``).
     """
 
+    # The class of the actors this executor starts (a test swaps in one that
+    # is slow to restart: tests/test_faults.py).
+    worker_class: type[RayWorker] = RayWorker
+
     def __init__(self, scenario: Scenario, data: FederatedData, n: int) -> None:
         import ray
 
@@ -558,7 +592,7 @@ class RayExecutor(Executor):
         self._setup = (scenario, self._data, int(res.cpus_per_worker), self._token)
         self.actors: list[Any] = adopt(self._shape, n, self._setup)
         self.actors += [
-            ray.remote(RayWorker)
+            ray.remote(self.worker_class)
             .options(
                 num_cpus=res.cpus_per_worker,
                 num_gpus=res.gpus_per_worker,
@@ -665,7 +699,9 @@ class RayExecutor(Executor):
 
         Results are taken as they finish (``ray.wait``), so a slow actor
         does not hold up collecting the others; a call whose actor died is
-        resent after a back-off, at most ``_MAX_ATTEMPTS`` times.
+        resent after a back-off (:func:`_retry_after`: at most
+        ``_MAX_ATTEMPTS`` times, or for an actor Ray is restarting, until
+        ``_RESTART_WAIT_S`` seconds have passed since the call first failed).
 
         Args:
             calls: the actor calls.
@@ -674,35 +710,44 @@ class RayExecutor(Executor):
                 the references of the call's last, successful attempt.
 
         Raises:
-            RayActorError: a call failed ``_MAX_ATTEMPTS`` times.
+            RayActorError: a call failed for good (see above).
+            StaleWorkerError: an actor could not be set up for this run.
         """
         import ray
 
         results: list[Any] = [None] * len(calls)
         sent = [self._send(c, split) for c in calls]
-        pending = {refs[0]: (k, 1) for k, refs in enumerate(sent)}
+        pending = {refs[0]: k for k, refs in enumerate(sent)}
+        failures = [0] * len(calls)  # per call
+        deaths = [0] * len(calls)  # per call: the failures that were not a restart
+        first_failure: dict[int, float] = {}  # per call: time.monotonic()
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
-            k, attempt = pending.pop(ref)
+            k = pending.pop(ref)
             try:
                 first = ray.get(ref)  # with split, the summaries alone
                 results[k] = (first, sent[k][1:]) if split else first
                 continue
-            except ray.exceptions.RayActorError:
-                if attempt >= _MAX_ATTEMPTS:
+            except (ray.exceptions.RayActorError, StaleWorkerError) as error:
+                failures[k] += 1
+                if not isinstance(error, ray.exceptions.ActorUnavailableError):
+                    deaths[k] += 1
+                since = first_failure.setdefault(k, time.monotonic())
+                waited = time.monotonic() - since
+                delay = _retry_after(error, failures[k], deaths[k], waited)
+                if delay is None:
                     raise
-            except StaleWorkerError:
-                # a warm actor Ray restarted with its first run's arguments:
-                # set it up for this run (calls on one actor run in order)
-                if attempt >= _MAX_ATTEMPTS:
-                    raise
-                calls[k].actor.setup.remote(*self._setup)
-            if attempt == 1:  # the call's tasks count once
-                self.tasks_retried += len(calls[k].positions)
+                if failures[k] == 1:  # the call's tasks count once
+                    self.tasks_retried += len(calls[k].positions)
+                if isinstance(error, StaleWorkerError):
+                    # a warm actor Ray restarted with its first run's
+                    # arguments: set it up for this run (calls on one actor
+                    # run in order, so the resent call comes after)
+                    calls[k].actor.setup.remote(*self._setup)
             self._check_nodes()
-            time.sleep(min(0.5 * 2**attempt, 10.0))  # while Ray restarts it
+            time.sleep(delay)  # while Ray restarts the actor
             sent[k] = self._send(calls[k], split)  # new references replace the lost
-            pending[sent[k][0]] = (k, attempt + 1)
+            pending[sent[k][0]] = k
         return results
 
     def _locate(self, timeout: float | None = None) -> list[dict[str, Any]]:

@@ -51,7 +51,7 @@ case_() {
     --rootdir "$copy" -c "$copy/pyproject.toml" -o addopts="" "${ids[@]}") \
     > "$WORK/$name.log" 2>&1
   local rc=$? why
-  why=$(grep -m1 -E "^E  +[A-Za-z]*(Error|assert)" "$WORK/$name.log" | cut -c1-160)
+  why=$(grep -m1 -E "^E  +[A-Za-z_.]*(Error|assert)" "$WORK/$name.log" | cut -c1-160)
   if [ "$rc" -eq 1 ]; then
     echo "$name: caught ($tests): $why"
   else
@@ -117,10 +117,14 @@ run() {
   per_node) # per-node data not checked before the actors start
     case_ per_node tests/test_multinode.py::test_per_node_data_is_checked_on_every_node \
       fedsim/executors.py '            check_data_on_nodes(scenario)' '            pass' ;;
+  restart) # a restarting actor given only the count of attempts, as before
+    case_ restart tests/test_faults.py::test_killed_worker_is_replaced_and_results_are_identical \
+      fedsim/executors.py 'return delay if waited < _RESTART_WAIT_S else None' \
+      'return delay if failures < _MAX_ATTEMPTS else None' ;;
   *) echo "unknown case: $1"; failures=$((failures + 1)) ;;
   esac
 }
 
-ALL="stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried partition placement per_node"
+ALL="stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried partition placement per_node restart"
 for c in ${@:-$ALL}; do run "$c"; done
 [ "$failures" -eq 0 ]

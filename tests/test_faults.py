@@ -255,6 +255,33 @@ def live_pids(executor) -> list[int]:
     return pids
 
 
+# How long a killed worker of the test below takes to come back: longer than
+# the executor's count of attempts for a dead actor lasts (shrunk to 2 there,
+# about 2 s of back-off), as a restart can on a loaded machine (a new process
+# importing torch: it took over 45 s once, when the count was 8).
+SLOW_RESTART_S = 6.0
+
+
+def slow_to_restart(monkeypatch) -> None:
+    """Make the executors' worker actors from now on slow to restart (their
+    constructor sleeps ``SLOW_RESTART_S`` when Ray restarts them) and fresh
+    (not warm ones taken over from earlier tests, nor parked after)."""
+    import fedsim.executors
+
+    class SlowToRestart(fedsim.executors.RayWorker):
+        # defined in the function, so Ray ships the class itself to the actor
+        def __init__(self, *args):
+            import ray
+
+            if ray.get_runtime_context().was_current_actor_reconstructed:
+                time.sleep(SLOW_RESTART_S)
+            super().__init__(*args)
+
+    monkeypatch.setattr(fedsim.executors.RayExecutor, "worker_class", SlowToRestart)
+    monkeypatch.setattr(fedsim.executors, "worker_shape", lambda _scenario: None)
+    monkeypatch.setattr(fedsim.executors, "_MAX_ATTEMPTS", 2)
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_killed_worker_is_replaced_and_results_are_identical(ray_session, monkeypatch):
@@ -264,6 +291,8 @@ def test_killed_worker_is_replaced_and_results_are_identical(ray_session, monkey
     clean = run_scenario(sc, workers=0)
     clean_rows, clean_clients = clean.rows, clean.clients
     made = record_executors(monkeypatch)
+    # the executor waits for a restart by time, not by its count of attempts
+    slow_to_restart(monkeypatch)
 
     killed: list[tuple[int, int]] = []
     later_pids: list[int] = []
@@ -283,6 +312,7 @@ def test_killed_worker_is_replaced_and_results_are_identical(ray_session, monkey
     assert len(killed) == 2 and len(made) == 1 and len(later_pids) == 2
     # both killed processes were replaced by new ones (Ray restarted the actors)
     assert not {pid for _, pid in killed} & set(later_pids)
+    assert made[-1].tasks_retried > 0
 
     assert comparable(rows) == comparable(clean_rows)
     assert comparable(clients) == comparable(clean_clients)
@@ -318,3 +348,30 @@ def test_a_worker_killed_in_an_async_run_is_replaced_with_identical_results(
     assert comparable(rows) == comparable(clean_rows)
     assert comparable(clients) == comparable(clean_clients)
     assert torch.equal(sim.final_params, clean.final_params)
+
+
+def test_a_restarting_actor_is_waited_for_by_time_and_a_dead_one_by_count():
+    import ray.exceptions
+
+    from fedsim.executors import (
+        _MAX_ATTEMPTS,
+        _RESTART_WAIT_S,
+        StaleWorkerError,
+        _retry_after,
+    )
+
+    restarting = ray.exceptions.ActorUnavailableError("The actor is restarting", None)
+    died = ray.exceptions.ActorDiedError()
+    stale = StaleWorkerError("set up for an earlier run")
+    # back-off 1, 2, 4, 8 s, then 10 s
+    delays = [_retry_after(restarting, n, 0, 0.0) for n in range(1, 8)]
+    assert delays == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
+    # a restart is waited for well past the count, until the time budget
+    assert _retry_after(restarting, 100, 0, _RESTART_WAIT_S - 1) == 10.0
+    assert _retry_after(restarting, 100, 0, _RESTART_WAIT_S) is None
+    # an actor that failed at once is resent _MAX_ATTEMPTS - 1 times, however soon
+    for error in (died, stale):
+        assert _retry_after(error, _MAX_ATTEMPTS, _MAX_ATTEMPTS - 1, 0.0) == 10.0
+        assert _retry_after(error, _MAX_ATTEMPTS, _MAX_ATTEMPTS, 0.0) is None
+    # restarts in between do not use up a dead actor's attempts
+    assert _retry_after(died, 50, 2, 30.0) == 10.0
