@@ -15,6 +15,9 @@ How the module keeps those promises:
   found it.
 - SIGTERM is Ctrl-C from :func:`main` on, and an interrupt during set-up is
   reported like one in a round (exit 130, summary.json, how to continue).
+  In the round loop the first one stops the run before the next round, a
+  second one at once (fedsim/interrupts.py: a KeyboardInterrupt raised
+  anywhere can be lost).
 - Nothing the user asked for is silently dropped: options that would
   override each other (``--seed`` and ``--set seed``), or fields that compare
   and stress set themselves, are refused with the option to use instead.
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import time
 import warnings
 from collections.abc import Iterator
@@ -40,7 +42,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedsim import __version__
+from fedsim import __version__, interrupts
 from fedsim.algorithms import REGISTRY
 from fedsim.units import duration
 
@@ -240,24 +242,23 @@ def run(
     placement); 130 interrupted, at any point from the first line on.
     """
     # A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C from
-    # the first line on: set-up (data, model, Ray) can take minutes.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # the first line on: set-up (data, model, Ray) can take minutes. In the
+    # round loop either waits for the round's end (fedsim/interrupts.py).
     reached: dict[str, Any] = {}  # how far set-up got (see _set_up)
-    try:
-        sc, run_dir, start, sim0 = _set_up(
-            scenario, out_dir, workers, seed, list(set_ or []), resume, overwrite,
-            reached,
-        )  # fmt: skip
-        reached["workers"] = n_workers = _start_workers(sc, workers, address)
-        with _progress(sc, quiet, start, sim0, log_every) as on_round:
-            result = _run(sc, n_workers, run_dir, resume is not None, on_round)
-    except KeyboardInterrupt:  # during set-up: the loop catches its own
-        code = _set_up_interrupted(reached, resume is not None, quiet)
-    else:  # not in the try: an interrupt while the report is written must
-        # not replace the summary of the rows with the one of an empty set-up
-        code = _finish(result, run_dir, report, quiet)
-    finally:  # the previous handler again (tests, notebooks)
-        signal.signal(signal.SIGTERM, previous)
+    with interrupts.stop_at_round_ends():
+        try:
+            sc, run_dir, start, sim0 = _set_up(
+                scenario, out_dir, workers, seed, list(set_ or []), resume,
+                overwrite, reached,
+            )  # fmt: skip
+            reached["workers"] = n_workers = _start_workers(sc, workers, address)
+            with _progress(sc, quiet, start, sim0, log_every) as on_round:
+                result = _run(sc, n_workers, run_dir, resume is not None, on_round)
+        except KeyboardInterrupt:  # during set-up: the loop catches its own
+            code = _set_up_interrupted(reached, resume is not None, quiet)
+        else:  # not in the try: an interrupt while the report is written must
+            # not replace the summary of the rows with the one of an empty set-up
+            code = _finish(result, run_dir, report, quiet)
     raise typer.Exit(code)
 
 
@@ -1112,12 +1113,14 @@ def _exit_if_diverged(n: int, where: str) -> None:
 
 
 def main() -> None:
-    """The ``fedsim`` entry point: SIGTERM is Ctrl-C from here on (a scheduler
-    that stops a job during start-up gets the interrupt's exit code and
-    message, never a silent kill); exits with the command's code."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    """The ``fedsim`` entry point: SIGINT and SIGTERM are handled by
+    fedsim/interrupts.py from here on (a scheduler that stops a job during
+    start-up gets the interrupt's exit code and message, never a silent
+    kill; in the round loop the run stops before the next round); exits
+    with the command's code."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    app()
+    with interrupts.stop_at_round_ends():
+        app()
 
 
 if __name__ == "__main__":

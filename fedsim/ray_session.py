@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import os
 
+from fedsim import interrupts
+
 _LOOPBACK = "127.0.0.1"
 
 
@@ -22,19 +24,21 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
 
     if ray.is_initialized():
         return False
-    if address:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
-        return False
-    # If ray was imported before the variable was set, its constant is stale.
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        _node_ip_address=_LOOPBACK,
-        logging_level=logging.WARNING,
-        log_to_driver=True,
-    )
+    # ray.init replaces the SIGTERM handler: `fedsim run` keeps its own
+    with interrupts.kept():
+        if address:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+            return False
+        # If ray was imported before the variable was set, its constant is stale.
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            _node_ip_address=_LOOPBACK,
+            logging_level=logging.WARNING,
+            log_to_driver=True,
+        )
     return True
 
 

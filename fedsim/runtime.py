@@ -23,7 +23,7 @@ from typing import Any, Literal, NamedTuple, cast
 import numpy as np
 import torch
 
-from fedsim import __version__, checkpoint, clock
+from fedsim import __version__, checkpoint, clock, interrupts
 from fedsim.algorithms.base import AsyncRule, ClientUpdate
 from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.data import FederatedData, build_data
@@ -647,6 +647,7 @@ def _run_rounds(run: _Run, resume: bool) -> None:
         ck = run.restore()
         start, now, state = ck.next_round, ck.sim_time, ck.selector_state
     for t in range(start, sc.rounds):
+        interrupts.before_round()  # a Ctrl-C during the last round stops here
         now = run.fleet.next_online_time(now)
         online = np.flatnonzero(run.fleet.online(now))
         draw = Draw(t, online, run.rng(_SELECT_TAG, t), run.sel_ctx)
@@ -813,6 +814,7 @@ class _Async:
         else:
             self.payloads[0] = self.run.server.payload()
         while self.w < self.run.sc.rounds:
+            interrupts.before_round()  # a Ctrl-C during the last batch stops here
             self._train(self._look_ahead())
             while self.pending and all(
                 a.job in self.trained for a in self.pending[0].applied
@@ -970,10 +972,11 @@ def run_scenario(
     message = ""
     final: torch.Tensor | None = None  # the model, once every round is done
     try:
-        if run.asynchronous:
-            _Async(run, max_lookahead).loop(resume)
-        else:
-            _run_rounds(run, resume)
+        with interrupts.round_loop():  # the CLI's Ctrl-C waits for a round's end
+            if run.asynchronous:
+                _Async(run, max_lookahead).loop(resume)
+            else:
+                _run_rounds(run, resume)
         final = run.server.params().clone()  # before a server actor goes
     except DivergenceError as exc:
         status, message = "diverged", str(exc)
