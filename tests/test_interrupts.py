@@ -1,8 +1,9 @@
 """Ctrl-C and SIGTERM in the round loop (fedsim/interrupts.py): the first
 stops the run before the next round, a second at once, and neither is lost
 to a finalizer. Real signals, sent to this process; the subprocess cases
-(a Ctrl-C after the first rows, SIGTERM to a run on a Ray worker) are in
-test_cli_commands.py and test_robustness.py."""
+(a Ctrl-C after the first rows, a signal in each part of set-up, SIGTERM
+to a run on Ray workers) are in test_cli_commands.py, test_robustness.py and
+test_loopback.py."""
 
 from __future__ import annotations
 

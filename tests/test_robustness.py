@@ -350,12 +350,9 @@ fedsim.cli.main()
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("where", ["load", "data", "executor", "round"])
 def test_a_signal_in_set_up_is_an_interrupt_like_one_in_a_round(tmp_path, where, sig):
-    # Prepare: SIGTERM in a round to a run on an embedded Ray worker, whose
-    # ray.init installs a SIGTERM handler of its own (it exited 15, with no
-    # summary.json, before `fedsim run` took the signal back)
+    # Prepare (SIGTERM to a run on Ray workers: test_loopback.py)
     out = tmp_path / "out"
-    workers = "1" if (where, sig) == ("round", "SIGTERM") else "0"
-    args = ["run", TINY, "--workers", workers, "--out", str(out), "--set", "rounds=3"]
+    args = ["run", TINY, "--workers", "0", "--out", str(out), "--set", "rounds=3"]
 
     # Execute: the signal arrives at ``where`` (a real signal to the process)
     p = run_python("-c", _DRIVER, where, sig, *args)
@@ -372,7 +369,6 @@ def test_a_signal_in_set_up_is_an_interrupt_like_one_in_a_round(tmp_path, where,
         summary = json.loads((out / "summary.json").read_text())
         assert summary["status"] == "interrupted"
         assert ("fedsim run --resume" in p.stderr) or ("run it again" in p.stderr)
-        assert summary["workers"] == int(workers)
     if where == "round":  # in the round loop: the round ends, no other starts
         assert summary["rounds"] == 2, summary
 
