@@ -20,9 +20,12 @@ export RAY_USAGE_STATS_ENABLED := 0
 # 659 and 626 s idle before the cuts of that day (a run no longer draws
 # partition.png unless it reports; cluster runs that differ only in their
 # settings share a job), 524 s after (1,531 tests); with `yes` pinned to one
-# core: 1,064 s before; 820 s (one test failed: issue 23) and 880 s after. This
-# machine's speed drifts by up to 1.5x over a day (a fixed 3e6-iteration
-# Python loop took 0.31 to 0.44 s within an hour), so compare figures taken
+# core: 1,064 s before; 820 s (one test failed: issue 23) and 880 s after.
+# 2026-12-02 at 4567971 (1,539 tests; Ctrl-C and worker-restart fixes): 593 s
+# idle, 872 s with `yes` on one core (687 s idle an hour earlier, while the
+# machine slowed: the loop below took 0.33 s before that run, 0.53 s after).
+# This machine's speed drifts by up to 1.6x over a day (a fixed 3e6-iteration
+# Python loop took 0.31 to 0.53 s within an hour), so compare figures taken
 # together. pyproject's addopts print --durations=25 and give every test a
 # time limit (pytest-timeout).
 PYTEST_XDIST := -n 3 --dist loadgroup
