@@ -89,7 +89,7 @@ def test_embedded_ray_runs_the_workers_and_binds_loopback_only(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, f"exit {proc.returncode}: {err[-3000:]}"
     assert f"fedsim run --resume {run_dir}" in err or "run it again" in err, err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["workers"] == 2
