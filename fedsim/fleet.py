@@ -48,36 +48,71 @@ class _Choice(_Spec):
 
 
 class SpeedTierSpec(_Spec):
-    """One lognormal component of a ``mixture`` speed distribution."""
+    """One lognormal component of a ``mixture`` speed distribution, its
+    median in steps/s or in FLOP/s (one of the two)."""
 
     name: str = Field("", max_length=200)
     share: PosFloat
-    median_steps_per_s: PosFloat
+    median_steps_per_s: PosFloat | None = None
+    median_flops_per_s: PosFloat | None = None
     sigma: NonNegFloat = 0.0
 
+    @model_validator(mode="after")
+    def _one_median(self) -> SpeedTierSpec:
+        """Exactly one of the two medians.
 
-_SPEED_FIELD = {"fixed": "steps_per_s", "lognormal": "median_steps_per_s"}
+        Raises:
+            ValueError: neither, or both.
+        """
+        given = [self.median_steps_per_s, self.median_flops_per_s]
+        if given.count(None) != 1:
+            raise ValueError(
+                "a tier needs median_steps_per_s or median_flops_per_s (one of them)"
+            )
+        return self
+
+    @property
+    def median(self) -> float:
+        """The tier's median in its own unit (steps/s or FLOP/s)."""
+        m = self.median_steps_per_s or self.median_flops_per_s
+        assert m is not None  # _one_median
+        return m
+
+
+# The field holding a distribution's speed, per unit: steps/s or FLOP/s.
+_SPEED_FIELD = {
+    "steps": {"fixed": "steps_per_s", "lognormal": "median_steps_per_s"},
+    "flops": {"fixed": "flops_per_s", "lognormal": "median_flops_per_s"},
+}
 
 
 class SpeedSpec(_Choice):
-    """Compute speed in local steps per simulated second, drawn once per device.
+    """Compute speed, drawn once per device, in local steps per simulated
+    second or in FLOP/s (then divided by the model's FLOPs per step, which
+    :mod:`fedsim.flops` counts before the run).
 
     ``fixed``, ``lognormal`` or ``mixture`` of lognormal ``tiers``;
-    ``preset`` fills in the fields left out (docs/fleets.md, "Speed").
+    ``preset`` fills in the fields left out, ``unit: flops`` in FLOP/s
+    (docs/fleets.md, "Speed").
 
     Example:
         >>> SpeedSpec(preset="flash-phones-mid").median_steps_per_s
         1.7006802721088434
+        >>> SpeedSpec(preset="flash-phones-mid", unit="flops").median_flops_per_s
+        1734983401.3605442
     """
 
     dist: Literal["fixed", "lognormal", "mixture"] = "fixed"
     steps_per_s: PosFloat | None = None
     median_steps_per_s: PosFloat | None = None
+    flops_per_s: PosFloat | None = None
+    median_flops_per_s: PosFloat | None = None
     sigma: NonNegFloat = 0.0
     tiers: list[SpeedTierSpec] | None = Field(None, min_length=1, max_length=100)
     preset: SpeedPresetName | None = None
     workload: WorkloadName | None = None
     scale: PosFloat = 1.0
+    unit: Literal["steps", "flops"] | None = None
 
     CHOICE: ClassVar[str] = "dist"
     USES: ClassVar[dict[str, str]] = {
@@ -87,12 +122,24 @@ class SpeedSpec(_Choice):
     }
 
     @property
+    def per_flop(self) -> bool:
+        """Whether the speed is in FLOP/s (a FLOP/s field or tier is given)."""
+        tiers = [t.median_flops_per_s for t in self.tiers or []]
+        given = [self.flops_per_s, self.median_flops_per_s, *tiers]
+        return any(v is not None for v in given)
+
+    @property
     def used_fields(self) -> str:
-        """As :class:`_Choice`'s, with ``preset workload scale`` when a preset
-        filled the distribution in (they say where its numbers came from)."""
+        """As :class:`_Choice`'s (with the FLOP/s fields when the speed is in
+        FLOP/s), with ``preset workload scale unit`` when a preset filled the
+        distribution in (they say where its numbers came from)."""
+        uses = self.USES[self.dist]
+        if self.per_flop:
+            uses = uses.replace("steps_per_s", "flops_per_s")
         if not self.preset:
-            return super().used_fields
-        return f"dist preset workload scale {self.USES[self.dist]}".strip()
+            return f"dist {uses}".strip()
+        unit = " unit" if self.per_flop else ""
+        return f"dist preset workload scale{unit} {uses}".strip()
 
     @model_validator(mode="before")
     @classmethod
@@ -106,11 +153,16 @@ class SpeedSpec(_Choice):
         scale = data.get("scale", 1.0)
         if not _preset_args_ok(name, workload, scale):
             return data  # the field validators say what is wrong
-        tiers = speed_preset(name, workload, scale)  # the fields given win
-        if len(tiers) > 1:
-            return {"dist": "mixture", "tiers": [asdict(t) for t in tiers], **data}
-        t = tiers[0]
-        fill = {"median_steps_per_s": t.median_steps_per_s, "sigma": t.sigma}
+        # unit flops: the tier's FLOP/s on its workload (presets.SpeedTier)
+        key = "median_flops_per_s" if data.get("unit") == "flops" else None
+        key = key or "median_steps_per_s"
+        tiers = [
+            {"name": t.name, "share": t.share, key: getattr(t, key), "sigma": t.sigma}
+            for t in speed_preset(name, workload, scale)
+        ]
+        if len(tiers) > 1:  # the fields given win
+            return {"dist": "mixture", "tiers": tiers, **data}
+        fill = {key: tiers[0][key], "sigma": tiers[0]["sigma"]}
         return {"dist": "lognormal", **fill, **data}
 
     @model_validator(mode="after")
@@ -121,9 +173,24 @@ class SpeedSpec(_Choice):
             ValueError: a missing median (``fixed``, ``lognormal``), tiers
                 missing or misplaced, ``workload``/``scale`` without a preset.
         """
-        need = _SPEED_FIELD.get(self.dist)
+        steps = [k for k in ("steps_per_s", "median_steps_per_s") if getattr(self, k)]
+        flops = [k for k in ("flops_per_s", "median_flops_per_s") if getattr(self, k)]
+        if steps and flops:
+            raise ValueError(
+                f"{steps[0]} and {flops[0]} are both given: a speed is in steps/s "
+                "or in FLOP/s, not both"
+            )
+        if self.tiers and len({t.median_flops_per_s is None for t in self.tiers}) > 1:
+            raise ValueError("tiers: give every tier's median in the same unit")
+        need = _SPEED_FIELD["flops" if flops else "steps"].get(self.dist)
         if need is not None and getattr(self, need) is None:
-            raise ValueError(f"dist '{self.dist}' needs {need}")
+            other = _SPEED_FIELD["steps" if flops else "flops"][self.dist]
+            raise ValueError(f"dist '{self.dist}' needs {need} (or {other})")
+        if self.unit is not None and self.preset is None:
+            raise ValueError(
+                "unit goes with a preset (a field's name says its unit: "
+                "median_steps_per_s or median_flops_per_s)"
+            )
         if (self.dist == "mixture") != bool(self.tiers):
             if self.dist == "mixture":
                 raise ValueError("dist 'mixture' needs tiers (or a preset)")
@@ -144,9 +211,17 @@ class SpeedSpec(_Choice):
     @property
     def median(self) -> float:
         """The median speed in steps/s (of the mixture, for ``mixture``:
-        found by bisection on its CDF, so selectors can rank groups)."""
+        found by bisection on its CDF, so selectors can rank groups); NaN
+        for a speed in FLOP/s, whose steps/s depend on the model's FLOPs
+        (:attr:`median_in_unit` holds its FLOP/s)."""
+        return math.nan if self.per_flop else self.median_in_unit
+
+    @property
+    def median_in_unit(self) -> float:
+        """The median speed in the spec's own unit: steps/s or FLOP/s."""
         if self.dist != "mixture":
-            return float(getattr(self, _SPEED_FIELD[self.dist]))
+            unit = "flops" if self.per_flop else "steps"
+            return float(getattr(self, _SPEED_FIELD[unit][self.dist]))
         return _mixture_median(self.tiers or [])
 
 
@@ -169,9 +244,9 @@ def _mixture_cdf(tiers: list[SpeedTierSpec], x: float) -> float:
     out = 0.0
     for t in tiers:
         if t.sigma == 0:
-            out += t.share * (x >= t.median_steps_per_s)
+            out += t.share * (x >= t.median)
         else:
-            z = math.log(x / t.median_steps_per_s) / t.sigma
+            z = math.log(x / t.median) / t.sigma
             out += t.share * 0.5 * (1 + math.erf(z / math.sqrt(2)))
     return out / total
 
@@ -180,8 +255,8 @@ def _mixture_median(tiers: list[SpeedTierSpec]) -> float:
     """The mixture's median, by 100 bisections in log space between six
     sigmas below the slowest tier and six above the fastest (the CDF is
     monotone there, and 100 halvings reach float precision)."""
-    lo = min(t.median_steps_per_s * math.exp(-6 * t.sigma) for t in tiers)
-    hi = max(t.median_steps_per_s * math.exp(6 * t.sigma) for t in tiers)
+    lo = min(t.median * math.exp(-6 * t.sigma) for t in tiers)
+    hi = max(t.median * math.exp(6 * t.sigma) for t in tiers)
     for _ in range(100):
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if _mixture_cdf(tiers, mid) < 0.5 else (lo, mid)
@@ -394,6 +469,12 @@ class FleetSpec(_Spec):
     def size(self) -> int:
         """The number of devices m, over all groups."""
         return sum(g.count for g in self.groups)
+
+    @property
+    def per_flop(self) -> bool:
+        """Whether some group's speed is in FLOP/s (the model's FLOPs per
+        step are then needed to build the fleet)."""
+        return any(g.speed is not None and g.speed.per_flop for g in self.groups)
 
     def stragglers_of(self, group: int) -> StragglerSpec:
         """Group ``group``'s straggler model: its own, else the fleet's."""
@@ -778,7 +859,11 @@ class Fleet:
     ``latency_s`` added to each transfer, per-round ``straggler_p`` and
     ``dropout_p``. ``slowdowns`` and ``availability`` are per group;
     ``intervals`` (per group index, from a trace) replace the latter.
-    Availability is a pure function of ``(seed, device, t)``.
+    ``step_flops``: the model's FLOPs per local step that turned the groups
+    declared in FLOP/s into steps/s (None: no such group).
+    Availability is a pure function of ``(seed, device, t)``, and every
+    per-round draw of a device of ``(seed, device, round)``
+    (:meth:`round_uniforms`).
 
     Example:
         >>> from fedsim.fleet import FleetSpec
@@ -808,6 +893,7 @@ class Fleet:
     seed: int
     dropout_p: np.ndarray | None = None
     intervals: Mapping[int, Intervals] | None = None
+    step_flops: float | None = None
     _onoff: _OnOff = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -851,7 +937,9 @@ class Fleet:
         self.group.setflags(write=False)
 
     @classmethod
-    def from_spec(cls, spec: FleetSpec, seed: int) -> Fleet:
+    def from_spec(
+        cls, spec: FleetSpec, seed: int, step_flops: float | None = None
+    ) -> Fleet:
         """Draw every device of ``spec`` from ``seed``.
 
         Devices are numbered in group order. Each kind of draw (speed
@@ -863,13 +951,24 @@ class Fleet:
         Args:
             spec: the validated fleet section.
             seed: the scenario seed.
+            step_flops: FLOPs of one local step of the model; a group whose
+                speed is in FLOP/s runs ``flops_per_s / step_flops`` steps/s
+                (:func:`fedsim.flops.scenario_fleet` counts them).
 
         Returns:
-            The fleet, a pure function of (spec, seed) and its trace files.
+            The fleet, a pure function of (spec, seed, step_flops) and its
+            trace files.
 
         Raises:
-            ValueError: a trace file changed size since the scenario was read.
+            ValueError: a trace file changed size since the scenario was
+                read, or a group in FLOP/s without ``step_flops`` (> 0).
         """
+        if spec.per_flop and not (step_flops is not None and step_flops > 0):
+            raise ValueError(
+                "a group's speed is in FLOP/s: the model's FLOPs per step are "
+                f"needed (> 0, got {step_flops}); fedsim.flops.scenario_fleet "
+                "counts them"
+            )
         groups = spec.groups
         counts = [g.count for g in groups]
         group = np.repeat(np.arange(len(groups), dtype=np.int32), counts)
@@ -882,6 +981,9 @@ class Fleet:
             sl = slice(int(bounds[gi]), int(bounds[gi + 1]))
             drawn = _group_devices(g, z[sl], tier_u[sl], net_z[sl])
             speed[sl], down[sl], up[sl], latency[sl], measured = drawn
+            if g.speed is not None and g.speed.per_flop:
+                assert step_flops is not None  # checked above
+                speed[sl] /= step_flops  # FLOP/s -> steps/s for this model
             if measured is not None:
                 intervals[gi] = measured
         return cls(
@@ -894,6 +996,7 @@ class Fleet:
             availability=tuple(g.availability for g in groups),
             seed=seed,
             intervals=intervals,
+            step_flops=step_flops if spec.per_flop else None,
             **_straggler_fields(spec, group),
         )
 
@@ -1099,11 +1202,11 @@ def _draw_speed(
     assert spec is not None
     if spec.dist != "mixture":  # a fixed speed is a lognormal with sigma 0
         spread = spec.sigma if spec.dist == "lognormal" else 0.0
-        return spec.median * np.exp(spread * z)
+        return spec.median_in_unit * np.exp(spread * z)
     assert spec.tiers is not None
     share = np.array([t.share for t in spec.tiers])
     cum = np.cumsum(share / share.sum())
     tier = np.minimum(np.searchsorted(cum, tier_u, side="right"), len(share) - 1)
-    median = np.array([t.median_steps_per_s for t in spec.tiers])[tier]
+    median = np.array([t.median for t in spec.tiers])[tier]
     sigma = np.array([t.sigma for t in spec.tiers])[tier]
     return median * np.exp(sigma * z)

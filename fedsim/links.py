@@ -744,9 +744,9 @@ def summary_entry(
     when the scenario declares no link (summary.json then stays as it was)."""
     if scenario.links is None or data is None:
         return {}
-    from fedsim.fleet import Fleet  # the fleet module imports the scenario's parts
+    from fedsim.flops import scenario_fleet  # the fleet as the run built it
 
-    fleet = Fleet.from_spec(scenario.fleet, scenario.seed)
+    fleet = scenario_fleet(scenario, data)
     return {"links": realised_links(scenario.links, fleet, data, clients)}
 
 
@@ -754,8 +754,8 @@ def build_linked_data(scenario: Any) -> FederatedData:
     """The scenario's training data tied to its fleet, as a run builds it
     (for workers that build the data on their own node)."""
     from fedsim.data import build_data
-    from fedsim.fleet import Fleet
+    from fedsim.flops import scenario_fleet
 
     data = build_data(scenario.data, scenario.num_clients, scenario.seed)
-    fleet = Fleet.from_spec(scenario.fleet, scenario.seed)
+    fleet = scenario_fleet(scenario, data)
     return apply_links(scenario.links, fleet, data, scenario.seed, scenario.fleet)

@@ -10,6 +10,8 @@ to FLASH's data: docs/fleets.md, "The FLASH phone presets".
 Example:
     >>> [round(t.median_steps_per_s, 3) for t in phone_tiers("femnist-cnn")]
     [0.609, 1.701, 5.587]
+    >>> [round(t.median_flops_per_s / 1e9, 3) for t in phone_tiers("femnist-cnn")]
+    [0.621, 1.735, 5.699]
     >>> round(NETWORK_PRESETS["flash-wifi"].down_median_mbps, 1)
     41.4
 """
@@ -40,6 +42,23 @@ FLASH_TRAIN_MS: dict[str, tuple[float, float, float]] = {
     "reddit-lstm": (2596.0, 916.0, 527.7),
     "shakespeare-lstm": (28621.0, 13579.0, 10681.0),
 }
+# The minibatch those times are for: FLASH's default batch_size (10,
+# models/default.cfg), 100 for Shakespeare (the comment beside its times)
+FLASH_BATCH_SIZE = {
+    "femnist-cnn": 10,
+    "celeba-cnn": 10,
+    "reddit-lstm": 10,
+    "shakespeare-lstm": 100,
+}
+# FLOPs of one training step of each workload's model (LEAF's, as FLASH ran
+# it) at that batch size, counted as fedsim counts any model
+# (fedsim.flops.flash_workload_flops; tests/test_flops.py recounts them)
+FLASH_STEP_FLOPS = {
+    "femnist-cnn": 1_020_170_240,
+    "celeba-cnn": 1_530_178_560,
+    "reddit-lstm": 2_154_659_840,
+    "shakespeare-lstm": 38_049_382_400,
+}
 
 # Fitted by fit_flash: sd of log AI_Score of the benchmark phones in each tier
 FLASH_LOG_SCORE_SD = (0.7349, 0.4806, 0.2909)
@@ -63,12 +82,22 @@ FLASH_WIFI = {
 
 @dataclasses.dataclass(frozen=True)
 class SpeedTier:
-    """One lognormal tier of a speed preset: ``median * exp(sigma * z)``."""
+    """One lognormal tier of a speed preset: ``median * exp(sigma * z)``;
+    ``step_flops`` are the FLOPs of one step of the workload it was
+    measured on, which give the tier's FLOP/s."""
 
     name: str
     share: float
     median_steps_per_s: float
     sigma: float
+    step_flops: float
+
+    @property
+    def median_flops_per_s(self) -> float:
+        """The tier's median in FLOP/s: its measured steps/s times the
+        FLOPs of one step of its workload (docs/fleets.md, "Speed in
+        FLOP/s")."""
+        return self.median_steps_per_s * self.step_flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +117,10 @@ def phone_tiers(workload: str = "femnist-cnn") -> tuple[SpeedTier, ...]:
     if workload not in FLASH_TRAIN_MS:
         raise ValueError(f"unknown workload {workload!r}; one of {WORKLOADS}")
     total, b = sum(FLASH_TIER_WEIGHTS), FLASH_ELASTICITY[workload]
+    flops = float(FLASH_STEP_FLOPS[workload])
     columns = (TIERS, FLASH_TIER_WEIGHTS, FLASH_TRAIN_MS[workload], FLASH_LOG_SCORE_SD)
     return tuple(
-        SpeedTier(name, n / total, 1000.0 / ms, round(b * sd, 4))
+        SpeedTier(name, n / total, 1000.0 / ms, round(b * sd, 4), flops)
         for name, n, ms, sd in zip(*columns, strict=True)
     )
 
@@ -108,8 +138,8 @@ def speed_preset(
     >>> [t.name for t in speed_preset("flash-phones")]
     ['low', 'mid', 'high']
     >>> t, = speed_preset("flash-phones-high", scale=2.0)
-    >>> round(t.median_steps_per_s, 2), t.share
-    (11.17, 1.0)
+    >>> round(t.median_steps_per_s, 2), t.share, round(t.median_flops_per_s / 1e9, 2)
+    (11.17, 1.0, 11.4)
     """
     if name not in SPEED_PRESETS:
         raise ValueError(f"unknown speed preset {name!r}; one of {SPEED_PRESETS}")

@@ -405,12 +405,12 @@ def _links_figure(
     if not isinstance(summary.get("links"), dict) or partition is None:
         return None
     # imported here: most reports have no links, and these pull in the simulator
-    from fedsim.fleet import Fleet
+    from fedsim.flops import scenario_fleet
     from fedsim.scenario import ScenarioError, load_scenario
 
     try:
         sc = load_scenario(run_dir / "scenario.yaml")
-        fleet = Fleet.from_spec(sc.fleet, sc.seed)
+        fleet = scenario_fleet(sc)
     except (ScenarioError, OSError, ValueError):
         return None  # e.g. a trace file that moved since the run
     n = np.asarray(partition.column("n_samples"), dtype=np.float64)

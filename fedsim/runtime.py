@@ -30,7 +30,7 @@ from fedsim.data import FederatedData, build_data
 from fedsim.data.partition import partition_table
 from fedsim.data.validation import describe_validation
 from fedsim.executors import Executor, RayExecutor, make_executor
-from fedsim.fleet import Fleet
+from fedsim.flops import scenario_fleet
 from fedsim.links import apply_links, summary_entry
 from fedsim.models import make_model
 from fedsim.results import (
@@ -239,8 +239,9 @@ class _Run:
         self.run_dir = run_dir
         self.on_round = on_round
         self.asynchronous = sc.round.policy == "async"
-        self.fleet = Fleet.from_spec(sc.fleet, sc.seed)
         data = build_data(sc.data, sc.num_clients, sc.seed)
+        # a speed in FLOP/s needs the model's FLOPs per step (fedsim.flops)
+        self.fleet = scenario_fleet(sc, data)
         # fleet-data links permute the partitions over the devices (none: as is)
         self.data = apply_links(sc.links, self.fleet, data, sc.seed, sc.fleet)
         self.threads = max(1, int(sc.resources.cpus_per_worker))
