@@ -6,6 +6,11 @@ Prints the time to build the fleet, its memory, the time the selector and the
 SimPy clock take for one round (the simulation's own cost, without training),
 and, with --end-to-end, the wall time of `scenarios/stress/million-devices.yaml`
 run in-process with the batched executor (fedsim/batched.py).
+
+Issue 36 moved a round's device draws from one generator per round to
+counter-based hashes of (seed, device, round) (common random numbers); the
+clock's cost per round is timed both ways here, in the same process on the
+same selections, and their ratio printed (hashed / per-round generator).
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ import argparse
 import resource
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from fedsim import clock
-from fedsim.fleet import Fleet
+from fedsim.fleet import Fleet, RoundDraws
 from fedsim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +33,43 @@ SCENARIO = ROOT / "scenarios" / "stress" / "million-devices.yaml"
 
 def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class StreamDraws:
+    """The fleet with a round's draws as before issue 36: one generator per
+    round (seeded by (seed, tag, round)), uniforms in increasing device id.
+    The cost baseline of the hashed draws; the rest of the fleet delegates."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fleet, name)
+
+    def round_draws(self, devices: np.ndarray, t: int) -> RoundDraws:
+        n = len(devices)
+        rng = np.random.default_rng(
+            np.random.SeedSequence([self.fleet.seed, 0xC10C, t])
+        )
+        return RoundDraws(rng.random((n, 2)), rng.random(n), rng.random((n, 2)))
+
+
+def clock_ratio(fleet: Fleet, sc: Any, rounds: list[tuple[float, np.ndarray]]) -> None:
+    """Time plan_round with hashed and with per-round-generator draws on the
+    same rounds, alternating (so both see the same machine load)."""
+    ctx = clock.RunContext(2440, 2440, np.full(fleet.size, 8), 8)
+    old = StreamDraws(fleet)
+    times: dict[str, list[float]] = {"hashed": [], "stream": []}
+    for _ in range(5):
+        for name, f in (("hashed", fleet), ("stream", old)):
+            t0 = time.perf_counter()
+            for t, (now, chosen) in enumerate(rounds):
+                clock.plan_round(f, chosen, now, sc.round, t, ctx)  # type: ignore[arg-type]
+            times[name].append((time.perf_counter() - t0) / len(rounds))
+    hashed, stream = (float(np.median(times[k])) for k in ("hashed", "stream"))
+    print(f"clock per round, hashed     {hashed * 1000:.1f} ms (median of 5 passes)")
+    print(f"clock per round, generator  {stream * 1000:.1f} ms")
+    print(f"ratio hashed / generator    {hashed / stream:.3f}")
 
 
 def main() -> None:
@@ -48,7 +91,7 @@ def main() -> None:
     build = time.perf_counter() - t0
     n_samples = np.full(fleet.size, 8)
     selector = sc.selector
-    now, times = 0.0, []
+    now, times, rounds = 0.0, [], []
     for t in range(5):
         t1 = time.perf_counter()
         now = fleet.next_online_time(now)
@@ -58,8 +101,9 @@ def main() -> None:
             rng.choice(online, size=selector.clients_per_round, replace=False)
         )
         ctx = clock.RunContext(2440, 2440, n_samples, 8)
-        plan = clock.plan_round(fleet, chosen, now, sc.round, rng, ctx)
+        plan = clock.plan_round(fleet, chosen, now, sc.round, t, ctx)
         times.append(time.perf_counter() - t1)
+        rounds.append((now, chosen))
         now = plan.t_end
     print(f"devices                     {fleet.size:,}")
     print(f"fleet build                 {build:.2f} s")
@@ -70,6 +114,7 @@ def main() -> None:
         + " ".join(f"{x * 1000:.0f}" for x in times)
         + f" ms (max {max(times):.3f} s)"
     )
+    clock_ratio(fleet, sc, rounds)
     if args.end_to_end:
         from fedsim.runtime import run_scenario
 

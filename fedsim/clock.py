@@ -223,8 +223,30 @@ def expected_steps(policy: RoundSpec, n_samples: Any, batch_size: int) -> np.nda
 
 
 def _draw_epochs(policy: RoundSpec, n: int, rng: np.random.Generator) -> np.ndarray:
+    """An asynchronous job's E (``n`` of them) from its own stream."""
     if policy.epochs_low is not None and policy.epochs_high is not None:
         return rng.integers(policy.epochs_low, policy.epochs_high + 1, size=n)
+    return _fixed_epochs(policy, n)
+
+
+def _epochs_from(policy: RoundSpec, u: np.ndarray) -> np.ndarray:
+    """E_i of a round's devices from their uniforms: uniform on the whole
+    numbers of ``[epochs_low, epochs_high]`` by the inverse CDF, or the
+    fixed ``epochs``.
+
+    Example:
+        >>> r = RoundSpec(policy="fixed_epochs", epochs_low=2, epochs_high=5)
+        >>> _epochs_from(r, np.array([0.0, 0.2499, 0.25, 0.999])).tolist()
+        [2, 2, 3, 5]
+    """
+    lo, hi = policy.epochs_low, policy.epochs_high
+    if lo is not None and hi is not None:
+        # u < 1, so the floor never reaches hi + 1
+        return lo + np.floor(u * (hi - lo + 1)).astype(np.int64)
+    return _fixed_epochs(policy, u.size)
+
+
+def _fixed_epochs(policy: RoundSpec, n: int) -> np.ndarray:
     if policy.epochs is None:
         raise ValueError("fixed_epochs needs epochs, or epochs_low and epochs_high")
     return np.full(n, policy.epochs, dtype=np.int64)
@@ -390,21 +412,25 @@ def plan_round(
     chosen: np.ndarray,
     now: float,
     policy: RoundSpec,
-    rng: np.random.Generator,
+    t: int,
     ctx: RunContext,
     keep: int | None = None,
 ) -> RoundPlan:
-    """Plan one synchronous round starting at simulated time ``now``.
+    """Plan synchronous round ``t``, starting at simulated time ``now``.
 
-    Pure in the arguments and ``rng``'s state, drawn in this order:
-    slowdowns, epochs (with a range), dropouts, each in increasing id.
+    Pure in the arguments. Each device's slowdown, epochs (with a range)
+    and dropout come from its own uniforms of round ``t``
+    (:meth:`Fleet.round_draws`, a function of (seed, device, t) only):
+    common random numbers, so a device behaves alike in this round
+    whichever other devices were chosen (docs/fleets.md, "Common random
+    numbers"); what depends on the others is only when the round ends.
 
     Args:
         fleet: the devices (speed, network, availability, stragglers).
         chosen: the selected device ids; must be distinct, any order.
         now: the round's start, in simulated seconds.
         policy: ``fixed_window`` or ``fixed_epochs`` (``async`` is refused).
-        rng: the round's clock stream (seed, round).
+        t: the round (0, 1, ...): it numbers the devices' draws.
         ctx: the run's byte sizes, sample counts, batch size and work.
         keep: keep the first ``keep`` arrivals; later ones are ``surplus``.
 
@@ -423,7 +449,7 @@ def plan_round(
         >>> ctx = RunContext(1_000_000, 1_000_000, np.array([50, 50]), 10)
         >>> rp = plan_round(fleet, np.array([0, 1]), now=0.0,
         ...                 policy=RoundSpec(window_s=10, max_steps=1000),
-        ...                 rng=np.random.default_rng(0), ctx=ctx)
+        ...                 t=0, ctx=ctx)
         >>> [(p.tau, p.t_arrive) for p in rp.plans], rp.t_end
         ([(32, 10.0), (32, 10.0)], 10.0)
     """
@@ -433,17 +459,17 @@ def plan_round(
     if np.any(ids[1:] == ids[:-1]):
         raise ValueError("chosen devices must be distinct")
     now, work = float(now), ctx.work
-    slowdown = fleet.draw_slowdowns(ids, rng)
+    draws = fleet.round_draws(ids, t)
+    slowdown = fleet.draw_slowdowns(ids, draws.slowdown)
     rate = fleet.speed[ids] / slowdown
     if work is not None:  # the algorithm's unit costs unit_cost local steps
         rate = rate / work.unit_cost[ids]
     down, up = fleet.comm_time(ids, ctx.bytes_down, ctx.up_bytes(ids))
-    steps = _round_steps(policy, now, rate, down + up, rng, ctx, ids)
+    steps = _round_steps(policy, now, rate, down + up, draws.epochs, ctx, ids)
     offline_at = fleet.offline_time(ids, now)
     with np.errstate(divide="ignore"):  # a rate of 0: an endless straggler
         work_s = down + np.where(rate > 0, steps.tau / rate, np.inf) + up
-    # drawn after the epochs, whatever the policy: the stream order is fixed
-    dropout_at = now + fleet.draw_dropouts(ids, rng, work_s)
+    dropout_at = now + fleet.draw_dropouts(ids, draws.dropout, work_s)
     jobs = []
     for j in np.flatnonzero(steps.skip == "").tolist():
         job = _Work(
@@ -488,7 +514,7 @@ def _round_steps(
     now: float,
     rate: np.ndarray,
     comm_s: np.ndarray,
-    rng: np.random.Generator,
+    epochs_u: np.ndarray,
     ctx: RunContext,
     ids: np.ndarray,
 ) -> _RoundSteps:
@@ -499,8 +525,8 @@ def _round_steps(
         now: the round's start.
         rate: each chosen device's steps (or work units) per second.
         comm_s: each device's download plus upload time.
-        rng: the round's clock stream; only ``fixed_epochs`` with local
-            steps draws from it (the epochs), keeping the stream order.
+        epochs_u: each device's epochs uniform of the round (read only by
+            ``fixed_epochs`` with an epoch range).
         ctx: the run's sample counts, batch size and work.
         ids: the chosen devices, sorted.
     """
@@ -517,7 +543,7 @@ def _round_steps(
     n = np.asarray(ctx.n_samples, dtype=np.int64)[ids]
     epochs: np.ndarray | None
     if work is None:
-        epochs = _draw_epochs(policy, rate.size, rng)
+        epochs = _epochs_from(policy, epochs_u)
         tau = steps_for(epochs, n, ctx.batch_size)
     else:  # the algorithm's own job size: epochs do not apply
         epochs, tau = None, np.where(n > 0, work.steps, 0).astype(np.int64)
@@ -966,7 +992,8 @@ class AsyncTimeline:
         k = int(self.jobs_started[d])
         self.jobs_started[d] += 1
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, _TAG_JOB, d, k]))
-        slowdown = float(self.fleet.draw_slowdowns(np.array([d]), rng)[0])
+        # drawn in this order: slowdown, epochs (a range), dropout
+        slowdown = float(self.fleet.draw_slowdowns([d], rng.random((1, 2)))[0])
         if self.policy.job_steps == "max_steps":
             tau, epochs = self.policy.max_steps, None
         else:
@@ -979,7 +1006,7 @@ class AsyncTimeline:
         self.in_flight[d] = job
         self._started.append(job)
         offline = float(self.fleet.offline_time(np.array([d]), now)[0])
-        drop = float(self.fleet.draw_dropouts(np.array([d]), rng, work.busy_s)[0])
+        drop = float(self.fleet.draw_dropouts([d], rng.random((1, 2)), work.busy_s)[0])
         leave = _leaving(work, offline, now + drop, "leaves")
 
         def finish(done: int, reason: str) -> None:

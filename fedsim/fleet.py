@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 from pydantic import Field, ValidationInfo, model_validator
@@ -498,6 +498,9 @@ _TAG_SPEED = 0xF1EE7
 _TAG_TIER = 0x71E5
 _TAG_NETWORK = 0x9E7
 _TAG_AVAILABILITY = 0xA7A11AB1E
+# A device's behaviour in a synchronous round (common random numbers): the
+# uniforms of device i in round t hash (seed, tag, i, t, slot).
+_TAG_ROUND = 0x5D1CE
 # The counter of the "on at t = 0?" draw: interval counters k never reach
 # 2^63, so this hash input is never an interval's.
 _INITIAL_STATE = np.uint64(1 << 63)
@@ -518,6 +521,13 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
+
+
+def _stream_key(seed: int, tag: int) -> int:
+    """The hash key of one kind of counter-based draw of the seed: kinds
+    with different tags never share a uniform."""
+    mixed_seed = _splitmix64(np.array([seed & _MASK64], dtype=np.uint64))
+    return int(_splitmix64(mixed_seed ^ np.uint64(tag))[0])
 
 
 def _unit(bits: np.ndarray) -> np.ndarray:
@@ -543,6 +553,34 @@ def _daily_input(a: AvailabilitySpec) -> tuple[float, float, float, float]:
     amp_in = (a.max_online - a.min_online) * math.sqrt(1 + wc * wc)
     t_peak_in = a.peak_hour / 24.0 * a.period_s - math.atan(wc) / wc * c
     return f_bar, amp_in, t_peak_in, c
+
+
+class _Walk(NamedTuple):
+    """The devices :meth:`_OnOff._advance` is moving interval by interval,
+    one entry each (``extra``: the per-device arrays its step reads).
+
+    Each device's fields are updated by the same operations whatever the
+    others do, which is what keeps the result bit for bit the same as
+    advancing it alone; compacting (:meth:`only`) changes which devices
+    are held, never a value.
+    """
+
+    pos: np.ndarray  # position in the ``idx`` being advanced
+    first_on: np.ndarray  # on at t = 0
+    k: np.ndarray  # interval counter
+    start: np.ndarray  # when interval k began
+    end: np.ndarray  # when it ends
+    key: np.ndarray  # the device's hash key
+    behind: np.ndarray  # its interval ends at or before t: move on
+    extra: tuple[np.ndarray, ...]
+
+    def only(self, keep: np.ndarray) -> _Walk:
+        """The walk of the devices where ``keep`` holds, all behind."""
+        return _Walk(
+            self.pos[keep], self.first_on[keep], self.k[keep], self.start[keep],
+            self.end[keep], self.key[keep], np.ones(np.count_nonzero(keep), bool),
+            tuple(a[keep] for a in self.extra),
+        )  # fmt: skip
 
 
 class _OnOff:
@@ -597,8 +635,7 @@ class _OnOff:
                 self.p_on[gi] = a.mean_on_s / (a.mean_on_s + a.mean_off_s)
         self.mixed = bool((self.kind != _EXP).any())
         self._init_traces(group, intervals, n)
-        mixed_seed = _splitmix64(np.array([seed & _MASK64], dtype=np.uint64))
-        self.seed_key = int(_splitmix64(mixed_seed ^ np.uint64(_TAG_AVAILABILITY))[0])
+        self.seed_key = _stream_key(seed, _TAG_AVAILABILITY)
         self._cache: tuple[np.ndarray, ...] | None = None
 
     def _init_traces(
@@ -763,63 +800,50 @@ class _OnOff:
         assert self._cache is not None  # state_at filled it
         first_on, k, start, end = (a[idx] for a in self._cache)
         g = self.group[idx]
+        step: Callable[[_Walk, np.ndarray], np.ndarray]
         if self.mixed:  # only the devices behind: a daily end costs a solve
             extra: tuple[np.ndarray, ...] = (g, idx)
 
-            def step_mixed(
-                kk: np.ndarray,
-                s: np.ndarray,
-                on: np.ndarray,
-                key: np.ndarray,
-                behind: np.ndarray,
-                e: np.ndarray,
-                g_: np.ndarray,
-                dev: np.ndarray,
-            ) -> np.ndarray:
-                b = np.flatnonzero(behind)
-                e = e.copy()
-                e[b] = self._ends(dev[b], g_[b], kk[b], s[b], on[b], key[b])
+            def step_mixed(w: _Walk, on: np.ndarray) -> np.ndarray:
+                g_, dev = w.extra
+                b = np.flatnonzero(w.behind)
+                e = w.end.copy()
+                e[b] = self._ends(dev[b], g_[b], w.k[b], w.start[b], on[b], w.key[b])
                 return e
 
-            step: Callable[..., np.ndarray] = step_mixed
+            step = step_mixed
         else:  # exponential only: the means travel along, no gathers per step
             extra = (self.mean_on[g], self.mean_off[g])
 
-            def step_exp(
-                kk: np.ndarray,
-                s: np.ndarray,
-                on: np.ndarray,
-                key: np.ndarray,
-                behind: np.ndarray,
-                e: np.ndarray,
-                m_on: np.ndarray,
-                m_off: np.ndarray,
-            ) -> np.ndarray:
-                u = _unit(_splitmix64(key ^ kk.astype(np.uint64)))
-                return np.where(behind, s + -np.where(on, m_on, m_off) * np.log(u), e)
+            def step_exp(w: _Walk, on: np.ndarray) -> np.ndarray:
+                m_on, m_off = w.extra
+                u = _unit(_splitmix64(w.key ^ w.k.astype(np.uint64)))
+                drawn = w.start + -np.where(on, m_on, m_off) * np.log(u)
+                return np.where(w.behind, drawn, w.end)
 
             step = step_exp
 
-        behind = np.ones(idx.size, dtype=bool)
-        # work: (position in idx, first state, k, start, end, key, extras...)
-        work = (np.arange(idx.size), first_on, k, start, end, self._keys(idx), *extra)
+        walk = _Walk(
+            np.arange(idx.size), first_on, k, start, end, self._keys(idx),
+            np.ones(idx.size, dtype=bool), extra,
+        )  # fmt: skip
         while True:
-            n_behind = np.count_nonzero(behind)
-            if n_behind * 4 < behind.size:  # flush caught-up devices, compact
-                p, _, kk, s, e = work[:5]
-                done = ~behind
-                k[p[done]], start[p[done]], end[p[done]] = kk[done], s[done], e[done]
-                work = tuple(a[behind] for a in work)
-                behind = np.ones(n_behind, dtype=bool)
+            n_behind = np.count_nonzero(walk.behind)
+            if n_behind * 4 < walk.behind.size:  # flush caught-up devices, compact
+                done = ~walk.behind
+                p = walk.pos[done]
+                k[p], start[p], end[p] = walk.k[done], walk.start[done], walk.end[done]
+                walk = walk.only(walk.behind)
             if n_behind == 0:
                 return k, start, end
-            p, fo, kk, s, e, key = work[:6]
-            kk = kk + behind  # only the devices behind move to their next interval
-            on = fo ^ (kk & 1).astype(bool)
-            s = np.where(behind, e, s)
-            e = step(kk, s, on, key, behind, e, *work[6:])
-            behind = e <= t
-            work = (p, fo, kk, s, e, key, *work[6:])
+            # only the devices behind move to their next interval
+            kk = walk.k + walk.behind
+            walk = walk._replace(
+                k=kk, start=np.where(walk.behind, walk.end, walk.start)
+            )
+            on = walk.first_on ^ (kk & 1).astype(bool)
+            e = step(walk, on)
+            walk = walk._replace(end=e, behind=e <= t)
 
     def state_at(self, idx: np.ndarray, t: float) -> tuple[np.ndarray, np.ndarray]:
         """Whether each device in ``idx`` is on at ``t``, and when that ends.
@@ -848,6 +872,27 @@ class _OnOff:
             k[todo], start[todo], end[todo] = self._advance(todo, t)
         on = first_on[idx] ^ (k[idx] & 1).astype(bool)
         return on, end[idx]
+
+
+class RoundDraws(NamedTuple):
+    """The uniforms, in (0, 1), that decide devices' behaviour in one
+    synchronous round, one row per device (:meth:`Fleet.round_draws`).
+
+    Attributes:
+        slowdown: ``[n, 2]``: slowed when column 0 < ``straggler_p``; the
+            factor by the inverse CDF of column 1 (:meth:`Fleet.draw_slowdowns`).
+        epochs: ``[n]``: E_i in an epoch range, by its inverse CDF.
+        dropout: ``[n, 2]``: drops out when column 0 < ``dropout_p``, after
+            that fraction (column 1) of its work (:meth:`Fleet.draw_dropouts`).
+    """
+
+    slowdown: np.ndarray
+    epochs: np.ndarray
+    dropout: np.ndarray
+
+
+# The slots of a device's round uniforms, in RoundDraws' field order.
+_ROUND_SLOTS = np.arange(5, dtype=np.uint64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -1048,13 +1093,51 @@ class Fleet:
         down = 8.0 * bytes_down / self.down_bps[idx] + lat
         return down, 8.0 * bytes_up / self.up_bps[idx] + lat
 
-    def draw_slowdowns(
-        self, devices: np.ndarray, rng: np.random.Generator
-    ) -> np.ndarray:
-        """This round's straggler factor (>= 1) for each device, in the given
-        order; two uniforms each, so one never shifts another's draws."""
+    def round_draws(self, devices: Any, t: int) -> RoundDraws:
+        """The uniforms deciding each device's behaviour in round ``t``.
+
+        Common random numbers: device i's uniforms in round t are a hash of
+        (seed, i, t) (:func:`_splitmix64`, as availability's), not the n-th
+        outputs of a stream. So the same device in the same round straggles,
+        drops out and draws its epochs alike whoever else was selected, by
+        whichever selector, for whichever algorithm, on any number of
+        workers, and after a resume; and drawing them costs a few vector
+        operations per selected device, whatever the fleet's size.
+
+        Args:
+            devices: device ids, any order (one row each, in that order).
+            t: the round (0, 1, ...).
+
+        Example:
+            >>> from fedsim.fleet import FleetSpec
+            >>> fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": [
+            ...     {"name": "g", "count": 9,
+            ...      "speed": {"dist": "fixed", "steps_per_s": 1.0}}]}), seed=0)
+            >>> a = fleet.round_draws([4, 7], t=3).slowdown
+            >>> b = fleet.round_draws([1, 7, 2], t=3).slowdown
+            >>> bool((a[1] == b[1]).all()), bool((a[0] != a[1]).all())
+            (True, True)
+        """
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
-        u = rng.random((idx.size, 2))
+        key = _splitmix64(
+            np.uint64(_stream_key(self.seed, _TAG_ROUND)) ^ idx.astype(np.uint64)
+        )
+        cell = _splitmix64(key ^ np.uint64(t))  # device i in round t
+        u = _unit(_splitmix64(cell[:, None] ^ _ROUND_SLOTS[None, :]))
+        return RoundDraws(slowdown=u[:, 0:2], epochs=u[:, 2], dropout=u[:, 3:5])
+
+    def draw_slowdowns(self, devices: Any, u: np.ndarray) -> np.ndarray:
+        """The straggler factor (>= 1) of each device for one round or job.
+
+        Args:
+            devices: device ids.
+            u: ``[n, 2]`` uniforms per device, in the order of ``devices``:
+                slowed when ``u[:, 0] < straggler_p``, the factor from
+                ``u[:, 1]`` (each device's own, so one never shifts
+                another's): :attr:`RoundDraws.slowdown`, or a job's stream.
+        """
+        idx = np.asarray(devices, dtype=np.int64).reshape(-1)
+        u = np.asarray(u, dtype=np.float64).reshape(idx.size, 2)
         factor = np.ones(idx.size)
         g = self.group[idx]
         for gi in np.unique(g).tolist():  # only the groups drawn from
@@ -1073,20 +1156,20 @@ class Fleet:
         slowed = u[:, 0] < self.straggler_p[idx]
         return np.where(slowed, factor, 1.0)
 
-    def draw_dropouts(
-        self, devices: np.ndarray, rng: np.random.Generator, work_s: Any
-    ) -> np.ndarray:
+    def draw_dropouts(self, devices: Any, u: np.ndarray, work_s: Any) -> np.ndarray:
         """Seconds after its start at which each device drops out of this
-        round (uniform in ``[0, work_s)``), or ``inf``; two uniforms each.
+        round or job (uniform in ``[0, work_s)``), or ``inf``.
 
         Args:
-            devices: device ids, in the order drawn.
-            rng: the round's (or job's) stream.
+            devices: device ids.
+            u: ``[n, 2]`` uniforms per device: drops out when ``u[:, 0] <
+                dropout_p``, after ``u[:, 1] * work_s`` (:attr:`RoundDraws.dropout`,
+                or a job's stream).
             work_s: each device's job duration (scalar or per device); an
                 endless job (inf) never drops out.
         """
         idx = np.asarray(devices, dtype=np.int64).reshape(-1)
-        u = rng.random((idx.size, 2))
+        u = np.asarray(u, dtype=np.float64).reshape(idx.size, 2)
         work = np.broadcast_to(np.asarray(work_s, dtype=np.float64), idx.shape)
         assert self.dropout_p is not None  # __post_init__ fills it
         drop = (u[:, 0] < self.dropout_p[idx]) & np.isfinite(work)

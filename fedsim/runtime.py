@@ -48,10 +48,9 @@ from fedsim.tasks import UpdateSummary, update_norm
 from fedsim.workers import Payload, Task
 
 # Tags of the run's random streams, each (seed, tag, n): distinct tags keep
-# the selector's, the clock's and the timeline's draws independent, and a
-# stream is rebuilt from (seed, tag, round) on resume (nothing is saved).
+# the selector's and the timeline's draws independent, and a stream is
+# rebuilt from (seed, tag, round) on resume (nothing is saved).
 _SELECT_TAG = 0x5E1
-_CLOCK_TAG = 0xC10C
 # The timeline's n-th choice draws from (seed, tag, n), with the tag the
 # clock's default chooser uses for the same stream.
 _ASYNC_SELECT_TAG = 0xD15C
@@ -653,9 +652,8 @@ def _run_rounds(run: _Run, resume: bool) -> None:
         online = np.flatnonzero(run.fleet.online(now))
         draw = Draw(t, online, run.rng(_SELECT_TAG, t), run.sel_ctx)
         chosen, state = sel.select(state, draw)
-        plan = clock.plan_round(
-            run.fleet, chosen, now, sc.round, run.rng(_CLOCK_TAG, t), run.ctx, keep
-        )
+        # each device's draws are its own, of (seed, device, t): fleet.round_draws
+        plan = clock.plan_round(run.fleet, chosen, now, sc.round, t, run.ctx, keep)
         trained, applied = _train_round(run, t, plan, sel.multiplicity(state, chosen))
         state, artifact = run.observe(sel, state, t, applied, trained)
         records = [ClientRecord.from_plan(t, p) for p in plan.plans]

@@ -128,10 +128,14 @@ run() {
   sigterm_ray) # ray.init's SIGTERM handler left in place
     case_ sigterm_ray tests/test_loopback.py \
       fedsim/ray_session.py '    with interrupts.kept():' '    with open(os.devnull):' ;;
+  crn) # a round's device draws keyed by position in the cohort, as before issue 36
+    case_ crn tests/test_crn.py::test_a_device_behaves_alike_whichever_selector_chose_it \
+      fedsim/fleet.py 'np.uint64(_stream_key(self.seed, _TAG_ROUND)) ^ idx.astype(np.uint64)' \
+      'np.uint64(_stream_key(self.seed, _TAG_ROUND)) ^ np.arange(idx.size, dtype=np.uint64)' ;;
   *) echo "unknown case: $1"; failures=$((failures + 1)) ;;
   esac
 }
 
-ALL="stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried partition placement per_node restart interrupt sigterm_ray"
+ALL="crn stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried partition placement per_node restart interrupt sigterm_ray"
 for c in ${@:-$ALL}; do run "$c"; done
 [ "$failures" -eq 0 ]

@@ -243,7 +243,7 @@ def test_round_spec_async_fields_are_validated():
             np.array([0]),
             0.0,
             RoundSpec(policy="async"),
-            np.random.default_rng(0),
+            0,
             RunContext(MB, MB, np.array([10]), 10),
         )
 

@@ -41,7 +41,7 @@ def plan(
     fleet: Fleet,
     policy: RoundSpec,
     chosen: list[int] | None = None,
-    seed: int = 0,
+    t: int = 0,
     n_samples: list[int] | None = None,
     batch_size: int = 20,
     now: float = NOW,
@@ -53,7 +53,7 @@ def plan(
         ids,
         now,
         policy,
-        np.random.default_rng(seed),
+        t,
         RunContext(MB, MB, n, batch_size),
     )
 
@@ -121,7 +121,7 @@ def test_window_floor_is_not_lost_to_rounding():
         np.array([0]),
         0.0,
         RoundSpec(window_s=0.3),
-        np.random.default_rng(0),
+        0,
         RunContext(0, 0, np.array([10]), 10),
     )
 
@@ -182,12 +182,11 @@ def test_epochs_drawn_per_device_in_id_order():
     # Prepare
     fleet = fleet_of({"count": 6})
     policy = RoundSpec(policy="fixed_epochs", epochs_low=2, epochs_high=5)
-    rng = np.random.default_rng(42)
-    rng.random((6, 2))  # the slowdowns are drawn first, two uniforms each
-    expected = rng.integers(2, 6, size=6)
+    u = fleet.round_draws(np.arange(6), 42).epochs  # device i's own uniform
+    expected = 2 + np.floor(u * 4).astype(int)  # inverse CDF on 2..5
 
     # Execute
-    rp = plan(fleet, policy, chosen=[5, 3, 1, 0, 2, 4], seed=42)
+    rp = plan(fleet, policy, chosen=[5, 3, 1, 0, 2, 4], t=42)
 
     # Assert
     assert [p.epochs for p in rp.plans] == expected.tolist()
@@ -293,8 +292,8 @@ def test_same_seed_same_plan():
     )
 
     # Execute
-    a, b = (plan(fleet, policy, chosen=list(range(0, 60, 3)), seed=9) for _ in "ab")
-    c = plan(fleet, policy, chosen=list(range(0, 60, 3)), seed=10)
+    a, b = (plan(fleet, policy, chosen=list(range(0, 60, 3)), t=9) for _ in "ab")
+    c = plan(fleet, policy, chosen=list(range(0, 60, 3)), t=10)
 
     # Assert
     assert a == b

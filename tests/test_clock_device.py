@@ -86,8 +86,8 @@ class EndlessFleet:
     def __getattr__(self, name):  # size, speed, comm_time, offline_time, ...
         return getattr(self.base, name)
 
-    def draw_slowdowns(self, devices, rng):
-        factor = self.base.draw_slowdowns(devices, rng)
+    def draw_slowdowns(self, devices, u):
+        factor = self.base.draw_slowdowns(devices, u)
         slow = np.isin(np.asarray(devices), list(self.endless))
         return np.where(slow, np.inf, factor)
 
@@ -103,7 +103,7 @@ def test_a_round_with_a_deadline_drops_an_endless_straggler_as_late():
         np.array([0, 1]),
         0.0,
         policy,
-        np.random.default_rng(0),
+        0,
         RunContext(MB, MB, np.array([100, 100]), 20),
     )
 

@@ -1,7 +1,10 @@
 """Golden outputs of the clock: every field of plan_round's plans and of
 AsyncTimeline's versions, for varied cases, captured from the clock before
 its device process was unified (issue 12). The refactored clock must
-reproduce them exactly, float for float.
+reproduce them exactly, float for float. The synchronous cases were
+captured again when rounds moved to common random numbers (issue 36: each
+device's draws of (seed, device, round)); the asynchronous ones are as
+they were.
 
 Regenerate (only when a change of the timeline is intended) with
 ``python tests/test_clock_golden.py`` from the repository root.
@@ -101,16 +104,17 @@ def sync_case(
     now: float = 0.0,
     gap_s: float = 0.0,
 ) -> list[Any]:
-    """Several rounds in a row, as the server runs them (one rng)."""
+    """Several rounds in a row, as the server runs them (``seed`` the
+    selection's generator; the devices' draws are the fleet's, per round)."""
     rng = np.random.default_rng(seed)
     n = n_samples_for(fleet.size, seed)
     asked = math.ceil(round(policy.over_select * k, 9))
     keep = k if policy.over_select > 1 else None
     out = []
-    for _ in range(rounds):
+    for t in range(rounds):
         chosen = rng.choice(fleet.size, size=asked, replace=False)
         rp = plan_round(
-            fleet, chosen, now, policy, rng, RunContext(MB, MB // 2, n, 20), keep
+            fleet, chosen, now, policy, t, RunContext(MB, MB // 2, n, 20), keep
         )
         out.append(_plain(rp))
         now = rp.t_end + gap_s

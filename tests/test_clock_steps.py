@@ -108,7 +108,7 @@ def test_plan_round_and_timeline_take_tau_from_steps_for():
         np.arange(4),
         0.0,
         RoundSpec(policy="fixed_epochs", epochs=2),
-        np.random.default_rng(0),
+        0,
         RunContext(MB, MB, n, 20),
     )
     tl = AsyncTimeline(

@@ -60,9 +60,11 @@ def test_one_and_two_ray_workers_give_identical_metrics(ray_session):
     _same(one, two)
     _same(c1, c2)
     assert bool((x1 == x2).all())
-    # ... and the same as training in this process
+    # ... and the same as training in this process: metrics, and every
+    # device's round (slowdown, dropout, tau: common random numbers)
     local, c0, x0 = run(0)
     _same(one, local)
+    _same(c0, c2)
     assert bool((x0 == x1).all())
     # the run did real work: stragglers, heterogeneous tau, learning
     assert any(r["tau_min"] != r["tau_max"] for r in one)

@@ -50,7 +50,7 @@ def plan(policy: RoundSpec, n_samples=(50, 50)):
         np.array([0, 1]),
         now=0.0,
         policy=policy,
-        rng=np.random.default_rng(0),
+        t=0,
         # bytes_up 7_777, the model size: not what the algorithm uploads
         ctx=RunContext(1_000_000, 7_777, np.array(n_samples), 10, work=WORK),
     )

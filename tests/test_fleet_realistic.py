@@ -222,7 +222,9 @@ def test_max_factor_caps_heavy_tailed_slowdowns():
     fleet = Fleet.from_spec(s, seed=0)
 
     # Execute
-    f = fleet.draw_slowdowns(np.arange(20_000), np.random.default_rng(0))
+    f = fleet.draw_slowdowns(
+        np.arange(20_000), fleet.round_draws(np.arange(20_000), 0).slowdown
+    )
 
     # Assert: shape 0.5 has P(factor > 20) = 20^-0.5 ~ 22%; all of those capped
     assert f.max() == 20.0
@@ -241,7 +243,9 @@ def test_dropouts_probability_and_uniform_time_within_the_work():
     work = np.full(40_000, 10.0)
 
     # Execute
-    t = fleet.draw_dropouts(np.arange(40_000), np.random.default_rng(1), work)
+    t = fleet.draw_dropouts(
+        np.arange(40_000), fleet.round_draws(np.arange(40_000), 1).dropout, work
+    )
 
     # Assert
     drop = np.isfinite(t)
@@ -250,20 +254,21 @@ def test_dropouts_probability_and_uniform_time_within_the_work():
     assert np.mean(t[drop]) == pytest.approx(5.0, abs=0.1)
 
 
-def test_dropouts_draw_two_uniforms_per_device_whatever_happens():
+def test_dropouts_use_each_devices_own_uniforms():
     # Prepare: all drop in one fleet, none in the other; endless work
     a = Fleet.from_spec(spec(group(count=3, stragglers={"dropout_p": 1.0})), 0)
     b = Fleet.from_spec(spec(group(count=3)), 0)
-    ra, rb = np.random.default_rng(5), np.random.default_rng(5)
+    u = a.round_draws([0, 1, 2], 5).dropout
 
     # Execute
-    ta = a.draw_dropouts([0, 1, 2], ra, [1.0, np.inf, 2.0])
-    tb = b.draw_dropouts([0, 1, 2], rb, [1.0, 1.0, 2.0])
+    ta = a.draw_dropouts([0, 1, 2], u, [1.0, np.inf, 2.0])
+    tb = b.draw_dropouts([0, 1, 2], u, [1.0, 1.0, 2.0])
+    alone = a.draw_dropouts([2], a.round_draws([2], 5).dropout, [2.0])
 
-    # Assert
-    assert np.isfinite(ta[[0, 2]]).all() and np.isinf(ta[1])  # endless work never drops
+    # Assert: at u[:, 1] of the work; endless work never drops
+    assert ta[0] == u[0, 1] * 1.0 and ta[2] == u[2, 1] * 2.0 and np.isinf(ta[1])
     assert np.isinf(tb).all()
-    assert ra.random() == rb.random()
+    assert alone[0] == ta[2]  # whoever else is drawn with it
 
 
 # -------------------------------------------------------- daily availability
@@ -450,7 +455,7 @@ def plan(fleet: Fleet, policy: dict, keep: int | None = None, seed: int = 0):
         np.arange(fleet.size),
         100.0,
         RoundSpec.model_validate(policy),
-        np.random.default_rng(seed),
+        seed,
         ctx=RunContext(1_000_000, 1_000_000, np.full(fleet.size, 100), 10),
         keep=keep,
     )

@@ -1,0 +1,94 @@
+"""Common random numbers: a device's behaviour in a synchronous round (its
+slowdown, dropout, epochs, hence tau) is a function of (seed, device,
+round) only, the same whichever selector chose it, whichever algorithm
+trains, and after a resume (docs/fleets.md, "Common random numbers"; the
+0 vs 2 Ray workers check is in tests/test_determinism.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from fedsim.runtime import run_scenario
+from fedsim.scenario import load_scenario
+
+from .conftest import SCENARIOS
+
+QUICK = SCENARIOS / "quickstart.yaml"
+# stragglers and dropouts in two groups, so most rounds have both
+HARSH = [
+    "rounds=8",
+    "eval.every_rounds=4",
+    "fleet.groups[0].stragglers.p=0.5",
+    "fleet.groups[0].stragglers.dropout_p=0.3",
+    "fleet.groups[1].stragglers.p=0.4",
+    "fleet.groups[1].stragglers.dropout_p=0.3",
+]
+SELECTORS = {
+    "uniform": "selector={name: uniform, clients_per_round: 10}",
+    "power_of_choice": "selector={name: power_of_choice, clients_per_round: 10}",
+    "oort": "selector={name: oort, clients_per_round: 10}",
+}
+
+
+def behaviour(clients: list[dict]) -> dict[tuple[int, int], tuple]:
+    """(round, device) -> what the clock decided for it: its slowdown, tau,
+    why it dropped, and how long after the round's start it arrived or left."""
+    return {
+        (c["round"], c["client_id"]): (
+            c["slowdown"],
+            c["tau"],
+            c["drop_reason"],
+            c["t_arrive"] - c["t_start"],
+        )
+        for c in clients
+    }
+
+
+def run(*overrides: str, **kw):
+    return run_scenario(load_scenario(QUICK, [*HARSH, *overrides]), **kw)
+
+
+@pytest.fixture(scope="module")
+def by_selector() -> dict[str, dict]:
+    return {name: behaviour(run(s).clients) for name, s in SELECTORS.items()}
+
+
+def test_a_device_behaves_alike_whichever_selector_chose_it(by_selector):
+    base = by_selector["uniform"]
+    for name in ("power_of_choice", "oort"):
+        other = by_selector[name]
+        common = sorted(set(base) & set(other))
+        # Assert: every (round, device) both runs selected did the same
+        assert [base[k] for k in common] == [other[k] for k in common], name
+        # ... and the check had teeth: both selections differ, and the
+        # pairs they share include stragglers and dropouts
+        assert set(base) != set(other), name
+        assert sum(base[k][0] > 1 for k in common) >= 3, name
+        assert sum(base[k][2] == "dropout" for k in common) >= 2, name
+
+
+def test_a_device_behaves_alike_whichever_algorithm_trains():
+    # Execute: FedNova and FedAvg, uniform selection (the same cohorts)
+    nova = run("algorithm={name: fednova}")
+    avg = run("algorithm={name: fedavg}")
+
+    # Assert: identical plans, while the models differ
+    assert behaviour(nova.clients) == behaviour(avg.clients)
+    assert nova.rows[-1]["test_loss"] != avg.rows[-1]["test_loss"]
+
+
+def test_a_resumed_run_draws_what_an_uninterrupted_one_does(by_selector, tmp_path):
+    # Execute: oort (adaptive: its state is in the checkpoint) for 4 rounds,
+    # then resumed to all 8
+    ck = "checkpoint.every_rounds=4"
+    run(SELECTORS["oort"], ck, "rounds=4", run_dir=tmp_path)
+    resumed = run(SELECTORS["oort"], ck, run_dir=tmp_path, resume=True)
+
+    # Assert: every round's plans as in the uninterrupted run
+    assert behaviour(resumed.clients) == by_selector["oort"]
+    written = pq.read_table(Path(tmp_path) / "clients.parquet").to_pylist()
+    assert behaviour(written) == by_selector["oort"]
+    assert {r for r, _ in behaviour(written)} == set(range(8))
