@@ -90,6 +90,14 @@ AlgorithmsOption = Annotated[
     ),
 ]
 SeedsOption = Annotated[int, typer.Option("--seeds", min=1, help="Seeds 0..N-1.")]
+BaselineOption = Annotated[
+    str | None,
+    typer.Option(
+        "--baseline",
+        help="The algorithm every other is paired with, seed by seed (default: "
+        "the first of --algorithms).",
+    ),
+]
 TargetOption = Annotated[
     float | None,
     typer.Option(
@@ -926,13 +934,15 @@ def stress(
     address: AddressOption = None,
     quiet: QuietOption = False,
     overwrite: OverwriteOption = False,
+    baseline: BaselineOption = None,
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots).\f
 
     Refused with exit 2 before any run: a swept or --set field that stress
-    sets itself (seed, algorithm, resources.workers, checkpoint) and an
-    --out that holds an earlier sweep (unless --overwrite). Exit 1 when a
+    sets itself (seed, algorithm, resources.workers, checkpoint), a
+    --baseline not among the algorithms, and an --out that holds an earlier
+    sweep (unless --overwrite). Exit 1 when a
     run diverged (every table is written first), 130 when interrupted.
     """
     from fedsim.data import DataError, DataMissingError
@@ -973,6 +983,7 @@ def stress(
             target_accuracy=target_accuracy,
             overrides=list(set_ or []),
             progress=None if quiet else progress,
+            baseline=baseline,
         )
     out.print(f"report: {path / 'stress.md'}", highlight=False)
     import pyarrow.parquet as pq
@@ -993,15 +1004,18 @@ def compare(
     address: AddressOption = None,
     quiet: QuietOption = False,
     overwrite: OverwriteOption = False,
+    baseline: BaselineOption = None,
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
     and write compare.parquet, compare.md and compare.png (accuracy against
-    simulated time and rounds, with seed bands).\f
+    simulated time and rounds, with seed bands), and each against a baseline,
+    seed by seed, with 95% intervals (paired.parquet, paired.png).\f
 
     Refused with exit 2 before any run: an invalid variant, an algorithm
-    given twice (under any spelling), a --set of a field compare sets
-    itself, and an --out that holds an earlier comparison (unless
-    --overwrite). Exit 1 when a run diverged, 130 when interrupted.
+    given twice (under any spelling), a --baseline not among them, a --set
+    of a field compare sets itself, and an --out that holds an earlier
+    comparison (unless --overwrite). Exit 1 when a run diverged, 130 when
+    interrupted.
     """
     from fedsim.compare import compare as run_compare
     from fedsim.data import DataMissingError
@@ -1034,6 +1048,7 @@ def compare(
             target_accuracy=target,
             progress=None if quiet else show,
             workers=workers,
+            baseline=baseline,
         )
     text = (run_dir / "compare.md").read_text()
     out.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -1042,7 +1057,14 @@ def compare(
 
 
 # What compare and stress write into --out (runs/: a file per run).
-_COMPARE_FILES = ("compare.parquet", "compare.md", "compare.png", "runs")
+_COMPARE_FILES = (
+    "compare.parquet",
+    "compare.md",
+    "compare.png",
+    "runs",
+    "paired.parquet",
+    "paired.png",
+)
 _STRESS_FILES = (
     "stress.parquet",
     "stress.md",
@@ -1051,6 +1073,8 @@ _STRESS_FILES = (
     "accuracy_vs_time.png",
     "degradation.png",
     "tau_by_group.png",
+    "paired.parquet",
+    "paired.png",
 )
 
 

@@ -1,8 +1,11 @@
 """Compare algorithms on identical fleets and data, over seeds 0..N-1.
 
 Fleet, data, selection and clock depend only on the seed, so every algorithm
-sees the same devices and data. Algorithm labels and outputs: README.md
-("Comparing algorithms").
+sees the same devices and data; with common random numbers every device also
+behaves the same in every arm (docs/fleets.md). Each arm is then compared
+with a baseline arm seed by seed: the paired difference's Student t interval
+and a verdict (:func:`paired_table`, docs/results.md "Paired comparisons").
+Algorithm labels and outputs: README.md ("Comparing algorithms").
 
 Example:
     >>> rows = compare("scenarios/ci/tiny-synthetic.yaml", ["fedavg", "fednova"],
@@ -20,6 +23,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ import numpy as np
 
 from fedsim.results import BOOL, F64, I64, STR, schema
 from fedsim.scenario import Scenario, ScenarioError, load_scenario, read_yaml
+from fedsim.stats import paired_differences, paired_interval
 
 # One row per run; stress.parquet shares these first columns.
 RUN_COLUMNS = schema(
@@ -36,7 +41,7 @@ RUN_COLUMNS = schema(
     (F64, "final_accuracy best_accuracy"),
 )
 COMPARE_SCHEMA = schema(
-    (F64, "final_test_loss final_train_loss"),
+    (F64, "final_test_loss final_train_loss final_objective"),
     (I64, "rounds_to_target"),
     (F64, "time_to_target_s sim_time_s"),
     (I64, "bytes_down bytes_up bytes_up_to_target"),
@@ -304,6 +309,7 @@ def run_one(
     hit = next((r for r in rows if _ge(r["test_accuracy"], target)), None)
     chi2 = [r["chi2_pw"] for r in rows if math.isfinite(r["chi2_pw"])]
     losses = [r["train_loss"] for r in rows if math.isfinite(r["train_loss"])]
+    objective = _points(rows, "round", "train_objective")  # F(x), where on
     last_loss = rows[-1]["test_loss"] if rows else 0.0
     diverged = result.status == "diverged" or not math.isfinite(last_loss)
     out = {
@@ -312,6 +318,7 @@ def run_one(
         "best_accuracy": _num(summary["best_test_accuracy"]),
         "final_test_loss": _num(summary["final_test_loss"]),
         "final_train_loss": losses[-1] if losses else math.nan,
+        "final_objective": objective[-1][1] if objective else math.nan,
         "rounds_to_target": None if hit is None else int(hit["round"]) + 1,
         "time_to_target_s": None if hit is None else float(hit["sim_time"]),
         "sim_time_s": float(summary["sim_time_s"]),
@@ -430,6 +437,182 @@ def _spread(rs: Sequence[dict[str, Any]], keys: str, suffix: str) -> dict[str, f
     return out
 
 
+@dataclass(frozen=True)
+class PairedMetric:
+    """A column of the run rows that arms are compared on, seed by seed.
+
+    Attributes:
+        key: the column (a run row's key).
+        label: how tables and figures name it.
+        higher_is_better: whether a larger value is better (accuracy) or
+            worse (objective, rounds and time to target).
+        scale: the factor tables print it with (100: accuracy in points).
+        unit: the printed unit.
+    """
+
+    key: str
+    label: str
+    higher_is_better: bool
+    scale: float = 1.0
+    unit: str = ""
+
+
+PAIRED_METRICS = (
+    PairedMetric("final_accuracy", "final accuracy", True, 100.0, "points"),
+    PairedMetric("final_objective", "training objective F(x)", False),
+    PairedMetric("rounds_to_target", "rounds to target", False, unit="rounds"),
+    PairedMetric("time_to_target_s", "simulated time to target", False, unit="s"),
+)
+PAIRED_SCHEMA = schema(
+    (STR, "baseline algorithm metric"),
+    (I64, "seeds"),
+    (F64, "mean lo hi sd"),
+    (STR, "verdict"),
+    (BOOL, "higher_is_better"),
+)
+
+
+def resolve_baseline(baseline: str | None, labels: Sequence[str]) -> str:
+    """The baseline arm: ``baseline`` (any spelling of one of ``labels``),
+    or the first label.
+
+    >>> resolve_baseline(None, ["fedavg", "fednova"])
+    'fedavg'
+    >>> resolve_baseline("fedprox: mu=+5e-1", ["fedavg", "fedprox:mu=0.5"])
+    'fedprox:mu=0.5'
+
+    Raises:
+        ScenarioError: ``baseline`` is not among ``labels``, naming both.
+    """
+    if baseline is None:
+        return labels[0]
+    label = canonical_label(baseline)
+    if label not in labels:
+        raise ScenarioError(
+            f"--baseline {baseline!r} is not among the algorithms compared "
+            f"({', '.join(labels)}); give one of them"
+        )
+    return label
+
+
+def paired_table(
+    runs: Sequence[Mapping[str, Any]],
+    baseline: str,
+    metrics: Sequence[PairedMetric] = PAIRED_METRICS,
+    by: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Each arm against ``baseline``, seed by seed: one row per (group, arm,
+    metric) with the mean difference (arm - baseline), its 95% Student t
+    interval over seeds and the verdict (:func:`fedsim.stats.paired_interval`).
+
+    A seed where either run has no value (diverged, target never reached, no
+    objective recorded) is left out of that metric's pairs; a metric no pair
+    of seeds has a value for gets no row.
+
+    Args:
+        runs: one row per run: ``algorithm``, ``seed``, the ``metrics``'
+            keys and the ``by`` keys.
+        baseline: the label every other arm is compared with.
+        metrics: what to compare.
+        by: keys whose values group the runs (stress: ``cell``); each group
+            compares its own arms.
+
+    Returns:
+        Rows of :data:`PAIRED_SCHEMA` (preceded by the ``by`` keys), groups
+        in first-seen order, arms in first-seen order.
+    """
+    out = []
+    groups = dict.fromkeys(tuple(r[k] for k in by) for r in runs)
+    for group in groups:
+        mine = [r for r in runs if tuple(r[k] for k in by) == group]
+        base = [r for r in mine if r["algorithm"] == baseline]
+        for label in dict.fromkeys(r["algorithm"] for r in mine):
+            arm = [r for r in mine if r["algorithm"] == label]
+            if label == baseline:
+                continue
+            for m in metrics:
+                diffs = paired_differences(
+                    {r["seed"]: r.get(m.key) for r in arm},
+                    {r["seed"]: r.get(m.key) for r in base},
+                )
+                if not diffs:
+                    continue
+                iv = paired_interval(diffs, higher_is_better=m.higher_is_better)
+                out.append(
+                    {
+                        **dict(zip(by, group, strict=True)),
+                        "baseline": baseline,
+                        "algorithm": label,
+                        "metric": m.key,
+                        "seeds": iv.n,
+                        "mean": iv.mean,
+                        "lo": iv.lo,
+                        "hi": iv.hi,
+                        "sd": iv.sd,
+                        "verdict": iv.verdict,
+                        "higher_is_better": m.higher_is_better,
+                    }
+                )
+    return out
+
+
+def _signed(x: float, scale: float, digits: int) -> str:
+    """``x * scale`` with its sign, "-" when not finite."""
+    return f"{x * scale:+.{digits}f}" if math.isfinite(x) else "-"
+
+
+def format_paired(
+    rows: Sequence[Mapping[str, Any]],
+    metrics: Sequence[PairedMetric] = PAIRED_METRICS,
+    lead: Sequence[str] = (),
+) -> list[str]:
+    """The paired table as Markdown lines (accuracy in points).
+
+    Args:
+        rows: :func:`paired_table`'s rows.
+        metrics: how each metric is printed.
+        lead: leading columns (stress: the swept fields), from the rows.
+    """
+    if not rows:
+        return ["No pair of seeds to compare (one algorithm, or no values)."]
+    by_key = {m.key: m for m in metrics}
+    head = "".join(f"| {k} " for k in lead)
+    lines = [
+        f"{head}| algorithm | metric | seeds | mean difference | 95% interval "
+        "| verdict |",
+        "|---" * (len(lead) + 6) + "|",
+    ]
+    for r in rows:
+        m = by_key[r["metric"]]
+        digits = 1 if m.scale != 1 or m.unit in ("rounds", "s") else 4
+        what = f"{m.label} ({m.unit})" if m.unit else m.label
+        lo, hi = (_signed(r[k], m.scale, digits) for k in ("lo", "hi"))
+        interval = f"[{lo}, {hi}]" if r["seeds"] > 1 else "n/a (one seed)"
+        cells = "".join(f"| {_cell(r[k])} " for k in lead)
+        lines.append(
+            f"{cells}| {r['algorithm']} | {what} | {r['seeds']} "
+            f"| {_signed(r['mean'], m.scale, digits)} | {interval} "
+            f"| {r['verdict']} |"
+        )
+    return lines
+
+
+def _cell(value: Any) -> str:
+    """A swept value as the tables print it (strings as they are)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def paired_note(baseline: str) -> str:
+    """The sentence under a paired table: how to read it."""
+    return (
+        f"Difference = algorithm - {baseline}, seed by seed (the same fleet, "
+        "data, selections and device draws), with its 95% Student t interval "
+        "over the seeds; better or worse when the interval excludes 0, else "
+        "no difference at 95%. Rounds and time to target pair only the seeds "
+        'where both reached the target (docs/results.md, "Paired comparisons").'
+    )
+
+
 def summarize_runs(
     runs: Sequence[dict[str, Any]], target_accuracy: float | None = None
 ) -> list[dict[str, Any]]:
@@ -537,16 +720,23 @@ def compare(
     target_accuracy: float | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     workers: int | None = 0,
+    baseline: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run every algorithm for seeds 0..seeds-1; return the summary table rows.
 
     Args:
         algorithms: ``name`` or ``name:key=value,...`` per algorithm.
         overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
-        out_dir: where compare.parquet, compare.md and runs/ go (None: nowhere).
+        out_dir: where compare.parquet, compare.md, paired.parquet,
+            compare.png, paired.png and runs/ go (None: nowhere).
         target_accuracy: for rounds and simulated time to reach it (a fraction).
         progress: called with each run's row as it finishes.
         workers: as for :func:`run_jobs`.
+        baseline: the arm the others are paired with (default the first).
+
+    Raises:
+        ScenarioError: an invalid variant, or a ``baseline`` that is not
+            among ``algorithms`` (before anything runs).
     """
     from fedsim.results import ROUND_SCHEMA, write_table
 
@@ -559,6 +749,7 @@ def compare(
     if not algorithms:
         raise ValueError("no algorithms to compare")
     algorithms = check_variants(scenario_path, algorithms, overrides)
+    base = resolve_baseline(baseline, algorithms)
     stems = file_stems(algorithms)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
@@ -577,13 +768,17 @@ def compare(
         if out is not None:  # each run's rounds, then the tables so far
             name = f"{stems[row['algorithm']]}-seed{row['seed']}.parquet"
             write_table(out / "runs" / name, rounds, ROUND_SCHEMA)
-            _write_tables(out, runs, scenario_path, overrides, target_accuracy)
+            _write_tables(out, runs, scenario_path, overrides, target_accuracy, base)
         if progress is not None:
             progress(row)
 
     results = run_jobs(run_one, jobs, workers, finish)
     if out is not None:
+        from fedsim.plots import plot_paired
+
         plot_compare(results, target_accuracy, out / "compare.png")
+        paired = paired_table([row for row, _ in results], base)
+        plot_paired(paired, PAIRED_METRICS, out / "paired.png")
     return summarize_runs([row for row, _ in results], target_accuracy)
 
 
@@ -593,13 +788,18 @@ def _write_tables(
     scenario_path: str | Path,
     overrides: Sequence[str],
     target_accuracy: float | None,
+    baseline: str,
 ) -> None:
-    """compare.parquet (one row per run so far) and compare.md (their mean
-    and spread per algorithm), each replaced atomically: a reader, or an
-    interrupted comparison, sees the runs that finished and no half file."""
+    """compare.parquet (one row per run so far), paired.parquet (each arm
+    against ``baseline``) and compare.md (their mean and spread per
+    algorithm, then the paired differences), each replaced atomically: a
+    reader, or an interrupted comparison, sees the runs that finished and
+    no half file."""
     from fedsim.results import atomic_write_bytes, write_table
 
     write_table(out / "compare.parquet", runs, COMPARE_SCHEMA)
+    paired = paired_table(runs, baseline)
+    write_table(out / "paired.parquet", paired, PAIRED_SCHEMA)
     notes = [
         f"scenario: `{scenario_path}`",
         f"seeds: {', '.join(map(str, sorted({r['seed'] for r in runs})))}",
@@ -608,6 +808,10 @@ def _write_tables(
     ]
     table = summarize_runs(runs, target_accuracy)
     text = format_markdown(table, f"compare: {Path(scenario_path).stem}", notes)
+    text += "\n".join(
+        ["", f"## Paired against {baseline}", "", *format_paired(paired)]
+        + ["", paired_note(baseline), "", "![paired differences](paired.png)", ""]
+    )
     atomic_write_bytes(out / "compare.md", text.encode())
 
 

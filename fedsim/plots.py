@@ -33,6 +33,7 @@ import pyarrow as pa
 from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
@@ -840,3 +841,95 @@ def figure_links(
     rho = spearman(samples[ok], speed[ok])
     ax.set_title(f"{title or 'samples vs speed'} (Spearman {rho:+.2f})")
     return fig
+
+
+# Paired comparisons: a verdict's colour (fedsim.stats.Verdict).
+_ARM_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+_VERDICT_COLORS = {
+    "better": "#2ca02c",
+    "worse": _DROP_COLOR,
+    "no difference": "#1f77b4",
+}
+
+
+def plot_paired(
+    rows: Sequence[Mapping[str, Any]],
+    metrics: Sequence[Any],
+    path: Path,
+    x_key: str | None = None,
+    x_labels: Mapping[Any, str] | None = None,
+) -> Path:
+    """paired.png: each arm's difference from the baseline with its 95%
+    interval, a panel per metric (fedsim.compare.paired_table's rows).
+
+    Without ``x_key`` (compare) each arm is a row, its interval a horizontal
+    bar; with it (stress: ``cell``) the x axis holds the groups (labelled by
+    ``x_labels``) and each arm a vertical bar per group, side by side. A
+    bar is green when the arm is better, red when worse, and when the
+    interval holds 0 (blue, dashed); an arm with one seed has a grey point,
+    no bar.
+
+    Args:
+        rows: the paired rows (``metric``, ``algorithm``, ``mean``, ``lo``,
+            ``hi``, ``verdict``, ``baseline``).
+        metrics: fedsim.compare.PairedMetric per metric, in panel order.
+        path: where the PNG goes.
+        x_key: the row key of the groups, or None.
+        x_labels: each group's tick label.
+    """
+    shown = [m for m in metrics if any(r["metric"] == m.key for r in rows)]
+    arms = list(dict.fromkeys(r["algorithm"] for r in rows))
+    groups = list(dict.fromkeys(r[x_key] for r in rows)) if x_key else [None]
+    panel = 4.6 if not x_key else 1.2 + 0.45 * len(groups) * max(1, len(arms))
+    fig = _new_figure(min(max(panel, 4.6), 9.0) * max(1, len(shown)), 3.8)
+    axes = np.atleast_1d(fig.subplots(1, max(1, len(shown)), squeeze=False)).ravel()
+    if not shown:
+        _no_data(axes[0], "no pair of seeds to compare")
+        return _save(fig, path)
+    width = 0.8 / max(1, len(arms))
+    for ax, m in zip(axes, shown, strict=True):
+        mine = [r for r in rows if r["metric"] == m.key]
+        for r in mine:
+            a = arms.index(r["algorithm"])
+            pos = (
+                a
+                if x_key is None
+                else groups.index(r[x_key]) + (a - (len(arms) - 1) / 2) * width
+            )
+            color = _VERDICT_COLORS.get(r["verdict"], "0.45")
+            mean, lo, hi = (r[k] * m.scale for k in ("mean", "lo", "hi"))
+            err = [[mean - lo], [hi - mean]] if math.isfinite(lo) else None
+            marker = _ARM_MARKERS[a % len(_ARM_MARKERS)] if x_key else "o"
+            kw: dict[str, Any] = {"fmt": marker, "color": color, "capsize": 4}
+            bar = (
+                ax.errorbar(mean, pos, xerr=err, **kw)
+                if x_key is None
+                else (ax.errorbar(pos, mean, yerr=err, **kw))
+            )
+            if r["verdict"] == "no difference":
+                bar[-1][0].set_linestyle("--")
+        unit = f" ({m.unit})" if m.unit else ""
+        label = f"difference in {m.label}{unit}"
+        if x_key is None:
+            ax.axvline(0, color="0.3", linewidth=1)
+            ax.set_yticks(range(len(arms)), arms)
+            ax.set(xlabel=label, ylim=(-0.6, len(arms) - 0.4))
+            ax.grid(axis="x", alpha=0.3)
+        else:
+            ax.axhline(0, color="0.3", linewidth=1)
+            ticks = [(x_labels or {}).get(g, str(g)) for g in groups]
+            ax.set_xticks(range(len(groups)), ticks, fontsize=8)
+            ax.set(ylabel=label)
+            ax.grid(axis="y", alpha=0.3)
+        better = "higher" if m.higher_is_better else "lower"
+        ax.set_title(f"{m.label}: {better} is better", fontsize=9)
+    if x_key is not None:
+        handles = [
+            Line2D([], [], color="0.4", marker=_ARM_MARKERS[i % len(_ARM_MARKERS)],
+                   linestyle="", label=a)
+            for i, a in enumerate(arms)
+        ]  # fmt: skip
+        axes[0].legend(handles=handles, fontsize=7, title="left to right")
+    base = rows[0]["baseline"]
+    fig.suptitle(f"each arm minus {base}, per seed: mean and 95% t interval")
+    return _save(fig, path)

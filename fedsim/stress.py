@@ -19,6 +19,8 @@ import numpy as np
 import pyarrow as pa
 
 from fedsim.compare import (
+    PAIRED_METRICS,
+    PAIRED_SCHEMA,
     RUN_COLUMNS,
     TOOL_FIELDS,
     _colors,
@@ -30,7 +32,11 @@ from fedsim.compare import (
     canonical_label,
     check_variants,
     file_stems,
+    format_paired,
     load_variant,
+    paired_note,
+    paired_table,
+    resolve_baseline,
     run_fields,
     run_jobs,
     split_algorithms,
@@ -38,6 +44,12 @@ from fedsim.compare import (
 )
 from fedsim.results import BOOL, F64, I64, STR, schema
 from fedsim.scenario import ScenarioError, load_scenario, read_yaml
+from fedsim.stats import paired_differences, paired_interval, seeds_needed
+
+# What stress.md pairs each arm on, against the baseline, in every cell.
+STRESS_PAIRED = tuple(
+    m for m in PAIRED_METRICS if m.key in ("final_accuracy", "time_to_target_s")
+)
 
 STRESS_SCHEMA = schema(
     (F64, "target_accuracy time_to_target_s sim_time_s"),
@@ -266,7 +278,8 @@ def degradation(
 ) -> list[dict[str, Any]]:
     """Per algorithm: mean final accuracy at each value of ``path`` (averaged
     over the other swept fields) and the drop from the first value to the
-    last, paired by seed (mean and sample std over seeds), sorted by drop.
+    last, paired by seed (mean, sample std and 95% Student t interval over
+    seeds; ``drops``: each seed's), sorted by drop.
 
     Pairing by seed matters: a seed fixes the fleet, the data and the
     selections, so the difference between the two ends of the sweep for one
@@ -288,12 +301,15 @@ def degradation(
                 seeds.setdefault(r["seed"], []).append(r["final_accuracy"])
         acc = [_stats([*itertools.chain(*by_value[v].values())])[0] for v in values]
         first, last = by_value[values[0]], by_value[values[-1]]
-        paired = [
-            float(np.mean(first[s])) - float(np.mean(last[s]))
+        drops = {
+            s: float(np.mean(first[s])) - float(np.mean(last[s]))
             for s in sorted(set(first) & set(last))
-        ]
-        row = dict(algorithm=label, values=values, accuracy=acc, seeds=len(paired))
+        }
+        paired = [d for d in drops.values() if math.isfinite(d)]
+        row = dict(algorithm=label, values=values, accuracy=acc, seeds=len(drops))
         row["drop"], row["drop_sd"] = _stats(paired)
+        iv = paired_interval(paired)
+        row.update(drops=drops, drop_lo=iv.lo, drop_hi=iv.hi)
         out.append(row)
     return sorted(out, key=lambda d: (not math.isfinite(d["drop"]), d["drop"]))
 
@@ -360,17 +376,33 @@ def _caveats(best: dict[str, Any], ok: Sequence[dict[str, Any]], last: str) -> s
     low_start = "; a small drop from a low start is no win, so read both columns."
     text += "." if top is best else low_start
     if len(ok) > 1:
-        gap = ok[1]["drop"] - best["drop"]
-        noise = max(best["drop_sd"], ok[1]["drop_sd"])
-        if best["seeds"] > 1 and gap <= noise:
-            text += (
-                f" The lead over {ok[1]['algorithm']} ({gap * 100:.1f} points) is "
-                f"within the spread over seeds ({noise * 100:.1f} points): "
-                "run more seeds before reading much into it."
-            )
-        elif best["seeds"] <= 1:
-            text += " (One seed: no spread to judge the gaps by.)"
+        text += _lead(best, ok[1])
     return text
+
+
+def _lead(best: dict[str, Any], second: dict[str, Any]) -> str:
+    """Whether ``best``'s smaller drop than ``second``'s is real: the two
+    drops are paired by seed, so their difference gets a t interval."""
+    if best["seeds"] <= 1:
+        return " (One seed: no spread to judge the gaps by.)"
+    gap = second["drop"] - best["drop"]
+    diffs = paired_differences(second.get("drops", {}), best.get("drops", {}))
+    iv = paired_interval(diffs)
+    if iv.verdict == "n/a":
+        return ""
+    span = f"[{iv.lo * 100:+.1f}, {iv.hi * 100:+.1f}] points over {iv.n} seeds"
+    name = second["algorithm"]
+    if iv.lo > 0:
+        return (
+            f" Its lead over {name} ({gap * 100:.1f} points) is real at 95% ({span})."
+        )
+    more = ""
+    if gap > 0 and iv.sd > 0:
+        more = f" (about {seeds_needed(gap, iv.sd)} seeds for a gap this size)"
+    return (
+        f" The lead over {name} ({gap * 100:.1f} points) is not real at 95% "
+        f"({span}): run more seeds before reading much into it{more}."
+    )
 
 
 def format_markdown(
@@ -381,13 +413,17 @@ def format_markdown(
     notes: Sequence[str] = (),
     target: float | None = None,
     chance: float = 0.0,
+    paired: Sequence[str] = (),
 ) -> str:
-    """stress.md: the aggregated and degradation tables and the verdict
-    (``chance``: 1 / classes, the accuracy of guessing; 0 if not classifying)."""
+    """stress.md: the degradation table and its verdict, the ``paired``
+    section's lines (each arm against the baseline), then the aggregated
+    table (``chance``: 1 / classes, the accuracy of guessing; 0 if not
+    classifying)."""
     lines = [f"# {title}", "", *(f"- {n}" for n in notes)]
     lines += ["", "## Which aggregator degrades least?", ""]
     if deg:
         lines += _degradation_section(deg, paths[0], chance)
+    lines += ["", *paired] if paired else []
     t_head = "time to target" if target is None else f"time to {target * 100:g}% (s)"
     lines += ["", "## All cells (mean ± sample std over seeds)", ""]
     lines.append(
@@ -445,11 +481,14 @@ def _degradation_section(
             "-" if not math.isfinite(a) else f"{a * 100:.1f}" for a in d["accuracy"]
         )
         drop = _pm(d["drop"], d["drop_sd"], 100, 1)
+        if math.isfinite(d.get("drop_lo", math.nan)):
+            drop += f" [{d['drop_lo'] * 100:.1f}, {d['drop_hi'] * 100:.1f}]"
         lines.append(f"| {d['algorithm']} | {accs} | {drop} |")
     return lines + [
         "",
         "Final test accuracy (%), mean over seeds; the drop is paired by seed "
-        "(same fleet and data), mean ± sample std.",
+        "(same fleet, data and device draws), mean ± sample std [95% Student t "
+        "interval].",
     ]
 
 
@@ -596,6 +635,7 @@ def run_stress(
     target_accuracy: float | None = None,
     overrides: Sequence[str] = (),
     progress: Callable[[dict[str, Any]], None] | None = None,
+    baseline: str | None = None,
 ) -> Path:
     """Run the stress grid and write its report; return the report directory.
 
@@ -608,14 +648,18 @@ def run_stress(
         target_accuracy: default: 90% of the best algorithm's mean best
             accuracy in the mildest cell, rounded down to half a point.
         overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
+        baseline: the arm the others are paired with in every cell (default
+            the first algorithm).
 
     Raises:
         ScenarioError: if the scenario, a swept value or an algorithm is
-            invalid (every combination is validated before anything runs).
+            invalid (every combination is validated before anything runs),
+            or ``baseline`` is not among the algorithms.
     """
     from fedsim.results import ROUND_SCHEMA, default_run_dir, write_table
 
     cells, algorithms = _grid(scenario_path, sweep, algorithms, seeds, overrides)
+    base = resolve_baseline(baseline, algorithms)
     name = load_scenario(scenario_path, list(overrides)).name
     stems = file_stems(algorithms)
     out = Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{name}")
@@ -633,7 +677,7 @@ def run_stress(
         rec = res["record"]
         run = f"{rec['cell']:02d}-{stems[rec['algorithm']]}-seed{rec['seed']}.parquet"
         write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
-        _write_tables(out, so_far, cells, target_accuracy)  # the tables so far
+        _write_tables(out, so_far, cells, target_accuracy, base)  # the tables so far
         if progress is not None:
             progress(rec)
 
@@ -645,7 +689,7 @@ def run_stress(
         f"algorithms: {', '.join(algorithms)}; seeds: 0..{seeds - 1}",
         f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
     ]
-    _write_report(out, results, cells, scenario_path, notes, target_accuracy)
+    _write_report(out, results, cells, scenario_path, notes, target_accuracy, base)
     return out
 
 
@@ -691,17 +735,20 @@ def _write_report(
     scenario_path: str | Path,
     notes: list[str],
     target_accuracy: float | None,
+    baseline: str,
 ) -> None:
-    """stress.parquet, stress.md, taus.parquet and the three figures.
+    """stress.parquet, paired.parquet, stress.md, taus.parquet and the four
+    figures.
 
     Called once every run has finished: the default target needs every run
     of the mildest cell, and the verdict every run of the first and last
     values. Until then :func:`_write_tables` keeps stress.parquet current,
     so an interrupted sweep still leaves a readable table.
     """
+    from fedsim.plots import plot_paired
     from fedsim.results import atomic_write_bytes, write_table
 
-    records, target = _write_tables(out, results, cells, target_accuracy)
+    records, target = _write_tables(out, results, cells, target_accuracy, baseline)
     if target is not None:
         how = "given" if target_accuracy is not None else _DEFAULT_TARGET
         notes.append(f"target accuracy: {target * 100:g}% ({how})")
@@ -717,8 +764,14 @@ def _write_report(
     deg = degradation(records, cells, paths[0])
     chance = max((r.get("chance", 0.0) for r in results), default=0.0)
     title = f"stress: {Path(scenario_path).stem}"
+    paired = paired_table(records, baseline, STRESS_PAIRED, by=("cell",))
+    for r in paired:
+        r.update(cells[r["cell"]])
+    section = [f"## Paired against {baseline}, cell by cell", ""]
+    section += format_paired(paired, STRESS_PAIRED, lead=paths)
+    section += ["", paired_note(baseline), "", "![paired differences](paired.png)"]
     text = format_markdown(
-        aggregate(records, cells), deg, paths, title, notes, target, chance=chance
+        aggregate(records, cells), deg, paths, title, notes, target, chance, section
     )
     atomic_write_bytes(out / "stress.md", text.encode())
     taus = [t for r in results for t in r["taus"]]
@@ -726,6 +779,10 @@ def _write_report(
     plot_accuracy(results, cells, out / "accuracy_vs_time.png")
     plot_degradation(deg, records, cells, paths[0], out / "degradation.png")
     plot_taus(taus, cells, paths[0], out / "tau_by_group.png")
+    labels = {
+        ci: ", ".join(_label(v) for v in c.values()) for ci, c in enumerate(cells)
+    }
+    plot_paired(paired, STRESS_PAIRED, out / "paired.png", "cell", labels)
 
 
 def _write_tables(
@@ -733,8 +790,10 @@ def _write_tables(
     results: list[dict[str, Any]],
     cells: Sequence[Mapping[str, Any]],
     target_accuracy: float | None,
+    baseline: str,
 ) -> tuple[list[dict[str, Any]], float | None]:
-    """stress.parquet with times to target filled in (rewritten as runs end).
+    """stress.parquet with times to target filled in, and paired.parquet
+    (each arm against ``baseline`` in every cell), rewritten as runs end.
 
     Returns:
         The records with ``target_accuracy`` and ``time_to_target_s`` (None:
@@ -752,6 +811,10 @@ def _write_tables(
     fields, cols = _sweep_columns(cells)
     rows = [cols[r["cell"]] | r for r in records]
     write_table(out / "stress.parquet", rows, pa.schema([*fields, *STRESS_SCHEMA]))
+    paired = paired_table(records, baseline, STRESS_PAIRED, by=("cell",))
+    paired_fields = pa.schema([*fields, ("cell", pa.int64()), *PAIRED_SCHEMA])
+    paired_rows = [cols[r["cell"]] | r for r in paired]
+    write_table(out / "paired.parquet", paired_rows, paired_fields)
     return records, target
 
 

@@ -87,6 +87,24 @@ def test_stress_report_on_a_ci_sized_grid(report: Path):
     for name in ("accuracy_vs_time.png", "tau_by_group.png"):
         assert_figure(report / name)
     assert len(list((report / "runs").glob("*.parquet"))) == 12
+    # each arm against fedavg (the first), cell by cell, recomputed from the runs
+    paired = pq.read_table(report / "paired.parquet").to_pylist()
+    acc = {(r["cell"], r["algorithm"], r["seed"]): r["final_accuracy"] for r in table}
+    rows = [r for r in paired if r["metric"] == "final_accuracy"]
+    assert [(r["cell"], r["algorithm"]) for r in rows] == [
+        (c, a) for c in (0, 1) for a in ("fednova", "fedbuff")
+    ]
+    for r in rows:
+        d = [
+            acc[r["cell"], r["algorithm"], s] - acc[r["cell"], "fedavg", s]
+            for s in (0, 1)
+        ]
+        half = 12.706204736174696 * abs(d[0] - d[1]) / 2  # t_{0.975, 1} sd / sqrt 2
+        assert r["mean"] == pytest.approx(sum(d) / 2, abs=1e-15)
+        assert r["hi"] - r["lo"] == pytest.approx(2 * half, rel=1e-9)
+        assert r["fleet.stragglers.p"] in (0.0, 0.5) and r["baseline"] == "fedavg"
+    assert "## Paired against fedavg, cell by cell" in text
+    assert_figure(report / "paired.png")
 
 
 def test_stress_is_deterministic(report: Path, tmp_path: Path):
