@@ -588,6 +588,8 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
     summary = result.summary()
     if summary["degenerate"]:
         _say("[yellow]warning:[/]", f"degenerate run: {summary['degenerate']}")
+    for line in summary.get("fleet_realised", {}).get("warnings", []):
+        _say("[yellow]warning:[/]", line)  # declared vs realised (fedsim.realised)
     try:
         write_summary(run_dir / "summary.json", summary)
         if report and result.rows:
@@ -846,6 +848,10 @@ def validate(
         _applicable(sc), Dumper=_Dumper, sort_keys=False, default_flow_style=None
     )
     out.print(text, highlight=False, markup=False, end="", soft_wrap=True)
+    if sc.fleet.per_flop:  # speeds in FLOP/s become steps/s for this model
+        from fedsim.flops import describe, step_flops
+
+        err.print("\n".join(describe(sc, step_flops(sc))), highlight=False)
     err.print(
         f"ok: {scenario} ({sc.fleet.size} devices, {sc.rounds} rounds, "
         f"{sc.algorithm.name})"

@@ -188,6 +188,32 @@ def scenario_fleet(scenario: ScenarioView, data: FederatedData | None = None) ->
     return Fleet.from_spec(scenario.fleet, scenario.seed, step_flops=flops)
 
 
+def describe(scenario: ScenarioView, flops: int) -> list[str]:
+    """What ``fedsim validate`` prints for a fleet with speeds in FLOP/s:
+    the count, then each such group's median in FLOP/s and in steps/s.
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> from fedsim.fleet import SpeedSpec
+        >>> g = NS(name="phones", speed=SpeedSpec(dist="fixed", flops_per_s=2e9))
+        >>> sc = NS(client=NS(batch_size=20), fleet=NS(groups=[g]))
+        >>> describe(sc, 17_584_000)[1]
+        'phones: median 2e+09 FLOP/s = 113.7 local steps/s'
+    """
+    out = [
+        f"model: {flops:,} FLOPs per local step (forward and backward, "
+        f"batch {scenario.client.batch_size})"
+    ]
+    for g in scenario.fleet.groups:
+        if g.speed is not None and g.speed.per_flop:
+            median = g.speed.median_in_unit
+            out.append(
+                f"{g.name}: median {median:.4g} FLOP/s = {median / flops:.4g} "
+                "local steps/s"
+            )
+    return out
+
+
 # ----------------------------------------------------------------------------
 # FLASH's workloads (LEAF's models as FLASH trained them on the phones), for
 # the FLOP/s form of the FLASH speed presets (fedsim/presets.py): a tier's

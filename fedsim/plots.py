@@ -843,6 +843,32 @@ def figure_links(
     return fig
 
 
+def _paired_bar(
+    ax: Axes,
+    r: Mapping[str, Any],
+    scale: float,
+    arms: list[Any],
+    groups: list[Any],
+    x_key: str | None,
+) -> None:
+    """One arm's interval on ``ax``: horizontal at the arm's row (compare),
+    or vertical beside the other arms' at its group (stress)."""
+    a = arms.index(r["algorithm"])
+    width = 0.8 / max(1, len(arms))
+    color = _VERDICT_COLORS.get(r["verdict"], "0.45")  # grey: one seed, no bar
+    mean, lo, hi = (r[k] * scale for k in ("mean", "lo", "hi"))
+    err = [[mean - lo], [hi - mean]] if math.isfinite(lo) else None
+    marker = _ARM_MARKERS[a % len(_ARM_MARKERS)] if x_key else "o"
+    kw: dict[str, Any] = {"fmt": marker, "color": color, "capsize": 4}
+    if x_key is None:
+        bar = ax.errorbar(mean, a, xerr=err, **kw)
+    else:
+        pos = groups.index(r[x_key]) + (a - (len(arms) - 1) / 2) * width
+        bar = ax.errorbar(pos, mean, yerr=err, **kw)
+    if r["verdict"] == "no difference":
+        bar[-1][0].set_linestyle("--")
+
+
 # Paired comparisons: a verdict's colour (fedsim.stats.Verdict).
 _ARM_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 _VERDICT_COLORS = {
@@ -886,28 +912,10 @@ def plot_paired(
     if not shown:
         _no_data(axes[0], "no pair of seeds to compare")
         return _save(fig, path)
-    width = 0.8 / max(1, len(arms))
     for ax, m in zip(axes, shown, strict=True):
         mine = [r for r in rows if r["metric"] == m.key]
         for r in mine:
-            a = arms.index(r["algorithm"])
-            pos = (
-                a
-                if x_key is None
-                else groups.index(r[x_key]) + (a - (len(arms) - 1) / 2) * width
-            )
-            color = _VERDICT_COLORS.get(r["verdict"], "0.45")
-            mean, lo, hi = (r[k] * m.scale for k in ("mean", "lo", "hi"))
-            err = [[mean - lo], [hi - mean]] if math.isfinite(lo) else None
-            marker = _ARM_MARKERS[a % len(_ARM_MARKERS)] if x_key else "o"
-            kw: dict[str, Any] = {"fmt": marker, "color": color, "capsize": 4}
-            bar = (
-                ax.errorbar(mean, pos, xerr=err, **kw)
-                if x_key is None
-                else (ax.errorbar(pos, mean, yerr=err, **kw))
-            )
-            if r["verdict"] == "no difference":
-                bar[-1][0].set_linestyle("--")
+            _paired_bar(ax, r, m.scale, arms, groups, x_key)
         unit = f" ({m.unit})" if m.unit else ""
         label = f"difference in {m.label}{unit}"
         if x_key is None:

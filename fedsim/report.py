@@ -382,6 +382,80 @@ def _links_lines(links: Any) -> list[str]:
     return out
 
 
+def _realised_lines(realised: Any, compute: Any) -> list[str]:
+    """report.md's "Declared against realised" section (fedsim.realised).
+
+    Args:
+        realised: summary.json's ``fleet_realised``; anything but a dict (an
+            older run, one interrupted during set-up) gives no section.
+        compute: summary.json's ``compute`` (speeds in FLOP/s), or None.
+
+    Returns:
+        Markdown lines: the warnings first, then per group the speed
+        quantiles, online share at round starts, straggler and dropout
+        rates and drop shares, each realised beside its declared value.
+    """
+    if not isinstance(realised, dict):
+        return []
+    out = ["", "## Declared against realised", ""]
+    if isinstance(compute, dict):
+        out.append(
+            f"Model: {_fmt(compute.get('flops_per_step'), ',.0f')} FLOPs per local "
+            f"step (batch {compute.get('batch_size')}); speeds in FLOP/s run "
+            + ", ".join(
+                f"{name} at {_fmt(g.get('median_steps_per_s'), '.4g')} steps/s "
+                f"(median {_fmt(g.get('median_flops_per_s'), '.3g')} FLOP/s)"
+                for name, g in (compute.get("groups") or {}).items()
+            )
+            + "."
+        )
+        out.append("")
+    for w in realised.get("warnings") or []:
+        out.append(f"> **Warning**: {w}.")
+    if realised.get("warnings"):
+        out.append("")
+    out += [
+        "| group | speed p10 / p50 / p90 (steps/s) | online at starts | stragglers "
+        "| dropouts | dropped late / no time / offline |",
+        "|---|---|---|---|---|---|",
+    ]
+    for g in realised.get("groups") or []:
+        out.append("| " + " | ".join(_realised_cells(g)) + " |")
+    out += [
+        "",
+        "Each cell: realised (declared). Speeds are the devices' own, drawn once; "
+        "the shares count the group's selected updates (dropouts: those whose "
+        "work started). A warning marks a value outside its 99.9% sampling "
+        'interval (docs/results.md, "Declared against realised").',
+    ]
+    return out
+
+
+def _realised_cells(g: dict[str, Any]) -> list[str]:
+    """One group's row of the "Declared against realised" table."""
+
+    def pair(entry: Any, spec: str = ".1%") -> str:
+        entry = entry if isinstance(entry, dict) else {}
+        declared = entry.get("declared")
+        shown = f" ({_fmt(declared, spec)})" if declared is not None else ""
+        return _fmt(entry.get("realised"), spec) + shown
+
+    speed = g.get("speed_steps_per_s") or {}
+    quantiles = " / ".join(_fmt(x, ".3g") for x in speed.get("realised") or [])
+    if speed.get("declared"):
+        quantiles += " (" + " / ".join(_fmt(x, ".3g") for x in speed["declared"]) + ")"
+    dropped = " / ".join(_fmt(v, ".0%") for v in (g.get("dropped") or {}).values())
+    name = f"{g.get('group')} ({_fmt(g.get('devices'))} devices)"
+    return [
+        name,
+        quantiles,
+        pair(g.get("online_at_starts")),
+        pair(g.get("straggler_rate")),
+        pair(g.get("dropout_rate")),
+        dropped,
+    ]
+
+
 def _links_figure(
     run_dir: Path, summary: dict[str, Any], partition: pa.Table | None, name: str
 ) -> Figure | None:
@@ -543,6 +617,7 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     lines += ["| key figure | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in _summary_rows(summary, scenario, rounds)]
     lines += _links_lines(summary.get("links"))
+    lines += _realised_lines(summary.get("fleet_realised"), summary.get("compute"))
     if clients is None:
         lines += ["", "clients.parquet is missing: the client figures are empty."]
     for file in figures:

@@ -23,13 +23,14 @@ from typing import Any, Literal, NamedTuple, cast
 import numpy as np
 import torch
 
-from fedsim import __version__, checkpoint, clock, interrupts
+from fedsim import __version__, checkpoint, clock, interrupts, realised
 from fedsim.algorithms.base import AsyncRule, ClientUpdate
 from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.data import FederatedData, build_data
 from fedsim.data.partition import partition_table
 from fedsim.data.validation import describe_validation
 from fedsim.executors import Executor, RayExecutor, make_executor
+from fedsim.fleet import Fleet
 from fedsim.flops import scenario_fleet
 from fedsim.links import apply_links, summary_entry
 from fedsim.models import make_model
@@ -96,6 +97,7 @@ class RunResult:
     initial: dict[str, float] | None = None  # x_0's accuracy, loss and t = 0.0
     # Ray runs: where the workers ran, nodes lost, tasks retried (summary.json)
     placement: dict[str, Any] = field(default_factory=dict)
+    fleet: Fleet | None = field(default=None, repr=False)  # declared vs realised
 
     def summary(self) -> dict[str, Any]:
         """summary.json's content, with ``status`` and ``degenerate``."""
@@ -120,6 +122,10 @@ class RunResult:
             "degenerate": self.degenerate(),
             "participation_bias": self.participation_bias(),
             **summary_entry(self.scenario, self.data, self.clients),
+            # what the fleet did beside what was declared (fedsim.realised)
+            **realised.summary_entry(
+                self.scenario, self.fleet, self.rows, self.clients
+            ),
         }
 
     def participation_bias(self) -> dict[str, Any] | None:
@@ -1002,4 +1008,5 @@ def run_scenario(
         data=run.data,
         initial=run.initial,
         placement=placement,
+        fleet=run.fleet,
     )

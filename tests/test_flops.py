@@ -13,6 +13,8 @@ from fedsim.flops import flash_workload_flops, model_step_flops
 from fedsim.presets import FLASH_STEP_FLOPS, FLASH_TRAIN_MS, TIERS
 from fedsim.spec import ModelSpec
 
+from .conftest import SCENARIOS, fedsim_here
+
 
 def dense_flops(widths: list[int], batch: int) -> int:
     """Dense layers widths[0] -> ... -> widths[-1] on a minibatch of B: a
@@ -124,3 +126,95 @@ def test_ten_times_the_flops_gives_a_tenth_of_the_steps():
     ratio = np.floor(window * fast.speed) / np.floor(window * slow.speed)
     assert np.all(np.abs(ratio - 10) <= 10 / np.floor(window * slow.speed))
     assert math.isclose(float(np.median(fast.speed)), 2.0e9 / small, rel_tol=0.3)
+
+
+# ------------------------------------------------------- in runs and the CLI
+FLOP_SPEED = "{dist: fixed, flops_per_s: 1.2e6}"
+
+
+def flop_run(hidden: int):
+    """quickstart, every group at 1.2 MFLOP/s, no stragglers, an mlp."""
+    from fedsim.runtime import run_scenario
+    from fedsim.scenario import load_scenario
+
+    over = [
+        "rounds=2",
+        "eval.every_rounds=2",
+        f"model={{name: mlp, hidden: [{hidden}]}}",
+    ]
+    for g in range(3):
+        over += [f"fleet.groups[{g}].speed={FLOP_SPEED}"]
+        over += [f"fleet.groups[{g}].stragglers=null"]
+    return run_scenario(load_scenario(SCENARIOS / "quickstart.yaml", over))
+
+
+def test_a_run_in_flops_makes_the_steps_its_model_allows():
+    # Prepare: 60 features -> hidden -> 10 classes, batch 20; 20 vs 200 wide
+    small_f = dense_flops([60, 20, 10], 20)
+    assert small_f == 120_000  # so 1.2 MFLOP/s is 10 steps/s
+
+    # Execute
+    small, big = flop_run(20), flop_run(200)
+
+    # Assert: the count is stored, and a tenth of the steps in the window
+    assert small.summary()["compute"] == {
+        "flops_per_step": small_f,
+        "batch_size": 20,
+        "groups": {
+            g: {"median_flops_per_s": 1.2e6, "median_steps_per_s": 10.0}
+            for g in ("low-end-phones", "mid-range-phones", "high-end-phones")
+        },
+    }
+    assert big.summary()["compute"]["flops_per_step"] == 10 * small_f
+    tau = {(c["round"], c["client_id"]): c["tau"] for c in small.clients}
+    pairs = [(tau[c["round"], c["client_id"]], c["tau"]) for c in big.clients]
+    assert len(pairs) == 20 and all(s > 50 for s, _ in pairs)
+    # the window less each transfer, at 10 and at 1 step/s (the bigger
+    # model's transfers take a little longer)
+    assert all(abs(s - 10 * b) < 10 for s, b in pairs), pairs
+
+
+def test_validate_prints_the_count_and_each_groups_steps(tmp_path):
+    # Execute: the FLASH phones in FLOP/s, with the mlp (cheap to count)
+    res = fedsim_here(
+        "validate", str(SCENARIOS / "fleets" / "phones-flops.yaml"),
+        "--set", "model.name=mlp", check=True,
+    )  # fmt: skip
+
+    # Assert: 784 -> 200 -> 200 -> 10 at batch 20, and the tiers' medians
+    count = dense_flops([784, 200, 200, 10], 20)
+    assert f"model: {count:,} FLOPs per local step" in res.stderr
+    low = FLASH_STEP_FLOPS["femnist-cnn"] * 1000 / FLASH_TRAIN_MS["femnist-cnn"][0]
+    assert f"low-end: median {low:.4g} FLOP/s = {low / count:.4g} local steps/s" in (
+        res.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "speed, field",
+    [
+        ("{dist: lognormal, median_steps_per_s: 2, median_flops_per_s: 1e9}", "both"),
+        ("{dist: lognormal, median_flops_per_s: -2e9}", "median_flops_per_s"),
+        ("{dist: fixed, flops_per_s: 0}", "flops_per_s"),
+        ("{preset: flash-phones-mid, unit: flops, median_steps_per_s: 2}", "both"),
+        ("{dist: fixed, steps_per_s: 2, unit: flops}", "unit goes with a preset"),
+    ],
+)
+def test_bad_flop_speeds_are_refused_naming_the_field(speed, field, tmp_path):
+    # Prepare: the speed in a scenario file (not --set: the file's own error)
+    text = (SCENARIOS / "quickstart.yaml").read_text()
+    old = "speed: {dist: lognormal, median_steps_per_s: 2.0, sigma: 0.5}"
+    assert old in text
+    path = tmp_path / "bad.yaml"
+    path.write_text(text.replace(old, f"speed: {speed}"))
+
+    # Execute
+    res = fedsim_here("validate", str(path))
+
+    # Assert: exit 2, no traceback, the group's speed and the field named
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "fleet.groups[0].speed" in res.stderr
+    if field == "both":
+        assert "median_steps_per_s and median_flops_per_s are both given" in res.stderr
+    else:
+        assert field in res.stderr

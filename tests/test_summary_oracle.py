@@ -289,6 +289,7 @@ def test_summary_equals_the_oracle(run_dir):
     # every field, exactly (the same floats, read back from the same run)
     extra = {"wall_time_s", "fedsim_version", "initial", "participation_bias"}
     extra |= {"server"}  # where the server ran: this process (no Ray here)
+    extra |= {"fleet_realised"}  # declared vs realised: tests/test_realised.py
     assert set(summary) == set(expected) | extra
     assert summary["server"]["home"] == "driver"
     l1 = participation_l1(run_dir, rounds, clients)

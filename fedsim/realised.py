@@ -1,0 +1,334 @@
+"""Declared against realised: what the fleet actually did in a run, group by
+group, beside what the scenario declared, with a warning for every value
+outside its sampling interval (docs/results.md, "Declared against realised").
+
+A fleet is drawn from distributions and its behaviour from probabilities, so
+what a run's devices did differs from the scenario's numbers by sampling
+noise, and sometimes by much more: a deadline that drops most updates, a
+group never online when rounds start, dropouts pre-empted by devices going
+offline first. This module measures, from the fleet and the run's rows:
+
+- speed quantiles (10%, 50%, 90%) of the group's devices, in steps/s,
+  against the declared law's (``fixed``, ``lognormal``, ``mixture``; FLOP/s
+  laws divided by the model's FLOPs per step);
+- the online fraction at round starts (asynchronous runs: at the times
+  versions were made) against the availability's declared long-run share
+  (``always`` 1, ``on_off`` ``mean_on / (mean_on + mean_off)``, ``daily``
+  ``(min_online + max_online) / 2``), so that rounds which only ever see
+  one part of the day are flagged;
+- the straggler rate (selected updates with a slowdown > 1) against ``p``,
+  the dropout rate (of the updates whose work started) against
+  ``dropout_p``, and the shares dropped as ``late`` (a deadline),
+  ``no_time`` (a window too short) and ``offline``, whose declared value is
+  none: a scenario does not mean to drop updates.
+
+Each declared value gets a 99.9% sampling interval (normal approximation
+of a binomial share, with a continuity slack of 1/(2n)); the wide level
+keeps the many checks of a run from crying wolf on noise. Imports numpy
+and the fleet only: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fedsim.fleet import AvailabilitySpec, Fleet, SpeedSpec, StragglerSpec
+
+# 99.9% two-sided normal quantile: z with Phi(z) = 0.9995.
+_Z = 3.2905267314919255
+_QUANTILES = (0.1, 0.5, 0.9)
+_Z_Q = (-1.2815515655446004, 0.0, 1.2815515655446004)  # normal quantiles of them
+# a drop reason with no declared rate warns when it takes this share or more
+_MOST = 0.5
+
+
+def summary_entry(
+    scenario: Any,
+    fleet: Fleet | None,
+    rows: Sequence[Mapping[str, Any]],
+    clients: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """summary.json's ``fleet_realised`` (and ``compute`` when a speed is in
+    FLOP/s); {} without a fleet (a run interrupted during set-up).
+
+    Args:
+        scenario: the run's scenario (its ``fleet`` section, ``round``
+            policy and client batch size are read).
+        fleet: the fleet the run drew.
+        rows: rounds.parquet's rows.
+        clients: clients.parquet's rows.
+    """
+    if fleet is None:
+        return {}
+    out: dict[str, Any] = {}
+    if fleet.step_flops is not None:
+        out["compute"] = compute_entry(scenario, fleet)
+    asynchronous = scenario.round.policy == "async"
+    starts = _start_times(rows, clients, asynchronous)
+    out["fleet_realised"] = realised_fleet(
+        fleet, scenario.fleet, starts, clients, asynchronous
+    )
+    return out
+
+
+def compute_entry(scenario: Any, fleet: Fleet) -> dict[str, Any]:
+    """The model's FLOPs per local step and each FLOP/s group's median, in
+    FLOP/s and in the steps/s it becomes (``validate`` prints the same)."""
+    groups = {}
+    for g in scenario.fleet.groups:
+        if g.speed is not None and g.speed.per_flop:
+            median = g.speed.median_in_unit
+            groups[g.name] = {
+                "median_flops_per_s": median,
+                "median_steps_per_s": median / fleet.step_flops,
+            }
+    return {
+        "flops_per_step": fleet.step_flops,
+        "batch_size": scenario.client.batch_size,
+        "groups": groups,
+    }
+
+
+def _start_times(
+    rows: Sequence[Mapping[str, Any]],
+    clients: Sequence[Mapping[str, Any]],
+    asynchronous: bool,
+) -> np.ndarray:
+    """When each round started (its devices' common ``t_start``), sorted;
+    asynchronous runs: when each version was made."""
+    if asynchronous:
+        return np.sort(np.array([float(r["sim_time"]) for r in rows]))
+    first: dict[int, float] = {}
+    for c in clients:
+        t = float(c["t_start"])
+        first[c["round"]] = min(t, first.get(c["round"], t))
+    return np.sort(np.array(list(first.values()), dtype=np.float64))
+
+
+def realised_fleet(
+    fleet: Fleet,
+    spec: Any,
+    starts: np.ndarray,
+    clients: Sequence[Mapping[str, Any]],
+    asynchronous: bool,
+) -> dict[str, Any]:
+    """Per group, each measured value beside its declared one, and the
+    warnings (see the module's docstring).
+
+    Args:
+        fleet: the run's fleet.
+        spec: the scenario's fleet section (``groups``, ``stragglers_of``).
+        starts: the round start times (asynchronous: version times), sorted.
+        clients: clients.parquet's rows (each names its ``device_group``).
+        asynchronous: the run's mode (its starts are version times).
+
+    Returns:
+        ``{"groups": [...], "warnings": [...]}``: per group ``devices``,
+        ``selected`` (its rows), ``speed_steps_per_s`` (the 10%, 50% and 90%
+        quantiles, declared and realised), ``online_at_starts``,
+        ``straggler_rate`` and ``dropout_rate`` (declared, realised, the
+        updates counted ``n`` and the sampling ``interval``) and
+        ``dropped`` (the shares dropped ``late``, ``no_time``, ``offline``).
+    """
+    online = [fleet.online(float(t)) for t in starts]
+    by_group: dict[str, list[Mapping[str, Any]]] = {}
+    for c in clients:
+        by_group.setdefault(str(c["device_group"]), []).append(c)
+    groups, warnings = [], []
+    when = "when versions were made" if asynchronous else "when rounds started"
+    for gi, g in enumerate(spec.groups):
+        devices = np.flatnonzero(fleet.group == gi)
+        drawn = fleet.speed[devices]
+        measured = fleet.intervals is not None and gi in fleet.intervals
+        share = [float(np.mean(on[devices])) for on in online]
+        rows = by_group.get(g.name, [])
+        entry = {
+            "group": g.name,
+            "devices": int(devices.size),
+            "selected": len(rows),
+            "speed_steps_per_s": _speed(drawn, g.speed, fleet.step_flops),
+            "online_at_starts": _online(g.availability, measured, starts, share),
+            **_rates(rows, spec.stragglers_of(gi)),
+        }
+        warnings += _speed_warnings(g.name, drawn, g.speed, entry)
+        warnings += _online_warnings(g.name, entry, when)
+        warnings += _rate_warnings(g.name, entry)
+        groups.append(entry)
+    return {"groups": groups, "warnings": warnings}
+
+
+def _speed(drawn: np.ndarray, speed: SpeedSpec | None, flops: float | None) -> dict:
+    """The group's speed quantiles in steps/s, realised and declared (None
+    for a trace group: its speeds are measured)."""
+    realised = [float(np.quantile(drawn, q)) for q in _QUANTILES]
+    declared = None
+    if speed is not None:
+        per = flops if speed.per_flop and flops else 1.0
+        declared = [
+            _law_quantile(speed, q, z) / per
+            for q, z in zip(_QUANTILES, _Z_Q, strict=True)
+        ]
+    return {"quantiles": list(_QUANTILES), "declared": declared, "realised": realised}
+
+
+def _continuous(speed: SpeedSpec) -> bool:
+    """Whether a speed law has no point mass: lognormal tiers with sigma > 0."""
+    if speed.dist == "mixture":
+        return all(t.sigma > 0 for t in speed.tiers or [])
+    return speed.dist == "lognormal" and speed.sigma > 0
+
+
+def _law_quantile(speed: SpeedSpec, q: float, z: float) -> float:
+    """The q-quantile (z its normal quantile) of a declared speed law, in the
+    spec's own unit; a mixture's by bisection on its CDF."""
+    if speed.dist == "fixed":
+        return speed.median_in_unit
+    if speed.dist == "lognormal":
+        return speed.median_in_unit * math.exp(speed.sigma * z)
+    tiers = speed.tiers or []
+    lo = min(t.median * math.exp(-8 * t.sigma) for t in tiers)
+    hi = max(t.median * math.exp(8 * t.sigma) for t in tiers)
+    for _ in range(100):  # log-space bisection: the CDF is monotone
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if _mixture_cdf(tiers, mid) < q else (lo, mid)
+    return math.sqrt(lo * hi)
+
+
+def _mixture_cdf(tiers: Sequence[Any], x: float) -> float:
+    """P(speed <= x) under lognormal tiers weighted by ``share``."""
+    total = sum(t.share for t in tiers)
+    out = 0.0
+    for t in tiers:
+        if t.sigma == 0:
+            out += t.share * (x >= t.median)
+        else:
+            z = math.log(x / t.median) / t.sigma
+            out += t.share * 0.5 * math.erfc(-z / math.sqrt(2))
+    return out / total
+
+
+def _online(
+    a: AvailabilitySpec, measured: bool, starts: np.ndarray, share: list[float]
+) -> dict[str, Any]:
+    """The group's mean online share at the start times, and the declared
+    long-run share (None for a trace's ``measured`` intervals)."""
+    realised = float(np.mean(share)) if share else math.nan
+    declared: float | None
+    if measured:
+        declared = None  # the trace's own intervals: measured, not declared
+    elif a.kind == "always":
+        declared = 1.0
+    elif a.kind == "on_off":
+        declared = a.mean_on_s / (a.mean_on_s + a.mean_off_s)
+    else:  # daily: the profile's mean over a period
+        declared = (a.min_online + a.max_online) / 2
+    return {"declared": declared, "realised": realised, "starts": int(starts.size)}
+
+
+def _rates(rows: Sequence[Mapping[str, Any]], s: StragglerSpec) -> dict[str, Any]:
+    """The group's straggler and dropout rates against ``p`` and
+    ``dropout_p``, and the shares of its updates dropped for reasons that
+    have no declared rate."""
+    n = len(rows)
+    slowed = sum(float(r["slowdown"]) > 1.0 for r in rows)
+    reasons = [str(r.get("drop_reason") or "") for r in rows]
+    started = sum(why not in ("no_time", "no_data") for why in reasons)
+    # a fixed factor of 1 slows nobody: its stragglers cannot be seen
+    p = 0.0 if s.slowdown.dist == "fixed" and s.slowdown.factor == 1 else s.p
+    return {
+        "straggler_rate": _rate(slowed, n, p),
+        "dropout_rate": _rate(reasons.count("dropout"), started, s.dropout_p),
+        "dropped": {
+            why: reasons.count(why) / n if n else math.nan
+            for why in ("late", "no_time", "offline")
+        },
+    }
+
+
+def _half(p: float, n: int) -> float:
+    """Half the 99.9% sampling interval of a share p over n draws (normal
+    approximation, with a continuity slack of 1/(2n))."""
+    return _Z * math.sqrt(p * (1 - p) / n) + 0.5 / n
+
+
+def _rate(k: int, n: int, declared: float) -> dict[str, Any]:
+    """``k`` of ``n`` as a share, beside ``declared`` and its sampling
+    interval for n draws (None without any draw)."""
+    interval = None
+    if n:
+        half = _half(declared, n)
+        interval = [max(0.0, declared - half), min(1.0, declared + half)]
+    share = k / n if n else math.nan
+    return {"declared": declared, "realised": share, "n": n, "interval": interval}
+
+
+def _speed_warnings(
+    name: str, drawn: np.ndarray, speed: SpeedSpec | None, e: Mapping[str, Any]
+) -> list[str]:
+    """A sentence per declared quantile whose share of devices below it is
+    outside that share's sampling interval (continuous laws only: a point
+    mass has any share below it)."""
+    declared = e["speed_steps_per_s"]["declared"]
+    if declared is None or speed is None or not _continuous(speed) or not drawn.size:
+        return []
+    out = []
+    for q, x in zip(_QUANTILES, declared, strict=True):
+        below, half = float(np.mean(drawn <= x)), _half(q, drawn.size)
+        if abs(below - q) > half:
+            out.append(
+                f"group {name}: {below:.1%} of its devices are below the declared "
+                f"{q:.0%} speed quantile {x:.4g} steps/s (99.9% sampling interval "
+                f"{q - half:.1%} to {q + half:.1%})"
+            )
+    return out
+
+
+def _online_warnings(name: str, e: Mapping[str, Any], when: str) -> list[str]:
+    """A sentence when the group's online share at the start times is
+    outside the declared share's interval for its devices (its devices are
+    the sample: the starts are correlated), or 0 against a declared share."""
+    online, n = e["online_at_starts"], e["devices"]
+    d, r = online["declared"], online["realised"]
+    if not d or not online["starts"] or not n:
+        return []
+    half = _half(d, n)
+    if abs(r - d) <= half:
+        return []
+    if r == 0:
+        return [f"group {name} was never online {when} (declared {d:.1%})"]
+    return [
+        f"group {name} was online {r:.1%} of the time {when}, declared {d:.1%} "
+        f"(99.9% sampling interval +-{half:.1%} for {n} devices)"
+    ]
+
+
+def _rate_warnings(name: str, e: Mapping[str, Any]) -> list[str]:
+    """Sentences for straggler and dropout rates outside their intervals,
+    and for most of the group's updates dropped late, without time or
+    offline (no scenario means to drop them)."""
+    out = []
+    for key, what in (("straggler_rate", "stragglers"), ("dropout_rate", "dropouts")):
+        rate = e[key]
+        lo_hi = rate["interval"]
+        if lo_hi is not None and not lo_hi[0] <= rate["realised"] <= lo_hi[1]:
+            out.append(
+                f"group {name}: {rate['realised']:.1%} {what} in {rate['n']} "
+                f"updates, declared {rate['declared']:.1%} (99.9% sampling "
+                f"interval {lo_hi[0]:.1%} to {lo_hi[1]:.1%})"
+            )
+    causes = {
+        "late": "past the deadline (round.deadline_s)",
+        "no_time": "with no whole step in the window (round.window_s)",
+        "offline": "by devices going offline mid-work",
+    }
+    for why, share in e["dropped"].items():
+        if e["selected"] and share >= _MOST:
+            out.append(
+                f"group {name}: {share:.0%} of its {e['selected']} selected updates "
+                f"were dropped {causes[why]}"
+            )
+    return out
