@@ -27,9 +27,11 @@ How the module keeps those promises:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
+import types
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -291,7 +293,9 @@ def run(
 
 def _tracked(trackers: list[str], run_dir: Path, sc: Scenario, on_round: Any) -> Any:
     """fedsim.tracking.tracked (imported only here: a run without --log
-    never imports it)."""
+    never imports it, and gets its own callback back)."""
+    if not trackers:
+        return contextlib.nullcontext(types.SimpleNamespace(on_round=on_round))
     from fedsim.tracking import tracked
 
     return tracked(trackers, run_dir, sc, on_round)

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from fedsim.algorithms.base import ClientUpdate
-from fedsim.algorithms.flower import NODE_BASE, Flower, FlowerError
+from fedsim.algorithms.flower import Flower, FlowerError
 from fedsim.runtime import run_scenario
 from fedsim.scenario import ScenarioError, load_scenario
 
@@ -41,13 +41,16 @@ TINY = SCENARIOS / "ci" / "tiny-synthetic.yaml"
 
 def quick(alg: str, *more: str, rounds: int = 3):
     return load_scenario(
-        QUICK, [f"rounds={rounds}", "checkpoint.every_rounds=0", f"algorithm={alg}"]
-        + list(more)
+        QUICK,
+        [f"rounds={rounds}", "checkpoint.every_rounds=0", f"algorithm={alg}"]
+        + list(more),
     )
 
 
 def flower(strategy: str, options: str = "{}", by: str = "selector") -> str:
-    return f"{{name: flower, strategy: {strategy}, sample_by: {by}, options: {options}}}"
+    return (
+        f"{{name: flower, strategy: {strategy}, sample_by: {by}, options: {options}}}"
+    )
 
 
 def assert_same_run(ours, theirs, atol: float) -> None:
@@ -57,7 +60,9 @@ def assert_same_run(ours, theirs, atol: float) -> None:
     assert [tuple(c[k] for k in key) for c in ours.clients] == [
         tuple(c[k] for k in key) for c in theirs.clients
     ]
-    torch.testing.assert_close(ours.final_params, theirs.final_params, atol=atol, rtol=0)
+    torch.testing.assert_close(
+        ours.final_params, theirs.final_params, atol=atol, rtol=0
+    )
     for a, b in zip(ours.rows, theirs.rows, strict=True):
         assert a["test_loss"] == pytest.approx(b["test_loss"], abs=1e-5)
         assert a["test_accuracy"] == pytest.approx(b["test_accuracy"], abs=0.003)
