@@ -171,6 +171,7 @@ def test_a_user_s_strategy_sees_tau_and_the_clients_that_delivered_nothing():
     assert again.live(dict(new)).strategy.errors_seen == 1
 
 
+@pytest.mark.slow
 def test_robust_and_user_strategies_run_under_stragglers():
     # quickstart: a heavy-tailed straggler model; the strategies sample every
     # online device themselves (sample_by: strategy)
