@@ -636,6 +636,7 @@ def run_stress(
     overrides: Sequence[str] = (),
     progress: Callable[[dict[str, Any]], None] | None = None,
     baseline: str | None = None,
+    log: Sequence[str] = (),
 ) -> Path:
     """Run the stress grid and write its report; return the report directory.
 
@@ -650,6 +651,8 @@ def run_stress(
         overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
         baseline: the arm the others are paired with in every cell (default
             the first algorithm).
+        log: trackers that get one run per cell, arm and seed as it ends
+            (fedsim/tracking.py).
 
     Raises:
         ScenarioError: if the scenario, a swept value or an algorithm is
@@ -678,10 +681,20 @@ def run_stress(
         run = f"{rec['cell']:02d}-{stems[rec['algorithm']]}-seed{rec['seed']}.parquet"
         write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
         _write_tables(out, so_far, cells, target_accuracy, base)  # the tables so far
+        if group is not None:  # issue 41: one tracked run per cell, arm and seed
+            arm, seed, ci = rec["algorithm"], rec["seed"], rec["cell"]
+            sc = load_variant(str(scenario_path), arm, seed, overrides, cells[ci])[0]
+            name = f"{ci:02d}-{stems[arm]}-seed{seed}"
+            group.log_run(name, sc, res["rounds"], arm=arm, seed=seed, cell=ci)
         if progress is not None:
             progress(rec)
 
+    from fedsim.tracking import run_group  # issue 41
+
+    group = run_group(log, out, "stress", scenario_path, overrides)
     results = run_jobs(_run_one, jobs, workers, finish)
+    if group is not None:
+        group.close()
     notes = [
         f"scenario: `{scenario_path}`",
         "sweep (mildest first): "
