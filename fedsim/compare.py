@@ -787,12 +787,19 @@ def compare(
     if group is not None:
         group.close()
     if out is not None:
-        from fedsim.plots import plot_paired
-
-        plot_compare(results, target_accuracy, out / "compare.png")
-        paired = paired_table([row for row, _ in results], base)
-        plot_paired(paired, PAIRED_METRICS, out / "paired.png")
+        _write_figures(out, results, target_accuracy, base)
     return summarize_runs([row for row, _ in results], target_accuracy)
+
+
+def _write_figures(
+    out: Path, results: Sequence[Any], target: float | None, baseline: str
+) -> None:
+    """compare.png and paired.png, once every run has ended."""
+    from fedsim.plots import plot_paired
+
+    plot_compare(results, target, out / "compare.png")
+    paired = paired_table([row for row, _ in results], baseline)
+    plot_paired(paired, PAIRED_METRICS, out / "paired.png")
 
 
 def _write_tables(
