@@ -87,7 +87,7 @@ def test_compare_on_quickstart_prints_and_stores_the_paired_intervals(tmp_path):
     out = tmp_path / "cmp"
     res = fedsim_here(
         "compare", str(SCENARIOS / "quickstart.yaml"), "-a", "fedavg,fednova",
-        "--seeds", "3", "--baseline", "fednova", "--set", "rounds=4",
+        "--seeds", "3", "--baseline", "fednova", "--set", "rounds=2",
         "--set", "eval.every_rounds=2", "--target", "0.3", "--out", str(out), "-q",
         check=True,
     )  # fmt: skip
