@@ -219,10 +219,24 @@ class SpeedSpec(_Choice):
     @property
     def median_in_unit(self) -> float:
         """The median speed in the spec's own unit: steps/s or FLOP/s."""
-        if self.dist != "mixture":
-            unit = "flops" if self.per_flop else "steps"
-            return float(getattr(self, _SPEED_FIELD[unit][self.dist]))
-        return _mixture_median(self.tiers or [])
+        return self.quantile_in_unit(0.5)
+
+    def quantile_in_unit(self, q: float) -> float:
+        """The q-quantile of the declared law, in the spec's own unit
+        (a mixture's by bisection on its CDF).
+
+        Example:
+            >>> s = SpeedSpec(dist="lognormal", median_steps_per_s=2.0, sigma=0.5)
+            >>> round(s.quantile_in_unit(0.9), 4)  # 2 exp(0.5 z_0.9)
+            3.7959
+        """
+        if self.dist == "mixture":
+            return _mixture_quantile(self.tiers or [], q)
+        unit = "flops" if self.per_flop else "steps"
+        median = float(getattr(self, _SPEED_FIELD[unit][self.dist]))
+        if self.dist == "fixed" or q == 0.5:
+            return median
+        return median * math.exp(self.sigma * _normal_quantile(q))
 
 
 def _preset_args_ok(name: Any, workload: Any, scale: Any) -> bool:
@@ -251,16 +265,25 @@ def _mixture_cdf(tiers: list[SpeedTierSpec], x: float) -> float:
     return out / total
 
 
-def _mixture_median(tiers: list[SpeedTierSpec]) -> float:
-    """The mixture's median, by 100 bisections in log space between six
+def _mixture_quantile(tiers: list[SpeedTierSpec], q: float) -> float:
+    """The mixture's q-quantile, by 100 bisections in log space between six
     sigmas below the slowest tier and six above the fastest (the CDF is
     monotone there, and 100 halvings reach float precision)."""
     lo = min(t.median * math.exp(-6 * t.sigma) for t in tiers)
     hi = max(t.median * math.exp(6 * t.sigma) for t in tiers)
     for _ in range(100):
         mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if _mixture_cdf(tiers, mid) < 0.5 else (lo, mid)
+        lo, hi = (mid, hi) if _mixture_cdf(tiers, mid) < q else (lo, mid)
     return math.sqrt(lo * hi)
+
+
+def _normal_quantile(q: float) -> float:
+    """z with Phi(z) = q, by bisection on erfc to float precision."""
+    lo, hi = -40.0, 40.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if 0.5 * math.erfc(-mid / math.sqrt(2)) < q else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 class NetworkSpec(_Spec):

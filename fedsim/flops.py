@@ -115,29 +115,20 @@ def _count(
     integer_inputs: bool,
     x0: float,
 ) -> int:
-    """:func:`model_step_flops` uncached: on the meta device, else the CPU."""
-    try:
-        return _count_on("meta", spec, shape, classes, batch, integer_inputs, x0)
-    except (NotImplementedError, RuntimeError):
-        # a plug-in that cannot be built from shapes alone; a failure on
-        # the CPU too is the model's own, and is raised as it is
-        return _count_on("cpu", spec, shape, classes, batch, integer_inputs, x0)
-
-
-def _count_on(
-    device: str,
-    spec: ModelSpec | Model,
-    shape: tuple[int, ...],
-    classes: int,
-    batch: int,
-    integer_inputs: bool,
-    x0: float,
-) -> int:
-    """Build the network on ``device`` and count one step on zeros."""
-    with torch.device(device):
-        model = build_model(spec, math.prod(shape), classes, 0, x0, shape)
-        x, y = _minibatch(model, shape, classes, batch, integer_inputs)
-        return count_training_flops(model, x, y)
+    """:func:`model_step_flops` uncached: build the network on the meta
+    device and count one step on zeros; a plug-in that cannot be built from
+    shapes alone is counted on the CPU (a failure there is the model's own,
+    raised as it is)."""
+    for device in ("meta", "cpu"):
+        try:
+            with torch.device(device):
+                model = build_model(spec, math.prod(shape), classes, 0, x0, shape)
+                x, y = _minibatch(model, shape, classes, batch, integer_inputs)
+                return count_training_flops(model, x, y)
+        except (NotImplementedError, RuntimeError):
+            if device == "cpu":
+                raise
+    raise AssertionError("unreachable: the CPU pass returns or raises")
 
 
 def _minibatch(

@@ -41,7 +41,6 @@ from fedsim.fleet import AvailabilitySpec, Fleet, SpeedSpec, StragglerSpec
 # 99.9% two-sided normal quantile: z with Phi(z) = 0.9995.
 _Z = 3.2905267314919255
 _QUANTILES = (0.1, 0.5, 0.9)
-_Z_Q = (-1.2815515655446004, 0.0, 1.2815515655446004)  # normal quantiles of them
 # a drop reason with no declared rate warns when it takes this share or more
 _MOST = 0.5
 
@@ -168,10 +167,7 @@ def _speed(drawn: np.ndarray, speed: SpeedSpec | None, flops: float | None) -> d
     declared = None
     if speed is not None:
         per = flops if speed.per_flop and flops else 1.0
-        declared = [
-            _law_quantile(speed, q, z) / per
-            for q, z in zip(_QUANTILES, _Z_Q, strict=True)
-        ]
+        declared = [speed.quantile_in_unit(q) / per for q in _QUANTILES]
     return {"quantiles": list(_QUANTILES), "declared": declared, "realised": realised}
 
 
@@ -180,35 +176,6 @@ def _continuous(speed: SpeedSpec) -> bool:
     if speed.dist == "mixture":
         return all(t.sigma > 0 for t in speed.tiers or [])
     return speed.dist == "lognormal" and speed.sigma > 0
-
-
-def _law_quantile(speed: SpeedSpec, q: float, z: float) -> float:
-    """The q-quantile (z its normal quantile) of a declared speed law, in the
-    spec's own unit; a mixture's by bisection on its CDF."""
-    if speed.dist == "fixed":
-        return speed.median_in_unit
-    if speed.dist == "lognormal":
-        return speed.median_in_unit * math.exp(speed.sigma * z)
-    tiers = speed.tiers or []
-    lo = min(t.median * math.exp(-8 * t.sigma) for t in tiers)
-    hi = max(t.median * math.exp(8 * t.sigma) for t in tiers)
-    for _ in range(100):  # log-space bisection: the CDF is monotone
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if _mixture_cdf(tiers, mid) < q else (lo, mid)
-    return math.sqrt(lo * hi)
-
-
-def _mixture_cdf(tiers: Sequence[Any], x: float) -> float:
-    """P(speed <= x) under lognormal tiers weighted by ``share``."""
-    total = sum(t.share for t in tiers)
-    out = 0.0
-    for t in tiers:
-        if t.sigma == 0:
-            out += t.share * (x >= t.median)
-        else:
-            z = math.log(x / t.median) / t.sigma
-            out += t.share * 0.5 * math.erfc(-z / math.sqrt(2))
-    return out / total
 
 
 def _online(
