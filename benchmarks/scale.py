@@ -71,6 +71,19 @@ def clock_ratio(fleet: Fleet, sc: Any, rounds: list[tuple[float, np.ndarray]]) -
     print(f"clock per round, hashed     {hashed * 1000:.1f} ms (median of 9 passes)")
     print(f"clock per round, generator  {stream * 1000:.1f} ms")
     print(f"ratio hashed / generator    {hashed / stream:.3f}")
+    # the draws alone: the rounds above also differ in what the draws decide
+    # (other stragglers, other SimPy events), this part only in how
+    draws = {}
+    for name, f in (("hashed", fleet), ("stream", old)):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            for t, (_, chosen) in enumerate(rounds):
+                f.round_draws(chosen, t)
+        draws[name] = (time.perf_counter() - t0) / (20 * len(rounds))
+    print(
+        f"the draws alone per round   {draws['hashed'] * 1e6:.0f} us hashed, "
+        f"{draws['stream'] * 1e6:.0f} us generator"
+    )
 
 
 def main() -> None:
