@@ -127,11 +127,18 @@ run() {
       '        pass  # broken copy' ;;
   sigterm_ray) # ray.init's SIGTERM handler left in place
     case_ sigterm_ray tests/test_loopback.py \
-      fedsim/ray_session.py '    with interrupts.kept():' '    with open(os.devnull):' ;;
+      fedsim/ray_session.py '    with interrupts.kept(), _signals_wait_for_the_start():' \
+      '    with open(os.devnull):' ;;
+  sigterm_ray_start) # Ray's handlers (Python's and C++'s) installed during its start
+    case_ sigterm_ray_start tests/test_robustness.py::test_a_sigterm_inside_rays_start_is_an_interrupted_set_up \
+      fedsim/ray_session.py '    if not interrupts.installed():' '    if True:' ;;
+  sigterm_grace) # a first SIGTERM waits for a stuck round for ever
+    case_ sigterm_grace tests/test_interrupts.py::test_one_sigterm_ends_a_round_that_never_ends_after_its_grace \
+      fedsim/interrupts.py '    _thread.interrupt_main(signal.SIGTERM)' '    pass  # broken copy' ;;
   *) echo "unknown case: $1"; failures=$((failures + 1)) ;;
   esac
 }
 
-ALL="stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried partition placement per_node restart interrupt sigterm_ray"
+ALL="stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried partition placement per_node restart interrupt sigterm_ray sigterm_ray_start sigterm_grace"
 for c in ${@:-$ALL}; do run "$c"; done
 [ "$failures" -eq 0 ]
