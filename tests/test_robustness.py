@@ -135,6 +135,32 @@ def test_a_resume_that_can_continue_still_does(tmp_path):
     ]
 
 
+def test_resuming_another_experiment_is_refused_naming_each_field(tmp_path):
+    # Prepare: the run folder's scenario edited after the checkpoint (the
+    # learning rate and the seed: another experiment, not more rounds)
+    run = unfinished_run(tmp_path)
+    yaml = run / "scenario.yaml"
+    text = yaml.read_text()
+    for old, new in [("  lr: 0.05\n", "  lr: 0.07\n"), ("seed: 0\n", "seed: 3\n")]:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    yaml.write_text(text)
+    before = snapshot(run)
+
+    # Execute
+    result = cli("run", "--resume", run, "-q", "--no-report")
+
+    # Assert: exit 2, one line naming both fields with both values; no file
+    # changed
+    no_traceback(result)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "the checkpoint is of another experiment" in said, said
+    assert "client.lr: 0.05 (checkpoint) vs 0.07 (scenario)" in said, said
+    assert "seed: 0 (checkpoint) vs 3 (scenario)" in said, said
+    assert snapshot(run) == before
+
+
 # ------------------------------------------- 2. settings silently ignored
 @pytest.mark.parametrize(
     ("sweep", "hint"),
