@@ -29,9 +29,11 @@ How the module keeps those promises:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
+import types
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -122,6 +124,27 @@ OverwriteOption = Annotated[
     bool,
     typer.Option("--overwrite", help="Replace the results already in --out."),
 ]
+# issue 41: trackers (fedsim/tracking.py), the optional extra fedsim[track]
+LogOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--log",
+        metavar="TRACKER",
+        help="Also log every round to tensorboard (event files in the run "
+        "folder) or mlflow (MLFLOW_TRACKING_URI, else ./mlruns); repeatable.",
+    ),
+]
+
+
+def _trackers(log: list[str] | None) -> list[str]:
+    """The --log choices, refused (exit 2) when unknown or not installed."""
+    if not log:
+        return []
+    from fedsim.tracking import TrackingUnavailable, require
+
+    with _errors(TrackingUnavailable, ValueError):
+        require(log or [])
+    return list(dict.fromkeys(log or []))
 
 
 def _version(value: bool) -> None:
@@ -245,6 +268,7 @@ def run(
             "the rounds.",
         ),
     ] = 30.0,
+    log: LogOption = None,
 ) -> None:
     """Run a scenario (or resume a run) and write its results.\f
 
@@ -260,6 +284,7 @@ def run(
     # the first line on: set-up (data, model, Ray) can take minutes. In the
     # round loop either waits for the round's end (fedsim/interrupts.py).
     reached: dict[str, Any] = {}  # how far set-up got (see _set_up)
+    trackers = _trackers(log)  # issue 41
     with interrupts.stop_at_round_ends():
         try:
             sc, run_dir, start, sim0 = _set_up(
@@ -267,14 +292,28 @@ def run(
                 overwrite, reached,
             )  # fmt: skip
             reached["workers"] = n_workers = _start_workers(sc, workers, address)
-            with _progress(sc, quiet, start, sim0, log_every) as on_round:
-                result = _run(sc, n_workers, run_dir, resume is not None, on_round)
+            with (
+                _progress(sc, quiet, start, sim0, log_every) as on_round,
+                _tracked(trackers, run_dir, sc, on_round) as tr,  # issue 41
+            ):
+                result = _run(sc, n_workers, run_dir, resume is not None, tr.on_round)
+                tr.status = result.status
         except KeyboardInterrupt:  # during set-up: the loop catches its own
             code = _set_up_interrupted(reached, resume is not None, quiet)
         else:  # not in the try: an interrupt while the report is written must
             # not replace the summary of the rows with the one of an empty set-up
             code = _finish(result, run_dir, report, quiet)
     raise typer.Exit(code)
+
+
+def _tracked(trackers: list[str], run_dir: Path, sc: Scenario, on_round: Any) -> Any:
+    """fedsim.tracking.tracked (imported only here: a run without --log
+    never imports it, and gets its own callback back)."""
+    if not trackers:
+        return contextlib.nullcontext(types.SimpleNamespace(on_round=on_round))
+    from fedsim.tracking import tracked
+
+    return tracked(trackers, run_dir, sc, on_round)
 
 
 def _set_up(
@@ -958,6 +997,7 @@ def stress(
     address: AddressOption = None,
     quiet: QuietOption = False,
     overwrite: OverwriteOption = False,
+    log: LogOption = None,
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots).\f
@@ -979,6 +1019,7 @@ def stress(
                 _fail(f"--sweep {key}: given twice")
             grid[key] = values
     labels = _algorithms(algorithms)
+    trackers = _trackers(log)  # issue 41
     if out_dir is not None:
         _claim_out(out_dir, _STRESS_FILES, overwrite)
     _maybe_ray(workers, address)
@@ -1005,6 +1046,7 @@ def stress(
             target_accuracy=target_accuracy,
             overrides=list(set_ or []),
             progress=None if quiet else progress,
+            log=trackers,  # issue 41
         )
     out.print(f"report: {path / 'stress.md'}", highlight=False)
     import pyarrow.parquet as pq
@@ -1025,6 +1067,7 @@ def compare(
     address: AddressOption = None,
     quiet: QuietOption = False,
     overwrite: OverwriteOption = False,
+    log: LogOption = None,
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
     and write compare.parquet, compare.md and compare.png (accuracy against
@@ -1043,6 +1086,7 @@ def compare(
     _expect_dir(out_dir, "--out", "an output folder")
     sc = _load(scenario, overrides)
     names = _algorithms(algorithms)
+    trackers = _trackers(log)  # issue 41
     run_dir = out_dir if out_dir is not None else default_run_dir(f"compare-{sc.name}")
     _claim_out(run_dir, _COMPARE_FILES, overwrite)
     with _errors(OSError):
@@ -1066,6 +1110,7 @@ def compare(
             target_accuracy=target,
             progress=None if quiet else show,
             workers=workers,
+            log=trackers,  # issue 41
         )
     text = (run_dir / "compare.md").read_text()
     out.print(text, markup=False, highlight=False, soft_wrap=True)
