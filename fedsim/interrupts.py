@@ -167,6 +167,7 @@ def _cancel() -> None:
         timer, _state.timer = _state.timer, None
     if timer is not None:
         timer.cancel()
+        timer.join()  # at once: its thread only waits (or found no timer)
 
 
 def installed() -> bool:
