@@ -68,7 +68,9 @@ class _State:
 
 
 _state = _State()
-_lock = threading.Lock()  # the timer thread against the main thread's cancel
+# the timer thread against the main thread's cancel; reentrant: a handler that
+# arms a timer may run in the main thread while it holds the lock
+_lock = threading.RLock()
 
 
 def sigterm_grace_s() -> float:
