@@ -16,8 +16,10 @@ How the module keeps those promises:
 - SIGTERM is Ctrl-C from :func:`main` on, and an interrupt during set-up is
   reported like one in a round (exit 130, summary.json, how to continue).
   In the round loop the first one stops the run before the next round, a
-  second one at once (fedsim/interrupts.py: a KeyboardInterrupt raised
-  anywhere can be lost).
+  second one (or a SIGTERM's grace period, FEDSIM_SIGTERM_GRACE_S) at once
+  (fedsim/interrupts.py: a KeyboardInterrupt raised anywhere can be lost).
+  An interrupted report says the run's results are whole and how to draw
+  it again.
 - Nothing the user asked for is silently dropped: options that would
   override each other (``--seed`` and ``--set seed``), or fields that compare
   and stress set themselves, are refused with the option to use instead.
@@ -171,6 +173,16 @@ def _main(
     ] = False,
 ) -> None:
     """fedsim: simulate federated learning on heterogeneous device fleets."""
+    _check_sigterm_grace()
+
+
+def _check_sigterm_grace() -> None:
+    """Refuse a bad FEDSIM_SIGTERM_GRACE_S before any command runs (a
+    signal handler could only fall back to the default)."""
+    try:
+        interrupts.sigterm_grace_s()
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 def _say(label: str, message: str) -> None:
@@ -269,9 +281,12 @@ def run(
     """Run a scenario (or resume a run) and write its results.\f
 
     Exit codes: 0 completed (also: a resume with nothing left to do, which
-    changes no file); 1 diverged, stalled, out of memory or results not
-    written; 2 a refused input (scenario, options, data, checkpoint,
-    placement); 130 interrupted, at any point from the first line on.
+    changes no file); 1 diverged, stalled, out of memory, results not
+    written or Ray not started in time; 2 a refused input (scenario,
+    options, data, checkpoint, placement); 130 interrupted, at any point
+    from the first line on (also while the report of a finished run is
+    drawn: ``fedsim report DIR`` draws it). A first SIGTERM waits for the
+    round's end at most FEDSIM_SIGTERM_GRACE_S seconds (default 20).
     """
     # A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C from
     # the first line on: set-up (data, model, Ray) can take minutes. In the
@@ -632,9 +647,7 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
     try:
         write_summary(run_dir / "summary.json", summary)
         if report and result.rows:
-            from fedsim.report import write_report
-
-            write_report(run_dir)
+            code = _write_report(result, run_dir, code)
     except OSError as exc:  # e.g. the disk that failed the run is still full
         code = code or 1
         _say("[bold red]cannot write the summary or report:[/]", str(exc))
@@ -644,6 +657,25 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
             table.add_row(key, _fmt(summary[key], ".4g"))
         out.print(table)
     out.print(f"results: {run_dir}")
+    return code
+
+
+def _write_report(result: Any, run_dir: Path, code: int) -> int:
+    """Draw the report of a run whose summary.json is written; returns the
+    exit code: ``code``, or 130 when Ctrl-C (or SIGTERM) stops the drawing,
+    which is said with what is whole and how to draw the report again."""
+    from fedsim.report import write_report
+
+    try:
+        write_report(run_dir)
+    except KeyboardInterrupt:
+        _say(
+            "[yellow]interrupted:[/]",
+            f"the run {result.status} and its results are whole in {run_dir}; "
+            "the report was interrupted while it was drawn; draw it with: "
+            f"fedsim report {run_dir}",
+        )
+        return 130
     return code
 
 
@@ -726,10 +758,10 @@ def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> in
         return 0
     from fedsim.executors import resolve_workers
     from fedsim.preflight import check_address, check_ray_resources
-    from fedsim.ray_session import init_ray
+    from fedsim.ray_session import RayStartError, init_ray
     from fedsim.scenario import ScenarioError
 
-    with _errors(ScenarioError):
+    with _errors(ScenarioError), _errors(RayStartError, code=1):
         if address:
             check_address(address)
         init_ray(address)
@@ -1168,9 +1200,10 @@ def _maybe_ray(workers: int | None, address: str | None) -> None:
     """Start or join Ray unless --workers 0 runs everything in this process
     (compare and stress run each run as one Ray task, not as actors)."""
     if workers != 0:
-        from fedsim.ray_session import init_ray
+        from fedsim.ray_session import RayStartError, init_ray
 
-        init_ray(address)
+        with _errors(RayStartError, code=1):  # Ray slower to start than it waits
+            init_ray(address)
 
 
 def _exit_if_diverged(n: int, where: str) -> None:

@@ -57,6 +57,29 @@ def assign_lpt(tasks: Sequence[Task], n: int) -> list[list[Task]]:
     return chunks
 
 
+def worker_device(
+    scenario: Scenario, algorithm: Any, cuda: bool | None = None
+) -> torch.device:
+    """Where a worker trains: CUDA when the scenario gives each worker a GPU
+    share, the algorithm trains through the shared step loop, and CUDA is
+    there; else the CPU. An algorithm with its own procedure
+    (``client_train``: FedDM learns synthetic sets) stays on the CPU by
+    design, GPU share or not; updates travel back on the CPU either way.
+
+    Args:
+        scenario: the run's scenario (``resources.gpus_per_worker``).
+        algorithm: the scenario's algorithm object (``client_train``).
+        cuda: whether CUDA is available (None: ask torch).
+
+    Returns:
+        ``torch.device("cuda")`` or ``torch.device("cpu")``.
+    """
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    gpu = scenario.resources.gpus_per_worker > 0 and algorithm.client_train is None
+    return torch.device("cuda" if gpu and cuda else "cpu")
+
+
 class Worker:
     """Holds a model and the data; trains virtual clients one after another
     (or many at once through :mod:`fedsim.batched`, chosen when built).
@@ -89,13 +112,7 @@ class Worker:
         self.algorithm = make_algorithm(scenario.algorithm)
         self.solver = self.algorithm.solver(scenario.client)
         self.model = make_model(scenario, data)
-        # FedDM's own procedure stays on the CPU; updates travel back on it.
-        use_gpu = (
-            scenario.resources.gpus_per_worker > 0
-            and self.algorithm.client_train is None
-            and torch.cuda.is_available()
-        )
-        self.device = torch.device("cuda" if use_gpu else "cpu")
+        self.device = worker_device(scenario, self.algorithm)
         self.model.to(self.device)
         self.theta, self.grad = bind_flat(self.model)
         dtype = self.theta.dtype
