@@ -30,12 +30,14 @@ Either way the fields *are* the scenario section: unknown keys are refused,
 ``Annotated[float, Field(gt=0)]`` constraints are checked when the file is
 loaded, and ``fedsim validate`` prints the resolved section.
 
-What a plug-in receives is small and typed: a client's :class:`ClientContext`
-(its :class:`ClientInfo`, the payload, its persistent state), the
-:class:`LocalTraining` job of an algorithm that replaces the solver loop, the
-:class:`ServerContext` of one that needs the server's model, a selector's
-:class:`SelectorContext` and :class:`Draw`, and, for checks before a run, the
-loaded scenario as a :class:`ScenarioView`.
+What a plug-in receives is small and typed: the server step's
+:class:`RoundContext` (the round, asynchronous staleness and start models,
+and the :class:`ServerContext` of an algorithm that declares
+``server_needs``), a client's :class:`ClientContext` (its
+:class:`ClientInfo`, the payload, its persistent state), the
+:class:`LocalTraining` job of an algorithm that replaces the solver loop, a
+selector's :class:`SelectorContext` and :class:`Draw`, and, for checks before
+a run, the loaded scenario as a :class:`ScenarioView`.
 
 Its contract is checked by :func:`fedsim.testing.check_algorithm` and
 :func:`fedsim.testing.check_selector`, which fedsim's own tests run on every
@@ -43,11 +45,12 @@ built-in.
 
 Example (an algorithm that averages the updates and halves the step):
     >>> from dataclasses import dataclass
-    >>> from fedsim.api import Algorithm, ClientUpdate, meter, skip_empty_rounds
+    >>> from fedsim.api import (Algorithm, ClientUpdate, PLAIN_ROUND, meter,
+    ...                         skip_empty_rounds)
     >>> @dataclass(frozen=True)
     ... class Half(Algorithm):
     ...     @skip_empty_rounds
-    ...     def aggregate(self, state, updates):
+    ...     def aggregate(self, state, updates, ctx=PLAIN_ROUND):
     ...         w = [1 / len(updates)] * len(updates)
     ...         step = sum(wi * u.delta for wi, u in zip(w, updates))
     ...         return {"x": state["x"] + 0.5 * step}, meter(updates, w, 1.0)
@@ -65,6 +68,7 @@ Example (an algorithm that averages the updates and halves the step):
 from __future__ import annotations
 
 from fedsim.algorithms.base import (
+    PLAIN_ROUND,
     AggregateInfo,
     Algorithm,
     AsyncRule,
@@ -73,6 +77,7 @@ from fedsim.algorithms.base import (
     ClientState,
     ClientUpdate,
     LocalTraining,
+    RoundContext,
     ServerContext,
     ServerState,
     Updates,
@@ -100,6 +105,7 @@ from fedsim.spec import (
 )
 
 __all__ = [
+    "PLAIN_ROUND",
     "PLUGIN_CONFIG",
     "AggregateInfo",
     "Algorithm",
@@ -122,6 +128,7 @@ __all__ = [
     "PosInt",
     "Prob",
     "Problem",
+    "RoundContext",
     "ScenarioView",
     "ScenarioWarning",
     "Selector",

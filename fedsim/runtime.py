@@ -12,7 +12,6 @@ Example:
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
@@ -42,7 +41,14 @@ from fedsim.results import (
 )
 from fedsim.scenario import Scenario
 from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
-from fedsim.server import Applied, DivergenceError, Server, evaluates, objective_due
+from fedsim.server import (
+    Applied,
+    DivergenceError,
+    RoundServer,
+    Server,
+    evaluates,
+    objective_due,
+)
 from fedsim.server_actor import RemoteServer, ServerLost
 from fedsim.tasks import UpdateSummary, update_norm
 from fedsim.workers import Payload, Task
@@ -247,7 +253,7 @@ class _Run:
         torch.set_num_threads(self.threads)
         # Server in the driver, or a handle on the server actor (made by
         # start(), placed with the workers); the loops call either alike.
-        self.server: Server | RemoteServer
+        self.server: RoundServer
         self.on_actor = sc.resources.server.home == "actor"
         if not self.on_actor:
             self.server = Server(sc, self.data)
@@ -552,32 +558,6 @@ def _server_actor(sc: Scenario, executor: Executor, threads: int) -> RemoteServe
     return RemoteServer(sc, ray_ex.data_ref, ray_ex.server_strategy(), threads)
 
 
-def _server_report(run: _Run) -> dict[str, Any]:
-    """summary.json's ``server``: where the server ran (never fails).
-
-    Args:
-        run: the run; its server is in the driver or a :class:`RemoteServer`.
-
-    Returns:
-        ``home`` (``driver`` or ``actor``), ``device``, and with Ray the
-        node id and address (an actor adds its CPU, GPU and custom shares).
-    """
-    if isinstance(run.server, RemoteServer):
-        return run.server.report()
-    here: dict[str, Any] = {"home": "driver", "device": "cpu"}
-    # a run without Ray never imported it: importing it only to learn that
-    # would cost a process without Ray almost half a second of CPU
-    ray = sys.modules.get("ray")
-    try:
-        if ray is not None and ray.is_initialized():
-            ctx = ray.get_runtime_context()
-            here |= {"node_id": ctx.get_node_id()}
-            here |= {"address": ray.util.get_node_ip_address()}
-    except Exception:  # noqa: BLE001 - a report must not fail the run
-        pass
-    return here
-
-
 def _close(run: _Run) -> dict[str, Any]:
     """Flush the rows and release the actors (even when the disk is full);
     return where the work and the server ran, for summary.json."""
@@ -586,11 +566,10 @@ def _close(run: _Run) -> dict[str, Any]:
         run.recorder.flush()
     finally:
         try:
-            placement = {**run.executor.report(), "server": _server_report(run)}
+            placement = {**run.executor.report(), "server": run.server.report()}
         finally:
             run.executor.shutdown()
-            if isinstance(run.server, RemoteServer):
-                run.server.shutdown()
+            run.server.shutdown()
     return placement
 
 
@@ -687,9 +666,11 @@ def _train_round(
         tasks, {t: server.payload()}, server.client_states(clients)
     )
     run.executor.forget(t)
-    applied = server.apply(parcels, multiplicity=multiplicity, where=f"round {t}")
-    # the server aggregates (and reports weights) in client-id order
-    w = dict(zip(sorted(clients), applied.weights, strict=True))
+    applied = server.apply(
+        parcels, multiplicity=multiplicity, where=f"round {t}", round=t
+    )
+    # the ordering contract: weights come in applied.clients' order (by id)
+    w = dict(zip(applied.clients, applied.weights, strict=True))
     return [Pair(u, w[u.client]) for u in ups], applied
 
 
@@ -872,7 +853,11 @@ class _Async:
         starts = [self.payloads[a.job.version]["x"] for a in rec.applied]
         staleness = [int(a.staleness or 0) for a in rec.applied]
         applied = run.server.apply(
-            parcels, staleness=staleness, starts=starts, where=f"version {rec.version}"
+            parcels,
+            staleness=staleness,
+            starts=starts,
+            where=f"version {rec.version}",
+            round=rec.version,
         )
         trained = _pairs_in_end_order(rec, ups, applied)
         records = [ClientRecord.from_arrival(a) for a in rec.ended]

@@ -16,17 +16,25 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from fedsim import checkpoint
-from fedsim.algorithms.base import AggregateInfo, AsyncRule, ClientUpdate, ServerContext
+from fedsim.algorithms.base import (
+    AggregateInfo,
+    ClientState,
+    ClientUpdate,
+    RoundContext,
+    ServerContext,
+)
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.data.validation import validation_problem, validation_use
@@ -105,12 +113,15 @@ class Applied:
         shares: synchronous rounds: each client delta's unnormalised weight
             in the step (``AggregateInfo.shares``, else ``weights``);
             asynchronous versions: empty (rows use ``weights`` per job).
+        clients: the updates' client ids in the order of ``weights``
+            (synchronous: ascending, each once; asynchronous: arrival).
     """
 
     info: AggregateInfo
     weights: tuple[float, ...]
     train_loss: float
     shares: dict[int, float] = field(default_factory=dict)
+    clients: tuple[int, ...] = ()
 
     def result(
         self, trained: Sequence[tuple[ClientUpdate | UpdateSummary, float]]
@@ -156,10 +167,108 @@ class RoundResult:
     test_accuracy: float
 
 
+def _in_client_order(updates: Sequence[ClientUpdate], where: str) -> list[ClientUpdate]:
+    """A synchronous round's updates sorted by client id (the order
+    ``aggregate`` receives them in and ``Applied`` reports them in).
+
+    Raises:
+        ValueError: a client appears twice (a round trains each chosen
+            client once; a selector drawing with replacement reports
+            multiplicities instead).
+    """
+    ordered = sorted(updates, key=lambda u: u.client)
+    twice = [a.client for a, b in itertools.pairwise(ordered) if a.client == b.client]
+    if twice:
+        raise ValueError(f"{where}: client {twice[0]} has two updates in one round")
+    return ordered
+
+
+def _check_weights(
+    info: AggregateInfo, clients: Sequence[int], name: str, where: str
+) -> None:
+    """Refuse weights for clients that sent no update this round (a rule
+    that keys its weights by anything but the updates' client ids)."""
+    stray = sorted(set(info.weights) - set(clients))
+    if stray:
+        raise ValueError(
+            f"{where}: algorithm {name!r} reported weights for clients "
+            f"{stray[:5]} that sent no update this round"
+        )
+
+
 def _with_multiplicity(u: ClientUpdate, k: int) -> ClientUpdate:
     """The update with its ``multiplicity`` extra: how often its client was drawn."""
     k_t = torch.tensor(float(k), dtype=torch.float64)
     return replace(u, extras={**u.extras, "multiplicity": k_t})
+
+
+class RoundServer(Protocol):
+    """The server as the round loops see it, wherever it runs: the
+    in-process :class:`Server` (in the driver, or inside the server actor)
+    and :class:`fedsim.server_actor.RemoteServer` (the driver's handle on
+    the actor) both keep it, so the loops are written once for both homes.
+
+    Guarantees of every implementation: the state changes only in
+    :meth:`apply` and :meth:`load`; :meth:`payload` is a copy later steps
+    never change; the same calls give the same bits in both homes.
+    """
+
+    @property
+    def num_params(self) -> int:
+        """d, the model's number of parameters."""
+        ...
+
+    def params(self) -> torch.Tensor:
+        """The global model x (a copy, or the state's own tensor in process:
+        clone it to keep it)."""
+        ...
+
+    def payload(self) -> Payload:
+        """What a client downloads now (a copy)."""
+        ...
+
+    def client_states(self, clients: Sequence[int]) -> dict[int, ClientState]:
+        """The persistent states of ``clients`` ({} for stateless algorithms)."""
+        ...
+
+    def apply(
+        self,
+        updates: Sequence[Any],
+        *,
+        staleness: Sequence[int] | None = None,
+        starts: Sequence[torch.Tensor] | None = None,
+        multiplicity: Mapping[int, int] | None = None,
+        where: str = "",
+        round: int = 0,
+    ) -> Applied:
+        """One server step (:meth:`Server.apply`: the ordering contract).
+        ``updates`` are :class:`ClientUpdate` objects, or for the actor
+        their object references (fetched by the actor itself)."""
+        ...
+
+    def evaluate(self) -> tuple[float, float]:
+        """(test loss, test accuracy) of the current model."""
+        ...
+
+    def objective(self) -> float:
+        """The global training objective F(x) of the current model."""
+        ...
+
+    def save(self, path: Path) -> None:
+        """Write the state and the client store into checkpoint ``path``."""
+        ...
+
+    def load(self, path: Path) -> None:
+        """Read them back (refusing another model's state)."""
+        ...
+
+    def report(self) -> dict[str, Any]:
+        """summary.json's ``server``: where it ran (never fails)."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release what it holds (an actor: killed or parked); idempotent."""
+        ...
 
 
 class Server:
@@ -232,7 +341,7 @@ class Server:
         """What a client downloads (a copy: later updates never change it)."""
         return dict(self.algorithm.payload(self.state))
 
-    def client_states(self, clients: Sequence[int]) -> dict[int, dict[str, Any]]:
+    def client_states(self, clients: Sequence[int]) -> dict[int, ClientState]:
         """The persistent states of these clients ({} for stateless algorithms)."""
         return self.store.get(clients) if self.algorithm.stateful else {}
 
@@ -244,63 +353,67 @@ class Server:
         starts: Sequence[torch.Tensor] | None = None,
         multiplicity: Mapping[int, int] | None = None,
         where: str = "",
+        round: int = 0,
     ) -> Applied:
         """Aggregate ``updates`` into the server state.
 
-        Both modes share this one entry point: without ``staleness`` the
-        updates are a synchronous round's (the algorithm's ``aggregate``),
-        with it an asynchronous version's (``aggregate_async``). New client
+        Both modes share this one entry point and the algorithm's one hook,
+        ``aggregate(state, updates, ctx)``: without ``staleness`` the
+        updates are a synchronous round's, with it an asynchronous
+        version's (``ctx.staleness`` and ``ctx.starts`` set). New client
         states are stored after the step either way.
 
+        The ordering contract: a synchronous round's updates reach the
+        algorithm sorted by client id, each client once (checked here:
+        :class:`ValueError` otherwise), and ``Applied.clients`` /
+        ``Applied.weights`` follow that order; an asynchronous version's
+        keep their arrival order (a device may arrive twice).
+
         Args:
-            updates: a synchronous round's (aggregated in client-id order,
-                whatever order they are given in), or an asynchronous
-                version's, in order of arrival.
+            updates: a synchronous round's (in any order), or an
+                asynchronous version's, in order of arrival.
             staleness: asynchronous mode: each update's staleness.
             starts: asynchronous mode: the parameters each update started
                 from.
             multiplicity: how many times the selector drew each client
                 (sampling with replacement), as each update's extra.
             where: "round 3" or "version 3", for error messages.
+            round: the round (or version made), the context's ``round``.
 
         Returns:
             What the step did (:class:`Applied`).
 
         Raises:
             DivergenceError: the model or the training loss is not finite.
+            ValueError: a synchronous round holds a client twice, or the
+                algorithm reported weights for clients not in the round.
         """
+        server = self.context() if self.algorithm.wants_server else None
         if staleness is None:
-            updates = sorted(updates, key=lambda u: u.client)
-            info, weights, shares = self._apply_round(updates, multiplicity)
+            updates = _in_client_order(updates, where)
+            if multiplicity:
+                m = multiplicity
+                updates = [_with_multiplicity(u, m.get(u.client, 1)) for u in updates]
+            ctx = RoundContext(round=round, server=server)
         else:
             assert starts is not None, "asynchronous updates need their starts"
-            rule = cast(AsyncRule, self.algorithm)  # the scenario checked it
-            self.state, info = rule.aggregate_async(
-                self.state, updates, staleness, starts
-            )
+            ctx = RoundContext(round, tuple(staleness), tuple(starts), server)
+        self.state, info = self.algorithm.server_step(self.state, updates, ctx)
+        clients = tuple(u.client for u in updates)
+        if ctx.asynchronous:
             weights = info.per_update
-            shares = {}  # async: the normalised weights, per job (rows)
+            shares: dict[int, float] = {}  # async: the normalised weights, per job
+        else:
+            _check_weights(info, clients, self.algorithm.name, where)
+            weights = tuple(info.weights.get(c, 0.0) for c in clients)
+            shares = dict(zip(clients, weights, strict=True))
+            # an algorithm that scales deltas apart from w_i says so in shares
+            shares.update(info.shares or {})
         for u in updates:
             if u.new_state is not None:
                 self.store.put(u.client, u.new_state)
-        return Applied(info, weights, self._train_loss(updates, where), shares)
-
-    def _apply_round(
-        self, updates: list[ClientUpdate], multiplicity: Mapping[int, int] | None
-    ) -> tuple[AggregateInfo, tuple[float, ...], dict[int, float]]:
-        """The synchronous step on ``updates`` (sorted by client id):
-        (info, each update's weight, each client delta's share)."""
-        alg = self.algorithm
-        if multiplicity:
-            m = multiplicity
-            updates = [_with_multiplicity(u, m.get(u.client, 1)) for u in updates]
-        extra = {"server": self.context()} if alg.needs_server else {}
-        self.state, info = alg.aggregate(self.state, updates, **extra)
-        weights = tuple(info.weights.get(u.client, 0.0) for u in updates)
-        shares = dict(zip((u.client for u in updates), weights, strict=True))
-        # an algorithm that scales deltas apart from w_i says so in shares
-        shares.update(info.shares or {})
-        return info, weights, shares
+        loss = self._train_loss(updates, where)
+        return Applied(info, weights, loss, shares, clients)
 
     def _train_loss(self, updates: Sequence[ClientUpdate], where: str) -> float:
         """The updates' mean training loss, each with its client's data
@@ -321,8 +434,8 @@ class Server:
         return train_loss
 
     def context(self) -> ServerContext:
-        """The server's model and validation loss, for algorithms that need
-        them (``needs_server``); built once, on first use, with models of
+        """The server's model and validation loss, for algorithms that declare
+        ``server_needs``; built once, on first use, with models of
         its own so that scoring never disturbs the evaluation model. Both
         models live on the server's device (a server-side algorithm trains there;
         the loss scores a CPU vector there and returns a float)."""
@@ -439,6 +552,25 @@ class Server:
             )
         self.state = dict(state)
         self.store.restore(snap.store)
+
+    def report(self) -> dict[str, Any]:
+        """summary.json's ``server`` for the driver's home: ``home``,
+        ``device`` and, with Ray, the node id and address (never fails)."""
+        here: dict[str, Any] = {"home": "driver", "device": str(self.device)}
+        # a run without Ray never imported it: importing it only to learn that
+        # would cost a process without Ray almost half a second of CPU
+        ray = sys.modules.get("ray")
+        try:
+            if ray is not None and ray.is_initialized():
+                ctx = ray.get_runtime_context()
+                here |= {"node_id": ctx.get_node_id()}
+                here |= {"address": ray.util.get_node_ip_address()}
+        except Exception:  # noqa: BLE001 - a report must not fail the run
+            pass
+        return here
+
+    def shutdown(self) -> None:
+        """Nothing to release in this process."""
 
 
 class ServerSnapshot(NamedTuple):

@@ -247,6 +247,7 @@ class RemoteServer:
         starts: Sequence[torch.Tensor] | None = None,
         multiplicity: Mapping[int, int] | None = None,
         where: str = "",
+        round: int = 0,
     ) -> Applied:
         """:meth:`Server.apply` on the actor.
 
@@ -260,8 +261,10 @@ class RemoteServer:
             starts: as :meth:`Server.apply`.
             multiplicity: as :meth:`Server.apply`.
             where: as :meth:`Server.apply`.
+            round: as :meth:`Server.apply`.
         """
-        kw = {"staleness": staleness, "starts": starts, "multiplicity": multiplicity}
+        kw: dict[str, object] = {"staleness": staleness, "starts": starts}
+        kw |= {"multiplicity": multiplicity, "round": round}
         parcels = list(updates)  # nested in a list: Ray does not resolve them here
         return self._get(self.actor.apply_refs.remote(parcels, where=where, **kw))
 

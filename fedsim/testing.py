@@ -42,6 +42,7 @@ from fedsim.algorithms.base import (
     Algorithm,
     ClientInfo,
     ClientUpdate,
+    RoundContext,
     ServerState,
 )
 from fedsim.lazy import torch
@@ -173,7 +174,7 @@ def _check_empty_round(alg: Algorithm) -> None:
     nothing: the runtime calls ``aggregate`` with an empty list then, and a
     rule that divided by the number of updates would produce NaNs."""
     state = alg.init(_x0(), M)
-    new, info = alg.aggregate(state, [])
+    new, info = _step(alg, state, [])
     assert new.keys() == state.keys(), "an empty round keeps the state's keys"
     assert all(torch.equal(new[k], state[k]) for k in state), (
         "an empty round leaves the state unchanged"
@@ -186,7 +187,7 @@ def _check_pickles(alg: Algorithm) -> None:
     pickling unchanged: Ray ships all three between processes."""
     state = alg.init(_x0(), M)
     u = make_update(alg, state, 0, _delta())
-    state2, _ = alg.aggregate(state, [u])
+    state2, _ = _step(alg, state, [u])
     for obj in (state, state2):
         again = _shipped(obj)
         assert again.keys() == obj.keys(), "the server state must pickle"
@@ -203,7 +204,7 @@ def _check_identical(alg: Algorithm, identical: Expected, n: int) -> None:
     x0, delta = _x0(), _delta()
     state = alg.init(x0, M)
     ups = [make_update(alg, state, i, delta.clone()) for i in range(n)]
-    new, info = alg.aggregate(state, ups)
+    new, info = _step(alg, state, ups)
     expected = identical(alg, x0, delta, n)
     torch.testing.assert_close(new["x"], expected, rtol=1e-6, atol=1e-6)
     # identical updates with equal weights and steps: no objective inconsistency
@@ -221,13 +222,24 @@ def _check_rounds(alg: Algorithm) -> None:
     assert state["x"].dtype == x0.dtype and state["x"].shape == x0.shape
     gen = torch.Generator().manual_seed(0)
     kept: dict[int, dict[str, torch.Tensor]] = {}
-    for chosen in ((0, 1, 2), (1, 3), (0, 4)):
+    for t, chosen in enumerate(((0, 1, 2), (1, 3), (0, 4))):
         ups = [_varied_update(alg, state, i, gen, kept) for i in chosen]
-        state, info = alg.aggregate(state, ups)
+        state, info = _step(alg, state, ups, t)
         _check_round_result(state, info, spec)
+        assert set(info.weights) <= set(chosen), "weights only for the round's clients"
     for cs in kept.values():
         assert all(v.shape == x0.shape for v in cs.values()), "client state shape"
         _check_finite(cs.values(), "a client's state")
+
+
+def _step(
+    alg: Algorithm, state: ServerState, ups: list[ClientUpdate], t: int = 0
+) -> tuple[ServerState, AggregateInfo]:
+    """Round ``t``'s step as the server takes it: ``aggregate`` through
+    ``server_step`` (older forms of the hook too), the updates in ascending
+    client id (the ordering contract), no server context."""
+    ordered = sorted(ups, key=lambda u: u.client)
+    return alg.server_step(state, ordered, RoundContext(round=t))
 
 
 def _check_round_result(state: ServerState, info: AggregateInfo, spec: Any) -> None:

@@ -88,6 +88,20 @@ def make_update(client, delta, weight=1.0, tau=1, norm_a=None, **extras):
     return ClientUpdate(client, delta, weight, tau, na, 0.0, ex)
 
 
+# ------------------------------------------- the server's ordering contract
+def test_a_round_reaches_aggregate_in_client_order_each_client_once():
+    # Prepare: three clients' updates, handed over in reverse order
+    d = Driver("algorithm={name: fedavg}")
+    ups = d.train({0: 1, 1: 2, 2: 3})
+    # Execute
+    applied = d.server.apply(ups[::-1], where="round 0")
+    # Assert: sorted by id, weights in that order; a client twice is refused
+    assert applied.clients == (0, 1, 2)
+    assert applied.weights == tuple(applied.info.weights[c] for c in (0, 1, 2))
+    with pytest.raises(ValueError, match="round 0: client 1 has two updates"):
+        d.server.apply([ups[1], ups[0], ups[1]], where="round 0")
+
+
 # ------------------------------------------------------------------- FedAvg
 def test_full_participation_is_the_weighted_average_of_local_models():
     # Prepare

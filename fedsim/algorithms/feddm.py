@@ -192,7 +192,8 @@ class FedDM(base.Algorithm):
     # local steps of compute per iteration on the clock (auto: counted per client)
     iteration_cost: PosFloat | Literal["auto"] = "auto"
 
-    needs_server: ClassVar[bool] = True
+    # the server trains the global model on the synthetic sets
+    server_needs: ClassVar[frozenset[str]] = frozenset({"model"})
 
     def __post_init__(self) -> None:
         """Refuse real images as the start of a DP synthetic set."""
@@ -349,8 +350,7 @@ class FedDM(base.Algorithm):
         self,
         state: base.ServerState,
         updates: base.Updates,
-        *,
-        server: base.ServerContext | None = None,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
     ) -> tuple[base.ServerState, base.AggregateInfo]:
         """Train the global model on the union of the synthetic sets received.
 
@@ -358,10 +358,10 @@ class FedDM(base.Algorithm):
             state: ``x`` (the global model w_r), ``seed`` and ``round``.
             updates: The clients' updates; their ``extras`` carry ``images``
                 and ``labels`` (an update without labels is left out).
-            server: The server's copy of the network, trained in place on
-                the device its parameters are on (the server's device; the
-                synthetic sets are moved there, the new ``x`` comes back to
-                ``x``'s device and dtype).
+            ctx: ``ctx.server.model``, the server's copy of the network,
+                trained in place on the device its parameters are on (the
+                server's device; the synthetic sets are moved there, the new
+                ``x`` comes back to ``x``'s device and dtype).
 
         Returns:
             The state with the new ``x`` and the next ``round``, and the meter
@@ -369,14 +369,16 @@ class FedDM(base.Algorithm):
             is unchanged when no synthetic sample arrived.
 
         Raises:
-            TypeError: ``server`` is missing.
+            TypeError: ``ctx.server`` is missing.
         """
         ups = [u for u in updates if "labels" in u.extras and len(u.extras["labels"])]
         if not ups:
             return state, base.empty_info()
-        if server is None:
-            raise TypeError("FedDM trains on the server: pass server=ServerContext")
-        x_r, model = state["x"], server.model
+        if ctx.server is None:
+            raise TypeError(
+                "FedDM trains on the server: pass RoundContext(server=ServerContext)"
+            )
+        x_r, model = state["x"], ctx.server.model
         params = list(model.parameters())
         dev = params[0].device  # the server's device (on the CPU: as before)
         images = torch.cat([u.extras["images"] for u in ups]).to(dev)

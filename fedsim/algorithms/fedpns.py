@@ -124,7 +124,8 @@ class FedPNS(base.Algorithm):
     # CHECK LOSS on the validation split, or the test set (opt-in, optimistic)
     check_loss_data: Literal["validation", "test"] = "validation"
 
-    needs_server: ClassVar[bool] = True
+    # CHECK LOSS scores candidate aggregates on the server's validation data
+    server_needs: ClassVar[frozenset[str]] = frozenset({"validation_loss"})
 
     def threshold(self, n: int) -> int:
         """The fewest updates kept out of ``n``: ``v``, else ``v_fraction`` n
@@ -147,7 +148,10 @@ class FedPNS(base.Algorithm):
         return lr_upload(solver_state), None
 
     def aggregate(
-        self, state: ServerState, updates: Updates, server: ServerContext | None = None
+        self,
+        state: ServerState,
+        updates: Updates,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
     ) -> tuple[ServerState, AggregateInfo]:
         """Optimal Aggregation over the round's updates, then the mean step.
 
@@ -155,8 +159,9 @@ class FedPNS(base.Algorithm):
             state: ``x``, the global model.
             updates: The round's updates; one with no steps (``norm_a`` 0) has
                 no gradient estimate and is left out.
-            server: Gives CHECK LOSS its validation loss; without it no update
-                is removed (the first adverse one is only labeled).
+            ctx: ``ctx.server`` gives CHECK LOSS its validation loss; without
+                it no update is removed (the first adverse one is only
+                labeled).
 
         Returns:
             ``x`` moved by ``server_lr`` times the kept updates' plain mean, and
@@ -178,6 +183,7 @@ class FedPNS(base.Algorithm):
             step = weighted_sum([live[j].delta for j in members], [1.0 / n] * n)
             return state["x"] + self.server_lr * step
 
+        server = ctx.server
         check = None if server is None else _loss_check(server, mean_model)
         v = self.threshold(len(live))
         kept, labeled, removed = optimal_aggregation(grads, v, check)

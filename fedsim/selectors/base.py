@@ -238,12 +238,34 @@ class Selector:
         ]
 
     def with_slots(self, k: int) -> Selector:
-        """This selector choosing ``k`` ids per call (async: free slots)."""
+        """This selector choosing ``k`` ids per call (async: the free slots;
+        a round with ``over_select``: the devices asked for).
+
+        Args:
+            k: the ids one :meth:`select` call returns at most.
+
+        Returns:
+            A copy with ``clients_per_round = k``; a selector whose choice
+            depends on a ratio to ``clients_per_round`` (power-of-choice's
+            d) overrides this to keep the ratio.
+        """
         return replace(self, clients_per_round=k)
 
     def init(self, ctx: SelectorContext) -> SelectorState:
-        """The initial state (a plain JSON value): ``initial_state``; refuses an
-        uninformed context when ``needs_context``."""
+        """The state before the first round.
+
+        Args:
+            ctx: the run's :class:`SelectorContext` (data weights, speeds,
+                expected round times), built once.
+
+        Returns:
+            A plain JSON value (checkpoints keep it): by default a copy of
+            ``initial_state``.
+
+        Raises:
+            TypeError: ``needs_context`` and ``ctx`` is a made-up
+                :meth:`SelectorContext.uniform` one.
+        """
         if self.needs_context and not ctx.informed:
             raise TypeError(
                 f"selector {self.name!r} needs the run's real data weights and "
@@ -255,32 +277,96 @@ class Selector:
     def select(
         self, state: SelectorState, draw: Draw
     ) -> tuple[np.ndarray, SelectorState]:
-        """Choose among ``draw.candidates``: (sorted distinct ids, new state)."""
+        """Choose who trains: the hook every selector writes.
+
+        Args:
+            state: the selector's state (do not change it in place).
+            draw: the round (async: the version the chosen download), the
+                candidates (online, and in async mode idle) as int64 ids,
+                the generator and the run's context.
+
+        Returns:
+            (ids, new state): distinct, sorted ``int64`` ids among
+            ``draw.candidates``, at most ``clients_per_round`` (exactly
+            ``min(clients_per_round, #candidates)`` when ``fixed_count``),
+            every random choice drawn from ``draw.rng`` only, so the same
+            draw gives the same ids (a resume replays them).
+        """
         raise NotImplementedError
 
     def observe(
         self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
-        """Update the state from round ``t``'s outcome (default: nothing)."""
+        """Learn from round (async: version) ``t``'s outcome.
+
+        Overriding it makes the selector :attr:`adaptive`: in asynchronous
+        mode the timeline then waits for each version's updates before the
+        next choice, so a choice sees exactly the versions made before it.
+
+        Args:
+            state: the state before ``t``.
+            t: the round or version just applied.
+            result: what the server did (``result.info``: the algorithm's
+                flags and signal) and each aggregated client's outcome
+                (``result.clients``: update norm, training loss, weight).
+            ctx: the run's context.
+
+        Returns:
+            The new state (a JSON value); by default ``state`` unchanged.
+        """
         return state
 
     def multiplicity(
         self, state: SelectorState, ids: np.ndarray
     ) -> dict[int, int] | None:
-        """Times each of the last selected ``ids`` was drawn; None: once each."""
+        """How often each of the last selected ``ids`` was drawn (sampling
+        with replacement: the server passes it to the algorithm as each
+        update's ``multiplicity`` extra).
+
+        Args:
+            state: the state :meth:`select` returned with ``ids``.
+            ids: the ids it returned.
+
+        Returns:
+            {id: times drawn}, or None: each drawn once.
+        """
         return None
 
     def expected_draws(self, ctx: SelectorContext) -> np.ndarray | None:
         """E[k_i] per client when every device is a candidate (the inclusion
-        probability without replacement); None for ``adaptive`` selectors."""
+        probability without replacement), for the participation-bias meter.
+
+        Args:
+            ctx: the run's context.
+
+        Returns:
+            float64 ``[m]``, or None where it depends on the run
+            (``adaptive`` selectors).
+        """
         return None
 
     def artifact(self, state: SelectorState, round_: int) -> list[dict[str, Any]]:
-        """Rows for ``selector.parquet`` (the server adds ``round``); [] if none."""
+        """What the selector shows of itself after a round (FedPNS: P_i).
+
+        Args:
+            state: its state after ``round_``.
+            round_: the round just observed.
+
+        Returns:
+            Rows of ``selector.parquet`` (the runtime adds ``round``); []
+            for nothing.
+        """
         return []
 
     def k(self, draw: Draw) -> int:
-        """``clients_per_round``, or fewer when fewer devices are candidates."""
+        """How many ids a fixed-count :meth:`select` returns.
+
+        Args:
+            draw: the call's draw.
+
+        Returns:
+            ``clients_per_round``, or fewer when fewer devices are candidates.
+        """
         return min(self.clients_per_round, len(draw.candidates))
 
 
