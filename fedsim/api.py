@@ -36,8 +36,9 @@ and the :class:`ServerContext` of an algorithm that declares
 ``server_needs``), a client's :class:`ClientContext` (its
 :class:`ClientInfo`, the payload, its persistent state), the
 :class:`LocalTraining` job of an algorithm that replaces the solver loop, a
-selector's :class:`SelectorContext` and :class:`Draw`, and, for checks before
-a run, the loaded scenario as a :class:`ScenarioView`.
+selector's :class:`SelectorContext` and :class:`Draw`, and, for its questions
+about the run (``check``, ``clock_work``, ``memory``, ``bytes_per_client``),
+the run's :class:`RunFacts` (``ScenarioView``, the name it had, still works).
 
 Its contract is checked by :func:`fedsim.testing.check_algorithm` and
 :func:`fedsim.testing.check_selector`, which fedsim's own tests run on every
@@ -88,6 +89,7 @@ from fedsim.algorithms.base import (
 )
 from fedsim.clock import JobWork
 from fedsim.data.base import DataInfo, Dataset, FederatedData
+from fedsim.facts import RunFacts, ScenarioView
 from fedsim.plugins import PluginError, resolve
 from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
 from fedsim.spec import (
@@ -99,7 +101,6 @@ from fedsim.spec import (
     PosInt,
     Prob,
     Problem,
-    ScenarioView,
     ScenarioWarning,
     Spec,
 )
@@ -129,6 +130,7 @@ __all__ = [
     "Prob",
     "Problem",
     "RoundContext",
+    "RunFacts",
     "ScenarioView",
     "ScenarioWarning",
     "Selector",

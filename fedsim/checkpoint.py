@@ -12,10 +12,11 @@ import io
 import json
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -24,7 +25,19 @@ from fedsim.results import UnreadableResults, atomic_write_bytes, read_rows
 if TYPE_CHECKING:  # torch is imported where tensors are saved or loaded
     import torch
 
-    from fedsim.scenario import Scenario
+
+class Resolvable(Protocol):
+    """Something that dumps to the resolved scenario as JSON (a loaded
+    scenario): what a fingerprint is made from, without this module
+    reading the scenario's sections."""
+
+    def model_dump(self, *, mode: str) -> dict[str, Any]:
+        """The resolved fields, JSON-able with ``mode="json"``."""
+        ...
+
+
+# A fingerprint: the resolved scenario's JSON, less what cannot change results.
+Fingerprint = Mapping[str, object]
 
 LATEST = "LATEST"
 FINGERPRINT = "fingerprint.json"
@@ -257,9 +270,12 @@ def _file_digest(path: str) -> str:
         return "missing"
 
 
-def fingerprint(scenario: Scenario) -> dict[str, Any]:
+def fingerprint(scenario: Resolvable) -> dict[str, Any]:
     """The resolved scenario as JSON minus :data:`FINGERPRINT_EXCLUDES`; a
     trace file is recorded by its name and the sha256 of its content.
+
+    Args:
+        scenario: the loaded scenario (only its JSON dump is read).
 
     Example:
         >>> from fedsim.scenario import load_scenario
@@ -279,9 +295,14 @@ def fingerprint(scenario: Scenario) -> dict[str, Any]:
     return out
 
 
-def write_fingerprint(ckpt: Path, scenario: Scenario) -> None:
-    """Store the scenario's fingerprint in ``ckpt`` (before committing it)."""
-    text = json.dumps(fingerprint(scenario), indent=2, sort_keys=True) + "\n"
+def write_fingerprint(ckpt: Path, fp: Fingerprint) -> None:
+    """Store a run's fingerprint in ``ckpt`` (before committing it).
+
+    Args:
+        ckpt: the checkpoint folder.
+        fp: :func:`fingerprint` of the run's scenario, made once at set-up.
+    """
+    text = json.dumps(fp, indent=2, sort_keys=True) + "\n"
     atomic_write_bytes(Path(ckpt) / FINGERPRINT, text.encode())
 
 
@@ -299,7 +320,7 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def check_fingerprint(
-    ckpt_path: Path, scenario: Scenario, missing_ok: bool = False
+    ckpt_path: Path, scenario: Resolvable, missing_ok: bool = False
 ) -> None:
     """Refuse to resume ``ckpt_path`` (a checkpoint folder, or a run folder
     whose LATEST is followed) with a scenario of another experiment: a

@@ -3,12 +3,12 @@
 same results. A new executor subclasses :class:`Executor` with a ``_calls``.
 
 Example:
-    >>> from fedsim import data, scenario, server, workers
+    >>> from fedsim import data, runtime, scenario, server, workers
     >>> sc = scenario.load_scenario("scenarios/quickstart.yaml")
-    >>> fed = data.build_data(sc.data, sc.num_clients, sc.seed)
-    >>> ex = make_executor(sc, fed, workers=0)
+    >>> setup, fed = runtime.run_setup(sc), data.build_data(sc.data, 30, sc.seed)
+    >>> ex = make_executor(setup.executor, fed, workers=0)
     >>> tasks = [workers.Task(3, 0, 5), workers.Task(1, 0, 2)]
-    >>> ups = ex.train(tasks, {0: server.Server(sc, fed).payload()}, {})
+    >>> ups = ex.train(tasks, {0: server.Server(setup.server, fed).payload()}, {})
     >>> [(u.client, u.tau) for u in ups]
     [(3, 5), (1, 2)]
     >>> ex.shutdown()
@@ -22,12 +22,16 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from fedsim.algorithms.base import ClientState, ClientUpdate
 from fedsim.data import DataError, DataMissingError, FederatedData, build_data
-from fedsim.scenario import Scenario
-from fedsim.tasks import UpdateSummary
+from fedsim.data.base import DatasetSpec
+from fedsim.fleet import Fleet, FleetSpec
+from fedsim.links import LinksSpec, apply_links
+from fedsim.spec import ResourceSpec
+from fedsim.tasks import UpdateSummary, WorkerSetup
 from fedsim.workers import Payload, Task, Worker, assign_lpt
 
 Tasks = Sequence[Task]
@@ -35,6 +39,51 @@ Payloads = Mapping[int, Payload]  # by server version
 States = Mapping[int, ClientState]  # by client id
 Updates = list[ClientUpdate]
 Calls = Iterator[tuple[list[int], Updates]]  # task positions, their updates
+
+
+@dataclass(frozen=True)
+class DataRecipe:
+    """The run's training data as a pure function of these fields: what a
+    node builds for itself with ``resources.data: per_node`` (the runtime
+    builds the same in the driver).
+
+    Attributes:
+        data: the ``data`` section.
+        num_clients: the fleet's size.
+        seed: the run's seed.
+        fleet: the fleet section (fleet-data links tie clients to devices).
+        links: the ``links`` section, or None (the partitions as they are).
+    """
+
+    data: DatasetSpec
+    num_clients: int
+    seed: int
+    fleet: FleetSpec
+    links: LinksSpec | None = None
+
+    def build(self) -> FederatedData:
+        """The training data, tied to the fleet as ``links`` declares."""
+        data = build_data(self.data, self.num_clients, self.seed)
+        if self.links is None:
+            return data
+        fleet = Fleet.from_spec(self.fleet, self.seed)
+        return apply_links(self.links, fleet, data, self.seed, self.fleet)
+
+
+@dataclass(frozen=True)
+class ExecutorSetup:
+    """What an executor needs of the run, built once by the runtime.
+
+    Attributes:
+        worker: what every worker is set up with.
+        resources: the ``resources`` section (workers' CPUs and GPUs,
+            placement, the data's transport, the server's home).
+        recipe: how a node builds the data itself (``per_node``).
+    """
+
+    worker: WorkerSetup
+    resources: ResourceSpec
+    recipe: DataRecipe
 
 
 class Apart(NamedTuple):
@@ -127,12 +176,13 @@ class InProcessExecutor(Executor):
     """One worker in this process (``workers: 0``): no Ray, same results.
 
     Args:
-        scenario: the run's scenario (the worker builds model and solver).
+        setup: the worker's set-up record (it builds model and solver, and
+            sets torch's threads to ``setup.threads``).
         data: the federated dataset, shared with the server (not copied).
     """
 
-    def __init__(self, scenario: Scenario, data: FederatedData) -> None:
-        self.worker = Worker(scenario, data, int(scenario.resources.cpus_per_worker))
+    def __init__(self, setup: WorkerSetup, data: FederatedData) -> None:
+        self.worker = Worker(setup, data, setup.threads)
 
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
         # one worker call per start version: a call trains from one payload
@@ -177,26 +227,26 @@ class RayWorker(Worker):
     before: the same arguments, the same token.
 
     Args:
-        scenario: as :class:`Worker`.
+        setup: as :class:`Worker`.
         data: as :class:`Worker` (the one-element list of the reference).
         threads: as :class:`Worker`.
         token: the run this actor trains for.
     """
 
     def __init__(
-        self, scenario: Scenario, data: Any, threads: int | None, token: str
+        self, setup: WorkerSetup, data: Any, threads: int | None, token: str
     ) -> None:
-        super().__init__(scenario, data, threads)
+        super().__init__(setup, data, threads)
         self.token = token
 
-    def setup(
-        self, scenario: Scenario, data: Any, threads: int | None, token: str
+    def setup_for(
+        self, setup: WorkerSetup, data: Any, threads: int | None, token: str
     ) -> str:
         """Become the worker a new actor for this run would be: every
         attribute of the earlier run is dropped first, so nothing of it
         leaks into this one. Returns the token (the executor waits on it)."""
         self.__dict__.clear()
-        RayWorker.__init__(self, scenario, data, threads, token)
+        RayWorker.__init__(self, setup, data, threads, token)
         return token
 
     def park(self) -> None:
@@ -335,7 +385,7 @@ def adopt(shape: tuple[Any, ...] | None, n: int, setup: tuple[Any, ...]) -> list
     for a in mine[n:]:
         _kill(a)
     ready: list[Any] = []
-    for a, ref in [(a, a.setup.remote(*setup)) for a in mine[:n]]:
+    for a, ref in [(a, a.setup_for.remote(*setup)) for a in mine[:n]]:
         try:
             ray.get(ref, timeout=60)
             ready.append(a)
@@ -351,21 +401,19 @@ def _job() -> str:
     return ray.get_runtime_context().get_job_id()
 
 
-def worker_shape(scenario: Scenario) -> tuple[Any, ...] | None:
+def worker_shape(res: ResourceSpec) -> tuple[Any, ...] | None:
     """The key under which a run's worker actors park (None: never: a
     placement group or per-node data ties them to their run)."""
-    res = scenario.resources
     if res.placement != "spread" or res.data == "per_node":
         return None
     return ("worker", _job(), float(res.cpus_per_worker), float(res.gpus_per_worker))
 
 
-def server_shape(scenario: Scenario) -> tuple[Any, ...] | None:
+def server_shape(res: ResourceSpec) -> tuple[Any, ...] | None:
     """The key under which a run's server actor parks (None: never: it
     lives in the driver, or in a placement group's bundle)."""
-    res = scenario.resources
     spec = res.server
-    if spec.home != "actor" or worker_shape(scenario) is None:
+    if spec.home != "actor" or worker_shape(res) is None:
         return None
     extra = tuple(sorted(spec.resources.items()))
     return ("server", _job(), float(spec.cpus), float(spec.gpus), extra)
@@ -478,38 +526,36 @@ class _NodeLocalData:
     """The dataset as a recipe, built from each node's own data root.
 
     Ray pickles this instead of the arrays (``resources.data: per_node``);
-    unpickling on an actor runs :func:`build_data` there, and since the
-    dataset is a pure function of its section and the seed, every node
+    unpickling on an actor runs :meth:`DataRecipe.build` there, and since
+    the dataset is a pure function of its section and the seed, every node
     builds the same clients.
     """
 
-    def __init__(self, scenario: Scenario) -> None:
-        self.args = (scenario.data, scenario.num_clients, scenario.seed)
-        self.scenario = scenario
+    def __init__(self, recipe: DataRecipe) -> None:
+        self.recipe = recipe
 
     def __reduce__(self) -> tuple[Any, ...]:
-        if self.scenario.links is not None:  # the data tied to the fleet, as here
-            from fedsim.links import build_linked_data
+        if self.recipe.links is None:  # the plain call, as before links
+            r = self.recipe
+            return build_data, (r.data, r.num_clients, r.seed)
+        return DataRecipe.build, (self.recipe,)
 
-            return build_linked_data, (self.scenario,)
-        return build_data, self.args
 
-
-def _build_here(args: tuple[Any, ...]) -> str | None:
+def _build_here(recipe: DataRecipe) -> str | None:
     """Build the dataset on this node: None, or why it cannot."""
     try:
-        build_data(*args)
+        build_data(recipe.data, recipe.num_clients, recipe.seed)
     except (DataMissingError, DataError, OSError) as exc:
         return str(exc)
     return None
 
 
-def check_data_on_nodes(scenario: Scenario) -> None:
+def check_data_on_nodes(recipe: DataRecipe) -> None:
     """Check that every live node with CPUs can build the dataset from its
     own disk (``resources.data: per_node``), before any actor starts.
 
     Args:
-        scenario: the run's scenario (its ``data`` section and seed).
+        recipe: how the run's data is built.
 
     Raises:
         DataMissingError: naming every node that cannot, and why.
@@ -518,13 +564,12 @@ def check_data_on_nodes(scenario: Scenario) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
-    args = _NodeLocalData(scenario).args
     check = ray.remote(_build_here)
     refs = [
         check.options(
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], False),
-        ).remote(args)
+        ).remote(recipe)
         for n in nodes
     ]
     bad = [
@@ -556,7 +601,8 @@ class RayExecutor(Executor):
     the runtime hands to the server actor (the driver never fetches them).
 
     Args:
-        scenario: the run's scenario (resources, data, model, algorithm).
+        setup: the executor's set-up record (the workers', the resources,
+            the data's recipe).
         data: the dataset, put in the object store once (or, with
             ``resources.data: per_node``, a recipe each node builds from).
         n: the number of worker actors.
@@ -570,26 +616,27 @@ class RayExecutor(Executor):
     # is slow to restart: tests/test_faults.py).
     worker_class: type[RayWorker] = RayWorker
 
-    def __init__(self, scenario: Scenario, data: FederatedData, n: int) -> None:
+    def __init__(self, setup: ExecutorSetup, data: FederatedData, n: int) -> None:
         import ray
 
-        res = scenario.resources
+        res = setup.resources
         self.placement = res.placement
         # the server actor fetches the updates itself (train_apart)
         self.apart = res.server.home == "actor"
         # Warm actors of this run's shapes are taken over below; every other
         # parked actor is killed first: its resources may be this run's.
-        self._shape = worker_shape(scenario)
-        release_parked(keep={self._shape, server_shape(scenario)}, everything=False)
+        self._shape = worker_shape(res)
+        release_parked(keep={self._shape, server_shape(res)}, everything=False)
         self._token = secrets.token_hex(8)  # this run's (RayWorker)
         self._pg = None if res.placement == "spread" else _placement_group(res, n)
         if res.data == "per_node":
-            check_data_on_nodes(scenario)
+            check_data_on_nodes(setup.recipe)
         # a list: Ray hands the reference itself to a (re)started actor
-        shared = _NodeLocalData(scenario) if res.data == "per_node" else data
+        shared = _NodeLocalData(setup.recipe) if res.data == "per_node" else data
         self._data: list[Any] = [ray.put(shared)]
-        # int(cpus): torch's threads in each actor
-        self._setup = (scenario, self._data, int(res.cpus_per_worker), self._token)
+        # torch's threads in each actor: the worker record's figure
+        threads = setup.worker.threads
+        self._setup = (setup.worker, self._data, threads, self._token)
         self.actors: list[Any] = adopt(self._shape, n, self._setup)
         self.actors += [
             ray.remote(self.worker_class)
@@ -743,7 +790,7 @@ class RayExecutor(Executor):
                     # a warm actor Ray restarted with its first run's
                     # arguments: set it up for this run (calls on one actor
                     # run in order, so the resent call comes after)
-                    calls[k].actor.setup.remote(*self._setup)
+                    calls[k].actor.setup_for.remote(*self._setup)
             self._check_nodes()
             time.sleep(delay)  # while Ray restarts the actor
             sent[k] = self._send(calls[k], split)  # new references replace the lost
@@ -833,11 +880,11 @@ class RayExecutor(Executor):
             self._pg = None
 
 
-def resolve_workers(scenario: Scenario, override: int | None) -> int:
+def resolve_workers(res: ResourceSpec, override: int | None) -> int:
     """How many worker actors a run uses.
 
     Args:
-        scenario: its ``resources.workers`` (a count or ``auto``).
+        res: the ``resources`` section (``workers``: a count or ``auto``).
         override: the command line's ``--workers``, which wins when given.
 
     Returns:
@@ -847,7 +894,6 @@ def resolve_workers(scenario: Scenario, override: int | None) -> int:
     """
     if override is not None:
         return override
-    res = scenario.resources
     if res.workers != "auto":
         return int(res.workers)
     import ray
@@ -858,15 +904,15 @@ def resolve_workers(scenario: Scenario, override: int | None) -> int:
     return max(1, int(cpus // res.cpus_per_worker))
 
 
-def make_executor(scenario: Scenario, data: FederatedData, workers: int) -> Executor:
+def make_executor(setup: ExecutorSetup, data: FederatedData, workers: int) -> Executor:
     """The run's executor, chosen once: in-process for ``workers == 0``,
     else ``workers`` Ray actors (Ray must be initialised).
 
     Args:
-        scenario: the run's scenario.
+        setup: the executor's set-up record.
         data: the federated dataset.
         workers: 0, or the number of Ray worker actors.
     """
     if workers == 0:
-        return InProcessExecutor(scenario, data)
-    return RayExecutor(scenario, data, workers)
+        return InProcessExecutor(setup.worker, data)
+    return RayExecutor(setup, data, workers)

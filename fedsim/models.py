@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,9 +26,6 @@ from torch import nn
 
 from fedsim.data.base import FederatedData
 from fedsim.spec import Model, ModelSpec  # there: validating a scenario needs no torch
-
-if TYPE_CHECKING:
-    from fedsim.spec import ScenarioView
 
 _MODEL_INIT_TAG = 0x1A17
 
@@ -259,13 +256,40 @@ def build_model(
     return model.to(getattr(torch, spec.dtype))
 
 
-def make_model(scenario: ScenarioView, data: FederatedData) -> nn.Module:
-    """The scenario's model for ``data``, initialised from the scenario seed."""
-    ss = np.random.SeedSequence([scenario.seed, _MODEL_INIT_TAG])
+@dataclass(frozen=True)
+class NetworkSetup:
+    """How the run's network is built: the same on the server and on every
+    worker, so every copy starts from the same bits.
+
+    Attributes:
+        model: the scenario's ``model`` section.
+        seed: the run's seed; the initial weights come from a stream of
+            their own derived from it.
+        start: the value every parameter starts at when the data fixes it
+            (``DatasetSpec.start_value``: the quadratic objectives' x_0);
+            None: the network's own initialisation.
+    """
+
+    model: ModelSpec | Model
+    seed: int
+    start: float | None = None
+
+
+def make_model(net: NetworkSetup, data: FederatedData) -> nn.Module:
+    """The run's network for ``data``, initialised from the run's seed.
+
+    Args:
+        net: how to build it.
+        data: the federated dataset (its sample shape and classes).
+
+    Returns:
+        The network, in the model's dtype, on the CPU.
+    """
+    ss = np.random.SeedSequence([net.seed, _MODEL_INIT_TAG])
     seed = int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
-    x0 = getattr(scenario.data, "x0", 0.0)
+    x0 = 0.0 if net.start is None else net.start
     return build_model(
-        scenario.model, data.input_dim, data.num_classes, seed, x0, data.x.shape[1:]
+        net.model, data.input_dim, data.num_classes, seed, x0, data.x.shape[1:]
     )
 
 

@@ -27,11 +27,18 @@ from fedsim.algorithms.base import AsyncRule, ClientUpdate
 from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.data import FederatedData, build_data
 from fedsim.data.partition import partition_table
-from fedsim.data.validation import describe_validation
-from fedsim.executors import Executor, RayExecutor, make_executor
+from fedsim.data.validation import describe_validation, validation_use
+from fedsim.executors import (
+    DataRecipe,
+    Executor,
+    ExecutorSetup,
+    RayExecutor,
+    make_executor,
+)
+from fedsim.facts import RunFacts
 from fedsim.fleet import Fleet
 from fedsim.links import apply_links, summary_entry
-from fedsim.models import make_model
+from fedsim.models import NetworkSetup, make_model
 from fedsim.results import (
     Recorder,
     check_free_space,
@@ -46,11 +53,12 @@ from fedsim.server import (
     DivergenceError,
     RoundServer,
     Server,
+    ServerSetup,
     evaluates,
     objective_due,
 )
 from fedsim.server_actor import RemoteServer, ServerLost
-from fedsim.tasks import UpdateSummary, update_norm
+from fedsim.tasks import UpdateSummary, WorkerSetup, update_norm
 from fedsim.workers import Payload, Task
 
 # Tags of the run's random streams, each (seed, tag, n): distinct tags keep
@@ -78,6 +86,63 @@ class Pair(NamedTuple):
 
 
 Trained = Sequence[Pair]
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """Every part's set-up record, built once from the scenario by
+    :func:`run_setup`: the runtime is the only reader of the
+    :class:`~fedsim.scenario.Scenario` below the command line, and each part
+    receives only its own small, frozen record (as the clock receives
+    :class:`clock.RunContext`).
+
+    Attributes:
+        facts: what a plug-in's questions read (``bytes_per_client``,
+            ``clock_work``).
+        network: how the server and the workers build the network.
+        worker: what every worker needs.
+        server: what the server needs (in the driver or the actor).
+        executor: what the executor needs (the workers', the resources,
+            the data's recipe).
+    """
+
+    facts: RunFacts
+    network: NetworkSetup
+    worker: WorkerSetup
+    server: ServerSetup
+    executor: ExecutorSetup
+
+
+def run_setup(scenario: Scenario) -> RunSetup:
+    """The set-up records of a run of ``scenario`` (pure: the same scenario
+    gives equal records, so a resumed run builds exactly what the first did).
+
+    Args:
+        scenario: the validated scenario.
+
+    Returns:
+        Every part's record (:class:`RunSetup`).
+    """
+    sc = scenario
+    network = NetworkSetup(sc.model, sc.seed, sc.data.start_value)
+    res = sc.resources
+    worker = WorkerSetup(
+        algorithm=sc.algorithm,
+        network=network,
+        client=sc.client,
+        seed=sc.seed,
+        rounds=sc.rounds,
+        gpus=res.gpus_per_worker,
+        vectorize=res.vectorize,
+        # under fixed_window the clock's tau caps an own procedure's work
+        capped=sc.round.policy == "fixed_window",
+        threads=max(1, int(res.cpus_per_worker)),
+    )
+    validation = validation_use(sc.algorithm, sc.selector.clients_per_round)
+    server = ServerSetup(sc.algorithm, network, sc.eval, validation)
+    recipe = DataRecipe(sc.data, sc.num_clients, sc.seed, sc.fleet, sc.links)
+    executor = ExecutorSetup(worker, res, recipe)
+    return RunSetup(sc.facts, network, worker, server, executor)
 
 
 class SetupError(OSError):
@@ -119,7 +184,13 @@ class RunResult:
                 wall_time_s=self.wall_time_s,
                 workers=self.workers,
                 version=__version__,
-                server_validation=describe_validation(self.scenario, self.data),
+                server_validation=describe_validation(
+                    validation_use(
+                        self.scenario.algorithm,
+                        self.scenario.selector.clients_per_round,
+                    ),
+                    self.data,
+                ),
             ),
             **self.placement,
             "initial": initial,
@@ -242,6 +313,7 @@ class _Run:
         self, sc: Scenario, run_dir: Path | None, on_round: RoundCallback | None
     ) -> None:
         self.sc = sc
+        self.setup = run_setup(sc)
         self.run_dir = run_dir
         self.on_round = on_round
         self.asynchronous = sc.round.policy == "async"
@@ -256,19 +328,20 @@ class _Run:
         self.server: RoundServer
         self.on_actor = sc.resources.server.home == "actor"
         if not self.on_actor:
-            self.server = Server(sc, self.data)
+            self.server = Server(self.setup.server, self.data)
         self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)
         # The constants every plan, the timeline and the selectors charge
         # for, in one frozen value (docs/architecture.md, "Bytes"); the
         # algorithm says what its clients send (a plug-in may override it).
-        bytes_down, bytes_up = sc.algorithm.bytes_per_client(sc, self.num_params)
+        facts = self.setup.facts
+        bytes_down, bytes_up = sc.algorithm.bytes_per_client(facts, self.num_params)
         self.ctx = clock.RunContext(
             bytes_down=bytes_down,
             bytes_up=bytes_up,
             n_samples=self.data.n_samples,
             batch_size=sc.client.batch_size,
             # an algorithm whose client work is not local steps says its own
-            work=job_work(sc, self.data),
+            work=sc.algorithm.clock_work(facts, self.data),
         )
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
@@ -283,18 +356,16 @@ class _Run:
             ctx.work,
         )
         self.every = sc.checkpoint.every_rounds if run_dir is not None else 0
+        # what each checkpoint stores of the scenario (resumes compare it)
+        self.fingerprint = checkpoint.fingerprint(sc) if self.every else {}
 
     @property
     def num_params(self) -> int:
         """d, the model's number of parameters (no server actor needed)."""
         if not self.on_actor:
             return self.server.num_params
-        return sum(p.numel() for p in make_model(self.sc, self.data).parameters())
-
-    @classmethod
-    def plan_only(cls, scenario: Scenario) -> _Run:
-        """The run's parts without executor or results (no training)."""
-        return cls(scenario, None, None)
+        model = make_model(self.setup.network, self.data)
+        return sum(p.numel() for p in model.parameters())
 
     def start(self, workers: int, resume: bool) -> None:
         """Evaluate x_0, prepare the run directory and start the executor.
@@ -314,8 +385,10 @@ class _Run:
                 "(or home: driver)"
             )
         if self.on_actor:  # placed with the workers: the executor comes first
-            self.executor: Executor = make_executor(self.sc, self.data, workers)
-            self.server = _server_actor(self.sc, self.executor, self.threads)
+            self.executor: Executor = make_executor(
+                self.setup.executor, self.data, workers
+            )
+            self.server = _server_actor(self.setup, self.executor, self.threads)
         # x_0 is a pure function of (scenario, seed): a resume evaluates it again
         loss, acc = self.server.evaluate()
         self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
@@ -324,7 +397,7 @@ class _Run:
         if self.run_dir is not None:
             self._prepare(self.run_dir, resume)
         if not self.on_actor:
-            self.executor = make_executor(self.sc, self.data, workers)
+            self.executor = make_executor(self.setup.executor, self.data, workers)
         self.wall0 = time.perf_counter()  # rows' wall_time: training only
 
     def _prepare(self, run_dir: Path, resume: bool) -> None:
@@ -339,7 +412,8 @@ class _Run:
                 check_free_space(run_dir, need + 2**20, "checkpoints")
             except OSError as exc:
                 raise SetupError(str(exc)) from None
-        if not resume and sc.data.dataset != "quadratic":
+        # label histograms: data with classes only (an objective has none)
+        if not resume and self.data.num_classes > 0:
             try:
                 table = partition_table(self.data)  # label histograms
                 write_arrow(run_dir / "partition.parquet", table)
@@ -496,7 +570,7 @@ class _Run:
                 "n_selector_rows": len(self.recorder.selector_rows),
             },
         )
-        checkpoint.write_fingerprint(ckpt, self.sc)
+        checkpoint.write_fingerprint(ckpt, self.fingerprint)
         checkpoint.commit_checkpoint(self.run_dir, ckpt)
 
     def restore(self) -> checkpoint.Checkpoint:
@@ -541,12 +615,12 @@ class _Run:
         return state, [{"round": t, **r} for r in sel.artifact(state, t)]
 
 
-def _server_actor(sc: Scenario, executor: Executor, threads: int) -> RemoteServer:
+def _server_actor(setup: RunSetup, executor: Executor, threads: int) -> RemoteServer:
     """The server actor, placed as ``resources.server`` says: in the workers'
     placement group when they have one, sharing their copy of the data.
 
     Args:
-        sc: the run's scenario.
+        setup: the run's set-up records (the server's, the resources).
         executor: the run's Ray executor (its placement group and data).
         threads: torch's threads in the actor, the driver's figure, so the
             server's reductions (and floats) are the driver's.
@@ -555,7 +629,9 @@ def _server_actor(sc: Scenario, executor: Executor, threads: int) -> RemoteServe
         PlacementError: the actor cannot be placed in time.
     """
     ray_ex = cast(RayExecutor, executor)
-    return RemoteServer(sc, ray_ex.data_ref, ray_ex.server_strategy(), threads)
+    res = setup.executor.resources
+    strategy = ray_ex.server_strategy()
+    return RemoteServer(setup.server, res, ray_ex.data_ref, strategy, threads)
 
 
 def _close(run: _Run) -> dict[str, Any]:
@@ -571,13 +647,6 @@ def _close(run: _Run) -> dict[str, Any]:
             run.executor.shutdown()
             run.server.shutdown()
     return placement
-
-
-def job_work(sc: Scenario, data: FederatedData) -> clock.JobWork | None:
-    """What the clock charges an algorithm whose client work is not local
-    SGD steps, as the algorithm states it (``Algorithm.clock_work``: e.g. the
-    iterations and upload of a synthetic set); None for the rest."""
-    return sc.algorithm.clock_work(sc, data)
 
 
 def _tau_columns(taus: Sequence[int]) -> Row:
@@ -915,7 +984,7 @@ def _version_columns(rec: clock.Version, staleness: Sequence[int]) -> Row:
 def async_timeline(scenario: Scenario) -> clock.AsyncTimeline:
     """A fresh asynchronous timeline of ``scenario``, exactly as a run sees
     it, without training (an adaptive selector observes nothing here)."""
-    return _Async(_Run.plan_only(scenario), None).tl
+    return _Async(_Run(scenario, None, None), None).tl
 
 
 def run_scenario(

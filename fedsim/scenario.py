@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import yaml
 from pydantic import (
@@ -53,6 +53,7 @@ from pydantic import (
 from fedsim.algorithms.sampling import pairing_problem
 from fedsim.clock import RoundSpec
 from fedsim.data.validation import validation_problem
+from fedsim.facts import RunFacts
 from fedsim.fleet import FleetSpec
 from fedsim.links import LinksSpec
 from fedsim.plugins import (
@@ -63,16 +64,24 @@ from fedsim.plugins import (
 )
 from fedsim.selectors import DEFAULT as SELECTOR_DEFAULT
 from fedsim.spec import (
+    CheckpointSpec,
     ClientSpec,
+    EvalSpec,
     Model,
     ModelSpec,
     Problem,
+    ResourceSpec,
     ScenarioWarning,
+    ServerHomeSpec,
     Spec,
 )
 
 __all__ = [
+    "CheckpointSpec",
     "ClientSpec",
+    "EvalSpec",
+    "ResourceSpec",
+    "ServerHomeSpec",
     "Scenario",
     "ScenarioError",
     "ScenarioWarning",
@@ -118,80 +127,6 @@ else:
 def _default_selector() -> Any:
     """The registry's default selector with its default fields."""
     return resolve("selector", SELECTOR_DEFAULT)()
-
-
-class EvalSpec(Spec):
-    """The server's evaluation: every ``every_rounds`` rounds, in batches of
-    ``batch_size`` samples. ``objective_every`` k > 0 also computes the
-    global training objective F(x) = sum_i p_i F_i(x) every k rounds and
-    after the last (rounds.parquet's ``train_objective``); 0, the default,
-    never does (docs/scenarios.md, "eval")."""
-
-    every_rounds: Annotated[int, Field(ge=1)] = 1
-    batch_size: Annotated[int, Field(ge=1)] = 4096
-    objective_every: Annotated[int, Field(ge=0)] = 0
-
-
-class CheckpointSpec(Spec):
-    """A checkpoint every ``every_rounds`` rounds (0: never) and at the end."""
-
-    every_rounds: Annotated[int, Field(ge=0)] = 10
-
-
-class ServerHomeSpec(Spec):
-    """Where the server runs (docs/architecture.md, "Where the server runs").
-
-    ``driver`` (the default): in the driver process. ``actor``: a Ray actor
-    with ``cpus``, ``gpus`` and custom node ``resources`` of its own, placed
-    like the workers (in their placement group when there is one).
-    """
-
-    home: Literal["driver", "actor"] = "driver"
-    cpus: Annotated[float, Field(ge=0, le=1024)] = 1.0
-    gpus: Annotated[float, Field(ge=0, le=64)] = 0.0
-    resources: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _driver_takes_nothing(self) -> ServerHomeSpec:
-        # the driver is placed by whoever starts it, not by the scenario
-        asked = self.gpus or self.resources
-        if self.home == "driver" and asked:
-            raise ValueError(
-                "gpus and resources place a server actor: set home: actor, or "
-                "place the driver with ray job submit --entrypoint-resources "
-                "(cluster/README.md)"
-            )
-        return self
-
-
-class ResourceSpec(Spec):
-    """Ray resources (docs/scenarios.md, "Top level")."""
-
-    workers: Literal["auto"] | Annotated[int, Field(ge=0, le=4096)] = "auto"
-    cpus_per_worker: Annotated[float, Field(gt=0, le=1024)] = 1.0
-    gpus_per_worker: Annotated[float, Field(ge=0, le=64)] = 0.0
-    vectorize: bool = False  # equal to sequential within float tolerance only
-    server: ServerHomeSpec = ServerHomeSpec()
-    server_node: Literal["driver", "any"] = "driver"
-    server_cpus: Annotated[float, Field(ge=0, le=1024)] = 0.0
-    placement: Literal["spread", "pack", "strict_spread", "strict_pack"] = "spread"
-    placement_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
-    data: Literal["object_store", "per_node"] = "object_store"
-
-    @model_validator(mode="after")
-    def _old_server_fields(self) -> ResourceSpec:
-        # refused rather than mapped: the old fields meant another placement
-        how = (
-            "use resources.server instead: {home: driver} (the default) or "
-            "{home: actor, cpus: 1, gpus: 0, resources: {node_b: 0.01}}; the "
-            "driver itself is placed with ray job submit --entrypoint-resources "
-            "(cluster/README.md)"
-        )
-        if self.server_node != "driver":
-            raise ValueError(f"server_node {self.server_node!r} is gone: {how}")
-        if self.server_cpus:
-            raise ValueError(f"server_cpus {self.server_cpus:g} is gone: {how}")
-        return self
 
 
 class Scenario(Spec):
@@ -251,7 +186,9 @@ class Scenario(Spec):
             self._size_problem,
             # sampling and weighting are one decision (docs/scenarios.md)
             lambda: pairing_problem(self.selector, self.algorithm),
-            lambda: validation_problem(self),
+            lambda: validation_problem(
+                self.algorithm, self.data, self.selector.clients_per_round
+            ),
             self._quadratic_problem,
             self._links_problem,
         )
@@ -305,9 +242,10 @@ class Scenario(Spec):
         """Each plug-in's own checks against the rest of the scenario: the first
         error refuses it, warnings go out as :class:`ScenarioWarning`."""
         found: list[Problem] = []
+        facts = self.facts
         for part in (self.algorithm, self.selector):
             check = getattr(part, "check", None)
-            found += list(check(self)) if check is not None else []
+            found += list(check(facts)) if check is not None else []
         for p in found:
             if not p.warning:
                 raise ValueError(p.message)
@@ -318,6 +256,23 @@ class Scenario(Spec):
     def num_clients(self) -> int:
         """The client count: device i is client i, so the fleet's size."""
         return self.fleet.size
+
+    @property
+    def facts(self) -> RunFacts:
+        """What a plug-in's questions about this run read (a small typed
+        record: :class:`fedsim.facts.RunFacts`)."""
+        return RunFacts(
+            seed=self.seed,
+            rounds=self.rounds,
+            num_clients=self.num_clients,
+            clients_per_round=self.selector.clients_per_round,
+            client=self.client,
+            round=self.round,
+            fleet=self.fleet,
+            data=self.data,
+            dataset=str(self.data.dataset),
+            model=self.model,
+        )
 
 
 def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:

@@ -1,13 +1,15 @@
 """The server: the algorithm's state, per-client state, aggregation (one
 :meth:`Server.apply` for both modes) and evaluation, in the driver process.
 
-Example:
+Example (the set-up records come from :func:`fedsim.runtime.run_setup`, the
+one reader of the scenario):
     >>> from fedsim.scenario import load_scenario
     >>> from fedsim.data import build_data
+    >>> from fedsim.runtime import run_setup
     >>> from fedsim.workers import Task, Worker
     >>> sc = load_scenario("scenarios/quickstart.yaml")
-    >>> data = build_data(sc.data, sc.num_clients, sc.seed)
-    >>> server, worker = Server(sc, data), Worker(sc, data)
+    >>> setup, data = run_setup(sc), build_data(sc.data, sc.num_clients, sc.seed)
+    >>> server, worker = Server(setup.server, data), Worker(setup.worker, data)
     >>> ups = worker.train(server.payload(), [Task(0, 0, 3), Task(1, 0, 3)])
     >>> applied = server.apply(ups)
     >>> round(sum(applied.weights), 6)
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from fedsim import checkpoint
 from fedsim.algorithms.base import (
     AggregateInfo,
+    Algorithm,
     ClientState,
     ClientUpdate,
     RoundContext,
@@ -37,10 +40,9 @@ from fedsim.algorithms.base import (
 )
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
-from fedsim.data.validation import validation_problem, validation_use
-from fedsim.models import QuadraticModel, evaluate, make_model
+from fedsim.models import NetworkSetup, QuadraticModel, evaluate, make_model
 from fedsim.params import flatten
-from fedsim.scenario import EvalSpec, Scenario, ScenarioError
+from fedsim.spec import EvalSpec
 from fedsim.store import ClientStore
 from fedsim.tasks import UpdateSummary, update_norm
 
@@ -50,6 +52,32 @@ Split = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
 
 class DivergenceError(RuntimeError):
     """The global model or the training loss became NaN or infinite."""
+
+
+class ServerSetupError(ValueError):
+    """The server cannot be built for this data (an algorithm scores models
+    on a validation split the dataset did not reserve)."""
+
+
+@dataclass(frozen=True)
+class ServerSetup:
+    """What the server needs of the run, built once by the runtime (the same
+    record for the driver's home and the server actor).
+
+    Attributes:
+        algorithm: the run's algorithm (its server half).
+        network: how to build the network (the workers build the same).
+        eval: the ``eval`` section: evaluation batch size and schedule.
+        validation: the data server-side model choices score on:
+            ``"validation"`` (the dataset's validation split), ``"test"``
+            (the test set, an opt-in) or None (no choice looks at data);
+            the algorithm's ``validation_use`` for the run's round size.
+    """
+
+    algorithm: Algorithm
+    network: NetworkSetup
+    eval: EvalSpec
+    validation: str | None = None
 
 
 def server_device(gpus_assigned: float, cuda_available: bool) -> torch.device:
@@ -284,26 +312,26 @@ class Server:
     the same floats as before the device existed.
 
     Args:
-        scenario: the run's scenario (algorithm, model, eval, validation).
+        setup: what the server needs of the run (built once by the runtime).
         data: the federated dataset (test and validation splits).
         device: where the server's forward/backward work runs
             (:func:`server_device` chooses it for a server actor).
 
     Raises:
-        ScenarioError: the algorithm scores server-side model choices but
-            the dataset has no validation split to score them on.
+        ServerSetupError: the algorithm scores server-side model choices
+            on a validation split the dataset was built without.
     """
 
     def __init__(
         self,
-        scenario: Scenario,
+        setup: ServerSetup,
         data: FederatedData,
         device: torch.device | str = "cpu",
     ) -> None:
-        self.scenario = scenario
-        self.algorithm = scenario.algorithm
+        self.setup = setup
+        self.algorithm = setup.algorithm
         self.device = _resolved(torch.device(device))
-        self.model = make_model(scenario, data)
+        self.model = make_model(setup.network, data)
         x0 = flatten(self.model)
         self.model.to(self.device)
         self.state = self.algorithm.init(x0, data.num_clients)
@@ -313,16 +341,18 @@ class Server:
         self.test_weights = data.test_weights
         # What server-side model choices score on (an algorithm's check
         # loss): the validation split, the test set where the scenario opts
-        # in, or None.
-        use = validation_use(scenario)
+        # in, or None. (A scenario asking for a split with none reserved is
+        # refused when it loads; a dataset built without one is caught here.)
+        use = setup.validation
         self.val = self.test if use == "test" else None
         self.val_weights = self.test_weights if use == "test" else None
         if use == "validation":
-            problem = validation_problem(scenario)
-            if problem is None and data.val_x is None:
-                problem = "the dataset was built without its validation split"
-            if problem is not None:
-                raise ScenarioError(problem)
+            if data.val_x is None:
+                raise ServerSetupError(
+                    f"algorithm {self.algorithm.name!r} scores models on the "
+                    "server's validation split, but the dataset was built "
+                    "without one (data.validation_fraction)"
+                )
             val = _split(data.val_x, data.val_y, x0.dtype, data.num_classes)
             self.val = _on(val, self.device)
         self._data = data
@@ -441,9 +471,9 @@ class Server:
         the loss scores a CPU vector there and returns a float)."""
         if self._context is None:
             val, val_w = self.val, self.val_weights
-            batch = self.scenario.eval.batch_size
+            batch = self.setup.eval.batch_size
             device = self.device
-            eval_model = make_model(self.scenario, self._data).to(device)
+            eval_model = make_model(self.setup.network, self._data).to(device)
 
             def loss(x: torch.Tensor) -> float:
                 if val is None:
@@ -456,7 +486,7 @@ class Server:
                 torch.nn.utils.vector_to_parameters(x.to(device), params)
                 return evaluate(eval_model, *val, batch, val_w)[0]
 
-            train_model = make_model(self.scenario, self._data).to(device)
+            train_model = make_model(self.setup.network, self._data).to(device)
             self._context = ServerContext(train_model, loss, self._data.num_classes)
         return self._context
 
@@ -472,7 +502,7 @@ class Server:
         """
         x = self.state["x"].to(self.device)
         torch.nn.utils.vector_to_parameters(x, self.model.parameters())
-        batch = self.scenario.eval.batch_size
+        batch = self.setup.eval.batch_size
         return evaluate(self.model, *self.test, batch, self.test_weights)
 
     @torch.no_grad()
@@ -508,7 +538,7 @@ class Server:
         self.model.eval()
         try:
             losses = _row_losses(
-                self.model, data, x0.dtype, self.scenario.eval.batch_size, self.device
+                self.model, data, x0.dtype, self.setup.eval.batch_size, self.device
             ).cpu()
         finally:
             self.model.train()

@@ -26,15 +26,16 @@ import torch
 from fedsim.algorithms.base import ClientUpdate
 from fedsim.data import FederatedData
 from fedsim.executors import PlacementError, adopt, park, parks, server_shape
-from fedsim.scenario import Scenario
 from fedsim.server import (
     Applied,
     Payload,
     Server,
+    ServerSetup,
     read_state,
     server_device,
     write_state,
 )
+from fedsim.spec import ResourceSpec
 
 
 class ServerLost(RuntimeError):
@@ -56,27 +57,27 @@ class ServerActor:
     on the CPU either way.
 
     Args:
-        scenario: the run's scenario.
+        setup: the server's set-up record (built by the driver's runtime).
         data: the federated dataset (Ray resolves the driver's reference).
         threads: torch's intra-op threads, the driver's figure (the same
             reductions, so the same floats).
     """
 
-    def __init__(self, scenario: Scenario, data: FederatedData, threads: int) -> None:
+    def __init__(self, setup: ServerSetup, data: FederatedData, threads: int) -> None:
         import ray
 
         torch.set_num_threads(threads)
         res = ray.get_runtime_context().get_assigned_resources()
         gpus = res.get("GPU", 0.0) if ray.get_gpu_ids() else 0.0
         device = server_device(gpus, torch.cuda.is_available())
-        self.server = Server(scenario, data, device)
+        self.server = Server(setup, data, device)
 
-    def setup(self, scenario: Scenario, data: FederatedData, threads: int) -> int:
+    def setup_for(self, setup: ServerSetup, data: FederatedData, threads: int) -> int:
         """Become the server a new actor for this run would be (a warm actor
         taken over by a later run, :func:`fedsim.executors.warm_workers`):
         a new :class:`Server`, nothing kept. Returns d."""
         self.__dict__.clear()
-        ServerActor.__init__(self, scenario, data, threads)
+        ServerActor.__init__(self, setup, data, threads)
         return self.server.num_params
 
     def park(self) -> None:
@@ -145,7 +146,9 @@ class RemoteServer:
     """The driver's handle on a :class:`ServerActor`: a ``Server``'s methods.
 
     Args:
-        scenario: the run's scenario (``resources.server`` places the actor).
+        setup: the server's set-up record.
+        resources: the ``resources`` section (``server`` places the actor,
+            ``placement_timeout_s`` bounds the wait).
         data: the dataset, or a reference to it already in the object store.
         strategy: the scheduling strategy (a placement group bundle) or None
             to place the actor by its resources alone.
@@ -157,11 +160,16 @@ class RemoteServer:
     """
 
     def __init__(
-        self, scenario: Scenario, data: Any, strategy: Any, threads: int
+        self,
+        setup: ServerSetup,
+        resources: ResourceSpec,
+        data: Any,
+        strategy: Any,
+        threads: int,
     ) -> None:
         import ray
 
-        spec = scenario.resources.server
+        spec = resources.server
         opts: dict[str, Any] = {
             "num_cpus": spec.cpus,
             "num_gpus": spec.gpus,
@@ -172,13 +180,13 @@ class RemoteServer:
             opts["scheduling_strategy"] = strategy
         ref = data if isinstance(data, ray.ObjectRef) else ray.put(data)
         # a warm actor parked by the last run, if any (never in a bundle)
-        self._shape = server_shape(scenario) if strategy is None else None
-        warm = adopt(self._shape, 1, (scenario, ref, threads))
+        self._shape = server_shape(resources) if strategy is None else None
+        warm = adopt(self._shape, 1, (setup, ref, threads))
         remote: Any = ray.remote(ServerActor)  # Ray's stubs type it as the class
         self.actor: Any = (
-            warm[0] if warm else remote.options(**opts).remote(scenario, ref, threads)
+            warm[0] if warm else remote.options(**opts).remote(setup, ref, threads)
         )
-        res = scenario.resources
+        res = resources
         try:  # the first call waits for the placement, as long as the workers'
             d: Any = ray.get(
                 self.actor.num_params.remote(), timeout=res.placement_timeout_s
@@ -193,7 +201,7 @@ class RemoteServer:
                 "(ask for fewer server CPUs, or cpus: 0 to share a worker's)"
             ) from None
         self.num_params = int(d)
-        self.algorithm = scenario.algorithm
+        self.algorithm = setup.algorithm
         self._where: dict[str, Any] = {}
 
     def _get(self, ref: Any) -> Any:

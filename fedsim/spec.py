@@ -7,7 +7,7 @@ A plug-in's spec lives in its module; :class:`ModelSpec` lives here, not in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -168,6 +168,80 @@ class ClientSpec(Spec):
         return self
 
 
+class EvalSpec(Spec):
+    """The server's evaluation: every ``every_rounds`` rounds, in batches of
+    ``batch_size`` samples. ``objective_every`` k > 0 also computes the
+    global training objective F(x) = sum_i p_i F_i(x) every k rounds and
+    after the last (rounds.parquet's ``train_objective``); 0, the default,
+    never does (docs/scenarios.md, "eval")."""
+
+    every_rounds: Annotated[int, Field(ge=1)] = 1
+    batch_size: Annotated[int, Field(ge=1)] = 4096
+    objective_every: Annotated[int, Field(ge=0)] = 0
+
+
+class CheckpointSpec(Spec):
+    """A checkpoint every ``every_rounds`` rounds (0: never) and at the end."""
+
+    every_rounds: Annotated[int, Field(ge=0)] = 10
+
+
+class ServerHomeSpec(Spec):
+    """Where the server runs (docs/architecture.md, "Where the server runs").
+
+    ``driver`` (the default): in the driver process. ``actor``: a Ray actor
+    with ``cpus``, ``gpus`` and custom node ``resources`` of its own, placed
+    like the workers (in their placement group when there is one).
+    """
+
+    home: Literal["driver", "actor"] = "driver"
+    cpus: Annotated[float, Field(ge=0, le=1024)] = 1.0
+    gpus: Annotated[float, Field(ge=0, le=64)] = 0.0
+    resources: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _driver_takes_nothing(self) -> ServerHomeSpec:
+        # the driver is placed by whoever starts it, not by the scenario
+        asked = self.gpus or self.resources
+        if self.home == "driver" and asked:
+            raise ValueError(
+                "gpus and resources place a server actor: set home: actor, or "
+                "place the driver with ray job submit --entrypoint-resources "
+                "(cluster/README.md)"
+            )
+        return self
+
+
+class ResourceSpec(Spec):
+    """Ray resources (docs/scenarios.md, "Top level")."""
+
+    workers: Literal["auto"] | Annotated[int, Field(ge=0, le=4096)] = "auto"
+    cpus_per_worker: Annotated[float, Field(gt=0, le=1024)] = 1.0
+    gpus_per_worker: Annotated[float, Field(ge=0, le=64)] = 0.0
+    vectorize: bool = False  # equal to sequential within float tolerance only
+    server: ServerHomeSpec = ServerHomeSpec()
+    server_node: Literal["driver", "any"] = "driver"
+    server_cpus: Annotated[float, Field(ge=0, le=1024)] = 0.0
+    placement: Literal["spread", "pack", "strict_spread", "strict_pack"] = "spread"
+    placement_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    data: Literal["object_store", "per_node"] = "object_store"
+
+    @model_validator(mode="after")
+    def _old_server_fields(self) -> ResourceSpec:
+        # refused rather than mapped: the old fields meant another placement
+        how = (
+            "use resources.server instead: {home: driver} (the default) or "
+            "{home: actor, cpus: 1, gpus: 0, resources: {node_b: 0.01}}; the "
+            "driver itself is placed with ray job submit --entrypoint-resources "
+            "(cluster/README.md)"
+        )
+        if self.server_node != "driver":
+            raise ValueError(f"server_node {self.server_node!r} is gone: {how}")
+        if self.server_cpus:
+            raise ValueError(f"server_cpus {self.server_cpus:g} is gone: {how}")
+        return self
+
+
 class ScenarioWarning(UserWarning):
     """A plug-in's warning about a valid scenario (e.g. the round window cuts
     its client work short); ``fedsim`` prints it as one ``warning:`` line."""
@@ -180,48 +254,3 @@ class Problem:
 
     message: str
     warning: bool = False
-
-
-class ScenarioView(Protocol):
-    """The loaded scenario as a plug-in's checks see it (fedsim.scenario's
-    ``Scenario``; typed loosely here so plug-ins sit below the scenario module)."""
-
-    @property
-    def seed(self) -> int:
-        """The run's seed: every random choice derives from it."""
-
-    @property
-    def rounds(self) -> int:
-        """Rounds (asynchronous mode: server versions) to run."""
-
-    @property
-    def num_clients(self) -> int:
-        """m, the fleet's size (device i is client i)."""
-
-    @property
-    def model(self) -> Any:
-        """The ``model`` section (``elem_bytes``: bytes per parameter)."""
-
-    @property
-    def data(self) -> Any:
-        """The ``data`` section, a dataset spec."""
-
-    @property
-    def client(self) -> ClientSpec:
-        """Local training: solver, lr, batch size."""
-
-    @property
-    def fleet(self) -> Any:
-        """The devices: ``groups`` (each with ``speed``, ``network``, ...)."""
-
-    @property
-    def round(self) -> Any:
-        """How tau_i arises: ``policy``, ``window_s``, ``epochs``, ..."""
-
-    @property
-    def algorithm(self) -> Any:
-        """The ``algorithm`` section: the algorithm object itself."""
-
-    @property
-    def selector(self) -> Any:
-        """The ``selector`` section: the selector object itself."""

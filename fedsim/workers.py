@@ -15,16 +15,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsim.algorithms import ClientUpdate, make_algorithm
+from fedsim.algorithms import ClientUpdate
 from fedsim.algorithms.base import ClientContext, ClientInfo, ClientState, LocalTraining
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.minibatches import batches, client_seed
 from fedsim.models import batch_loss, make_model
 from fedsim.params import bind_flat
-from fedsim.scenario import Scenario
 from fedsim.solvers import SGD, SolverState, step_factor
-from fedsim.tasks import Payload, Task, UpdateSummary
+from fedsim.tasks import Payload, Task, UpdateSummary, WorkerSetup
 
 _log = logging.getLogger(__name__)
 
@@ -67,7 +66,7 @@ class Worker:
     an actor that Ray restarts computes the same updates.
 
     Args:
-        scenario: the run's scenario (model, algorithm, client, resources).
+        setup: what the worker needs of the run (built once by the runtime).
         data: the dataset, or on a Ray actor a one-element list holding its
             object reference (a list, so a restarted actor fetches it again).
         threads: torch's intra-op threads for this process (None: as is).
@@ -75,23 +74,23 @@ class Worker:
 
     def __init__(
         self,
-        scenario: Scenario,
+        setup: WorkerSetup,
         data: FederatedData | list[Any],
         threads: int | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(max(1, threads))
         data = _fetch(data)
-        self.scenario = scenario
+        self.setup = setup
         # what the minibatch draws depend on (fedsim.batched reads them too)
-        self.seed = scenario.seed
-        self.batch_size = scenario.client.batch_size
-        self.algorithm = make_algorithm(scenario.algorithm)
-        self.solver = self.algorithm.solver(scenario.client)
-        self.model = make_model(scenario, data)
+        self.seed = setup.seed
+        self.batch_size = setup.client.batch_size
+        self.algorithm = setup.algorithm
+        self.solver = self.algorithm.solver(setup.client)
+        self.model = make_model(setup.network, data)
         # FedDM's own procedure stays on the CPU; updates travel back on it.
         use_gpu = (
-            scenario.resources.gpus_per_worker > 0
+            setup.gpus > 0
             and self.algorithm.client_train is None
             and torch.cuda.is_available()
         )
@@ -108,7 +107,7 @@ class Worker:
         self.total = float(np.sum(data.weights))
         self._train_group = self.train_sequential
         self.batched = False
-        if scenario.resources.vectorize:
+        if setup.vectorize:
             self._use_batched()
 
     def _use_batched(self) -> None:
@@ -116,13 +115,19 @@ class Worker:
         sequential results; otherwise say why, once, and stay sequential."""
         from fedsim.batched import train_batched, why_not_batched
 
-        reason = why_not_batched(self)
+        reason = why_not_batched(self)  # type: ignore[arg-type]  # (shim)
         if reason is not None:
             msg = "resources.vectorize: %s; training clients one at a time"
             _log.warning(msg, reason)
         else:
-            self._train_group = partial(train_batched, self)
+            self._train_group = partial(train_batched, self)  # type: ignore[arg-type]
             self.batched = True
+
+    @property
+    def scenario(self) -> WorkerSetup:
+        """The set-up record, under the name fedsim.batched still reads
+        (removed when it reads ``setup``)."""
+        return self.setup
 
     def pid(self) -> int:
         """This worker's process id (tests check actors are distinct)."""
@@ -132,8 +137,8 @@ class Worker:
         """The local solver with round ``round_``'s learning rate: the decay
         ``lr_decay`` (floored at ``lr_min``) times the step schedule
         ``lr_steps`` (x0.1 at each fraction of the rounds)."""
-        spec = self.scenario.client
-        factor = step_factor(spec.lr_steps, round_, self.scenario.rounds)
+        spec = self.setup.client
+        factor = step_factor(spec.lr_steps, round_, self.setup.rounds)
         if spec.lr_decay == 1.0 and factor == 1.0:
             return self.solver
         lr = max(spec.lr * spec.lr_decay**round_, spec.lr_min) * factor
@@ -219,7 +224,7 @@ class Worker:
         info = self.client_info(i)
         if algo.client_train is not None:
             # under fixed_window the clock's tau caps the algorithm's work
-            fixed = self.scenario.round.policy == "fixed_window"
+            fixed = self.setup.capped
             return algo.client_train(
                 LocalTraining(
                     client=ClientContext(info, payload, client_state),

@@ -20,7 +20,7 @@ from fedsim.algorithms.base import ClientContext, ClientInfo, ClientUpdate
 from fedsim.algorithms.sampling import proportional_weights, uniform_weights
 from fedsim.data import build_data
 from fedsim.executors import InProcessExecutor
-from fedsim.runtime import run_scenario
+from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import load_scenario
 from fedsim.server import Server
 from fedsim.solvers import SGD
@@ -40,8 +40,9 @@ class Driver:
     def __init__(self, *overrides: str, scenario=QUAD) -> None:
         self.sc = load_scenario(scenario, list(overrides))
         data = build_data(self.sc.data, self.sc.num_clients, self.sc.seed)
-        self.server = Server(self.sc, data)
-        self.executor = InProcessExecutor(self.sc, data)
+        setup = run_setup(self.sc)
+        self.server = Server(setup.server, data)
+        self.executor = InProcessExecutor(setup.worker, data)
         self.t = 0
 
     @property

@@ -33,7 +33,7 @@ def make_run(tmp_path, scenario=None):
     ckpt.mkdir(parents=True)
     write_meta(ckpt, META)
     if scenario is not None:
-        write_fingerprint(ckpt, scenario)
+        write_fingerprint(ckpt, fingerprint(scenario))
     commit_checkpoint(run, ckpt)
     return run, ckpt
 

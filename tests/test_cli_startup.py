@@ -81,12 +81,16 @@ def test_a_refused_scenario_imports_neither_torch_nor_ray():
 
 
 # ------------------------------------------------------- parameter-count formulas
+def _info(sc):
+    return pf.data_info(sc.data, sc.num_clients)
+
+
 def _shapes() -> set[tuple[str, tuple[int, ...], int]]:
     """(kind, sample shape, classes) of every shipped scenario's dataset where
     the spec tells, plus the shapes of the datasets no scenario ships with."""
     found = {
         (info.kind, info.shape, info.classes)
-        for info in (pf.data_info(load_scenario(p)) for p in ALL_SCENARIOS)
+        for info in (_info(load_scenario(p)) for p in ALL_SCENARIOS)
         if info.shape is not None and info.classes
     }
     found |= {
@@ -158,10 +162,10 @@ def test_param_count_formula_equals_the_torch_network(spec, kind, shape, classes
     except (ValueError, RuntimeError):  # e.g. vgg11 on 28x28: too small for it
         # Execute / Assert: the formula refuses it too, in one line
         with pytest.raises(ScenarioError, match="too small"):
-            pf.count_params(scenario, info)
+            pf.count_params(scenario.model, info)
         return
     # Execute
-    formula = pf.count_params(scenario, info)
+    formula = pf.count_params(scenario.model, info)
     # Assert
     assert formula == want
 
@@ -169,7 +173,7 @@ def test_param_count_formula_equals_the_torch_network(spec, kind, shape, classes
 def test_quadratic_param_count_is_its_dimension():
     info = pf.DataInfo("vector", (5,), 0, None)
     spec = ModelSpec(name="quadratic")
-    assert pf.count_params(SimpleNamespace(model=spec), info) == 5
+    assert pf.count_params(spec, info) == 5
     assert _torch_count(spec, (5,), 0) == 5
 
 

@@ -29,7 +29,7 @@ from fedsim.algorithms.feddm import (
 from fedsim.data import build_data
 from fedsim.models import ModelSpec, build_model
 from fedsim.params import flatten
-from fedsim.runtime import run_scenario
+from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import load_scenario
 from fedsim.workers import Task, Worker
 
@@ -153,7 +153,7 @@ def tiny():
 
 def _train(sc, data, client: int, tau: int, **fields):
     sc = sc.model_copy(update={"algorithm": FedDM(**{**_small(), **fields})})
-    worker = Worker(sc, data)
+    worker = Worker(run_setup(sc).worker, data)
     x = flatten(worker.model).clone()
     return worker.train({"x": x}, [Task(client, 0, tau)])[0], x, worker
 

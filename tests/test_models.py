@@ -11,6 +11,7 @@ from fedsim.data.base import FederatedData
 from fedsim.models import (
     MODELS,
     ModelSpec,
+    NetworkSetup,
     batch_loss,
     build_model,
     evaluate,
@@ -139,11 +140,6 @@ def test_training_through_the_flat_vector(name, shape, classes):
 
 
 def test_make_model_uses_the_data_shape():
-    class Sc:
-        seed = 0
-        model = ModelSpec(name="cnn")
-        data = None
-
     data = FederatedData(
         x=np.zeros((4, 3, 32, 32), np.float32),
         y=np.zeros(4, np.int64),
@@ -154,7 +150,7 @@ def test_make_model_uses_the_data_shape():
         num_classes=10,
     )
 
-    model = make_model(Sc, data)
+    model = make_model(NetworkSetup(ModelSpec(name="cnn"), seed=0), data)
 
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
     loss, acc = evaluate(model, torch.zeros(5, 3, 32, 32), torch.zeros(5).long(), 2)

@@ -21,7 +21,8 @@ from fedsim.spec import PLUGIN_CONFIG, PosFloat, Problem
 if TYPE_CHECKING:
     from fedsim.clock import JobWork
     from fedsim.data.base import DataInfo, FederatedData
-    from fedsim.spec import ClientSpec, ScenarioView
+    from fedsim.facts import RunFacts
+    from fedsim.spec import ClientSpec
 
 # (strings: torch.Tensor would import torch when this module is imported)
 ServerState = dict[str, "torch.Tensor"]
@@ -468,17 +469,25 @@ class Algorithm:
 
     # ------------------------------------------------ what it says about itself
     # The runtime, the clock and the checks before a run ask the algorithm
-    # these questions instead of knowing any algorithm by name.
+    # these questions instead of knowing any algorithm by name; each gets the
+    # run's RunFacts (a small typed record), never the whole scenario.
 
-    def check(self, scenario: ScenarioView) -> list[Problem]:
-        """What is wrong with this algorithm in ``scenario`` (errors refuse the
-        file when it is loaded, warnings are printed); each message leads with
-        the field path it is about. Overrides add to ``super().check``.
+    def check(self, facts: RunFacts) -> list[Problem]:
+        """What is wrong with this algorithm in the run (asked when the
+        scenario loads). Overrides add to ``super().check(facts)``.
 
         The base refuses ``round.policy: async`` without an asynchronous server
         rule (a ``buffer_size``: :attr:`asynchronous`).
+
+        Args:
+            facts: the run as plug-ins see it (round policy, fleet, data,
+                model, local training).
+
+        Returns:
+            Problems, each message leading with the field path it is about;
+            an error refuses the file, a ``warning`` is printed.
         """
-        if scenario.round.policy != "async" or self.asynchronous:
+        if facts.round.policy != "async" or self.asynchronous:
             return []
         from fedsim.plugins import builtins  # (imports every built-in)
 
@@ -492,36 +501,61 @@ class Algorithm:
             )
         ]
 
-    def clock_work(self, scenario: ScenarioView, data: FederatedData) -> JobWork | None:
-        """What the clock charges for a client's job when it is not local solver
-        steps (units of work, each unit's cost in local steps, bytes uploaded
-        per client); None: ``tau`` solver steps and ``up_factor`` x the model."""
+    def clock_work(self, facts: RunFacts, data: FederatedData) -> JobWork | None:
+        """What the clock charges for a client's job when it is not local
+        solver steps (asked once per run, at set-up).
+
+        Args:
+            facts: the run as plug-ins see it.
+            data: the run's data (class counts, sample shape).
+
+        Returns:
+            The job's units of work, each unit's cost in local steps and the
+            bytes each client uploads; None: ``tau`` solver steps and
+            ``up_factor`` times the model.
+        """
         return None
 
     def memory(
-        self, scenario: ScenarioView, params: int, data: DataInfo
+        self, facts: RunFacts, params: int, data: DataInfo
     ) -> tuple[int, str] | None:
-        """Bytes the algorithm keeps beyond the models (a lower estimate, for
-        the memory check before a run) and what they are, as the field that
-        sets them; None: nothing worth counting. ``params`` is the model's
-        parameter count (0: unknown), ``data`` what the dataset's spec says.
+        """What the algorithm keeps beyond the models, for the memory check
+        before a run (a lower estimate).
 
         The base counts one model-sized vector per client for ``stateful``
         algorithms.
+
+        Args:
+            facts: the run as plug-ins see it.
+            params: the model's parameter count (0: unknown).
+            data: what the dataset's spec says of its samples.
+
+        Returns:
+            (bytes, what they are, naming the field that sets them), or
+            None: nothing worth counting.
         """
         if not self.stateful:
             return None
-        n = scenario.num_clients
+        n = facts.num_clients
         what = (
             f"algorithm.name {self.name!r} keeps {n} client vectors of "
             f"{params:,} parameters"
         )
-        return n * params * scenario.model.elem_bytes, what
+        return n * params * facts.elem_bytes, what
 
-    def bytes_per_client(self, scenario: ScenarioView, d: int) -> tuple[int, int]:
-        """(download, upload) bytes of one client's round for a model of ``d``
-        parameters: ``down_factor`` and ``up_factor`` model vectors."""
-        elem = scenario.model.elem_bytes
+    def bytes_per_client(self, facts: RunFacts, d: int) -> tuple[int, int]:
+        """What one client's round costs on the network (asked once per run;
+        the clock charges it and clients.parquet bills it).
+
+        Args:
+            facts: the run as plug-ins see it (``elem_bytes``).
+            d: the model's parameter count.
+
+        Returns:
+            (download, upload) bytes: ``down_factor`` and ``up_factor``
+            model vectors.
+        """
+        elem = facts.elem_bytes
         return self.down_factor * d * elem, self.up_factor * d * elem
 
 

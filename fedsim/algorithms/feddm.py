@@ -41,7 +41,7 @@ from fedsim.spec import NonNegFloat, PosFloat, PosInt, Problem
 if TYPE_CHECKING:
     from fedsim.clock import JobWork
     from fedsim.data.base import DataInfo, FederatedData
-    from fedsim.spec import ScenarioView
+    from fedsim.facts import RunFacts
 
 
 def embed_and_logits(
@@ -240,14 +240,14 @@ class FedDM(base.Algorithm):
         return held * upload_bytes(1, self.ipc, sample_shape, float_bytes, label_bytes)
 
     # ------------------------------------------------ what it says about itself
-    def check(self, scenario: ScenarioView) -> list[Problem]:
+    def check(self, facts: RunFacts) -> list[Problem]:
         """Also refuses a range of epochs (FedDM runs ``iterations``, not
         epochs) and warns when ``fixed_window`` cuts the iterations short for a
         fleet group's median device (docs/fedpns-feddm.md, "FedDM's cost")."""
-        found = super().check(scenario)
-        if (classless := self._classless(scenario)) is not None:
+        found = super().check(facts)
+        if (classless := self._classless(facts)) is not None:
             found.append(Problem(classless))
-        rs, n_iter = scenario.round, self.iterations
+        rs, n_iter = facts.round, self.iterations
         if rs.policy == "fixed_epochs" and rs.epochs_low is not None:
             found.append(
                 Problem(
@@ -256,11 +256,11 @@ class FedDM(base.Algorithm):
                     "leave them out"
                 )
             )
-        if rs.policy == "fixed_window" and (cut := self._window_cut(scenario)):
+        if rs.policy == "fixed_window" and (cut := self._window_cut(facts)):
             found.append(Problem(cut, warning=True))
         return found
 
-    def _classless(self, scenario: ScenarioView) -> str | None:
+    def _classless(self, facts: RunFacts) -> str | None:
         """Why FedDM cannot run on this data, or None.
 
         FedDM synthesises ``ipc`` samples per class and matches the real and
@@ -269,28 +269,28 @@ class FedDM(base.Algorithm):
         that ends in a classifier; without this check such a run failed only
         in the first client's training, with a traceback.
         """
-        info = scenario.data.info(scenario.num_clients)
+        info = facts.data.info(facts.num_clients)
         if info is None or info.classes != 0:  # unknown counts are let through
             return None
         return (
             f"algorithm.name {self.name!r} synthesises samples per class, but "
-            f"data.dataset {scenario.data.dataset!r} has no classes (an "
+            f"data.dataset {facts.dataset!r} has no classes (an "
             "objective); use an algorithm that uploads model updates"
         )
 
-    def _window_cut(self, scenario: ScenarioView) -> str | None:
+    def _window_cut(self, facts: RunFacts) -> str | None:
         """The warning for the first fleet group whose median device cannot run
         every iteration inside ``round.window_s`` (at the cheapest cost a
         client can have: the auto cost counts the largest real batch)."""
-        rs, n_iter = scenario.round, self.iterations
+        rs, n_iter = facts.round, self.iterations
         cost = float(
             iteration_flops_ratio(
-                [self.dc_batch_size], self.ipc, scenario.client.batch_size
+                [self.dc_batch_size], self.ipc, facts.client.batch_size
             )
             if self.iteration_cost == "auto"
             else self.iteration_cost
         )
-        for g in scenario.fleet.groups:
+        for g in facts.fleet.groups:
             if g.speed is None:  # a trace group: its speeds are per device
                 continue
             if (fits := rs.window_s * g.speed.median / cost) < n_iter:
@@ -305,7 +305,7 @@ class FedDM(base.Algorithm):
                 )
         return None
 
-    def clock_work(self, scenario: ScenarioView, data: FederatedData) -> JobWork | None:
+    def clock_work(self, facts: RunFacts, data: FederatedData) -> JobWork | None:
         """Its ``iterations`` at :meth:`cost_per_iteration` each, and the
         synthetic set's upload (images in the model's dtype, labels in the
         data's); None for data without classes (nothing to match)."""
@@ -319,23 +319,23 @@ class FedDM(base.Algorithm):
         )
         return JobWork(
             steps=int(self.iterations),
-            unit_cost=self.cost_per_iteration(counts, scenario.client.batch_size),
+            unit_cost=self.cost_per_iteration(counts, facts.client.batch_size),
             bytes_up=self.upload_sizes(
                 counts,
                 np.asarray(data.x).shape[1:],
-                scenario.model.elem_bytes,
+                facts.elem_bytes,
                 y.itemsize,
             ),
         )
 
     def memory(
-        self, scenario: ScenarioView, params: int, data: DataInfo
+        self, facts: RunFacts, params: int, data: DataInfo
     ) -> tuple[int, str] | None:
         """The synthetic sets the server holds: each client sends ``ipc``
         images per class it holds, at most all classes (int64 labels)."""
         if not (data.sample_bytes and data.classes):
             return None
-        images = scenario.num_clients * data.classes * self.ipc
+        images = facts.num_clients * data.classes * self.ipc
         what = f"algorithm.ipc {self.ipc}: FedDM's synthetic set"
         return images * (data.sample_bytes + 8), what
 

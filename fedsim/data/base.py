@@ -98,9 +98,25 @@ class DatasetSpec(Spec):
             )
         return self
 
+    @property
+    def start_value(self) -> float | None:
+        """The value every model parameter starts at when the data fixes the
+        start (an objective's x_0, as the quadratic problems do); None, the
+        default: the model's own initialisation."""
+        return None
+
     def build(self, num_clients: int, seed: int) -> FederatedData:
-        """The federated dataset: ``num_clients`` clients, every random choice
-        drawn from ``seed``."""
+        """The federated dataset.
+
+        Args:
+            num_clients: the fleet's size, for a dataset whose client count
+                follows it.
+            seed: the run's seed: every random choice is drawn from it.
+
+        Returns:
+            Every client's rows and the test set, a pure function of the
+            fields, ``seed`` and the files read.
+        """
         raise NotImplementedError
 
     def info(self, num_clients: int) -> DataInfo | None:

@@ -47,8 +47,8 @@ from fedsim.spec import PLUGIN_CONFIG, PosInt, Problem
 if TYPE_CHECKING:
     from fedsim.algorithms.base import AggregateInfo
     from fedsim.clock import JobWork
+    from fedsim.facts import RunFacts
     from fedsim.fleet import Fleet
-    from fedsim.spec import ScenarioView
 
 SelectorState = dict[str, Any]
 
@@ -215,11 +215,18 @@ class Selector:
         overrides :meth:`observe`); async mode then holds the timeline back."""
         return type(self).observe is not Selector.observe
 
-    def check(self, scenario: ScenarioView) -> list[Problem]:
-        """What is wrong with this selector in ``scenario`` (as
-        ``Algorithm.check``: errors refuse the file, warnings are printed).
-        The base refuses ``round.policy: async`` unless ``asynchronous``."""
-        if scenario.round.policy != "async" or self.asynchronous:
+    def check(self, facts: RunFacts) -> list[Problem]:
+        """What is wrong with this selector in the run (asked when the
+        scenario loads, as ``Algorithm.check``). The base refuses
+        ``round.policy: async`` unless ``asynchronous``.
+
+        Args:
+            facts: the run as plug-ins see it.
+
+        Returns:
+            Problems: errors refuse the file, warnings are printed.
+        """
+        if facts.round.policy != "async" or self.asynchronous:
             return []
         from fedsim.plugins import builtins  # (imports every built-in)
 
