@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from fedsim.clock import RoundSpec
 from fedsim.data.base import DatasetSpec
 from fedsim.fleet import FleetSpec
-from fedsim.spec import ClientSpec, Model, ModelSpec
+from fedsim.spec import ClientSpec, Model
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class RunFacts:
     fleet: FleetSpec
     data: DatasetSpec
     dataset: str
-    model: ModelSpec | Model
+    model: Model
 
     @property
     def elem_bytes(self) -> int:

@@ -73,7 +73,7 @@ KINDS = {
         "fedsim.selectors:REGISTRY",
     ),
     "model": Kind(
-        "model", "name", "fedsim.models", "fedsim.spec:Model", "fedsim.spec:MODELS"
+        "model", "name", "fedsim.models", "fedsim.spec:Model", "fedsim.models:MODELS"
     ),
     "data": Kind(
         "data",

@@ -9,8 +9,9 @@ infinity, availability sessions that would take millions of steps or a run that
 cannot fit in memory would otherwise fail minutes into building data or
 training, with a traceback instead of the field to change. What the checks
 know of the data comes from the dataset itself (:func:`data_info`), of the
-model from :mod:`fedsim.model_size` or the plug-in, of the algorithm's memory
-from ``Algorithm.memory``; nothing here is specific to one dataset.
+model from the model (``data_problem``, ``param_count``: built-in networks
+answer as plug-ins do), of the algorithm's memory from ``Algorithm.memory``;
+nothing here is specific to one dataset or network.
 
 Only :func:`preflight` reads the loaded scenario; each check receives the
 run's :class:`~fedsim.facts.RunFacts` (what plug-ins see too), the algorithm
@@ -27,7 +28,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import socket
 from pathlib import Path
@@ -35,23 +35,19 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from fedsim import model_size
 from fedsim.data.base import DataInfo, DatasetSpec
 from fedsim.facts import RunFacts
-from fedsim.model_size import IMAGE_MODELS
-from fedsim.spec import Model, ModelSpec, ResourceSpec, ServerHomeSpec
+from fedsim.spec import Model, ResourceSpec, ServerHomeSpec
 
 if TYPE_CHECKING:
     from fedsim.algorithms.base import Algorithm
     from fedsim.scenario import Scenario, ScenarioError
 
 __all__ = [
-    "IMAGE_MODELS",
     "DataInfo",
     "MemoryEstimate",
     "count_params",
     "data_info",
-    "image_params",
     "preflight",
 ]
 
@@ -82,103 +78,53 @@ def data_info(data: DatasetSpec, num_clients: int) -> DataInfo:
     return stated if stated is not None else DataInfo("vector", None, None, None)
 
 
-def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
-    """The [C, H, W] an image model sees: an image, or a square vector (grey)."""
-    if info.kind == "image":
-        return info.shape  # type: ignore[return-value]
-    if info.kind == "vector" and info.shape is not None:
-        side = math.isqrt(info.shape[0])
-        if side * side == info.shape[0]:
-            return (1, side, side)
-    return None
-
-
 def check_model_data(facts: RunFacts, source: str = "<scenario>") -> None:
-    """Refuse a model that cannot read the dataset's samples.
+    """Refuse a model that cannot read the dataset's samples, as the model
+    says (``Model.data_problem``: the built-in networks answer as a plug-in
+    does), and one whose formula finds the images too small.
 
     Args:
         facts: the run (its model and data sections).
         source: Its file (or option), named in the message.
 
     Raises:
-        ScenarioError: an LSTM on non-sequences, an image network on sequences
-            or on vectors that are no square image, or on images smaller than
-            its convolutions and poolings shrink to nothing.
+        ScenarioError: e.g. an LSTM on non-sequences, an image network on
+            sequences, on vectors that are no square image or on images
+            smaller than its convolutions and poolings shrink to nothing, a
+            classifier on an objective.
     """
-    if not isinstance(facts.model, ModelSpec):
-        return  # a plug-in model: building it tells (its build sees the shape)
-    model = facts.model.name
     info = data_info(facts.data, facts.num_clients)
-    where = f"{source}: model.name {model!r} does not fit data.dataset "
-    where += f"{facts.dataset!r}"
-    if model == "lstm" and info.kind != "sequence":
-        raise _error(
-            f"{where}: lstm reads sequences of character ids (data: shakespeare), "
-            f"not {info.kind}s; use logreg or mlp"
-        )
-    if model in IMAGE_MODELS:
-        if info.kind == "sequence":
-            raise _error(f"{where}: {model} needs images, not character sequences")
-        if info.shape is None:
-            return  # a tabular file not at hand: building the data will tell
-        image = _as_image(info)
-        if image is None:
-            raise _error(
-                f"{where}: {model} needs images [C, H, W] or a square number of "
-                f"features, the samples have shape {info.shape}; use logreg or mlp"
-            )
-        sizes = {"cnn": 4, "cnn_m": 16, "cifar_cnn": 16, "vgg11": 32}
-        low = 2**facts.model.depth if model == "convnet" else sizes.get(model, 1)
-        if model == "convnet" and image[0] == 1:
-            low = max(1, low - 4)  # its first convolution pads grey images by 3
-        if min(image[1:]) < low:
-            raise _error(
-                f"{where}: {model} needs images of at least {low}x{low}, the "
-                f"samples are {image[1]}x{image[2]}"
-            )
+    why = facts.model.data_problem(info)
+    if why is None:
+        count_params(facts.model, info)  # raises for an image too small
+        return
+    raise _error(
+        f"{source}: model.name {facts.model.name!r} does not fit data.dataset "
+        f"{facts.dataset!r}: {why}"
+    )
 
 
-def image_params(spec: Any, image: tuple[int, int, int], classes: int) -> int:
-    """Parameters of an image network of :mod:`fedsim.models` on [C, H, W]
-    images (:func:`fedsim.model_size.image_params`).
-
-    Raises:
-        ScenarioError: the image shrinks to nothing inside the network.
-
-    >>> from fedsim.spec import ModelSpec
-    >>> image_params(ModelSpec(name="cnn"), (1, 28, 28), 10)   # McMahan et al. 2017
-    1663370
-    """
-    try:
-        return model_size.image_params(spec, image, classes)
-    except ValueError as exc:
-        raise _error(str(exc)) from None
-
-
-def count_params(spec: ModelSpec | Model, info: DataInfo) -> int | None:
-    """Trainable parameters of a model on the data ``info`` describes, by
-    formula (checked against the real networks by tests/test_cli_startup.py);
-    None where only the data tells.
+def count_params(spec: Model, info: DataInfo) -> int | None:
+    """Trainable parameters of a model on the data ``info`` describes, by the
+    model's own formula (checked against the real networks by
+    tests/test_cli_startup.py); None where only the data tells.
 
     Args:
         spec: the ``model`` section.
         info: what the dataset states of its samples.
+
+    Raises:
+        ScenarioError: the images are too small for the network.
 
     >>> from fedsim.scenario import load_scenario
     >>> facts = load_scenario("scenarios/quickstart.yaml").facts
     >>> count_params(facts.model, data_info(facts.data, 30))   # 60 x 10 + 10
     610
     """
-    if info.shape is None:
-        return None
-    if not isinstance(spec, ModelSpec):  # a plug-in counts its own
-        return spec.param_count(info.shape, info.classes or 0)
-    # the shape the network reads: an image network, the samples as images
-    shape = _as_image(info) if spec.name in IMAGE_MODELS else info.shape
-    if shape is None:
+    if info.shape is None or info.classes is None:
         return None
     try:
-        return spec.param_count(shape, info.classes)
+        return spec.param_count(info.shape, info.classes)
     except ValueError as exc:  # an image too small for the network
         raise _error(str(exc)) from None
 

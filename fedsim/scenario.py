@@ -68,7 +68,6 @@ from fedsim.spec import (
     ClientSpec,
     EvalSpec,
     Model,
-    ModelSpec,
     Problem,
     ResourceSpec,
     ScenarioWarning,
@@ -113,7 +112,7 @@ if TYPE_CHECKING:  # a dataset's fields differ; a plug-in section is its base cl
     DataSpec = Any
     AlgorithmSpec = Algorithm
     SelectorSpec = Selector
-    ModelSection = ModelSpec | Model
+    ModelSection = Model
 else:
     # resolved when a file is loaded, not frozen at import: the choosing key
     # names a built-in, an installed plug-in or a module:Class (fedsim.plugins);
@@ -129,13 +128,20 @@ def _default_selector() -> Any:
     return resolve("selector", SELECTOR_DEFAULT)()
 
 
+def _default_model() -> Any:
+    """The registry's default network with its default fields."""
+    from fedsim.models import DEFAULT  # (no torch: it is imported lazily)
+
+    return resolve("model", DEFAULT)()
+
+
 class Scenario(Spec):
     """One experiment. Every field is documented in docs/scenarios.md."""
 
     name: str = Field(min_length=1, max_length=200)
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     rounds: Annotated[int, Field(ge=1, le=10_000_000)]
-    model: ModelSection = ModelSpec()
+    model: ModelSection = Field(default_factory=_default_model)
     data: DataSpec
     client: ClientSpec = ClientSpec()
     fleet: FleetSpec
@@ -189,7 +195,6 @@ class Scenario(Spec):
             lambda: validation_problem(
                 self.algorithm, self.data, self.selector.clients_per_round
             ),
-            self._quadratic_problem,
             self._links_problem,
         )
         for check in checks:
@@ -222,16 +227,6 @@ class Scenario(Spec):
                 f"but the fleet has only {n_dev} devices"
             )
         return None
-
-    def _quadratic_problem(self) -> str | None:
-        """The quadratic objective and its model go together (a built-in pair:
-        the model is the point x, the data the centres e_i)."""
-        if (self.data.dataset == "quadratic") == (self.model.name == "quadratic"):
-            return None
-        return (
-            "model.name 'quadratic' goes with data.dataset 'quadratic' "
-            "(and only with it)"
-        )
 
     def _links_problem(self) -> str | None:
         """A declared fleet-data link must name groups the fleet has and ask

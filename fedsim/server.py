@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import torch
-import torch.nn.functional as F
 
 from fedsim import checkpoint
 from fedsim.algorithms.base import (
@@ -40,7 +39,7 @@ from fedsim.algorithms.base import (
 )
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
-from fedsim.models import NetworkSetup, QuadraticModel, evaluate, make_model
+from fedsim.models import Loss, NetworkSetup, evaluate, make_model
 from fedsim.params import flatten
 from fedsim.spec import EvalSpec
 from fedsim.store import ClientStore
@@ -473,6 +472,7 @@ class Server:
             val, val_w = self.val, self.val_weights
             batch = self.setup.eval.batch_size
             device = self.device
+            own = self.setup.network.loss
             eval_model = make_model(self.setup.network, self._data).to(device)
 
             def loss(x: torch.Tensor) -> float:
@@ -484,7 +484,7 @@ class Server:
                     )
                 params = eval_model.parameters()
                 torch.nn.utils.vector_to_parameters(x.to(device), params)
-                return evaluate(eval_model, *val, batch, val_w)[0]
+                return evaluate(eval_model, *val, batch, val_w, own)[0]
 
             train_model = make_model(self.setup.network, self._data).to(device)
             self._context = ServerContext(train_model, loss, self._data.num_classes)
@@ -502,8 +502,8 @@ class Server:
         """
         x = self.state["x"].to(self.device)
         torch.nn.utils.vector_to_parameters(x, self.model.parameters())
-        batch = self.setup.eval.batch_size
-        return evaluate(self.model, *self.test, batch, self.test_weights)
+        batch, own = self.setup.eval.batch_size, self.setup.network.loss
+        return evaluate(self.model, *self.test, batch, self.test_weights, own)
 
     @torch.no_grad()
     def objective(self) -> float:
@@ -511,11 +511,11 @@ class Server:
         current model.
 
         F_i is the mean loss of the model over client i's training rows (the
-        task loss of :func:`fedsim.models.batch_loss`: cross-entropy, or a
-        quadratic client's h_i/2 ||x - e_i||^2; no algorithm's proximal or
-        dynamic regulariser) and p_i its data weight (``FederatedData.weights``
-        normalised: n_i / n, or the quadratic problem's given p_i), the
-        weights the server aggregates with. Computed in eval mode on the
+        model's own ``loss``: cross-entropy by default, a quadratic client's
+        h_i/2 ||x - e_i||^2; no algorithm's proximal or dynamic regulariser)
+        and p_i its data weight (``FederatedData.weights`` normalised: n_i / n,
+        or the quadratic problem's given p_i), the weights the server
+        aggregates with. Computed in eval mode on the
         server's model, on its device, in batches of ``eval.batch_size``
         rows, in row order: the same floats on every call and, on the CPU,
         in both server homes.
@@ -538,7 +538,12 @@ class Server:
         self.model.eval()
         try:
             losses = _row_losses(
-                self.model, data, x0.dtype, self.setup.eval.batch_size, self.device
+                self.model,
+                self.setup.network.model.loss,
+                data,
+                x0.dtype,
+                self.setup.eval.batch_size,
+                self.device,
             ).cpu()
         finally:
             self.model.train()
@@ -635,13 +640,14 @@ def read_state(path: Path) -> ServerSnapshot:
 
 def _row_losses(
     model: torch.nn.Module,
+    loss: Loss,
     data: FederatedData,
     dtype: torch.dtype,
     batch: int,
     device: torch.device,
 ) -> torch.Tensor:
     """The model's loss on each training row of ``data``, in row order, as
-    float64 on ``device``: :func:`fedsim.models.batch_loss` per row,
+    float64 on ``device``: the model's ``loss`` per row,
     computed in batches of ``batch`` rows (copied, as :func:`_split` does,
     so both server homes compute the same floats; then moved to ``device``,
     the model's)."""
@@ -656,12 +662,9 @@ def _row_losses(
             ),
             device,
         )
-        if isinstance(model, QuadraticModel):
-            per = model(xb, yb)
-        else:
-            per = F.cross_entropy(model(xb), yb, reduction="none")
-            per = per.reshape(len(xb), -1).mean(dim=1)  # a sequence: its mean
-        out.append(per.double())
+        # the model's loss per sample (Model.loss: by default cross-entropy,
+        # a sequence's the mean over its positions)
+        out.append(loss(model(xb), yb).double())
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 

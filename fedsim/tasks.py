@@ -16,7 +16,7 @@ import torch
 from fedsim.algorithms.base import Algorithm, ClientUpdate
 from fedsim.models import NetworkSetup
 from fedsim.params import l2_norm
-from fedsim.spec import ClientSpec, Model, ModelSpec
+from fedsim.spec import ClientSpec
 
 # the server's tensors a round's clients start from (``x`` and any extras)
 Payload = dict[str, torch.Tensor]
@@ -55,11 +55,6 @@ class WorkerSetup:
     vectorize: bool = False
     capped: bool = False
     threads: int = 1
-
-    @property
-    def model(self) -> ModelSpec | Model:
-        """The ``model`` section (what fedsim.batched reads by this name)."""
-        return self.network.model
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,8 @@ class Worker:
         self.algorithm = setup.algorithm
         self.solver = self.algorithm.solver(setup.client)
         self.model = make_model(setup.network, data)
+        # the model's own per-sample loss, or None: cross-entropy
+        self.loss = setup.network.loss
         # FedDM's own procedure stays on the CPU; updates travel back on it.
         use_gpu = (
             setup.gpus > 0
@@ -115,19 +117,13 @@ class Worker:
         sequential results; otherwise say why, once, and stay sequential."""
         from fedsim.batched import train_batched, why_not_batched
 
-        reason = why_not_batched(self)  # type: ignore[arg-type]  # (shim)
+        reason = why_not_batched(self)
         if reason is not None:
             msg = "resources.vectorize: %s; training clients one at a time"
             _log.warning(msg, reason)
         else:
-            self._train_group = partial(train_batched, self)  # type: ignore[arg-type]
+            self._train_group = partial(train_batched, self)
             self.batched = True
-
-    @property
-    def scenario(self) -> WorkerSetup:
-        """The set-up record, under the name fedsim.batched still reads
-        (removed when it reads ``setup``)."""
-        return self.setup
 
     def pid(self) -> int:
         """This worker's process id (tests check actors are distinct)."""
@@ -249,7 +245,7 @@ class Worker:
         for idx in islice(batches(hi - lo, size, gen, self.device), task.tau):
             xb, yb = (xs, ys) if idx is None else (xs[idx], ys[idx])
             grad.zero_()
-            loss = batch_loss(self.model, xb, yb)
+            loss = batch_loss(self.model, xb, yb, self.loss)
             loss.backward()
             algo.grad_hook(theta, grad, client)
             solver.step(theta, grad, state)

@@ -231,7 +231,9 @@ def fake_worker(model: torch.nn.Module, solver: SGD | None = None) -> SimpleName
         algorithm=load_scenario(QUICK).algorithm,
         model=model,
         solver=solver or SGD(lr=0.1),
-        scenario=SimpleNamespace(model=SimpleNamespace(name="lstm")),
+        setup=SimpleNamespace(
+            network=SimpleNamespace(model=SimpleNamespace(name="lstm"))
+        ),
         device=torch.device("cpu"),
     )
 

@@ -95,7 +95,7 @@ def test_param_counts_by_formula():
 
 def test_lstm_param_count_matches_torch():
     torch = pytest.importorskip("torch")
-    from fedsim.models import CharLSTM
+    from fedsim.layers import CharLSTM
 
     # embedding 80*8 + layer 1: 4*256*(8+256) + 8*256 + layer 2: 4*256*512
     # + 8*256 + output 256*80 + 80 = 640 + 272384 + 526336 + 20560

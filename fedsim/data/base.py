@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,7 +12,16 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from fedsim.lazy import torch
-from fedsim.spec import Spec
+from fedsim.spec import DataInfo, Spec
+
+__all__ = [
+    "DataInfo",
+    "DatasetSpec",
+    "Dataset",
+    "FederatedData",
+    "as_tensor",
+    "file_bytes",
+]
 
 
 def as_tensor(a: np.ndarray) -> torch.Tensor:
@@ -59,23 +67,6 @@ class FederatedData:
 
     def client_rows(self, i: int) -> slice:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
-
-
-@dataclass(frozen=True)
-class DataInfo:
-    """What a dataset's spec says about its samples: ``kind`` ``vector``, ``image``
-    ([C, H, W]) or ``sequence``; ``samples`` (train + test) estimated; ``classes``
-    0 for an objective without classes; None where only the data tells."""
-
-    kind: str
-    shape: tuple[int, ...] | None
-    classes: int | None
-    samples: int | None
-
-    @property
-    def sample_bytes(self) -> int | None:
-        """float32 bytes of one sample's inputs."""
-        return None if self.shape is None else 4 * math.prod(self.shape)
 
 
 class DatasetSpec(Spec):
