@@ -21,10 +21,23 @@ import secrets
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from fedsim.actors import (
+    ActorShape,
+    CallFailures,
+    Handle,
+    RetryPolicy,
+    current_pool,
+    kill,
+)
+
+# fedsim.executors named these before fedsim.actors held them (compare.py,
+# ray_session.py and notebooks import them from here)
+from fedsim.actors import release_parked as release_parked
+from fedsim.actors import warm_workers as warm_workers
 from fedsim.algorithms.base import ClientState, ClientUpdate
 from fedsim.data import DataError, DataMissingError, FederatedData, build_data
 from fedsim.data.base import DatasetSpec
@@ -33,6 +46,9 @@ from fedsim.links import LinksSpec, apply_links
 from fedsim.spec import ResourceSpec
 from fedsim.tasks import UpdateSummary, WorkerSetup
 from fedsim.workers import Payload, Task, Worker, assign_lpt
+
+if TYPE_CHECKING:
+    from ray import ObjectRef as Ref
 
 Tasks = Sequence[Task]
 Payloads = Mapping[int, Payload]  # by server version
@@ -195,7 +211,7 @@ class _Call(NamedTuple):
     the actor, and the arguments of ``Worker.train``."""
 
     positions: list[int]
-    actor: Any
+    actor: Handle
     args: tuple[Any, ...]
 
 
@@ -286,137 +302,16 @@ class RayWorker(Worker):
         return super().train_apart(payload, tasks, states)
 
 
-# ----------------------------------------------------------- warm actors
-#
-# Starting an actor costs a process, Ray's worker set-up and torch's import:
-# about 3 s of CPU, more than a small run's training. Inside warm_workers(),
-# a run that ends parks its worker actors (and its server actor) instead of
-# killing them, and the next run of this process that asks for the same
-# shape sets them up for itself. Parked actors hold their CPUs and GPUs:
-# every path that needs Ray resources for something else releases them
-# first (release_parked).
-
-_warm = False
-_parked: dict[tuple[Any, ...], list[Any]] = {}  # shape -> idle actors
-# A worker actor's creation data, by actor id, held while the actor lives:
-# Ray restarts an actor with its creation arguments, and for a warm actor
-# those name the dataset of its first run, which must still be there.
-_pins: dict[Any, list[Any]] = {}
-
-
-@contextlib.contextmanager
-def warm_workers() -> Iterator[None]:
-    """Within this block, Ray actors outlive their run: the next run in this
-    process with the same shape (the Ray session; CPUs and GPUs per worker;
-    the server actor's resources; ``placement: spread`` and data shipped by
-    the driver) sets them up for itself instead of starting new ones. For
-    many small runs in one process (a notebook's sweep, the test suite).
-    The results are those of new actors: each is set up from scratch and
-    keeps nothing of its last run. On leaving the block, the parked actors
-    are killed.
-    """
-    global _warm
-    before = _warm
-    _warm = True
-    try:
-        yield
-    finally:
-        _warm = before
-        if not before:
-            release_parked()
-
-
-def release_parked(keep: Collection[Any] = (), everything: bool = True) -> None:
-    """Kill parked actors, so their resources go to other work.
-
-    Args:
-        keep: shapes whose actors stay parked.
-        everything: also those that hold no resources (a server actor with
-            ``cpus: 0``, which is in nobody's way); False for a run that
-            only needs the resources.
-    """
-
-    def holds(shape: tuple[Any, ...]) -> bool:
-        # (kind, job, cpus, gpus[, custom resources]): any of them positive
-        return any(shape[2:4]) or bool(shape[4:] and shape[4])
-
-    for shape in [k for k in _parked if k not in keep and (everything or holds(k))]:
-        for a in _parked.pop(shape):
-            _kill(a)
-
-
-def _kill(actor: Any) -> None:
-    """Kill ``actor`` (gone already: nothing to do) and drop its pin."""
-    import ray
-
-    _pins.pop(actor._actor_id, None)
-    with contextlib.suppress(Exception):  # already gone with its session
-        ray.kill(actor)
-
-
-def parks(shape: tuple[Any, ...] | None) -> bool:
-    """Whether an actor of ``shape`` is parked when its run ends."""
-    return _warm and shape is not None
-
-
-def park(shape: tuple[Any, ...], actors: Sequence[Any]) -> None:
-    """Park ``actors`` (each first drops its run's state: ``park()``; Ray
-    runs that call before any later one on the same actor)."""
-    for a in actors:
-        a.park.remote()
-    _parked.setdefault(shape, []).extend(actors)
-
-
-def adopt(shape: tuple[Any, ...] | None, n: int, setup: tuple[Any, ...]) -> list:
-    """Up to ``n`` parked actors of ``shape``, set up for a new run by their
-    ``setup(*setup)`` method; one that fails its set-up (it died while
-    parked) is killed and left out, so a new actor takes its place. Parked
-    actors of ``shape`` beyond ``n`` are killed (their resources may be
-    what the run's other actors need).
-
-    Args:
-        shape: the key (None: nothing is taken).
-        n: the most actors taken.
-        setup: the arguments of the actors' ``setup``.
-    """
-    import ray
-
-    mine = _parked.pop(shape, []) if shape is not None else []
-    for a in mine[n:]:
-        _kill(a)
-    ready: list[Any] = []
-    for a, ref in [(a, a.setup_for.remote(*setup)) for a in mine[:n]]:
-        try:
-            ray.get(ref, timeout=60)
-            ready.append(a)
-        except Exception:  # dead or stuck: a new actor takes its place
-            _kill(a)
-    return ready
-
-
-def _job() -> str:
-    """This process's Ray job (a new session parks into new shapes)."""
-    import ray
-
-    return ray.get_runtime_context().get_job_id()
-
-
-def worker_shape(res: ResourceSpec) -> tuple[Any, ...] | None:
-    """The key under which a run's worker actors park (None: never: a
+def worker_shape(res: ResourceSpec) -> ActorShape | None:
+    """The shape under which a run's worker actors park (None: never: a
     placement group or per-node data ties them to their run)."""
-    if res.placement != "spread" or res.data == "per_node":
-        return None
-    return ("worker", _job(), float(res.cpus_per_worker), float(res.gpus_per_worker))
+    return ActorShape.of_workers(res)
 
 
-def server_shape(res: ResourceSpec) -> tuple[Any, ...] | None:
-    """The key under which a run's server actor parks (None: never: it
+def server_shape(res: ResourceSpec) -> ActorShape | None:
+    """The shape under which a run's server actor parks (None: never: it
     lives in the driver, or in a placement group's bundle)."""
-    spec = res.server
-    if spec.home != "actor" or worker_shape(res) is None:
-        return None
-    extra = tuple(sorted(spec.resources.items()))
-    return ("server", _job(), float(spec.cpus), float(spec.gpus), extra)
+    return ActorShape.of_server(res)
 
 
 def _where(worker: Worker) -> tuple[str, dict[str, Any]]:
@@ -432,37 +327,6 @@ def _where(worker: Worker) -> tuple[str, dict[str, Any]]:
 
 # Ray's own resource names; the others a node declares are its custom ones.
 _BUILTIN = ("CPU", "GPU", "memory", "object_store_memory")
-# A call is resent at most _MAX_ATTEMPTS times for failures that come back at
-# once (an actor that died, or came back set up for an earlier run: a node's
-# loss can fail a call more than once). An actor that Ray is still restarting
-# (ActorUnavailableError) is waited for by time instead: its new process
-# imports torch, which on a loaded machine can take longer than those
-# attempts' back-offs (about 45 s) add up to.
-_MAX_ATTEMPTS = 8
-_RESTART_WAIT_S = 600.0  # per call, from its first failure
-
-
-def _retry_after(
-    error: Exception, failures: int, deaths: int, waited: float
-) -> float | None:
-    """How long to wait before resending a failed actor call, or None when
-    the executor should give up and let ``error`` end the run.
-
-    Args:
-        error: why the call failed (a ``RayActorError`` or
-            :class:`StaleWorkerError`).
-        failures: the call's failures so far, this one included.
-        deaths: how many of them were not an actor Ray is restarting.
-        waited: seconds since the call first failed.
-    """
-    import ray
-
-    # exponential back-off (1, 2, 4, 8, 10, 10, ... s): a restart takes
-    # seconds, the loss of a node longer
-    delay = min(0.5 * 2 ** min(failures, 5), 10.0)
-    if isinstance(error, ray.exceptions.ActorUnavailableError):
-        return delay if waited < _RESTART_WAIT_S else None
-    return delay if deaths < _MAX_ATTEMPTS else None
 
 
 def _custom(resources: Mapping[str, float]) -> dict[str, float]:
@@ -591,9 +455,12 @@ class RayExecutor(Executor):
     as ``resources.placement`` says; a call whose actor died is sent again.
 
     Actors restart without limit but Ray retries no task: this executor
-    resends a dead actor's call itself, so it can count the retried tasks
+    resends a dead actor's call itself, as :attr:`retry` says
+    (:class:`fedsim.actors.RetryPolicy`), so it can count the retried tasks
     and note lost nodes. A resent call recomputes the same update (it is a
-    pure function of its arguments).
+    pure function of its arguments). Inside a warm pool's block
+    (:func:`fedsim.actors.warm_workers`) it takes over parked actors of its
+    shape and parks its own when it shuts down.
 
     With the server as an actor (``resources.server.home: actor``),
     :meth:`train_apart` fetches only each update's :class:`UpdateSummary`
@@ -615,6 +482,8 @@ class RayExecutor(Executor):
     # The class of the actors this executor starts (a test swaps in one that
     # is slow to restart: tests/test_faults.py).
     worker_class: type[RayWorker] = RayWorker
+    # When a failed call is sent again (a test lowers its counts).
+    retry: RetryPolicy = RetryPolicy()
 
     def __init__(self, setup: ExecutorSetup, data: FederatedData, n: int) -> None:
         import ray
@@ -625,19 +494,24 @@ class RayExecutor(Executor):
         self.apart = res.server.home == "actor"
         # Warm actors of this run's shapes are taken over below; every other
         # parked actor is killed first: its resources may be this run's.
+        self._pool = current_pool()
         self._shape = worker_shape(res)
-        release_parked(keep={self._shape, server_shape(res)}, everything=False)
+        if self._pool is not None:
+            self._pool.release(keep={self._shape, server_shape(res)}, everything=False)
         self._token = secrets.token_hex(8)  # this run's (RayWorker)
         self._pg = None if res.placement == "spread" else _placement_group(res, n)
         if res.data == "per_node":
             check_data_on_nodes(setup.recipe)
         # a list: Ray hands the reference itself to a (re)started actor
         shared = _NodeLocalData(setup.recipe) if res.data == "per_node" else data
-        self._data: list[Any] = [ray.put(shared)]
+        self._data: list[Ref] = [ray.put(shared)]
         # torch's threads in each actor: the worker record's figure
         threads = setup.worker.threads
         self._setup = (setup.worker, self._data, threads, self._token)
-        self.actors: list[Any] = adopt(self._shape, n, self._setup)
+        pool = self._pool
+        self.actors: list[Handle] = (
+            pool.adopt(self._shape, n, self._setup) if pool else []
+        )
         self.actors += [
             ray.remote(self.worker_class)
             .options(
@@ -650,9 +524,7 @@ class RayExecutor(Executor):
             .remote(*self._setup)
             for i in range(len(self.actors), n)
         ]
-        for a in self.actors:  # (a taken-over actor keeps its first pin)
-            _pins.setdefault(a._actor_id, self._data)
-        self._refs: dict[int, Any] = {}
+        self._refs: dict[int, Ref] = {}
         self.tasks_retried = 0
         self._nodes: list[list[str]] = [[] for _ in range(n)]  # node ids, in order
         self._lost: dict[str, str] = {}  # node id -> its address
@@ -745,10 +617,9 @@ class RayExecutor(Executor):
         """Every call's result, in call order, retrying dead actors' calls.
 
         Results are taken as they finish (``ray.wait``), so a slow actor
-        does not hold up collecting the others; a call whose actor died is
-        resent after a back-off (:func:`_retry_after`: at most
-        ``_MAX_ATTEMPTS`` times, or for an actor Ray is restarting, until
-        ``_RESTART_WAIT_S`` seconds have passed since the call first failed).
+        does not hold up collecting the others; a call whose actor died or
+        is restarting is resent as :attr:`retry` says (its docstring has the
+        table of cases), its tasks counted once in ``tasks_retried``.
 
         Args:
             calls: the actor calls.
@@ -765,9 +636,7 @@ class RayExecutor(Executor):
         results: list[Any] = [None] * len(calls)
         sent = [self._send(c, split) for c in calls]
         pending = {refs[0]: k for k, refs in enumerate(sent)}
-        failures = [0] * len(calls)  # per call
-        deaths = [0] * len(calls)  # per call: the failures that were not a restart
-        first_failure: dict[int, float] = {}  # per call: time.monotonic()
+        failed = CallFailures()
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
             k = pending.pop(ref)
@@ -776,15 +645,12 @@ class RayExecutor(Executor):
                 results[k] = (first, sent[k][1:]) if split else first
                 continue
             except (ray.exceptions.RayActorError, StaleWorkerError) as error:
-                failures[k] += 1
-                if not isinstance(error, ray.exceptions.ActorUnavailableError):
-                    deaths[k] += 1
-                since = first_failure.setdefault(k, time.monotonic())
-                waited = time.monotonic() - since
-                delay = _retry_after(error, failures[k], deaths[k], waited)
+                restarting = isinstance(error, ray.exceptions.ActorUnavailableError)
+                attempts = failed.record(k, restarting, time.monotonic())
+                delay = self.retry.after(attempts)
                 if delay is None:
                     raise
-                if failures[k] == 1:  # the call's tasks count once
+                if attempts.failures == 1:  # the call's tasks count once
                     self.tasks_retried += len(calls[k].positions)
                 if isinstance(error, StaleWorkerError):
                     # a warm actor Ray restarted with its first run's
@@ -864,15 +730,16 @@ class RayExecutor(Executor):
         return ray.get([a.pid.remote() for a in self.actors])
 
     def shutdown(self) -> None:
-        """Kill the actors, or inside :func:`warm_workers` park them for the
+        """Kill the actors, or inside a warm pool's block park them for the
         next run, and remove the placement group (idempotent)."""
         import ray
 
-        if parks(self._shape):
-            park(self._shape, self.actors)  # type: ignore[arg-type]
+        pool, shape = self._pool, self._shape
+        if pool is not None and shape is not None and not pool.closed:
+            pool.park(shape, self.actors, self._data)
         else:
             for a in self.actors:
-                _kill(a)
+                kill(a)
         self.actors = []
         self._refs.clear()
         if self._pg is not None:

@@ -1,4 +1,4 @@
-"""Warm actors (``fedsim.executors.warm_workers``): a run takes over the
+"""Warm actors (``fedsim.actors.warm_workers``): a run takes over the
 idle Ray actors of the run before it instead of starting new processes, and
 its results are those of new actors, also when Ray restarts a taken-over
 actor with its first run's arguments."""
@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from fedsim import executors
+from fedsim import actors
+from fedsim.actors import current_pool
 from fedsim.data import build_data
 from fedsim.executors import InProcessExecutor, RayExecutor, release_parked
 from fedsim.runtime import run_setup
@@ -116,18 +117,28 @@ def test_another_shape_kills_the_parked_actors_and_starts_its_own(ray_session):
     release_parked()
 
 
-def test_outside_warm_workers_a_runs_actors_are_killed(ray_session, monkeypatch):
+def test_outside_warm_workers_a_runs_actors_are_killed(ray_session):
+    import time
+
     import ray
 
     release_parked()
-    monkeypatch.setattr(executors, "_warm", False)
-    sc, data, _, _ = _setup()
-    ex = RayExecutor(run_setup(sc).executor, data, 1)
-    actor = ex.actors[0]
-    ex.shutdown()
-    assert executors._parked == {}
+    pool = current_pool()
+    token = actors._CURRENT.set(None)  # outside the session's warm block
+    try:
+        sc, data, _, _ = _setup()
+        ex = RayExecutor(run_setup(sc).executor, data, 1)
+        actor = ex.actors[0]
+        ex.shutdown()
+    finally:
+        actors._CURRENT.reset(token)
+    assert pool.idle() == 0
+    # ray.kill is asynchronous: a call sent at once may still be answered
+    deadline = time.monotonic() + 60
     with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(actor.pid.remote(), timeout=60)
+        while time.monotonic() < deadline:
+            ray.get(actor.pid.remote(), timeout=60)
+            time.sleep(0.2)
 
 
 def test_a_server_actor_is_taken_over_and_set_up_for_the_new_run(ray_session):
@@ -151,6 +162,6 @@ def test_a_server_actor_is_taken_over_and_set_up_for_the_new_run(ray_session):
     # a server with cpus: 0 holds nothing: a run that needs only resources
     # leaves it parked; a release of everything kills it
     release_parked(everything=False)
-    assert len([a for g in executors._parked.values() for a in g]) == 1
+    assert current_pool().idle() == 1
     release_parked()
-    assert executors._parked == {}
+    assert current_pool().idle() == 0
