@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 # A Ray actor handle. Ray types an actor's methods dynamically (its stubs
 # give attribute access the type Never), so handles are typed loosely here,
 # under this one name.
-Handle = Any
+Handle = Any  # type: ignore[explicit-any]
 
 
 @dataclass(frozen=True)

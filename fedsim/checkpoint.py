@@ -111,7 +111,7 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_meta(ckpt: Path, meta: dict[str, Any]) -> None:
+def write_meta(ckpt: Path, meta: Mapping[str, object]) -> None:
     """Write the checkpoint's meta.json (see :class:`Checkpoint`) atomically."""
     atomic_write_bytes(ckpt / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
 
@@ -306,9 +306,10 @@ def write_fingerprint(ckpt: Path, fp: Fingerprint) -> None:
     atomic_write_bytes(Path(ckpt) / FINGERPRINT, text.encode())
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+def _flatten(obj: object, prefix: str = "") -> dict[str, object]:
     """Nested JSON as ``{"a.b[0].c": leaf}``, so that a fingerprint mismatch
     names each differing field by the path a ``--set`` would use."""
+    items: list[tuple[str, object]]
     if isinstance(obj, dict):
         items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in obj.items()]
     elif isinstance(obj, list):
@@ -379,7 +380,7 @@ def _without_legacy(stored: dict[str, Any], current: dict[str, Any]) -> dict[str
     return {**stored, "model": kept}
 
 
-def _show(v: Any) -> str:
+def _show(v: object) -> str:
     """A fingerprint value for a message: JSON, cut at 60 characters."""
     if v is _NONE:
         return "(absent)"

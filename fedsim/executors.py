@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from fedsim.actors import (
     ActorShape,
@@ -44,11 +44,13 @@ from fedsim.data.base import DatasetSpec
 from fedsim.fleet import Fleet, FleetSpec
 from fedsim.links import LinksSpec, apply_links
 from fedsim.spec import ResourceSpec
-from fedsim.tasks import UpdateSummary, WorkerSetup
+from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup
 from fedsim.workers import Payload, Task, Worker, assign_lpt
 
 if TYPE_CHECKING:
     from ray import ObjectRef as Ref
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 Tasks = Sequence[Task]
 Payloads = Mapping[int, Payload]  # by server version
@@ -114,7 +116,7 @@ class Apart(NamedTuple):
     """
 
     kept: list[ClientUpdate] | list[UpdateSummary]
-    parcels: list[Any]
+    parcels: list[Parcel]
 
 
 class Executor(ABC):
@@ -159,7 +161,7 @@ class Executor(ABC):
             One entry per task in each half, in task order.
         """
         ups = self.train(tasks, payloads, states)
-        return Apart(ups, list(ups))
+        return Apart(ups, list[Parcel](ups))
 
     @abstractmethod
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
@@ -175,7 +177,7 @@ class Executor(ABC):
     def shutdown(self) -> None:  # noqa: B027
         """Release the workers (the executor cannot train afterwards)."""
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, object]:
         """Fields for summary.json about where the work ran ({} in-process)."""
         return {}
 
@@ -212,7 +214,7 @@ class _Call(NamedTuple):
 
     positions: list[int]
     actor: Handle
-    args: tuple[Any, ...]
+    args: tuple[Ref, list[Task], dict[int, ClientState]]
 
 
 def _own(group: Sequence[Task], states: States) -> dict[int, ClientState]:
@@ -250,13 +252,13 @@ class RayWorker(Worker):
     """
 
     def __init__(
-        self, setup: WorkerSetup, data: Any, threads: int | None, token: str
+        self, setup: WorkerSetup, data: list[Ref], threads: int | None, token: str
     ) -> None:
         super().__init__(setup, data, threads)
         self.token = token
 
     def setup_for(
-        self, setup: WorkerSetup, data: Any, threads: int | None, token: str
+        self, setup: WorkerSetup, data: list[Ref], threads: int | None, token: str
     ) -> str:
         """Become the worker a new actor for this run would be: every
         attribute of the earlier run is dropped first, so nothing of it
@@ -296,7 +298,7 @@ class RayWorker(Worker):
         tasks: Sequence[Task],
         states: Mapping[int, ClientState] | None = None,
         token: str | None = None,
-    ) -> tuple[Any, ...]:
+    ) -> tuple[list[UpdateSummary] | ClientUpdate, ...]:
         """:meth:`Worker.train_apart`, refused as :meth:`train` is."""
         self._check(token)
         return super().train_apart(payload, tasks, states)
@@ -314,7 +316,7 @@ def server_shape(res: ResourceSpec) -> ActorShape | None:
     return ActorShape.of_server(res)
 
 
-def _where(worker: Worker) -> tuple[str, dict[str, Any]]:
+def _where(worker: Worker) -> tuple[str, dict[str, object]]:
     """This actor's Ray node, GPU share, GPU ids and the device it trains on
     (``cpu`` where GPUs are only declared, as in tests), via ``__ray_call__``."""
     import ray
@@ -339,7 +341,7 @@ def _custom(resources: Mapping[str, float]) -> dict[str, float]:
     }
 
 
-def _server_bundle(res: Any) -> dict[str, float] | None:
+def _server_bundle(res: ResourceSpec) -> dict[str, float] | None:
     """The server actor's bundle (its positive resources), or None when the
     server runs in the driver or asks for nothing a bundle can hold."""
     spec = res.server
@@ -349,7 +351,7 @@ def _server_bundle(res: Any) -> dict[str, float] | None:
     return {k: float(v) for k, v in asked.items() if v > 0} or None
 
 
-def _placement_group(res: Any, n: int) -> Any:
+def _placement_group(res: ResourceSpec, n: int) -> PlacementGroup:
     """A placement group of ``n`` bundles for ``res.placement``, once placed,
     plus a last one for the server actor when it asks for resources.
 
@@ -363,7 +365,7 @@ def _placement_group(res: Any, n: int) -> Any:
     """
     import ray
 
-    bundle = {"CPU": res.cpus_per_worker}
+    bundle: dict[str, float] = {"CPU": res.cpus_per_worker}
     if res.gpus_per_worker:
         bundle["GPU"] = res.gpus_per_worker
     bundles = [dict(bundle) for _ in range(n)]
@@ -398,7 +400,7 @@ class _NodeLocalData:
     def __init__(self, recipe: DataRecipe) -> None:
         self.recipe = recipe
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
         if self.recipe.links is None:  # the plain call, as before links
             r = self.recipe
             return build_data, (r.data, r.num_clients, r.seed)
@@ -528,11 +530,11 @@ class RayExecutor(Executor):
         self.tasks_retried = 0
         self._nodes: list[list[str]] = [[] for _ in range(n)]  # node ids, in order
         self._lost: dict[str, str] = {}  # node id -> its address
-        self._known: dict[str, dict[str, Any]] = {}
+        self._known: dict[str, dict[str, object]] = {}
         self._locate()
         self._check_nodes()  # the nodes' resources, while they are alive
 
-    def server_strategy(self) -> Any:
+    def server_strategy(self) -> PlacementGroupSchedulingStrategy | None:
         """The server actor's scheduling strategy: the placement group's last
         bundle when it has one for the server, else None (placed by its
         resources alone)."""
@@ -543,11 +545,11 @@ class RayExecutor(Executor):
         return PlacementGroupSchedulingStrategy(self._pg, len(self.actors))
 
     @property
-    def data_ref(self) -> Any:
+    def data_ref(self) -> Ref:
         """The dataset's reference in the object store (or its recipe's)."""
         return self._data[0]
 
-    def _strategy(self, i: int) -> Any:
+    def _strategy(self, i: int) -> str | PlacementGroupSchedulingStrategy:
         """Actor ``i``'s scheduling strategy: SPREAD, or bundle i of the
         placement group."""
         if self._pg is None:
@@ -569,7 +571,7 @@ class RayExecutor(Executor):
         if not self.apart:
             return super().train_apart(tasks, payloads, states)
         kept: dict[int, UpdateSummary] = {}
-        parcels: dict[int, Any] = {}
+        parcels: dict[int, Parcel] = {}
         calls = self._plan(tasks, payloads, states)
         for c, (summaries, refs) in zip(calls, self._gather(calls, True), strict=True):
             kept.update(zip(c.positions, summaries, strict=True))
@@ -595,7 +597,7 @@ class RayExecutor(Executor):
                 calls.append(_Call([where[id(t)] for t in group], actor, args))
         return calls
 
-    def _payload_ref(self, version: int, payloads: Payloads) -> Any:
+    def _payload_ref(self, version: int, payloads: Payloads) -> Ref:
         """``version``'s payload in the object store, put there once and kept
         until :meth:`forget` (every actor call reads the same copy)."""
         if version not in self._refs:
@@ -604,7 +606,7 @@ class RayExecutor(Executor):
             self._refs[version] = ray.put(payloads[version])
         return self._refs[version]
 
-    def _send(self, call: _Call, split: bool) -> list[Any]:
+    def _send(self, call: _Call, split: bool) -> list[Ref]:
         """Send ``call`` to its actor, for this run (its token); its object
         references: ``[updates]``, or with ``split`` ``[summaries, update_1,
         ..., update_n]``."""
@@ -633,7 +635,7 @@ class RayExecutor(Executor):
         """
         import ray
 
-        results: list[Any] = [None] * len(calls)
+        results: list[object] = [None] * len(calls)
         sent = [self._send(c, split) for c in calls]
         pending = {refs[0]: k for k, refs in enumerate(sent)}
         failed = CallFailures()
@@ -663,7 +665,7 @@ class RayExecutor(Executor):
             pending[sent[k][0]] = k
         return results
 
-    def _locate(self, timeout: float | None = None) -> list[dict[str, Any]]:
+    def _locate(self, timeout: float | None = None) -> list[dict[str, object]]:
         """Add each actor's current node to its history; their GPU shares."""
         import ray
 
@@ -697,16 +699,16 @@ class RayExecutor(Executor):
                     flush=True,
                 )
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, object]:
         """summary.json's ``placement``, ``workers_nodes`` (per worker, the
         nodes it ran on), ``workers_gpus`` (per worker, :func:`_where`),
         ``nodes_lost`` and ``tasks_retried``."""
         self._check_nodes()
-        gpus: list[Any] = []
+        gpus: list[dict[str, object]] = []
         with contextlib.suppress(Exception):  # a report must not fail the run
             gpus = self._locate(timeout=30)
         self._check_nodes()
-        unknown: dict[str, Any] = {"address": None, "resources": {}}
+        unknown: dict[str, object] = {"address": None, "resources": {}}
         return {
             "workers_gpus": gpus,
             "placement": self.placement,

@@ -31,7 +31,7 @@ import dataclasses
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -220,7 +220,7 @@ def check_memory(
     )
 
 
-def _floats(obj: Any, path: str) -> list[tuple[str, float]]:
+def _floats(obj: object, path: str) -> list[tuple[str, float]]:
     if isinstance(obj, dict):
         return [kv for k, v in obj.items() for kv in _floats(v, f"{path}.{k}")]
     if isinstance(obj, list | tuple):
@@ -303,7 +303,7 @@ def check_availability(facts: RunFacts, source: str = "<scenario>") -> None:
             )
 
 
-def _dump(spec: object) -> dict[str, Any]:
+def _dump(spec: object) -> dict[str, object]:
     """A section's fields: a pydantic model's, or a plug-in dataclass's."""
     if dataclasses.is_dataclass(spec):
         return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}

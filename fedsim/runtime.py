@@ -21,6 +21,7 @@ from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from fedsim import __version__, checkpoint, clock, interrupts
 from fedsim.algorithms.base import AsyncRule, ClientUpdate
@@ -48,6 +49,7 @@ from fedsim.results import (
 )
 from fedsim.scenario import Scenario
 from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
+from fedsim.selectors.base import SelectorState
 from fedsim.server import (
     Applied,
     DivergenceError,
@@ -58,7 +60,7 @@ from fedsim.server import (
     objective_due,
 )
 from fedsim.server_actor import RemoteServer, ServerLost
-from fedsim.tasks import UpdateSummary, WorkerSetup, update_norm
+from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup, update_norm
 from fedsim.workers import Payload, Task
 
 # Tags of the run's random streams, each (seed, tag, n): distinct tags keep
@@ -70,7 +72,10 @@ _CLOCK_TAG = 0xC10C
 # clock's default chooser uses for the same stream.
 _ASYNC_SELECT_TAG = 0xD15C
 
-Row = dict[str, Any]
+# A row of rounds.parquet or clients.parquet: each column's cells have that
+# column's own type (fedsim.results' schemas), which one dict type cannot
+# name, so rows are typed loosely under this name.
+Row = dict[str, Any]  # type: ignore[explicit-any]
 RoundCallback = Callable[[Row, list[Row]], None]
 
 
@@ -86,6 +91,8 @@ class Pair(NamedTuple):
 
 
 Trained = Sequence[Pair]
+# device ids, as selectors and the timeline's chooser take and give them
+Ids = NDArray[np.int64]
 
 
 @dataclass(frozen=True)
@@ -167,9 +174,9 @@ class RunResult:
     data: FederatedData | None = field(default=None, repr=False)
     initial: dict[str, float] | None = None  # x_0's accuracy, loss and t = 0.0
     # Ray runs: where the workers ran, nodes lost, tasks retried (summary.json)
-    placement: dict[str, Any] = field(default_factory=dict)
+    placement: dict[str, object] = field(default_factory=dict)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Row:
         """summary.json's content, with ``status`` and ``degenerate``."""
         initial = None
         if self.initial is not None:  # JSON has no NaN: a missing value is null
@@ -200,7 +207,7 @@ class RunResult:
             **summary_entry(self.scenario, self.data, self.clients),
         }
 
-    def participation_bias(self) -> dict[str, Any] | None:
+    def participation_bias(self) -> dict[str, object] | None:
         """Each client's mean ``agg_weight`` (over rounds with updates) against
         its data share p_i (``sampling.participation_bias``); None without data."""
         if self.data is None:
@@ -537,7 +544,11 @@ class _Run:
         return u.bytes_up
 
     def save_checkpoint(
-        self, next_round: int, sim_time: float, state: Any, payloads: dict[int, Payload]
+        self,
+        next_round: int,
+        sim_time: float,
+        state: SelectorState,
+        payloads: dict[int, Payload],
     ) -> None:
         """Save the state after ``next_round`` rounds (or versions).
 
@@ -597,8 +608,13 @@ class _Run:
         return bool(self.every) and (done % self.every == 0 or done == self.sc.rounds)
 
     def observe(
-        self, sel: Selector, state: Any, t: int, applied: Applied, trained: Trained
-    ) -> tuple[Any, list[Row]]:
+        self,
+        sel: Selector,
+        state: SelectorState,
+        t: int,
+        applied: Applied,
+        trained: Trained,
+    ) -> tuple[SelectorState, list[Row]]:
         """The selector learns round (or version) ``t``.
 
         Args:
@@ -634,10 +650,10 @@ def _server_actor(setup: RunSetup, executor: Executor, threads: int) -> RemoteSe
     return RemoteServer(setup.server, res, ray_ex.data_ref, strategy, threads)
 
 
-def _close(run: _Run) -> dict[str, Any]:
+def _close(run: _Run) -> dict[str, object]:
     """Flush the rows and release the actors (even when the disk is full);
     return where the work and the server ran, for summary.json."""
-    placement: dict[str, Any] = {}
+    placement: dict[str, object] = {}
     try:
         run.recorder.flush()
     finally:
@@ -791,10 +807,10 @@ class _Async:
         self.users: Counter[int] = Counter()  # version -> its jobs still open
         self.pending: deque[clock.Version] = deque()
         # by job: what the driver keeps of the update, and what goes to the server
-        self.trained: dict[clock.Job, tuple[Kept, Any]] = {}
+        self.trained: dict[clock.Job, tuple[Kept, Parcel]] = {}
         self.w = 0  # the newest computed version
 
-    def _choose(self, candidates: np.ndarray, free: int, n: int) -> np.ndarray:
+    def _choose(self, candidates: Ids, free: int, n: int) -> Ids:
         """The selector's n-th pick for the free slots (or the logged one).
 
         The timeline calls this only once every version made so far has been
@@ -940,7 +956,7 @@ class _Async:
         self.w += 1
         self._forget(rec)
         if run.due(self.w):
-            state: Any = self.sel_state
+            state: SelectorState = self.sel_state
             if self.adaptive:
                 state = {"state": state, "picks": self.picks}
             run.save_checkpoint(self.w, rec.t, state, self.payloads)

@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import yaml
 from pydantic import (
@@ -123,16 +123,16 @@ else:
     ModelSection = Annotated[Any, PlainValidator(section_validator("model"))]
 
 
-def _default_selector() -> Any:
+def _default_selector() -> Selector:
     """The registry's default selector with its default fields."""
-    return resolve("selector", SELECTOR_DEFAULT)()
+    return cast("Selector", resolve("selector", SELECTOR_DEFAULT)())
 
 
-def _default_model() -> Any:
+def _default_model() -> Model:
     """The registry's default network with its default fields."""
     from fedsim.models import DEFAULT  # (no torch: it is imported lazily)
 
-    return resolve("model", DEFAULT)()
+    return cast(Model, resolve("model", DEFAULT)())
 
 
 class Scenario(Spec):
@@ -166,7 +166,7 @@ class Scenario(Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_weighting(cls, data: Any) -> Any:
+    def _default_weighting(cls, data: object) -> object:
         """An unset ``algorithm.sampling`` becomes the selector's default."""
         if not isinstance(data, dict):
             return data
@@ -270,7 +270,7 @@ class Scenario(Spec):
         )
 
 
-def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
+def _format_loc(loc: tuple[object, ...], raw: object = None) -> str:
     """pydantic's ``loc`` as ``fleet.groups[1].speed.sigma``, less union tags."""
     out, node = "", raw
     for part in loc:
@@ -278,8 +278,9 @@ def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
         tags = (fields.get("name"), fields.get("dataset"), fields.get("kind"))
         if isinstance(part, int):
             out += f"[{part}]"
-            ok = isinstance(node, list) and 0 <= part < len(node)
-            node = node[part] if ok else None
+            node = (
+                node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+            )
         elif part in fields or part not in tags:  # not a member pydantic adds
             out += ("." if out else "") + str(part)
             node = fields.get(part)
@@ -297,7 +298,7 @@ _PLAIN_MESSAGES = {
 }
 
 
-def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
+def _format_validation(err: ValidationError, source: str, raw: object) -> str:
     """pydantic's errors as one message: a line per problem, each the field's
     path in the file's own terms, the reason and the value given.
 
@@ -333,9 +334,9 @@ def _problems(source: str, lines: list[str]) -> str:
     return "\n".join([head, *lines[:20]] + (["  ..."] if n > 20 else []))
 
 
-def _check_shape(raw: Any, source: str) -> None:
+def _check_shape(raw: object, source: str) -> None:
     """Refuse structures too deep or too large to walk or validate."""
-    stack = [(raw, 1)]
+    stack: list[tuple[object, int]] = [(raw, 1)]
     seen = 0
     while stack:
         node, depth = stack.pop()
@@ -352,7 +353,7 @@ def _check_shape(raw: Any, source: str) -> None:
             stack.extend((v, depth + 1) for v in values)
 
 
-def _check_plain(obj: Any, source: str, path: str = "") -> None:
+def _check_plain(obj: object, source: str, path: str = "") -> None:
     """Refuse NaN/inf, huge ints and non-plain values, naming the path."""
     problem: str | None = None
     if isinstance(obj, dict):
@@ -370,7 +371,7 @@ def _check_plain(obj: Any, source: str, path: str = "") -> None:
         raise ScenarioError(f"{source}: {path or '(top level)'}: {problem}")
 
 
-def _scalar_problem(obj: Any) -> str | None:
+def _scalar_problem(obj: object) -> str | None:
     """Why a scalar cannot be a setting: not finite, more bits than any setting
     needs (a huge int would also make pydantic slow), or not a YAML scalar."""
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -645,7 +646,7 @@ def parse_scenario(
     return sc
 
 
-def _check_plugins(raw: dict[str, Any], source: str) -> None:
+def _check_plugins(raw: dict[str, object], source: str) -> None:
     """Refuse, in one line, a section naming a class that cannot be found or is
     of the wrong kind (file, field, the name given and what was expected)."""
     for kind, field, name in section_names(raw):
@@ -655,7 +656,9 @@ def _check_plugins(raw: dict[str, Any], source: str) -> None:
             raise ScenarioError(f"{source}: {field}: {exc}") from None
 
 
-def _bool_number_mixups(raw: Any, value: Any, loc: tuple[Any, ...]) -> Iterator[str]:
+def _bool_number_mixups(
+    raw: object, value: object, loc: tuple[object, ...]
+) -> Iterator[str]:
     """A true/false given for a number, or a number for a switch (lax mode)."""
     if isinstance(raw, bool):
         if isinstance(value, int | float) and not isinstance(value, bool):

@@ -24,9 +24,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
+import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from fedsim import checkpoint
 from fedsim.algorithms.base import (
@@ -34,6 +36,7 @@ from fedsim.algorithms.base import (
     Algorithm,
     ClientState,
     ClientUpdate,
+    Flag,
     RoundContext,
     ServerContext,
 )
@@ -43,10 +46,12 @@ from fedsim.models import Loss, NetworkSetup, evaluate, make_model
 from fedsim.params import flatten
 from fedsim.spec import EvalSpec
 from fedsim.store import ClientStore
-from fedsim.tasks import UpdateSummary, update_norm
+from fedsim.tasks import Parcel, UpdateSummary, update_norm
 
 Payload = dict[str, torch.Tensor]
 Split = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
+# samples, targets and stored client vectors: floats, or class or token ids
+Array = NDArray[np.float32 | np.float64 | np.int64]
 
 
 class DivergenceError(RuntimeError):
@@ -180,7 +185,7 @@ class ClientStats:
     update_norm: float
     train_loss: float
     weight: float  # effective aggregation weight w_i
-    flags: dict[str, Any]  # the algorithm's per-client columns (clients.parquet)
+    flags: dict[str, Flag]  # the algorithm's per-client columns (clients.parquet)
 
 
 @dataclass(frozen=True)
@@ -192,6 +197,15 @@ class RoundResult:
     train_loss: float
     test_loss: float
     test_accuracy: float
+
+
+def _here(updates: Sequence[Parcel]) -> list[ClientUpdate]:
+    """The updates, refusing object references (only the server actor,
+    :meth:`fedsim.server_actor.ServerActor.apply_refs`, fetches those)."""
+    out = [u for u in updates if isinstance(u, ClientUpdate)]
+    if len(out) != len(updates):
+        raise TypeError("Server.apply takes updates; the server actor fetches refs")
+    return out
 
 
 def _in_client_order(updates: Sequence[ClientUpdate], where: str) -> list[ClientUpdate]:
@@ -260,7 +274,7 @@ class RoundServer(Protocol):
 
     def apply(
         self,
-        updates: Sequence[Any],
+        updates: Sequence[Parcel],
         *,
         staleness: Sequence[int] | None = None,
         starts: Sequence[torch.Tensor] | None = None,
@@ -289,7 +303,7 @@ class RoundServer(Protocol):
         """Read them back (refusing another model's state)."""
         ...
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, object]:
         """summary.json's ``server``: where it ran (never fails)."""
         ...
 
@@ -376,7 +390,7 @@ class Server:
 
     def apply(
         self,
-        updates: Sequence[ClientUpdate],
+        updates: Sequence[Parcel],
         *,
         staleness: Sequence[int] | None = None,
         starts: Sequence[torch.Tensor] | None = None,
@@ -400,7 +414,8 @@ class Server:
 
         Args:
             updates: a synchronous round's (in any order), or an
-                asynchronous version's, in order of arrival.
+                asynchronous version's, in order of arrival: the updates
+                themselves (object references are for the server actor).
             staleness: asynchronous mode: each update's staleness.
             starts: asynchronous mode: the parameters each update started
                 from.
@@ -416,19 +431,21 @@ class Server:
             DivergenceError: the model or the training loss is not finite.
             ValueError: a synchronous round holds a client twice, or the
                 algorithm reported weights for clients not in the round.
+            TypeError: an update is an object reference.
         """
+        ups = _here(updates)
         server = self.context() if self.algorithm.wants_server else None
         if staleness is None:
-            updates = _in_client_order(updates, where)
+            ups = _in_client_order(ups, where)
             if multiplicity:
                 m = multiplicity
-                updates = [_with_multiplicity(u, m.get(u.client, 1)) for u in updates]
+                ups = [_with_multiplicity(u, m.get(u.client, 1)) for u in ups]
             ctx = RoundContext(round=round, server=server)
         else:
             assert starts is not None, "asynchronous updates need their starts"
             ctx = RoundContext(round, tuple(staleness), tuple(starts), server)
-        self.state, info = self.algorithm.server_step(self.state, updates, ctx)
-        clients = tuple(u.client for u in updates)
+        self.state, info = self.algorithm.server_step(self.state, ups, ctx)
+        clients = tuple(u.client for u in ups)
         if ctx.asynchronous:
             weights = info.per_update
             shares: dict[int, float] = {}  # async: the normalised weights, per job
@@ -438,10 +455,10 @@ class Server:
             shares = dict(zip(clients, weights, strict=True))
             # an algorithm that scales deltas apart from w_i says so in shares
             shares.update(info.shares or {})
-        for u in updates:
+        for u in ups:
             if u.new_state is not None:
                 self.store.put(u.client, u.new_state)
-        loss = self._train_loss(updates, where)
+        loss = self._train_loss(ups, where)
         return Applied(info, weights, loss, shares, clients)
 
     def _train_loss(self, updates: Sequence[ClientUpdate], where: str) -> float:
@@ -588,10 +605,10 @@ class Server:
         self.state = dict(state)
         self.store.restore(snap.store)
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, object]:
         """summary.json's ``server`` for the driver's home: ``home``,
         ``device`` and, with Ray, the node id and address (never fails)."""
-        here: dict[str, Any] = {"home": "driver", "device": str(self.device)}
+        here: dict[str, object] = {"home": "driver", "device": str(self.device)}
         # a run without Ray never imported it: importing it only to learn that
         # would cost a process without Ray almost half a second of CPU
         ray = sys.modules.get("ray")
@@ -612,7 +629,7 @@ class ServerSnapshot(NamedTuple):
     """A server's checkpointed part: its state and its client store's arrays."""
 
     state: dict[str, torch.Tensor]
-    store: dict[str, Any]
+    store: dict[str, Array]
 
 
 def write_state(path: Path, snap: ServerSnapshot) -> None:
@@ -681,7 +698,12 @@ def _resolved(device: torch.device) -> torch.device:
     return device
 
 
-def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> Split:
+def _split(
+    x: Array | None,
+    y: Array | None,
+    dtype: torch.dtype,
+    num_classes: int,
+) -> Split:
     """(inputs, targets) as tensors of their own; regression targets take the
     model's dtype.
 
@@ -690,6 +712,7 @@ def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> Split:
     store (a server actor's) are aligned otherwise than the driver's, so the
     copy makes evaluation the same floats in both homes.
     """
+    assert x is not None and y is not None, "a split of both inputs and targets"
     ty = _tensor(y)
     tx = _tensor(x).to(dtype).clone()
     return tx, ty.clone() if num_classes else ty.to(dtype).clone()

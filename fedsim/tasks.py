@@ -10,6 +10,7 @@ both can name them without importing each other (tests/test_imports.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
@@ -18,8 +19,14 @@ from fedsim.models import NetworkSetup
 from fedsim.params import l2_norm
 from fedsim.spec import ClientSpec
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
 # the server's tensors a round's clients start from (``x`` and any extras)
 Payload = dict[str, torch.Tensor]
+# What the round loops hand a server's apply: an update, or (to the server
+# actor) a reference to one in the object store.
+Parcel: TypeAlias = "ClientUpdate | ObjectRef"
 
 
 @dataclass(frozen=True)

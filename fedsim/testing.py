@@ -31,9 +31,9 @@ import json
 import math
 import pickle
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -42,19 +42,24 @@ from fedsim.algorithms.base import (
     Algorithm,
     ClientInfo,
     ClientUpdate,
+    Flag,
     RoundContext,
     ServerState,
 )
 from fedsim.lazy import torch
-from fedsim.selectors.base import Draw, Selector, SelectorContext
+from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
 from fedsim.solvers import SolverState
 
 __all__ = ["Expected", "check_algorithm", "check_selector", "make_update"]
 
+_T = TypeVar("_T")
+_Layout = tuple["torch.Size", "torch.dtype"]  # a state tensor's shape and dtype
+
 M = 5  # clients in the checked federation
 LR = 0.1
 
-# (alg, x0, delta, n) -> the model n identical updates ``delta`` from x0 give
+# (alg, x0, delta, n) -> the model n identical updates ``delta`` from x0 give;
+# alg is the algorithm checked, of its own class (a test reads its fields)
 Expected = Callable[[Any, "torch.Tensor", "torch.Tensor", int], "torch.Tensor"]
 
 
@@ -147,7 +152,7 @@ def check_algorithm(
     )
 
 
-def _shipped(obj: Any) -> Any:
+def _shipped(obj: _T) -> _T:
     """``obj`` after the pickle round trip Ray puts it through between
     processes.
 
@@ -155,7 +160,8 @@ def _shipped(obj: Any) -> Any:
     made from ``obj`` on the line before, in this process; no file, socket or
     user-supplied bytes are ever read here.
     """
-    return pickle.loads(pickle.dumps(obj))
+    again: _T = pickle.loads(pickle.dumps(obj))
+    return again
 
 
 def _check_object(alg: Algorithm) -> None:
@@ -242,7 +248,11 @@ def _step(
     return alg.server_step(state, ordered, RoundContext(round=t))
 
 
-def _check_round_result(state: ServerState, info: AggregateInfo, spec: Any) -> None:
+def _check_round_result(
+    state: ServerState,
+    info: AggregateInfo,
+    spec: dict[str, _Layout],
+) -> None:
     """The new state has the layout ``spec`` (key: (shape, dtype)), all finite;
     the meter's figures are finite and its weights positive."""
     got = {k: (v.shape, v.dtype) for k, v in state.items()}
@@ -268,7 +278,7 @@ def _varied_update(
     return u
 
 
-def _check_finite(tensors: Any, what: str) -> None:
+def _check_finite(tensors: Iterable[torch.Tensor], what: str) -> None:
     """Every tensor of ``tensors`` is finite (``what`` names them)."""
     assert all(bool(torch.isfinite(v).all()) for v in tensors), f"{what} is not finite"
 
@@ -280,7 +290,7 @@ class _Stats:
 
     train_loss: float
     weight: float = 0.1
-    flags: dict[str, Any] = field(default_factory=dict)
+    flags: dict[str, Flag] = field(default_factory=dict)
     update_norm: float = 1.0  # ||Delta_i||
 
 
@@ -300,7 +310,7 @@ _CTX = SelectorContext.from_arrays(
 )
 
 
-def fake_result(ids: np.ndarray, rng: np.random.Generator) -> Any:
+def fake_result(ids: np.ndarray, rng: np.random.Generator) -> _Result:
     """A round outcome for ``observe``: a loss per client and a flag each (as
     an algorithm's per-client columns), no algorithm ``signal``.
 
@@ -312,7 +322,7 @@ def fake_result(ids: np.ndarray, rng: np.random.Generator) -> Any:
     Returns:
         An object that satisfies the ``RoundResult`` protocol selectors read.
     """
-    flags: dict[int, dict[str, Any]] = {}
+    flags: dict[int, dict[str, Flag]] = {}
     clients = {}
     for i in ids.tolist():
         flags[i] = {"flagged": bool(rng.random() < 0.3)}
@@ -346,8 +356,12 @@ def candidates(t: int) -> np.ndarray:
 
 
 def drive(
-    sel: Selector, rounds: int = 12, seed: int = 0, state: Any = None, start: int = 0
-) -> tuple[list[np.ndarray], Any]:
+    sel: Selector,
+    rounds: int = 12,
+    seed: int = 0,
+    state: SelectorState | None = None,
+    start: int = 0,
+) -> tuple[list[np.ndarray], SelectorState]:
     """Select and observe for ``rounds`` rounds of :func:`candidates`, every
     choice from generators seeded by (``seed``, round).
 
@@ -432,12 +446,13 @@ def _exact_count(sel: Selector) -> bool:
 def _check_deterministic(sel: Selector, deterministic: bool) -> None:
     """The same generator gives the same choices, another generator others
     (unless ``deterministic``), and no global generator moves meanwhile."""
-    np_state: Any = np.random.get_state()
+    np_state = np.random.get_state(legacy=False)["state"]  # MT19937: key, pos
     py_state = random.getstate()
     torch_state = torch.random.get_rng_state()
     _check_generator_use(sel, deterministic)
-    after: Any = np.random.get_state()
-    assert np.array_equal(np_state[1], after[1]) and np_state[2] == after[2], (
+    after = np.random.get_state(legacy=False)["state"]
+    same = np_state["pos"] == after["pos"]
+    assert np.array_equal(np_state["key"], after["key"]) and same, (
         "numpy's global generator must not move"
     )
     assert random.getstate() == py_state, "random's global generator must not move"

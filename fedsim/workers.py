@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from fedsim.models import batch_loss, make_model
 from fedsim.params import bind_flat
 from fedsim.solvers import SGD, SolverState, step_factor
 from fedsim.tasks import Payload, Task, UpdateSummary, WorkerSetup
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 _log = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ class Worker:
     def __init__(
         self,
         setup: WorkerSetup,
-        data: FederatedData | list[Any],
+        data: FederatedData | list[ObjectRef],
         threads: int | None = None,
     ) -> None:
         if threads is not None:
@@ -171,7 +174,7 @@ class Worker:
         payload: Payload,
         tasks: Sequence[Task],
         states: Mapping[int, ClientState] | None = None,
-    ) -> tuple[Any, ...]:
+    ) -> tuple[list[UpdateSummary] | ClientUpdate, ...]:
         """:meth:`train`, returned apart for a Ray call with ``num_returns =
         1 + len(tasks)``: the list of the updates' summaries first (what the
         driver fetches), then each update (what the server actor fetches).
@@ -285,7 +288,7 @@ class Worker:
         )
 
 
-def _fetch(data: FederatedData | list[Any]) -> FederatedData:
+def _fetch(data: FederatedData | list[ObjectRef]) -> FederatedData:
     """The dataset itself; on a Ray actor, (re)started, from the object
     store through the reference in the one-element list."""
     if isinstance(data, list):

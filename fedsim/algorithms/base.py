@@ -11,7 +11,17 @@ import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, cast
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Concatenate,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    cast,
+)
 
 from fedsim.lazy import torch
 from fedsim.params import chi2
@@ -32,6 +42,8 @@ ClientResult = tuple[dict[str, "torch.Tensor"], ClientState | None]
 # A gradient hook on a stack of clients (fedsim.batched): (n, the first n
 # rows' parameters, their gradients), adjusting the gradients in place.
 StackedHook = Callable[[int, "torch.Tensor", "torch.Tensor"], None]
+# One cell of an algorithm's own clients.parquet column (FedPNS's flags).
+Flag = bool | int | float | str
 
 
 @dataclass(frozen=True)
@@ -45,13 +57,15 @@ class ClientInfo:
 
 
 @dataclass(frozen=True)
-class ClientContext:
+class ClientContext:  # type: ignore[explicit-any]  # its ``local`` (below)
     """What a client's local procedure knows during one round."""
 
     info: ClientInfo
     payload: dict[str, torch.Tensor]  # what it downloaded (x, SCAFFOLD's c, ...)
     state: ClientState = field(default_factory=dict)  # before the round; {}: none
-    local: Any = None  # what the algorithm's local_setup returned
+    # what the algorithm's local_setup returned: only its own hooks read it,
+    # each knowing its type (a tensor, a record), so it is typed loosely here
+    local: Any = None  # type: ignore[explicit-any]
 
 
 @dataclass(frozen=True)
@@ -95,7 +109,7 @@ class AggregateInfo:
     tau_eff: float
     chi2_pw: float  # chi^2(p || w), with p the data weights of the round's updates
     # extra clients.parquet columns, {client: {column: value}} (FedPNS's flags)
-    flags: dict[int, dict[str, Any]] = field(default_factory=dict)
+    flags: dict[int, dict[str, Flag]] = field(default_factory=dict)
     # each delta's weight in the server step as applied, not normalised, for
     # the participation-bias meter (None: it uses ``weights``)
     shares: dict[int, float] | None = None
@@ -103,8 +117,9 @@ class AggregateInfo:
     # land twice in a FedBuff buffer)
     per_update: tuple[float, ...] = ()
     # a typed value for a selector that works with this algorithm (its own
-    # class, e.g. FedPNS's Labels): what the round taught the selector
-    signal: Any = None
+    # class, e.g. FedPNS's Labels, which the selector checks with isinstance):
+    # what the round taught the selector
+    signal: object = None
 
 
 @dataclass(frozen=True)
@@ -334,7 +349,7 @@ class Algorithm:
         if ctx.staleness is not None:  # an asynchronous version
             rule = cast(AsyncRule, self)  # the scenario checked it has the rule
             return rule.aggregate_async(state, updates, ctx.staleness, ctx.starts or ())
-        legacy: Callable[..., tuple[ServerState, AggregateInfo]] = self.aggregate
+        legacy = cast(_LegacyAggregate, self.aggregate)
         if form == "server":
             return legacy(state, updates, server=ctx.server)
         return legacy(state, updates)
@@ -384,7 +399,8 @@ class Algorithm:
         client = ClientContext(info, payload, state)
         return replace(client, local=self.local_setup(client))
 
-    def local_setup(self, client: ClientContext) -> Any:  # noqa: ANN401 - its own
+    # returns what its own hooks read: typed loosely, as ClientContext.local
+    def local_setup(self, client: ClientContext) -> Any:  # type: ignore[explicit-any]
         """Constants a client computes once per round before its steps (e.g.
         SCAFFOLD's correction c - c_i), kept as ``client.local``.
 
@@ -439,8 +455,9 @@ class Algorithm:
 
     # An algorithm with its own local procedure (FedDM) sets this to a method
     # ``client_train(job: LocalTraining) -> ClientUpdate``, which then runs
-    # instead of the solver loop; None: the solver's tau steps.
-    client_train: ClassVar[Any] = None
+    # instead of the solver loop; None: the solver's tau steps. (A method in
+    # one class and None in another: no annotation states both.)
+    client_train: ClassVar[Any] = None  # type: ignore[explicit-any]
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
@@ -654,10 +671,14 @@ def empty_info() -> AggregateInfo:
     return AggregateInfo(weights={}, tau_eff=float("nan"), chi2_pw=float("nan"))
 
 
-_Aggregate = TypeVar("_Aggregate", bound=Callable[..., Any])
+_Step = tuple[ServerState, AggregateInfo]
+_Self = TypeVar("_Self")
+_Rest = ParamSpec("_Rest")
+# aggregate (or aggregate_async): (self, state, updates, ...) -> the step
+_Rule = Callable[Concatenate[_Self, ServerState, Updates, _Rest], _Step]
 
 
-def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
+def skip_empty_rounds(aggregate: _Rule[_Self, _Rest]) -> _Rule[_Self, _Rest]:
     """Decorate ``aggregate`` (or ``aggregate_async``): an empty round keeps
     the state, reporting :func:`empty_info`, so the rule itself never sees
     an empty list (a division by the number of updates would give NaN).
@@ -670,12 +691,31 @@ def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
     """
 
     @functools.wraps(aggregate)
-    def wrapper(self: Any, state: ServerState, updates: Updates, *args: Any) -> Any:
+    def wrapper(
+        self: _Self,
+        state: ServerState,
+        updates: Updates,
+        *args: _Rest.args,
+        **kwargs: _Rest.kwargs,
+    ) -> _Step:
         if not updates:
             return state, empty_info()
-        return aggregate(self, state, updates, *args)
+        return aggregate(self, state, updates, *args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
+
+
+class _LegacyAggregate(Protocol):
+    """``aggregate`` as plug-ins wrote it before :class:`RoundContext`: no
+    context, or the server's as a keyword (``needs_server``)."""
+
+    def __call__(
+        self,
+        state: ServerState,
+        updates: Updates,
+        *,
+        server: ServerContext | None = ...,
+    ) -> tuple[ServerState, AggregateInfo]: ...
 
 
 class AsyncRule(Protocol):

@@ -24,7 +24,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import fedsim.algorithms.base as base
 from fedsim.algorithms.base import AggregateInfo, ServerContext, ServerState, Updates
@@ -58,7 +58,9 @@ def expectation(gram: torch.Tensor, members: Sequence[int]) -> float:
 
 
 def optimal_aggregation(
-    grads: Sequence[torch.Tensor], v: int, check_loss: Any = None
+    grads: Sequence[torch.Tensor],
+    v: int,
+    check_loss: Callable[[list[int], int], bool] | None = None,
 ) -> tuple[list[int], list[int], list[int]]:
     """CHECK EXPECTATION / CHECK LOSS on the round's gradient estimates while
     more than ``v`` remain (the module docstring).
@@ -199,10 +201,11 @@ class FedPNS(base.Algorithm):
 
 def _verdicts(
     live: Sequence[base.ClientUpdate], labeled: list[int], removed: list[int]
-) -> tuple[dict[int, dict[str, bool]], Labels]:
+) -> tuple[dict[int, dict[str, base.Flag]], Labels]:
     """The round's verdicts by client id, from positions into ``live``: the
     per-client flags (clients.parquet) and the selector's :class:`Labels`."""
-    flags = {  # the round's clients are distinct (FedPNS has no async rule)
+    # the round's clients are distinct (FedPNS has no async rule)
+    flags: dict[int, dict[str, base.Flag]] = {
         u.client: {"labeled": j in labeled, "removed": j in removed}
         for j, u in enumerate(live)
     }
@@ -214,7 +217,7 @@ def _verdicts(
 
 
 def _loss_check(
-    server: ServerContext, mean_model: Any
+    server: ServerContext, mean_model: Callable[[tuple[int, ...]], torch.Tensor]
 ) -> Callable[[list[int], int], bool]:
     """CHECK LOSS: remove i from S unless S's mean model (``mean_model``) has
     a lower validation loss than that of S without i. Each set's loss is

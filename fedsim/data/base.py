@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, ClassVar
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -82,7 +82,7 @@ class DatasetSpec(Spec):
     float32_fields: ClassVar[bool] = False
 
     @model_validator(mode="after")
-    def _validation_possible(self) -> Any:
+    def _validation_possible(self) -> DatasetSpec:
         if self.validation_fraction > 0 and self.no_validation is not None:
             raise ValueError(
                 f"validation_fraction must be 0 here: {self.no_validation}"

@@ -40,17 +40,26 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from fedsim.clock import expected_steps
 from fedsim.spec import PLUGIN_CONFIG, PosInt, Problem
 
 if TYPE_CHECKING:
-    from fedsim.algorithms.base import AggregateInfo
-    from fedsim.clock import JobWork
+    from numpy.typing import ArrayLike
+
+    from fedsim.algorithms.base import AggregateInfo, Flag
+    from fedsim.clock import JobWork, RoundSpec
     from fedsim.facts import RunFacts
     from fedsim.fleet import Fleet
 
-SelectorState = dict[str, Any]
+# Client ids (int64) and per-client figures (float64), by client id.
+Ints = NDArray[np.int64]
+Floats = NDArray[np.float64]
+
+# A selector's state: a JSON value each selector shapes itself (checkpoints
+# keep it), read by its own methods only: typed loosely here.
+SelectorState = dict[str, Any]  # type: ignore[explicit-any]
 
 
 class ClientOutcome(Protocol):
@@ -64,7 +73,7 @@ class ClientOutcome(Protocol):
     @property
     def weight(self) -> float: ...  # effective aggregation weight w_i
     @property
-    def flags(self) -> dict[str, Any]: ...  # the algorithm's per-client columns
+    def flags(self) -> dict[str, Flag]: ...  # the algorithm's per-client columns
 
 
 class RoundResult(Protocol):
@@ -89,10 +98,10 @@ class SelectorContext:
     """
 
     num_clients: int
-    data_weights: np.ndarray
-    n_samples: np.ndarray
-    speed: np.ndarray
-    round_time_s: np.ndarray
+    data_weights: Floats
+    n_samples: Ints
+    speed: Floats
+    round_time_s: Floats
     informed: bool = True
 
     def __post_init__(self) -> None:
@@ -116,7 +125,10 @@ class SelectorContext:
 
     @classmethod
     def from_arrays(
-        cls, n_samples: Any, speed: Any = None, round_time_s: Any = None
+        cls,
+        n_samples: ArrayLike,
+        speed: ArrayLike | None = None,
+        round_time_s: ArrayLike | None = None,
     ) -> SelectorContext:
         """A context from sample counts (speeds and round times default to 1).
 
@@ -125,15 +137,15 @@ class SelectorContext:
         """
         n = np.asarray(n_samples, dtype=np.int64)
         ones = np.ones(n.size)
-        speed, round_time_s = (ones if a is None else a for a in (speed, round_time_s))
-        return cls(n.size, n / n.sum(), n, speed, round_time_s)
+        s, r = (ones if a is None else np.asarray(a) for a in (speed, round_time_s))
+        return cls(n.size, n / n.sum(), n, s, r)
 
     @classmethod
     def from_run(
         cls,
         fleet: Fleet,
-        n_samples: np.ndarray,
-        round_spec: Any,
+        n_samples: Ints,
+        round_spec: RoundSpec,
         batch_size: int,
         bytes_down: int,
         bytes_up: int,
@@ -167,7 +179,7 @@ class Draw:
     run's :class:`SelectorContext`."""
 
     round: int
-    candidates: np.ndarray
+    candidates: Ints
     rng: np.random.Generator
     ctx: SelectorContext
 
@@ -281,9 +293,7 @@ class Selector:
             )
         return copy.deepcopy(self.initial_state)
 
-    def select(
-        self, state: SelectorState, draw: Draw
-    ) -> tuple[np.ndarray, SelectorState]:
+    def select(self, state: SelectorState, draw: Draw) -> tuple[Ints, SelectorState]:
         """Choose who trains: the hook every selector writes.
 
         Args:
@@ -323,9 +333,7 @@ class Selector:
         """
         return state
 
-    def multiplicity(
-        self, state: SelectorState, ids: np.ndarray
-    ) -> dict[int, int] | None:
+    def multiplicity(self, state: SelectorState, ids: Ints) -> dict[int, int] | None:
         """How often each of the last selected ``ids`` was drawn (sampling
         with replacement: the server passes it to the algorithm as each
         update's ``multiplicity`` extra).
@@ -339,7 +347,7 @@ class Selector:
         """
         return None
 
-    def expected_draws(self, ctx: SelectorContext) -> np.ndarray | None:
+    def expected_draws(self, ctx: SelectorContext) -> Floats | None:
         """E[k_i] per client when every device is a candidate (the inclusion
         probability without replacement), for the participation-bias meter.
 
@@ -352,7 +360,7 @@ class Selector:
         """
         return None
 
-    def artifact(self, state: SelectorState, round_: int) -> list[dict[str, Any]]:
+    def artifact(self, state: SelectorState, round_: int) -> list[dict[str, object]]:
         """What the selector shows of itself after a round (FedPNS: P_i).
 
         Args:
@@ -377,9 +385,7 @@ class Selector:
         return min(self.clients_per_round, len(draw.candidates))
 
 
-def weighted_pick(
-    ids: np.ndarray, weights: np.ndarray, n: int, rng: np.random.Generator
-) -> np.ndarray:
+def weighted_pick(ids: Ints, weights: Floats, n: int, rng: np.random.Generator) -> Ints:
     """``n`` distinct ids drawn without replacement in proportion to
     ``weights`` (>= 0); ids of weight 0 only fill places the others cannot.
 
