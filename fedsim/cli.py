@@ -16,8 +16,10 @@ How the module keeps those promises:
 - SIGTERM is Ctrl-C from :func:`main` on, and an interrupt during set-up is
   reported like one in a round (exit 130, summary.json, how to continue).
   In the round loop the first one stops the run before the next round, a
-  second one at once (fedsim/interrupts.py: a KeyboardInterrupt raised
-  anywhere can be lost).
+  second one (or a SIGTERM's grace period, FEDSIM_SIGTERM_GRACE_S) at once
+  (fedsim/interrupts.py: a KeyboardInterrupt raised anywhere can be lost).
+  An interrupted report says the run's results are whole and how to draw
+  it again.
 - Nothing the user asked for is silently dropped: options that would
   override each other (``--seed`` and ``--set seed``), or fields that compare
   and stress set themselves, are refused with the option to use instead.
@@ -27,9 +29,11 @@ How the module keeps those promises:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
+import types
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -121,6 +125,27 @@ OverwriteOption = Annotated[
     bool,
     typer.Option("--overwrite", help="Replace the results already in --out."),
 ]
+# issue 41: trackers (fedsim/tracking.py), the optional extra fedsim[track]
+LogOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--log",
+        metavar="TRACKER",
+        help="Also log every round to tensorboard (event files in the run "
+        "folder) or mlflow (MLFLOW_TRACKING_URI, else ./mlruns); repeatable.",
+    ),
+]
+
+
+def _trackers(log: list[str] | None) -> list[str]:
+    """The --log choices, refused (exit 2) when unknown or not installed."""
+    if not log:
+        return []
+    from fedsim.tracking import TrackingUnavailable, require
+
+    with _errors(TrackingUnavailable, ValueError):
+        require(log or [])
+    return list(dict.fromkeys(log or []))
 
 
 def _version(value: bool) -> None:
@@ -141,6 +166,16 @@ def _main(
     ] = False,
 ) -> None:
     """fedsim: simulate federated learning on heterogeneous device fleets."""
+    _check_sigterm_grace()
+
+
+def _check_sigterm_grace() -> None:
+    """Refuse a bad FEDSIM_SIGTERM_GRACE_S before any command runs (a
+    signal handler could only fall back to the default)."""
+    try:
+        interrupts.sigterm_grace_s()
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 def _say(label: str, message: str) -> None:
@@ -238,18 +273,23 @@ def run(
             "the rounds.",
         ),
     ] = 30.0,
+    log: LogOption = None,
 ) -> None:
     """Run a scenario (or resume a run) and write its results.\f
 
     Exit codes: 0 completed (also: a resume with nothing left to do, which
-    changes no file); 1 diverged, stalled, out of memory or results not
-    written; 2 a refused input (scenario, options, data, checkpoint,
-    placement); 130 interrupted, at any point from the first line on.
+    changes no file); 1 diverged, stalled, out of memory, results not
+    written or Ray not started in time; 2 a refused input (scenario,
+    options, data, checkpoint, placement); 130 interrupted, at any point
+    from the first line on (also while the report of a finished run is
+    drawn: ``fedsim report DIR`` draws it). A first SIGTERM waits for the
+    round's end at most FEDSIM_SIGTERM_GRACE_S seconds (default 20).
     """
     # A scheduler's SIGTERM (Kubernetes, Slurm) stops the run like Ctrl-C from
     # the first line on: set-up (data, model, Ray) can take minutes. In the
     # round loop either waits for the round's end (fedsim/interrupts.py).
     reached: dict[str, Any] = {}  # how far set-up got (see _set_up)
+    trackers = _trackers(log)  # issue 41
     with interrupts.stop_at_round_ends():
         try:
             sc, run_dir, start, sim0 = _set_up(
@@ -259,14 +299,28 @@ def run(
             reached["workers"] = n_workers = _start_workers(
                 sc.resources, workers, address
             )
-            with _progress(sc, quiet, start, sim0, log_every) as on_round:
-                result = _run(sc, n_workers, run_dir, resume is not None, on_round)
+            with (
+                _progress(sc, quiet, start, sim0, log_every) as on_round,
+                _tracked(trackers, run_dir, sc, on_round) as tr,  # issue 41
+            ):
+                result = _run(sc, n_workers, run_dir, resume is not None, tr.on_round)
+                tr.status = result.status
         except KeyboardInterrupt:  # during set-up: the loop catches its own
             code = _set_up_interrupted(reached, resume is not None, quiet)
         else:  # not in the try: an interrupt while the report is written must
             # not replace the summary of the rows with the one of an empty set-up
             code = _finish(result, run_dir, report, quiet)
     raise typer.Exit(code)
+
+
+def _tracked(trackers: list[str], run_dir: Path, sc: Scenario, on_round: Any) -> Any:
+    """fedsim.tracking.tracked (imported only here: a run without --log
+    never imports it, and gets its own callback back)."""
+    if not trackers:
+        return contextlib.nullcontext(types.SimpleNamespace(on_round=on_round))
+    from fedsim.tracking import tracked
+
+    return tracked(trackers, run_dir, sc, on_round)
 
 
 def _set_up(
@@ -590,9 +644,7 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
     try:
         write_summary(run_dir / "summary.json", summary)
         if report and result.rows:
-            from fedsim.report import write_report
-
-            write_report(run_dir)
+            code = _write_report(result, run_dir, code)
     except OSError as exc:  # e.g. the disk that failed the run is still full
         code = code or 1
         _say("[bold red]cannot write the summary or report:[/]", str(exc))
@@ -602,6 +654,25 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
             table.add_row(key, _fmt(summary[key], ".4g"))
         out.print(table)
     out.print(f"results: {run_dir}")
+    return code
+
+
+def _write_report(result: Any, run_dir: Path, code: int) -> int:
+    """Draw the report of a run whose summary.json is written; returns the
+    exit code: ``code``, or 130 when Ctrl-C (or SIGTERM) stops the drawing,
+    which is said with what is whole and how to draw the report again."""
+    from fedsim.report import write_report
+
+    try:
+        write_report(run_dir)
+    except KeyboardInterrupt:
+        _say(
+            "[yellow]interrupted:[/]",
+            f"the run {result.status} and its results are whole in {run_dir}; "
+            "the report was interrupted while it was drawn; draw it with: "
+            f"fedsim report {run_dir}",
+        )
+        return 130
     return code
 
 
@@ -684,10 +755,10 @@ def _start_workers(res: ResourceSpec, workers: int | None, address: str | None) 
         return 0
     from fedsim.executors import resolve_workers
     from fedsim.preflight import check_address, check_ray_resources
-    from fedsim.ray_session import init_ray
+    from fedsim.ray_session import RayStartError, init_ray
     from fedsim.scenario import ScenarioError
 
-    with _errors(ScenarioError):
+    with _errors(ScenarioError), _errors(RayStartError, code=1):
         if address:
             check_address(address)
         init_ray(address)
@@ -933,6 +1004,7 @@ def stress(
     address: AddressOption = None,
     quiet: QuietOption = False,
     overwrite: OverwriteOption = False,
+    log: LogOption = None,
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots).\f
@@ -954,6 +1026,7 @@ def stress(
                 _fail(f"--sweep {key}: given twice")
             grid[key] = values
     labels = _algorithms(algorithms)
+    trackers = _trackers(log)  # issue 41
     if out_dir is not None:
         _claim_out(out_dir, _STRESS_FILES, overwrite)
     _maybe_ray(workers, address)
@@ -980,6 +1053,7 @@ def stress(
             target_accuracy=target_accuracy,
             overrides=list(set_ or []),
             progress=None if quiet else progress,
+            log=trackers,  # issue 41
         )
     out.print(f"report: {path / 'stress.md'}", highlight=False)
     import pyarrow.parquet as pq
@@ -1000,6 +1074,7 @@ def compare(
     address: AddressOption = None,
     quiet: QuietOption = False,
     overwrite: OverwriteOption = False,
+    log: LogOption = None,
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
     and write compare.parquet, compare.md and compare.png (accuracy against
@@ -1018,6 +1093,7 @@ def compare(
     _expect_dir(out_dir, "--out", "an output folder")
     sc = _load(scenario, overrides)
     names = _algorithms(algorithms)
+    trackers = _trackers(log)  # issue 41
     run_dir = out_dir if out_dir is not None else default_run_dir(f"compare-{sc.name}")
     _claim_out(run_dir, _COMPARE_FILES, overwrite)
     with _errors(OSError):
@@ -1041,6 +1117,7 @@ def compare(
             target_accuracy=target,
             progress=None if quiet else show,
             workers=workers,
+            log=trackers,  # issue 41
         )
     text = (run_dir / "compare.md").read_text()
     out.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -1100,9 +1177,10 @@ def _maybe_ray(workers: int | None, address: str | None) -> None:
     """Start or join Ray unless --workers 0 runs everything in this process
     (compare and stress run each run as one Ray task, not as actors)."""
     if workers != 0:
-        from fedsim.ray_session import init_ray
+        from fedsim.ray_session import RayStartError, init_ray
 
-        init_ray(address)
+        with _errors(RayStartError, code=1):  # Ray slower to start than it waits
+            init_ray(address)
 
 
 def _exit_if_diverged(n: int, where: str) -> None:

@@ -537,6 +537,7 @@ def compare(
     target_accuracy: float | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
     workers: int | None = 0,
+    log: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Run every algorithm for seeds 0..seeds-1; return the summary table rows.
 
@@ -547,6 +548,8 @@ def compare(
         target_accuracy: for rounds and simulated time to reach it (a fraction).
         progress: called with each run's row as it finishes.
         workers: as for :func:`run_jobs`.
+        log: trackers (``tensorboard``, ``mlflow``) that get one run per
+            arm and seed as it ends (fedsim/tracking.py; needs ``out_dir``).
     """
     from fedsim.results import ROUND_SCHEMA, write_table
 
@@ -578,10 +581,20 @@ def compare(
             name = f"{stems[row['algorithm']]}-seed{row['seed']}.parquet"
             write_table(out / "runs" / name, rounds, ROUND_SCHEMA)
             _write_tables(out, runs, scenario_path, overrides, target_accuracy)
+        if group is not None:  # issue 41: one tracked run per arm and seed
+            arm, seed = row["algorithm"], row["seed"]
+            sc = load_variant(scenario_path, arm, seed, overrides)[0]
+            name = f"{stems[arm]}-seed{seed}"
+            group.log_run(name, sc, rounds, arm=arm, seed=seed)
         if progress is not None:
             progress(row)
 
+    from fedsim.tracking import run_group  # issue 41
+
+    group = run_group(log, out, "compare", scenario_path, overrides)
     results = run_jobs(run_one, jobs, workers, finish)
+    if group is not None:
+        group.close()
     if out is not None:
         plot_compare(results, target_accuracy, out / "compare.png")
     return summarize_runs([row for row, _ in results], target_accuracy)

@@ -45,6 +45,9 @@ class RunFacts:
             samples without building them).
         dataset: the ``data.dataset`` name the scenario wrote, for messages.
         model: the ``model`` section.
+        server_home: ``resources.server.home``: where the server runs
+            (``driver`` or ``actor``).
+        checkpoint_every: ``checkpoint.every_rounds`` (0: no checkpoints).
     """
 
     seed: int
@@ -57,6 +60,8 @@ class RunFacts:
     data: DatasetSpec
     dataset: str
     model: Model
+    server_home: str = "driver"
+    checkpoint_every: int = 0
 
     @property
     def elem_bytes(self) -> int:

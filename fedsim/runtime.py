@@ -352,6 +352,12 @@ class _Run:
         )
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
+        # issue 41: an algorithm that samples its own clients (one that
+        # adapts another framework's server strategy) wraps the selector;
+        # it reads the driver's server, and refuses a server actor
+        wrap = getattr(sc.algorithm, "wrap_selector", None)
+        if wrap is not None and not self.on_actor:
+            self.selector = wrap(self.selector, self.server)
         ctx = self.ctx
         self.sel_ctx = SelectorContext.from_run(
             self.fleet,

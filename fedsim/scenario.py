@@ -267,6 +267,8 @@ class Scenario(Spec):
             data=self.data,
             dataset=str(self.data.dataset),
             model=self.model,
+            server_home=self.resources.server.home,
+            checkpoint_every=self.checkpoint.every_rounds,
         )
 
 

@@ -596,6 +596,7 @@ def run_stress(
     target_accuracy: float | None = None,
     overrides: Sequence[str] = (),
     progress: Callable[[dict[str, Any]], None] | None = None,
+    log: Sequence[str] = (),
 ) -> Path:
     """Run the stress grid and write its report; return the report directory.
 
@@ -608,6 +609,8 @@ def run_stress(
         target_accuracy: default: 90% of the best algorithm's mean best
             accuracy in the mildest cell, rounded down to half a point.
         overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
+        log: trackers that get one run per cell, arm and seed as it ends
+            (fedsim/tracking.py).
 
     Raises:
         ScenarioError: if the scenario, a swept value or an algorithm is
@@ -634,10 +637,20 @@ def run_stress(
         run = f"{rec['cell']:02d}-{stems[rec['algorithm']]}-seed{rec['seed']}.parquet"
         write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
         _write_tables(out, so_far, cells, target_accuracy)  # the tables so far
+        if group is not None:  # issue 41: one tracked run per cell, arm and seed
+            arm, seed, ci = rec["algorithm"], rec["seed"], rec["cell"]
+            sc = load_variant(str(scenario_path), arm, seed, overrides, cells[ci])[0]
+            name = f"{ci:02d}-{stems[arm]}-seed{seed}"
+            group.log_run(name, sc, res["rounds"], arm=arm, seed=seed, cell=ci)
         if progress is not None:
             progress(rec)
 
+    from fedsim.tracking import run_group  # issue 41
+
+    group = run_group(log, out, "stress", scenario_path, overrides)
     results = run_jobs(_run_one, jobs, workers, finish)
+    if group is not None:
+        group.close()
     notes = [
         f"scenario: `{scenario_path}`",
         "sweep (mildest first): "

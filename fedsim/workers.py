@@ -16,7 +16,13 @@ import numpy as np
 import torch
 
 from fedsim.algorithms import ClientUpdate
-from fedsim.algorithms.base import ClientContext, ClientInfo, ClientState, LocalTraining
+from fedsim.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientInfo,
+    ClientState,
+    LocalTraining,
+)
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.minibatches import batches, client_seed
@@ -59,6 +65,32 @@ def assign_lpt(tasks: Sequence[Task], n: int) -> list[list[Task]]:
     return chunks
 
 
+def worker_device(
+    gpus_per_worker: float,
+    algorithm: Algorithm | type[Algorithm],
+    cuda: bool | None = None,
+) -> torch.device:
+    """Where a worker trains: CUDA when the scenario gives each worker a GPU
+    share, the algorithm trains through the shared step loop, and CUDA is
+    there; else the CPU. An algorithm with its own procedure
+    (``client_train``: FedDM learns synthetic sets) stays on the CPU by
+    design, GPU share or not; updates travel back on the CPU either way.
+
+    Args:
+        gpus_per_worker: ``resources.gpus_per_worker`` (the worker record's
+            ``gpus``).
+        algorithm: the run's algorithm, or its class (``client_train``).
+        cuda: whether CUDA is available (None: ask torch).
+
+    Returns:
+        ``torch.device("cuda")`` or ``torch.device("cpu")``.
+    """
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    gpu = gpus_per_worker > 0 and algorithm.client_train is None
+    return torch.device("cuda" if gpu and cuda else "cpu")
+
+
 class Worker:
     """Holds a model and the data; trains virtual clients one after another
     (or many at once through :mod:`fedsim.batched`, chosen when built).
@@ -93,13 +125,7 @@ class Worker:
         self.model = make_model(setup.network, data)
         # the model's own per-sample loss, or None: cross-entropy
         self.loss = setup.network.loss
-        # FedDM's own procedure stays on the CPU; updates travel back on it.
-        use_gpu = (
-            setup.gpus > 0
-            and self.algorithm.client_train is None
-            and torch.cuda.is_available()
-        )
-        self.device = torch.device("cuda" if use_gpu else "cpu")
+        self.device = worker_device(setup.gpus, self.algorithm)
         self.model.to(self.device)
         self.theta, self.grad = bind_flat(self.model)
         dtype = self.theta.dtype

@@ -60,6 +60,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
 SHARED = ROOT.parent / "shared"
 MNIST = SHARED / "data"  # holds mnist-test/ (the t10k files)
+# Tests on the shared MNIST test set skip, saying so, on a clone without it
+# (a newcomer's clone has no ../shared: README.md, "Development").
+HAS_MNIST = (MNIST / "mnist-test" / "t10k-images-idx3-ubyte.gz").is_file()
+needs_mnist = pytest.mark.skipif(
+    not HAS_MNIST, reason=f"shared MNIST test set not found at {MNIST / 'mnist-test'}"
+)
 
 SLOW_TIMEOUT_S = 900
 CLUSTER_TIMEOUT_S = 1200  # includes starting the cluster (session fixture)

@@ -149,3 +149,37 @@ def test_expected_steps_keep_the_numbers_from_run_had(epochs, low, high, batch_s
 
     # Assert: bit for bit
     assert steps.tolist() == before.tolist()
+
+
+# ------------------------------------------- fixed_window: a fractional count
+def test_a_window_with_a_fractional_step_count_floors_it():
+    # Prepare: W = 10 s, 1 s down and 1 s up (1 MB at 8 Mbit/s), so 8 s of
+    # compute: at 4.7 steps/s that is 37.6 steps, at 4.3 steps/s 34.4. Only
+    # floor gives (37, 34): round gives (38, 34), ceil (38, 35). (Every other
+    # hand-computed case has a whole count.) No stragglers: no draw involved.
+    groups = [
+        {"name": f"g{i}", "count": 1,
+         "speed": {"dist": "fixed", "steps_per_s": speed},
+         "network": {"down_mbps": 8, "up_mbps": 8}}
+        for i, speed in enumerate([4.7, 4.3])
+    ]  # fmt: skip
+    fleet = Fleet.from_spec(FleetSpec.model_validate({"groups": groups}), seed=0)
+
+    # Execute
+    rp = plan_round(
+        fleet,
+        np.arange(2),
+        100.0,
+        RoundSpec(window_s=10, max_steps=100),
+        np.random.default_rng(0),
+        RunContext(MB, MB, np.array([100, 100]), 20),
+    )
+
+    # Assert: tau floored; each arrives when its whole steps and upload are
+    # done (1 + 37 / 4.7 + 1 = 9.8723 s, 1 + 34 / 4.3 + 1 = 9.9070 s), before
+    # the window's end
+    fast, slow = rp.plans
+    assert (fast.tau, slow.tau) == (37, 34)
+    assert fast.t_arrive == pytest.approx(100 + 2 + 37 / 4.7, abs=1e-9)
+    assert slow.t_arrive == pytest.approx(100 + 2 + 34 / 4.3, abs=1e-9)
+    assert not fast.dropped and not slow.dropped and rp.t_end == 110.0

@@ -78,6 +78,7 @@ IDENTICAL: dict[str, Expected] = {
     "fedasync": _mix,
     "fedbuff": _back,  # a synchronous round is one fresh buffer
     "fedpns": _back,  # identical gradients: nothing is ever labeled
+    "flower": _back,  # its default strategy is Flower's FedAvg
 }
 
 # Algorithms whose clients upload something other than a model delta: the

@@ -183,10 +183,32 @@ def test_tiny_gallery_writes_the_doc_and_reuses_its_runs(tmp_path, data_root, ca
             doc.index(f"<!-- claim:{name} ") : doc.index(f"<!-- /claim:{name} -->")
         ]
         assert "| arm | seeds | final acc % |" in section
-        assert all(f"| {a.name} | 1 |" in section for a in claim.arms)
+        for arm in claim.arms:  # each arm's own run, in its own row
+            cells = _row(section, arm.name)
+            assert cells[1] == "1", cells
+            assert (
+                cells[2].split(" ± ")[0] == f"{100 * _run_accuracy(out, name, arm):.2f}"
+            )
         assert f"--only {name} --seeds 1 --tiny" in section
         assert_figure(out / "reproductions" / f"{name}.png", (11, 3.8))
-    assert "| feddc | 1 |" in doc and "| 99.62 |" in doc  # the paper's number
+    # FedDC's row: this code's number (a 2-round tiny run) beside the paper's
+    feddc = _row(doc, "feddc")
+    assert feddc[-2] == "99.62" and feddc[2].split(" ± ")[0] != "99.62", feddc
     # the second call ran nothing: every run came from the cache
     n_runs = sum(len(gallery.BY_NAME[n].arms) for n in TINY_CLAIMS)
     assert first.count("(cached)") == 0 and second.count("(cached)") == n_runs
+
+
+def _row(text: str, arm: str) -> list[str]:
+    """The cells of the first table row of ``arm`` in ``text``."""
+    (line, *_) = [ln for ln in text.splitlines() if ln.startswith(f"| {arm} | ")]
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def _run_accuracy(out, claim: str, arm) -> float:
+    """The final accuracy the gallery's cached run of ``arm`` (seed 0) recorded."""
+    import json
+
+    stem = gallery._stem(arm.name)
+    record = json.loads((out / "runs" / claim / f"{stem}-seed0.json").read_text())
+    return float(record["row"]["final_accuracy"])

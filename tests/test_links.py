@@ -29,7 +29,7 @@ from fedsim.links import (
 from fedsim.runtime import run_scenario
 from fedsim.scenario import ScenarioError, load_scenario, parse_scenario
 
-from .conftest import SCENARIOS
+from .conftest import SCENARIOS, assert_figure
 
 STRESS = SCENARIOS / "stress" / "linked-speed-data.yaml"
 TINY = [
@@ -183,10 +183,21 @@ def test_summary_and_report_state_the_realised_links(tmp_path):
     sc = load_scenario(STRESS, TINY)
     speed = Fleet.from_spec(sc.fleet, sc.seed).speed
     assert spearman(n, speed) == pytest.approx(links["spearman"]["samples_vs_speed"])
+    # the aggregation weights moved with the data: FedAvg's renormalized
+    # weight of each arrived client is n_i / sum_S n_j (docs/results.md),
+    # with n_i the linked sizes (a device weighted by the data of the device
+    # that held its partition before the permutation passed every test)
+    clients = pq.read_table(out / "clients.parquet").to_pylist()
+    for t in range(3):
+        kept = [c for c in clients if c["round"] == t and not c["dropped"]]
+        assert kept, t
+        sizes = np.array([n[c["client_id"]] for c in kept], dtype=np.float64)
+        got = np.array([c["agg_weight"] for c in kept])
+        np.testing.assert_allclose(got, sizes / sizes.sum(), rtol=1e-12)
     assert CliRunner().invoke(app, ["report", str(out)]).exit_code == 0
     report = (out / "report.md").read_text()
     assert "## Fleet and data links" in report and "links.png" in report
-    assert (out / "links.png").stat().st_size > 0
+    assert_figure(out / "links.png", (6.5, 5.0))  # 30 devices plotted
 
 
 def test_without_links_the_data_is_the_very_same_object():

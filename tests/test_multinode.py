@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from .cluster_utils import RAY, Cluster, NodeSpec, base_env, is_loopback
-from .conftest import MNIST, ROOT
+from .conftest import MNIST, ROOT, needs_mnist
 
 SUBMIT = ROOT / "cluster" / "submit.sh"
 WORKER_NODES = ["node_a", "node_b", "node_c"]
@@ -250,6 +250,7 @@ def test_jobs_run_on_the_multinode_cluster(cluster: Cluster, tmp_path: Path):
 
 @pytest.mark.cluster
 @pytest.mark.slow
+@needs_mnist
 def test_real_data_reaches_worker_nodes_through_the_object_store(
     cluster: Cluster, tmp_path: Path
 ):
@@ -377,6 +378,7 @@ def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Pat
 
 @pytest.mark.cluster
 @pytest.mark.slow
+@needs_mnist
 def test_per_node_data_is_checked_on_every_node(cluster: Cluster, tmp_path: Path):
     per_node = ("--set", "resources.data=per_node")
     runs = {

@@ -358,16 +358,21 @@ def test_the_example_gives_the_same_results_on_two_ray_workers(tmp_path):
 
 @pytest.mark.slow
 def test_compare_and_stress_take_an_installed_plugin(tmp_path):
+    import pyarrow.parquet as pq
+
     _dist_info(tmp_path)
     env = {**ENV, "PYTHONPATH": os.pathsep.join([ENV["PYTHONPATH"], str(tmp_path)])}
     # compare in its own process (--workers 0), stress on Ray tasks (its
     # default): the plug-in's short names resolve in Ray's worker processes
     # too, once is enough (an embedded Ray costs a command seconds of CPU).
+    # epsilon 0.001: FedExP's server step exceeds FedAvg's here (with 0.01
+    # it stays 1, and the plug-in's run equals FedAvg's)
+    plugin = "fedexp:epsilon=0.001"
     p = fedsim(
         "compare",
         str(SCENARIO),
         "-a",
-        "fedavg,fedexp:epsilon=0.01",
+        f"fedavg,{plugin}",
         "--seeds",
         "1",
         "--workers",
@@ -382,9 +387,9 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
         "stress",
         str(SCENARIO),
         "--sweep",
-        "client.lr=0.05,0.1",
+        "client.lr=0.05,0.1",  # 0.05: the scenario's own, as compare ran it
         "-a",
-        "fedexp",
+        plugin,
         "--seeds",
         "1",
         "--out",
@@ -393,6 +398,26 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
         env=env,
     )
     assert p.returncode == 0, p.stderr[-3000:]
+
+    # Every run trained the scenario's 4 rounds; the plug-in is not FedAvg
+    # under another name, and stress's run of it at the scenario's learning
+    # rate (a Ray task) is compare's (in process), as results depend only on
+    # (scenario, seed)
+    table = pq.read_table(tmp_path / "cmp" / "compare.parquet").to_pylist()
+    cmp = {r["algorithm"]: r for r in table}
+    assert sorted(cmp) == ["fedavg", plugin], sorted(cmp)
+    assert all(r["rounds"] == 4 and not r["diverged"] for r in cmp.values()), cmp
+    assert cmp[plugin]["final_test_loss"] != cmp["fedavg"]["final_test_loss"]
+    cells = pq.read_table(tmp_path / "stress" / "stress.parquet").to_pylist()
+    by_lr = {r["client.lr"]: r for r in cells}
+    assert sorted(by_lr) == [0.05, 0.1] and len(cells) == 2, cells
+    assert {r["algorithm"] for r in cells} == {plugin}
+    assert all(r["rounds"] == 4 and not r["diverged"] for r in cells), cells
+    for key in ("final_accuracy", "best_accuracy", "sim_time_s"):
+        assert by_lr[0.05][key] == cmp[plugin][key], key
+    assert by_lr[0.1]["final_accuracy"] != by_lr[0.05]["final_accuracy"] or (
+        by_lr[0.1]["best_accuracy"] != by_lr[0.05]["best_accuracy"]
+    )
 
 
 # ------------------------------------------- no built-in named where it must not be

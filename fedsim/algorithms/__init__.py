@@ -38,6 +38,7 @@ from fedsim.algorithms.fednova import FedNova
 from fedsim.algorithms.fednova_vr import FedNovaVR
 from fedsim.algorithms.fedpns import FedPNS
 from fedsim.algorithms.fedprox import FedProx
+from fedsim.algorithms.flower import Flower
 from fedsim.algorithms.scaffold import Scaffold
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "FedNovaVR",
     "FedPNS",
     "FedProx",
+    "Flower",
     "REGISTRY",
     "Scaffold",
     "make_algorithm",
@@ -76,6 +78,7 @@ REGISTRY: dict[str, type[Algorithm]] = {
     "fedbuff": FedBuff,
     "feddm": FedDM,
     "fedpns": FedPNS,
+    "flower": Flower,  # a Flower strategy (issue 41; fedsim[flower])
 }
 
 

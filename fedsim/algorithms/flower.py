@@ -1,0 +1,733 @@
+"""A Flower strategy, unchanged, as fedsim's aggregator (issue 41).
+
+Flower: A Friendly Federated Learning Research Framework. Daniel J. Beutel,
+Taner Topal, Akhil Mathur, Xinchi Qiu, Javier Fernandez-Marques, Yan Gao,
+Lorenzo Sani, Kwing Hei Li, Titouan Parcollet, Pedro Porto Buarque de
+Gusmão, Nicholas D. Lane. arXiv:2007.14390.
+
+``algorithm: {name: flower, strategy: FedAdam, options: {eta: 0.1}}`` runs
+any strategy of Flower's message API (``flwr.serverapp.strategy.Strategy``:
+``configure_train`` / ``aggregate_train``), built-in (a bare class name) or
+the user's own (``module.path:Class``), under fedsim's fleets and clock.
+docs/flower.md is the user's page; what a round does:
+
+1. **Selection.** The strategy gets a grid (:class:`FleetGrid`) whose nodes
+   are the round's candidates: every online device (``sample_by:
+   strategy``, the default: the strategy's own sampling is the selection),
+   or the scenario selector's picks (``sample_by: selector``). Its
+   ``configure_train`` runs with Python's and NumPy's global generators
+   seeded from the round's stream (Flower samples with ``random.sample``),
+   so the choice is a pure function of (scenario, seed). Node ``i +
+   NODE_BASE`` is device ``i``.
+2. **Clock.** fedsim's clock plans the chosen devices (tau_i, arrival,
+   drops) as for any algorithm.
+3. **Local training.** fedsim's own (the scenario's ``client`` section,
+   tau_i steps). The round's ``ConfigRecord``, when every message carries
+   the same one, travels in the payload; the keys local training
+   understands are listed in :data:`UNDERSTOOD` (``proximal-mu``: FedProx's
+   term, added to each gradient). A strategy that sends different
+   configurations to different nodes needs per-client instructions, which
+   the runtime does not have yet: refused at that round (see
+   :func:`common_config`).
+4. **Replies.** Each device that delivered an update replies as a Flower
+   client would: ``ArrayRecord`` of its trained parameters (keyed and shaped
+   as the model's named parameters) and ``MetricRecord`` with
+   ``num-examples`` (its data weight n_i), ``train_loss`` and ``tau`` (the
+   steps the clock granted). A device the strategy messaged that delivered
+   nothing (dropped, late, offline, no time) replies with a Flower error
+   (``NODE_UNAVAILABLE``), so fault-tolerant strategies see it.
+5. **Aggregation.** ``aggregate_train``; its ``ArrayRecord`` becomes x.
+
+State and checkpoints: the strategy object lives in the driver process (a
+cache, :class:`_Live`), and after every round the adapter writes what it
+holds into the server state (``flwr_state``: its instance attributes that a
+freshly built strategy does not already hold, encoded exactly: numbers,
+text, bytes, NumPy arrays and lists, tuples and dicts of them, and Flower's
+records). ``--resume`` rebuilds the strategy from ``options`` and sets them
+back. An attribute of another type (a ``random.Random``, an open file) is
+refused when the scenario loads, naming it (``checkpoint.every_rounds: 0``
+runs such a strategy without checkpoints).
+
+Not supported, refused when the scenario loads: ``round.policy: async``
+(Flower's API is a synchronous round: ``configure_train`` then
+``aggregate_train`` of that round's replies; docs/flower.md says why
+FedBuff's buffer cannot drive it), and ``resources.server.home: actor`` (the
+strategy object lives in the driver). Federated evaluation
+(``configure_evaluate``) is not run: fedsim evaluates the global model on
+the test set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import json
+import logging
+import os
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+
+import fedsim.algorithms.base as base
+from fedsim.lazy import torch
+from fedsim.spec import Problem
+
+if TYPE_CHECKING:
+    from fedsim.facts import RunFacts
+
+EXTRA = "pip install 'fedsim[flower]'"
+# Device i is Flower node i + NODE_BASE (node 1 is Flower's SuperLink).
+NODE_BASE = 1_000_000
+# Config keys fedsim's local training understands, and what it does.
+UNDERSTOOD = {"proximal-mu": "FedProx's proximal term mu/2 ||x - x^t||^2"}
+# Flower's wait for this many connected nodes means nothing in simulated time,
+# where the fleet says who is online: 1 unless the options say otherwise.
+_MIN_NODES = ("min_available_nodes", "min_train_nodes", "min_evaluate_nodes")
+_PREFIX = "flwr.config."  # payload keys of the round's config values
+
+
+class FlowerError(ValueError):
+    """A Flower strategy did something the adapter cannot carry out (the
+    message names the field or the strategy's attribute)."""
+
+
+def flwr() -> Any:
+    """Flower's ``flwr.app`` module, imported on first use (quietly: no
+    telemetry, Flower's per-round INFO lines off).
+
+    Raises:
+        FlowerError: Flower is not installed (names the extra to install).
+    """
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    try:
+        app = importlib.import_module("flwr.app")
+    except ImportError:
+        raise FlowerError(
+            f"algorithm.name 'flower' needs Flower (flwr), which is not installed: "
+            f"{EXTRA}"
+        ) from None
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    return app
+
+
+def strategy_class(path: str) -> type:
+    """The strategy class ``path`` names: a class of ``flwr.serverapp.strategy``
+    (``FedAdam``) or an import path ``module.path:Class``.
+
+    Raises:
+        FlowerError: Flower is missing, the path does not import, or the
+            class is not a ``flwr.serverapp.strategy.Strategy``.
+    """
+    flwr()
+    from flwr.serverapp.strategy import Strategy
+
+    module, _, name = path.rpartition(":") if ":" in path else ("", "", path)
+    module = module or "flwr.serverapp.strategy"
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise FlowerError(f"strategy {path!r} does not import: {exc}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Strategy)):
+        raise FlowerError(
+            f"strategy {path!r} is {obj!r}, not a Flower strategy (a subclass of "
+            "flwr.serverapp.strategy.Strategy, Flower's message API)"
+        )
+    return obj
+
+
+# ------------------------------------------------------------ exact state codec
+
+
+class NotCheckpointable(TypeError):
+    """A strategy attribute whose value the codec cannot store exactly."""
+
+
+def _enc(v: Any, blobs: list[bytes], where: str) -> Any:
+    """``v`` as JSON, its arrays' bytes appended to ``blobs`` (exact)."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return {"f": repr(v)}  # repr round-trips, NaN and infinities included
+    if isinstance(v, bytes):
+        blobs.append(v)
+        return {"bytes": len(blobs) - 1}
+    if isinstance(v, np.generic):
+        v = np.asarray(v)
+        blobs.append(v.tobytes())
+        return {"scalar": len(blobs) - 1, "dtype": v.dtype.str}
+    if isinstance(v, np.ndarray) and v.dtype.kind in "biufc":
+        blobs.append(np.ascontiguousarray(v).tobytes())
+        return {"array": len(blobs) - 1, "dtype": v.dtype.str, "shape": v.shape}
+    app = flwr()
+    if isinstance(v, app.Array):
+        return {"Array": _enc(v.numpy(), blobs, where)}
+    for kind in ("ArrayRecord", "ConfigRecord", "MetricRecord"):
+        if isinstance(v, getattr(app, kind)):
+            return {kind: {k: _enc(x, blobs, f"{where}[{k!r}]") for k, x in v.items()}}
+    if isinstance(v, (list, tuple)):
+        items = [_enc(x, blobs, f"{where}[{i}]") for i, x in enumerate(v)]
+        return {"tuple" if isinstance(v, tuple) else "list": items}
+    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+        return {"dict": {k: _enc(x, blobs, f"{where}[{k!r}]") for k, x in v.items()}}
+    raise NotCheckpointable(f"{where} holds a {type(v).__module__}.{type(v).__name__}")
+
+
+def _dec(j: Any, blobs: list[bytes]) -> Any:
+    """Inverse of :func:`_enc`."""
+    if not isinstance(j, dict):
+        return j
+    (kind, body), *_ = j.items()
+    if kind == "f":
+        return float(body)
+    if kind == "bytes":
+        return blobs[body]
+    if kind == "scalar":
+        return np.frombuffer(blobs[body], dtype=np.dtype(j["dtype"]))[0].copy()
+    if kind == "array":
+        a = np.frombuffer(blobs[body], dtype=np.dtype(j["dtype"]))
+        return a.reshape(j["shape"]).copy()
+    if kind in ("list", "tuple"):
+        items = [_dec(x, blobs) for x in body]
+        return items if kind == "list" else tuple(items)
+    if kind == "dict":
+        return {k: _dec(x, blobs) for k, x in body.items()}
+    app = flwr()
+    if kind == "Array":
+        return app.Array(_dec(body, blobs))
+    return getattr(app, kind)({k: _dec(x, blobs) for k, x in body.items()})
+
+
+def encode_state(strategy: Any, fresh: Any) -> torch.Tensor:
+    """What ``strategy`` holds beyond a freshly built ``fresh`` (its instance
+    attributes that are not the very objects ``fresh`` holds), as a uint8
+    tensor: a JSON header, a NUL, then the arrays' bytes.
+
+    Raises:
+        NotCheckpointable: an attribute of a type the codec cannot store.
+    """
+    blobs: list[bytes] = []
+    attrs = {}
+    made = vars(fresh)
+    for k, v in vars(strategy).items():
+        if k in made and made[k] is v:
+            continue  # rebuilt by the constructor (options, helper functions)
+        attrs[k] = _enc(v, blobs, f"{type(strategy).__name__}.{k}")
+    head = {"attrs": attrs, "sizes": [len(b) for b in blobs]}
+    raw = json.dumps(head, sort_keys=True).encode() + b"\0" + b"".join(blobs)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
+
+
+def decode_state(strategy: Any, blob: torch.Tensor) -> None:
+    """Set back on ``strategy`` (freshly built) what :func:`encode_state` stored."""
+    raw = bytes(blob.numpy().tobytes())
+    if not raw:
+        from fedsim.checkpoint import CheckpointError
+
+        raise CheckpointError(
+            f"{type(strategy).__name__}: its state was not recorded (a strategy "
+            "fedsim cannot checkpoint, run with checkpoint.every_rounds: 0)"
+        )
+    cut = raw.index(b"\0")
+    head = json.loads(raw[:cut])
+    blobs, at = [], cut + 1
+    for n in head["sizes"]:
+        blobs.append(raw[at : at + n])
+        at += n
+    for k, j in head["attrs"].items():
+        setattr(strategy, k, _dec(j, blobs))
+
+
+# ----------------------------------------------------------------- the grid
+
+
+def _grid_base() -> type:
+    """Flower's abstract ``Grid`` (imported with Flower)."""
+    flwr()
+    from flwr.serverapp.grid import Grid
+
+    return Grid
+
+
+class _Unsent(FlowerError):
+    pass
+
+
+def make_grid(nodes: Sequence[int]) -> Any:
+    """A Flower ``Grid`` whose nodes are ``nodes`` (Flower node ids).
+
+    Only what ``configure_train`` needs works (``get_node_ids``,
+    ``create_message``); sending and receiving is fedsim's clock, so
+    ``push_messages``, ``pull_messages`` and ``send_and_receive`` raise.
+    """
+    Grid = _grid_base()
+    app = flwr()
+
+    class FleetGrid(Grid):  # type: ignore[misc, valid-type]
+        """The round's candidate devices as Flower nodes."""
+
+        def __init__(self) -> None:
+            self._nodes = [int(n) for n in nodes]
+
+        def set_run(self, run: Any) -> None:
+            self._run = run
+
+        @property
+        def run(self) -> Any:
+            return getattr(self, "_run", None)
+
+        def create_message(
+            self,
+            content: Any,
+            message_type: str,
+            dst_node_id: int,
+            group_id: str,
+            ttl: float | None = None,
+        ) -> Any:
+            return app.Message(
+                content=content,
+                message_type=message_type,
+                dst_node_id=dst_node_id,
+                group_id=group_id,
+                ttl=ttl,
+            )
+
+        def get_node_ids(self) -> list[int]:
+            return list(self._nodes)
+
+        def _clock(self, *args: Any, **kwargs: Any) -> Any:
+            raise _Unsent(
+                "fedsim's clock delivers a round's messages: a strategy under "
+                "fedsim returns them from configure_train and gets the replies "
+                "in aggregate_train (no push_messages, pull_messages or "
+                "send_and_receive)"
+            )
+
+        push_messages = pull_messages = send_and_receive = _clock
+
+    return FleetGrid()
+
+
+@contextlib.contextmanager
+def _seeded(rng: np.random.Generator) -> Iterator[None]:
+    """Python's and NumPy's global generators seeded from ``rng`` (Flower's
+    ``sample_nodes`` uses ``random.sample``), put back as they were after."""
+    py, npy = random.getstate(), np.random.get_state()
+    random.seed(int(rng.integers(2**63)))
+    np.random.seed(int(rng.integers(2**32)))
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+
+
+@contextlib.contextmanager
+def _as_node(node: int) -> Iterator[None]:
+    """Flower's process identity (messages take their source from it) set to
+    ``node``, as Flower's ServerApp (node 1) or a SuperNode would set it."""
+    from flwr.supercore.task_identity import TaskIdentity as T
+
+    old = (T._task_id, T._run_id, T._node_id)
+    T.task_id, T.run_id, T.node_id = 1, 1, node
+    try:
+        yield
+    finally:
+        T._task_id, T._run_id, T._node_id = old
+
+
+# -------------------------------------------------------- the live strategy
+
+
+@dataclass
+class _Live:
+    """The strategy object of a run, in the driver: a cache of the server
+    state's ``flwr_state`` (``token`` is that very tensor)."""
+
+    strategy: Any
+    token: Any
+    layout: list[tuple[str, tuple[int, ...]]] | None = None
+    round: int = -1  # the round whose messages are pending
+    pending: dict[int, Any] = field(default_factory=dict)  # client -> message
+    config: dict[str, float] = field(default_factory=dict)  # common, numeric
+    metrics: dict[int, dict[str, Any]] = field(default_factory=dict)  # by round
+
+
+@dataclass(frozen=True)
+class Flower(base.Algorithm):
+    """A Flower strategy as fedsim's aggregator (module docstring).
+
+    Fields:
+        strategy: ``FedAvg``, ``FedAdam``, ... (``flwr.serverapp.strategy``)
+            or ``module.path:Class`` (the user's subclass).
+        options: the strategy's constructor arguments (``{eta: 0.1}``);
+            ``min_available_nodes``, ``min_train_nodes`` and
+            ``min_evaluate_nodes`` default to 1 (the fleet says who is
+            online; Flower's wait for nodes to connect has no simulated
+            counterpart).
+        sample_by: ``strategy`` (its sampling over every online device is
+            the selection) or ``selector`` (the scenario's selector picks,
+            and the strategy's grid holds only its picks).
+    """
+
+    name: Literal["flower"] = "flower"
+    strategy: str = "FedAvg"
+    options: dict[str, Any] = field(default_factory=dict)
+    sample_by: Literal["strategy", "selector"] = "strategy"
+
+    # aggregate reads the model's layout (its named parameters)
+    server_needs: ClassVar[frozenset[str]] = frozenset({"model"})
+
+    def __post_init__(self) -> None:
+        self.build()  # Flower installed, a strategy, its options accepted
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.strategy, _canon(self.options), self.sample_by))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the live strategy stays in the driver; workers get the fields
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def build(self) -> Any:
+        """A fresh strategy from ``strategy`` and ``options``.
+
+        Raises:
+            FlowerError: Flower missing, not a strategy, options refused.
+        """
+        cls = strategy_class(self.strategy)
+        opts = dict(self.options)
+        params = inspect.signature(cls).parameters
+        for k in _MIN_NODES:
+            if k in params and k not in opts:
+                opts[k] = 1
+        try:
+            return cls(**opts)
+        except TypeError as exc:
+            raise FlowerError(f"options: {cls.__name__} refuses them: {exc}") from None
+
+    # ------------------------------------------------ what it says about itself
+
+    def check(self, facts: RunFacts) -> list[Problem]:
+        """Refuses asynchronous rounds, a server actor, and a strategy whose
+        state cannot be checkpointed when checkpoints are on."""
+        found = []
+        if facts.round.policy == "async":
+            found.append(
+                Problem(
+                    "round.policy 'async' cannot drive algorithm.name 'flower': "
+                    "Flower's strategy API is a synchronous round "
+                    "(configure_train, then aggregate_train of that round's "
+                    "replies); docs/flower.md says why"
+                )
+            )
+        if facts.server_home != "driver":
+            found.append(
+                Problem(
+                    "resources.server.home must be 'driver' with algorithm.name "
+                    "'flower' (the Flower strategy object lives in the driver)"
+                )
+            )
+        every = facts.checkpoint_every
+        object.__setattr__(self, "_checkpoints", bool(every))
+        if every:
+            why = self._uncheckpointable(self.build())
+            if why is not None:
+                found.append(Problem(why))
+        return found
+
+    def _uncheckpointable(self, strategy: Any) -> str | None:
+        """Why ``strategy``'s state cannot be checkpointed (None: it can)."""
+        try:
+            blobs: list[bytes] = []
+            for k, v in vars(strategy).items():
+                if not callable(v):  # the constructor's functions are rebuilt
+                    _enc(v, blobs, f"{type(strategy).__name__}.{k}")
+        except NotCheckpointable as exc:
+            return _refusal(self.strategy, str(exc))
+        return None
+
+    # ---------------------------------------------------------- server half
+
+    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
+        live = self.build()
+        blob = self._export(live)
+        object.__setattr__(self, "_live", _Live(live, blob))
+        return {"x": x0.clone(), "flwr_state": blob, "flwr_round": _count(0)}
+
+    def payload(self, state: base.ServerState) -> dict[str, torch.Tensor]:
+        """x, and the round's common numeric config values (``proximal-mu``)."""
+        live = getattr(self, "_live", None)
+        out = {"x": state["x"]}
+        if live is not None and live.token is state["flwr_state"]:
+            for k, v in live.config.items():
+                out[_PREFIX + k] = torch.tensor(v, dtype=torch.float64)
+        return out
+
+    def live(self, state: base.ServerState) -> _Live:
+        """The strategy object of ``state``: the cached one, or one rebuilt
+        from ``options`` with the checkpointed attributes set back (a
+        resumed run, or a state this process did not make)."""
+        live = getattr(self, "_live", None)
+        if live is None or live.token is not state["flwr_state"]:
+            strategy = self.build()
+            decode_state(strategy, state["flwr_state"])
+            live = _Live(strategy, state["flwr_state"])
+            object.__setattr__(self, "_live", live)
+        return live
+
+    def configure(
+        self,
+        state: base.ServerState,
+        t: int,
+        nodes: Sequence[int],
+        rng: np.random.Generator,
+        layout: list[tuple[str, tuple[int, ...]]],
+    ) -> list[int]:
+        """Round ``t``'s ``configure_train`` over a grid of devices ``nodes``
+        (client ids); returns the clients it messaged, sorted.
+
+        Raises:
+            FlowerError: a message to a node not in the grid, two to one
+                node, or per-client configs (not deliverable yet).
+        """
+        app = flwr()
+        live = self.live(state)
+        live.layout = layout
+        strategy = live.strategy
+        need = max([1, *(int(getattr(strategy, k, 1) or 1) for k in _MIN_NODES[:2])])
+        live.round, live.pending, live.config = t, {}, {}
+        if len(nodes) < need:
+            return []  # Flower would wait for nodes; here the round trains nobody
+        arrays = _arrays(app, state["x"], layout)
+        grid = make_grid([int(i) + NODE_BASE for i in nodes])
+        with _seeded(rng), _as_node(1):
+            msgs = list(
+                strategy.configure_train(t + 1, arrays, app.ConfigRecord(), grid)
+            )
+        allowed = {int(i) for i in nodes}
+        for m in msgs:
+            c = int(m.metadata.dst_node_id) - NODE_BASE
+            if c not in allowed or c in live.pending:
+                raise FlowerError(
+                    f"round {t}: {type(strategy).__name__}.configure_train sent "
+                    f"{'a second message' if c in live.pending else 'a message'} "
+                    f"to node {m.metadata.dst_node_id}, "
+                    f"{'twice' if c in live.pending else 'not in the grid'}"
+                )
+            live.pending[c] = m
+        live.config = common_config([live.pending[c] for c in sorted(live.pending)], t)
+        return sorted(live.pending)
+
+    def aggregate(
+        self,
+        state: base.ServerState,
+        updates: base.Updates,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
+        live = self.live(state)
+        server = ctx.server
+        if not updates and not live.pending:
+            return state, base.empty_info()  # nobody was messaged
+        app = flwr()
+        if live.layout is None:
+            live.layout = _layout(server, state["x"])
+        by = {u.client: u for u in updates}
+        if live.round < 0 or not live.pending:  # called without a selection
+            t = int(state["flwr_round"])
+            self.configure(state, t, sorted(by), _rng(t), live.layout)
+        t, x = live.round, state["x"]
+        replies = []
+        for c in sorted(live.pending):
+            msg = live.pending[c]
+            with _as_node(c + NODE_BASE):
+                u = by.get(c)
+                if u is None:  # messaged, delivered nothing: a Flower error
+                    err = app.Error(code=5, reason=f"device {c}: no update this round")
+                    replies.append(app.Message(err, reply_to=msg))
+                    continue
+                replies.append(
+                    app.Message(_reply(app, u, x, live.layout), reply_to=msg)
+                )
+        strategy = live.strategy
+        with _as_node(1):
+            arrays, metrics = strategy.aggregate_train(t + 1, replies)
+        new_x = x if arrays is None else _flat(arrays, live.layout, x)
+        live.metrics[t] = dict(metrics.items()) if metrics is not None else {}
+        blob = self._export(strategy)
+        live.token, live.round, live.pending, live.config = blob, -1, {}, {}
+        state = {"x": new_x, "flwr_state": blob, "flwr_round": _count(t + 1)}
+        return state, _meter([by[c] for c in sorted(by) if c in by])
+
+    def _export(self, strategy: Any) -> torch.Tensor:
+        """The strategy's state as ``flwr_state`` (a fresh tensor: the token).
+
+        Raises:
+            CheckpointError: it cannot be stored exactly and checkpoints
+                are on (without them an empty record stands in).
+        """
+        from fedsim.checkpoint import CheckpointError
+
+        try:
+            return encode_state(strategy, self.build())
+        except NotCheckpointable as exc:
+            if getattr(self, "_checkpoints", True):
+                raise CheckpointError(_refusal(self.strategy, str(exc))) from None
+            return torch.zeros(0, dtype=torch.uint8)
+
+    def wrap_selector(self, selector: Any, server: Any) -> Any:
+        """The runtime's hook: the selector a run asks, which lets the
+        strategy's ``configure_train`` choose (:class:`StrategySampling`)."""
+        return StrategySampling(self, selector, server)
+
+    # ---------------------------------------------------------- client half
+
+    def local_setup(self, client: base.ClientContext) -> Any:
+        mu = client.payload.get(_PREFIX + "proximal-mu")
+        return None if mu is None else (float(mu), client.payload["x"])
+
+    def grad_hook(
+        self, theta: torch.Tensor, grad: torch.Tensor, client: base.ClientContext
+    ) -> None:
+        if client.local is not None and client.local[0]:
+            mu, x = client.local
+            # the same floats as fedsim's proximal solver: g + mu (x - x^t)
+            grad.add_(mu * (theta - x))
+
+
+class StrategySampling:
+    """The scenario's selector with the strategy's ``configure_train`` on
+    top: it sees a grid of every online device (``sample_by: strategy``) or
+    of the selector's picks (``selector``), and its messages are the
+    selection. Everything else is the selector's.
+
+    Args:
+        alg: the Flower algorithm.
+        inner: the scenario's selector.
+        server: the driver's ``Server`` (its state and model, read only).
+    """
+
+    def __init__(self, alg: Flower, inner: Any, server: Any) -> None:
+        self.alg, self.inner, self.server = alg, inner, server
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def with_slots(self, k: int) -> StrategySampling:
+        return StrategySampling(self.alg, self.inner.with_slots(k), self.server)
+
+    def select(self, state: Any, draw: Any) -> tuple[np.ndarray, Any]:
+        nodes = draw.candidates
+        if self.alg.sample_by == "selector":
+            nodes, state = self.inner.select(state, draw)
+        layout = _layout_of(self.server.model, self.server.state["x"])
+        chosen = self.alg.configure(
+            self.server.state, draw.round, [int(i) for i in nodes], draw.rng, layout
+        )
+        return np.asarray(chosen, dtype=np.int64), state
+
+
+def common_config(messages: Sequence[Any], t: int) -> dict[str, float]:
+    """The numeric values of the round's ``ConfigRecord`` that the payload
+    carries (the same for every message).
+
+    This is the seam for per-client instructions: when the runtime can send
+    each client its own values, the differing ones go there instead.
+
+    Raises:
+        FlowerError: two messages carry different values for a key (a
+            per-client configuration, which fedsim cannot deliver yet).
+    """
+    seen: dict[str, Any] = {}
+    for m in messages:
+        for rec in m.content.config_records.values():
+            for k, v in rec.items():
+                if k in seen and seen[k] != v:
+                    raise FlowerError(
+                        f"round {t}: the strategy's messages carry different "
+                        f"config values for {k!r} ({seen[k]!r}, {v!r}); fedsim "
+                        "sends every client of a round the same payload and "
+                        "cannot yet deliver per-client instructions"
+                    )
+                seen[k] = v
+    return {
+        k: float(v)
+        for k, v in seen.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def _refusal(path: str, why: str) -> str:
+    return (
+        f"algorithm.strategy {path!r}: {why}, which fedsim cannot checkpoint "
+        "exactly (it stores numbers, text, bytes, NumPy arrays, Flower records "
+        "and lists, tuples and str-keyed dicts of them); set "
+        "checkpoint.every_rounds: 0 to run it without checkpoints"
+    )
+
+
+def _canon(options: Mapping[str, Any]) -> str:
+    return json.dumps(options, sort_keys=True, default=repr)
+
+
+def _count(t: int) -> torch.Tensor:
+    return torch.tensor(t, dtype=torch.int64)
+
+
+def _rng(t: int) -> np.random.Generator:
+    """A fixed stream for a round aggregated without a selection (tests)."""
+    return np.random.default_rng(np.random.SeedSequence([0xF10, t]))
+
+
+def _layout(server: base.ServerContext | None, x: torch.Tensor) -> list:
+    """The model's named parameters (name, shape), in the flat vector's
+    order; one array ``x`` when there is no model (unit tests)."""
+    return _layout_of(None if server is None else server.model, x)
+
+
+def _layout_of(model: Any, x: torch.Tensor) -> list[tuple[str, tuple[int, ...]]]:
+    if model is None:
+        return [("x", tuple(x.shape))]
+    return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+
+
+def _arrays(app: Any, x: torch.Tensor, layout: list) -> Any:
+    """Flat ``x`` as an ``ArrayRecord`` of the model's named parameters."""
+    out, at = {}, 0
+    flat = x.detach().cpu().numpy()
+    for name, shape in layout:
+        n = int(np.prod(shape))
+        out[name] = app.Array(flat[at : at + n].reshape(shape).copy())
+        at += n
+    return app.ArrayRecord(out)
+
+
+def _flat(arrays: Any, layout: list, like: torch.Tensor) -> torch.Tensor:
+    """An ``ArrayRecord`` back into a flat vector of ``like``'s dtype."""
+    parts = [np.asarray(arrays[name].numpy()).reshape(-1) for name, _ in layout]
+    return torch.from_numpy(np.concatenate(parts)).to(like.dtype).clone()
+
+
+def _reply(app: Any, u: base.ClientUpdate, x: torch.Tensor, layout: list) -> Any:
+    """A client's reply content, as a Flower ClientApp sends it."""
+    n = int(u.weight) if float(u.weight).is_integer() else float(u.weight)
+    metrics = app.MetricRecord(
+        {"num-examples": n, "train_loss": float(u.train_loss), "tau": int(u.tau)}
+    )
+    arrays = _arrays(app, x + u.delta, layout)
+    return app.RecordDict({"arrays": arrays, "metrics": metrics})
+
+
+def _meter(updates: Sequence[base.ClientUpdate]) -> base.AggregateInfo:
+    """The meter's figures: the data weights the strategy was given (its
+    actual influence per update is the strategy's own: a robust rule's is
+    not measured), tau_eff their weighted mean of tau."""
+    if not updates:
+        return base.empty_info()
+    p = base.data_weights(updates)
+    tau_eff = float(sum(w * u.tau for w, u in zip(p, updates, strict=True)))
+    return base.meter(updates, p, tau_eff)
