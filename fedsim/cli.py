@@ -296,14 +296,12 @@ def run(
                 scenario, out_dir, workers, seed, list(set_ or []), resume,
                 overwrite, reached,
             )  # fmt: skip
-            reached["workers"] = n_workers = _start_workers(
-                sc.resources, workers, address
-            )
+            reached["workers"] = n = _start_workers(sc.resources, workers, address)
             with (
                 _progress(sc, quiet, start, sim0, log_every) as on_round,
                 _tracked(trackers, run_dir, sc, on_round) as tr,  # issue 41
             ):
-                result = _run(sc, n_workers, run_dir, resume is not None, tr.on_round)
+                result = _run(sc, n, run_dir, resume is not None, tr.on_round)
                 tr.status = result.status
         except KeyboardInterrupt:  # during set-up: the loop catches its own
             code = _set_up_interrupted(reached, resume is not None, quiet)
