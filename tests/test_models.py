@@ -192,7 +192,7 @@ def test_a_model_with_its_own_loss_trains_and_is_evaluated_by_it():
     # Assert: half the cross-entropy; the accuracy of class labels as ever;
     # the built-ins declare no loss but the quadratic objectives'
     torch.testing.assert_close(trained, 0.5 * ce)
-    assert loss == pytest.approx(0.5 * float(ce), rel=1e-6)
+    assert loss == pytest.approx(0.5 * float(ce.detach()), rel=1e-6)
     assert acc == int((model(x).argmax(1) == y).sum()) / 6
     assert NetworkSetup(MODELS["logreg"](), 0).loss is None
     assert [n for n, c in MODELS.items() if c().own_loss] == ["quadratic"]
