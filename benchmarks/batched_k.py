@@ -32,6 +32,7 @@ from run import WORKLOADS, gpu_overrides, run_baseline  # noqa: E402
 
 from fedsim.batched import train_batched  # noqa: E402
 from fedsim.data import build_data  # noqa: E402
+from fedsim.runtime import run_setup
 from fedsim.scenario import load_scenario  # noqa: E402
 from fedsim.server import Server  # noqa: E402
 from fedsim.workers import Task, Worker  # noqa: E402
@@ -73,9 +74,9 @@ def main() -> int:
     )
     tau = sc.round.max_steps
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    worker = Worker(sc, data)
+    worker = Worker(run_setup(sc).worker, data)
     dev = worker.device
-    payload = Server(sc, data).payload()
+    payload = Server(run_setup(sc).server, data).payload()
     m = sc.num_clients
 
     def tasks(k: int) -> list[Task]:

@@ -36,6 +36,7 @@ CNN = ROOT / "benchmarks" / "cnn.yaml"
 
 PLAIN = r"""
 import sys, numpy as np, ray, torch, torch.nn.functional as F
+from fedsim.runtime import run_setup
 from fedsim.data import build_data
 from fedsim.models import make_model
 from fedsim.params import flatten
@@ -51,7 +52,7 @@ class Trainer:
     def __init__(self, box, sc):
         torch.set_num_threads(1)
         self.data = ray.get(box[0])
-        self.model = make_model(sc, self.data)
+        self.model = make_model(run_setup(sc).network, self.data)
         self.sc = sc
 
     def train(self, x, jobs):
@@ -74,7 +75,7 @@ class Trainer:
 data = build_data(sc.data, sc.num_clients, sc.seed)
 box = [ray.put(data)]
 actors = [Trainer.remote(box, sc) for _ in range(2)]
-x = flatten(make_model(sc, data)).detach()
+x = flatten(make_model(run_setup(sc).network, data)).detach()
 rng = np.random.default_rng(0)
 for t in range(sc.rounds):
     chosen = rng.choice(sc.num_clients, sc.selector.clients_per_round, replace=False)

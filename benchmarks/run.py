@@ -40,7 +40,10 @@ import torch.nn.functional as F  # noqa: E402
 from fedsim.data import DataMissingError, build_data  # noqa: E402
 from fedsim.minibatches import client_seed  # noqa: E402
 from fedsim.models import make_model  # noqa: E402
-from fedsim.runtime import run_scenario  # noqa: E402
+from fedsim.runtime import (
+    run_scenario,  # noqa: E402
+    run_setup,
+)
 from fedsim.scenario import load_scenario  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -152,7 +155,7 @@ def run_baseline(
     dev = torch.device(device)
     t0 = time.perf_counter()
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    model = make_model(sc, data).to(dev)
+    model = make_model(run_setup(sc).network, data).to(dev)
     x_all = torch.from_numpy(data.x).to(dev)
     y_all = torch.from_numpy(data.y).to(dev)
     setup = time.perf_counter() - t0

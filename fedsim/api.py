@@ -30,12 +30,15 @@ Either way the fields *are* the scenario section: unknown keys are refused,
 ``Annotated[float, Field(gt=0)]`` constraints are checked when the file is
 loaded, and ``fedsim validate`` prints the resolved section.
 
-What a plug-in receives is small and typed: a client's :class:`ClientContext`
-(its :class:`ClientInfo`, the payload, its persistent state), the
-:class:`LocalTraining` job of an algorithm that replaces the solver loop, the
-:class:`ServerContext` of one that needs the server's model, a selector's
-:class:`SelectorContext` and :class:`Draw`, and, for checks before a run, the
-loaded scenario as a :class:`ScenarioView`.
+What a plug-in receives is small and typed: the server step's
+:class:`RoundContext` (the round, asynchronous staleness and start models,
+and the :class:`ServerContext` of an algorithm that declares
+``server_needs``), a client's :class:`ClientContext` (its
+:class:`ClientInfo`, the payload, its persistent state), the
+:class:`LocalTraining` job of an algorithm that replaces the solver loop, a
+selector's :class:`SelectorContext` and :class:`Draw`, and, for its questions
+about the run (``check``, ``clock_work``, ``memory``, ``bytes_per_client``),
+the run's :class:`RunFacts` (``ScenarioView``, the name it had, still works).
 
 Its contract is checked by :func:`fedsim.testing.check_algorithm` and
 :func:`fedsim.testing.check_selector`, which fedsim's own tests run on every
@@ -43,11 +46,12 @@ built-in.
 
 Example (an algorithm that averages the updates and halves the step):
     >>> from dataclasses import dataclass
-    >>> from fedsim.api import Algorithm, ClientUpdate, meter, skip_empty_rounds
+    >>> from fedsim.api import (Algorithm, ClientUpdate, PLAIN_ROUND, meter,
+    ...                         skip_empty_rounds)
     >>> @dataclass(frozen=True)
     ... class Half(Algorithm):
     ...     @skip_empty_rounds
-    ...     def aggregate(self, state, updates):
+    ...     def aggregate(self, state, updates, ctx=PLAIN_ROUND):
     ...         w = [1 / len(updates)] * len(updates)
     ...         step = sum(wi * u.delta for wi, u in zip(w, updates))
     ...         return {"x": state["x"] + 0.5 * step}, meter(updates, w, 1.0)
@@ -65,6 +69,7 @@ Example (an algorithm that averages the updates and halves the step):
 from __future__ import annotations
 
 from fedsim.algorithms.base import (
+    PLAIN_ROUND,
     AggregateInfo,
     Algorithm,
     AsyncRule,
@@ -73,6 +78,7 @@ from fedsim.algorithms.base import (
     ClientState,
     ClientUpdate,
     LocalTraining,
+    RoundContext,
     ServerContext,
     ServerState,
     Updates,
@@ -83,6 +89,7 @@ from fedsim.algorithms.base import (
 )
 from fedsim.clock import JobWork
 from fedsim.data.base import DataInfo, Dataset, FederatedData
+from fedsim.facts import RunFacts, ScenarioView
 from fedsim.plugins import PluginError, resolve
 from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
 from fedsim.spec import (
@@ -94,12 +101,12 @@ from fedsim.spec import (
     PosInt,
     Prob,
     Problem,
-    ScenarioView,
     ScenarioWarning,
     Spec,
 )
 
 __all__ = [
+    "PLAIN_ROUND",
     "PLUGIN_CONFIG",
     "AggregateInfo",
     "Algorithm",
@@ -122,6 +129,8 @@ __all__ = [
     "PosInt",
     "Prob",
     "Problem",
+    "RoundContext",
+    "RunFacts",
     "ScenarioView",
     "ScenarioWarning",
     "Selector",

@@ -33,10 +33,9 @@ from fedsim.algorithms.base import (
     StackedHook,
 )
 from fedsim.minibatches import client_seed, first_batches
-from fedsim.models import QuadraticModel
-from fedsim.scenario import Scenario
+from fedsim.models import Loss
 from fedsim.solvers import SGD, SolverState
-from fedsim.tasks import Payload, Task
+from fedsim.tasks import Payload, Task, WorkerSetup
 
 States = Mapping[int, ClientState]
 
@@ -51,9 +50,12 @@ class Worker(Protocol):
     batched path computes.
     """
 
-    # the run's scenario: the model and solver names for why_not_batched
+    # the worker's set-up record: the model's name for why_not_batched
     @property
-    def scenario(self) -> Scenario: ...
+    def setup(self) -> WorkerSetup: ...
+    # the model's own per-sample loss (None: cross-entropy)
+    @property
+    def loss(self) -> Loss | None: ...
     # the run seed: each client's minibatch order is drawn from (seed,
     # round, client), exactly as the sequential path draws it
     @property
@@ -124,7 +126,7 @@ def why_not_batched(worker: Worker) -> str | None:
         return "the model has BatchNorm layers (running statistics)"
     recurrent = any(isinstance(m, nn.RNNBase) for m in model.modules())
     if recurrent and worker.device.type != "cpu":  # cuDNN RNNs: no vmap rule
-        return f"model {worker.scenario.model.name!r} is recurrent, on a GPU"
+        return f"model {worker.setup.network.model.name!r} is recurrent, on a GPU"
     if worker.solver.clip_norm is not None:  # a norm per client, per step
         return "client.clip_norm clips each client's gradient on its own"
     if not worker.solver.stacks:
@@ -183,23 +185,22 @@ def _batch_indices(
     return idx.to(worker.device), wts.to(worker.device)
 
 
-def _grad_fn(model: nn.Module) -> Callable[..., tuple[Tensor, Tensor]]:
+def _grad_fn(
+    model: nn.Module, own: Loss | None
+) -> Callable[..., tuple[Tensor, Tensor]]:
     """``f(theta [K, d], x [K, B, ...], y [K, B], w [K, B], count [K])`` ->
-    (gradients [K, d], losses [K]) of each client's weighted mean loss."""
+    (gradients [K, d], losses [K]) of each client's weighted mean loss (the
+    model's own per-sample loss ``own``, or cross-entropy)."""
     named = dict(model.named_parameters())
     sizes = [p.numel() for p in named.values()]
-    quadratic = isinstance(model, QuadraticModel)
 
     def loss(
         theta: Tensor, x: Tensor, y: Tensor, w: Tensor, n: Any
     ) -> tuple[Tensor, Tensor]:
         parts = zip(named.items(), theta.split(sizes), strict=True)
         params = {k: v.view(p.shape) for (k, p), v in parts}
-        if quadratic:  # the batch holds centres and curvatures
-            per = functional_call(model, params, (x, y))
-        else:
-            logits = functional_call(model, params, (x,))
-            per = F.cross_entropy(logits, y, reduction="none")
+        out = functional_call(model, params, (x,))
+        per = own(out, y) if own else F.cross_entropy(out, y, reduction="none")
         value = (per * w).sum() / n
         return value, value.detach()
 
@@ -342,13 +343,14 @@ def _run_steps(
     idx, wts = _batch_indices(worker, tasks, tasks[0].tau)
     counts = wts.sum(dim=2).clamp(min=1.0)  # [K, steps] real rows per batch
     loss_sum = torch.zeros(len(tasks), dtype=torch.float64, device=worker.device)
-    layers = _dense_layers(worker.model) or []
+    # the hand-written pass is cross-entropy's: a model's own loss goes by vmap
+    layers = (_dense_layers(worker.model) if worker.loss is None else None) or []
     # a plain rule on a dense stack: the step is taken inside the backward pass
     if layers and hook is None and solver.plain and not solver.weight_decay:
         _fused_steps(worker, tasks, solver, layers, theta, idx, wts, counts, loss_sum)
         return loss_sum
     buf = solver.row_buffer(theta)
-    grad_fn = _grad_for(worker.model, layers)
+    grad_fn = _grad_for(worker.model, worker.loss, layers)
     for s, n in enumerate(_still_training(tasks)):
         rows, th = idx[:n, s], theta[:n]
         batch = (worker.x[rows], worker.y[rows], wts[:n, s], counts[:n, s])
@@ -366,11 +368,12 @@ def _still_training(tasks: Sequence[Task]) -> list[int]:
     return [sum(t.tau > s for t in tasks) for s in range(tasks[0].tau)]
 
 
-def _grad_for(model: nn.Module, layers: list[nn.Linear]) -> GradFn:
+def _grad_for(model: nn.Module, own: Loss | None, layers: list[nn.Linear]) -> GradFn:
     """The stacked gradient function: the hand-written dense pass when the
-    model is a dense stack (``layers``), else ``vmap`` of ``grad``."""
+    model is a dense stack (``layers``), else ``vmap`` of ``grad`` of the
+    model's loss (its own ``own``, or cross-entropy)."""
     if not layers:
-        return _grad_fn(model)
+        return _grad_fn(model, own)
     dense = _dense_fn(layers)
     return lambda th, *batch: dense(_dense_params(layers, th), *batch)  # type: ignore[no-any-return]
 

@@ -12,10 +12,11 @@ import io
 import json
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -24,7 +25,19 @@ from fedsim.results import UnreadableResults, atomic_write_bytes, read_rows
 if TYPE_CHECKING:  # torch is imported where tensors are saved or loaded
     import torch
 
-    from fedsim.scenario import Scenario
+
+class Resolvable(Protocol):
+    """Something that dumps to the resolved scenario as JSON (a loaded
+    scenario): what a fingerprint is made from, without this module
+    reading the scenario's sections."""
+
+    def model_dump(self, *, mode: str) -> dict[str, Any]:
+        """The resolved fields, JSON-able with ``mode="json"``."""
+        ...
+
+
+# A fingerprint: the resolved scenario's JSON, less what cannot change results.
+Fingerprint = Mapping[str, object]
 
 LATEST = "LATEST"
 FINGERPRINT = "fingerprint.json"
@@ -98,7 +111,7 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_meta(ckpt: Path, meta: dict[str, Any]) -> None:
+def write_meta(ckpt: Path, meta: Mapping[str, object]) -> None:
     """Write the checkpoint's meta.json (see :class:`Checkpoint`) atomically."""
     atomic_write_bytes(ckpt / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
 
@@ -257,9 +270,12 @@ def _file_digest(path: str) -> str:
         return "missing"
 
 
-def fingerprint(scenario: Scenario) -> dict[str, Any]:
+def fingerprint(scenario: Resolvable) -> dict[str, Any]:
     """The resolved scenario as JSON minus :data:`FINGERPRINT_EXCLUDES`; a
     trace file is recorded by its name and the sha256 of its content.
+
+    Args:
+        scenario: the loaded scenario (only its JSON dump is read).
 
     Example:
         >>> from fedsim.scenario import load_scenario
@@ -279,15 +295,21 @@ def fingerprint(scenario: Scenario) -> dict[str, Any]:
     return out
 
 
-def write_fingerprint(ckpt: Path, scenario: Scenario) -> None:
-    """Store the scenario's fingerprint in ``ckpt`` (before committing it)."""
-    text = json.dumps(fingerprint(scenario), indent=2, sort_keys=True) + "\n"
+def write_fingerprint(ckpt: Path, fp: Fingerprint) -> None:
+    """Store a run's fingerprint in ``ckpt`` (before committing it).
+
+    Args:
+        ckpt: the checkpoint folder.
+        fp: :func:`fingerprint` of the run's scenario, made once at set-up.
+    """
+    text = json.dumps(fp, indent=2, sort_keys=True) + "\n"
     atomic_write_bytes(Path(ckpt) / FINGERPRINT, text.encode())
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+def _flatten(obj: object, prefix: str = "") -> dict[str, object]:
     """Nested JSON as ``{"a.b[0].c": leaf}``, so that a fingerprint mismatch
     names each differing field by the path a ``--set`` would use."""
+    items: list[tuple[str, object]]
     if isinstance(obj, dict):
         items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in obj.items()]
     elif isinstance(obj, list):
@@ -299,7 +321,7 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def check_fingerprint(
-    ckpt_path: Path, scenario: Scenario, missing_ok: bool = False
+    ckpt_path: Path, scenario: Resolvable, missing_ok: bool = False
 ) -> None:
     """Refuse to resume ``ckpt_path`` (a checkpoint folder, or a run folder
     whose LATEST is followed) with a scenario of another experiment: a
@@ -322,7 +344,8 @@ def check_fingerprint(
         raise CheckpointError(f"{path}: unreadable ({exc})") from None
     if not isinstance(stored, dict):
         raise CheckpointError(f"{path}: unreadable (not a JSON object)")
-    old, new = _flatten(stored), _flatten(fingerprint(scenario))
+    current = fingerprint(scenario)
+    old, new = _flatten(_without_legacy(stored, current)), _flatten(current)
     diffs = [
         f"{k}: {_show(old.get(k, _NONE))} (checkpoint) vs "
         f"{_show(new.get(k, _NONE))} (scenario)"
@@ -340,7 +363,24 @@ def check_fingerprint(
 _NONE = object()
 
 
-def _show(v: Any) -> str:
+def _without_legacy(stored: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """``stored`` without the other networks' model fields that a checkpoint
+    of an earlier version kept at their defaults (one spec described every
+    network then); the fields still differ when one was set otherwise."""
+    from fedsim.models import LEGACY_DEFAULTS
+
+    model, now = stored.get("model"), current.get("model", {})
+    if not isinstance(model, dict) or not isinstance(now, dict):
+        return stored
+    kept = {
+        k: v
+        for k, v in model.items()
+        if k in now or k not in LEGACY_DEFAULTS or v != LEGACY_DEFAULTS[k]
+    }
+    return {**stored, "model": kept}
+
+
+def _show(v: object) -> str:
     """A fingerprint value for a message: JSON, cut at 60 characters."""
     if v is _NONE:
         return "(absent)"

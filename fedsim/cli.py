@@ -54,6 +54,7 @@ from fedsim.units import duration
 # commands that read a scenario, so that `fedsim --help` starts at once.
 if TYPE_CHECKING:
     from fedsim.scenario import Scenario
+    from fedsim.spec import ResourceSpec
 
 app = typer.Typer(
     add_completion=False,
@@ -232,10 +233,14 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
         return str(x)
 
 
+# The commands' scenario argument (a path: only the commands load it).
+_SCENARIO_FILE = "Scenario YAML file."
+
+
 @app.command()
 def run(
     scenario: Annotated[
-        Path | None, typer.Argument(help="Scenario YAML file.", show_default=False)
+        Path | None, typer.Argument(help=_SCENARIO_FILE, show_default=False)
     ] = None,
     out_dir: Annotated[
         Path | None,
@@ -299,12 +304,12 @@ def run(
                 scenario, out_dir, workers, seed, list(set_ or []), resume,
                 overwrite, reached,
             )  # fmt: skip
-            reached["workers"] = n_workers = _start_workers(sc, workers, address)
+            reached["workers"] = n = _start_workers(sc.resources, workers, address)
             with (
                 _progress(sc, quiet, start, sim0, log_every) as on_round,
                 _tracked(trackers, run_dir, sc, on_round) as tr,  # issue 41
             ):
-                result = _run(sc, n_workers, run_dir, resume is not None, tr.on_round)
+                result = _run(sc, n, run_dir, resume is not None, tr.on_round)
                 tr.status = result.status
         except KeyboardInterrupt:  # during set-up: the loop catches its own
             code = _set_up_interrupted(reached, resume is not None, quiet)
@@ -742,11 +747,11 @@ def _clear_run(run_dir: Path) -> None:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
-def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> int:
+def _start_workers(res: ResourceSpec, workers: int | None, address: str | None) -> int:
     """Ray worker actors (0: in-process), once Ray is up and can place them.
 
     Args:
-        sc: the scenario (its ``resources`` section).
+        res: the scenario's ``resources`` section.
         workers: ``--workers``; None: the scenario's own count.
         address: a Ray cluster to join; None: RAY_ADDRESS or an embedded Ray.
 
@@ -754,7 +759,7 @@ def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> in
         The number of worker actors the run will start; exits 2 when the
         cluster cannot hold them (checked before any actor starts).
     """
-    if workers == 0 or (workers is None and sc.resources.workers == 0):
+    if workers == 0 or (workers is None and res.workers == 0):
         return 0
     from fedsim.executors import resolve_workers
     from fedsim.preflight import check_address, check_ray_resources
@@ -767,8 +772,8 @@ def _start_workers(sc: Scenario, workers: int | None, address: str | None) -> in
         init_ray(address)
         import ray
 
-        n = resolve_workers(sc, workers)
-        check_ray_resources(sc, n, ray.cluster_resources())
+        n = resolve_workers(res, workers)
+        check_ray_resources(res, n, ray.cluster_resources())
     return n
 
 
@@ -900,7 +905,7 @@ def _progress(
 
 @app.command()
 def validate(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    scenario: Annotated[Path, typer.Argument(help=_SCENARIO_FILE)],
     set_: SetOption = None,
 ) -> None:
     """Check a scenario file and print what it resolves to.\f
@@ -922,7 +927,7 @@ def validate(
     if sc.fleet.per_flop:  # speeds in FLOP/s become steps/s for this model
         from fedsim.flops import describe, step_flops
 
-        err.print("\n".join(describe(sc, step_flops(sc))), highlight=False)
+        err.print("\n".join(describe(sc.facts, step_flops(sc.facts))), highlight=False)
     err.print(
         f"ok: {scenario} ({sc.fleet.size} devices, {sc.rounds} rounds, "
         f"{sc.algorithm.name})"
@@ -992,7 +997,7 @@ def report(
 @app.command()
 def stress(
     scenario: Annotated[
-        Path, typer.Argument(help="Scenario YAML file (a synchronous one).")
+        Path, typer.Argument(help=f"{_SCENARIO_FILE[:-1]} (a synchronous one).")
     ],
     sweep: Annotated[
         list[str],
@@ -1074,7 +1079,7 @@ def stress(
 
 @app.command()
 def compare(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    scenario: Annotated[Path, typer.Argument(help=_SCENARIO_FILE)],
     algorithms: AlgorithmsOption,
     seeds: SeedsOption = 3,
     target: TargetOption = None,

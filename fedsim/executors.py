@@ -3,12 +3,12 @@
 same results. A new executor subclasses :class:`Executor` with a ``_calls``.
 
 Example:
-    >>> from fedsim import data, scenario, server, workers
+    >>> from fedsim import data, runtime, scenario, server, workers
     >>> sc = scenario.load_scenario("scenarios/quickstart.yaml")
-    >>> fed = data.build_data(sc.data, sc.num_clients, sc.seed)
-    >>> ex = make_executor(sc, fed, workers=0)
+    >>> setup, fed = runtime.run_setup(sc), data.build_data(sc.data, 30, sc.seed)
+    >>> ex = make_executor(setup.executor, fed, workers=0)
     >>> tasks = [workers.Task(3, 0, 5), workers.Task(1, 0, 2)]
-    >>> ups = ex.train(tasks, {0: server.Server(sc, fed).payload()}, {})
+    >>> ups = ex.train(tasks, {0: server.Server(setup.server, fed).payload()}, {})
     >>> [(u.client, u.tau) for u in ups]
     [(3, 5), (1, 2)]
     >>> ex.shutdown()
@@ -21,20 +21,87 @@ import secrets
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
+from fedsim.actors import (
+    ActorShape,
+    CallFailures,
+    Handle,
+    RetryPolicy,
+    current_pool,
+    kill,
+)
+
+# fedsim.executors named these before fedsim.actors held them (compare.py,
+# ray_session.py and notebooks import them from here)
+from fedsim.actors import release_parked as release_parked
+from fedsim.actors import warm_workers as warm_workers
 from fedsim.algorithms.base import ClientState, ClientUpdate
 from fedsim.data import DataError, DataMissingError, FederatedData, build_data
-from fedsim.scenario import Scenario
-from fedsim.tasks import UpdateSummary
+from fedsim.data.base import DatasetSpec
+from fedsim.fleet import Fleet, FleetSpec
+from fedsim.links import LinksSpec, apply_links
+from fedsim.spec import ResourceSpec
+from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup
 from fedsim.workers import Payload, Task, Worker, assign_lpt
+
+if TYPE_CHECKING:
+    from ray import ObjectRef as Ref
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 Tasks = Sequence[Task]
 Payloads = Mapping[int, Payload]  # by server version
 States = Mapping[int, ClientState]  # by client id
 Updates = list[ClientUpdate]
 Calls = Iterator[tuple[list[int], Updates]]  # task positions, their updates
+
+
+@dataclass(frozen=True)
+class DataRecipe:
+    """The run's training data as a pure function of these fields: what a
+    node builds for itself with ``resources.data: per_node`` (the runtime
+    builds the same in the driver).
+
+    Attributes:
+        data: the ``data`` section.
+        num_clients: the fleet's size.
+        seed: the run's seed.
+        fleet: the fleet section (fleet-data links tie clients to devices).
+        links: the ``links`` section, or None (the partitions as they are).
+    """
+
+    data: DatasetSpec
+    num_clients: int
+    seed: int
+    fleet: FleetSpec
+    links: LinksSpec | None = None
+
+    def build(self) -> FederatedData:
+        """The training data, tied to the fleet as ``links`` declares."""
+        data = build_data(self.data, self.num_clients, self.seed)
+        if self.links is None:
+            return data
+        fleet = Fleet.from_spec(self.fleet, self.seed)
+        return apply_links(self.links, fleet, data, self.seed, self.fleet)
+
+
+@dataclass(frozen=True)
+class ExecutorSetup:
+    """What an executor needs of the run, built once by the runtime.
+
+    Attributes:
+        worker: what every worker is set up with.
+        resources: the ``resources`` section (workers' CPUs and GPUs,
+            placement, the data's transport, the server's home).
+        recipe: how a node builds the data itself (``per_node``).
+    """
+
+    worker: WorkerSetup
+    resources: ResourceSpec
+    recipe: DataRecipe
 
 
 class Apart(NamedTuple):
@@ -49,7 +116,7 @@ class Apart(NamedTuple):
     """
 
     kept: list[ClientUpdate] | list[UpdateSummary]
-    parcels: list[Any]
+    parcels: list[Parcel]
 
 
 class Executor(ABC):
@@ -94,7 +161,7 @@ class Executor(ABC):
             One entry per task in each half, in task order.
         """
         ups = self.train(tasks, payloads, states)
-        return Apart(ups, list(ups))
+        return Apart(ups, list[Parcel](ups))
 
     @abstractmethod
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
@@ -110,7 +177,7 @@ class Executor(ABC):
     def shutdown(self) -> None:  # noqa: B027
         """Release the workers (the executor cannot train afterwards)."""
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, object]:
         """Fields for summary.json about where the work ran ({} in-process)."""
         return {}
 
@@ -127,12 +194,13 @@ class InProcessExecutor(Executor):
     """One worker in this process (``workers: 0``): no Ray, same results.
 
     Args:
-        scenario: the run's scenario (the worker builds model and solver).
+        setup: the worker's set-up record (it builds model and solver, and
+            sets torch's threads to ``setup.threads``).
         data: the federated dataset, shared with the server (not copied).
     """
 
-    def __init__(self, scenario: Scenario, data: FederatedData) -> None:
-        self.worker = Worker(scenario, data, int(scenario.resources.cpus_per_worker))
+    def __init__(self, setup: WorkerSetup, data: FederatedData) -> None:
+        self.worker = Worker(setup, data, setup.threads)
 
     def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
         # one worker call per start version: a call trains from one payload
@@ -145,8 +213,8 @@ class _Call(NamedTuple):
     the actor, and the arguments of ``Worker.train``."""
 
     positions: list[int]
-    actor: Any
-    args: tuple[Any, ...]
+    actor: Handle
+    args: tuple[Ref, list[Task], dict[int, ClientState]]
 
 
 def _own(group: Sequence[Task], states: States) -> dict[int, ClientState]:
@@ -177,26 +245,26 @@ class RayWorker(Worker):
     before: the same arguments, the same token.
 
     Args:
-        scenario: as :class:`Worker`.
+        setup: as :class:`Worker`.
         data: as :class:`Worker` (the one-element list of the reference).
         threads: as :class:`Worker`.
         token: the run this actor trains for.
     """
 
     def __init__(
-        self, scenario: Scenario, data: Any, threads: int | None, token: str
+        self, setup: WorkerSetup, data: list[Ref], threads: int | None, token: str
     ) -> None:
-        super().__init__(scenario, data, threads)
+        super().__init__(setup, data, threads)
         self.token = token
 
-    def setup(
-        self, scenario: Scenario, data: Any, threads: int | None, token: str
+    def setup_for(
+        self, setup: WorkerSetup, data: list[Ref], threads: int | None, token: str
     ) -> str:
         """Become the worker a new actor for this run would be: every
         attribute of the earlier run is dropped first, so nothing of it
         leaks into this one. Returns the token (the executor waits on it)."""
         self.__dict__.clear()
-        RayWorker.__init__(self, scenario, data, threads, token)
+        RayWorker.__init__(self, setup, data, threads, token)
         return token
 
     def park(self) -> None:
@@ -230,148 +298,25 @@ class RayWorker(Worker):
         tasks: Sequence[Task],
         states: Mapping[int, ClientState] | None = None,
         token: str | None = None,
-    ) -> tuple[Any, ...]:
+    ) -> tuple[list[UpdateSummary] | ClientUpdate, ...]:
         """:meth:`Worker.train_apart`, refused as :meth:`train` is."""
         self._check(token)
         return super().train_apart(payload, tasks, states)
 
 
-# ----------------------------------------------------------- warm actors
-#
-# Starting an actor costs a process, Ray's worker set-up and torch's import:
-# about 3 s of CPU, more than a small run's training. Inside warm_workers(),
-# a run that ends parks its worker actors (and its server actor) instead of
-# killing them, and the next run of this process that asks for the same
-# shape sets them up for itself. Parked actors hold their CPUs and GPUs:
-# every path that needs Ray resources for something else releases them
-# first (release_parked).
-
-_warm = False
-_parked: dict[tuple[Any, ...], list[Any]] = {}  # shape -> idle actors
-# A worker actor's creation data, by actor id, held while the actor lives:
-# Ray restarts an actor with its creation arguments, and for a warm actor
-# those name the dataset of its first run, which must still be there.
-_pins: dict[Any, list[Any]] = {}
-
-
-@contextlib.contextmanager
-def warm_workers() -> Iterator[None]:
-    """Within this block, Ray actors outlive their run: the next run in this
-    process with the same shape (the Ray session; CPUs and GPUs per worker;
-    the server actor's resources; ``placement: spread`` and data shipped by
-    the driver) sets them up for itself instead of starting new ones. For
-    many small runs in one process (a notebook's sweep, the test suite).
-    The results are those of new actors: each is set up from scratch and
-    keeps nothing of its last run. On leaving the block, the parked actors
-    are killed.
-    """
-    global _warm
-    before = _warm
-    _warm = True
-    try:
-        yield
-    finally:
-        _warm = before
-        if not before:
-            release_parked()
-
-
-def release_parked(keep: Collection[Any] = (), everything: bool = True) -> None:
-    """Kill parked actors, so their resources go to other work.
-
-    Args:
-        keep: shapes whose actors stay parked.
-        everything: also those that hold no resources (a server actor with
-            ``cpus: 0``, which is in nobody's way); False for a run that
-            only needs the resources.
-    """
-
-    def holds(shape: tuple[Any, ...]) -> bool:
-        # (kind, job, cpus, gpus[, custom resources]): any of them positive
-        return any(shape[2:4]) or bool(shape[4:] and shape[4])
-
-    for shape in [k for k in _parked if k not in keep and (everything or holds(k))]:
-        for a in _parked.pop(shape):
-            _kill(a)
-
-
-def _kill(actor: Any) -> None:
-    """Kill ``actor`` (gone already: nothing to do) and drop its pin."""
-    import ray
-
-    _pins.pop(actor._actor_id, None)
-    with contextlib.suppress(Exception):  # already gone with its session
-        ray.kill(actor)
-
-
-def parks(shape: tuple[Any, ...] | None) -> bool:
-    """Whether an actor of ``shape`` is parked when its run ends."""
-    return _warm and shape is not None
-
-
-def park(shape: tuple[Any, ...], actors: Sequence[Any]) -> None:
-    """Park ``actors`` (each first drops its run's state: ``park()``; Ray
-    runs that call before any later one on the same actor)."""
-    for a in actors:
-        a.park.remote()
-    _parked.setdefault(shape, []).extend(actors)
-
-
-def adopt(shape: tuple[Any, ...] | None, n: int, setup: tuple[Any, ...]) -> list:
-    """Up to ``n`` parked actors of ``shape``, set up for a new run by their
-    ``setup(*setup)`` method; one that fails its set-up (it died while
-    parked) is killed and left out, so a new actor takes its place. Parked
-    actors of ``shape`` beyond ``n`` are killed (their resources may be
-    what the run's other actors need).
-
-    Args:
-        shape: the key (None: nothing is taken).
-        n: the most actors taken.
-        setup: the arguments of the actors' ``setup``.
-    """
-    import ray
-
-    mine = _parked.pop(shape, []) if shape is not None else []
-    for a in mine[n:]:
-        _kill(a)
-    ready: list[Any] = []
-    for a, ref in [(a, a.setup.remote(*setup)) for a in mine[:n]]:
-        try:
-            ray.get(ref, timeout=60)
-            ready.append(a)
-        except Exception:  # dead or stuck: a new actor takes its place
-            _kill(a)
-    return ready
-
-
-def _job() -> str:
-    """This process's Ray job (a new session parks into new shapes)."""
-    import ray
-
-    return ray.get_runtime_context().get_job_id()
-
-
-def worker_shape(scenario: Scenario) -> tuple[Any, ...] | None:
-    """The key under which a run's worker actors park (None: never: a
+def worker_shape(res: ResourceSpec) -> ActorShape | None:
+    """The shape under which a run's worker actors park (None: never: a
     placement group or per-node data ties them to their run)."""
-    res = scenario.resources
-    if res.placement != "spread" or res.data == "per_node":
-        return None
-    return ("worker", _job(), float(res.cpus_per_worker), float(res.gpus_per_worker))
+    return ActorShape.of_workers(res)
 
 
-def server_shape(scenario: Scenario) -> tuple[Any, ...] | None:
-    """The key under which a run's server actor parks (None: never: it
+def server_shape(res: ResourceSpec) -> ActorShape | None:
+    """The shape under which a run's server actor parks (None: never: it
     lives in the driver, or in a placement group's bundle)."""
-    res = scenario.resources
-    spec = res.server
-    if spec.home != "actor" or worker_shape(scenario) is None:
-        return None
-    extra = tuple(sorted(spec.resources.items()))
-    return ("server", _job(), float(spec.cpus), float(spec.gpus), extra)
+    return ActorShape.of_server(res)
 
 
-def _where(worker: Worker) -> tuple[str, dict[str, Any]]:
+def _where(worker: Worker) -> tuple[str, dict[str, object]]:
     """This actor's Ray node, GPU share, GPU ids and the device it trains on
     (``cpu`` where GPUs are only declared, as in tests), via ``__ray_call__``."""
     import ray
@@ -384,37 +329,6 @@ def _where(worker: Worker) -> tuple[str, dict[str, Any]]:
 
 # Ray's own resource names; the others a node declares are its custom ones.
 _BUILTIN = ("CPU", "GPU", "memory", "object_store_memory")
-# A call is resent at most _MAX_ATTEMPTS times for failures that come back at
-# once (an actor that died, or came back set up for an earlier run: a node's
-# loss can fail a call more than once). An actor that Ray is still restarting
-# (ActorUnavailableError) is waited for by time instead: its new process
-# imports torch, which on a loaded machine can take longer than those
-# attempts' back-offs (about 45 s) add up to.
-_MAX_ATTEMPTS = 8
-_RESTART_WAIT_S = 600.0  # per call, from its first failure
-
-
-def _retry_after(
-    error: Exception, failures: int, deaths: int, waited: float
-) -> float | None:
-    """How long to wait before resending a failed actor call, or None when
-    the executor should give up and let ``error`` end the run.
-
-    Args:
-        error: why the call failed (a ``RayActorError`` or
-            :class:`StaleWorkerError`).
-        failures: the call's failures so far, this one included.
-        deaths: how many of them were not an actor Ray is restarting.
-        waited: seconds since the call first failed.
-    """
-    import ray
-
-    # exponential back-off (1, 2, 4, 8, 10, 10, ... s): a restart takes
-    # seconds, the loss of a node longer
-    delay = min(0.5 * 2 ** min(failures, 5), 10.0)
-    if isinstance(error, ray.exceptions.ActorUnavailableError):
-        return delay if waited < _RESTART_WAIT_S else None
-    return delay if deaths < _MAX_ATTEMPTS else None
 
 
 def _custom(resources: Mapping[str, float]) -> dict[str, float]:
@@ -427,7 +341,7 @@ def _custom(resources: Mapping[str, float]) -> dict[str, float]:
     }
 
 
-def _server_bundle(res: Any) -> dict[str, float] | None:
+def _server_bundle(res: ResourceSpec) -> dict[str, float] | None:
     """The server actor's bundle (its positive resources), or None when the
     server runs in the driver or asks for nothing a bundle can hold."""
     spec = res.server
@@ -437,7 +351,7 @@ def _server_bundle(res: Any) -> dict[str, float] | None:
     return {k: float(v) for k, v in asked.items() if v > 0} or None
 
 
-def _placement_group(res: Any, n: int) -> Any:
+def _placement_group(res: ResourceSpec, n: int) -> PlacementGroup:
     """A placement group of ``n`` bundles for ``res.placement``, once placed,
     plus a last one for the server actor when it asks for resources.
 
@@ -451,7 +365,7 @@ def _placement_group(res: Any, n: int) -> Any:
     """
     import ray
 
-    bundle = {"CPU": res.cpus_per_worker}
+    bundle: dict[str, float] = {"CPU": res.cpus_per_worker}
     if res.gpus_per_worker:
         bundle["GPU"] = res.gpus_per_worker
     bundles = [dict(bundle) for _ in range(n)]
@@ -478,38 +392,36 @@ class _NodeLocalData:
     """The dataset as a recipe, built from each node's own data root.
 
     Ray pickles this instead of the arrays (``resources.data: per_node``);
-    unpickling on an actor runs :func:`build_data` there, and since the
-    dataset is a pure function of its section and the seed, every node
+    unpickling on an actor runs :meth:`DataRecipe.build` there, and since
+    the dataset is a pure function of its section and the seed, every node
     builds the same clients.
     """
 
-    def __init__(self, scenario: Scenario) -> None:
-        self.args = (scenario.data, scenario.num_clients, scenario.seed)
-        self.scenario = scenario
+    def __init__(self, recipe: DataRecipe) -> None:
+        self.recipe = recipe
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        if self.scenario.links is not None:  # the data tied to the fleet, as here
-            from fedsim.links import build_linked_data
-
-            return build_linked_data, (self.scenario,)
-        return build_data, self.args
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        if self.recipe.links is None:  # the plain call, as before links
+            r = self.recipe
+            return build_data, (r.data, r.num_clients, r.seed)
+        return DataRecipe.build, (self.recipe,)
 
 
-def _build_here(args: tuple[Any, ...]) -> str | None:
+def _build_here(recipe: DataRecipe) -> str | None:
     """Build the dataset on this node: None, or why it cannot."""
     try:
-        build_data(*args)
+        build_data(recipe.data, recipe.num_clients, recipe.seed)
     except (DataMissingError, DataError, OSError) as exc:
         return str(exc)
     return None
 
 
-def check_data_on_nodes(scenario: Scenario) -> None:
+def check_data_on_nodes(recipe: DataRecipe) -> None:
     """Check that every live node with CPUs can build the dataset from its
     own disk (``resources.data: per_node``), before any actor starts.
 
     Args:
-        scenario: the run's scenario (its ``data`` section and seed).
+        recipe: how the run's data is built.
 
     Raises:
         DataMissingError: naming every node that cannot, and why.
@@ -518,13 +430,12 @@ def check_data_on_nodes(scenario: Scenario) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
-    args = _NodeLocalData(scenario).args
     check = ray.remote(_build_here)
     refs = [
         check.options(
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], False),
-        ).remote(args)
+        ).remote(recipe)
         for n in nodes
     ]
     bad = [
@@ -546,9 +457,12 @@ class RayExecutor(Executor):
     as ``resources.placement`` says; a call whose actor died is sent again.
 
     Actors restart without limit but Ray retries no task: this executor
-    resends a dead actor's call itself, so it can count the retried tasks
+    resends a dead actor's call itself, as :attr:`retry` says
+    (:class:`fedsim.actors.RetryPolicy`), so it can count the retried tasks
     and note lost nodes. A resent call recomputes the same update (it is a
-    pure function of its arguments).
+    pure function of its arguments). Inside a warm pool's block
+    (:func:`fedsim.actors.warm_workers`) it takes over parked actors of its
+    shape and parks its own when it shuts down.
 
     With the server as an actor (``resources.server.home: actor``),
     :meth:`train_apart` fetches only each update's :class:`UpdateSummary`
@@ -556,7 +470,8 @@ class RayExecutor(Executor):
     the runtime hands to the server actor (the driver never fetches them).
 
     Args:
-        scenario: the run's scenario (resources, data, model, algorithm).
+        setup: the executor's set-up record (the workers', the resources,
+            the data's recipe).
         data: the dataset, put in the object store once (or, with
             ``resources.data: per_node``, a recipe each node builds from).
         n: the number of worker actors.
@@ -569,28 +484,36 @@ class RayExecutor(Executor):
     # The class of the actors this executor starts (a test swaps in one that
     # is slow to restart: tests/test_faults.py).
     worker_class: type[RayWorker] = RayWorker
+    # When a failed call is sent again (a test lowers its counts).
+    retry: RetryPolicy = RetryPolicy()
 
-    def __init__(self, scenario: Scenario, data: FederatedData, n: int) -> None:
+    def __init__(self, setup: ExecutorSetup, data: FederatedData, n: int) -> None:
         import ray
 
-        res = scenario.resources
+        res = setup.resources
         self.placement = res.placement
         # the server actor fetches the updates itself (train_apart)
         self.apart = res.server.home == "actor"
         # Warm actors of this run's shapes are taken over below; every other
         # parked actor is killed first: its resources may be this run's.
-        self._shape = worker_shape(scenario)
-        release_parked(keep={self._shape, server_shape(scenario)}, everything=False)
+        self._pool = current_pool()
+        self._shape = worker_shape(res)
+        if self._pool is not None:
+            self._pool.release(keep={self._shape, server_shape(res)}, everything=False)
         self._token = secrets.token_hex(8)  # this run's (RayWorker)
         self._pg = None if res.placement == "spread" else _placement_group(res, n)
         if res.data == "per_node":
-            check_data_on_nodes(scenario)
+            check_data_on_nodes(setup.recipe)
         # a list: Ray hands the reference itself to a (re)started actor
-        shared = _NodeLocalData(scenario) if res.data == "per_node" else data
-        self._data: list[Any] = [ray.put(shared)]
-        # int(cpus): torch's threads in each actor
-        self._setup = (scenario, self._data, int(res.cpus_per_worker), self._token)
-        self.actors: list[Any] = adopt(self._shape, n, self._setup)
+        shared = _NodeLocalData(setup.recipe) if res.data == "per_node" else data
+        self._data: list[Ref] = [ray.put(shared)]
+        # torch's threads in each actor: the worker record's figure
+        threads = setup.worker.threads
+        self._setup = (setup.worker, self._data, threads, self._token)
+        pool = self._pool
+        self.actors: list[Handle] = (
+            pool.adopt(self._shape, n, self._setup) if pool else []
+        )
         self.actors += [
             ray.remote(self.worker_class)
             .options(
@@ -603,17 +526,15 @@ class RayExecutor(Executor):
             .remote(*self._setup)
             for i in range(len(self.actors), n)
         ]
-        for a in self.actors:  # (a taken-over actor keeps its first pin)
-            _pins.setdefault(a._actor_id, self._data)
-        self._refs: dict[int, Any] = {}
+        self._refs: dict[int, Ref] = {}
         self.tasks_retried = 0
         self._nodes: list[list[str]] = [[] for _ in range(n)]  # node ids, in order
         self._lost: dict[str, str] = {}  # node id -> its address
-        self._known: dict[str, dict[str, Any]] = {}
+        self._known: dict[str, dict[str, object]] = {}
         self._locate()
         self._check_nodes()  # the nodes' resources, while they are alive
 
-    def server_strategy(self) -> Any:
+    def server_strategy(self) -> PlacementGroupSchedulingStrategy | None:
         """The server actor's scheduling strategy: the placement group's last
         bundle when it has one for the server, else None (placed by its
         resources alone)."""
@@ -624,11 +545,11 @@ class RayExecutor(Executor):
         return PlacementGroupSchedulingStrategy(self._pg, len(self.actors))
 
     @property
-    def data_ref(self) -> Any:
+    def data_ref(self) -> Ref:
         """The dataset's reference in the object store (or its recipe's)."""
         return self._data[0]
 
-    def _strategy(self, i: int) -> Any:
+    def _strategy(self, i: int) -> str | PlacementGroupSchedulingStrategy:
         """Actor ``i``'s scheduling strategy: SPREAD, or bundle i of the
         placement group."""
         if self._pg is None:
@@ -650,7 +571,7 @@ class RayExecutor(Executor):
         if not self.apart:
             return super().train_apart(tasks, payloads, states)
         kept: dict[int, UpdateSummary] = {}
-        parcels: dict[int, Any] = {}
+        parcels: dict[int, Parcel] = {}
         calls = self._plan(tasks, payloads, states)
         for c, (summaries, refs) in zip(calls, self._gather(calls, True), strict=True):
             kept.update(zip(c.positions, summaries, strict=True))
@@ -676,7 +597,7 @@ class RayExecutor(Executor):
                 calls.append(_Call([where[id(t)] for t in group], actor, args))
         return calls
 
-    def _payload_ref(self, version: int, payloads: Payloads) -> Any:
+    def _payload_ref(self, version: int, payloads: Payloads) -> Ref:
         """``version``'s payload in the object store, put there once and kept
         until :meth:`forget` (every actor call reads the same copy)."""
         if version not in self._refs:
@@ -685,7 +606,7 @@ class RayExecutor(Executor):
             self._refs[version] = ray.put(payloads[version])
         return self._refs[version]
 
-    def _send(self, call: _Call, split: bool) -> list[Any]:
+    def _send(self, call: _Call, split: bool) -> list[Ref]:
         """Send ``call`` to its actor, for this run (its token); its object
         references: ``[updates]``, or with ``split`` ``[summaries, update_1,
         ..., update_n]``."""
@@ -698,10 +619,9 @@ class RayExecutor(Executor):
         """Every call's result, in call order, retrying dead actors' calls.
 
         Results are taken as they finish (``ray.wait``), so a slow actor
-        does not hold up collecting the others; a call whose actor died is
-        resent after a back-off (:func:`_retry_after`: at most
-        ``_MAX_ATTEMPTS`` times, or for an actor Ray is restarting, until
-        ``_RESTART_WAIT_S`` seconds have passed since the call first failed).
+        does not hold up collecting the others; a call whose actor died or
+        is restarting is resent as :attr:`retry` says (its docstring has the
+        table of cases), its tasks counted once in ``tasks_retried``.
 
         Args:
             calls: the actor calls.
@@ -715,12 +635,10 @@ class RayExecutor(Executor):
         """
         import ray
 
-        results: list[Any] = [None] * len(calls)
+        results: list[object] = [None] * len(calls)
         sent = [self._send(c, split) for c in calls]
         pending = {refs[0]: k for k, refs in enumerate(sent)}
-        failures = [0] * len(calls)  # per call
-        deaths = [0] * len(calls)  # per call: the failures that were not a restart
-        first_failure: dict[int, float] = {}  # per call: time.monotonic()
+        failed = CallFailures()
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
             k = pending.pop(ref)
@@ -729,28 +647,25 @@ class RayExecutor(Executor):
                 results[k] = (first, sent[k][1:]) if split else first
                 continue
             except (ray.exceptions.RayActorError, StaleWorkerError) as error:
-                failures[k] += 1
-                if not isinstance(error, ray.exceptions.ActorUnavailableError):
-                    deaths[k] += 1
-                since = first_failure.setdefault(k, time.monotonic())
-                waited = time.monotonic() - since
-                delay = _retry_after(error, failures[k], deaths[k], waited)
+                restarting = isinstance(error, ray.exceptions.ActorUnavailableError)
+                attempts = failed.record(k, restarting, time.monotonic())
+                delay = self.retry.after(attempts)
                 if delay is None:
                     raise
-                if failures[k] == 1:  # the call's tasks count once
+                if attempts.failures == 1:  # the call's tasks count once
                     self.tasks_retried += len(calls[k].positions)
                 if isinstance(error, StaleWorkerError):
                     # a warm actor Ray restarted with its first run's
                     # arguments: set it up for this run (calls on one actor
                     # run in order, so the resent call comes after)
-                    calls[k].actor.setup.remote(*self._setup)
+                    calls[k].actor.setup_for.remote(*self._setup)
             self._check_nodes()
             time.sleep(delay)  # while Ray restarts the actor
             sent[k] = self._send(calls[k], split)  # new references replace the lost
             pending[sent[k][0]] = k
         return results
 
-    def _locate(self, timeout: float | None = None) -> list[dict[str, Any]]:
+    def _locate(self, timeout: float | None = None) -> list[dict[str, object]]:
         """Add each actor's current node to its history; their GPU shares."""
         import ray
 
@@ -784,16 +699,16 @@ class RayExecutor(Executor):
                     flush=True,
                 )
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, object]:
         """summary.json's ``placement``, ``workers_nodes`` (per worker, the
         nodes it ran on), ``workers_gpus`` (per worker, :func:`_where`),
         ``nodes_lost`` and ``tasks_retried``."""
         self._check_nodes()
-        gpus: list[Any] = []
+        gpus: list[dict[str, object]] = []
         with contextlib.suppress(Exception):  # a report must not fail the run
             gpus = self._locate(timeout=30)
         self._check_nodes()
-        unknown: dict[str, Any] = {"address": None, "resources": {}}
+        unknown: dict[str, object] = {"address": None, "resources": {}}
         return {
             "workers_gpus": gpus,
             "placement": self.placement,
@@ -817,15 +732,16 @@ class RayExecutor(Executor):
         return ray.get([a.pid.remote() for a in self.actors])
 
     def shutdown(self) -> None:
-        """Kill the actors, or inside :func:`warm_workers` park them for the
+        """Kill the actors, or inside a warm pool's block park them for the
         next run, and remove the placement group (idempotent)."""
         import ray
 
-        if parks(self._shape):
-            park(self._shape, self.actors)  # type: ignore[arg-type]
+        pool, shape = self._pool, self._shape
+        if pool is not None and shape is not None and not pool.closed:
+            pool.park(shape, self.actors, self._data)
         else:
             for a in self.actors:
-                _kill(a)
+                kill(a)
         self.actors = []
         self._refs.clear()
         if self._pg is not None:
@@ -833,11 +749,11 @@ class RayExecutor(Executor):
             self._pg = None
 
 
-def resolve_workers(scenario: Scenario, override: int | None) -> int:
+def resolve_workers(res: ResourceSpec, override: int | None) -> int:
     """How many worker actors a run uses.
 
     Args:
-        scenario: its ``resources.workers`` (a count or ``auto``).
+        res: the ``resources`` section (``workers``: a count or ``auto``).
         override: the command line's ``--workers``, which wins when given.
 
     Returns:
@@ -847,7 +763,6 @@ def resolve_workers(scenario: Scenario, override: int | None) -> int:
     """
     if override is not None:
         return override
-    res = scenario.resources
     if res.workers != "auto":
         return int(res.workers)
     import ray
@@ -858,15 +773,15 @@ def resolve_workers(scenario: Scenario, override: int | None) -> int:
     return max(1, int(cpus // res.cpus_per_worker))
 
 
-def make_executor(scenario: Scenario, data: FederatedData, workers: int) -> Executor:
+def make_executor(setup: ExecutorSetup, data: FederatedData, workers: int) -> Executor:
     """The run's executor, chosen once: in-process for ``workers == 0``,
     else ``workers`` Ray actors (Ray must be initialised).
 
     Args:
-        scenario: the run's scenario.
+        setup: the executor's set-up record.
         data: the federated dataset.
         workers: 0, or the number of Ray worker actors.
     """
     if workers == 0:
-        return InProcessExecutor(scenario, data)
-    return RayExecutor(scenario, data, workers)
+        return InProcessExecutor(setup.worker, data)
+    return RayExecutor(setup, data, workers)

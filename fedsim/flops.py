@@ -16,8 +16,8 @@ as torch's counter does. An LSTM is counted through its decomposition into
 matrix products (the meta device decomposes it; a CPU kernel would hide it).
 
 Example:
-    >>> from fedsim.spec import ModelSpec
-    >>> model_step_flops(ModelSpec(name="logreg"), (60,), 10, batch_size=20)
+    >>> from fedsim.models import LogReg
+    >>> model_step_flops(LogReg(), (60,), 10, batch_size=20)
     48000
 """
 
@@ -32,16 +32,18 @@ import torch
 from torch import nn
 
 from fedsim.fleet import Fleet
-from fedsim.models import batch_loss, build_model
+from fedsim.models import Loss, batch_loss, build_model
 from fedsim.presets import FLASH_BATCH_SIZE
-from fedsim.spec import Model, ModelSpec
+from fedsim.spec import Model
 
 if TYPE_CHECKING:
     from fedsim.data.base import FederatedData
-    from fedsim.spec import ScenarioView
+    from fedsim.facts import RunFacts
 
 
-def count_training_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+def count_training_flops(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: Loss | None = None
+) -> int:
     """FLOPs of one training step of ``model`` on the minibatch ``(x, y)``:
     :func:`fedsim.models.batch_loss` and its backward pass.
 
@@ -49,17 +51,19 @@ def count_training_flops(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> 
         model: the network (on the meta device, or any other).
         x: a minibatch of inputs, on the model's device.
         y: its targets (class ids; the quadratic model's weights).
+        loss: the model's own per-sample loss (``Model.loss`` of a model
+            that declares one); None: cross-entropy, as in training.
     """
     # imported here: a tenth of a second that only runs in FLOP/s pay
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
-        batch_loss(model, x, y).backward()
+        batch_loss(model, x, y, loss).backward()
     return int(counter.get_total_flops())
 
 
 def model_step_flops(
-    spec: ModelSpec | Model,
+    spec: Model,
     sample_shape: Sequence[int],
     num_classes: int,
     batch_size: int,
@@ -108,7 +112,7 @@ _COUNTED: dict[tuple[object, ...], int] = {}
 
 
 def _count(
-    spec: ModelSpec | Model,
+    spec: Model,
     shape: tuple[int, ...],
     classes: int,
     batch: int,
@@ -119,12 +123,20 @@ def _count(
     device and count one step on zeros; a plug-in that cannot be built from
     shapes alone is counted on the CPU (a failure there is the model's own,
     raised as it is)."""
+    declared = spec.flops(shape, classes)
+    if declared is not None:
+        # a model that states its forward FLOPs per sample: the backward pass
+        # costs about twice the forward (the gradients of the weights and of
+        # the inputs, each one product per forward product), so a step of B
+        # samples costs about 3 B forward passes
+        return 3 * batch * int(declared)
+    loss = spec.loss if spec.own_loss else None
     for device in ("meta", "cpu"):
         try:
             with torch.device(device):
                 model = build_model(spec, math.prod(shape), classes, 0, x0, shape)
                 x, y = _minibatch(model, shape, classes, batch, integer_inputs)
-                return count_training_flops(model, x, y)
+                return count_training_flops(model, x, y, loss)
         except (NotImplementedError, RuntimeError):
             if device == "cpu":
                 raise
@@ -143,7 +155,7 @@ def _minibatch(
     return x, y
 
 
-def step_flops(scenario: ScenarioView, data: FederatedData | None = None) -> int:
+def step_flops(scenario: RunFacts, data: FederatedData | None = None) -> int:
     """FLOPs of one local step of the scenario's model at its batch size.
 
     Args:
@@ -170,7 +182,7 @@ def step_flops(scenario: ScenarioView, data: FederatedData | None = None) -> int
     )
 
 
-def scenario_fleet(scenario: ScenarioView, data: FederatedData | None = None) -> Fleet:
+def scenario_fleet(scenario: RunFacts, data: FederatedData | None = None) -> Fleet:
     """The scenario's fleet, with the model's FLOPs per step counted (by
     :func:`step_flops`) only when some group's speed is in FLOP/s.
 
@@ -181,7 +193,7 @@ def scenario_fleet(scenario: ScenarioView, data: FederatedData | None = None) ->
     return Fleet.from_spec(scenario.fleet, scenario.seed, step_flops=flops)
 
 
-def describe(scenario: ScenarioView, flops: int) -> list[str]:
+def describe(scenario: RunFacts, flops: int) -> list[str]:
     """What ``fedsim validate`` prints for a fleet with speeds in FLOP/s:
     the count, then each such group's median in FLOP/s and in steps/s.
 

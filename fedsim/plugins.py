@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from importlib.metadata import entry_points
-from typing import Any
+from importlib.metadata import EntryPoint, entry_points
+from typing import cast
 
-from pydantic import TypeAdapter, ValidationError, ValidationInfo
+from pydantic import BaseModel, TypeAdapter, ValidationError, ValidationInfo
+from pydantic_core import InitErrorDetails
 
 
 class PluginError(ValueError):
@@ -73,7 +75,7 @@ KINDS = {
         "fedsim.selectors:REGISTRY",
     ),
     "model": Kind(
-        "model", "name", "fedsim.models", "fedsim.spec:Model", "fedsim.spec:MODELS"
+        "model", "name", "fedsim.models", "fedsim.spec:Model", "fedsim.models:MODELS"
     ),
     "data": Kind(
         "data",
@@ -85,7 +87,7 @@ KINDS = {
 }
 
 
-def _attr(path: str) -> Any:
+def _attr(path: str) -> object:
     """The object at ``module:NAME`` of fedsim itself (imported on first use:
     looking a name up must not import every kind's built-ins)."""
     module, _, name = path.partition(":")
@@ -94,16 +96,18 @@ def _attr(path: str) -> Any:
 
 def builtins(kind: str) -> dict[str, type]:
     """The built-in classes of ``kind`` by name."""
-    return dict(_attr(KINDS[kind].registry))
+    registry = _attr(KINDS[kind].registry)
+    assert isinstance(registry, dict)
+    return dict(registry)
 
 
-def installed(kind: str) -> dict[str, Any]:
+def installed(kind: str) -> dict[str, EntryPoint]:
     """Entry points of ``kind``'s group (not loaded), by name."""
     return {ep.name: ep for ep in entry_points(group=KINDS[kind].group)}
 
 
 @cache
-def _import_path(text: str) -> Any:
+def _import_path(text: str) -> object:
     """The object at ``module:attr`` (cached: a scenario is loaded many times by
     ``compare`` and ``stress``, and a module is imported only once anyway)."""
     module, _, attr = text.partition(":")
@@ -112,7 +116,7 @@ def _import_path(text: str) -> Any:
             f"{text!r} is not an import path (expected module.path:ClassName)"
         )
     try:
-        obj: Any = importlib.import_module(module)
+        obj: object = importlib.import_module(module)
     except ImportError as exc:
         # the plug-in's own missing import is named too, not only its module
         raise PluginError(
@@ -154,7 +158,7 @@ def resolve(kind: str, name: str) -> type:
             ) from None
     else:
         obj = _import_path(name)
-    base = _attr(spec.base)
+    base = cast(type, _attr(spec.base))
     if not (isinstance(obj, type) and issubclass(obj, base)):
         raise PluginError(
             f"{name!r} is {obj!r}, not a subclass of {base.__module__}."
@@ -163,7 +167,7 @@ def resolve(kind: str, name: str) -> type:
     return obj
 
 
-def _named(obj: Any, key: str, name: str) -> Any:
+def _named(obj: object, key: str, name: str) -> object:
     """``obj`` with its choosing key set to the text the user wrote."""
     if getattr(obj, key, None) == name:
         return obj
@@ -172,18 +176,20 @@ def _named(obj: Any, key: str, name: str) -> Any:
         # would hold the import path against a Literal["short"] annotation
         object.__setattr__(obj, key, name)
         return obj
+    assert isinstance(obj, BaseModel)  # every other section is a pydantic spec
     return obj.model_copy(update={key: name})
 
 
-def section_validator(kind: str) -> Any:
+def section_validator(kind: str) -> Callable[[object, ValidationInfo], object]:
     """A pydantic validator for a ``kind`` section: an instance passes as it is;
     a mapping picks its class by the choosing key (the base class's default
     when absent), which then validates the rest of the mapping."""
     spec = KINDS[kind]
 
-    def validate(value: Any, info: ValidationInfo) -> Any:
+    def validate(value: object, info: ValidationInfo) -> object:
         # info.context carries the scenario's folder (relative data paths)
-        if isinstance(value, (_attr(spec.base), *builtins(kind).values())):
+        base = cast(type, _attr(spec.base))
+        if isinstance(value, (base, *builtins(kind).values())):
             return value  # already an object (a default, or built in code)
         if not isinstance(value, dict):
             raise ValueError(f"expected a mapping ({spec.key}: ..., ...)")
@@ -195,17 +201,17 @@ def section_validator(kind: str) -> Any:
             return TypeAdapter(cls).validate_python(value, context=info.context)
         # a plug-in's key holds where it came from, which no field could check
         rest = {k: v for k, v in value.items() if k != spec.key}
-        obj: Any = TypeAdapter(cls).validate_python(rest, context=info.context)
+        obj: object = TypeAdapter(cls).validate_python(rest, context=info.context)
         return _named(obj, spec.key, name)
 
     return validate
 
 
-def _field_error(kind: str, got: Any) -> ValidationError:
+def _field_error(kind: str, got: object) -> ValidationError:
     """An error at the section's choosing key, worded as pydantic's own: a
     missing name, or one that is not text (an unknown choice)."""
     key = KINDS[kind].key
-    line: Any = {"type": "missing", "loc": (key,), "input": got}
+    line: InitErrorDetails = {"type": "missing", "loc": (key,), "input": got}
     if got is not None:
         expected = ", ".join(
             repr(n) for n in sorted({*builtins(kind), *installed(kind)})
@@ -215,7 +221,7 @@ def _field_error(kind: str, got: Any) -> ValidationError:
     return ValidationError.from_exception_data("plug-in", [line])
 
 
-def section_names(raw: dict[str, Any]) -> list[tuple[str, str, str]]:
+def section_names(raw: dict[str, object]) -> list[tuple[str, str, str]]:
     """(kind, field path, name) of each class a raw scenario names, e.g.
     ``("algorithm", "algorithm.name", "mylab.algos:FedFoo")``."""
     out = []
@@ -226,7 +232,7 @@ def section_names(raw: dict[str, Any]) -> list[tuple[str, str, str]]:
     return out
 
 
-def _default_name(kind: str) -> Any:
+def _default_name(kind: str) -> object:
     """The section's name when the file leaves it out: the registry's
     ``DEFAULT`` (None where the section has no default)."""
     module = importlib.import_module(KINDS[kind].registry.partition(":")[0])

@@ -9,41 +9,45 @@ infinity, availability sessions that would take millions of steps or a run that
 cannot fit in memory would otherwise fail minutes into building data or
 training, with a traceback instead of the field to change. What the checks
 know of the data comes from the dataset itself (:func:`data_info`), of the
-model from :mod:`fedsim.model_size` or the plug-in, of the algorithm's memory
-from ``Algorithm.memory``; nothing here is specific to one dataset.
+model from the model (``data_problem``, ``param_count``: built-in networks
+answer as plug-ins do), of the algorithm's memory from ``Algorithm.memory``;
+nothing here is specific to one dataset or network.
+
+Only :func:`preflight` reads the loaded scenario; each check receives the
+run's :class:`~fedsim.facts.RunFacts` (what plug-ins see too), the algorithm
+or the ``resources`` section it is about.
 
 Example:
     >>> from fedsim.scenario import load_scenario
     >>> sc = load_scenario("scenarios/quickstart.yaml")
     >>> preflight(sc, "scenarios/quickstart.yaml", available_bytes=2**33).params
     610
-    >>> check_ray_resources(sc, workers=2, cluster={"CPU": 2.0})
+    >>> check_ray_resources(sc.resources, workers=2, cluster={"CPU": 2.0})
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from fedsim import model_size
-from fedsim.data.base import DataInfo
-from fedsim.model_size import IMAGE_MODELS
-from fedsim.spec import ModelSpec
+from pydantic import BaseModel
+
+from fedsim.data.base import DataInfo, DatasetSpec
+from fedsim.facts import RunFacts
+from fedsim.spec import Model, ResourceSpec, ServerHomeSpec
 
 if TYPE_CHECKING:
+    from fedsim.algorithms.base import Algorithm
     from fedsim.scenario import Scenario, ScenarioError
 
 __all__ = [
-    "IMAGE_MODELS",
     "DataInfo",
     "MemoryEstimate",
     "count_params",
     "data_info",
-    "image_params",
     "preflight",
 ]
 
@@ -59,110 +63,68 @@ def _error(message: str) -> ScenarioError:
     return ScenarioError(message)
 
 
-def data_info(scenario: Scenario) -> DataInfo:
+def data_info(data: DatasetSpec, num_clients: int) -> DataInfo:
     """The dataset's sample kind, shape, classes and size, from its spec alone.
 
     Each dataset states its own (``DatasetSpec.info``; no tensor built, at most a
     file header read); one that cannot tell yields a vector of unknown shape, for
     which the checks that need a shape are skipped.
+
+    Args:
+        data: the ``data`` section.
+        num_clients: the fleet's size.
     """
-    stated = scenario.data.info(scenario.num_clients)
+    stated = data.info(num_clients)
     return stated if stated is not None else DataInfo("vector", None, None, None)
 
 
-def _as_image(info: DataInfo) -> tuple[int, int, int] | None:
-    """The [C, H, W] an image model sees: an image, or a square vector (grey)."""
-    if info.kind == "image":
-        return info.shape  # type: ignore[return-value]
-    if info.kind == "vector" and info.shape is not None:
-        side = math.isqrt(info.shape[0])
-        if side * side == info.shape[0]:
-            return (1, side, side)
-    return None
-
-
-def check_model_data(scenario: Scenario, source: str = "<scenario>") -> None:
-    """Refuse a model that cannot read the dataset's samples.
+def check_model_data(facts: RunFacts, source: str = "<scenario>") -> None:
+    """Refuse a model that cannot read the dataset's samples, as the model
+    says (``Model.data_problem``: the built-in networks answer as a plug-in
+    does), and one whose formula finds the images too small.
 
     Args:
-        scenario: The loaded scenario.
+        facts: the run (its model and data sections).
         source: Its file (or option), named in the message.
 
     Raises:
-        ScenarioError: an LSTM on non-sequences, an image network on sequences
-            or on vectors that are no square image, or on images smaller than
-            its convolutions and poolings shrink to nothing.
+        ScenarioError: e.g. an LSTM on non-sequences, an image network on
+            sequences, on vectors that are no square image or on images
+            smaller than its convolutions and poolings shrink to nothing, a
+            classifier on an objective.
     """
-    if not isinstance(scenario.model, ModelSpec):
-        return  # a plug-in model: building it tells (its build sees the shape)
-    model = scenario.model.name
-    info = data_info(scenario)
-    where = f"{source}: model.name {model!r} does not fit data.dataset "
-    where += f"{scenario.data.dataset!r}"
-    if model == "lstm" and info.kind != "sequence":
-        raise _error(
-            f"{where}: lstm reads sequences of character ids (data: shakespeare), "
-            f"not {info.kind}s; use logreg or mlp"
-        )
-    if model in IMAGE_MODELS:
-        if info.kind == "sequence":
-            raise _error(f"{where}: {model} needs images, not character sequences")
-        if info.shape is None:
-            return  # a tabular file not at hand: building the data will tell
-        image = _as_image(info)
-        if image is None:
-            raise _error(
-                f"{where}: {model} needs images [C, H, W] or a square number of "
-                f"features, the samples have shape {info.shape}; use logreg or mlp"
-            )
-        sizes = {"cnn": 4, "cnn_m": 16, "cifar_cnn": 16, "vgg11": 32}
-        low = 2**scenario.model.depth if model == "convnet" else sizes.get(model, 1)
-        if model == "convnet" and image[0] == 1:
-            low = max(1, low - 4)  # its first convolution pads grey images by 3
-        if min(image[1:]) < low:
-            raise _error(
-                f"{where}: {model} needs images of at least {low}x{low}, the "
-                f"samples are {image[1]}x{image[2]}"
-            )
+    info = data_info(facts.data, facts.num_clients)
+    why = facts.model.data_problem(info)
+    if why is None:
+        count_params(facts.model, info)  # raises for an image too small
+        return
+    raise _error(
+        f"{source}: model.name {facts.model.name!r} does not fit data.dataset "
+        f"{facts.dataset!r}: {why}"
+    )
 
 
-def image_params(spec: Any, image: tuple[int, int, int], classes: int) -> int:
-    """Parameters of an image network of :mod:`fedsim.models` on [C, H, W]
-    images (:func:`fedsim.model_size.image_params`).
+def count_params(spec: Model, info: DataInfo) -> int | None:
+    """Trainable parameters of a model on the data ``info`` describes, by the
+    model's own formula (checked against the real networks by
+    tests/test_cli_startup.py); None where only the data tells.
+
+    Args:
+        spec: the ``model`` section.
+        info: what the dataset states of its samples.
 
     Raises:
-        ScenarioError: the image shrinks to nothing inside the network.
-
-    >>> from fedsim.spec import ModelSpec
-    >>> image_params(ModelSpec(name="cnn"), (1, 28, 28), 10)   # McMahan et al. 2017
-    1663370
-    """
-    try:
-        return model_size.image_params(spec, image, classes)
-    except ValueError as exc:
-        raise _error(str(exc)) from None
-
-
-def count_params(scenario: Scenario, info: DataInfo | None = None) -> int | None:
-    """Trainable parameters of the scenario's model, by formula (checked against
-    the real networks by tests/test_cli_startup.py); None where only the data tells.
+        ScenarioError: the images are too small for the network.
 
     >>> from fedsim.scenario import load_scenario
-    >>> count_params(load_scenario("scenarios/quickstart.yaml"))   # 60 x 10 + 10
+    >>> facts = load_scenario("scenarios/quickstart.yaml").facts
+    >>> count_params(facts.model, data_info(facts.data, 30))   # 60 x 10 + 10
     610
     """
-    info = info or data_info(scenario)
-    spec = scenario.model
-    if info.shape is None:
-        return None
-    if not isinstance(spec, ModelSpec):  # a plug-in counts its own
-        return spec.param_count(info.shape, info.classes or 0)
-    # the shape the network reads: an image network, the samples as images
-    shape = _as_image(info) if spec.name in IMAGE_MODELS else info.shape
-    if shape is None:
+    if info.shape is None or info.classes is None:
         return None
     try:
-        return spec.param_count(shape, info.classes)
+        return spec.param_count(info.shape, info.classes)
     except ValueError as exc:  # an image too small for the network
         raise _error(str(exc)) from None
 
@@ -185,20 +147,23 @@ _SERVER_COPIES = 3
 _WORKER_COPIES = 4
 
 
-def estimate_memory(scenario: Scenario, workers: int | None = None) -> MemoryEstimate:
+def estimate_memory(
+    facts: RunFacts, algorithm: Algorithm, workers: int | None = None
+) -> MemoryEstimate:
     """What the run needs at least (activations and Ray left out): a lower
     estimate, so that the memory check errs towards letting a run start.
 
     Args:
-        scenario: The loaded scenario.
+        facts: the run (model, data, fleet size).
+        algorithm: the run's algorithm (what it keeps: ``memory``).
         workers: The worker processes, each holding its own model copies.
     """
-    info = data_info(scenario)
-    params = count_params(scenario, info) or 0
-    elem = scenario.model.elem_bytes
+    info = data_info(facts.data, facts.num_clients)
+    params = count_params(facts.model, info) or 0
+    elem = facts.elem_bytes
     n_workers = max(1, workers or 1)
     parts = {"model": params * elem * (_SERVER_COPIES + _WORKER_COPIES * n_workers)}
-    if (kept := scenario.algorithm.memory(scenario, params, info)) is not None:
+    if (kept := algorithm.memory(facts, params, info)) is not None:
         parts["algorithm"] = kept[0]
     if info.samples is not None and info.sample_bytes is not None:
         parts["data"] = info.samples * (info.sample_bytes + 8)
@@ -220,32 +185,42 @@ def _gib(n: float) -> str:
 
 
 def check_memory(
-    scenario: Scenario,
+    facts: RunFacts,
+    algorithm: Algorithm,
     source: str = "<scenario>",
     workers: int | None = None,
     available_bytes: int | None = None,
 ) -> MemoryEstimate:
     """Refuse a run whose estimated memory exceeds ``available_bytes`` (default:
-    MemAvailable; no check where unknown). Returns the estimate."""
-    est = estimate_memory(scenario, workers)
+    MemAvailable; no check where unknown). Returns the estimate.
+
+    Args:
+        facts: the run.
+        algorithm: the run's algorithm.
+        source: the scenario's file (or option), named in the message.
+        workers: the worker processes (each holds model copies).
+        available_bytes: the memory to fit in (None: MemAvailable).
+    """
+    est = estimate_memory(facts, algorithm, workers)
     avail = available_bytes if available_bytes is not None else mem_available()
     if avail is None or est.total <= avail:
         return est
     part, size = max(est.parts.items(), key=lambda kv: kv[1])
     if part == "algorithm":  # the algorithm names what it keeps
-        kept = scenario.algorithm.memory(scenario, est.params, data_info(scenario))
-        what = kept[1] if kept is not None else f"algorithm {scenario.algorithm.name!r}"
+        info = data_info(facts.data, facts.num_clients)
+        kept = algorithm.memory(facts, est.params, info)
+        what = kept[1] if kept is not None else f"algorithm {algorithm.name!r}"
     elif part == "model":
-        what = f"model.name {scenario.model.name!r} has {est.params:,} parameters"
+        what = f"model.name {facts.model.name!r} has {est.params:,} parameters"
     else:
-        what = f"data.dataset {scenario.data.dataset!r}"
+        what = f"data.dataset {facts.dataset!r}"
     raise _error(
         f"{source}: needs at least {_gib(est.total)} of memory but "
         f"{_gib(avail)} is available; the largest part: {what} ({_gib(size)})"
     )
 
 
-def _floats(obj: Any, path: str) -> list[tuple[str, float]]:
+def _floats(obj: object, path: str) -> list[tuple[str, float]]:
     if isinstance(obj, dict):
         return [kv for k, v in obj.items() for kv in _floats(v, f"{path}.{k}")]
     if isinstance(obj, list | tuple):
@@ -255,15 +230,28 @@ def _floats(obj: Any, path: str) -> list[tuple[str, float]]:
     return []
 
 
-def check_numeric_ranges(scenario: Scenario, source: str = "<scenario>") -> None:
+def check_numeric_ranges(
+    facts: RunFacts, algorithm: Algorithm, source: str = "<scenario>"
+) -> None:
     """Refuse a ``client``, ``algorithm`` or trained ``data`` float that float32
-    training cannot represent (simulated time is float64, not checked)."""
-    if scenario.model.dtype != "float32":
+    training cannot represent (simulated time is float64, not checked).
+
+    Args:
+        facts: the run (``client``, ``data`` and the model's dtype).
+        algorithm: the ``algorithm`` section.
+        source: the scenario's file (or option), named in the message.
+    """
+    if facts.model.dtype != "float32":
         return
     # a dataset whose fields are training values (quadratic) is checked too
-    sections = ["client", "algorithm"] + ["data"] * scenario.data.float32_fields
-    for section in sections:
-        for path, v in _floats(_dump(getattr(scenario, section)), section):
+    sections: list[tuple[str, object]] = [
+        ("client", facts.client),
+        ("algorithm", algorithm),
+    ]
+    if facts.data.float32_fields:
+        sections.append(("data", facts.data))
+    for section, spec in sections:
+        for path, v in _floats(_dump(spec), section):
             if abs(v) > FLOAT32_MAX:
                 raise _error(
                     f"{source}: {path}: {v:g} is too large for float32 training "
@@ -280,18 +268,23 @@ def check_numeric_ranges(scenario: Scenario, source: str = "<scenario>") -> None
 MAX_FLIPS = 1e6  # per device and run (docs/scenarios.md, "Checks before a run")
 
 
-def check_availability(scenario: Scenario, source: str = "<scenario>") -> None:
+def check_availability(facts: RunFacts, source: str = "<scenario>") -> None:
     """Refuse availability sessions too short for the run's length (rounds x
-    window or deadline; unchecked where unknown): each flip is a step."""
-    rnd = scenario.round
+    window or deadline; unchecked where unknown): each flip is a step.
+
+    Args:
+        facts: the run (round policy, rounds, fleet groups).
+        source: the scenario's file (or option), named in the message.
+    """
+    rnd = facts.round
     if rnd.policy == "fixed_window":
         per_round, what = rnd.window_s, "round.window_s"
     elif rnd.policy == "fixed_epochs" and rnd.deadline_s is not None:
         per_round, what = rnd.deadline_s, "round.deadline_s"
     else:
         return
-    horizon = scenario.rounds * per_round
-    for i, g in enumerate(scenario.fleet.groups):
+    horizon = facts.rounds * per_round
+    for i, g in enumerate(facts.fleet.groups):
         a = g.availability
         if a.kind == "on_off":
             cycle, fields = a.mean_on_s + a.mean_off_s, "mean_on_s + mean_off_s"
@@ -303,17 +296,18 @@ def check_availability(scenario: Scenario, source: str = "<scenario>") -> None:
             raise _error(
                 f"{source}: fleet.groups[{i}].availability: sessions of "
                 f"{fields} = {cycle:g} s flip each device about {flips:.2g} "
-                f"times in {scenario.rounds} rounds x {what} = {per_round:g} s; "
+                f"times in {facts.rounds} rounds x {what} = {per_round:g} s; "
                 f"fedsim steps through every flip (at most {MAX_FLIPS:.0e}): "
                 f"use sessions of at least {2 * horizon / MAX_FLIPS:.3g} s or "
                 "a shorter run"
             )
 
 
-def _dump(spec: Any) -> dict[str, Any]:
+def _dump(spec: object) -> dict[str, object]:
     """A section's fields: a pydantic model's, or a plug-in dataclass's."""
     if dataclasses.is_dataclass(spec):
         return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    assert isinstance(spec, BaseModel)  # every other section is a pydantic spec
     return spec.model_dump(mode="python")
 
 
@@ -322,20 +316,26 @@ def preflight(
 ) -> MemoryEstimate:
     """Every check that needs no cluster; call after loading, before building data.
 
+    The one function here that reads the loaded scenario: it hands each
+    check the run's facts and the part it is about.
+
     Args:
+        scenario: the loaded scenario.
+        source: its file (or option), named in messages.
         memory: ``workers`` and ``available_bytes``, as :func:`check_memory` takes.
 
     Raises:
         ScenarioError: one line, naming ``source`` and the field.
     """
-    check_model_data(scenario, source)
-    check_numeric_ranges(scenario, source)
-    check_availability(scenario, source)
-    return check_memory(scenario, source, **memory)
+    facts = scenario.facts
+    check_model_data(facts, source)
+    check_numeric_ranges(facts, scenario.algorithm, source)
+    check_availability(facts, source)
+    return check_memory(facts, scenario.algorithm, source, **memory)
 
 
 def check_ray_resources(
-    scenario: Scenario, workers: int, cluster: dict[str, float]
+    res: ResourceSpec, workers: int, cluster: dict[str, float]
 ) -> None:
     """Refuse a worker layout the Ray cluster cannot place: the workers, and
     with ``resources.server.home: actor`` the server actor besides them.
@@ -345,7 +345,7 @@ def check_ray_resources(
     when it places the actor (``resources.placement_timeout_s``).
 
     Args:
-        scenario: its ``resources`` section.
+        res: the scenario's ``resources`` section.
         workers: the worker count the run will start; 0 runs without Ray.
         cluster: ``ray.cluster_resources()``, e.g. ``{"CPU": 2.0, "GPU": 1.0}``.
 
@@ -354,7 +354,6 @@ def check_ray_resources(
     """
     if workers <= 0:
         return
-    res = scenario.resources
     server = res.server if res.server.home == "actor" else None
     cpus, gpus = float(cluster.get("CPU", 0.0)), float(cluster.get("GPU", 0.0))
     opt = f"{'resources.workers' if res.workers == workers else '--workers'} {workers}"
@@ -400,7 +399,7 @@ def check_ray_resources(
         )
 
 
-def _check_server_alone(server: Any, cluster: dict[str, float]) -> None:
+def _check_server_alone(server: ServerHomeSpec, cluster: dict[str, float]) -> None:
     """Refuse a server actor that asks for more of one resource than the
     whole cluster has (``resources.server`` of :func:`check_ray_resources`)."""
     asked = {"cpus": ("CPU", server.cpus), "gpus": ("GPU", server.gpus)}

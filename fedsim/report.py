@@ -484,7 +484,7 @@ def _links_figure(
 
     try:
         sc = load_scenario(run_dir / "scenario.yaml")
-        fleet = scenario_fleet(sc)
+        fleet = scenario_fleet(sc.facts)
     except (ScenarioError, OSError, ValueError):
         return None  # e.g. a trace file that moved since the run
     n = np.asarray(partition.column("n_samples"), dtype=np.float64)

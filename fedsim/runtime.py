@@ -12,7 +12,6 @@ Example:
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
@@ -22,18 +21,26 @@ from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from fedsim import __version__, checkpoint, clock, interrupts, realised
 from fedsim.algorithms.base import AsyncRule, ClientUpdate
 from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.data import FederatedData, build_data
 from fedsim.data.partition import partition_table
-from fedsim.data.validation import describe_validation
-from fedsim.executors import Executor, RayExecutor, make_executor
+from fedsim.data.validation import describe_validation, validation_use
+from fedsim.executors import (
+    DataRecipe,
+    Executor,
+    ExecutorSetup,
+    RayExecutor,
+    make_executor,
+)
+from fedsim.facts import RunFacts
 from fedsim.fleet import Fleet
 from fedsim.flops import scenario_fleet
 from fedsim.links import apply_links, summary_entry
-from fedsim.models import make_model
+from fedsim.models import NetworkSetup, make_model
 from fedsim.results import (
     Recorder,
     check_free_space,
@@ -43,9 +50,18 @@ from fedsim.results import (
 )
 from fedsim.scenario import Scenario
 from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
-from fedsim.server import Applied, DivergenceError, Server, evaluates, objective_due
+from fedsim.selectors.base import SelectorState
+from fedsim.server import (
+    Applied,
+    DivergenceError,
+    RoundServer,
+    Server,
+    ServerSetup,
+    evaluates,
+    objective_due,
+)
 from fedsim.server_actor import RemoteServer, ServerLost
-from fedsim.tasks import UpdateSummary, update_norm
+from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup, update_norm
 from fedsim.workers import Payload, Task
 
 # Tags of the run's random streams, each (seed, tag, n): distinct tags keep
@@ -56,7 +72,10 @@ _SELECT_TAG = 0x5E1
 # clock's default chooser uses for the same stream.
 _ASYNC_SELECT_TAG = 0xD15C
 
-Row = dict[str, Any]
+# A row of rounds.parquet or clients.parquet: each column's cells have that
+# column's own type (fedsim.results' schemas), which one dict type cannot
+# name, so rows are typed loosely under this name.
+Row = dict[str, Any]  # type: ignore[explicit-any]
 RoundCallback = Callable[[Row, list[Row]], None]
 
 
@@ -72,6 +91,65 @@ class Pair(NamedTuple):
 
 
 Trained = Sequence[Pair]
+# device ids, as selectors and the timeline's chooser take and give them
+Ids = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """Every part's set-up record, built once from the scenario by
+    :func:`run_setup`: the runtime is the only reader of the
+    :class:`~fedsim.scenario.Scenario` below the command line, and each part
+    receives only its own small, frozen record (as the clock receives
+    :class:`clock.RunContext`).
+
+    Attributes:
+        facts: what a plug-in's questions read (``bytes_per_client``,
+            ``clock_work``).
+        network: how the server and the workers build the network.
+        worker: what every worker needs.
+        server: what the server needs (in the driver or the actor).
+        executor: what the executor needs (the workers', the resources,
+            the data's recipe).
+    """
+
+    facts: RunFacts
+    network: NetworkSetup
+    worker: WorkerSetup
+    server: ServerSetup
+    executor: ExecutorSetup
+
+
+def run_setup(scenario: Scenario) -> RunSetup:
+    """The set-up records of a run of ``scenario`` (pure: the same scenario
+    gives equal records, so a resumed run builds exactly what the first did).
+
+    Args:
+        scenario: the validated scenario.
+
+    Returns:
+        Every part's record (:class:`RunSetup`).
+    """
+    sc = scenario
+    network = NetworkSetup(sc.model, sc.seed, sc.data.start_value)
+    res = sc.resources
+    worker = WorkerSetup(
+        algorithm=sc.algorithm,
+        network=network,
+        client=sc.client,
+        seed=sc.seed,
+        rounds=sc.rounds,
+        gpus=res.gpus_per_worker,
+        vectorize=res.vectorize,
+        # under fixed_window the clock's tau caps an own procedure's work
+        capped=sc.round.policy == "fixed_window",
+        threads=max(1, int(res.cpus_per_worker)),
+    )
+    validation = validation_use(sc.algorithm, sc.selector.clients_per_round)
+    server = ServerSetup(sc.algorithm, network, sc.eval, validation)
+    recipe = DataRecipe(sc.data, sc.num_clients, sc.seed, sc.fleet, sc.links)
+    executor = ExecutorSetup(worker, res, recipe)
+    return RunSetup(sc.facts, network, worker, server, executor)
 
 
 class SetupError(OSError):
@@ -96,10 +174,10 @@ class RunResult:
     data: FederatedData | None = field(default=None, repr=False)
     initial: dict[str, float] | None = None  # x_0's accuracy, loss and t = 0.0
     # Ray runs: where the workers ran, nodes lost, tasks retried (summary.json)
-    placement: dict[str, Any] = field(default_factory=dict)
+    placement: dict[str, object] = field(default_factory=dict)
     fleet: Fleet | None = field(default=None, repr=False)  # declared vs realised
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Row:
         """summary.json's content, with ``status`` and ``degenerate``."""
         initial = None
         if self.initial is not None:  # JSON has no NaN: a missing value is null
@@ -114,7 +192,13 @@ class RunResult:
                 wall_time_s=self.wall_time_s,
                 workers=self.workers,
                 version=__version__,
-                server_validation=describe_validation(self.scenario, self.data),
+                server_validation=describe_validation(
+                    validation_use(
+                        self.scenario.algorithm,
+                        self.scenario.selector.clients_per_round,
+                    ),
+                    self.data,
+                ),
             ),
             **self.placement,
             "initial": initial,
@@ -128,7 +212,7 @@ class RunResult:
             ),
         }
 
-    def participation_bias(self) -> dict[str, Any] | None:
+    def participation_bias(self) -> dict[str, object] | None:
         """Each client's mean ``agg_weight`` (over rounds with updates) against
         its data share p_i (``sampling.participation_bias``); None without data."""
         if self.data is None:
@@ -241,34 +325,36 @@ class _Run:
         self, sc: Scenario, run_dir: Path | None, on_round: RoundCallback | None
     ) -> None:
         self.sc = sc
+        self.setup = run_setup(sc)
         self.run_dir = run_dir
         self.on_round = on_round
         self.asynchronous = sc.round.policy == "async"
         data = build_data(sc.data, sc.num_clients, sc.seed)
         # a speed in FLOP/s needs the model's FLOPs per step (fedsim.flops)
-        self.fleet = scenario_fleet(sc, data)
+        self.fleet = scenario_fleet(sc.facts, data)
         # fleet-data links permute the partitions over the devices (none: as is)
         self.data = apply_links(sc.links, self.fleet, data, sc.seed, sc.fleet)
         self.threads = max(1, int(sc.resources.cpus_per_worker))
         torch.set_num_threads(self.threads)
         # Server in the driver, or a handle on the server actor (made by
         # start(), placed with the workers); the loops call either alike.
-        self.server: Server | RemoteServer
+        self.server: RoundServer
         self.on_actor = sc.resources.server.home == "actor"
         if not self.on_actor:
-            self.server = Server(sc, self.data)
+            self.server = Server(self.setup.server, self.data)
         self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)
         # The constants every plan, the timeline and the selectors charge
         # for, in one frozen value (docs/architecture.md, "Bytes"); the
         # algorithm says what its clients send (a plug-in may override it).
-        bytes_down, bytes_up = sc.algorithm.bytes_per_client(sc, self.num_params)
+        facts = self.setup.facts
+        bytes_down, bytes_up = sc.algorithm.bytes_per_client(facts, self.num_params)
         self.ctx = clock.RunContext(
             bytes_down=bytes_down,
             bytes_up=bytes_up,
             n_samples=self.data.n_samples,
             batch_size=sc.client.batch_size,
             # an algorithm whose client work is not local steps says its own
-            work=job_work(sc, self.data),
+            work=sc.algorithm.clock_work(facts, self.data),
         )
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
@@ -289,18 +375,16 @@ class _Run:
             ctx.work,
         )
         self.every = sc.checkpoint.every_rounds if run_dir is not None else 0
+        # what each checkpoint stores of the scenario (resumes compare it)
+        self.fingerprint = checkpoint.fingerprint(sc) if self.every else {}
 
     @property
     def num_params(self) -> int:
         """d, the model's number of parameters (no server actor needed)."""
         if not self.on_actor:
             return self.server.num_params
-        return sum(p.numel() for p in make_model(self.sc, self.data).parameters())
-
-    @classmethod
-    def plan_only(cls, scenario: Scenario) -> _Run:
-        """The run's parts without executor or results (no training)."""
-        return cls(scenario, None, None)
+        model = make_model(self.setup.network, self.data)
+        return sum(p.numel() for p in model.parameters())
 
     def start(self, workers: int, resume: bool) -> None:
         """Evaluate x_0, prepare the run directory and start the executor.
@@ -320,8 +404,10 @@ class _Run:
                 "(or home: driver)"
             )
         if self.on_actor:  # placed with the workers: the executor comes first
-            self.executor: Executor = make_executor(self.sc, self.data, workers)
-            self.server = _server_actor(self.sc, self.executor, self.threads)
+            self.executor: Executor = make_executor(
+                self.setup.executor, self.data, workers
+            )
+            self.server = _server_actor(self.setup, self.executor, self.threads)
         # x_0 is a pure function of (scenario, seed): a resume evaluates it again
         loss, acc = self.server.evaluate()
         self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
@@ -330,7 +416,7 @@ class _Run:
         if self.run_dir is not None:
             self._prepare(self.run_dir, resume)
         if not self.on_actor:
-            self.executor = make_executor(self.sc, self.data, workers)
+            self.executor = make_executor(self.setup.executor, self.data, workers)
         self.wall0 = time.perf_counter()  # rows' wall_time: training only
 
     def _prepare(self, run_dir: Path, resume: bool) -> None:
@@ -345,7 +431,8 @@ class _Run:
                 check_free_space(run_dir, need + 2**20, "checkpoints")
             except OSError as exc:
                 raise SetupError(str(exc)) from None
-        if not resume and sc.data.dataset != "quadratic":
+        # label histograms: data with classes only (an objective has none)
+        if not resume and self.data.num_classes > 0:
             try:
                 table = partition_table(self.data)  # label histograms
                 write_arrow(run_dir / "partition.parquet", table)
@@ -469,7 +556,11 @@ class _Run:
         return u.bytes_up
 
     def save_checkpoint(
-        self, next_round: int, sim_time: float, state: Any, payloads: dict[int, Payload]
+        self,
+        next_round: int,
+        sim_time: float,
+        state: SelectorState,
+        payloads: dict[int, Payload],
     ) -> None:
         """Save the state after ``next_round`` rounds (or versions).
 
@@ -502,7 +593,7 @@ class _Run:
                 "n_selector_rows": len(self.recorder.selector_rows),
             },
         )
-        checkpoint.write_fingerprint(ckpt, self.sc)
+        checkpoint.write_fingerprint(ckpt, self.fingerprint)
         checkpoint.commit_checkpoint(self.run_dir, ckpt)
 
     def restore(self) -> checkpoint.Checkpoint:
@@ -529,8 +620,13 @@ class _Run:
         return bool(self.every) and (done % self.every == 0 or done == self.sc.rounds)
 
     def observe(
-        self, sel: Selector, state: Any, t: int, applied: Applied, trained: Trained
-    ) -> tuple[Any, list[Row]]:
+        self,
+        sel: Selector,
+        state: SelectorState,
+        t: int,
+        applied: Applied,
+        trained: Trained,
+    ) -> tuple[SelectorState, list[Row]]:
         """The selector learns round (or version) ``t``.
 
         Args:
@@ -547,12 +643,12 @@ class _Run:
         return state, [{"round": t, **r} for r in sel.artifact(state, t)]
 
 
-def _server_actor(sc: Scenario, executor: Executor, threads: int) -> RemoteServer:
+def _server_actor(setup: RunSetup, executor: Executor, threads: int) -> RemoteServer:
     """The server actor, placed as ``resources.server`` says: in the workers'
     placement group when they have one, sharing their copy of the data.
 
     Args:
-        sc: the run's scenario.
+        setup: the run's set-up records (the server's, the resources).
         executor: the run's Ray executor (its placement group and data).
         threads: torch's threads in the actor, the driver's figure, so the
             server's reductions (and floats) are the driver's.
@@ -561,56 +657,24 @@ def _server_actor(sc: Scenario, executor: Executor, threads: int) -> RemoteServe
         PlacementError: the actor cannot be placed in time.
     """
     ray_ex = cast(RayExecutor, executor)
-    return RemoteServer(sc, ray_ex.data_ref, ray_ex.server_strategy(), threads)
+    res = setup.executor.resources
+    strategy = ray_ex.server_strategy()
+    return RemoteServer(setup.server, res, ray_ex.data_ref, strategy, threads)
 
 
-def _server_report(run: _Run) -> dict[str, Any]:
-    """summary.json's ``server``: where the server ran (never fails).
-
-    Args:
-        run: the run; its server is in the driver or a :class:`RemoteServer`.
-
-    Returns:
-        ``home`` (``driver`` or ``actor``), ``device``, and with Ray the
-        node id and address (an actor adds its CPU, GPU and custom shares).
-    """
-    if isinstance(run.server, RemoteServer):
-        return run.server.report()
-    here: dict[str, Any] = {"home": "driver", "device": "cpu"}
-    # a run without Ray never imported it: importing it only to learn that
-    # would cost a process without Ray almost half a second of CPU
-    ray = sys.modules.get("ray")
-    try:
-        if ray is not None and ray.is_initialized():
-            ctx = ray.get_runtime_context()
-            here |= {"node_id": ctx.get_node_id()}
-            here |= {"address": ray.util.get_node_ip_address()}
-    except Exception:  # noqa: BLE001 - a report must not fail the run
-        pass
-    return here
-
-
-def _close(run: _Run) -> dict[str, Any]:
+def _close(run: _Run) -> dict[str, object]:
     """Flush the rows and release the actors (even when the disk is full);
     return where the work and the server ran, for summary.json."""
-    placement: dict[str, Any] = {}
+    placement: dict[str, object] = {}
     try:
         run.recorder.flush()
     finally:
         try:
-            placement = {**run.executor.report(), "server": _server_report(run)}
+            placement = {**run.executor.report(), "server": run.server.report()}
         finally:
             run.executor.shutdown()
-            if isinstance(run.server, RemoteServer):
-                run.server.shutdown()
+            run.server.shutdown()
     return placement
-
-
-def job_work(sc: Scenario, data: FederatedData) -> clock.JobWork | None:
-    """What the clock charges an algorithm whose client work is not local
-    SGD steps, as the algorithm states it (``Algorithm.clock_work``: e.g. the
-    iterations and upload of a synthetic set); None for the rest."""
-    return sc.algorithm.clock_work(sc, data)
 
 
 def _tau_columns(taus: Sequence[int]) -> Row:
@@ -698,9 +762,11 @@ def _train_round(
         tasks, {t: server.payload()}, server.client_states(clients)
     )
     run.executor.forget(t)
-    applied = server.apply(parcels, multiplicity=multiplicity, where=f"round {t}")
-    # the server aggregates (and reports weights) in client-id order
-    w = dict(zip(sorted(clients), applied.weights, strict=True))
+    applied = server.apply(
+        parcels, multiplicity=multiplicity, where=f"round {t}", round=t
+    )
+    # the ordering contract: weights come in applied.clients' order (by id)
+    w = dict(zip(applied.clients, applied.weights, strict=True))
     return [Pair(u, w[u.client]) for u in ups], applied
 
 
@@ -752,10 +818,10 @@ class _Async:
         self.users: Counter[int] = Counter()  # version -> its jobs still open
         self.pending: deque[clock.Version] = deque()
         # by job: what the driver keeps of the update, and what goes to the server
-        self.trained: dict[clock.Job, tuple[Kept, Any]] = {}
+        self.trained: dict[clock.Job, tuple[Kept, Parcel]] = {}
         self.w = 0  # the newest computed version
 
-    def _choose(self, candidates: np.ndarray, free: int, n: int) -> np.ndarray:
+    def _choose(self, candidates: Ids, free: int, n: int) -> Ids:
         """The selector's n-th pick for the free slots (or the logged one).
 
         The timeline calls this only once every version made so far has been
@@ -883,7 +949,11 @@ class _Async:
         starts = [self.payloads[a.job.version]["x"] for a in rec.applied]
         staleness = [int(a.staleness or 0) for a in rec.applied]
         applied = run.server.apply(
-            parcels, staleness=staleness, starts=starts, where=f"version {rec.version}"
+            parcels,
+            staleness=staleness,
+            starts=starts,
+            where=f"version {rec.version}",
+            round=rec.version,
         )
         trained = _pairs_in_end_order(rec, ups, applied)
         records = [ClientRecord.from_arrival(a) for a in rec.ended]
@@ -897,7 +967,7 @@ class _Async:
         self.w += 1
         self._forget(rec)
         if run.due(self.w):
-            state: Any = self.sel_state
+            state: SelectorState = self.sel_state
             if self.adaptive:
                 state = {"state": state, "picks": self.picks}
             run.save_checkpoint(self.w, rec.t, state, self.payloads)
@@ -941,7 +1011,7 @@ def _version_columns(rec: clock.Version, staleness: Sequence[int]) -> Row:
 def async_timeline(scenario: Scenario) -> clock.AsyncTimeline:
     """A fresh asynchronous timeline of ``scenario``, exactly as a run sees
     it, without training (an adaptive selector observes nothing here)."""
-    return _Async(_Run.plan_only(scenario), None).tl
+    return _Async(_Run(scenario, None, None), None).tl
 
 
 def run_scenario(

@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import yaml
 from pydantic import (
@@ -53,6 +53,7 @@ from pydantic import (
 from fedsim.algorithms.sampling import pairing_problem
 from fedsim.clock import RoundSpec
 from fedsim.data.validation import validation_problem
+from fedsim.facts import RunFacts
 from fedsim.fleet import FleetSpec
 from fedsim.links import LinksSpec
 from fedsim.plugins import (
@@ -63,16 +64,23 @@ from fedsim.plugins import (
 )
 from fedsim.selectors import DEFAULT as SELECTOR_DEFAULT
 from fedsim.spec import (
+    CheckpointSpec,
     ClientSpec,
+    EvalSpec,
     Model,
-    ModelSpec,
     Problem,
+    ResourceSpec,
     ScenarioWarning,
+    ServerHomeSpec,
     Spec,
 )
 
 __all__ = [
+    "CheckpointSpec",
     "ClientSpec",
+    "EvalSpec",
+    "ResourceSpec",
+    "ServerHomeSpec",
     "Scenario",
     "ScenarioError",
     "ScenarioWarning",
@@ -104,7 +112,7 @@ if TYPE_CHECKING:  # a dataset's fields differ; a plug-in section is its base cl
     DataSpec = Any
     AlgorithmSpec = Algorithm
     SelectorSpec = Selector
-    ModelSection = ModelSpec | Model
+    ModelSection = Model
 else:
     # resolved when a file is loaded, not frozen at import: the choosing key
     # names a built-in, an installed plug-in or a module:Class (fedsim.plugins);
@@ -115,83 +123,16 @@ else:
     ModelSection = Annotated[Any, PlainValidator(section_validator("model"))]
 
 
-def _default_selector() -> Any:
+def _default_selector() -> Selector:
     """The registry's default selector with its default fields."""
-    return resolve("selector", SELECTOR_DEFAULT)()
+    return cast("Selector", resolve("selector", SELECTOR_DEFAULT)())
 
 
-class EvalSpec(Spec):
-    """The server's evaluation: every ``every_rounds`` rounds, in batches of
-    ``batch_size`` samples. ``objective_every`` k > 0 also computes the
-    global training objective F(x) = sum_i p_i F_i(x) every k rounds and
-    after the last (rounds.parquet's ``train_objective``); 0, the default,
-    never does (docs/scenarios.md, "eval")."""
+def _default_model() -> Model:
+    """The registry's default network with its default fields."""
+    from fedsim.models import DEFAULT  # (no torch: it is imported lazily)
 
-    every_rounds: Annotated[int, Field(ge=1)] = 1
-    batch_size: Annotated[int, Field(ge=1)] = 4096
-    objective_every: Annotated[int, Field(ge=0)] = 0
-
-
-class CheckpointSpec(Spec):
-    """A checkpoint every ``every_rounds`` rounds (0: never) and at the end."""
-
-    every_rounds: Annotated[int, Field(ge=0)] = 10
-
-
-class ServerHomeSpec(Spec):
-    """Where the server runs (docs/architecture.md, "Where the server runs").
-
-    ``driver`` (the default): in the driver process. ``actor``: a Ray actor
-    with ``cpus``, ``gpus`` and custom node ``resources`` of its own, placed
-    like the workers (in their placement group when there is one).
-    """
-
-    home: Literal["driver", "actor"] = "driver"
-    cpus: Annotated[float, Field(ge=0, le=1024)] = 1.0
-    gpus: Annotated[float, Field(ge=0, le=64)] = 0.0
-    resources: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _driver_takes_nothing(self) -> ServerHomeSpec:
-        # the driver is placed by whoever starts it, not by the scenario
-        asked = self.gpus or self.resources
-        if self.home == "driver" and asked:
-            raise ValueError(
-                "gpus and resources place a server actor: set home: actor, or "
-                "place the driver with ray job submit --entrypoint-resources "
-                "(cluster/README.md)"
-            )
-        return self
-
-
-class ResourceSpec(Spec):
-    """Ray resources (docs/scenarios.md, "Top level")."""
-
-    workers: Literal["auto"] | Annotated[int, Field(ge=0, le=4096)] = "auto"
-    cpus_per_worker: Annotated[float, Field(gt=0, le=1024)] = 1.0
-    gpus_per_worker: Annotated[float, Field(ge=0, le=64)] = 0.0
-    vectorize: bool = False  # equal to sequential within float tolerance only
-    server: ServerHomeSpec = ServerHomeSpec()
-    server_node: Literal["driver", "any"] = "driver"
-    server_cpus: Annotated[float, Field(ge=0, le=1024)] = 0.0
-    placement: Literal["spread", "pack", "strict_spread", "strict_pack"] = "spread"
-    placement_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
-    data: Literal["object_store", "per_node"] = "object_store"
-
-    @model_validator(mode="after")
-    def _old_server_fields(self) -> ResourceSpec:
-        # refused rather than mapped: the old fields meant another placement
-        how = (
-            "use resources.server instead: {home: driver} (the default) or "
-            "{home: actor, cpus: 1, gpus: 0, resources: {node_b: 0.01}}; the "
-            "driver itself is placed with ray job submit --entrypoint-resources "
-            "(cluster/README.md)"
-        )
-        if self.server_node != "driver":
-            raise ValueError(f"server_node {self.server_node!r} is gone: {how}")
-        if self.server_cpus:
-            raise ValueError(f"server_cpus {self.server_cpus:g} is gone: {how}")
-        return self
+    return cast(Model, resolve("model", DEFAULT)())
 
 
 class Scenario(Spec):
@@ -200,7 +141,7 @@ class Scenario(Spec):
     name: str = Field(min_length=1, max_length=200)
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] = 0
     rounds: Annotated[int, Field(ge=1, le=10_000_000)]
-    model: ModelSection = ModelSpec()
+    model: ModelSection = Field(default_factory=_default_model)
     data: DataSpec
     client: ClientSpec = ClientSpec()
     fleet: FleetSpec
@@ -225,7 +166,7 @@ class Scenario(Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_weighting(cls, data: Any) -> Any:
+    def _default_weighting(cls, data: object) -> object:
         """An unset ``algorithm.sampling`` becomes the selector's default."""
         if not isinstance(data, dict):
             return data
@@ -251,8 +192,9 @@ class Scenario(Spec):
             self._size_problem,
             # sampling and weighting are one decision (docs/scenarios.md)
             lambda: pairing_problem(self.selector, self.algorithm),
-            lambda: validation_problem(self),
-            self._quadratic_problem,
+            lambda: validation_problem(
+                self.algorithm, self.data, self.selector.clients_per_round
+            ),
             self._links_problem,
         )
         for check in checks:
@@ -286,16 +228,6 @@ class Scenario(Spec):
             )
         return None
 
-    def _quadratic_problem(self) -> str | None:
-        """The quadratic objective and its model go together (a built-in pair:
-        the model is the point x, the data the centres e_i)."""
-        if (self.data.dataset == "quadratic") == (self.model.name == "quadratic"):
-            return None
-        return (
-            "model.name 'quadratic' goes with data.dataset 'quadratic' "
-            "(and only with it)"
-        )
-
     def _links_problem(self) -> str | None:
         """A declared fleet-data link must name groups the fleet has and ask
         for what the fleet can give (fedsim/links.py says what is checked)."""
@@ -305,9 +237,10 @@ class Scenario(Spec):
         """Each plug-in's own checks against the rest of the scenario: the first
         error refuses it, warnings go out as :class:`ScenarioWarning`."""
         found: list[Problem] = []
+        facts = self.facts
         for part in (self.algorithm, self.selector):
             check = getattr(part, "check", None)
-            found += list(check(self)) if check is not None else []
+            found += list(check(facts)) if check is not None else []
         for p in found:
             if not p.warning:
                 raise ValueError(p.message)
@@ -319,8 +252,27 @@ class Scenario(Spec):
         """The client count: device i is client i, so the fleet's size."""
         return self.fleet.size
 
+    @property
+    def facts(self) -> RunFacts:
+        """What a plug-in's questions about this run read (a small typed
+        record: :class:`fedsim.facts.RunFacts`)."""
+        return RunFacts(
+            seed=self.seed,
+            rounds=self.rounds,
+            num_clients=self.num_clients,
+            clients_per_round=self.selector.clients_per_round,
+            client=self.client,
+            round=self.round,
+            fleet=self.fleet,
+            data=self.data,
+            dataset=str(self.data.dataset),
+            model=self.model,
+            server_home=self.resources.server.home,
+            checkpoint_every=self.checkpoint.every_rounds,
+        )
 
-def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
+
+def _format_loc(loc: tuple[object, ...], raw: object = None) -> str:
     """pydantic's ``loc`` as ``fleet.groups[1].speed.sigma``, less union tags."""
     out, node = "", raw
     for part in loc:
@@ -328,8 +280,9 @@ def _format_loc(loc: tuple[Any, ...], raw: Any = None) -> str:
         tags = (fields.get("name"), fields.get("dataset"), fields.get("kind"))
         if isinstance(part, int):
             out += f"[{part}]"
-            ok = isinstance(node, list) and 0 <= part < len(node)
-            node = node[part] if ok else None
+            node = (
+                node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+            )
         elif part in fields or part not in tags:  # not a member pydantic adds
             out += ("." if out else "") + str(part)
             node = fields.get(part)
@@ -347,7 +300,7 @@ _PLAIN_MESSAGES = {
 }
 
 
-def _format_validation(err: ValidationError, source: str, raw: Any) -> str:
+def _format_validation(err: ValidationError, source: str, raw: object) -> str:
     """pydantic's errors as one message: a line per problem, each the field's
     path in the file's own terms, the reason and the value given.
 
@@ -383,9 +336,9 @@ def _problems(source: str, lines: list[str]) -> str:
     return "\n".join([head, *lines[:20]] + (["  ..."] if n > 20 else []))
 
 
-def _check_shape(raw: Any, source: str) -> None:
+def _check_shape(raw: object, source: str) -> None:
     """Refuse structures too deep or too large to walk or validate."""
-    stack = [(raw, 1)]
+    stack: list[tuple[object, int]] = [(raw, 1)]
     seen = 0
     while stack:
         node, depth = stack.pop()
@@ -402,7 +355,7 @@ def _check_shape(raw: Any, source: str) -> None:
             stack.extend((v, depth + 1) for v in values)
 
 
-def _check_plain(obj: Any, source: str, path: str = "") -> None:
+def _check_plain(obj: object, source: str, path: str = "") -> None:
     """Refuse NaN/inf, huge ints and non-plain values, naming the path."""
     problem: str | None = None
     if isinstance(obj, dict):
@@ -420,7 +373,7 @@ def _check_plain(obj: Any, source: str, path: str = "") -> None:
         raise ScenarioError(f"{source}: {path or '(top level)'}: {problem}")
 
 
-def _scalar_problem(obj: Any) -> str | None:
+def _scalar_problem(obj: object) -> str | None:
     """Why a scalar cannot be a setting: not finite, more bits than any setting
     needs (a huge int would also make pydantic slow), or not a YAML scalar."""
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -695,7 +648,7 @@ def parse_scenario(
     return sc
 
 
-def _check_plugins(raw: dict[str, Any], source: str) -> None:
+def _check_plugins(raw: dict[str, object], source: str) -> None:
     """Refuse, in one line, a section naming a class that cannot be found or is
     of the wrong kind (file, field, the name given and what was expected)."""
     for kind, field, name in section_names(raw):
@@ -705,7 +658,9 @@ def _check_plugins(raw: dict[str, Any], source: str) -> None:
             raise ScenarioError(f"{source}: {field}: {exc}") from None
 
 
-def _bool_number_mixups(raw: Any, value: Any, loc: tuple[Any, ...]) -> Iterator[str]:
+def _bool_number_mixups(
+    raw: object, value: object, loc: tuple[object, ...]
+) -> Iterator[str]:
     """A true/false given for a number, or a number for a switch (lax mode)."""
     if isinstance(raw, bool):
         if isinstance(value, int | float) and not isinstance(value, bool):

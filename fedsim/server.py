@@ -1,13 +1,15 @@
 """The server: the algorithm's state, per-client state, aggregation (one
 :meth:`Server.apply` for both modes) and evaluation, in the driver process.
 
-Example:
+Example (the set-up records come from :func:`fedsim.runtime.run_setup`, the
+one reader of the scenario):
     >>> from fedsim.scenario import load_scenario
     >>> from fedsim.data import build_data
+    >>> from fedsim.runtime import run_setup
     >>> from fedsim.workers import Task, Worker
     >>> sc = load_scenario("scenarios/quickstart.yaml")
-    >>> data = build_data(sc.data, sc.num_clients, sc.seed)
-    >>> server, worker = Server(sc, data), Worker(sc, data)
+    >>> setup, data = run_setup(sc), build_data(sc.data, sc.num_clients, sc.seed)
+    >>> server, worker = Server(setup.server, data), Worker(setup.worker, data)
     >>> ups = worker.train(server.payload(), [Task(0, 0, 3), Task(1, 0, 3)])
     >>> applied = server.apply(ups)
     >>> round(sum(applied.weights), 6)
@@ -16,32 +18,70 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import NamedTuple, Protocol
 
+import numpy as np
 import torch
-import torch.nn.functional as F
+from numpy.typing import NDArray
 
 from fedsim import checkpoint
-from fedsim.algorithms.base import AggregateInfo, AsyncRule, ClientUpdate, ServerContext
+from fedsim.algorithms.base import (
+    AggregateInfo,
+    Algorithm,
+    ClientState,
+    ClientUpdate,
+    Flag,
+    RoundContext,
+    ServerContext,
+)
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
-from fedsim.data.validation import validation_problem, validation_use
-from fedsim.models import QuadraticModel, evaluate, make_model
+from fedsim.models import Loss, NetworkSetup, evaluate, make_model
 from fedsim.params import flatten
-from fedsim.scenario import EvalSpec, Scenario, ScenarioError
+from fedsim.spec import EvalSpec
 from fedsim.store import ClientStore
-from fedsim.tasks import UpdateSummary, update_norm
+from fedsim.tasks import Parcel, UpdateSummary, update_norm
 
 Payload = dict[str, torch.Tensor]
 Split = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
+# samples, targets and stored client vectors: floats, or class or token ids
+Array = NDArray[np.float32 | np.float64 | np.int64]
 
 
 class DivergenceError(RuntimeError):
     """The global model or the training loss became NaN or infinite."""
+
+
+class ServerSetupError(ValueError):
+    """The server cannot be built for this data (an algorithm scores models
+    on a validation split the dataset did not reserve)."""
+
+
+@dataclass(frozen=True)
+class ServerSetup:
+    """What the server needs of the run, built once by the runtime (the same
+    record for the driver's home and the server actor).
+
+    Attributes:
+        algorithm: the run's algorithm (its server half).
+        network: how to build the network (the workers build the same).
+        eval: the ``eval`` section: evaluation batch size and schedule.
+        validation: the data server-side model choices score on:
+            ``"validation"`` (the dataset's validation split), ``"test"``
+            (the test set, an opt-in) or None (no choice looks at data);
+            the algorithm's ``validation_use`` for the run's round size.
+    """
+
+    algorithm: Algorithm
+    network: NetworkSetup
+    eval: EvalSpec
+    validation: str | None = None
 
 
 def server_device(gpus_assigned: float, cuda_available: bool) -> torch.device:
@@ -105,12 +145,15 @@ class Applied:
         shares: synchronous rounds: each client delta's unnormalised weight
             in the step (``AggregateInfo.shares``, else ``weights``);
             asynchronous versions: empty (rows use ``weights`` per job).
+        clients: the updates' client ids in the order of ``weights``
+            (synchronous: ascending, each once; asynchronous: arrival).
     """
 
     info: AggregateInfo
     weights: tuple[float, ...]
     train_loss: float
     shares: dict[int, float] = field(default_factory=dict)
+    clients: tuple[int, ...] = ()
 
     def result(
         self, trained: Sequence[tuple[ClientUpdate | UpdateSummary, float]]
@@ -142,7 +185,7 @@ class ClientStats:
     update_norm: float
     train_loss: float
     weight: float  # effective aggregation weight w_i
-    flags: dict[str, Any]  # the algorithm's per-client columns (clients.parquet)
+    flags: dict[str, Flag]  # the algorithm's per-client columns (clients.parquet)
 
 
 @dataclass(frozen=True)
@@ -156,10 +199,117 @@ class RoundResult:
     test_accuracy: float
 
 
+def _here(updates: Sequence[Parcel]) -> list[ClientUpdate]:
+    """The updates, refusing object references (only the server actor,
+    :meth:`fedsim.server_actor.ServerActor.apply_refs`, fetches those)."""
+    out = [u for u in updates if isinstance(u, ClientUpdate)]
+    if len(out) != len(updates):
+        raise TypeError("Server.apply takes updates; the server actor fetches refs")
+    return out
+
+
+def _in_client_order(updates: Sequence[ClientUpdate], where: str) -> list[ClientUpdate]:
+    """A synchronous round's updates sorted by client id (the order
+    ``aggregate`` receives them in and ``Applied`` reports them in).
+
+    Raises:
+        ValueError: a client appears twice (a round trains each chosen
+            client once; a selector drawing with replacement reports
+            multiplicities instead).
+    """
+    ordered = sorted(updates, key=lambda u: u.client)
+    twice = [a.client for a, b in itertools.pairwise(ordered) if a.client == b.client]
+    if twice:
+        raise ValueError(f"{where}: client {twice[0]} has two updates in one round")
+    return ordered
+
+
+def _check_weights(
+    info: AggregateInfo, clients: Sequence[int], name: str, where: str
+) -> None:
+    """Refuse weights for clients that sent no update this round (a rule
+    that keys its weights by anything but the updates' client ids)."""
+    stray = sorted(set(info.weights) - set(clients))
+    if stray:
+        raise ValueError(
+            f"{where}: algorithm {name!r} reported weights for clients "
+            f"{stray[:5]} that sent no update this round"
+        )
+
+
 def _with_multiplicity(u: ClientUpdate, k: int) -> ClientUpdate:
     """The update with its ``multiplicity`` extra: how often its client was drawn."""
     k_t = torch.tensor(float(k), dtype=torch.float64)
     return replace(u, extras={**u.extras, "multiplicity": k_t})
+
+
+class RoundServer(Protocol):
+    """The server as the round loops see it, wherever it runs: the
+    in-process :class:`Server` (in the driver, or inside the server actor)
+    and :class:`fedsim.server_actor.RemoteServer` (the driver's handle on
+    the actor) both keep it, so the loops are written once for both homes.
+
+    Guarantees of every implementation: the state changes only in
+    :meth:`apply` and :meth:`load`; :meth:`payload` is a copy later steps
+    never change; the same calls give the same bits in both homes.
+    """
+
+    @property
+    def num_params(self) -> int:
+        """d, the model's number of parameters."""
+        ...
+
+    def params(self) -> torch.Tensor:
+        """The global model x (a copy, or the state's own tensor in process:
+        clone it to keep it)."""
+        ...
+
+    def payload(self) -> Payload:
+        """What a client downloads now (a copy)."""
+        ...
+
+    def client_states(self, clients: Sequence[int]) -> dict[int, ClientState]:
+        """The persistent states of ``clients`` ({} for stateless algorithms)."""
+        ...
+
+    def apply(
+        self,
+        updates: Sequence[Parcel],
+        *,
+        staleness: Sequence[int] | None = None,
+        starts: Sequence[torch.Tensor] | None = None,
+        multiplicity: Mapping[int, int] | None = None,
+        where: str = "",
+        round: int = 0,
+    ) -> Applied:
+        """One server step (:meth:`Server.apply`: the ordering contract).
+        ``updates`` are :class:`ClientUpdate` objects, or for the actor
+        their object references (fetched by the actor itself)."""
+        ...
+
+    def evaluate(self) -> tuple[float, float]:
+        """(test loss, test accuracy) of the current model."""
+        ...
+
+    def objective(self) -> float:
+        """The global training objective F(x) of the current model."""
+        ...
+
+    def save(self, path: Path) -> None:
+        """Write the state and the client store into checkpoint ``path``."""
+        ...
+
+    def load(self, path: Path) -> None:
+        """Read them back (refusing another model's state)."""
+        ...
+
+    def report(self) -> dict[str, object]:
+        """summary.json's ``server``: where it ran (never fails)."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release what it holds (an actor: killed or parked); idempotent."""
+        ...
 
 
 class Server:
@@ -175,26 +325,26 @@ class Server:
     the same floats as before the device existed.
 
     Args:
-        scenario: the run's scenario (algorithm, model, eval, validation).
+        setup: what the server needs of the run (built once by the runtime).
         data: the federated dataset (test and validation splits).
         device: where the server's forward/backward work runs
             (:func:`server_device` chooses it for a server actor).
 
     Raises:
-        ScenarioError: the algorithm scores server-side model choices but
-            the dataset has no validation split to score them on.
+        ServerSetupError: the algorithm scores server-side model choices
+            on a validation split the dataset was built without.
     """
 
     def __init__(
         self,
-        scenario: Scenario,
+        setup: ServerSetup,
         data: FederatedData,
         device: torch.device | str = "cpu",
     ) -> None:
-        self.scenario = scenario
-        self.algorithm = scenario.algorithm
+        self.setup = setup
+        self.algorithm = setup.algorithm
         self.device = _resolved(torch.device(device))
-        self.model = make_model(scenario, data)
+        self.model = make_model(setup.network, data)
         x0 = flatten(self.model)
         self.model.to(self.device)
         self.state = self.algorithm.init(x0, data.num_clients)
@@ -204,16 +354,18 @@ class Server:
         self.test_weights = data.test_weights
         # What server-side model choices score on (an algorithm's check
         # loss): the validation split, the test set where the scenario opts
-        # in, or None.
-        use = validation_use(scenario)
+        # in, or None. (A scenario asking for a split with none reserved is
+        # refused when it loads; a dataset built without one is caught here.)
+        use = setup.validation
         self.val = self.test if use == "test" else None
         self.val_weights = self.test_weights if use == "test" else None
         if use == "validation":
-            problem = validation_problem(scenario)
-            if problem is None and data.val_x is None:
-                problem = "the dataset was built without its validation split"
-            if problem is not None:
-                raise ScenarioError(problem)
+            if data.val_x is None:
+                raise ServerSetupError(
+                    f"algorithm {self.algorithm.name!r} scores models on the "
+                    "server's validation split, but the dataset was built "
+                    "without one (data.validation_fraction)"
+                )
             val = _split(data.val_x, data.val_y, x0.dtype, data.num_classes)
             self.val = _on(val, self.device)
         self._data = data
@@ -232,75 +384,82 @@ class Server:
         """What a client downloads (a copy: later updates never change it)."""
         return dict(self.algorithm.payload(self.state))
 
-    def client_states(self, clients: Sequence[int]) -> dict[int, dict[str, Any]]:
+    def client_states(self, clients: Sequence[int]) -> dict[int, ClientState]:
         """The persistent states of these clients ({} for stateless algorithms)."""
         return self.store.get(clients) if self.algorithm.stateful else {}
 
     def apply(
         self,
-        updates: Sequence[ClientUpdate],
+        updates: Sequence[Parcel],
         *,
         staleness: Sequence[int] | None = None,
         starts: Sequence[torch.Tensor] | None = None,
         multiplicity: Mapping[int, int] | None = None,
         where: str = "",
+        round: int = 0,
     ) -> Applied:
         """Aggregate ``updates`` into the server state.
 
-        Both modes share this one entry point: without ``staleness`` the
-        updates are a synchronous round's (the algorithm's ``aggregate``),
-        with it an asynchronous version's (``aggregate_async``). New client
+        Both modes share this one entry point and the algorithm's one hook,
+        ``aggregate(state, updates, ctx)``: without ``staleness`` the
+        updates are a synchronous round's, with it an asynchronous
+        version's (``ctx.staleness`` and ``ctx.starts`` set). New client
         states are stored after the step either way.
 
+        The ordering contract: a synchronous round's updates reach the
+        algorithm sorted by client id, each client once (checked here:
+        :class:`ValueError` otherwise), and ``Applied.clients`` /
+        ``Applied.weights`` follow that order; an asynchronous version's
+        keep their arrival order (a device may arrive twice).
+
         Args:
-            updates: a synchronous round's (aggregated in client-id order,
-                whatever order they are given in), or an asynchronous
-                version's, in order of arrival.
+            updates: a synchronous round's (in any order), or an
+                asynchronous version's, in order of arrival: the updates
+                themselves (object references are for the server actor).
             staleness: asynchronous mode: each update's staleness.
             starts: asynchronous mode: the parameters each update started
                 from.
             multiplicity: how many times the selector drew each client
                 (sampling with replacement), as each update's extra.
             where: "round 3" or "version 3", for error messages.
+            round: the round (or version made), the context's ``round``.
 
         Returns:
             What the step did (:class:`Applied`).
 
         Raises:
             DivergenceError: the model or the training loss is not finite.
+            ValueError: a synchronous round holds a client twice, or the
+                algorithm reported weights for clients not in the round.
+            TypeError: an update is an object reference.
         """
+        ups = _here(updates)
+        server = self.context() if self.algorithm.wants_server else None
         if staleness is None:
-            updates = sorted(updates, key=lambda u: u.client)
-            info, weights, shares = self._apply_round(updates, multiplicity)
+            ups = _in_client_order(ups, where)
+            if multiplicity:
+                m = multiplicity
+                ups = [_with_multiplicity(u, m.get(u.client, 1)) for u in ups]
+            ctx = RoundContext(round=round, server=server)
         else:
             assert starts is not None, "asynchronous updates need their starts"
-            rule = cast(AsyncRule, self.algorithm)  # the scenario checked it
-            self.state, info = rule.aggregate_async(
-                self.state, updates, staleness, starts
-            )
+            ctx = RoundContext(round, tuple(staleness), tuple(starts), server)
+        self.state, info = self.algorithm.server_step(self.state, ups, ctx)
+        clients = tuple(u.client for u in ups)
+        if ctx.asynchronous:
             weights = info.per_update
-            shares = {}  # async: the normalised weights, per job (rows)
-        for u in updates:
+            shares: dict[int, float] = {}  # async: the normalised weights, per job
+        else:
+            _check_weights(info, clients, self.algorithm.name, where)
+            weights = tuple(info.weights.get(c, 0.0) for c in clients)
+            shares = dict(zip(clients, weights, strict=True))
+            # an algorithm that scales deltas apart from w_i says so in shares
+            shares.update(info.shares or {})
+        for u in ups:
             if u.new_state is not None:
                 self.store.put(u.client, u.new_state)
-        return Applied(info, weights, self._train_loss(updates, where), shares)
-
-    def _apply_round(
-        self, updates: list[ClientUpdate], multiplicity: Mapping[int, int] | None
-    ) -> tuple[AggregateInfo, tuple[float, ...], dict[int, float]]:
-        """The synchronous step on ``updates`` (sorted by client id):
-        (info, each update's weight, each client delta's share)."""
-        alg = self.algorithm
-        if multiplicity:
-            m = multiplicity
-            updates = [_with_multiplicity(u, m.get(u.client, 1)) for u in updates]
-        extra = {"server": self.context()} if alg.needs_server else {}
-        self.state, info = alg.aggregate(self.state, updates, **extra)
-        weights = tuple(info.weights.get(u.client, 0.0) for u in updates)
-        shares = dict(zip((u.client for u in updates), weights, strict=True))
-        # an algorithm that scales deltas apart from w_i says so in shares
-        shares.update(info.shares or {})
-        return info, weights, shares
+        loss = self._train_loss(ups, where)
+        return Applied(info, weights, loss, shares, clients)
 
     def _train_loss(self, updates: Sequence[ClientUpdate], where: str) -> float:
         """The updates' mean training loss, each with its client's data
@@ -321,16 +480,17 @@ class Server:
         return train_loss
 
     def context(self) -> ServerContext:
-        """The server's model and validation loss, for algorithms that need
-        them (``needs_server``); built once, on first use, with models of
+        """The server's model and validation loss, for algorithms that declare
+        ``server_needs``; built once, on first use, with models of
         its own so that scoring never disturbs the evaluation model. Both
         models live on the server's device (a server-side algorithm trains there;
         the loss scores a CPU vector there and returns a float)."""
         if self._context is None:
             val, val_w = self.val, self.val_weights
-            batch = self.scenario.eval.batch_size
+            batch = self.setup.eval.batch_size
             device = self.device
-            eval_model = make_model(self.scenario, self._data).to(device)
+            own = self.setup.network.loss
+            eval_model = make_model(self.setup.network, self._data).to(device)
 
             def loss(x: torch.Tensor) -> float:
                 if val is None:
@@ -341,9 +501,9 @@ class Server:
                     )
                 params = eval_model.parameters()
                 torch.nn.utils.vector_to_parameters(x.to(device), params)
-                return evaluate(eval_model, *val, batch, val_w)[0]
+                return evaluate(eval_model, *val, batch, val_w, own)[0]
 
-            train_model = make_model(self.scenario, self._data).to(device)
+            train_model = make_model(self.setup.network, self._data).to(device)
             self._context = ServerContext(train_model, loss, self._data.num_classes)
         return self._context
 
@@ -359,8 +519,8 @@ class Server:
         """
         x = self.state["x"].to(self.device)
         torch.nn.utils.vector_to_parameters(x, self.model.parameters())
-        batch = self.scenario.eval.batch_size
-        return evaluate(self.model, *self.test, batch, self.test_weights)
+        batch, own = self.setup.eval.batch_size, self.setup.network.loss
+        return evaluate(self.model, *self.test, batch, self.test_weights, own)
 
     @torch.no_grad()
     def objective(self) -> float:
@@ -368,11 +528,11 @@ class Server:
         current model.
 
         F_i is the mean loss of the model over client i's training rows (the
-        task loss of :func:`fedsim.models.batch_loss`: cross-entropy, or a
-        quadratic client's h_i/2 ||x - e_i||^2; no algorithm's proximal or
-        dynamic regulariser) and p_i its data weight (``FederatedData.weights``
-        normalised: n_i / n, or the quadratic problem's given p_i), the
-        weights the server aggregates with. Computed in eval mode on the
+        model's own ``loss``: cross-entropy by default, a quadratic client's
+        h_i/2 ||x - e_i||^2; no algorithm's proximal or dynamic regulariser)
+        and p_i its data weight (``FederatedData.weights`` normalised: n_i / n,
+        or the quadratic problem's given p_i), the weights the server
+        aggregates with. Computed in eval mode on the
         server's model, on its device, in batches of ``eval.batch_size``
         rows, in row order: the same floats on every call and, on the CPU,
         in both server homes.
@@ -395,7 +555,12 @@ class Server:
         self.model.eval()
         try:
             losses = _row_losses(
-                self.model, data, x0.dtype, self.scenario.eval.batch_size, self.device
+                self.model,
+                self.setup.network.model.loss,
+                data,
+                x0.dtype,
+                self.setup.eval.batch_size,
+                self.device,
             ).cpu()
         finally:
             self.model.train()
@@ -440,12 +605,31 @@ class Server:
         self.state = dict(state)
         self.store.restore(snap.store)
 
+    def report(self) -> dict[str, object]:
+        """summary.json's ``server`` for the driver's home: ``home``,
+        ``device`` and, with Ray, the node id and address (never fails)."""
+        here: dict[str, object] = {"home": "driver", "device": str(self.device)}
+        # a run without Ray never imported it: importing it only to learn that
+        # would cost a process without Ray almost half a second of CPU
+        ray = sys.modules.get("ray")
+        try:
+            if ray is not None and ray.is_initialized():
+                ctx = ray.get_runtime_context()
+                here |= {"node_id": ctx.get_node_id()}
+                here |= {"address": ray.util.get_node_ip_address()}
+        except Exception:  # noqa: BLE001 - a report must not fail the run
+            pass
+        return here
+
+    def shutdown(self) -> None:
+        """Nothing to release in this process."""
+
 
 class ServerSnapshot(NamedTuple):
     """A server's checkpointed part: its state and its client store's arrays."""
 
     state: dict[str, torch.Tensor]
-    store: dict[str, Any]
+    store: dict[str, Array]
 
 
 def write_state(path: Path, snap: ServerSnapshot) -> None:
@@ -473,13 +657,14 @@ def read_state(path: Path) -> ServerSnapshot:
 
 def _row_losses(
     model: torch.nn.Module,
+    loss: Loss,
     data: FederatedData,
     dtype: torch.dtype,
     batch: int,
     device: torch.device,
 ) -> torch.Tensor:
     """The model's loss on each training row of ``data``, in row order, as
-    float64 on ``device``: :func:`fedsim.models.batch_loss` per row,
+    float64 on ``device``: the model's ``loss`` per row,
     computed in batches of ``batch`` rows (copied, as :func:`_split` does,
     so both server homes compute the same floats; then moved to ``device``,
     the model's)."""
@@ -494,12 +679,9 @@ def _row_losses(
             ),
             device,
         )
-        if isinstance(model, QuadraticModel):
-            per = model(xb, yb)
-        else:
-            per = F.cross_entropy(model(xb), yb, reduction="none")
-            per = per.reshape(len(xb), -1).mean(dim=1)  # a sequence: its mean
-        out.append(per.double())
+        # the model's loss per sample (Model.loss: by default cross-entropy,
+        # a sequence's the mean over its positions)
+        out.append(loss(model(xb), yb).double())
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 
@@ -516,7 +698,12 @@ def _resolved(device: torch.device) -> torch.device:
     return device
 
 
-def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> Split:
+def _split(
+    x: Array | None,
+    y: Array | None,
+    dtype: torch.dtype,
+    num_classes: int,
+) -> Split:
     """(inputs, targets) as tensors of their own; regression targets take the
     model's dtype.
 
@@ -525,6 +712,7 @@ def _split(x: Any, y: Any, dtype: torch.dtype, num_classes: int) -> Split:
     store (a server actor's) are aligned otherwise than the driver's, so the
     copy makes evaluation the same floats in both homes.
     """
+    assert x is not None and y is not None, "a split of both inputs and targets"
     ty = _tensor(y)
     tx = _tensor(x).to(dtype).clone()
     return tx, ty.clone() if num_classes else ty.to(dtype).clone()

@@ -19,22 +19,34 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from fedsim.algorithms.base import ClientUpdate
+from fedsim.actors import Handle, current_pool, kill
+from fedsim.algorithms.base import ClientState, ClientUpdate
 from fedsim.data import FederatedData
-from fedsim.executors import PlacementError, adopt, park, parks, server_shape
-from fedsim.scenario import Scenario
+from fedsim.executors import PlacementError, server_shape
 from fedsim.server import (
     Applied,
     Payload,
     Server,
+    ServerSetup,
+    ServerSnapshot,
     read_state,
     server_device,
     write_state,
 )
+from fedsim.spec import ResourceSpec
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray import ObjectRef as Ref
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    Strategy = PlacementGroupSchedulingStrategy
+
+_T = TypeVar("_T")
 
 
 class ServerLost(RuntimeError):
@@ -56,27 +68,27 @@ class ServerActor:
     on the CPU either way.
 
     Args:
-        scenario: the run's scenario.
+        setup: the server's set-up record (built by the driver's runtime).
         data: the federated dataset (Ray resolves the driver's reference).
         threads: torch's intra-op threads, the driver's figure (the same
             reductions, so the same floats).
     """
 
-    def __init__(self, scenario: Scenario, data: FederatedData, threads: int) -> None:
+    def __init__(self, setup: ServerSetup, data: FederatedData, threads: int) -> None:
         import ray
 
         torch.set_num_threads(threads)
         res = ray.get_runtime_context().get_assigned_resources()
         gpus = res.get("GPU", 0.0) if ray.get_gpu_ids() else 0.0
         device = server_device(gpus, torch.cuda.is_available())
-        self.server = Server(scenario, data, device)
+        self.server = Server(setup, data, device)
 
-    def setup(self, scenario: Scenario, data: FederatedData, threads: int) -> int:
+    def setup_for(self, setup: ServerSetup, data: FederatedData, threads: int) -> int:
         """Become the server a new actor for this run would be (a warm actor
         taken over by a later run, :func:`fedsim.executors.warm_workers`):
         a new :class:`Server`, nothing kept. Returns d."""
         self.__dict__.clear()
-        ServerActor.__init__(self, scenario, data, threads)
+        ServerActor.__init__(self, setup, data, threads)
         return self.server.num_params
 
     def park(self) -> None:
@@ -87,11 +99,45 @@ class ServerActor:
         """d, the model's number of parameters."""
         return self.server.num_params
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``Server.<method>(*args, **kwargs)``: one entry for every method."""
-        return getattr(self.server, method)(*args, **kwargs)
+    # The Server's methods the driver calls, one actor method each (a
+    # RemoteServer method calls the one of its name).
+    def payload(self) -> Payload:
+        """:meth:`Server.payload`."""
+        return self.server.payload()
 
-    def apply_refs(self, updates: Sequence[Any], **kwargs: Any) -> Applied:
+    def params(self) -> torch.Tensor:
+        """:meth:`Server.params` (Ray sends a copy)."""
+        return self.server.params()
+
+    def client_states(self, clients: Sequence[int]) -> dict[int, ClientState]:
+        """:meth:`Server.client_states`."""
+        return self.server.client_states(clients)
+
+    def evaluate(self) -> tuple[float, float]:
+        """:meth:`Server.evaluate`."""
+        return self.server.evaluate()
+
+    def objective(self) -> float:
+        """:meth:`Server.objective`."""
+        return self.server.objective()
+
+    def export_state(self) -> ServerSnapshot:
+        """:meth:`Server.export_state` (what the driver writes to disk)."""
+        return self.server.export_state()
+
+    def import_state(self, snap: ServerSnapshot, where: str) -> None:
+        """:meth:`Server.import_state`."""
+        self.server.import_state(snap, where)
+
+    def apply_refs(
+        self,
+        updates: Sequence[ClientUpdate | Ref],
+        staleness: Sequence[int] | None,
+        starts: Sequence[torch.Tensor] | None,
+        multiplicity: Mapping[int, int] | None,
+        where: str,
+        round: int,
+    ) -> Applied:
         """:meth:`Server.apply` on updates given as object references.
 
         Args:
@@ -99,7 +145,11 @@ class ServerActor:
                 worker's return value: it goes worker -> object store ->
                 here, not via the driver) or an update itself, in the order
                 ``Server.apply`` takes them.
-            kwargs: :meth:`Server.apply`'s keyword arguments.
+            staleness: as :meth:`Server.apply`.
+            starts: as :meth:`Server.apply`.
+            multiplicity: as :meth:`Server.apply`.
+            where: as :meth:`Server.apply`.
+            round: as :meth:`Server.apply`.
 
         Raises:
             UpdatesLost: an update's object is gone (the driver's
@@ -119,9 +169,16 @@ class ServerActor:
         ups: list[ClientUpdate] = [
             next(fetched) if isinstance(u, ray.ObjectRef) else u for u in updates
         ]
-        return self.server.apply(ups, **kwargs)
+        return self.server.apply(
+            ups,
+            staleness=staleness,
+            starts=starts,
+            multiplicity=multiplicity,
+            where=where,
+            round=round,
+        )
 
-    def where(self) -> dict[str, Any]:
+    def where(self) -> dict[str, object]:
         """This actor's node, address, CPU/GPU share and device."""
         import ray
 
@@ -142,10 +199,14 @@ class ServerActor:
 
 
 class RemoteServer:
-    """The driver's handle on a :class:`ServerActor`: a ``Server``'s methods.
+    """The driver's handle on a :class:`ServerActor`: the
+    :class:`~fedsim.server.RoundServer` methods, each a call of the actor's
+    method of the same name, waited for.
 
     Args:
-        scenario: the run's scenario (``resources.server`` places the actor).
+        setup: the server's set-up record.
+        resources: the ``resources`` section (``server`` places the actor,
+            ``placement_timeout_s`` bounds the wait).
         data: the dataset, or a reference to it already in the object store.
         strategy: the scheduling strategy (a placement group bundle) or None
             to place the actor by its resources alone.
@@ -157,12 +218,17 @@ class RemoteServer:
     """
 
     def __init__(
-        self, scenario: Scenario, data: Any, strategy: Any, threads: int
+        self,
+        setup: ServerSetup,
+        resources: ResourceSpec,
+        data: FederatedData | Ref,
+        strategy: Strategy | None,
+        threads: int,
     ) -> None:
         import ray
 
-        spec = scenario.resources.server
-        opts: dict[str, Any] = {
+        spec = resources.server
+        opts: dict[str, object] = {
             "num_cpus": spec.cpus,
             "num_gpus": spec.gpus,
             "resources": dict(spec.resources),
@@ -172,31 +238,39 @@ class RemoteServer:
             opts["scheduling_strategy"] = strategy
         ref = data if isinstance(data, ray.ObjectRef) else ray.put(data)
         # a warm actor parked by the last run, if any (never in a bundle)
-        self._shape = server_shape(scenario) if strategy is None else None
-        warm = adopt(self._shape, 1, (scenario, ref, threads))
-        remote: Any = ray.remote(ServerActor)  # Ray's stubs type it as the class
-        self.actor: Any = (
-            warm[0] if warm else remote.options(**opts).remote(scenario, ref, threads)
+        self._pool = current_pool()
+        self._shape = server_shape(resources) if strategy is None else None
+        pool, args = self._pool, (setup, ref, threads)
+        warm = pool.adopt(self._shape, 1, args) if pool is not None else []
+        remote: Handle = ray.remote(ServerActor)  # Ray's stubs type it as the class
+        self.actor: Handle | None = (
+            warm[0] if warm else remote.options(**opts).remote(*args)
         )
-        res = scenario.resources
         try:  # the first call waits for the placement, as long as the workers'
-            d: Any = ray.get(
-                self.actor.num_params.remote(), timeout=res.placement_timeout_s
+            d = ray.get(
+                self._actor.num_params.remote(), timeout=resources.placement_timeout_s
             )
         except ray.exceptions.GetTimeoutError:
-            ray.kill(self.actor)
+            kill(self._actor)
             raise PlacementError(
                 f"resources.server {spec.model_dump()}: Ray could not place the "
                 f"server actor within resources.placement_timeout_s = "
-                f"{res.placement_timeout_s:g}s; the cluster has "
+                f"{resources.placement_timeout_s:g}s; the cluster has "
                 f"{ray.cluster_resources()} in all, the workers included "
                 "(ask for fewer server CPUs, or cpus: 0 to share a worker's)"
             ) from None
         self.num_params = int(d)
-        self.algorithm = scenario.algorithm
-        self._where: dict[str, Any] = {}
+        self.algorithm = setup.algorithm
+        self._where: dict[str, object] = {}
 
-    def _get(self, ref: Any) -> Any:
+    @property
+    def _actor(self) -> Handle:
+        """The actor (RuntimeError once shut down)."""
+        if self.actor is None:
+            raise RuntimeError("the server actor was shut down")
+        return self.actor
+
+    def _get(self, ref: ObjectRef[_T]) -> _T:
         """``ray.get(ref)``; the actor's own errors as themselves.
 
         Raises:
@@ -215,38 +289,35 @@ class RemoteServer:
         except ray.exceptions.RayTaskError as exc:
             raise exc.cause from None  # e.g. DivergenceError, CheckpointError
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``Server.<method>`` on the actor, waited for."""
-        return self._get(self.actor.call.remote(method, *args, **kwargs))
-
     def evaluate(self) -> tuple[float, float]:
         """:meth:`Server.evaluate` on the actor."""
-        return self._call("evaluate")
+        return self._get(self._actor.evaluate.remote())
 
     def objective(self) -> float:
         """:meth:`Server.objective` on the actor."""
-        return self._call("objective")
+        return self._get(self._actor.objective.remote())
 
     def payload(self) -> Payload:
         """:meth:`Server.payload` on the actor (a copy, as there)."""
-        return self._call("payload")
+        return self._get(self._actor.payload.remote())
 
     def params(self) -> torch.Tensor:
         """:meth:`Server.params` on the actor (a copy)."""
-        return self._call("params")
+        return self._get(self._actor.params.remote())
 
-    def client_states(self, clients: Sequence[int]) -> dict[int, dict[str, Any]]:
+    def client_states(self, clients: Sequence[int]) -> dict[int, ClientState]:
         """:meth:`Server.client_states` on the actor."""
-        return self._call("client_states", list(clients))
+        return self._get(self._actor.client_states.remote(list(clients)))
 
     def apply(
         self,
-        updates: Sequence[Any],
+        updates: Sequence[ClientUpdate | Ref],
         *,
         staleness: Sequence[int] | None = None,
         starts: Sequence[torch.Tensor] | None = None,
         multiplicity: Mapping[int, int] | None = None,
         where: str = "",
+        round: int = 0,
     ) -> Applied:
         """:meth:`Server.apply` on the actor.
 
@@ -260,37 +331,40 @@ class RemoteServer:
             starts: as :meth:`Server.apply`.
             multiplicity: as :meth:`Server.apply`.
             where: as :meth:`Server.apply`.
+            round: as :meth:`Server.apply`.
         """
-        kw = {"staleness": staleness, "starts": starts, "multiplicity": multiplicity}
         parcels = list(updates)  # nested in a list: Ray does not resolve them here
-        return self._get(self.actor.apply_refs.remote(parcels, where=where, **kw))
+        call = self._actor.apply_refs.remote(
+            parcels, staleness, starts, multiplicity, where, round
+        )
+        return self._get(call)
 
     def save(self, path: Path) -> None:
         """Write the actor's snapshot into ``path`` from this process, so the
         checkpoint lands in the driver's run directory."""
-        write_state(path, self._call("export_state"))
+        write_state(path, self._get(self._actor.export_state.remote()))
 
     def load(self, path: Path) -> None:
         """Send the checkpoint in ``path`` to the actor."""
-        self._call("import_state", read_state(path), str(path))
+        self._get(self._actor.import_state.remote(read_state(path), str(path)))
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, object]:
         """summary.json's ``server``: where the actor runs (its last known
         place once it is gone)."""
         import contextlib
 
         with contextlib.suppress(Exception):  # a report must not fail the run
-            self._where = self._get(self.actor.where.remote())
+            self._where = self._get(self._actor.where.remote())
         return {"home": "actor", **self._where}
 
     def shutdown(self) -> None:
-        """Kill the actor, or inside :func:`fedsim.executors.warm_workers`
-        park it for the next run (idempotent)."""
-        import ray
-
-        if self.actor is not None:
-            if parks(self._shape):
-                park(self._shape, [self.actor])  # type: ignore[arg-type]
-            else:
-                ray.kill(self.actor)
-            self.actor = None
+        """Kill the actor, or inside a warm pool's block park it for the
+        next run (idempotent)."""
+        if self.actor is None:
+            return
+        pool, shape = self._pool, self._shape
+        if pool is not None and shape is not None and not pool.closed:
+            pool.park(shape, [self.actor], pin=None)  # never restarted: no pin
+        else:
+            kill(self.actor)
+        self.actor = None

@@ -1,13 +1,15 @@
-"""Base class and constrained types for the typed, frozen parts of a scenario.
+"""Base class and constrained types for the typed, frozen parts of a scenario,
+and the sections that are neither plug-ins nor the clock's or the fleet's:
+local training, evaluation, checkpoints, resources, and the base of a model.
 
-A plug-in's spec lives in its module; :class:`ModelSpec` lives here, not in
-:mod:`fedsim.models`, so that validating a scenario does not import torch.
+Nothing here imports torch: validating a scenario must not.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -34,86 +36,37 @@ PosInt = Annotated[int, Field(ge=1)]
 Width = Annotated[int, Field(ge=1, le=65536)]
 
 
-class ModelSpec(Spec):
-    """Which network to train (docs/scenarios.md, "model"; docs/datasets.md)."""
+@dataclass(frozen=True)
+class DataInfo:
+    """What a dataset's spec says about its samples: ``kind`` ``vector``, ``image``
+    ([C, H, W]) or ``sequence``; ``samples`` (train + test) estimated; ``classes``
+    0 for an objective without classes; None where only the data tells."""
 
-    name: Literal[
-        "logreg",
-        "mlp",
-        "quadratic",
-        "cnn",
-        "cnn_m",
-        "cifar_cnn",
-        "vgg11",
-        "resnet18",
-        "convnet",
-        "lstm",
-    ] = "logreg"
-    hidden: list[Width] = [200, 200]
-    norm_groups: Width = 2
-    width: Width = 128
-    depth: Annotated[int, Field(ge=1, le=16)] = 3
-    embed_dim: Width = 8
-    lstm_hidden: Width = 256
-    lstm_layers: Annotated[int, Field(ge=1, le=16)] = 2
-    dtype: Literal["float32", "float64"] = "float32"
-    # logreg: start from all-zero weights and bias (the FedDyn/FedDC and FedPNS
-    # codes' linear models) instead of PyTorch's default uniform init
-    zero_init: bool = False
+    kind: str
+    shape: tuple[int, ...] | None
+    classes: int | None
+    samples: int | None
 
     @property
-    def elem_bytes(self) -> int:
-        """Bytes per parameter (what a model vector costs to send or store)."""
-        return 8 if self.dtype == "float64" else 4
-
-    @property
-    def used_fields(self) -> str:
-        """The fields this ``name`` reads, space-separated (``fedsim validate``
-        prints only these)."""
-        return f"name dtype {_MODEL_FIELDS.get(self.name, '')}".strip()
-
-    def param_count(
-        self, input_shape: tuple[int, ...], num_classes: int | None
-    ) -> int | None:
-        """Trainable parameters of this network on samples of ``input_shape``
-        (as ``Model.param_count``; formulas in :mod:`fedsim.model_size`, no
-        torch). None where only the data tells (classes unknown).
-
-        Raises:
-            ValueError: the images are too small for the network.
-        """
-        from fedsim.model_size import builtin_params
-
-        return builtin_params(self, input_shape, num_classes)
-
-
-# The fields each network reads beyond name and dtype.
-_MODEL_FIELDS = {
-    "logreg": "zero_init",
-    "mlp": "hidden",
-    "vgg11": "norm_groups",
-    "resnet18": "norm_groups",
-    "convnet": "width depth",
-    "lstm": "embed_dim lstm_hidden lstm_layers",
-}
-
-# The built-in networks, all described by ModelSpec (fedsim.plugins looks a
-# ``model.name`` up here first); DEFAULT is a scenario's model when it names none.
-MODELS: dict[str, type[ModelSpec]] = {
-    str(name): ModelSpec
-    for name in ModelSpec.model_fields["name"].annotation.__args__  # type: ignore[union-attr]
-}
-DEFAULT = "logreg"
+    def sample_bytes(self) -> int | None:
+        """float32 bytes of one sample's inputs."""
+        return None if self.shape is None else 4 * math.prod(self.shape)
 
 
 class Model(Spec):
-    """Base of a model plug-in (the scenario's ``model`` section): its fields are
-    the section's keys; ``name`` is the text the scenario wrote (a registered
-    name or ``module:Class``), set when the scenario is loaded.
+    """Base of a model (the scenario's ``model`` section), a plug-in's or a
+    built-in's (:mod:`fedsim.models`): its fields are the section's keys;
+    ``name`` is the text the scenario wrote (a registered name or
+    ``module:Class``), set when the scenario is loaded.
 
-    Subclasses implement :meth:`build` and should implement :meth:`param_count`
-    (by formula, without building tensors: ``fedsim validate`` and the memory
-    check use it and stay fast).
+    Subclasses implement :meth:`build` and should implement
+    :meth:`param_count` (by formula, without building tensors: ``fedsim
+    validate`` and the memory check use it and stay fast). What else a model
+    may state about itself, each with a default that asks nothing:
+    :meth:`data_problem` (samples it cannot read, refused before a run),
+    :meth:`loss` (its own per-sample loss instead of cross-entropy) and
+    :meth:`flops` (its forward pass's cost). Import torch inside the
+    methods, never at the top of the module.
     """
 
     name: str = ""
@@ -126,18 +79,95 @@ class Model(Spec):
 
     @property
     def used_fields(self) -> str:
-        """Every field: a plug-in's fields are all its own."""
+        """Every field, space-separated: a model's fields are all its own
+        (``fedsim validate`` prints these)."""
         return " ".join(type(self).model_fields)
 
     def build(self, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
-        """A new network for samples of ``input_shape`` and ``num_classes``
-        classes (0: an objective without classes), in float32; fedsim seeds
-        torch's generator before the call and converts to ``dtype`` after."""
+        """A new network.
+
+        Args:
+            input_shape: one sample's shape (e.g. (1, 28, 28), or (60,)).
+            num_classes: the classes (0: an objective without classes; a
+                sequence model: its vocabulary).
+
+        Returns:
+            The network, in float32: fedsim seeds torch's generator before
+            the call (so the weights are a pure function of the run's seed)
+            and converts to ``dtype`` after.
+
+        Raises:
+            ValueError: samples the network cannot read.
+        """
         raise NotImplementedError
 
     def param_count(self, input_shape: tuple[int, ...], num_classes: int) -> int | None:
-        """Trainable parameters :meth:`build` would make (None: unknown, the
-        memory check then leaves the model out)."""
+        """Trainable parameters :meth:`build` would make, by formula.
+
+        Args:
+            input_shape: one sample's shape, as the dataset states it.
+            num_classes: the classes.
+
+        Returns:
+            The count, or None: unknown (the memory check then leaves the
+            model out).
+        """
+        return None
+
+    def data_problem(self, info: DataInfo) -> str | None:
+        """Why this network cannot read the samples ``info`` describes,
+        asked before any data is built (``fedsim validate``, ``fedsim run``).
+
+        Args:
+            info: what the dataset states of its samples (kind, shape,
+                classes; None where it cannot tell).
+
+        Returns:
+            The reason, worded to follow "model.name ... does not fit
+            data.dataset ...: "; None: it can (or ``info`` cannot tell).
+        """
+        return None
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of each sample of a batch, which local training
+        minimises (its mean) and evaluation reports.
+
+        The default, cross-entropy of class logits (a sequence: the mean over
+        its positions), is what fedsim computes when a model does not
+        override this (by its own fused path, so the floats stay those of
+        every run before the hook existed); overriding it declares the
+        model's own loss (:attr:`own_loss`), e.g. the quadratic objectives'
+        h ||x - e||^2 / 2.
+
+        Args:
+            outputs: the network's outputs on a batch, ``[B, ...]``.
+            targets: the batch's targets, ``[B]``.
+
+        Returns:
+            Per-sample losses, ``[B]``, differentiable in the outputs.
+        """
+        from fedsim.lazy import F
+
+        per = F.cross_entropy(outputs, targets, reduction="none")
+        return per.reshape(len(outputs), -1).mean(dim=1)
+
+    @property
+    def own_loss(self) -> bool:
+        """Whether the class declares its own :meth:`loss`."""
+        return type(self).loss is not Model.loss
+
+    def flops(self, input_shape: tuple[int, ...], num_classes: int) -> int | None:
+        """Floating-point operations of one sample's forward pass, when the
+        model states them itself; None (the default): ``fedsim.flops``
+        counts a training step of the built network with torch's counter.
+        A stated count is charged 3 x batch size per local step (the
+        backward pass costs about twice the forward), which is what a speed
+        in FLOP/s divides (docs/fleets.md).
+
+        Args:
+            input_shape: one sample's shape.
+            num_classes: the classes.
+        """
         return None
 
 
@@ -168,6 +198,80 @@ class ClientSpec(Spec):
         return self
 
 
+class EvalSpec(Spec):
+    """The server's evaluation: every ``every_rounds`` rounds, in batches of
+    ``batch_size`` samples. ``objective_every`` k > 0 also computes the
+    global training objective F(x) = sum_i p_i F_i(x) every k rounds and
+    after the last (rounds.parquet's ``train_objective``); 0, the default,
+    never does (docs/scenarios.md, "eval")."""
+
+    every_rounds: Annotated[int, Field(ge=1)] = 1
+    batch_size: Annotated[int, Field(ge=1)] = 4096
+    objective_every: Annotated[int, Field(ge=0)] = 0
+
+
+class CheckpointSpec(Spec):
+    """A checkpoint every ``every_rounds`` rounds (0: never) and at the end."""
+
+    every_rounds: Annotated[int, Field(ge=0)] = 10
+
+
+class ServerHomeSpec(Spec):
+    """Where the server runs (docs/architecture.md, "Where the server runs").
+
+    ``driver`` (the default): in the driver process. ``actor``: a Ray actor
+    with ``cpus``, ``gpus`` and custom node ``resources`` of its own, placed
+    like the workers (in their placement group when there is one).
+    """
+
+    home: Literal["driver", "actor"] = "driver"
+    cpus: Annotated[float, Field(ge=0, le=1024)] = 1.0
+    gpus: Annotated[float, Field(ge=0, le=64)] = 0.0
+    resources: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _driver_takes_nothing(self) -> ServerHomeSpec:
+        # the driver is placed by whoever starts it, not by the scenario
+        asked = self.gpus or self.resources
+        if self.home == "driver" and asked:
+            raise ValueError(
+                "gpus and resources place a server actor: set home: actor, or "
+                "place the driver with ray job submit --entrypoint-resources "
+                "(cluster/README.md)"
+            )
+        return self
+
+
+class ResourceSpec(Spec):
+    """Ray resources (docs/scenarios.md, "Top level")."""
+
+    workers: Literal["auto"] | Annotated[int, Field(ge=0, le=4096)] = "auto"
+    cpus_per_worker: Annotated[float, Field(gt=0, le=1024)] = 1.0
+    gpus_per_worker: Annotated[float, Field(ge=0, le=64)] = 0.0
+    vectorize: bool = False  # equal to sequential within float tolerance only
+    server: ServerHomeSpec = ServerHomeSpec()
+    server_node: Literal["driver", "any"] = "driver"
+    server_cpus: Annotated[float, Field(ge=0, le=1024)] = 0.0
+    placement: Literal["spread", "pack", "strict_spread", "strict_pack"] = "spread"
+    placement_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    data: Literal["object_store", "per_node"] = "object_store"
+
+    @model_validator(mode="after")
+    def _old_server_fields(self) -> ResourceSpec:
+        # refused rather than mapped: the old fields meant another placement
+        how = (
+            "use resources.server instead: {home: driver} (the default) or "
+            "{home: actor, cpus: 1, gpus: 0, resources: {node_b: 0.01}}; the "
+            "driver itself is placed with ray job submit --entrypoint-resources "
+            "(cluster/README.md)"
+        )
+        if self.server_node != "driver":
+            raise ValueError(f"server_node {self.server_node!r} is gone: {how}")
+        if self.server_cpus:
+            raise ValueError(f"server_cpus {self.server_cpus:g} is gone: {how}")
+        return self
+
+
 class ScenarioWarning(UserWarning):
     """A plug-in's warning about a valid scenario (e.g. the round window cuts
     its client work short); ``fedsim`` prints it as one ``warning:`` line."""
@@ -180,48 +284,3 @@ class Problem:
 
     message: str
     warning: bool = False
-
-
-class ScenarioView(Protocol):
-    """The loaded scenario as a plug-in's checks see it (fedsim.scenario's
-    ``Scenario``; typed loosely here so plug-ins sit below the scenario module)."""
-
-    @property
-    def seed(self) -> int:
-        """The run's seed: every random choice derives from it."""
-
-    @property
-    def rounds(self) -> int:
-        """Rounds (asynchronous mode: server versions) to run."""
-
-    @property
-    def num_clients(self) -> int:
-        """m, the fleet's size (device i is client i)."""
-
-    @property
-    def model(self) -> Any:
-        """The ``model`` section (``elem_bytes``: bytes per parameter)."""
-
-    @property
-    def data(self) -> Any:
-        """The ``data`` section, a dataset spec."""
-
-    @property
-    def client(self) -> ClientSpec:
-        """Local training: solver, lr, batch size."""
-
-    @property
-    def fleet(self) -> Any:
-        """The devices: ``groups`` (each with ``speed``, ``network``, ...)."""
-
-    @property
-    def round(self) -> Any:
-        """How tau_i arises: ``policy``, ``window_s``, ``epochs``, ..."""
-
-    @property
-    def algorithm(self) -> Any:
-        """The ``algorithm`` section: the algorithm object itself."""
-
-    @property
-    def selector(self) -> Any:
-        """The ``selector`` section: the selector object itself."""

@@ -1,6 +1,7 @@
-"""What a worker is asked to train: a :class:`Task` and the round's
-:data:`Payload`; and what the driver keeps of an update when the server is
-a Ray actor: an :class:`UpdateSummary`.
+"""What a worker is set up with once (:class:`WorkerSetup`), what it is
+asked to train (a :class:`Task` and the round's :data:`Payload`), and what
+the driver keeps of an update when the server is a Ray actor (an
+:class:`UpdateSummary`).
 
 Their own module, below :mod:`fedsim.workers` and :mod:`fedsim.batched`, so
 both can name them without importing each other (tests/test_imports.py).
@@ -9,14 +10,58 @@ both can name them without importing each other (tests/test_imports.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
-from fedsim.algorithms.base import ClientUpdate
+from fedsim.algorithms.base import Algorithm, ClientUpdate
+from fedsim.models import NetworkSetup
 from fedsim.params import l2_norm
+from fedsim.spec import ClientSpec
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 # the server's tensors a round's clients start from (``x`` and any extras)
 Payload = dict[str, torch.Tensor]
+# What the round loops hand a server's apply: an update, or (to the server
+# actor) a reference to one in the object store.
+Parcel: TypeAlias = "ClientUpdate | ObjectRef"
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """What a worker needs of the run, built once by the runtime and
+    shipped to every worker actor (it pickles: frozen sections and the
+    algorithm object).
+
+    Attributes:
+        algorithm: the run's algorithm (its client hooks and solver).
+        network: how to build the network (the server builds the same).
+        client: local training: solver, learning rate and its schedule,
+            batch size.
+        seed: the run's seed: every client's minibatches derive from
+            (seed, round, client).
+        rounds: the run's rounds, for ``client.lr_steps`` (fractions of it).
+        gpus: GPUs per worker; > 0 trains on CUDA where torch sees one.
+        vectorize: train a call's clients together (``fedsim.batched``)
+            where that gives the sequential results.
+        capped: the clock's tau caps an algorithm's own procedure
+            (``round.policy: fixed_window``: ``LocalTraining.step_budget``).
+        threads: torch's intra-op threads in a worker's process,
+            ``max(1, int(cpus_per_worker))`` (the driver uses the same
+            figure: a sum's split, so its floats, depend on it).
+    """
+
+    algorithm: Algorithm
+    network: NetworkSetup
+    client: ClientSpec
+    seed: int
+    rounds: int
+    gpus: float = 0.0
+    vectorize: bool = False
+    capped: bool = False
+    threads: int = 1
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ import json
 import math
 import pickle
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -42,18 +42,24 @@ from fedsim.algorithms.base import (
     Algorithm,
     ClientInfo,
     ClientUpdate,
+    Flag,
+    RoundContext,
     ServerState,
 )
 from fedsim.lazy import torch
-from fedsim.selectors.base import Draw, Selector, SelectorContext
+from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
 from fedsim.solvers import SolverState
 
 __all__ = ["Expected", "check_algorithm", "check_selector", "make_update"]
 
+_T = TypeVar("_T")
+_Layout = tuple["torch.Size", "torch.dtype"]  # a state tensor's shape and dtype
+
 M = 5  # clients in the checked federation
 LR = 0.1
 
-# (alg, x0, delta, n) -> the model n identical updates ``delta`` from x0 give
+# (alg, x0, delta, n) -> the model n identical updates ``delta`` from x0 give;
+# alg is the algorithm checked, of its own class (a test reads its fields)
 Expected = Callable[[Any, "torch.Tensor", "torch.Tensor", int], "torch.Tensor"]
 
 
@@ -146,7 +152,7 @@ def check_algorithm(
     )
 
 
-def _shipped(obj: Any) -> Any:
+def _shipped(obj: _T) -> _T:
     """``obj`` after the pickle round trip Ray puts it through between
     processes.
 
@@ -154,7 +160,8 @@ def _shipped(obj: Any) -> Any:
     made from ``obj`` on the line before, in this process; no file, socket or
     user-supplied bytes are ever read here.
     """
-    return pickle.loads(pickle.dumps(obj))
+    again: _T = pickle.loads(pickle.dumps(obj))
+    return again
 
 
 def _check_object(alg: Algorithm) -> None:
@@ -173,7 +180,7 @@ def _check_empty_round(alg: Algorithm) -> None:
     nothing: the runtime calls ``aggregate`` with an empty list then, and a
     rule that divided by the number of updates would produce NaNs."""
     state = alg.init(_x0(), M)
-    new, info = alg.aggregate(state, [])
+    new, info = _step(alg, state, [])
     assert new.keys() == state.keys(), "an empty round keeps the state's keys"
     assert all(torch.equal(new[k], state[k]) for k in state), (
         "an empty round leaves the state unchanged"
@@ -186,7 +193,7 @@ def _check_pickles(alg: Algorithm) -> None:
     pickling unchanged: Ray ships all three between processes."""
     state = alg.init(_x0(), M)
     u = make_update(alg, state, 0, _delta())
-    state2, _ = alg.aggregate(state, [u])
+    state2, _ = _step(alg, state, [u])
     for obj in (state, state2):
         again = _shipped(obj)
         assert again.keys() == obj.keys(), "the server state must pickle"
@@ -203,7 +210,7 @@ def _check_identical(alg: Algorithm, identical: Expected, n: int) -> None:
     x0, delta = _x0(), _delta()
     state = alg.init(x0, M)
     ups = [make_update(alg, state, i, delta.clone()) for i in range(n)]
-    new, info = alg.aggregate(state, ups)
+    new, info = _step(alg, state, ups)
     expected = identical(alg, x0, delta, n)
     torch.testing.assert_close(new["x"], expected, rtol=1e-6, atol=1e-6)
     # identical updates with equal weights and steps: no objective inconsistency
@@ -221,16 +228,31 @@ def _check_rounds(alg: Algorithm) -> None:
     assert state["x"].dtype == x0.dtype and state["x"].shape == x0.shape
     gen = torch.Generator().manual_seed(0)
     kept: dict[int, dict[str, torch.Tensor]] = {}
-    for chosen in ((0, 1, 2), (1, 3), (0, 4)):
+    for t, chosen in enumerate(((0, 1, 2), (1, 3), (0, 4))):
         ups = [_varied_update(alg, state, i, gen, kept) for i in chosen]
-        state, info = alg.aggregate(state, ups)
+        state, info = _step(alg, state, ups, t)
         _check_round_result(state, info, spec)
+        assert set(info.weights) <= set(chosen), "weights only for the round's clients"
     for cs in kept.values():
         assert all(v.shape == x0.shape for v in cs.values()), "client state shape"
         _check_finite(cs.values(), "a client's state")
 
 
-def _check_round_result(state: ServerState, info: AggregateInfo, spec: Any) -> None:
+def _step(
+    alg: Algorithm, state: ServerState, ups: list[ClientUpdate], t: int = 0
+) -> tuple[ServerState, AggregateInfo]:
+    """Round ``t``'s step as the server takes it: ``aggregate`` through
+    ``server_step`` (older forms of the hook too), the updates in ascending
+    client id (the ordering contract), no server context."""
+    ordered = sorted(ups, key=lambda u: u.client)
+    return alg.server_step(state, ordered, RoundContext(round=t))
+
+
+def _check_round_result(
+    state: ServerState,
+    info: AggregateInfo,
+    spec: dict[str, _Layout],
+) -> None:
     """The new state has the layout ``spec`` (key: (shape, dtype)), all finite;
     the meter's figures are finite and its weights positive."""
     got = {k: (v.shape, v.dtype) for k, v in state.items()}
@@ -256,7 +278,7 @@ def _varied_update(
     return u
 
 
-def _check_finite(tensors: Any, what: str) -> None:
+def _check_finite(tensors: Iterable[torch.Tensor], what: str) -> None:
     """Every tensor of ``tensors`` is finite (``what`` names them)."""
     assert all(bool(torch.isfinite(v).all()) for v in tensors), f"{what} is not finite"
 
@@ -268,7 +290,7 @@ class _Stats:
 
     train_loss: float
     weight: float = 0.1
-    flags: dict[str, Any] = field(default_factory=dict)
+    flags: dict[str, Flag] = field(default_factory=dict)
     update_norm: float = 1.0  # ||Delta_i||
 
 
@@ -288,7 +310,7 @@ _CTX = SelectorContext.from_arrays(
 )
 
 
-def fake_result(ids: np.ndarray, rng: np.random.Generator) -> Any:
+def fake_result(ids: np.ndarray, rng: np.random.Generator) -> _Result:
     """A round outcome for ``observe``: a loss per client and a flag each (as
     an algorithm's per-client columns), no algorithm ``signal``.
 
@@ -300,7 +322,7 @@ def fake_result(ids: np.ndarray, rng: np.random.Generator) -> Any:
     Returns:
         An object that satisfies the ``RoundResult`` protocol selectors read.
     """
-    flags: dict[int, dict[str, Any]] = {}
+    flags: dict[int, dict[str, Flag]] = {}
     clients = {}
     for i in ids.tolist():
         flags[i] = {"flagged": bool(rng.random() < 0.3)}
@@ -334,8 +356,12 @@ def candidates(t: int) -> np.ndarray:
 
 
 def drive(
-    sel: Selector, rounds: int = 12, seed: int = 0, state: Any = None, start: int = 0
-) -> tuple[list[np.ndarray], Any]:
+    sel: Selector,
+    rounds: int = 12,
+    seed: int = 0,
+    state: SelectorState | None = None,
+    start: int = 0,
+) -> tuple[list[np.ndarray], SelectorState]:
     """Select and observe for ``rounds`` rounds of :func:`candidates`, every
     choice from generators seeded by (``seed``, round).
 
@@ -420,12 +446,13 @@ def _exact_count(sel: Selector) -> bool:
 def _check_deterministic(sel: Selector, deterministic: bool) -> None:
     """The same generator gives the same choices, another generator others
     (unless ``deterministic``), and no global generator moves meanwhile."""
-    np_state: Any = np.random.get_state()
+    np_state = np.random.get_state(legacy=False)["state"]  # MT19937: key, pos
     py_state = random.getstate()
     torch_state = torch.random.get_rng_state()
     _check_generator_use(sel, deterministic)
-    after: Any = np.random.get_state()
-    assert np.array_equal(np_state[1], after[1]) and np_state[2] == after[2], (
+    after = np.random.get_state(legacy=False)["state"]
+    same = np_state["pos"] == after["pos"]
+    assert np.array_equal(np_state["key"], after["key"]) and same, (
         "numpy's global generator must not move"
     )
     assert random.getstate() == py_state, "random's global generator must not move"

@@ -10,21 +10,29 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from fedsim.algorithms import ClientUpdate, make_algorithm
-from fedsim.algorithms.base import ClientContext, ClientInfo, ClientState, LocalTraining
+from fedsim.algorithms import ClientUpdate
+from fedsim.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientInfo,
+    ClientState,
+    LocalTraining,
+)
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.minibatches import batches, client_seed
 from fedsim.models import batch_loss, make_model
 from fedsim.params import bind_flat
-from fedsim.scenario import Scenario
 from fedsim.solvers import SGD, SolverState, step_factor
-from fedsim.tasks import Payload, Task, UpdateSummary
+from fedsim.tasks import Payload, Task, UpdateSummary, WorkerSetup
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 _log = logging.getLogger(__name__)
 
@@ -58,7 +66,9 @@ def assign_lpt(tasks: Sequence[Task], n: int) -> list[list[Task]]:
 
 
 def worker_device(
-    scenario: Scenario, algorithm: Any, cuda: bool | None = None
+    gpus_per_worker: float,
+    algorithm: Algorithm | type[Algorithm],
+    cuda: bool | None = None,
 ) -> torch.device:
     """Where a worker trains: CUDA when the scenario gives each worker a GPU
     share, the algorithm trains through the shared step loop, and CUDA is
@@ -67,8 +77,9 @@ def worker_device(
     design, GPU share or not; updates travel back on the CPU either way.
 
     Args:
-        scenario: the run's scenario (``resources.gpus_per_worker``).
-        algorithm: the scenario's algorithm object (``client_train``).
+        gpus_per_worker: ``resources.gpus_per_worker`` (the worker record's
+            ``gpus``).
+        algorithm: the run's algorithm, or its class (``client_train``).
         cuda: whether CUDA is available (None: ask torch).
 
     Returns:
@@ -76,7 +87,7 @@ def worker_device(
     """
     if cuda is None:
         cuda = torch.cuda.is_available()
-    gpu = scenario.resources.gpus_per_worker > 0 and algorithm.client_train is None
+    gpu = gpus_per_worker > 0 and algorithm.client_train is None
     return torch.device("cuda" if gpu and cuda else "cpu")
 
 
@@ -90,7 +101,7 @@ class Worker:
     an actor that Ray restarts computes the same updates.
 
     Args:
-        scenario: the run's scenario (model, algorithm, client, resources).
+        setup: what the worker needs of the run (built once by the runtime).
         data: the dataset, or on a Ray actor a one-element list holding its
             object reference (a list, so a restarted actor fetches it again).
         threads: torch's intra-op threads for this process (None: as is).
@@ -98,21 +109,23 @@ class Worker:
 
     def __init__(
         self,
-        scenario: Scenario,
-        data: FederatedData | list[Any],
+        setup: WorkerSetup,
+        data: FederatedData | list[ObjectRef],
         threads: int | None = None,
     ) -> None:
         if threads is not None:
             torch.set_num_threads(max(1, threads))
         data = _fetch(data)
-        self.scenario = scenario
+        self.setup = setup
         # what the minibatch draws depend on (fedsim.batched reads them too)
-        self.seed = scenario.seed
-        self.batch_size = scenario.client.batch_size
-        self.algorithm = make_algorithm(scenario.algorithm)
-        self.solver = self.algorithm.solver(scenario.client)
-        self.model = make_model(scenario, data)
-        self.device = worker_device(scenario, self.algorithm)
+        self.seed = setup.seed
+        self.batch_size = setup.client.batch_size
+        self.algorithm = setup.algorithm
+        self.solver = self.algorithm.solver(setup.client)
+        self.model = make_model(setup.network, data)
+        # the model's own per-sample loss, or None: cross-entropy
+        self.loss = setup.network.loss
+        self.device = worker_device(setup.gpus, self.algorithm)
         self.model.to(self.device)
         self.theta, self.grad = bind_flat(self.model)
         dtype = self.theta.dtype
@@ -125,7 +138,7 @@ class Worker:
         self.total = float(np.sum(data.weights))
         self._train_group = self.train_sequential
         self.batched = False
-        if scenario.resources.vectorize:
+        if setup.vectorize:
             self._use_batched()
 
     def _use_batched(self) -> None:
@@ -149,8 +162,8 @@ class Worker:
         """The local solver with round ``round_``'s learning rate: the decay
         ``lr_decay`` (floored at ``lr_min``) times the step schedule
         ``lr_steps`` (x0.1 at each fraction of the rounds)."""
-        spec = self.scenario.client
-        factor = step_factor(spec.lr_steps, round_, self.scenario.rounds)
+        spec = self.setup.client
+        factor = step_factor(spec.lr_steps, round_, self.setup.rounds)
         if spec.lr_decay == 1.0 and factor == 1.0:
             return self.solver
         lr = max(spec.lr * spec.lr_decay**round_, spec.lr_min) * factor
@@ -187,7 +200,7 @@ class Worker:
         payload: Payload,
         tasks: Sequence[Task],
         states: Mapping[int, ClientState] | None = None,
-    ) -> tuple[Any, ...]:
+    ) -> tuple[list[UpdateSummary] | ClientUpdate, ...]:
         """:meth:`train`, returned apart for a Ray call with ``num_returns =
         1 + len(tasks)``: the list of the updates' summaries first (what the
         driver fetches), then each update (what the server actor fetches).
@@ -236,7 +249,7 @@ class Worker:
         info = self.client_info(i)
         if algo.client_train is not None:
             # under fixed_window the clock's tau caps the algorithm's work
-            fixed = self.scenario.round.policy == "fixed_window"
+            fixed = self.setup.capped
             return algo.client_train(
                 LocalTraining(
                     client=ClientContext(info, payload, client_state),
@@ -261,7 +274,7 @@ class Worker:
         for idx in islice(batches(hi - lo, size, gen, self.device), task.tau):
             xb, yb = (xs, ys) if idx is None else (xs[idx], ys[idx])
             grad.zero_()
-            loss = batch_loss(self.model, xb, yb)
+            loss = batch_loss(self.model, xb, yb, self.loss)
             loss.backward()
             algo.grad_hook(theta, grad, client)
             solver.step(theta, grad, state)
@@ -301,7 +314,7 @@ class Worker:
         )
 
 
-def _fetch(data: FederatedData | list[Any]) -> FederatedData:
+def _fetch(data: FederatedData | list[ObjectRef]) -> FederatedData:
     """The dataset itself; on a Ray actor, (re)started, from the object
     store through the reference in the one-element list."""
     if isinstance(data, list):

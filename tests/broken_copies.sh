@@ -91,7 +91,7 @@ run() {
       '    from pathlib import Path; SCENARIOS = Path("scenarios")  # the old relative path' /tmp ;;
   fuzz_share) # every run refused (exit 2, which the property alone accepts)
     case_ fuzz_share tests/test_fuzz_runtime.py::test_odd_scenarios_end_well_and_in_time \
-      fedsim/preflight.py '    check_model_data(scenario, source)
+      fedsim/preflight.py '    check_model_data(facts, source)
     check_numeric_ranges' '    raise _error(f"{source}: rounds: refused by a broken copy")
     check_numeric_ranges' ;;
   gpu) # no CUDA here: the GPU tests run anyway, so the worker falls back to the CPU
@@ -116,11 +116,11 @@ run() {
       'ray.util.placement_group(bundles, "PACK")' ;;
   per_node) # per-node data not checked before the actors start
     case_ per_node tests/test_multinode.py::test_per_node_data_is_checked_on_every_node \
-      fedsim/executors.py '            check_data_on_nodes(scenario)' '            pass' ;;
+      fedsim/executors.py '            check_data_on_nodes(setup.recipe)' '            pass' ;;
   restart) # a restarting actor given only the count of attempts, as before
     case_ restart tests/test_faults.py::test_killed_worker_is_replaced_and_results_are_identical \
-      fedsim/executors.py 'return delay if waited < _RESTART_WAIT_S else None' \
-      'return delay if failures < _MAX_ATTEMPTS else None' ;;
+      fedsim/actors.py 'return delay if attempts.waited_s < self.restart_wait_s else None' \
+      'return delay if attempts.failures < self.max_deaths else None' ;;
   interrupt) # the round loop never looks for a signal its handler noted
     case_ interrupt tests/test_interrupts.py::test_a_signal_a_finalizer_would_swallow_still_stops_the_run \
       fedsim/runtime.py '        interrupts.before_round()  # a Ctrl-C during the last round stops here' \

@@ -20,7 +20,7 @@ from fedsim.algorithms.base import ClientContext, ClientInfo, ClientUpdate
 from fedsim.algorithms.sampling import proportional_weights, uniform_weights
 from fedsim.data import build_data
 from fedsim.executors import InProcessExecutor
-from fedsim.runtime import run_scenario
+from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import load_scenario
 from fedsim.server import Server
 from fedsim.solvers import SGD
@@ -40,8 +40,9 @@ class Driver:
     def __init__(self, *overrides: str, scenario=QUAD) -> None:
         self.sc = load_scenario(scenario, list(overrides))
         data = build_data(self.sc.data, self.sc.num_clients, self.sc.seed)
-        self.server = Server(self.sc, data)
-        self.executor = InProcessExecutor(self.sc, data)
+        setup = run_setup(self.sc)
+        self.server = Server(setup.server, data)
+        self.executor = InProcessExecutor(setup.worker, data)
         self.t = 0
 
     @property
@@ -86,6 +87,20 @@ def make_update(client, delta, weight=1.0, tau=1, norm_a=None, **extras):
     ex = {k: torch.tensor(float(v), dtype=torch.float64) for k, v in extras.items()}
     na = float(tau) if norm_a is None else norm_a
     return ClientUpdate(client, delta, weight, tau, na, 0.0, ex)
+
+
+# ------------------------------------------- the server's ordering contract
+def test_a_round_reaches_aggregate_in_client_order_each_client_once():
+    # Prepare: three clients' updates, handed over in reverse order
+    d = Driver("algorithm={name: fedavg}")
+    ups = d.train({0: 1, 1: 2, 2: 3})
+    # Execute
+    applied = d.server.apply(ups[::-1], where="round 0")
+    # Assert: sorted by id, weights in that order; a client twice is refused
+    assert applied.clients == (0, 1, 2)
+    assert applied.weights == tuple(applied.info.weights[c] for c in (0, 1, 2))
+    with pytest.raises(ValueError, match="round 0: client 1 has two updates"):
+        d.server.apply([ups[1], ups[0], ups[1]], where="round 0")
 
 
 # ------------------------------------------------------------------- FedAvg

@@ -52,7 +52,7 @@ def test_the_chooser_runs_only_after_every_version_made_was_yielded():
     # Prepare: the uniform async timeline of FedBuff, and a chooser that
     # notes how many versions were made and yielded when it is called
     sc = fedbuff("{name: uniform, clients_per_round: 5}", rounds=15)
-    run = _Run.plan_only(sc)
+    run = _Run(sc, None, None)
     yielded = 0
     calls: list[tuple[int, int]] = []
     uniform = clock.uniform_choice(sc.seed)

@@ -17,7 +17,7 @@ from fedsim.batched import train_batched, why_not_batched
 from fedsim.data import build_data
 from fedsim.models import ModelSpec, build_model, make_model
 from fedsim.params import flatten
-from fedsim.runtime import run_scenario
+from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import load_scenario
 from fedsim.server import Server
 from fedsim.solvers import SGD
@@ -56,7 +56,9 @@ TAUS = [(0, 3), (4, 1), (9, 5)]
 def worker(*overrides: str) -> tuple[Worker, Server]:
     sc = load_scenario(QUICK, list(overrides))
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    return Worker(sc, data, threads=1), Server(sc, data)
+    return Worker(run_setup(sc).worker, data, threads=1), Server(
+        run_setup(sc).server, data
+    )
 
 
 def start_state(w: Worker, server: Server) -> tuple[dict, dict]:
@@ -118,9 +120,9 @@ def test_the_quadratic_objective_is_batched_too():
     sc = SCENARIOS / "quadratic-objective-inconsistency.yaml"
     scenario = load_scenario(sc, ["model={name: quadratic, dtype: float64}"])
     data = build_data(scenario.data, scenario.num_clients, scenario.seed)
-    w = Worker(scenario, data, threads=1)
+    w = Worker(run_setup(scenario).worker, data, threads=1)
     assert why_not_batched(w) is None
-    x = flatten(make_model(scenario, data))
+    x = flatten(make_model(run_setup(scenario).network, data))
     tasks = [Task(c, 2, tau) for c, tau in [(0, 4), (1, 2)]]
     seq = w.train_sequential({"x": x}, tasks, {})
     assert_equal_updates(seq, train_batched(w, {"x": x}, tasks, {}), 1e-9, 1e-10)
@@ -229,7 +231,9 @@ def fake_worker(model: torch.nn.Module, solver: SGD | None = None) -> SimpleName
         algorithm=load_scenario(QUICK).algorithm,
         model=model,
         solver=solver or SGD(lr=0.1),
-        scenario=SimpleNamespace(model=SimpleNamespace(name="lstm")),
+        setup=SimpleNamespace(
+            network=SimpleNamespace(model=SimpleNamespace(name="lstm"))
+        ),
         device=torch.device("cpu"),
     )
 

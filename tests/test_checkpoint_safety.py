@@ -33,7 +33,7 @@ def make_run(tmp_path, scenario=None):
     ckpt.mkdir(parents=True)
     write_meta(ckpt, META)
     if scenario is not None:
-        write_fingerprint(ckpt, scenario)
+        write_fingerprint(ckpt, fingerprint(scenario))
     commit_checkpoint(run, ckpt)
     return run, ckpt
 
@@ -123,6 +123,22 @@ def test_resume_with_the_same_experiment_passes(tmp_path):
     run, ckpt = make_run(tmp_path, sc)
     check_fingerprint(ckpt, load_scenario(QUICK, ["rounds=100"]))
     check_fingerprint(run, sc)  # a run folder: LATEST is followed
+
+
+def test_a_checkpoint_of_the_all_in_one_model_spec_still_resumes(tmp_path):
+    # Prepare: earlier versions fingerprinted every network's fields
+    sc = load_scenario(QUICK)
+    run, ckpt = make_run(tmp_path, sc)
+    old = json.loads((ckpt / "fingerprint.json").read_text())
+    old["model"] |= {"hidden": [200, 200], "lstm_layers": 2, "width": 128}
+    (ckpt / "fingerprint.json").write_text(json.dumps(old))
+    # Execute / Assert: those at their defaults are no difference; one set
+    # otherwise is
+    check_fingerprint(ckpt, sc)
+    old["model"]["width"] = 64
+    (ckpt / "fingerprint.json").write_text(json.dumps(old))
+    with pytest.raises(CheckpointError, match=r"model\.width: 64 \(checkpoint\)"):
+        check_fingerprint(ckpt, sc)
 
 
 def test_resume_with_another_experiment_lists_the_fields(tmp_path):

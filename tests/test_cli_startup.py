@@ -7,13 +7,22 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 
 from fedsim import preflight as pf
+from fedsim.models import (
+    CNN,
+    LSTM,
+    MLP,
+    MODELS,
+    VGG11,
+    CifarCNN,
+    ConvNet,
+    Quadratic,
+)
 from fedsim.scenario import ScenarioError, load_scenario
-from fedsim.spec import ModelSpec
+from fedsim.spec import Model
 
 from .conftest import ROOT, SCENARIOS
 
@@ -81,12 +90,16 @@ def test_a_refused_scenario_imports_neither_torch_nor_ray():
 
 
 # ------------------------------------------------------- parameter-count formulas
+def _info(sc):
+    return pf.data_info(sc.data, sc.num_clients)
+
+
 def _shapes() -> set[tuple[str, tuple[int, ...], int]]:
     """(kind, sample shape, classes) of every shipped scenario's dataset where
     the spec tells, plus the shapes of the datasets no scenario ships with."""
     found = {
         (info.kind, info.shape, info.classes)
-        for info in (pf.data_info(load_scenario(p)) for p in ALL_SCENARIOS)
+        for info in (_info(load_scenario(p)) for p in ALL_SCENARIOS)
         if info.shape is not None and info.classes
     }
     found |= {
@@ -101,40 +114,31 @@ def _shapes() -> set[tuple[str, tuple[int, ...], int]]:
     return found
 
 
-_SPECS = [
-    ModelSpec(name="logreg"),
-    ModelSpec(name="mlp"),
-    ModelSpec(name="mlp", hidden=[7, 5, 3]),
-    ModelSpec(name="cnn"),
-    ModelSpec(name="cifar_cnn"),
-    ModelSpec(name="vgg11"),
-    ModelSpec(name="vgg11", norm_groups=32),
-    ModelSpec(name="resnet18"),
-    ModelSpec(name="convnet"),
-    ModelSpec(name="convnet", depth=2, width=16),
-    ModelSpec(name="lstm"),
-    ModelSpec(name="lstm", embed_dim=4, lstm_hidden=32, lstm_layers=3),
+# every built-in network with its defaults (a new one is checked as soon as
+# it is registered), and a few with other fields
+_SPECS = [cls() for cls in MODELS.values() if cls is not Quadratic] + [
+    MLP(hidden=[7, 5, 3]),
+    VGG11(norm_groups=32),
+    ConvNet(depth=2, width=16),
+    LSTM(embed_dim=4, lstm_hidden=32, lstm_layers=3),
 ]
 
 
-def _reads(spec: ModelSpec, kind: str, shape: tuple[int, ...]) -> bool:
-    """Whether the model reads such samples at all (else preflight's
-    check_model_data refuses it and the count is None)."""
-    if (spec.name == "lstm") != (kind == "sequence"):
-        return False
-    info = pf.DataInfo(kind, shape, None, None)
-    return spec.name not in pf.IMAGE_MODELS or pf._as_image(info) is not None
+def _reads(spec: Model, kind: str, shape: tuple[int, ...], classes: int) -> bool:
+    """Whether the model reads such samples at all, as it says itself (else
+    preflight's check_model_data refuses it)."""
+    return spec.data_problem(pf.DataInfo(kind, shape, classes, None)) is None
 
 
 _CASES = [
     (spec, kind, shape, classes)
     for spec in _SPECS
     for kind, shape, classes in sorted(_shapes())
-    if _reads(spec, kind, shape)
+    if _reads(spec, kind, shape, classes)
 ]
 
 
-def _torch_count(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> int:
+def _torch_count(spec: Model, shape: tuple[int, ...], classes: int) -> int:
     torch = pytest.importorskip("torch")
     from fedsim.models import build_model
 
@@ -151,52 +155,48 @@ def _torch_count(spec: ModelSpec, shape: tuple[int, ...], classes: int) -> int:
 def test_param_count_formula_equals_the_torch_network(spec, kind, shape, classes):
     # Prepare: samples the model reads (a square vector is a grey image)
     info = pf.DataInfo(kind, shape, classes, None)
-    scenario = SimpleNamespace(model=spec)
-    model_shape = pf._as_image(info) if spec.name in pf.IMAGE_MODELS else shape
     try:
-        want = _torch_count(spec, model_shape, classes)
+        want = _torch_count(spec, shape, classes)
     except (ValueError, RuntimeError):  # e.g. vgg11 on 28x28: too small for it
         # Execute / Assert: the formula refuses it too, in one line
         with pytest.raises(ScenarioError, match="too small"):
-            pf.count_params(scenario, info)
+            pf.count_params(spec, info)
         return
     # Execute
-    formula = pf.count_params(scenario, info)
+    formula = pf.count_params(spec, info)
     # Assert
     assert formula == want
 
 
 def test_quadratic_param_count_is_its_dimension():
     info = pf.DataInfo("vector", (5,), 0, None)
-    spec = ModelSpec(name="quadratic")
-    assert pf.count_params(SimpleNamespace(model=spec), info) == 5
+    spec = Quadratic()
+    assert pf.count_params(spec, info) == 5
     assert _torch_count(spec, (5,), 0) == 5
 
 
 def test_hand_counted_image_networks():
     # cnn on 28x28x1 (the FedAvg paper): conv 1*32*25+32 = 832, conv
     # 32*64*25+64 = 51264, fc 7*7*64*512+512 = 1606144, out 512*10+10 = 5130
-    assert pf.image_params(ModelSpec(name="cnn"), (1, 28, 28), 10) == 1_663_370
+    assert CNN().param_count((1, 28, 28), 10) == 1_663_370
     # cifar_cnn on 32x32x3: conv 3*64*25+64 = 4864 (32 -> 28 -> 14), conv
     # 64*64*25+64 = 102464 (14 -> 10 -> 5), fc 5*5*64*384+384 = 614784,
     # 384*192+192 = 73920, out 192*10+10 = 1930
-    assert pf.image_params(ModelSpec(name="cifar_cnn"), (3, 32, 32), 10) == 797_962
+    assert CifarCNN().param_count((3, 32, 32), 10) == 797_962
     # convnet depth 1 width 2 on 4x4x1: conv 1*2*9+2 = 20 with padding 3
     # (4 -> 8), GroupNorm 4, pool 8 -> 4, linear 2*4*4*3+3 = 99
-    spec = ModelSpec(name="convnet", depth=1, width=2)
-    assert pf.image_params(spec, (1, 4, 4), 3) == 123
+    assert ConvNet(depth=1, width=2).param_count((1, 4, 4), 3) == 123
 
 
 def test_an_image_too_small_for_the_network_is_one_line():
     # cifar_cnn on 8x8: 8 -> 4 -> 2, and the second 5x5 convolution has no room
     with pytest.raises(ScenarioError) as exc:
-        pf.image_params(ModelSpec(name="cifar_cnn"), (1, 8, 8), 10)
+        pf.count_params(CifarCNN(), pf.DataInfo("image", (1, 8, 8), 10, None))
     msg = str(exc.value)
     assert "\n" not in msg
     assert msg.startswith("model.name 'cifar_cnn': 1x8x8 images are too small")
 
 
-# ------------------------------------------------------------------ fedsim.lazy
 def test_lazy_import_imports_on_the_first_attribute_read():
     from fedsim.lazy import lazy_import
 

@@ -17,11 +17,19 @@ from __future__ import annotations
 import math
 import pickle
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 from fedsim.algorithms import REGISTRY, Algorithm
+from fedsim.algorithms.base import (
+    PLAIN_ROUND,
+    ClientUpdate,
+    RoundContext,
+    ServerContext,
+    meter,
+)
 from fedsim.runtime import RunResult, run_scenario
 from fedsim.scenario import load_scenario
 from fedsim.testing import M, check_algorithm
@@ -140,3 +148,69 @@ def test_scenario_section_builds_it_and_a_short_run_works(name):
 def sim_num_params(sim: RunResult) -> int:
     assert sim.final_params is not None
     return int(sim.final_params.numel())
+
+
+# ------------------------------------------------- the server seam (issue 38)
+@dataclass(frozen=True)
+class _Recorder(Algorithm):
+    """Records what ``aggregate`` received (the one signature)."""
+
+    def aggregate(self, state, updates, ctx=PLAIN_ROUND):
+        _SEEN.append(([u.client for u in updates], ctx))
+        return state, meter(updates, [1.0] * len(updates), 1.0)
+
+
+@dataclass(frozen=True)
+class _TwoArgs(Algorithm):  # written before the context existed
+    def aggregate(self, state, updates):
+        return {"x": state["x"] + 1}, meter(updates, [1.0] * len(updates), 1.0)
+
+
+@dataclass(frozen=True)
+class _ServerKw(Algorithm):  # the needs_server form
+    needs_server = True
+
+    def aggregate(self, state, updates, server=None):
+        _SEEN.append(server)
+        return state, meter(updates, [1.0] * len(updates), 1.0)
+
+
+@dataclass(frozen=True)
+class _OldAsync(Algorithm):  # an asynchronous rule before the context
+    buffer_size = 2
+
+    def aggregate(self, state, updates):
+        raise AssertionError("an asynchronous version goes to aggregate_async")
+
+    def aggregate_async(self, state, updates, staleness, starts):
+        _SEEN.append((list(staleness), len(starts)))
+        return state, meter(updates, [1.0] * len(updates), 1.0)
+
+
+_SEEN: list = []
+
+
+def _up(client: int) -> ClientUpdate:
+    return ClientUpdate(client, torch.ones(2), 1.0, 1, 1.0, 0.0)
+
+
+def test_older_aggregate_forms_still_run_through_the_seam_with_a_warning():
+    # Prepare
+    state, ups = {"x": torch.zeros(2)}, [_up(0), _up(1)]
+    server = ServerContext(torch.nn.Linear(1, 1), lambda x: 0.0, 0)
+    _SEEN.clear()
+    # Execute / Assert: the plain form gets no context; the server= form
+    # gets ctx.server; an old async rule gets staleness and starts
+    with pytest.warns(DeprecationWarning, match="_TwoArgs.aggregate"):
+        new, _ = _TwoArgs().server_step(state, ups, RoundContext(round=3))
+    assert torch.equal(new["x"], torch.ones(2))
+    with pytest.warns(DeprecationWarning, match="server=ServerContext"):
+        _ServerKw().server_step(state, ups, RoundContext(server=server))
+    assert _SEEN.pop() is server and _ServerKw().wants_server
+    ctx = RoundContext(1, (0, 2), (state["x"], state["x"]))
+    with pytest.warns(DeprecationWarning):
+        _OldAsync().server_step(state, ups, ctx)
+    assert _SEEN.pop() == ([0, 2], 2) and _OldAsync().asynchronous
+    # the one signature: no warning, the context as given
+    _Recorder().server_step(state, ups, ctx)
+    assert _SEEN.pop() == ([0, 1], ctx) and not _Recorder().wants_server

@@ -11,6 +11,7 @@ import torch
 
 from fedsim.data import build_data
 from fedsim.executors import InProcessExecutor, RayExecutor, make_executor
+from fedsim.runtime import run_setup
 from fedsim.scenario import load_scenario
 from fedsim.server import Server
 from fedsim.workers import Task
@@ -31,7 +32,7 @@ TASKS = [
 def setup(*overrides: str):
     sc = load_scenario(QUICK, list(overrides))
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    server = Server(sc, data)
+    server = Server(run_setup(sc).server, data)
     x0 = server.payload()
     x1 = {k: v + 0.01 for k, v in x0.items()}
     states = server.client_states([t.client for t in TASKS])
@@ -61,7 +62,7 @@ def check_same(a, b, exact=True):
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
 def test_in_process_results_are_per_task_and_repeat(algorithm):
     sc, data, payloads, states = setup(f"algorithm={{name: {algorithm}}}")
-    ex = make_executor(sc, data, workers=0)
+    ex = make_executor(run_setup(sc).executor, data, workers=0)
     assert isinstance(ex, InProcessExecutor)
     first = ex.train(TASKS, payloads, states)
     # one task at a time gives the same update: nothing leaks between tasks
@@ -75,11 +76,13 @@ def test_in_process_results_are_per_task_and_repeat(algorithm):
 @pytest.mark.parametrize("algorithm", ["fednova", "scaffold"])
 def test_the_batched_worker_matches_within_float_tolerance(algorithm):
     sc, data, payloads, states = setup(f"algorithm={{name: {algorithm}}}")
-    plain = make_executor(sc, data, workers=0).train(TASKS, payloads, states)
+    plain = make_executor(run_setup(sc).executor, data, workers=0).train(
+        TASKS, payloads, states
+    )
     scb, datab, _, _ = setup(
         f"algorithm={{name: {algorithm}}}", "resources.vectorize=true"
     )
-    batched = make_executor(scb, datab, workers=0)
+    batched = make_executor(run_setup(scb).executor, datab, workers=0)
     assert batched.worker.batched
     check_same(plain, batched.train(TASKS, payloads, states), exact=False)
 
@@ -88,9 +91,11 @@ def test_the_batched_worker_matches_within_float_tolerance(algorithm):
 @pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
 def test_ray_executors_equal_the_in_process_one(ray_session, algorithm):
     sc, data, payloads, states = setup(f"algorithm={{name: {algorithm}}}")
-    local = make_executor(sc, data, workers=0).train(TASKS, payloads, states)
+    local = make_executor(run_setup(sc).executor, data, workers=0).train(
+        TASKS, payloads, states
+    )
     for n in (1, 2):
-        ex = make_executor(sc, data, workers=n)
+        ex = make_executor(run_setup(sc).executor, data, workers=n)
         assert isinstance(ex, RayExecutor) and len(ex.pids()) == n
         try:
             check_same(local, ex.train(TASKS, payloads, states))

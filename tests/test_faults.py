@@ -278,8 +278,9 @@ def slow_to_restart(monkeypatch) -> None:
             super().__init__(*args)
 
     monkeypatch.setattr(fedsim.executors.RayExecutor, "worker_class", SlowToRestart)
-    monkeypatch.setattr(fedsim.executors, "worker_shape", lambda _scenario: None)
-    monkeypatch.setattr(fedsim.executors, "_MAX_ATTEMPTS", 2)
+    monkeypatch.setattr(fedsim.executors, "worker_shape", lambda _resources: None)
+    fewer = fedsim.executors.RetryPolicy(max_deaths=2)
+    monkeypatch.setattr(fedsim.executors.RayExecutor, "retry", fewer)
 
 
 @pytest.mark.ray
@@ -351,27 +352,30 @@ def test_a_worker_killed_in_an_async_run_is_replaced_with_identical_results(
 
 
 def test_a_restarting_actor_is_waited_for_by_time_and_a_dead_one_by_count():
-    import ray.exceptions
+    # The cases of RetryPolicy's table, each computed by hand (the executor
+    # marks a failure ``restarting`` for ActorUnavailableError, a death for
+    # RayActorError and StaleWorkerError: fedsim.actors.CallFailures)
+    from fedsim.actors import Attempts, CallFailures, RetryPolicy
 
-    from fedsim.executors import (
-        _MAX_ATTEMPTS,
-        _RESTART_WAIT_S,
-        StaleWorkerError,
-        _retry_after,
-    )
+    policy = RetryPolicy()
+    deaths, wait = policy.max_deaths, policy.restart_wait_s
 
-    restarting = ray.exceptions.ActorUnavailableError("The actor is restarting", None)
-    died = ray.exceptions.ActorDiedError()
-    stale = StaleWorkerError("set up for an earlier run")
+    def restarting(n: int, waited: float) -> Attempts:
+        return Attempts(n, 0, waited, restarting=True)
+
     # back-off 1, 2, 4, 8 s, then 10 s
-    delays = [_retry_after(restarting, n, 0, 0.0) for n in range(1, 8)]
+    delays = [policy.after(restarting(n, 0.0)) for n in range(1, 8)]
     assert delays == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
     # a restart is waited for well past the count, until the time budget
-    assert _retry_after(restarting, 100, 0, _RESTART_WAIT_S - 1) == 10.0
-    assert _retry_after(restarting, 100, 0, _RESTART_WAIT_S) is None
-    # an actor that failed at once is resent _MAX_ATTEMPTS - 1 times, however soon
-    for error in (died, stale):
-        assert _retry_after(error, _MAX_ATTEMPTS, _MAX_ATTEMPTS - 1, 0.0) == 10.0
-        assert _retry_after(error, _MAX_ATTEMPTS, _MAX_ATTEMPTS, 0.0) is None
+    assert policy.after(restarting(100, wait - 1)) == 10.0
+    assert policy.after(restarting(100, wait)) is None
+    # an actor that failed at once is resent max_deaths - 1 times, however soon
+    assert policy.after(Attempts(deaths, deaths - 1, 0.0)) == 10.0
+    assert policy.after(Attempts(deaths, deaths, 0.0)) is None
     # restarts in between do not use up a dead actor's attempts
-    assert _retry_after(died, 50, 2, 30.0) == 10.0
+    assert policy.after(Attempts(50, 2, 30.0)) == 10.0
+    # the executor's count: two deaths and a restart of call 3, 5 s apart
+    calls = CallFailures()
+    calls.record(3, restarting=False, now=100.0)
+    calls.record(3, restarting=True, now=102.0)
+    assert calls.record(3, restarting=False, now=105.0) == Attempts(3, 2, 5.0)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from fedsim.algorithms import REGISTRY
-from fedsim.algorithms.base import ServerContext
+from fedsim.algorithms.base import RoundContext, ServerContext
 from fedsim.algorithms.feddm import (
     FedDM,
     embed_and_logits,
@@ -29,7 +29,7 @@ from fedsim.algorithms.feddm import (
 from fedsim.data import build_data
 from fedsim.models import ModelSpec, build_model
 from fedsim.params import flatten
-from fedsim.runtime import run_scenario
+from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import load_scenario
 from fedsim.workers import Task, Worker
 
@@ -153,7 +153,7 @@ def tiny():
 
 def _train(sc, data, client: int, tau: int, **fields):
     sc = sc.model_copy(update={"algorithm": FedDM(**{**_small(), **fields})})
-    worker = Worker(sc, data)
+    worker = Worker(run_setup(sc).worker, data)
     x = flatten(worker.model).clone()
     return worker.train({"x": x}, [Task(client, 0, tau)])[0], x, worker
 
@@ -271,8 +271,8 @@ def test_server_trains_on_the_union_from_the_global_model():
         _synthetic_update(1, torch.randn(3, 6, generator=gen), torch.tensor([3, 3, 3])),
     ]
     # Execute
-    new, info = alg.aggregate(state, ups, server=_context(mlp()))
-    again, _ = alg.aggregate(state, ups, server=_context(mlp()))
+    new, info = alg.aggregate(state, ups, RoundContext(server=_context(mlp())))
+    again, _ = alg.aggregate(state, ups, RoundContext(server=_context(mlp())))
     # Assert: moved, deterministic, state intact, weights = share of S
     assert not torch.equal(new["x"], x0) and torch.equal(new["x"], again["x"])
     assert torch.equal(state["x"], x0)
@@ -287,7 +287,7 @@ def test_server_ball_keeps_the_model_within_rho():
     )
     state = alg.init(flatten(model), 1)
     ups = [_synthetic_update(0, 10 * torch.randn(4, 6), torch.tensor([0, 1, 2, 3]))]
-    new, _ = alg.aggregate(state, ups, server=_context(mlp()))
+    new, _ = alg.aggregate(state, ups, RoundContext(server=_context(mlp())))
     assert float(torch.linalg.vector_norm(new["x"] - state["x"])) <= 0.05 + 1e-5
 
 

@@ -12,7 +12,7 @@ import pytest
 from fedsim.algorithms.feddm import FedDM, iteration_flops_ratio, upload_bytes
 from fedsim.clock import JobWork, RoundSpec, RunContext, plan_round
 from fedsim.fleet import Fleet, FleetSpec
-from fedsim.runtime import job_work, run_scenario
+from fedsim.runtime import run_scenario
 from fedsim.scenario import ScenarioError, ScenarioWarning, load_scenario
 
 from .conftest import SCENARIOS
@@ -138,7 +138,7 @@ def test_a_fixed_epochs_run_bills_and_times_the_synthetic_set():
         assert c["bytes_up"] == up == upload_bytes(k, 3, (10,))
         assert c["tau"] == 4
         assert c["t_arrive"] == pytest.approx(0.132 + 2.0 + up / 1000)
-    assert job_work(sc, sim.data).bytes_up.tolist() == [
+    assert sc.algorithm.clock_work(sc.facts, sim.data).bytes_up.tolist() == [
         upload_bytes(classes_held(sim.data, i), 3, (10,)) for i in range(6)
     ]
 
@@ -150,9 +150,9 @@ def test_time_aware_selectors_see_feddm_s_round_time():
 
     sc = load_scenario(TINY, [ALG % (4, "2.0"), *SLOW_LINK])
     # Execute
-    run = _Run.plan_only(sc)
+    run = _Run(sc, None, None)
     # Assert: 0.132 s down + 4 iterations x 2 steps / 4 steps/s + upload
-    up = job_work(sc, run.data).bytes_up
+    up = sc.algorithm.clock_work(sc.facts, run.data).bytes_up
     expected = 0.132 + 2.0 + up / 1000
     assert run.sel_ctx.round_time_s == pytest.approx(expected)
 

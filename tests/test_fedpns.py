@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from fedsim.algorithms import REGISTRY
-from fedsim.algorithms.base import AggregateInfo, ClientUpdate
+from fedsim.algorithms.base import AggregateInfo, ClientUpdate, RoundContext
 from fedsim.algorithms.fedpns import (
     FedPNS,
     Labels,
@@ -112,7 +112,9 @@ def test_equal_gradients_from_different_steps_and_lrs_are_not_labeled():
         update(2, -0.05 * 8 * g, lr=0.05, tau=8),
     ]
     server = FakeServer(lambda x: 0.0)
-    _, info = FedPNS(v=1).aggregate({"x": torch.zeros(2)}, ups, server=server)
+    _, info = FedPNS(v=1).aggregate(
+        {"x": torch.zeros(2)}, ups, RoundContext(server=server)
+    )
     assert not any(f["labeled"] for f in info.flags.values())
     assert server.calls == 0
 
@@ -122,7 +124,9 @@ def test_adverse_update_is_labeled_and_removed():
     ups = [update(i, [-0.4, 0.0]) for i in range(3)] + [update(3, [0.4, 0.0])]
     server = FakeServer(lambda x: float((x - torch.tensor([-1.0, 0.0])).norm()))
     # Execute
-    state, info = FedPNS(v=2).aggregate({"x": torch.zeros(2)}, ups, server=server)
+    state, info = FedPNS(v=2).aggregate(
+        {"x": torch.zeros(2)}, ups, RoundContext(server=server)
+    )
     # Assert: the mean of the three kept deltas, flags and weights
     torch.testing.assert_close(state["x"], torch.tensor([-0.4, 0.0]))
     assert info.flags[3] == {"labeled": True, "removed": True}
@@ -136,7 +140,9 @@ def test_check_loss_keeps_the_labeled_update_when_the_full_set_is_better():
     ups = [update(i, [-0.4, 0.0]) for i in range(3)] + [update(3, [0.4, 0.0])]
     # a validation loss that prefers the full average (x = -0.2) to x = -0.4
     server = FakeServer(lambda x: abs(float(x[0]) + 0.2))
-    state, info = FedPNS(v=1).aggregate({"x": torch.zeros(2)}, ups, server=server)
+    state, info = FedPNS(v=1).aggregate(
+        {"x": torch.zeros(2)}, ups, RoundContext(server=server)
+    )
     torch.testing.assert_close(state["x"], torch.tensor([-0.2, 0.0]))
     assert info.flags[3] == {"labeled": True, "removed": False}
     assert server.calls == 2  # one CHECK LOSS, then stop
@@ -146,7 +152,9 @@ def test_removal_continues_while_the_set_improves():
     ups = [update(i, [-0.4, 0.0]) for i in range(4)]
     ups += [update(4, [0.3, 0.1]), update(5, [0.4, -0.1])]
     server = FakeServer(lambda x: float(x[0]))  # further along -x is better
-    _, info = FedPNS(v=2).aggregate({"x": torch.zeros(2)}, ups, server=server)
+    _, info = FedPNS(v=2).aggregate(
+        {"x": torch.zeros(2)}, ups, RoundContext(server=server)
+    )
     assert {c for c, f in info.flags.items() if f["removed"]} == {4, 5}
 
 
@@ -156,7 +164,9 @@ def test_never_more_than_size_minus_v_removals(v, seed):
     gen = torch.Generator().manual_seed(seed)
     ups = [update(i, torch.randn(6, generator=gen)) for i in range(10)]
     server = FakeServer(lambda x: 0.0)  # CHECK LOSS always lets the removal pass
-    _, info = FedPNS(v=v).aggregate({"x": torch.zeros(6)}, ups, server=server)
+    _, info = FedPNS(v=v).aggregate(
+        {"x": torch.zeros(6)}, ups, RoundContext(server=server)
+    )
     removed = sum(f["removed"] for f in info.flags.values())
     assert removed <= 10 - v
     assert sum(w > 0 for w in info.weights.values()) >= v
@@ -179,7 +189,7 @@ def test_updates_without_steps_are_left_out():
     ups = [update(0, [-0.4, 0.0]), update(1, [-0.2, 0.0])]
     ups.append(ClientUpdate(2, torch.zeros(2), 1.0, 0, 0.0, float("nan")))
     state, info = FedPNS().aggregate(
-        {"x": torch.zeros(2)}, ups, server=FakeServer(lambda x: 0.0)
+        {"x": torch.zeros(2)}, ups, RoundContext(server=FakeServer(lambda x: 0.0))
     )
     torch.testing.assert_close(state["x"], torch.tensor([-0.3, 0.0]))
     assert info.weights[2] == 0.0 and 2 not in info.flags

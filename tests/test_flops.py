@@ -10,8 +10,8 @@ import pytest
 
 from fedsim.fleet import Fleet, FleetSpec
 from fedsim.flops import flash_workload_flops, model_step_flops
+from fedsim.models import CNN, MLP, LogReg
 from fedsim.presets import FLASH_STEP_FLOPS, FLASH_TRAIN_MS, TIERS
-from fedsim.spec import ModelSpec
 
 from .conftest import SCENARIOS, fedsim_here
 
@@ -31,10 +31,10 @@ def test_mlp_flops_match_a_hand_count():
     assert hand == 17_584_000  # 2 * 20 * (2 * 198,800 + 42,000)
 
     # Execute / Assert
-    assert model_step_flops(ModelSpec(name="mlp"), (784,), 10, 20) == hand
-    wide = ModelSpec(name="mlp", hidden=[50])
+    assert model_step_flops(MLP(), (784,), 10, 20) == hand
+    wide = MLP(hidden=[50])
     assert model_step_flops(wide, (30,), 4, 8) == dense_flops([30, 50, 4], 8)
-    assert model_step_flops(ModelSpec(name="logreg"), (60,), 10, 20) == (
+    assert model_step_flops(LogReg(), (60,), 10, 20) == (
         dense_flops([60, 10], 20)
     )
 
@@ -58,9 +58,9 @@ def test_cnn_flops_match_a_hand_count():
     assert hand == 1_447_690_240
 
     # Execute / Assert: pooling and ReLU cost nothing by the convention
-    assert model_step_flops(ModelSpec(name="cnn"), (1, 28, 28), 10, b) == hand
+    assert model_step_flops(CNN(), (1, 28, 28), 10, b) == hand
     # linear in the batch size
-    assert model_step_flops(ModelSpec(name="cnn"), (784,), 10, 2 * b) == 2 * hand
+    assert model_step_flops(CNN(), (784,), 10, 2 * b) == 2 * hand
 
 
 def test_flash_workload_table_is_the_count_of_leaf_models():
@@ -112,8 +112,8 @@ def test_the_flops_preset_gives_back_the_steps_table_on_its_workload(workload):
 def test_ten_times_the_flops_gives_a_tenth_of_the_steps():
     # Prepare: two mlps whose FLOPs differ by exactly 10x (hidden 20 vs 200:
     # every layer's cost is linear in the hidden width)
-    small = model_step_flops(ModelSpec(name="mlp", hidden=[20]), (100,), 10, 20)
-    big = model_step_flops(ModelSpec(name="mlp", hidden=[200]), (100,), 10, 20)
+    small = model_step_flops(MLP(hidden=[20]), (100,), 10, 20)
+    big = model_step_flops(MLP(hidden=[200]), (100,), 10, 20)
     assert big == 10 * small
     speed = {"dist": "lognormal", "median_flops_per_s": 2.0e9, "sigma": 0.5}
 
@@ -218,3 +218,18 @@ def test_bad_flop_speeds_are_refused_naming_the_field(speed, field, tmp_path):
         assert "median_steps_per_s and median_flops_per_s are both given" in res.stderr
     else:
         assert field in res.stderr
+
+
+class _Stated(MLP):
+    """An mlp that states its own forward FLOPs per sample (Model.flops)."""
+
+    def flops(self, input_shape: tuple[int, ...], num_classes: int) -> int | None:
+        return 1000
+
+
+def test_a_model_stating_its_forward_flops_is_charged_three_forward_passes():
+    # Prepare / Execute: 1000 forward FLOPs a sample, batch 20
+    counted = model_step_flops(_Stated(), (100,), 10, 20)
+
+    # Assert: forward plus a backward of twice its cost, for each of 20 samples
+    assert counted == 3 * 20 * 1000

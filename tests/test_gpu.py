@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from fedsim.algorithms import REGISTRY, make_algorithm
-from fedsim.runtime import run_scenario
+from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import load_scenario
 from fedsim.server import Server
 from fedsim.workers import Task, Worker, worker_device
@@ -68,7 +68,9 @@ def final_params(
     (fedsim.workers.worker_device, tested on the CPU in test_worker_device.py;
     CUDA is taken as there: a worker that fell back to the CPU fails)."""
     sc = load_scenario(scenario, overrides)
-    want = worker_device(sc, make_algorithm(sc.algorithm), cuda=True).type
+    want = worker_device(
+        sc.resources.gpus_per_worker, make_algorithm(sc.algorithm), cuda=True
+    ).type
     seen: set[tuple[str, str]] = set()  # (worker device, its model's device)
     train = Worker.train
 
@@ -154,9 +156,11 @@ def test_a_worker_trains_on_cuda_and_returns_its_update_on_the_cpu():
     from fedsim.data import build_data
 
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    worker = Worker(sc, data)
+    worker = Worker(run_setup(sc).worker, data)
     assert worker.device.type == "cuda" and worker.x.is_cuda and worker.theta.is_cuda
-    payload = Server(sc, data).payload()  # on the CPU, as the server sends it
+    payload = Server(
+        run_setup(sc).server, data
+    ).payload()  # on the CPU, as the server sends it
     (u,) = worker.train(payload, [Task(client=0, round=0, tau=3)])
     assert u.delta.device.type == "cpu" and torch.isfinite(u.delta).all()
     assert all(t.device.type == "cpu" for t in u.extras.values())
@@ -171,7 +175,7 @@ def test_feddm_keeps_its_own_procedure_on_the_cpu():
     from fedsim.data import build_data
 
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    assert Worker(sc, data).device.type == "cpu"
+    assert Worker(run_setup(sc).worker, data).device.type == "cpu"
 
 
 @pytest.mark.ray
@@ -202,9 +206,9 @@ def server_round(over: list[str], device: str) -> tuple[Server, set[str], tuple]
 
     sc = load_scenario(TINY, over)
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    server = Server(sc, data, device=device)
+    server = Server(run_setup(sc).server, data, device=device)
     tasks = [Task(c, 0, 4) for c in range(sc.num_clients)]
-    ups = Worker(sc, data).train(server.payload(), tasks)
+    ups = Worker(run_setup(sc).worker, data).train(server.payload(), tasks)
     seen: set[str] = set()
 
     def record(module, args):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fedsim.data import build_data
-from fedsim.runtime import run_scenario
+from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import load_scenario
 from fedsim.workers import Worker
 
@@ -16,7 +16,7 @@ QUAD = SCENARIOS / "quadratic-objective-inconsistency.yaml"
 
 def test_solver_lr_follows_the_schedule():
     sc = load_scenario(QUAD, ["client.lr_decay=0.5", "client.lr_min=0.01"])
-    w = Worker(sc, build_data(sc.data, sc.num_clients, sc.seed))
+    w = Worker(run_setup(sc).worker, build_data(sc.data, sc.num_clients, sc.seed))
     assert [w.solver_for(t).lr for t in (0, 1, 2, 5)] == [0.1, 0.05, 0.025, 0.01]
 
 

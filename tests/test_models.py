@@ -11,12 +11,19 @@ from fedsim.data.base import FederatedData
 from fedsim.models import (
     MODELS,
     ModelSpec,
+    NetworkSetup,
     batch_loss,
     build_model,
     evaluate,
     make_model,
 )
 from fedsim.params import bind_flat
+from fedsim.scenario import ScenarioError, load_scenario
+from fedsim.spec import Model
+
+from .conftest import SCENARIOS
+
+QUICK = SCENARIOS / "quickstart.yaml"
 
 # name, sample shape, classes, parameters
 CASES = [
@@ -51,11 +58,10 @@ def test_parameter_count_and_output_shape(name, shape, classes, count):
 
 
 def test_every_registered_model_is_tested():
-    assert {c[0] for c in CASES} == set(MODELS)
-    assert set(ModelSpec.model_fields["name"].annotation.__args__) == {
-        *MODELS,
-        "quadratic",
-    }
+    # (quadratic: tests/test_quadratic.py and the formula test of
+    # tests/test_cli_startup.py)
+    assert {c[0] for c in CASES} | {"quadratic"} == set(MODELS)
+    assert all(MODELS[name]().name == name for name in MODELS)
 
 
 def test_flat_image_rows_are_reshaped():
@@ -139,11 +145,6 @@ def test_training_through_the_flat_vector(name, shape, classes):
 
 
 def test_make_model_uses_the_data_shape():
-    class Sc:
-        seed = 0
-        model = ModelSpec(name="cnn")
-        data = None
-
     data = FederatedData(
         x=np.zeros((4, 3, 32, 32), np.float32),
         y=np.zeros(4, np.int64),
@@ -154,8 +155,57 @@ def test_make_model_uses_the_data_shape():
         num_classes=10,
     )
 
-    model = make_model(Sc, data)
+    model = make_model(NetworkSetup(ModelSpec(name="cnn"), seed=0), data)
 
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
     loss, acc = evaluate(model, torch.zeros(5, 3, 32, 32), torch.zeros(5).long(), 2)
     assert np.isfinite(loss) and 0 <= acc <= 1
+
+
+# ------------------------------------------- a model's own facts (issue 38)
+class HalfCE(Model):
+    """A plug-in that declares its own loss: half the cross-entropy."""
+
+    def build(self, input_shape, num_classes):
+        return torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(int(np.prod(input_shape)), num_classes)
+        )
+
+    def loss(self, outputs, targets):
+        return 0.5 * torch.nn.functional.cross_entropy(
+            outputs, targets, reduction="none"
+        )
+
+
+def test_a_model_with_its_own_loss_trains_and_is_evaluated_by_it():
+    # Prepare
+    net = NetworkSetup(HalfCE(), seed=0)
+    model = build_model(net.model, 4, 3, seed=0)
+    x, y = (
+        torch.randn(6, 4, generator=torch.Generator().manual_seed(1)),
+        torch.arange(6) % 3,
+    )
+    ce = torch.nn.functional.cross_entropy(model(x), y)
+    # Execute
+    trained = batch_loss(model, x, y, net.loss)
+    loss, acc = evaluate(model, x, y, batch_size=4, loss=net.loss)
+    # Assert: half the cross-entropy; the accuracy of class labels as ever;
+    # the built-ins declare no loss but the quadratic objectives'
+    torch.testing.assert_close(trained, 0.5 * ce)
+    assert loss == pytest.approx(0.5 * float(ce.detach()), rel=1e-6)
+    assert acc == int((model(x).argmax(1) == y).sum()) / 6
+    assert NetworkSetup(MODELS["logreg"](), 0).loss is None
+    assert [n for n, c in MODELS.items() if c().own_loss] == ["quadratic"]
+
+
+def test_a_section_of_the_old_all_in_one_spec_still_loads():
+    # Prepare: a resolved scenario.yaml of earlier versions listed every
+    # network's fields at their defaults
+    old = "model={name: logreg, hidden: [200, 200], depth: 3, zero_init: true}"
+    # Execute
+    sc = load_scenario(QUICK, [old])
+    # Assert: the other networks' fields at their defaults are dropped; one
+    # set otherwise is refused, as it never did anything
+    assert sc.model == MODELS["logreg"](zero_init=True)
+    with pytest.raises(ScenarioError, match=r"model\.hidden: unknown key"):
+        load_scenario(QUICK, ["model={name: logreg, hidden: [7]}"])

@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from fedsim.models import batch_loss, build_model
-from fedsim.spec import ModelSpec
+from fedsim.models import ModelSpec, batch_loss, build_model
 
 
 def test_cnn_m_parameter_count_by_hand():

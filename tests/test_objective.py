@@ -17,7 +17,7 @@ import torch
 
 from fedsim.data import FederatedData
 from fedsim.results import write_summary
-from fedsim.runtime import run_scenario
+from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import load_scenario
 from fedsim.server import Server, objective_due
 
@@ -48,7 +48,7 @@ def _data(sizes: list[int], features: int = 4, classes: int = 3) -> FederatedDat
 def _logreg_server(data: FederatedData, batch: int) -> tuple[Server, torch.Tensor]:
     """A logistic-regression server on ``data`` with random parameters."""
     sc = load_scenario(TINY, [f"eval.batch_size={batch}", "eval.objective_every=1"])
-    server = Server(sc, data)
+    server = Server(run_setup(sc).server, data)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(server.num_params, generator=gen, dtype=torch.float32)
     server.state["x"] = x
@@ -113,7 +113,7 @@ def test_the_quadratic_objective_is_its_closed_form():
 
     sc = load_scenario(QUADRATIC, ["eval.objective_every=1"])
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    server = Server(sc, data)
+    server = Server(run_setup(sc).server, data)
     x = torch.full((server.num_params,), 0.3, dtype=server.params().dtype)
     server.state["x"] = x
     e, h, p = data.x, data.y, data.weights / data.weights.sum()
@@ -167,7 +167,7 @@ def test_rounds_parquet_has_the_objective_on_its_rounds_and_nan_elsewhere(
     assert [t for t, v in enumerate(f) if not math.isnan(v)] == [1, 3, 4]
     assert res.rows[-1]["train_objective"] == f[-1]
     # the last value is the final model's F(x), and the initial one x_0's
-    server = Server(sc, res.data)
+    server = Server(run_setup(sc).server, res.data)
     x0 = server.objective()
     assert res.summary()["initial"]["objective"] == x0
     server.state["x"] = res.final_params

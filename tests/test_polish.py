@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fedsim import plots
+from fedsim.runtime import run_setup
 from tests.conftest import SCENARIOS
 
 from .conftest import assert_figure
@@ -128,7 +129,9 @@ def test_initial_evaluation_in_summary_and_the_same_on_resume(tmp_path):
     path = SCENARIOS / "ci" / "tiny-synthetic.yaml"
     sc1 = load_scenario(path, ["rounds=1", "checkpoint.every_rounds=1"])
     sc2 = load_scenario(path, ["rounds=2", "checkpoint.every_rounds=1"])
-    fresh = Server(sc1, build_data(sc1.data, sc1.num_clients, sc1.seed))
+    fresh = Server(
+        run_setup(sc1).server, build_data(sc1.data, sc1.num_clients, sc1.seed)
+    )
     loss0, acc0 = fresh.evaluate()  # x_0, evaluated by hand
 
     # Execute

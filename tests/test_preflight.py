@@ -47,65 +47,75 @@ def test_model_that_cannot_read_vector_data_is_refused(model):
     # Prepare: synthetic data, 60 features: neither an image nor a sequence
     sc = quick(f"model.name={model}")
     # Execute / Assert
-    msg = one_line_error(pf.check_model_data, sc, SRC)
+    msg = one_line_error(pf.check_model_data, sc.facts, SRC)
     assert msg.startswith(f"{SRC}: model.name '{model}' does not fit data.dataset")
     assert "'synthetic'" in msg
 
 
 def test_square_vectors_are_grey_images_for_a_cnn():
     sc = quick("model.name=cnn", "data.features=784")
-    pf.check_model_data(sc, SRC)  # 784 = 1 x 28 x 28, as fedsim.models reads it
+    pf.check_model_data(sc.facts, SRC)  # 784 = 1 x 28 x 28, as fedsim.models reads it
 
 
 def test_image_too_small_for_the_network_is_refused():
     sc = quick("model.name=cifar_cnn", "data.features=64")  # 8 x 8 images
-    msg = one_line_error(pf.check_model_data, sc, SRC)
+    msg = one_line_error(pf.check_model_data, sc.facts, SRC)
     assert "at least 16x16" in msg and "8x8" in msg
 
 
 def test_image_models_fit_images():
     for model in ("cnn", "cifar_cnn", "convnet", "resnet18"):
-        pf.check_model_data(load_scenario(FMNIST, [f"model.name={model}"]), SRC)
+        pf.check_model_data(load_scenario(FMNIST, [f"model.name={model}"]).facts, SRC)
 
 
 def test_data_info_from_the_spec_alone():
-    info = pf.data_info(load_scenario(FMNIST))
+    sc = load_scenario(FMNIST)
+    info = pf.data_info(sc.data, sc.num_clients)
     assert (info.kind, info.shape, info.classes) == ("image", (1, 28, 28), 10)
 
 
 # -------------------------------------------------------------- parameter count
+def params(sc):
+    """The scenario's model parameters, by formula, from its data's spec."""
+    return pf.count_params(sc.model, pf.data_info(sc.data, sc.num_clients))
+
+
+def _ranges(sc, source):
+    pf.check_numeric_ranges(sc.facts, sc.algorithm, source)
+
+
 def test_param_counts_by_formula():
     # logreg on 60 features, 10 classes: 60*10 + 10
-    assert pf.count_params(quick()) == 610
+    assert params(quick()) == 610
     # mlp 60 -> 200 -> 200 -> 10: 12200 + 40200 + 2010
-    assert pf.count_params(quick("model.name=mlp")) == 54_410
+    assert params(quick("model.name=mlp")) == 54_410
     # mlp [7] on 60 features: 60*7+7 + 7*10+10
-    assert pf.count_params(quick("model.name=mlp", "model.hidden=[7]")) == 507
+    assert params(quick("model.name=mlp", "model.hidden=[7]")) == 507
 
 
 def test_lstm_param_count_matches_torch():
     torch = pytest.importorskip("torch")
-    from fedsim.models import CharLSTM
+    from fedsim.layers import CharLSTM
 
     # embedding 80*8 + layer 1: 4*256*(8+256) + 8*256 + layer 2: 4*256*512
     # + 8*256 + output 256*80 + 80 = 640 + 272384 + 526336 + 20560
     info = pf.DataInfo("sequence", (80,), 80, None)
     sc = quick("model.name=lstm")
     want = sum(p.numel() for p in CharLSTM(80, 8, 256, 2).parameters())
-    assert pf.count_params(sc, info) == want == 819_920
+    assert pf.count_params(sc.model, info) == want == 819_920
     del torch
 
 
 def test_cnn_param_count_by_formula():
     # the FedAvg paper's CNN on 28x28x1: 1,663,370 parameters
-    assert pf.count_params(load_scenario(FMNIST)) == 1_663_370
+    assert params(load_scenario(FMNIST)) == 1_663_370
 
 
 # ----------------------------------------------------------------------- memory
 def test_memory_estimate_by_part():
     # scaffold keeps one model vector per client: 30 clients x 610 params x 4 B
     sc = quick("algorithm={name: scaffold}")
-    est = pf.estimate_memory(sc, workers=2)
+    est = pf.estimate_memory(sc.facts, sc.algorithm, workers=2)
     assert est.params == 610
     assert est.parts["algorithm"] == 30 * 610 * 4
     assert est.parts["model"] == 610 * 4 * (3 + 4 * 2)
@@ -120,13 +130,17 @@ def test_run_larger_than_memory_is_refused():
         "data.classes=1000",
         "data.max_samples=60",
     )
-    est = pf.estimate_memory(sc)
+    est = pf.estimate_memory(sc.facts, sc.algorithm)
     # Execute
-    msg = one_line_error(pf.check_memory, sc, SRC, available_bytes=est.total - 1)
+    msg = one_line_error(
+        pf.check_memory, sc.facts, sc.algorithm, SRC, available_bytes=est.total - 1
+    )
     # Assert: names the file, the field and both sizes
     assert msg.startswith(f"{SRC}: needs at least")
     assert "algorithm.name 'scaffold' keeps 30 client vectors of 10,001,000" in msg
-    pf.check_memory(sc, SRC, available_bytes=est.total)  # exactly fits
+    pf.check_memory(
+        sc.facts, sc.algorithm, SRC, available_bytes=est.total
+    )  # exactly fits
 
 
 def test_mem_available_reads_meminfo(tmp_path):
@@ -146,17 +160,17 @@ def test_mem_available_reads_meminfo(tmp_path):
     ],
 )
 def test_float32_unrepresentable_values_are_refused(override, field, word):
-    msg = one_line_error(pf.check_numeric_ranges, quick(override), SRC)
+    msg = one_line_error(_ranges, quick(override), SRC)
     assert msg.startswith(f"{SRC}: {field}: ") and word in msg
 
 
 def test_algorithm_fields_are_checked_too():
     sc = quick("algorithm={name: fedavgm, server_lr: 1e39}")
-    assert "algorithm.server_lr" in one_line_error(pf.check_numeric_ranges, sc, SRC)
+    assert "algorithm.server_lr" in one_line_error(_ranges, sc, SRC)
 
 
 def test_float64_models_are_not_held_to_float32():
-    pf.check_numeric_ranges(quick("client.lr=1e39", "model.dtype=float64"), SRC)
+    _ranges(quick("client.lr=1e39", "model.dtype=float64"), SRC)
 
 
 def test_preflight_passes_every_shipped_scenario():
@@ -176,15 +190,17 @@ def test_preflight_passes_every_shipped_scenario():
     ],
 )
 def test_ray_resources_refused(overrides, workers, cluster, expect):
-    msg = one_line_error(pf.check_ray_resources, quick(*overrides), workers, cluster)
+    msg = one_line_error(
+        pf.check_ray_resources, quick(*overrides).resources, workers, cluster
+    )
     assert expect in msg
 
 
 def test_ray_resources_that_fit():
-    pf.check_ray_resources(quick(), 2, {"CPU": 2.0})
-    pf.check_ray_resources(quick(), 0, {})  # no Ray at all
+    pf.check_ray_resources(quick().resources, 2, {"CPU": 2.0})
+    pf.check_ray_resources(quick().resources, 0, {})  # no Ray at all
     sc = quick("resources.gpus_per_worker=0.5")
-    pf.check_ray_resources(sc, 2, {"CPU": 2.0, "GPU": 1.0})
+    pf.check_ray_resources(sc.resources, 2, {"CPU": 2.0, "GPU": 1.0})
 
 
 ACTOR = "resources.server.home=actor"
@@ -221,18 +237,24 @@ ACTOR = "resources.server.home=actor"
 def test_ray_resources_without_room_for_the_server_actor_refused(
     overrides, workers, cluster, expect
 ):
-    msg = one_line_error(pf.check_ray_resources, quick(*overrides), workers, cluster)
+    msg = one_line_error(
+        pf.check_ray_resources, quick(*overrides).resources, workers, cluster
+    )
     assert expect in msg
 
 
 def test_ray_resources_with_room_for_the_server_actor():
-    pf.check_ray_resources(quick(ACTOR), 2, {"CPU": 3.0})
+    pf.check_ray_resources(quick(ACTOR).resources, 2, {"CPU": 3.0})
     # cpus 0: the server shares the workers' CPUs
-    pf.check_ray_resources(quick(ACTOR, "resources.server.cpus=0"), 2, {"CPU": 2.0})
+    pf.check_ray_resources(
+        quick(ACTOR, "resources.server.cpus=0").resources, 2, {"CPU": 2.0}
+    )
     pin = [ACTOR, "resources.server={home: actor, gpus: 1, resources: {node_a: 1}}"]
-    pf.check_ray_resources(quick(*pin), 2, {"CPU": 3.0, "GPU": 1.0, "node_a": 1.0})
+    pf.check_ray_resources(
+        quick(*pin).resources, 2, {"CPU": 3.0, "GPU": 1.0, "node_a": 1.0}
+    )
     # the driver's home takes nothing from the cluster
-    pf.check_ray_resources(quick(), 2, {"CPU": 2.0})
+    pf.check_ray_resources(quick().resources, 2, {"CPU": 2.0})
 
 
 def _free_port() -> int:

@@ -64,7 +64,7 @@ def test_the_uniform_selector_keeps_the_timelines_own_uniform_stream():
     from fedsim.runtime import _Run, async_timeline
 
     sc = load_scenario(FEDBUFF, ["rounds=25"])
-    run = _Run.plan_only(sc)
+    run = _Run(sc, None, None)
     plain = AsyncTimeline(
         run.fleet,
         sc.round,

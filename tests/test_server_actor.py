@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import torch
 
+from fedsim.runtime import run_setup
+
 from .conftest import HAS_MNIST, needs_mnist
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,10 +211,12 @@ def test_a_lost_worker_call_is_resent_and_its_new_references_used(ray_session):
 
     sc = _load(*ACTOR)
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    payloads = {0: Server(sc, data).payload()}
+    payloads = {0: Server(run_setup(sc).server, data).payload()}
     tasks = [Task(c, 0, 3 + c % 4) for c in range(6)]
-    local = make_executor(sc, data, workers=0).train(tasks, payloads, {})
-    ex = make_executor(sc, data, workers=2)
+    local = make_executor(run_setup(sc).executor, data, workers=0).train(
+        tasks, payloads, {}
+    )
+    ex = make_executor(run_setup(sc).executor, data, workers=2)
     try:
 
         def die_soon(worker: Any) -> None:  # runs on the actor
@@ -284,9 +288,11 @@ def test_auto_workers_leave_the_server_actor_its_cpus(ray_session):
     from fedsim.executors import resolve_workers
 
     auto = "resources.workers=auto"  # the embedded Ray has 2 CPUs
-    assert resolve_workers(_load(auto), None) == 2
-    assert resolve_workers(_load(auto, "resources.server.home=actor"), None) == 1
-    assert resolve_workers(_load(auto, *ACTOR), None) == 2  # cpus 0: shares
+    assert resolve_workers(_load(auto).resources, None) == 2
+    assert (
+        resolve_workers(_load(auto, "resources.server.home=actor").resources, None) == 1
+    )
+    assert resolve_workers(_load(auto, *ACTOR).resources, None) == 2  # cpus 0: shares
 
 
 @pytest.mark.ray

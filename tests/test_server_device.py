@@ -13,6 +13,7 @@ import torch
 
 from fedsim.data import build_data
 from fedsim.models import evaluate, make_model
+from fedsim.runtime import run_setup
 from fedsim.scenario import load_scenario
 from fedsim.server import Server, _split, server_device
 from fedsim.workers import Task, Worker
@@ -49,9 +50,9 @@ def _tiny(over: list[str]):
 def test_a_cpu_server_evaluates_as_a_fresh_model_on_the_test_split():
     # Prepare: a server on the CPU at a model away from its initial one
     sc, data = _tiny([])
-    server = Server(sc, data, device="cpu")
+    server = Server(run_setup(sc).server, data, device="cpu")
     server.state["x"] = server.params() + 0.01
-    model = make_model(sc, data)
+    model = make_model(run_setup(sc).network, data)
     torch.nn.utils.vector_to_parameters(server.params().clone(), model.parameters())
     x = server.params()
     test = _split(data.test_x, data.test_y, x.dtype, data.num_classes)
@@ -67,7 +68,10 @@ def test_a_cpu_server_evaluates_as_a_fresh_model_on_the_test_split():
 
 def test_an_explicit_cpu_server_gives_the_default_servers_floats():
     sc, data = _tiny([])
-    default, cpu = Server(sc, data), Server(sc, data, device="cpu")
+    default, cpu = (
+        Server(run_setup(sc).server, data),
+        Server(run_setup(sc).server, data, device="cpu"),
+    )
     for s in (default, cpu):
         s.state["x"] = s.params() + 0.01
     assert cpu.evaluate() == default.evaluate()
@@ -78,8 +82,10 @@ def test_an_explicit_cpu_server_gives_the_default_servers_floats():
 def test_a_cpu_servers_own_work_stays_on_the_cpu_and_its_state_too(over):
     # Prepare: a round of updates from a (CPU) worker
     sc, data = _tiny([over, "selector.clients_per_round=6"])
-    server = Server(sc, data, device="cpu")
-    ups = Worker(sc, data).train(server.payload(), [Task(c, 0, 4) for c in range(6)])
+    server = Server(run_setup(sc).server, data, device="cpu")
+    ups = Worker(run_setup(sc).worker, data).train(
+        server.payload(), [Task(c, 0, 4) for c in range(6)]
+    )
     seen: set[str] = set()
 
     def record(module, args):

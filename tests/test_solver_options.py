@@ -8,6 +8,7 @@ import torch
 
 from fedsim.batched import train_batched, why_not_batched
 from fedsim.data import build_data
+from fedsim.runtime import run_setup
 from fedsim.scenario import load_scenario
 from fedsim.solvers import clip_gradient, make_solver, step_factor
 from fedsim.spec import ClientSpec
@@ -89,12 +90,12 @@ def test_worker_lr_follows_the_steps_and_the_decay():
     # lr_decay 0.5 too, round 3: 0.1 * 0.5^3 * 0.1 = 0.00125
     over = ["rounds=4", "client.lr_steps=[0.5]"]
     sc = load_scenario(QUAD, over)
-    w = Worker(sc, build_data(sc.data, sc.num_clients, sc.seed))
+    w = Worker(run_setup(sc).worker, build_data(sc.data, sc.num_clients, sc.seed))
     assert [w.solver_for(t).lr for t in range(4)] == pytest.approx(
         [0.1, 0.1, 0.01, 0.01], rel=1e-15
     )
     sc = load_scenario(QUAD, [*over, "client.lr_decay=0.5"])
-    w = Worker(sc, build_data(sc.data, sc.num_clients, sc.seed))
+    w = Worker(run_setup(sc).worker, build_data(sc.data, sc.num_clients, sc.seed))
     assert w.solver_for(3).lr == pytest.approx(0.00125, rel=1e-15)
 
 
@@ -115,7 +116,9 @@ def test_the_step_schedule_is_batched_and_equals_the_sequential_path():
             "resources.vectorize=true",
         ],
     )
-    w = Worker(sc, build_data(sc.data, sc.num_clients, sc.seed), threads=1)
+    w = Worker(
+        run_setup(sc).worker, build_data(sc.data, sc.num_clients, sc.seed), threads=1
+    )
     assert w.batched
     x = torch.zeros_like(w.theta)
     tasks = [Task(0, 3, 3), Task(4, 3, 1), Task(9, 3, 5)]
@@ -130,6 +133,8 @@ def test_the_step_schedule_is_batched_and_equals_the_sequential_path():
 
 def test_a_clipped_run_is_not_stacked():
     sc = load_scenario(QUICK, ["client.clip_norm=10", "resources.vectorize=true"])
-    w = Worker(sc, build_data(sc.data, sc.num_clients, sc.seed), threads=1)
+    w = Worker(
+        run_setup(sc).worker, build_data(sc.data, sc.num_clients, sc.seed), threads=1
+    )
     assert not w.batched
     assert "clip_norm" in (why_not_batched(w) or "")

@@ -20,9 +20,9 @@ from fedsim.data.validation import (
 )
 from fedsim.models import make_model
 from fedsim.params import flatten
-from fedsim.runtime import run_scenario
+from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import ScenarioError, load_scenario
-from fedsim.server import Server
+from fedsim.server import Server, ServerSetupError
 
 from .conftest import SCENARIOS
 
@@ -163,7 +163,7 @@ def test_fedpns_validation_loss_is_the_loss_on_the_split():
     # Prepare
     sc = quick(FEDPNS, "data.validation_fraction=0.1")
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    server = Server(sc, data)
+    server = Server(run_setup(sc).server, data)
     x = flatten(server.model) + 0.01  # any parameters, not the zero init
 
     # Execute
@@ -171,7 +171,7 @@ def test_fedpns_validation_loss_is_the_loss_on_the_split():
 
     # Assert: by hand, the mean cross-entropy of those parameters on the
     # validation rows (and not on the test rows)
-    model = make_model(sc, data)
+    model = make_model(run_setup(sc).network, data)
     torch.nn.utils.vector_to_parameters(x, model.parameters())
     with torch.no_grad():
         val = F.cross_entropy(
@@ -191,12 +191,12 @@ def test_fedpns_without_a_split_or_opt_in_is_refused():
     sc = sc.model_copy(update={"algorithm": FedPNS()})
     data = build_data(sc.data, sc.num_clients, sc.seed)
 
-    problem = validation_problem(sc)
+    problem = validation_problem(sc.algorithm, sc.data, sc.selector.clients_per_round)
 
     assert "data.validation_fraction" in problem
     assert "algorithm.check_loss_data" in problem
-    with pytest.raises(ScenarioError, match="data.validation_fraction"):
-        Server(sc, data)
+    with pytest.raises(ServerSetupError, match="data.validation_fraction"):
+        Server(run_setup(sc).server, data)
 
 
 def test_fedpns_without_a_split_is_refused_at_load_time():
@@ -207,35 +207,41 @@ def test_fedpns_without_a_split_is_refused_at_load_time():
 def test_the_test_set_opt_in_scores_on_the_test_set():
     sc = quick("algorithm={name: fedpns, check_loss_data: test}")
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    server = Server(sc, data)
+    server = Server(run_setup(sc).server, data)
     x = flatten(server.model) + 0.01
 
     loss = server.context().validation_loss(x)
 
-    model = make_model(sc, data)
+    model = make_model(run_setup(sc).network, data)
     torch.nn.utils.vector_to_parameters(x, model.parameters())
     with torch.no_grad():
         test = F.cross_entropy(
             model(torch.from_numpy(data.test_x)), torch.from_numpy(data.test_y)
         )
-    assert validation_problem(sc) is None
+    assert (
+        validation_problem(sc.algorithm, sc.data, sc.selector.clients_per_round) is None
+    )
     assert loss == pytest.approx(float(test), rel=1e-5)
-    assert describe_validation(sc, data) == "test set (opt-in)"
+    assert describe_validation(run_setup(sc).server.validation, data) == (
+        "test set (opt-in)"
+    )
 
 
 def test_a_threshold_that_keeps_everything_needs_no_data():
     # v = clients_per_round: CHECK LOSS never runs, nothing to refuse
     sc = quick("algorithm={name: fedpns, v: 10}", "selector.clients_per_round=10")
 
-    assert validation_use(sc) is None
-    assert validation_problem(sc) is None
-    assert describe_validation(sc, None) is None
+    assert validation_use(sc.algorithm, sc.selector.clients_per_round) is None
+    assert (
+        validation_problem(sc.algorithm, sc.data, sc.selector.clients_per_round) is None
+    )
+    assert describe_validation(None, None) is None
 
 
 def test_other_algorithms_use_no_server_side_data():
     for alg in ("fedavg", "scaffold", "feddm"):
         sc = quick(f"algorithm={{name: {alg}}}")
-        assert validation_use(sc) is None, alg
+        assert validation_use(sc.algorithm, sc.selector.clients_per_round) is None, alg
 
 
 # ------------------------------------------------------------------- whole runs

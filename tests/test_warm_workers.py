@@ -1,4 +1,4 @@
-"""Warm actors (``fedsim.executors.warm_workers``): a run takes over the
+"""Warm actors (``fedsim.actors.warm_workers``): a run takes over the
 idle Ray actors of the run before it instead of starting new processes, and
 its results are those of new actors, also when Ray restarts a taken-over
 actor with its first run's arguments."""
@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from fedsim import executors
+from fedsim import actors
+from fedsim.actors import current_pool
 from fedsim.data import build_data
 from fedsim.executors import InProcessExecutor, RayExecutor, release_parked
+from fedsim.runtime import run_setup
 from fedsim.scenario import load_scenario
 from fedsim.server import Server
 from fedsim.workers import Task
@@ -31,7 +33,7 @@ def _setup(*overrides: str) -> tuple[Any, Any, dict, dict]:
     """A scenario, its data, a payload and the clients' states."""
     sc = load_scenario(QUICK, list(overrides))
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    server = Server(sc, data)
+    server = Server(run_setup(sc).server, data)
     return sc, data, {0: server.payload()}, server.client_states([4, 9])
 
 
@@ -54,16 +56,16 @@ def test_a_run_takes_over_the_last_runs_actors_with_new_actors_results(
 ):
     release_parked()
     sc1, data1, pay1, st1 = _setup(*FIRST)
-    first = RayExecutor(sc1, data1, 2)
+    first = RayExecutor(run_setup(sc1).executor, data1, 2)
     pids = sorted(first.pids())
     first.train(TASKS, pay1, st1)
     first.shutdown()  # parked: the session's fixture keeps actors warm
 
     sc2, data2, pay2, st2 = _setup(*SECOND)
-    second = RayExecutor(sc2, data2, 2)
+    second = RayExecutor(run_setup(sc2).executor, data2, 2)
     try:
         assert sorted(second.pids()) == pids  # the same processes
-        want = InProcessExecutor(sc2, data2).train(TASKS, pay2, st2)
+        want = InProcessExecutor(run_setup(sc2).worker, data2).train(TASKS, pay2, st2)
         _equal(second.train(TASKS, pay2, st2), want)
         assert second.tasks_retried == 0
     finally:
@@ -75,10 +77,10 @@ def test_a_warm_actor_restarted_with_its_first_runs_arguments_is_set_up_again(
 ):
     release_parked()
     sc1, data1, _, _ = _setup(*FIRST)
-    first = RayExecutor(sc1, data1, 1)
+    first = RayExecutor(run_setup(sc1).executor, data1, 1)
     first.shutdown()
     sc2, data2, pay2, st2 = _setup(*SECOND)
-    ex = RayExecutor(sc2, data2, 1)
+    ex = RayExecutor(run_setup(sc2).executor, data2, 1)
     try:
         (pid,) = ex.pids()
         # Ray restarts the actor with the arguments it was created with
@@ -86,7 +88,9 @@ def test_a_warm_actor_restarted_with_its_first_runs_arguments_is_set_up_again(
         os.kill(pid, signal.SIGKILL)
         got = ex.train(TASKS, pay2, st2)
         assert ex.pids() != [pid]
-        _equal(got, InProcessExecutor(sc2, data2).train(TASKS, pay2, st2))
+        _equal(
+            got, InProcessExecutor(run_setup(sc2).worker, data2).train(TASKS, pay2, st2)
+        )
         assert ex.tasks_retried == len(TASKS)
     finally:
         ex.shutdown()
@@ -95,36 +99,46 @@ def test_a_warm_actor_restarted_with_its_first_runs_arguments_is_set_up_again(
 def test_another_shape_kills_the_parked_actors_and_starts_its_own(ray_session):
     release_parked()
     sc1, data1, _, _ = _setup()
-    first = RayExecutor(sc1, data1, 2)
+    first = RayExecutor(run_setup(sc1).executor, data1, 2)
     old = set(first.pids())
     first.shutdown()
     # half a CPU per worker: another shape; the 2 parked 1-CPU actors hold
     # the session's 2 CPUs, so unless they go these could never be placed
     sc2, data2, pay2, st2 = _setup("resources.cpus_per_worker=0.5")
-    second = RayExecutor(sc2, data2, 2)
+    second = RayExecutor(run_setup(sc2).executor, data2, 2)
     try:
         assert not old & set(second.pids())
         _equal(
             second.train(TASKS, pay2, st2),
-            InProcessExecutor(sc2, data2).train(TASKS, pay2, st2),
+            InProcessExecutor(run_setup(sc2).worker, data2).train(TASKS, pay2, st2),
         )
     finally:
         second.shutdown()
     release_parked()
 
 
-def test_outside_warm_workers_a_runs_actors_are_killed(ray_session, monkeypatch):
+def test_outside_warm_workers_a_runs_actors_are_killed(ray_session):
+    import time
+
     import ray
 
     release_parked()
-    monkeypatch.setattr(executors, "_warm", False)
-    sc, data, _, _ = _setup()
-    ex = RayExecutor(sc, data, 1)
-    actor = ex.actors[0]
-    ex.shutdown()
-    assert executors._parked == {}
+    pool = current_pool()
+    token = actors._CURRENT.set(None)  # outside the session's warm block
+    try:
+        sc, data, _, _ = _setup()
+        ex = RayExecutor(run_setup(sc).executor, data, 1)
+        actor = ex.actors[0]
+        ex.shutdown()
+    finally:
+        actors._CURRENT.reset(token)
+    assert pool.idle() == 0
+    # ray.kill is asynchronous: a call sent at once may still be answered
+    deadline = time.monotonic() + 60
     with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(actor.pid.remote(), timeout=60)
+        while time.monotonic() < deadline:
+            ray.get(actor.pid.remote(), timeout=60)
+            time.sleep(0.2)
 
 
 def test_a_server_actor_is_taken_over_and_set_up_for_the_new_run(ray_session):
@@ -133,14 +147,14 @@ def test_a_server_actor_is_taken_over_and_set_up_for_the_new_run(ray_session):
     release_parked()
     actor = ["resources.server.home=actor", "resources.server.cpus=0"]
     sc1, data1, _, _ = _setup(*actor, "model={name: mlp, hidden: [16]}")
-    s1 = RemoteServer(sc1, data1, None, 1)
+    s1 = RemoteServer(run_setup(sc1).server, sc1.resources, data1, None, 1)
     handle = s1.actor
     s1.shutdown()
     sc2, data2, _, _ = _setup(*actor, "seed=3")
-    s2 = RemoteServer(sc2, data2, None, 1)
+    s2 = RemoteServer(run_setup(sc2).server, sc2.resources, data2, None, 1)
     try:
         assert s2.actor._actor_id == handle._actor_id  # the same actor
-        here = Server(sc2, data2)
+        here = Server(run_setup(sc2).server, data2)
         assert s2.num_params == here.num_params != s1.num_params
         assert torch.equal(s2.params(), here.params())
     finally:
@@ -148,6 +162,6 @@ def test_a_server_actor_is_taken_over_and_set_up_for_the_new_run(ray_session):
     # a server with cpus: 0 holds nothing: a run that needs only resources
     # leaves it parked; a release of everything kills it
     release_parked(everything=False)
-    assert len([a for g in executors._parked.values() for a in g]) == 1
+    assert current_pool().idle() == 1
     release_parked()
-    assert executors._parked == {}
+    assert current_pool().idle() == 0

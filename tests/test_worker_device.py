@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from fedsim.algorithms import REGISTRY, make_algorithm
+from fedsim.runtime import run_setup
 from fedsim.scenario import load_scenario
 from fedsim.workers import Worker, worker_device
 
@@ -22,7 +23,9 @@ def _device(name: str, gpus: float, cuda: bool) -> str:
     sc = load_scenario(
         QUICK, [f"algorithm={{name: {name}}}", f"resources.gpus_per_worker={gpus}"]
     )
-    return worker_device(sc, make_algorithm(sc.algorithm), cuda=cuda).type
+    return worker_device(
+        sc.resources.gpus_per_worker, make_algorithm(sc.algorithm), cuda=cuda
+    ).type
 
 
 @pytest.mark.parametrize(
@@ -47,7 +50,7 @@ def test_only_feddm_has_its_own_procedure():
     own = [
         name
         for name, cls in sorted(REGISTRY.items())
-        if worker_device(sc, cls, cuda=True).type == "cpu"
+        if worker_device(sc.resources.gpus_per_worker, cls, cuda=True).type == "cpu"
     ]
     assert own == ["feddm"]
 
@@ -57,6 +60,8 @@ def test_a_worker_is_placed_as_decided():
 
     sc = load_scenario(QUICK, ["resources.gpus_per_worker=0.25"])
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    worker = Worker(sc, data)
-    assert worker.device == worker_device(sc, worker.algorithm)
+    worker = Worker(run_setup(sc).worker, data)
+    assert worker.device == worker_device(
+        sc.resources.gpus_per_worker, worker.algorithm
+    )
     assert worker.x.device == worker.device

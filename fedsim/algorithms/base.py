@@ -7,9 +7,21 @@ An algorithm is a frozen dataclass of hyperparameters (the scenario's
 from __future__ import annotations
 
 import functools
+import inspect
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Concatenate,
+    Literal,
+    ParamSpec,
+    Protocol,
+    TypeVar,
+    cast,
+)
 
 from fedsim.lazy import torch
 from fedsim.params import chi2
@@ -19,7 +31,8 @@ from fedsim.spec import PLUGIN_CONFIG, PosFloat, Problem
 if TYPE_CHECKING:
     from fedsim.clock import JobWork
     from fedsim.data.base import DataInfo, FederatedData
-    from fedsim.spec import ClientSpec, ScenarioView
+    from fedsim.facts import RunFacts
+    from fedsim.spec import ClientSpec
 
 # (strings: torch.Tensor would import torch when this module is imported)
 ServerState = dict[str, "torch.Tensor"]
@@ -29,6 +42,8 @@ ClientResult = tuple[dict[str, "torch.Tensor"], ClientState | None]
 # A gradient hook on a stack of clients (fedsim.batched): (n, the first n
 # rows' parameters, their gradients), adjusting the gradients in place.
 StackedHook = Callable[[int, "torch.Tensor", "torch.Tensor"], None]
+# One cell of an algorithm's own clients.parquet column (FedPNS's flags).
+Flag = bool | int | float | str
 
 
 @dataclass(frozen=True)
@@ -42,13 +57,15 @@ class ClientInfo:
 
 
 @dataclass(frozen=True)
-class ClientContext:
+class ClientContext:  # type: ignore[explicit-any]  # its ``local`` (below)
     """What a client's local procedure knows during one round."""
 
     info: ClientInfo
     payload: dict[str, torch.Tensor]  # what it downloaded (x, SCAFFOLD's c, ...)
     state: ClientState = field(default_factory=dict)  # before the round; {}: none
-    local: Any = None  # what the algorithm's local_setup returned
+    # what the algorithm's local_setup returned: only its own hooks read it,
+    # each knowing its type (a tensor, a record), so it is typed loosely here
+    local: Any = None  # type: ignore[explicit-any]
 
 
 @dataclass(frozen=True)
@@ -92,7 +109,7 @@ class AggregateInfo:
     tau_eff: float
     chi2_pw: float  # chi^2(p || w), with p the data weights of the round's updates
     # extra clients.parquet columns, {client: {column: value}} (FedPNS's flags)
-    flags: dict[int, dict[str, Any]] = field(default_factory=dict)
+    flags: dict[int, dict[str, Flag]] = field(default_factory=dict)
     # each delta's weight in the server step as applied, not normalised, for
     # the participation-bias meter (None: it uses ``weights``)
     shares: dict[int, float] | None = None
@@ -100,37 +117,98 @@ class AggregateInfo:
     # land twice in a FedBuff buffer)
     per_update: tuple[float, ...] = ()
     # a typed value for a selector that works with this algorithm (its own
-    # class, e.g. FedPNS's Labels): what the round taught the selector
-    signal: Any = None
+    # class, e.g. FedPNS's Labels, which the selector checks with isinstance):
+    # what the round taught the selector
+    signal: object = None
 
 
 @dataclass(frozen=True)
 class ServerContext:
-    """What the server offers algorithms with ``needs_server = True``: its
-    ``model`` (the algorithm may train it), ``num_classes`` (0: objectives)."""
+    """What the server offers an algorithm that declares ``server_needs``:
+    its ``model`` (a network of the run's architecture the algorithm may
+    train: FedDM), a validation loss (FedPNS's CHECK LOSS) and
+    ``num_classes`` (0: an objective without classes).
+
+    Built once per run by the server, on first use, with networks of its
+    own, so scoring or training here never disturbs the evaluation model.
+    """
 
     model: torch.nn.Module
-    loss_fn: Any  # parameters -> mean validation loss
+    loss_fn: Callable[[torch.Tensor], float]  # parameters -> mean validation loss
     num_classes: int
 
     def validation_loss(self, x: torch.Tensor) -> float:
-        """Mean loss of parameters ``x`` on the server's validation data."""
+        """Mean loss of parameters ``x`` on the server's validation data.
+
+        Args:
+            x: flat parameters of the run's model (any device; the loss is
+                computed on the server's).
+
+        Returns:
+            The loss, weighted as the server's evaluation weighs it.
+        """
         return float(self.loss_fn(x))
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What one server step knows besides the state and the updates: the
+    one extra argument of :meth:`Algorithm.aggregate`, for every rule.
+
+    Synchronous rounds and asynchronous versions differ only in what is
+    filled in here, never in the signature; fields are added (with
+    defaults) as the server learns to tell an algorithm more, so a plug-in
+    written against this record keeps working.
+
+    Attributes:
+        round: the 0-based round, or in asynchronous mode the version this
+            step makes.
+        staleness: asynchronous versions: each update's staleness (versions
+            made while it trained), in arrival order; None in a synchronous
+            round.
+        starts: asynchronous versions: the parameters each update started
+            from, in arrival order; None in a synchronous round.
+        server: the server's :class:`ServerContext` when the algorithm
+            declares ``server_needs``; None otherwise.
+    """
+
+    round: int = 0
+    staleness: tuple[int, ...] | None = None
+    starts: tuple[torch.Tensor, ...] | None = None
+    server: ServerContext | None = None
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether this step is an asynchronous version (updates in arrival
+        order, with their staleness and start models)."""
+        return self.staleness is not None
+
+
+# A synchronous round 0 with nothing from the server: aggregate's default, so
+# that a test or notebook may call ``alg.aggregate(state, updates)``.
+PLAIN_ROUND = RoundContext()
 
 
 @dataclass(frozen=True)
 class Algorithm:
     """Base class: subclasses declare ``name: Literal["<name>"]`` and their
-    hyperparameters as fields, and override ``aggregate``.
+    hyperparameters as fields, and override :meth:`aggregate`.
 
-    Server half: ``init``, ``payload`` (what a client downloads),
-    ``aggregate``. Client half, per client and round on a worker:
-    :meth:`start_client` (runs ``local_setup``: round constants, which become
-    ``client.local``), per step the gradient, ``grad_hook`` (adjusts it in
-    place) and the ``solver`` step, then ``client_finish`` (extras to upload,
-    new persistent state). docs/extending.md says what else an algorithm may
-    set. A toy whose clients are pulled back toward the downloaded model and
-    upload how far they moved:
+    Server half: :meth:`init`, :meth:`payload` (what a client downloads),
+    :meth:`aggregate` (one signature for synchronous rounds and
+    asynchronous versions). Client half, per client and round on a worker:
+    :meth:`start_client` (runs :meth:`local_setup`: round constants, which
+    become ``client.local``), per step the gradient, :meth:`grad_hook`
+    (adjusts it in place) and the :meth:`solver` step, then
+    :meth:`client_finish` (extras to upload, new persistent state), or the
+    algorithm's own :attr:`client_train` instead of the step loop.
+
+    Every hook is a pure function of its arguments and the hyperparameters:
+    objects hold no state (they are frozen and pickled to Ray workers), so
+    the same inputs give the same bits on any worker and after a resume.
+    docs/extending.md says what else an algorithm may set. A toy whose
+    clients are pulled back toward the downloaded model and upload how far
+    they moved:
 
     >>> from dataclasses import dataclass
     >>> from fedsim.solvers import SGD
@@ -160,37 +238,195 @@ class Algorithm:
     server_lr: PosFloat = 1.0
 
     stateful: ClassVar[bool] = False  # clients keep state between rounds
-    needs_server: ClassVar[bool] = False  # aggregate() takes server=ServerContext
+    # What aggregate needs of the server in ``ctx.server`` (a ServerContext):
+    # "model" (a network to train) and/or "validation_loss" (to score
+    # parameters). Empty: ``ctx.server`` is None and nothing is built for it.
+    server_needs: ClassVar[frozenset[str]] = frozenset()
+    # Deprecated: True meant aggregate(..., server=ServerContext); declare
+    # server_needs and read ctx.server instead (still honoured).
+    needs_server: ClassVar[bool] = False
     down_factor: ClassVar[int] = 1  # floats downloaded, in units of d
     up_factor: ClassVar[int] = 1  # floats uploaded, in units of d
 
+    # ------------------------------------------------------------ server half
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
+        """The server state before the first round.
+
+        Args:
+            x0: the initial model's flat parameters (on the CPU), a pure
+                function of the scenario and seed.
+            num_clients: m, the federation's size (for per-client sums).
+
+        Returns:
+            A dict of tensors holding at least ``x`` (the global model, a
+            copy of ``x0``: the caller's tensor is never aliased). The keys,
+            shapes and dtypes it has now are kept by every later step
+            (checkpoints are written and read by key).
+        """
         return {"x": x0.clone()}
 
     def payload(self, state: ServerState) -> dict[str, torch.Tensor]:
+        """What every selected client downloads from the server state.
+
+        Args:
+            state: the current server state.
+
+        Returns:
+            Tensors by name, at least ``x`` (the model the client starts
+            from), ``down_factor`` model-sized vectors in all (the bytes
+            rule bills them). The server copies the dict; the tensors must
+            not be changed in place by later steps (aggregate returns new
+            tensors), so jobs still in flight keep what they downloaded.
+        """
         return {"x": state["x"]}
 
     def aggregate(
-        self, state: ServerState, updates: Updates
+        self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND
     ) -> tuple[ServerState, AggregateInfo]:
+        """The server's step: the new state from the round's (or the
+        asynchronous version's) updates. The one hook every algorithm
+        writes, and the only one the server calls to move the model.
+
+        Args:
+            state: the server state before the step (do not change it in
+                place: return a new dict; it may be a checkpoint's).
+            updates: a synchronous round's updates in ascending client id,
+                each client at most once (the server sorts and checks
+                them), or an asynchronous version's in order of simulated
+                arrival (a device may appear twice). Empty when nothing
+                reached the server: return ``state`` unchanged
+                (:func:`skip_empty_rounds` does it).
+            ctx: the step's :class:`RoundContext`: the round or version,
+                the staleness and start models of asynchronous updates,
+                and the server's model and validation loss when
+                ``server_needs`` asks for them.
+
+        Returns:
+            (new state, :class:`AggregateInfo`). The state keeps the keys,
+            shapes and dtypes of :meth:`init`'s and stays on the CPU. The
+            info's ``weights`` hold each update's effective weight w_i by
+            client id, only for clients among ``updates`` (0 for an update
+            left out), with ``tau_eff`` and chi^2(p||w) for the
+            objective-inconsistency meter (:func:`meter` computes them).
+
+        Guarantees the server relies on: the result is a pure function of
+        (state, updates, ctx, hyperparameters), summed in a fixed order
+        (float64 sums in update order are the built-ins' rule), so two runs
+        give the same bits whatever worker trained which update.
+        """
         raise NotImplementedError
 
+    def server_step(
+        self, state: ServerState, updates: Updates, ctx: RoundContext
+    ) -> tuple[ServerState, AggregateInfo]:
+        """What the server calls: :meth:`aggregate` with ``ctx``, also for a
+        plug-in written against an older form of the hook (deprecated, each
+        warned about once per class):
+
+        ==============================================  =====================
+        the plug-in defines                             called as
+        ==============================================  =====================
+        ``aggregate(state, updates, ctx)``              as is
+        ``aggregate(state, updates)``                   without ``ctx``
+        ``aggregate(state, updates, server=...)``       ``server=ctx.server``
+        ``aggregate_async(state, ups, staleness,        for ``ctx.asynchronous``
+        starts)`` beside an old ``aggregate``           steps
+        ==============================================  =====================
+
+        Not meant to be overridden.
+
+        Args:
+            state: as :meth:`aggregate`.
+            updates: as :meth:`aggregate`.
+            ctx: as :meth:`aggregate`.
+
+        Returns:
+            What :meth:`aggregate` returns.
+        """
+        form = _aggregate_form(type(self))
+        if form == "ctx":
+            return self.aggregate(state, updates, ctx)
+        if ctx.staleness is not None:  # an asynchronous version
+            rule = cast(AsyncRule, self)  # the scenario checked it has the rule
+            return rule.aggregate_async(state, updates, ctx.staleness, ctx.starts or ())
+        legacy = cast(_LegacyAggregate, self.aggregate)
+        if form == "server":
+            return legacy(state, updates, server=ctx.server)
+        return legacy(state, updates)
+
+    @property
+    def wants_server(self) -> bool:
+        """Whether :meth:`aggregate` reads ``ctx.server`` (``server_needs``,
+        or the deprecated ``needs_server``)."""
+        return bool(self.server_needs) or self.needs_server
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether it has an asynchronous server rule: a ``buffer_size``
+        (arrivals per version; :class:`AsyncRule`), so that
+        ``round.policy: async`` may use it."""
+        return hasattr(self, "buffer_size")
+
+    # ------------------------------------------------------------ client half
     def solver(self, client: ClientSpec) -> SGD:
+        """The local optimizer of every client (on a worker, once per run).
+
+        Args:
+            client: the scenario's ``client`` section (solver, lr, batch size).
+
+        Returns:
+            The solver; it reports ||a_i||_1 for the server's weighting.
+
+        Raises:
+            ValueError: the algorithm refuses that solver (checked when the
+                scenario loads, so never during a run).
+        """
         return make_solver(client)
 
     def start_client(
         self, info: ClientInfo, payload: dict[str, torch.Tensor], state: ClientState
     ) -> ClientContext:
-        """The client's context for the round, with ``local_setup``'s result."""
+        """The client's context for the round, with ``local_setup``'s result.
+
+        Args:
+            info: the client's facts (id, samples, relative weight).
+            payload: what it downloaded.
+            state: its persistent state ({} the first time).
+
+        Returns:
+            The :class:`ClientContext` every later client hook receives.
+        """
         client = ClientContext(info, payload, state)
         return replace(client, local=self.local_setup(client))
 
-    def local_setup(self, client: ClientContext) -> Any:
+    # returns what its own hooks read: typed loosely, as ClientContext.local
+    def local_setup(self, client: ClientContext) -> Any:  # type: ignore[explicit-any]
+        """Constants a client computes once per round before its steps (e.g.
+        SCAFFOLD's correction c - c_i), kept as ``client.local``.
+
+        Args:
+            client: the round's context (``local`` still None).
+
+        Returns:
+            Anything the algorithm's own hooks read; None by default.
+        """
         return None
 
     def grad_hook(
         self, theta: torch.Tensor, grad: torch.Tensor, client: ClientContext
     ) -> None:
+        """Adjust one minibatch gradient in place before the solver's step.
+
+        Args:
+            theta: the client's current parameters (flat; do not change).
+            grad: their gradient on this step's minibatch (flat; changed in
+                place, e.g. + c - c_i).
+            client: the round's context.
+
+        Guarantees to keep: a pure function of (theta, grad, client); the
+        batched path calls :meth:`stacked_grad_hook` instead, which must give
+        the same rows.
+        """
         return None
 
     def stacked_grad_hook(self, clients: Sequence[ClientContext]) -> StackedHook | None:
@@ -200,6 +436,13 @@ class Algorithm:
         The default applies ``grad_hook`` row by row; an algorithm whose hook
         is vector math overrides this with the stacked form (one tensor op
         for all rows), which must equal the row-by-row result.
+
+        Args:
+            clients: the stacked clients' contexts, in row order.
+
+        Returns:
+            ``hook(n, theta, grad)`` adjusting the first ``n`` rows of the
+            ``[K, d]`` gradient stack in place, or None.
         """
         if type(self).grad_hook is Algorithm.grad_hook:
             return None  # the base hook does nothing: no per-row loop
@@ -210,36 +453,63 @@ class Algorithm:
 
         return each
 
-    client_train: ClassVar[Any] = None  # (job: LocalTraining) -> ClientUpdate
+    # An algorithm with its own local procedure (FedDM) sets this to a method
+    # ``client_train(job: LocalTraining) -> ClientUpdate``, which then runs
+    # instead of the solver loop; None: the solver's tau steps. (A method in
+    # one class and None in another: no annotation states both.)
+    client_train: ClassVar[Any] = None  # type: ignore[explicit-any]
 
     def client_finish(
         self, delta: torch.Tensor, solver_state: SolverState, client: ClientContext
     ) -> ClientResult:
+        """What a client uploads besides its delta, and its new state.
+
+        Args:
+            delta: x_i^{t,tau_i} - x^t, the client's model change.
+            solver_state: the solver after the steps (lr, steps, ||a_i||_1).
+            client: the round's context.
+
+        Returns:
+            (extras to upload by name, new persistent state or None to keep
+            the old one). Only ``stateful`` algorithms return a state; the
+            server stores it after the step and never aggregates it.
+        """
         return {}, None
 
     def weighting(self) -> str | None:
-        """Its ``sampling.WEIGHTINGS`` key, checked against the selector (None:
-        weights fixed by the paper, unchecked)."""
+        """Its ``sampling.WEIGHTINGS`` key, checked against the selector.
+
+        Returns:
+            The key, or None: weights fixed by the paper, unchecked.
+        """
         return None
 
     # ------------------------------------------------ what it says about itself
     # The runtime, the clock and the checks before a run ask the algorithm
-    # these questions instead of knowing any algorithm by name.
+    # these questions instead of knowing any algorithm by name; each gets the
+    # run's RunFacts (a small typed record), never the whole scenario.
 
-    def check(self, scenario: ScenarioView) -> list[Problem]:
-        """What is wrong with this algorithm in ``scenario`` (errors refuse the
-        file when it is loaded, warnings are printed); each message leads with
-        the field path it is about. Overrides add to ``super().check``.
+    def check(self, facts: RunFacts) -> list[Problem]:
+        """What is wrong with this algorithm in the run (asked when the
+        scenario loads). Overrides add to ``super().check(facts)``.
 
         The base refuses ``round.policy: async`` without an asynchronous server
-        rule (``aggregate_async``, the :class:`AsyncRule` protocol).
+        rule (a ``buffer_size``: :attr:`asynchronous`).
+
+        Args:
+            facts: the run as plug-ins see it (round policy, fleet, data,
+                model, local training).
+
+        Returns:
+            Problems, each message leading with the field path it is about;
+            an error refuses the file, a ``warning`` is printed.
         """
-        if scenario.round.policy != "async" or hasattr(self, "aggregate_async"):
+        if facts.round.policy != "async" or self.asynchronous:
             return []
         from fedsim.plugins import builtins  # (imports every built-in)
 
         rules = [
-            n for n, c in builtins("algorithm").items() if hasattr(c, "aggregate_async")
+            n for n, c in builtins("algorithm").items() if hasattr(c, "buffer_size")
         ]
         return [
             Problem(
@@ -248,41 +518,111 @@ class Algorithm:
             )
         ]
 
-    def clock_work(self, scenario: ScenarioView, data: FederatedData) -> JobWork | None:
-        """What the clock charges for a client's job when it is not local solver
-        steps (units of work, each unit's cost in local steps, bytes uploaded
-        per client); None: ``tau`` solver steps and ``up_factor`` x the model."""
+    def clock_work(self, facts: RunFacts, data: FederatedData) -> JobWork | None:
+        """What the clock charges for a client's job when it is not local
+        solver steps (asked once per run, at set-up).
+
+        Args:
+            facts: the run as plug-ins see it.
+            data: the run's data (class counts, sample shape).
+
+        Returns:
+            The job's units of work, each unit's cost in local steps and the
+            bytes each client uploads; None: ``tau`` solver steps and
+            ``up_factor`` times the model.
+        """
         return None
 
     def memory(
-        self, scenario: ScenarioView, params: int, data: DataInfo
+        self, facts: RunFacts, params: int, data: DataInfo
     ) -> tuple[int, str] | None:
-        """Bytes the algorithm keeps beyond the models (a lower estimate, for
-        the memory check before a run) and what they are, as the field that
-        sets them; None: nothing worth counting. ``params`` is the model's
-        parameter count (0: unknown), ``data`` what the dataset's spec says.
+        """What the algorithm keeps beyond the models, for the memory check
+        before a run (a lower estimate).
 
         The base counts one model-sized vector per client for ``stateful``
         algorithms.
+
+        Args:
+            facts: the run as plug-ins see it.
+            params: the model's parameter count (0: unknown).
+            data: what the dataset's spec says of its samples.
+
+        Returns:
+            (bytes, what they are, naming the field that sets them), or
+            None: nothing worth counting.
         """
         if not self.stateful:
             return None
-        n = scenario.num_clients
+        n = facts.num_clients
         what = (
             f"algorithm.name {self.name!r} keeps {n} client vectors of "
             f"{params:,} parameters"
         )
-        return n * params * scenario.model.elem_bytes, what
+        return n * params * facts.elem_bytes, what
 
-    def bytes_per_client(self, scenario: ScenarioView, d: int) -> tuple[int, int]:
-        """(download, upload) bytes of one client's round for a model of ``d``
-        parameters: ``down_factor`` and ``up_factor`` model vectors."""
-        elem = scenario.model.elem_bytes
+    def bytes_per_client(self, facts: RunFacts, d: int) -> tuple[int, int]:
+        """What one client's round costs on the network (asked once per run;
+        the clock charges it and clients.parquet bills it).
+
+        Args:
+            facts: the run as plug-ins see it (``elem_bytes``).
+            d: the model's parameter count.
+
+        Returns:
+            (download, upload) bytes: ``down_factor`` and ``up_factor``
+            model vectors.
+        """
+        elem = facts.elem_bytes
         return self.down_factor * d * elem, self.up_factor * d * elem
 
 
+# How a class's ``aggregate`` takes the step's context (Algorithm.server_step):
+# "ctx" (the one signature), or a deprecated older form.
+_Form = Literal["ctx", "server", "plain"]
+
+
+_FORMS: dict[type, _Form] = {}
+
+
+def _aggregate_form(cls: type[Algorithm]) -> _Form:
+    """Which form of ``aggregate`` ``cls`` defines, read once from its
+    signature (``skip_empty_rounds`` keeps the wrapped one visible); an
+    older form is warned about once, here."""
+    if cls in _FORMS:
+        return _FORMS[cls]
+    params = inspect.signature(cls.aggregate).parameters
+    positional = [
+        p
+        for p in params.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    # the old server form named its parameter: it wins over a position
+    new_form = "server" not in params and len(positional) >= 4  # self, ..., ctx
+    if "ctx" in params or new_form:
+        _FORMS[cls] = "ctx"
+        return "ctx"
+    form: _Form = "server" if "server" in params else "plain"
+    how = "server=ServerContext" if form == "server" else "no context"
+    warnings.warn(
+        f"{cls.__qualname__}.aggregate takes {how}; define aggregate(state, "
+        "updates, ctx) and read ctx.server / ctx.staleness (RoundContext): "
+        "the older forms will be removed",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    _FORMS[cls] = form
+    return form
+
+
 def data_weights(updates: Updates) -> list[float]:
-    """p_i of the round's updates, normalised to sum to 1 (in update order)."""
+    """p_i of the round's updates, normalised to sum to 1.
+
+    Args:
+        updates: the round's updates (their ``weight``: n_i or a given p_i).
+
+    Returns:
+        One weight per update, in update order.
+    """
     total = float(sum(u.weight for u in updates))
     return [u.weight / total for u in updates]
 
@@ -290,8 +630,18 @@ def data_weights(updates: Updates) -> list[float]:
 def meter(
     updates: Updates, w: list[float], tau_eff: float, shares: list[float] | None = None
 ) -> AggregateInfo:
-    """Effective weights ``w`` (normalised here) with chi^2(p || w), p the data
-    weights, and the sampling weights ``shares`` the step applied (as they are)."""
+    """What an aggregate reports: the effective weights with chi^2(p || w).
+
+    Args:
+        updates: the updates the step used, in the order of ``w``.
+        w: each update's effective weight w_i (normalised here).
+        tau_eff: the effective local steps of the step.
+        shares: each delta's weight in the step as applied, not normalised
+            (the participation-bias meter); None: ``w`` tells.
+
+    Returns:
+        The :class:`AggregateInfo`, chi^2 against the updates' data weights.
+    """
     sw = float(sum(w))
     weights = {u.client: wi / sw for u, wi in zip(updates, w, strict=True)}
     chi2_pw = chi2(data_weights(updates), w)
@@ -302,35 +652,81 @@ def meter(
 
 
 def meter_subset(updates: Updates, info: AggregateInfo) -> AggregateInfo:
-    """``info``, the :func:`meter` of the updates the server used, with weight 0
-    for the round's others (FedPNS's removed updates, FedDM's empty uploads)."""
+    """``info`` extended to every update of the round.
+
+    Args:
+        updates: all of the round's updates.
+        info: the :func:`meter` of those the step used.
+
+    Returns:
+        ``info`` with weight 0 for the round's other clients (FedPNS's
+        removed updates, FedDM's empty uploads).
+    """
     weights = {u.client: info.weights.get(u.client, 0.0) for u in updates}
     return replace(info, weights=weights)
 
 
 def empty_info() -> AggregateInfo:
+    """What a step without updates reports: no weights, NaN figures."""
     return AggregateInfo(weights={}, tau_eff=float("nan"), chi2_pw=float("nan"))
 
 
-_Aggregate = TypeVar("_Aggregate", bound=Callable[..., Any])
+_Step = tuple[ServerState, AggregateInfo]
+_Self = TypeVar("_Self")
+_Rest = ParamSpec("_Rest")
+# aggregate (or aggregate_async): (self, state, updates, ...) -> the step
+_Rule = Callable[Concatenate[_Self, ServerState, Updates, _Rest], _Step]
 
 
-def skip_empty_rounds(aggregate: _Aggregate) -> _Aggregate:
-    """Decorate ``aggregate(_async)``: an empty round keeps the state, reporting
-    :func:`empty_info`."""
+def skip_empty_rounds(aggregate: _Rule[_Self, _Rest]) -> _Rule[_Self, _Rest]:
+    """Decorate ``aggregate`` (or ``aggregate_async``): an empty round keeps
+    the state, reporting :func:`empty_info`, so the rule itself never sees
+    an empty list (a division by the number of updates would give NaN).
+
+    Args:
+        aggregate: the method to wrap (its signature stays visible).
+
+    Returns:
+        The wrapped method.
+    """
 
     @functools.wraps(aggregate)
-    def wrapper(self: Any, state: ServerState, updates: Updates, *args: Any) -> Any:
+    def wrapper(
+        self: _Self,
+        state: ServerState,
+        updates: Updates,
+        *args: _Rest.args,
+        **kwargs: _Rest.kwargs,
+    ) -> _Step:
         if not updates:
             return state, empty_info()
-        return aggregate(self, state, updates, *args)
+        return aggregate(self, state, updates, *args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
+
+
+class _LegacyAggregate(Protocol):
+    """``aggregate`` as plug-ins wrote it before :class:`RoundContext`: no
+    context, or the server's as a keyword (``needs_server``)."""
+
+    def __call__(
+        self,
+        state: ServerState,
+        updates: Updates,
+        *,
+        server: ServerContext | None = ...,
+    ) -> tuple[ServerState, AggregateInfo]: ...
 
 
 class AsyncRule(Protocol):
     """An asynchronous server rule: every ``buffer_size`` arrivals make one
-    version (updates in arrival order, their staleness, their start models)."""
+    version (updates in arrival order, their staleness, their start models).
+
+    The server calls ``aggregate(state, updates, ctx)`` with
+    ``ctx.staleness`` and ``ctx.starts`` set; ``aggregate_async`` is the
+    same step with those as arguments (the built-ins keep it for tests, and
+    an older plug-in that defines only it is still called through it).
+    """
 
     buffer_size: int
     aggregate_async: Callable[

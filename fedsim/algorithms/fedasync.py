@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -93,12 +93,38 @@ class _Normalized(base.Algorithm):
         return base.AggregateInfo(weights, float(tau_eff), chi2_pw, per_update=per)
 
     def aggregate(
-        self, state: base.ServerState, updates: base.Updates
+        self,
+        state: base.ServerState,
+        updates: base.Updates,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
     ) -> tuple[base.ServerState, base.AggregateInfo]:
-        """A synchronous round: staleness 0, every update started from x."""
-        rule = cast(base.AsyncRule, self)  # FedAsync and FedBuff define aggregate_async
+        """An asynchronous version (``ctx.staleness`` and ``ctx.starts``), or
+        a synchronous round: staleness 0, every update started from x."""
         n = len(updates)
-        return rule.aggregate_async(state, updates, [0] * n, [state["x"]] * n)
+        staleness = ctx.staleness if ctx.staleness is not None else (0,) * n
+        starts = ctx.starts if ctx.starts is not None else (state["x"],) * n
+        return self.aggregate_async(state, updates, staleness, starts)
+
+    def aggregate_async(
+        self,
+        state: base.ServerState,
+        updates: base.Updates,
+        staleness: Sequence[int],
+        starts: Sequence[torch.Tensor],
+    ) -> tuple[base.ServerState, base.AggregateInfo]:
+        """The rule on updates in arrival order with their staleness and start
+        models (what :meth:`aggregate` does for an asynchronous version).
+
+        Args:
+            state: the server state.
+            updates: in order of arrival.
+            staleness: each update's staleness.
+            starts: the parameters each update started from.
+
+        Returns:
+            As :meth:`fedsim.algorithms.base.Algorithm.aggregate`.
+        """
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,10 @@ class FedAvg(Sampled):
 
     @base.skip_empty_rounds
     def aggregate(
-        self, state: base.ServerState, updates: base.Updates
+        self,
+        state: base.ServerState,
+        updates: base.Updates,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
     ) -> tuple[base.ServerState, base.AggregateInfo]:
         wh = sampling_weights(updates, self.sampling)
         step = weighted_sum([u.delta for u in updates], wh)

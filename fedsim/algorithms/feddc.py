@@ -69,9 +69,12 @@ class FedDC(FedDyn):
 
     @base.skip_empty_rounds
     def aggregate(
-        self, state: base.ServerState, updates: base.Updates
+        self,
+        state: base.ServerState,
+        updates: base.Updates,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
     ) -> tuple[base.ServerState, base.AggregateInfo]:
-        new, info = super().aggregate(state, updates)
+        new, info = super().aggregate(state, updates, ctx)
         if self.aggregation == "paper":
             p = base.data_weights(updates)
             models = [state["x"] + u.delta + u.extras["drift"] for u in updates]

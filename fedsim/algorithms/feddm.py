@@ -41,7 +41,7 @@ from fedsim.spec import NonNegFloat, PosFloat, PosInt, Problem
 if TYPE_CHECKING:
     from fedsim.clock import JobWork
     from fedsim.data.base import DataInfo, FederatedData
-    from fedsim.spec import ScenarioView
+    from fedsim.facts import RunFacts
 
 
 def embed_and_logits(
@@ -192,7 +192,8 @@ class FedDM(base.Algorithm):
     # local steps of compute per iteration on the clock (auto: counted per client)
     iteration_cost: PosFloat | Literal["auto"] = "auto"
 
-    needs_server: ClassVar[bool] = True
+    # the server trains the global model on the synthetic sets
+    server_needs: ClassVar[frozenset[str]] = frozenset({"model"})
 
     def __post_init__(self) -> None:
         """Refuse real images as the start of a DP synthetic set."""
@@ -239,14 +240,14 @@ class FedDM(base.Algorithm):
         return held * upload_bytes(1, self.ipc, sample_shape, float_bytes, label_bytes)
 
     # ------------------------------------------------ what it says about itself
-    def check(self, scenario: ScenarioView) -> list[Problem]:
+    def check(self, facts: RunFacts) -> list[Problem]:
         """Also refuses a range of epochs (FedDM runs ``iterations``, not
         epochs) and warns when ``fixed_window`` cuts the iterations short for a
         fleet group's median device (docs/fedpns-feddm.md, "FedDM's cost")."""
-        found = super().check(scenario)
-        if (classless := self._classless(scenario)) is not None:
+        found = super().check(facts)
+        if (classless := self._classless(facts)) is not None:
             found.append(Problem(classless))
-        rs, n_iter = scenario.round, self.iterations
+        rs, n_iter = facts.round, self.iterations
         if rs.policy == "fixed_epochs" and rs.epochs_low is not None:
             found.append(
                 Problem(
@@ -255,11 +256,11 @@ class FedDM(base.Algorithm):
                     "leave them out"
                 )
             )
-        if rs.policy == "fixed_window" and (cut := self._window_cut(scenario)):
+        if rs.policy == "fixed_window" and (cut := self._window_cut(facts)):
             found.append(Problem(cut, warning=True))
         return found
 
-    def _classless(self, scenario: ScenarioView) -> str | None:
+    def _classless(self, facts: RunFacts) -> str | None:
         """Why FedDM cannot run on this data, or None.
 
         FedDM synthesises ``ipc`` samples per class and matches the real and
@@ -268,28 +269,28 @@ class FedDM(base.Algorithm):
         that ends in a classifier; without this check such a run failed only
         in the first client's training, with a traceback.
         """
-        info = scenario.data.info(scenario.num_clients)
+        info = facts.data.info(facts.num_clients)
         if info is None or info.classes != 0:  # unknown counts are let through
             return None
         return (
             f"algorithm.name {self.name!r} synthesises samples per class, but "
-            f"data.dataset {scenario.data.dataset!r} has no classes (an "
+            f"data.dataset {facts.dataset!r} has no classes (an "
             "objective); use an algorithm that uploads model updates"
         )
 
-    def _window_cut(self, scenario: ScenarioView) -> str | None:
+    def _window_cut(self, facts: RunFacts) -> str | None:
         """The warning for the first fleet group whose median device cannot run
         every iteration inside ``round.window_s`` (at the cheapest cost a
         client can have: the auto cost counts the largest real batch)."""
-        rs, n_iter = scenario.round, self.iterations
+        rs, n_iter = facts.round, self.iterations
         cost = float(
             iteration_flops_ratio(
-                [self.dc_batch_size], self.ipc, scenario.client.batch_size
+                [self.dc_batch_size], self.ipc, facts.client.batch_size
             )
             if self.iteration_cost == "auto"
             else self.iteration_cost
         )
-        for g in scenario.fleet.groups:
+        for g in facts.fleet.groups:
             if g.speed is None:  # a trace group: its speeds are per device
                 continue
             if (fits := rs.window_s * g.speed.median / cost) < n_iter:
@@ -304,7 +305,7 @@ class FedDM(base.Algorithm):
                 )
         return None
 
-    def clock_work(self, scenario: ScenarioView, data: FederatedData) -> JobWork | None:
+    def clock_work(self, facts: RunFacts, data: FederatedData) -> JobWork | None:
         """Its ``iterations`` at :meth:`cost_per_iteration` each, and the
         synthetic set's upload (images in the model's dtype, labels in the
         data's); None for data without classes (nothing to match)."""
@@ -318,23 +319,23 @@ class FedDM(base.Algorithm):
         )
         return JobWork(
             steps=int(self.iterations),
-            unit_cost=self.cost_per_iteration(counts, scenario.client.batch_size),
+            unit_cost=self.cost_per_iteration(counts, facts.client.batch_size),
             bytes_up=self.upload_sizes(
                 counts,
                 np.asarray(data.x).shape[1:],
-                scenario.model.elem_bytes,
+                facts.elem_bytes,
                 y.itemsize,
             ),
         )
 
     def memory(
-        self, scenario: ScenarioView, params: int, data: DataInfo
+        self, facts: RunFacts, params: int, data: DataInfo
     ) -> tuple[int, str] | None:
         """The synthetic sets the server holds: each client sends ``ipc``
         images per class it holds, at most all classes (int64 labels)."""
         if not (data.sample_bytes and data.classes):
             return None
-        images = scenario.num_clients * data.classes * self.ipc
+        images = facts.num_clients * data.classes * self.ipc
         what = f"algorithm.ipc {self.ipc}: FedDM's synthetic set"
         return images * (data.sample_bytes + 8), what
 
@@ -349,8 +350,7 @@ class FedDM(base.Algorithm):
         self,
         state: base.ServerState,
         updates: base.Updates,
-        *,
-        server: base.ServerContext | None = None,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
     ) -> tuple[base.ServerState, base.AggregateInfo]:
         """Train the global model on the union of the synthetic sets received.
 
@@ -358,10 +358,10 @@ class FedDM(base.Algorithm):
             state: ``x`` (the global model w_r), ``seed`` and ``round``.
             updates: The clients' updates; their ``extras`` carry ``images``
                 and ``labels`` (an update without labels is left out).
-            server: The server's copy of the network, trained in place on
-                the device its parameters are on (the server's device; the
-                synthetic sets are moved there, the new ``x`` comes back to
-                ``x``'s device and dtype).
+            ctx: ``ctx.server.model``, the server's copy of the network,
+                trained in place on the device its parameters are on (the
+                server's device; the synthetic sets are moved there, the new
+                ``x`` comes back to ``x``'s device and dtype).
 
         Returns:
             The state with the new ``x`` and the next ``round``, and the meter
@@ -369,14 +369,16 @@ class FedDM(base.Algorithm):
             is unchanged when no synthetic sample arrived.
 
         Raises:
-            TypeError: ``server`` is missing.
+            TypeError: ``ctx.server`` is missing.
         """
         ups = [u for u in updates if "labels" in u.extras and len(u.extras["labels"])]
         if not ups:
             return state, base.empty_info()
-        if server is None:
-            raise TypeError("FedDM trains on the server: pass server=ServerContext")
-        x_r, model = state["x"], server.model
+        if ctx.server is None:
+            raise TypeError(
+                "FedDM trains on the server: pass RoundContext(server=ServerContext)"
+            )
+        x_r, model = state["x"], ctx.server.model
         params = list(model.parameters())
         dev = params[0].device  # the server's device (on the CPU: as before)
         images = torch.cat([u.extras["images"] for u in ups]).to(dev)

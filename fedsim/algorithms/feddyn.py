@@ -64,7 +64,10 @@ class FedDyn(base.Algorithm):
 
     @base.skip_empty_rounds
     def aggregate(
-        self, state: base.ServerState, updates: base.Updates
+        self,
+        state: base.ServerState,
+        updates: base.Updates,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
     ) -> tuple[base.ServerState, base.AggregateInfo]:
         n, deltas = len(updates), [u.delta for u in updates]
         ones = [1.0] * n

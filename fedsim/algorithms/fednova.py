@@ -63,7 +63,10 @@ class FedNova(Sampled):
 
     @base.skip_empty_rounds
     def aggregate(
-        self, state: base.ServerState, updates: base.Updates
+        self,
+        state: base.ServerState,
+        updates: base.Updates,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
     ) -> tuple[base.ServerState, base.AggregateInfo]:
         wh = sampling_weights(updates, self.sampling)
         fixed = self.tau_eff_value

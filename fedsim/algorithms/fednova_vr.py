@@ -43,9 +43,12 @@ class FedNovaVR(ControlVariates, FedNova):
 
     @base.skip_empty_rounds
     def aggregate(
-        self, state: base.ServerState, updates: base.Updates
+        self,
+        state: base.ServerState,
+        updates: base.Updates,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
     ) -> tuple[base.ServerState, base.AggregateInfo]:
-        new, info = super().aggregate(state, updates)
+        new, info = super().aggregate(state, updates, ctx)
         p = [float(u.extras["p"]) for u in updates]  # c += sum_S p_i (c_i^+ - c_i)
         new["c"] = control_aggregate(state, updates, p)
         return new, info

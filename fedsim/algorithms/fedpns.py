@@ -24,7 +24,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import fedsim.algorithms.base as base
 from fedsim.algorithms.base import AggregateInfo, ServerContext, ServerState, Updates
@@ -58,7 +58,9 @@ def expectation(gram: torch.Tensor, members: Sequence[int]) -> float:
 
 
 def optimal_aggregation(
-    grads: Sequence[torch.Tensor], v: int, check_loss: Any = None
+    grads: Sequence[torch.Tensor],
+    v: int,
+    check_loss: Callable[[list[int], int], bool] | None = None,
 ) -> tuple[list[int], list[int], list[int]]:
     """CHECK EXPECTATION / CHECK LOSS on the round's gradient estimates while
     more than ``v`` remain (the module docstring).
@@ -124,7 +126,8 @@ class FedPNS(base.Algorithm):
     # CHECK LOSS on the validation split, or the test set (opt-in, optimistic)
     check_loss_data: Literal["validation", "test"] = "validation"
 
-    needs_server: ClassVar[bool] = True
+    # CHECK LOSS scores candidate aggregates on the server's validation data
+    server_needs: ClassVar[frozenset[str]] = frozenset({"validation_loss"})
 
     def threshold(self, n: int) -> int:
         """The fewest updates kept out of ``n``: ``v``, else ``v_fraction`` n
@@ -147,7 +150,10 @@ class FedPNS(base.Algorithm):
         return lr_upload(solver_state), None
 
     def aggregate(
-        self, state: ServerState, updates: Updates, server: ServerContext | None = None
+        self,
+        state: ServerState,
+        updates: Updates,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
     ) -> tuple[ServerState, AggregateInfo]:
         """Optimal Aggregation over the round's updates, then the mean step.
 
@@ -155,8 +161,9 @@ class FedPNS(base.Algorithm):
             state: ``x``, the global model.
             updates: The round's updates; one with no steps (``norm_a`` 0) has
                 no gradient estimate and is left out.
-            server: Gives CHECK LOSS its validation loss; without it no update
-                is removed (the first adverse one is only labeled).
+            ctx: ``ctx.server`` gives CHECK LOSS its validation loss; without
+                it no update is removed (the first adverse one is only
+                labeled).
 
         Returns:
             ``x`` moved by ``server_lr`` times the kept updates' plain mean, and
@@ -178,6 +185,7 @@ class FedPNS(base.Algorithm):
             step = weighted_sum([live[j].delta for j in members], [1.0 / n] * n)
             return state["x"] + self.server_lr * step
 
+        server = ctx.server
         check = None if server is None else _loss_check(server, mean_model)
         v = self.threshold(len(live))
         kept, labeled, removed = optimal_aggregation(grads, v, check)
@@ -193,10 +201,11 @@ class FedPNS(base.Algorithm):
 
 def _verdicts(
     live: Sequence[base.ClientUpdate], labeled: list[int], removed: list[int]
-) -> tuple[dict[int, dict[str, bool]], Labels]:
+) -> tuple[dict[int, dict[str, base.Flag]], Labels]:
     """The round's verdicts by client id, from positions into ``live``: the
     per-client flags (clients.parquet) and the selector's :class:`Labels`."""
-    flags = {  # the round's clients are distinct (FedPNS has no async rule)
+    # the round's clients are distinct (FedPNS has no async rule)
+    flags: dict[int, dict[str, base.Flag]] = {
         u.client: {"labeled": j in labeled, "removed": j in removed}
         for j, u in enumerate(live)
     }
@@ -208,7 +217,7 @@ def _verdicts(
 
 
 def _loss_check(
-    server: ServerContext, mean_model: Any
+    server: ServerContext, mean_model: Callable[[tuple[int, ...]], torch.Tensor]
 ) -> Callable[[list[int], int], bool]:
     """CHECK LOSS: remove i from S unless S's mean model (``mean_model``) has
     a lower validation loss than that of S without i. Each set's loss is

@@ -77,7 +77,7 @@ from fedsim.lazy import torch
 from fedsim.spec import Problem
 
 if TYPE_CHECKING:
-    from fedsim.spec import ScenarioView
+    from fedsim.facts import RunFacts
 
 EXTRA = "pip install 'fedsim[flower]'"
 # Device i is Flower node i + NODE_BASE (node 1 is Flower's SuperLink).
@@ -380,7 +380,8 @@ class Flower(base.Algorithm):
     options: dict[str, Any] = field(default_factory=dict)
     sample_by: Literal["strategy", "selector"] = "strategy"
 
-    needs_server: ClassVar[bool] = True  # aggregate reads the model's layout
+    # aggregate reads the model's layout (its named parameters)
+    server_needs: ClassVar[frozenset[str]] = frozenset({"model"})
 
     def __post_init__(self) -> None:
         self.build()  # Flower installed, a strategy, its options accepted
@@ -411,11 +412,11 @@ class Flower(base.Algorithm):
 
     # ------------------------------------------------ what it says about itself
 
-    def check(self, scenario: ScenarioView) -> list[Problem]:
+    def check(self, facts: RunFacts) -> list[Problem]:
         """Refuses asynchronous rounds, a server actor, and a strategy whose
         state cannot be checkpointed when checkpoints are on."""
         found = []
-        if scenario.round.policy == "async":
+        if facts.round.policy == "async":
             found.append(
                 Problem(
                     "round.policy 'async' cannot drive algorithm.name 'flower': "
@@ -424,15 +425,14 @@ class Flower(base.Algorithm):
                     "replies); docs/flower.md says why"
                 )
             )
-        if getattr(scenario, "resources", None) is not None:
-            if scenario.resources.server.home != "driver":  # type: ignore[attr-defined]
-                found.append(
-                    Problem(
-                        "resources.server.home must be 'driver' with algorithm.name "
-                        "'flower' (the Flower strategy object lives in the driver)"
-                    )
+        if facts.server_home != "driver":
+            found.append(
+                Problem(
+                    "resources.server.home must be 'driver' with algorithm.name "
+                    "'flower' (the Flower strategy object lives in the driver)"
                 )
-        every = getattr(getattr(scenario, "checkpoint", None), "every_rounds", 0)
+            )
+        every = facts.checkpoint_every
         object.__setattr__(self, "_checkpoints", bool(every))
         if every:
             why = self._uncheckpointable(self.build())
@@ -527,9 +527,10 @@ class Flower(base.Algorithm):
         self,
         state: base.ServerState,
         updates: base.Updates,
-        server: base.ServerContext | None = None,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
     ) -> tuple[base.ServerState, base.AggregateInfo]:
         live = self.live(state)
+        server = ctx.server
         if not updates and not live.pending:
             return state, base.empty_info()  # nobody was messaged
         app = flwr()

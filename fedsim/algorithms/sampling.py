@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -20,6 +20,9 @@ import fedsim.algorithms.base as base
 from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.lazy import torch
 from fedsim.solvers import SolverState
+
+if TYPE_CHECKING:
+    from fedsim.selectors.base import Selector
 
 Scheme = Literal["renormalized", "uniform", "proportional", "equal"]
 # How a selector draws (``Selector.inclusion``): ``uniform`` (q/m each),
@@ -107,7 +110,7 @@ class Pairing:
     use: Scheme | None = None  # the weighting to use instead (refused pairs)
 
 
-def pairing(selector: Any, scheme: str) -> Pairing:
+def pairing(selector: Selector, scheme: str) -> Pairing:
     """Whether weighting ``scheme`` fits how ``selector`` samples (its
     ``inclusion``, ``with_replacement`` and ``data_share_in_sample``).
 
@@ -153,7 +156,7 @@ def pairing(selector: Any, scheme: str) -> Pairing:
     )
 
 
-def _preferred(selector: Any, inclusion: str) -> Scheme | None:
+def _preferred(selector: Selector, inclusion: str) -> Scheme | None:
     """The weighting a refused pairing suggests: the selector's own
     (``default_weighting``, e.g. the paper's), else the unbiased one for its
     inclusion; None for an adaptive selector that names none."""
@@ -162,7 +165,7 @@ def _preferred(selector: Any, inclusion: str) -> Scheme | None:
 
 
 def _refusal(
-    selector: Any, w: Weighting, inclusion: str, replacement: bool
+    selector: Selector, w: Weighting, inclusion: str, replacement: bool
 ) -> str | None:
     """Why weighting ``w`` cannot fit a selector of this kind at all, whatever
     its draw's bias; None when nothing rules it out."""
@@ -176,12 +179,14 @@ def _refusal(
     return None
 
 
-def pairing_problem(selector: Any, algorithm: Any) -> str | None:
+def pairing_problem(selector: Selector, algorithm: base.Algorithm) -> str | None:
     """The scenario error for a refused pairing, naming both fields and the
     unbiased choice; None when allowed or ``algorithm.weighting()`` is None."""
     scheme = algorithm.weighting()
-    verdict = None if scheme is None else pairing(selector, scheme)
-    if verdict is None or verdict.verdict != "refused":
+    if scheme is None:  # weights fixed by the paper: unchecked
+        return None
+    verdict = pairing(selector, scheme)
+    if verdict.verdict != "refused":
         return None
     name = selector.name
     fix = (
@@ -238,7 +243,7 @@ def weight_shares(
 
 def participation_bias(
     shares: np.ndarray, data_share: np.ndarray, top: int = 5
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """summary.json's ``participation_bias``: L1 distance between weight
     shares and data shares p_i, and the ``top`` most overweighted clients."""
     s = np.asarray(shares, dtype=np.float64)

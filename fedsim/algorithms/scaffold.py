@@ -41,7 +41,10 @@ class Scaffold(ControlVariates):
 
     @base.skip_empty_rounds
     def aggregate(
-        self, state: base.ServerState, updates: base.Updates
+        self,
+        state: base.ServerState,
+        updates: base.Updates,
+        ctx: base.RoundContext = base.PLAIN_ROUND,
     ) -> tuple[base.ServerState, base.AggregateInfo]:
         n = len(updates)
         step = weighted_sum([u.delta for u in updates], [1.0 / n] * n)

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, ClassVar
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from fedsim.lazy import torch
-from fedsim.spec import Spec
+from fedsim.spec import DataInfo, Spec
+
+__all__ = [
+    "DataInfo",
+    "DatasetSpec",
+    "Dataset",
+    "FederatedData",
+    "as_tensor",
+    "file_bytes",
+]
 
 
 def as_tensor(a: np.ndarray) -> torch.Tensor:
@@ -61,23 +69,6 @@ class FederatedData:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
 
 
-@dataclass(frozen=True)
-class DataInfo:
-    """What a dataset's spec says about its samples: ``kind`` ``vector``, ``image``
-    ([C, H, W]) or ``sequence``; ``samples`` (train + test) estimated; ``classes``
-    0 for an objective without classes; None where only the data tells."""
-
-    kind: str
-    shape: tuple[int, ...] | None
-    classes: int | None
-    samples: int | None
-
-    @property
-    def sample_bytes(self) -> int | None:
-        """float32 bytes of one sample's inputs."""
-        return None if self.shape is None else 4 * math.prod(self.shape)
-
-
 class DatasetSpec(Spec):
     """Fields every dataset's spec (the ``data`` section) shares:
     ``validation_fraction`` (:mod:`fedsim.data.validation`)."""
@@ -91,16 +82,32 @@ class DatasetSpec(Spec):
     float32_fields: ClassVar[bool] = False
 
     @model_validator(mode="after")
-    def _validation_possible(self) -> Any:
+    def _validation_possible(self) -> DatasetSpec:
         if self.validation_fraction > 0 and self.no_validation is not None:
             raise ValueError(
                 f"validation_fraction must be 0 here: {self.no_validation}"
             )
         return self
 
+    @property
+    def start_value(self) -> float | None:
+        """The value every model parameter starts at when the data fixes the
+        start (an objective's x_0, as the quadratic problems do); None, the
+        default: the model's own initialisation."""
+        return None
+
     def build(self, num_clients: int, seed: int) -> FederatedData:
-        """The federated dataset: ``num_clients`` clients, every random choice
-        drawn from ``seed``."""
+        """The federated dataset.
+
+        Args:
+            num_clients: the fleet's size, for a dataset whose client count
+                follows it.
+            seed: the run's seed: every random choice is drawn from it.
+
+        Returns:
+            Every client's rows and the test set, a pure function of the
+            fields, ``seed`` and the files read.
+        """
         raise NotImplementedError
 
     def info(self, num_clients: int) -> DataInfo | None:

@@ -61,6 +61,11 @@ class QuadraticData(DatasetSpec):
         return self
 
     @property
+    def start_value(self) -> float:
+        """``x0``: the objective's starting point, in every coordinate."""
+        return self.x0
+
+    @property
     def clients(self) -> int:
         """One client per center."""
         return len(self.centers)

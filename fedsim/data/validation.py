@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -28,7 +28,17 @@ from fedsim.data.errors import DataError
 
 if TYPE_CHECKING:
     from fedsim.data.base import DatasetSpec
-    from fedsim.spec import ScenarioView as Scenario
+
+
+class _Named(Protocol):
+    """An algorithm as these checks see it (it may also define
+    ``validation_use(clients_per_round)``)."""
+
+    @property
+    def name(self) -> str:
+        """The scenario's ``algorithm.name``."""
+        ...
+
 
 # separates the split's random stream from every other use of the seed
 _TAG = 0x7A11D
@@ -67,21 +77,37 @@ def split_validation(data: FederatedData, fraction: float, seed: int) -> Federat
     )
 
 
-def validation_use(scenario: Scenario) -> str | None:
-    """Which data the scenario's algorithm scores models on at the server:
-    ``"validation"``, ``"test"`` (opt-in) or None (none)."""
-    use = getattr(scenario.algorithm, "validation_use", None)
-    return None if use is None else use(scenario.selector.clients_per_round)
+def validation_use(algorithm: _Named, clients_per_round: int) -> str | None:
+    """Which data an algorithm scores models on at the server.
+
+    Args:
+        algorithm: the scenario's algorithm (its optional
+            ``validation_use(q)`` answers).
+        clients_per_round: the selector's round size q.
+
+    Returns:
+        ``"validation"``, ``"test"`` (opt-in) or None (none).
+    """
+    use = getattr(algorithm, "validation_use", None)
+    return None if use is None else use(clients_per_round)
 
 
-def validation_problem(scenario: Scenario) -> str | None:
-    """Why the scenario cannot run as written (None: it can): its algorithm
-    scores models on a validation split that its data does not reserve."""
-    fraction = float(getattr(scenario.data, "validation_fraction", 0.0))
-    if validation_use(scenario) != "validation" or fraction > 0:
+def validation_problem(
+    algorithm: _Named, data: DatasetSpec, clients_per_round: int
+) -> str | None:
+    """Why a scenario cannot run as written (None: it can): its algorithm
+    scores models on a validation split that its data does not reserve.
+
+    Args:
+        algorithm: the scenario's algorithm.
+        data: the scenario's ``data`` section.
+        clients_per_round: the selector's round size.
+    """
+    fraction = float(getattr(data, "validation_fraction", 0.0))
+    if validation_use(algorithm, clients_per_round) != "validation" or fraction > 0:
         return None
     return (
-        f"algorithm {scenario.algorithm.name!r} scores models on the server's "
+        f"algorithm {algorithm.name!r} scores models on the server's "
         "validation data (CHECK LOSS), but data.validation_fraction is 0: set "
         "data.validation_fraction (e.g. 0.05: rows taken from the clients' "
         "training data), or set algorithm.check_loss_data: test to score on "
@@ -90,14 +116,18 @@ def validation_problem(scenario: Scenario) -> str | None:
     )
 
 
-def describe_validation(scenario: Scenario, data: Any) -> str | None:
+def describe_validation(use: str | None, data: FederatedData | None) -> str | None:
     """summary.json's ``server_validation``: the data the server's model
-    choices used, or None when no server-side choice looks at data."""
-    use = validation_use(scenario)
+    choices used, or None when no server-side choice looks at data.
+
+    Args:
+        use: :func:`validation_use` of the run.
+        data: the run's data (its validation rows are counted).
+    """
     if use == "test":
         return "test set (opt-in)"
     if use == "validation":
-        val_y = getattr(data, "val_y", None)
+        val_y = None if data is None else data.val_y
         rows = "?" if val_y is None else str(len(val_y))
         return f"validation split ({rows} rows)"
     return None

@@ -40,17 +40,26 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from fedsim.clock import expected_steps
 from fedsim.spec import PLUGIN_CONFIG, PosInt, Problem
 
 if TYPE_CHECKING:
-    from fedsim.algorithms.base import AggregateInfo
-    from fedsim.clock import JobWork
-    from fedsim.fleet import Fleet
-    from fedsim.spec import ScenarioView
+    from numpy.typing import ArrayLike
 
-SelectorState = dict[str, Any]
+    from fedsim.algorithms.base import AggregateInfo, Flag
+    from fedsim.clock import JobWork, RoundSpec
+    from fedsim.facts import RunFacts
+    from fedsim.fleet import Fleet
+
+# Client ids (int64) and per-client figures (float64), by client id.
+Ints = NDArray[np.int64]
+Floats = NDArray[np.float64]
+
+# A selector's state: a JSON value each selector shapes itself (checkpoints
+# keep it), read by its own methods only: typed loosely here.
+SelectorState = dict[str, Any]  # type: ignore[explicit-any]
 
 
 class ClientOutcome(Protocol):
@@ -64,7 +73,7 @@ class ClientOutcome(Protocol):
     @property
     def weight(self) -> float: ...  # effective aggregation weight w_i
     @property
-    def flags(self) -> dict[str, Any]: ...  # the algorithm's per-client columns
+    def flags(self) -> dict[str, Flag]: ...  # the algorithm's per-client columns
 
 
 class RoundResult(Protocol):
@@ -89,10 +98,10 @@ class SelectorContext:
     """
 
     num_clients: int
-    data_weights: np.ndarray
-    n_samples: np.ndarray
-    speed: np.ndarray
-    round_time_s: np.ndarray
+    data_weights: Floats
+    n_samples: Ints
+    speed: Floats
+    round_time_s: Floats
     informed: bool = True
 
     def __post_init__(self) -> None:
@@ -116,7 +125,10 @@ class SelectorContext:
 
     @classmethod
     def from_arrays(
-        cls, n_samples: Any, speed: Any = None, round_time_s: Any = None
+        cls,
+        n_samples: ArrayLike,
+        speed: ArrayLike | None = None,
+        round_time_s: ArrayLike | None = None,
     ) -> SelectorContext:
         """A context from sample counts (speeds and round times default to 1).
 
@@ -125,15 +137,15 @@ class SelectorContext:
         """
         n = np.asarray(n_samples, dtype=np.int64)
         ones = np.ones(n.size)
-        speed, round_time_s = (ones if a is None else a for a in (speed, round_time_s))
-        return cls(n.size, n / n.sum(), n, speed, round_time_s)
+        s, r = (ones if a is None else np.asarray(a) for a in (speed, round_time_s))
+        return cls(n.size, n / n.sum(), n, s, r)
 
     @classmethod
     def from_run(
         cls,
         fleet: Fleet,
-        n_samples: np.ndarray,
-        round_spec: Any,
+        n_samples: Ints,
+        round_spec: RoundSpec,
         batch_size: int,
         bytes_down: int,
         bytes_up: int,
@@ -167,7 +179,7 @@ class Draw:
     run's :class:`SelectorContext`."""
 
     round: int
-    candidates: np.ndarray
+    candidates: Ints
     rng: np.random.Generator
     ctx: SelectorContext
 
@@ -215,11 +227,18 @@ class Selector:
         overrides :meth:`observe`); async mode then holds the timeline back."""
         return type(self).observe is not Selector.observe
 
-    def check(self, scenario: ScenarioView) -> list[Problem]:
-        """What is wrong with this selector in ``scenario`` (as
-        ``Algorithm.check``: errors refuse the file, warnings are printed).
-        The base refuses ``round.policy: async`` unless ``asynchronous``."""
-        if scenario.round.policy != "async" or self.asynchronous:
+    def check(self, facts: RunFacts) -> list[Problem]:
+        """What is wrong with this selector in the run (asked when the
+        scenario loads, as ``Algorithm.check``). The base refuses
+        ``round.policy: async`` unless ``asynchronous``.
+
+        Args:
+            facts: the run as plug-ins see it.
+
+        Returns:
+            Problems: errors refuse the file, warnings are printed.
+        """
+        if facts.round.policy != "async" or self.asynchronous:
             return []
         from fedsim.plugins import builtins  # (imports every built-in)
 
@@ -238,12 +257,34 @@ class Selector:
         ]
 
     def with_slots(self, k: int) -> Selector:
-        """This selector choosing ``k`` ids per call (async: free slots)."""
+        """This selector choosing ``k`` ids per call (async: the free slots;
+        a round with ``over_select``: the devices asked for).
+
+        Args:
+            k: the ids one :meth:`select` call returns at most.
+
+        Returns:
+            A copy with ``clients_per_round = k``; a selector whose choice
+            depends on a ratio to ``clients_per_round`` (power-of-choice's
+            d) overrides this to keep the ratio.
+        """
         return replace(self, clients_per_round=k)
 
     def init(self, ctx: SelectorContext) -> SelectorState:
-        """The initial state (a plain JSON value): ``initial_state``; refuses an
-        uninformed context when ``needs_context``."""
+        """The state before the first round.
+
+        Args:
+            ctx: the run's :class:`SelectorContext` (data weights, speeds,
+                expected round times), built once.
+
+        Returns:
+            A plain JSON value (checkpoints keep it): by default a copy of
+            ``initial_state``.
+
+        Raises:
+            TypeError: ``needs_context`` and ``ctx`` is a made-up
+                :meth:`SelectorContext.uniform` one.
+        """
         if self.needs_context and not ctx.informed:
             raise TypeError(
                 f"selector {self.name!r} needs the run's real data weights and "
@@ -252,41 +293,99 @@ class Selector:
             )
         return copy.deepcopy(self.initial_state)
 
-    def select(
-        self, state: SelectorState, draw: Draw
-    ) -> tuple[np.ndarray, SelectorState]:
-        """Choose among ``draw.candidates``: (sorted distinct ids, new state)."""
+    def select(self, state: SelectorState, draw: Draw) -> tuple[Ints, SelectorState]:
+        """Choose who trains: the hook every selector writes.
+
+        Args:
+            state: the selector's state (do not change it in place).
+            draw: the round (async: the version the chosen download), the
+                candidates (online, and in async mode idle) as int64 ids,
+                the generator and the run's context.
+
+        Returns:
+            (ids, new state): distinct, sorted ``int64`` ids among
+            ``draw.candidates``, at most ``clients_per_round`` (exactly
+            ``min(clients_per_round, #candidates)`` when ``fixed_count``),
+            every random choice drawn from ``draw.rng`` only, so the same
+            draw gives the same ids (a resume replays them).
+        """
         raise NotImplementedError
 
     def observe(
         self, state: SelectorState, t: int, result: RoundResult, ctx: SelectorContext
     ) -> SelectorState:
-        """Update the state from round ``t``'s outcome (default: nothing)."""
+        """Learn from round (async: version) ``t``'s outcome.
+
+        Overriding it makes the selector :attr:`adaptive`: in asynchronous
+        mode the timeline then waits for each version's updates before the
+        next choice, so a choice sees exactly the versions made before it.
+
+        Args:
+            state: the state before ``t``.
+            t: the round or version just applied.
+            result: what the server did (``result.info``: the algorithm's
+                flags and signal) and each aggregated client's outcome
+                (``result.clients``: update norm, training loss, weight).
+            ctx: the run's context.
+
+        Returns:
+            The new state (a JSON value); by default ``state`` unchanged.
+        """
         return state
 
-    def multiplicity(
-        self, state: SelectorState, ids: np.ndarray
-    ) -> dict[int, int] | None:
-        """Times each of the last selected ``ids`` was drawn; None: once each."""
+    def multiplicity(self, state: SelectorState, ids: Ints) -> dict[int, int] | None:
+        """How often each of the last selected ``ids`` was drawn (sampling
+        with replacement: the server passes it to the algorithm as each
+        update's ``multiplicity`` extra).
+
+        Args:
+            state: the state :meth:`select` returned with ``ids``.
+            ids: the ids it returned.
+
+        Returns:
+            {id: times drawn}, or None: each drawn once.
+        """
         return None
 
-    def expected_draws(self, ctx: SelectorContext) -> np.ndarray | None:
+    def expected_draws(self, ctx: SelectorContext) -> Floats | None:
         """E[k_i] per client when every device is a candidate (the inclusion
-        probability without replacement); None for ``adaptive`` selectors."""
+        probability without replacement), for the participation-bias meter.
+
+        Args:
+            ctx: the run's context.
+
+        Returns:
+            float64 ``[m]``, or None where it depends on the run
+            (``adaptive`` selectors).
+        """
         return None
 
-    def artifact(self, state: SelectorState, round_: int) -> list[dict[str, Any]]:
-        """Rows for ``selector.parquet`` (the server adds ``round``); [] if none."""
+    def artifact(self, state: SelectorState, round_: int) -> list[dict[str, object]]:
+        """What the selector shows of itself after a round (FedPNS: P_i).
+
+        Args:
+            state: its state after ``round_``.
+            round_: the round just observed.
+
+        Returns:
+            Rows of ``selector.parquet`` (the runtime adds ``round``); []
+            for nothing.
+        """
         return []
 
     def k(self, draw: Draw) -> int:
-        """``clients_per_round``, or fewer when fewer devices are candidates."""
+        """How many ids a fixed-count :meth:`select` returns.
+
+        Args:
+            draw: the call's draw.
+
+        Returns:
+            ``clients_per_round``, or fewer when fewer devices are candidates.
+        """
         return min(self.clients_per_round, len(draw.candidates))
 
 
-def weighted_pick(
-    ids: np.ndarray, weights: np.ndarray, n: int, rng: np.random.Generator
-) -> np.ndarray:
+def weighted_pick(ids: Ints, weights: Floats, n: int, rng: np.random.Generator) -> Ints:
     """``n`` distinct ids drawn without replacement in proportion to
     ``weights`` (>= 0); ids of weight 0 only fill places the others cannot.
 

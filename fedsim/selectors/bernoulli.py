@@ -47,8 +47,9 @@ from typing import Annotated, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from fedsim.facts import RunFacts
 from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
-from fedsim.spec import Problem, ScenarioView
+from fedsim.spec import Problem
 
 # A q whose whole fleet needs more draws a round than this is refused.
 MAX_MEAN_DRAWS = 1000
@@ -113,7 +114,7 @@ class Bernoulli(Selector):
     inclusion: ClassVar[str] = "adaptive"
     fixed_count: ClassVar[bool] = False
 
-    def check(self, scenario: ScenarioView) -> list[Problem]:
+    def check(self, scenario: RunFacts) -> list[Problem]:
         """Refuse a q so small that even with every device online a round
         would draw more than :data:`MAX_MEAN_DRAWS` times before one client
         is active (the protocol would train one client a round)."""

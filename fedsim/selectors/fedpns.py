@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
 from pydantic import Field
@@ -105,7 +105,7 @@ class FedPNS(Selector):
         removed = _bump(state["removed"], removed_now)
         return {**state, "p": p.tolist(), "labeled": total, "removed": removed}
 
-    def artifact(self, state: SelectorState, round_: int) -> list[dict[str, Any]]:
+    def artifact(self, state: SelectorState, round_: int) -> list[dict[str, object]]:
         return [
             {
                 "client_id": i,

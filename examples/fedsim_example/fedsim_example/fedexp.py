@@ -23,8 +23,10 @@ from typing import Annotated
 from pydantic import Field
 
 from fedsim.api import (
+    PLAIN_ROUND,
     AggregateInfo,
     Algorithm,
+    RoundContext,
     ServerState,
     Updates,
     data_weights,
@@ -55,7 +57,7 @@ class FedExP(Algorithm):
 
     @skip_empty_rounds
     def aggregate(
-        self, state: ServerState, updates: Updates
+        self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND
     ) -> tuple[ServerState, AggregateInfo]:
         p = data_weights(updates)
         # float64 sums in update order, as fedsim's built-ins do (deterministic)
