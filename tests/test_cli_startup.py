@@ -72,15 +72,35 @@ def test_validate_quickstart_imports_neither_torch_nor_ray():
     assert got == {"codes": [0], "heavy": []}
 
 
+def _per_flop(path) -> bool:
+    """Whether a shipped scenario gives some group's speed in FLOP/s."""
+    return load_scenario(path).fleet.per_flop
+
+
 def test_validating_every_shipped_scenario_imports_neither_torch_nor_ray():
     # Prepare: every scenario, image networks included (preflight counts
-    # their parameters by formula, not by building them)
-    argvs = [["validate", str(p.relative_to(ROOT))] for p in ALL_SCENARIOS]
+    # their parameters by formula, not by building them), except the fleets
+    # with speeds in FLOP/s: validate prints the model's FLOPs per step, and
+    # counting them builds the network (the next test)
+    paths = [p for p in ALL_SCENARIOS if not _per_flop(p)]
+    argvs = [["validate", str(p.relative_to(ROOT))] for p in paths]
     # Execute
     got = probe(*argvs)
     # Assert
     assert got["codes"] == [0] * len(argvs)
     assert got["heavy"] == []
+
+
+def test_validating_a_flops_fleet_imports_torch_but_not_ray():
+    # Prepare: the shipped FLOP/s fleets (at least phones-flops.yaml)
+    paths = [p for p in ALL_SCENARIOS if _per_flop(p)]
+    assert paths
+    argvs = [["validate", str(p.relative_to(ROOT))] for p in paths]
+    # Execute
+    got = probe(*argvs)
+    # Assert: torch counts the FLOPs on the meta device; Ray never starts
+    assert got["codes"] == [0] * len(argvs)
+    assert got["heavy"] == ["torch"]
 
 
 def test_a_refused_scenario_imports_neither_torch_nor_ray():

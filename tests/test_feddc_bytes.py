@@ -31,7 +31,7 @@ def test_bytes_per_client_count_the_vectors_sent(section, down, up):
     # Execute
     sim = run_scenario(sc, workers=0)
     # Assert: every client row bills down d and up d 4-byte floats per vector
-    assert sc.algorithm.bytes_per_client(sc, d) == (4 * down * d, 4 * up * d)
+    assert sc.algorithm.bytes_per_client(sc.facts, d) == (4 * down * d, 4 * up * d)
     rows = [c for c in sim.clients if not c["dropped"]]
     assert rows and all(c["bytes_down"] == 4 * down * d for c in rows)
     assert all(c["bytes_up"] == 4 * up * d for c in rows)

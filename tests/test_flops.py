@@ -34,9 +34,7 @@ def test_mlp_flops_match_a_hand_count():
     assert model_step_flops(MLP(), (784,), 10, 20) == hand
     wide = MLP(hidden=[50])
     assert model_step_flops(wide, (30,), 4, 8) == dense_flops([30, 50, 4], 8)
-    assert model_step_flops(LogReg(), (60,), 10, 20) == (
-        dense_flops([60, 10], 20)
-    )
+    assert model_step_flops(LogReg(), (60,), 10, 20) == (dense_flops([60, 10], 20))
 
 
 def conv_macs(c_in: int, c_out: int, k: int, side: int) -> int:

@@ -358,7 +358,12 @@ def check_outcome(r: dict[str, Any], rounds: int) -> str:
     summary = json.loads(summary_path.read_text())
     warning = [x for x in lines if x.startswith("warning: degenerate run")]
     assert bool(warning) == bool(summary["degenerate"]), (summary, where)
-    others = [x for x in lines if x not in warning]
+    # what the fleet did beside what it declared (fedsim.realised): each such
+    # line is one of summary.json's own warnings
+    realised = summary.get("fleet_realised", {}).get("warnings", [])
+    fleet = [x for x in lines if x.removeprefix("warning: ") in realised]
+    assert len(fleet) == len(realised), (realised, where)
+    others = [x for x in lines if x not in warning and x not in fleet]
     if code == 0:
         assert summary["status"] == "completed", (summary, where)
         assert not others, where
