@@ -33,8 +33,9 @@ loaded, and ``fedsim validate`` prints the resolved section.
 What a plug-in receives is small and typed: the server step's
 :class:`RoundContext` (the round, asynchronous staleness and start models,
 the round's lost clients as :class:`Failure` records, and the
-:class:`ServerContext` of an algorithm that declares ``server_needs``), a client's :class:`ClientContext` (its
-:class:`ClientInfo`, the payload, its persistent state), the
+:class:`ServerContext` of an algorithm that declares ``server_needs``), a
+client's :class:`ClientContext` (its :class:`ClientInfo`, the payload, its
+persistent state), the
 :class:`LocalTraining` job of an algorithm that replaces the solver loop, a
 selector's :class:`SelectorContext` and :class:`Draw`, and, for its questions
 about the run (``check``, ``clock_work``, ``memory``, ``bytes_per_client``),

@@ -702,7 +702,8 @@ def _say_ending(result: Any, run_dir: Path) -> None:
             again = "(no checkpoint yet: run it again, with --overwrite)"
         _say(
             "[bold red]run failed:[/]",
-            f"{result.message}. Traceback in {where}; rows so far are kept; "
+            f"{result.message}. The full traceback is in {where}; rows so far "
+            "are kept; "
             f"once the plug-in is fixed, continue with: {again}",
         )
     elif status == "interrupted":

@@ -656,7 +656,7 @@ class _Run:
         Returns:
             The selector's new state and its artifact rows for ``t``.
         """
-        plugin = hooks.selector_label(sel.name)
+        plugin = hooks.selector_label(getattr(sel, "name", type(sel).__name__))
         result = applied.result(trained)
         state = hooks.call(
             plugin, "observe", sel.observe, state, t, result, self.sel_ctx
@@ -1144,7 +1144,7 @@ def select(
         PluginFailure: the hook raised or broke that contract, naming the
             selector, the hook and what was expected.
     """
-    plugin = hooks.selector_label(sel.name)
+    plugin = hooks.selector_label(getattr(sel, "name", type(sel).__name__))
     got = hooks.call(plugin, "select", sel.select, state, draw)
     if not isinstance(got, tuple | list) or len(got) != 2:
         raise PluginFailure(
@@ -1163,8 +1163,10 @@ def selector_columns(sel: Selector, state: SelectorState, t: int) -> Row:
         PluginFailure: the hook raised or returned anything but named
             real numbers.
     """
-    if type(sel).metrics is Selector.metrics:
-        return {}  # the base reports nothing: no call per round
+    # the base reports nothing (no call per round); an algorithm's own
+    # sampling (wrap_selector) need not be a Selector
+    if getattr(type(sel), "metrics", Selector.metrics) is Selector.metrics:
+        return {}
     plugin = hooks.selector_label(sel.name)
     got = hooks.call(plugin, "metrics", sel.metrics, state, t)
     return {

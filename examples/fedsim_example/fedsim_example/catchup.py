@@ -14,10 +14,10 @@ three hooks of ``fedsim.api`` (docs/extending.md, "Hooks"):
   selected client gets its own ``lr_scale = 1 + gamma * min(lost[i], cap)``,
   which ``grad_hook`` applies by scaling its gradients (for SGD the same
   as scaling the learning rate); the clock still decides tau;
-- ``AggregateInfo.metrics`` (plug-in metrics, through ``meter``): the share of the round's
-  selected clients that were lost, and the mean lr scale of those that
-  trained, as rounds.parquet columns ``alg_lost_share`` and
-  ``alg_mean_lr_scale``.
+- ``AggregateInfo.metrics`` (plug-in metrics, through ``meter``): the
+  share of the round's selected clients that were lost, and the mean lr
+  scale of those that trained, as rounds.parquet columns
+  ``alg_lost_share`` and ``alg_mean_lr_scale``.
 
 Hand-computed case: clients 0 and 1 trained, client 2 was late; lost
 becomes [0, 0, 1], and next round client 2 trains with 1 + 0.5 * 1 = 1.5:
