@@ -152,8 +152,9 @@ def check_step(
 
     The contract (``Algorithm.aggregate``): a pair (state, AggregateInfo);
     the state has the keys of the state before the step, and every tensor
-    in it keeps its shape and dtype (``x`` is the model: the wrong size
-    would corrupt every later round, a checkpoint and the evaluation);
+    in it stays a tensor of its dtype, ``x`` (the model: the wrong size
+    would corrupt every later round, a checkpoint and the evaluation) and
+    every tensor of the model's shape keeping that shape;
     ``info.metrics`` holds named scalars.
 
     Args:
@@ -191,6 +192,7 @@ def check_step(
             f"returned a state with keys {sorted(state)}, expected those of the "
             f"state it was given {sorted(before)} (missing {gone}, new {new})"
         )
+    model = tuple(getattr(before.get("x"), "shape", ()))
     for key, old in before.items():
         shape, dtype = getattr(old, "shape", None), getattr(old, "dtype", None)
         if shape is None or dtype is None or isinstance(old, np.ndarray):
@@ -201,7 +203,11 @@ def check_step(
                 f"returned state[{key!r}] as a {_kind(value)}, expected a "
                 f"{_kind(old)} of shape {tuple(shape)} and dtype {dtype}"
             )
-        if tuple(value.shape) != tuple(shape) or value.dtype != dtype:
+        # the model, and every tensor shaped as the model (moments, control
+        # variates), keep their shape; another tensor may change its size
+        # (a serialised strategy's bytes: the flower algorithm)
+        sized = key == "x" or tuple(shape) == model
+        if (sized and tuple(value.shape) != tuple(shape)) or value.dtype != dtype:
             raise wrong(
                 f"returned state[{key!r}] of shape {tuple(value.shape)} and dtype "
                 f"{value.dtype}, expected shape {tuple(shape)} and dtype {dtype} "

@@ -545,20 +545,30 @@ class Server:
         )
         self.state, info = hooks.check_step(plugin, "aggregate", step, self.state)
         clients = tuple(u.client for u in ups)
-        if ctx.asynchronous:
-            weights = info.per_update
-            shares: dict[int, float] = {}  # async: the normalised weights, per job
-        else:
-            _check_weights(info, clients, self.algorithm.name, where)
-            weights = tuple(info.weights.get(c, 0.0) for c in clients)
-            shares = dict(zip(clients, weights, strict=True))
-            # an algorithm that scales deltas apart from w_i says so in shares
-            shares.update(info.shares or {})
+        weights, shares = self._weights(info, clients, ctx.asynchronous, where)
         for u in ups:
             if u.new_state is not None:
                 self.store.put(u.client, u.new_state)
         loss = self._train_loss(ups, where)
         return Applied(info, weights, loss, shares, clients)
+
+    def _weights(
+        self,
+        info: AggregateInfo,
+        clients: tuple[int, ...],
+        asynchronous: bool,
+        where: str,
+    ) -> tuple[tuple[float, ...], dict[int, float]]:
+        """``Applied.weights`` and ``Applied.shares`` of a step (the weights
+        checked to name only the round's clients, synchronous rounds)."""
+        if asynchronous:  # async: the normalised weights, per job
+            return info.per_update, {}
+        _check_weights(info, clients, self.algorithm.name, where)
+        weights = tuple(info.weights.get(c, 0.0) for c in clients)
+        shares = dict(zip(clients, weights, strict=True))
+        # an algorithm that scales deltas apart from w_i says so in shares
+        shares.update(info.shares or {})
+        return weights, shares
 
     def _train_loss(self, updates: Sequence[ClientUpdate], where: str) -> float:
         """The updates' mean training loss, each with its client's data
