@@ -360,8 +360,9 @@ def test_meter_average_is_the_builtin_convention():
 @pytest.mark.ray
 @pytest.mark.slow
 def test_hooks_and_failures_on_two_ray_workers(tmp_path):
-    # Prepare: the example's CatchUp through the command line, in process
-    # and on 2 Ray workers (they import the example from PYTHONPATH)
+    # Prepare: the example's CatchUp through the command line, in process,
+    # on 2 Ray workers (they import the example from PYTHONPATH) and with
+    # the server in a Ray actor
     scenario = str(EXAMPLE / "catchup.yaml")
     ref, ray = tmp_path / "w0", tmp_path / "w2"
     # Execute
@@ -371,15 +372,20 @@ def test_hooks_and_failures_on_two_ray_workers(tmp_path):
     b = _fedsim(
         "run", scenario, "-q", "--no-report", "--workers", "2", "--out", str(ray)
     )
+    actor = tmp_path / "actor"  # instruct and aggregate in the server actor
+    d = _fedsim(
+        *("run", scenario, "-q", "--no-report", "--workers", "2", "--out", str(actor)),
+        *("--set", "resources.server={home: actor, cpus: 0}"),
+    )
     c = _fedsim(
         *("run", str(TINY), "-q", "--no-report", "--workers", "2"),
         *("--out", str(tmp_path / "boom"), "--set", _plugin("algorithm", "GradBoom")),
     )
     # Assert: identical rows with the plug-in columns; a client hook that
     # raises on a worker fails the run with the worker's traceback
-    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.returncode == b.returncode == d.returncode == 0, a.stderr + b.stderr
     for name in ("rounds.parquet", "clients.parquet"):
-        assert _rows(ray, name) == _rows(ref, name)
+        assert _rows(ray, name) == _rows(ref, name) == _rows(actor, name)
     assert "alg_lost_share" in _rows(ray)[0]
     assert c.returncode == 3, c.stderr
     assert "failed in grad_hook" in " ".join(c.stderr.split())
