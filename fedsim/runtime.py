@@ -188,6 +188,20 @@ class RunResult:
     # a failed run: plugin, hook, error, and the file holding the traceback
     failure: dict[str, str] | None = None
 
+    def reraise_failure(self) -> None:
+        """Raise the plug-in's failure again, for a caller that cannot
+        record a failed run as such (compare and stress tables have no
+        status column): a failed arm must not pass for a short run.
+
+        Raises:
+            PluginFailure: ``status`` is ``failed`` (its traceback is in
+                the message's plug-in frames only when a run folder kept
+                ``failure.txt``).
+        """
+        if self.status == "failed" and self.failure is not None:
+            f = self.failure
+            raise PluginFailure(f["plugin"], f["hook"], f["error"])
+
     def summary(self) -> Row:
         """summary.json's content, with ``status`` and ``degenerate``."""
         initial = None

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fedsim.checkpoint import CheckpointError
+from fedsim.hooks import PluginFailure
 from fedsim.runtime import FAILURE_FILE, run_scenario
 from fedsim.scenario import dump_scenario, load_scenario
 from fedsim.testing import check_algorithm, check_selector
@@ -162,6 +163,8 @@ def test_a_plugin_exception_fails_the_run_keeps_its_rows_and_resumes(
         "traceback": FAILURE_FILE,
     }
     json.dumps(summary)  # summary.json can hold it
+    with pytest.raises(PluginFailure, match="failed in aggregate"):
+        res.reraise_failure()  # compare and stress stop on it
     trace = (tmp_path / FAILURE_FILE).read_text()
     assert "hook_plugins.py" in trace and 'raise ValueError("boom' in trace
 
@@ -305,6 +308,16 @@ def test_instructions_reach_their_client_and_failures_the_server(tmp_path):
     assert [r["alg_lost"] for r in rows] == [r["n_dropped"] for r in rows]
     assert sum(r["n_dropped"] for r in rows) > 0  # the deadline bit
     assert [r["sel_seen"] for r in rows] == [1, 2, 3, 4]
+
+
+def test_instructions_on_the_batched_path_train_one_by_one_alike():
+    # resources.vectorize cannot start clients from their own payloads: the
+    # worker trains them sequentially (and says why), with the same rows
+    echo = _plugin("algorithm", "Echo")
+    plain = run_scenario(_tiny(echo))
+    batched = run_scenario(_tiny(echo, "resources.vectorize=true"))
+    assert _without_wall(batched.rows) == _without_wall(plain.rows)
+    assert all(r["alg_tags_ok"] == r["n_completed"] for r in batched.rows)
 
 
 def test_the_example_hooks_give_the_same_rows_after_a_resume(tmp_path, example_on_path):
