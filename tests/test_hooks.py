@@ -342,10 +342,20 @@ def test_the_example_hooks_give_the_same_rows_after_a_resume(tmp_path, example_o
     assert max(r["alg_mean_lr_scale"] for r in rows) > 1.0  # instructions used
 
 
-def test_fedexp_reports_its_step_size_as_a_column(tmp_path, example_on_path):
+def test_fedexp_reports_its_step_size_as_a_column_and_a_figure(
+    tmp_path, example_on_path
+):
+    from fedsim.report import write_report
+    from fedsim.results import write_summary
+
     sc = load_scenario(EXAMPLE / "scenario.yaml", ["rounds=2"])
-    res = run_scenario(sc)
+    (tmp_path / "scenario.yaml").write_text(dump_scenario(sc))
+    res = run_scenario(sc, run_dir=tmp_path)
+    write_summary(tmp_path / "summary.json", res.summary())
     assert all(r["alg_eta_g"] >= 1.0 for r in res.rows)
+    report = write_report(tmp_path).read_text()
+    assert "plugin_metrics.png" in report and "## Plug-in metrics" in report
+    assert (tmp_path / "plugin_metrics.png").stat().st_size > 10_000
 
 
 def test_meter_average_is_the_builtin_convention():
