@@ -309,7 +309,7 @@ def check_selection(
             "distinct ids (a selector drawing with replacement reports "
             "multiplicity())",
         )
-    outside = values[~np.isin(values, candidates)]
+    outside = values[~_among(values, np.asarray(candidates))]
     if outside.size:
         raise PluginFailure(
             plugin,
@@ -318,6 +318,18 @@ def check_selection(
             f"{len(candidates)} candidates (online and idle devices)",
         )
     check_json(plugin, hook, state)
+
+
+def _among(values: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """Which of ``values`` are in ``candidates``: a binary search in the
+    (usually sorted) candidates, k log m, since ``np.isin`` sorts a
+    million-device fleet's candidates every round (25 ms against 0.1)."""
+    if candidates.size == 0:
+        return np.zeros(values.shape, dtype=bool)
+    if candidates.size > 1 and not bool((candidates[1:] > candidates[:-1]).all()):
+        candidates = np.sort(candidates)
+    at = np.minimum(np.searchsorted(candidates, values), candidates.size - 1)
+    return candidates[at] == values
 
 
 def check_json(plugin: str, hook: str, state: object) -> None:
