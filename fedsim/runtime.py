@@ -1131,6 +1131,9 @@ def run_scenario(
     if status == "completed" and (why := first_divergence(run.recorder.rows)):
         status, message = "diverged", why  # a finite loss beyond the bound
         final = None
+    if status == "completed" and run_dir is not None:
+        # a resume after the plug-in was fixed: the old traceback is history
+        (run_dir / FAILURE_FILE).unlink(missing_ok=True)
     return RunResult(
         scenario=scenario,
         rows=run.recorder.rows,

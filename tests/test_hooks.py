@@ -175,6 +175,7 @@ def test_a_plugin_exception_fails_the_run_keeps_its_rows_and_resumes(
 
     # Assert: the result of a run that never failed
     assert resumed.status == "completed"
+    assert not (tmp_path / FAILURE_FILE).exists()  # no stale traceback
     assert _without_wall(resumed.rows) == _without_wall(whole.rows)
     assert _without_wall(resumed.clients) == _without_wall(whole.clients)
 
