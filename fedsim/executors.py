@@ -704,12 +704,6 @@ class RayExecutor(Executor):
                 first = ray.get(ref)  # with split, the summaries alone
                 results[k] = (first, sent[k][1:]) if split else first
                 continue
-            except ray.exceptions.RayTaskError as error:
-                # plug-in code failed on the worker: the same error as in
-                # process (never retried: the call would fail again)
-                if isinstance(error.cause, PluginFailure):
-                    raise error.cause from None
-                raise
             except (ray.exceptions.RayActorError, StaleWorkerError) as error:
                 restarting = isinstance(error, ray.exceptions.ActorUnavailableError)
                 attempts = failed.record(k, restarting, time.monotonic())
@@ -723,6 +717,13 @@ class RayExecutor(Executor):
                     # arguments: set it up for this run (calls on one actor
                     # run in order, so the resent call comes after)
                     calls[k].actor.setup_for.remote(*self._setup)
+            except ray.exceptions.RayTaskError as error:
+                # (after the clause above: a StaleWorkerError arrives as a
+                # RayTaskError too) plug-in code failed on the worker: the
+                # same error as in process, never retried (it would fail again)
+                if isinstance(error.cause, PluginFailure):
+                    raise error.cause from None
+                raise
             self._check_nodes()
             time.sleep(delay)  # while Ray restarts the actor
             sent[k] = self._send(calls[k], split)  # new references replace the lost
