@@ -1106,6 +1106,7 @@ def compare(
     from fedsim.compare import compare as run_compare
     from fedsim.data import DataMissingError
     from fedsim.results import default_run_dir, prepare_run_dir
+    from fedsim.rows import whole
 
     overrides = list(set_ or [])
     _expect_dir(out_dir, "--out", "an output folder")
@@ -1141,7 +1142,7 @@ def compare(
     text = (run_dir / "compare.md").read_text()
     out.print(text, markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {run_dir}")
-    _exit_if_diverged(sum(int(r["diverged"]) for r in table), "compare.parquet")
+    _exit_if_diverged(sum(whole(r["diverged"]) for r in table), "compare.parquet")
 
 
 # What compare and stress write into --out (runs/: a file per run).
