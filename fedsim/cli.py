@@ -29,11 +29,9 @@ How the module keeps those promises:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import time
-import types
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -53,8 +51,11 @@ from fedsim.units import duration
 # fedsim.scenario (every plug-in, numpy, pydantic schemas) is imported by the
 # commands that read a scenario, so that `fedsim --help` starts at once.
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from fedsim.scenario import Scenario
     from fedsim.spec import ResourceSpec
+    from fedsim.tracking import OnRound, Tracked
 
 app = typer.Typer(
     add_completion=False,
@@ -307,7 +308,7 @@ def run(
             reached["workers"] = n = _start_workers(sc.resources, workers, address)
             with (
                 _progress(sc, quiet, start, sim0, log_every) as on_round,
-                _tracked(trackers, run_dir, sc, on_round) as tr,  # issue 41
+                _tracked(trackers, run_dir, sc.name, on_round) as tr,  # issue 41
             ):
                 result = _run(sc, n, run_dir, resume is not None, tr.on_round)
                 tr.status = result.status
@@ -319,14 +320,17 @@ def run(
     raise typer.Exit(code)
 
 
-def _tracked(trackers: list[str], run_dir: Path, sc: Scenario, on_round: Any) -> Any:
-    """fedsim.tracking.tracked (imported only here: a run without --log
-    never imports it, and gets its own callback back)."""
-    if not trackers:
-        return contextlib.nullcontext(types.SimpleNamespace(on_round=on_round))
+def _tracked(
+    trackers: list[str], run_dir: Path, name: str, on_round: OnRound | None
+) -> AbstractContextManager[Tracked]:
+    """fedsim.tracking.tracked, imported here (its tracker libraries only
+    when ``trackers`` asks for them): without --log it tracks nothing and
+    its ``on_round`` calls the caller's callback alone. The trackers record
+    the resolved scenario from ``run_dir``'s scenario.yaml, under the
+    scenario's ``name`` (the MLflow experiment)."""
     from fedsim.tracking import tracked
 
-    return tracked(trackers, run_dir, sc, on_round)
+    return tracked(trackers, run_dir, name, on_round)
 
 
 def _set_up(

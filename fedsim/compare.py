@@ -31,7 +31,13 @@ import numpy as np
 
 from fedsim.results import BOOL, F64, I64, STR, schema
 from fedsim.rows import Row, nullable, number, text, whole
-from fedsim.scenario import Scenario, ScenarioError, load_scenario, read_yaml
+from fedsim.scenario import (
+    Scenario,
+    ScenarioError,
+    dump_scenario,
+    load_scenario,
+    read_yaml,
+)
 from fedsim.stats import paired_differences, paired_interval
 
 if TYPE_CHECKING:
@@ -799,7 +805,7 @@ def compare(
         if group is not None:  # issue 41: one tracked run per arm and seed
             sc = load_variant(scenario_path, arm, seed, overrides)[0]
             name = f"{stems[arm]}-seed{seed}"
-            group.log_run(name, sc, rounds, arm=arm, seed=seed)
+            group.log_run(name, dump_scenario(sc), rounds, arm=arm, seed=seed)
         if progress is not None:
             progress(row)
 

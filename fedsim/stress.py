@@ -46,7 +46,7 @@ from fedsim.compare import (
 )
 from fedsim.results import BOOL, F64, I64, STR, schema
 from fedsim.rows import Row, number, text, whole
-from fedsim.scenario import ScenarioError, load_scenario, read_yaml
+from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, read_yaml
 from fedsim.stats import paired_differences, paired_interval, seeds_needed
 
 # What stress.md pairs each arm on, against the baseline, in every cell.
@@ -747,7 +747,8 @@ def run_stress(
         if group is not None:  # issue 41: one tracked run per cell, arm and seed
             sc = load_variant(str(scenario_path), arm, seed, overrides, cells[ci])[0]
             name = f"{ci:02d}-{stems[arm]}-seed{seed}"
-            group.log_run(name, sc, res["rounds"], arm=arm, seed=seed, cell=ci)
+            resolved = dump_scenario(sc)
+            group.log_run(name, resolved, res["rounds"], arm=arm, seed=seed, cell=ci)
         if progress is not None:
             progress(rec)
 
