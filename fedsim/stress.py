@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NotRequired, TypedDict, TypeVar
+from typing import TYPE_CHECKING, NotRequired, TypedDict, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +46,11 @@ from fedsim.compare import (
 )
 from fedsim.results import BOOL, F64, I64, STR, schema
 from fedsim.rows import Row, number, text, whole
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from fedsim.plots import RGBA
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, read_yaml
 from fedsim.stats import paired_differences, paired_interval, seeds_needed
 
@@ -343,18 +348,10 @@ def degradation(
     values = _values(cells, path)
     out = []
     for label in dict.fromkeys(text(r["algorithm"]) for r in records):
-        by_value: dict[str, dict[int, list[float]]] = {v: {} for v in values}
-        for r in records:
-            if r["algorithm"] == label:
-                seeds = by_value[_label(cells[whole(r["cell"])][path])]
-                accuracy = number(r["final_accuracy"], "final_accuracy")
-                seeds.setdefault(whole(r["seed"]), []).append(accuracy)
+        mine = [r for r in records if r["algorithm"] == label]
+        by_value = _accuracy_by_value(mine, cells, path, values)
         acc = [_stats([*itertools.chain(*by_value[v].values())])[0] for v in values]
-        first, last = by_value[values[0]], by_value[values[-1]]
-        drops = {
-            s: float(np.mean(first[s])) - float(np.mean(last[s]))
-            for s in sorted(set(first) & set(last))
-        }
+        drops = _seed_drops(by_value[values[0]], by_value[values[-1]])
         paired = [d for d in drops.values() if math.isfinite(d)]
         drop, drop_sd = _stats(paired)
         iv = paired_interval(paired)
@@ -372,6 +369,33 @@ def degradation(
             )
         )
     return sorted(out, key=lambda d: (not math.isfinite(d["drop"]), d["drop"]))
+
+
+def _accuracy_by_value(
+    records: Sequence[Row], cells: Sequence[Cell], path: str, values: Sequence[str]
+) -> dict[str, dict[int, list[float]]]:
+    """The final accuracies of ``records`` (one algorithm's), by the label of
+    ``path``'s value in their cell and then by seed (a seed runs once per
+    cell, so several values under one seed come from the other swept
+    fields, averaged over by the caller)."""
+    by_value: dict[str, dict[int, list[float]]] = {v: {} for v in values}
+    for r in records:
+        seeds = by_value[_label(cells[whole(r["cell"])][path])]
+        accuracy = number(r["final_accuracy"], "final_accuracy")
+        seeds.setdefault(whole(r["seed"]), []).append(accuracy)
+    return by_value
+
+
+def _seed_drops(
+    first: Mapping[int, list[float]], last: Mapping[int, list[float]]
+) -> dict[int, float]:
+    """Each seed's drop from ``first`` to ``last`` (seed -> accuracies at the
+    sweep's two ends): the difference of its mean accuracies, for the seeds
+    that ran at both ends, in seed order."""
+    return {
+        s: float(np.mean(first[s])) - float(np.mean(last[s]))
+        for s in sorted(set(first) & set(last))
+    }
 
 
 def _points(drop: float) -> float:
@@ -397,10 +421,7 @@ def _verdict(deg: Sequence[Degradation], path: str, chance: float = 0.0) -> str:
     finite = [d for d in deg if math.isfinite(d["drop"])]
     if not finite:
         return "No algorithm has a finite accuracy at both ends of the sweep."
-    # An algorithm that never learns "degrades least" trivially: only those
-    # clearly above chance in the mildest setting can lead.
-    floor = chance + max(0.05, 0.1 * (1 - chance)) if chance > 0 else -math.inf
-    ok = [d for d in finite if d["accuracy"][0] >= floor]
+    ok = _above_chance(finite, chance)
     if not ok:
         return (
             f"No algorithm learned clearly beyond chance ({chance * 100:.0f}%) in "
@@ -408,9 +429,27 @@ def _verdict(deg: Sequence[Degradation], path: str, chance: float = 0.0) -> str:
             "learning rate) before reading the sweep."
         )
     best = ok[0]
-    first, last = best["values"][0], best["values"][-1]
     if len(best["values"]) < 2:
         return f"Only one value of `{path}` was run: nothing to compare."
+    return _headline(ok, path) + _caveats(best, ok, best["values"][-1])
+
+
+def _above_chance(deg: Sequence[Degradation], chance: float) -> list[Degradation]:
+    """The rows clearly above chance (``chance`` = 1 / classes; 0: not
+    classifying, every row) in the mildest setting, in ``deg``'s order.
+
+    An algorithm that never learns "degrades least" trivially: only those
+    clearly above chance in the mildest setting can lead.
+    """
+    floor = chance + max(0.05, 0.1 * (1 - chance)) if chance > 0 else -math.inf
+    return [d for d in deg if d["accuracy"][0] >= floor]
+
+
+def _headline(ok: Sequence[Degradation], path: str) -> str:
+    """The verdict's first sentence: ``ok[0]`` degrades least, its drop in
+    points and its two ends' accuracies, against the others' drops."""
+    best = ok[0]
+    first, last = best["values"][0], best["values"][-1]
     others = ", ".join(
         f"{_points(d['drop']):+.1f} for {d['algorithm']}" for d in ok[1:]
     )
@@ -419,8 +458,7 @@ def _verdict(deg: Sequence[Degradation], path: str, chance: float = 0.0) -> str:
         f"least**: its final accuracy changes by {_points(best['drop']):+.1f} points "
         f"({best['accuracy'][0] * 100:.1f}% -> {best['accuracy'][-1] * 100:.1f}%)"
     )
-    text += f", against {others}." if others else "."
-    return text + _caveats(best, ok, last)
+    return text + (f", against {others}." if others else ".")
 
 
 def _caveats(best: Degradation, ok: Sequence[Degradation], last: str) -> str:
@@ -570,18 +608,8 @@ def plot_accuracy(
     fig = _new_figure(3.6 * ncols + 1, 3.0 * nrows + 0.6)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).reshape(-1)
     for ci, cell in enumerate(cells):
-        ax, shown = axes[ci], set()
-        for rec, rows in ((r["record"], r["rounds"]) for r in results):
-            if rec["cell"] != ci:
-                continue
-            x = np.array(_column(rows, "sim_time"), dtype=float)
-            y = np.array(_column(rows, "test_accuracy"), dtype=float)
-            ok = np.isfinite(x) & np.isfinite(y)
-            algorithm = text(rec["algorithm"])
-            label = algorithm if algorithm not in shown else None
-            shown.add(algorithm)
-            color = colors[algorithm]
-            ax.plot(x[ok], y[ok], color=color, linewidth=1.2, alpha=0.85, label=label)
+        ax = axes[ci]
+        _draw_cell_runs(ax, [r for r in results if r["record"]["cell"] == ci], colors)
         title = ", ".join(f"{p} = {_label(v)}" for p, v in cell.items())
         ax.set_title(title, fontsize=9)
         ax.set(xlabel="simulated time (s)", ylabel="test accuracy")
@@ -591,6 +619,24 @@ def plot_accuracy(
     axes[0].legend(fontsize=8, loc="lower right")
     fig.suptitle("test accuracy against simulated time (one line per seed)")
     return _save(fig, path)
+
+
+def _draw_cell_runs(
+    ax: Axes, results: Sequence[RunOutput], colors: Mapping[str, RGBA]
+) -> None:
+    """One cell's panel: test accuracy against simulated time, a line per
+    run (its finite points), coloured by algorithm, each algorithm in the
+    legend once."""
+    shown: set[str] = set()
+    for rec, rows in ((r["record"], r["rounds"]) for r in results):
+        x = np.array(_column(rows, "sim_time"), dtype=float)
+        y = np.array(_column(rows, "test_accuracy"), dtype=float)
+        ok = np.isfinite(x) & np.isfinite(y)
+        algorithm = text(rec["algorithm"])
+        label = algorithm if algorithm not in shown else None
+        shown.add(algorithm)
+        color = colors[algorithm]
+        ax.plot(x[ok], y[ok], color=color, linewidth=1.2, alpha=0.85, label=label)
 
 
 def plot_degradation(
@@ -785,12 +831,7 @@ def _grid(
         ValueError: no seeds, algorithms or swept values.
         ScenarioError: an invalid override, swept field or value, or algorithm.
     """
-    if seeds < 1:
-        raise ValueError("seeds must be >= 1")
-    if not algorithms:
-        raise ValueError("no algorithms given")
-    if not sweep or any(len(v) == 0 for v in sweep.values()):
-        raise ValueError("the sweep needs at least one field with at least one value")
+    _check_grid_size(sweep, algorithms, seeds)
     labels = [canonical_label(a) for s in algorithms for a in split_algorithms(s)]
     _reject_run_overrides(overrides, "stress")
     check_sweep_fields(list(sweep))
@@ -802,6 +843,19 @@ def _grid(
         scenario_path, list(dict.fromkeys(labels)), list(overrides), cells
     )
     return cells, labels
+
+
+def _check_grid_size(
+    sweep: Mapping[str, Sequence[object]], algorithms: Sequence[str], seeds: int
+) -> None:
+    """Refuse a grid with nothing to run: no seeds, algorithms, swept fields
+    or values of one (each a ValueError naming what is missing)."""
+    if seeds < 1:
+        raise ValueError("seeds must be >= 1")
+    if not algorithms:
+        raise ValueError("no algorithms given")
+    if not sweep or any(len(v) == 0 for v in sweep.values()):
+        raise ValueError("the sweep needs at least one field with at least one value")
 
 
 def _write_report(
