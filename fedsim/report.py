@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -553,9 +553,7 @@ def _save_figures(
             figures that do not need it are written).
     """
     rounds, clients = tables
-    fleet = _list(_get(scenario, "fleet", "groups"))
-    # the scenario's group order fixes the legend order and colours
-    groups = [str(g["name"]) for g in fleet if isinstance(g, dict) and "name" in g]
+    groups = _group_names(scenario)
     figures: list[str] = []
 
     def save(file: str, fig: Figure) -> None:
@@ -586,6 +584,13 @@ def _save_figures(
     return figures
 
 
+def _group_names(scenario: dict[str, object]) -> list[str]:
+    """The scenario's device group names, in its order: that order fixes the
+    figures' legend order and colours (groups without a name are skipped)."""
+    fleet = _list(_get(scenario, "fleet", "groups"))
+    return [str(g["name"]) for g in fleet if isinstance(g, dict) and "name" in g]
+
+
 def _partition_figures(
     run_dir: Path,
     name: str,
@@ -606,6 +611,29 @@ def _partition_figures(
     if (linked := _links_figure(run_dir, summary, partition, name)) is not None:
         out.append(("links.png", linked))
     return out
+
+
+def _run_name(
+    scenario: dict[str, object], summary: dict[str, object], run_dir: Path
+) -> str:
+    """The run's name for titles: scenario.yaml's first, as a summary may be
+    missing and a directory renamed; then summary.json's; then the folder's."""
+    return str(scenario.get("name") or summary.get("scenario") or run_dir.name)
+
+
+def _figure_lines(figures: Sequence[str], partition: bool) -> list[str]:
+    """report.md's figure sections: each figure written, with its heading and
+    hint (:data:`FIGURES`), then the data partition when ``partition``
+    (partition.png, drawn by :func:`_save_figures` from partition.parquet; a
+    run of the quadratic objectives has none)."""
+    lines: list[str] = []
+    for file in figures:
+        heading, hint = FIGURES[file]
+        lines += ["", f"## {heading}", "", f"![{heading}]({file})", "", hint]
+    if partition:
+        lines += ["", "## Data partition", "", "![Data partition](partition.png)", ""]
+        lines.append("Samples per client by class (partition.parquet holds them all).")
+    return lines
 
 
 def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
@@ -639,8 +667,7 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     clients = _read_table(run_dir / "clients.parquet")
     summary = _read_mapping(run_dir / "summary.json", json.loads)
     scenario = _read_mapping(run_dir / "scenario.yaml", yaml.safe_load)
-    # scenario.yaml's name first: a summary may be missing, a directory renamed
-    name = str(scenario.get("name") or summary.get("scenario") or run_dir.name)
+    name = _run_name(scenario, summary, run_dir)
     tables = (rounds, clients)
     figures = _save_figures(
         run_dir, name, tables, summary, scenario, max_timeline_rounds
@@ -653,14 +680,7 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     lines += _realised_lines(summary.get("fleet_realised"), summary.get("compute"))
     if clients is None:
         lines += ["", "clients.parquet is missing: the client figures are empty."]
-    for file in figures:
-        heading, hint = FIGURES[file]
-        lines += ["", f"## {heading}", "", f"![{heading}]({file})", "", hint]
-    # partition.png: drawn by _save_figures from partition.parquet (a run of
-    # the quadratic objectives has none)
-    if (run_dir / "partition.png").exists():
-        lines += ["", "## Data partition", "", "![Data partition](partition.png)", ""]
-        lines.append("Samples per client by class (partition.parquet holds them all).")
+    lines += _figure_lines(figures, (run_dir / "partition.png").exists())
     path = run_dir / REPORT_NAME
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
     return path
