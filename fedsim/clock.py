@@ -10,9 +10,10 @@ import math
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple, cast
+from typing import Annotated, ClassVar, Literal, NamedTuple, cast
 
 import numpy as np
+from numpy.typing import ArrayLike
 from pydantic import Field, model_validator
 
 from fedsim.fleet import Fleet
@@ -138,7 +139,7 @@ class RunContext:
     batch_size: int
     work: JobWork | None = None
 
-    def up_bytes(self, ids: np.ndarray) -> Any:
+    def up_bytes(self, ids: np.ndarray) -> int | np.ndarray:
         """What the devices ``ids`` upload: a scalar, or one size per device
         when the algorithm's work says (fleet.comm_time takes either)."""
         return self.bytes_up if self.work is None else self.work.bytes_up[ids]
@@ -180,7 +181,7 @@ class RoundPlan:
         return tuple(p for p in self.plans if p.contributes)
 
 
-def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
+def steps_for(epochs: ArrayLike, n_samples: ArrayLike, batch_size: int) -> np.ndarray:
     """Local steps tau = floor(E n_i / B) of E epochs over n_i samples.
 
     A device with 0 < n_i < B does one step per epoch; one without samples
@@ -203,7 +204,9 @@ def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
     return np.where(n < batch_size, np.where(n > 0, e, 0), full)
 
 
-def expected_steps(policy: RoundSpec, n_samples: Any, batch_size: int) -> np.ndarray:
+def expected_steps(
+    policy: RoundSpec, n_samples: ArrayLike, batch_size: int
+) -> np.ndarray:
     """The local steps a device is expected to do per round (float64, [m]):
     ``max_steps``, or under ``fixed_epochs`` :func:`steps_for` in float with
     the mean epochs, counting a device without samples as one with one.
@@ -330,7 +333,7 @@ def _device(
     work: _Work,
     finish: Callable[[int, str], None],
     every_phase: bool,
-) -> Generator[simpy.Event, Any, None]:
+) -> Generator[simpy.Event, object, None]:
     """One device's job as a SimPy process (SimPy's ``machine_shop`` shape).
 
     Args:
@@ -357,7 +360,7 @@ def _device(
 
 def _leave(
     env: simpy.Environment, device: simpy.Process, delay: float, why: str
-) -> Generator[simpy.Event, Any, None]:
+) -> Generator[simpy.Event, object, None]:
     """Interrupt ``device`` with ``why`` after ``delay`` s, if still running."""
     yield env.timeout(delay)
     if device.is_alive:
@@ -606,7 +609,7 @@ def _round_server(
     keep: int | None,
     devices: list[simpy.Process],
     enough: simpy.Event,
-) -> Generator[simpy.Event, Any, float]:
+) -> Generator[simpy.Event, object, float]:
     """The server's wait in a round (see :func:`_run_round`); returns t_end.
 
     Whether an update is late is judged by time (``env.now > deadline`` in
