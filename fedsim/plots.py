@@ -605,6 +605,18 @@ def _draw_staleness(
     return scatter
 
 
+def _draw_round_ends(
+    ax: Axes, rounds: pa.Table | None, block: list[int], lo: float
+) -> None:
+    """Round boundaries on a panel: the end of every round in ``block`` and
+    of the one before it, from ``lo`` (the panel's first start) on."""
+    end_times = _floats(rounds, "sim_time")
+    rnds = (whole(r, "round") for r in _column(rounds, "round"))
+    for r, t in zip(rnds, end_times, strict=False):
+        if (r in block or r + 1 in block) and math.isfinite(t) and lo <= t:
+            ax.axvline(t, color="0.55", linewidth=0.8, alpha=0.5, zorder=0)
+
+
 def _frame_panel(
     ax: Axes,
     u: _Updates,
@@ -618,12 +630,7 @@ def _frame_panel(
     run's: a block of late rounds would otherwise be squeezed to the right.
     """
     lo, hi = float(u.t0[m_block].min()), float(u.t1[m_block].max())
-    # Round boundaries: the end of every shown round and of the one before.
-    end_times = _floats(rounds, "sim_time")
-    rnds = (whole(r, "round") for r in _column(rounds, "round"))
-    for r, t in zip(rnds, end_times, strict=False):
-        if (r in block or r + 1 in block) and math.isfinite(t) and lo <= t:
-            ax.axvline(t, color="0.55", linewidth=0.8, alpha=0.5, zorder=0)
+    _draw_round_ends(ax, rounds, block, lo)
     pad = max(hi - lo, 1e-9)
     ax.set(xlabel="simulated time (s)", xlim=(lo - 0.01 * pad, hi + 0.02 * pad))
     label = f"rounds {block[0]}-{block[-1]}" if len(block) > 1 else f"round {block[0]}"

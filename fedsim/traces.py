@@ -365,6 +365,18 @@ def _as_float(v: object) -> float:
     return math.nan
 
 
+def _cell_pairs(cell: object) -> list[tuple[float, float]]:
+    """An ``availability`` cell's pairs: text (CSV, or Parquet strings) is
+    parsed, [] for a blank or null cell; a Parquet list is read as pairs.
+
+    Raises:
+        TypeError, ValueError: the cell is neither (named by the caller).
+    """
+    if cell is None or isinstance(cell, str):
+        return parse_intervals(cell or "")  # [] for a blank cell
+    return _pairs(cell)
+
+
 def _pairs(cell: object) -> list[tuple[float, float]]:
     """A cell holding a list of ``(start, end)`` pairs, as floats.
 
@@ -417,11 +429,7 @@ def _intervals(
     offsets = [0]
     for i, cell in enumerate(cells):
         try:
-            if cell is None or isinstance(cell, str):
-                cell_pairs = parse_intervals(cell or "")  # [] for a blank cell
-            else:
-                cell_pairs = _pairs(cell)
-            pairs += _check_intervals(cell_pairs, period_s)
+            pairs += _check_intervals(_cell_pairs(cell), period_s)
         except (TypeError, ValueError) as exc:
             raise TraceError(f"{p}: {where(i)}, column 'availability': {exc}") from None
         offsets.append(len(pairs))

@@ -55,7 +55,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 import yaml
 
@@ -153,11 +153,18 @@ def _walk(prefix: str, node: object, out: dict[str, str]) -> None:
     if isinstance(node, dict):
         for k, v in node.items():
             _walk(f"{prefix}.{k}" if prefix else str(k), v, out)
-    elif isinstance(node, list) and any(isinstance(v, dict) for v in node):
+    elif _is_table(node):
         for i, v in enumerate(node):
             _walk(f"{prefix}.{i}", v, out)
     else:
         out[prefix] = node if isinstance(node, str) else json.dumps(node)
+
+
+def _is_table(node: object) -> TypeGuard[list[object]]:
+    """Whether ``node`` is a list holding a mapping (``fleet.groups``): its
+    items get a dotted index each, where a list of plain values (``steps:
+    [1, 2]``) stays one parameter."""
+    return isinstance(node, list) and any(isinstance(v, dict) for v in node)
 
 
 def require(kinds: Sequence[str]) -> None:
@@ -432,6 +439,18 @@ class RunGroup:
             rows: its rounds.parquet rows.
             tags: ``arm``, ``seed``, ``cell``..., tagged ``fedsim.<key>``.
         """
+        sinks = self._sinks(name, resolved, tags)
+        for step, metrics in rows_metrics(rows):
+            for sink in sinks:
+                sink.log(step, metrics)
+        for sink in sinks:
+            sink.close("completed")
+
+    def _sinks(
+        self, name: str, resolved: str, tags: Mapping[str, str | int]
+    ) -> list[_Sink]:
+        """One arm's tracked runs: TensorBoard event files in its own folder,
+        an MLflow child run of the comparison's parent run."""
         sinks: list[_Sink] = []
         if "tensorboard" in self.kinds:
             sinks.append(_TensorBoard(self.out / "tensorboard" / name, resolved))
@@ -439,11 +458,7 @@ class RunGroup:
             t = {f"fedsim.{k}": str(v) for k, v in tags.items()}
             t["mlflow.parentRunId"] = self.parent.run_id
             sinks.append(_MLflow(self.client, self.experiment, name, resolved, t))
-        for step, metrics in rows_metrics(rows):
-            for sink in sinks:
-                sink.log(step, metrics)
-        for sink in sinks:
-            sink.close("completed")
+        return sinks
 
     def close(self, status: str = "completed") -> None:
         """End the comparison's parent run."""
