@@ -46,13 +46,18 @@ def example_on_path(monkeypatch):
 
 
 def fedsim(
-    *args: str, env: dict[str, str] | None = None
+    *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess:
+    # from another folder than the checkout: the installed `fedsim` command
+    # (`python -m` would put that folder, not the package, first on sys.path)
+    command = [sys.executable, "-m", "fedsim"]
+    if cwd != ROOT:
+        command = [str(Path(sys.executable).with_name("fedsim"))]
     return subprocess.run(
-        [sys.executable, "-m", "fedsim", *args],
+        [*command, *args],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=cwd,
         env=env or ENV,
         timeout=600,
     )
@@ -362,6 +367,18 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
 
     _dist_info(tmp_path)
     env = {**ENV, "PYTHONPATH": os.pathsep.join([ENV["PYTHONPATH"], str(tmp_path)])}
+    # stress starts in a folder that holds the checkout as `fedsim/` beside
+    # the user's package (issue 37, defect 1): Ray puts that folder first on
+    # its workers' sys.path, where `fedsim` was a namespace package rooted at
+    # the checkout. The checkout is not on this PYTHONPATH: the editable
+    # install finds fedsim, as a user's shell would.
+    beside = tmp_path / "work"
+    beside.mkdir()
+    (beside / "fedsim").symlink_to(ROOT, target_is_directory=True)
+    no_root = {
+        **env,
+        "PYTHONPATH": os.pathsep.join([str(EXAMPLE), str(tmp_path)]),
+    }
     # compare in its own process (--workers 0), stress on Ray tasks (its
     # default): the plug-in's short names resolve in Ray's worker processes
     # too, once is enough (an embedded Ray costs a command seconds of CPU).
@@ -395,7 +412,8 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
         "--out",
         str(tmp_path / "stress"),
         "--quiet",
-        env=env,
+        env=no_root,
+        cwd=beside,
     )
     assert p.returncode == 0, p.stderr[-3000:]
 
