@@ -838,12 +838,13 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
     from fedsim.checkpoint import CheckpointError
     from fedsim.data import DataError, DataMissingError
     from fedsim.executors import PlacementError
+    from fedsim.models import ModelError
     from fedsim.results import UnreadableResults
     from fedsim.runtime import SetupError, run_scenario
 
     # UnreadableResults: a table changed between the resume's check and its load
     kinds: tuple[type[Exception], ...] = (DataMissingError, DataError, SetupError)
-    kinds += (CheckpointError, PlacementError, UnreadableResults)
+    kinds += (CheckpointError, PlacementError, UnreadableResults, ModelError)
     try:
         with _errors(*kinds), _out_of_memory():
             return run_scenario(
@@ -1079,6 +1080,7 @@ def stress(
     run diverged (every table is written first), 130 when interrupted.
     """
     from fedsim.data import DataError, DataMissingError
+    from fedsim.models import ModelError
     from fedsim.scenario import ScenarioError
     from fedsim.stress import parse_sweep, run_stress
 
@@ -1106,7 +1108,7 @@ def stress(
     with (
         _worker_errors(),
         _errors(OSError, RuntimeError, code=1),
-        _errors(ScenarioError, DataMissingError, DataError),
+        _errors(ScenarioError, DataMissingError, DataError, ModelError),
     ):
         path = run_stress(
             scenario,

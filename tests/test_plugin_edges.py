@@ -72,3 +72,196 @@ def test_an_error_in_a_ray_worker_is_one_plain_line(tmp_path, ray_session):
     assert p.returncode in (1, 2) and len(lines) == 1, p.stderr[-3000:]
     assert "\x1b" not in p.stderr
     assert "driver_only_algo" in lines[0] and "in Ray worker pid" in lines[0]
+
+
+# --------------------------- defect 2: a plug-in module that fails at import
+def _module(folder: Path, name: str, text: str) -> None:
+    (folder / f"{name}.py").write_text(text)
+
+
+def _validate(scenario: Path, *sets: str):
+    args = ["validate", str(scenario)]
+    for s in sets:
+        args += ["--set", s]
+    return fedsim_here(*args)
+
+
+def _one_error_line(p) -> str:
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr[-3000:])
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("body", "line", "expected"),
+    [
+        (  # a field without a default after defaulted ones
+            "from dataclasses import dataclass\n"
+            "from fedsim.api import Algorithm\n\n"
+            "@dataclass(frozen=True)\n"
+            "class Bad(Algorithm):\n"
+            "    mu: float = 0.1\n"
+            "    beta: float\n",
+            4,
+            "TypeError: non-default argument 'beta' follows default argument",
+        ),
+        ("import sys\n\nsys.exit(7)\n", 3, "SystemExit(7) (sys.exit at import)"),
+        ("raise SystemExit\n", 1, "SystemExit(None)"),
+        ("x = 1\nx = 1 / 0\n", 2, "ZeroDivisionError: division by zero"),
+    ],
+)
+def test_a_module_raising_at_import_is_one_line_exit_2(
+    tmp_path, monkeypatch, body, line, expected
+):
+    # Prepare: a plug-in module (a fresh name: imports are cached)
+    name = f"raises_{abs(hash(body)) % 10**8}"
+    _module(tmp_path, name, body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        SCENARIO.read_text().replace("fedsim_example.fedexp:FedExP", f"{name}:Bad")
+    )
+    # Execute
+    p = _validate(bad)
+    # Assert: the field, the module, the exception and the plug-in's file:line
+    got = _one_error_line(p)
+    assert got.startswith(
+        f"error: {bad}: algorithm.name: module {name!r} of '{name}:Bad' raised "
+        f"while imported: {expected}"
+    ), got
+    assert got.endswith(f"(at {tmp_path / name}.py:{line})"), got
+
+
+# ------------------ issue 39: misbehaving plug-ins refused before training
+def test_the_abstract_base_is_refused_naming_the_hook():
+    p = _validate(SCENARIO, "algorithm={name: 'fedsim.api:Algorithm'}")
+    assert "'fedsim.api:Algorithm' is abstract: Algorithm does not define " in (
+        got := _one_error_line(p)
+    )
+    assert got.endswith("that defines aggregate)"), got
+
+
+def test_a_subclass_leaving_select_to_its_base_is_refused(tmp_path, monkeypatch):
+    _module(
+        tmp_path,
+        "lazy_selector",
+        "from dataclasses import dataclass\n"
+        "from fedsim.api import Selector\n\n"
+        "@dataclass(frozen=True)\n"
+        "class Lazy(Selector):\n"
+        "    pass\n",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = _validate(SCENARIO, "selector={name: 'lazy_selector:Lazy'}")
+    assert "Lazy does not define select" in _one_error_line(p)
+
+
+_LOCKED = (
+    "import threading\n"
+    "from dataclasses import dataclass, field\n"
+    "from fedsim_example.fedexp import FedExP\n\n"
+    "@dataclass(frozen=True)\n"
+    "class Typed(FedExP):\n"
+    "    lock: threading.Lock = field(default_factory=threading.Lock)\n\n"
+    "@dataclass(frozen=True)\n"
+    "class Untyped(FedExP):\n"
+    "    lock: object = field(default_factory=threading.Lock)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("cls", "expected"),
+    [
+        ("Typed", "has a field of a type a scenario file cannot hold"),
+        ("Untyped", "field 'lock' of plug-in 'locked_algo:Untyped' holds a "),
+    ],
+)
+def test_a_field_that_cannot_be_written_is_one_line(
+    tmp_path, monkeypatch, cls, expected
+):
+    _module(tmp_path, "locked_algo", _LOCKED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = _validate(SCENARIO, f"algorithm={{name: 'locked_algo:{cls}'}}")
+    assert expected in _one_error_line(p)
+
+
+_MISBEHAVING = """
+import math
+from fedsim_example.blobs import Blobs
+from fedsim_example.tiny_mlp import TinyMLP
+
+
+class Raises(TinyMLP):
+    def build(self, input_shape, num_classes):
+        raise RuntimeError("no GPU kernel for this")
+
+
+class Undercounts(TinyMLP):
+    def param_count(self, input_shape, num_classes):
+        return 10
+
+
+class WrongOutputs(TinyMLP):
+    def build(self, input_shape, num_classes):
+        return super().build(input_shape, num_classes + 4)
+
+    def param_count(self, input_shape, num_classes):
+        return super().param_count(input_shape, num_classes + 4)
+
+
+class Misstated(Blobs):
+    def build(self, num_clients, seed):
+        return Blobs(features=7, classes=10, samples_per_client=20).build(
+            num_clients, seed
+        )
+"""
+
+
+def _run_here(tmp_path: Path, *sets: str):
+    args = ["run", str(SCENARIO), "--workers", "0", "--out", str(tmp_path / "r")]
+    for s in sets:
+        args += ["--set", s]
+    return fedsim_here(*args, "--quiet", "--no-report")
+
+
+@pytest.mark.parametrize(
+    ("sets", "expected"),
+    [
+        (
+            ["model={name: 'misbehaving:Raises'}"],
+            "model.name 'misbehaving:Raises': build((10,), 3) raised RuntimeError: "
+            "no GPU kernel for this (at ",
+        ),
+        (
+            ["model={name: 'misbehaving:Undercounts'}"],
+            "model.name 'misbehaving:Undercounts': param_count((10,), 3) states "
+            "10 parameters, but build() made 227 trainable ones",
+        ),
+        (
+            ["model={name: 'misbehaving:WrongOutputs'}"],
+            "model.name 'misbehaving:WrongOutputs': the network's outputs for 2 "
+            "samples have shape (2, 7), expected (2, 3)",
+        ),
+        (
+            [
+                "data={dataset: 'misbehaving:Misstated', features: 4, classes: 3, "
+                "samples_per_client: 20}",
+                "model={name: 'fedsim_example.tiny_mlp:TinyMLP', hidden: 8}",
+            ],
+            "data.dataset 'misbehaving:Misstated': info() stated samples of shape "
+            "(4,), but build() returned x of shape",
+        ),
+    ],
+)
+def test_a_misbehaving_model_or_dataset_is_refused_before_training(
+    tmp_path, monkeypatch, sets, expected
+):
+    # Prepare
+    _module(tmp_path, "misbehaving", _MISBEHAVING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # Execute
+    p = _run_here(tmp_path, *sets)
+    # Assert: one line, exit 2, no round written
+    got = _one_error_line(p)
+    assert got.startswith(f"error: {expected}"), got
+    assert not (tmp_path / "r" / "rounds.parquet").exists()
