@@ -265,3 +265,124 @@ def test_a_misbehaving_model_or_dataset_is_refused_before_training(
     got = _one_error_line(p)
     assert got.startswith(f"error: {expected}"), got
     assert not (tmp_path / "r" / "rounds.parquet").exists()
+
+
+# ------------------------- defect 4: server state that is not a tensor
+def test_a_state_of_ints_floats_bools_and_numpy_is_checkpointed_exactly(tmp_path):
+    import numpy as np
+    import torch
+
+    from fedsim.checkpoint import load_tensors, save_tensors
+
+    # Prepare: every kind a state may hold, with values a float32 would round
+    state = {
+        "x": torch.tensor([1 / 3, 2.0], dtype=torch.float64),
+        "step": 2**40 + 1,
+        "decay": 0.1 + 0.2,
+        "warm": True,
+        "m": np.array([[1 / 3, -0.0]], dtype=np.float64),
+        "seen": np.array([3, 0, 7], dtype=np.int64),
+        "mask": np.array([True, False]),
+        "scale": np.float32(1 / 3),
+    }
+    # Execute
+    save_tensors(tmp_path / "server.pt", state)
+    back = load_tensors(tmp_path / "server.pt")
+    # Assert: the same keys, types, dtypes and bits
+    assert set(back) == set(state)
+    assert torch.equal(back["x"], state["x"]) and back["x"].dtype == torch.float64
+    for key in ("step", "decay", "warm"):
+        assert type(back[key]) is type(state[key]) and back[key] == state[key], key
+    for key in ("m", "seen", "mask"):
+        assert isinstance(back[key], np.ndarray) and back[key].dtype == state[key].dtype
+        assert back[key].tobytes() == state[key].tobytes(), key
+    assert type(back["scale"]) is np.float32 and back["scale"] == state["scale"]
+
+
+@pytest.mark.parametrize("value", ["text", [1, 2], None, {"a": 1}])
+def test_a_state_value_of_another_type_names_its_key(tmp_path, value):
+    import torch
+
+    from fedsim.checkpoint import CheckpointError, save_tensors
+
+    with pytest.raises(CheckpointError, match="server state key 'odd' holds a "):
+        save_tensors(tmp_path / "s.pt", {"x": torch.zeros(2), "odd": value})
+
+
+_COUNTING = '''
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedsim.api import PLAIN_ROUND
+from fedsim_example.fedexp import FedExP
+
+
+@dataclass(frozen=True)
+class Counting(FedExP):
+    """FedExP whose server step shrinks with an int step counter, a float
+    decay and a NumPy count of each client's updates (a lost or rounded
+    counter after a resume changes the model)."""
+
+    def init(self, x0, num_clients):
+        state = super().init(x0, num_clients)
+        seen = np.zeros(num_clients, np.int64)
+        return {**state, "step": 0, "decay": 1.0, "seen": seen}
+
+    def aggregate(self, state, updates, ctx=PLAIN_ROUND):
+        new, info = super().aggregate(state, updates, ctx)
+        shrink = state["decay"] / (1 + state["step"])
+        x = state["x"] + shrink * (new["x"] - state["x"])
+        seen = state["seen"].copy()
+        for u in updates:
+            seen[u.client] += 1
+        step, decay = state["step"] + 1, state["decay"] * 0.9
+        return {**new, "x": x, "step": step, "decay": decay, "seen": seen}, info
+'''
+
+
+def test_a_plugin_with_an_int_counter_resumes_exactly(tmp_path, monkeypatch):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from fedsim.checkpoint import load_tensors
+    from fedsim.runtime import run_scenario
+    from fedsim.scenario import dump_scenario, load_scenario
+
+    # Prepare: a whole run, and one stopped in round 3 after the round-2
+    # checkpoint, of a plug-in whose state holds an int, a float and NumPy
+    _module(tmp_path, "counting", _COUNTING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sets = ["checkpoint.every_rounds=2", "algorithm={name: 'counting:Counting'}"]
+    sc = load_scenario(SCENARIO, sets)
+    ref, part = tmp_path / "ref", tmp_path / "part"
+    for folder in (ref, part):
+        folder.mkdir()
+        (folder / "scenario.yaml").write_text(dump_scenario(sc))
+    run_scenario(sc, run_dir=ref)
+
+    class Stop(Exception):
+        pass
+
+    def stop_in_round_3(row, clients):
+        if row["round"] == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_scenario(sc, run_dir=part, on_round=stop_in_round_3)
+    # Execute
+    run_scenario(sc, run_dir=part, resume=True)
+
+    # Assert: the same rows, and the same final state, bit for bit
+    def rows(folder):
+        table = pq.read_table(folder / "rounds.parquet").to_pylist()
+        return [{k: v for k, v in r.items() if k != "wall_time"} for r in table]
+
+    assert rows(part) == rows(ref) and len(rows(ref)) == 4
+    a = load_tensors(ref / "ckpt-00000004" / "server.pt")
+    b = load_tensors(part / "ckpt-00000004" / "server.pt")
+    assert a["step"] == b["step"] == 4 and type(b["step"]) is int
+    assert b["decay"] == a["decay"] == 1.0 * 0.9 * 0.9 * 0.9 * 0.9  # as multiplied
+    assert np.array_equal(a["seen"], b["seen"]) and b["seen"].sum() == 4 * 3
+    assert a["x"].equal(b["x"])
