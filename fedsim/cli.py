@@ -85,15 +85,29 @@ AddressOption = Annotated[
     typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q")]
+
+
 # compare and stress: the same names for the same things
+def _installed_algorithms() -> str:
+    """``; installed: a, b`` for the algorithm plug-ins installed packages
+    declare (entry points of ``fedsim.algorithms``, not loaded), or ""."""
+    from fedsim.plugins import installed
+
+    names = sorted(set(installed("algorithm")) - set(REGISTRY))
+    return f"; installed: {', '.join(names)}" if names else ""
+
+
 AlgorithmsOption = Annotated[
     str,
     typer.Option(
         "--algorithms",
         "-a",
-        # the names from the registry, so that a new algorithm is listed
+        # the names from the registry and the installed packages' entry
+        # points, so that a new algorithm (built in or a plug-in) is listed
         help="Comma-separated algorithms, each NAME or NAME:key=value,... "
-        f"(NAME: {', '.join(REGISTRY)}).",
+        f"(NAME: {', '.join(REGISTRY)}{_installed_algorithms()}), or an import "
+        "path module.path:Class or module.path:Class?key=value,... (docs/"
+        "extending.md).",
     ),
 ]
 SeedsOption = Annotated[int, typer.Option("--seeds", min=1, help="Seeds 0..N-1.")]

@@ -386,3 +386,87 @@ def test_a_plugin_with_an_int_counter_resumes_exactly(tmp_path, monkeypatch):
     assert b["decay"] == a["decay"] == 1.0 * 0.9 * 0.9 * 0.9 * 0.9  # as multiplied
     assert np.array_equal(a["seen"], b["seen"]) and b["seen"].sum() == 4 * 3
     assert a["x"].equal(b["x"])
+
+
+# ------------------------------- docs/extending.md's claims, each checked
+_MY_FEDAVG = '''
+from dataclasses import dataclass
+
+import torch
+
+from fedsim.api import PLAIN_ROUND, Algorithm, data_weights, meter, skip_empty_rounds
+
+
+@dataclass(frozen=True)
+class MyFedAvg(Algorithm):
+    """FedAvg from docs/extending.md's description alone."""
+
+    @skip_empty_rounds
+    def aggregate(self, state, updates, ctx=PLAIN_ROUND):
+        x = state["x"]
+        assert x.ndim == 1 and x.dtype == torch.float32  # the flat model
+        for u in updates:
+            assert u.norm_a == u.tau  # plain SGD: a_i = (1, ..., 1)
+        p = data_weights(updates)
+        step = sum(pi * u.delta.double() for pi, u in zip(p, updates))
+        w = [pi * u.norm_a for pi, u in zip(p, updates)]
+        return {**state, "x": x + step.to(x.dtype)}, meter(updates, w, sum(w), p)
+'''
+
+
+def test_fedavg_written_from_the_docs_is_the_builtin(tmp_path, monkeypatch):
+    from fedsim.runtime import run_scenario
+    from fedsim.scenario import load_scenario
+
+    # Prepare: x + sum p_i delta_i, w_i = p_i ||a_i||_1, tau_eff = sum w_i
+    _module(tmp_path, "my_fedavg", _MY_FEDAVG)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugin = load_scenario(
+        SCENARIO, ["algorithm={name: 'my_fedavg:MyFedAvg'}", "rounds=2"]
+    )
+    builtin = load_scenario(SCENARIO, ["algorithm={name: fedavg}", "rounds=2"])
+    # Execute
+    runs = [run_scenario(sc, workers=0) for sc in (plugin, builtin)]
+
+    # Assert: the same rows (the meter's chi^2 and tau_eff too), bit for bit
+    def rows(run):
+        return [{k: v for k, v in r.items() if k != "wall_time"} for r in run.rows]
+
+    assert rows(runs[0]) == rows(runs[1]) and len(runs[0].rows) == 2
+    assert {"tau_eff", "chi2_pw"} <= set(runs[0].rows[0]), sorted(runs[0].rows[0])
+
+
+def test_a_required_option_is_kw_only_and_name_is_the_text_written(
+    tmp_path, monkeypatch
+):
+    from fedsim.scenario import ScenarioError, load_scenario
+
+    _module(
+        tmp_path,
+        "kw_algo",
+        "from dataclasses import dataclass\n"
+        "from fedsim_example.fedexp import FedExP\n\n"
+        "@dataclass(frozen=True, kw_only=True)\n"
+        "class Needs(FedExP):\n"
+        "    beta: float\n",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sc = load_scenario(SCENARIO, ["algorithm={name: 'kw_algo:Needs', beta: 2}"])
+    assert sc.algorithm.beta == 2.0 and sc.algorithm.name == "kw_algo:Needs"
+    with pytest.raises(ScenarioError, match="algorithm.beta: required field"):
+        load_scenario(SCENARIO, ["algorithm={name: 'kw_algo:Needs'}"])
+
+
+def test_validate_prints_no_gone_field_and_an_old_file_still_loads(tmp_path):
+    from fedsim.scenario import load_scenario
+
+    p = fedsim_here("validate", str(ROOT / "scenarios" / "quickstart.yaml"))
+    assert p.returncode == 0 and "resources:" in p.stdout, p.stderr
+    assert "server_node" not in p.stdout and "server_cpus" not in p.stdout
+    # a run folder's scenario.yaml from before: the fields at their defaults
+    old = tmp_path / "old.yaml"
+    text = (ROOT / "scenarios" / "quickstart.yaml").read_text()
+    line = "resources: {workers: auto, "
+    assert line in text
+    old.write_text(text.replace(line, line + "server_node: driver, server_cpus: 0, "))
+    assert load_scenario(old).resources.server_node == "driver"

@@ -400,15 +400,21 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
         env=env,
     )
     assert p.returncode == 0, p.stderr[-3000:]
+    # stress names the same plug-in by import path, its settings after "?"
+    # (issue 37, defect 5: a cluster's py_modules give import paths only),
+    # on 2 Ray workers
+    by_path = "fedsim_example.fedexp:FedExP?epsilon=0.001"
     p = fedsim(
         "stress",
         str(SCENARIO),
         "--sweep",
         "client.lr=0.05,0.1",  # 0.05: the scenario's own, as compare ran it
         "-a",
-        plugin,
+        by_path,
         "--seeds",
         "1",
+        "--workers",
+        "2",
         "--out",
         str(tmp_path / "stress"),
         "--quiet",
@@ -416,6 +422,10 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
         cwd=beside,
     )
     assert p.returncode == 0, p.stderr[-3000:]
+    # --help lists the installed plug-in among the algorithms
+    for command in ("compare", "stress"):
+        shown = fedsim(command, "--help", env={**env, "COLUMNS": "400"}).stdout
+        assert re.search(r"installed: fedexp\)", shown), shown[-2000:]
 
     # Every run trained the scenario's 4 rounds; the plug-in is not FedAvg
     # under another name, and stress's run of it at the scenario's learning
@@ -429,7 +439,7 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
     cells = pq.read_table(tmp_path / "stress" / "stress.parquet").to_pylist()
     by_lr = {r["client.lr"]: r for r in cells}
     assert sorted(by_lr) == [0.05, 0.1] and len(cells) == 2, cells
-    assert {r["algorithm"] for r in cells} == {plugin}
+    assert {r["algorithm"] for r in cells} == {by_path}
     assert all(r["rounds"] == 4 and not r["diverged"] for r in cells), cells
     for key in ("final_accuracy", "best_accuracy", "sim_time_s"):
         assert by_lr[0.05][key] == cmp[plugin][key], key
