@@ -49,6 +49,10 @@ _GCS_LATE = ("Timed out waiting for file", "Failed to start GCS")
 _NODE_LATE = ("timed out during startup",)
 
 
+# The logger of Ray's note that a new local cluster uses token authentication.
+_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
 class RayStartError(RuntimeError):
     """An embedded Ray did not start within Ray's waits; the message is one
     line for the user: how long, and how to give it longer (CLI exit 1)."""
@@ -86,6 +90,13 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
             return False
         # If ray was imported before the variable was set, its constant is stale.
         ray_constants.ENABLE_RAY_CLUSTER = False
+        # Ray enables token authentication for a new local cluster and logs
+        # a WARNING that it did (printed even under --quiet): nothing for the
+        # user to act on for a loopback-only Ray that fedsim starts and
+        # stops, so that one logger is quietened (Ray's errors still show).
+        # Setting RAY_AUTH_MODE here instead would come after Ray read its
+        # configuration at import, and the driver would then lack the token.
+        logging.getLogger(_TOKEN_LOGGER).setLevel(logging.ERROR)
         start = time.monotonic()
         try:
             ray.init(

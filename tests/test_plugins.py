@@ -422,6 +422,9 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
         cwd=beside,
     )
     assert p.returncode == 0, p.stderr[-3000:]
+    # a healthy run under --quiet: no WARNING from Ray's start (its token
+    # authentication, chosen by fedsim rather than by Ray's default)
+    assert "Token authentication is enabled" not in p.stderr, p.stderr[-3000:]
     # --help lists the installed plug-in among the algorithms
     for command in ("compare", "stress"):
         shown = fedsim(command, "--help", env={**env, "COLUMNS": "400"}).stdout
