@@ -212,6 +212,10 @@ def _failure(exc: BaseException, module: str) -> str:
     outside Python's import machinery), not the traceback's 60 lines."""
     if isinstance(exc, SystemExit):
         what = f"SystemExit({exc.code!r}) (sys.exit at import)"
+    elif isinstance(exc, SyntaxError) and exc.filename:
+        # raised by the compiler: no frame of the plug-in's own, the file's
+        # name and line are the exception's
+        return f"SyntaxError: {exc.msg} (at {exc.filename}:{exc.lineno})"
     else:
         what = f"{type(exc).__name__}: {exc}".strip()
     frames = traceback.extract_tb(exc.__traceback__)

@@ -108,6 +108,7 @@ def _one_error_line(p) -> str:
         ("import sys\n\nsys.exit(7)\n", 3, "SystemExit(7) (sys.exit at import)"),
         ("raise SystemExit\n", 1, "SystemExit(None)"),
         ("x = 1\nx = 1 / 0\n", 2, "ZeroDivisionError: division by zero"),
+        ("x = 1\ny = (\n", 2, "SyntaxError: '(' was never closed"),
     ],
 )
 def test_a_module_raising_at_import_is_one_line_exit_2(
