@@ -68,26 +68,54 @@ COMPARE_SCHEMA = schema(
 def split_algorithms(text: str) -> list[str]:
     """Split a comma-separated list; ``key=value`` pieces join the one before.
 
+    An algorithm is a registered or installed name, or an import path
+    ``module.path:Class``; its hyperparameters follow ``:`` after a name
+    and ``?`` after an import path (``?`` after a name works too), so that
+    the colon of an import path is never read as the start of settings.
+
     >>> split_algorithms("fedavg,feddc:alpha=0.005,correction=false,scaffold")
     ['fedavg', 'feddc:alpha=0.005,correction=false', 'scaffold']
+    >>> split_algorithms("fedavg,mylab.algos:FedFoo?mu=0.1,beta=2,fedprox?mu=1")
+    ['fedavg', 'mylab.algos:FedFoo?mu=0.1,beta=2', 'fedprox?mu=1']
     """
     out: list[str] = []
     for piece in filter(None, (p.strip() for p in text.split(","))):
-        if "=" in piece and ":" not in piece.split("=", 1)[0] and out:
+        head = piece.split("=", 1)[0]
+        if "=" in piece and ":" not in head and "?" not in head and out:
             out[-1] += "," + piece
         else:
             out.append(piece)
     return out
 
 
+def _split_label(spec: str) -> tuple[str, str]:
+    """``spec`` as (algorithm, settings text): settings follow the first
+    ``?``; without one, the first ``:`` unless what follows it holds no
+    ``=`` (then ``spec`` is an import path ``module:Class`` with none).
+
+    >>> _split_label("mylab.algos:FedFoo?mu=0.1")
+    ('mylab.algos:FedFoo', 'mu=0.1')
+    >>> _split_label("mylab.algos:FedFoo"), _split_label("fedprox:mu=0.1")
+    (('mylab.algos:FedFoo', ''), ('fedprox', 'mu=0.1'))
+    """
+    if "?" in spec:
+        name, _, rest = spec.partition("?")
+        return name, rest
+    name, _, rest = spec.partition(":")
+    if rest.strip() and "=" not in rest:
+        return spec, ""  # module.path:Class
+    return name, rest
+
+
 def _parse_label(spec: str) -> tuple[str, dict[str, object]]:
-    """``name[:key=value,...]`` as the name and the parsed (YAML) values.
+    """``name[:key=value,...]`` or ``module:Class[?key=value,...]`` as the
+    algorithm and the parsed (YAML) values.
 
     Raises:
         ScenarioError: a piece that is not ``key=value``, or a value that is
             not YAML; the message quotes the whole label.
     """
-    name, _, rest = spec.partition(":")
+    name, rest = _split_label(spec)
     values: dict[str, object] = {}  # YAML scalars, lists, mappings
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
@@ -105,6 +133,8 @@ def canonical_label(spec: str) -> str:
     'fedprox:mu=0.5'
     >>> canonical_label("feddc:alpha=5e-3,correction=False")
     'feddc:alpha=0.005,correction=false'
+    >>> canonical_label("mylab.algos:FedFoo?mu=1e-1"), canonical_label("fedprox?mu=1")
+    ('mylab.algos:FedFoo?mu=0.1', 'fedprox:mu=1')
     """
     name, values = _parse_label(spec)
     if not values:
@@ -112,7 +142,8 @@ def canonical_label(spec: str) -> str:
     shown = [
         f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in values.items()
     ]
-    return name + ":" + ",".join(shown)
+    # an import path's own colon: its settings follow "?"
+    return name + ("?" if ":" in name else ":") + ",".join(shown)
 
 
 def algorithm_section(
@@ -185,7 +216,7 @@ def _own_algorithm(scenario_path: str | Path) -> dict[str, object]:
 TOOL_FIELDS = {
     "seed": "sets the seed of each run itself (0..N-1); use --seeds",
     "algorithm": "sets the algorithm of each run itself; use --algorithms "
-    "(hyperparameters as name:key=value)",
+    "(hyperparameters as name:key=value, or module.path:Class?key=value)",
     "resources.workers": "trains each run in one process; use --workers for "
     "how many runs go at once",
     "checkpoint": "writes no checkpoints (a run is not resumed)",
