@@ -251,9 +251,7 @@ def realised_fleet(
         ``dropped`` (the shares dropped ``late``, ``no_time``, ``offline``).
     """
     online = [fleet.online(float(t)) for t in starts]
-    by_group: dict[str, list[Row]] = {}
-    for c in clients:
-        by_group.setdefault(str(c["device_group"]), []).append(c)
+    by_group = _by_group(clients)
     groups: list[GroupEntry] = []
     warnings: list[str] = []
     when = "when versions were made" if asynchronous else "when rounds started"
@@ -276,6 +274,14 @@ def realised_fleet(
         warnings += _rate_warnings(g.name, entry)
         groups.append(entry)
     return Realised(groups=groups, warnings=warnings)
+
+
+def _by_group(clients: Sequence[Row]) -> dict[str, list[Row]]:
+    """clients.parquet's rows by their ``device_group``, in row order."""
+    by_group: dict[str, list[Row]] = {}
+    for c in clients:
+        by_group.setdefault(str(c["device_group"]), []).append(c)
+    return by_group
 
 
 def _speed(drawn: np.ndarray, speed: SpeedSpec | None, flops: float | None) -> Speed:
@@ -322,16 +328,27 @@ def _rates(rows: Sequence[Row], s: StragglerSpec) -> _Rates:
     slowed = sum(number(r["slowdown"], "slowdown") > 1.0 for r in rows)
     reasons = [str(r.get("drop_reason") or "") for r in rows]
     started = sum(why not in ("no_time", "no_data") for why in reasons)
-    # a fixed factor of 1 slows nobody: its stragglers cannot be seen
-    p = 0.0 if s.slowdown.dist == "fixed" and s.slowdown.factor == 1 else s.p
     return _Rates(
-        straggler_rate=_rate(slowed, n, p),
+        straggler_rate=_rate(slowed, n, _visible_p(s)),
         dropout_rate=_rate(reasons.count("dropout"), started, s.dropout_p),
-        dropped={
-            why: reasons.count(why) / n if n else math.nan
-            for why in ("late", "no_time", "offline")
-        },
+        dropped=_dropped_shares(reasons),
     )
+
+
+def _visible_p(s: StragglerSpec) -> float:
+    """The straggler probability a run can measure: a fixed factor of 1
+    slows nobody, so its stragglers cannot be seen (0)."""
+    return 0.0 if s.slowdown.dist == "fixed" and s.slowdown.factor == 1 else s.p
+
+
+def _dropped_shares(reasons: Sequence[str]) -> dict[str, float]:
+    """The shares of ``reasons`` (one per selected update, "" when it
+    counted) that are ``late``, ``no_time`` and ``offline`` (NaN: none)."""
+    n = len(reasons)
+    return {
+        why: reasons.count(why) / n if n else math.nan
+        for why in ("late", "no_time", "offline")
+    }
 
 
 def _half(p: float, n: int) -> float:
@@ -405,15 +422,23 @@ def _rate_warnings(name: str, e: GroupEntry) -> list[str]:
                 f"updates, declared {rate['declared']:.1%} (99.9% sampling "
                 f"interval {lo_hi[0]:.1%} to {lo_hi[1]:.1%})"
             )
-    causes = {
-        "late": "past the deadline (round.deadline_s)",
-        "no_time": "with no whole step in the window (round.window_s)",
-        "offline": "by devices going offline mid-work",
-    }
-    for why, share in e["dropped"].items():
-        if e["selected"] and share >= _MOST:
-            out.append(
-                f"group {name}: {share:.0%} of its {e['selected']} selected updates "
-                f"were dropped {causes[why]}"
-            )
-    return out
+    return out + _drop_warnings(name, e)
+
+
+# Why a drop reason with no declared rate happens: the warnings name it.
+_CAUSES = {
+    "late": "past the deadline (round.deadline_s)",
+    "no_time": "with no whole step in the window (round.window_s)",
+    "offline": "by devices going offline mid-work",
+}
+
+
+def _drop_warnings(name: str, e: GroupEntry) -> list[str]:
+    """A sentence for each reason with no declared rate (late, no time,
+    offline) that dropped most of the group's selected updates."""
+    return [
+        f"group {name}: {share:.0%} of its {e['selected']} selected updates "
+        f"were dropped {_CAUSES[why]}"
+        for why, share in e["dropped"].items()
+        if e["selected"] and share >= _MOST
+    ]
