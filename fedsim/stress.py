@@ -305,24 +305,27 @@ def aggregate(records: Sequence[Row], cells: Sequence[Cell]) -> list[dict[str, o
         that reached the target, ``diverged`` those that diverged.
     """
     table = []
-    labels = list(dict.fromkeys(r["algorithm"] for r in records))
+    labels = list(dict.fromkeys(text(r["algorithm"]) for r in records))
     keys = "final_accuracy best_accuracy dropped_fraction tau_mean tau_std sim_time_s"
     for (ci, cell), label in itertools.product(enumerate(cells), labels):
         rs = [r for r in records if r["cell"] == ci and r["algorithm"] == label]
         if rs:
-            table.append(
-                {
-                    "cell": ci,
-                    **cell,
-                    "algorithm": label,
-                    "seeds": len(rs),
-                    "mode": rs[0]["mode"],
-                    **_spread(rs, f"{keys} time_to_target_s", "_sd"),
-                    "reached": sum(r["time_to_target_s"] is not None for r in rs),
-                    "diverged": sum(bool(r["diverged"]) for r in rs),
-                }
-            )
+            table.append({"cell": ci, **cell, **_arm_row(label, rs, keys)})
     return table
+
+
+def _arm_row(label: str, rs: Sequence[Row], keys: str) -> dict[str, object]:
+    """One arm's columns of an "All cells" row: its seeds, mode, the mean
+    and sample std of each of ``keys`` and of the time to target, and how
+    many seeds reached the target and diverged."""
+    return {
+        "algorithm": label,
+        "seeds": len(rs),
+        "mode": rs[0]["mode"],
+        **_spread(rs, f"{keys} time_to_target_s", "_sd"),
+        "reached": sum(r["time_to_target_s"] is not None for r in rs),
+        "diverged": sum(bool(r["diverged"]) for r in rs),
+    }
 
 
 def degradation(
