@@ -407,15 +407,20 @@ def _build(
     latency = _readonly(np.zeros(speed.size))
     if "latency_s" in columns:
         latency = _numbers(p, columns, "latency_s", where, positive=False)
-    cells, names = columns.get("availability"), columns.get("device")
+    cells = columns.get("availability")
     availability = None if cells is None else _intervals(p, cells, where, period_s)
-    device = (
-        None if names is None else tuple("" if v is None else str(v) for v in names)
-    )
+    device = _device_names(columns.get("device"))
     samples = None
     if "samples" in columns:
         samples = _numbers(p, columns, "samples", where, positive=True)
     return DeviceTrace(p, speed, down, up, latency, availability, device, samples)
+
+
+def _device_names(names: list[object] | None) -> tuple[str, ...] | None:
+    """The ``device`` column as names ("" for a null cell); None without it."""
+    if names is None:
+        return None
+    return tuple("" if v is None else str(v) for v in names)
 
 
 def _intervals(
