@@ -397,12 +397,16 @@ def _links_lines(links: object) -> list[str]:
     out += ["", "| group | devices | sample share | median speed (steps/s) "]
     out[-1] += "| online fraction | selections | update share |"
     out.append("|---|---|---|---|---|---|---|")
-    for g in map(_mapping, _list(links.get("groups"))):
-        cells = [g.get("name"), g.get("devices"), _fmt(g.get("sample_share"), ".3f")]
-        cells += [_fmt(g.get("median_speed")), _fmt(g.get("online_fraction"), ".3f")]
-        cells += [g.get("selections"), _fmt(g.get("update_share"), ".3f")]
-        out.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
+    out += [_links_group_row(g) for g in map(_mapping, _list(links.get("groups")))]
     return out
+
+
+def _links_group_row(g: dict[str, object]) -> str:
+    """One group's row of the links section's per-group table."""
+    cells = [g.get("name"), g.get("devices"), _fmt(g.get("sample_share"), ".3f")]
+    cells += [_fmt(g.get("median_speed")), _fmt(g.get("online_fraction"), ".3f")]
+    cells += [g.get("selections"), _fmt(g.get("update_share"), ".3f")]
+    return "| " + " | ".join(_fmt(c) for c in cells) + " |"
 
 
 def _realised_lines(realised: object, compute: object) -> list[str]:
