@@ -682,9 +682,15 @@ def common_config(messages: Sequence[Message], t: int) -> dict[str, float]:
                         "cannot yet deliver per-client instructions"
                     )
                 seen[k] = v
+    return _numeric(seen)
+
+
+def _numeric(values: Mapping[str, object]) -> dict[str, float]:
+    """The entries of ``values`` that are numbers (not bools), as floats:
+    what a payload tensor can carry."""
     return {
         k: float(v)
-        for k, v in seen.items()
+        for k, v in values.items()
         if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
 
