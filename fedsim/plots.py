@@ -425,23 +425,42 @@ def figure_staleness(
     if ok is None or not ok.any():
         _no_data(ax, "no staleness recorded")
     else:
-        for g, color in colors.items():
-            m = ok & ~dropped & (dev == g)
-            if m.any():
-                ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=color, label=g)
-        m = ok & dropped
-        if m.any():
-            ax.scatter(
-                t1[m], stale[m], s=30, marker="x", color=_DROP_COLOR, label="dropped"
-            )
-        ax.set(
-            xlabel="simulated arrival time (s)", ylabel="staleness (server versions)"
-        )
-        ax.yaxis.set_major_locator(_round_ticks())
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", fontsize=9, markerscale=1.5)
+        _draw_staleness_points(ax, (t1, stale), ok, (dev, colors, dropped))
     ax.set_title(title or "staleness of updates over simulated time")
     return fig
+
+
+def _draw_staleness_points(
+    ax: Axes,
+    xy: tuple[np.ndarray, np.ndarray],
+    ok: np.ndarray,
+    by_group: tuple[np.ndarray, dict[str, RGBA], np.ndarray],
+) -> None:
+    """The staleness scatter: arrival time against staleness of each update
+    with both (``ok``), a colour per device group, dropped ones as red
+    crosses; then the panel's labels, integer ticks and legend.
+
+    Args:
+        ax: the panel.
+        xy: (arrival times, staleness), one per update.
+        ok: which updates have both values.
+        by_group: :func:`_by_group`'s (groups, colours, dropped flags).
+    """
+    t1, stale = xy
+    dev, colors, dropped = by_group
+    for g, color in colors.items():
+        m = ok & ~dropped & (dev == g)
+        if m.any():
+            ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=color, label=g)
+    m = ok & dropped
+    if m.any():
+        ax.scatter(
+            t1[m], stale[m], s=30, marker="x", color=_DROP_COLOR, label="dropped"
+        )
+    ax.set(xlabel="simulated arrival time (s)", ylabel="staleness (server versions)")
+    ax.yaxis.set_major_locator(_round_ticks())
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=9, markerscale=1.5)
 
 
 def _round_blocks(rounds_present: list[int], max_rounds: int) -> list[list[int]]:
@@ -672,20 +691,14 @@ def figure_timeline(
         return _no_updates(title)
     all_rounds = sorted(set(u.rnd.tolist()))
     blocks = _round_blocks(all_rounds, max_rounds)
-    shown = np.isin(u.rnd, np.concatenate([np.array(b) for b in blocks]))
-    ids = np.unique(u.cid[shown])
+    ids = _shown_clients(u, blocks)
     # grows with the clients shown, up to a height that still fits a screen
     height = float(np.clip(1.5 + 0.22 * len(ids), 3.5, 14.0))
     width = 12.0 if len(blocks) > 1 else 10.0
     fig, (axes,) = _subplot_grid(width, height, 1, len(blocks), sharey=True)
     row_pt = 72.0 * (height - 1.5) / max(1, len(ids))  # points of height per row
     y = np.searchsorted(ids, u.cid).astype(np.float64)  # rows not shown: not drawn
-    used: set[str] = set()
-    scatter = None
-    for ax, block in zip(axes, blocks, strict=True):
-        reasons, drawn = _draw_panel(ax, u, y, block, rounds, row_pt)
-        used |= reasons
-        scatter = drawn if drawn is not None else scatter
+    used, scatter = _draw_panels(axes, blocks, u, y, rounds, row_pt)
     rows = range(0, len(ids), max(1, math.ceil(len(ids) / 40)))  # <= ~40 labels
     axes[0].set(ylabel="client id", yticks=rows, yticklabels=ids[rows])
     # inverted: the lowest client id on top, as in a table
@@ -694,6 +707,33 @@ def figure_timeline(
     more = f" (first and last of {len(all_rounds)} rounds)" if len(blocks) > 1 else ""
     fig.suptitle((title or "client timeline") + more, fontsize=12)
     return fig
+
+
+def _shown_clients(u: _Updates, blocks: list[list[int]]) -> np.ndarray:
+    """The ids of the clients with an update in the rounds shown, sorted:
+    the timeline's rows."""
+    shown = np.isin(u.rnd, np.concatenate([np.array(b) for b in blocks]))
+    return np.unique(u.cid[shown])
+
+
+def _draw_panels(
+    axes: np.ndarray,
+    blocks: list[list[int]],
+    u: _Updates,
+    y: np.ndarray,
+    rounds: pa.Table | None,
+    row_pt: float,
+) -> tuple[set[str], PathCollection | None]:
+    """Each block of rounds on its panel (:func:`_draw_panel`); returns the
+    drop reasons drawn on any panel and the last staleness scatter (the
+    colour bar's: every panel shares one colour scale)."""
+    used: set[str] = set()
+    scatter = None
+    for ax, block in zip(axes, blocks, strict=True):
+        reasons, drawn = _draw_panel(ax, u, y, block, rounds, row_pt)
+        used |= reasons
+        scatter = drawn if drawn is not None else scatter
+    return used, scatter
 
 
 def _no_updates(title: str) -> Figure:
