@@ -278,13 +278,7 @@ def load_variant(
     the asynchronous timeline with the same work per job (mode ``async``); a
     synchronous algorithm on an asynchronous scenario is refused.
     """
-    section = algorithm_section(label, _own_algorithm(scenario_path))
-    items = [
-        *overrides,
-        *(f"{p}={json.dumps(v)}" for p, v in (cell or {}).items()),
-        f"algorithm={json.dumps(section)}",
-        f"seed={seed}",
-    ]
+    items = _variant_items(scenario_path, label, seed, overrides, cell)
     sc = load_scenario(scenario_path, items)
     is_async = hasattr(sc.algorithm, "aggregate_async")  # a plug-in's too
     if is_async and sc.round.policy != "async":
@@ -296,6 +290,25 @@ def load_variant(
             "(asynchronous rules are moved to the async timeline automatically)"
         )
     return sc, "async" if sc.round.policy == "async" else "sync"
+
+
+def _variant_items(
+    scenario_path: str | Path,
+    label: str,
+    seed: int,
+    overrides: Sequence[str],
+    cell: Mapping[str, object] | None,
+) -> list[str]:
+    """The ``path=value`` overrides of one variant, in the order they apply:
+    the run's ``overrides``, the ``cell``'s settings, then ``label``'s
+    algorithm section and the ``seed`` (which no earlier item may change)."""
+    section = algorithm_section(label, _own_algorithm(scenario_path))
+    return [
+        *overrides,
+        *(f"{p}={json.dumps(v)}" for p, v in (cell or {}).items()),
+        f"algorithm={json.dumps(section)}",
+        f"seed={seed}",
+    ]
 
 
 def check_variants(
