@@ -29,13 +29,11 @@ How the module keeps those promises:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
 import sys
 import time
-import types
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -55,8 +53,11 @@ from fedsim.units import duration
 # fedsim.scenario (every plug-in, numpy, pydantic schemas) is imported by the
 # commands that read a scenario, so that `fedsim --help` starts at once.
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from fedsim.scenario import Scenario
     from fedsim.spec import ResourceSpec
+    from fedsim.tracking import OnRound, Tracked
 
 app = typer.Typer(
     add_completion=False,
@@ -371,7 +372,7 @@ def run(
             reached["workers"] = n = _start_workers(sc.resources, workers, address)
             with (
                 _progress(sc, quiet, start, sim0, log_every) as on_round,
-                _tracked(trackers, run_dir, sc, on_round) as tr,  # issue 41
+                _tracked(trackers, run_dir, sc.name, on_round) as tr,  # issue 41
             ):
                 result = _run(sc, n, run_dir, resume is not None, tr.on_round)
                 tr.status = result.status
@@ -383,14 +384,17 @@ def run(
     raise typer.Exit(code)
 
 
-def _tracked(trackers: list[str], run_dir: Path, sc: Scenario, on_round: Any) -> Any:
-    """fedsim.tracking.tracked (imported only here: a run without --log
-    never imports it, and gets its own callback back)."""
-    if not trackers:
-        return contextlib.nullcontext(types.SimpleNamespace(on_round=on_round))
+def _tracked(
+    trackers: list[str], run_dir: Path, name: str, on_round: OnRound | None
+) -> AbstractContextManager[Tracked]:
+    """fedsim.tracking.tracked, imported here (its tracker libraries only
+    when ``trackers`` asks for them): without --log it tracks nothing and
+    its ``on_round`` calls the caller's callback alone. The trackers record
+    the resolved scenario from ``run_dir``'s scenario.yaml, under the
+    scenario's ``name`` (the MLflow experiment)."""
     from fedsim.tracking import tracked
 
-    return tracked(trackers, run_dir, sc, on_round)
+    return tracked(trackers, run_dir, name, on_round)
 
 
 def _set_up(
@@ -1173,6 +1177,7 @@ def compare(
     from fedsim.compare import compare as run_compare
     from fedsim.data import DataMissingError
     from fedsim.results import default_run_dir, prepare_run_dir
+    from fedsim.rows import whole
 
     overrides = list(set_ or [])
     _expect_dir(out_dir, "--out", "an output folder")
@@ -1209,7 +1214,7 @@ def compare(
     text = (run_dir / "compare.md").read_text()
     out.print(text, markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {run_dir}")
-    _exit_if_diverged(sum(int(r["diverged"]) for r in table), "compare.parquet")
+    _exit_if_diverged(sum(whole(r["diverged"]) for r in table), "compare.parquet")
 
 
 # What compare and stress write into --out (runs/: a file per run).
