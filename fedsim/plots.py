@@ -163,7 +163,7 @@ def figure_plugin_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
         column has no finite value.
     """
     cols = plugin_columns(rounds) or ["(none)"]
-    fig, axes = _subplots(9, 2.4 * len(cols), len(cols), 1, squeeze=False)
+    fig, axes = _subplot_grid(9, 2.4 * len(cols), len(cols), 1)
     x = _floats(rounds, "round")
     for ax, col in zip(axes[:, 0], cols, strict=True):
         if not _line(ax, x, _floats(rounds, col, len(x)), color="C2"):
