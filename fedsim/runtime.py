@@ -1096,13 +1096,7 @@ def run_scenario(
     """
     run_dir = Path(run_dir) if run_dir is not None else None
     if resume:
-        if run_dir is None:
-            raise ValueError("resume needs the run directory")
-        checkpoint.check_resumable(run_dir)  # fail before building or writing
-        # a checkpoint of another experiment (another seed, lr, ...) would
-        # finish "completed" with two runs' rows mixed: refused, as the CLI
-        # refuses it, naming every differing field (issue 37, defect 6)
-        checkpoint.check_fingerprint(run_dir, scenario, missing_ok=True)
+        _check_resume(scenario, run_dir)  # fail before building or writing
     run = _Run(scenario, run_dir, on_round)
     run.start(workers, resume)
     status: Status = "completed"
@@ -1189,6 +1183,24 @@ def selector_columns(sel: Selector, state: SelectorState, t: int) -> Row:
     return {
         f"sel_{k}": v for k, v in hooks.check_metrics(plugin, "metrics", got).items()
     }
+
+
+def _check_resume(scenario: Scenario, run_dir: Path | None) -> None:
+    """Everything a resume of ``run_dir`` reads, and that its checkpoint is
+    of ``scenario``'s experiment: a checkpoint of another one (another seed,
+    lr, ...) would finish "completed" with two runs' rows mixed, so it is
+    refused as the command line refuses it, naming every differing field
+    (issue 37, defect 6).
+
+    Raises:
+        ValueError: no run directory.
+        CheckpointError: a file is missing or damaged, or the fingerprints
+            differ.
+    """
+    if run_dir is None:
+        raise ValueError("resume needs the run directory")
+    checkpoint.check_resumable(run_dir)
+    checkpoint.check_fingerprint(run_dir, scenario, missing_ok=True)
 
 
 def _failure_record(exc: PluginFailure, run_dir: Path | None) -> dict[str, str]:
