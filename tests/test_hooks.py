@@ -400,8 +400,10 @@ def test_hooks_give_the_same_rows_on_two_ray_workers_and_the_server_actor(
     two = run_scenario(sc, workers=2)
     remote = run_scenario(actor, workers=2)
     boom = run_scenario(_tiny(_plugin("algorithm", "GradBoom")), workers=2)
+    home = "resources.server={home: actor, cpus: 0}"
+    boom_there = run_scenario(_tiny(_plugin("algorithm", "Boom"), home), workers=2)
     # Assert: the same rows, plug-in columns included; a client hook that
-    # raises on a worker fails the run with the worker's traceback
+    # raises on a worker fails the run, naming it
     assert here.status == two.status == remote.status == "completed"
     for res in (two, remote):
         assert _without_wall(res.rows) == _without_wall(here.rows)
@@ -409,6 +411,13 @@ def test_hooks_give_the_same_rows_on_two_ray_workers_and_the_server_actor(
     assert [r["alg_tags_ok"] for r in two.rows] == [r["n_completed"] for r in two.rows]
     assert boom.status == "failed" and boom.failure is not None
     assert boom.failure["hook"] == "grad_hook"
+    # aggregate raising inside the server actor: the same failure, its rows
+    assert boom_there.status == "failed" and len(boom_there.rows) == 2
+    assert boom_there.failure == {
+        "plugin": "algorithm 'tests.hook_plugins:Boom'",
+        "hook": "aggregate",
+        "error": "ValueError: boom in round 2",
+    }
 
 
 @pytest.mark.ray
