@@ -352,7 +352,8 @@ def run(
 
     Exit codes: 0 completed (also: a resume with nothing left to do, which
     changes no file); 1 diverged, stalled, out of memory, results not
-    written or Ray not started in time; 2 a refused input (scenario,
+    written or Ray not started in time; 3 plug-in code failed during the
+    run (failure.txt holds the traceback); 2 a refused input (scenario,
     options, data, checkpoint, placement); 130 interrupted, at any point
     from the first line on (also while the report of a finished run is
     drawn: ``fedsim report DIR`` draws it). A first SIGTERM waits for the
@@ -762,6 +763,17 @@ def _say_ending(result: Any, run_dir: Path) -> None:
     }
     if status in kept:
         _say(f"[bold red]run {status}:[/]", f"{result.message}. {kept[status]}")
+    elif status == "failed":  # plug-in code (fedsim.hooks.PluginFailure)
+        where = run_dir / (result.failure or {}).get("traceback", "summary.json")
+        again = f"fedsim run --resume {run_dir}"
+        if not (run_dir / "LATEST").exists():
+            again = "(no checkpoint yet: run it again, with --overwrite)"
+        _say(
+            "[bold red]run failed:[/]",
+            f"{result.message}. The full traceback is in {where}; rows so far "
+            "are kept; "
+            f"once the plug-in is fixed, continue with: {again}",
+        )
     elif status == "interrupted":
         again = f"fedsim run --resume {run_dir}"
         if not (run_dir / "LATEST").exists():  # --out now holds summary.json
@@ -774,7 +786,15 @@ def _say_ending(result: Any, run_dir: Path) -> None:
         )
 
 
-_EXIT_CODES = {"completed": 0, "diverged": 1, "stalled": 1, "interrupted": 130}
+# 3: plug-in code failed during the run (issue 37): its own code, so that a
+# script tells a broken plug-in from a diverged run
+_EXIT_CODES = {
+    "completed": 0,
+    "diverged": 1,
+    "stalled": 1,
+    "failed": 3,
+    "interrupted": 130,
+}
 _SUMMARY_KEYS = """rounds final_test_accuracy best_test_accuracy final_test_loss
 sim_time_s wall_time_s updates_completed updates_dropped workers"""
 # What a run writes into its directory (besides the input it was given).
