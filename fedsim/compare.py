@@ -91,20 +91,34 @@ def split_algorithms(text: str) -> list[str]:
 def _split_label(spec: str) -> tuple[str, str]:
     """``spec`` as (algorithm, settings text): settings follow the first
     ``?``; without one, the first ``:`` unless what follows it holds no
-    ``=`` (then ``spec`` is an import path ``module:Class`` with none).
+    ``=`` and what precedes it is no algorithm's name (then ``spec`` is an
+    import path ``module:Class`` with none; ``fedprox:mu`` stays fedprox
+    with a malformed setting, which :func:`_parse_label` refuses).
 
     >>> _split_label("mylab.algos:FedFoo?mu=0.1")
     ('mylab.algos:FedFoo', 'mu=0.1')
     >>> _split_label("mylab.algos:FedFoo"), _split_label("fedprox:mu=0.1")
     (('mylab.algos:FedFoo', ''), ('fedprox', 'mu=0.1'))
+    >>> _split_label("fedprox:mu")
+    ('fedprox', 'mu')
     """
     if "?" in spec:
         name, _, rest = spec.partition("?")
         return name, rest
     name, _, rest = spec.partition(":")
-    if rest.strip() and "=" not in rest:
+    if rest.strip() and "=" not in rest and not _is_algorithm_name(name.strip()):
         return spec, ""  # module.path:Class
     return name, rest
+
+
+def _is_algorithm_name(name: str) -> bool:
+    """Whether ``name`` is a built-in algorithm's or an installed plug-in's
+    (entry point) name, as opposed to a module of an import path."""
+    from fedsim import plugins
+
+    return name in plugins.builtins("algorithm") or name in plugins.installed(
+        "algorithm"
+    )
 
 
 def _parse_label(spec: str) -> tuple[str, dict[str, object]]:
