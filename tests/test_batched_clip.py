@@ -74,7 +74,10 @@ def test_the_clip_binds_in_the_equality_test():
     tasks = [Task(c, 0, tau) for c, tau in TAUS]
     clipped = train_batched(w, payload, tasks, states)
     unclipped = train_batched(free, payload, tasks, states)
-    gaps = [float((a.delta - b.delta).norm()) for a, b in zip(clipped, unclipped)]
+    gaps = [
+        float((a.delta - b.delta).norm())
+        for a, b in zip(clipped, unclipped, strict=True)
+    ]
     assert max(gaps) > 1e-3
 
 
