@@ -4,13 +4,19 @@
         --rounds 3 --algorithm feddc
 
 Runs ``scenarios/papers/feddc-fmnist-iid.yaml`` at full participation (100
-clients, 60 local steps each, clipping at norm 10, weight decay, lr decay)
-twice in this process: sequential (``resources.vectorize: false``) and batched
-(``true``), the same seed and rounds. Prints the wall time of every round (the
-first round's set-up excluded: each run's first round is timed from its
-first ``on_round`` call to the next) and the ratio batched / sequential of the
-mean round time, and the largest test-accuracy gap between the two runs (the
-paths agree within float tolerance, not bit for bit).
+clients; ``--sampled``: the scenario's 15%), 60 local steps each, clipping at
+norm 10, weight decay and lr decay, twice in this process: sequential
+(``resources.vectorize: false``) and batched (``true``), the same seed and
+rounds. Prints the wall time and this process's CPU time of every round (the
+first round, with the set-up, excluded), the ratios batched / sequential of
+the means, and the largest test-accuracy gap between the two runs (the paths
+agree within float tolerance, not bit for bit). On a shared host the CPU
+time is the fairer figure: the wall time also counts the other jobs' share.
+
+Measured here (2 cores, load average 7-16 from other jobs, FedDC, 3 timed
+rounds): full participation, wall 42.2 s/round sequential against 77.0
+batched (1.83x; CPU time not recorded in that run); 15%, CPU 1.59 against
+1.77 s/round (1.11x), wall 4.95 against 8.48. Largest accuracy gap 0.0007.
 """
 
 from __future__ import annotations
