@@ -1339,7 +1339,11 @@ def write_doc(doc: Path, sections: dict[str, str]) -> Path:
         "otherwise the gap of the means exceeds the larger sample std. Where "
         "the budget still cuts the paper's setting, any verdict but holds is "
         "**inconclusive (reduced: what was cut)**: a shortened run cannot "
-        "refute a claim. The paper's printed numbers are shown beside ours "
+        "refute a claim. A section not rerun since this rule keeps its "
+        "earlier **holds** (then: every ordering beyond the larger std, "
+        "unpaired); its other earlier verdicts are inconclusive now, since "
+        "every such claim is cut. The paper's printed numbers are shown "
+        "beside ours "
         "and named in the reason when off by more than max(1 point, 2 std); "
         "they do not change the verdict. Rounds to a target: a run that "
         "misses it counts as the whole run (a lower bound). The verdicts "
@@ -1358,7 +1362,7 @@ def write_doc(doc: Path, sections: dict[str, str]) -> Path:
         "14 from other jobs; an idle host is faster). Per claim, the "
         "estimate at its seeds and the measured minutes of the runs behind "
         "its section (one run after another, `nice -n 10`, one thread; the "
-        "FedDC Fashion-MNIST claims with the batched executor):",
+        "FedDC Fashion-MNIST claims sequential, as measured below):",
         "",
         "| claim | arms x seeds | rounds | s / round (measured) | estimate (min) "
         "| measured (min) |",
