@@ -84,7 +84,7 @@ shift
 abs="$(cd "$(dirname "$scenario")" && pwd -P)/$(basename "$scenario")"
 case $abs in
     "$root"/*) rel=${abs#"$root"/} ;;
-    *) die "$scenario is outside the repository ($root); only files inside it reach the cluster" ;;
+    *) die "$scenario is outside the repository ($root); only files inside it reach the cluster. From your own package's folder, submit it with: ray job submit --working-dir . -- fedsim run ... (docs/extending.md, \"Submitting from your own package\")" ;;
 esac
 case $rel in
     results/* | .venv/*) die "$rel is excluded from the upload (cluster/runtime_env.yaml); copy it under scenarios/" ;;

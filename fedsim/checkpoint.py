@@ -86,28 +86,106 @@ def checkpoint_dir(run_dir: Path, next_round: int) -> Path:
     return Path(run_dir) / f"ckpt-{next_round:08d}"
 
 
-def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Write ``tensors`` (copied to the CPU, detached) atomically: a
-    checkpoint written on a GPU resumes on a machine without one."""
+# Which values a server state may hold besides tensors, and how each is kept
+# exactly: Python ints, floats and bools go into the file as they are (torch's
+# weights_only loader reads them); a NumPy array or scalar goes in as a tensor
+# of the same dtype and bits, named in this reserved entry so that it comes
+# back as NumPy. A checkpoint of tensors only is written as before.
+_NUMPY_KEYS = "__fedsim_numpy__"
+STATE_TYPES = (
+    "torch tensors, Python int, float and bool, and NumPy arrays and scalars "
+    "of a bool, integer or floating dtype"
+)
+
+
+def save_tensors(path: Path, tensors: Mapping[str, object]) -> None:
+    """Write a server state (tensors copied to the CPU, detached)
+    atomically: a checkpoint written on a GPU resumes on a machine without
+    one. Besides tensors, a state may hold ints, floats, bools and NumPy
+    arrays (an optimizer's step counter, a moment kept in NumPy); each is
+    read back by :func:`load_tensors` with its type, dtype and bits.
+
+    Raises:
+        CheckpointError: a value of another type (a string, a list, None),
+            or a NumPy dtype torch cannot hold; the message names the key
+            and the types a state may hold.
+    """
     import torch
 
+    out: dict[str, object] = {}
+    numpy: dict[str, str] = {}
+    for key, value in tensors.items():
+        if key == _NUMPY_KEYS:
+            raise CheckpointError(f"server state key {key!r} is reserved by fedsim")
+        if torch.is_tensor(value):
+            out[key] = value.detach().cpu().clone()
+        elif isinstance(value, np.ndarray | np.generic):
+            out[key] = _numpy_tensor(key, value)
+            numpy[key] = "array" if isinstance(value, np.ndarray) else "scalar"
+        elif type(value) in (int, float, bool):  # not a subclass: kept exactly
+            out[key] = value
+        else:
+            raise CheckpointError(
+                f"server state key {key!r} holds a {type(value).__qualname__}, "
+                f"which a checkpoint cannot keep exactly; a state holds {STATE_TYPES}"
+            )
+    if numpy:
+        out[_NUMPY_KEYS] = numpy
     buf = io.BytesIO()
-    torch.save({k: v.detach().cpu().clone() for k, v in tensors.items()}, buf)
+    torch.save(out, buf)
     atomic_write_bytes(path, buf.getvalue())
 
 
-def load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Read tensors written by :func:`save_tensors`, with torch's
+def _numpy_tensor(key: str, value: np.ndarray | np.generic) -> torch.Tensor:
+    """A NumPy array or scalar as a tensor of the same dtype and bits (a
+    copy), or a CheckpointError naming ``key`` for a dtype torch lacks."""
+    import torch
+
+    arr = np.array(value, copy=True)  # a 0-d array for a scalar
+    if arr.dtype.kind not in "biuf":
+        raise CheckpointError(
+            f"server state key {key!r} holds a NumPy {arr.dtype} value; a state "
+            f"holds {STATE_TYPES}"
+        )
+    try:
+        return torch.from_numpy(arr)
+    except TypeError as exc:  # a dtype torch has no tensor of (uint16 on old torch)
+        raise CheckpointError(
+            f"server state key {key!r}: NumPy {arr.dtype} cannot be kept ({exc}); "
+            f"a state holds {STATE_TYPES}"
+        ) from None
+
+
+def load_tensors(path: Path) -> dict[str, Any]:
+    """Read a state written by :func:`save_tensors`, with torch's
     ``weights_only`` loader: a checkpoint is data, never code to run.
 
+    Returns:
+        Each key with what was saved: a tensor, an int, float or bool, or a
+        NumPy array or scalar of the saved dtype.
+
     Raises:
-        CheckpointError: the file holds anything but a dict of tensors.
+        CheckpointError: the file holds anything but such a dict.
     """
     import torch
 
     out = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(out, dict) or any(not torch.is_tensor(v) for v in out.values()):
+    if not isinstance(out, dict):
         raise CheckpointError(f"{path}: not a dict of tensors")
+    numpy = out.pop(_NUMPY_KEYS, {})
+    plain = (int, float, bool)
+    if (
+        not isinstance(numpy, dict)
+        or any(not (torch.is_tensor(v) or type(v) in plain) for v in out.values())
+        or any(
+            not (torch.is_tensor(out.get(k)) and w in ("array", "scalar"))
+            for k, w in numpy.items()
+        )
+    ):
+        raise CheckpointError(f"{path}: not a dict of tensors")
+    for key, kind in numpy.items():
+        arr = out[key].numpy().copy()
+        out[key] = arr if kind == "array" else arr[()]
     return out
 
 

@@ -29,11 +29,11 @@ How the module keeps those promises:
 
 from __future__ import annotations
 
-import contextlib
 import os
+import re
 import shutil
+import sys
 import time
-import types
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -53,8 +53,11 @@ from fedsim.units import duration
 # fedsim.scenario (every plug-in, numpy, pydantic schemas) is imported by the
 # commands that read a scenario, so that `fedsim --help` starts at once.
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from fedsim.scenario import Scenario
     from fedsim.spec import ResourceSpec
+    from fedsim.tracking import OnRound, Tracked
 
 app = typer.Typer(
     add_completion=False,
@@ -83,15 +86,29 @@ AddressOption = Annotated[
     typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q")]
+
+
 # compare and stress: the same names for the same things
+def _installed_algorithms() -> str:
+    """``; installed: a, b`` for the algorithm plug-ins installed packages
+    declare (entry points of ``fedsim.algorithms``, not loaded), or ""."""
+    from fedsim.plugins import installed
+
+    names = sorted(set(installed("algorithm")) - set(REGISTRY))
+    return f"; installed: {', '.join(names)}" if names else ""
+
+
 AlgorithmsOption = Annotated[
     str,
     typer.Option(
         "--algorithms",
         "-a",
-        # the names from the registry, so that a new algorithm is listed
+        # the names from the registry and the installed packages' entry
+        # points, so that a new algorithm (built in or a plug-in) is listed
         help="Comma-separated algorithms, each NAME or NAME:key=value,... "
-        f"(NAME: {', '.join(REGISTRY)}).",
+        f"(NAME: {', '.join(REGISTRY)}{_installed_algorithms()}), or an import "
+        "path module.path:Class or module.path:Class?key=value,... (docs/"
+        "extending.md).",
     ),
 ]
 SeedsOption = Annotated[int, typer.Option("--seeds", min=1, help="Seeds 0..N-1.")]
@@ -194,8 +211,41 @@ def _say(label: str, message: str) -> None:
         message: plain text, escaped: a path or value holding ``[...]`` is
             shown as it is rather than read as markup.
     """
-    text = f"{label} {escape(message)}" if label else escape(message)
+    message = escape(_ANSI.sub("", message))  # Ray colours its errors' text
+    text = f"{label} {message}" if label else message
     err.print(text, highlight=False, soft_wrap=True)
+
+
+# A terminal colour or cursor code (CSI ... final byte), as Ray writes into the
+# text of its task errors: on a log file or a pipe they are noise.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def _is_ray_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of Ray's errors (a task's exception carried back
+    from a worker, a dead actor), without importing Ray for a command that
+    never started it."""
+    errors = sys.modules.get("ray.exceptions")
+    return errors is not None and isinstance(exc, errors.RayError)
+
+
+def _error_text(exc: BaseException) -> str:
+    """The one line that reports ``exc``: its own text, or for an exception
+    raised in a Ray worker the text of its cause and where it was raised
+    (Ray's own text holds the worker's whole traceback, in colour)."""
+    cause = getattr(exc, "cause", None)
+    if _is_ray_error(exc) and isinstance(cause, BaseException):
+        pid = getattr(exc, "pid", "?")
+        text = _error_text(cause) or type(cause).__name__
+        if isinstance(cause, ImportError):  # the worker's environment differs
+            text += (
+                "; a Ray worker must import what this process imports "
+                "(installed, or on a PYTHONPATH the workers inherit)"
+            )
+        return f"{text} (in Ray worker pid {pid})"
+    if _is_ray_error(exc):  # a dead actor or node: Ray's first line says which
+        return _ANSI.sub("", str(exc)).strip().splitlines()[0]
+    return str(exc)
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -221,7 +271,22 @@ def _errors(*kinds: type[Exception], code: int = 2) -> Iterator[None]:
     except typer.Exit:  # a RuntimeError: already said
         raise
     except kinds as exc:
-        _fail(str(exc), code)
+        _fail(_error_text(exc), code)
+
+
+@contextmanager
+def _worker_errors() -> Iterator[None]:
+    """Report an error that a Ray worker raised (not caught as one of the
+    user's by an enclosing :func:`_errors`) as one line, exit 1: the cause
+    and the worker, never Ray's coloured traceback of the worker."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except Exception as exc:
+        if not _is_ray_error(exc):
+            raise  # fedsim's own bug: keep its traceback
+        _fail(_error_text(exc), 1)
 
 
 def _fmt(x: Any, spec: str = ".4f") -> str:
@@ -307,7 +372,7 @@ def run(
             reached["workers"] = n = _start_workers(sc.resources, workers, address)
             with (
                 _progress(sc, quiet, start, sim0, log_every) as on_round,
-                _tracked(trackers, run_dir, sc, on_round) as tr,  # issue 41
+                _tracked(trackers, run_dir, sc.name, on_round) as tr,  # issue 41
             ):
                 result = _run(sc, n, run_dir, resume is not None, tr.on_round)
                 tr.status = result.status
@@ -319,14 +384,17 @@ def run(
     raise typer.Exit(code)
 
 
-def _tracked(trackers: list[str], run_dir: Path, sc: Scenario, on_round: Any) -> Any:
-    """fedsim.tracking.tracked (imported only here: a run without --log
-    never imports it, and gets its own callback back)."""
-    if not trackers:
-        return contextlib.nullcontext(types.SimpleNamespace(on_round=on_round))
+def _tracked(
+    trackers: list[str], run_dir: Path, name: str, on_round: OnRound | None
+) -> AbstractContextManager[Tracked]:
+    """fedsim.tracking.tracked, imported here (its tracker libraries only
+    when ``trackers`` asks for them): without --log it tracks nothing and
+    its ``on_round`` calls the caller's callback alone. The trackers record
+    the resolved scenario from ``run_dir``'s scenario.yaml, under the
+    scenario's ``name`` (the MLflow experiment)."""
     from fedsim.tracking import tracked
 
-    return tracked(trackers, run_dir, sc, on_round)
+    return tracked(trackers, run_dir, name, on_round)
 
 
 def _set_up(
@@ -788,12 +856,13 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
     from fedsim.checkpoint import CheckpointError
     from fedsim.data import DataError, DataMissingError
     from fedsim.executors import PlacementError
+    from fedsim.models import ModelError
     from fedsim.results import UnreadableResults
     from fedsim.runtime import SetupError, run_scenario
 
     # UnreadableResults: a table changed between the resume's check and its load
     kinds: tuple[type[Exception], ...] = (DataMissingError, DataError, SetupError)
-    kinds += (CheckpointError, PlacementError, UnreadableResults)
+    kinds += (CheckpointError, PlacementError, UnreadableResults, ModelError)
     try:
         with _errors(*kinds), _out_of_memory():
             return run_scenario(
@@ -1029,6 +1098,7 @@ def stress(
     run diverged (every table is written first), 130 when interrupted.
     """
     from fedsim.data import DataError, DataMissingError
+    from fedsim.models import ModelError
     from fedsim.scenario import ScenarioError
     from fedsim.stress import parse_sweep, run_stress
 
@@ -1054,8 +1124,9 @@ def stress(
         )
 
     with (
+        _worker_errors(),
         _errors(OSError, RuntimeError, code=1),
-        _errors(ScenarioError, DataMissingError, DataError),
+        _errors(ScenarioError, DataMissingError, DataError, ModelError),
     ):
         path = run_stress(
             scenario,
@@ -1106,6 +1177,7 @@ def compare(
     from fedsim.compare import compare as run_compare
     from fedsim.data import DataMissingError
     from fedsim.results import default_run_dir, prepare_run_dir
+    from fedsim.rows import whole
 
     overrides = list(set_ or [])
     _expect_dir(out_dir, "--out", "an output folder")
@@ -1125,7 +1197,8 @@ def compare(
         )
 
     _maybe_ray(workers, address)
-    with _errors(ValueError, DataMissingError):  # ScenarioError, DataError too
+    # ScenarioError, DataError too; a Ray worker's error as one line
+    with _worker_errors(), _errors(ValueError, DataMissingError):
         table = run_compare(
             scenario,
             names,
@@ -1141,7 +1214,7 @@ def compare(
     text = (run_dir / "compare.md").read_text()
     out.print(text, markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {run_dir}")
-    _exit_if_diverged(sum(int(r["diverged"]) for r in table), "compare.parquet")
+    _exit_if_diverged(sum(whole(r["diverged"]) for r in table), "compare.parquet")
 
 
 # What compare and stress write into --out (runs/: a file per run).

@@ -10,15 +10,22 @@ import math
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple, cast
+from typing import Annotated, ClassVar, Literal, NamedTuple, cast
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 from pydantic import Field, model_validator
 
 from fedsim.fleet import Fleet
 from fedsim.lazy import simpy
 from fedsim.spec import PosFloat
 from fedsim.spec import Spec as _Spec
+
+# Arrays by what they hold: device ids, counts and bytes; times, rates and
+# uniforms; local steps, whole (floor(E n / B)) or expected (float).
+Ints = NDArray[np.int64]
+Floats = NDArray[np.float64]
+Steps = NDArray[np.int64 | np.float64]
 
 # Slack for floor(): compute_time * speed is 4.0 - 1e-15 more often than one
 # would like (2.0 / 0.5 in floats), and a step must not be lost to rounding.
@@ -108,8 +115,8 @@ class JobWork:
     ``unit_cost[i]`` local steps; ``bytes_up[i]`` uploaded, by client id."""
 
     steps: int
-    unit_cost: np.ndarray
-    bytes_up: np.ndarray
+    unit_cost: Floats
+    bytes_up: Ints
 
 
 @dataclass(frozen=True)
@@ -134,11 +141,11 @@ class RunContext:
 
     bytes_down: int
     bytes_up: int
-    n_samples: np.ndarray
+    n_samples: Ints
     batch_size: int
     work: JobWork | None = None
 
-    def up_bytes(self, ids: np.ndarray) -> Any:
+    def up_bytes(self, ids: Ints) -> int | Ints:
         """What the devices ``ids`` upload: a scalar, or one size per device
         when the algorithm's work says (fleet.comm_time takes either)."""
         return self.bytes_up if self.work is None else self.work.bytes_up[ids]
@@ -180,7 +187,7 @@ class RoundPlan:
         return tuple(p for p in self.plans if p.contributes)
 
 
-def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
+def steps_for(epochs: ArrayLike, n_samples: ArrayLike, batch_size: int) -> Steps:
     """Local steps tau = floor(E n_i / B) of E epochs over n_i samples.
 
     A device with 0 < n_i < B does one step per epoch; one without samples
@@ -203,7 +210,7 @@ def steps_for(epochs: Any, n_samples: Any, batch_size: int) -> np.ndarray:
     return np.where(n < batch_size, np.where(n > 0, e, 0), full)
 
 
-def expected_steps(policy: RoundSpec, n_samples: Any, batch_size: int) -> np.ndarray:
+def expected_steps(policy: RoundSpec, n_samples: ArrayLike, batch_size: int) -> Floats:
     """The local steps a device is expected to do per round (float64, [m]):
     ``max_steps``, or under ``fixed_epochs`` :func:`steps_for` in float with
     the mean epochs, counting a device without samples as one with one.
@@ -219,17 +226,19 @@ def expected_steps(policy: RoundSpec, n_samples: Any, batch_size: int) -> np.nda
     lo, hi = policy.epochs_low, policy.epochs_high
     epochs = (lo + hi) / 2.0 if lo is not None and hi is not None else policy.epochs
     assert epochs is not None  # RoundSpec: fixed_epochs has epochs or a range
-    return steps_for(float(epochs), np.maximum(n, 1), batch_size)
+    # float epochs give float64 steps: asarray only states it (no copy)
+    steps = steps_for(float(epochs), np.maximum(n, 1), batch_size)
+    return np.asarray(steps, dtype=np.float64)
 
 
-def _draw_epochs(policy: RoundSpec, n: int, rng: np.random.Generator) -> np.ndarray:
+def _draw_epochs(policy: RoundSpec, n: int, rng: np.random.Generator) -> Ints:
     """An asynchronous job's E (``n`` of them) from its own stream."""
     if policy.epochs_low is not None and policy.epochs_high is not None:
         return rng.integers(policy.epochs_low, policy.epochs_high + 1, size=n)
     return _fixed_epochs(policy, n)
 
 
-def _epochs_from(policy: RoundSpec, u: np.ndarray) -> np.ndarray:
+def _epochs_from(policy: RoundSpec, u: Floats) -> Ints:
     """E_i of a round's devices from their uniforms: uniform on the whole
     numbers of ``[epochs_low, epochs_high]`` by the inverse CDF, or the
     fixed ``epochs``.
@@ -246,7 +255,7 @@ def _epochs_from(policy: RoundSpec, u: np.ndarray) -> np.ndarray:
     return _fixed_epochs(policy, u.size)
 
 
-def _fixed_epochs(policy: RoundSpec, n: int) -> np.ndarray:
+def _fixed_epochs(policy: RoundSpec, n: int) -> Ints:
     if policy.epochs is None:
         raise ValueError("fixed_epochs needs epochs, or epochs_low and epochs_high")
     return np.full(n, policy.epochs, dtype=np.int64)
@@ -330,7 +339,7 @@ def _device(
     work: _Work,
     finish: Callable[[int, str], None],
     every_phase: bool,
-) -> Generator[simpy.Event, Any, None]:
+) -> Generator[simpy.Event, object, None]:
     """One device's job as a SimPy process (SimPy's ``machine_shop`` shape).
 
     Args:
@@ -357,7 +366,7 @@ def _device(
 
 def _leave(
     env: simpy.Environment, device: simpy.Process, delay: float, why: str
-) -> Generator[simpy.Event, Any, None]:
+) -> Generator[simpy.Event, object, None]:
     """Interrupt ``device`` with ``why`` after ``delay`` s, if still running."""
     yield env.timeout(delay)
     if device.is_alive:
@@ -401,15 +410,15 @@ class _Outcome(NamedTuple):
 class _RoundSteps(NamedTuple):
     """A round's step counts before SimPy runs (see :func:`_round_steps`)."""
 
-    tau: np.ndarray  # int64 steps per chosen device
-    skip: np.ndarray  # why it sits the round out ("no_time", "no_data") or ""
-    epochs: np.ndarray | None  # E_i under fixed_epochs with local steps
+    tau: Ints  # int64 steps per chosen device
+    skip: NDArray[np.str_]  # why it sits the round out ("no_time", "no_data") or ""
+    epochs: Ints | None  # E_i under fixed_epochs with local steps
     deadline: float  # when the server stops waiting (inf: never)
 
 
 def plan_round(
     fleet: Fleet,
-    chosen: np.ndarray,
+    chosen: Ints,
     now: float,
     policy: RoundSpec,
     t: int,
@@ -486,11 +495,11 @@ def plan_round(
 
 
 def _plans(
-    ids: np.ndarray,
+    ids: Ints,
     now: float,
     policy: RoundSpec,
     steps: _RoundSteps,
-    slowdown: np.ndarray,
+    slowdown: Floats,
     outcome: dict[int, _Outcome],
 ) -> tuple[Plan, ...]:
     """The round's :class:`Plan` per device, from SimPy's outcomes (devices
@@ -512,11 +521,11 @@ def _plans(
 def _round_steps(
     policy: RoundSpec,
     now: float,
-    rate: np.ndarray,
-    comm_s: np.ndarray,
-    epochs_u: np.ndarray,
+    rate: Floats,
+    comm_s: Floats,
+    epochs_u: Floats,
     ctx: RunContext,
-    ids: np.ndarray,
+    ids: Ints,
 ) -> _RoundSteps:
     """tau per device, why it skips the round ("" if not), epochs, deadline.
 
@@ -541,10 +550,11 @@ def _round_steps(
         skip = np.where(tau == 0, "no_time", "")
         return _RoundSteps(tau, skip, None, now + policy.window_s)
     n = np.asarray(ctx.n_samples, dtype=np.int64)[ids]
-    epochs: np.ndarray | None
+    epochs: Ints | None
     if work is None:
         epochs = _epochs_from(policy, epochs_u)
-        tau = steps_for(epochs, n, ctx.batch_size)
+        # whole epochs give int64 steps: asarray only states it (no copy)
+        tau = np.asarray(steps_for(epochs, n, ctx.batch_size), dtype=np.int64)
     else:  # the algorithm's own job size: epochs do not apply
         epochs, tau = None, np.where(n > 0, work.steps, 0).astype(np.int64)
     deadline = now + policy.deadline_s if policy.deadline_s else math.inf
@@ -606,7 +616,7 @@ def _round_server(
     keep: int | None,
     devices: list[simpy.Process],
     enough: simpy.Event,
-) -> Generator[simpy.Event, Any, float]:
+) -> Generator[simpy.Event, object, float]:
     """The server's wait in a round (see :func:`_run_round`); returns t_end.
 
     Whether an update is late is judged by time (``env.now > deadline`` in
@@ -701,7 +711,7 @@ class Version:
     in_flight: int
 
 
-Chooser = Callable[[np.ndarray, int, int], np.ndarray]
+Chooser = Callable[[Ints, int, int], Ints]
 """``choose(candidates, free, n)``: at most ``free`` distinct ids among the
 sorted int64 ``candidates`` (more than ``free``), ``n`` the count of earlier
 choices: which idle online devices take the timeline's free slots. Called
@@ -720,16 +730,14 @@ def uniform_choice(seed: int) -> Chooser:
         (3, True)
     """
 
-    def choose(candidates: np.ndarray, free: int, n: int) -> np.ndarray:
+    def choose(candidates: Ints, free: int, n: int) -> Ints:
         rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG_DISPATCH, n]))
         return np.sort(rng.choice(candidates, size=free, replace=False))
 
     return choose
 
 
-def _checked_choice(
-    choose: Chooser, candidates: np.ndarray, free: int, n: int
-) -> np.ndarray:
+def _checked_choice(choose: Chooser, candidates: Ints, free: int, n: int) -> Ints:
     """``choose``'s pick, sorted, after checking it is a valid one."""
     picked = np.asarray(choose(candidates.copy(), free, n))
     ints = picked.ndim == 1 and (picked.size == 0 or picked.dtype.kind in "iu")

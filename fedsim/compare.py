@@ -25,13 +25,28 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from fedsim.results import BOOL, F64, I64, STR, schema
-from fedsim.scenario import Scenario, ScenarioError, load_scenario, read_yaml
+from fedsim.rows import Row, nullable, number, text, whole
+from fedsim.scenario import (
+    Scenario,
+    ScenarioError,
+    dump_scenario,
+    load_scenario,
+    read_yaml,
+)
 from fedsim.stats import paired_differences, paired_interval
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+# A finished run: its compare row and its round rows (run_one's result).
+_RunResult = tuple[dict[str, object], list[dict[str, object]]]
+# A colour as matplotlib's colormaps give it: red, green, blue, alpha in [0, 1].
+_RGBA = tuple[float, float, float, float]
 
 # One row per run; stress.parquet shares these first columns.
 RUN_COLUMNS = schema(
@@ -53,27 +68,55 @@ COMPARE_SCHEMA = schema(
 def split_algorithms(text: str) -> list[str]:
     """Split a comma-separated list; ``key=value`` pieces join the one before.
 
+    An algorithm is a registered or installed name, or an import path
+    ``module.path:Class``; its hyperparameters follow ``:`` after a name
+    and ``?`` after an import path (``?`` after a name works too), so that
+    the colon of an import path is never read as the start of settings.
+
     >>> split_algorithms("fedavg,feddc:alpha=0.005,correction=false,scaffold")
     ['fedavg', 'feddc:alpha=0.005,correction=false', 'scaffold']
+    >>> split_algorithms("fedavg,mylab.algos:FedFoo?mu=0.1,beta=2,fedprox?mu=1")
+    ['fedavg', 'mylab.algos:FedFoo?mu=0.1,beta=2', 'fedprox?mu=1']
     """
     out: list[str] = []
     for piece in filter(None, (p.strip() for p in text.split(","))):
-        if "=" in piece and ":" not in piece.split("=", 1)[0] and out:
+        head = piece.split("=", 1)[0]
+        if "=" in piece and ":" not in head and "?" not in head and out:
             out[-1] += "," + piece
         else:
             out.append(piece)
     return out
 
 
-def _parse_label(spec: str) -> tuple[str, dict[str, Any]]:
-    """``name[:key=value,...]`` as the name and the parsed (YAML) values.
+def _split_label(spec: str) -> tuple[str, str]:
+    """``spec`` as (algorithm, settings text): settings follow the first
+    ``?``; without one, the first ``:`` unless what follows it holds no
+    ``=`` (then ``spec`` is an import path ``module:Class`` with none).
+
+    >>> _split_label("mylab.algos:FedFoo?mu=0.1")
+    ('mylab.algos:FedFoo', 'mu=0.1')
+    >>> _split_label("mylab.algos:FedFoo"), _split_label("fedprox:mu=0.1")
+    (('mylab.algos:FedFoo', ''), ('fedprox', 'mu=0.1'))
+    """
+    if "?" in spec:
+        name, _, rest = spec.partition("?")
+        return name, rest
+    name, _, rest = spec.partition(":")
+    if rest.strip() and "=" not in rest:
+        return spec, ""  # module.path:Class
+    return name, rest
+
+
+def _parse_label(spec: str) -> tuple[str, dict[str, object]]:
+    """``name[:key=value,...]`` or ``module:Class[?key=value,...]`` as the
+    algorithm and the parsed (YAML) values.
 
     Raises:
         ScenarioError: a piece that is not ``key=value``, or a value that is
             not YAML; the message quotes the whole label.
     """
-    name, _, rest = spec.partition(":")
-    values: dict[str, Any] = {}
+    name, rest = _split_label(spec)
+    values: dict[str, object] = {}  # YAML scalars, lists, mappings
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
@@ -90,6 +133,8 @@ def canonical_label(spec: str) -> str:
     'fedprox:mu=0.5'
     >>> canonical_label("feddc:alpha=5e-3,correction=False")
     'feddc:alpha=0.005,correction=false'
+    >>> canonical_label("mylab.algos:FedFoo?mu=1e-1"), canonical_label("fedprox?mu=1")
+    ('mylab.algos:FedFoo?mu=0.1', 'fedprox:mu=1')
     """
     name, values = _parse_label(spec)
     if not values:
@@ -97,10 +142,13 @@ def canonical_label(spec: str) -> str:
     shown = [
         f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in values.items()
     ]
-    return name + ":" + ",".join(shown)
+    # an import path's own colon: its settings follow "?"
+    return name + ("?" if ":" in name else ":") + ",".join(shown)
 
 
-def algorithm_section(spec: str, scenario_section: dict[str, Any]) -> dict[str, Any]:
+def algorithm_section(
+    spec: str, scenario_section: Mapping[str, object]
+) -> dict[str, object]:
     """The ``algorithm`` section for ``name[:key=value,...]``.
 
     >>> algorithm_section("fedprox:mu=0.001", {"name": "fednova"})
@@ -110,7 +158,7 @@ def algorithm_section(spec: str, scenario_section: dict[str, Any]) -> dict[str, 
     """
     name, values = _parse_label(spec)
     own = scenario_section.get("name") == name
-    section: dict[str, Any] = dict(scenario_section) if own else {"name": name}
+    section: dict[str, object] = dict(scenario_section) if own else {"name": name}
     return section | values
 
 
@@ -147,7 +195,7 @@ def file_stems(labels: Iterable[str]) -> dict[str, str]:
     return stems
 
 
-def _own_algorithm(scenario_path: str | Path) -> dict[str, Any]:
+def _own_algorithm(scenario_path: str | Path) -> dict[str, object]:
     """The scenario file's ``algorithm`` mapping, or {} (load_scenario reports why).
 
     A label naming the scenario's own algorithm starts from this section, so
@@ -168,7 +216,7 @@ def _own_algorithm(scenario_path: str | Path) -> dict[str, Any]:
 TOOL_FIELDS = {
     "seed": "sets the seed of each run itself (0..N-1); use --seeds",
     "algorithm": "sets the algorithm of each run itself; use --algorithms "
-    "(hyperparameters as name:key=value)",
+    "(hyperparameters as name:key=value, or module.path:Class?key=value)",
     "resources.workers": "trains each run in one process; use --workers for "
     "how many runs go at once",
     "checkpoint": "writes no checkpoints (a run is not resumed)",
@@ -221,7 +269,7 @@ def load_variant(
     label: str,
     seed: int,
     overrides: Sequence[str] = (),
-    cell: Mapping[str, Any] | None = None,
+    cell: Mapping[str, object] | None = None,
 ) -> tuple[Scenario, str]:
     """The scenario with ``label``'s algorithm section, ``seed`` and the
     ``cell``'s settings, and its mode (``sync`` or ``async``).
@@ -230,13 +278,7 @@ def load_variant(
     the asynchronous timeline with the same work per job (mode ``async``); a
     synchronous algorithm on an asynchronous scenario is refused.
     """
-    section = algorithm_section(label, _own_algorithm(scenario_path))
-    items = [
-        *overrides,
-        *(f"{p}={json.dumps(v)}" for p, v in (cell or {}).items()),
-        f"algorithm={json.dumps(section)}",
-        f"seed={seed}",
-    ]
+    items = _variant_items(scenario_path, label, seed, overrides, cell)
     sc = load_scenario(scenario_path, items)
     is_async = hasattr(sc.algorithm, "aggregate_async")  # a plug-in's too
     if is_async and sc.round.policy != "async":
@@ -250,11 +292,30 @@ def load_variant(
     return sc, "async" if sc.round.policy == "async" else "sync"
 
 
+def _variant_items(
+    scenario_path: str | Path,
+    label: str,
+    seed: int,
+    overrides: Sequence[str],
+    cell: Mapping[str, object] | None,
+) -> list[str]:
+    """The ``path=value`` overrides of one variant, in the order they apply:
+    the run's ``overrides``, the ``cell``'s settings, then ``label``'s
+    algorithm section and the ``seed`` (which no earlier item may change)."""
+    section = algorithm_section(label, _own_algorithm(scenario_path))
+    return [
+        *overrides,
+        *(f"{p}={json.dumps(v)}" for p, v in (cell or {}).items()),
+        f"algorithm={json.dumps(section)}",
+        f"seed={seed}",
+    ]
+
+
 def check_variants(
     scenario_path: str | Path,
     algorithms: Sequence[str],
     overrides: Sequence[str] = (),
-    cells: Sequence[Mapping[str, Any]] = ({},),
+    cells: Sequence[Mapping[str, object]] = ({},),
 ) -> list[str]:
     """The canonical labels of ``algorithms``, once every variant (in every
     cell) has validated, before anything runs.
@@ -289,7 +350,7 @@ def run_one(
     seed: int,
     overrides: Sequence[str] = (),
     target_accuracy: float | None = None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[dict[str, object], list[dict[str, object]]]:
     """Run one (algorithm, seed) in this process (a plain function: with Ray
     it runs as a task); return its compare row and its round rows.
 
@@ -307,33 +368,38 @@ def run_one(
     summary = result.summary()
     target = math.inf if target_accuracy is None else target_accuracy
     hit = next((r for r in rows if _ge(r["test_accuracy"], target)), None)
-    chi2 = [r["chi2_pw"] for r in rows if math.isfinite(r["chi2_pw"])]
-    losses = [r["train_loss"] for r in rows if math.isfinite(r["train_loss"])]
+    chi2 = [x for x in _column(rows, "chi2_pw") if math.isfinite(x)]
+    losses = [x for x in _column(rows, "train_loss") if math.isfinite(x)]
     objective = _points(rows, "round", "train_objective")  # F(x), where on
-    last_loss = rows[-1]["test_loss"] if rows else 0.0
+    last_loss = number(rows[-1]["test_loss"], "test_loss") if rows else 0.0
     diverged = result.status == "diverged" or not math.isfinite(last_loss)
     out = {
         **run_fields(label, sc, mode, seed, len(rows), diverged),
-        "final_accuracy": _num(summary["final_test_accuracy"]),
-        "best_accuracy": _num(summary["best_test_accuracy"]),
-        "final_test_loss": _num(summary["final_test_loss"]),
+        "final_accuracy": nullable(summary["final_test_accuracy"]),
+        "best_accuracy": nullable(summary["best_test_accuracy"]),
+        "final_test_loss": nullable(summary["final_test_loss"]),
         "final_train_loss": losses[-1] if losses else math.nan,
         "final_objective": objective[-1][1] if objective else math.nan,
-        "rounds_to_target": None if hit is None else int(hit["round"]) + 1,
-        "time_to_target_s": None if hit is None else float(hit["sim_time"]),
+        "rounds_to_target": None if hit is None else whole(hit["round"]) + 1,
+        "time_to_target_s": None if hit is None else number(hit["sim_time"]),
         "sim_time_s": float(summary["sim_time_s"]),
         "bytes_down": int(summary["bytes_down"]),
         "bytes_up": int(summary["bytes_up"]),
-        "bytes_up_to_target": None if hit is None else int(hit["bytes_up_cum"]),
+        "bytes_up_to_target": None if hit is None else whole(hit["bytes_up_cum"]),
         "mean_chi2_pw": float(np.mean(chi2)) if chi2 else math.nan,
         "wall_time_s": result.wall_time_s,
     }
     return out, rows
 
 
+def _column(rows: Sequence[Row], key: str) -> list[float]:
+    """``key``'s value in every row, as floats (a numeric column)."""
+    return [number(r[key], key) for r in rows]
+
+
 def with_uploads(
-    rows: Sequence[dict[str, Any]], clients: Sequence[dict[str, Any]]
-) -> list[dict[str, Any]]:
+    rows: Sequence[Row], clients: Sequence[Row]
+) -> list[dict[str, object]]:
     """Copies of the round rows with ``bytes_up_cum``: the bytes clients
     uploaded in that round (or server version) and every one before it.
 
@@ -344,14 +410,14 @@ def with_uploads(
     """
     per_round: Counter[int] = Counter()
     for c in clients:
-        per_round[int(c["round"])] += int(c["bytes_up"])
-    totals = itertools.accumulate(per_round[int(r["round"])] for r in rows)
+        per_round[whole(c["round"], "round")] += whole(c["bytes_up"], "bytes_up")
+    totals = itertools.accumulate(per_round[whole(r["round"], "round")] for r in rows)
     return [{**r, "bytes_up_cum": total} for r, total in zip(rows, totals, strict=True)]
 
 
 def run_fields(
     label: str, sc: Scenario, mode: str, seed: int, rounds: int, diverged: bool
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The first columns of every run's row (:data:`RUN_COLUMNS`)."""
     values = (label, sc.algorithm.name, mode, seed, rounds, diverged)
     return dict(zip(RUN_COLUMNS.names, values, strict=False))
@@ -369,20 +435,23 @@ def _ray_ready(workers: int | None) -> bool:
     return ray.is_initialized()
 
 
+_Result = TypeVar("_Result")
+
+
 def run_jobs(
-    fn: Callable[..., Any],
-    jobs: Sequence[tuple[Any, ...]],
+    fn: Callable[..., _Result],
+    jobs: Sequence[tuple[object, ...]],
     workers: int | None,
-    done: Callable[[Any, list[Any]], None],
-) -> list[Any]:
+    done: Callable[[_Result, list[_Result]], None],
+) -> list[_Result]:
     """``fn(*job)`` for every job: ``workers`` 0 in this process one after
     another; n >= 1 as Ray tasks of one CPU, at most n at once (Ray must be
     up); None as Ray tasks, one per CPU, when Ray is initialised. As each run
     ends (in any order with Ray), ``done`` gets its result and the results so
     far in job order; returns them all in job order."""
-    finished: dict[int, Any] = {}
+    finished: dict[int, _Result] = {}
 
-    def record(i: int, result: Any) -> None:
+    def record(i: int, result: _Result) -> None:
         # ``done`` sees the runs so far in job order, so the tables it
         # writes list them in the same order however Ray finished them
         finished[i] = result
@@ -400,7 +469,7 @@ def run_jobs(
         task = ray.remote(num_cpus=1)(fn)
         limit = workers or int(max(1, ray.cluster_resources().get("CPU", 1)))
         todo = list(enumerate(jobs))
-        pending: dict[Any, int] = {}  # object ref -> job index
+        pending: dict[ray.ObjectRef[_Result], int] = {}  # ref -> job index
         while todo or pending:
             while todo and len(pending) < limit:
                 i, job = todo.pop(0)
@@ -410,26 +479,22 @@ def run_jobs(
     return [finished[k] for k in sorted(finished)]
 
 
-def _ge(x: Any, target: float) -> bool:
+def _ge(x: object, target: float) -> bool:
     """Whether ``x`` is a finite number at least ``target`` (NaN, None and
     inf never reach a target: not evaluated, or diverged)."""
     return isinstance(x, float | int) and math.isfinite(x) and x >= target
 
 
-def _num(x: Any) -> float:
-    """summary.json's null as NaN, for a float column."""
-    return math.nan if x is None else float(x)
-
-
-def _stats(values: Sequence[float]) -> tuple[float, float]:
+def _stats(values: Sequence[object]) -> tuple[float, float]:
     """Mean and sample std of the finite values (None and NaN left out)."""
-    v = np.array([x for x in values if x is not None and math.isfinite(x)])
+    present = [number(x) for x in values if x is not None]
+    v = np.array([x for x in present if math.isfinite(x)])
     if v.size == 0:
         return math.nan, math.nan
     return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan
 
 
-def _spread(rs: Sequence[dict[str, Any]], keys: str, suffix: str) -> dict[str, float]:
+def _spread(rs: Sequence[Row], keys: str, suffix: str) -> dict[str, float]:
     """``_stats`` of each space-separated key over ``rs``, as key, key+suffix."""
     out: dict[str, float] = {}
     for key in keys.split():
@@ -496,11 +561,11 @@ def resolve_baseline(baseline: str | None, labels: Sequence[str]) -> str:
 
 
 def paired_table(
-    runs: Sequence[Mapping[str, Any]],
+    runs: Sequence[Row],
     baseline: str,
     metrics: Sequence[PairedMetric] = PAIRED_METRICS,
     by: Sequence[str] = (),
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """Each arm against ``baseline``, seed by seed: one row per (group, arm,
     metric) with the mean difference (arm - baseline), its 95% Student t
     interval over seeds and the verdict (:func:`fedsim.stats.paired_interval`).
@@ -532,8 +597,8 @@ def paired_table(
                 continue
             for m in metrics:
                 diffs = paired_differences(
-                    {r["seed"]: r.get(m.key) for r in arm},
-                    {r["seed"]: r.get(m.key) for r in base},
+                    {whole(r["seed"], "seed"): r.get(m.key) for r in arm},
+                    {whole(r["seed"], "seed"): r.get(m.key) for r in base},
                 )
                 if not diffs:
                     continue
@@ -562,7 +627,7 @@ def _signed(x: float, scale: float, digits: int) -> str:
 
 
 def format_paired(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[Row],
     metrics: Sequence[PairedMetric] = PAIRED_METRICS,
     lead: Sequence[str] = (),
 ) -> list[str]:
@@ -583,21 +648,21 @@ def format_paired(
         "|---" * (len(lead) + 6) + "|",
     ]
     for r in rows:
-        m = by_key[r["metric"]]
+        m = by_key[text(r["metric"], "metric")]
         digits = 1 if m.scale != 1 or m.unit in ("rounds", "s") else 4
         what = f"{m.label} ({m.unit})" if m.unit else m.label
-        lo, hi = (_signed(r[k], m.scale, digits) for k in ("lo", "hi"))
-        interval = f"[{lo}, {hi}]" if r["seeds"] > 1 else "n/a (one seed)"
+        lo, hi = (_signed(number(r[k], k), m.scale, digits) for k in ("lo", "hi"))
+        interval = f"[{lo}, {hi}]" if whole(r["seeds"]) > 1 else "n/a (one seed)"
         cells = "".join(f"| {_cell(r[k])} " for k in lead)
         lines.append(
             f"{cells}| {r['algorithm']} | {what} | {r['seeds']} "
-            f"| {_signed(r['mean'], m.scale, digits)} | {interval} "
+            f"| {_signed(number(r['mean']), m.scale, digits)} | {interval} "
             f"| {r['verdict']} |"
         )
     return lines
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     """A swept value as the tables print it (strings as they are)."""
     return value if isinstance(value, str) else json.dumps(value)
 
@@ -614,8 +679,8 @@ def paired_note(baseline: str) -> str:
 
 
 def summarize_runs(
-    runs: Sequence[dict[str, Any]], target_accuracy: float | None = None
-) -> list[dict[str, Any]]:
+    runs: Sequence[Row], target_accuracy: float | None = None
+) -> list[dict[str, object]]:
     """Per algorithm (in first-seen order): mean and sample std over seeds.
 
     Args:
@@ -631,7 +696,7 @@ def summarize_runs(
     mean_chi2_pw rounds_to_target time_to_target_s bytes_up_to_target"""  # None: missed
     for label in dict.fromkeys(r["algorithm"] for r in runs):
         rs = [r for r in runs if r["algorithm"] == label]
-        traffic = [r["bytes_down"] + r["bytes_up"] for r in rs]
+        traffic = [whole(r["bytes_down"]) + whole(r["bytes_up"]) for r in rs]
         table.append(
             {
                 "algorithm": label,
@@ -640,7 +705,7 @@ def summarize_runs(
                 **_spread(rs, keys, "_std"),
                 "reached_target": sum(r["rounds_to_target"] is not None for r in rs),
                 "bytes_per_run": float(np.mean(traffic)),
-                "bytes_up_per_run": float(np.mean([r["bytes_up"] for r in rs])),
+                "bytes_up_per_run": float(np.mean(_column(rs, "bytes_up"))),
                 "diverged": sum(bool(r["diverged"]) for r in rs),
                 "target_accuracy": target_accuracy,
             }
@@ -656,6 +721,13 @@ def _pm(mean: float, std: float, scale: float = 1.0, digits: int = 2) -> str:
     return f"{mean * scale:.{digits}f} ± {spread}"
 
 
+def _pm_of(
+    r: Row, key: str, scale: float = 1.0, digits: int = 2, spread: str = "_std"
+) -> str:
+    """:func:`_pm` of a summary row's ``key`` and its spread, ``key + spread``."""
+    return _pm(number(r[key], key), number(r[key + spread], key), scale, digits)
+
+
 def _bytes(n: float) -> str:
     """``n`` bytes in decimal units (kB, MB, GB), as network traffic is
     counted; e.g. ``_bytes(2.5e6) == "2.50 MB"``."""
@@ -666,7 +738,7 @@ def _bytes(n: float) -> str:
 
 
 def format_markdown(
-    table: Sequence[dict[str, Any]],
+    table: Sequence[Row],
     title: str,
     notes: Sequence[str] = (),
 ) -> str:
@@ -682,6 +754,7 @@ def format_markdown(
         where no seed reached the target, "(k/n reached)" where some did.
     """
     target = next((r["target_accuracy"] for r in table), None)
+    target = None if target is None else number(target, "target_accuracy")
     lines = [f"# {title}", "", *(f"- {n}" for n in notes), *([""] if notes else [])]
     t_head = f"to {target * 100:g}%" if target is not None else "to target"
     lines.append(
@@ -696,17 +769,17 @@ def format_markdown(
         if target is not None:
             rounds = "not reached"
             if k:
-                rounds = _pm(r["rounds_to_target"], r["rounds_to_target_std"], digits=1)
+                rounds = _pm_of(r, "rounds_to_target", digits=1)
                 rounds += "" if k == n else f" ({k}/{n} reached)"
-                up_t = _bytes(r["bytes_up_to_target"])
-            time_s = _pm(r["time_to_target_s"], r["time_to_target_s_std"], digits=1)
+                up_t = _bytes(number(r["bytes_up_to_target"]))
+            time_s = _pm_of(r, "time_to_target_s", digits=1)
         lines.append(
             f"| {r['algorithm']}{' (async)' if r['mode'] == 'async' else ''} | {n} "
-            f"| {_pm(r['final_accuracy'], r['final_accuracy_std'], 100)} "
-            f"| {_pm(r['best_accuracy'], r['best_accuracy_std'], 100)} "
-            f"| {_pm(r['final_test_loss'], r['final_test_loss_std'], digits=4)} "
-            f"| {rounds} | {time_s} | {up_t} | {_bytes(r['bytes_per_run'])} "
-            f"| {_bytes(r['bytes_up_per_run'])} | {r['diverged']}/{n} |"
+            f"| {_pm_of(r, 'final_accuracy', 100)} "
+            f"| {_pm_of(r, 'best_accuracy', 100)} "
+            f"| {_pm_of(r, 'final_test_loss', digits=4)} "
+            f"| {rounds} | {time_s} | {up_t} | {_bytes(number(r['bytes_per_run']))} "
+            f"| {_bytes(number(r['bytes_up_per_run']))} | {r['diverged']}/{n} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -718,11 +791,11 @@ def compare(
     overrides: Sequence[str] | None = None,
     out_dir: str | Path | None = None,
     target_accuracy: float | None = None,
-    progress: Callable[[dict[str, Any]], None] | None = None,
+    progress: Callable[[dict[str, object]], None] | None = None,
     workers: int | None = 0,
     baseline: str | None = None,
     log: Sequence[str] = (),
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """Run every algorithm for seeds 0..seeds-1; return the summary table rows.
 
     Args:
@@ -763,20 +836,20 @@ def compare(
         for seed in range(seeds)
     ]
 
-    def finish(res: tuple[dict[str, Any], Any], so_far: list[Any]) -> None:
+    def finish(res: _RunResult, so_far: list[_RunResult]) -> None:
         # Written as each run ends (atomically): an interrupted comparison
         # keeps every finished run's rows and a compare.md of them.
         row, rounds = res
         runs = [r for r, _ in so_far]
+        arm, seed = text(row["algorithm"], "algorithm"), whole(row["seed"], "seed")
         if out is not None:  # each run's rounds, then the tables so far
-            name = f"{stems[row['algorithm']]}-seed{row['seed']}.parquet"
+            name = f"{stems[arm]}-seed{seed}.parquet"
             write_table(out / "runs" / name, rounds, ROUND_SCHEMA)
             _write_tables(out, runs, scenario_path, overrides, target_accuracy, base)
         if group is not None:  # issue 41: one tracked run per arm and seed
-            arm, seed = row["algorithm"], row["seed"]
             sc = load_variant(scenario_path, arm, seed, overrides)[0]
             name = f"{stems[arm]}-seed{seed}"
-            group.log_run(name, sc, rounds, arm=arm, seed=seed)
+            group.log_run(name, dump_scenario(sc), rounds, arm=arm, seed=seed)
         if progress is not None:
             progress(row)
 
@@ -792,7 +865,7 @@ def compare(
 
 
 def _write_figures(
-    out: Path, results: Sequence[Any], target: float | None, baseline: str
+    out: Path, results: Sequence[_RunResult], target: float | None, baseline: str
 ) -> None:
     """compare.png and paired.png, once every run has ended."""
     from fedsim.plots import plot_paired
@@ -804,7 +877,7 @@ def _write_figures(
 
 def _write_tables(
     out: Path,
-    runs: list[dict[str, Any]],
+    runs: list[dict[str, object]],
     scenario_path: str | Path,
     overrides: Sequence[str],
     target_accuracy: float | None,
@@ -822,7 +895,7 @@ def _write_tables(
     write_table(out / "paired.parquet", paired, PAIRED_SCHEMA)
     notes = [
         f"scenario: `{scenario_path}`",
-        f"seeds: {', '.join(map(str, sorted({r['seed'] for r in runs})))}",
+        f"seeds: {', '.join(map(str, sorted({whole(r['seed']) for r in runs})))}",
         f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
         "accuracy and loss: the scenario's test set, mean ± sample std over seeds",
     ]
@@ -835,7 +908,7 @@ def _write_tables(
     atomic_write_bytes(out / "compare.md", text.encode())
 
 
-def _colors(names: Iterable[str]) -> dict[str, Any]:
+def _colors(names: Iterable[str]) -> dict[str, _RGBA]:
     """A tab10 colour per name, in first-seen order."""
     from matplotlib import colormaps
 
@@ -843,25 +916,25 @@ def _colors(names: Iterable[str]) -> dict[str, Any]:
 
 
 def _points(
-    rounds: list[dict[str, Any]], x_key: str, y_key: str = "test_accuracy"
+    rounds: Sequence[Row], x_key: str, y_key: str = "test_accuracy"
 ) -> list[tuple[float, float]]:
     """(x, y) of a run's rounds with a finite ``y_key`` (accuracy: the
     evaluated rounds); rounds counted from 1."""
     shift = 1.0 if x_key == "round" else 0.0
     return [
-        (float(r[x_key]) + shift, float(r[y_key]))
+        (number(r[x_key], x_key) + shift, number(r[y_key], y_key))
         for r in rounds
         if _ge(r.get(y_key), -math.inf)
     ]
 
 
-def has_objective(rounds: list[dict[str, Any]]) -> bool:
+def has_objective(rounds: Sequence[Row]) -> bool:
     """Whether a run's rows have a finite ``train_objective`` (F(x))."""
     return bool(_points(rounds, "round", "train_objective"))
 
 
 def _band(
-    curves: Sequence[list[dict[str, Any]]],
+    curves: Sequence[Sequence[Row]],
     x_key: str,
     grid: np.ndarray,
     y_key: str = "test_accuracy",
@@ -878,10 +951,10 @@ def _band(
 
 
 def _draw_band(
-    ax: Any,
-    mine: list[list[dict[str, Any]]],
+    ax: Axes,
+    mine: Sequence[Sequence[Row]],
     keys: tuple[str, str],
-    color: Any,
+    color: _RGBA,
     label: str,
 ) -> None:
     """One algorithm's curve on ``ax``: the mean over its seeds, the min-max
@@ -895,7 +968,7 @@ def _draw_band(
         label: the legend's label.
     """
     x_key, y_key = keys
-    xs = [float(r[x_key]) for c in mine for r in c]
+    xs = [number(r[x_key], x_key) for c in mine for r in c]
     if not xs:
         return
     lo = 1.0 if x_key == "round" else 0.0
@@ -907,7 +980,7 @@ def _draw_band(
         ax.plot(*np.array(pts).T, color=color, linewidth=0.6, alpha=0.4)
 
 
-def _frame_objective(ax: Any, curves: list[list[dict[str, Any]]], xlabel: str) -> None:
+def _frame_objective(ax: Axes, curves: Sequence[Sequence[Row]], xlabel: str) -> None:
     """The F(x) panel's labels; a log scale when the values of all runs span
     over two decades."""
     pts = [y for c in curves for _, y in _points(c, "round", "train_objective")]
@@ -918,7 +991,7 @@ def _frame_objective(ax: Any, curves: list[list[dict[str, Any]]], xlabel: str) -
 
 
 def plot_compare(
-    results: Sequence[tuple[dict[str, Any], list[dict[str, Any]]]],
+    results: Sequence[tuple[Row, Sequence[Row]]],
     target: float | None,
     path: Path,
 ) -> Path:
@@ -928,9 +1001,12 @@ def plot_compare(
     (``eval.objective_every``), a fourth panel draws F(x) against rounds."""
     from fedsim.plots import _new_figure, _save
 
-    colors = _colors(row["algorithm"] for row, _ in results)
+    colors = _colors(text(row["algorithm"], "algorithm") for row, _ in results)
     curves = [
-        (row["algorithm"], [{**r, "upload_mb": r["bytes_up_cum"] / 1e6} for r in c])
+        (
+            row["algorithm"],
+            [{**r, "upload_mb": number(r["bytes_up_cum"]) / 1e6} for r in c],
+        )
         for row, c in results
     ]
     panels = [

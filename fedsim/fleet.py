@@ -11,9 +11,10 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, NamedTuple, TypedDict
 
 import numpy as np
+from numpy.typing import ArrayLike
 from pydantic import Field, ValidationInfo, model_validator
 
 from fedsim.presets import NETWORK_PRESETS, SPEED_PRESETS, WORKLOADS, speed_preset
@@ -143,7 +144,7 @@ class SpeedSpec(_Choice):
 
     @model_validator(mode="before")
     @classmethod
-    def _fill_from_preset(cls, data: Any) -> Any:
+    def _fill_from_preset(cls, data: object) -> object:
         """A ``preset`` (measured phones, docs/fleets.md "Speed") becomes the
         distribution it stands for: one tier a ``lognormal``, several a
         ``mixture``. Fields given in the scenario win over the preset's."""
@@ -239,7 +240,7 @@ class SpeedSpec(_Choice):
         return median * math.exp(self.sigma * _normal_quantile(q))
 
 
-def _preset_args_ok(name: Any, workload: Any, scale: Any) -> bool:
+def _preset_args_ok(name: object, workload: object, scale: object) -> bool:
     """Whether a speed preset's arguments have usable types and range (if
     not, the preset is left alone and the field validators report it)."""
     return (
@@ -301,14 +302,16 @@ class NetworkSpec(_Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _fill_from_preset(cls, data: Any) -> Any:
+    def _fill_from_preset(cls, data: object) -> object:
         """A network ``preset`` fills in the fields left out (its medians
         become ``down_mbps`` / ``up_mbps``).
 
         Raises:
             ValueError: an unknown preset name (listing the known ones).
         """
-        name = data.get("preset") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return data  # not a mapping: the field validation says so
+        name = data.get("preset")
         if not isinstance(name, str):
             return data  # no preset, or the field validator says what is wrong
         if name not in NETWORK_PRESETS:
@@ -432,7 +435,7 @@ class DeviceGroup(_Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _read_trace(cls, data: Any, info: ValidationInfo) -> Any:
+    def _read_trace(cls, data: object, info: ValidationInfo) -> object:
         """Resolve a trace file (relative to the scenario's folder, from the
         validation context's ``base_dir``) and take ``count`` from its rows.
 
@@ -440,7 +443,9 @@ class DeviceGroup(_Spec):
             ValueError: the file cannot be read as a trace, or ``count``
                 disagrees with its number of rows.
         """
-        trace = data.get("trace") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return data  # not a mapping: the field validation says so
+        trace = data.get("trace")
         if isinstance(trace, str):
             trace = {"file": trace}
         elif isinstance(trace, TraceSpec):
@@ -536,7 +541,7 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
     The availability kernel is counter-based: the uniform of device i's
     interval k is a hash of (seed, i, k), not the n-th output of a stream.
-    Any interval of any device can then be drawn directly, in any order and
+    Every interval of every device can then be drawn directly, in any order and
     any grouping of devices, with the same bits: what makes ``online(t)``
     cheap, resumable and independent of which devices were asked before.
     """
@@ -1116,7 +1121,7 @@ class Fleet:
         down = 8.0 * bytes_down / self.down_bps[idx] + lat
         return down, 8.0 * bytes_up / self.up_bps[idx] + lat
 
-    def round_draws(self, devices: Any, t: int) -> RoundDraws:
+    def round_draws(self, devices: ArrayLike, t: int) -> RoundDraws:
         """The uniforms deciding each device's behaviour in round ``t``.
 
         Common random numbers: device i's uniforms in round t are a hash of
@@ -1149,7 +1154,7 @@ class Fleet:
         u = _unit(_splitmix64(cell[:, None] ^ _ROUND_SLOTS[None, :]))
         return RoundDraws(slowdown=u[:, 0:2], epochs=u[:, 2], dropout=u[:, 3:5])
 
-    def draw_slowdowns(self, devices: Any, u: np.ndarray) -> np.ndarray:
+    def draw_slowdowns(self, devices: ArrayLike, u: np.ndarray) -> np.ndarray:
         """The straggler factor (>= 1) of each device for one round or job.
 
         Args:
@@ -1179,7 +1184,9 @@ class Fleet:
         slowed = u[:, 0] < self.straggler_p[idx]
         return np.where(slowed, factor, 1.0)
 
-    def draw_dropouts(self, devices: Any, u: np.ndarray, work_s: Any) -> np.ndarray:
+    def draw_dropouts(
+        self, devices: ArrayLike, u: np.ndarray, work_s: ArrayLike
+    ) -> np.ndarray:
         """Seconds after its start at which each device drops out of this
         round or job (uniform in ``[0, work_s)``), or ``inf``.
 
@@ -1249,20 +1256,28 @@ def _device_normals(
     return z, tier_u, net_z
 
 
-def _straggler_fields(spec: FleetSpec, group: np.ndarray) -> dict[str, Any]:
+class _StragglerFields(TypedDict):
+    """:class:`Fleet`'s straggler fields (see its attributes)."""
+
+    straggler_p: np.ndarray
+    slowdowns: tuple[SlowdownSpec, ...]
+    dropout_p: np.ndarray
+
+
+def _straggler_fields(spec: FleetSpec, group: np.ndarray) -> _StragglerFields:
     """The fleet's straggler fields: per-device probabilities (each group's
     own model, else the fleet's) and per-group slowdown laws."""
     stragglers = [spec.stragglers_of(gi) for gi in range(len(spec.groups))]
-    return {
-        "straggler_p": np.array([s.p for s in stragglers])[group],
-        "slowdowns": tuple(s.slowdown for s in stragglers),
-        "dropout_p": np.array([s.dropout_p for s in stragglers])[group],
-    }
+    return _StragglerFields(
+        straggler_p=np.array([s.p for s in stragglers])[group],
+        slowdowns=tuple(s.slowdown for s in stragglers),
+        dropout_p=np.array([s.dropout_p for s in stragglers])[group],
+    )
 
 
 def _group_devices(
     g: DeviceGroup, z: np.ndarray, tier_u: np.ndarray, net_z: np.ndarray
-) -> tuple[Any, Any, Any, Any, Intervals | None]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | float, Intervals | None]:
     """One group's (speed, down bit/s, up bit/s, latency, trace intervals),
     read from its trace or drawn from its devices' normals and uniforms."""
     if g.trace is not None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -36,10 +36,13 @@ from pydantic import Field, model_validator
 from fedsim.data.base import FederatedData
 from fedsim.data.errors import DataError
 from fedsim.data.partition import dirichlet_feddc, iid
+from fedsim.rows import Row, whole
 from fedsim.spec import NonNegFloat, PosFloat, Spec
 
 if TYPE_CHECKING:
+    from fedsim.facts import RunFacts
     from fedsim.fleet import Fleet, FleetSpec
+    from fedsim.traces import Intervals
 
 _TAG = 0x11A7C  # separates the links' random streams from other uses of the seed
 Corr = Annotated[float, Field(ge=-1, le=1)]
@@ -363,8 +366,8 @@ def online_fraction(fleet: Fleet) -> np.ndarray:
     return frac
 
 
-def _trace_fraction(iv: Any) -> np.ndarray:
-    """Covered fraction of each trace device (a :class:`fedsim.traces.Intervals`)."""
+def _trace_fraction(iv: Intervals) -> np.ndarray:
+    """Covered fraction of each trace device."""
     finite = iv.end[np.isfinite(iv.end)]
     horizon = iv.period_s or max(float(finite.max()) if finite.size else 0.0, 1.0)
     owner = np.repeat(np.arange(iv.size), np.diff(iv.offsets))
@@ -653,7 +656,7 @@ def _group_rows(
 
 
 def _split_group(
-    rows: Any,
+    rows: np.ndarray,
     labels: np.ndarray,
     count: int,
     spec: GroupDataSpec,
@@ -679,9 +682,9 @@ def _split_group(
 # -------------------------------------------------------- measurements
 
 
-def _by_client(clients: Sequence[Mapping[str, Any]], m: int) -> tuple[np.ndarray, ...]:
+def _by_client(clients: Sequence[Row], m: int) -> tuple[np.ndarray, ...]:
     """(times selected, updates that reached the server) per client id."""
-    ids = np.array([int(c["client_id"]) for c in clients], dtype=np.int64)
+    ids = np.array([whole(c["client_id"], "client_id") for c in clients], np.int64)
     done = np.array([not c["dropped"] for c in clients], dtype=bool)
     return (
         np.bincount(ids, minlength=m),
@@ -698,8 +701,8 @@ def realised_links(
     links: LinksSpec | None,
     fleet: Fleet,
     data: FederatedData,
-    clients: Sequence[Mapping[str, Any]],
-) -> dict[str, Any] | None:
+    clients: Sequence[Row],
+) -> dict[str, object] | None:
     """summary.json's ``links``: the declared targets, the Spearman rank
     correlations the run realised between samples, speed, online fraction
     and updates obtained, and per group its devices and shares; None when no
@@ -737,25 +740,40 @@ def realised_links(
     }
 
 
+class LinkedRun(Protocol):
+    """What this module reads of a scenario (a
+    :class:`fedsim.scenario.Scenario` has both): its ``links`` section and
+    the run's facts (seed, fleet, data, model: what the fleet is built from)."""
+
+    @property
+    def links(self) -> LinksSpec | None:
+        """The ``links`` section, None when no link is declared."""
+
+    @property
+    def facts(self) -> RunFacts:
+        """The run's facts."""
+
+
 def summary_entry(
-    scenario: Any, data: FederatedData | None, clients: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
+    scenario: LinkedRun, data: FederatedData | None, clients: Sequence[Row]
+) -> dict[str, object]:
     """``{"links": realised_links(...)}`` for a run's summary.json, or ``{}``
     when the scenario declares no link (summary.json then stays as it was)."""
     if scenario.links is None or data is None:
         return {}
     from fedsim.flops import scenario_fleet  # the fleet as the run built it
 
-    fleet = scenario_fleet(scenario, data)
+    fleet = scenario_fleet(scenario.facts, data)
     return {"links": realised_links(scenario.links, fleet, data, clients)}
 
 
-def build_linked_data(scenario: Any) -> FederatedData:
+def build_linked_data(scenario: LinkedRun) -> FederatedData:
     """The scenario's training data tied to its fleet, as a run builds it
     (for workers that build the data on their own node)."""
     from fedsim.data import build_data
     from fedsim.flops import scenario_fleet
 
-    data = build_data(scenario.data, scenario.num_clients, scenario.seed)
-    fleet = scenario_fleet(scenario, data)
-    return apply_links(scenario.links, fleet, data, scenario.seed, scenario.fleet)
+    facts = scenario.facts
+    data = build_data(facts.data, facts.num_clients, facts.seed)
+    fleet = scenario_fleet(facts, data)
+    return apply_links(scenario.links, fleet, data, facts.seed, facts.fleet)

@@ -34,7 +34,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from fedsim import model_size as size
-from fedsim.data.base import DataInfo, FederatedData
+from fedsim.data.base import DataInfo, FederatedData, as_tensor
 from fedsim.lazy import F, torch
 from fedsim.spec import Model, Width
 
@@ -516,14 +516,109 @@ def build_model(
         The network, converted to ``spec.dtype``.
     """
     shape = tuple(input_shape) if input_shape is not None else (int(input_dim),)
+    plugin = type(spec) not in MODELS.values()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = spec.build(shape, num_classes)
+        try:
+            model = spec.build(shape, num_classes)
+        except Exception as exc:
+            if not plugin:
+                raise  # a built-in's failure is fedsim's bug: its traceback
+            raise ModelError(
+                f"model.name {spec.name!r}: build({shape}, {num_classes}) raised "
+                f"{_raised(exc)}"
+            ) from exc
+        if plugin:
+            _check_built(spec, model, shape, num_classes)
         if start is not None:  # set in float32, before the dtype conversion
             with torch.no_grad():
                 for p in model.parameters():
                     p.fill_(float(start))
     return model.to(getattr(torch, spec.dtype))
+
+
+class ModelError(ValueError):
+    """A plug-in model misbehaves before training: its ``build`` raises,
+    returns no torch module, disagrees with its ``param_count``, or gives
+    outputs that do not match the dataset's classes. The message names the
+    plug-in, the hook and what was expected (the CLI exits 2)."""
+
+
+def _raised(exc: BaseException) -> str:
+    """``Type: message (at file:line)`` of the last frame of the traceback
+    outside fedsim: where the plug-in's code raised."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if "/fedsim/" not in f.filename.replace("\\", "/")]
+    at = f" (at {own[-1].filename}:{own[-1].lineno})" if own else ""
+    return f"{type(exc).__name__}: {exc}{at}"
+
+
+def _check_built(
+    spec: Model, model: object, shape: tuple[int, ...], num_classes: int
+) -> None:
+    """Refuse a plug-in's network that does not do what the model stated:
+    not a torch module, or trainable parameters other than its
+    ``param_count`` (the memory check and ``fedsim validate`` trust that
+    number: 10 stated against 14,000 built would pass them).
+
+    Raises:
+        ModelError: one line naming the plug-in, the hook and both values.
+    """
+    where = f"model.name {spec.name!r}"
+    if not isinstance(model, torch.nn.Module):
+        raise ModelError(
+            f"{where}: build() returned {type(model).__name__}, expected a "
+            "torch.nn.Module"
+        )
+    actual = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    stated = spec.param_count(shape, num_classes)
+    if stated is not None and stated != actual:
+        raise ModelError(
+            f"{where}: param_count{(shape, num_classes)} states {stated} "
+            f"parameters, but build() made {actual} trainable ones; return "
+            "the network's count (or None where it cannot tell)"
+        )
+
+
+def _check_outputs(spec: Model, model: nn.Module, data: FederatedData) -> None:
+    """Refuse a plug-in classifier trained with cross-entropy whose outputs
+    for two of the dataset's samples are not one score per class each (a
+    shape error deep in the loss, or a silent broadcast, otherwise).
+
+    The forward pass runs in eval mode without gradients (no dropout draw,
+    no batch-norm statistics moved), so the network and the generators are
+    left exactly as built.
+
+    Raises:
+        ModelError: one line naming the plug-in, the hook and both shapes.
+    """
+    if spec.own_loss or data.num_classes <= 0 or len(data.x) == 0:
+        return  # its own loss reads its own outputs
+    where = f"model.name {spec.name!r}"
+    x = as_tensor(data.x[:2])
+    if x.is_floating_point():  # as training feeds it: in the model's dtype
+        x = x.to(getattr(torch, spec.dtype))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(x)
+    except Exception as exc:
+        raise ModelError(
+            f"{where}: the network raised on the dataset's samples (shape "
+            f"{tuple(x.shape[1:])}): {_raised(exc)}"
+        ) from exc
+    finally:
+        model.train(was_training)
+    got = tuple(getattr(out, "shape", ()))
+    if got != (len(x), data.num_classes):
+        raise ModelError(
+            f"{where}: the network's outputs for {len(x)} samples have shape "
+            f"{got}, expected ({len(x)}, {data.num_classes}): one score per class "
+            "of the dataset"
+        )
 
 
 @dataclass(frozen=True)
@@ -562,9 +657,12 @@ def make_model(net: NetworkSetup, data: FederatedData) -> nn.Module:
     """
     ss = np.random.SeedSequence([net.seed, _MODEL_INIT_TAG])
     seed = int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
-    return build_model(
+    model = build_model(
         net.model, data.input_dim, data.num_classes, seed, net.start, data.x.shape[1:]
     )
+    if type(net.model) not in MODELS.values():
+        _check_outputs(net.model, model, data)
+    return model
 
 
 def batch_loss(

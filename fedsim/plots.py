@@ -26,12 +26,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol, TypedDict
 
 import numpy as np
 import pyarrow as pa
 from matplotlib import colormaps
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
+from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -40,6 +42,7 @@ from matplotlib.ticker import MaxNLocator
 from fedsim.algorithms.sampling import weight_shares
 from fedsim.links import spearman
 from fedsim.results import atomic_write_bytes
+from fedsim.rows import Row, number, text, whole
 
 # One DPI for drawing and saving: text and marker sizes in points then map to
 # the same pixels in every figure.
@@ -48,7 +51,19 @@ DPI = 110
 # Marker per drop reason (fedsim.clock.Plan.reason); anything else gets "x".
 _DROP_MARKERS = {"late": "x", "offline": "v", "no_time": "s", "no_data": "o"}
 _DROP_COLOR = "#d62728"
-_TEXT: dict[str, Any] = {"ha": "center", "va": "center", "fontsize": 11}
+# A colour as matplotlib's colormaps give it: red, green, blue, alpha in [0, 1].
+RGBA = tuple[float, float, float, float]
+
+
+class _TextStyle(TypedDict):
+    """Keyword arguments of ``Axes.text`` for a centred message."""
+
+    ha: str
+    va: str
+    fontsize: int
+
+
+_TEXT = _TextStyle(ha="center", va="center", fontsize=11)
 
 
 def _round_ticks() -> MaxNLocator:
@@ -56,8 +71,9 @@ def _round_ticks() -> MaxNLocator:
     return MaxNLocator(nbins="auto", integer=True, steps=[1, 2, 2.5, 5, 10])
 
 
-def _column(table: pa.Table | None, name: str) -> list[Any]:
-    """A column as a list; [] when the table or the column is missing."""
+def _column(table: pa.Table | None, name: str) -> list[object]:
+    """A column as a list (its cells as Python values, nulls as None); []
+    when the table or the column is missing."""
     if table is None or name not in table.column_names:
         return []
     return table.column(name).to_pylist()
@@ -70,7 +86,7 @@ def _floats(table: pa.Table | None, name: str, n: int = 0) -> np.ndarray:
 
 def _by_group(
     clients: pa.Table | None, n: int, groups: Sequence[str]
-) -> tuple[np.ndarray, dict[str, Any], np.ndarray]:
+) -> tuple[np.ndarray, dict[str, RGBA], np.ndarray]:
     """Each update's device group, the group colours, and the dropped flags.
 
     Args:
@@ -92,7 +108,9 @@ def _by_group(
     return dev_arr, colors, flags
 
 
-def _legend_order(col: list[Any], dev: np.ndarray, groups: Sequence[str]) -> list[str]:
+def _legend_order(
+    col: list[object], dev: np.ndarray, groups: Sequence[str]
+) -> list[str]:
     """The scenario's groups first, then the others seen, sorted, then "unknown".
 
     The scenario's order comes first so a group keeps its colour across runs
@@ -106,7 +124,7 @@ def _legend_order(col: list[Any], dev: np.ndarray, groups: Sequence[str]) -> lis
     return order
 
 
-def _group_colors(order: list[str]) -> dict[str, Any]:
+def _group_colors(order: list[str]) -> dict[str, RGBA]:
     """tab10 colours by position in ``order``, cycling past nine groups.
 
     tab10's red (index 3) is left out: red marks dropped updates.
@@ -136,10 +154,19 @@ def _new_figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
-def _subplots(width: float, height: float, *grid: int, **kw: Any) -> tuple[Figure, Any]:
-    """``plt.subplots`` without pyplot: a new figure and its axes."""
+def _subplots(width: float, height: float) -> tuple[Figure, Axes]:
+    """``plt.subplots()`` without pyplot: a new figure and its one panel."""
     fig = _new_figure(width, height)
-    return fig, fig.subplots(*grid, **kw)
+    return fig, fig.subplots()
+
+
+def _subplot_grid(
+    width: float, height: float, nrows: int, ncols: int, sharey: bool = False
+) -> tuple[Figure, np.ndarray]:
+    """``plt.subplots(nrows, ncols, squeeze=False)`` without pyplot: a new
+    figure and its panels as a 2-D array of Axes (``axes[row, col]``)."""
+    fig = _new_figure(width, height)
+    return fig, fig.subplots(nrows, ncols, sharey=sharey, squeeze=False)
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -160,7 +187,14 @@ def _no_data(ax: Axes, message: str) -> None:
     ax.set(xticks=[], yticks=[])
 
 
-def _line(ax: Axes, x: np.ndarray, y: np.ndarray, **kw: Any) -> bool:
+def _line(
+    ax: Axes,
+    x: np.ndarray,
+    y: np.ndarray,
+    color: str,
+    label: str = "_nolegend_",
+    linestyle: str = "-",
+) -> bool:
     """Plot the finite points of y against x; False when there are none.
 
     x and y of different lengths draw nothing, rather than misaligning.
@@ -170,7 +204,16 @@ def _line(ax: Axes, x: np.ndarray, y: np.ndarray, **kw: Any) -> bool:
         return False
     # markers show each round on short runs; on long ones they blur the line
     marker = "o" if ok.sum() <= 30 else None
-    ax.plot(x[ok], y[ok], marker=marker, markersize=3.5, linewidth=1.6, **kw)
+    ax.plot(
+        x[ok],
+        y[ok],
+        marker=marker,
+        markersize=3.5,
+        linewidth=1.6,
+        color=color,
+        label=label,
+        linestyle=linestyle,
+    )
     return True
 
 
@@ -183,15 +226,23 @@ def _frame_metric(ax: Axes, ylabel: str, xlabel: str, by_round: bool) -> None:
 
 
 def _with_initial(
-    x: np.ndarray, y: np.ndarray, x0: float, y0: float | None
+    x: np.ndarray, y: np.ndarray, x0: float, y0: object
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(x, y)`` with the initial model's point in front, when finite.
 
-    ``y0`` is None for an older run without summary.json's ``initial``.
+    ``y0`` (a summary.json value) is None for an older run without
+    summary.json's ``initial``.
     """
-    if y0 is None or not math.isfinite(float(y0)) or len(x) != len(y):
+    if y0 is None or not math.isfinite(number(y0)) or len(x) != len(y):
         return x, y
-    return np.concatenate([[x0], x]), np.concatenate([[float(y0)], y])
+    return np.concatenate([[x0], x]), np.concatenate([[number(y0)], y])
+
+
+def _initial(initial: object) -> tuple[Mapping[str, object], float]:
+    """summary.json's ``initial`` and its time ``t`` (0 when unset): anything
+    but a mapping (an old run: null) is an empty one."""
+    values: Mapping[str, object] = initial if isinstance(initial, Mapping) else {}
+    return values, number(values.get("t") or 0.0, "initial.t")
 
 
 def _draw_losses(
@@ -227,7 +278,7 @@ def _draw_losses(
 
 
 def figure_metrics(
-    rounds: pa.Table | None, title: str = "", initial: Mapping[str, Any] | None = None
+    rounds: pa.Table | None, title: str = "", initial: object = None
 ) -> Figure:
     """Test accuracy and loss against simulated time and against rounds completed.
 
@@ -245,8 +296,7 @@ def figure_metrics(
         A figure with two columns (time, rounds) and one or two rows.
     """
     # summary.json's value: anything but a mapping (an old run: null) is none
-    initial = initial if isinstance(initial, Mapping) else {}
-    t0 = float(initial.get("t") or 0.0)
+    start, t0 = _initial(initial)
     acc = _floats(rounds, "test_accuracy")
     test_loss = _floats(rounds, "test_loss")
     train_loss = _floats(rounds, "train_loss")
@@ -254,17 +304,17 @@ def figure_metrics(
     losses = losses[np.isfinite(losses)]
     with_acc = bool(np.isfinite(acc).any())
     nrows = 2 if with_acc else 1
-    fig, axes = _subplots(11, 4.2 * nrows, nrows, 2, squeeze=False)
+    fig, axes = _subplot_grid(11, 4.2 * nrows, nrows, 2)
     xs = [
         (_floats(rounds, "sim_time"), t0, "simulated time (s)"),
         (_floats(rounds, "round") + 1.0, 0.0, "rounds completed"),
     ]
     for col, (x, x0, xlabel) in enumerate(xs):
         if with_acc:
-            xy = _with_initial(x, acc, x0, initial.get("accuracy"))
+            xy = _with_initial(x, acc, x0, start.get("accuracy"))
             _line(axes[0, col], *xy, color="C0", label="test accuracy")
             _frame_metric(axes[0, col], "test accuracy", xlabel, by_round=col == 1)
-        loss_xy = (_with_initial(x, test_loss, x0, initial.get("loss")), train_loss)
+        loss_xy = (_with_initial(x, test_loss, x0, start.get("loss")), train_loss)
         _draw_losses(axes[nrows - 1, col], x, loss_xy, losses, xlabel, col == 1)
     _title_metrics(fig, rounds, with_acc, title)
     return fig
@@ -321,7 +371,7 @@ def figure_tau_by_group(
 def _draw_boxes(
     ax: Axes,
     present: list[tuple[str, np.ndarray]],
-    colors: dict[str, Any],
+    colors: dict[str, RGBA],
     max_steps: int | None,
 ) -> None:
     """One box per ``(group, taus)`` with every tau jittered over it.
@@ -375,23 +425,42 @@ def figure_staleness(
     if ok is None or not ok.any():
         _no_data(ax, "no staleness recorded")
     else:
-        for g, color in colors.items():
-            m = ok & ~dropped & (dev == g)
-            if m.any():
-                ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=color, label=g)
-        m = ok & dropped
-        if m.any():
-            ax.scatter(
-                t1[m], stale[m], s=30, marker="x", color=_DROP_COLOR, label="dropped"
-            )
-        ax.set(
-            xlabel="simulated arrival time (s)", ylabel="staleness (server versions)"
-        )
-        ax.yaxis.set_major_locator(_round_ticks())
-        ax.grid(alpha=0.3)
-        ax.legend(loc="upper left", fontsize=9, markerscale=1.5)
+        _draw_staleness_points(ax, (t1, stale), ok, (dev, colors, dropped))
     ax.set_title(title or "staleness of updates over simulated time")
     return fig
+
+
+def _draw_staleness_points(
+    ax: Axes,
+    xy: tuple[np.ndarray, np.ndarray],
+    ok: np.ndarray,
+    by_group: tuple[np.ndarray, dict[str, RGBA], np.ndarray],
+) -> None:
+    """The staleness scatter: arrival time against staleness of each update
+    with both (``ok``), a colour per device group, dropped ones as red
+    crosses; then the panel's labels, integer ticks and legend.
+
+    Args:
+        ax: the panel.
+        xy: (arrival times, staleness), one per update.
+        ok: which updates have both values.
+        by_group: :func:`_by_group`'s (groups, colours, dropped flags).
+    """
+    t1, stale = xy
+    dev, colors, dropped = by_group
+    for g, color in colors.items():
+        m = ok & ~dropped & (dev == g)
+        if m.any():
+            ax.scatter(t1[m], stale[m], s=12, alpha=0.6, color=color, label=g)
+    m = ok & dropped
+    if m.any():
+        ax.scatter(
+            t1[m], stale[m], s=30, marker="x", color=_DROP_COLOR, label="dropped"
+        )
+    ax.set(xlabel="simulated arrival time (s)", ylabel="staleness (server versions)")
+    ax.yaxis.set_major_locator(_round_ticks())
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=9, markerscale=1.5)
 
 
 def _round_blocks(rounds_present: list[int], max_rounds: int) -> list[list[int]]:
@@ -423,7 +492,7 @@ class _Updates:
     t0: np.ndarray
     t1: np.ndarray
     dev: np.ndarray
-    colors: dict[str, Any]  # by device group, in legend order
+    colors: dict[str, RGBA]  # by device group, in legend order
     dropped: np.ndarray
     reasons: np.ndarray
     stale: np.ndarray
@@ -444,8 +513,13 @@ class _Updates:
 
 
 def _draw_panel(
-    ax: Axes, u: _Updates, y: np.ndarray, block: list[int], rounds: Any, row_pt: float
-) -> tuple[set[str], Any]:
+    ax: Axes,
+    u: _Updates,
+    y: np.ndarray,
+    block: list[int],
+    rounds: pa.Table | None,
+    row_pt: float,
+) -> tuple[set[str], PathCollection | None]:
     """Draw one timeline panel: the updates of the rounds in ``block``.
 
     Args:
@@ -523,7 +597,7 @@ def _draw_staleness(
     m_block: np.ndarray,
     mark: float,
     edge_w: float,
-) -> Any:
+) -> PathCollection | None:
     """A dot at each completed async update's arrival, coloured by staleness.
 
     The colour scale spans the whole run (not this panel), so the two panels
@@ -550,8 +624,24 @@ def _draw_staleness(
     return scatter
 
 
+def _draw_round_ends(
+    ax: Axes, rounds: pa.Table | None, block: list[int], lo: float
+) -> None:
+    """Round boundaries on a panel: the end of every round in ``block`` and
+    of the one before it, from ``lo`` (the panel's first start) on."""
+    end_times = _floats(rounds, "sim_time")
+    rnds = (whole(r, "round") for r in _column(rounds, "round"))
+    for r, t in zip(rnds, end_times, strict=False):
+        if (r in block or r + 1 in block) and math.isfinite(t) and lo <= t:
+            ax.axvline(t, color="0.55", linewidth=0.8, alpha=0.5, zorder=0)
+
+
 def _frame_panel(
-    ax: Axes, u: _Updates, m_block: np.ndarray, block: list[int], rounds: Any
+    ax: Axes,
+    u: _Updates,
+    m_block: np.ndarray,
+    block: list[int],
+    rounds: pa.Table | None,
 ) -> None:
     """Round boundaries, x range, title and grid of a non-empty panel.
 
@@ -559,11 +649,7 @@ def _frame_panel(
     run's: a block of late rounds would otherwise be squeezed to the right.
     """
     lo, hi = float(u.t0[m_block].min()), float(u.t1[m_block].max())
-    # Round boundaries: the end of every shown round and of the one before.
-    end_times = _floats(rounds, "sim_time")
-    for r, t in zip(_column(rounds, "round"), end_times, strict=False):
-        if (r in block or r + 1 in block) and math.isfinite(t) and lo <= t:
-            ax.axvline(t, color="0.55", linewidth=0.8, alpha=0.5, zorder=0)
+    _draw_round_ends(ax, rounds, block, lo)
     pad = max(hi - lo, 1e-9)
     ax.set(xlabel="simulated time (s)", xlim=(lo - 0.01 * pad, hi + 0.02 * pad))
     label = f"rounds {block[0]}-{block[-1]}" if len(block) > 1 else f"round {block[0]}"
@@ -605,20 +691,14 @@ def figure_timeline(
         return _no_updates(title)
     all_rounds = sorted(set(u.rnd.tolist()))
     blocks = _round_blocks(all_rounds, max_rounds)
-    shown = np.isin(u.rnd, np.concatenate([np.array(b) for b in blocks]))
-    ids = np.unique(u.cid[shown])
+    ids = _shown_clients(u, blocks)
     # grows with the clients shown, up to a height that still fits a screen
     height = float(np.clip(1.5 + 0.22 * len(ids), 3.5, 14.0))
     width = 12.0 if len(blocks) > 1 else 10.0
-    fig, (axes,) = _subplots(width, height, 1, len(blocks), sharey=True, squeeze=False)
+    fig, (axes,) = _subplot_grid(width, height, 1, len(blocks), sharey=True)
     row_pt = 72.0 * (height - 1.5) / max(1, len(ids))  # points of height per row
     y = np.searchsorted(ids, u.cid).astype(np.float64)  # rows not shown: not drawn
-    used: set[str] = set()
-    scatter = None
-    for ax, block in zip(axes, blocks, strict=True):
-        reasons, drawn = _draw_panel(ax, u, y, block, rounds, row_pt)
-        used |= reasons
-        scatter = drawn if drawn is not None else scatter
+    used, scatter = _draw_panels(axes, blocks, u, y, rounds, row_pt)
     rows = range(0, len(ids), max(1, math.ceil(len(ids) / 40)))  # <= ~40 labels
     axes[0].set(ylabel="client id", yticks=rows, yticklabels=ids[rows])
     # inverted: the lowest client id on top, as in a table
@@ -627,6 +707,33 @@ def figure_timeline(
     more = f" (first and last of {len(all_rounds)} rounds)" if len(blocks) > 1 else ""
     fig.suptitle((title or "client timeline") + more, fontsize=12)
     return fig
+
+
+def _shown_clients(u: _Updates, blocks: list[list[int]]) -> np.ndarray:
+    """The ids of the clients with an update in the rounds shown, sorted:
+    the timeline's rows."""
+    shown = np.isin(u.rnd, np.concatenate([np.array(b) for b in blocks]))
+    return np.unique(u.cid[shown])
+
+
+def _draw_panels(
+    axes: np.ndarray,
+    blocks: list[list[int]],
+    u: _Updates,
+    y: np.ndarray,
+    rounds: pa.Table | None,
+    row_pt: float,
+) -> tuple[set[str], PathCollection | None]:
+    """Each block of rounds on its panel (:func:`_draw_panel`); returns the
+    drop reasons drawn on any panel and the last staleness scatter (the
+    colour bar's: every panel shares one colour scale)."""
+    used: set[str] = set()
+    scatter = None
+    for ax, block in zip(axes, blocks, strict=True):
+        reasons, drawn = _draw_panel(ax, u, y, block, rounds, row_pt)
+        used |= reasons
+        scatter = drawn if drawn is not None else scatter
+    return used, scatter
 
 
 def _no_updates(title: str) -> Figure:
@@ -638,11 +745,15 @@ def _no_updates(title: str) -> Figure:
 
 
 def _timeline_legend(
-    fig: Figure, axes: Any, u: _Updates, used: set[str], scatter: Any
+    fig: Figure,
+    axes: np.ndarray,
+    u: _Updates,
+    used: set[str],
+    scatter: PathCollection | None,
 ) -> None:
     """The legend below the panels (groups, drop reasons drawn) and the
     staleness colour bar when there is one."""
-    handles: list[Any] = [
+    handles: list[Artist] = [
         Patch(facecolor=color, alpha=0.85, label=g) for g, color in u.colors.items()
     ]
     for r in sorted(used):
@@ -651,11 +762,17 @@ def _timeline_legend(
         handles.append(
             axes[0].scatter([], [], marker=marker, color=_DROP_COLOR, label=label)
         )
-    kw: dict[str, Any] = {"fontsize": 9, "frameon": False, "ncol": min(len(handles), 5)}
-    fig.legend(handles=handles, loc="outside lower center", **kw)
+    ncol = min(len(handles), 5)
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        fontsize=9,
+        frameon=False,
+        ncol=ncol,
+    )
     if scatter is not None:
-        kw = {"label": "staleness at arrival", "shrink": 0.8, "ticks": _round_ticks()}
-        fig.colorbar(scatter, ax=axes, **kw)
+        label = "staleness at arrival"
+        fig.colorbar(scatter, ax=axes, label=label, shrink=0.8, ticks=_round_ticks())
 
 
 def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
@@ -679,7 +796,7 @@ def figure_chi2(rounds: pa.Table | None, title: str = "") -> Figure:
 
 
 def figure_objective(
-    rounds: pa.Table | None, title: str = "", initial: Mapping[str, Any] | None = None
+    rounds: pa.Table | None, title: str = "", initial: object = None
 ) -> Figure:
     """The global training objective F(x) = sum_i p_i F_i(x) (rounds.parquet's
     ``train_objective``) against simulated time and rounds completed.
@@ -697,17 +814,16 @@ def figure_objective(
         A figure with two panels (time, rounds), or panels saying there is no
         value to draw.
     """
-    initial = initial if isinstance(initial, Mapping) else {}
-    t0 = float(initial.get("t") or 0.0)
+    start, t0 = _initial(initial)
     f = _floats(rounds, "train_objective")
-    fig, axes = _subplots(11, 4.2, 1, 2)
+    fig, axes = _subplot_grid(11, 4.2, 1, 2)
     xs = [
         (_floats(rounds, "sim_time"), t0, "simulated time (s)"),
         (_floats(rounds, "round") + 1.0, 0.0, "rounds completed"),
     ]
     for col, (x, x0, xlabel) in enumerate(xs):
-        ax = axes[col]
-        x, y = _with_initial(x, f, x0, initial.get("objective"))
+        ax = axes[0, col]
+        x, y = _with_initial(x, f, x0, start.get("objective"))
         if not _line(ax, x, y, color="C4", label="F(x), training data"):
             _no_data(ax, "no training objective recorded (eval.objective_every)")
             continue
@@ -845,26 +961,26 @@ def figure_links(
 
 def _paired_bar(
     ax: Axes,
-    r: Mapping[str, Any],
+    r: Row,
     scale: float,
-    arms: list[Any],
-    groups: list[Any],
+    arms: list[str],
+    groups: list[object],
     x_key: str | None,
 ) -> None:
     """One arm's interval on ``ax``: horizontal at the arm's row (compare),
     or vertical beside the other arms' at its group (stress)."""
-    a = arms.index(r["algorithm"])
+    a = arms.index(text(r["algorithm"], "algorithm"))
     width = 0.8 / max(1, len(arms))
-    color = _VERDICT_COLORS.get(r["verdict"], "0.45")  # grey: one seed, no bar
-    mean, lo, hi = (r[k] * scale for k in ("mean", "lo", "hi"))
+    # grey: one seed, no bar
+    color = _VERDICT_COLORS.get(text(r["verdict"], "verdict"), "0.45")
+    mean, lo, hi = (number(r[k], k) * scale for k in ("mean", "lo", "hi"))
     err = [[mean - lo], [hi - mean]] if math.isfinite(lo) else None
     marker = _ARM_MARKERS[a % len(_ARM_MARKERS)] if x_key else "o"
-    kw: dict[str, Any] = {"fmt": marker, "color": color, "capsize": 4}
     if x_key is None:
-        bar = ax.errorbar(mean, a, xerr=err, **kw)
+        bar = ax.errorbar(mean, a, xerr=err, fmt=marker, color=color, capsize=4)
     else:
         pos = groups.index(r[x_key]) + (a - (len(arms) - 1) / 2) * width
-        bar = ax.errorbar(pos, mean, yerr=err, **kw)
+        bar = ax.errorbar(pos, mean, yerr=err, fmt=marker, color=color, capsize=4)
     if r["verdict"] == "no difference":
         bar[-1][0].set_linestyle("--")
 
@@ -878,12 +994,36 @@ _VERDICT_COLORS = {
 }
 
 
+class PairedMetricLike(Protocol):
+    """How :func:`plot_paired` draws a metric (fedsim.compare.PairedMetric)."""
+
+    @property
+    def key(self) -> str:
+        """The paired rows' ``metric``."""
+
+    @property
+    def label(self) -> str:
+        """How panels name it."""
+
+    @property
+    def higher_is_better(self) -> bool:
+        """Whether a positive difference is better."""
+
+    @property
+    def scale(self) -> float:
+        """The factor the values are drawn with."""
+
+    @property
+    def unit(self) -> str:
+        """The unit printed in the axis label ("" for none)."""
+
+
 def plot_paired(
-    rows: Sequence[Mapping[str, Any]],
-    metrics: Sequence[Any],
+    rows: Sequence[Row],
+    metrics: Sequence[PairedMetricLike],
     path: Path,
     x_key: str | None = None,
-    x_labels: Mapping[Any, str] | None = None,
+    x_labels: Mapping[int, str] | None = None,
 ) -> Path:
     """paired.png: each arm's difference from the baseline with its 95%
     interval, a panel per metric (fedsim.compare.paired_table's rows).
@@ -901,11 +1041,14 @@ def plot_paired(
         metrics: fedsim.compare.PairedMetric per metric, in panel order.
         path: where the PNG goes.
         x_key: the row key of the groups, or None.
-        x_labels: each group's tick label.
+        x_labels: each group's tick label, by its value (stress: the cell
+            index); a group without one is labelled ``str(value)``.
     """
     shown = [m for m in metrics if any(r["metric"] == m.key for r in rows)]
-    arms = list(dict.fromkeys(r["algorithm"] for r in rows))
-    groups = list(dict.fromkeys(r[x_key] for r in rows)) if x_key else [None]
+    arms = list(dict.fromkeys(text(r["algorithm"], "algorithm") for r in rows))
+    groups: list[object] = [None]
+    if x_key:
+        groups = list(dict.fromkeys(r[x_key] for r in rows))
     panel = 4.6 if not x_key else 1.2 + 0.45 * len(groups) * max(1, len(arms))
     fig = _new_figure(min(max(panel, 4.6), 9.0) * max(1, len(shown)), 3.8)
     axes = np.atleast_1d(fig.subplots(1, max(1, len(shown)), squeeze=False)).ravel()
@@ -925,7 +1068,8 @@ def plot_paired(
             ax.grid(axis="x", alpha=0.3)
         else:
             ax.axhline(0, color="0.3", linewidth=1)
-            ticks = [(x_labels or {}).get(g, str(g)) for g in groups]
+            tick: dict[object, str] = {k: v for k, v in (x_labels or {}).items()}
+            ticks = [tick.get(g, str(g)) for g in groups]
             ax.set_xticks(range(len(groups)), ticks, fontsize=8)
             ax.set(ylabel=label)
             ax.grid(axis="y", alpha=0.3)

@@ -32,14 +32,25 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
+import inspect
+import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import cast
 
-from pydantic import BaseModel, TypeAdapter, ValidationError, ValidationInfo
-from pydantic_core import InitErrorDetails
+from pydantic import (
+    BaseModel,
+    PydanticSchemaGenerationError,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+)
+from pydantic_core import InitErrorDetails, to_jsonable_python
 
 
 class PluginError(ValueError):
@@ -57,6 +68,8 @@ class Kind:
     group: str  # the entry-point group of installed plug-ins
     base: str  # "module:Class" of the base, imported when first needed
     registry: str  # "module:NAME" of the built-in registry
+    # the hooks a plug-in must define (the base's raise NotImplementedError)
+    required: tuple[str, ...] = ()
 
 
 KINDS = {
@@ -66,6 +79,7 @@ KINDS = {
         "fedsim.algorithms",
         "fedsim.algorithms.base:Algorithm",
         "fedsim.algorithms:REGISTRY",
+        ("aggregate",),
     ),
     "selector": Kind(
         "selector",
@@ -73,9 +87,15 @@ KINDS = {
         "fedsim.selectors",
         "fedsim.selectors.base:Selector",
         "fedsim.selectors:REGISTRY",
+        ("select",),
     ),
     "model": Kind(
-        "model", "name", "fedsim.models", "fedsim.spec:Model", "fedsim.models:MODELS"
+        "model",
+        "name",
+        "fedsim.models",
+        "fedsim.spec:Model",
+        "fedsim.models:MODELS",
+        ("build",),
     ),
     "data": Kind(
         "data",
@@ -83,6 +103,7 @@ KINDS = {
         "fedsim.datasets",
         "fedsim.data.base:Dataset",
         "fedsim.data:REGISTRY",
+        ("build",),
     ),
 }
 
@@ -117,11 +138,16 @@ def _import_path(text: str) -> object:
         )
     try:
         obj: object = importlib.import_module(module)
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
         # the plug-in's own missing import is named too, not only its module
         raise PluginError(
             f"cannot import module {module!r} of {text!r} ({exc}); is it "
             "installed, or its folder on PYTHONPATH?"
+        ) from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the plug-in's code
+        raise PluginError(
+            f"module {module!r} of {text!r} raised while imported: "
+            f"{_failure(exc, module)}"
         ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -151,20 +177,76 @@ def resolve(kind: str, name: str) -> type:
             )
         try:
             obj = eps[name].load()
-        except Exception as exc:  # noqa: BLE001 - any failure of a plug-in's import
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a plug-in's import
             raise PluginError(
                 f"entry point {name!r} ({eps[name].value}) of group "
-                f"{spec.group!r} does not load: {type(exc).__name__}: {exc}"
+                f"{spec.group!r} does not load: "
+                f"{_failure(exc, eps[name].module)}"
             ) from None
     else:
         obj = _import_path(name)
     base = cast(type, _attr(spec.base))
+    where = f"{base.__module__}.{base.__qualname__}"
     if not (isinstance(obj, type) and issubclass(obj, base)):
         raise PluginError(
-            f"{name!r} is {obj!r}, not a subclass of {base.__module__}."
-            f"{base.__qualname__} (a {kind} plug-in derives from it; fedsim.api)"
+            f"{name!r} is {obj!r}, not a subclass of {where} (a {kind} plug-in "
+            "derives from it; fedsim.api)"
+        )
+    # fedsim.api:Algorithm itself, or a subclass that leaves a hook to its
+    # base, would train until the hook raises NotImplementedError
+    missing = [h for h in spec.required if getattr(obj, h) is getattr(base, h)]
+    if obj is base or missing or inspect.isabstract(obj):
+        hooks = ", ".join(missing) or "its abstract methods"
+        raise PluginError(
+            f"{name!r} is abstract: {obj.__qualname__} does not define {hooks} "
+            f"(a plug-in of kind {kind} is a subclass of {where} that defines "
+            f"{', '.join(spec.required)})"
         )
     return obj
+
+
+def _failure(exc: BaseException, module: str) -> str:
+    """One line for an exception a plug-in module raised while imported:
+    the exception and the plug-in's own file:line where it was raised (the
+    last frame in the module's top-level package; else the last frame
+    outside Python's import machinery), not the traceback's 60 lines."""
+    if isinstance(exc, SystemExit):
+        what = f"SystemExit({exc.code!r}) (sys.exit at import)"
+    elif isinstance(exc, SyntaxError) and exc.filename:
+        # raised by the compiler: no frame of the plug-in's own, the file's
+        # name and line are the exception's
+        return f"SyntaxError: {exc.msg} (at {exc.filename}:{exc.lineno})"
+    else:
+        what = f"{type(exc).__name__}: {exc}".strip()
+    frames = traceback.extract_tb(exc.__traceback__)
+    top = module.partition(".")[0]
+    home = _package_folder(top)
+    own = [f for f in frames if home is not None and _within(f.filename, home)]
+    outside = [f for f in frames if not f.filename.startswith("<frozen")]
+    found = own or outside
+    if not found:
+        return what
+    return f"{what} (at {found[-1].filename}:{found[-1].lineno})"
+
+
+def _package_folder(top: str) -> Path | None:
+    """The folder of top-level package ``top`` (its file, for a module), or
+    None when it cannot be found (it is then not the plug-in's)."""
+    mod = sys.modules.get(top)
+    try:
+        spec = mod.__spec__ if mod is not None else importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    origin = Path(spec.origin).resolve()
+    return origin.parent if spec.submodule_search_locations else origin
+
+
+def _within(filename: str, home: Path) -> bool:
+    """Whether ``filename`` is ``home`` or lies inside it."""
+    path = Path(filename).resolve()
+    return path == home or home in path.parents
 
 
 def _named(obj: object, key: str, name: str) -> object:
@@ -201,10 +283,49 @@ def section_validator(kind: str) -> Callable[[object, ValidationInfo], object]:
             return TypeAdapter(cls).validate_python(value, context=info.context)
         # a plug-in's key holds where it came from, which no field could check
         rest = {k: v for k, v in value.items() if k != spec.key}
-        obj: object = TypeAdapter(cls).validate_python(rest, context=info.context)
+        try:
+            adapter: TypeAdapter[object] = TypeAdapter(cls)
+        except PydanticSchemaGenerationError as exc:  # a field of no known type
+            what = str(exc).split(". ")[0]  # "Unable to ... schema for <class X>"
+            raise ValueError(
+                f"plug-in {name!r} has a field of a type a scenario file cannot "
+                f"hold ({what}); expected numbers, text, booleans, None, or "
+                "lists and mappings of them"
+            ) from None
+        obj: object = adapter.validate_python(rest, context=info.context)
+        _check_writable(obj, name)
         return _named(obj, spec.key, name)
 
     return validate
+
+
+def _check_writable(obj: object, name: str) -> None:
+    """Refuse a plug-in whose fields cannot be written to scenario.yaml (a
+    ``threading.Lock``, an open file): every run folder keeps the resolved
+    scenario, and ``validate`` prints it, so such a field would fail there,
+    as a serializer's traceback, instead of here in one line.
+
+    Raises:
+        ValueError: naming the field, its value's type and what is expected
+            (pydantic reports it at the section, with the scenario's file).
+    """
+    if dataclasses.is_dataclass(obj):
+        values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    elif isinstance(obj, BaseModel):
+        values = {f: getattr(obj, f) for f in type(obj).model_fields}
+    else:
+        return
+    for field, value in values.items():
+        try:
+            to_jsonable_python(value)
+        except Exception:  # noqa: BLE001 - pydantic's error is the traceback we avoid
+            raise ValueError(
+                f"field {field!r} of plug-in {name!r} holds a "
+                f"{type(value).__module__}.{type(value).__qualname__}, which "
+                "cannot be written to scenario.yaml (expected numbers, text, "
+                "booleans, None, or lists and mappings of them; keep other "
+                "objects out of the fields, e.g. made in a method)"
+            ) from None
 
 
 def _field_error(kind: str, got: object) -> ValidationError:

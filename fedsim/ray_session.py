@@ -13,15 +13,28 @@ Two things go wrong at start that the command line must say in one line:
   Under the ``fedsim`` command's handlers (fedsim/interrupts.py) Ray is
   kept from both, the signal waits for the start's end like a round's, and
   the run ends as an interrupted set-up.
+
+And one thing goes wrong after it, in the workers, unless the start
+prevents it: Ray puts the driver's working folder first on every worker's
+``sys.path``. Started from a folder that holds a fedsim checkout under the
+name ``fedsim/`` (``fedsim/`` and ``mymethods/`` side by side), a worker
+then imports ``fedsim`` as a namespace package rooted at the checkout
+(``fedsim.results`` is its ``results/`` folder) wherever the installed
+package is found by a finder that runs after Python's path search (an
+editable install). :func:`worker_code_paths` gives the workers the folder
+that holds the driver's own package, where a regular package beats the
+namespace (:func:`init_ray` passes it in the job's config).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from fedsim import interrupts
 
@@ -34,6 +47,10 @@ _GCS_WAIT_DEFAULT_S = 30
 # (GCS_WAIT_ENV sets that wait), and for its node (a fixed 30 s in Ray).
 _GCS_LATE = ("Timed out waiting for file", "Failed to start GCS")
 _NODE_LATE = ("timed out during startup",)
+
+
+# The logger of Ray's note that a new local cluster uses token authentication.
+_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
 class RayStartError(RuntimeError):
@@ -59,17 +76,32 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
 
     if ray.is_initialized():
         return False
+    # every worker and server actor of this job imports the driver's fedsim
+    job_config = ray.job_config.JobConfig(_py_driver_sys_path=worker_code_paths())
     # ray.init replaces the SIGTERM handler: `fedsim run` keeps its own
     with interrupts.kept(), _signals_wait_for_the_start():
         if address:
-            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
+            ray.init(
+                address=address,
+                job_config=job_config,
+                logging_level=logging.WARNING,
+                log_to_driver=True,
+            )
             return False
         # If ray was imported before the variable was set, its constant is stale.
         ray_constants.ENABLE_RAY_CLUSTER = False
+        # Ray enables token authentication for a new local cluster and logs
+        # a WARNING that it did (printed even under --quiet): nothing for the
+        # user to act on for a loopback-only Ray that fedsim starts and
+        # stops, so that one logger is quietened (Ray's errors still show).
+        # Setting RAY_AUTH_MODE here instead would come after Ray read its
+        # configuration at import, and the driver would then lack the token.
+        logging.getLogger(_TOKEN_LOGGER).setLevel(logging.ERROR)
         start = time.monotonic()
         try:
             ray.init(
                 address="local",
+                job_config=job_config,
                 num_cpus=num_cpus,
                 include_dashboard=False,
                 _node_ip_address=_LOOPBACK,
@@ -80,6 +112,33 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
             _raise_if_slow_start(exc, time.monotonic() - start)
             raise
     return True
+
+
+def worker_code_paths() -> list[str]:
+    """The folders Ray must add to its workers' ``sys.path`` so that they
+    import the same ``fedsim`` as this process: the folder holding the
+    package, when this process does not find it through ``sys.path``
+    itself (an editable install's import hook), else none.
+
+    Why: Ray inserts the driver's working folder first on each worker's
+    path. A ``fedsim/`` folder there without an ``__init__.py`` (a checkout
+    next to the user's own package) is a namespace portion, and Python's
+    path search returns a namespace package when it finds no regular one
+    on the path, before an editable install's hook is asked. With the
+    package's own folder on the path, the path search finds the regular
+    package, which wins over namespace portions wherever they stand. A
+    folder already on ``sys.path`` (site-packages, the checkout run from
+    its root) is not added again: added in front, it would move installed
+    packages ahead of the user's ``PYTHONPATH``.
+
+    Returns:
+        A list of zero or one absolute folder paths.
+    """
+    import fedsim
+
+    home = Path(fedsim.__file__).resolve().parent.parent
+    on_path = {Path(entry or os.curdir).resolve() for entry in sys.path}
+    return [] if home in on_path else [str(home)]
 
 
 def _raise_if_slow_start(exc: Exception, waited_s: float) -> None:

@@ -31,12 +31,13 @@ and the fleet only: no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol, TypedDict
 
 import numpy as np
 
-from fedsim.fleet import AvailabilitySpec, Fleet, SpeedSpec, StragglerSpec
+from fedsim.fleet import AvailabilitySpec, Fleet, FleetSpec, SpeedSpec, StragglerSpec
+from fedsim.rows import Row, number, whole
 
 # 99.9% two-sided normal quantile: z with Phi(z) = 0.9995.
 _Z = 3.2905267314919255
@@ -45,12 +46,124 @@ _QUANTILES = (0.1, 0.5, 0.9)
 _MOST = 0.5
 
 
+class _Policy(Protocol):
+    """The ``round`` section, as far as this module reads it."""
+
+    @property
+    def policy(self) -> str:
+        """``fixed_window``, ``fixed_epochs``, ``async``, ..."""
+
+
+class _Client(Protocol):
+    """The ``client`` section, as far as this module reads it."""
+
+    @property
+    def batch_size(self) -> int:
+        """The local batch size (a FLOP/s speed's steps are of this size)."""
+
+
+class RunSections(Protocol):
+    """The scenario sections :func:`summary_entry` reads (a
+    :class:`fedsim.scenario.Scenario` has them): the fleet as declared, the
+    round policy and the client batch size."""
+
+    @property
+    def fleet(self) -> FleetSpec:
+        """The fleet section."""
+
+    @property
+    def round(self) -> _Policy:
+        """The round section."""
+
+    @property
+    def client(self) -> _Client:
+        """The client section."""
+
+
+class Speed(TypedDict):
+    """A group's speed quantiles in steps/s (``declared`` None: a trace)."""
+
+    quantiles: list[float]
+    declared: list[float] | None
+    realised: list[float]
+
+
+class Online(TypedDict):
+    """A group's mean online share at the start times, against the declared
+    long-run share (None: a trace's measured intervals)."""
+
+    declared: float | None
+    realised: float
+    starts: int
+
+
+class Rate(TypedDict):
+    """A share of ``n`` updates against its declared rate and that rate's
+    99.9% sampling interval (None without any update)."""
+
+    declared: float
+    realised: float
+    n: int
+    interval: list[float] | None
+
+
+class GroupEntry(TypedDict):
+    """One device group's row of ``fleet_realised.groups``."""
+
+    group: str
+    devices: int
+    selected: int
+    speed_steps_per_s: Speed
+    online_at_starts: Online
+    straggler_rate: Rate
+    dropout_rate: Rate
+    dropped: dict[str, float]
+
+
+class Realised(TypedDict):
+    """summary.json's ``fleet_realised``."""
+
+    groups: list[GroupEntry]
+    warnings: list[str]
+
+
+class _Rates(TypedDict):
+    """What :func:`_rates` adds to a group's entry."""
+
+    straggler_rate: Rate
+    dropout_rate: Rate
+    dropped: dict[str, float]
+
+
+class GroupCompute(TypedDict):
+    """A FLOP/s group's median speed, in FLOP/s and in steps/s."""
+
+    median_flops_per_s: float
+    median_steps_per_s: float
+
+
+class Compute(TypedDict):
+    """summary.json's ``compute``: the model's FLOPs per local step."""
+
+    flops_per_step: float
+    batch_size: int
+    groups: dict[str, GroupCompute]
+
+
+class SummaryEntry(TypedDict, total=False):
+    """What :func:`summary_entry` adds to summary.json (nothing without a
+    fleet; ``compute`` only when a speed is in FLOP/s)."""
+
+    compute: Compute
+    fleet_realised: Realised
+
+
 def summary_entry(
-    scenario: Any,
+    scenario: RunSections,
     fleet: Fleet | None,
-    rows: Sequence[Mapping[str, Any]],
-    clients: Sequence[Mapping[str, Any]],
-) -> dict[str, Any]:
+    rows: Sequence[Row],
+    clients: Sequence[Row],
+) -> SummaryEntry:
     """summary.json's ``fleet_realised`` (and ``compute`` when a speed is in
     FLOP/s); {} without a fleet (a run interrupted during set-up).
 
@@ -61,9 +174,9 @@ def summary_entry(
         rows: rounds.parquet's rows.
         clients: clients.parquet's rows.
     """
+    out = SummaryEntry()
     if fleet is None:
-        return {}
-    out: dict[str, Any] = {}
+        return out
     if fleet.step_flops is not None:
         out["compute"] = compute_entry(scenario, fleet)
     asynchronous = scenario.round.policy == "async"
@@ -74,47 +187,51 @@ def summary_entry(
     return out
 
 
-def compute_entry(scenario: Any, fleet: Fleet) -> dict[str, Any]:
+def compute_entry(scenario: RunSections, fleet: Fleet) -> Compute:
     """The model's FLOPs per local step and each FLOP/s group's median, in
-    FLOP/s and in the steps/s it becomes (``validate`` prints the same)."""
+    FLOP/s and in the steps/s it becomes (``validate`` prints the same).
+
+    Raises:
+        ValueError: ``fleet`` has no FLOPs per step (no speed is in FLOP/s).
+    """
+    flops = fleet.step_flops
+    if flops is None:
+        raise ValueError("compute_entry: the fleet has no FLOPs per step")
     groups = {}
     for g in scenario.fleet.groups:
         if g.speed is not None and g.speed.per_flop:
             median = g.speed.median_in_unit
-            groups[g.name] = {
-                "median_flops_per_s": median,
-                "median_steps_per_s": median / fleet.step_flops,
-            }
-    return {
-        "flops_per_step": fleet.step_flops,
-        "batch_size": scenario.client.batch_size,
-        "groups": groups,
-    }
+            groups[g.name] = GroupCompute(
+                median_flops_per_s=median, median_steps_per_s=median / flops
+            )
+    return Compute(
+        flops_per_step=flops, batch_size=scenario.client.batch_size, groups=groups
+    )
 
 
 def _start_times(
-    rows: Sequence[Mapping[str, Any]],
-    clients: Sequence[Mapping[str, Any]],
+    rows: Sequence[Row],
+    clients: Sequence[Row],
     asynchronous: bool,
 ) -> np.ndarray:
     """When each round started (its devices' common ``t_start``), sorted;
     asynchronous runs: when each version was made."""
     if asynchronous:
-        return np.sort(np.array([float(r["sim_time"]) for r in rows]))
+        return np.sort(np.array([number(r["sim_time"], "sim_time") for r in rows]))
     first: dict[int, float] = {}
     for c in clients:
-        t = float(c["t_start"])
-        first[c["round"]] = min(t, first.get(c["round"], t))
+        t, rnd = number(c["t_start"], "t_start"), whole(c["round"], "round")
+        first[rnd] = min(t, first.get(rnd, t))
     return np.sort(np.array(list(first.values()), dtype=np.float64))
 
 
 def realised_fleet(
     fleet: Fleet,
-    spec: Any,
+    spec: FleetSpec,
     starts: np.ndarray,
-    clients: Sequence[Mapping[str, Any]],
+    clients: Sequence[Row],
     asynchronous: bool,
-) -> dict[str, Any]:
+) -> Realised:
     """Per group, each measured value beside its declared one, and the
     warnings (see the module's docstring).
 
@@ -134,10 +251,9 @@ def realised_fleet(
         ``dropped`` (the shares dropped ``late``, ``no_time``, ``offline``).
     """
     online = [fleet.online(float(t)) for t in starts]
-    by_group: dict[str, list[Mapping[str, Any]]] = {}
-    for c in clients:
-        by_group.setdefault(str(c["device_group"]), []).append(c)
-    groups, warnings = [], []
+    by_group = _by_group(clients)
+    groups: list[GroupEntry] = []
+    warnings: list[str] = []
     when = "when versions were made" if asynchronous else "when rounds started"
     for gi, g in enumerate(spec.groups):
         devices = np.flatnonzero(fleet.group == gi)
@@ -145,22 +261,30 @@ def realised_fleet(
         measured = fleet.intervals is not None and gi in fleet.intervals
         share = [float(np.mean(on[devices])) for on in online]
         rows = by_group.get(g.name, [])
-        entry = {
-            "group": g.name,
-            "devices": int(devices.size),
-            "selected": len(rows),
-            "speed_steps_per_s": _speed(drawn, g.speed, fleet.step_flops),
-            "online_at_starts": _online(g.availability, measured, starts, share),
+        entry = GroupEntry(
+            group=g.name,
+            devices=int(devices.size),
+            selected=len(rows),
+            speed_steps_per_s=_speed(drawn, g.speed, fleet.step_flops),
+            online_at_starts=_online(g.availability, measured, starts, share),
             **_rates(rows, spec.stragglers_of(gi)),
-        }
+        )
         warnings += _speed_warnings(g.name, drawn, g.speed, entry)
         warnings += _online_warnings(g.name, entry, when)
         warnings += _rate_warnings(g.name, entry)
         groups.append(entry)
-    return {"groups": groups, "warnings": warnings}
+    return Realised(groups=groups, warnings=warnings)
 
 
-def _speed(drawn: np.ndarray, speed: SpeedSpec | None, flops: float | None) -> dict:
+def _by_group(clients: Sequence[Row]) -> dict[str, list[Row]]:
+    """clients.parquet's rows by their ``device_group``, in row order."""
+    by_group: dict[str, list[Row]] = {}
+    for c in clients:
+        by_group.setdefault(str(c["device_group"]), []).append(c)
+    return by_group
+
+
+def _speed(drawn: np.ndarray, speed: SpeedSpec | None, flops: float | None) -> Speed:
     """The group's speed quantiles in steps/s, realised and declared (None
     for a trace group: its speeds are measured)."""
     realised = [float(np.quantile(drawn, q)) for q in _QUANTILES]
@@ -168,7 +292,7 @@ def _speed(drawn: np.ndarray, speed: SpeedSpec | None, flops: float | None) -> d
     if speed is not None:
         per = flops if speed.per_flop and flops else 1.0
         declared = [speed.quantile_in_unit(q) / per for q in _QUANTILES]
-    return {"quantiles": list(_QUANTILES), "declared": declared, "realised": realised}
+    return Speed(quantiles=list(_QUANTILES), declared=declared, realised=realised)
 
 
 def _continuous(speed: SpeedSpec) -> bool:
@@ -180,7 +304,7 @@ def _continuous(speed: SpeedSpec) -> bool:
 
 def _online(
     a: AvailabilitySpec, measured: bool, starts: np.ndarray, share: list[float]
-) -> dict[str, Any]:
+) -> Online:
     """The group's mean online share at the start times, and the declared
     long-run share (None for a trace's ``measured`` intervals)."""
     realised = float(np.mean(share)) if share else math.nan
@@ -193,26 +317,37 @@ def _online(
         declared = a.mean_on_s / (a.mean_on_s + a.mean_off_s)
     else:  # daily: the profile's mean over a period
         declared = (a.min_online + a.max_online) / 2
-    return {"declared": declared, "realised": realised, "starts": int(starts.size)}
+    return Online(declared=declared, realised=realised, starts=int(starts.size))
 
 
-def _rates(rows: Sequence[Mapping[str, Any]], s: StragglerSpec) -> dict[str, Any]:
+def _rates(rows: Sequence[Row], s: StragglerSpec) -> _Rates:
     """The group's straggler and dropout rates against ``p`` and
     ``dropout_p``, and the shares of its updates dropped for reasons that
     have no declared rate."""
     n = len(rows)
-    slowed = sum(float(r["slowdown"]) > 1.0 for r in rows)
+    slowed = sum(number(r["slowdown"], "slowdown") > 1.0 for r in rows)
     reasons = [str(r.get("drop_reason") or "") for r in rows]
     started = sum(why not in ("no_time", "no_data") for why in reasons)
-    # a fixed factor of 1 slows nobody: its stragglers cannot be seen
-    p = 0.0 if s.slowdown.dist == "fixed" and s.slowdown.factor == 1 else s.p
+    return _Rates(
+        straggler_rate=_rate(slowed, n, _visible_p(s)),
+        dropout_rate=_rate(reasons.count("dropout"), started, s.dropout_p),
+        dropped=_dropped_shares(reasons),
+    )
+
+
+def _visible_p(s: StragglerSpec) -> float:
+    """The straggler probability a run can measure: a fixed factor of 1
+    slows nobody, so its stragglers cannot be seen (0)."""
+    return 0.0 if s.slowdown.dist == "fixed" and s.slowdown.factor == 1 else s.p
+
+
+def _dropped_shares(reasons: Sequence[str]) -> dict[str, float]:
+    """The shares of ``reasons`` (one per selected update, "" when it
+    counted) that are ``late``, ``no_time`` and ``offline`` (NaN: none)."""
+    n = len(reasons)
     return {
-        "straggler_rate": _rate(slowed, n, p),
-        "dropout_rate": _rate(reasons.count("dropout"), started, s.dropout_p),
-        "dropped": {
-            why: reasons.count(why) / n if n else math.nan
-            for why in ("late", "no_time", "offline")
-        },
+        why: reasons.count(why) / n if n else math.nan
+        for why in ("late", "no_time", "offline")
     }
 
 
@@ -222,7 +357,7 @@ def _half(p: float, n: int) -> float:
     return _Z * math.sqrt(p * (1 - p) / n) + 0.5 / n
 
 
-def _rate(k: int, n: int, declared: float) -> dict[str, Any]:
+def _rate(k: int, n: int, declared: float) -> Rate:
     """``k`` of ``n`` as a share, beside ``declared`` and its sampling
     interval for n draws (None without any draw)."""
     interval = None
@@ -230,11 +365,11 @@ def _rate(k: int, n: int, declared: float) -> dict[str, Any]:
         half = _half(declared, n)
         interval = [max(0.0, declared - half), min(1.0, declared + half)]
     share = k / n if n else math.nan
-    return {"declared": declared, "realised": share, "n": n, "interval": interval}
+    return Rate(declared=declared, realised=share, n=n, interval=interval)
 
 
 def _speed_warnings(
-    name: str, drawn: np.ndarray, speed: SpeedSpec | None, e: Mapping[str, Any]
+    name: str, drawn: np.ndarray, speed: SpeedSpec | None, e: GroupEntry
 ) -> list[str]:
     """A sentence per declared quantile whose share of devices below it is
     outside that share's sampling interval (continuous laws only: a point
@@ -254,7 +389,7 @@ def _speed_warnings(
     return out
 
 
-def _online_warnings(name: str, e: Mapping[str, Any], when: str) -> list[str]:
+def _online_warnings(name: str, e: GroupEntry, when: str) -> list[str]:
     """A sentence when the group's online share at the start times is
     outside the declared share's interval for its devices (its devices are
     the sample: the starts are correlated), or 0 against a declared share."""
@@ -273,13 +408,13 @@ def _online_warnings(name: str, e: Mapping[str, Any], when: str) -> list[str]:
     ]
 
 
-def _rate_warnings(name: str, e: Mapping[str, Any]) -> list[str]:
+def _rate_warnings(name: str, e: GroupEntry) -> list[str]:
     """Sentences for straggler and dropout rates outside their intervals,
     and for most of the group's updates dropped late, without time or
     offline (no scenario means to drop them)."""
     out = []
-    for key, what in (("straggler_rate", "stragglers"), ("dropout_rate", "dropouts")):
-        rate = e[key]
+    rates = ((e["straggler_rate"], "stragglers"), (e["dropout_rate"], "dropouts"))
+    for rate, what in rates:
         lo_hi = rate["interval"]
         if lo_hi is not None and not lo_hi[0] <= rate["realised"] <= lo_hi[1]:
             out.append(
@@ -287,15 +422,23 @@ def _rate_warnings(name: str, e: Mapping[str, Any]) -> list[str]:
                 f"updates, declared {rate['declared']:.1%} (99.9% sampling "
                 f"interval {lo_hi[0]:.1%} to {lo_hi[1]:.1%})"
             )
-    causes = {
-        "late": "past the deadline (round.deadline_s)",
-        "no_time": "with no whole step in the window (round.window_s)",
-        "offline": "by devices going offline mid-work",
-    }
-    for why, share in e["dropped"].items():
-        if e["selected"] and share >= _MOST:
-            out.append(
-                f"group {name}: {share:.0%} of its {e['selected']} selected updates "
-                f"were dropped {causes[why]}"
-            )
-    return out
+    return out + _drop_warnings(name, e)
+
+
+# Why a drop reason with no declared rate happens: the warnings name it.
+_CAUSES = {
+    "late": "past the deadline (round.deadline_s)",
+    "no_time": "with no whole step in the window (round.window_s)",
+    "offline": "by devices going offline mid-work",
+}
+
+
+def _drop_warnings(name: str, e: GroupEntry) -> list[str]:
+    """A sentence for each reason with no declared rate (late, no time,
+    offline) that dropped most of the group's selected updates."""
+    return [
+        f"group {name}: {share:.0%} of its {e['selected']} selected updates "
+        f"were dropped {_CAUSES[why]}"
+        for why, share in e["dropped"].items()
+        if e["selected"] and share >= _MOST
+    ]

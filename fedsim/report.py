@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +31,8 @@ from fedsim import plots
 from fedsim.data.partition import plot_partition
 from fedsim.results import atomic_write_bytes
 from fedsim.units import duration
+
+_T = TypeVar("_T")
 
 REPORT_NAME = "report.md"
 
@@ -108,12 +110,17 @@ FIGURES = {
 }
 
 
-def _read(path: Path, parse: Callable[[Path], Any] = pq.read_table) -> Any:
+def _read_table(path: Path) -> pa.Table | None:
+    """One optional Parquet table of a run directory (:func:`_read`)."""
+    return _read(path, pq.read_table)
+
+
+def _read(path: Path, parse: Callable[[Path], _T]) -> _T | None:
     """Read one optional file of a run directory.
 
     Args:
         path: The file.
-        parse: Turns the path into a value; a Parquet reader by default.
+        parse: Turns the path into a value (a Parquet or text reader).
 
     Returns:
         ``parse(path)``, or None when the file is missing.
@@ -130,7 +137,7 @@ def _read(path: Path, parse: Callable[[Path], Any] = pq.read_table) -> Any:
         raise ReportError(f"cannot read {path}: {exc}") from None
 
 
-def _read_mapping(path: Path, loads: Callable[[str], Any]) -> dict[str, Any]:
+def _read_mapping(path: Path, loads: Callable[[str], object]) -> dict[str, object]:
     """summary.json or scenario.yaml as a dict.
 
     Args:
@@ -144,11 +151,21 @@ def _read_mapping(path: Path, loads: Callable[[str], Any]) -> dict[str, Any]:
     Raises:
         ReportError: The file exists but cannot be parsed.
     """
-    data = _read(path, lambda p: loads(p.read_text(encoding="utf-8")))
-    return data if isinstance(data, dict) else {}
+    return _mapping(_read(path, lambda p: loads(p.read_text(encoding="utf-8"))))
 
 
-def _get(d: Any, *keys: str) -> Any:
+def _mapping(x: object) -> dict[str, object]:
+    """``x`` when it is a mapping (a JSON object, a YAML mapping), else {}:
+    what a hand-edited or older file holds there is never assumed."""
+    return x if isinstance(x, dict) else {}
+
+
+def _list(x: object) -> list[object]:
+    """``x`` when it is a list (a JSON array, a YAML sequence), else []."""
+    return x if isinstance(x, list) else []
+
+
+def _get(d: object, *keys: str) -> object:
     """``d[k1][k2]...``, or None where a level is missing or not a dict.
 
     A hand-edited scenario.yaml may hold anything, so the report never
@@ -161,7 +178,7 @@ def _get(d: Any, *keys: str) -> Any:
     return d
 
 
-def _fmt(x: Any, spec: str = ".4g") -> str:
+def _fmt(x: object, spec: str = ".4g") -> str:
     """A table cell: floats by ``spec``, ints with thousands separators.
 
     None and non-finite floats give "-", which :func:`_summary_rows` reads as
@@ -175,7 +192,7 @@ def _fmt(x: Any, spec: str = ".4g") -> str:
     return "-" if x is None else str(x)
 
 
-def _bytes(n: Any) -> str:
+def _bytes(n: object) -> str:
     """A byte count in decimal units (1 KB = 1000 B); "-" when not a number."""
     if not isinstance(n, int | float) or not math.isfinite(n):
         return "-"
@@ -187,7 +204,7 @@ def _bytes(n: Any) -> str:
     return "-"
 
 
-def _total(value: Any, rounds: pa.Table, column: str) -> Any:
+def _total(value: object, rounds: pa.Table, column: str) -> object:
     """``value`` (from summary.json), else the sum of ``column`` over rounds.
 
     An interrupted run has no summary.json, so its counts come from the
@@ -198,7 +215,7 @@ def _total(value: Any, rounds: pa.Table, column: str) -> Any:
     return value
 
 
-def _update_counts(summary: dict[str, Any], rounds: pa.Table) -> tuple[Any, str]:
+def _update_counts(summary: dict[str, object], rounds: pa.Table) -> tuple[object, str]:
     """Updates completed, and updates dropped as a report cell.
 
     Args:
@@ -227,7 +244,7 @@ def _last_value(rounds: pa.Table, column: str) -> float | None:
     return values[-1] if values else None
 
 
-def _final_sim_time(summary: dict[str, Any], rounds: pa.Table) -> Any:
+def _final_sim_time(summary: dict[str, object], rounds: pa.Table) -> object:
     """summary.json's ``sim_time_s``, else the last round's ``sim_time``."""
     sim_time = summary.get("sim_time_s")
     if sim_time is None and rounds.num_rows and "sim_time" in rounds.column_names:
@@ -235,7 +252,7 @@ def _final_sim_time(summary: dict[str, Any], rounds: pa.Table) -> Any:
     return sim_time
 
 
-def _policy(scenario: dict[str, Any]) -> Any:
+def _policy(scenario: dict[str, object]) -> object:
     """The round policy, with its window when it is a fixed window."""
     policy = _get(scenario, "round", "policy")
     if policy == "fixed_window" and (window := _get(scenario, "round", "window_s")):
@@ -243,15 +260,21 @@ def _policy(scenario: dict[str, Any]) -> Any:
     return policy
 
 
-def _devices(scenario: dict[str, Any]) -> str:
+def _devices(scenario: dict[str, object]) -> str:
     """ "N in G groups" from the scenario's fleet; "-" without groups."""
-    groups = _get(scenario, "fleet", "groups") or []
-    devices = sum(g.get("count", 0) for g in groups if isinstance(g, dict))
+    groups = _list(_get(scenario, "fleet", "groups"))
+    devices = sum(_count(g) for g in groups)
     return f"{devices} in {len(groups)} groups" if groups else "-"
 
 
+def _count(group: object) -> int:
+    """A fleet group's ``count`` (0 when it has none or is no mapping)."""
+    count = _mapping(group).get("count", 0)
+    return count if isinstance(count, int) else 0
+
+
 def _summary_rows(
-    summary: dict[str, Any], scenario: dict[str, Any], rounds: pa.Table
+    summary: dict[str, object], scenario: dict[str, object], rounds: pa.Table
 ) -> list[tuple[str, str]]:
     """report.md's "key figure | value" rows.
 
@@ -271,7 +294,7 @@ def _summary_rows(
     tau_eff = _get(scenario, "algorithm", "tau_eff")
     policy = _policy(scenario)
     # the model before round 0 (summary.json's "initial"; null values: "-")
-    initial = summary.get("initial") or {}
+    initial = _mapping(summary.get("initial"))
     best = [_fmt(summary.get(k)) for k in ("best_test_accuracy", "best_round")]
     rows = [
         ("algorithm", f"{algo} (tau_eff: {tau_eff})" if tau_eff else _fmt(algo)),
@@ -300,7 +323,7 @@ def _summary_rows(
     return [(k, v) for k, v in rows if v not in ("-", "- (-)", "- s")]
 
 
-def _sim_time(seconds: Any) -> str:
+def _sim_time(seconds: object) -> str:
     """Seconds, and the same in min/h/d when that reads better.
 
     Below ten minutes the seconds alone read well; above, "86400.0 s" needs
@@ -312,7 +335,7 @@ def _sim_time(seconds: Any) -> str:
     return text
 
 
-def _step_cap(scenario: dict[str, Any]) -> int | None:
+def _step_cap(scenario: dict[str, object]) -> int | None:
     """The step cap to draw on the tau figure, if the run had one.
 
     Args:
@@ -331,7 +354,7 @@ def _step_cap(scenario: dict[str, Any]) -> int | None:
     return cap if caps and isinstance(cap, int) and not isinstance(cap, bool) else None
 
 
-def _status_lines(summary: dict[str, Any]) -> list[str]:
+def _status_lines(summary: dict[str, object]) -> list[str]:
     """Warnings from summary.json's ``status`` and ``degenerate``.
 
     Returns:
@@ -349,7 +372,7 @@ def _status_lines(summary: dict[str, Any]) -> list[str]:
     return [*out, ""] if out else []
 
 
-def _links_lines(links: Any) -> list[str]:
+def _links_lines(links: object) -> list[str]:
     """report.md's "Fleet and data links" section (fedsim.links).
 
     Args:
@@ -367,22 +390,26 @@ def _links_lines(links: Any) -> list[str]:
     out = ["", "## Fleet and data links", ""]
     out += [f"Declared: `{json.dumps(declared)}`.", ""]
     out += ["| Spearman rank correlation | realised |", "|---|---|"]
-    for key, value in (links.get("spearman") or {}).items():
+    for key, value in _mapping(links.get("spearman")).items():
         out.append(f"| {key.replace('_vs_', ' vs ')} | {_fmt(value, '+.3f')} |")
     out += ["", "(-: one side is the same for every device, e.g. always online.)"]
     # the header is built in two pieces only to keep the lines short
     out += ["", "| group | devices | sample share | median speed (steps/s) "]
     out[-1] += "| online fraction | selections | update share |"
     out.append("|---|---|---|---|---|---|---|")
-    for g in links.get("groups") or []:
-        cells = [g.get("name"), g.get("devices"), _fmt(g.get("sample_share"), ".3f")]
-        cells += [_fmt(g.get("median_speed")), _fmt(g.get("online_fraction"), ".3f")]
-        cells += [g.get("selections"), _fmt(g.get("update_share"), ".3f")]
-        out.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
+    out += [_links_group_row(g) for g in map(_mapping, _list(links.get("groups")))]
     return out
 
 
-def _realised_lines(realised: Any, compute: Any) -> list[str]:
+def _links_group_row(g: dict[str, object]) -> str:
+    """One group's row of the links section's per-group table."""
+    cells = [g.get("name"), g.get("devices"), _fmt(g.get("sample_share"), ".3f")]
+    cells += [_fmt(g.get("median_speed")), _fmt(g.get("online_fraction"), ".3f")]
+    cells += [g.get("selections"), _fmt(g.get("update_share"), ".3f")]
+    return "| " + " | ".join(_fmt(c) for c in cells) + " |"
+
+
+def _realised_lines(realised: object, compute: object) -> list[str]:
     """report.md's "Declared against realised" section (fedsim.realised).
 
     Args:
@@ -399,18 +426,8 @@ def _realised_lines(realised: Any, compute: Any) -> list[str]:
         return []
     out = ["", "## Declared against realised", ""]
     if isinstance(compute, dict):
-        out.append(
-            f"Model: {_fmt(compute.get('flops_per_step'), ',.0f')} FLOPs per local "
-            f"step (batch {compute.get('batch_size')}); speeds in FLOP/s run "
-            + ", ".join(
-                f"{name} at {_fmt(g.get('median_steps_per_s'), '.4g')} steps/s "
-                f"(median {_fmt(g.get('median_flops_per_s'), '.3g')} FLOP/s)"
-                for name, g in (compute.get("groups") or {}).items()
-            )
-            + "."
-        )
-        out.append("")
-    for w in realised.get("warnings") or []:
+        out += [_compute_line(compute), ""]
+    for w in _list(realised.get("warnings")):
         out.append(f"> **Warning**: {w}.")
     if realised.get("warnings"):
         out.append("")
@@ -419,7 +436,7 @@ def _realised_lines(realised: Any, compute: Any) -> list[str]:
         "| dropouts | dropped late / no time / offline |",
         "|---|---|---|---|---|---|",
     ]
-    for g in realised.get("groups") or []:
+    for g in map(_mapping, _list(realised.get("groups"))):
         out.append("| " + " | ".join(_realised_cells(g)) + " |")
     out += [
         "",
@@ -431,33 +448,53 @@ def _realised_lines(realised: Any, compute: Any) -> list[str]:
     return out
 
 
-def _realised_cells(g: dict[str, Any]) -> list[str]:
+def _compute_line(compute: dict[str, object]) -> str:
+    """The sentence on speeds given in FLOP/s: the model's FLOPs per step and
+    each group's speed in steps/s (summary.json's ``compute``)."""
+    speeds = []
+    for name, value in _mapping(compute.get("groups")).items():
+        g = _mapping(value)
+        speeds.append(
+            f"{name} at {_fmt(g.get('median_steps_per_s'), '.4g')} steps/s "
+            f"(median {_fmt(g.get('median_flops_per_s'), '.3g')} FLOP/s)"
+        )
+    return (
+        f"Model: {_fmt(compute.get('flops_per_step'), ',.0f')} FLOPs per local "
+        f"step (batch {compute.get('batch_size')}); speeds in FLOP/s run "
+        + ", ".join(speeds)
+        + "."
+    )
+
+
+def _pair(value: object, spec: str = ".1%") -> str:
+    """A realised value with its declared one in brackets (when declared)."""
+    entry = _mapping(value)
+    declared = entry.get("declared")
+    shown = f" ({_fmt(declared, spec)})" if declared is not None else ""
+    return _fmt(entry.get("realised"), spec) + shown
+
+
+def _realised_cells(g: dict[str, object]) -> list[str]:
     """One group's row of the "Declared against realised" table."""
-
-    def pair(entry: Any, spec: str = ".1%") -> str:
-        entry = entry if isinstance(entry, dict) else {}
-        declared = entry.get("declared")
-        shown = f" ({_fmt(declared, spec)})" if declared is not None else ""
-        return _fmt(entry.get("realised"), spec) + shown
-
-    speed = g.get("speed_steps_per_s") or {}
-    quantiles = " / ".join(_fmt(x, ".3g") for x in speed.get("realised") or [])
+    speed = _mapping(g.get("speed_steps_per_s"))
+    quantiles = " / ".join(_fmt(x, ".3g") for x in _list(speed.get("realised")))
     if speed.get("declared"):
-        quantiles += " (" + " / ".join(_fmt(x, ".3g") for x in speed["declared"]) + ")"
-    dropped = " / ".join(_fmt(v, ".0%") for v in (g.get("dropped") or {}).values())
+        declared = _list(speed["declared"])
+        quantiles += " (" + " / ".join(_fmt(x, ".3g") for x in declared) + ")"
+    dropped = " / ".join(_fmt(v, ".0%") for v in _mapping(g.get("dropped")).values())
     name = f"{g.get('group')} ({_fmt(g.get('devices'))} devices)"
     return [
         name,
         quantiles,
-        pair(g.get("online_at_starts")),
-        pair(g.get("straggler_rate")),
-        pair(g.get("dropout_rate")),
+        _pair(g.get("online_at_starts")),
+        _pair(g.get("straggler_rate")),
+        _pair(g.get("dropout_rate")),
         dropped,
     ]
 
 
 def _links_figure(
-    run_dir: Path, summary: dict[str, Any], partition: pa.Table | None, name: str
+    run_dir: Path, summary: dict[str, object], partition: pa.Table | None, name: str
 ) -> Figure | None:
     """Samples against speed per device, when the run declared links.
 
@@ -498,8 +535,8 @@ def _save_figures(
     run_dir: Path,
     name: str,
     tables: tuple[pa.Table, pa.Table | None],
-    summary: dict[str, Any],
-    scenario: dict[str, Any],
+    summary: dict[str, object],
+    scenario: dict[str, object],
     max_timeline_rounds: int,
 ) -> list[str]:
     """Draw and write each figure the run has data for.
@@ -520,9 +557,7 @@ def _save_figures(
             figures that do not need it are written).
     """
     rounds, clients = tables
-    fleet = _get(scenario, "fleet", "groups") or []
-    # the scenario's group order fixes the legend order and colours
-    groups = [str(g["name"]) for g in fleet if isinstance(g, dict) and "name" in g]
+    groups = _group_names(scenario)
     figures: list[str] = []
 
     def save(file: str, fig: Figure) -> None:
@@ -544,7 +579,7 @@ def _save_figures(
         save("staleness.png", fig)
     if plots.has_chi2(rounds):
         save("chi2.png", plots.figure_chi2(rounds, f"{name}: objective inconsistency"))
-    partition = _read(run_dir / "partition.parquet")
+    partition = _read_table(run_dir / "partition.parquet")
     for file, fig in _partition_figures(run_dir, name, tables, summary, partition):
         save(file, fig)
     if partition is not None:
@@ -553,11 +588,18 @@ def _save_figures(
     return figures
 
 
+def _group_names(scenario: dict[str, object]) -> list[str]:
+    """The scenario's device group names, in its order: that order fixes the
+    figures' legend order and colours (groups without a name are skipped)."""
+    fleet = _list(_get(scenario, "fleet", "groups"))
+    return [str(g["name"]) for g in fleet if isinstance(g, dict) and "name" in g]
+
+
 def _partition_figures(
     run_dir: Path,
     name: str,
     tables: tuple[pa.Table, pa.Table | None],
-    summary: dict[str, Any],
+    summary: dict[str, object],
     partition: pa.Table | None,
 ) -> list[tuple[str, Figure]]:
     """The figures that need partition.parquet: weight share, and links.
@@ -573,6 +615,29 @@ def _partition_figures(
     if (linked := _links_figure(run_dir, summary, partition, name)) is not None:
         out.append(("links.png", linked))
     return out
+
+
+def _run_name(
+    scenario: dict[str, object], summary: dict[str, object], run_dir: Path
+) -> str:
+    """The run's name for titles: scenario.yaml's first, as a summary may be
+    missing and a directory renamed; then summary.json's; then the folder's."""
+    return str(scenario.get("name") or summary.get("scenario") or run_dir.name)
+
+
+def _figure_lines(figures: Sequence[str], partition: bool) -> list[str]:
+    """report.md's figure sections: each figure written, with its heading and
+    hint (:data:`FIGURES`), then the data partition when ``partition``
+    (partition.png, drawn by :func:`_save_figures` from partition.parquet; a
+    run of the quadratic objectives has none)."""
+    lines: list[str] = []
+    for file in figures:
+        heading, hint = FIGURES[file]
+        lines += ["", f"## {heading}", "", f"![{heading}]({file})", "", hint]
+    if partition:
+        lines += ["", "## Data partition", "", "![Data partition](partition.png)", ""]
+        lines.append("Samples per client by class (partition.parquet holds them all).")
+    return lines
 
 
 def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
@@ -597,17 +662,16 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir} is not a run directory: no such directory")
-    rounds = _read(run_dir / "rounds.parquet")
+    rounds = _read_table(run_dir / "rounds.parquet")
     if rounds is None:
         raise ReportError(
             f"{run_dir} is not a run directory: rounds.parquet is missing "
             "(expected the output directory of `fedsim run`)"
         )
-    clients = _read(run_dir / "clients.parquet")
+    clients = _read_table(run_dir / "clients.parquet")
     summary = _read_mapping(run_dir / "summary.json", json.loads)
     scenario = _read_mapping(run_dir / "scenario.yaml", yaml.safe_load)
-    # scenario.yaml's name first: a summary may be missing, a directory renamed
-    name = str(scenario.get("name") or summary.get("scenario") or run_dir.name)
+    name = _run_name(scenario, summary, run_dir)
     tables = (rounds, clients)
     figures = _save_figures(
         run_dir, name, tables, summary, scenario, max_timeline_rounds
@@ -620,14 +684,7 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     lines += _realised_lines(summary.get("fleet_realised"), summary.get("compute"))
     if clients is None:
         lines += ["", "clients.parquet is missing: the client figures are empty."]
-    for file in figures:
-        heading, hint = FIGURES[file]
-        lines += ["", f"## {heading}", "", f"![{heading}]({file})", "", hint]
-    # partition.png: drawn by _save_figures from partition.parquet (a run of
-    # the quadratic objectives has none)
-    if (run_dir / "partition.png").exists():
-        lines += ["", "## Data partition", "", "![Data partition](partition.png)", ""]
-        lines.append("Samples per client by class (partition.parquet holds them all).")
+    lines += _figure_lines(figures, (run_dir / "partition.png").exists())
     path = run_dir / REPORT_NAME
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
     return path

@@ -250,8 +250,11 @@ class ResourceSpec(Spec):
     gpus_per_worker: Annotated[float, Field(ge=0, le=64)] = 0.0
     vectorize: bool = False  # equal to sequential within float tolerance only
     server: ServerHomeSpec = ServerHomeSpec()
-    server_node: Literal["driver", "any"] = "driver"
-    server_cpus: Annotated[float, Field(ge=0, le=1024)] = 0.0
+    # gone (refused when set otherwise, below); read so that an older file
+    # at the defaults loads, never written: the resolved scenario that
+    # `validate` prints and run folders keep shows only live fields
+    server_node: Annotated[Literal["driver", "any"], Field(exclude=True)] = "driver"
+    server_cpus: Annotated[float, Field(ge=0, le=1024, exclude=True)] = 0.0
     placement: Literal["spread", "pack", "strict_spread", "strict_pack"] = "spread"
     placement_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
     data: Literal["object_store", "per_node"] = "object_store"

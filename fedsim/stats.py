@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeGuard
 
 Verdict = Literal["better", "worse", "no difference", "n/a"]
 """``better``/``worse``: the interval lies wholly on one side of 0 (which
@@ -62,7 +62,7 @@ class PairedInterval:
 
 
 def paired_differences(
-    arm: Mapping[int, float | None], baseline: Mapping[int, float | None]
+    arm: Mapping[int, object], baseline: Mapping[int, object]
 ) -> list[float]:
     """``arm[s] - baseline[s]`` for every seed ``s`` both hold a finite value
     for, in increasing seed order.
@@ -72,7 +72,8 @@ def paired_differences(
     anything would compare unlike things.
 
     Args:
-        arm: seed -> the arm's value.
+        arm: seed -> the arm's value (a cell: anything not a finite number
+            counts as missing).
         baseline: seed -> the baseline's value.
 
     Example:
@@ -83,7 +84,7 @@ def paired_differences(
     for seed in sorted(set(arm) & set(baseline)):
         a, b = arm[seed], baseline[seed]
         if _finite(a) and _finite(b):
-            out.append(float(a) - float(b))  # type: ignore[arg-type]
+            out.append(float(a) - float(b))
     return out
 
 
@@ -279,6 +280,6 @@ def _beta_fraction(a: float, b: float, x: float) -> float:
     raise ArithmeticError(f"incomplete beta did not converge (a={a}, b={b}, x={x})")
 
 
-def _finite(x: object) -> bool:
+def _finite(x: object) -> TypeGuard[float]:
     """A finite real number (None, NaN and inf are not)."""
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)

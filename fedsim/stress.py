@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -24,8 +24,10 @@ from fedsim.compare import (
     RUN_COLUMNS,
     TOOL_FIELDS,
     _colors,
+    _column,
     _ge,
     _pm,
+    _pm_of,
     _reject_run_overrides,
     _spread,
     _stats,
@@ -43,7 +45,13 @@ from fedsim.compare import (
     tool_field,
 )
 from fedsim.results import BOOL, F64, I64, STR, schema
-from fedsim.scenario import ScenarioError, load_scenario, read_yaml
+from fedsim.rows import Row, number, text, whole
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from fedsim.plots import RGBA
+from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, read_yaml
 from fedsim.stats import paired_differences, paired_interval, seeds_needed
 
 # What stress.md pairs each arm on, against the baseline, in every cell.
@@ -68,6 +76,57 @@ TAU_SCHEMA = schema(
 )
 _DEFAULT_TARGET = "90% of the best algorithm's mean best accuracy in the mildest cell"
 
+# One cell of the grid: each swept field path -> its value there (a YAML
+# scalar or flow collection, as --sweep gave it).
+Cell = Mapping[str, object]
+# A row that names its ``cell`` (a record, a taus row), kept as its own type.
+_R = TypeVar("_R", bound=Row)
+
+
+class RunOutput(TypedDict):
+    """What :func:`_run_one` returns for one (cell, algorithm, seed).
+
+    Attributes:
+        record: its stress.parquet row (less the time to target).
+        rounds: rounds.parquet's rows.
+        taus: taus.parquet's rows (one per client update).
+        chance: 1 / classes (0 when not classifying): the verdict's floor.
+    """
+
+    record: dict[str, object]
+    rounds: list[dict[str, object]]
+    taus: list[dict[str, object]]
+    chance: float
+
+
+class Degradation(TypedDict):
+    """One algorithm's row of :func:`degradation`.
+
+    Attributes:
+        algorithm: its label.
+        values: the swept field's value labels, in sweep order.
+        accuracy: mean final accuracy at each value (NaN where none).
+        seeds: how many seeds ran at both ends.
+        drop: mean paired drop from the first value to the last.
+        drop_sd: its sample std over seeds.
+        drops: each seed's drop.
+        drop_lo: the 95% Student t interval's lower end.
+        drop_hi: its upper end.
+
+    :func:`degradation` sets every key; the readers take a row without the
+    per-seed drops and interval too (a row written by hand, as in tests).
+    """
+
+    algorithm: str
+    values: list[str]
+    accuracy: list[float]
+    seeds: int
+    drop: float
+    drop_sd: float
+    drops: NotRequired[dict[int, float]]
+    drop_lo: NotRequired[float]
+    drop_hi: NotRequired[float]
+
 
 def _split_top(text: str) -> list[str]:
     """Split on commas outside brackets and braces, so that a swept value
@@ -83,7 +142,7 @@ def _split_top(text: str) -> list[str]:
     return [p.strip() for p in pieces if p.strip()]
 
 
-def parse_sweep(text: str) -> tuple[str, list[Any]]:
+def parse_sweep(text: str) -> tuple[str, list[object]]:
     """``PATH=v1,v2,...`` into the path and its values (YAML scalars or flow
     collections; commas inside ``[]`` or ``{}`` do not split).
 
@@ -119,32 +178,32 @@ def check_sweep_fields(paths: Sequence[str]) -> None:
             )
 
 
-def _label(value: Any) -> str:
+def _label(value: object) -> str:
     """A swept value as text: strings as they are, anything else as JSON
     (``0.5``, ``true``, ``{"dist": "fixed"}``), so equal values compare
     equal across cells however YAML typed them."""
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _values(cells: Sequence[Mapping[str, Any]], path: str) -> list[str]:
+def _values(cells: Sequence[Cell], path: str) -> list[str]:
     """The labels of ``path``'s values over the grid, in sweep order (each
     once, although a grid repeats it for every value of the other fields)."""
     return list(dict.fromkeys(_label(c[path]) for c in cells))
 
 
-def _at(rows: Sequence[dict[str, Any]], cells: Any, path: str, value: str) -> list[Any]:
+def _at(rows: Sequence[_R], cells: Sequence[Cell], path: str, value: str) -> list[_R]:
     """The ``rows`` (each naming its ``cell``) where ``path``'s label is ``value``."""
-    return [r for r in rows if _label(cells[r["cell"]][path]) == value]
+    return [r for r in rows if _label(cells[whole(r["cell"])][path]) == value]
 
 
 def _run_one(
     scenario_path: str,
     overrides: list[str],
     cell_index: int,
-    cell: dict[str, Any],
+    cell: Cell,
     label: str,
     seed: int,
-) -> dict[str, Any]:
+) -> RunOutput:
     """Run one (cell, algorithm, seed) in this process (a Ray task when the
     sweep runs on Ray: it must be a plain module-level function).
 
@@ -176,23 +235,22 @@ def _run_one(
     classes = result.data.num_classes if result.data is not None else 0
     chance = 1.0 / classes if classes else 0.0
     taus = _tau_rows(run, result.clients)
-    return dict(record=record, rounds=rows, taus=taus, chance=chance)
+    return RunOutput(record=record, rounds=rows, taus=taus, chance=chance)
 
 
-def _run_figures(
-    rows: Sequence[dict[str, Any]], clients: Sequence[dict[str, Any]]
-) -> dict[str, Any]:
+def _run_figures(rows: Sequence[Row], clients: Sequence[Row]) -> dict[str, float | int]:
     """A run's accuracies, simulated time, updates, dropped share and tau
     spread, as stress.parquet holds them; NaN where a run has none (no
     evaluated round, no update), never an exception on an empty run."""
-    finite = [a for a in (float(r["test_accuracy"]) for r in rows) if math.isfinite(a)]
-    taus = np.array([c["tau"] for c in clients if not c["dropped"]], dtype=np.float64)
-    selected = sum(int(r["n_selected"]) for r in rows)
-    dropped = sum(int(r["n_dropped"]) for r in rows)
+    finite = [a for a in _column(rows, "test_accuracy") if math.isfinite(a)]
+    done = [c for c in clients if not c["dropped"]]
+    taus = np.array(_column(done, "tau"), dtype=np.float64)
+    selected = sum(whole(r["n_selected"], "n_selected") for r in rows)
+    dropped = sum(whole(r["n_dropped"], "n_dropped") for r in rows)
     return {
         "final_accuracy": finite[-1] if finite else math.nan,
         "best_accuracy": max(finite, default=math.nan),
-        "sim_time_s": float(rows[-1]["sim_time"]) if rows else 0.0,
+        "sim_time_s": number(rows[-1]["sim_time"], "sim_time") if rows else 0.0,
         "updates": taus.size,
         "dropped_fraction": dropped / selected if selected else math.nan,
         # numpy warns on the mean of nothing; a run without updates has NaN
@@ -201,9 +259,7 @@ def _run_figures(
     }
 
 
-def _tau_rows(
-    run: dict[str, Any], clients: Sequence[dict[str, Any]]
-) -> list[dict[str, Any]]:
+def _tau_rows(run: Row, clients: Sequence[Row]) -> list[dict[str, object]]:
     """taus.parquet's rows of one run: ``run`` (cell, algorithm, seed, mode)
     with each client row's group, tau and drop (dropped rows too: the figure
     leaves them out, a reader of the table may not)."""
@@ -211,7 +267,7 @@ def _tau_rows(
         {
             **run,
             "device_group": str(c["device_group"]),
-            "tau": int(c["tau"]),
+            "tau": whole(c["tau"], "tau"),
             "dropped": bool(c["dropped"]),
             "drop_reason": str(c.get("drop_reason") or ""),
         }
@@ -219,7 +275,7 @@ def _tau_rows(
     ]
 
 
-def _default_target(records: Sequence[dict[str, Any]]) -> float | None:
+def _default_target(records: Sequence[Row]) -> float | None:
     """90% of the best per-algorithm mean best accuracy in the mildest cell,
     rounded down to half a point; None when no run there has an accuracy.
 
@@ -237,9 +293,7 @@ def _default_target(records: Sequence[dict[str, Any]]) -> float | None:
     return None if best is None else math.floor(0.9 * best * 200) / 200
 
 
-def aggregate(
-    records: Sequence[dict[str, Any]], cells: Sequence[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
+def aggregate(records: Sequence[Row], cells: Sequence[Cell]) -> list[dict[str, object]]:
     """One row per (cell, algorithm), in grid order: mean and std over seeds.
 
     Args:
@@ -251,31 +305,34 @@ def aggregate(
         that reached the target, ``diverged`` those that diverged.
     """
     table = []
-    labels = list(dict.fromkeys(r["algorithm"] for r in records))
+    labels = list(dict.fromkeys(text(r["algorithm"]) for r in records))
     keys = "final_accuracy best_accuracy dropped_fraction tau_mean tau_std sim_time_s"
     for (ci, cell), label in itertools.product(enumerate(cells), labels):
         rs = [r for r in records if r["cell"] == ci and r["algorithm"] == label]
         if rs:
-            table.append(
-                {
-                    "cell": ci,
-                    **cell,
-                    "algorithm": label,
-                    "seeds": len(rs),
-                    "mode": rs[0]["mode"],
-                    **_spread(rs, f"{keys} time_to_target_s", "_sd"),
-                    "reached": sum(r["time_to_target_s"] is not None for r in rs),
-                    "diverged": sum(bool(r["diverged"]) for r in rs),
-                }
-            )
+            table.append({"cell": ci, **cell, **_arm_row(label, rs, keys)})
     return table
 
 
+def _arm_row(label: str, rs: Sequence[Row], keys: str) -> dict[str, object]:
+    """One arm's columns of an "All cells" row: its seeds, mode, the mean
+    and sample std of each of ``keys`` and of the time to target, and how
+    many seeds reached the target and diverged."""
+    return {
+        "algorithm": label,
+        "seeds": len(rs),
+        "mode": rs[0]["mode"],
+        **_spread(rs, f"{keys} time_to_target_s", "_sd"),
+        "reached": sum(r["time_to_target_s"] is not None for r in rs),
+        "diverged": sum(bool(r["diverged"]) for r in rs),
+    }
+
+
 def degradation(
-    records: Sequence[dict[str, Any]],
-    cells: Sequence[Mapping[str, Any]],
+    records: Sequence[Row],
+    cells: Sequence[Cell],
     path: str,
-) -> list[dict[str, Any]]:
+) -> list[Degradation]:
     """Per algorithm: mean final accuracy at each value of ``path`` (averaged
     over the other swept fields) and the drop from the first value to the
     last, paired by seed (mean, sample std and 95% Student t interval over
@@ -293,25 +350,55 @@ def degradation(
     """
     values = _values(cells, path)
     out = []
-    for label in dict.fromkeys(r["algorithm"] for r in records):
-        by_value: dict[str, dict[int, list[float]]] = {v: {} for v in values}
-        for r in records:
-            if r["algorithm"] == label:
-                seeds = by_value[_label(cells[r["cell"]][path])]
-                seeds.setdefault(r["seed"], []).append(r["final_accuracy"])
+    for label in dict.fromkeys(text(r["algorithm"]) for r in records):
+        mine = [r for r in records if r["algorithm"] == label]
+        by_value = _accuracy_by_value(mine, cells, path, values)
         acc = [_stats([*itertools.chain(*by_value[v].values())])[0] for v in values]
-        first, last = by_value[values[0]], by_value[values[-1]]
-        drops = {
-            s: float(np.mean(first[s])) - float(np.mean(last[s]))
-            for s in sorted(set(first) & set(last))
-        }
+        drops = _seed_drops(by_value[values[0]], by_value[values[-1]])
         paired = [d for d in drops.values() if math.isfinite(d)]
-        row = dict(algorithm=label, values=values, accuracy=acc, seeds=len(drops))
-        row["drop"], row["drop_sd"] = _stats(paired)
+        drop, drop_sd = _stats(paired)
         iv = paired_interval(paired)
-        row.update(drops=drops, drop_lo=iv.lo, drop_hi=iv.hi)
-        out.append(row)
+        out.append(
+            Degradation(
+                algorithm=label,
+                values=values,
+                accuracy=acc,
+                seeds=len(drops),
+                drop=drop,
+                drop_sd=drop_sd,
+                drops=drops,
+                drop_lo=iv.lo,
+                drop_hi=iv.hi,
+            )
+        )
     return sorted(out, key=lambda d: (not math.isfinite(d["drop"]), d["drop"]))
+
+
+def _accuracy_by_value(
+    records: Sequence[Row], cells: Sequence[Cell], path: str, values: Sequence[str]
+) -> dict[str, dict[int, list[float]]]:
+    """The final accuracies of ``records`` (one algorithm's), by the label of
+    ``path``'s value in their cell and then by seed (a seed runs once per
+    cell, so several values under one seed come from the other swept
+    fields, averaged over by the caller)."""
+    by_value: dict[str, dict[int, list[float]]] = {v: {} for v in values}
+    for r in records:
+        seeds = by_value[_label(cells[whole(r["cell"])][path])]
+        accuracy = number(r["final_accuracy"], "final_accuracy")
+        seeds.setdefault(whole(r["seed"]), []).append(accuracy)
+    return by_value
+
+
+def _seed_drops(
+    first: Mapping[int, list[float]], last: Mapping[int, list[float]]
+) -> dict[int, float]:
+    """Each seed's drop from ``first`` to ``last`` (seed -> accuracies at the
+    sweep's two ends): the difference of its mean accuracies, for the seeds
+    that ran at both ends, in seed order."""
+    return {
+        s: float(np.mean(first[s])) - float(np.mean(last[s]))
+        for s in sorted(set(first) & set(last))
+    }
 
 
 def _points(drop: float) -> float:
@@ -320,7 +407,7 @@ def _points(drop: float) -> float:
     return round(-drop * 100, 1) + 0.0
 
 
-def _verdict(deg: Sequence[dict[str, Any]], path: str, chance: float = 0.0) -> str:
+def _verdict(deg: Sequence[Degradation], path: str, chance: float = 0.0) -> str:
     """stress.md's answer to "which aggregator degrades least?", in words.
 
     Args:
@@ -337,10 +424,7 @@ def _verdict(deg: Sequence[dict[str, Any]], path: str, chance: float = 0.0) -> s
     finite = [d for d in deg if math.isfinite(d["drop"])]
     if not finite:
         return "No algorithm has a finite accuracy at both ends of the sweep."
-    # An algorithm that never learns "degrades least" trivially: only those
-    # clearly above chance in the mildest setting can lead.
-    floor = chance + max(0.05, 0.1 * (1 - chance)) if chance > 0 else -math.inf
-    ok = [d for d in finite if d["accuracy"][0] >= floor]
+    ok = _above_chance(finite, chance)
     if not ok:
         return (
             f"No algorithm learned clearly beyond chance ({chance * 100:.0f}%) in "
@@ -348,9 +432,27 @@ def _verdict(deg: Sequence[dict[str, Any]], path: str, chance: float = 0.0) -> s
             "learning rate) before reading the sweep."
         )
     best = ok[0]
-    first, last = best["values"][0], best["values"][-1]
     if len(best["values"]) < 2:
         return f"Only one value of `{path}` was run: nothing to compare."
+    return _headline(ok, path) + _caveats(best, ok, best["values"][-1])
+
+
+def _above_chance(deg: Sequence[Degradation], chance: float) -> list[Degradation]:
+    """The rows clearly above chance (``chance`` = 1 / classes; 0: not
+    classifying, every row) in the mildest setting, in ``deg``'s order.
+
+    An algorithm that never learns "degrades least" trivially: only those
+    clearly above chance in the mildest setting can lead.
+    """
+    floor = chance + max(0.05, 0.1 * (1 - chance)) if chance > 0 else -math.inf
+    return [d for d in deg if d["accuracy"][0] >= floor]
+
+
+def _headline(ok: Sequence[Degradation], path: str) -> str:
+    """The verdict's first sentence: ``ok[0]`` degrades least, its drop in
+    points and its two ends' accuracies, against the others' drops."""
+    best = ok[0]
+    first, last = best["values"][0], best["values"][-1]
     others = ", ".join(
         f"{_points(d['drop']):+.1f} for {d['algorithm']}" for d in ok[1:]
     )
@@ -359,11 +461,10 @@ def _verdict(deg: Sequence[dict[str, Any]], path: str, chance: float = 0.0) -> s
         f"least**: its final accuracy changes by {_points(best['drop']):+.1f} points "
         f"({best['accuracy'][0] * 100:.1f}% -> {best['accuracy'][-1] * 100:.1f}%)"
     )
-    text += f", against {others}." if others else "."
-    return text + _caveats(best, ok, last)
+    return text + (f", against {others}." if others else ".")
 
 
-def _caveats(best: dict[str, Any], ok: Sequence[dict[str, Any]], last: str) -> str:
+def _caveats(best: Degradation, ok: Sequence[Degradation], last: str) -> str:
     """The verdict's warnings: the one that degrades least may not be the most
     accurate at the harshest value, and its lead may be within the seeds'
     noise (or there is one seed, and no noise to judge it by)."""
@@ -380,7 +481,7 @@ def _caveats(best: dict[str, Any], ok: Sequence[dict[str, Any]], last: str) -> s
     return text
 
 
-def _lead(best: dict[str, Any], second: dict[str, Any]) -> str:
+def _lead(best: Degradation, second: Degradation) -> str:
     """Whether ``best``'s smaller drop than ``second``'s is real: the two
     drops are paired by seed, so their difference gets a t interval."""
     if best["seeds"] <= 1:
@@ -406,8 +507,8 @@ def _lead(best: dict[str, Any], second: dict[str, Any]) -> str:
 
 
 def format_markdown(
-    table: Sequence[dict[str, Any]],
-    deg: Sequence[dict[str, Any]],
+    table: Sequence[Row],
+    deg: Sequence[Degradation],
     paths: Sequence[str],
     title: str,
     notes: Sequence[str] = (),
@@ -436,18 +537,18 @@ def format_markdown(
         n = r["seeds"]
         t = "-" if target is None else "not reached"
         if target is not None and r["reached"]:
-            t = _pm(r["time_to_target_s"], r["time_to_target_s_sd"], digits=0)
+            t = _pm_of(r, "time_to_target_s", digits=0, spread="_sd")
             t += "" if r["reached"] == n else f" ({r['reached']}/{n})"
-        alg = r["algorithm"] + (" (async)" if r["mode"] == "async" else "")
+        alg = text(r["algorithm"]) + (" (async)" if r["mode"] == "async" else "")
         if r["diverged"]:
             alg += f" [diverged {r['diverged']}/{n}]"
         lines.append(
             f"| {vals} | {alg} "
-            f"| {_pm(r['final_accuracy'], r['final_accuracy_sd'], 100, 1)} "
-            f"| {_pm(r['best_accuracy'], r['best_accuracy_sd'], 100, 1)} | {t} "
-            f"| {_pm(r['dropped_fraction'], r['dropped_fraction_sd'], 100, 1)} "
-            f"| {_pm(r['tau_mean'], r['tau_mean_sd'], digits=1)} "
-            f"| {_pm(r['tau_std'], r['tau_std_sd'], digits=1)} |"
+            f"| {_pm_of(r, 'final_accuracy', 100, 1, '_sd')} "
+            f"| {_pm_of(r, 'best_accuracy', 100, 1, '_sd')} | {t} "
+            f"| {_pm_of(r, 'dropped_fraction', 100, 1, '_sd')} "
+            f"| {_pm_of(r, 'tau_mean', digits=1, spread='_sd')} "
+            f"| {_pm_of(r, 'tau_std', digits=1, spread='_sd')} |"
         )
     lines += [
         "",
@@ -466,7 +567,7 @@ def format_markdown(
 
 
 def _degradation_section(
-    deg: Sequence[dict[str, Any]], path: str, chance: float
+    deg: Sequence[Degradation], path: str, chance: float
 ) -> list[str]:
     """stress.md's verdict and its table: per algorithm, the mean final
     accuracy at each value of the first swept field and the drop from the
@@ -493,7 +594,7 @@ def _degradation_section(
 
 
 def plot_accuracy(
-    results: Sequence[dict[str, Any]], cells: Sequence[Mapping[str, Any]], path: Path
+    results: Sequence[RunOutput], cells: Sequence[Cell], path: Path
 ) -> Path:
     """Test accuracy against simulated time: a panel per cell, a colour per
     algorithm, a line per seed.
@@ -504,23 +605,14 @@ def plot_accuracy(
     """
     from fedsim.plots import _new_figure, _save
 
-    colors = _colors(r["record"]["algorithm"] for r in results)
+    colors = _colors(text(r["record"]["algorithm"]) for r in results)
     ncols = min(len(cells), 4)
     nrows = math.ceil(len(cells) / ncols)
     fig = _new_figure(3.6 * ncols + 1, 3.0 * nrows + 0.6)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).reshape(-1)
     for ci, cell in enumerate(cells):
-        ax, shown = axes[ci], set()
-        for rec, rows in ((r["record"], r["rounds"]) for r in results):
-            if rec["cell"] != ci:
-                continue
-            x = np.array([r["sim_time"] for r in rows], dtype=float)
-            y = np.array([r["test_accuracy"] for r in rows], dtype=float)
-            ok = np.isfinite(x) & np.isfinite(y)
-            label = rec["algorithm"] if rec["algorithm"] not in shown else None
-            shown.add(rec["algorithm"])
-            color = colors[rec["algorithm"]]
-            ax.plot(x[ok], y[ok], color=color, linewidth=1.2, alpha=0.85, label=label)
+        ax = axes[ci]
+        _draw_cell_runs(ax, [r for r in results if r["record"]["cell"] == ci], colors)
         title = ", ".join(f"{p} = {_label(v)}" for p, v in cell.items())
         ax.set_title(title, fontsize=9)
         ax.set(xlabel="simulated time (s)", ylabel="test accuracy")
@@ -532,10 +624,28 @@ def plot_accuracy(
     return _save(fig, path)
 
 
+def _draw_cell_runs(
+    ax: Axes, results: Sequence[RunOutput], colors: Mapping[str, RGBA]
+) -> None:
+    """One cell's panel: test accuracy against simulated time, a line per
+    run (its finite points), coloured by algorithm, each algorithm in the
+    legend once."""
+    shown: set[str] = set()
+    for rec, rows in ((r["record"], r["rounds"]) for r in results):
+        x = np.array(_column(rows, "sim_time"), dtype=float)
+        y = np.array(_column(rows, "test_accuracy"), dtype=float)
+        ok = np.isfinite(x) & np.isfinite(y)
+        algorithm = text(rec["algorithm"])
+        label = algorithm if algorithm not in shown else None
+        shown.add(algorithm)
+        color = colors[algorithm]
+        ax.plot(x[ok], y[ok], color=color, linewidth=1.2, alpha=0.85, label=label)
+
+
 def plot_degradation(
-    deg: Sequence[dict[str, Any]],
-    records: Sequence[dict[str, Any]],
-    cells: Sequence[Mapping[str, Any]],
+    deg: Sequence[Degradation],
+    records: Sequence[Row],
+    cells: Sequence[Cell],
     path_name: str,
     path: Path,
 ) -> Path:
@@ -550,14 +660,13 @@ def plot_degradation(
 
     fig = _new_figure(6.5, 4.2)
     ax = fig.subplots()
-    colors = _colors(r["algorithm"] for r in records)
+    colors = _colors(text(r["algorithm"]) for r in records)
     values = deg[0]["values"] if deg else []
     xs = np.arange(len(values))
     for d in deg:
         mine = [r for r in records if r["algorithm"] == d["algorithm"]]
         accs = [
-            [r["final_accuracy"] for r in _at(mine, cells, path_name, v)]
-            for v in values
+            _column(_at(mine, cells, path_name, v), "final_accuracy") for v in values
         ]
         accs = [[a for a in acc if math.isfinite(a)] for acc in accs]
         lows = [min(acc, default=math.nan) for acc in accs]
@@ -576,8 +685,8 @@ def plot_degradation(
 
 
 def plot_taus(
-    taus: Sequence[dict[str, Any]],
-    cells: Sequence[Mapping[str, Any]],
+    taus: Sequence[Row],
+    cells: Sequence[Cell],
     path_name: str,
     path: Path,
 ) -> Path:
@@ -591,7 +700,7 @@ def plot_taus(
     from fedsim.plots import _new_figure, _save
 
     taus = [t for t in taus if t.get("mode", "sync") == "sync"] or list(taus)
-    groups = list(dict.fromkeys(t["device_group"] for t in taus))
+    groups = list(dict.fromkeys(text(t["device_group"]) for t in taus))
     values = _values(cells, path_name)
     colors = _colors(values)
     fig = _new_figure(max(6.0, 1.5 + 0.55 * len(groups) * len(values)), 4.4)
@@ -599,7 +708,9 @@ def plot_taus(
     width = 0.8 / max(1, len(values))
     for vi, v in enumerate(values):
         done = [t for t in _at(taus, cells, path_name, v) if not t["dropped"]]
-        data = [[t["tau"] for t in done if t["device_group"] == g] for g in groups]
+        data = [
+            _column([t for t in done if t["device_group"] == g], "tau") for g in groups
+        ]
         pos = np.arange(len(groups)) + (vi - (len(values) - 1) / 2) * width
         keep = [i for i, d in enumerate(data) if d]
         if not keep:
@@ -627,14 +738,14 @@ def plot_taus(
 
 def run_stress(
     scenario_path: str | Path,
-    sweep: Mapping[str, Sequence[Any]],
+    sweep: Mapping[str, Sequence[object]],
     algorithms: Sequence[str],
     seeds: int = 3,
     out_dir: str | Path | None = None,
     workers: int | None = None,
     target_accuracy: float | None = None,
     overrides: Sequence[str] = (),
-    progress: Callable[[dict[str, Any]], None] | None = None,
+    progress: Callable[[dict[str, object]], None] | None = None,
     baseline: str | None = None,
     log: Sequence[str] = (),
 ) -> Path:
@@ -674,18 +785,19 @@ def run_stress(
         for seed in range(seeds)
     ]
 
-    def finish(res: dict[str, Any], so_far: list[dict[str, Any]]) -> None:
+    def finish(res: RunOutput, so_far: list[RunOutput]) -> None:
         # Each run's rounds, then the table so far: an interrupted sweep
         # keeps everything that finished, written atomically.
         rec = res["record"]
-        run = f"{rec['cell']:02d}-{stems[rec['algorithm']]}-seed{rec['seed']}.parquet"
+        arm, seed, ci = text(rec["algorithm"]), whole(rec["seed"]), whole(rec["cell"])
+        run = f"{ci:02d}-{stems[arm]}-seed{seed}.parquet"
         write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
         _write_tables(out, so_far, cells, target_accuracy, base)  # the tables so far
         if group is not None:  # issue 41: one tracked run per cell, arm and seed
-            arm, seed, ci = rec["algorithm"], rec["seed"], rec["cell"]
             sc = load_variant(str(scenario_path), arm, seed, overrides, cells[ci])[0]
             name = f"{ci:02d}-{stems[arm]}-seed{seed}"
-            group.log_run(name, sc, res["rounds"], arm=arm, seed=seed, cell=ci)
+            resolved = dump_scenario(sc)
+            group.log_run(name, resolved, res["rounds"], arm=arm, seed=seed, cell=ci)
         if progress is not None:
             progress(rec)
 
@@ -708,11 +820,11 @@ def run_stress(
 
 def _grid(
     scenario_path: str | Path,
-    sweep: Mapping[str, Sequence[Any]],
+    sweep: Mapping[str, Sequence[object]],
     algorithms: Sequence[str],
     seeds: int,
     overrides: Sequence[str],
-) -> tuple[list[dict[str, Any]], list[str]]:
+) -> tuple[list[dict[str, object]], list[str]]:
     """The sweep's cells (every combination of the swept values, in sweep
     order) and the canonical algorithm labels, once every (cell, algorithm)
     has validated: a mistake in the last cell is found before the first run,
@@ -722,12 +834,7 @@ def _grid(
         ValueError: no seeds, algorithms or swept values.
         ScenarioError: an invalid override, swept field or value, or algorithm.
     """
-    if seeds < 1:
-        raise ValueError("seeds must be >= 1")
-    if not algorithms:
-        raise ValueError("no algorithms given")
-    if not sweep or any(len(v) == 0 for v in sweep.values()):
-        raise ValueError("the sweep needs at least one field with at least one value")
+    _check_grid_size(sweep, algorithms, seeds)
     labels = [canonical_label(a) for s in algorithms for a in split_algorithms(s)]
     _reject_run_overrides(overrides, "stress")
     check_sweep_fields(list(sweep))
@@ -741,10 +848,23 @@ def _grid(
     return cells, labels
 
 
+def _check_grid_size(
+    sweep: Mapping[str, Sequence[object]], algorithms: Sequence[str], seeds: int
+) -> None:
+    """Refuse a grid with nothing to run: no seeds, algorithms, swept fields
+    or values of one (each a ValueError naming what is missing)."""
+    if seeds < 1:
+        raise ValueError("seeds must be >= 1")
+    if not algorithms:
+        raise ValueError("no algorithms given")
+    if not sweep or any(len(v) == 0 for v in sweep.values()):
+        raise ValueError("the sweep needs at least one field with at least one value")
+
+
 def _write_report(
     out: Path,
-    results: list[dict[str, Any]],
-    cells: list[dict[str, Any]],
+    results: list[RunOutput],
+    cells: list[dict[str, object]],
     scenario_path: str | Path,
     notes: list[str],
     target_accuracy: float | None,
@@ -771,15 +891,15 @@ def _write_report(
             "clients per round; as many applied updates as the synchronous runs "
             "select; each job does the round's max_steps, or its epochs)"
         )
-    wall = sum(r["record"]["wall_time_s"] for r in results)
+    wall = sum(number(r["record"]["wall_time_s"]) for r in results)
     notes.append(f"{len(results)} runs, {wall:.0f} s of compute in total")
     paths = list(cells[0])
     deg = degradation(records, cells, paths[0])
-    chance = max((r.get("chance", 0.0) for r in results), default=0.0)
+    chance = max((r["chance"] for r in results), default=0.0)
     title = f"stress: {Path(scenario_path).stem}"
     paired = paired_table(records, baseline, STRESS_PAIRED, by=("cell",))
     for r in paired:
-        r.update(cells[r["cell"]])
+        r.update(cells[whole(r["cell"])])
     section = [f"## Paired against {baseline}, cell by cell", ""]
     section += format_paired(paired, STRESS_PAIRED, lead=paths)
     section += ["", paired_note(baseline), "", "![paired differences](paired.png)"]
@@ -800,11 +920,11 @@ def _write_report(
 
 def _write_tables(
     out: Path,
-    results: list[dict[str, Any]],
-    cells: Sequence[Mapping[str, Any]],
+    results: list[RunOutput],
+    cells: Sequence[Cell],
     target_accuracy: float | None,
     baseline: str,
-) -> tuple[list[dict[str, Any]], float | None]:
+) -> tuple[list[dict[str, object]], float | None]:
     """stress.parquet with times to target filled in, and paired.parquet
     (each arm against ``baseline`` in every cell), rewritten as runs end.
 
@@ -819,21 +939,21 @@ def _write_tables(
     goal = math.inf if target is None else target  # inf: never reached
     for rec, res in zip(records, results, strict=True):
         rec["target_accuracy"] = math.nan if target is None else target
-        hits = (r for r in res["rounds"] if _ge(float(r["test_accuracy"]), goal))
-        rec["time_to_target_s"] = next((float(r["sim_time"]) for r in hits), None)
+        hits = (r for r in res["rounds"] if _ge(number(r["test_accuracy"]), goal))
+        rec["time_to_target_s"] = next((number(r["sim_time"]) for r in hits), None)
     fields, cols = _sweep_columns(cells)
-    rows = [cols[r["cell"]] | r for r in records]
+    rows = [cols[whole(r["cell"])] | r for r in records]
     write_table(out / "stress.parquet", rows, pa.schema([*fields, *STRESS_SCHEMA]))
     paired = paired_table(records, baseline, STRESS_PAIRED, by=("cell",))
     paired_fields = pa.schema([*fields, ("cell", pa.int64()), *PAIRED_SCHEMA])
-    paired_rows = [cols[r["cell"]] | r for r in paired]
+    paired_rows = [cols[whole(r["cell"])] | r for r in paired]
     write_table(out / "paired.parquet", paired_rows, paired_fields)
     return records, target
 
 
 def _sweep_columns(
-    cells: Sequence[Mapping[str, Any]],
-) -> tuple[list[tuple[str, pa.DataType]], list[dict[str, Any]]]:
+    cells: Sequence[Cell],
+) -> tuple[list[tuple[str, pa.DataType]], list[dict[str, object]]]:
     """stress.parquet's first columns: one per swept field, and each cell's
     values in them.
 

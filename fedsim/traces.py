@@ -9,10 +9,10 @@ import csv
 import functools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import SupportsFloat
 
 import numpy as np
 
@@ -238,7 +238,13 @@ def _load_cached(
     return _build(p, *read(p), period_s)
 
 
-def _read_csv(p: Path) -> tuple[dict[str, list[Any]], Any]:
+# Parsed columns (CSV: stripped strings; Parquet: typed values, None for
+# nulls) and a function naming row i for messages.
+_Columns = dict[str, list[object]]
+_Where = Callable[[int], str]
+
+
+def _read_csv(p: Path) -> tuple[_Columns, _Where]:
     """A CSV trace's columns (stripped strings) and a function naming row
     ``i`` for messages, with its line number in the file: blank lines are
     skipped, so row and line differ and the user needs the line to find it.
@@ -255,7 +261,7 @@ def _read_csv(p: Path) -> tuple[dict[str, list[Any]], Any]:
                 raise TraceError(f"{p}: empty file; expected a header line")
             names = [h.strip() for h in header]
             _check_header(p, names)
-            columns: dict[str, list[Any]] = {n: [] for n in names}
+            columns: _Columns = {n: [] for n in names}
             lines: list[int] = []
             for row in reader:
                 if not row or all(not c.strip() for c in row):
@@ -278,7 +284,7 @@ def _read_csv(p: Path) -> tuple[dict[str, list[Any]], Any]:
     return columns, lambda i: f"row {i + 1} (line {lines[i]})"
 
 
-def _read_parquet(p: Path) -> tuple[dict[str, list[Any]], Any]:
+def _read_parquet(p: Path) -> tuple[_Columns, _Where]:
     """A Parquet trace's columns (typed values, None for nulls) and a
     function naming row ``i`` for messages; the same header checks as CSV.
 
@@ -320,7 +326,7 @@ def _check_header(p: Path, names: list[str]) -> None:
 
 
 def _numbers(
-    p: Path, columns: dict[str, list[Any]], name: str, where: Any, positive: bool
+    p: Path, columns: _Columns, name: str, where: _Where, positive: bool
 ) -> np.ndarray:
     """Column ``name`` as a read-only float array.
 
@@ -338,16 +344,49 @@ def _numbers(
     out = np.empty(len(columns[name]), dtype=np.float64)
     need = "a positive number" if positive else "a number >= 0"
     for i, v in enumerate(columns[name]):
-        try:
-            x = float(v)  # None, "" and text that is not a number raise
-        except (TypeError, ValueError):
-            x = math.nan
+        x = _as_float(v)
         if not math.isfinite(x) or x < 0 or (positive and x == 0):
             raise TraceError(
                 f"{p}: {where(i)}, column {name!r}: expected {need}, got {v!r}"
             )
         out[i] = x
     return _readonly(out)
+
+
+def _as_float(v: object) -> float:
+    """``float(v)`` as Python reads a cell (a number, numeric text, a
+    Parquet decimal); NaN where it cannot (None, "", text that is not a
+    number), for the caller to refuse with the cell in its message."""
+    try:
+        if isinstance(v, str | bytes | SupportsFloat):
+            return float(v)
+    except (TypeError, ValueError):
+        pass
+    return math.nan
+
+
+def _cell_pairs(cell: object) -> list[tuple[float, float]]:
+    """An ``availability`` cell's pairs: text (CSV, or Parquet strings) is
+    parsed, [] for a blank or null cell; a Parquet list is read as pairs.
+
+    Raises:
+        TypeError, ValueError: the cell is neither (named by the caller).
+    """
+    if cell is None or isinstance(cell, str):
+        return parse_intervals(cell or "")  # [] for a blank cell
+    return _pairs(cell)
+
+
+def _pairs(cell: object) -> list[tuple[float, float]]:
+    """A cell holding a list of ``(start, end)`` pairs, as floats.
+
+    Raises:
+        TypeError: ``cell`` is not iterable, or a pair not a pair of numbers.
+        ValueError: a pair of the wrong length, or not numbers.
+    """
+    if not isinstance(cell, Iterable):
+        raise TypeError(f"'{type(cell).__name__}' object is not iterable")
+    return [(float(a), float(b)) for a, b in cell]
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -358,7 +397,7 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 
 
 def _build(
-    p: Path, columns: dict[str, list[Any]], where: Any, period_s: float | None
+    p: Path, columns: _Columns, where: _Where, period_s: float | None
 ) -> DeviceTrace:
     """The checked trace from parsed columns; the optional ones default to
     no latency, always online, and no device names."""
@@ -368,19 +407,24 @@ def _build(
     latency = _readonly(np.zeros(speed.size))
     if "latency_s" in columns:
         latency = _numbers(p, columns, "latency_s", where, positive=False)
-    cells, names = columns.get("availability"), columns.get("device")
+    cells = columns.get("availability")
     availability = None if cells is None else _intervals(p, cells, where, period_s)
-    device = (
-        None if names is None else tuple("" if v is None else str(v) for v in names)
-    )
+    device = _device_names(columns.get("device"))
     samples = None
     if "samples" in columns:
         samples = _numbers(p, columns, "samples", where, positive=True)
     return DeviceTrace(p, speed, down, up, latency, availability, device, samples)
 
 
+def _device_names(names: list[object] | None) -> tuple[str, ...] | None:
+    """The ``device`` column as names ("" for a null cell); None without it."""
+    if names is None:
+        return None
+    return tuple("" if v is None else str(v) for v in names)
+
+
 def _intervals(
-    p: Path, cells: list[Any], where: Any, period_s: float | None
+    p: Path, cells: list[object], where: _Where, period_s: float | None
 ) -> Intervals:
     """The ``availability`` column as :class:`Intervals`: a CSV cell is text
     (``0-3600;7200-inf``), a Parquet cell text or a list of pairs; a blank
@@ -390,11 +434,7 @@ def _intervals(
     offsets = [0]
     for i, cell in enumerate(cells):
         try:
-            if cell is None or isinstance(cell, str):
-                cell_pairs = parse_intervals(cell or "")  # [] for a blank cell
-            else:
-                cell_pairs = [(float(a), float(b)) for a, b in cell]
-            pairs += _check_intervals(cell_pairs, period_s)
+            pairs += _check_intervals(_cell_pairs(cell), period_s)
         except (TypeError, ValueError) as exc:
             raise TraceError(f"{p}: {where(i)}, column 'availability': {exc}") from None
         offsets.append(len(pairs))
@@ -409,7 +449,7 @@ def _intervals(
     )
 
 
-def write_trace(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
+def write_trace(path: str | Path, rows: Sequence[Mapping[str, object]]) -> Path:
     """Write devices (dicts with the trace columns; ``availability`` a string
     or pairs) as CSV or Parquet.
 
@@ -427,10 +467,10 @@ def write_trace(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
     if unknown:
         raise TraceError(f"{p}: unknown column {unknown[0]!r}")
 
-    def cell(r: dict[str, Any], c: str) -> Any:
+    def cell(r: Mapping[str, object], c: str) -> object:
         v = r.get(c)
         if c == "availability" and v is not None and not isinstance(v, str):
-            return format_intervals(v)
+            return format_intervals(_pairs(v))
         return v
 
     if p.suffix.lower() in _PARQUET:

@@ -55,9 +55,18 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 import yaml
+
+from fedsim.rows import Row, whole
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+# The runtime's per-round callback: the round's row and its client rows.
+OnRound = Callable[[Row, Sequence[Row]], None]
 
 KINDS = ("tensorboard", "mlflow")
 EXTRA = "pip install 'fedsim[track]'"
@@ -88,7 +97,7 @@ class TrackingUnavailable(ImportError):
     """A ``--log`` tracker whose library is not installed (the CLI exits 2)."""
 
 
-def round_metrics(row: Mapping[str, Any], clients: Sequence[Mapping[str, Any]]) -> dict:
+def round_metrics(row: Row, clients: Sequence[Row]) -> dict[str, float]:
     """A round's metrics, by tracker tag (see the module docstring).
 
     Guarantees: only finite numbers (NaN and infinities are left out, as
@@ -105,45 +114,57 @@ def round_metrics(row: Mapping[str, Any], clients: Sequence[Mapping[str, Any]]) 
         if math.isfinite(float(value)):
             out[TAGS.get(key, f"fedsim/{key}")] = float(value)
     if clients:
-        out["bytes/down"] = float(sum(int(c["bytes_down"]) for c in clients))
-        out["bytes/up"] = float(sum(int(c["bytes_up"]) for c in clients))
+        out["bytes/down"] = float(sum(whole(c["bytes_down"]) for c in clients))
+        out["bytes/up"] = float(sum(whole(c["bytes_up"]) for c in clients))
     return out
 
 
-def rows_metrics(rows: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, dict]]:
+def rows_metrics(rows: Sequence[Row]) -> Iterator[tuple[int, dict[str, float]]]:
     """(step, metrics) of finished round rows, without client rows (compare's
     and stress's runs): the uploads come from ``bytes_up_cum`` when present."""
     before = 0
     for row in rows:
         m = round_metrics({k: v for k, v in row.items() if k != "bytes_up_cum"}, [])
         if "bytes_up_cum" in row:
-            m["bytes/up"] = float(int(row["bytes_up_cum"]) - before)
-            before = int(row["bytes_up_cum"])
-        yield int(row["round"]), m
+            m["bytes/up"] = float(whole(row["bytes_up_cum"]) - before)
+            before = whole(row["bytes_up_cum"])
+        yield whole(row["round"], "round"), m
 
 
-def scenario_params(scenario: Any) -> dict[str, str]:
+def scenario_params(resolved: str) -> dict[str, str]:
     """The resolved scenario as flat ``dotted.path -> text`` parameters.
 
     Args:
-        scenario: a loaded :class:`fedsim.scenario.Scenario`.
+        resolved: the resolved scenario as YAML (``dump_scenario``, the text
+            of a run's scenario.yaml).
+
+    >>> scenario_params("{name: a, fleet: {groups: [{count: 2}]}, rounds: 3}")
+    {'name': 'a', 'fleet.groups.0.count': '2', 'rounds': '3'}
     """
-    from fedsim.scenario import dump_scenario
-
     out: dict[str, str] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(node, list) and any(isinstance(v, dict) for v in node):
-            for i, v in enumerate(node):
-                walk(f"{prefix}.{i}", v)
-        else:
-            out[prefix] = node if isinstance(node, str) else json.dumps(node)
-
-    walk("", yaml.safe_load(dump_scenario(scenario)))
+    _walk("", yaml.safe_load(resolved), out)
     return out
+
+
+def _walk(prefix: str, node: object, out: dict[str, str]) -> None:
+    """Flatten ``node`` into ``out``: mappings and lists of mappings by dotted
+    path (MLflow allows no brackets), any other value as text (a string as it
+    is, the rest as JSON: a list of numbers stays one parameter)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _walk(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif _is_table(node):
+        for i, v in enumerate(node):
+            _walk(f"{prefix}.{i}", v, out)
+    else:
+        out[prefix] = node if isinstance(node, str) else json.dumps(node)
+
+
+def _is_table(node: object) -> TypeGuard[list[object]]:
+    """Whether ``node`` is a list holding a mapping (``fleet.groups``): its
+    items get a dotted index each, where a list of plain values (``steps:
+    [1, 2]``) stays one parameter."""
+    return isinstance(node, list) and any(isinstance(v, dict) for v in node)
 
 
 def require(kinds: Sequence[str]) -> None:
@@ -165,20 +186,32 @@ def require(kinds: Sequence[str]) -> None:
             ) from None
 
 
-class _TensorBoard:
-    """One run's event files (torch's writer, TensorBoard's file format)."""
+class _Sink(Protocol):
+    """One tracker's run: what :class:`Tracker` and :class:`RunGroup` send."""
 
-    def __init__(self, folder: Path, scenario: Any) -> None:
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Record ``metrics`` at ``step`` (the round or server version)."""
+
+    def close(self, status: str) -> None:
+        """End the run as the fedsim run ended (``completed``, ...)."""
+
+
+class _TensorBoard:
+    """One run's event files (torch's writer, TensorBoard's file format).
+
+    Args:
+        folder: where the event files go.
+        resolved: the resolved scenario as YAML, kept as a text summary
+            (None: none, a comparison's parent).
+    """
+
+    def __init__(self, folder: Path, resolved: str | None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(folder), flush_secs=int(_FLUSH_S))
-        if scenario is not None:
-            from fedsim.scenario import dump_scenario
-
+        if resolved is not None:
             # four spaces: TensorBoard's text plugin reads markdown
-            text = "".join(
-                "    " + ln for ln in dump_scenario(scenario).splitlines(True)
-            )
+            text = "".join("    " + ln for ln in resolved.splitlines(True))
             self.writer.add_text("scenario", text, 0)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -204,7 +237,7 @@ def _quiet_mlflow() -> Iterator[None]:
         log.setLevel(level)
 
 
-def mlflow_client() -> Any:
+def mlflow_client() -> MlflowClient:
     """An ``MlflowClient`` on ``MLFLOW_TRACKING_URI`` or ``./mlruns/mlflow.db``,
     with usage telemetry off (unless the user set the variable)."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -220,21 +253,31 @@ def mlflow_client() -> Any:
 
 
 class _MLflow:
-    """One MLflow run: parameters at the start, metrics in batches."""
+    """One MLflow run: parameters at the start, metrics in batches.
+
+    Args:
+        client: the store's client.
+        experiment: the MLflow experiment (created when missing).
+        name: the run's name.
+        resolved: the resolved scenario as YAML, logged as parameters
+            (None: none, a comparison's parent).
+        tags: the run's tags.
+        run_id: a run to continue (a resume) instead of a new one.
+    """
 
     def __init__(
         self,
-        client: Any,
+        client: MlflowClient,
         experiment: str,
         name: str,
-        scenario: Any,
+        resolved: str | None,
         tags: Mapping[str, str],
         run_id: str | None = None,
     ) -> None:
         from mlflow.entities import Param
 
         self.client = client
-        self.pending: list[Any] = []
+        self.pending: list[Metric] = []
         self.last = time.monotonic()
         with _quiet_mlflow():
             if run_id is None:
@@ -242,9 +285,9 @@ class _MLflow:
                 eid = exp.experiment_id if exp else client.create_experiment(experiment)
                 run = client.create_run(eid, run_name=name, tags=dict(tags))
                 run_id = run.info.run_id
-                if scenario is not None:
+                if resolved is not None:
                     params = [
-                        Param(k, v[:6000]) for k, v in scenario_params(scenario).items()
+                        Param(k, v[:6000]) for k, v in scenario_params(resolved).items()
                     ]
                     for i in range(0, len(params), 100):  # MLflow's batch limit
                         client.log_batch(run_id, params=params[i : i + 100])
@@ -280,23 +323,25 @@ class Tracker:
 
     Args:
         kinds: ``tensorboard`` and/or ``mlflow`` (:func:`require` first).
-        run_dir: the run's folder (event files; the MLflow run's id).
-        scenario: the resolved scenario (its name is the MLflow experiment).
+        run_dir: the run's folder (event files; the MLflow run's id); its
+            scenario.yaml, the resolved scenario, is what the trackers record.
+        experiment: the MLflow experiment (the scenario's name).
     """
 
-    def __init__(self, kinds: Sequence[str], run_dir: Path, scenario: Any) -> None:
-        self.sinks: list[Any] = []
+    def __init__(self, kinds: Sequence[str], run_dir: Path, experiment: str) -> None:
+        resolved = (run_dir / "scenario.yaml").read_text(encoding="utf-8")
+        self.sinks: list[_Sink] = []
         for kind in kinds:
             if kind == "tensorboard":
-                self.sinks.append(_TensorBoard(run_dir / "tensorboard", scenario))
+                self.sinks.append(_TensorBoard(run_dir / "tensorboard", resolved))
             elif kind == "mlflow":
-                self.sinks.append(_mlflow_run(run_dir, scenario))
+                self.sinks.append(_mlflow_run(run_dir, experiment, resolved))
 
-    def on_round(self, row: Mapping[str, Any], clients: Sequence[Mapping]) -> None:
+    def on_round(self, row: Row, clients: Sequence[Row]) -> None:
         """Send one round (a ``run_scenario`` ``on_round`` callback)."""
         metrics = round_metrics(row, clients)
         for sink in self.sinks:
-            sink.log(int(row["round"]), metrics)
+            sink.log(whole(row["round"], "round"), metrics)
 
     def close(self, status: str = "completed") -> None:
         """End every tracker's run with the fedsim run's ``status``."""
@@ -304,13 +349,13 @@ class Tracker:
             sink.close(status)
 
 
-def _mlflow_run(run_dir: Path, scenario: Any) -> _MLflow:
+def _mlflow_run(run_dir: Path, experiment: str, resolved: str) -> _MLflow:
     """The run's MLflow run: the one a resumed run started, else a new one."""
     keep = run_dir / "mlflow_run_id"
     client = mlflow_client()
     old = keep.read_text().strip() if keep.exists() else None
     tags = {"fedsim.run_dir": str(run_dir.resolve())}
-    sink = _MLflow(client, scenario.name, run_dir.name, scenario, tags, old)
+    sink = _MLflow(client, experiment, run_dir.name, resolved, tags, old)
     if old is None:
         keep.write_text(sink.run_id + "\n")
     return sink
@@ -320,11 +365,11 @@ class Tracked:
     """What :func:`tracked` yields: the run's ``on_round`` callback (the
     caller's, then the trackers'), and ``status`` to set once the run ends."""
 
-    def __init__(self, on_round: Callable[..., None] | None, tracker: Tracker | None):
+    def __init__(self, on_round: OnRound | None, tracker: Tracker | None):
         self.tracker = tracker
         self.status = "interrupted"  # until the caller says how it ended
 
-        def each(row: Any, clients: Any) -> None:
+        def each(row: Row, clients: Sequence[Row]) -> None:
             if on_round is not None:
                 on_round(row, clients)
             if tracker is not None:
@@ -337,8 +382,8 @@ class Tracked:
 def tracked(
     kinds: Sequence[str] | None,
     run_dir: Path,
-    scenario: Any,
-    on_round: Callable[..., None] | None = None,
+    experiment: str,
+    on_round: OnRound | None = None,
 ) -> Iterator[Tracked]:
     """Track one ``fedsim run`` (nothing when ``kinds`` is empty): yields a
     :class:`Tracked` whose ``on_round`` goes to ``run_scenario``; on exit the
@@ -347,11 +392,11 @@ def tracked(
 
     Args:
         kinds: the ``--log`` choices (checked with :func:`require` first).
-        run_dir: the run's folder.
-        scenario: the resolved scenario.
+        run_dir: the run's folder, with the resolved scenario.yaml written.
+        experiment: the MLflow experiment (the scenario's name).
         on_round: the caller's own callback (progress), called first.
     """
-    tracker = Tracker(kinds, run_dir, scenario) if kinds else None
+    tracker = Tracker(kinds, run_dir, experiment) if kinds else None
     out = Tracked(on_round, tracker)
     try:
         yield out
@@ -375,7 +420,8 @@ class RunGroup:
     def __init__(self, kinds: Sequence[str], out_dir: Path, experiment: str) -> None:
         self.kinds = list(kinds)
         self.out = out_dir
-        self.client = self.parent = None
+        self.client: MlflowClient | None = None
+        self.parent: _MLflow | None = None
         if "mlflow" in self.kinds:
             self.client = mlflow_client()
             tags = {"fedsim.out_dir": str(out_dir.resolve())}
@@ -383,28 +429,36 @@ class RunGroup:
             self.experiment = experiment
 
     def log_run(
-        self, name: str, scenario: Any, rows: Sequence[Mapping[str, Any]], **tags: Any
+        self, name: str, resolved: str, rows: Sequence[Row], **tags: str | int
     ) -> None:
         """One finished arm's rounds.
 
         Args:
             name: the run's name (``<arm>-seed<s>``, stress: with its cell).
-            scenario: the arm's resolved scenario (its parameters).
+            resolved: the arm's resolved scenario as YAML (its parameters).
             rows: its rounds.parquet rows.
             tags: ``arm``, ``seed``, ``cell``..., tagged ``fedsim.<key>``.
         """
-        sinks: list[Any] = []
-        if "tensorboard" in self.kinds:
-            sinks.append(_TensorBoard(self.out / "tensorboard" / name, scenario))
-        if self.parent is not None:
-            t = {f"fedsim.{k}": str(v) for k, v in tags.items()}
-            t["mlflow.parentRunId"] = self.parent.run_id
-            sinks.append(_MLflow(self.client, self.experiment, name, scenario, t))
+        sinks = self._sinks(name, resolved, tags)
         for step, metrics in rows_metrics(rows):
             for sink in sinks:
                 sink.log(step, metrics)
         for sink in sinks:
             sink.close("completed")
+
+    def _sinks(
+        self, name: str, resolved: str, tags: Mapping[str, str | int]
+    ) -> list[_Sink]:
+        """One arm's tracked runs: TensorBoard event files in its own folder,
+        an MLflow child run of the comparison's parent run."""
+        sinks: list[_Sink] = []
+        if "tensorboard" in self.kinds:
+            sinks.append(_TensorBoard(self.out / "tensorboard" / name, resolved))
+        if self.parent is not None and self.client is not None:
+            t = {f"fedsim.{k}": str(v) for k, v in tags.items()}
+            t["mlflow.parentRunId"] = self.parent.run_id
+            sinks.append(_MLflow(self.client, self.experiment, name, resolved, t))
+        return sinks
 
     def close(self, status: str = "completed") -> None:
         """End the comparison's parent run."""

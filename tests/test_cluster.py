@@ -172,6 +172,7 @@ def test_submit_sh_builds_the_documented_command():
         (["scenarios/quickstart.yaml"], {}, "RAY_ADDRESS"),
         (["scenarios/nope.yaml"], {"RAY_ADDRESS": "x"}, "no such scenario"),
         (["/etc/hostname"], {"RAY_ADDRESS": "x"}, "outside the repository"),
+        (["/etc/hostname"], {"RAY_ADDRESS": "x"}, "submit it with: ray job submit "),
         (
             ["scenarios/quickstart.yaml", "--out", "runs/a"],
             {"RAY_ADDRESS": "x"},

@@ -46,13 +46,18 @@ def example_on_path(monkeypatch):
 
 
 def fedsim(
-    *args: str, env: dict[str, str] | None = None
+    *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess:
+    # from another folder than the checkout: the installed `fedsim` command
+    # (`python -m` would put that folder, not the package, first on sys.path)
+    command = [sys.executable, "-m", "fedsim"]
+    if cwd != ROOT:
+        command = [str(Path(sys.executable).with_name("fedsim"))]
     return subprocess.run(
-        [sys.executable, "-m", "fedsim", *args],
+        [*command, *args],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=cwd,
         env=env or ENV,
         timeout=600,
     )
@@ -362,6 +367,18 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
 
     _dist_info(tmp_path)
     env = {**ENV, "PYTHONPATH": os.pathsep.join([ENV["PYTHONPATH"], str(tmp_path)])}
+    # stress starts in a folder that holds the checkout as `fedsim/` beside
+    # the user's package (issue 37, defect 1): Ray puts that folder first on
+    # its workers' sys.path, where `fedsim` was a namespace package rooted at
+    # the checkout. The checkout is not on this PYTHONPATH: the editable
+    # install finds fedsim, as a user's shell would.
+    beside = tmp_path / "work"
+    beside.mkdir()
+    (beside / "fedsim").symlink_to(ROOT, target_is_directory=True)
+    no_root = {
+        **env,
+        "PYTHONPATH": os.pathsep.join([str(EXAMPLE), str(tmp_path)]),
+    }
     # compare in its own process (--workers 0), stress on Ray tasks (its
     # default): the plug-in's short names resolve in Ray's worker processes
     # too, once is enough (an embedded Ray costs a command seconds of CPU).
@@ -383,21 +400,35 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
         env=env,
     )
     assert p.returncode == 0, p.stderr[-3000:]
+    # stress names the same plug-in by import path, its settings after "?"
+    # (issue 37, defect 5: a cluster's py_modules give import paths only),
+    # on 2 Ray workers
+    by_path = "fedsim_example.fedexp:FedExP?epsilon=0.001"
     p = fedsim(
         "stress",
         str(SCENARIO),
         "--sweep",
         "client.lr=0.05,0.1",  # 0.05: the scenario's own, as compare ran it
         "-a",
-        plugin,
+        by_path,
         "--seeds",
         "1",
+        "--workers",
+        "2",
         "--out",
         str(tmp_path / "stress"),
         "--quiet",
-        env=env,
+        env=no_root,
+        cwd=beside,
     )
     assert p.returncode == 0, p.stderr[-3000:]
+    # a healthy run under --quiet: no WARNING from Ray's start (its token
+    # authentication, chosen by fedsim rather than by Ray's default)
+    assert "Token authentication is enabled" not in p.stderr, p.stderr[-3000:]
+    # --help lists the installed plug-in among the algorithms
+    for command in ("compare", "stress"):
+        shown = fedsim(command, "--help", env={**env, "COLUMNS": "400"}).stdout
+        assert re.search(r"installed: fedexp\)", shown), shown[-2000:]
 
     # Every run trained the scenario's 4 rounds; the plug-in is not FedAvg
     # under another name, and stress's run of it at the scenario's learning
@@ -411,7 +442,7 @@ def test_compare_and_stress_take_an_installed_plugin(tmp_path):
     cells = pq.read_table(tmp_path / "stress" / "stress.parquet").to_pylist()
     by_lr = {r["client.lr"]: r for r in cells}
     assert sorted(by_lr) == [0.05, 0.1] and len(cells) == 2, cells
-    assert {r["algorithm"] for r in cells} == {plugin}
+    assert {r["algorithm"] for r in cells} == {by_path}
     assert all(r["rounds"] == 4 and not r["diverged"] for r in cells), cells
     for key in ("final_accuracy", "best_accuracy", "sim_time_s"):
         assert by_lr[0.05][key] == cmp[plugin][key], key

@@ -68,7 +68,8 @@ import os
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar, Literal, NoReturn, Protocol
 
 import numpy as np
 
@@ -77,7 +78,16 @@ from fedsim.lazy import torch
 from fedsim.spec import Problem
 
 if TYPE_CHECKING:
+    from flwr.app import ArrayRecord, Message, RecordDict
+    from flwr.serverapp.grid import Grid
+    from flwr.serverapp.strategy import Strategy
+    from flwr.supercore.run import Run
+
     from fedsim.facts import RunFacts
+    from fedsim.selectors.base import Draw, Ints, Selector, SelectorState
+
+# A model's named parameters (name, shape), in the flat vector's order.
+Layout = list[tuple[str, tuple[int, ...]]]
 
 EXTRA = "pip install 'fedsim[flower]'"
 # Device i is Flower node i + NODE_BASE (node 1 is Flower's SuperLink).
@@ -95,7 +105,7 @@ class FlowerError(ValueError):
     message names the field or the strategy's attribute)."""
 
 
-def flwr() -> Any:
+def flwr() -> ModuleType:
     """Flower's ``flwr.app`` module, imported on first use (quietly: no
     telemetry, Flower's per-round INFO lines off).
 
@@ -114,7 +124,7 @@ def flwr() -> Any:
     return app
 
 
-def strategy_class(path: str) -> type:
+def strategy_class(path: str) -> type[Strategy]:
     """The strategy class ``path`` names: a class of ``flwr.serverapp.strategy``
     (``FedAdam``) or an import path ``module.path:Class``.
 
@@ -128,7 +138,7 @@ def strategy_class(path: str) -> type:
     module, _, name = path.rpartition(":") if ":" in path else ("", "", path)
     module = module or "flwr.serverapp.strategy"
     try:
-        obj: Any = importlib.import_module(module)
+        obj: object = importlib.import_module(module)
         for part in name.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
@@ -148,8 +158,8 @@ class NotCheckpointable(TypeError):
     """A strategy attribute whose value the codec cannot store exactly."""
 
 
-def _enc(v: Any, blobs: list[bytes], where: str) -> Any:
-    """``v`` as JSON, its arrays' bytes appended to ``blobs`` (exact)."""
+def _enc(v: object, blobs: list[bytes], where: str) -> object:
+    """``v`` as a JSON value, its arrays' bytes appended to ``blobs`` (exact)."""
     if v is None or isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, float):
@@ -178,7 +188,7 @@ def _enc(v: Any, blobs: list[bytes], where: str) -> Any:
     raise NotCheckpointable(f"{where} holds a {type(v).__module__}.{type(v).__name__}")
 
 
-def _dec(j: Any, blobs: list[bytes]) -> Any:
+def _dec(j: object, blobs: list[bytes]) -> object:
     """Inverse of :func:`_enc`."""
     if not isinstance(j, dict):
         return j
@@ -203,7 +213,7 @@ def _dec(j: Any, blobs: list[bytes]) -> Any:
     return getattr(app, kind)({k: _dec(x, blobs) for k, x in body.items()})
 
 
-def encode_state(strategy: Any, fresh: Any) -> torch.Tensor:
+def encode_state(strategy: Strategy, fresh: Strategy) -> torch.Tensor:
     """What ``strategy`` holds beyond a freshly built ``fresh`` (its instance
     attributes that are not the very objects ``fresh`` holds), as a uint8
     tensor: a JSON header, a NUL, then the arrays' bytes.
@@ -223,7 +233,7 @@ def encode_state(strategy: Any, fresh: Any) -> torch.Tensor:
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
 
 
-def decode_state(strategy: Any, blob: torch.Tensor) -> None:
+def decode_state(strategy: Strategy, blob: torch.Tensor) -> None:
     """Set back on ``strategy`` (freshly built) what :func:`encode_state` stored."""
     raw = bytes(blob.numpy().tobytes())
     if not raw:
@@ -246,7 +256,7 @@ def decode_state(strategy: Any, blob: torch.Tensor) -> None:
 # ----------------------------------------------------------------- the grid
 
 
-def _grid_base() -> type:
+def _grid_base() -> type[Grid]:
     """Flower's abstract ``Grid`` (imported with Flower)."""
     flwr()
     from flwr.serverapp.grid import Grid
@@ -258,7 +268,7 @@ class _Unsent(FlowerError):
     pass
 
 
-def make_grid(nodes: Sequence[int]) -> Any:
+def make_grid(nodes: Sequence[int]) -> Grid:
     """A Flower ``Grid`` whose nodes are ``nodes`` (Flower node ids).
 
     Only what ``configure_train`` needs works (``get_node_ids``,
@@ -274,21 +284,21 @@ def make_grid(nodes: Sequence[int]) -> Any:
         def __init__(self) -> None:
             self._nodes = [int(n) for n in nodes]
 
-        def set_run(self, run: Any) -> None:
+        def set_run(self, run: Run) -> None:
             self._run = run
 
         @property
-        def run(self) -> Any:
+        def run(self) -> Run | None:
             return getattr(self, "_run", None)
 
         def create_message(
             self,
-            content: Any,
+            content: RecordDict,
             message_type: str,
             dst_node_id: int,
             group_id: str,
             ttl: float | None = None,
-        ) -> Any:
+        ) -> Message:
             return app.Message(
                 content=content,
                 message_type=message_type,
@@ -300,7 +310,7 @@ def make_grid(nodes: Sequence[int]) -> Any:
         def get_node_ids(self) -> list[int]:
             return list(self._nodes)
 
-        def _clock(self, *args: Any, **kwargs: Any) -> Any:
+        def _clock(self, *args: object, **kwargs: object) -> NoReturn:
             raise _Unsent(
                 "fedsim's clock delivers a round's messages: a strategy under "
                 "fedsim returns them from configure_train and gets the replies "
@@ -349,13 +359,13 @@ class _Live:
     """The strategy object of a run, in the driver: a cache of the server
     state's ``flwr_state`` (``token`` is that very tensor)."""
 
-    strategy: Any
-    token: Any
-    layout: list[tuple[str, tuple[int, ...]]] | None = None
+    strategy: Strategy
+    token: torch.Tensor
+    layout: Layout | None = None
     round: int = -1  # the round whose messages are pending
-    pending: dict[int, Any] = field(default_factory=dict)  # client -> message
+    pending: dict[int, Message] = field(default_factory=dict)  # client -> message
     config: dict[str, float] = field(default_factory=dict)  # common, numeric
-    metrics: dict[int, dict[str, Any]] = field(default_factory=dict)  # by round
+    metrics: dict[int, dict[str, object]] = field(default_factory=dict)  # by round
 
 
 @dataclass(frozen=True)
@@ -377,7 +387,7 @@ class Flower(base.Algorithm):
 
     name: Literal["flower"] = "flower"
     strategy: str = "FedAvg"
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, object] = field(default_factory=dict)  # YAML values
     sample_by: Literal["strategy", "selector"] = "strategy"
 
     # aggregate reads the model's layout (its named parameters)
@@ -389,11 +399,11 @@ class Flower(base.Algorithm):
     def __hash__(self) -> int:
         return hash((self.name, self.strategy, _canon(self.options), self.sample_by))
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # the live strategy stays in the driver; workers get the fields
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def build(self) -> Any:
+    def build(self) -> Strategy:
         """A fresh strategy from ``strategy`` and ``options``.
 
         Raises:
@@ -440,7 +450,7 @@ class Flower(base.Algorithm):
                 found.append(Problem(why))
         return found
 
-    def _uncheckpointable(self, strategy: Any) -> str | None:
+    def _uncheckpointable(self, strategy: Strategy) -> str | None:
         """Why ``strategy``'s state cannot be checkpointed (None: it can)."""
         try:
             blobs: list[bytes] = []
@@ -486,7 +496,7 @@ class Flower(base.Algorithm):
         t: int,
         nodes: Sequence[int],
         rng: np.random.Generator,
-        layout: list[tuple[str, tuple[int, ...]]],
+        layout: Layout,
     ) -> list[int]:
         """Round ``t``'s ``configure_train`` over a grid of devices ``nodes``
         (client ids); returns the clients it messaged, sorted.
@@ -563,7 +573,7 @@ class Flower(base.Algorithm):
         state = {"x": new_x, "flwr_state": blob, "flwr_round": _count(t + 1)}
         return state, _meter([by[c] for c in sorted(by) if c in by])
 
-    def _export(self, strategy: Any) -> torch.Tensor:
+    def _export(self, strategy: Strategy) -> torch.Tensor:
         """The strategy's state as ``flwr_state`` (a fresh tensor: the token).
 
         Raises:
@@ -579,14 +589,18 @@ class Flower(base.Algorithm):
                 raise CheckpointError(_refusal(self.strategy, str(exc))) from None
             return torch.zeros(0, dtype=torch.uint8)
 
-    def wrap_selector(self, selector: Any, server: Any) -> Any:
+    def wrap_selector(
+        self, selector: Selector, server: DriverServer
+    ) -> StrategySampling:
         """The runtime's hook: the selector a run asks, which lets the
         strategy's ``configure_train`` choose (:class:`StrategySampling`)."""
         return StrategySampling(self, selector, server)
 
     # ---------------------------------------------------------- client half
 
-    def local_setup(self, client: base.ClientContext) -> Any:
+    def local_setup(
+        self, client: base.ClientContext
+    ) -> tuple[float, torch.Tensor] | None:
         mu = client.payload.get(_PREFIX + "proximal-mu")
         return None if mu is None else (float(mu), client.payload["x"])
 
@@ -597,6 +611,18 @@ class Flower(base.Algorithm):
             mu, x = client.local
             # the same floats as fedsim's proximal solver: g + mu (x - x^t)
             grad.add_(mu * (theta - x))
+
+
+class DriverServer(Protocol):
+    """What :class:`StrategySampling` reads of the driver's server."""
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The global model (its named parameters are the strategy's layout)."""
+
+    @property
+    def state(self) -> base.ServerState:
+        """The server state (``x``, ``flwr_state``, ``flwr_round``)."""
 
 
 class StrategySampling:
@@ -611,16 +637,18 @@ class StrategySampling:
         server: the driver's ``Server`` (its state and model, read only).
     """
 
-    def __init__(self, alg: Flower, inner: Any, server: Any) -> None:
+    def __init__(self, alg: Flower, inner: Selector, server: DriverServer) -> None:
         self.alg, self.inner, self.server = alg, inner, server
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
+        # everything but the selection is the inner selector's (its context,
+        # artifact, state hooks), whatever its type is
         return getattr(self.inner, name)
 
     def with_slots(self, k: int) -> StrategySampling:
         return StrategySampling(self.alg, self.inner.with_slots(k), self.server)
 
-    def select(self, state: Any, draw: Any) -> tuple[np.ndarray, Any]:
+    def select(self, state: SelectorState, draw: Draw) -> tuple[Ints, SelectorState]:
         nodes = draw.candidates
         if self.alg.sample_by == "selector":
             nodes, state = self.inner.select(state, draw)
@@ -631,7 +659,7 @@ class StrategySampling:
         return np.asarray(chosen, dtype=np.int64), state
 
 
-def common_config(messages: Sequence[Any], t: int) -> dict[str, float]:
+def common_config(messages: Sequence[Message], t: int) -> dict[str, float]:
     """The numeric values of the round's ``ConfigRecord`` that the payload
     carries (the same for every message).
 
@@ -642,7 +670,7 @@ def common_config(messages: Sequence[Any], t: int) -> dict[str, float]:
         FlowerError: two messages carry different values for a key (a
             per-client configuration, which fedsim cannot deliver yet).
     """
-    seen: dict[str, Any] = {}
+    seen: dict[str, object] = {}
     for m in messages:
         for rec in m.content.config_records.values():
             for k, v in rec.items():
@@ -654,9 +682,15 @@ def common_config(messages: Sequence[Any], t: int) -> dict[str, float]:
                         "cannot yet deliver per-client instructions"
                     )
                 seen[k] = v
+    return _numeric(seen)
+
+
+def _numeric(values: Mapping[str, object]) -> dict[str, float]:
+    """The entries of ``values`` that are numbers (not bools), as floats:
+    what a payload tensor can carry."""
     return {
         k: float(v)
-        for k, v in seen.items()
+        for k, v in values.items()
         if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
 
@@ -670,7 +704,7 @@ def _refusal(path: str, why: str) -> str:
     )
 
 
-def _canon(options: Mapping[str, Any]) -> str:
+def _canon(options: Mapping[str, object]) -> str:
     return json.dumps(options, sort_keys=True, default=repr)
 
 
@@ -683,19 +717,19 @@ def _rng(t: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([0xF10, t]))
 
 
-def _layout(server: base.ServerContext | None, x: torch.Tensor) -> list:
+def _layout(server: base.ServerContext | None, x: torch.Tensor) -> Layout:
     """The model's named parameters (name, shape), in the flat vector's
     order; one array ``x`` when there is no model (unit tests)."""
     return _layout_of(None if server is None else server.model, x)
 
 
-def _layout_of(model: Any, x: torch.Tensor) -> list[tuple[str, tuple[int, ...]]]:
+def _layout_of(model: torch.nn.Module | None, x: torch.Tensor) -> Layout:
     if model is None:
         return [("x", tuple(x.shape))]
     return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
 
 
-def _arrays(app: Any, x: torch.Tensor, layout: list) -> Any:
+def _arrays(app: ModuleType, x: torch.Tensor, layout: Layout) -> ArrayRecord:
     """Flat ``x`` as an ``ArrayRecord`` of the model's named parameters."""
     out, at = {}, 0
     flat = x.detach().cpu().numpy()
@@ -706,13 +740,15 @@ def _arrays(app: Any, x: torch.Tensor, layout: list) -> Any:
     return app.ArrayRecord(out)
 
 
-def _flat(arrays: Any, layout: list, like: torch.Tensor) -> torch.Tensor:
+def _flat(arrays: ArrayRecord, layout: Layout, like: torch.Tensor) -> torch.Tensor:
     """An ``ArrayRecord`` back into a flat vector of ``like``'s dtype."""
     parts = [np.asarray(arrays[name].numpy()).reshape(-1) for name, _ in layout]
     return torch.from_numpy(np.concatenate(parts)).to(like.dtype).clone()
 
 
-def _reply(app: Any, u: base.ClientUpdate, x: torch.Tensor, layout: list) -> Any:
+def _reply(
+    app: ModuleType, u: base.ClientUpdate, x: torch.Tensor, layout: Layout
+) -> RecordDict:
     """A client's reply content, as a Flower ClientApp sends it."""
     n = int(u.weight) if float(u.weight).is_integer() else float(u.weight)
     metrics = app.MetricRecord(

@@ -133,9 +133,59 @@ def describe_validation(use: str | None, data: FederatedData | None) -> str | No
     return None
 
 
+def check_stated(spec: DatasetSpec, data: FederatedData, num_clients: int) -> None:
+    """Refuse a plug-in dataset whose ``build()`` disagrees with what its
+    ``info()`` stated: the checks before the run counted the model's
+    parameters and the memory from the statement, and a model built for 4
+    features and 3 classes fails deep in the loss (an IndexError) on 7 and
+    10. Also refuse labels outside ``num_classes`` (the same IndexError).
+
+    Built-in datasets are held to their statements by their own tests; the
+    check is for plug-ins, whose statements nothing else compares.
+
+    Args:
+        spec: the ``data`` section.
+        data: what ``spec.build`` returned.
+        num_clients: the fleet's size (as ``info`` was asked).
+
+    Raises:
+        DataError: one line naming the plug-in, the hook and both values.
+    """
+    from fedsim.data import REGISTRY  # a late import: the registry imports us
+
+    if type(spec) in REGISTRY.values():
+        return
+    name = getattr(spec, "dataset", type(spec).__qualname__)
+    stated = spec.info(num_clients)
+    where = f"data.dataset {name!r}"
+    shape = tuple(int(n) for n in data.x.shape[1:])
+    if stated is not None and stated.shape is not None and stated.shape != shape:
+        raise DataError(
+            f"{where}: info() stated samples of shape {stated.shape}, but build() "
+            f"returned x of shape {tuple(data.x.shape)} (samples {shape}); "
+            "info() must describe what build() returns"
+        )
+    if stated is not None and stated.classes is not None:
+        if stated.classes != data.num_classes:
+            raise DataError(
+                f"{where}: info() stated {stated.classes} classes, but build() "
+                f"returned num_classes={data.num_classes}; info() must describe "
+                "what build() returns"
+            )
+    labels = [y for y in (data.y, data.test_y) if y.size and y.dtype.kind in "iu"]
+    top = max((int(y.max()) for y in labels), default=-1)
+    low = min((int(y.min()) for y in labels), default=0)
+    if data.num_classes > 0 and (top >= data.num_classes or low < 0):
+        raise DataError(
+            f"{where}: build() returned labels from {low} to {top}, expected 0 "
+            f"to {data.num_classes - 1} (num_classes={data.num_classes})"
+        )
+
+
 def build_data(spec: DatasetSpec, num_clients: int, seed: int) -> FederatedData:
     """The dataset of a scenario's ``data`` section, with its validation split
     (:func:`split_validation`) when it asks for one."""
     data = spec.build(num_clients, seed)
+    check_stated(spec, data, num_clients)
     fraction = float(getattr(spec, "validation_fraction", 0.0))
     return split_validation(data, fraction, seed) if fraction > 0 else data
