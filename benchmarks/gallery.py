@@ -477,12 +477,14 @@ def _feddc_fmnist(
 
 
 FEDDC_FMNIST: tuple[Claim, ...] = (
-    # s / round: sequential wall time on this host at load 11-16
-    # (benchmarks/feddc_batched_speed.py: 4.95 at 15%, 42.2 at full)
-    _feddc_fmnist("iid-15", "IID, 15% participation", 5.0, 2),
-    _feddc_fmnist("iid-full", "IID, full participation", 42.0, 2),
+    # s / round: the gallery's own runs here, sequential (IID 15%: 36.4 min
+    # for 1,013 rounds at load 2-7; full: FedDC's 60 rounds in 640 s at load
+    # about 3); at load 11-16 a round took 4.95 and 42.2 s
+    # (benchmarks/feddc_batched_speed.py)
+    _feddc_fmnist("iid-15", "IID, 15% participation", 2.2, 2),
+    _feddc_fmnist("iid-full", "IID, full participation", 10.7, 2),
     _feddc_fmnist(
-        "iid-full-pixels", "IID, full participation, pixels / 255", 42.0, 1, _PIXELS
+        "iid-full-pixels", "IID, full participation, pixels / 255", 10.7, 1, _PIXELS
     ),
 )
 # the claims the 90-minute budget (BUDGET_S) covers; FedDC's Fashion-MNIST
@@ -503,9 +505,9 @@ COST_NOTES: tuple[str, ...] = (
     "against 1.77 CPU seconds a round (1.11x; wall 4.95 against 8.48). "
     "Test accuracies agree within 0.0007. On this host (2 cores, load 7 to "
     "16 from other jobs) batching does not pay for this 199k-parameter MLP, "
-    "so the FedDC claims train sequentially. Their s / round above is that "
-    "sequential wall time under that load (an earlier measurement on a "
-    "quieter host: 8 to 11 s a full round).",
+    "so the FedDC claims train sequentially. Their s / round above is "
+    "their own runs' (sequential, load 2 to 7): 2.2 s at 15%, 10.7 s at full "
+    "participation.",
     "",
     "FedDC Table 1's IID full-participation row (`feddc-fmnist-iid-full`, "
     "and `feddc-fmnist-iid-full-pixels` at pixels / 255) was not run: at 42 s "
@@ -529,8 +531,11 @@ COST_NOTES: tuple[str, ...] = (
     "",
     "Not in the gallery (too costly on 2 cores): FedDC Table 1's Dir(0.6) "
     "and Dir(0.3) Fashion-MNIST rows (`feddc-fmnist-d1.yaml`: a round costs "
-    "what an IID round costs, and most arms run all 300 rounds there, so "
-    "each row is about 5 arms x 300 rounds per seed), FedNova's Table 1 "
+    "what an IID round costs, and most arms run all 300 rounds there; at the "
+    "paper's rounds, Dir(0.6) is 300 + 300 + 133 + 300 + 87 = 1,120 rounds a "
+    "seed at 15% (about 41 minutes at 2.2 s) and 300 + 300 + 117 + 150 + 86 "
+    "= 953 at full participation (about 2.8 hours at 10.7 s)), FedNova's "
+    "Table 1 "
     "proxy (`fednova-fmnist-proxy.yaml`, over ten minutes a round) and "
     "FedDM's full setting (`feddm-fmnist.yaml`).",
 )
@@ -924,13 +929,19 @@ def compare_arms(
     )
 
 
-def verdict(claim: Claim, s: dict[str, Any]) -> tuple[str, str]:
+def verdict(
+    claim: Claim, s: dict[str, Any], missing: Sequence[str] = ()
+) -> tuple[str, str]:
     """(verdict, reason) from the summary: the symmetric rule (module
-    docstring), then, for a claim the budget cuts (``claim.cut``), any
-    verdict but "holds" becomes "inconclusive (reduced: ...)"."""
+    docstring), then, for a claim the budget cuts (``claim.cut``, or runs
+    it left out: ``missing``), any verdict but "holds" becomes
+    "inconclusive (reduced: ...)"."""
     v, reason = _raw_verdict(claim, s)
-    if claim.cut and v != "holds":
-        return f"inconclusive (reduced: {claim.cut})", reason
+    cut = [claim.cut] if claim.cut else []
+    if missing:
+        cut.append(f"not run: {', '.join(missing)}")
+    if cut and v != "holds":
+        return f"inconclusive (reduced: {'; '.join(cut)})", reason
     return v, reason
 
 
@@ -1184,7 +1195,7 @@ def claim_section(
 ) -> str:
     """The Markdown section of one claim, between its markers."""
     s = summarize(claim, records)
-    v, reason = verdict(claim, s)
+    v, reason = verdict(claim, s, missing)
     col = s["objective_column"]
     wall = sum(a["wall_s"] for a in s["arms"].values())
     lines = [
@@ -1473,7 +1484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sections[claim.name] = claim_section(
             claim, records, n, args.tiny, fig, doc, missing
         )
-        v, reason = verdict(claim, summarize(claim, records))
+        v, reason = verdict(claim, summarize(claim, records), missing)
         # after every claim: an interrupted gallery keeps the claims it finished
         print(
             f"  verdict: {v} ({reason}); wrote {write_doc(doc, sections)}", flush=True

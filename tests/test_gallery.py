@@ -343,3 +343,5 @@ def test_tiny_feddc_fashion_mnist_runs_stop_at_the_target(tmp_path, monkeypatch)
     # a second pass with --cached-only style reads the cache, runs nothing
     again, none = gallery.run_claim(claim, 2, True, tmp_path / "b", False, True)
     assert len(again) == 2 and sorted(none) == ["fedavg seed 1", "feddc seed 1"]
+    v, _ = gallery.verdict(claim, gallery.summarize(claim, again), none)
+    assert v.startswith("inconclusive (reduced: not run: ") and "fedavg seed 1" in v
