@@ -509,17 +509,22 @@ COST_NOTES: tuple[str, ...] = (
     "their own runs' (sequential, load 2 to 7): 2.2 s at 15%, 10.7 s at full "
     "participation.",
     "",
-    "FedDC Table 1's IID full-participation row (`feddc-fmnist-iid-full`, "
-    "and `feddc-fmnist-iid-full-pixels` at pixels / 255) was not run: at 42 s "
-    "a round here, the paper's rounds to 89% (112 + 130 + 85 + 38 + 24 = "
-    "389) are about 4.5 hours a seed. An earlier measurement on a quieter "
-    "host (mean/std input, rounds to 89%, seed 0 / seed 1): FedAvg 129 / 112, "
-    "FedProx 129 / 128, SCAFFOLD 90 / 79, FedDyn 30 / 29, FedDC 60 / 51 "
-    "(the paper: 112 / 130 / 85 / 38 / 24). Judged by the rule above, "
-    "paired over those two seeds, FedDC would be ahead of FedAvg, FedProx "
-    "and SCAFFOLD beyond the spread (95% intervals [14, 116], [22, 124], "
-    "[16, 42] rounds) and behind FedDyn within it ([-77, 25]): inconclusive, "
-    "and not rerun here.",
+    "FedDC Table 1's IID full-participation row (`feddc-fmnist-iid-full`) "
+    "ran seed 0 of FedDC, FedDyn and SCAFFOLD only (its section); FedAvg and "
+    "FedProx need about 110 to 130 rounds each (an earlier measurement), "
+    "about 45 minutes a seed at 10.7 s a round, and a second seed of all "
+    "five about 75 minutes more. The pixels / 255 variant "
+    "(`feddc-fmnist-iid-full-pixels`) was not run: it needs as many rounds "
+    "or more (an independent check: mean/std reaches 85% about twice as "
+    "fast), so 1.3 to 2.6 hours a seed here. An earlier measurement on a "
+    "quieter host (mean/std input, rounds to 89%, seed 0 / seed 1): FedAvg "
+    "129 / 112, FedProx 129 / 128, SCAFFOLD 90 / 79, FedDyn 30 / 29, FedDC "
+    "60 / 51 (the paper: 112 / 130 / 85 / 38 / 24); its seed 0 of FedDC, "
+    "FedDyn and SCAFFOLD is what the section's runs give again. Judged by "
+    "the rule above, paired over those two seeds, FedDC would be ahead of "
+    "FedAvg, FedProx and SCAFFOLD beyond the spread (95% intervals [14, "
+    "116], [22, 124], [16, 42] rounds) and behind FedDyn within it ([-77, "
+    "25]): inconclusive.",
     "",
     "Not rerun at the papers' settings (their sections keep the earlier runs "
     "and say *inconclusive (reduced: ...)* where those did not hold): "
