@@ -32,9 +32,10 @@ loaded, and ``fedsim validate`` prints the resolved section.
 
 What a plug-in receives is small and typed: the server step's
 :class:`RoundContext` (the round, asynchronous staleness and start models,
-and the :class:`ServerContext` of an algorithm that declares
-``server_needs``), a client's :class:`ClientContext` (its
-:class:`ClientInfo`, the payload, its persistent state), the
+the round's lost clients as :class:`Failure` records, and the
+:class:`ServerContext` of an algorithm that declares ``server_needs``), a
+client's :class:`ClientContext` (its :class:`ClientInfo`, the payload, its
+persistent state), the
 :class:`LocalTraining` job of an algorithm that replaces the solver loop, a
 selector's :class:`SelectorContext` and :class:`Draw`, and, for its questions
 about the run (``check``, ``clock_work``, ``memory``, ``bytes_per_client``),
@@ -43,6 +44,27 @@ the run's :class:`RunFacts` (``ScenarioView``, the name it had, still works).
 Its contract is checked by :func:`fedsim.testing.check_algorithm` and
 :func:`fedsim.testing.check_selector`, which fedsim's own tests run on every
 built-in.
+
+The hooks a method may add (docs/extending.md, "Hooks"), each optional:
+
+========================================  ====================================
+Hook                                      What it gives
+========================================  ====================================
+:meth:`Algorithm.instruct`                per-client payload entries (a
+                                          learning rate, a mask), synchronous
+                                          rounds
+``AggregateInfo.metrics``                 named scalars per step: columns
+(:func:`meter`'s ``metrics``)             ``alg_<name>`` of rounds.parquet
+:meth:`Selector.metrics`                  the same for a selector
+                                          (``sel_<name>``)
+``RoundContext.failures``                 the step's dropped and late
+                                          clients, with the reason
+========================================  ====================================
+
+During a run, an exception in plug-in code, or a hook that returns what its
+contract does not allow, is a :class:`PluginFailure` naming the plug-in and
+the hook: the run ends with ``status: failed`` (exit 3), its rows kept and
+the traceback in the run folder's ``failure.txt``.
 
 Example (an algorithm that averages the updates and halves the step):
     >>> from dataclasses import dataclass
@@ -77,6 +99,7 @@ from fedsim.algorithms.base import (
     ClientInfo,
     ClientState,
     ClientUpdate,
+    Failure,
     LocalTraining,
     RoundContext,
     ServerContext,
@@ -84,12 +107,14 @@ from fedsim.algorithms.base import (
     Updates,
     data_weights,
     meter,
+    meter_average,
     meter_subset,
     skip_empty_rounds,
 )
 from fedsim.clock import JobWork
 from fedsim.data.base import DataInfo, Dataset, FederatedData
 from fedsim.facts import RunFacts, ScenarioView
+from fedsim.hooks import PluginFailure
 from fedsim.plugins import PluginError, resolve
 from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
 from fedsim.spec import (
@@ -119,12 +144,14 @@ __all__ = [
     "DataInfo",
     "Dataset",
     "Draw",
+    "Failure",
     "FederatedData",
     "JobWork",
     "LocalTraining",
     "Model",
     "NonNegFloat",
     "PluginError",
+    "PluginFailure",
     "PosFloat",
     "PosInt",
     "Prob",
@@ -142,6 +169,7 @@ __all__ = [
     "Updates",
     "data_weights",
     "meter",
+    "meter_average",
     "meter_subset",
     "resolve",
     "skip_empty_rounds",

@@ -362,6 +362,7 @@ def run_one(
 
     sc, mode = load_variant(scenario_path, label, seed, overrides)
     result = run_scenario(sc, workers=0)
+    result.reraise_failure()  # a plug-in that failed (issue 37) stops it all
     if result.status == "interrupted":
         raise KeyboardInterrupt  # stop the comparison, not just this run
     rows = with_uploads(result.rows, result.clients)

@@ -42,6 +42,7 @@ from fedsim.algorithms.base import ClientState, ClientUpdate
 from fedsim.data import DataError, DataMissingError, FederatedData, build_data
 from fedsim.data.base import DatasetSpec
 from fedsim.fleet import Fleet, FleetSpec
+from fedsim.hooks import PluginFailure
 from fedsim.links import LinksSpec, apply_links
 from fedsim.spec import ResourceSpec
 from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
 Tasks = Sequence[Task]
 Payloads = Mapping[int, Payload]  # by server version
 States = Mapping[int, ClientState]  # by client id
+# per-client payload entries by client id (Algorithm.instruct)
+Instructions = Mapping[int, Payload]
 Updates = list[ClientUpdate]
 Calls = Iterator[tuple[list[int], Updates]]  # task positions, their updates
 
@@ -128,24 +131,39 @@ class Executor(ABC):
     which task, or the order results came back in.
     """
 
-    def train(self, tasks: Tasks, payloads: Payloads, states: States) -> Updates:
+    def train(
+        self,
+        tasks: Tasks,
+        payloads: Payloads,
+        states: States,
+        instructions: Instructions | None = None,
+    ) -> Updates:
         """One update per task, in task order.
 
         Args:
             tasks: what to train; ``task.version`` keys ``payloads``.
             payloads: what clients download, per server version.
             states: persistent client state by client id (missing: ``{}``).
+            instructions: per-client payload entries by client id
+                (``Algorithm.instruct``; missing: none), carried with the
+                client's task as its state is.
 
         Returns:
             One :class:`ClientUpdate` per task, on the CPU, in task order
             (whatever order the executor's calls finished in).
         """
         out: dict[int, ClientUpdate] = {}
-        for idx, ups in self._calls(tasks, payloads, states):
+        for idx, ups in self._calls(tasks, payloads, states, instructions or {}):
             out.update(zip(idx, ups, strict=True))
         return [out[j] for j in range(len(tasks))]
 
-    def train_apart(self, tasks: Tasks, payloads: Payloads, states: States) -> Apart:
+    def train_apart(
+        self,
+        tasks: Tasks,
+        payloads: Payloads,
+        states: States,
+        instructions: Instructions | None = None,
+    ) -> Apart:
         """:meth:`train`, with the updates split between driver and server.
 
         Here (the server in the driver, or no Ray) both halves are the
@@ -156,15 +174,22 @@ class Executor(ABC):
             tasks: as :meth:`train`.
             payloads: as :meth:`train`.
             states: as :meth:`train`.
+            instructions: as :meth:`train`.
 
         Returns:
             One entry per task in each half, in task order.
         """
-        ups = self.train(tasks, payloads, states)
+        ups = self.train(tasks, payloads, states, instructions)
         return Apart(ups, list[Parcel](ups))
 
     @abstractmethod
-    def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
+    def _calls(
+        self,
+        tasks: Tasks,
+        payloads: Payloads,
+        states: States,
+        instructions: Instructions,
+    ) -> Calls:
         """Train ``tasks``; yield (positions in ``tasks``, their updates)."""
 
     def forget(self, version: int) -> None:  # noqa: B027 - most hold nothing
@@ -202,10 +227,17 @@ class InProcessExecutor(Executor):
     def __init__(self, setup: WorkerSetup, data: FederatedData) -> None:
         self.worker = Worker(setup, data, setup.threads)
 
-    def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
+    def _calls(
+        self,
+        tasks: Tasks,
+        payloads: Payloads,
+        states: States,
+        instructions: Instructions,
+    ) -> Calls:
         # one worker call per start version: a call trains from one payload
         for v, idx in _versions(tasks).items():
-            yield idx, self.worker.train(payloads[v], [tasks[j] for j in idx], states)
+            group = [tasks[j] for j in idx]
+            yield idx, self.worker.train(payloads[v], group, states, instructions)
 
 
 class _Call(NamedTuple):
@@ -214,12 +246,12 @@ class _Call(NamedTuple):
 
     positions: list[int]
     actor: Handle
-    args: tuple[Ref, list[Task], dict[int, ClientState]]
+    args: tuple[Ref, list[Task], dict[int, ClientState], dict[int, Payload]]
 
 
 def _own(group: Sequence[Task], states: States) -> dict[int, ClientState]:
-    """The client states of ``group``'s clients only: each actor call
-    carries its own share, not the whole round's."""
+    """The client states (or instructions) of ``group``'s clients only:
+    each actor call carries its own share, not the whole round's."""
     return {t.client: states[t.client] for t in group if t.client in states}
 
 
@@ -236,35 +268,40 @@ class RayWorker(Worker):
     the run it serves by a token, so it can be set up again for a later run
     (:func:`warm_workers`) and never trains for the wrong one.
 
-    Ray restarts a dead actor by calling its constructor with the arguments
-    it was *created* with. For an actor that a later run took over, those
-    are an earlier run's: the restarted actor holds the earlier token, each
-    call for the current run (which carries the current token) raises
-    :class:`StaleWorkerError`, and the executor sets the actor up again and
-    resends the call. For an actor created by its run, a restart is as
-    before: the same arguments, the same token.
+    The actor is created with no arguments and set up by
+    :meth:`setup_for`, which the executor calls right after creating it (or
+    after taking it over from an earlier run). Constructor arguments would
+    hold object references (the data's), and for an actor that may restart
+    Ray logs an ERROR line on every run about such arguments.
 
-    Args:
-        setup: as :class:`Worker`.
-        data: as :class:`Worker` (the one-element list of the reference).
-        threads: as :class:`Worker`.
-        token: the run this actor trains for.
+    Ray restarts a dead actor by calling its constructor again, so a
+    restarted actor serves no run: it holds no token, each call for the
+    current run (which carries the current token) raises
+    :class:`StaleWorkerError`, and the executor sets the actor up again and
+    resends the call.
     """
 
-    def __init__(
-        self, setup: WorkerSetup, data: list[Ref], threads: int | None, token: str
-    ) -> None:
-        super().__init__(setup, data, threads)
-        self.token = token
+    def __init__(self) -> None:
+        self.token: str | None = None  # no run until setup_for
 
     def setup_for(
         self, setup: WorkerSetup, data: list[Ref], threads: int | None, token: str
     ) -> str:
-        """Become the worker a new actor for this run would be: every
-        attribute of the earlier run is dropped first, so nothing of it
-        leaks into this one. Returns the token (the executor waits on it)."""
+        """Become the worker for this run: every attribute of an earlier
+        run is dropped first, so nothing of it leaks into this one.
+
+        Args:
+            setup: as :class:`Worker`.
+            data: as :class:`Worker` (the one-element list of the reference).
+            threads: as :class:`Worker`.
+            token: the run this actor trains for.
+
+        Returns:
+            The token (the executor waits on it).
+        """
         self.__dict__.clear()
-        RayWorker.__init__(self, setup, data, threads, token)
+        Worker.__init__(self, setup, data, threads)
+        self.token = token
         return token
 
     def park(self) -> None:
@@ -285,23 +322,25 @@ class RayWorker(Worker):
         payload: Payload,
         tasks: Sequence[Task],
         states: Mapping[int, ClientState] | None = None,
+        instructions: Mapping[int, Payload] | None = None,
         token: str | None = None,
     ) -> list[ClientUpdate]:
         """:meth:`Worker.train`, refused (:class:`StaleWorkerError`) when
         ``token`` is not this actor's run."""
         self._check(token)
-        return super().train(payload, tasks, states)
+        return super().train(payload, tasks, states, instructions)
 
     def train_apart(
         self,
         payload: Payload,
         tasks: Sequence[Task],
         states: Mapping[int, ClientState] | None = None,
+        instructions: Mapping[int, Payload] | None = None,
         token: str | None = None,
     ) -> tuple[list[UpdateSummary] | ClientUpdate, ...]:
         """:meth:`Worker.train_apart`, refused as :meth:`train` is."""
         self._check(token)
-        return super().train_apart(payload, tasks, states)
+        return super().train_apart(payload, tasks, states, instructions)
 
 
 def worker_shape(res: ResourceSpec) -> ActorShape | None:
@@ -514,7 +553,7 @@ class RayExecutor(Executor):
         self.actors: list[Handle] = (
             pool.adopt(self._shape, n, self._setup) if pool else []
         )
-        self.actors += [
+        new: list[Handle] = [
             ray.remote(self.worker_class)
             .options(
                 num_cpus=res.cpus_per_worker,
@@ -523,9 +562,11 @@ class RayExecutor(Executor):
                 max_task_retries=0,  # retried here, and counted
                 scheduling_strategy=self._strategy(i),
             )
-            .remote(*self._setup)
+            .remote()  # no arguments: set up by a call (RayWorker)
             for i in range(len(self.actors), n)
         ]
+        ray.get([a.setup_for.remote(*self._setup) for a in new])
+        self.actors += new
         self._refs: dict[int, Ref] = {}
         self.tasks_retried = 0
         self._nodes: list[list[str]] = [[] for _ in range(n)]  # node ids, in order
@@ -558,7 +599,13 @@ class RayExecutor(Executor):
 
         return PlacementGroupSchedulingStrategy(self._pg, i)  # bundle i
 
-    def train_apart(self, tasks: Tasks, payloads: Payloads, states: States) -> Apart:
+    def train_apart(
+        self,
+        tasks: Tasks,
+        payloads: Payloads,
+        states: States,
+        instructions: Instructions | None = None,
+    ) -> Apart:
         """:meth:`Executor.train_apart`; for a server actor, each update's
         summary (fetched here) and an object reference to the update (not
         fetched: each worker call returns them as separate objects).
@@ -567,23 +614,36 @@ class RayExecutor(Executor):
             tasks: as :meth:`Executor.train`.
             payloads: as :meth:`Executor.train`.
             states: as :meth:`Executor.train`.
+            instructions: as :meth:`Executor.train`.
         """
         if not self.apart:
-            return super().train_apart(tasks, payloads, states)
+            return super().train_apart(tasks, payloads, states, instructions)
         kept: dict[int, UpdateSummary] = {}
         parcels: dict[int, Parcel] = {}
-        calls = self._plan(tasks, payloads, states)
+        calls = self._plan(tasks, payloads, states, instructions or {})
         for c, (summaries, refs) in zip(calls, self._gather(calls, True), strict=True):
             kept.update(zip(c.positions, summaries, strict=True))
             parcels.update(zip(c.positions, refs, strict=True))
         order = range(len(tasks))
         return Apart([kept[j] for j in order], [parcels[j] for j in order])
 
-    def _calls(self, tasks: Tasks, payloads: Payloads, states: States) -> Calls:
-        calls = self._plan(tasks, payloads, states)
+    def _calls(
+        self,
+        tasks: Tasks,
+        payloads: Payloads,
+        states: States,
+        instructions: Instructions,
+    ) -> Calls:
+        calls = self._plan(tasks, payloads, states, instructions)
         yield from zip((c.positions for c in calls), self._gather(calls), strict=True)
 
-    def _plan(self, tasks: Tasks, payloads: Payloads, states: States) -> list[_Call]:
+    def _plan(
+        self,
+        tasks: Tasks,
+        payloads: Payloads,
+        states: States,
+        instructions: Instructions,
+    ) -> list[_Call]:
         """The actor calls that train ``tasks``."""
         where = {id(t): j for j, t in enumerate(tasks)}
         calls: list[_Call] = []
@@ -593,7 +653,12 @@ class RayExecutor(Executor):
         for actor, chunk in zip(self.actors, chunks, strict=True):
             for v, idx in _versions(chunk).items():
                 group = [chunk[j] for j in idx]
-                args = (self._payload_ref(v, payloads), group, _own(group, states))
+                args = (
+                    self._payload_ref(v, payloads),
+                    group,
+                    _own(group, states),
+                    _own(group, instructions),
+                )
                 calls.append(_Call([where[id(t)] for t in group], actor, args))
         return calls
 
@@ -647,7 +712,11 @@ class RayExecutor(Executor):
                 results[k] = (first, sent[k][1:]) if split else first
                 continue
             except (ray.exceptions.RayActorError, StaleWorkerError) as error:
-                restarting = isinstance(error, ray.exceptions.ActorUnavailableError)
+                # an actor Ray restarted comes back serving no run: being set
+                # up again is part of its restart, not another death
+                restarting = isinstance(
+                    error, (ray.exceptions.ActorUnavailableError, StaleWorkerError)
+                )
                 attempts = failed.record(k, restarting, time.monotonic())
                 delay = self.retry.after(attempts)
                 if delay is None:
@@ -655,15 +724,33 @@ class RayExecutor(Executor):
                 if attempts.failures == 1:  # the call's tasks count once
                     self.tasks_retried += len(calls[k].positions)
                 if isinstance(error, StaleWorkerError):
-                    # a warm actor Ray restarted with its first run's
-                    # arguments: set it up for this run (calls on one actor
-                    # run in order, so the resent call comes after)
-                    calls[k].actor.setup_for.remote(*self._setup)
+                    self._set_up_again(calls[k].actor)
+            except ray.exceptions.RayTaskError as error:
+                # (after the clause above: a StaleWorkerError arrives as a
+                # RayTaskError too) plug-in code failed on the worker: the
+                # same error as in process, never retried (it would fail again)
+                if isinstance(error.cause, PluginFailure):
+                    raise error.cause from None
+                raise
             self._check_nodes()
             time.sleep(delay)  # while Ray restarts the actor
             sent[k] = self._send(calls[k], split)  # new references replace the lost
             pending[sent[k][0]] = k
         return results
+
+    def _set_up_again(self, actor: Handle) -> None:
+        """Set up for this run an actor Ray restarted (it serves no run), and
+        wait for it: a set-up that fails raises its own error (a RayTaskError
+        whose cause is the worker's), which no resend would cure; an actor
+        that died again meanwhile is left to the resend's retry.
+
+        Raises:
+            RayTaskError: the worker's set-up raised.
+        """
+        import ray
+
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            ray.get(actor.setup_for.remote(*self._setup))
 
     def _locate(self, timeout: float | None = None) -> list[dict[str, object]]:
         """Add each actor's current node to its history; their GPU shares."""

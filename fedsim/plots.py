@@ -143,6 +143,39 @@ def has_chi2(rounds: pa.Table | None) -> bool:
     return bool(np.isfinite(_floats(rounds, "chi2_pw")).any())
 
 
+def plugin_columns(rounds: pa.Table | None) -> list[str]:
+    """The plug-ins' own metric columns of ``rounds`` (``alg_<name>`` from
+    the algorithm, ``sel_<name>`` from the selector; docs/extending.md,
+    "Hooks"), in table order."""
+    names = [] if rounds is None else rounds.column_names
+    return [c for c in names if c.startswith(("alg_", "sel_"))]
+
+
+def figure_plugin_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
+    """One panel per plug-in metric column against the round (issue 37).
+
+    Args:
+        rounds: rounds.parquet, or None.
+        title: The figure's title (a default when empty).
+
+    Returns:
+        A figure with a panel per column, stacked; a panel says so when its
+        column has no finite value.
+    """
+    cols = plugin_columns(rounds) or ["(none)"]
+    fig, axes = _subplot_grid(9, 2.4 * len(cols), len(cols), 1)
+    x = _floats(rounds, "round")
+    for ax, col in zip(axes[:, 0], cols, strict=True):
+        if not _line(ax, x, _floats(rounds, col, len(x)), color="C2"):
+            _no_data(ax, f"no finite value of {col}")
+        ax.set(ylabel=col)
+        ax.xaxis.set_major_locator(_round_ticks())
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set(xlabel="round (0-based, as in rounds.parquet)")
+    axes[0, 0].set_title(title or "plug-in metrics per round")
+    return fig
+
+
 def has_objective(rounds: pa.Table | None) -> bool:
     """Whether ``rounds`` has a ``train_objective`` column with a finite value
     (``eval.objective_every`` > 0)."""

@@ -92,6 +92,12 @@ FIGURES = {
         "chi^2(p||w) measures how far the effective aggregation weights w are from "
         "the data weights p; 0 means the server optimises the true objective.",
     ),
+    "plugin_metrics.png": (
+        "Plug-in metrics",
+        "The algorithm's (alg_) and the selector's (sel_) own scalars per "
+        'round, as they reported them (docs/extending.md, "Hooks"); '
+        "rounds.parquet holds the same columns.",
+    ),
     "links.png": (
         "Fleet and data links: samples vs speed",
         "Each point is a device: its training samples against its speed, "
@@ -579,6 +585,9 @@ def _save_figures(
         save("staleness.png", fig)
     if plots.has_chi2(rounds):
         save("chi2.png", plots.figure_chi2(rounds, f"{name}: objective inconsistency"))
+    if plots.plugin_columns(rounds):  # issue 37: plug-in metrics
+        title = f"{name}: plug-in metrics"
+        save("plugin_metrics.png", plots.figure_plugin_metrics(rounds, title))
     partition = _read_table(run_dir / "partition.parquet")
     for file, fig in _partition_figures(run_dir, name, tables, summary, partition):
         save(file, fig)

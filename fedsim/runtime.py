@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from fedsim import __version__, checkpoint, clock, interrupts, realised
-from fedsim.algorithms.base import AsyncRule, ClientUpdate
+from fedsim import __version__, checkpoint, clock, hooks, interrupts, realised
+from fedsim.algorithms.base import AsyncRule, ClientUpdate, Failure
 from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.data import FederatedData, build_data
 from fedsim.data.partition import partition_table
@@ -39,10 +39,12 @@ from fedsim.executors import (
 from fedsim.facts import RunFacts
 from fedsim.fleet import Fleet
 from fedsim.flops import scenario_fleet
+from fedsim.hooks import PluginFailure
 from fedsim.links import apply_links, summary_entry
 from fedsim.models import NetworkSetup, make_model
 from fedsim.results import (
     Recorder,
+    atomic_write_bytes,
     check_free_space,
     first_divergence,
     summarize,
@@ -77,6 +79,10 @@ _ASYNC_SELECT_TAG = 0xD15C
 # name, so rows are typed loosely under this name.
 Row = dict[str, Any]  # type: ignore[explicit-any]
 RoundCallback = Callable[[Row, list[Row]], None]
+# How a run ended (RunResult.status; the CLI maps each to an exit code)
+Status = Literal["completed", "diverged", "stalled", "interrupted", "failed"]
+# The traceback of a failed run, in its run directory (summary.json names it)
+FAILURE_FILE = "failure.txt"
 
 
 # what the driver holds of an update: the update, or its summary (server actor)
@@ -161,13 +167,16 @@ class RunResult:
     """What a run produced: rounds.parquet's ``rows``, clients.parquet's
     ``clients``, the final model (None unless ``completed``) and ``status``:
     ``completed``, ``diverged`` (NaN or infinite model or loss), ``stalled``
-    (no further asynchronous version possible) or ``interrupted``."""
+    (no further asynchronous version possible), ``interrupted``, or
+    ``failed`` (plug-in code raised or broke a hook's contract: ``failure``
+    says who, where and what; the rows so far and the last checkpoint are
+    kept, so a resume continues once the plug-in is fixed)."""
 
     scenario: Scenario
     rows: list[Row]
     clients: list[Row]
     final_params: torch.Tensor | None
-    status: Literal["completed", "diverged", "stalled", "interrupted"]
+    status: Status
     message: str
     workers: int  # Ray worker actors (0: in-process)
     wall_time_s: float
@@ -176,6 +185,22 @@ class RunResult:
     # Ray runs: where the workers ran, nodes lost, tasks retried (summary.json)
     placement: dict[str, object] = field(default_factory=dict)
     fleet: Fleet | None = field(default=None, repr=False)  # declared vs realised
+    # a failed run: plugin, hook, error, and the file holding the traceback
+    failure: dict[str, str] | None = None
+
+    def reraise_failure(self) -> None:
+        """Raise the plug-in's failure again, for a caller that cannot
+        record a failed run as such (compare and stress tables have no
+        status column): a failed arm must not pass for a short run.
+
+        Raises:
+            PluginFailure: ``status`` is ``failed`` (its traceback is in
+                the message's plug-in frames only when a run folder kept
+                ``failure.txt``).
+        """
+        if self.status == "failed" and self.failure is not None:
+            f = self.failure
+            raise PluginFailure(f["plugin"], f["hook"], f["error"])
 
     def summary(self) -> Row:
         """summary.json's content, with ``status`` and ``degenerate``."""
@@ -203,6 +228,8 @@ class RunResult:
             **self.placement,
             "initial": initial,
             "status": self.status,
+            # only a failed run has the key: other summaries stay as they were
+            **({"failure": self.failure} if self.failure is not None else {}),
             "degenerate": self.degenerate(),
             "participation_bias": self.participation_bias(),
             **summary_entry(self.scenario, self.data, self.clients),
@@ -497,6 +524,10 @@ class _Run:
             "chi2_pw": applied.info.chi2_pw,
             **objective,
             **extra,
+            # the algorithm's own scalars (AggregateInfo.metrics, checked
+            # by the server): a column each, absent (null) in a step
+            # without them, e.g. an empty round
+            **{f"alg_{k}": v for k, v in applied.info.metrics.items()},
         }
         # trained skips the dropped records: walk both in step
         it = iter(trained)
@@ -639,8 +670,14 @@ class _Run:
         Returns:
             The selector's new state and its artifact rows for ``t``.
         """
-        state = sel.observe(state, t, applied.result(trained), self.sel_ctx)
-        return state, [{"round": t, **r} for r in sel.artifact(state, t)]
+        plugin = hooks.selector_label(getattr(sel, "name", type(sel).__name__))
+        result = applied.result(trained)
+        state = hooks.call(
+            plugin, "observe", sel.observe, state, t, result, self.sel_ctx
+        )
+        hooks.check_json(plugin, "observe", state)
+        rows = hooks.call(plugin, "artifact", sel.artifact, state, t)
+        return state, [{"round": t, **r} for r in rows]
 
 
 def _server_actor(setup: RunSetup, executor: Executor, threads: int) -> RemoteServer:
@@ -727,13 +764,14 @@ def _run_rounds(run: _Run, resume: bool) -> None:
         now = run.fleet.next_online_time(now)
         online = np.flatnonzero(run.fleet.online(now))
         draw = Draw(t, online, run.rng(_SELECT_TAG, t), run.sel_ctx)
-        chosen, state = sel.select(state, draw)
+        chosen, state = select(sel, state, draw)
         # each device's draws are its own, of (seed, device, t): fleet.round_draws
         plan = clock.plan_round(run.fleet, chosen, now, sc.round, t, run.ctx, keep)
         trained, applied = _train_round(run, t, plan, sel.multiplicity(state, chosen))
         state, artifact = run.observe(sel, state, t, applied, trained)
         records = [ClientRecord.from_plan(t, p) for p in plan.plans]
-        run.record(t, plan.t_end, records, trained, applied, {}, artifact)
+        extra = selector_columns(sel, state, t)
+        run.record(t, plan.t_end, records, trained, applied, extra, artifact)
         now = plan.t_end
         if run.due(t + 1):
             run.save_checkpoint(t + 1, now, state, {})
@@ -757,13 +795,22 @@ def _train_round(
     server = run.server
     tasks = [Task(p.client, t, p.tau, t) for p in plan.plans if not p.dropped]
     clients = [task.client for task in tasks]
+    # per-client payload entries, only for an algorithm that gives them (a
+    # server actor would otherwise answer an empty call every round)
+    own = server.instructions(clients, t) if run.sc.algorithm.instructs else {}
     # a server actor gets references: the updates do not pass through here
     ups, parcels = run.executor.train_apart(
-        tasks, {t: server.payload()}, server.client_states(clients)
+        tasks, {t: server.payload()}, server.client_states(clients), own
     )
     run.executor.forget(t)
+    # the selected clients whose updates the step will not have, and why
+    lost = [Failure(p.client, p.reason) for p in plan.plans if p.dropped]
     applied = server.apply(
-        parcels, multiplicity=multiplicity, where=f"round {t}", round=t
+        parcels,
+        multiplicity=multiplicity,
+        where=f"round {t}",
+        round=t,
+        failures=lost,
     )
     # the ordering contract: weights come in applied.clients' order (by id)
     w = dict(zip(applied.clients, applied.weights, strict=True))
@@ -834,7 +881,8 @@ class _Async:
         run = self.run
         rng = run.rng(_ASYNC_SELECT_TAG, n)
         draw = Draw(self.tl.version, candidates, rng, run.sel_ctx)
-        ids, self.sel_state = run.selector.with_slots(free).select(self.sel_state, draw)
+        sel = run.selector.with_slots(free)
+        ids, self.sel_state = select(sel, self.sel_state, draw)
         if self.adaptive:
             self.picks.append(ids.tolist())
         return ids
@@ -948,12 +996,15 @@ class _Async:
         ups, parcels = [k for k, _ in held], [p for _, p in held]
         starts = [self.payloads[a.job.version]["x"] for a in rec.applied]
         staleness = [int(a.staleness or 0) for a in rec.applied]
+        # the jobs that ended in this version without an update, and why
+        lost = [Failure(a.plan.client, a.plan.reason) for a in rec.ended if a.dropped]
         applied = run.server.apply(
             parcels,
             staleness=staleness,
             starts=starts,
             where=f"version {rec.version}",
             round=rec.version,
+            failures=lost,
         )
         trained = _pairs_in_end_order(rec, ups, applied)
         records = [ClientRecord.from_arrival(a) for a in rec.ended]
@@ -963,6 +1014,7 @@ class _Async:
                 run.selector, self.sel_state, rec.version, applied, trained
             )
         extra = _version_columns(rec, staleness)
+        extra |= selector_columns(run.selector, self.sel_state, rec.version)
         run.record(rec.version, rec.t, records, trained, applied, extra, artifact)
         self.w += 1
         self._forget(rec)
@@ -1044,13 +1096,12 @@ def run_scenario(
     """
     run_dir = Path(run_dir) if run_dir is not None else None
     if resume:
-        if run_dir is None:
-            raise ValueError("resume needs the run directory")
-        checkpoint.check_resumable(run_dir)  # fail before building or writing
+        _check_resume(scenario, run_dir)  # fail before building or writing
     run = _Run(scenario, run_dir, on_round)
     run.start(workers, resume)
-    status: Literal["completed", "diverged", "stalled", "interrupted"] = "completed"
+    status: Status = "completed"
     message = ""
+    failed: PluginFailure | None = None
     final: torch.Tensor | None = None  # the model, once every round is done
     try:
         with interrupts.round_loop():  # the CLI's Ctrl-C waits for a round's end
@@ -1067,11 +1118,16 @@ def run_scenario(
         status, message = "interrupted", "interrupted"
     except ServerLost as exc:  # stop at the last checkpoint, like Ctrl-C
         status, message = "interrupted", str(exc)
+    except PluginFailure as exc:  # plug-in code: the run ends, its rows stay
+        status, message, failed = "failed", str(exc), exc
     finally:
         placement = _close(run)
     if status == "completed" and (why := first_divergence(run.recorder.rows)):
         status, message = "diverged", why  # a finite loss beyond the bound
         final = None
+    if status == "completed" and run_dir is not None:
+        # a resume after the plug-in was fixed: the old traceback is history
+        (run_dir / FAILURE_FILE).unlink(missing_ok=True)
     return RunResult(
         scenario=scenario,
         rows=run.recorder.rows,
@@ -1085,4 +1141,86 @@ def run_scenario(
         initial=run.initial,
         placement=placement,
         fleet=run.fleet,
+        failure=None if failed is None else _failure_record(failed, run_dir),
     )
+
+
+def select(
+    sel: Selector, state: SelectorState, draw: Draw
+) -> tuple[Ids, SelectorState]:
+    """``sel.select(state, draw)``, its result checked (issue 39): integer
+    ids, each once, among the draw's candidates, and a JSON state.
+
+    Raises:
+        PluginFailure: the hook raised or broke that contract, naming the
+            selector, the hook and what was expected.
+    """
+    plugin = hooks.selector_label(getattr(sel, "name", type(sel).__name__))
+    got = hooks.call(plugin, "select", sel.select, state, draw)
+    if not isinstance(got, tuple | list) or len(got) != 2:
+        raise PluginFailure(
+            plugin, "select", f"returned a {type(got).__name__}, expected (ids, state)"
+        )
+    ids, new = got
+    hooks.check_selection(plugin, "select", ids, new, draw.candidates)
+    return ids, new
+
+
+def selector_columns(sel: Selector, state: SelectorState, t: int) -> Row:
+    """The selector's own scalars after round (or version) ``t``
+    (``Selector.metrics``), as rounds.parquet columns ``sel_<name>``.
+
+    Raises:
+        PluginFailure: the hook raised or returned anything but named
+            real numbers.
+    """
+    # the base reports nothing (no call per round); an algorithm's own
+    # sampling (wrap_selector) need not be a Selector
+    if getattr(type(sel), "metrics", Selector.metrics) is Selector.metrics:
+        return {}
+    plugin = hooks.selector_label(sel.name)
+    got = hooks.call(plugin, "metrics", sel.metrics, state, t)
+    return {
+        f"sel_{k}": v for k, v in hooks.check_metrics(plugin, "metrics", got).items()
+    }
+
+
+def _check_resume(scenario: checkpoint.Resolvable, run_dir: Path | None) -> None:
+    """Everything a resume of ``run_dir`` reads, and that its checkpoint is
+    of ``scenario``'s experiment: a checkpoint of another one (another seed,
+    lr, ...) would finish "completed" with two runs' rows mixed, so it is
+    refused as the command line refuses it, naming every differing field
+    (issue 37, defect 6).
+
+    Raises:
+        ValueError: no run directory.
+        CheckpointError: a file is missing or damaged, or the fingerprints
+            differ.
+    """
+    if run_dir is None:
+        raise ValueError("resume needs the run directory")
+    checkpoint.check_resumable(run_dir)
+    checkpoint.check_fingerprint(run_dir, scenario, missing_ok=True)
+
+
+def _failure_record(exc: PluginFailure, run_dir: Path | None) -> dict[str, str]:
+    """summary.json's ``failure`` of a failed run, after writing its full
+    traceback into the run directory (:data:`FAILURE_FILE`).
+
+    The traceback is the plug-in's own (from a Ray worker or the server
+    actor too: it travels as text inside the error). A hook that returned
+    the wrong thing raised nothing, and its file says so.
+    """
+    record = exc.record()
+    if run_dir is None:
+        return record
+    why = exc.trace or (
+        "No exception was raised: the hook returned something its contract "
+        "does not allow (above), found by fedsim's check of its result.\n"
+    )
+    text = f"{exc}\n\n{why}"
+    try:
+        atomic_write_bytes(run_dir / FAILURE_FILE, text.encode())
+    except OSError:  # the rows and summary matter more than this file
+        return record
+    return {**record, "traceback": FAILURE_FILE}

@@ -30,12 +30,13 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from fedsim import checkpoint
+from fedsim import checkpoint, hooks
 from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
     ClientState,
     ClientUpdate,
+    Failure,
     Flag,
     RoundContext,
     ServerContext,
@@ -49,6 +50,8 @@ from fedsim.store import ClientStore
 from fedsim.tasks import Parcel, UpdateSummary, update_norm
 
 Payload = dict[str, torch.Tensor]
+# Algorithm.instruct's result, checked: each training client's own entries
+Instructions = dict[int, Payload]
 Split = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
 # samples, targets and stored client vectors: floats, or class or token ids
 Array = NDArray[np.float32 | np.float64 | np.int64]
@@ -199,6 +202,63 @@ class RoundResult:
     test_accuracy: float
 
 
+def check_instructions(
+    plugin: str, got: object, clients: Sequence[int], shared: set[str]
+) -> Instructions:
+    """What ``Algorithm.instruct`` returned, as ``{client: {name: tensor}}``.
+
+    Args:
+        plugin: the algorithm, as messages name it.
+        got: what the hook returned.
+        clients: the round's training clients.
+        shared: the names of the shared payload's entries.
+
+    Raises:
+        PluginFailure: naming what was expected.
+    """
+
+    def wrong(what: str) -> hooks.PluginFailure:
+        return hooks.PluginFailure(plugin, "instruct", what)
+
+    if not isinstance(got, Mapping):
+        raise wrong(
+            f"returned a {type(got).__name__}, expected {{client: {{name: value}}}}"
+        )
+    allowed = {int(c) for c in clients}
+    out: Instructions = {}
+    for client, entries in got.items():
+        if isinstance(client, bool) or not isinstance(client, int | np.integer):
+            raise wrong(f"keyed instructions by {client!r}, expected int client ids")
+        if int(client) not in allowed:
+            raise wrong(
+                f"gave instructions to client {int(client)}, which does not "
+                "train this round (expected some of the ids it was given)"
+            )
+        if not isinstance(entries, Mapping):
+            raise wrong(
+                f"gave client {int(client)} a {type(entries).__name__}, expected "
+                "a dict {name: tensor or number}"
+            )
+        mine: Payload = {}
+        for name, value in entries.items():
+            if not isinstance(name, str) or name in shared:
+                raise wrong(
+                    f"gave client {int(client)} the entry {name!r}, expected a "
+                    f"name (str) other than the shared payload's {sorted(shared)}"
+                )
+            if isinstance(value, torch.Tensor):
+                mine[name] = value.detach().cpu()
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                mine[name] = torch.tensor(float(value), dtype=torch.float64)
+            else:
+                raise wrong(
+                    f"gave client {int(client)} {name!r} as a "
+                    f"{type(value).__name__}, expected a tensor or a number"
+                )
+        out[int(client)] = mine
+    return out
+
+
 def _here(updates: Sequence[Parcel]) -> list[ClientUpdate]:
     """The updates, refusing object references (only the server actor,
     :meth:`fedsim.server_actor.ServerActor.apply_refs`, fetches those)."""
@@ -281,10 +341,16 @@ class RoundServer(Protocol):
         multiplicity: Mapping[int, int] | None = None,
         where: str = "",
         round: int = 0,
+        failures: Sequence[Failure] = (),
     ) -> Applied:
         """One server step (:meth:`Server.apply`: the ordering contract).
         ``updates`` are :class:`ClientUpdate` objects, or for the actor
         their object references (fetched by the actor itself)."""
+        ...
+
+    def instructions(self, clients: Sequence[int], round: int) -> Instructions:
+        """The algorithm's per-client payload entries for this round
+        (:meth:`Server.instructions`)."""
         ...
 
     def evaluate(self) -> tuple[float, float]:
@@ -382,7 +448,28 @@ class Server:
 
     def payload(self) -> Payload:
         """What a client downloads (a copy: later updates never change it)."""
-        return dict(self.algorithm.payload(self.state))
+        plugin = hooks.algorithm_label(self.algorithm.name)
+        return dict(hooks.call(plugin, "payload", self.algorithm.payload, self.state))
+
+    def instructions(self, clients: Sequence[int], round: int) -> Instructions:
+        """The algorithm's per-client payload entries for round ``round``
+        (``Algorithm.instruct``), checked: keys among ``clients``, names
+        not the payload's own, values tensors or numbers (numbers become
+        float64 scalar tensors). {} for an algorithm without the hook.
+
+        Args:
+            clients: the ids that will train this round, ascending.
+            round: the 0-based round.
+
+        Raises:
+            PluginFailure: the hook raised or returned something else.
+        """
+        alg = self.algorithm
+        if not alg.instructs:
+            return {}
+        plugin = hooks.algorithm_label(alg.name)
+        got = hooks.call(plugin, "instruct", alg.instruct, self.state, clients, round)
+        return check_instructions(plugin, got, clients, set(self.payload()))
 
     def client_states(self, clients: Sequence[int]) -> dict[int, ClientState]:
         """The persistent states of these clients ({} for stateless algorithms)."""
@@ -397,6 +484,7 @@ class Server:
         multiplicity: Mapping[int, int] | None = None,
         where: str = "",
         round: int = 0,
+        failures: Sequence[Failure] = (),
     ) -> Applied:
         """Aggregate ``updates`` into the server state.
 
@@ -423,43 +511,64 @@ class Server:
                 (sampling with replacement), as each update's extra.
             where: "round 3" or "version 3", for error messages.
             round: the round (or version made), the context's ``round``.
+            failures: the step's clients whose updates did not arrive,
+                with the reason (``RoundContext.failures``).
 
         Returns:
             What the step did (:class:`Applied`).
 
         Raises:
             DivergenceError: the model or the training loss is not finite.
+            PluginFailure: the algorithm's ``aggregate`` raised, or returned
+                something else than (state of the same keys, shapes and
+                dtypes, AggregateInfo with scalar metrics): checked here,
+                once per step, so both server homes refuse it alike.
             ValueError: a synchronous round holds a client twice, or the
                 algorithm reported weights for clients not in the round.
             TypeError: an update is an object reference.
         """
         ups = _here(updates)
         server = self.context() if self.algorithm.wants_server else None
+        lost = tuple(failures)
         if staleness is None:
             ups = _in_client_order(ups, where)
             if multiplicity:
                 m = multiplicity
                 ups = [_with_multiplicity(u, m.get(u.client, 1)) for u in ups]
-            ctx = RoundContext(round=round, server=server)
+            ctx = RoundContext(round=round, server=server, failures=lost)
         else:
             assert starts is not None, "asynchronous updates need their starts"
-            ctx = RoundContext(round, tuple(staleness), tuple(starts), server)
-        self.state, info = self.algorithm.server_step(self.state, ups, ctx)
+            ctx = RoundContext(round, tuple(staleness), tuple(starts), server, lost)
+        plugin = hooks.algorithm_label(self.algorithm.name)
+        step = hooks.call(
+            plugin, "aggregate", self.algorithm.server_step, self.state, ups, ctx
+        )
+        self.state, info = hooks.check_step(plugin, "aggregate", step, self.state)
         clients = tuple(u.client for u in ups)
-        if ctx.asynchronous:
-            weights = info.per_update
-            shares: dict[int, float] = {}  # async: the normalised weights, per job
-        else:
-            _check_weights(info, clients, self.algorithm.name, where)
-            weights = tuple(info.weights.get(c, 0.0) for c in clients)
-            shares = dict(zip(clients, weights, strict=True))
-            # an algorithm that scales deltas apart from w_i says so in shares
-            shares.update(info.shares or {})
+        weights, shares = self._weights(info, clients, ctx.asynchronous, where)
         for u in ups:
             if u.new_state is not None:
                 self.store.put(u.client, u.new_state)
         loss = self._train_loss(ups, where)
         return Applied(info, weights, loss, shares, clients)
+
+    def _weights(
+        self,
+        info: AggregateInfo,
+        clients: tuple[int, ...],
+        asynchronous: bool,
+        where: str,
+    ) -> tuple[tuple[float, ...], dict[int, float]]:
+        """``Applied.weights`` and ``Applied.shares`` of a step (the weights
+        checked to name only the round's clients, synchronous rounds)."""
+        if asynchronous:  # async: the normalised weights, per job
+            return info.per_update, {}
+        _check_weights(info, clients, self.algorithm.name, where)
+        weights = tuple(info.weights.get(c, 0.0) for c in clients)
+        shares = dict(zip(clients, weights, strict=True))
+        # an algorithm that scales deltas apart from w_i says so in shares
+        shares.update(info.shares or {})
+        return weights, shares
 
     def _train_loss(self, updates: Sequence[ClientUpdate], where: str) -> float:
         """The updates' mean training loss, each with its client's data

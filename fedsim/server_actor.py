@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from fedsim.actors import Handle, current_pool, kill
-from fedsim.algorithms.base import ClientState, ClientUpdate
+from fedsim.algorithms.base import ClientState, ClientUpdate, Failure
 from fedsim.data import FederatedData
 from fedsim.executors import PlacementError, server_shape
 from fedsim.server import (
     Applied,
+    Instructions,
     Payload,
     Server,
     ServerSetup,
@@ -137,6 +138,7 @@ class ServerActor:
         multiplicity: Mapping[int, int] | None,
         where: str,
         round: int,
+        failures: Sequence[Failure] = (),
     ) -> Applied:
         """:meth:`Server.apply` on updates given as object references.
 
@@ -150,6 +152,7 @@ class ServerActor:
             multiplicity: as :meth:`Server.apply`.
             where: as :meth:`Server.apply`.
             round: as :meth:`Server.apply`.
+            failures: as :meth:`Server.apply`.
 
         Raises:
             UpdatesLost: an update's object is gone (the driver's
@@ -176,7 +179,12 @@ class ServerActor:
             multiplicity=multiplicity,
             where=where,
             round=round,
+            failures=failures,
         )
+
+    def instructions(self, clients: Sequence[int], round: int) -> Instructions:
+        """:meth:`Server.instructions`."""
+        return self.server.instructions(clients, round)
 
     def where(self) -> dict[str, object]:
         """This actor's node, address, CPU/GPU share and device."""
@@ -318,6 +326,7 @@ class RemoteServer:
         multiplicity: Mapping[int, int] | None = None,
         where: str = "",
         round: int = 0,
+        failures: Sequence[Failure] = (),
     ) -> Applied:
         """:meth:`Server.apply` on the actor.
 
@@ -332,12 +341,17 @@ class RemoteServer:
             multiplicity: as :meth:`Server.apply`.
             where: as :meth:`Server.apply`.
             round: as :meth:`Server.apply`.
+            failures: as :meth:`Server.apply`.
         """
         parcels = list(updates)  # nested in a list: Ray does not resolve them here
         call = self._actor.apply_refs.remote(
-            parcels, staleness, starts, multiplicity, where, round
+            parcels, staleness, starts, multiplicity, where, round, tuple(failures)
         )
         return self._get(call)
+
+    def instructions(self, clients: Sequence[int], round: int) -> Instructions:
+        """:meth:`Server.instructions` on the actor."""
+        return self._get(self._actor.instructions.remote(list(clients), round))
 
     def save(self, path: Path) -> None:
         """Write the actor's snapshot into ``path`` from this process, so the

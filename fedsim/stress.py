@@ -221,6 +221,7 @@ def _run_one(
 
     sc, mode = load_variant(scenario_path, label, seed, overrides, cell)
     result = run_scenario(sc, workers=0)  # keeps the rows up to a divergence
+    result.reraise_failure()  # a plug-in that failed (issue 37) stops it all
     if result.status == "interrupted":
         raise KeyboardInterrupt  # stop the sweep, not just this run
     rows = result.rows

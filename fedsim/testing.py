@@ -15,14 +15,22 @@ client updates pickle (Ray ships all three); ``n`` identical updates give
 updates the state keeps its keys, shapes and dtypes and stays finite; no
 update leaves the state unchanged; only ``stateful`` algorithms return client
 state; one payload vector per ``down_factor``. Updates come from the
-algorithm's own client hooks (``start_client`` / ``client_finish``).
+algorithm's own client hooks (``start_client`` / ``client_finish``). The
+hooks (docs/extending.md, "Hooks"): every step passes the server's own
+check of what ``aggregate`` returns (the state's keys, shapes and dtypes,
+an ``AggregateInfo``, named real-number ``metrics``), also in rounds whose
+``RoundContext.failures`` lists lost clients; ``instruct`` (when
+overridden) gives only the round's clients entries of tensors or numbers,
+never the shared payload's names, the same for the same state, and the
+client hooks run with them in the payload.
 
 What :func:`check_selector` checks: ids are distinct, sorted ``int64``, at
 most ``clients_per_round`` and all among the candidates (none only when no
 device is online); every random choice comes from the generator given (the
 same generator gives the same ids, no global generator moves); the state
 pickles, survives a JSON round trip (checkpoints keep it) and a resumed run
-picks the same ids; multiplicities and artifact rows are well formed.
+picks the same ids; multiplicities, artifact rows and ``metrics`` (named
+real numbers) are well formed.
 """
 
 from __future__ import annotations
@@ -37,11 +45,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from fedsim import hooks
 from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
     ClientInfo,
     ClientUpdate,
+    Failure,
     Flag,
     RoundContext,
     ServerState,
@@ -97,6 +107,9 @@ def make_update(
         The :class:`ClientUpdate` the server's ``aggregate`` receives.
     """
     payload = alg.payload(state)
+    if alg.instructs:  # the client's own entries, as a worker merges them
+        own = _instructions(alg, state, [client], 0)
+        payload = {**payload, **own.get(client, {})}
     info = ClientInfo(
         client, n_samples=10, num_clients=M, relative_weight=relative_weight
     )
@@ -230,7 +243,9 @@ def _check_rounds(alg: Algorithm) -> None:
     kept: dict[int, dict[str, torch.Tensor]] = {}
     for t, chosen in enumerate(((0, 1, 2), (1, 3), (0, 4))):
         ups = [_varied_update(alg, state, i, gen, kept) for i in chosen]
-        state, info = _step(alg, state, ups, t)
+        # the round's other clients were selected and lost (RoundContext.failures)
+        lost = tuple(Failure(c, "late") for c in range(M) if c not in chosen)
+        state, info = _step(alg, state, ups, t, lost)
         _check_round_result(state, info, spec)
         assert set(info.weights) <= set(chosen), "weights only for the round's clients"
     for cs in kept.values():
@@ -239,13 +254,50 @@ def _check_rounds(alg: Algorithm) -> None:
 
 
 def _step(
-    alg: Algorithm, state: ServerState, ups: list[ClientUpdate], t: int = 0
+    alg: Algorithm,
+    state: ServerState,
+    ups: list[ClientUpdate],
+    t: int = 0,
+    failures: tuple[Failure, ...] = (),
 ) -> tuple[ServerState, AggregateInfo]:
     """Round ``t``'s step as the server takes it: ``aggregate`` through
     ``server_step`` (older forms of the hook too), the updates in ascending
-    client id (the ordering contract), no server context."""
+    client id (the ordering contract), no server context, and the result
+    checked as the server checks it (:func:`fedsim.hooks.check_step`)."""
     ordered = sorted(ups, key=lambda u: u.client)
-    return alg.server_step(state, ordered, RoundContext(round=t))
+    ctx = RoundContext(round=t, failures=failures)
+    got = alg.server_step(state, ordered, ctx)
+    try:
+        return hooks.check_step(f"algorithm {alg.name!r}", "aggregate", got, state)
+    except hooks.PluginFailure as exc:
+        raise AssertionError(str(exc)) from None
+
+
+def _instructions(
+    alg: Algorithm, state: ServerState, clients: list[int], t: int
+) -> dict[int, dict[str, torch.Tensor]]:
+    """``alg.instruct`` as the server calls and checks it
+    (:func:`fedsim.server.check_instructions`), and its promises: the same
+    entries for the same state (a resume and any number of workers agree)."""
+    from fedsim.server import check_instructions
+
+    shared = set(alg.payload(state))
+    plugin = f"algorithm {alg.name!r}"
+    try:
+        first = check_instructions(
+            plugin, alg.instruct(state, clients, t), clients, shared
+        )
+        again = check_instructions(
+            plugin, alg.instruct(state, clients, t), clients, shared
+        )
+    except hooks.PluginFailure as exc:
+        raise AssertionError(str(exc)) from None
+    assert first.keys() == again.keys() and all(
+        first[c].keys() == again[c].keys()
+        and all(torch.equal(first[c][k], again[c][k]) for k in first[c])
+        for c in first
+    ), "instruct gives the same entries for the same state, clients and round"
+    return first
 
 
 def _check_round_result(
@@ -489,3 +541,7 @@ def _check_extras(sel: Selector) -> None:
     rows = sel.artifact(state, 0)
     assert isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
     json.dumps(rows)
+    try:  # the runtime's check of the metrics hook (rounds.parquet columns)
+        hooks.check_metrics(f"selector {sel.name!r}", "metrics", sel.metrics(state, 0))
+    except hooks.PluginFailure as exc:
+        raise AssertionError(str(exc)) from None

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from fedsim import hooks
 from fedsim.algorithms import ClientUpdate
 from fedsim.algorithms.base import (
     Algorithm,
@@ -147,6 +148,12 @@ class Worker:
         from fedsim.batched import train_batched, why_not_batched
 
         reason = why_not_batched(self)
+        if reason is None and self.algorithm.instructs:
+            # the batched path starts every client from the shared payload
+            reason = (
+                f"algorithm {self.algorithm.name!r} gives per-client "
+                "instructions (instruct)"
+            )
         if reason is not None:
             msg = "resources.vectorize: %s; training clients one at a time"
             _log.warning(msg, reason)
@@ -184,6 +191,7 @@ class Worker:
         payload: Payload,
         tasks: Sequence[Task],
         states: Mapping[int, ClientState] | None = None,
+        instructions: Mapping[int, Payload] | None = None,
     ) -> list[ClientUpdate]:
         """One update per task, in task order, each trained from the payload's
         ``x``.
@@ -192,14 +200,38 @@ class Worker:
             payload: what the clients download (one server version).
             tasks: the clients to train, each for its ``tau`` steps.
             states: persistent client states by id (absent: start at {}).
+            instructions: per-client payload entries by id
+                (``Algorithm.instruct``; absent: the shared payload only).
+
+        Raises:
+            PluginFailure: plug-in code failed while a client trained (a
+                client hook, the model's forward pass or loss), naming the
+                algorithm, the model and the hook; the traceback travels
+                with it (also from a Ray worker).
         """
-        return self._train_group(payload, tasks, states or {}) if tasks else []
+        if not tasks:
+            return []
+        try:
+            if instructions:  # only the sequential path reads them
+                return self.train_sequential(payload, tasks, states or {}, instructions)
+            return self._train_group(payload, tasks, states or {})
+        except Exception as exc:
+            if not hooks.wraps_error(exc):
+                raise
+            # outside the hooks named below: the model's forward pass or
+            # loss, or a hook on the batched path (fedsim.batched)
+            who = (
+                f"{hooks.algorithm_label(self.algorithm.name)} "
+                f"(model {self.setup.network.model.name!r})"
+            )
+            raise hooks.failure(who, "client training", exc) from exc
 
     def train_apart(
         self,
         payload: Payload,
         tasks: Sequence[Task],
         states: Mapping[int, ClientState] | None = None,
+        instructions: Mapping[int, Payload] | None = None,
     ) -> tuple[list[UpdateSummary] | ClientUpdate, ...]:
         """:meth:`train`, returned apart for a Ray call with ``num_returns =
         1 + len(tasks)``: the list of the updates' summaries first (what the
@@ -209,15 +241,20 @@ class Worker:
             payload: as :meth:`train`.
             tasks: as :meth:`train`.
             states: as :meth:`train`.
+            instructions: as :meth:`train`.
 
         Returns:
             ``([UpdateSummary, ...], update_1, ..., update_n)``, in task order.
         """
-        ups = self.train(payload, tasks, states)
+        ups = self.train(payload, tasks, states, instructions)
         return ([UpdateSummary.of(u) for u in ups], *ups)
 
     def train_sequential(
-        self, payload: Payload, tasks: Sequence[Task], states: Mapping[int, ClientState]
+        self,
+        payload: Payload,
+        tasks: Sequence[Task],
+        states: Mapping[int, ClientState],
+        instructions: Mapping[int, Payload] | None = None,
     ) -> list[ClientUpdate]:
         """:meth:`train` one client after another, whatever the worker's mode
         (the reference batched training is checked against, and what it uses
@@ -227,12 +264,21 @@ class Worker:
             payload: what the clients download (its ``x`` is the start).
             tasks: the clients to train, each for its ``tau`` steps.
             states: persistent client states by id (missing: ``{}``).
+            instructions: per-client payload entries by id (missing: none).
 
         Returns:
             One update per task, in task order.
         """
         payload = _to(payload, self.device)  # once for every task of the call
-        return [self._train_one(payload, t, states.get(t.client, {})) for t in tasks]
+        own = instructions or {}
+        return [
+            self._train_one(
+                {**payload, **_to(own.get(t.client, {}), self.device)},
+                t,
+                states.get(t.client, {}),
+            )
+            for t in tasks
+        ]
 
     def _train_one(
         self, payload: Payload, task: Task, client_state: ClientState
@@ -246,25 +292,27 @@ class Worker:
         seed = client_seed(self.seed, task.round, i)
         gen = torch.Generator().manual_seed(seed)
         algo = self.algorithm
+        plugin = hooks.algorithm_label(algo.name)
         info = self.client_info(i)
         if algo.client_train is not None:
             # under fixed_window the clock's tau caps the algorithm's work
             fixed = self.setup.capped
-            return algo.client_train(
-                LocalTraining(
-                    client=ClientContext(info, payload, client_state),
-                    model=self.model,
-                    theta=self.theta,
-                    xs=xs,
-                    ys=ys,
-                    gen=gen,
-                    weight=float(self.weights[i]),
-                    step_budget=int(task.tau) if fixed else None,
-                )
+            job = LocalTraining(
+                client=ClientContext(info, payload, client_state),
+                model=self.model,
+                theta=self.theta,
+                xs=xs,
+                ys=ys,
+                gen=gen,
+                weight=float(self.weights[i]),
+                step_budget=int(task.tau) if fixed else None,
             )
+            return hooks.call(plugin, "client_train", algo.client_train, job)
         client_state = _to(client_state, self.device)
         x_global = payload["x"]
-        client = algo.start_client(info, payload, client_state)
+        client = hooks.call(
+            plugin, "local_setup", algo.start_client, info, payload, client_state
+        )
         theta, grad = self.theta, self.grad
         theta.copy_(x_global)
         solver = self.solver_for(task.round)
@@ -276,7 +324,12 @@ class Worker:
             grad.zero_()
             loss = batch_loss(self.model, xb, yb, self.loss)
             loss.backward()
-            algo.grad_hook(theta, grad, client)
+            try:  # (a try costs nothing per step until it catches)
+                algo.grad_hook(theta, grad, client)
+            except Exception as exc:
+                if not hooks.wraps_error(exc):
+                    raise
+                raise hooks.failure(plugin, "grad_hook", exc) from exc
             solver.step(theta, grad, state)
             loss_sum += loss.detach()
         return self.client_update(
@@ -300,7 +353,11 @@ class Worker:
             done: the solver's state after the steps (||a_i||_1).
             loss_sum: the sum of its minibatch losses (mean = / tau).
         """
-        extras, new_state = self.algorithm.client_finish(delta, done, client)
+        plugin = hooks.algorithm_label(self.algorithm.name)
+        finish = self.algorithm.client_finish
+        extras, new_state = hooks.call(
+            plugin, "client_finish", finish, delta, done, client
+        )
         cpu = torch.device("cpu")
         return ClientUpdate(
             client=task.client,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import (
     TYPE_CHECKING,
@@ -120,6 +120,33 @@ class AggregateInfo:
     # class, e.g. FedPNS's Labels, which the selector checks with isinstance):
     # what the round taught the selector
     signal: object = None
+    # the plug-in's own named scalars for this step (FedExP's step size):
+    # each becomes the rounds.parquet column ``alg_<name>`` (docs/extending.md,
+    # "Hooks"); the server checks they are real numbers
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+# Why a selected client's update did not reach this step (clients.parquet's
+# drop_reason): late, offline, dropout, no_time, no_data, surplus, stale.
+DropReason = str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A client that was asked to train in this step but whose update the
+    step does not have (Flower's ``failures``).
+
+    Attributes:
+        client: its id.
+        reason: why (clients.parquet's ``drop_reason``): ``late`` (sent
+            after the deadline), ``surplus`` (over-selection's extra
+            arrivals), ``offline`` or ``dropout`` (left before its upload),
+            ``no_time`` or ``no_data`` (no step to do), and in
+            asynchronous mode ``stale`` (refused for its staleness).
+    """
+
+    client: int
+    reason: DropReason
 
 
 @dataclass(frozen=True)
@@ -170,12 +197,20 @@ class RoundContext:
             from, in arrival order; None in a synchronous round.
         server: the server's :class:`ServerContext` when the algorithm
             declares ``server_needs``; None otherwise.
+        failures: the clients of this step whose updates it does not have,
+            with the reason (a :class:`Failure` each, in client-id order in
+            a synchronous round, in order of their end in an asynchronous
+            version; a device dropped twice in one version is listed
+            twice). A pure function of the scenario and seed (the clock
+            decides them), the same with any number of workers and after
+            a resume. Empty when every selected client's update arrived.
     """
 
     round: int = 0
     staleness: tuple[int, ...] | None = None
     starts: tuple[torch.Tensor, ...] | None = None
     server: ServerContext | None = None
+    failures: tuple[Failure, ...] = ()
 
     @property
     def asynchronous(self) -> bool:
@@ -279,6 +314,44 @@ class Algorithm:
             tensors), so jobs still in flight keep what they downloaded.
         """
         return {"x": state["x"]}
+
+    def instruct(
+        self, state: ServerState, clients: Sequence[int], round: int
+    ) -> Mapping[int, Mapping[str, torch.Tensor | float]]:
+        """Per-client instructions: entries the server adds to one selected
+        client's payload (a per-client learning rate, a mask), as Flower's
+        ``configure_fit`` does. Synchronous rounds only; the clock still
+        decides each client's tau.
+
+        Called once per round on the server (driver or actor), after the
+        selection and before training, with the state the clients
+        download. A client's hooks read its entries in
+        ``client.payload[name]`` (``ClientContext.payload``), beside
+        :meth:`payload`'s.
+
+        Args:
+            state: the server state the round's clients start from.
+            clients: the ids of the clients that will train this round
+                (dropped ones left out), ascending.
+            round: the 0-based round.
+
+        Returns:
+            ``{client: {name: value}}`` for some of ``clients`` (others get
+            the shared payload only); a value is a tensor or a number (a
+            number travels as a float64 scalar tensor). Names must not be
+            :meth:`payload`'s own (the shared model is never replaced per
+            client). The base returns {} (no instructions).
+
+        Guarantees to keep: a pure function of (state, clients, round,
+        hyperparameters), so that a resumed run and any number of workers
+        give the same bits (the state is checkpointed; nothing else is).
+        """
+        return {}
+
+    @property
+    def instructs(self) -> bool:
+        """Whether it overrides :meth:`instruct` (per-client payload entries)."""
+        return type(self).instruct is not Algorithm.instruct
 
     def aggregate(
         self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND
@@ -504,6 +577,14 @@ class Algorithm:
             Problems, each message leading with the field path it is about;
             an error refuses the file, a ``warning`` is printed.
         """
+        if facts.round.policy == "async" and self.instructs:
+            return [
+                Problem(
+                    f"algorithm.name {self.name!r} gives per-client instructions "
+                    "(instruct), a hook of synchronous rounds; round.policy "
+                    "'async' has none (use sync or fixed_window)"
+                )
+            ]
         if facts.round.policy != "async" or self.asynchronous:
             return []
         from fedsim.plugins import builtins  # (imports every built-in)
@@ -514,7 +595,9 @@ class Algorithm:
         return [
             Problem(
                 "round.policy 'async' needs an asynchronous server rule "
-                f"(algorithm {' or '.join(rules)}), not {self.name!r}"
+                f"(algorithm {' or '.join(rules)}), not {self.name!r}; a "
+                "plug-in becomes one by declaring buffer_size and reading "
+                "ctx.staleness in aggregate (docs/extending.md)"
             )
         ]
 
@@ -628,7 +711,11 @@ def data_weights(updates: Updates) -> list[float]:
 
 
 def meter(
-    updates: Updates, w: list[float], tau_eff: float, shares: list[float] | None = None
+    updates: Updates,
+    w: list[float],
+    tau_eff: float,
+    shares: list[float] | None = None,
+    metrics: Mapping[str, float] | None = None,
 ) -> AggregateInfo:
     """What an aggregate reports: the effective weights with chi^2(p || w).
 
@@ -638,6 +725,9 @@ def meter(
         tau_eff: the effective local steps of the step.
         shares: each delta's weight in the step as applied, not normalised
             (the participation-bias meter); None: ``w`` tells.
+        metrics: the plug-in's own named scalars for this step
+            (:attr:`AggregateInfo.metrics`: rounds.parquet columns
+            ``alg_<name>``); None: none.
 
     Returns:
         The :class:`AggregateInfo`, chi^2 against the updates' data weights.
@@ -648,7 +738,39 @@ def meter(
     share = None
     if shares is not None:
         share = {u.client: float(s) for u, s in zip(updates, shares, strict=True)}
-    return AggregateInfo(weights, float(tau_eff), chi2_pw, shares=share)
+    info = AggregateInfo(weights, float(tau_eff), chi2_pw, shares=share)
+    return replace(info, metrics=dict(metrics)) if metrics else info
+
+
+def meter_average(
+    updates: Updates,
+    p: Sequence[float] | None = None,
+    metrics: Mapping[str, float] | None = None,
+) -> AggregateInfo:
+    """The meter of a server step that moves along the ``p``-weighted
+    average of the deltas (FedAvg, FedAdam, FedExP, FedAvgM, ...), by
+    fedsim's convention: w_i = p_i ||a_i||_1 and tau_eff = sum_i w_i.
+
+    A delta is ||a_i||_1 times the client's average normalised gradient
+    (the local solver reports ||a_i||_1: the sum of its step sizes, tau_i
+    lr for plain SGD), so a client that took more steps pulls the average
+    toward its own objective in proportion: that is the weight the
+    objective-inconsistency meter chi^2(p||w) measures. Weighting by p_i
+    alone (the natural wrong choice) reports chi^2 = 0 on any run; the
+    built-in ``fedadam`` reports the same figure as this helper.
+
+    Args:
+        updates: the step's updates.
+        p: each update's weight in the average (None: the data weights,
+            :func:`data_weights`).
+        metrics: as :func:`meter`.
+
+    Returns:
+        The :class:`AggregateInfo`, with ``shares`` = ``p``.
+    """
+    p = list(p) if p is not None else data_weights(updates)
+    w = [pi * u.norm_a for pi, u in zip(p, updates, strict=True)]
+    return meter(updates, w, sum(w), p, metrics)
 
 
 def meter_subset(updates: Updates, info: AggregateInfo) -> AggregateInfo:

@@ -373,6 +373,25 @@ class Selector:
         """
         return []
 
+    def metrics(self, state: SelectorState, round_: int) -> dict[str, float]:
+        """The selector's own scalars after a round (or version), each
+        written as the rounds.parquet column ``sel_<name>`` (e.g. an
+        exploration rate, or how many clients it holds in a bandit arm).
+
+        Called once per round or version, after :meth:`observe`, with the
+        state the next selection will use; only when a class overrides it.
+
+        Args:
+            state: its state after ``round_``.
+            round_: the round (or version) just made.
+
+        Returns:
+            ``{name: real number}``, names of letters, digits and ``_``; a
+            pure function of the state, so the column is the same with any
+            number of workers and after a resume. The base returns {}.
+        """
+        return {}
+
     def k(self, draw: Draw) -> int:
         """How many ids a fixed-count :meth:`select` returns.
 

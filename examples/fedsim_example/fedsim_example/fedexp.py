@@ -13,6 +13,9 @@ place of its uniform 1/M, which they equal on balanced data):
 When the clients' updates disagree, ||Delta||^2 is small beside their mean
 square and the server extrapolates; when they agree, eta_g = 1 (FedAvg).
 Not done here: the paper evaluates the average of the last two iterates.
+
+Each round's eta_g is reported as a plug-in metric (``AggregateInfo.metrics``),
+so rounds.parquet has it as the column ``alg_eta_g``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from fedsim.api import (
     ServerState,
     Updates,
     data_weights,
-    meter,
+    meter_average,
     skip_empty_rounds,
 )
 from fedsim.lazy import torch
@@ -48,9 +51,9 @@ class FedExP(Algorithm):
     >>> from fedsim.api import ClientUpdate
     >>> ups = [ClientUpdate(0, torch.tensor([2.0, 0.0]), 1, 1, 1.0, 0.0),
     ...        ClientUpdate(1, torch.tensor([-1.0, 1.0]), 1, 1, 1.0, 0.0)]
-    >>> state, _ = FedExP(epsilon=0.0).aggregate({"x": torch.zeros(2)}, ups)
-    >>> state["x"]
-    tensor([1.5000, 1.5000])
+    >>> state, info = FedExP(epsilon=0.0).aggregate({"x": torch.zeros(2)}, ups)
+    >>> state["x"], info.metrics
+    (tensor([1.5000, 1.5000]), {'eta_g': 3.0})
     """
 
     epsilon: Annotated[float, Field(ge=0)] = 1e-3
@@ -67,7 +70,8 @@ class FedExP(Algorithm):
         spread = float(weights @ (deltas**2).sum(dim=1))
         eta = max(1.0, spread / (2.0 * (float(mean @ mean) + self.epsilon)))
         x = state["x"] + (self.server_lr * eta * mean).to(state["x"].dtype)
-        # the effective weight of each update is p_i ||a_i||_1, as for FedAvg
-        w = [pi * u.norm_a for pi, u in zip(p, updates, strict=True)]
-        tau_eff = sum(w)
-        return {**state, "x": x}, meter(updates, w, tau_eff, p)
+        # the meter by fedsim's convention for a step along the p-weighted
+        # average (w_i = p_i ||a_i||_1, as for FedAvg), and the step size as
+        # the plug-in's own column of rounds.parquet (alg_eta_g)
+        info = meter_average(updates, p, metrics={"eta_g": eta})
+        return {**state, "x": x}, info
