@@ -553,6 +553,13 @@ class Flower(base.Algorithm):
             object.__setattr__(self, "_live", live)
         return live
 
+    def current(self) -> Strategy | None:
+        """The strategy object of the run this algorithm drives (its state
+        after the last round; None before a run): for a look at what the
+        user's strategy recorded, as after Flower's ``start``."""
+        live = getattr(self, "_live", None)
+        return None if live is None else live.strategy
+
     def configure(
         self,
         state: base.ServerState,
