@@ -352,16 +352,16 @@ class GivesLr(FedAvg):
         super().__init__(**kw)
         self.lr, self.odd_factor, self.proximal_mu = lr, odd_factor, proximal_mu
 
+    def lr_for(self, node: int) -> float:
+        odd = (node - 1_000_000) % 2
+        return self.lr * (self.odd_factor if odd else 1.0)
+
     def configure_train(self, server_round, arrays, config, grid):
         out = []
         # FedAvg's messages share one RecordDict: build each node its own
         for m in super().configure_train(server_round, arrays, config, grid):
             node = m.metadata.dst_node_id
-            odd = (node - 1_000_000) % 2
-            cfg = {
-                **m.content["config"],
-                "lr": self.lr * (self.odd_factor if odd else 1.0),
-            }
+            cfg = {**m.content["config"], "lr": self.lr_for(node)}
             if self.proximal_mu:
                 cfg["proximal-mu"] = self.proximal_mu
             content = RecordDict(

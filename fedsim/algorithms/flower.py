@@ -22,21 +22,26 @@ docs/flower.md is the user's page; what a round does:
 2. **Clock.** fedsim's clock plans the chosen devices (tau_i, arrival,
    drops) as for any algorithm.
 3. **Local training.** fedsim's own (the scenario's ``client`` section,
-   tau_i steps). The round's ``ConfigRecord``, when every message carries
-   the same one, travels in the payload; the keys local training
-   understands are listed in :data:`UNDERSTOOD` (``proximal-mu``: FedProx's
-   term, added to each gradient). A strategy that sends different
-   configurations to different nodes needs per-client instructions, which
-   the runtime does not have yet: refused at that round (see
-   :func:`common_config`).
+   tau_i steps). Each message's ``ConfigRecord`` reaches its client
+   (:func:`client_configs`): the keys local training honours are
+   :data:`UNDERSTOOD` (``lr``: the client's learning rate, applied as a
+   gradient scale lr / client.lr; ``proximal-mu``: FedProx's term, added to
+   each gradient). Values every client got alike travel in the shared
+   payload, differing ones as each client's own instructions
+   (:meth:`Flower.instruct`); another key is ignored when alike and
+   refused (the run fails, naming it) when it differs.
 4. **Replies.** Each device that delivered an update replies as a Flower
    client would: ``ArrayRecord`` of its trained parameters (keyed and shaped
    as the model's named parameters) and ``MetricRecord`` with
    ``num-examples`` (its data weight n_i), ``train_loss`` and ``tau`` (the
    steps the clock granted). A device the strategy messaged that delivered
-   nothing (dropped, late, offline, no time) replies with a Flower error
-   (``NODE_UNAVAILABLE``), so fault-tolerant strategies see it.
-5. **Aggregation.** ``aggregate_train``; its ``ArrayRecord`` becomes x.
+   nothing replies with a Flower error whose code and reason come from the
+   round's ``RoundContext.failures`` (:data:`ERROR_CODE`: ``late`` is
+   REPLY_MESSAGE_UNAVAILABLE, ``offline``/``dropout`` NODE_UNAVAILABLE), so
+   fault-tolerant strategies see it and why.
+5. **Aggregation.** ``aggregate_train``; its ``ArrayRecord`` becomes x and
+   its ``MetricRecord`` the round's plug-in metrics (rounds.parquet columns
+   ``alg_<key>``, :func:`plugin_metrics`).
 
 State and checkpoints: the strategy object lives in the driver process (a
 cache, :class:`_Live`), and after every round the adapter writes what it
@@ -53,8 +58,10 @@ Not supported, refused when the scenario loads: ``round.policy: async``
 ``aggregate_train`` of that round's replies; docs/flower.md says why
 FedBuff's buffer cannot drive it), and ``resources.server.home: actor`` (the
 strategy object lives in the driver). Federated evaluation
-(``configure_evaluate``) is not run: fedsim evaluates the global model on
-the test set.
+(``configure_evaluate``, ``aggregate_evaluate``) is not run: fedsim
+evaluates the global model on the server's test set (what Flower's
+centralised ``evaluate_fn`` does); a user's strategy that defines either
+gets a warning when the scenario loads.
 """
 
 from __future__ import annotations
