@@ -278,15 +278,31 @@ def _errors(*kinds: type[Exception], code: int = 2) -> Iterator[None]:
 def _worker_errors() -> Iterator[None]:
     """Report an error that a Ray worker raised (not caught as one of the
     user's by an enclosing :func:`_errors`) as one line, exit 1: the cause
-    and the worker, never Ray's coloured traceback of the worker."""
+    and the worker, never Ray's coloured traceback of the worker. A
+    plug-in's failure (:class:`fedsim.hooks.PluginFailure`, raised here or
+    in a worker) is one line too, with a run's exit code for it, 3."""
+    from fedsim.hooks import PluginFailure
+
     try:
         yield
     except typer.Exit:
         raise
+    except PluginFailure as exc:  # an arm's plug-in failed in this process
+        _fail(f"{exc}; {_PLUGIN_FAILED}", 3)
     except Exception as exc:
         if not _is_ray_error(exc):
             raise  # fedsim's own bug: keep its traceback
+        if isinstance(getattr(exc, "cause", None), PluginFailure):
+            # ... or in a Ray worker: the plug-in's exit code, not a crash's
+            _fail(f"{_error_text(exc)}; {_PLUGIN_FAILED}", 3)
         _fail(_error_text(exc), 1)
+
+
+# What compare and stress say after a plug-in's failure (exit 3, as a run's).
+_PLUGIN_FAILED = (
+    "the runs that finished before it are kept in --out's runs/; fix the "
+    "plug-in and run the command again"
+)
 
 
 def _fmt(x: Any, spec: str = ".4f") -> str:
@@ -1115,20 +1131,16 @@ def stress(
     sets itself (seed, algorithm, resources.workers, checkpoint), a
     --baseline not among the algorithms, and an --out that holds an earlier
     sweep (unless --overwrite). Exit 1 when a
-    run diverged (every table is written first), 130 when interrupted.
+    run diverged (every table is written first), 3 when a plug-in failed
+    during a run (one line), 130 when interrupted.
     """
     from fedsim.data import DataError, DataMissingError
     from fedsim.models import ModelError
     from fedsim.scenario import ScenarioError
-    from fedsim.stress import parse_sweep, run_stress
+    from fedsim.stress import run_stress
 
     _expect_dir(out_dir, "--out", "an output folder")
-    grid: dict[str, list[Any]] = {}
-    with _errors(ScenarioError):
-        for key, values in map(parse_sweep, sweep):
-            if key in grid:
-                _fail(f"--sweep {key}: given twice")
-            grid[key] = values
+    grid = _sweep_grid(sweep)
     labels = _algorithms(algorithms)
     trackers = _trackers(log)  # issue 41
     if out_dir is not None:
@@ -1168,6 +1180,24 @@ def stress(
     _exit_if_diverged(sum(diverged.column(0).to_pylist()), "stress.parquet")
 
 
+def _sweep_grid(sweep: list[str]) -> dict[str, list[Any]]:
+    """stress's ``--sweep`` options as {field: values}, in the order given.
+
+    Raises:
+        typer.Exit: (code 2) a malformed option, or a field swept twice.
+    """
+    from fedsim.scenario import ScenarioError
+    from fedsim.stress import parse_sweep
+
+    grid: dict[str, list[Any]] = {}
+    with _errors(ScenarioError):
+        for key, values in map(parse_sweep, sweep):
+            if key in grid:
+                _fail(f"--sweep {key}: given twice")
+            grid[key] = values
+    return grid
+
+
 @app.command()
 def compare(
     scenario: Annotated[Path, typer.Argument(help=_SCENARIO_FILE)],
@@ -1191,8 +1221,8 @@ def compare(
     Refused with exit 2 before any run: an invalid variant, an algorithm
     given twice (under any spelling), a --baseline not among them, a --set
     of a field compare sets itself, and an --out that holds an earlier
-    comparison (unless --overwrite). Exit 1 when a run diverged, 130 when
-    interrupted.
+    comparison (unless --overwrite). Exit 1 when a run diverged, 3 when a
+    plug-in failed during a run (one line), 130 when interrupted.
     """
     from fedsim.compare import compare as run_compare
     from fedsim.data import DataMissingError

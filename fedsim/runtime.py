@@ -1185,7 +1185,7 @@ def selector_columns(sel: Selector, state: SelectorState, t: int) -> Row:
     }
 
 
-def _check_resume(scenario: Scenario, run_dir: Path | None) -> None:
+def _check_resume(scenario: checkpoint.Resolvable, run_dir: Path | None) -> None:
     """Everything a resume of ``run_dir`` reads, and that its checkpoint is
     of ``scenario``'s experiment: a checkpoint of another one (another seed,
     lr, ...) would finish "completed" with two runs' rows mixed, so it is

@@ -197,6 +197,22 @@ def test_a_failed_run_exits_3_with_one_line_and_the_resume_command(tmp_path):
     assert len(_rows(out)) == 2 and (out / FAILURE_FILE).is_file()
 
 
+def test_compare_exits_3_with_one_line_when_an_arms_plugin_fails(tmp_path):
+    # Prepare / Execute: fedavg, then the arm whose aggregate raises
+    p = fedsim_here(
+        *("compare", str(TINY), "--seeds", "1", "--workers", "0", "--quiet"),
+        *("-a", "fedavg,tests.hook_plugins:Boom", "--out", str(tmp_path / "c")),
+        *("--set", "rounds=3"),
+    )
+    # Assert: a run's exit code for a plug-in's failure, one error line
+    assert p.returncode == 3, p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert lines[-1].startswith("error: algorithm 'tests.hook_plugins:Boom'"), lines
+    assert "failed in aggregate: ValueError: boom in round 2" in lines[-1]
+    assert "Traceback (most" not in p.stderr
+    assert (tmp_path / "c" / "runs" / "fedavg-seed0.parquet").is_file()
+
+
 def test_a_client_hook_that_raises_names_the_hook_and_its_line(tmp_path):
     res = run_scenario(_tiny(_plugin("algorithm", "GradBoom")), run_dir=tmp_path)
     assert res.status == "failed" and res.rows == []
