@@ -423,6 +423,8 @@ def test_an_lr_the_solver_cannot_apply_fails_the_run_naming_the_key():
                "client.mu=0.01", rounds=1)  # fmt: skip
     res = run_scenario(sc)
     assert res.status == "failed"
+    assert res.failure["plugin"] == f"algorithm 'flower' (strategy {LR!r})"
+    assert res.failure["hook"] == "configure_train"
     assert "config 'lr' for node" in res.failure["error"]
     assert "client.solver is 'prox'" in res.failure["error"]
 

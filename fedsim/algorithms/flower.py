@@ -83,6 +83,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, NoReturn, Protocol
 import numpy as np
 
 import fedsim.algorithms.base as base
+from fedsim import hooks
 from fedsim.lazy import torch
 from fedsim.spec import ClientSpec, Problem
 
@@ -751,12 +752,28 @@ class StrategySampling:
         return StrategySampling(self.alg, self.inner.with_slots(k), self.server)
 
     def select(self, state: SelectorState, draw: Draw) -> tuple[Ints, SelectorState]:
+        """The inner selector's picks (``sample_by: selector``) or every
+        candidate, then the strategy's ``configure_train`` over them.
+
+        Raises:
+            PluginFailure: ``configure_train`` raised, or its messages
+                cannot be carried out (:meth:`Flower.configure`), named as
+                the algorithm's strategy, not as the selector the run
+                wraps.
+        """
         nodes = draw.candidates
         if self.alg.sample_by == "selector":
             nodes, state = self.inner.select(state, draw)
         layout = _layout_of(self.server.model, self.server.state["x"])
-        chosen = self.alg.configure(
-            self.server.state, draw.round, [int(i) for i in nodes], draw.rng, layout
+        chosen = hooks.call(
+            f"{hooks.algorithm_label(self.alg.name)} (strategy {self.alg.strategy!r})",
+            "configure_train",
+            self.alg.configure,
+            self.server.state,
+            draw.round,
+            [int(i) for i in nodes],
+            draw.rng,
+            layout,
         )
         return np.asarray(chosen, dtype=np.int64), state
 
