@@ -325,6 +325,10 @@ def test_client_configs_split_shared_and_own_values_and_refuse_the_rest():
     # scenario's lr, or none) get no entry; server-round alike: ignored
     assert shared == {"flwr.proximal_mu": 0.1}
     assert own == {1: {"flwr.lr_scale": 2.0}}
+    # each client's own mu; one without (or mu 0) trains without the term
+    mus = {0: message(1_000_000, **{"proximal-mu": 0.5}), 1: message(1_000_001),
+           2: message(1_000_002, **{"proximal-mu": 0.0})}  # fmt: skip
+    assert client_configs(mus, 0, spec) == ({}, {0: {"flwr.proximal_mu": 0.5}})
     # a key local training does not honour, differing: refused, named
     with pytest.raises(FlowerError, match=r"'local-epochs' differs between node "
                        r"1000000 \(1\) and node 1000001 \(2\)"):  # fmt: skip
