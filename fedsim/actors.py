@@ -255,7 +255,7 @@ class Attempts:
         deaths: how many of them were not an actor Ray was restarting.
         waited_s: seconds since the call first failed.
         restarting: the latest failure is an actor Ray is restarting
-            (``ActorUnavailableError``).
+            (``ActorUnavailableError``) or has restarted (``StaleWorkerError``).
     """
 
     failures: int
@@ -276,13 +276,14 @@ class RetryPolicy:
     the latest failure               the call is sent again
     ===============================  ==========================================
     the actor is restarting          while less than ``restart_wait_s`` has
-    (``ActorUnavailableError``)      passed since the call first failed (the
-                                     new process imports torch: on a loaded
-                                     machine that once took over 45 s)
-    the actor died, or came back     while fewer than ``max_deaths`` of the
-    set up for an earlier run        call's failures were such (a node's loss
-    (``RayActorError``,              can fail a call more than once; restarts
-    ``StaleWorkerError``)            in between do not use them up)
+    (``ActorUnavailableError``), or  passed since the call first failed (the
+    came back restarted, serving no  new process imports torch: on a loaded
+    run (``StaleWorkerError``: the   machine that once took over 45 s)
+    executor sets it up first)
+    the actor died                   while fewer than ``max_deaths`` of the
+    (``RayActorError``)              call's failures were such (a node's loss
+                                     can fail a call more than once; restarts
+                                     in between do not use them up)
     anything else                    never: the error ends the run (the
                                      executor does not ask)
     ===============================  ==========================================

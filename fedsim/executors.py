@@ -268,35 +268,40 @@ class RayWorker(Worker):
     the run it serves by a token, so it can be set up again for a later run
     (:func:`warm_workers`) and never trains for the wrong one.
 
-    Ray restarts a dead actor by calling its constructor with the arguments
-    it was *created* with. For an actor that a later run took over, those
-    are an earlier run's: the restarted actor holds the earlier token, each
-    call for the current run (which carries the current token) raises
-    :class:`StaleWorkerError`, and the executor sets the actor up again and
-    resends the call. For an actor created by its run, a restart is as
-    before: the same arguments, the same token.
+    The actor is created with no arguments and set up by
+    :meth:`setup_for`, which the executor calls right after creating it (or
+    after taking it over from an earlier run). Constructor arguments would
+    hold object references (the data's), and for an actor that may restart
+    Ray logs an ERROR line on every run about such arguments.
 
-    Args:
-        setup: as :class:`Worker`.
-        data: as :class:`Worker` (the one-element list of the reference).
-        threads: as :class:`Worker`.
-        token: the run this actor trains for.
+    Ray restarts a dead actor by calling its constructor again, so a
+    restarted actor serves no run: it holds no token, each call for the
+    current run (which carries the current token) raises
+    :class:`StaleWorkerError`, and the executor sets the actor up again and
+    resends the call.
     """
 
-    def __init__(
-        self, setup: WorkerSetup, data: list[Ref], threads: int | None, token: str
-    ) -> None:
-        super().__init__(setup, data, threads)
-        self.token = token
+    def __init__(self) -> None:
+        self.token: str | None = None  # no run until setup_for
 
     def setup_for(
         self, setup: WorkerSetup, data: list[Ref], threads: int | None, token: str
     ) -> str:
-        """Become the worker a new actor for this run would be: every
-        attribute of the earlier run is dropped first, so nothing of it
-        leaks into this one. Returns the token (the executor waits on it)."""
+        """Become the worker for this run: every attribute of an earlier
+        run is dropped first, so nothing of it leaks into this one.
+
+        Args:
+            setup: as :class:`Worker`.
+            data: as :class:`Worker` (the one-element list of the reference).
+            threads: as :class:`Worker`.
+            token: the run this actor trains for.
+
+        Returns:
+            The token (the executor waits on it).
+        """
         self.__dict__.clear()
-        RayWorker.__init__(self, setup, data, threads, token)
+        Worker.__init__(self, setup, data, threads)
+        self.token = token
         return token
 
     def park(self) -> None:
@@ -548,7 +553,7 @@ class RayExecutor(Executor):
         self.actors: list[Handle] = (
             pool.adopt(self._shape, n, self._setup) if pool else []
         )
-        self.actors += [
+        new: list[Handle] = [
             ray.remote(self.worker_class)
             .options(
                 num_cpus=res.cpus_per_worker,
@@ -557,9 +562,11 @@ class RayExecutor(Executor):
                 max_task_retries=0,  # retried here, and counted
                 scheduling_strategy=self._strategy(i),
             )
-            .remote(*self._setup)
+            .remote()  # no arguments: set up by a call (RayWorker)
             for i in range(len(self.actors), n)
         ]
+        ray.get([a.setup_for.remote(*self._setup) for a in new])
+        self.actors += new
         self._refs: dict[int, Ref] = {}
         self.tasks_retried = 0
         self._nodes: list[list[str]] = [[] for _ in range(n)]  # node ids, in order
@@ -705,7 +712,11 @@ class RayExecutor(Executor):
                 results[k] = (first, sent[k][1:]) if split else first
                 continue
             except (ray.exceptions.RayActorError, StaleWorkerError) as error:
-                restarting = isinstance(error, ray.exceptions.ActorUnavailableError)
+                # an actor Ray restarted comes back serving no run: being set
+                # up again is part of its restart, not another death
+                restarting = isinstance(
+                    error, (ray.exceptions.ActorUnavailableError, StaleWorkerError)
+                )
                 attempts = failed.record(k, restarting, time.monotonic())
                 delay = self.retry.after(attempts)
                 if delay is None:
@@ -713,10 +724,7 @@ class RayExecutor(Executor):
                 if attempts.failures == 1:  # the call's tasks count once
                     self.tasks_retried += len(calls[k].positions)
                 if isinstance(error, StaleWorkerError):
-                    # a warm actor Ray restarted with its first run's
-                    # arguments: set it up for this run (calls on one actor
-                    # run in order, so the resent call comes after)
-                    calls[k].actor.setup_for.remote(*self._setup)
+                    self._set_up_again(calls[k].actor)
             except ray.exceptions.RayTaskError as error:
                 # (after the clause above: a StaleWorkerError arrives as a
                 # RayTaskError too) plug-in code failed on the worker: the
@@ -729,6 +737,20 @@ class RayExecutor(Executor):
             sent[k] = self._send(calls[k], split)  # new references replace the lost
             pending[sent[k][0]] = k
         return results
+
+    def _set_up_again(self, actor: Handle) -> None:
+        """Set up for this run an actor Ray restarted (it serves no run), and
+        wait for it: a set-up that fails raises its own error (a RayTaskError
+        whose cause is the worker's), which no resend would cure; an actor
+        that died again meanwhile is left to the resend's retry.
+
+        Raises:
+            RayTaskError: the worker's set-up raised.
+        """
+        import ray
+
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            ray.get(actor.setup_for.remote(*self._setup))
 
     def _locate(self, timeout: float | None = None) -> list[dict[str, object]]:
         """Add each actor's current node to its history; their GPU shares."""

@@ -95,6 +95,10 @@ def test_embedded_ray_runs_the_workers_and_binds_loopback_only(tmp_path):
     assert summary["status"] == "interrupted" and summary["workers"] == 2
     assert 1 <= summary["rounds"] < 100000
     assert len(summary["workers_nodes"]) == 2
+    # no ERROR line from Ray on a healthy run (issue 37): the worker actors,
+    # which may restart, have no object references among their constructor's
+    # arguments (Ray's core_worker.cc logs one per such actor)
+    assert "core_worker.cc" not in err, err
     names = {name for _, _, name in seen}
     assert seen, "no listening sockets observed: the check saw nothing"
     assert any("gcs" in n or "raylet" in n for n in names), names

@@ -595,7 +595,9 @@ class Algorithm:
         return [
             Problem(
                 "round.policy 'async' needs an asynchronous server rule "
-                f"(algorithm {' or '.join(rules)}), not {self.name!r}"
+                f"(algorithm {' or '.join(rules)}), not {self.name!r}; a "
+                "plug-in becomes one by declaring buffer_size and reading "
+                "ctx.staleness in aggregate (docs/extending.md)"
             )
         ]
 
