@@ -960,15 +960,8 @@ def plugin_metrics(metrics: MetricRecord | None, t: int) -> dict[str, float]:
     out: dict[str, float] = {}
     seen: dict[str, str] = {}
     for key, value in metrics.items():
-        items = (
-            [(f"{key}_{i}", x) for i, x in enumerate(value)]
-            if isinstance(value, list)
-            else [(key, value)]
-        )
-        for name, x in items:
-            col = re.sub(r"[^0-9A-Za-z_]", "_", name)
-            if not col or col[0].isdigit():
-                col = "m_" + col
+        for name, x in _entries(key, value):
+            col = _column(name)
             if col in seen:
                 raise FlowerError(
                     f"round {t}: aggregate_train's MetricRecord has {seen[col]!r} "
@@ -977,6 +970,22 @@ def plugin_metrics(metrics: MetricRecord | None, t: int) -> dict[str, float]:
             seen[col] = name
             out[col] = float(x)
     return out
+
+
+def _entries(key: str, value: float | Sequence[float]) -> list[tuple[str, float]]:
+    """A MetricRecord's item as (name, value) pairs: itself, or for a list
+    value one pair per element (``<key>_0``, ``<key>_1``, ...)."""
+    if isinstance(value, Sequence):
+        return [(f"{key}_{i}", x) for i, x in enumerate(value)]
+    return [(key, value)]
+
+
+def _column(name: str) -> str:
+    """A metric's name as a column name: characters other than letters,
+    digits and ``_`` become ``_``, and a name that is empty or starts with a
+    digit gets ``m_`` in front (``num-examples``: ``num_examples``)."""
+    col = re.sub(r"[^0-9A-Za-z_]", "_", name)
+    return "m_" + col if not col or col[0].isdigit() else col
 
 
 def _error(app: ModuleType, c: int, reason: str | None) -> Error:
