@@ -17,6 +17,7 @@ asks the solver and the algorithm through their public interface:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -127,8 +128,6 @@ def why_not_batched(worker: Worker) -> str | None:
     recurrent = any(isinstance(m, nn.RNNBase) for m in model.modules())
     if recurrent and worker.device.type != "cpu":  # cuDNN RNNs: no vmap rule
         return f"model {worker.setup.network.model.name!r} is recurrent, on a GPU"
-    if worker.solver.clip_norm is not None:  # a norm per client, per step
-        return "client.clip_norm clips each client's gradient on its own"
     if not worker.solver.stacks:
         return f"solver {type(worker.solver).__name__} has no batched step"
     return None
@@ -345,10 +344,15 @@ def _run_steps(
     loss_sum = torch.zeros(len(tasks), dtype=torch.float64, device=worker.device)
     # the hand-written pass is cross-entropy's: a model's own loss goes by vmap
     layers = (_dense_layers(worker.model) if worker.loss is None else None) or []
+    clip = solver.clip_norm
     # a plain rule on a dense stack: the step is taken inside the backward pass
-    if layers and hook is None and solver.plain and not solver.weight_decay:
+    fused = hook is None and solver.plain and not solver.weight_decay
+    if layers and fused and clip is None:
         _fused_steps(worker, tasks, solver, layers, theta, idx, wts, counts, loss_sum)
         return loss_sum
+    # the solver's own clip takes one norm over its whole argument: each
+    # row's gradient is clipped here instead, and the solver steps unclipped
+    solver = replace(solver, clip_norm=None)
     buf = solver.row_buffer(theta)
     grad_fn = _grad_for(worker.model, worker.loss, layers)
     for s, n in enumerate(_still_training(tasks)):
@@ -357,9 +361,31 @@ def _run_steps(
         g, loss = grad_fn(th, *batch)
         if hook is not None:
             hook(n, th, g)
+        if clip is not None:  # after the hook, before weight decay: as step()
+            clip_rows(g, clip)
         solver.step_rows(s, th, g, x_global, None if buf is None else buf[:n])
         loss_sum[:n] += loss.double()
     return loss_sum
+
+
+def clip_rows(g: Tensor, max_norm: float) -> None:
+    """Clip each row of ``g`` ([n, d], in place) to L2 norm ``max_norm``, as
+    :func:`fedsim.solvers.clip_gradient` clips one client's gradient: row j
+    is scaled by min(1, max_norm / (||g_j||_2 + 1e-6)).
+
+    Args:
+        g: the stacked gradients, one client a row (changed in place).
+        max_norm: the largest norm a row keeps (``client.clip_norm``).
+
+    >>> g = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
+    >>> clip_rows(g, 1.0)
+    >>> g
+    tensor([[0.6000, 0.8000],
+            [0.3000, 0.4000]])
+    """
+    norms = torch.linalg.vector_norm(g, dim=1, keepdim=True)
+    # a row within the bound is multiplied by exactly 1 (clip_gradient: no-op)
+    g.mul_((max_norm / (norms + 1e-6)).clamp_(max=1.0))
 
 
 def _still_training(tasks: Sequence[Task]) -> list[int]:

@@ -56,7 +56,7 @@ class SGD:
         lr: the learning rate (the round's, after the schedule).
         weight_decay: the coupled weight decay coefficient.
         clip_norm: the largest L2 norm a minibatch gradient keeps (None: no
-            clipping); a clipped solver is trained one client at a time.
+            clipping); stacked, fedsim.batched clips each client's row.
     """
 
     lr: float

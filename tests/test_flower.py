@@ -25,14 +25,15 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.algorithms.base import ClientUpdate
-from fedsim.algorithms.flower import Flower, FlowerError
+from fedsim.algorithms.base import ClientUpdate, Failure, RoundContext
+from fedsim.algorithms.flower import Flower, FlowerError, _as_node, client_configs
 from fedsim.runtime import run_scenario
 from fedsim.scenario import ScenarioError, load_scenario
 
 from .conftest import SCENARIOS, fedsim_here
 
 pytest.importorskip("flwr", reason="Flower is the optional extra fedsim[flower]")
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 
 QUICK = SCENARIOS / "quickstart.yaml"
@@ -135,10 +136,16 @@ class SkipStragglers(FedAvg):
         super().__init__(**kwargs)
         self.min_tau = min_tau
         self.errors_seen = 0
+        self.error_log = []  # [round, code, reason] of each error reply
 
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
         self.errors_seen += sum(m.has_error() for m in replies)
+        self.error_log += [
+            [server_round, m.error.code, m.error.reason]
+            for m in replies
+            if m.has_error()
+        ]
         kept = [
             m
             for m in replies
@@ -151,24 +158,31 @@ SKIP = "tests.test_flower:SkipStragglers"
 
 
 def test_a_user_s_strategy_sees_tau_and_the_clients_that_delivered_nothing():
-    # Prepare: three devices messaged, two deliver; device 0 did 2 steps
+    # Prepare: four devices messaged, two deliver; device 0 did 2 steps;
+    # the clock says device 1 was late and device 3 went offline
     alg = Flower(strategy=SKIP, options={"min_tau": 5})
     x0 = torch.tensor([0.5, 0.0, -1.0])
-    state = alg.init(x0, num_clients=3)
+    state = alg.init(x0, num_clients=4)
     rng = np.random.default_rng(0)
-    chosen = alg.configure(state, 0, [0, 1, 2], rng, [("x", (3,))])
+    chosen = alg.configure(state, 0, [0, 1, 2, 3], rng, [("x", (3,))])
     ups = updates(2, 6, 8)
+    ctx = RoundContext(failures=(Failure(1, "late"), Failure(3, "offline")))
     # Execute
-    new, _ = alg.aggregate(state, [ups[0], ups[2]])
-    # Assert: every node was messaged; device 1 came back as an error
-    # reply; device 0 (tau 2 < 5) was left out, so x moves by device 2's delta
-    assert chosen == [0, 1, 2]
+    new, _ = alg.aggregate(state, [ups[0], ups[2]], ctx)
+    # Assert: every node was messaged; devices 1 and 3 came back as error
+    # replies whose code and reason are the clock's; device 0 (tau 2 < 5)
+    # was left out, so x moves by device 2's delta
+    assert chosen == [0, 1, 2, 3]
     assert torch.equal(new["x"], x0 + ups[2].delta)
     strategy = alg.live(new).strategy
-    assert strategy.errors_seen == 1
+    assert strategy.errors_seen == 2
+    assert strategy.error_log == [
+        [1, 4, "late: device 1 sent its update after the round's deadline"],
+        [1, 5, "offline: device 3 went offline before its upload"],
+    ]
     # its counter is state: checkpointed with the round
     again = Flower(strategy=SKIP, options={"min_tau": 5})
-    assert again.live(dict(new)).strategy.errors_seen == 1
+    assert again.live(dict(new)).strategy.errors_seen == 2
 
 
 @pytest.mark.slow
@@ -220,7 +234,27 @@ def test_resume_restores_fedadam_s_moments_exactly(tmp_path):
     # Assert
     assert first.status == "interrupted" and again.status == "completed"
     assert torch.equal(again.final_params, ref.final_params)
-    assert [r["test_loss"] for r in again.rows] == [r["test_loss"] for r in ref.rows]
+    for key in ("test_loss", "alg_train_loss", "alg_tau"):
+        assert [r[key] for r in again.rows] == [r[key] for r in ref.rows]
+
+
+def test_resume_gives_each_client_its_lr_again(tmp_path):
+    # per-client instructions come from configure_train's messages, which a
+    # resumed run makes again from the checkpointed state and the round
+    alg = flower(LR, "{lr: 0.05, odd_factor: 2.0}")
+    args = ["rounds=3", "checkpoint.every_rounds=1", f"algorithm={alg}"]
+    ref = run_scenario(load_scenario(QUICK, args))
+
+    def stop_after_round_1(row, clients):
+        if row["round"] == 1:
+            raise KeyboardInterrupt
+
+    run_scenario(
+        load_scenario(QUICK, args), run_dir=tmp_path, on_round=stop_after_round_1
+    )
+    again = run_scenario(load_scenario(QUICK, args), run_dir=tmp_path, resume=True)
+    assert torch.equal(again.final_params, ref.final_params)
+    assert per_client(again.clients) == per_client(ref.clients)
 
 
 class KeepsARandom(FedAvg):
@@ -269,38 +303,206 @@ def test_async_and_a_server_actor_are_refused():
         load_scenario(TINY, ["algorithm={name: flower}", "resources.server.home=actor"])
 
 
-def test_per_client_configs_are_refused_until_the_runtime_can_send_them():
-    # A strategy giving each node its own learning rate: the seam for the
-    # per-client instructions the runtime does not have yet
-    from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+def message(node: int, **config) -> Message:
+    """A train message to ``node`` with ``config``, as the server sends it."""
+    with _as_node(1):  # Flower's ServerApp identity (messages read it)
+        return Message(
+            RecordDict({"config": ConfigRecord(config)}),
+            message_type=MessageType.TRAIN,
+            dst_node_id=node,
+        )
 
-    class PerClient(FedAvg):
-        def configure_train(self, server_round, arrays, config, grid):
-            return [
-                Message(
-                    RecordDict({"arrays": arrays, "config": ConfigRecord({"lr": n})}),
-                    message_type=MessageType.TRAIN,
-                    dst_node_id=n,
-                )
-                for n in grid.get_node_ids()
-            ]
 
-    alg = Flower()
-    state = alg.init(torch.zeros(3), num_clients=3)
-    object.__setattr__(alg.live(state), "strategy", PerClient(min_available_nodes=1))
-    with pytest.raises(FlowerError, match="per-client instructions"):
-        alg.configure(state, 0, [0, 1], np.random.default_rng(0), [("x", (3,))])
+def test_client_configs_split_shared_and_own_values_and_refuse_the_rest():
+    spec = quick("{name: fedavg}").client  # sgd, lr 0.05
+    msgs = {
+        0: message(1_000_000, lr=0.05, **{"proximal-mu": 0.1, "server-round": 1}),
+        1: message(1_000_001, lr=0.1, **{"proximal-mu": 0.1, "server-round": 1}),
+        2: message(1_000_002, **{"proximal-mu": 0.1, "server-round": 1}),
+    }
+    shared, own = client_configs(msgs, 0, spec)
+    # mu alike: shared; lr differs: client 1's own ratio, 0 and 2 (the
+    # scenario's lr, or none) get no entry; server-round alike: ignored
+    assert shared == {"flwr.proximal_mu": 0.1}
+    assert own == {1: {"flwr.lr_scale": 2.0}}
+    # each client's own mu; one without (or mu 0) trains without the term
+    mus = {0: message(1_000_000, **{"proximal-mu": 0.5}), 1: message(1_000_001),
+           2: message(1_000_002, **{"proximal-mu": 0.0})}  # fmt: skip
+    assert client_configs(mus, 0, spec) == ({}, {0: {"flwr.proximal_mu": 0.5}})
+    # a key local training does not honour, differing: refused, named
+    with pytest.raises(FlowerError, match=r"'local-epochs' differs between node "
+                       r"1000000 \(1\) and node 1000001 \(2\)"):  # fmt: skip
+        client_configs(
+            {0: message(1_000_000, **{"local-epochs": 1}),
+             1: message(1_000_001, **{"local-epochs": 2})}, 3, spec)  # fmt: skip
+    # an lr where a gradient scale is not the learning rate: refused, named
+    decayed = spec.model_copy(update={"weight_decay": 1e-4})
+    with pytest.raises(FlowerError, match=r"'lr' for node 1000001 is 0.1.*"
+                       r"client.weight_decay is 0.0001"):  # fmt: skip
+        client_configs(msgs, 0, decayed)
+    # ... unless it is the scenario's own lr for every client
+    assert client_configs({0: msgs[0]}, 0, decayed) == ({"flwr.proximal_mu": 0.1}, {})
+    with pytest.raises(FlowerError, match=r"'lr' for node 1000000 is 'fast', "
+                       r"expected a number > 0"):  # fmt: skip
+        client_configs({0: message(1_000_000, lr="fast")}, 0, spec)
+
+
+class GivesLr(FedAvg):
+    """A user's strategy giving each node its own learning rate: ``lr``,
+    times ``odd_factor`` for odd device ids, and to every node alike
+    FedProx's ``proximal-mu`` when ``proximal_mu`` is set."""
+
+    def __init__(self, lr: float, odd_factor: float = 1.0, proximal_mu=0.0, **kw):
+        super().__init__(**kw)
+        self.lr, self.odd_factor, self.proximal_mu = lr, odd_factor, proximal_mu
+
+    def lr_for(self, node: int) -> float:
+        odd = (node - 1_000_000) % 2
+        return self.lr * (self.odd_factor if odd else 1.0)
+
+    def configure_train(self, server_round, arrays, config, grid):
+        out = []
+        # FedAvg's messages share one RecordDict: build each node its own
+        for m in super().configure_train(server_round, arrays, config, grid):
+            node = m.metadata.dst_node_id
+            cfg = {**m.content["config"], "lr": self.lr_for(node)}
+            if self.proximal_mu:
+                cfg["proximal-mu"] = self.proximal_mu
+            content = RecordDict(
+                {"arrays": m.content["arrays"], "config": ConfigRecord(cfg)}
+            )
+            out.append(
+                Message(content, message_type=MessageType.TRAIN, dst_node_id=node)
+            )
+        return out
+
+
+LR = "tests.test_flower:GivesLr"
+
+
+def per_client(clients):
+    """Each client's round: who, its tau and its minibatch loss."""
+    return {c: [r[c] for r in clients] for c in ("client_id", "tau", "train_loss")}
+
+
+def test_each_client_trains_with_the_lr_the_strategy_gave_it():
+    # Prepare: quickstart (sgd, lr 0.05), one round, the selector choosing
+    base = quick("{name: fedavg}").client.lr
+    plain = run_scenario(quick(flower("FedAvg"), rounds=1))
+    # Execute: odd devices get 2 lr, even ones the scenario's lr
+    mixed = run_scenario(
+        quick(flower(LR, f"{{lr: {base}, odd_factor: 2.0}}"), rounds=1)
+    )
+    # ... and every device 2 lr, against the scenario's own lr set to 2 lr
+    doubled = run_scenario(quick(flower(LR, f"{{lr: {2 * base}}}"), rounds=1))
+    scenario_2lr = run_scenario(
+        quick(flower("FedAvg"), f"client.lr={2 * base}", rounds=1)
+    )
+    # Assert: the same clients and tau (the clock decides them, not the lr)
+    a, b = plain.clients, mixed.clients
+    assert [(c["client_id"], c["tau"]) for c in a] == [
+        (c["client_id"], c["tau"]) for c in b
+    ]
+    trained = [
+        (x, y) for x, y in zip(a, b, strict=True) if not x["dropped"] and x["tau"] > 1
+    ]
+    odd = [(x, y) for x, y in trained if x["client_id"] % 2]
+    even = [(x, y) for x, y in trained if not x["client_id"] % 2]
+    assert odd and even
+    # a client given the scenario's lr trains exactly as in the plain run;
+    # one given 2 lr moves further
+    assert all(x["train_loss"] == y["train_loss"] for x, y in even)
+    assert all(x["update_norm"] == y["update_norm"] for x, y in even)
+    assert all(x["update_norm"] < y["update_norm"] for x, y in odd)
+    assert not torch.equal(plain.final_params, mixed.final_params)
+    # lr / client.lr = 2 is exact: the strategy's 2 lr is, bit for bit,
+    # the scenario's client.lr of 2 lr
+    assert torch.equal(doubled.final_params, scenario_2lr.final_params)
+    assert per_client(doubled.clients) == per_client(scenario_2lr.clients)
+
+
+def test_an_lr_the_solver_cannot_apply_fails_the_run_naming_the_key():
+    base = quick("{name: fedavg}").client.lr
+    sc = quick(flower(LR, f"{{lr: {base}, odd_factor: 2.0}}"), "client.solver=prox",
+               "client.mu=0.01", rounds=1)  # fmt: skip
+    res = run_scenario(sc)
+    assert res.status == "failed"
+    assert res.failure["plugin"] == f"algorithm 'flower' (strategy {LR!r})"
+    assert res.failure["hook"] == "configure_train"
+    assert "config 'lr' for node" in res.failure["error"]
+    assert "client.solver is 'prox'" in res.failure["error"]
+
+
+# ------------------------------------------------ plug-in metrics, evaluation
+def test_the_strategy_s_aggregated_metrics_are_rounds_parquet_columns(tmp_path):
+    import pyarrow.parquet as pq
+
+    # Execute: FedAvg averages the replies' train_loss and tau by num-examples
+    res = run_scenario(quick(flower("FedAvg"), rounds=2), run_dir=tmp_path)
+    # Assert: read back from the file, they are the clients' weighted means
+    rows = pq.read_table(tmp_path / "rounds.parquet").to_pylist()
+    clients = pq.read_table(tmp_path / "clients.parquet").to_pylist()
+    assert {"alg_train_loss", "alg_tau"} <= set(rows[0])
+    for row in rows:
+        done = [c for c in clients if c["round"] == row["round"] and not c["dropped"]]
+        total = sum(c["weight"] for c in done)
+        tau = sum(c["weight"] / total * c["tau"] for c in done)
+        assert row["alg_tau"] == pytest.approx(tau, rel=1e-12)
+        assert row["alg_tau"] != pytest.approx(row["tau_mean"], rel=1e-6)
+    assert [r["alg_tau"] for r in rows] == [r["alg_tau"] for r in res.rows]
+
+
+class EvaluatesItself(FedAvg):
+    def aggregate_evaluate(self, server_round, replies):
+        return None
+
+
+def test_a_strategy_s_own_federated_evaluation_is_named_as_not_run():
+    from fedsim.scenario import ScenarioWarning
+
+    with pytest.warns(ScenarioWarning, match="defines aggregate_evaluate, which "
+                      "fedsim does not call"):  # fmt: skip
+        quick(flower("tests.test_flower:EvaluatesItself"))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScenarioWarning)
+        quick(flower("FedAvg"))  # Flower's own: nothing to say
+
+
+def test_error_replies_carry_the_clock_s_reasons_in_a_run():
+    # quickstart with a 15 s deadline (a straggler is late) and half the
+    # mid-range phones dropping out mid-work
+    late = "round={policy: fixed_epochs, epochs: 1, deadline_s: 15}"
+    drops = "fleet.groups.1.stragglers.dropout_p=0.5"
+    sc = quick(flower(SKIP, "{min_tau: 1}"), late, drops, rounds=2)
+    res = run_scenario(sc)
+    log = sc.algorithm.current().error_log
+    dropped = [
+        [c["round"] + 1, c["client_id"], c["drop_reason"]]
+        for c in res.clients
+        if c["dropped"]
+    ]
+    assert dropped, "the scenario drops someone"
+    got = [[r, int(why.split()[2]), why.split(":")[0]] for r, _, why in log]
+    assert sorted(got) == sorted(dropped)
+    codes = {why.split(":")[0]: code for _, code, why in log}
+    assert codes == {"late": 4, "dropout": 5}  # Flower's ErrorCode
 
 
 # -------------------------------------------------------------- Ray, compare
 @pytest.mark.ray
 def test_two_ray_workers_equal_the_in_process_run(ray_session):
-    sc = quick(flower("FedProx", "{proximal_mu: 0.1}"), rounds=2)
-    local = run_scenario(sc, workers=0)
-    two = run_scenario(quick(flower("FedProx", "{proximal_mu: 0.1}"), rounds=2),
-                       workers=2)  # fmt: skip
+    # FedProx's mu alike for every client (the shared payload), each odd
+    # device's own lr (instructions), the aggregated metrics (columns)
+    alg = flower(LR, "{lr: 0.05, odd_factor: 1.5, proximal_mu: 0.1}")
+    local = run_scenario(quick(alg, rounds=2), workers=0)
+    two = run_scenario(quick(alg, rounds=2), workers=2)
     assert torch.equal(local.final_params, two.final_params)
-    assert [r["test_loss"] for r in local.rows] == [r["test_loss"] for r in two.rows]
+    assert local.rows[0]["alg_tau"] > 0
+    for key in ("test_loss", "alg_tau", "alg_train_loss"):
+        assert [r[key] for r in local.rows] == [r[key] for r in two.rows]
+    assert per_client(local.clients) == per_client(two.clients)
 
 
 def test_compare_runs_a_flower_arm_beside_fedsim_s(tmp_path):
@@ -316,3 +518,29 @@ def test_compare_runs_a_flower_arm_beside_fedsim_s(tmp_path):
     acc = [r["final_accuracy"] for r in rows]
     assert [r["algorithm"].split(":")[0] for r in rows] == ["fedavg", "flower"]
     assert acc[0] == pytest.approx(acc[1], abs=0.003)
+
+
+def test_stress_runs_a_flower_arm_beside_fedsim_s(tmp_path):
+    import pyarrow.parquet as pq
+
+    from fedsim.stress import run_stress
+
+    # Execute: the tiny scenario, stragglers swept, one seed, in-process
+    out = run_stress(
+        TINY,
+        {"fleet.groups.0.stragglers.p": [0.0, 0.5]},
+        ["fedavg", "flower:strategy=FedAvg,sample_by=selector"],
+        seeds=1,
+        out_dir=tmp_path,
+        workers=0,
+    )
+    # Assert: one row per cell and arm; Flower's FedAvg is fedsim's in each
+    table = pq.read_table(out / "stress.parquet").to_pylist()
+    arms = [r["algorithm"].split(":")[0] for r in table]
+    assert sorted(arms) == ["fedavg", "fedavg", "flower", "flower"]
+    for cell in (0, 1):
+        acc = {r["algorithm"].split(":")[0]: r["final_accuracy"] for r in table
+               if r["cell"] == cell}  # fmt: skip
+        assert math.isfinite(acc["flower"])
+        assert acc["flower"] == pytest.approx(acc["fedavg"], abs=0.003)
+    assert "flower" in (out / "stress.md").read_text()

@@ -22,21 +22,26 @@ docs/flower.md is the user's page; what a round does:
 2. **Clock.** fedsim's clock plans the chosen devices (tau_i, arrival,
    drops) as for any algorithm.
 3. **Local training.** fedsim's own (the scenario's ``client`` section,
-   tau_i steps). The round's ``ConfigRecord``, when every message carries
-   the same one, travels in the payload; the keys local training
-   understands are listed in :data:`UNDERSTOOD` (``proximal-mu``: FedProx's
-   term, added to each gradient). A strategy that sends different
-   configurations to different nodes needs per-client instructions, which
-   the runtime does not have yet: refused at that round (see
-   :func:`common_config`).
+   tau_i steps). Each message's ``ConfigRecord`` reaches its client
+   (:func:`client_configs`): the keys local training honours are
+   :data:`UNDERSTOOD` (``lr``: the client's learning rate, applied as a
+   gradient scale lr / client.lr; ``proximal-mu``: FedProx's term, added to
+   each gradient). Values every client got alike travel in the shared
+   payload, differing ones as each client's own instructions
+   (:meth:`Flower.instruct`); another key is ignored when alike and
+   refused (the run fails, naming it) when it differs.
 4. **Replies.** Each device that delivered an update replies as a Flower
    client would: ``ArrayRecord`` of its trained parameters (keyed and shaped
    as the model's named parameters) and ``MetricRecord`` with
    ``num-examples`` (its data weight n_i), ``train_loss`` and ``tau`` (the
    steps the clock granted). A device the strategy messaged that delivered
-   nothing (dropped, late, offline, no time) replies with a Flower error
-   (``NODE_UNAVAILABLE``), so fault-tolerant strategies see it.
-5. **Aggregation.** ``aggregate_train``; its ``ArrayRecord`` becomes x.
+   nothing replies with a Flower error whose code and reason come from the
+   round's ``RoundContext.failures`` (:data:`ERROR_CODE`: ``late`` is
+   REPLY_MESSAGE_UNAVAILABLE, ``offline``/``dropout`` NODE_UNAVAILABLE), so
+   fault-tolerant strategies see it and why.
+5. **Aggregation.** ``aggregate_train``; its ``ArrayRecord`` becomes x and
+   its ``MetricRecord`` the round's plug-in metrics (rounds.parquet columns
+   ``alg_<key>``, :func:`plugin_metrics`).
 
 State and checkpoints: the strategy object lives in the driver process (a
 cache, :class:`_Live`), and after every round the adapter writes what it
@@ -53,8 +58,10 @@ Not supported, refused when the scenario loads: ``round.policy: async``
 ``aggregate_train`` of that round's replies; docs/flower.md says why
 FedBuff's buffer cannot drive it), and ``resources.server.home: actor`` (the
 strategy object lives in the driver). Federated evaluation
-(``configure_evaluate``) is not run: fedsim evaluates the global model on
-the test set.
+(``configure_evaluate``, ``aggregate_evaluate``) is not run: fedsim
+evaluates the global model on the server's test set (what Flower's
+centralised ``evaluate_fn`` does); a user's strategy that defines either
+gets a warning when the scenario loads.
 """
 
 from __future__ import annotations
@@ -64,21 +71,24 @@ import importlib
 import inspect
 import json
 import logging
+import math
 import os
 import random
+import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import ModuleType
 from typing import TYPE_CHECKING, ClassVar, Literal, NoReturn, Protocol
 
 import numpy as np
 
 import fedsim.algorithms.base as base
+from fedsim import hooks
 from fedsim.lazy import torch
-from fedsim.spec import Problem
+from fedsim.spec import ClientSpec, Problem
 
 if TYPE_CHECKING:
-    from flwr.app import ArrayRecord, Message, RecordDict
+    from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
     from flwr.serverapp.grid import Grid
     from flwr.serverapp.strategy import Strategy
     from flwr.supercore.run import Run
@@ -92,12 +102,40 @@ Layout = list[tuple[str, tuple[int, ...]]]
 EXTRA = "pip install 'fedsim[flower]'"
 # Device i is Flower node i + NODE_BASE (node 1 is Flower's SuperLink).
 NODE_BASE = 1_000_000
-# Config keys fedsim's local training understands, and what it does.
-UNDERSTOOD = {"proximal-mu": "FedProx's proximal term mu/2 ||x - x^t||^2"}
+# ConfigRecord keys fedsim's local training honours, per client, and what
+# each does; a strategy may send them alike to every node or differently.
+UNDERSTOOD = {
+    "lr": "the client's local learning rate, in place of client.lr",
+    "proximal-mu": "FedProx's proximal term mu/2 ||x - x^t||^2",
+}
+# Their payload entries (shared, or the client's own through ``instruct``):
+# ``lr`` travels as its ratio to the scenario's client.lr.
+_ENTRY = {"lr": "flwr.lr_scale", "proximal-mu": "flwr.proximal_mu"}
+# What a client lost to the clock replies, as Flower's ErrorCode: the node
+# left (5, NODE_UNAVAILABLE), its reply came too late (4,
+# REPLY_MESSAGE_UNAVAILABLE), or it had nothing to train (0, UNKNOWN).
+ERROR_CODE = {
+    "offline": 5,
+    "dropout": 5,
+    "late": 4,
+    "surplus": 4,
+    "stale": 4,
+    "no_time": 0,
+    "no_data": 0,
+}
+# clients.parquet's drop_reason, in words, for the error reply's reason
+_WHY = {
+    "offline": "went offline before its upload",
+    "dropout": "dropped out before its upload",
+    "late": "sent its update after the round's deadline",
+    "surplus": "arrived after the round had its updates (over-selection)",
+    "stale": "its update was too stale",
+    "no_time": "had no time for a single local step",
+    "no_data": "has no training data",
+}
 # Flower's wait for this many connected nodes means nothing in simulated time,
 # where the fleet says who is online: 1 unless the options say otherwise.
 _MIN_NODES = ("min_available_nodes", "min_train_nodes", "min_evaluate_nodes")
-_PREFIX = "flwr.config."  # payload keys of the round's config values
 
 
 class FlowerError(ValueError):
@@ -364,8 +402,10 @@ class _Live:
     layout: Layout | None = None
     round: int = -1  # the round whose messages are pending
     pending: dict[int, Message] = field(default_factory=dict)  # client -> message
-    config: dict[str, float] = field(default_factory=dict)  # common, numeric
-    metrics: dict[int, dict[str, object]] = field(default_factory=dict)  # by round
+    # the round's payload entries (_ENTRY's names): alike for every client,
+    # and each client's own (its instructions)
+    shared: dict[str, float] = field(default_factory=dict)
+    own: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -424,8 +464,23 @@ class Flower(base.Algorithm):
 
     def check(self, facts: RunFacts) -> list[Problem]:
         """Refuses asynchronous rounds, a server actor, and a strategy whose
-        state cannot be checkpointed when checkpoints are on."""
+        state cannot be checkpointed when checkpoints are on; warns that a
+        strategy's own federated evaluation is not run. Keeps the
+        scenario's ``client`` section: a config ``lr`` is honoured against
+        it (:func:`client_configs`)."""
+        object.__setattr__(self, "_client", facts.client)
         found = []
+        own = _own_evaluation(strategy_class(self.strategy))
+        if own:
+            found.append(
+                Problem(
+                    f"algorithm.strategy {self.strategy!r} defines "
+                    f"{' and '.join(own)}, which fedsim does not call: it "
+                    "evaluates the global model on the server's test set "
+                    "(eval.every_rounds); docs/flower.md says why",
+                    warning=True,
+                )
+            )
         if facts.round.policy == "async":
             found.append(
                 Problem(
@@ -470,13 +525,29 @@ class Flower(base.Algorithm):
         return {"x": x0.clone(), "flwr_state": blob, "flwr_round": _count(0)}
 
     def payload(self, state: base.ServerState) -> dict[str, torch.Tensor]:
-        """x, and the round's common numeric config values (``proximal-mu``)."""
+        """x, and the round's config values that every messaged client got
+        alike (``flwr.lr_scale``, ``flwr.proximal_mu``: :func:`client_configs`)."""
         live = getattr(self, "_live", None)
         out = {"x": state["x"]}
         if live is not None and live.token is state["flwr_state"]:
-            for k, v in live.config.items():
-                out[_PREFIX + k] = torch.tensor(v, dtype=torch.float64)
+            for k, v in live.shared.items():
+                out[k] = torch.tensor(v, dtype=torch.float64)
         return out
+
+    def instruct(
+        self, state: base.ServerState, clients: Sequence[int], round: int
+    ) -> dict[int, dict[str, float]]:
+        """The config values the strategy gave these clients differently
+        (their own ``lr``, ``proximal-mu``), as each one's payload entries.
+
+        A pure function of (state, clients, round): ``configure_train`` ran
+        this round on this state with the round's seeded stream (after a
+        resume too), and its messages are what is read here.
+        """
+        live = getattr(self, "_live", None)
+        if live is None or live.token is not state["flwr_state"]:
+            return {}
+        return {c: dict(live.own[c]) for c in clients if c in live.own}
 
     def live(self, state: base.ServerState) -> _Live:
         """The strategy object of ``state``: the cached one, or one rebuilt
@@ -489,6 +560,13 @@ class Flower(base.Algorithm):
             live = _Live(strategy, state["flwr_state"])
             object.__setattr__(self, "_live", live)
         return live
+
+    def current(self) -> Strategy | None:
+        """The strategy object of the run this algorithm drives (its state
+        after the last round; None before a run): for a look at what the
+        user's strategy recorded, as after Flower's ``start``."""
+        live = getattr(self, "_live", None)
+        return None if live is None else live.strategy
 
     def configure(
         self,
@@ -503,14 +581,15 @@ class Flower(base.Algorithm):
 
         Raises:
             FlowerError: a message to a node not in the grid, two to one
-                node, or per-client configs (not deliverable yet).
+                node, or a config the local training cannot honour
+                (:func:`client_configs`).
         """
         app = flwr()
         live = self.live(state)
         live.layout = layout
         strategy = live.strategy
         need = max([1, *(int(getattr(strategy, k, 1) or 1) for k in _MIN_NODES[:2])])
-        live.round, live.pending, live.config = t, {}, {}
+        live.round, live.pending, live.shared, live.own = t, {}, {}, {}
         if len(nodes) < need:
             return []  # Flower would wait for nodes; here the round trains nobody
         arrays = _arrays(app, state["x"], layout)
@@ -530,7 +609,11 @@ class Flower(base.Algorithm):
                     f"{'twice' if c in live.pending else 'not in the grid'}"
                 )
             live.pending[c] = m
-        live.config = common_config([live.pending[c] for c in sorted(live.pending)], t)
+        live.shared, live.own = client_configs(
+            {c: live.pending[c] for c in sorted(live.pending)},
+            t,
+            getattr(self, "_client", None),
+        )
         return sorted(live.pending)
 
     def aggregate(
@@ -551,14 +634,16 @@ class Flower(base.Algorithm):
             t = int(state["flwr_round"])
             self.configure(state, t, sorted(by), _rng(t), live.layout)
         t, x = live.round, state["x"]
+        why = {f.client: f.reason for f in ctx.failures}
         replies = []
         for c in sorted(live.pending):
             msg = live.pending[c]
             with _as_node(c + NODE_BASE):
                 u = by.get(c)
                 if u is None:  # messaged, delivered nothing: a Flower error
-                    err = app.Error(code=5, reason=f"device {c}: no update this round")
-                    replies.append(app.Message(err, reply_to=msg))
+                    replies.append(
+                        app.Message(_error(app, c, why.get(c)), reply_to=msg)
+                    )
                     continue
                 replies.append(
                     app.Message(_reply(app, u, x, live.layout), reply_to=msg)
@@ -567,11 +652,13 @@ class Flower(base.Algorithm):
         with _as_node(1):
             arrays, metrics = strategy.aggregate_train(t + 1, replies)
         new_x = x if arrays is None else _flat(arrays, live.layout, x)
-        live.metrics[t] = dict(metrics.items()) if metrics is not None else {}
         blob = self._export(strategy)
-        live.token, live.round, live.pending, live.config = blob, -1, {}, {}
+        live.token, live.round, live.pending = blob, -1, {}
+        live.shared, live.own = {}, {}
         state = {"x": new_x, "flwr_state": blob, "flwr_round": _count(t + 1)}
-        return state, _meter([by[c] for c in sorted(by) if c in by])
+        info = _meter([by[c] for c in sorted(by) if c in by])
+        named = plugin_metrics(metrics, t)
+        return state, replace(info, metrics=named) if named else info
 
     def _export(self, strategy: Strategy) -> torch.Tensor:
         """The strategy's state as ``flwr_state`` (a fresh tensor: the token).
@@ -598,19 +685,35 @@ class Flower(base.Algorithm):
 
     # ---------------------------------------------------------- client half
 
-    def local_setup(
-        self, client: base.ClientContext
-    ) -> tuple[float, torch.Tensor] | None:
-        mu = client.payload.get(_PREFIX + "proximal-mu")
-        return None if mu is None else (float(mu), client.payload["x"])
+    def local_setup(self, client: base.ClientContext) -> _Local | None:
+        """The client's ``proximal-mu`` and ``lr`` (as its ratio to
+        client.lr) for the round, shared or its own; None: neither."""
+        mu = client.payload.get(_ENTRY["proximal-mu"])
+        scale = client.payload.get(_ENTRY["lr"])
+        if mu is None and scale is None:
+            return None
+        return _Local(
+            0.0 if mu is None else float(mu),
+            client.payload["x"],
+            1.0 if scale is None else float(scale),
+        )
 
     def grad_hook(
         self, theta: torch.Tensor, grad: torch.Tensor, client: base.ClientContext
     ) -> None:
-        if client.local is not None and client.local[0]:
-            mu, x = client.local
+        """FedProx's term, then the client's learning-rate ratio: the
+        solver's step lr * (r (g + mu (theta - x^t))) is a step of lr r on
+        the proximal objective, as a Flower client with that lr takes it
+        (solvers sgd, momentum and decay without weight decay or clipping,
+        which :func:`client_configs` requires when an ``lr`` differs)."""
+        local = client.local
+        if local is None:
+            return
+        if local.mu:
             # the same floats as fedsim's proximal solver: g + mu (x - x^t)
-            grad.add_(mu * (theta - x))
+            grad.add_(local.mu * (theta - local.x))
+        if local.scale != 1.0:  # the scenario's lr: the bits of a plain run
+            grad.mul_(local.scale)
 
 
 class DriverServer(Protocol):
@@ -649,50 +752,264 @@ class StrategySampling:
         return StrategySampling(self.alg, self.inner.with_slots(k), self.server)
 
     def select(self, state: SelectorState, draw: Draw) -> tuple[Ints, SelectorState]:
+        """The inner selector's picks (``sample_by: selector``) or every
+        candidate, then the strategy's ``configure_train`` over them.
+
+        Raises:
+            PluginFailure: ``configure_train`` raised, or its messages
+                cannot be carried out (:meth:`Flower.configure`), named as
+                the algorithm's strategy, not as the selector the run
+                wraps.
+        """
         nodes = draw.candidates
         if self.alg.sample_by == "selector":
             nodes, state = self.inner.select(state, draw)
         layout = _layout_of(self.server.model, self.server.state["x"])
-        chosen = self.alg.configure(
-            self.server.state, draw.round, [int(i) for i in nodes], draw.rng, layout
+        chosen = hooks.call(
+            f"{hooks.algorithm_label(self.alg.name)} (strategy {self.alg.strategy!r})",
+            "configure_train",
+            self.alg.configure,
+            self.server.state,
+            draw.round,
+            [int(i) for i in nodes],
+            draw.rng,
+            layout,
         )
         return np.asarray(chosen, dtype=np.int64), state
 
 
-def common_config(messages: Sequence[Message], t: int) -> dict[str, float]:
-    """The numeric values of the round's ``ConfigRecord`` that the payload
-    carries (the same for every message).
+@dataclass(frozen=True)
+class _Local:
+    """A client's round constants (``client.local``): FedProx's ``mu``
+    (0: none) with the model ``x`` it pulls towards, and ``scale``, its
+    ``lr`` over the scenario's client.lr (1: the scenario's)."""
 
-    This is the seam for per-client instructions: when the runtime can send
-    each client its own values, the differing ones go there instead.
+    mu: float
+    x: torch.Tensor
+    scale: float
+
+
+_MISSING = object()  # a key a client's message does not carry
+# what a client whose message lacks an honoured key trains with
+_NEUTRAL = {"lr": 1.0, "proximal-mu": 0.0}
+# solvers whose step is lr times a linear function of the gradients only:
+# scaling every gradient by r is then a learning rate of r lr, exactly
+_LR_SOLVERS = ("sgd", "momentum", "decay")
+
+
+def client_configs(
+    messages: Mapping[int, Message], t: int, client: ClientSpec | None
+) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
+    """The round's ``ConfigRecord`` values as payload entries: those every
+    messaged client got alike (the shared payload), and each client's own
+    (its instructions, :meth:`Flower.instruct`).
+
+    Honoured (:data:`UNDERSTOOD`): ``lr``, a positive number, which becomes
+    ``flwr.lr_scale`` = lr / client.lr (the scenario's lr schedule still
+    multiplies it, as it does client.lr), and ``proximal-mu``, a number >=
+    0 (``flwr.proximal_mu``). A client whose message lacks one trains with
+    the scenario's lr and no proximal term; a value equal to those adds no
+    entry, so such a client trains with the bits of a run without it.
+    Any other key is ignored when every message carries the same value
+    (Flower's ``server-round``; ``local-epochs``: the clock decides the
+    steps) and refused when the values differ (a per-client setting the
+    local training would silently not apply).
+
+    Args:
+        messages: the round's messages by client id, ascending.
+        t: the 0-based round (for messages).
+        client: the scenario's ``client`` section (None: not known, as in
+            a test that never loaded a scenario; an ``lr`` other than 1x
+            is then refused).
+
+    Returns:
+        (shared entries, {client: its own entries}), clients without
+        entries of their own left out.
 
     Raises:
-        FlowerError: two messages carry different values for a key (a
-            per-client configuration, which fedsim cannot deliver yet).
+        FlowerError: naming the round, the key, the node and the value:
+            an honoured key that is not such a number, an ``lr`` that
+            differs from client.lr with a solver where a gradient scale is
+            not a learning rate, or an ignored key whose values differ.
     """
-    seen: dict[str, object] = {}
-    for m in messages:
-        for rec in m.content.config_records.values():
-            for k, v in rec.items():
-                if k in seen and seen[k] != v:
-                    raise FlowerError(
-                        f"round {t}: the strategy's messages carry different "
-                        f"config values for {k!r} ({seen[k]!r}, {v!r}); fedsim "
-                        "sends every client of a round the same payload and "
-                        "cannot yet deliver per-client instructions"
-                    )
-                seen[k] = v
-    return _numeric(seen)
+    configs = {c: _config_of(m, t, c) for c, m in messages.items()}
+    shared: dict[str, float] = {}
+    own: dict[int, dict[str, float]] = {c: {} for c in configs}
+    for key in sorted({k for cfg in configs.values() for k in cfg}):
+        values = {c: cfg.get(key, _MISSING) for c, cfg in configs.items()}
+        if key not in UNDERSTOOD:
+            _alike_or_refuse(key, values, t)
+            continue
+        nums = {c: _honoured(key, v, t, c, client) for c, v in values.items()}
+        if len(set(nums.values())) == 1:
+            (v, *_) = nums.values()
+            if v != _NEUTRAL[key]:
+                shared[_ENTRY[key]] = v
+            continue
+        for c, v in nums.items():
+            if v != _NEUTRAL[key]:  # the scenario's own: no entry, same bits
+                own[c][_ENTRY[key]] = v
+    return shared, {c: e for c, e in own.items() if e}
 
 
-def _numeric(values: Mapping[str, object]) -> dict[str, float]:
-    """The entries of ``values`` that are numbers (not bools), as floats:
-    what a payload tensor can carry."""
-    return {
-        k: float(v)
-        for k, v in values.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
+def _config_of(m: Message, t: int, c: int) -> dict[str, object]:
+    """The values of all the ConfigRecords of a message, merged.
+
+    Raises:
+        FlowerError: two of its records give one key different values.
+    """
+    out: dict[str, object] = {}
+    for rec in m.content.config_records.values():
+        for k, v in rec.items():
+            if k in out and not _same(out[k], v):
+                raise FlowerError(
+                    f"round {t}: the message to node {c + NODE_BASE} carries "
+                    f"config {k!r} twice, as {out[k]!r} and {v!r}"
+                )
+            out[k] = v
+    return out
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal values of one type (1, 1.0 and True are three values)."""
+    return type(a) is type(b) and bool(a == b)
+
+
+def _alike_or_refuse(key: str, values: Mapping[int, object], t: int) -> None:
+    """An ignored key must carry one value for every client.
+
+    Raises:
+        FlowerError: two clients got different values (or one none).
+    """
+    (c0, v0), *rest = values.items()
+    for c, v in rest:
+        if not _same(v, v0):
+            shown = ["(none)" if x is _MISSING else repr(x) for x in (v0, v)]
+            raise FlowerError(
+                f"round {t}: the strategy's config {key!r} differs between "
+                f"node {c0 + NODE_BASE} ({shown[0]}) and node {c + NODE_BASE} "
+                f"({shown[1]}); fedsim's local training honours per client "
+                f"only {', '.join(map(repr, UNDERSTOOD))} (docs/flower.md, "
+                "'Per-client configuration'), so it would not apply this one"
+            )
+
+
+def _honoured(key: str, v: object, t: int, c: int, client: ClientSpec | None) -> float:
+    """Client ``c``'s value of an honoured key, as its payload entry's
+    value (``lr``: its ratio to client.lr).
+
+    Raises:
+        FlowerError: not a finite number in range, or an ``lr`` the
+            scenario's solver cannot apply (:func:`client_configs`).
+    """
+    if v is _MISSING:
+        return _NEUTRAL[key]
+    where = f"round {t}: the strategy's config {key!r} for node {c + NODE_BASE}"
+    low = "a number > 0" if key == "lr" else "a number >= 0"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise FlowerError(f"{where} is {v!r}, expected {low}")
+    x = float(v)
+    if not math.isfinite(x) or x < 0 or (key == "lr" and x == 0):
+        raise FlowerError(f"{where} is {v!r}, expected {low}")
+    if key != "lr":
+        return x
+    if client is None:
+        if x == 1.0:
+            return 1.0
+        raise FlowerError(
+            f"{where} is {v!r}, but the scenario's client.lr is not known here "
+            "(a Flower algorithm outside a loaded scenario)"
+        )
+    scale = x / client.lr
+    blocked = _lr_blocked(client)
+    if scale != 1.0 and blocked:
+        raise FlowerError(
+            f"{where} is {v!r}: fedsim applies a client's own lr by scaling "
+            f"its gradients (by lr / client.lr), which is that learning rate "
+            f"only for client.solver sgd, momentum or decay without weight "
+            f"decay or clipping; here {blocked} (send no 'lr', or the "
+            f"scenario's client.lr {client.lr!r})"
+        )
+    return scale
+
+
+def _lr_blocked(client: ClientSpec) -> str:
+    """Why a gradient scale is not a learning rate under ``client``
+    ("": it is)."""
+    if client.solver not in _LR_SOLVERS:
+        return f"client.solver is {client.solver!r}"
+    if client.weight_decay:
+        return f"client.weight_decay is {client.weight_decay!r}"
+    if client.clip_norm is not None:
+        return f"client.clip_norm is {client.clip_norm!r}"
+    return ""
+
+
+def plugin_metrics(metrics: MetricRecord | None, t: int) -> dict[str, float]:
+    """The strategy's aggregated ``MetricRecord`` (from ``aggregate_train``)
+    as plug-in metrics, rounds.parquet columns ``alg_<name>``: a key's
+    characters other than letters, digits and ``_`` become ``_``
+    (``num-examples``: ``alg_num_examples``), a leading digit gets ``m_``,
+    and a list value gives one column per element (``<name>_0``, ...).
+
+    Raises:
+        FlowerError: two keys give one column name.
+    """
+    if metrics is None:
+        return {}
+    out: dict[str, float] = {}
+    seen: dict[str, str] = {}
+    for key, value in metrics.items():
+        for name, x in _entries(key, value):
+            col = _column(name)
+            if col in seen:
+                raise FlowerError(
+                    f"round {t}: aggregate_train's MetricRecord has {seen[col]!r} "
+                    f"and {name!r}, which both become the column alg_{col}"
+                )
+            seen[col] = name
+            out[col] = float(x)
+    return out
+
+
+def _entries(key: str, value: float | Sequence[float]) -> list[tuple[str, float]]:
+    """A MetricRecord's item as (name, value) pairs: itself, or for a list
+    value one pair per element (``<key>_0``, ``<key>_1``, ...)."""
+    if isinstance(value, Sequence):
+        return [(f"{key}_{i}", x) for i, x in enumerate(value)]
+    return [(key, value)]
+
+
+def _column(name: str) -> str:
+    """A metric's name as a column name: characters other than letters,
+    digits and ``_`` become ``_``, and a name that is empty or starts with a
+    digit gets ``m_`` in front (``num-examples``: ``num_examples``)."""
+    col = re.sub(r"[^0-9A-Za-z_]", "_", name)
+    return "m_" + col if not col or col[0].isdigit() else col
+
+
+def _error(app: ModuleType, c: int, reason: str | None) -> Error:
+    """The Flower error a messaged device that delivered nothing replies:
+    its code from :data:`ERROR_CODE`, its reason text starting with
+    clients.parquet's ``drop_reason`` (``"late: device 3 sent ..."``), as
+    ``RoundContext.failures`` gives it."""
+    if reason is None:  # not among the failures: nothing is known of why
+        return app.Error(code=0, reason=f"device {c} delivered no update")
+    why = _WHY.get(reason, "delivered no update")
+    return app.Error(
+        code=ERROR_CODE.get(reason, 0), reason=f"{reason}: device {c} {why}"
+    )
+
+
+def _own_evaluation(cls: type[Strategy]) -> list[str]:
+    """The federated-evaluation methods ``cls`` defines outside Flower's
+    own package (a user's ``configure_evaluate``/``aggregate_evaluate``)."""
+    out = []
+    for name in ("configure_evaluate", "aggregate_evaluate"):
+        owner = next(k for k in cls.__mro__ if name in vars(k))
+        if not owner.__module__.startswith("flwr."):
+            out.append(name)
+    return out
 
 
 def _refusal(path: str, why: str) -> str:
