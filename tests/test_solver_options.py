@@ -131,10 +131,12 @@ def test_the_step_schedule_is_batched_and_equals_the_sequential_path():
     assert w.solver_for(3).lr == pytest.approx(0.1 * sc.client.lr, rel=1e-15)
 
 
-def test_a_clipped_run_is_not_stacked():
+def test_a_clipped_run_is_stacked():
+    # each client's gradient is clipped by its own norm inside the stack
+    # (issue 40; tests/test_batched_clip.py checks it equals one at a time)
     sc = load_scenario(QUICK, ["client.clip_norm=10", "resources.vectorize=true"])
     w = Worker(
         run_setup(sc).worker, build_data(sc.data, sc.num_clients, sc.seed), threads=1
     )
-    assert not w.batched
-    assert "clip_norm" in (why_not_batched(w) or "")
+    assert w.batched
+    assert why_not_batched(w) is None
