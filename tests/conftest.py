@@ -15,8 +15,10 @@
   fails with every thread's stack dumped (SIGALRM: the test fails, its
   fixtures are torn down and the run goes on; :func:`time_limit` nests in it).
 - Tests marked ``explore`` (slow explorations: new random draws, more
-  examples) run only with ``-m explore`` (``make test-explore``; CI runs them
-  when its time budget allows).
+  examples, more seeds; and the longest repeats of what a faster test
+  checks, such as the asynchronous twin of a Ray fault test) run only with
+  ``-m explore`` (``make test-explore``; CI runs them after the suite when
+  its time budget allows).
 """
 
 from __future__ import annotations

@@ -486,6 +486,9 @@ def test_a_node_lost_in_a_sync_run_changes_nothing(cluster: Cluster, tmp_path: P
     _lose_a_node(cluster, tmp_path, "scenarios/quickstart.yaml", ["rounds=8"], most=9)
 
 
+# explore: the asynchronous repeat of test_a_node_lost_in_a_sync_run_changes_
+# nothing (the same retry path; CI runs it when its budget allows)
+@pytest.mark.explore
 @pytest.mark.cluster(kills_nodes=True)
 @pytest.mark.slow
 def test_a_node_lost_in_an_async_run_changes_nothing(cluster: Cluster, tmp_path: Path):
