@@ -28,7 +28,8 @@ export RAY_USAGE_STATS_ENABLED := 0
 # robustness work): 804 s idle on a fresh clone; after the longest repeats of
 # faster tests became explorations (5 tests): 688 s idle (1,717 tests), the
 # loop below at 0.27-0.40 s. Over the 600 s goal: the cluster group (one
-# process, about 600 s of the run) is the critical path.
+# process; its tests in the 25 slowest alone took 449 s) is the critical
+# path, slowed by the CPU the other two processes take.
 # This machine's speed drifts by up to 1.6x over a day (a fixed 3e6-iteration
 # Python loop took 0.31 to 0.53 s within an hour), so compare figures taken
 # together. pyproject's addopts print --durations=25 and give every test a
