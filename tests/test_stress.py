@@ -247,3 +247,43 @@ def test_the_headline_never_crowns_an_algorithm_at_chance():
     assert "No algorithm learned clearly beyond chance (10%)" in nobody
     # without a chance level (a regression task) the order decides, as before
     assert "**stuck degrades least**" in _verdict([stuck, learns], "p")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_plugin_failing_in_a_ray_task_exits_3_with_one_line(
+    tmp_path: Path, ray_session, capsys
+):
+    """A plug-in's exception inside stress's Ray task reaches the command
+    line as Ray's wrapper of fedsim's PluginFailure: ``fedsim stress`` exits
+    3 (a run's code for it) with one line, never Ray's worker traceback."""
+    import typer
+
+    from fedsim import cli
+    from fedsim.hooks import PluginFailure
+
+    # Execute: tests/hook_plugins.py's Boom raises in round 2's aggregate
+    boom = "tests.hook_plugins:Boom"
+    with pytest.raises(Exception) as raised:
+        run_stress(
+            SCENARIOS / "ci" / "tiny-synthetic.yaml",
+            {"client.lr": [0.05]},
+            [boom],
+            seeds=1,
+            out_dir=tmp_path / "s",
+            workers=None,  # each run a Ray task
+            overrides=["rounds=3"],
+        )
+    # Assert: what the task raised, and what the command line makes of it
+    from ray.exceptions import RayTaskError
+
+    assert isinstance(raised.value, RayTaskError)  # Ray's wrapper ...
+    assert isinstance(getattr(raised.value, "cause", None), PluginFailure)  # of it
+    with pytest.raises(typer.Exit) as done, cli._worker_errors():
+        raise raised.value
+    assert done.value.exit_code == 3
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    text = " ".join(err)
+    assert f"algorithm '{boom}' failed in aggregate" in text, err
+    assert "ValueError: boom in round 2" in text and "Traceback" not in text
+    assert "fix the plug-in and run the command again" in text
