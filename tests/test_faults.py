@@ -290,7 +290,7 @@ def slow_to_restart(monkeypatch) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_killed_worker_is_replaced_and_results_are_identical(ray_session, monkeypatch):
-    sc = load_scenario(QUICK, ["rounds=12", "client.batch_size=5"])
+    sc = load_scenario(QUICK, ["rounds=8", "client.batch_size=5"])
     # the reference in process: results do not depend on the workers
     # (test_determinism), so this also asks the killed run to match it
     clean = run_scenario(sc, workers=0)
@@ -303,9 +303,9 @@ def test_killed_worker_is_replaced_and_results_are_identical(ray_session, monkey
     later_pids: list[int] = []
 
     def kill_a_worker(row, _clients):
-        if row["round"] == 10:
+        if row["round"] == 6:
             later_pids.extend(live_pids(made[-1]))
-        if row["round"] in (3, 7):
+        if row["round"] in (1, 4):  # each killed while the next round trains
             pids = live_pids(made[-1])
             assert len(pids) == 2
             pid = pids[row["round"] % 2]
