@@ -169,14 +169,16 @@ class Cluster:
         )
         return self.job(job_id).get("status", "?"), self.job_logs(job_id)
 
-    def fedsim_in_one_job(self, runs: dict[str, list[str]]) -> tuple[str, dict]:
+    def fedsim_in_one_job(
+        self, runs: dict[str, list[str]], timeout: float = 400
+    ) -> tuple[str, dict]:
         """``fedsim run ARGS --quiet`` for each named run, in turn in one
         job's driver (:func:`_fedsim_in_turn`): runs that differ only in
         their settings share one submission and one driver start-up. The
         driver itself must succeed. Returns the job's logs and each run's
-        exit code, by name."""
+        exit code, by name. ``timeout``: seconds for the whole job."""
         argvs = [["run", *args, "--quiet"] for args in runs.values()]
-        status, logs = self.drive("fedsim", argvs)
+        status, logs = self.drive("fedsim", argvs, timeout=timeout)
         assert status == "SUCCEEDED", logs[-6000:]
         codes = {}
         for name, argv in zip(runs, argvs, strict=True):

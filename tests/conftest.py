@@ -140,6 +140,20 @@ def ray_session():
 
 
 @pytest.fixture(scope="session")
+def cluster_batch(cluster, tmp_path_factory):
+    """The cluster tests' runs that differ only in their settings (placement,
+    per-node data, the server actor's home), in turn in one job's driver on
+    the head: one submission and one driver start-up for them all
+    (tests/cluster_batch.py). The driver must succeed; each test checks its
+    own runs' exit codes."""
+    from .cluster_batch import Batch, batch_runs
+
+    out = tmp_path_factory.mktemp("cluster-batch")
+    logs, codes = cluster.fedsim_in_one_job(batch_runs(out), timeout=900)
+    return Batch(out, logs, codes)
+
+
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     """A head that offers no CPUs (it runs the job drivers) and three worker
     nodes on 127.0.0.1 with token authentication (tests/cluster_utils.py):

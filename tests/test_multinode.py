@@ -8,11 +8,14 @@ each; each names itself with a custom resource (``node_a``, ...). The
 node-loss tests (``cluster(kills_nodes=True)``) run after every other
 cluster test. Everything listens
 on 127.0.0.1 and needs the cluster's token. Jobs go in through
-cluster/submit.sh, as a user's would, or, where a test needs several runs
-that differ only in their settings (placements, per-node data) or must act
-during a run (node loss), as one `ray job submit` of a driver in
-tests/cluster_utils.py that runs them in turn; the tests look only at what
-Ray's job and state APIs say, the job's logs and the files a run writes.
+cluster/submit.sh, as a user's would, through `ray job submit
+--working-dir` from a user's own package folder, or, where tests need runs
+that differ only in their settings (placements, per-node data, the server
+actor's home), as one `ray job submit` of a driver in tests/cluster_utils.py
+that runs them all in turn (the session's ``cluster_batch``,
+tests/cluster_batch.py); a run that must be acted on (node loss) has a job
+of its own. The tests look only at what Ray's job and state APIs say, the
+job's logs and the files a run writes.
 
 Data lives on the driver's node only: the head has FEDSIM_DATA_ROOT (the
 shared MNIST test set); the worker nodes have an empty data root and an empty
@@ -27,29 +30,20 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from .cluster_batch import MNIST_ARGS, PER_NODE_DATA, PLACEMENT, Batch
 from .cluster_utils import RAY, Cluster, NodeSpec, base_env, is_loopback
 from .conftest import MNIST, ROOT, needs_mnist
 
 SUBMIT = ROOT / "cluster" / "submit.sh"
+EXAMPLE = ROOT / "examples" / "fedsim_example"
 WORKER_NODES = ["node_a", "node_b", "node_c"]
-
-# scenarios/papers/fedpns-mnist-like.yaml on the MNIST test set only (the
-# scenario's own comment), FedAvg, 3 rounds.
-MNIST_ARGS = [
-    "scenarios/papers/fedpns-mnist-like.yaml",
-    *("--set", "data.files=test", "--set", "data.test_fraction=0.3"),
-    *("--set", "data.partition.samples_per_client=140", "--set", "rounds=3"),
-    *("--set", "algorithm={name: fedavg}"),
-    *("--set", "selector={name: uniform, clients_per_round: 10}"),
-    *("--workers", "2", "--no-report"),  # no plots: seconds on busy cores
-]
-
 
 # ------------------------------------------------ submit.sh, with a fake ray
 
@@ -207,16 +201,15 @@ def test_jobs_run_on_the_multinode_cluster(cluster: Cluster, tmp_path: Path):
     assert len(listening) > 10, listening
     assert all(is_loopback(a.ip) for a in listening), listening
 
-    # An asynchronous scenario (FedBuff), shortened, through submit.sh with
-    # its check job (the quickstart goes the same way in test_cluster.py's
-    # token test, the first cluster test: submit.sh waits for the job agent
-    # there if need be).
+    # An asynchronous scenario (FedBuff), shortened, through submit.sh
+    # (without its check job: test_cluster.py's token test, the first
+    # cluster test, submits the quickstart with it and checks that submit.sh
+    # deletes it; submit.sh waits for the job agent there if need be).
     out = tmp_path / "fedbuff"
     job_id, r = _submit(
         cluster,
         "scenarios/async-fedbuff.yaml",
         *("--set", "rounds=4", "--workers", "2", "--no-report", "--out", str(out)),
-        check=True,
     )
     _expect_success(cluster, job_id, r)
     assert f"results: {out}" in r.stderr
@@ -243,9 +236,61 @@ def test_jobs_run_on_the_multinode_cluster(cluster: Cluster, tmp_path: Path):
     assert code == 200
     jobs = json.loads(text)
     assert not any("intruder" in j["entrypoint"] for j in jobs)
-    # submit.sh deleted its check job: only the run was added.
+    # only the run was added
     added = {j["submission_id"] for j in jobs} - jobs_before
     assert added == {job_id}, added
+
+
+def _own_package(tmp_path: Path) -> Path:
+    """A user's folder as docs/extending.md's "Submitting from your own
+    package" has it: the example package under a name no environment has
+    (``mylab``, so it imports only from the uploaded folder) and a scenario
+    naming its classes by import path, 2 rounds."""
+    folder = tmp_path / "mylab-work"
+    shutil.copytree(EXAMPLE / "fedsim_example", folder / "mylab")
+    text = (EXAMPLE / "scenario.yaml").read_text(encoding="utf-8")
+    text = text.replace("fedsim_example.", "mylab.").replace("rounds: 4", "rounds: 2")
+    assert "mylab.fedexp:FedExP" in text
+    (folder / "scenario.yaml").write_text(text, encoding="utf-8")
+    return folder
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_job_submitted_from_the_users_own_package(cluster: Cluster, tmp_path: Path):
+    # Prepare: the user's folder, outside the checkout (issue 37: submit.sh
+    # refuses such a scenario and prints this command instead)
+    folder = _own_package(tmp_path)
+    out = tmp_path / "mylab-run"
+    job_id = f"fedsim-mylab-{secrets.token_hex(4)}"
+
+    # Execute: the documented command, from the user's folder
+    r = subprocess.run(
+        [str(RAY), "job", "submit", "--address", cluster.dashboard]
+        + ["--submission-id", job_id, "--working-dir", "."]
+        + ["--", "fedsim", "run", "scenario.yaml", "--workers", "2"]
+        + ["--no-report", "--quiet", "--out", str(out)],
+        cwd=folder,
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    # Assert: the job ran the plug-ins from the upload on two worker actors
+    job = _expect_success(cluster, job_id, r)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds"] == 2, summary
+    assert "mylab.fedexp:FedExP" in (out / "scenario.yaml").read_text()
+    import pyarrow.parquet as pq
+
+    rounds = pq.read_table(out / "rounds.parquet")
+    assert rounds.num_rows == 2
+    # FedExP's own metric (a hook column) came from the uploaded package
+    assert "alg_eta_g" in rounds.column_names, rounds.column_names
+    actors = cluster.state("actors", job_id=job["job_id"])
+    trainers = [a for a in actors if a.get("required_resources", {}).get("CPU")]
+    assert len(trainers) >= 2, actors
 
 
 @pytest.mark.cluster
@@ -298,8 +343,6 @@ def test_real_data_reaches_worker_nodes_through_the_object_store(
 
 # ------------------------------------------------- placement across nodes
 
-QUICK = ["scenarios/quickstart.yaml", "--set", "rounds=2", "--no-report"]
-
 
 def _nodes_of(summary: dict) -> list[dict]:
     """The node each worker ran on (none moved: one node each)."""
@@ -309,37 +352,25 @@ def _nodes_of(summary: dict) -> list[dict]:
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Path):
+def test_workers_are_placed_as_the_scenario_says(
+    cluster: Cluster, cluster_batch: Batch
+):
+    # The runs (tests/cluster_batch.py, one job for the batch): spread (the
+    # default), pack with half a (fake) GPU each, strict_pack, and
+    # strict_spread of 4 workers on 3 worker nodes (the head has no CPU)
     ids = {
         n["node_id"]: name
         for n in cluster.alive_nodes()
         for name in WORKER_NODES
         if name in n["resources_total"]
     }
-    two = ["--workers", "2"]
-    runs = {
-        # spread (the default)
-        "spread": [*QUICK, *two],
-        # pack, with half a (fake) GPU each
-        "pack": [
-            *(*QUICK, *two, "--set", "resources.placement=pack"),
-            *("--set", "resources.gpus_per_worker=0.5"),
-        ],
-        "strict_pack": [*QUICK, *two, "--set", "resources.placement=strict_pack"],
-        # 4 workers on 3 worker nodes (the head has no CPU)
-        "strict_spread": [
-            *(*QUICK, "--workers", "4", "--set", "resources.placement=strict_spread"),
-            *("--set", "resources.placement_timeout_s=5"),
-        ],
-    }
-    for name, args in runs.items():
-        args += ["--out", str(tmp_path / name)]
-    logs, codes = cluster.fedsim_in_one_job(runs)
+    logs, codes = cluster_batch.logs, cluster_batch.codes_of(PLACEMENT)
     expected = {"spread": 0, "pack": 0, "strict_pack": 0, "strict_spread": 2}
     assert codes == expected, f"exit codes {codes}\n{logs[-6000:]}"
+    out = cluster_batch.out
 
     def summary(name: str) -> dict:
-        return json.loads((tmp_path / name / "summary.json").read_text())
+        return json.loads((out / name / "summary.json").read_text())
 
     # spread: the two workers on two different worker nodes.
     s = summary("spread")
@@ -370,7 +401,7 @@ def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Pat
     assert "resources.placement strict_spread: Ray could not place 4" in logs, logs[
         -3000:
     ]
-    assert not (tmp_path / "strict_spread" / "rounds.parquet").exists()
+    assert not (out / "strict_spread" / "rounds.parquet").exists()
 
 
 # ------------------------------------------------------- per-node data root
@@ -379,28 +410,20 @@ def test_workers_are_placed_as_the_scenario_says(cluster: Cluster, tmp_path: Pat
 @pytest.mark.cluster
 @pytest.mark.slow
 @needs_mnist
-def test_per_node_data_is_checked_on_every_node(cluster: Cluster, tmp_path: Path):
-    per_node = ("--set", "resources.data=per_node")
-    runs = {
-        # The worker nodes' data root is empty: refused, naming them.
-        "missing": [*MNIST_ARGS, *per_node, "--out", str(tmp_path / "missing")],
-        # With data.root naming files every node has (one machine): it runs,
-        # each worker reading its own copy.
-        "root": [
-            *(*MNIST_ARGS, *per_node, "--set", f"data.root={MNIST}"),
-            *("--out", str(tmp_path / "root")),
-        ],
-    }
-    logs, codes = cluster.fedsim_in_one_job(runs)
-
+def test_per_node_data_is_checked_on_every_node(cluster_batch: Batch):
+    # The runs (tests/cluster_batch.py): `missing`, per-node data where the
+    # worker nodes' data root is empty (refused, naming them), and `root`,
+    # with data.root naming files every node has (one machine): it runs,
+    # each worker reading its own copy.
+    logs, codes = cluster_batch.logs, cluster_batch.codes_of(PER_NODE_DATA)
     assert codes == {"missing": 2, "root": 0}, f"exit codes {codes}\n{logs[-6000:]}"
     assert "resources.data per_node: every node that can host a worker" in logs, logs[
         -3000:
     ]
     assert "3 of 3 cannot build the dataset" in logs, logs[-3000:]
     assert all(f"'{n}': 1.0" in logs for n in WORKER_NODES), logs[-3000:]
-    assert not (tmp_path / "missing" / "rounds.parquet").exists()
-    assert _rows(tmp_path / "root") == 3
+    assert not (cluster_batch.out / "missing" / "rounds.parquet").exists()
+    assert _rows(cluster_batch.out / "root") == 3
 
 
 # ------------------------------------------------------------ node loss

@@ -22,6 +22,7 @@ import torch
 
 from fedsim.runtime import run_setup
 
+from .cluster_batch import SERVER, Batch
 from .conftest import HAS_MNIST, needs_mnist
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -375,39 +376,19 @@ def test_the_command_line_prints_the_resume_command_when_the_server_is_lost(
 
 # ------------------------------------------------- the multi-node test cluster
 
-# tiny-synthetic is generated from the seed: no data files on any node
-TINY_ARGS = ["scenarios/ci/tiny-synthetic.yaml", "--set", "rounds=3"]
-TINY_ARGS += ["--workers", "2", "--no-report"]
-# FedPNS scores model choices on the server (server-side compute), on the
-# MNIST test set the head alone has; it reaches the actor via the object store.
-PNS_ARGS = [
-    "scenarios/papers/fedpns-mnist-like.yaml",
-    *("--set", "data.files=test", "--set", "data.test_fraction=0.3"),
-    *("--set", "data.partition.samples_per_client=140", "--set", "rounds=2"),
-    *("--workers", "2", "--no-report"),
-]
-ON_NODE_B = "resources.server={home: actor, cpus: 0, resources: {node_b: 0.01}}"
-ON_GPU = "resources.server={home: actor, cpus: 0, gpus: 1, resources: {node_a: 0.01}}"
 
-
+# The runs (tests/cluster_batch.py, one job shared with other cluster
+# tests): ``driver`` (the server in the driver), ``actor`` (the same run, the
+# server an actor pinned to node b) and ``pns`` (FedPNS, the server an actor
+# with a GPU on node a; only where the shared MNIST test set is, else its
+# test skips).
 @pytest.fixture(scope="module")
-def cluster_runs(cluster, tmp_path_factory) -> Path:
-    """The cluster tests' three runs, in turn in one job's driver on the
-    head (one submission and one driver start-up for the three): ``driver``
-    (the server in the driver), ``actor`` (the same run, the server an actor
-    pinned to node b) and ``pns`` (FedPNS, the server an actor with a GPU on
-    node a; only where the shared MNIST test set is, else its test skips).
-    Each must exit 0; returns the directory holding them."""
-    out = tmp_path_factory.mktemp("server-runs")
-    runs = {
-        "driver": [*TINY_ARGS, "--out", str(out / "driver")],
-        "actor": [*TINY_ARGS, "--set", ON_NODE_B, "--out", str(out / "actor")],
-    }
-    if HAS_MNIST:
-        runs["pns"] = [*PNS_ARGS, "--set", ON_GPU, "--out", str(out / "pns")]
-    logs, codes = cluster.fedsim_in_one_job(runs)
-    assert codes == dict.fromkeys(runs, 0), f"exit codes {codes}\n{logs[-6000:]}"
-    return out
+def cluster_runs(cluster_batch: Batch) -> Path:
+    """The folder holding the server runs; each must have exited 0."""
+    codes = cluster_batch.codes_of(SERVER)
+    expected = dict.fromkeys(SERVER if HAS_MNIST else SERVER[:2], 0)
+    assert codes == expected, f"exit codes {codes}\n{cluster_batch.logs[-6000:]}"
+    return cluster_batch.out
 
 
 def _summary(run: Path) -> dict:
