@@ -27,6 +27,7 @@ from fedsim import __version__, checkpoint, clock, hooks, interrupts, realised
 from fedsim.algorithms.base import AsyncRule, ClientUpdate, Failure
 from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.data import FederatedData, build_data
+from fedsim.data.heldout import heldout_clients, with_heldout
 from fedsim.data.partition import partition_table
 from fedsim.data.validation import describe_validation, validation_use
 from fedsim.executors import (
@@ -60,6 +61,7 @@ from fedsim.server import (
     Server,
     ServerSetup,
     evaluates,
+    federated_due,
     objective_due,
 )
 from fedsim.server_actor import RemoteServer, ServerLost
@@ -73,6 +75,9 @@ _SELECT_TAG = 0x5E1
 # The timeline's n-th choice draws from (seed, tag, n), with the tag the
 # clock's default chooser uses for the same stream.
 _ASYNC_SELECT_TAG = 0xD15C
+# Which clients a round's federated evaluation asks (eval.federated_clients):
+# a stream of its own, so turning the evaluation on never moves training's
+_FED_EVAL_TAG = 0xFEDE
 
 # A row of rounds.parquet or clients.parquet: each column's cells have that
 # column's own type (fedsim.results' schemas), which one dict type cannot
@@ -360,7 +365,12 @@ class _Run:
         # a speed in FLOP/s needs the model's FLOPs per step (fedsim.flops)
         self.fleet = scenario_fleet(sc.facts, data)
         # fleet-data links permute the partitions over the devices (none: as is)
-        self.data = apply_links(sc.links, self.fleet, data, sc.seed, sc.fleet)
+        data = apply_links(sc.links, self.fleet, data, sc.seed, sc.fleet)
+        # each client's own held-out rows (federated evaluation), taken
+        # last: from the rows the device trains on once linked
+        self.data = with_heldout(sc.data, data, sc.seed)
+        # who can take part in federated evaluation (ascending ids)
+        self.fed_clients = heldout_clients(self.data)
         self.threads = max(1, int(sc.resources.cpus_per_worker))
         torch.set_num_threads(self.threads)
         # Server in the driver, or a handle on the server actor (made by
@@ -528,6 +538,8 @@ class _Run:
             # by the server): a column each, absent (null) in a step
             # without them, e.g. an empty round
             **{f"alg_{k}": v for k, v in applied.info.metrics.items()},
+            # federated evaluation's columns, in its rounds only (null else)
+            **self.federated(t),
         }
         # trained skips the dropped records: walk both in step
         it = iter(trained)
@@ -538,6 +550,36 @@ class _Run:
         self.recorder.add(row, these, selector_rows)
         if self.on_round is not None:
             self.on_round(row, these)
+
+    def federated(self, t: int) -> Row:
+        """Round ``t``'s federated evaluation as rounds.parquet columns
+        ``fed_<name>``: the clients evaluate the model after ``t``'s step on
+        their own held-out rows (on the workers, forward passes only), and
+        the algorithm's ``aggregate_evaluation`` turns their results, in
+        client-id order, into named scalars. {} when ``t`` has none.
+
+        It costs no simulated time (it runs beside the round, as the
+        central evaluation does) and draws from no training stream.
+
+        Raises:
+            PluginFailure: the rule raised or returned other than named
+                real numbers (naming the algorithm and the hook).
+        """
+        spec = self.sc.eval
+        if not federated_due(spec, self.sc.rounds, t):
+            return {}
+        clients = self.fed_clients
+        n = spec.federated_clients
+        if n is not None and n < len(clients):
+            # drawn per round from a stream of its own (seed, tag, round)
+            pick = self.rng(_FED_EVAL_TAG, t).choice(len(clients), n, replace=False)
+            clients = [clients[j] for j in sorted(pick.tolist())]
+        results = self.executor.evaluate(self.server.params(), clients, spec.batch_size)
+        alg = self.sc.algorithm
+        plugin, hook = hooks.algorithm_label(alg.name), "aggregate_evaluation"
+        out = hooks.call(plugin, hook, alg.aggregate_evaluation, results, t)
+        metrics = hooks.check_metrics(plugin, hook, out)
+        return {f"fed_{k}": v for k, v in metrics.items()}
 
     def client_row(
         self, r: ClientRecord, trained: Pair | None, applied: Applied
