@@ -59,6 +59,12 @@ Hook                                      What it gives
                                           (``sel_<name>``)
 ``RoundContext.failures``                 the step's dropped and late
                                           clients, with the reason
+:meth:`Algorithm.aggregate_evaluation`    federated evaluation's rule: the
+                                          clients' :class:`ClientEvaluation`
+                                          records (loss, accuracy on their
+                                          own held-out rows) to columns
+                                          ``fed_<name>`` (default:
+                                          :func:`weighted_evaluation`)
 ========================================  ====================================
 
 During a run, an exception in plug-in code, or a hook that returns what its
@@ -96,6 +102,7 @@ from fedsim.algorithms.base import (
     Algorithm,
     AsyncRule,
     ClientContext,
+    ClientEvaluation,
     ClientInfo,
     ClientState,
     ClientUpdate,
@@ -110,6 +117,7 @@ from fedsim.algorithms.base import (
     meter_average,
     meter_subset,
     skip_empty_rounds,
+    weighted_evaluation,
 )
 from fedsim.clock import JobWork
 from fedsim.data.base import DataInfo, Dataset, FederatedData
@@ -137,6 +145,7 @@ __all__ = [
     "Algorithm",
     "AsyncRule",
     "ClientContext",
+    "ClientEvaluation",
     "ClientInfo",
     "ClientSpec",
     "ClientState",
@@ -173,4 +182,5 @@ __all__ = [
     "meter_subset",
     "resolve",
     "skip_empty_rounds",
+    "weighted_evaluation",
 ]
