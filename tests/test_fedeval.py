@@ -23,14 +23,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from fedsim.algorithms import FedAvg
 from fedsim.api import ClientEvaluation, weighted_evaluation
 from fedsim.data import build_data
 from fedsim.data.heldout import heldout_clients, split_heldout
+from fedsim.plots import figure_metrics
+from fedsim.report import write_report
+from fedsim.results import write_summary
 from fedsim.runtime import run_scenario
-from fedsim.scenario import ScenarioError, load_scenario
+from fedsim.scenario import ScenarioError, dump_scenario, load_scenario
 from fedsim.testing import check_algorithm
 
 from .conftest import ROOT, SCENARIOS
@@ -259,6 +263,15 @@ def test_the_example_rule_gives_the_same_rows_after_a_resume(tmp_path, monkeypat
     fed = [r for r in whole.rows if "fed_accuracy" in r]
     assert [r["round"] for r in fed] == [1, 3]
     assert all(r["fed_worst_accuracy"] <= r["fed_accuracy"] for r in fed)
+    # the report lists the final federated accuracy, and metrics.png draws
+    # it beside the central test accuracy
+    (tmp_path / "scenario.yaml").write_text(dump_scenario(sc))
+    write_summary(tmp_path / "summary.json", resumed.summary())
+    report = write_report(tmp_path).read_text()
+    assert f"| final federated accuracy | {fed[-1]['fed_accuracy']:.4g} |" in report
+    fig = figure_metrics(pq.read_table(tmp_path / "rounds.parquet"))
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert labels == ["test accuracy", "federated accuracy"]
 
 
 # ---------------------------------------------------------- on Ray
