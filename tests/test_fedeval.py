@@ -18,6 +18,7 @@ The plug-in rules below are referenced by import path
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,11 +34,11 @@ from fedsim.data.heldout import heldout_clients, split_heldout
 from fedsim.plots import figure_metrics
 from fedsim.report import write_report
 from fedsim.results import write_summary
-from fedsim.runtime import run_scenario
+from fedsim.runtime import FAILURE_FILE, run_scenario
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario
 from fedsim.testing import check_algorithm
 
-from .conftest import ROOT, SCENARIOS
+from .conftest import ROOT, SCENARIOS, fedsim_here
 
 TINY = SCENARIOS / "ci" / "tiny-synthetic.yaml"
 EXAMPLE = ROOT / "examples" / "fedsim_example"
@@ -226,6 +227,26 @@ def test_a_rule_that_misbehaves_fails_the_run_naming_it(cls, error):
     assert res.failure["hook"] == "aggregate_evaluation"
     assert error in res.failure["error"]
     assert len(res.rows) == 1
+
+
+def test_the_command_line_exits_3_naming_the_rule_and_writes_the_failure(tmp_path):
+    # Prepare / Execute: the misbehaving rule through `fedsim run`
+    out = tmp_path / "run"
+    p = fedsim_here(
+        *("run", str(TINY), "-q", "--no-report", "--workers", "0", "--out", str(out)),
+        *("--set", "rounds=3", "--set", "eval.federated_every=2"),
+        *("--set", FED[0], "--set", _plugin("Raises")),
+    )
+    # Assert: exit 3, one line naming the plug-in and the hook; summary.json
+    # says failed, the round before kept, the traceback in failure.txt
+    assert p.returncode == 3, p.stderr
+    err = " ".join(p.stderr.split())
+    assert "algorithm 'tests.test_fedeval:Raises' failed in aggregate_evaluation" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert summary["failure"]["hook"] == "aggregate_evaluation"
+    assert pq.read_table(out / "rounds.parquet").num_rows == 1
+    assert "ZeroDivisionError: no clients?" in (out / FAILURE_FILE).read_text()
 
 
 def test_the_contract_checks_the_rule():
