@@ -35,11 +35,12 @@ What a plug-in receives is small and typed: the server step's
 the round's lost clients as :class:`Failure` records, and the
 :class:`ServerContext` of an algorithm that declares ``server_needs``), a
 client's :class:`ClientContext` (its :class:`ClientInfo`, the payload, its
-persistent state), the
-:class:`LocalTraining` job of an algorithm that replaces the solver loop, a
-selector's :class:`SelectorContext` and :class:`Draw`, and, for its questions
-about the run (``check``, ``clock_work``, ``memory``, ``bytes_per_client``),
-the run's :class:`RunFacts` (``ScenarioView``, the name it had, still works).
+persistent state), federated evaluation's :class:`ClientEvaluation`
+records (``aggregate_evaluation``), the :class:`LocalTraining` job of an
+algorithm that replaces the solver loop, a selector's
+:class:`SelectorContext` and :class:`Draw`, and, for its questions about the
+run (``check``, ``clock_work``, ``memory``, ``bytes_per_client``), the run's
+:class:`RunFacts` (``ScenarioView``, the name it had, still works).
 
 Its contract is checked by :func:`fedsim.testing.check_algorithm` and
 :func:`fedsim.testing.check_selector`, which fedsim's own tests run on every
