@@ -235,6 +235,8 @@ class RunResult:
             "status": self.status,
             # only a failed run has the key: other summaries stay as they were
             **({"failure": self.failure} if self.failure is not None else {}),
+            # likewise only a run with federated evaluation
+            **federated_entry(self.scenario, self.data, self.rows),
             "degenerate": self.degenerate(),
             "participation_bias": self.participation_bias(),
             **summary_entry(self.scenario, self.data, self.clients),
@@ -295,6 +297,39 @@ class RunResult:
                 f"{short} of {len(self.rows)} rounds"
             )
         return None
+
+
+def federated_entry(
+    scenario: Scenario, data: FederatedData | None, rows: Sequence[Row]
+) -> Row:
+    """summary.json's ``federated_evaluation`` (only for a run with
+    ``eval.federated_every`` > 0: other summaries stay as they were): the
+    cadence, how many clients are asked (None: all with held-out rows), the
+    held-out rows in all, and the last value of each ``fed_`` column.
+
+    Args:
+        scenario: the run's scenario.
+        data: the run's data (None: unknown, e.g. a run that never started).
+        rows: rounds.parquet's rows so far.
+    """
+    spec = scenario.eval
+    if not spec.federated_every:
+        return {}
+    offsets = None if data is None else data.heldout_offsets
+    final: dict[str, float] = {}
+    for row in rows:  # the last finite value of each column
+        final |= {
+            k: float(v)
+            for k, v in row.items()
+            if k.startswith("fed_") and isinstance(v, float) and math.isfinite(v)
+        }
+    entry = {
+        "every": spec.federated_every,
+        "clients": spec.federated_clients,
+        "heldout_rows": None if offsets is None else int(offsets[-1]),
+        "final": final,
+    }
+    return {"federated_evaluation": entry}
 
 
 class JobColumns(NamedTuple):

@@ -174,6 +174,15 @@ def test_turning_it_on_changes_no_training_column_and_is_the_weighted_mean():
     assert last["fed_loss"] == pytest.approx(want["loss"], rel=1e-12)
     assert last["fed_accuracy"] == pytest.approx(want["accuracy"], rel=1e-12)
     assert 0.0 <= last["fed_accuracy"] <= 1.0
+    # summary.json says so; a run without it has no such key
+    held = int(b.data.heldout_offsets[-1])
+    assert b.summary()["federated_evaluation"] == {
+        "every": 2,
+        "clients": None,
+        "heldout_rows": held,
+        "final": {"fed_loss": last["fed_loss"], "fed_accuracy": last["fed_accuracy"]},
+    }
+    assert "federated_evaluation" not in a.summary()
 
 
 def _evaluate_here(sc, x, data):
