@@ -35,11 +35,12 @@ What a plug-in receives is small and typed: the server step's
 the round's lost clients as :class:`Failure` records, and the
 :class:`ServerContext` of an algorithm that declares ``server_needs``), a
 client's :class:`ClientContext` (its :class:`ClientInfo`, the payload, its
-persistent state), the
-:class:`LocalTraining` job of an algorithm that replaces the solver loop, a
-selector's :class:`SelectorContext` and :class:`Draw`, and, for its questions
-about the run (``check``, ``clock_work``, ``memory``, ``bytes_per_client``),
-the run's :class:`RunFacts` (``ScenarioView``, the name it had, still works).
+persistent state), federated evaluation's :class:`ClientEvaluation`
+records (``aggregate_evaluation``), the :class:`LocalTraining` job of an
+algorithm that replaces the solver loop, a selector's
+:class:`SelectorContext` and :class:`Draw`, and, for its questions about the
+run (``check``, ``clock_work``, ``memory``, ``bytes_per_client``), the run's
+:class:`RunFacts` (``ScenarioView``, the name it had, still works).
 
 Its contract is checked by :func:`fedsim.testing.check_algorithm` and
 :func:`fedsim.testing.check_selector`, which fedsim's own tests run on every
@@ -59,6 +60,12 @@ Hook                                      What it gives
                                           (``sel_<name>``)
 ``RoundContext.failures``                 the step's dropped and late
                                           clients, with the reason
+:meth:`Algorithm.aggregate_evaluation`    federated evaluation's rule: the
+                                          clients' :class:`ClientEvaluation`
+                                          records (loss, accuracy on their
+                                          own held-out rows) to columns
+                                          ``fed_<name>`` (default:
+                                          :func:`weighted_evaluation`)
 ========================================  ====================================
 
 During a run, an exception in plug-in code, or a hook that returns what its
@@ -96,6 +103,7 @@ from fedsim.algorithms.base import (
     Algorithm,
     AsyncRule,
     ClientContext,
+    ClientEvaluation,
     ClientInfo,
     ClientState,
     ClientUpdate,
@@ -110,6 +118,7 @@ from fedsim.algorithms.base import (
     meter_average,
     meter_subset,
     skip_empty_rounds,
+    weighted_evaluation,
 )
 from fedsim.clock import JobWork
 from fedsim.data.base import DataInfo, Dataset, FederatedData
@@ -137,6 +146,7 @@ __all__ = [
     "Algorithm",
     "AsyncRule",
     "ClientContext",
+    "ClientEvaluation",
     "ClientInfo",
     "ClientSpec",
     "ClientState",
@@ -173,4 +183,5 @@ __all__ = [
     "meter_subset",
     "resolve",
     "skip_empty_rounds",
+    "weighted_evaluation",
 ]

@@ -38,9 +38,10 @@ from fedsim.actors import (
 # ray_session.py and notebooks import them from here)
 from fedsim.actors import release_parked as release_parked
 from fedsim.actors import warm_workers as warm_workers
-from fedsim.algorithms.base import ClientState, ClientUpdate
+from fedsim.algorithms.base import ClientEvaluation, ClientState, ClientUpdate
 from fedsim.data import DataError, DataMissingError, FederatedData, build_data
 from fedsim.data.base import DatasetSpec
+from fedsim.data.heldout import with_heldout
 from fedsim.fleet import Fleet, FleetSpec
 from fedsim.hooks import PluginFailure
 from fedsim.links import LinksSpec, apply_links
@@ -49,6 +50,7 @@ from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup
 from fedsim.workers import Payload, Task, Worker, assign_lpt
 
 if TYPE_CHECKING:
+    import torch
     from ray import ObjectRef as Ref
     from ray.util.placement_group import PlacementGroup
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -83,12 +85,13 @@ class DataRecipe:
     links: LinksSpec | None = None
 
     def build(self) -> FederatedData:
-        """The training data, tied to the fleet as ``links`` declares."""
+        """The training data, tied to the fleet as ``links`` declares, then
+        the clients' own held-out rows taken (``client_test_fraction``)."""
         data = build_data(self.data, self.num_clients, self.seed)
-        if self.links is None:
-            return data
-        fleet = Fleet.from_spec(self.fleet, self.seed)
-        return apply_links(self.links, fleet, data, self.seed, self.fleet)
+        if self.links is not None:
+            fleet = Fleet.from_spec(self.fleet, self.seed)
+            data = apply_links(self.links, fleet, data, self.seed, self.fleet)
+        return with_heldout(self.data, data, self.seed)
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,34 @@ class Executor(ABC):
     ) -> Calls:
         """Train ``tasks``; yield (positions in ``tasks``, their updates)."""
 
+    def evaluate(
+        self, x: torch.Tensor, clients: Sequence[int], batch_size: int
+    ) -> list[ClientEvaluation]:
+        """Federated evaluation: the global model ``x`` on each client's own
+        held-out rows, where the clients' data lives (the workers), by
+        forward passes only.
+
+        Args:
+            x: the global model's flat parameters.
+            clients: the evaluating clients (each with held-out rows).
+            batch_size: samples per forward pass (``eval.batch_size``).
+
+        Returns:
+            One :class:`ClientEvaluation` per client, in ascending client
+            id, whichever worker evaluated which client.
+        """
+        ids = sorted(int(c) for c in clients)
+        if not ids:
+            return []
+        results = self._evaluations(x, ids, batch_size)
+        return sorted(results, key=lambda r: r.client)
+
+    @abstractmethod
+    def _evaluations(
+        self, x: torch.Tensor, clients: list[int], batch_size: int
+    ) -> list[ClientEvaluation]:
+        """Evaluate ``clients`` (ascending); their results, in any order."""
+
     def forget(self, version: int) -> None:  # noqa: B027 - most hold nothing
         """No task will start from ``version`` again (free its payload).
 
@@ -239,14 +270,21 @@ class InProcessExecutor(Executor):
             group = [tasks[j] for j in idx]
             yield idx, self.worker.train(payloads[v], group, states, instructions)
 
+    def _evaluations(
+        self, x: torch.Tensor, clients: list[int], batch_size: int
+    ) -> list[ClientEvaluation]:
+        return self.worker.evaluate_clients(x, clients, batch_size)
+
 
 class _Call(NamedTuple):
     """One actor call: the positions of its tasks in the executor's batch,
-    the actor, and the arguments of ``Worker.train``."""
+    the actor, and the arguments of ``Worker.train`` (or of the worker
+    method ``method`` names: ``evaluate_clients``)."""
 
     positions: list[int]
     actor: Handle
-    args: tuple[Ref, list[Task], dict[int, ClientState], dict[int, Payload]]
+    args: tuple[object, ...]
+    method: str = "train"
 
 
 def _own(group: Sequence[Task], states: States) -> dict[int, ClientState]:
@@ -341,6 +379,17 @@ class RayWorker(Worker):
         """:meth:`Worker.train_apart`, refused as :meth:`train` is."""
         self._check(token)
         return super().train_apart(payload, tasks, states, instructions)
+
+    def evaluate_clients(
+        self,
+        x: torch.Tensor,
+        clients: Sequence[int],
+        batch_size: int,
+        token: str | None = None,
+    ) -> list[ClientEvaluation]:
+        """:meth:`Worker.evaluate_clients`, refused as :meth:`train` is."""
+        self._check(token)
+        return super().evaluate_clients(x, clients, batch_size)
 
 
 def worker_shape(res: ResourceSpec) -> ActorShape | None:
@@ -440,8 +489,9 @@ class _NodeLocalData:
         self.recipe = recipe
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
-        if self.recipe.links is None:  # the plain call, as before links
-            r = self.recipe
+        r = self.recipe
+        if r.links is None and not getattr(r.data, "client_test_fraction", 0.0):
+            # the plain call, as before links and held-out rows
             return build_data, (r.data, r.num_clients, r.seed)
         return DataRecipe.build, (self.recipe,)
 
@@ -662,6 +712,27 @@ class RayExecutor(Executor):
                 calls.append(_Call([where[id(t)] for t in group], actor, args))
         return calls
 
+    def _evaluations(
+        self, x: torch.Tensor, clients: list[int], batch_size: int
+    ) -> list[ClientEvaluation]:
+        """The clients dealt round-robin over the actors, one call each,
+        gathered (and resent when an actor dies) as training calls are."""
+        import ray
+
+        ref = ray.put(x)  # one copy, read by every call
+        n = len(self.actors)
+        calls = [
+            _Call(
+                list(range(j, len(clients), n)),
+                actor,
+                (ref, clients[j::n], batch_size),
+                "evaluate_clients",
+            )
+            for j, actor in enumerate(self.actors)
+            if clients[j::n]
+        ]
+        return [r for res in self._gather(calls) for r in res]
+
     def _payload_ref(self, version: int, payloads: Payloads) -> Ref:
         """``version``'s payload in the object store, put there once and kept
         until :meth:`forget` (every actor call reads the same copy)."""
@@ -676,7 +747,8 @@ class RayExecutor(Executor):
         references: ``[updates]``, or with ``split`` ``[summaries, update_1,
         ..., update_n]``."""
         if not split:
-            return [call.actor.train.remote(*call.args, token=self._token)]
+            method = getattr(call.actor, call.method)
+            return [method.remote(*call.args, token=self._token)]
         method = call.actor.train_apart.options(num_returns=1 + len(call.positions))
         return list(method.remote(*call.args, token=self._token))
 

@@ -145,10 +145,11 @@ def has_chi2(rounds: pa.Table | None) -> bool:
 
 def plugin_columns(rounds: pa.Table | None) -> list[str]:
     """The plug-ins' own metric columns of ``rounds`` (``alg_<name>`` from
-    the algorithm, ``sel_<name>`` from the selector; docs/extending.md,
-    "Hooks"), in table order."""
+    the algorithm, ``sel_<name>`` from the selector, ``fed_<name>`` from
+    federated evaluation's rule; docs/extending.md, "Hooks"), in table
+    order."""
     names = [] if rounds is None else rounds.column_names
-    return [c for c in names if c.startswith(("alg_", "sel_"))]
+    return [c for c in names if c.startswith(("alg_", "sel_", "fed_"))]
 
 
 def figure_plugin_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
@@ -317,7 +318,10 @@ def figure_metrics(
 
     Round ``t`` of rounds.parquet is drawn at ``t + 1`` rounds completed, so
     the initial model sits at 0. The train loss is dashed, on the loss
-    panels. A run without test accuracy gets the loss row only.
+    panels; federated evaluation's ``fed_accuracy`` and ``fed_loss`` (the
+    clients' own held-out rows), when the run has them, are dotted beside
+    the central test metrics. A run without test accuracy gets the loss
+    row only.
 
     Args:
         rounds: rounds.parquet, or None.
@@ -349,8 +353,31 @@ def figure_metrics(
             _frame_metric(axes[0, col], "test accuracy", xlabel, by_round=col == 1)
         loss_xy = (_with_initial(x, test_loss, x0, start.get("loss")), train_loss)
         _draw_losses(axes[nrows - 1, col], x, loss_xy, losses, xlabel, col == 1)
+        _draw_federated(axes[:, col], x, rounds, with_acc)
     _title_metrics(fig, rounds, with_acc, title)
     return fig
+
+
+def _draw_federated(
+    panels: np.ndarray, x: np.ndarray, rounds: pa.Table | None, with_acc: bool
+) -> None:
+    """Federated evaluation's accuracy and loss (``fed_accuracy``,
+    ``fed_loss``), dotted on the accuracy and loss panels of one column;
+    nothing for a run without them.
+
+    Args:
+        panels: the column's panels (accuracy first when ``with_acc``).
+        x: the rounds' x values.
+        rounds: rounds.parquet.
+        with_acc: whether the column has an accuracy panel.
+    """
+    pairs = [("fed_loss", "federated loss", panels[-1])]
+    if with_acc:
+        pairs.append(("fed_accuracy", "federated accuracy", panels[0]))
+    for column, label, ax in pairs:
+        y = _floats(rounds, column, len(x))
+        if _line(ax, x, y, color="C3", linestyle=":", label=label):
+            ax.legend(loc="best", fontsize=9)
 
 
 def _title_metrics(

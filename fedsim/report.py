@@ -95,7 +95,9 @@ FIGURES = {
     "plugin_metrics.png": (
         "Plug-in metrics",
         "The algorithm's (alg_) and the selector's (sel_) own scalars per "
-        'round, as they reported them (docs/extending.md, "Hooks"); '
+        "round, and federated evaluation's (fed_: the clients' own held-out "
+        "rows, aggregated by the algorithm's rule), as reported "
+        '(docs/extending.md, "Hooks"); '
         "rounds.parquet holds the same columns.",
     ),
     "links.png": (
@@ -315,6 +317,9 @@ def _summary_rows(
         ("best test accuracy (round)", f"{best[0]} ({best[1]})"),
         ("final test loss", _fmt(summary.get("final_test_loss"))),
         ("best test loss", _fmt(summary.get("best_test_loss"))),
+        # federated evaluation (the clients' own held-out rows), when on
+        ("final federated accuracy", _fmt(_last_value(rounds, "fed_accuracy"))),
+        ("final federated loss", _fmt(_last_value(rounds, "fed_loss"))),
         ("initial training objective F(x)", _fmt(initial.get("objective"))),
         ("final training objective F(x)", _fmt(_last_value(rounds, "train_objective"))),
         ("simulated time", _sim_time(sim_time)),

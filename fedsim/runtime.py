@@ -27,6 +27,7 @@ from fedsim import __version__, checkpoint, clock, hooks, interrupts, realised
 from fedsim.algorithms.base import AsyncRule, ClientUpdate, Failure
 from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.data import FederatedData, build_data
+from fedsim.data.heldout import heldout_clients, with_heldout
 from fedsim.data.partition import partition_table
 from fedsim.data.validation import describe_validation, validation_use
 from fedsim.executors import (
@@ -60,6 +61,7 @@ from fedsim.server import (
     Server,
     ServerSetup,
     evaluates,
+    federated_due,
     objective_due,
 )
 from fedsim.server_actor import RemoteServer, ServerLost
@@ -73,6 +75,9 @@ _SELECT_TAG = 0x5E1
 # The timeline's n-th choice draws from (seed, tag, n), with the tag the
 # clock's default chooser uses for the same stream.
 _ASYNC_SELECT_TAG = 0xD15C
+# Which clients a round's federated evaluation asks (eval.federated_clients):
+# a stream of its own, so turning the evaluation on never moves training's
+_FED_EVAL_TAG = 0xFEDE
 
 # A row of rounds.parquet or clients.parquet: each column's cells have that
 # column's own type (fedsim.results' schemas), which one dict type cannot
@@ -230,6 +235,8 @@ class RunResult:
             "status": self.status,
             # only a failed run has the key: other summaries stay as they were
             **({"failure": self.failure} if self.failure is not None else {}),
+            # likewise only a run with federated evaluation
+            **federated_entry(self.scenario, self.data, self.rows),
             "degenerate": self.degenerate(),
             "participation_bias": self.participation_bias(),
             **summary_entry(self.scenario, self.data, self.clients),
@@ -290,6 +297,39 @@ class RunResult:
                 f"{short} of {len(self.rows)} rounds"
             )
         return None
+
+
+def federated_entry(
+    scenario: Scenario, data: FederatedData | None, rows: Sequence[Row]
+) -> Row:
+    """summary.json's ``federated_evaluation`` (only for a run with
+    ``eval.federated_every`` > 0: other summaries stay as they were): the
+    cadence, how many clients are asked (None: all with held-out rows), the
+    held-out rows in all, and the last value of each ``fed_`` column.
+
+    Args:
+        scenario: the run's scenario.
+        data: the run's data (None: unknown, e.g. a run that never started).
+        rows: rounds.parquet's rows so far.
+    """
+    spec = scenario.eval
+    if not spec.federated_every:
+        return {}
+    offsets = None if data is None else data.heldout_offsets
+    final: dict[str, float] = {}
+    for row in rows:  # the last finite value of each column
+        final |= {
+            k: float(v)
+            for k, v in row.items()
+            if k.startswith("fed_") and isinstance(v, float) and math.isfinite(v)
+        }
+    entry = {
+        "every": spec.federated_every,
+        "clients": spec.federated_clients,
+        "heldout_rows": None if offsets is None else int(offsets[-1]),
+        "final": final,
+    }
+    return {"federated_evaluation": entry}
 
 
 class JobColumns(NamedTuple):
@@ -360,7 +400,12 @@ class _Run:
         # a speed in FLOP/s needs the model's FLOPs per step (fedsim.flops)
         self.fleet = scenario_fleet(sc.facts, data)
         # fleet-data links permute the partitions over the devices (none: as is)
-        self.data = apply_links(sc.links, self.fleet, data, sc.seed, sc.fleet)
+        data = apply_links(sc.links, self.fleet, data, sc.seed, sc.fleet)
+        # each client's own held-out rows (federated evaluation), taken
+        # last: from the rows the device trains on once linked
+        self.data = with_heldout(sc.data, data, sc.seed)
+        # who can take part in federated evaluation (ascending ids)
+        self.fed_clients = heldout_clients(self.data)
         self.threads = max(1, int(sc.resources.cpus_per_worker))
         torch.set_num_threads(self.threads)
         # Server in the driver, or a handle on the server actor (made by
@@ -528,6 +573,8 @@ class _Run:
             # by the server): a column each, absent (null) in a step
             # without them, e.g. an empty round
             **{f"alg_{k}": v for k, v in applied.info.metrics.items()},
+            # federated evaluation's columns, in its rounds only (null else)
+            **self.federated(t),
         }
         # trained skips the dropped records: walk both in step
         it = iter(trained)
@@ -538,6 +585,36 @@ class _Run:
         self.recorder.add(row, these, selector_rows)
         if self.on_round is not None:
             self.on_round(row, these)
+
+    def federated(self, t: int) -> Row:
+        """Round ``t``'s federated evaluation as rounds.parquet columns
+        ``fed_<name>``: the clients evaluate the model after ``t``'s step on
+        their own held-out rows (on the workers, forward passes only), and
+        the algorithm's ``aggregate_evaluation`` turns their results, in
+        client-id order, into named scalars. {} when ``t`` has none.
+
+        It costs no simulated time (it runs beside the round, as the
+        central evaluation does) and draws from no training stream.
+
+        Raises:
+            PluginFailure: the rule raised or returned other than named
+                real numbers (naming the algorithm and the hook).
+        """
+        spec = self.sc.eval
+        if not federated_due(spec, self.sc.rounds, t):
+            return {}
+        clients = self.fed_clients
+        n = spec.federated_clients
+        if n is not None and n < len(clients):
+            # drawn per round from a stream of its own (seed, tag, round)
+            pick = self.rng(_FED_EVAL_TAG, t).choice(len(clients), n, replace=False)
+            clients = [clients[j] for j in sorted(pick.tolist())]
+        results = self.executor.evaluate(self.server.params(), clients, spec.batch_size)
+        alg = self.sc.algorithm
+        plugin, hook = hooks.algorithm_label(alg.name), "aggregate_evaluation"
+        out = hooks.call(plugin, hook, alg.aggregate_evaluation, results, t)
+        metrics = hooks.check_metrics(plugin, hook, out)
+        return {f"fed_{k}": v for k, v in metrics.items()}
 
     def client_row(
         self, r: ClientRecord, trained: Pair | None, applied: Applied

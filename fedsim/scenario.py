@@ -52,6 +52,7 @@ from pydantic import (
 
 from fedsim.algorithms.sampling import pairing_problem
 from fedsim.clock import RoundSpec
+from fedsim.data.heldout import federated_problem
 from fedsim.data.validation import validation_problem
 from fedsim.facts import RunFacts
 from fedsim.fleet import FleetSpec
@@ -196,6 +197,8 @@ class Scenario(Spec):
                 self.algorithm, self.data, self.selector.clients_per_round
             ),
             self._links_problem,
+            # federated evaluation needs the clients' own rows (and rounds)
+            lambda: federated_problem(self.eval, self.data, self.round.policy),
         )
         for check in checks:
             if (problem := check()) is not None:

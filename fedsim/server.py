@@ -135,6 +135,26 @@ def objective_due(spec: EvalSpec, rounds: int, t: int) -> bool:
     return k > 0 and ((t + 1) % k == 0 or t == rounds - 1)
 
 
+def federated_due(spec: EvalSpec, rounds: int, t: int) -> bool:
+    """Whether round ``t`` ends with a federated evaluation (the clients
+    evaluate the global model on their own held-out rows).
+
+    Never when ``federated_every`` is 0 (the default); otherwise every
+    ``federated_every``-th round and always the last, as :func:`evaluates`.
+
+    Args:
+        spec: the scenario's ``eval`` section.
+        rounds: the run's rounds.
+        t: the 0-based round.
+
+    >>> from fedsim.spec import EvalSpec
+    >>> [t for t in range(5) if federated_due(EvalSpec(federated_every=2), 5, t)]
+    [1, 3, 4]
+    """
+    k = spec.federated_every
+    return k > 0 and ((t + 1) % k == 0 or t == rounds - 1)
+
+
 @dataclass(frozen=True)
 class Applied:
     """What one :meth:`Server.apply` did.

@@ -203,11 +203,21 @@ class EvalSpec(Spec):
     ``batch_size`` samples. ``objective_every`` k > 0 also computes the
     global training objective F(x) = sum_i p_i F_i(x) every k rounds and
     after the last (rounds.parquet's ``train_objective``); 0, the default,
-    never does (docs/scenarios.md, "eval")."""
+    never does. ``federated_every`` k > 0 has the clients evaluate the
+    global model on their own held-out rows (``data.client_test_fraction``)
+    every k rounds and after the last, ``federated_clients`` of them (None:
+    all), aggregated by ``Algorithm.aggregate_evaluation`` into the
+    ``fed_<name>`` columns (docs/scenarios.md, "eval")."""
 
     every_rounds: Annotated[int, Field(ge=1)] = 1
     batch_size: Annotated[int, Field(ge=1)] = 4096
     objective_every: Annotated[int, Field(ge=0)] = 0
+    # federated evaluation (fedsim.data.heldout): the clients evaluate the
+    # global model on their own held-out rows every k rounds and after the
+    # last (0: never); federated_clients: how many of them, drawn per round
+    # (None: every client with held-out rows)
+    federated_every: Annotated[int, Field(ge=0)] = 0
+    federated_clients: Annotated[int, Field(ge=1)] | None = None
 
 
 class CheckpointSpec(Spec):

@@ -22,7 +22,9 @@ an ``AggregateInfo``, named real-number ``metrics``), also in rounds whose
 ``RoundContext.failures`` lists lost clients; ``instruct`` (when
 overridden) gives only the round's clients entries of tensors or numbers,
 never the shared payload's names, the same for the same state, and the
-client hooks run with them in the payload.
+client hooks run with them in the payload; ``aggregate_evaluation``
+(federated evaluation's rule) gives named real numbers, the same for the
+same client results.
 
 What :func:`check_selector` checks: ids are distinct, sorted ``int64``, at
 most ``clients_per_round`` and all among the candidates (none only when no
@@ -49,6 +51,7 @@ from fedsim import hooks
 from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
+    ClientEvaluation,
     ClientInfo,
     ClientUpdate,
     Failure,
@@ -152,6 +155,7 @@ def check_algorithm(
     obj = alg() if isinstance(alg, type) else alg
     _check_object(obj)
     _check_empty_round(obj)
+    _check_evaluation(obj)
     if not uploads_delta:
         return
     _check_pickles(obj)
@@ -199,6 +203,47 @@ def _check_empty_round(alg: Algorithm) -> None:
         "an empty round leaves the state unchanged"
     )
     assert info.weights == {}, "an empty round reports no weights"
+
+
+def _evaluations() -> list[list[ClientEvaluation]]:
+    """Federated evaluation's inputs the contract tries: one client; four
+    of unequal sizes, losses and accuracies (ids ascending, as the runtime
+    gives them); and clients whose accuracy is NaN (targets without
+    classes)."""
+    nan = math.nan
+    return [
+        [ClientEvaluation(3, 5, 0.7, 0.6)],
+        [
+            ClientEvaluation(0, 2, 1.5, 0.5),
+            ClientEvaluation(1, 8, 0.25, 1.0),
+            ClientEvaluation(2, 1, 3.0, 0.0),
+            ClientEvaluation(4, 5, 0.8, 0.4),
+        ],
+        [ClientEvaluation(0, 4, 0.5, nan), ClientEvaluation(2, 6, 1.0, nan)],
+    ]
+
+
+def _check_evaluation(alg: Algorithm) -> None:
+    """``aggregate_evaluation`` (federated evaluation's rule) returns what
+    the runtime checks, named real numbers (:func:`fedsim.hooks.check_metrics`,
+    the same message), and the same scalars for the same results (a
+    resume and any number of workers agree)."""
+    plugin, hook = f"algorithm {alg.name!r}", "aggregate_evaluation"
+    for t, results in enumerate(_evaluations()):
+        try:
+            first = hooks.check_metrics(
+                plugin, hook, alg.aggregate_evaluation(results, t)
+            )
+            again = hooks.check_metrics(
+                plugin, hook, alg.aggregate_evaluation(list(results), t)
+            )
+        except hooks.PluginFailure as exc:
+            raise AssertionError(str(exc)) from None
+        same = first.keys() == again.keys() and all(
+            math.isnan(first[k]) and math.isnan(again[k]) or first[k] == again[k]
+            for k in first
+        )
+        assert same, "aggregate_evaluation gives the same scalars for the same results"
 
 
 def _check_pickles(alg: Algorithm) -> None:

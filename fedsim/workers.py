@@ -20,6 +20,7 @@ from fedsim.algorithms import ClientUpdate
 from fedsim.algorithms.base import (
     Algorithm,
     ClientContext,
+    ClientEvaluation,
     ClientInfo,
     ClientState,
     LocalTraining,
@@ -27,7 +28,7 @@ from fedsim.algorithms.base import (
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.minibatches import batches, client_seed
-from fedsim.models import batch_loss, make_model
+from fedsim.models import batch_loss, evaluate, make_model
 from fedsim.params import bind_flat
 from fedsim.solvers import SGD, SolverState, step_factor
 from fedsim.tasks import Payload, Task, UpdateSummary, WorkerSetup
@@ -134,6 +135,7 @@ class Worker:
         y = _tensor(data.y).to(self.device)
         self.y = y if data.num_classes else y.to(dtype)
         self.offsets = [int(o) for o in data.offsets]
+        self._heldout(data, dtype)
         self.weights = data.weights
         self.num_clients = data.num_clients
         self.total = float(np.sum(data.weights))
@@ -141,6 +143,56 @@ class Worker:
         self.batched = False
         if setup.vectorize:
             self._use_batched()
+
+    def _heldout(self, data: FederatedData, dtype: torch.dtype) -> None:
+        """The clients' own held-out rows on the worker's device, where
+        federated evaluation reads them (none: empty)."""
+        if data.heldout_offsets is None:
+            self.heldout_offsets = [0] * (data.num_clients + 1)
+            return
+        self.heldout_offsets = [int(o) for o in data.heldout_offsets]
+        assert data.heldout_x is not None and data.heldout_y is not None
+        self.hx = _tensor(data.heldout_x).to(self.device, dtype)
+        hy = _tensor(data.heldout_y).to(self.device)
+        self.hy = hy if data.num_classes else hy.to(dtype)
+
+    def evaluate_clients(
+        self, x: torch.Tensor, clients: Sequence[int], batch_size: int
+    ) -> list[ClientEvaluation]:
+        """Federated evaluation: the global model ``x`` on each client's own
+        held-out rows, a forward pass per batch, no training.
+
+        Guarantees: each result is a pure function of (x, the client's rows,
+        batch_size), so which worker evaluates a client never changes it.
+
+        Args:
+            x: the global model's flat parameters.
+            clients: the clients to evaluate (each with held-out rows).
+            batch_size: samples per forward pass (``eval.batch_size``).
+
+        Returns:
+            One :class:`ClientEvaluation` per client, in the order given.
+
+        Raises:
+            PluginFailure: the model's forward pass or loss raised, naming
+                the model and ``federated evaluation``.
+        """
+        try:
+            self.theta.copy_(x.to(self.device, self.theta.dtype))
+            return [self._evaluate_one(i, batch_size) for i in clients]
+        except Exception as exc:
+            if not hooks.wraps_error(exc):
+                raise
+            who = f"model {self.setup.network.model.name!r}"
+            raise hooks.failure(who, "federated evaluation", exc) from exc
+
+    def _evaluate_one(self, i: int, batch_size: int) -> ClientEvaluation:
+        """Client ``i``'s evaluation of the model now in ``theta``."""
+        lo, hi = self.heldout_offsets[i], self.heldout_offsets[i + 1]
+        loss, acc = evaluate(
+            self.model, self.hx[lo:hi], self.hy[lo:hi], batch_size, loss=self.loss
+        )
+        return ClientEvaluation(i, hi - lo, loss, acc)
 
     def _use_batched(self) -> None:
         """Train many clients at once (fedsim.batched) where that gives the

@@ -126,6 +126,52 @@ class AggregateInfo:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ClientEvaluation:
+    """One client's evaluation of the global model on its own held-out rows
+    (federated evaluation: ``eval.federated_every``), as
+    :meth:`Algorithm.aggregate_evaluation` receives it.
+
+    Attributes:
+        client: its id.
+        n_samples: its held-out rows (at least 1).
+        loss: the mean loss of the global model on them (the model's loss:
+            cross-entropy, or the model's own).
+        accuracy: the share of them classified right (NaN for targets that
+            are no class labels).
+    """
+
+    client: int
+    n_samples: int
+    loss: float
+    accuracy: float
+
+
+def weighted_evaluation(results: Sequence[ClientEvaluation]) -> dict[str, float]:
+    """The sample-weighted means of the clients' loss and accuracy (Flower's
+    weighted average), summed in float64 in the order given (the runtime
+    gives client-id order, so the bits never depend on the workers).
+
+    Args:
+        results: the clients' evaluations (at least one).
+
+    Returns:
+        ``{"loss": ..., "accuracy": ...}``; ``accuracy`` left out when it is
+        NaN (data without classes).
+
+    >>> weighted_evaluation([ClientEvaluation(0, 1, 2.0, 0.0),
+    ...                      ClientEvaluation(1, 3, 1.0, 1.0)])
+    {'loss': 1.25, 'accuracy': 0.75}
+    """
+    n = sum(r.n_samples for r in results)
+    loss = sum(r.n_samples * r.loss for r in results) / n
+    acc = sum(r.n_samples * r.accuracy for r in results) / n
+    out = {"loss": float(loss)}
+    if acc == acc:  # not NaN: the targets are class labels
+        out["accuracy"] = float(acc)
+    return out
+
+
 # Why a selected client's update did not reach this step (clients.parquet's
 # drop_reason): late, offline, dropout, no_time, no_data, surplus, stale.
 DropReason = str
@@ -352,6 +398,35 @@ class Algorithm:
     def instructs(self) -> bool:
         """Whether it overrides :meth:`instruct` (per-client payload entries)."""
         return type(self).instruct is not Algorithm.instruct
+
+    def aggregate_evaluation(
+        self, results: Sequence[ClientEvaluation], round: int
+    ) -> Mapping[str, float]:
+        """Federated evaluation's rule: one round's client evaluations of the
+        global model on their own held-out rows, as named scalars (the
+        rounds.parquet columns ``fed_<name>``). Optional: the base is the
+        sample-weighted mean of loss and accuracy
+        (:func:`weighted_evaluation`: ``fed_loss``, ``fed_accuracy``).
+
+        Called on the driver in rounds with federated evaluation
+        (``eval.federated_every``), after the round's server step and its
+        central test evaluation, with the model that step made.
+
+        Args:
+            results: one :class:`ClientEvaluation` per evaluating client,
+                in ascending client id (never empty).
+            round: the 0-based round.
+
+        Returns:
+            ``{name: value}``: names of letters, digits and ``_``, values
+            real numbers (checked: a :class:`~fedsim.hooks.PluginFailure`
+            naming the algorithm and ``aggregate_evaluation`` otherwise).
+
+        Guarantees to keep: a pure function of (results, round,
+        hyperparameters), so the columns are the same with any number of
+        workers and after a resume.
+        """
+        return weighted_evaluation(results)
 
     def aggregate(
         self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND

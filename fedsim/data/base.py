@@ -39,7 +39,10 @@ class FederatedData:
     Client i owns rows ``offsets[i]:offsets[i+1]`` of ``x``, ``y``;
     ``weights`` are the data weights (n_i, or a given p_i); ``num_classes`` is
     0 for objectives without classes; ``val_x``, ``val_y`` the server's
-    validation rows (``data.validation_fraction``), or None.
+    validation rows (``data.validation_fraction``), or None; ``heldout_x``,
+    ``heldout_y`` each client's own held-out rows for federated evaluation
+    (``data.client_test_fraction``, :mod:`fedsim.data.heldout`), client i
+    owning ``heldout_offsets[i]:heldout_offsets[i+1]``, or None.
     """
 
     x: np.ndarray
@@ -52,6 +55,9 @@ class FederatedData:
     test_weights: np.ndarray | None = None
     val_x: np.ndarray | None = None
     val_y: np.ndarray | None = None
+    heldout_x: np.ndarray | None = None
+    heldout_y: np.ndarray | None = None
+    heldout_offsets: np.ndarray | None = None
 
     @property
     def num_clients(self) -> int:
@@ -71,9 +77,12 @@ class FederatedData:
 
 class DatasetSpec(Spec):
     """Fields every dataset's spec (the ``data`` section) shares:
-    ``validation_fraction`` (:mod:`fedsim.data.validation`)."""
+    ``validation_fraction`` (:mod:`fedsim.data.validation`) and
+    ``client_test_fraction`` (:mod:`fedsim.data.heldout`)."""
 
     validation_fraction: Annotated[float, Field(ge=0, le=0.5)] = 0.0
+    # each client's own held-out rows, for federated evaluation
+    client_test_fraction: Annotated[float, Field(ge=0, le=0.5)] = 0.0
 
     # why a dataset cannot give up validation rows (None: it can)
     no_validation: ClassVar[str | None] = None
@@ -86,6 +95,11 @@ class DatasetSpec(Spec):
         if self.validation_fraction > 0 and self.no_validation is not None:
             raise ValueError(
                 f"validation_fraction must be 0 here: {self.no_validation}"
+            )
+        # the same reason keeps a client's own rows from being held out
+        if self.client_test_fraction > 0 and self.no_validation is not None:
+            raise ValueError(
+                f"client_test_fraction must be 0 here: {self.no_validation}"
             )
         return self
 

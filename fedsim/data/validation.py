@@ -184,7 +184,9 @@ def check_stated(spec: DatasetSpec, data: FederatedData, num_clients: int) -> No
 
 def build_data(spec: DatasetSpec, num_clients: int, seed: int) -> FederatedData:
     """The dataset of a scenario's ``data`` section, with its validation split
-    (:func:`split_validation`) when it asks for one."""
+    (:func:`split_validation`) when it asks for one. The clients' own
+    held-out rows (``client_test_fraction``) are not taken here: they come
+    after the fleet-data links (:func:`fedsim.data.heldout.with_heldout`)."""
     data = spec.build(num_clients, seed)
     check_stated(spec, data, num_clients)
     fraction = float(getattr(spec, "validation_fraction", 0.0))

@@ -15,11 +15,16 @@ square and the server extrapolates; when they agree, eta_g = 1 (FedAvg).
 Not done here: the paper evaluates the average of the last two iterates.
 
 Each round's eta_g is reported as a plug-in metric (``AggregateInfo.metrics``),
-so rounds.parquet has it as the column ``alg_eta_g``.
+so rounds.parquet has it as the column ``alg_eta_g``. With federated
+evaluation on (``eval.federated_every``, ``fedeval.yaml``), its rule
+(``aggregate_evaluation``) reports the clients' sample-weighted loss and
+accuracy and, as a fairness figure, the worst client's accuracy: columns
+``fed_loss``, ``fed_accuracy`` and ``fed_worst_accuracy``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -29,12 +34,14 @@ from fedsim.api import (
     PLAIN_ROUND,
     AggregateInfo,
     Algorithm,
+    ClientEvaluation,
     RoundContext,
     ServerState,
     Updates,
     data_weights,
     meter_average,
     skip_empty_rounds,
+    weighted_evaluation,
 )
 from fedsim.lazy import torch
 
@@ -75,3 +82,21 @@ class FedExP(Algorithm):
         # the plug-in's own column of rounds.parquet (alg_eta_g)
         info = meter_average(updates, p, metrics={"eta_g": eta})
         return {**state, "x": x}, info
+
+    def aggregate_evaluation(
+        self, results: Sequence[ClientEvaluation], round: int
+    ) -> dict[str, float]:
+        """Federated evaluation: fedsim's sample-weighted mean of the clients'
+        loss and accuracy, and the worst client's accuracy (how far the
+        extrapolated steps leave the least served client behind).
+
+        >>> rule = FedExP().aggregate_evaluation
+        >>> rule([ClientEvaluation(0, 1, 2.0, 0.0),
+        ...       ClientEvaluation(1, 3, 1.0, 1.0)], 0)
+        {'loss': 1.25, 'accuracy': 0.75, 'worst_accuracy': 0.0}
+        """
+        out = weighted_evaluation(results)
+        accuracies = [r.accuracy for r in results]
+        if "accuracy" in out:  # class labels: the worst client is defined
+            out["worst_accuracy"] = min(accuracies)
+        return out
