@@ -429,6 +429,7 @@ def check_fingerprint(
         f"{_show(new.get(k, _NONE))} (scenario)"
         for k in sorted(set(old) | set(new))
         if old.get(k, _NONE) != new.get(k, _NONE)
+        and not (k not in old and _at_default(scenario, k, new[k]))
     ]
     if diffs:
         more = f"; and {len(diffs) - 10} more" if len(diffs) > 10 else ""
@@ -439,6 +440,35 @@ def check_fingerprint(
 
 
 _NONE = object()
+
+
+def _at_default(scenario: Resolvable, dotted: str, value: object) -> bool:
+    """Whether the field at ``dotted`` (a path of :func:`_flatten`) holds its
+    class default, ``value`` being its JSON value in the fingerprint.
+
+    A checkpoint written by an earlier fedsim lacks the fields added since
+    (``eval.federated_every``, ...); a field left at its default changes
+    nothing an earlier version computed, so such a checkpoint still resumes.
+    A path through a list (``fleet.groups[0]...``) or to a field without a
+    plain default counts as set: the mismatch is reported, as before.
+    """
+    from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
+
+    *parents, last = dotted.split(".")
+    node: object = scenario
+    for key in parents:
+        if "[" in key:
+            return False
+        node = getattr(node, key, None)
+    fields = type(node).model_fields if isinstance(node, BaseModel) else {}
+    spec = fields.get(last)
+    if spec is None or spec.default is PydanticUndefined:
+        return False
+    default = spec.default
+    if isinstance(default, BaseModel):
+        default = default.model_dump(mode="json")
+    return bool(default == value)
 
 
 def _without_legacy(stored: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:

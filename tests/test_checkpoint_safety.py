@@ -141,6 +141,31 @@ def test_a_checkpoint_of_the_all_in_one_model_spec_still_resumes(tmp_path):
         check_fingerprint(ckpt, sc)
 
 
+def test_a_checkpoint_from_before_a_field_was_added_resumes_at_its_default(
+    tmp_path,
+):
+    # Prepare: a checkpoint written before federated evaluation existed (its
+    # fingerprint has none of the fields it added)
+    run, ckpt = make_run(tmp_path, load_scenario(QUICK))
+    fp = json.loads((ckpt / FINGERPRINT).read_text())
+    for name in ("federated_every", "federated_clients"):
+        del fp["eval"][name]
+    del fp["data"]["client_test_fraction"]
+    (ckpt / FINGERPRINT).write_text(json.dumps(fp))
+    # Execute / Assert: the fields at their defaults change nothing that
+    # version computed; one set otherwise is a difference, named
+    check_fingerprint(ckpt, load_scenario(QUICK))
+    other = load_scenario(
+        QUICK, ["eval.federated_every=2", "data.client_test_fraction=0.2"]
+    )
+    with pytest.raises(CheckpointError) as exc:
+        check_fingerprint(ckpt, other)
+    msg = str(exc.value)
+    assert "eval.federated_every: (absent) (checkpoint) vs 2 (scenario)" in msg
+    assert "data.client_test_fraction: (absent) (checkpoint) vs 0.2" in msg
+    assert msg.count("(checkpoint)") == 2
+
+
 def test_resume_with_another_experiment_lists_the_fields(tmp_path):
     # Prepare
     run, ckpt = make_run(tmp_path, load_scenario(QUICK))
