@@ -131,8 +131,7 @@ def objective_due(spec: EvalSpec, rounds: int, t: int) -> bool:
         rounds: the run's rounds (or versions).
         t: the 0-based round or version.
     """
-    k = spec.objective_every
-    return k > 0 and ((t + 1) % k == 0 or t == rounds - 1)
+    return _every(spec.objective_every, rounds, t)
 
 
 def federated_due(spec: EvalSpec, rounds: int, t: int) -> bool:
@@ -151,7 +150,13 @@ def federated_due(spec: EvalSpec, rounds: int, t: int) -> bool:
     >>> [t for t in range(5) if federated_due(EvalSpec(federated_every=2), 5, t)]
     [1, 3, 4]
     """
-    k = spec.federated_every
+    return _every(spec.federated_every, rounds, t)
+
+
+def _every(k: int, rounds: int, t: int) -> bool:
+    """Every ``k``-th of ``rounds`` rounds (0-based ``t``) and always the
+    last, so a run's final state is always measured; never when ``k`` is 0
+    (a cadence that is off)."""
     return k > 0 and ((t + 1) % k == 0 or t == rounds - 1)
 
 
