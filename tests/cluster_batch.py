@@ -13,7 +13,9 @@ each reads its own runs' exit codes, run folders and the job's logs:
 - per-node data (tests/test_multinode.py, with the shared MNIST test set):
   ``missing`` (refused, exit 2), ``root``;
 - the server actor (tests/test_server_actor.py): ``driver``, ``actor``, and
-  ``pns`` (with the shared MNIST test set).
+  ``pns`` (with the shared MNIST test set);
+- real data through the object store (tests/test_multinode.py, with the
+  shared MNIST test set): ``mnist``.
 
 A run that fails does not stop the next one (each prints its own ``exit
 CODE`` line), so one test's failure stays its own.
@@ -81,6 +83,8 @@ def batch_runs(out: Path) -> dict[str, list[str]]:
         "actor": [*TINY_ARGS, "--set", ON_NODE_B],
     }
     if HAS_MNIST:
+        # the data reaches the worker nodes through the object store only
+        runs["mnist"] = [*MNIST_ARGS]
         # FedPNS, the server an actor with a GPU on node a
         runs["pns"] = [*PNS_ARGS, "--set", ON_GPU]
         # The worker nodes' data root is empty: refused, naming them.

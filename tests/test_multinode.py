@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shlex
 import shutil
 import subprocess
 import time
@@ -184,63 +185,6 @@ def _rows(run: Path) -> int:
     return pq.read_table(run / "rounds.parquet").num_rows
 
 
-@pytest.mark.cluster
-@pytest.mark.slow
-def test_jobs_run_on_the_multinode_cluster(cluster: Cluster, tmp_path: Path):
-    # The cluster's shape, and every port it opened is on loopback.
-    nodes = cluster.alive_nodes()
-    head = [n for n in nodes if n["is_head_node"]]
-    assert len(nodes) == 4 and len(head) == 1
-    assert head[0]["resources_total"].get("CPU", 0) == 0
-    totals = [n["resources_total"] for n in nodes if not n["is_head_node"]]
-    assert sorted(t["CPU"] for t in totals) == [1, 1, 2]
-    assert sorted(t.get("GPU", 0) for t in totals) == [0, 0, 2]
-    assert {k for t in totals for k in t if k.startswith("node_")} == set(WORKER_NODES)
-    jobs_before = _job_ids(cluster)
-    listening = cluster.listening()
-    assert len(listening) > 10, listening
-    assert all(is_loopback(a.ip) for a in listening), listening
-
-    # An asynchronous scenario (FedBuff), shortened, through submit.sh
-    # (without its check job: test_cluster.py's token test, the first
-    # cluster test, submits the quickstart with it and checks that submit.sh
-    # deletes it; submit.sh waits for the job agent there if need be).
-    out = tmp_path / "fedbuff"
-    job_id, r = _submit(
-        cluster,
-        "scenarios/async-fedbuff.yaml",
-        *("--set", "rounds=4", "--workers", "2", "--no-report", "--out", str(out)),
-    )
-    _expect_success(cluster, job_id, r)
-    assert f"results: {out}" in r.stderr
-    assert _rows(out) == 4
-    assert json.loads((out / "summary.json").read_text())["rounds"] == 4
-
-    # Without the token: refused, and no job left behind.
-    home = tmp_path / "home"
-    home.mkdir()
-    bare = {k: v for k, v in cluster.env.items() if not k.startswith("RAY_AUTH")}
-    bare.update(HOME=str(home), RAY_AUTH_MODE="disabled")
-    r = subprocess.run(
-        [str(RAY), "job", "submit", "--address", cluster.dashboard, "--no-wait"]
-        + ["--", "echo", "intruder"],
-        cwd=ROOT,
-        env=bare,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode != 0
-    assert "Missing authentication token" in r.stderr, r.stderr[-2000:]
-    code, text = cluster.http("GET", "/api/jobs/")
-    assert code == 200
-    jobs = json.loads(text)
-    assert not any("intruder" in j["entrypoint"] for j in jobs)
-    # only the run was added
-    added = {j["submission_id"] for j in jobs} - jobs_before
-    assert added == {job_id}, added
-
-
 def _own_package(tmp_path: Path) -> Path:
     """A user's folder as docs/extending.md's "Submitting from your own
     package" has it: the example package under a name no environment has
@@ -255,21 +199,57 @@ def _own_package(tmp_path: Path) -> Path:
     return folder
 
 
+# The asynchronous variant of the example's scenario: FedBuff with the
+# package's model and selector (FastestK chooses from facts known before
+# training, so it fills asynchronous slots too).
+ASYNC_SETS = [
+    *(
+        "--set",
+        "round={policy: async, job_steps: max_steps, max_steps: 5, "
+        "concurrency: 3, max_staleness: 10}",
+    ),
+    *("--set", "algorithm={name: fedbuff, buffer_size: 2}"),
+    *("--set", "rounds=3"),
+]
+
+
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_a_job_submitted_from_the_users_own_package(cluster: Cluster, tmp_path: Path):
-    # Prepare: the user's folder, outside the checkout (issue 37: submit.sh
-    # refuses such a scenario and prints this command instead)
-    folder = _own_package(tmp_path)
-    out = tmp_path / "mylab-run"
-    job_id = f"fedsim-mylab-{secrets.token_hex(4)}"
+def test_jobs_from_the_users_own_package_run_on_the_multinode_cluster(
+    cluster: Cluster, tmp_path: Path
+):
+    # The cluster's shape, and every port it opened is on loopback.
+    nodes = cluster.alive_nodes()
+    head = [n for n in nodes if n["is_head_node"]]
+    assert len(nodes) == 4 and len(head) == 1
+    assert head[0]["resources_total"].get("CPU", 0) == 0
+    totals = [n["resources_total"] for n in nodes if not n["is_head_node"]]
+    assert sorted(t["CPU"] for t in totals) == [1, 1, 2]
+    assert sorted(t.get("GPU", 0) for t in totals) == [0, 0, 2]
+    assert {k for t in totals for k in t if k.startswith("node_")} == set(WORKER_NODES)
+    listening = cluster.listening()
+    assert len(listening) > 10, listening
+    assert all(is_loopback(a.ip) for a in listening), listening
+    jobs_before = _job_ids(cluster)
 
-    # Execute: the documented command, from the user's folder
+    # Prepare: the user's folder, outside the checkout (issue 37: submit.sh
+    # refuses such a scenario and prints the command below instead)
+    folder = _own_package(tmp_path)
+    sync, fedbuff = tmp_path / "mylab-run", tmp_path / "mylab-fedbuff"
+    job_id = f"fedsim-mylab-{secrets.token_hex(4)}"
+    common = ["--workers", "2", "--no-report", "--quiet"]
+
+    # Execute: the documented command from the user's folder, and in the same
+    # job (one submission, one upload) an asynchronous run of the package's
+    # model and selector. Ray quotes each word of the entrypoint, so the two
+    # commands go to a shell as one word (`bash -c`).
+    first = ["fedsim", "run", "scenario.yaml", *common, "--out", str(sync)]
+    second = ["fedsim", "run", "scenario.yaml", *common, "--out", str(fedbuff)]
+    both = f"{shlex.join(first)} && {shlex.join([*second, *ASYNC_SETS])}"
     r = subprocess.run(
         [str(RAY), "job", "submit", "--address", cluster.dashboard]
         + ["--submission-id", job_id, "--working-dir", "."]
-        + ["--", "fedsim", "run", "scenario.yaml", "--workers", "2"]
-        + ["--no-report", "--quiet", "--out", str(out)],
+        + ["--", "bash", "-c", both],
         cwd=folder,
         env=cluster.env,
         capture_output=True,
@@ -277,50 +257,58 @@ def test_a_job_submitted_from_the_users_own_package(cluster: Cluster, tmp_path: 
         timeout=300,
     )
 
-    # Assert: the job ran the plug-ins from the upload on two worker actors
+    # Assert: the job ran the plug-ins from the upload on worker actors
     job = _expect_success(cluster, job_id, r)
-    summary = json.loads((out / "summary.json").read_text())
+    assert "mylab.fedexp:FedExP" in (sync / "scenario.yaml").read_text()
+    summary = json.loads((sync / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds"] == 2, summary
-    assert "mylab.fedexp:FedExP" in (out / "scenario.yaml").read_text()
-    import pyarrow.parquet as pq
-
-    rounds = pq.read_table(out / "rounds.parquet")
-    assert rounds.num_rows == 2
     # FedExP's own metric (a hook column) came from the uploaded package
-    assert "alg_eta_g" in rounds.column_names, rounds.column_names
+    assert "alg_eta_g" in _columns(sync), _columns(sync)
+    summary = json.loads((fedbuff / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds"] == 3, summary
+    assert "mylab.tiny_mlp:TinyMLP" in (fedbuff / "scenario.yaml").read_text()
+    assert _rows(fedbuff) == 3 and "staleness_max" in _columns(fedbuff)
     actors = cluster.state("actors", job_id=job["job_id"])
     trainers = [a for a in actors if a.get("required_resources", {}).get("CPU")]
-    assert len(trainers) >= 2, actors
+    workers = {n["node_id"] for n in nodes if not n["is_head_node"]}
+    assert len(trainers) >= 2 and {a["node_id"] for a in trainers} <= workers
+    # only this job was added
+    assert _job_ids(cluster) - jobs_before == {job_id}
+
+
+def _columns(run: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return pq.read_schema(run / "rounds.parquet").names
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
 @needs_mnist
 def test_real_data_reaches_worker_nodes_through_the_object_store(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, cluster_batch: Batch, tmp_path: Path
 ):
     # Prepare: the data exists on the head only.
     assert (MNIST / "mnist-test" / "t10k-images-idx3-ubyte.gz").is_file()
 
-    # Execute: MNIST on 2 worker actors; the driver (on the head) reads it.
-    out = tmp_path / "mnist"
-    job_id, r = _submit(cluster, *MNIST_ARGS, "--out", str(out))
+    # Execute: MNIST on 2 worker actors; the driver (on the head) reads it
+    # (the batch's `mnist` run, tests/cluster_batch.py).
+    out = cluster_batch.out / "mnist"
+    codes = cluster_batch.codes_of(("mnist",))
+    assert codes == {"mnist": 0}, f"exit codes {codes}\n{cluster_batch.logs[-6000:]}"
 
     # Assert: it ran, and its worker actors ran on the worker nodes.
-    job = _expect_success(cluster, job_id, r)
     assert _rows(out) == 3
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 3
     nodes = cluster.alive_nodes()
     workers = {n["node_id"] for n in nodes if not n["is_head_node"]}
-    (head_id,) = {n["node_id"] for n in nodes if n["is_head_node"]}
-    assert job["driver_node_id"] == head_id
-    actors = cluster.state("actors", job_id=job["job_id"])
-    trainers = [a for a in actors if a.get("required_resources", {}).get("CPU")]
-    assert len(trainers) >= 2, actors
+    # the server lives in the driver, on the head (a job's driver runs
+    # there unless it asks for resources, as the control below does)
+    assert summary["server"]["home"] == "driver"
     # spread: on two different worker nodes, never the head
-    assert {a["node_id"] for a in trainers} <= workers, trainers
-    assert len({a["node_id"] for a in trainers}) == 2, trainers
+    trainers = {n["node_id"] for n in _nodes_of(summary)}
+    assert trainers <= workers and len(trainers) == 2, summary["workers_nodes"]
 
     # The control: the same run with its driver pinned to worker node a
     # (`--entrypoint-resources`) finds no data there, and says so.
