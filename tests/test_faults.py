@@ -324,6 +324,9 @@ def test_killed_worker_is_replaced_and_results_are_identical(ray_session, monkey
     assert bool((sim.final_params == clean.final_params).all())
 
 
+# explore: the asynchronous twin of the test above (the same executor's
+# retry; CI runs it after the suite when its budget allows)
+@pytest.mark.explore
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_worker_killed_in_an_async_run_is_replaced_with_identical_results(
