@@ -643,6 +643,10 @@ def test_placement_defaults_to_spread_and_takes_rays_strategies():
 # ------------------------------------------ placement on one local Ray node
 
 
+# explore: the one-node repeat of the cluster batch's placement runs (pack's
+# summary, strict_spread refused), which test_workers_are_placed_as_the_
+# scenario_says checks on three nodes (CI runs it when its budget allows)
+@pytest.mark.explore
 @pytest.mark.ray
 def test_summary_says_where_workers_ran_and_an_impossible_group_is_refused(
     ray_session,
