@@ -29,7 +29,11 @@ export RAY_USAGE_STATS_ENABLED := 0
 # faster tests became explorations (5 tests): 688 s idle (1,717 tests), the
 # loop below at 0.27-0.40 s. Over the 600 s goal: the cluster group (one
 # process; its tests in the 25 slowest alone took 449 s) is the critical
-# path, slowed by the CPU the other two processes take.
+# path, slowed by the CPU the other two processes take. After the cluster
+# batch (one job for the runs that differ only in settings) and three more
+# repeats made explorations: 581.6 s idle at b3b0515 (1,730 tests; the loop
+# below at 0.246 s), 622.6 s an hour earlier (loop 0.377 s); a clone without
+# ../shared with `yes` pinned to one core: green in 1,068 s.
 # This machine's speed drifts by up to 1.6x over a day (a fixed 3e6-iteration
 # Python loop took 0.31 to 0.53 s within an hour), so compare figures taken
 # together. pyproject's addopts print --durations=25 and give every test a
