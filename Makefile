@@ -32,8 +32,9 @@ export RAY_USAGE_STATS_ENABLED := 0
 # path, slowed by the CPU the other two processes take. After the cluster
 # batch (one job for the runs that differ only in settings) and three more
 # repeats made explorations: 581.6 s idle at b3b0515 (1,730 tests; the loop
-# below at 0.246 s), 622.6 s an hour earlier (loop 0.377 s); a clone without
-# ../shared with `yes` pinned to one core: green in 1,068 s.
+# below at 0.246 s), 622.6 s an hour earlier (loop 0.377 s), 670.2 s at
+# 9ab7515 (loop 0.344 s): at the 600 s line, moving with the machine's speed;
+# a clone without ../shared with `yes` pinned to one core: green in 1,068 s.
 # This machine's speed drifts by up to 1.6x over a day (a fixed 3e6-iteration
 # Python loop took 0.31 to 0.53 s within an hour), so compare figures taken
 # together. pyproject's addopts print --durations=25 and give every test a
