@@ -34,6 +34,7 @@ import numpy as np
 
 from fedsim.data.base import FederatedData
 from fedsim.data.errors import DataError
+from fedsim.data.validation import take_rows
 
 if TYPE_CHECKING:
     from fedsim.data.base import DatasetSpec
@@ -61,33 +62,22 @@ def split_heldout(data: FederatedData, fraction: float, seed: int) -> FederatedD
     Raises:
         DataError: no client has a row to hold out (naming the field).
     """
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG]))
-    counts = data.n_samples
-    held = np.zeros(int(data.offsets[-1]), dtype=bool)
-    for start, n in zip(data.offsets[:-1].tolist(), counts.tolist(), strict=True):
-        # floor(f n), nudged so that e.g. 0.29 * 100 = 28.999... counts 29
-        k = max(0, min(int(np.floor(fraction * n + 1e-9)), n - 1))
-        held[start + rng.permutation(n)[:k]] = True
-    held_rows, keep_rows = np.flatnonzero(held), np.flatnonzero(~held)
-    if len(held_rows) == 0:
+    split = take_rows(data, fraction, seed, _TAG)
+    if len(split.taken) == 0:
         raise DataError(
             f"data.client_test_fraction {fraction} holds out no row of any client "
-            f"(the largest holds {int(counts.max(initial=0))}); raise it"
+            f"(the largest holds {int(data.n_samples.max(initial=0))}); raise it"
         )
-    # a client's rows now start after the rows before its old start
-    offsets = np.searchsorted(keep_rows, data.offsets).astype(np.int64)
-    held_offsets = np.searchsorted(held_rows, data.offsets).astype(np.int64)
-    weights = data.weights
-    if np.array_equal(weights, counts.astype(weights.dtype)):
-        weights = np.diff(offsets).astype(np.float64)
+    # client i's held-out rows, as its training rows: by the old offsets
+    held_offsets = np.searchsorted(split.taken, data.offsets).astype(np.int64)
     return replace(
         data,
-        x=np.ascontiguousarray(data.x[keep_rows]),
-        y=np.ascontiguousarray(data.y[keep_rows]),
-        offsets=offsets,
-        weights=weights,
-        heldout_x=np.ascontiguousarray(data.x[held_rows]),
-        heldout_y=np.ascontiguousarray(data.y[held_rows]),
+        x=np.ascontiguousarray(data.x[split.kept]),
+        y=np.ascontiguousarray(data.y[split.kept]),
+        offsets=split.offsets,
+        weights=split.weights,
+        heldout_x=np.ascontiguousarray(data.x[split.taken]),
+        heldout_y=np.ascontiguousarray(data.y[split.taken]),
         heldout_offsets=held_offsets,
     )
 

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
@@ -44,36 +44,59 @@ class _Named(Protocol):
 _TAG = 0x7A11D
 
 
+class RowSplit(NamedTuple):
+    """Rows taken from each client (:func:`take_rows`): the taken and kept
+    row indices (ascending), the kept rows' client offsets, and the client
+    weights (sample-count weights follow the new counts; others stay)."""
+
+    taken: np.ndarray
+    kept: np.ndarray
+    offsets: np.ndarray
+    weights: np.ndarray
+
+
+def take_rows(data: FederatedData, fraction: float, seed: int, tag: int) -> RowSplit:
+    """Choose ``floor(fraction n_i)`` random rows of each client i (at most
+    n_i - 1, so every client keeps one), from the stream ``(seed, tag)``.
+
+    The server's validation split and the clients' own held-out split both
+    take rows this way, each with its own ``tag``, so neither moves the
+    other's draws nor training's.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), tag]))
+    counts = data.n_samples
+    taken = np.zeros(int(data.offsets[-1]), dtype=bool)
+    for start, n in zip(data.offsets[:-1].tolist(), counts.tolist(), strict=True):
+        # floor(f n), nudged so that e.g. 0.29 * 100 = 28.999... counts 29
+        k = max(0, min(int(np.floor(fraction * n + 1e-9)), n - 1))
+        taken[start + rng.permutation(n)[:k]] = True
+    taken_rows, kept_rows = np.flatnonzero(taken), np.flatnonzero(~taken)
+    # a client's rows now start after the kept rows before its old start
+    offsets = np.searchsorted(kept_rows, data.offsets).astype(np.int64)
+    weights = data.weights
+    if np.array_equal(weights, counts.astype(weights.dtype)):
+        weights = np.diff(offsets).astype(np.float64)
+    return RowSplit(taken_rows, kept_rows, offsets, weights)
+
+
 def split_validation(data: FederatedData, fraction: float, seed: int) -> FederatedData:
     """Move ``floor(fraction n_i)`` random rows of each client i (at most
     n_i - 1), in order, to the server's validation set; weights that were the
     sample counts follow the new counts. :class:`DataError` if no row moves."""
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), _TAG]))
-    counts = data.n_samples
-    val = np.zeros(int(data.offsets[-1]), dtype=bool)
-    for start, n in zip(data.offsets[:-1].tolist(), counts.tolist(), strict=True):
-        # floor(f n), nudged so that e.g. 0.29 * 100 = 28.999... counts 29
-        k = min(int(np.floor(fraction * n + 1e-9)), n - 1)
-        val[start + rng.permutation(n)[:k]] = True
-    val_rows, keep_rows = np.flatnonzero(val), np.flatnonzero(~val)
-    if len(val_rows) == 0:
+    split = take_rows(data, fraction, seed, _TAG)
+    if len(split.taken) == 0:
         raise DataError(
             f"data.validation_fraction {fraction} takes no row from any client "
-            f"(the largest holds {int(counts.max(initial=0))}); raise it"
+            f"(the largest holds {int(data.n_samples.max(initial=0))}); raise it"
         )
-    # a client's rows now start after the kept rows before its old start
-    offsets = np.searchsorted(keep_rows, data.offsets).astype(np.int64)
-    weights = data.weights
-    if np.array_equal(weights, counts.astype(weights.dtype)):
-        weights = np.diff(offsets).astype(np.float64)
     return replace(
         data,
-        x=np.ascontiguousarray(data.x[keep_rows]),
-        y=np.ascontiguousarray(data.y[keep_rows]),
-        offsets=offsets,
-        weights=weights,
-        val_x=np.ascontiguousarray(data.x[val_rows]),
-        val_y=np.ascontiguousarray(data.y[val_rows]),
+        x=np.ascontiguousarray(data.x[split.kept]),
+        y=np.ascontiguousarray(data.y[split.kept]),
+        offsets=split.offsets,
+        weights=split.weights,
+        val_x=np.ascontiguousarray(data.x[split.taken]),
+        val_y=np.ascontiguousarray(data.y[split.taken]),
     )
 
 
