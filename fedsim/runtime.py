@@ -65,6 +65,7 @@ from fedsim.server import (
     objective_due,
 )
 from fedsim.server_actor import RemoteServer, ServerLost
+from fedsim.spec import EvalSpec
 from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup, update_norm
 from fedsim.workers import Payload, Task
 
@@ -236,7 +237,7 @@ class RunResult:
             # only a failed run has the key: other summaries stay as they were
             **({"failure": self.failure} if self.failure is not None else {}),
             # likewise only a run with federated evaluation
-            **federated_entry(self.scenario, self.data, self.rows),
+            **federated_entry(self.scenario.eval, self.data, self.rows),
             "degenerate": self.degenerate(),
             "participation_bias": self.participation_bias(),
             **summary_entry(self.scenario, self.data, self.clients),
@@ -300,7 +301,7 @@ class RunResult:
 
 
 def federated_entry(
-    scenario: Scenario, data: FederatedData | None, rows: Sequence[Row]
+    spec: EvalSpec, data: FederatedData | None, rows: Sequence[Row]
 ) -> Row:
     """summary.json's ``federated_evaluation`` (only for a run with
     ``eval.federated_every`` > 0: other summaries stay as they were): the
@@ -308,11 +309,10 @@ def federated_entry(
     held-out rows in all, and the last value of each ``fed_`` column.
 
     Args:
-        scenario: the run's scenario.
+        spec: the run's ``eval`` section.
         data: the run's data (None: unknown, e.g. a run that never started).
         rows: rounds.parquet's rows so far.
     """
-    spec = scenario.eval
     if not spec.federated_every:
         return {}
     offsets = None if data is None else data.heldout_offsets
