@@ -456,11 +456,10 @@ def _at_default(scenario: Resolvable, dotted: str, value: object) -> bool:
     from pydantic_core import PydanticUndefined
 
     *parents, last = dotted.split(".")
-    node: object = scenario
-    for key in parents:
-        if "[" in key:
-            return False
-        node = getattr(node, key, None)
+    if any("[" in key for key in parents):
+        return False
+    start: object = scenario
+    node = reduce(lambda n, key: getattr(n, key, None), parents, start)
     fields = type(node).model_fields if isinstance(node, BaseModel) else {}
     spec = fields.get(last)
     if spec is None or spec.default is PydanticUndefined:

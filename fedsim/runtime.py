@@ -318,11 +318,7 @@ def federated_entry(
     offsets = None if data is None else data.heldout_offsets
     final: dict[str, float] = {}
     for row in rows:  # the last finite value of each column
-        final |= {
-            k: float(v)
-            for k, v in row.items()
-            if k.startswith("fed_") and isinstance(v, float) and math.isfinite(v)
-        }
+        final |= {k: float(v) for k, v in row.items() if _finite_fed(k, v)}
     entry = {
         "every": spec.federated_every,
         "clients": spec.federated_clients,
@@ -330,6 +326,14 @@ def federated_entry(
         "final": final,
     }
     return {"federated_evaluation": entry}
+
+
+def _finite_fed(column: str, value: object) -> bool:
+    """Whether a round row's cell is a federated evaluation's finite value
+    (its other rounds hold null)."""
+    return (
+        column.startswith("fed_") and isinstance(value, float) and math.isfinite(value)
+    )
 
 
 class JobColumns(NamedTuple):
