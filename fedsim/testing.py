@@ -239,11 +239,17 @@ def _check_evaluation(alg: Algorithm) -> None:
             )
         except hooks.PluginFailure as exc:
             raise AssertionError(str(exc)) from None
-        same = first.keys() == again.keys() and all(
-            math.isnan(first[k]) and math.isnan(again[k]) or first[k] == again[k]
-            for k in first
+        assert _same_scalars(first, again), (
+            "aggregate_evaluation gives the same scalars for the same results"
         )
-        assert same, "aggregate_evaluation gives the same scalars for the same results"
+
+
+def _same_scalars(a: dict[str, float], b: dict[str, float]) -> bool:
+    """The same names and values (NaN equal to NaN: a rule may report an
+    undefined figure, and must report it again)."""
+    return a.keys() == b.keys() and all(
+        a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a
+    )
 
 
 def _check_pickles(alg: Algorithm) -> None:
