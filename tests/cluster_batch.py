@@ -64,9 +64,23 @@ def batch_runs(out: Path) -> dict[str, list[str]]:
     elsewhere)."""
     two = ["--workers", "2"]
     per_node = ["--set", "resources.data=per_node"]
+    # In turn in one warm pool (cluster_utils._fedsim_in_turn): the runs on
+    # two workers under ``spread`` go first, each taking over the worker
+    # actors of the one before (a placement group or per-node data never
+    # parks its actors, and a run of another shape kills the parked ones).
     runs = {
-        # spread (the default)
+        # spread (the default): new worker actors, placed as Ray spreads them
         "spread": [*QUICK, *two],
+        # the server in the driver, then an actor pinned to node b
+        "driver": [*TINY_ARGS],
+        "actor": [*TINY_ARGS, "--set", ON_NODE_B],
+    }
+    if HAS_MNIST:
+        # the data reaches the worker nodes through the object store only
+        runs["mnist"] = [*MNIST_ARGS]
+        # FedPNS, the server an actor with a GPU on node a
+        runs["pns"] = [*PNS_ARGS, "--set", ON_GPU]
+    runs |= {
         # pack, with half a (fake) GPU each
         "pack": [
             *(*QUICK, *two, "--set", "resources.placement=pack"),
@@ -78,15 +92,8 @@ def batch_runs(out: Path) -> dict[str, list[str]]:
             *(*QUICK, "--workers", "4", "--set", "resources.placement=strict_spread"),
             *("--set", "resources.placement_timeout_s=5"),
         ],
-        # the server in the driver, then an actor pinned to node b
-        "driver": [*TINY_ARGS],
-        "actor": [*TINY_ARGS, "--set", ON_NODE_B],
     }
     if HAS_MNIST:
-        # the data reaches the worker nodes through the object store only
-        runs["mnist"] = [*MNIST_ARGS]
-        # FedPNS, the server an actor with a GPU on node a
-        runs["pns"] = [*PNS_ARGS, "--set", ON_GPU]
         # The worker nodes' data root is empty: refused, naming them.
         runs["missing"] = [*MNIST_ARGS, *per_node]
         # With data.root naming files every node has (one machine): it runs,
