@@ -16,13 +16,14 @@ from .conftest import SCENARIOS
 SMALL = SCENARIOS / "ci" / "fmnist-dirichlet-small.yaml"
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
-# The scenario's first 6 of 12 rounds (the test's cost is its training).
-# Measured, seed 0, test accuracy after rounds 1-12: 0.19 0.48 0.55 0.54
-# 0.55 0.65 0.67 0.67 0.693 0.687 0.719 0.7525 (chance: 0.1). Learning
-# shows by round 6 (more than six times chance); the margin of 0.1 allows
-# for other BLAS builds on other machines.
-ROUNDS = 6
-MIN_ACCURACY = 0.55
+# The scenario's first 3 of 12 rounds (the test's cost is its training:
+# about 4 s of CPU a round). Measured, seed 0, on 2026-12-03: test accuracy
+# 0.5515 after round 3 (its first evaluation; eval.every_rounds is 3) and
+# 0.572 after round 4 (chance: 0.1), with 5 distinct step counts by round 3.
+# Learning shows by round 3 (more than five times chance); the margin of
+# 0.1 allows for other BLAS builds on other machines.
+ROUNDS = 3
+MIN_ACCURACY = 0.45
 
 
 @pytest.mark.slow
