@@ -2,7 +2,11 @@
 
 - ``ray_session`` (session scope): the one embedded local Ray of a pytest
   process; tests that use it are marked ``ray`` (``make test-quick`` skips
-  them). Never call ``ray.init``/``ray.shutdown`` in a test.
+  them). Never call ``ray.init``/``ray.shutdown`` in a test. Under
+  pytest-xdist they run in one group, ``ray``: one process starts the
+  embedded Ray, and its warm worker actors serve all of them (an embedded
+  Ray in each of the three processes cost its daemons' CPU three times,
+  and more new worker processes; see the Makefile's figures).
 - ``cluster`` (session scope): the one multi-node cluster (a head and worker
   nodes a, b, c, started one after the other) for every test marked
   ``cluster``. The cluster tests run first, together (those marked
@@ -89,13 +93,17 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
         if item.get_closest_marker("cluster") is not None:
             item.add_marker(pytest.mark.xdist_group("cluster"))
+        elif "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
     # The cluster tests first and together (xdist starts their group first;
     # the cluster stops after the last one), those that kill cluster nodes
-    # last among them; the rest keep their order (a stable sort).
-    def order(item) -> tuple[bool, bool]:
+    # last among them; then the tests of the embedded Ray; the rest keep
+    # their order (a stable sort).
+    def order(item) -> tuple[bool, bool, bool]:
         mark = item.get_closest_marker("cluster")
-        return mark is None, bool(mark and mark.kwargs.get("kills_nodes"))
+        in_ray = "ray_session" in getattr(item, "fixturenames", ())
+        return mark is None, bool(mark and mark.kwargs.get("kills_nodes")), not in_ray
 
     items.sort(key=order)
 
