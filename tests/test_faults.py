@@ -122,7 +122,12 @@ def test_resume_after_killing_the_driver_gives_identical_results(
     assert proc.returncode == -signal.SIGKILL, "the run finished before the kill"
     killed_at = checkpoint_round(run_dir)
     assert KILL_AFTER <= killed_at < rounds
-    fedsim_here("run", "--resume", str(run_dir), "-q", "--no-report", check=True)
+    # In process, as the killed run was: the quickstart's `workers: auto`
+    # would start an embedded Ray in this pytest process, kept (and
+    # costing CPU) until its last test. A resume on Ray workers is
+    # test_server_actor's and test_async_sim's.
+    resume = ["--workers", "0", "-q", "--no-report"]
+    fedsim_here("run", "--resume", str(run_dir), *resume, check=True)
 
     # Assert: the resumed run's results equal the uninterrupted run's
     assert table(run_dir, "rounds.parquet") == table(ref_dir, "rounds.parquet")
@@ -170,7 +175,9 @@ def test_a_failing_write_loses_nothing_and_the_run_resumes(tmp_path, quick_refer
     assert written == reference[: len(written)]
     stopped_at = checkpoint_round(run_dir)
     assert 0 < stopped_at < QUICK_ROUNDS
-    fedsim_here("run", "--resume", str(run_dir), "-q", "--no-report", check=True)
+    # in process, as the failed run was (see the test above)
+    resume = ["--workers", "0", "-q", "--no-report"]
+    fedsim_here("run", "--resume", str(run_dir), *resume, check=True)
     assert table(run_dir, "rounds.parquet") == table(quick_reference, "rounds.parquet")
     assert table(run_dir, "clients.parquet") == reference
 
