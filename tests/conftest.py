@@ -137,14 +137,25 @@ def ray_session():
     """One embedded local Ray for every test that needs it, with warm worker
     actors (``fedsim.executors.warm_workers``): a run takes over the last
     run's idle actors of the same shape instead of starting new processes
-    (about 3 s of CPU each: torch's import), with identical results."""
+    (about 3 s of CPU each: torch's import), with identical results. It
+    stops after this process's last test that takes it (the tests that do
+    run together: the ``ray`` group), not at the session's end."""
     from fedsim.executors import warm_workers
     from fedsim.ray_session import init_ray, shutdown_ray
 
     init_ray(num_cpus=2)
-    with warm_workers():
+    stack = ExitStack()
+    stack.callback(shutdown_ray)
+    stack.enter_context(warm_workers())
+    _STOP_RAY.append(stack.close)
+    try:
         yield
-    shutdown_ray()
+    finally:
+        stack.close()  # a second close does nothing
+        _STOP_RAY.clear()
+
+
+_STOP_RAY: list = []  # stops the session's embedded Ray, once it is started
 
 
 @pytest.fixture(scope="session")
@@ -205,14 +216,22 @@ _STOP_CLUSTER: list = []  # stops the session's cluster, once it is started
 
 
 def pytest_runtest_teardown(item, nextitem):
-    """Stop the cluster as soon as this process has run its last cluster test
-    (its Ray processes would otherwise idle on the cores until the end)."""
+    """Stop the cluster as soon as this process has run its last cluster test,
+    and the embedded Ray after its last test that takes ``ray_session``
+    (their Ray processes would otherwise idle on the cores until the end;
+    the order of pytest_collection_modifyitems keeps each kind together)."""
     if (
         _STOP_CLUSTER
         and item.get_closest_marker("cluster") is not None
         and (nextitem is None or nextitem.get_closest_marker("cluster") is None)
     ):
         _STOP_CLUSTER[0]()
+    if (
+        _STOP_RAY
+        and "ray_session" in item.fixturenames
+        and (nextitem is None or "ray_session" not in nextitem.fixturenames)
+    ):
+        _STOP_RAY[0]()
 
 
 @pytest.hookimpl(hookwrapper=True)
