@@ -1,12 +1,16 @@
 """Shared fixtures and the suite's scheduling rules (tests/README.md).
 
-- ``ray_session`` (session scope): the one embedded local Ray of a pytest
-  process; tests that use it are marked ``ray`` (``make test-quick`` skips
-  them). Never call ``ray.init``/``ray.shutdown`` in a test. Under
-  pytest-xdist they run in one group, ``ray``: one process starts the
-  embedded Ray, and its warm worker actors serve all of them (an embedded
-  Ray in each of the three processes cost its daemons' CPU three times,
-  and more new worker processes; see the Makefile's figures).
+- ``ray_session``: the embedded local Ray of a pytest process, started by
+  the first test that takes it and stopped after the last of a run of such
+  tests (started again if another comes later); tests that take it are
+  marked ``ray`` (``make test-quick`` skips them). Never call
+  ``ray.init``/``ray.shutdown`` in a test. Under pytest-xdist they run in
+  two groups, ``ray`` and ``ray2`` (split by module, about evenly in
+  time: ``RAY2_MODULES``): each group in one process, whose embedded Ray
+  and warm worker actors serve all of its tests. An embedded Ray in each of
+  the three processes cost its daemons' CPU three times and more new
+  worker processes; one group for all of them made its process the
+  suite's critical path (603 s of a 627 s run).
 - ``cluster`` (session scope): the one multi-node cluster (a head and worker
   nodes a, b, c, started one after the other) for every test marked
   ``cluster``. The cluster tests run first, together (those marked
@@ -75,6 +79,23 @@ needs_mnist = pytest.mark.skipif(
 
 SLOW_TIMEOUT_S = 900
 CLUSTER_TIMEOUT_S = 1200  # includes starting the cluster (session fixture)
+# The modules whose embedded-Ray tests form the second xdist group, ``ray2``
+# (the others' form ``ray``): about half the time of those tests each, as
+# measured in a whole run on 2 cores on 2026-12-03 (``ray2``: 296 s of the
+# 603; a new module's tests join ``ray``).
+RAY2_MODULES = frozenset(
+    {
+        "test_faults.py",  # the killed worker: about 100 s
+        "test_async_sim.py",
+        "test_fedeval.py",
+        "test_executors.py",
+        "test_plugin_edges.py",
+        "test_hooks.py",
+        "test_flower.py",
+        "test_links.py",
+        "test_gpu.py",
+    }
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -94,16 +115,18 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("cluster") is not None:
             item.add_marker(pytest.mark.xdist_group("cluster"))
         elif "ray_session" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+            second = item.path.name in RAY2_MODULES
+            item.add_marker(pytest.mark.xdist_group("ray2" if second else "ray"))
 
     # The cluster tests first and together (xdist starts their group first;
     # the cluster stops after the last one), those that kill cluster nodes
-    # last among them; then the tests of the embedded Ray; the rest keep
-    # their order (a stable sort).
-    def order(item) -> tuple[bool, bool, bool]:
+    # last among them; then the tests of the embedded Ray, each group
+    # together; the rest keep their order (a stable sort).
+    def order(item) -> tuple[bool, bool, bool, bool]:
         mark = item.get_closest_marker("cluster")
         in_ray = "ray_session" in getattr(item, "fixturenames", ())
-        return mark is None, bool(mark and mark.kwargs.get("kills_nodes")), not in_ray
+        kills = bool(mark and mark.kwargs.get("kills_nodes"))
+        return mark is None, kills, not in_ray, item.path.name in RAY2_MODULES
 
     items.sort(key=order)
 
@@ -132,30 +155,43 @@ def pytest_collection_finish(session):
         )
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    """One embedded local Ray for every test that needs it, with warm worker
-    actors (``fedsim.executors.warm_workers``): a run takes over the last
-    run's idle actors of the same shape instead of starting new processes
-    (about 3 s of CPU each: torch's import), with identical results. It
-    stops after this process's last test that takes it (the tests that do
-    run together: the ``ray`` group), not at the session's end."""
-    from fedsim.executors import warm_workers
-    from fedsim.ray_session import init_ray, shutdown_ray
+@pytest.fixture
+def ray_session() -> Iterator[None]:
+    """The embedded local Ray of this process, with warm worker actors
+    (``fedsim.executors.warm_workers``): a run takes over the last run's
+    idle actors of the same shape instead of starting new processes (about
+    3.5 s of CPU each: Python, Ray and torch), with identical results.
 
-    init_ray(num_cpus=2)
-    stack = ExitStack()
-    stack.callback(shutdown_ray)
-    stack.enter_context(warm_workers())
-    _STOP_RAY.append(stack.close)
-    try:
-        yield
-    finally:
-        stack.close()  # a second close does nothing
-        _STOP_RAY.clear()
+    Started by the first test that takes it and kept for the next; stopped
+    (:func:`pytest_runtest_teardown`) after a test whose next test in this
+    process does not take it. The tests that take it run together (the
+    ``ray`` and ``ray2`` groups), so a process usually starts it once; if
+    another comes later, it starts again."""
+    if not _EMBEDDED_RAY:
+        from fedsim.executors import warm_workers
+        from fedsim.ray_session import init_ray, shutdown_ray
+
+        init_ray(num_cpus=2)
+        stack = ExitStack()
+        stack.callback(shutdown_ray)
+        _EMBEDDED_RAY.append(stack)  # up: stopped from here on
+        stack.enter_context(warm_workers())
+    yield
 
 
-_STOP_RAY: list = []  # stops the session's embedded Ray, once it is started
+# This process's embedded Ray, while it is up: the ExitStack that stops it
+# (the warm pool's actors, then Ray).
+_EMBEDDED_RAY: list[ExitStack] = []
+
+
+def _stop_embedded_ray() -> None:
+    while _EMBEDDED_RAY:
+        _EMBEDDED_RAY.pop().close()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the embedded Ray if a test left it up (an interrupted run)."""
+    _stop_embedded_ray()
 
 
 @pytest.fixture(scope="session")
@@ -217,21 +253,20 @@ _STOP_CLUSTER: list = []  # stops the session's cluster, once it is started
 
 def pytest_runtest_teardown(item, nextitem):
     """Stop the cluster as soon as this process has run its last cluster test,
-    and the embedded Ray after its last test that takes ``ray_session``
-    (their Ray processes would otherwise idle on the cores until the end;
-    the order of pytest_collection_modifyitems keeps each kind together)."""
+    and the embedded Ray after a test that takes ``ray_session`` whose next
+    test does not (their Ray processes would otherwise idle on the cores
+    until the end; the order of pytest_collection_modifyitems and the xdist
+    groups keep each kind together)."""
     if (
         _STOP_CLUSTER
         and item.get_closest_marker("cluster") is not None
         and (nextitem is None or nextitem.get_closest_marker("cluster") is None)
     ):
         _STOP_CLUSTER[0]()
-    if (
-        _STOP_RAY
-        and "ray_session" in item.fixturenames
-        and (nextitem is None or "ray_session" not in nextitem.fixturenames)
+    if "ray_session" in item.fixturenames and (
+        nextitem is None or "ray_session" not in nextitem.fixturenames
     ):
-        _STOP_RAY[0]()
+        _stop_embedded_ray()
 
 
 @pytest.hookimpl(hookwrapper=True)
