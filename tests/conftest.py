@@ -81,11 +81,13 @@ SLOW_TIMEOUT_S = 900
 CLUSTER_TIMEOUT_S = 1200  # includes starting the cluster (session fixture)
 # The modules whose embedded-Ray tests form the second xdist group, ``ray2``
 # (the others' form ``ray``): about half the time of those tests each, as
-# measured in a whole run on 2 cores on 2026-12-03 (``ray2``: 296 s of the
-# 603; a new module's tests join ``ray``).
+# measured in whole runs on 2 cores on 2026-12-03 (one group: 603 s; then
+# ray 502 s and ray2 193 s, when test_warm_workers, 164 s of it, was in
+# ray; a new module's tests join ``ray``).
 RAY2_MODULES = frozenset(
     {
         "test_faults.py",  # the killed worker: about 100 s
+        "test_warm_workers.py",
         "test_async_sim.py",
         "test_fedeval.py",
         "test_executors.py",
