@@ -35,6 +35,13 @@ export RAY_USAGE_STATS_ENABLED := 0
 # below at 0.246 s), 622.6 s an hour earlier (loop 0.377 s), 670.2 s at
 # 9ab7515 (loop 0.344 s): at the 600 s line, moving with the machine's speed;
 # a clone without ../shared with `yes` pinned to one core: green in 1,068 s.
+# 2026-12-03 afternoon: sampling /proc showed Ray's processes were half the
+# CPU (an embedded Ray in each of the three processes, plus one that two
+# resumes started and kept), so the embedded-Ray tests became two groups of
+# their own (tests/conftest.py), the cluster batch a warm pool, and two
+# slow tests cheaper: 1,214 busy core-seconds to 944. Fresh clones, idle:
+# 592.6 s at 4aae6a8 (one ray group, the critical path; loop 0.251 s) and
+# 568.6 s at a2cdc1f (two groups; loop 0.427 s, the slowest hour yet).
 # This machine's speed drifts by up to 1.6x over a day (a fixed 3e6-iteration
 # Python loop took 0.31 to 0.53 s within an hour), so compare figures taken
 # together. pyproject's addopts print --durations=25 and give every test a
