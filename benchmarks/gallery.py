@@ -904,7 +904,9 @@ def compare_arms(
     paired_interval`); the winner is ahead when the interval lies above 0,
     behind when below, and neither when it holds 0. Otherwise (seeds not
     shared): the gap of the means against the larger of the two sample stds.
-    With one seed there is no spread, so no side is beyond it.
+    With one seed there is no spread, so no side is beyond it; where one arm
+    ran more seeds than the other, the lead given is that of the one seed
+    both ran (a mean over the other's extra seeds would not be paired).
 
     Args:
         s: :func:`summarize`'s summary.
@@ -936,6 +938,11 @@ def compare_arms(
             f"95% interval [{scale * iv.lo:.4g}, {scale * iv.hi:.4g}]"
         )
     if len(w) < 2 or len(ls) < 2:
+        if len(diffs) == 1:  # the one seed both ran: its own difference
+            return "within", (
+                f"one shared seed: {winner}'s lead {scale * diffs[0]:.4g}{unit}, "
+                "no spread"
+            )
         gap = sum(ls.values()) / max(len(ls), 1) - sum(w.values()) / max(len(w), 1)
         return "within", f"one seed: {winner}'s lead {scale * gap:.4g}{unit}, no spread"
     wm, ws, _ = _mean_std(list(w.values()))

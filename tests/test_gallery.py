@@ -142,7 +142,11 @@ def test_the_paired_interval_decides_where_the_stds_would_not():
     # unpaired (seed 1 of feddyn missing), the shared variation decides
     unpaired = [r for r in records if not (r["arm"] == "feddyn" and r["seed"] == 1)]
     s = gallery.summarize(claim, unpaired)
-    assert gallery.compare_arms(s, "accuracy", "feddc", "feddyn")[0] == "within"
+    side, evidence = gallery.compare_arms(s, "accuracy", "feddc", "feddyn")
+    # one seed shared: its own difference (81 - 80), not feddc's mean over
+    # both seeds against feddyn's one (86.05 - 80)
+    assert side == "within", evidence
+    assert evidence == "one shared seed: feddc's lead 1 points, no spread"
 
 
 def test_a_cut_claim_is_inconclusive_not_refuted():
@@ -165,7 +169,7 @@ def test_verdicts_on_the_objective_lower_is_better():
     v, why = _verdict(claim, _records(claim, bad, "objective"))
     assert v == "does not hold" and "fednova vs fedavg" in why
     v, why = _verdict(claim, _records(claim, one_seed, "objective"))
-    assert v == "inconclusive" and "one seed" in why
+    assert v == "inconclusive" and "one shared seed" in why
 
 
 def test_a_kept_section_is_rejudged_by_its_cut():
