@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedsim.data.base import FederatedData
-from fedsim.data.errors import DataError
 from fedsim.data.validation import take_rows
 
 if TYPE_CHECKING:
@@ -62,22 +61,15 @@ def split_heldout(data: FederatedData, fraction: float, seed: int) -> FederatedD
     Raises:
         DataError: no client has a row to hold out (naming the field).
     """
-    split = take_rows(data, fraction, seed, _TAG)
-    if len(split.taken) == 0:
-        raise DataError(
-            f"data.client_test_fraction {fraction} holds out no row of any client "
-            f"(the largest holds {int(data.n_samples.max(initial=0))}); raise it"
-        )
+    refusal = f"data.client_test_fraction {fraction} holds out no row of any client"
+    split = take_rows(data, fraction, seed, _TAG, refusal)
     # client i's held-out rows, as its training rows: by the old offsets
     held_offsets = np.searchsorted(split.taken, data.offsets).astype(np.int64)
+    held_x, held_y = split.taken_xy(data)
     return replace(
-        data,
-        x=np.ascontiguousarray(data.x[split.kept]),
-        y=np.ascontiguousarray(data.y[split.kept]),
-        offsets=split.offsets,
-        weights=split.weights,
-        heldout_x=np.ascontiguousarray(data.x[split.taken]),
-        heldout_y=np.ascontiguousarray(data.y[split.taken]),
+        split.kept_data(data),
+        heldout_x=held_x,
+        heldout_y=held_y,
         heldout_offsets=held_offsets,
     )
 

@@ -54,14 +54,39 @@ class RowSplit(NamedTuple):
     offsets: np.ndarray
     weights: np.ndarray
 
+    def kept_data(self, data: FederatedData) -> FederatedData:
+        """``data`` with only the kept rows for the clients to train on (its
+        rows, offsets and weights as the split leaves them)."""
+        return replace(
+            data,
+            x=np.ascontiguousarray(data.x[self.kept]),
+            y=np.ascontiguousarray(data.y[self.kept]),
+            offsets=self.offsets,
+            weights=self.weights,
+        )
 
-def take_rows(data: FederatedData, fraction: float, seed: int, tag: int) -> RowSplit:
+    def taken_xy(self, data: FederatedData) -> tuple[np.ndarray, np.ndarray]:
+        """The taken rows' inputs and labels, in row order."""
+        return (
+            np.ascontiguousarray(data.x[self.taken]),
+            np.ascontiguousarray(data.y[self.taken]),
+        )
+
+
+def take_rows(
+    data: FederatedData, fraction: float, seed: int, tag: int, refusal: str
+) -> RowSplit:
     """Choose ``floor(fraction n_i)`` random rows of each client i (at most
     n_i - 1, so every client keeps one), from the stream ``(seed, tag)``.
 
     The server's validation split and the clients' own held-out split both
     take rows this way, each with its own ``tag``, so neither moves the
     other's draws nor training's.
+
+    Raises:
+        DataError: no row is taken; the message is ``refusal`` (which names
+            the field and its value), the largest client's count, and what
+            to do.
     """
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), tag]))
     counts = data.n_samples
@@ -76,6 +101,10 @@ def take_rows(data: FederatedData, fraction: float, seed: int, tag: int) -> RowS
     weights = data.weights
     if np.array_equal(weights, counts.astype(weights.dtype)):
         weights = np.diff(offsets).astype(np.float64)
+    if len(taken_rows) == 0:
+        raise DataError(
+            f"{refusal} (the largest holds {int(counts.max(initial=0))}); raise it"
+        )
     return RowSplit(taken_rows, kept_rows, offsets, weights)
 
 
@@ -83,21 +112,10 @@ def split_validation(data: FederatedData, fraction: float, seed: int) -> Federat
     """Move ``floor(fraction n_i)`` random rows of each client i (at most
     n_i - 1), in order, to the server's validation set; weights that were the
     sample counts follow the new counts. :class:`DataError` if no row moves."""
-    split = take_rows(data, fraction, seed, _TAG)
-    if len(split.taken) == 0:
-        raise DataError(
-            f"data.validation_fraction {fraction} takes no row from any client "
-            f"(the largest holds {int(data.n_samples.max(initial=0))}); raise it"
-        )
-    return replace(
-        data,
-        x=np.ascontiguousarray(data.x[split.kept]),
-        y=np.ascontiguousarray(data.y[split.kept]),
-        offsets=split.offsets,
-        weights=split.weights,
-        val_x=np.ascontiguousarray(data.x[split.taken]),
-        val_y=np.ascontiguousarray(data.y[split.taken]),
-    )
+    refusal = f"data.validation_fraction {fraction} takes no row from any client"
+    split = take_rows(data, fraction, seed, _TAG, refusal)
+    val_x, val_y = split.taken_xy(data)
+    return replace(split.kept_data(data), val_x=val_x, val_y=val_y)
 
 
 def validation_use(algorithm: _Named, clients_per_round: int) -> str | None:
