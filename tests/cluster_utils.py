@@ -74,15 +74,30 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# Every port free_ports has handed out in this process. The probe sockets are
+# closed before Ray binds the ports, so the kernel may offer a just-released
+# port again to the next call: a head's dashboard port then came back as its
+# own node-manager port and ``ray start`` refused ("trying to use a port
+# number ... that is used by other components"; CI, 2026-12-03).
+_HANDED_OUT: set[int] = set()
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free on 127.0.0.1 right now."""
+    """``n`` distinct ports free on 127.0.0.1 right now, none of them handed
+    out before by this process (so the ports of one node, and of nodes started
+    one after another, never collide with each other)."""
     socks = []
+    ports: list[int] = []
     try:
-        for _ in range(n):
+        while len(ports) < n:
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            socks.append(s)  # held open: the kernel offers it to no one else
+            port = s.getsockname()[1]
+            if port not in _HANDED_OUT:
+                ports.append(port)
+        _HANDED_OUT.update(ports)
+        return ports
     finally:
         for s in socks:
             s.close()

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .cluster_utils import Cluster, base_env, is_loopback
+from .cluster_utils import Cluster, base_env, free_ports, is_loopback
 from .conftest import ROOT
 
 CLUSTER = ROOT / "cluster"
@@ -38,6 +38,15 @@ def _auth_env(env: dict[str, str]) -> list[str]:
 
 
 # --------------------------------------------------------------- the files
+
+
+def test_free_ports_never_hands_out_a_port_twice():
+    # The nodes' ports come from several calls, each probing with sockets it
+    # closes again; a port released by one call must not come back from the
+    # next (CI once gave a head the same port for its dashboard and its node
+    # manager, and `ray start` refused).
+    handed = [p for _ in range(40) for p in free_ports(3)]
+    assert len(set(handed)) == len(handed) == 120
 
 
 def test_runtime_env_excludes_results_and_venv():
