@@ -72,6 +72,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -1451,16 +1452,67 @@ def write_doc(doc: Path, sections: dict[str, str]) -> Path:
 def claim_seeds(claim: Claim, args: argparse.Namespace) -> int:
     """Seeds for ``claim``: ``--seeds``, else the claim's own count, else the
     default (tiny: 1)."""
-    if args.seeds:
+    if args.seeds is not None:
         return int(args.seeds)
     if args.tiny:
         return 1
     return claim.seeds or DEFAULT_SEEDS
 
 
+def _seed_count(text: str) -> int:
+    """``--seeds``: a whole number of seeds, at least 1 (0 once silently meant
+    the default, and a negative count gave a negative estimate)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of seeds, at least 1; got {text!r}"
+        )
+    return n
+
+
+def _writable_dir(path: Path) -> str | None:
+    """Why runs or pages cannot be written in the folder ``path``; None when
+    they can. The folder is created (the runs would create it anyway) and a
+    scratch file written and removed in it: permission bits alone do not
+    tell (root passes every ``os.access`` check, even under /proc). Checked
+    before any run, so a mistyped path costs no training."""
+    if path.exists() and not path.is_dir():
+        return f"{path} is a file"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        return f"cannot create or write in {path}: {e.strerror or e}"
+    return None
+
+
+def _check_paths(
+    p: argparse.ArgumentParser, args: argparse.Namespace, doc: Path
+) -> None:
+    """Refuse (exit 2, one line naming the option) an ``--out`` that is a file
+    or cannot be written, and a ``--doc`` that is a folder or whose folder
+    cannot be written (the page and its figures go there)."""
+    why = _writable_dir(args.out)
+    if why:
+        p.error(f"--out {args.out}: expected a writable folder for the runs; {why}")
+    if doc.is_dir():
+        p.error(f"--doc {doc}: expected a Markdown file, found a folder")
+    if doc.exists() and not os.access(doc, os.W_OK):
+        p.error(f"--doc {doc}: the page is not writable")  # (for other users)
+    why = _writable_dir(doc.parent)
+    if why:
+        p.error(f"--doc {doc}: the page and its figures go in its folder; {why}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (3; tiny 1)")
+    p.add_argument(
+        "--seeds", type=_seed_count, default=None, help="seeds 0..N-1 (3; tiny 1)"
+    )
     p.add_argument("--only", default="", help="claim names, comma-separated")
     p.add_argument("--tiny", action="store_true", help="2-round smoke variant")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "gallery")
@@ -1503,6 +1555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.estimate:
         return 0
     doc = args.doc or (args.out / "reproductions.md" if args.tiny else DOC)
+    _check_paths(p, args, doc)
     sections = {}
     for claim in claims:
         print(f"{claim.name}: {claim.title}", flush=True)

@@ -363,3 +363,42 @@ def test_tiny_feddc_fashion_mnist_runs_stop_at_the_target(tmp_path, monkeypatch)
     assert len(again) == 2 and sorted(none) == ["fedavg seed 1", "feddc seed 1"]
     v, _ = gallery.verdict(claim, gallery.summarize(claim, again), none)
     assert v.startswith("inconclusive (reduced: not run: ") and "fedavg seed 1" in v
+
+
+# ------------------------------------------------------------ bad arguments
+@pytest.mark.parametrize("seeds", ["0", "-2", "two"])
+def test_a_seed_count_below_one_is_refused(seeds, capsys):
+    # --seeds 0 once ran the default 3 seeds and --seeds -2 printed a
+    # negative estimate with exit 0
+    with pytest.raises(SystemExit) as e:
+        gallery.main(["--seeds", seeds, "--estimate"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"--seeds: expected a whole number of seeds, at least 1; got '{seeds}'" in err
+    )
+
+
+def test_out_and_doc_that_cannot_be_written_are_refused_before_any_run(
+    tmp_path, capsys
+):
+    # Prepare: a file where the runs' folder should be, a folder where the
+    # page should be, and a page under a file
+    a_file = tmp_path / "runs.txt"
+    a_file.write_text("x")
+    cases = [
+        (["--out", str(a_file)], f"--out {a_file}: expected a writable folder"),
+        (["--out", str(a_file / "sub")], "Not a directory"),
+        (["--doc", str(tmp_path)], f"--doc {tmp_path}: expected a Markdown file"),
+        (["--doc", str(a_file / "page.md")], "the page and its figures go in"),
+    ]
+    for argv, said in cases:
+        # Execute: the cheapest claim, which would otherwise train
+        with pytest.raises(SystemExit) as e:
+            gallery.main([*argv, "--only", "fedpns-fig6-bn2", "--tiny"])
+        # Check: exit 2, one line naming the option, before anything ran
+        assert e.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "fedpns-fig6-bn2").exists()
+    assert not list(tmp_path.rglob("*.json"))
