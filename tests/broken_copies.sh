@@ -19,6 +19,12 @@ ROOT=$PWD
 PY=${PY:-$ROOT/.venv/bin/python}
 WORK=$(mktemp -d /tmp/fedsim-broken-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
+# Each copy is $WORK/NAME, so its ../shared is $WORK/shared: point that at this
+# clone's ../shared, or the tests on the shared data (per_node) would skip on
+# the copy, and a skip is not a failure.
+if [ -d "$ROOT/../shared" ]; then
+  ln -s "$(cd "$ROOT/../shared" && pwd)" "$WORK/shared"
+fi
 failures=0
 
 # edit FILE OLD NEW: replace the one occurrence of OLD in FILE (in the copy).
@@ -47,13 +53,17 @@ case_() {
   fi
   local ids=() t
   for t in $tests; do ids+=("$copy/$t"); done
-  (cd "${cwd:-$copy}" && PYTHONPATH=$copy "$PY" -m pytest -q -x -p no:cacheprovider \
+  (cd "${cwd:-$copy}" && PYTHONPATH=$copy "$PY" -m pytest -q -x -rs -p no:cacheprovider \
     --rootdir "$copy" -c "$copy/pyproject.toml" -o addopts="" "${ids[@]}") \
     > "$WORK/$name.log" 2>&1
   local rc=$? why
   why=$(grep -m1 -E "^E  +[A-Za-z_.]*(Error|assert)" "$WORK/$name.log" | cut -c1-160)
   if [ "$rc" -eq 1 ]; then
     echo "$name: caught ($tests): $why"
+  elif grep -qE "^[0-9]+ skipped" "$WORK/$name.log"; then
+    # nothing ran: a skip would otherwise read as a test that passed
+    echo "$name: NOT RUN (its test skipped, $tests): $(grep -m1 SKIPPED "$WORK/$name.log")"
+    failures=$((failures + 1))
   else
     echo "$name: NOT CAUGHT (pytest exit $rc, $tests)"
     tail -5 "$WORK/$name.log"

@@ -187,6 +187,7 @@ def test_a_field_that_cannot_be_written_is_one_line(
 
 
 _MISBEHAVING = """
+import dataclasses
 import math
 from fedsim_example.blobs import Blobs
 from fedsim_example.tiny_mlp import TinyMLP
@@ -215,6 +216,19 @@ class Misstated(Blobs):
         return Blobs(features=7, classes=10, samples_per_client=20).build(
             num_clients, seed
         )
+
+
+class MoreClasses(Blobs):
+    def build(self, num_clients, seed):
+        return Blobs(features=4, classes=5, samples_per_client=20).build(
+            num_clients, seed
+        )
+
+
+class ShiftedLabels(Blobs):
+    def build(self, num_clients, seed):
+        data = super().build(num_clients, seed)
+        return dataclasses.replace(data, y=data.y + 1)
 """
 
 
@@ -251,6 +265,24 @@ def _run_here(tmp_path: Path, *sets: str):
             ],
             "data.dataset 'misbehaving:Misstated': info() stated samples of shape "
             "(4,), but build() returned x of shape",
+        ),
+        (
+            [
+                "data={dataset: 'misbehaving:MoreClasses', features: 4, classes: 3, "
+                "samples_per_client: 20}",
+                "model={name: 'fedsim_example.tiny_mlp:TinyMLP', hidden: 8}",
+            ],
+            "data.dataset 'misbehaving:MoreClasses': info() stated 3 classes, but "
+            "build() returned num_classes=5",
+        ),
+        (
+            [
+                "data={dataset: 'misbehaving:ShiftedLabels', features: 4, "
+                "classes: 3, samples_per_client: 20}",
+                "model={name: 'fedsim_example.tiny_mlp:TinyMLP', hidden: 8}",
+            ],
+            "data.dataset 'misbehaving:ShiftedLabels': build() returned labels "
+            "from 0 to 3, expected 0 to 2 (num_classes=3)",  # the test set kept 0
         ),
     ],
 )
