@@ -48,6 +48,8 @@ class RunFacts:
         server_home: ``resources.server.home``: where the server runs
             (``driver`` or ``actor``).
         checkpoint_every: ``checkpoint.every_rounds`` (0: no checkpoints).
+        federated_every: ``eval.federated_every`` (0: no federated
+            evaluation, so ``aggregate_evaluation`` is never called).
     """
 
     seed: int
@@ -62,6 +64,7 @@ class RunFacts:
     model: Model
     server_home: str = "driver"
     checkpoint_every: int = 0
+    federated_every: int = 0
 
     @property
     def elem_bytes(self) -> int:

@@ -272,6 +272,7 @@ class Scenario(Spec):
             model=self.model,
             server_home=self.resources.server.home,
             checkpoint_every=self.checkpoint.every_rounds,
+            federated_every=self.eval.federated_every,
         )
 
 

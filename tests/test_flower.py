@@ -453,21 +453,98 @@ def test_the_strategy_s_aggregated_metrics_are_rounds_parquet_columns(tmp_path):
 
 
 class EvaluatesItself(FedAvg):
+    """Its own federated evaluation: the worst client's accuracy and how many
+    replied; it also writes into itself, which must not last."""
+
     def aggregate_evaluate(self, server_round, replies):
-        return None
+        from flwr.app import MetricRecord
+
+        replies = list(replies)
+        self.evaluated = getattr(self, "evaluated", 0) + 1
+        accs = [float(m.content["metrics"]["eval_acc"]) for m in replies]
+        return MetricRecord({"worst_acc": min(accs), "replies": len(replies)})
+
+
+FEDERATED = ("data.client_test_fraction=0.2", "eval.federated_every=1")
 
 
 def test_a_strategy_s_own_federated_evaluation_is_named_as_not_run():
-    from fedsim.scenario import ScenarioWarning
-
-    with pytest.warns(ScenarioWarning, match="defines aggregate_evaluate, which "
-                      "fedsim does not call"):  # fmt: skip
-        quick(flower("tests.test_flower:EvaluatesItself"))
     import warnings
 
+    from fedsim.scenario import ScenarioWarning
+
+    # without federated evaluation the strategy's own rule is never called
+    with pytest.warns(ScenarioWarning, match="defines aggregate_evaluate, which "
+                      "fedsim calls only with federated evaluation"):  # fmt: skip
+        quick(flower("tests.test_flower:EvaluatesItself"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", ScenarioWarning)
         quick(flower("FedAvg"))  # Flower's own: nothing to say
+        # with federated evaluation it is called: nothing to say either
+        quick(flower("tests.test_flower:EvaluatesItself"), *FEDERATED)
+
+
+def evaluations(*accuracies: float):
+    """Client i: i + 1 held-out rows, loss 2 - accuracy."""
+    from fedsim.algorithms.base import ClientEvaluation
+
+    return [ClientEvaluation(i, i + 1, 2.0 - a, a) for i, a in enumerate(accuracies)]
+
+
+def evaluating(strategy: str, options: str = "{}") -> Flower:
+    """The scenario's Flower algorithm after ``init``, as a run holds it."""
+    alg = quick(flower(strategy, options), *FEDERATED).algorithm
+    alg.init(torch.zeros(3), 4)
+    return alg
+
+
+def test_federated_evaluation_by_hand_through_flower_s_fedavg():
+    # Prepare: weights 1, 2, 3, 4; accuracies 0, 1, 0.5, 0.25
+    results = evaluations(0.0, 1.0, 0.5, 0.25)
+    # Execute
+    out = evaluating("FedAvg").aggregate_evaluation(results, 0)
+    # Assert: Flower's weighted average by num-examples, by hand:
+    # accuracy (0 + 2 + 1.5 + 1) / 10 = 0.45, loss 2 - 0.45 = 1.55; the
+    # quickstart's eval_loss and eval_acc named as fedsim's own columns
+    assert out == pytest.approx({"loss": 1.55, "accuracy": 0.45}, rel=1e-12)
+
+
+def test_the_strategy_s_own_rule_runs_on_a_copy_and_samples_by_the_round():
+    # Prepare
+    results = evaluations(0.0, 1.0, 0.5, 0.25)
+    alg = evaluating("tests.test_flower:EvaluatesItself")
+    # Execute: every evaluator replies (fraction_evaluate 1.0, the default)
+    out = alg.aggregate_evaluation(results, 0)
+    # Assert: its own columns; what it wrote into itself is dropped
+    assert out == {"worst_acc": 0.0, "replies": 4.0}
+    assert not hasattr(alg.current(), "evaluated")
+    # Execute: fraction_evaluate 0.5 samples 2 of the 4, seeded by the round
+    half = evaluating("tests.test_flower:EvaluatesItself", "{fraction_evaluate: 0.5}")
+    picks = [half.aggregate_evaluation(results, t)["worst_acc"] for t in range(8)]
+    again = [half.aggregate_evaluation(results, t)["worst_acc"] for t in range(8)]
+    # Assert: 2 replies, the same pick again, not always the same pick
+    assert half.aggregate_evaluation(results, 0)["replies"] == 2.0
+    assert picks == again and len(set(picks)) > 1
+    # fewer evaluators than the strategy's minimum: Flower would wait, no column
+    needy = evaluating("FedAvg", "{min_evaluate_nodes: 5}")
+    assert needy.aggregate_evaluation(results, 0) == {}
+
+
+def test_federated_evaluation_in_a_run_equals_fedsim_s_own_rule(tmp_path):
+    import pyarrow.parquet as pq
+
+    # Execute: the same run with fedsim's FedAvg and Flower's
+    ours = run_scenario(quick("{name: fedavg}", *FEDERATED, rounds=2))
+    theirs = run_scenario(
+        quick(flower("FedAvg"), *FEDERATED, rounds=2), run_dir=tmp_path
+    )
+    # Assert: the columns fedsim's rule writes, from Flower's aggregate_evaluate,
+    # equal within the models' float rounding (module docstring)
+    rows = pq.read_table(tmp_path / "rounds.parquet").to_pylist()
+    for a, b in zip(ours.rows, rows, strict=True):
+        assert a["fed_accuracy"] == pytest.approx(b["fed_accuracy"], abs=1e-6)
+        assert a["fed_loss"] == pytest.approx(b["fed_loss"], abs=1e-6)
+    assert [r["fed_loss"] for r in rows] == [r["fed_loss"] for r in theirs.rows]
 
 
 def test_error_replies_carry_the_clock_s_reasons_in_a_run():

@@ -42,6 +42,10 @@ docs/flower.md is the user's page; what a round does:
 5. **Aggregation.** ``aggregate_train``; its ``ArrayRecord`` becomes x and
    its ``MetricRecord`` the round's plug-in metrics (rounds.parquet columns
    ``alg_<key>``, :func:`plugin_metrics`).
+6. **Federated evaluation** (rounds with ``eval.federated_every``; fedsim's
+   runtime has the chosen clients evaluate x on their held-out rows):
+   ``configure_evaluate`` picks among those clients and ``aggregate_evaluate``
+   aggregates their replies (:meth:`Flower.aggregate_evaluation`).
 
 State and checkpoints: the strategy object lives in the driver process (a
 cache, :class:`_Live`), and after every round the adapter writes what it
@@ -57,16 +61,18 @@ Not supported, refused when the scenario loads: ``round.policy: async``
 (Flower's API is a synchronous round: ``configure_train`` then
 ``aggregate_train`` of that round's replies; docs/flower.md says why
 FedBuff's buffer cannot drive it), and ``resources.server.home: actor`` (the
-strategy object lives in the driver). Federated evaluation
-(``configure_evaluate``, ``aggregate_evaluate``) is not run: fedsim
-evaluates the global model on the server's test set (what Flower's
-centralised ``evaluate_fn`` does); a user's strategy that defines either
-gets a warning when the scenario loads.
+strategy object lives in the driver). Without federated evaluation
+(``eval.federated_every: 0``, the default) ``configure_evaluate`` and
+``aggregate_evaluate`` are not called: fedsim evaluates the global model on
+the server's test set (what Flower's centralised ``evaluate_fn`` does), and
+a user's strategy that defines either gets a warning when the scenario
+loads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import inspect
 import json
@@ -399,6 +405,9 @@ class _Live:
 
     strategy: Strategy
     token: torch.Tensor
+    # the global model after the last server step: what federated
+    # evaluation's messages carry (None before a round ran here)
+    x: torch.Tensor | None = None
     layout: Layout | None = None
     round: int = -1  # the round whose messages are pending
     pending: dict[int, Message] = field(default_factory=dict)  # client -> message
@@ -465,19 +474,23 @@ class Flower(base.Algorithm):
     def check(self, facts: RunFacts) -> list[Problem]:
         """Refuses asynchronous rounds, a server actor, and a strategy whose
         state cannot be checkpointed when checkpoints are on; warns that a
-        strategy's own federated evaluation is not run. Keeps the
+        strategy's own federated evaluation is not run when the scenario has
+        none (``eval.federated_every: 0``). Keeps the
         scenario's ``client`` section: a config ``lr`` is honoured against
         it (:func:`client_configs`)."""
         object.__setattr__(self, "_client", facts.client)
+        object.__setattr__(self, "_seed", facts.seed)  # configure_evaluate's
         found = []
         own = _own_evaluation(strategy_class(self.strategy))
-        if own:
+        if own and not facts.federated_every:
             found.append(
                 Problem(
                     f"algorithm.strategy {self.strategy!r} defines "
-                    f"{' and '.join(own)}, which fedsim does not call: it "
-                    "evaluates the global model on the server's test set "
-                    "(eval.every_rounds); docs/flower.md says why",
+                    f"{' and '.join(own)}, which fedsim calls only with "
+                    "federated evaluation (eval.federated_every and "
+                    "data.client_test_fraction); without it fedsim evaluates "
+                    "the global model on the server's test set "
+                    '(eval.every_rounds); docs/flower.md, "Evaluation"',
                     warning=True,
                 )
             )
@@ -521,7 +534,7 @@ class Flower(base.Algorithm):
     def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
         live = self.build()
         blob = self._export(live)
-        object.__setattr__(self, "_live", _Live(live, blob))
+        object.__setattr__(self, "_live", _Live(live, blob, x=x0.clone()))
         return {"x": x0.clone(), "flwr_state": blob, "flwr_round": _count(0)}
 
     def payload(self, state: base.ServerState) -> dict[str, torch.Tensor]:
@@ -557,7 +570,7 @@ class Flower(base.Algorithm):
         if live is None or live.token is not state["flwr_state"]:
             strategy = self.build()
             decode_state(strategy, state["flwr_state"])
-            live = _Live(strategy, state["flwr_state"])
+            live = _Live(strategy, state["flwr_state"], x=state["x"])
             object.__setattr__(self, "_live", live)
         return live
 
@@ -598,17 +611,7 @@ class Flower(base.Algorithm):
             msgs = list(
                 strategy.configure_train(t + 1, arrays, app.ConfigRecord(), grid)
             )
-        allowed = {int(i) for i in nodes}
-        for m in msgs:
-            c = int(m.metadata.dst_node_id) - NODE_BASE
-            if c not in allowed or c in live.pending:
-                raise FlowerError(
-                    f"round {t}: {type(strategy).__name__}.configure_train sent "
-                    f"{'a second message' if c in live.pending else 'a message'} "
-                    f"to node {m.metadata.dst_node_id}, "
-                    f"{'twice' if c in live.pending else 'not in the grid'}"
-                )
-            live.pending[c] = m
+        live.pending = _by_client(msgs, nodes, t, strategy, "configure_train")
         live.shared, live.own = client_configs(
             {c: live.pending[c] for c in sorted(live.pending)},
             t,
@@ -625,6 +628,7 @@ class Flower(base.Algorithm):
         live = self.live(state)
         server = ctx.server
         if not updates and not live.pending:
+            live.x = state["x"]
             return state, base.empty_info()  # nobody was messaged
         app = flwr()
         if live.layout is None:
@@ -654,11 +658,82 @@ class Flower(base.Algorithm):
         new_x = x if arrays is None else _flat(arrays, live.layout, x)
         blob = self._export(strategy)
         live.token, live.round, live.pending = blob, -1, {}
-        live.shared, live.own = {}, {}
+        live.shared, live.own, live.x = {}, {}, new_x
         state = {"x": new_x, "flwr_state": blob, "flwr_round": _count(t + 1)}
         info = _meter([by[c] for c in sorted(by) if c in by])
         named = plugin_metrics(metrics, t)
         return state, replace(info, metrics=named) if named else info
+
+    def aggregate_evaluation(
+        self, results: Sequence[base.ClientEvaluation], round: int
+    ) -> Mapping[str, float]:
+        """Federated evaluation through the strategy's own
+        ``configure_evaluate`` and ``aggregate_evaluate`` (docs/flower.md,
+        "Evaluation").
+
+        fedsim chose the evaluating clients (all with held-out rows, or
+        ``eval.federated_clients`` of them) and they have evaluated the
+        model of this round's step. ``configure_evaluate`` gets a grid of just
+        those nodes, with Python's and NumPy's generators seeded by the round
+        (its ``fraction_evaluate`` samples among them); each node it messaged
+        replies what Flower's quickstart ClientApp sends: a ``MetricRecord``
+        of ``eval_loss``, ``eval_acc`` (left out for targets without classes)
+        and ``num-examples`` (its held-out rows). The ``MetricRecord``
+        ``aggregate_evaluate`` returns gives the columns: ``eval_loss`` and
+        ``eval_acc`` as ``fed_loss`` and ``fed_accuracy`` (the names fedsim's
+        own rule writes and the report draws), another key as ``fed_<key>``
+        (named as :func:`plugin_metrics` names). None, or fewer evaluating
+        clients than the strategy's ``min_available_nodes`` or
+        ``min_evaluate_nodes`` (Flower would wait for nodes), gives no column.
+
+        Both calls run on a copy of the strategy as this round's
+        ``aggregate_train`` left it, so what they change in it is dropped:
+        the checkpointed state, and so a resumed run, never depend on
+        evaluation. A pure function of (results, round, the strategy's
+        state).
+
+        Args:
+            results: the clients' evaluations, in ascending client id.
+            round: the 0-based round (Flower's ``server_round`` is round + 1).
+
+        Raises:
+            FlowerError: ``configure_evaluate`` messaged a node that is not
+                evaluating, or one node twice; the strategy cannot be
+                copied; two keys of the record give one column.
+        """
+        app = flwr()
+        live = getattr(self, "_live", None)
+        try:  # outside a run (a contract check): a fresh strategy
+            strategy = self.build() if live is None else copy.deepcopy(live.strategy)
+        except Exception as exc:  # deepcopy raises what the attribute raises
+            raise FlowerError(
+                f"algorithm.strategy {self.strategy!r}: federated evaluation "
+                f"runs on a copy of the strategy, and copying it raised {exc!r}"
+            ) from None
+        by = {r.client: r for r in results}
+        need = max([1, *(int(getattr(strategy, k, 1) or 1) for k in _MIN_NODES[::2])])
+        if len(by) < need:
+            return {}
+        x = live.x if live is not None and live.x is not None else torch.zeros(0)
+        layout = live.layout if live is not None and live.layout else None
+        arrays = _arrays(app, x, layout or _layout_of(None, x))
+        grid = make_grid([c + NODE_BASE for c in sorted(by)])
+        rng = _evaluation_rng(getattr(self, "_seed", 0), round)
+        with _seeded(rng), _as_node(1):
+            msgs = list(
+                strategy.configure_evaluate(round + 1, arrays, app.ConfigRecord(), grid)
+            )
+        sent = _by_client(msgs, sorted(by), round, strategy, "configure_evaluate")
+        replies = []
+        for c in sorted(sent):
+            with _as_node(c + NODE_BASE):
+                content = _evaluation_reply(app, by[c])
+                replies.append(app.Message(content, reply_to=sent[c]))
+        with _as_node(1):
+            metrics = strategy.aggregate_evaluate(round + 1, replies)
+        return plugin_metrics(
+            metrics, round, "aggregate_evaluate", "fed_", _FROM_QUICKSTART
+        )
 
     def _export(self, strategy: Strategy) -> torch.Tensor:
         """The strategy's state as ``flwr_state`` (a fresh tensor: the token).
@@ -945,12 +1020,26 @@ def _lr_blocked(client: ClientSpec) -> str:
     return ""
 
 
-def plugin_metrics(metrics: MetricRecord | None, t: int) -> dict[str, float]:
-    """The strategy's aggregated ``MetricRecord`` (from ``aggregate_train``)
-    as plug-in metrics, rounds.parquet columns ``alg_<name>``: a key's
+def plugin_metrics(
+    metrics: MetricRecord | None,
+    t: int,
+    hook: str = "aggregate_train",
+    prefix: str = "alg_",
+    renamed: Mapping[str, str] | None = None,
+) -> dict[str, float]:
+    """The strategy's aggregated ``MetricRecord`` (from ``aggregate_train``:
+    plug-in metrics, rounds.parquet columns ``alg_<name>``; from
+    ``aggregate_evaluate``: ``fed_<name>``) as named scalars: a key's
     characters other than letters, digits and ``_`` become ``_``
     (``num-examples``: ``alg_num_examples``), a leading digit gets ``m_``,
     and a list value gives one column per element (``<name>_0``, ...).
+
+    Args:
+        metrics: the record (None: no columns).
+        t: the 0-based round, for messages.
+        hook: the strategy method that returned it, for messages.
+        prefix: the columns' prefix, for messages (the runtime adds it).
+        renamed: keys given another name first (``eval_acc``: ``accuracy``).
 
     Raises:
         FlowerError: two keys give one column name.
@@ -960,12 +1049,12 @@ def plugin_metrics(metrics: MetricRecord | None, t: int) -> dict[str, float]:
     out: dict[str, float] = {}
     seen: dict[str, str] = {}
     for key, value in metrics.items():
-        for name, x in _entries(key, value):
+        for name, x in _entries((renamed or {}).get(key, key), value):
             col = _column(name)
             if col in seen:
                 raise FlowerError(
-                    f"round {t}: aggregate_train's MetricRecord has {seen[col]!r} "
-                    f"and {name!r}, which both become the column alg_{col}"
+                    f"round {t}: {hook}'s MetricRecord has {seen[col]!r} "
+                    f"and {name!r}, which both become the column {prefix}{col}"
                 )
             seen[col] = name
             out[col] = float(x)
@@ -1032,6 +1121,60 @@ def _count(t: int) -> torch.Tensor:
 def _rng(t: int) -> np.random.Generator:
     """A fixed stream for a round aggregated without a selection (tests)."""
     return np.random.default_rng(np.random.SeedSequence([0xF10, t]))
+
+
+def _evaluation_rng(seed: int, t: int) -> np.random.Generator:
+    """``configure_evaluate``'s stream in round ``t`` of a run with ``seed``:
+    its own (a tag no other stream uses), so sampling evaluators moves no
+    stream the training reads, and a resumed run draws the same."""
+    return np.random.default_rng(np.random.SeedSequence([0xF10, 0xE7A1, seed, t]))
+
+
+# aggregate_evaluate's keys that name fedsim's own federated columns: the
+# record of Flower's quickstart ClientApp (eval_loss, eval_acc) becomes
+# fed_loss and fed_accuracy, as fedsim's own rule writes them
+_FROM_QUICKSTART = {"eval_loss": "loss", "eval_acc": "accuracy"}
+
+
+def _by_client(
+    msgs: Sequence[Message],
+    nodes: Sequence[int],
+    t: int,
+    strategy: Strategy,
+    hook: str,
+) -> dict[int, Message]:
+    """``hook``'s messages by client id (node - :data:`NODE_BASE`).
+
+    Raises:
+        FlowerError: a message to a node not among ``nodes`` (client ids),
+            or a second message to one node.
+    """
+    allowed = {int(i) for i in nodes}
+    out: dict[int, Message] = {}
+    for m in msgs:
+        c = int(m.metadata.dst_node_id) - NODE_BASE
+        if c not in allowed or c in out:
+            raise FlowerError(
+                f"round {t}: {type(strategy).__name__}.{hook} sent "
+                f"{'a second message' if c in out else 'a message'} "
+                f"to node {m.metadata.dst_node_id}, "
+                f"{'twice' if c in out else 'not in the grid'}"
+            )
+        out[c] = m
+    return out
+
+
+def _evaluation_reply(app: ModuleType, r: base.ClientEvaluation) -> RecordDict:
+    """A client's evaluation reply, as Flower's quickstart ClientApp sends it:
+    ``eval_loss``, ``eval_acc`` (left out when NaN: targets without classes)
+    and ``num-examples``."""
+    values: dict[str, float | int] = {
+        "eval_loss": float(r.loss),
+        "num-examples": int(r.n_samples),
+    }
+    if r.accuracy == r.accuracy:  # not NaN
+        values["eval_acc"] = float(r.accuracy)
+    return app.RecordDict({"metrics": app.MetricRecord(values)})
 
 
 def _layout(server: base.ServerContext | None, x: torch.Tensor) -> Layout:
