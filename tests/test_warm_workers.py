@@ -145,7 +145,15 @@ def test_a_server_actor_is_taken_over_and_set_up_for_the_new_run(ray_session):
     from fedsim.server_actor import RemoteServer
 
     release_parked()
-    actor = ["resources.server.home=actor", "resources.server.cpus=0"]
+    # A server with cpus: 0 is placed at once; what the first call waits for
+    # is its worker process starting (Python, torch, the data), which took
+    # over the default 60 s on a machine loaded beyond its 2 cores: this
+    # test is about the takeover, so it waits longer.
+    actor = [
+        "resources.server.home=actor",
+        "resources.server.cpus=0",
+        "resources.placement_timeout_s=300",
+    ]
     sc1, data1, _, _ = _setup(*actor, "model={name: mlp, hidden: [16]}")
     s1 = RemoteServer(run_setup(sc1).server, sc1.resources, data1, None, 1)
     handle = s1.actor
