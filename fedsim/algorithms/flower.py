@@ -674,8 +674,9 @@ class Flower(base.Algorithm):
         fedsim chose the evaluating clients (all with held-out rows, or
         ``eval.federated_clients`` of them) and they have evaluated the
         model of this round's step. ``configure_evaluate`` gets a grid of just
-        those nodes, with Python's and NumPy's generators seeded by the round
-        (its ``fraction_evaluate`` samples among them); each node it messaged
+        those nodes, with Python's and NumPy's generators seeded by the run's
+        seed and the round, from a stream of its own (its
+        ``fraction_evaluate`` samples among them); each node it messaged
         replies what Flower's quickstart ClientApp sends: a ``MetricRecord``
         of ``eval_loss``, ``eval_acc`` (left out for targets without classes)
         and ``num-examples`` (its held-out rows). The ``MetricRecord``
