@@ -56,7 +56,9 @@ RUN_COLUMNS = schema(
     (F64, "final_accuracy best_accuracy"),
 )
 COMPARE_SCHEMA = schema(
-    (F64, "final_test_loss final_train_loss final_objective"),
+    # final_fed_accuracy: federated evaluation's last fed_accuracy (NaN
+    # without eval.federated_every)
+    (F64, "final_test_loss final_train_loss final_objective final_fed_accuracy"),
     (I64, "rounds_to_target"),
     (F64, "time_to_target_s sim_time_s"),
     (I64, "bytes_down bytes_up bytes_up_to_target"),
@@ -386,6 +388,8 @@ def run_one(
     chi2 = [x for x in _column(rows, "chi2_pw") if math.isfinite(x)]
     losses = [x for x in _column(rows, "train_loss") if math.isfinite(x)]
     objective = _points(rows, "round", "train_objective")  # F(x), where on
+    # federated evaluation's accuracy, in the rounds that had one
+    fed = _points(rows, "round", "fed_accuracy")
     last_loss = number(rows[-1]["test_loss"], "test_loss") if rows else 0.0
     diverged = result.status == "diverged" or not math.isfinite(last_loss)
     out = {
@@ -395,6 +399,7 @@ def run_one(
         "final_test_loss": nullable(summary["final_test_loss"]),
         "final_train_loss": losses[-1] if losses else math.nan,
         "final_objective": objective[-1][1] if objective else math.nan,
+        "final_fed_accuracy": fed[-1][1] if fed else math.nan,
         "rounds_to_target": None if hit is None else whole(hit["round"]) + 1,
         "time_to_target_s": None if hit is None else number(hit["sim_time"]),
         "sim_time_s": float(summary["sim_time_s"]),
@@ -540,6 +545,9 @@ class PairedMetric:
 PAIRED_METRICS = (
     PairedMetric("final_accuracy", "final accuracy", True, 100.0, "points"),
     PairedMetric("final_objective", "training objective F(x)", False),
+    PairedMetric(
+        "final_fed_accuracy", "final federated accuracy", True, 100.0, "points"
+    ),
     PairedMetric("rounds_to_target", "rounds to target", False, unit="rounds"),
     PairedMetric("time_to_target_s", "simulated time to target", False, unit="s"),
 )
@@ -708,7 +716,8 @@ def summarize_runs(
     """
     table = []
     keys = """final_accuracy best_accuracy final_test_loss final_train_loss sim_time_s
-    mean_chi2_pw rounds_to_target time_to_target_s bytes_up_to_target"""  # None: missed
+    mean_chi2_pw rounds_to_target time_to_target_s bytes_up_to_target
+    final_fed_accuracy"""  # None: missed
     for label in dict.fromkeys(r["algorithm"] for r in runs):
         rs = [r for r in runs if r["algorithm"] == label]
         traffic = [whole(r["bytes_down"]) + whole(r["bytes_up"]) for r in rs]
@@ -752,6 +761,9 @@ def _bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+_FED = "final_fed_accuracy"
+
+
 def format_markdown(
     table: Sequence[Row],
     title: str,
@@ -767,17 +779,21 @@ def format_markdown(
     Returns:
         compare.md's text: "-" where no seed has a value, "not reached"
         where no seed reached the target, "(k/n reached)" where some did.
+        With federated evaluation (some arm has ``final_fed_accuracy``) a
+        column "final fed acc %" follows "best acc %".
     """
     target = next((r["target_accuracy"] for r in table), None)
     target = None if target is None else number(target, "target_accuracy")
     lines = [f"# {title}", "", *(f"- {n}" for n in notes), *([""] if notes else [])]
     t_head = f"to {target * 100:g}%" if target is not None else "to target"
+    fed = any(_ge(r.get("final_fed_accuracy"), -math.inf) for r in table)
     lines.append(
-        "| algorithm | seeds | final acc % | best acc % | final test loss "
+        "| algorithm | seeds | final acc % | best acc % "
+        f"{'| final fed acc % ' if fed else ''}| final test loss "
         f"| rounds {t_head} | sim time {t_head} (s) | uploaded {t_head} "
         "| bytes / run | uploaded / run | diverged |"
     )
-    lines.append("|---" * 11 + "|")
+    lines.append("|---" * (12 if fed else 11) + "|")
     for r in table:
         n, k = r["seeds"], r["reached_target"]
         rounds = time_s = up_t = "-"
@@ -792,6 +808,7 @@ def format_markdown(
             f"| {r['algorithm']}{' (async)' if r['mode'] == 'async' else ''} | {n} "
             f"| {_pm_of(r, 'final_accuracy', 100)} "
             f"| {_pm_of(r, 'best_accuracy', 100)} "
+            f"{f'| {_pm_of(r, _FED, 100)} ' if fed else ''}"
             f"| {_pm_of(r, 'final_test_loss', digits=4)} "
             f"| {rounds} | {time_s} | {up_t} | {_bytes(number(r['bytes_per_run']))} "
             f"| {_bytes(number(r['bytes_up_per_run']))} | {r['diverged']}/{n} |"

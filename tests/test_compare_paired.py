@@ -107,3 +107,38 @@ def test_compare_on_quickstart_prints_and_stores_the_paired_intervals(tmp_path):
     assert row["verdict"] == want.verdict
     assert any(d != 0 for d in diffs)  # the arms did differ
     assert_figure(out / "paired.png")
+
+
+def test_compare_carries_federated_evaluation_s_final_accuracy():
+    from fedsim.compare import format_markdown, run_one, summarize_runs
+
+    # Prepare: the tiny scenario with federated evaluation every 2 rounds
+    # (rounds 1 and 3 of 4, the last one always)
+    tiny = SCENARIOS / "ci" / "tiny-synthetic.yaml"
+    fed = ["rounds=4", "data.client_test_fraction=0.25", "eval.federated_every=2"]
+    # Execute: two arms, two seeds; and one run without federated evaluation
+    runs, last = [], {}
+    for label in ("fedavg", "fedprox"):
+        for seed in (0, 1):
+            row, rounds = run_one(tiny, label, seed, fed)
+            runs.append(row)
+            evaluated = [r for r in rounds if r.get("fed_accuracy") is not None]
+            last[label, seed] = evaluated[-1]["fed_accuracy"]
+            assert [r["round"] for r in evaluated] == [1, 3]
+    plain, _ = run_one(tiny, "fedavg", 0, fed[:2])
+    # Assert: each run's row holds its last federated accuracy
+    for r in runs:
+        assert r["final_fed_accuracy"] == last[r["algorithm"], r["seed"]]
+    assert math.isnan(plain["final_fed_accuracy"])
+    # the table shows it beside the central accuracy, only when present
+    table = summarize_runs(runs)
+    text = format_markdown(table, "t")
+    mean = (last["fedavg", 0] + last["fedavg", 1]) / 2
+    assert "| best acc % | final fed acc % | final test loss |" in text
+    assert f"| {mean * 100:.2f} ± " in text.split("| fedavg |")[1].split("\n")[0]
+    assert "final fed acc" not in format_markdown(summarize_runs([plain]), "t")
+    # and the paired table compares the arms on it
+    paired = paired_table(runs, "fedavg")
+    row = next(r for r in paired if r["metric"] == "final_fed_accuracy")
+    diffs = [last["fedprox", s] - last["fedavg", s] for s in (0, 1)]
+    assert row["seeds"] == 2 and row["mean"] == pytest.approx(sum(diffs) / 2)
