@@ -65,6 +65,8 @@ COMPARE_SCHEMA = schema(
     (F64, "mean_chi2_pw wall_time_s"),
     base=RUN_COLUMNS,
 )
+# the column federated evaluation adds (NaN in runs without it)
+_FED = "final_fed_accuracy"
 
 
 def split_algorithms(text: str) -> list[str]:
@@ -716,8 +718,7 @@ def summarize_runs(
     """
     table = []
     keys = """final_accuracy best_accuracy final_test_loss final_train_loss sim_time_s
-    mean_chi2_pw rounds_to_target time_to_target_s bytes_up_to_target
-    final_fed_accuracy"""  # None: missed
+    mean_chi2_pw rounds_to_target time_to_target_s bytes_up_to_target"""  # None: missed
     for label in dict.fromkeys(r["algorithm"] for r in runs):
         rs = [r for r in runs if r["algorithm"] == label]
         traffic = [whole(r["bytes_down"]) + whole(r["bytes_up"]) for r in rs]
@@ -727,6 +728,8 @@ def summarize_runs(
                 "mode": rs[0].get("mode", "sync"),
                 "seeds": len(rs),
                 **_spread(rs, keys, "_std"),
+                # rows made before the column (or by hand) may lack it: NaN
+                **_spread([{_FED: r.get(_FED)} for r in rs], _FED, "_std"),
                 "reached_target": sum(r["rounds_to_target"] is not None for r in rs),
                 "bytes_per_run": float(np.mean(traffic)),
                 "bytes_up_per_run": float(np.mean(_column(rs, "bytes_up"))),
@@ -759,9 +762,6 @@ def _bytes(n: float) -> str:
         if n >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n:.0f} B"
-
-
-_FED = "final_fed_accuracy"
 
 
 def format_markdown(
