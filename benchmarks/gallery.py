@@ -1093,6 +1093,10 @@ def claim_table(claim: Claim, s: dict[str, Any]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for arm in claim.arms:
         a = s["arms"][arm.name]
+        if not a["seeds"]:  # no run of it yet: not a miss
+            cells = [arm.name, "0", "not run"] + ["-"] * (len(head) - 3)
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
         cells = [arm.name, str(a["seeds"]), _pm(a["accuracy"], 100)]
         if "objective" in claim.metrics:
             cells.append(_pm(a["objective"], digits=4))
@@ -1233,7 +1237,9 @@ def _winner_text(claim: Claim, s: dict[str, Any]) -> str:
     parts = []
     for arm in claim.arms:
         a = s["arms"][arm.name]
-        if "target" in claim.metrics:
+        if not a["seeds"]:  # no run of it yet: not a miss
+            parts.append(f"{arm.name} not run")
+        elif "target" in claim.metrics:
             k, n, r = a["reached"], a["seeds"], a["rounds_censored"][0]
             text = f"{r:.1f} rounds" if k == n else f"≥ {r:.1f} rounds ({k}/{n})"
             parts.append(f"{arm.name} {text if k else 'not reached'}")

@@ -259,6 +259,24 @@ def test_a_missed_target_counts_as_the_whole_run():
     assert "feddm vs scaffold on rounds to 90%: paired over 2 seeds" in why
 
 
+def test_an_arm_with_no_run_reads_not_run_not_a_miss():
+    # Prepare: FedDM reaches the target, FedAvg misses it, SCAFFOLD has no run
+    # (the pixels / 255 row once showed its unrun arms as "not reached")
+    claim = _uncut("feddm-mnist-dir0.5")
+    records = _records(claim, {"feddm": [0.9, 0.9], "fedavg": [0.8, 0.8]})
+    for r in records:
+        if r["arm"] == "feddm":
+            r["row"].update(rounds_to_target=3, bytes_up_to_target=50)
+    # Execute
+    s = gallery.summarize(claim, records)
+    table = "\n".join(gallery.claim_table(claim, s))
+    line = gallery._winner_text(claim, s)
+    # Assert: the miss reads as a miss, the absent arm as not run
+    assert "fedavg not reached" in line and "scaffold not run" in line
+    assert "| scaffold | 0 | not run | - |" in table
+    assert "| fedavg | 2 |" in table and "not reached (0/2)" in table
+
+
 # ------------------------------------------------------------ end to end
 TINY_CLAIMS = ["fednova-fig5-sampled", "fedpns-fig6-bn2", "feddc-synthetic-01"]
 
