@@ -480,20 +480,7 @@ class Flower(base.Algorithm):
         it (:func:`client_configs`)."""
         object.__setattr__(self, "_client", facts.client)
         object.__setattr__(self, "_seed", facts.seed)  # configure_evaluate's
-        found = []
-        own = _own_evaluation(strategy_class(self.strategy))
-        if own and not facts.federated_every:
-            found.append(
-                Problem(
-                    f"algorithm.strategy {self.strategy!r} defines "
-                    f"{' and '.join(own)}, which fedsim calls only with "
-                    "federated evaluation (eval.federated_every and "
-                    "data.client_test_fraction); without it fedsim evaluates "
-                    "the global model on the server's test set "
-                    '(eval.every_rounds); docs/flower.md, "Evaluation"',
-                    warning=True,
-                )
-            )
+        found = self._evaluation_unused(facts)
         if facts.round.policy == "async":
             found.append(
                 Problem(
@@ -517,6 +504,24 @@ class Flower(base.Algorithm):
             if why is not None:
                 found.append(Problem(why))
         return found
+
+    def _evaluation_unused(self, facts: RunFacts) -> list[Problem]:
+        """A warning when the strategy defines its own federated evaluation
+        and the scenario has none, so it would never be called."""
+        own = _own_evaluation(strategy_class(self.strategy))
+        if not own or facts.federated_every:
+            return []
+        return [
+            Problem(
+                f"algorithm.strategy {self.strategy!r} defines "
+                f"{' and '.join(own)}, which fedsim calls only with federated "
+                "evaluation (eval.federated_every and "
+                "data.client_test_fraction); without it fedsim evaluates the "
+                "global model on the server's test set (eval.every_rounds); "
+                'docs/flower.md, "Evaluation"',
+                warning=True,
+            )
+        ]
 
     def _uncheckpointable(self, strategy: Strategy) -> str | None:
         """Why ``strategy``'s state cannot be checkpointed (None: it can)."""
@@ -1155,11 +1160,14 @@ def _by_client(
     for m in msgs:
         c = int(m.metadata.dst_node_id) - NODE_BASE
         if c not in allowed or c in out:
+            sent, why = (
+                ("a second message", "twice")
+                if c in out
+                else ("a message", "not in the grid")
+            )
             raise FlowerError(
-                f"round {t}: {type(strategy).__name__}.{hook} sent "
-                f"{'a second message' if c in out else 'a message'} "
-                f"to node {m.metadata.dst_node_id}, "
-                f"{'twice' if c in out else 'not in the grid'}"
+                f"round {t}: {type(strategy).__name__}.{hook} sent {sent} to "
+                f"node {m.metadata.dst_node_id}, {why}"
             )
         out[c] = m
     return out
