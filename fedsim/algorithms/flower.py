@@ -606,7 +606,7 @@ class Flower(base.Algorithm):
         live = self.live(state)
         live.layout = layout
         strategy = live.strategy
-        need = max([1, *(int(getattr(strategy, k, 1) or 1) for k in _MIN_NODES[:2])])
+        need = _min_nodes(strategy, "min_train_nodes")
         live.round, live.pending, live.shared, live.own = t, {}, {}, {}
         if len(nodes) < need:
             return []  # Flower would wait for nodes; here the round trains nobody
@@ -717,12 +717,11 @@ class Flower(base.Algorithm):
                 f"runs on a copy of the strategy, and copying it raised {exc!r}"
             ) from None
         by = {r.client: r for r in results}
-        need = max([1, *(int(getattr(strategy, k, 1) or 1) for k in _MIN_NODES[::2])])
-        if len(by) < need:
+        if len(by) < _min_nodes(strategy, "min_evaluate_nodes"):
             return {}
-        x = live.x if live is not None and live.x is not None else torch.zeros(0)
-        layout = live.layout if live is not None and live.layout else None
-        arrays = _arrays(app, x, layout or _layout_of(None, x))
+        x = torch.zeros(0) if live is None or live.x is None else live.x
+        layout = (live and live.layout) or _layout_of(None, x)
+        arrays = _arrays(app, x, layout)
         grid = make_grid([c + NODE_BASE for c in sorted(by)])
         rng = _evaluation_rng(getattr(self, "_seed", 0), round)
         with _seeded(rng), _as_node(1):
@@ -1140,6 +1139,14 @@ def _evaluation_rng(seed: int, t: int) -> np.random.Generator:
 # record of Flower's quickstart ClientApp (eval_loss, eval_acc) becomes
 # fed_loss and fed_accuracy, as fedsim's own rule writes them
 _FROM_QUICKSTART = {"eval_loss": "loss", "eval_acc": "accuracy"}
+
+
+def _min_nodes(strategy: Strategy, phase: str) -> int:
+    """The nodes ``strategy`` waits for before it samples for ``phase``
+    (``min_train_nodes`` or ``min_evaluate_nodes``), with its
+    ``min_available_nodes``; at least 1."""
+    keys = (_MIN_NODES[0], phase)
+    return max([1, *(int(getattr(strategy, k, 1) or 1) for k in keys)])
 
 
 def _by_client(
