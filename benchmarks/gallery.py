@@ -12,7 +12,7 @@ e.g. another selector), the gallery's reductions (fewer rounds than the
 paper, said in the doc), what is measured (the final global training
 objective, the final test accuracy, or the rounds and bytes uploaded to a
 target accuracy) and the ordering the paper claims. Every run goes through
-``fedsim.compare.run_one`` in this process (the same code path as ``fedsim
+``fedsim.tools.compare.run_one`` in this process (the same code path as ``fedsim
 compare``), one after another, seeds 0..N-1. Each run's row and round rows
 are cached under ``--out`` (default results/gallery/) keyed by the scenario
 file, the overrides and the seed, so an interrupted gallery resumes and a
@@ -30,7 +30,7 @@ Verdicts (per claim), one rule for both directions:
 
 Beyond the spread: where the two arms ran the same seeds (two or more), the
 95% Student t interval of the per-seed differences
-(:func:`fedsim.stats.paired_interval`) excludes 0; otherwise the gap of the
+(:func:`fedsim.tools.stats.paired_interval`) excludes 0; otherwise the gap of the
 means exceeds the larger of the two sample stds. A claim whose setting the
 budget still cuts (``Claim.cut``) cannot be refuted by its runs: any verdict
 but "holds" is "inconclusive (reduced: what was cut)". The paper's printed
@@ -612,7 +612,7 @@ def run_overrides(claim: Claim, arm: Arm, tiny: bool) -> list[str]:
 
 
 def _stem(text: str) -> str:
-    from fedsim.compare import safe_name
+    from fedsim.tools.compare import safe_name
 
     return safe_name(text)
 
@@ -641,7 +641,7 @@ def run_to_target(
     overrides: Sequence[str],
     target: float,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """:func:`fedsim.compare.run_one`, ended at the first round whose test
+    """:func:`fedsim.tools.compare.run_one`, ended at the first round whose test
     accuracy reaches ``target`` (its row is the last one).
 
     The row has run_one's fields the gallery reads; ``rounds`` counts the
@@ -651,8 +651,8 @@ def run_to_target(
     Raises:
         KeyboardInterrupt: the user interrupted the run (not the target).
     """
-    from fedsim.compare import load_variant, run_fields, with_uploads
     from fedsim.runtime import run_scenario
+    from fedsim.tools.compare import load_variant, run_fields, with_uploads
 
     sc, mode = load_variant(scenario, label, seed, overrides)
     reached: list[int] = []
@@ -696,7 +696,7 @@ def run_arm(
 ) -> dict[str, Any] | None:
     """One (arm, seed) run, from the cache when its key matches; None when
     it is not cached and ``cached_only`` forbids running it."""
-    from fedsim.compare import run_one
+    from fedsim.tools.compare import run_one
 
     overrides = run_overrides(claim, arm, tiny)
     label = arm.label(tiny)
@@ -934,7 +934,7 @@ def compare_arms(
 
     Paired by seed where both arms ran the same two or more seeds: the
     per-seed difference (loser - winner, oriented so that positive favours
-    the winner) gets a 95% Student t interval (:func:`fedsim.stats.
+    the winner) gets a 95% Student t interval (:func:`fedsim.tools.stats.
     paired_interval`); the winner is ahead when the interval lies above 0,
     behind when below, and neither when it holds 0. Otherwise (seeds not
     shared): the gap of the means against the larger of the two sample stds.
@@ -953,7 +953,7 @@ def compare_arms(
     Returns:
         (``held``, ``reversed`` or ``within``; the evidence in words).
     """
-    from fedsim.stats import paired_differences, paired_interval
+    from fedsim.tools.stats import paired_differences, paired_interval
 
     arms = s["arms"]
     sign = -1.0 if metric == "accuracy" else 1.0  # oriented: smaller is better
@@ -1412,7 +1412,7 @@ def write_doc(doc: Path, sections: dict[str, str]) -> Path:
         "spread, or the claimed winner diverged), **inconclusive** (within "
         "the spread either way, or one seed only). Beyond the spread: where "
         "two arms ran the same seeds, the 95% Student t interval of the "
-        "per-seed differences (`fedsim.stats.paired_interval`) excludes 0; "
+        "per-seed differences (`fedsim.tools.stats.paired_interval`) excludes 0; "
         "otherwise the gap of the means exceeds the larger sample std. Where "
         "the budget still cuts the paper's setting, any verdict but holds is "
         "**inconclusive (reduced: what was cut)**: a shortened run cannot "

@@ -69,7 +69,7 @@ def record(tree: Path, rounds: int, only: list[str]) -> dict[str, dict]:
             cmd = [
                 sys.executable,
                 "-m",
-                "fedsim.cli",
+                "fedsim.tools.cli",
                 "run",
                 str(path),
                 "--workers",

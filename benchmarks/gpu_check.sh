@@ -55,7 +55,7 @@ step "GPU tests" 240 "$PY" -m pytest -q -p no:cacheprovider -o addopts="-ra" \
   --junitxml="$OUT/gpu-tests.xml" tests/test_gpu.py
 
 runs=$(mktemp -d)
-quick=("$PY" -m fedsim.cli run scenarios/quickstart.yaml -q --no-report)
+quick=("$PY" -m fedsim.tools.cli run scenarios/quickstart.yaml -q --no-report)
 step "quickstart cpu" 120 "${quick[@]}" --workers 0 --out "$runs/cpu"
 step "quickstart gpu" 120 "${quick[@]}" --workers 0 --out "$runs/gpu" \
   --set resources.gpus_per_worker="$GPU"

@@ -40,7 +40,7 @@ from fedsim.runtime import run_setup
 from fedsim.data import build_data
 from fedsim.models import make_model
 from fedsim.params import flatten
-from fedsim.ray_session import init_ray
+from fedsim.remote.ray_session import init_ray
 from fedsim.scenario import load_scenario
 
 sc = load_scenario(sys.argv[1], [f"rounds={sys.argv[2]}"])
@@ -145,7 +145,7 @@ def main() -> None:
     py = sys.executable
     out = Path("/tmp") / f"fedsim-memory-{os.getpid()}"
     fedsim = [
-        py, "-m", "fedsim.cli", "run", str(CNN), "--workers", "2", "--quiet",
+        py, "-m", "fedsim.tools.cli", "run", str(CNN), "--workers", "2", "--quiet",
         "--no-report", "--set", f"rounds={args.rounds}", "--out", str(out),
     ]  # fmt: skip
     if args.server == "actor":

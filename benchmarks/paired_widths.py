@@ -4,7 +4,7 @@ common random numbers and paired intervals").
     .venv/bin/python benchmarks/paired_widths.py BEFORE_DIR AFTER_DIR [--baseline NAME]
 
 Reads each directory's stress.parquet (written by `fedsim stress`, of any
-fedsim version) and recomputes, with fedsim.stats, every arm's paired
+fedsim version) and recomputes, with fedsim.tools.stats, every arm's paired
 difference in final accuracy against the baseline, cell by cell, and each
 arm's paired drop from the first cell to the last. Prints, per comparison,
 both intervals, their widths and verdicts, and the median width ratio
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from fedsim.stats import PairedInterval, paired_differences, paired_interval
+from fedsim.tools.stats import PairedInterval, paired_differences, paired_interval
 
 
 def load(folder: Path) -> list[dict]:

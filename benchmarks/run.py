@@ -83,7 +83,7 @@ def run_fedsim(
     t0 = time.perf_counter()
     ray_s = 0.0
     if workers:
-        from fedsim.ray_session import init_ray
+        from fedsim.remote.ray_session import init_ray
 
         init_ray(num_cpus=max(2, workers))
         ray_s = time.perf_counter() - t0

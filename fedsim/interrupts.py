@@ -18,7 +18,7 @@ recorded and its checkpoint, if due, written. A second signal raises at
 once, for a round that is stuck or too long to wait for. Outside a round
 loop (set-up, writing the report) every signal raises at once, as Python's
 own handler does; Ray's start is waited for like a round
-(:func:`waiting_for`, used by :func:`fedsim.ray_session.init_ray`), since a
+(:func:`waiting_for`, used by :func:`fedsim.remote.ray_session.init_ray`), since a
 KeyboardInterrupt inside ``ray.init`` can leave its processes half started.
 
 A scheduler (Slurm, Kubernetes, ``ray job stop``) sends one SIGTERM, then

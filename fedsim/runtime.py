@@ -30,19 +30,15 @@ from fedsim.data import FederatedData, build_data
 from fedsim.data.heldout import heldout_clients, with_heldout
 from fedsim.data.partition import partition_table
 from fedsim.data.validation import describe_validation, validation_use
-from fedsim.executors import (
-    DataRecipe,
-    Executor,
-    ExecutorSetup,
-    RayExecutor,
-    make_executor,
-)
+from fedsim.executors import DataRecipe, Executor, ExecutorSetup, InProcessExecutor
 from fedsim.facts import RunFacts
 from fedsim.fleet import Fleet
 from fedsim.flops import scenario_fleet
 from fedsim.hooks import PluginFailure
 from fedsim.links import apply_links, summary_entry
 from fedsim.models import NetworkSetup, make_model
+from fedsim.remote.executor import RayExecutor
+from fedsim.remote.server_actor import RemoteServer, ServerLost
 from fedsim.results import (
     Recorder,
     atomic_write_bytes,
@@ -64,7 +60,6 @@ from fedsim.server import (
     federated_due,
     objective_due,
 )
-from fedsim.server_actor import RemoteServer, ServerLost
 from fedsim.spec import EvalSpec
 from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup, update_norm
 from fedsim.workers import Payload, Task
@@ -1160,7 +1155,8 @@ def run_scenario(
 
     Args:
         workers: 0 trains in this process; ``n >= 1`` uses ``n`` Ray worker
-            actors (Ray must be initialised: :func:`fedsim.ray_session.init_ray`).
+            actors (Ray must be initialised:
+            :func:`fedsim.remote.ray_session.init_ray`).
         run_dir: where rows (Parquet, written as the run goes) and
             checkpoints (every ``checkpoint.every_rounds``) go.
         on_round: called with each round's row and client rows (progress).
@@ -1305,3 +1301,17 @@ def _failure_record(exc: PluginFailure, run_dir: Path | None) -> dict[str, str]:
     except OSError:  # the rows and summary matter more than this file
         return record
     return {**record, "traceback": FAILURE_FILE}
+
+
+def make_executor(setup: ExecutorSetup, data: FederatedData, workers: int) -> Executor:
+    """The run's executor, chosen once: in-process for ``workers == 0``,
+    else ``workers`` Ray actors (Ray must be initialised).
+
+    Args:
+        setup: the executor's set-up record.
+        data: the federated dataset.
+        workers: 0, or the number of Ray worker actors.
+    """
+    if workers == 0:
+        return InProcessExecutor(setup.worker, data)
+    return RayExecutor(setup, data, workers)

@@ -20,7 +20,7 @@ How a file becomes a :class:`Scenario` (:func:`load_scenario`, then
    would have converted silently.
 
 What needs no cluster but more than the file (memory, model against data) is
-checked next by :mod:`fedsim.preflight`. :func:`dump_scenario` writes the
+checked next by :mod:`fedsim.tools.preflight`. :func:`dump_scenario` writes the
 resolved scenario back, every default filled in, as ``fedsim validate`` shows.
 
 Example:

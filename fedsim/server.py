@@ -286,7 +286,7 @@ def check_instructions(
 
 def _here(updates: Sequence[Parcel]) -> list[ClientUpdate]:
     """The updates, refusing object references (only the server actor,
-    :meth:`fedsim.server_actor.ServerActor.apply_refs`, fetches those)."""
+    :meth:`fedsim.remote.server_actor.ServerActor.apply_refs`, fetches those)."""
     out = [u for u in updates if isinstance(u, ClientUpdate)]
     if len(out) != len(updates):
         raise TypeError("Server.apply takes updates; the server actor fetches refs")
@@ -331,7 +331,7 @@ def _with_multiplicity(u: ClientUpdate, k: int) -> ClientUpdate:
 class RoundServer(Protocol):
     """The server as the round loops see it, wherever it runs: the
     in-process :class:`Server` (in the driver, or inside the server actor)
-    and :class:`fedsim.server_actor.RemoteServer` (the driver's handle on
+    and :class:`fedsim.remote.server_actor.RemoteServer` (the driver's handle on
     the actor) both keep it, so the loops are written once for both homes.
 
     Guarantees of every implementation: the state changes only in

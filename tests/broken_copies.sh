@@ -76,22 +76,22 @@ run() {
   case $1 in
   stress) # tau_std as the sample std, not the kept taus' std the test recomputes
     case_ stress tests/test_stress.py::test_stress_report_on_a_ci_sized_grid \
-      fedsim/stress.py '"tau_std": float(taus.std())' '"tau_std": float(taus.std(ddof=1))' ;;
+      fedsim/tools/stress.py '"tau_std": float(taus.std())' '"tau_std": float(taus.std(ddof=1))' ;;
   bias) # the participation-bias L1 halved (a total-variation slip)
     case_ bias tests/test_participation_bias.py fedsim/algorithms/sampling.py \
       '"l1": float(np.abs(over).sum())' '"l1": float(np.abs(over).sum() / 2)' ;;
   figure_compare) # compare.png drawn with no series
     case_ figure_compare tests/test_runtime.py::test_compare_runs_an_async_scenario \
-      fedsim/compare.py '            _draw_band(ax, mine, (x_key, y_key), color, label)' \
+      fedsim/tools/compare.py '            _draw_band(ax, mine, (x_key, y_key), color, label)' \
       '            pass  # broken copy: no series drawn' ;;
   figure_degradation) # degradation.png drawn with no series
     case_ figure_degradation tests/test_stress.py::test_stress_report_on_a_ci_sized_grid \
-      fedsim/stress.py '        ax.plot(xs, d["accuracy"], marker="o", color=c, label=d["algorithm"])
+      fedsim/tools/stress.py '        ax.plot(xs, d["accuracy"], marker="o", color=c, label=d["algorithm"])
         ax.fill_between(xs, lows, highs, color=c, alpha=0.15)' \
       '        continue  # broken copy: no series drawn' ;;
   figure_shares) # weight_share.png without its clients
     case_ figure_shares tests/test_participation_bias.py::test_summary_json_and_report_show_the_meter \
-      fedsim/plots.py 'ax.scatter(data, y, s=14' 'ax.scatter(data[:0], y[:0], s=14' ;;
+      fedsim/tools/plots.py 'ax.scatter(data, y, s=14' 'ax.scatter(data[:0], y[:0], s=14' ;;
   cli_loc) # exit 2 still, but the message no longer names the field
     case_ cli_loc tests/test_cli.py::test_invalid_scenarios_exit_2_without_traceback \
       fedsim/scenario.py '    return out or "(top level)"' '    return "(top level)"' ;;
@@ -101,7 +101,7 @@ run() {
       '    from pathlib import Path; SCENARIOS = Path("scenarios")  # the old relative path' /tmp ;;
   fuzz_share) # every run refused (exit 2, which the property alone accepts)
     case_ fuzz_share tests/test_fuzz_runtime.py::test_odd_scenarios_end_well_and_in_time \
-      fedsim/preflight.py '    check_model_data(facts, source)
+      fedsim/tools/preflight.py '    check_model_data(facts, source)
     check_numeric_ranges' '    raise _error(f"{source}: rounds: refused by a broken copy")
     check_numeric_ranges' ;;
   gpu) # no CUDA here: the GPU tests run anyway, so the worker falls back to the CPU
@@ -113,7 +113,7 @@ run() {
       '[f"rounds={ROUNDS}"]' '[f"rounds={ROUNDS}", "client.lr=1e-9"]' ;;
   retried) # a lost node's resent calls not counted
     case_ retried tests/test_multinode.py::test_a_node_lost_in_a_sync_run_changes_nothing \
-      fedsim/executors.py 'self.tasks_retried += len(calls[k].positions)' 'self.tasks_retried += 0' ;;
+      fedsim/remote/executor.py 'self.tasks_retried += len(calls[k].positions)' 'self.tasks_retried += 0' ;;
   partition) # the run draws partition.png again (the report's figure)
     case_ partition tests/test_report.py::test_a_run_without_report_draws_nothing_and_the_report_draws_the_partition \
       fedsim/runtime.py '                write_arrow(run_dir / "partition.parquet", table)' \
@@ -122,14 +122,14 @@ run() {
                 plot_partition(table, run_dir / "partition.png")' ;;
   placement) # every placement group packed, strict_spread's included
     case_ placement tests/test_multinode.py::test_workers_are_placed_as_the_scenario_says \
-      fedsim/executors.py 'ray.util.placement_group(bundles, res.placement.upper())' \
+      fedsim/remote/placement.py 'ray.util.placement_group(bundles, res.placement.upper())' \
       'ray.util.placement_group(bundles, "PACK")' ;;
   per_node) # per-node data not checked before the actors start
     case_ per_node tests/test_multinode.py::test_per_node_data_is_checked_on_every_node \
-      fedsim/executors.py '            check_data_on_nodes(setup.recipe)' '            pass' ;;
+      fedsim/remote/executor.py '            check_data_on_nodes(setup.recipe)' '            pass' ;;
   restart) # a restarting actor given only the count of attempts, as before
     case_ restart tests/test_faults.py::test_killed_worker_is_replaced_and_results_are_identical \
-      fedsim/actors.py 'return delay if attempts.waited_s < self.restart_wait_s else None' \
+      fedsim/remote/actors.py 'return delay if attempts.waited_s < self.restart_wait_s else None' \
       'return delay if attempts.failures < self.max_deaths else None' ;;
   interrupt) # the round loop never looks for a signal its handler noted
     case_ interrupt tests/test_interrupts.py::test_a_signal_a_finalizer_would_swallow_still_stops_the_run \
@@ -137,11 +137,11 @@ run() {
       '        pass  # broken copy' ;;
   sigterm_ray) # ray.init's SIGTERM handler left in place
     case_ sigterm_ray tests/test_loopback.py \
-      fedsim/ray_session.py '    with interrupts.kept(), _signals_wait_for_the_start():' \
+      fedsim/remote/ray_session.py '    with interrupts.kept(), _signals_wait_for_the_start():' \
       '    with open(os.devnull):' ;;
   sigterm_ray_start) # Ray's handlers (Python's and C++'s) installed during its start
     case_ sigterm_ray_start tests/test_robustness.py::test_a_sigterm_inside_rays_start_is_an_interrupted_set_up \
-      fedsim/ray_session.py '    if not interrupts.installed():' '    if True:' ;;
+      fedsim/remote/ray_session.py '    if not interrupts.installed():' '    if True:' ;;
   sigterm_grace) # a first SIGTERM waits for a stuck round for ever
     case_ sigterm_grace tests/test_interrupts.py::test_one_sigterm_ends_a_round_that_never_ends_after_its_grace \
       fedsim/interrupts.py '    _thread.interrupt_main(signal.SIGTERM)' '    pass  # broken copy' ;;
@@ -151,7 +151,7 @@ run() {
       '    return _with_rows(data, rows, offsets, np.asarray(data.weights))' ;;
   server_order) # the server actor applies a version's updates sorted by client
     case_ server_order tests/test_server_actor.py::test_asynchronous_runs_are_identical_in_both_homes \
-      fedsim/server_actor.py '            ups,' \
+      fedsim/remote/server_actor.py '            ups,' \
       '            sorted(ups, key=lambda u: u.client),' ;;
   resume_other) # a checkpoint resumed whatever the scenario now says
     case_ resume_other tests/test_robustness.py::test_resuming_another_experiment_is_refused_naming_each_field \

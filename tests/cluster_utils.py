@@ -480,10 +480,10 @@ def _drive(cfg: dict) -> None:
 
     from fedsim import runtime
     from fedsim.checkpoint import check_fingerprint
-    from fedsim.cli import _say_ending
-    from fedsim.ray_session import init_ray
+    from fedsim.remote.ray_session import init_ray
     from fedsim.results import write_summary
     from fedsim.scenario import load_scenario
+    from fedsim.tools.cli import _say_ending
 
     init_ray()
     resume = bool(cfg.get("resume"))
@@ -557,14 +557,14 @@ def _fedsim_in_turn(argvs: list[list[str]]) -> None:
     its job supervisor and its upload (seconds of CPU a job on two cores).
     A command that fails does not stop the next one.
 
-    The commands run in one warm pool (:func:`fedsim.executors.warm_workers`):
+    The commands run in one warm pool (:func:`fedsim.remote.actors.warm_workers`):
     a run takes over the worker and server actors the run before it left,
     where their shapes match (``placement: spread``, the data shipped by the
     driver), instead of starting new processes (about 3.5 s of CPU each on
     a worker node: Python, Ray and torch). A run of another shape kills the
     parked actors first, so runs that can share go first in ``argvs``."""
-    from fedsim.cli import main
-    from fedsim.executors import warm_workers
+    from fedsim.remote.actors import warm_workers
+    from fedsim.tools.cli import main
 
     with warm_workers():
         for argv in argvs:

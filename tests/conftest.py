@@ -160,7 +160,7 @@ def pytest_collection_finish(session):
 @pytest.fixture
 def ray_session() -> Iterator[None]:
     """The embedded local Ray of this process, with warm worker actors
-    (``fedsim.executors.warm_workers``): a run takes over the last run's
+    (``fedsim.remote.actors.warm_workers``): a run takes over the last run's
     idle actors of the same shape instead of starting new processes (about
     3.5 s of CPU each: Python, Ray and torch), with identical results.
 
@@ -170,8 +170,8 @@ def ray_session() -> Iterator[None]:
     ``ray`` and ``ray2`` groups), so a process usually starts it once; if
     another comes later, it starts again."""
     if not _EMBEDDED_RAY:
-        from fedsim.executors import warm_workers
-        from fedsim.ray_session import init_ray, shutdown_ray
+        from fedsim.remote.actors import warm_workers
+        from fedsim.remote.ray_session import init_ray, shutdown_ray
 
         init_ray(num_cpus=2)
         stack = ExitStack()
@@ -331,7 +331,7 @@ def fedsim_here(*args: str, check: bool = False) -> Any:
 
     from typer.testing import CliRunner
 
-    from fedsim.cli import app
+    from fedsim.tools.cli import app
 
     r = CliRunner(env={"COLUMNS": "120"}).invoke(app, list(args))
     done = subprocess.CompletedProcess(list(args), r.exit_code, r.stdout, r.stderr)
@@ -353,7 +353,7 @@ def cli_run(out: Path, scenario: str, overrides: list[str]) -> Path:
 def assert_figure(
     path: Path,
     inches: tuple[float, float] | None = None,
-    dpi: float = 110,  # fedsim.plots.DPI
+    dpi: float = 110,  # fedsim.tools.plots.DPI
     min_colored: int = 100,
 ) -> tuple[int, int]:
     """``path`` is a PNG of ``inches`` (width, height) at ``dpi`` (or, when

@@ -15,7 +15,7 @@ from fedsim.results import CLIENT_SCHEMA, ROUND_SCHEMA
 
 from .conftest import ROOT, SCENARIOS, fedsim_here
 
-FEDSIM = [sys.executable, "-m", "fedsim.cli"]
+FEDSIM = [sys.executable, "-m", "fedsim.tools.cli"]
 
 
 def fedsim(*args: str, cwd: Path = ROOT, timeout: float = 300):
@@ -152,7 +152,7 @@ def test_too_little_disk_for_checkpoints_fails_before_training(tmp_path, monkeyp
 
     from typer.testing import CliRunner
 
-    from fedsim.cli import app
+    from fedsim.tools.cli import app
 
     real = shutil.disk_usage
     monkeypatch.setattr(

@@ -1,11 +1,11 @@
 """Exit codes of every ``fedsim`` subcommand, one parametrized test.
 
-The contract (fedsim/cli.py's docstring, docs/): 0 success; 1 a run that
+The contract (fedsim/tools/cli.py's docstring, docs/): 0 success; 1 a run that
 failed (diverged); 2 bad input or missing data, with a message and no
 traceback; 130 interrupted (Ctrl-C), with the rows written so far kept.
 
 Cases run in-process through typer's CliRunner, except Ctrl-C, which sends
-SIGINT to a ``python -m fedsim.cli`` subprocess once its first rows are on
+SIGINT to a ``python -m fedsim.tools.cli`` subprocess once its first rows are on
 disk. Cases where today's CLI gives another code are ``xfail(strict=True)``
 with the code it gives, so that a fix shows up as an XPASS.
 """
@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from fedsim.cli import app
+from fedsim.tools.cli import app
 
 from .conftest import SCENARIOS
 
@@ -252,7 +252,7 @@ def sigint_after_first_rows(
     ``pattern`` in ``out`` holds rows; its exit code and its stderr."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fedsim.cli", *args],
+        [sys.executable, "-m", "fedsim.tools.cli", *args],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

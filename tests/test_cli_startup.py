@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-from fedsim import preflight as pf
 from fedsim.models import (
     CNN,
     LSTM,
@@ -23,6 +22,7 @@ from fedsim.models import (
 )
 from fedsim.scenario import ScenarioError, load_scenario
 from fedsim.spec import Model
+from fedsim.tools import preflight as pf
 
 from .conftest import ROOT, SCENARIOS
 
@@ -33,7 +33,7 @@ ALL_SCENARIOS = sorted(SCENARIOS.rglob("*.yaml"))
 # each exit code and which heavy packages ended up in sys.modules.
 _PROBE = """
 import json, sys
-from fedsim.cli import main
+from fedsim.tools.cli import main
 argvs, names = json.loads(sys.argv[1]), set(json.loads(sys.argv[2]))
 codes = []
 for argv in argvs:

@@ -1,5 +1,5 @@
 """Paired comparisons in compare and stress: each arm against a baseline,
-seed by seed, with a Student t interval and a verdict (fedsim.stats)."""
+seed by seed, with a Student t interval and a verdict (fedsim.tools.stats)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 import pyarrow.parquet as pq
 import pytest
 
-from fedsim.compare import paired_table, resolve_baseline
 from fedsim.scenario import ScenarioError
-from fedsim.stats import paired_interval
+from fedsim.tools.compare import paired_table, resolve_baseline
+from fedsim.tools.stats import paired_interval
 
 from .conftest import SCENARIOS, assert_figure, fedsim_here
 
@@ -110,7 +110,7 @@ def test_compare_on_quickstart_prints_and_stores_the_paired_intervals(tmp_path):
 
 
 def test_compare_carries_federated_evaluation_s_final_accuracy():
-    from fedsim.compare import format_markdown, run_one, summarize_runs
+    from fedsim.tools.compare import format_markdown, run_one, summarize_runs
 
     # Prepare: the tiny scenario with federated evaluation every 2 rounds
     # (rounds 1 and 3 of 4, the last one always)

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from fedsim.data import build_data
-from fedsim.executors import InProcessExecutor, RayExecutor, make_executor
-from fedsim.runtime import run_setup
+from fedsim.executors import InProcessExecutor
+from fedsim.remote.executor import RayExecutor
+from fedsim.runtime import make_executor, run_setup
 from fedsim.scenario import load_scenario
 from fedsim.server import Server
 from fedsim.workers import Task

@@ -28,7 +28,7 @@ ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
 
 def fedsim(*args: str, **kw):
     return subprocess.Popen(
-        [sys.executable, "-m", "fedsim.cli", *args],
+        [sys.executable, "-m", "fedsim.tools.cli", *args],
         cwd=ROOT,
         env=ENV,
         stdout=subprocess.PIPE,
@@ -277,9 +277,9 @@ def slow_to_restart(monkeypatch) -> None:
     """Make the executors' worker actors from now on slow to restart (their
     constructor sleeps ``SLOW_RESTART_S`` when Ray restarts them) and fresh
     (not warm ones taken over from earlier tests, nor parked after)."""
-    import fedsim.executors
+    import fedsim.remote.executor
 
-    class SlowToRestart(fedsim.executors.RayWorker):
+    class SlowToRestart(fedsim.remote.executor.RayWorker):
         # defined in the function, so Ray ships the class itself to the actor
         def __init__(self, *args):
             import ray
@@ -288,10 +288,12 @@ def slow_to_restart(monkeypatch) -> None:
                 time.sleep(SLOW_RESTART_S)
             super().__init__(*args)
 
-    monkeypatch.setattr(fedsim.executors.RayExecutor, "worker_class", SlowToRestart)
-    monkeypatch.setattr(fedsim.executors, "worker_shape", lambda _resources: None)
-    fewer = fedsim.executors.RetryPolicy(max_deaths=2)
-    monkeypatch.setattr(fedsim.executors.RayExecutor, "retry", fewer)
+    monkeypatch.setattr(
+        fedsim.remote.executor.RayExecutor, "worker_class", SlowToRestart
+    )
+    monkeypatch.setattr(fedsim.remote.executor, "worker_shape", lambda _resources: None)
+    fewer = fedsim.remote.executor.RetryPolicy(max_deaths=2)
+    monkeypatch.setattr(fedsim.remote.executor.RayExecutor, "retry", fewer)
 
 
 @pytest.mark.ray
@@ -368,8 +370,8 @@ def test_a_worker_killed_in_an_async_run_is_replaced_with_identical_results(
 def test_a_restarting_actor_is_waited_for_by_time_and_a_dead_one_by_count():
     # The cases of RetryPolicy's table, each computed by hand (the executor
     # marks a failure ``restarting`` for ActorUnavailableError, a death for
-    # RayActorError and StaleWorkerError: fedsim.actors.CallFailures)
-    from fedsim.actors import Attempts, CallFailures, RetryPolicy
+    # RayActorError and StaleWorkerError: fedsim.remote.actors.CallFailures)
+    from fedsim.remote.actors import Attempts, CallFailures, RetryPolicy
 
     policy = RetryPolicy()
     deaths, wait = policy.max_deaths, policy.restart_wait_s

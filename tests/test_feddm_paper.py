@@ -13,9 +13,14 @@ import pytest
 from typer.testing import CliRunner
 
 from fedsim.algorithms.feddm import upload_bytes
-from fedsim.cli import app
-from fedsim.compare import format_markdown, load_variant, summarize_runs, with_uploads
 from fedsim.scenario import ScenarioWarning, load_scenario
+from fedsim.tools.cli import app
+from fedsim.tools.compare import (
+    format_markdown,
+    load_variant,
+    summarize_runs,
+    with_uploads,
+)
 
 from .conftest import SCENARIOS, assert_figure
 

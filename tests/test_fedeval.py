@@ -31,12 +31,12 @@ from fedsim.algorithms import FedAvg
 from fedsim.api import ClientEvaluation, weighted_evaluation
 from fedsim.data import build_data
 from fedsim.data.heldout import heldout_clients, split_heldout
-from fedsim.plots import figure_metrics
-from fedsim.report import write_report
 from fedsim.results import write_summary
 from fedsim.runtime import FAILURE_FILE, run_scenario
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario
 from fedsim.testing import check_algorithm
+from fedsim.tools.plots import figure_metrics
+from fedsim.tools.report import write_report
 
 from .conftest import ROOT, SCENARIOS, fedsim_here
 
@@ -337,8 +337,7 @@ def test_an_evaluation_call_whose_actor_died_is_resent_with_the_same_results(
     import signal
 
     from fedsim.data.heldout import with_heldout
-    from fedsim.executors import make_executor
-    from fedsim.runtime import run_setup
+    from fedsim.runtime import make_executor, run_setup
     from fedsim.server import Server
 
     sc = _tiny(*FED, "eval.federated_every=1")

@@ -583,7 +583,7 @@ def test_two_ray_workers_equal_the_in_process_run(ray_session):
 
 
 def test_compare_runs_a_flower_arm_beside_fedsim_s(tmp_path):
-    from fedsim.compare import compare
+    from fedsim.tools.compare import compare
 
     rows = compare(
         QUICK,
@@ -600,7 +600,7 @@ def test_compare_runs_a_flower_arm_beside_fedsim_s(tmp_path):
 def test_stress_runs_a_flower_arm_beside_fedsim_s(tmp_path):
     import pyarrow.parquet as pq
 
-    from fedsim.stress import run_stress
+    from fedsim.tools.stress import run_stress
 
     # Execute: the tiny scenario, stragglers swept, one seed, in-process
     out = run_stress(

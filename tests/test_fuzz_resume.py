@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from fedsim.cli import app
+from fedsim.tools.cli import app
 
 from .conftest import SCENARIOS, run_python
 
@@ -174,8 +174,8 @@ def record_then_signal(self, t, *args, **kwargs):
 
 fedsim.runtime._Run.record = record_then_signal
 sys.argv = ["fedsim", *sys.argv[3:]]
-import fedsim.cli
-fedsim.cli.main()
+import fedsim.tools.cli
+fedsim.tools.cli.main()
 """
 
 
@@ -184,7 +184,7 @@ def fedsim_process(
 ) -> subprocess.CompletedProcess:
     """``fedsim *args`` in its own process (through the signal driver when
     ``driver`` gives the signal and the round to send it at)."""
-    code = ["-c", _SIGNAL_DRIVER, *driver] if driver else ["-m", "fedsim.cli"]
+    code = ["-c", _SIGNAL_DRIVER, *driver] if driver else ["-m", "fedsim.tools.cli"]
     return run_python(*code, *args)
 
 
@@ -241,8 +241,8 @@ def labels(draw) -> str:
 @settings(RESUME, max_examples=EXAMPLES * 25)
 @given(text=labels())
 def test_canonical_labels_are_stable_and_name_bounded_files(text):
-    from fedsim.compare import canonical_label, safe_name
     from fedsim.scenario import ScenarioError
+    from fedsim.tools.compare import canonical_label, safe_name
 
     try:
         label = canonical_label(text)

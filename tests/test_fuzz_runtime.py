@@ -298,7 +298,7 @@ def run_cli(doc: dict[str, Any], d: Path, report: bool) -> dict[str, Any]:
     ``d``/run; what came out of it."""
     from typer.testing import CliRunner
 
-    from fedsim.cli import app
+    from fedsim.tools.cli import app
 
     path = d / "scenario.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -541,7 +541,7 @@ def test_a_run_stalled_before_its_first_version_leaves_empty_tables(tmp_path):
     # Prepare
     from typer.testing import CliRunner
 
-    from fedsim.cli import app
+    from fedsim.tools.cli import app
 
     # Execute
     r = run_cli(FOUND["stalled-before-first-version"], tmp_path, report=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.compare import load_variant
+from fedsim.tools.compare import load_variant
 
 from .conftest import MNIST, ROOT, assert_figure
 

@@ -362,8 +362,8 @@ def test_the_example_hooks_give_the_same_rows_after_a_resume(tmp_path, example_o
 def test_fedexp_reports_its_step_size_as_a_column_and_a_figure(
     tmp_path, example_on_path
 ):
-    from fedsim.report import write_report
     from fedsim.results import write_summary
+    from fedsim.tools.report import write_report
 
     sc = load_scenario(EXAMPLE / "scenario.yaml", ["rounds=2"])
     (tmp_path / "scenario.yaml").write_text(dump_scenario(sc))

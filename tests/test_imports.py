@@ -102,3 +102,40 @@ def test_no_function_is_over_80_lines():
                 if n > 80:
                     long.append(f"{module}.{node.name}: {n} lines")
     assert long == []
+
+
+def _graph() -> dict[str, set[str]]:
+    known = _modules()
+    return {m: _imports(p, known) - {m} for m, p in known.items()}
+
+
+def _in(module: str, wing: str) -> bool:
+    return module == wing or module.startswith(wing + ".")
+
+
+def test_nothing_outside_the_commands_wing_imports_it():
+    # fedsim.tools (cli, compare, stress, report, ...) sits on top: the core
+    # and the Ray layer must run, and be tested, without any command
+    # (``python -m fedsim`` is the command line's own door)
+    bad = sorted(
+        f"{m} -> {d}"
+        for m, deps in _graph().items()
+        if not _in(m, "fedsim.tools") and m != "fedsim.__main__"
+        for d in deps
+        if _in(d, "fedsim.tools")
+    )
+    assert bad == []
+
+
+def test_only_the_runtime_and_the_commands_import_the_ray_wing():
+    # fedsim.remote is everything Ray; the core reaches it through the
+    # runtime alone, so a reader of the core never meets an actor
+    allowed = ("fedsim.runtime", "fedsim.remote", "fedsim.tools")
+    bad = sorted(
+        f"{m} -> {d}"
+        for m, deps in _graph().items()
+        if not any(_in(m, a) for a in allowed)
+        for d in deps
+        if _in(d, "fedsim.remote")
+    )
+    assert bad == []

@@ -272,13 +272,13 @@ def test_the_grace_ends_with_its_round(monkeypatch):
 
 def test_ctrl_c_while_the_report_is_drawn_says_how_to_draw_it(tmp_path, monkeypatch):
     # Prepare: a real SIGINT once the report starts (the run is complete)
-    import fedsim.report
+    import fedsim.tools.report
 
     def interrupted(run_dir, *args, **kwargs):
         signal.raise_signal(signal.SIGINT)
         raise AssertionError("the signal did not stop the report")
 
-    monkeypatch.setattr(fedsim.report, "write_report", interrupted)
+    monkeypatch.setattr(fedsim.tools.report, "write_report", interrupted)
     out = tmp_path / "run"
 
     # Execute

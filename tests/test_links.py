@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from fedsim.cli import app
 from fedsim.data.partition import client_sizes
 from fedsim.fleet import Fleet
 from fedsim.links import (
@@ -28,6 +27,7 @@ from fedsim.links import (
 )
 from fedsim.runtime import run_scenario
 from fedsim.scenario import ScenarioError, load_scenario, parse_scenario
+from fedsim.tools.cli import app
 
 from .conftest import SCENARIOS, assert_figure
 

@@ -56,7 +56,7 @@ def test_embedded_ray_runs_the_workers_and_binds_loopback_only(tmp_path):
         [
             sys.executable,
             "-m",
-            "fedsim.cli",
+            "fedsim.tools.cli",
             "run",
             str(SCENARIOS / "quickstart.yaml"),
             "--workers",

@@ -651,7 +651,7 @@ def test_placement_defaults_to_spread_and_takes_rays_strategies():
 def test_summary_says_where_workers_ran_and_an_impossible_group_is_refused(
     ray_session,
 ):
-    from fedsim.executors import PlacementError
+    from fedsim.remote.placement import PlacementError
     from fedsim.runtime import run_scenario
     from fedsim.scenario import load_scenario
 

@@ -223,7 +223,7 @@ def test_an_async_run_records_the_objective_per_version():
 
 
 def test_report_draws_the_objective_when_present(objective_run: Any, tmp_path):
-    from fedsim.report import write_report
+    from fedsim.tools.report import write_report
 
     out = objective_run[2]
     text = write_report(out).read_text()
@@ -242,7 +242,7 @@ def test_report_draws_the_objective_when_present(objective_run: Any, tmp_path):
 def test_the_objective_figure_starts_at_the_initial_model():
     import pyarrow as pa
 
-    from fedsim.plots import figure_objective
+    from fedsim.tools.plots import figure_objective
 
     rounds = pa.table(
         {
@@ -257,7 +257,7 @@ def test_the_objective_figure_starts_at_the_initial_model():
 
 
 def test_compare_adds_an_objective_panel_when_every_run_has_it(tmp_path):
-    from fedsim.compare import plot_compare
+    from fedsim.tools.compare import plot_compare
 
     def run(label: str, seed: int, f: list[float]) -> Any:
         rows = [

@@ -1,7 +1,7 @@
 """Paper reproductions: the scenarios under scenarios/papers/ validate, the
 FedDyn/FedDC synthetic generator keeps its quirks, and CI-sized variants
 (scenarios/ci/) show learning and the orderings that are robust on short
-runs; plus ``fedsim.compare`` end-to-end."""
+runs; plus ``fedsim.tools.compare`` end-to-end."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from fedsim.compare import algorithm_section, compare, run_one, split_algorithms
 from fedsim.data import REGISTRY as DATASETS
 from fedsim.data import build_data
 from fedsim.data.feddyn_synthetic import FedDynSyntheticData
 from fedsim.scenario import ScenarioError, load_scenario
+from fedsim.tools.compare import algorithm_section, compare, run_one, split_algorithms
 
 from .conftest import SCENARIOS
 

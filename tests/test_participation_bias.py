@@ -13,10 +13,10 @@ import pytest
 
 from fedsim.algorithms import FedAvg
 from fedsim.algorithms.sampling import participation_bias, weight_shares
-from fedsim.plots import figure_weight_share
-from fedsim.report import write_report
 from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
+from fedsim.tools.plots import figure_weight_share
+from fedsim.tools.report import write_report
 
 from .conftest import assert_figure, cli_run
 

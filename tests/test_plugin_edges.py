@@ -26,7 +26,7 @@ def example_on_path(monkeypatch):
 # ------------------------------------------- defect 1: the package on Ray workers
 def test_workers_get_the_package_folder_only_when_the_path_lacks_it(monkeypatch):
     import fedsim
-    from fedsim.ray_session import worker_code_paths
+    from fedsim.remote.ray_session import worker_code_paths
 
     # Prepare: the folder holding this process's fedsim
     home = str(Path(fedsim.__file__).resolve().parent.parent)

@@ -212,7 +212,7 @@ def test_a_bad_plugin_is_one_line_exit_2(tmp_path, override, expected):
 
 _PROBE = """
 import sys
-from fedsim.cli import main
+from fedsim.tools.cli import main
 sys.argv = ["fedsim", "validate", sys.argv[1]]
 try:
     main()
@@ -271,8 +271,8 @@ def test_entry_points_give_short_names(tmp_path, monkeypatch):
 
 
 def test_a_dataset_plugin_states_its_samples_and_trains(tmp_path, monkeypatch):
-    from fedsim.preflight import preflight
     from fedsim.runtime import run_scenario
+    from fedsim.tools.preflight import preflight
 
     # Prepare: Blobs by its entry-point name, 8 features, 3 classes
     _dist_info(tmp_path)
@@ -485,7 +485,8 @@ def test_the_name_finder_finds_names():
 
 
 @pytest.mark.parametrize(
-    "module", ["scenario.py", "preflight.py", "cli.py", "runtime.py", "server.py"]
+    "module",
+    ["scenario.py", "tools/preflight.py", "tools/cli.py", "runtime.py", "server.py"],
 )
 def test_generic_modules_name_no_builtin_plugin(module):
     assert named_builtins(ROOT / "fedsim" / module) == []

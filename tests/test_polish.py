@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fedsim import plots
 from fedsim.runtime import run_setup
+from fedsim.tools import plots
 from tests.conftest import SCENARIOS
 
 from .conftest import assert_figure
@@ -149,7 +149,7 @@ def test_progress_lines_count_what_the_files_number(tmp_path):
     # Prepare: a 3-round run, a progress line every round (no terminal)
     from typer.testing import CliRunner
 
-    from fedsim.cli import app
+    from fedsim.tools.cli import app
 
     args = ["run", str(SCENARIOS / "ci" / "tiny-synthetic.yaml"), "--workers", "0"]
     args += ["--out", str(tmp_path / "run"), "--set", "rounds=3", "--no-report"]
@@ -175,7 +175,7 @@ def _validate(*args: str) -> dict:
     import yaml
     from typer.testing import CliRunner
 
-    from fedsim.cli import app
+    from fedsim.tools.cli import app
 
     result = CliRunner().invoke(app, ["validate", *args])
     assert result.exit_code == 0, result.output
@@ -250,7 +250,7 @@ def _cli(*args: str) -> tuple[int, str]:
     """Exit code and output (stdout and stderr) of ``fedsim ARGS``."""
     from typer.testing import CliRunner
 
-    from fedsim.cli import app
+    from fedsim.tools.cli import app
 
     result = CliRunner().invoke(app, list(args))
     return result.exit_code, result.output
@@ -334,8 +334,8 @@ def test_a_path_of_the_wrong_kind_is_said_as_such(tmp_path, monkeypatch):
 
 def test_report_shows_the_initial_model(tmp_path):
     # Prepare: a run directory with two rounds and the initial evaluation
-    from fedsim.report import write_report
     from fedsim.results import ROUND_SCHEMA, write_summary, write_table
+    from fedsim.tools.report import write_report
 
     nan = math.nan
     row = dict.fromkeys(ROUND_SCHEMA.names, nan)
@@ -359,7 +359,7 @@ def test_report_shows_the_initial_model(tmp_path):
 
 
 def test_report_shows_long_simulated_times_in_hours_or_days():
-    from fedsim.report import _sim_time
+    from fedsim.tools.report import _sim_time
 
     assert _sim_time(50.0) == "50.0 s"
     assert _sim_time(11520.0) == "11520.0 s (3.2h)"

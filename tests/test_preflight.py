@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from fedsim import preflight as pf
 from fedsim.scenario import ScenarioError, load_scenario
+from fedsim.tools import preflight as pf
 
 from .conftest import SCENARIOS
 
@@ -33,7 +33,7 @@ def one_line_error(fn, *args, **kwargs) -> str:
 
 def test_importing_preflight_imports_neither_torch_nor_ray():
     code = (
-        "import sys, fedsim.preflight; "
+        "import sys, fedsim.tools.preflight; "
         "bad = [m for m in ('torch', 'ray') if m in sys.modules]; "
         "print(*bad); sys.exit(1 if bad else 0)"
     )

@@ -1,7 +1,7 @@
 """``fedsim report``: report.md and the data behind each figure, on real run
 directories written by ``fedsim run`` (synchronous with dropped stragglers,
 asynchronous FedBuff with stale drops, and the quadratic objective without
-accuracy). The figures are checked through :mod:`fedsim.plots`'
+accuracy). The figures are checked through :mod:`fedsim.tools.plots`'
 ``figure_*`` functions: the x/y arrays drawn must be the Parquet columns."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 from matplotlib.collections import PathCollection
 from matplotlib.patches import Rectangle
 
-from fedsim import plots
-from fedsim.report import ReportError, write_report
 from fedsim.results import ROUND_SCHEMA, write_table
+from fedsim.tools import plots
+from fedsim.tools.report import ReportError, write_report
 
 from .conftest import SCENARIOS, assert_figure, cli_run, fedsim_here
 
@@ -125,7 +125,7 @@ def test_report_text_of_a_sync_run(sync_run):
 
 
 def test_report_says_a_run_did_not_complete_or_was_degenerate(sync_run, tmp_path):
-    from fedsim.report import write_report
+    from fedsim.tools.report import write_report
 
     run_dir = copy_run(sync_run, tmp_path / "run")
     assert "This run is" not in (run_dir / "report.md").read_text()

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from fedsim.cli import app
+from fedsim.tools.cli import app
 
 from .conftest import ROOT, SCENARIOS, run_python
 
@@ -216,7 +216,7 @@ def test_run_refuses_seed_given_twice(tmp_path):
 def test_a_placement_that_cannot_be_met_is_one_line(tmp_path, monkeypatch):
     # Prepare: the executor refuses as Ray's placement group would
     import fedsim.runtime
-    from fedsim.executors import PlacementError
+    from fedsim.remote.placement import PlacementError
 
     def refuse(*args, **kwargs):
         raise PlacementError("resources.placement strict_spread: Ray could not ...")
@@ -284,14 +284,14 @@ def test_a_model_too_big_for_the_address_space_is_one_line(tmp_path):
         """
         import resource, sys
         import torch  # imported before the limit: its libraries are mapped
-        import fedsim.cli, fedsim.runtime
-        from fedsim import preflight
+        import fedsim.tools.cli, fedsim.runtime
+        from fedsim.tools import preflight
         preflight.check_memory = lambda *a, **k: None  # as if it fitted
         status = open("/proc/self/status").read().split("VmSize:")[1]
         soft = int(status.split()[0]) * 1024 + 2 * 2**30  # 2 GiB beyond now
         resource.setrlimit(resource.RLIMIT_AS, (soft, soft))
         sys.argv = ["fedsim", *sys.argv[1:]]
-        fedsim.cli.main()
+        fedsim.tools.cli.main()
         """
     )
     args = [
@@ -336,7 +336,7 @@ def test_compare_with_long_labels_writes_bounded_distinct_names(tmp_path):
 
 
 def test_safe_names_are_bounded_and_keep_labels_apart():
-    from fedsim.compare import file_stems, safe_name
+    from fedsim.tools.compare import file_stems, safe_name
 
     a, b = safe_name("x" * 1000 + "a"), safe_name("x" * 1000 + "b")
     assert a != b and len(a) <= 120 and len(b) <= 120
@@ -348,7 +348,7 @@ def test_safe_names_are_bounded_and_keep_labels_apart():
 # -------------------------------------------------- 4. signals during set-up
 _DRIVER = """
 import os, signal, sys
-import fedsim.cli, fedsim.runtime, fedsim.server
+import fedsim.tools.cli, fedsim.runtime, fedsim.server
 
 where, sig = sys.argv[1], getattr(signal, sys.argv[2])
 
@@ -361,7 +361,7 @@ def wrap(owner, name, when=lambda *a, **k: True):
     setattr(owner, name, signalled)
 
 if where == "load":
-    wrap(fedsim.cli, "_load")
+    wrap(fedsim.tools.cli, "_load")
 elif where == "data":
     wrap(fedsim.runtime, "build_data")
 elif where == "executor":
@@ -372,7 +372,7 @@ elif where == "ray":  # inside ray.init, once its core worker (C++) is up
 else:  # round 1
     wrap(fedsim.server.Server, "apply", lambda *a, where="", **k: where == "round 1")
 sys.argv = ["fedsim", *sys.argv[3:]]
-fedsim.cli.main()
+fedsim.tools.cli.main()
 """
 
 
@@ -451,7 +451,7 @@ def test_a_ray_slower_to_start_than_it_waits_is_one_line(tmp_path):
 
     # Execute
     p = subprocess.run(
-        [sys.executable, "-m", "fedsim.cli", "run", TINY, "--workers", "2",
+        [sys.executable, "-m", "fedsim.tools.cli", "run", TINY, "--workers", "2",
          "--out", str(out), "--no-report"],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
     )  # fmt: skip
@@ -554,7 +554,7 @@ def test_is_diverged_value():
     ],
 )
 def test_labels_are_canonical(a, b):
-    from fedsim.compare import canonical_label
+    from fedsim.tools.compare import canonical_label
 
     assert canonical_label(a) == canonical_label(b)
 

@@ -11,10 +11,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from fedsim.compare import compare
 from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
-from fedsim.stress import run_stress
+from fedsim.tools.compare import compare
+from fedsim.tools.stress import run_stress
 
 from .conftest import SCENARIOS, assert_figure
 
@@ -174,7 +174,15 @@ def test_an_async_run_where_no_job_can_finish_stops_with_a_message(tmp_path):
 
     over = [f"fleet.groups[{g}].stragglers.dropout_p=1.0" for g in range(3)]
     args = [a for o in over for a in ("--set", o)]
-    cmd = [sys.executable, "-m", "fedsim.cli", "run", str(FEDBUFF), "--workers", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedsim.tools.cli",
+        "run",
+        str(FEDBUFF),
+        "--workers",
+        "0",
+    ]
     cmd += [*args, "--out", str(tmp_path / "run"), "--no-report", "--quiet"]
 
     # Execute, with a time bound
@@ -200,7 +208,7 @@ def test_a_run_where_no_update_arrives_is_flagged_degenerate():
 def _cli(*args: str) -> list[str]:
     import sys
 
-    return [sys.executable, "-m", "fedsim.cli", "run", *args]
+    return [sys.executable, "-m", "fedsim.tools.cli", "run", *args]
 
 
 def test_without_a_terminal_progress_is_plain_lines(tmp_path):
@@ -248,7 +256,7 @@ def test_sigterm_stops_a_run_like_ctrl_c(tmp_path):
 def test_compare_bands_are_mean_min_max_over_the_seeds_that_reach():
     import numpy as np
 
-    from fedsim.compare import _band
+    from fedsim.tools.compare import _band
 
     # two seeds, evaluated at rounds 0..2 and 0..1 (rounds count from 1)
     a = [{"round": r, "test_accuracy": acc} for r, acc in enumerate([0.2, 0.4, 0.6])]

@@ -283,7 +283,7 @@ def test_phones_trace_trains_the_fleet_not_one_phone(tmp_path):
     import pyarrow.parquet as pq
     from typer.testing import CliRunner
 
-    from fedsim.cli import app
+    from fedsim.tools.cli import app
 
     out = tmp_path / "run"
     args = ["run", str(SCENARIOS / "fleets" / "phones-trace.yaml"), "--workers", "0"]

@@ -274,7 +274,7 @@ def cli_clients(tmp_path, overrides: list[str]) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
     from typer.testing import CliRunner
 
-    from fedsim.cli import app
+    from fedsim.tools.cli import app
 
     args = ["run", str(TINY), "--workers", "0", "--out", str(tmp_path), "-q"]
     args += ["--no-report"]

@@ -134,7 +134,7 @@ def _watch_the_driver(monkeypatch) -> dict[str, list]:
     import ray
 
     from fedsim.algorithms.base import ClientUpdate
-    from fedsim.server_actor import RemoteServer
+    from fedsim.remote.server_actor import RemoteServer
     from fedsim.tasks import UpdateSummary
 
     seen: dict[str, list] = {"fetched": [], "handed": []}
@@ -206,7 +206,7 @@ def test_a_lost_worker_call_is_resent_and_its_new_references_used(ray_session):
     import ray
 
     from fedsim.data import build_data
-    from fedsim.executors import make_executor
+    from fedsim.runtime import make_executor
     from fedsim.server import Server
     from fedsim.workers import Task
 
@@ -252,8 +252,8 @@ def test_an_update_lost_before_the_server_read_it_stops_the_run(
 ):
     import ray
 
+    from fedsim.remote.server_actor import RemoteServer
     from fedsim.runtime import run_scenario
-    from fedsim.server_actor import RemoteServer
 
     # an object whose owner is gone, as an update is once its node is lost
     holder = ray.remote(num_cpus=0)(_Holder).remote()
@@ -286,7 +286,7 @@ def test_an_update_lost_before_the_server_read_it_stops_the_run(
 
 @pytest.mark.ray
 def test_auto_workers_leave_the_server_actor_its_cpus(ray_session):
-    from fedsim.executors import resolve_workers
+    from fedsim.remote.placement import resolve_workers
 
     auto = "resources.workers=auto"  # the embedded Ray has 2 CPUs
     assert resolve_workers(_load(auto).resources, None) == 2
@@ -314,7 +314,7 @@ def test_checkpoints_land_in_the_run_dir_and_resume_identically(
 ):
     import ray
 
-    from fedsim import server_actor
+    from fedsim.remote import server_actor
     from fedsim.runtime import run_scenario
 
     every = [*ACTOR, "checkpoint.every_rounds=1", "rounds=4"]
@@ -356,8 +356,8 @@ def test_the_command_line_prints_the_resume_command_when_the_server_is_lost(
     from typer.testing import CliRunner
 
     from fedsim import runtime
-    from fedsim.cli import app
-    from fedsim.server_actor import ServerLost
+    from fedsim.remote.server_actor import ServerLost
+    from fedsim.tools.cli import app
 
     def lost(run, resume):  # the server's node went away mid-run
         raise ServerLost("the server actor died (ActorDiedError)")

@@ -1,4 +1,4 @@
-"""fedsim.stats: Student t quantiles against closed forms, paired intervals
+"""fedsim.tools.stats: Student t quantiles against closed forms, paired intervals
 and their verdicts computed by hand, the seeds rule."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from fedsim.stats import (
+from fedsim.tools.stats import (
     PairedInterval,
     paired_differences,
     paired_interval,

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fedsim.scenario import ScenarioError
-from fedsim.stress import degradation, parse_sweep, run_stress
+from fedsim.tools.stress import degradation, parse_sweep, run_stress
 
 from .conftest import SCENARIOS, assert_figure
 
@@ -220,13 +220,13 @@ def test_degradation_hand_computed():
 def test_docstring_examples_run():
     import doctest
 
-    import fedsim.stress
+    import fedsim.tools.stress
 
-    assert doctest.testmod(fedsim.stress).failed == 0
+    assert doctest.testmod(fedsim.tools.stress).failed == 0
 
 
 def test_the_headline_never_crowns_an_algorithm_at_chance():
-    from fedsim.stress import _verdict
+    from fedsim.tools.stress import _verdict
 
     def deg(name, acc):
         return {
@@ -259,8 +259,8 @@ def test_a_plugin_failing_in_a_ray_task_exits_3_with_one_line(
     3 (a run's code for it) with one line, never Ray's worker traceback."""
     import typer
 
-    from fedsim import cli
     from fedsim.hooks import PluginFailure
+    from fedsim.tools import cli
 
     # Execute: tests/hook_plugins.py's Boom raises in round 2's aggregate
     boom = "tests.hook_plugins:Boom"

@@ -1,4 +1,4 @@
-"""Runs in TensorBoard and MLflow (fedsim/tracking.py, issue 41), checked
+"""Runs in TensorBoard and MLflow (fedsim/tools/tracking.py, issue 41), checked
 against the real libraries: the event files read back with TensorBoard's
 own reader, the MLflow store queried through MLflow's client, each value
 equal to the run's rounds.parquet."""
@@ -11,7 +11,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from fedsim.tracking import round_metrics, rows_metrics
+from fedsim.tools.tracking import round_metrics, rows_metrics
 
 from .conftest import SCENARIOS, fedsim_here
 
@@ -42,7 +42,7 @@ def mlflow_store(tmp_path_factory):
     db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
-        from fedsim.tracking import mlflow_client
+        from fedsim.tools.tracking import mlflow_client
 
         yield mlflow_client()
 
@@ -107,7 +107,7 @@ def test_a_resume_logs_into_the_mlflow_run_it_started(tmp_path, mlflow_store):
 @pytest.mark.slow  # MLflow's import and store: seconds of CPU
 def test_compare_logs_one_run_per_arm_and_seed_grouped(tmp_path, mlflow_store):
     pytest.importorskip("tensorboard")
-    from fedsim.compare import compare
+    from fedsim.tools.compare import compare
 
     arms = ["fedavg", "fedprox:mu=0.1"]
     compare(TINY, arms, seeds=2, overrides=["rounds=2", "name=compared"],

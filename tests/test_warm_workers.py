@@ -1,4 +1,4 @@
-"""Warm actors (``fedsim.actors.warm_workers``): a run takes over the
+"""Warm actors (``fedsim.remote.actors.warm_workers``): a run takes over the
 idle Ray actors of the run before it instead of starting new processes, and
 its results are those of new actors, also when Ray restarts a taken-over
 actor with its first run's arguments."""
@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from fedsim import actors
-from fedsim.actors import current_pool
 from fedsim.data import build_data
-from fedsim.executors import InProcessExecutor, RayExecutor, release_parked
+from fedsim.executors import InProcessExecutor
+from fedsim.remote import actors
+from fedsim.remote.actors import current_pool, release_parked
+from fedsim.remote.executor import RayExecutor
 from fedsim.runtime import run_setup
 from fedsim.scenario import load_scenario
 from fedsim.server import Server
@@ -142,7 +143,7 @@ def test_outside_warm_workers_a_runs_actors_are_killed(ray_session):
 
 
 def test_a_server_actor_is_taken_over_and_set_up_for_the_new_run(ray_session):
-    from fedsim.server_actor import RemoteServer
+    from fedsim.remote.server_actor import RemoteServer
 
     release_parked()
     # A server with cpus: 0 is placed at once; what the first call waits for

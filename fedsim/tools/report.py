@@ -2,7 +2,7 @@
 
 :func:`write_report` is the one entry point (the command line and ``fedsim run``
 both call it). It reads what a run directory holds, draws each figure with
-:mod:`fedsim.plots`, and writes ``report.md``: a table of key figures, then each
+:mod:`fedsim.tools.plots`, and writes ``report.md``: a table of key figures, then each
 figure with a hint of what to look for (:data:`FIGURES`).
 
 Only ``rounds.parquet`` is required. Every other file (clients.parquet,
@@ -27,9 +27,9 @@ import pyarrow.parquet as pq
 import yaml
 from matplotlib.figure import Figure
 
-from fedsim import plots
 from fedsim.data.partition import plot_partition
 from fedsim.results import atomic_write_bytes
+from fedsim.tools import plots
 from fedsim.units import duration
 
 _T = TypeVar("_T")

@@ -2,7 +2,7 @@
 actors interchangeable (:class:`ActorShape`), where idle actors wait between
 runs (:class:`WarmPool`, with :func:`warm_workers` as its block), and when a
 failed call is sent again (:class:`RetryPolicy`). The executors
-(:mod:`fedsim.executors`) and the server actor (:mod:`fedsim.server_actor`)
+(:mod:`fedsim.executors`) and the server actor (:mod:`fedsim.remote.server_actor`)
 use them; docs/architecture.md, "Runtime on Ray", tells the whole story.
 
 Starting an actor costs a process, Ray's worker set-up and torch's import:

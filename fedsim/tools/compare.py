@@ -38,7 +38,7 @@ from fedsim.scenario import (
     load_scenario,
     read_yaml,
 )
-from fedsim.stats import paired_differences, paired_interval
+from fedsim.tools.stats import paired_differences, paired_interval
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -453,7 +453,9 @@ def _ray_ready(workers: int | None) -> bool:
     import ray
 
     if workers is not None and not ray.is_initialized():
-        raise RuntimeError("workers >= 1 needs Ray initialised (fedsim.ray_session)")
+        raise RuntimeError(
+            "workers >= 1 needs Ray initialised (fedsim.remote.ray_session)"
+        )
     return ray.is_initialized()
 
 
@@ -485,7 +487,7 @@ def run_jobs(
     else:
         import ray
 
-        from fedsim.executors import release_parked
+        from fedsim.remote.actors import release_parked
 
         release_parked(everything=False)  # warm actors would hold the CPUs
         task = ray.remote(num_cpus=1)(fn)
@@ -593,7 +595,7 @@ def paired_table(
 ) -> list[dict[str, object]]:
     """Each arm against ``baseline``, seed by seed: one row per (group, arm,
     metric) with the mean difference (arm - baseline), its 95% Student t
-    interval over seeds and the verdict (:func:`fedsim.stats.paired_interval`).
+    interval over seeds and the verdict (:func:`fedsim.tools.stats.paired_interval`).
 
     A seed where either run has no value (diverged, target never reached, no
     objective recorded) is left out of that metric's pairs; a metric no pair
@@ -840,7 +842,7 @@ def compare(
         workers: as for :func:`run_jobs`.
         baseline: the arm the others are paired with (default the first).
         log: trackers (``tensorboard``, ``mlflow``) that get one run per
-            arm and seed as it ends (fedsim/tracking.py; needs ``out_dir``).
+            arm and seed as it ends (fedsim/tools/tracking.py; needs ``out_dir``).
 
     Raises:
         ScenarioError: an invalid variant, or a ``baseline`` that is not
@@ -885,7 +887,7 @@ def compare(
         if progress is not None:
             progress(row)
 
-    from fedsim.tracking import run_group  # issue 41
+    from fedsim.tools.tracking import run_group  # issue 41
 
     group = run_group(log, out, "compare", scenario_path, overrides)
     results = run_jobs(run_one, jobs, workers, finish)
@@ -900,7 +902,7 @@ def _write_figures(
     out: Path, results: Sequence[_RunResult], target: float | None, baseline: str
 ) -> None:
     """compare.png and paired.png, once every run has ended."""
-    from fedsim.plots import plot_paired
+    from fedsim.tools.plots import plot_paired
 
     plot_compare(results, target, out / "compare.png")
     paired = paired_table([row for row, _ in results], baseline)
@@ -1031,7 +1033,7 @@ def plot_compare(
     per algorithm: mean over seeds, min-max band, each seed thin; target dashed.
     When every run recorded the global training objective
     (``eval.objective_every``), a fourth panel draws F(x) against rounds."""
-    from fedsim.plots import _new_figure, _save
+    from fedsim.tools.plots import _new_figure, _save
 
     colors = _colors(text(row["algorithm"], "algorithm") for row, _ in results)
     curves = [

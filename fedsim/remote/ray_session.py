@@ -191,7 +191,7 @@ def shutdown_ray() -> None:
     cluster's other processes)."""
     import ray
 
-    from fedsim.executors import release_parked
+    from fedsim.remote.actors import release_parked
 
     if ray.is_initialized():
         release_parked()  # warm actors die with the session; forget them

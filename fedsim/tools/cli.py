@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
     from fedsim.scenario import Scenario
     from fedsim.spec import ResourceSpec
-    from fedsim.tracking import OnRound, Tracked
+    from fedsim.tools.tracking import OnRound, Tracked
 
 app = typer.Typer(
     add_completion=False,
@@ -150,7 +150,7 @@ OverwriteOption = Annotated[
     bool,
     typer.Option("--overwrite", help="Replace the results already in --out."),
 ]
-# issue 41: trackers (fedsim/tracking.py), the optional extra fedsim[track]
+# issue 41: trackers (fedsim/tools/tracking.py), the optional extra fedsim[track]
 LogOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -166,7 +166,7 @@ def _trackers(log: list[str] | None) -> list[str]:
     """The --log choices, refused (exit 2) when unknown or not installed."""
     if not log:
         return []
-    from fedsim.tracking import TrackingUnavailable, require
+    from fedsim.tools.tracking import TrackingUnavailable, require
 
     with _errors(TrackingUnavailable, ValueError):
         require(log or [])
@@ -404,12 +404,12 @@ def run(
 def _tracked(
     trackers: list[str], run_dir: Path, name: str, on_round: OnRound | None
 ) -> AbstractContextManager[Tracked]:
-    """fedsim.tracking.tracked, imported here (its tracker libraries only
+    """fedsim.tools.tracking.tracked, imported here (its tracker libraries only
     when ``trackers`` asks for them): without --log it tracks nothing and
     its ``on_round`` calls the caller's callback alone. The trackers record
     the resolved scenario from ``run_dir``'s scenario.yaml, under the
     scenario's ``name`` (the MLflow experiment)."""
-    from fedsim.tracking import tracked
+    from fedsim.tools.tracking import tracked
 
     return tracked(trackers, run_dir, name, on_round)
 
@@ -664,8 +664,8 @@ def _preflight(sc: Scenario, scenario: Path, workers: int | None = None) -> None
             scenario's own ``resources.workers``).
     """
     from fedsim.data.errors import ENV_ROOT
-    from fedsim.preflight import preflight
     from fedsim.scenario import ScenarioError
+    from fedsim.tools.preflight import preflight
 
     if "root" in type(sc.data).model_fields:  # not e.g. synthetic data
         where = "data.root" if sc.data.root else ENV_ROOT
@@ -754,7 +754,7 @@ def _write_report(result: Any, run_dir: Path, code: int) -> int:
     """Draw the report of a run whose summary.json is written; returns the
     exit code: ``code``, or 130 when Ctrl-C (or SIGTERM) stops the drawing,
     which is said with what is whole and how to draw the report again."""
-    from fedsim.report import write_report
+    from fedsim.tools.report import write_report
 
     try:
         write_report(run_dir)
@@ -865,10 +865,10 @@ def _start_workers(res: ResourceSpec, workers: int | None, address: str | None) 
     """
     if workers == 0 or (workers is None and res.workers == 0):
         return 0
-    from fedsim.executors import resolve_workers
-    from fedsim.preflight import check_address, check_ray_resources
-    from fedsim.ray_session import RayStartError, init_ray
+    from fedsim.remote.placement import resolve_workers
+    from fedsim.remote.ray_session import RayStartError, init_ray
     from fedsim.scenario import ScenarioError
+    from fedsim.tools.preflight import check_address, check_ray_resources
 
     with _errors(ScenarioError), _errors(RayStartError, code=1):
         if address:
@@ -891,8 +891,8 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
     """
     from fedsim.checkpoint import CheckpointError
     from fedsim.data import DataError, DataMissingError
-    from fedsim.executors import PlacementError
     from fedsim.models import ModelError
+    from fedsim.remote.placement import PlacementError
     from fedsim.results import UnreadableResults
     from fedsim.runtime import SetupError, run_scenario
 
@@ -1092,7 +1092,7 @@ def report(
     Reads only the result files, so it works on a finished, interrupted or
     diverged run, and rewrites the report of a run that was resumed.
     """
-    from fedsim.report import ReportError, write_report
+    from fedsim.tools.report import ReportError, write_report
 
     with _errors(ReportError):
         path = write_report(run_dir, max_timeline_rounds=timeline_rounds)
@@ -1137,7 +1137,7 @@ def stress(
     from fedsim.data import DataError, DataMissingError
     from fedsim.models import ModelError
     from fedsim.scenario import ScenarioError
-    from fedsim.stress import run_stress
+    from fedsim.tools.stress import run_stress
 
     _expect_dir(out_dir, "--out", "an output folder")
     grid = _sweep_grid(sweep)
@@ -1187,7 +1187,7 @@ def _sweep_grid(sweep: list[str]) -> dict[str, list[Any]]:
         typer.Exit: (code 2) a malformed option, or a field swept twice.
     """
     from fedsim.scenario import ScenarioError
-    from fedsim.stress import parse_sweep
+    from fedsim.tools.stress import parse_sweep
 
     grid: dict[str, list[Any]] = {}
     with _errors(ScenarioError):
@@ -1224,10 +1224,10 @@ def compare(
     comparison (unless --overwrite). Exit 1 when a run diverged, 3 when a
     plug-in failed during a run (one line), 130 when interrupted.
     """
-    from fedsim.compare import compare as run_compare
     from fedsim.data import DataMissingError
     from fedsim.results import default_run_dir, prepare_run_dir
     from fedsim.rows import whole
+    from fedsim.tools.compare import compare as run_compare
 
     overrides = list(set_ or [])
     _expect_dir(out_dir, "--out", "an output folder")
@@ -1316,7 +1316,7 @@ def _claim_out(out_dir: Path, files: tuple[str, ...], overwrite: bool) -> None:
 def _algorithms(algorithms: str) -> list[str]:
     """``--algorithms`` split (``key=value`` pieces stay with their name),
     and not empty; the labels are made canonical where they are run."""
-    from fedsim.compare import split_algorithms
+    from fedsim.tools.compare import split_algorithms
 
     labels = split_algorithms(algorithms)
     if not labels:
@@ -1328,7 +1328,7 @@ def _maybe_ray(workers: int | None, address: str | None) -> None:
     """Start or join Ray unless --workers 0 runs everything in this process
     (compare and stress run each run as one Ray task, not as actors)."""
     if workers != 0:
-        from fedsim.ray_session import RayStartError, init_ray
+        from fedsim.remote.ray_session import RayStartError, init_ray
 
         with _errors(RayStartError, code=1):  # Ray slower to start than it waits
             init_ray(address)

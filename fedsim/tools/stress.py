@@ -1,7 +1,7 @@
 """``fedsim stress``: sweep a fleet setting, compare aggregators, see who degrades.
 
 Every cell of the sweep grid (the product of the swept fields' values),
-algorithm (as in :mod:`fedsim.compare`) and seed 0..N-1 is one run. Values go
+algorithm (as in :mod:`fedsim.tools.compare`) and seed 0..N-1 is one run. Values go
 mildest first: the degradation table compares the first swept field's first
 value with its last. Usage, outputs and an example: docs/fleets.md.
 """
@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, NotRequired, TypedDict, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from fedsim.compare import (
+from fedsim.results import BOOL, F64, I64, STR, schema
+from fedsim.rows import Row, number, text, whole
+from fedsim.tools.compare import (
     PAIRED_METRICS,
     PAIRED_SCHEMA,
     RUN_COLUMNS,
@@ -44,15 +46,13 @@ from fedsim.compare import (
     split_algorithms,
     tool_field,
 )
-from fedsim.results import BOOL, F64, I64, STR, schema
-from fedsim.rows import Row, number, text, whole
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from fedsim.plots import RGBA
+    from fedsim.tools.plots import RGBA
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, read_yaml
-from fedsim.stats import paired_differences, paired_interval, seeds_needed
+from fedsim.tools.stats import paired_differences, paired_interval, seeds_needed
 
 # What stress.md pairs each arm on, against the baseline, in every cell.
 STRESS_PAIRED = tuple(
@@ -162,7 +162,7 @@ def parse_sweep(text: str) -> tuple[str, list[object]]:
 
 def check_sweep_fields(paths: Sequence[str]) -> None:
     """Refuse to sweep a field every run's own value replaces (the seed, the
-    algorithm, ...: :data:`fedsim.compare.TOOL_FIELDS`), or the name, which
+    algorithm, ...: :data:`fedsim.tools.compare.TOOL_FIELDS`), or the name, which
     changes no result: the cells would differ in name only.
 
     Raises:
@@ -604,7 +604,7 @@ def plot_accuracy(
     usually changes how long a round takes (stragglers, deadlines): two
     algorithms equal per round can be far apart per simulated hour.
     """
-    from fedsim.plots import _new_figure, _save
+    from fedsim.tools.plots import _new_figure, _save
 
     colors = _colors(text(r["record"]["algorithm"]) for r in results)
     ncols = min(len(cells), 4)
@@ -657,7 +657,7 @@ def plot_degradation(
     not be numeric at all). The band is min-max over seeds, not a
     confidence interval: with three seeds that is all there is to show.
     """
-    from fedsim.plots import _new_figure, _save
+    from fedsim.tools.plots import _new_figure, _save
 
     fig = _new_figure(6.5, 4.2)
     ax = fig.subplots()
@@ -698,7 +698,7 @@ def plot_taus(
     window, stragglers), not by the aggregator, so every synchronous
     algorithm sees the same distribution and pooling only adds samples.
     """
-    from fedsim.plots import _new_figure, _save
+    from fedsim.tools.plots import _new_figure, _save
 
     taus = [t for t in taus if t.get("mode", "sync") == "sync"] or list(taus)
     groups = list(dict.fromkeys(text(t["device_group"]) for t in taus))
@@ -757,14 +757,14 @@ def run_stress(
         sweep: field path -> values, mildest first (``{"fleet.stragglers.p":
             [0, 0.1, 0.3, 0.5]}``); several paths make a grid.
         out_dir: the report directory (default ``results/stress-<name>-<time>``).
-        workers: as for :func:`fedsim.compare.run_jobs`.
+        workers: as for :func:`fedsim.tools.compare.run_jobs`.
         target_accuracy: default: 90% of the best algorithm's mean best
             accuracy in the mildest cell, rounded down to half a point.
         overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
         baseline: the arm the others are paired with in every cell (default
             the first algorithm).
         log: trackers that get one run per cell, arm and seed as it ends
-            (fedsim/tracking.py).
+            (fedsim/tools/tracking.py).
 
     Raises:
         ScenarioError: if the scenario, a swept value or an algorithm is
@@ -802,7 +802,7 @@ def run_stress(
         if progress is not None:
             progress(rec)
 
-    from fedsim.tracking import run_group  # issue 41
+    from fedsim.tools.tracking import run_group  # issue 41
 
     group = run_group(log, out, "stress", scenario_path, overrides)
     results = run_jobs(_run_one, jobs, workers, finish)
@@ -879,8 +879,8 @@ def _write_report(
     values. Until then :func:`_write_tables` keeps stress.parquet current,
     so an interrupted sweep still leaves a readable table.
     """
-    from fedsim.plots import plot_paired
     from fedsim.results import atomic_write_bytes, write_table
+    from fedsim.tools.plots import plot_paired
 
     records, target = _write_tables(out, results, cells, target_accuracy, baseline)
     if target is not None:

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from fedsim.actors import Handle, current_pool, kill
 from fedsim.algorithms.base import ClientState, ClientUpdate, Failure
 from fedsim.data import FederatedData
-from fedsim.executors import PlacementError, server_shape
+from fedsim.remote.actors import Handle, current_pool, kill
+from fedsim.remote.placement import PlacementError, server_shape
 from fedsim.server import (
     Applied,
     Instructions,

@@ -1,7 +1,7 @@
 """Figures of one run, drawn from its Parquet tables (docs/results.md, "Figures").
 
 ``figure_*`` returns a matplotlib Figure (Agg canvas, no pyplot state), which
-fedsim.report writes as a PNG. Missing columns, NaN and empty tables give a figure
+fedsim.tools.report writes as a PNG. Missing columns, NaN and empty tables give a figure
 that says so, not an error: an interrupted run still gets a report.
 
 Every figure is a pure function of its inputs: no global pyplot state, a fixed
@@ -409,7 +409,7 @@ def figure_tau_by_group(
         groups: The scenario's device groups (legend order and colours).
         title: The figure's title (a default when empty).
         max_steps: The step cap, drawn dashed; None when tau was not capped
-            (fedsim.report._step_cap decides).
+            (fedsim.tools.report._step_cap decides).
 
     Returns:
         A figure with one axes, one box per group with updates.
@@ -1045,7 +1045,7 @@ def _paired_bar(
         bar[-1][0].set_linestyle("--")
 
 
-# Paired comparisons: a verdict's colour (fedsim.stats.Verdict).
+# Paired comparisons: a verdict's colour (fedsim.tools.stats.Verdict).
 _ARM_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 _VERDICT_COLORS = {
     "better": "#2ca02c",
@@ -1055,7 +1055,7 @@ _VERDICT_COLORS = {
 
 
 class PairedMetricLike(Protocol):
-    """How :func:`plot_paired` draws a metric (fedsim.compare.PairedMetric)."""
+    """How :func:`plot_paired` draws a metric (fedsim.tools.compare.PairedMetric)."""
 
     @property
     def key(self) -> str:
@@ -1086,7 +1086,7 @@ def plot_paired(
     x_labels: Mapping[int, str] | None = None,
 ) -> Path:
     """paired.png: each arm's difference from the baseline with its 95%
-    interval, a panel per metric (fedsim.compare.paired_table's rows).
+    interval, a panel per metric (fedsim.tools.compare.paired_table's rows).
 
     Without ``x_key`` (compare) each arm is a row, its interval a horizontal
     bar; with it (stress: ``cell``) the x axis holds the groups (labelled by
@@ -1098,7 +1098,7 @@ def plot_paired(
     Args:
         rows: the paired rows (``metric``, ``algorithm``, ``mean``, ``lo``,
             ``hi``, ``verdict``, ``baseline``).
-        metrics: fedsim.compare.PairedMetric per metric, in panel order.
+        metrics: fedsim.tools.compare.PairedMetric per metric, in panel order.
         path: where the PNG goes.
         x_key: the row key of the groups, or None.
         x_labels: each group's tick label, by its value (stress: the cell
