@@ -12,7 +12,8 @@
 # line it breaks changed: update the case). Not part of `make test`: each case
 # is a pytest run of its own, and the `retried`, `placement` and `per_node`
 # cases each start the multi-node cluster. Issue 23 lists where each check
-# came from; issue 39 the signal cases and link_weights to clock_floor.
+# came from; issue 39 the signal cases and link_weights to clock_floor; issue 46
+# crn_round to plugin_figure.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -163,10 +164,54 @@ run() {
     case_ crn tests/test_crn.py::test_a_device_behaves_alike_whichever_selector_chose_it \
       fedsim/fleet.py 'np.uint64(_stream_key(self.seed, _TAG_ROUND)) ^ idx.astype(np.uint64)' \
       'np.uint64(_stream_key(self.seed, _TAG_ROUND)) ^ np.arange(idx.size, dtype=np.uint64)' ;;
+  crn_round) # a device's round draws keyed by (seed, device), the round left out
+    case_ crn_round tests/test_crn.py \
+      fedsim/fleet.py 'cell = _splitmix64(key ^ np.uint64(t))' 'cell = _splitmix64(key)' ;;
+  paired_direction) # every paired metric read as higher-is-better
+    case_ paired_direction tests/test_paired_direction.py fedsim/tools/compare.py \
+      'paired_interval(diffs, higher_is_better=m.higher_is_better)' \
+      'paired_interval(diffs, higher_is_better=True)' ;;
+  flops_batch) # the batch size left out of the FLOP count's cache key
+    case_ flops_batch tests/test_flops.py::test_the_count_follows_the_batch_size_alone \
+      fedsim/flops.py '        num_classes,
+        batch_size,
+        integer_inputs,' '        num_classes,
+        integer_inputs,' ;;
+  realised_dropout) # the dropout rate over every selected update, not those started
+    case_ realised_dropout tests/test_realised.py::test_the_dropout_rate_counts_the_updates_whose_work_started \
+      fedsim/realised.py '_rate(reasons.count("dropout"), started, s.dropout_p)' \
+      '_rate(reasons.count("dropout"), n, s.dropout_p)' ;;
+  flops_quantiles) # a FLOP/s group's declared quantiles left in FLOP/s
+    case_ flops_quantiles tests/test_realised.py::test_a_flops_groups_declared_quantiles_are_in_steps_per_s \
+      fedsim/realised.py 'per = flops if speed.per_flop and flops else 1.0' 'per = 1.0' ;;
+  mlflow_failed) # a run that did not complete recorded in MLflow as FINISHED
+    case_ mlflow_failed tests/test_tracking.py::test_a_failed_run_ends_its_mlflow_run_as_failed \
+      fedsim/tools/tracking.py '.get(status, "FAILED")' '.get(status, "FINISHED")' ;;
+  mlflow_resume) # a resume that starts a new MLflow run instead of continuing its own
+    case_ mlflow_resume tests/test_tracking.py::test_a_resume_logs_into_the_mlflow_run_it_started \
+      fedsim/tools/tracking.py 'old = keep.read_text().strip() if keep.exists() else None' \
+      'old = None' ;;
+  fused_clip) # the fused batched step (no weight decay, no hook) skips the clip
+    case_ fused_clip tests/test_batched_clip.py::test_a_clipped_plain_rule_without_weight_decay_is_clipped_and_equal \
+      fedsim/batched.py '    if layers and fused and clip is None:' '    if layers and fused:' ;;
+  dropout_draws) # a round's dropout drawn from the straggler's uniforms
+    case_ dropout_draws tests/test_fleet_realistic.py::test_dropouts_and_stragglers_are_independent_draws \
+      fedsim/fleet.py 'dropout=u[:, 3:5]' 'dropout=u[:, 0:2]' ;;
+  dropout_draws_clock) # the same, the clock handing the straggler's uniforms over
+    case_ dropout_draws_clock tests/test_fleet_realistic.py::test_dropouts_and_stragglers_are_independent_draws \
+      fedsim/clock.py 'fleet.draw_dropouts(ids, draws.dropout, work_s)' \
+      'fleet.draw_dropouts(ids, draws.slowdown, work_s)' ;;
+  fedexp_eta) # FedExP's step size a third smaller (still >= 1: the old check held)
+    case_ fedexp_eta tests/test_hooks.py::test_fedexp_reports_its_step_size_as_a_column_and_a_figure \
+      examples/fedsim_example/fedsim_example/fedexp.py 'spread / (2.0 * (' 'spread / (3.0 * (' ;;
+  plugin_figure) # plugin_metrics.png drawn with no series (its size alone passed)
+    case_ plugin_figure tests/test_hooks.py::test_fedexp_reports_its_step_size_as_a_column_and_a_figure \
+      fedsim/tools/plots.py '_line(ax, x, _floats(rounds, col, len(x)), color="C2")' \
+      '_line(ax, x[:0], _floats(rounds, col, len(x))[:0], color="C2")' ;;
   *) echo "unknown case: $1"; failures=$((failures + 1)) ;;
   esac
 }
 
-ALL="crn stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried partition placement per_node restart interrupt sigterm_ray sigterm_ray_start sigterm_grace link_weights server_order resume_other clock_floor"
+ALL="crn stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried partition placement per_node restart interrupt sigterm_ray sigterm_ray_start sigterm_grace link_weights server_order resume_other clock_floor crn_round paired_direction flops_batch realised_dropout flops_quantiles mlflow_failed mlflow_resume fused_clip dropout_draws dropout_draws_clock fedexp_eta plugin_figure"
 for c in ${@:-$ALL}; do run "$c"; done
 [ "$failures" -eq 0 ]

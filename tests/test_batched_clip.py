@@ -93,3 +93,29 @@ def test_float32_clipped_feddc_matches_within_tolerance():
     seq = w.train_sequential(payload, tasks, states)
     bat = train_batched(w, payload, tasks, states)
     assert_equal_updates(seq, bat, rtol=1e-4, atol=1e-6)
+
+
+def test_a_clipped_plain_rule_without_weight_decay_is_clipped_and_equal():
+    # Without weight decay or a gradient hook, a plain SGD step on a dense
+    # stack could take the fused path (the step inside the backward pass);
+    # every case above sets weight decay, so none of them reaches it.
+    # Prepare: FedAvg, the clip of the cases above, no weight decay
+    plain = [o for o in FEDDC_LIKE if "weight_decay" not in o]
+    w, server = worker(*plain, "algorithm={name: fedavg}")
+    free, _ = worker(*plain, "client.clip_norm=100", "algorithm={name: fedavg}")
+    solver = w.solver_for(0)
+    assert solver.plain and not solver.weight_decay and solver.clip_norm == 0.05
+    payload, states = start_state(w, server)
+    tasks = [Task(c, 0, tau) for c, tau in TAUS]
+
+    # Execute
+    seq = w.train_sequential(payload, tasks, states)
+    bat = train_batched(w, payload, tasks, states)
+    unclipped = train_batched(free, payload, tasks, states)
+
+    # Assert: clipped as sequential training clips, and the clip binds
+    assert_equal_updates(seq, bat, rtol=1e-9, atol=1e-10)
+    gaps = [
+        float((a.delta - b.delta).norm()) for a, b in zip(bat, unclipped, strict=True)
+    ]
+    assert max(gaps) > 1e-3

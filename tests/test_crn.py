@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -98,3 +99,50 @@ def test_a_resumed_run_draws_what_an_uninterrupted_one_does(by_selector, tmp_pat
     written = pq.read_table(Path(tmp_path) / "clients.parquet").to_pylist()
     assert behaviour(written) == by_selector["oort"]
     assert {r for r, _ in behaviour(written)} == set(range(8))
+
+
+def test_a_device_draws_anew_each_round():
+    # Common random numbers key a device's draws by (seed, device, round):
+    # the tests above only compare runs with each other, so draws keyed by
+    # (seed, device) alone, the same every round, would pass them all.
+    from fedsim.fleet import Fleet, FleetSpec
+
+    # Prepare: 40 devices that straggle and drop out half the time
+    spec = FleetSpec.model_validate({"groups": [{
+        "name": "g", "count": 40, "speed": {"dist": "fixed", "steps_per_s": 1.0},
+        "stragglers": {"p": 0.5, "dropout_p": 0.5,
+                       "slowdown": {"dist": "uniform", "low": 2, "high": 3}},
+    }]})  # fmt: skip
+    fleet = Fleet.from_spec(spec, seed=0)
+    ids = np.arange(40)
+
+    # Execute: 200 rounds of every device
+    draws = [fleet.round_draws(ids, t) for t in range(200)]
+    slowed = np.array([fleet.draw_slowdowns(ids, d.slowdown) > 1 for d in draws])
+    dropped = np.array(
+        [np.isfinite(fleet.draw_dropouts(ids, d.dropout, 10.0)) for d in draws]
+    )
+
+    # Assert: each device straggles and drops out in about half the rounds
+    # (200 Bernoulli(0.5) draws: sd 0.035), not in all of them or none
+    for events in (slowed, dropped):
+        share = events.mean(axis=0)
+        assert share.min() > 0.3 and share.max() < 0.7, share
+    # ... with a new factor each time it is slowed
+    factors = np.array([fleet.draw_slowdowns(ids, d.slowdown) for d in draws])
+    assert all(len(set(factors[slowed[:, i], i])) == slowed[:, i].sum() for i in ids)
+
+
+def test_in_a_run_a_device_selected_again_behaves_anew(by_selector):
+    # Prepare: each device's slowdowns over the rounds it was selected in
+    # (the scenario's own run: 8 rounds of 10 of 30 devices)
+    by_device: dict[int, list[float]] = {}
+    for (_, device), (slowdown, *_) in sorted(by_selector["uniform"].items()):
+        by_device.setdefault(device, []).append(slowdown)
+    again = {d: s for d, s in by_device.items() if len(s) >= 2}
+
+    # Assert: devices chosen in several rounds, of which several were slowed
+    # in one round and not in another (a draw keyed without the round
+    # would repeat each device's slowdown in every round it is chosen in)
+    assert len(again) >= 10
+    assert sum(len(set(s)) > 1 for s in again.values()) >= 5

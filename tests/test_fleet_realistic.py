@@ -612,3 +612,38 @@ def test_odd_preset_values_give_validation_errors_only(speed: dict, net: object)
             scale = speed["scale"]
             assert not isinstance(scale, str)
             assert math.isfinite(scale) and scale > 0
+
+
+def test_dropouts_and_stragglers_are_independent_draws():
+    # Each device's round draws a slowdown and a dropout from uniforms of
+    # its own: were the dropout to reuse the straggler's uniforms, a device
+    # would drop out exactly when it straggles (only a golden file of the
+    # clock would notice).
+    from fedsim.clock import RoundSpec, RunContext, plan_round
+
+    # Prepare: 4,000 always-online devices, each slowed and each dropping
+    # out with probability 1/2
+    n = 4000
+    stragglers = {"p": 0.5, "dropout_p": 0.5,
+                  "slowdown": {"dist": "uniform", "low": 2, "high": 3}}  # fmt: skip
+    fleet = Fleet.from_spec(spec(group(count=n, stragglers=stragglers)), seed=0)
+    ctx = RunContext(1000, 1000, np.full(n, 50), 10)
+    policy = RoundSpec(window_s=10, max_steps=1000)
+
+    # Execute: one round of every device, through the clock
+    plans = plan_round(fleet, np.arange(n), 0.0, policy, t=3, ctx=ctx).plans
+
+    # Assert: each event in about half the devices, both in about a quarter
+    # (the product: independent), where shared draws would give a half
+    slowed = np.array([p.slowdown > 1 for p in plans])
+    dropped = np.array([p.reason == "dropout" for p in plans])
+    assert slowed.mean() == pytest.approx(0.5, abs=0.04)
+    assert dropped.mean() == pytest.approx(0.5, abs=0.04)
+    assert (slowed & dropped).mean() == pytest.approx(0.25, abs=0.04)
+    # ... and when a dropout comes (a fraction of the window's work, which
+    # fills the window whatever the factor) does not follow the factor's
+    # uniform either
+    both = slowed & dropped
+    factor = np.array([p.slowdown for p in plans])[both]
+    left = np.array([p.t_arrive - p.t_start for p in plans])[both]
+    assert abs(np.corrcoef(factor, left)[0, 1]) < 0.2

@@ -61,6 +61,20 @@ def test_cnn_flops_match_a_hand_count():
     assert model_step_flops(CNN(), (784,), 10, 2 * b) == 2 * hand
 
 
+def test_the_count_follows_the_batch_size_alone():
+    # The count is cached: the same model and sample shape at another batch
+    # size is another count (the test above changes the input shape with
+    # the batch, so a cache key without the batch size would pass it).
+    # Prepare: an mlp whose count no other test asks for
+    wide = MLP(hidden=[24])
+    first = model_step_flops(wide, (40,), 5, 10)
+
+    # Execute / Assert: the same section and shape at batch 30, then 10 again
+    assert first == dense_flops([40, 24, 5], 10)
+    assert model_step_flops(wide, (40,), 5, 30) == 3 * first
+    assert model_step_flops(wide, (40,), 5, 10) == first
+
+
 def test_flash_workload_table_is_the_count_of_leaf_models():
     # FEMNIST's CNN by hand: conv 32 and 64 ("same", 28 and 14 wide), dense
     # 3136 -> 2048 -> 62, batch 10

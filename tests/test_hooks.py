@@ -34,7 +34,7 @@ from fedsim.scenario import dump_scenario, load_scenario
 from fedsim.testing import check_algorithm, check_selector
 
 from . import hook_plugins
-from .conftest import ROOT, SCENARIOS, fedsim_here
+from .conftest import ROOT, SCENARIOS, assert_figure, fedsim_here
 
 TINY = SCENARIOS / "ci" / "tiny-synthetic.yaml"
 EXAMPLE = ROOT / "examples" / "fedsim_example"
@@ -365,14 +365,42 @@ def test_fedexp_reports_its_step_size_as_a_column_and_a_figure(
     from fedsim.results import write_summary
     from fedsim.tools.report import write_report
 
-    sc = load_scenario(EXAMPLE / "scenario.yaml", ["rounds=2"])
+    # a learning rate at which the clients' first updates already disagree
+    sc = load_scenario(EXAMPLE / "scenario.yaml", ["rounds=2", "client.lr=0.5"])
     (tmp_path / "scenario.yaml").write_text(dump_scenario(sc))
     res = run_scenario(sc, run_dir=tmp_path)
     write_summary(tmp_path / "summary.json", res.summary())
-    assert all(r["alg_eta_g"] >= 1.0 for r in res.rows)
+    # round 0's step size by hand, from the updates its clients make
+    eta = _fedexp_step(sc, [c for c in res.clients if c["round"] == 0], 1e-3)
+    assert eta > 1.0  # extrapolated: the max(1, ...) does not decide it
+    assert res.rows[0]["alg_eta_g"] == pytest.approx(eta, rel=1e-9)
     report = write_report(tmp_path).read_text()
     assert "plugin_metrics.png" in report and "## Plug-in metrics" in report
-    assert (tmp_path / "plugin_metrics.png").stat().st_size > 10_000
+    assert_figure(tmp_path / "plugin_metrics.png")
+
+
+def _fedexp_step(sc, clients, epsilon: float) -> float:
+    """FedExP's eta_g for the first round, recomputed: the round's clients
+    (their ids and tau from clients.parquet) trained again from the initial
+    model, then max(1, sum_i p_i ||D_i||^2 / (2 (||sum_i p_i D_i||^2 + eps)))."""
+    import torch
+
+    from fedsim.data import build_data
+    from fedsim.runtime import run_setup
+    from fedsim.server import Server
+    from fedsim.workers import Task, Worker
+
+    data = build_data(sc.data, sc.num_clients, sc.seed)
+    setup = run_setup(sc)
+    payload = Server(setup.server, data).payload()
+    tasks = [Task(c["client_id"], 0, c["tau"]) for c in clients if not c["dropped"]]
+    ups = Worker(setup.worker, data, threads=1).train_sequential(payload, tasks, {})
+    p = torch.tensor([u.weight for u in ups], dtype=torch.float64)
+    p = p / p.sum()
+    deltas = torch.stack([u.delta.double() for u in ups])
+    mean = p @ deltas
+    spread = float(p @ (deltas**2).sum(dim=1))
+    return max(1.0, spread / (2.0 * (float(mean @ mean) + epsilon)))
 
 
 def test_meter_average_is_the_builtin_convention():

@@ -92,3 +92,56 @@ def test_warnings_name_a_deadline_and_a_group_rounds_never_see(tmp_path):
     report = (tmp_path / "r" / "report.md").read_text()
     assert "## Declared against realised" in report
     assert f"> **Warning**: {warnings[0]}." in report
+
+
+def test_the_dropout_rate_counts_the_updates_whose_work_started():
+    from fedsim.fleet import FleetSpec
+    from fedsim.realised import realised_fleet
+
+    # Prepare: seven selected updates of one group; three had no whole step
+    # in the window and one no data, so their work never started (a dropout
+    # could not happen to them): one dropout among the three that started
+    spec = FleetSpec.model_validate({"groups": [{
+        "name": "g", "count": 7, "speed": {"dist": "fixed", "steps_per_s": 1.0},
+        "stragglers": {"p": 0.0, "dropout_p": 0.25},
+    }]})  # fmt: skip
+    fleet = Fleet.from_spec(spec, seed=0)
+    reasons = ["", "dropout", "late", "no_time", "no_time", "no_time", "no_data"]
+    clients = [
+        {"device_group": "g", "slowdown": 1.0, "drop_reason": why, "t_start": 0.0}
+        for why in reasons
+    ]
+
+    # Execute
+    block = realised_fleet(fleet, spec, np.array([0.0]), clients, False)
+
+    # Assert: 1 of 3, not 1 of the 7 selected
+    (g,) = block["groups"]
+    rate = g["dropout_rate"]
+    assert (rate["realised"], rate["n"], rate["declared"]) == (1 / 3, 3, 0.25)
+    half = Z * math.sqrt(0.25 * 0.75 / 3) + 0.5 / 3
+    assert rate["interval"] == pytest.approx([0.0, min(1.0, 0.25 + half)])
+    assert g["dropped"]["no_time"] == 3 / 7 and g["selected"] == 7
+
+
+def test_a_flops_groups_declared_quantiles_are_in_steps_per_s():
+    # Prepare: quickstart's low-end phones declared in FLOP/s (lognormal,
+    # median 1.2 MFLOP/s, sigma 0.5) on the mlp 60 -> 20 -> 10 at batch 20,
+    # 120,000 FLOPs a step: a median of 10 steps/s
+    speed = "{dist: lognormal, median_flops_per_s: 1.2e6, sigma: 0.5}"
+    over = ["rounds=2", "eval.every_rounds=2", "model={name: mlp, hidden: [20]}",
+            "fleet.groups[0].count=400", f"fleet.groups[0].speed={speed}"]  # fmt: skip
+    sc = load_scenario(QUICK, over)
+
+    # Execute
+    res = run_scenario(sc)
+
+    # Assert: the declared quantiles converted with the model's count, so
+    # the 400 devices drawn sit on them (no speed warning)
+    block = res.summary()["fleet_realised"]
+    low = block["groups"][0]["speed_steps_per_s"]
+    z = 1.2815515655446004  # the normal 90% quantile
+    want = [10.0 * math.exp(0.5 * s) for s in (-z, 0.0, z)]
+    assert low["declared"] == pytest.approx(want, rel=1e-12)
+    assert low["realised"] == pytest.approx(want, rel=0.15)
+    assert not [w for w in block["warnings"] if "speed quantile" in w]

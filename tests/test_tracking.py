@@ -87,21 +87,62 @@ def test_run_logs_every_round_to_tensorboard_and_mlflow(tmp_path, mlflow_store):
     assert mlflow_store.get_experiment(run.info.experiment_id).name == "tracked"
 
 
+def interrupt_after_round(monkeypatch, last: int) -> None:
+    """Stop the next in-process run once round ``last`` is recorded (its
+    row sent to the trackers), as Ctrl-C at that moment would."""
+    import fedsim.runtime
+
+    record = fedsim.runtime._Run.record
+
+    def record_then_stop(self, t, *args, **kwargs):
+        record(self, t, *args, **kwargs)
+        if t == last:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(fedsim.runtime._Run, "record", record_then_stop)
+
+
 @pytest.mark.slow  # MLflow's import and store: seconds of CPU
-def test_a_resume_logs_into_the_mlflow_run_it_started(tmp_path, mlflow_store):
+def test_a_resume_logs_into_the_mlflow_run_it_started(
+    tmp_path, mlflow_store, monkeypatch
+):
+    # Prepare: 4 rounds, a checkpoint every 2, interrupted after round 2
+    # (so the resume starts from round 2's checkpoint: round 2 runs again)
     out = tmp_path / "run"
     args = ["run", str(TINY), "--workers", "0", "--out", str(out), "-q", "--log",
-            "mlflow", "--set", "checkpoint.every_rounds=1", "--set",
-            "name=resumed"]  # fmt: skip
-    fedsim_here(*args, "--set", "rounds=2", check=True)
+            "mlflow", "--set", "checkpoint.every_rounds=2", "--set", "rounds=4",
+            "--set", "name=resumed", "--no-report"]  # fmt: skip
+    with monkeypatch.context() as mp:
+        interrupt_after_round(mp, 2)
+        assert fedsim_here(*args).returncode == 130
     run_id = (out / "mlflow_run_id").read_text().strip()
-    # the finished run resumes with nothing to do; its MLflow run is kept
+    assert mlflow_store.get_run(run_id).info.status == "KILLED"
+
+    # Execute
     fedsim_here("run", "--resume", str(out), "-q", "--log", "mlflow", check=True)
+
+    # Assert: the same MLflow run, finished, holding every round
     assert (out / "mlflow_run_id").read_text().strip() == run_id
-    assert (
-        len(mlflow_store.search_runs([mlflow_store.get_run(run_id).info.experiment_id]))
-        == 1
-    )
+    run = mlflow_store.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert len(mlflow_store.search_runs([run.info.experiment_id])) == 1
+    hist = mlflow_store.get_metric_history(run_id, "time/sim_s")
+    assert sorted({m.step for m in hist}) == [0, 1, 2, 3]
+
+
+@pytest.mark.slow  # MLflow's import and store: seconds of CPU
+def test_a_failed_run_ends_its_mlflow_run_as_failed(tmp_path, mlflow_store):
+    # Execute: a learning rate that diverges in the first round (exit 1)
+    out = tmp_path / "run"
+    res = fedsim_here("run", str(TINY), "--workers", "0", "--out", str(out), "-q",
+                      "--log", "mlflow", "--set", "client.lr=1e20", "--set",
+                      "rounds=2", "--set", "name=failing", "--no-report")  # fmt: skip
+
+    # Assert: the run diverged, and MLflow says it failed
+    assert res.returncode == 1, res.stdout + res.stderr
+    run = mlflow_store.get_run((out / "mlflow_run_id").read_text().strip())
+    assert run.info.status == "FAILED"
+    assert mlflow_store.get_metric_history(run.info.run_id, "time/sim_s")
 
 
 @pytest.mark.slow  # MLflow's import and store: seconds of CPU
