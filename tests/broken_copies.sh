@@ -4,7 +4,7 @@
 # below), runs that test on the copy and expects it to FAIL. A case whose
 # test still passes means the test no longer checks what it claims.
 #
-#   bash tests/broken_copies.sh            # every case (about 8 min on 2 cores)
+#   bash tests/broken_copies.sh            # every case (about 16 min on 2 cores)
 #   bash tests/broken_copies.sh stress gpu # some of them
 #
 # Prints one line per case ("caught" or "NOT CAUGHT", the test's assertion)
@@ -13,7 +13,7 @@
 # is a pytest run of its own, and the `retried`, `placement` and `per_node`
 # cases each start the multi-node cluster. Issue 23 lists where each check
 # came from; issue 39 the signal cases and link_weights to clock_floor; issue 46
-# crn_round to plugin_figure.
+# crn_round to stress_bytes.
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -188,7 +188,7 @@ run() {
     case_ mlflow_failed tests/test_tracking.py::test_a_failed_run_ends_its_mlflow_run_as_failed \
       fedsim/tools/tracking.py '.get(status, "FAILED")' '.get(status, "FINISHED")' ;;
   mlflow_resume) # a resume that starts a new MLflow run instead of continuing its own
-    case_ mlflow_resume tests/test_tracking.py::test_a_resume_logs_into_the_mlflow_run_it_started \
+    case_ mlflow_resume tests/test_tracking.py::test_a_resume_logs_into_the_runs_it_started_each_round_once \
       fedsim/tools/tracking.py 'old = keep.read_text().strip() if keep.exists() else None' \
       'old = None' ;;
   fused_clip) # the fused batched step (no weight decay, no hook) skips the clip
@@ -208,10 +208,22 @@ run() {
     case_ plugin_figure tests/test_hooks.py::test_fedexp_reports_its_step_size_as_a_column_and_a_figure \
       fedsim/tools/plots.py '_line(ax, x, _floats(rounds, col, len(x)), color="C2")' \
       '_line(ax, x[:0], _floats(rounds, col, len(x))[:0], color="C2")' ;;
+  tracker_once) # a resume sends its trackers the rounds they hold already
+    case_ tracker_once tests/test_tracking.py::test_a_resume_logs_into_the_runs_it_started_each_round_once \
+      fedsim/tools/tracking.py '            if step > sink.logged:' '            if True:' ;;
+  mlflow_check) # the MLflow store not checked before the run
+    case_ mlflow_check tests/test_tracking.py::test_an_mlflow_store_that_cannot_be_used_is_refused_before_training \
+      fedsim/tools/tracking.py '        check_mlflow()' '        pass' ;;
+  tensorboard_file) # a file where tensorboard/ goes found only when the writer starts
+    case_ tensorboard_file tests/test_tracking.py::test_a_file_where_the_tensorboard_folder_goes_is_refused_before_training \
+      fedsim/tools/tracking.py '        _check_event_folder(folder / "tensorboard")' '        pass' ;;
+  stress_bytes) # stress's runs without their per-round bytes
+    case_ stress_bytes tests/test_tracking.py::test_stress_logs_the_bytes_down_and_up_of_every_round \
+      fedsim/tools/stress.py 'rows = with_round_bytes(result.rows, result.clients)' 'rows = result.rows' ;;
   *) echo "unknown case: $1"; failures=$((failures + 1)) ;;
   esac
 }
 
-ALL="crn stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried partition placement per_node restart interrupt sigterm_ray sigterm_ray_start sigterm_grace link_weights server_order resume_other clock_floor crn_round paired_direction flops_batch realised_dropout flops_quantiles mlflow_failed mlflow_resume fused_clip dropout_draws dropout_draws_clock fedexp_eta plugin_figure"
+ALL="crn stress bias figure_compare figure_degradation figure_shares cli_loc pairing fuzz_share gpu fmnist retried partition placement per_node restart interrupt sigterm_ray sigterm_ray_start sigterm_grace link_weights server_order resume_other clock_floor crn_round paired_direction flops_batch realised_dropout flops_quantiles mlflow_failed mlflow_resume fused_clip dropout_draws dropout_draws_clock fedexp_eta plugin_figure tracker_once mlflow_check tensorboard_file stress_bytes"
 for c in ${@:-$ALL}; do run "$c"; done
 [ "$failures" -eq 0 ]

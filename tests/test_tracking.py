@@ -6,6 +6,7 @@ equal to the run's rounds.parquet."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import pyarrow.parquet as pq
@@ -103,31 +104,69 @@ def interrupt_after_round(monkeypatch, last: int) -> None:
 
 
 @pytest.mark.slow  # MLflow's import and store: seconds of CPU
-def test_a_resume_logs_into_the_mlflow_run_it_started(
+def test_a_resume_logs_into_the_runs_it_started_each_round_once(
     tmp_path, mlflow_store, monkeypatch
 ):
+    pytest.importorskip("tensorboard")
     # Prepare: 4 rounds, a checkpoint every 2, interrupted after round 2
     # (so the resume starts from round 2's checkpoint: round 2 runs again)
     out = tmp_path / "run"
-    args = ["run", str(TINY), "--workers", "0", "--out", str(out), "-q", "--log",
-            "mlflow", "--set", "checkpoint.every_rounds=2", "--set", "rounds=4",
+    log = ["--log", "mlflow", "--log", "tensorboard"]
+    args = ["run", str(TINY), "--workers", "0", "--out", str(out), "-q", *log,
+            "--set", "checkpoint.every_rounds=2", "--set", "rounds=4",
             "--set", "name=resumed", "--no-report"]  # fmt: skip
     with monkeypatch.context() as mp:
         interrupt_after_round(mp, 2)
         assert fedsim_here(*args).returncode == 130
     run_id = (out / "mlflow_run_id").read_text().strip()
     assert mlflow_store.get_run(run_id).info.status == "KILLED"
+    logged = mlflow_store.get_metric_history(run_id, "time/sim_s")
+    assert [m.step for m in logged] == [0, 1, 2]  # round 2 was logged
 
     # Execute
-    fedsim_here("run", "--resume", str(out), "-q", "--log", "mlflow", check=True)
+    fedsim_here("run", "--resume", str(out), "-q", *log, check=True)
 
-    # Assert: the same MLflow run, finished, holding every round
+    # Assert: the same MLflow run, finished, holding every round once, as
+    # rounds.parquet has it
     assert (out / "mlflow_run_id").read_text().strip() == run_id
     run = mlflow_store.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert len(mlflow_store.search_runs([run.info.experiment_id])) == 1
-    hist = mlflow_store.get_metric_history(run_id, "time/sim_s")
-    assert sorted({m.step for m in hist}) == [0, 1, 2, 3]
+    rows = pq.read_table(out / "rounds.parquet").to_pylist()
+    for tag, key in (("time/sim_s", "sim_time"), ("test/loss", "test_loss")):
+        hist = mlflow_store.get_metric_history(run_id, tag)
+        assert [(m.step, m.value) for m in hist] == [
+            (r["round"], r[key]) for r in rows
+        ], tag
+    # ... and TensorBoard's event files (both attempts' files) each round once
+    tb = scalars(out / "tensorboard")
+    assert [s for s, _ in tb["time/sim_s"]] == [0, 1, 2, 3]
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 2
+
+
+@pytest.mark.slow  # MLflow's import and store: seconds of CPU
+def test_an_overwritten_run_starts_new_tracker_runs(tmp_path, mlflow_store):
+    pytest.importorskip("tensorboard")
+    # Prepare: a finished run in the folder
+    out = tmp_path / "run"
+    args = ["run", str(TINY), "--workers", "0", "--out", str(out), "-q", "--log",
+            "mlflow", "--log", "tensorboard", "--set", "name=overwritten",
+            "--no-report"]  # fmt: skip
+    fedsim_here(*args, check=True)
+    first = (out / "mlflow_run_id").read_text().strip()
+
+    # Execute: the same folder, --overwrite
+    fedsim_here(*args, "--overwrite", check=True)
+
+    # Assert: a new MLflow run beside the old one (both finished, each with
+    # its own rounds), and only the new run's event files
+    second = (out / "mlflow_run_id").read_text().strip()
+    assert second != first
+    for run_id in (first, second):
+        assert mlflow_store.get_run(run_id).info.status == "FINISHED"
+        steps = [m.step for m in mlflow_store.get_metric_history(run_id, "time/sim_s")]
+        assert steps == [0, 1]
+    assert [s for s, _ in scalars(out / "tensorboard")["time/sim_s"]] == [0, 1]
 
 
 @pytest.mark.slow  # MLflow's import and store: seconds of CPU
@@ -155,11 +194,16 @@ def test_compare_logs_one_run_per_arm_and_seed_grouped(tmp_path, mlflow_store):
             out_dir=tmp_path, log=["tensorboard", "mlflow"])  # fmt: skip
     folders = sorted(p.name for p in (tmp_path / "tensorboard").iterdir())
     assert len(folders) == 4 and folders[0].endswith("seed0")
+    sums = []
     for f in folders:
-        assert [s for s, _ in scalars(tmp_path / "tensorboard" / f)["test/loss"]] == [
-            0,
-            1,
-        ]
+        tb = scalars(tmp_path / "tensorboard" / f)
+        assert [s for s, _ in tb["test/loss"]] == [0, 1]
+        assert [s for s, _ in tb["bytes/down"]] == [0, 1]
+        sums.append(tuple(sum(v for _, v in tb[k]) for k in ("bytes/down", "bytes/up")))
+    # each run's bytes down and up per round add up to its totals
+    runs = pq.read_table(tmp_path / "compare.parquet").to_pylist()
+    assert sorted(sums) == sorted((r["bytes_down"], r["bytes_up"]) for r in runs)
+    assert all(down > 0 for down, _ in sums)
     exp = mlflow_store.get_experiment_by_name("compare-compared")
     runs = mlflow_store.search_runs([exp.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
@@ -183,3 +227,104 @@ def test_a_missing_tracker_library_exits_2_naming_the_extra(tmp_path, monkeypatc
     assert not (tmp_path / "r").exists(), "refused before anything was written"
     r = fedsim_here("run", str(TINY), "--log", "wandb")
     assert r.returncode == 2 and "expected one of tensorboard, mlflow" in r.stderr
+
+
+# ------------------------------------------------ trackers checked up front
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then let go)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_file_where_the_tensorboard_folder_goes_is_refused_before_training(
+    tmp_path,
+):
+    pytest.importorskip("tensorboard")
+    # Prepare: the run folder holds a file named tensorboard
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "tensorboard").write_text("mine")
+
+    # Execute
+    r = fedsim_here("run", str(TINY), "--workers", "0", "--out", str(out),
+                    "--log", "tensorboard")  # fmt: skip
+
+    # Assert: exit 2, one line naming the file, nothing run or written
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert f"--log tensorboard: {out / 'tensorboard'} is a file" in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["tensorboard"]
+    assert (out / "tensorboard").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "uri, why",
+    [
+        ("garbage://x", "unsupported URI 'garbage://x'"),
+        ("http://127.0.0.1:{port}", "Connection refused"),
+        ("sqlite:////proc/fedsim-nowhere/mlflow.db", "No such file or directory"),
+        ("sqlite:///{tmp}/a-file/mlflow.db", "File exists"),  # mkdir says
+    ],
+    ids=["garbage", "closed-port", "unwritable", "under-a-file"],
+)
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_an_mlflow_store_that_cannot_be_used_is_refused_before_training(
+    command, uri, why, tmp_path, monkeypatch
+):
+    pytest.importorskip("mlflow", reason="MLflow is the optional extra fedsim[track]")
+    # Prepare: the store MLFLOW_TRACKING_URI names cannot take a run (a
+    # closed port: MLflow alone retries it silently for about 4 minutes)
+    (tmp_path / "a-file").write_text("")
+    uri = uri.format(port=closed_port(), tmp=tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    args = [command, str(TINY), "--workers", "0", "--out", str(out)]
+    if command == "compare":
+        args += ["-a", "fedavg,fedprox:mu=0.1"]
+
+    # Execute
+    r = fedsim_here(*args, "--log", "mlflow")
+
+    # Assert: exit 2, one line naming the tracker, the store and why; the
+    # user's MLflow environment as it was; nothing run or written
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    line = r.stderr.strip()
+    assert line.startswith(
+        f"error: --log mlflow: cannot use the MLflow tracking store {uri}"
+    ), line
+    assert why in line, line
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+    assert not out.exists()
+
+
+@pytest.mark.slow  # a stress grid of two cells
+def test_stress_logs_the_bytes_down_and_up_of_every_round(tmp_path):
+    pytest.importorskip("tensorboard")
+    from fedsim.runtime import run_scenario
+    from fedsim.tools.compare import load_variant
+    from fedsim.tools.stress import run_stress
+
+    # Execute: two cells, one arm, one seed, in this process
+    sweep = {"fleet.groups[0].stragglers.p": [0.0, 0.5]}
+    run_stress(TINY, sweep, ["fedavg"], seeds=1, out_dir=tmp_path, workers=0,
+               overrides=["rounds=2"], log=["tensorboard"])  # fmt: skip
+
+    # Assert: each run's sums per round, as its own client rows give them
+    folders = sorted((tmp_path / "tensorboard").iterdir())
+    assert [f.name for f in folders] == ["00-fedavg-seed0", "01-fedavg-seed0"]
+    for ci, folder in enumerate(folders):
+        cell = {
+            "fleet.groups[0].stragglers.p": sweep["fleet.groups[0].stragglers.p"][ci]
+        }
+        sc = load_variant(str(TINY), "fedavg", 0, ["rounds=2"], cell)[0]
+        clients = run_scenario(sc).clients
+        tb = scalars(folder)
+        for key in ("bytes_down", "bytes_up"):
+            want = [sum(c[key] for c in clients if c["round"] == r) for r in (0, 1)]
+            assert [v for _, v in tb[key.replace("_", "/")]] == want, key
+            assert min(want) > 0

@@ -162,14 +162,16 @@ LogOption = Annotated[
 ]
 
 
-def _trackers(log: list[str] | None) -> list[str]:
-    """The --log choices, refused (exit 2) when unknown or not installed."""
+def _trackers(log: list[str] | None, folder: Path | None = None) -> list[str]:
+    """The --log choices, refused (exit 2) when unknown, not installed or
+    unusable (an MLflow store that cannot be reached, a file where
+    ``folder``'s tensorboard/ goes), before anything runs."""
     if not log:
         return []
     from fedsim.tools.tracking import TrackingUnavailable, require
 
     with _errors(TrackingUnavailable, ValueError):
-        require(log or [])
+        require(log or [], folder)
     return list(dict.fromkeys(log or []))
 
 
@@ -379,7 +381,7 @@ def run(
     # the first line on: set-up (data, model, Ray) can take minutes. In the
     # round loop either waits for the round's end (fedsim/interrupts.py).
     reached: dict[str, Any] = {}  # how far set-up got (see _set_up)
-    trackers = _trackers(log)  # issue 41
+    trackers = _trackers(log, out_dir or resume)  # issue 41
     with interrupts.stop_at_round_ends():
         try:
             sc, run_dir, start, sim0 = _set_up(
@@ -389,7 +391,7 @@ def run(
             reached["workers"] = n = _start_workers(sc.resources, workers, address)
             with (
                 _progress(sc, quiet, start, sim0, log_every) as on_round,
-                _tracked(trackers, run_dir, sc.name, on_round) as tr,  # issue 41
+                _tracked(trackers, run_dir, sc.name, on_round, resume) as tr,
             ):
                 result = _run(sc, n, run_dir, resume is not None, tr.on_round)
                 tr.status = result.status
@@ -402,16 +404,21 @@ def run(
 
 
 def _tracked(
-    trackers: list[str], run_dir: Path, name: str, on_round: OnRound | None
+    trackers: list[str],
+    run_dir: Path,
+    name: str,
+    on_round: OnRound | None,
+    resume: Path | None,
 ) -> AbstractContextManager[Tracked]:
     """fedsim.tools.tracking.tracked, imported here (its tracker libraries only
     when ``trackers`` asks for them): without --log it tracks nothing and
     its ``on_round`` calls the caller's callback alone. The trackers record
     the resolved scenario from ``run_dir``'s scenario.yaml, under the
-    scenario's ``name`` (the MLflow experiment)."""
+    scenario's ``name`` (the MLflow experiment); a ``resume`` continues
+    their runs, each round logged once."""
     from fedsim.tools.tracking import tracked
 
-    return tracked(trackers, run_dir, name, on_round)
+    return tracked(trackers, run_dir, name, on_round, resume is not None)
 
 
 def _set_up(
@@ -1142,7 +1149,7 @@ def stress(
     _expect_dir(out_dir, "--out", "an output folder")
     grid = _sweep_grid(sweep)
     labels = _algorithms(algorithms)
-    trackers = _trackers(log)  # issue 41
+    trackers = _trackers(log, out_dir)  # issue 41
     if out_dir is not None:
         _claim_out(out_dir, _STRESS_FILES, overwrite)
     _maybe_ray(workers, address)
@@ -1233,7 +1240,7 @@ def compare(
     _expect_dir(out_dir, "--out", "an output folder")
     sc = _load(scenario, overrides)
     names = _algorithms(algorithms)
-    trackers = _trackers(log)  # issue 41
+    trackers = _trackers(log, out_dir)  # issue 41
     run_dir = out_dir if out_dir is not None else default_run_dir(f"compare-{sc.name}")
     _claim_out(run_dir, _COMPARE_FILES, overwrite)
     with _errors(OSError):

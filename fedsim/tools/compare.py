@@ -377,13 +377,14 @@ def run_one(
             keeping the tables of the runs that finished.
     """
     from fedsim.runtime import run_scenario
+    from fedsim.tools.tracking import with_round_bytes
 
     sc, mode = load_variant(scenario_path, label, seed, overrides)
     result = run_scenario(sc, workers=0)
     result.reraise_failure()  # a plug-in that failed (issue 37) stops it all
     if result.status == "interrupted":
         raise KeyboardInterrupt  # stop the comparison, not just this run
-    rows = with_uploads(result.rows, result.clients)
+    rows = with_round_bytes(with_uploads(result.rows, result.clients), result.clients)
     summary = result.summary()
     target = math.inf if target_accuracy is None else target_accuracy
     hit = next((r for r in rows if _ge(r["test_accuracy"], target)), None)

@@ -218,13 +218,14 @@ def _run_one(
             with the tables of the runs that finished already written.
     """
     from fedsim.runtime import run_scenario
+    from fedsim.tools.tracking import with_round_bytes
 
     sc, mode = load_variant(scenario_path, label, seed, overrides, cell)
     result = run_scenario(sc, workers=0)  # keeps the rows up to a divergence
     result.reraise_failure()  # a plug-in that failed (issue 37) stops it all
     if result.status == "interrupted":
         raise KeyboardInterrupt  # stop the sweep, not just this run
-    rows = result.rows
+    rows = with_round_bytes(result.rows, result.clients)  # the trackers' bytes
     diverged = result.status == "diverged"
     record = {
         "cell": cell_index,

@@ -2,18 +2,20 @@
 
 ``fedsim run --log tensorboard`` (or ``--log mlflow``, or both) sends every
 round's row to a tracker as the run goes; ``compare`` and ``stress`` send one
-tracked run per arm and seed, grouped under the comparison (docs/results.md,
-"Trackers"). Both libraries are optional (``pip install 'fedsim[track]'``)
-and imported only when asked for, so a run without ``--log`` imports
-neither.
+tracked run per arm and seed, grouped under the comparison (README.md,
+"Watching runs in TensorBoard or MLflow"). Both libraries are optional
+(``pip install 'fedsim[track]'``) and imported only when asked for, so a
+run without ``--log`` imports neither.
 
 What a round sends (:func:`round_metrics`): every numeric column of its row
 in rounds.parquet (test metrics, tau statistics, participation counts,
 simulated and wall time, chi^2, and any column a plug-in adds), under a
 readable tag (``test/accuracy``, ``tau/mean``, ``participation/dropped``),
 plus the bytes its clients downloaded and uploaded (sums of clients.parquet's
-``bytes_down`` and ``bytes_up``). NaN values (a round without evaluation) are
-left out. The step is the round (asynchronous mode: the server version).
+``bytes_down`` and ``bytes_up``; compare's and stress's runs carry the same
+sums in their round rows, :func:`with_round_bytes`). NaN values (a round
+without evaluation) are left out. The step is the round (asynchronous mode:
+the server version).
 
 Where it goes:
 
@@ -26,9 +28,23 @@ Where it goes:
   stress: ``compare-<name>`` / ``stress-<name>``, a parent run per
   comparison and a child run per arm and seed, tagged ``fedsim.arm`` and
   ``fedsim.seed``); parameters are the resolved scenario's fields, dotted
-  (``fleet.groups.0.count``: MLflow allows no brackets). A resumed run logs
-  into the MLflow run it started (its id is kept in
-  ``<run dir>/mlflow_run_id``).
+  (``fleet.groups.0.count``: MLflow allows no brackets).
+
+A resumed run (``fedsim run --resume DIR --log ...``) logs into what the run
+it continues started: the same MLflow run (its id is kept in
+``<run dir>/mlflow_run_id``; the run reads RUNNING again, then ends as the
+resume ends) and the same TensorBoard folder. A resume trains again the
+rounds after its checkpoint, some of which the interrupted run had logged
+already; each tracker sends only the rounds it does not hold yet (the last
+step it holds is read back from the tracker itself), so every round is
+logged once. A new run in a folder (``--overwrite``) starts a new MLflow run
+and replaces the old run's event files.
+
+Before anything is run, :func:`require` checks each tracker: its library
+installed, the MLflow store usable (one request, without MLflow's retries:
+a closed port or an unwritable path is said at once, not after minutes),
+and no file in the way of the TensorBoard folder. A failed check is one
+line naming the tracker (the CLI exits 2).
 
 Nothing reaches the network: TensorBoard only writes files, and MLflow's
 anonymous usage telemetry is switched off (``MLFLOW_DISABLE_TELEMETRY``)
@@ -50,6 +66,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -97,6 +114,12 @@ class TrackingUnavailable(ImportError):
     """A ``--log`` tracker whose library is not installed (the CLI exits 2)."""
 
 
+class TrackerUnusable(ValueError):
+    """A ``--log`` tracker that cannot take the run: an MLflow store that
+    cannot be reached or written, a file where the TensorBoard folder goes
+    (the CLI exits 2, before any training)."""
+
+
 def round_metrics(row: Row, clients: Sequence[Row]) -> dict[str, float]:
     """A round's metrics, by tracker tag (see the module docstring).
 
@@ -119,15 +142,52 @@ def round_metrics(row: Row, clients: Sequence[Row]) -> dict[str, float]:
     return out
 
 
+# the per-round byte sums :func:`with_round_bytes` adds, by tracker tag
+_ROUND_BYTES = {"round_bytes_down": "bytes/down", "round_bytes_up": "bytes/up"}
+
+
+def with_round_bytes(
+    rows: Sequence[Row], clients: Sequence[Row]
+) -> list[dict[str, object]]:
+    """Copies of the round rows with ``round_bytes_down`` and
+    ``round_bytes_up``: the bytes the round's clients downloaded and
+    uploaded (what :func:`round_metrics` sums for ``fedsim run``), so that
+    compare's and stress's runs, whose client rows stay in their worker,
+    log the same ``bytes/down`` and ``bytes/up``.
+
+    >>> with_round_bytes([{"round": 0}, {"round": 1}],
+    ...                  [{"round": 1, "bytes_down": 8, "bytes_up": 3},
+    ...                   {"round": 1, "bytes_down": 8, "bytes_up": 0}])
+    [{'round': 0, 'round_bytes_down': 0, 'round_bytes_up': 0}, \
+{'round': 1, 'round_bytes_down': 16, 'round_bytes_up': 3}]
+    """
+    sums: dict[int, list[int]] = {}
+    for c in clients:
+        s = sums.setdefault(whole(c["round"], "round"), [0, 0])
+        s[0] += whole(c["bytes_down"], "bytes_down")
+        s[1] += whole(c["bytes_up"], "bytes_up")
+    out: list[dict[str, object]] = []
+    for r in rows:
+        down, up = sums.get(whole(r["round"], "round"), (0, 0))
+        out.append({**r, "round_bytes_down": down, "round_bytes_up": up})
+    return out
+
+
 def rows_metrics(rows: Sequence[Row]) -> Iterator[tuple[int, dict[str, float]]]:
     """(step, metrics) of finished round rows, without client rows (compare's
-    and stress's runs): the uploads come from ``bytes_up_cum`` when present."""
+    and stress's runs): the bytes from ``round_bytes_down`` and
+    ``round_bytes_up`` (:func:`with_round_bytes`) when present, else the
+    uploads from ``bytes_up_cum``."""
     before = 0
+    skip = {"bytes_up_cum", *_ROUND_BYTES}
     for row in rows:
-        m = round_metrics({k: v for k, v in row.items() if k != "bytes_up_cum"}, [])
+        m = round_metrics({k: v for k, v in row.items() if k not in skip}, [])
         if "bytes_up_cum" in row:
             m["bytes/up"] = float(whole(row["bytes_up_cum"]) - before)
             before = whole(row["bytes_up_cum"])
+        for key, tag in _ROUND_BYTES.items():
+            if key in row:
+                m[tag] = float(whole(row[key], key))
         yield whole(row["round"], "round"), m
 
 
@@ -167,12 +227,20 @@ def _is_table(node: object) -> TypeGuard[list[object]]:
     return isinstance(node, list) and any(isinstance(v, dict) for v in node)
 
 
-def require(kinds: Sequence[str]) -> None:
-    """Refuse ``--log`` choices that are unknown or not installed.
+def require(kinds: Sequence[str], folder: Path | None = None) -> None:
+    """Refuse ``--log`` choices that are unknown, not installed or unusable,
+    before anything is run.
+
+    Args:
+        kinds: the ``--log`` choices.
+        folder: where the run (or comparison) writes, when known: its
+            ``tensorboard`` must be a folder or not exist yet.
 
     Raises:
         TrackingUnavailable: a library is missing (the message names the
-            extra to install); ValueError: an unknown tracker.
+            extra to install); TrackerUnusable: the MLflow store cannot be
+            used (:func:`check_mlflow`) or a file is where the TensorBoard
+            folder goes; ValueError: an unknown tracker.
     """
     for kind in kinds:
         if kind not in KINDS:
@@ -184,6 +252,69 @@ def require(kinds: Sequence[str]) -> None:
             raise TrackingUnavailable(
                 f"--log {kind} needs the {module} package: {EXTRA}"
             ) from None
+    if "tensorboard" in kinds and folder is not None:
+        _check_event_folder(folder / "tensorboard")
+    if "mlflow" in kinds:
+        check_mlflow()
+
+
+def _check_event_folder(folder: Path) -> None:
+    """Refuse a ``tensorboard`` path that exists and is not a folder (the
+    event files could not be written there)."""
+    if folder.exists() and not folder.is_dir():
+        raise TrackerUnusable(
+            f"--log tensorboard: {folder} is a file, where the event files' "
+            "folder goes; move it, or choose another --out"
+        )
+
+
+# MLflow's HTTP requests, while the store is checked: one try, a short wait
+# (its defaults retry a refused connection for about four minutes)
+_CHECK_ENV = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
+
+
+def check_mlflow() -> None:
+    """Check that the MLflow store the runs would log to can be used: one
+    cheap request (a search for one experiment) through the client the
+    runs use, with MLflow's retries off, so that a garbage
+    ``MLFLOW_TRACKING_URI``, a server that is down (a closed port) or a
+    path that cannot be written is said in one line at once, not as a raw
+    exception after minutes of retries, or at the end of training.
+
+    Raises:
+        TrackerUnusable: naming the store and why it cannot be used.
+    """
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or "./mlruns/mlflow.db (the default)"
+    saved = {k: os.environ.get(k) for k in _CHECK_ENV}
+    os.environ.update(_CHECK_ENV)
+    try:
+        with _quiet_mlflow():
+            mlflow_client().search_experiments(max_results=1)
+    except Exception as exc:  # MLflow's, SQLAlchemy's, the OS's: all one line
+        raise TrackerUnusable(
+            f"--log mlflow: cannot use the MLflow tracking store {uri} "
+            f"(MLFLOW_TRACKING_URI): {_why(exc)}"
+        ) from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _why(exc: BaseException) -> str:
+    """The reason in ``exc``'s text, in a few words: the OS's ("Connection
+    refused") when a connection failed, else its first line, shortened."""
+    text = str(exc) or type(exc).__name__
+    found = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if found:
+        return found.group(1).strip(" :")
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first if len(first) <= 300 else first[:297] + "..."
 
 
 class _Sink(Protocol):
@@ -203,13 +334,24 @@ class _TensorBoard:
         folder: where the event files go.
         resolved: the resolved scenario as YAML, kept as a text summary
             (None: none, a comparison's parent).
+        resume: the run continues one that logged here: ``logged`` is the
+            last round its event files hold. Else event files already in
+            ``folder`` are an older run's (``--overwrite``) and go.
+
+    Raises:
+        TrackerUnusable: ``folder`` is a file.
     """
 
-    def __init__(self, folder: Path, resolved: str | None) -> None:
+    def __init__(self, folder: Path, resolved: str | None, resume: bool = False):
         from torch.utils.tensorboard import SummaryWriter
 
+        _check_event_folder(folder)
+        self.logged = _last_event_step(folder) if resume else -1
+        if not resume and folder.is_dir():
+            for old in folder.glob("events.out.tfevents.*"):
+                old.unlink()
         self.writer = SummaryWriter(str(folder), flush_secs=int(_FLUSH_S))
-        if resolved is not None:
+        if resolved is not None and not resume:
             # four spaces: TensorBoard's text plugin reads markdown
             text = "".join("    " + ln for ln in resolved.splitlines(True))
             self.writer.add_text("scenario", text, 0)
@@ -220,6 +362,24 @@ class _TensorBoard:
 
     def close(self, status: str) -> None:
         self.writer.close()
+
+
+# A tag every round row has (its simulated time): the steps a tracker holds
+_EVERY_ROUND = TAGS["sim_time"]
+
+
+def _last_event_step(folder: Path) -> int:
+    """The last step of :data:`_EVERY_ROUND` in ``folder``'s event files
+    (-1: none), read with TensorBoard's own reader."""
+    if not folder.is_dir() or not any(folder.glob("events.out.tfevents.*")):
+        return -1
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(str(folder), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    if _EVERY_ROUND not in acc.Tags()["scalars"]:
+        return -1
+    return max(e.step for e in acc.Scalars(_EVERY_ROUND))
 
 
 @contextmanager
@@ -262,7 +422,8 @@ class _MLflow:
         resolved: the resolved scenario as YAML, logged as parameters
             (None: none, a comparison's parent).
         tags: the run's tags.
-        run_id: a run to continue (a resume) instead of a new one.
+        run_id: a run to continue (a resume) instead of a new one:
+            ``logged`` is the last round it holds (-1 for a new run).
     """
 
     def __init__(
@@ -279,6 +440,7 @@ class _MLflow:
         self.client = client
         self.pending: list[Metric] = []
         self.last = time.monotonic()
+        continued = run_id is not None
         with _quiet_mlflow():
             if run_id is None:
                 exp = client.get_experiment_by_name(experiment)
@@ -294,6 +456,11 @@ class _MLflow:
             else:
                 client.update_run(run_id, status="RUNNING")
         self.run_id: str = run_id
+        self.logged = -1
+        if continued:
+            with _quiet_mlflow():
+                held = client.get_metric_history(run_id, _EVERY_ROUND)
+            self.logged = max((m.step for m in held), default=-1)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
@@ -326,22 +493,32 @@ class Tracker:
         run_dir: the run's folder (event files; the MLflow run's id); its
             scenario.yaml, the resolved scenario, is what the trackers record.
         experiment: the MLflow experiment (the scenario's name).
+        resume: the run continues an interrupted one: its trackers' runs
+            go on, and the rounds they hold already are not sent again.
     """
 
-    def __init__(self, kinds: Sequence[str], run_dir: Path, experiment: str) -> None:
+    def __init__(
+        self, kinds: Sequence[str], run_dir: Path, experiment: str, resume: bool = False
+    ) -> None:
         resolved = (run_dir / "scenario.yaml").read_text(encoding="utf-8")
-        self.sinks: list[_Sink] = []
+        self.sinks: list[_TensorBoard | _MLflow] = []
         for kind in kinds:
             if kind == "tensorboard":
-                self.sinks.append(_TensorBoard(run_dir / "tensorboard", resolved))
+                folder = run_dir / "tensorboard"
+                self.sinks.append(_TensorBoard(folder, resolved, resume))
             elif kind == "mlflow":
-                self.sinks.append(_mlflow_run(run_dir, experiment, resolved))
+                self.sinks.append(_mlflow_run(run_dir, experiment, resolved, resume))
 
     def on_round(self, row: Row, clients: Sequence[Row]) -> None:
-        """Send one round (a ``run_scenario`` ``on_round`` callback)."""
+        """Send one round (a ``run_scenario`` ``on_round`` callback) to each
+        tracker that does not hold it yet (a resume trains again rounds the
+        interrupted run had logged)."""
+        step = whole(row["round"], "round")
         metrics = round_metrics(row, clients)
         for sink in self.sinks:
-            sink.log(whole(row["round"], "round"), metrics)
+            if step > sink.logged:
+                sink.log(step, metrics)
+                sink.logged = step
 
     def close(self, status: str = "completed") -> None:
         """End every tracker's run with the fedsim run's ``status``."""
@@ -349,15 +526,19 @@ class Tracker:
             sink.close(status)
 
 
-def _mlflow_run(run_dir: Path, experiment: str, resolved: str) -> _MLflow:
-    """The run's MLflow run: the one a resumed run started, else a new one."""
+def _mlflow_run(run_dir: Path, experiment: str, resolved: str, resume: bool) -> _MLflow:
+    """The run's MLflow run: the one the run it resumes started, else a new
+    one (also in a folder an overwritten run had logged from)."""
     keep = run_dir / "mlflow_run_id"
     client = mlflow_client()
     old = keep.read_text().strip() if keep.exists() else None
+    old = old if resume else None
     tags = {"fedsim.run_dir": str(run_dir.resolve())}
     sink = _MLflow(client, experiment, run_dir.name, resolved, tags, old)
     if old is None:
-        keep.write_text(sink.run_id + "\n")
+        from fedsim.results import atomic_write_bytes
+
+        atomic_write_bytes(keep, f"{sink.run_id}\n".encode())
     return sink
 
 
@@ -384,6 +565,7 @@ def tracked(
     run_dir: Path,
     experiment: str,
     on_round: OnRound | None = None,
+    resume: bool = False,
 ) -> Iterator[Tracked]:
     """Track one ``fedsim run`` (nothing when ``kinds`` is empty): yields a
     :class:`Tracked` whose ``on_round`` goes to ``run_scenario``; on exit the
@@ -395,8 +577,9 @@ def tracked(
         run_dir: the run's folder, with the resolved scenario.yaml written.
         experiment: the MLflow experiment (the scenario's name).
         on_round: the caller's own callback (progress), called first.
+        resume: the run continues an interrupted one (:class:`Tracker`).
     """
-    tracker = Tracker(kinds, run_dir, experiment) if kinds else None
+    tracker = Tracker(kinds, run_dir, experiment, resume) if kinds else None
     out = Tracked(on_round, tracker)
     try:
         yield out
