@@ -364,6 +364,21 @@ def _device(
     finish(work.tau, "")
 
 
+def _delay_until(now: float, at: float) -> float:
+    """The delay after which SimPy, adding it back to ``now``, is at ``at``
+    or later (the float after it, at most).
+
+    ``now + (at - now)`` falls one ulp short of ``at`` for some pairs (about
+    3 in 100 when ``now`` is under half of ``at``), and which pairs do
+    depends on their last bits: a wake-up that lands short would find the
+    device still offline, on one CPU and not on another.
+    """
+    delay = at - now
+    while now + delay < at:
+        delay = math.nextafter(delay, math.inf)
+    return delay
+
+
 def _leave(
     env: simpy.Environment, device: simpy.Process, delay: float, why: str
 ) -> Generator[simpy.Event, object, None]:
@@ -982,7 +997,9 @@ class AsyncTimeline:
                 # one pending wake-up at a time: an earlier one replaces it
                 if math.isfinite(wake) and wake < self._wake_at:
                     self._wake_at = wake
-                    self.env.timeout(wake - now).callbacks.append(self._wake)
+                    self.env.timeout(_delay_until(now, wake)).callbacks.append(
+                        self._wake
+                    )
 
     def _wake(self, _event: simpy.Event) -> None:
         """A device may have come online: settle (and dispatch) now."""
