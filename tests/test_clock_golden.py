@@ -18,7 +18,9 @@ this file a second time with NumPy's AVX-512 paths switched off
 any number of workers and a resume (tests/test_runtime.py).
 
 Regenerate (only when a change of the timeline is intended) with
-``python tests/test_clock_golden.py`` from the repository root.
+``python tests/test_clock_golden.py`` from the repository root;
+``python tests/test_clock_golden.py --avx512-targets`` prints NumPy's
+AVX-512 targets (what ``.ci/run`` switches off).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -391,7 +396,55 @@ def test_last_bit_changes_move_no_discrete_outcome(monkeypatch, name, mode):
     assert golden_differences(got, golden) == []
 
 
+def _numpy_umath() -> Any:
+    """NumPy's C module that knows its CPU features and dispatch targets."""
+    try:
+        from numpy._core import _multiarray_umath as umath
+    except ImportError:  # NumPy 1.x
+        from numpy.core import _multiarray_umath as umath  # type: ignore[no-redef]
+    return umath
+
+
+def _needs_avx512(target: str) -> bool:
+    return target.startswith("AVX512") or target == "X86_V4"
+
+
+def avx512_targets() -> list[str]:
+    """NumPy's dispatch targets that need AVX-512, by this NumPy's names
+    (AVX512F, AVX512_SKX, ... before 2.4; X86_V4, AVX512_ICL, AVX512_SPR
+    since): what ``NPY_DISABLE_CPU_FEATURES`` switches off to compute as an
+    AVX2-only CPU does (``.ci/run``; it ignores names it does not know)."""
+    return [t for t in _numpy_umath().__cpu_dispatch__ if _needs_avx512(t)]
+
+
+def test_switching_off_the_avx512_targets_takes_exp_off_avx512():
+    # Prepare: where this NumPy's float64 exp runs, with and without them
+    if not _numpy_umath().__cpu_features__.get("AVX512F"):
+        pytest.skip("no AVX-512 here: NumPy already computes as on AVX2")
+    code = (
+        "import numpy as np; "
+        "print(np.lib.introspect.opt_func_info(func_name='exp')['exp']['dd']['current'])"
+    )
+    off = {**os.environ, "NPY_DISABLE_CPU_FEATURES": " ".join(avx512_targets())}
+
+    # Execute
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True
+        )
+        for env in (os.environ, off)
+    ]
+
+    # Assert: exp ran on AVX-512, and no longer does with them off
+    now, then = (r.stdout.strip() for r in runs)
+    assert runs[1].returncode == 0, runs[1].stderr
+    assert _needs_avx512(now) and then and not _needs_avx512(then)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--avx512-targets"]:
+        print(" ".join(avx512_targets()))
+        sys.exit(0)
     FIXTURE.parent.mkdir(exist_ok=True)
     FIXTURE.write_text(_dump({k: f() for k, f in cases().items()}) + "\n")
     print(f"wrote {FIXTURE}")
