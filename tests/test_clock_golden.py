@@ -349,7 +349,7 @@ def _nudge(x: Any, mode: str) -> Any:
     return moved if isinstance(x, np.ndarray) else np.float64(moved)
 
 
-def _perturb_transcendentals(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+def perturb_transcendentals(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """Make NumPy's and math's transcendental functions, and the Pareto
     straggler factor's power (``**``, which no module attribute reaches),
     return results one ulp off, for the rest of the test."""
@@ -385,7 +385,7 @@ def test_last_bit_changes_move_no_discrete_outcome(monkeypatch, name, mode):
     # Prepare: every transcendental result of the clock's draws one ulp off,
     # as another CPU's SIMD path may round it
     golden = _golden(name)
-    _perturb_transcendentals(monkeypatch, mode)
+    perturb_transcendentals(monkeypatch, mode)
 
     # Execute
     got = json.loads(_dump(cases()[name]()))

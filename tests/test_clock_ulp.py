@@ -1,7 +1,7 @@
 """Decisions of the clock that a float's last bit must not flip: the
-rounding SimPy makes when it adds a delay back to the current time, and
-the slack with which times become whole steps and deadlines are judged
-(docs/architecture.md, "Determinism")."""
+rounding SimPy makes when it adds a delay back to the current time, and the
+slack with which deadlines are judged and ties ordered (docs/architecture.md,
+"Determinism")."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def test_async_ends_equal_but_for_last_bits_settle_alike(monkeypatch, seed, mode
     # hold ends equal but for their sums' last bits (which version an
     # update joins, and its staleness, followed SimPy's float order)
     want = _timeline(seed)
-    golden._perturb_transcendentals(monkeypatch, mode)
+    golden.perturb_transcendentals(monkeypatch, mode)
 
     # Execute: the same with exp and log one ulp off
     got = _timeline(seed)
