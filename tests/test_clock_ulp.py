@@ -114,7 +114,7 @@ def _timeline(seed: int) -> Any:
     return json.loads(
         _dump(
             golden.async_case(
-                fleet, policy, versions=150, buffer_size=2, concurrency=5, seed=seed
+                fleet, policy, versions=12, buffer_size=2, concurrency=5, seed=seed
             )
         )
     )
