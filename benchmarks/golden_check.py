@@ -11,7 +11,9 @@ lists, per scenario, the columns whose values differ::
     python benchmarks/golden_check.py compare /tmp/before.json /tmp/after.json
 
 The command line is the one interface every version shares, which is why
-this drives it rather than a library call.
+this drives it rather than a library call. Record both on one machine: the
+digests are bit for bit, and on another CPU type float columns may differ
+in their last bits (docs/architecture.md, "Determinism").
 """
 
 from __future__ import annotations

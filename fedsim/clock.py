@@ -6,6 +6,7 @@ device's ``tau``, arrival and fate (docs/fleets.md, "The clock").
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
@@ -27,9 +28,26 @@ Ints = NDArray[np.int64]
 Floats = NDArray[np.float64]
 Steps = NDArray[np.int64 | np.float64]
 
-# Slack for floor(): compute_time * speed is 4.0 - 1e-15 more often than one
-# would like (2.0 / 0.5 in floats), and a step must not be lost to rounding.
+# The relative slack of every decision the clock takes on a float: a step
+# that ends within it of a whole step counts, an update within it after the
+# deadline is on time, and job ends within it of each other arrive together
+# (in device order). Float sums land a few ulps off the value they equal
+# (compute_time * speed is 4.0 - 1e-15 for 2.0 / 0.5), and on which side
+# depends on last bits that another CPU's exp or log rounds otherwise; 1e-9
+# is far above such errors and far below any time the clock resolves.
 _EPS = 1e-9
+
+
+def _slack(x: float) -> float:
+    """The slack of a decision on ``x`` (a time or a step count): ``_EPS``
+    relative to it, absolute below 1."""
+    return _EPS * max(1.0, abs(x))
+
+
+def _whole_steps(x: ArrayLike) -> Floats:
+    """floor(x) of step counts ``x``, a step within the slack counting whole."""
+    steps = np.asarray(x, dtype=np.float64)
+    return np.floor(steps + _EPS * np.maximum(1.0, steps))
 
 
 class RoundSpec(_Spec):
@@ -288,7 +306,8 @@ class _Work:
     def steps_done(self, t: float) -> int:
         """Whole steps finished by time ``t`` (the work lost on leaving)."""
         computed_s = t - (self.t_start + self.down)
-        return min(self.tau, max(0, math.floor(computed_s * self.rate + _EPS)))
+        done = int(_whole_steps(computed_s * self.rate))
+        return min(self.tau, max(0, done))
 
 
 class Leave(NamedTuple):
@@ -362,6 +381,21 @@ def _device(
         finish(work.steps_done(env.now), str(stop.cause))
         return
     finish(work.tau, "")
+
+
+def _delay_until(now: float, at: float) -> float:
+    """The delay after which SimPy, adding it back to ``now``, is at ``at``
+    or later (the float after it, at most).
+
+    ``now + (at - now)`` falls one ulp short of ``at`` for some pairs (about
+    3 in 100 when ``now`` is under half of ``at``), and which pairs do
+    depends on their last bits: a wake-up that lands short would find the
+    device still offline, on one CPU and not on another.
+    """
+    delay = at - now
+    while now + delay < at:
+        delay = math.nextafter(delay, math.inf)
+    return delay
 
 
 def _leave(
@@ -545,8 +579,7 @@ def _round_steps(
         compute_s = policy.window_s - comm_s
         # A relative slack: 2.0 / 0.5 * 0.5 may land 1 ulp under a whole
         # step, and an absolute _EPS is lost once compute_s * rate is large.
-        tau = np.floor(compute_s * rate + _EPS * np.maximum(1.0, compute_s * rate))
-        tau = np.clip(tau, 0, cap).astype(np.int64)
+        tau = np.clip(_whole_steps(compute_s * rate), 0, cap).astype(np.int64)
         skip = np.where(tau == 0, "no_time", "")
         return _RoundSteps(tau, skip, None, now + policy.window_s)
     n = np.asarray(ctx.n_samples, dtype=np.int64)[ids]
@@ -590,7 +623,7 @@ def _run_round(
     arrived: list[int] = []
 
     def finish(j: int, done: int, reason: str) -> None:
-        if not reason and wait_for_all and env.now > deadline:
+        if not reason and wait_for_all and env.now > deadline + _slack(deadline):
             reason = "late"
         outcome[j] = _Outcome(done, env.now, reason)
         if not reason:
@@ -619,9 +652,10 @@ def _round_server(
 ) -> Generator[simpy.Event, object, float]:
     """The server's wait in a round (see :func:`_run_round`); returns t_end.
 
-    Whether an update is late is judged by time (``env.now > deadline`` in
-    ``finish``), not by which of two events at the deadline's instant SimPy
-    processes first, so an arrival exactly at the deadline counts.
+    Whether an update is late is judged by time (``env.now`` past the
+    deadline and its slack, in ``finish``), not by which of two events at the
+    deadline's instant SimPy processes first, so an arrival at the deadline
+    counts, also when its float sum lands a few ulps past it.
     """
     if not wait_for_all:
         yield env.timeout(deadline - env.now)
@@ -637,8 +671,15 @@ def _round_server(
 
 def _mark_surplus(outcome: dict[int, _Outcome], arrived: list[int], keep: int) -> None:
     """Mark every arrival after the first ``keep`` ``surplus`` (in place);
-    equal arrival times are ordered by device, not by SimPy's event order."""
-    for _, j in sorted((outcome[j].t, j) for j in arrived)[keep:]:
+    arrival times equal within the slack are ordered by device, not by
+    SimPy's event order nor by the last bits of their sums."""
+    by_time = sorted((outcome[j].t, j) for j in arrived)
+    ties, first = [], by_time[0][0] if by_time else 0.0
+    for t, j in by_time:
+        if t > first + _slack(first):  # a new instant of arrivals
+            first = t
+        ties.append((first, j))
+    for _, j in sorted(ties)[keep:]:
         outcome[j] = outcome[j]._replace(reason="surplus")
 
 
@@ -764,6 +805,7 @@ class _Ended(NamedTuple):
     job: Job
     reason: str  # "" arrived, else "offline" or "dropout"
     steps: int  # steps done (all of tau when it arrived)
+    t: float  # when the device reported it
 
 
 class AsyncTimeline:
@@ -865,6 +907,7 @@ class AsyncTimeline:
         self._choices = 0
         self._dispatch_due = False
         self._made: list[Version] = []
+        self._ends_ahead: list[float] = []  # a heap of in-flight jobs' end times
         self._request_settle()  # the first slots are handed out at t = 0
 
     def __iter__(self) -> Iterator[Version]:
@@ -921,7 +964,7 @@ class AsyncTimeline:
         """Turn this instant's job ends into arrivals, make every version
         that fills the buffer, then hand out the freed slots."""
         self._settling = False
-        if self.version >= self.versions:
+        if self.version >= self.versions or self._tie_ahead():
             return
         inbox, self._inbox = sorted(self._inbox, key=lambda e: e.job.device), []
         for end in inbox:
@@ -939,6 +982,26 @@ class AsyncTimeline:
             self._dispatch_due = True
         else:
             self._dispatch()
+
+    def _tie_ahead(self) -> bool:
+        """Whether another job ends within the slack of the first end waiting
+        to be settled; if so, settle when it has ended instead (and say so).
+
+        Ends equal but for their sums' last bits (two jobs of whole-second
+        phases, started at a time an exp or log drew) then settle together,
+        in device order, whichever of them SimPy meets first on this CPU.
+        """
+        if not self._inbox:
+            return False
+        now, ahead = self.env.now, self._ends_ahead
+        while ahead and ahead[0] <= now:  # reported by now: SimPy ran them
+            heapq.heappop(ahead)
+        first = min(e.t for e in self._inbox)
+        if not ahead or ahead[0] > first + _slack(first):
+            return False
+        self._settling = True
+        self.env.timeout(_delay_until(now, ahead[0])).callbacks.append(self._settle)
+        return True
 
     def _arrival(self, end: _Ended) -> Arrival:
         """Free the job's device and say how the job ended, now."""
@@ -982,7 +1045,9 @@ class AsyncTimeline:
                 # one pending wake-up at a time: an earlier one replaces it
                 if math.isfinite(wake) and wake < self._wake_at:
                     self._wake_at = wake
-                    self.env.timeout(wake - now).callbacks.append(self._wake)
+                    self.env.timeout(_delay_until(now, wake)).callbacks.append(
+                        self._wake
+                    )
 
     def _wake(self, _event: simpy.Event) -> None:
         """A device may have come online: settle (and dispatch) now."""
@@ -1016,9 +1081,13 @@ class AsyncTimeline:
         offline = float(self.fleet.offline_time(np.array([d]), now)[0])
         drop = float(self.fleet.draw_dropouts([d], rng.random((1, 2)), work.busy_s)[0])
         leave = _leaving(work, offline, now + drop, "leaves")
+        # the float SimPy will end the job at (the leave's as _leaving reckons)
+        end = work.arrival if leave is None else now + (leave.at - now)
+        if math.isfinite(end):
+            heapq.heappush(self._ends_ahead, end)
 
         def finish(done: int, reason: str) -> None:
-            self._inbox.append(_Ended(job, reason, done))
+            self._inbox.append(_Ended(job, reason, done, self.env.now))
             self._request_settle()
 
         _run_device(self.env, work, finish, leave, every_phase=False)
