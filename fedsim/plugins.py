@@ -70,6 +70,9 @@ class Kind:
     registry: str  # "module:NAME" of the built-in registry
     # the hooks a plug-in must define (the base's raise NotImplementedError)
     required: tuple[str, ...] = ()
+    # "module:function" naming what is left of an older form of the kind's
+    # interface in a class (one line), or None; "" where none was removed
+    outdated: str = ""
 
 
 KINDS = {
@@ -80,6 +83,7 @@ KINDS = {
         "fedsim.algorithms.base:Algorithm",
         "fedsim.algorithms:REGISTRY",
         ("aggregate",),
+        "fedsim.algorithms.base:outdated_form",
     ),
     "selector": Kind(
         "selector",
@@ -202,6 +206,10 @@ def resolve(kind: str, name: str) -> type:
             f"(a plug-in of kind {kind} is a subclass of {where} that defines "
             f"{', '.join(spec.required)})"
         )
+    if spec.outdated:  # written for an earlier fedsim: say what replaced it
+        outdated = cast(Callable[[type], str | None], _attr(spec.outdated))
+        if line := outdated(obj):
+            raise PluginError(f"{name!r}: {line}")
     return obj
 
 
