@@ -261,11 +261,11 @@ def _named(obj: object, key: str, name: str) -> object:
     """``obj`` with its choosing key set to the text the user wrote."""
     if getattr(obj, key, None) == name:
         return obj
-    if dataclasses.is_dataclass(obj):
-        # frozen dataclass: set the field without re-running validation, which
-        # would hold the import path against a Literal["short"] annotation
-        object.__setattr__(obj, key, name)
-        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        # a copy through the plain dataclass constructor, which validates
+        # nothing (pydantic would hold the import path against a
+        # Literal["short"] annotation); the plug-in object stays frozen
+        return dataclasses.replace(obj, **{key: name})
     assert isinstance(obj, BaseModel)  # every other section is a pydantic spec
     return obj.model_copy(update={key: name})
 

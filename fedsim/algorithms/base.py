@@ -9,12 +9,13 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import (
     TYPE_CHECKING,
     Any,
     ClassVar,
     Concatenate,
+    Literal,
     ParamSpec,
     Protocol,
     TypeVar,
@@ -26,6 +27,8 @@ from fedsim.solvers import SGD, SolverState, make_solver
 from fedsim.spec import PLUGIN_CONFIG, PosFloat, Problem
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from fedsim.clock import JobWork
     from fedsim.data.base import DataInfo, FederatedData
     from fedsim.facts import RunFacts
@@ -268,6 +271,22 @@ PLAIN_ROUND = RoundContext()
 
 
 @dataclass(frozen=True)
+class ClientChoice:
+    """What an algorithm that chooses the round's clients itself is given
+    (:meth:`Algorithm.choose_clients`), on the driver, once per round."""
+
+    round: int  # 0-based
+    # the client ids it chooses among, ascending: every online device, or
+    # the scenario selector's picks (:attr:`Algorithm.chooses`)
+    nodes: tuple[int, ...]
+    rng: np.random.Generator  # the round's selection stream: its only randomness
+    facts: RunFacts  # the run as plug-ins see it
+    # the server's global model (its named parameters give the layout of
+    # x); None where there is none at hand
+    model: torch.nn.Module | None = None
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """Base class: subclasses declare ``name: Literal["<name>"]`` and their
     hyperparameters as fields, and override :meth:`aggregate`.
@@ -320,6 +339,9 @@ class Algorithm:
     # "model" (a network to train) and/or "validation_loss" (to score
     # parameters). Empty: ``ctx.server`` is None and nothing is built for it.
     server_needs: ClassVar[frozenset[str]] = frozenset()
+    # fields of the base this rule never reads (``server_lr`` of a rule with
+    # a step of its own): set to anything but the default they are refused
+    unread: ClassVar[frozenset[str]] = frozenset()
     down_factor: ClassVar[int] = 1  # floats downloaded, in units of d
     up_factor: ClassVar[int] = 1  # floats uploaded, in units of d
 
@@ -387,6 +409,33 @@ class Algorithm:
         give the same bits (the state is checkpointed; nothing else is).
         """
         return {}
+
+    @property
+    def chooses(self) -> Literal["candidates", "picks"] | None:
+        """Whether it chooses the round's clients itself (Flower's strategies
+        sample their own), through :meth:`choose_clients`: among every
+        online device (``"candidates"``) or among the scenario selector's
+        picks (``"picks"``); None (the base): the selector's picks train.
+        Synchronous rounds with the server in the driver only."""
+        return None
+
+    def choose_clients(self, state: ServerState, choice: ClientChoice) -> list[int]:
+        """The clients that train this round, chosen by the algorithm (only
+        called when :attr:`chooses` is set).
+
+        Args:
+            state: the server state the round starts from (the clients
+                download it).
+            choice: the round, the ids to choose among, the round's
+                generator, the run's facts and the server's model.
+
+        Returns:
+            Client ids among ``choice.nodes``, each once, ascending.
+
+        Guarantees to keep: a pure function of (state, choice,
+        hyperparameters), drawing only from ``choice.rng``.
+        """
+        raise NotImplementedError
 
     @property
     def instructs(self) -> bool:
@@ -613,8 +662,9 @@ class Algorithm:
         """What is wrong with this algorithm in the run (asked when the
         scenario loads). Overrides add to ``super().check(facts)``.
 
-        The base refuses ``round.policy: async`` without an asynchronous server
-        rule (a ``buffer_size``: :attr:`asynchronous`).
+        The base refuses a field of :attr:`unread` set away from its
+        default (it would do nothing), and ``round.policy: async`` without
+        an asynchronous server rule (a ``buffer_size``: :attr:`asynchronous`).
 
         Args:
             facts: the run as plug-ins see it (round policy, fleet, data,
@@ -624,6 +674,23 @@ class Algorithm:
             Problems, each message leading with the field path it is about;
             an error refuses the file, a ``warning`` is printed.
         """
+        return self._unread_set() + self._round_problems(facts)
+
+    def _unread_set(self) -> list[Problem]:
+        """The fields of :attr:`unread` set away from their defaults."""
+        defaults = {f.name: f.default for f in fields(self)}
+        return [
+            Problem(
+                f"algorithm.{name}: algorithm.name {self.name!r} does not read "
+                f"it (set to {getattr(self, name)!r}, it would do nothing); "
+                "leave it out"
+            )
+            for name in sorted(self.unread)
+            if getattr(self, name) != defaults[name]
+        ]
+
+    def _round_problems(self, facts: RunFacts) -> list[Problem]:
+        """What the base refuses of the round policy (:meth:`check`)."""
         if facts.round.policy == "async" and self.instructs:
             return [
                 Problem(
