@@ -51,6 +51,9 @@ The hooks a method may add (docs/extending.md, "Hooks"), each optional:
 ========================================  ====================================
 Hook                                      What it gives
 ========================================  ====================================
+:meth:`Algorithm.choose_clients`          the algorithm's own choice of the
+(with :attr:`Algorithm.chooses`)          round's clients, on top of the
+                                          selector (:class:`ClientChoice`)
 :meth:`Algorithm.instruct`                per-client payload entries (a
                                           learning rate, a mask), synchronous
                                           rounds
@@ -102,6 +105,7 @@ from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
     AsyncRule,
+    ClientChoice,
     ClientContext,
     ClientEvaluation,
     ClientInfo,
@@ -145,6 +149,7 @@ __all__ = [
     "AggregateInfo",
     "Algorithm",
     "AsyncRule",
+    "ClientChoice",
     "ClientContext",
     "ClientEvaluation",
     "ClientInfo",

@@ -741,6 +741,18 @@ def test_compare_runs_a_flower_arm_beside_fedsim_s(tmp_path):
     assert acc[0] == pytest.approx(acc[1], abs=0.003)
 
 
+def test_an_arm_names_a_strategy_by_its_path():
+    from fedsim.tools.compare import _parse_label, split_algorithms
+
+    # Execute: a user's strategy in -a, its import path's colon inside a value
+    arms = split_algorithms(f"fedavg,flower:strategy={SKIP},sample_by=selector")
+    # Assert: two arms, the path kept whole, the scenario loads with it
+    assert arms == ["fedavg", f"flower:strategy={SKIP},sample_by=selector"]
+    name, values = _parse_label(arms[1])
+    assert (name, values) == ("flower", {"strategy": SKIP, "sample_by": "selector"})
+    assert quick(flower(values["strategy"])).algorithm.strategy == SKIP
+
+
 def test_stress_runs_a_flower_arm_beside_fedsim_s(tmp_path):
     import pyarrow.parquet as pq
 
