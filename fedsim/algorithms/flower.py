@@ -113,7 +113,6 @@ from fedsim.algorithms.flower_records import (
     layout_of,
     plugin_metrics,
     refusal,
-    storable,
     to_arrays,
     train_reply,
 )
@@ -253,13 +252,16 @@ def _strategy_call(
             from Python's or NumPy's global generator, which fedsim does not
             seed (the run would not be a function of its seed).
     """
+    from unittest import mock
+
     from flwr.serverapp.strategy import strategy_utils
 
     seed = 0 if rng is None else int(rng.integers(2**63))
     before = _global_draws()
     _act_as(1)
     try:
-        with _patched(strategy_utils, "random", random.Random(seed)):
+        # (a Flower release without it raises here: fedsim could not seed it)
+        with mock.patch.object(strategy_utils, "random", random.Random(seed)):
             yield
     except FlowerError:
         raise
@@ -275,27 +277,6 @@ def _strategy_call(
             "results would differ from run to run); sample nodes with Flower's "
             "sample_nodes, or keep a generator seeded from the options"
         )
-
-
-@contextlib.contextmanager
-def _patched(module: object, name: str, value: object) -> Iterator[None]:
-    """``module.name`` is ``value`` inside the block.
-
-    Raises:
-        FlowerError: ``module`` has no ``name`` (a Flower release that
-            samples nodes otherwise: fedsim could not seed it).
-    """
-    if not hasattr(module, name):
-        raise FlowerError(
-            f"this Flower release samples nodes without {module!r}.{name}, which "
-            "fedsim seeds; use the flwr version pyproject.toml names"
-        )
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
 
 
 # -------------------------------------------------------- the live strategy
@@ -414,7 +395,7 @@ class Flower(base.Algorithm):
         if facts.checkpoint_every:
             strategy = self.build()
             try:
-                storable(_own_attrs(strategy), type(strategy).__name__)
+                encode_state(_own_attrs(strategy), type(strategy).__name__)
             except NotCheckpointable as exc:
                 found.append(Problem(refusal(self.strategy, str(exc))))
         return found

@@ -531,17 +531,6 @@ class _Codec:
         return self.table[tag][2](self, body)
 
 
-def storable(attrs: Mapping[str, object], owner: str) -> None:
-    """Check that every value of ``attrs`` can be stored exactly.
-
-    Raises:
-        NotCheckpointable: naming ``owner.<attribute>`` and its type.
-    """
-    codec = _Codec()
-    for k, v in attrs.items():
-        codec.enc(v, f"{owner}.{k}")
-
-
 def encode_state(attrs: Mapping[str, object], owner: str) -> torch.Tensor:
     """``attrs`` (a strategy's attributes) as a uint8 tensor: a JSON header,
     a NUL, then the arrays' bytes.
