@@ -206,11 +206,21 @@ def resolve(kind: str, name: str) -> type:
             f"(a plug-in of kind {kind} is a subclass of {where} that defines "
             f"{', '.join(spec.required)})"
         )
-    if spec.outdated:  # written for an earlier fedsim: say what replaced it
-        outdated = cast(Callable[[type], str | None], _attr(spec.outdated))
-        if line := outdated(obj):
-            raise PluginError(f"{name!r}: {line}")
+    _refuse_outdated(spec, name, obj)
     return obj
+
+
+def _refuse_outdated(spec: Kind, name: str, cls: type) -> None:
+    """Refuse a class written for an earlier fedsim (``spec.outdated``).
+
+    Raises:
+        PluginError: naming ``name``, the old form and what replaced it.
+    """
+    if not spec.outdated:
+        return
+    outdated = cast(Callable[[type], str | None], _attr(spec.outdated))
+    if line := outdated(cls):
+        raise PluginError(f"{name!r}: {line}")
 
 
 def _failure(exc: BaseException, module: str) -> str:

@@ -90,6 +90,7 @@ import random
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import ModuleType
 from typing import TYPE_CHECKING, ClassVar, Literal, NoReturn
 
 import numpy as np
@@ -560,17 +561,7 @@ class Flower(base.Algorithm):
             t = int(state["flwr_round"])
             self._configure(state, live, t, sorted(by), _rng(t))
         t, x, layout = live.round, state["x"], live.layout
-        why = {f.client: f.reason for f in ctx.failures}
-        replies = []
-        for c in sorted(live.pending):
-            _act_as(c + NODE_BASE)
-            u = by.get(c)  # None: messaged, delivered nothing: a Flower error
-            body = (
-                error_reply(app, c, why.get(c))
-                if u is None
-                else train_reply(app, u, x, layout)
-            )
-            replies.append(app.Message(body, reply_to=live.pending[c]))
+        replies = _replies(app, live, by, ctx.failures, x)
         strategy = live.strategy
         with _strategy_call(self.strategy, "aggregate_train"):
             arrays, metrics = strategy.aggregate_train(t + 1, replies)
@@ -711,6 +702,31 @@ class Flower(base.Algorithm):
             grad.add_(local.mu * (theta - local.x))
         if local.scale != 1.0:  # the scenario's lr: the bits of a plain run
             grad.mul_(local.scale)
+
+
+def _replies(
+    app: ModuleType,
+    live: _Live,
+    by: Mapping[int, base.ClientUpdate],
+    failures: Sequence[base.Failure],
+    x: torch.Tensor,
+) -> list[Message]:
+    """The replies to the round's pending messages, in client-id order: a
+    client's update (:func:`train_reply`) or, messaged and delivered
+    nothing, a Flower error with the clock's reason (``failures``)."""
+    why = {f.client: f.reason for f in failures}
+    layout = live.layout or layout_of(None, x)
+    out = []
+    for c in sorted(live.pending):
+        _act_as(c + NODE_BASE)
+        u = by.get(c)
+        body = (
+            error_reply(app, c, why.get(c))
+            if u is None
+            else train_reply(app, u, x, layout)
+        )
+        out.append(app.Message(body, reply_to=live.pending[c]))
+    return out
 
 
 @dataclass(frozen=True)

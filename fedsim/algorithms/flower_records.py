@@ -145,15 +145,28 @@ def client_configs(
             _alike_or_refuse(key, values, t)
             continue
         nums = {c: _honoured(key, v, t, c, client) for c, v in values.items()}
-        if len(set(nums.values())) == 1:
-            (v, *_) = nums.values()
-            if v != _NEUTRAL[key]:
-                shared[ENTRY[key]] = v
-            continue
-        for c, v in nums.items():
-            if v != _NEUTRAL[key]:  # the scenario's own: no entry, same bits
-                own[c][ENTRY[key]] = v
+        _place(key, nums, shared, own)
     return shared, {c: e for c, e in own.items() if e}
+
+
+def _place(
+    key: str,
+    nums: Mapping[int, float],
+    shared: dict[str, float],
+    own: dict[int, dict[str, float]],
+) -> None:
+    """An honoured key's values as entries: one shared entry when every
+    client got the same value, else each client's own; a client given the
+    scenario's own value (``_NEUTRAL``) gets no entry, so it trains with
+    the bits of a run without the key."""
+    if len(set(nums.values())) == 1:
+        (v, *_) = nums.values()
+        if v != _NEUTRAL[key]:
+            shared[ENTRY[key]] = v
+        return
+    for c, v in nums.items():
+        if v != _NEUTRAL[key]:
+            own[c][ENTRY[key]] = v
 
 
 def _config_of(m: Message, t: int, c: int) -> dict[str, object]:
