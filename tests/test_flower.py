@@ -1,5 +1,5 @@
-"""A Flower strategy under fedsim's clock (fedsim/algorithms/flower.py,
-issue 41): the same algorithm as fedsim's own, state checkpointed exactly,
+"""A Flower strategy under fedsim's clock (fedsim/algorithms/flower.py and
+flower_records.py): the same algorithm as fedsim's own, state checkpointed exactly,
 bad input refused with a message naming the field.
 
 Equalities on the quickstart (3 rounds, fedsim's uniform selector choosing,

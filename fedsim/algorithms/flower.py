@@ -57,7 +57,7 @@ Python's or NumPy's global generator (which fedsim does not seed: results
 would differ run to run) is refused, naming them.
 
 State and checkpoints: the plug-in object holds only its fields. The live
-strategy of a server state is kept with that state (:func:`_live`: found
+strategy of a server state is kept with that state (:meth:`Flower.live`: found
 through the state's ``flwr_state`` tensor, gone when the state is), and
 ``flwr_state`` holds what the strategy holds beyond a freshly built one,
 encoded exactly (:func:`~fedsim.algorithms.flower_records.encode_state`).
