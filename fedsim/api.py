@@ -40,7 +40,7 @@ records (``aggregate_evaluation``), the :class:`LocalTraining` job of an
 algorithm that replaces the solver loop, a selector's
 :class:`SelectorContext` and :class:`Draw`, and, for its questions about the
 run (``check``, ``clock_work``, ``memory``, ``bytes_per_client``), the run's
-:class:`RunFacts` (``ScenarioView``, the name it had, still works).
+:class:`RunFacts`.
 
 Its contract is checked by :func:`fedsim.testing.check_algorithm` and
 :func:`fedsim.testing.check_selector`, which fedsim's own tests run on every
@@ -51,6 +51,9 @@ The hooks a method may add (docs/extending.md, "Hooks"), each optional:
 ========================================  ====================================
 Hook                                      What it gives
 ========================================  ====================================
+:meth:`Algorithm.choose_clients`          the algorithm's own choice of the
+(with :attr:`Algorithm.chooses`)          round's clients, on top of the
+                                          selector (:class:`ClientChoice`)
 :meth:`Algorithm.instruct`                per-client payload entries (a
                                           learning rate, a mask), synchronous
                                           rounds
@@ -102,6 +105,7 @@ from fedsim.algorithms.base import (
     AggregateInfo,
     Algorithm,
     AsyncRule,
+    ClientChoice,
     ClientContext,
     ClientEvaluation,
     ClientInfo,
@@ -122,7 +126,7 @@ from fedsim.algorithms.base import (
 )
 from fedsim.clock import JobWork
 from fedsim.data.base import DataInfo, Dataset, FederatedData
-from fedsim.facts import RunFacts, ScenarioView
+from fedsim.facts import RunFacts
 from fedsim.hooks import PluginFailure
 from fedsim.plugins import PluginError, resolve
 from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
@@ -145,6 +149,7 @@ __all__ = [
     "AggregateInfo",
     "Algorithm",
     "AsyncRule",
+    "ClientChoice",
     "ClientContext",
     "ClientEvaluation",
     "ClientInfo",
@@ -168,7 +173,6 @@ __all__ = [
     "Problem",
     "RoundContext",
     "RunFacts",
-    "ScenarioView",
     "ScenarioWarning",
     "Selector",
     "SelectorContext",
@@ -185,3 +189,23 @@ __all__ = [
     "skip_empty_rounds",
     "weighted_evaluation",
 ]
+
+# Names of earlier versions, each with what replaced it: importing one stops
+# with that line (an ImportError, which ``from fedsim.api import`` passes on
+# as it is) instead of Python's bare "cannot import name".
+_REMOVED = {"ScenarioView": "RunFacts (the run as plug-ins see it)"}
+
+
+def __getattr__(name: str) -> object:
+    """Refuse a removed name, naming its replacement.
+
+    Args:
+        name: the attribute asked for.
+
+    Raises:
+        ImportError: ``name`` was removed (the message names the new form).
+        AttributeError: no such name.
+    """
+    if name in _REMOVED:
+        raise ImportError(f"fedsim.api.{name} was removed: use {_REMOVED[name]}")
+    raise AttributeError(f"module 'fedsim.api' has no attribute {name!r}")

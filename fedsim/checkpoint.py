@@ -423,7 +423,7 @@ def check_fingerprint(
     if not isinstance(stored, dict):
         raise CheckpointError(f"{path}: unreadable (not a JSON object)")
     current = fingerprint(scenario)
-    old, new = _flatten(_without_legacy(stored, current)), _flatten(current)
+    old, new = _flatten(stored), _flatten(current)
     diffs = [
         f"{k}: {_show(old.get(k, _NONE))} (checkpoint) vs "
         f"{_show(new.get(k, _NONE))} (scenario)"
@@ -468,23 +468,6 @@ def _at_default(scenario: Resolvable, dotted: str, value: object) -> bool:
     if isinstance(default, BaseModel):
         default = default.model_dump(mode="json")
     return bool(default == value)
-
-
-def _without_legacy(stored: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
-    """``stored`` without the other networks' model fields that a checkpoint
-    of an earlier version kept at their defaults (one spec described every
-    network then); the fields still differ when one was set otherwise."""
-    from fedsim.models import LEGACY_DEFAULTS
-
-    model, now = stored.get("model"), current.get("model", {})
-    if not isinstance(model, dict) or not isinstance(now, dict):
-        return stored
-    kept = {
-        k: v
-        for k, v in model.items()
-        if k in now or k not in LEGACY_DEFAULTS or v != LEGACY_DEFAULTS[k]
-    }
-    return {**stored, "model": kept}
 
 
 def _show(v: object) -> str:

@@ -71,8 +71,3 @@ class RunFacts:
         """Bytes per model parameter (what a model vector costs to send or
         store), from ``model.dtype``."""
         return self.model.elem_bytes
-
-
-# The name plug-ins used for what their checks receive (a protocol over the
-# whole scenario before RunFacts): kept so that their annotations still work.
-ScenarioView = RunFacts

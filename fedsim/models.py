@@ -43,42 +43,32 @@ if TYPE_CHECKING:
 
 _MODEL_INIT_TAG = 0x1A17
 
-# The fields of the single ``ModelSpec`` of earlier versions, which every
-# built-in network carried, with their defaults: a resolved scenario.yaml of
-# that time lists them all (fedsim.checkpoint reads this too).
-LEGACY_DEFAULTS: dict[str, object] = {
-    "hidden": [200, 200],
-    "norm_groups": 2,
-    "width": 128,
-    "depth": 3,
-    "embed_dim": 8,
-    "lstm_hidden": 256,
-    "lstm_layers": 2,
-    "zero_init": False,
-}
-
 # A per-sample loss: (outputs [B, ...], targets [B]) -> losses [B].
 Loss = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 
 class BuiltinModel(Model):
     """What fedsim's own networks share: ``name`` is their registry name, and
-    a section written for the old all-in-one spec still loads (its other
-    networks' fields at their defaults are dropped; one set to anything
-    else is refused as an unknown key, since it never did anything)."""
+    each reads only its own fields (another built-in network's field is
+    refused in one line that says whose it is)."""
 
     @model_validator(mode="before")
     @classmethod
-    def _old_fields(cls, data: object) -> object:
-        """Drop other networks' fields left at their old defaults."""
+    def _others_fields(cls, data: object) -> object:
+        """Refuse a field of other built-in networks only, naming them (a
+        section written when one spec held every network's fields)."""
         if not isinstance(data, dict):
             return data
-        mine = cls.model_fields
-        return {
-            k: v
-            for k, v in data.items()
-            if k in mine or k not in LEGACY_DEFAULTS or v != LEGACY_DEFAULTS[k]
-        }
+        for key in data:
+            owners = [n for n, c in MODELS.items() if key in c.model_fields]
+            if key not in cls.model_fields and owners:
+                mine = ", ".join(k for k in cls.model_fields if k != "name")
+                raise ValueError(
+                    f"{key} is a field of {', '.join(owners)}, not of "
+                    f"{cls.model_fields['name'].default}: each network reads "
+                    f"only its own ({mine}); drop it"
+                )
+        return data
 
 
 class _Classifier(BuiltinModel):
@@ -478,17 +468,22 @@ MODELS: dict[str, type[Model]] = {
 DEFAULT = "logreg"
 
 
-def ModelSpec(name: str = DEFAULT, **fields: object) -> Model:  # noqa: N802
-    """The built-in network ``name`` with those of ``fields`` it has.
+def __getattr__(name: str) -> object:
+    """Refuse the removed all-in-one ``ModelSpec``, naming what replaced it.
 
-    Deprecated: one spec described every built-in network in earlier
-    versions, each reading some of its fields; each network is now its own
-    class in :data:`MODELS` (``MLP(hidden=[7])``), and this builds the one
-    ``name`` picks, ignoring the others' fields as that spec did.
+    Args:
+        name: the attribute asked for.
+
+    Raises:
+        ImportError: ``name`` is ``ModelSpec``.
+        AttributeError: no such name.
     """
-    cls = MODELS[name]
-    mine = {k: v for k, v in fields.items() if k in cls.model_fields}
-    return cls.model_validate(mine)
+    if name == "ModelSpec":
+        raise ImportError(
+            "fedsim.models.ModelSpec was removed: each built-in network is its "
+            "own class, MODELS[name](its fields), e.g. MODELS['mlp'](hidden=[7])"
+        )
+    raise AttributeError(f"module 'fedsim.models' has no attribute {name!r}")
 
 
 # ------------------------------------------------------- building and evaluating

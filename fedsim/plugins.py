@@ -70,6 +70,9 @@ class Kind:
     registry: str  # "module:NAME" of the built-in registry
     # the hooks a plug-in must define (the base's raise NotImplementedError)
     required: tuple[str, ...] = ()
+    # "module:function" naming what is left of an older form of the kind's
+    # interface in a class (one line), or None; "" where none was removed
+    outdated: str = ""
 
 
 KINDS = {
@@ -80,6 +83,7 @@ KINDS = {
         "fedsim.algorithms.base:Algorithm",
         "fedsim.algorithms:REGISTRY",
         ("aggregate",),
+        "fedsim.algorithms.base:outdated_form",
     ),
     "selector": Kind(
         "selector",
@@ -202,7 +206,21 @@ def resolve(kind: str, name: str) -> type:
             f"(a plug-in of kind {kind} is a subclass of {where} that defines "
             f"{', '.join(spec.required)})"
         )
+    _refuse_outdated(spec, name, obj)
     return obj
+
+
+def _refuse_outdated(spec: Kind, name: str, cls: type) -> None:
+    """Refuse a class written for an earlier fedsim (``spec.outdated``).
+
+    Raises:
+        PluginError: naming ``name``, the old form and what replaced it.
+    """
+    if not spec.outdated:
+        return
+    outdated = cast(Callable[[type], str | None], _attr(spec.outdated))
+    if line := outdated(cls):
+        raise PluginError(f"{name!r}: {line}")
 
 
 def _failure(exc: BaseException, module: str) -> str:
@@ -253,11 +271,11 @@ def _named(obj: object, key: str, name: str) -> object:
     """``obj`` with its choosing key set to the text the user wrote."""
     if getattr(obj, key, None) == name:
         return obj
-    if dataclasses.is_dataclass(obj):
-        # frozen dataclass: set the field without re-running validation, which
-        # would hold the import path against a Literal["short"] annotation
-        object.__setattr__(obj, key, name)
-        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        # a copy through the plain dataclass constructor, which validates
+        # nothing (pydantic would hold the import path against a
+        # Literal["short"] annotation); the plug-in object stays frozen
+        return dataclasses.replace(obj, **{key: name})
     assert isinstance(obj, BaseModel)  # every other section is a pydantic spec
     return obj.model_copy(update={key: name})
 

@@ -50,6 +50,7 @@ from fedsim.results import (
 from fedsim.scenario import Scenario
 from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
 from fedsim.selectors.base import SelectorState
+from fedsim.selectors.chosen import AlgorithmChoice
 from fedsim.server import (
     Applied,
     DivergenceError,
@@ -283,8 +284,8 @@ class RunResult:
         kind = type(sel)
         if self.scenario.round.policy == "async" or kind.with_replacement:
             return None
-        if not kind.fixed_count:
-            return None
+        if not kind.fixed_count or self.scenario.algorithm.chooses is not None:
+            return None  # a cap, or the algorithm's own choice sets the count
         k = sel.clients_per_round
         short = sum(int(r["n_selected"]) < k for r in self.rows)
         if short > len(self.rows) / 2:
@@ -429,12 +430,13 @@ class _Run:
         )
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
-        # issue 41: an algorithm that samples its own clients (one that
-        # adapts another framework's server strategy) wraps the selector;
-        # it reads the driver's server, and refuses a server actor
-        wrap = getattr(sc.algorithm, "wrap_selector", None)
-        if wrap is not None and not self.on_actor:
-            self.selector = wrap(self.selector, self.server)
+        # an algorithm that chooses its own clients (Algorithm.chooses: one
+        # that adapts another framework's server strategy) does so on top
+        # of the selector; it reads the driver's server, and refuses an actor
+        if sc.algorithm.chooses is not None and not self.on_actor:
+            self.selector = AlgorithmChoice.around(
+                self.selector, sc.algorithm, self.server, facts
+            )
         ctx = self.ctx
         self.sel_ctx = SelectorContext.from_run(
             self.fleet,
@@ -1251,8 +1253,7 @@ def selector_columns(sel: Selector, state: SelectorState, t: int) -> Row:
         PluginFailure: the hook raised or returned anything but named
             real numbers.
     """
-    # the base reports nothing (no call per round); an algorithm's own
-    # sampling (wrap_selector) need not be a Selector
+    # the base reports nothing (no call per round)
     if getattr(type(sel), "metrics", Selector.metrics) is Selector.metrics:
         return {}
     plugin = hooks.selector_label(sel.name)

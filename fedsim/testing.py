@@ -58,6 +58,7 @@ from fedsim.algorithms.base import (
     Flag,
     RoundContext,
     ServerState,
+    outdated_form,
 )
 from fedsim.lazy import torch
 from fedsim.selectors.base import Draw, Selector, SelectorContext, SelectorState
@@ -182,7 +183,10 @@ def _shipped(obj: _T) -> _T:
 
 
 def _check_object(alg: Algorithm) -> None:
-    """It pickles (Ray ships it) and its communication factors fit its payload."""
+    """It is written in the current form of the interface, pickles (Ray ships
+    it) and its communication factors fit its payload."""
+    outdated = outdated_form(type(alg))
+    assert outdated is None, outdated
     again = _shipped(alg)
     assert again == alg and hash(again) == hash(alg), "the algorithm must pickle"
     assert alg.down_factor >= 1 and alg.up_factor >= 1, "factors are >= 1"
@@ -312,7 +316,7 @@ def _step(
     failures: tuple[Failure, ...] = (),
 ) -> tuple[ServerState, AggregateInfo]:
     """Round ``t``'s step as the server takes it: ``aggregate`` through
-    ``server_step`` (older forms of the hook too), the updates in ascending
+    ``server_step``, the updates in ascending
     client id (the ordering contract), no server context, and the result
     checked as the server checks it (:func:`fedsim.hooks.check_step`)."""
     ordered = sorted(ups, key=lambda u: u.client)

@@ -15,7 +15,7 @@ import torch
 
 from fedsim.batched import train_batched, why_not_batched
 from fedsim.data import build_data
-from fedsim.models import ModelSpec, build_model, make_model
+from fedsim.models import LSTM, build_model, make_model
 from fedsim.params import flatten
 from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import load_scenario
@@ -239,9 +239,7 @@ def fake_worker(model: torch.nn.Module, solver: SGD | None = None) -> SimpleName
 
 
 def test_batchnorm_models_and_recurrent_ones_on_a_gpu_are_not_batched():
-    lstm = build_model(
-        ModelSpec(name="lstm", lstm_hidden=8, lstm_layers=1), 1, 5, 0, input_shape=(4,)
-    )
+    lstm = build_model(LSTM(lstm_hidden=8, lstm_layers=1), 1, 5, 0, input_shape=(4,))
     fake = fake_worker(lstm)
     assert why_not_batched(fake) is None  # type: ignore[arg-type]
     fake.device = torch.device("cuda")  # no vmap rule for cuDNN's RNN kernels

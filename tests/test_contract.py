@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,11 +28,11 @@ from fedsim.algorithms.base import (
     PLAIN_ROUND,
     ClientUpdate,
     RoundContext,
-    ServerContext,
     meter,
+    outdated_form,
 )
 from fedsim.runtime import RunResult, run_scenario
-from fedsim.scenario import load_scenario
+from fedsim.scenario import ScenarioError, load_scenario
 from fedsim.testing import M, check_algorithm
 
 from .conftest import SCENARIOS
@@ -163,28 +164,18 @@ class _Recorder(Algorithm):
 @dataclass(frozen=True)
 class _TwoArgs(Algorithm):  # written before the context existed
     def aggregate(self, state, updates):
-        return {"x": state["x"] + 1}, meter(updates, [1.0] * len(updates), 1.0)
+        return state, meter(updates, [1.0] * len(updates), 1.0)
 
 
 @dataclass(frozen=True)
-class _ServerKw(Algorithm):  # the needs_server form
-    needs_server = True
-
+class _ServerKw(Algorithm):  # the server= keyword of an earlier fedsim
     def aggregate(self, state, updates, server=None):
-        _SEEN.append(server)
         return state, meter(updates, [1.0] * len(updates), 1.0)
 
 
 @dataclass(frozen=True)
-class _OldAsync(Algorithm):  # an asynchronous rule before the context
-    buffer_size = 2
-
-    def aggregate(self, state, updates):
-        raise AssertionError("an asynchronous version goes to aggregate_async")
-
-    def aggregate_async(self, state, updates, staleness, starts):
-        _SEEN.append((list(staleness), len(starts)))
-        return state, meter(updates, [1.0] * len(updates), 1.0)
+class _OldFlag(_Recorder):  # the flag server_needs replaced
+    needs_server = True
 
 
 _SEEN: list = []
@@ -194,23 +185,47 @@ def _up(client: int) -> ClientUpdate:
     return ClientUpdate(client, torch.ones(2), 1.0, 1, 1.0, 0.0)
 
 
-def test_older_aggregate_forms_still_run_through_the_seam_with_a_warning():
+@pytest.mark.parametrize(
+    ("cls", "what"),
+    [
+        ("_TwoArgs", r"_TwoArgs\.aggregate\(self, state, updates\) is an older form"),
+        ("_ServerKw", r"aggregate\(self, state, updates, server\) is an older"),
+        ("_OldFlag", r"_OldFlag\.needs_server is no longer read"),
+    ],
+)
+def test_an_older_form_of_the_interface_is_refused_in_one_line(cls, what):
+    # Prepare: a plug-in written for an earlier fedsim, named in a scenario
+    over = f"algorithm={{name: 'tests.test_contract:{cls}'}}"
+    # Execute
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(TINY, [over])
+    # Assert: one line naming the old form and the one that replaced it
+    line = str(err.value).splitlines()[-1]
+    assert re.search(what, line), line
+    assert "define aggregate(self, state, updates, ctx)" in line
+
+
+def test_the_one_form_reaches_aggregate_with_the_context():
     # Prepare
     state, ups = {"x": torch.zeros(2)}, [_up(0), _up(1)]
-    server = ServerContext(torch.nn.Linear(1, 1), lambda x: 0.0, 0)
-    _SEEN.clear()
-    # Execute / Assert: the plain form gets no context; the server= form
-    # gets ctx.server; an old async rule gets staleness and starts
-    with pytest.warns(DeprecationWarning, match="_TwoArgs.aggregate"):
-        new, _ = _TwoArgs().server_step(state, ups, RoundContext(round=3))
-    assert torch.equal(new["x"], torch.ones(2))
-    with pytest.warns(DeprecationWarning, match="server=ServerContext"):
-        _ServerKw().server_step(state, ups, RoundContext(server=server))
-    assert _SEEN.pop() is server and _ServerKw().wants_server
     ctx = RoundContext(1, (0, 2), (state["x"], state["x"]))
-    with pytest.warns(DeprecationWarning):
-        _OldAsync().server_step(state, ups, ctx)
-    assert _SEEN.pop() == ([0, 2], 2) and _OldAsync().asynchronous
-    # the one signature: no warning, the context as given
+    _SEEN.clear()
+    # Execute
     _Recorder().server_step(state, ups, ctx)
+    # Assert: the context as given; no server asked for
     assert _SEEN.pop() == ([0, 1], ctx) and not _Recorder().wants_server
+    assert outdated_form(_Recorder) is None
+    assert [n for n, c in REGISTRY.items() if outdated_form(c)] == []
+
+
+def test_a_removed_name_says_what_replaced_it():
+    # Execute / Assert: importing a name of an earlier fedsim stops with the
+    # line naming its replacement, not Python's bare "cannot import name"
+    with pytest.raises(ImportError, match=r"ScenarioView was removed: use RunFacts"):
+        from fedsim.api import ScenarioView  # noqa: F401
+    with pytest.raises(ImportError, match=r"MODELS\['mlp'\]\(hidden=\[7\]\)"):
+        from fedsim.models import ModelSpec  # noqa: F401
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        import fedsim.api
+
+        _ = fedsim.api.Nope

@@ -27,7 +27,7 @@ from fedsim.algorithms.feddm import (
     upload_bytes,
 )
 from fedsim.data import build_data
-from fedsim.models import ModelSpec, build_model
+from fedsim.models import MODELS, build_model
 from fedsim.params import flatten
 from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import load_scenario
@@ -43,7 +43,7 @@ SMALL = (
 
 
 def convnet(shape=(3, 32, 32)) -> nn.Module:
-    return build_model(ModelSpec(name="convnet"), 0, 10, seed=0, input_shape=shape)
+    return build_model(MODELS["convnet"](), 0, 10, seed=0, input_shape=shape)
 
 
 def mlp() -> nn.Module:
@@ -103,7 +103,7 @@ def test_convnet_has_320010_parameters_and_its_embedding_is_embed():
 
 @pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "convnet"])
 def test_every_image_classifier_gives_an_embedding(name):
-    model = build_model(ModelSpec(name=name), 784, 10, seed=0, input_shape=(1, 28, 28))
+    model = build_model(MODELS[name](), 784, 10, seed=0, input_shape=(1, 28, 28))
     h, z = embed_and_logits(model, torch.randn(3, 1, 28, 28))
     assert h.ndim == 2 and h.shape[0] == 3 and z.shape == (3, 10)
 

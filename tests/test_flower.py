@@ -1,5 +1,5 @@
-"""A Flower strategy under fedsim's clock (fedsim/algorithms/flower.py,
-issue 41): the same algorithm as fedsim's own, state checkpointed exactly,
+"""A Flower strategy under fedsim's clock (fedsim/algorithms/flower.py and
+flower_records.py): the same algorithm as fedsim's own, state checkpointed exactly,
 bad input refused with a message naming the field.
 
 Equalities on the quickstart (3 rounds, fedsim's uniform selector choosing,
@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedsim.algorithms.base import ClientUpdate, Failure, RoundContext
-from fedsim.algorithms.flower import Flower, FlowerError, _as_node, client_configs
+from fedsim.algorithms.base import ClientChoice, ClientUpdate, Failure, RoundContext
+from fedsim.algorithms.flower import Flower, _act_as
+from fedsim.algorithms.flower_records import FlowerError, client_configs
 from fedsim.runtime import run_scenario
 from fedsim.scenario import ScenarioError, load_scenario
 
@@ -88,11 +89,40 @@ def test_flower_strategy_equals_fedsim_s_own_on_the_quickstart(ours, theirs):
     b = run_scenario(quick(theirs))
     # Assert: the same algorithm, rounded differently (module docstring)
     assert_same_run(a, b, atol=1e-6)
-    assert not torch.equal(a.final_params, load_x0()), "the model moved"
+    assert not torch.equal(a.final_params, start_of(a)), "the model moved"
 
 
-def load_x0() -> torch.Tensor:
-    return run_scenario(quick("{name: fedavg}", rounds=1)).final_params * 0
+def start_of(res) -> torch.Tensor:
+    """The run's x_0: its network built as the run builds it."""
+    from fedsim.models import NetworkSetup, make_model
+    from fedsim.params import flatten
+
+    sc = res.scenario
+    setup = NetworkSetup(sc.model, sc.seed, sc.data.start_value)
+    return flatten(make_model(setup, res.data))
+
+
+def test_a_flower_fedavg_arm_meters_chi2_as_fedsim_s_fedavg():
+    # Execute: the quickstart, the selector choosing, both arms
+    ours = run_scenario(quick("{name: fedavg}"))
+    theirs = run_scenario(quick(flower("FedAvg")))
+    # Assert: the objective-inconsistency meter by one convention
+    # (w_i = p_i ||a_i||_1), so the arms compare on it; it measures
+    # something here (unequal local steps)
+    chi = [[r["chi2_pw"] for r in res.rows] for res in (ours, theirs)]
+    assert chi[1] == pytest.approx(chi[0], rel=1e-12)
+    assert min(chi[0]) > 0.01
+
+
+def test_a_field_the_rule_does_not_read_exits_2_naming_it():
+    # Execute: server_lr means nothing to a Flower strategy (its own step)
+    bad = "algorithm={name: flower, server_lr: 0.5}"
+    r = fedsim_here("validate", str(TINY), "--set", bad)
+    # Assert
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "algorithm.server_lr: algorithm.name 'flower' does not read it" in r.stderr
+    # at its default it is no setting: accepted
+    assert load_scenario(TINY, ["algorithm={name: flower, server_lr: 1.0}"])
 
 
 def test_fedprox_s_config_reaches_local_training():
@@ -122,9 +152,11 @@ def test_fedmedian_takes_the_coordinatewise_median_of_the_client_models():
     new, info = alg.aggregate(state, ups)
     # models x + (i+1) [1, -1, 2]: the median is client 1's, x + 2 [1, -1, 2]
     assert torch.equal(new["x"], torch.tensor([2.5, -2.0, 3.0]))
-    # the meter reports the data weights the strategy was given, and their tau
-    assert info.weights == pytest.approx({0: 1 / 6, 1: 2 / 6, 2: 3 / 6})
-    assert info.tau_eff == pytest.approx((4 + 2 * 9 + 3 * 1) / 6)
+    # the meter by fedsim's convention for the data-weighted average:
+    # w_i = p_i ||a_i||_1 (p = 1/6, 2/6, 3/6; ||a_i||_1 = 4, 9, 1 here)
+    w = [1 * 4, 2 * 9, 3 * 1]
+    assert info.weights == pytest.approx({i: wi / sum(w) for i, wi in enumerate(w)})
+    assert info.tau_eff == pytest.approx(sum(w) / 6)
 
 
 class SkipStragglers(FedAvg):
@@ -155,6 +187,20 @@ class SkipStragglers(FedAvg):
 
 
 SKIP = "tests.test_flower:SkipStragglers"
+ERROR_LOG: list = []  # what LogsErrors saw, for a test after its run
+
+
+class LogsErrors(SkipStragglers):
+    """SkipStragglers that also tells the test its error log."""
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        out = super().aggregate_train(server_round, replies)
+        ERROR_LOG[:] = self.error_log
+        return out
+
+
+LOGS = "tests.test_flower:LogsErrors"
 
 
 def test_a_user_s_strategy_sees_tau_and_the_clients_that_delivered_nothing():
@@ -164,7 +210,8 @@ def test_a_user_s_strategy_sees_tau_and_the_clients_that_delivered_nothing():
     x0 = torch.tensor([0.5, 0.0, -1.0])
     state = alg.init(x0, num_clients=4)
     rng = np.random.default_rng(0)
-    chosen = alg.configure(state, 0, [0, 1, 2, 3], rng, [("x", (3,))])
+    facts = quick("{name: fedavg}").facts
+    chosen = alg.choose_clients(state, ClientChoice(0, (0, 1, 2, 3), rng, facts))
     ups = updates(2, 6, 8)
     ctx = RoundContext(failures=(Failure(1, "late"), Failure(3, "offline")))
     # Execute
@@ -215,7 +262,98 @@ def test_strategy_sampling_is_seeded_by_the_round():
     assert torch.equal(a.final_params, b.final_params)
 
 
+class DrawsGlobally(FedAvg):
+    """Samples with Python's global generator, which fedsim does not seed."""
+
+    def configure_train(self, server_round, arrays, config, grid):
+        random.random()
+        return super().configure_train(server_round, arrays, config, grid)
+
+
+class Refuses(FedAvg):
+    """Its aggregation raises."""
+
+    def aggregate_train(self, server_round, replies):
+        raise ValueError("no quorum")
+
+
+@pytest.mark.parametrize(
+    ("cls", "what"),
+    [
+        ("DrawsGlobally", "its configure_train drew from Python's or NumPy's global"),
+        ("Refuses", "its aggregate_train raised ValueError: no quorum"),
+    ],
+)
+def test_a_strategy_s_failure_names_the_strategy(cls, what):
+    # Execute
+    res = run_scenario(quick(flower(f"tests.test_flower:{cls}"), rounds=1))
+    # Assert: the run fails, the message naming the strategy and its method
+    assert res.status == "failed"
+    assert (
+        f"algorithm.strategy 'tests.test_flower:{cls}': {what}"
+        in (res.failure["error"])
+    )
+
+
+def test_a_strategy_sampling_few_nodes_is_not_called_short_of_devices():
+    # Prepare: FedAvg messaging a tenth of the online devices itself
+    alg = flower("FedAvg", "{fraction_train: 0.1}", by="strategy")
+    # Execute
+    res = run_scenario(quick(alg, rounds=2))
+    # Assert: fewer than clients_per_round train, by the strategy's own
+    # sampling, not for want of devices online; the plug-in keeps only
+    # its fields (the live strategy is kept with the server's state)
+    k = res.scenario.selector.clients_per_round
+    assert all(r["n_selected"] < k for r in res.rows)
+    assert res.degenerate() is None
+    kept = set(vars(res.scenario.algorithm))
+    assert kept == {"name", "server_lr", "strategy", "options", "sample_by"}
+
+
 # ----------------------------------------------------------- checkpoints
+def test_the_state_codec_gives_back_every_kind_exactly():
+    from flwr.app import Array, ArrayRecord, MetricRecord
+
+    from fedsim.algorithms.flower_records import (
+        NotCheckpointable,
+        decode_state,
+        encode_state,
+    )
+
+    # Prepare: one value of each row of the codec's table, nested
+    attrs = {
+        "n": 3,
+        "ok": True,
+        "none": None,
+        "text": "fedsim",
+        "f": float("nan"),
+        "f64": np.float64(0.1),
+        "i32": np.int32(-7),
+        "raw": bytes(range(256)),
+        "m": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "pair": (1.5, [np.uint8(2), b"\x00"]),
+        "rec": ArrayRecord({"w": Array(np.ones((2, 2), dtype=np.float64))}),
+        "metrics": MetricRecord({"loss": 0.25, "tau": [1, 2]}),
+        "nested": {"a": {"b": (np.zeros(1, dtype=np.int64),)}},
+    }
+    # Execute
+    back = decode_state(encode_state(attrs, "S"))
+    # Assert: the same types and bits
+    assert back.keys() == attrs.keys()
+    assert repr({k: back[k] for k in attrs}) == repr(attrs)
+    assert type(back["f64"]) is np.float64 and type(back["i32"]) is np.int32
+    assert back["raw"] == attrs["raw"] and back["m"].dtype == np.float32
+    assert back["m"].flags.writeable
+    # a value no row takes is refused, naming where it is
+    for bad, what in (
+        ({"k": [object()]}, r"S\.k\[0\] holds a builtins\.object"),
+        ({"k": {1: 2.0}}, r"S\.k holds a dict with keys other than text"),
+        ({"k": np.array(["a"])}, r"S\.k holds an array of dtype <U1"),
+    ):
+        with pytest.raises(NotCheckpointable, match=what):
+            encode_state(bad, "S")
+
+
 def test_resume_restores_fedadam_s_moments_exactly(tmp_path):
     # Prepare: Flower's FedAdam keeps m_t, v_t and the arrays it sent
     alg = flower("FedAdam", "{eta: 0.05}")
@@ -305,12 +443,12 @@ def test_async_and_a_server_actor_are_refused():
 
 def message(node: int, **config) -> Message:
     """A train message to ``node`` with ``config``, as the server sends it."""
-    with _as_node(1):  # Flower's ServerApp identity (messages read it)
-        return Message(
-            RecordDict({"config": ConfigRecord(config)}),
-            message_type=MessageType.TRAIN,
-            dst_node_id=node,
-        )
+    _act_as(1)  # Flower's ServerApp identity (messages read it)
+    return Message(
+        RecordDict({"config": ConfigRecord(config)}),
+        message_type=MessageType.TRAIN,
+        dst_node_id=node,
+    )
 
 
 def test_client_configs_split_shared_and_own_values_and_refuse_the_rest():
@@ -427,8 +565,8 @@ def test_an_lr_the_solver_cannot_apply_fails_the_run_naming_the_key():
                "client.mu=0.01", rounds=1)  # fmt: skip
     res = run_scenario(sc)
     assert res.status == "failed"
-    assert res.failure["plugin"] == f"algorithm 'flower' (strategy {LR!r})"
-    assert res.failure["hook"] == "configure_train"
+    assert res.failure["plugin"] == "algorithm 'flower'"
+    assert res.failure["hook"] == "choose_clients"
     assert "config 'lr' for node" in res.failure["error"]
     assert "client.solver is 'prox'" in res.failure["error"]
 
@@ -445,8 +583,10 @@ def test_the_strategy_s_aggregated_metrics_are_rounds_parquet_columns(tmp_path):
     assert {"alg_train_loss", "alg_tau"} <= set(rows[0])
     for row in rows:
         done = [c for c in clients if c["round"] == row["round"] and not c["dropped"]]
-        total = sum(c["weight"] for c in done)
-        tau = sum(c["weight"] / total * c["tau"] for c in done)
+        # agg_weight: each update's data share p_i in the step (the meter's
+        # shares), the num-examples weights Flower's FedAvg averages by
+        total = sum(c["agg_weight"] for c in done)
+        tau = sum(c["agg_weight"] / total * c["tau"] for c in done)
         assert row["alg_tau"] == pytest.approx(tau, rel=1e-12)
         assert row["alg_tau"] != pytest.approx(row["tau_mean"], rel=1e-6)
     assert [r["alg_tau"] for r in rows] == [r["alg_tau"] for r in res.rows]
@@ -491,18 +631,19 @@ def evaluations(*accuracies: float):
     return [ClientEvaluation(i, i + 1, 2.0 - a, a) for i, a in enumerate(accuracies)]
 
 
-def evaluating(strategy: str, options: str = "{}") -> Flower:
-    """The scenario's Flower algorithm after ``init``, as a run holds it."""
+def evaluating(strategy: str, options: str = "{}") -> tuple[Flower, dict]:
+    """The scenario's Flower algorithm and its state after ``init``, as a
+    run holds them (the live strategy lasts as long as the state)."""
     alg = quick(flower(strategy, options), *FEDERATED).algorithm
-    alg.init(torch.zeros(3), 4)
-    return alg
+    return alg, alg.init(torch.zeros(3), 4)
 
 
 def test_federated_evaluation_by_hand_through_flower_s_fedavg():
     # Prepare: weights 1, 2, 3, 4; accuracies 0, 1, 0.5, 0.25
     results = evaluations(0.0, 1.0, 0.5, 0.25)
     # Execute
-    out = evaluating("FedAvg").aggregate_evaluation(results, 0)
+    alg, _state = evaluating("FedAvg")
+    out = alg.aggregate_evaluation(results, 0)
     # Assert: Flower's weighted average by num-examples, by hand:
     # accuracy (0 + 2 + 1.5 + 1) / 10 = 0.45, loss 2 - 0.45 = 1.55; the
     # quickstart's eval_loss and eval_acc named as fedsim's own columns
@@ -512,21 +653,23 @@ def test_federated_evaluation_by_hand_through_flower_s_fedavg():
 def test_the_strategy_s_own_rule_runs_on_a_copy_and_samples_by_the_round():
     # Prepare
     results = evaluations(0.0, 1.0, 0.5, 0.25)
-    alg = evaluating("tests.test_flower:EvaluatesItself")
+    alg, state = evaluating("tests.test_flower:EvaluatesItself")
     # Execute: every evaluator replies (fraction_evaluate 1.0, the default)
     out = alg.aggregate_evaluation(results, 0)
     # Assert: its own columns; what it wrote into itself is dropped
     assert out == {"worst_acc": 0.0, "replies": 4.0}
-    assert not hasattr(alg.current(), "evaluated")
+    assert not hasattr(alg.live(state).strategy, "evaluated")
     # Execute: fraction_evaluate 0.5 samples 2 of the 4, seeded by the round
-    half = evaluating("tests.test_flower:EvaluatesItself", "{fraction_evaluate: 0.5}")
+    half, _half = evaluating(
+        "tests.test_flower:EvaluatesItself", "{fraction_evaluate: 0.5}"
+    )
     picks = [half.aggregate_evaluation(results, t)["worst_acc"] for t in range(8)]
     again = [half.aggregate_evaluation(results, t)["worst_acc"] for t in range(8)]
     # Assert: 2 replies, the same pick again, not always the same pick
     assert half.aggregate_evaluation(results, 0)["replies"] == 2.0
     assert picks == again and len(set(picks)) > 1
     # fewer evaluators than the strategy's minimum: Flower would wait, no column
-    needy = evaluating("FedAvg", "{min_evaluate_nodes: 5}")
+    needy, _needy = evaluating("FedAvg", "{min_evaluate_nodes: 5}")
     assert needy.aggregate_evaluation(results, 0) == {}
 
 
@@ -552,9 +695,10 @@ def test_error_replies_carry_the_clock_s_reasons_in_a_run():
     # mid-range phones dropping out mid-work
     late = "round={policy: fixed_epochs, epochs: 1, deadline_s: 15}"
     drops = "fleet.groups.1.stragglers.dropout_p=0.5"
-    sc = quick(flower(SKIP, "{min_tau: 1}"), late, drops, rounds=2)
+    sc = quick(flower(LOGS, "{min_tau: 1}"), late, drops, rounds=2)
+    ERROR_LOG.clear()
     res = run_scenario(sc)
-    log = sc.algorithm.current().error_log
+    log = list(ERROR_LOG)
     dropped = [
         [c["round"] + 1, c["client_id"], c["drop_reason"]]
         for c in res.clients
@@ -595,6 +739,18 @@ def test_compare_runs_a_flower_arm_beside_fedsim_s(tmp_path):
     acc = [r["final_accuracy"] for r in rows]
     assert [r["algorithm"].split(":")[0] for r in rows] == ["fedavg", "flower"]
     assert acc[0] == pytest.approx(acc[1], abs=0.003)
+
+
+def test_an_arm_names_a_strategy_by_its_path():
+    from fedsim.tools.compare import _parse_label, split_algorithms
+
+    # Execute: a user's strategy in -a, its import path's colon inside a value
+    arms = split_algorithms(f"fedavg,flower:strategy={SKIP},sample_by=selector")
+    # Assert: two arms, the path kept whole, the scenario loads with it
+    assert arms == ["fedavg", f"flower:strategy={SKIP},sample_by=selector"]
+    name, values = _parse_label(arms[1])
+    assert (name, values) == ("flower", {"strategy": SKIP, "sample_by": "selector"})
+    assert quick(flower(values["strategy"])).algorithm.strategy == SKIP
 
 
 def test_stress_runs_a_flower_arm_beside_fedsim_s(tmp_path):

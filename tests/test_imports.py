@@ -139,3 +139,22 @@ def test_only_the_runtime_and_the_commands_import_the_ray_wing():
         if _in(d, "fedsim.remote")
     )
     assert bad == []
+
+
+def _unit(module: str) -> str:
+    """A module's folder (``fedsim.algorithms``) or, at the top, itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_two_folders_or_a_folder_and_a_module_import_each_other():
+    # a folder (algorithms/, selectors/, data/, ...) is read as one unit:
+    # if it imported a unit that imports it back, neither could be read,
+    # or tested, below the other (type-only imports count, as above)
+    edges = {
+        (_unit(m), _unit(d))
+        for m, deps in _graph().items()
+        for d in deps
+        if _unit(m) != _unit(d)
+    }
+    both = sorted(f"{a} <-> {b}" for a, b in edges if (b, a) in edges and a < b)
+    assert both == []

@@ -10,7 +10,6 @@ import torch
 from fedsim.data.base import FederatedData
 from fedsim.models import (
     MODELS,
-    ModelSpec,
     NetworkSetup,
     batch_loss,
     build_model,
@@ -50,7 +49,7 @@ def _inputs(name, shape, classes, batch=3):
 
 @pytest.mark.parametrize(("name", "shape", "classes", "count"), CASES)
 def test_parameter_count_and_output_shape(name, shape, classes, count):
-    model = build_model(ModelSpec(name=name), 0, classes, seed=0, input_shape=shape)
+    model = build_model(MODELS[name](), 0, classes, seed=0, input_shape=shape)
 
     assert sum(p.numel() for p in model.parameters()) == count
     out = model(_inputs(name, shape, classes))
@@ -65,14 +64,14 @@ def test_every_registered_model_is_tested():
 
 
 def test_flat_image_rows_are_reshaped():
-    model = build_model(ModelSpec(name="cnn"), 784, 10, seed=0)  # no shape: 1x28x28
+    model = build_model(MODELS["cnn"](), 784, 10, seed=0)  # no shape: 1x28x28
     x = torch.randn(2, 1, 28, 28)
 
     torch.testing.assert_close(model(x.reshape(2, 784)), model(x))
 
 
 def test_convnet_embedding_is_the_classifier_input():
-    model = build_model(ModelSpec(name="convnet"), 0, 10, 0, input_shape=(3, 32, 32))
+    model = build_model(MODELS["convnet"](), 0, 10, 0, input_shape=(3, 32, 32))
     x = torch.randn(2, 3, 32, 32)
 
     assert model.embed(x).shape == (2, 2048)
@@ -83,10 +82,10 @@ def test_seeded_init_without_touching_the_global_rng():
     torch.manual_seed(123)
     before = torch.rand(1)
     torch.manual_seed(123)
-    a = build_model(ModelSpec(name="cifar_cnn"), 0, 10, seed=5, input_shape=(3, 32, 32))
+    a = build_model(MODELS["cifar_cnn"](), 0, 10, seed=5, input_shape=(3, 32, 32))
     after = torch.rand(1)
-    b = build_model(ModelSpec(name="cifar_cnn"), 0, 10, seed=5, input_shape=(3, 32, 32))
-    c = build_model(ModelSpec(name="cifar_cnn"), 0, 10, seed=6, input_shape=(3, 32, 32))
+    b = build_model(MODELS["cifar_cnn"](), 0, 10, seed=5, input_shape=(3, 32, 32))
+    c = build_model(MODELS["cifar_cnn"](), 0, 10, seed=6, input_shape=(3, 32, 32))
 
     assert torch.equal(before, after)
     pa, pb, pc = (
@@ -97,7 +96,7 @@ def test_seeded_init_without_touching_the_global_rng():
 
 def test_group_norm_instead_of_batch_norm():
     for name in ("vgg11", "resnet18"):
-        model = build_model(ModelSpec(name=name), 0, 10, 0, input_shape=(3, 32, 32))
+        model = build_model(MODELS[name](), 0, 10, 0, input_shape=(3, 32, 32))
         kinds = {type(m).__name__ for m in model.modules()}
         assert "GroupNorm" in kinds and "BatchNorm2d" not in kinds
         assert "Dropout" not in kinds
@@ -105,11 +104,11 @@ def test_group_norm_instead_of_batch_norm():
 
 def test_shape_errors_are_clear():
     with pytest.raises(ValueError, match="needs >= 32x32"):
-        build_model(ModelSpec(name="vgg11"), 0, 10, 0, input_shape=(1, 28, 28))
+        build_model(MODELS["vgg11"](), 0, 10, 0, input_shape=(1, 28, 28))
     with pytest.raises(ValueError, match=r"needs images \[C, H, W\]"):
-        build_model(ModelSpec(name="cnn"), 60, 10, 0)
+        build_model(MODELS["cnn"](), 60, 10, 0)
     with pytest.raises(ValueError, match="classes"):
-        build_model(ModelSpec(name="mlp"), 60, 0, 0)
+        build_model(MODELS["mlp"](), 60, 0, 0)
 
 
 @pytest.mark.parametrize(
@@ -117,8 +116,9 @@ def test_shape_errors_are_clear():
     [("cnn", (1, 28, 28), 10), ("lstm", (20,), 30), ("convnet", (3, 32, 32), 10)],
 )
 def test_training_through_the_flat_vector(name, shape, classes):
+    small = {"lstm": {"lstm_hidden": 32}, "convnet": {"width": 16}}
     model = build_model(
-        ModelSpec(name=name, lstm_hidden=32, width=16),
+        MODELS[name](**small.get(name, {})),
         0,
         classes,
         seed=0,
@@ -155,7 +155,7 @@ def test_make_model_uses_the_data_shape():
         num_classes=10,
     )
 
-    model = make_model(NetworkSetup(ModelSpec(name="cnn"), seed=0), data)
+    model = make_model(NetworkSetup(MODELS["cnn"](), seed=0), data)
 
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
     loss, acc = evaluate(model, torch.zeros(5, 3, 32, 32), torch.zeros(5).long(), 2)
@@ -198,14 +198,17 @@ def test_a_model_with_its_own_loss_trains_and_is_evaluated_by_it():
     assert [n for n, c in MODELS.items() if c().own_loss] == ["quadratic"]
 
 
-def test_a_section_of_the_old_all_in_one_spec_still_loads():
+def test_a_section_of_the_old_all_in_one_spec_is_refused_naming_whose_field():
     # Prepare: a resolved scenario.yaml of earlier versions listed every
     # network's fields at their defaults
     old = "model={name: logreg, hidden: [200, 200], depth: 3, zero_init: true}"
     # Execute
-    sc = load_scenario(QUICK, [old])
-    # Assert: the other networks' fields at their defaults are dropped; one
-    # set otherwise is refused, as it never did anything
-    assert sc.model == MODELS["logreg"](zero_init=True)
-    with pytest.raises(ScenarioError, match=r"model\.hidden: unknown key"):
-        load_scenario(QUICK, ["model={name: logreg, hidden: [7]}"])
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(QUICK, [old])
+    # Assert: one line saying whose field it is and what logreg reads
+    line = str(err.value).splitlines()[-1]
+    assert "hidden is a field of mlp, not of logreg" in line
+    assert "reads only its own (dtype, zero_init)" in line
+    # a field no network has is still a misspelling
+    with pytest.raises(ScenarioError, match=r"model\.hiden: unknown key"):
+        load_scenario(QUICK, ["model={name: logreg, hiden: [7]}"])

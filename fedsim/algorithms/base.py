@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -20,7 +19,6 @@ from typing import (
     ParamSpec,
     Protocol,
     TypeVar,
-    cast,
 )
 
 from fedsim.lazy import torch
@@ -29,6 +27,8 @@ from fedsim.solvers import SGD, SolverState, make_solver
 from fedsim.spec import PLUGIN_CONFIG, PosFloat, Problem
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from fedsim.clock import JobWork
     from fedsim.data.base import DataInfo, FederatedData
     from fedsim.facts import RunFacts
@@ -271,6 +271,22 @@ PLAIN_ROUND = RoundContext()
 
 
 @dataclass(frozen=True)
+class ClientChoice:
+    """What an algorithm that chooses the round's clients itself is given
+    (:meth:`Algorithm.choose_clients`), on the driver, once per round."""
+
+    round: int  # 0-based
+    # the client ids it chooses among, ascending: every online device, or
+    # the scenario selector's picks (:attr:`Algorithm.chooses`)
+    nodes: tuple[int, ...]
+    rng: np.random.Generator  # the round's selection stream: its only randomness
+    facts: RunFacts  # the run as plug-ins see it
+    # the server's global model (its named parameters give the layout of
+    # x); None where there is none at hand
+    model: torch.nn.Module | None = None
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """Base class: subclasses declare ``name: Literal["<name>"]`` and their
     hyperparameters as fields, and override :meth:`aggregate`.
@@ -323,9 +339,9 @@ class Algorithm:
     # "model" (a network to train) and/or "validation_loss" (to score
     # parameters). Empty: ``ctx.server`` is None and nothing is built for it.
     server_needs: ClassVar[frozenset[str]] = frozenset()
-    # Deprecated: True meant aggregate(..., server=ServerContext); declare
-    # server_needs and read ctx.server instead (still honoured).
-    needs_server: ClassVar[bool] = False
+    # fields of the base this rule never reads (``server_lr`` of a rule with
+    # a step of its own): set to anything but the default they are refused
+    unread: ClassVar[frozenset[str]] = frozenset()
     down_factor: ClassVar[int] = 1  # floats downloaded, in units of d
     up_factor: ClassVar[int] = 1  # floats uploaded, in units of d
 
@@ -393,6 +409,33 @@ class Algorithm:
         give the same bits (the state is checkpointed; nothing else is).
         """
         return {}
+
+    @property
+    def chooses(self) -> Literal["candidates", "picks"] | None:
+        """Whether it chooses the round's clients itself (Flower's strategies
+        sample their own), through :meth:`choose_clients`: among every
+        online device (``"candidates"``) or among the scenario selector's
+        picks (``"picks"``); None (the base): the selector's picks train.
+        Synchronous rounds with the server in the driver only."""
+        return None
+
+    def choose_clients(self, state: ServerState, choice: ClientChoice) -> list[int]:
+        """The clients that train this round, chosen by the algorithm (only
+        called when :attr:`chooses` is set).
+
+        Args:
+            state: the server state the round starts from (the clients
+                download it).
+            choice: the round, the ids to choose among, the round's
+                generator, the run's facts and the server's model.
+
+        Returns:
+            Client ids among ``choice.nodes``, each once, ascending.
+
+        Guarantees to keep: a pure function of (state, choice,
+        hyperparameters), drawing only from ``choice.rng``.
+        """
+        raise NotImplementedError
 
     @property
     def instructs(self) -> bool:
@@ -467,21 +510,9 @@ class Algorithm:
     def server_step(
         self, state: ServerState, updates: Updates, ctx: RoundContext
     ) -> tuple[ServerState, AggregateInfo]:
-        """What the server calls: :meth:`aggregate` with ``ctx``, also for a
-        plug-in written against an older form of the hook (deprecated, each
-        warned about once per class):
-
-        ==============================================  =====================
-        the plug-in defines                             called as
-        ==============================================  =====================
-        ``aggregate(state, updates, ctx)``              as is
-        ``aggregate(state, updates)``                   without ``ctx``
-        ``aggregate(state, updates, server=...)``       ``server=ctx.server``
-        ``aggregate_async(state, ups, staleness,        for ``ctx.asynchronous``
-        starts)`` beside an old ``aggregate``           steps
-        ==============================================  =====================
-
-        Not meant to be overridden.
+        """What the server calls: :meth:`aggregate` with ``ctx`` (the one
+        form of the hook; :func:`outdated_form` refuses the older ones when
+        a plug-in loads). Not meant to be overridden.
 
         Args:
             state: as :meth:`aggregate`.
@@ -491,22 +522,12 @@ class Algorithm:
         Returns:
             What :meth:`aggregate` returns.
         """
-        form = _aggregate_form(type(self))
-        if form == "ctx":
-            return self.aggregate(state, updates, ctx)
-        if ctx.staleness is not None:  # an asynchronous version
-            rule = cast(AsyncRule, self)  # the scenario checked it has the rule
-            return rule.aggregate_async(state, updates, ctx.staleness, ctx.starts or ())
-        legacy = cast(_LegacyAggregate, self.aggregate)
-        if form == "server":
-            return legacy(state, updates, server=ctx.server)
-        return legacy(state, updates)
+        return self.aggregate(state, updates, ctx)
 
     @property
     def wants_server(self) -> bool:
-        """Whether :meth:`aggregate` reads ``ctx.server`` (``server_needs``,
-        or the deprecated ``needs_server``)."""
-        return bool(self.server_needs) or self.needs_server
+        """Whether :meth:`aggregate` reads ``ctx.server`` (``server_needs``)."""
+        return bool(self.server_needs)
 
     @property
     def asynchronous(self) -> bool:
@@ -641,8 +662,9 @@ class Algorithm:
         """What is wrong with this algorithm in the run (asked when the
         scenario loads). Overrides add to ``super().check(facts)``.
 
-        The base refuses ``round.policy: async`` without an asynchronous server
-        rule (a ``buffer_size``: :attr:`asynchronous`).
+        The base refuses a field of :attr:`unread` set away from its
+        default (it would do nothing), and ``round.policy: async`` without
+        an asynchronous server rule (a ``buffer_size``: :attr:`asynchronous`).
 
         Args:
             facts: the run as plug-ins see it (round policy, fleet, data,
@@ -652,6 +674,23 @@ class Algorithm:
             Problems, each message leading with the field path it is about;
             an error refuses the file, a ``warning`` is printed.
         """
+        return self._unread_set() + self._round_problems(facts)
+
+    def _unread_set(self) -> list[Problem]:
+        """The fields of :attr:`unread` set away from their defaults."""
+        defaults = {f.name: f.default for f in fields(self)}
+        return [
+            Problem(
+                f"algorithm.{name}: algorithm.name {self.name!r} does not read "
+                f"it (set to {getattr(self, name)!r}, it would do nothing); "
+                "leave it out"
+            )
+            for name in sorted(self.unread)
+            if getattr(self, name) != defaults[name]
+        ]
+
+    def _round_problems(self, facts: RunFacts) -> list[Problem]:
+        """What the base refuses of the round policy (:meth:`check`)."""
         if facts.round.policy == "async" and self.instructs:
             return [
                 Problem(
@@ -734,42 +773,37 @@ class Algorithm:
         return self.down_factor * d * elem, self.up_factor * d * elem
 
 
-# How a class's ``aggregate`` takes the step's context (Algorithm.server_step):
-# "ctx" (the one signature), or a deprecated older form.
-_Form = Literal["ctx", "server", "plain"]
+def outdated_form(cls: type[Algorithm]) -> str | None:
+    """What is left of an older form of the algorithm interface in ``cls``,
+    said in one line with the form that replaced it; None: nothing.
 
+    Asked by :func:`fedsim.plugins.resolve` when a plug-in loads, so that a
+    plug-in written for an earlier fedsim stops with that line before any
+    training instead of failing inside a round.
 
-_FORMS: dict[type, _Form] = {}
+    Args:
+        cls: the plug-in's class.
 
-
-def _aggregate_form(cls: type[Algorithm]) -> _Form:
-    """Which form of ``aggregate`` ``cls`` defines, read once from its
-    signature (``skip_empty_rounds`` keeps the wrapped one visible); an
-    older form is warned about once, here."""
-    if cls in _FORMS:
-        return _FORMS[cls]
+    Returns:
+        The line, or None.
+    """
+    new = (
+        "define aggregate(self, state, updates, ctx) and read ctx.server "
+        "(declared by server_needs = frozenset({'model'}) or "
+        "{'validation_loss'}), ctx.staleness and ctx.starts (RoundContext)"
+    )
+    if "needs_server" in dir(cls):
+        return f"{cls.__qualname__}.needs_server is no longer read: {new}"
     params = inspect.signature(cls.aggregate).parameters
     positional = [
         p
         for p in params.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
-    # the old server form named its parameter: it wins over a position
-    new_form = "server" not in params and len(positional) >= 4  # self, ..., ctx
-    if "ctx" in params or new_form:
-        _FORMS[cls] = "ctx"
-        return "ctx"
-    form: _Form = "server" if "server" in params else "plain"
-    how = "server=ServerContext" if form == "server" else "no context"
-    warnings.warn(
-        f"{cls.__qualname__}.aggregate takes {how}; define aggregate(state, "
-        "updates, ctx) and read ctx.server / ctx.staleness (RoundContext): "
-        "the older forms will be removed",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    _FORMS[cls] = form
-    return form
+    if "server" in params or ("ctx" not in params and len(positional) < 4):
+        sig = ", ".join(params)
+        return f"{cls.__qualname__}.aggregate({sig}) is an older form: {new}"
+    return None
 
 
 def data_weights(updates: Updates) -> list[float]:
@@ -902,27 +936,13 @@ def skip_empty_rounds(aggregate: _Rule[_Self, _Rest]) -> _Rule[_Self, _Rest]:
     return wrapper
 
 
-class _LegacyAggregate(Protocol):
-    """``aggregate`` as plug-ins wrote it before :class:`RoundContext`: no
-    context, or the server's as a keyword (``needs_server``)."""
-
-    def __call__(
-        self,
-        state: ServerState,
-        updates: Updates,
-        *,
-        server: ServerContext | None = ...,
-    ) -> tuple[ServerState, AggregateInfo]: ...
-
-
 class AsyncRule(Protocol):
     """An asynchronous server rule: every ``buffer_size`` arrivals make one
     version (updates in arrival order, their staleness, their start models).
 
     The server calls ``aggregate(state, updates, ctx)`` with
     ``ctx.staleness`` and ``ctx.starts`` set; ``aggregate_async`` is the
-    same step with those as arguments (the built-ins keep it for tests, and
-    an older plug-in that defines only it is still called through it).
+    same step with those as arguments (the built-ins keep it for tests).
     """
 
     buffer_size: int

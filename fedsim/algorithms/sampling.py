@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, cast
+from typing import Literal, Protocol, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -21,8 +21,16 @@ from fedsim.algorithms.weighting import updates_tau_eff
 from fedsim.lazy import torch
 from fedsim.solvers import SolverState
 
-if TYPE_CHECKING:
-    from fedsim.selectors.base import Selector
+
+class Selector(Protocol):
+    """What the pairing reads of a selector (``fedsim.selectors``, which
+    imports this package, so it is not imported back): its name; its
+    sampling traits by ``getattr`` with defaults (a plug-in may lack them)."""
+
+    @property
+    def name(self) -> str:
+        """The scenario's ``selector.name``."""
+
 
 Scheme = Literal["renormalized", "uniform", "proportional", "equal"]
 # How a selector draws (``Selector.inclusion``): ``uniform`` (q/m each),
