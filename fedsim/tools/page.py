@@ -46,17 +46,21 @@ from fedsim.tools.report import (
 PAGE_NAME = "report.html"
 
 # Beyond this many (round, device) jobs the timeline aggregates: Plotly
-# draws each bar as an SVG element, and 20,000 of them still open in about a
-# second; a million would take minutes and hundreds of MB.
-MAX_TIMELINE_BARS = 20_000
+# draws each bar as an SVG element; 10,000 of them add about 1 CPU second to
+# opening the page, 20,000 about 2 (benchmarks/report_page.py), and a million
+# would take minutes.
+MAX_TIMELINE_BARS = 10_000
 # The aggregated timeline's most cells (devices x round bins).
 MAX_TIMELINE_CELLS = 250_000
+# Past this many rounds, jobs per round are filled lines, not bars (an SVG
+# element per bar and round slows the page as much as the timeline would).
+MAX_STATE_BARS = 200
 
 # The hover of one timeline bar: every field the issue's readers ask for.
 _BAR_HOVER = (
     "device %{y} (%{customdata[0]})<br>round %{customdata[1]}<br>"
     "tau %{customdata[2]} steps<br>slowdown %{customdata[3]:.3g}<br>"
-    "start %{base:.4g} s, took %{x:.4g} s<br>%{customdata[4]}<br>"
+    "from %{base:.4g} s to %{x:.4g} s (simulated)<br>%{customdata[4]}<br>"
     "bytes down %{customdata[5]:,} / up %{customdata[6]:,}<extra></extra>"
 )
 
@@ -183,7 +187,7 @@ def _metrics_section(rounds: pa.Table, initial: object) -> dict[str, Any]:
                 keep = np.isfinite(ys)
                 fig.add_scatter(
                     x=xs[keep], y=ys[keep], name=key, row=row, col=col,
-                    legendgroup=key, showlegend=col == 1, mode="lines+markers",
+                    legendgroup=key, showlegend=col == 1, mode=_mode(xs[keep]),
                     line={"dash": "dash" if key == "train_loss" else "solid",
                           "color": _METRIC_COLORS[key]},
                 )  # fmt: skip
@@ -222,7 +226,8 @@ class _Jobs:
         dropped = numbers(clients, "dropped", self.n)
         self.dropped = np.nan_to_num(dropped, nan=0.0) > 0
         self.order = plots._legend_order(list(self.group), self.group, groups)
-        self.colors = {g: css(c) for g, c in plots._group_colors(self.order).items()}
+        self.rgba = plots._group_colors(self.order)
+        self.colors = {g: css(c) for g, c in self.rgba.items()}
 
     def sections(self, step_cap: int | None) -> list[dict[str, Any]]:
         """The timeline, updates per round and tau sections (none without
@@ -257,8 +262,7 @@ class _Jobs:
                     orientation="h", customdata=custom[keep],
                     name=f"{g} ({'dropped' if drop else 'aggregated'})",
                     legendgroup=g, hovertemplate=_BAR_HOVER,
-                    marker={"color": self.colors[g], "opacity": 0.55 if drop else 1,
-                            "pattern": {"shape": "/" if drop else ""}},
+                    marker=self._marker(g, drop),
                 )  # fmt: skip
         fig.update_layout(
             barmode="overlay", height=_timeline_height(self.device), bargap=0.2,
@@ -312,6 +316,13 @@ class _Jobs:
         hint = "Devices (rows) against rounds: where each device trained, and how much."
         return _section("timeline", "Device timeline", hint, fig, note)
 
+    def _marker(self, group: str, dropped: bool) -> dict[str, Any]:
+        """A bar's look: its group's colour; a dropped job's lighter and
+        hatched, as in timeline.png."""
+        shape = "/" if dropped else ""
+        return {"color": self.colors[group], "opacity": 0.55 if dropped else 1,
+                "pattern": {"shape": shape}}  # fmt: skip
+
     def _per_round(self, keep: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
         """Per round: the count (or the sum of ``weights``) of the jobs in
         ``keep``."""
@@ -330,16 +341,23 @@ class _Jobs:
                 counts = self._per_round(keep, None)
                 if not counts.any():
                     continue
-                fig.add_bar(
-                    x=np.arange(counts.size), y=counts, legendgroup=g,
-                    name=f"{g} ({'dropped' if drop else 'aggregated'})",
-                    marker={"color": self.colors[g], "opacity": 0.55 if drop else 1,
-                            "pattern": {"shape": "/" if drop else ""}},
-                )  # fmt: skip
+                name = f"{g} ({'dropped' if drop else 'aggregated'})"
+                if counts.size <= MAX_STATE_BARS:
+                    fig.add_bar(x=np.arange(counts.size), y=counts, legendgroup=g,
+                                name=name, marker=self._marker(g, drop))  # fmt: skip
+                else:  # one filled line per trace, not a bar per round
+                    fig.add_scatter(
+                        x=np.arange(counts.size), y=counts, legendgroup=g, name=name,
+                        stackgroup="jobs", mode="lines", line={"width": 0},
+                        fillcolor=css(self.rgba[g], 0.45 if drop else 0.9),
+                    )  # fmt: skip
         fig.update_layout(
             barmode="stack", height=400, xaxis_title="round", yaxis_title="jobs"
         )
-        hint = "Each round's jobs by device group; hatched: dropped updates."
+        hint = (
+            "Each round's jobs by device group; hatched (past "
+            f"{MAX_STATE_BARS} rounds: lighter): dropped updates."
+        )
         return _section("states", "Jobs per round by group and state", hint, fig)
 
     def _taus(self, step_cap: int | None) -> dict[str, Any]:
@@ -354,7 +372,7 @@ class _Jobs:
                 mean = self._per_round(keep, self.tau) / count
             has = count > 0
             fig.add_scatter(
-                x=np.flatnonzero(has), y=mean[has], name=g, mode="lines+markers",
+                x=np.flatnonzero(has), y=mean[has], name=g, mode=_mode(mean[has]),
                 line={"color": self.colors[g]}, customdata=count[has],
                 hovertemplate=f"{g}<br>round %{{x}}<br>mean tau %{{y:.3g}} over "
                 "%{customdata} updates<extra></extra>",
@@ -368,6 +386,12 @@ class _Jobs:
             "round.max_steps (updates on it were capped, not slow)."
         )
         return _section("tau", "Local steps tau per group per round", hint, fig)
+
+
+def _mode(x: np.ndarray) -> str:
+    """A curve's Plotly mode: markers on each point while they are few
+    enough to be told apart (and cheap to draw)."""
+    return "lines+markers" if x.size <= MAX_STATE_BARS else "lines"
 
 
 def _timeline_height(device: np.ndarray) -> int:
