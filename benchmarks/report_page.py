@@ -8,7 +8,8 @@ Builds a synthetic run directory of ``--rounds`` rounds in which every one of
 holds rounds x devices jobs (a million by default), rounds.parquet one row
 per round, with summary.json and scenario.yaml as a run writes them. It then
 writes the page with fedsim.tools.page.write_page and opens it from file://
-in Debian's /usr/bin/chromium (Playwright, the browser tests' flags),
+in Debian's /usr/bin/chromium (Playwright, as tests/test_page_browser.py
+launches it),
 timing from the request until every figure is drawn. A small run's page
 (one round of ten devices) is opened the same way first: the difference is
 what the big run's data costs, apart from plotly.js's own start-up.
@@ -33,7 +34,7 @@ from fedsim.results import CLIENT_SCHEMA, ROUND_SCHEMA, write_arrow
 from fedsim.tools.page import MAX_TIMELINE_BARS, write_page
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.test_page_browser import ARGS, CHROMIUM  # noqa: E402
+from tests.test_page_browser import launch  # noqa: E402
 
 GROUPS = ["phones", "tablets", "laptops"]
 
@@ -122,21 +123,13 @@ def browser_cpu() -> float:
     return total
 
 
-def browser(playwright, profile: str):
-    """Debian's Chromium, headless, with the browser tests' flags."""
-    return playwright.chromium.launch_persistent_context(
-        profile, executable_path=str(CHROMIUM), headless=True, args=ARGS,
-        viewport={"width": 1200, "height": 900},
-    )  # fmt: skip
-
-
 def screenshot(run_dir: Path, png: Path) -> None:
     """The device timeline of ``run_dir``'s report.html, its longest bar
     hovered, as ``png``."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
-        context = browser(p, profile)
+        context = launch(p, profile)
         page = context.new_page()
         page.goto((run_dir / "report.html").as_uri())
         section = page.locator("#section-timeline")
@@ -169,7 +162,7 @@ def main() -> None:
         write_s = time.perf_counter() - t0
         small_path = write_page(small)
         with sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:
-            context = browser(pw, profile)
+            context = launch(pw, profile)
             open_seconds(context, small_path)  # the browser's own first start
             small_s = open_seconds(context, small_path)
             big_s = open_seconds(context, path)

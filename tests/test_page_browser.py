@@ -19,7 +19,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from .conftest import ROOT, SCENARIOS, fedsim_here
+from .conftest import ROOT, SCENARIOS
+from .test_page import compare_dir, straggler_run  # noqa: F401 (fixtures)
 
 CHROMIUM = Path("/usr/bin/chromium")
 # no GPU, no network of its own (QUIC, updates, sync), a fresh profile each
@@ -53,18 +54,24 @@ def _missing() -> str | None:
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 
 
+def launch(playwright, profile: str):
+    """Debian's Chromium, headless, with :data:`ARGS` and the fresh profile
+    folder ``profile`` (benchmarks/report_page.py opens pages with it too)."""
+    return playwright.chromium.launch_persistent_context(
+        profile,
+        executable_path=str(CHROMIUM),
+        headless=True,
+        args=ARGS,
+        viewport={"width": 1200, "height": 900},
+    )
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")),
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=ARGS,
-            viewport={"width": 1200, "height": 900},
-        )
+        context = launch(p, str(tmp_path_factory.mktemp("chromium-profile")))
         yield context
         context.close()
 
@@ -82,18 +89,7 @@ def open_page(browser, url: str, ready: str = ".main-svg"):
     return page, errors
 
 
-@pytest.fixture(scope="module")
-def straggler_run(tmp_path_factory) -> Path:
-    # quickstart's three groups with an 8 s deadline: late updates dropped
-    out = tmp_path_factory.mktemp("browser") / "quickstart"
-    fedsim_here("run", str(SCENARIOS / "quickstart.yaml"), "--workers", "0",
-                "--out", str(out), "-q", "--set", "rounds=3", "--set",
-                "round={policy: fixed_epochs, epochs: 1, deadline_s: 8}",
-                check=True)  # fmt: skip
-    return out
-
-
-def test_run_page_loads_with_a_bar_per_job_and_no_console_error(browser, straggler_run):
+def test_run_page_loads_with_a_bar_per_job(browser, straggler_run):  # noqa: F811
     page, errors = open_page(browser, (straggler_run / "report.html").as_uri())
     jobs = pq.read_table(straggler_run / "clients.parquet").num_rows
     assert page.locator("#plot-timeline .barlayer .point").count() == jobs
@@ -104,7 +100,7 @@ def test_run_page_loads_with_a_bar_per_job_and_no_console_error(browser, straggl
     page.close()
 
 
-def test_a_hovered_bar_shows_its_jobs_tau(browser, straggler_run):
+def test_a_hovered_bar_shows_its_jobs_tau(browser, straggler_run):  # noqa: F811
     rows = pq.read_table(straggler_run / "clients.parquet").to_pylist()
     tau = {(r["round"], r["client_id"]): r["tau"] for r in rows}
     page, errors = open_page(browser, (straggler_run / "report.html").as_uri())
@@ -128,11 +124,8 @@ def test_a_hovered_bar_shows_its_jobs_tau(browser, straggler_run):
     page.close()
 
 
-def test_compare_page_loads_without_console_error(browser, tmp_path):
-    out = tmp_path / "compare"
-    fedsim_here("compare", str(SCENARIOS / "ci" / "tiny-synthetic.yaml"),
-                "--algorithms", "fedavg,fedprox:mu=0.5", "--seeds", "2",
-                "--out", str(out), "-q", check=True)  # fmt: skip
+def test_compare_page_loads_without_console_error(browser, compare_dir):  # noqa: F811
+    out = compare_dir
     page, errors = open_page(browser, (out / "compare.html").as_uri())
     assert page.locator("#counter").text_content() == "4"
     paired = pq.read_table(out / "paired.parquet").num_rows
