@@ -183,8 +183,9 @@ def render(data: dict[str, Any], live: bool = False) -> str:
         live: poll ``data.json`` and redraw (served pages only; a page
             opened from a file has no server to ask).
     """
-    # "</" inside a script element would end it: JSON allows "<\\/" instead
-    payload = data_json(data).replace("</", "<\\/")
+    # Plotly's encoder writes <, > and / as \u escapes: no text of the run
+    # can end the script element the data sits in (tests/test_page.py)
+    payload = data_json(data)
     return _PAGE % {
         "style": _STYLE,
         "plotly": _plotly_js(),
