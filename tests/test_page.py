@@ -107,6 +107,24 @@ def test_timeline_has_one_bar_per_job_with_its_tau(which, tiny_run, straggler_ru
     assert sorted(timeline_jobs(page_data(run / "report.html"))) == expected
 
 
+@pytest.mark.parametrize(
+    ("scenario", "rounds"),
+    [("async-fedbuff.yaml", 6), ("quadratic-objective-inconsistency.yaml", 3)],
+)
+def test_async_and_quadratic_runs_get_their_page(scenario, rounds, tmp_path):
+    # asynchronous: a bar per job (round: the version it was applied to);
+    # the quadratic objective: no accuracy at all, so no accuracy curve
+    out = tmp_path / "run"
+    fedsim_here("run", str(SCENARIOS / scenario), "--workers", "0", "--out",
+                str(out), "-q", "--set", f"rounds={rounds}", check=True)  # fmt: skip
+    data = page_data(out / "report.html")
+    rows = pq.read_table(out / "clients.parquet").to_pylist()
+    assert len(timeline_jobs(data)) == len(rows) and data["counter"] == rounds
+    curves = sections(data)["metrics"]["figure"]["data"]
+    accuracy = [t for t in curves if t["name"] == "test_accuracy"]
+    assert all(len(t["y"]) > 0 for t in accuracy) == ("async" in scenario)
+
+
 def test_dropped_jobs_are_their_own_traces_with_the_reason(straggler_run):
     rows = pq.read_table(straggler_run / "clients.parquet").to_pylist()
     dropped = {(r["round"], r["client_id"]): r["drop_reason"] for r in rows
