@@ -36,7 +36,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -86,6 +86,45 @@ AddressOption = Annotated[
     typer.Option("--address", help="Join this Ray cluster (default: RAY_ADDRESS)."),
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q")]
+LogEveryOption = Annotated[
+    float,
+    typer.Option(
+        "--log-every",
+        min=0,
+        help="Without a terminal (batch jobs, ray job submit): a plain "
+        "progress line at least every this many seconds, and every 10% of "
+        "the rounds.",
+    ),
+]
+SweepOption = Annotated[
+    list[str],
+    typer.Option(
+        "--sweep",
+        help="PATH=v1,v2,... mildest first, e.g. fleet.stragglers.p=0,0.1,0.3,0.5 "
+        "(repeat for a grid).",
+    ),
+]
+# The interactive page (fedsim/tools/page.py) and serving it (tools/live.py).
+HtmlOption = Annotated[
+    bool,
+    typer.Option("--html/--no-html", help="Write the interactive page (.html)."),
+]
+LiveOption = Annotated[
+    bool,
+    typer.Option(
+        "--live", help="Serve the page on 127.0.0.1 while it runs (prints the address)."
+    ),
+]
+_LIVE_PORT = 8765  # fedsim.tools.live.DEFAULT_PORT (not imported at start-up)
+LivePortOption = Annotated[
+    int,
+    typer.Option(
+        "--live-port",
+        min=0,
+        max=65535,
+        help="Port for --live (taken: a free one is used, said in one line).",
+    ),
+]
 
 
 # compare and stress: the same names for the same things
@@ -354,17 +393,11 @@ def run(
             "--overwrite", help="Replace the results already in --out (not resume)."
         ),
     ] = False,
-    log_every: Annotated[
-        float,
-        typer.Option(
-            "--log-every",
-            min=0,
-            help="Without a terminal (batch jobs, ray job submit): a plain "
-            "progress line at least every this many seconds, and every 10% of "
-            "the rounds.",
-        ),
-    ] = 30.0,
+    log_every: LogEveryOption = 30.0,
     log: LogOption = None,
+    html: HtmlOption = True,
+    live: LiveOption = False,
+    live_port: LivePortOption = _LIVE_PORT,
 ) -> None:
     """Run a scenario (or resume a run) and write its results.\f
 
@@ -390,6 +423,7 @@ def run(
             )  # fmt: skip
             reached["workers"] = n = _start_workers(sc.resources, workers, address)
             with (
+                _live(live, run_dir, live_port, "run"),  # the page, while it runs
                 _progress(sc, quiet, start, sim0, log_every) as on_round,
                 _tracked(trackers, run_dir, sc.name, on_round, resume) as tr,
             ):
@@ -399,8 +433,35 @@ def run(
             code = _set_up_interrupted(reached, resume is not None, quiet)
         else:  # not in the try: an interrupt while the report is written must
             # not replace the summary of the rows with the one of an empty set-up
-            code = _finish(result, run_dir, report, quiet)
+            code = _finish(result, run_dir, report, quiet, html)
     raise typer.Exit(code)
+
+
+def _live(
+    live: bool, directory: Path, port: int, kind: str
+) -> AbstractContextManager[object]:
+    """With ``--live``, the page of ``directory`` served on 127.0.0.1 for
+    the block (fedsim.tools.live.serving); else nothing.
+
+    Args:
+        live: ``--live`` was given.
+        directory: the output directory the command writes.
+        port: ``--live-port``.
+        kind: "run", "compare" or "stress": which page.
+    """
+    if not live:
+        return nullcontext()
+    from fedsim.tools.live import serving
+    from fedsim.tools.page import run_page_data
+    from fedsim.tools.page_group import group_page_data
+
+    build = run_page_data if kind == "run" else group_page_data
+
+    def say(line: str) -> None:
+        err.print(line, highlight=False, soft_wrap=True)
+
+    with _errors(OSError, code=1):  # not even a free port on the loopback
+        return serving(directory, build, port, say, f"fedsim {kind}: starting")
 
 
 def _tracked(
@@ -719,7 +780,9 @@ def _prepare_run_dir(
     return ck.next_round, ck.sim_time
 
 
-def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
+def _finish(
+    result: Any, run_dir: Path, report: bool, quiet: bool, html: bool = True
+) -> int:
     """Say how the run ended, write summary.json and the report; return the code.
 
     Args:
@@ -727,6 +790,7 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
         run_dir: where summary.json and the report go.
         report: write plots and report.md (only when there are rows).
         quiet: no summary table on stdout.
+        html: with the report, report.html (the interactive page).
 
     Returns:
         The exit code of the run's status; 1 when summary.json or the report
@@ -744,7 +808,7 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
     try:
         write_summary(run_dir / "summary.json", summary)
         if report and result.rows:
-            code = _write_report(result, run_dir, code)
+            code = _write_report(result, run_dir, code, html)
     except OSError as exc:  # e.g. the disk that failed the run is still full
         code = code or 1
         _say("[bold red]cannot write the summary or report:[/]", str(exc))
@@ -757,14 +821,18 @@ def _finish(result: Any, run_dir: Path, report: bool, quiet: bool) -> int:
     return code
 
 
-def _write_report(result: Any, run_dir: Path, code: int) -> int:
-    """Draw the report of a run whose summary.json is written; returns the
+def _write_report(result: Any, run_dir: Path, code: int, html: bool = True) -> int:
+    """Draw the report of a run whose summary.json is written (and its
+    report.html when ``html``); returns the
     exit code: ``code``, or 130 when Ctrl-C (or SIGTERM) stops the drawing,
     which is said with what is whole and how to draw the report again."""
+    from fedsim.tools.page import write_page
     from fedsim.tools.report import write_report
 
     try:
         write_report(run_dir)
+        if html:
+            write_page(run_dir)
     except KeyboardInterrupt:
         _say(
             "[yellow]interrupted:[/]",
@@ -852,7 +920,7 @@ def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
 def _clear_run(run_dir: Path) -> None:
     """Delete an old run's files for ``--overwrite``, leaving any other file:
     --out may be a folder the user also keeps other things in."""
-    old = {*_RESULTS, "report.md", "scenario.yaml"}
+    old = {*_RESULTS, "report.md", "report.html", "scenario.yaml"}
     for p in run_dir.iterdir():  # the old run's files, not the user's others
         if p.name in old or p.name.startswith("ckpt-") or p.suffix in _TABLES:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -1093,17 +1161,22 @@ def report(
             help="Rounds shown in the client timeline (the first and last halves).",
         ),
     ] = 20,
+    html: HtmlOption = True,
 ) -> None:
-    """Write plots (PNG) and report.md for a run directory.\f
+    """Write plots (PNG), report.md and report.html for a run directory.\f
 
     Reads only the result files, so it works on a finished, interrupted or
     diverged run, and rewrites the report of a run that was resumed.
     """
+    from fedsim.tools.page import write_page
     from fedsim.tools.report import ReportError, write_report
 
     with _errors(ReportError):
         path = write_report(run_dir, max_timeline_rounds=timeline_rounds)
+        page = write_page(run_dir) if html else None
     out.print(f"report: {path}", highlight=False)
+    if page is not None:
+        out.print(f"page: {page}", highlight=False)
 
 
 @app.command()
@@ -1111,14 +1184,7 @@ def stress(
     scenario: Annotated[
         Path, typer.Argument(help=f"{_SCENARIO_FILE[:-1]} (a synchronous one).")
     ],
-    sweep: Annotated[
-        list[str],
-        typer.Option(
-            "--sweep",
-            help="PATH=v1,v2,... mildest first, e.g. fleet.stragglers.p=0,0.1,0.3,0.5 "
-            "(repeat for a grid).",
-        ),
-    ],
+    sweep: SweepOption,
     algorithms: AlgorithmsOption,
     seeds: SeedsOption = 3,
     out_dir: OutDirOption = None,
@@ -1130,6 +1196,8 @@ def stress(
     overwrite: OverwriteOption = False,
     baseline: BaselineOption = None,
     log: LogOption = None,
+    live: LiveOption = False,
+    live_port: LivePortOption = _LIVE_PORT,
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots).\f
@@ -1149,6 +1217,8 @@ def stress(
     _expect_dir(out_dir, "--out", "an output folder")
     grid = _sweep_grid(sweep)
     labels = _algorithms(algorithms)
+    if live and out_dir is None:  # the page needs the folder before it exists
+        out_dir = _default_out("stress", scenario, list(set_ or []))
     trackers = _trackers(log, out_dir)  # issue 41
     if out_dir is not None:
         _claim_out(out_dir, _STRESS_FILES, overwrite)
@@ -1166,6 +1236,7 @@ def stress(
         _worker_errors(),
         _errors(OSError, RuntimeError, code=1),
         _errors(ScenarioError, DataMissingError, DataError, ModelError),
+        _live(live, out_dir or Path("."), live_port, "stress"),
     ):
         path = run_stress(
             scenario,
@@ -1181,6 +1252,7 @@ def stress(
             log=trackers,  # issue 41
         )
     out.print(f"report: {path / 'stress.md'}", highlight=False)
+    _write_group_page(path)
     import pyarrow.parquet as pq
 
     diverged = pq.read_table(path / "stress.parquet", columns=["diverged"])
@@ -1219,6 +1291,8 @@ def compare(
     overwrite: OverwriteOption = False,
     baseline: BaselineOption = None,
     log: LogOption = None,
+    live: LiveOption = False,
+    live_port: LivePortOption = _LIVE_PORT,
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
     and write compare.parquet, compare.md and compare.png (accuracy against
@@ -1255,7 +1329,11 @@ def compare(
 
     _maybe_ray(workers, address)
     # ScenarioError, DataError too; a Ray worker's error as one line
-    with _worker_errors(), _errors(ValueError, DataMissingError):
+    with (
+        _worker_errors(),
+        _errors(ValueError, DataMissingError),
+        _live(live, run_dir, live_port, "compare"),
+    ):
         table = run_compare(
             scenario,
             names,
@@ -1268,15 +1346,34 @@ def compare(
             baseline=baseline,
             log=trackers,  # issue 41
         )
+    _write_group_page(run_dir)
     text = (run_dir / "compare.md").read_text()
     out.print(text, markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {run_dir}")
     _exit_if_diverged(sum(whole(r["diverged"]) for r in table), "compare.parquet")
 
 
+def _default_out(command: str, scenario: Path, overrides: list[str]) -> Path:
+    """``results/<command>-<scenario name>-<time>/``, as the command itself
+    would choose it (fedsim.results.default_run_dir)."""
+    from fedsim.results import default_run_dir
+
+    return default_run_dir(f"{command}-{_load(scenario, overrides).name}")
+
+
+def _write_group_page(out_dir: Path) -> None:
+    """compare.html or stress.html from the tables just written (exit 1,
+    one line, when the folder cannot be written)."""
+    from fedsim.tools.page_group import write_group_page
+
+    with _errors(OSError, ValueError, code=1):
+        out.print(f"page: {write_group_page(out_dir)}", highlight=False)
+
+
 # What compare and stress write into --out (runs/: a file per run).
 _COMPARE_FILES = (
     "compare.parquet",
+    "compare.html",
     "compare.md",
     "compare.png",
     "runs",
@@ -1285,6 +1382,7 @@ _COMPARE_FILES = (
 )
 _STRESS_FILES = (
     "stress.parquet",
+    "stress.html",
     "stress.md",
     "taus.parquet",
     "runs",
