@@ -333,9 +333,18 @@ def test_one_device_outcome_does_not_shift_the_others():
     assert fa[1:].tolist() == fb[1:].tolist()
 
 
-def test_docstring_example_runs():
+def test_docstring_examples_run():
     import doctest
+    import importlib
+    import pkgutil
 
     import fedsim.fleet
 
-    assert doctest.testmod(fedsim.fleet).failed == 0
+    names = [m.name for m in pkgutil.iter_modules(fedsim.fleet.__path__)]
+    assert {"spec", "availability", "devices"} <= set(names)
+    attempted = 0
+    for name in names:
+        result = doctest.testmod(importlib.import_module(f"fedsim.fleet.{name}"))
+        assert result.failed == 0, name
+        attempted += result.attempted
+    assert attempted >= 10  # the spec's and the fleet's examples ran

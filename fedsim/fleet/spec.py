@@ -1,0 +1,517 @@
+"""The fleet's schema: the scenario's ``fleet`` section, validated.
+
+Speed, network, stragglers and availability of each group of devices, and
+the groups themselves; :mod:`fedsim.fleet.devices` draws a fleet from them.
+Imports numpy and pydantic only: no torch, no Ray.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+
+from pydantic import Field, ValidationInfo, model_validator
+
+from fedsim.fleet.availability import daily_input
+from fedsim.presets import NETWORK_PRESETS, SPEED_PRESETS, WORKLOADS, speed_preset
+from fedsim.spec import NonNegFloat, PosFloat, Prob
+from fedsim.spec import Spec as _Spec
+from fedsim.traces import DeviceTrace, load_trace, resolve_trace_path
+
+SpeedPresetName = Literal[SPEED_PRESETS]  # type: ignore[valid-type]
+WorkloadName = Literal[WORKLOADS]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # built from the preset table at import
+    NetworkPresetName = str
+else:
+    NetworkPresetName = Literal[tuple(NETWORK_PRESETS)]
+
+
+class _Choice(_Spec):
+    """A spec whose ``CHOICE`` field picks a variant that reads only some of
+    the other fields (``USES``: the variant's fields, space-separated).
+
+    ``fedsim validate`` prints a section with :attr:`used_fields` only, so a
+    field the chosen variant ignores (``sigma`` on fixed speeds) does not read
+    as if it mattered; the table lives here, beside the fields it names.
+    """
+
+    CHOICE: ClassVar[str]
+    USES: ClassVar[dict[str, str]]
+
+    @property
+    def used_fields(self) -> str:
+        """The choosing field and the fields its value reads, space-separated."""
+        return f"{self.CHOICE} {self.USES[getattr(self, self.CHOICE)]}".strip()
+
+
+class SpeedTierSpec(_Spec):
+    """One lognormal component of a ``mixture`` speed distribution, its
+    median in steps/s or in FLOP/s (one of the two)."""
+
+    name: str = Field("", max_length=200)
+    share: PosFloat
+    median_steps_per_s: PosFloat | None = None
+    median_flops_per_s: PosFloat | None = None
+    sigma: NonNegFloat = 0.0
+
+    @model_validator(mode="after")
+    def _one_median(self) -> SpeedTierSpec:
+        """Exactly one of the two medians.
+
+        Raises:
+            ValueError: neither, or both.
+        """
+        given = [self.median_steps_per_s, self.median_flops_per_s]
+        if given.count(None) != 1:
+            raise ValueError(
+                "a tier needs median_steps_per_s or median_flops_per_s (one of them)"
+            )
+        return self
+
+    @property
+    def median(self) -> float:
+        """The tier's median in its own unit (steps/s or FLOP/s)."""
+        m = self.median_steps_per_s or self.median_flops_per_s
+        assert m is not None  # _one_median
+        return m
+
+
+# The field holding a distribution's speed, per unit: steps/s or FLOP/s.
+_SPEED_FIELD = {
+    "steps": {"fixed": "steps_per_s", "lognormal": "median_steps_per_s"},
+    "flops": {"fixed": "flops_per_s", "lognormal": "median_flops_per_s"},
+}
+
+
+class SpeedSpec(_Choice):
+    """Compute speed, drawn once per device, in local steps per simulated
+    second or in FLOP/s (then divided by the model's FLOPs per step, which
+    :mod:`fedsim.flops` counts before the run).
+
+    ``fixed``, ``lognormal`` or ``mixture`` of lognormal ``tiers``;
+    ``preset`` fills in the fields left out, ``unit: flops`` in FLOP/s
+    (docs/fleets.md, "Speed").
+
+    Example:
+        >>> SpeedSpec(preset="flash-phones-mid").median_steps_per_s
+        1.7006802721088434
+        >>> SpeedSpec(preset="flash-phones-mid", unit="flops").median_flops_per_s
+        1734983401.3605442
+    """
+
+    dist: Literal["fixed", "lognormal", "mixture"] = "fixed"
+    steps_per_s: PosFloat | None = None
+    median_steps_per_s: PosFloat | None = None
+    flops_per_s: PosFloat | None = None
+    median_flops_per_s: PosFloat | None = None
+    sigma: NonNegFloat = 0.0
+    tiers: list[SpeedTierSpec] | None = Field(None, min_length=1, max_length=100)
+    preset: SpeedPresetName | None = None
+    workload: WorkloadName | None = None
+    scale: PosFloat = 1.0
+    unit: Literal["steps", "flops"] | None = None
+
+    CHOICE: ClassVar[str] = "dist"
+    USES: ClassVar[dict[str, str]] = {
+        "fixed": "steps_per_s",
+        "lognormal": "median_steps_per_s sigma",
+        "mixture": "tiers",
+    }
+
+    @property
+    def per_flop(self) -> bool:
+        """Whether the speed is in FLOP/s (a FLOP/s field or tier is given)."""
+        tiers = [t.median_flops_per_s for t in self.tiers or []]
+        given = [self.flops_per_s, self.median_flops_per_s, *tiers]
+        return any(v is not None for v in given)
+
+    @property
+    def used_fields(self) -> str:
+        """As :class:`_Choice`'s (with the FLOP/s fields when the speed is in
+        FLOP/s), with ``preset workload scale unit`` when a preset filled the
+        distribution in (they say where its numbers came from)."""
+        uses = self.USES[self.dist]
+        if self.per_flop:
+            uses = uses.replace("steps_per_s", "flops_per_s")
+        if not self.preset:
+            return f"dist {uses}".strip()
+        unit = " unit" if self.per_flop else ""
+        return f"dist preset workload scale{unit} {uses}".strip()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: object) -> object:
+        """A ``preset`` (measured phones, docs/fleets.md "Speed") becomes the
+        distribution it stands for: one tier a ``lognormal``, several a
+        ``mixture``. Fields given in the scenario win over the preset's."""
+        if not isinstance(data, dict) or data.get("preset") is None:
+            return data
+        name, workload = data["preset"], data.get("workload") or "femnist-cnn"
+        scale = data.get("scale", 1.0)
+        if not _preset_args_ok(name, workload, scale):
+            return data  # the field validators say what is wrong
+        # unit flops: the tier's FLOP/s on its workload (presets.SpeedTier)
+        key = "median_flops_per_s" if data.get("unit") == "flops" else None
+        key = key or "median_steps_per_s"
+        tiers = [
+            {"name": t.name, "share": t.share, key: getattr(t, key), "sigma": t.sigma}
+            for t in speed_preset(name, workload, scale)
+        ]
+        if len(tiers) > 1:  # the fields given win
+            return {"dist": "mixture", "tiers": tiers, **data}
+        fill = {key: tiers[0][key], "sigma": tiers[0]["sigma"]}
+        return {"dist": "lognormal", **fill, **data}
+
+    @model_validator(mode="after")
+    def _one_speed(self) -> SpeedSpec:
+        """Each distribution has the fields it needs and no other's.
+
+        Raises:
+            ValueError: a missing median (``fixed``, ``lognormal``), tiers
+                missing or misplaced, ``workload``/``scale`` without a preset.
+        """
+        steps = [k for k in ("steps_per_s", "median_steps_per_s") if getattr(self, k)]
+        flops = [k for k in ("flops_per_s", "median_flops_per_s") if getattr(self, k)]
+        if steps and flops:
+            raise ValueError(
+                f"{steps[0]} and {flops[0]} are both given: a speed is in steps/s "
+                "or in FLOP/s, not both"
+            )
+        if self.tiers and len({t.median_flops_per_s is None for t in self.tiers}) > 1:
+            raise ValueError("tiers: give every tier's median in the same unit")
+        need = _SPEED_FIELD["flops" if flops else "steps"].get(self.dist)
+        if need is not None and getattr(self, need) is None:
+            other = _SPEED_FIELD["steps" if flops else "flops"][self.dist]
+            raise ValueError(f"dist '{self.dist}' needs {need} (or {other})")
+        if self.unit is not None and self.preset is None:
+            raise ValueError(
+                "unit goes with a preset (a field's name says its unit: "
+                "median_steps_per_s or median_flops_per_s)"
+            )
+        if (self.dist == "mixture") != bool(self.tiers):
+            if self.dist == "mixture":
+                raise ValueError("dist 'mixture' needs tiers (or a preset)")
+            if self.tiers is not None:
+                raise ValueError("tiers go with dist 'mixture'")
+        if self.preset is None and (self.workload is not None or self.scale != 1.0):
+            raise ValueError("workload and scale go with a preset")
+        return self
+
+    @model_validator(mode="after")
+    def _plausible_sigma(self) -> SpeedSpec:
+        """A sigma above 5 is almost surely a unit mistake (speeds would
+        span four orders of magnitude within one group)."""
+        if max([self.sigma] + [t.sigma for t in self.tiers or []]) > 5:
+            raise ValueError("sigma above 5 gives speeds spanning 10^4x; check units")
+        return self
+
+    @property
+    def median(self) -> float:
+        """The median speed in steps/s (of the mixture, for ``mixture``:
+        found by bisection on its CDF, so selectors can rank groups); NaN
+        for a speed in FLOP/s, whose steps/s depend on the model's FLOPs
+        (:attr:`median_in_unit` holds its FLOP/s)."""
+        return math.nan if self.per_flop else self.median_in_unit
+
+    @property
+    def median_in_unit(self) -> float:
+        """The median speed in the spec's own unit: steps/s or FLOP/s."""
+        return self.quantile_in_unit(0.5)
+
+    def quantile_in_unit(self, q: float) -> float:
+        """The q-quantile of the declared law, in the spec's own unit
+        (a mixture's by bisection on its CDF).
+
+        Example:
+            >>> s = SpeedSpec(dist="lognormal", median_steps_per_s=2.0, sigma=0.5)
+            >>> round(s.quantile_in_unit(0.9), 4)  # 2 exp(0.5 z_0.9)
+            3.7959
+        """
+        if self.dist == "mixture":
+            return _mixture_quantile(self.tiers or [], q)
+        unit = "flops" if self.per_flop else "steps"
+        median = float(getattr(self, _SPEED_FIELD[unit][self.dist]))
+        if self.dist == "fixed" or q == 0.5:
+            return median
+        return median * math.exp(self.sigma * _normal_quantile(q))
+
+
+def _preset_args_ok(name: object, workload: object, scale: object) -> bool:
+    """Whether a speed preset's arguments have usable types and range (if
+    not, the preset is left alone and the field validators report it)."""
+    return (
+        isinstance(name, str)
+        and isinstance(workload, str)
+        and isinstance(scale, int | float)
+        and not isinstance(scale, bool)
+        and 0 < scale < math.inf
+    )
+
+
+def _mixture_cdf(tiers: list[SpeedTierSpec], x: float) -> float:
+    """P(speed <= x) under a mixture of lognormal tiers (a tier with sigma
+    0 is a point mass at its median)."""
+    total = sum(t.share for t in tiers)
+    out = 0.0
+    for t in tiers:
+        if t.sigma == 0:
+            out += t.share * (x >= t.median)
+        else:
+            z = math.log(x / t.median) / t.sigma
+            out += t.share * 0.5 * (1 + math.erf(z / math.sqrt(2)))
+    return out / total
+
+
+def _mixture_quantile(tiers: list[SpeedTierSpec], q: float) -> float:
+    """The mixture's q-quantile, by 100 bisections in log space between six
+    sigmas below the slowest tier and six above the fastest (the CDF is
+    monotone there, and 100 halvings reach float precision)."""
+    lo = min(t.median * math.exp(-6 * t.sigma) for t in tiers)
+    hi = max(t.median * math.exp(6 * t.sigma) for t in tiers)
+    for _ in range(100):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if _mixture_cdf(tiers, mid) < q else (lo, mid)
+    return math.sqrt(lo * hi)
+
+
+def _normal_quantile(q: float) -> float:
+    """z with Phi(z) = q, by bisection on erfc to float precision."""
+    lo, hi = -40.0, 40.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if 0.5 * math.erfc(-mid / math.sqrt(2)) < q else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+class NetworkSpec(_Spec):
+    """Link of a device: sending B bytes takes 8 B / (mbps * 1e6) + latency_s;
+    ``down_sigma`` / ``up_sigma`` > 0 draw lognormal bandwidths around the
+    medians, log-correlated by ``rho``; ``preset`` fills in the rest."""
+
+    down_mbps: PosFloat = 100.0
+    up_mbps: PosFloat = 100.0
+    latency_s: NonNegFloat = 0.0
+    down_sigma: Annotated[float, Field(ge=0, le=5)] = 0.0
+    up_sigma: Annotated[float, Field(ge=0, le=5)] = 0.0
+    rho: Annotated[float, Field(ge=-1, le=1)] = 0.0
+    preset: NetworkPresetName | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: object) -> object:
+        """A network ``preset`` fills in the fields left out (its medians
+        become ``down_mbps`` / ``up_mbps``).
+
+        Raises:
+            ValueError: an unknown preset name (listing the known ones).
+        """
+        if not isinstance(data, dict):
+            return data  # not a mapping: the field validation says so
+        name = data.get("preset")
+        if not isinstance(name, str):
+            return data  # no preset, or the field validator says what is wrong
+        if name not in NETWORK_PRESETS:
+            raise ValueError(
+                f"unknown network preset {name!r}; one of {sorted(NETWORK_PRESETS)}"
+            )
+        preset = asdict(NETWORK_PRESETS[name])  # down_median_mbps, ...
+        return {**{k.replace("_median", ""): v for k, v in preset.items()}, **data}
+
+
+class SlowdownSpec(_Choice):
+    """A straggler's slowdown factor (>= 1; speed is divided by it): ``fixed``
+    ``factor``, ``uniform`` U(low, high) or ``pareto`` 1 + Pareto(shape), at
+    most ``max_factor``."""
+
+    dist: Literal["fixed", "uniform", "pareto"] = "fixed"
+    factor: Annotated[float, Field(ge=1)] = 4.0
+    low: Annotated[float, Field(ge=1)] = 2.0
+    high: Annotated[float, Field(ge=1)] = 10.0
+    shape: PosFloat = 2.0
+    max_factor: Annotated[float, Field(ge=1)] | None = None
+
+    CHOICE: ClassVar[str] = "dist"
+    USES: ClassVar[dict[str, str]] = {
+        "fixed": "factor",
+        "uniform": "low high",
+        "pareto": "shape max_factor",
+    }
+
+    @model_validator(mode="after")
+    def _range(self) -> SlowdownSpec:
+        """A ``uniform`` slowdown's range is in order."""
+        if self.dist == "uniform" and self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+
+class StragglerSpec(_Spec):
+    """Per round (or async job), each selected device is slowed with
+    probability ``p`` by a factor from ``slowdown``, and drops out with
+    probability ``dropout_p`` at a time uniform within its work."""
+
+    p: Prob = 0.0
+    slowdown: SlowdownSpec = SlowdownSpec()
+    dropout_p: Prob = 0.0
+
+
+class AvailabilitySpec(_Choice):
+    """When a device is online: ``always``, ``on_off`` (exponential periods)
+    or ``daily`` (docs/fleets.md, "Availability")."""
+
+    kind: Literal["always", "on_off", "daily"] = "always"
+    mean_on_s: PosFloat = 3600.0
+    mean_off_s: PosFloat = 1800.0
+    min_online: Prob = 0.06
+    max_online: Prob = 0.12
+    peak_hour: Annotated[float, Field(ge=0, lt=24)] = 2.0
+    period_s: PosFloat = 86400.0
+
+    CHOICE: ClassVar[str] = "kind"
+    USES: ClassVar[dict[str, str]] = {
+        "always": "",
+        "on_off": "mean_on_s mean_off_s",
+        "daily": "mean_on_s min_online max_online peak_hour period_s",
+    }
+
+    @model_validator(mode="after")
+    def _profile(self) -> AvailabilitySpec:
+        """A ``daily`` profile is one a Markov on/off chain can follow.
+
+        The chain's online probability lags its input and is damped by the
+        session length (docs/fleets.md, "Availability"); the input needed to
+        produce the asked swing must itself stay a probability, which fails
+        when sessions are long against the period.
+
+        Raises:
+            ValueError: the swing is inverted or degenerate, or too wide for
+                sessions of ``mean_on_s``.
+        """
+        if self.kind == "daily":
+            if self.max_online < self.min_online:
+                raise ValueError(
+                    f"max_online ({self.max_online}) must be >= min_online "
+                    f"({self.min_online})"
+                )
+            if self.max_online == 0 or self.min_online == 1:
+                raise ValueError(
+                    "a daily cycle needs max_online > 0 and min_online < 1 "
+                    "(use kind 'always' for a fleet that is always online)"
+                )
+            f_bar, amp_in, _, _ = daily_input(self)
+            if f_bar - amp_in / 2 < -1e-12 or f_bar + amp_in / 2 > 1 + 1e-12:
+                raise ValueError(
+                    f"sessions of mean_on_s={self.mean_on_s:g} s are too long to "
+                    f"follow a daily swing from {self.min_online:g} to "
+                    f"{self.max_online:g} online (the fleet cannot empty or fill "
+                    "that fast); shorten mean_on_s or narrow the swing"
+                )
+        return self
+
+
+class TraceSpec(_Spec):
+    """A trace file of measured devices (:mod:`fedsim.traces`); ``period_s``
+    repeats its availability intervals."""
+
+    file: str = Field(min_length=1, max_length=4096)
+    period_s: PosFloat | None = None
+
+
+class DeviceGroup(_Spec):
+    """A group of devices, drawn from ``speed`` and ``network`` or read from
+    a ``trace``; without ``stragglers``, the fleet's apply."""
+
+    name: str = Field(min_length=1, max_length=200)
+    count: Annotated[int, Field(ge=1, le=10_000_000)]
+    speed: SpeedSpec | None = None
+    network: NetworkSpec = NetworkSpec()
+    stragglers: StragglerSpec | None = None
+    availability: AvailabilitySpec = AvailabilitySpec()
+    trace: TraceSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_trace(cls, data: object, info: ValidationInfo) -> object:
+        """Resolve a trace file (relative to the scenario's folder, from the
+        validation context's ``base_dir``) and take ``count`` from its rows.
+
+        Raises:
+            ValueError: the file cannot be read as a trace, or ``count``
+                disagrees with its number of rows.
+        """
+        if not isinstance(data, dict):
+            return data  # not a mapping: the field validation says so
+        trace = data.get("trace")
+        if isinstance(trace, str):
+            trace = {"file": trace}
+        elif isinstance(trace, TraceSpec):
+            trace = trace.model_dump()
+        if not isinstance(trace, dict) or not isinstance(trace.get("file"), str):
+            return data  # no trace, or field validation reports its shape
+        context = info.context if isinstance(info.context, dict) else {}
+        # a TraceError is a ValueError: pydantic reports its message as it is
+        path = resolve_trace_path(trace["file"], context.get("base_dir"))
+        rows = load_trace(path, trace.get("period_s")).size
+        count = data.get("count")
+        if count is not None and count != rows:
+            raise ValueError(
+                f"count is {count} but the trace {path} has {rows} rows "
+                "(leave count out: a trace group has one device per row)"
+            )
+        return {**data, "trace": {**trace, "file": str(path)}, "count": rows}
+
+    @model_validator(mode="after")
+    def _speed_or_trace(self) -> DeviceGroup:
+        """A group is drawn (``speed``, ``network``) or read from a trace,
+        never both; a trace with availability intervals owns availability."""
+        if self.trace is None:
+            if self.speed is None:
+                raise ValueError("speed is required (or read the group from a trace)")
+            return self
+        if self.speed is not None or self.network != NetworkSpec():
+            raise ValueError("a trace group takes speed and network from its trace")
+        custom = self.availability != AvailabilitySpec()
+        if custom and self.load_trace().availability is not None:
+            raise ValueError(
+                "the trace has an availability column; drop the group's availability"
+            )
+        return self
+
+    def load_trace(self) -> DeviceTrace:
+        """The group's :class:`~fedsim.traces.DeviceTrace` (cached)."""
+        assert self.trace is not None
+        return load_trace(Path(self.trace.file), self.trace.period_s)
+
+
+class FleetSpec(_Spec):
+    """The devices; ``stragglers`` is the default of every group without its own."""
+
+    groups: list[DeviceGroup] = Field(min_length=1, max_length=10_000)
+    stragglers: StragglerSpec | None = None
+
+    @property
+    def size(self) -> int:
+        """The number of devices m, over all groups."""
+        return sum(g.count for g in self.groups)
+
+    @property
+    def per_flop(self) -> bool:
+        """Whether some group's speed is in FLOP/s (the model's FLOPs per
+        step are then needed to build the fleet)."""
+        return any(g.speed is not None and g.speed.per_flop for g in self.groups)
+
+    def stragglers_of(self, group: int) -> StragglerSpec:
+        """Group ``group``'s straggler model: its own, else the fleet's."""
+        return self.groups[group].stragglers or self.stragglers or StragglerSpec()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> FleetSpec:
+        """Group names are unique (rows name them) and m is at most 10^7."""
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"group names must be unique, got {names}")
+        if self.size > 10_000_000:
+            raise ValueError(f"fleet has {self.size} devices; the limit is 10,000,000")
+        return self
