@@ -8,6 +8,7 @@ Imports numpy and pydantic only: no torch, no Ray.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
@@ -92,7 +93,21 @@ class SpeedSpec(_Choice):
 
     ``fixed``, ``lognormal`` or ``mixture`` of lognormal ``tiers``;
     ``preset`` fills in the fields left out, ``unit: flops`` in FLOP/s
-    (docs/fleets.md, "Speed").
+    (docs/fleets.md, "Speed"). Each law reads only its own fields, in one
+    unit (the checks of ``_SPEED_CHECKS`` refuse the rest).
+
+    Attributes:
+        dist: the law: ``fixed``, ``lognormal`` or ``mixture``.
+        steps_per_s: a ``fixed`` speed in steps/s.
+        median_steps_per_s: a ``lognormal`` speed's median in steps/s.
+        flops_per_s: a ``fixed`` speed in FLOP/s (instead of steps/s).
+        median_flops_per_s: a ``lognormal`` median in FLOP/s.
+        sigma: a ``lognormal`` speed's log-space spread (0: the median).
+        tiers: a ``mixture``'s lognormal components.
+        preset: measured phones that fill in the law (the fields given win).
+        workload: the preset's workload its speeds were measured on.
+        scale: a factor on the preset's speeds.
+        unit: ``flops``: the preset's medians in FLOP/s, not steps/s.
 
     Example:
         >>> SpeedSpec(preset="flash-phones-mid").median_steps_per_s
@@ -166,37 +181,19 @@ class SpeedSpec(_Choice):
 
     @model_validator(mode="after")
     def _one_speed(self) -> SpeedSpec:
-        """Each distribution has the fields it needs and no other's.
+        """Each distribution has the fields it needs and no other's: the
+        checks of :data:`_SPEED_CHECKS`, in order, the first problem found
+        reported (one line naming the fields).
 
         Raises:
-            ValueError: a missing median (``fixed``, ``lognormal``), tiers
-                missing or misplaced, ``workload``/``scale`` without a preset.
+            ValueError: both units given, tiers in mixed units, a missing
+                median (``fixed``, ``lognormal``), ``unit`` without a preset,
+                tiers missing or misplaced, ``workload``/``scale`` without a
+                preset.
         """
-        steps = [k for k in ("steps_per_s", "median_steps_per_s") if getattr(self, k)]
-        flops = [k for k in ("flops_per_s", "median_flops_per_s") if getattr(self, k)]
-        if steps and flops:
-            raise ValueError(
-                f"{steps[0]} and {flops[0]} are both given: a speed is in steps/s "
-                "or in FLOP/s, not both"
-            )
-        if self.tiers and len({t.median_flops_per_s is None for t in self.tiers}) > 1:
-            raise ValueError("tiers: give every tier's median in the same unit")
-        need = _SPEED_FIELD["flops" if flops else "steps"].get(self.dist)
-        if need is not None and getattr(self, need) is None:
-            other = _SPEED_FIELD["steps" if flops else "flops"][self.dist]
-            raise ValueError(f"dist '{self.dist}' needs {need} (or {other})")
-        if self.unit is not None and self.preset is None:
-            raise ValueError(
-                "unit goes with a preset (a field's name says its unit: "
-                "median_steps_per_s or median_flops_per_s)"
-            )
-        if (self.dist == "mixture") != bool(self.tiers):
-            if self.dist == "mixture":
-                raise ValueError("dist 'mixture' needs tiers (or a preset)")
-            if self.tiers is not None:
-                raise ValueError("tiers go with dist 'mixture'")
-        if self.preset is None and (self.workload is not None or self.scale != 1.0):
-            raise ValueError("workload and scale go with a preset")
+        for check in _SPEED_CHECKS:
+            if (problem := check(self)) is not None:
+                raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -236,6 +233,78 @@ class SpeedSpec(_Choice):
         if self.dist == "fixed" or q == 0.5:
             return median
         return median * math.exp(self.sigma * _normal_quantile(q))
+
+
+def _given(spec: SpeedSpec, unit: str) -> list[str]:
+    """The speed fields of ``unit`` (``steps`` or ``flops``) that ``spec``
+    sets, fixed before lognormal."""
+    names = (f"{unit}_per_s", f"median_{unit}_per_s")
+    return [k for k in names if getattr(spec, k)]
+
+
+def _both_units(spec: SpeedSpec) -> str | None:
+    """A speed is in steps/s or in FLOP/s: fields of both units are refused."""
+    steps, flops = _given(spec, "steps"), _given(spec, "flops")
+    if steps and flops:
+        return (
+            f"{steps[0]} and {flops[0]} are both given: a speed is in steps/s "
+            "or in FLOP/s, not both"
+        )
+    return None
+
+
+def _mixed_tier_units(spec: SpeedSpec) -> str | None:
+    """A mixture's tiers share one unit (their medians are compared)."""
+    if spec.tiers and len({t.median_flops_per_s is None for t in spec.tiers}) > 1:
+        return "tiers: give every tier's median in the same unit"
+    return None
+
+
+def _missing_speed(spec: SpeedSpec) -> str | None:
+    """``fixed`` and ``lognormal`` have their speed field, in the unit given
+    (steps/s when none is), naming the other unit's field as the way out."""
+    unit, other = ("flops", "steps") if _given(spec, "flops") else ("steps", "flops")
+    need = _SPEED_FIELD[unit].get(spec.dist)
+    if need is not None and getattr(spec, need) is None:
+        return f"dist '{spec.dist}' needs {need} (or {_SPEED_FIELD[other][spec.dist]})"
+    return None
+
+
+def _unit_without_preset(spec: SpeedSpec) -> str | None:
+    """``unit`` picks a preset's unit; elsewhere a field's name says it."""
+    if spec.unit is not None and spec.preset is None:
+        return (
+            "unit goes with a preset (a field's name says its unit: "
+            "median_steps_per_s or median_flops_per_s)"
+        )
+    return None
+
+
+def _misplaced_tiers(spec: SpeedSpec) -> str | None:
+    """Tiers exactly when the distribution is a ``mixture``."""
+    if spec.dist == "mixture" and not spec.tiers:
+        return "dist 'mixture' needs tiers (or a preset)"
+    if spec.dist != "mixture" and spec.tiers is not None:
+        return "tiers go with dist 'mixture'"
+    return None
+
+
+def _preset_args_alone(spec: SpeedSpec) -> str | None:
+    """``workload`` and ``scale`` only say how a preset is read."""
+    if spec.preset is None and (spec.workload is not None or spec.scale != 1.0):
+        return "workload and scale go with a preset"
+    return None
+
+
+# SpeedSpec._one_speed's checks, in the order their problems are reported.
+_SPEED_CHECKS: tuple[Callable[[SpeedSpec], str | None], ...] = (
+    _both_units,
+    _mixed_tier_units,
+    _missing_speed,
+    _unit_without_preset,
+    _misplaced_tiers,
+    _preset_args_alone,
+)
 
 
 def _preset_args_ok(name: object, workload: object, scale: object) -> bool:
@@ -359,7 +428,18 @@ class StragglerSpec(_Spec):
 
 class AvailabilitySpec(_Choice):
     """When a device is online: ``always``, ``on_off`` (exponential periods)
-    or ``daily`` (docs/fleets.md, "Availability")."""
+    or ``daily`` (docs/fleets.md, "Availability");
+    :mod:`fedsim.fleet.availability` runs the process.
+
+    Attributes:
+        kind: ``always``, ``on_off`` or ``daily``.
+        mean_on_s: mean length of an online session (``on_off``, ``daily``).
+        mean_off_s: mean length of an offline spell (``on_off``).
+        min_online: the daily profile's lowest share of devices online.
+        max_online: its highest share.
+        peak_hour: the hour of the period at which the share peaks.
+        period_s: the profile's period (a day by default).
+    """
 
     kind: Literal["always", "on_off", "daily"] = "always"
     mean_on_s: PosFloat = 3600.0
