@@ -1,25 +1,24 @@
 """Devices of a simulated fleet: speed, network, availability and stragglers.
 
-Three parts, one idea each: :mod:`~fedsim.fleet.spec` (the scenario's
-``fleet`` section, validated), :mod:`~fedsim.fleet.availability` (the on/off
-process deciding when a device is online) and :mod:`~fedsim.fleet.devices`
-(the realised :class:`Fleet`, drawn from a spec and a seed);
+Three ideas, a module or two each: the schema (:mod:`~fedsim.fleet.spec`,
+one device's laws; :mod:`~fedsim.fleet.groups`, the groups and the whole
+``fleet`` section), the on/off process deciding when a device is online
+(:mod:`~fedsim.fleet.availability`) and the realised :class:`Fleet`, drawn
+from a spec and a seed (:mod:`~fedsim.fleet.devices`);
 :mod:`~fedsim.fleet.streams` holds the random streams the last two share.
 A fleet is a pure function of ``(FleetSpec, seed)`` (and its trace files)
 (docs/fleets.md, "Fleet draws"). Imports numpy only: no torch, no Ray.
 """
 
 from fedsim.fleet.devices import Fleet, RoundDraws
+from fedsim.fleet.groups import DeviceGroup, FleetSpec, TraceSpec
 from fedsim.fleet.spec import (
     AvailabilitySpec,
-    DeviceGroup,
-    FleetSpec,
     NetworkSpec,
     SlowdownSpec,
     SpeedSpec,
     SpeedTierSpec,
     StragglerSpec,
-    TraceSpec,
 )
 
 __all__ = [

@@ -4,17 +4,18 @@ Counter-based (docs/fleets.md, "Fleet draws"): device i's k-th on/off
 interval ends at a time hashed from (seed, i, k), so ``state_at`` is a pure
 function of (seed, device, t) whatever was asked before. Exponential
 periods, the daily chain and measured trace intervals share one kernel.
-Imports numpy only.
+Imports numpy and the schema: no torch, no Ray.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from fedsim.fleet.spec import AvailabilitySpec, daily_input
 from fedsim.fleet.streams import TAG_AVAILABILITY, splitmix64, stream_key, unit_uniform
 
 if TYPE_CHECKING:
@@ -24,44 +25,6 @@ if TYPE_CHECKING:
 # 2^63, so this hash input is never an interval's.
 _INITIAL_STATE = np.uint64(1 << 63)
 _EXP, _DAILY, _TRACE = 0, 1, 2  # kinds of availability process
-
-
-class AvailabilityLaw(Protocol):
-    """What the process reads of a group's availability section
-    (:class:`fedsim.fleet.spec.AvailabilitySpec` is one): declared here so
-    the process does not depend on the schema that validates it."""
-
-    @property
-    def kind(self) -> str: ...  # "always", "on_off" or "daily"
-    @property
-    def mean_on_s(self) -> float: ...
-    @property
-    def mean_off_s(self) -> float: ...
-    @property
-    def min_online(self) -> float: ...
-    @property
-    def max_online(self) -> float: ...
-    @property
-    def peak_hour(self) -> float: ...
-    @property
-    def period_s(self) -> float: ...
-
-
-def daily_input(a: AvailabilityLaw) -> tuple[float, float, float, float]:
-    """(f_bar, input amplitude, input peak time, time scale c) of the chain
-    whose online probability follows ``a``'s profile.
-
-    The on/off chain acts on its input as a first-order low-pass filter of
-    time constant c: a sinusoid comes out damped by sqrt(1 + (omega c)^2)
-    and late by atan(omega c) / omega. Inverting both gives the input that
-    makes the online share peak at ``peak_hour`` with the asked swing.
-    """
-    f_bar = (a.min_online + a.max_online) / 2
-    c = a.mean_on_s * (1 - f_bar)
-    wc = 2 * math.pi / a.period_s * c
-    amp_in = (a.max_online - a.min_online) * math.sqrt(1 + wc * wc)
-    t_peak_in = a.peak_hour / 24.0 * a.period_s - math.atan(wc) / wc * c
-    return f_bar, amp_in, t_peak_in, c
 
 
 class _Walk(NamedTuple):
@@ -115,7 +78,7 @@ class OnOff:
         self,
         seed: int,
         group: np.ndarray,
-        specs: tuple[AvailabilityLaw, ...],
+        specs: tuple[AvailabilitySpec, ...],
         intervals: dict[int, Intervals],
     ):
         self.group = group

@@ -17,10 +17,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from fedsim.fleet.availability import OnOff
+from fedsim.fleet.groups import DeviceGroup, FleetSpec
 from fedsim.fleet.spec import (
     AvailabilitySpec,
-    DeviceGroup,
-    FleetSpec,
     NetworkSpec,
     SlowdownSpec,
     SpeedSpec,

@@ -1,8 +1,9 @@
-"""The fleet's schema: the scenario's ``fleet`` section, validated.
+"""The laws of one device, as the scenario's ``fleet`` section states them:
+speed, network, stragglers and availability, validated.
 
-Speed, network, stragglers and availability of each group of devices, and
-the groups themselves; :mod:`fedsim.fleet.devices` draws a fleet from them.
-Imports numpy and pydantic only: no torch, no Ray.
+:mod:`fedsim.fleet.groups` gathers them into groups and the fleet;
+:mod:`fedsim.fleet.devices` draws the devices from them. Imports pydantic
+only: no torch, no Ray.
 """
 
 from __future__ import annotations
@@ -10,16 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, model_validator
 
-from fedsim.fleet.availability import daily_input
 from fedsim.presets import NETWORK_PRESETS, SPEED_PRESETS, WORKLOADS, speed_preset
 from fedsim.spec import NonNegFloat, PosFloat, Prob
 from fedsim.spec import Spec as _Spec
-from fedsim.traces import DeviceTrace, load_trace, resolve_trace_path
 
 SpeedPresetName = Literal[SPEED_PRESETS]  # type: ignore[valid-type]
 WorkloadName = Literal[WORKLOADS]  # type: ignore[valid-type]
@@ -491,107 +489,21 @@ class AvailabilitySpec(_Choice):
         return self
 
 
-class TraceSpec(_Spec):
-    """A trace file of measured devices (:mod:`fedsim.traces`); ``period_s``
-    repeats its availability intervals."""
+def daily_input(a: AvailabilitySpec) -> tuple[float, float, float, float]:
+    """(f_bar, input amplitude, input peak time, time scale c) of the chain
+    whose online probability follows ``a``'s profile.
 
-    file: str = Field(min_length=1, max_length=4096)
-    period_s: PosFloat | None = None
-
-
-class DeviceGroup(_Spec):
-    """A group of devices, drawn from ``speed`` and ``network`` or read from
-    a ``trace``; without ``stragglers``, the fleet's apply."""
-
-    name: str = Field(min_length=1, max_length=200)
-    count: Annotated[int, Field(ge=1, le=10_000_000)]
-    speed: SpeedSpec | None = None
-    network: NetworkSpec = NetworkSpec()
-    stragglers: StragglerSpec | None = None
-    availability: AvailabilitySpec = AvailabilitySpec()
-    trace: TraceSpec | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _read_trace(cls, data: object, info: ValidationInfo) -> object:
-        """Resolve a trace file (relative to the scenario's folder, from the
-        validation context's ``base_dir``) and take ``count`` from its rows.
-
-        Raises:
-            ValueError: the file cannot be read as a trace, or ``count``
-                disagrees with its number of rows.
-        """
-        if not isinstance(data, dict):
-            return data  # not a mapping: the field validation says so
-        trace = data.get("trace")
-        if isinstance(trace, str):
-            trace = {"file": trace}
-        elif isinstance(trace, TraceSpec):
-            trace = trace.model_dump()
-        if not isinstance(trace, dict) or not isinstance(trace.get("file"), str):
-            return data  # no trace, or field validation reports its shape
-        context = info.context if isinstance(info.context, dict) else {}
-        # a TraceError is a ValueError: pydantic reports its message as it is
-        path = resolve_trace_path(trace["file"], context.get("base_dir"))
-        rows = load_trace(path, trace.get("period_s")).size
-        count = data.get("count")
-        if count is not None and count != rows:
-            raise ValueError(
-                f"count is {count} but the trace {path} has {rows} rows "
-                "(leave count out: a trace group has one device per row)"
-            )
-        return {**data, "trace": {**trace, "file": str(path)}, "count": rows}
-
-    @model_validator(mode="after")
-    def _speed_or_trace(self) -> DeviceGroup:
-        """A group is drawn (``speed``, ``network``) or read from a trace,
-        never both; a trace with availability intervals owns availability."""
-        if self.trace is None:
-            if self.speed is None:
-                raise ValueError("speed is required (or read the group from a trace)")
-            return self
-        if self.speed is not None or self.network != NetworkSpec():
-            raise ValueError("a trace group takes speed and network from its trace")
-        custom = self.availability != AvailabilitySpec()
-        if custom and self.load_trace().availability is not None:
-            raise ValueError(
-                "the trace has an availability column; drop the group's availability"
-            )
-        return self
-
-    def load_trace(self) -> DeviceTrace:
-        """The group's :class:`~fedsim.traces.DeviceTrace` (cached)."""
-        assert self.trace is not None
-        return load_trace(Path(self.trace.file), self.trace.period_s)
-
-
-class FleetSpec(_Spec):
-    """The devices; ``stragglers`` is the default of every group without its own."""
-
-    groups: list[DeviceGroup] = Field(min_length=1, max_length=10_000)
-    stragglers: StragglerSpec | None = None
-
-    @property
-    def size(self) -> int:
-        """The number of devices m, over all groups."""
-        return sum(g.count for g in self.groups)
-
-    @property
-    def per_flop(self) -> bool:
-        """Whether some group's speed is in FLOP/s (the model's FLOPs per
-        step are then needed to build the fleet)."""
-        return any(g.speed is not None and g.speed.per_flop for g in self.groups)
-
-    def stragglers_of(self, group: int) -> StragglerSpec:
-        """Group ``group``'s straggler model: its own, else the fleet's."""
-        return self.groups[group].stragglers or self.stragglers or StragglerSpec()
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> FleetSpec:
-        """Group names are unique (rows name them) and m is at most 10^7."""
-        names = [g.name for g in self.groups]
-        if len(set(names)) != len(names):
-            raise ValueError(f"group names must be unique, got {names}")
-        if self.size > 10_000_000:
-            raise ValueError(f"fleet has {self.size} devices; the limit is 10,000,000")
-        return self
+    The on/off chain acts on its input as a first-order low-pass filter of
+    time constant c: a sinusoid comes out damped by sqrt(1 + (omega c)^2)
+    and late by atan(omega c) / omega. Inverting both gives the input that
+    makes the online share peak at ``peak_hour`` with the asked swing.
+    It lives beside the spec because validating a ``daily`` section needs it
+    (the input must stay a probability); :mod:`fedsim.fleet.availability`
+    drives the chain with it.
+    """
+    f_bar = (a.min_online + a.max_online) / 2
+    c = a.mean_on_s * (1 - f_bar)
+    wc = 2 * math.pi / a.period_s * c
+    amp_in = (a.max_online - a.min_online) * math.sqrt(1 + wc * wc)
+    t_peak_in = a.peak_hour / 24.0 * a.period_s - math.atan(wc) / wc * c
+    return f_bar, amp_in, t_peak_in, c
