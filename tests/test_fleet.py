@@ -8,7 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from fedsim.fleet import AvailabilitySpec, Fleet, FleetSpec, SlowdownSpec
+from fedsim.fleet import AvailabilitySpec, Fleet, FleetSpec, SlowdownSpec, SpeedSpec
 
 
 def group(name: str = "g", count: int = 10, **kw: object) -> dict:
@@ -333,9 +333,68 @@ def test_one_device_outcome_does_not_shift_the_others():
     assert fa[1:].tolist() == fb[1:].tolist()
 
 
-def test_docstring_example_runs():
+def test_docstring_examples_run():
     import doctest
+    import importlib
+    import pkgutil
 
     import fedsim.fleet
 
-    assert doctest.testmod(fedsim.fleet).failed == 0
+    names = [m.name for m in pkgutil.iter_modules(fedsim.fleet.__path__)]
+    assert {"spec", "availability", "devices"} <= set(names)
+    attempted = 0
+    for name in names:
+        result = doctest.testmod(importlib.import_module(f"fedsim.fleet.{name}"))
+        assert result.failed == 0, name
+        attempted += result.attempted
+    assert attempted >= 10  # the spec's and the fleet's examples ran
+
+
+@pytest.mark.parametrize(
+    "speed, message",
+    [
+        (
+            {"steps_per_s": 1.0, "flops_per_s": 1e9},
+            "steps_per_s and flops_per_s are both given: a speed is in steps/s "
+            "or in FLOP/s, not both",
+        ),
+        (
+            {"dist": "mixture", "tiers": [
+                {"share": 1, "median_steps_per_s": 1.0},
+                {"share": 1, "median_flops_per_s": 1e9}]},
+            "tiers: give every tier's median in the same unit",
+        ),
+        ({"dist": "lognormal", "sigma": 0.5},
+         "dist 'lognormal' needs median_steps_per_s (or median_flops_per_s)"),
+        ({"dist": "fixed"}, "dist 'fixed' needs steps_per_s (or flops_per_s)"),
+        (
+            {"steps_per_s": 1.0, "unit": "flops"},
+            "unit goes with a preset (a field's name says its unit: "
+            "median_steps_per_s or median_flops_per_s)",
+        ),
+        ({"dist": "mixture"}, "dist 'mixture' needs tiers (or a preset)"),
+        (
+            {"steps_per_s": 1.0, "tiers": [{"share": 1, "median_steps_per_s": 1.0}]},
+            "tiers go with dist 'mixture'",
+        ),
+        ({"steps_per_s": 1.0, "scale": 2.0}, "workload and scale go with a preset"),
+    ],
+)  # fmt: skip
+def test_each_bad_speed_section_gets_its_own_one_line_message(speed, message):
+    # Act
+    with pytest.raises(ValueError) as caught:
+        SpeedSpec.model_validate(speed)
+
+    # Assert: the one problem, said in full on one line
+    errors = caught.value.errors()
+    assert len(errors) == 1
+    assert errors[0]["msg"] == f"Value error, {message}"
+
+
+def test_a_speed_section_with_two_problems_reports_the_first_in_order():
+    # Both units and tiers on a fixed speed: the unit clash is reported
+    with pytest.raises(ValueError, match="are both given"):
+        SpeedSpec.model_validate(
+            {"steps_per_s": 1.0, "median_flops_per_s": 1e9,
+             "tiers": [{"share": 1, "median_steps_per_s": 1.0}]}
+        )  # fmt: skip
