@@ -66,6 +66,9 @@ Hook                                      What it gives
                                           own held-out rows) to columns
                                           ``fed_<name>`` (default:
                                           :func:`weighted_evaluation`)
+:meth:`Algorithm.server_flops`,           the server's own work, billed on
+``AggregateInfo.server_work``             the clock at the ``server`` speed
+                                          (:class:`ServerWork`)
 ========================================  ====================================
 
 During a run, an exception in plug-in code, or a hook that returns what its
@@ -112,6 +115,7 @@ from fedsim.algorithms.base import (
     RoundContext,
     ServerContext,
     ServerState,
+    ServerWork,
     Updates,
     data_weights,
     meter,
@@ -175,6 +179,7 @@ __all__ = [
     "SelectorState",
     "ServerContext",
     "ServerState",
+    "ServerWork",
     "Spec",
     "Updates",
     "data_weights",

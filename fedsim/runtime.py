@@ -33,7 +33,7 @@ from fedsim.data.validation import describe_validation, validation_use
 from fedsim.executors import DataRecipe, Executor, ExecutorSetup, InProcessExecutor
 from fedsim.facts import RunFacts
 from fedsim.fleet import Fleet
-from fedsim.flops import scenario_fleet
+from fedsim.flops import scenario_fleet, step_flops
 from fedsim.hooks import PluginFailure
 from fedsim.links import apply_links, summary_entry
 from fedsim.models import NetworkSetup, make_model
@@ -60,6 +60,7 @@ from fedsim.server import (
     federated_due,
     objective_due,
 )
+from fedsim.servertime import ServerTimer, server_clock
 from fedsim.spec import EvalSpec
 from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup, update_norm
 from fedsim.workers import Payload, Task
@@ -427,6 +428,15 @@ class _Run:
             # an algorithm whose client work is not local steps says its own
             work=sc.algorithm.clock_work(facts, self.data),
         )
+        # the server as a device (None: a free server, today's path exactly)
+        clock_ = server_clock(
+            sc.server,
+            lambda: self.fleet.step_flops or step_flops(facts, self.data),
+            sc.client.batch_size,
+        )
+        self.server_time: ServerTimer | None = None
+        if clock_ is not None:
+            self.server_time = ServerTimer(clock_, sc.algorithm, self.num_params)
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
         # issue 41: an algorithm that samples its own clients (one that
@@ -718,6 +728,8 @@ class _Run:
             )
         self.server.load(ck.path)
         self.recorder.load(ck.n_rows, ck.n_client_rows, ck.n_selector_rows)
+        if self.server_time is not None:
+            self.server_time.restore(self.recorder.rows)
         if self.recorder.rows:  # wall time counts the whole run, resumes included
             self.wall0 -= float(self.recorder.rows[-1]["wall_time"])
         return ck
@@ -847,8 +859,12 @@ def _run_rounds(run: _Run, resume: bool) -> None:
         state, artifact = run.observe(sel, state, t, applied, trained)
         records = [ClientRecord.from_plan(t, p) for p in plan.plans]
         extra = selector_columns(sel, state, t)
-        run.record(t, plan.t_end, records, trained, applied, extra, artifact)
         now = plan.t_end
+        if run.server_time is not None:  # the next round waits for the server
+            n, work = len(applied.clients), applied.server_work
+            now, busy = run.server_time.round_end(now, n, work)
+            extra |= busy
+        run.record(t, now, records, trained, applied, extra, artifact)
         if run.due(t + 1):
             run.save_checkpoint(t + 1, now, state, {})
 
@@ -926,6 +942,9 @@ class _Async:
         # checkpoint keeps so that a resumed replay makes the same picks
         self.picks: list[list[int]] = []
         self.replay: list[list[int]] = []
+        # the server's seconds per version (0: a free server)
+        timer = run.server_time
+        self.server_s = timer.step_s(self.rule.buffer_size) if timer else 0.0
         self.tl = clock.AsyncTimeline(
             run.fleet,
             sc.round,
@@ -935,6 +954,7 @@ class _Async:
             seed=sc.seed,
             ctx=run.ctx,
             choose=self._choose,
+            server_s=self.server_s,
         )
         self.timeline: Iterator[clock.Version] = iter(self.tl)
         self.payloads: dict[int, Payload] = {}
@@ -1091,6 +1111,8 @@ class _Async:
             )
         extra = _version_columns(rec, staleness)
         extra |= selector_columns(run.selector, self.sel_state, rec.version)
+        if run.server_time is not None:
+            extra |= run.server_time.version_columns(rec, self.server_s)
         run.record(rec.version, rec.t, records, trained, applied, extra, artifact)
         self.w += 1
         self._forget(rec)

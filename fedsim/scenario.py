@@ -64,6 +64,7 @@ from fedsim.plugins import (
     section_validator,
 )
 from fedsim.selectors import DEFAULT as SELECTOR_DEFAULT
+from fedsim.servertime import ServerSpec
 from fedsim.spec import (
     CheckpointSpec,
     ClientSpec,
@@ -153,6 +154,7 @@ class Scenario(Spec):
     checkpoint: CheckpointSpec = CheckpointSpec()
     resources: ResourceSpec = ResourceSpec()
     links: LinksSpec | None = None  # fleet-data links (fedsim/links.py)
+    server: ServerSpec | None = None  # the server's speed (fedsim/servertime.py)
 
     @field_validator("name")
     @classmethod
