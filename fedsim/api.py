@@ -125,6 +125,7 @@ from fedsim.algorithms.base import (
     weighted_evaluation,
 )
 from fedsim.clock import JobWork
+from fedsim.compression import Compressor
 from fedsim.data.base import DataInfo, Dataset, FederatedData
 from fedsim.facts import RunFacts, ScenarioView
 from fedsim.hooks import PluginFailure
@@ -155,6 +156,7 @@ __all__ = [
     "ClientSpec",
     "ClientState",
     "ClientUpdate",
+    "Compressor",
     "DataInfo",
     "Dataset",
     "Draw",

@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 from fedsim import __version__, checkpoint, clock, hooks, interrupts, realised
 from fedsim.algorithms.base import AsyncRule, ClientUpdate, Failure
 from fedsim.algorithms.sampling import participation_bias, weight_shares
+from fedsim.compression import upload_bytes
 from fedsim.data import FederatedData, build_data
 from fedsim.data.heldout import heldout_clients, with_heldout
 from fedsim.data.partition import partition_table
@@ -152,9 +153,11 @@ def run_setup(scenario: Scenario) -> RunSetup:
         # under fixed_window the clock's tau caps an own procedure's work
         capped=sc.round.policy == "fixed_window",
         threads=max(1, int(res.cpus_per_worker)),
+        compression=sc.compression,
     )
     validation = validation_use(sc.algorithm, sc.selector.clients_per_round)
-    server = ServerSetup(sc.algorithm, network, sc.eval, validation)
+    residuals = sc.compression is not None and sc.compression.error_feedback
+    server = ServerSetup(sc.algorithm, network, sc.eval, validation, residuals)
     recipe = DataRecipe(sc.data, sc.num_clients, sc.seed, sc.fleet, sc.links)
     executor = ExecutorSetup(worker, res, recipe)
     return RunSetup(sc.facts, network, worker, server, executor)
@@ -420,6 +423,8 @@ class _Run:
         # algorithm says what its clients send (a plug-in may override it).
         facts = self.setup.facts
         bytes_down, bytes_up = sc.algorithm.bytes_per_client(facts, self.num_params)
+        # a compressed update is billed at its size on the wire
+        bytes_up = self._compressed_upload(bytes_up)
         self.ctx = clock.RunContext(
             bytes_down=bytes_down,
             bytes_up=bytes_up,
@@ -458,6 +463,21 @@ class _Run:
         self.every = sc.checkpoint.every_rounds if run_dir is not None else 0
         # what each checkpoint stores of the scenario (resumes compare it)
         self.fingerprint = checkpoint.fingerprint(sc) if self.every else {}
+
+    def _compressed_upload(self, bytes_up: int) -> int:
+        """The upload with the scenario's compressor (as is without one).
+
+        Raises:
+            SetupError: the compressor cannot compress this model (a ``k``
+                above its parameter count), one line before training.
+        """
+        comp, d = self.sc.compression, self.num_params
+        if comp is None:
+            return bytes_up
+        problem = comp.problem(d)
+        if problem is not None:
+            raise SetupError(problem)
+        return upload_bytes(comp, bytes_up, d, self.sc.model.elem_bytes)
 
     @property
     def num_params(self) -> int:
@@ -504,10 +524,11 @@ class _Run:
         """Room for two checkpoints; the partition's table (its figure,
         partition.png, is the report's: drawn from this table, so a run
         with ``--no-report`` spends nothing on plotting)."""
-        sc, alg = self.sc, self.sc.algorithm
+        sc = self.sc
         if self.every:
             d, elem = self.num_params, sc.model.elem_bytes
-            need = checkpoint.checkpoint_bytes(d, elem, sc.num_clients, alg.stateful)
+            keeps = self.setup.server.keeps_states
+            need = checkpoint.checkpoint_bytes(d, elem, sc.num_clients, keeps)
             try:
                 check_free_space(run_dir, need + 2**20, "checkpoints")
             except OSError as exc:

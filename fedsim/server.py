@@ -80,12 +80,21 @@ class ServerSetup:
             ``"validation"`` (the dataset's validation split), ``"test"``
             (the test set, an opt-in) or None (no choice looks at data);
             the algorithm's ``validation_use`` for the run's round size.
+        residuals: compression with error feedback: each client's residual
+            is kept in the client store (and checkpointed with it).
     """
 
     algorithm: Algorithm
     network: NetworkSetup
     eval: EvalSpec
     validation: str | None = None
+    residuals: bool = False
+
+    @property
+    def keeps_states(self) -> bool:
+        """Whether clients keep state between rounds: the algorithm's, or
+        error feedback's residuals (``fedsim.compression``)."""
+        return self.algorithm.stateful or self.residuals
 
 
 def server_device(gpus_assigned: float, cuda_available: bool) -> torch.device:
@@ -506,7 +515,7 @@ class Server:
 
     def client_states(self, clients: Sequence[int]) -> dict[int, ClientState]:
         """The persistent states of these clients ({} for stateless algorithms)."""
-        return self.store.get(clients) if self.algorithm.stateful else {}
+        return self.store.get(clients) if self.setup.keeps_states else {}
 
     def apply(
         self,

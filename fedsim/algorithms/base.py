@@ -350,6 +350,9 @@ class Algorithm:
     # server_needs and read ctx.server instead (still honoured).
     needs_server: ClassVar[bool] = False
     down_factor: ClassVar[int] = 1  # floats downloaded, in units of d
+    # its clients upload a model update a compressor may compress (False:
+    # what they send is not a delta, e.g. FedDM's synthetic sets)
+    compressible: ClassVar[bool] = True
     up_factor: ClassVar[int] = 1  # floats uploaded, in units of d
 
     # ------------------------------------------------------------ server half

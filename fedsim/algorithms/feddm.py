@@ -194,6 +194,8 @@ class FedDM(base.Algorithm):
 
     # the server trains the global model on the synthetic sets
     server_needs: ClassVar[frozenset[str]] = frozenset({"model"})
+    # clients send synthetic sets, not a model update: nothing to compress
+    compressible: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         """Refuse real images as the start of a DP synthetic set."""
