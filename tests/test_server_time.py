@@ -15,11 +15,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
 import torch
 
+from fedsim.algorithms.base import PLAIN_ROUND, ServerWork
+from fedsim.algorithms.fedavg import FedAvg
 from fedsim.algorithms.feddm import FedDM
 from fedsim.clock import AsyncTimeline, ServedVersion
 from fedsim.flops import step_flops
@@ -205,8 +208,6 @@ def test_presets_and_the_seconds_of_a_step():
     assert ServerSpec(preset="cpu-socket").rate == SERVER_PRESETS["cpu-socket"]
     assert SERVER_PRESETS["cpu-socket"] == pytest.approx(5.0176e12)
     clock = ServerClock(1e6, train_flops=30.0, forward_flops=10.0)
-    from fedsim.algorithms.base import ServerWork
-
     work = ServerWork(train_samples=100, eval_samples=50, flops=500)
     assert clock.seconds(1000.0, work) == pytest.approx((1000 + 500 + 3000 + 500) / 1e6)
 
@@ -233,3 +234,35 @@ def test_the_async_timeline_is_told_the_rules_seconds_per_version():
     d = run.num_params
     assert run.server_time is not None
     assert run.server_time.step_s(5) == 2.0 * 5 * d / 1000
+
+
+# ------------------------------------------------------------- a plug-in's work
+@dataclass(frozen=True)
+class Heavy(FedAvg):
+    """A user's rule that declares its own arithmetic and reports work on
+    the server's network (both billed by the server's clock)."""
+
+    name: str = "heavy"
+
+    def server_flops(self, n_updates, d):
+        return 2.0 * n_updates * d + 1e6
+
+    def aggregate(self, state, updates, ctx=PLAIN_ROUND):
+        new, info = super().aggregate(state, updates, ctx)
+        return new, replace(info, server_work=ServerWork(flops=3e6))
+
+
+def test_a_plug_ins_declared_server_work_is_billed():
+    # Prepare: the rule's sum plus 1 MFLOP declared, plus 3 MFLOP reported
+    sc = load_scenario(
+        TINY, ["rounds=2", "algorithm={name: tests.test_server_time:Heavy}", SLOW]
+    )
+    d = _Run(sc, None, None).num_params
+
+    # Execute
+    res = _run(sc)
+
+    # Assert
+    for row in res.rows:
+        flops = 2.0 * row["n_completed"] * d + 1e6 + 3e6
+        assert row["server_s"] == pytest.approx(flops / 1000)
