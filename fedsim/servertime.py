@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from pydantic import ConfigDict, field_validator, model_validator
+from pydantic import ConfigDict, field_serializer, field_validator, model_validator
 
 from fedsim.algorithms.base import ServerWork
 from fedsim.clock import ServedVersion, Version
@@ -65,9 +65,7 @@ class ServerSpec(Spec):
     """
 
     # inf is this section's one meaningful non-finite value
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, allow_inf_nan=True, ser_json_inf_nan="strings"
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=True)
 
     flops_per_s: float | None = None
     preset: Literal["cpu-socket", "a100", "h100"] | None = None
@@ -79,6 +77,13 @@ class ServerSpec(Spec):
         if v is not None and not v > 0:
             raise ValueError("must be a number above 0 (or inf: a free server)")
         return v
+
+    @field_serializer("flops_per_s")
+    def _word(self, v: float | None) -> float | str | None:
+        """``inf`` is written as the word (the form a scenario file takes:
+        the loader refuses YAML's non-finite floats), so every run folder's
+        scenario.yaml loads again."""
+        return "inf" if v is not None and math.isinf(v) else v
 
     @model_validator(mode="after")
     def _one(self) -> ServerSpec:

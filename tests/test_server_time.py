@@ -27,13 +27,14 @@ from fedsim.algorithms.feddm import FedDM
 from fedsim.clock import AsyncTimeline, ServedVersion
 from fedsim.flops import step_flops
 from fedsim.runtime import _Run, run_scenario
-from fedsim.scenario import ScenarioError, load_scenario
+from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, parse_scenario
 from fedsim.servertime import SERVER_PRESETS, ServerClock, ServerSpec
 
 from .test_async_sim import FEDBUFF, _Stop, _stop_after, metrics, same_rows
 from .test_feddm import SMALL, TINY
 
 SLOW = "server.flops_per_s=1000"  # a logreg FedBuff version (K 5): 6.1 s
+EF_ALIKE = "compression={name: top_k, k: 3, error_feedback: true}"
 
 
 def _run(sc, **kw):
@@ -266,3 +267,11 @@ def test_a_plug_ins_declared_server_work_is_billed():
     for row in res.rows:
         flops = 2.0 * row["n_completed"] * d + 1e6 + 3e6
         assert row["server_s"] == pytest.approx(flops / 1000)
+
+
+@pytest.mark.parametrize("speed", ["inf", "2.5e9"])
+def test_the_resolved_scenario_with_a_server_loads_again(speed):
+    # every run folder keeps dump_scenario's text; inf is written as a word
+    sc = load_scenario(TINY, [f"server.flops_per_s={speed}", EF_ALIKE])
+    again = parse_scenario(dump_scenario(sc))
+    assert again.server == sc.server and again.compression == sc.compression
