@@ -69,6 +69,9 @@ Hook                                      What it gives
                                           own held-out rows) to columns
                                           ``fed_<name>`` (default:
                                           :func:`weighted_evaluation`)
+:meth:`Algorithm.server_flops`,           the server's own work, billed on
+``AggregateInfo.server_work``             the clock at the ``server`` speed
+                                          (:class:`ServerWork`)
 ========================================  ====================================
 
 During a run, an exception in plug-in code, or a hook that returns what its
@@ -116,6 +119,7 @@ from fedsim.algorithms.base import (
     RoundContext,
     ServerContext,
     ServerState,
+    ServerWork,
     Updates,
     data_weights,
     meter,
@@ -125,6 +129,7 @@ from fedsim.algorithms.base import (
     weighted_evaluation,
 )
 from fedsim.clock import JobWork
+from fedsim.compression import Compressor
 from fedsim.data.base import DataInfo, Dataset, FederatedData
 from fedsim.facts import RunFacts
 from fedsim.hooks import PluginFailure
@@ -156,6 +161,7 @@ __all__ = [
     "ClientSpec",
     "ClientState",
     "ClientUpdate",
+    "Compressor",
     "DataInfo",
     "Dataset",
     "Draw",
@@ -179,6 +185,7 @@ __all__ = [
     "SelectorState",
     "ServerContext",
     "ServerState",
+    "ServerWork",
     "Spec",
     "Updates",
     "data_weights",

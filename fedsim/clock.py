@@ -752,6 +752,25 @@ class Version:
     in_flight: int
 
 
+@dataclass(frozen=True)
+class ServedVersion(Version):
+    """A :class:`Version` made by a server that takes time (``server_s``):
+    ``ended`` closes when the server takes the full buffer, ``started`` and
+    ``t`` when it is done; ``queued`` applied updates were waiting then,
+    and the server had been busy ``busy_s`` seconds since t = 0."""
+
+    queued: int
+    busy_s: float
+
+
+class _Closed(NamedTuple):
+    """A full buffer handed to the server: its applied arrivals and the job
+    ends since the last buffer was closed."""
+
+    applied: tuple[Arrival, ...]
+    ended: tuple[Arrival, ...]
+
+
 Chooser = Callable[[Ints, int, int], Ints]
 """``choose(candidates, free, n)``: at most ``free`` distinct ids among the
 sorted int64 ``candidates`` (more than ``free``), ``n`` the count of earlier
@@ -836,6 +855,11 @@ class AsyncTimeline:
         stall_s: simulated seconds without a version before :class:`Stalled`.
         stall_jobs: job ends without a version before :class:`Stalled`
             (default max(1000, 20 concurrency buffer_size)).
+        server_s: the server's seconds per version (0: a free server, each
+            version made the instant its buffer fills). Above 0, a full
+            buffer waits in the server's queue while the server is busy,
+            arrivals queue behind it, and a job's staleness counts the
+            versions the queue will make before its own.
 
     Raises:
         ValueError: a non-``async`` policy, a count below 1, or sample
@@ -868,6 +892,7 @@ class AsyncTimeline:
         choose: Chooser | None = None,
         stall_s: float = 365 * 86400.0,
         stall_jobs: int | None = None,
+        server_s: float = 0.0,
     ) -> None:
         if policy.policy != "async":
             raise ValueError(
@@ -908,6 +933,10 @@ class AsyncTimeline:
         self._dispatch_due = False
         self._made: list[Version] = []
         self._ends_ahead: list[float] = []  # a heap of in-flight jobs' end times
+        # full buffers (applied, ended, started) the server has not finished
+        self.server_s = server_s
+        self._queue: list[_Closed] = []
+        self._busy_s = 0.0
         self._request_settle()  # the first slots are handed out at t = 0
 
     def __iter__(self) -> Iterator[Version]:
@@ -964,7 +993,9 @@ class AsyncTimeline:
         """Turn this instant's job ends into arrivals, make every version
         that fills the buffer, then hand out the freed slots."""
         self._settling = False
-        if self.version >= self.versions or self._tie_ahead():
+        # done (the queued buffers will make the last versions), or a job
+        # ends within the slack of now: settle once, with it
+        if self.version + len(self._queue) >= self.versions or self._tie_ahead():
             return
         inbox, self._inbox = sorted(self._inbox, key=lambda e: e.job.device), []
         for end in inbox:
@@ -973,8 +1004,8 @@ class AsyncTimeline:
                 self._buffer.append(arrival)
             self._ended.append(arrival)
             if len(self._buffer) == self.buffer_size:
-                self._make_version()
-                if self.version >= self.versions:
+                self._close_buffer()
+                if self.version + len(self._queue) >= self.versions:
                     return
         if self._made:
             # Hand out the slots once the new version is yielded, so the chooser
@@ -1009,20 +1040,57 @@ class AsyncTimeline:
         del self.in_flight[job.device]
         self.idle[job.device] = True
         # staleness is counted against the version being filled right now
-        s = None if end.reason else self.version - job.version  # None: it left
+        # (behind the full buffers waiting for a busy server)
+        filling = self.version + len(self._queue)
+        s = None if end.reason else filling - job.version  # None: it left
         max_s = self.policy.max_staleness
         stale = s is not None and max_s is not None and s > max_s
         status = cast(_Status, end.reason or ("stale" if stale else "applied"))
         return Arrival(job, self.env.now, self.version, s, status, end.steps)
 
-    def _make_version(self) -> None:
-        """Close the full buffer into the next :class:`Version`."""
+    def _close_buffer(self) -> None:
+        """Hand the full buffer to the server: the next :class:`Version` now
+        (a free server), or once the server has worked through the queue."""
+        made = _Closed(tuple(self._buffer), tuple(self._ended))
+        self._buffer, self._ended = [], []
+        if self.server_s <= 0:
+            self._make_version(made)
+            return
+        self._queue.append(made)
+        if len(self._queue) == 1:  # the server was idle: it starts now
+            self._serve()
+
+    def _serve(self) -> None:
+        """Work ``server_s`` on the queue's first buffer, then make it."""
+        self._busy_s += self.server_s
+        self.env.timeout(self.server_s).callbacks.append(self._served)
+
+    def _served(self, _event: simpy.Event) -> None:
+        """The server is done with the queue's first buffer: make its
+        version, and start on the next buffer if one waits."""
+        if self.version >= self.versions:
+            return
+        made = self._queue.pop(0)
+        self._make_version(made)
+        if self._queue:
+            self._serve()
+
+    def _make_version(self, made: _Closed) -> None:
+        """The next :class:`Version` from a closed buffer, made now: with the
+        jobs started since the last version (those started while the server
+        worked download the older version, and are listed with this one)."""
         now = self.env.now
-        made = (tuple(self._buffer), tuple(self._ended), tuple(self._started))
-        self._made.append(Version(self.version, now, *made, len(self.in_flight)))
+        contents = (*made, tuple(self._started), len(self.in_flight))
+        self._started = []
+        v: Version
+        if self.server_s > 0:
+            queued = self.buffer_size * len(self._queue) + len(self._buffer)
+            v = ServedVersion(self.version, now, *contents, queued, self._busy_s)
+        else:
+            v = Version(self.version, now, *contents)
+        self._made.append(v)
         self.version += 1
         self._last_version_t = now
-        self._buffer, self._ended, self._started = [], [], []
 
     def _dispatch(self) -> None:
         """Start jobs on idle online devices while slots are free; if slots

@@ -109,6 +109,14 @@ KINDS = {
         "fedsim.data:REGISTRY",
         ("build",),
     ),
+    "compression": Kind(
+        "compression",
+        "name",
+        "fedsim.compressors",
+        "fedsim.compression:Compressor",
+        "fedsim.compression:REGISTRY",
+        ("compress", "wire_bytes"),
+    ),
 }
 
 

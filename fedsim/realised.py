@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol, TypedDict
+from typing import NotRequired, Protocol, TypedDict
 
 import numpy as np
 
 from fedsim.fleet import AvailabilitySpec, Fleet, FleetSpec, SpeedSpec, StragglerSpec
 from fedsim.rows import Row, number, whole
+from fedsim.servertime import server_summary
 
 # 99.9% two-sided normal quantile: z with Phi(z) = 0.9995.
 _Z = 3.2905267314919255
@@ -121,10 +122,12 @@ class GroupEntry(TypedDict):
 
 
 class Realised(TypedDict):
-    """summary.json's ``fleet_realised``."""
+    """summary.json's ``fleet_realised`` (``server``: a server that takes
+    time, :func:`fedsim.servertime.server_summary`)."""
 
     groups: list[GroupEntry]
     warnings: list[str]
+    server: NotRequired[dict[str, float]]
 
 
 class _Rates(TypedDict):
@@ -184,6 +187,9 @@ def summary_entry(
     out["fleet_realised"] = realised_fleet(
         fleet, scenario.fleet, starts, clients, asynchronous
     )
+    server = server_summary(rows)
+    if server is not None:  # the server's busy share and queue
+        out["fleet_realised"]["server"] = server
     return out
 
 

@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 from fedsim import __version__, checkpoint, clock, hooks, interrupts, realised
 from fedsim.algorithms.base import AsyncRule, ClientUpdate, Failure
 from fedsim.algorithms.sampling import participation_bias, weight_shares
+from fedsim.compression import upload_bytes
 from fedsim.data import FederatedData, build_data
 from fedsim.data.heldout import heldout_clients, with_heldout
 from fedsim.data.partition import partition_table
@@ -33,7 +34,7 @@ from fedsim.data.validation import describe_validation, validation_use
 from fedsim.executors import DataRecipe, Executor, ExecutorSetup, InProcessExecutor
 from fedsim.facts import RunFacts
 from fedsim.fleet import Fleet
-from fedsim.flops import scenario_fleet
+from fedsim.flops import scenario_fleet, step_flops
 from fedsim.hooks import PluginFailure
 from fedsim.links import apply_links, summary_entry
 from fedsim.models import NetworkSetup, make_model
@@ -61,6 +62,7 @@ from fedsim.server import (
     federated_due,
     objective_due,
 )
+from fedsim.servertime import ServerTimer, server_clock
 from fedsim.spec import EvalSpec
 from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup, update_norm
 from fedsim.workers import Payload, Task
@@ -152,9 +154,11 @@ def run_setup(scenario: Scenario) -> RunSetup:
         # under fixed_window the clock's tau caps an own procedure's work
         capped=sc.round.policy == "fixed_window",
         threads=max(1, int(res.cpus_per_worker)),
+        compression=sc.compression,
     )
     validation = validation_use(sc.algorithm, sc.selector.clients_per_round)
-    server = ServerSetup(sc.algorithm, network, sc.eval, validation)
+    residuals = sc.compression is not None and sc.compression.error_feedback
+    server = ServerSetup(sc.algorithm, network, sc.eval, validation, residuals)
     recipe = DataRecipe(sc.data, sc.num_clients, sc.seed, sc.fleet, sc.links)
     executor = ExecutorSetup(worker, res, recipe)
     return RunSetup(sc.facts, network, worker, server, executor)
@@ -420,6 +424,8 @@ class _Run:
         # algorithm says what its clients send (a plug-in may override it).
         facts = self.setup.facts
         bytes_down, bytes_up = sc.algorithm.bytes_per_client(facts, self.num_params)
+        # a compressed update is billed at its size on the wire
+        bytes_up = self._compressed_upload(bytes_up)
         self.ctx = clock.RunContext(
             bytes_down=bytes_down,
             bytes_up=bytes_up,
@@ -428,6 +434,15 @@ class _Run:
             # an algorithm whose client work is not local steps says its own
             work=sc.algorithm.clock_work(facts, self.data),
         )
+        # the server as a device (None: a free server, today's path exactly)
+        clock_ = server_clock(
+            sc.server,
+            lambda: self.fleet.step_flops or step_flops(facts, self.data),
+            sc.client.batch_size,
+        )
+        self.server_time: ServerTimer | None = None
+        if clock_ is not None:
+            self.server_time = ServerTimer(clock_, sc.algorithm, self.num_params)
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
         # an algorithm that chooses its own clients (Algorithm.chooses: one
@@ -450,6 +465,21 @@ class _Run:
         self.every = sc.checkpoint.every_rounds if run_dir is not None else 0
         # what each checkpoint stores of the scenario (resumes compare it)
         self.fingerprint = checkpoint.fingerprint(sc) if self.every else {}
+
+    def _compressed_upload(self, bytes_up: int) -> int:
+        """The upload with the scenario's compressor (as is without one).
+
+        Raises:
+            SetupError: the compressor cannot compress this model (a ``k``
+                above its parameter count), one line before training.
+        """
+        comp, d = self.sc.compression, self.num_params
+        if comp is None:
+            return bytes_up
+        problem = comp.problem(d)
+        if problem is not None:
+            raise SetupError(problem)
+        return upload_bytes(comp, bytes_up, d, self.sc.model.elem_bytes)
 
     @property
     def num_params(self) -> int:
@@ -496,10 +526,11 @@ class _Run:
         """Room for two checkpoints; the partition's table (its figure,
         partition.png, is the report's: drawn from this table, so a run
         with ``--no-report`` spends nothing on plotting)."""
-        sc, alg = self.sc, self.sc.algorithm
+        sc = self.sc
         if self.every:
             d, elem = self.num_params, sc.model.elem_bytes
-            need = checkpoint.checkpoint_bytes(d, elem, sc.num_clients, alg.stateful)
+            keeps = self.setup.server.keeps_states
+            need = checkpoint.checkpoint_bytes(d, elem, sc.num_clients, keeps)
             try:
                 check_free_space(run_dir, need + 2**20, "checkpoints")
             except OSError as exc:
@@ -720,6 +751,8 @@ class _Run:
             )
         self.server.load(ck.path)
         self.recorder.load(ck.n_rows, ck.n_client_rows, ck.n_selector_rows)
+        if self.server_time is not None:
+            self.server_time.restore(self.recorder.rows)
         if self.recorder.rows:  # wall time counts the whole run, resumes included
             self.wall0 -= float(self.recorder.rows[-1]["wall_time"])
         return ck
@@ -849,8 +882,12 @@ def _run_rounds(run: _Run, resume: bool) -> None:
         state, artifact = run.observe(sel, state, t, applied, trained)
         records = [ClientRecord.from_plan(t, p) for p in plan.plans]
         extra = selector_columns(sel, state, t)
-        run.record(t, plan.t_end, records, trained, applied, extra, artifact)
         now = plan.t_end
+        if run.server_time is not None:  # the next round waits for the server
+            n, work = len(applied.clients), applied.server_work
+            now, busy = run.server_time.round_end(now, n, work)
+            extra |= busy
+        run.record(t, now, records, trained, applied, extra, artifact)
         if run.due(t + 1):
             run.save_checkpoint(t + 1, now, state, {})
 
@@ -928,6 +965,9 @@ class _Async:
         # checkpoint keeps so that a resumed replay makes the same picks
         self.picks: list[list[int]] = []
         self.replay: list[list[int]] = []
+        # the server's seconds per version (0: a free server)
+        timer = run.server_time
+        self.server_s = timer.step_s(self.rule.buffer_size) if timer else 0.0
         self.tl = clock.AsyncTimeline(
             run.fleet,
             sc.round,
@@ -937,6 +977,7 @@ class _Async:
             seed=sc.seed,
             ctx=run.ctx,
             choose=self._choose,
+            server_s=self.server_s,
         )
         self.timeline: Iterator[clock.Version] = iter(self.tl)
         self.payloads: dict[int, Payload] = {}
@@ -1093,6 +1134,8 @@ class _Async:
             )
         extra = _version_columns(rec, staleness)
         extra |= selector_columns(run.selector, self.sel_state, rec.version)
+        if run.server_time is not None:
+            extra |= run.server_time.version_columns(rec, self.server_s)
         run.record(rec.version, rec.t, records, trained, applied, extra, artifact)
         self.w += 1
         self._forget(rec)

@@ -64,6 +64,7 @@ from fedsim.plugins import (
     section_validator,
 )
 from fedsim.selectors import DEFAULT as SELECTOR_DEFAULT
+from fedsim.servertime import ServerSpec
 from fedsim.spec import (
     CheckpointSpec,
     ClientSpec,
@@ -108,9 +109,11 @@ class ScenarioError(ValueError):
 
 if TYPE_CHECKING:  # a dataset's fields differ; a plug-in section is its base class
     from fedsim.algorithms.base import Algorithm
+    from fedsim.compression import Compressor
     from fedsim.selectors.base import Selector
 
     DataSpec = Any
+    CompressionSpec = Compressor
     AlgorithmSpec = Algorithm
     SelectorSpec = Selector
     ModelSection = Model
@@ -122,6 +125,7 @@ else:
     AlgorithmSpec = Annotated[Any, PlainValidator(section_validator("algorithm"))]
     SelectorSpec = Annotated[Any, PlainValidator(section_validator("selector"))]
     ModelSection = Annotated[Any, PlainValidator(section_validator("model"))]
+    CompressionSpec = Annotated[Any, PlainValidator(section_validator("compression"))]
 
 
 def _default_selector() -> Selector:
@@ -153,6 +157,8 @@ class Scenario(Spec):
     checkpoint: CheckpointSpec = CheckpointSpec()
     resources: ResourceSpec = ResourceSpec()
     links: LinksSpec | None = None  # fleet-data links (fedsim/links.py)
+    server: ServerSpec | None = None  # the server's speed (fedsim/servertime.py)
+    compression: CompressionSpec | None = None  # fedsim/compression.py
 
     @field_validator("name")
     @classmethod
@@ -199,6 +205,7 @@ class Scenario(Spec):
             self._links_problem,
             # federated evaluation needs the clients' own rows (and rounds)
             lambda: federated_problem(self.eval, self.data, self.round.policy),
+            self._compression_problem,
         )
         for check in checks:
             if (problem := check()) is not None:
@@ -230,6 +237,26 @@ class Scenario(Spec):
                 f"but the fleet has only {n_dev} devices"
             )
         return None
+
+    def _compression_problem(self) -> str | None:
+        """A compressor needs a rule whose clients upload a model update;
+        error feedback needs rounds (a client's state between jobs)."""
+        if self.compression is None:
+            return None
+        if self.compression.error_feedback and self.round.policy == "async":
+            return (
+                "compression.error_feedback needs synchronous rounds: under "
+                "round.policy 'async' a device's next job may train before its "
+                "last one's residual is known (set error_feedback: false)"
+            )
+        if self.algorithm.compressible:
+            return None
+        return (
+            f"compression.name {self.compression.name!r}: algorithm "
+            f"{self.algorithm.name!r} does not upload a model update to "
+            "compress (its rule needs what its clients send, dense); remove "
+            "the compression section"
+        )
 
     def _links_problem(self) -> str | None:
         """A declared fleet-data link must name groups the fleet has and ask

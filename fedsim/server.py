@@ -40,6 +40,7 @@ from fedsim.algorithms.base import (
     Flag,
     RoundContext,
     ServerContext,
+    ServerWork,
 )
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
@@ -79,12 +80,21 @@ class ServerSetup:
             ``"validation"`` (the dataset's validation split), ``"test"``
             (the test set, an opt-in) or None (no choice looks at data);
             the algorithm's ``validation_use`` for the run's round size.
+        residuals: compression with error feedback: each client's residual
+            is kept in the client store (and checkpointed with it).
     """
 
     algorithm: Algorithm
     network: NetworkSetup
     eval: EvalSpec
     validation: str | None = None
+    residuals: bool = False
+
+    @property
+    def keeps_states(self) -> bool:
+        """Whether clients keep state between rounds: the algorithm's, or
+        error feedback's residuals (``fedsim.compression``)."""
+        return self.algorithm.stateful or self.residuals
 
 
 def server_device(gpus_assigned: float, cuda_available: bool) -> torch.device:
@@ -175,6 +185,9 @@ class Applied:
             asynchronous versions: empty (rows use ``weights`` per job).
         clients: the updates' client ids in the order of ``weights``
             (synchronous: ascending, each once; asynchronous: arrival).
+        server_work: the step's work on the server's network: the
+            algorithm's ``AggregateInfo.server_work`` plus the samples its
+            validation losses evaluated (billed at the ``server`` speed).
     """
 
     info: AggregateInfo
@@ -182,6 +195,7 @@ class Applied:
     train_loss: float
     shares: dict[int, float] = field(default_factory=dict)
     clients: tuple[int, ...] = ()
+    server_work: ServerWork = ServerWork()
 
     def result(
         self, trained: Sequence[tuple[ClientUpdate | UpdateSummary, float]]
@@ -461,6 +475,9 @@ class Server:
             self.val = _on(val, self.device)
         self._data = data
         self._context: ServerContext | None = None
+        # samples the rule's validation losses evaluated in the current step:
+        # evaluation that gates the next round, billed on the server's clock
+        self._val_samples = 0
 
     @property
     def num_params(self) -> int:
@@ -498,7 +515,7 @@ class Server:
 
     def client_states(self, clients: Sequence[int]) -> dict[int, ClientState]:
         """The persistent states of these clients ({} for stateless algorithms)."""
-        return self.store.get(clients) if self.algorithm.stateful else {}
+        return self.store.get(clients) if self.setup.keeps_states else {}
 
     def apply(
         self,
@@ -565,17 +582,19 @@ class Server:
             assert starts is not None, "asynchronous updates need their starts"
             ctx = RoundContext(round, tuple(staleness), tuple(starts), server, lost)
         plugin = hooks.algorithm_label(self.algorithm.name)
+        self._val_samples = 0
         step = hooks.call(
             plugin, "aggregate", self.algorithm.server_step, self.state, ups, ctx
         )
         self.state, info = hooks.check_step(plugin, "aggregate", step, self.state)
+        work = info.server_work + ServerWork(eval_samples=self._val_samples)
         clients = tuple(u.client for u in ups)
         weights, shares = self._weights(info, clients, ctx.asynchronous, where)
         for u in ups:
             if u.new_state is not None:
                 self.store.put(u.client, u.new_state)
         loss = self._train_loss(ups, where)
-        return Applied(info, weights, loss, shares, clients)
+        return Applied(info, weights, loss, shares, clients, work)
 
     def _weights(
         self,
@@ -635,6 +654,7 @@ class Server:
                     )
                 params = eval_model.parameters()
                 torch.nn.utils.vector_to_parameters(x.to(device), params)
+                self._val_samples += len(val[1])
                 return evaluate(eval_model, *val, batch, val_w, own)[0]
 
             train_model = make_model(self.setup.network, self._data).to(device)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import torch
 
 from fedsim.algorithms.base import Algorithm, ClientUpdate
+from fedsim.compression import Compressor
 from fedsim.models import NetworkSetup
 from fedsim.params import l2_norm
 from fedsim.spec import ClientSpec
@@ -51,6 +52,8 @@ class WorkerSetup:
         threads: torch's intra-op threads in a worker's process,
             ``max(1, int(cpus_per_worker))`` (the driver uses the same
             figure: a sum's split, so its floats, depend on it).
+        compression: what each update goes through before it is sent
+            (``fedsim.compression``; None: sent as it is).
     """
 
     algorithm: Algorithm
@@ -62,6 +65,7 @@ class WorkerSetup:
     vectorize: bool = False
     capped: bool = False
     threads: int = 1
+    compression: Compressor | None = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from fedsim.algorithms.base import (
     ClientState,
     LocalTraining,
 )
+from fedsim.compression import Compressor, compress_update, compression_generator
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
 from fedsim.minibatches import batches, client_seed
@@ -410,6 +411,9 @@ class Worker:
         extras, new_state = hooks.call(
             plugin, "client_finish", finish, delta, done, client
         )
+        comp = self.setup.compression
+        if comp is not None:  # the update as the server will decode it
+            delta, new_state = self._compressed(comp, task, client, delta, new_state)
         cpu = torch.device("cpu")
         return ClientUpdate(
             client=task.client,
@@ -421,6 +425,28 @@ class Worker:
             extras=_to(extras, cpu),
             new_state=None if new_state is None else _to(new_state, cpu),
         )
+
+    def _compressed(
+        self,
+        comp: Compressor,
+        task: Task,
+        client: ClientContext,
+        delta: torch.Tensor,
+        new_state: ClientState | None,
+    ) -> tuple[torch.Tensor, ClientState | None]:
+        """``delta`` through the scenario's compressor, after
+        ``client_finish`` (the algorithm's own state sees the true change);
+        with error feedback, the client's residual joins its new state.
+
+        Random choices come from (seed, round, client) and a tag of their
+        own, so any worker, batched or not, draws the same.
+        """
+        gen = compression_generator(client_seed(self.seed, task.round, task.client))
+        residual = client.state.get(comp.RESIDUAL)
+        out = compress_update(comp, delta, residual, gen)
+        if out.residual is None:
+            return out.delta, new_state
+        return out.delta, {**(new_state or {}), comp.RESIDUAL: out.residual}
 
 
 def _fetch(data: FederatedData | list[ObjectRef]) -> FederatedData:

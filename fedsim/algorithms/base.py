@@ -102,6 +102,26 @@ Updates = Sequence[ClientUpdate]
 
 
 @dataclass(frozen=True)
+class ServerWork:
+    """Work a server step did on the server's own network, which the clock
+    bills at the scenario's ``server`` speed (docs/fleets.md, "The
+    server's clock"): samples trained (forward and backward) and samples
+    evaluated (forward only), each priced at the model's counted FLOPs per
+    sample, and any other ``flops``. Zero: nothing beyond the rule's sum."""
+
+    train_samples: float = 0.0
+    eval_samples: float = 0.0
+    flops: float = 0.0
+
+    def __add__(self, other: ServerWork) -> ServerWork:
+        return ServerWork(
+            self.train_samples + other.train_samples,
+            self.eval_samples + other.eval_samples,
+            self.flops + other.flops,
+        )
+
+
+@dataclass(frozen=True)
 class AggregateInfo:
     """What a round's aggregation did, for the objective-inconsistency meter."""
 
@@ -124,6 +144,9 @@ class AggregateInfo:
     # each becomes the rounds.parquet column ``alg_<name>`` (docs/extending.md,
     # "Hooks"); the server checks they are real numbers
     metrics: dict[str, float] = field(default_factory=dict)
+    # the step's own work on the server's network (FedDM's server epochs),
+    # billed at the server's speed in synchronous rounds
+    server_work: ServerWork = ServerWork()
 
 
 @dataclass(frozen=True)
@@ -343,6 +366,9 @@ class Algorithm:
     # a step of its own): set to anything but the default they are refused
     unread: ClassVar[frozenset[str]] = frozenset()
     down_factor: ClassVar[int] = 1  # floats downloaded, in units of d
+    # its clients upload a model update a compressor may compress (False:
+    # what they send is not a delta, e.g. FedDM's synthetic sets)
+    compressible: ClassVar[bool] = True
     up_factor: ClassVar[int] = 1  # floats uploaded, in units of d
 
     # ------------------------------------------------------------ server half
@@ -771,6 +797,19 @@ class Algorithm:
         """
         elem = facts.elem_bytes
         return self.down_factor * d * elem, self.up_factor * d * elem
+
+    def server_flops(self, n_updates: int, d: int) -> float:
+        """FLOPs of the server rule's arithmetic on ``n_updates`` updates of
+        ``d`` parameters, which the clock bills at the scenario's ``server``
+        speed (asked every step, synchronous and asynchronous, before the
+        step runs, so it must depend on these two numbers only).
+
+        Counted as client FLOPs are (fedsim/flops.py): 2 per multiply-add.
+        The default is the weighted sum, one multiply-add per parameter and
+        update; a rule with more arithmetic per parameter declares it here,
+        and work on the server's network goes in ``AggregateInfo.server_work``.
+        """
+        return 2.0 * n_updates * d
 
 
 def outdated_form(cls: type[Algorithm]) -> str | None:

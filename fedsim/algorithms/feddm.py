@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -194,6 +194,8 @@ class FedDM(base.Algorithm):
 
     # the server trains the global model on the synthetic sets
     server_needs: ClassVar[frozenset[str]] = frozenset({"model"})
+    # clients send synthetic sets, not a model update: nothing to compress
+    compressible: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         """Refuse real images as the start of a DP synthetic set."""
@@ -402,7 +404,11 @@ class FedDM(base.Algorithm):
         tau_eff = updates_tau_eff("steps", [1.0] * len(ups), ups)
         x_new = x_new.to(x_r.device, x_r.dtype)
         new = {**state, "x": x_new, "round": state["round"] + 1}
-        return new, base.meter_subset(updates, base.meter(ups, w, tau_eff))
+        info = base.meter_subset(updates, base.meter(ups, w, tau_eff))
+        # every server epoch trains on each synthetic sample once: the
+        # server's clock bills these samples at the model's FLOPs per sample
+        work = base.ServerWork(train_samples=float(self.server_epochs * len(labels)))
+        return new, replace(info, server_work=work)
 
     def _server_epochs(
         self,
