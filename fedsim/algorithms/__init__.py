@@ -78,7 +78,7 @@ REGISTRY: dict[str, type[Algorithm]] = {
     "fedbuff": FedBuff,
     "feddm": FedDM,
     "fedpns": FedPNS,
-    "flower": Flower,  # a Flower strategy (issue 41; fedsim[flower])
+    "flower": Flower,  # a Flower strategy (the optional extra fedsim[flower])
 }
 
 

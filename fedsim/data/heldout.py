@@ -1,4 +1,5 @@
-"""Each client's own held-out rows, for federated evaluation (issue 37, hook 4).
+"""Each client's own held-out rows, for federated evaluation (the
+``eval.federated_every`` rounds: docs/extending.md, "Federated evaluation").
 
 ``data.client_test_fraction`` f moves ``floor(f n_i)`` random rows of each
 client i (at most n_i - 1) out of its training rows into its own held-out
