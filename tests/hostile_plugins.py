@@ -1,0 +1,55 @@
+"""Plug-ins for the hostile user's cases (tests/test_silent_exits.py,
+tests/test_report.py, tests/test_plugin_edges.py): ones that report
+thousands of metrics, exit, run out of memory or stop the process. In a
+module of their own so that a scenario can name them
+(``tests.hostile_plugins:ManyMetrics``) and Ray workers can import them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+from fedsim.algorithms.fedavg import FedAvg
+from fedsim.api import PLAIN_ROUND, meter_average
+
+
+@dataclass(frozen=True)
+class ManyMetrics(FedAvg):
+    """Reports ``count`` metrics a round (``alg_m0000`` ...)."""
+
+    count: int = 40
+
+    def aggregate(self, state, updates, ctx=PLAIN_ROUND):  # type: ignore[no-untyped-def]
+        new, _ = super().aggregate(state, updates, ctx)
+        metrics = {f"m{i:04d}": float(i) for i in range(self.count)}
+        return new, meter_average(updates, metrics=metrics)
+
+
+@dataclass(frozen=True)
+class Exits(FedAvg):
+    """Calls ``sys.exit(5)`` in its first aggregate."""
+
+    def aggregate(self, state, updates, ctx=PLAIN_ROUND):  # type: ignore[no-untyped-def]
+        sys.exit(5)
+
+
+@dataclass(frozen=True)
+class OwnMemoryError(FedAvg):
+    """Raises its own MemoryError in its first aggregate (a plug-in's bug,
+    not the system refusing memory to the run)."""
+
+    def aggregate(self, state, updates, ctx=PLAIN_ROUND):  # type: ignore[no-untyped-def]
+        raise MemoryError("my cache is full")
+
+
+@dataclass(frozen=True)
+class Interrupts(FedAvg):
+    """Sends SIGINT to its own process in its first aggregate (a Ctrl-C
+    early in a comparison's first run)."""
+
+    def aggregate(self, state, updates, ctx=PLAIN_ROUND):  # type: ignore[no-untyped-def]
+        os.kill(os.getpid(), signal.SIGINT)
+        return super().aggregate(state, updates, ctx)
