@@ -1094,8 +1094,16 @@ def report(
     """
     from fedsim.tools.report import ReportError, write_report
 
-    with _errors(ReportError):
-        path = write_report(run_dir, max_timeline_rounds=timeline_rounds)
+    try:
+        with _errors(ReportError):
+            path = write_report(run_dir, max_timeline_rounds=timeline_rounds)
+    except KeyboardInterrupt:
+        _say(
+            "[yellow]interrupted:[/]",
+            f"the report of {run_dir} was not finished (the run's results are "
+            f"whole); draw it again with: fedsim report {run_dir}",
+        )
+        raise typer.Exit(130) from None
     out.print(f"report: {path}", highlight=False)
 
 
@@ -1155,10 +1163,13 @@ def stress(
             highlight=False,
         )
 
+    # _worker_errors inside _errors(RuntimeError): a plug-in's failure (a
+    # RuntimeError) is exit 3, as in compare and run, not 1
     with (
-        _worker_errors(),
         _errors(OSError, RuntimeError, code=1),
+        _worker_errors(),
         _errors(ScenarioError, DataMissingError, DataError, ModelError),
+        _sweep_interrupted(out_dir, "stress"),
     ):
         path = run_stress(
             scenario,
@@ -1236,6 +1247,7 @@ def compare(
     trackers = _trackers(log)  # issue 41
     run_dir = out_dir if out_dir is not None else default_run_dir(f"compare-{sc.name}")
     _claim_out(run_dir, _COMPARE_FILES, overwrite)
+    existed = run_dir.exists()
     with _errors(OSError):
         prepare_run_dir(run_dir)
 
@@ -1248,7 +1260,11 @@ def compare(
 
     _maybe_ray(workers, address)
     # ScenarioError, DataError too; a Ray worker's error as one line
-    with _worker_errors(), _errors(ValueError, DataMissingError):
+    with (
+        _worker_errors(),
+        _errors(ValueError, DataMissingError),
+        _sweep_interrupted(run_dir, "compare", existed),
+    ):
         table = run_compare(
             scenario,
             names,
@@ -1265,6 +1281,40 @@ def compare(
     out.print(text, markup=False, highlight=False, soft_wrap=True)
     out.print(f"results: {run_dir}")
     _exit_if_diverged(sum(whole(r["diverged"]) for r in table), "compare.parquet")
+
+
+@contextmanager
+def _sweep_interrupted(
+    out_dir: Path | None, command: str, existed: bool = True
+) -> Iterator[None]:
+    """Ctrl-C or SIGTERM in compare or stress: one line saying what is kept,
+    exit 130. An empty ``runs/`` (and an --out this command created and left
+    empty) is removed, so that the same command runs again without
+    --overwrite; finished runs are kept and said.
+
+    Args:
+        out_dir: the command's --out, or None when it chose its own folder.
+        command: "compare" or "stress", for the line.
+        existed: whether ``out_dir`` existed before the command.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        runs = out_dir / "runs" if out_dir is not None else None
+        kept = sorted(runs.iterdir()) if runs is not None and runs.is_dir() else []
+        with suppress(OSError):
+            if runs is not None and not kept:
+                runs.rmdir()
+            if out_dir is not None and not existed:
+                out_dir.rmdir()  # only when empty
+        where = f" in {runs}" if kept else ""
+        again = "with --overwrite " if kept else ""
+        _say(
+            "[yellow]interrupted:[/]",
+            f"{command} stopped; {len(kept)} finished run(s) kept{where}, no "
+            f"table written; run the command again {again}to start over",
+        )
+        raise typer.Exit(130) from None
 
 
 # What compare and stress write into --out (runs/: a file per run).
@@ -1356,7 +1406,15 @@ def main() -> None:
     with the command's code."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     with interrupts.stop_at_round_ends():
-        app()
+        try:
+            app()
+        except SystemExit as exc:
+            # typer turns a KeyboardInterrupt no command caught into a
+            # silent exit 130 (click's Exit raised from it)
+            cause = exc.__context__.__cause__ if exc.__context__ else None
+            if exc.code == 130 and isinstance(cause, KeyboardInterrupt):
+                _say("[yellow]interrupted:[/]", "stopped; nothing was finished")
+            raise
 
 
 if __name__ == "__main__":
