@@ -65,9 +65,16 @@ class PluginFailure(RuntimeError):
 
 def is_memory_error(exc: BaseException) -> bool:
     """Whether ``exc`` is an allocation the system refused (never the
-    plug-in's fault; the command line reports it as memory, exit 1)."""
+    plug-in's fault; the command line reports it as memory, exit 1).
+
+    Python's refused allocation is a bare ``MemoryError()``, NumPy's and
+    Arrow's are subclasses of it, torch's a RuntimeError in its allocator's
+    words; a plain MemoryError with a message of its own is a plug-in's
+    (``raise MemoryError("cache full")``), a failure of its code like any
+    other.
+    """
     if isinstance(exc, MemoryError):
-        return True
+        return type(exc) is not MemoryError or not exc.args
     return isinstance(exc, RuntimeError) and any(
         m in str(exc).lower() for m in _NO_MEMORY
     )
@@ -84,15 +91,21 @@ def failure(plugin: str, hook: str, exc: BaseException) -> PluginFailure:
     """
     if isinstance(exc, PluginFailure):
         return exc
-    return PluginFailure(
-        plugin, hook, f"{type(exc).__name__}: {exc}", traceback.format_exc()
-    )
+    if isinstance(exc, SystemExit):
+        error = f"SystemExit({exc.code!r}): plug-in code called sys.exit"
+    else:
+        error = f"{type(exc).__name__}: {exc}"
+    return PluginFailure(plugin, hook, error, traceback.format_exc())
 
 
 def wraps_error(exc: BaseException) -> bool:
     """Whether :func:`call` turns ``exc`` into a :class:`PluginFailure`:
-    every ``Exception`` except a refused allocation and one already wrapped
-    (KeyboardInterrupt and SystemExit pass through: they are signals)."""
+    every ``Exception`` except a refused allocation and one already wrapped,
+    and ``SystemExit`` (plug-in code that calls ``sys.exit`` fails its run,
+    exit 3 with failure.txt, rather than ending the process without a
+    summary); KeyboardInterrupt passes through: it is a signal."""
+    if isinstance(exc, SystemExit):
+        return True
     return not is_memory_error(exc) and not isinstance(exc, PluginFailure)
 
 
@@ -113,8 +126,8 @@ def call(
         What ``fn`` returned.
 
     Raises:
-        PluginFailure: ``fn`` raised (memory errors and signals pass as
-            they are).
+        PluginFailure: ``fn`` raised or called ``sys.exit`` (refused
+            allocations and signals pass as they are).
 
     >>> try:
     ...     call("selector 'x'", "select", int, "seven")
@@ -124,7 +137,7 @@ def call(
     """
     try:
         return fn(*args, **kw)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         if not wraps_error(exc):
             raise
         raise failure(plugin, hook, exc) from exc

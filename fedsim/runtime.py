@@ -1197,6 +1197,11 @@ def run_scenario(
         status, message = "interrupted", str(exc)
     except PluginFailure as exc:  # plug-in code: the run ends, its rows stay
         status, message, failed = "failed", str(exc), exc
+    except SystemExit as exc:  # sys.exit in plug-in code no hook wraps (a client's)
+        failed = hooks.failure(
+            hooks.algorithm_label(scenario.algorithm.name), "a client", exc
+        )
+        status, message = "failed", str(failed)
     finally:
         placement = _close(run)
     if status == "completed" and (why := first_divergence(run.recorder.rows)):

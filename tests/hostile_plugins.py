@@ -53,3 +53,11 @@ class Interrupts(FedAvg):
     def aggregate(self, state, updates, ctx=PLAIN_ROUND):  # type: ignore[no-untyped-def]
         os.kill(os.getpid(), signal.SIGINT)
         return super().aggregate(state, updates, ctx)
+
+
+@dataclass(frozen=True)
+class GradExits(FedAvg):
+    """A client hook that calls ``sys.exit(7)`` while a client trains."""
+
+    def grad_hook(self, theta, grad, client):  # type: ignore[no-untyped-def]
+        sys.exit(7)

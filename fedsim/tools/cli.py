@@ -781,25 +781,34 @@ def _say_ending(result: Any, run_dir: Path) -> None:
         _say(f"[bold red]run {status}:[/]", f"{result.message}. {kept[status]}")
     elif status == "failed":  # plug-in code (fedsim.hooks.PluginFailure)
         where = run_dir / (result.failure or {}).get("traceback", "summary.json")
-        again = f"fedsim run --resume {run_dir}"
-        if not (run_dir / "LATEST").exists():
-            again = "(no checkpoint yet: run it again, with --overwrite)"
         _say(
             "[bold red]run failed:[/]",
-            f"{result.message}. The full traceback is in {where}; rows so far "
-            "are kept; "
-            f"once the plug-in is fixed, continue with: {again}",
+            f"{result.message}. The full traceback is in {where}; "
+            f"{_what_is_kept(result, run_dir, 'once the plug-in is fixed, ')}",
         )
     elif status == "interrupted":
-        again = f"fedsim run --resume {run_dir}"
-        if not (run_dir / "LATEST").exists():  # --out now holds summary.json
-            again = "(no checkpoint yet: run it again, with --overwrite)"
         # a signal says only "interrupted"; a lost server actor says why
-        why = "" if result.message == "interrupted" else f"{result.message}; "
-        _say(
-            "[yellow]interrupted;[/]",
-            f"{why}rows so far are kept in {run_dir}; continue with: {again}",
-        )
+        why = result.message.removeprefix("interrupted").strip()
+        why = f"{why}; " if why else ""
+        _say("[yellow]interrupted:[/]", f"{why}{_what_is_kept(result, run_dir)}")
+
+
+def _what_is_kept(result: Any, run_dir: Path, when: str = "") -> str:
+    """What a run that stopped keeps in ``run_dir`` and how to go on: the
+    resume command once a checkpoint exists, else that the same command
+    starts over with --overwrite (no "rows so far" when there are none).
+
+    Args:
+        result: the RunResult (its rows).
+        run_dir: the run's folder.
+        when: what must happen first ("once the plug-in is fixed, ").
+    """
+    rows = f"{len(result.rows)} round row(s) are kept in {run_dir}"
+    if not result.rows:
+        rows = f"no round finished; {run_dir} holds summary.json"
+    if (run_dir / "LATEST").exists():
+        return f"{rows}; {when}continue with: fedsim run --resume {run_dir}"
+    return f"{rows}; no checkpoint yet: {when}run the same command with --overwrite"
 
 
 # 3: plug-in code failed during the run (issue 37): its own code, so that a
