@@ -132,8 +132,27 @@ def save_tensors(path: Path, tensors: Mapping[str, object]) -> None:
     if numpy:
         out[_NUMPY_KEYS] = numpy
     buf = io.BytesIO()
-    torch.save(out, buf)
+    try:
+        torch.save(out, buf)
+    except RuntimeError as exc:
+        # torch's writer words a refused allocation as a failed write
+        # ("unexpected pos"), the MemoryError only in its context
+        if not _refused_memory(exc):
+            raise
+        raise MemoryError(f"no memory left to write {path}") from exc
     atomic_write_bytes(path, buf.getvalue())
+
+
+def _refused_memory(exc: BaseException) -> bool:
+    """Whether a MemoryError is among ``exc``'s causes and contexts."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        if isinstance(at, MemoryError):
+            return True
+        seen.add(id(at))
+        at = at.__cause__ or at.__context__
+    return False
 
 
 def _numpy_tensor(key: str, value: np.ndarray | np.generic) -> torch.Tensor:

@@ -909,7 +909,7 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
     kinds: tuple[type[Exception], ...] = (DataMissingError, DataError, SetupError)
     kinds += (CheckpointError, PlacementError, UnreadableResults, ModelError)
     try:
-        with _errors(*kinds), _out_of_memory():
+        with _errors(*kinds), _out_of_memory(run_dir):
             return run_scenario(
                 sc, workers=workers, run_dir=run_dir, resume=resume, on_round=on_round
             )
@@ -929,10 +929,13 @@ _NO_MEMORY = ("can't allocate memory", "not enough memory", "out of memory")
 
 
 @contextmanager
-def _out_of_memory() -> Iterator[None]:
+def _out_of_memory(run_dir: Path) -> Iterator[None]:
     """An allocation the memory check let through but the system refused
-    (``ulimit -v``, a container's limit, memory taken meanwhile): one line,
-    exit 1, instead of the allocator's traceback."""
+    (``ulimit -v``, a container's limit, memory taken meanwhile), while the
+    run is built or later (a round, a checkpoint): one line, exit 1, instead
+    of the allocator's traceback. Checkpoints are committed last
+    (fedsim/checkpoint.py), so one refused half way is never the latest:
+    the line says how to continue from the last whole one."""
     try:
         yield
     except (MemoryError, RuntimeError) as exc:
@@ -943,12 +946,16 @@ def _out_of_memory() -> Iterator[None]:
             raise
         lines = [ln for ln in text.splitlines() if ln.strip()]
         why = lines[-1].strip() if lines else type(exc).__name__
-        _fail(
-            f"out of memory while building the run ({why}); the estimate of "
-            "`fedsim validate` fitted, so a limit on this process (ulimit -v, "
-            "a container) or other programs may hold the rest",
-            1,
+        then = (
+            "the estimate of `fedsim validate` fitted, so a limit on this "
+            "process (ulimit -v, a container) or other programs may hold the rest"
         )
+        if (run_dir / "LATEST").exists():
+            then = (
+                "the last whole checkpoint is kept; with more memory, continue "
+                f"with: fedsim run --resume {run_dir}"
+            )
+        _fail(f"out of memory ({why}); {then}", 1)
 
 
 @contextmanager
