@@ -273,10 +273,35 @@ def check_metrics(plugin: str, hook: str, metrics: object) -> dict[str, float]:
                 f"reported metric {name!r} as a {_kind(value)}, expected a real "
                 "number (int, float, or a one-element tensor)",
             )
-        out[name] = float(value)  # type: ignore[arg-type]
+        out[name] = real(plugin, hook, f"metric {name!r}", value)
     if all(type(v) is float for v in metrics.values()):
         return metrics  # type: ignore[return-value]
     return out
+
+
+def real(plugin: str, hook: str, what: str, value: object) -> float:
+    """``float(value)`` of a number a hook gave, refused as a failure of the
+    hook when a float cannot hold it (an int of 10**400 overflows).
+
+    Args:
+        plugin: who gave it, as messages name it.
+        hook: the hook.
+        what: the value, as the message names it ("metric 'eta'").
+        value: a real number (checked by the caller).
+
+    Raises:
+        PluginFailure: naming ``what`` and the range a float holds.
+    """
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        digits = len(str(abs(int(value))))  # type: ignore[call-overload]
+        raise PluginFailure(
+            plugin,
+            hook,
+            f"gave {what} as an integer of {digits} digits, which a float "
+            "cannot hold (at most about 1.8e308)",
+        ) from None
 
 
 def _scalar(value: object) -> bool:

@@ -1047,8 +1047,11 @@ def validate(
     out.print(text, highlight=False, markup=False, end="", soft_wrap=True)
     if sc.fleet.per_flop:  # speeds in FLOP/s become steps/s for this model
         from fedsim.flops import describe, step_flops
+        from fedsim.models import ModelError
 
-        err.print("\n".join(describe(sc.facts, step_flops(sc.facts))), highlight=False)
+        with _errors(ModelError):  # a count the model gives or torch finds
+            lines = describe(sc.facts, step_flops(sc.facts))
+        err.print("\n".join(lines), highlight=False)
     err.print(
         f"ok: {scenario} ({sc.fleet.size} devices, {sc.rounds} rounds, "
         f"{sc.algorithm.name})"
