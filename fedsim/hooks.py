@@ -168,7 +168,8 @@ def check_step(
     in it stays a tensor of its dtype, ``x`` (the model: the wrong size
     would corrupt every later round, a checkpoint and the evaluation) and
     every tensor of the model's shape keeping that shape;
-    ``info.metrics`` holds named scalars.
+    ``info.metrics`` holds named scalars; every value is one a checkpoint
+    keeps exactly (fedsim.checkpoint.state_value_problem).
 
     Args:
         plugin: the algorithm, as messages name it.
@@ -226,6 +227,13 @@ def check_step(
                 f"{value.dtype}, expected shape {tuple(shape)} and dtype {dtype} "
                 "(as the state it was given)"
             )
+    from fedsim.checkpoint import state_value_problem
+
+    # what a checkpoint cannot keep, refused at the step that made it (not
+    # at the first checkpoint, rounds later, in an empty checkpoint folder)
+    for key, value in state.items():
+        if (problem := state_value_problem(key, value)) is not None:
+            raise wrong(f"returned a state whose {problem}")
     metrics = check_metrics(plugin, hook, info.metrics)
     if metrics is not info.metrics:
         from dataclasses import replace

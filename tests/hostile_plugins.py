@@ -123,3 +123,11 @@ class HugeInstruction(FedAvg):
 
     def instruct(self, state, clients, round):  # type: ignore[no-untyped-def]
         return {int(c): {"huge": 10**400} for c in clients}
+
+
+@dataclass(frozen=True)
+class TextState(FedAvg):
+    """Keeps a string in its server state (no checkpoint can keep it)."""
+
+    def init(self, x0, num_clients):  # type: ignore[no-untyped-def]
+        return {**super().init(x0, num_clients), "note": "hello"}

@@ -557,3 +557,29 @@ def test_a_refused_allocation_is_still_the_systems_not_the_plugins():
     assert is_memory_error(numpy_refused.value)
     assert is_memory_error(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
     assert not is_memory_error(MemoryError("my cache is full"))
+
+
+def test_a_state_no_checkpoint_can_keep_is_refused_at_the_first_aggregate(tmp_path):
+    import json
+
+    # Prepare / Execute: a string in the server state, checkpoints every 5
+    # rounds (the first would come after the run's 2 rounds)
+    out = tmp_path / "run"
+    p = fedsim_here(
+        *("run", str(_TINY), "-q", "--no-report", "--workers", "0"),
+        *("--out", str(out), "--set", "rounds=2"),
+        *("--set", "checkpoint.every_rounds=5"),
+        *("--set", "algorithm={name: 'tests.hostile_plugins:TextState'}"),
+    )
+
+    # Assert: the plug-in and the key named at the first aggregate, a
+    # plug-in's failure (exit 3), no checkpoint folder left behind
+    assert p.returncode == 3, p.stderr
+    said = " ".join(p.stderr.split())
+    assert (
+        "algorithm 'tests.hostile_plugins:TextState' failed in aggregate: "
+        "returned a state whose key 'note' holds a str" in said
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 0 and summary["failure"]["hook"] == "aggregate"
+    assert not list(out.glob("ckpt-*"))
