@@ -227,19 +227,28 @@ def check_step(
                 f"{value.dtype}, expected shape {tuple(shape)} and dtype {dtype} "
                 "(as the state it was given)"
             )
-    from fedsim.checkpoint import state_value_problem
-
-    # what a checkpoint cannot keep, refused at the step that made it (not
-    # at the first checkpoint, rounds later, in an empty checkpoint folder)
-    for key, value in state.items():
-        if (problem := state_value_problem(key, value)) is not None:
-            raise wrong(f"returned a state whose {problem}")
+    _check_keepable(plugin, hook, state)
     metrics = check_metrics(plugin, hook, info.metrics)
     if metrics is not info.metrics:
         from dataclasses import replace
 
         info = replace(info, metrics=metrics)
     return state, info
+
+
+def _check_keepable(plugin: str, hook: str, state: Mapping[str, Any]) -> None:
+    """Refuse a state value a checkpoint cannot keep at the step that made
+    it, naming the key (not at the first checkpoint, rounds later, in an
+    empty checkpoint folder).
+
+    Raises:
+        PluginFailure: naming the plug-in, the hook, the key and its type.
+    """
+    from fedsim.checkpoint import state_value_problem
+
+    for key, value in state.items():
+        if (problem := state_value_problem(key, value)) is not None:
+            raise PluginFailure(plugin, hook, f"returned a state whose {problem}")
 
 
 def check_metrics(plugin: str, hook: str, metrics: object) -> dict[str, float]:

@@ -1182,9 +1182,7 @@ def stress(
             highlight=False,
         )
 
-    # _worker_errors inside _errors(RuntimeError): a plug-in's failure (a
-    # RuntimeError) is exit 3, as in compare and run, not 1
-    with (
+    with (  # a plug-in's failure (a RuntimeError) is 3 here, as in compare: first
         _errors(OSError, RuntimeError, code=1),
         _worker_errors(),
         _errors(ScenarioError, DataMissingError, DataError, ModelError),
