@@ -125,15 +125,51 @@ def save_tensors(path: Path, tensors: Mapping[str, object]) -> None:
         elif type(value) in (int, float, bool):  # not a subclass: kept exactly
             out[key] = value
         else:
-            raise CheckpointError(
-                f"server state key {key!r} holds a {type(value).__qualname__}, "
-                f"which a checkpoint cannot keep exactly; a state holds {STATE_TYPES}"
-            )
+            raise CheckpointError(f"server state {state_value_problem(key, value)}")
     if numpy:
         out[_NUMPY_KEYS] = numpy
     buf = io.BytesIO()
-    torch.save(out, buf)
+    try:
+        torch.save(out, buf)
+    except RuntimeError as exc:
+        # torch's writer words a refused allocation as a failed write
+        # ("unexpected pos"), the MemoryError only in its context
+        if not _refused_memory(exc):
+            raise
+        raise MemoryError(f"no memory left to write {path}") from exc
     atomic_write_bytes(path, buf.getvalue())
+
+
+def _refused_memory(exc: BaseException) -> bool:
+    """Whether a MemoryError is among ``exc``'s causes and contexts."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        if isinstance(at, MemoryError):
+            return True
+        seen.add(id(at))
+        at = at.__cause__ or at.__context__
+    return False
+
+
+def state_value_problem(key: str, value: object) -> str | None:
+    """Why a server state's ``value`` at ``key`` cannot be checkpointed
+    exactly (its type, as "key 'k' holds a str, ..."), or None when it can:
+    the test :func:`save_tensors` applies, for a check at the first
+    aggregate rather than at the first checkpoint (NumPy dtypes are
+    checked when written)."""
+    import torch
+
+    if key == _NUMPY_KEYS:
+        return f"key {key!r} is reserved by fedsim"
+    if torch.is_tensor(value) or isinstance(value, np.ndarray | np.generic):
+        return None
+    if type(value) in (int, float, bool):
+        return None
+    return (
+        f"key {key!r} holds a {type(value).__qualname__}, which a checkpoint "
+        f"cannot keep exactly; a state holds {STATE_TYPES}"
+    )
 
 
 def _numpy_tensor(key: str, value: np.ndarray | np.generic) -> torch.Tensor:

@@ -28,11 +28,12 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import nn
 
 from fedsim.fleet import Fleet
-from fedsim.models import Loss, batch_loss, build_model
+from fedsim.models import Loss, ModelError, batch_loss, build_model
 from fedsim.presets import FLASH_BATCH_SIZE
 from fedsim.spec import Model
 
@@ -129,18 +130,64 @@ def _count(
         # costs about twice the forward (the gradients of the weights and of
         # the inputs, each one product per forward product), so a step of B
         # samples costs about 3 B forward passes
-        return 3 * batch * int(declared)
+        return 3 * batch * _declared(spec, declared)
     loss = spec.loss if spec.own_loss else None
     for device in ("meta", "cpu"):
         try:
             with torch.device(device):
                 model = build_model(spec, math.prod(shape), classes, 0, x0, shape)
                 x, y = _minibatch(model, shape, classes, batch, integer_inputs)
-                return count_training_flops(model, x, y, loss)
+                counted = count_training_flops(model, x, y, loss)
+                break
         except (NotImplementedError, RuntimeError):
             if device == "cpu":
                 raise
-    raise AssertionError("unreachable: the CPU pass returns or raises")
+    if counted <= 0:
+        raise ModelError(
+            f"model {_name(spec)!r}: torch's FLOP counter finds no operation in a "
+            "training step (its kernels are opaque to the counter, as an LSTM's "
+            "are), so a speed in FLOP/s cannot be turned into steps/s; state the "
+            "forward pass's FLOPs per sample in the model's flops(), or give the "
+            "fleet's speeds in steps/s"
+        )
+    return counted
+
+
+# The most FLOPs one sample's forward pass may be said to cost: far above any
+# network, and small enough that a step's count and the times it divides stay
+# within a float's range.
+MAX_DECLARED_FLOPS = 10**30
+
+
+def _declared(spec: Model, declared: object) -> int:
+    """A model's own ``flops()`` result as a count, refused unless it is a
+    whole number of FLOPs from 1 to :data:`MAX_DECLARED_FLOPS` (an integral
+    float is taken): a 0 divided a speed by zero, a fraction floored to 0,
+    and a negative count gave negative speeds that passed.
+
+    Raises:
+        ModelError: naming the model, the hook and what was expected.
+    """
+    value: int | None = None
+    if isinstance(declared, int | np.integer) and not isinstance(declared, bool):
+        value = int(declared)
+    elif isinstance(declared, float | np.floating) and math.isfinite(declared):
+        value = int(declared) if float(declared).is_integer() else None
+    if value is None or not 1 <= value <= MAX_DECLARED_FLOPS:
+        shown = repr(declared)
+        if len(shown) > 40:  # 10**400 has 401 digits
+            shown = f"{shown[:12]}... ({len(shown)} characters)"
+        raise ModelError(
+            f"model {_name(spec)!r}: flops() returned {shown}; expected the "
+            "FLOPs of one sample's forward pass, a whole number from 1 to "
+            f"{MAX_DECLARED_FLOPS:.0e} (or None: torch counts them)"
+        )
+    return value
+
+
+def _name(spec: Model) -> str:
+    """How messages name a model: its ``name``, else its class."""
+    return str(getattr(spec, "name", None) or type(spec).__qualname__)
 
 
 def _minibatch(

@@ -65,9 +65,16 @@ class PluginFailure(RuntimeError):
 
 def is_memory_error(exc: BaseException) -> bool:
     """Whether ``exc`` is an allocation the system refused (never the
-    plug-in's fault; the command line reports it as memory, exit 1)."""
+    plug-in's fault; the command line reports it as memory, exit 1).
+
+    Python's refused allocation is a bare ``MemoryError()``, NumPy's and
+    Arrow's are subclasses of it, torch's a RuntimeError in its allocator's
+    words; a plain MemoryError with a message of its own is a plug-in's
+    (``raise MemoryError("cache full")``), a failure of its code like any
+    other.
+    """
     if isinstance(exc, MemoryError):
-        return True
+        return type(exc) is not MemoryError or not exc.args
     return isinstance(exc, RuntimeError) and any(
         m in str(exc).lower() for m in _NO_MEMORY
     )
@@ -84,15 +91,21 @@ def failure(plugin: str, hook: str, exc: BaseException) -> PluginFailure:
     """
     if isinstance(exc, PluginFailure):
         return exc
-    return PluginFailure(
-        plugin, hook, f"{type(exc).__name__}: {exc}", traceback.format_exc()
-    )
+    if isinstance(exc, SystemExit):
+        error = f"SystemExit({exc.code!r}): plug-in code called sys.exit"
+    else:
+        error = f"{type(exc).__name__}: {exc}"
+    return PluginFailure(plugin, hook, error, traceback.format_exc())
 
 
 def wraps_error(exc: BaseException) -> bool:
     """Whether :func:`call` turns ``exc`` into a :class:`PluginFailure`:
-    every ``Exception`` except a refused allocation and one already wrapped
-    (KeyboardInterrupt and SystemExit pass through: they are signals)."""
+    every ``Exception`` except a refused allocation and one already wrapped,
+    and ``SystemExit`` (plug-in code that calls ``sys.exit`` fails its run,
+    exit 3 with failure.txt, rather than ending the process without a
+    summary); KeyboardInterrupt passes through: it is a signal."""
+    if isinstance(exc, SystemExit):
+        return True
     return not is_memory_error(exc) and not isinstance(exc, PluginFailure)
 
 
@@ -113,8 +126,8 @@ def call(
         What ``fn`` returned.
 
     Raises:
-        PluginFailure: ``fn`` raised (memory errors and signals pass as
-            they are).
+        PluginFailure: ``fn`` raised or called ``sys.exit`` (refused
+            allocations and signals pass as they are).
 
     >>> try:
     ...     call("selector 'x'", "select", int, "seven")
@@ -124,7 +137,7 @@ def call(
     """
     try:
         return fn(*args, **kw)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         if not wraps_error(exc):
             raise
         raise failure(plugin, hook, exc) from exc
@@ -155,7 +168,8 @@ def check_step(
     in it stays a tensor of its dtype, ``x`` (the model: the wrong size
     would corrupt every later round, a checkpoint and the evaluation) and
     every tensor of the model's shape keeping that shape;
-    ``info.metrics`` holds named scalars.
+    ``info.metrics`` holds named scalars; every value is one a checkpoint
+    keeps exactly (fedsim.checkpoint.state_value_problem).
 
     Args:
         plugin: the algorithm, as messages name it.
@@ -213,12 +227,28 @@ def check_step(
                 f"{value.dtype}, expected shape {tuple(shape)} and dtype {dtype} "
                 "(as the state it was given)"
             )
+    _check_keepable(plugin, hook, state)
     metrics = check_metrics(plugin, hook, info.metrics)
     if metrics is not info.metrics:
         from dataclasses import replace
 
         info = replace(info, metrics=metrics)
     return state, info
+
+
+def _check_keepable(plugin: str, hook: str, state: Mapping[str, Any]) -> None:
+    """Refuse a state value a checkpoint cannot keep at the step that made
+    it, naming the key (not at the first checkpoint, rounds later, in an
+    empty checkpoint folder).
+
+    Raises:
+        PluginFailure: naming the plug-in, the hook, the key and its type.
+    """
+    from fedsim.checkpoint import state_value_problem
+
+    for key, value in state.items():
+        if (problem := state_value_problem(key, value)) is not None:
+            raise PluginFailure(plugin, hook, f"returned a state whose {problem}")
 
 
 def check_metrics(plugin: str, hook: str, metrics: object) -> dict[str, float]:
@@ -260,10 +290,35 @@ def check_metrics(plugin: str, hook: str, metrics: object) -> dict[str, float]:
                 f"reported metric {name!r} as a {_kind(value)}, expected a real "
                 "number (int, float, or a one-element tensor)",
             )
-        out[name] = float(value)  # type: ignore[arg-type]
+        out[name] = real(plugin, hook, f"metric {name!r}", value)
     if all(type(v) is float for v in metrics.values()):
         return metrics  # type: ignore[return-value]
     return out
+
+
+def real(plugin: str, hook: str, what: str, value: object) -> float:
+    """``float(value)`` of a number a hook gave, refused as a failure of the
+    hook when a float cannot hold it (an int of 10**400 overflows).
+
+    Args:
+        plugin: who gave it, as messages name it.
+        hook: the hook.
+        what: the value, as the message names it ("metric 'eta'").
+        value: a real number (checked by the caller).
+
+    Raises:
+        PluginFailure: naming ``what`` and the range a float holds.
+    """
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        digits = len(str(abs(int(value))))  # type: ignore[call-overload]
+        raise PluginFailure(
+            plugin,
+            hook,
+            f"gave {what} as an integer of {digits} digits, which a float "
+            "cannot hold (at most about 1.8e308)",
+        ) from None
 
 
 def _scalar(value: object) -> bool:

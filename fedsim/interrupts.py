@@ -29,6 +29,15 @@ stop at once; ``inf``: wait for the round however long it takes), then stops
 as a second signal would: every row recorded so far and every checkpoint
 written are kept, and the run says how to continue.
 
+A signal that lands while a module is being imported (torch takes a second
+or two) must not raise there: a KeyboardInterrupt inside an import leaves
+the module half initialised in ``sys.modules`` ("partially initialized
+module 'torch'"), and the interpreter has crashed importing it again. So
+outside a wait the first signal during an import is only noted, and
+raised once the import is over (:func:`_defer`); a second one during the
+import stops the process at once with one line (:func:`_stop_now`), since
+no Python code may safely run after it.
+
 Code that runs fedsim as a library (a notebook, ``run_scenario``) keeps
 Python's handlers: none of this is installed, and :func:`before_round` never
 raises.
@@ -40,7 +49,9 @@ import _thread
 import math
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -65,6 +76,8 @@ class _State:
         self.timer: threading.Timer | None = None  # a first SIGTERM's grace
         self.grace = 0.0  # its length, for the line that says it ran out
         self.expired = False  # the grace period ran out (the handler says so)
+        self.deferred = False  # a signal waits for an import's end (_defer)
+        self.redelivered = False  # _defer's thread hands that signal back
 
 
 _state = _State()
@@ -111,7 +124,10 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     is waited for (a round, Ray's start) and this is the first signal (the
     wait then ends as its block says, :func:`before_round`). A first SIGTERM
     waits at most its grace period (:func:`_expire` raises then)."""
-    _state.asked += 1
+    if _state.redelivered:  # the signal _defer held back, not a new one
+        _state.redelivered = False
+    else:
+        _state.asked += 1
     # os.write, not print: the handler may run inside a write to stderr, and
     # a buffered stream refuses a write reentering itself
     if _state.expired:
@@ -129,7 +145,61 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
             os.write(2, _waiting_line(what, grace).encode())
             _arm(grace)
             return
-    raise KeyboardInterrupt
+    _raise(signum)
+
+
+def _raise(signum: int) -> None:
+    """Raise KeyboardInterrupt, unless a module is being imported: a first
+    signal then waits for the import's end (:func:`_defer`), a later one
+    stops the process (:func:`_stop_now`)."""
+    module = _importing()
+    if module is None:
+        _state.deferred = False
+        raise KeyboardInterrupt
+    if _state.asked > 1 or _state.expired:
+        _stop_now(module)
+    # the first signal, or the one handed back while another import began
+    _state.deferred = True
+    threading.Thread(target=_redeliver, args=(signum,), daemon=True).start()
+
+
+def _importing() -> str | None:
+    """The name of a module whose import is under way (any thread), else
+    None: importlib marks a module's spec ``_initializing`` while its code
+    runs."""
+    for _ in range(10):  # another thread may import meanwhile: look again
+        try:
+            modules = list(sys.modules.items())
+        except RuntimeError:
+            continue
+        for name, module in modules:
+            if getattr(getattr(module, "__spec__", None), "_initializing", False):
+                return name
+        return None
+    return None
+
+
+def _redeliver(signum: int) -> None:
+    """The thread of a signal held back by :func:`_raise`: once no import is
+    under way, hand the signal back to the main thread's handler, which
+    raises it there. Ends without a word once the handlers are gone (the
+    block ended) or the signal was raised meanwhile."""
+    while _state.deferred and _state.depth:
+        if _importing() is None:
+            _state.redelivered = True
+            _thread.interrupt_main(signal.Signals(signum))
+            return
+        time.sleep(0.02)
+
+
+def _stop_now(module: str) -> None:
+    """A second signal while ``module`` is imported: one line and exit 130
+    at once. Raising would leave the module half initialised, and neither
+    the except clauses nor the interpreter's exit can be trusted to run
+    after that; whatever was written so far was written atomically."""
+    line = f"\ninterrupted while {module} was imported; stopped at once\n"
+    os.write(2, line.encode())
+    os._exit(130)
 
 
 def _waiting_line(what: str, grace: float) -> str:
@@ -200,6 +270,7 @@ def stop_at_round_ends() -> Iterator[None]:
     finally:
         _cancel()
         _state.depth, _state.asked, _state.expired = 0, 0, False
+        _state.deferred = _state.redelivered = False
         for s, handler in previous.items():
             signal.signal(s, handler)
 

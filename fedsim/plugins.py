@@ -31,12 +31,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import importlib.util
 import inspect
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
@@ -182,10 +183,10 @@ def resolve(kind: str, name: str) -> type:
     if ":" not in name:
         eps = installed(kind)
         if name not in eps:
-            choices = ", ".join(sorted({*known, *eps}))
+            names = sorted({*known, *eps})
             raise PluginError(
-                f"unknown name {name!r} (expected one of {choices}, or an import "
-                "path module.path:ClassName)"
+                f"unknown name {name!r} ({did_you_mean(name, names)}expected one "
+                f"of {', '.join(names)}, or an import path module.path:ClassName)"
             )
         try:
             obj = eps[name].load()
@@ -198,11 +199,11 @@ def resolve(kind: str, name: str) -> type:
     else:
         obj = _import_path(name)
     base = cast(type, _attr(spec.base))
-    where = f"{base.__module__}.{base.__qualname__}"
+    where = f"fedsim.api.{base.__qualname__}"  # where users import it from
     if not (isinstance(obj, type) and issubclass(obj, base)):
         raise PluginError(
-            f"{name!r} is {obj!r}, not a subclass of {where} (a {kind} plug-in "
-            "derives from it; fedsim.api)"
+            f"{name!r} is {obj!r}, not a subclass of {where} ({_a(kind)} plug-in "
+            "derives from it)"
         )
     # fedsim.api:Algorithm itself, or a subclass that leaves a hook to its
     # base, would train until the hook raises NotImplementedError
@@ -211,7 +212,7 @@ def resolve(kind: str, name: str) -> type:
         hooks = ", ".join(missing) or "its abstract methods"
         raise PluginError(
             f"{name!r} is abstract: {obj.__qualname__} does not define {hooks} "
-            f"(a plug-in of kind {kind} is a subclass of {where} that defines "
+            f"({_a(kind)} plug-in is a subclass of {where} that defines "
             f"{', '.join(spec.required)})"
         )
     _refuse_outdated(spec, name, obj)
@@ -229,6 +230,26 @@ def _refuse_outdated(spec: Kind, name: str, cls: type) -> None:
     outdated = cast(Callable[[type], str | None], _attr(spec.outdated))
     if line := outdated(cls):
         raise PluginError(f"{name!r}: {line}")
+
+
+def _a(kind: str) -> str:
+    """``kind`` with its article: "an algorithm", "a selector"."""
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """ "did you mean 'x'? " for the known names closest to a mistyped
+    ``name`` (difflib's ratio of at least 0.6), or "" when none is close.
+
+    >>> did_you_mean("fedprx", ["fedavg", "fedprox", "scaffold"])
+    "did you mean 'fedprox'? "
+    >>> did_you_mean("zzz", ["fedavg"])
+    ''
+    """
+    close = difflib.get_close_matches(name, list(known), n=2)
+    if not close:
+        return ""
+    return f"did you mean {' or '.join(repr(c) for c in close)}? "
 
 
 def _failure(exc: BaseException, module: str) -> str:

@@ -347,5 +347,21 @@ def read_rows(path: Path, at_least: int) -> list[_Row]:
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
-    """Write summary.json atomically (JSON has no NaN: callers pass None)."""
-    atomic_write_bytes(Path(path), (json.dumps(summary, indent=2) + "\n").encode())
+    """Write summary.json atomically. JSON has no NaN nor infinity: a
+    non-finite float anywhere in ``summary`` (a device group never
+    selected has no mean) is written as null, so that any JSON reader
+    reads the file."""
+    text = json.dumps(_finite_or_none(summary), indent=2, allow_nan=False)
+    atomic_write_bytes(Path(path), (text + "\n").encode())
+
+
+def _finite_or_none(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (NumPy's too) at any
+    depth of dicts, lists and tuples replaced by None."""
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_none(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

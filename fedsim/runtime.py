@@ -1240,8 +1240,9 @@ def run_scenario(
         status, message = "interrupted", "interrupted"
     except ServerLost as exc:  # stop at the last checkpoint, like Ctrl-C
         status, message = "interrupted", str(exc)
-    except PluginFailure as exc:  # plug-in code: the run ends, its rows stay
-        status, message, failed = "failed", str(exc), exc
+    except (PluginFailure, SystemExit) as exc:  # plug-in code: the rows stay
+        failed = _plugin_failure(scenario, exc)
+        status, message = "failed", str(failed)
     finally:
         placement = _close(run)
     if status == "completed" and (why := first_divergence(run.recorder.rows)):
@@ -1322,6 +1323,20 @@ def _check_resume(scenario: checkpoint.Resolvable, run_dir: Path | None) -> None
         raise ValueError("resume needs the run directory")
     checkpoint.check_resumable(run_dir)
     checkpoint.check_fingerprint(run_dir, scenario, missing_ok=True)
+
+
+def _plugin_failure(
+    scenario: Scenario, exc: PluginFailure | SystemExit
+) -> PluginFailure:
+    """``exc`` as the run's failure: a PluginFailure as it is; a SystemExit
+    (plug-in code that called ``sys.exit`` outside the hooks that wrap it,
+    a client's) as the algorithm's failure in "a client". Call it in the
+    ``except`` block: the traceback is the current one."""
+    if isinstance(exc, PluginFailure):
+        return exc
+    return hooks.failure(
+        hooks.algorithm_label(scenario.algorithm.name), "a client", exc
+    )
 
 
 def _failure_record(exc: PluginFailure, run_dir: Path | None) -> dict[str, str]:

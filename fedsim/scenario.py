@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 import stat
@@ -39,10 +40,11 @@ import warnings
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast, get_args
 
 import yaml
 from pydantic import (
+    BaseModel,
     Field,
     PlainValidator,
     ValidationError,
@@ -58,7 +60,9 @@ from fedsim.facts import RunFacts
 from fedsim.fleet import FleetSpec
 from fedsim.links import LinksSpec
 from fedsim.plugins import (
+    KINDS,
     PluginError,
+    did_you_mean,
     resolve,
     section_names,
     section_validator,
@@ -344,13 +348,19 @@ def _format_validation(err: ValidationError, source: str, raw: object) -> str:
     for e in err.errors(include_url=False):
         loc = _format_loc(tuple(e["loc"]), raw)
         msg = _PLAIN_MESSAGES.get(e["type"], e["msg"])
+        if e["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            known = _known_keys(tuple(e["loc"]), raw)
+            hint = did_you_mean(str(e["loc"][-1]), known) if e["loc"] else ""
+            msg = f"unknown key ({hint}check the spelling; see docs/scenarios.md)"
         if e["type"] == "union_tag_invalid":
             msg = f"unknown choice: {msg}"
         elif e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
-            # a check across sections names its fields itself: lead with them
+            # a check across sections names its fields itself: lead with the
+            # first, said once ("selector.q: 1e-300 ...", not "selector.q:
+            # selector.q 1e-300 ...")
             if not e["loc"] and (first := _CROSS_FIELD.match(msg)):
-                loc = first.group(1)
+                loc, msg = first.group(1), msg[first.end() :].lstrip(" :")
         got, shown = e.get("input"), ""
         # a whole section as "got" would swamp the line; so would a long value
         if e["type"] not in _PLAIN_MESSAGES and not isinstance(got, dict | list):
@@ -358,6 +368,46 @@ def _format_validation(err: ValidationError, source: str, raw: object) -> str:
             shown = f" (got {text[:60]}{'...' if len(text) > 60 else ''})"
         lines.append(f"  {loc}: {msg}{shown}")
     return _problems(source, lines)
+
+
+def _known_keys(loc: tuple[object, ...], raw: object) -> list[str]:
+    """The keys the section at ``loc[:-1]`` takes (a pydantic spec's fields,
+    a plug-in's, found by the name the file gives), for "did you mean";
+    [] where they cannot be told (a hint is a help, never a new error)."""
+    classes: list[Any] = [Scenario]
+    node = raw
+    try:
+        for part in loc[:-1]:
+            if isinstance(part, int):
+                node = node[part] if isinstance(node, list) else None
+                continue
+            kind = next((k for k, v in KINDS.items() if v.section == part), None)
+            node = node.get(part) if isinstance(node, dict) else None
+            if kind is not None and len(classes) == 1 and classes[0] is Scenario:
+                name = node.get(KINDS[kind].key) if isinstance(node, dict) else None
+                classes = [resolve(kind, name)] if isinstance(name, str) else []
+                continue
+            hints = [_field_types(c).get(str(part)) for c in classes]
+            classes = [m for h in hints if h is not None for m in _spec_classes(h)]
+        return sorted({k for c in classes for k in _field_types(c)})
+    except Exception:  # noqa: BLE001 - an unusual section: no hint
+        return []
+
+
+def _field_types(cls: Any) -> dict[str, Any]:
+    """A spec class's fields and their types (a plug-in dataclass's names)."""
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return {k: f.annotation for k, f in cls.model_fields.items()}
+    if dataclasses.is_dataclass(cls):
+        return {f.name: f.type for f in dataclasses.fields(cls)}
+    return {}
+
+
+def _spec_classes(hint: Any) -> list[type]:
+    """The spec classes inside a type hint (through Optional, list, unions)."""
+    if isinstance(hint, type) and _field_types(hint):
+        return [hint]
+    return [c for arg in get_args(hint) for c in _spec_classes(arg)]
 
 
 def _problems(source: str, lines: list[str]) -> str:

@@ -288,7 +288,9 @@ def check_instructions(
             if isinstance(value, torch.Tensor):
                 mine[name] = value.detach().cpu()
             elif isinstance(value, int | float) and not isinstance(value, bool):
-                mine[name] = torch.tensor(float(value), dtype=torch.float64)
+                entry = f"client {int(client)}'s {name!r}"
+                number = hooks.real(plugin, "instruct", entry, value)
+                mine[name] = torch.tensor(number, dtype=torch.float64)
             else:
                 raise wrong(
                     f"gave client {int(client)} {name!r} as a "

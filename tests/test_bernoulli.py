@@ -85,7 +85,7 @@ def test_a_q_whose_fleet_would_redraw_for_ever_is_refused_with_the_mean():
     with pytest.raises(ScenarioError) as refused:
         load_scenario(tiny, [sel % "1e-300"])
     said = " ".join(str(refused.value).split())
-    assert "selector.q 1e-300 with 6 clients" in said, said
+    assert "selector.q: 1e-300 with 6 clients" in said, said
     assert "on average 1.67e+299 times" in said, said
     assert "use q >= 0.00017 (at most 1000 draws on average)" in said, said
     # just above the bound: 1 / (1 - (1 - 1.67e-4)^6) = 998.4 draws, taken

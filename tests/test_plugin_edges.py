@@ -503,3 +503,83 @@ def test_validate_prints_no_gone_field_and_an_old_file_still_loads(tmp_path):
     assert line in text
     old.write_text(text.replace(line, line + "server_node: driver, server_cpus: 0, "))
     assert load_scenario(old).resources.server_node == "driver"
+
+
+# ----------------------- plug-in code that exits, or raises its own MemoryError
+_TINY = ROOT / "scenarios" / "ci" / "tiny-synthetic.yaml"
+
+
+@pytest.mark.parametrize(
+    ("plugin", "hook", "error"),
+    [
+        ("Exits", "aggregate", "SystemExit(5): plug-in code called sys.exit"),
+        ("GradExits", "a client", "SystemExit(7): plug-in code called sys.exit"),
+        ("OwnMemoryError", "aggregate", "MemoryError: my cache is full"),
+    ],
+)
+def test_a_plugin_that_exits_or_raises_memoryerror_fails_its_run(
+    tmp_path, plugin, hook, error
+):
+    import json
+
+    # Prepare / Execute: sys.exit (in a server hook, in a client's), and a
+    # MemoryError with a message of the plug-in's own (not a refused one)
+    out = tmp_path / "run"
+    p = fedsim_here(
+        *("run", str(_TINY), "-q", "--no-report", "--workers", "0"),
+        *("--out", str(out), "--set", "rounds=2"),
+        *("--set", f"algorithm={{name: 'tests.hostile_plugins:{plugin}'}}"),
+    )
+
+    # Assert: a plug-in's failure like any other: exit 3, summary.json,
+    # failure.txt, one line naming the plug-in (not "out of memory")
+    assert p.returncode == 3, p.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert summary["failure"]["hook"] == hook
+    assert summary["failure"]["error"] == error
+    assert (out / "failure.txt").is_file()
+    said = " ".join(p.stderr.split())
+    assert f"algorithm 'tests.hostile_plugins:{plugin}' failed in {hook}" in said
+    assert "out of memory" not in said and "Traceback" not in said
+
+
+def test_a_refused_allocation_is_still_the_systems_not_the_plugins():
+    import numpy as np
+
+    from fedsim.hooks import is_memory_error
+
+    # Python's bare MemoryError and NumPy's subclass are the system's; a
+    # MemoryError with a message of its own is a plug-in's
+    with pytest.raises(MemoryError) as numpy_refused:
+        np.empty(2**62, dtype=np.uint8)
+    assert is_memory_error(MemoryError())
+    assert is_memory_error(numpy_refused.value)
+    assert is_memory_error(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
+    assert not is_memory_error(MemoryError("my cache is full"))
+
+
+def test_a_state_no_checkpoint_can_keep_is_refused_at_the_first_aggregate(tmp_path):
+    import json
+
+    # Prepare / Execute: a string in the server state, checkpoints every 5
+    # rounds (the first would come after the run's 2 rounds)
+    out = tmp_path / "run"
+    p = fedsim_here(
+        *("run", str(_TINY), "-q", "--no-report", "--workers", "0"),
+        *("--out", str(out), "--set", "rounds=2"),
+        *("--set", "checkpoint.every_rounds=5"),
+        *("--set", "algorithm={name: 'tests.hostile_plugins:TextState'}"),
+    )
+
+    # Assert: the plug-in and the key named at the first aggregate, a
+    # plug-in's failure (exit 3), no checkpoint folder left behind
+    assert p.returncode == 3, p.stderr
+    said = " ".join(p.stderr.split())
+    assert (
+        "algorithm 'tests.hostile_plugins:TextState' failed in aggregate: "
+        "returned a state whose key 'note' holds a str" in said
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 0 and summary["failure"]["hook"] == "aggregate"
+    assert not list(out.glob("ckpt-*"))

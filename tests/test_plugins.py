@@ -187,7 +187,7 @@ def test_plugin_fields_are_validated_like_builtin_ones(override, field, expected
             "algorithm.name=fedsim_example.fastest:FastestK",
             "algorithm.name: 'fedsim_example.fastest:FastestK' is <class "
             "'fedsim_example.fastest.FastestK'>, not a subclass of "
-            "fedsim.algorithms.base.Algorithm",
+            "fedsim.api.Algorithm",
         ),
         ("selector.name=nosuch", "selector.name: unknown name 'nosuch' (expected"),
     ],

@@ -24,6 +24,7 @@ from fedsim.tools.report import ReportError, write_report
 from .conftest import SCENARIOS, assert_figure, cli_run, fedsim_here
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TINY = SCENARIOS / "ci" / "tiny-synthetic.yaml"
 SYNC_FIGURES = ["metrics.png", "tau_by_group.png", "timeline.png"]
 
 
@@ -364,3 +365,27 @@ def test_empty_run_with_only_rounds_parquet(tmp_path):
     assert linked_images(report) == SYNC_FIGURES
     for name in SYNC_FIGURES:
         assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_plugins_thousands_of_metrics_draw_a_bounded_figure_that_says_so(tmp_path):
+    # Prepare / Execute: a plug-in reporting 40 metrics a round, reported
+    out = tmp_path / "run"
+    metrics = "algorithm={name: 'tests.hostile_plugins:ManyMetrics', count: 40}"
+    fedsim_here(
+        *("run", str(TINY), "--workers", "0", "--out", str(out), "-q"),
+        *("--set", "rounds=2", "--set", metrics),
+        check=True,
+    )
+    rounds = pq.read_table(out / "rounds.parquet")
+
+    # Assert: every metric is in rounds.parquet, the figure draws the first
+    # MAX_PLUGIN_PANELS and its title and report.md say what was left out
+    assert len(plots.plugin_columns(rounds)) == 40
+    fig = plots.figure_plugin_metrics(rounds, "t")
+    assert len(fig.axes) == plots.MAX_PLUGIN_PANELS == 12
+    assert fig.axes[0].get_title() == "t (first 12 of 40)"
+    assert [ax.get_ylabel() for ax in fig.axes][-1] == "alg_m0011"
+    text = " ".join((out / "report.md").read_text().split())
+    note = "The figure shows the first 12 of 40 plug-in metrics; the other 28 are"
+    assert f"{note} in rounds.parquet." in text
+    assert_figure(out / "plugin_metrics.png")

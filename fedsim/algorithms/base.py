@@ -722,7 +722,7 @@ class Algorithm:
                 Problem(
                     f"algorithm.name {self.name!r} gives per-client instructions "
                     "(instruct), a hook of synchronous rounds; round.policy "
-                    "'async' has none (use sync or fixed_window)"
+                    "'async' has none (use fixed_epochs or fixed_window)"
                 )
             ]
         if facts.round.policy != "async" or self.asynchronous:

@@ -261,11 +261,13 @@ class RemoteServer:
         except ray.exceptions.GetTimeoutError:
             kill(self._actor)
             raise PlacementError(
-                f"resources.server {spec.model_dump()}: Ray could not place the "
-                f"server actor within resources.placement_timeout_s = "
+                f"resources.server {spec.model_dump()}: the server actor was "
+                "not placed and started within resources.placement_timeout_s = "
                 f"{resources.placement_timeout_s:g}s; the cluster has "
-                f"{ray.cluster_resources()} in all, the workers included "
-                "(ask for fewer server CPUs, or cpus: 0 to share a worker's)"
+                f"{ray.cluster_resources()} in all, the workers included (ask "
+                "for fewer server CPUs, or cpus: 0 to share a worker's; on a "
+                "busy machine its process may only be slow to start: raise "
+                "resources.placement_timeout_s)"
             ) from None
         self.num_params = int(d)
         self.algorithm = setup.algorithm

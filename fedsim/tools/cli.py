@@ -856,25 +856,34 @@ def _say_ending(result: Any, run_dir: Path) -> None:
         _say(f"[bold red]run {status}:[/]", f"{result.message}. {kept[status]}")
     elif status == "failed":  # plug-in code (fedsim.hooks.PluginFailure)
         where = run_dir / (result.failure or {}).get("traceback", "summary.json")
-        again = f"fedsim run --resume {run_dir}"
-        if not (run_dir / "LATEST").exists():
-            again = "(no checkpoint yet: run it again, with --overwrite)"
         _say(
             "[bold red]run failed:[/]",
-            f"{result.message}. The full traceback is in {where}; rows so far "
-            "are kept; "
-            f"once the plug-in is fixed, continue with: {again}",
+            f"{result.message}. The full traceback is in {where}; "
+            f"{_what_is_kept(result, run_dir, 'once the plug-in is fixed, ')}",
         )
     elif status == "interrupted":
-        again = f"fedsim run --resume {run_dir}"
-        if not (run_dir / "LATEST").exists():  # --out now holds summary.json
-            again = "(no checkpoint yet: run it again, with --overwrite)"
         # a signal says only "interrupted"; a lost server actor says why
-        why = "" if result.message == "interrupted" else f"{result.message}; "
-        _say(
-            "[yellow]interrupted;[/]",
-            f"{why}rows so far are kept in {run_dir}; continue with: {again}",
-        )
+        why = result.message.removeprefix("interrupted").strip()
+        why = f"{why}; " if why else ""
+        _say("[yellow]interrupted:[/]", f"{why}{_what_is_kept(result, run_dir)}")
+
+
+def _what_is_kept(result: Any, run_dir: Path, when: str = "") -> str:
+    """What a run that stopped keeps in ``run_dir`` and how to go on: the
+    resume command once a checkpoint exists, else that the same command
+    starts over with --overwrite (no "rows so far" when there are none).
+
+    Args:
+        result: the RunResult (its rows).
+        run_dir: the run's folder.
+        when: what must happen first ("once the plug-in is fixed, ").
+    """
+    rows = f"{len(result.rows)} round row(s) are kept in {run_dir}"
+    if not result.rows:
+        rows = f"no round finished; {run_dir} holds summary.json"
+    if (run_dir / "LATEST").exists():
+        return f"{rows}; {when}continue with: fedsim run --resume {run_dir}"
+    return f"{rows}; no checkpoint yet: {when}run the same command with --overwrite"
 
 
 # 3: plug-in code failed during the run (issue 37): its own code, so that a
@@ -975,7 +984,7 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
     kinds: tuple[type[Exception], ...] = (DataMissingError, DataError, SetupError)
     kinds += (CheckpointError, PlacementError, UnreadableResults, ModelError)
     try:
-        with _errors(*kinds), _out_of_memory():
+        with _errors(*kinds), _out_of_memory(run_dir):
             return run_scenario(
                 sc, workers=workers, run_dir=run_dir, resume=resume, on_round=on_round
             )
@@ -995,10 +1004,13 @@ _NO_MEMORY = ("can't allocate memory", "not enough memory", "out of memory")
 
 
 @contextmanager
-def _out_of_memory() -> Iterator[None]:
+def _out_of_memory(run_dir: Path) -> Iterator[None]:
     """An allocation the memory check let through but the system refused
-    (``ulimit -v``, a container's limit, memory taken meanwhile): one line,
-    exit 1, instead of the allocator's traceback."""
+    (``ulimit -v``, a container's limit, memory taken meanwhile), while the
+    run is built or later (a round, a checkpoint): one line, exit 1, instead
+    of the allocator's traceback. Checkpoints are committed last
+    (fedsim/checkpoint.py), so one refused half way is never the latest:
+    the line says how to continue from the last whole one."""
     try:
         yield
     except (MemoryError, RuntimeError) as exc:
@@ -1009,12 +1021,16 @@ def _out_of_memory() -> Iterator[None]:
             raise
         lines = [ln for ln in text.splitlines() if ln.strip()]
         why = lines[-1].strip() if lines else type(exc).__name__
-        _fail(
-            f"out of memory while building the run ({why}); the estimate of "
-            "`fedsim validate` fitted, so a limit on this process (ulimit -v, "
-            "a container) or other programs may hold the rest",
-            1,
+        then = (
+            "the estimate of `fedsim validate` fitted, so a limit on this "
+            "process (ulimit -v, a container) or other programs may hold the rest"
         )
+        if (run_dir / "LATEST").exists():
+            then = (
+                "the last whole checkpoint is kept; with more memory, continue "
+                f"with: fedsim run --resume {run_dir}"
+            )
+        _fail(f"out of memory ({why}); {then}", 1)
 
 
 @contextmanager
@@ -1106,8 +1122,11 @@ def validate(
     out.print(text, highlight=False, markup=False, end="", soft_wrap=True)
     if sc.fleet.per_flop:  # speeds in FLOP/s become steps/s for this model
         from fedsim.flops import describe, step_flops
+        from fedsim.models import ModelError
 
-        err.print("\n".join(describe(sc.facts, step_flops(sc.facts))), highlight=False)
+        with _errors(ModelError):  # a count the model gives or torch finds
+            lines = describe(sc.facts, step_flops(sc.facts))
+        err.print("\n".join(lines), highlight=False)
     err.print(
         f"ok: {scenario} ({sc.fleet.size} devices, {sc.rounds} rounds, "
         f"{sc.algorithm.name})"
@@ -1171,9 +1190,17 @@ def report(
     from fedsim.tools.page import write_page
     from fedsim.tools.report import ReportError, write_report
 
-    with _errors(ReportError):
-        path = write_report(run_dir, max_timeline_rounds=timeline_rounds)
-        page = write_page(run_dir) if html else None
+    try:
+        with _errors(ReportError):
+            path = write_report(run_dir, max_timeline_rounds=timeline_rounds)
+            page = write_page(run_dir) if html else None
+    except KeyboardInterrupt:
+        _say(
+            "[yellow]interrupted:[/]",
+            f"the report of {run_dir} was not finished (the run's results are "
+            f"whole); draw it again with: fedsim report {run_dir}",
+        )
+        raise typer.Exit(130) from None
     out.print(f"report: {path}", highlight=False)
     if page is not None:
         out.print(f"page: {page}", highlight=False)
@@ -1232,11 +1259,12 @@ def stress(
             highlight=False,
         )
 
-    with (
-        _worker_errors(),
+    with (  # a plug-in's failure (a RuntimeError) is 3 here, as in compare: first
         _errors(OSError, RuntimeError, code=1),
+        _worker_errors(),
         _errors(ScenarioError, DataMissingError, DataError, ModelError),
         _live(live, out_dir or Path("."), live_port, "stress"),
+        _sweep_interrupted(out_dir, "stress"),
     ):
         path = run_stress(
             scenario,
@@ -1317,6 +1345,7 @@ def compare(
     trackers = _trackers(log, out_dir)  # issue 41
     run_dir = out_dir if out_dir is not None else default_run_dir(f"compare-{sc.name}")
     _claim_out(run_dir, _COMPARE_FILES, overwrite)
+    existed = run_dir.exists()
     with _errors(OSError):
         prepare_run_dir(run_dir)
 
@@ -1333,6 +1362,7 @@ def compare(
         _worker_errors(),
         _errors(ValueError, DataMissingError),
         _live(live, run_dir, live_port, "compare"),
+        _sweep_interrupted(run_dir, "compare", existed),
     ):
         table = run_compare(
             scenario,
@@ -1368,6 +1398,40 @@ def _write_group_page(out_dir: Path) -> None:
 
     with _errors(OSError, ValueError, code=1):
         out.print(f"page: {write_group_page(out_dir)}", highlight=False)
+
+
+@contextmanager
+def _sweep_interrupted(
+    out_dir: Path | None, command: str, existed: bool = True
+) -> Iterator[None]:
+    """Ctrl-C or SIGTERM in compare or stress: one line saying what is kept,
+    exit 130. An empty ``runs/`` (and an --out this command created and left
+    empty) is removed, so that the same command runs again without
+    --overwrite; finished runs are kept and said.
+
+    Args:
+        out_dir: the command's --out, or None when it chose its own folder.
+        command: "compare" or "stress", for the line.
+        existed: whether ``out_dir`` existed before the command.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        runs = out_dir / "runs" if out_dir is not None else None
+        kept = sorted(runs.iterdir()) if runs is not None and runs.is_dir() else []
+        with suppress(OSError):
+            if runs is not None and not kept:
+                runs.rmdir()
+            if out_dir is not None and not existed:
+                out_dir.rmdir()  # only when empty
+        where = f" in {runs}" if kept else ""
+        again = "with --overwrite " if kept else ""
+        _say(
+            "[yellow]interrupted:[/]",
+            f"{command} stopped; {len(kept)} finished run(s) kept{where}, no "
+            f"table written; run the command again {again}to start over",
+        )
+        raise typer.Exit(130) from None
 
 
 # What compare and stress write into --out (runs/: a file per run).
@@ -1461,7 +1525,15 @@ def main() -> None:
     with the command's code."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     with interrupts.stop_at_round_ends():
-        app()
+        try:
+            app()
+        except SystemExit as exc:
+            # typer turns a KeyboardInterrupt no command caught into a
+            # silent exit 130 (click's Exit raised from it)
+            cause = exc.__context__.__cause__ if exc.__context__ else None
+            if exc.code == 130 and isinstance(cause, KeyboardInterrupt):
+                _say("[yellow]interrupted:[/]", "stopped; nothing was finished")
+            raise
 
 
 if __name__ == "__main__":

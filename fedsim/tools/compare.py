@@ -134,11 +134,20 @@ def _parse_label(spec: str) -> tuple[str, dict[str, object]]:
             not YAML; the message quotes the whole label.
     """
     name, rest = _split_label(spec)
+    head = rest.partition("=")[0]
+    if ":" in head:  # module:Class:key=value
+        path, _, settings = f"{name}:{rest}".rpartition(":")
+        raise ScenarioError(
+            f"algorithm {spec!r}: an import path's settings follow '?', as in "
+            f"{path}?{settings}"
+        )
     values: dict[str, object] = {}  # YAML scalars, lists, mappings
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ScenarioError(f"algorithm {spec!r}: expected key=value, got {item!r}")
+        if key.strip() in values:  # the last would win without a word
+            raise ScenarioError(f"algorithm {spec!r}: {key.strip()!r} is given twice")
         values[key.strip()] = read_yaml(value, f"--algorithms {spec!r}")
     return name.strip(), values
 

@@ -152,18 +152,43 @@ def plugin_columns(rounds: pa.Table | None) -> list[str]:
     return [c for c in names if c.startswith(("alg_", "sel_", "fed_"))]
 
 
+# The most plug-in metric panels one figure draws: a plug-in may report
+# thousands of scalars, and a figure of thousands of panels takes minutes and
+# gigabytes to draw for nothing anyone can read (rounds.parquet holds them all).
+MAX_PLUGIN_PANELS = 12
+
+
+def plugin_metrics_left_out(rounds: pa.Table | None) -> str:
+    """A sentence naming how many plug-in metric columns
+    :func:`figure_plugin_metrics` leaves out (past :data:`MAX_PLUGIN_PANELS`)
+    and where they are, or "" when it draws them all."""
+    n = len(plugin_columns(rounds))
+    if n <= MAX_PLUGIN_PANELS:
+        return ""
+    return (
+        f"The figure shows the first {MAX_PLUGIN_PANELS} of {n} plug-in metrics; "
+        f"the other {n - MAX_PLUGIN_PANELS} are in rounds.parquet."
+    )
+
+
 def figure_plugin_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
-    """One panel per plug-in metric column against the round (issue 37).
+    """One panel per plug-in metric column against the round (issue 37), for
+    the first :data:`MAX_PLUGIN_PANELS` columns in table order.
 
     Args:
         rounds: rounds.parquet, or None.
-        title: The figure's title (a default when empty).
+        title: The figure's title (a default when empty); it says how many
+            columns were left out, if any.
 
     Returns:
-        A figure with a panel per column, stacked; a panel says so when its
-        column has no finite value.
+        A figure with a panel per drawn column, stacked; a panel says so when
+        its column has no finite value.
     """
-    cols = plugin_columns(rounds) or ["(none)"]
+    every = plugin_columns(rounds)
+    cols = every[:MAX_PLUGIN_PANELS] or ["(none)"]
+    if len(every) > MAX_PLUGIN_PANELS:
+        left = f"(first {len(cols)} of {len(every)})"
+        title = f"{title or 'plug-in metrics per round'} {left}"
     fig, axes = _subplot_grid(9, 2.4 * len(cols), len(cols), 1)
     x = _floats(rounds, "round")
     for ax, col in zip(axes[:, 0], cols, strict=True):

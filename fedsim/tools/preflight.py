@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 from pathlib import Path
@@ -303,6 +304,44 @@ def check_availability(facts: RunFacts, source: str = "<scenario>") -> None:
             )
 
 
+# Speeds a fleet may draw, in its unit (steps/s or FLOP/s): times are work /
+# speed in float64, and a speed near a float's range (or a drawn inf) turns
+# them into inf, 0 or NaN in the clock. A draw is taken as within
+# SPEED_SIGMAS standard deviations of its median: further out is a chance of
+# about 1e-15 a device.
+SPEED_RANGE = (1e-100, 1e100)
+SPEED_SIGMAS = 8.0
+
+
+def check_speeds(facts: RunFacts, source: str = "<scenario>") -> None:
+    """Refuse a group whose speeds (median times exp(+-8 sigma), for each
+    tier) leave :data:`SPEED_RANGE`: a FLOP/s speed of 1e308 with sigma 3
+    overflowed in the clock.
+
+    Args:
+        facts: the run (its fleet groups).
+        source: the scenario's file (or option), named in the message.
+    """
+    low, high = (math.log(b) for b in SPEED_RANGE)
+    for i, g in enumerate(facts.fleet.groups):
+        if g.speed is None:
+            continue
+        laws = [(t.median, t.sigma) for t in g.speed.tiers or []]
+        if not laws:
+            spread = g.speed.sigma if g.speed.dist == "lognormal" else 0.0
+            laws = [(g.speed.median_in_unit, spread)]
+        for median, sigma in laws:
+            reach = SPEED_SIGMAS * sigma
+            if math.log(median) + reach > high or math.log(median) - reach < low:
+                raise _error(
+                    f"{source}: fleet.groups[{i}].speed: a median of {median:g} "
+                    f"with sigma {sigma:g} draws speeds out to {median:g} x "
+                    f"exp(+-{reach:g}), beyond {SPEED_RANGE[0]:g} to "
+                    f"{SPEED_RANGE[1]:g} that simulated time can be counted in; "
+                    "use a median or sigma nearer the devices'"
+                )
+
+
 def _dump(spec: object) -> dict[str, object]:
     """A section's fields: a pydantic model's, or a plug-in dataclass's."""
     if dataclasses.is_dataclass(spec):
@@ -331,6 +370,7 @@ def preflight(
     check_model_data(facts, source)
     check_numeric_ranges(facts, scenario.algorithm, source)
     check_availability(facts, source)
+    check_speeds(facts, source)
     return check_memory(facts, scenario.algorithm, source, **memory)
 
 

@@ -639,14 +639,19 @@ def _run_name(
     return str(scenario.get("name") or summary.get("scenario") or run_dir.name)
 
 
-def _figure_lines(figures: Sequence[str], partition: bool) -> list[str]:
+def _figure_lines(
+    figures: Sequence[str], partition: bool, notes: dict[str, str]
+) -> list[str]:
     """report.md's figure sections: each figure written, with its heading and
-    hint (:data:`FIGURES`), then the data partition when ``partition``
-    (partition.png, drawn by :func:`_save_figures` from partition.parquet; a
-    run of the quadratic objectives has none)."""
+    hint (:data:`FIGURES`) and its note in ``notes`` if any (what a figure
+    left out), then the data partition when ``partition`` (partition.png,
+    drawn by :func:`_save_figures` from partition.parquet; a run of the
+    quadratic objectives has none)."""
     lines: list[str] = []
     for file in figures:
         heading, hint = FIGURES[file]
+        note = notes.get(file)
+        hint = f"{hint} {note}" if note else hint
         lines += ["", f"## {heading}", "", f"![{heading}]({file})", "", hint]
     if partition:
         lines += ["", "## Data partition", "", "![Data partition](partition.png)", ""]
@@ -698,7 +703,8 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     lines += _realised_lines(summary.get("fleet_realised"), summary.get("compute"))
     if clients is None:
         lines += ["", "clients.parquet is missing: the client figures are empty."]
-    lines += _figure_lines(figures, (run_dir / "partition.png").exists())
+    notes = {"plugin_metrics.png": plots.plugin_metrics_left_out(rounds)}
+    lines += _figure_lines(figures, (run_dir / "partition.png").exists(), notes)
     path = run_dir / REPORT_NAME
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
     return path
