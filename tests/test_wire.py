@@ -13,8 +13,10 @@ import pickle
 import pytest
 import torch
 
+from fedsim import tasks
 from fedsim.algorithms.base import ClientUpdate
 from fedsim.data import build_data
+from fedsim.params import l2_norm
 from fedsim.remote.executor import RayWorker, _own
 from fedsim.remote.wire import ship, ship_update
 from fedsim.runtime import run_setup
@@ -122,3 +124,40 @@ def test_a_ray_worker_ships_its_updates_and_a_call_its_states():
             assert torch.equal(g.new_state["c"], w.new_state["c"])
     assert [s.client for s in apart[0]] == [3, 8]
     assert len(state_buffers) == 1 and torch.equal(sent[3]["c"], states[3]["c"])
+
+
+def counting_norms(monkeypatch) -> list[int]:
+    """Count the float64 norm passes fedsim.tasks makes from now on."""
+    calls = [0]
+    real = tasks.l2_norm
+
+    def counted(v: torch.Tensor) -> float:
+        calls[0] += 1
+        return real(v)
+
+    monkeypatch.setattr(tasks, "l2_norm", counted)
+    return calls
+
+
+def test_a_shipped_delta_arrives_with_the_norm_its_worker_computed(monkeypatch):
+    # Prepare
+    u = an_update()
+    calls = counting_norms(monkeypatch)
+    # Execute: the worker ships (one norm pass there), the driver reads twice
+    got, _, _ = send(ship_update(u))
+    on_worker = calls[0]
+    norms = [tasks.update_norm(got), tasks.update_norm(got)]
+    # Assert: the driver made no pass of its own, and the norm is the bits
+    # of its own computation
+    assert on_worker == 1 and calls[0] == 1
+    assert norms == [l2_norm(u.delta)] * 2
+
+
+def test_a_norm_is_computed_once_per_delta_and_again_after_a_change(monkeypatch):
+    u = an_update()
+    calls = counting_norms(monkeypatch)
+    first = [tasks.update_norm(u), tasks.update_norm(u)]
+    assert calls[0] == 1 and first == [l2_norm(u.delta)] * 2
+    u.delta.mul_(2)  # in place: the version counter moves
+    assert tasks.update_norm(u) == l2_norm(u.delta) != first[0]
+    assert calls[0] == 2

@@ -37,21 +37,26 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
+from fedsim.tasks import remember_norm, update_norm
+
 if TYPE_CHECKING:
     from fedsim.algorithms.base import ClientUpdate
 
 
 class _AsArray:
     """Stands in for a tensor while it is pickled: it reduces to the tensor's
-    NumPy view (out of band under pickle 5), rebuilt by :func:`_tensor`."""
+    NumPy view (out of band under pickle 5), rebuilt by :func:`_tensor`, or
+    for a delta with its norm by :func:`_delta`."""
 
-    __slots__ = ("array",)
+    __slots__ = ("array", "norm")
 
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
+    def __init__(self, array: np.ndarray, norm: float | None = None) -> None:
+        self.array, self.norm = array, norm
 
-    def __reduce__(self) -> tuple[object, tuple[np.ndarray]]:
-        return _tensor, (self.array,)
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        if self.norm is None:
+            return _tensor, (self.array,)
+        return _delta, (self.array, self.norm)
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
@@ -60,12 +65,22 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array.copy())
 
 
-def ship(t: torch.Tensor) -> torch.Tensor:
+def _delta(array: np.ndarray, norm: float) -> torch.Tensor:
+    """An update's delta that arrived with the norm its worker computed
+    (:func:`fedsim.tasks.remember_norm`: the receiver does not compute it)."""
+    delta = _tensor(array)
+    remember_norm(delta, norm)
+    return delta
+
+
+def ship(t: torch.Tensor, norm: float | None = None) -> torch.Tensor:
     """``t``, to be pickled as a NumPy array (see the module docstring).
 
     Args:
         t: a tensor about to be put in the object store or returned by an
             actor method.
+        norm: ``||t||_2`` when ``t`` is an update's delta: it travels with
+            the tensor (:func:`_delta`).
 
     Returns:
         A stand-in that unpickles as a copy of ``t`` (typed as the tensor it
@@ -78,7 +93,7 @@ def ship(t: torch.Tensor) -> torch.Tensor:
         array = t.numpy()  # a view: nothing is copied here
     except (TypeError, RuntimeError):  # bfloat16, a conjugate or negated view
         return t
-    return cast(torch.Tensor, _AsArray(array))
+    return cast(torch.Tensor, _AsArray(array, norm))
 
 
 def ship_all(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -93,7 +108,9 @@ def ship_all(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def ship_update(u: ClientUpdate) -> ClientUpdate:
     """A client update to be returned by a worker actor, its delta, extras
-    and new state pickled as NumPy arrays (:func:`ship`).
+    and new state pickled as NumPy arrays (:func:`ship`), the delta with its
+    norm, computed here on the worker, in parallel with the other workers
+    (the driver's rows and the server's round result read it).
 
     Args:
         u: the update.
@@ -102,4 +119,5 @@ def ship_update(u: ClientUpdate) -> ClientUpdate:
         An update that unpickles as ``u`` (equal bits, tensors of their own).
     """
     state = None if u.new_state is None else ship_all(u.new_state)
-    return replace(u, delta=ship(u.delta), extras=ship_all(u.extras), new_state=state)
+    delta = ship(u.delta, update_norm(u))
+    return replace(u, delta=delta, extras=ship_all(u.extras), new_state=state)
