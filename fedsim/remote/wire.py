@@ -5,10 +5,11 @@ torch's own pickling.
 Torch pickles a tensor by writing its storage into a bytes object in its
 file format, which Ray then copies into the object store inside the
 pickle stream; the reader copies the bytes out and parses them into a new
-storage. For a client update of the 1.66M-parameter CNN that is about
-15 ms of CPU on each side of every update (benchmarks/results.md, "The Ray
-path's cost per update"). A NumPy array of the same bytes is written once,
-straight into the object store, and read once, straight out of it.
+storage. For a client update of the 1.66M-parameter CNN that was about
+10 ms of the worker's CPU and a few ms of the driver's, per update
+(benchmarks/results.md, "The Ray path's cost per update"). A NumPy array
+of the same bytes is written once, straight into the object store, and
+read once, straight out of it.
 
 Guarantees: what arrives is the same bits as what was sent, as writable
 CPU tensors of the receiver's own (a copy out of the store: the store's
