@@ -32,6 +32,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -40,7 +41,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from fedsim.data import DataMissingError, build_data  # noqa: E402
+from fedsim.data import DataMissingError, FederatedData, build_data  # noqa: E402
 from fedsim.data.base import as_tensor  # noqa: E402
 from fedsim.minibatches import client_seed  # noqa: E402
 from fedsim.models import make_model  # noqa: E402
@@ -196,39 +197,25 @@ def run_baseline(
     the same) and crosses to the device once.
     """
     torch.set_num_threads(1)
-    dev = torch.device(device)
     t0 = time.perf_counter()
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    model = make_model(run_setup(sc).network, data).to(dev)
-    x_all = torch.from_numpy(data.x).to(dev)
-    y_all = torch.from_numpy(data.y).to(dev)
+    trainer = PlainTrainer(data, sc, device)
     setup = time.perf_counter() - t0
-    global_params = [p.detach().clone() for p in model.parameters()]
-    opt = torch.optim.SGD(model.parameters(), lr=sc.client.lr)
+    global_params = [p.detach().clone() for p in trainer.model.parameters()]
     per_round, steps = [], 0
     for t, chosen in enumerate(schedule):
         r0 = time.perf_counter()
         total_n = sum(float(data.weights[c]) for c, _ in chosen)
         step = [torch.zeros_like(g, dtype=torch.float64) for g in global_params]
-        for c, tau in chosen:
-            with torch.no_grad():
-                for p, g in zip(model.parameters(), global_params, strict=True):
-                    p.copy_(g)
-            lo, hi = int(data.offsets[c]), int(data.offsets[c + 1])
-            gen = torch.Generator().manual_seed(client_seed(sc.seed, t, c))
-            rows = (x_all[lo:hi], y_all[lo:hi])
-            train_client(model, opt, rows, gen, tau, sc.client.batch_size)
+        # each client's delta summed as it comes
+        deltas = trainer.deltas(global_params, chosen, t)
+        for (c, tau), delta in zip(chosen, deltas, strict=True):
+            add_delta(step, delta, float(data.weights[c]) / total_n)
             steps += tau
-            pairs = zip(model.parameters(), global_params, strict=True)
-            add_delta(
-                step,
-                (p.detach() - g for p, g in pairs),
-                float(data.weights[c]) / total_n,
-            )
         global_params = [
             g + a.float() for g, a in zip(global_params, step, strict=True)
         ]
-        if dev.type == "cuda":
+        if device == "cuda":
             torch.cuda.synchronize()
         per_round.append(time.perf_counter() - r0)
     wall = time.perf_counter() - t0
@@ -245,25 +232,28 @@ def run_baseline(
 
 
 class PlainTrainer:
-    """One actor of the plain Ray program (:func:`run_plain_ray`): the model
-    and the dataset from the object store, and the bare loop's training."""
+    """The bare loop's clients: the model, an SGD optimizer and the dataset,
+    in this process (the baseline) or as one actor of the plain Ray program
+    (:func:`run_plain_ray`)."""
 
-    def __init__(self, box: list, sc) -> None:
-        import ray
+    def __init__(self, data: FederatedData | list, sc, device: str = "cpu") -> None:
+        if isinstance(data, list):  # an actor: the reference in a list
+            import ray
 
+            data = ray.get(data[0])
         torch.set_num_threads(1)
-        self.data = ray.get(box[0])
-        self.model = make_model(run_setup(sc).network, self.data)
+        dev = torch.device(device)
+        self.data = data
+        self.model = make_model(run_setup(sc).network, data).to(dev)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=sc.client.lr)
-        # views of the object store's arrays (never written), as fedsim's
-        self.x, self.y = as_tensor(self.data.x), as_tensor(self.data.y)
+        # views of the arrays (the object store's on an actor), never written
+        self.x, self.y = as_tensor(data.x).to(dev), as_tensor(data.y).to(dev)
         self.seed, self.batch = sc.seed, sc.client.batch_size
 
-    def train(
+    def deltas(
         self, params: list[torch.Tensor], jobs: list[tuple[int, int]], t: int
-    ) -> list[list[torch.Tensor]]:
-        """Each job's (client, tau) delta from ``params``, as plain tensors."""
-        out = []
+    ) -> Iterator[list[torch.Tensor]]:
+        """Each job's (client, tau) delta from ``params``, one at a time."""
         for c, tau in jobs:
             with torch.no_grad():
                 for p, g in zip(self.model.parameters(), params, strict=True):
@@ -273,8 +263,14 @@ class PlainTrainer:
             rows = (self.x[lo:hi], self.y[lo:hi])
             train_client(self.model, self.opt, rows, gen, tau, self.batch)
             pairs = zip(self.model.parameters(), params, strict=True)
-            out.append([p.detach() - g for p, g in pairs])
-        return out
+            yield [p.detach() - g for p, g in pairs]
+
+    def train(
+        self, params: list[torch.Tensor], jobs: list[tuple[int, int]], t: int
+    ) -> list[list[torch.Tensor]]:
+        """:meth:`deltas` as a list (what an actor call returns: plain
+        tensors, pickled as Ray does by default)."""
+        return list(self.deltas(params, jobs, t))
 
 
 def run_plain_ray(sc, schedule: list[list[tuple[int, int]]], actors: int) -> dict:
