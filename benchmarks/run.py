@@ -7,12 +7,15 @@
 For each workload this runs, back to back in one process: fedsim with 1 and 2
 Ray workers, fedsim in-process (no Ray), the batched executor
 (``resources.vectorize``, :mod:`fedsim.batched`) with 1 Ray worker and
-in-process, and the baseline, a plain
+in-process, the same local training as a plain Ray program on 1 and 2 actors
+(no fedsim: the bar fedsim's Ray path is held to), and the baseline, a plain
 single-threaded PyTorch loop over the same clients, the same minibatches and
 the same number of steps (no framework). It prints wall time, setup time,
 steady seconds per round (median after warm-up), local steps per second, peak
-memory and the ratios to the baseline, checks that fedsim and the baseline
-end with the same model, and appends the table to benchmarks/results.md.
+memory and the ratios to the baseline, fedsim on n Ray workers against the
+plain Ray program on n actors (a change that slows fedsim's Ray path shows
+there first), checks that every variant and the baseline end with the same
+model, and appends the tables to benchmarks/results.md.
 
 With ``--device cuda`` every fedsim variant gets ``resources.gpus_per_worker``
 (1 in-process and for one worker, 0.5 each for two) and the baseline trains
@@ -29,6 +32,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -37,7 +41,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from fedsim.data import DataMissingError, build_data  # noqa: E402
+from fedsim.data import DataMissingError, FederatedData, build_data  # noqa: E402
+from fedsim.data.base import as_tensor  # noqa: E402
 from fedsim.minibatches import client_seed  # noqa: E402
 from fedsim.models import make_model  # noqa: E402
 from fedsim.runtime import (
@@ -62,6 +67,8 @@ VARIANTS = {
     "batched1": (1, True),
     "batched": (0, True),
 }
+# the plain Ray program (no fedsim): variant -> actors
+PLAIN = {"plain1": 1, "plain": 2}
 
 
 def peak_rss_mb() -> float:
@@ -113,6 +120,8 @@ def run_fedsim(
     )
     return {
         "name": name + (", batched" if batched else ""),
+        "workers": workers,
+        "batched": batched,
         "wall_s": wall,
         "setup_s": wall - sum(per_round),
         "ray_init_s": ray_s,
@@ -142,6 +151,42 @@ def schedule_of(clients: list[dict]) -> list[list[tuple[int, int]]]:
     return [sorted(rounds.get(t, [])) for t in range(max(rounds) + 1)]
 
 
+def train_client(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    rows: tuple[torch.Tensor, torch.Tensor],
+    gen: torch.Generator,
+    tau: int,
+    batch: int,
+) -> None:
+    """A client's local training as a bare PyTorch program writes it: ``tau``
+    SGD steps on its rows, minibatches of epochs of ``gen``'s permutations
+    (drawn on the CPU, crossing to the rows' device once per epoch: the
+    batches fedsim draws)."""
+    xs, ys = rows
+    n, dev = len(xs), xs.device
+    perm, pos = None, n
+    for _ in range(tau):
+        if n <= batch:
+            xb, yb = xs, ys
+        else:
+            if pos + batch > n:
+                perm, pos = torch.randperm(n, generator=gen).to(dev), 0
+            idx = perm[pos : pos + batch]
+            pos += batch
+            xb, yb = xs[idx], ys[idx]
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+
+
+def add_delta(step: list[torch.Tensor], delta, w: float) -> None:
+    """step += w * delta in float64, parameter by parameter (the FedAvg sum
+    x + sum_i p_i (x_i - x) is taken as the clients come, in their order)."""
+    for acc, d in zip(step, delta, strict=True):
+        acc.add_(d.double(), alpha=w)
+
+
 def run_baseline(
     sc, schedule: list[list[tuple[int, int]]], device: str = "cpu"
 ) -> dict:
@@ -152,50 +197,25 @@ def run_baseline(
     the same) and crosses to the device once.
     """
     torch.set_num_threads(1)
-    dev = torch.device(device)
     t0 = time.perf_counter()
     data = build_data(sc.data, sc.num_clients, sc.seed)
-    model = make_model(run_setup(sc).network, data).to(dev)
-    x_all = torch.from_numpy(data.x).to(dev)
-    y_all = torch.from_numpy(data.y).to(dev)
+    trainer = PlainTrainer(data, sc, device)
     setup = time.perf_counter() - t0
-    global_params = [p.detach().clone() for p in model.parameters()]
-    opt = torch.optim.SGD(model.parameters(), lr=sc.client.lr)
-    batch = sc.client.batch_size
+    global_params = [p.detach().clone() for p in trainer.model.parameters()]
     per_round, steps = [], 0
     for t, chosen in enumerate(schedule):
         r0 = time.perf_counter()
         total_n = sum(float(data.weights[c]) for c, _ in chosen)
         step = [torch.zeros_like(g, dtype=torch.float64) for g in global_params]
-        for c, tau in chosen:
-            with torch.no_grad():
-                for p, g in zip(model.parameters(), global_params, strict=True):
-                    p.copy_(g)
-            lo, hi = int(data.offsets[c]), int(data.offsets[c + 1])
-            xs, ys, n = x_all[lo:hi], y_all[lo:hi], hi - lo
-            gen = torch.Generator().manual_seed(client_seed(sc.seed, t, c))
-            perm, pos = None, n
-            for _ in range(tau):
-                if n <= batch:
-                    xb, yb = xs, ys
-                else:
-                    if pos + batch > n:
-                        perm, pos = torch.randperm(n, generator=gen).to(dev), 0
-                    idx = perm[pos : pos + batch]
-                    pos += batch
-                    xb, yb = xs[idx], ys[idx]
-                opt.zero_grad()
-                F.cross_entropy(model(xb), yb).backward()
-                opt.step()
+        # each client's delta summed as it comes
+        deltas = trainer.deltas(global_params, chosen, t)
+        for (c, tau), delta in zip(chosen, deltas, strict=True):
+            add_delta(step, delta, float(data.weights[c]) / total_n)
             steps += tau
-            w = float(data.weights[c]) / total_n
-            for acc, p, g in zip(step, model.parameters(), global_params, strict=True):
-                acc.add_((p.detach() - g).double(), alpha=w)
-        # x + sum_i p_i (x_i - x): the FedAvg update, summed in float64
         global_params = [
             g + a.float() for g, a in zip(global_params, step, strict=True)
         ]
-        if dev.type == "cuda":
+        if device == "cuda":
             torch.cuda.synchronize()
         per_round.append(time.perf_counter() - r0)
     wall = time.perf_counter() - t0
@@ -208,6 +228,107 @@ def run_baseline(
         "steps_per_s": steps / sum(per_round),
         "peak_mb": peak_rss_mb(),
         "final": final,
+    }
+
+
+class PlainTrainer:
+    """The bare loop's clients: the model, an SGD optimizer and the dataset,
+    in this process (the baseline) or as one actor of the plain Ray program
+    (:func:`run_plain_ray`)."""
+
+    def __init__(self, data: FederatedData | list, sc, device: str = "cpu") -> None:
+        if isinstance(data, list):  # an actor: the reference in a list
+            import ray
+
+            data = ray.get(data[0])
+        torch.set_num_threads(1)
+        dev = torch.device(device)
+        self.data = data
+        self.model = make_model(run_setup(sc).network, data).to(dev)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=sc.client.lr)
+        # views of the arrays (the object store's on an actor), never written
+        self.x, self.y = as_tensor(data.x).to(dev), as_tensor(data.y).to(dev)
+        self.seed, self.batch = sc.seed, sc.client.batch_size
+
+    def deltas(
+        self, params: list[torch.Tensor], jobs: list[tuple[int, int]], t: int
+    ) -> Iterator[list[torch.Tensor]]:
+        """Each job's (client, tau) delta from ``params``, one at a time."""
+        for c, tau in jobs:
+            with torch.no_grad():
+                for p, g in zip(self.model.parameters(), params, strict=True):
+                    p.copy_(g)
+            lo, hi = int(self.data.offsets[c]), int(self.data.offsets[c + 1])
+            gen = torch.Generator().manual_seed(client_seed(self.seed, t, c))
+            rows = (self.x[lo:hi], self.y[lo:hi])
+            train_client(self.model, self.opt, rows, gen, tau, self.batch)
+            pairs = zip(self.model.parameters(), params, strict=True)
+            yield [p.detach() - g for p, g in pairs]
+
+    def train(
+        self, params: list[torch.Tensor], jobs: list[tuple[int, int]], t: int
+    ) -> list[list[torch.Tensor]]:
+        """:meth:`deltas` as a list (what an actor call returns: plain
+        tensors, pickled as Ray does by default)."""
+        return list(self.deltas(params, jobs, t))
+
+
+def run_plain_ray(sc, schedule: list[list[tuple[int, int]]], actors: int) -> dict:
+    """The same local training in plain Ray actors, no fedsim: what a Ray
+    program that does only this work costs (the bar fedsim's Ray path is
+    held to). ``actors`` actors of one CPU each hold the model and the
+    dataset (put in the object store once); each round the driver puts the
+    parameters once, deals the clients round-robin, gathers the deltas
+    (torch tensors, pickled as Ray does by default) and takes the FedAvg
+    step as the bare loop does, so it ends with the bare loop's exact
+    parameters."""
+    import ray
+
+    from fedsim.remote.ray_session import init_ray
+
+    t0 = time.perf_counter()
+    init_ray(num_cpus=max(2, actors))
+    torch.set_num_threads(1)
+    data = build_data(sc.data, sc.num_clients, sc.seed)
+    box = [ray.put(data)]
+    remote = ray.remote(num_cpus=1)(PlainTrainer)
+    pool = [remote.remote(box, sc) for _ in range(actors)]
+    model = make_model(run_setup(sc).network, data)
+    global_params = [p.detach().clone() for p in model.parameters()]
+    ray.get([a.__ray_ready__.remote() for a in pool])
+    setup = time.perf_counter() - t0
+    per_round, steps = [], 0
+    for t, chosen in enumerate(schedule):
+        r0 = time.perf_counter()
+        ref = ray.put(global_params)
+        shares = [chosen[j :: len(pool)] for j in range(len(pool))]
+        calls = [a.train.remote(ref, s, t) for a, s in zip(pool, shares, strict=True)]
+        deltas = {
+            c: d
+            for share, part in zip(shares, ray.get(calls), strict=True)
+            for (c, _), d in zip(share, part, strict=True)
+        }
+        total_n = sum(float(data.weights[c]) for c, _ in chosen)
+        step = [torch.zeros_like(g, dtype=torch.float64) for g in global_params]
+        for c, _ in chosen:
+            add_delta(step, deltas[c], float(data.weights[c]) / total_n)
+        global_params = [
+            g + a.float() for g, a in zip(global_params, step, strict=True)
+        ]
+        steps += sum(tau for _, tau in chosen)
+        per_round.append(time.perf_counter() - r0)
+    for a in pool:
+        ray.kill(a)
+    wall = time.perf_counter() - t0
+    return {
+        "name": f"plain Ray actors, {actors}",
+        "workers": actors,
+        "wall_s": wall,
+        "setup_s": setup,
+        "steady_s": steady(per_round),
+        "steps_per_s": steps / sum(per_round),
+        "peak_mb": peak_rss_mb(),
+        "final": torch.cat([g.reshape(-1) for g in global_params]),
     }
 
 
@@ -241,6 +362,19 @@ def table(workload: str, results: list[dict], base: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def against_plain(results: list[dict], plain: list[dict]) -> str:
+    """fedsim on n Ray workers against the plain Ray program on n actors
+    (steady s/round, same run): above 1.00x, fedsim's Ray path costs more
+    than Ray itself does for the same training."""
+    lines = []
+    for p in plain:
+        for r in results:
+            if r["workers"] == p["workers"] and not r["batched"]:
+                ratio = r["steady_s"] / p["steady_s"]
+                lines.append(f"- {r['name']} / {p['name']}: {ratio:.2f}x steady")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("workloads", nargs="*", default=list(WORKLOADS))
@@ -250,15 +384,19 @@ def main() -> int:
     ap.add_argument(
         "--only",
         nargs="*",
-        choices=list(VARIANTS),
-        default=list(VARIANTS),
-        help="fedsim variants to run (default: all)",
+        choices=[*VARIANTS, *PLAIN],
+        default=[*VARIANTS, *PLAIN],
+        help="variants to run (default: all); the plain Ray ones (CPU only) "
+        "train the schedule of the first fedsim variant, which must be run",
     )
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--out", type=Path, default=HERE / "results.md")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: torch sees no CUDA device", file=sys.stderr)
+        return 2
+    if not set(args.only) & set(VARIANTS):
+        print("--only: name at least one fedsim variant", file=sys.stderr)
         return 2
     overrides = [f"rounds={args.rounds}"] if args.rounds else []
     overrides += args.overrides
@@ -278,13 +416,19 @@ def main() -> int:
             if v in args.only
         ]
         first = results[0]
+        plain = [
+            run_plain_ray(first["scenario"], first["schedule"], n)
+            for v, n in PLAIN.items()
+            if v in args.only and args.device == "cpu"
+        ]
         base = run_baseline(first["scenario"], first["schedule"], args.device)
-        for r in results:
-            assert r["schedule"] == first["schedule"]
+        for r in [*results, *plain]:
+            assert r.get("schedule", first["schedule"]) == first["schedule"]
             diff = float((r["final"] - base["final"]).abs().max())
             print(f"{r['name']}: max |x - x_baseline| = {diff:.3g}")
         label = name if args.device == "cpu" else f"{name} ({args.device})"
-        text = table(label, results, base)
+        text = table(label, [*results, *plain], base)
+        text += "\n" + against_plain(results, plain) if plain else ""
         print(text)
         out.append(text)
     if out and not args.no_append:

@@ -9,6 +9,7 @@ both can name them without importing each other (tests/test_imports.py).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -117,10 +118,52 @@ class UpdateSummary:
             u.norm_a,
             u.train_loss,
             u.bytes_up,
-            l2_norm(u.delta),
+            update_norm(u),
         )
 
 
+# ||delta||_2 of the updates in flight, by their delta's identity: the
+# server's round result and the runtime's rows both ask for every update's
+# norm (each a float64 pass over the model), and an update from a worker
+# actor arrives with the norm the worker computed (fedsim.remote.wire), so
+# the driver computes a norm at most once, and for Ray workers never. An
+# entry holds the delta weakly (it goes with the delta) and its version
+# counter: a delta changed in place is measured again.
+_NORMS: dict[int, tuple[weakref.ref[torch.Tensor], int, float]] = {}
+
+
+def remember_norm(delta: torch.Tensor, norm: float) -> None:
+    """Note that ``||delta||_2`` is ``norm`` (:func:`update_norm` returns it
+    while ``delta`` lives and is not changed in place).
+
+    Args:
+        delta: an update's delta.
+        norm: ``l2_norm(delta)``, computed with the driver's thread count
+            (a worker's is the same: :class:`WorkerSetup`), so the bits are
+            those the driver would compute.
+    """
+    key = id(delta)
+
+    def forget(ref: weakref.ref[torch.Tensor]) -> None:
+        if _NORMS.get(key, (None,))[0] is ref:  # not a later delta's entry
+            del _NORMS[key]
+
+    _NORMS[key] = (weakref.ref(delta, forget), delta._version, norm)
+
+
 def update_norm(u: ClientUpdate | UpdateSummary) -> float:
-    """||delta||_2 of an update, or the one its summary carries."""
-    return u.update_norm if isinstance(u, UpdateSummary) else l2_norm(u.delta)
+    """||delta||_2 of an update (computed once per delta, see
+    :func:`remember_norm`), or the one its summary carries.
+
+    >>> u = ClientUpdate(3, torch.tensor([3.0, 4.0]), 1.0, 2, 0.0, 0.5)
+    >>> update_norm(u), update_norm(u)
+    (5.0, 5.0)
+    """
+    if isinstance(u, UpdateSummary):
+        return u.update_norm
+    d = u.delta
+    ref, version, norm = _NORMS.get(id(d), (None, -1, 0.0))
+    if ref is None or ref() is not d or version != d._version:
+        norm = l2_norm(d)
+        remember_norm(d, norm)
+    return norm

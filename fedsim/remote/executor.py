@@ -39,6 +39,7 @@ from fedsim.remote.placement import (
     server_shape,
     worker_shape,
 )
+from fedsim.remote.wire import ship, ship_all, ship_update
 from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup
 from fedsim.workers import Payload, Task, Worker, assign_lpt
 
@@ -61,8 +62,9 @@ class _Call(NamedTuple):
 
 def _own(group: Sequence[Task], states: States) -> dict[int, ClientState]:
     """The client states (or instructions) of ``group``'s clients only:
-    each actor call carries its own share, not the whole round's."""
-    return {t.client: states[t.client] for t in group if t.client in states}
+    each actor call carries its own share, not the whole round's, its
+    tensors as NumPy arrays (:mod:`fedsim.remote.wire`)."""
+    return {t.client: ship_all(states[t.client]) for t in group if t.client in states}
 
 
 class StaleWorkerError(RuntimeError):
@@ -132,9 +134,11 @@ class RayWorker(Worker):
         token: str | None = None,
     ) -> list[ClientUpdate]:
         """:meth:`Worker.train`, refused (:class:`StaleWorkerError`) when
-        ``token`` is not this actor's run."""
+        ``token`` is not this actor's run; the updates' tensors travel as
+        NumPy arrays (:mod:`fedsim.remote.wire`)."""
         self._check(token)
-        return super().train(payload, tasks, states, instructions)
+        ups = super().train(payload, tasks, states, instructions)
+        return [ship_update(u) for u in ups]
 
     def train_apart(
         self,
@@ -144,9 +148,11 @@ class RayWorker(Worker):
         instructions: Mapping[int, Payload] | None = None,
         token: str | None = None,
     ) -> tuple[list[UpdateSummary] | ClientUpdate, ...]:
-        """:meth:`Worker.train_apart`, refused as :meth:`train` is."""
+        """:meth:`Worker.train_apart`, refused and shipped as :meth:`train`."""
         self._check(token)
-        return super().train_apart(payload, tasks, states, instructions)
+        # Worker.train, not self.train: the summaries read the updates unshipped
+        ups = super().train(payload, tasks, states, instructions)
+        return ([UpdateSummary.of(u) for u in ups], *map(ship_update, ups))
 
     def evaluate_clients(
         self,
@@ -414,7 +420,7 @@ class RayExecutor(Executor):
         gathered (and resent when an actor dies) as training calls are."""
         import ray
 
-        ref = ray.put(x)  # one copy, read by every call
+        ref = ray.put(ship(x))  # one copy, read by every call
         n = len(self.actors)
         calls = [
             _Call(
@@ -434,7 +440,7 @@ class RayExecutor(Executor):
         if version not in self._refs:
             import ray
 
-            self._refs[version] = ray.put(payloads[version])
+            self._refs[version] = ray.put(ship_all(payloads[version]))
         return self._refs[version]
 
     def _send(self, call: _Call, split: bool) -> list[Ref]:
