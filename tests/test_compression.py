@@ -268,7 +268,7 @@ def test_k_above_the_model_is_refused_before_training():
 
 
 def test_error_feedback_is_refused_in_asynchronous_runs():
-    with pytest.raises(ScenarioError, match="error_feedback needs synchronous rounds"):
+    with pytest.raises(ScenarioError, match="error_feedback: needs synchronous rounds"):
         load_scenario(FEDBUFF, [EF])
 
 

@@ -1201,9 +1201,9 @@ def report(
             f"whole); draw it again with: fedsim report {run_dir}",
         )
         raise typer.Exit(130) from None
-    out.print(f"report: {path}", highlight=False)
+    out.print(f"report: {path}", highlight=False, soft_wrap=True)
     if page is not None:
-        out.print(f"page: {page}", highlight=False)
+        out.print(f"page: {page}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -1279,7 +1279,7 @@ def stress(
             baseline=baseline,
             log=trackers,  # issue 41
         )
-    out.print(f"report: {path / 'stress.md'}", highlight=False)
+    out.print(f"report: {path / 'stress.md'}", highlight=False, soft_wrap=True)
     _write_group_page(path)
     import pyarrow.parquet as pq
 
@@ -1397,7 +1397,7 @@ def _write_group_page(out_dir: Path) -> None:
     from fedsim.tools.page_group import write_group_page
 
     with _errors(OSError, ValueError, code=1):
-        out.print(f"page: {write_group_page(out_dir)}", highlight=False)
+        out.print(f"page: {write_group_page(out_dir)}", highlight=False, soft_wrap=True)
 
 
 @contextmanager
