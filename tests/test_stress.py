@@ -12,7 +12,7 @@ import pytest
 from fedsim.scenario import ScenarioError
 from fedsim.tools.stress import degradation, parse_sweep, run_stress
 
-from .conftest import SCENARIOS, assert_figure
+from .conftest import SCENARIOS, assert_figure, fedsim_here
 
 PHONES = SCENARIOS / "stress" / "phones-stragglers.yaml"
 CI = ["rounds=4", "eval.every_rounds=2"]
@@ -124,6 +124,7 @@ def test_stress_is_deterministic(report: Path, tmp_path: Path):
     # Assert: identical rows, except how long the host took (and the
     # target, which the grid's mildest cell sets)
     skip = {"wall_time_s", "cell", "target_accuracy", "time_to_target_s"}
+    skip |= {"rounds_to_target"}
 
     def rows(path: Path, keep: Callable[[dict], bool]) -> list[dict]:
         table = pq.read_table(path / "stress.parquet").to_pylist()
@@ -287,3 +288,17 @@ def test_a_plugin_failing_in_a_ray_task_exits_3_with_one_line(
     assert f"algorithm '{boom}' failed in aggregate" in text, err
     assert "ValueError: boom in round 2" in text and "Traceback" not in text
     assert "fix the plug-in and run the command again" in text
+
+
+def test_stress_exits_3_with_one_line_when_a_plugin_fails_in_process(tmp_path):
+    """A plug-in's failure is a RuntimeError too: the command's general
+    RuntimeError handler (exit 1) must not see it before the plug-in's (3)."""
+    p = fedsim_here(
+        *("stress", str(SCENARIOS / "ci" / "tiny-synthetic.yaml"), "--workers", "0"),
+        *("-a", "tests.hook_plugins:Boom", "--sweep", "client.lr=0.05"),
+        *("--seeds", "1", "--set", "rounds=3", "--quiet", "--out", str(tmp_path / "s")),
+    )
+    assert p.returncode == 3, p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert lines[-1].startswith("error: algorithm 'tests.hook_plugins:Boom'"), lines
+    assert "Traceback (most" not in p.stderr

@@ -112,6 +112,18 @@ AlgorithmsOption = Annotated[
     ),
 ]
 SeedsOption = Annotated[int, typer.Option("--seeds", min=1, help="Seeds 0..N-1.")]
+UntilDecidedOption = Annotated[
+    bool,
+    typer.Option(
+        "--until-decided",
+        help="Add --seeds seeds at a time until every arm is decided against the "
+        "baseline (an anytime-valid confidence sequence) or --max-seeds is reached.",
+    ),
+]
+MaxSeedsOption = Annotated[
+    int,
+    typer.Option("--max-seeds", min=2, help="With --until-decided: the most seeds."),
+]
 BaselineOption = Annotated[
     str | None,
     typer.Option(
@@ -1155,10 +1167,12 @@ def stress(
             highlight=False,
         )
 
+    # innermost first: a plug-in's failure (a RuntimeError) is exit 3
+    # before the general RuntimeError handler can make it 1
     with (
-        _worker_errors(),
         _errors(OSError, RuntimeError, code=1),
         _errors(ScenarioError, DataMissingError, DataError, ModelError),
+        _worker_errors(),
     ):
         path = run_stress(
             scenario,
@@ -1212,6 +1226,8 @@ def compare(
     overwrite: OverwriteOption = False,
     baseline: BaselineOption = None,
     log: LogOption = None,
+    until_decided: UntilDecidedOption = False,
+    max_seeds: MaxSeedsOption = 20,
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
     and write compare.parquet, compare.md and compare.png (accuracy against
@@ -1231,6 +1247,8 @@ def compare(
 
     overrides = list(set_ or [])
     _expect_dir(out_dir, "--out", "an output folder")
+    if until_decided and max_seeds < seeds:
+        _fail(f"--max-seeds {max_seeds}: at least --seeds ({seeds}) expected")
     sc = _load(scenario, overrides)
     names = _algorithms(algorithms)
     trackers = _trackers(log)  # issue 41
@@ -1260,6 +1278,7 @@ def compare(
             workers=workers,
             baseline=baseline,
             log=trackers,  # issue 41
+            max_seeds=max_seeds if until_decided else None,
         )
     text = (run_dir / "compare.md").read_text()
     out.print(text, markup=False, highlight=False, soft_wrap=True)

@@ -34,16 +34,20 @@ from fedsim.tools.compare import (
     _spread,
     _stats,
     canonical_label,
+    censored,
     check_variants,
     file_stems,
     format_paired,
     load_variant,
     paired_note,
     paired_table,
+    per_round_time,
     resolve_baseline,
+    round_policy,
     run_fields,
     run_jobs,
     split_algorithms,
+    to_target,
     tool_field,
 )
 
@@ -55,14 +59,20 @@ from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, read_ya
 from fedsim.tools.stats import paired_differences, paired_interval, seeds_needed
 
 # What stress.md pairs each arm on, against the baseline, in every cell.
+# (time to target only where it is not rounds x a fixed window: paired_table)
 STRESS_PAIRED = tuple(
-    m for m in PAIRED_METRICS if m.key in ("final_accuracy", "time_to_target_s")
+    m
+    for m in PAIRED_METRICS
+    if m.key in ("final_accuracy", "rounds_to_target", "time_to_target_s")
 )
+_TIME = next(m for m in PAIRED_METRICS if m.key == "time_to_target_s")
 
 STRESS_SCHEMA = schema(
     (F64, "target_accuracy time_to_target_s sim_time_s"),
-    (I64, "updates"),
+    (I64, "updates rounds_to_target"),
     (F64, "dropped_fraction tau_mean tau_std wall_time_s"),
+    (STR, "policy"),
+    (F64, "window_s"),
     base=pa.schema([pa.field("cell", I64), *RUN_COLUMNS]),
 )
 TAU_SCHEMA = schema(
@@ -231,6 +241,7 @@ def _run_one(
         **run_fields(label, sc, mode, seed, len(rows), diverged),
         **_run_figures(rows, result.clients),
         "wall_time_s": result.wall_time_s,
+        **round_policy(sc),
     }
     run = {"cell": cell_index, "algorithm": label, "seed": seed, "mode": mode}
     classes = result.data.num_classes if result.data is not None else 0
@@ -319,11 +330,13 @@ def _arm_row(label: str, rs: Sequence[Row], keys: str) -> dict[str, object]:
     """One arm's columns of an "All cells" row: its seeds, mode, the mean
     and sample std of each of ``keys`` and of the time to target, and how
     many seeds reached the target and diverged."""
+    at_length = [{_TIME.key: censored(r, _TIME)} for r in rs]  # misses censored
     return {
         "algorithm": label,
         "seeds": len(rs),
         "mode": rs[0]["mode"],
-        **_spread(rs, f"{keys} time_to_target_s", "_sd"),
+        **_spread(rs, keys, "_sd"),
+        **_spread(at_length, _TIME.key, "_sd"),
         "reached": sum(r["time_to_target_s"] is not None for r in rs),
         "diverged": sum(bool(r["diverged"]) for r in rs),
     }
@@ -536,10 +549,9 @@ def format_markdown(
     for r in table:
         vals = " | ".join(_label(r[p]) for p in paths)
         n = r["seeds"]
-        t = "-" if target is None else "not reached"
-        if target is not None and r["reached"]:
-            t = _pm_of(r, "time_to_target_s", digits=0, spread="_sd")
-            t += "" if r["reached"] == n else f" ({r['reached']}/{n})"
+        t = "-"
+        if target is not None:
+            t = to_target(r, _TIME.key, lambda x: f"{x:.0f}", "reached", "_sd")
         alg = text(r["algorithm"]) + (" (async)" if r["mode"] == "async" else "")
         if r["diverged"]:
             alg += f" [diverged {r['diverged']}/{n}]"
@@ -903,7 +915,12 @@ def _write_report(
         r.update(cells[whole(r["cell"])])
     section = [f"## Paired against {baseline}, cell by cell", ""]
     section += format_paired(paired, STRESS_PAIRED, lead=paths)
-    section += ["", paired_note(baseline), "", "![paired differences](paired.png)"]
+    section += [
+        "",
+        paired_note(baseline, per_round_time(records)),
+        "",
+        "![paired differences](paired.png)",
+    ]
     text = format_markdown(
         aggregate(records, cells), deg, paths, title, notes, target, chance, section
     )
@@ -941,7 +958,9 @@ def _write_tables(
     for rec, res in zip(records, results, strict=True):
         rec["target_accuracy"] = math.nan if target is None else target
         hits = (r for r in res["rounds"] if _ge(number(r["test_accuracy"]), goal))
-        rec["time_to_target_s"] = next((number(r["sim_time"]) for r in hits), None)
+        hit = next(hits, None)
+        rec["time_to_target_s"] = None if hit is None else number(hit["sim_time"])
+        rec["rounds_to_target"] = None if hit is None else whole(hit["round"]) + 1
     fields, cols = _sweep_columns(cells)
     rows = [cols[whole(r["cell"])] | r for r in records]
     write_table(out / "stress.parquet", rows, pa.schema([*fields, *STRESS_SCHEMA]))
