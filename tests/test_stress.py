@@ -47,7 +47,10 @@ def test_stress_report_on_a_ci_sized_grid(report: Path):
             0 <= r["final_accuracy"] <= 1 and r["best_accuracy"] >= r["final_accuracy"]
         )
         assert 0 <= r["dropped_fraction"] <= 1
-        assert math.isfinite(r["target_accuracy"])
+        # no held-out rows (FedBuff's asynchronous timeline has no federated
+        # evaluation): no default target, rather than one chosen on the test set
+        assert math.isnan(r["target_accuracy"]) and r["time_to_target_s"] is None
+    assert "no target accuracy: give --target" in (report / "stress.md").read_text()
     # tau_mean and tau_std are those of the run's kept updates in taus.parquet:
     # in a synchronous round (a 30 s window) phones of different speeds make
     # different numbers of steps, so they spread; every asynchronous job
@@ -302,3 +305,23 @@ def test_stress_exits_3_with_one_line_when_a_plugin_fails_in_process(tmp_path):
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert lines[-1].startswith("error: algorithm 'tests.hook_plugins:Boom'"), lines
     assert "Traceback (most" not in p.stderr
+
+
+def test_the_default_target_is_chosen_on_held_out_rows_not_the_test_set():
+    from fedsim.tools.stress import _default_target
+
+    # Prepare: the mildest cell's runs; test-set bests far above the held-out
+    rows = [
+        {"cell": c, "algorithm": a, "best_accuracy": 0.99, "best_fed_accuracy": f}
+        for c, a, f in [
+            (0, "fedavg", 0.60),
+            (0, "fedavg", 0.64),
+            (0, "fednova", 0.70),
+            (0, "fednova", 0.72),
+            (1, "fednova", 0.95),  # a harsher cell does not set the bar
+        ]
+    ]
+    # Execute / Assert: 90% of fednova's mean 0.71, rounded down to 0.5 points
+    assert _default_target(rows) == 0.635
+    no_held_out = [{**r, "best_fed_accuracy": math.nan} for r in rows]
+    assert _default_target(no_held_out) is None
