@@ -4,7 +4,6 @@ uploaded (the paper's claim: fewer rounds AND fewer uploaded floats)."""
 
 from __future__ import annotations
 
-import math
 import warnings
 from pathlib import Path
 
