@@ -40,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
@@ -389,11 +390,14 @@ def seeds_needed(
         n += 1
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(p: float, df: float) -> float:
     """The p-quantile of Student's t with ``df`` degrees of freedom.
 
     Found by bisection on :func:`t_cdf` (monotone), to the last bits a
-    double holds: the bracket is halved until it no longer shrinks.
+    double holds: the bracket is halved until it no longer shrinks. Cached:
+    a verdict needs one per seed count, and simulations ask the same ones
+    thousands of times.
 
     Args:
         p: a probability in (0, 1).
