@@ -831,8 +831,12 @@ def rounds_to(
     return mean, std, len(found)
 
 
-def summarize(claim: Claim, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per arm: mean, std and count of each measured number over seeds."""
+def summarize(
+    claim: Claim, records: Sequence[dict[str, Any]], until_decided: bool = False
+) -> dict[str, Any]:
+    """Per arm: mean, std and count of each measured number over seeds;
+    ``until_decided`` (seeds were added until decided) makes the verdicts
+    use the anytime-valid confidence sequence."""
     arms: dict[str, Any] = {}
     for arm in claim.arms:
         rs = [r for r in records if r["arm"] == arm.name]
@@ -901,7 +905,11 @@ def summarize(claim: Claim, records: Sequence[dict[str, Any]]) -> dict[str, Any]
             "also": {t: rounds_to(rs, t) for t in claim.also_targets},
         }
     column = {objective_column(r["rounds"]) for r in records} or {"test_loss"}
-    return {"arms": arms, "objective_column": sorted(column)[0]}
+    return {
+        "arms": arms,
+        "objective_column": sorted(column)[0],
+        "until_decided": until_decided,
+    }
 
 
 def _paired_row(rec: dict[str, Any]) -> dict[str, Any]:
@@ -964,7 +972,7 @@ _WORDS = {
 
 
 def compare_arms(
-    s: dict[str, Any], metric: str, winner: str, loser: str, until_decided: bool = False
+    s: dict[str, Any], metric: str, winner: str, loser: str
 ) -> tuple[str, str]:
     """Whether ``winner`` beats ``loser`` on ``metric`` beyond the spread.
 
@@ -974,8 +982,9 @@ def compare_arms(
     of a value and counted), and the winner is ahead when the 95% interval
     of the per-seed differences lies above 0 with the exact sign-flip test
     agreeing (:func:`fedsim.tools.stats.paired_interval`), behind when below,
-    neither otherwise; with ``until_decided``, the anytime-valid confidence
-    sequence instead (seeds were added until decided). No unpaired fallback.
+    neither otherwise; where seeds were added until decided (the summary's
+    ``until_decided``), the anytime-valid confidence sequence instead. No
+    unpaired fallback.
 
     Args:
         s: :func:`summarize`'s summary.
@@ -983,7 +992,6 @@ def compare_arms(
             ``rounds_to_target`` or ``bytes_to_target`` (lower is better).
         winner: the arm the paper puts ahead.
         loser: the arm it puts behind.
-        until_decided: the intervals of seeds added until decided.
 
     Returns:
         (``held``, ``reversed`` or ``within``; the evidence in words).
@@ -997,7 +1005,7 @@ def compare_arms(
             return "within", f"{name} not run"
     m = _metric(metric)
     diffs, left_out = paired_values(arms[winner]["runs"], arms[loser]["runs"], m)
-    decide = confidence_sequence if until_decided else paired_interval
+    decide = confidence_sequence if s.get("until_decided") else paired_interval
     iv = decide(diffs, higher_is_better=m.higher_is_better)
     side = {"better": "held", "worse": "reversed"}.get(iv.verdict, "within")
     scale = 100.0 if metric == "accuracy" else 1.0
@@ -1012,6 +1020,14 @@ def compare_arms(
         f"paired over {iv.n} seeds: {winner}'s lead {sign * iv.mean:.4g}{unit}, "
         f"95% interval [{lo:.4g}, {hi:.4g}], {iv.verdict}{left}"
     )
+
+
+def decided(claim: Claim, s: dict[str, Any]) -> bool:
+    """Whether more seeds can no longer change the claim's verdict (before
+    the reduction's label): an ordering reversed beyond the spread, or every
+    one held."""
+    v, _ = _raw_verdict(claim, s)
+    return v in ("holds", "does not hold")
 
 
 def verdict(
@@ -1301,9 +1317,10 @@ def claim_section(
     fig: Path,
     doc: Path,
     missing: Sequence[str] = (),
+    until_decided: bool = False,
 ) -> str:
     """The Markdown section of one claim, between its markers."""
-    s = summarize(claim, records)
+    s = summarize(claim, records, until_decided)
     v, reason = verdict(claim, s, missing)
     col = s["objective_column"]
     wall = sum(a["wall_s"] for a in s["arms"].values())
@@ -1583,6 +1600,30 @@ def _check_paths(
         p.error(f"--doc {doc}: the page and its figures go in its folder; {why}")
 
 
+def _run_until(
+    claim: Claim, args: argparse.Namespace
+) -> tuple[int, list[dict[str, Any]], list[str]]:
+    """A claim's runs: its seeds, or with ``--until-decided`` batches of
+    them (each seed's runs cached, so a batch runs only the new seeds) until
+    :func:`decided` under the confidence sequence or ``--max-seeds``.
+
+    Returns:
+        (seeds asked for, the run records, the runs missing).
+    """
+    batch = n = claim_seeds(claim, args)
+    force = args.force  # the first batch only: later ones add seeds
+    while True:
+        records, missing = run_claim(
+            claim, n, args.tiny, args.out, force, args.cached_only
+        )
+        force = False
+        if not args.until_decided or n >= args.max_seeds or missing:
+            return n, records, missing
+        if decided(claim, summarize(claim, records, until_decided=True)):
+            return n, records, missing
+        n = min(args.max_seeds, n + batch)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -1606,6 +1647,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument(
         "--estimate", action="store_true", help="print the cost, run nothing"
+    )
+    p.add_argument(
+        "--until-decided",
+        action="store_true",
+        help="add --seeds seeds at a time until the claim is decided (an "
+        "anytime-valid confidence sequence) or --max-seeds is reached",
+    )
+    p.add_argument(
+        "--max-seeds", type=_seed_count, default=20, help="with --until-decided"
     )
     args = p.parse_args(argv)
     if "FEDSIM_DATA_ROOT" not in os.environ and (SHARED_DATA / "mnist-test").is_dir():
@@ -1634,18 +1684,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     sections = {}
     for claim in claims:
         print(f"{claim.name}: {claim.title}", flush=True)
-        n = claim_seeds(claim, args)
-        records, missing = run_claim(
-            claim, n, args.tiny, args.out, args.force, args.cached_only
-        )
+        n, records, missing = _run_until(claim, args)
         if not records:
             print("  no cached run: section not written", flush=True)
             continue
         fig = plot_claim(claim, records, doc.parent / FIG_DIR / f"{claim.name}.png")
         sections[claim.name] = claim_section(
-            claim, records, n, args.tiny, fig, doc, missing
+            claim, records, n, args.tiny, fig, doc, missing, args.until_decided
         )
-        v, reason = verdict(claim, summarize(claim, records), missing)
+        v, reason = verdict(
+            claim, summarize(claim, records, args.until_decided), missing
+        )
         # after every claim: an interrupted gallery keeps the claims it finished
         print(
             f"  verdict: {v} ({reason}); wrote {write_doc(doc, sections)}", flush=True

@@ -189,6 +189,32 @@ def test_one_paired_rule_and_no_unpaired_fallback():
     )
 
 
+def test_until_decided_judges_by_the_confidence_sequence():
+    # Prepare: six seeds, each feddc ahead of feddyn by 0.3 to 1.5 points:
+    # the fixed-n interval decides, the sequence (valid however often seeds
+    # were added and looked at) is wider and does not yet
+    claim = _uncut("fednova-fig5-full")
+    lead = [0.003, 0.015, 0.006, 0.012, 0.0045, 0.01]
+    base = _six(0.9)
+    acc = {
+        "fedavg": base,
+        "fedprox": [x + 0.1 for x in base],
+        "fednova": [x - d for x, d in zip(base, lead, strict=True)],
+    }
+    records = _records(claim, acc, "objective")
+    fixed = gallery.summarize(claim, records)
+    anytime = gallery.summarize(claim, records, until_decided=True)
+    # Execute / Assert
+    assert gallery.compare_arms(fixed, "objective", "fednova", "fedavg")[0] == "held"
+    assert gallery.compare_arms(anytime, "objective", "fednova", "fedavg")[0] == (
+        "within"
+    )
+    assert gallery.decided(claim, fixed) and not gallery.decided(claim, anytime)
+    # a reversal decides too: more seeds would not make it hold
+    bad = _records(claim, {**acc, "fednova": _six(1.5)}, "objective")
+    assert gallery.decided(claim, gallery.summarize(claim, bad, until_decided=True))
+
+
 def test_a_cut_claim_is_inconclusive_both_ways():
     # a reduced setting neither confirms nor refutes the claim
     claim = dataclasses.replace(
