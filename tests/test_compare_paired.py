@@ -328,3 +328,30 @@ def test_until_decided_on_quickstart_stops_before_the_most_seeds(tmp_path):
     ]
     text = (tmp_path / "ud" / "compare.md").read_text()
     assert "anytime-valid confidence sequence" in text
+
+
+def test_undecided_looks_at_every_cell():
+    # decided in cell 0, not in cell 1: the arm is still undecided
+    steady = [0.05, 0.06, 0.055, 0.05, 0.058, 0.052]
+    noisy = [0.05, -0.04, 0.03, -0.02, 0.01, 0.0]
+    rows = [
+        {**r, "cell": c} for c, d in ((0, steady), (1, noisy)) for r in accuracy_runs(d)
+    ]
+    assert undecided(rows, "fedavg", False, ("cell",)) == ["fednova"]
+    both = [{**r, "cell": c} for c in (0, 1) for r in accuracy_runs(steady)]
+    assert undecided(both, "fedavg", False, ("cell",)) == []
+
+
+@pytest.mark.parametrize("command", ["compare", "stress"])
+def test_max_seeds_below_seeds_is_refused_before_running(command, tmp_path):
+    args = [command, str(SCENARIOS / "quickstart.yaml"), "-a", "fedavg,fednova"]
+    if command == "stress":
+        args += ["--sweep", "fleet.groups[0].stragglers.p=0,0.5"]
+    res = fedsim_here(
+        *args,
+        *("--seeds", "4", "--until-decided", "--max-seeds", "3"),
+        *("--out", str(tmp_path / "o")),
+    )
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "--max-seeds 3: expected at least --seeds (4)" in res.stderr
+    assert not list((tmp_path / "o").glob("*.parquet"))

@@ -325,3 +325,30 @@ def test_the_default_target_is_chosen_on_held_out_rows_not_the_test_set():
     assert _default_target(rows) == 0.635
     no_held_out = [{**r, "best_fed_accuracy": math.nan} for r in rows]
     assert _default_target(no_held_out) is None
+
+
+def test_stress_until_decided_adds_seeds_in_batches(tmp_path: Path):
+    # Execute: two seeds cannot decide anything, so the batch of 1 seed is
+    # followed by a second, and the sweep stops at --max-seeds 2
+    out = run_stress(
+        SCENARIOS / "ci" / "tiny-synthetic.yaml",
+        {"client.lr": [0.05]},
+        ["fedavg", "fedprox:mu=1"],
+        seeds=1,
+        out_dir=tmp_path / "s",
+        workers=0,
+        overrides=["rounds=2"],
+        max_seeds=2,
+    )
+    # Assert: both seeds of both arms, the tables of them all, and the note
+    table = pq.read_table(out / "stress.parquet").to_pylist()
+    assert sorted((r["algorithm"], r["seed"]) for r in table) == [
+        ("fedavg", 0),
+        ("fedavg", 1),
+        ("fedprox:mu=1", 0),
+        ("fedprox:mu=1", 1),
+    ]
+    paired = pq.read_table(out / "paired.parquet").to_pylist()
+    assert [r["seeds"] for r in paired if r["metric"] == "final_accuracy"] == [2]
+    text = (out / "stress.md").read_text()
+    assert "anytime-valid confidence sequence" in text and "seeds: 0..1" in text

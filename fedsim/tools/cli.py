@@ -1135,6 +1135,8 @@ def stress(
     overwrite: OverwriteOption = False,
     baseline: BaselineOption = None,
     log: LogOption = None,
+    until_decided: UntilDecidedOption = False,
+    max_seeds: MaxSeedsOption = 20,
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots).\f
@@ -1152,6 +1154,7 @@ def stress(
     from fedsim.tools.stress import run_stress
 
     _expect_dir(out_dir, "--out", "an output folder")
+    _check_max_seeds(until_decided, max_seeds, seeds)
     grid = _sweep_grid(sweep)
     labels = _algorithms(algorithms)
     trackers = _trackers(log)  # issue 41
@@ -1186,12 +1189,19 @@ def stress(
             progress=None if quiet else progress,
             baseline=baseline,
             log=trackers,  # issue 41
+            max_seeds=max_seeds if until_decided else None,
         )
     out.print(f"report: {path / 'stress.md'}", highlight=False)
     import pyarrow.parquet as pq
 
     diverged = pq.read_table(path / "stress.parquet", columns=["diverged"])
     _exit_if_diverged(sum(diverged.column(0).to_pylist()), "stress.parquet")
+
+
+def _check_max_seeds(until_decided: bool, max_seeds: int, seeds: int) -> None:
+    """Refuse (exit 2) a --max-seeds below --seeds with --until-decided."""
+    if until_decided and max_seeds < seeds:
+        _fail(f"--max-seeds {max_seeds}: expected at least --seeds ({seeds})")
 
 
 def _sweep_grid(sweep: list[str]) -> dict[str, list[Any]]:
@@ -1247,8 +1257,7 @@ def compare(
 
     overrides = list(set_ or [])
     _expect_dir(out_dir, "--out", "an output folder")
-    if until_decided and max_seeds < seeds:
-        _fail(f"--max-seeds {max_seeds}: at least --seeds ({seeds}) expected")
+    _check_max_seeds(until_decided, max_seeds, seeds)
     sc = _load(scenario, overrides)
     names = _algorithms(algorithms)
     trackers = _trackers(log)  # issue 41

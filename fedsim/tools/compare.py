@@ -1143,25 +1143,37 @@ def compare(
     return summarize_runs([row for row, _ in results], target_accuracy)
 
 
-def undecided(runs: Sequence[Row], baseline: str, target: bool) -> list[str]:
+def undecided(
+    runs: Sequence[Row], baseline: str, target: bool, by: Sequence[str] = ()
+) -> list[str]:
     """The arms not yet decided against ``baseline``: those whose final
     accuracy (and, with a target, rounds to target) has no firm verdict
-    from the anytime-valid confidence sequence (identical on every seed
-    counts as decided). Empty when every pairing is decided."""
+    from the anytime-valid confidence sequence, in some group of ``by``
+    (stress: every cell); identical on every seed counts as decided. Empty
+    when every pairing is decided."""
     keys = {"final_accuracy"} | ({"rounds_to_target"} if target else set())
     metrics = [m for m in PAIRED_METRICS if m.key in keys]
-    rows = paired_table(runs, baseline, metrics, decide=confidence_sequence)
+    rows = paired_table(runs, baseline, metrics, by, confidence_sequence)
     done = FIRM | {"identical on every seed"}
     arms = dict.fromkeys(
         text(r["algorithm"]) for r in runs if r["algorithm"] != baseline
     )
-    settled = {
+    groups = dict.fromkeys(tuple(r[k] for k in by) for r in runs)
+    return [
         a
         for a in arms
-        if {r["metric"] for r in rows if r["algorithm"] == a and r["verdict"] in done}
-        == keys
-    }
-    return [a for a in arms if a not in settled]
+        if any(
+            {
+                r["metric"]
+                for r in rows
+                if r["algorithm"] == a
+                and tuple(r[k] for k in by) == g
+                and r["verdict"] in done
+            }
+            != keys
+            for g in groups
+        )
+    ]
 
 
 def _write_figures(

@@ -49,6 +49,7 @@ from fedsim.tools.compare import (
     split_algorithms,
     to_target,
     tool_field,
+    undecided,
 )
 
 if TYPE_CHECKING:
@@ -56,7 +57,13 @@ if TYPE_CHECKING:
 
     from fedsim.tools.plots import RGBA
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, read_yaml
-from fedsim.tools.stats import paired_differences, paired_interval, seeds_needed
+from fedsim.tools.stats import (
+    PairedInterval,
+    confidence_sequence,
+    paired_differences,
+    paired_interval,
+    seeds_needed,
+)
 
 # What stress.md pairs each arm on, against the baseline, in every cell.
 # (time to target only where it is not rounds x a fixed window: paired_table)
@@ -773,6 +780,7 @@ def run_stress(
     progress: Callable[[dict[str, object]], None] | None = None,
     baseline: str | None = None,
     log: Sequence[str] = (),
+    max_seeds: int | None = None,
 ) -> Path:
     """Run the stress grid and write its report; return the report directory.
 
@@ -789,6 +797,10 @@ def run_stress(
             the first algorithm).
         log: trackers that get one run per cell, arm and seed as it ends
             (fedsim/tools/tracking.py).
+        max_seeds: seeds until decided: batches of ``seeds`` new seeds until
+            every arm's final accuracy is decided against the baseline in
+            every cell (the anytime-valid confidence sequence, which the
+            paired table then uses) or ``max_seeds`` seeds have run.
 
     Raises:
         ScenarioError: if the scenario, a swept value or an algorithm is
@@ -803,12 +815,8 @@ def run_stress(
     stems = file_stems(algorithms)
     out = Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    jobs = [
-        (str(scenario_path), list(overrides), ci, cell, label, seed)
-        for ci, cell in enumerate(cells)
-        for label in algorithms
-        for seed in range(seeds)
-    ]
+    decide = paired_interval if max_seeds is None else confidence_sequence
+    results: list[RunOutput] = []  # the batches before this one
 
     def finish(res: RunOutput, so_far: list[RunOutput]) -> None:
         # Each run's rounds, then the table so far: an interrupted sweep
@@ -817,7 +825,8 @@ def run_stress(
         arm, seed, ci = text(rec["algorithm"]), whole(rec["seed"]), whole(rec["cell"])
         run = f"{ci:02d}-{stems[arm]}-seed{seed}.parquet"
         write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
-        _write_tables(out, so_far, cells, target_accuracy, base)  # the tables so far
+        every = [*results, *so_far]
+        _write_tables(out, every, cells, target_accuracy, base, decide)
         if group is not None:  # issue 41: one tracked run per cell, arm and seed
             sc = load_variant(str(scenario_path), arm, seed, overrides, cells[ci])[0]
             name = f"{ci:02d}-{stems[arm]}-seed{seed}"
@@ -829,9 +838,23 @@ def run_stress(
     from fedsim.tools.tracking import run_group  # issue 41
 
     group = run_group(log, out, "stress", scenario_path, overrides)
-    results = run_jobs(_run_one, jobs, workers, finish)
+    done, upto = 0, seeds
+    while True:
+        jobs = [
+            (str(scenario_path), list(overrides), ci, cell, label, seed)
+            for ci, cell in enumerate(cells)
+            for label in algorithms
+            for seed in range(done, upto)
+        ]
+        results += run_jobs(_run_one, jobs, workers, finish)
+        if max_seeds is None or upto >= max_seeds:
+            break
+        if not undecided([r["record"] for r in results], base, False, ("cell",)):
+            break
+        done, upto = upto, min(max_seeds, upto + seeds)
     if group is not None:
         group.close()
+    seeds = upto
     notes = [
         f"scenario: `{scenario_path}`",
         "sweep (mildest first): "
@@ -839,7 +862,9 @@ def run_stress(
         f"algorithms: {', '.join(algorithms)}; seeds: 0..{seeds - 1}",
         f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
     ]
-    _write_report(out, results, cells, scenario_path, notes, target_accuracy, base)
+    _write_report(
+        out, results, cells, scenario_path, notes, target_accuracy, base, decide
+    )
     return out
 
 
@@ -894,9 +919,11 @@ def _write_report(
     notes: list[str],
     target_accuracy: float | None,
     baseline: str,
+    decide: Callable[..., PairedInterval] = paired_interval,
 ) -> None:
     """stress.parquet, paired.parquet, stress.md, taus.parquet and the four
-    figures.
+    figures (``decide``: the paired interval, or the confidence sequence of
+    seeds added until decided).
 
     Called once every run has finished: the default target needs every run
     of the mildest cell, and the verdict every run of the first and last
@@ -906,7 +933,9 @@ def _write_report(
     from fedsim.results import atomic_write_bytes, write_table
     from fedsim.tools.plots import plot_paired
 
-    records, target = _write_tables(out, results, cells, target_accuracy, baseline)
+    records, target = _write_tables(
+        out, results, cells, target_accuracy, baseline, decide
+    )
     if target is not None:
         how = "given" if target_accuracy is not None else _DEFAULT_TARGET
         notes.append(f"target accuracy: {target * 100:g}% ({how})")
@@ -932,14 +961,14 @@ def _write_report(
     deg = degradation(records, cells, paths[0])
     chance = max((r["chance"] for r in results), default=0.0)
     title = f"stress: {Path(scenario_path).stem}"
-    paired = paired_table(records, baseline, STRESS_PAIRED, by=("cell",))
+    paired = paired_table(records, baseline, STRESS_PAIRED, ("cell",), decide)
     for r in paired:
         r.update(cells[whole(r["cell"])])
     section = [f"## Paired against {baseline}, cell by cell", ""]
     section += format_paired(paired, STRESS_PAIRED, lead=paths)
     section += [
         "",
-        paired_note(baseline, per_round_time(records)),
+        paired_note(baseline, per_round_time(records), decide),
         "",
         "![paired differences](paired.png)",
     ]
@@ -964,6 +993,7 @@ def _write_tables(
     cells: Sequence[Cell],
     target_accuracy: float | None,
     baseline: str,
+    decide: Callable[..., PairedInterval] = paired_interval,
 ) -> tuple[list[dict[str, object]], float | None]:
     """stress.parquet with times to target filled in, and paired.parquet
     (each arm against ``baseline`` in every cell), rewritten as runs end.
@@ -986,7 +1016,7 @@ def _write_tables(
     fields, cols = _sweep_columns(cells)
     rows = [cols[whole(r["cell"])] | r for r in records]
     write_table(out / "stress.parquet", rows, pa.schema([*fields, *STRESS_SCHEMA]))
-    paired = paired_table(records, baseline, STRESS_PAIRED, by=("cell",))
+    paired = paired_table(records, baseline, STRESS_PAIRED, ("cell",), decide)
     paired_fields = pa.schema([*fields, ("cell", pa.int64()), *PAIRED_SCHEMA])
     paired_rows = [cols[whole(r["cell"])] | r for r in paired]
     write_table(out / "paired.parquet", paired_rows, paired_fields)
