@@ -1504,14 +1504,20 @@ def write_doc(doc: Path, sections: dict[str, str]) -> Path:
         "FedDC Fashion-MNIST claims sequential, as measured below):",
         "",
         "| claim | arms x seeds | rounds | s / round (measured) | estimate (min) "
-        "| measured (min) |",
-        "|---|---|---|---|---|---|",
+        "| measured (min) | at 6 seeds, the fewest that can decide (min) |",
+        "|---|---|---|---|---|---|---|",
         *(
             f"| {c.name} | {len(c.arms)} x {c.seeds or DEFAULT_SEEDS} | {c.rounds} "
             f"| {c.s_per_round:g} | {estimate_s(c, c.seeds or DEFAULT_SEEDS) / 60:.1f} "
-            f"| {_measured_of(kept.get(c.name))} |"
+            f"| {_measured_of(kept.get(c.name))} | {estimate_s(c, 6) / 60:.0f} |"
             for c in CLAIMS
         ),
+        "",
+        "No claim can be decided with fewer than 6 seeds (the sign-flip "
+        "test's floor, docs/results.md); the last column is what 6 would cost "
+        "here, before `--until-decided` adds more where 6 do not settle it. "
+        f"All claims at 6 seeds: about "
+        f"{sum(estimate_s(c, 6) for c in CLAIMS) / 3600:.0f} hours on this host.",
         "",
         f"Measured: the runs behind the sections below took {_measured_min(kept):.0f} "
         "minutes in all.",
