@@ -1099,12 +1099,17 @@ def off_paper(claim: Claim, s: dict[str, Any]) -> list[str]:
     censored at the run's length, so ours is then a lower bound). Reported,
     not judged."""
     out = []
+    arms = s["arms"]
     for name, value in claim.paper_values.items():
-        mean, std, n = s["arms"][name]["accuracy"]
+        if name not in arms:  # an arm the claim's runs left out
+            continue
+        mean, std, n = arms[name]["accuracy"]
         if n and abs(100 * mean - value) > max(1.0, 2 * 100 * std):
             out.append(f"{name} {100 * mean:.2f}% vs the paper's {value:.2f}%")
     for name, printed in claim.paper_rounds.items():
-        mean, std, n = s["arms"][name]["rounds_censored"]
+        if name not in arms:
+            continue
+        mean, std, n = arms[name]["rounds_censored"]
         bound = printed.startswith(">")  # the paper's arm never reached it
         value = float(printed.lstrip(">"))
         off = mean <= value if bound else abs(mean - value) > max(1.0, 2 * std)

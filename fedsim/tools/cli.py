@@ -1161,15 +1161,6 @@ def stress(
     if out_dir is not None:
         _claim_out(out_dir, _STRESS_FILES, overwrite)
     _maybe_ray(workers, address)
-
-    def progress(rec: dict[str, Any]) -> None:
-        err.print(
-            f"cell {rec['cell']} {rec['algorithm']} seed {rec['seed']}: "
-            f"final acc {_fmt(rec['final_accuracy'], '.3f')}, "
-            f"sim {rec['sim_time_s']:.0f}s",
-            highlight=False,
-        )
-
     # innermost first: a plug-in's failure (a RuntimeError) is exit 3
     # before the general RuntimeError handler can make it 1
     with (
@@ -1186,7 +1177,7 @@ def stress(
             workers=workers,
             target_accuracy=target_accuracy,
             overrides=list(set_ or []),
-            progress=None if quiet else progress,
+            progress=None if quiet else _stress_progress,
             baseline=baseline,
             log=trackers,  # issue 41
             max_seeds=max_seeds if until_decided else None,
@@ -1196,6 +1187,16 @@ def stress(
 
     diverged = pq.read_table(path / "stress.parquet", columns=["diverged"])
     _exit_if_diverged(sum(diverged.column(0).to_pylist()), "stress.parquet")
+
+
+def _stress_progress(rec: dict[str, Any]) -> None:
+    """stress's line on stderr as each run ends."""
+    err.print(
+        f"cell {rec['cell']} {rec['algorithm']} seed {rec['seed']}: "
+        f"final acc {_fmt(rec['final_accuracy'], '.3f')}, "
+        f"sim {rec['sim_time_s']:.0f}s",
+        highlight=False,
+    )
 
 
 def _check_max_seeds(until_decided: bool, max_seeds: int, seeds: int) -> None:

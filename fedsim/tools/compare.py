@@ -1060,36 +1060,26 @@ def compare(
     Args:
         algorithms: ``name`` or ``name:key=value,...`` per algorithm.
         overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
-        out_dir: where compare.parquet, compare.md, paired.parquet,
-            compare.png, paired.png and runs/ go (None: nowhere).
+        out_dir: where the tables, the figures and runs/ go (None: nowhere).
         target_accuracy: for rounds and simulated time to reach it (a fraction).
         progress: called with each run's row as it finishes.
         workers: as for :func:`run_jobs`.
         baseline: the arm the others are paired with (default the first).
-        log: trackers (``tensorboard``, ``mlflow``) that get one run per
-            arm and seed as it ends (fedsim/tools/tracking.py; needs ``out_dir``).
-        max_seeds: seeds until decided: after each batch of ``seeds`` new
-            seeds (run side by side, as every run is), stop when every arm is
-            decided against the baseline (:func:`undecided`) or ``max_seeds``
-            seeds have run. The paired table then uses the anytime-valid
-            :func:`fedsim.tools.stats.confidence_sequence`, valid however many
-            batches were looked at. None: exactly ``seeds`` seeds.
+        log: trackers with one run per arm and seed (tools/tracking.py; out_dir).
+        max_seeds: batches of ``seeds`` seeds until every arm is decided
+            (:func:`undecided`, on the confidence sequence), or ``max_seeds``.
 
     Raises:
-        ScenarioError: an invalid variant, or a ``baseline`` that is not
-            among ``algorithms`` (before anything runs).
+        ScenarioError: an invalid variant or a foreign ``baseline`` (before any run).
     """
     from fedsim.results import ROUND_SCHEMA, write_table
+    from fedsim.tools.tracking import run_group
 
     overrides = list(overrides or [])
     _reject_run_overrides(
         overrides, "compare", "; give hyperparameters as name:key=value"
     )
-    if seeds < 1:
-        raise ValueError("seeds must be >= 1")
-    if max_seeds is not None and max_seeds < max(seeds, 2):
-        raise ValueError(f"max_seeds must be >= seeds and >= 2, got {max_seeds}")
-    decide = paired_interval if max_seeds is None else confidence_sequence
+    decide = interval_for(seeds, max_seeds)
     if not algorithms:
         raise ValueError("no algorithms to compare")
     algorithms = check_variants(scenario_path, algorithms, overrides)
@@ -1098,20 +1088,18 @@ def compare(
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         (out / "runs").mkdir(parents=True, exist_ok=True)
-    results: list[_RunResult] = []  # the batches before this one
+
+    tables = (scenario_path, overrides, target_accuracy, base, decide)
 
     def finish(res: _RunResult, so_far: list[_RunResult]) -> None:
         # Written as each run ends (atomically): an interrupted comparison
         # keeps every finished run's rows and a compare.md of them.
         row, rounds = res
-        runs = [r for r, _ in [*results, *so_far]]
         arm, seed = text(row["algorithm"], "algorithm"), whole(row["seed"], "seed")
         if out is not None:  # each run's rounds, then the tables so far
             name = f"{stems[arm]}-seed{seed}.parquet"
             write_table(out / "runs" / name, rounds, ROUND_SCHEMA)
-            _write_tables(
-                out, runs, scenario_path, overrides, target_accuracy, base, decide
-            )
+            _write_tables(out, [r for r, _ in so_far], *tables)
         if group is not None:  # issue 41: one tracked run per arm and seed
             sc = load_variant(scenario_path, arm, seed, overrides)[0]
             name = f"{stems[arm]}-seed{seed}"
@@ -1119,28 +1107,83 @@ def compare(
         if progress is not None:
             progress(row)
 
-    from fedsim.tools.tracking import run_group  # issue 41
-
-    group = run_group(log, out, "compare", scenario_path, overrides)
-    done, upto = 0, seeds
-    while True:
-        jobs = [
-            (scenario_path, label, seed, overrides, target_accuracy)
-            for label in algorithms
-            for seed in range(done, upto)
-        ]
-        results += run_jobs(run_one, jobs, workers, finish)
-        runs = [row for row, _ in results]
-        if max_seeds is None or upto >= max_seeds:
-            break
-        if not undecided(runs, base, target_accuracy is not None):
-            break
-        done, upto = upto, min(max_seeds, upto + seeds)
+    group = run_group(log, out, "compare", scenario_path, overrides)  # issue 41
+    results, _ = run_batches(
+        run_one,
+        _jobs_of(scenario_path, algorithms, overrides, target_accuracy),
+        workers,
+        finish,
+        (seeds, max_seeds),
+        lambda rs: not undecided([r for r, _ in rs], base, target_accuracy is not None),
+    )
     if group is not None:
         group.close()
     if out is not None:
         _write_figures(out, results, target_accuracy, base, decide)
     return summarize_runs([row for row, _ in results], target_accuracy)
+
+
+def interval_for(seeds: int, max_seeds: int | None) -> Callable[..., PairedInterval]:
+    """The paired interval a comparison of ``seeds`` seeds uses: the fixed-n
+    :func:`fedsim.tools.stats.paired_interval`, or with ``max_seeds`` (seeds
+    until decided) the anytime-valid
+    :func:`fedsim.tools.stats.confidence_sequence`.
+
+    Raises:
+        ValueError: ``seeds`` below 1, or ``max_seeds`` below ``seeds`` or 2.
+    """
+    if seeds < 1:
+        raise ValueError("seeds must be >= 1")
+    if max_seeds is not None and max_seeds < max(seeds, 2):
+        raise ValueError(f"max_seeds must be >= seeds and >= 2, got {max_seeds}")
+    return paired_interval if max_seeds is None else confidence_sequence
+
+
+def run_batches(
+    fn: Callable[..., _Result],
+    jobs_for: Callable[[int, int], list[tuple[object, ...]]],
+    workers: int | None,
+    done: Callable[[_Result, list[_Result]], None],
+    seeds: tuple[int, int | None],
+    settled: Callable[[list[_Result]], bool],
+) -> tuple[list[_Result], int]:
+    """:func:`run_jobs` over batches of seeds (:func:`seed_batches`):
+    ``jobs_for(first, end)`` makes a batch's jobs, ``done`` sees every run so
+    far (earlier batches too), ``settled(results)`` ends the batches.
+
+    Args:
+        seeds: (seeds per batch, ``max_seeds`` or None for one batch).
+
+    Returns:
+        Every result, batch after batch, each in job order; the seeds run.
+    """
+    results: list[_Result] = []
+
+    def record(res: _Result, so_far: list[_Result]) -> None:
+        done(res, [*results, *so_far])
+
+    def batch(first: int, end: int) -> None:
+        results.extend(run_jobs(fn, jobs_for(first, end), workers, record))
+
+    n = seed_batches(*seeds, batch, lambda: settled(results))
+    return results, n
+
+
+def seed_batches(
+    seeds: int,
+    max_seeds: int | None,
+    run: Callable[[int, int], None],
+    settled: Callable[[], bool],
+) -> int:
+    """Run seeds ``[0, seeds)``, then, with ``max_seeds``, ``seeds`` more at a
+    time (``run(first, end)``) until ``settled()`` or ``max_seeds`` seeds
+    have run; return how many ran. Without ``max_seeds``, one batch."""
+    done, upto = 0, seeds
+    while True:
+        run(done, upto)
+        if max_seeds is None or upto >= max_seeds or settled():
+            return upto
+        done, upto = upto, min(max_seeds, upto + seeds)
 
 
 def undecided(
@@ -1173,6 +1216,20 @@ def undecided(
             != keys
             for g in groups
         )
+    ]
+
+
+def _jobs_of(
+    scenario_path: str | Path,
+    algorithms: Sequence[str],
+    overrides: Sequence[str],
+    target: float | None,
+) -> Callable[[int, int], list[tuple[object, ...]]]:
+    """compare's jobs of seeds [first, end), every arm, as a function."""
+    return lambda first, end: [
+        (scenario_path, arm, seed, overrides, target)
+        for arm in algorithms
+        for seed in range(first, end)
     ]
 
 

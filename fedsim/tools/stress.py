@@ -38,14 +38,15 @@ from fedsim.tools.compare import (
     check_variants,
     file_stems,
     format_paired,
+    interval_for,
     load_variant,
     paired_note,
     paired_table,
     per_round_time,
     resolve_baseline,
     round_policy,
+    run_batches,
     run_fields,
-    run_jobs,
     split_algorithms,
     to_target,
     tool_field,
@@ -59,7 +60,6 @@ if TYPE_CHECKING:
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, read_yaml
 from fedsim.tools.stats import (
     PairedInterval,
-    confidence_sequence,
     paired_differences,
     paired_interval,
     seeds_needed,
@@ -790,17 +790,13 @@ def run_stress(
             [0, 0.1, 0.3, 0.5]}``); several paths make a grid.
         out_dir: the report directory (default ``results/stress-<name>-<time>``).
         workers: as for :func:`fedsim.tools.compare.run_jobs`.
-        target_accuracy: default: 90% of the best algorithm's mean best
+        target_accuracy: default: 90% of the best arm's mean best held-out
             accuracy in the mildest cell, rounded down to half a point.
         overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
-        baseline: the arm the others are paired with in every cell (default
-            the first algorithm).
-        log: trackers that get one run per cell, arm and seed as it ends
-            (fedsim/tools/tracking.py).
-        max_seeds: seeds until decided: batches of ``seeds`` new seeds until
-            every arm's final accuracy is decided against the baseline in
-            every cell (the anytime-valid confidence sequence, which the
-            paired table then uses) or ``max_seeds`` seeds have run.
+        baseline: the arm paired with the others in every cell (the first).
+        log: trackers with one run per cell, arm and seed (tools/tracking.py).
+        max_seeds: batches of ``seeds`` seeds until every arm is decided in
+            every cell (on the confidence sequence), or ``max_seeds`` ran.
 
     Raises:
         ScenarioError: if the scenario, a swept value or an algorithm is
@@ -815,8 +811,7 @@ def run_stress(
     stems = file_stems(algorithms)
     out = Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    decide = paired_interval if max_seeds is None else confidence_sequence
-    results: list[RunOutput] = []  # the batches before this one
+    decide = interval_for(seeds, max_seeds)
 
     def finish(res: RunOutput, so_far: list[RunOutput]) -> None:
         # Each run's rounds, then the table so far: an interrupted sweep
@@ -825,8 +820,7 @@ def run_stress(
         arm, seed, ci = text(rec["algorithm"]), whole(rec["seed"]), whole(rec["cell"])
         run = f"{ci:02d}-{stems[arm]}-seed{seed}.parquet"
         write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
-        every = [*results, *so_far]
-        _write_tables(out, every, cells, target_accuracy, base, decide)
+        _write_tables(out, so_far, cells, target_accuracy, base, decide)
         if group is not None:  # issue 41: one tracked run per cell, arm and seed
             sc = load_variant(str(scenario_path), arm, seed, overrides, cells[ci])[0]
             name = f"{ci:02d}-{stems[arm]}-seed{seed}"
@@ -838,34 +832,51 @@ def run_stress(
     from fedsim.tools.tracking import run_group  # issue 41
 
     group = run_group(log, out, "stress", scenario_path, overrides)
-    done, upto = 0, seeds
-    while True:
-        jobs = [
-            (str(scenario_path), list(overrides), ci, cell, label, seed)
-            for ci, cell in enumerate(cells)
-            for label in algorithms
-            for seed in range(done, upto)
-        ]
-        results += run_jobs(_run_one, jobs, workers, finish)
-        if max_seeds is None or upto >= max_seeds:
-            break
-        if not undecided([r["record"] for r in results], base, False, ("cell",)):
-            break
-        done, upto = upto, min(max_seeds, upto + seeds)
+    jobs = _jobs_of(str(scenario_path), list(overrides), cells, algorithms)
+    results, seeds = run_batches(
+        _run_one,
+        jobs,
+        workers,
+        finish,
+        (seeds, max_seeds),
+        lambda rs: not undecided([r["record"] for r in rs], base, False, ("cell",)),
+    )
     if group is not None:
         group.close()
-    seeds = upto
-    notes = [
-        f"scenario: `{scenario_path}`",
-        "sweep (mildest first): "
-        + "; ".join(f"`{p}` = {', '.join(map(_label, vs))}" for p, vs in sweep.items()),
-        f"algorithms: {', '.join(algorithms)}; seeds: 0..{seeds - 1}",
-        f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
-    ]
+    notes = _notes(scenario_path, sweep, algorithms, seeds, overrides)
     _write_report(
         out, results, cells, scenario_path, notes, target_accuracy, base, decide
     )
     return out
+
+
+def _jobs_of(
+    path: str, overrides: list[str], cells: Sequence[Cell], algorithms: Sequence[str]
+) -> Callable[[int, int], list[tuple[object, ...]]]:
+    """The jobs of seeds [first, end) of every cell and arm, as a function."""
+    return lambda first, end: [
+        (path, overrides, ci, cell, label, seed)
+        for ci, cell in enumerate(cells)
+        for label in algorithms
+        for seed in range(first, end)
+    ]
+
+
+def _notes(
+    scenario_path: str | Path,
+    sweep: Mapping[str, Sequence[object]],
+    algorithms: Sequence[str],
+    seeds: int,
+    overrides: Sequence[str],
+) -> list[str]:
+    """stress.md's first notes: what ran, with how many seeds."""
+    swept = "; ".join(f"`{p}` = {', '.join(map(_label, v))}" for p, v in sweep.items())
+    return [
+        f"scenario: `{scenario_path}`",
+        f"sweep (mildest first): {swept}",
+        f"algorithms: {', '.join(algorithms)}; seeds: 0..{seeds - 1}",
+        f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
+    ]
 
 
 def _grid(
