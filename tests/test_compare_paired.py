@@ -355,3 +355,23 @@ def test_max_seeds_below_seeds_is_refused_before_running(command, tmp_path):
     assert res.returncode == 2, res.stdout + res.stderr
     assert "--max-seeds 3: expected at least --seeds (4)" in res.stderr
     assert not list((tmp_path / "o").glob("*.parquet"))
+
+
+def test_compare_until_decided_from_the_command_line(tmp_path):
+    # Execute: one seed a batch, at most two: two seeds never decide
+    out = tmp_path / "c"
+    res = fedsim_here(
+        *("compare", str(SCENARIOS / "ci" / "tiny-synthetic.yaml")),
+        *("-a", "fedavg,fedprox:mu=1", "--seeds", "1", "--set", "rounds=2"),
+        *("--until-decided", "--max-seeds", "2", "--out", str(out), "-q"),
+    )
+    # Assert: both batches ran, and the table says which interval it used
+    assert res.returncode == 0, res.stderr
+    runs = pq.read_table(out / "compare.parquet").to_pylist()
+    assert sorted((r["algorithm"], r["seed"]) for r in runs) == [
+        ("fedavg", 0),
+        ("fedavg", 1),
+        ("fedprox:mu=1", 0),
+        ("fedprox:mu=1", 1),
+    ]
+    assert "anytime-valid confidence sequence" in res.stdout
