@@ -148,6 +148,8 @@ def test_a_pair_with_a_diverged_run_is_left_out_and_counted():
     # the targets count the diverged runs as misses
     acc = next(r for r in table if r["metric"] == "final_accuracy")
     assert (acc["seeds"], acc["left_out"], acc["verdict"]) == (0, 2, "n/a")
+    # a metric no run recorded (the objective) has no pair and no row
+    assert "final_objective" not in {r["metric"] for r in table}
     assert "0 (2 left out: diverged)" in "\n".join(format_paired(table))
     rounds = next(r for r in table if r["metric"] == "rounds_to_target")
     assert rounds["mean"] == pytest.approx(((5 - 21) + (6 - 21)) / 2)

@@ -656,8 +656,11 @@ def paired_values(
         if b is None:
             continue
         if not metric.censor:
+            recorded = _ge(r.get(metric.key), -math.inf) or _ge(
+                b.get(metric.key), -math.inf
+            )  # a metric neither run recorded has no pair to leave out
             if r.get("diverged") or b.get("diverged"):
-                left_out += 1
+                left_out += recorded
                 continue
             diffs += paired_differences({0: r.get(metric.key)}, {0: b.get(metric.key)})
             continue
