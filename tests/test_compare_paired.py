@@ -359,6 +359,7 @@ def test_max_seeds_below_seeds_is_refused_before_running(command, tmp_path):
     assert not list((tmp_path / "o").glob("*.parquet"))
 
 
+@pytest.mark.slow
 def test_compare_until_decided_from_the_command_line(tmp_path):
     # Execute: one seed a batch, at most two: two seeds never decide
     out = tmp_path / "c"

@@ -327,6 +327,7 @@ def test_the_default_target_is_chosen_on_held_out_rows_not_the_test_set():
     assert _default_target(no_held_out) is None
 
 
+@pytest.mark.slow
 def test_stress_until_decided_adds_seeds_in_batches(tmp_path: Path):
     # Execute: two seeds cannot decide anything, so the batch of 1 seed is
     # followed by a second, and the sweep stops at --max-seeds 2
