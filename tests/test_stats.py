@@ -15,6 +15,7 @@ from fedsim.tools.stats import (
     PairedInterval,
     confidence_sequence,
     cs_quantile,
+    fewest_seeds,
     paired_differences,
     paired_interval,
     seeds_needed,
@@ -247,7 +248,11 @@ def test_seeds_needed_is_the_smallest_n_meeting_the_rule():
     for effect, sd in ((0.01, 0.01), (0.02, 0.05), (1.0, 0.3)):
         n = seeds_needed(effect, sd)
         assert meets(n, effect, sd)
-        assert n == 2 or not meets(n - 1, effect, sd)
+        assert n == fewest_seeds() or not meets(n - 1, effect, sd)
+    # a large effect still needs the seeds the sign-flip test can decide on
+    assert seeds_needed(1.0, 0.01) == fewest_seeds() == 6
+    assert all(sign_flip_p([1.0] * n) > 0.05 for n in range(1, 6))
+    assert sign_flip_p([1.0] * 6) <= 0.05
     # twice the spread needs about four times the seeds, once n is large
     # enough for the t quantiles to be near the normal ones
     assert 3.6 < seeds_needed(0.01, 0.04) / seeds_needed(0.01, 0.02) < 4.1

@@ -359,11 +359,12 @@ def seeds_needed(
     """Seeds a paired comparison needs to call a true difference ``effect``
     real, at ``level``, in a fraction ``power`` of studies.
 
-    The smallest n >= 2 with ``(t_{(1+level)/2, n-1} + t_{power, n-1}) sd /
+    The smallest n with ``(t_{(1+level)/2, n-1} + t_{power, n-1}) sd /
     sqrt(n) <= |effect|``: the interval's half-width must leave room for the
     mean difference to fall short of ``effect`` by a t quantile of its own
     spread (the usual sample-size rule for a paired t test, with t rather
-    than normal quantiles).
+    than normal quantiles), and at least :func:`fewest_seeds` (below it the
+    sign-flip test can never agree, whatever the effect).
 
     Args:
         effect: the true mean difference to detect (any sign; not 0).
@@ -373,7 +374,7 @@ def seeds_needed(
 
     Example:
         >>> seeds_needed(0.01, 0.01), seeds_needed(0.01, 0.005)
-        (10, 5)
+        (10, 6)
 
     Raises:
         ValueError: a zero effect, a negative sd, or power outside [0.5, 1).
@@ -382,12 +383,27 @@ def seeds_needed(
         raise ValueError(f"effect must be finite and non-zero, got {effect}")
     if sd < 0 or not 0.5 <= power < 1:
         raise ValueError(f"need sd >= 0 and power in [0.5, 1), got {sd}, {power}")
-    n = 2
+    n = fewest_seeds(level)
     while True:
         t = t_quantile((1 + level) / 2, n - 1) + t_quantile(power, n - 1)
         if t * sd / math.sqrt(n) <= abs(effect):
             return n
         n += 1
+
+
+def fewest_seeds(level: float = 0.95) -> int:
+    """The fewest seeds that can give a firm verdict at ``level``: the
+    sign-flip test's smallest p-value, ``2 / 2**n``, must reach
+    ``1 - level`` (6 at 95%, 8 at 99%).
+
+    Example:
+        >>> fewest_seeds(), fewest_seeds(0.99)
+        (6, 8)
+    """
+    n = 2
+    while 2.0 ** (1 - n) > 1 - level:
+        n += 1
+    return n
 
 
 @functools.lru_cache(maxsize=4096)
