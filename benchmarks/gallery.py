@@ -20,34 +20,38 @@ second call only writes the doc; ``--force`` reruns. The doc is rewritten
 after every claim; the sections of claims not run this time are kept from
 the doc as it was, so ``--only`` updates one claim's section and figure.
 
-Verdicts (per claim), one rule for both directions:
+Verdicts (per claim), one paired rule for both directions, the rule of
+``fedsim compare`` (:func:`compare_arms`):
 
 - **holds**: every ordering the paper claims is there beyond the spread;
-- **does not hold**: an ordering is reversed beyond the spread (or the
-  claimed winner diverged); the reason names who is ahead;
+- **does not hold**: an ordering is reversed beyond the spread; the reason
+  names who is ahead;
 - **inconclusive**: no reversal beyond the spread, but some ordering within
-  it, either way (one seed: no spread, so always within).
+  it, either way (fewer than 6 shared seeds never decide).
 
-Beyond the spread: where the two arms ran the same seeds (two or more), the
-95% Student t interval of the per-seed differences
-(:func:`fedsim.tools.stats.paired_interval`) excludes 0; otherwise the gap of the
-means exceeds the larger of the two sample stds. A claim whose setting the
-budget still cuts (``Claim.cut``) cannot be refuted by its runs: any verdict
-but "holds" is "inconclusive (reduced: what was cut)". The paper's printed
-numbers are named in the reason when ours are off by more than max(1 point,
-2 std); they do not change the verdict. Sections of claims not rerun are
-kept from the doc; one judged by the earlier rule ("holds in ordering only",
-"does not hold") of a cut claim becomes "inconclusive (reduced: ...)"
-(:func:`rejudge_kept`).
+Beyond the spread: over the seeds both arms ran, the 95% Student t interval
+of the per-seed differences excludes 0 and the exact sign-flip test agrees
+(:func:`fedsim.tools.stats.paired_interval`; with ``--until-decided``, the
+anytime-valid :func:`fedsim.tools.stats.confidence_sequence`). No unpaired
+fallback. Pairs follow :func:`fedsim.tools.compare.paired_values`: a target
+missed is censored at the run's length, and a pair with a diverged run (of
+any arm) is left out of final values and counted in the reason. A claim whose
+setting the budget still cuts (``Claim.cut``) is "inconclusive (reduced:
+what was cut)" whatever its runs say, in both directions. Every paper cell
+ours is off from by more than max(1 unit, 2 std) is named in the reason
+(:func:`off_paper`: accuracies and rounds); they do not change the verdict.
+"Final" is the last evaluation, for accuracy and the objective alike.
+Sections of claims not rerun are kept from the doc, but a section judged by
+another rule reads "not rerun" (:func:`rejudge_kept`).
 
 A target claim may stop each run at the round it first reaches the target
 (``Claim.stop_at_target``: FedDC's rounds to 89%), and may show the rounds
 to lower accuracies too (``also_targets``). ``--cached-only`` writes the
 sections from the cached runs alone, naming the runs missing.
 
-Rounds and bytes to a target: a seed that never reaches it counts as the
-whole run (its rounds + 1, its bytes), a lower bound that never overstates a
-win over it; the table still says how many seeds reached the target.
+Rounds and bytes to a target: a seed that never reaches it is censored at
+the whole run (its rounds + 1, its bytes), a lower bound that never
+overstates a win over it; the table says how many seeds reached the target.
 
 The global training objective F(x) = sum_i p_i F_i(x) is read from
 rounds.parquet's ``train_objective`` column when this fedsim has
@@ -786,12 +790,11 @@ def objective_column(rounds: Sequence[dict[str, Any]]) -> str:
 
 
 def final_objective(rounds: Sequence[dict[str, Any]]) -> float:
-    """The mean of the last tenth (at least one) of the finite values of
-    :func:`objective_column`, which is noisy from round to round."""
+    """The last finite value of :func:`objective_column`: "final" means the
+    last evaluation, for the objective as for accuracy (no average of the
+    last rounds, which would judge a different number than the one named)."""
     values = _finite([r.get(objective_column(rounds)) for r in rounds])
-    if not values:
-        return math.nan
-    return float(np.mean(values[-max(1, len(values) // 10) :]))
+    return float(values[-1]) if values else math.nan
 
 
 def _mean_std(values: Sequence[Any]) -> tuple[float, float, int]:
@@ -828,8 +831,12 @@ def rounds_to(
     return mean, std, len(found)
 
 
-def summarize(claim: Claim, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per arm: mean, std and count of each measured number over seeds."""
+def summarize(
+    claim: Claim, records: Sequence[dict[str, Any]], until_decided: bool = False
+) -> dict[str, Any]:
+    """Per arm: mean, std and count of each measured number over seeds;
+    ``until_decided`` (seeds were added until decided) makes the verdicts
+    use the anytime-valid confidence sequence."""
     arms: dict[str, Any] = {}
     for arm in claim.arms:
         rs = [r for r in records if r["arm"] == arm.name]
@@ -873,7 +880,9 @@ def summarize(claim: Claim, records: Sequence[dict[str, Any]]) -> dict[str, Any]
             ),
             "bytes_up": _mean_std([r["bytes_up"] for r in rows]),
             "wall_s": float(sum(r["wall_s"] for r in rs)),
-            # per seed, for the paired comparisons (a miss: the whole run)
+            # the runs as fedsim.tools.compare.paired_values pairs them
+            "runs": [_paired_row(r) for r in rs],
+            # per seed, for the tables (a miss: the whole run)
             "per_seed": {
                 "accuracy": {r["seed"]: r["row"]["final_accuracy"] for r in rs},
                 "objective": {r["seed"]: final_objective(r["rounds"]) for r in rs},
@@ -896,7 +905,42 @@ def summarize(claim: Claim, records: Sequence[dict[str, Any]]) -> dict[str, Any]
             "also": {t: rounds_to(rs, t) for t in claim.also_targets},
         }
     column = {objective_column(r["rounds"]) for r in records} or {"test_loss"}
-    return {"arms": arms, "objective_column": sorted(column)[0]}
+    return {
+        "arms": arms,
+        "objective_column": sorted(column)[0],
+        "until_decided": until_decided,
+    }
+
+
+def _paired_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """A run record as :func:`fedsim.tools.compare.paired_values` reads it."""
+    row = rec["row"]
+    return {
+        "seed": rec["seed"],
+        "diverged": bool(row["diverged"]),
+        "final_accuracy": row["final_accuracy"],
+        "final_objective": final_objective(rec["rounds"]),
+        **{k: row[k] for k in ("rounds", "rounds_to_target", "bytes_up")},
+        "bytes_up_to_target": row["bytes_up_to_target"],
+    }
+
+
+def _metric(name: str) -> Any:
+    """The gallery's metric as a :class:`fedsim.tools.compare.PairedMetric`:
+    the same pairing rule as compare and stress (targets censored at the
+    run's length; a pair with a diverged run left out of values, counted)."""
+    from fedsim.tools.compare import PairedMetric
+
+    return {
+        "accuracy": PairedMetric("final_accuracy", "accuracy", True),
+        "objective": PairedMetric("final_objective", "objective", False),
+        "rounds_to_target": PairedMetric(
+            "rounds_to_target", "rounds", False, censor="rounds"
+        ),
+        "bytes_to_target": PairedMetric(
+            "bytes_up_to_target", "bytes", False, censor="bytes_up"
+        ),
+    }[name]
 
 
 def _target_value(arm: dict[str, Any], key: str) -> tuple[float, float]:
@@ -932,61 +976,58 @@ def compare_arms(
 ) -> tuple[str, str]:
     """Whether ``winner`` beats ``loser`` on ``metric`` beyond the spread.
 
-    Paired by seed where both arms ran the same two or more seeds: the
-    per-seed difference (loser - winner, oriented so that positive favours
-    the winner) gets a 95% Student t interval (:func:`fedsim.tools.stats.
-    paired_interval`); the winner is ahead when the interval lies above 0,
-    behind when below, and neither when it holds 0. Otherwise (seeds not
-    shared): the gap of the means against the larger of the two sample stds.
-    With one seed there is no spread, so no side is beyond it; where one arm
-    ran more seeds than the other, the lead given is that of the one seed
-    both ran (a mean over the other's extra seeds would not be paired).
+    One paired rule, as in ``fedsim compare``: the seeds both arms ran are
+    paired (:func:`fedsim.tools.compare.paired_values`: a target missed is
+    censored at the run's length, a pair with a diverged run is left out
+    of a value and counted), and the winner is ahead when the 95% interval
+    of the per-seed differences lies above 0 with the exact sign-flip test
+    agreeing (:func:`fedsim.tools.stats.paired_interval`), behind when below,
+    neither otherwise; where seeds were added until decided (the summary's
+    ``until_decided``), the anytime-valid confidence sequence instead. No
+    unpaired fallback.
 
     Args:
         s: :func:`summarize`'s summary.
         metric: ``accuracy`` (higher is better), ``objective``,
-            ``rounds_to_target`` or ``bytes_to_target`` (lower is better; a
-            run that missed the target counts as the whole run).
+            ``rounds_to_target`` or ``bytes_to_target`` (lower is better).
         winner: the arm the paper puts ahead.
         loser: the arm it puts behind.
 
     Returns:
         (``held``, ``reversed`` or ``within``; the evidence in words).
     """
-    from fedsim.tools.stats import paired_differences, paired_interval
+    from fedsim.tools.compare import paired_values
+    from fedsim.tools.stats import confidence_sequence, paired_interval
 
     arms = s["arms"]
-    sign = -1.0 if metric == "accuracy" else 1.0  # oriented: smaller is better
-    w = {k: sign * float(v) for k, v in arms[winner]["per_seed"][metric].items()}
-    ls = {k: sign * float(v) for k, v in arms[loser]["per_seed"][metric].items()}
+    for name in (winner, loser):
+        if not arms[name]["runs"]:
+            return "within", f"{name} not run"
+    m = _metric(metric)
+    diffs, left_out = paired_values(arms[winner]["runs"], arms[loser]["runs"], m)
+    decide = confidence_sequence if s.get("until_decided") else paired_interval
+    iv = decide(diffs, higher_is_better=m.higher_is_better)
+    side = {"better": "held", "worse": "reversed"}.get(iv.verdict, "within")
     scale = 100.0 if metric == "accuracy" else 1.0
     unit = " points" if metric == "accuracy" else ""
-    if not w or not ls:
-        return "within", f"no run of {winner if not w else loser}"
-    diffs = paired_differences(ls, w)  # loser - winner: > 0 favours the winner
-    if len(diffs) >= 2 and len(diffs) == len(w) == len(ls):
-        iv = paired_interval(diffs, higher_is_better=True)
-        side = {"better": "held", "worse": "reversed"}.get(iv.verdict, "within")
-        return side, (
-            f"paired over {iv.n} seeds: {winner}'s lead {scale * iv.mean:.4g}{unit}, "
-            f"95% interval [{scale * iv.lo:.4g}, {scale * iv.hi:.4g}]"
-        )
-    if len(w) < 2 or len(ls) < 2:
-        if len(diffs) == 1:  # the one seed both ran: its own difference
-            return "within", (
-                f"one shared seed: {winner}'s lead {scale * diffs[0]:.4g}{unit}, "
-                "no spread"
-            )
-        gap = sum(ls.values()) / max(len(ls), 1) - sum(w.values()) / max(len(w), 1)
-        return "within", f"one seed: {winner}'s lead {scale * gap:.4g}{unit}, no spread"
-    wm, ws, _ = _mean_std(list(w.values()))
-    lm, lsd, _ = _mean_std(list(ls.values()))
-    gap, spread = lm - wm, max(ws, lsd)
-    side = "held" if gap > spread else "reversed" if gap < -spread else "within"
+    sign = scale if m.higher_is_better else -scale  # the winner's lead > 0
+    left = f" ({left_out} pairs left out: a run diverged)" if left_out else ""
+    if iv.n < 2:
+        lead = f"{sign * iv.mean:.4g}{unit}" if iv.n else "none"
+        return "within", f"{iv.n} paired seed(s): {winner}'s lead {lead}{left}"
+    lo, hi = sorted((sign * iv.lo, sign * iv.hi))
     return side, (
-        f"unpaired: {winner}'s lead {scale * gap:.4g}{unit} against a spread "
-        f"of {scale * spread:.4g}{unit}"
+        f"paired over {iv.n} seeds: {winner}'s lead {sign * iv.mean:.4g}{unit}, "
+        f"95% interval [{lo:.4g}, {hi:.4g}], {iv.verdict}{left}"
     )
+
+
+def decided(claim: Claim, s: dict[str, Any]) -> bool:
+    """Whether more seeds can no longer change the claim's verdict (before
+    the reduction's label): an ordering reversed beyond the spread, or every
+    one held."""
+    v, _ = _raw_verdict(claim, s)
+    return v in ("holds", "does not hold")
 
 
 def verdict(
@@ -994,26 +1035,21 @@ def verdict(
 ) -> tuple[str, str]:
     """(verdict, reason) from the summary: the symmetric rule (module
     docstring), then, for a claim the budget cuts (``claim.cut``, or runs
-    it left out: ``missing``), any verdict but "holds" becomes
-    "inconclusive (reduced: ...)"."""
+    it left out: ``missing``), any verdict, "holds" included, becomes
+    "inconclusive (reduced: ...)": a reduced setting neither confirms nor
+    refutes the paper's claim (the reason says what it would be)."""
     v, reason = _raw_verdict(claim, s)
     cut = [claim.cut] if claim.cut else []
     if missing:
         cut.append(f"not run: {', '.join(missing)}")
-    if cut and v != "holds":
-        return f"inconclusive (reduced: {'; '.join(cut)})", reason
+    if cut:  # neither confirms nor refutes: the paper's setting was not run
+        return f"inconclusive (reduced: {'; '.join(cut)})", f"would be {v}: {reason}"
     return v, reason
 
 
 def _raw_verdict(claim: Claim, s: dict[str, Any]) -> tuple[str, str]:
     """holds / does not hold / inconclusive, before the reduction's label."""
     arms = s["arms"]
-    for winner, _ in claim.better:
-        if arms[winner]["diverged"]:
-            return (
-                "does not hold",
-                f"{winner} diverged in {arms[winner]['diverged']} seed(s)",
-            )
     words = dict(_WORDS)
     if s["objective_column"] != "train_objective":
         words["objective"] = "final test loss (the objective's stand-in)"
@@ -1036,10 +1072,13 @@ def _raw_verdict(claim: Claim, s: dict[str, Any]) -> tuple[str, str]:
         for a in dict.fromkeys(x for w, losers in claim.better for x in (w, *losers))
         if "target" in claim.metrics and arms[a]["reached"] < arms[a]["seeds"]
     ]
-    for name, value in claim.paper_values.items():  # reported, not judged
-        mean, std, n = arms[name]["accuracy"]
-        if n and abs(100 * mean - value) > max(1.0, 2 * 100 * std):
-            notes.append(f"{name} {100 * mean:.2f}% vs the paper's {value:.2f}%")
+    notes += [  # any arm's divergence counts, whichever side the paper puts it
+        f"{a} diverged in {arms[a]['diverged']}/{arms[a]['seeds']} seeds (its "
+        "pairs left out of final values, a miss on targets)"
+        for a in arms
+        if arms[a]["diverged"]
+    ]
+    notes += off_paper(claim, s)
     if found["reversed"]:
         rest = [f"beyond the spread against the claim: {x}" for x in found["reversed"]]
         also = [f"as claimed: {x}" for x in found["held"]]
@@ -1052,6 +1091,31 @@ def _raw_verdict(claim: Claim, s: dict[str, Any]) -> tuple[str, str]:
     return "holds", "; ".join(
         ["every claimed ordering, beyond the spread", *found["held"], *notes]
     )
+
+
+def off_paper(claim: Claim, s: dict[str, Any]) -> list[str]:
+    """Every paper cell ours is off from by more than max(1 unit, 2 std):
+    final accuracies (points) and rounds to the target (rounds; a miss
+    censored at the run's length, so ours is then a lower bound). Reported,
+    not judged."""
+    out = []
+    arms = s["arms"]
+    for name, value in claim.paper_values.items():
+        if name not in arms:  # an arm the claim's runs left out
+            continue
+        mean, std, n = arms[name]["accuracy"]
+        if n and abs(100 * mean - value) > max(1.0, 2 * 100 * std):
+            out.append(f"{name} {100 * mean:.2f}% vs the paper's {value:.2f}%")
+    for name, printed in claim.paper_rounds.items():
+        if name not in arms:
+            continue
+        mean, std, n = arms[name]["rounds_censored"]
+        bound = printed.startswith(">")  # the paper's arm never reached it
+        value = float(printed.lstrip(">"))
+        off = mean <= value if bound else abs(mean - value) > max(1.0, 2 * std)
+        if n and off:
+            out.append(f"{name} {mean:.1f} ± {std:.1f} rounds vs the paper's {printed}")
+    return out
 
 
 # ---------------------------------------------------------------- output
@@ -1228,8 +1292,8 @@ def estimate_s(claim: Claim, seeds: int) -> float:
 
 
 def _header_json(claim: Claim, v: str, reason: str, winner_text: str) -> str:
-    blob = json.dumps({"verdict": v, "reason": reason, "ours": winner_text})
-    return f"<!-- claim:{claim.name} {blob} -->"
+    blob = {"verdict": v, "reason": reason, "ours": winner_text, "rule": RULE}
+    return f"<!-- claim:{claim.name} {json.dumps(blob)} -->"
 
 
 def _winner_text(claim: Claim, s: dict[str, Any]) -> str:
@@ -1258,9 +1322,10 @@ def claim_section(
     fig: Path,
     doc: Path,
     missing: Sequence[str] = (),
+    until_decided: bool = False,
 ) -> str:
     """The Markdown section of one claim, between its markers."""
-    s = summarize(claim, records)
+    s = summarize(claim, records, until_decided)
     v, reason = verdict(claim, s, missing)
     col = s["objective_column"]
     wall = sum(a["wall_s"] for a in s["arms"].values())
@@ -1291,8 +1356,8 @@ def claim_section(
         )
     if "objective" in claim.metrics and col != "train_objective":
         lines.append(
-            "- **Objective**: the global model's test loss (`test_loss`, mean "
-            "of the last tenth of the rounds) stands in for the training "
+            "- **Objective**: the global model's test loss (`test_loss`, its "
+            "last evaluation) stands in for the training "
             "objective F(x) (this fedsim has no `eval.objective_every`)."
         )
     lines += [
@@ -1337,30 +1402,26 @@ def _old_sections(doc: Path) -> dict[str, str]:
     return out
 
 
-# the earlier rule's verdicts other than "holds" (before the symmetric rule)
-_EARLIER = ("holds in ordering only", "does not hold")
+# The verdict rule a section was judged by (in its header): a section kept
+# from the doc and judged by another rule is "not rerun", never kept.
+RULE = "paired, sign-flip, censored targets"
 
 
 def rejudge_kept(claim: Claim, section: str) -> str:
-    """A kept section (runs not redone this time) under the symmetric rule.
-
-    Its per-seed numbers are not in the doc, so it cannot be judged afresh;
-    but a claim the budget cuts (``claim.cut``) can only hold or be
-    inconclusive under the symmetric rule, whatever the numbers: an earlier
-    "holds" (every ordering beyond the spread) stays, an earlier "holds in
-    ordering only" or "does not hold" becomes "inconclusive (reduced: cut)",
-    its earlier verdict and reason kept in the reason. A section already
-    judged by this rule, or of a claim with no cut, is returned unchanged.
+    """A kept section (runs not redone this time): unchanged when this rule
+    (:data:`RULE`) judged it; otherwise its verdict is "not rerun", with
+    what the earlier rule said in the reason. Its per-seed numbers are not
+    in the doc, so it cannot be judged afresh, and no verdict of an older
+    rule is kept, whichever way it went.
     """
     first, rest = section.split("\n", 1)
     blob = json.loads(first.split(" ", 2)[2].rsplit(" -->", 1)[0])
-    old = blob["verdict"]
-    if not claim.cut or old not in _EARLIER:
+    if blob.get("rule") == RULE or blob["verdict"] == "not rerun":
         return section
-    new = f"inconclusive (reduced: {claim.cut})"
+    new = "not rerun"
     reason = (
-        f"not rerun since the symmetric rule; the earlier rule said "
-        f"'{old}': {blob['reason']}"
+        f"judged by an earlier rule, which said '{blob['verdict']}' "
+        f"({blob['reason']}); rerun with --only {claim.name}"
     )
     head = _header_json(claim, new, reason, blob["ours"])
     body = re.sub(
@@ -1373,12 +1434,16 @@ def rejudge_kept(claim: Claim, section: str) -> str:
 
 
 def _summary_row(claim: Claim, section: str | None) -> str:
+    """A claim's row of the summary table; the title names the input
+    scaling where the claim's runs set one (the Fashion-MNIST rows)."""
+    scaling = re.search(r"input scaling: (.*?) \(", claim.reductions)
+    title = claim.title + (f" (inputs: {scaling.group(1)})" if scaling else "")
     if section is None:
-        return f"| {claim.title} | {claim.paper} | not run yet | - |"
+        return f"| {title} | {claim.paper} | not run yet | - |"
     first = section.split("\n", 1)[0]  # <!-- claim:NAME {json} -->
     blob = json.loads(first.split(" ", 2)[2].rsplit(" -->", 1)[0])
     return (
-        f"| {claim.title} | {claim.paper} | {blob['ours']} | "
+        f"| {title} | {claim.paper} | {blob['ours']} | "
         f"**{blob['verdict']}**: {blob['reason']} |"
     )
 
@@ -1407,27 +1472,29 @@ def write_doc(doc: Path, sections: dict[str, str]) -> Path:
         f"last written {datetime.now(UTC):%Y-%m-%d %H:%M} UTC at commit `{commit}`. "
         "Each section says which runs made it, with how many seeds, and what "
         "was reduced against the paper to fit a 2-core CPU. Verdicts, one "
-        "rule for both directions: **holds** (every claimed ordering, beyond "
-        "the spread), **does not hold** (an ordering reversed beyond the "
-        "spread, or the claimed winner diverged), **inconclusive** (within "
-        "the spread either way, or one seed only). Beyond the spread: where "
-        "two arms ran the same seeds, the 95% Student t interval of the "
-        "per-seed differences (`fedsim.tools.stats.paired_interval`) excludes 0; "
-        "otherwise the gap of the means exceeds the larger sample std. Where "
-        "the budget still cuts the paper's setting, any verdict but holds is "
-        "**inconclusive (reduced: what was cut)**: a shortened run cannot "
-        "refute a claim. A section not rerun since this rule keeps its "
-        "earlier **holds** (then: every ordering beyond the larger std, "
-        "unpaired); its other earlier verdicts are inconclusive now, since "
-        "every such claim is cut. The paper's printed numbers are shown "
-        "beside ours "
-        "and named in the reason when off by more than max(1 point, 2 std); "
-        "they do not change the verdict. Rounds to a target: a run that "
-        "misses it counts as the whole run (a lower bound). The verdicts "
-        "judge final values or rounds to a target, as each claim says; the "
-        "figures show the curves. Accuracy is the scenario's test set; mean "
-        "± sample std over seeds. A claim marked *not run yet* has its "
-        "command in the cost table below (`--only NAME`).",
+        "paired rule for both directions (the rule of `fedsim compare`, "
+        'docs/results.md "Paired comparisons"): **holds** (every claimed '
+        "ordering beyond the spread), **does not hold** (an ordering reversed "
+        "beyond the spread), **inconclusive** (within the spread either way). "
+        "Beyond the spread: over the seeds both arms ran, the 95% Student t "
+        "interval of the per-seed differences excludes 0 and the exact "
+        "sign-flip test agrees (`fedsim.tools.stats.paired_interval`: no firm "
+        "verdict from fewer than 6 seeds); no unpaired fallback. A target "
+        "missed is censored at the run's length (a seed where one arm reached "
+        "it counts for that arm; both missing is a tie); a pair with a "
+        "diverged run, of either arm, is left out of final values and counted "
+        "in the reason. Where the budget still cuts the paper's setting, every "
+        "verdict is **inconclusive (reduced: what was cut)**, in both "
+        "directions: a reduced run neither confirms nor refutes (the reason "
+        "says what it would be). A section judged by an earlier rule and not "
+        "rerun reads **not rerun**; no verdict is kept. Final means the last "
+        "evaluation, for accuracy and for the objective alike. The paper's "
+        "printed numbers are shown beside ours and every cell off by more than "
+        "max(1 unit, 2 std) is named in the reason (accuracies in points, "
+        "rounds in rounds); they do not change the verdict. Accuracy is the "
+        "scenario's test set, read for the reported numbers only; mean ± "
+        "sample std over seeds. A claim marked *not run yet* has its command "
+        "in the cost table below (`--only NAME`).",
         "",
         "| claim | paper | this code (mean) | verdict |",
         "|---|---|---|---|",
@@ -1442,14 +1509,20 @@ def write_doc(doc: Path, sections: dict[str, str]) -> Path:
         "FedDC Fashion-MNIST claims sequential, as measured below):",
         "",
         "| claim | arms x seeds | rounds | s / round (measured) | estimate (min) "
-        "| measured (min) |",
-        "|---|---|---|---|---|---|",
+        "| measured (min) | at 6 seeds, the fewest that can decide (min) |",
+        "|---|---|---|---|---|---|---|",
         *(
             f"| {c.name} | {len(c.arms)} x {c.seeds or DEFAULT_SEEDS} | {c.rounds} "
             f"| {c.s_per_round:g} | {estimate_s(c, c.seeds or DEFAULT_SEEDS) / 60:.1f} "
-            f"| {_measured_of(kept.get(c.name))} |"
+            f"| {_measured_of(kept.get(c.name))} | {estimate_s(c, 6) / 60:.0f} |"
             for c in CLAIMS
         ),
+        "",
+        "No claim can be decided with fewer than 6 seeds (the sign-flip "
+        "test's floor, docs/results.md); the last column is what 6 would cost "
+        "here, before `--until-decided` adds more where 6 do not settle it. "
+        f"All claims at 6 seeds: about "
+        f"{sum(estimate_s(c, 6) for c in CLAIMS) / 3600:.0f} hours on this host.",
         "",
         f"Measured: the runs behind the sections below took {_measured_min(kept):.0f} "
         "minutes in all.",
@@ -1538,6 +1611,30 @@ def _check_paths(
         p.error(f"--doc {doc}: the page and its figures go in its folder; {why}")
 
 
+def _run_until(
+    claim: Claim, args: argparse.Namespace
+) -> tuple[int, list[dict[str, Any]], list[str]]:
+    """A claim's runs: its seeds, or with ``--until-decided`` batches of
+    them (each seed's runs cached, so a batch runs only the new seeds) until
+    :func:`decided` under the confidence sequence or ``--max-seeds``.
+
+    Returns:
+        (seeds asked for, the run records, the runs missing).
+    """
+    batch = n = claim_seeds(claim, args)
+    force = args.force  # the first batch only: later ones add seeds
+    while True:
+        records, missing = run_claim(
+            claim, n, args.tiny, args.out, force, args.cached_only
+        )
+        force = False
+        if not args.until_decided or n >= args.max_seeds or missing:
+            return n, records, missing
+        if decided(claim, summarize(claim, records, until_decided=True)):
+            return n, records, missing
+        n = min(args.max_seeds, n + batch)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -1561,6 +1658,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument(
         "--estimate", action="store_true", help="print the cost, run nothing"
+    )
+    p.add_argument(
+        "--until-decided",
+        action="store_true",
+        help="add --seeds seeds at a time until the claim is decided (an "
+        "anytime-valid confidence sequence) or --max-seeds is reached",
+    )
+    p.add_argument(
+        "--max-seeds", type=_seed_count, default=20, help="with --until-decided"
     )
     args = p.parse_args(argv)
     if "FEDSIM_DATA_ROOT" not in os.environ and (SHARED_DATA / "mnist-test").is_dir():
@@ -1589,18 +1695,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     sections = {}
     for claim in claims:
         print(f"{claim.name}: {claim.title}", flush=True)
-        n = claim_seeds(claim, args)
-        records, missing = run_claim(
-            claim, n, args.tiny, args.out, args.force, args.cached_only
-        )
+        n, records, missing = _run_until(claim, args)
         if not records:
             print("  no cached run: section not written", flush=True)
             continue
         fig = plot_claim(claim, records, doc.parent / FIG_DIR / f"{claim.name}.png")
         sections[claim.name] = claim_section(
-            claim, records, n, args.tiny, fig, doc, missing
+            claim, records, n, args.tiny, fig, doc, missing, args.until_decided
         )
-        v, reason = verdict(claim, summarize(claim, records), missing)
+        v, reason = verdict(
+            claim, summarize(claim, records, args.until_decided), missing
+        )
         # after every claim: an interrupted gallery keeps the claims it finished
         print(
             f"  verdict: {v} ({reason}); wrote {write_doc(doc, sections)}", flush=True

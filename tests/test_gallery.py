@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedsim.tools.compare import load_variant
+from fedsim.tools.stats import paired_interval
 
 from .conftest import MNIST, ROOT, assert_figure
 
@@ -95,12 +96,17 @@ def _verdict(claim, records):
     return gallery.verdict(claim, gallery.summarize(claim, records))
 
 
+# six seeds (fewer never decide: the sign-flip test's smallest p is 2/2^n)
+SIX = [0.0, 0.002, -0.001, 0.001, 0.003, -0.002]
+
+
+def _six(base, step=0.0):
+    """Six per-seed values: ``base`` plus a shared seed effect, plus ``step``."""
+    return [base + e + step for e in SIX]
+
+
 # FedAvg, FedProx and SCAFFOLD near the paper's 98.5%, behind FedDC's claim
-_BEHIND = {
-    "fedavg": [0.985, 0.986],
-    "fedprox": [0.984, 0.985],
-    "scaffold": [0.985, 0.987],
-}
+_BEHIND = {"fedavg": _six(0.985), "fedprox": _six(0.984), "scaffold": _six(0.985)}
 
 
 def _uncut(name):
@@ -110,84 +116,162 @@ def _uncut(name):
 
 def test_the_symmetric_rule_on_accuracy():
     # Prepare: FedDC's claim (higher accuracy), at the paper's setting; the
-    # arms share seeds 0 and 1, so the comparisons are paired
+    # arms share seeds 0..5, so the comparisons are paired
     claim = _uncut("feddc-synthetic-01")
-    near = {**_BEHIND, "feddyn": [0.992, 0.993], "feddc": [0.996, 0.997]}
-    lost = {**near, "feddc": [0.82, 0.84]}  # behind both, beyond the spread
-    # behind feddyn in the mean, but seed 1 has it ahead: within the spread
-    mixed = {**near, "feddc": [0.980, 0.995]}
+    near = {**_BEHIND, "feddyn": _six(0.992), "feddc": _six(0.996)}
+    lost = {**near, "feddc": _six(0.82)}  # behind both, beyond the spread
+    # behind feddyn in the mean, but some seeds ahead: within the spread
+    mixed = {**near, "feddc": [0.98, 0.995, 0.99, 0.985, 0.996, 0.98]}
     # ahead of feddyn in the mean, within the spread: the mirror of mixed
-    mirror = {**near, "feddc": [1.004, 0.990]}
-    off = {**near, "fedavg": [0.90, 0.91]}  # off the paper's 98.52%
+    mirror = {**near, "feddc": [1.004, 0.989, 0.994, 0.999, 0.988, 1.004]}
+    off = {**near, "fedavg": _six(0.905)}  # off the paper's 98.52%
 
     # Execute / Assert
     v, why = _verdict(claim, _records(claim, near))
-    assert v == "holds" and "paired over 2 seeds" in why
+    assert v == "holds" and "paired over 6 seeds" in why
     v, why = _verdict(claim, _records(claim, lost))
     assert v == "does not hold" and "against the claim: feddc vs feddyn" in why
     for case in (mixed, mirror):  # a loss or a win within the spread alike
         v, why = _verdict(claim, _records(claim, case))
         assert v == "inconclusive" and "within the spread: feddc vs feddyn" in why
     v, why = _verdict(claim, _records(claim, off))
-    assert v == "holds" and "fedavg 90.50% vs the paper's 98.52%" in why
-    v, why = _verdict(claim, _records(claim, near, diverged=("feddc",)))
-    assert v == "does not hold" and "diverged" in why
+    assert v == "holds" and "fedavg 90.55% vs the paper's 98.52%" in why
 
 
-def test_the_paired_interval_decides_where_the_stds_would_not():
-    # Prepare: seed-to-seed variation both arms share (0.80 vs 0.90) hides
-    # a steady 1-point lead from the unpaired rule (std 7 points), not from
-    # the paired differences (1.0 and 1.1 points)
+def test_divergence_of_either_arm_counts_alike():
+    # Prepare: the claim holds on six seeds; then seed 0 of the claimed
+    # winner, or of a claimed loser, diverged
     claim = _uncut("feddc-synthetic-01")
+    near = {**_BEHIND, "feddyn": _six(0.992), "feddc": _six(0.996)}
+    for arm in ("feddc", "feddyn"):
+        records = _records(claim, near)
+        for r in records:
+            r["row"]["diverged"] = r["arm"] == arm and r["seed"] == 0
+        # Execute
+        v, why = _verdict(claim, records)
+        # Assert: that pair left out and said, either way: five pairs left,
+        # too few to decide
+        assert f"{arm} diverged in 1/6 seeds" in why
+        assert "feddc vs feddyn on final test accuracy: paired over 5 seeds" in why
+        assert "(1 pairs left out: a run diverged)" in why
+        assert v == "inconclusive", why
+
+
+def test_one_paired_rule_and_no_unpaired_fallback():
+    # Prepare: seed-to-seed variation both arms share (0.80 to 0.90) and a
+    # steady 1-point lead
+    claim = _uncut("feddc-synthetic-01")
+    shared = [0.80, 0.90, 0.85, 0.82, 0.88, 0.86]
+    lead = [0.010, 0.011, 0.009, 0.0105, 0.0095, 0.010]
     acc = {
-        **dict.fromkeys(("fedavg", "fedprox", "scaffold"), [0.80, 0.90]),
-        "feddyn": [0.80, 0.90],
-        "feddc": [0.81, 0.911],
+        **dict.fromkeys(("fedavg", "fedprox", "scaffold", "feddyn"), shared),
+        "feddc": [x + d for x, d in zip(shared, lead, strict=True)],
     }
     records = _records(claim, acc)
     # Execute
     s = gallery.summarize(claim, records)
     side, evidence = gallery.compare_arms(s, "accuracy", "feddc", "feddyn")
-    # Assert: t(0.975, 1) = 12.706; mean 1.05, sd 0.0707 -> half 0.635
+    # Assert: the paired interval, as fedsim compare computes it
+    iv = paired_interval([(a - b) for a, b in zip(acc["feddc"], shared, strict=True)])
     assert side == "held", evidence
-    assert "lead 1.05 points, 95% interval [0.4147, 1.685]" in evidence
-    # unpaired (seed 1 of feddyn missing), the shared variation decides
-    unpaired = [r for r in records if not (r["arm"] == "feddyn" and r["seed"] == 1)]
+    assert f"95% interval [{100 * iv.lo:.4g}, {100 * iv.hi:.4g}], better" in evidence
+    # seeds not shared: only the shared one is paired, never the means
+    unpaired = [r for r in records if not (r["arm"] == "feddyn" and r["seed"] > 0)]
     s = gallery.summarize(claim, unpaired)
     side, evidence = gallery.compare_arms(s, "accuracy", "feddc", "feddyn")
-    # one seed shared: its own difference (81 - 80), not feddc's mean over
-    # both seeds against feddyn's one (86.05 - 80)
     assert side == "within", evidence
-    assert evidence == "one shared seed: feddc's lead 1 points, no spread"
+    assert evidence == "1 paired seed(s): feddc's lead 1 points"
+    # an arm never run reads "not run"
+    s = gallery.summarize(claim, [r for r in records if r["arm"] != "feddyn"])
+    assert gallery.compare_arms(s, "accuracy", "feddc", "feddyn") == (
+        "within",
+        "feddyn not run",
+    )
 
 
-def test_a_cut_claim_is_inconclusive_not_refuted():
-    # the budget's cut turns any verdict but holds into inconclusive (reduced)
+def test_until_decided_judges_by_the_confidence_sequence():
+    # Prepare: six seeds, each feddc ahead of feddyn by 0.3 to 1.5 points:
+    # the fixed-n interval decides, the sequence (valid however often seeds
+    # were added and looked at) is wider and does not yet
+    claim = _uncut("fednova-fig5-full")
+    lead = [0.003, 0.015, 0.006, 0.012, 0.0045, 0.01]
+    base = _six(0.9)
+    acc = {
+        "fedavg": base,
+        "fedprox": [x + 0.1 for x in base],
+        "fednova": [x - d for x, d in zip(base, lead, strict=True)],
+    }
+    records = _records(claim, acc, "objective")
+    fixed = gallery.summarize(claim, records)
+    anytime = gallery.summarize(claim, records, until_decided=True)
+    # Execute / Assert
+    assert gallery.compare_arms(fixed, "objective", "fednova", "fedavg")[0] == "held"
+    assert gallery.compare_arms(anytime, "objective", "fednova", "fedavg")[0] == (
+        "within"
+    )
+    assert gallery.decided(claim, fixed) and not gallery.decided(claim, anytime)
+    # a reversal decides too: more seeds would not make it hold
+    bad = _records(claim, {**acc, "fednova": _six(1.5)}, "objective")
+    assert gallery.decided(claim, gallery.summarize(claim, bad, until_decided=True))
+
+
+def test_a_cut_claim_is_inconclusive_both_ways():
+    # a reduced setting neither confirms nor refutes the claim
     claim = dataclasses.replace(
         gallery.BY_NAME["feddc-synthetic-01"], cut="150 of 300 rounds"
     )
-    near = {**_BEHIND, "feddyn": [0.992, 0.993], "feddc": [0.996, 0.997]}
-    lost = {**near, "feddc": [0.82, 0.84]}
-    assert _verdict(claim, _records(claim, near))[0] == "holds"
+    near = {**_BEHIND, "feddyn": _six(0.992), "feddc": _six(0.996)}
+    lost = {**near, "feddc": _six(0.82)}
+    label = f"inconclusive (reduced: {claim.cut})"
+    v, why = _verdict(claim, _records(claim, near))
+    assert v == label and why.startswith("would be holds: ")
     v, why = _verdict(claim, _records(claim, lost))
-    assert v == f"inconclusive (reduced: {claim.cut})"
+    assert v == label and why.startswith("would be does not hold: ")
     assert "against the claim: feddc vs feddyn" in why
 
 
 def test_verdicts_on_the_objective_lower_is_better():
     claim = _uncut("fednova-fig5-full")
-    good = {"fedavg": [0.9, 0.91], "fedprox": [0.9, 0.92], "fednova": [0.5, 0.51]}
-    bad = {**good, "fednova": [0.95, 0.96]}
+    good = {"fedavg": _six(0.9), "fedprox": _six(0.91), "fednova": _six(0.5)}
+    bad = {**good, "fednova": _six(0.95)}
     one_seed = {k: v[:1] for k, v in good.items()}
     assert _verdict(claim, _records(claim, good, "objective"))[0] == "holds"
     v, why = _verdict(claim, _records(claim, bad, "objective"))
     assert v == "does not hold" and "fednova vs fedavg" in why
     v, why = _verdict(claim, _records(claim, one_seed, "objective"))
-    assert v == "inconclusive" and "one shared seed" in why
+    assert v == "inconclusive" and "1 paired seed(s)" in why
 
 
-def test_a_kept_section_is_rejudged_by_its_cut():
-    # Prepare: sections as the earlier rule wrote them
+def test_final_is_the_last_evaluation_for_the_objective_too():
+    rounds = [{"test_loss": x} for x in (0.9, 0.5, 0.7, None, 0.6)]
+    assert gallery.final_objective(rounds) == 0.6  # not the mean of a tail
+
+
+def test_every_paper_cell_off_is_named_rounds_included():
+    # Prepare: FedDC Table 1 (IID, full participation: the paper's FedDC 24,
+    # FedDyn 38 rounds); ours 55.5 and 29.5 rounds
+    claim = _uncut("feddc-fmnist-iid-full")
+    records = _records(claim, {a.name: [0.9, 0.9] for a in claim.arms})
+    hits = {"feddc": (50, 61), "feddyn": (29, 30), "fedavg": (112, 112)}
+    for r in records:
+        r["row"]["rounds"] = 300
+        r["row"]["rounds_to_target"] = hits.get(r["arm"], (130, 131))[r["seed"]]
+    s = gallery.summarize(claim, records)
+    # Execute
+    notes = gallery.off_paper(claim, s)
+    # Assert: FedDC and FedDyn named in rounds; FedAvg (112 = 112) is not
+    assert any(n.startswith("feddc 55.5 ± 7.8 rounds vs the paper's 24") for n in notes)
+    assert any(
+        n.startswith("feddyn 29.5 ± 0.7 rounds vs the paper's 38") for n in notes
+    )
+    assert not any(n.startswith("fedavg") for n in notes)
+    # and the summary table names the input scaling of the claim's runs
+    row = gallery._summary_row(claim, None)
+    assert "(inputs: mean/std normalisation" in row.split("|")[1]
+
+
+def test_a_kept_section_of_another_rule_reads_not_rerun():
+    # Prepare: sections as an earlier rule wrote them, either way
     claim = gallery.BY_NAME["fedpns-fig3-mlr"]
     old = (
         '<!-- claim:fedpns-fig3-mlr {"verdict": "does not hold", '
@@ -196,15 +280,16 @@ def test_a_kept_section_is_rejudged_by_its_cut():
         "test accuracy).\n\n<!-- /claim:fedpns-fig3-mlr -->"
     )
     held = old.replace("does not hold", "holds")
-    # Execute
-    new = gallery.rejudge_kept(claim, old)
-    # Assert: the verdict, in the header and the body, with the earlier one
-    label = f"inconclusive (reduced: {claim.cut})"
-    assert new.count(label) == 2 and "the earlier rule said 'does not hold'" in new
-    assert gallery.rejudge_kept(claim, new) == new  # judged once
-    assert gallery.rejudge_kept(claim, held) == held  # holds stays
-    row = gallery._summary_row(claim, new)
-    assert f"**{label}**" in row
+    for section, said in ((old, "does not hold"), (held, "holds")):
+        # Execute
+        new = gallery.rejudge_kept(claim, section)
+        # Assert: no verdict kept, in the header and the body
+        assert new.count("not rerun") == 2 and f"which said '{said}'" in new
+        assert gallery.rejudge_kept(claim, new) == new  # once
+        assert "**not rerun**" in gallery._summary_row(claim, new)
+    # a section this rule judged is kept as it is
+    mine = gallery._header_json(claim, "holds", "r", "x") + "\n## t\n"
+    assert gallery.rejudge_kept(claim, mine) == mine
 
 
 def test_the_feddc_synthetic_scenarios_start_from_zeros():

@@ -151,6 +151,18 @@ AlgorithmsOption = Annotated[
     ),
 ]
 SeedsOption = Annotated[int, typer.Option("--seeds", min=1, help="Seeds 0..N-1.")]
+UntilDecidedOption = Annotated[
+    bool,
+    typer.Option(
+        "--until-decided",
+        help="Add --seeds seeds at a time until every arm is decided against the "
+        "baseline (an anytime-valid confidence sequence) or --max-seeds is reached.",
+    ),
+]
+MaxSeedsOption = Annotated[
+    int,
+    typer.Option("--max-seeds", min=2, help="With --until-decided: the most seeds."),
+]
 BaselineOption = Annotated[
     str | None,
     typer.Option(
@@ -1225,6 +1237,8 @@ def stress(
     log: LogOption = None,
     live: LiveOption = False,
     live_port: LivePortOption = _LIVE_PORT,
+    until_decided: UntilDecidedOption = False,
+    max_seeds: MaxSeedsOption = 20,
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots).\f
@@ -1242,6 +1256,7 @@ def stress(
     from fedsim.tools.stress import run_stress
 
     _expect_dir(out_dir, "--out", "an output folder")
+    _check_max_seeds(until_decided, max_seeds, seeds)
     grid = _sweep_grid(sweep)
     labels = _algorithms(algorithms)
     if live and out_dir is None:  # the page needs the folder before it exists
@@ -1250,16 +1265,9 @@ def stress(
     if out_dir is not None:
         _claim_out(out_dir, _STRESS_FILES, overwrite)
     _maybe_ray(workers, address)
-
-    def progress(rec: dict[str, Any]) -> None:
-        err.print(
-            f"cell {rec['cell']} {rec['algorithm']} seed {rec['seed']}: "
-            f"final acc {_fmt(rec['final_accuracy'], '.3f')}, "
-            f"sim {rec['sim_time_s']:.0f}s",
-            highlight=False,
-        )
-
-    with (  # a plug-in's failure (a RuntimeError) is 3 here, as in compare: first
+    # innermost first: a plug-in's failure (a RuntimeError) is exit 3
+    # before the general RuntimeError handler can make it 1
+    with (
         _errors(OSError, RuntimeError, code=1),
         _worker_errors(),
         _errors(ScenarioError, DataMissingError, DataError, ModelError),
@@ -1275,9 +1283,10 @@ def stress(
             workers=workers,
             target_accuracy=target_accuracy,
             overrides=list(set_ or []),
-            progress=None if quiet else progress,
+            progress=None if quiet else _stress_progress,
             baseline=baseline,
             log=trackers,  # issue 41
+            max_seeds=max_seeds if until_decided else None,
         )
     out.print(f"report: {path / 'stress.md'}", highlight=False, soft_wrap=True)
     _write_group_page(path)
@@ -1285,6 +1294,22 @@ def stress(
 
     diverged = pq.read_table(path / "stress.parquet", columns=["diverged"])
     _exit_if_diverged(sum(diverged.column(0).to_pylist()), "stress.parquet")
+
+
+def _stress_progress(rec: dict[str, Any]) -> None:
+    """stress's line on stderr as each run ends."""
+    err.print(
+        f"cell {rec['cell']} {rec['algorithm']} seed {rec['seed']}: "
+        f"final acc {_fmt(rec['final_accuracy'], '.3f')}, "
+        f"sim {rec['sim_time_s']:.0f}s",
+        highlight=False,
+    )
+
+
+def _check_max_seeds(until_decided: bool, max_seeds: int, seeds: int) -> None:
+    """Refuse (exit 2) a --max-seeds below --seeds with --until-decided."""
+    if until_decided and max_seeds < seeds:
+        _fail(f"--max-seeds {max_seeds}: expected at least --seeds ({seeds})")
 
 
 def _sweep_grid(sweep: list[str]) -> dict[str, list[Any]]:
@@ -1321,6 +1346,8 @@ def compare(
     log: LogOption = None,
     live: LiveOption = False,
     live_port: LivePortOption = _LIVE_PORT,
+    until_decided: UntilDecidedOption = False,
+    max_seeds: MaxSeedsOption = 20,
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
     and write compare.parquet, compare.md and compare.png (accuracy against
@@ -1340,6 +1367,7 @@ def compare(
 
     overrides = list(set_ or [])
     _expect_dir(out_dir, "--out", "an output folder")
+    _check_max_seeds(until_decided, max_seeds, seeds)
     sc = _load(scenario, overrides)
     names = _algorithms(algorithms)
     trackers = _trackers(log, out_dir)  # issue 41
@@ -1375,6 +1403,7 @@ def compare(
             workers=workers,
             baseline=baseline,
             log=trackers,  # issue 41
+            max_seeds=max_seeds if until_decided else None,
         )
     _write_group_page(run_dir)
     text = (run_dir / "compare.md").read_text()

@@ -38,7 +38,13 @@ from fedsim.scenario import (
     load_scenario,
     read_yaml,
 )
-from fedsim.tools.stats import paired_differences, paired_interval
+from fedsim.tools.stats import (
+    FIRM,
+    PairedInterval,
+    confidence_sequence,
+    paired_differences,
+    paired_interval,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -58,15 +64,23 @@ RUN_COLUMNS = schema(
 COMPARE_SCHEMA = schema(
     # final_fed_accuracy: federated evaluation's last fed_accuracy (NaN
     # without eval.federated_every)
+    # best_fed_accuracy: the most of fed_accuracy over rounds (held-out rows:
+    # "best" is chosen there, never on the test set)
     (F64, "final_test_loss final_train_loss final_objective final_fed_accuracy"),
+    (F64, "best_fed_accuracy"),
     (I64, "rounds_to_target"),
     (F64, "time_to_target_s sim_time_s"),
     (I64, "bytes_down bytes_up bytes_up_to_target"),
     (F64, "mean_chi2_pw wall_time_s"),
+    # round.policy and its window (null unless fixed_window): where time to
+    # target is rounds x window, the paired table gives rounds only
+    (STR, "policy"),
+    (F64, "window_s"),
     base=RUN_COLUMNS,
 )
-# the column federated evaluation adds (NaN in runs without it)
+# the columns federated evaluation adds (NaN in runs without it)
 _FED = "final_fed_accuracy"
+_BEST_FED = "best_fed_accuracy"
 
 
 def split_algorithms(text: str) -> list[str]:
@@ -412,6 +426,7 @@ def run_one(
         "final_train_loss": losses[-1] if losses else math.nan,
         "final_objective": objective[-1][1] if objective else math.nan,
         "final_fed_accuracy": fed[-1][1] if fed else math.nan,
+        "best_fed_accuracy": max((y for _, y in fed), default=math.nan),
         "rounds_to_target": None if hit is None else whole(hit["round"]) + 1,
         "time_to_target_s": None if hit is None else number(hit["sim_time"]),
         "sim_time_s": float(summary["sim_time_s"]),
@@ -420,8 +435,18 @@ def run_one(
         "bytes_up_to_target": None if hit is None else whole(hit["bytes_up_cum"]),
         "mean_chi2_pw": float(np.mean(chi2)) if chi2 else math.nan,
         "wall_time_s": result.wall_time_s,
+        **round_policy(sc),
     }
     return out, rows
+
+
+def round_policy(sc: Scenario) -> dict[str, object]:
+    """A run row's ``policy`` and ``window_s`` (None but under fixed_window)."""
+    fixed = sc.round.policy == "fixed_window"
+    return {
+        "policy": sc.round.policy,
+        "window_s": float(sc.round.window_s) if fixed else None,
+    }
 
 
 def _column(rows: Sequence[Row], key: str) -> list[float]:
@@ -547,6 +572,8 @@ class PairedMetric:
             worse (objective, rounds and time to target).
         scale: the factor tables print it with (100: accuracy in points).
         unit: the printed unit.
+        censor: for a target metric, the run row's key its length is in
+            (a run that missed the target is censored there); "" for a value.
     """
 
     key: str
@@ -554,6 +581,7 @@ class PairedMetric:
     higher_is_better: bool
     scale: float = 1.0
     unit: str = ""
+    censor: str = ""
 
 
 PAIRED_METRICS = (
@@ -562,8 +590,23 @@ PAIRED_METRICS = (
     PairedMetric(
         "final_fed_accuracy", "final federated accuracy", True, 100.0, "points"
     ),
-    PairedMetric("rounds_to_target", "rounds to target", False, unit="rounds"),
-    PairedMetric("time_to_target_s", "simulated time to target", False, unit="s"),
+    PairedMetric(
+        "rounds_to_target", "rounds to target", False, unit="rounds", censor="rounds"
+    ),
+    PairedMetric(
+        "time_to_target_s",
+        "simulated time to target",
+        False,
+        unit="s",
+        censor="sim_time_s",
+    ),
+)
+# every column counted to the target: a miss is censored at these lengths
+TARGET_METRICS = (
+    *(m for m in PAIRED_METRICS if m.censor),
+    PairedMetric(
+        "bytes_up_to_target", "uploaded to target", False, unit="B", censor="bytes_up"
+    ),
 )
 PAIRED_SCHEMA = schema(
     (STR, "baseline algorithm metric"),
@@ -571,7 +614,100 @@ PAIRED_SCHEMA = schema(
     (F64, "mean lo hi sd"),
     (STR, "verdict"),
     (BOOL, "higher_is_better"),
+    # target metrics: "arm k/n, baseline k/n" reached; values: "" ;
+    # left_out: pairs left out because a run in them diverged
+    (STR, "reached"),
+    (I64, "left_out"),
 )
+
+
+def censored(row: Row, metric: PairedMetric) -> float | None:
+    """A run's value of a target metric, a miss censored at the run's length.
+
+    A run that reached the target has its value; one that did not (or
+    diverged first) has at least its run's length: the rounds it ran plus
+    one (the earliest round it could still reach it), its simulated time,
+    its uploads. None when the row has neither.
+    """
+    value = row.get(metric.key)
+    if _ge(value, -math.inf):
+        return number(value, metric.key)
+    length = row.get(metric.censor)
+    if not _ge(length, -math.inf):
+        return None
+    return number(length, metric.censor) + (1 if metric.censor == "rounds" else 0)
+
+
+def paired_values(
+    arm: Sequence[Row], base: Sequence[Row], metric: PairedMetric
+) -> tuple[list[float], int]:
+    """Per-seed differences (arm - baseline) of one metric, and how many
+    pairs were left out, by the one rule compare, stress and the gallery use:
+
+    - a value (accuracy, objective): a pair in which either run diverged is
+      left out, and counted; a seed either arm lacks is left out silently;
+    - a target (rounds, time): a miss is censored at its run's length
+      (:func:`censored`). A pair where one run reached the target and the
+      other did not counts for the one that reached it: the miss is never
+      placed before the reach (a tie when the miss's run ended earlier than
+      the other reached: nothing says it would not have reached by then);
+      both missed is a tie (difference 0).
+
+    Args:
+        arm: the arm's runs (``seed``, ``diverged``, the metric's keys).
+        base: the baseline's runs.
+        metric: what to compare.
+    """
+    by_seed = {whole(r["seed"], "seed"): r for r in base}
+    diffs: list[float] = []
+    left_out = 0
+    for r in sorted(arm, key=lambda r: whole(r["seed"], "seed")):
+        b = by_seed.get(whole(r["seed"], "seed"))
+        if b is None:
+            continue
+        if not metric.censor:
+            recorded = _ge(r.get(metric.key), -math.inf) or _ge(
+                b.get(metric.key), -math.inf
+            )  # a metric neither run recorded has no pair to leave out
+            if r.get("diverged") or b.get("diverged"):
+                left_out += recorded
+                continue
+            diffs += paired_differences({0: r.get(metric.key)}, {0: b.get(metric.key)})
+            continue
+        x, y = censored(r, metric), censored(b, metric)
+        if x is None or y is None:
+            continue
+        hit_x, hit_y = (
+            _ge(r.get(metric.key), -math.inf),
+            _ge(b.get(metric.key), -math.inf),
+        )
+        x = x if hit_x or not hit_y else max(x, y)  # a miss never beats a reach
+        y = y if hit_y or not hit_x else max(x, y)
+        diffs += [0.0] if not (hit_x or hit_y) else paired_differences({0: x}, {0: y})
+    return diffs, left_out
+
+
+def _reached(rs: Sequence[Row], key: str) -> str:
+    """How many of ``rs`` reached the target (have ``key``), as "k/n"."""
+    return f"{sum(_ge(r.get(key), -math.inf) for r in rs)}/{len(rs)}"
+
+
+def _reached_pair(arm: Sequence[Row], base: Sequence[Row], m: PairedMetric) -> str:
+    """A paired row's ``reached``: both arms' k/n for a target, else ""."""
+    if not m.censor:
+        return ""
+    return f"arm {_reached(arm, m.key)}, baseline {_reached(base, m.key)}"
+
+
+def per_round_time(runs: Sequence[Row]) -> float | None:
+    """The window w when every run's time to target is exactly its rounds
+    times w (``round.policy: fixed_window``): then time to target holds no
+    evidence rounds do not, and is paired once, as rounds. None otherwise."""
+    windows = {r.get("window_s") for r in runs}
+    if len(windows) != 1 or any(r.get("policy") != "fixed_window" for r in runs):
+        return None
+    w = windows.pop()
+    return number(w, "window_s") if _ge(w, -math.inf) else None
 
 
 def resolve_baseline(baseline: str | None, labels: Sequence[str]) -> str:
@@ -602,14 +738,16 @@ def paired_table(
     baseline: str,
     metrics: Sequence[PairedMetric] = PAIRED_METRICS,
     by: Sequence[str] = (),
+    decide: Callable[..., PairedInterval] = paired_interval,
 ) -> list[dict[str, object]]:
     """Each arm against ``baseline``, seed by seed: one row per (group, arm,
-    metric) with the mean difference (arm - baseline), its 95% Student t
-    interval over seeds and the verdict (:func:`fedsim.tools.stats.paired_interval`).
+    metric) with the mean difference (arm - baseline), its 95% interval
+    over seeds and the verdict (:func:`fedsim.tools.stats.paired_interval`).
 
-    A seed where either run has no value (diverged, target never reached, no
-    objective recorded) is left out of that metric's pairs; a metric no pair
-    of seeds has a value for gets no row.
+    Pairs follow :func:`paired_values` (targets censored, pairs with a
+    diverged run left out of values and counted); a metric no pair has a
+    value for gets no row. Under ``fixed_window`` time to target is rounds
+    times the window (:func:`per_round_time`) and gets no row of its own.
 
     Args:
         runs: one row per run: ``algorithm``, ``seed``, the ``metrics``'
@@ -618,6 +756,8 @@ def paired_table(
         metrics: what to compare.
         by: keys whose values group the runs (stress: ``cell``); each group
             compares its own arms.
+        decide: the interval (``paired_interval``; seeds until decided use
+            ``confidence_sequence``, valid however often it was looked at).
 
     Returns:
         Rows of :data:`PAIRED_SCHEMA` (preceded by the ``by`` keys), groups
@@ -625,6 +765,12 @@ def paired_table(
     """
     out = []
     groups = dict.fromkeys(tuple(r[k] for k in by) for r in runs)
+    if runs and per_round_time(runs) is not None:  # the same evidence as rounds
+        metrics = [m for m in metrics if m.key != "time_to_target_s"]
+    # a target no run reached (or none given) has nothing to pair
+    metrics = [
+        m for m in metrics if not m.censor or any(_ge(r.get(m.key), 0) for r in runs)
+    ]
     for group in groups:
         mine = [r for r in runs if tuple(r[k] for k in by) == group]
         base = [r for r in mine if r["algorithm"] == baseline]
@@ -633,29 +779,37 @@ def paired_table(
             if label == baseline:
                 continue
             for m in metrics:
-                diffs = paired_differences(
-                    {whole(r["seed"], "seed"): r.get(m.key) for r in arm},
-                    {whole(r["seed"], "seed"): r.get(m.key) for r in base},
-                )
-                if not diffs:
+                diffs, left_out = paired_values(arm, base, m)
+                if not diffs and not left_out:
                     continue
-                iv = paired_interval(diffs, higher_is_better=m.higher_is_better)
                 out.append(
                     {
                         **dict(zip(by, group, strict=True)),
+                        **_paired_row(diffs, m, decide),
                         "baseline": baseline,
                         "algorithm": label,
-                        "metric": m.key,
-                        "seeds": iv.n,
-                        "mean": iv.mean,
-                        "lo": iv.lo,
-                        "hi": iv.hi,
-                        "sd": iv.sd,
-                        "verdict": iv.verdict,
-                        "higher_is_better": m.higher_is_better,
+                        "reached": _reached_pair(arm, base, m),
+                        "left_out": left_out,
                     }
                 )
     return out
+
+
+def _paired_row(
+    diffs: Sequence[float], m: PairedMetric, decide: Callable[..., PairedInterval]
+) -> dict[str, object]:
+    """The interval's columns of a paired row."""
+    iv = decide(diffs, higher_is_better=m.higher_is_better)
+    return {
+        "metric": m.key,
+        "seeds": iv.n,
+        "mean": iv.mean,
+        "lo": iv.lo,
+        "hi": iv.hi,
+        "sd": iv.sd,
+        "verdict": iv.verdict,
+        "higher_is_better": m.higher_is_better,
+    }
 
 
 def _signed(x: float, scale: float, digits: int) -> str:
@@ -688,11 +842,14 @@ def format_paired(
         m = by_key[text(r["metric"], "metric")]
         digits = 1 if m.scale != 1 or m.unit in ("rounds", "s") else 4
         what = f"{m.label} ({m.unit})" if m.unit else m.label
+        what += f"; reached in {r['reached']}" if r.get("reached") else ""
         lo, hi = (_signed(number(r[k], k), m.scale, digits) for k in ("lo", "hi"))
         interval = f"[{lo}, {hi}]" if whole(r["seeds"]) > 1 else "n/a (one seed)"
         cells = "".join(f"| {_cell(r[k])} " for k in lead)
+        left = whole(r.get("left_out") or 0)
+        seeds = f"{r['seeds']} ({left} left out: diverged)" if left else r["seeds"]
         lines.append(
-            f"{cells}| {r['algorithm']} | {what} | {r['seeds']} "
+            f"{cells}| {r['algorithm']} | {what} | {seeds} "
             f"| {_signed(number(r['mean']), m.scale, digits)} | {interval} "
             f"| {r['verdict']} |"
         )
@@ -704,14 +861,45 @@ def _cell(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def paired_note(baseline: str) -> str:
-    """The sentence under a paired table: how to read it."""
+def paired_note(
+    baseline: str,
+    window: float | None = None,
+    decide: Callable[..., PairedInterval] = paired_interval,
+) -> str:
+    """The sentences under a paired table: how to read it.
+
+    Args:
+        baseline: the arm the others are paired with.
+        window: the fixed window when time to target is rounds times it
+            (:func:`per_round_time`): the table then says why time has no row.
+        decide: the interval the table used (seeds until decided: the
+            confidence sequence, which the note then names).
+    """
+    once = (
+        f" Under fixed_window, time to target is rounds x {window:g} s exactly: "
+        "it is the same evidence as rounds, paired once (as rounds)."
+        if window is not None
+        else ""
+    )
     return (
         f"Difference = algorithm - {baseline}, seed by seed (the same fleet, "
-        "data, selections and device draws), with its 95% Student t interval "
-        "over the seeds; better or worse when the interval excludes 0, else "
-        "no difference at 95%. Rounds and time to target pair only the seeds "
-        'where both reached the target (docs/results.md, "Paired comparisons").'
+        "data, selections and device draws), with its 95% "
+        + (
+            "Student t interval over the seeds"
+            if decide is paired_interval
+            else "anytime-valid confidence sequence (seeds added until decided: "
+            "valid however many batches were looked at, about 1.7 times the "
+            "width of a t interval at 10 to 30 seeds)"
+        )
+        + ". Better or worse when the interval excludes 0 and the "
+        "exact sign-flip test agrees (no firm verdict under 6 seeds); "
+        "inconclusive when only the interval does; no difference when it holds "
+        "0. Targets: a run that missed is censored at its length, so a seed "
+        "where one arm reached the target and the other did not counts for the "
+        "one that reached it, and both missing is a tie. Values: a pair with a "
+        "diverged run is left out, and counted."
+        + once
+        + ' (docs/results.md, "Paired comparisons")'
     )
 
 
@@ -725,23 +913,31 @@ def summarize_runs(
         target_accuracy: recorded in each row for compare.md's headings.
 
     Returns:
-        One row per algorithm; the times to target average only the seeds
-        that reached it (``reached_target`` counts them).
+        One row per algorithm. Rounds, time and uploads to target average
+        every seed, a miss censored at its run's length (:func:`censored`):
+        where some seed missed (``reached_target`` < ``seeds``) the mean is a
+        lower bound.
     """
     table = []
     keys = """final_accuracy best_accuracy final_test_loss final_train_loss sim_time_s
-    mean_chi2_pw rounds_to_target time_to_target_s bytes_up_to_target"""  # None: missed
+    mean_chi2_pw"""
     for label in dict.fromkeys(r["algorithm"] for r in runs):
         rs = [r for r in runs if r["algorithm"] == label]
         traffic = [whole(r["bytes_down"]) + whole(r["bytes_up"]) for r in rs]
+        at_length = [{m.key: censored(r, m) for m in TARGET_METRICS} for r in rs]
         table.append(
             {
                 "algorithm": label,
                 "mode": rs[0].get("mode", "sync"),
                 "seeds": len(rs),
                 **_spread(rs, keys, "_std"),
+                **_spread(at_length, " ".join(m.key for m in TARGET_METRICS), "_std"),
                 # rows made before the column (or by hand) may lack it: NaN
-                **_spread([{_FED: r.get(_FED)} for r in rs], _FED, "_std"),
+                **_spread(
+                    [{k: r.get(k) for k in (_FED, _BEST_FED)} for r in rs],
+                    f"{_FED} {_BEST_FED}",
+                    "_std",
+                ),
                 "reached_target": sum(r["rounds_to_target"] is not None for r in rs),
                 "bytes_per_run": float(np.mean(traffic)),
                 "bytes_up_per_run": float(np.mean(_column(rs, "bytes_up"))),
@@ -767,6 +963,31 @@ def _pm_of(
     return _pm(number(r[key], key), number(r[key + spread], key), scale, digits)
 
 
+def to_target(
+    r: Row,
+    key: str,
+    fmt: Callable[[float], str],
+    reached: str = "reached_target",
+    spread: str = "_std",
+) -> str:
+    """A summary row's target column: the censored mean (">=" when some seed
+    missed: a lower bound) and std, and "reached in k/n".
+
+    Args:
+        r: a summary row (``seeds``, ``reached``, ``key``, ``key + spread``).
+        key: the target column.
+        fmt: prints a number of it.
+        reached: the row's key of how many seeds reached the target.
+        spread: the suffix of the std's key.
+    """
+    n, k = whole(r["seeds"]), whole(r[reached])
+    mean, std = number(r[key], key), number(r[key + spread], key)
+    if not math.isfinite(mean):
+        return f"- (reached in {k}/{n})"
+    sd = fmt(std) if math.isfinite(std) else "n/a"
+    return f"{'' if k == n else '>= '}{fmt(mean)} ± {sd} (reached in {k}/{n})"
+
+
 def _bytes(n: float) -> str:
     """``n`` bytes in decimal units (kB, MB, GB), as network traffic is
     counted; e.g. ``_bytes(2.5e6) == "2.50 MB"``."""
@@ -789,10 +1010,13 @@ def format_markdown(
         notes: bullet lines above the table (scenario, seeds, overrides).
 
     Returns:
-        compare.md's text: "-" where no seed has a value, "not reached"
-        where no seed reached the target, "(k/n reached)" where some did.
-        With federated evaluation (some arm has ``final_fed_accuracy``) a
-        column "final fed acc %" follows "best acc %".
+        compare.md's text: "-" where no seed has a value; every target
+        column says "reached in k/n", its mean a lower bound (">=") where
+        some seed missed (censored at its run's length).
+        No "best" of the test set (that would choose on it): with
+        federated evaluation (some arm has ``final_fed_accuracy``) columns
+        "final fed acc %" and "best fed acc %", of the clients' held-out
+        rows, follow "final acc %".
     """
     target = next((r["target_accuracy"] for r in table), None)
     target = None if target is None else number(target, "target_accuracy")
@@ -800,27 +1024,29 @@ def format_markdown(
     t_head = f"to {target * 100:g}%" if target is not None else "to target"
     fed = any(_ge(r.get("final_fed_accuracy"), -math.inf) for r in table)
     lines.append(
-        "| algorithm | seeds | final acc % | best acc % "
-        f"{'| final fed acc % ' if fed else ''}| final test loss "
+        "| algorithm | seeds | final acc % "
+        f"{'| final fed acc % | best fed acc % ' if fed else ''}| final test loss "
         f"| rounds {t_head} | sim time {t_head} (s) | uploaded {t_head} "
         "| bytes / run | uploaded / run | diverged |"
     )
-    lines.append("|---" * (12 if fed else 11) + "|")
+    lines.append("|---" * (12 if fed else 10) + "|")
     for r in table:
-        n, k = r["seeds"], r["reached_target"]
+        n = r["seeds"]
         rounds = time_s = up_t = "-"
         if target is not None:
-            rounds = "not reached"
-            if k:
-                rounds = _pm_of(r, "rounds_to_target", digits=1)
-                rounds += "" if k == n else f" ({k}/{n} reached)"
-                up_t = _bytes(number(r["bytes_up_to_target"]))
-            time_s = _pm_of(r, "time_to_target_s", digits=1)
+            rounds, time_s, up_t = (
+                to_target(r, key, fmt)
+                for key, fmt in (
+                    ("rounds_to_target", lambda x: f"{x:.1f}"),
+                    ("time_to_target_s", lambda x: f"{x:.1f}"),
+                    ("bytes_up_to_target", _bytes),
+                )
+            )
+        held_out = f"| {_pm_of(r, _FED, 100)} | {_pm_of(r, _BEST_FED, 100)} "
         lines.append(
             f"| {r['algorithm']}{' (async)' if r['mode'] == 'async' else ''} | {n} "
             f"| {_pm_of(r, 'final_accuracy', 100)} "
-            f"| {_pm_of(r, 'best_accuracy', 100)} "
-            f"{f'| {_pm_of(r, _FED, 100)} ' if fed else ''}"
+            f"{held_out if fed else ''}"
             f"| {_pm_of(r, 'final_test_loss', digits=4)} "
             f"| {rounds} | {time_s} | {up_t} | {_bytes(number(r['bytes_per_run']))} "
             f"| {_bytes(number(r['bytes_up_per_run']))} | {r['diverged']}/{n} |"
@@ -839,33 +1065,34 @@ def compare(
     workers: int | None = 0,
     baseline: str | None = None,
     log: Sequence[str] = (),
+    max_seeds: int | None = None,
 ) -> list[dict[str, object]]:
-    """Run every algorithm for seeds 0..seeds-1; return the summary table rows.
+    """Run every algorithm for seeds 0..seeds-1 (or until decided, with
+    ``max_seeds``); return the summary table rows.
 
     Args:
         algorithms: ``name`` or ``name:key=value,...`` per algorithm.
         overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
-        out_dir: where compare.parquet, compare.md, paired.parquet,
-            compare.png, paired.png and runs/ go (None: nowhere).
+        out_dir: where the tables, the figures and runs/ go (None: nowhere).
         target_accuracy: for rounds and simulated time to reach it (a fraction).
         progress: called with each run's row as it finishes.
         workers: as for :func:`run_jobs`.
         baseline: the arm the others are paired with (default the first).
-        log: trackers (``tensorboard``, ``mlflow``) that get one run per
-            arm and seed as it ends (fedsim/tools/tracking.py; needs ``out_dir``).
+        log: trackers with one run per arm and seed (tools/tracking.py; out_dir).
+        max_seeds: batches of ``seeds`` seeds until every arm is decided
+            (:func:`undecided`, on the confidence sequence), or ``max_seeds``.
 
     Raises:
-        ScenarioError: an invalid variant, or a ``baseline`` that is not
-            among ``algorithms`` (before anything runs).
+        ScenarioError: an invalid variant or a foreign ``baseline`` (before any run).
     """
     from fedsim.results import ROUND_SCHEMA, write_table
+    from fedsim.tools.tracking import run_group
 
     overrides = list(overrides or [])
     _reject_run_overrides(
         overrides, "compare", "; give hyperparameters as name:key=value"
     )
-    if seeds < 1:
-        raise ValueError("seeds must be >= 1")
+    decide = interval_for(seeds, max_seeds)
     if not algorithms:
         raise ValueError("no algorithms to compare")
     algorithms = check_variants(scenario_path, algorithms, overrides)
@@ -874,22 +1101,18 @@ def compare(
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         (out / "runs").mkdir(parents=True, exist_ok=True)
-    jobs = [
-        (scenario_path, label, seed, overrides, target_accuracy)
-        for label in algorithms
-        for seed in range(seeds)
-    ]
+
+    tables = (scenario_path, overrides, target_accuracy, base, decide)
 
     def finish(res: _RunResult, so_far: list[_RunResult]) -> None:
         # Written as each run ends (atomically): an interrupted comparison
         # keeps every finished run's rows and a compare.md of them.
         row, rounds = res
-        runs = [r for r, _ in so_far]
         arm, seed = text(row["algorithm"], "algorithm"), whole(row["seed"], "seed")
         if out is not None:  # each run's rounds, then the tables so far
             name = f"{stems[arm]}-seed{seed}.parquet"
             write_table(out / "runs" / name, rounds, ROUND_SCHEMA)
-            _write_tables(out, runs, scenario_path, overrides, target_accuracy, base)
+            _write_tables(out, [r for r, _ in so_far], *tables)
         if group is not None:  # issue 41: one tracked run per arm and seed
             sc = load_variant(scenario_path, arm, seed, overrides)[0]
             name = f"{stems[arm]}-seed{seed}"
@@ -897,25 +1120,144 @@ def compare(
         if progress is not None:
             progress(row)
 
-    from fedsim.tools.tracking import run_group  # issue 41
-
-    group = run_group(log, out, "compare", scenario_path, overrides)
-    results = run_jobs(run_one, jobs, workers, finish)
+    group = run_group(log, out, "compare", scenario_path, overrides)  # issue 41
+    results, _ = run_batches(
+        run_one,
+        _jobs_of(scenario_path, algorithms, overrides, target_accuracy),
+        workers,
+        finish,
+        (seeds, max_seeds),
+        lambda rs: not undecided([r for r, _ in rs], base, target_accuracy is not None),
+    )
     if group is not None:
         group.close()
     if out is not None:
-        _write_figures(out, results, target_accuracy, base)
+        _write_figures(out, results, target_accuracy, base, decide)
     return summarize_runs([row for row, _ in results], target_accuracy)
 
 
+def interval_for(seeds: int, max_seeds: int | None) -> Callable[..., PairedInterval]:
+    """The paired interval a comparison of ``seeds`` seeds uses: the fixed-n
+    :func:`fedsim.tools.stats.paired_interval`, or with ``max_seeds`` (seeds
+    until decided) the anytime-valid
+    :func:`fedsim.tools.stats.confidence_sequence`.
+
+    Raises:
+        ValueError: ``seeds`` below 1, or ``max_seeds`` below ``seeds`` or 2.
+    """
+    if seeds < 1:
+        raise ValueError("seeds must be >= 1")
+    if max_seeds is not None and max_seeds < max(seeds, 2):
+        raise ValueError(f"max_seeds must be >= seeds and >= 2, got {max_seeds}")
+    return paired_interval if max_seeds is None else confidence_sequence
+
+
+def run_batches(
+    fn: Callable[..., _Result],
+    jobs_for: Callable[[int, int], list[tuple[object, ...]]],
+    workers: int | None,
+    done: Callable[[_Result, list[_Result]], None],
+    seeds: tuple[int, int | None],
+    settled: Callable[[list[_Result]], bool],
+) -> tuple[list[_Result], int]:
+    """:func:`run_jobs` over batches of seeds (:func:`seed_batches`):
+    ``jobs_for(first, end)`` makes a batch's jobs, ``done`` sees every run so
+    far (earlier batches too), ``settled(results)`` ends the batches.
+
+    Args:
+        seeds: (seeds per batch, ``max_seeds`` or None for one batch).
+
+    Returns:
+        Every result, batch after batch, each in job order; the seeds run.
+    """
+    results: list[_Result] = []
+
+    def record(res: _Result, so_far: list[_Result]) -> None:
+        done(res, [*results, *so_far])
+
+    def batch(first: int, end: int) -> None:
+        results.extend(run_jobs(fn, jobs_for(first, end), workers, record))
+
+    n = seed_batches(*seeds, batch, lambda: settled(results))
+    return results, n
+
+
+def seed_batches(
+    seeds: int,
+    max_seeds: int | None,
+    run: Callable[[int, int], None],
+    settled: Callable[[], bool],
+) -> int:
+    """Run seeds ``[0, seeds)``, then, with ``max_seeds``, ``seeds`` more at a
+    time (``run(first, end)``) until ``settled()`` or ``max_seeds`` seeds
+    have run; return how many ran. Without ``max_seeds``, one batch."""
+    done, upto = 0, seeds
+    while True:
+        run(done, upto)
+        if max_seeds is None or upto >= max_seeds or settled():
+            return upto
+        done, upto = upto, min(max_seeds, upto + seeds)
+
+
+def undecided(
+    runs: Sequence[Row], baseline: str, target: bool, by: Sequence[str] = ()
+) -> list[str]:
+    """The arms not yet decided against ``baseline``: those whose final
+    accuracy (and, with a target, rounds to target) has no firm verdict
+    from the anytime-valid confidence sequence, in some group of ``by``
+    (stress: every cell); identical on every seed counts as decided. Empty
+    when every pairing is decided."""
+    keys = {"final_accuracy"} | ({"rounds_to_target"} if target else set())
+    metrics = [m for m in PAIRED_METRICS if m.key in keys]
+    rows = paired_table(runs, baseline, metrics, by, confidence_sequence)
+    done = FIRM | {"identical on every seed"}
+    arms = dict.fromkeys(
+        text(r["algorithm"]) for r in runs if r["algorithm"] != baseline
+    )
+    groups = dict.fromkeys(tuple(r[k] for k in by) for r in runs)
+    return [
+        a
+        for a in arms
+        if any(
+            {
+                r["metric"]
+                for r in rows
+                if r["algorithm"] == a
+                and tuple(r[k] for k in by) == g
+                and r["verdict"] in done
+            }
+            != keys
+            for g in groups
+        )
+    ]
+
+
+def _jobs_of(
+    scenario_path: str | Path,
+    algorithms: Sequence[str],
+    overrides: Sequence[str],
+    target: float | None,
+) -> Callable[[int, int], list[tuple[object, ...]]]:
+    """compare's jobs of seeds [first, end), every arm, as a function."""
+    return lambda first, end: [
+        (scenario_path, arm, seed, overrides, target)
+        for arm in algorithms
+        for seed in range(first, end)
+    ]
+
+
 def _write_figures(
-    out: Path, results: Sequence[_RunResult], target: float | None, baseline: str
+    out: Path,
+    results: Sequence[_RunResult],
+    target: float | None,
+    baseline: str,
+    decide: Callable[..., PairedInterval] = paired_interval,
 ) -> None:
     """compare.png and paired.png, once every run has ended."""
     from fedsim.tools.plots import plot_paired
 
     plot_compare(results, target, out / "compare.png")
-    paired = paired_table([row for row, _ in results], baseline)
+    paired = paired_table([row for row, _ in results], baseline, decide=decide)
     plot_paired(paired, PAIRED_METRICS, out / "paired.png")
 
 
@@ -926,6 +1268,7 @@ def _write_tables(
     overrides: Sequence[str],
     target_accuracy: float | None,
     baseline: str,
+    decide: Callable[..., PairedInterval] = paired_interval,
 ) -> None:
     """compare.parquet (one row per run so far), paired.parquet (each arm
     against ``baseline``) and compare.md (their mean and spread per
@@ -935,19 +1278,28 @@ def _write_tables(
     from fedsim.results import atomic_write_bytes, write_table
 
     write_table(out / "compare.parquet", runs, COMPARE_SCHEMA)
-    paired = paired_table(runs, baseline)
+    paired = paired_table(runs, baseline, decide=decide)
     write_table(out / "paired.parquet", paired, PAIRED_SCHEMA)
     notes = [
         f"scenario: `{scenario_path}`",
         f"seeds: {', '.join(map(str, sorted({whole(r['seed']) for r in runs})))}",
         f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
-        "accuracy and loss: the scenario's test set, mean ± sample std over seeds",
+        "final acc %, final test loss and the target columns: the test set, "
+        "read for these reported numbers only (nothing is chosen on it); fed acc "
+        "%: the clients' held-out rows (eval.federated_every), where a best "
+        "over rounds may be taken; mean ± sample std over seeds",
     ]
     table = summarize_runs(runs, target_accuracy)
     text = format_markdown(table, f"compare: {Path(scenario_path).stem}", notes)
     text += "\n".join(
         ["", f"## Paired against {baseline}", "", *format_paired(paired)]
-        + ["", paired_note(baseline), "", "![paired differences](paired.png)", ""]
+        + [
+            "",
+            paired_note(baseline, per_round_time(runs), decide),
+            "",
+            "![paired differences](paired.png)",
+            "",
+        ]
     )
     atomic_write_bytes(out / "compare.md", text.encode())
 

@@ -34,17 +34,23 @@ from fedsim.tools.compare import (
     _spread,
     _stats,
     canonical_label,
+    censored,
     check_variants,
     file_stems,
     format_paired,
+    interval_for,
     load_variant,
     paired_note,
     paired_table,
+    per_round_time,
     resolve_baseline,
+    round_policy,
+    run_batches,
     run_fields,
-    run_jobs,
     split_algorithms,
+    to_target,
     tool_field,
+    undecided,
 )
 
 if TYPE_CHECKING:
@@ -52,17 +58,28 @@ if TYPE_CHECKING:
 
     from fedsim.tools.plots import RGBA
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, read_yaml
-from fedsim.tools.stats import paired_differences, paired_interval, seeds_needed
-
-# What stress.md pairs each arm on, against the baseline, in every cell.
-STRESS_PAIRED = tuple(
-    m for m in PAIRED_METRICS if m.key in ("final_accuracy", "time_to_target_s")
+from fedsim.tools.stats import (
+    PairedInterval,
+    paired_differences,
+    paired_interval,
+    seeds_needed,
 )
 
+# What stress.md pairs each arm on, against the baseline, in every cell.
+# (time to target only where it is not rounds x a fixed window: paired_table)
+STRESS_PAIRED = tuple(
+    m
+    for m in PAIRED_METRICS
+    if m.key in ("final_accuracy", "rounds_to_target", "time_to_target_s")
+)
+_TIME = next(m for m in PAIRED_METRICS if m.key == "time_to_target_s")
+
 STRESS_SCHEMA = schema(
-    (F64, "target_accuracy time_to_target_s sim_time_s"),
-    (I64, "updates"),
+    (F64, "target_accuracy time_to_target_s sim_time_s best_fed_accuracy"),
+    (I64, "updates rounds_to_target"),
     (F64, "dropped_fraction tau_mean tau_std wall_time_s"),
+    (STR, "policy"),
+    (F64, "window_s"),
     base=pa.schema([pa.field("cell", I64), *RUN_COLUMNS]),
 )
 TAU_SCHEMA = schema(
@@ -74,7 +91,10 @@ TAU_SCHEMA = schema(
     (BOOL, "dropped"),
     (STR, "drop_reason mode"),
 )
-_DEFAULT_TARGET = "90% of the best algorithm's mean best accuracy in the mildest cell"
+_DEFAULT_TARGET = (
+    "90% of the best algorithm's mean best accuracy on the clients' held-out "
+    "rows (federated evaluation) in the mildest cell"
+)
 
 # One cell of the grid: each swept field path -> its value there (a YAML
 # scalar or flow collection, as --sweep gave it).
@@ -232,6 +252,7 @@ def _run_one(
         **run_fields(label, sc, mode, seed, len(rows), diverged),
         **_run_figures(rows, result.clients),
         "wall_time_s": result.wall_time_s,
+        **round_policy(sc),
     }
     run = {"cell": cell_index, "algorithm": label, "seed": seed, "mode": mode}
     classes = result.data.num_classes if result.data is not None else 0
@@ -240,11 +261,14 @@ def _run_one(
     return RunOutput(record=record, rounds=rows, taus=taus, chance=chance)
 
 
-def _run_figures(rows: Sequence[Row], clients: Sequence[Row]) -> dict[str, float | int]:
+def _run_figures(
+    rows: Sequence[Row], clients: Sequence[Row]
+) -> dict[str, float | int | None]:
     """A run's accuracies, simulated time, updates, dropped share and tau
     spread, as stress.parquet holds them; NaN where a run has none (no
     evaluated round, no update), never an exception on an empty run."""
     finite = [a for a in _column(rows, "test_accuracy") if math.isfinite(a)]
+    held = [number(a) for r in rows if (a := r.get("fed_accuracy")) is not None]
     done = [c for c in clients if not c["dropped"]]
     taus = np.array(_column(done, "tau"), dtype=np.float64)
     selected = sum(whole(r["n_selected"], "n_selected") for r in rows)
@@ -252,6 +276,8 @@ def _run_figures(rows: Sequence[Row], clients: Sequence[Row]) -> dict[str, float
     return {
         "final_accuracy": finite[-1] if finite else math.nan,
         "best_accuracy": max(finite, default=math.nan),
+        # None (null), not NaN, without held-out rows: rows stay comparable
+        "best_fed_accuracy": max(filter(math.isfinite, held), default=None),
         "sim_time_s": number(rows[-1]["sim_time"], "sim_time") if rows else 0.0,
         "updates": taus.size,
         "dropped_fraction": dropped / selected if selected else math.nan,
@@ -278,17 +304,22 @@ def _tau_rows(run: Row, clients: Sequence[Row]) -> list[dict[str, object]]:
 
 
 def _default_target(records: Sequence[Row]) -> float | None:
-    """90% of the best per-algorithm mean best accuracy in the mildest cell,
-    rounded down to half a point; None when no run there has an accuracy.
+    """90% of the best per-algorithm mean best held-out accuracy in the
+    mildest cell, rounded down to half a point; None when no run there
+    evaluated held-out rows (federated evaluation: ``eval.federated_every``
+    with ``data.client_test_fraction``).
 
     The mildest cell sets the bar because every harsher cell is meant to be
     compared against what the fleet allows at its best; 90% of the best
     algorithm's *best* (not final) accuracy keeps the target reachable by
-    the others in that cell, so times to target can be compared at all.
+    the others in that cell, so times to target can be compared at all. The
+    best is taken on held-out rows, never on the test set the times to
+    target are then measured on: a target chosen on the test set would be
+    selected on the data it reports.
     """
     mild = [r for r in records if r["cell"] == 0]
     means = [
-        _stats([r["best_accuracy"] for r in mild if r["algorithm"] == label])[0]
+        _stats([r.get("best_fed_accuracy") for r in mild if r["algorithm"] == label])[0]
         for label in dict.fromkeys(r["algorithm"] for r in mild)
     ]
     best = max((m for m in means if math.isfinite(m)), default=None)
@@ -308,7 +339,7 @@ def aggregate(records: Sequence[Row], cells: Sequence[Cell]) -> list[dict[str, o
     """
     table = []
     labels = list(dict.fromkeys(text(r["algorithm"]) for r in records))
-    keys = "final_accuracy best_accuracy dropped_fraction tau_mean tau_std sim_time_s"
+    keys = "final_accuracy dropped_fraction tau_mean tau_std sim_time_s"
     for (ci, cell), label in itertools.product(enumerate(cells), labels):
         rs = [r for r in records if r["cell"] == ci and r["algorithm"] == label]
         if rs:
@@ -320,11 +351,13 @@ def _arm_row(label: str, rs: Sequence[Row], keys: str) -> dict[str, object]:
     """One arm's columns of an "All cells" row: its seeds, mode, the mean
     and sample std of each of ``keys`` and of the time to target, and how
     many seeds reached the target and diverged."""
+    at_length = [{_TIME.key: censored(r, _TIME)} for r in rs]  # misses censored
     return {
         "algorithm": label,
         "seeds": len(rs),
         "mode": rs[0]["mode"],
-        **_spread(rs, f"{keys} time_to_target_s", "_sd"),
+        **_spread(rs, keys, "_sd"),
+        **_spread(at_length, _TIME.key, "_sd"),
         "reached": sum(r["time_to_target_s"] is not None for r in rs),
         "diverged": sum(bool(r["diverged"]) for r in rs),
     }
@@ -530,24 +563,22 @@ def format_markdown(
     t_head = "time to target" if target is None else f"time to {target * 100:g}% (s)"
     lines += ["", "## All cells (mean ± sample std over seeds)", ""]
     lines.append(
-        f"| {' | '.join(paths)} | algorithm | final acc % | best acc % | {t_head} "
+        f"| {' | '.join(paths)} | algorithm | final acc % | {t_head} "
         "| dropped % | tau mean | tau sd |"
     )
-    lines.append("|---" * (len(paths) + 7) + "|")
+    lines.append("|---" * (len(paths) + 6) + "|")
     for r in table:
         vals = " | ".join(_label(r[p]) for p in paths)
         n = r["seeds"]
-        t = "-" if target is None else "not reached"
-        if target is not None and r["reached"]:
-            t = _pm_of(r, "time_to_target_s", digits=0, spread="_sd")
-            t += "" if r["reached"] == n else f" ({r['reached']}/{n})"
+        t = "-"
+        if target is not None:
+            t = to_target(r, _TIME.key, lambda x: f"{x:.0f}", "reached", "_sd")
         alg = text(r["algorithm"]) + (" (async)" if r["mode"] == "async" else "")
         if r["diverged"]:
             alg += f" [diverged {r['diverged']}/{n}]"
         lines.append(
             f"| {vals} | {alg} "
-            f"| {_pm_of(r, 'final_accuracy', 100, 1, '_sd')} "
-            f"| {_pm_of(r, 'best_accuracy', 100, 1, '_sd')} | {t} "
+            f"| {_pm_of(r, 'final_accuracy', 100, 1, '_sd')} | {t} "
             f"| {_pm_of(r, 'dropped_fraction', 100, 1, '_sd')} "
             f"| {_pm_of(r, 'tau_mean', digits=1, spread='_sd')} "
             f"| {_pm_of(r, 'tau_std', digits=1, spread='_sd')} |"
@@ -750,6 +781,7 @@ def run_stress(
     progress: Callable[[dict[str, object]], None] | None = None,
     baseline: str | None = None,
     log: Sequence[str] = (),
+    max_seeds: int | None = None,
 ) -> Path:
     """Run the stress grid and write its report; return the report directory.
 
@@ -759,13 +791,13 @@ def run_stress(
             [0, 0.1, 0.3, 0.5]}``); several paths make a grid.
         out_dir: the report directory (default ``results/stress-<name>-<time>``).
         workers: as for :func:`fedsim.tools.compare.run_jobs`.
-        target_accuracy: default: 90% of the best algorithm's mean best
+        target_accuracy: default: 90% of the best arm's mean best held-out
             accuracy in the mildest cell, rounded down to half a point.
         overrides: ``path=value`` for every run (not ``algorithm`` or ``seed``).
-        baseline: the arm the others are paired with in every cell (default
-            the first algorithm).
-        log: trackers that get one run per cell, arm and seed as it ends
-            (fedsim/tools/tracking.py).
+        baseline: the arm paired with the others in every cell (the first).
+        log: trackers with one run per cell, arm and seed (tools/tracking.py).
+        max_seeds: batches of ``seeds`` seeds until every arm is decided in
+            every cell (on the confidence sequence), or ``max_seeds`` ran.
 
     Raises:
         ScenarioError: if the scenario, a swept value or an algorithm is
@@ -780,12 +812,7 @@ def run_stress(
     stems = file_stems(algorithms)
     out = Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    jobs = [
-        (str(scenario_path), list(overrides), ci, cell, label, seed)
-        for ci, cell in enumerate(cells)
-        for label in algorithms
-        for seed in range(seeds)
-    ]
+    decide = interval_for(seeds, max_seeds)
 
     def finish(res: RunOutput, so_far: list[RunOutput]) -> None:
         # Each run's rounds, then the table so far: an interrupted sweep
@@ -794,7 +821,7 @@ def run_stress(
         arm, seed, ci = text(rec["algorithm"]), whole(rec["seed"]), whole(rec["cell"])
         run = f"{ci:02d}-{stems[arm]}-seed{seed}.parquet"
         write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
-        _write_tables(out, so_far, cells, target_accuracy, base)  # the tables so far
+        _write_tables(out, so_far, cells, target_accuracy, base, decide)
         if group is not None:  # issue 41: one tracked run per cell, arm and seed
             sc = load_variant(str(scenario_path), arm, seed, overrides, cells[ci])[0]
             name = f"{ci:02d}-{stems[arm]}-seed{seed}"
@@ -806,18 +833,51 @@ def run_stress(
     from fedsim.tools.tracking import run_group  # issue 41
 
     group = run_group(log, out, "stress", scenario_path, overrides)
-    results = run_jobs(_run_one, jobs, workers, finish)
+    jobs = _jobs_of(str(scenario_path), list(overrides), cells, algorithms)
+    results, seeds = run_batches(
+        _run_one,
+        jobs,
+        workers,
+        finish,
+        (seeds, max_seeds),
+        lambda rs: not undecided([r["record"] for r in rs], base, False, ("cell",)),
+    )
     if group is not None:
         group.close()
-    notes = [
+    notes = _notes(scenario_path, sweep, algorithms, seeds, overrides)
+    _write_report(
+        out, results, cells, scenario_path, notes, target_accuracy, base, decide
+    )
+    return out
+
+
+def _jobs_of(
+    path: str, overrides: list[str], cells: Sequence[Cell], algorithms: Sequence[str]
+) -> Callable[[int, int], list[tuple[object, ...]]]:
+    """The jobs of seeds [first, end) of every cell and arm, as a function."""
+    return lambda first, end: [
+        (path, overrides, ci, cell, label, seed)
+        for ci, cell in enumerate(cells)
+        for label in algorithms
+        for seed in range(first, end)
+    ]
+
+
+def _notes(
+    scenario_path: str | Path,
+    sweep: Mapping[str, Sequence[object]],
+    algorithms: Sequence[str],
+    seeds: int,
+    overrides: Sequence[str],
+) -> list[str]:
+    """stress.md's first notes: what ran, with how many seeds."""
+    swept = "; ".join(f"`{p}` = {', '.join(map(_label, v))}" for p, v in sweep.items())
+    return [
         f"scenario: `{scenario_path}`",
-        "sweep (mildest first): "
-        + "; ".join(f"`{p}` = {', '.join(map(_label, vs))}" for p, vs in sweep.items()),
+        f"sweep (mildest first): {swept}",
         f"algorithms: {', '.join(algorithms)}; seeds: 0..{seeds - 1}",
         f"overrides: {', '.join(f'`{o}`' for o in overrides) or 'none'}",
     ]
-    _write_report(out, results, cells, scenario_path, notes, target_accuracy, base)
-    return out
 
 
 def _grid(
@@ -871,9 +931,11 @@ def _write_report(
     notes: list[str],
     target_accuracy: float | None,
     baseline: str,
+    decide: Callable[..., PairedInterval] = paired_interval,
 ) -> None:
     """stress.parquet, paired.parquet, stress.md, taus.parquet and the four
-    figures.
+    figures (``decide``: the paired interval, or the confidence sequence of
+    seeds added until decided).
 
     Called once every run has finished: the default target needs every run
     of the mildest cell, and the verdict every run of the first and last
@@ -883,10 +945,22 @@ def _write_report(
     from fedsim.results import atomic_write_bytes, write_table
     from fedsim.tools.plots import plot_paired
 
-    records, target = _write_tables(out, results, cells, target_accuracy, baseline)
+    records, target = _write_tables(
+        out, results, cells, target_accuracy, baseline, decide
+    )
     if target is not None:
         how = "given" if target_accuracy is not None else _DEFAULT_TARGET
         notes.append(f"target accuracy: {target * 100:g}% ({how})")
+    else:
+        notes.append(
+            "no target accuracy: give --target, or hold out rows on the clients "
+            "(data.client_test_fraction with eval.federated_every) for a default "
+            "one (never chosen on the test set)"
+        )
+    notes.append(
+        "final acc % and times to target: the test set, read for these reported "
+        "numbers only"
+    )
     if any(r["record"]["mode"] == "async" for r in results):
         notes.append(
             "asynchronous rules ran on the asynchronous timeline (concurrency = "
@@ -899,12 +973,17 @@ def _write_report(
     deg = degradation(records, cells, paths[0])
     chance = max((r["chance"] for r in results), default=0.0)
     title = f"stress: {Path(scenario_path).stem}"
-    paired = paired_table(records, baseline, STRESS_PAIRED, by=("cell",))
+    paired = paired_table(records, baseline, STRESS_PAIRED, ("cell",), decide)
     for r in paired:
         r.update(cells[whole(r["cell"])])
     section = [f"## Paired against {baseline}, cell by cell", ""]
     section += format_paired(paired, STRESS_PAIRED, lead=paths)
-    section += ["", paired_note(baseline), "", "![paired differences](paired.png)"]
+    section += [
+        "",
+        paired_note(baseline, per_round_time(records), decide),
+        "",
+        "![paired differences](paired.png)",
+    ]
     text = format_markdown(
         aggregate(records, cells), deg, paths, title, notes, target, chance, section
     )
@@ -926,6 +1005,7 @@ def _write_tables(
     cells: Sequence[Cell],
     target_accuracy: float | None,
     baseline: str,
+    decide: Callable[..., PairedInterval] = paired_interval,
 ) -> tuple[list[dict[str, object]], float | None]:
     """stress.parquet with times to target filled in, and paired.parquet
     (each arm against ``baseline`` in every cell), rewritten as runs end.
@@ -942,11 +1022,13 @@ def _write_tables(
     for rec, res in zip(records, results, strict=True):
         rec["target_accuracy"] = math.nan if target is None else target
         hits = (r for r in res["rounds"] if _ge(number(r["test_accuracy"]), goal))
-        rec["time_to_target_s"] = next((number(r["sim_time"]) for r in hits), None)
+        hit = next(hits, None)
+        rec["time_to_target_s"] = None if hit is None else number(hit["sim_time"])
+        rec["rounds_to_target"] = None if hit is None else whole(hit["round"]) + 1
     fields, cols = _sweep_columns(cells)
     rows = [cols[whole(r["cell"])] | r for r in records]
     write_table(out / "stress.parquet", rows, pa.schema([*fields, *STRESS_SCHEMA]))
-    paired = paired_table(records, baseline, STRESS_PAIRED, by=("cell",))
+    paired = paired_table(records, baseline, STRESS_PAIRED, ("cell",), decide)
     paired_fields = pa.schema([*fields, ("cell", pa.int64()), *PAIRED_SCHEMA])
     paired_rows = [cols[whole(r["cell"])] | r for r in paired]
     write_table(out / "paired.parquet", paired_rows, paired_fields)
