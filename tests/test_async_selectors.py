@@ -199,7 +199,7 @@ def test_fedpns_is_refused_in_async_mode_naming_both_fields():
     with pytest.raises(ScenarioError) as err:
         fedbuff("{name: fedpns, clients_per_round: 4}")
     msg = str(err.value)
-    assert "selector.name 'fedpns'" in msg and "round.policy 'async'" in msg
+    assert "selector.name: 'fedpns'" in msg and "round.policy 'async'" in msg
     for name in ("power_of_choice", "oort"):
         assert fedbuff(f"{{name: {name}, clients_per_round: 4}}").selector.adaptive
 

@@ -296,7 +296,7 @@ def test_async_policy_needs_an_async_rule_and_a_result_free_selector():
         with pytest.raises(ScenarioError, match="asynchronous server rule"):
             load_scenario(FEDBUFF, [f"algorithm={{name: {alg}}}"])
     for sel in ("fedpns",):  # power_of_choice and oort work async
-        with pytest.raises(ScenarioError, match=f"selector.name '{sel}'.*async"):
+        with pytest.raises(ScenarioError, match=f"selector.name: '{sel}'.*async"):
             load_scenario(FEDBUFF, [f"selector={{name: {sel}, clients_per_round: 4}}"])
 
 

@@ -150,7 +150,7 @@ def test_interrupt_anywhere_then_resume_equals_the_run_left_alone(
     if (out / "LATEST").exists():
         again = cli("run", "--resume", out, "-q", "--no-report")
     else:  # nothing to resume from: the message says to run it again
-        assert "run it again" in first.output
+        assert "run the same command with --overwrite" in first.output
         again = cli(*run_args(out, sets, "--overwrite"))
 
     # Assert
@@ -210,7 +210,7 @@ def test_a_real_signal_in_a_round_then_resume_equals_the_run_left_alone(
         assert f"fedsim run --resume {out}" in first.stderr
         again = fedsim_process("run", "--resume", str(out), "-q", "--no-report")
     else:  # stopped before the first checkpoint (after round 0's row)
-        assert "run it again, with --overwrite" in first.stderr
+        assert "run the same command with --overwrite" in first.stderr
         again = fedsim_process(*args, "--overwrite")
 
     # Assert

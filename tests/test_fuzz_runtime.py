@@ -601,7 +601,7 @@ def test_a_solver_the_algorithm_refuses_is_an_invalid_scenario(name):
     from fedsim.scenario import ScenarioError, parse_scenario
 
     text = yaml.safe_dump(FOUND[name])
-    with pytest.raises(ScenarioError, match=r"client\.solver: client\.solver "):
+    with pytest.raises(ScenarioError, match=r"client\.solver: "):
         parse_scenario(text, "found.yaml")
 
 

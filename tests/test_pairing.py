@@ -157,7 +157,7 @@ def test_a_double_count_is_refused_with_one_message_naming_both_fields(
     # Assert: one problem, both fields, the unbiased choice
     msg = str(err.value)
     assert "(1 problem)" in msg
-    assert f"selector.name '{selector}'" in msg
+    assert f"selector.name: '{selector}'" in msg
     assert "algorithm.sampling 'renormalized'" in msg
     assert f"use algorithm.sampling '{use}'" in msg
     assert "counts twice" in msg

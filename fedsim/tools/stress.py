@@ -1020,7 +1020,9 @@ def _write_tables(
     target = _default_target(records) if target_accuracy is None else target_accuracy
     goal = math.inf if target is None else target  # inf: never reached
     for rec, res in zip(records, results, strict=True):
-        rec["target_accuracy"] = math.nan if target is None else target
+        # no target: null, as every "no value" cell (NaN would also make two
+        # equal tables compare unequal)
+        rec["target_accuracy"] = target
         hits = (r for r in res["rounds"] if _ge(number(r["test_accuracy"]), goal))
         hit = next(hits, None)
         rec["time_to_target_s"] = None if hit is None else number(hit["sim_time"])
