@@ -1,5 +1,5 @@
 """Calling plug-in code during a run: what it may raise, and what its
-hooks must return (issue 37, defect 3; issue 39, "Misbehaving plug-ins").
+hooks must return: plug-in code is user code, and its answers are input.
 
 Every hook a run calls on an algorithm or a selector goes through
 :func:`call` (or, for the client hooks on a worker, the same wrapping), so

@@ -590,7 +590,7 @@ def _save_figures(
         save("staleness.png", fig)
     if plots.has_chi2(rounds):
         save("chi2.png", plots.figure_chi2(rounds, f"{name}: objective inconsistency"))
-    if plots.plugin_columns(rounds):  # issue 37: plug-in metrics
+    if plots.plugin_columns(rounds):  # plug-in metrics
         title = f"{name}: plug-in metrics"
         save("plugin_metrics.png", plots.figure_plugin_metrics(rounds, title))
     partition = _read_table(run_dir / "partition.parquet")
