@@ -31,6 +31,7 @@ from fedsim.data import FederatedData, build_data
 from fedsim.data.heldout import heldout_clients, with_heldout
 from fedsim.data.partition import partition_table
 from fedsim.data.validation import describe_validation, validation_use
+from fedsim.errors import RunError
 from fedsim.executors import DataRecipe, Executor, ExecutorSetup, InProcessExecutor
 from fedsim.facts import RunFacts
 from fedsim.fleet import Fleet
@@ -164,7 +165,7 @@ def run_setup(scenario: Scenario) -> RunSetup:
     return RunSetup(sc.facts, network, worker, server, executor)
 
 
-class SetupError(OSError):
+class SetupError(RunError, OSError):
     """The run directory cannot take the run; nothing was trained."""
 
 

@@ -48,6 +48,7 @@ from rich.table import Table
 
 from fedsim import __version__, interrupts
 from fedsim.algorithms import REGISTRY
+from fedsim.errors import FedsimError
 from fedsim.units import duration
 
 # fedsim.scenario (every plug-in, numpy, pydantic schemas) is imported by the
@@ -1557,6 +1558,12 @@ def main() -> None:
     with interrupts.stop_at_round_ends():
         try:
             app()
+        except FedsimError as exc:
+            # fedsim's own errors that no command reported itself: still one
+            # line, with the exit code its kind says (load time 2, run time
+            # 1, a plug-in's failure 3), never a traceback
+            _say("[bold red]error:[/]", _error_text(exc))
+            raise SystemExit(exc.exit_code) from None
         except SystemExit as exc:
             # typer turns a KeyboardInterrupt no command caught into a
             # silent exit 130 (click's Exit raised from it)

@@ -28,6 +28,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from fedsim.data.partition import plot_partition
+from fedsim.errors import LoadError
 from fedsim.results import atomic_write_bytes
 from fedsim.tools import plots
 from fedsim.units import duration
@@ -37,7 +38,7 @@ _T = TypeVar("_T")
 REPORT_NAME = "report.md"
 
 
-class ReportError(ValueError):
+class ReportError(LoadError, ValueError):
     """The directory is not a readable run directory.
 
     Raised when the directory or its ``rounds.parquet`` is missing, or when a
