@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from fedsim.errors import LoadError
 from fedsim.results import UnreadableResults, atomic_write_bytes, read_rows
 
 if TYPE_CHECKING:  # torch is imported where tensors are saved or loaded
@@ -45,7 +46,7 @@ _CKPT_NAME = re.compile(r"ckpt-[0-9]{1,20}")
 _MAX_POINTER_BYTES = 256
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(LoadError, RuntimeError):
     """A run directory has no usable checkpoint."""
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import Field, model_validator
 
+from fedsim.errors import RunError
 from fedsim.fleet import Fleet
 from fedsim.lazy import simpy
 from fedsim.spec import PosFloat
@@ -690,7 +691,7 @@ _TAG_DISPATCH = 0xD15C  # which idle devices take free slots: (seed, tag, n)
 _Status = Literal["applied", "stale", "offline", "dropout"]
 
 
-class Stalled(RuntimeError):
+class Stalled(RunError, RuntimeError):
     """An asynchronous timeline that can make no further server version."""
 
 

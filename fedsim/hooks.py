@@ -1,5 +1,5 @@
 """Calling plug-in code during a run: what it may raise, and what its
-hooks must return (issue 37, defect 3; issue 39, "Misbehaving plug-ins").
+hooks must return: plug-in code is user code, and its answers are input.
 
 Every hook a run calls on an algorithm or a selector goes through
 :func:`call` (or, for the client hooks on a worker, the same wrapping), so
@@ -23,9 +23,11 @@ import json
 import numbers
 import traceback
 from collections.abc import Callable, Mapping
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 import numpy as np
+
+from fedsim.errors import RunError
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -35,7 +37,7 @@ _R = TypeVar("_R")
 _NO_MEMORY = ("can't allocate memory", "not enough memory", "out of memory")
 
 
-class PluginFailure(RuntimeError):
+class PluginFailure(RunError, RuntimeError):
     """Plug-in code failed during a run: it raised, or one of its hooks
     returned something other than its contract promises.
 
@@ -49,6 +51,9 @@ class PluginFailure(RuntimeError):
         trace: the full traceback (the plug-in's own frames included); ""
             for a wrong return value, which has no exception.
     """
+
+    # 3, not 1: a script tells a broken plug-in from a run that failed
+    exit_code: ClassVar[int] = 3
 
     def __init__(self, plugin: str, hook: str, error: str, trace: str = "") -> None:
         super().__init__(f"{plugin} failed in {hook}: {error}")

@@ -7,7 +7,7 @@ SimPy's scheduler, a Parquet or checkpoint write, or a finalizer. When it is
 a finalizer (a SimPy process generator the garbage collector closes, an
 object's ``__del__``), Python prints "Exception ignored in ..." and drops the
 interrupt: the run goes on as if Ctrl-C had never been pressed. We saw that
-about once in 150 Ctrl-Cs on a loaded machine (issue 23).
+about once in 150 Ctrl-Cs on a loaded machine.
 
 So the ``fedsim`` command handles SIGINT and SIGTERM itself
 (:func:`stop_at_round_ends`). While a run's round loop runs

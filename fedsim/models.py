@@ -35,6 +35,7 @@ from pydantic import Field, model_validator
 
 from fedsim import model_size as size
 from fedsim.data.base import DataInfo, FederatedData, as_tensor
+from fedsim.errors import LoadError
 from fedsim.lazy import F, torch
 from fedsim.spec import Model, Width
 
@@ -532,7 +533,7 @@ def build_model(
     return model.to(getattr(torch, spec.dtype))
 
 
-class ModelError(ValueError):
+class ModelError(LoadError, ValueError):
     """A plug-in model misbehaves before training: its ``build`` raises,
     returns no torch module, disagrees with its ``param_count``, or gives
     outputs that do not match the dataset's classes. The message names the

@@ -53,8 +53,10 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, to_jsonable_python
 
+from fedsim.errors import LoadError
 
-class PluginError(ValueError):
+
+class PluginError(LoadError, ValueError):
     """A section names a class that cannot be found or is of the wrong kind;
     the message says what was given and what was expected."""
 

@@ -19,6 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fedsim.errors import LoadError
+
 I64, F64, STR, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 _Row = dict[str, Any]
 
@@ -319,7 +321,7 @@ class Recorder:
         self._converted.clear()
 
 
-class UnreadableResults(ValueError):
+class UnreadableResults(LoadError, ValueError):
     """A result table a resume needs is missing, damaged or too short; the
     message names the file."""
 

@@ -31,6 +31,7 @@ from fedsim.data import FederatedData, build_data
 from fedsim.data.heldout import heldout_clients, with_heldout
 from fedsim.data.partition import partition_table
 from fedsim.data.validation import describe_validation, validation_use
+from fedsim.errors import RunError
 from fedsim.executors import DataRecipe, Executor, ExecutorSetup, InProcessExecutor
 from fedsim.facts import RunFacts
 from fedsim.fleet import Fleet
@@ -164,7 +165,7 @@ def run_setup(scenario: Scenario) -> RunSetup:
     return RunSetup(sc.facts, network, worker, server, executor)
 
 
-class SetupError(OSError):
+class SetupError(RunError, OSError):
     """The run directory cannot take the run; nothing was trained."""
 
 
@@ -1271,8 +1272,9 @@ def run_scenario(
 def select(
     sel: Selector, state: SelectorState, draw: Draw
 ) -> tuple[Ids, SelectorState]:
-    """``sel.select(state, draw)``, its result checked (issue 39): integer
-    ids, each once, among the draw's candidates, and a JSON state.
+    """``sel.select(state, draw)``, its result checked (a plug-in's answer
+    is input): integer ids, each once, among the draw's candidates, and a
+    JSON state.
 
     Raises:
         PluginFailure: the hook raised or broke that contract, naming the
@@ -1311,8 +1313,7 @@ def _check_resume(scenario: checkpoint.Resolvable, run_dir: Path | None) -> None
     """Everything a resume of ``run_dir`` reads, and that its checkpoint is
     of ``scenario``'s experiment: a checkpoint of another one (another seed,
     lr, ...) would finish "completed" with two runs' rows mixed, so it is
-    refused as the command line refuses it, naming every differing field
-    (issue 37, defect 6).
+    refused as the command line refuses it, naming every differing field.
 
     Raises:
         ValueError: no run directory.

@@ -56,6 +56,7 @@ from fedsim.algorithms.sampling import pairing_problem
 from fedsim.clock import RoundSpec
 from fedsim.data.heldout import federated_problem
 from fedsim.data.validation import validation_problem
+from fedsim.errors import LoadError
 from fedsim.facts import RunFacts
 from fedsim.fleet import FleetSpec
 from fedsim.links import LinksSpec
@@ -103,7 +104,7 @@ MAX_VALUES = 1_000_000  # YAML aliases can expand a short file to billions
 MAX_INT_BITS = 64  # no setting needs more (4300 digits cannot even be printed)
 
 
-class ScenarioError(ValueError):
+class ScenarioError(LoadError, ValueError):
     """An invalid scenario: the message is meant for the user, as is.
 
     It names the file (or ``--set`` option) and the field, and says what was

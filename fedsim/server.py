@@ -44,6 +44,7 @@ from fedsim.algorithms.base import (
 )
 from fedsim.data import FederatedData
 from fedsim.data.base import as_tensor as _tensor
+from fedsim.errors import LoadError, RunError
 from fedsim.models import Loss, NetworkSetup, evaluate, make_model
 from fedsim.params import flatten
 from fedsim.spec import EvalSpec
@@ -58,11 +59,11 @@ Split = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets)
 Array = NDArray[np.float32 | np.float64 | np.int64]
 
 
-class DivergenceError(RuntimeError):
+class DivergenceError(RunError, RuntimeError):
     """The global model or the training loss became NaN or infinite."""
 
 
-class ServerSetupError(ValueError):
+class ServerSetupError(LoadError, ValueError):
     """The server cannot be built for this data (an algorithm scores models
     on a validation split the dataset did not reserve)."""
 

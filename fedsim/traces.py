@@ -16,6 +16,8 @@ from typing import SupportsFloat
 
 import numpy as np
 
+from fedsim.errors import LoadError
+
 MAX_TRACE_BYTES = 1 << 30
 MAX_ROWS = 10_000_000
 REQUIRED = ("speed_steps_per_s", "down_mbps", "up_mbps")
@@ -27,7 +29,7 @@ _NUM = r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _INTERVAL = re.compile(rf"^\s*({_NUM})\s*-\s*({_NUM}|inf)\s*$")
 
 
-class TraceError(ValueError):
+class TraceError(LoadError, ValueError):
     """An invalid trace file: the message names the file, row and column."""
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from fedsim.errors import LoadError
 from fedsim.lazy import torch
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ _WHY = {
 }
 
 
-class FlowerError(ValueError):
+class FlowerError(LoadError, ValueError):
     """A Flower strategy did something the adapter cannot carry out (the
     message names the field or the strategy's attribute)."""
 
@@ -429,7 +430,7 @@ def train_reply(
 
 
 # ------------------------------------------------------------ exact state codec
-class NotCheckpointable(TypeError):
+class NotCheckpointable(LoadError, TypeError):
     """A strategy attribute whose value the codec cannot store exactly."""
 
 

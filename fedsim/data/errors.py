@@ -15,16 +15,18 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedsim.errors import LoadError
+
 ENV_ROOT = "FEDSIM_DATA_ROOT"
 DEFAULT_ROOT = Path("~/.cache/fedsim/data")
 
 
-class DataMissingError(FileNotFoundError):
+class DataMissingError(LoadError, FileNotFoundError):
     """A dataset's files are not on disk; the message (for the user, as is)
     names every path looked at and how to obtain the data."""
 
 
-class DataError(ValueError):
+class DataError(LoadError, ValueError):
     """The data cannot be built as the scenario asks (a partition that does
     not fit, a client count that does not match the fleet, a non-numeric
     feature column); the message is meant for the user."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from fedsim.algorithms.base import ClientEvaluation, ClientState, ClientUpdate
 from fedsim.data import DataError, DataMissingError, FederatedData, build_data
+from fedsim.errors import RunError
 from fedsim.executors import (
     Apart,
     Calls,
@@ -67,7 +68,7 @@ def _own(group: Sequence[Task], states: States) -> dict[int, ClientState]:
     return {t.client: ship_all(states[t.client]) for t in group if t.client in states}
 
 
-class StaleWorkerError(RuntimeError):
+class StaleWorkerError(RunError, RuntimeError):
     """A worker actor was asked to train for a run it is not set up for."""
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fedsim.algorithms.base import ClientState, ClientUpdate
+from fedsim.errors import LoadError
 from fedsim.remote.actors import (
     ActorShape,
 )
@@ -26,7 +27,7 @@ Updates = list[ClientUpdate]
 Calls = Iterator[tuple[list[int], Updates]]  # task positions, their updates
 
 
-class PlacementError(RuntimeError):
+class PlacementError(LoadError, RuntimeError):
     """The worker actors cannot be placed as ``resources.placement`` asks."""
 
 

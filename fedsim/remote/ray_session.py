@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedsim import interrupts
+from fedsim.errors import RunError
 
 _LOOPBACK = "127.0.0.1"
 # Ray's wait for its GCS server (its port file, then its first answer), in
@@ -53,7 +54,7 @@ _NODE_LATE = ("timed out during startup",)
 _TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 
-class RayStartError(RuntimeError):
+class RayStartError(RunError, RuntimeError):
     """An embedded Ray did not start within Ray's waits; the message is one
     line for the user: how long, and how to give it longer (CLI exit 1)."""
 

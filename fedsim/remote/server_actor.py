@@ -25,6 +25,7 @@ import torch
 
 from fedsim.algorithms.base import ClientState, ClientUpdate, Failure
 from fedsim.data import FederatedData
+from fedsim.errors import RunError
 from fedsim.remote.actors import Handle, current_pool, kill
 from fedsim.remote.placement import PlacementError, server_shape
 from fedsim.server import (
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 
-class ServerLost(RuntimeError):
+class ServerLost(RunError, RuntimeError):
     """The server actor died (its node was lost); the run cannot go on."""
 
 

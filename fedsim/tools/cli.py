@@ -48,6 +48,7 @@ from rich.table import Table
 
 from fedsim import __version__, interrupts
 from fedsim.algorithms import REGISTRY
+from fedsim.errors import FedsimError
 from fedsim.units import duration
 
 # fedsim.scenario (every plug-in, numpy, pydantic schemas) is imported by the
@@ -201,7 +202,7 @@ OverwriteOption = Annotated[
     bool,
     typer.Option("--overwrite", help="Replace the results already in --out."),
 ]
-# issue 41: trackers (fedsim/tools/tracking.py), the optional extra fedsim[track]
+# trackers (fedsim/tools/tracking.py), the optional extra fedsim[track]
 LogOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -426,7 +427,7 @@ def run(
     # the first line on: set-up (data, model, Ray) can take minutes. In the
     # round loop either waits for the round's end (fedsim/interrupts.py).
     reached: dict[str, Any] = {}  # how far set-up got (see _set_up)
-    trackers = _trackers(log, out_dir or resume)  # issue 41
+    trackers = _trackers(log, out_dir or resume)
     with interrupts.stop_at_round_ends():
         try:
             sc, run_dir, start, sim0 = _set_up(
@@ -682,7 +683,7 @@ def _blame(
 
     The problems are those of the scenario with every override applied: one
     checked alone meets the file's other values, not the other overrides',
-    and would be blamed for the wrong thing (issue 25). A cross-field
+    and would be blamed for the wrong thing. A cross-field
     problem whose field no override sets names them all."""
     blamed = []
     for line in _problems(str(error), scenario):
@@ -780,7 +781,8 @@ def _prepare_run_dir(
     if resume is None:
         return 0, 0.0
     with _errors(CheckpointError):
-        # every file the resume reads, before it writes any (issue 25)
+        # every file the resume reads, before it writes any: a refusal
+        # leaves nothing half-done
         ck = check_resumable(run_dir)
         check_fingerprint(run_dir, sc, missing_ok=True)
     resolved = dump_scenario(sc)
@@ -898,7 +900,7 @@ def _what_is_kept(result: Any, run_dir: Path, when: str = "") -> str:
     return f"{rows}; no checkpoint yet: {when}run the same command with --overwrite"
 
 
-# 3: plug-in code failed during the run (issue 37): its own code, so that a
+# 3: plug-in code failed during the run: its own code, so that a
 # script tells a broken plug-in from a diverged run
 _EXIT_CODES = {
     "completed": 0,
@@ -1261,7 +1263,7 @@ def stress(
     labels = _algorithms(algorithms)
     if live and out_dir is None:  # the page needs the folder before it exists
         out_dir = _default_out("stress", scenario, list(set_ or []))
-    trackers = _trackers(log, out_dir)  # issue 41
+    trackers = _trackers(log, out_dir)
     if out_dir is not None:
         _claim_out(out_dir, _STRESS_FILES, overwrite)
     _maybe_ray(workers, address)
@@ -1285,7 +1287,7 @@ def stress(
             overrides=list(set_ or []),
             progress=None if quiet else _stress_progress,
             baseline=baseline,
-            log=trackers,  # issue 41
+            log=trackers,
             max_seeds=max_seeds if until_decided else None,
         )
     out.print(f"report: {path / 'stress.md'}", highlight=False, soft_wrap=True)
@@ -1370,7 +1372,7 @@ def compare(
     _check_max_seeds(until_decided, max_seeds, seeds)
     sc = _load(scenario, overrides)
     names = _algorithms(algorithms)
-    trackers = _trackers(log, out_dir)  # issue 41
+    trackers = _trackers(log, out_dir)
     run_dir = out_dir if out_dir is not None else default_run_dir(f"compare-{sc.name}")
     _claim_out(run_dir, _COMPARE_FILES, overwrite)
     existed = run_dir.exists()
@@ -1402,7 +1404,7 @@ def compare(
             progress=None if quiet else show,
             workers=workers,
             baseline=baseline,
-            log=trackers,  # issue 41
+            log=trackers,
             max_seeds=max_seeds if until_decided else None,
         )
     _write_group_page(run_dir)
@@ -1556,6 +1558,12 @@ def main() -> None:
     with interrupts.stop_at_round_ends():
         try:
             app()
+        except FedsimError as exc:
+            # fedsim's own errors that no command reported itself: still one
+            # line, with the exit code its kind says (load time 2, run time
+            # 1, a plug-in's failure 3), never a traceback
+            _say("[bold red]error:[/]", _error_text(exc))
+            raise SystemExit(exc.exit_code) from None
         except SystemExit as exc:
             # typer turns a KeyboardInterrupt no command caught into a
             # silent exit 130 (click's Exit raised from it)

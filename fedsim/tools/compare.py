@@ -253,7 +253,7 @@ def _own_algorithm(scenario_path: str | Path) -> dict[str, object]:
 
 
 # Fields compare and stress set or discard for every run, and why: a --set or
-# --sweep of one would be ignored without a word (issue 25).
+# --sweep of one would be ignored without a word.
 TOOL_FIELDS = {
     "seed": "sets the seed of each run itself (0..N-1); use --seeds",
     "algorithm": "sets the algorithm of each run itself; use --algorithms "
@@ -404,7 +404,7 @@ def run_one(
 
     sc, mode = load_variant(scenario_path, label, seed, overrides)
     result = run_scenario(sc, workers=0)
-    result.reraise_failure()  # a plug-in that failed (issue 37) stops it all
+    result.reraise_failure()  # a plug-in that failed stops it all
     if result.status == "interrupted":
         raise KeyboardInterrupt  # stop the comparison, not just this run
     rows = with_round_bytes(with_uploads(result.rows, result.clients), result.clients)
@@ -1113,14 +1113,14 @@ def compare(
             name = f"{stems[arm]}-seed{seed}.parquet"
             write_table(out / "runs" / name, rounds, ROUND_SCHEMA)
             _write_tables(out, [r for r, _ in so_far], *tables)
-        if group is not None:  # issue 41: one tracked run per arm and seed
+        if group is not None:  # one tracked run per arm and seed
             sc = load_variant(scenario_path, arm, seed, overrides)[0]
             name = f"{stems[arm]}-seed{seed}"
             group.log_run(name, dump_scenario(sc), rounds, arm=arm, seed=seed)
         if progress is not None:
             progress(row)
 
-    group = run_group(log, out, "compare", scenario_path, overrides)  # issue 41
+    group = run_group(log, out, "compare", scenario_path, overrides)
     results, _ = run_batches(
         run_one,
         _jobs_of(scenario_path, algorithms, overrides, target_accuracy),

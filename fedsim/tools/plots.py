@@ -172,7 +172,7 @@ def plugin_metrics_left_out(rounds: pa.Table | None) -> str:
 
 
 def figure_plugin_metrics(rounds: pa.Table | None, title: str = "") -> Figure:
-    """One panel per plug-in metric column against the round (issue 37), for
+    """One panel per plug-in metric column against the round, for
     the first :data:`MAX_PLUGIN_PANELS` columns in table order.
 
     Args:

@@ -28,6 +28,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from fedsim.data.partition import plot_partition
+from fedsim.errors import LoadError
 from fedsim.results import atomic_write_bytes
 from fedsim.tools import plots
 from fedsim.units import duration
@@ -37,7 +38,7 @@ _T = TypeVar("_T")
 REPORT_NAME = "report.md"
 
 
-class ReportError(ValueError):
+class ReportError(LoadError, ValueError):
     """The directory is not a readable run directory.
 
     Raised when the directory or its ``rounds.parquet`` is missing, or when a
@@ -590,7 +591,7 @@ def _save_figures(
         save("staleness.png", fig)
     if plots.has_chi2(rounds):
         save("chi2.png", plots.figure_chi2(rounds, f"{name}: objective inconsistency"))
-    if plots.plugin_columns(rounds):  # issue 37: plug-in metrics
+    if plots.plugin_columns(rounds):  # plug-in metrics
         title = f"{name}: plug-in metrics"
         save("plugin_metrics.png", plots.figure_plugin_metrics(rounds, title))
     partition = _read_table(run_dir / "partition.parquet")

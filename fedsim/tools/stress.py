@@ -242,7 +242,7 @@ def _run_one(
 
     sc, mode = load_variant(scenario_path, label, seed, overrides, cell)
     result = run_scenario(sc, workers=0)  # keeps the rows up to a divergence
-    result.reraise_failure()  # a plug-in that failed (issue 37) stops it all
+    result.reraise_failure()  # a plug-in that failed stops it all
     if result.status == "interrupted":
         raise KeyboardInterrupt  # stop the sweep, not just this run
     rows = with_round_bytes(result.rows, result.clients)  # the trackers' bytes
@@ -822,7 +822,7 @@ def run_stress(
         run = f"{ci:02d}-{stems[arm]}-seed{seed}.parquet"
         write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
         _write_tables(out, so_far, cells, target_accuracy, base, decide)
-        if group is not None:  # issue 41: one tracked run per cell, arm and seed
+        if group is not None:  # one tracked run per cell, arm and seed
             sc = load_variant(str(scenario_path), arm, seed, overrides, cells[ci])[0]
             name = f"{ci:02d}-{stems[arm]}-seed{seed}"
             resolved = dump_scenario(sc)
@@ -830,7 +830,7 @@ def run_stress(
         if progress is not None:
             progress(rec)
 
-    from fedsim.tools.tracking import run_group  # issue 41
+    from fedsim.tools.tracking import run_group
 
     group = run_group(log, out, "stress", scenario_path, overrides)
     jobs = _jobs_of(str(scenario_path), list(overrides), cells, algorithms)

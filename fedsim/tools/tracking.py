@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 import yaml
 
+from fedsim.errors import LoadError
 from fedsim.rows import Row, whole
 
 if TYPE_CHECKING:
@@ -110,11 +111,11 @@ _NOT_METRICS = {"round"}
 _FLUSH_S = 5.0  # MLflow: batches at most this old (each write costs ~30 ms)
 
 
-class TrackingUnavailable(ImportError):
+class TrackingUnavailable(LoadError, ImportError):
     """A ``--log`` tracker whose library is not installed (the CLI exits 2)."""
 
 
-class TrackerUnusable(ValueError):
+class TrackerUnusable(LoadError, ValueError):
     """A ``--log`` tracker that cannot take the run: an MLflow store that
     cannot be reached or written, a file where the TensorBoard folder goes
     (the CLI exits 2, before any training)."""
