@@ -4,27 +4,15 @@ workers a run uses (``resources`` in the scenario)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from fedsim.algorithms.base import ClientState, ClientUpdate
 from fedsim.errors import LoadError
-from fedsim.remote.actors import (
-    ActorShape,
-)
+from fedsim.remote.actors import ActorShape
 from fedsim.spec import ResourceSpec
-from fedsim.workers import Payload, Task
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
-
-Tasks = Sequence[Task]
-Payloads = Mapping[int, Payload]  # by server version
-States = Mapping[int, ClientState]  # by client id
-# per-client payload entries by client id (Algorithm.instruct)
-Instructions = Mapping[int, Payload]
-Updates = list[ClientUpdate]
-Calls = Iterator[tuple[list[int], Updates]]  # task positions, their updates
 
 
 class PlacementError(LoadError, RuntimeError):
