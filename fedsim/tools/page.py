@@ -20,27 +20,23 @@ not open in a browser. See docs/report-page.md.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import yaml
 
 from fedsim.results import atomic_write_bytes
 from fedsim.tools import plots
 from fedsim.tools.page_html import figure_json, render
 from fedsim.tools.report import (
-    ReportError,
     _group_names,
     _mapping,
-    _read_mapping,
-    _read_table,
     _run_name,
     _step_cap,
     _summary_rows,
+    read_run_files,
 )
 
 PAGE_NAME = "report.html"
@@ -96,15 +92,7 @@ def run_page_data(run_dir: Path) -> dict[str, Any]:
         ReportError: as :func:`write_page`.
     """
     run_dir = Path(run_dir)
-    rounds = _read_table(run_dir / "rounds.parquet") if run_dir.is_dir() else None
-    if rounds is None:
-        raise ReportError(
-            f"{run_dir} is not a run directory: rounds.parquet is missing "
-            "(expected the output directory of `fedsim run`)"
-        )
-    clients = _read_table(run_dir / "clients.parquet")
-    summary = _read_mapping(run_dir / "summary.json", json.loads)
-    scenario = _read_mapping(run_dir / "scenario.yaml", yaml.safe_load)
+    rounds, clients, summary, scenario = read_run_files(run_dir)
     groups = _group_names(scenario)
     jobs = _Jobs(clients, groups)
     sections = [_metrics_section(rounds, summary.get("initial"))]

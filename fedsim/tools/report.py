@@ -19,7 +19,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -660,6 +660,49 @@ def _figure_lines(
     return lines
 
 
+class RunFiles(NamedTuple):
+    """A run directory's files as the report and the page read them.
+
+    Attributes:
+        rounds: rounds.parquet (the one file a report needs).
+        clients: clients.parquet, or None when it is missing.
+        summary: summary.json ({} when missing: a run still going).
+        scenario: the resolved scenario.yaml ({} when missing).
+    """
+
+    rounds: pa.Table
+    clients: pa.Table | None
+    summary: dict[str, object]
+    scenario: dict[str, object]
+
+
+def read_run_files(run_dir: Path) -> RunFiles:
+    """Read what a report or a page of ``run_dir`` draws from, once.
+
+    Args:
+        run_dir: a ``fedsim run`` output directory, finished or still being
+            written (only its rounds.parquet is required).
+
+    Raises:
+        ReportError: ``run_dir`` or its rounds.parquet is missing, or a file
+            in it cannot be read.
+    """
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir} is not a run directory: no such directory")
+    rounds = _read_table(run_dir / "rounds.parquet")
+    if rounds is None:
+        raise ReportError(
+            f"{run_dir} is not a run directory: rounds.parquet is missing "
+            "(expected the output directory of `fedsim run`)"
+        )
+    return RunFiles(
+        rounds,
+        _read_table(run_dir / "clients.parquet"),
+        _read_mapping(run_dir / "summary.json", json.loads),
+        _read_mapping(run_dir / "scenario.yaml", yaml.safe_load),
+    )
+
+
 def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
     """Write the figures and ``report.md`` of a ``fedsim run`` output directory.
 
@@ -680,17 +723,7 @@ def write_report(run_dir: Path, max_timeline_rounds: int = 20) -> Path:
             in it cannot be read.
     """
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ReportError(f"{run_dir} is not a run directory: no such directory")
-    rounds = _read_table(run_dir / "rounds.parquet")
-    if rounds is None:
-        raise ReportError(
-            f"{run_dir} is not a run directory: rounds.parquet is missing "
-            "(expected the output directory of `fedsim run`)"
-        )
-    clients = _read_table(run_dir / "clients.parquet")
-    summary = _read_mapping(run_dir / "summary.json", json.loads)
-    scenario = _read_mapping(run_dir / "scenario.yaml", yaml.safe_load)
+    rounds, clients, summary, scenario = read_run_files(run_dir)
     name = _run_name(scenario, summary, run_dir)
     tables = (rounds, clients)
     figures = _save_figures(
