@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, cast
 
 from pydantic import Field
 
 import fedsim.algorithms.base as base
 import fedsim.algorithms.weighting as weighting
+from fedsim.algorithms.base import PLAIN_ROUND, RoundContext, ServerState, Updates
 from fedsim.lazy import torch
 from fedsim.params import chi2
 from fedsim.solvers import SGD, make_solver
@@ -51,7 +52,9 @@ def staleness_weight(kind: Staleness, s: int, a: float = 0.5, b: float = 4) -> f
 
 @dataclass(frozen=True)
 class _Normalized(base.Algorithm):
-    """Hyperparameters both async rules share: S(s) and FedNova normalisation."""
+    """Hyperparameters both async rules share: S(s) and FedNova normalisation.
+    Each subclass writes ``aggregate_async`` (a :class:`base.AsyncRule`),
+    which :meth:`aggregate` calls with the version's staleness and starts."""
 
     staleness: Staleness = "polynomial"
     staleness_a: NonNegFloat = 0.5
@@ -67,9 +70,7 @@ class _Normalized(base.Algorithm):
     def weight(self, s: int) -> float:
         return staleness_weight(self.staleness, s, self.staleness_a, self.staleness_b)
 
-    def scales(
-        self, updates: base.Updates, tau_eff: float
-    ) -> tuple[list[float], float]:
+    def scales(self, updates: Updates, tau_eff: float) -> tuple[list[float], float]:
         """Factor on each Delta (tau_eff / ||a_i||_1 under ``normalize``, else
         1) and the tau_eff to report (sum_i p_i ||a_i||_1 if not normalising)."""
         norm_a = [u.norm_a for u in updates]
@@ -79,7 +80,7 @@ class _Normalized(base.Algorithm):
         return [1.0] * len(updates), weighting.weighted_steps(p, norm_a)
 
     def _meter(
-        self, updates: base.Updates, coef: Sequence[float], tau_eff: float
+        self, updates: Updates, coef: Sequence[float], tau_eff: float
     ) -> base.AggregateInfo:
         """Effective weights ``coef`` (times ||a_i||_1 unless normalising)."""
         steps = [1.0 if self.normalize else u.norm_a for u in updates]
@@ -93,38 +94,16 @@ class _Normalized(base.Algorithm):
         return base.AggregateInfo(weights, float(tau_eff), chi2_pw, per_update=per)
 
     def aggregate(
-        self,
-        state: base.ServerState,
-        updates: base.Updates,
-        ctx: base.RoundContext = base.PLAIN_ROUND,
-    ) -> tuple[base.ServerState, base.AggregateInfo]:
+        self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND
+    ) -> tuple[ServerState, base.AggregateInfo]:
         """An asynchronous version (``ctx.staleness`` and ``ctx.starts``), or
         a synchronous round: staleness 0, every update started from x."""
         n = len(updates)
         staleness = ctx.staleness if ctx.staleness is not None else (0,) * n
         starts = ctx.starts if ctx.starts is not None else (state["x"],) * n
-        return self.aggregate_async(state, updates, staleness, starts)
-
-    def aggregate_async(
-        self,
-        state: base.ServerState,
-        updates: base.Updates,
-        staleness: Sequence[int],
-        starts: Sequence[torch.Tensor],
-    ) -> tuple[base.ServerState, base.AggregateInfo]:
-        """The rule on updates in arrival order with their staleness and start
-        models (what :meth:`aggregate` does for an asynchronous version).
-
-        Args:
-            state: the server state.
-            updates: in order of arrival.
-            staleness: each update's staleness.
-            starts: the parameters each update started from.
-
-        Returns:
-            As :meth:`fedsim.algorithms.base.Algorithm.aggregate`.
-        """
-        raise NotImplementedError
+        # each subclass is a base.AsyncRule: it defines aggregate_async
+        rule = cast(base.AsyncRule, self)
+        return rule.aggregate_async(state, updates, staleness, starts)
 
 
 @dataclass(frozen=True)
@@ -155,7 +134,7 @@ class FedAsync(_Normalized):
     def solver(self, client: ClientSpec) -> SGD:
         return make_solver(client, mu=self.rho)
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         zero = torch.zeros((), dtype=torch.float64)
         # Running sums for tau_eff under ``normalize``: sum ||a||_1, sum tau, count.
         return {"x": x0.clone(), "norm_a_sum": zero, "steps_sum": zero, "count": zero}
@@ -163,11 +142,11 @@ class FedAsync(_Normalized):
     @base.skip_empty_rounds
     def aggregate_async(
         self,
-        state: base.ServerState,
-        updates: base.Updates,
+        state: ServerState,
+        updates: Updates,
         staleness: Sequence[int],
         starts: Sequence[torch.Tensor],
-    ) -> tuple[base.ServerState, base.AggregateInfo]:
+    ) -> tuple[ServerState, base.AggregateInfo]:
         """x <- x + sum_i p_i alpha S(s_i) (x_start_i + c_i Delta_i - x)."""
         count = state["count"] + len(updates)
         norm_a_sum = state["norm_a_sum"] + sum(u.norm_a for u in updates)

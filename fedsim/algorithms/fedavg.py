@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import fedsim.algorithms.base as base
+from fedsim.algorithms.base import PLAIN_ROUND, RoundContext, ServerState, Updates
 from fedsim.algorithms.sampling import Sampled, sampling_weights
 from fedsim.algorithms.weighting import weighted_steps
 from fedsim.lazy import torch
@@ -36,19 +37,14 @@ class FedAvg(Sampled):
 
     name: Literal["fedavg"] = "fedavg"
 
-    def apply_step(
-        self, state: base.ServerState, step: torch.Tensor
-    ) -> base.ServerState:
+    def apply_step(self, state: ServerState, step: torch.Tensor) -> ServerState:
         """The new server state from the weighted average delta ``step``."""
         return {**state, "x": state["x"] + self.server_lr * step}
 
     @base.skip_empty_rounds
     def aggregate(
-        self,
-        state: base.ServerState,
-        updates: base.Updates,
-        ctx: base.RoundContext = base.PLAIN_ROUND,
-    ) -> tuple[base.ServerState, base.AggregateInfo]:
+        self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND
+    ) -> tuple[ServerState, base.AggregateInfo]:
         wh = sampling_weights(updates, self.sampling)
         step = weighted_sum([u.delta for u in updates], wh)
         w = [wi * u.norm_a for wi, u in zip(wh, updates, strict=True)]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import fedsim.algorithms.base as base
+from fedsim.algorithms.base import PLAIN_ROUND, RoundContext, ServerState, Updates
 from fedsim.algorithms.control import control_aggregate, control_step
 from fedsim.algorithms.feddyn import DynContext, FedDyn
 from fedsim.lazy import torch
@@ -58,22 +59,19 @@ class FedDC(FedDyn):
         """
         return 1 + int(self.correction) + int(self.aggregation == "paper")
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         state = super().init(x0, num_clients)
         if self.correction:
             state["c"] = torch.zeros_like(x0)
         return state
 
-    def payload(self, state: base.ServerState) -> dict[str, torch.Tensor]:
+    def payload(self, state: ServerState) -> dict[str, torch.Tensor]:
         return {k: state[k] for k in (("x", "c") if self.correction else ("x",))}
 
     @base.skip_empty_rounds
     def aggregate(
-        self,
-        state: base.ServerState,
-        updates: base.Updates,
-        ctx: base.RoundContext = base.PLAIN_ROUND,
-    ) -> tuple[base.ServerState, base.AggregateInfo]:
+        self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND
+    ) -> tuple[ServerState, base.AggregateInfo]:
         new, info = super().aggregate(state, updates, ctx)
         if self.aggregation == "paper":
             p = base.data_weights(updates)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, NamedTuple
 
 import fedsim.algorithms.base as base
+from fedsim.algorithms.base import PLAIN_ROUND, RoundContext, ServerState, Updates
 from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
@@ -57,18 +58,15 @@ class FedDyn(base.Algorithm):
                 "leave server_lr at 1"
             )
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         hist_sum = torch.zeros(x0.shape, dtype=torch.float64)
         m = torch.tensor(float(num_clients), dtype=torch.float64)
         return {"x": x0.clone(), "hist_sum": hist_sum, "m": m}
 
     @base.skip_empty_rounds
     def aggregate(
-        self,
-        state: base.ServerState,
-        updates: base.Updates,
-        ctx: base.RoundContext = base.PLAIN_ROUND,
-    ) -> tuple[base.ServerState, base.AggregateInfo]:
+        self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND
+    ) -> tuple[ServerState, base.AggregateInfo]:
         n, deltas = len(updates), [u.delta for u in updates]
         ones = [1.0] * n
         hist_sum = state["hist_sum"] + weighted_sum(deltas, ones, dtype=torch.float64)

@@ -21,6 +21,7 @@ from typing import Literal
 
 import fedsim.algorithms.base as base
 import fedsim.algorithms.weighting as weighting
+from fedsim.algorithms.base import PLAIN_ROUND, RoundContext, ServerState, Updates
 from fedsim.algorithms.sampling import Sampled, sampling_weights
 from fedsim.lazy import torch
 from fedsim.params import weighted_sum
@@ -49,7 +50,7 @@ class FedNova(Sampled):
         if self.tau_eff == "fixed" and self.tau_eff_value is None:
             raise ValueError("tau_eff 'fixed' needs tau_eff_value")
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         mom_lr = torch.zeros((), dtype=torch.float64)  # 0: no round yet
         return {"x": x0.clone(), "mom": torch.zeros_like(x0), "mom_lr": mom_lr}
 
@@ -63,11 +64,8 @@ class FedNova(Sampled):
 
     @base.skip_empty_rounds
     def aggregate(
-        self,
-        state: base.ServerState,
-        updates: base.Updates,
-        ctx: base.RoundContext = base.PLAIN_ROUND,
-    ) -> tuple[base.ServerState, base.AggregateInfo]:
+        self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND
+    ) -> tuple[ServerState, base.AggregateInfo]:
         wh = sampling_weights(updates, self.sampling)
         fixed = self.tau_eff_value
         tau_eff = weighting.updates_tau_eff(self.tau_eff, wh, updates, fixed)

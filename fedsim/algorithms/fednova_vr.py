@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import fedsim.algorithms.base as base
+from fedsim.algorithms.base import PLAIN_ROUND, RoundContext, ServerState, Updates
 from fedsim.algorithms.control import ControlVariates, control_aggregate
 from fedsim.algorithms.fednova import FedNova
 from fedsim.lazy import torch
@@ -43,11 +44,8 @@ class FedNovaVR(ControlVariates, FedNova):
 
     @base.skip_empty_rounds
     def aggregate(
-        self,
-        state: base.ServerState,
-        updates: base.Updates,
-        ctx: base.RoundContext = base.PLAIN_ROUND,
-    ) -> tuple[base.ServerState, base.AggregateInfo]:
+        self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND
+    ) -> tuple[ServerState, base.AggregateInfo]:
         new, info = super().aggregate(state, updates, ctx)
         p = [float(u.extras["p"]) for u in updates]  # c += sum_S p_i (c_i^+ - c_i)
         new["c"] = control_aggregate(state, updates, p)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import fedsim.algorithms.base as base
+from fedsim.algorithms.base import PLAIN_ROUND, RoundContext, ServerState, Updates
 from fedsim.algorithms.control import ControlVariates, control_aggregate
 from fedsim.algorithms.sampling import unweighted_meter
 from fedsim.lazy import torch
@@ -35,17 +36,14 @@ class Scaffold(ControlVariates):
 
     name: Literal["scaffold"] = "scaffold"
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         m = torch.tensor(float(num_clients), dtype=torch.float64)
         return {**super().init(x0, num_clients), "m": m}
 
     @base.skip_empty_rounds
     def aggregate(
-        self,
-        state: base.ServerState,
-        updates: base.Updates,
-        ctx: base.RoundContext = base.PLAIN_ROUND,
-    ) -> tuple[base.ServerState, base.AggregateInfo]:
+        self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND
+    ) -> tuple[ServerState, base.AggregateInfo]:
         n = len(updates)
         step = weighted_sum([u.delta for u in updates], [1.0 / n] * n)
         c = control_aggregate(state, updates, [1.0 / float(state["m"])] * n)
