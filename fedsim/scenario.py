@@ -379,20 +379,26 @@ def _known_keys(loc: tuple[object, ...], raw: object) -> list[str]:
     node = raw
     try:
         for part in loc[:-1]:
-            if isinstance(part, int):
+            if isinstance(part, int):  # a list's item: the list's own classes
                 node = node[part] if isinstance(node, list) else None
                 continue
-            kind = next((k for k, v in KINDS.items() if v.section == part), None)
             node = node.get(part) if isinstance(node, dict) else None
-            if kind is not None and len(classes) == 1 and classes[0] is Scenario:
-                name = node.get(KINDS[kind].key) if isinstance(node, dict) else None
-                classes = [resolve(kind, name)] if isinstance(name, str) else []
-                continue
-            hints = [_field_types(c).get(str(part)) for c in classes]
-            classes = [m for h in hints if h is not None for m in _spec_classes(h)]
+            classes = _section_classes(classes, str(part), node)
         return sorted({k for c in classes for k in _field_types(c)})
     except Exception:  # noqa: BLE001 - an unusual section: no hint
         return []
+
+
+def _section_classes(parents: list[Any], part: str, node: object) -> list[Any]:
+    """The spec classes of the section ``part`` below a section of classes
+    ``parents``: the plug-in class the file names in a top-level plug-in
+    section (``node``, the section as written), else the field's types."""
+    kind = next((k for k, v in KINDS.items() if v.section == part), None)
+    if kind is not None and parents == [Scenario]:
+        name = node.get(KINDS[kind].key) if isinstance(node, dict) else None
+        return [resolve(kind, name)] if isinstance(name, str) else []
+    hints = [_field_types(c).get(part) for c in parents]
+    return [m for h in hints if h is not None for m in _spec_classes(h)]
 
 
 def _field_types(cls: Any) -> dict[str, Any]:
