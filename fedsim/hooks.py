@@ -211,27 +211,7 @@ def check_step(
             f"returned a state with keys {sorted(state)}, expected those of the "
             f"state it was given {sorted(before)} (missing {gone}, new {new})"
         )
-    model = tuple(getattr(before.get("x"), "shape", ()))
-    for key, old in before.items():
-        shape, dtype = getattr(old, "shape", None), getattr(old, "dtype", None)
-        if shape is None or dtype is None or isinstance(old, np.ndarray):
-            continue  # not a tensor: its own type is the plug-in's affair
-        value = state[key]
-        if _kind(value) != _kind(old) or not hasattr(value, "shape"):
-            raise wrong(
-                f"returned state[{key!r}] as a {_kind(value)}, expected a "
-                f"{_kind(old)} of shape {tuple(shape)} and dtype {dtype}"
-            )
-        # the model, and every tensor shaped as the model (moments, control
-        # variates), keep their shape; another tensor may change its size
-        # (a serialised strategy's bytes: the flower algorithm)
-        sized = key == "x" or tuple(shape) == model
-        if (sized and tuple(value.shape) != tuple(shape)) or value.dtype != dtype:
-            raise wrong(
-                f"returned state[{key!r}] of shape {tuple(value.shape)} and dtype "
-                f"{value.dtype}, expected shape {tuple(shape)} and dtype {dtype} "
-                "(as the state it was given)"
-            )
+    _check_tensors(plugin, hook, state, before)
     _check_keepable(plugin, hook, state)
     metrics = check_metrics(plugin, hook, info.metrics)
     if metrics is not info.metrics:
@@ -239,6 +219,49 @@ def check_step(
 
         info = replace(info, metrics=metrics)
     return state, info
+
+
+def _check_tensors(
+    plugin: str, hook: str, state: Mapping[str, Any], before: Mapping[str, Any]
+) -> None:
+    """Refuse a state whose tensors changed type or dtype, or whose model
+    (``x``) or model-shaped tensors changed shape, from the state before
+    the step (``state`` has ``before``'s keys).
+
+    Args:
+        plugin: the algorithm, as messages name it.
+        hook: the hook that returned ``state``.
+        state: the state the step returned.
+        before: the state it was given.
+
+    Raises:
+        PluginFailure: naming the key, what came back and what was expected.
+    """
+    model = tuple(getattr(before.get("x"), "shape", ()))
+    for key, old in before.items():
+        shape, dtype = getattr(old, "shape", None), getattr(old, "dtype", None)
+        if shape is None or dtype is None or isinstance(old, np.ndarray):
+            continue  # not a tensor: its own type is the plug-in's affair
+        value = state[key]
+        if _kind(value) != _kind(old) or not hasattr(value, "shape"):
+            raise PluginFailure(
+                plugin,
+                hook,
+                f"returned state[{key!r}] as a {_kind(value)}, expected a "
+                f"{_kind(old)} of shape {tuple(shape)} and dtype {dtype}",
+            )
+        # the model, and every tensor shaped as the model (moments, control
+        # variates), keep their shape; another tensor may change its size
+        # (a serialised strategy's bytes: the flower algorithm)
+        sized = key == "x" or tuple(shape) == model
+        if (sized and tuple(value.shape) != tuple(shape)) or value.dtype != dtype:
+            raise PluginFailure(
+                plugin,
+                hook,
+                f"returned state[{key!r}] of shape {tuple(value.shape)} and dtype "
+                f"{value.dtype}, expected shape {tuple(shape)} and dtype {dtype} "
+                "(as the state it was given)",
+            )
 
 
 def _check_keepable(plugin: str, hook: str, state: Mapping[str, Any]) -> None:
