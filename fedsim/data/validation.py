@@ -28,6 +28,7 @@ from fedsim.data.errors import DataError
 
 if TYPE_CHECKING:
     from fedsim.data.base import DatasetSpec
+    from fedsim.spec import DataInfo
 
 
 class _Named(Protocol):
@@ -198,29 +199,44 @@ def check_stated(spec: DatasetSpec, data: FederatedData, num_clients: int) -> No
         return
     name = getattr(spec, "dataset", type(spec).__qualname__)
     stated = spec.info(num_clients)
-    where = f"data.dataset {name!r}"
+    problem = _statement_problem(stated, data) or _labels_problem(data)
+    if problem is not None:
+        raise DataError(f"data.dataset {name!r}: {problem}")
+
+
+def _statement_problem(stated: DataInfo | None, data: FederatedData) -> str | None:
+    """How ``data`` differs from the shape and class count ``info()`` stated
+    (None: as stated, or nothing stated)."""
+    if stated is None:
+        return None
     shape = tuple(int(n) for n in data.x.shape[1:])
-    if stated is not None and stated.shape is not None and stated.shape != shape:
-        raise DataError(
-            f"{where}: info() stated samples of shape {stated.shape}, but build() "
+    if stated.shape is not None and stated.shape != shape:
+        return (
+            f"info() stated samples of shape {stated.shape}, but build() "
             f"returned x of shape {tuple(data.x.shape)} (samples {shape}); "
             "info() must describe what build() returns"
         )
-    if stated is not None and stated.classes is not None:
-        if stated.classes != data.num_classes:
-            raise DataError(
-                f"{where}: info() stated {stated.classes} classes, but build() "
-                f"returned num_classes={data.num_classes}; info() must describe "
-                "what build() returns"
-            )
+    if stated.classes is not None and stated.classes != data.num_classes:
+        return (
+            f"info() stated {stated.classes} classes, but build() "
+            f"returned num_classes={data.num_classes}; info() must describe "
+            "what build() returns"
+        )
+    return None
+
+
+def _labels_problem(data: FederatedData) -> str | None:
+    """Integer labels outside 0 .. num_classes - 1 in the training or test
+    rows (None: all inside, or no classes)."""
     labels = [y for y in (data.y, data.test_y) if y.size and y.dtype.kind in "iu"]
     top = max((int(y.max()) for y in labels), default=-1)
     low = min((int(y.min()) for y in labels), default=0)
     if data.num_classes > 0 and (top >= data.num_classes or low < 0):
-        raise DataError(
-            f"{where}: build() returned labels from {low} to {top}, expected 0 "
+        return (
+            f"build() returned labels from {low} to {top}, expected 0 "
             f"to {data.num_classes - 1} (num_classes={data.num_classes})"
         )
+    return None
 
 
 def build_data(spec: DatasetSpec, num_clients: int, seed: int) -> FederatedData:
