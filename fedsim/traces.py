@@ -468,20 +468,22 @@ def write_trace(path: str | Path, rows: Sequence[Mapping[str, object]]) -> Path:
     unknown = sorted({k for r in rows for k in r} - set(COLUMNS))
     if unknown:
         raise TraceError(f"{p}: unknown column {unknown[0]!r}")
-
-    def cell(r: Mapping[str, object], c: str) -> object:
-        v = r.get(c)
-        if c == "availability" and v is not None and not isinstance(v, str):
-            return format_intervals(_pairs(v))
-        return v
-
     if p.suffix.lower() in _PARQUET:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({c: [cell(r, c) for r in rows] for c in names}), p)
+        pq.write_table(pa.table({c: [_cell(r, c) for r in rows] for c in names}), p)
     else:
         with p.open("w", newline="", encoding="utf-8") as f:
-            table = [[cell(r, c) for c in names] for r in rows]
+            table = [[_cell(r, c) for c in names] for r in rows]
             csv.writer(f).writerows([names, *table])  # None is written as ""
     return p
+
+
+def _cell(row: Mapping[str, object], column: str) -> object:
+    """The value written for ``column`` of a device's ``row``: availability
+    pairs as the text a CSV cell holds (a Parquet reader takes both)."""
+    v = row.get(column)
+    if column == "availability" and v is not None and not isinstance(v, str):
+        return format_intervals(_pairs(v))
+    return v
