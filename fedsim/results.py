@@ -200,19 +200,10 @@ def summarize(
     server_validation: str | None = None,
 ) -> dict[str, Any]:
     """summary.json's content (docs/results.md, "summary.json")."""
-    evaluated = [r for r in rows if _is_value(r.get("test_accuracy"))]
-    accs = [(float(r["test_accuracy"]), int(r["round"])) for r in evaluated]
-    losses = [float(r["test_loss"]) for r in rows if _is_value(r.get("test_loss"))]
-    # max over (accuracy, round): a tie goes to the latest round
-    best = max(accs) if accs else (None, None)
     return {
         "scenario": scenario_name,
         "rounds": len(rows),
-        "final_test_accuracy": accs[-1][0] if accs else None,
-        "best_test_accuracy": best[0],
-        "best_round": best[1],
-        "final_test_loss": losses[-1] if losses else None,
-        "best_test_loss": min(losses) if losses else None,
+        **_test_figures(rows),
         "sim_time_s": rows[-1]["sim_time"] if rows else 0.0,
         "wall_time_s": wall_time_s,
         "updates_completed": int(sum(r["n_completed"] for r in rows)),
@@ -222,6 +213,23 @@ def summarize(
         "workers": workers,
         "fedsim_version": version,
         "server_validation": server_validation,
+    }
+
+
+def _test_figures(rows: list[_Row]) -> dict[str, Any]:
+    """The summary's test-set figures: the final and best accuracy (with its
+    round) and loss over the rounds that evaluated (None: none did)."""
+    evaluated = [r for r in rows if _is_value(r.get("test_accuracy"))]
+    accs = [(float(r["test_accuracy"]), int(r["round"])) for r in evaluated]
+    losses = [float(r["test_loss"]) for r in rows if _is_value(r.get("test_loss"))]
+    # max over (accuracy, round): a tie goes to the latest round
+    best = max(accs) if accs else (None, None)
+    return {
+        "final_test_accuracy": accs[-1][0] if accs else None,
+        "best_test_accuracy": best[0],
+        "best_round": best[1],
+        "final_test_loss": losses[-1] if losses else None,
+        "best_test_loss": min(losses) if losses else None,
     }
 
 
