@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import numpy as np
 
 import fedsim.algorithms.base as base
+from fedsim.algorithms.base import PLAIN_ROUND, RoundContext, ServerState, Updates
 from fedsim.algorithms.weighting import Beta, updates_tau_eff
 from fedsim.lazy import F, nn, torch
 from fedsim.spec import NonNegFloat, PosFloat, PosInt, Problem
@@ -341,7 +342,7 @@ class FedDM(base.Algorithm):
         what = f"algorithm.ipc {self.ipc}: FedDM's synthetic set"
         return images * (data.sample_bytes + 8), what
 
-    def init(self, x0: torch.Tensor, num_clients: int) -> base.ServerState:
+    def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
         """The global model, the server's seed (from ``x0``, itself a function
         of the scenario seed) and the round, which with the seed picks each
         round's server minibatches."""
@@ -349,11 +350,8 @@ class FedDM(base.Algorithm):
         return {"x": x0.clone(), "seed": seed, "round": torch.zeros_like(seed)}
 
     def aggregate(
-        self,
-        state: base.ServerState,
-        updates: base.Updates,
-        ctx: base.RoundContext = base.PLAIN_ROUND,
-    ) -> tuple[base.ServerState, base.AggregateInfo]:
+        self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND
+    ) -> tuple[ServerState, base.AggregateInfo]:
         """Train the global model on the union of the synthetic sets received.
 
         Args:
