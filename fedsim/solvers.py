@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, ClassVar
 from fedsim.lazy import torch
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from fedsim.spec import ClientSpec
 
 
@@ -66,7 +68,8 @@ class SGD:
     # step_rows implements this class's rule (fedsim.batched may stack it)
     stacks: ClassVar[bool] = True
     # every step is x <- x - lr_at(s) g, no other state: a dense stack may
-    # take it inside its backward pass (fedsim.batched's fused path)
+    # take it inside its backward pass (fedsim.batched's fused path). A
+    # subclass is plain while it keeps SGD's step_rows, unless it says.
     plain: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -75,6 +78,9 @@ class SGD:
         # overrides that would silently train another rule.
         if "stacks" not in cls.__dict__:
             cls.stacks = False
+        # ... and a rule of its own in step_rows fused as plain SGD would too
+        if "plain" not in cls.__dict__:
+            cls.plain = cls.step_rows is SGD.step_rows
 
     def begin(self, x0: torch.Tensor) -> SolverState:
         """A fresh state for a round that starts from ``x0``."""
@@ -107,12 +113,7 @@ class SGD:
         return None
 
     def step_rows(
-        self,
-        s: int,
-        theta: torch.Tensor,
-        g: torch.Tensor,
-        x0: torch.Tensor,
-        buf: torch.Tensor | None,
+        self, s: int, theta: Tensor, g: Tensor, x0: Tensor, buf: Tensor | None
     ) -> None:
         """Step ``s`` of this rule on rows ``[n, d]`` of a stack, in place.
 
@@ -137,7 +138,6 @@ class Momentum(SGD):
     rho: float = 0.9
 
     stacks: ClassVar[bool] = True
-    plain: ClassVar[bool] = False
 
     def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
         d = self._direction(x, g)
@@ -154,12 +154,7 @@ class Momentum(SGD):
         return torch.zeros_like(theta)
 
     def step_rows(
-        self,
-        s: int,
-        theta: torch.Tensor,
-        g: torch.Tensor,
-        x0: torch.Tensor,
-        buf: torch.Tensor | None,
+        self, s: int, theta: Tensor, g: Tensor, x0: Tensor, buf: Tensor | None
     ) -> None:
         assert buf is not None
         # buf is 0 before the first step, so rho 0 + d equals step()'s clone
@@ -178,7 +173,6 @@ class Prox(SGD):
     mu: float = 0.0
 
     stacks: ClassVar[bool] = True
-    plain: ClassVar[bool] = False
 
     def step(self, x: torch.Tensor, g: torch.Tensor, st: SolverState) -> None:
         d = self._direction(x, g)
@@ -189,12 +183,7 @@ class Prox(SGD):
         st.steps += 1
 
     def step_rows(
-        self,
-        s: int,
-        theta: torch.Tensor,
-        g: torch.Tensor,
-        x0: torch.Tensor,
-        buf: torch.Tensor | None,
+        self, s: int, theta: Tensor, g: Tensor, x0: Tensor, buf: Tensor | None
     ) -> None:
         d = self._direction(theta, g)
         if self.mu:

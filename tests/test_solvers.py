@@ -155,3 +155,28 @@ def test_make_solver_fedprox_mu_forces_prox_and_refuses_undefined_mixes():
     for solver in ("momentum", "decay"):
         with pytest.raises(ValueError, match="no derived"):
             make_solver(ClientSpec(solver=solver), mu=0.1)
+
+
+def test_a_stacked_rule_with_its_own_step_rows_is_not_fused_as_plain_sgd():
+    """batched.py fuses a ``plain`` rule's step into the backward pass as
+    x <- x - lr_at(s) g: a subclass that writes its own ``step_rows`` must
+    not inherit SGD's ``plain``; one that keeps SGD's may."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    @dataclass(frozen=True)
+    class Halved(SGD):
+        stacks: ClassVar[bool] = True
+
+        def step_rows(self, s, theta, g, x0, buf):
+            theta.add_(g, alpha=-self.lr / 2)
+
+    @dataclass(frozen=True)
+    class Scheduled(SGD):
+        stacks: ClassVar[bool] = True
+
+        def lr_at(self, s):
+            return self.lr / (s + 1)
+
+    assert not Halved.plain and Scheduled.plain
+    assert [c.plain for c in (SGD, Momentum, Prox, Decay)] == [True, False, False, True]
