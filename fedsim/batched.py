@@ -45,48 +45,37 @@ class Worker(Protocol):
     """What batched training reads of its :class:`fedsim.workers.Worker`:
     described here, not imported, since that module imports this one.
 
-    Every member is public on the worker, so this module never reaches into
-    its private state: a worker that keeps these promises can be trained
-    batched, and a change inside the worker cannot silently change what the
-    batched path computes.
+    Every member is public on the worker, and this module only reads them
+    (never the worker's private state): a worker that keeps these promises
+    can be trained batched, and a change inside the worker cannot silently
+    change what the batched path computes.
     """
 
     # the worker's set-up record: the model's name for why_not_batched
-    @property
-    def setup(self) -> WorkerSetup: ...
+    setup: WorkerSetup
     # the model's own per-sample loss (None: cross-entropy)
-    @property
-    def loss(self) -> Loss | None: ...
+    loss: Loss | None
     # the run seed: each client's minibatch order is drawn from (seed,
     # round, client), exactly as the sequential path draws it
-    @property
-    def seed(self) -> int: ...
+    seed: int
     # the minibatch size B of client.batch_size
-    @property
-    def batch_size(self) -> int: ...
+    batch_size: int
     # the algorithm's client hooks (start_client, stacked_grad_hook, finish)
-    @property
-    def algorithm(self) -> Algorithm: ...
+    algorithm: Algorithm
     # the round-0 solver: whether its rule stacks (SGD.stacks)
-    @property
-    def solver(self) -> SGD: ...
+    solver: SGD
     # the worker's network: vmap calls it functionally on stacked parameters
-    @property
-    def model(self) -> nn.Module: ...
+    model: nn.Module
     # where the worker trains (a recurrent model stacks on the CPU only)
-    @property
-    def device(self) -> torch.device: ...
+    device: torch.device
     # the model's flat parameter vector, which the stack's rows replace
-    @property
-    def theta(self) -> Tensor: ...
+    theta: Tensor
     # every client's samples, concatenated in client order
-    @property
-    def x(self) -> Tensor: ...
-    @property
-    def y(self) -> Tensor: ...
+    x: Tensor
+    y: Tensor
     # client i's samples are x[offsets[i]:offsets[i + 1]]
-    @property
-    def offsets(self) -> list[int]: ...
+    offsets: list[int]
+
     # the solver with round ``round_``'s learning rate (decay and steps)
     def solver_for(self, round_: int) -> SGD: ...
     # the facts a client's hooks receive (its id, samples, weight)
