@@ -224,77 +224,64 @@ class _ImageModel(_Classifier):
         return None
 
 
-class CNN(_ImageModel):
-    """McMahan et al. 2017, section 3: two 5x5 convolutions (32, 64) with 2x2
-    max-pooling, a 512-unit dense layer; 1,663,370 parameters on 28x28x1."""
+class _PooledCNN(_ImageModel):
+    """5x5 convolutions of ``conv_widths`` channels (``conv_padding`` on each
+    side), each with ReLU and 2x2 max-pooling (:func:`fedsim.layers.conv_pool`),
+    then a dense head of ``head_widths``: the papers' small CNNs."""
 
-    name: Literal["cnn"] = "cnn"
-    head_widths: ClassVar[tuple[int, ...]] = (512,)
+    conv_widths: ClassVar[tuple[int, ...]] = ()
+    conv_padding: ClassVar[int] = 0
 
     def min_side(self, channels: int) -> int:
-        """Two poolings of padded convolutions: 4."""
-        return 4
+        """Backwards from a 1x1 output: each pooling needs twice the side, each
+        convolution 4 more less twice its padding (4 for two padded blocks,
+        16 for two unpadded ones)."""
+        side = 1
+        for _ in self.conv_widths:
+            side = 2 * side + 4 - 2 * self.conv_padding
+        return side
 
     def _trunk(self, channels: int) -> list[size.Layer]:
-        return [(32, 5, 2, False), size.POOL, (64, 5, 2, False), size.POOL]
+        convs = [(w, 5, self.conv_padding, False) for w in self.conv_widths]
+        return [layer for conv in convs for layer in (conv, size.POOL)]
 
     def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
         """The network; ValueError for samples that are no image."""
         from fedsim import layers
 
         self._classes(num_classes)
-        s = size.image_of(input_shape, "cnn")
-        trunk = layers.conv_pool(s[0], [32, 64], padding=2)
-        return layers.ImageNet(s, trunk, layers.head([512], num_classes))
+        s = size.image_of(input_shape, self.name)
+        trunk = layers.conv_pool(s[0], self.conv_widths, padding=self.conv_padding)
+        return layers.ImageNet(s, trunk, layers.head(self.head_widths, num_classes))
 
 
-class CNNM(_ImageModel):
+class CNN(_PooledCNN):
+    """McMahan et al. 2017, section 3: two 5x5 convolutions (32, 64) with 2x2
+    max-pooling, a 512-unit dense layer; 1,663,370 parameters on 28x28x1."""
+
+    name: Literal["cnn"] = "cnn"
+    conv_widths: ClassVar[tuple[int, ...]] = (32, 64)
+    conv_padding: ClassVar[int] = 2
+    head_widths: ClassVar[tuple[int, ...]] = (512,)
+
+
+class CNNM(_PooledCNN):
     """FedPNS's CNN-M (docs/algorithms.md 14, FedPNS): conv(10, 5x5),
     conv(20, 5x5), each with 2x2 max-pooling, FC 320 -> 50 -> classes, no
     dropout; 21,840 parameters on 28x28x1."""
 
     name: Literal["cnn_m"] = "cnn_m"
+    conv_widths: ClassVar[tuple[int, ...]] = (10, 20)
     head_widths: ClassVar[tuple[int, ...]] = (50,)
 
-    def min_side(self, channels: int) -> int:
-        """Two unpadded 5x5 convolutions, each pooled: 16."""
-        return 16
 
-    def _trunk(self, channels: int) -> list[size.Layer]:
-        return [(10, 5, 0, False), size.POOL, (20, 5, 0, False), size.POOL]
-
-    def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-        """The network; ValueError for samples that are no image."""
-        from fedsim import layers
-
-        self._classes(num_classes)
-        s = size.image_of(input_shape, "cnn_m")
-        trunk = layers.conv_pool(s[0], [10, 20])
-        return layers.ImageNet(s, trunk, layers.head([50], num_classes))
-
-
-class CifarCNN(_ImageModel):
+class CifarCNN(_PooledCNN):
     """The FedDC/FedDyn code's CIFAR CNN (docs/algorithms.md 9.3): two
     unpadded 5x5 convolutions of 64, pooled, then 384 and 192 dense units."""
 
     name: Literal["cifar_cnn"] = "cifar_cnn"
+    conv_widths: ClassVar[tuple[int, ...]] = (64, 64)
     head_widths: ClassVar[tuple[int, ...]] = (384, 192)
-
-    def min_side(self, channels: int) -> int:
-        """Two unpadded 5x5 convolutions, each pooled: 16."""
-        return 16
-
-    def _trunk(self, channels: int) -> list[size.Layer]:
-        return [(64, 5, 0, False), size.POOL, (64, 5, 0, False), size.POOL]
-
-    def build(self, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-        """The network; ValueError for samples that are no image."""
-        from fedsim import layers
-
-        self._classes(num_classes)
-        s = size.image_of(input_shape, "cifar_cnn")
-        trunk = layers.conv_pool(s[0], [64, 64])
-        return layers.ImageNet(s, trunk, layers.head([384, 192], num_classes))
 
 
 # configuration A: channels of each 3x3 convolution, with its poolings
