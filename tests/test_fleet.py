@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import tracemalloc
 
 import numpy as np
@@ -398,3 +399,30 @@ def test_a_speed_section_with_two_problems_reports_the_first_in_order():
             {"steps_per_s": 1.0, "median_flops_per_s": 1e9,
              "tiers": [{"share": 1, "median_steps_per_s": 1.0}]}
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "spec, fields, message",
+    [
+        (
+            SlowdownSpec,
+            {"dist": "uniform", "low": 5, "high": 3},
+            "high (3.0) must be >= low (5.0)",
+        ),
+        (
+            AvailabilitySpec,
+            {"kind": "daily", "min_online": 0.5, "max_online": 0.0},
+            "max_online (0.0) must be >= min_online (0.5)",
+        ),
+    ],
+)
+def test_a_chosen_variants_range_out_of_order_is_refused_naming_both_fields(
+    spec, fields, message
+):
+    """The range the chosen variant reads is refused out of order, naming
+    both fields (an inverted daily swing before it reads as degenerate);
+    the same fields are free under a variant that does not read them."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        spec(**fields)
+    other = {"dist": "fixed"} if spec is SlowdownSpec else {"kind": "on_off"}
+    spec(**{**fields, **other})

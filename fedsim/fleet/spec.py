@@ -38,11 +38,27 @@ class _Choice(_Spec):
 
     CHOICE: ClassVar[str]
     USES: ClassVar[dict[str, str]]
+    # a variant's range given as two fields (low, high) that must be in order
+    ORDERED: ClassVar[dict[str, tuple[str, str]]] = {}
 
     @property
     def used_fields(self) -> str:
         """The choosing field and the fields its value reads, space-separated."""
         return f"{self.CHOICE} {self.USES[getattr(self, self.CHOICE)]}".strip()
+
+    @model_validator(mode="after")
+    def _in_order(self) -> _Choice:
+        """The chosen variant's range (``ORDERED``) is in order.
+
+        Raises:
+            ValueError: naming both fields and their values.
+        """
+        pair = self.ORDERED.get(getattr(self, self.CHOICE))
+        if pair is not None:
+            lo, hi = (getattr(self, name) for name in pair)
+            if hi < lo:
+                raise ValueError(f"{pair[1]} ({hi}) must be >= {pair[0]} ({lo})")
+        return self
 
 
 class SpeedTierSpec(_Spec):
@@ -405,13 +421,7 @@ class SlowdownSpec(_Choice):
         "uniform": "low high",
         "pareto": "shape max_factor",
     }
-
-    @model_validator(mode="after")
-    def _range(self) -> SlowdownSpec:
-        """A ``uniform`` slowdown's range is in order."""
-        if self.dist == "uniform" and self.high < self.low:
-            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
-        return self
+    ORDERED: ClassVar[dict[str, tuple[str, str]]] = {"uniform": ("low", "high")}
 
 
 class StragglerSpec(_Spec):
@@ -453,6 +463,9 @@ class AvailabilitySpec(_Choice):
         "on_off": "mean_on_s mean_off_s",
         "daily": "mean_on_s min_online max_online peak_hour period_s",
     }
+    ORDERED: ClassVar[dict[str, tuple[str, str]]] = {
+        "daily": ("min_online", "max_online")
+    }
 
     @model_validator(mode="after")
     def _profile(self) -> AvailabilitySpec:
@@ -464,15 +477,10 @@ class AvailabilitySpec(_Choice):
         when sessions are long against the period.
 
         Raises:
-            ValueError: the swing is inverted or degenerate, or too wide for
-                sessions of ``mean_on_s``.
+            ValueError: the swing is degenerate, or too wide for sessions of
+                ``mean_on_s`` (an inverted one is refused by ``ORDERED``).
         """
         if self.kind == "daily":
-            if self.max_online < self.min_online:
-                raise ValueError(
-                    f"max_online ({self.max_online}) must be >= min_online "
-                    f"({self.min_online})"
-                )
             if self.max_online == 0 or self.min_online == 1:
                 raise ValueError(
                     "a daily cycle needs max_online > 0 and min_online < 1 "
