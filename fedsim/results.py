@@ -223,13 +223,13 @@ def _test_figures(rows: list[_Row]) -> dict[str, Any]:
     accs = [(float(r["test_accuracy"]), int(r["round"])) for r in evaluated]
     losses = [float(r["test_loss"]) for r in rows if _is_value(r.get("test_loss"))]
     # max over (accuracy, round): a tie goes to the latest round
-    best = max(accs) if accs else (None, None)
+    best: tuple[float | None, int | None] = max(accs, default=(None, None))
     return {
         "final_test_accuracy": accs[-1][0] if accs else None,
         "best_test_accuracy": best[0],
         "best_round": best[1],
         "final_test_loss": losses[-1] if losses else None,
-        "best_test_loss": min(losses) if losses else None,
+        "best_test_loss": min(losses, default=None),
     }
 
 
