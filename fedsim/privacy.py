@@ -122,25 +122,26 @@ def scenario_problem(
         return None
     if importlib.util.find_spec("opacus") is None:
         return (
-            "privacy: accounting needs Opacus, an optional extra that is not "
+            "privacy.accountant: needs Opacus, an optional extra that is not "
             f"installed: {EXTRA}"
-        )
-    if not algorithm.sums_updates:
-        return (
-            f"privacy: algorithm.name {algorithm.name!r}: its server step is "
-            "not a weighted sum of the clients' updates, so clipping and "
-            "noise bound nothing (use fedavg, fedprox, fedavgm or fedadam)"
         )
     if round_.policy == "async":
         return (
-            "privacy: round.policy 'async' has no rounds to account; use "
-            "fixed_epochs or fixed_window"
+            "round.policy 'async': the privacy section accounts rounds, and "
+            "asynchronous runs have none (use fixed_epochs or fixed_window)"
+        )
+    if not algorithm.sums_updates:
+        return (
+            f"algorithm.name {algorithm.name!r}: its server step is not a "
+            "weighted sum of the clients' updates, so the privacy section's "
+            "clipping and noise would bound nothing (use fedavg, fedprox, "
+            "fedavgm or fedadam, or remove the privacy section)"
         )
     if spec.noise == "local" and compression is not None:
         return (
-            "privacy.noise 'local': a noised update is dense, so compression "
-            f"{compression.name!r} would no longer describe what is sent; "
-            "use noise: central or remove the compression section"
+            "privacy.noise 'local' makes every update dense, so compression "
+            f"{compression.name!r} would no longer describe what is sent "
+            "(use noise: central, or remove the compression section)"
         )
     return None
 
