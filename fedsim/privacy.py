@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, Protocol
 import numpy as np
 from pydantic import Field
 
+from fedsim.errors import RunError
 from fedsim.lazy import torch
 from fedsim.selectors.bernoulli import mean_draws
 from fedsim.spec import NonNegFloat, PosFloat, Spec
@@ -59,6 +60,11 @@ if TYPE_CHECKING:
     from fedsim.selectors.base import Selector, SelectorContext
 
 EXTRA = "pip install 'fedsim[privacy]'"
+
+
+class PrivacyError(RunError, ValueError):
+    """The accountant could not say what a round spent (the run stops,
+    its rows so far kept)."""
 
 
 class DPScenario(Protocol):
@@ -442,11 +448,7 @@ class Ledger:
         if z == 0:
             return math.inf
         if self.spec.accountant == "prv":
-            from opacus.accountants import PRVAccountant
-
-            prv = PRVAccountant()
-            prv.history = [(z, q, steps)]
-            return float(prv.get_epsilon(self.spec.delta))
+            return self._prv(z, q, steps)
         orders, unit = _rdp_unit(z, q)
         from opacus.accountants.analysis import rdp
 
@@ -454,6 +456,25 @@ class Ledger:
             orders=orders, rdp=unit * steps, delta=self.spec.delta
         )
         return float(eps)
+
+    def _prv(self, z: float, q: float, steps: int) -> float:
+        """Epsilon from an Opacus ``PRVAccountant`` holding ``steps`` steps.
+
+        Raises:
+            PrivacyError: Opacus could not compute it (its discretisation
+                fails for some (z, q, steps)), naming the field to change.
+        """
+        from opacus.accountants import PRVAccountant
+
+        prv = PRVAccountant()
+        prv.history = [(z, q, steps)]
+        try:
+            return float(prv.get_epsilon(self.spec.delta))
+        except (ValueError, RuntimeError, OverflowError) as exc:
+            raise PrivacyError(
+                f"privacy.accountant 'prv': Opacus could not compute epsilon "
+                f"after {steps} rounds ({exc}); use accountant: rdp"
+            ) from None
 
     def columns(self, t: int) -> dict[str, float | str]:
         """Round ``t``'s rounds.parquet columns: epsilon spent after it

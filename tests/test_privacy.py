@@ -24,7 +24,15 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 
 from fedsim.algorithms.base import ClientUpdate
 from fedsim.algorithms.fedavg import FedAvg
-from fedsim.privacy import CentralNoise, PrivacySpec, clip, privatise
+from fedsim.privacy import (
+    Amplification,
+    CentralNoise,
+    Ledger,
+    PrivacyError,
+    PrivacySpec,
+    clip,
+    privatise,
+)
 from fedsim.runtime import _Run, run_scenario
 from fedsim.scenario import ScenarioError, load_scenario
 from fedsim.selectors.bernoulli import mean_draws
@@ -141,6 +149,13 @@ def test_uniform_draws_are_amplified_at_their_inclusion_rate():
     amp = _amp(["selector={name: bernoulli, q: 0.2, clients_per_round: 6}"])
     assert amp.kind == "poisson"
     assert amp.sample_rate == pytest.approx(0.2 * mean_draws(0.2, 6))
+
+
+def test_a_prv_answer_opacus_cannot_give_stops_with_one_line_naming_the_field():
+    spec = PrivacySpec(noise_multiplier=0.01, clip_norm=1.0, accountant="prv")
+    ledger = Ledger(spec, Amplification(1.0, "none", "test"))
+    with pytest.raises(PrivacyError, match=r"privacy.accountant 'prv': Opacus"):
+        ledger.columns(0)
 
 
 # ------------------------------------------------------------- clip and noise
