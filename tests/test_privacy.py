@@ -182,6 +182,18 @@ def test_every_update_sent_has_norm_at_most_the_clip_norm(vectorize):
     assert max(c["update_norm"] for c in plain.clients) > 0.05
 
 
+def test_compressed_updates_are_clipped_after_compression_and_billed_compressed():
+    clip_only = "privacy={noise_multiplier: 0, clip_norm: 0.05}"
+    res = _run(["rounds=2", "compression={name: top_k, k: 3}", clip_only])
+    done = [c for c in res.clients if not c["dropped"]]
+    assert max(c["update_norm"] for c in done) <= 0.05 * (1 + 1e-6)
+    assert {c["bytes_up"] for c in done} == {3 * (4 + 4)}  # 3 values, 3 indices
+    # without DP the same run's top-3 updates are longer than C
+    plain = _run(["rounds=2", "compression={name: top_k, k: 3}"])
+    assert max(c["update_norm"] for c in plain.clients) > 0.05
+    assert "dp_epsilon" not in plain.rows[0] and "privacy" not in plain.summary()
+
+
 def test_the_batched_executor_gives_the_sequential_dp_run():
     over = ["rounds=3", DP]
     batched = _run([*over, "resources.vectorize=true"])
