@@ -63,8 +63,8 @@ EXTRA = "pip install 'fedsim[privacy]'"
 
 
 class PrivacyError(RunError, ValueError):
-    """The accountant could not say what a round spent (the run stops,
-    its rows so far kept)."""
+    """The accountant could not say what a round spent: the run stops with
+    this one line (exit 1), naming the field to change."""
 
 
 class DPScenario(Protocol):
