@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from fedsim import __version__, checkpoint, clock, hooks, interrupts, realised
+from fedsim import __version__, checkpoint, clock, hooks, interrupts, privacy, realised
 from fedsim.algorithms.base import AsyncRule, ClientUpdate, Failure
 from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.compression import upload_bytes
@@ -156,10 +156,15 @@ def run_setup(scenario: Scenario) -> RunSetup:
         capped=sc.round.policy == "fixed_window",
         threads=max(1, int(res.cpus_per_worker)),
         compression=sc.compression,
+        privacy=sc.privacy,  # DP's clipping (and local noise) on the workers
     )
     validation = validation_use(sc.algorithm, sc.selector.clients_per_round)
     residuals = sc.compression is not None and sc.compression.error_feedback
-    server = ServerSetup(sc.algorithm, network, sc.eval, validation, residuals)
+    # DP's noise on the sum, added by the server (None: no DP, or local noise)
+    noise = privacy.central_noise(sc.privacy, sc.seed)
+    server = ServerSetup(
+        sc.algorithm, network, sc.eval, validation, residuals, noise=noise
+    )
     recipe = DataRecipe(sc.data, sc.num_clients, sc.seed, sc.fleet, sc.links)
     executor = ExecutorSetup(worker, res, recipe)
     return RunSetup(sc.facts, network, worker, server, executor)
@@ -246,6 +251,8 @@ class RunResult:
             **realised.summary_entry(
                 self.scenario, self.fleet, self.rows, self.clients
             ),
+            # only a run with a privacy section: epsilon spent, and why
+            **privacy.summary_entry(self.scenario, self.rows),
         }
 
     def participation_bias(self) -> dict[str, object] | None:
@@ -463,6 +470,9 @@ class _Run:
             ctx.bytes_up,
             ctx.work,
         )
+        # differential privacy's accountant (None: no privacy section); who
+        # takes part decides the sample rate it may assume
+        self.ledger = privacy.ledger(sc, self.fleet, self.ctx, self.sel_ctx)
         self.every = sc.checkpoint.every_rounds if run_dir is not None else 0
         # what each checkpoint stores of the scenario (resumes compare it)
         self.fingerprint = checkpoint.fingerprint(sc) if self.every else {}
@@ -888,6 +898,8 @@ def _run_rounds(run: _Run, resume: bool) -> None:
             n, work = len(applied.clients), applied.server_work
             now, busy = run.server_time.round_end(now, n, work)
             extra |= busy
+        if run.ledger is not None:  # the privacy spent after round t
+            extra |= run.ledger.columns(t)
         run.record(t, now, records, trained, applied, extra, artifact)
         if run.due(t + 1):
             run.save_checkpoint(t + 1, now, state, {})

@@ -68,6 +68,8 @@ from fedsim.plugins import (
     section_names,
     section_validator,
 )
+from fedsim.privacy import PrivacySpec
+from fedsim.privacy import scenario_problem as privacy_problem
 from fedsim.selectors import DEFAULT as SELECTOR_DEFAULT
 from fedsim.servertime import ServerSpec
 from fedsim.spec import (
@@ -164,6 +166,7 @@ class Scenario(Spec):
     links: LinksSpec | None = None  # fleet-data links (fedsim/links.py)
     server: ServerSpec | None = None  # the server's speed (fedsim/servertime.py)
     compression: CompressionSpec | None = None  # fedsim/compression.py
+    privacy: PrivacySpec | None = None  # differential privacy (fedsim/privacy.py)
 
     @field_validator("name")
     @classmethod
@@ -211,6 +214,10 @@ class Scenario(Spec):
             # federated evaluation needs the clients' own rows (and rounds)
             lambda: federated_problem(self.eval, self.data, self.round.policy),
             self._compression_problem,
+            # DP needs a summing rule, synchronous rounds and Opacus
+            lambda: privacy_problem(
+                self.privacy, self.algorithm, self.compression, self.round
+            ),
         )
         for check in checks:
             if (problem := check()) is not None:

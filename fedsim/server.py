@@ -47,6 +47,7 @@ from fedsim.data.base import as_tensor as _tensor
 from fedsim.errors import LoadError, RunError
 from fedsim.models import Loss, NetworkSetup, evaluate, make_model
 from fedsim.params import flatten
+from fedsim.privacy import CentralNoise
 from fedsim.spec import EvalSpec
 from fedsim.store import ClientStore
 from fedsim.tasks import Parcel, UpdateSummary, update_norm
@@ -83,6 +84,8 @@ class ServerSetup:
             the algorithm's ``validation_use`` for the run's round size.
         residuals: compression with error feedback: each client's residual
             is kept in the client store (and checkpointed with it).
+        noise: differential privacy's Gaussian noise on the rule's sum
+            (``fedsim.privacy``; None: none added by the server).
     """
 
     algorithm: Algorithm
@@ -90,6 +93,7 @@ class ServerSetup:
     eval: EvalSpec
     validation: str | None = None
     residuals: bool = False
+    noise: CentralNoise | None = None
 
     @property
     def keeps_states(self) -> bool:
@@ -586,8 +590,10 @@ class Server:
             ctx = RoundContext(round, tuple(staleness), tuple(starts), server, lost)
         plugin = hooks.algorithm_label(self.algorithm.name)
         self._val_samples = 0
+        noise = self.setup.noise  # DP: Gaussian noise on the rule's weighted sum
+        summed = ups if noise is None else noise.add(self.algorithm, ups, round)
         step = hooks.call(
-            plugin, "aggregate", self.algorithm.server_step, self.state, ups, ctx
+            plugin, "aggregate", self.algorithm.server_step, self.state, summed, ctx
         )
         self.state, info = hooks.check_step(plugin, "aggregate", step, self.state)
         work = info.server_work + ServerWork(eval_samples=self._val_samples)

@@ -19,6 +19,7 @@ from fedsim.algorithms.base import Algorithm, ClientUpdate
 from fedsim.compression import Compressor
 from fedsim.models import NetworkSetup
 from fedsim.params import l2_norm
+from fedsim.privacy import PrivacySpec
 from fedsim.spec import ClientSpec
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class WorkerSetup:
             figure: a sum's split, so its floats, depend on it).
         compression: what each update goes through before it is sent
             (``fedsim.compression``; None: sent as it is).
+        privacy: differential privacy's clipping (and local noise) of each
+            update, after compression (``fedsim.privacy``; None: no DP).
     """
 
     algorithm: Algorithm
@@ -67,6 +70,7 @@ class WorkerSetup:
     capped: bool = False
     threads: int = 1
     compression: Compressor | None = None
+    privacy: PrivacySpec | None = None
 
 
 @dataclass(frozen=True)

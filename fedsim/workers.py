@@ -31,6 +31,7 @@ from fedsim.data.base import as_tensor as _tensor
 from fedsim.minibatches import batches, client_seed
 from fedsim.models import batch_loss, evaluate, make_model
 from fedsim.params import bind_flat
+from fedsim.privacy import privatise
 from fedsim.solvers import SGD, SolverState, step_factor
 from fedsim.tasks import Payload, Task, UpdateSummary, WorkerSetup
 
@@ -414,6 +415,10 @@ class Worker:
         comp = self.setup.compression
         if comp is not None:  # the update as the server will decode it
             delta, new_state = self._compressed(comp, task, client, delta, new_state)
+        priv = self.setup.privacy
+        if priv is not None:  # DP: what is sent is clipped (local noise: noised)
+            seed = client_seed(self.seed, task.round, task.client)
+            delta = privatise(priv, delta, seed)
         cpu = torch.device("cpu")
         return ClientUpdate(
             client=task.client,

@@ -370,6 +370,11 @@ class Algorithm:
     # what they send is not a delta, e.g. FedDM's synthetic sets)
     compressible: ClassVar[bool] = True
     up_factor: ClassVar[int] = 1  # floats uploaded, in units of d
+    # its server step is a weighted sum of the updates' deltas (then at most
+    # a server optimiser on that sum), with the weights :meth:`step_weights`
+    # gives: differential privacy (fedsim/privacy.py) clips and noises only
+    # such rules, its noise calibrated to those weights
+    sums_updates: ClassVar[bool] = False
 
     # ------------------------------------------------------------ server half
     def init(self, x0: torch.Tensor, num_clients: int) -> ServerState:
@@ -402,6 +407,19 @@ class Algorithm:
             tensors), so jobs still in flight keep what they downloaded.
         """
         return {"x": state["x"]}
+
+    def step_weights(self, updates: Updates) -> list[float]:
+        """The weights w_i of a step that moves along ``sum_i w_i delta_i``
+        (a rule declaring :attr:`sums_updates` says them here; differential
+        privacy scales its noise to the largest and adds it to that sum).
+
+        Args:
+            updates: the step's updates, in the order ``aggregate`` gets them.
+
+        Returns:
+            One weight per update, in update order.
+        """
+        raise NotImplementedError(f"{self.name!r} declares no weighted sum")
 
     def instruct(
         self, state: ServerState, clients: Sequence[int], round: int

@@ -12,7 +12,7 @@ x^{t+1} = x^t + server_lr * sum_{i in S} w_i Delta_i, w_i by ``sampling``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import fedsim.algorithms.base as base
 from fedsim.algorithms.base import PLAIN_ROUND, RoundContext, ServerState, Updates
@@ -36,6 +36,13 @@ class FedAvg(Sampled):
     """
 
     name: Literal["fedavg"] = "fedavg"
+    # the step is sum_i w_i delta_i (a server optimiser may follow): DP may
+    # clip and noise it (fedsim/privacy.py)
+    sums_updates: ClassVar[bool] = True
+
+    def step_weights(self, updates: base.Updates) -> list[float]:
+        """w_i by ``sampling`` (the weights :meth:`aggregate` sums with)."""
+        return sampling_weights(updates, self.sampling)
 
     def apply_step(self, state: ServerState, step: torch.Tensor) -> ServerState:
         """The new server state from the weighted average delta ``step``."""
@@ -45,7 +52,7 @@ class FedAvg(Sampled):
     def aggregate(
         self, state: ServerState, updates: Updates, ctx: RoundContext = PLAIN_ROUND
     ) -> tuple[ServerState, base.AggregateInfo]:
-        wh = sampling_weights(updates, self.sampling)
+        wh = self.step_weights(updates)
         step = weighted_sum([u.delta for u in updates], wh)
         w = [wi * u.norm_a for wi, u in zip(wh, updates, strict=True)]
         tau_eff = weighted_steps(wh, [u.norm_a for u in updates])
