@@ -40,7 +40,7 @@ class FedAvg(Sampled):
     # clip and noise it (fedsim/privacy.py)
     sums_updates: ClassVar[bool] = True
 
-    def step_weights(self, updates: base.Updates) -> list[float]:
+    def step_weights(self, updates: Updates) -> list[float]:
         """w_i by ``sampling`` (the weights :meth:`aggregate` sums with)."""
         return sampling_weights(updates, self.sampling)
 
