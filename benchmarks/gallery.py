@@ -1016,9 +1016,12 @@ def compare_arms(
         lead = f"{sign * iv.mean:.4g}{unit}" if iv.n else "none"
         return "within", f"{iv.n} paired seed(s): {winner}'s lead {lead}{left}"
     lo, hi = sorted((sign * iv.lo, sign * iv.hi))
+    # say which interval decided: a confidence sequence is wider than the
+    # fixed-n t interval, and a reader recomputing one must not get the other
+    kind = "confidence sequence" if s.get("until_decided") else "interval"
     return side, (
         f"paired over {iv.n} seeds: {winner}'s lead {sign * iv.mean:.4g}{unit}, "
-        f"95% interval [{lo:.4g}, {hi:.4g}], {iv.verdict}{left}"
+        f"95% {kind} [{lo:.4g}, {hi:.4g}], {iv.verdict}{left}"
     )
 
 
@@ -1268,9 +1271,23 @@ def plot_claim(claim: Claim, records: Sequence[dict[str, Any]], path: Path) -> P
     return path
 
 
-def command(claim: Claim, seeds: int, tiny: bool) -> str:
-    """The command that makes this claim's section."""
+def command(
+    claim: Claim, seeds: int, tiny: bool, until: tuple[int, int] | None = None
+) -> str:
+    """The command that makes this claim's section.
+
+    Args:
+        claim: the claim.
+        seeds: the seeds its section is made of.
+        tiny: the 2-round smoke variant.
+        until: with ``--until-decided``, (seeds a batch, ``--max-seeds``):
+            the command then repeats the stopping rule, not its outcome (a
+            rerun with ``--seeds`` alone would judge by the fixed-n rule).
+    """
     extra = " --tiny" if tiny else ""
+    if until is not None:
+        extra += f" --until-decided --max-seeds {until[1]}"
+        seeds = until[0]
     return (
         f"PYTHONPATH=$PWD .venv/bin/python benchmarks/gallery.py "
         f"--only {claim.name} --seeds {seeds}{extra}"
@@ -1322,10 +1339,12 @@ def claim_section(
     fig: Path,
     doc: Path,
     missing: Sequence[str] = (),
-    until_decided: bool = False,
+    until: tuple[int, int] | None = None,
 ) -> str:
-    """The Markdown section of one claim, between its markers."""
-    s = summarize(claim, records, until_decided)
+    """The Markdown section of one claim, between its markers; ``until``:
+    (seeds a batch, ``--max-seeds``) when seeds were added until decided
+    (:func:`command`), which judges by the confidence sequence."""
+    s = summarize(claim, records, until is not None)
     v, reason = verdict(claim, s, missing)
     col = s["objective_column"]
     wall = sum(a["wall_s"] for a in s["arms"].values())
@@ -1346,8 +1365,10 @@ def claim_section(
         f"- **Reduced**: {claim.reductions}"
         + ("; **tiny smoke run (2 rounds): no evidence either way**" if tiny else "")
         + ".",
-        f"- **Command**: `{command(claim, seeds, tiny)}` "
-        f"({wall / 60:.1f} min of runs here).",
+        f"- **Command**: `{command(claim, seeds, tiny, until)}` "
+        f"({wall / 60:.1f} min of runs here"
+        + (f"; it stopped at {seeds} seeds" if until else "")
+        + ").",
     ]
     if missing:
         lines.append(
@@ -1695,13 +1716,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     sections = {}
     for claim in claims:
         print(f"{claim.name}: {claim.title}", flush=True)
+        # (seeds a batch, the cap): the section's command repeats the rule
+        until = (
+            (claim_seeds(claim, args), args.max_seeds) if args.until_decided else None
+        )
         n, records, missing = _run_until(claim, args)
         if not records:
             print("  no cached run: section not written", flush=True)
             continue
         fig = plot_claim(claim, records, doc.parent / FIG_DIR / f"{claim.name}.png")
         sections[claim.name] = claim_section(
-            claim, records, n, args.tiny, fig, doc, missing, args.until_decided
+            claim, records, n, args.tiny, fig, doc, missing, until
         )
         v, reason = verdict(
             claim, summarize(claim, records, args.until_decided), missing

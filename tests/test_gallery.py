@@ -215,6 +215,26 @@ def test_until_decided_judges_by_the_confidence_sequence():
     assert gallery.decided(claim, gallery.summarize(claim, bad, until_decided=True))
 
 
+def test_an_until_decided_section_names_its_sequence_and_its_rule():
+    # a reader must know which interval decided and how to repeat the
+    # stopping rule: "--seeds 8" alone would rerun the fixed-n rule
+    claim = _uncut("fednova-fig5-full")
+    records = _records(claim, {a.name: _six(0.9) for a in claim.arms}, "objective")
+    s = gallery.summarize(claim, records, until_decided=True)
+    _, evidence = gallery.compare_arms(s, "objective", "fednova", "fedavg")
+    assert "95% confidence sequence [" in evidence
+    fixed = gallery.summarize(claim, records)
+    assert (
+        "95% interval ["
+        in gallery.compare_arms(fixed, "objective", "fednova", "fedavg")[1]
+    )
+    cmd = gallery.command(claim, 8, False, (4, 20))
+    assert cmd.endswith(
+        "--only fednova-fig5-full --seeds 4 --until-decided --max-seeds 20"
+    )
+    assert gallery.command(claim, 8, False).endswith("--seeds 8")
+
+
 def test_a_cut_claim_is_inconclusive_both_ways():
     # a reduced setting neither confirms nor refutes the claim
     claim = dataclasses.replace(
