@@ -900,8 +900,9 @@ def _run_rounds(run: _Run, resume: bool) -> None:
         )
         plan = clock.plan_round(run.fleet, chosen, now, sc.round, t, ctx, keep)
         secagg = _secagg_round(run, len(chosen), plan)
+        trained: list[Pair] = []
         if secagg is not None and secagg.failed:  # nothing to unmask, nothing applied
-            plan, trained, applied = aborted(plan), [], _NOTHING_APPLIED
+            plan, applied = aborted(plan), _NOTHING_APPLIED
         else:
             mult = sel.multiplicity(state, chosen)
             trained, applied = _train_round(run, t, plan, mult)
