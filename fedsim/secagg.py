@@ -191,7 +191,7 @@ class SecAggSpec(Spec):
             raise ValueError("must be a count (an integer) or a fraction")
         if isinstance(v, int):
             if v < 1:
-                raise ValueError(f"{v} is not above 0: give a count of at least 1")
+                raise ValueError("a count must be at least 1")
             return v
         if not 0 < v <= 1:
             raise ValueError(f"{v} is not a fraction in (0, 1] (a count is an integer)")
