@@ -165,6 +165,12 @@ def test_the_run_bills_the_stated_unmasking_on_the_servers_clock():
         assert r["secagg_server_s"] == pytest.approx(cycles * 16 / 1e6)
         rule = 2.0 * r["n_completed"] * d
         assert r["server_s"] == pytest.approx(rule / 1e6 + r["secagg_server_s"])
+        # the round ends at its last device's end, then the unmasking
+        # exchange, then the server's step
+        ends = [c["t_arrive"] for c in res.clients if c["round"] == r["round"]]
+        after = max(ends) + r["secagg_unmask_s"] + r["server_s"]
+        assert r["secagg_unmask_s"] > 0
+        assert r["sim_time"] == pytest.approx(after, rel=1e-12, abs=0)
 
 
 # ------------------------------------------------------------- failed rounds
