@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -87,7 +88,7 @@ from pydantic import Field, field_validator
 
 from fedsim.clock import RoundPlan, RunContext
 from fedsim.fleet import Fleet
-from fedsim.rows import Row
+from fedsim.rows import Row, number
 from fedsim.spec import Spec
 
 # The drop reason of a survivor of a failed round: its masked input reached
@@ -450,6 +451,29 @@ def secagg_model(
     return SecAggModel(spec, m, elem_bytes, server_rate)
 
 
+def secagg_summary(rows: Sequence[Row]) -> dict[str, float] | None:
+    """summary.json's ``fleet_realised.secure_aggregation``: the rounds that
+    failed (count and share) and the unmasking's total seconds, exchange
+    and server; None without the section (no ``secagg_failed`` column).
+
+    Example:
+        >>> cols = ("secagg_failed", "secagg_unmask_s", "secagg_server_s")
+        >>> rows = [dict(zip(cols, (True, 0.0, 0.0), strict=True)),
+        ...         dict(zip(cols, (False, 0.5, 2.0), strict=True))]
+        >>> secagg_summary(rows)
+        {'rounds_failed': 1.0, 'failed_share': 0.5, 'unmask_s': 0.5, 'server_s': 2.0}
+    """
+    if not rows or "secagg_failed" not in rows[-1]:
+        return None
+    failed = sum(bool(r["secagg_failed"]) for r in rows)
+    return {
+        "rounds_failed": float(failed),
+        "failed_share": failed / len(rows),
+        "unmask_s": sum(number(r["secagg_unmask_s"], "secagg_unmask_s") for r in rows),
+        "server_s": sum(number(r["secagg_server_s"], "secagg_server_s") for r in rows),
+    }
+
+
 __all__ = [
     "ABORTED",
     "Cohort",
@@ -459,4 +483,5 @@ __all__ = [
     "SecAggSpec",
     "aborted",
     "secagg_model",
+    "secagg_summary",
 ]

@@ -195,6 +195,9 @@ def test_a_round_below_the_threshold_fails_and_leaves_the_model_unchanged():
         else:
             assert r["secagg_reason"] == "" and r["test_loss"] != loss
         loss = r["test_loss"]
+    # summary.json counts them
+    entry = res.summary()["fleet_realised"]["secure_aggregation"]
+    assert entry["rounds_failed"] == len(failed)
     # the last round failed: the model is the one the round before left
     assert torch.equal(res.final_params, before_last.final_params)
     # its survivors' masked inputs were sent, and lost with the round
@@ -266,6 +269,7 @@ def test_no_section_adds_no_column_and_the_clock_takes_no_extra_time():
     sc = load_scenario(TINY, ["rounds=2", DROPS])
     res = _run(sc)
     assert not any(k.startswith("secagg") for k in res.rows[0])
+    assert "secure_aggregation" not in res.summary()["fleet_realised"]
     ctx = RunContext(100, 100, np.array([10]), 5)
     assert ctx.extra_s == 0.0
 
