@@ -56,7 +56,7 @@ from fedsim.results import (
     write_arrow,
 )
 from fedsim.scenario import Scenario
-from fedsim.secagg import ABORTED, RoundCost, SecAggModel, aborted, secagg_model
+from fedsim.secagg import ABORTED, RoundCost, aborted, secagg_model
 from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
 from fedsim.selectors.base import SelectorState
 from fedsim.selectors.chosen import AlgorithmChoice
@@ -455,12 +455,9 @@ class _Run:
         if clock_ is not None:
             self.server_time = ServerTimer(clock_, sc.algorithm, self.num_params)
         # secure aggregation's costs (None: off, today's path exactly)
-        self.secagg: SecAggModel | None = secagg_model(
-            sc.secure_aggregation,
-            bytes_up,
-            sc.model.elem_bytes,
-            math.inf if clock_ is None else clock_.flops_per_s,
-        )
+        rate = math.inf if clock_ is None else clock_.flops_per_s
+        spec, elem = sc.secure_aggregation, sc.model.elem_bytes
+        self.secagg = secagg_model(spec, bytes_up, elem, rate)
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
         # an algorithm that chooses its own clients (Algorithm.chooses: one
