@@ -317,7 +317,7 @@ class SecAggModel:
         """k: n - 1 for ``secagg``; for ``secagg_plus`` the section's
         ``neighbours`` or ceil(neighbour_factor log2 n), at most n - 1."""
         if self.spec.protocol == "secagg":
-            return n - 1
+            return max(0, n - 1)
         k = self.spec.neighbours
         if k is None:
             k = math.ceil(round(self.costs.neighbour_factor * math.log2(max(n, 1)), 9))
