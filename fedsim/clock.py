@@ -151,6 +151,10 @@ class RunContext:
             ``fixed_epochs`` step counts and "no data" come from it.
         batch_size: the client minibatch size B in tau = floor(E n_i / B).
         work: the algorithm's own unit of work, or None for local steps.
+        extra_s: seconds of compute a chosen device does in a round besides
+            its local steps, times its straggler slowdown, before its
+            training (secure aggregation's key agreement, secret sharing and
+            masking: :mod:`fedsim.secagg`); 0: none.
 
     Example:
         >>> ctx = RunContext(1000, 500, np.array([10, 20]), batch_size=5)
@@ -163,6 +167,7 @@ class RunContext:
     n_samples: Ints
     batch_size: int
     work: JobWork | None = None
+    extra_s: float = 0.0
 
     def up_bytes(self, ids: Ints) -> int | Ints:
         """What the devices ``ids`` upload: a scalar, or one size per device
@@ -509,6 +514,8 @@ def plan_round(
     if work is not None:  # the algorithm's unit costs unit_cost local steps
         rate = rate / work.unit_cost[ids]
     down, up = fleet.comm_time(ids, ctx.bytes_down, ctx.up_bytes(ids))
+    if ctx.extra_s:  # compute besides training, slowed as the device is
+        down = down + ctx.extra_s * slowdown
     steps = _round_steps(policy, now, rate, down + up, draws.epochs, ctx, ids)
     offline_at = fleet.offline_time(ids, now)
     with np.errstate(divide="ignore"):  # a rate of 0: an endless straggler

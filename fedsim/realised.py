@@ -38,6 +38,7 @@ import numpy as np
 
 from fedsim.fleet import AvailabilitySpec, Fleet, FleetSpec, SpeedSpec, StragglerSpec
 from fedsim.rows import Row, number, whole
+from fedsim.secagg import secagg_summary
 from fedsim.servertime import server_summary
 
 # 99.9% two-sided normal quantile: z with Phi(z) = 0.9995.
@@ -128,6 +129,8 @@ class Realised(TypedDict):
     groups: list[GroupEntry]
     warnings: list[str]
     server: NotRequired[dict[str, float]]
+    # secure aggregation's failed rounds and unmasking (fedsim/secagg.py)
+    secure_aggregation: NotRequired[dict[str, float]]
 
 
 class _Rates(TypedDict):
@@ -190,6 +193,9 @@ def summary_entry(
     server = server_summary(rows)
     if server is not None:  # the server's busy share and queue
         out["fleet_realised"]["server"] = server
+    secagg = secagg_summary(rows)
+    if secagg is not None:  # the rounds secure aggregation lost
+        out["fleet_realised"]["secure_aggregation"] = secagg
     return out
 
 

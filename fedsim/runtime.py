@@ -24,7 +24,13 @@ import torch
 from numpy.typing import NDArray
 
 from fedsim import __version__, checkpoint, clock, hooks, interrupts, privacy, realised
-from fedsim.algorithms.base import AsyncRule, ClientUpdate, Failure
+from fedsim.algorithms.base import (
+    AggregateInfo,
+    AsyncRule,
+    ClientUpdate,
+    Failure,
+    ServerWork,
+)
 from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.compression import upload_bytes
 from fedsim.data import FederatedData, build_data
@@ -50,6 +56,7 @@ from fedsim.results import (
     write_arrow,
 )
 from fedsim.scenario import Scenario
+from fedsim.secagg import ABORTED, RoundCost, aborted, secagg_model
 from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
 from fedsim.selectors.base import SelectorState
 from fedsim.selectors.chosen import AlgorithmChoice
@@ -375,7 +382,9 @@ class ClientRecord:
     def from_plan(cls, t: int, p: clock.Plan) -> ClientRecord:
         """Round ``t``'s record of plan ``p``."""
         # Late and surplus updates were uploaded; the server did not use them.
-        return cls(t, p, uploaded=not p.dropped or p.reason in ("late", "surplus"))
+        # (and a failed secure aggregation's survivors: their masked inputs)
+        uploaded = not p.dropped or p.reason in ("late", "surplus", ABORTED)
+        return cls(t, p, uploaded=uploaded)
 
     @classmethod
     def from_arrival(cls, a: clock.Arrival) -> ClientRecord:
@@ -442,6 +451,7 @@ class _Run:
             # an algorithm whose client work is not local steps says its own
             work=sc.algorithm.clock_work(facts, self.data),
         )
+
         # the server as a device (None: a free server, today's path exactly)
         clock_ = server_clock(
             sc.server,
@@ -451,6 +461,10 @@ class _Run:
         self.server_time: ServerTimer | None = None
         if clock_ is not None:
             self.server_time = ServerTimer(clock_, sc.algorithm, self.num_params)
+        # secure aggregation's costs (None: off, today's path exactly)
+        rate = math.inf if clock_ is None else clock_.flops_per_s
+        spec, elem = sc.secure_aggregation, sc.model.elem_bytes
+        self.secagg = secagg_model(spec, bytes_up, elem, rate)
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
         # an algorithm that chooses its own clients (Algorithm.chooses: one
@@ -888,21 +902,43 @@ def _run_rounds(run: _Run, resume: bool) -> None:
         draw = Draw(t, online, run.rng(_SELECT_TAG, t), run.sel_ctx)
         chosen, state = select(sel, state, draw)
         # each device's draws are its own, of (seed, device, t): fleet.round_draws
-        plan = clock.plan_round(run.fleet, chosen, now, sc.round, t, run.ctx, keep)
-        trained, applied = _train_round(run, t, plan, sel.multiplicity(state, chosen))
+        ctx = (
+            run.ctx if run.secagg is None else run.secagg.context(run.ctx, len(chosen))
+        )
+        plan = clock.plan_round(run.fleet, chosen, now, sc.round, t, ctx, keep)
+        secagg = _secagg_round(run, len(chosen), plan)
+        trained: list[Pair] = []
+        if secagg is not None and secagg.failed:  # nothing to unmask, nothing applied
+            plan, applied = aborted(plan), _NOTHING_APPLIED
+        else:
+            mult = sel.multiplicity(state, chosen)
+            trained, applied = _train_round(run, t, plan, mult)
         state, artifact = run.observe(sel, state, t, applied, trained)
         records = [ClientRecord.from_plan(t, p) for p in plan.plans]
         extra = selector_columns(sel, state, t)
-        now = plan.t_end
+        now, work = plan.t_end, applied.server_work
+        if secagg is not None:  # the unmasking exchange, then the server's part
+            now += secagg.unmask_s
+            work = work + ServerWork(flops=secagg.server_flops)
+            extra |= secagg.columns
         if run.server_time is not None:  # the next round waits for the server
-            n, work = len(applied.clients), applied.server_work
-            now, busy = run.server_time.round_end(now, n, work)
+            now, busy = run.server_time.round_end(now, len(applied.clients), work)
             extra |= busy
         if run.ledger is not None:  # the privacy spent after round t
             extra |= run.ledger.columns(t)
         run.record(t, now, records, trained, applied, extra, artifact)
         if run.due(t + 1):
             run.save_checkpoint(t + 1, now, state, {})
+
+
+# A failed secure aggregation's step: no update, the state untouched.
+_NOTHING_APPLIED = Applied(AggregateInfo({}, math.nan, math.nan), (), math.nan)
+
+
+def _secagg_round(run: _Run, n: int, plan: clock.RoundPlan) -> RoundCost | None:
+    """Secure aggregation's unmasking (or failure) in a round of ``n``
+    chosen devices; None when the scenario has none."""
+    return None if run.secagg is None else run.secagg.round_cost(n, plan, run.fleet)
 
 
 def _train_round(

@@ -70,6 +70,7 @@ from fedsim.plugins import (
 )
 from fedsim.privacy import PrivacySpec
 from fedsim.privacy import scenario_problem as privacy_problem
+from fedsim.secagg import SecAggSpec
 from fedsim.selectors import DEFAULT as SELECTOR_DEFAULT
 from fedsim.servertime import ServerSpec
 from fedsim.spec import (
@@ -167,6 +168,7 @@ class Scenario(Spec):
     server: ServerSpec | None = None  # the server's speed (fedsim/servertime.py)
     compression: CompressionSpec | None = None  # fedsim/compression.py
     privacy: PrivacySpec | None = None  # differential privacy (fedsim/privacy.py)
+    secure_aggregation: SecAggSpec | None = None  # its cost (fedsim/secagg.py)
 
     @field_validator("name")
     @classmethod
@@ -218,6 +220,7 @@ class Scenario(Spec):
             lambda: privacy_problem(
                 self.privacy, self.algorithm, self.compression, self.round
             ),
+            self._secagg_problem,
         )
         for check in checks:
             if (problem := check()) is not None:
@@ -269,6 +272,27 @@ class Scenario(Spec):
             "compress (its rule needs what its clients send, dense); remove "
             "the compression section"
         )
+
+    def _secagg_problem(self) -> str | None:
+        """Secure aggregation needs a cohort (synchronous rounds), a
+        threshold within it, and a rule that sums dense model updates."""
+        spec = self.secure_aggregation
+        if spec is None:
+            return None
+        problem = spec.problem(self.selector.clients_per_round, self.round.policy)
+        if problem is None and self.compression is not None:
+            problem = (
+                "secure_aggregation with compression: a masked update is a dense "
+                "vector of ring elements, so a compressor's sizes do not apply "
+                "(remove one of the two sections)"
+            )
+        if problem is None and not self.algorithm.compressible:
+            problem = (
+                f"secure_aggregation: algorithm {self.algorithm.name!r} does not "
+                "upload a model update the server sums (its rule needs what each "
+                "client sends); remove the secure_aggregation section"
+            )
+        return problem
 
     def _links_problem(self) -> str | None:
         """A declared fleet-data link must name groups the fleet has and ask
