@@ -451,20 +451,7 @@ class _Run:
             # an algorithm whose client work is not local steps says its own
             work=sc.algorithm.clock_work(facts, self.data),
         )
-
-        # the server as a device (None: a free server, today's path exactly)
-        clock_ = server_clock(
-            sc.server,
-            lambda: self.fleet.step_flops or step_flops(facts, self.data),
-            sc.client.batch_size,
-        )
-        self.server_time: ServerTimer | None = None
-        if clock_ is not None:
-            self.server_time = ServerTimer(clock_, sc.algorithm, self.num_params)
-        # secure aggregation's costs (None: off, today's path exactly)
-        rate = math.inf if clock_ is None else clock_.flops_per_s
-        spec, elem = sc.secure_aggregation, sc.model.elem_bytes
-        self.secagg = secagg_model(spec, bytes_up, elem, rate)
+        self._server_costs(bytes_up)
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
         # an algorithm that chooses its own clients (Algorithm.chooses: one
@@ -490,6 +477,27 @@ class _Run:
         self.every = sc.checkpoint.every_rounds if run_dir is not None else 0
         # what each checkpoint stores of the scenario (resumes compare it)
         self.fingerprint = checkpoint.fingerprint(sc) if self.every else {}
+
+    def _server_costs(self, bytes_up: int) -> None:
+        """Set ``server_time`` (the server as a device; None: a free server,
+        today's path exactly) and ``secagg`` (secure aggregation's costs;
+        None: off), both billed at the server's speed.
+
+        Args:
+            bytes_up: one client's upload as billed (after compression).
+        """
+        sc, facts = self.sc, self.setup.facts
+        clock_ = server_clock(
+            sc.server,
+            lambda: self.fleet.step_flops or step_flops(facts, self.data),
+            sc.client.batch_size,
+        )
+        self.server_time: ServerTimer | None = None
+        if clock_ is not None:
+            self.server_time = ServerTimer(clock_, sc.algorithm, self.num_params)
+        rate = math.inf if clock_ is None else clock_.flops_per_s
+        spec, elem = sc.secure_aggregation, sc.model.elem_bytes
+        self.secagg = secagg_model(spec, bytes_up, elem, rate)
 
     def _compressed_upload(self, bytes_up: int) -> int:
         """The upload with the scenario's compressor (as is without one).
