@@ -34,6 +34,8 @@ from fedsim.workers import Payload, Task, Worker
 if TYPE_CHECKING:
     import torch
 
+    from fedsim.server import RoundServer
+
 Tasks = Sequence[Task]
 Payloads = Mapping[int, Payload]  # by server version
 States = Mapping[int, ClientState]  # by client id
@@ -215,6 +217,21 @@ class Executor(ABC):
     def report(self) -> dict[str, object]:
         """Fields for summary.json about where the work ran ({} in-process)."""
         return {}
+
+
+class Placement(NamedTuple):
+    """Where a run's server and training live, chosen together once per run
+    (:func:`fedsim.runtime.place`): the loops call both alike wherever
+    ``resources.server.home`` and the worker count put them.
+
+    Attributes:
+        server: the :class:`~fedsim.server.Server` in the driver, or the
+            driver's handle on the server actor.
+        executor: in-process, or the Ray workers (beside the server actor).
+    """
+
+    server: RoundServer
+    executor: Executor
 
 
 def _versions(tasks: Tasks) -> dict[int, list[int]]:

@@ -16,6 +16,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, cast
 
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from fedsim import __version__, checkpoint, clock, hooks, interrupts, realised
+from fedsim import __version__, checkpoint, clock, hooks, interrupts, params, realised
 from fedsim.algorithms.base import AsyncRule, ClientUpdate, Failure
 from fedsim.algorithms.sampling import participation_bias, weight_shares
 from fedsim.compression import upload_bytes
@@ -32,7 +33,13 @@ from fedsim.data.heldout import heldout_clients, with_heldout
 from fedsim.data.partition import partition_table
 from fedsim.data.validation import describe_validation, validation_use
 from fedsim.errors import RunError
-from fedsim.executors import DataRecipe, Executor, ExecutorSetup, InProcessExecutor
+from fedsim.executors import (
+    DataRecipe,
+    Executor,
+    ExecutorSetup,
+    InProcessExecutor,
+    Placement,
+)
 from fedsim.facts import RunFacts
 from fedsim.fleet import Fleet
 from fedsim.flops import scenario_fleet, step_flops
@@ -40,7 +47,7 @@ from fedsim.hooks import PluginFailure
 from fedsim.links import apply_links, summary_entry
 from fedsim.models import NetworkSetup, make_model
 from fedsim.remote.executor import RayExecutor
-from fedsim.remote.server_actor import RemoteServer, ServerLost
+from fedsim.remote.server_actor import ServerLost, on_actor
 from fedsim.results import (
     Recorder,
     atomic_write_bytes,
@@ -385,7 +392,8 @@ class _Run:
     Guarantees: every part is a pure function of the scenario (fleet, data,
     x_0, the per-run :class:`clock.RunContext`), so a resumed run rebuilds
     exactly what the interrupted one had; the host's clock feeds only the
-    ``wall_time`` column. The executor is added by :meth:`start`.
+    ``wall_time`` column. The server and the executor are placed by
+    :meth:`start`.
 
     Args:
         sc: the validated scenario.
@@ -413,12 +421,10 @@ class _Run:
         self.fed_clients = heldout_clients(self.data)
         self.threads = max(1, int(sc.resources.cpus_per_worker))
         torch.set_num_threads(self.threads)
-        # Server in the driver, or a handle on the server actor (made by
-        # start(), placed with the workers); the loops call either alike.
+        # the server (in the driver or the actor) and the executor, placed
+        # together by start(); the loops call either home alike
         self.server: RoundServer
-        self.on_actor = sc.resources.server.home == "actor"
-        if not self.on_actor:
-            self.server = Server(self.setup.server, self.data)
+        self.executor: Executor
         self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)
         # The constants every plan, the timeline and the selectors charge
         # for, in one frozen value (docs/architecture.md, "Bytes"); the
@@ -446,13 +452,6 @@ class _Run:
             self.server_time = ServerTimer(clock_, sc.algorithm, self.num_params)
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
-        # an algorithm that chooses its own clients (Algorithm.chooses: one
-        # that adapts another framework's server strategy) does so on top
-        # of the selector; it reads the driver's server, and refuses an actor
-        if sc.algorithm.chooses is not None and not self.on_actor:
-            self.selector = AlgorithmChoice.around(
-                self.selector, sc.algorithm, self.server, facts
-            )
         ctx = self.ctx
         self.sel_ctx = SelectorContext.from_run(
             self.fleet,
@@ -482,16 +481,15 @@ class _Run:
             raise SetupError(problem)
         return upload_bytes(comp, bytes_up, d, self.sc.model.elem_bytes)
 
-    @property
+    @cached_property
     def num_params(self) -> int:
-        """d, the model's number of parameters (no server actor needed)."""
-        if not self.on_actor:
-            return self.server.num_params
-        model = make_model(self.setup.network, self.data)
-        return sum(p.numel() for p in model.parameters())
+        """d, the model's number of parameters (known before the server is
+        placed: the byte counts and the clock need it first)."""
+        return params.num_params(make_model(self.setup.network, self.data))
 
     def start(self, workers: int, resume: bool) -> None:
-        """Evaluate x_0, prepare the run directory and start the executor.
+        """Place the server and the executor (:func:`place`), evaluate x_0
+        and prepare the run directory.
 
         Args:
             workers: 0 trains in this process, n >= 1 on n Ray actors.
@@ -502,16 +500,14 @@ class _Run:
             SetupError: the run directory cannot take the run, or the
                 server actor is asked for without Ray workers.
         """
-        if self.on_actor and workers == 0:
-            raise SetupError(
-                "resources.server.home actor needs Ray: run with --workers >= 1 "
-                "(or home: driver)"
+        self.server, self.executor = place(self.setup, self.data, workers, self.threads)
+        # an algorithm that chooses its own clients (Algorithm.chooses: one
+        # that adapts another framework's server strategy) does so on top
+        # of the selector; it reads the driver's server, and refuses an actor
+        if self.sc.algorithm.chooses is not None and isinstance(self.server, Server):
+            self.selector = AlgorithmChoice.around(
+                self.selector, self.sc.algorithm, self.server, self.setup.facts
             )
-        if self.on_actor:  # placed with the workers: the executor comes first
-            self.executor: Executor = make_executor(
-                self.setup.executor, self.data, workers
-            )
-            self.server = _server_actor(self.setup, self.executor, self.threads)
         # x_0 is a pure function of (scenario, seed): a resume evaluates it again
         loss, acc = self.server.evaluate()
         self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
@@ -519,8 +515,6 @@ class _Run:
             self.initial["objective"] = self.server.objective()
         if self.run_dir is not None:
             self._prepare(self.run_dir, resume)
-        if not self.on_actor:
-            self.executor = make_executor(self.setup.executor, self.data, workers)
         self.wall0 = time.perf_counter()  # rows' wall_time: training only
 
     def _prepare(self, run_dir: Path, resume: bool) -> None:
@@ -790,25 +784,6 @@ class _Run:
         hooks.check_json(plugin, "observe", state)
         rows = hooks.call(plugin, "artifact", sel.artifact, state, t)
         return state, [{"round": t, **r} for r in rows]
-
-
-def _server_actor(setup: RunSetup, executor: Executor, threads: int) -> RemoteServer:
-    """The server actor, placed as ``resources.server`` says: in the workers'
-    placement group when they have one, sharing their copy of the data.
-
-    Args:
-        setup: the run's set-up records (the server's, the resources).
-        executor: the run's Ray executor (its placement group and data).
-        threads: torch's threads in the actor, the driver's figure, so the
-            server's reductions (and floats) are the driver's.
-
-    Raises:
-        PlacementError: the actor cannot be placed in time.
-    """
-    ray_ex = cast(RayExecutor, executor)
-    res = setup.executor.resources
-    strategy = ray_ex.server_strategy()
-    return RemoteServer(setup.server, res, ray_ex.data_ref, strategy, threads)
 
 
 def _close(run: _Run) -> dict[str, object]:
@@ -1375,3 +1350,32 @@ def make_executor(setup: ExecutorSetup, data: FederatedData, workers: int) -> Ex
     if workers == 0:
         return InProcessExecutor(setup.worker, data)
     return RayExecutor(setup, data, workers)
+
+
+def place(
+    setup: RunSetup, data: FederatedData, workers: int, threads: int
+) -> Placement:
+    """The run's server and executor, asked once of the side
+    ``resources.server.home`` names: the server in this process beside
+    :func:`make_executor`'s executor, or the Ray workers first and the
+    server actor placed with them (:func:`fedsim.remote.server_actor.on_actor`).
+
+    Args:
+        setup: the run's set-up records.
+        data: the federated dataset.
+        workers: 0 trains in this process, n >= 1 on n Ray actors.
+        threads: torch's threads in a server actor (the driver's figure).
+
+    Raises:
+        SetupError: the server actor is asked for without Ray workers.
+        PlacementError: the actors cannot be placed in time.
+    """
+    if setup.executor.resources.server.home == "driver":
+        server = Server(setup.server, data)
+        return Placement(server, make_executor(setup.executor, data, workers))
+    if workers == 0:
+        raise SetupError(
+            "resources.server.home actor needs Ray: run with --workers >= 1 "
+            "(or home: driver)"
+        )
+    return on_actor(setup.executor, setup.server, data, workers, threads)

@@ -26,7 +26,9 @@ import torch
 from fedsim.algorithms.base import ClientState, ClientUpdate, Failure
 from fedsim.data import FederatedData
 from fedsim.errors import RunError
+from fedsim.executors import ExecutorSetup, Placement
 from fedsim.remote.actors import Handle, current_pool, kill
+from fedsim.remote.executor import RayExecutor
 from fedsim.remote.placement import PlacementError, server_shape
 from fedsim.server import (
     Applied,
@@ -385,3 +387,31 @@ class RemoteServer:
         else:
             kill(self.actor)
         self.actor = None
+
+
+def on_actor(
+    setup: ExecutorSetup,
+    server: ServerSetup,
+    data: FederatedData,
+    workers: int,
+    threads: int,
+) -> Placement:
+    """The remote side's placement (``resources.server.home: actor``): the
+    Ray workers first, then the server actor placed with them, in their
+    placement group when they have one, sharing their copy of the data.
+
+    Args:
+        setup: the executor's set-up record (its ``resources`` place both).
+        server: the server's set-up record.
+        data: the federated dataset.
+        workers: the number of Ray worker actors (at least 1).
+        threads: torch's threads in the actor, the driver's figure, so the
+            server's reductions (and floats) are the driver's.
+
+    Raises:
+        PlacementError: the workers or the actor cannot be placed in time.
+    """
+    ex = RayExecutor(setup, data, workers)
+    strategy = ex.server_strategy()
+    actor = RemoteServer(server, setup.resources, ex.data_ref, strategy, threads)
+    return Placement(actor, ex)
