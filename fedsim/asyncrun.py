@@ -15,7 +15,7 @@ import numpy as np
 
 from fedsim import checkpoint, clock, interrupts
 from fedsim.algorithms.base import AsyncRule, Failure
-from fedsim.executors import Executor
+from fedsim.executors import Executor, Payloads
 from fedsim.fleet import Fleet
 from fedsim.records import (
     ClientRecord,
@@ -23,7 +23,6 @@ from fedsim.records import (
     Kept,
     Pair,
     Row,
-    Trained,
     select,
     selector_columns,
 )
@@ -63,36 +62,35 @@ class RunParts(Protocol):
     def observe(
         self,
         sel: Selector,
-        state: SelectorState,
-        t: int,
+        before: SelectorState,
+        version: int,
         applied: Applied,
-        trained: Trained,
+        pairs: Sequence[Pair],
+        /,
     ) -> tuple[SelectorState, list[Row]]:
-        """The selector learns version ``t``: its new state and artifact rows."""
+        """What the selector learns of ``version``: its state and artifact rows."""
 
     def record(
         self,
-        t: int,
-        sim_time: float,
-        records: Sequence[ClientRecord],
-        trained: Trained,
+        version: int,
+        at: float,
+        ends: Sequence[ClientRecord],
+        pairs: Sequence[Pair],
         applied: Applied,
-        extra: Row,
-        selector_rows: Sequence[Row] = (),
+        columns: Row,
+        artifact: Sequence[Row],
+        /,
     ) -> None:
-        """Add version ``t``'s rows to the recorder."""
+        """Add the rows of ``version``, made at simulated time ``at``."""
 
     def due(self, done: int) -> bool:
         """Whether a checkpoint is due after ``done`` versions."""
 
     def save_checkpoint(
-        self,
-        next_round: int,
-        sim_time: float,
-        state: SelectorState,
-        payloads: dict[int, Payload],
+        self, versions: int, at: float, state: SelectorState, payloads: Payloads, /
     ) -> None:
-        """Save the state after ``next_round`` versions."""
+        """Save the state after ``versions`` versions, with the payloads that
+        open jobs started from."""
 
 
 class AsyncLoop:

@@ -37,6 +37,7 @@ from fedsim.executors import (
     Executor,
     ExecutorSetup,
     InProcessExecutor,
+    Payloads,
     Placement,
 )
 from fedsim.facts import RunFacts
@@ -81,7 +82,7 @@ from fedsim.server import (
 from fedsim.servertime import ServerTimer, server_clock
 from fedsim.spec import EvalSpec
 from fedsim.tasks import WorkerSetup, update_norm
-from fedsim.workers import Payload, Task
+from fedsim.workers import Task
 
 # Tags of the run's random streams, each (seed, tag, n): distinct tags keep
 # the selector's and the timeline's draws independent, and a stream is
@@ -638,7 +639,7 @@ class _Run:
         next_round: int,
         sim_time: float,
         state: SelectorState,
-        payloads: dict[int, Payload],
+        payloads: Payloads,
     ) -> None:
         """Save the state after ``next_round`` rounds (or versions).
 
