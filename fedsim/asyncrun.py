@@ -29,7 +29,7 @@ from fedsim.records import (
 from fedsim.scenario import Scenario
 from fedsim.selectors import Draw, Selector, SelectorContext
 from fedsim.selectors.base import SelectorState
-from fedsim.server import Applied, RoundServer
+from fedsim.server import Applied, RoundServer, Step
 from fedsim.servertime import ServerTimer
 from fedsim.tasks import Parcel
 from fedsim.workers import Payload, Task
@@ -278,14 +278,9 @@ class AsyncLoop:
         staleness = [int(a.staleness or 0) for a in rec.applied]
         # the jobs that ended in this version without an update, and why
         lost = [Failure(a.plan.client, a.plan.reason) for a in rec.ended if a.dropped]
-        applied = run.server.apply(
-            parcels,
-            staleness=staleness,
-            starts=starts,
-            where=f"version {rec.version}",
-            round=rec.version,
-            failures=lost,
-        )
+        where = f"version {rec.version}"
+        at = Step(where, rec.version, staleness, starts, failures=lost)
+        applied = run.server.apply(parcels, at)
         trained = _pairs_in_end_order(rec, ups, applied)
         records = [ClientRecord.from_arrival(a) for a in rec.ended]
         artifact: list[Row] = []

@@ -75,6 +75,7 @@ from fedsim.server import (
     RoundServer,
     Server,
     ServerSetup,
+    Step,
     evaluates,
     federated_due,
     objective_due,
@@ -840,13 +841,8 @@ def _train_round(
     run.executor.forget(t)
     # the selected clients whose updates the step will not have, and why
     lost = [Failure(p.client, p.reason) for p in plan.plans if p.dropped]
-    applied = server.apply(
-        parcels,
-        multiplicity=multiplicity,
-        where=f"round {t}",
-        round=t,
-        failures=lost,
-    )
+    at = Step(f"round {t}", t, multiplicity=multiplicity, failures=lost)
+    applied = server.apply(parcels, at)
     # the ordering contract: weights come in applied.clients' order (by id)
     w = dict(zip(applied.clients, applied.weights, strict=True))
     return [Pair(u, w[u.client]) for u in ups], applied

@@ -17,13 +17,13 @@ actor runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from fedsim.algorithms.base import ClientState, ClientUpdate, Failure
+from fedsim.algorithms.base import ClientState, ClientUpdate
 from fedsim.data import FederatedData
 from fedsim.errors import RunError
 from fedsim.executors import ExecutorSetup, Placement
@@ -37,6 +37,7 @@ from fedsim.server import (
     Server,
     ServerSetup,
     ServerSnapshot,
+    Step,
     read_state,
     server_device,
     write_state,
@@ -133,16 +134,7 @@ class ServerActor:
         """:meth:`Server.import_state`."""
         self.server.import_state(snap, where)
 
-    def apply_refs(
-        self,
-        updates: Sequence[ClientUpdate | Ref],
-        staleness: Sequence[int] | None,
-        starts: Sequence[torch.Tensor] | None,
-        multiplicity: Mapping[int, int] | None,
-        where: str,
-        round: int,
-        failures: Sequence[Failure] = (),
-    ) -> Applied:
+    def apply_refs(self, updates: Sequence[ClientUpdate | Ref], at: Step) -> Applied:
         """:meth:`Server.apply` on updates given as object references.
 
         Args:
@@ -150,12 +142,7 @@ class ServerActor:
                 worker's return value: it goes worker -> object store ->
                 here, not via the driver) or an update itself, in the order
                 ``Server.apply`` takes them.
-            staleness: as :meth:`Server.apply`.
-            starts: as :meth:`Server.apply`.
-            multiplicity: as :meth:`Server.apply`.
-            where: as :meth:`Server.apply`.
-            round: as :meth:`Server.apply`.
-            failures: as :meth:`Server.apply`.
+            at: as :meth:`Server.apply`.
 
         Raises:
             UpdatesLost: an update's object is gone (the driver's
@@ -175,15 +162,7 @@ class ServerActor:
         ups: list[ClientUpdate] = [
             next(fetched) if isinstance(u, ray.ObjectRef) else u for u in updates
         ]
-        return self.server.apply(
-            ups,
-            staleness=staleness,
-            starts=starts,
-            multiplicity=multiplicity,
-            where=where,
-            round=round,
-            failures=failures,
-        )
+        return self.server.apply(ups, at)
 
     def instructions(self, clients: Sequence[int], round: int) -> Instructions:
         """:meth:`Server.instructions`."""
@@ -322,37 +301,19 @@ class RemoteServer:
         """:meth:`Server.client_states` on the actor."""
         return self._get(self._actor.client_states.remote(list(clients)))
 
-    def apply(
-        self,
-        updates: Sequence[ClientUpdate | Ref],
-        *,
-        staleness: Sequence[int] | None = None,
-        starts: Sequence[torch.Tensor] | None = None,
-        multiplicity: Mapping[int, int] | None = None,
-        where: str = "",
-        round: int = 0,
-        failures: Sequence[Failure] = (),
-    ) -> Applied:
+    def apply(self, updates: Sequence[ClientUpdate | Ref], at: Step) -> Applied:
         """:meth:`Server.apply` on the actor.
 
         Args:
             updates: the updates, or object references to them (each the
                 return value of a worker call, see
-                :meth:`fedsim.executors.RayExecutor.train_apart`): Ray
+                :meth:`fedsim.remote.executor.RayExecutor.train_apart`): Ray
                 passes references inside a list as they are, so the actor
                 fetches the updates from the workers, not from the driver.
-            staleness: as :meth:`Server.apply`.
-            starts: as :meth:`Server.apply`.
-            multiplicity: as :meth:`Server.apply`.
-            where: as :meth:`Server.apply`.
-            round: as :meth:`Server.apply`.
-            failures: as :meth:`Server.apply`.
+            at: as :meth:`Server.apply`.
         """
         parcels = list(updates)  # nested in a list: Ray does not resolve them here
-        call = self._actor.apply_refs.remote(
-            parcels, staleness, starts, multiplicity, where, round, tuple(failures)
-        )
-        return self._get(call)
+        return self._get(self._actor.apply_refs.remote(parcels, at))
 
     def instructions(self, clients: Sequence[int], round: int) -> Instructions:
         """:meth:`Server.instructions` on the actor."""
