@@ -36,7 +36,6 @@ from fedsim.server import (
     Payload,
     Server,
     ServerSetup,
-    ServerSnapshot,
     Step,
     read_state,
     server_device,
@@ -64,8 +63,9 @@ class UpdatesLost(ServerLost):
     and the run stops at its last checkpoint as when the actor is lost."""
 
 
-class ServerActor:
-    """The body of the Ray actor: a :class:`Server` and a few accessors.
+class ServerActor(Server):
+    """The body of the Ray actor: the :class:`Server` itself, whose methods
+    the driver's :class:`RemoteServer` calls, and a few of the actor's own.
 
     The server's work runs on CUDA when Ray assigned the actor a GPU
     (``resources.server.gpus > 0``) and torch sees one
@@ -85,8 +85,7 @@ class ServerActor:
         torch.set_num_threads(threads)
         res = ray.get_runtime_context().get_assigned_resources()
         gpus = res.get("GPU", 0.0) if ray.get_gpu_ids() else 0.0
-        device = server_device(gpus, torch.cuda.is_available())
-        self.server = Server(setup, data, device)
+        super().__init__(setup, data, server_device(gpus, torch.cuda.is_available()))
 
     def setup_for(self, setup: ServerSetup, data: FederatedData, threads: int) -> int:
         """Become the server a new actor for this run would be (a warm actor
@@ -94,45 +93,16 @@ class ServerActor:
         a new :class:`Server`, nothing kept. Returns d."""
         self.__dict__.clear()
         ServerActor.__init__(self, setup, data, threads)
-        return self.server.num_params
+        return self.num_params
 
     def park(self) -> None:
         """Drop the run's server while the actor waits for the next run."""
         self.__dict__.clear()
 
-    def num_params(self) -> int:
-        """d, the model's number of parameters."""
-        return self.server.num_params
-
-    # The Server's methods the driver calls, one actor method each (a
-    # RemoteServer method calls the one of its name).
-    def payload(self) -> Payload:
-        """:meth:`Server.payload`."""
-        return self.server.payload()
-
-    def params(self) -> torch.Tensor:
-        """:meth:`Server.params` (Ray sends a copy)."""
-        return self.server.params()
-
-    def client_states(self, clients: Sequence[int]) -> dict[int, ClientState]:
-        """:meth:`Server.client_states`."""
-        return self.server.client_states(clients)
-
-    def evaluate(self) -> tuple[float, float]:
-        """:meth:`Server.evaluate`."""
-        return self.server.evaluate()
-
-    def objective(self) -> float:
-        """:meth:`Server.objective`."""
-        return self.server.objective()
-
-    def export_state(self) -> ServerSnapshot:
-        """:meth:`Server.export_state` (what the driver writes to disk)."""
-        return self.server.export_state()
-
-    def import_state(self, snap: ServerSnapshot, where: str) -> None:
-        """:meth:`Server.import_state`."""
-        self.server.import_state(snap, where)
+    def d(self) -> int:
+        """d, the model's number of parameters (a method: an actor's
+        properties cannot be called remotely)."""
+        return self.num_params
 
     def apply_refs(self, updates: Sequence[ClientUpdate | Ref], at: Step) -> Applied:
         """:meth:`Server.apply` on updates given as object references.
@@ -162,11 +132,7 @@ class ServerActor:
         ups: list[ClientUpdate] = [
             next(fetched) if isinstance(u, ray.ObjectRef) else u for u in updates
         ]
-        return self.server.apply(ups, at)
-
-    def instructions(self, clients: Sequence[int], round: int) -> Instructions:
-        """:meth:`Server.instructions`."""
-        return self.server.instructions(clients, round)
+        return self.apply(ups, at)
 
     def where(self) -> dict[str, object]:
         """This actor's node, address, CPU/GPU share and device."""
@@ -184,7 +150,7 @@ class ServerActor:
                 k: v for k, v in res.items() if k not in ("CPU", "GPU", "memory")
             },
             # where the server's work ran (its state stays on the CPU)
-            "device": str(self.server.device),
+            "device": str(self.device),
         }
 
 
@@ -237,9 +203,7 @@ class RemoteServer:
             warm[0] if warm else remote.options(**opts).remote(*args)
         )
         try:  # the first call waits for the placement, as long as the workers'
-            d = ray.get(
-                self._actor.num_params.remote(), timeout=resources.placement_timeout_s
-            )
+            d = ray.get(self._actor.d.remote(), timeout=resources.placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
             kill(self._actor)
             raise PlacementError(
