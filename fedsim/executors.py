@@ -34,6 +34,8 @@ from fedsim.workers import Payload, Task, Worker
 if TYPE_CHECKING:
     import torch
 
+    from fedsim.server import RoundServer
+
 Tasks = Sequence[Task]
 Payloads = Mapping[int, Payload]  # by server version
 States = Mapping[int, ClientState]  # by client id
@@ -104,6 +106,16 @@ class Apart(NamedTuple):
     parcels: list[Parcel]
 
 
+class Batch(NamedTuple):
+    """One training call's arguments (:meth:`Executor.train`), as an
+    executor hands them on to its own calls (instructions: {} for none)."""
+
+    tasks: Tasks
+    payloads: Payloads
+    states: States
+    instructions: Instructions
+
+
 class Executor(ABC):
     """Trains tasks; chosen once per run by :func:`fedsim.runtime.make_executor`.
 
@@ -134,8 +146,9 @@ class Executor(ABC):
             One :class:`ClientUpdate` per task, on the CPU, in task order
             (whatever order the executor's calls finished in).
         """
+        batch = Batch(tasks, payloads, states, instructions or {})
         out: dict[int, ClientUpdate] = {}
-        for idx, ups in self._calls(tasks, payloads, states, instructions or {}):
+        for idx, ups in self._calls(batch):
             out.update(zip(idx, ups, strict=True))
         return [out[j] for j in range(len(tasks))]
 
@@ -146,33 +159,25 @@ class Executor(ABC):
         states: States,
         instructions: Instructions | None = None,
     ) -> Apart:
-        """:meth:`train`, with the updates split between driver and server.
-
-        Here (the server in the driver, or no Ray) both halves are the
-        :meth:`train` list itself; a :class:`RayExecutor` for a server actor
-        returns summaries and object references instead.
-
-        Args:
-            tasks: as :meth:`train`.
-            payloads: as :meth:`train`.
-            states: as :meth:`train`.
-            instructions: as :meth:`train`.
+        """:meth:`train`, with the updates split between driver and server
+        (the arguments are :meth:`train`'s).
 
         Returns:
             One entry per task in each half, in task order.
         """
-        ups = self.train(tasks, payloads, states, instructions)
+        return self._apart(Batch(tasks, payloads, states, instructions or {}))
+
+    def _apart(self, batch: Batch) -> Apart:
+        """:meth:`train_apart`: here (the server in the driver, or no Ray)
+        both halves are the :meth:`train` list itself; a
+        :class:`~fedsim.remote.executor.RayExecutor` for a server actor
+        returns summaries and object references instead."""
+        ups = self.train(*batch)
         return Apart(ups, list[Parcel](ups))
 
     @abstractmethod
-    def _calls(
-        self,
-        tasks: Tasks,
-        payloads: Payloads,
-        states: States,
-        instructions: Instructions,
-    ) -> Calls:
-        """Train ``tasks``; yield (positions in ``tasks``, their updates)."""
+    def _calls(self, batch: Batch) -> Calls:
+        """Train ``batch.tasks``; yield (positions in them, their updates)."""
 
     def evaluate(
         self, x: torch.Tensor, clients: Sequence[int], batch_size: int
@@ -217,6 +222,21 @@ class Executor(ABC):
         return {}
 
 
+class Placement(NamedTuple):
+    """Where a run's server and training live, chosen together once per run
+    (:func:`fedsim.runtime.place`): the loops call both alike wherever
+    ``resources.server.home`` and the worker count put them.
+
+    Attributes:
+        server: the :class:`~fedsim.server.Server` in the driver, or the
+            driver's handle on the server actor.
+        executor: in-process, or the Ray workers (beside the server actor).
+    """
+
+    server: RoundServer
+    executor: Executor
+
+
 def _versions(tasks: Tasks) -> dict[int, list[int]]:
     """Task positions grouped by start version, versions in increasing order."""
     groups: dict[int, list[int]] = {}
@@ -237,14 +257,9 @@ class InProcessExecutor(Executor):
     def __init__(self, setup: WorkerSetup, data: FederatedData) -> None:
         self.worker = Worker(setup, data, setup.threads)
 
-    def _calls(
-        self,
-        tasks: Tasks,
-        payloads: Payloads,
-        states: States,
-        instructions: Instructions,
-    ) -> Calls:
+    def _calls(self, batch: Batch) -> Calls:
         # one worker call per start version: a call trains from one payload
+        tasks, payloads, states, instructions = batch
         for v, idx in _versions(tasks).items():
             group = [tasks[j] for j in idx]
             yield idx, self.worker.train(payloads[v], group, states, instructions)

@@ -13,40 +13,63 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, cast
+from typing import Literal
 
 import numpy as np
 import torch
-from numpy.typing import NDArray
 
-from fedsim import __version__, checkpoint, clock, hooks, interrupts, privacy, realised
+from fedsim import (
+    __version__,
+    checkpoint,
+    clock,
+    hooks,
+    interrupts,
+    params,
+    privacy,
+    realised,
+)
 from fedsim.algorithms.base import (
     AggregateInfo,
-    AsyncRule,
-    ClientUpdate,
     Failure,
     ServerWork,
 )
 from fedsim.algorithms.sampling import participation_bias, weight_shares
+from fedsim.asyncrun import AsyncLoop
 from fedsim.compression import upload_bytes
 from fedsim.data import FederatedData, build_data
 from fedsim.data.heldout import heldout_clients, with_heldout
 from fedsim.data.partition import partition_table
 from fedsim.data.validation import describe_validation, validation_use
 from fedsim.errors import RunError
-from fedsim.executors import DataRecipe, Executor, ExecutorSetup, InProcessExecutor
+from fedsim.executors import (
+    DataRecipe,
+    Executor,
+    ExecutorSetup,
+    InProcessExecutor,
+    Payloads,
+    Placement,
+)
 from fedsim.facts import RunFacts
 from fedsim.fleet import Fleet
 from fedsim.flops import scenario_fleet, step_flops
 from fedsim.hooks import PluginFailure
 from fedsim.links import apply_links, summary_entry
 from fedsim.models import NetworkSetup, make_model
+from fedsim.records import (
+    ClientRecord,
+    Kept,
+    Pair,
+    Row,
+    Trained,
+    select,
+    selector_columns,
+)
 from fedsim.remote.executor import RayExecutor
-from fedsim.remote.server_actor import RemoteServer, ServerLost
+from fedsim.remote.server_actor import ServerLost, on_actor
 from fedsim.results import (
     Recorder,
     atomic_write_bytes,
@@ -56,7 +79,7 @@ from fedsim.results import (
     write_arrow,
 )
 from fedsim.scenario import Scenario
-from fedsim.secagg import ABORTED, RoundCost, aborted, secagg_model
+from fedsim.secagg import RoundCost, aborted, secagg_model
 from fedsim.selectors import Draw, Selector, SelectorContext, make_selector
 from fedsim.selectors.base import SelectorState
 from fedsim.selectors.chosen import AlgorithmChoice
@@ -66,51 +89,29 @@ from fedsim.server import (
     RoundServer,
     Server,
     ServerSetup,
+    Step,
     evaluates,
     federated_due,
     objective_due,
 )
 from fedsim.servertime import ServerTimer, server_clock
 from fedsim.spec import EvalSpec
-from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup, update_norm
-from fedsim.workers import Payload, Task
+from fedsim.tasks import WorkerSetup, update_norm
+from fedsim.workers import Task
 
 # Tags of the run's random streams, each (seed, tag, n): distinct tags keep
 # the selector's and the timeline's draws independent, and a stream is
 # rebuilt from (seed, tag, round) on resume (nothing is saved).
 _SELECT_TAG = 0x5E1
-# The timeline's n-th choice draws from (seed, tag, n), with the tag the
-# clock's default chooser uses for the same stream.
-_ASYNC_SELECT_TAG = 0xD15C
 # Which clients a round's federated evaluation asks (eval.federated_clients):
 # a stream of its own, so turning the evaluation on never moves training's
 _FED_EVAL_TAG = 0xFEDE
 
-# A row of rounds.parquet or clients.parquet: each column's cells have that
-# column's own type (fedsim.results' schemas), which one dict type cannot
-# name, so rows are typed loosely under this name.
-Row = dict[str, Any]  # type: ignore[explicit-any]
 RoundCallback = Callable[[Row, list[Row]], None]
 # How a run ended (RunResult.status; the CLI maps each to an exit code)
 Status = Literal["completed", "diverged", "stalled", "interrupted", "failed"]
 # The traceback of a failed run, in its run directory (summary.json names it)
 FAILURE_FILE = "failure.txt"
-
-
-# what the driver holds of an update: the update, or its summary (server actor)
-Kept = ClientUpdate | UpdateSummary
-
-
-class Pair(NamedTuple):
-    """A trained update and its effective aggregation weight w_i."""
-
-    update: Kept
-    weight: float
-
-
-Trained = Sequence[Pair]
-# device ids, as selectors and the timeline's chooser take and give them
-Ids = NDArray[np.int64]
 
 
 @dataclass(frozen=True)
@@ -351,57 +352,14 @@ def _finite_fed(column: str, value: object) -> bool:
     )
 
 
-class JobColumns(NamedTuple):
-    """An asynchronous job's columns of clients.parquet (field names are
-    the column names, in column order)."""
-
-    version_started: int  # the version the device downloaded
-    version_applied: int | None  # the version its update made; None: dropped
-    staleness: int | None  # versions made while it trained; None: it left
-    job: int  # the device's job index (its seed's "round")
-
-
-@dataclass(frozen=True)
-class ClientRecord:
-    """One client row before training: the clock's plan, whether the upload
-    reached the server (and is billed), and in asynchronous mode the job.
-
-    Attributes:
-        round: the round, or in asynchronous mode the version at arrival.
-        plan: what the clock decided for this device.
-        uploaded: whether the upload reached the server (bytes_up billed).
-        job: asynchronous mode's job columns; None in rounds.
-    """
-
-    round: int
-    plan: clock.Plan
-    uploaded: bool
-    job: JobColumns | None = None
-
-    @classmethod
-    def from_plan(cls, t: int, p: clock.Plan) -> ClientRecord:
-        """Round ``t``'s record of plan ``p``."""
-        # Late and surplus updates were uploaded; the server did not use them.
-        # (and a failed secure aggregation's survivors: their masked inputs)
-        uploaded = not p.dropped or p.reason in ("late", "surplus", ABORTED)
-        return cls(t, p, uploaded=uploaded)
-
-    @classmethod
-    def from_arrival(cls, a: clock.Arrival) -> ClientRecord:
-        """The record of an asynchronous job's end."""
-        applied = None if a.dropped else a.version
-        job = JobColumns(a.job.version, applied, a.staleness, a.job.index)
-        # a stale update was sent, then refused
-        return cls(a.version, a.plan, a.status in ("applied", "stale"), job)
-
-
 class _Run:
     """One run's parts, built once, and what both loops share.
 
     Guarantees: every part is a pure function of the scenario (fleet, data,
     x_0, the per-run :class:`clock.RunContext`), so a resumed run rebuilds
     exactly what the interrupted one had; the host's clock feeds only the
-    ``wall_time`` column. The executor is added by :meth:`start`.
+    ``wall_time`` column. The server and the executor are placed by
+    :meth:`start`.
 
     Args:
         sc: the validated scenario.
@@ -429,12 +387,10 @@ class _Run:
         self.fed_clients = heldout_clients(self.data)
         self.threads = max(1, int(sc.resources.cpus_per_worker))
         torch.set_num_threads(self.threads)
-        # Server in the driver, or a handle on the server actor (made by
-        # start(), placed with the workers); the loops call either alike.
+        # the server (in the driver or the actor) and the executor, placed
+        # together by start(); the loops call either home alike
         self.server: RoundServer
-        self.on_actor = sc.resources.server.home == "actor"
-        if not self.on_actor:
-            self.server = Server(self.setup.server, self.data)
+        self.executor: Executor
         self.recorder = Recorder(run_dir, asynchronous=self.asynchronous)
         # The constants every plan, the timeline and the selectors charge
         # for, in one frozen value (docs/architecture.md, "Bytes"); the
@@ -454,13 +410,6 @@ class _Run:
         self._server_costs(bytes_up)
         self.groups = [str(g) for g in self.fleet.group_names]
         self.selector = make_selector(sc.selector)
-        # an algorithm that chooses its own clients (Algorithm.chooses: one
-        # that adapts another framework's server strategy) does so on top
-        # of the selector; it reads the driver's server, and refuses an actor
-        if sc.algorithm.chooses is not None and not self.on_actor:
-            self.selector = AlgorithmChoice.around(
-                self.selector, sc.algorithm, self.server, facts
-            )
         ctx = self.ctx
         self.sel_ctx = SelectorContext.from_run(
             self.fleet,
@@ -514,16 +463,15 @@ class _Run:
             raise SetupError(problem)
         return upload_bytes(comp, bytes_up, d, self.sc.model.elem_bytes)
 
-    @property
+    @cached_property
     def num_params(self) -> int:
-        """d, the model's number of parameters (no server actor needed)."""
-        if not self.on_actor:
-            return self.server.num_params
-        model = make_model(self.setup.network, self.data)
-        return sum(p.numel() for p in model.parameters())
+        """d, the model's number of parameters (known before the server is
+        placed: the byte counts and the clock need it first)."""
+        return params.num_params(make_model(self.setup.network, self.data))
 
     def start(self, workers: int, resume: bool) -> None:
-        """Evaluate x_0, prepare the run directory and start the executor.
+        """Place the server and the executor (:func:`place`), evaluate x_0
+        and prepare the run directory.
 
         Args:
             workers: 0 trains in this process, n >= 1 on n Ray actors.
@@ -534,16 +482,14 @@ class _Run:
             SetupError: the run directory cannot take the run, or the
                 server actor is asked for without Ray workers.
         """
-        if self.on_actor and workers == 0:
-            raise SetupError(
-                "resources.server.home actor needs Ray: run with --workers >= 1 "
-                "(or home: driver)"
+        self.server, self.executor = place(self.setup, self.data, workers, self.threads)
+        # an algorithm that chooses its own clients (Algorithm.chooses: one
+        # that adapts another framework's server strategy) does so on top
+        # of the selector; it reads the driver's server, and refuses an actor
+        if self.sc.algorithm.chooses is not None and isinstance(self.server, Server):
+            self.selector = AlgorithmChoice.around(
+                self.selector, self.sc.algorithm, self.server, self.setup.facts
             )
-        if self.on_actor:  # placed with the workers: the executor comes first
-            self.executor: Executor = make_executor(
-                self.setup.executor, self.data, workers
-            )
-            self.server = _server_actor(self.setup, self.executor, self.threads)
         # x_0 is a pure function of (scenario, seed): a resume evaluates it again
         loss, acc = self.server.evaluate()
         self.initial = {"accuracy": acc, "loss": loss, "t": 0.0}
@@ -551,8 +497,6 @@ class _Run:
             self.initial["objective"] = self.server.objective()
         if self.run_dir is not None:
             self._prepare(self.run_dir, resume)
-        if not self.on_actor:
-            self.executor = make_executor(self.setup.executor, self.data, workers)
         self.wall0 = time.perf_counter()  # rows' wall_time: training only
 
     def _prepare(self, run_dir: Path, resume: bool) -> None:
@@ -733,7 +677,7 @@ class _Run:
         next_round: int,
         sim_time: float,
         state: SelectorState,
-        payloads: dict[int, Payload],
+        payloads: Payloads,
     ) -> None:
         """Save the state after ``next_round`` rounds (or versions).
 
@@ -822,25 +766,6 @@ class _Run:
         hooks.check_json(plugin, "observe", state)
         rows = hooks.call(plugin, "artifact", sel.artifact, state, t)
         return state, [{"round": t, **r} for r in rows]
-
-
-def _server_actor(setup: RunSetup, executor: Executor, threads: int) -> RemoteServer:
-    """The server actor, placed as ``resources.server`` says: in the workers'
-    placement group when they have one, sharing their copy of the data.
-
-    Args:
-        setup: the run's set-up records (the server's, the resources).
-        executor: the run's Ray executor (its placement group and data).
-        threads: torch's threads in the actor, the driver's figure, so the
-            server's reductions (and floats) are the driver's.
-
-    Raises:
-        PlacementError: the actor cannot be placed in time.
-    """
-    ray_ex = cast(RayExecutor, executor)
-    res = setup.executor.resources
-    strategy = ray_ex.server_strategy()
-    return RemoteServer(setup.server, res, ray_ex.data_ref, strategy, threads)
 
 
 def _close(run: _Run) -> dict[str, object]:
@@ -977,271 +902,17 @@ def _train_round(
     run.executor.forget(t)
     # the selected clients whose updates the step will not have, and why
     lost = [Failure(p.client, p.reason) for p in plan.plans if p.dropped]
-    applied = server.apply(
-        parcels,
-        multiplicity=multiplicity,
-        where=f"round {t}",
-        round=t,
-        failures=lost,
-    )
+    at = Step(f"round {t}", t, multiplicity=multiplicity, failures=lost)
+    applied = server.apply(parcels, at)
     # the ordering contract: weights come in applied.clients' order (by id)
     w = dict(zip(applied.clients, applied.weights, strict=True))
     return [Pair(u, w[u.client]) for u in ups], applied
 
 
-class _Async:
-    """The asynchronous loop (docs/architecture.md, "Asynchronous mode").
-
-    The SimPy timeline never depends on training results, so the loop
-    trains ahead of it: it pulls version records, trains in one executor
-    call every job whose start version is already computed, and applies
-    records in order once all their jobs are trained. Guarantees: updates
-    are applied in simulated arrival order, and the result does not depend
-    on how jobs were batched (``max_lookahead`` 1 gives the same bits).
-
-    Args:
-        run: the run's parts.
-        max_lookahead: at most this many version records held ahead of the
-            model (None: about four job lifetimes); forced to 1 with an
-            adaptive selector, whose every choice must see the versions
-            made before it.
-    """
-
-    def __init__(self, run: _Run, max_lookahead: int | None) -> None:
-        sc = run.sc
-        self.run = run
-        self.rule = cast(AsyncRule, sc.algorithm)  # the scenario checked it
-        self.concurrency = sc.round.concurrency or sc.selector.clients_per_round
-        # A job lives about concurrency / buffer_size versions: four lifetimes
-        # keep the workers busy without holding many payloads.
-        default = 4 * math.ceil(self.concurrency / self.rule.buffer_size) + 4
-        self.adaptive = run.selector.adaptive
-        self.max_lookahead = 1 if self.adaptive else max_lookahead or default
-        self.sel_state = run.selector.init(run.sel_ctx)
-        # adaptive selectors: every pick so far (choice n -> ids), which the
-        # checkpoint keeps so that a resumed replay makes the same picks
-        self.picks: list[list[int]] = []
-        self.replay: list[list[int]] = []
-        # the server's seconds per version (0: a free server)
-        timer = run.server_time
-        self.server_s = timer.step_s(self.rule.buffer_size) if timer else 0.0
-        self.tl = clock.AsyncTimeline(
-            run.fleet,
-            sc.round,
-            versions=sc.rounds,
-            buffer_size=self.rule.buffer_size,
-            concurrency=self.concurrency,
-            seed=sc.seed,
-            ctx=run.ctx,
-            choose=self._choose,
-            server_s=self.server_s,
-        )
-        self.timeline: Iterator[clock.Version] = iter(self.tl)
-        self.payloads: dict[int, Payload] = {}
-        self.users: Counter[int] = Counter()  # version -> its jobs still open
-        self.pending: deque[clock.Version] = deque()
-        # by job: what the driver keeps of the update, and what goes to the server
-        self.trained: dict[clock.Job, tuple[Kept, Parcel]] = {}
-        self.w = 0  # the newest computed version
-
-    def _choose(self, candidates: Ids, free: int, n: int) -> Ids:
-        """The selector's n-th pick for the free slots (or the logged one).
-
-        The timeline calls this only once every version made so far has been
-        yielded, so ``self.tl.version`` is the version the picked devices
-        download, and an adaptive selector has observed every version
-        before it (the runtime pulls one record at a time then).
-        """
-        if n < len(self.replay):
-            return np.asarray(self.replay[n], dtype=np.int64)
-        run = self.run
-        rng = run.rng(_ASYNC_SELECT_TAG, n)
-        draw = Draw(self.tl.version, candidates, rng, run.sel_ctx)
-        sel = run.selector.with_slots(free)
-        ids, self.sel_state = select(sel, self.sel_state, draw)
-        if self.adaptive:
-            self.picks.append(ids.tolist())
-        return ids
-
-    def _restore(self) -> None:
-        """Load the latest checkpoint and replay the timeline up to it.
-
-        The timeline is replayed without training: it is a pure function of
-        the scenario (and, for adaptive selectors, of the saved picks), so
-        the replay rebuilds exactly which jobs are in flight.
-        """
-        run = self.run
-        ck = run.restore()
-        w = ck.next_round
-        if self.adaptive:  # the picks up to the checkpoint, then its state
-            self.replay = [list(ids) for ids in ck.selector_state["picks"]]
-        for _ in range(w):
-            rec = next(self.timeline)
-            self.users.update(j.version for j in rec.started)
-            self.users.subtract(a.job.version for a in rec.ended)
-        self._load_payloads(ck, w)
-        self.users = +self.users  # only the versions open jobs started from
-        self.w = w
-        if self.adaptive:
-            self.sel_state = ck.selector_state["state"]
-            self.picks, self.replay = self.replay, []
-
-    def _load_payloads(self, ck: checkpoint.Checkpoint, w: int) -> None:
-        """The parameters of every version an open job started from, saved
-        with the checkpoint, and version ``w``'s from the restored server.
-
-        Raises:
-            CheckpointError: a needed version's file is missing or unreadable.
-        """
-        try:
-            for v in [v for v in range(w) if self.users[v] > 0]:
-                path = ck.path / f"payload-{v:08d}.pt"
-                self.payloads[v] = checkpoint.load_tensors(path)
-        except OSError as exc:
-            raise checkpoint.CheckpointError(
-                f"{ck.path}: missing version parameters ({exc})"
-            ) from None
-        self.payloads[w] = self.run.server.payload()
-
-    def loop(self, resume: bool) -> None:
-        """Run every remaining version (``resume``: from the checkpoint).
-
-        Raises:
-            clock.Stalled: the timeline can make no further version.
-            DivergenceError: the model or the training loss is not finite.
-        """
-        if resume:
-            self._restore()
-        else:
-            self.payloads[0] = self.run.server.payload()
-        while self.w < self.run.sc.rounds:
-            interrupts.before_round()  # a Ctrl-C during the last batch stops here
-            self._train(self._look_ahead())
-            while self.pending and all(
-                a.job in self.trained for a in self.pending[0].applied
-            ):
-                self._apply(self.pending.popleft())
-
-    def _look_ahead(self) -> list[clock.Job]:
-        """Pull version records; return the jobs trainable now, untrained.
-
-        A job is trainable once the version it starts from is computed
-        (``<= self.w``). Records are pulled while the newest one needs only
-        computed versions (it can be applied as soon as it is trained) and,
-        past that, while fewer than ``concurrency`` jobs are ready (keep the
-        workers busy), never beyond ``max_lookahead`` records held.
-        """
-        pending = self.pending
-        batch = [j for r in pending for j in self._ready(r) if j not in self.trained]
-        while len(pending) < self.max_lookahead and self._wants_more(batch):
-            rec = next(self.timeline, None)
-            if rec is None:
-                break
-            pending.append(rec)
-            self.users.update(j.version for j in rec.started)
-            batch += self._ready(rec)
-        return batch
-
-    def _ready(self, rec: clock.Version) -> list[clock.Job]:
-        """The jobs of ``rec`` whose start version is already computed."""
-        return [a.job for a in rec.applied if a.job.version <= self.w]
-
-    def _wants_more(self, batch: list[clock.Job]) -> bool:
-        """Whether :meth:`_look_ahead` should pull another record."""
-        if not self.pending:
-            return True
-        newest = self.pending[-1].applied
-        return all(a.job.version <= self.w for a in newest) or (
-            len(batch) < self.concurrency
-        )
-
-    def _train(self, batch: list[clock.Job]) -> None:
-        """Train ``batch`` in one executor call and keep the updates by job."""
-        # The job index plays the round's part in the client's seed, so a
-        # device's j-th job sees the minibatches of a synchronous round j.
-        tasks = [Task(j.device, j.index, j.tau, j.version) for j in batch]
-        states = self.run.server.client_states([t.client for t in tasks])
-        kept, parcels = self.run.executor.train_apart(tasks, self.payloads, states)
-        self.trained.update(zip(batch, zip(kept, parcels, strict=True), strict=True))
-
-    def _apply(self, rec: clock.Version) -> None:
-        """Apply version record ``rec`` (all its jobs trained), record its
-        rows, let an adaptive selector observe it, checkpoint when due."""
-        run = self.run
-        held = [self.trained.pop(a.job) for a in rec.applied]
-        ups, parcels = [k for k, _ in held], [p for _, p in held]
-        starts = [self.payloads[a.job.version]["x"] for a in rec.applied]
-        staleness = [int(a.staleness or 0) for a in rec.applied]
-        # the jobs that ended in this version without an update, and why
-        lost = [Failure(a.plan.client, a.plan.reason) for a in rec.ended if a.dropped]
-        applied = run.server.apply(
-            parcels,
-            staleness=staleness,
-            starts=starts,
-            where=f"version {rec.version}",
-            round=rec.version,
-            failures=lost,
-        )
-        trained = _pairs_in_end_order(rec, ups, applied)
-        records = [ClientRecord.from_arrival(a) for a in rec.ended]
-        artifact: list[Row] = []
-        if self.adaptive:  # in arrival order: a device's later update wins
-            self.sel_state, artifact = run.observe(
-                run.selector, self.sel_state, rec.version, applied, trained
-            )
-        extra = _version_columns(rec, staleness)
-        extra |= selector_columns(run.selector, self.sel_state, rec.version)
-        if run.server_time is not None:
-            extra |= run.server_time.version_columns(rec, self.server_s)
-        run.record(rec.version, rec.t, records, trained, applied, extra, artifact)
-        self.w += 1
-        self._forget(rec)
-        if run.due(self.w):
-            state: SelectorState = self.sel_state
-            if self.adaptive:
-                state = {"state": state, "picks": self.picks}
-            run.save_checkpoint(self.w, rec.t, state, self.payloads)
-
-    def _forget(self, rec: clock.Version) -> None:
-        """Keep the new version; drop versions no open job started from
-        (and tell the executor, which frees its copy in the object store)."""
-        w = self.w
-        self.payloads[w] = self.run.server.payload()
-        self.users.subtract(a.job.version for a in rec.ended)
-        for v in [v for v in self.payloads if v < w and self.users[v] <= 0]:
-            del self.payloads[v]
-            self.users.pop(v, None)
-            self.run.executor.forget(v)
-
-
-def _pairs_in_end_order(
-    rec: clock.Version, ups: Sequence[Kept], applied: Applied
-) -> list[Pair]:
-    """Each applied update (given in ``rec.applied`` order) with its weight,
-    reordered as the non-dropped ends of ``rec.ended`` (the rows' order)."""
-    jobs = [a.job for a in rec.applied]
-    weights = dict(zip(jobs, applied.weights, strict=True))
-    by_job = {j: Pair(u, weights[j]) for j, u in zip(jobs, ups, strict=True)}
-    return [by_job[a.job] for a in rec.ended if not a.dropped]
-
-
-def _version_columns(rec: clock.Version, staleness: Sequence[int]) -> Row:
-    """The asynchronous columns of a version's row in rounds.parquet."""
-    status = Counter(a.status for a in rec.ended)
-    return {
-        "staleness_mean": float(np.mean(staleness)),
-        "staleness_max": int(max(staleness)),
-        "n_stale": status["stale"],
-        "n_offline": status["offline"],
-        "n_started": len(rec.started),
-        "in_flight": rec.in_flight,
-    }
-
-
 def async_timeline(scenario: Scenario) -> clock.AsyncTimeline:
     """A fresh asynchronous timeline of ``scenario``, exactly as a run sees
     it, without training (an adaptive selector observes nothing here)."""
-    return _Async(_Run(scenario, None, None), None).tl
+    return AsyncLoop(_Run(scenario, None, None), None).tl
 
 
 def run_scenario(
@@ -1285,7 +956,7 @@ def run_scenario(
     try:
         with interrupts.round_loop():  # the CLI's Ctrl-C waits for a round's end
             if run.asynchronous:
-                _Async(run, max_lookahead).loop(resume)
+                AsyncLoop(run, max_lookahead).loop(resume)
             else:
                 _run_rounds(run, resume)
         final = run.server.params().clone()  # before a server actor goes
@@ -1323,46 +994,6 @@ def run_scenario(
         fleet=run.fleet,
         failure=None if failed is None else _failure_record(failed, run_dir),
     )
-
-
-def select(
-    sel: Selector, state: SelectorState, draw: Draw
-) -> tuple[Ids, SelectorState]:
-    """``sel.select(state, draw)``, its result checked (a plug-in's answer
-    is input): integer ids, each once, among the draw's candidates, and a
-    JSON state.
-
-    Raises:
-        PluginFailure: the hook raised or broke that contract, naming the
-            selector, the hook and what was expected.
-    """
-    plugin = hooks.selector_label(getattr(sel, "name", type(sel).__name__))
-    got = hooks.call(plugin, "select", sel.select, state, draw)
-    if not isinstance(got, tuple | list) or len(got) != 2:
-        raise PluginFailure(
-            plugin, "select", f"returned a {type(got).__name__}, expected (ids, state)"
-        )
-    ids, new = got
-    hooks.check_selection(plugin, "select", ids, new, draw.candidates)
-    return ids, new
-
-
-def selector_columns(sel: Selector, state: SelectorState, t: int) -> Row:
-    """The selector's own scalars after round (or version) ``t``
-    (``Selector.metrics``), as rounds.parquet columns ``sel_<name>``.
-
-    Raises:
-        PluginFailure: the hook raised or returned anything but named
-            real numbers.
-    """
-    # the base reports nothing (no call per round)
-    if getattr(type(sel), "metrics", Selector.metrics) is Selector.metrics:
-        return {}
-    plugin = hooks.selector_label(sel.name)
-    got = hooks.call(plugin, "metrics", sel.metrics, state, t)
-    return {
-        f"sel_{k}": v for k, v in hooks.check_metrics(plugin, "metrics", got).items()
-    }
 
 
 def _check_resume(scenario: checkpoint.Resolvable, run_dir: Path | None) -> None:
@@ -1431,3 +1062,32 @@ def make_executor(setup: ExecutorSetup, data: FederatedData, workers: int) -> Ex
     if workers == 0:
         return InProcessExecutor(setup.worker, data)
     return RayExecutor(setup, data, workers)
+
+
+def place(
+    setup: RunSetup, data: FederatedData, workers: int, threads: int
+) -> Placement:
+    """The run's server and executor, asked once of the side
+    ``resources.server.home`` names: the server in this process beside
+    :func:`make_executor`'s executor, or the Ray workers first and the
+    server actor placed with them (:func:`fedsim.remote.server_actor.on_actor`).
+
+    Args:
+        setup: the run's set-up records.
+        data: the federated dataset.
+        workers: 0 trains in this process, n >= 1 on n Ray actors.
+        threads: torch's threads in a server actor (the driver's figure).
+
+    Raises:
+        SetupError: the server actor is asked for without Ray workers.
+        PlacementError: the actors cannot be placed in time.
+    """
+    if setup.executor.resources.server.home == "driver":
+        server = Server(setup.server, data)
+        return Placement(server, make_executor(setup.executor, data, workers))
+    if workers == 0:
+        raise SetupError(
+            "resources.server.home actor needs Ray: run with --workers >= 1 "
+            "(or home: driver)"
+        )
+    return on_actor(setup.executor, setup.server, data, workers, threads)

@@ -175,6 +175,29 @@ def _every(k: int, rounds: int, t: int) -> bool:
     return k > 0 and ((t + 1) % k == 0 or t == rounds - 1)
 
 
+class Step(NamedTuple):
+    """What a server step is told beside its updates (:meth:`Server.apply`).
+
+    Attributes:
+        where: "round 3" or "version 3", for error messages.
+        round: the round (or version made), the context's ``round``.
+        staleness: asynchronous mode: each update's staleness (None: the
+            updates are a synchronous round's).
+        starts: asynchronous mode: the parameters each update started from.
+        multiplicity: how many times the selector drew each client
+            (sampling with replacement), as each update's extra.
+        failures: the step's clients whose updates did not arrive, with
+            the reason (``RoundContext.failures``).
+    """
+
+    where: str = ""
+    round: int = 0
+    staleness: Sequence[int] | None = None
+    starts: Sequence[torch.Tensor] | None = None
+    multiplicity: Mapping[int, int] | None = None
+    failures: Sequence[Failure] = ()
+
+
 @dataclass(frozen=True)
 class Applied:
     """What one :meth:`Server.apply` did.
@@ -378,17 +401,7 @@ class RoundServer(Protocol):
         """The persistent states of ``clients`` ({} for stateless algorithms)."""
         ...
 
-    def apply(
-        self,
-        updates: Sequence[Parcel],
-        *,
-        staleness: Sequence[int] | None = None,
-        starts: Sequence[torch.Tensor] | None = None,
-        multiplicity: Mapping[int, int] | None = None,
-        where: str = "",
-        round: int = 0,
-        failures: Sequence[Failure] = (),
-    ) -> Applied:
+    def apply(self, updates: Sequence[Parcel], at: Step) -> Applied:
         """One server step (:meth:`Server.apply`: the ordering contract).
         ``updates`` are :class:`ClientUpdate` objects, or for the actor
         their object references (fetched by the actor itself)."""
@@ -524,17 +537,7 @@ class Server:
         """The persistent states of these clients ({} for stateless algorithms)."""
         return self.store.get(clients) if self.setup.keeps_states else {}
 
-    def apply(
-        self,
-        updates: Sequence[Parcel],
-        *,
-        staleness: Sequence[int] | None = None,
-        starts: Sequence[torch.Tensor] | None = None,
-        multiplicity: Mapping[int, int] | None = None,
-        where: str = "",
-        round: int = 0,
-        failures: Sequence[Failure] = (),
-    ) -> Applied:
+    def apply(self, updates: Sequence[Parcel], at: Step | None = None) -> Applied:
         """Aggregate ``updates`` into the server state.
 
         Both modes share this one entry point and the algorithm's one hook,
@@ -553,15 +556,9 @@ class Server:
             updates: a synchronous round's (in any order), or an
                 asynchronous version's, in order of arrival: the updates
                 themselves (object references are for the server actor).
-            staleness: asynchronous mode: each update's staleness.
-            starts: asynchronous mode: the parameters each update started
-                from.
-            multiplicity: how many times the selector drew each client
-                (sampling with replacement), as each update's extra.
-            where: "round 3" or "version 3", for error messages.
-            round: the round (or version made), the context's ``round``.
-            failures: the step's clients whose updates did not arrive,
-                with the reason (``RoundContext.failures``).
+            at: the step's round or version, where it is, and in
+                asynchronous mode each update's staleness and start
+                (:class:`Step`; None: round 0, synchronous).
 
         Returns:
             What the step did (:class:`Applied`).
@@ -578,6 +575,7 @@ class Server:
         """
         ups = _here(updates)
         server = self.context() if self.algorithm.wants_server else None
+        where, round, staleness, starts, multiplicity, failures = at or Step()
         lost = tuple(failures)
         if staleness is None:
             ups = _in_client_order(ups, where)

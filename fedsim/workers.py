@@ -33,7 +33,7 @@ from fedsim.models import batch_loss, evaluate, make_model
 from fedsim.params import bind_flat
 from fedsim.privacy import privatise
 from fedsim.solvers import SGD, SolverState, step_factor
-from fedsim.tasks import Payload, Task, UpdateSummary, WorkerSetup
+from fedsim.tasks import Payload, Task, WorkerSetup
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -279,29 +279,6 @@ class Worker:
                 f"(model {self.setup.network.model.name!r})"
             )
             raise hooks.failure(who, "client training", exc) from exc
-
-    def train_apart(
-        self,
-        payload: Payload,
-        tasks: Sequence[Task],
-        states: Mapping[int, ClientState] | None = None,
-        instructions: Mapping[int, Payload] | None = None,
-    ) -> tuple[list[UpdateSummary] | ClientUpdate, ...]:
-        """:meth:`train`, returned apart for a Ray call with ``num_returns =
-        1 + len(tasks)``: the list of the updates' summaries first (what the
-        driver fetches), then each update (what the server actor fetches).
-
-        Args:
-            payload: as :meth:`train`.
-            tasks: as :meth:`train`.
-            states: as :meth:`train`.
-            instructions: as :meth:`train`.
-
-        Returns:
-            ``([UpdateSummary, ...], update_1, ..., update_n)``, in task order.
-        """
-        ups = self.train(payload, tasks, states, instructions)
-        return ([UpdateSummary.of(u) for u in ups], *ups)
 
     def train_sequential(
         self,

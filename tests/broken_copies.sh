@@ -152,8 +152,8 @@ run() {
       '    return _with_rows(data, rows, offsets, np.asarray(data.weights))' ;;
   server_order) # the server actor applies a version's updates sorted by client
     case_ server_order tests/test_server_actor.py::test_asynchronous_runs_are_identical_in_both_homes \
-      fedsim/remote/server_actor.py '            ups,' \
-      '            sorted(ups, key=lambda u: u.client),' ;;
+      fedsim/remote/server_actor.py '        return self.apply(ups, at)' \
+      '        return self.apply(sorted(ups, key=lambda u: u.client), at)' ;;
   resume_other) # a checkpoint resumed whatever the scenario now says
     case_ resume_other tests/test_robustness.py::test_resuming_another_experiment_is_refused_naming_each_field \
       fedsim/checkpoint.py '    if diffs:' '    if False:' ;;

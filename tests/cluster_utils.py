@@ -494,18 +494,15 @@ def _drive(cfg: dict) -> None:
     if resume:
         check_fingerprint(out, sc)
     executors, servers = [], []
-    make, make_server = runtime.make_executor, runtime._server_actor
+    place = runtime.place
 
-    def recording_make_executor(*args, **kwargs):
-        executors.append(make(*args, **kwargs))
-        return executors[-1]
+    def recording_place(*args, **kwargs):
+        placed = place(*args, **kwargs)
+        executors.append(placed.executor)
+        servers.append(placed.server)
+        return placed
 
-    def recording_server_actor(*args, **kwargs):
-        servers.append(make_server(*args, **kwargs))
-        return servers[-1]
-
-    runtime.make_executor = recording_make_executor
-    runtime._server_actor = recording_server_actor
+    runtime.place = recording_place
 
     def kill(victim: dict) -> None:
         pids = kill_node(victim["node_dir"], victim["node_sid"])

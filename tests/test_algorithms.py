@@ -22,7 +22,7 @@ from fedsim.data import build_data
 from fedsim.executors import InProcessExecutor
 from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import load_scenario
-from fedsim.server import Server
+from fedsim.server import Server, Step
 from fedsim.solvers import SGD
 from fedsim.workers import Task
 
@@ -95,12 +95,12 @@ def test_a_round_reaches_aggregate_in_client_order_each_client_once():
     d = Driver("algorithm={name: fedavg}")
     ups = d.train({0: 1, 1: 2, 2: 3})
     # Execute
-    applied = d.server.apply(ups[::-1], where="round 0")
+    applied = d.server.apply(ups[::-1], Step("round 0"))
     # Assert: sorted by id, weights in that order; a client twice is refused
     assert applied.clients == (0, 1, 2)
     assert applied.weights == tuple(applied.info.weights[c] for c in (0, 1, 2))
     with pytest.raises(ValueError, match="round 0: client 1 has two updates"):
-        d.server.apply([ups[1], ups[0], ups[1]], where="round 0")
+        d.server.apply([ups[1], ups[0], ups[1]], Step("round 0"))
 
 
 # ------------------------------------------------------------------- FedAvg

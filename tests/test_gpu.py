@@ -31,7 +31,7 @@ import torch
 from fedsim.algorithms import REGISTRY, make_algorithm
 from fedsim.runtime import run_scenario, run_setup
 from fedsim.scenario import load_scenario
-from fedsim.server import Server
+from fedsim.server import Server, Step
 from fedsim.workers import Task, Worker, worker_device
 
 from .conftest import SCENARIOS
@@ -216,7 +216,7 @@ def server_round(over: list[str], device: str) -> tuple[Server, set[str], tuple]
 
     hook = torch.nn.modules.module.register_module_forward_pre_hook(record)
     try:
-        server.apply(ups, where="round 0")
+        server.apply(ups, Step("round 0"))
         results = (server.params().clone(), server.evaluate(), server.objective())
     finally:
         hook.remove()

@@ -174,12 +174,12 @@ def _stuck_in(monkeypatch, where: str, sig: int = signal.SIGTERM) -> None:
 
     apply = Server.apply
 
-    def stuck(self, updates, **kwargs):
-        if kwargs.get("where") == where:
+    def stuck(self, updates, at):
+        if at.where == where:
             signal.raise_signal(sig)
             while True:  # bytecodes: the grace period's stop lands here
                 time.sleep(0.01)
-        return apply(self, updates, **kwargs)
+        return apply(self, updates, at)
 
     monkeypatch.setattr(Server, "apply", stuck)
 

@@ -426,7 +426,7 @@ elif where == "ray":  # inside ray.init, once its core worker (C++) is up
     import ray._raylet
     wrap(ray._raylet, "GcsErrorSubscriber")
 else:  # round 1
-    wrap(fedsim.server.Server, "apply", lambda *a, where="", **k: where == "round 1")
+    wrap(fedsim.server.Server, "apply", lambda server, ups, at: at.where == "round 1")
 sys.argv = ["fedsim", *sys.argv[3:]]
 fedsim.tools.cli.main()
 """

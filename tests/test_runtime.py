@@ -276,3 +276,23 @@ def test_compare_on_ray_tasks_equals_in_process(ray_session):
     remote = compare(QUICK, ["fedavg"], seeds=2, overrides=over, workers=2)
     for key in ("final_accuracy", "best_accuracy", "sim_time_s"):
         assert local[0][key] == remote[0][key]
+
+
+# ------------------------------------------------------------ placement
+def test_the_run_knows_d_before_placing_the_server_and_it_is_the_servers():
+    # Prepare: d is needed for the bytes and the server's clock before
+    # start() asks for the placement, so the run counts it from the model
+    from fedsim.executors import InProcessExecutor
+    from fedsim.runtime import _Run
+    from fedsim.server import Server
+
+    run = _Run(load_scenario(QUICK, ["rounds=1"]), None, None)
+    d = run.num_params
+
+    # Execute: the driver side's placement
+    run.start(0, False)
+
+    # Assert: the placed server's d is the one every byte count used
+    assert isinstance(run.server, Server)
+    assert isinstance(run.executor, InProcessExecutor)
+    assert run.server.num_params == d

@@ -156,9 +156,9 @@ def _watch_the_driver(monkeypatch) -> dict[str, list]:
         walk(out)
         return out
 
-    def watched_apply(self: Any, updates: Any, **kwargs: Any) -> Any:
+    def watched_apply(self: Any, updates: Any, at: Any) -> Any:
         seen["handed"] += [type(u).__name__ for u in updates]
-        return apply(self, updates, **kwargs)
+        return apply(self, updates, at)
 
     monkeypatch.setattr(ray, "get", watched_get)
     monkeypatch.setattr(RemoteServer, "apply", watched_apply)
@@ -272,10 +272,10 @@ def test_an_update_lost_before_the_server_read_it_stops_the_run(
         time.sleep(0.1)
     apply = RemoteServer.apply
 
-    def lose_round_1(self: Any, updates: Any, **kwargs: Any) -> Any:
-        if kwargs["where"] == "round 1":
+    def lose_round_1(self: Any, updates: Any, at: Any) -> Any:
+        if at.where == "round 1":
             updates = [gone, *updates[1:]]
-        return apply(self, updates, **kwargs)
+        return apply(self, updates, at)
 
     monkeypatch.setattr(RemoteServer, "apply", lose_round_1)
     res = run_scenario(_load(*ACTOR), workers=2)

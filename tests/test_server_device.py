@@ -15,7 +15,7 @@ from fedsim.data import build_data
 from fedsim.models import evaluate, make_model
 from fedsim.runtime import run_setup
 from fedsim.scenario import load_scenario
-from fedsim.server import Server, _split, server_device
+from fedsim.server import Server, Step, _split, server_device
 from fedsim.workers import Task, Worker
 
 from .conftest import SCENARIOS
@@ -94,7 +94,7 @@ def test_a_cpu_servers_own_work_stays_on_the_cpu_and_its_state_too(over):
     # Execute: the round's step, its evaluation and the objective
     hook = torch.nn.modules.module.register_module_forward_pre_hook(record)
     try:
-        server.apply(ups, where="round 0")
+        server.apply(ups, Step("round 0"))
         server.evaluate()
         server.objective()
     finally:

@@ -28,6 +28,7 @@ from fedsim.clock import AsyncTimeline, ServedVersion
 from fedsim.flops import step_flops
 from fedsim.runtime import _Run, run_scenario
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, parse_scenario
+from fedsim.server import Server
 from fedsim.servertime import SERVER_PRESETS, ServerClock, ServerSpec
 
 from .test_async_sim import FEDBUFF, _Stop, _stop_after, metrics, same_rows
@@ -120,7 +121,7 @@ def test_a_rules_validation_losses_are_billed_as_forward_passes():
     # Assert: beyond the rule's sum, whole forward passes over the rows
     timer = run.server_time
     assert timer is not None
-    val = len(run.server.val[1])
+    val = len(Server(run.setup.server, run.data).val[1])
     for row in res.rows:
         rule = timer.step_s(row["n_completed"])
         evaluated = (row["server_s"] - rule) * 1e9 / timer.clock.forward_flops

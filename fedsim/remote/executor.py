@@ -16,14 +16,13 @@ from fedsim.data import DataError, DataMissingError, FederatedData, build_data
 from fedsim.errors import RunError
 from fedsim.executors import (
     Apart,
+    Batch,
     Calls,
     DataRecipe,
     Executor,
     ExecutorSetup,
-    Instructions,
     Payloads,
     States,
-    Tasks,
     _versions,
 )
 from fedsim.hooks import PluginFailure
@@ -149,7 +148,14 @@ class RayWorker(Worker):
         instructions: Mapping[int, Payload] | None = None,
         token: str | None = None,
     ) -> tuple[list[UpdateSummary] | ClientUpdate, ...]:
-        """:meth:`Worker.train_apart`, refused and shipped as :meth:`train`."""
+        """:meth:`train`, returned apart for a Ray call with ``num_returns =
+        1 + len(tasks)``: the list of the updates' summaries first (what the
+        driver fetches), then each update (what the server actor fetches);
+        refused and shipped as :meth:`train` is.
+
+        Returns:
+            ``([UpdateSummary, ...], update_1, ..., update_n)``, in task order.
+        """
         self._check(token)
         # Worker.train, not self.train: the summaries read the updates unshipped
         ups = super().train(payload, tasks, states, instructions)
@@ -351,52 +357,28 @@ class RayExecutor(Executor):
 
         return PlacementGroupSchedulingStrategy(self._pg, i)  # bundle i
 
-    def train_apart(
-        self,
-        tasks: Tasks,
-        payloads: Payloads,
-        states: States,
-        instructions: Instructions | None = None,
-    ) -> Apart:
+    def _apart(self, batch: Batch) -> Apart:
         """:meth:`Executor.train_apart`; for a server actor, each update's
         summary (fetched here) and an object reference to the update (not
-        fetched: each worker call returns them as separate objects).
-
-        Args:
-            tasks: as :meth:`Executor.train`.
-            payloads: as :meth:`Executor.train`.
-            states: as :meth:`Executor.train`.
-            instructions: as :meth:`Executor.train`.
-        """
+        fetched: each worker call returns them as separate objects)."""
         if not self.apart:
-            return super().train_apart(tasks, payloads, states, instructions)
+            return super()._apart(batch)
         kept: dict[int, UpdateSummary] = {}
         parcels: dict[int, Parcel] = {}
-        calls = self._plan(tasks, payloads, states, instructions or {})
+        calls = self._plan(batch)
         for c, (summaries, refs) in zip(calls, self._gather(calls, True), strict=True):
             kept.update(zip(c.positions, summaries, strict=True))
             parcels.update(zip(c.positions, refs, strict=True))
-        order = range(len(tasks))
+        order = range(len(batch.tasks))
         return Apart([kept[j] for j in order], [parcels[j] for j in order])
 
-    def _calls(
-        self,
-        tasks: Tasks,
-        payloads: Payloads,
-        states: States,
-        instructions: Instructions,
-    ) -> Calls:
-        calls = self._plan(tasks, payloads, states, instructions)
+    def _calls(self, batch: Batch) -> Calls:
+        calls = self._plan(batch)
         yield from zip((c.positions for c in calls), self._gather(calls), strict=True)
 
-    def _plan(
-        self,
-        tasks: Tasks,
-        payloads: Payloads,
-        states: States,
-        instructions: Instructions,
-    ) -> list[_Call]:
-        """The actor calls that train ``tasks``."""
+    def _plan(self, batch: Batch) -> list[_Call]:
+        """The actor calls that train ``batch.tasks``."""
+        tasks, payloads, states, instructions = batch
         where = {id(t): j for j, t in enumerate(tasks)}
         calls: list[_Call] = []
         # Longest first across the whole batch; each actor then gets one call
@@ -464,7 +446,7 @@ class RayExecutor(Executor):
 
         Args:
             calls: the actor calls.
-            split: call ``Worker.train_apart`` and fetch only the summaries:
+            split: call ``RayWorker.train_apart`` and fetch only the summaries:
                 each result is then (summaries, references to the updates),
                 the references of the call's last, successful attempt.
 

@@ -17,16 +17,18 @@ actor runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from fedsim.algorithms.base import ClientState, ClientUpdate, Failure
+from fedsim.algorithms.base import ClientState, ClientUpdate
 from fedsim.data import FederatedData
 from fedsim.errors import RunError
+from fedsim.executors import ExecutorSetup, Placement
 from fedsim.remote.actors import Handle, current_pool, kill
+from fedsim.remote.executor import RayExecutor
 from fedsim.remote.placement import PlacementError, server_shape
 from fedsim.server import (
     Applied,
@@ -34,7 +36,7 @@ from fedsim.server import (
     Payload,
     Server,
     ServerSetup,
-    ServerSnapshot,
+    Step,
     read_state,
     server_device,
     write_state,
@@ -61,8 +63,9 @@ class UpdatesLost(ServerLost):
     and the run stops at its last checkpoint as when the actor is lost."""
 
 
-class ServerActor:
-    """The body of the Ray actor: a :class:`Server` and a few accessors.
+class ServerActor(Server):
+    """The body of the Ray actor: the :class:`Server` itself, whose methods
+    the driver's :class:`RemoteServer` calls, and a few of the actor's own.
 
     The server's work runs on CUDA when Ray assigned the actor a GPU
     (``resources.server.gpus > 0``) and torch sees one
@@ -82,8 +85,7 @@ class ServerActor:
         torch.set_num_threads(threads)
         res = ray.get_runtime_context().get_assigned_resources()
         gpus = res.get("GPU", 0.0) if ray.get_gpu_ids() else 0.0
-        device = server_device(gpus, torch.cuda.is_available())
-        self.server = Server(setup, data, device)
+        super().__init__(setup, data, server_device(gpus, torch.cuda.is_available()))
 
     def setup_for(self, setup: ServerSetup, data: FederatedData, threads: int) -> int:
         """Become the server a new actor for this run would be (a warm actor
@@ -91,56 +93,18 @@ class ServerActor:
         a new :class:`Server`, nothing kept. Returns d."""
         self.__dict__.clear()
         ServerActor.__init__(self, setup, data, threads)
-        return self.server.num_params
+        return self.num_params
 
     def park(self) -> None:
         """Drop the run's server while the actor waits for the next run."""
         self.__dict__.clear()
 
-    def num_params(self) -> int:
-        """d, the model's number of parameters."""
-        return self.server.num_params
+    def d(self) -> int:
+        """d, the model's number of parameters (a method: an actor's
+        properties cannot be called remotely)."""
+        return self.num_params
 
-    # The Server's methods the driver calls, one actor method each (a
-    # RemoteServer method calls the one of its name).
-    def payload(self) -> Payload:
-        """:meth:`Server.payload`."""
-        return self.server.payload()
-
-    def params(self) -> torch.Tensor:
-        """:meth:`Server.params` (Ray sends a copy)."""
-        return self.server.params()
-
-    def client_states(self, clients: Sequence[int]) -> dict[int, ClientState]:
-        """:meth:`Server.client_states`."""
-        return self.server.client_states(clients)
-
-    def evaluate(self) -> tuple[float, float]:
-        """:meth:`Server.evaluate`."""
-        return self.server.evaluate()
-
-    def objective(self) -> float:
-        """:meth:`Server.objective`."""
-        return self.server.objective()
-
-    def export_state(self) -> ServerSnapshot:
-        """:meth:`Server.export_state` (what the driver writes to disk)."""
-        return self.server.export_state()
-
-    def import_state(self, snap: ServerSnapshot, where: str) -> None:
-        """:meth:`Server.import_state`."""
-        self.server.import_state(snap, where)
-
-    def apply_refs(
-        self,
-        updates: Sequence[ClientUpdate | Ref],
-        staleness: Sequence[int] | None,
-        starts: Sequence[torch.Tensor] | None,
-        multiplicity: Mapping[int, int] | None,
-        where: str,
-        round: int,
-        failures: Sequence[Failure] = (),
-    ) -> Applied:
+    def apply_refs(self, updates: Sequence[ClientUpdate | Ref], at: Step) -> Applied:
         """:meth:`Server.apply` on updates given as object references.
 
         Args:
@@ -148,12 +112,7 @@ class ServerActor:
                 worker's return value: it goes worker -> object store ->
                 here, not via the driver) or an update itself, in the order
                 ``Server.apply`` takes them.
-            staleness: as :meth:`Server.apply`.
-            starts: as :meth:`Server.apply`.
-            multiplicity: as :meth:`Server.apply`.
-            where: as :meth:`Server.apply`.
-            round: as :meth:`Server.apply`.
-            failures: as :meth:`Server.apply`.
+            at: as :meth:`Server.apply`.
 
         Raises:
             UpdatesLost: an update's object is gone (the driver's
@@ -173,19 +132,7 @@ class ServerActor:
         ups: list[ClientUpdate] = [
             next(fetched) if isinstance(u, ray.ObjectRef) else u for u in updates
         ]
-        return self.server.apply(
-            ups,
-            staleness=staleness,
-            starts=starts,
-            multiplicity=multiplicity,
-            where=where,
-            round=round,
-            failures=failures,
-        )
-
-    def instructions(self, clients: Sequence[int], round: int) -> Instructions:
-        """:meth:`Server.instructions`."""
-        return self.server.instructions(clients, round)
+        return self.apply(ups, at)
 
     def where(self) -> dict[str, object]:
         """This actor's node, address, CPU/GPU share and device."""
@@ -203,7 +150,7 @@ class ServerActor:
                 k: v for k, v in res.items() if k not in ("CPU", "GPU", "memory")
             },
             # where the server's work ran (its state stays on the CPU)
-            "device": str(self.server.device),
+            "device": str(self.device),
         }
 
 
@@ -256,9 +203,7 @@ class RemoteServer:
             warm[0] if warm else remote.options(**opts).remote(*args)
         )
         try:  # the first call waits for the placement, as long as the workers'
-            d = ray.get(
-                self._actor.num_params.remote(), timeout=resources.placement_timeout_s
-            )
+            d = ray.get(self._actor.d.remote(), timeout=resources.placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
             kill(self._actor)
             raise PlacementError(
@@ -320,37 +265,19 @@ class RemoteServer:
         """:meth:`Server.client_states` on the actor."""
         return self._get(self._actor.client_states.remote(list(clients)))
 
-    def apply(
-        self,
-        updates: Sequence[ClientUpdate | Ref],
-        *,
-        staleness: Sequence[int] | None = None,
-        starts: Sequence[torch.Tensor] | None = None,
-        multiplicity: Mapping[int, int] | None = None,
-        where: str = "",
-        round: int = 0,
-        failures: Sequence[Failure] = (),
-    ) -> Applied:
+    def apply(self, updates: Sequence[ClientUpdate | Ref], at: Step) -> Applied:
         """:meth:`Server.apply` on the actor.
 
         Args:
             updates: the updates, or object references to them (each the
                 return value of a worker call, see
-                :meth:`fedsim.executors.RayExecutor.train_apart`): Ray
+                :meth:`fedsim.remote.executor.RayExecutor.train_apart`): Ray
                 passes references inside a list as they are, so the actor
                 fetches the updates from the workers, not from the driver.
-            staleness: as :meth:`Server.apply`.
-            starts: as :meth:`Server.apply`.
-            multiplicity: as :meth:`Server.apply`.
-            where: as :meth:`Server.apply`.
-            round: as :meth:`Server.apply`.
-            failures: as :meth:`Server.apply`.
+            at: as :meth:`Server.apply`.
         """
         parcels = list(updates)  # nested in a list: Ray does not resolve them here
-        call = self._actor.apply_refs.remote(
-            parcels, staleness, starts, multiplicity, where, round, tuple(failures)
-        )
-        return self._get(call)
+        return self._get(self._actor.apply_refs.remote(parcels, at))
 
     def instructions(self, clients: Sequence[int], round: int) -> Instructions:
         """:meth:`Server.instructions` on the actor."""
@@ -385,3 +312,31 @@ class RemoteServer:
         else:
             kill(self.actor)
         self.actor = None
+
+
+def on_actor(
+    setup: ExecutorSetup,
+    server: ServerSetup,
+    data: FederatedData,
+    workers: int,
+    threads: int,
+) -> Placement:
+    """The remote side's placement (``resources.server.home: actor``): the
+    Ray workers first, then the server actor placed with them, in their
+    placement group when they have one, sharing their copy of the data.
+
+    Args:
+        setup: the executor's set-up record (its ``resources`` place both).
+        server: the server's set-up record.
+        data: the federated dataset.
+        workers: the number of Ray worker actors (at least 1).
+        threads: torch's threads in the actor, the driver's figure, so the
+            server's reductions (and floats) are the driver's.
+
+    Raises:
+        PlacementError: the workers or the actor cannot be placed in time.
+    """
+    ex = RayExecutor(setup, data, workers)
+    strategy = ex.server_strategy()
+    actor = RemoteServer(server, setup.resources, ex.data_ref, strategy, threads)
+    return Placement(actor, ex)
