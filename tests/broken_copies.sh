@@ -6,6 +6,7 @@
 #
 #   bash tests/broken_copies.sh            # every case (about 16 min on 2 cores)
 #   bash tests/broken_copies.sh stress gpu # some of them
+#   BROKEN_DRY=1 bash tests/broken_copies.sh  # only: does each edit still apply?
 #
 # Prints one line per case ("caught" or "NOT CAUGHT", the test's assertion)
 # and exits 1 if any case was not caught or its edit no longer applies (the
@@ -45,6 +46,17 @@ EOF
 case_() {
   local name=$1 tests=$2 file=$3 old=$4 new=$5 cwd=${6:-}
   local copy=$WORK/$name
+  if [ -n "${BROKEN_DRY:-}" ]; then
+    # only whether the edit still applies (its line unchanged), in seconds:
+    # tests/test_broken_copies.py runs this on every case
+    if "$PY" -c 'import pathlib, sys; sys.exit(pathlib.Path(sys.argv[1]).read_text().count(sys.argv[2]) != 1)' "$file" "$old"; then
+      echo "$name: applies"
+    else
+      echo "$name: EDIT NO LONGER APPLIES ($file)"
+      failures=$((failures + 1))
+    fi
+    return
+  fi
   mkdir -p "$copy"
   git ls-files -z | xargs -0 cp --parents -t "$copy"
   if ! (cd "$copy" && edit "$file" "$old" "$new"); then
@@ -159,18 +171,19 @@ run() {
       fedsim/checkpoint.py '    if diffs:' '    if False:' ;;
   clock_floor) # a fixed window's steps rounded, not floored
     case_ clock_floor tests/test_clock_steps.py::test_a_window_with_a_fractional_step_count_floors_it \
-      fedsim/clock.py '        tau = np.floor(compute_s * rate + _EPS' '        tau = np.round(compute_s * rate + _EPS' ;;
+      fedsim/clock.py '    return np.floor(steps + _EPS * np.maximum(1.0, steps))' \
+      '    return np.round(steps + _EPS * np.maximum(1.0, steps))' ;;
   crn) # a round's device draws keyed by position in the cohort, as before issue 36
     case_ crn tests/test_crn.py::test_a_device_behaves_alike_whichever_selector_chose_it \
-      fedsim/fleet.py 'np.uint64(_stream_key(self.seed, _TAG_ROUND)) ^ idx.astype(np.uint64)' \
-      'np.uint64(_stream_key(self.seed, _TAG_ROUND)) ^ np.arange(idx.size, dtype=np.uint64)' ;;
+      fedsim/fleet/devices.py 'np.uint64(stream_key(self.seed, TAG_ROUND)) ^ idx.astype(np.uint64)' \
+      'np.uint64(stream_key(self.seed, TAG_ROUND)) ^ np.arange(idx.size, dtype=np.uint64)' ;;
   crn_round) # a device's round draws keyed by (seed, device), the round left out
     case_ crn_round tests/test_crn.py \
-      fedsim/fleet.py 'cell = _splitmix64(key ^ np.uint64(t))' 'cell = _splitmix64(key)' ;;
+      fedsim/fleet/devices.py 'cell = splitmix64(key ^ np.uint64(t))' 'cell = splitmix64(key)' ;;
   paired_direction) # every paired metric read as higher-is-better
     case_ paired_direction tests/test_paired_direction.py fedsim/tools/compare.py \
-      'paired_interval(diffs, higher_is_better=m.higher_is_better)' \
-      'paired_interval(diffs, higher_is_better=True)' ;;
+      'iv = decide(diffs, higher_is_better=m.higher_is_better)' \
+      'iv = decide(diffs, higher_is_better=True)' ;;
   flops_batch) # the batch size left out of the FLOP count's cache key
     case_ flops_batch tests/test_flops.py::test_the_count_follows_the_batch_size_alone \
       fedsim/flops.py '        num_classes,
@@ -196,7 +209,7 @@ run() {
       fedsim/batched.py '    if layers and fused and clip is None:' '    if layers and fused:' ;;
   dropout_draws) # a round's dropout drawn from the straggler's uniforms
     case_ dropout_draws tests/test_fleet_realistic.py::test_dropouts_and_stragglers_are_independent_draws \
-      fedsim/fleet.py 'dropout=u[:, 3:5]' 'dropout=u[:, 0:2]' ;;
+      fedsim/fleet/devices.py 'dropout=u[:, 3:5]' 'dropout=u[:, 0:2]' ;;
   dropout_draws_clock) # the same, the clock handing the straggler's uniforms over
     case_ dropout_draws_clock tests/test_fleet_realistic.py::test_dropouts_and_stragglers_are_independent_draws \
       fedsim/clock.py 'fleet.draw_dropouts(ids, draws.dropout, work_s)' \
