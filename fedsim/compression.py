@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from fedsim.lazy import torch
 from fedsim.spec import Spec
@@ -60,10 +60,27 @@ class Compressor(Spec):
     Attributes:
         error_feedback: compress the update plus the client's residual, and
             keep what was left out for the client's next update.
+        download: compress the broadcast too: not built, so only ``false``
+            is accepted (the download is billed dense; docs/fleets.md).
     """
 
     name: str = "base"
     error_feedback: bool = False
+    download: bool = False
+
+    @field_validator("download")
+    @classmethod
+    def _dense_download(cls, value: bool) -> bool:
+        """Refuse ``download: true`` when the file loads: a compressed
+        broadcast needs the model each client last received, which the
+        simulation does not keep, and billing it compressed while clients
+        train from the exact model would misstate both time and accuracy."""
+        if value:
+            raise ValueError(
+                "compressing the download is not built (the broadcast is sent "
+                "and billed dense); remove download or set it to false"
+            )
+        return value
 
     # the client store's key of the error-feedback residual
     RESIDUAL: ClassVar[str] = "compression_residual"

@@ -303,6 +303,15 @@ def test_a_bad_compression_section_is_refused_naming_the_field(setting, words):
     assert words in str(err.value)
 
 
+def test_a_compressed_download_is_refused_and_a_dense_one_accepted():
+    # the broadcast is billed dense; asking for more is one line, not a
+    # silent dense download
+    with pytest.raises(ScenarioError, match="compression.download: compressing"):
+        load_scenario(TINY, ["compression={name: top_k, k: 3, download: true}"])
+    sc = load_scenario(TINY, ["compression={name: top_k, k: 3, download: false}"])
+    assert sc.compression.download is False
+
+
 def test_k_above_the_model_is_refused_before_training():
     sc = load_scenario(TINY, ["compression={name: top_k, k: 34}"])  # d = 33
     with pytest.raises(SetupError, match=r"compression.k: 34 is larger than the model"):
