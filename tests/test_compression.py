@@ -20,6 +20,7 @@ from collections import Counter
 import pytest
 import torch
 
+from fedsim import compression
 from fedsim.algorithms import REGISTRY
 from fedsim.compression import (
     QSGD,
@@ -29,6 +30,7 @@ from fedsim.compression import (
     TopK,
     compress_update,
     compression_generator,
+    top_k_indices,
     upload_bytes,
 )
 from fedsim.runtime import SetupError, _Run, run_scenario
@@ -103,6 +105,47 @@ def test_error_feedback_keeps_exactly_what_was_left_out():
     assert second.residual is not None and second.residual.tolist() == [0.5, 0.0]
     plain = compress_update(TopK(k=1), torch.tensor([3.0, 2.0]), None, _gen())
     assert plain.residual is None
+
+
+def _topk_set(a, k):
+    return set(torch.topk(a, k, sorted=False).indices.tolist())
+
+
+def test_top_k_picks_the_set_torch_topk_picks_on_its_fast_path_and_off_it(
+    monkeypatch,
+):
+    # Prepare: large enough for the fast path (k * 64 <= d), and the cases
+    # it hands back to torch.topk: a tie at the k-th value (torch's heap
+    # decides which tied entry), a NaN (torch ranks it first) and a strided
+    # sample that overestimates the threshold (every 16th entry large)
+    gen = _gen(5)
+    d, k = 64_000, 640
+    plain = torch.randn(d, generator=gen).abs()
+    tied = plain.clone()
+    kth = torch.topk(plain, k).values[-1]
+    tied[(plain < kth).nonzero()[0]] = kth  # one more entry at the k-th value
+    nan = plain.clone()
+    nan[12345] = float("nan")
+    strided = torch.rand(d, generator=gen)
+    strided[::16] += 10.0
+
+    # Execute and assert: the same set, k distinct entries, every time
+    for a in (plain, tied, nan, strided, torch.zeros(d)):
+        got = top_k_indices(a, k).tolist()
+        assert len(got) == k and set(got) == _topk_set(a, k)
+    assert 12345 in top_k_indices(nan, k).tolist()
+    # the plain case takes the fast path: no heap over all d entries
+    expected, heaps = _topk_set(plain, k), []
+    lazy = compression.torch  # the module's own (lazy) torch keeps attributes
+    topk = lazy.topk
+    topk = lazy.topk
+
+    def counted(*args, **kw):
+        heaps.append(args)
+        return topk(*args, **kw)
+
+    monkeypatch.setattr(lazy, "topk", counted)
+    assert set(top_k_indices(plain, k).tolist()) == expected and not heaps
 
 
 def test_the_upload_replaces_one_dense_vector_and_the_generator_is_per_client():
@@ -258,6 +301,15 @@ def test_a_bad_compression_section_is_refused_naming_the_field(setting, words):
     with pytest.raises(ScenarioError) as err:
         load_scenario(TINY, [setting])
     assert words in str(err.value)
+
+
+def test_a_compressed_download_is_refused_and_a_dense_one_accepted():
+    # the broadcast is billed dense; asking for more is one line, not a
+    # silent dense download
+    with pytest.raises(ScenarioError, match="compression.download: compressing"):
+        load_scenario(TINY, ["compression={name: top_k, k: 3, download: true}"])
+    sc = load_scenario(TINY, ["compression={name: top_k, k: 3, download: false}"])
+    assert sc.compression.download is False
 
 
 def test_k_above_the_model_is_refused_before_training():
