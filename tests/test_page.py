@@ -66,7 +66,10 @@ def tiny_run(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
+# session scope: tests/test_page_browser.py opens the same run's and
+# comparison's pages (a fixture of module scope is built again for each
+# module that imports it); every test only reads them
+@pytest.fixture(scope="session")
 def straggler_run(tmp_path_factory) -> Path:
     # quickstart's three groups with an 8 s deadline: late updates are dropped
     out = tmp_path_factory.mktemp("page") / "quickstart"
@@ -226,7 +229,7 @@ def test_text_of_the_run_cannot_end_the_script_element(tiny_run, tmp_path):
 # ------------------------------------------------------- compare and stress
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # as straggler_run
 def compare_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("page") / "compare"
     fedsim_here("compare", TINY, "--algorithms", "fedavg,fedprox:mu=0.5",
