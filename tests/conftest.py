@@ -283,15 +283,18 @@ def pytest_runtest_teardown(item, nextitem):
         nextitem is None or "ray_session" not in nextitem.fixturenames
     ):
         _stop_embedded_ray()
-    _refuse_a_stray_ray(item)
 
 
-def _refuse_a_stray_ray(item) -> None:
-    """Fail a test that left a Ray up in this process without ``ray_session``
-    (a ``fedsim stress`` or ``--workers 2`` run in this process starts an
-    embedded Ray that nothing stops: its daemons then idle on the cores until
-    the process's last test, seconds of CPU every minute). It is stopped
-    first, so the tests after it run as they would have."""
+@pytest.fixture(autouse=True)
+def _no_stray_ray(request) -> Iterator[None]:
+    """Fail (at teardown) a test that left a Ray up in this process without
+    ``ray_session``: a ``fedsim stress`` or ``--workers 2`` run in this
+    process starts an embedded Ray that nothing stops, whose daemons then
+    idle on the cores until the process's last test. It is stopped first,
+    so the tests after it run as they would have. (After a test that takes
+    ``ray_session`` its Ray is either kept for the next one, in
+    ``_EMBEDDED_RAY``, or already stopped by pytest_runtest_teardown.)"""
+    yield
     ray = sys.modules.get("ray")
     if _EMBEDDED_RAY or ray is None or not ray.is_initialized():
         return
@@ -299,7 +302,7 @@ def _refuse_a_stray_ray(item) -> None:
 
     shutdown_ray()
     pytest.fail(
-        f"{item.nodeid} started Ray in the pytest process without the "
+        f"{request.node.nodeid} started Ray in the pytest process without the "
         "ray_session fixture (pass --workers 0, or take ray_session and "
         "mark the test ray)",
         pytrace=False,
