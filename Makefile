@@ -44,7 +44,12 @@ export RAY_USAGE_STATS_ENABLED := 0
 # 568.6 s at a2cdc1f (two groups; loop 0.427 s, the slowest hour yet).
 # This machine's speed drifts by up to 1.6x over a day (a fixed 3e6-iteration
 # Python loop took 0.31 to 0.53 s within an hour), so compare figures taken
-# together. pyproject's addopts print --durations=25 and give every test a
+# together. 2026-12-07: 529 and 537 s idle (2,011 tests); then the live
+# page's 2-worker case (120 s) became an exploration, its 0-worker run paced
+# instead of trained (44 s of CPU to 19-24 s), no test leaves an embedded Ray
+# up, and the ungrouped tests run module by module, the modules with the most
+# slow tests first (docs/architecture.md, "The test suite": each group's
+# share). pyproject's addopts print --durations=25 and give every test a
 # time limit (pytest-timeout).
 PYTEST_XDIST := -n 3 --dist loadgroup
 # Explorations (more examples, new random draws): CI runs them when the

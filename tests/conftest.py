@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -123,12 +124,25 @@ def pytest_collection_modifyitems(config, items):
     # The cluster tests first and together (xdist starts their group first;
     # the cluster stops after the last one), those that kill cluster nodes
     # last among them; then the tests of the embedded Ray, each group
-    # together; the rest keep their order (a stable sort).
-    def order(item) -> tuple[bool, bool, bool, bool]:
+    # together; then the rest, module by module (a module's fixtures are set
+    # up once per process), the modules with the most `slow` tests first: a
+    # pytest-xdist process takes the ungrouped tests in this order once its
+    # group is done, and a long test taken last would keep one process
+    # running alone at the end while the other core idles. A stable sort: a
+    # module's tests keep their order.
+    slow_in: dict[Path, int] = {}
+    for item in items:
+        grouped = item.get_closest_marker("xdist_group") is not None
+        slow = item.get_closest_marker("slow") is not None
+        slow_in[item.path] = slow_in.get(item.path, 0) + (slow and not grouped)
+
+    def order(item) -> tuple[bool, bool, bool, bool, int]:
         mark = item.get_closest_marker("cluster")
         in_ray = "ray_session" in getattr(item, "fixturenames", ())
         kills = bool(mark and mark.kwargs.get("kills_nodes"))
-        return mark is None, kills, not in_ray, item.path.name in RAY2_MODULES
+        ray2 = in_ray and item.path.name in RAY2_MODULES
+        ungrouped = mark is None and not in_ray
+        return mark is None, kills, not in_ray, ray2, -slow_in[item.path] * ungrouped
 
     items.sort(key=order)
 
@@ -269,6 +283,30 @@ def pytest_runtest_teardown(item, nextitem):
         nextitem is None or "ray_session" not in nextitem.fixturenames
     ):
         _stop_embedded_ray()
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_ray(request) -> Iterator[None]:
+    """Fail (at teardown) a test that left a Ray up in this process without
+    ``ray_session``: a ``fedsim stress`` or ``--workers 2`` run in this
+    process starts an embedded Ray that nothing stops, whose daemons then
+    idle on the cores until the process's last test. It is stopped first,
+    so the tests after it run as they would have. (After a test that takes
+    ``ray_session`` its Ray is either kept for the next one, in
+    ``_EMBEDDED_RAY``, or already stopped by pytest_runtest_teardown.)"""
+    yield
+    ray = sys.modules.get("ray")
+    if _EMBEDDED_RAY or ray is None or not ray.is_initialized():
+        return
+    from fedsim.remote.ray_session import shutdown_ray
+
+    shutdown_ray()
+    pytest.fail(
+        f"{request.node.nodeid} started Ray in the pytest process without the "
+        "ray_session fixture (pass --workers 0, or take ray_session and "
+        "mark the test ray)",
+        pytrace=False,
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)

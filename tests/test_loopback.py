@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -47,6 +48,10 @@ def test_embedded_ray_runs_the_workers_and_binds_loopback_only(tmp_path):
     # for one more poll, a SIGTERM stops the run as Ctrl-C does: exit 130
     # and summary.json, although ray.init installs a SIGTERM handler of its
     # own (which exited 15 with nothing written, before fedsim took it back).
+    # With --live: the page's server runs beside Ray in the driver, listens
+    # on loopback too (among the sockets checked below) and stops serving
+    # when the interrupted run ends (the browser's view of a live page is
+    # tests/test_page_browser.py's, on a run in process).
     env = {
         k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
     }
@@ -65,6 +70,9 @@ def test_embedded_ray_runs_the_workers_and_binds_loopback_only(tmp_path):
             "--out",
             str(run_dir),
             "--no-report",
+            "--live",
+            "--live-port",
+            "0",
             "--set",
             "rounds=100000",  # stopped by the SIGTERM below
         ],
@@ -92,11 +100,18 @@ def test_embedded_ray_runs_the_workers_and_binds_loopback_only(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, f"exit {proc.returncode}: {err[-3000:]}"
-    assert f"fedsim run --resume {run_dir}" in err or "run it again" in err, err
+    # the resume command once a checkpoint exists; before it (a slow machine
+    # reaches the SIGTERM in fewer rounds), the same command with --overwrite
+    resume = f"continue with: fedsim run --resume {run_dir}"
+    over = "no checkpoint yet: run the same command with --overwrite"
+    assert resume in err or over in err, err
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["workers"] == 2
     assert 1 <= summary["rounds"] < 100000
     assert len(summary["workers_nodes"]) == 2
+    url = re.search(r"live: (http://127\.0\.0\.1:(\d+)/)", err)
+    assert url, err[-3000:]
+    assert f"live: stopped serving {url.group(1)}" in err, err[-3000:]
     # no ERROR line from Ray on a healthy run (issue 37): the worker actors,
     # which may restart, have no object references among their constructor's
     # arguments (Ray's core_worker.cc logs one per such actor)
@@ -106,3 +121,4 @@ def test_embedded_ray_runs_the_workers_and_binds_loopback_only(tmp_path):
     assert any("gcs" in n or "raylet" in n for n in names), names
     exposed = sorted(s for s in seen if not is_loopback(s[0]))
     assert not exposed, f"listening on non-loopback addresses: {exposed}"
+    assert int(url.group(2)) in {port for _, port, _ in seen}, seen

@@ -66,7 +66,10 @@ def tiny_run(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
+# session scope: tests/test_page_browser.py opens the same run's and
+# comparison's pages (a fixture of module scope is built again for each
+# module that imports it); every test only reads them
+@pytest.fixture(scope="session")
 def straggler_run(tmp_path_factory) -> Path:
     # quickstart's three groups with an 8 s deadline: late updates are dropped
     out = tmp_path_factory.mktemp("page") / "quickstart"
@@ -226,7 +229,7 @@ def test_text_of_the_run_cannot_end_the_script_element(tiny_run, tmp_path):
 # ------------------------------------------------------- compare and stress
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # as straggler_run
 def compare_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("page") / "compare"
     fedsim_here("compare", TINY, "--algorithms", "fedavg,fedprox:mu=0.5",
@@ -268,9 +271,13 @@ def test_compare_page_reads_paired_columns_by_name(compare_dir, tmp_path):
 
 def test_stress_writes_its_page_per_cell(tmp_path):
     out = tmp_path / "stress"
+    # --workers 0: stress's default (Ray tasks) would start an embedded Ray
+    # in this pytest process and leave it up, idle but costing CPU, until the
+    # process ends; the page is written from the tables either way, and
+    # test_stress runs stress on Ray tasks
     fedsim_here("stress", TINY, "--sweep", "fleet.stragglers.p=0,0.3",
                 "--algorithms", "fedavg,fedprox:mu=0.5", "--seeds", "2",
-                "--out", str(out), "-q", check=True)  # fmt: skip
+                "--workers", "0", "--out", str(out), "-q", check=True)  # fmt: skip
     data = page_data(out / "stress.html")
     assert data["counter"] == 8
     names = {t["name"] for t in sections(data)["curves"]["figure"]["data"]
