@@ -29,16 +29,19 @@ How the module keeps those promises:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import re
 import shutil
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypedDict, get_type_hints
 
 import typer
 from rich.console import Console
@@ -366,6 +369,91 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
         return "-" if x is None or x != x else format(x, spec)
     except (TypeError, ValueError):
         return str(x)
+
+
+class _LibraryOptions(TypedDict):
+    """:meth:`ArmsOptions.library`: compare's and run_stress's arguments."""
+
+    seeds: int
+    target_accuracy: float | None
+    overrides: list[str]
+    baseline: str | None
+    max_seeds: int | None
+
+
+@dataclass(frozen=True)
+class ArmsOptions:
+    """The options compare and stress share, declared once: each command
+    takes them after its own (:func:`_arms_command`), so that both spell,
+    check and document them alike."""
+
+    algorithms: AlgorithmsOption
+    seeds: SeedsOption = 3
+    target: TargetOption = None
+    out_dir: OutDirOption = None
+    set_: SetOption = None
+    address: AddressOption = None
+    quiet: QuietOption = False
+    overwrite: OverwriteOption = False
+    baseline: BaselineOption = None
+    log: LogOption = None
+    live: LiveOption = False
+    live_port: LivePortOption = _LIVE_PORT
+    until_decided: UntilDecidedOption = False
+    max_seeds: MaxSeedsOption = 20
+
+    @property
+    def overrides(self) -> list[str]:
+        """The ``--set`` items, in the order given."""
+        return list(self.set_ or [])
+
+    def library(self) -> _LibraryOptions:
+        """The arguments of fedsim.tools.compare.compare and
+        fedsim.tools.stress.run_stress that these options give (``max_seeds``
+        only with ``--until-decided``; None: one batch of seeds)."""
+        return {
+            "seeds": self.seeds,
+            "target_accuracy": self.target,
+            "overrides": self.overrides,
+            "baseline": self.baseline,
+            "max_seeds": self.max_seeds if self.until_decided else None,
+        }
+
+    def check(self) -> None:
+        """Refuse (exit 2) an --out that is a file, and a --max-seeds below
+        --seeds with --until-decided, before anything is loaded."""
+        _expect_dir(self.out_dir, "--out", "an output folder")
+        if self.until_decided and self.max_seeds < self.seeds:
+            _fail(
+                f"--max-seeds {self.max_seeds}: expected at least --seeds "
+                f"({self.seeds})"
+            )
+
+
+def _arms_command(fn: Callable[..., None]) -> Callable[..., None]:
+    """Register ``fn(<its own parameters>, *, opts: ArmsOptions)`` as a
+    command whose options are its own, then :class:`ArmsOptions`' (typer
+    reads a command's options from its signature: the one given here)."""
+    hints = get_type_hints(ArmsOptions, include_extras=True)
+    shared = [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=inspect.Parameter.empty if f.default is MISSING else f.default,
+            annotation=hints[f.name],
+        )
+        for f in fields(ArmsOptions)
+    ]
+    own = inspect.signature(fn, eval_str=True).parameters.values()
+
+    @functools.wraps(fn)
+    def command(**given: Any) -> None:
+        opts = ArmsOptions(**{p.name: given.pop(p.name) for p in shared})
+        fn(**given, opts=opts)
+
+    signature = inspect.Signature([p for p in own if p.name != "opts"] + shared)
+    command.__signature__ = signature  # type: ignore[attr-defined]
+    return app.command(fn.__name__)(command)
 
 
 # The commands' scenario argument (a path: only the commands load it).
@@ -928,16 +1016,31 @@ def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
             f"--out {run_dir}: the run would write over its own scenario file "
             f"{scenario}; choose another --out"
         )
-    held = [n for n in _RESULTS if (run_dir / n).exists()]
-    if not held:
-        return
-    if not overwrite:
+    resume = f"continue it with: fedsim run --resume {run_dir}, "
+    if _held(run_dir, _RESULTS, overwrite, ("the results of a run", resume)):
+        _clear_run(run_dir)
+
+
+def _held(
+    out_dir: Path, files: tuple[str, ...], overwrite: bool, said: tuple[str, str]
+) -> list[str]:
+    """Which of ``files`` --out holds: refused (exit 2) unless ``overwrite``,
+    naming them, so that no earlier result is mixed with new ones.
+
+    Args:
+        out_dir: the --out folder (it may not exist yet).
+        files: the names the command writes there.
+        overwrite: ``--overwrite`` was given.
+        said: what the files are ("earlier results"), and what else the
+            refusal offers before another --out or --overwrite ("" for none).
+    """
+    held = [n for n in files if (out_dir / n).exists()]
+    if held and not overwrite:
         _fail(
-            f"--out {run_dir} holds the results of a run ({', '.join(held)}); "
-            f"continue it with: fedsim run --resume {run_dir}, choose another "
-            "--out, or pass --overwrite to replace them"
+            f"--out {out_dir} holds {said[0]} ({', '.join(held)}); {said[1]}"
+            "choose another --out, or pass --overwrite to replace them"
         )
-    _clear_run(run_dir)
+    return held
 
 
 def _clear_run(run_dir: Path) -> None:
@@ -1220,27 +1323,15 @@ def report(
         out.print(f"page: {page}", highlight=False, soft_wrap=True)
 
 
-@app.command()
+@_arms_command
 def stress(
     scenario: Annotated[
         Path, typer.Argument(help=f"{_SCENARIO_FILE[:-1]} (a synchronous one).")
     ],
     sweep: SweepOption,
-    algorithms: AlgorithmsOption,
-    seeds: SeedsOption = 3,
-    out_dir: OutDirOption = None,
-    target_accuracy: TargetOption = None,
-    set_: SetOption = None,
     workers: RunsOption = None,
-    address: AddressOption = None,
-    quiet: QuietOption = False,
-    overwrite: OverwriteOption = False,
-    baseline: BaselineOption = None,
-    log: LogOption = None,
-    live: LiveOption = False,
-    live_port: LivePortOption = _LIVE_PORT,
-    until_decided: UntilDecidedOption = False,
-    max_seeds: MaxSeedsOption = 20,
+    *,
+    opts: ArmsOptions,
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots).\f
@@ -1257,38 +1348,34 @@ def stress(
     from fedsim.scenario import ScenarioError
     from fedsim.tools.stress import run_stress
 
-    _expect_dir(out_dir, "--out", "an output folder")
-    _check_max_seeds(until_decided, max_seeds, seeds)
+    opts.check()
     grid = _sweep_grid(sweep)
-    labels = _algorithms(algorithms)
-    if live and out_dir is None:  # the page needs the folder before it exists
-        out_dir = _default_out("stress", scenario, list(set_ or []))
-    trackers = _trackers(log, out_dir)
+    labels = _algorithms(opts.algorithms)
+    out_dir = opts.out_dir
+    if opts.live and out_dir is None:  # the page needs the folder before it exists
+        out_dir = _default_out("stress", scenario, opts.overrides)
+    trackers = _trackers(opts.log, out_dir)
     if out_dir is not None:
-        _claim_out(out_dir, _STRESS_FILES, overwrite)
-    _maybe_ray(workers, address)
+        _claim_out(out_dir, _STRESS_FILES, opts.overwrite)
+    _maybe_ray(workers, opts.address)
     # innermost first: a plug-in's failure (a RuntimeError) is exit 3
     # before the general RuntimeError handler can make it 1
     with (
         _errors(OSError, RuntimeError, code=1),
         _worker_errors(),
         _errors(ScenarioError, DataMissingError, DataError, ModelError),
-        _live(live, out_dir or Path("."), live_port, "stress"),
+        _live(opts.live, out_dir or Path("."), opts.live_port, "stress"),
         _sweep_interrupted(out_dir, "stress"),
     ):
         path = run_stress(
             scenario,
             grid,
             labels,
-            seeds=seeds,
             out_dir=out_dir,
             workers=workers,
-            target_accuracy=target_accuracy,
-            overrides=list(set_ or []),
-            progress=None if quiet else _stress_progress,
-            baseline=baseline,
+            progress=None if opts.quiet else _stress_progress,
             log=trackers,
-            max_seeds=max_seeds if until_decided else None,
+            **opts.library(),
         )
     out.print(f"report: {path / 'stress.md'}", highlight=False, soft_wrap=True)
     _write_group_page(path)
@@ -1306,12 +1393,6 @@ def _stress_progress(rec: dict[str, Any]) -> None:
         f"sim {rec['sim_time_s']:.0f}s",
         highlight=False,
     )
-
-
-def _check_max_seeds(until_decided: bool, max_seeds: int, seeds: int) -> None:
-    """Refuse (exit 2) a --max-seeds below --seeds with --until-decided."""
-    if until_decided and max_seeds < seeds:
-        _fail(f"--max-seeds {max_seeds}: expected at least --seeds ({seeds})")
 
 
 def _sweep_grid(sweep: list[str]) -> dict[str, list[Any]]:
@@ -1332,24 +1413,12 @@ def _sweep_grid(sweep: list[str]) -> dict[str, list[Any]]:
     return grid
 
 
-@app.command()
+@_arms_command
 def compare(
     scenario: Annotated[Path, typer.Argument(help=_SCENARIO_FILE)],
-    algorithms: AlgorithmsOption,
-    seeds: SeedsOption = 3,
-    target: TargetOption = None,
-    out_dir: OutDirOption = None,
-    set_: SetOption = None,
     workers: RunsOption = 0,
-    address: AddressOption = None,
-    quiet: QuietOption = False,
-    overwrite: OverwriteOption = False,
-    baseline: BaselineOption = None,
-    log: LogOption = None,
-    live: LiveOption = False,
-    live_port: LivePortOption = _LIVE_PORT,
-    until_decided: UntilDecidedOption = False,
-    max_seeds: MaxSeedsOption = 20,
+    *,
+    opts: ArmsOptions,
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
     and write compare.parquet, compare.md and compare.png (accuracy against
@@ -1367,14 +1436,14 @@ def compare(
     from fedsim.rows import whole
     from fedsim.tools.compare import compare as run_compare
 
-    overrides = list(set_ or [])
-    _expect_dir(out_dir, "--out", "an output folder")
-    _check_max_seeds(until_decided, max_seeds, seeds)
+    overrides = opts.overrides
+    opts.check()
     sc = _load(scenario, overrides)
-    names = _algorithms(algorithms)
-    trackers = _trackers(log, out_dir)
+    names = _algorithms(opts.algorithms)
+    trackers = _trackers(opts.log, opts.out_dir)
+    out_dir = opts.out_dir
     run_dir = out_dir if out_dir is not None else default_run_dir(f"compare-{sc.name}")
-    _claim_out(run_dir, _COMPARE_FILES, overwrite)
+    _claim_out(run_dir, _COMPARE_FILES, opts.overwrite)
     existed = run_dir.exists()
     with _errors(OSError):
         prepare_run_dir(run_dir)
@@ -1386,26 +1455,22 @@ def compare(
             f"{_fmt(row['final_accuracy'], '.4f')}, {row['wall_time_s']:.0f}s{flag}"
         )
 
-    _maybe_ray(workers, address)
+    _maybe_ray(workers, opts.address)
     # ScenarioError, DataError too; a Ray worker's error as one line
     with (
         _worker_errors(),
         _errors(ValueError, DataMissingError),
-        _live(live, run_dir, live_port, "compare"),
+        _live(opts.live, run_dir, opts.live_port, "compare"),
         _sweep_interrupted(run_dir, "compare", existed),
     ):
         table = run_compare(
             scenario,
             names,
-            seeds=seeds,
-            overrides=overrides,
             out_dir=run_dir,
-            target_accuracy=target,
-            progress=None if quiet else show,
+            progress=None if opts.quiet else show,
             workers=workers,
-            baseline=baseline,
             log=trackers,
-            max_seeds=max_seeds if until_decided else None,
+            **opts.library(),
         )
     _write_group_page(run_dir)
     text = (run_dir / "compare.md").read_text()
@@ -1499,14 +1564,7 @@ def _claim_out(out_dir: Path, files: tuple[str, ...], overwrite: bool) -> None:
         files: the names the command writes there (``runs`` is a folder).
         overwrite: ``--overwrite`` was given.
     """
-    held = [n for n in files if (out_dir / n).exists()]
-    if not held:
-        return
-    if not overwrite:
-        _fail(
-            f"--out {out_dir} holds earlier results ({', '.join(held)}); choose "
-            "another --out, or pass --overwrite to replace them"
-        )
+    held = _held(out_dir, files, overwrite, ("earlier results", ""))
     with _errors(OSError):
         for name in held:
             path = out_dir / name
