@@ -5,10 +5,12 @@ scenario or arguments, with one message on stderr and no traceback; 130 stopped.
 
 How the module keeps those promises:
 
-- Every refusal is :func:`_fail` (one ``error:`` line, then the exit code);
-  library errors meant for the user are turned into it by :func:`_errors`,
-  naming the exception kinds, so an unexpected one still shows its
-  traceback (a bug to fix, not a message to word).
+- Every refusal is :func:`_fail` (one ``error:`` line, then the exit code).
+  fedsim's own errors (:class:`fedsim.errors.FedsimError`) are turned into
+  it in one place, the command group :class:`_Commands`, with the exit code
+  their kind says; the few built-in errors a command expects (an OSError
+  writing --out, ...) by :func:`_errors`, naming them. Any other exception
+  still shows its traceback (a bug to fix, not a message to word).
 - Everything is checked before anything is written: the scenario (once,
   with every ``--set`` applied), preflight, the output folder, and for a
   resume every file it will read. A refused command leaves the disk as it
@@ -43,7 +45,9 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypedDict, get_type_hints
 
+import click
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -63,7 +67,24 @@ if TYPE_CHECKING:
     from fedsim.spec import ResourceSpec
     from fedsim.tools.tracking import OnRound, Tracked
 
+
+class _Commands(typer.core.TyperGroup):
+    """The ``fedsim`` command group: the one place fedsim's own errors are
+    reported. A :class:`fedsim.errors.FedsimError` that ends a command (or
+    its Ray task) is one ``error:`` line with the exit code its kind says:
+    2 a refused input (load time), 1 a run that could not go on, 3 a
+    plug-in's failure. Any other exception is a bug and keeps its traceback.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except FedsimError as exc:
+            _fail(_error_text(exc), exc.exit_code)
+
+
 app = typer.Typer(
+    cls=_Commands,
     add_completion=False,
     no_args_is_help=True,
     help="fedsim: simulate federated learning on heterogeneous device fleets.",
@@ -223,9 +244,9 @@ def _trackers(log: list[str] | None, folder: Path | None = None) -> list[str]:
     ``folder``'s tensorboard/ goes), before anything runs."""
     if not log:
         return []
-    from fedsim.tools.tracking import TrackingUnavailable, require
+    from fedsim.tools.tracking import require
 
-    with _errors(TrackingUnavailable, ValueError):
+    with _errors(ValueError):  # an unknown kind; fedsim's own errors: _Commands
         require(log or [], folder)
     return list(dict.fromkeys(log or []))
 
@@ -315,17 +336,20 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 @contextmanager
 def _errors(*kinds: type[Exception], code: int = 2) -> Iterator[None]:
-    """Report these exceptions as one error line and exit with ``code``.
+    """Report these built-in exceptions as one error line and exit with
+    ``code``. fedsim's own errors (FedsimError, e.g. a DataMissingError,
+    which is also an OSError) go on to :class:`_Commands`, which reports
+    them with their own exit code.
 
     Args:
-        kinds: exceptions whose message is written for the user as is
-            (ScenarioError, DataMissingError, CheckpointError, ...); any
-            other exception is a bug and keeps its traceback.
+        kinds: built-in exceptions whose message is written for the user
+            as is (OSError, ValueError, ...); any other exception is a bug
+            and keeps its traceback.
         code: the exit code for them.
     """
     try:
         yield
-    except typer.Exit:  # a RuntimeError: already said
+    except (typer.Exit, FedsimError):  # typer.Exit: a RuntimeError, already said
         raise
     except kinds as exc:
         _fail(_error_text(exc), code)
@@ -333,8 +357,8 @@ def _errors(*kinds: type[Exception], code: int = 2) -> Iterator[None]:
 
 @contextmanager
 def _worker_errors() -> Iterator[None]:
-    """Report an error that a Ray worker raised (not caught as one of the
-    user's by an enclosing :func:`_errors`) as one line, exit 1: the cause
+    """Report an error that a Ray worker raised (other than fedsim's own,
+    which :class:`_Commands` reports) as one line, exit 1: the cause
     and the worker, never Ray's coloured traceback of the worker. A
     plug-in's failure (:class:`fedsim.hooks.PluginFailure`, raised here or
     in a worker) is one line too, with a run's exit code for it, 3."""
@@ -346,6 +370,8 @@ def _worker_errors() -> Iterator[None]:
         raise
     except PluginFailure as exc:  # an arm's plug-in failed in this process
         _fail(f"{exc}; {_PLUGIN_FAILED}", 3)
+    except FedsimError:  # also from a worker: its kind's code (_Commands)
+        raise
     except Exception as exc:
         if not _is_ray_error(exc):
             raise  # fedsim's own bug: keep its traceback
@@ -833,7 +859,6 @@ def _preflight(sc: Scenario, scenario: Path, workers: int | None = None) -> None
             scenario's own ``resources.workers``).
     """
     from fedsim.data.errors import ENV_ROOT
-    from fedsim.scenario import ScenarioError
     from fedsim.tools.preflight import preflight
 
     if "root" in type(sc.data).model_fields:  # not e.g. synthetic data
@@ -842,8 +867,7 @@ def _preflight(sc: Scenario, scenario: Path, workers: int | None = None) -> None
         path = Path(root or ".").expanduser()
         if root and path.exists() and not path.is_dir():
             _fail(f"{where} {root}: is a file, expected a data folder")
-    with _errors(ScenarioError):
-        preflight(sc, str(scenario), workers=workers)
+    preflight(sc, str(scenario), workers=workers)
 
 
 def _prepare_run_dir(
@@ -856,7 +880,7 @@ def _prepare_run_dir(
     before anything is written, so a resume that cannot continue exits 2
     with the run directory exactly as it was and still resumable.
     """
-    from fedsim.checkpoint import CheckpointError, check_fingerprint, check_resumable
+    from fedsim.checkpoint import check_fingerprint, check_resumable
     from fedsim.results import atomic_write_bytes, prepare_run_dir
     from fedsim.scenario import dump_scenario, load_scenario
 
@@ -868,11 +892,10 @@ def _prepare_run_dir(
             atomic_write_bytes(run_dir / "scenario.yaml", dump_scenario(sc).encode())
     if resume is None:
         return 0, 0.0
-    with _errors(CheckpointError):
-        # every file the resume reads, before it writes any: a refusal
-        # leaves nothing half-done
-        ck = check_resumable(run_dir)
-        check_fingerprint(run_dir, sc, missing_ok=True)
+    # every file the resume reads, before it writes any: a refusal (a
+    # CheckpointError, exit 2) leaves nothing half-done
+    ck = check_resumable(run_dir)
+    check_fingerprint(run_dir, sc, missing_ok=True)
     resolved = dump_scenario(sc)
     if dump_scenario(load_scenario(run_dir / "scenario.yaml")) != resolved:
         # a --set resources.… (the fingerprint allowed it): the next
@@ -1066,19 +1089,17 @@ def _start_workers(res: ResourceSpec, workers: int | None, address: str | None) 
     """
     if workers == 0 or (workers is None and res.workers == 0):
         return 0
+    import ray
+
     from fedsim.remote.placement import resolve_workers
-    from fedsim.remote.ray_session import RayStartError, init_ray
-    from fedsim.scenario import ScenarioError
+    from fedsim.remote.ray_session import init_ray
     from fedsim.tools.preflight import check_address, check_ray_resources
 
-    with _errors(ScenarioError), _errors(RayStartError, code=1):
-        if address:
-            check_address(address)
-        init_ray(address)
-        import ray
-
-        n = resolve_workers(res, workers)
-        check_ray_resources(res, n, ray.cluster_resources())
+    if address:
+        check_address(address)
+    init_ray(address)
+    n = resolve_workers(res, workers)
+    check_ray_resources(res, n, ray.cluster_resources())
     return n
 
 
@@ -1090,21 +1111,19 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
     memory the system refused; KeyboardInterrupt from set-up goes to the
     caller, which reports it like an interrupt in a round.
     """
-    from fedsim.checkpoint import CheckpointError
-    from fedsim.data import DataError, DataMissingError
-    from fedsim.models import ModelError
-    from fedsim.remote.placement import PlacementError
-    from fedsim.results import UnreadableResults
     from fedsim.runtime import SetupError, run_scenario
 
-    # UnreadableResults: a table changed between the resume's check and its load
-    kinds: tuple[type[Exception], ...] = (DataMissingError, DataError, SetupError)
-    kinds += (CheckpointError, PlacementError, UnreadableResults, ModelError)
     try:
-        with _errors(*kinds), _out_of_memory(run_dir):
+        with _out_of_memory(run_dir):
             return run_scenario(
                 sc, workers=workers, run_dir=run_dir, resume=resume, on_round=on_round
             )
+    except SetupError as exc:
+        # the run's folder or settings refused before any training: the
+        # command line's exit 2, though the library files it as a run error
+        _fail(_error_text(exc))
+    except FedsimError:  # a refused input found only now: _Commands, exit 2
+        raise
     except OSError as exc:
         _say("[bold red]cannot write results:[/]", str(exc))
         if (run_dir / "LATEST").exists():
@@ -1239,10 +1258,9 @@ def validate(
     out.print(text, highlight=False, markup=False, end="", soft_wrap=True)
     if sc.fleet.per_flop:  # speeds in FLOP/s become steps/s for this model
         from fedsim.flops import describe, step_flops
-        from fedsim.models import ModelError
 
-        with _errors(ModelError):  # a count the model gives or torch finds
-            lines = describe(sc.facts, step_flops(sc.facts))
+        # a count the model gives or torch finds (a ModelError: exit 2)
+        lines = describe(sc.facts, step_flops(sc.facts))
         err.print("\n".join(lines), highlight=False)
     err.print(
         f"ok: {scenario} ({sc.fleet.size} devices, {sc.rounds} rounds, "
@@ -1305,12 +1323,11 @@ def report(
     diverged run, and rewrites the report of a run that was resumed.
     """
     from fedsim.tools.page import write_page
-    from fedsim.tools.report import ReportError, write_report
+    from fedsim.tools.report import write_report
 
     try:
-        with _errors(ReportError):
-            path = write_report(run_dir, max_timeline_rounds=timeline_rounds)
-            page = write_page(run_dir) if html else None
+        path = write_report(run_dir, max_timeline_rounds=timeline_rounds)
+        page = write_page(run_dir) if html else None
     except KeyboardInterrupt:
         _say(
             "[yellow]interrupted:[/]",
@@ -1343,9 +1360,6 @@ def stress(
     run diverged (every table is written first), 3 when a plug-in failed
     during a run (one line), 130 when interrupted.
     """
-    from fedsim.data import DataError, DataMissingError
-    from fedsim.models import ModelError
-    from fedsim.scenario import ScenarioError
     from fedsim.tools.stress import run_stress
 
     opts.check()
@@ -1363,7 +1377,6 @@ def stress(
     with (
         _errors(OSError, RuntimeError, code=1),
         _worker_errors(),
-        _errors(ScenarioError, DataMissingError, DataError, ModelError),
         _live(opts.live, out_dir or Path("."), opts.live_port, "stress"),
         _sweep_interrupted(out_dir, "stress"),
     ):
@@ -1401,15 +1414,13 @@ def _sweep_grid(sweep: list[str]) -> dict[str, list[Any]]:
     Raises:
         typer.Exit: (code 2) a malformed option, or a field swept twice.
     """
-    from fedsim.scenario import ScenarioError
     from fedsim.tools.stress import parse_sweep
 
     grid: dict[str, list[Any]] = {}
-    with _errors(ScenarioError):
-        for key, values in map(parse_sweep, sweep):
-            if key in grid:
-                _fail(f"--sweep {key}: given twice")
-            grid[key] = values
+    for key, values in map(parse_sweep, sweep):  # a ScenarioError: exit 2
+        if key in grid:
+            _fail(f"--sweep {key}: given twice")
+        grid[key] = values
     return grid
 
 
@@ -1431,7 +1442,6 @@ def compare(
     comparison (unless --overwrite). Exit 1 when a run diverged, 3 when a
     plug-in failed during a run (one line), 130 when interrupted.
     """
-    from fedsim.data import DataMissingError
     from fedsim.results import default_run_dir, prepare_run_dir
     from fedsim.rows import whole
     from fedsim.tools.compare import compare as run_compare
@@ -1456,10 +1466,10 @@ def compare(
         )
 
     _maybe_ray(workers, opts.address)
-    # ScenarioError, DataError too; a Ray worker's error as one line
+    # ValueError: e.g. an algorithm given twice; a Ray worker's error as one line
     with (
         _worker_errors(),
-        _errors(ValueError, DataMissingError),
+        _errors(ValueError),
         _live(opts.live, run_dir, opts.live_port, "compare"),
         _sweep_interrupted(run_dir, "compare", existed),
     ):
@@ -1586,10 +1596,9 @@ def _maybe_ray(workers: int | None, address: str | None) -> None:
     """Start or join Ray unless --workers 0 runs everything in this process
     (compare and stress run each run as one Ray task, not as actors)."""
     if workers != 0:
-        from fedsim.remote.ray_session import RayStartError, init_ray
+        from fedsim.remote.ray_session import init_ray
 
-        with _errors(RayStartError, code=1):  # Ray slower to start than it waits
-            init_ray(address)
+        init_ray(address)  # Ray slower to start than it waits: RayStartError, 1
 
 
 def _exit_if_diverged(n: int, where: str) -> None:
@@ -1615,13 +1624,7 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     with interrupts.stop_at_round_ends():
         try:
-            app()
-        except FedsimError as exc:
-            # fedsim's own errors that no command reported itself: still one
-            # line, with the exit code its kind says (load time 2, run time
-            # 1, a plug-in's failure 3), never a traceback
-            _say("[bold red]error:[/]", _error_text(exc))
-            raise SystemExit(exc.exit_code) from None
+            app()  # fedsim's own errors: one line each (_Commands)
         except SystemExit as exc:
             # typer turns a KeyboardInterrupt no command caught into a
             # silent exit 130 (click's Exit raised from it)
