@@ -1054,20 +1054,23 @@ def _paired_bar(
     x_key: str | None,
 ) -> None:
     """One arm's interval on ``ax``: horizontal at the arm's row (compare),
-    or vertical beside the other arms' at its group (stress)."""
+    or vertical beside the other arms' at its group (stress). An interval
+    without two finite ends (one seed; the confidence sequence of seeds
+    until decided at a few seeds, from -inf to inf) is its mean alone."""
     a = arms.index(text(r["algorithm"], "algorithm"))
     width = 0.8 / max(1, len(arms))
     # grey: one seed, no bar
     color = _VERDICT_COLORS.get(text(r["verdict"], "verdict"), "0.45")
     mean, lo, hi = (number(r[k], k) * scale for k in ("mean", "lo", "hi"))
-    err = [[mean - lo], [hi - mean]] if math.isfinite(lo) else None
+    ends = math.isfinite(lo) and math.isfinite(hi)
+    err = [[mean - lo], [hi - mean]] if ends else None
     marker = _ARM_MARKERS[a % len(_ARM_MARKERS)] if x_key else "o"
     if x_key is None:
         bar = ax.errorbar(mean, a, xerr=err, fmt=marker, color=color, capsize=4)
     else:
         pos = groups.index(r[x_key]) + (a - (len(arms) - 1) / 2) * width
         bar = ax.errorbar(pos, mean, yerr=err, fmt=marker, color=color, capsize=4)
-    if r["verdict"] == "no difference":
+    if r["verdict"] == "no difference" and err is not None:
         bar[-1][0].set_linestyle("--")
 
 
