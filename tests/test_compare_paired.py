@@ -10,6 +10,7 @@ import pytest
 
 from fedsim.scenario import ScenarioError
 from fedsim.tools.compare import (
+    PAIRED_METRICS,
     format_markdown,
     format_paired,
     paired_note,
@@ -359,6 +360,22 @@ def test_max_seeds_below_seeds_is_refused_before_running(command, tmp_path):
     assert not list((tmp_path / "o").glob("*.parquet"))
 
 
+@pytest.mark.parametrize("command", ["compare", "stress"])
+def test_max_seeds_equal_to_seeds_is_one_batch_not_a_refusal(command, tmp_path):
+    """--max-seeds equal to --seeds is taken (one batch): the command goes
+    on to its next check, here an algorithm that does not exist."""
+    args = [command, str(SCENARIOS / "quickstart.yaml"), "-a", "fedavg,nosuch"]
+    if command == "stress":
+        args += ["--sweep", "fleet.groups[0].stragglers.p=0,0.5"]
+    res = fedsim_here(
+        *args,
+        *("--seeds", "3", "--until-decided", "--max-seeds", "3", "--workers", "0"),
+        *("--out", str(tmp_path / "o")),
+    )
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "--max-seeds" not in res.stderr and "'nosuch'" in res.stderr, res.stderr
+
+
 @pytest.mark.slow
 def test_compare_until_decided_from_the_command_line(tmp_path):
     # Execute: one seed a batch, at most two: two seeds never decide
@@ -378,3 +395,40 @@ def test_compare_until_decided_from_the_command_line(tmp_path):
         ("fedprox:mu=1", 1),
     ]
     assert "anytime-valid confidence sequence" in res.stdout
+
+
+@pytest.mark.parametrize("x_key", [None, "cell"])
+def test_paired_figure_draws_an_interval_without_finite_ends(x_key, tmp_path):
+    """The confidence sequence of seeds until decided has no finite ends at
+    a few seeds ("no difference", from -inf to inf): paired.png draws its
+    mean as a point, in compare's layout and in stress's, instead of failing
+    on the dashed bar it does not have."""
+    from fedsim.tools.plots import plot_paired
+    from fedsim.tools.stats import confidence_sequence
+
+    # Prepare: one arm undecided at 2 seeds, one decided-looking finite row
+    open_ended = confidence_sequence([0.1, -0.05])
+    assert (open_ended.lo, open_ended.hi) == (-math.inf, math.inf)
+    assert open_ended.verdict == "no difference"
+    rows = [
+        {
+            "cell": 0,
+            "baseline": "fedavg",
+            "algorithm": arm,
+            "metric": "final_accuracy",
+            "mean": iv.mean,
+            "lo": iv.lo,
+            "hi": iv.hi,
+            "verdict": iv.verdict,
+        }
+        for arm, iv in (
+            ("fednova", open_ended),
+            ("fedprox", paired_interval([0.01, -0.02, 0.015])),
+        )
+    ]
+
+    # Execute
+    path = plot_paired(rows, PAIRED_METRICS, tmp_path / "paired.png", x_key)
+
+    # Assert: a figure with its points drawn
+    assert_figure(path, min_colored=20)

@@ -3,8 +3,9 @@
 Every exception class the package defines derives from
 :class:`fedsim.errors.LoadError` (bad input, exit 2) or
 :class:`fedsim.errors.RunError` (the run could not go on, exit 1; a
-plug-in's own failure 3), and the ``fedsim`` command reports one that no
-command caught itself as one line with that code.
+plug-in's own failure 3), and the ``fedsim`` command reports one that
+ends a command as one line with that code, in one place (its command
+group).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import sys
 
 import pytest
 
@@ -69,16 +71,18 @@ def test_the_kinds_carry_their_exit_codes():
 def test_an_error_no_command_caught_is_one_line_with_its_code(
     monkeypatch, capsys, make, code
 ):
-    # Prepare: a command that lets a fedsim error escape
+    # Prepare: a command (validate) whose first step lets a fedsim error
+    # escape; the command group is the one place that reports it
     from fedsim.tools import cli
 
     exc = make()
     assert isinstance(exc, FedsimError)
 
-    def escaping() -> None:
+    def escaping(*args: object) -> None:
         raise exc
 
-    monkeypatch.setattr(cli, "app", escaping)
+    monkeypatch.setattr(cli, "_load", escaping)
+    monkeypatch.setattr(sys, "argv", ["fedsim", "validate", "any.yaml"])
     # Execute
     with pytest.raises(SystemExit) as ended:
         cli.main()

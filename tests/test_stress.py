@@ -327,6 +327,32 @@ def test_the_default_target_is_chosen_on_held_out_rows_not_the_test_set():
     assert _default_target(no_held_out) is None
 
 
+def test_a_sweep_without_target_uses_the_default_one_on_held_out_rows(tmp_path):
+    """No --target: the sweep measures times to the default target, chosen
+    on the clients' held-out rows of its mildest cell, and says so."""
+    from fedsim.tools.stress import _default_target
+
+    # Execute: held-out rows on the clients, evaluated every round
+    out = run_stress(
+        SCENARIOS / "ci" / "tiny-synthetic.yaml",
+        {"client.lr": [0.05]},
+        ["fedavg"],
+        seeds=1,
+        out_dir=tmp_path / "s",
+        workers=0,
+        overrides=["rounds=3", "data.client_test_fraction=0.3"]
+        + ["eval.federated_every=1"],
+    )
+
+    # Assert: every row measured against that target, and stress.md names it
+    table = pq.read_table(out / "stress.parquet").to_pylist()
+    target = _default_target(table)
+    assert target is not None and 0 < target < 1
+    assert [r["target_accuracy"] for r in table] == [target]
+    text = (out / "stress.md").read_text()
+    assert f"target accuracy: {target * 100:g}% (90% of the best algorithm" in text
+
+
 @pytest.mark.slow
 def test_stress_until_decided_adds_seeds_in_batches(tmp_path: Path):
     # Execute: two seeds cannot decide anything, so the batch of 1 seed is

@@ -5,10 +5,12 @@ scenario or arguments, with one message on stderr and no traceback; 130 stopped.
 
 How the module keeps those promises:
 
-- Every refusal is :func:`_fail` (one ``error:`` line, then the exit code);
-  library errors meant for the user are turned into it by :func:`_errors`,
-  naming the exception kinds, so an unexpected one still shows its
-  traceback (a bug to fix, not a message to word).
+- Every refusal is :func:`_fail` (one ``error:`` line, then the exit code).
+  fedsim's own errors (:class:`fedsim.errors.FedsimError`) are turned into
+  it in one place, the command group :class:`_Commands`, with the exit code
+  their kind says; the few built-in errors a command expects (an OSError
+  writing --out, ...) by :func:`_errors`, naming them. Any other exception
+  still shows its traceback (a bug to fix, not a message to word).
 - Everything is checked before anything is written: the scenario (once,
   with every ``--set`` applied), preflight, the output folder, and for a
   resume every file it will read. A refused command leaves the disk as it
@@ -29,18 +31,23 @@ How the module keeps those promises:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import re
 import shutil
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypedDict, get_type_hints
 
+import click
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -60,7 +67,24 @@ if TYPE_CHECKING:
     from fedsim.spec import ResourceSpec
     from fedsim.tools.tracking import OnRound, Tracked
 
+
+class _Commands(typer.core.TyperGroup):
+    """The ``fedsim`` command group: the one place fedsim's own errors are
+    reported. A :class:`fedsim.errors.FedsimError` that ends a command (or
+    its Ray task) is one ``error:`` line with the exit code its kind says:
+    2 a refused input (load time), 1 a run that could not go on, 3 a
+    plug-in's failure. Any other exception is a bug and keeps its traceback.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except FedsimError as exc:
+            _fail(_error_text(exc), exc.exit_code)
+
+
 app = typer.Typer(
+    cls=_Commands,
     add_completion=False,
     no_args_is_help=True,
     help="fedsim: simulate federated learning on heterogeneous device fleets.",
@@ -220,9 +244,9 @@ def _trackers(log: list[str] | None, folder: Path | None = None) -> list[str]:
     ``folder``'s tensorboard/ goes), before anything runs."""
     if not log:
         return []
-    from fedsim.tools.tracking import TrackingUnavailable, require
+    from fedsim.tools.tracking import require
 
-    with _errors(TrackingUnavailable, ValueError):
+    with _errors(ValueError):  # an unknown kind; fedsim's own errors: _Commands
         require(log or [], folder)
     return list(dict.fromkeys(log or []))
 
@@ -312,17 +336,20 @@ def _fail(message: str, code: int = 2) -> NoReturn:
 
 @contextmanager
 def _errors(*kinds: type[Exception], code: int = 2) -> Iterator[None]:
-    """Report these exceptions as one error line and exit with ``code``.
+    """Report these built-in exceptions as one error line and exit with
+    ``code``. fedsim's own errors (FedsimError, e.g. a DataMissingError,
+    which is also an OSError) go on to :class:`_Commands`, which reports
+    them with their own exit code.
 
     Args:
-        kinds: exceptions whose message is written for the user as is
-            (ScenarioError, DataMissingError, CheckpointError, ...); any
-            other exception is a bug and keeps its traceback.
+        kinds: built-in exceptions whose message is written for the user
+            as is (OSError, ValueError, ...); any other exception is a bug
+            and keeps its traceback.
         code: the exit code for them.
     """
     try:
         yield
-    except typer.Exit:  # a RuntimeError: already said
+    except (typer.Exit, FedsimError):  # typer.Exit: a RuntimeError, already said
         raise
     except kinds as exc:
         _fail(_error_text(exc), code)
@@ -330,8 +357,8 @@ def _errors(*kinds: type[Exception], code: int = 2) -> Iterator[None]:
 
 @contextmanager
 def _worker_errors() -> Iterator[None]:
-    """Report an error that a Ray worker raised (not caught as one of the
-    user's by an enclosing :func:`_errors`) as one line, exit 1: the cause
+    """Report an error that a Ray worker raised (other than fedsim's own,
+    which :class:`_Commands` reports) as one line, exit 1: the cause
     and the worker, never Ray's coloured traceback of the worker. A
     plug-in's failure (:class:`fedsim.hooks.PluginFailure`, raised here or
     in a worker) is one line too, with a run's exit code for it, 3."""
@@ -343,6 +370,8 @@ def _worker_errors() -> Iterator[None]:
         raise
     except PluginFailure as exc:  # an arm's plug-in failed in this process
         _fail(f"{exc}; {_PLUGIN_FAILED}", 3)
+    except FedsimError:  # also from a worker: its kind's code (_Commands)
+        raise
     except Exception as exc:
         if not _is_ray_error(exc):
             raise  # fedsim's own bug: keep its traceback
@@ -366,6 +395,91 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
         return "-" if x is None or x != x else format(x, spec)
     except (TypeError, ValueError):
         return str(x)
+
+
+class _LibraryOptions(TypedDict):
+    """:meth:`ArmsOptions.library`: compare's and run_stress's arguments."""
+
+    seeds: int
+    target_accuracy: float | None
+    overrides: list[str]
+    baseline: str | None
+    max_seeds: int | None
+
+
+@dataclass(frozen=True)
+class ArmsOptions:
+    """The options compare and stress share, declared once: each command
+    takes them after its own (:func:`_arms_command`), so that both spell,
+    check and document them alike."""
+
+    algorithms: AlgorithmsOption
+    seeds: SeedsOption = 3
+    target: TargetOption = None
+    out_dir: OutDirOption = None
+    set_: SetOption = None
+    address: AddressOption = None
+    quiet: QuietOption = False
+    overwrite: OverwriteOption = False
+    baseline: BaselineOption = None
+    log: LogOption = None
+    live: LiveOption = False
+    live_port: LivePortOption = _LIVE_PORT
+    until_decided: UntilDecidedOption = False
+    max_seeds: MaxSeedsOption = 20
+
+    @property
+    def overrides(self) -> list[str]:
+        """The ``--set`` items, in the order given."""
+        return list(self.set_ or [])
+
+    def library(self) -> _LibraryOptions:
+        """The arguments of fedsim.tools.compare.compare and
+        fedsim.tools.stress.run_stress that these options give (``max_seeds``
+        only with ``--until-decided``; None: one batch of seeds)."""
+        return {
+            "seeds": self.seeds,
+            "target_accuracy": self.target,
+            "overrides": self.overrides,
+            "baseline": self.baseline,
+            "max_seeds": self.max_seeds if self.until_decided else None,
+        }
+
+    def check(self) -> None:
+        """Refuse (exit 2) an --out that is a file, and a --max-seeds below
+        --seeds with --until-decided, before anything is loaded."""
+        _expect_dir(self.out_dir, "--out", "an output folder")
+        if self.until_decided and self.max_seeds < self.seeds:
+            _fail(
+                f"--max-seeds {self.max_seeds}: expected at least --seeds "
+                f"({self.seeds})"
+            )
+
+
+def _arms_command(fn: Callable[..., None]) -> Callable[..., None]:
+    """Register ``fn(<its own parameters>, *, opts: ArmsOptions)`` as a
+    command whose options are its own, then :class:`ArmsOptions`' (typer
+    reads a command's options from its signature: the one given here)."""
+    hints = get_type_hints(ArmsOptions, include_extras=True)
+    shared = [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=inspect.Parameter.empty if f.default is MISSING else f.default,
+            annotation=hints[f.name],
+        )
+        for f in fields(ArmsOptions)
+    ]
+    own = inspect.signature(fn, eval_str=True).parameters.values()
+
+    @functools.wraps(fn)
+    def command(**given: Any) -> None:
+        opts = ArmsOptions(**{p.name: given.pop(p.name) for p in shared})
+        fn(**given, opts=opts)
+
+    signature = inspect.Signature([p for p in own if p.name != "opts"] + shared)
+    command.__signature__ = signature  # type: ignore[attr-defined]
+    return app.command(fn.__name__)(command)
 
 
 # The commands' scenario argument (a path: only the commands load it).
@@ -745,7 +859,6 @@ def _preflight(sc: Scenario, scenario: Path, workers: int | None = None) -> None
             scenario's own ``resources.workers``).
     """
     from fedsim.data.errors import ENV_ROOT
-    from fedsim.scenario import ScenarioError
     from fedsim.tools.preflight import preflight
 
     if "root" in type(sc.data).model_fields:  # not e.g. synthetic data
@@ -754,8 +867,7 @@ def _preflight(sc: Scenario, scenario: Path, workers: int | None = None) -> None
         path = Path(root or ".").expanduser()
         if root and path.exists() and not path.is_dir():
             _fail(f"{where} {root}: is a file, expected a data folder")
-    with _errors(ScenarioError):
-        preflight(sc, str(scenario), workers=workers)
+    preflight(sc, str(scenario), workers=workers)
 
 
 def _prepare_run_dir(
@@ -768,7 +880,7 @@ def _prepare_run_dir(
     before anything is written, so a resume that cannot continue exits 2
     with the run directory exactly as it was and still resumable.
     """
-    from fedsim.checkpoint import CheckpointError, check_fingerprint, check_resumable
+    from fedsim.checkpoint import check_fingerprint, check_resumable
     from fedsim.results import atomic_write_bytes, prepare_run_dir
     from fedsim.scenario import dump_scenario, load_scenario
 
@@ -780,11 +892,10 @@ def _prepare_run_dir(
             atomic_write_bytes(run_dir / "scenario.yaml", dump_scenario(sc).encode())
     if resume is None:
         return 0, 0.0
-    with _errors(CheckpointError):
-        # every file the resume reads, before it writes any: a refusal
-        # leaves nothing half-done
-        ck = check_resumable(run_dir)
-        check_fingerprint(run_dir, sc, missing_ok=True)
+    # every file the resume reads, before it writes any: a refusal (a
+    # CheckpointError, exit 2) leaves nothing half-done
+    ck = check_resumable(run_dir)
+    check_fingerprint(run_dir, sc, missing_ok=True)
     resolved = dump_scenario(sc)
     if dump_scenario(load_scenario(run_dir / "scenario.yaml")) != resolved:
         # a --set resources.… (the fingerprint allowed it): the next
@@ -928,16 +1039,31 @@ def _check_out(run_dir: Path, scenario: Path, overwrite: bool) -> None:
             f"--out {run_dir}: the run would write over its own scenario file "
             f"{scenario}; choose another --out"
         )
-    held = [n for n in _RESULTS if (run_dir / n).exists()]
-    if not held:
-        return
-    if not overwrite:
+    resume = f"continue it with: fedsim run --resume {run_dir}, "
+    if _held(run_dir, _RESULTS, overwrite, ("the results of a run", resume)):
+        _clear_run(run_dir)
+
+
+def _held(
+    out_dir: Path, files: tuple[str, ...], overwrite: bool, said: tuple[str, str]
+) -> list[str]:
+    """Which of ``files`` --out holds: refused (exit 2) unless ``overwrite``,
+    naming them, so that no earlier result is mixed with new ones.
+
+    Args:
+        out_dir: the --out folder (it may not exist yet).
+        files: the names the command writes there.
+        overwrite: ``--overwrite`` was given.
+        said: what the files are ("earlier results"), and what else the
+            refusal offers before another --out or --overwrite ("" for none).
+    """
+    held = [n for n in files if (out_dir / n).exists()]
+    if held and not overwrite:
         _fail(
-            f"--out {run_dir} holds the results of a run ({', '.join(held)}); "
-            f"continue it with: fedsim run --resume {run_dir}, choose another "
-            "--out, or pass --overwrite to replace them"
+            f"--out {out_dir} holds {said[0]} ({', '.join(held)}); {said[1]}"
+            "choose another --out, or pass --overwrite to replace them"
         )
-    _clear_run(run_dir)
+    return held
 
 
 def _clear_run(run_dir: Path) -> None:
@@ -963,19 +1089,17 @@ def _start_workers(res: ResourceSpec, workers: int | None, address: str | None) 
     """
     if workers == 0 or (workers is None and res.workers == 0):
         return 0
+    import ray
+
     from fedsim.remote.placement import resolve_workers
-    from fedsim.remote.ray_session import RayStartError, init_ray
-    from fedsim.scenario import ScenarioError
+    from fedsim.remote.ray_session import init_ray
     from fedsim.tools.preflight import check_address, check_ray_resources
 
-    with _errors(ScenarioError), _errors(RayStartError, code=1):
-        if address:
-            check_address(address)
-        init_ray(address)
-        import ray
-
-        n = resolve_workers(res, workers)
-        check_ray_resources(res, n, ray.cluster_resources())
+    if address:
+        check_address(address)
+    init_ray(address)
+    n = resolve_workers(res, workers)
+    check_ray_resources(res, n, ray.cluster_resources())
     return n
 
 
@@ -987,21 +1111,19 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
     memory the system refused; KeyboardInterrupt from set-up goes to the
     caller, which reports it like an interrupt in a round.
     """
-    from fedsim.checkpoint import CheckpointError
-    from fedsim.data import DataError, DataMissingError
-    from fedsim.models import ModelError
-    from fedsim.remote.placement import PlacementError
-    from fedsim.results import UnreadableResults
     from fedsim.runtime import SetupError, run_scenario
 
-    # UnreadableResults: a table changed between the resume's check and its load
-    kinds: tuple[type[Exception], ...] = (DataMissingError, DataError, SetupError)
-    kinds += (CheckpointError, PlacementError, UnreadableResults, ModelError)
     try:
-        with _errors(*kinds), _out_of_memory(run_dir):
+        with _out_of_memory(run_dir):
             return run_scenario(
                 sc, workers=workers, run_dir=run_dir, resume=resume, on_round=on_round
             )
+    except SetupError as exc:
+        # the run's folder or settings refused before any training: the
+        # command line's exit 2, though the library files it as a run error
+        _fail(_error_text(exc))
+    except FedsimError:  # a refused input found only now: _Commands, exit 2
+        raise
     except OSError as exc:
         _say("[bold red]cannot write results:[/]", str(exc))
         if (run_dir / "LATEST").exists():
@@ -1136,10 +1258,9 @@ def validate(
     out.print(text, highlight=False, markup=False, end="", soft_wrap=True)
     if sc.fleet.per_flop:  # speeds in FLOP/s become steps/s for this model
         from fedsim.flops import describe, step_flops
-        from fedsim.models import ModelError
 
-        with _errors(ModelError):  # a count the model gives or torch finds
-            lines = describe(sc.facts, step_flops(sc.facts))
+        # a count the model gives or torch finds (a ModelError: exit 2)
+        lines = describe(sc.facts, step_flops(sc.facts))
         err.print("\n".join(lines), highlight=False)
     err.print(
         f"ok: {scenario} ({sc.fleet.size} devices, {sc.rounds} rounds, "
@@ -1202,12 +1323,11 @@ def report(
     diverged run, and rewrites the report of a run that was resumed.
     """
     from fedsim.tools.page import write_page
-    from fedsim.tools.report import ReportError, write_report
+    from fedsim.tools.report import write_report
 
     try:
-        with _errors(ReportError):
-            path = write_report(run_dir, max_timeline_rounds=timeline_rounds)
-            page = write_page(run_dir) if html else None
+        path = write_report(run_dir, max_timeline_rounds=timeline_rounds)
+        page = write_page(run_dir) if html else None
     except KeyboardInterrupt:
         _say(
             "[yellow]interrupted:[/]",
@@ -1220,27 +1340,15 @@ def report(
         out.print(f"page: {page}", highlight=False, soft_wrap=True)
 
 
-@app.command()
+@_arms_command
 def stress(
     scenario: Annotated[
         Path, typer.Argument(help=f"{_SCENARIO_FILE[:-1]} (a synchronous one).")
     ],
     sweep: SweepOption,
-    algorithms: AlgorithmsOption,
-    seeds: SeedsOption = 3,
-    out_dir: OutDirOption = None,
-    target_accuracy: TargetOption = None,
-    set_: SetOption = None,
     workers: RunsOption = None,
-    address: AddressOption = None,
-    quiet: QuietOption = False,
-    overwrite: OverwriteOption = False,
-    baseline: BaselineOption = None,
-    log: LogOption = None,
-    live: LiveOption = False,
-    live_port: LivePortOption = _LIVE_PORT,
-    until_decided: UntilDecidedOption = False,
-    max_seeds: MaxSeedsOption = 20,
+    *,
+    opts: ArmsOptions,
 ) -> None:
     """Sweep a fleet setting, run each algorithm at each value, and report
     which aggregator degrades least (stress.md, stress.parquet, plots).\f
@@ -1252,43 +1360,35 @@ def stress(
     run diverged (every table is written first), 3 when a plug-in failed
     during a run (one line), 130 when interrupted.
     """
-    from fedsim.data import DataError, DataMissingError
-    from fedsim.models import ModelError
-    from fedsim.scenario import ScenarioError
     from fedsim.tools.stress import run_stress
 
-    _expect_dir(out_dir, "--out", "an output folder")
-    _check_max_seeds(until_decided, max_seeds, seeds)
+    opts.check()
     grid = _sweep_grid(sweep)
-    labels = _algorithms(algorithms)
-    if live and out_dir is None:  # the page needs the folder before it exists
-        out_dir = _default_out("stress", scenario, list(set_ or []))
-    trackers = _trackers(log, out_dir)
+    labels = _algorithms(opts.algorithms)
+    out_dir = opts.out_dir
+    if opts.live and out_dir is None:  # the page needs the folder before it exists
+        out_dir = _default_out("stress", scenario, opts.overrides)
+    trackers = _trackers(opts.log, out_dir)
     if out_dir is not None:
-        _claim_out(out_dir, _STRESS_FILES, overwrite)
-    _maybe_ray(workers, address)
+        _claim_out(out_dir, _STRESS_FILES, opts.overwrite)
+    _maybe_ray(workers, opts.address)
     # innermost first: a plug-in's failure (a RuntimeError) is exit 3
     # before the general RuntimeError handler can make it 1
     with (
         _errors(OSError, RuntimeError, code=1),
         _worker_errors(),
-        _errors(ScenarioError, DataMissingError, DataError, ModelError),
-        _live(live, out_dir or Path("."), live_port, "stress"),
+        _live(opts.live, out_dir or Path("."), opts.live_port, "stress"),
         _sweep_interrupted(out_dir, "stress"),
     ):
         path = run_stress(
             scenario,
             grid,
             labels,
-            seeds=seeds,
             out_dir=out_dir,
             workers=workers,
-            target_accuracy=target_accuracy,
-            overrides=list(set_ or []),
-            progress=None if quiet else _stress_progress,
-            baseline=baseline,
+            progress=None if opts.quiet else _stress_progress,
             log=trackers,
-            max_seeds=max_seeds if until_decided else None,
+            **opts.library(),
         )
     out.print(f"report: {path / 'stress.md'}", highlight=False, soft_wrap=True)
     _write_group_page(path)
@@ -1308,48 +1408,28 @@ def _stress_progress(rec: dict[str, Any]) -> None:
     )
 
 
-def _check_max_seeds(until_decided: bool, max_seeds: int, seeds: int) -> None:
-    """Refuse (exit 2) a --max-seeds below --seeds with --until-decided."""
-    if until_decided and max_seeds < seeds:
-        _fail(f"--max-seeds {max_seeds}: expected at least --seeds ({seeds})")
-
-
 def _sweep_grid(sweep: list[str]) -> dict[str, list[Any]]:
     """stress's ``--sweep`` options as {field: values}, in the order given.
 
     Raises:
         typer.Exit: (code 2) a malformed option, or a field swept twice.
     """
-    from fedsim.scenario import ScenarioError
     from fedsim.tools.stress import parse_sweep
 
     grid: dict[str, list[Any]] = {}
-    with _errors(ScenarioError):
-        for key, values in map(parse_sweep, sweep):
-            if key in grid:
-                _fail(f"--sweep {key}: given twice")
-            grid[key] = values
+    for key, values in map(parse_sweep, sweep):  # a ScenarioError: exit 2
+        if key in grid:
+            _fail(f"--sweep {key}: given twice")
+        grid[key] = values
     return grid
 
 
-@app.command()
+@_arms_command
 def compare(
     scenario: Annotated[Path, typer.Argument(help=_SCENARIO_FILE)],
-    algorithms: AlgorithmsOption,
-    seeds: SeedsOption = 3,
-    target: TargetOption = None,
-    out_dir: OutDirOption = None,
-    set_: SetOption = None,
     workers: RunsOption = 0,
-    address: AddressOption = None,
-    quiet: QuietOption = False,
-    overwrite: OverwriteOption = False,
-    baseline: BaselineOption = None,
-    log: LogOption = None,
-    live: LiveOption = False,
-    live_port: LivePortOption = _LIVE_PORT,
-    until_decided: UntilDecidedOption = False,
-    max_seeds: MaxSeedsOption = 20,
+    *,
+    opts: ArmsOptions,
 ) -> None:
     """Run several algorithms on identical fleets and data, over seeds 0..N-1,
     and write compare.parquet, compare.md and compare.png (accuracy against
@@ -1362,19 +1442,18 @@ def compare(
     comparison (unless --overwrite). Exit 1 when a run diverged, 3 when a
     plug-in failed during a run (one line), 130 when interrupted.
     """
-    from fedsim.data import DataMissingError
     from fedsim.results import default_run_dir, prepare_run_dir
     from fedsim.rows import whole
     from fedsim.tools.compare import compare as run_compare
 
-    overrides = list(set_ or [])
-    _expect_dir(out_dir, "--out", "an output folder")
-    _check_max_seeds(until_decided, max_seeds, seeds)
+    overrides = opts.overrides
+    opts.check()
     sc = _load(scenario, overrides)
-    names = _algorithms(algorithms)
-    trackers = _trackers(log, out_dir)
+    names = _algorithms(opts.algorithms)
+    trackers = _trackers(opts.log, opts.out_dir)
+    out_dir = opts.out_dir
     run_dir = out_dir if out_dir is not None else default_run_dir(f"compare-{sc.name}")
-    _claim_out(run_dir, _COMPARE_FILES, overwrite)
+    _claim_out(run_dir, _COMPARE_FILES, opts.overwrite)
     existed = run_dir.exists()
     with _errors(OSError):
         prepare_run_dir(run_dir)
@@ -1386,26 +1465,22 @@ def compare(
             f"{_fmt(row['final_accuracy'], '.4f')}, {row['wall_time_s']:.0f}s{flag}"
         )
 
-    _maybe_ray(workers, address)
-    # ScenarioError, DataError too; a Ray worker's error as one line
+    _maybe_ray(workers, opts.address)
+    # ValueError: e.g. an algorithm given twice; a Ray worker's error as one line
     with (
         _worker_errors(),
-        _errors(ValueError, DataMissingError),
-        _live(live, run_dir, live_port, "compare"),
+        _errors(ValueError),
+        _live(opts.live, run_dir, opts.live_port, "compare"),
         _sweep_interrupted(run_dir, "compare", existed),
     ):
         table = run_compare(
             scenario,
             names,
-            seeds=seeds,
-            overrides=overrides,
             out_dir=run_dir,
-            target_accuracy=target,
-            progress=None if quiet else show,
+            progress=None if opts.quiet else show,
             workers=workers,
-            baseline=baseline,
             log=trackers,
-            max_seeds=max_seeds if until_decided else None,
+            **opts.library(),
         )
     _write_group_page(run_dir)
     text = (run_dir / "compare.md").read_text()
@@ -1499,14 +1574,7 @@ def _claim_out(out_dir: Path, files: tuple[str, ...], overwrite: bool) -> None:
         files: the names the command writes there (``runs`` is a folder).
         overwrite: ``--overwrite`` was given.
     """
-    held = [n for n in files if (out_dir / n).exists()]
-    if not held:
-        return
-    if not overwrite:
-        _fail(
-            f"--out {out_dir} holds earlier results ({', '.join(held)}); choose "
-            "another --out, or pass --overwrite to replace them"
-        )
+    held = _held(out_dir, files, overwrite, ("earlier results", ""))
     with _errors(OSError):
         for name in held:
             path = out_dir / name
@@ -1528,10 +1596,9 @@ def _maybe_ray(workers: int | None, address: str | None) -> None:
     """Start or join Ray unless --workers 0 runs everything in this process
     (compare and stress run each run as one Ray task, not as actors)."""
     if workers != 0:
-        from fedsim.remote.ray_session import RayStartError, init_ray
+        from fedsim.remote.ray_session import init_ray
 
-        with _errors(RayStartError, code=1):  # Ray slower to start than it waits
-            init_ray(address)
+        init_ray(address)  # Ray slower to start than it waits: RayStartError, 1
 
 
 def _exit_if_diverged(n: int, where: str) -> None:
@@ -1557,13 +1624,7 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     with interrupts.stop_at_round_ends():
         try:
-            app()
-        except FedsimError as exc:
-            # fedsim's own errors that no command reported itself: still one
-            # line, with the exit code its kind says (load time 2, run time
-            # 1, a plug-in's failure 3), never a traceback
-            _say("[bold red]error:[/]", _error_text(exc))
-            raise SystemExit(exc.exit_code) from None
+            app()  # fedsim's own errors: one line each (_Commands)
         except SystemExit as exc:
             # typer turns a KeyboardInterrupt no command caught into a
             # silent exit 130 (click's Exit raised from it)

@@ -41,6 +41,7 @@ from fedsim.scenario import (
 from fedsim.tools.stats import (
     FIRM,
     PairedInterval,
+    PairedMetric,
     confidence_sequence,
     paired_differences,
     paired_interval,
@@ -409,13 +410,7 @@ def run_one(
         raise KeyboardInterrupt  # stop the comparison, not just this run
     rows = with_round_bytes(with_uploads(result.rows, result.clients), result.clients)
     summary = result.summary()
-    target = math.inf if target_accuracy is None else target_accuracy
-    hit = next((r for r in rows if _ge(r["test_accuracy"], target)), None)
-    chi2 = [x for x in _column(rows, "chi2_pw") if math.isfinite(x)]
-    losses = [x for x in _column(rows, "train_loss") if math.isfinite(x)]
-    objective = _points(rows, "round", "train_objective")  # F(x), where on
-    # federated evaluation's accuracy, in the rounds that had one
-    fed = _points(rows, "round", "fed_accuracy")
+    chi2 = _finite(rows, "chi2_pw")
     last_loss = number(rows[-1]["test_loss"], "test_loss") if rows else 0.0
     diverged = result.status == "diverged" or not math.isfinite(last_loss)
     out = {
@@ -423,21 +418,51 @@ def run_one(
         "final_accuracy": nullable(summary["final_test_accuracy"]),
         "best_accuracy": nullable(summary["best_test_accuracy"]),
         "final_test_loss": nullable(summary["final_test_loss"]),
-        "final_train_loss": losses[-1] if losses else math.nan,
-        "final_objective": objective[-1][1] if objective else math.nan,
-        "final_fed_accuracy": fed[-1][1] if fed else math.nan,
-        "best_fed_accuracy": max((y for _, y in fed), default=math.nan),
-        "rounds_to_target": None if hit is None else whole(hit["round"]) + 1,
-        "time_to_target_s": None if hit is None else number(hit["sim_time"]),
+        "final_train_loss": _last(rows, "train_loss"),
+        "final_objective": _last(rows, "train_objective"),  # F(x), where on
+        # federated evaluation's accuracy: NaN in rounds without one
+        "final_fed_accuracy": _last(rows, "fed_accuracy"),
+        "best_fed_accuracy": max(_finite(rows, "fed_accuracy"), default=math.nan),
+        **_at_target(rows, target_accuracy),
         "sim_time_s": float(summary["sim_time_s"]),
         "bytes_down": int(summary["bytes_down"]),
         "bytes_up": int(summary["bytes_up"]),
-        "bytes_up_to_target": None if hit is None else whole(hit["bytes_up_cum"]),
         "mean_chi2_pw": float(np.mean(chi2)) if chi2 else math.nan,
         "wall_time_s": result.wall_time_s,
         **round_policy(sc),
     }
-    return out, rows
+    return {k: out[k] for k in COMPARE_SCHEMA.names}, rows  # the table's order
+
+
+def _finite(rows: Sequence[Row], key: str) -> list[float]:
+    """The finite values of a round column, in round order (a round that
+    did not evaluate or record it holds NaN or None)."""
+    return [y for _, y in _points(rows, "round", key)]
+
+
+def _last(rows: Sequence[Row], key: str) -> float:
+    """The last finite value of a round column (NaN when there is none)."""
+    values = _finite(rows, key)
+    return values[-1] if values else math.nan
+
+
+def _at_target(rows: Sequence[Row], target_accuracy: float | None) -> dict[str, object]:
+    """A run's target columns, read at the first round whose test accuracy
+    reached the target: rounds done, simulated time and bytes uploaded
+    (``rows`` carry ``bytes_up_cum``, :func:`with_uploads`); None when no
+    round reached it, or no target was given."""
+    target = math.inf if target_accuracy is None else target_accuracy
+    hit = next((r for r in rows if _ge(r["test_accuracy"], target)), None)
+    if hit is None:
+        return dict.fromkeys(_TARGET_COLUMNS)
+    return {
+        "rounds_to_target": whole(hit["round"]) + 1,
+        "time_to_target_s": number(hit["sim_time"]),
+        "bytes_up_to_target": whole(hit["bytes_up_cum"]),
+    }
+
+
+_TARGET_COLUMNS = ("rounds_to_target", "time_to_target_s", "bytes_up_to_target")
 
 
 def round_policy(sc: Scenario) -> dict[str, object]:
@@ -561,29 +586,6 @@ def _spread(rs: Sequence[Row], keys: str, suffix: str) -> dict[str, float]:
     return out
 
 
-@dataclass(frozen=True)
-class PairedMetric:
-    """A column of the run rows that arms are compared on, seed by seed.
-
-    Attributes:
-        key: the column (a run row's key).
-        label: how tables and figures name it.
-        higher_is_better: whether a larger value is better (accuracy) or
-            worse (objective, rounds and time to target).
-        scale: the factor tables print it with (100: accuracy in points).
-        unit: the printed unit.
-        censor: for a target metric, the run row's key its length is in
-            (a run that missed the target is censored there); "" for a value.
-    """
-
-    key: str
-    label: str
-    higher_is_better: bool
-    scale: float = 1.0
-    unit: str = ""
-    censor: str = ""
-
-
 PAIRED_METRICS = (
     PairedMetric("final_accuracy", "final accuracy", True, 100.0, "points"),
     PairedMetric("final_objective", "training objective F(x)", False),
@@ -659,32 +661,41 @@ def paired_values(
         metric: what to compare.
     """
     by_seed = {whole(r["seed"], "seed"): r for r in base}
+    pair = _value_pair if not metric.censor else _target_pair
     diffs: list[float] = []
     left_out = 0
     for r in sorted(arm, key=lambda r: whole(r["seed"], "seed")):
         b = by_seed.get(whole(r["seed"], "seed"))
-        if b is None:
-            continue
-        if not metric.censor:
-            recorded = _ge(r.get(metric.key), -math.inf) or _ge(
-                b.get(metric.key), -math.inf
-            )  # a metric neither run recorded has no pair to leave out
-            if r.get("diverged") or b.get("diverged"):
-                left_out += recorded
-                continue
-            diffs += paired_differences({0: r.get(metric.key)}, {0: b.get(metric.key)})
-            continue
-        x, y = censored(r, metric), censored(b, metric)
-        if x is None or y is None:
-            continue
-        hit_x, hit_y = (
-            _ge(r.get(metric.key), -math.inf),
-            _ge(b.get(metric.key), -math.inf),
-        )
-        x = x if hit_x or not hit_y else max(x, y)  # a miss never beats a reach
-        y = y if hit_y or not hit_x else max(x, y)
-        diffs += [0.0] if not (hit_x or hit_y) else paired_differences({0: x}, {0: y})
+        if b is not None:  # a seed either arm lacks is left out silently
+            diff, out = pair(r, b, metric)
+            diffs += diff
+            left_out += out
     return diffs, left_out
+
+
+def _value_pair(r: Row, b: Row, metric: PairedMetric) -> tuple[list[float], int]:
+    """One seed's difference of a value (:func:`paired_values`): none when
+    either run diverged, then counted as left out if either recorded it."""
+    x, y = r.get(metric.key), b.get(metric.key)
+    if r.get("diverged") or b.get("diverged"):
+        # a metric neither run recorded has no pair to leave out
+        return [], int(_ge(x, -math.inf) or _ge(y, -math.inf))
+    return paired_differences({0: x}, {0: y}), 0
+
+
+def _target_pair(r: Row, b: Row, metric: PairedMetric) -> tuple[list[float], int]:
+    """One seed's difference of a target (:func:`paired_values`): a miss
+    censored at its run's length, never placed before the other's reach;
+    both missed a tie; none when a row has no length either. Never left out."""
+    x, y = censored(r, metric), censored(b, metric)
+    if x is None or y is None:
+        return [], 0
+    hit_x, hit_y = _ge(r.get(metric.key), -math.inf), _ge(b.get(metric.key), -math.inf)
+    if not (hit_x or hit_y):
+        return [0.0], 0
+    x = x if hit_x or not hit_y else max(x, y)  # a miss never beats a reach
+    y = y if hit_y or not hit_x else max(x, y)
+    return paired_differences({0: x}, {0: y}), 0
 
 
 def _reached(rs: Sequence[Row], key: str) -> str:
@@ -763,36 +774,89 @@ def paired_table(
         Rows of :data:`PAIRED_SCHEMA` (preceded by the ``by`` keys), groups
         in first-seen order, arms in first-seen order.
     """
+    metrics = _pairable(runs, metrics)
     out = []
-    groups = dict.fromkeys(tuple(r[k] for k in by) for r in runs)
-    if runs and per_round_time(runs) is not None:  # the same evidence as rounds
-        metrics = [m for m in metrics if m.key != "time_to_target_s"]
-    # a target no run reached (or none given) has nothing to pair
-    metrics = [
-        m for m in metrics if not m.censor or any(_ge(r.get(m.key), 0) for r in runs)
-    ]
-    for group in groups:
-        mine = [r for r in runs if tuple(r[k] for k in by) == group]
+    for group, mine in _groups(runs, by).items():
         base = [r for r in mine if r["algorithm"] == baseline]
-        for label in dict.fromkeys(r["algorithm"] for r in mine):
-            arm = [r for r in mine if r["algorithm"] == label]
+        for (label,), arm in _groups(mine, ("algorithm",)).items():
             if label == baseline:
                 continue
             for m in metrics:
                 diffs, left_out = paired_values(arm, base, m)
-                if not diffs and not left_out:
-                    continue
-                out.append(
-                    {
-                        **dict(zip(by, group, strict=True)),
-                        **_paired_row(diffs, m, decide),
-                        "baseline": baseline,
-                        "algorithm": label,
-                        "reached": _reached_pair(arm, base, m),
-                        "left_out": left_out,
-                    }
-                )
+                if diffs or left_out:
+                    out.append(
+                        {
+                            **dict(zip(by, group, strict=True)),
+                            **_paired_row(diffs, m, decide),
+                            "baseline": baseline,
+                            "algorithm": label,
+                            "reached": _reached_pair(arm, base, m),
+                            "left_out": left_out,
+                        }
+                    )
     return out
+
+
+def _groups(
+    rows: Sequence[Row], keys: Sequence[str]
+) -> dict[tuple[object, ...], list[Row]]:
+    """``rows`` by their values of ``keys``, groups in first-seen order."""
+    out: dict[tuple[object, ...], list[Row]] = {}
+    for r in rows:
+        out.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return out
+
+
+def _pairable(
+    runs: Sequence[Row], metrics: Sequence[PairedMetric]
+) -> list[PairedMetric]:
+    """The metrics :func:`paired_table` gives rows: not time to target
+    where it is rounds times the window (the same evidence as rounds), and
+    no target no run reached (or none given: nothing to pair)."""
+    same_as_rounds = bool(runs) and per_round_time(runs) is not None
+    return [
+        m
+        for m in metrics
+        if not (same_as_rounds and m.key == "time_to_target_s")
+        and (not m.censor or any(_ge(r.get(m.key), 0) for r in runs))
+    ]
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """How compare and stress pair their arms, and read the pairs.
+
+    Attributes:
+        baseline: the arm every other is paired with.
+        decide: the interval: :func:`fedsim.tools.stats.paired_interval`,
+            or with seeds added until decided the anytime-valid
+            :func:`fedsim.tools.stats.confidence_sequence`
+            (:func:`interval_for`).
+        target: the target accuracy given (None: none; stress then picks
+            its default).
+    """
+
+    baseline: str
+    decide: Callable[..., PairedInterval] = paired_interval
+    target: float | None = None
+
+    def table(
+        self,
+        runs: Sequence[Row],
+        metrics: Sequence[PairedMetric] = PAIRED_METRICS,
+        by: Sequence[str] = (),
+    ) -> list[dict[str, object]]:
+        """:func:`paired_table` of ``runs`` against the baseline."""
+        return paired_table(runs, self.baseline, metrics, by, self.decide)
+
+    def settled(self, runs: Sequence[Row]) -> bool:
+        """Whether every arm is decided against the baseline on final
+        accuracy, and with a target on rounds to it (:func:`undecided`)."""
+        return not undecided(runs, self.baseline, self.target is not None)
+
+    def note(self, runs: Sequence[Row]) -> str:
+        """:func:`paired_note` under the table of ``runs``."""
+        return paired_note(self.baseline, per_round_time(runs), self.decide)
 
 
 def _paired_row(
@@ -1096,13 +1160,11 @@ def compare(
     if not algorithms:
         raise ValueError("no algorithms to compare")
     algorithms = check_variants(scenario_path, algorithms, overrides)
-    base = resolve_baseline(baseline, algorithms)
+    pairing = Pairing(resolve_baseline(baseline, algorithms), decide, target_accuracy)
     stems = file_stems(algorithms)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         (out / "runs").mkdir(parents=True, exist_ok=True)
-
-    tables = (scenario_path, overrides, target_accuracy, base, decide)
 
     def finish(res: _RunResult, so_far: list[_RunResult]) -> None:
         # Written as each run ends (atomically): an interrupted comparison
@@ -1112,7 +1174,7 @@ def compare(
         if out is not None:  # each run's rounds, then the tables so far
             name = f"{stems[arm]}-seed{seed}.parquet"
             write_table(out / "runs" / name, rounds, ROUND_SCHEMA)
-            _write_tables(out, [r for r, _ in so_far], *tables)
+            _write_tables(out, so_far, scenario_path, overrides, pairing)
         if group is not None:  # one tracked run per arm and seed
             sc = load_variant(scenario_path, arm, seed, overrides)[0]
             name = f"{stems[arm]}-seed{seed}"
@@ -1127,12 +1189,12 @@ def compare(
         workers,
         finish,
         (seeds, max_seeds),
-        lambda rs: not undecided([r for r, _ in rs], base, target_accuracy is not None),
+        lambda rs: pairing.settled([r for r, _ in rs]),
     )
     if group is not None:
         group.close()
     if out is not None:
-        _write_figures(out, results, target_accuracy, base, decide)
+        _write_figures(out, results, pairing)
     return summarize_runs([row for row, _ in results], target_accuracy)
 
 
@@ -1211,25 +1273,16 @@ def undecided(
     metrics = [m for m in PAIRED_METRICS if m.key in keys]
     rows = paired_table(runs, baseline, metrics, by, confidence_sequence)
     done = FIRM | {"identical on every seed"}
+    decided = {
+        (r["algorithm"], tuple(r[k] for k in by), r["metric"])
+        for r in rows
+        if r["verdict"] in done
+    }
     arms = dict.fromkeys(
         text(r["algorithm"]) for r in runs if r["algorithm"] != baseline
     )
-    groups = dict.fromkeys(tuple(r[k] for k in by) for r in runs)
-    return [
-        a
-        for a in arms
-        if any(
-            {
-                r["metric"]
-                for r in rows
-                if r["algorithm"] == a
-                and tuple(r[k] for k in by) == g
-                and r["verdict"] in done
-            }
-            != keys
-            for g in groups
-        )
-    ]
+    wanted = list(itertools.product(_groups(runs, by), keys))  # (group, metric)
+    return [a for a in arms if any((a, g, k) not in decided for g, k in wanted)]
 
 
 def _jobs_of(
@@ -1246,39 +1299,32 @@ def _jobs_of(
     ]
 
 
-def _write_figures(
-    out: Path,
-    results: Sequence[_RunResult],
-    target: float | None,
-    baseline: str,
-    decide: Callable[..., PairedInterval] = paired_interval,
-) -> None:
+def _write_figures(out: Path, results: Sequence[_RunResult], pairing: Pairing) -> None:
     """compare.png and paired.png, once every run has ended."""
     from fedsim.tools.plots import plot_paired
 
-    plot_compare(results, target, out / "compare.png")
-    paired = paired_table([row for row, _ in results], baseline, decide=decide)
+    plot_compare(results, pairing.target, out / "compare.png")
+    paired = pairing.table([row for row, _ in results])
     plot_paired(paired, PAIRED_METRICS, out / "paired.png")
 
 
 def _write_tables(
     out: Path,
-    runs: list[dict[str, object]],
+    results: Sequence[_RunResult],
     scenario_path: str | Path,
     overrides: Sequence[str],
-    target_accuracy: float | None,
-    baseline: str,
-    decide: Callable[..., PairedInterval] = paired_interval,
+    pairing: Pairing,
 ) -> None:
     """compare.parquet (one row per run so far), paired.parquet (each arm
-    against ``baseline``) and compare.md (their mean and spread per
+    against the baseline) and compare.md (their mean and spread per
     algorithm, then the paired differences), each replaced atomically: a
     reader, or an interrupted comparison, sees the runs that finished and
     no half file."""
     from fedsim.results import atomic_write_bytes, write_table
 
+    runs = [row for row, _ in results]
     write_table(out / "compare.parquet", runs, COMPARE_SCHEMA)
-    paired = paired_table(runs, baseline, decide=decide)
+    paired = pairing.table(runs)
     write_table(out / "paired.parquet", paired, PAIRED_SCHEMA)
     notes = [
         f"scenario: `{scenario_path}`",
@@ -1289,13 +1335,13 @@ def _write_tables(
         "%: the clients' held-out rows (eval.federated_every), where a best "
         "over rounds may be taken; mean ± sample std over seeds",
     ]
-    table = summarize_runs(runs, target_accuracy)
+    table = summarize_runs(runs, pairing.target)
     text = format_markdown(table, f"compare: {Path(scenario_path).stem}", notes)
     text += "\n".join(
-        ["", f"## Paired against {baseline}", "", *format_paired(paired)]
+        ["", f"## Paired against {pairing.baseline}", "", *format_paired(paired)]
         + [
             "",
-            paired_note(baseline, per_round_time(runs), decide),
+            pairing.note(runs),
             "",
             "![paired differences](paired.png)",
             "",
@@ -1398,13 +1444,7 @@ def plot_compare(
     from fedsim.tools.plots import _new_figure, _save
 
     colors = _colors(text(row["algorithm"], "algorithm") for row, _ in results)
-    curves = [
-        (
-            row["algorithm"],
-            [{**r, "upload_mb": number(r["bytes_up_cum"]) / 1e6} for r in c],
-        )
-        for row, c in results
-    ]
+    curves = [(row["algorithm"], _with_upload_mb(c)) for row, c in results]
     panels = [
         ("sim_time", "test_accuracy", "simulated time (s)"),
         ("round", "test_accuracy", "rounds completed"),
@@ -1419,15 +1459,32 @@ def plot_compare(
         for label, color in colors.items():
             mine = [c for lab, c in curves if lab == label]  # by seed
             _draw_band(ax, mine, (x_key, y_key), color, label)
-        if y_key == "test_accuracy":
-            if target is not None:
-                ax.axhline(target, color="0.3", linestyle="--", linewidth=1)
-            ax.set(xlabel=xlabel, ylabel="test accuracy")
-        else:
-            _frame_objective(ax, [c for _, c in curves], xlabel)
-        ax.grid(alpha=0.3)
+        _frame_panel(ax, y_key, xlabel, target, [c for _, c in curves])
     axes[0].legend(fontsize=8, loc="lower right")
     seeds = len({row["seed"] for row, _ in results})
     what = "test accuracy and training objective" if objective else "test accuracy"
     fig.suptitle(f"{what}: mean over {seeds} seed(s), band from min to max")
     return _save(fig, path)
+
+
+def _with_upload_mb(rounds: Sequence[Row]) -> list[Row]:
+    """Copies of a run's round rows with ``upload_mb``: MB uploaded so far."""
+    return [{**r, "upload_mb": number(r["bytes_up_cum"]) / 1e6} for r in rounds]
+
+
+def _frame_panel(
+    ax: Axes,
+    y_key: str,
+    xlabel: str,
+    target: float | None,
+    curves: Sequence[Sequence[Row]],
+) -> None:
+    """A compare.png panel's labels and grid: test accuracy with the target
+    dashed, or the training objective (:func:`_frame_objective`)."""
+    if y_key != "test_accuracy":
+        _frame_objective(ax, curves, xlabel)
+    else:
+        if target is not None:
+            ax.axhline(target, color="0.3", linestyle="--", linewidth=1)
+        ax.set(xlabel=xlabel, ylabel="test accuracy")
+    ax.grid(alpha=0.3)

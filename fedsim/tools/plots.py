@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypedDict
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +43,7 @@ from fedsim.algorithms.sampling import weight_shares
 from fedsim.links import spearman
 from fedsim.results import atomic_write_bytes
 from fedsim.rows import Row, number, text, whole
+from fedsim.tools.stats import PairedMetric
 
 # One DPI for drawing and saving: text and marker sizes in points then map to
 # the same pixels in every figure.
@@ -1053,20 +1054,23 @@ def _paired_bar(
     x_key: str | None,
 ) -> None:
     """One arm's interval on ``ax``: horizontal at the arm's row (compare),
-    or vertical beside the other arms' at its group (stress)."""
+    or vertical beside the other arms' at its group (stress). An interval
+    without two finite ends (one seed; the confidence sequence of seeds
+    until decided at a few seeds, from -inf to inf) is its mean alone."""
     a = arms.index(text(r["algorithm"], "algorithm"))
     width = 0.8 / max(1, len(arms))
     # grey: one seed, no bar
     color = _VERDICT_COLORS.get(text(r["verdict"], "verdict"), "0.45")
     mean, lo, hi = (number(r[k], k) * scale for k in ("mean", "lo", "hi"))
-    err = [[mean - lo], [hi - mean]] if math.isfinite(lo) else None
+    ends = math.isfinite(lo) and math.isfinite(hi)
+    err = [[mean - lo], [hi - mean]] if ends else None
     marker = _ARM_MARKERS[a % len(_ARM_MARKERS)] if x_key else "o"
     if x_key is None:
         bar = ax.errorbar(mean, a, xerr=err, fmt=marker, color=color, capsize=4)
     else:
         pos = groups.index(r[x_key]) + (a - (len(arms) - 1) / 2) * width
         bar = ax.errorbar(pos, mean, yerr=err, fmt=marker, color=color, capsize=4)
-    if r["verdict"] == "no difference":
+    if r["verdict"] == "no difference" and err is not None:
         bar[-1][0].set_linestyle("--")
 
 
@@ -1079,33 +1083,9 @@ _VERDICT_COLORS = {
 }
 
 
-class PairedMetricLike(Protocol):
-    """How :func:`plot_paired` draws a metric (fedsim.tools.compare.PairedMetric)."""
-
-    @property
-    def key(self) -> str:
-        """The paired rows' ``metric``."""
-
-    @property
-    def label(self) -> str:
-        """How panels name it."""
-
-    @property
-    def higher_is_better(self) -> bool:
-        """Whether a positive difference is better."""
-
-    @property
-    def scale(self) -> float:
-        """The factor the values are drawn with."""
-
-    @property
-    def unit(self) -> str:
-        """The unit printed in the axis label ("" for none)."""
-
-
 def plot_paired(
     rows: Sequence[Row],
-    metrics: Sequence[PairedMetricLike],
+    metrics: Sequence[PairedMetric],
     path: Path,
     x_key: str | None = None,
     x_labels: Mapping[int, str] | None = None,
@@ -1123,7 +1103,7 @@ def plot_paired(
     Args:
         rows: the paired rows (``metric``, ``algorithm``, ``mean``, ``lo``,
             ``hi``, ``verdict``, ``baseline``).
-        metrics: fedsim.tools.compare.PairedMetric per metric, in panel order.
+        metrics: the metrics, in panel order.
         path: where the PNG goes.
         x_key: the row key of the groups, or None.
         x_labels: each group's tick label, by its value (stress: the cell
@@ -1142,31 +1122,71 @@ def plot_paired(
         return _save(fig, path)
     for ax, m in zip(axes, shown, strict=True):
         mine = [r for r in rows if r["metric"] == m.key]
-        for r in mine:
-            _paired_bar(ax, r, m.scale, arms, groups, x_key)
-        unit = f" ({m.unit})" if m.unit else ""
-        label = f"difference in {m.label}{unit}"
-        if x_key is None:
-            ax.axvline(0, color="0.3", linewidth=1)
-            ax.set_yticks(range(len(arms)), arms)
-            ax.set(xlabel=label, ylim=(-0.6, len(arms) - 0.4))
-            ax.grid(axis="x", alpha=0.3)
-        else:
-            ax.axhline(0, color="0.3", linewidth=1)
-            tick: dict[object, str] = {k: v for k, v in (x_labels or {}).items()}
-            ticks = [tick.get(g, str(g)) for g in groups]
-            ax.set_xticks(range(len(groups)), ticks, fontsize=8)
-            ax.set(ylabel=label)
-            ax.grid(axis="y", alpha=0.3)
-        better = "higher" if m.higher_is_better else "lower"
-        ax.set_title(f"{m.label}: {better} is better", fontsize=9)
-    if x_key is not None:
-        handles = [
-            Line2D([], [], color="0.4", marker=_ARM_MARKERS[i % len(_ARM_MARKERS)],
-                   linestyle="", label=a)
-            for i, a in enumerate(arms)
-        ]  # fmt: skip
-        axes[0].legend(handles=handles, fontsize=7, title="left to right")
+        _paired_panel(ax, mine, m, (arms, groups), x_key, x_labels)
+    if x_key is not None:  # the arms' markers, which tell the bars apart
+        _arm_legend(axes[0], arms)
     base = rows[0]["baseline"]
     fig.suptitle(f"each arm minus {base}, per seed: mean and 95% t interval")
     return _save(fig, path)
+
+
+def _paired_panel(
+    ax: Axes,
+    rows: Sequence[Row],
+    m: PairedMetric,
+    arms_groups: tuple[list[str], list[object]],
+    x_key: str | None,
+    x_labels: Mapping[int, str] | None,
+) -> None:
+    """One metric's panel of paired.png (:func:`plot_paired`): a bar per
+    row, laid out as compare's (an arm a row) or stress's (groups across).
+
+    Args:
+        ax: the panel.
+        rows: the metric's paired rows.
+        m: the metric.
+        arms_groups: every arm, and every group (``[None]`` for compare).
+        x_key: the row key of the groups, or None.
+        x_labels: each group's tick label, by its value (or None).
+    """
+    arms, groups = arms_groups
+    for r in rows:
+        _paired_bar(ax, r, m.scale, arms, groups, x_key)
+    unit = f" ({m.unit})" if m.unit else ""
+    label = f"difference in {m.label}{unit}"
+    if x_key is None:
+        _arms_down(ax, label, arms)
+    else:
+        _groups_across(ax, label, groups, x_labels or {})
+    better = "higher" if m.higher_is_better else "lower"
+    ax.set_title(f"{m.label}: {better} is better", fontsize=9)
+
+
+def _arm_legend(ax: Axes, arms: Sequence[str]) -> None:
+    """stress's paired legend: each arm's marker, left to right in a group."""
+    handles = [
+        Line2D([], [], color="0.4", marker=_ARM_MARKERS[i % len(_ARM_MARKERS)],
+               linestyle="", label=a)
+        for i, a in enumerate(arms)
+    ]  # fmt: skip
+    ax.legend(handles=handles, fontsize=7, title="left to right")
+
+
+def _arms_down(ax: Axes, label: str, arms: Sequence[str]) -> None:
+    """compare's paired panel: an arm per row, differences along x from 0."""
+    ax.axvline(0, color="0.3", linewidth=1)
+    ax.set_yticks(range(len(arms)), arms)
+    ax.set(xlabel=label, ylim=(-0.6, len(arms) - 0.4))
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _groups_across(
+    ax: Axes, label: str, groups: Sequence[object], x_labels: Mapping[int, str]
+) -> None:
+    """stress's paired panel: the groups (cells) along x, each labelled by
+    ``x_labels`` (``str(value)`` without one), differences up from 0."""
+    ax.axhline(0, color="0.3", linewidth=1)
+    tick: dict[object, str] = {k: v for k, v in x_labels.items()}
+    ax.set_xticks(range(len(groups)), [tick.get(g, str(g)) for g in groups], fontsize=8)
+    ax.set(ylabel=label)
+    ax.grid(axis="y", alpha=0.3)

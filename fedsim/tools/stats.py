@@ -105,6 +105,30 @@ class PairedInterval:
         return (self.hi - self.lo) / 2
 
 
+@dataclass(frozen=True)
+class PairedMetric:
+    """A column of the run rows that arms are compared on, seed by seed
+    (fedsim.tools.compare pairs them; fedsim.tools.plots draws them).
+
+    Attributes:
+        key: the column (a run row's key).
+        label: how tables and figures name it.
+        higher_is_better: whether a larger value is better (accuracy) or
+            worse (objective, rounds and time to target).
+        scale: the factor tables print it with (100: accuracy in points).
+        unit: the printed unit.
+        censor: for a target metric, the run row's key its length is in
+            (a run that missed the target is censored there); "" for a value.
+    """
+
+    key: str
+    label: str
+    higher_is_better: bool
+    scale: float = 1.0
+    unit: str = ""
+    censor: str = ""
+
+
 def paired_differences(
     arm: Mapping[int, object], baseline: Mapping[int, object]
 ) -> list[float]:

@@ -25,6 +25,7 @@ from fedsim.tools.compare import (
     PAIRED_SCHEMA,
     RUN_COLUMNS,
     TOOL_FIELDS,
+    Pairing,
     _colors,
     _column,
     _ge,
@@ -40,9 +41,6 @@ from fedsim.tools.compare import (
     format_paired,
     interval_for,
     load_variant,
-    paired_note,
-    paired_table,
-    per_round_time,
     resolve_baseline,
     round_policy,
     run_batches,
@@ -59,7 +57,6 @@ if TYPE_CHECKING:
     from fedsim.tools.plots import RGBA
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, read_yaml
 from fedsim.tools.stats import (
-    PairedInterval,
     paired_differences,
     paired_interval,
     seeds_needed,
@@ -741,24 +738,14 @@ def plot_taus(
     width = 0.8 / max(1, len(values))
     for vi, v in enumerate(values):
         done = [t for t in _at(taus, cells, path_name, v) if not t["dropped"]]
-        data = [
-            _column([t for t in done if t["device_group"] == g], "tau") for g in groups
-        ]
         pos = np.arange(len(groups)) + (vi - (len(values) - 1) / 2) * width
-        keep = [i for i, d in enumerate(data) if d]
-        if not keep:
-            continue
-        ax.boxplot(
-            [data[i] for i in keep],
-            positions=pos[keep],
-            widths=width * 0.85,
-            patch_artist=True,
-            showfliers=False,
-            medianprops={"color": "black"},
-            boxprops={"facecolor": colors[v], "alpha": 0.6},
-        )
-        label = f"{path_name} = {v}"
-        ax.plot([], [], color=colors[v], linewidth=6, alpha=0.6, label=label)
+        boxes = [
+            (p, ts)
+            for p, g in zip(pos, groups, strict=True)
+            if (ts := _column([t for t in done if t["device_group"] == g], "tau"))
+        ]  # a group with no completed update at this value has no box
+        if boxes:
+            _tau_boxes(ax, boxes, width, colors[v], f"{path_name} = {v}")
     ax.set_xticks(np.arange(len(groups)), groups)
     ax.set(xlabel="device group", ylabel="local steps tau of completed updates")
     ax.grid(axis="y", alpha=0.3)
@@ -767,6 +754,27 @@ def plot_taus(
         "tau per device group (synchronous runs, pooled over algorithms and seeds)"
     )
     return _save(fig, path)
+
+
+def _tau_boxes(
+    ax: Axes,
+    boxes: Sequence[tuple[float, list[float]]],
+    width: float,
+    color: RGBA,
+    label: str,
+) -> None:
+    """One swept value's boxes on tau_by_group.png: a box per ``(position,
+    taus)``, and the value once in the legend."""
+    ax.boxplot(
+        [ts for _, ts in boxes],
+        positions=[p for p, _ in boxes],
+        widths=width * 0.85,
+        patch_artist=True,
+        showfliers=False,
+        medianprops={"color": "black"},
+        boxprops={"facecolor": color, "alpha": 0.6},
+    )
+    ax.plot([], [], color=color, linewidth=6, alpha=0.6, label=label)
 
 
 def run_stress(
@@ -812,7 +820,7 @@ def run_stress(
     stems = file_stems(algorithms)
     out = Path(out_dir) if out_dir is not None else default_run_dir(f"stress-{name}")
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    decide = interval_for(seeds, max_seeds)
+    pairing = Pairing(base, interval_for(seeds, max_seeds), target_accuracy)
 
     def finish(res: RunOutput, so_far: list[RunOutput]) -> None:
         # Each run's rounds, then the table so far: an interrupted sweep
@@ -821,7 +829,7 @@ def run_stress(
         arm, seed, ci = text(rec["algorithm"]), whole(rec["seed"]), whole(rec["cell"])
         run = f"{ci:02d}-{stems[arm]}-seed{seed}.parquet"
         write_table(out / "runs" / run, res["rounds"], ROUND_SCHEMA)
-        _write_tables(out, so_far, cells, target_accuracy, base, decide)
+        _write_tables(out, so_far, cells, pairing)
         if group is not None:  # one tracked run per cell, arm and seed
             sc = load_variant(str(scenario_path), arm, seed, overrides, cells[ci])[0]
             name = f"{ci:02d}-{stems[arm]}-seed{seed}"
@@ -845,9 +853,7 @@ def run_stress(
     if group is not None:
         group.close()
     notes = _notes(scenario_path, sweep, algorithms, seeds, overrides)
-    _write_report(
-        out, results, cells, scenario_path, notes, target_accuracy, base, decide
-    )
+    _write_report(out, results, cells, scenario_path, notes, pairing)
     return out
 
 
@@ -929,13 +935,10 @@ def _write_report(
     cells: list[dict[str, object]],
     scenario_path: str | Path,
     notes: list[str],
-    target_accuracy: float | None,
-    baseline: str,
-    decide: Callable[..., PairedInterval] = paired_interval,
+    pairing: Pairing,
 ) -> None:
     """stress.parquet, paired.parquet, stress.md, taus.parquet and the four
-    figures (``decide``: the paired interval, or the confidence sequence of
-    seeds added until decided).
+    figures.
 
     Called once every run has finished: the default target needs every run
     of the mildest cell, and the verdict every run of the first and last
@@ -945,11 +948,9 @@ def _write_report(
     from fedsim.results import atomic_write_bytes, write_table
     from fedsim.tools.plots import plot_paired
 
-    records, target = _write_tables(
-        out, results, cells, target_accuracy, baseline, decide
-    )
+    records, target = _write_tables(out, results, cells, pairing)
     if target is not None:
-        how = "given" if target_accuracy is not None else _DEFAULT_TARGET
+        how = "given" if pairing.target is not None else _DEFAULT_TARGET
         notes.append(f"target accuracy: {target * 100:g}% ({how})")
     else:
         notes.append(
@@ -973,14 +974,14 @@ def _write_report(
     deg = degradation(records, cells, paths[0])
     chance = max((r["chance"] for r in results), default=0.0)
     title = f"stress: {Path(scenario_path).stem}"
-    paired = paired_table(records, baseline, STRESS_PAIRED, ("cell",), decide)
+    paired = pairing.table(records, STRESS_PAIRED, ("cell",))
     for r in paired:
         r.update(cells[whole(r["cell"])])
-    section = [f"## Paired against {baseline}, cell by cell", ""]
+    section = [f"## Paired against {pairing.baseline}, cell by cell", ""]
     section += format_paired(paired, STRESS_PAIRED, lead=paths)
     section += [
         "",
-        paired_note(baseline, per_round_time(records), decide),
+        pairing.note(records),
         "",
         "![paired differences](paired.png)",
     ]
@@ -1003,21 +1004,20 @@ def _write_tables(
     out: Path,
     results: list[RunOutput],
     cells: Sequence[Cell],
-    target_accuracy: float | None,
-    baseline: str,
-    decide: Callable[..., PairedInterval] = paired_interval,
+    pairing: Pairing,
 ) -> tuple[list[dict[str, object]], float | None]:
     """stress.parquet with times to target filled in, and paired.parquet
-    (each arm against ``baseline`` in every cell), rewritten as runs end.
+    (each arm against the baseline in every cell), rewritten as runs end.
 
     Returns:
         The records with ``target_accuracy`` and ``time_to_target_s`` (None:
-        not reached), and the target used (None: no run has an accuracy).
+        not reached), and the target used: the one given, else the default
+        (None: no run has an accuracy).
     """
     from fedsim.results import write_table
 
     records = [dict(r["record"]) for r in results]
-    target = _default_target(records) if target_accuracy is None else target_accuracy
+    target = _default_target(records) if pairing.target is None else pairing.target
     goal = math.inf if target is None else target  # inf: never reached
     for rec, res in zip(records, results, strict=True):
         # no target: null, as every "no value" cell (NaN would also make two
@@ -1030,7 +1030,7 @@ def _write_tables(
     fields, cols = _sweep_columns(cells)
     rows = [cols[whole(r["cell"])] | r for r in records]
     write_table(out / "stress.parquet", rows, pa.schema([*fields, *STRESS_SCHEMA]))
-    paired = paired_table(records, baseline, STRESS_PAIRED, ("cell",), decide)
+    paired = pairing.table(records, STRESS_PAIRED, ("cell",))
     paired_fields = pa.schema([*fields, ("cell", pa.int64()), *PAIRED_SCHEMA])
     paired_rows = [cols[whole(r["cell"])] | r for r in paired]
     write_table(out / "paired.parquet", paired_rows, paired_fields)
