@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import math
 import re
 import sys
@@ -233,6 +234,29 @@ def test_an_until_decided_section_names_its_sequence_and_its_rule():
         "--only fednova-fig5-full --seeds 4 --until-decided --max-seeds 20"
     )
     assert gallery.command(claim, 8, False).endswith("--seeds 8")
+
+
+def test_the_page_counts_the_claims_decided_by_kind():
+    # the count a reader looks for first: reduced claims are not decided
+    def section(name: str, verdict: str) -> str:
+        head = json.dumps({"verdict": verdict, "reason": "", "ours": ""})
+        return f"<!-- claim:{name} {head} -->\n## x"
+
+    names = [c.name for c in gallery.CLAIMS]
+    kept = {
+        names[0]: section(names[0], "holds"),
+        names[1]: section(names[1], "does not hold"),
+        names[2]: section(names[2], "inconclusive (reduced: 6 of 20 rounds)"),
+        names[3]: section(names[3], "inconclusive (reduced: 5 of 1,000 iterations)"),
+        names[4]: section(names[4], "inconclusive"),
+        names[5]: section(names[5], "not rerun"),
+    }
+    rest = len(names) - 6
+    assert gallery.decided_counts(kept) == (
+        f"Decided (holds or does not hold): 2 of {len(names)} claims (1 holds, "
+        f"1 does not hold, 2 inconclusive (reduced), 1 inconclusive, "
+        f"1 not rerun, {rest} not run yet)."
+    )
 
 
 def test_a_cut_claim_is_inconclusive_both_ways():
