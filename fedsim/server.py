@@ -588,7 +588,7 @@ class Server:
             ctx = RoundContext(round, tuple(staleness), tuple(starts), server, lost)
         plugin = hooks.algorithm_label(self.algorithm.name)
         self._val_samples = 0
-        noise = self.setup.noise  # DP: Gaussian noise on the rule's weighted sum
+        noise = self.setup.noise  # DP: Gaussian noise on the sum the rule steps by
         summed = ups if noise is None else noise.add(self.algorithm, ups, round)
         step = hooks.call(
             plugin, "aggregate", self.algorithm.server_step, self.state, summed, ctx

@@ -239,7 +239,7 @@ def test_secagg_plus_costs_less_than_secagg_at_a_large_cohort():
 
 # ------------------------------------------------------------- determinism
 @pytest.mark.ray
-def test_rows_are_the_same_on_0_and_2_ray_workers():
+def test_rows_are_the_same_on_0_and_2_ray_workers(ray_session):
     sc = load_scenario(TINY, ["rounds=5", DROPS, _secagg(3), SLOW])
     a, b = _run(sc), _run(sc, workers=2)
     same_rows(metrics(a.rows), metrics(b.rows))
