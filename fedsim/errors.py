@@ -13,8 +13,11 @@ through one of two bases that say *when* it was found:
 Each also keeps the built-in base it had (``ValueError``, ``OSError``,
 ``RuntimeError``, ...), so ``except ValueError`` around a loader still
 works. The commands report any of them as one line with its
-:attr:`FedsimError.exit_code` (fedsim/tools/cli.py); an exception that is
-not a FedsimError is a bug and keeps its traceback.
+:attr:`FedsimError.exit_code` (fedsim/tools/cli.py), with one exception:
+``fedsim run`` reports runtime's ``SetupError`` (the run's folder or
+settings refused before any training) with exit 2, as the refused input it
+is to the user. An exception that is not a FedsimError is a bug and keeps
+its traceback.
 
 Example:
     >>> from fedsim.scenario import ScenarioError
