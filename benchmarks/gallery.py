@@ -1396,17 +1396,39 @@ def claim_section(
     return "\n".join(lines)
 
 
+def _seeds_of(claim: Claim, section: str | None) -> int:
+    """The seeds a claim's section was made of: where seeds were added
+    until decided, where it stopped; else its command's ``--seeds``; else
+    the claim's own count (not run)."""
+    for pattern in (r"it stopped at (\d+) seeds", r"--seeds (\d+)`"):
+        found = re.findall(pattern, section or "")
+        if found:
+            return int(found[0])
+    return claim.seeds or DEFAULT_SEEDS
+
+
+def _cost_row(claim: Claim, section: str | None) -> str:
+    """A claim's row of the cost table: at the seeds its section was made
+    of, and at 6 (the fewest that can decide)."""
+    n = _seeds_of(claim, section)
+    return (
+        f"| {claim.name} | {len(claim.arms)} x {n} | {claim.rounds} "
+        f"| {claim.s_per_round:g} | {estimate_s(claim, n) / 60:.1f} "
+        f"| {_measured_of(section)} | {estimate_s(claim, 6) / 60:.0f} |"
+    )
+
+
 def _measured_of(section: str | None) -> str:
     """The minutes of runs one claim section records, or "-" (not run)."""
     if section is None:
         return "-"
-    found = re.findall(r"\(([\d.]+) min of runs here\)", section)
+    found = re.findall(r"\(([\d.]+) min of runs here[;)]", section)
     return found[0] if found else "-"
 
 
 def _measured_min(sections: dict[str, str]) -> float:
     """The minutes of runs the claim sections record ("N min of runs here")."""
-    found = re.findall(r"\(([\d.]+) min of runs here\)", "\n".join(sections.values()))
+    found = re.findall(r"\(([\d.]+) min of runs here[;)]", "\n".join(sections.values()))
     return sum(float(m) for m in found)
 
 
@@ -1567,12 +1589,7 @@ def write_doc(doc: Path, sections: dict[str, str]) -> Path:
         "| claim | arms x seeds | rounds | s / round (measured) | estimate (min) "
         "| measured (min) | at 6 seeds, the fewest that can decide (min) |",
         "|---|---|---|---|---|---|---|",
-        *(
-            f"| {c.name} | {len(c.arms)} x {c.seeds or DEFAULT_SEEDS} | {c.rounds} "
-            f"| {c.s_per_round:g} | {estimate_s(c, c.seeds or DEFAULT_SEEDS) / 60:.1f} "
-            f"| {_measured_of(kept.get(c.name))} | {estimate_s(c, 6) / 60:.0f} |"
-            for c in CLAIMS
-        ),
+        *(_cost_row(c, kept.get(c.name)) for c in CLAIMS),
         "",
         "No claim can be decided with fewer than 6 seeds (the sign-flip "
         "test's floor, docs/results.md); the last column is what 6 would cost "

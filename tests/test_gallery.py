@@ -549,3 +549,18 @@ def test_out_and_doc_that_cannot_be_written_are_refused_before_any_run(
         assert said in err and "Traceback" not in err, (argv, err)
     assert not (tmp_path / "fedpns-fig6-bn2").exists()
     assert not list(tmp_path.rglob("*.json"))
+
+
+def test_the_cost_table_reads_a_section_stopped_until_decided():
+    # a section whose seeds were added until decided says where it stopped;
+    # the cost table reads its seeds and minutes from it (it once read "-")
+    claim = gallery.BY_NAME["fednova-fig5-full"]
+    section = (
+        "- **Command**: `... --only fednova-fig5-full --seeds 4 --until-decided "
+        "--max-seeds 20` (38.6 min of runs here; it stopped at 8 seeds)."
+    )
+    row = gallery._cost_row(claim, section)
+    assert row.startswith("| fednova-fig5-full | 3 x 8 | 200 |") and "| 38.6 |" in row
+    fixed = "- **Command**: `... --seeds 6` (20.8 min of runs here)."
+    assert "| 3 x 6 |" in gallery._cost_row(claim, fixed)
+    assert "| 20.8 |" in gallery._cost_row(claim, fixed)
