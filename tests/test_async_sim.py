@@ -89,6 +89,14 @@ def same_rows(a, b):
                 assert va == vb, (k, va, vb)
 
 
+def same_run(a, b):
+    """Two runs' results alike: rows (wall-clock columns aside), client rows
+    and the final model, bit for bit."""
+    same_rows(metrics(a.rows), metrics(b.rows))
+    same_rows(a.clients, b.clients)
+    assert torch.equal(a.final_params, b.final_params)
+
+
 def run_async(sc, workers=0, **kw):
     res = run_scenario(sc, workers=workers, **kw)
     assert res.status == "completed" and res.final_params is not None

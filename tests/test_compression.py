@@ -37,7 +37,7 @@ from fedsim.runtime import SetupError, _Run, run_scenario
 from fedsim.scenario import ScenarioError, load_scenario
 
 from .conftest import SCENARIOS
-from .test_async_sim import FEDBUFF, _Stop, _stop_after, metrics, same_rows
+from .test_async_sim import FEDBUFF, _Stop, _stop_after, same_run
 from .test_contract import NOT_DELTA, TINY_ARGS
 from .test_feddm import TINY
 
@@ -260,9 +260,7 @@ def test_a_resumed_compressed_run_equals_an_uninterrupted_one(
     res = _run(sc, run_dir=tmp_path, resume=True)
 
     # Assert: the residuals came back with the checkpoint
-    same_rows(metrics(res.rows), metrics(ref.rows))
-    same_rows(res.clients, ref.clients)
-    assert torch.equal(res.final_params, ref.final_params)
+    same_run(res, ref)
 
 
 def test_error_feedback_changes_the_run():
@@ -280,9 +278,7 @@ def test_zero_and_two_ray_workers_agree_on_a_compressed_run(ray_session):
     for scenario, over in ((TINY, ["rounds=3", EF]), (FEDBUFF, ["rounds=8", qsgd])):
         sc = load_scenario(scenario, over)
         local, two = _run(sc), _run(sc, workers=2)
-        same_rows(metrics(local.rows), metrics(two.rows))
-        same_rows(local.clients, two.clients)
-        assert torch.equal(local.final_params, two.final_params)
+        same_run(local, two)
 
 
 # ------------------------------------------------------------- bad input

@@ -38,7 +38,7 @@ from fedsim.scenario import ScenarioError, load_scenario
 from fedsim.selectors.bernoulli import mean_draws
 
 from .conftest import SCENARIOS, fedsim_here
-from .test_async_sim import _Stop, _stop_after, metrics, same_rows
+from .test_async_sim import _Stop, _stop_after, same_run
 
 TINY = SCENARIOS / "ci" / "tiny-synthetic.yaml"  # 6 clients, 3 a round, fedavg
 DP = "privacy={noise_multiplier: 1.1, clip_norm: 0.5, delta: 1.0e-5}"
@@ -257,9 +257,7 @@ def test_a_resumed_dp_run_equals_an_uninterrupted_one(tmp_path):
     res = run_scenario(sc, workers=0, run_dir=tmp_path, resume=True)
 
     # Assert: the same noise, the same epsilon, the same model
-    same_rows(metrics(res.rows), metrics(ref.rows))
-    same_rows(res.clients, ref.clients)
-    assert torch.equal(res.final_params, ref.final_params)
+    same_run(res, ref)
 
 
 @pytest.mark.ray
@@ -267,9 +265,7 @@ def test_zero_and_two_ray_workers_agree_on_a_dp_run(ray_session):
     for noise in ("central", "local"):
         sc = load_scenario(TINY, ["rounds=3", DP.replace("}", f", noise: {noise}}}")])
         local, two = run_scenario(sc, workers=0), run_scenario(sc, workers=2)
-        same_rows(metrics(local.rows), metrics(two.rows))
-        same_rows(local.clients, two.clients)
-        assert torch.equal(local.final_params, two.final_params)
+        same_run(local, two)
 
 
 # ------------------------------------------------------------- bad input

@@ -29,7 +29,7 @@ from fedsim.runtime import _Run, run_scenario
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, parse_scenario
 from fedsim.secagg import ABORTED, SecAggModel, SecAggSpec
 
-from .test_async_sim import _Stop, _stop_after, metrics, same_rows
+from .test_async_sim import _Stop, _stop_after, same_run
 from .test_feddm import TINY
 
 # 3 of 6 devices a round, each dropping out with probability 0.3; a server
@@ -242,9 +242,7 @@ def test_secagg_plus_costs_less_than_secagg_at_a_large_cohort():
 def test_rows_are_the_same_on_0_and_2_ray_workers(ray_session):
     sc = load_scenario(TINY, ["rounds=5", DROPS, _secagg(3), SLOW])
     a, b = _run(sc), _run(sc, workers=2)
-    same_rows(metrics(a.rows), metrics(b.rows))
-    same_rows(a.clients, b.clients)
-    assert torch.equal(a.final_params, b.final_params)
+    same_run(a, b)
 
 
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
@@ -260,9 +258,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
     res = _run(sc, run_dir=tmp_path, resume=True)
 
     # Assert
-    same_rows(metrics(res.rows), metrics(ref.rows))
-    same_rows(res.clients, ref.clients)
-    assert torch.equal(res.final_params, ref.final_params)
+    same_run(res, ref)
 
 
 def test_no_section_adds_no_column_and_the_clock_takes_no_extra_time():

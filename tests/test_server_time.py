@@ -31,7 +31,7 @@ from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, parse_s
 from fedsim.server import Server
 from fedsim.servertime import SERVER_PRESETS, ServerClock, ServerSpec
 
-from .test_async_sim import FEDBUFF, _Stop, _stop_after, metrics, same_rows
+from .test_async_sim import FEDBUFF, _Stop, _stop_after, metrics, same_rows, same_run
 from .test_feddm import SMALL, TINY
 
 SLOW = "server.flops_per_s=1000"  # a logreg FedBuff version (K 5): 6.1 s
@@ -60,9 +60,7 @@ def test_an_infinite_server_reproduces_the_run_without_one_bit_for_bit(scenario,
     a, b = _run(plain), _run(free)
 
     # Assert: every row, every client row, the model, and no server columns
-    same_rows(metrics(a.rows), metrics(b.rows))
-    same_rows(a.clients, b.clients)
-    assert torch.equal(a.final_params, b.final_params)
+    same_run(a, b)
     assert "server_s" not in b.rows[0]
     assert "server" not in b.summary()["fleet_realised"]
 

@@ -17,6 +17,10 @@ buffer is shared by every reader and must never be written to); tensors
 that NumPy cannot hold (bfloat16, a gradient-tracking or a CUDA tensor, a
 Parameter or another subclass) travel as torch pickles them.
 
+Nothing here reads a user's file: the only bytes unpickled are those
+fedsim's own driver and workers put in Ray's object store (Ray itself
+deserialises them), and in the example below those made on the line before.
+
 Example (no Ray needed: pickle 5 does what Ray does):
     >>> import pickle, torch
     >>> t = torch.arange(4.0)
