@@ -147,6 +147,30 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=order)
 
 
+def pytest_configure(config):
+    """With ``FEDSIM_STACKS_DIR`` set (``.ci/watch`` sets it), let a watchdog
+    ask this pytest process where it is: SIGUSR1 writes every thread's stack
+    to ``stacks-PID.txt`` in that folder (faulthandler answers even while
+    the main thread is stuck in C code, where pytest-timeout's SIGALRM
+    waits in vain), and ``running-PID.txt`` names the test it is running
+    (pytest_runtest_protocol). Without it, a suite that hangs past CI's
+    limit is killed without a word."""
+    folder = os.environ.get("FEDSIM_STACKS_DIR")
+    if not folder or _RUNNING:
+        return
+    import faulthandler
+
+    pid = os.getpid()
+    stacks = open(Path(folder) / f"stacks-{pid}.txt", "w")  # noqa: SIM115 (open for the process's life)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    _RUNNING.append(open(Path(folder) / f"running-{pid}.txt", "w"))  # noqa: SIM115
+    _RUNNING.append(stacks)  # kept open: faulthandler writes to its descriptor
+
+
+# The files of pytest_configure's watchdog record, while FEDSIM_STACKS_DIR is set.
+_RUNNING: list[Any] = []
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session):
     """Refuse to run when pytest-xdist's ``--dist loadgroup`` did not group
@@ -319,6 +343,11 @@ def pytest_runtest_protocol(item, nextitem):
     this says what each test costs. Ray's daemons and actors are not children
     of pytest, so their CPU is not in it. ``sort -rn FILE | head -25`` ranks
     the tests. Each xdist process appends whole lines to the same file."""
+    if _RUNNING:  # .ci/watch's record of the test this process runs
+        _RUNNING[0].seek(0)
+        _RUNNING[0].write(item.nodeid + "\n")
+        _RUNNING[0].truncate()
+        _RUNNING[0].flush()
     path = os.environ.get("FEDSIM_TEST_CPU")
     if not path:
         yield
