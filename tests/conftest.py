@@ -51,6 +51,14 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # Measured: 74 s of user CPU against 80 s on five CPU-heavy test files; on the
 # whole suite 814 busy core-seconds against 827, the same wall time.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Ctrl-C as at a terminal, whoever started the suite: a job started in the
+# background by a shell without job control (`nohup .ci/run &`, some CI
+# runners) inherits SIGINT ignored, and Python then never turns it into
+# KeyboardInterrupt, so the tests that send a real SIGINT to this process
+# (tests/test_silent_exits.py) would see nothing happen; xdist's processes
+# load this file too. Subprocesses get theirs back in run_python.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Hypothesis: the same examples on every run (CI must be reproducible);
 # FEDSIM_FUZZ_RANDOM=1 (or HYPOTHESIS_PROFILE=explore) draws new ones.
