@@ -246,8 +246,8 @@ def describe(scenario: RunFacts, flops: int) -> list[str]:
 
     Example:
         >>> from types import SimpleNamespace as NS
-        >>> from fedsim.fleet import SpeedSpec
-        >>> g = NS(name="phones", speed=SpeedSpec(dist="fixed", flops_per_s=2e9))
+        >>> from fedsim.fleet import FixedSpeed
+        >>> g = NS(name="phones", speed=FixedSpeed(flops_per_s=2e9))
         >>> sc = NS(client=NS(batch_size=20), fleet=NS(groups=[g]))
         >>> describe(sc, 17_584_000)[1]
         'phones: median 2e+09 FLOP/s = 113.7 local steps/s'

@@ -309,9 +309,7 @@ def _speed(drawn: np.ndarray, speed: SpeedSpec | None, flops: float | None) -> S
 
 def _continuous(speed: SpeedSpec) -> bool:
     """Whether a speed law has no point mass: lognormal tiers with sigma > 0."""
-    if speed.dist == "mixture":
-        return all(t.sigma > 0 for t in speed.tiers or [])
-    return speed.dist == "lognormal" and speed.sigma > 0
+    return all(sigma > 0 for _, sigma in speed.laws())
 
 
 def _online(

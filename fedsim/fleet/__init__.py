@@ -14,18 +14,25 @@ from fedsim.fleet.devices import Fleet, RoundDraws
 from fedsim.fleet.groups import DeviceGroup, FleetSpec, TraceSpec
 from fedsim.fleet.spec import (
     AvailabilitySpec,
+    FixedSpeed,
+    LognormalSpeed,
+    MixtureSpeed,
     NetworkSpec,
     SlowdownSpec,
     SpeedSpec,
     SpeedTierSpec,
     StragglerSpec,
+    speed_spec,
 )
 
 __all__ = [
     "AvailabilitySpec",
     "DeviceGroup",
+    "FixedSpeed",
     "Fleet",
     "FleetSpec",
+    "LognormalSpeed",
+    "MixtureSpeed",
     "NetworkSpec",
     "RoundDraws",
     "SlowdownSpec",
@@ -33,4 +40,5 @@ __all__ = [
     "SpeedTierSpec",
     "StragglerSpec",
     "TraceSpec",
+    "speed_spec",
 ]

@@ -20,6 +20,7 @@ from fedsim.fleet.availability import OnOff
 from fedsim.fleet.groups import DeviceGroup, FleetSpec
 from fedsim.fleet.spec import (
     AvailabilitySpec,
+    MixtureSpeed,
     NetworkSpec,
     SlowdownSpec,
     SpeedSpec,
@@ -451,13 +452,12 @@ def _draw_speed(
 ) -> np.ndarray:
     """Speeds of one group's devices from their normals (and tier uniforms)."""
     assert spec is not None
-    if spec.dist != "mixture":  # a fixed speed is a lognormal with sigma 0
-        spread = spec.sigma if spec.dist == "lognormal" else 0.0
-        return spec.median_in_unit * np.exp(spread * z)
-    assert spec.tiers is not None
+    if not isinstance(spec, MixtureSpeed):  # one law (fixed: sigma 0)
+        ((m, s),) = spec.laws()  # its median and sigma
+        return m * np.exp(s * z)
     share = np.array([t.share for t in spec.tiers])
     cum = np.cumsum(share / share.sum())
     tier = np.minimum(np.searchsorted(cum, tier_u, side="right"), len(share) - 1)
-    median = np.array([t.median for t in spec.tiers])[tier]
+    median = np.array([t.median_in_unit for t in spec.tiers])[tier]
     sigma = np.array([t.sigma for t in spec.tiers])[tier]
     return median * np.exp(sigma * z)

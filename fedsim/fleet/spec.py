@@ -9,11 +9,25 @@ only: no torch, no Ray.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from abc import abstractmethod
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from fedsim.presets import NETWORK_PRESETS, SPEED_PRESETS, WORKLOADS, speed_preset
 from fedsim.spec import NonNegFloat, PosFloat, Prob
@@ -32,7 +46,7 @@ class _Choice(_Spec):
     the other fields (``USES``: the variant's fields, space-separated).
 
     ``fedsim validate`` prints a section with :attr:`used_fields` only, so a
-    field the chosen variant ignores (``sigma`` on fixed speeds) does not read
+    field the chosen variant ignores (``low`` on a fixed slowdown) does not read
     as if it mattered; the table lives here, beside the fields it names.
     """
 
@@ -61,6 +75,17 @@ class _Choice(_Spec):
         return self
 
 
+def _plausible_sigma(sigma: float) -> float:
+    """A sigma above 5 is almost surely a unit mistake (speeds would span
+    four orders of magnitude within one group)."""
+    if sigma > 5:
+        raise ValueError("sigma above 5 gives speeds spanning 10^4x; check units")
+    return sigma
+
+
+Sigma = Annotated[NonNegFloat, AfterValidator(_plausible_sigma)]
+
+
 class SpeedTierSpec(_Spec):
     """One lognormal component of a ``mixture`` speed distribution, its
     median in steps/s or in FLOP/s (one of the two)."""
@@ -69,7 +94,7 @@ class SpeedTierSpec(_Spec):
     share: PosFloat
     median_steps_per_s: PosFloat | None = None
     median_flops_per_s: PosFloat | None = None
-    sigma: NonNegFloat = 0.0
+    sigma: Sigma = 0.0
 
     @model_validator(mode="after")
     def _one_median(self) -> SpeedTierSpec:
@@ -86,239 +111,261 @@ class SpeedTierSpec(_Spec):
         return self
 
     @property
-    def median(self) -> float:
+    def median_in_unit(self) -> float:
         """The tier's median in its own unit (steps/s or FLOP/s)."""
         m = self.median_steps_per_s or self.median_flops_per_s
         assert m is not None  # _one_median
         return m
 
 
-# The field holding a distribution's speed, per unit: steps/s or FLOP/s.
-_SPEED_FIELD = {
-    "steps": {"fixed": "steps_per_s", "lognormal": "median_steps_per_s"},
-    "flops": {"fixed": "flops_per_s", "lognormal": "median_flops_per_s"},
-}
+# A speed's dump as when one model held every law: each form's own fields,
+# the other laws' at these empty values, in this order (a run's fingerprint
+# is its scenario's dump, so it stays the same); a resolved scenario read
+# back drops them again (_resolve).
+_DUMP: dict[str, object] = {
+    "dist": None, "steps_per_s": None, "median_steps_per_s": None,
+    "flops_per_s": None, "median_flops_per_s": None, "sigma": 0.0,
+    "tiers": None, "preset": None, "workload": None, "scale": 1.0, "unit": None,
+}  # fmt: skip
 
 
-class SpeedSpec(_Choice):
-    """Compute speed, drawn once per device, in local steps per simulated
-    second or in FLOP/s (then divided by the model's FLOPs per step, which
-    :mod:`fedsim.flops` counts before the run).
-
-    ``fixed``, ``lognormal`` or ``mixture`` of lognormal ``tiers``;
-    ``preset`` fills in the fields left out, ``unit: flops`` in FLOP/s
-    (docs/fleets.md, "Speed"). Each law reads only its own fields, in one
-    unit (the checks of ``_SPEED_CHECKS`` refuse the rest).
+class _SpeedForm(_Spec):
+    """What every speed form shares: ``dist``, where a preset's numbers came
+    from, and the questions asked of any speed law (a form answers each for
+    its own law, so no caller branches on ``dist``).
 
     Attributes:
         dist: the law: ``fixed``, ``lognormal`` or ``mixture``.
-        steps_per_s: a ``fixed`` speed in steps/s.
-        median_steps_per_s: a ``lognormal`` speed's median in steps/s.
-        flops_per_s: a ``fixed`` speed in FLOP/s (instead of steps/s).
-        median_flops_per_s: a ``lognormal`` median in FLOP/s.
-        sigma: a ``lognormal`` speed's log-space spread (0: the median).
-        tiers: a ``mixture``'s lognormal components.
-        preset: measured phones that fill in the law (the fields given win).
+        preset: measured phones that filled the law in (the fields given win).
         workload: the preset's workload its speeds were measured on.
         scale: a factor on the preset's speeds.
         unit: ``flops``: the preset's medians in FLOP/s, not steps/s.
-
-    Example:
-        >>> SpeedSpec(preset="flash-phones-mid").median_steps_per_s
-        1.7006802721088434
-        >>> SpeedSpec(preset="flash-phones-mid", unit="flops").median_flops_per_s
-        1734983401.3605442
     """
 
-    dist: Literal["fixed", "lognormal", "mixture"] = "fixed"
-    steps_per_s: PosFloat | None = None
-    median_steps_per_s: PosFloat | None = None
-    flops_per_s: PosFloat | None = None
-    median_flops_per_s: PosFloat | None = None
-    sigma: NonNegFloat = 0.0
-    tiers: list[SpeedTierSpec] | None = Field(None, min_length=1, max_length=100)
+    dist: str
     preset: SpeedPresetName | None = None
     workload: WorkloadName | None = None
     scale: PosFloat = 1.0
     unit: Literal["steps", "flops"] | None = None
 
-    CHOICE: ClassVar[str] = "dist"
-    USES: ClassVar[dict[str, str]] = {
-        "fixed": "steps_per_s",
-        "lognormal": "median_steps_per_s sigma",
-        "mixture": "tiers",
-    }
+    @model_validator(mode="after")
+    def _preset_args_alone(self) -> Self:
+        """``unit``, ``workload`` and ``scale`` only say how a preset is read
+        (elsewhere a field's name says its unit)."""
+        if self.preset is None and self.unit is not None:
+            raise ValueError(
+                "unit goes with a preset (a field's name says its unit: "
+                "median_steps_per_s or median_flops_per_s)"
+            )
+        if self.preset is None and (self.workload is not None or self.scale != 1.0):
+            raise ValueError("workload and scale go with a preset")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump_every_law(self, handler: SerializerFunctionWrapHandler) -> object:
+        """The form's fields within every law's, as :data:`_DUMP` orders them."""
+        return {**_DUMP, **handler(self)}
 
     @property
+    @abstractmethod
     def per_flop(self) -> bool:
-        """Whether the speed is in FLOP/s (a FLOP/s field or tier is given)."""
-        tiers = [t.median_flops_per_s for t in self.tiers or []]
-        given = [self.flops_per_s, self.median_flops_per_s, *tiers]
-        return any(v is not None for v in given)
+        """Whether the speed is in FLOP/s (its fields' names say the unit)."""
 
-    @property
-    def used_fields(self) -> str:
-        """As :class:`_Choice`'s (with the FLOP/s fields when the speed is in
-        FLOP/s), with ``preset workload scale unit`` when a preset filled the
-        distribution in (they say where its numbers came from)."""
-        uses = self.USES[self.dist]
-        if self.per_flop:
-            uses = uses.replace("steps_per_s", "flops_per_s")
-        if not self.preset:
-            return f"dist {uses}".strip()
-        unit = " unit" if self.per_flop else ""
-        return f"dist preset workload scale{unit} {uses}".strip()
+    @abstractmethod
+    def laws(self) -> list[tuple[float, float]]:
+        """(median in the spec's unit, sigma) of each lognormal the speed is
+        made of (a ``fixed`` speed: its speed, sigma 0)."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _fill_from_preset(cls, data: object) -> object:
-        """A ``preset`` (measured phones, docs/fleets.md "Speed") becomes the
-        distribution it stands for: one tier a ``lognormal``, several a
-        ``mixture``. Fields given in the scenario win over the preset's."""
-        if not isinstance(data, dict) or data.get("preset") is None:
-            return data
-        name, workload = data["preset"], data.get("workload") or "femnist-cnn"
-        scale = data.get("scale", 1.0)
-        if not _preset_args_ok(name, workload, scale):
-            return data  # the field validators say what is wrong
-        # unit flops: the tier's FLOP/s on its workload (presets.SpeedTier)
-        key = "median_flops_per_s" if data.get("unit") == "flops" else None
-        key = key or "median_steps_per_s"
-        tiers = [
-            {"name": t.name, "share": t.share, key: getattr(t, key), "sigma": t.sigma}
-            for t in speed_preset(name, workload, scale)
-        ]
-        if len(tiers) > 1:  # the fields given win
-            return {"dist": "mixture", "tiers": tiers, **data}
-        fill = {key: tiers[0][key], "sigma": tiers[0]["sigma"]}
-        return {"dist": "lognormal", **fill, **data}
-
-    @model_validator(mode="after")
-    def _one_speed(self) -> SpeedSpec:
-        """Each distribution has the fields it needs and no other's: the
-        checks of :data:`_SPEED_CHECKS`, in order, the first problem found
-        reported (one line naming the fields).
-
-        Raises:
-            ValueError: both units given, tiers in mixed units, a missing
-                median (``fixed``, ``lognormal``), ``unit`` without a preset,
-                tiers missing or misplaced, ``workload``/``scale`` without a
-                preset.
-        """
-        for check in _SPEED_CHECKS:
-            if (problem := check(self)) is not None:
-                raise ValueError(problem)
-        return self
-
-    @model_validator(mode="after")
-    def _plausible_sigma(self) -> SpeedSpec:
-        """A sigma above 5 is almost surely a unit mistake (speeds would
-        span four orders of magnitude within one group)."""
-        if max([self.sigma] + [t.sigma for t in self.tiers or []]) > 5:
-            raise ValueError("sigma above 5 gives speeds spanning 10^4x; check units")
-        return self
-
-    @property
-    def median(self) -> float:
-        """The median speed in steps/s (of the mixture, for ``mixture``:
-        found by bisection on its CDF, so selectors can rank groups); NaN
-        for a speed in FLOP/s, whose steps/s depend on the model's FLOPs
-        (:attr:`median_in_unit` holds its FLOP/s)."""
-        return math.nan if self.per_flop else self.median_in_unit
+    @abstractmethod
+    def quantile_in_unit(self, q: float) -> float:
+        """The q-quantile of the declared law, in the spec's own unit."""
 
     @property
     def median_in_unit(self) -> float:
         """The median speed in the spec's own unit: steps/s or FLOP/s."""
         return self.quantile_in_unit(0.5)
 
+    @property
+    def median(self) -> float:
+        """The median speed in steps/s (of the mixture, for ``mixture``, so
+        selectors can rank groups); NaN for a speed in FLOP/s, whose steps/s
+        depend on the model's FLOPs (:attr:`median_in_unit` holds its FLOP/s)."""
+        return math.nan if self.per_flop else self.median_in_unit
+
+    @property
+    def used_fields(self) -> str:
+        """``dist``, ``preset workload scale`` (and ``unit`` in FLOP/s) when a
+        preset filled the law in (they say where its numbers came from), then
+        the law's own fields in its unit: what ``fedsim validate`` prints."""
+        own = [k for k in type(self).model_fields if k not in _SpeedForm.model_fields]
+        given = [k for k in own if getattr(self, k) is not None]
+        unit = ["unit"] * self.per_flop
+        source = ["preset", "workload", "scale", *unit] if self.preset else []
+        return " ".join(["dist", *source, *given])
+
+
+class _OneLaw(_SpeedForm):
+    """A ``fixed`` or ``lognormal`` speed: one value in one unit, by the
+    field's name (``UNITS``: the field in steps/s, the field in FLOP/s)."""
+
+    UNITS: ClassVar[tuple[str, str]]
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> Self:
+        """Exactly one of the two :attr:`UNITS` fields.
+
+        Raises:
+            ValueError: both (naming them), or neither (naming the law).
+        """
+        steps, flops = (getattr(self, name) for name in self.UNITS)
+        if steps is not None and flops is not None:
+            raise ValueError(
+                f"{self.UNITS[0]} and {self.UNITS[1]} are both given: a speed "
+                "is in steps/s or in FLOP/s, not both"
+            )
+        if steps is None and flops is None:
+            raise ValueError(
+                f"dist '{self.dist}' needs {self.UNITS[0]} (or {self.UNITS[1]})"
+            )
+        return self
+
+    @property
+    def per_flop(self) -> bool:
+        """Whether the speed is in FLOP/s (the FLOP/s field is given)."""
+        return getattr(self, self.UNITS[1]) is not None
+
+    @property
+    def value(self) -> float:
+        """The speed (a ``lognormal``'s median) in its own unit."""
+        return float(getattr(self, self.UNITS[self.per_flop]))
+
     def quantile_in_unit(self, q: float) -> float:
-        """The q-quantile of the declared law, in the spec's own unit
-        (a mixture's by bisection on its CDF).
+        """The q-quantile of the law, in its own unit.
 
         Example:
-            >>> s = SpeedSpec(dist="lognormal", median_steps_per_s=2.0, sigma=0.5)
+            >>> s = speed_spec(dist="lognormal", median_steps_per_s=2.0, sigma=0.5)
             >>> round(s.quantile_in_unit(0.9), 4)  # 2 exp(0.5 z_0.9)
             3.7959
         """
-        if self.dist == "mixture":
-            return _mixture_quantile(self.tiers or [], q)
-        unit = "flops" if self.per_flop else "steps"
-        median = float(getattr(self, _SPEED_FIELD[unit][self.dist]))
-        if self.dist == "fixed" or q == 0.5:
-            return median
-        return median * math.exp(self.sigma * _normal_quantile(q))
+        ((median, sigma),) = self.laws()  # a fixed speed: exp(0 z) = 1
+        return median if q == 0.5 else median * math.exp(sigma * _normal_quantile(q))
 
 
-def _given(spec: SpeedSpec, unit: str) -> list[str]:
-    """The speed fields of ``unit`` (``steps`` or ``flops``) that ``spec``
-    sets, fixed before lognormal."""
-    names = (f"{unit}_per_s", f"median_{unit}_per_s")
-    return [k for k in names if getattr(spec, k)]
+class FixedSpeed(_OneLaw):
+    """Every device of the group at one speed, in steps/s or in FLOP/s."""
+
+    dist: Literal["fixed"] = "fixed"
+    steps_per_s: PosFloat | None = None
+    flops_per_s: PosFloat | None = None
+
+    UNITS: ClassVar[tuple[str, str]] = ("steps_per_s", "flops_per_s")
+
+    def laws(self) -> list[tuple[float, float]]:
+        """See :meth:`_SpeedForm.laws`: one point mass."""
+        return [(self.value, 0.0)]
 
 
-def _both_units(spec: SpeedSpec) -> str | None:
-    """A speed is in steps/s or in FLOP/s: fields of both units are refused."""
-    steps, flops = _given(spec, "steps"), _given(spec, "flops")
-    if steps and flops:
-        return (
-            f"{steps[0]} and {flops[0]} are both given: a speed is in steps/s "
-            "or in FLOP/s, not both"
-        )
-    return None
+class LognormalSpeed(_OneLaw):
+    """``median * exp(sigma * z)``, z standard normal per device; the median
+    in steps/s or in FLOP/s."""
+
+    dist: Literal["lognormal"] = "lognormal"
+    median_steps_per_s: PosFloat | None = None
+    median_flops_per_s: PosFloat | None = None
+    sigma: Sigma = 0.0
+
+    UNITS: ClassVar[tuple[str, str]] = ("median_steps_per_s", "median_flops_per_s")
+
+    def laws(self) -> list[tuple[float, float]]:
+        """See :meth:`_SpeedForm.laws`: one lognormal."""
+        return [(self.value, self.sigma)]
 
 
-def _mixed_tier_units(spec: SpeedSpec) -> str | None:
-    """A mixture's tiers share one unit (their medians are compared)."""
-    if spec.tiers and len({t.median_flops_per_s is None for t in spec.tiers}) > 1:
-        return "tiers: give every tier's median in the same unit"
-    return None
+class MixtureSpeed(_SpeedForm):
+    """A tier per device (probability proportional to its ``share``), then
+    that tier's lognormal; every tier's median in one unit."""
+
+    dist: Literal["mixture"] = "mixture"
+    tiers: list[SpeedTierSpec] = Field(min_length=1, max_length=100)
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> Self:
+        """The tiers share one unit (their medians are compared)."""
+        if len({t.median_flops_per_s is None for t in self.tiers}) > 1:
+            raise ValueError("tiers: give every tier's median in the same unit")
+        return self
+
+    @property
+    def per_flop(self) -> bool:
+        """Whether the tiers' medians are in FLOP/s."""
+        return self.tiers[0].median_flops_per_s is not None
+
+    def laws(self) -> list[tuple[float, float]]:
+        """See :meth:`_SpeedForm.laws`: each tier's."""
+        return [(t.median_in_unit, t.sigma) for t in self.tiers]
+
+    def quantile_in_unit(self, q: float) -> float:
+        """The mixture's q-quantile, by bisection on its CDF."""
+        return _mixture_quantile(self.tiers, q)
 
 
-def _missing_speed(spec: SpeedSpec) -> str | None:
-    """``fixed`` and ``lognormal`` have their speed field, in the unit given
-    (steps/s when none is), naming the other unit's field as the way out."""
-    unit, other = ("flops", "steps") if _given(spec, "flops") else ("steps", "flops")
-    need = _SPEED_FIELD[unit].get(spec.dist)
-    if need is not None and getattr(spec, need) is None:
-        return f"dist '{spec.dist}' needs {need} (or {_SPEED_FIELD[other][spec.dist]})"
-    return None
+_FORMS: dict[str, type[_SpeedForm]] = {
+    "fixed": FixedSpeed,
+    "lognormal": LognormalSpeed,
+    "mixture": MixtureSpeed,
+}
 
 
-def _unit_without_preset(spec: SpeedSpec) -> str | None:
-    """``unit`` picks a preset's unit; elsewhere a field's name says it."""
-    if spec.unit is not None and spec.preset is None:
-        return (
-            "unit goes with a preset (a field's name says its unit: "
-            "median_steps_per_s or median_flops_per_s)"
-        )
-    return None
+def _resolve(data: object) -> object:
+    """The ``speed`` section as its form reads it: a ``preset`` filled in
+    (:func:`_fill_from_preset`), ``dist`` fixed when left out, and another
+    law's field at its empty value (as a resolved scenario's dump writes
+    it, :data:`_DUMP`) dropped."""
+    if not isinstance(data, dict):
+        return data  # not a mapping: the form says so
+    if data.get("preset") is not None:
+        data = _fill_from_preset(data)
+    data = {"dist": "fixed", **data}
+    form = _FORMS.get(data["dist"]) if isinstance(data["dist"], str) else None
+    if form is None:
+        return data  # the union says the law is unknown
+    return {k: v for k, v in data.items() if k in form.model_fields or not _empty(k, v)}
 
 
-def _misplaced_tiers(spec: SpeedSpec) -> str | None:
-    """Tiers exactly when the distribution is a ``mixture``."""
-    if spec.dist == "mixture" and not spec.tiers:
-        return "dist 'mixture' needs tiers (or a preset)"
-    if spec.dist != "mixture" and spec.tiers is not None:
-        return "tiers go with dist 'mixture'"
-    return None
+def _empty(key: str, value: object) -> bool:
+    """Whether ``value`` is ``key``'s empty value in :data:`_DUMP` (a number
+    equal to it, or None)."""
+    if key not in _DUMP or _DUMP[key] is None:
+        return key in _DUMP and value is None
+    return type(value) in (int, float) and value == _DUMP[key]
 
 
-def _preset_args_alone(spec: SpeedSpec) -> str | None:
-    """``workload`` and ``scale`` only say how a preset is read."""
-    if spec.preset is None and (spec.workload is not None or spec.scale != 1.0):
-        return "workload and scale go with a preset"
-    return None
+def _fill_from_preset(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``preset`` (measured phones, docs/fleets.md "Speed") becomes the
+    law it stands for: one tier a ``lognormal``, several a ``mixture``.
+    Fields given in the scenario win over the preset's.
 
-
-# SpeedSpec._one_speed's checks, in the order their problems are reported.
-_SPEED_CHECKS: tuple[Callable[[SpeedSpec], str | None], ...] = (
-    _both_units,
-    _mixed_tier_units,
-    _missing_speed,
-    _unit_without_preset,
-    _misplaced_tiers,
-    _preset_args_alone,
-)
+    Raises:
+        ValueError: an unknown preset or workload, or a ``dist`` that is not
+            the preset's law.
+    """
+    name, workload = data["preset"], data.get("workload") or "femnist-cnn"
+    scale = data.get("scale", 1.0)
+    if not _preset_args_ok(name, workload, scale):
+        return data  # the field validators say what is wrong
+    # unit flops: the tier's FLOP/s on its workload (presets.SpeedTier)
+    key = "median_flops_per_s" if data.get("unit") == "flops" else None
+    key = key or "median_steps_per_s"
+    tiers = [
+        {"name": t.name, "share": t.share, key: getattr(t, key), "sigma": t.sigma}
+        for t in speed_preset(name, workload, scale)
+    ]
+    law = "mixture" if len(tiers) > 1 else "lognormal"
+    if data.get("dist", law) != law:
+        raise ValueError(f"preset {name!r} is a {law} speed: leave dist out")
+    if len(tiers) > 1:  # the fields given win
+        return {"dist": law, "tiers": tiers, **data}
+    return {"dist": law, key: tiers[0][key], "sigma": tiers[0]["sigma"], **data}
 
 
 def _preset_args_ok(name: object, workload: object, scale: object) -> bool:
@@ -333,6 +380,78 @@ def _preset_args_ok(name: object, workload: object, scale: object) -> bool:
     )
 
 
+def _untagged(data: object, handler: ValidatorFunctionWrapHandler) -> object:
+    """Validate by the union, its errors said as of the ``speed`` section:
+    without the law pydantic puts first in a form's error locations, an
+    unknown ``dist`` as the field's own error, and a field of another law
+    named with the law it goes with (the scenario's formatter then writes
+    each as one line)."""
+    try:
+        return handler(data)
+    except ValidationError as err:
+        errors = [_plain(e) for e in err.errors(include_url=False)]
+        raise ValidationError.from_exception_data(err.title, errors) from None
+
+
+def _plain(e: ErrorDetails) -> InitErrorDetails:
+    """One error of the union as one of the ``speed`` section."""
+    tag = e["loc"][0] if e["loc"] else None  # the form pydantic validated
+    loc = e["loc"][1:] if tag in _FORMS else e["loc"]
+    if e["type"] == "union_tag_invalid":  # an unknown dist
+        expected = {"expected": "'fixed', 'lognormal' or 'mixture'"}
+        dist = e["input"]["dist"]  # a tag is read from a mapping
+        return {
+            "type": "literal_error",
+            "loc": ("dist",),
+            "input": dist,
+            "ctx": expected,
+        }
+    if e["type"] == "extra_forbidden" and (law := _law_of(loc)) is not None:
+        why = "goes with dist '{law}', not '{dist}'"
+        error = PydanticCustomError("speed_law", why, {"law": law, "dist": tag})
+        return {"type": error, "loc": loc, "input": e["input"]}
+    out: InitErrorDetails = {"type": e["type"], "loc": loc, "input": e["input"]}
+    if "ctx" in e:
+        out["ctx"] = e["ctx"]
+    return out
+
+
+def _law_of(loc: tuple[int | str, ...]) -> str | None:
+    """The law whose field ``loc`` (of a speed section) is, if any."""
+    key = loc[0] if len(loc) == 1 else None
+    return next((d for d, form in _FORMS.items() if key in form.model_fields), None)
+
+
+# A group's ``speed``: one of the three forms, chosen by ``dist`` (fixed when
+# left out), each with its own fields only, in steps/s or in FLOP/s (the
+# fields' names say which); a ``preset`` becomes the law it stands for
+# (docs/fleets.md, "Speed"). speed_spec builds one from keyword arguments.
+SpeedSpec = Annotated[
+    Annotated[FixedSpeed | LognormalSpeed | MixtureSpeed, Discriminator("dist")],
+    BeforeValidator(_resolve),
+    WrapValidator(_untagged),
+]
+_SPEED: TypeAdapter[SpeedSpec] = TypeAdapter(
+    SpeedSpec, config=ConfigDict(title="speed")
+)
+
+
+def speed_spec(**fields: object) -> SpeedSpec:
+    """A speed from the fields a scenario's ``speed`` section takes, checked
+    as a scenario's are.
+
+    Raises:
+        pydantic.ValidationError: a field missing, wrong, or of another law.
+
+    Example:
+        >>> speed_spec(preset="flash-phones-mid").median_steps_per_s
+        1.7006802721088434
+        >>> speed_spec(preset="flash-phones-mid", unit="flops").median_flops_per_s
+        1734983401.3605442
+    """
+    return _SPEED.validate_python(fields)
+
+
 def _mixture_cdf(tiers: list[SpeedTierSpec], x: float) -> float:
     """P(speed <= x) under a mixture of lognormal tiers (a tier with sigma
     0 is a point mass at its median)."""
@@ -340,9 +459,9 @@ def _mixture_cdf(tiers: list[SpeedTierSpec], x: float) -> float:
     out = 0.0
     for t in tiers:
         if t.sigma == 0:
-            out += t.share * (x >= t.median)
+            out += t.share * (x >= t.median_in_unit)
         else:
-            z = math.log(x / t.median) / t.sigma
+            z = math.log(x / t.median_in_unit) / t.sigma
             out += t.share * 0.5 * (1 + math.erf(z / math.sqrt(2)))
     return out / total
 
@@ -351,8 +470,8 @@ def _mixture_quantile(tiers: list[SpeedTierSpec], q: float) -> float:
     """The mixture's q-quantile, by 100 bisections in log space between six
     sigmas below the slowest tier and six above the fastest (the CDF is
     monotone there, and 100 halvings reach float precision)."""
-    lo = min(t.median * math.exp(-6 * t.sigma) for t in tiers)
-    hi = max(t.median * math.exp(6 * t.sigma) for t in tiers)
+    lo = min(t.median_in_unit * math.exp(-6 * t.sigma) for t in tiers)
+    hi = max(t.median_in_unit * math.exp(6 * t.sigma) for t in tiers)
     for _ in range(100):
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if _mixture_cdf(tiers, mid) < q else (lo, mid)

@@ -326,11 +326,7 @@ def check_speeds(facts: RunFacts, source: str = "<scenario>") -> None:
     for i, g in enumerate(facts.fleet.groups):
         if g.speed is None:
             continue
-        laws = [(t.median, t.sigma) for t in g.speed.tiers or []]
-        if not laws:
-            spread = g.speed.sigma if g.speed.dist == "lognormal" else 0.0
-            laws = [(g.speed.median_in_unit, spread)]
-        for median, sigma in laws:
+        for median, sigma in g.speed.laws():
             reach = SPEED_SIGMAS * sigma
             if math.log(median) + reach > high or math.log(median) - reach < low:
                 raise _error(
