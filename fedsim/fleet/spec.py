@@ -132,7 +132,7 @@ _DUMP: dict[str, object] = {
 class _SpeedForm(_Spec):
     """What every speed form shares: ``dist``, where a preset's numbers came
     from, and the questions asked of any speed law (a form answers each for
-    its own law, so no caller branches on ``dist``).
+    its own law, so callers need not branch on ``dist`` to ask them).
 
     Attributes:
         dist: the law: ``fixed``, ``lognormal`` or ``mixture``.
