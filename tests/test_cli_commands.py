@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from fedsim.tools.cli import app
 
-from .conftest import SCENARIOS
+from .conftest import SCENARIOS, WAIT_S
 
 TINY = str(SCENARIOS / "ci" / "tiny-synthetic.yaml")
 QUAD = str(SCENARIOS / "quadratic-objective-inconsistency.yaml")
@@ -268,7 +268,7 @@ def sigint_after_first_rows(
         assert proc.poll() is None, f"ended before any rows: {proc.stderr.read()}"
         assert _has_rows(out, pattern), "no rows on disk in time"
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=WAIT_S)
         return proc.returncode, err
     finally:
         if proc.poll() is None:

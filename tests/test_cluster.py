@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from .cluster_utils import Cluster, base_env, free_ports, is_loopback
-from .conftest import ROOT
+from .conftest import ROOT, WAIT_S
 
 CLUSTER = ROOT / "cluster"
 BIN = Path(sys.executable).parent  # the venv's bin: ray, fedsim, python
@@ -149,7 +149,7 @@ def _submit(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         env=base_env(**env),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=WAIT_S,
     )
 
 
@@ -211,7 +211,9 @@ def test_submit_sh_validates_the_scenario_before_submitting():
 # ------------------------------------------------- a real head, a real job
 
 
-def _ray(cluster: Cluster, *args: str, env: dict[str, str] | None = None, timeout=120):
+def _ray(
+    cluster: Cluster, *args: str, env: dict[str, str] | None = None, timeout=WAIT_S
+):
     return subprocess.run(
         [str(RAY), *args],
         cwd=ROOT,
@@ -252,7 +254,7 @@ def test_ray_job_submit_with_token_auth(cluster: Cluster, tmp_path: Path):
         },
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=WAIT_S,
     )
     code, text = head.http("GET", f"/api/jobs/{job_id}")
     status = json.loads(text).get("status") if code == 200 else f"HTTP {code}"

@@ -20,7 +20,7 @@ from fedsim.results import WALL_CLOCK_COLUMNS
 from fedsim.runtime import run_scenario
 from fedsim.scenario import load_scenario
 
-from .conftest import ROOT, SCENARIOS, fedsim_here
+from .conftest import ROOT, SCENARIOS, WAIT_S, fedsim_here
 
 QUICK = SCENARIOS / "quickstart.yaml"
 ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -113,7 +113,7 @@ def test_resume_after_killing_the_driver_gives_identical_results(
     # Execute: start the same run, kill -9 the driver once a checkpoint exists
     run_dir = tmp_path / "killed"
     proc = in_process(scenario, *args, "--out", str(run_dir))
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + WAIT_S
     while checkpoint_round(run_dir) < KILL_AFTER and proc.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.02)
@@ -187,7 +187,7 @@ def test_a_write_failing_before_training_exits_2_without_traceback(tmp_path):
     p = in_process(
         QUICK, "--out", str(tmp_path / "run"), preexec_fn=_limit_file_size(4_000)
     )
-    assert p.wait(timeout=300) == 2
+    assert p.wait(timeout=WAIT_S) == 2
     err = " ".join(p.stderr.read().split())
     assert "cannot write results" in err and "partition.parquet'" in err
     assert "Traceback" not in err
@@ -201,10 +201,10 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
         *["--no-report", "--out", str(run_dir), "--set", "rounds=2"],
         *["--set", "checkpoint.every_rounds=0"],
     )
-    assert p.wait(timeout=300) == 0
+    assert p.wait(timeout=WAIT_S) == 0
     before = table(run_dir, "rounds.parquet")
     p = fedsim("run", "--resume", str(run_dir))
-    assert p.wait(timeout=300) == 2
+    assert p.wait(timeout=WAIT_S) == 2
     err = p.stderr.read()
     assert "no checkpoint to resume from" in err and "Traceback" not in err
     # the failed resume left the results it found as they were
@@ -218,7 +218,7 @@ def test_divergence_stops_with_a_clear_message_and_keeps_the_checkpoint(tmp_path
         *["--out", str(run_dir), "--set", "rounds=30"],
         *["--set", "checkpoint.every_rounds=1", "--set", "client.lr=1e35"],
     )
-    assert p.wait(timeout=300) == 1
+    assert p.wait(timeout=WAIT_S) == 1
     err = p.stderr.read()
     assert "run diverged" in err and "Traceback" not in err
     # the last checkpoint is a good one: its parameters are finite

@@ -15,7 +15,7 @@ from fedsim.fleet import Fleet, FleetSpec
 from fedsim.runtime import run_scenario
 from fedsim.scenario import ScenarioError, ScenarioWarning, load_scenario
 
-from .conftest import SCENARIOS
+from .conftest import SCENARIOS, WAIT_S
 
 TINY = SCENARIOS / "ci" / "tiny-synthetic.yaml"
 
@@ -232,7 +232,7 @@ def test_validate_prints_the_window_warning_as_one_line():
         [sys.executable, "-m", "fedsim", "validate", str(TINY), *over],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=WAIT_S,
     )
     assert p.returncode == 0, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if "algorithm.iterations" in ln]

@@ -65,7 +65,7 @@ from fedsim.scenario import (
     parse_scenario,
 )
 
-from .conftest import ROOT, SCENARIOS, time_limit
+from .conftest import ROOT, SCENARIOS, WAIT_S, time_limit
 
 SOURCE = "fuzz.yaml"
 QUICK_TEXT = (SCENARIOS / "quickstart.yaml").read_text()
@@ -933,7 +933,7 @@ def cli_runs(request, tmp_path_factory):
             env=env,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=WAIT_S,
         )
 
     with ThreadPoolExecutor(max_workers=3) as pool:

@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from .conftest import ROOT, SCENARIOS
+from .conftest import ROOT, SCENARIOS, WAIT_S
 
 
 def is_loopback(ip: str) -> bool:
@@ -85,7 +85,7 @@ def test_embedded_ray_runs_the_workers_and_binds_loopback_only(tmp_path):
     seen: set[tuple[str, int, str]] = set()
     polls_with_rows = 0
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + WAIT_S
         while proc.poll() is None and time.monotonic() < deadline:
             seen |= listening(proc.pid)
             if (run_dir / "rounds.parquet").exists():
@@ -95,7 +95,7 @@ def test_embedded_ray_runs_the_workers_and_binds_loopback_only(tmp_path):
             # Each poll reads every Ray process's sockets (/proc/net for
             # each): at 0.3 s the polling alone took 15 s of CPU a run.
             time.sleep(1.0)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=WAIT_S)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -40,7 +40,7 @@ import pytest
 
 from .cluster_batch import MNIST_ARGS, PER_NODE_DATA, PLACEMENT, Batch
 from .cluster_utils import RAY, Cluster, NodeSpec, base_env, is_loopback
-from .conftest import MNIST, ROOT, needs_mnist
+from .conftest import MNIST, ROOT, WAIT_S, needs_mnist
 
 SUBMIT = ROOT / "cluster" / "submit.sh"
 EXAMPLE = ROOT / "examples" / "fedsim_example"
@@ -88,7 +88,7 @@ def _submit_fake(tmp_path: Path, busy: int, fedsim: str, **env: str):
         ),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=WAIT_S,
     )
 
 
@@ -130,7 +130,11 @@ def test_submit_sh_stops_when_the_head_has_no_fedsim(tmp_path: Path):
 
 
 def _submit(
-    cluster: Cluster, *args: str, job_opts: str = "", check: bool = False, timeout=300
+    cluster: Cluster,
+    *args: str,
+    job_opts: str = "",
+    check: bool = False,
+    timeout=WAIT_S,
 ):
     """cluster/submit.sh ARGS with the cluster's token; (job id, result).
     ``check``: let submit.sh validate the scenario and run its check job
@@ -254,7 +258,7 @@ def test_jobs_from_the_users_own_package_run_on_the_multinode_cluster(
         env=cluster.env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=WAIT_S,
     )
 
     # Assert: the job ran the plug-ins from the upload on worker actors

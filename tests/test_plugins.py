@@ -28,7 +28,7 @@ from fedsim.plugins import resolve
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, parse_scenario
 from fedsim.testing import check_algorithm, check_selector
 
-from .conftest import ROOT, fedsim_here
+from .conftest import ROOT, WAIT_S, fedsim_here
 
 EXAMPLE = ROOT / "examples" / "fedsim_example"
 SCENARIO = EXAMPLE / "scenario.yaml"
@@ -228,7 +228,7 @@ def test_validate_with_plugins_imports_no_torch():
         text=True,
         cwd=ROOT,
         env=ENV,
-        timeout=300,
+        timeout=WAIT_S,
     )
     assert p.stdout.strip().splitlines()[-1] == "exit 0 False", p.stderr[-2000:]
 

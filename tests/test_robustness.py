@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from fedsim.tools.cli import app
 
-from .conftest import ROOT, SCENARIOS, run_python
+from .conftest import ROOT, SCENARIOS, WAIT_S, run_python
 
 TINY = str(SCENARIOS / "ci" / "tiny-synthetic.yaml")
 
@@ -509,7 +509,7 @@ def test_a_ray_slower_to_start_than_it_waits_is_one_line(tmp_path):
     p = subprocess.run(
         [sys.executable, "-m", "fedsim.tools.cli", "run", TINY, "--workers", "2",
          "--out", str(out), "--no-report"],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=WAIT_S,
     )  # fmt: skip
 
     # Assert: exit 1 and one line that names the wait and how to raise it

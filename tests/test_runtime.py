@@ -16,7 +16,7 @@ from fedsim.scenario import load_scenario
 from fedsim.tools.compare import compare
 from fedsim.tools.stress import run_stress
 
-from .conftest import SCENARIOS, assert_figure
+from .conftest import SCENARIOS, WAIT_S, assert_figure
 
 FEDBUFF = SCENARIOS / "async-fedbuff.yaml"
 QUICK = SCENARIOS / "quickstart.yaml"
@@ -186,7 +186,7 @@ def test_an_async_run_where_no_job_can_finish_stops_with_a_message(tmp_path):
     cmd += [*args, "--out", str(tmp_path / "run"), "--no-report", "--quiet"]
 
     # Execute, with a time bound
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT_S)
 
     # Assert
     assert p.returncode == 1, p.stderr
@@ -221,7 +221,7 @@ def test_without_a_terminal_progress_is_plain_lines(tmp_path):
         _cli(str(QUICK), *args),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=WAIT_S,
     )
     assert p.returncode == 0, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if " rounds done " in ln]
@@ -241,11 +241,11 @@ def test_sigterm_stops_a_run_like_ctrl_c(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + WAIT_S
     while not (out / "LATEST").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     p.send_signal(signal.SIGTERM)
-    code = p.wait(timeout=240)
+    code = p.wait(timeout=WAIT_S)
     err = p.stderr.read() if p.stderr else ""
     assert code == 130, err
     assert f"fedsim run --resume {out}" in err

@@ -29,6 +29,7 @@ from fedsim.runtime import _Run, run_scenario
 from fedsim.scenario import ScenarioError, dump_scenario, load_scenario, parse_scenario
 from fedsim.secagg import ABORTED, SecAggModel, SecAggSpec
 
+from .conftest import WAIT_S
 from .test_async_sim import _Stop, _stop_after, same_run
 from .test_feddm import TINY
 
@@ -327,7 +328,7 @@ def test_the_command_line_refuses_a_bad_threshold_with_exit_2(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=WAIT_S,
     )
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

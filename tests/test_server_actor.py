@@ -23,7 +23,7 @@ import torch
 from fedsim.runtime import run_setup
 
 from .cluster_batch import SERVER, Batch
-from .conftest import HAS_MNIST, needs_mnist
+from .conftest import HAS_MNIST, WAIT_S, needs_mnist
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "scenarios" / "ci" / "tiny-synthetic.yaml"
@@ -262,7 +262,7 @@ def test_an_update_lost_before_the_server_read_it_stops_the_run(
     # ray.kill returns at once, and the object outlives its owner a moment:
     # wait until it is gone (a warm run reaches round 1 in a fraction of a
     # second)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + WAIT_S
     while True:
         try:
             ray.get(gone, timeout=10)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import SCENARIOS
+from .conftest import SCENARIOS, WAIT_S
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = SCENARIOS / "ci" / "tiny-synthetic.yaml"
@@ -34,7 +34,7 @@ def _script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
     env = {**_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     return subprocess.run(
         [sys.executable, "main.py"], cwd=tmp_path, env=env, capture_output=True,
-        text=True, timeout=60,
+        text=True, timeout=WAIT_S,
     )  # fmt: skip
 
 
@@ -122,7 +122,7 @@ def test_a_signal_at_any_moment_of_start_up_is_exit_130_and_one_line(tmp_path):
         )  # fmt: skip
         time.sleep(delay)
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=WAIT_S)
         lines = [ln for ln in err.splitlines() if ln.strip()]
         seen.append((delay, sig.name, proc.returncode, lines))
         assert proc.returncode == 130, seen

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import SCENARIOS, cli_run, fedsim_here
+from .conftest import SCENARIOS, WAIT_S, cli_run, fedsim_here
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = SCENARIOS / "ci" / "tiny-synthetic.yaml"
@@ -96,7 +96,7 @@ def test_ctrl_c_early_in_compare_says_so_and_leaves_nothing_in_the_way(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "fedsim", *args, "-a", INTERRUPTS],
-        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env=env, capture_output=True, text=True, timeout=WAIT_S, cwd=tmp_path,
     )  # fmt: skip
 
     # Assert: exit 130, a line saying what is kept, no empty runs/ left to

@@ -22,7 +22,7 @@ from fedsim.scenario import load_scenario
 from fedsim.server import Server
 from fedsim.workers import Task
 
-from .conftest import SCENARIOS
+from .conftest import SCENARIOS, WAIT_S
 
 QUICK = SCENARIOS / "quickstart.yaml"
 TASKS = [Task(client=4, round=1, tau=7), Task(client=9, round=1, tau=3)]
@@ -135,10 +135,10 @@ def test_outside_warm_workers_a_runs_actors_are_killed(ray_session):
         actors._CURRENT.reset(token)
     assert pool.idle() == 0
     # ray.kill is asynchronous: a call sent at once may still be answered
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + WAIT_S
     with pytest.raises(ray.exceptions.RayActorError):
         while time.monotonic() < deadline:
-            ray.get(actor.pid.remote(), timeout=60)
+            ray.get(actor.pid.remote(), timeout=WAIT_S)
             time.sleep(0.2)
 
 
