@@ -1,4 +1,4 @@
-"""The speed section's typed forms (fedsim.fleet.spec): one form per law,
+"""The speed section's typed forms (fedsim.fleet.speed): one form per law,
 each with its own fields only; presets resolved into a form; a field of
 another law refused in one line; every shipped scenario's dump unchanged."""
 

@@ -1,8 +1,9 @@
 """Devices of a simulated fleet: speed, network, availability and stragglers.
 
-Three ideas, a module or two each: the schema (:mod:`~fedsim.fleet.spec`,
-one device's laws; :mod:`~fedsim.fleet.groups`, the groups and the whole
-``fleet`` section), the on/off process deciding when a device is online
+Three ideas, a module or two each: the schema (one device's laws:
+:mod:`~fedsim.fleet.speed` and :mod:`~fedsim.fleet.spec`;
+:mod:`~fedsim.fleet.groups`, the groups and the whole ``fleet`` section),
+the on/off process deciding when a device is online
 (:mod:`~fedsim.fleet.availability`) and the realised :class:`Fleet`, drawn
 from a spec and a seed (:mod:`~fedsim.fleet.devices`);
 :mod:`~fedsim.fleet.streams` holds the random streams the last two share.
@@ -12,16 +13,13 @@ A fleet is a pure function of ``(FleetSpec, seed)`` (and its trace files)
 
 from fedsim.fleet.devices import Fleet, RoundDraws
 from fedsim.fleet.groups import DeviceGroup, FleetSpec, TraceSpec
-from fedsim.fleet.spec import (
-    AvailabilitySpec,
+from fedsim.fleet.spec import AvailabilitySpec, NetworkSpec, SlowdownSpec, StragglerSpec
+from fedsim.fleet.speed import (
     FixedSpeed,
     LognormalSpeed,
     MixtureSpeed,
-    NetworkSpec,
-    SlowdownSpec,
     SpeedSpec,
     SpeedTierSpec,
-    StragglerSpec,
     speed_spec,
 )
 

@@ -18,13 +18,8 @@ from numpy.typing import ArrayLike
 
 from fedsim.fleet.availability import OnOff
 from fedsim.fleet.groups import DeviceGroup, FleetSpec
-from fedsim.fleet.spec import (
-    AvailabilitySpec,
-    MixtureSpeed,
-    NetworkSpec,
-    SlowdownSpec,
-    SpeedSpec,
-)
+from fedsim.fleet.spec import AvailabilitySpec, NetworkSpec, SlowdownSpec
+from fedsim.fleet.speed import MixtureSpeed, SpeedSpec
 from fedsim.fleet.streams import (
     TAG_NETWORK,
     TAG_ROUND,

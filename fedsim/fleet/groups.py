@@ -1,7 +1,8 @@
 """The fleet's groups of devices: how many, which laws, or which trace file.
 
 :class:`FleetSpec` is the scenario's whole ``fleet`` section; the laws each
-group names live in :mod:`fedsim.fleet.spec`. Imports pydantic only: no
+group names live in :mod:`fedsim.fleet.speed` and
+:mod:`fedsim.fleet.spec`. Imports pydantic only: no
 torch, no Ray.
 """
 
@@ -12,7 +13,8 @@ from typing import Annotated
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from fedsim.fleet.spec import AvailabilitySpec, NetworkSpec, SpeedSpec, StragglerSpec
+from fedsim.fleet.spec import AvailabilitySpec, NetworkSpec, StragglerSpec
+from fedsim.fleet.speed import SpeedSpec
 from fedsim.spec import PosFloat
 from fedsim.spec import Spec as _Spec
 from fedsim.traces import DeviceTrace, load_trace, resolve_trace_path
