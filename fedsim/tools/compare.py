@@ -277,9 +277,9 @@ def tool_field(path: str) -> str | None:
     return None
 
 
-def _reject_run_overrides(overrides: Sequence[str], tool: str, hint: str = "") -> None:
-    """Refuse ``--set`` items for a field in :data:`TOOL_FIELDS` (``hint`` is
-    kept for callers; the reason names the option to use)."""
+def _reject_run_overrides(overrides: Sequence[str], tool: str) -> None:
+    """Refuse ``--set`` items for a field in :data:`TOOL_FIELDS` (the reason
+    names the option to use)."""
     for item in overrides:
         field = tool_field(item.split("=", 1)[0].strip())
         if field is not None:
@@ -1153,9 +1153,7 @@ def compare(
     from fedsim.tools.tracking import run_group
 
     overrides = list(overrides or [])
-    _reject_run_overrides(
-        overrides, "compare", "; give hyperparameters as name:key=value"
-    )
+    _reject_run_overrides(overrides, "compare")
     decide = interval_for(seeds, max_seeds)
     if not algorithms:
         raise ValueError("no algorithms to compare")
