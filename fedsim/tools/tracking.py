@@ -548,7 +548,6 @@ class Tracked:
     caller's, then the trackers'), and ``status`` to set once the run ends."""
 
     def __init__(self, on_round: OnRound | None, tracker: Tracker | None):
-        self.tracker = tracker
         self.status = "interrupted"  # until the caller says how it ended
 
         def each(row: Row, clients: Sequence[Row]) -> None:
