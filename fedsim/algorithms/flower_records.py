@@ -481,27 +481,19 @@ def _table(app: ModuleType) -> dict[str, tuple[type, _Enc, _Dec]]:
     def items(c: _Codec, j: object) -> list[object]:
         return [c.dec(x) for x in cast(list[object], j)]
 
+    def record(kind: type) -> tuple[type, _Enc, _Dec]:
+        # a Flower record: its str-keyed values, rebuilt as that record type
+        return kind, _items, lambda c, j: kind(values(c, j))
+
     return {
         "scalar": (np.generic, _array, lambda c, j: _unarray(c, j)[()]),
         "float": (float, lambda c, v, w: repr(v), lambda c, j: float(str(j))),
         "bytes": (bytes, _bytes_enc, lambda c, j: _unarray(c, j).tobytes()),
         "array": (np.ndarray, _array, _unarray),
         "Array": (app.Array, _array, lambda c, j: app.Array(_unarray(c, j))),
-        "ArrayRecord": (
-            app.ArrayRecord,
-            _items,
-            lambda c, j: app.ArrayRecord(values(c, j)),
-        ),
-        "ConfigRecord": (
-            app.ConfigRecord,
-            _items,
-            lambda c, j: app.ConfigRecord(values(c, j)),
-        ),
-        "MetricRecord": (
-            app.MetricRecord,
-            _items,
-            lambda c, j: app.MetricRecord(values(c, j)),
-        ),
+        "ArrayRecord": record(app.ArrayRecord),
+        "ConfigRecord": record(app.ConfigRecord),
+        "MetricRecord": record(app.MetricRecord),
         "list": (list, _seq, items),
         "tuple": (tuple, _seq, lambda c, j: tuple(items(c, j))),
         "dict": (dict, _items, values),
