@@ -921,7 +921,10 @@ def format_paired(
 
 
 def _cell(value: object) -> str:
-    """A swept value as the tables print it (strings as they are)."""
+    """A swept value as text: strings as they are, anything else as JSON
+    (``0.5``, ``true``, ``{"dist": "fixed"}``), so equal values compare
+    equal across cells however YAML typed them (stress's tables, the
+    paired table's lead columns)."""
     return value if isinstance(value, str) else json.dumps(value)
 
 

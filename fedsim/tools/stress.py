@@ -9,7 +9,6 @@ value with its last. Usage, outputs and an example: docs/fleets.md.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from fedsim.tools.compare import (
     RUN_COLUMNS,
     TOOL_FIELDS,
     Pairing,
+    _cell,
     _colors,
     _column,
     _ge,
@@ -195,22 +195,15 @@ def check_sweep_fields(paths: Sequence[str]) -> None:
             )
 
 
-def _label(value: object) -> str:
-    """A swept value as text: strings as they are, anything else as JSON
-    (``0.5``, ``true``, ``{"dist": "fixed"}``), so equal values compare
-    equal across cells however YAML typed them."""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 def _values(cells: Sequence[Cell], path: str) -> list[str]:
     """The labels of ``path``'s values over the grid, in sweep order (each
     once, although a grid repeats it for every value of the other fields)."""
-    return list(dict.fromkeys(_label(c[path]) for c in cells))
+    return list(dict.fromkeys(_cell(c[path]) for c in cells))
 
 
 def _at(rows: Sequence[_R], cells: Sequence[Cell], path: str, value: str) -> list[_R]:
     """The ``rows`` (each naming its ``cell``) where ``path``'s label is ``value``."""
-    return [r for r in rows if _label(cells[whole(r["cell"])][path]) == value]
+    return [r for r in rows if _cell(cells[whole(r["cell"])][path]) == value]
 
 
 def _run_one(
@@ -415,7 +408,7 @@ def _accuracy_by_value(
     fields, averaged over by the caller)."""
     by_value: dict[str, dict[int, list[float]]] = {v: {} for v in values}
     for r in records:
-        seeds = by_value[_label(cells[whole(r["cell"])][path])]
+        seeds = by_value[_cell(cells[whole(r["cell"])][path])]
         accuracy = number(r["final_accuracy"], "final_accuracy")
         seeds.setdefault(whole(r["seed"]), []).append(accuracy)
     return by_value
@@ -565,7 +558,7 @@ def format_markdown(
     )
     lines.append("|---" * (len(paths) + 6) + "|")
     for r in table:
-        vals = " | ".join(_label(r[p]) for p in paths)
+        vals = " | ".join(_cell(r[p]) for p in paths)
         n = r["seeds"]
         t = "-"
         if target is not None:
@@ -643,7 +636,7 @@ def plot_accuracy(
     for ci, cell in enumerate(cells):
         ax = axes[ci]
         _draw_cell_runs(ax, [r for r in results if r["record"]["cell"] == ci], colors)
-        title = ", ".join(f"{p} = {_label(v)}" for p, v in cell.items())
+        title = ", ".join(f"{p} = {_cell(v)}" for p, v in cell.items())
         ax.set_title(title, fontsize=9)
         ax.set(xlabel="simulated time (s)", ylabel="test accuracy")
         ax.grid(alpha=0.3)
@@ -877,7 +870,7 @@ def _notes(
     overrides: Sequence[str],
 ) -> list[str]:
     """stress.md's first notes: what ran, with how many seeds."""
-    swept = "; ".join(f"`{p}` = {', '.join(map(_label, v))}" for p, v in sweep.items())
+    swept = "; ".join(f"`{p}` = {', '.join(map(_cell, v))}" for p, v in sweep.items())
     return [
         f"scenario: `{scenario_path}`",
         f"sweep (mildest first): {swept}",
@@ -994,9 +987,7 @@ def _write_report(
     plot_accuracy(results, cells, out / "accuracy_vs_time.png")
     plot_degradation(deg, records, cells, paths[0], out / "degradation.png")
     plot_taus(taus, cells, paths[0], out / "tau_by_group.png")
-    labels = {
-        ci: ", ".join(_label(v) for v in c.values()) for ci, c in enumerate(cells)
-    }
+    labels = {ci: ", ".join(_cell(v) for v in c.values()) for ci, c in enumerate(cells)}
     plot_paired(paired, STRESS_PAIRED, out / "paired.png", "cell", labels)
 
 
@@ -1052,6 +1043,6 @@ def _sweep_columns(
     name = {p: f"sweep.{p}" if p in STRESS_SCHEMA.names else p for p in numeric}
     fields = [(name[p], pa.float64() if n else pa.string()) for p, n in numeric.items()]
     cols = [
-        {name[p]: v if numeric[p] else _label(v) for p, v in c.items()} for c in cells
+        {name[p]: v if numeric[p] else _cell(v) for p, v in c.items()} for c in cells
     ]
     return fields, cols
