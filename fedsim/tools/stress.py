@@ -941,7 +941,7 @@ def _write_report(
     from fedsim.results import atomic_write_bytes, write_table
     from fedsim.tools.plots import plot_paired
 
-    records, target = _write_tables(out, results, cells, pairing)
+    records, target, paired = _write_tables(out, results, cells, pairing)
     if target is not None:
         how = "given" if pairing.target is not None else _DEFAULT_TARGET
         notes.append(f"target accuracy: {target * 100:g}% ({how})")
@@ -967,7 +967,6 @@ def _write_report(
     deg = degradation(records, cells, paths[0])
     chance = max((r["chance"] for r in results), default=0.0)
     title = f"stress: {Path(scenario_path).stem}"
-    paired = pairing.table(records, STRESS_PAIRED, ("cell",))
     for r in paired:
         r.update(cells[whole(r["cell"])])
     section = [f"## Paired against {pairing.baseline}, cell by cell", ""]
@@ -996,14 +995,15 @@ def _write_tables(
     results: list[RunOutput],
     cells: Sequence[Cell],
     pairing: Pairing,
-) -> tuple[list[dict[str, object]], float | None]:
+) -> tuple[list[dict[str, object]], float | None, list[dict[str, object]]]:
     """stress.parquet with times to target filled in, and paired.parquet
     (each arm against the baseline in every cell), rewritten as runs end.
 
     Returns:
         The records with ``target_accuracy`` and ``time_to_target_s`` (None:
-        not reached), and the target used: the one given, else the default
-        (None: no run has an accuracy).
+        not reached), the target used: the one given, else the default
+        (None: no run has an accuracy), and paired.parquet's rows (before
+        its sweep columns).
     """
     from fedsim.results import write_table
 
@@ -1025,7 +1025,7 @@ def _write_tables(
     paired_fields = pa.schema([*fields, ("cell", pa.int64()), *PAIRED_SCHEMA])
     paired_rows = [cols[whole(r["cell"])] | r for r in paired]
     write_table(out / "paired.parquet", paired_rows, paired_fields)
-    return records, target
+    return records, target, paired
 
 
 def _sweep_columns(
