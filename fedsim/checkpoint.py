@@ -34,7 +34,6 @@ class Resolvable(Protocol):
 
     def model_dump(self, *, mode: str) -> dict[str, Any]:
         """The resolved fields, JSON-able with ``mode="json"``."""
-        ...
 
 
 # A fingerprint: the resolved scenario's JSON, less what cannot change results.

@@ -386,55 +386,43 @@ class RoundServer(Protocol):
     @property
     def num_params(self) -> int:
         """d, the model's number of parameters."""
-        ...
 
     def params(self) -> torch.Tensor:
         """The global model x (a copy, or the state's own tensor in process:
         clone it to keep it)."""
-        ...
 
     def payload(self) -> Payload:
         """What a client downloads now (a copy)."""
-        ...
 
     def client_states(self, clients: Sequence[int]) -> dict[int, ClientState]:
         """The persistent states of ``clients`` ({} for stateless algorithms)."""
-        ...
 
     def apply(self, updates: Sequence[Parcel], at: Step) -> Applied:
         """One server step (:meth:`Server.apply`: the ordering contract).
         ``updates`` are :class:`ClientUpdate` objects, or for the actor
         their object references (fetched by the actor itself)."""
-        ...
 
     def instructions(self, clients: Sequence[int], round: int) -> Instructions:
         """The algorithm's per-client payload entries for this round
         (:meth:`Server.instructions`)."""
-        ...
 
     def evaluate(self) -> tuple[float, float]:
         """(test loss, test accuracy) of the current model."""
-        ...
 
     def objective(self) -> float:
         """The global training objective F(x) of the current model."""
-        ...
 
     def save(self, path: Path) -> None:
         """Write the state and the client store into checkpoint ``path``."""
-        ...
 
     def load(self, path: Path) -> None:
         """Read them back (refusing another model's state)."""
-        ...
 
     def report(self) -> dict[str, object]:
         """summary.json's ``server``: where it ran (never fails)."""
-        ...
 
     def shutdown(self) -> None:
         """Release what it holds (an actor: killed or parked); idempotent."""
-        ...
 
 
 class Server:

@@ -38,7 +38,6 @@ class _Named(Protocol):
     @property
     def name(self) -> str:
         """The scenario's ``algorithm.name``."""
-        ...
 
 
 # separates the split's random stream from every other use of the seed
