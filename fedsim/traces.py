@@ -10,6 +10,7 @@ import functools
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import SupportsFloat
@@ -359,11 +360,9 @@ def _as_float(v: object) -> float:
     """``float(v)`` as Python reads a cell (a number, numeric text, a
     Parquet decimal); NaN where it cannot (None, "", text that is not a
     number), for the caller to refuse with the cell in its message."""
-    try:
+    with suppress(TypeError, ValueError):
         if isinstance(v, str | bytes | SupportsFloat):
             return float(v)
-    except (TypeError, ValueError):
-        pass
     return math.nan
 
 
