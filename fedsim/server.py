@@ -22,6 +22,7 @@ import itertools
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -761,13 +762,11 @@ class Server:
         # a run without Ray never imported it: importing it only to learn that
         # would cost a process without Ray almost half a second of CPU
         ray = sys.modules.get("ray")
-        try:
+        with suppress(Exception):  # a report must not fail the run
             if ray is not None and ray.is_initialized():
                 ctx = ray.get_runtime_context()
                 here |= {"node_id": ctx.get_node_id()}
                 here |= {"address": ray.util.get_node_ip_address()}
-        except Exception:  # noqa: BLE001 - a report must not fail the run
-            pass
         return here
 
     def shutdown(self) -> None:
