@@ -146,15 +146,7 @@ def test_a_server_actor_is_taken_over_and_set_up_for_the_new_run(ray_session):
     from fedsim.remote.server_actor import RemoteServer
 
     release_parked()
-    # A server with cpus: 0 is placed at once; what the first call waits for
-    # is its worker process starting (Python, torch, the data), which took
-    # over the default 60 s on a machine loaded beyond its 2 cores: this
-    # test is about the takeover, so it waits longer.
-    actor = [
-        "resources.server.home=actor",
-        "resources.server.cpus=0",
-        "resources.placement_timeout_s=300",
-    ]
+    actor = ["resources.server.home=actor", "resources.server.cpus=0"]
     sc1, data1, _, _ = _setup(*actor, "model={name: mlp, hidden: [16]}")
     s1 = RemoteServer(run_setup(sc1).server, sc1.resources, data1, None, 1)
     handle = s1.actor
@@ -174,3 +166,30 @@ def test_a_server_actor_is_taken_over_and_set_up_for_the_new_run(ray_session):
     assert current_pool().idle() == 1
     release_parked()
     assert current_pool().idle() == 0
+
+
+def test_a_server_actor_that_needs_no_placement_is_not_timed_out_while_it_starts(
+    ray_session,
+):
+    """placement_timeout_s bounds placement, not a process's start: a server
+    actor with cpus 0 is placed at once, and its start (Python, torch, the
+    data: over 60 s on a loaded machine) must not fail the run as a
+    placement that did not happen."""
+    from fedsim.remote.server_actor import RemoteServer
+
+    # Prepare: no parked actor to take over (a cold start), and a limit far
+    # shorter than any process's start
+    release_parked()
+    sc, data, _, _ = _setup(
+        "resources.server.home=actor",
+        "resources.server.cpus=0",
+        "resources.placement_timeout_s=0.001",
+    )
+    # Execute
+    server = RemoteServer(run_setup(sc).server, sc.resources, data, None, 1)
+    # Assert: started, and it is the in-process server's model
+    try:
+        assert server.num_params == Server(run_setup(sc).server, data).num_params
+    finally:
+        server.shutdown()
+        release_parked()

@@ -162,7 +162,8 @@ class RemoteServer:
     Args:
         setup: the server's set-up record.
         resources: the ``resources`` section (``server`` places the actor,
-            ``placement_timeout_s`` bounds the wait).
+            ``placement_timeout_s`` bounds the wait for its placement when
+            it asks for resources of its own outside a bundle).
         data: the dataset, or a reference to it already in the object store.
         strategy: the scheduling strategy (a placement group bundle) or None
             to place the actor by its resources alone.
@@ -202,8 +203,18 @@ class RemoteServer:
         self.actor: Handle | None = (
             warm[0] if warm else remote.options(**opts).remote(*args)
         )
-        try:  # the first call waits for the placement, as long as the workers'
-            d = ray.get(self._actor.d.remote(), timeout=resources.placement_timeout_s)
+        # The first call waits for the placement and the process's start.
+        # Placement is bounded by placement_timeout_s; a start is not, as
+        # the workers' is not (on a machine loaded beyond its cores, Python,
+        # torch and the data took over 60 s to start, and a run failed
+        # blaming placement): an actor in a bundle of the run's placement
+        # group, which was placed before it (placement.py), or one that asks
+        # for no resources has nothing to wait for but its start (Ray
+        # reports a process that dies as RayActorError).
+        placed = strategy is not None or not (spec.cpus or spec.gpus or spec.resources)
+        limit = None if placed else resources.placement_timeout_s
+        try:
+            d = ray.get(self._actor.d.remote(), timeout=limit)
         except ray.exceptions.GetTimeoutError:
             kill(self._actor)
             raise PlacementError(
