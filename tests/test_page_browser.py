@@ -205,6 +205,10 @@ def test_live_page_counter_advances_while_the_run_goes_on(browser, tmp_path, wor
     # once the run ends, the page's next poll finds no server, and says so
     ended = "document.getElementById('live').textContent.includes('the run ended')"
     page.wait_for_function(ended, timeout=10_000)
-    lost = "net::ERR_CONNECTION_"  # that last poll's own console line
-    assert [e for e in errors if lost not in e] == []
+    # That last poll's own console line: Chromium names the lost server
+    # net::ERR_CONNECTION_REFUSED or, when the socket closes under it,
+    # net::ERR_SOCKET_NOT_CONNECTED (seen once on an idle machine); a
+    # network error, never the page's own.
+    lost = "Failed to load resource: net::ERR_"
+    assert [e for e in errors if not e.startswith(lost)] == []
     page.close()
