@@ -175,19 +175,21 @@ def pytest_configure(config):
     (pytest_runtest_protocol). Without it, a suite that hangs past CI's
     limit is killed without a word."""
     folder = os.environ.get("FEDSIM_STACKS_DIR")
-    if not folder or _RUNNING:
+    if not folder or _WATCH:
         return
     import faulthandler
 
     pid = os.getpid()
-    stacks = open(Path(folder) / f"stacks-{pid}.txt", "w")  # noqa: SIM115 (open for the process's life)
-    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    _RUNNING.append(open(Path(folder) / f"running-{pid}.txt", "w"))  # noqa: SIM115
-    _RUNNING.append(stacks)  # kept open: faulthandler writes to its descriptor
+    # Both open for the process's life: faulthandler writes to the stacks
+    # file's descriptor from its signal handler.
+    _WATCH["stacks"] = open(Path(folder) / f"stacks-{pid}.txt", "w")  # noqa: SIM115
+    _WATCH["running"] = open(Path(folder) / f"running-{pid}.txt", "w")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=_WATCH["stacks"], all_threads=True)
 
 
-# The files of pytest_configure's watchdog record, while FEDSIM_STACKS_DIR is set.
-_RUNNING: list[Any] = []
+# pytest_configure's watchdog files ("stacks", "running"), while
+# FEDSIM_STACKS_DIR is set.
+_WATCH: dict[str, Any] = {}
 
 
 @pytest.hookimpl(trylast=True)
@@ -362,11 +364,11 @@ def pytest_runtest_protocol(item, nextitem):
     this says what each test costs. Ray's daemons and actors are not children
     of pytest, so their CPU is not in it. ``sort -rn FILE | head -25`` ranks
     the tests. Each xdist process appends whole lines to the same file."""
-    if _RUNNING:  # .ci/watch's record of the test this process runs
-        _RUNNING[0].seek(0)
-        _RUNNING[0].write(item.nodeid + "\n")
-        _RUNNING[0].truncate()
-        _RUNNING[0].flush()
+    if running := _WATCH.get("running"):  # .ci/watch: the test this process runs
+        running.seek(0)
+        running.write(item.nodeid + "\n")
+        running.truncate()
+        running.flush()
     path = os.environ.get("FEDSIM_TEST_CPU")
     if not path:
         yield
