@@ -1135,10 +1135,6 @@ def _run(sc: Scenario, workers: int, run_dir: Path, resume: bool, on_round: Any)
         raise typer.Exit(1) from None
 
 
-# How torch's and numpy's allocators word a refused allocation (RuntimeError).
-_NO_MEMORY = ("can't allocate memory", "not enough memory", "out of memory")
-
-
 @contextmanager
 def _out_of_memory(run_dir: Path) -> Iterator[None]:
     """An allocation the memory check let through but the system refused
@@ -1147,15 +1143,15 @@ def _out_of_memory(run_dir: Path) -> Iterator[None]:
     of the allocator's traceback. Checkpoints are committed last
     (fedsim/checkpoint.py), so one refused half way is never the latest:
     the line says how to continue from the last whole one."""
+    from fedsim.hooks import is_memory_error
+
     try:
         yield
     except (MemoryError, RuntimeError) as exc:
-        text = str(exc)
-        if not isinstance(exc, MemoryError) and not any(
-            m in text.lower() for m in _NO_MEMORY
-        ):
+        # a MemoryError, or torch's refused allocation (a RuntimeError)
+        if not isinstance(exc, MemoryError) and not is_memory_error(exc):
             raise
-        lines = [ln for ln in text.splitlines() if ln.strip()]
+        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
         why = lines[-1].strip() if lines else type(exc).__name__
         then = (
             "the estimate of `fedsim validate` fitted, so a limit on this "
