@@ -246,12 +246,12 @@ def require(kinds: Sequence[str], folder: Path | None = None) -> None:
     for kind in kinds:
         if kind not in KINDS:
             raise ValueError(f"--log {kind!r}: expected one of {', '.join(KINDS)}")
-        module = "tensorboard" if kind == "tensorboard" else "mlflow"
+        # each tracker's package is named as the tracker is (KINDS)
         try:
-            __import__(module)
+            __import__(kind)
         except ImportError:
             raise TrackingUnavailable(
-                f"--log {kind} needs the {module} package: {EXTRA}"
+                f"--log {kind} needs the {kind} package: {EXTRA}"
             ) from None
     if "tensorboard" in kinds and folder is not None:
         _check_event_folder(folder / "tensorboard")
