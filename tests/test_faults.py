@@ -291,7 +291,8 @@ def slow_to_restart(monkeypatch) -> None:
     monkeypatch.setattr(
         fedsim.remote.executor.RayExecutor, "worker_class", SlowToRestart
     )
-    monkeypatch.setattr(fedsim.remote.executor, "worker_shape", lambda _resources: None)
+    never_parks = classmethod(lambda _cls, _resources: None)
+    monkeypatch.setattr(fedsim.remote.executor.ActorShape, "of_workers", never_parks)
     fewer = fedsim.remote.executor.RetryPolicy(max_deaths=2)
     monkeypatch.setattr(fedsim.remote.executor.RayExecutor, "retry", fewer)
 

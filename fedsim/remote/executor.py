@@ -27,18 +27,14 @@ from fedsim.executors import (
 )
 from fedsim.hooks import PluginFailure
 from fedsim.remote.actors import (
+    ActorShape,
     CallFailures,
     Handle,
     RetryPolicy,
     current_pool,
     kill,
 )
-from fedsim.remote.placement import (
-    custom_resources,
-    placement_group_for,
-    server_shape,
-    worker_shape,
-)
+from fedsim.remote.placement import custom_resources, placement_group_for
 from fedsim.remote.wire import ship, ship_all, ship_update
 from fedsim.tasks import Parcel, UpdateSummary, WorkerSetup
 from fedsim.workers import Payload, Task, Worker, assign_lpt
@@ -294,9 +290,10 @@ class RayExecutor(Executor):
         # Warm actors of this run's shapes are taken over below; every other
         # parked actor is killed first: its resources may be this run's.
         self._pool = current_pool()
-        self._shape = worker_shape(res)
+        self._shape = ActorShape.of_workers(res)
         if self._pool is not None:
-            self._pool.release(keep={self._shape, server_shape(res)}, everything=False)
+            keep = {self._shape, ActorShape.of_server(res)}
+            self._pool.release(keep=keep, everything=False)
         self._token = secrets.token_hex(8)  # this run's (RayWorker)
         self._pg = None if res.placement == "spread" else placement_group_for(res, n)
         if res.data == "per_node":

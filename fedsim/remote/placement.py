@@ -1,6 +1,7 @@
-"""Placement of the Ray actors: the shapes under which workers and the
-server actor park, the placement group of a run's workers, and how many
-workers a run uses (``resources`` in the scenario)."""
+"""Placement of the Ray actors: the placement group of a run's workers,
+the server actor's bundle, and how many workers a run uses (``resources``
+in the scenario). The shapes under which workers and the server actor park
+are :class:`fedsim.remote.actors.ActorShape`'s."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from fedsim.errors import LoadError
-from fedsim.remote.actors import ActorShape
 from fedsim.spec import ResourceSpec
 
 if TYPE_CHECKING:
@@ -17,18 +17,6 @@ if TYPE_CHECKING:
 
 class PlacementError(LoadError, RuntimeError):
     """The worker actors cannot be placed as ``resources.placement`` asks."""
-
-
-def worker_shape(res: ResourceSpec) -> ActorShape | None:
-    """The shape under which a run's worker actors park (None: never: a
-    placement group or per-node data ties them to their run)."""
-    return ActorShape.of_workers(res)
-
-
-def server_shape(res: ResourceSpec) -> ActorShape | None:
-    """The shape under which a run's server actor parks (None: never: it
-    lives in the driver, or in a placement group's bundle)."""
-    return ActorShape.of_server(res)
 
 
 # Ray's own resource names; the others a node declares are its custom ones.

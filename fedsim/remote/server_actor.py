@@ -27,9 +27,9 @@ from fedsim.algorithms.base import ClientState, ClientUpdate
 from fedsim.data import FederatedData
 from fedsim.errors import RunError
 from fedsim.executors import ExecutorSetup, Placement
-from fedsim.remote.actors import Handle, current_pool, kill
+from fedsim.remote.actors import ActorShape, Handle, current_pool, kill
 from fedsim.remote.executor import RayExecutor
-from fedsim.remote.placement import PlacementError, server_shape
+from fedsim.remote.placement import PlacementError
 from fedsim.server import (
     Applied,
     Instructions,
@@ -196,7 +196,7 @@ class RemoteServer:
         ref = data if isinstance(data, ray.ObjectRef) else ray.put(data)
         # a warm actor parked by the last run, if any (never in a bundle)
         self._pool = current_pool()
-        self._shape = server_shape(resources) if strategy is None else None
+        self._shape = ActorShape.of_server(resources) if strategy is None else None
         pool, args = self._pool, (setup, ref, threads)
         warm = pool.adopt(self._shape, 1, args) if pool is not None else []
         remote: Handle = ray.remote(ServerActor)  # Ray's stubs type it as the class
