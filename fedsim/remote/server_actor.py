@@ -44,7 +44,6 @@ from fedsim.server import (
 from fedsim.spec import ResourceSpec
 
 if TYPE_CHECKING:
-    from ray import ObjectRef
     from ray import ObjectRef as Ref
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -237,7 +236,7 @@ class RemoteServer:
             raise RuntimeError("the server actor was shut down")
         return self.actor
 
-    def _get(self, ref: ObjectRef[_T]) -> _T:
+    def _get(self, ref: Ref[_T]) -> _T:
         """``ray.get(ref)``; the actor's own errors as themselves.
 
         Raises:
