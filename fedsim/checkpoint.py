@@ -115,17 +115,15 @@ def save_tensors(path: Path, tensors: Mapping[str, object]) -> None:
     out: dict[str, object] = {}
     numpy: dict[str, str] = {}
     for key, value in tensors.items():
-        if key == _NUMPY_KEYS:
-            raise CheckpointError(f"server state key {key!r} is reserved by fedsim")
+        if (problem := state_value_problem(key, value)) is not None:
+            raise CheckpointError(f"server state {problem}")
         if torch.is_tensor(value):
             out[key] = value.detach().cpu().clone()
         elif isinstance(value, np.ndarray | np.generic):
             out[key] = _numpy_tensor(key, value)
             numpy[key] = "array" if isinstance(value, np.ndarray) else "scalar"
-        elif type(value) in (int, float, bool):  # not a subclass: kept exactly
+        else:  # an int, float or bool (not a subclass): kept exactly
             out[key] = value
-        else:
-            raise CheckpointError(f"server state {state_value_problem(key, value)}")
     if numpy:
         out[_NUMPY_KEYS] = numpy
     buf = io.BytesIO()
