@@ -398,17 +398,11 @@ def check_ray_resources(
     server_gpus = server.gpus if server else 0.0
     room = max(0.0, cpus - server_cpus)
     most = f" (at most {int(room // res.cpus_per_worker)} workers)"
+    cpus_has = f"{cpus:g} CPUs; lower it"
     gpus_has = f"{gpus:g} GPUs" if gpus else "no GPU; set it to 0"
     # (unit, per worker, the server's, the cluster's, what it has, a hint)
     limits = [
-        (
-            "cpu",
-            res.cpus_per_worker,
-            server_cpus,
-            cpus,
-            f"{cpus:g} CPUs; lower it",
-            most,
-        ),
+        ("cpu", res.cpus_per_worker, server_cpus, cpus, cpus_has, most),
         ("gpu", res.gpus_per_worker, server_gpus, gpus, gpus_has, ""),
     ]
     for unit, per, _, total, has, _ in limits:
