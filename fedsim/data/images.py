@@ -540,7 +540,6 @@ class Cifar100Data(_CifarData):
     dataset: Literal["cifar100"]
     labels: Literal["fine", "coarse"] = "fine"
     title: ClassVar[str] = "CIFAR-100"
-    num_classes: ClassVar[int] = 100
     mean: ClassVar[tuple[float, ...]] = (0.5071, 0.4865, 0.4409)
     std: ClassVar[tuple[float, ...]] = (0.2673, 0.2564, 0.2762)
     bin_dir: ClassVar[str] = "cifar-100-binary"
