@@ -35,7 +35,7 @@ from pydantic import Field, model_validator
 
 from fedsim.data.base import FederatedData
 from fedsim.data.errors import DataError
-from fedsim.data.partition import dirichlet_feddc, iid
+from fedsim.data.partition import dirichlet_feddc, iid, layout
 from fedsim.rows import Row, whole
 from fedsim.spec import NonNegFloat, PosFloat, Spec
 
@@ -474,10 +474,8 @@ def permute_clients(data: FederatedData, perm: np.ndarray) -> FederatedData:
 def regroup(data: FederatedData, parts: Sequence[np.ndarray]) -> FederatedData:
     """``data`` with client j holding training rows ``parts[j]`` (indices into
     the pooled training rows), weighted by its sample count."""
-    sizes = np.array([len(p) for p in parts], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    rows = np.concatenate([np.zeros(0, np.int64), *parts]).astype(np.int64)
-    return _with_rows(data, rows, offsets, sizes.astype(np.float64))
+    rows, offsets = layout(parts)
+    return _with_rows(data, rows, offsets, np.diff(offsets).astype(np.float64))
 
 
 def _with_rows(
