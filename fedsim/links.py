@@ -355,12 +355,7 @@ def online_fraction(fleet: Fleet) -> np.ndarray:
     """
     frac = np.empty(fleet.size)
     for gi, a in enumerate(fleet.availability):
-        mean = {
-            "always": 1.0,
-            "on_off": a.mean_on_s / (a.mean_on_s + a.mean_off_s),
-            "daily": (a.min_online + a.max_online) / 2,
-        }[a.kind]
-        frac[fleet.group == gi] = mean
+        frac[fleet.group == gi] = a.mean_online
     for gi, iv in (fleet.intervals or {}).items():
         frac[fleet.group == gi] = _trace_fraction(iv)
     return frac

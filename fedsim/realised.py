@@ -318,15 +318,8 @@ def _online(
     """The group's mean online share at the start times, and the declared
     long-run share (None for a trace's ``measured`` intervals)."""
     realised = float(np.mean(share)) if share else math.nan
-    declared: float | None
-    if measured:
-        declared = None  # the trace's own intervals: measured, not declared
-    elif a.kind == "always":
-        declared = 1.0
-    elif a.kind == "on_off":
-        declared = a.mean_on_s / (a.mean_on_s + a.mean_off_s)
-    else:  # daily: the profile's mean over a period
-        declared = (a.min_online + a.max_online) / 2
+    # a trace's own intervals are measured, not declared
+    declared = None if measured else a.mean_online
     return Online(declared=declared, realised=realised, starts=int(starts.size))
 
 

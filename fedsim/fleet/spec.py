@@ -161,6 +161,18 @@ class AvailabilitySpec(_Choice):
         "daily": ("min_online", "max_online")
     }
 
+    @property
+    def mean_online(self) -> float:
+        """The declared long-run share of time a device is online: 1
+        (``always``), ``mean_on_s / (mean_on_s + mean_off_s)`` (``on_off``),
+        or the daily profile's mean over a period, ``(min_online +
+        max_online) / 2`` (``daily``)."""
+        if self.kind == "on_off":
+            return self.mean_on_s / (self.mean_on_s + self.mean_off_s)
+        if self.kind == "daily":
+            return (self.min_online + self.max_online) / 2
+        return 1.0
+
     @model_validator(mode="after")
     def _profile(self) -> AvailabilitySpec:
         """A ``daily`` profile is one a Markov on/off chain can follow.
