@@ -38,6 +38,7 @@ with a ``privacy`` section is refused in one line without it.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 from collections.abc import Sequence
@@ -489,20 +490,16 @@ class Ledger:
         }
 
 
-_RDP_CACHE: dict[tuple[float, float], tuple[list[float], np.ndarray]] = {}
-
-
+@functools.cache
 def _rdp_unit(z: float, q: float) -> tuple[list[float], np.ndarray]:
     """Opacus' orders and the Renyi DP of one step of (z, q) at each
     (computed once per pair: Opacus' sum over orders is the slow part)."""
-    if (z, q) not in _RDP_CACHE:
-        from opacus.accountants import RDPAccountant
-        from opacus.accountants.analysis import rdp
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp
 
-        orders = list(RDPAccountant.DEFAULT_ALPHAS)
-        unit = rdp.compute_rdp(q=q, noise_multiplier=z, steps=1, orders=orders)
-        _RDP_CACHE[(z, q)] = (orders, np.asarray(unit, dtype=np.float64))
-    return _RDP_CACHE[(z, q)]
+    orders = list(RDPAccountant.DEFAULT_ALPHAS)
+    unit = rdp.compute_rdp(q=q, noise_multiplier=z, steps=1, orders=orders)
+    return orders, np.asarray(unit, dtype=np.float64)
 
 
 def ledger(
