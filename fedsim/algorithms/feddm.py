@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from itertools import pairwise
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
@@ -313,13 +312,11 @@ class FedDM(base.Algorithm):
         synthetic set's upload (images in the model's dtype, labels in the
         data's); None for data without classes (nothing to match)."""
         from fedsim.clock import JobWork
+        from fedsim.data.partition import label_histogram
 
         if not data.num_classes:
             return None
-        y, off = np.asarray(data.y), np.asarray(data.offsets)
-        counts = np.stack(
-            [np.bincount(y[a:b], minlength=data.num_classes) for a, b in pairwise(off)]
-        )
+        counts = label_histogram(data)
         return JobWork(
             steps=int(self.iterations),
             unit_cost=self.cost_per_iteration(counts, facts.client.batch_size),
@@ -327,7 +324,7 @@ class FedDM(base.Algorithm):
                 counts,
                 np.asarray(data.x).shape[1:],
                 facts.elem_bytes,
-                y.itemsize,
+                np.asarray(data.y).itemsize,
             ),
         )
 
