@@ -45,6 +45,7 @@ class FedBuff(_Normalized):
     name: Literal["fedbuff"] = "fedbuff"
     buffer_size: PosInt = 10
 
+    @base.skip_empty_rounds
     def aggregate_async(
         self,
         state: base.ServerState,
@@ -53,8 +54,6 @@ class FedBuff(_Normalized):
         starts: Sequence[torch.Tensor] = (),
     ) -> tuple[base.ServerState, base.AggregateInfo]:
         """x <- x + server_lr (1/K) sum_k S(s_k) c_k Delta_k (``starts`` unused)."""
-        if not updates:
-            return state, base.empty_info()
         k = len(updates)
         mean = updates_tau_eff(self.tau_eff, [1.0] * k, updates, self.tau_eff_value)
         scale, tau_eff = self.scales(updates, mean)
