@@ -5,6 +5,7 @@ with the paper's numbers, into docs/reproductions.md.
     ... benchmarks/gallery.py --only fedpns-fig6-bn2 --seeds 1        # one claim
     ... benchmarks/gallery.py --tiny --out /tmp/gallery               # smoke (CI)
     ... benchmarks/gallery.py --estimate                              # cost only
+    ... benchmarks/gallery.py --only NAME --seeds 6 --workers 2       # side by side
 
 A claim is a scenario under scenarios/papers/, the arms it compares (an
 algorithm label as ``fedsim compare`` takes it, plus overrides of its own,
@@ -12,11 +13,13 @@ e.g. another selector), the gallery's reductions (fewer rounds than the
 paper, said in the doc), what is measured (the final global training
 objective, the final test accuracy, or the rounds and bytes uploaded to a
 target accuracy) and the ordering the paper claims. Every run goes through
-``fedsim.tools.compare.run_one`` in this process (the same code path as ``fedsim
-compare``), one after another, seeds 0..N-1. Each run's row and round rows
-are cached under ``--out`` (default results/gallery/) keyed by the scenario
-file, the overrides and the seed, so an interrupted gallery resumes and a
-second call only writes the doc; ``--force`` reruns. The doc is rewritten
+``fedsim.tools.compare.run_one`` (the same code path as ``fedsim compare``),
+seeds 0..N-1: one after another in this process, or with ``--workers N``
+side by side as Ray tasks of one CPU, at most N at once, as compare runs its
+runs (an embedded local Ray; the records are the same). Each run's row and
+round rows are cached under ``--out`` (default results/gallery/) keyed by the
+scenario file, the overrides and the seed, so an interrupted gallery resumes
+and a second call only writes the doc; ``--force`` reruns. The doc is rewritten
 after every claim; the sections of claims not run this time are kept from
 the doc as it was, so ``--only`` updates one claim's section and figure.
 
@@ -69,6 +72,7 @@ under ``--out`` instead of docs/: it checks the path, not the claims.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -78,7 +82,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -745,35 +749,71 @@ def run_claim(
     out: Path,
     force: bool,
     cached_only: bool = False,
+    workers: int = 0,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every arm of ``claim`` for seeds 0..seeds-1, printing progress: seed
-    0 of every arm first, so an interrupted claim has whole seeds.
+    """Every arm of ``claim`` for seeds 0..seeds-1, printing progress.
+
+    The cached runs are read first; the others run one after another in
+    this process (``workers`` 0: seed 0 of every arm first, so an
+    interrupted claim has whole seeds) or side by side as Ray tasks of one
+    CPU, at most ``workers`` at once (:func:`fedsim.tools.compare.run_jobs`,
+    as ``fedsim compare`` runs its runs; Ray must be up). Each run is the
+    same in-process run either way, so its record is too.
 
     Returns:
-        The run records, and the runs left out ("arm seed N": not cached,
-        with ``cached_only``, when the budget ended before them).
+        The run records in (seed, arm) order, and the runs left out ("arm
+        seed N": not cached, with ``cached_only``).
     """
-    records, missing = [], []
-    total = len(claim.arms) * seeds
+    from fedsim.tools.compare import run_jobs
+
     rank = {name: i for i, name in enumerate(claim.run_order)}
     arms = sorted(claim.arms, key=lambda a: rank.get(a.name, len(rank)))  # stable
-    for i, (arm, seed) in enumerate(
-        ((a, s) for s in range(seeds) for a in arms), start=1
-    ):
-        rec = run_arm(claim, arm, seed, tiny, out, force, cached_only)
-        if rec is None:
-            missing.append(f"{arm.name} seed {seed}")
-            print(f"  [{i}/{total}] {claim.name} {arm.name} seed {seed}: not run")
-            continue
-        acc = rec["row"]["final_accuracy"]
-        how = "cached" if rec["cached"] else f"{rec['wall_s']:.1f} s"
-        print(
-            f"  [{i}/{total}] {claim.name} {arm.name} seed {seed}: "
-            f"acc {acc:.4f} ({how})",
-            flush=True,
-        )
-        records.append(rec)
-    return records, missing
+    order = [(a, s) for s in range(seeds) for a in arms]
+    found = {
+        (a.name, s): run_arm(claim, a, s, tiny, out, force, cached_only=True)
+        for a, s in order
+    }
+    todo = [(a, s) for a, s in order if found[a.name, s] is None]
+    cached = [rec for rec in found.values() if rec is not None]
+    for i, rec in enumerate(cached, start=1):
+        _progress(claim, rec, i, len(order))
+    if cached_only:
+        for a, s in todo:
+            print(f"  {claim.name} {a.name} seed {s}: not run", flush=True)
+        return cached, [f"{a.name} seed {s}" for a, s in todo]
+
+    def show(rec: dict[str, Any], so_far: list[dict[str, Any]]) -> None:
+        _progress(claim, rec, len(cached) + len(so_far), len(order))
+
+    if workers:
+        _ship_by_value()
+    jobs = [(claim, a, s, tiny, out, force) for a, s in todo]
+    ran = run_jobs(run_arm, jobs, workers, show)
+    found.update({(rec["arm"], rec["seed"]): rec for rec in ran})
+    return [rec for rec in found.values() if rec is not None], []
+
+
+def _ship_by_value() -> None:
+    """Let Ray tasks run this script's functions: cloudpickle sends a
+    ``__main__`` script's by value, but a module loaded from its path (as
+    the tests load this one) by its name, which Ray's workers cannot
+    import."""
+    import ray.cloudpickle
+
+    if __name__ != "__main__":
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _progress(claim: Claim, rec: dict[str, Any], i: int, total: int) -> None:
+    """One line of a claim's progress: the run, its final accuracy, and
+    whether it was cached or how long it took."""
+    acc = rec["row"]["final_accuracy"]
+    how = "cached" if rec["cached"] else f"{rec['wall_s']:.1f} s"
+    print(
+        f"  [{i}/{total}] {claim.name} {rec['arm']} seed {rec['seed']}: "
+        f"acc {acc:.4f} ({how})",
+        flush=True,
+    )
 
 
 # ---------------------------------------------------------------- numbers
@@ -1649,6 +1689,16 @@ def _seed_count(text: str) -> int:
     return n
 
 
+def _worker_count(text: str) -> int:
+    """``--workers``: a whole number of Ray tasks at once, 0 or more."""
+    n = int(text) if text.isdigit() else -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of workers, 0 or more; got {text!r}"
+        )
+    return n
+
+
 def _writable_dir(path: Path) -> str | None:
     """Why runs or pages cannot be written in the folder ``path``; None when
     they can. The folder is created (the runs would create it anyway) and a
@@ -1698,7 +1748,7 @@ def _run_until(
     force = args.force  # the first batch only: later ones add seeds
     while True:
         records, missing = run_claim(
-            claim, n, args.tiny, args.out, force, args.cached_only
+            claim, n, args.tiny, args.out, force, args.cached_only, args.workers
         )
         force = False
         if not args.until_decided or n >= args.max_seeds or missing:
@@ -1741,6 +1791,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--max-seeds", type=_seed_count, default=20, help="with --until-decided"
     )
+    p.add_argument(
+        "--workers",
+        type=_worker_count,
+        default=0,
+        help="runs side by side as Ray tasks of one CPU, at most N at once, on "
+        "an embedded local Ray (0: one after another in this process)",
+    )
     args = p.parse_args(argv)
     if "FEDSIM_DATA_ROOT" not in os.environ and (SHARED_DATA / "mnist-test").is_dir():
         os.environ["FEDSIM_DATA_ROOT"] = str(SHARED_DATA)
@@ -1765,6 +1822,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     doc = args.doc or (args.out / "reproductions.md" if args.tiny else DOC)
     _check_paths(p, args, doc)
+    with contextlib.ExitStack() as stack:
+        if args.workers and not args.cached_only:
+            stack.enter_context(_embedded_ray(args.workers))
+        _write_claims(claims, args, doc)
+    return 0
+
+
+@contextlib.contextmanager
+def _embedded_ray(workers: int) -> Iterator[None]:
+    """An embedded local Ray of ``workers`` CPUs for the runs' tasks
+    (127.0.0.1, :func:`fedsim.remote.ray_session.init_ray`), stopped after;
+    one already up (a cluster's, ``RAY_ADDRESS``) is used as it is."""
+    from fedsim.remote.ray_session import init_ray, shutdown_ray
+
+    started = init_ray(num_cpus=workers)
+    try:
+        yield
+    finally:
+        if started:
+            shutdown_ray()
+
+
+def _write_claims(claims: list[Claim], args: argparse.Namespace, doc: Path) -> None:
+    """Run (or read) each claim's runs and rewrite its section of ``doc``
+    after each claim, so an interrupted gallery keeps the claims it finished."""
     sections = {}
     for claim in claims:
         print(f"{claim.name}: {claim.title}", flush=True)
@@ -1787,7 +1869,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"  verdict: {v} ({reason}); wrote {write_doc(doc, sections)}", flush=True
         )
-    return 0
 
 
 if __name__ == "__main__":

@@ -564,3 +564,43 @@ def test_the_cost_table_reads_a_section_stopped_until_decided():
     fixed = "- **Command**: `... --seeds 6` (20.8 min of runs here)."
     assert "| 3 x 6 |" in gallery._cost_row(claim, fixed)
     assert "| 20.8 |" in gallery._cost_row(claim, fixed)
+
+
+# ------------------------------------------------------- runs side by side
+def _without_wall_clock(rec):
+    """A run record less what the wall clock decides (its seconds), as JSON
+    text (so that NaN, a metric not evaluated, equals NaN)."""
+    row = {k: v for k, v in rec["row"].items() if k != "wall_time_s"}
+    rounds = [{k: v for k, v in r.items() if k != "wall_time"} for r in rec["rounds"]]
+    return json.dumps([rec["arm"], rec["seed"], rec["key"], row, rounds], default=float)
+
+
+@pytest.mark.ray
+def test_runs_side_by_side_on_ray_equal_the_runs_one_after_another(
+    ray_session, tmp_path, capsys
+):
+    # Prepare: FedDC's Synthetic(0,1) claim, tiny (5 arms, 2 rounds), 2 seeds
+    claim = gallery.BY_NAME["feddc-synthetic-01"]
+    # Execute: in this process, then as Ray tasks, two at once
+    one, _ = gallery.run_claim(claim, 2, True, tmp_path / "one", False)
+    two, _ = gallery.run_claim(claim, 2, True, tmp_path / "two", False, workers=2)
+    again, _ = gallery.run_claim(claim, 2, True, tmp_path / "two", False, workers=2)
+    # Verify: the same records in the same (seed, arm) order, every one run
+    # (not cached) the first time and read from the cache the second
+    assert [_without_wall_clock(r) for r in two] == [
+        _without_wall_clock(r) for r in one
+    ]
+    assert len(two) == 10 and not any(r["cached"] for r in two)
+    assert all(r["cached"] for r in again)
+    assert [(r["seed"], r["arm"]) for r in two][:2] == [(0, "fedavg"), (0, "fedprox")]
+    out = capsys.readouterr().out
+    assert "[10/10] feddc-synthetic-01" in out
+
+
+def test_a_worker_count_below_zero_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        gallery.main(["--workers", "-1", "--estimate"])
+    assert e.value.code == 2
+    assert "expected a whole number of workers, 0 or more; got '-1'" in (
+        capsys.readouterr().err
+    )
