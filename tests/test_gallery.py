@@ -604,3 +604,57 @@ def test_a_worker_count_below_zero_is_refused(capsys):
     assert "expected a whole number of workers, 0 or more; got '-1'" in (
         capsys.readouterr().err
     )
+
+
+def test_a_killed_target_run_resumes_to_the_record_of_one_never_stopped(tmp_path):
+    # Prepare: FedAvg on the tiny IID 15% claim, to a target it cannot reach
+    # (so every round runs); the "killed" run is the same run ended after 2
+    # of its 3 rounds (a resume may extend a run: rounds is not in the
+    # fingerprint), its checkpoint left in the work folder
+    if not Path(FMNIST).is_file():
+        pytest.skip(f"Fashion-MNIST not found at {FMNIST}")
+    claim = gallery.BY_NAME["feddc-fmnist-iid-15"]
+    arm = next(a for a in claim.arms if a.name == "fedavg")
+    base = [o for o in gallery.run_overrides(claim, arm, True) if "rounds=" not in o]
+    scenario, label = gallery.ROOT / claim.scenario, arm.label(True)
+    work = tmp_path / "work"
+
+    # Execute
+    whole, _ = gallery.run_to_target(scenario, label, 0, [*base, "rounds=3"], 0.99)
+    _, first = gallery.run_to_target(
+        scenario, label, 0, [*base, "rounds=2"], 0.99, work
+    )
+    kept = (work / "LATEST").read_text().strip()
+    resumed, rows = gallery.run_to_target(
+        scenario, label, 0, [*base, "rounds=3"], 0.99, work
+    )
+
+    # Assert: the resume started from the kept checkpoint (its first rows are
+    # the killed run's, measured wall times included: not run again) and
+    # ends where the run never stopped ends, to the bit
+    assert kept == "ckpt-00000002" and len(rows) == 3
+    assert [r["wall_time"] for r in rows[:2]] == [r["wall_time"] for r in first]
+    for key in ("final_accuracy", "final_test_loss", "bytes_up", "rounds"):
+        assert resumed[key] == whole[key], key
+    assert resumed["rounds_to_target"] is None
+
+
+def test_a_work_folder_of_another_run_is_not_resumed(tmp_path, capsys):
+    # Prepare: a checkpoint of seed 0 in the work folder seed 1 is given
+    if not Path(FMNIST).is_file():
+        pytest.skip(f"Fashion-MNIST not found at {FMNIST}")
+    claim = gallery.BY_NAME["feddc-fmnist-iid-15"]
+    arm = next(a for a in claim.arms if a.name == "fedavg")
+    over = gallery.run_overrides(claim, arm, True)
+    scenario, label = gallery.ROOT / claim.scenario, arm.label(True)
+    work = tmp_path / "work"
+    gallery.run_to_target(scenario, label, 0, over, 0.99, work)
+
+    # Execute
+    fresh, _ = gallery.run_to_target(scenario, label, 1, over, 0.99)
+    given, _ = gallery.run_to_target(scenario, label, 1, over, 0.99, work)
+
+    # Assert: seed 1 started afresh, saying why, and is seed 1's run
+    assert "not resumed, starting afresh" in capsys.readouterr().out
+    for key in ("final_accuracy", "final_test_loss", "seed"):
+        assert given[key] == fresh[key], key
