@@ -524,13 +524,13 @@ def _feddc_fmnist(
 
 FEDDC_FMNIST: tuple[Claim, ...] = (
     # s / round: the gallery's own runs here, sequential (IID 15%: 36.4 min
-    # for 1,013 rounds at load 2-7; full: FedDC's 60 rounds in 640 s at load
-    # about 3); at load 11-16 a round took 4.95 and 42.2 s
-    # (benchmarks/feddc_batched_speed.py)
-    _feddc_fmnist("iid-15", "IID, 15% participation", 2.2, 2),
-    _feddc_fmnist("iid-full", "IID, full participation", 10.7, 2),
+    # for 1,013 rounds at load 2-7; full: 358 min for the 2,882 rounds of
+    # its six seeds, two runs at a time on the two cores, 2026-12-07); at
+    # load 11-16 a round took 4.95 and 42.2 s (benchmarks/feddc_batched_speed.py)
+    _feddc_fmnist("iid-15", "IID, 15% participation", 2.2, 6),
+    _feddc_fmnist("iid-full", "IID, full participation", 7.5, 6),
     _feddc_fmnist(
-        "iid-full-pixels", "IID, full participation, pixels / 255", 10.7, 1, _PIXELS
+        "iid-full-pixels", "IID, full participation, pixels / 255", 7.5, 6, _PIXELS
     ),
 )
 # the claims the 160-minute budget (BUDGET_S) covers; FedDC's Fashion-MNIST
@@ -552,22 +552,24 @@ COST_NOTES: tuple[str, ...] = (
     "Test accuracies agree within 0.0007. On this host (2 cores, load 7 to "
     "16 from other jobs) batching does not pay for this 199k-parameter MLP, "
     "so the FedDC claims train sequentially. Their s / round above is "
-    "their own runs' (sequential, load 2 to 7): 2.2 s at 15%, 10.7 s at full "
-    "participation.",
+    "their own runs' (sequential, one run per core): 2.2 s at 15% (load 2 "
+    "to 7), 7.5 s at full participation.",
     "",
     "FedDC Table 1's IID full-participation row (`feddc-fmnist-iid-full`) "
-    "has two seeds of all five methods (its section). Rounds to 89%, seed 0 "
-    "/ seed 1: FedAvg 129 / 112, FedProx 129 / 126, SCAFFOLD 90 / 79, "
-    "FedDyn 30 / 29, FedDC 60 / 51 (the paper: 112 / 130 / 85 / 38 / 24); "
-    "an earlier measurement on a quieter host, before later changes to the "
-    "code, gave the same but for FedProx's seed 1 (128). Paired over the two "
-    "seeds, FedDC is ahead of FedAvg, FedProx and SCAFFOLD beyond the spread "
-    "and behind FedDyn within it. Seed 1 of SCAFFOLD, FedAvg and FedProx ran on "
-    "2026-12-03 on one core while the other ran the pixels / 255 and FedDM "
-    "runs: 8.2 to 10.1 s a round. Earlier runs: FedAvg's and FedProx's seed 0 "
-    "took 44 and 41 minutes on a core shared with the test suite's timing "
-    "runs (20.4 and 19.2 s a round; 10.7 on a quiet one); runs paused "
-    "(SIGSTOP) while the suite was timed leave the paused time out of their "
+    "has six seeds of all five methods, every run made on 2026-12-07 at the "
+    "code of 452d1d7 (results unchanged since; its section). Rounds to 89%, "
+    "seeds 0 to 5: FedAvg 129, 112, 139, 193, 169, 144; FedProx 129, 126, "
+    "136, 201, 184, 144; SCAFFOLD 90, 79, 96, 107, 113, 82; FedDyn 30, 29, "
+    "27, 29, 25, 30; FedDC 60, 51, 57, 64, 54, 53 (the paper: 112 / 130 / "
+    "85 / 38 / 24). FedDC is behind FedDyn on all six seeds (28.2 rounds, "
+    "95% interval 23.1 to 33.3), so the claim does not hold here; it is "
+    "ahead of the other three on all six. Two runs at a time, one per core "
+    "(nice 10, one thread): 5.9 to 7.2 s a round for FedAvg, FedProx and "
+    "SCAFFOLD, 9.2 to 10.3 for FedDC and 9.5 to 13.4 for FedDyn (two FedDyn "
+    "runs at 25 s a round shared their core with the test suite); 358 "
+    "minutes of a core for the 2,882 rounds, 7.5 s a round on average, "
+    "three hours on the two cores. FedDC's seeds 4 and 5 were paused "
+    "(SIGSTOP) for 971 s while the suite was timed, left out of their "
     "records (`paused_s`).",
     "",
     "The pixels / 255 variant of that row (`feddc-fmnist-iid-full-pixels`), "
@@ -600,7 +602,7 @@ COST_NOTES: tuple[str, ...] = (
     "what an IID round costs, and most arms run all 300 rounds there; at the "
     "paper's rounds, Dir(0.6) is 300 + 300 + 133 + 300 + 87 = 1,120 rounds a "
     "seed at 15% (about 41 minutes at 2.2 s) and 300 + 300 + 117 + 150 + 86 "
-    "= 953 at full participation (about 2.8 hours at 10.7 s)), FedNova's "
+    "= 953 at full participation (about 2.0 hours at 7.5 s)), FedNova's "
     "Table 1 "
     "proxy (`fednova-fmnist-proxy.yaml`, over ten minutes a round) and "
     "FedDM's full setting (`feddm-fmnist.yaml`).",
