@@ -44,7 +44,10 @@ fallback. Pairs follow :func:`fedsim.tools.compare.paired_values`: a target
 missed is censored at the run's length, and a pair with a diverged run (of
 any arm) is left out of final values and counted in the reason. A claim whose
 setting the budget still cuts (``Claim.cut``) is "inconclusive (reduced:
-what was cut)" whatever its runs say, in both directions. Every paper cell
+what was cut)" whatever its runs say, in both directions. Runs left out at
+the paper's setting decide only what they cannot change (:func:`verdict`):
+a reversal between two arms that ran every seed refutes; "holds" needs them
+all. Every paper cell
 ours is off from by more than max(1 unit, 2 std) is named in the reason
 (:func:`off_paper`: accuracies and rounds); they do not change the verdict.
 "Final" is the last evaluation, for accuracy and the objective alike.
@@ -1137,17 +1140,62 @@ def verdict(
     claim: Claim, s: dict[str, Any], missing: Sequence[str] = ()
 ) -> tuple[str, str]:
     """(verdict, reason) from the summary: the symmetric rule (module
-    docstring), then, for a claim the budget cuts (``claim.cut``, or runs
-    it left out: ``missing``), any verdict, "holds" included, becomes
-    "inconclusive (reduced: ...)": a reduced setting neither confirms nor
-    refutes the paper's claim (the reason says what it would be)."""
+    docstring), then, for a claim the budget cuts (``claim.cut``), any
+    verdict, "holds" included, becomes "inconclusive (reduced: ...)": a
+    reduced setting neither confirms nor refutes the paper's claim (the
+    reason says what it would be).
+
+    Runs left out at the paper's setting (``missing``, "ARM seed N") are
+    judged by what they could change: the claim is a conjunction of
+    orderings, so an ordering reversed beyond the spread between two arms
+    with no run left out refutes it whatever the missing runs show ("does
+    not hold", naming them); anything else (a "holds" needs every arm)
+    becomes "inconclusive (reduced: not run: ...)"."""
     v, reason = _raw_verdict(claim, s)
+    if missing and not claim.cut:
+        left = f"not run: {', '.join(missing)}"
+        # an arm's runs left out change no comparison without it: a reversal
+        # between two arms that ran every seed refutes the claim (a
+        # conjunction of orderings) whatever the others would show, while a
+        # "holds" still needs them all
+        unrun = {m.rsplit(" seed ", 1)[0] for m in missing}
+        if _firm_reversal(claim, s, unrun):
+            why = "no run of theirs can make that reversed ordering hold"
+            return v, f"{reason}; {left} ({why})"
+        return f"inconclusive (reduced: {left})", f"would be {v}: {reason}"
     cut = [claim.cut] if claim.cut else []
     if missing:
         cut.append(f"not run: {', '.join(missing)}")
     if cut:  # neither confirms nor refutes: the paper's setting was not run
         return f"inconclusive (reduced: {'; '.join(cut)})", f"would be {v}: {reason}"
     return v, reason
+
+
+def _sides(claim: Claim, s: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """(side, metric, winner, loser, evidence) for every claimed ordering and
+    judged metric: side "held", "reversed" or "within" (:func:`compare_arms`; a
+    target neither arm reached in any seed is "within")."""
+    arms = s["arms"]
+    out = []
+    for metric, winner, loser in _comparisons(claim, s):
+        if metric.endswith("_to_target") and not (
+            arms[winner]["reached"] or arms[loser]["reached"]
+        ):
+            never = "neither reached it in any seed"
+            out.append(("within", metric, winner, loser, never))
+            continue
+        side, evidence = compare_arms(s, metric, winner, loser)
+        out.append((side, metric, winner, loser, evidence))
+    return out
+
+
+def _firm_reversal(claim: Claim, s: dict[str, Any], unrun: set[str]) -> bool:
+    """Whether a claimed ordering is reversed beyond the spread between two
+    arms neither of which is in ``unrun`` (arms with runs left out)."""
+    return any(
+        side == "reversed" and not {w, loser} & unrun
+        for side, _, w, loser, _ in _sides(claim, s)
+    )
 
 
 def _raw_verdict(claim: Claim, s: dict[str, Any]) -> tuple[str, str]:
@@ -1160,15 +1208,8 @@ def _raw_verdict(claim: Claim, s: dict[str, Any]) -> tuple[str, str]:
         for key in ("rounds_to_target", "bytes_to_target"):
             words[key] = words[key].replace("target", f"{claim.target:.0%}")
     found: dict[str, list[str]] = {"held": [], "reversed": [], "within": []}
-    for metric, winner, loser in _comparisons(claim, s):
-        what = f"{winner} vs {loser} on {words[metric]}"
-        if metric.endswith("_to_target") and not (
-            arms[winner]["reached"] or arms[loser]["reached"]
-        ):
-            found["within"].append(f"{what}: neither reached it in any seed")
-            continue
-        side, evidence = compare_arms(s, metric, winner, loser)
-        found[side].append(f"{what}: {evidence}")
+    for side, metric, winner, loser, evidence in _sides(claim, s):
+        found[side].append(f"{winner} vs {loser} on {words[metric]}: {evidence}")
     notes = [  # a "fewer rounds to target" win over runs that never got there
         f"{a} reached {claim.target:.0%} in {arms[a]['reached']}/{arms[a]['seeds']} "
         "seeds (a miss counts as the whole run)"
@@ -1661,7 +1702,13 @@ def write_doc(doc: Path, sections: dict[str, str]) -> Path:
         "in the reason. Where the budget still cuts the paper's setting, every "
         "verdict is **inconclusive (reduced: what was cut)**, in both "
         "directions: a reduced run neither confirms nor refutes (the reason "
-        "says what it would be). A section judged by an earlier rule and not "
+        "says what it would be). Runs left out at the paper's setting (named "
+        "in the reason) decide only what they cannot change: an ordering "
+        "reversed beyond the spread between two arms that ran every seed "
+        "refutes the claim (**does not hold**: it is a conjunction of "
+        "orderings), while **holds** needs every arm's runs; otherwise "
+        "**inconclusive (reduced: not run: ...)**. "
+        "A section judged by an earlier rule and not "
         "rerun reads **not rerun**; no verdict is kept. Final means the last "
         "evaluation, for accuracy and for the objective alike. The paper's "
         "printed numbers are shown beside ours and every cell off by more than "

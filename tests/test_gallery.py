@@ -658,3 +658,44 @@ def test_a_work_folder_of_another_run_is_not_resumed(tmp_path, capsys):
     assert "not resumed, starting afresh" in capsys.readouterr().out
     for key in ("final_accuracy", "final_test_loss", "seed"):
         assert given[key] == fresh[key], key
+
+
+def test_runs_left_out_refute_only_through_arms_that_ran_every_seed():
+    # Prepare: FedDC's Synthetic claim at the paper's setting; FedDC behind
+    # FedDyn on all six seeds, or ahead of every arm
+    claim = _uncut("feddc-synthetic-01")
+    near = {**_BEHIND, "feddyn": _six(0.992), "feddc": _six(0.996)}
+    lost = {**near, "feddc": _six(0.82)}
+    fedavg_out = [f"fedavg seed {k}" for k in range(6)]
+
+    def judged(values, missing):
+        records = [
+            r
+            for r in _records(claim, values)
+            if f"{r['arm']} seed {r['seed']}" not in missing
+        ]
+        return gallery.verdict(claim, gallery.summarize(claim, records), missing)
+
+    # Execute
+    refuted, why = judged(lost, fedavg_out)
+    held, held_why = judged(near, fedavg_out)
+    # behind FedDyn only, and a seventh FedDyn seed not run: the reversed
+    # pair itself could change
+    between = {**near, "feddc": _six(0.989)}
+    thin, _ = judged(between, ["feddyn seed 6"])
+
+    # Assert: a reversal between arms that ran every seed refutes, naming
+    # the runs left out; a "holds" needs every arm; a reversal through an
+    # arm with a run left out decides nothing
+    assert refuted == "does not hold"
+    assert (
+        "against the claim: feddc vs feddyn" in why and "not run: fedavg seed 0" in why
+    )
+    assert held == "inconclusive (reduced: not run: " + ", ".join(fedavg_out) + ")"
+    assert "feddc vs fedavg on final test accuracy: fedavg not run" in held_why
+    assert thin == "inconclusive (reduced: not run: feddyn seed 6)"
+    # the budget's cut still refutes nothing, runs left out or not
+    cut = dataclasses.replace(claim, cut="fewer rounds")
+    records = [r for r in _records(cut, lost) if r["arm"] != "fedavg"]
+    v, _ = gallery.verdict(cut, gallery.summarize(cut, records), fedavg_out)
+    assert v.startswith("inconclusive (reduced: fewer rounds; not run: fedavg")
