@@ -1165,20 +1165,15 @@ def verdict(
     not hold", naming them); anything else (a "holds" needs every arm)
     becomes "inconclusive (reduced: not run: ...)"."""
     v, reason = _raw_verdict(claim, s)
-    if missing and not claim.cut:
-        left = f"not run: {', '.join(missing)}"
-        # an arm's runs left out change no comparison without it: a reversal
-        # between two arms that ran every seed refutes the claim (a
-        # conjunction of orderings) whatever the others would show, while a
-        # "holds" still needs them all
-        unrun = {m.rsplit(" seed ", 1)[0] for m in missing}
-        if _firm_reversal(claim, s, unrun):
-            why = "no run of theirs can make that reversed ordering hold"
-            return v, f"{reason}; {left} ({why})"
-        return f"inconclusive (reduced: {left})", f"would be {v}: {reason}"
-    cut = [claim.cut] if claim.cut else []
-    if missing:
-        cut.append(f"not run: {', '.join(missing)}")
+    left = f"not run: {', '.join(missing)}" if missing else ""
+    # an arm's runs left out change no comparison without it: a reversal
+    # between two arms that ran every seed refutes the claim (a conjunction
+    # of orderings) whatever the others would show; a "holds" needs them all
+    unrun = {m.rsplit(" seed ", 1)[0] for m in missing}
+    if left and not claim.cut and _firm_reversal(claim, s, unrun):
+        why = "no run of theirs can make that reversed ordering hold"
+        return v, f"{reason}; {left} ({why})"
+    cut = [text for text in (claim.cut, left) if text]
     if cut:  # neither confirms nor refutes: the paper's setting was not run
         return f"inconclusive (reduced: {'; '.join(cut)})", f"would be {v}: {reason}"
     return v, reason
