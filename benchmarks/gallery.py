@@ -1497,6 +1497,9 @@ def claim_section(
     v, reason = verdict(claim, s, missing)
     col = s["objective_column"]
     wall = sum(a["wall_s"] for a in s["arms"].values())
+    # seeds added until decided: where the rule stopped, or (--cached-only)
+    # where the cached runs ran out, which is no stop of the rule's
+    stop = f"it stopped at {seeds} seeds" if not missing else f"cut at {seeds} seeds"
     lines = [
         _header_json(claim, v, reason, _winner_text(claim, s)),
         f"## {claim.title}",
@@ -1517,9 +1520,7 @@ def claim_section(
         f"- **Judged**: at commit `{head_commit()}`, "
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC.",
         f"- **Command**: `{command(claim, seeds, tiny, until)}` "
-        f"({wall / 60:.1f} min of runs here"
-        + (f"; it stopped at {seeds} seeds" if until else "")
-        + ").",
+        f"({wall / 60:.1f} min of runs here" + (f"; {stop}" if until else "") + ").",
     ]
     if missing:
         lines.append(
@@ -1549,7 +1550,7 @@ def _seeds_of(claim: Claim, section: str | None) -> int:
     """The seeds a claim's section was made of: where seeds were added
     until decided, where it stopped; else its command's ``--seeds``; else
     the claim's own count (not run)."""
-    for pattern in (r"it stopped at (\d+) seeds", r"--seeds (\d+)`"):
+    for pattern in (r"(?:it stopped|cut) at (\d+) seeds", r"--seeds (\d+)`"):
         found = re.findall(pattern, section or "")
         if found:
             return int(found[0])

@@ -699,3 +699,32 @@ def test_runs_left_out_refute_only_through_arms_that_ran_every_seed():
     records = [r for r in _records(cut, lost) if r["arm"] != "fedavg"]
     v, _ = gallery.verdict(cut, gallery.summarize(cut, records), fedavg_out)
     assert v.startswith("inconclusive (reduced: fewer rounds; not run: fedavg")
+
+
+def test_an_until_decided_section_cut_short_by_missing_runs_says_so(tmp_path):
+    # Prepare: seeds added until decided, judged from a cache that ran out
+    # in the batch of seeds 6 and 7 (--cached-only)
+    claim = _uncut("fednova-fig5-full")
+    records = _records(claim, {a.name: _six(0.9) for a in claim.arms}, "objective")
+    missing = ["fedavg seed 6", "fednova seed 7"]
+
+    # Execute
+    def section(left):
+        return gallery.claim_section(
+            claim,
+            records,
+            8,
+            False,
+            tmp_path / "f.png",
+            tmp_path / "d.md",
+            left,
+            (2, 20),
+        )
+
+    cut, whole = section(missing), section(())
+
+    # Assert: no "stopped" where the rule did not stop; the cost table still
+    # reads the seeds from either
+    assert "cut at 8 seeds" in cut and "stopped" not in cut
+    assert "it stopped at 8 seeds" in whole
+    assert gallery._seeds_of(claim, cut) == gallery._seeds_of(claim, whole) == 8
